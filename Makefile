@@ -1,0 +1,37 @@
+# Both targets create .venv from pyproject.toml when it is missing (only python3 is needed).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint typecheck pytest bench schema clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+test: $(STAMP) lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/pytest
+
+demo: $(STAMP)
+	$(BIN)/python -m load.demo
+
+schema: $(STAMP)
+	$(BIN)/python -m schemas.jsonschema
+
+bench: $(STAMP)
+	$(BIN)/python -m load.bench_core
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,121 @@
+"""Plain value types shared by the scheduling core and the job lifecycle machine.
+
+Everything in `broker/core` is pure and synchronous: no awaits, no I/O, no clock reads, no
+logging. Time always arrives as an argument (`now`, unix seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from schemas.job import CapacityPreference
+
+PoolKey = tuple[str, str]  # (cluster, flavor): one pool of identical capacity
+
+
+@dataclass(frozen=True, slots=True)
+class PodSetDemand:
+    """Per-replica needs of one podset, in integers (cpu millicores, memory bytes)."""
+
+    podset: str
+    replicas: int
+    gpu: int
+    cpu_milli: int
+    memory: int
+
+
+@dataclass(slots=True)
+class GangRequest:
+    """What the scheduler needs to know about one pending job."""
+
+    job_id: str
+    attempt: int  # the attempt an admission would create (allocations are keyed by both)
+    queue: str
+    priority: int
+    order: int  # FIFO key inside a queue: lower = earlier (submission sequence)
+    podsets: tuple[PodSetDemand, ...]
+    gpu_types: frozenset[str] = frozenset()  # empty = any GPU type
+    capacity: CapacityPreference = "any"
+    # Pools to skip for this attempt (the one just lost); the caller expires them.
+    avoid_pools: frozenset[PoolKey] = frozenset()
+    # For a `spot-then-on-demand` job that has fallen back: on-demand only.
+    spot_exhausted: bool = False
+    # Seconds between checkpoints we expect (for the risk term); None = no checkpoints.
+    checkpoint_interval_s: float | None = None
+
+    @property
+    def total_gpu(self) -> int:
+        return sum(p.replicas * p.gpu for p in self.podsets)
+
+    @property
+    def total_cpu_milli(self) -> int:
+        return sum(p.replicas * p.cpu_milli for p in self.podsets)
+
+    @property
+    def total_memory(self) -> int:
+        return sum(p.replicas * p.memory for p in self.podsets)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a whole gang goes: one cluster, one flavor, one node per replica."""
+
+    cluster: str
+    flavor: str
+    flavor_class: str
+    # (podset name, node name per replica, in replica order)
+    assignment: tuple[tuple[str, tuple[str, ...]], ...]
+    expected_cost_per_hour: float = 0.0
+
+    @property
+    def pool(self) -> PoolKey:
+        return (self.cluster, self.flavor)
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        return frozenset(n for _, nodes in self.assignment for n in nodes)
+
+
+ReasonCode = Literal[
+    "unknown-queue",
+    "no-clusters",
+    "no-matching-flavor",  # no flavor has an accepted GPU type / capacity type
+    "gang-too-large",  # could never fit, even on an empty cluster x flavor
+    "insufficient-capacity",  # would fit an empty pool, does not fit now (per-node packing)
+    "quota-exceeded",  # nominal + borrowable quota does not cover it
+    "cohort-exhausted",  # borrowing would exceed what the cohort lends
+    "strict-fifo-blocked",  # a StrictFIFO queue's head is blocked
+    "cluster-unhealthy",
+    "pool-avoided",  # the pool that just lost this job is avoided for this attempt
+    "backoff",  # waiting before the next attempt
+    "waiting-for-preemption",  # victims chosen; waiting for them to end
+    "max-admissions",  # the cycle's admission budget ran out
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """Why a job is not admitted (typed; rendered by `muster why`)."""
+
+    code: ReasonCode
+    message: str
+    cluster: str | None = None
+    flavor: str | None = None
+
+
+@dataclass(slots=True)
+class Preemption:
+    """The scheduler wants `victims` ended so that `preemptor` fits on `pool`."""
+
+    preemptor: str
+    victims: tuple[str, ...]
+    pool: PoolKey
+    kind: Literal["within-queue", "reclaim"]
+
+
+@dataclass(slots=True)
+class CycleResult:
+    admitted: list[tuple[str, Placement]] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    pending: dict[str, tuple[Reason, ...]] = field(default_factory=dict)

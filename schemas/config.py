@@ -1,0 +1,98 @@
+"""Broker configuration (one YAML file): queues, cohorts, quotas, flavors and timeouts.
+
+It is expressive enough for Kueue's ClusterQueue/ResourceFlavor (nominal quota, borrowing and
+lending limits, cohorts, preemption policies, StrictFIFO/BestEffortFIFO) and Volcano's Queue
+(weight, capability, reclaimable).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from schemas.job import CapacityType, DnsLabel
+
+Resource = Literal["gpu", "cpu", "memory"]
+Amount = Annotated[int, Meta(ge=0)]
+
+
+class ResourceQuota(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Kueue's per-resource quota. cpu in millicores, memory in bytes, gpu in devices.
+    YAML may give cpu/memory as Kubernetes quantities; the loader normalises them."""
+
+    nominal: Amount = 0
+    borrowing_limit: Amount | None = None  # None = may borrow all the cohort lends
+    lending_limit: Amount | None = None  # None = lends all its unused nominal quota
+
+
+class FlavorQuota(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    flavor: DnsLabel
+    resources: dict[Resource, ResourceQuota]
+
+
+class PreemptionPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    within_queue: Literal["Never", "LowerPriority"] = "LowerPriority"
+    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = "Any"
+
+
+class QueueConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    name: DnsLabel
+    cohort: DnsLabel | None = None
+    weight: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
+    strategy: Literal["StrictFIFO", "BestEffortFIFO"] = "BestEffortFIFO"
+    # None = no quota: the queue may use any flavor without limit (handy for demos).
+    quotas: list[FlavorQuota] | None = None
+    preemption: PreemptionPolicy = msgspec.field(default_factory=PreemptionPolicy)
+    # Volcano's `reclaimable`: may other queues take back what this queue borrowed?
+    reclaimable: bool = True
+
+
+class FlavorClass(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Kueue's ResourceFlavor across clusters: cluster flavors whose capacity type and GPU
+    type match belong to this class, and quotas are written against the class name."""
+
+    name: DnsLabel
+    capacity_type: CapacityType | None = None
+    gpu_type: str | None = None
+
+
+class Timeouts(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    heartbeat_s: Annotated[float, Meta(gt=0)] = 1.0
+    unreachable_after_s: Annotated[float, Meta(gt=0)] = 5.0
+    lost_after_s: Annotated[float, Meta(gt=0)] = 30.0
+    dispatch_ack_s: Annotated[float, Meta(gt=0)] = 2.0
+    dispatch_retries: Annotated[int, Meta(ge=0, le=100)] = 3
+    start_s: Annotated[float, Meta(gt=0)] = 300.0
+    checkpoint_grace_s: Annotated[float, Meta(ge=0)] = 30.0
+    lease_ttl_s: Annotated[float, Meta(ge=1)] = 5.0
+
+
+class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    # Expected-cost weighting: dollars charged per GPU-hour of work at risk of being lost.
+    risk_weight: Annotated[float, Meta(ge=0)] = 1.0
+    # Prior interruption rate (per node-hour) for spot pools with no history yet.
+    spot_prior_rate: Annotated[float, Meta(ge=0)] = 0.5
+    # Half-life of the observed interruption rate, in seconds.
+    rate_half_life_s: Annotated[float, Meta(gt=0)] = 6 * 3600.0
+    # How long the pool that just lost a job is avoided for its next attempt.
+    avoid_lost_pool_s: Annotated[float, Meta(ge=0)] = 600.0
+    max_admissions_per_cycle: Annotated[int, Meta(ge=1)] = 10_000
+
+
+class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    subject_prefix: str = "muster"
+    queues: list[QueueConfig] = msgspec.field(
+        default_factory=lambda: [QueueConfig(name="default")]
+    )
+    flavors: list[FlavorClass] = []
+    timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
+    scheduling: SchedulingConfig = msgspec.field(default_factory=SchedulingConfig)
+    max_payload_bytes: Annotated[int, Meta(ge=1024, le=64 * 2**20)] = 1024 * 1024
+
+    def __post_init__(self) -> None:
+        names = [q.name for q in self.queues]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"queues: duplicate queue names {dupes}; each name must be unique")

@@ -1,0 +1,141 @@
+"""The client-facing job description (JSON): what a user publishes to `muster.submit.<queue>`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from schemas.quantity import QuantityError, cpu_milli, memory_bytes
+
+# DNS-1123 label: what Kubernetes accepts as a name, and a valid NATS subject token.
+DnsLabel = Annotated[
+    str,
+    Meta(
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="lower-case letters, digits and '-', starting and ending alphanumeric",
+    ),
+]
+JobId = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$",
+        description="letters, digits, '-' and '_', at most 63 characters (used in subjects)",
+    ),
+]
+Quantity = Annotated[
+    str | int | float,
+    Meta(description="a Kubernetes quantity: 4, '500m', '16Gi'"),
+]
+ShortText = Annotated[str, Meta(max_length=1024)]
+CapacityPreference = Literal["spot", "on-demand", "spot-then-on-demand", "any"]
+CapacityType = Literal["spot", "on-demand"]
+
+MAX_PODSETS = 16
+MAX_REPLICAS = 4096
+MAX_GPU_PER_REPLICA = 64
+
+
+class PodSet(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A group of identical replicas (master, worker, launcher, ps) and what each one needs."""
+
+    name: DnsLabel
+    replicas: Annotated[int, Meta(ge=1, le=MAX_REPLICAS)] = 1
+    gpu: Annotated[int, Meta(ge=0, le=MAX_GPU_PER_REPLICA)] = 0
+    cpu: Quantity = "1"
+    memory: Quantity = "1Gi"
+
+    def __post_init__(self) -> None:
+        try:
+            cpu_milli(self.cpu)
+            memory_bytes(self.memory)
+        except QuantityError as exc:
+            raise ValueError(f"podset {self.name!r}: {exc}") from None
+
+
+class CheckpointSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Where the workload writes checkpoints; passed to it as MUSTER_CHECKPOINT_URI."""
+
+    uri: Annotated[str, Meta(min_length=1, max_length=1024)]
+
+
+class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Separate budgets: infrastructure losses are not the job's fault, its own errors are."""
+
+    max_restarts_on_error: Annotated[int, Meta(ge=0, le=1000)] = 3
+    max_preemptions: Annotated[int, Meta(ge=0, le=100_000)] | None = None  # None = unlimited
+    retriable_exit_codes: Annotated[list[Annotated[int, Meta(ge=0, le=255)]], Meta(max_length=64)] = []
+    backoff_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0
+    max_backoff_s: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
+
+
+class SpotPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """When a `spot-then-on-demand` job gives up on spot."""
+
+    fallback_after_preemptions: Annotated[int, Meta(ge=0, le=1000)] = 2
+    fallback_after_wait_s: Annotated[float, Meta(ge=0, le=86_400 * 7)] = 600.0
+
+
+class Simulation(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """How the fake backend plays this job: steps at a rate, checkpoints every K steps."""
+
+    total_steps: Annotated[int, Meta(ge=1, le=10**9)] = 100
+    steps_per_second: Annotated[float, Meta(gt=0, le=1e6)] = 10.0
+    checkpoint_every: Annotated[int, Meta(ge=1, le=10**9)] = 10
+    fail_at_step: Annotated[int, Meta(ge=0)] | None = None
+    exit_code: Annotated[int, Meta(ge=0, le=255)] = 1
+
+
+WorkloadKind = Literal["indexed-job", "pytorchjob", "manifest"]
+
+
+class Workload(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What runs. `manifest` carries a user's own Kubernetes object (PyTorchJob, MPIJob, ...)."""
+
+    kind: WorkloadKind = "indexed-job"
+    image: Annotated[str, Meta(max_length=512)] = ""
+    command: Annotated[list[ShortText], Meta(max_length=256)] = []
+    args: Annotated[list[ShortText], Meta(max_length=256)] = []
+    env: Annotated[dict[str, ShortText], Meta(max_length=256)] = {}
+    port: Annotated[int, Meta(ge=1, le=65535)] = 29500
+    manifest: dict[str, Any] | None = None
+    simulate: Simulation | None = None
+
+
+class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A gang job. Either `gang` lists the podsets, or `workload.manifest` lets the broker
+    derive them from a Kubernetes manifest."""
+
+    name: DnsLabel
+    gang: Annotated[list[PodSet], Meta(max_length=MAX_PODSETS)] = []
+    queue: DnsLabel | None = None
+    job_id: JobId | None = None
+    priority: Annotated[int, Meta(ge=-1_000_000, le=1_000_000)] = 0
+    gpu_types: Annotated[list[Annotated[str, Meta(max_length=64)]], Meta(max_length=16)] = []
+    capacity: CapacityPreference = "any"
+    spot: SpotPolicy = msgspec.field(default_factory=SpotPolicy)
+    checkpoint: CheckpointSpec | None = None
+    restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
+    start_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] | None = None
+    workload: Workload = msgspec.field(default_factory=Workload)
+    labels: Annotated[dict[str, ShortText], Meta(max_length=64)] = {}
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.gang]
+        if len(set(names)) != len(names):
+            raise ValueError("gang: podset names must be unique")
+        if not self.gang and self.workload.manifest is None:
+            raise ValueError(
+                "gang: give at least one podset (e.g. {'name': 'worker', 'replicas': 2, "
+                "'gpu': 8}) or a Kubernetes manifest in workload.manifest"
+            )
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(p.replicas * p.gpu for p in self.gang)
+
+    @property
+    def total_replicas(self) -> int:
+        return sum(p.replicas for p in self.gang)

