@@ -1,0 +1,48 @@
+"""The seam between the agent runtime and a cluster: `kube` and `fake` implement `Backend`.
+
+The runtime (`agents/runtime.py`) owns NATS, batching, sequence numbers, heartbeats, epoch
+fencing and idempotency on (job_id, attempt). A backend only knows its cluster: it reports what
+changes through `emit` and carries out commands the runtime has already vetted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from schemas.agent import AgentEvent, ClusterSnapshot, Dispatch
+
+Emit = Callable[[AgentEvent], None]
+
+
+class BackendError(RuntimeError):
+    """A command the backend could not carry out; the text goes back in the CommandAck."""
+
+
+class Backend(Protocol):
+    cluster: str
+
+    async def start(self, emit: Emit) -> None:
+        """Begin watching the cluster. Deltas (NodeUpsert, NodeGone, GpuHealth, SpotNotice,
+        WorkloadStatus, CheckpointReport) go to `emit`, which never blocks."""
+        ...
+
+    async def snapshot(self) -> ClusterSnapshot:
+        """The whole cluster now: flavors, nodes, and every workload Muster owns."""
+        ...
+
+    async def dispatch(self, cmd: Dispatch) -> None:
+        """Create the attempt's workload on the assigned nodes. Raise BackendError if it
+        cannot be created. Called once per (job_id, attempt)."""
+        ...
+
+    async def cancel(self, job_id: str, attempt: int | None, reason: str) -> None:
+        """Delete the attempt's workload (every attempt of the job when attempt is None).
+        Deleting what does not exist is not an error."""
+        ...
+
+    async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
+        """Ask the workload to write a checkpoint before `deadline` (unix seconds)."""
+        ...
+
+    async def stop(self) -> None: ...
