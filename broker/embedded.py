@@ -76,8 +76,9 @@ class EmbeddedNats:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
                 raise RuntimeError(f"nats-server exited at start: {err.strip()[-2000:]}")
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=0.2
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2),
             ):
                 return
             _sleep(0.02)
@@ -109,8 +110,8 @@ class EmbeddedNats:
             self._tmp.cleanup()
             self._tmp = None
 
-    async def start(self, timeout: float = 10.0) -> EmbeddedNats:
-        await asyncio.to_thread(self.start_sync, timeout)
+    async def start(self, wait_s: float = 10.0) -> EmbeddedNats:
+        await asyncio.to_thread(self.start_sync, wait_s)
         return self
 
     async def stop(self) -> None:

@@ -83,9 +83,7 @@ class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
 
 class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     subject_prefix: str = "muster"
-    queues: list[QueueConfig] = msgspec.field(
-        default_factory=lambda: [QueueConfig(name="default")]
-    )
+    queues: list[QueueConfig] = msgspec.field(default_factory=lambda: [QueueConfig(name="default")])
     flavors: list[FlavorClass] = []
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     scheduling: SchedulingConfig = msgspec.field(default_factory=SchedulingConfig)

@@ -66,7 +66,9 @@ class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
 
     max_restarts_on_error: Annotated[int, Meta(ge=0, le=1000)] = 3
     max_preemptions: Annotated[int, Meta(ge=0, le=100_000)] | None = None  # None = unlimited
-    retriable_exit_codes: Annotated[list[Annotated[int, Meta(ge=0, le=255)]], Meta(max_length=64)] = []
+    retriable_exit_codes: Annotated[
+        list[Annotated[int, Meta(ge=0, le=255)]], Meta(max_length=64)
+    ] = []
     backoff_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0
     max_backoff_s: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
 

@@ -32,7 +32,9 @@ class QuantityError(ValueError):
 def parse_quantity(value: str | int | float) -> Decimal:
     """Parse a Kubernetes quantity into an exact Decimal of base units."""
     if isinstance(value, bool):
-        raise QuantityError(f"quantity must be a number or a string like '500m' or '4Gi', not {value!r}")
+        raise QuantityError(
+            f"quantity must be a number or a string like '500m' or '4Gi', not {value!r}"
+        )
     if isinstance(value, int | float):
         if value != value or value in (float("inf"), float("-inf")):
             raise QuantityError(f"quantity {value!r} is not finite")

@@ -1,0 +1,16 @@
+"""A simulated cluster backend for tests, the demo and load tests."""
+
+from agents.config import BambooTrace, FakeClusterConfig, FakeFlavor
+from agents.fake.cluster import AttemptRecord, FakeCluster
+from agents.fake.trace import TraceEvent, load_bamboo, parse_bamboo
+
+__all__ = [
+    "AttemptRecord",
+    "BambooTrace",
+    "FakeCluster",
+    "FakeClusterConfig",
+    "FakeFlavor",
+    "TraceEvent",
+    "load_bamboo",
+    "parse_bamboo",
+]

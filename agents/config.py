@@ -1,0 +1,211 @@
+"""Agent configuration (YAML): which cluster, which backend, and how the fake cluster behaves.
+
+One `AgentConfig` runs one agent; a `FleetConfig` runs many (fake) agents in one process over
+one NATS connection, which is how the demo and the load tests get 50 clusters cheaply. The
+`kube` section stays a plain mapping here: the kube backend validates it into its own Struct.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import yaml
+from msgspec import Meta
+
+from schemas.agent import MAX_BATCH
+from schemas.job import CapacityType
+from schemas.quantity import QuantityError, cpu_milli, memory_bytes
+
+ClusterName = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$",
+        description="letters, digits, '-' and '_' (it is a NATS subject token)",
+    ),
+]
+FlavorName = Annotated[
+    str,
+    Meta(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63),
+]
+Quantity = str | int | float
+Positive = Annotated[float, Meta(gt=0)]
+NonNegFloat = Annotated[float, Meta(ge=0)]
+
+
+class AgentConfigError(ValueError):
+    """An agent/fleet config that does not validate; the text names the file and the field."""
+
+
+class FakeFlavor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One pool of identical simulated nodes (mirrors schemas.agent.FlavorInfo plus sizes)."""
+
+    name: FlavorName
+    capacity_type: CapacityType = "on-demand"
+    gpu_type: Annotated[str, Meta(max_length=64)] = "a100"
+    price_per_gpu_hour: NonNegFloat = 0.0
+    gpu_memory_mib: Annotated[int, Meta(ge=0)] = 0
+    nodes: Annotated[int, Meta(ge=0, le=100_000)] = 4
+    gpu_per_node: Annotated[int, Meta(ge=0, le=64)] = 8
+    cpu: Quantity = "96"
+    memory: Quantity = "768Gi"
+
+    def __post_init__(self) -> None:
+        try:
+            cpu_milli(self.cpu)
+            memory_bytes(self.memory)
+        except QuantityError as exc:
+            raise ValueError(f"flavor {self.name!r}: {exc}") from None
+
+
+class BambooTrace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Replay a Bamboo spot trace (`time_ms,add|remove,node`) onto one flavor.
+
+    Trace time `t` becomes simulated second `t / 1000 / speedup` after the cluster starts;
+    events at or before `start_ms` are applied before the first snapshot (initial nodes)."""
+
+    path: Annotated[str, Meta(min_length=1)]
+    flavor: FlavorName
+    speedup: Positive = 1.0
+    start_ms: Annotated[int, Meta(ge=0)] = 0
+    max_events: Annotated[int, Meta(ge=1)] | None = None
+
+
+class FakeClusterConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """How a simulated cluster behaves. Durations are simulated seconds; `time_scale`
+    simulated seconds pass per real second (10 = ten times faster than real time)."""
+
+    flavors: Annotated[list[FakeFlavor], Meta(min_length=1, max_length=256)] = msgspec.field(
+        default_factory=lambda: [FakeFlavor(name="spot-a100", capacity_type="spot")]
+    )
+    time_scale: Positive = 1.0
+    spot_notice_s: NonNegFloat = 120.0
+    spot_rate_per_node_hour: NonNegFloat = 0.0
+    trace: BambooTrace | None = None
+    start_delay_s: NonNegFloat = 1.0
+    checkpoint_write_s: NonNegFloat = 0.0
+    enforce_capacity: bool = True
+    tick_s: Annotated[float, Meta(gt=0, le=10)] = 0.02  # real seconds between ticker wakeups
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        names = [f.name for f in self.flavors]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"flavors: duplicate flavor names {dupes}")
+        if self.trace is not None and self.trace.flavor not in names:
+            raise ValueError(f"trace.flavor {self.trace.flavor!r} is not one of flavors {names}")
+
+
+class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One agent: a cluster name, its backend and the runtime's batching/heartbeat knobs."""
+
+    cluster: ClusterName
+    backend: Literal["fake", "kube"]
+    heartbeat_s: Positive = 1.0
+    batch_max: Annotated[int, Meta(ge=1, le=MAX_BATCH)] = 1000
+    batch_interval_s: Annotated[float, Meta(ge=0, le=10)] = 0.01
+    subject_prefix: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")] = "muster"
+    fake: FakeClusterConfig | None = None
+    kube: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend == "fake" and self.fake is None:
+            raise ValueError("fake: required when backend is 'fake' (give at least `fake: {}`)")
+        if self.backend == "kube" and self.kube is None:
+            raise ValueError("kube: required when backend is 'kube'")
+
+
+class FleetConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Many agents in one process sharing one NATS connection (fake clusters, mostly)."""
+
+    clusters: Annotated[list[AgentConfig], Meta(min_length=1, max_length=10_000)]
+
+    def __post_init__(self) -> None:
+        names = [c.cluster for c in self.clusters]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"clusters: duplicate cluster names {dupes}")
+
+
+def _read_yaml(path: str | Path) -> Any:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise AgentConfigError(f"{p}: cannot read config: {exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise AgentConfigError(f"{p}: not valid YAML: {exc}") from None
+
+
+def _resolve_trace(cfg: AgentConfig, base: Path) -> None:
+    """Relative trace paths are relative to the config file, not to the working directory."""
+    if cfg.fake is not None and cfg.fake.trace is not None:
+        tp = Path(cfg.fake.trace.path)
+        if not tp.is_absolute():
+            cfg.fake.trace.path = str((base / tp).resolve())
+
+
+def convert_agent_config(raw: Any, source: str = "agent config") -> AgentConfig:
+    """Validate an already-parsed mapping; msgspec's message names the field (`$.fake...`)."""
+    try:
+        return msgspec.convert(raw, AgentConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise AgentConfigError(f"{source}: invalid agent config: {exc}") from None
+
+
+def load_agent_config(path: str | Path) -> AgentConfig:
+    """Read one agent's YAML config; errors name the file and the offending field."""
+    p = Path(path)
+    cfg = convert_agent_config(_read_yaml(p), str(p))
+    _resolve_trace(cfg, p.parent)
+    return cfg
+
+
+def load_fleet_config(path: str | Path) -> FleetConfig:
+    """Read a fleet YAML (`clusters: [...]`); a single agent's YAML is accepted as a fleet of 1."""
+    p = Path(path)
+    raw = _read_yaml(p)
+    try:
+        if isinstance(raw, dict) and "clusters" not in raw and "cluster" in raw:
+            fleet = FleetConfig(clusters=[msgspec.convert(raw, AgentConfig, strict=False)])
+        else:
+            fleet = msgspec.convert(raw, FleetConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise AgentConfigError(f"{p}: invalid fleet config: {exc}") from None
+    for cfg in fleet.clusters:
+        _resolve_trace(cfg, p.parent)
+    return fleet
+
+
+def make_fleet_configs(
+    count: int,
+    fake: FakeClusterConfig,
+    *,
+    prefix: str = "fake",
+    heartbeat_s: float = 1.0,
+    batch_max: int = 1000,
+    batch_interval_s: float = 0.01,
+    subject_prefix: str = "muster",
+) -> list[AgentConfig]:
+    """`count` identical fake clusters named `<prefix>-<i>` (load tests, demos)."""
+    if not 1 <= count <= 10_000:
+        raise ValueError(f"count must be between 1 and 10000, got {count}")
+    out: list[AgentConfig] = []
+    for i in range(count):
+        fk = msgspec.structs.replace(fake, seed=None if fake.seed is None else fake.seed + i)
+        out.append(
+            AgentConfig(
+                cluster=f"{prefix}-{i}",
+                backend="fake",
+                heartbeat_s=heartbeat_s,
+                batch_max=batch_max,
+                batch_interval_s=batch_interval_s,
+                subject_prefix=subject_prefix,
+                fake=fk,
+            )
+        )
+    return out

@@ -1,0 +1,619 @@
+"""`KubeBackend`: the `agents.backend.Backend` for a real Kubernetes cluster.
+
+What it watches
+---------------
+Nodes and pods (all namespaces: pods Muster did not place still use node capacity), each with
+a `Reflector` (list, then watch with resourceVersion and bookmarks; re-list on 410 Gone and,
+after a bounded backoff, on any other failure). Nodes that match no configured flavor are not
+reported. Pods count as Muster's when they carry `muster.dev/job-id` AND live in the
+configured workload namespace (a label in another namespace cannot fake a status).
+
+What it emits
+-------------
+* `NodeUpsert` whenever a node's `NodeInfo` changes (capacity, readiness, foreign usage,
+  GPU health, spot deadline), `NodeGone` when a node is deleted or stops matching a flavor.
+* `SpotNotice(node, deadline = now + provider deadline)` once per node when a reclaim taint
+  or condition appears (`config.DEFAULT_SPOT_TAINTS`) or when any pod on the node gets a
+  `DisruptionTarget` condition whose reason means the node is going away. The notice is
+  re-armed when the signal clears.
+* `GpuHealth(node, healthy, xid, reason)` whenever the healthy GPU count changes.
+* `WorkloadStatus` on each phase transition of an attempt (see `status.py`), and
+  `CheckpointReport` when a pod's `muster.dev/checkpoint` annotation (JSON
+  `{"step": int, "uri": str}`) names a newer step.
+
+Checkpoint requests (for the SDK)
+---------------------------------
+`checkpoint_now` merge-patches every pod of the attempt with the annotation
+`muster.dev/checkpoint-request: "<deadline as unix seconds>"`. Workloads see it in the file
+`$MUSTER_PODINFO_DIR/annotations` (a downward-API volume every Muster pod gets; the kubelet
+refreshes it within its sync period, typically under a minute) or by reading their own pod.
+The fast path is NATS: the agent runtime also publishes `muster.checkpoint_request.<job_id>`.
+A workload reports a checkpoint by setting `muster.dev/checkpoint` on its own pod (its
+service account needs `patch` on pods) or by publishing `muster.checkpoint.<job_id>`.
+
+Attempts and cleanup
+--------------------
+`dispatch` creates the objects of `manifests.build_workload` (a 409 counts as created, so a
+retried dispatch is safe) and then deletes every object of an older attempt of the same job;
+the periodic resync does the same for anything left over. `cancel` deletes with the configured
+propagation policy (Background by default; Jobs would otherwise orphan their pods).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import structlog
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from agents.backend import BackendError, Emit
+from agents.kube.client import KubeApiError, KubeRest, Reflector, item_path, sleep_or_stop
+from agents.kube.config import FlavorConfig, KubeBackendConfig, convert_kube_config
+from agents.kube.decode import ZERO, KNode, KObject, KPod, Usage, pod_usage
+from agents.kube.manifests import (
+    ANN_CHECKPOINT_REQUEST,
+    ANN_JOB,
+    ANN_KIND,
+    ANN_TOTAL,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    OWNED_RESOURCES,
+    ManifestError,
+    build_workload,
+    label_value,
+)
+from agents.kube.nodes import (
+    GpuState,
+    detect_provider,
+    gfd_memory_mib,
+    gpu_state,
+    match_flavor,
+    node_info,
+    spot_signal,
+)
+from agents.kube.status import Workload, disruption, pod_job
+from schemas.agent import (
+    AgentEvent,
+    ClusterSnapshot,
+    Dispatch,
+    FlavorInfo,
+    GpuHealth,
+    NodeGone,
+    NodeInfo,
+    NodeUpsert,
+    SpotNotice,
+)
+
+log = structlog.get_logger("muster.agent.kube")
+
+Key = tuple[str, int]  # (job_id, attempt)
+
+
+class _Node:
+    """What the backend keeps per node: the raw object, its flavor and what was reported."""
+
+    __slots__ = ("flavor", "gpu", "info", "raw", "spot_deadline", "spot_reason")
+
+    def __init__(self, raw: KNode, flavor: FlavorConfig | None) -> None:
+        self.raw = raw
+        self.flavor = flavor
+        self.info: NodeInfo | None = None  # last NodeInfo emitted
+        self.gpu: GpuState | None = None  # last GPU state
+        self.spot_deadline: float | None = None
+        self.spot_reason = ""
+
+
+class KubeBackend:
+    """Kubernetes cluster side of the agent: watches nodes and pods, creates workloads."""
+
+    def __init__(
+        self,
+        cluster: str,
+        config: KubeBackendConfig,
+        api_client: ApiClient | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cluster = cluster
+        self.config = config
+        self._api = api_client
+        self._owns_api = api_client is None
+        self._clock = clock
+        self._emit: Emit | None = None
+        self._rest: KubeRest | None = None
+        self._nodes: dict[str, _Node] = {}
+        self._foreign: dict[str, tuple[str, Usage]] = {}  # pod uid -> (node, usage)
+        self._usage: dict[str, Usage] = {}  # node -> summed foreign usage
+        self._pod_disruption: dict[str, str] = {}  # pod uid -> node, while disrupted
+        self._workloads: dict[Key, Workload] = {}
+        self._pod_key: dict[str, Key] = {}  # Muster pod uid -> workload
+        self._pod_names: dict[Key, dict[str, str]] = {}  # workload -> {uid: pod name}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
+        self._started = False
+        self._live = False  # emit deltas only after the initial lists
+        self.node_reflector: Reflector[KNode] | None = None
+        self.pod_reflector: Reflector[KPod] | None = None
+        self.log = log.bind(cluster=cluster)
+
+    @classmethod
+    def from_config(cls, cluster: str, raw: dict[str, Any]) -> KubeBackend:
+        """Build from the agent config's `backend` mapping; KubeConfigError names a bad
+        field. The API client is created in `start` (loading a kubeconfig is async)."""
+        return cls(cluster, convert_kube_config(raw))
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def _make_api(self) -> ApiClient:
+        cfg = Configuration()
+        if self.config.in_cluster:
+            kube_config.load_incluster_config(client_configuration=cfg)
+        else:
+            await kube_config.load_kube_config(
+                config_file=self.config.kubeconfig,
+                context=self.config.context,
+                client_configuration=cfg,
+                persist_config=False,
+            )
+        return ApiClient(configuration=cfg)
+
+    @property
+    def rest(self) -> KubeRest:
+        if self._rest is None:
+            raise BackendError("kube backend not started")
+        return self._rest
+
+    async def start(self, emit: Emit) -> None:
+        """List nodes, pods and Muster's objects (so `snapshot` is complete when this
+        returns), emit outstanding spot notices and GPU failures, then watch."""
+        if self._started:
+            return
+        self._started = True
+        self._emit = emit
+        if self._api is None:
+            self._api = await self._make_api()
+        cfg = self.config
+        self._rest = KubeRest(self._api, cfg.request_timeout_s)
+        common: dict[str, Any] = {
+            "page_size": cfg.list_page_size,
+            "watch_timeout_s": cfg.watch_timeout_s,
+            "resync_s": cfg.resync_period_s,
+            "backoff_initial_s": cfg.backoff_initial_s,
+            "backoff_max_s": cfg.backoff_max_s,
+        }
+        self.node_reflector = Reflector(
+            self._rest,
+            "/api/v1/nodes",
+            KNode,
+            self._replace_nodes,
+            self._node_event,
+            label_selector=cfg.node_label_selector,
+            name="nodes",
+            **common,
+        )
+        self.pod_reflector = Reflector(
+            self._rest,
+            "/api/v1/pods",
+            KPod,
+            self._replace_pods,
+            self._pod_event,
+            name="pods",
+            **common,
+        )
+        await self._scan_objects()
+        await self.pod_reflector.list_once()
+        await self.node_reflector.list_once()
+        self._live = True
+        for name, n in self._nodes.items():
+            if n.flavor is None:
+                continue
+            if n.spot_deadline is not None:
+                self._send(SpotNotice(node=name, deadline=n.spot_deadline, reason=n.spot_reason))
+            if n.gpu is not None and n.gpu.healthy is not None:
+                self._send(
+                    GpuHealth(node=name, healthy=n.gpu.healthy, xid=n.gpu.xid, reason=n.gpu.reason)
+                )
+        self._tasks = [
+            asyncio.create_task(self.node_reflector.run(), name=f"kube-nodes-{self.cluster}"),
+            asyncio.create_task(self.pod_reflector.run(), name=f"kube-pods-{self.cluster}"),
+            asyncio.create_task(self._housekeeping(), name=f"kube-gc-{self.cluster}"),
+        ]
+        self.log.info("kube backend started", nodes=len(self._nodes), workloads=len(self._workloads))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        if self._owns_api and self._api is not None:
+            await self._api.close()
+            self._api = None
+
+    def _send(self, event: AgentEvent) -> None:
+        if self._live and self._emit is not None:
+            self._emit(event)
+
+    # -- nodes -----------------------------------------------------------------------------
+    def _replace_nodes(self, items: list[KNode]) -> None:
+        seen = set()
+        for node in items:
+            if node.metadata.name:
+                seen.add(node.metadata.name)
+                self._upsert_node(node)
+        for name in [n for n in self._nodes if n not in seen]:
+            self._remove_node(name, "node gone (not in re-list)")
+
+    def _node_event(self, kind: str, node: KNode) -> None:
+        if not node.metadata.name:
+            return
+        if kind == "DELETED":
+            self._remove_node(node.metadata.name, "node deleted")
+        else:
+            self._upsert_node(node)
+
+    def _remove_node(self, name: str, reason: str) -> None:
+        entry = self._nodes.pop(name, None)
+        if entry is not None and entry.info is not None:
+            self._send(NodeGone(node=name, reason=reason))
+        for w in self._workloads.values():
+            if w.node_gone(name):
+                self._report(w)
+
+    def _upsert_node(self, node: KNode) -> None:
+        name = node.metadata.name
+        cfg = self.config
+        flavor = match_flavor(node, cfg.flavors)
+        entry = self._nodes.get(name)
+        if entry is None:
+            entry = self._nodes[name] = _Node(node, flavor)
+        entry.raw = node
+        if flavor is None:
+            if entry.info is not None:
+                self._send(NodeGone(node=name, reason="node matches no flavor any more"))
+            entry.flavor, entry.info = None, None
+            return
+        entry.flavor = flavor
+        # Spot: a notice once per appearance of the signal; cleared when it goes away.
+        signal = spot_signal(node, cfg.spot_taints)
+        notice: SpotNotice | None = None
+        if signal is None:
+            if entry.spot_deadline is not None and not self._pod_disrupted(name):
+                entry.spot_deadline, entry.spot_reason = None, ""
+        elif entry.spot_deadline is None:
+            notice = self._arm_spot(entry, node, signal)
+        # GPU health: report every change of the healthy count.
+        gpu = gpu_state(node, cfg)
+        health: GpuHealth | None = None
+        prev = entry.gpu
+        if (prev.healthy if prev else None) != gpu.healthy:
+            health = GpuHealth(
+                node=name,
+                healthy=gpu.total if gpu.healthy is None else gpu.healthy,
+                xid=gpu.xid,
+                reason=gpu.reason or "GPUs healthy again",
+            )
+        entry.gpu = gpu
+        self._refresh(entry)
+        if notice is not None:
+            self._send(notice)
+        if health is not None:
+            self._send(health)
+
+    def _arm_spot(self, entry: _Node, node: KNode, reason: str) -> SpotNotice:
+        provider = detect_provider(node)
+        deadline = self._clock() + self.config.spot_deadlines_s.for_provider(provider)
+        entry.spot_deadline, entry.spot_reason = deadline, f"{provider}: {reason}"
+        self.log.info("spot notice", node=node.metadata.name, reason=reason, provider=provider)
+        return SpotNotice(node=node.metadata.name, deadline=deadline, reason=entry.spot_reason)
+
+    def _pod_disrupted(self, node: str) -> bool:
+        return node in self._pod_disruption.values()
+
+    def _refresh(self, entry: _Node) -> None:
+        """Recompute the node's NodeInfo and emit NodeUpsert when it changed."""
+        if entry.flavor is None:
+            return
+        info = node_info(
+            entry.raw,
+            entry.flavor,
+            self.config,
+            self._usage.get(entry.raw.metadata.name, ZERO),
+            entry.spot_deadline,
+            entry.gpu,
+        )
+        if info != entry.info:
+            entry.info = info
+            self._send(NodeUpsert(node=info))
+
+    # -- pods ------------------------------------------------------------------------------
+    def _replace_pods(self, items: list[KPod]) -> None:
+        seen = set()
+        for pod in items:
+            if pod.metadata.uid:
+                seen.add(pod.metadata.uid)
+                self._pod_event("MODIFIED", pod)
+        gone = [u for u in (*self._foreign, *self._pod_key, *self._pod_disruption) if u not in seen]
+        for uid in set(gone):
+            self._forget_pod(uid)
+
+    def _forget_pod(self, uid: str) -> None:
+        """A pod vanished between lists: drop its usage; Muster pods count as deleted."""
+        self._set_foreign(uid, None, ZERO)
+        self._pod_disruption.pop(uid, None)
+        key = self._pod_key.pop(uid, None)
+        if key is not None:
+            w = self._workloads.get(key)
+            names = self._pod_names.get(key, {})
+            name = names.pop(uid, "")
+            if w is not None:
+                stub = KPod()
+                stub.metadata.name = name
+                w.update_pod(uid, stub, deleted=True)
+                self._report(w)
+
+    def _pod_event(self, kind: str, pod: KPod) -> None:
+        meta = pod.metadata
+        uid = meta.uid or f"{meta.namespace}/{meta.name}"
+        deleted = kind == "DELETED"
+        node = pod.spec.nodeName
+        # Node-level disruption seen on any pod -> spot notice for its node.
+        dis = disruption(pod)
+        if dis in self.config.node_disruption_reasons and node and not deleted:
+            if uid not in self._pod_disruption:
+                self._pod_disruption[uid] = node
+                entry = self._nodes.get(node)
+                if entry is not None and entry.flavor is not None and entry.spot_deadline is None:
+                    notice = self._arm_spot(entry, entry.raw, f"pod {meta.name}: {dis}")
+                    self._refresh(entry)
+                    self._send(notice)
+        else:
+            self._pod_disruption.pop(uid, None)
+        owned = LABEL_JOB in meta.labels and meta.namespace == self.config.namespace
+        if owned:
+            self._muster_pod(uid, pod, deleted)
+            return
+        active = not deleted and node and pod.status.phase not in ("Succeeded", "Failed")
+        usage = pod_usage(pod, self.config.gpu_resource) if active else ZERO
+        self._set_foreign(uid, node if active else None, usage)
+
+    def _set_foreign(self, uid: str, node: str | None, usage: Usage) -> None:
+        old = self._foreign.pop(uid, None)
+        touched: set[str] = set()
+        if old is not None:
+            self._usage[old[0]] = self._usage.get(old[0], ZERO) - old[1]
+            touched.add(old[0])
+        if node and usage != ZERO:
+            self._foreign[uid] = (node, usage)
+            self._usage[node] = self._usage.get(node, ZERO) + usage
+            touched.add(node)
+        for n in touched:
+            if self._usage.get(n) == ZERO:
+                self._usage.pop(n, None)
+            entry = self._nodes.get(n)
+            if entry is not None:
+                self._refresh(entry)
+
+    def _muster_pod(self, uid: str, pod: KPod, deleted: bool) -> None:
+        meta = pod.metadata
+        job_id = pod_job(pod)
+        raw_attempt = meta.labels.get(LABEL_ATTEMPT, "")
+        if not job_id or not raw_attempt.isdigit() or int(raw_attempt) < 1:
+            return
+        key = (job_id, int(raw_attempt))
+        w = self._workloads.get(key)
+        if w is None:
+            kind = meta.annotations.get(ANN_KIND, "")
+            w = self._workloads[key] = Workload(job_id, key[1], kind=kind)
+        w.update_pod(uid, pod, deleted)
+        names = self._pod_names.setdefault(key, {})
+        if deleted:
+            self._pod_key.pop(uid, None)
+            names.pop(uid, None)
+        else:
+            self._pod_key[uid] = key
+            names[uid] = meta.name
+        report = w.checkpoint(pod, self._clock) if not w.cancelled else None
+        if report is not None:
+            self._send(report)
+        self._report(w)
+
+    def _report(self, w: Workload) -> None:
+        if not self._live:
+            # Before the first snapshot the phase is not "news"; remember it as reported.
+            if not w.cancelled and not w.terminal:
+                w.last_phase = w.status().phase
+            return
+        st = w.transition()
+        if st is not None:
+            self.log.info(
+                "workload", job_id=w.job_id, attempt=w.attempt, phase=st.phase, reason=st.reason
+            )
+            self._send(st)
+
+    # -- Muster's objects ------------------------------------------------------------------
+    async def _scan_objects(self) -> list[tuple[Key, str, str]]:
+        """List every Muster-owned object of every supported kind in the workload namespace
+        (a kind whose CRD is not installed answers 404 and is skipped)."""
+        found: list[tuple[Key, str, str]] = []
+        ns = self.config.namespace
+        for res in OWNED_RESOURCES:
+            collection = res.collection(ns)
+            try:
+                items, _ = await self.rest.list_all(
+                    collection, KObject, LABEL_JOB, self.config.list_page_size
+                )
+            except KubeApiError as exc:
+                if exc.status in (404, 403):
+                    continue
+                raise
+            for obj in items:
+                meta = obj.metadata
+                job_id = meta.annotations.get(ANN_JOB) or meta.labels.get(LABEL_JOB, "")
+                raw = meta.labels.get(LABEL_ATTEMPT, "")
+                if not job_id or not raw.isdigit() or int(raw) < 1:
+                    continue
+                key = (job_id, int(raw))
+                found.append((key, collection, meta.name))
+                w = self._workloads.get(key)
+                if w is None:
+                    total = meta.annotations.get(ANN_TOTAL, "")
+                    w = self._workloads[key] = Workload(
+                        job_id,
+                        key[1],
+                        int(total) if total.isdigit() else 0,
+                        meta.annotations.get(ANN_KIND, ""),
+                    )
+                if (collection, meta.name) not in w.objects:
+                    w.objects.append((collection, meta.name))
+        return found
+
+    async def _delete_objects(self, objects: list[tuple[str, str]]) -> None:
+        for collection, name in objects:
+            await self.rest.delete(item_path(collection, name), self.config.delete_propagation)
+
+    async def _delete_attempts(self, job_id: str, keep: Callable[[int], bool], why: str) -> int:
+        """Delete every object of `job_id` whose attempt is not kept; the count deleted.
+        Uses what is known locally plus a fresh list by label (an object created by a
+        previous agent instance may not be known)."""
+        ns = self.config.namespace
+        targets: list[tuple[str, str]] = []
+        for (jid, attempt), w in self._workloads.items():
+            if jid == job_id and not keep(attempt):
+                w.cancelled = True
+                targets.extend(w.objects)
+        for res in OWNED_RESOURCES:
+            collection = res.collection(ns)
+            try:
+                items, _ = await self.rest.list_all(
+                    collection, KObject, f"{LABEL_JOB}={label_value(job_id)}"
+                )
+            except KubeApiError as exc:
+                if exc.status in (404, 403):
+                    continue
+                raise
+            for obj in items:
+                raw = obj.metadata.labels.get(LABEL_ATTEMPT, "")
+                exact = obj.metadata.annotations.get(ANN_JOB, job_id)
+                if exact != job_id or not raw.isdigit() or keep(int(raw)):
+                    continue
+                if (collection, obj.metadata.name) not in targets:
+                    targets.append((collection, obj.metadata.name))
+        await self._delete_objects(targets)
+        if targets:
+            self.log.info("deleted workload objects", job_id=job_id, count=len(targets), why=why)
+        return len(targets)
+
+    # -- commands --------------------------------------------------------------------------
+    async def dispatch(self, cmd: Dispatch) -> None:
+        flavor = self.config.flavor(cmd.flavor)
+        if flavor is None:
+            known = [f.name for f in self.config.flavors]
+            raise BackendError(f"flavor {cmd.flavor!r} is not configured here (known: {known})")
+        try:
+            plan = build_workload(cmd, flavor, self.config.namespace, self.config.gpu_resource)
+        except ManifestError as exc:
+            raise BackendError(str(exc)) from None
+        key = (cmd.job_id, cmd.attempt)
+        w = self._workloads.get(key)
+        if w is None:
+            w = self._workloads[key] = Workload(
+                cmd.job_id, cmd.attempt, plan.total_replicas, cmd.spec.workload.kind
+            )
+        w.total = plan.total_replicas
+        w.cancelled = False
+        bound = self.log.bind(job_id=cmd.job_id, attempt=cmd.attempt, flavor=cmd.flavor)
+        for obj in plan.objects:
+            collection = obj.resource.collection(self.config.namespace)
+            if (collection, obj.name) not in w.objects:
+                w.objects.append((collection, obj.name))
+            try:
+                created = await self.rest.create(collection, obj.body)
+            except KubeApiError as exc:
+                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None
+            except (OSError, asyncio.TimeoutError) as exc:
+                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
+            bound.info("created", kind=obj.resource.kind, name=obj.name, existed=not created)
+        self._report(w)
+        try:
+            await self._delete_attempts(cmd.job_id, lambda a: a >= cmd.attempt, "older attempt")
+        except (KubeApiError, OSError, asyncio.TimeoutError) as exc:
+            bound.warning("garbage collection of older attempts failed", error=str(exc))
+
+    async def cancel(self, job_id: str, attempt: int | None, reason: str) -> None:
+        keep: Callable[[int], bool] = (lambda a: False) if attempt is None else (lambda a: a != attempt)
+        try:
+            await self._delete_attempts(job_id, keep, reason or "cancel")
+        except KubeApiError as exc:
+            raise BackendError(f"cancel {job_id}: {exc}") from None
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise BackendError(f"cancel {job_id}: {exc!r}") from None
+        for key in [k for k in self._workloads if k[0] == job_id and not keep(k[1])]:
+            self._workloads[key].cancelled = True
+
+    async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
+        names = list(self._pod_names.get((job_id, attempt), {}).values())
+        if not names:
+            raise BackendError(f"no pods of {job_id} attempt {attempt} to ask for a checkpoint")
+        patch = {"metadata": {"annotations": {ANN_CHECKPOINT_REQUEST: f"{deadline:.3f}"}}}
+        base = f"/api/v1/namespaces/{self.config.namespace}/pods"
+        failed: list[str] = []
+        for name in names:
+            try:
+                await self.rest.merge_patch(item_path(base, name), patch)
+            except (KubeApiError, OSError, asyncio.TimeoutError) as exc:
+                failed.append(f"{name}: {exc}")
+        if failed and len(failed) == len(names):
+            raise BackendError("checkpoint request failed: " + "; ".join(failed)[:900])
+
+    # -- snapshot and housekeeping ---------------------------------------------------------
+    def flavors(self) -> list[FlavorInfo]:
+        mem: dict[str, int] = {}
+        for n in self._nodes.values():
+            if n.flavor is not None:
+                m = gfd_memory_mib(n.raw)
+                if m:
+                    mem[n.flavor.name] = min(mem.get(n.flavor.name, m), m)
+        return [f.info(mem.get(f.name, 0)) for f in self.config.flavors]
+
+    async def snapshot(self) -> ClusterSnapshot:
+        nodes = [n.info for n in self._nodes.values() if n.info is not None]
+        workloads = [w.status() for w in self._workloads.values() if not w.cancelled]
+        return ClusterSnapshot(flavors=self.flavors(), nodes=nodes, workloads=workloads)
+
+    async def _housekeeping(self) -> None:
+        """Every resync period: delete objects of attempts older than the newest one known
+        for the same job, and forget finished, object-less workloads."""
+        while not await sleep_or_stop(self._stop, self.config.resync_period_s):
+            try:
+                await self.collect_garbage()
+            except Exception as exc:  # keep the loop alive; the next period retries
+                self.log.warning("garbage collection failed", error=str(exc)[:300])
+
+    async def collect_garbage(self) -> int:
+        found = await self._scan_objects()
+        newest: dict[str, int] = {}
+        for (job_id, attempt), _, _ in found:
+            newest[job_id] = max(newest.get(job_id, 0), attempt)
+        for (job_id, attempt) in self._workloads:
+            newest[job_id] = max(newest.get(job_id, 0), attempt)
+        stale = [(c, n) for (jid, a), c, n in found if a < newest[jid]]
+        await self._delete_objects(stale)
+        live_objects = {key for key, _, _ in found}
+        for key in list(self._workloads):
+            w = self._workloads[key]
+            if (w.cancelled or w.terminal) and key not in live_objects and not self._pod_names.get(key):
+                del self._workloads[key]
+                self._pod_names.pop(key, None)
+        return len(stale)
+
+
+def decode_config(raw: bytes) -> KubeBackendConfig:
+    """A KubeBackendConfig from JSON bytes (handy for tools); errors name the field."""
+    return convert_kube_config(msgspec.json.decode(raw))

@@ -1,0 +1,183 @@
+"""Configuration of the Kubernetes backend: how to reach the API server, which nodes form which
+flavor, and which taints/conditions mean "spot reclaim" or "GPU failure".
+
+It is one msgspec Struct so a typo in the agent's YAML fails at start with the field's path
+(`... - at $.flavors[0].capacity_type`) instead of silently being ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from schemas.agent import FlavorInfo
+from schemas.job import CapacityType, DnsLabel
+
+Provider = Literal["aws", "gcp", "azure", "other"]
+ShortStr = Annotated[str, Meta(max_length=253)]
+LabelKey = Annotated[str, Meta(min_length=1, max_length=317)]
+LabelValue = Annotated[str, Meta(max_length=63)]
+
+# Taint keys (or node condition types) that announce the node is about to go away. Sources:
+# AWS Node Termination Handler, Karpenter (v1), GKE graceful node shutdown, and the
+# non-graceful node shutdown taint (kubernetes.io docs). They are a notice, never a placement
+# property: Azure's permanent `kubernetes.azure.com/scalesetpriority=spot` taint is NOT here
+# (it marks every Azure spot node; flavors tolerate it instead).
+DEFAULT_SPOT_TAINTS: tuple[str, ...] = (
+    "aws-node-termination-handler/spot-itn",
+    "karpenter.sh/disrupted",
+    "cloud.google.com/impending-node-termination",
+    "node.kubernetes.io/out-of-service",
+)
+
+# Pod `DisruptionTarget` condition reasons that mean the NODE is going away (graceful node
+# shutdown, NoExecute taint manager, drains through the eviction API). `PreemptionByScheduler`
+# is missing on purpose: it evicts one pod, the node stays; the workload reports `evicted`.
+DEFAULT_NODE_DISRUPTION_REASONS: tuple[str, ...] = (
+    "TerminationByKubelet",
+    "DeletionByTaintManager",
+    "EvictionByEvictionAPI",
+)
+
+# Node conditions (status "True") that mean a GPU on the node failed. The defaults are the
+# conditions NVIDIA NVSentinel's syslog monitor sets; Node Problem Detector set-ups name their
+# own, so this list is meant to be configured per cluster.
+DEFAULT_GPU_FAILURE_CONDITIONS: tuple[str, ...] = (
+    "SysLogsXIDError",
+    "SysLogsSXIDError",
+    "SysLogsGPUFallenOff",
+    "GpuXidError",
+)
+
+# Taint keys that quarantine a node for GPU failure (remediation controllers set these).
+DEFAULT_GPU_FAILURE_TAINTS: tuple[str, ...] = (
+    "nvidia.com/syslog-xid-error",
+    "nvidia.com/gpu-xid-error",
+    "nvidia.com/gpu.unhealthy",
+)
+
+
+class KubeConfigError(ValueError):
+    """The kube backend's configuration is invalid; the text names the field."""
+
+
+class Toleration(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, rename="camel"):
+    """A Kubernetes toleration, written as in a Pod or a Kueue ResourceFlavor (camelCase)."""
+
+    key: Annotated[str, Meta(max_length=317)] = ""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: LabelValue = ""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+    toleration_seconds: Annotated[int, Meta(ge=0)] | None = None
+
+    def to_k8s(self) -> dict[str, Any]:
+        """The toleration as the API server expects it in a pod spec."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        out.setdefault("operator", self.operator)
+        return out
+
+
+class FlavorConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One pool of identical nodes, like Kueue's ResourceFlavor: `node_labels` select the
+    nodes (and become the workload's nodeSelector), `tolerations` are added to its pods.
+
+    A node belongs to the first flavor (in config order) whose labels all match AND whose
+    `capacity_type` agrees with the capacity type detected from the node's provider labels
+    (when one is detectable), so a mislabelled spot node never lands in an on-demand flavor.
+    """
+
+    name: DnsLabel
+    capacity_type: CapacityType
+    gpu_type: Annotated[str, Meta(max_length=64)] = ""
+    price_per_gpu_hour: Annotated[float, Meta(ge=0)] = 0.0
+    # 0 = take it from the GPU Feature Discovery label `nvidia.com/gpu.memory` of the nodes.
+    gpu_memory_mib: Annotated[int, Meta(ge=0)] = 0
+    node_labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=64)] = {}
+    tolerations: Annotated[list[Toleration], Meta(max_length=64)] = []
+
+    def info(self, gpu_memory_mib: int = 0) -> FlavorInfo:
+        return FlavorInfo(
+            name=self.name,
+            capacity_type=self.capacity_type,
+            gpu_type=self.gpu_type,
+            price_per_gpu_hour=self.price_per_gpu_hour,
+            gpu_memory_mib=self.gpu_memory_mib or gpu_memory_mib,
+        )
+
+
+Seconds = Annotated[float, Meta(gt=0, le=3600)]
+
+
+class SpotDeadlines(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Seconds between a reclaim notice and the node's end, per provider. AWS gives a 2-minute
+    interruption notice; GCP and Azure give 30 seconds."""
+
+    aws: Seconds = 120.0
+    gcp: Seconds = 30.0
+    azure: Seconds = 30.0
+    other: Seconds = 30.0
+
+    def for_provider(self, provider: Provider) -> float:
+        value: float = getattr(self, provider)
+        return value
+
+
+class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Everything the kube backend needs. `kubeconfig` None and `in_cluster` false means the
+    default kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+
+    flavors: Annotated[list[FlavorConfig], Meta(min_length=1, max_length=256)]
+    namespace: DnsLabel = "muster-workloads"
+    kubeconfig: Annotated[str, Meta(min_length=1, max_length=4096)] | None = None
+    context: ShortStr | None = None
+    in_cluster: bool = False
+    gpu_resource: Annotated[str, Meta(min_length=1, max_length=253)] = "nvidia.com/gpu"
+    spot_deadlines_s: SpotDeadlines = msgspec.field(default_factory=SpotDeadlines)
+    spot_taints: Annotated[list[LabelKey], Meta(max_length=64)] = list(DEFAULT_SPOT_TAINTS)
+    node_disruption_reasons: Annotated[list[ShortStr], Meta(max_length=64)] = list(
+        DEFAULT_NODE_DISRUPTION_REASONS
+    )
+    gpu_failure_conditions: Annotated[list[ShortStr], Meta(max_length=64)] = list(
+        DEFAULT_GPU_FAILURE_CONDITIONS
+    )
+    gpu_failure_taints: Annotated[list[LabelKey], Meta(max_length=64)] = list(
+        DEFAULT_GPU_FAILURE_TAINTS
+    )
+    # Full re-list of nodes and pods this often (drift repair), plus garbage collection.
+    resync_period_s: Annotated[float, Meta(ge=1, le=86_400)] = 300.0
+    # Server-side timeoutSeconds of one watch request; the watch then resumes from its
+    # resourceVersion without a re-list.
+    watch_timeout_s: Annotated[int, Meta(ge=1, le=3600)] = 290
+    list_page_size: Annotated[int, Meta(ge=1, le=10_000)] = 500
+    request_timeout_s: Annotated[float, Meta(gt=0, le=600)] = 30.0
+    backoff_initial_s: Annotated[float, Meta(gt=0, le=60)] = 0.2
+    backoff_max_s: Annotated[float, Meta(gt=0, le=600)] = 30.0
+    delete_propagation: Literal["Background", "Foreground"] = "Background"
+    # Restrict the node list/watch (e.g. "nvidia.com/gpu.present=true"); "" = every node.
+    node_label_selector: Annotated[str, Meta(max_length=1024)] = ""
+
+    def __post_init__(self) -> None:
+        names = [f.name for f in self.flavors]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"flavors: duplicate flavor names {dupes}")
+        if self.in_cluster and self.kubeconfig is not None:
+            raise ValueError("in_cluster: set either in_cluster or kubeconfig, not both")
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError("backoff_max_s: must be >= backoff_initial_s")
+
+    def flavor(self, name: str) -> FlavorConfig | None:
+        for f in self.flavors:
+            if f.name == name:
+                return f
+        return None
+
+
+def convert_kube_config(raw: Any) -> KubeBackendConfig:
+    """Validate an already-parsed YAML/JSON mapping; raise KubeConfigError naming the field."""
+    try:
+        return msgspec.convert(raw, KubeBackendConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise KubeConfigError(f"invalid kube backend config: {exc}") from None

@@ -1,0 +1,187 @@
+"""Agent entry points: one agent per process (`run_agent`), or a fleet of agents sharing one
+NATS connection (`run_fleet`; fake clusters for demos and load tests).
+
+`python -m agents.main --config agent.yaml [--nats nats://127.0.0.1:4222]` runs either: a file
+with `clusters:` is a fleet, a file with `cluster:` a single agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import nats
+import structlog
+from nats.aio.client import Client
+
+from agents.backend import Backend
+from agents.config import AgentConfig, AgentConfigError, load_fleet_config
+from agents.fake.cluster import AttemptRecord, FakeCluster
+from agents.runtime import AgentRuntime
+from schemas.natsopts import NatsOptions
+from schemas.subjects import Subjects
+
+
+def configure_logging(level: str = "info") -> None:
+    """structlog filtered at `level` (per-command logs are debug, so load stays cheap)."""
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+        ),
+        cache_logger_on_first_use=True,
+    )
+
+
+def build_backend(config: AgentConfig) -> Backend:
+    """The backend for one config; the kube backend is imported only when used."""
+    if config.backend == "fake":
+        return FakeCluster(config.cluster, config.fake)
+    from agents.kube.backend import KubeBackend  # lazy: kubernetes-asyncio is heavy
+
+    backend: Backend = KubeBackend.from_config(config.cluster, config.kube or {})
+    return backend
+
+
+def _runtime(backend: Backend, nc: Client, config: AgentConfig, subjects: Subjects) -> AgentRuntime:
+    return AgentRuntime(
+        backend,
+        nc,
+        subjects=subjects,
+        heartbeat_s=config.heartbeat_s,
+        batch_max=config.batch_max,
+        batch_interval_s=config.batch_interval_s,
+    )
+
+
+@dataclass
+class Fleet:
+    """Handles on agents running in this process: `fleet.clusters[name]` is the FakeCluster
+    (injection API, history), `fleet.runtimes[name]` its AgentRuntime."""
+
+    nc: Client
+    runtimes: dict[str, AgentRuntime] = field(default_factory=dict)
+    clusters: dict[str, FakeCluster] = field(default_factory=dict)
+
+    def __getitem__(self, cluster: str) -> FakeCluster:
+        return self.clusters[cluster]
+
+    def history(self, job_id: str) -> list[AttemptRecord]:
+        """Every attempt of a job on any cluster of the fleet, by attempt number."""
+        out = [r for c in self.clusters.values() for r in c.history.get(job_id, [])]
+        return sorted(out, key=lambda r: r.attempt)
+
+    def live_copies(self, job_id: str) -> list[tuple[str, int]]:
+        """(cluster, attempt) of every live workload of the job; more than one is a bug."""
+        return [
+            (name, attempt)
+            for name, c in self.clusters.items()
+            for (jid, attempt) in c.live_workloads()
+            if jid == job_id
+        ]
+
+    async def on_reconnected(self) -> None:
+        for rt in self.runtimes.values():
+            await rt.on_reconnected()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(rt.stop() for rt in self.runtimes.values()))
+
+
+async def start_fleet(
+    nc: Client, configs: Sequence[AgentConfig], subjects: Subjects | None = None
+) -> Fleet:
+    """Start one runtime per config on a shared connection (any backend)."""
+    fleet = Fleet(nc=nc)
+    try:
+        for cfg in configs:
+            subj = subjects or Subjects(prefix=cfg.subject_prefix)
+            backend = build_backend(cfg)
+            rt = _runtime(backend, nc, cfg, subj)
+            if isinstance(backend, FakeCluster):
+                fleet.clusters[cfg.cluster] = backend
+                backend.on_outage = rt.set_partitioned
+            fleet.runtimes[cfg.cluster] = rt
+            await rt.start()
+    except BaseException:
+        await fleet.stop()
+        raise
+    return fleet
+
+
+async def start_fake_fleet(
+    nc: Client, configs: Sequence[AgentConfig], subjects: Subjects | None = None
+) -> Fleet:
+    """Fake clusters driven in-process by tests, the demo and load tests."""
+    bad = [c.cluster for c in configs if c.backend != "fake"]
+    if bad:
+        raise ValueError(f"start_fake_fleet takes fake clusters only; not fake: {bad}")
+    return await start_fleet(nc, configs, subjects)
+
+
+async def _connect(opts: NatsOptions, on_reconnect: Callable[[], Awaitable[None]]) -> Client:
+    log = structlog.get_logger("muster.agent")
+
+    async def disconnected() -> None:
+        log.warning("disconnected from NATS")
+
+    async def error(exc: Exception) -> None:
+        log.warning("NATS error", error=str(exc))
+
+    return await nats.connect(
+        **opts.connect_kwargs(),
+        reconnected_cb=on_reconnect,
+        disconnected_cb=disconnected,
+        error_cb=error,
+    )
+
+
+async def run_fleet(configs: list[AgentConfig], nats: NatsOptions) -> None:
+    """Run many agents over one NATS connection until cancelled."""
+    holder: dict[str, Fleet] = {}
+
+    async def reconnected() -> None:
+        if "fleet" in holder:
+            await holder["fleet"].on_reconnected()
+
+    nc = await _connect(nats, reconnected)
+    try:
+        holder["fleet"] = await start_fleet(nc, configs)
+        await asyncio.Event().wait()
+    finally:
+        if "fleet" in holder:
+            with contextlib.suppress(Exception):
+                await holder["fleet"].stop()
+        with contextlib.suppress(Exception):
+            await nc.drain()
+
+
+async def run_agent(config: AgentConfig, nats: NatsOptions) -> None:
+    """Run one agent until cancelled."""
+    await run_fleet([config], nats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="muster-agent", description=__doc__)
+    parser.add_argument("--config", required=True, help="agent or fleet YAML")
+    parser.add_argument("--nats", default=None, help="NATS URL (default nats://127.0.0.1:4222)")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        fleet = load_fleet_config(args.config)
+    except AgentConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    opts = NatsOptions(url=args.nats) if args.nats else NatsOptions()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run_fleet(fleet.clusters, opts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

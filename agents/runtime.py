@@ -1,0 +1,488 @@
+"""The agent runtime: the same NATS side for every backend (kube, fake).
+
+It owns what must be identical everywhere: batching and per-instance sequence numbers on the
+events subject, heartbeats, full snapshots (first batch, on resync, after a reconnect), epoch
+fencing and idempotency on (job_id, attempt) for commands. A backend only reports deltas
+through `emit` and carries out vetted commands.
+
+Several runtimes may share one NATS connection (a fleet of fake clusters in one process), so
+the runtime never installs connection callbacks itself: whoever owns the connection calls
+`on_reconnected()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from agents.backend import Backend, BackendError
+from schemas.agent import (
+    AgentEvent,
+    Cancel,
+    CheckpointNow,
+    CheckpointReport,
+    ClusterSnapshot,
+    CommandAck,
+    Dispatch,
+    EventBatch,
+    Heartbeat,
+    Resync,
+    WorkloadStatus,
+)
+from schemas.codec import DecodeError, decode_command, encode_json, encode_msgpack
+from schemas.subjects import DEFAULT_SUBJECTS, Subjects
+
+TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
+MAX_ERROR_CHARS = 1000  # CommandAck.error is capped at 1024 by the schema
+MAX_TRACKED_JOBS = 500_000  # memory bound on per-job idempotency records
+STOP_TIMEOUT_S = 5.0
+
+
+def _essential(ev: AgentEvent) -> bool:
+    """Events a snapshot does not replace: checkpoints and workload endings (a finished
+    workload is no longer in the snapshot, so its ending must still be told)."""
+    if isinstance(ev, CheckpointReport):
+        return True
+    return isinstance(ev, WorkloadStatus) and ev.phase in TERMINAL_PHASES
+
+
+@dataclass(slots=True)
+class _JobTrack:
+    """What this agent knows about one job: the newest attempt it created, the attempts still
+    alive here, and attempts the broker cancelled (a late Dispatch for those is refused)."""
+
+    highest: int = 0
+    live: set[int] = field(default_factory=set)
+    cancelled_upto: int = 0
+
+
+class AgentRuntime:
+    """Connects one Backend to the broker over NATS (see module docstring)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        nc: Client,
+        *,
+        subjects: Subjects = DEFAULT_SUBJECTS,
+        heartbeat_s: float = 1.0,
+        batch_max: int = 1000,
+        batch_interval_s: float = 0.01,
+    ) -> None:
+        if heartbeat_s <= 0 or batch_max < 1 or batch_interval_s < 0:
+            raise ValueError("heartbeat_s > 0, batch_max >= 1 and batch_interval_s >= 0 required")
+        self.backend = backend
+        self.nc = nc
+        self.subjects = subjects
+        self.cluster = backend.cluster
+        self.heartbeat_s = heartbeat_s
+        self.batch_max = batch_max
+        self.batch_interval_s = batch_interval_s
+        self.events_subject = subjects.agent_events(self.cluster)
+        self.cmd_subject = subjects.agent_cmd(self.cluster)
+        self.instance = ""
+        self.seq = 0
+        self.max_epoch = 0
+        self.partitioned = False
+        self.stats: dict[str, int] = {
+            "batches": 0,
+            "events": 0,
+            "snapshots": 0,
+            "commands": 0,
+            "refused": 0,
+            "errors": 0,
+        }
+        self.log = structlog.get_logger("muster.agent").bind(cluster=self.cluster)
+        self._jobs: dict[str, _JobTrack] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._queue: list[AgentEvent] = []
+        self._first_at = 0.0
+        self._snapshot_pending = False
+        self._next_heartbeat = 0.0
+        self._wake = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
+        self._sub: Any = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._cmd_tasks: set[asyncio.Task[None]] = set()
+        self._running = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        """New instance id, seq from 1; starts the backend, subscribes to commands, then
+        publishes the first batch (a full snapshot) before returning."""
+        if self._running:
+            return
+        self.instance = uuid.uuid4().hex[:16]
+        self.seq = 0
+        self._queue = []
+        self._snapshot_pending = True
+        self._running = True
+        self.log = self.log.bind(instance=self.instance)
+        await self.backend.start(self._emit)
+        self._sub = await self.nc.subscribe(self.cmd_subject, cb=self._on_msg)
+        self._next_heartbeat = time.monotonic()
+        self._queue_heartbeat()
+        await self._flush()
+        self._loop_task = asyncio.create_task(self._loop(), name=f"agent-{self.cluster}")
+        self.log.info("agent started", events=self.events_subject, commands=self.cmd_subject)
+
+    async def stop(self) -> None:
+        """Stop answering, flush what is queued (best effort), then stop the backend."""
+        if not self._running:
+            return
+        self._running = False
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._cmd_tasks:
+            await asyncio.wait(set(self._cmd_tasks), timeout=STOP_TIMEOUT_S)
+        if self._queue and not self.partitioned and self.nc.is_connected:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(STOP_TIMEOUT_S):
+                    await self._flush()
+        with contextlib.suppress(Exception):
+            await self.backend.stop()
+        self.log.info("agent stopped", seq=self.seq)
+
+    async def on_reconnected(self) -> None:
+        """Wire to nats-py's reconnected_cb: the broker may have missed anything, so the next
+        batch is a full snapshot with every workload (the broker reconciles stale attempts)."""
+        self.log.info("reconnected; resending snapshot")
+        self.request_snapshot()
+
+    def request_snapshot(self) -> None:
+        """Send a full ClusterSnapshot in the next batch."""
+        self._snapshot_pending = True
+        self._wake.set()
+
+    def set_partitioned(self, on: bool) -> None:
+        """Simulate a network partition (fake outages): no events, heartbeats or replies
+        while on; on heal, behave as after a reconnect."""
+        self.partitioned = on
+        self._snapshot_pending = True
+        if not on:
+            self.log.info("partition healed; resending snapshot")
+        self._wake.set()
+
+    # -- events --------------------------------------------------------------------------
+    def _emit(self, ev: AgentEvent) -> None:
+        """Given to the backend; never blocks. Deltas that a pending snapshot will cover are
+        dropped at once, which also bounds memory while partitioned."""
+        if isinstance(ev, WorkloadStatus) and ev.phase in TERMINAL_PHASES:
+            track = self._jobs.get(ev.job_id)
+            if track is not None:
+                track.live.discard(ev.attempt)
+        if self._snapshot_pending and not _essential(ev):
+            return
+        queue = self._queue
+        queue.append(ev)
+        n = len(queue)
+        if n == 1:
+            self._first_at = time.monotonic()
+            self._wake.set()
+        elif n >= self.batch_max:
+            self._wake.set()
+            if n >= 100 * self.batch_max:  # far behind (or partitioned): compact
+                self._compact_queue()
+
+    def _compact_queue(self) -> None:
+        """Replace deltas by a snapshot; keep endings and the newest checkpoint per attempt."""
+        latest: dict[tuple[str, int], int] = {}
+        for i, ev in enumerate(self._queue):
+            if isinstance(ev, CheckpointReport):
+                latest[(ev.job_id, ev.attempt)] = i
+        keep = set(latest.values())
+        self._queue = [
+            ev
+            for i, ev in enumerate(self._queue)
+            if (isinstance(ev, WorkloadStatus) and ev.phase in TERMINAL_PHASES) or i in keep
+        ]
+        self._snapshot_pending = True
+        self.log.warning("event queue compacted; a snapshot replaces dropped deltas")
+
+    def _queue_heartbeat(self) -> None:
+        self._queue.append(Heartbeat(at=time.time()))
+        if len(self._queue) == 1:
+            self._first_at = time.monotonic()
+        self._next_heartbeat = time.monotonic() + self.heartbeat_s
+
+    def _next_due(self, now: float) -> float:
+        if self.partitioned:
+            return now + 1.0
+        if self._snapshot_pending or len(self._queue) >= self.batch_max:
+            return now
+        due = self._next_heartbeat
+        if self._queue:
+            due = min(due, self._first_at + self.batch_interval_s)
+        return due
+
+    async def _loop(self) -> None:
+        """The one flusher: wakes on the first queued event, on a full batch, on a snapshot
+        request, and for heartbeats."""
+        while self._running:
+            try:
+                delay = self._next_due(time.monotonic()) - time.monotonic()
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await self._wake.wait()
+                self._wake.clear()
+                if self.partitioned:
+                    continue
+                now = time.monotonic()
+                beat = now >= self._next_heartbeat
+                if beat:
+                    self._queue_heartbeat()
+                if (
+                    beat
+                    or self._snapshot_pending
+                    or (
+                        self._queue
+                        and (
+                            len(self._queue) >= self.batch_max
+                            or now >= self._first_at + self.batch_interval_s
+                        )
+                    )
+                ):
+                    await self._flush()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.stats["errors"] += 1
+                self.log.exception("event loop error")
+                await asyncio.sleep(0.1)
+
+    async def _flush(self) -> None:
+        """Publish everything queued, a snapshot first when one is pending."""
+        async with self._flush_lock:
+            if self.partitioned:
+                return
+            events, self._queue = self._queue, []
+            if self._snapshot_pending:
+                self._snapshot_pending = False
+                try:
+                    snap = await self.backend.snapshot()
+                except Exception as exc:
+                    self.stats["errors"] += 1
+                    self.log.exception("snapshot failed; retrying", error=str(exc))
+                    self._snapshot_pending = True
+                    self._queue = [e for e in events if _essential(e)] + self._queue
+                    await asyncio.sleep(0.1)
+                    return
+                self._learn(snap)
+                keys = {(w.job_id, w.attempt) for w in snap.workloads}
+                kept = [
+                    e
+                    for e in events
+                    if _essential(e)
+                    and not (isinstance(e, WorkloadStatus) and (e.job_id, e.attempt) in keys)
+                ]
+                heartbeats = [e for e in events if isinstance(e, Heartbeat)]
+                post, self._queue = self._queue, []
+                events = [snap, *kept, *heartbeats[-1:], *post]
+                self.stats["snapshots"] += 1
+            for start in range(0, len(events), self.batch_max):
+                chunk = events[start : start + self.batch_max]
+                try:
+                    await self._publish(chunk)
+                except Exception as exc:
+                    self.stats["errors"] += 1
+                    self.log.warning("publish failed; will resend a snapshot", error=str(exc))
+                    rest = [e for e in events[start:] if _essential(e)]
+                    self._queue = rest + self._queue
+                    self._snapshot_pending = True
+                    return
+
+    async def _publish(self, events: list[AgentEvent]) -> None:
+        """One EventBatch; halves it when it exceeds the server's max payload."""
+        seq = self.seq + 1
+        batch = EventBatch(
+            cluster=self.cluster,
+            instance=self.instance,
+            seq=seq,
+            events=events,
+            sent_at=time.time(),
+        )
+        data = encode_msgpack(batch)
+        limit = self.nc.max_payload or len(data)
+        if len(data) > limit:
+            if len(events) > 1:
+                half = len(events) // 2
+                await self._publish(events[:half])
+                await self._publish(events[half:])
+                return
+            self.stats["errors"] += 1
+            self.log.error(
+                "event larger than the NATS max payload; dropped",
+                kind=type(events[0]).__name__,
+                size=len(data),
+                max_payload=limit,
+            )
+            return
+        await self.nc.publish(self.events_subject, data)
+        self.seq = seq
+        self.stats["batches"] += 1
+        self.stats["events"] += len(events)
+
+    def _learn(self, snap: ClusterSnapshot) -> None:
+        """After a restart the snapshot tells which attempts already exist here."""
+        for w in snap.workloads:
+            track = self._track(w.job_id)
+            track.highest = max(track.highest, w.attempt)
+            if w.phase not in TERMINAL_PHASES:
+                track.live.add(w.attempt)
+
+    # -- commands ------------------------------------------------------------------------
+    async def _on_msg(self, msg: Msg) -> None:
+        """Decode and fence in arrival order; per-job work runs concurrently but in order."""
+        if self.partitioned or not self._running:
+            return  # a partitioned cluster never sees the request
+        self.stats["commands"] += 1
+        try:
+            cmd = decode_command(msg.data)
+        except DecodeError as exc:
+            self.stats["refused"] += 1
+            self.log.warning("malformed command", error=str(exc)[:200])
+            await self._reply(msg, CommandAck(ok=False, error=str(exc)[:MAX_ERROR_CHARS]))
+            return
+        except Exception as exc:  # decode_command promises DecodeError; be safe anyway
+            await self._reply(msg, CommandAck(ok=False, error=f"undecodable command: {exc}"))
+            return
+        if cmd.epoch < self.max_epoch:
+            self.stats["refused"] += 1
+            err = f"stale epoch {cmd.epoch}: this agent has seen epoch {self.max_epoch}"
+            await self._reply(msg, CommandAck(ok=False, stale_epoch=True, error=err))
+            return
+        self.max_epoch = cmd.epoch
+        if isinstance(cmd, Resync):
+            self.log.info("resync requested", reason=cmd.reason, epoch=cmd.epoch)
+            self.request_snapshot()
+            await self._reply(msg, CommandAck(ok=True))
+            return
+        task = asyncio.create_task(self._run_job_command(msg, cmd))
+        self._cmd_tasks.add(task)
+        task.add_done_callback(self._cmd_tasks.discard)
+
+    async def _run_job_command(self, msg: Msg, cmd: Dispatch | Cancel | CheckpointNow) -> None:
+        job_id = cmd.job_id
+        lock, users = self._locks.get(job_id, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[job_id] = (lock, users + 1)
+        try:
+            async with lock:
+                ack = await self._execute(cmd)
+        finally:
+            lk, n = self._locks[job_id]
+            if n <= 1:
+                del self._locks[job_id]
+            else:
+                self._locks[job_id] = (lk, n - 1)
+        if not ack.ok:
+            self.stats["refused"] += 1
+        await self._reply(msg, ack)
+
+    async def _execute(self, cmd: Dispatch | Cancel | CheckpointNow) -> CommandAck:
+        log = self.log.bind(job_id=cmd.job_id, attempt=cmd.attempt, epoch=cmd.epoch)
+        try:
+            if isinstance(cmd, Dispatch):
+                return await self._dispatch(cmd, log)
+            if isinstance(cmd, Cancel):
+                await self.backend.cancel(cmd.job_id, cmd.attempt, cmd.reason or "cancelled")
+                track = self._track(cmd.job_id)
+                if cmd.attempt is None:
+                    track.live.clear()
+                    track.cancelled_upto = max(track.cancelled_upto, track.highest)
+                else:
+                    track.live.discard(cmd.attempt)
+                    track.cancelled_upto = max(track.cancelled_upto, cmd.attempt)
+                log.info("cancelled", reason=cmd.reason)
+                return CommandAck(ok=True)
+            # CheckpointNow: tell SDK-instrumented workloads, then the backend.
+            with contextlib.suppress(Exception):
+                await self.nc.publish(
+                    self.subjects.checkpoint_request(cmd.job_id), encode_json(cmd)
+                )
+            await self.backend.checkpoint_now(cmd.job_id, cmd.attempt, cmd.deadline)
+            log.info("checkpoint requested", deadline=cmd.deadline)
+            return CommandAck(ok=True)
+        except BackendError as exc:
+            log.warning("backend refused command", error=str(exc))
+            return CommandAck(ok=False, error=str(exc)[:MAX_ERROR_CHARS])
+        except Exception as exc:
+            self.stats["errors"] += 1
+            log.exception("command failed")
+            return CommandAck(ok=False, error=f"agent error: {type(exc).__name__}: {exc}"[:1000])
+
+    async def _dispatch(self, cmd: Dispatch, log: Any) -> CommandAck:
+        track = self._track(cmd.job_id)
+        if cmd.attempt <= track.cancelled_upto:
+            return CommandAck(
+                ok=False, error=f"attempt {cmd.attempt} of job {cmd.job_id} was cancelled here"
+            )
+        if cmd.attempt == track.highest:
+            log.debug("duplicate dispatch acknowledged")
+            return CommandAck(ok=True)
+        if cmd.attempt < track.highest:
+            return CommandAck(
+                ok=False,
+                error=(
+                    f"attempt {cmd.attempt} of job {cmd.job_id} is older than attempt "
+                    f"{track.highest} already dispatched here"
+                ),
+            )
+        for old in sorted(a for a in track.live if a < cmd.attempt):
+            await self.backend.cancel(cmd.job_id, old, f"superseded by attempt {cmd.attempt}")
+            track.live.discard(old)
+            log.info("cancelled older attempt", old_attempt=old)
+        await self.backend.dispatch(cmd)
+        track.highest = cmd.attempt
+        track.live.add(cmd.attempt)
+        log.debug("dispatched", flavor=cmd.flavor)
+        return CommandAck(ok=True)
+
+    def _track(self, job_id: str) -> _JobTrack:
+        track = self._jobs.get(job_id)
+        if track is None:
+            if len(self._jobs) >= MAX_TRACKED_JOBS:
+                self._forget_oldest()
+            track = self._jobs[job_id] = _JobTrack()
+        return track
+
+    def _forget_oldest(self) -> None:
+        """Drop the oldest tenth of finished jobs' records (dicts keep insertion order)."""
+        drop = []
+        for job_id, tr in self._jobs.items():
+            if not tr.live:
+                drop.append(job_id)
+                if len(drop) >= MAX_TRACKED_JOBS // 10:
+                    break
+        for job_id in drop:
+            del self._jobs[job_id]
+
+    async def _reply(self, msg: Msg, ack: CommandAck) -> None:
+        if not msg.reply:
+            return
+        try:
+            await msg.respond(encode_msgpack(ack))
+        except Exception as exc:
+            self.log.warning("could not send ack", error=str(exc))
+
+    # -- introspection -------------------------------------------------------------------
+    def live_attempts(self, job_id: str) -> set[int]:
+        track = self._jobs.get(job_id)
+        return set(track.live) if track else set()

@@ -1,0 +1,419 @@
+"""Checkpoint SDK for training code: tell Muster where the newest checkpoint is, and hear
+when Muster (or Kubernetes via SIGTERM) wants one now. No torch, no asyncio in your code.
+
+Environment (set by the agent's backend on every replica):
+
+- `MUSTER_JOB_ID`, `MUSTER_ATTEMPT`: who we are.
+- `MUSTER_CHECKPOINT_URI`: where to write checkpoints (a prefix; `checkpoint_uri(step)` gives
+  `<prefix>/step-<step>`, the layout the fake backend uses too).
+- `MUSTER_RESUME_FROM`: the checkpoint to start from: JSON `{"step": N, "uri": "..."}`, or a
+  bare URI (the step is read from a trailing `step-N`), or empty for a fresh start.
+- `MUSTER_NATS_URL`, `MUSTER_SUBJECT_PREFIX` (default `muster`): when set, reports go out as a
+  JSON `schemas.agent.CheckpointReport` on `<prefix>.checkpoint.<job_id>` and requests arrive
+  as JSON `schemas.agent.CheckpointNow` on `<prefix>.checkpoint_request.<job_id>`.
+- `MUSTER_ANNOTATION_FILE`: without NATS, `report_checkpoint` writes the JSON `{"step", "uri"}`
+  to this file. The kube backend reads that value from the pod annotation
+  `muster.dev/checkpoint` (`ANNOTATION`); a sidecar, or the workload itself when its
+  ServiceAccount may patch its own pod, copies the file into the annotation.
+- `MUSTER_SIGTERM_GRACE_S` (default 30): the deadline given to a SIGTERM checkpoint request.
+
+Typical loop::
+
+    from agents import sdk
+
+    ck = sdk.Checkpointer()
+    ck.on_checkpoint_request(lambda req: None)  # or just poll ck.requested
+    for step in range(ck.resume_step, total):
+        train_one_step()
+        if step % 100 == 0 or ck.requested:
+            save(ck.checkpoint_uri(step))
+            ck.report_checkpoint(step)
+            if ck.requested and ck.sigterm_received:
+                break  # Kubernetes is stopping us; the checkpoint is saved
+            ck.clear_request()
+
+NATS runs on a private daemon thread with its own event loop; callbacks run on that thread
+(or, for SIGTERM, in the main thread's signal handler), so keep them short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from schemas.agent import CheckpointNow, CheckpointRef, CheckpointReport
+from schemas.codec import encode_json
+from schemas.subjects import Subjects
+
+ANNOTATION = "muster.dev/checkpoint"
+ENV_JOB_ID = "MUSTER_JOB_ID"
+ENV_ATTEMPT = "MUSTER_ATTEMPT"
+ENV_CHECKPOINT_URI = "MUSTER_CHECKPOINT_URI"
+ENV_RESUME_FROM = "MUSTER_RESUME_FROM"
+ENV_NATS_URL = "MUSTER_NATS_URL"
+ENV_SUBJECT_PREFIX = "MUSTER_SUBJECT_PREFIX"
+ENV_ANNOTATION_FILE = "MUSTER_ANNOTATION_FILE"
+ENV_SIGTERM_GRACE = "MUSTER_SIGTERM_GRACE_S"
+
+_STEP_RE = re.compile(r"step-(\d+)/?$")
+_JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+_T = TypeVar("_T")
+Channel = Literal["nats", "file", "none"]
+RequestCallback = Callable[[CheckpointNow], None]
+
+log = logging.getLogger("muster.sdk")
+
+
+class SdkConfigError(ValueError):
+    """An environment variable Muster set (or you set) is malformed; the text names it."""
+
+
+def parse_resume_from(text: str | None) -> CheckpointRef | None:
+    """`MUSTER_RESUME_FROM` as JSON {step, uri}, a bare URI (step from `step-N`), or empty."""
+    if text is None or not text.strip():
+        return None
+    raw = text.strip()
+    if raw.startswith("{"):
+        try:
+            ref = msgspec.json.decode(raw, type=CheckpointRef)
+        except msgspec.MsgspecError as exc:
+            raise SdkConfigError(f"{ENV_RESUME_FROM}: not a {{step, uri}} object: {exc}") from None
+        if ref.step < 0:
+            raise SdkConfigError(f"{ENV_RESUME_FROM}: step must be >= 0, got {ref.step}")
+        return ref
+    m = _STEP_RE.search(raw)
+    return CheckpointRef(step=int(m.group(1)) if m else 0, uri=raw)
+
+
+@dataclass(frozen=True, slots=True)
+class SdkEnv:
+    """The SDK's view of the environment, validated once."""
+
+    job_id: str | None = None
+    attempt: int | None = None
+    checkpoint_uri: str | None = None
+    resume_from: CheckpointRef | None = None
+    nats_url: str | None = None
+    subject_prefix: str = "muster"
+    annotation_file: str | None = None
+    sigterm_grace_s: float = 30.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SdkEnv:
+        e = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            v = e.get(name)
+            return v.strip() if v is not None and v.strip() else None
+
+        job_id = get(ENV_JOB_ID)
+        if job_id is not None and not _JOB_RE.match(job_id):
+            raise SdkConfigError(
+                f"{ENV_JOB_ID}={job_id!r}: use letters, digits, '-' and '_' (at most 63)"
+            )
+        attempt: int | None = None
+        if (a := get(ENV_ATTEMPT)) is not None:
+            try:
+                attempt = int(a)
+            except ValueError:
+                raise SdkConfigError(f"{ENV_ATTEMPT}={a!r} is not an integer") from None
+            if attempt < 1:
+                raise SdkConfigError(f"{ENV_ATTEMPT}={attempt} must be >= 1")
+        prefix = get(ENV_SUBJECT_PREFIX) or "muster"
+        if not _PREFIX_RE.match(prefix):
+            raise SdkConfigError(f"{ENV_SUBJECT_PREFIX}={prefix!r} is not a NATS subject prefix")
+        grace = 30.0
+        if (g := get(ENV_SIGTERM_GRACE)) is not None:
+            try:
+                grace = float(g)
+            except ValueError:
+                raise SdkConfigError(f"{ENV_SIGTERM_GRACE}={g!r} is not a number") from None
+        return cls(
+            job_id=job_id,
+            attempt=attempt,
+            checkpoint_uri=get(ENV_CHECKPOINT_URI),
+            resume_from=parse_resume_from(e.get(ENV_RESUME_FROM)),
+            nats_url=get(ENV_NATS_URL),
+            subject_prefix=prefix,
+            annotation_file=get(ENV_ANNOTATION_FILE),
+            sigterm_grace_s=grace,
+        )
+
+    @property
+    def resume_step(self) -> int:
+        return self.resume_from.step if self.resume_from is not None else 0
+
+
+def annotation_value(step: int, uri: str) -> str:
+    """The value of the `muster.dev/checkpoint` pod annotation: JSON {"step", "uri"}."""
+    return json.dumps({"step": int(step), "uri": uri}, separators=(",", ":"))
+
+
+def write_annotation_file(path: str | os.PathLike[str], step: int, uri: str) -> None:
+    """Atomic write (temp file + rename) so a reader never sees half a value."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".muster-ckpt-", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(annotation_value(step, uri))
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class _Bridge:
+    """A daemon thread running an event loop with one NATS connection (lazy)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="muster-sdk", daemon=True)
+        self.thread.start()
+        self.nc: Any = None
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def client(self) -> Any:
+        if self.nc is None or self.nc.is_closed:
+            import nats  # only when NATS is configured
+
+            self.nc = await nats.connect(
+                self.url, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.5
+            )
+        return self.nc
+
+    def close(self, timeout: float = 5.0) -> None:
+        async def _close() -> None:
+            if self.nc is not None and not self.nc.is_closed:
+                with contextlib.suppress(Exception):
+                    await self.nc.drain()
+
+        with contextlib.suppress(Exception):
+            self.call(_close(), timeout)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout)
+
+
+class Checkpointer:
+    """Report checkpoints and receive checkpoint requests (see the module docstring)."""
+
+    def __init__(self, env: SdkEnv | None = None) -> None:
+        self.env = env if env is not None else SdkEnv.from_env()
+        self.subjects = Subjects(prefix=self.env.subject_prefix)
+        self._requested = threading.Event()
+        self.sigterm_received = False
+        self._callbacks: list[RequestCallback] = []
+        self._bridge: _Bridge | None = None
+        self._sub: Any = None
+        self._lock = threading.Lock()
+        self._prev_sigterm: Any = None
+        self.last_request: CheckpointNow | None = None
+
+    # -- what the training loop needs ----------------------------------------------------
+    @property
+    def resume_from(self) -> CheckpointRef | None:
+        return self.env.resume_from
+
+    @property
+    def resume_step(self) -> int:
+        return self.env.resume_step
+
+    def checkpoint_uri(self, step: int) -> str:
+        """`<MUSTER_CHECKPOINT_URI>/step-<step>` (empty prefix gives `step-<step>`)."""
+        base = (self.env.checkpoint_uri or "").rstrip("/")
+        return f"{base}/step-{step}" if base else f"step-{step}"
+
+    @property
+    def requested(self) -> bool:
+        """True once a checkpoint was asked for (NATS or SIGTERM) until `clear_request()`."""
+        return self._requested.is_set()
+
+    def wait_for_request(self, timeout: float | None = None) -> bool:
+        return self._requested.wait(timeout)
+
+    def clear_request(self) -> None:
+        self._requested.clear()
+
+    @property
+    def nats_enabled(self) -> bool:
+        return bool(self.env.nats_url and self.env.job_id)
+
+    def report_checkpoint(self, step: int, uri: str | None = None, timeout: float = 5.0) -> Channel:
+        """Tell Muster the newest checkpoint; returns the channel used. Raises on NATS errors
+        (the training loop decides whether a failed report matters)."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        where = uri if uri is not None else self.checkpoint_uri(step)
+        if self.nats_enabled:
+            assert self.env.job_id is not None
+            report = CheckpointReport(
+                job_id=self.env.job_id,
+                attempt=self.env.attempt or 1,
+                step=step,
+                uri=where,
+                at=time.time(),
+            )
+            subject = self.subjects.checkpoint(self.env.job_id)
+            bridge = self._ensure_bridge()
+
+            async def _pub() -> None:
+                nc = await bridge.client()
+                await nc.publish(subject, encode_json(report))
+                await nc.flush(timeout)
+
+            bridge.call(_pub(), timeout + 5)
+            return "nats"
+        if self.env.annotation_file:
+            write_annotation_file(self.env.annotation_file, step, where)
+            return "file"
+        log.warning(
+            "no %s or %s set; checkpoint report not delivered", ENV_NATS_URL, ENV_ANNOTATION_FILE
+        )
+        return "none"
+
+    def on_checkpoint_request(
+        self, callback: RequestCallback | None = None, *, sigterm: bool = True, timeout: float = 5.0
+    ) -> None:
+        """Call `callback(CheckpointNow)` (and set `requested`) when Muster asks for a
+        checkpoint of this attempt; with `sigterm`, SIGTERM counts as a request too."""
+        if callback is not None:
+            with self._lock:
+                self._callbacks.append(callback)
+        if sigterm:
+            self.install_sigterm_handler()
+        if self.nats_enabled and self._sub is None:
+            assert self.env.job_id is not None
+            subject = self.subjects.checkpoint_request(self.env.job_id)
+            bridge = self._ensure_bridge()
+
+            async def _subscribe() -> Any:
+                nc = await bridge.client()
+                sub = await nc.subscribe(subject, cb=self._on_nats_request)
+                await nc.flush(timeout)
+                return sub
+
+            self._sub = bridge.call(_subscribe(), timeout + 5)
+
+    def install_sigterm_handler(self) -> bool:
+        """Map SIGTERM to a checkpoint request (main thread only); returns whether installed.
+        The process is not stopped: the loop saves a checkpoint and exits on its own."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("SIGTERM handler not installed: not on the main thread")
+            return False
+        if self._prev_sigterm is None:
+            self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        return True
+
+    def uninstall_sigterm_handler(self) -> None:
+        if self._prev_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._prev_sigterm)
+            self._prev_sigterm = None
+
+    def close(self) -> None:
+        self.uninstall_sigterm_handler()
+        bridge, self._bridge = self._bridge, None
+        self._sub = None
+        if bridge is not None:
+            bridge.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -----------------------------------------------------------------------
+    def _ensure_bridge(self) -> _Bridge:
+        with self._lock:
+            if self._bridge is None:
+                assert self.env.nats_url is not None
+                self._bridge = _Bridge(self.env.nats_url)
+            return self._bridge
+
+    def _deliver(self, req: CheckpointNow) -> None:
+        self.last_request = req
+        self._requested.set()
+        with self._lock:
+            callbacks = list(self._callbacks)
+        for cb in callbacks:
+            try:
+                cb(req)
+            except Exception:
+                log.exception("checkpoint request callback failed")
+
+    async def _on_nats_request(self, msg: Any) -> None:
+        try:
+            req = msgspec.json.decode(msg.data, type=CheckpointNow)
+        except msgspec.MsgspecError as exc:
+            log.warning("ignoring malformed checkpoint request: %s", exc)
+            return
+        if self.env.attempt is not None and req.attempt != self.env.attempt:
+            return  # meant for another attempt of this job (e.g. on another cluster)
+        self._deliver(req)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.sigterm_received = True
+        self._deliver(
+            CheckpointNow(
+                job_id=self.env.job_id or "local",
+                attempt=self.env.attempt or 1,
+                epoch=0,
+                deadline=time.time() + self.env.sigterm_grace_s,
+            )
+        )
+        prev = self._prev_sigterm
+        if callable(prev):
+            prev(signum, frame)
+
+
+_default: Checkpointer | None = None
+_default_lock = threading.Lock()
+
+
+def default() -> Checkpointer:
+    """The process-wide Checkpointer built from the environment on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Checkpointer()
+        return _default
+
+
+def report_checkpoint(step: int, uri: str | None = None) -> Channel:
+    return default().report_checkpoint(step, uri)
+
+
+def on_checkpoint_request(callback: RequestCallback | None = None, *, sigterm: bool = True) -> None:
+    default().on_checkpoint_request(callback, sigterm=sigterm)
+
+
+def checkpoint_requested() -> bool:
+    return default().requested
+
+
+def resume_from() -> CheckpointRef | None:
+    return default().resume_from

@@ -1,0 +1,355 @@
+"""A small async Python client for Muster over nats-py.
+
+    async with MusterClient(NatsOptions(url=resolve_nats_url(None))) as client:
+        reply = await client.submit(spec, queue="ml-research")
+        async for event in client.watch(reply.job_id):
+            print(event.kind, event.cluster)
+
+Everything is JSON on the client-facing subjects (`muster.submit.<queue>`, `muster.api.<verb>`,
+`muster.events.job.<job_id>`), so this module is also the reference for clients in other
+languages. Failures raise MusterError with a text meant for a person.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import msgspec
+import nats
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError, NoServersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from schemas.api import (
+    TERMINAL_STATES,
+    ApiReply,
+    CancelRequest,
+    ClusterView,
+    Empty,
+    JobEvent,
+    JobRef,
+    JobState,
+    JobView,
+    ListRequest,
+    QueueView,
+    SubmitReply,
+    WhyView,
+)
+from schemas.codec import (
+    DecodeError,
+    decode_job_event,
+    decode_submit_reply,
+    encode_json,
+    json_decoder,
+)
+from schemas.job import JobSpec
+from schemas.natsopts import NatsOptions
+from schemas.subjects import DEFAULT_SUBJECTS, Subjects
+
+__all__ = [
+    "DEFAULT_NATS_URL",
+    "MusterClient",
+    "MusterError",
+    "default_state_dir",
+    "new_job_id",
+    "resolve_nats_url",
+]
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+START_HINT = "is the broker running? start it with `muster broker`"
+
+# Reply decoders, built once (msgspec is fastest that way).
+_decode_job = json_decoder(ApiReply[JobView], "reply")
+_decode_jobs = json_decoder(ApiReply[list[JobView]], "reply")
+_decode_why = json_decoder(ApiReply[WhyView], "reply")
+_decode_queues = json_decoder(ApiReply[list[QueueView]], "reply")
+_decode_clusters = json_decoder(ApiReply[list[ClusterView]], "reply")
+
+
+class MusterError(Exception):
+    """A request Muster refused or could not answer; `str()` says what to do."""
+
+
+# -- where NATS is -----------------------------------------------------------------------
+
+
+def default_state_dir() -> Path:
+    """The broker's state directory: $MUSTER_STATE_DIR, else ./.muster."""
+    return Path(os.environ.get("MUSTER_STATE_DIR") or ".muster")
+
+
+def resolve_nats_url(explicit: str | None) -> str:
+    """explicit -> $MUSTER_NATS -> <state_dir>/nats.url (written by an embedded broker) ->
+    nats://127.0.0.1:4222."""
+    if explicit:
+        return explicit
+    env = os.environ.get("MUSTER_NATS", "").strip()
+    if env:
+        return env
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        url = (default_state_dir() / "nats.url").read_text(encoding="utf-8").strip()
+        if url:
+            return url
+    return DEFAULT_NATS_URL
+
+
+_JOB_ID_BAD = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def new_job_id(name: str) -> str:
+    """`<name>-<12 hex>`: readable, unique, and a valid subject token (so a client that times
+    out still knows which job to ask about)."""
+    stem = _JOB_ID_BAD.sub("-", name).strip("-_")[:50] or "job"
+    return f"{stem}-{uuid.uuid4().hex[:12]}"
+
+
+# -- the client --------------------------------------------------------------------------
+
+
+class MusterClient:
+    """Submit, inspect, cancel and watch jobs. One NATS connection per client."""
+
+    def __init__(
+        self, opts: NatsOptions | None = None, subjects: Subjects = DEFAULT_SUBJECTS
+    ) -> None:
+        self._opts = opts
+        self.subjects = subjects
+        self._nc: Client | None = None
+        self._last_error: BaseException | None = None
+
+    # connection ------------------------------------------------------------------------
+
+    async def connect(
+        self, opts: NatsOptions | None = None, subjects: Subjects | None = None
+    ) -> MusterClient:
+        """Connect (once). Fails fast with a clear text when NATS is not reachable."""
+        if opts is not None:
+            self._opts = opts
+        if subjects is not None:
+            self.subjects = subjects
+        if self._nc is not None and self._nc.is_connected:
+            return self
+        options = self._opts or NatsOptions(url=resolve_nats_url(None))
+        kwargs = options.connect_kwargs()
+        # A CLI must not hang: give up on the first connect, reconnect briefly afterwards.
+        kwargs.update(
+            allow_reconnect=True,
+            max_reconnect_attempts=10,
+            connect_timeout=min(float(kwargs.get("connect_timeout", 5)), 5.0),
+            error_cb=self._on_error,
+            name=options.name or "muster-client",
+        )
+        try:
+            self._nc = await nats.connect(**kwargs)
+        except (TimeoutError, NoServersError, OSError, NatsError) as exc:
+            cause = self._last_error or exc
+            detail = str(cause) or type(cause).__name__
+            raise MusterError(
+                f"cannot reach NATS at {options.url} ({detail}); {START_HINT}, "
+                "or pass --nats URL / set MUSTER_NATS"
+            ) from None
+        return self
+
+    async def _on_error(self, exc: BaseException) -> None:
+        self._last_error = exc  # keep the cause; nats-py would otherwise log a traceback
+
+    async def close(self) -> None:
+        nc, self._nc = self._nc, None
+        if nc is not None and not nc.is_closed:
+            with contextlib.suppress(Exception):
+                await nc.drain()
+
+    async def __aenter__(self) -> MusterClient:
+        return await self.connect()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def nc(self) -> Client:
+        if self._nc is None:
+            raise MusterError("the client is not connected; call `await client.connect()` first")
+        return self._nc
+
+    # submit ----------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        spec: JobSpec | dict[str, Any],
+        queue: str | None = None,
+        timeout: float = 5,  # noqa: ASYNC109
+        *,
+        assign_id: bool = True,
+    ) -> SubmitReply:
+        """Publish a JobSpec to `muster.submit.<queue>` and wait for the broker's answer.
+
+        The queue is the argument, else the spec's own. Without a job_id the client assigns one
+        (`assign_id`), so a timeout still leaves an id to ask about and a resubmission of the
+        same spec is recognised as a duplicate. Raises MusterError when the broker rejects the
+        job (the text is the broker's) or does not answer.
+        """
+        job = self._as_spec(spec)
+        queue = queue or job.queue
+        if not queue:
+            raise MusterError(
+                f"job {job.name!r} names no queue: pass one (--queue ml-research) or set "
+                "`queue:` in the job file"
+            )
+        if job.queue != queue:
+            job = msgspec.structs.replace(job, queue=queue)
+        if job.job_id is None and assign_id:
+            job = msgspec.structs.replace(job, job_id=new_job_id(job.name))
+        subject = self.subjects.submit(queue)
+        try:
+            msg = await self.nc.request(subject, encode_json(job), timeout=timeout)
+        except NoRespondersError:
+            raise MusterError(f"nothing listens on {subject}; {START_HINT}") from None
+        except NatsTimeoutError:
+            stored = f" as job {job.job_id}" if job.job_id else ""
+            raise MusterError(
+                f"no answer on {subject} within {timeout:g}s; {START_HINT}. If a broker ran "
+                f"here before, the submission may be kept{stored} and run when it restarts"
+            ) from None
+        try:
+            reply = decode_submit_reply(msg.data)
+        except DecodeError as exc:
+            raise MusterError(f"the broker sent an unreadable submit reply: {exc}") from None
+        if not reply.accepted:
+            raise MusterError(reply.error or "the broker rejected the job (no reason given)")
+        return reply
+
+    @staticmethod
+    def _as_spec(spec: JobSpec | dict[str, Any]) -> JobSpec:
+        if isinstance(spec, JobSpec):
+            return spec
+        try:
+            return msgspec.convert(spec, JobSpec)
+        except msgspec.ValidationError as exc:
+            raise MusterError(f"invalid JobSpec: {exc}") from None
+
+    # API -------------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        verb: str,
+        body: msgspec.Struct,
+        decoder: Any,
+        timeout: float,  # noqa: ASYNC109 - a NATS request timeout, passed through
+    ) -> Any:
+        subject = self.subjects.api(verb)
+        try:
+            msg = await self.nc.request(subject, encode_json(body), timeout=timeout)
+        except NoRespondersError:
+            raise MusterError(f"no broker answers on {subject}; {START_HINT}") from None
+        except NatsTimeoutError:
+            raise MusterError(f"no answer on {subject} within {timeout:g}s; {START_HINT}") from None
+        try:
+            reply: ApiReply[Any] = decoder(msg.data)
+        except DecodeError as exc:
+            raise MusterError(f"the broker sent an unreadable {verb} reply: {exc}") from None
+        if not reply.ok:
+            raise MusterError(reply.error or f"{verb} failed (the broker gave no reason)")
+        if reply.result is None:
+            raise MusterError(f"the broker's {verb} reply has no result")
+        return reply.result
+
+    async def get(self, job_id: str, timeout: float = 5) -> JobView:  # noqa: ASYNC109
+        result: JobView = await self._call("get", JobRef(job_id=job_id), _decode_job, timeout)
+        return result
+
+    async def list(
+        self,
+        queue: str | None = None,
+        state: JobState | None = None,
+        cluster: str | None = None,
+        limit: int = 1000,
+        timeout: float = 5,  # noqa: ASYNC109
+    ) -> builtins.list[JobView]:
+        req = ListRequest(queue=queue, state=state, cluster=cluster, limit=limit)
+        result: builtins.list[JobView] = await self._call("list", req, _decode_jobs, timeout)
+        return result
+
+    async def cancel(
+        self,
+        job_id: str,
+        reason: str = "cancelled by user",
+        timeout: float = 5,  # noqa: ASYNC109
+    ) -> JobView:
+        req = CancelRequest(job_id=job_id, reason=reason)
+        result: JobView = await self._call("cancel", req, _decode_job, timeout)
+        return result
+
+    async def why(self, job_id: str, timeout: float = 5) -> WhyView:  # noqa: ASYNC109
+        result: WhyView = await self._call("why", JobRef(job_id=job_id), _decode_why, timeout)
+        return result
+
+    async def queues(
+        self,
+        timeout: float = 5,  # noqa: ASYNC109
+    ) -> builtins.list[QueueView]:
+        result: builtins.list[QueueView] = await self._call(
+            "queues", Empty(), _decode_queues, timeout
+        )
+        return result
+
+    async def clusters(
+        self,
+        timeout: float = 5,  # noqa: ASYNC109
+    ) -> builtins.list[ClusterView]:
+        result: builtins.list[ClusterView] = await self._call(
+            "clusters", Empty(), _decode_clusters, timeout
+        )
+        return result
+
+    # events ----------------------------------------------------------------------------
+
+    async def watch(
+        self, job_id: str, *, check_current: bool = True, idle_timeout: float | None = None
+    ) -> AsyncIterator[JobEvent]:
+        """Yield the job's lifecycle events until one has a terminal state.
+
+        Subscribes first, then (with `check_current`) asks the broker for the job, so a job
+        that already ended stops the watch at once instead of waiting forever; an unknown job
+        raises MusterError. `idle_timeout` ends the watch with MusterError after that many
+        seconds without an event. Events that do not decode are skipped.
+        """
+        sub = await self.nc.subscribe(self.subjects.job_events(job_id))
+        try:
+            if check_current:
+                view = await self.get(job_id)
+                if view.state in TERMINAL_STATES:
+                    return
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=idle_timeout or 3600.0 * 24 * 365)
+                except NatsTimeoutError:
+                    if idle_timeout is None:
+                        continue
+                    raise MusterError(
+                        f"no event for job {job_id} in {idle_timeout:g}s; `muster status "
+                        f"{job_id}` shows where it is"
+                    ) from None
+                try:
+                    event = decode_job_event(msg.data)
+                except DecodeError:
+                    continue
+                yield event
+                if event.state in TERMINAL_STATES:
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()

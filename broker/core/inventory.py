@@ -1,0 +1,448 @@
+"""What the agents report (clusters, pools, nodes) plus what Muster placed on every node.
+
+A pool is one (cluster, flavor). It indexes its schedulable nodes by free GPUs (`buckets[b]`
+holds the nodes with exactly b free GPUs), so "can any node take 8 GPUs?" and "which is the
+fullest node that still fits?" cost O(GPUs per node), not O(nodes).
+
+Node rules:
+- free = allocatable - other_* (pods Muster did not place) - Muster allocations, never < 0.
+- A node takes nothing new while it has a spot notice, is not ready, or has failed GPUs
+  (gpu_healthy < gpu): such nodes leave the index but keep their allocations. A node with failed
+  GPUs still counts `gpu_healthy` as usable for the replicas already on it.
+- Allocations are stored per (cluster, node name), apart from the node objects, so they survive
+  snapshots and can be restored (`assume`) before the agent has reported the node at all.
+- A node that names a flavor the agent did not list gets an implicit on-demand flavor of that
+  name with no GPU type and price 0, so its capacity and allocations are still tracked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from broker.core.risk import PoolRisk
+from schemas.agent import FlavorInfo, NodeInfo
+from schemas.config import FlavorClass
+
+AllocKey = tuple[str, int]  # (job_id, attempt)
+Vec = tuple[int, int, int]  # (gpu, cpu_milli, memory bytes)
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    name: str
+    pool: Pool
+    gpu: int
+    cpu: int
+    mem: int
+    usable_gpu: int
+    other_gpu: int
+    other_cpu: int
+    other_mem: int
+    ready: bool
+    spot_deadline: float | None
+    healthy_all: bool
+    used_gpu: int = 0
+    used_cpu: int = 0
+    used_mem: int = 0
+    free_gpu: int = 0
+    free_cpu: int = 0
+    free_mem: int = 0
+    schedulable: bool = False
+    bucket: int = -1  # index in pool.buckets, -1 when not schedulable
+    notice_counted: bool = False
+
+    def refresh(self) -> None:
+        """Recompute free capacity and schedulability, then re-file the node in its pool."""
+        fg = self.usable_gpu - self.other_gpu - self.used_gpu
+        self.free_gpu = fg if fg > 0 else 0
+        fc = self.cpu - self.other_cpu - self.used_cpu
+        self.free_cpu = fc if fc > 0 else 0
+        fm = self.mem - self.other_mem - self.used_mem
+        self.free_mem = fm if fm > 0 else 0
+        self.schedulable = self.ready and self.spot_deadline is None and self.healthy_all
+        self.pool.refile(self)
+
+    def take(self, gpu: int, cpu: int, mem: int) -> None:
+        self.used_gpu += gpu
+        self.used_cpu += cpu
+        self.used_mem += mem
+        self.refresh()
+
+    @property
+    def broken(self) -> bool:
+        """Replicas already here cannot keep running (not ready, or too few healthy GPUs)."""
+        return not self.ready or self.usable_gpu - self.other_gpu < self.used_gpu
+
+
+class Pool:
+    """One (cluster, flavor): its nodes, the free-GPU index and the empty-capacity histogram."""
+
+    __slots__ = (
+        "buckets",
+        "cap_counts",
+        "capacity_type",
+        "cluster",
+        "flavor_class",
+        "free_gpu",
+        "gpu_type",
+        "info",
+        "key",
+        "name",
+        "nodes",
+        "price",
+        "top",
+    )
+
+    def __init__(self, cluster: str, info: FlavorInfo, flavor_class: str) -> None:
+        self.cluster = cluster
+        self.name = info.name
+        self.key = (cluster, info.name)
+        self.nodes: dict[str, Node] = {}
+        self.buckets: list[dict[str, Node]] = [{}]
+        self.top = 0  # upper bound of the highest non-empty bucket
+        self.free_gpu = 0  # sum of free GPUs over schedulable nodes
+        self.cap_counts: list[int] = [0]  # nodes by allocatable GPUs (empty-pool fit)
+        self.info = info
+        self.flavor_class = flavor_class
+        self.capacity_type = info.capacity_type
+        self.gpu_type = info.gpu_type
+        self.price = info.price_per_gpu_hour
+
+    def set_info(self, info: FlavorInfo, flavor_class: str) -> None:
+        self.info = info
+        self.flavor_class = flavor_class
+        self.capacity_type = info.capacity_type
+        self.gpu_type = info.gpu_type
+        self.price = info.price_per_gpu_hour
+
+    def refile(self, node: Node) -> None:
+        b = node.free_gpu if node.schedulable else -1
+        old = node.bucket
+        if b == old:
+            return
+        if old >= 0:
+            del self.buckets[old][node.name]
+            self.free_gpu -= old
+        if b >= 0:
+            buckets = self.buckets
+            while len(buckets) <= b:
+                buckets.append({})
+            buckets[b][node.name] = node
+            self.free_gpu += b
+            if b > self.top:
+                self.top = b
+        node.bucket = b
+
+    def top_bucket(self) -> int:
+        """Highest bucket holding a node (0 when none)."""
+        t = self.top
+        buckets = self.buckets
+        while t > 0 and not buckets[t]:
+            t -= 1
+        self.top = t
+        return t
+
+    def _count_cap(self, gpu: int, delta: int) -> None:
+        while len(self.cap_counts) <= gpu:
+            self.cap_counts.append(0)
+        self.cap_counts[gpu] += delta
+
+    def attach(self, node: Node) -> None:
+        self.nodes[node.name] = node
+        self._count_cap(node.gpu, 1)
+        node.bucket = -1
+        node.refresh()
+
+    def detach(self, node: Node) -> None:
+        node.schedulable = False
+        self.refile(node)
+        self.nodes.pop(node.name, None)
+        self._count_cap(node.gpu, -1)
+
+    @property
+    def node_gpu(self) -> int:
+        """GPUs of the biggest node (for cost estimates)."""
+        for g in range(len(self.cap_counts) - 1, 0, -1):
+            if self.cap_counts[g]:
+                return g
+        return 0
+
+    def max_cpu_mem(self) -> tuple[int, int]:
+        cpu = mem = 0
+        for n in self.nodes.values():
+            cpu = max(cpu, n.cpu)
+            mem = max(mem, n.mem)
+        return cpu, mem
+
+
+@dataclass(slots=True, eq=False)
+class Cluster:
+    name: str
+    pools: dict[str, Pool] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    node_allocs: dict[str, dict[AllocKey, Vec]] = field(default_factory=dict)
+    schedulable: bool = True
+    seen: bool = False  # an agent reported inventory for it
+
+
+def _implicit_flavor(name: str) -> FlavorInfo:
+    return FlavorInfo(name=name, capacity_type="on-demand")
+
+
+class Inventory:
+    """Every cluster's pools and nodes, the Muster allocations on them and pool risk stats."""
+
+    __slots__ = ("_classes", "clusters", "half_life_s", "risk", "totals", "version")
+
+    def __init__(self, classes: Sequence[FlavorClass], half_life_s: float) -> None:
+        self._classes = tuple(classes)
+        self.half_life_s = half_life_s
+        self.clusters: dict[str, Cluster] = {}
+        self.risk: dict[tuple[str, str], PoolRisk] = {}
+        self.totals: list[int] = [0, 0, 0]  # allocatable over known nodes (DRF denominators)
+        self.version = 0  # bumped whenever the set of pools or their schedulability changes
+
+    # -- classes and lookups ----------------------------------------------------------
+
+    def flavor_class(self, info: FlavorInfo) -> str:
+        for fc in self._classes:
+            if fc.capacity_type is not None and fc.capacity_type != info.capacity_type:
+                continue
+            if fc.gpu_type is not None and fc.gpu_type != info.gpu_type:
+                continue
+            return fc.name
+        return info.name
+
+    def cluster(self, name: str) -> Cluster:
+        c = self.clusters.get(name)
+        if c is None:
+            c = self.clusters[name] = Cluster(name)
+        return c
+
+    def pools(self) -> Iterator[Pool]:
+        for c in self.clusters.values():
+            yield from c.pools.values()
+
+    def risk_of(self, key: tuple[str, str], spot: bool) -> PoolRisk:
+        r = self.risk.get(key)
+        if r is None:
+            r = self.risk[key] = PoolRisk(spot=spot)
+        r.spot = spot
+        return r
+
+    def rate(self, key: tuple[str, str], now: float, spot_prior: float) -> float:
+        r = self.risk.get(key)
+        if r is None:
+            return 0.0
+        return r.rate(now, self.half_life_s, spot_prior)
+
+    # -- node bookkeeping ---------------------------------------------------------------
+
+    def _pool(self, c: Cluster, flavor: str, now: float) -> Pool:
+        p = c.pools.get(flavor)
+        if p is None:
+            info = _implicit_flavor(flavor)
+            p = c.pools[flavor] = Pool(c.name, info, self.flavor_class(info))
+            self.risk_of(p.key, False).set_nodes(0, now, self.half_life_s)
+            self.version += 1
+        return p
+
+    def _sync_pool_nodes(self, p: Pool, now: float) -> None:
+        self.risk_of(p.key, p.capacity_type == "spot").set_nodes(
+            len(p.nodes), now, self.half_life_s
+        )
+
+    def _add_node(
+        self, c: Cluster, info: NodeInfo, now: float, notice: float | None = None
+    ) -> Node:
+        pool = self._pool(c, info.flavor, now)
+        usable = info.gpu if info.gpu_healthy is None else min(info.gpu, info.gpu_healthy)
+        node = Node(
+            name=info.name,
+            pool=pool,
+            gpu=info.gpu,
+            cpu=info.cpu_milli,
+            mem=info.memory,
+            usable_gpu=usable,
+            other_gpu=info.other_gpu,
+            other_cpu=info.other_cpu_milli,
+            other_mem=info.other_memory,
+            ready=info.ready,
+            spot_deadline=info.spot_deadline if info.spot_deadline is not None else notice,
+            healthy_all=usable >= info.gpu,
+        )
+        for g, cp, m in c.node_allocs.get(info.name, {}).values():
+            node.used_gpu += g
+            node.used_cpu += cp
+            node.used_mem += m
+        # Spot notices are never withdrawn: a known notice sticks to the node until it leaves
+        # the inventory, and a re-reported notice is the same interruption (counted once).
+        node.notice_counted = notice is not None
+        c.nodes[info.name] = node
+        pool.attach(node)
+        self._sync_pool_nodes(pool, now)
+        self.totals[0] += node.gpu
+        self.totals[1] += node.cpu
+        self.totals[2] += node.mem
+        if node.spot_deadline is not None:
+            self._count_notice(node, now)
+        return node
+
+    def _drop_node(self, c: Cluster, node: Node, now: float) -> None:
+        node.pool.detach(node)
+        self._sync_pool_nodes(node.pool, now)
+        del c.nodes[node.name]
+        self.totals[0] -= node.gpu
+        self.totals[1] -= node.cpu
+        self.totals[2] -= node.mem
+
+    def _count_notice(self, node: Node, now: float) -> None:
+        if not node.notice_counted:
+            node.notice_counted = True
+            self.risk_of(node.pool.key, node.pool.capacity_type == "spot").record_notice(
+                now, self.half_life_s
+            )
+
+    # -- events ---------------------------------------------------------------------------
+
+    def apply_snapshot(
+        self, cluster: str, flavors: Sequence[FlavorInfo], nodes: Sequence[NodeInfo], now: float
+    ) -> None:
+        c = self.cluster(cluster)
+        c.seen = True
+        notices = {
+            n.name: n.spot_deadline
+            for n in c.nodes.values()
+            if n.notice_counted and n.spot_deadline is not None
+        }
+        for node in list(c.nodes.values()):
+            self._drop_node(c, node, now)
+        wanted = {f.name: f for f in flavors}
+        for name, p in list(c.pools.items()):
+            if name not in wanted:
+                self._sync_pool_nodes(p, now)
+                del c.pools[name]
+        for f in flavors:
+            p = c.pools.get(f.name)
+            if p is None:
+                p = c.pools[f.name] = Pool(cluster, f, self.flavor_class(f))
+            else:
+                p.set_info(f, self.flavor_class(f))
+            self._sync_pool_nodes(p, now)
+        for info in nodes:
+            if info.name in c.nodes:  # a duplicate in one snapshot: the last one wins
+                self._drop_node(c, c.nodes[info.name], now)
+            self._add_node(c, info, now, notices.get(info.name))
+        self.version += 1
+
+    def upsert_node(self, cluster: str, info: NodeInfo, now: float) -> tuple[Node, bool]:
+        """Add or replace one node; returns (node, was it broken before this update)."""
+        c = self.cluster(cluster)
+        c.seen = True
+        old = c.nodes.get(info.name)
+        was_broken = False
+        notice = None
+        if old is not None:
+            was_broken = old.broken
+            notice = old.spot_deadline if old.notice_counted else None
+            self._drop_node(c, old, now)
+        return self._add_node(c, info, now, notice), was_broken
+
+    def remove_node(self, cluster: str, name: str, now: float) -> bool:
+        c = self.clusters.get(cluster)
+        if c is None or name not in c.nodes:
+            return False
+        self._drop_node(c, c.nodes[name], now)
+        return True
+
+    def set_gpu_health(self, cluster: str, name: str, healthy: int) -> tuple[Node, int] | None:
+        """Returns (node, previous usable GPU count) or None for an unknown node."""
+        c = self.clusters.get(cluster)
+        node = c.nodes.get(name) if c is not None else None
+        if node is None:
+            return None
+        before = node.usable_gpu
+        node.usable_gpu = min(node.gpu, healthy)
+        node.healthy_all = node.usable_gpu >= node.gpu
+        node.refresh()
+        return node, before
+
+    def spot_notice(self, cluster: str, name: str, deadline: float, now: float) -> Node | None:
+        c = self.clusters.get(cluster)
+        node = c.nodes.get(name) if c is not None else None
+        if node is None:
+            return None
+        node.spot_deadline = deadline
+        node.refresh()
+        self._count_notice(node, now)
+        self.version += 1  # rates changed
+        return node
+
+    def remove_cluster(self, cluster: str, now: float) -> None:
+        c = self.clusters.get(cluster)
+        if c is None:
+            return
+        for node in list(c.nodes.values()):
+            self._drop_node(c, node, now)
+        c.pools.clear()
+        c.seen = False
+        if not c.node_allocs:
+            del self.clusters[cluster]
+        self.version += 1
+
+    def set_schedulable(self, cluster: str, ok: bool) -> None:
+        c = self.cluster(cluster)
+        if c.schedulable != ok:
+            c.schedulable = ok
+            self.version += 1
+
+    # -- Muster allocations -------------------------------------------------------------
+
+    def add_usage(self, cluster: str, key: AllocKey, per_node: Mapping[str, Vec]) -> None:
+        c = self.cluster(cluster)
+        for name, vec in per_node.items():
+            c.node_allocs.setdefault(name, {})[key] = vec
+            node = c.nodes.get(name)
+            if node is not None:
+                node.take(vec[0], vec[1], vec[2])
+
+    def record_usage(self, cluster: str, key: AllocKey, per_node: Mapping[str, Vec]) -> None:
+        """Record allocations whose node capacity was already taken (by packing)."""
+        allocs = self.cluster(cluster).node_allocs
+        for name, vec in per_node.items():
+            allocs.setdefault(name, {})[key] = vec
+
+    def remove_usage(self, cluster: str, key: AllocKey, per_node: Mapping[str, Vec]) -> None:
+        c = self.clusters.get(cluster)
+        if c is None:
+            return
+        for name in per_node:
+            here = c.node_allocs.get(name)
+            if here is None:
+                continue
+            vec = here.pop(key, None)
+            if not here:
+                del c.node_allocs[name]
+            node = c.nodes.get(name)
+            if vec is not None and node is not None:
+                node.take(-vec[0], -vec[1], -vec[2])
+        if not c.node_allocs and not c.seen:
+            del self.clusters[cluster]
+
+    def suspend_usage(self, cluster: str, per_node: Mapping[str, Vec], sign: int) -> None:
+        """Take (sign=1) or give back (sign=-1) node capacity without touching the records."""
+        c = self.clusters.get(cluster)
+        if c is None:
+            return
+        for name, vec in per_node.items():
+            node = c.nodes.get(name)
+            if node is not None:
+                node.take(sign * vec[0], sign * vec[1], sign * vec[2])
+
+    def keys_on_node(self, cluster: str, name: str) -> list[AllocKey]:
+        c = self.clusters.get(cluster)
+        if c is None:
+            return []
+        return list(c.node_allocs.get(name, {}))
+

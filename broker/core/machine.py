@@ -1,0 +1,1104 @@
+"""The job lifecycle machine: sans-IO, in the manner of h11.
+
+The shell feeds it inputs (a submission, an agent's event batch, a dispatch result, the passing
+of time) together with `now`, and carries out the effects it returns, in order. The machine owns
+the job records and the per-agent sequence tracking; the `Scheduler` owns capacity and quota.
+
+Invariants kept here:
+- a job has at most one live attempt, and every command carries (job_id, attempt, epoch);
+- a record is persisted before the dispatch it describes is sent;
+- anything an agent reports about an attempt that is not the job's live one is cancelled.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.records import (
+    AttemptRecord,
+    AvoidPool,
+    JobRecord,
+    LatestCheckpoint,
+    Preempting,
+    demands_of,
+    gang_request,
+)
+from broker.core.scheduler import Scheduler
+from broker.core.types import GangRequest, Placement, PodSetDemand, Reason
+from schemas.agent import (
+    Cancel,
+    CheckpointNow,
+    CheckpointReport,
+    ClusterSnapshot,
+    Dispatch,
+    EventBatch,
+    FlavorInfo,
+    GpuHealth,
+    Heartbeat,
+    NodeGone,
+    NodeUpsert,
+    PodSetAssignment,
+    Resync,
+    SpotNotice,
+    WorkloadStatus,
+)
+from schemas.api import (
+    Accounting,
+    AttemptView,
+    CheckpointView,
+    ClusterHealth,
+    ClusterView,
+    EventKind,
+    JobEvent,
+    JobState,
+    JobView,
+    PendingReason,
+    QueueView,
+    SubmitReply,
+    WhyView,
+)
+from schemas.config import BrokerConfig
+from schemas.job import JobSpec
+
+LIVE_STATES: frozenset[str] = frozenset({"admitted", "running", "preempting"})
+TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+RESYNC_MIN_INTERVAL_S = 1.0
+MISSING_GRACE_S = 5.0
+
+
+@dataclass(slots=True)
+class AgentTrack:
+    """What the broker knows about one cluster's agent connection."""
+
+    instance: str | None = None
+    seq: int = 0
+    synced: bool = False  # a snapshot of the current instance has been applied
+    last_heard: float = 0.0
+    health: ClusterHealth = "healthy"
+    last_resync: float = -1e18
+
+
+@dataclass(slots=True)
+class BatchOutcome:
+    effects: list[Effect] = field(default_factory=list)
+    error: str | None = None  # a rejected batch: the shell logs it; nothing changed
+
+
+class Machine:
+    def __init__(
+        self, config: BrokerConfig, scheduler: Scheduler | None = None, epoch: int = 0
+    ) -> None:
+        self.config = config
+        self.scheduler = scheduler if scheduler is not None else Scheduler(config)
+        self.epoch = epoch
+        self.queues = {q.name: q for q in config.queues}
+        self.jobs: dict[str, JobRecord] = {}
+        self._demands: dict[str, tuple[PodSetDemand, ...]] = {}
+        self._pending: dict[str, dict[str, None]] = {q: {} for q in self.queues}
+        self._fresh: set[str] = set()
+        self._capacity_dirty = True
+        self._backoff: list[tuple[float, str]] = []
+        self._live: set[str] = set()
+        self._starting: set[str] = set()  # dispatched, not every replica running yet
+        self._preempting: set[str] = set()
+        self._spot_waiting: set[str] = set()  # queued spot-then-on-demand jobs still on spot
+        self._live_by_cluster: dict[str, set[str]] = {}
+        self.reasons: dict[str, tuple[Reason, ...]] = {}
+        self.agents: dict[str, AgentTrack] = {}
+        self.flavors: dict[str, dict[str, FlavorInfo]] = {}
+        self._order = 0
+        self.lookahead = 256  # parked jobs per queue reconsidered when capacity frees
+
+    # ------------------------------------------------------------------ submission
+    def submit(
+        self,
+        spec: JobSpec,
+        now: float,
+        *,
+        order: int | None = None,
+        subject_queue: str | None = None,
+    ) -> tuple[SubmitReply, list[Effect]]:
+        """Accept or reject a job. Rejection changes nothing."""
+        queue = spec.queue or subject_queue
+        if spec.queue and subject_queue and spec.queue != subject_queue:
+            return _reject(
+                f"queue mismatch: the job names queue {spec.queue!r} but was published to "
+                f"queue {subject_queue!r}; drop 'queue' from the job or publish to its subject"
+            ), []
+        if not queue:
+            return _reject("no queue: publish to <prefix>.submit.<queue> or set 'queue'"), []
+        if queue not in self.queues:
+            known = ", ".join(sorted(self.queues)) or "(none)"
+            return _reject(f"unknown queue {queue!r}; known queues: {known}"), []
+        if not spec.gang:
+            return _reject("gang: the job has no podsets; give 'gang' or a supported manifest"), []
+        if order is None:
+            order = self._order + 1
+        self._order = max(self._order, order)
+        job_id = spec.job_id or _job_id(spec.name, order)
+        existing = self.jobs.get(job_id)
+        if existing is not None:
+            return SubmitReply(accepted=True, job_id=job_id, duplicate=True), []
+        demands = demands_of(spec)
+        record = JobRecord(
+            job_id=job_id, spec=spec, queue=queue, order=order, submitted_at=now, queued_at=now
+        )
+        problems = self.scheduler.check_feasible(gang_request(record, now, demands))
+        if problems:
+            text = "; ".join(r.message for r in problems)
+            return _reject(f"the gang can never be placed: {text}"), []
+        self.jobs[job_id] = record
+        self._demands[job_id] = demands
+        self._enqueue(record)
+        return SubmitReply(accepted=True, job_id=job_id), [
+            Persist(record),
+            self._event(record, "queued", now),
+        ]
+
+    def cancel(self, job_id: str, reason: str, now: float) -> tuple[str | None, list[Effect]]:
+        """Returns (error, effects). Cancelling a finished job is an error that changes nothing."""
+        record = self.jobs.get(job_id)
+        if record is None:
+            return f"unknown job {job_id!r}", []
+        if record.state in TERMINAL:
+            return f"job {job_id!r} has already {record.state}", []
+        effects: list[Effect] = []
+        self._finish(record, "cancelled", now, reason, effects)
+        return None, effects
+
+    # ------------------------------------------------------------------ scheduling
+    @property
+    def wants_cycle(self) -> bool:
+        return bool(self._fresh) or self._capacity_dirty
+
+    def schedule(self, now: float) -> list[Effect]:
+        """One admission cycle over the jobs that could have become admissible."""
+        candidates = self._candidates(now)
+        self._fresh.clear()
+        self._capacity_dirty = False
+        if not candidates:
+            return []
+        result = self.scheduler.schedule(candidates, now)
+        effects: list[Effect] = []
+        for job_id, placement in result.admitted:
+            record = self.jobs[job_id]
+            self._dequeue(record)
+            self.reasons.pop(job_id, None)
+            self._dispatch(record, self._attempt_for(record, placement, now), now, effects)
+        for pre in result.preemptions:
+            for victim_id in pre.victims:
+                victim = self.jobs.get(victim_id)
+                if victim is None or victim.state not in ("admitted", "running"):
+                    continue
+                cause = "preempted" if pre.kind == "within-queue" else "reclaimed"
+                deadline = now + self.config.timeouts.checkpoint_grace_s
+                self._begin_preempt(victim, cause, deadline, now, effects, reserve=False)
+        for job_id, reasons in result.pending.items():
+            self.reasons[job_id] = reasons
+            record = self.jobs.get(job_id)
+            if (
+                record is not None
+                and record.avoid
+                and any(r.code == "pool-avoided" for r in reasons)
+            ):
+                # Nothing but the avoided pool fits: widen (SkyPilot's EAGER_NEXT_REGION).
+                record.avoid = []
+                self._fresh.add(job_id)
+        return effects
+
+    def _candidates(self, now: float) -> list[GangRequest]:
+        touched: set[str] = set(self.queues) if self._capacity_dirty else set()
+        fresh_ok: list[str] = []
+        for job_id in self._fresh:
+            record = self.jobs.get(job_id)
+            if record is None or record.state != "queued":
+                continue
+            if record.not_before > now:
+                continue
+            touched.add(record.queue)
+            fresh_ok.append(job_id)
+        chosen: dict[str, None] = {}
+        for queue in touched:
+            pending = self._pending.get(queue)
+            if not pending:
+                continue
+            ready = (self.jobs[j] for j in pending if self.jobs[j].not_before <= now)
+            heads = heapq.nsmallest(self.lookahead, ready, key=_queue_key)
+            for record in heads:
+                chosen[record.job_id] = None
+        for job_id in fresh_ok:
+            chosen[job_id] = None
+        requests = []
+        for job_id in chosen:
+            record = self.jobs[job_id]
+            requests.append(gang_request(record, now, self._demands[job_id]))
+        return requests
+
+    # ------------------------------------------------------------------ agents
+    def on_batch(self, cluster: str, batch: EventBatch, now: float) -> BatchOutcome:
+        out = BatchOutcome()
+        if batch.cluster != cluster:
+            out.error = (
+                f"batch claims cluster {batch.cluster!r} but arrived on the subject of "
+                f"cluster {cluster!r}; rejected"
+            )
+            return out
+        track = self.agents.get(cluster)
+        if track is None:
+            track = self.agents[cluster] = AgentTrack(last_heard=now)
+        was = track.health
+        track.last_heard = now
+        events = batch.events
+        start = 0
+        if track.instance != batch.instance or not track.synced or batch.seq != track.seq + 1:
+            snap_at = next(
+                (i for i, e in enumerate(events) if isinstance(e, ClusterSnapshot)), None
+            )
+            if snap_at is None:
+                track.instance = batch.instance
+                track.seq = batch.seq
+                track.synced = False
+                self._resync(cluster, track, now, "sequence gap or unknown agent", out.effects)
+                return out
+            start = snap_at
+        track.instance = batch.instance
+        track.seq = batch.seq
+        if was != "healthy":
+            track.health = "healthy"
+            self.scheduler.set_cluster_schedulable(cluster, True)
+            self._capacity_dirty = True
+        for event in events[start:]:
+            self._apply(cluster, track, event, now, out.effects)
+        return out
+
+    def _resync(
+        self, cluster: str, track: AgentTrack, now: float, why: str, effects: list[Effect]
+    ) -> None:
+        if now - track.last_resync < RESYNC_MIN_INTERVAL_S:
+            return
+        track.last_resync = now
+        effects.append(Send(cluster, Resync(epoch=self.epoch, reason=why)))
+
+    def _apply(
+        self,
+        cluster: str,
+        track: AgentTrack,
+        event: object,
+        now: float,
+        effects: list[Effect],
+    ) -> None:
+        if isinstance(event, Heartbeat):
+            return
+        if isinstance(event, ClusterSnapshot):
+            self._snapshot(cluster, track, event, now, effects)
+        elif isinstance(event, WorkloadStatus):
+            self._workload(cluster, event, now, effects)
+        elif isinstance(event, CheckpointReport):
+            self.on_checkpoint(event, now, effects)
+        elif isinstance(event, SpotNotice):
+            for job_id in self.scheduler.spot_notice(cluster, event.node, event.deadline, now):
+                self._spot(job_id, cluster, event, now, effects)
+            self._capacity_dirty = True
+        elif isinstance(event, NodeUpsert):
+            lost = self.scheduler.upsert_node(cluster, event.node, now)
+            self._lose_all(
+                lost, "node-unusable", now, effects, cluster=cluster, node=event.node.name
+            )
+            self._capacity_dirty = True
+        elif isinstance(event, NodeGone):
+            lost = self.scheduler.remove_node(cluster, event.node, now)
+            self._lose_all(lost, "node-lost", now, effects, cluster=cluster, node=event.node)
+            self._capacity_dirty = True
+        elif isinstance(event, GpuHealth):
+            lost = self.scheduler.set_gpu_health(cluster, event.node, event.healthy, now)
+            cause = f"gpu-failure (xid {event.xid})" if event.xid is not None else "gpu-failure"
+            self._lose_all(lost, cause, now, effects, cluster=cluster, node=event.node)
+            self._capacity_dirty = True
+
+    def _snapshot(
+        self,
+        cluster: str,
+        track: AgentTrack,
+        snap: ClusterSnapshot,
+        now: float,
+        effects: list[Effect],
+    ) -> None:
+        self.flavors[cluster] = {f.name: f for f in snap.flavors}
+        lost = self.scheduler.apply_snapshot(cluster, snap.flavors, snap.nodes, now)
+        track.synced = True
+        self._lose_all(lost, "node-lost", now, effects, cluster=cluster)
+        reported: set[tuple[str, int]] = set()
+        for status in snap.workloads:
+            reported.add((status.job_id, status.attempt))
+            self._workload(cluster, status, now, effects)
+        for job_id in list(self._live_by_cluster.get(cluster, ())):
+            record = self.jobs[job_id]
+            current = record.current
+            if current is None or current.cluster != cluster:
+                continue
+            if (job_id, current.attempt) in reported:
+                continue
+            settled = current.running_at is not None or (
+                current.acked_at is not None and now - current.acked_at > MISSING_GRACE_S
+            )
+            if settled:
+                self._lose(record, "workload-missing", now, effects)
+        self._capacity_dirty = True
+
+    def _workload(
+        self, cluster: str, status: WorkloadStatus, now: float, effects: list[Effect]
+    ) -> None:
+        record = self.jobs.get(status.job_id)
+        current = record.current if record is not None else None
+        if (
+            record is None
+            or current is None
+            or current.attempt != status.attempt
+            or current.cluster != cluster
+        ):
+            if status.phase in ("created", "running"):
+                # A copy the broker does not consider live: fence it off.
+                effects.append(
+                    Send(
+                        cluster,
+                        Cancel(
+                            job_id=status.job_id,
+                            epoch=self.epoch,
+                            attempt=status.attempt,
+                            reason="stale attempt: not the job's live attempt",
+                        ),
+                    )
+                )
+            return
+        phase = status.phase
+        if phase == "running":
+            if (
+                status.running_replicas >= max(status.total_replicas, 1)
+                and current.running_at is None
+            ):
+                current.running_at = now
+                record.start_failures = 0
+                if record.state == "admitted":
+                    record.state = "running"
+                self.scheduler.note_progress(record.job_id, current.attempt, now)
+                effects.append(Persist(record))
+                effects.append(self._event(record, "running", now))
+        elif phase == "succeeded":
+            self._finish(record, "succeeded", now, status.reason or None, effects)
+        elif phase == "failed":
+            self._failed(record, status, now, effects)
+        elif phase == "evicted":
+            self._lose(record, status.reason or "evicted", now, effects)
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_checkpoint(self, report: CheckpointReport, now: float, effects: list[Effect]) -> None:
+        """A checkpoint from the agent or from the workload's SDK; fenced by attempt."""
+        record = self.jobs.get(report.job_id)
+        if record is None:
+            return
+        current = record.current
+        if current is None or current.attempt != report.attempt:
+            return
+        latest = record.latest_checkpoint
+        if latest is None or report.step > latest.step:
+            record.latest_checkpoint = LatestCheckpoint(
+                step=report.step, uri=report.uri, at=now, attempt=report.attempt
+            )
+            self.scheduler.note_progress(record.job_id, current.attempt, now)
+            effects.append(Persist(record))
+            effects.append(self._event(record, "checkpointed", now, step=report.step))
+        pre = record.preempting
+        if pre is not None and (pre.step_at_start is None or report.step > pre.step_at_start):
+            self._finish_preempt(record, now, effects)
+
+    def checkpoint(self, report: CheckpointReport, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        self.on_checkpoint(report, now, effects)
+        return effects
+
+    # ------------------------------------------------------------------ dispatch results
+    def on_dispatch_result(
+        self, job_id: str, attempt: int, ok: bool, error: str, now: float
+    ) -> list[Effect]:
+        record = self.jobs.get(job_id)
+        if record is None:
+            return []
+        current = record.current
+        if current is None or current.attempt != attempt:
+            return []
+        if ok:
+            current.acked_at = now
+            return []
+        effects: list[Effect] = []
+        record.start_failures += 1
+        self._end_attempt(record, current, f"dispatch-failed: {error}", now, lost=True)
+        effects.append(Send(current.cluster, self._cancel_cmd(job_id, attempt, "dispatch failed")))
+        self._requeue(
+            record,
+            now,
+            self._backoff_delay(record, record.start_failures),
+            effects,
+            reason=f"dispatch failed on {current.cluster}: {error}",
+        )
+        return effects
+
+    # ------------------------------------------------------------------ time
+    def tick(self, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        timeouts = self.config.timeouts
+        for cluster, track in list(self.agents.items()):
+            silent = now - track.last_heard
+            if silent > timeouts.lost_after_s and track.health != "lost":
+                track.health = "lost"
+                track.synced = False
+                track.instance = None
+                jobs = set(self.scheduler.remove_cluster(cluster, now))
+                jobs |= self._live_by_cluster.get(cluster, set())
+                self._lose_all(sorted(jobs), "cluster-lost", now, effects, cluster=cluster)
+                self._capacity_dirty = True
+            elif silent > timeouts.unreachable_after_s and track.health == "healthy":
+                track.health = "unreachable"
+                self.scheduler.set_cluster_schedulable(cluster, False)
+        for job_id in list(self._preempting):
+            record = self.jobs[job_id]
+            pre = record.preempting
+            if pre is None:
+                self._preempting.discard(job_id)
+            elif now >= pre.deadline:
+                self._finish_preempt(record, now, effects)
+        for job_id in list(self._starting):
+            record = self.jobs[job_id]
+            current = record.current
+            if current is None or current.running_at is not None or record.preempting:
+                self._starting.discard(job_id)
+                continue
+            limit = record.spec.start_timeout_s or timeouts.start_s
+            if now - current.dispatched_at > limit:
+                record.start_failures += 1
+                self._end_attempt(record, current, "start-timeout", now, lost=True)
+                effects.append(
+                    Send(
+                        current.cluster, self._cancel_cmd(job_id, current.attempt, "start timeout")
+                    )
+                )
+                delay = self._backoff_delay(record, record.start_failures)
+                self._requeue(
+                    record, now, delay, effects, reason=f"not all replicas ran within {limit:g}s"
+                )
+        while self._backoff and self._backoff[0][0] <= now:
+            _, job_id = heapq.heappop(self._backoff)
+            record = self.jobs.get(job_id)
+            if record is not None and record.state == "queued":
+                self._fresh.add(job_id)
+        for job_id in list(self._spot_waiting):
+            record = self.jobs[job_id]
+            if record.state != "queued" or record.spot_exhausted:
+                self._spot_waiting.discard(job_id)
+            elif now - record.queued_at > record.spec.spot.fallback_after_wait_s:
+                record.spot_exhausted = True
+                self._spot_waiting.discard(job_id)
+                self._fresh.add(job_id)
+        return effects
+
+    # ------------------------------------------------------------------ recovery after restart
+    def restore(self, records: Iterable[JobRecord], now: float) -> None:
+        """Rebuild from persisted records. Live attempts are assumed to hold their placement
+        until their agents resend snapshots (or their clusters are declared lost)."""
+        for record in records:
+            self.jobs[record.job_id] = record
+            self._demands[record.job_id] = demands_of(record.spec)
+            self._order = max(self._order, record.order)
+            if record.state in TERMINAL:
+                continue
+            if record.queue not in self.queues:
+                self._pending.setdefault(record.queue, {})
+            if record.state == "queued":
+                self._enqueue(record)
+                continue
+            current = record.current
+            if current is None:
+                record.state = "queued"
+                self._enqueue(record)
+                continue
+            request = gang_request(record, now, self._demands[record.job_id])
+            request.attempt = current.attempt
+            self.scheduler.assume(request, _placement_of(current))
+            self._track_live(record, current.cluster)
+            if current.running_at is None:
+                self._starting.add(record.job_id)
+            if record.preempting is not None:
+                self._preempting.add(record.job_id)
+            if record.preempting is not None and record.preempting.replacement is not None:
+                rep = record.preempting.replacement
+                request.attempt = rep.attempt
+                self.scheduler.assume(request, _placement_of(rep))
+            self.scheduler.note_progress(
+                record.job_id,
+                current.attempt,
+                record.latest_checkpoint.at if record.latest_checkpoint else current.dispatched_at,
+            )
+            if current.cluster not in self.agents:
+                self.agents[current.cluster] = AgentTrack(last_heard=now)
+        self._capacity_dirty = True
+
+    # ------------------------------------------------------------------ internals
+    def _attempt_for(self, record: JobRecord, placement: Placement, now: float) -> AttemptRecord:
+        flavor = self.flavors.get(placement.cluster, {}).get(placement.flavor)
+        return AttemptRecord(
+            attempt=record.attempt + 1,
+            cluster=placement.cluster,
+            flavor=placement.flavor,
+            flavor_class=placement.flavor_class,
+            assignment=[PodSetAssignment(podset=p, nodes=list(n)) for p, n in placement.assignment],
+            dispatched_at=now,
+            capacity_type=flavor.capacity_type if flavor else "",
+            gpu_type=flavor.gpu_type if flavor else "",
+            price_per_gpu_hour=flavor.price_per_gpu_hour if flavor else 0.0,
+        )
+
+    def _dispatch(
+        self, record: JobRecord, attempt: AttemptRecord, now: float, effects: list[Effect]
+    ) -> None:
+        attempt.dispatched_at = now
+        attempt.resume_from = record.resume_point()
+        record.attempt = attempt.attempt
+        record.attempts.append(attempt)
+        record.state = "admitted"
+        record.reason = None
+        self._track_live(record, attempt.cluster)
+        self._starting.add(record.job_id)
+        spec = record.spec
+        effects.append(Persist(record))
+        effects.append(
+            Send(
+                attempt.cluster,
+                Dispatch(
+                    job_id=record.job_id,
+                    attempt=attempt.attempt,
+                    epoch=self.epoch,
+                    flavor=attempt.flavor,
+                    assignment=attempt.assignment,
+                    spec=spec,
+                    resume_from=attempt.resume_from,
+                    checkpoint_uri=spec.checkpoint.uri if spec.checkpoint else "",
+                ),
+            )
+        )
+        effects.append(
+            self._event(
+                record,
+                "admitted",
+                now,
+                resume_from_step=attempt.resume_from.step if attempt.resume_from else None,
+            )
+        )
+
+    def _spot(
+        self, job_id: str, cluster: str, notice: SpotNotice, now: float, effects: list[Effect]
+    ) -> None:
+        record = self.jobs.get(job_id)
+        if record is None or record.state not in ("admitted", "running"):
+            return
+        current = record.current
+        if current is None or current.cluster != cluster:
+            return
+        self._begin_preempt(record, "spot-notice", notice.deadline, now, effects, reserve=True)
+
+    def _begin_preempt(
+        self,
+        record: JobRecord,
+        cause: str,
+        deadline: float,
+        now: float,
+        effects: list[Effect],
+        *,
+        reserve: bool,
+    ) -> None:
+        current = record.current
+        if current is None or record.preempting is not None:
+            return
+        latest = record.latest_checkpoint
+        record.preempting = Preempting(
+            cause=cause,
+            deadline=deadline,
+            started_at=now,
+            step_at_start=latest.step if latest is not None else None,
+        )
+        record.state = "preempting"
+        self._preempting.add(record.job_id)
+        if reserve:
+            request = gang_request(record, now, self._demands[record.job_id])
+            request.avoid_pools = request.avoid_pools | {(current.cluster, current.flavor)}
+            if self._spot_fallback_due(record, extra=1):
+                request.spot_exhausted = True
+            got = self.scheduler.reserve(request, now, replacing_attempt=current.attempt)
+            if isinstance(got, Placement):
+                record.preempting.replacement = self._attempt_for(record, got, now)
+        effects.append(Persist(record))
+        effects.append(self._event(record, "preempting", now, reason=cause))
+        if record.spec.checkpoint is None or current.running_at is None:
+            # Nothing to wait for: no checkpoints are written, or the gang never ran.
+            self._finish_preempt(record, now, effects)
+            return
+        effects.append(
+            Send(
+                current.cluster,
+                CheckpointNow(
+                    job_id=record.job_id,
+                    attempt=current.attempt,
+                    epoch=self.epoch,
+                    deadline=deadline,
+                ),
+            )
+        )
+
+    def _finish_preempt(self, record: JobRecord, now: float, effects: list[Effect]) -> None:
+        pre = record.preempting
+        if pre is None:
+            return
+        record.preempting = None
+        self._preempting.discard(record.job_id)
+        current = record.current
+        if current is not None:
+            self._end_attempt(record, current, pre.cause, now, lost=True)
+            effects.append(
+                Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, pre.cause))
+            )
+            if pre.cause == "spot-notice":
+                record.avoid.append(
+                    AvoidPool(
+                        current.cluster,
+                        current.flavor,
+                        now + self.config.scheduling.avoid_lost_pool_s,
+                    )
+                )
+        if self._charge_preemption(record, current, now, pre.cause, effects):
+            if pre.replacement is not None:
+                self.scheduler.release(record.job_id, pre.replacement.attempt)
+            return
+        if pre.replacement is not None:
+            self._dispatch(record, pre.replacement, now, effects)
+        else:
+            self._requeue(record, now, 0.0, effects, reason=pre.cause)
+
+    def _lose_all(
+        self,
+        job_ids: Sequence[str],
+        cause: str,
+        now: float,
+        effects: list[Effect],
+        *,
+        cluster: str,
+        node: str | None = None,
+    ) -> None:
+        for job_id in job_ids:
+            record = self.jobs.get(job_id)
+            if record is None or record.state not in LIVE_STATES:
+                continue
+            pre = record.preempting
+            if pre is not None and pre.replacement is not None:
+                rep = pre.replacement
+                if rep.cluster == cluster and (node is None or node in _nodes(rep)):
+                    # The reserved replacement lost its capacity: fall back to the queue.
+                    self.scheduler.release(job_id, rep.attempt)
+                    pre.replacement = None
+            current = record.current
+            if current is None or current.cluster != cluster:
+                continue
+            if node is not None and node not in _nodes(current):
+                continue
+            self._lose(record, cause, now, effects)
+
+    def _lose(self, record: JobRecord, cause: str, now: float, effects: list[Effect]) -> None:
+        """The live attempt is gone without warning (node, GPU, cluster, eviction)."""
+        current = record.current
+        if current is None:
+            return
+        if record.preempting is not None:
+            self._finish_preempt(record, now, effects)
+            return
+        self._end_attempt(record, current, cause, now, lost=True)
+        effects.append(
+            Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, cause))
+        )
+        record.avoid.append(
+            AvoidPool(
+                current.cluster, current.flavor, now + self.config.scheduling.avoid_lost_pool_s
+            )
+        )
+        if self._charge_preemption(record, current, now, cause, effects):
+            return
+        self._requeue(record, now, 0.0, effects, reason=cause)
+
+    def _charge_preemption(
+        self,
+        record: JobRecord,
+        attempt: AttemptRecord | None,
+        now: float,
+        cause: str,
+        effects: list[Effect],
+    ) -> bool:
+        """Count an infrastructure loss; True when the budget is spent and the job failed."""
+        record.preemptions += 1
+        if attempt is not None and attempt.capacity_type == "spot":
+            record.spot_preemptions += 1
+        if self._spot_fallback_due(record):
+            record.spot_exhausted = True
+        limit = record.spec.restart.max_preemptions
+        if limit is not None and record.preemptions > limit:
+            self._finish(
+                record,
+                "failed",
+                now,
+                f"preemption budget spent: {record.preemptions} losses "
+                f"(restart.max_preemptions={limit}); last cause: {cause}",
+                effects,
+            )
+            return True
+        return False
+
+    def _spot_fallback_due(self, record: JobRecord, extra: int = 0) -> bool:
+        spec = record.spec
+        return (
+            spec.capacity == "spot-then-on-demand"
+            and record.spot_preemptions + extra >= spec.spot.fallback_after_preemptions
+        )
+
+    def _failed(
+        self, record: JobRecord, status: WorkloadStatus, now: float, effects: list[Effect]
+    ) -> None:
+        if record.preempting is not None:
+            self._finish_preempt(record, now, effects)
+            return
+        policy = record.spec.restart
+        codes = [c for c in status.exit_codes if c != 0]
+        detail = f"exit codes {codes}" + (f": {status.reason}" if status.reason else "")
+        if policy.retriable_exit_codes and not any(c in policy.retriable_exit_codes for c in codes):
+            self._finish(
+                record,
+                "failed",
+                now,
+                f"{detail}; not in restart.retriable_exit_codes {policy.retriable_exit_codes}",
+                effects,
+            )
+            return
+        record.errors += 1
+        if record.errors > policy.max_restarts_on_error:
+            self._finish(
+                record,
+                "failed",
+                now,
+                f"error budget spent: {record.errors} failures "
+                f"(restart.max_restarts_on_error={policy.max_restarts_on_error}); last: {detail}",
+                effects,
+            )
+            return
+        current = record.current
+        if current is not None:
+            self._end_attempt(record, current, f"error: {detail}", now, lost=True)
+        self._requeue(
+            record, now, self._backoff_delay(record, record.errors), effects, reason=detail
+        )
+
+    def _finish(
+        self,
+        record: JobRecord,
+        state: JobState,
+        now: float,
+        reason: str | None,
+        effects: list[Effect],
+    ) -> None:
+        current = record.current
+        if current is not None:
+            self._end_attempt(record, current, state, now, lost=state != "succeeded")
+            if state != "succeeded":
+                effects.append(
+                    Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, state))
+                )
+        pre = record.preempting
+        if pre is not None and pre.replacement is not None:
+            self.scheduler.release(record.job_id, pre.replacement.attempt)
+        record.preempting = None
+        self._dequeue(record)
+        self.reasons.pop(record.job_id, None)
+        record.state = state
+        record.reason = reason
+        record.finished_at = now
+        effects.append(Persist(record))
+        effects.append(self._event(record, state, now, reason=reason))
+
+    def _end_attempt(
+        self, record: JobRecord, attempt: AttemptRecord, cause: str, now: float, *, lost: bool
+    ) -> None:
+        attempt.ended_at = now
+        attempt.end_cause = cause
+        gpus = record.total_gpus
+        held = max(0.0, now - attempt.dispatched_at)
+        attempt.gpu_seconds = held * gpus
+        if lost:
+            since = attempt.running_at if attempt.running_at is not None else attempt.dispatched_at
+            ckpt = record.latest_checkpoint
+            if ckpt is not None and ckpt.attempt == attempt.attempt:
+                since = max(since, ckpt.at)
+            attempt.gpu_seconds_lost = max(0.0, now - since) * gpus
+            if attempt.running_at is not None:
+                # Start-up time before the gang ran is lost too.
+                attempt.gpu_seconds_lost += (attempt.running_at - attempt.dispatched_at) * gpus
+            else:
+                attempt.gpu_seconds_lost = attempt.gpu_seconds
+        attempt.cost = attempt.gpu_seconds / 3600.0 * attempt.price_per_gpu_hour
+        self.scheduler.release(record.job_id, attempt.attempt)
+        self._untrack_live(record, attempt.cluster)
+        self._capacity_dirty = True
+
+    def _requeue(
+        self, record: JobRecord, now: float, delay: float, effects: list[Effect], *, reason: str
+    ) -> None:
+        record.state = "queued"
+        record.reason = reason
+        record.preempting = None
+        record.queued_at = now
+        record.not_before = now + delay
+        self._enqueue(record)
+        if delay > 0:
+            heapq.heappush(self._backoff, (record.not_before, record.job_id))
+        effects.append(Persist(record))
+        effects.append(self._event(record, "requeued", now, reason=reason))
+
+    def _backoff_delay(self, record: JobRecord, failures: int) -> float:
+        policy = record.spec.restart
+        return float(min(policy.backoff_s * 2 ** max(0, failures - 1), policy.max_backoff_s))
+
+    def _enqueue(self, record: JobRecord) -> None:
+        self._pending.setdefault(record.queue, {})[record.job_id] = None
+        self._fresh.add(record.job_id)
+        if record.spec.capacity == "spot-then-on-demand" and not record.spot_exhausted:
+            self._spot_waiting.add(record.job_id)
+
+    def _dequeue(self, record: JobRecord) -> None:
+        self._pending.get(record.queue, {}).pop(record.job_id, None)
+        self._fresh.discard(record.job_id)
+        self._spot_waiting.discard(record.job_id)
+
+    def _track_live(self, record: JobRecord, cluster: str) -> None:
+        self._live.add(record.job_id)
+        self._live_by_cluster.setdefault(cluster, set()).add(record.job_id)
+
+    def _untrack_live(self, record: JobRecord, cluster: str) -> None:
+        self._live.discard(record.job_id)
+        self._starting.discard(record.job_id)
+        jobs = self._live_by_cluster.get(cluster)
+        if jobs is not None:
+            jobs.discard(record.job_id)
+
+    def _cancel_cmd(self, job_id: str, attempt: int, reason: str) -> Cancel:
+        return Cancel(job_id=job_id, epoch=self.epoch, attempt=attempt, reason=reason)
+
+    def _event(
+        self,
+        record: JobRecord,
+        kind: EventKind,
+        now: float,
+        *,
+        reason: str | None = None,
+        step: int | None = None,
+        resume_from_step: int | None = None,
+    ) -> Publish:
+        attempt = record.attempts[-1] if record.attempts else None
+        return Publish(
+            JobEvent(
+                job_id=record.job_id,
+                kind=kind,
+                at=now,
+                state=record.state,
+                attempt=record.attempt,
+                cluster=attempt.cluster if attempt else None,
+                flavor=attempt.flavor if attempt else None,
+                reason=reason,
+                step=step,
+                resume_from_step=resume_from_step,
+            )
+        )
+
+    # ------------------------------------------------------------------ views
+    def job_view(self, job_id: str, now: float, *, with_spec: bool = True) -> JobView | None:
+        record = self.jobs.get(job_id)
+        if record is None:
+            return None
+        attempts = [_attempt_view(a, record.total_gpus, now) for a in record.attempts]
+        used = sum(a.gpu_seconds for a in attempts)
+        lost = sum(a.gpu_seconds_lost for a in attempts)
+        current = record.current
+        ckpt = record.latest_checkpoint
+        return JobView(
+            job_id=record.job_id,
+            name=record.spec.name,
+            queue=record.queue,
+            state=record.state,
+            priority=record.spec.priority,
+            submitted_at=record.submitted_at,
+            gpus=record.total_gpus,
+            attempt=record.attempt,
+            cluster=current.cluster if current else None,
+            flavor=current.flavor if current else None,
+            reason=record.reason,
+            latest_checkpoint=CheckpointView(
+                step=ckpt.step, uri=ckpt.uri, at=ckpt.at, attempt=ckpt.attempt
+            )
+            if ckpt
+            else None,
+            attempts=attempts,
+            accounting=Accounting(
+                attempts=len(record.attempts),
+                preemptions=record.preemptions,
+                errors=record.errors,
+                gpu_seconds_used=used,
+                gpu_seconds_lost=lost,
+                goodput=(used - lost) / used if used > 0 else 1.0,
+                cost=sum(a.cost for a in attempts),
+            ),
+            spec=record.spec if with_spec else None,
+        )
+
+    def list_jobs(
+        self,
+        now: float,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        cluster: str | None = None,
+        limit: int = 1000,
+    ) -> list[JobView]:
+        out: list[JobView] = []
+        for record in self.jobs.values():
+            if queue is not None and record.queue != queue:
+                continue
+            if state is not None and record.state != state:
+                continue
+            if cluster is not None:
+                current = record.current
+                if current is None or current.cluster != cluster:
+                    continue
+            view = self.job_view(record.job_id, now, with_spec=False)
+            if view is not None:
+                out.append(view)
+            if len(out) >= limit:
+                break
+        return out
+
+    def why(self, job_id: str, now: float) -> WhyView | None:
+        record = self.jobs.get(job_id)
+        if record is None:
+            return None
+        reasons: list[PendingReason] = []
+        position: int | None = None
+        if record.state == "queued":
+            if record.not_before > now:
+                reasons.append(
+                    PendingReason(
+                        code="backoff",
+                        message=f"backing off for {record.not_before - now:.1f}s more "
+                        f"after: {record.reason}",
+                    )
+                )
+            for r in self.reasons.get(job_id, ()):
+                reasons.append(
+                    PendingReason(
+                        code=r.code, message=r.message, cluster=r.cluster, flavor=r.flavor
+                    )
+                )
+            if not reasons:
+                reasons.append(
+                    PendingReason(code="not-yet-considered", message="waiting for the next cycle")
+                )
+            key = _queue_key(record)
+            position = sum(
+                1 for j in self._pending.get(record.queue, {}) if _queue_key(self.jobs[j]) < key
+            )
+        elif record.state == "preempting" and record.preempting is not None:
+            reasons.append(
+                PendingReason(
+                    code="preempting",
+                    message=f"{record.preempting.cause}: waiting for a checkpoint until "
+                    f"{record.preempting.deadline:.0f}",
+                )
+            )
+        return WhyView(job_id=job_id, state=record.state, reasons=reasons, position=position)
+
+    def queue_views(self) -> list[QueueView]:
+        counts = {q: len(p) for q, p in self._pending.items()}
+        return self.scheduler.queue_views(counts)
+
+    def cluster_views(self, now: float) -> list[ClusterView]:
+        names = sorted(set(self.agents) | set(self.scheduler.known_clusters()))
+        out = []
+        for name in names:
+            track = self.agents.get(name)
+            out.append(
+                ClusterView(
+                    name=name,
+                    health=track.health if track else "lost",
+                    last_heartbeat=track.last_heard if track else None,
+                    flavors=self.scheduler.flavor_views(name, now),
+                    running_jobs=len(self._live_by_cluster.get(name, ())),
+                )
+            )
+        return out
+
+    def pending_count(self) -> int:
+        return sum(len(p) for p in self._pending.values())
+
+    def live_count(self) -> int:
+        return len(self._live)
+
+
+def _reject(error: str) -> SubmitReply:
+    return SubmitReply(accepted=False, error=error)
+
+
+def _job_id(name: str, order: int) -> str:
+    suffix = f"-{order}"
+    return name[: 63 - len(suffix)].rstrip("-") + suffix
+
+
+def _queue_key(record: JobRecord) -> tuple[int, int]:
+    return (-record.spec.priority, record.order)
+
+
+def _nodes(attempt: AttemptRecord) -> set[str]:
+    return {n for a in attempt.assignment for n in a.nodes}
+
+
+def _placement_of(attempt: AttemptRecord) -> Placement:
+    return Placement(
+        cluster=attempt.cluster,
+        flavor=attempt.flavor,
+        flavor_class=attempt.flavor_class,
+        assignment=tuple((a.podset, tuple(a.nodes)) for a in attempt.assignment),
+    )
+
+
+def _attempt_view(attempt: AttemptRecord, gpus: int, now: float) -> AttemptView:
+    gpu_seconds = attempt.gpu_seconds
+    cost = attempt.cost
+    if attempt.ended_at is None:
+        gpu_seconds = max(0.0, now - attempt.dispatched_at) * gpus
+        cost = gpu_seconds / 3600.0 * attempt.price_per_gpu_hour
+    return AttemptView(
+        attempt=attempt.attempt,
+        cluster=attempt.cluster,
+        flavor=attempt.flavor,
+        capacity_type=attempt.capacity_type,
+        gpu_type=attempt.gpu_type,
+        dispatched_at=attempt.dispatched_at,
+        running_at=attempt.running_at,
+        ended_at=attempt.ended_at,
+        end_cause=attempt.end_cause,
+        resume_from_step=attempt.resume_from.step if attempt.resume_from else None,
+        gpu_seconds=gpu_seconds,
+        gpu_seconds_lost=attempt.gpu_seconds_lost,
+        cost=cost,
+    )

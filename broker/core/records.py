@@ -1,0 +1,137 @@
+"""The durable job record: what the broker persists in JetStream and rebuilds itself from.
+
+Only decisions that matter after a crash live here (state, attempts with their placement, the
+latest checkpoint, budgets spent). Cluster state is never persisted: agents resend it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from broker.core.types import GangRequest, PodSetDemand
+from schemas.agent import CheckpointRef, PodSetAssignment
+from schemas.api import JobState
+from schemas.job import JobSpec
+from schemas.quantity import cpu_milli, memory_bytes
+
+
+class AttemptRecord(msgspec.Struct, omit_defaults=True):
+    attempt: int
+    cluster: str
+    flavor: str
+    flavor_class: str
+    assignment: list[PodSetAssignment]
+    dispatched_at: float
+    capacity_type: str = ""
+    gpu_type: str = ""
+    price_per_gpu_hour: float = 0.0
+    acked_at: float | None = None
+    running_at: float | None = None
+    ended_at: float | None = None
+    end_cause: str | None = None
+    resume_from: CheckpointRef | None = None
+    gpu_seconds: float = 0.0
+    gpu_seconds_lost: float = 0.0
+    cost: float = 0.0
+
+    @property
+    def live(self) -> bool:
+        return self.ended_at is None
+
+
+class LatestCheckpoint(msgspec.Struct, omit_defaults=True):
+    step: int
+    uri: str
+    at: float
+    attempt: int
+
+
+class Preempting(msgspec.Struct, omit_defaults=True):
+    """An attempt being ended on purpose: we asked for a checkpoint and wait until `deadline`
+    (or until a checkpoint newer than `step_at_start` lands)."""
+
+    cause: str
+    deadline: float
+    started_at: float
+    step_at_start: int | None = None
+    # make-before-break: the next attempt's placement, reserved at once when one fit.
+    replacement: AttemptRecord | None = None
+
+
+class AvoidPool(msgspec.Struct, array_like=True):
+    cluster: str
+    flavor: str
+    until: float
+
+
+class JobRecord(msgspec.Struct, omit_defaults=True):
+    job_id: str
+    spec: JobSpec
+    queue: str
+    order: int
+    submitted_at: float
+    state: JobState = "queued"
+    reason: str | None = None
+    attempt: int = 0  # the newest attempt number handed out
+    attempts: list[AttemptRecord] = []
+    latest_checkpoint: LatestCheckpoint | None = None
+    preemptions: int = 0  # infrastructure losses and preemptions (their own budget)
+    spot_preemptions: int = 0
+    errors: int = 0  # the job's own failures (max_restarts_on_error)
+    start_failures: int = 0
+    not_before: float = 0.0  # backoff: not admitted before this time
+    queued_at: float = 0.0
+    spot_exhausted: bool = False
+    avoid: list[AvoidPool] = []
+    preempting: Preempting | None = None
+    finished_at: float | None = None
+
+    @property
+    def current(self) -> AttemptRecord | None:
+        """The live attempt, if any (there is never more than one)."""
+        if self.attempts and self.attempts[-1].live:
+            return self.attempts[-1]
+        return None
+
+    @property
+    def total_gpus(self) -> int:
+        return self.spec.total_gpus
+
+    def resume_point(self) -> CheckpointRef | None:
+        ckpt = self.latest_checkpoint
+        return None if ckpt is None else CheckpointRef(step=ckpt.step, uri=ckpt.uri)
+
+
+record_encoder = msgspec.msgpack.Encoder()
+record_decoder = msgspec.msgpack.Decoder(JobRecord)
+
+
+def demands_of(spec: JobSpec) -> tuple[PodSetDemand, ...]:
+    return tuple(
+        PodSetDemand(
+            podset=p.name,
+            replicas=p.replicas,
+            gpu=p.gpu,
+            cpu_milli=cpu_milli(p.cpu),
+            memory=memory_bytes(p.memory),
+        )
+        for p in spec.gang
+    )
+
+
+def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...]) -> GangRequest:
+    """The scheduler's view of a job for its next attempt."""
+    spec = record.spec
+    return GangRequest(
+        job_id=record.job_id,
+        attempt=record.attempt + 1,
+        queue=record.queue,
+        priority=spec.priority,
+        order=record.order,
+        podsets=demands,
+        gpu_types=frozenset(spec.gpu_types),
+        capacity=spec.capacity,
+        avoid_pools=frozenset((a.cluster, a.flavor) for a in record.avoid if a.until > now),
+        spot_exhausted=record.spot_exhausted,
+        checkpoint_interval_s=600.0 if spec.checkpoint is not None else None,
+    )

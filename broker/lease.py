@@ -1,0 +1,120 @@
+"""Leader election through a lease in NATS KV.
+
+The leader holds key `leader` in a bucket whose entries expire after the lease TTL and renews
+it well before. The key's revision when acquired is the leader's epoch: JetStream sequences only
+grow, so a later leader always has a higher epoch and agents can refuse the older one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import msgspec
+import structlog
+from nats.js import api
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+log = structlog.get_logger("muster.lease")
+
+KEY = "leader"
+
+
+class LeaseHolder(msgspec.Struct):
+    holder: str
+    acquired_at: float
+    epoch: int = 0
+
+
+class LeadershipLost(RuntimeError):
+    pass
+
+
+class LeaderLease:
+    def __init__(self, js: JetStreamContext, bucket: str, holder: str, ttl: float) -> None:
+        self.js = js
+        self.bucket = bucket
+        self.holder = holder
+        self.ttl = ttl
+        self.epoch = 0
+        self._revision = 0
+        self._kv: KeyValue | None = None
+
+    async def _open(self) -> KeyValue:
+        if self._kv is None:
+            try:
+                self._kv = await self.js.key_value(self.bucket)
+            except Exception:
+                self._kv = await self.js.create_key_value(
+                    bucket=self.bucket, history=1, ttl=self.ttl, storage=api.StorageType.FILE
+                )
+        return self._kv
+
+    async def try_acquire(self) -> bool:
+        kv = await self._open()
+        value = msgspec.json.encode(LeaseHolder(holder=self.holder, acquired_at=time.time()))
+        try:
+            revision = await kv.create(KEY, value)
+        except Exception:
+            return False
+        self._revision = revision
+        self.epoch = revision
+        return True
+
+    async def acquire(self, poll_s: float | None = None) -> int:
+        """Block until this process leads; returns the epoch."""
+        poll = poll_s if poll_s is not None else max(0.2, self.ttl / 10)
+        announced = False
+        while not await self.try_acquire():
+            if not announced:
+                log.info("lease.standby", holder=self.holder, current=await self.current())
+                announced = True
+            await asyncio.sleep(poll)
+        log.info("lease.acquired", holder=self.holder, epoch=self.epoch)
+        return self.epoch
+
+    async def renew(self) -> None:
+        kv = await self._open()
+        value = msgspec.json.encode(
+            LeaseHolder(holder=self.holder, acquired_at=time.time(), epoch=self.epoch)
+        )
+        try:
+            self._revision = await kv.update(KEY, value, last=self._revision)
+        except KeyWrongLastSequenceError as exc:
+            raise LeadershipLost(f"another broker holds the lease: {exc}") from exc
+
+    async def hold(self) -> None:
+        """Renew until it fails; raises LeadershipLost. Transient NATS errors are retried
+        until the TTL would have run out."""
+        interval = self.ttl / 3
+        last_ok = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.renew()
+                last_ok = time.monotonic()
+            except LeadershipLost as exc:
+                if (
+                    "wrong last sequence" in str(exc).lower()
+                    or time.monotonic() - last_ok > self.ttl
+                ):
+                    raise
+                log.warning("lease.renew_retry", error=str(exc))
+
+    async def release(self) -> None:
+        kv = await self._open()
+        with contextlib.suppress(Exception):
+            await kv.delete(KEY, last=self._revision)
+
+    async def current(self) -> str | None:
+        kv = await self._open()
+        try:
+            entry = await kv.get(KEY)
+        except Exception:
+            return None
+        if entry.value is None:
+            return None
+        return msgspec.json.decode(entry.value, type=LeaseHolder).holder

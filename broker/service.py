@@ -1,0 +1,591 @@
+"""The broker process: the pure core behind NATS.
+
+Everything that touches the machine runs on the event loop between awaits, so the machine is
+never entered twice at once. Effects leave through one ordered pipeline: records persist first,
+then commands and events go out in the order the machine produced them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import signal
+import socket
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from broker import api as broker_api
+from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.machine import Machine
+from broker.embedded import EmbeddedNats, free_port
+from broker.lease import LeaderLease, LeadershipLost
+from broker.store import JobStore
+from schemas.agent import CheckpointReport, Dispatch
+from schemas.api import SubmitReply
+from schemas.codec import (
+    DecodeError,
+    decode_command_ack,
+    decode_event_batch,
+    decode_jobspec,
+    decode_json_object,
+    encode_json,
+    encode_msgpack,
+    json_decoder,
+)
+from schemas.config import BrokerConfig
+from schemas.job import JobSpec
+from schemas.natsopts import NatsOptions
+from schemas.subjects import Subjects
+
+log = structlog.get_logger("muster.broker")
+
+_checkpoint_decoder = json_decoder(CheckpointReport, "CheckpointReport")
+CONSUMER = "muster-broker"
+FETCH_BATCH = 512
+REPLY_TTL_S = 60.0
+REPLY_MAX = 200_000
+
+
+def parse_submission(data: bytes, limit: int, queue: str | None) -> JobSpec:
+    """A JSON JobSpec, or a Kubernetes manifest (PyTorchJob, MPIJob, ...) to derive one from."""
+    if b'"apiVersion"' in data[:4096] and b'"kind"' in data:
+        from broker.manifests import ManifestError, is_manifest, jobspec_from_manifest
+
+        obj = decode_json_object(data, limit)
+        if is_manifest(obj):
+            try:
+                return jobspec_from_manifest(obj, queue=queue)
+            except ManifestError as exc:
+                raise DecodeError(f"invalid manifest: {exc}") from None
+    return decode_jobspec(data, limit)
+
+
+class ReplyRendezvous:
+    """Pairs a submission's reply subject with the outcome of processing it from the stream.
+
+    JetStream does not keep a message's reply subject, so the broker also listens on the
+    submit subjects in plain NATS and remembers reply subjects by (subject, payload digest).
+    Whichever side arrives second sends the reply."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.waiting: OrderedDict[tuple[str, bytes], deque[tuple[float, str]]] = OrderedDict()
+        self.done: OrderedDict[tuple[str, bytes], deque[tuple[float, bytes]]] = OrderedDict()
+
+    @staticmethod
+    def key(subject: str, data: bytes) -> tuple[str, bytes]:
+        return subject, hashlib.blake2b(data, digest_size=16).digest()
+
+    async def on_request(self, msg: Msg) -> None:
+        if not msg.reply:
+            return
+        key = self.key(msg.subject, msg.data)
+        results = self.done.get(key)
+        if results:
+            _, payload = results.popleft()
+            if not results:
+                del self.done[key]
+            await self.nc.publish(msg.reply, payload)
+            return
+        self.waiting.setdefault(key, deque()).append((time.monotonic(), msg.reply))
+        self._trim(self.waiting)
+
+    async def on_result(self, subject: str, data: bytes, payload: bytes) -> None:
+        key = self.key(subject, data)
+        replies = self.waiting.get(key)
+        if replies:
+            _, reply = replies.popleft()
+            if not replies:
+                del self.waiting[key]
+            await self.nc.publish(reply, payload)
+            return
+        self.done.setdefault(key, deque()).append((time.monotonic(), payload))
+        self._trim(self.done)
+
+    @staticmethod
+    def _trim(table: OrderedDict[Any, deque[Any]]) -> None:
+        now = time.monotonic()
+        while table:
+            _, items = next(iter(table.items()))
+            if len(table) <= REPLY_MAX and items and now - items[0][0] < REPLY_TTL_S:
+                break
+            table.popitem(last=False)
+
+
+class Broker:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        nc: Client,
+        *,
+        holder: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.nc = nc
+        self.js = nc.jetstream(timeout=10)
+        self.subjects = Subjects(prefix=config.subject_prefix)
+        self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.clock = clock
+        self.machine: Machine | None = None
+        self.store: JobStore | None = None
+        self.lease = LeaderLease(
+            self.js, self.subjects.leader_bucket, self.holder, config.timeouts.lease_ttl_s
+        )
+        self.leading = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._queue: asyncio.Queue[tuple[list[Effect], asyncio.Future[None] | None]] = (
+            asyncio.Queue()
+        )
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._subs: list[Any] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self.stats = {"submitted": 0, "rejected": 0, "batches": 0, "events": 0, "bad_batches": 0}
+        self._rendezvous = ReplyRendezvous(nc)
+        self.restore_s = 0.0
+        self.restored_jobs = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        """Stand by until leading, serve, and go back to standby if leadership is lost."""
+        await self._ensure_streams()
+        while not self.stopped.is_set():
+            acquire = asyncio.create_task(self.lease.acquire())
+            stop = asyncio.create_task(self.stopped.wait())
+            done, _ = await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if stop in done:
+                acquire.cancel()
+                with contextlib.suppress(BaseException):
+                    await acquire
+                break
+            stop.cancel()
+            try:
+                await self._lead()
+            except LeadershipLost as exc:
+                log.warning("broker.leadership_lost", error=str(exc))
+            finally:
+                await self._step_down()
+        with contextlib.suppress(Exception):
+            await self.lease.release()
+
+    async def stop(self) -> None:
+        self.stopped.set()
+
+    async def _ensure_streams(self) -> None:
+        stream = self.subjects.submit_stream
+        cfg = api.StreamConfig(
+            name=stream,
+            subjects=[self.subjects.submit_all],
+            retention=api.RetentionPolicy.WORK_QUEUE,
+            storage=api.StorageType.FILE,
+            max_msg_size=self.config.max_payload_bytes,
+            no_ack=True,  # the broker answers the client itself; see ReplyRendezvous
+            description="Muster submissions (kept while the broker is down)",
+        )
+        try:
+            await self.js.stream_info(stream)
+        except NotFoundError:
+            await self.js.add_stream(cfg)
+        try:
+            await self.js.consumer_info(stream, CONSUMER)
+        except NotFoundError:
+            await self.js.add_consumer(
+                stream,
+                api.ConsumerConfig(
+                    durable_name=CONSUMER,
+                    ack_policy=api.AckPolicy.EXPLICIT,
+                    ack_wait=5,
+                    max_ack_pending=20_000,
+                ),
+            )
+        self.store = await JobStore.open(self.js, self.subjects.jobs_bucket)
+
+    async def _lead(self) -> None:
+        assert self.store is not None
+        started = time.monotonic()
+        machine = Machine(self.config, epoch=self.lease.epoch)
+        records = await self.store.load_all()
+        machine.restore(records, self.clock())
+        self.machine = machine
+        self.restore_s = time.monotonic() - started
+        self.restored_jobs = len(records)
+        log.info(
+            "broker.leading",
+            epoch=self.lease.epoch,
+            jobs=len(records),
+            restore_s=round(time.monotonic() - started, 3),
+        )
+        nc, s = self.nc, self.subjects
+        self._subs = [
+            await nc.subscribe(
+                s.agent_events_all,
+                cb=self._on_agent_batch,
+                pending_msgs_limit=-1,
+                pending_bytes_limit=-1,
+            ),
+            await nc.subscribe(s.api_all, cb=self._on_api),
+            await nc.subscribe(
+                s.submit_all, queue="muster-replies", cb=self._rendezvous.on_request
+            ),
+            await nc.subscribe(s.checkpoint_all, cb=self._on_sdk_checkpoint),
+        ]
+        # Agents that were already talking to the previous leader resync with us.
+        for cluster in list(machine.agents):
+            self._spawn(self._send_command(cluster, machine_resync(machine)))
+        self._tasks = [
+            asyncio.create_task(self._pipeline()),
+            asyncio.create_task(self._submissions()),
+            asyncio.create_task(self._clock_loop()),
+        ]
+        self.leading.set()
+        hold = asyncio.create_task(self.lease.hold())
+        stop = asyncio.create_task(self.stopped.wait())
+        waiters = {hold, stop, *self._tasks}
+        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        hold.cancel()
+        for task in done:
+            if task is not stop and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    async def _step_down(self) -> None:
+        self.leading.clear()
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs = []
+        for task in [*self._tasks, *self._background]:
+            task.cancel()
+        for task in [*self._tasks, *self._background]:
+            with contextlib.suppress(BaseException):
+                await task
+        self._tasks = []
+        self._background = set()
+        self._queue = asyncio.Queue()
+        self.machine = None
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ------------------------------------------------------------------ effects
+    def _push(self, effects: list[Effect], *, wait: bool = False) -> asyncio.Future[None] | None:
+        if not effects and not wait:
+            return None
+        fut: asyncio.Future[None] | None = (
+            asyncio.get_running_loop().create_future() if wait else None
+        )
+        self._queue.put_nowait((effects, fut))
+        return fut
+
+    async def _pipeline(self) -> None:
+        assert self.store is not None
+        while True:
+            batch = [await self._queue.get()]
+            while not self._queue.empty() and len(batch) < 4096:
+                batch.append(self._queue.get_nowait())
+            records = {}
+            for effects, _ in batch:
+                for eff in effects:
+                    if isinstance(eff, Persist):
+                        records[eff.record.job_id] = eff.record
+            await self._persist(list(records.values()))
+            for effects, fut in batch:
+                for eff in effects:
+                    if isinstance(eff, Send):
+                        if isinstance(eff.command, Dispatch):
+                            self._spawn(self._send_dispatch(eff.cluster, eff.command))
+                        else:
+                            self._spawn(self._send_command(eff.cluster, eff.command))
+                    elif isinstance(eff, Publish):
+                        event = eff.event
+                        await self.nc.publish(
+                            self.subjects.job_events(event.job_id), encode_json(event)
+                        )
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+
+    async def _persist(self, records: list[Any]) -> None:
+        assert self.store is not None
+        delay = 0.05
+        while records:
+            try:
+                await self.store.put_many(records)
+                return
+            except Exception as exc:  # NATS down: durability first, so wait and retry
+                log.warning("broker.persist_retry", error=str(exc), records=len(records))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _request(self, cluster: str, data: bytes, attempts: int) -> tuple[bool, str, bool]:
+        subject = self.subjects.agent_cmd(cluster)
+        timeouts = self.config.timeouts
+        error = ""
+        for i in range(attempts):
+            try:
+                msg = await self.nc.request(subject, data, timeout=timeouts.dispatch_ack_s)
+                ack = decode_command_ack(msg.data)
+                return ack.ok, ack.error, ack.stale_epoch
+            except NoRespondersError:
+                error = f"no agent is listening for cluster {cluster!r}"
+            except (NatsTimeoutError, TimeoutError):
+                error = f"agent of cluster {cluster!r} did not ack in {timeouts.dispatch_ack_s}s"
+            except DecodeError as exc:
+                error = f"bad ack from cluster {cluster!r}: {exc}"
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            await asyncio.sleep(min(0.1 * 2**i, 2.0))
+        return False, error, False
+
+    async def _send_dispatch(self, cluster: str, cmd: Dispatch) -> None:
+        bound = log.bind(job_id=cmd.job_id, cluster=cluster, attempt=cmd.attempt)
+        ok, error, stale = await self._request(
+            cluster, encode_msgpack(cmd), self.config.timeouts.dispatch_retries + 1
+        )
+        if stale:
+            bound.error("broker.stale_epoch", error=error)
+            self._spawn(self._lose_leadership(f"agent refused epoch {cmd.epoch}: {error}"))
+            return
+        if not ok:
+            bound.warning("broker.dispatch_failed", error=error)
+        machine = self.machine
+        if machine is not None:
+            self._push(machine.on_dispatch_result(cmd.job_id, cmd.attempt, ok, error, self.clock()))
+
+    async def _send_command(self, cluster: str, cmd: Any) -> None:
+        ok, error, stale = await self._request(cluster, encode_msgpack(cmd), 3)
+        if not ok:
+            log.info(
+                "broker.command_failed",
+                cluster=cluster,
+                command=type(cmd).__name__,
+                job_id=getattr(cmd, "job_id", None),
+                error=error,
+            )
+        if stale:
+            self._spawn(self._lose_leadership(f"agent refused epoch: {error}"))
+
+    async def _lose_leadership(self, why: str) -> None:
+        for task in self._tasks:
+            task.cancel()
+        log.error("broker.fenced", why=why)
+
+    # ------------------------------------------------------------------ inputs
+    async def _submissions(self) -> None:
+        sub = await self.js.pull_subscribe_bind(CONSUMER, self.subjects.submit_stream)
+        limit = self.config.max_payload_bytes
+        while True:
+            try:
+                msgs = await sub.fetch(FETCH_BATCH, timeout=0.5)
+            except (NatsTimeoutError, TimeoutError):
+                continue
+            except Exception as exc:
+                log.warning("broker.fetch_failed", error=str(exc))
+                await asyncio.sleep(0.2)
+                continue
+            waits: list[asyncio.Future[None]] = []
+            replies: list[tuple[Msg, bytes]] = []
+            machine = self.machine
+            assert machine is not None
+            for msg in msgs:
+                reply, effects = self._submit_one(machine, msg, limit)
+                fut = self._push(effects, wait=True)
+                if fut is not None:
+                    waits.append(fut)
+                replies.append((msg, encode_json(reply)))
+            self._wake.set()
+            if waits:
+                await asyncio.gather(*waits)
+            for msg, payload in replies:
+                await msg.ack()
+                # The original subject is the stream message's subject.
+                await self._rendezvous.on_result(msg.subject, msg.data, payload)
+
+    def _submit_one(
+        self, machine: Machine, msg: Msg, limit: int
+    ) -> tuple[SubmitReply, list[Effect]]:
+        queue = self.subjects.queue_of_submit_subject(msg.subject)
+        try:
+            spec = parse_submission(msg.data, limit, queue)
+        except DecodeError as exc:
+            self.stats["rejected"] += 1
+            return SubmitReply(accepted=False, error=str(exc)), []
+        reply, effects = machine.submit(
+            spec, self.clock(), order=msg.metadata.sequence.stream, subject_queue=queue
+        )
+        if reply.accepted:
+            self.stats["submitted"] += 1
+            if not reply.duplicate:
+                log.debug("broker.submitted", job_id=reply.job_id, queue=queue)
+        else:
+            self.stats["rejected"] += 1
+            log.info("broker.rejected", queue=queue, error=reply.error)
+        return reply, effects
+
+    async def _on_agent_batch(self, msg: Msg) -> None:
+        machine = self.machine
+        if machine is None:
+            return
+        cluster = self.subjects.cluster_of_agent_subject(msg.subject)
+        if cluster is None:
+            return
+        try:
+            batch = decode_event_batch(msg.data)
+        except DecodeError as exc:
+            self.stats["bad_batches"] += 1
+            log.warning("broker.bad_batch", cluster=cluster, error=str(exc))
+            return
+        self.stats["batches"] += 1
+        self.stats["events"] += len(batch.events)
+        outcome = machine.on_batch(cluster, batch, self.clock())
+        if outcome.error:
+            self.stats["bad_batches"] += 1
+            log.warning("broker.rejected_batch", cluster=cluster, error=outcome.error)
+        self._push(outcome.effects)
+        self._wake.set()
+
+    async def _on_sdk_checkpoint(self, msg: Msg) -> None:
+        machine = self.machine
+        if machine is None:
+            return
+        try:
+            report = _checkpoint_decoder(msg.data)
+        except DecodeError as exc:
+            log.warning("broker.bad_checkpoint", subject=msg.subject, error=str(exc))
+            return
+        self._push(machine.checkpoint(report, self.clock()))
+        self._wake.set()
+
+    async def _on_api(self, msg: Msg) -> None:
+        machine = self.machine
+        if machine is None or not msg.reply:
+            return
+        verb = msg.subject.rsplit(".", 1)[-1]
+        if verb == "stats":
+            await msg.respond(encode_json(self.snapshot_stats()))
+            return
+        payload, effects = broker_api.handle(machine, verb, msg.data, self.clock())
+        if effects:
+            fut = self._push(effects, wait=True)
+            if fut is not None:
+                await fut
+        await msg.respond(payload)
+
+    def snapshot_stats(self) -> dict[str, Any]:
+        """Counters for operators and benchmarks (`muster.api.stats`)."""
+        machine = self.machine
+        return {
+            **self.stats,
+            "epoch": self.lease.epoch,
+            "restore_s": round(self.restore_s, 4),
+            "restored_jobs": self.restored_jobs,
+            "jobs": len(machine.jobs) if machine else 0,
+            "pending": machine.pending_count() if machine else 0,
+            "live": machine.live_count() if machine else 0,
+            "clusters": len(machine.agents) if machine else 0,
+        }
+
+    async def _clock_loop(self) -> None:
+        """Timers and admission cycles: wakes on input, at least every 100 ms."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+            self._wake.clear()
+            machine = self.machine
+            if machine is None:
+                return
+            now = self.clock()
+            effects = machine.tick(now)
+            if machine.wants_cycle:
+                effects.extend(machine.schedule(now))
+            self._push(effects)
+            await asyncio.sleep(0)
+
+
+def machine_resync(machine: Machine) -> Any:
+    from schemas.agent import Resync
+
+    return Resync(epoch=machine.epoch, reason="new leader")
+
+
+# ---------------------------------------------------------------------- process entry
+async def connect(opts: NatsOptions, name: str) -> Client:
+    kwargs = opts.connect_kwargs()
+    kwargs.setdefault("name", name)
+
+    async def on_disconnect() -> None:
+        log.warning("nats.disconnected")
+
+    async def on_reconnect() -> None:
+        log.info("nats.reconnected")
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats.error", error=str(exc))
+
+    return await nats.connect(
+        **kwargs,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+        error_cb=on_error,
+    )
+
+
+def _preferred_port(port: int = 4222) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            return free_port()
+
+
+async def run_broker(
+    *,
+    config: BrokerConfig,
+    nats: NatsOptions | None,
+    state_dir: Path,
+    holder: str | None = None,
+) -> None:
+    """`muster broker`: with no NATS options, start an embedded nats-server first."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    embedded: EmbeddedNats | None = None
+    if nats is None:
+        embedded = EmbeddedNats(store_dir=state_dir / "nats", port=_preferred_port())
+        await embedded.start()
+        (state_dir / "nats.url").write_text(embedded.url + "\n")
+        print(
+            f"muster: embedded NATS at {embedded.url} (agents and clients: --nats {embedded.url})"
+        )
+        nats = NatsOptions(url=embedded.url)
+    nc = await connect(nats, "muster-broker")
+    broker = Broker(config, nc, holder=holder)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, broker.stopped.set)
+    try:
+        await broker.run()
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+        if embedded is not None:
+            await embedded.stop()
+            with contextlib.suppress(FileNotFoundError):
+                (state_dir / "nats.url").unlink()

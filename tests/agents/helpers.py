@@ -1,0 +1,157 @@
+"""Plays the broker on the wire for agent tests: decodes EventBatches, sends Commands."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from nats.aio.client import Client
+
+from schemas.agent import (
+    CheckpointRef,
+    ClusterSnapshot,
+    Command,
+    CommandAck,
+    Dispatch,
+    EventBatch,
+    PodSetAssignment,
+    WorkloadStatus,
+)
+from schemas.codec import decode_command_ack, decode_event_batch, encode_msgpack
+from schemas.job import JobSpec, PodSet, Simulation, Workload
+from schemas.subjects import DEFAULT_SUBJECTS, Subjects
+
+T = TypeVar("T")
+E = TypeVar("E")
+
+
+def unique(prefix: str = "t") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+class BrokerWire:
+    """Subscribes to one cluster's events subject and records every decoded batch."""
+
+    def __init__(self, nc: Client, cluster: str, subjects: Subjects = DEFAULT_SUBJECTS) -> None:
+        self.nc = nc
+        self.cluster = cluster
+        self.subjects = subjects
+        self.batches: list[EventBatch] = []
+        self.errors: list[str] = []
+        self._changed = asyncio.Event()
+        self._sub: Any = None
+
+    async def start(self) -> BrokerWire:
+        self._sub = await self.nc.subscribe(
+            self.subjects.agent_events(self.cluster), cb=self._on_batch
+        )
+        await self.nc.flush()
+        return self
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+
+    async def _on_batch(self, msg: Any) -> None:
+        try:
+            self.batches.append(decode_event_batch(msg.data))
+        except Exception as exc:  # recorded; tests assert there are none
+            self.errors.append(str(exc))
+        self._changed.set()
+
+    def events(self, kind: type[E] | None = None, since: int = 0) -> list[E]:
+        out: list[Any] = []
+        for b in self.batches[since:]:
+            for ev in b.events:
+                if kind is None or isinstance(ev, kind):
+                    out.append(ev)
+        return out
+
+    def statuses(self, job_id: str, attempt: int | None = None) -> list[WorkloadStatus]:
+        return [
+            s
+            for s in self.events(WorkloadStatus)
+            if s.job_id == job_id and (attempt is None or s.attempt == attempt)
+        ]
+
+    async def wait_for(self, pred: Callable[[], T | None], timeout: float = 5.0) -> T:
+        """Poll `pred` whenever a batch arrives (bounded by `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = pred()
+            if got:
+                return got
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"condition not met within {timeout}s")
+            self._changed.clear()
+            try:
+                async with asyncio.timeout(min(left, 0.05)):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
+
+    async def wait_status(
+        self, job_id: str, attempt: int, phase: str, timeout: float = 5.0
+    ) -> WorkloadStatus:
+        def find() -> WorkloadStatus | None:
+            for s in self.statuses(job_id, attempt):
+                if s.phase == phase:
+                    return s
+            return None
+
+        return await self.wait_for(find, timeout)
+
+    async def wait_snapshot(self, since: int = 0, timeout: float = 5.0) -> ClusterSnapshot:
+        def find() -> ClusterSnapshot | None:
+            snaps = self.events(ClusterSnapshot, since)
+            return snaps[0] if snaps else None
+
+        return await self.wait_for(find, timeout)
+
+    async def send(self, cmd: Command, timeout: float = 2.0) -> CommandAck:
+        return await self.send_raw(encode_msgpack(cmd), timeout)
+
+    async def send_raw(self, data: bytes, timeout: float = 2.0) -> CommandAck:
+        msg = await self.nc.request(self.subjects.agent_cmd(self.cluster), data, timeout=timeout)
+        return decode_command_ack(msg.data)
+
+
+def job_spec(
+    name: str = "train",
+    replicas: int = 2,
+    gpu: int = 8,
+    sim: Simulation | None = None,
+) -> JobSpec:
+    return JobSpec(
+        name=name,
+        gang=[PodSet(name="worker", replicas=replicas, gpu=gpu, cpu="4", memory="16Gi")],
+        workload=Workload(simulate=sim),
+    )
+
+
+def dispatch(
+    job_id: str,
+    nodes: list[str],
+    *,
+    attempt: int = 1,
+    epoch: int = 1,
+    flavor: str = "spot-a100",
+    gpu: int = 8,
+    sim: Simulation | None = None,
+    resume_from: CheckpointRef | None = None,
+    checkpoint_uri: str = "",
+) -> Dispatch:
+    return Dispatch(
+        job_id=job_id,
+        attempt=attempt,
+        epoch=epoch,
+        flavor=flavor,
+        assignment=[PodSetAssignment(podset="worker", nodes=nodes)],
+        spec=job_spec(replicas=len(nodes), gpu=gpu, sim=sim),
+        resume_from=resume_from,
+        checkpoint_uri=checkpoint_uri or f"s3://ckpt/{job_id}",
+    )

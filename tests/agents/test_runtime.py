@@ -1,0 +1,272 @@
+"""The agent runtime on the wire, with the fake backend, over a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+from nats.aio.client import Client
+
+from agents.runtime import AgentRuntime
+from schemas.agent import (
+    Cancel,
+    CheckpointNow,
+    CheckpointReport,
+    ClusterSnapshot,
+    Heartbeat,
+    Resync,
+    WorkloadStatus,
+)
+from schemas.codec import encode_msgpack
+from schemas.job import Simulation
+from tests.agents.conftest import MakeAgent
+from tests.agents.helpers import dispatch, unique
+
+FAST = Simulation(total_steps=40, steps_per_second=100.0, checkpoint_every=10)
+SLOW = Simulation(total_steps=100_000, steps_per_second=20.0, checkpoint_every=10)
+
+
+async def test_first_batch_is_snapshot_then_contiguous_seq_and_heartbeats(
+    make_agent: MakeAgent,
+) -> None:
+    a = await make_agent(heartbeat_s=0.05)
+    wire = a.wire
+    await wire.wait_for(lambda: len(wire.events(Heartbeat)) >= 6, timeout=3)
+    first = wire.batches[0]
+    assert first.seq == 1
+    assert first.cluster == a.name
+    assert isinstance(first.events[0], ClusterSnapshot)
+    snap = first.events[0]
+    assert len(snap.nodes) == 8
+    assert {f.name for f in snap.flavors} == {"spot-a100", "od-a100"}
+    assert snap.nodes[0].name == f"{a.name}-spot-a100-0"
+    assert [b.seq for b in wire.batches] == list(range(1, len(wire.batches) + 1))
+    assert {b.instance for b in wire.batches} == {a.runtime.instance}
+    assert len(wire.events(ClusterSnapshot)) == 1
+    assert wire.errors == []
+
+
+async def test_restart_gets_new_instance_and_seq_from_one(make_agent: MakeAgent) -> None:
+    a = await make_agent()
+    first_instance = a.runtime.instance
+    await a.wire.wait_for(lambda: a.wire.batches)
+    await a.runtime.stop()
+    await a.wire.nc.flush()
+    n = len(a.wire.batches)
+    await a.runtime.start()
+    await a.wire.wait_for(lambda: len(a.wire.batches) > n)
+    b = a.wire.batches[n]
+    assert b.instance != first_instance and b.seq == 1
+    assert isinstance(b.events[0], ClusterSnapshot)
+
+
+async def test_dispatch_runs_checkpoints_and_succeeds(make_agent: MakeAgent) -> None:
+    a = await make_agent()
+    nodes = a.cluster.nodes_of("spot-a100")[:2]
+    ack = await a.wire.send(dispatch("job-a", nodes, sim=FAST))
+    assert ack.ok, ack.error
+    created = await a.wire.wait_status("job-a", 1, "created")
+    assert created.total_replicas == 2 and created.running_replicas == 0
+    assert created.nodes == nodes
+    running = await a.wire.wait_status("job-a", 1, "running")
+    assert running.running_replicas == 2 == running.total_replicas
+    done = await a.wire.wait_status("job-a", 1, "succeeded", timeout=5)
+    assert done.step == 40
+    reports = [r for r in a.wire.events(CheckpointReport) if r.job_id == "job-a"]
+    assert [r.step for r in reports] == [10, 20, 30]
+    assert reports[0].uri == "s3://ckpt/job-a/step-10"
+    phases = [s.phase for s in a.wire.statuses("job-a")]
+    assert phases == ["created", "running", "succeeded"]
+    (rec,) = a.cluster.history["job-a"]
+    assert (rec.attempt, rec.cluster, rec.started_from_step, rec.last_step, rec.end_phase) == (
+        1,
+        a.name,
+        0,
+        40,
+        "succeeded",
+    )
+    assert a.cluster.free_gpus(nodes[0]) == 8  # resources released
+
+
+async def test_duplicate_dispatch_is_idempotent(make_agent: MakeAgent) -> None:
+    a = await make_agent()
+    cmd = dispatch("job-d", a.cluster.nodes_of("spot-a100")[:1], sim=SLOW)
+    acks = await asyncio.gather(*(a.wire.send(cmd) for _ in range(3)))
+    assert all(x.ok for x in acks)
+    assert (await a.wire.send(cmd)).ok
+    await a.wire.wait_status("job-d", 1, "running")
+    assert len(a.cluster.history["job-d"]) == 1
+    assert [s.phase for s in a.wire.statuses("job-d")].count("created") == 1
+
+
+async def test_stale_epoch_refused(make_agent: MakeAgent) -> None:
+    a = await make_agent()
+    nodes = a.cluster.nodes_of("od-a100")[:1]
+    assert (await a.wire.send(Resync(epoch=5))).ok
+    ack = await a.wire.send(dispatch("job-e", nodes, epoch=4, flavor="od-a100", sim=SLOW))
+    assert not ack.ok and ack.stale_epoch and "epoch 4" in ack.error
+    assert "job-e" not in a.cluster.history
+    ack = await a.wire.send(Cancel(job_id="job-e", epoch=3))
+    assert ack.stale_epoch
+    ack = await a.wire.send(dispatch("job-e", nodes, epoch=6, flavor="od-a100", sim=SLOW))
+    assert ack.ok and a.runtime.max_epoch == 6
+
+
+async def test_newer_attempt_cancels_older_and_older_is_refused(make_agent: MakeAgent) -> None:
+    a = await make_agent()
+    n1, n2 = a.cluster.nodes_of("spot-a100")[:2]
+    assert (await a.wire.send(dispatch("job-n", [n1], attempt=1, sim=SLOW))).ok
+    await a.wire.wait_status("job-n", 1, "running")
+    assert (await a.wire.send(dispatch("job-n", [n2], attempt=2, sim=SLOW))).ok
+    assert a.cluster.live_workloads() == [("job-n", 2)]
+    assert a.cluster.history["job-n"][0].end_phase == "cancelled"
+    assert "superseded" in a.cluster.history["job-n"][0].reason
+    ack = await a.wire.send(dispatch("job-n", [n1], attempt=1, sim=SLOW))
+    assert not ack.ok and "older" in ack.error
+    assert a.runtime.live_attempts("job-n") == {2}
+
+
+async def test_cancel_is_idempotent_and_blocks_late_dispatch(make_agent: MakeAgent) -> None:
+    a = await make_agent()
+    node = a.cluster.nodes_of("spot-a100")[0]
+    assert (await a.wire.send(dispatch("job-c", [node], attempt=3, sim=SLOW))).ok
+    for _ in range(2):
+        ack = await a.wire.send(Cancel(job_id="job-c", epoch=1, attempt=3, reason="user"))
+        assert ack.ok
+    assert a.cluster.live_workloads() == []
+    rec = a.cluster.history["job-c"][0]
+    assert rec.end_phase == "cancelled" and rec.reason == "user"
+    assert not (await a.wire.send(dispatch("job-c", [node], attempt=3, sim=SLOW))).ok
+    assert (await a.wire.send(Cancel(job_id="never-seen", epoch=1))).ok
+    # Cancel(attempt=None) removes every attempt.
+    assert (await a.wire.send(dispatch("job-c2", [node], sim=SLOW))).ok
+    assert (await a.wire.send(Cancel(job_id="job-c2", epoch=1))).ok
+    assert a.cluster.live_workloads() == []
+
+
+async def test_resync_sends_snapshot_with_workloads(make_agent: MakeAgent) -> None:
+    a = await make_agent()
+    nodes = a.cluster.nodes_of("spot-a100")[:2]
+    assert (await a.wire.send(dispatch("job-r", nodes, sim=SLOW))).ok
+    await a.wire.wait_status("job-r", 1, "running")
+    n = len(a.wire.batches)
+    assert (await a.wire.send(Resync(epoch=1, reason="gap"))).ok
+    snap = await a.wire.wait_snapshot(since=n)
+    (wl,) = snap.workloads
+    assert (wl.job_id, wl.attempt, wl.phase, wl.running_replicas) == ("job-r", 1, "running", 2)
+    assert wl.nodes == nodes
+    seqs = [b.seq for b in a.wire.batches]
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_on_reconnected_resends_snapshot(make_agent: MakeAgent) -> None:
+    a = await make_agent()
+    assert (await a.wire.send(dispatch("job-rc", a.cluster.nodes[:1], sim=SLOW))).ok
+    n = len(a.wire.batches)
+    await a.runtime.on_reconnected()
+    snap = await a.wire.wait_snapshot(since=n)
+    assert [w.job_id for w in snap.workloads] == ["job-rc"]
+
+
+async def test_malformed_commands_get_error_acks(make_agent: MakeAgent) -> None:
+    a = await make_agent()
+    for junk in (
+        b"\xc1\xff garbage",
+        b"",
+        encode_msgpack({"type": "dispatch", "job_id": "x"}),
+        encode_msgpack({"type": "launch-missiles", "epoch": 1}),
+        encode_msgpack([1, 2, 3]),
+        msgspec.json.encode({"type": "cancel", "job_id": "x", "epoch": 1}),
+    ):
+        ack = await a.wire.send_raw(junk)
+        assert not ack.ok and ack.error, junk
+    ack = await a.wire.send(dispatch("job-m", a.cluster.nodes[:1], sim=FAST))
+    assert ack.ok
+    await a.wire.wait_status("job-m", 1, "succeeded")
+
+
+async def test_backend_errors_are_acked_not_raised(make_agent: MakeAgent) -> None:
+    a = await make_agent()
+    ack = await a.wire.send(dispatch("job-x", ["no-such-node"], sim=SLOW))
+    assert not ack.ok and "no-such-node" in ack.error
+    ack = await a.wire.send(dispatch("job-x", a.cluster.nodes[:1], flavor="tpu", sim=SLOW))
+    assert not ack.ok and "flavor" in ack.error
+    node = a.cluster.nodes_of("spot-a100")[0]
+    assert (await a.wire.send(dispatch("job-y", [node], gpu=6, sim=SLOW))).ok
+    ack = await a.wire.send(dispatch("job-z", [node], gpu=4, sim=SLOW))
+    assert not ack.ok and "over-committed" in ack.error
+    # a failed dispatch can be retried once capacity frees up
+    assert (await a.wire.send(Cancel(job_id="job-y", epoch=1))).ok
+    assert (await a.wire.send(dispatch("job-z", [node], gpu=4, sim=SLOW))).ok
+
+
+async def test_checkpoint_now_publishes_json_request(make_agent: MakeAgent, nc: Client) -> None:
+    a = await make_agent()
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_req(msg: object) -> None:
+        await got.put(msg.data)  # type: ignore[attr-defined]
+
+    sub = await nc.subscribe(a.runtime.subjects.checkpoint_request("job-k"), cb=on_req)
+    assert (await a.wire.send(dispatch("job-k", a.cluster.nodes[:1], sim=SLOW))).ok
+    await a.wire.wait_status("job-k", 1, "running")
+    await asyncio.sleep(0.1)
+    ack = await a.wire.send(CheckpointNow(job_id="job-k", attempt=1, epoch=1, deadline=1e10))
+    assert ack.ok
+    req = msgspec.json.decode(await asyncio.wait_for(got.get(), 2), type=CheckpointNow)
+    assert (req.job_id, req.attempt, req.deadline) == ("job-k", 1, 1e10)
+    report = await a.wire.wait_for(
+        lambda: [r for r in a.wire.events(CheckpointReport) if r.job_id == "job-k"]
+    )
+    assert report[-1].step >= 1
+    await sub.unsubscribe()
+
+
+async def test_batching_respects_batch_max(make_agent: MakeAgent) -> None:
+    a = await make_agent(batch_max=5, batch_interval_s=0.05)
+    for _ in range(23):
+        a.cluster.add_node("od-a100")
+    await a.wire.wait_for(
+        lambda: sum(1 for b in a.wire.batches for e in b.events if not isinstance(e, Heartbeat))
+        >= 24
+    )
+    assert all(len(b.events) <= 5 for b in a.wire.batches)
+    seqs = [b.seq for b in a.wire.batches]
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_many_runtimes_share_one_connection(nc: Client) -> None:
+    from agents.fake.cluster import FakeCluster
+    from tests.agents.conftest import fast_config
+    from tests.agents.helpers import BrokerWire
+
+    names = [unique("s") for _ in range(5)]
+    wires = [await BrokerWire(nc, n).start() for n in names]
+    rts = [AgentRuntime(FakeCluster(n, fast_config()), nc, heartbeat_s=0.05) for n in names]
+    for rt in rts:
+        await rt.start()
+    try:
+        for w, n in zip(wires, names, strict=True):
+            await w.wait_for(lambda w=w: len(w.batches) >= 3)
+            assert {b.cluster for b in w.batches} == {n}
+            ack = await w.send(Resync(epoch=0))
+            assert ack.ok
+    finally:
+        for rt in rts:
+            await rt.stop()
+        for w in wires:
+            await w.stop()
+
+
+async def test_events_between_snapshots_are_not_lost(make_agent: MakeAgent) -> None:
+    """A terminal status queued just before a resync still reaches the broker."""
+    a = await make_agent(batch_interval_s=0.2)
+    assert (await a.wire.send(dispatch("job-t", a.cluster.nodes[:1], sim=SLOW))).ok
+    await a.wire.wait_status("job-t", 1, "running")
+    a.cluster.remove_node(a.cluster.nodes[0])
+    a.runtime.request_snapshot()
+    ev = await a.wire.wait_status("job-t", 1, "evicted")
+    assert ev.reason == "node-removed"
+    snaps = a.wire.events(ClusterSnapshot)
+    assert all(not s.workloads for s in snaps[1:])
+    assert isinstance(a.wire.events(WorkloadStatus)[-1], WorkloadStatus)

@@ -1,0 +1,156 @@
+"""An in-process broker on the shared real nats-server; each test gets its own subject prefix
+(and so its own streams and buckets), which keeps tests independent without a server each."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+import pytest_asyncio
+from nats.aio.client import Client
+
+from broker.service import Broker
+from schemas.agent import FlavorInfo
+from schemas.api import JobEvent
+from schemas.codec import decode_job_event, decode_submit_reply, encode_json
+from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from schemas.subjects import Subjects
+from tests.broker.wire import WireAgent, nodes
+
+SPOT_A100 = FlavorInfo(
+    name="a100-spot", capacity_type="spot", gpu_type="A100", price_per_gpu_hour=1.2
+)
+OD_A100 = FlavorInfo(
+    name="a100-od", capacity_type="on-demand", gpu_type="A100", price_per_gpu_hour=3.0
+)
+
+
+def test_config(prefix: str, **timeouts: Any) -> BrokerConfig:
+    base = dict(
+        heartbeat_s=0.2,
+        unreachable_after_s=1.0,
+        lost_after_s=2.0,
+        dispatch_ack_s=0.3,
+        dispatch_retries=1,
+        start_s=5.0,
+        checkpoint_grace_s=2.0,
+        lease_ttl_s=2.0,
+    )
+    base.update(timeouts)
+    return BrokerConfig(
+        subject_prefix=prefix,
+        queues=[QueueConfig(name="default"), QueueConfig(name="research")],
+        timeouts=Timeouts(**base),
+    )
+
+
+@dataclass
+class Harness:
+    url: str
+    prefix: str
+    subjects: Subjects
+    config: BrokerConfig
+    nc: Client
+    broker: Broker | None = None
+    task: asyncio.Task[None] | None = None
+    events: dict[str, list[JobEvent]] = field(default_factory=lambda: defaultdict(list))
+    agents: list[WireAgent] = field(default_factory=list)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def start_broker(self, config: BrokerConfig | None = None) -> Broker:
+        bnc = await nats.connect(self.url)
+        broker = Broker(config or self.config, bnc)
+        self.broker = broker
+        self.task = asyncio.create_task(broker.run())
+        await asyncio.wait_for(broker.leading.wait(), 15)
+        return broker
+
+    async def stop_broker(self) -> None:
+        if self.broker is not None and self.task is not None:
+            await self.broker.stop()
+            await asyncio.wait_for(self.task, 15)
+            await self.broker.nc.close()
+        self.broker = None
+        self.task = None
+
+    async def crash_broker(self) -> None:
+        """Like kill -9 for an in-process broker: no lease release, no drain."""
+        assert self.broker is not None and self.task is not None
+        self.task.cancel()
+        await self.broker.nc.close()
+        self.broker = None
+        self.task = None
+
+    async def agent(
+        self, cluster: str, flavors: list[FlavorInfo] | None = None, count: int = 4, gpu: int = 8
+    ) -> WireAgent:
+        flavors = flavors or [OD_A100]
+        node_list = [n for f in flavors for n in nodes(cluster, f.name, count, gpu)]
+        agent = await WireAgent(self.nc, self.subjects, cluster, flavors, node_list).start()
+        self.agents.append(agent)
+        if self.broker is not None:
+            await self.wait_for(lambda: self.synced(cluster))
+        return agent
+
+    def synced(self, cluster: str) -> bool:
+        machine = self.broker.machine if self.broker else None
+        track = machine.agents.get(cluster) if machine else None
+        return bool(track and track.synced)
+
+    async def submit(self, job: dict[str, Any] | bytes, queue: str = "default") -> Any:
+        data = job if isinstance(job, bytes) else encode_json(job)
+        msg = await self.nc.request(self.subjects.submit(queue), data, timeout=10)
+        return decode_submit_reply(msg.data)
+
+    async def api(self, verb: str, body: dict[str, Any] | None = None) -> Any:
+        msg = await self.nc.request(self.subjects.api(verb), encode_json(body or {}), timeout=10)
+        import msgspec
+
+        return msgspec.json.decode(msg.data)
+
+    async def wait_for(self, pred: Callable[[], bool], timeout: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not pred():
+            if loop.time() > deadline:
+                raise AssertionError("condition not met in time")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), 0.05)
+            except TimeoutError:
+                pass
+
+    async def wait_event(
+        self, job_id: str, kind: str, timeout: float = 10.0, count: int = 1
+    ) -> JobEvent:
+        await self.wait_for(
+            lambda: sum(1 for e in self.events[job_id] if e.kind == kind) >= count, timeout
+        )
+        return [e for e in self.events[job_id] if e.kind == kind][count - 1]
+
+    def kinds(self, job_id: str) -> list[str]:
+        return [e.kind for e in self.events[job_id]]
+
+
+@pytest_asyncio.fixture
+async def harness(nats_url: str) -> AsyncIterator[Harness]:
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    nc = await nats.connect(nats_url)
+    h = Harness(nats_url, prefix, Subjects(prefix=prefix), test_config(prefix), nc)
+
+    async def on_event(msg: Any) -> None:
+        event = decode_job_event(msg.data)
+        h.events[event.job_id].append(event)
+        h._changed.set()
+
+    await nc.subscribe(h.subjects.job_events_all, cb=on_event)
+    yield h
+    for agent in h.agents:
+        await agent.stop()
+    await h.stop_broker()
+    await nc.close()

@@ -1,0 +1,186 @@
+"""Failure paths of the broker service: agents that stop acking, clusters that go silent,
+stale attempts, sequence gaps, a crashed leader and a standby taking over."""
+
+from __future__ import annotations
+
+import asyncio
+
+from schemas.agent import Cancel, Dispatch, EventBatch, Heartbeat, Resync, WorkloadStatus
+from schemas.codec import encode_msgpack
+from tests.broker.conftest import Harness
+from tests.broker.test_submit import job
+from tests.broker.wire import next_item
+
+
+async def test_agent_that_stops_acking_rolls_back_and_requeues(harness: Harness) -> None:
+    await harness.start_broker()
+    mute = await harness.agent("mute", count=2)
+    mute.ack = False
+    reply = await harness.submit(job("a", replicas=1, gpu=8, restart={"backoff_s": 0.2}))
+    job_id = reply.job_id
+    await next_item(mute.dispatches)
+    requeued = await harness.wait_event(job_id, "requeued", timeout=10)
+    assert "did not ack" in (requeued.reason or "")
+    # The reservation was rolled back: a healthy cluster takes the job next.
+    mute.ack = True
+    healthy = await harness.agent("healthy", count=1)
+    await harness.wait_event(job_id, "running", timeout=10)
+    view = (await harness.api("get", {"job_id": job_id}))["result"]
+    assert view["state"] == "running"
+    assert view["attempts"][0]["end_cause"].startswith("dispatch-failed")
+    assert view["attempts"][-1]["attempt"] == view["attempt"]
+    del healthy
+
+
+async def test_unreachable_then_lost_cluster_requeues_its_jobs(harness: Harness) -> None:
+    await harness.start_broker()
+    doomed = await harness.agent("doomed", count=1)
+    reply = await harness.submit(job("b", replicas=1, gpu=8))
+    job_id = reply.job_id
+    await harness.wait_event(job_id, "running")
+    # Silence: no heartbeats from "doomed" from now on.
+    await harness.wait_for(
+        lambda: harness.broker.machine.agents["doomed"].health == "unreachable",
+        5,  # type: ignore[union-attr]
+    )
+    spare = await harness.agent("spare", count=1)
+    # Unreachable is not lost: the job stays where it is until the longer timeout.
+    assert harness.kinds(job_id)[-1] == "running"
+    requeued = await harness.wait_event(job_id, "requeued", timeout=10)
+    assert requeued.reason == "cluster-lost"
+    dispatch: Dispatch = await next_item(spare.dispatches)
+    assert dispatch.job_id == job_id and dispatch.attempt == 2
+    await harness.wait_event(job_id, "running", count=2)
+    # The lost cluster comes back still running attempt 1: it must be told to delete it.
+    doomed.instance = "restarted"
+    doomed.workloads = [
+        WorkloadStatus(
+            job_id=job_id, attempt=1, phase="running", running_replicas=1, total_replicas=1
+        )
+    ]
+    await doomed.send(doomed.snapshot(), seq=1)
+    cancel: Cancel = await next_item(doomed.cancels)
+    assert cancel.job_id == job_id and cancel.attempt == 1
+    view = (await harness.api("get", {"job_id": job_id}))["result"]
+    assert view["state"] == "running" and view["cluster"] == "spare"
+
+
+async def test_stale_attempt_report_gets_a_cancel(harness: Harness) -> None:
+    await harness.start_broker()
+    agent = await harness.agent("c1")
+    reply = await harness.submit(job("c", replicas=1, gpu=8))
+    await harness.wait_event(reply.job_id, "running")
+    await agent.send(
+        WorkloadStatus(
+            job_id=reply.job_id, attempt=7, phase="running", running_replicas=1, total_replicas=1
+        )
+    )
+    cancel: Cancel = await next_item(agent.cancels)
+    assert (cancel.job_id, cancel.attempt) == (reply.job_id, 7)
+    # A report about a job the broker never heard of is fenced the same way.
+    await agent.send(WorkloadStatus(job_id="ghost", attempt=1, phase="created"))
+    cancel = await next_item(agent.cancels)
+    assert cancel.job_id == "ghost"
+    view = (await harness.api("get", {"job_id": reply.job_id}))["result"]
+    assert view["state"] == "running" and view["attempt"] == 1
+
+
+async def test_sequence_gap_and_foreign_cluster_claims(harness: Harness) -> None:
+    await harness.start_broker()
+    agent = await harness.agent("c1")
+    await agent.send(Heartbeat(at=0.0), seq=agent.seq + 5)  # a gap
+    await harness.wait_for(lambda: any(isinstance(c, Resync) for c in agent.commands))
+    # A payload that claims another cluster is rejected and changes nothing.
+    forged = EventBatch(cluster="c2", instance="x", seq=1, events=[])
+    await harness.nc.publish(harness.subjects.agent_events("c1"), encode_msgpack(forged))
+    await harness.nc.publish(harness.subjects.agent_events("c1"), b"\xc1garbage")
+    await harness.wait_for(lambda: harness.broker.stats["bad_batches"] >= 2)  # type: ignore[union-attr]
+    assert "c2" not in harness.broker.machine.agents  # type: ignore[union-attr]
+    reply = await harness.submit(job("d", replicas=1, gpu=8))
+    assert reply.accepted
+
+
+async def test_crash_and_restart_loses_nothing_and_runs_nothing_twice(harness: Harness) -> None:
+    await harness.start_broker()
+    agent = await harness.agent("c1", count=8)
+    ids = []
+    for i in range(40):
+        reply = await harness.submit(job(f"r{i}", replicas=1, gpu=4))
+        ids.append(reply.job_id)
+    await harness.wait_for(lambda: sum(1 for j in ids if "running" in harness.kinds(j)) == 16)
+    for j in ids[:3]:
+        await agent.send(WorkloadStatus(job_id=j, attempt=1, phase="succeeded"))
+    await harness.wait_for(lambda: all("succeeded" in harness.kinds(j) for j in ids[:3]))
+    before = {j["job_id"]: j for j in (await harness.api("list", {}))["result"]}
+    dispatched_before = len([c for c in agent.commands if isinstance(c, Dispatch)])
+    await harness.crash_broker()
+    # Restart with a longer lease wait: the crashed leader's lease must expire first.
+    await harness.start_broker()
+    agent.workloads = [
+        WorkloadStatus(
+            job_id=c.job_id,
+            attempt=c.attempt,
+            phase="running",
+            running_replicas=1,
+            total_replicas=1,
+        )
+        for c in agent.commands
+        if isinstance(c, Dispatch) and c.job_id not in ids[:3]
+    ]
+    await harness.wait_for(lambda: any(isinstance(c, Resync) for c in agent.commands), 10)
+    await agent.send(agent.snapshot())
+    await asyncio.sleep(0.5)
+    after = {j["job_id"]: j for j in (await harness.api("list", {}))["result"]}
+    assert set(after) == set(before)
+    for job_id, view in before.items():
+        assert after[job_id]["state"] in (view["state"], "running"), job_id
+        assert after[job_id]["attempt"] == view["attempt"]
+    # The three finished jobs freed room: exactly three more start, none twice.
+    await harness.wait_for(
+        lambda: len([c for c in agent.commands if isinstance(c, Dispatch)]) == dispatched_before + 3
+    )
+    keys = [(c.job_id, c.attempt) for c in agent.commands if isinstance(c, Dispatch)]
+    assert len(keys) == len(set(keys))
+    assert len({k[0] for k in keys}) == len(keys)
+
+
+async def test_standby_takes_over_while_jobs_dispatch(harness: Harness) -> None:
+    import nats
+
+    from broker.service import Broker
+
+    leader = await harness.start_broker()
+    standby_nc = await nats.connect(harness.url)
+    standby = Broker(harness.config, standby_nc, holder="standby")
+    standby_task = asyncio.create_task(standby.run())
+    agent = await harness.agent("c1", count=16)
+    ids = []
+    for i in range(20):
+        ids.append((await harness.submit(job(f"s{i}", replicas=1, gpu=2))).job_id)
+    old_epoch = leader.lease.epoch
+    await harness.crash_broker()
+    await asyncio.wait_for(standby.leading.wait(), 10)
+    assert standby.lease.epoch > old_epoch
+    await harness.wait_for(lambda: any(isinstance(c, Resync) for c in agent.commands), 10)
+    agent.workloads = [
+        WorkloadStatus(
+            job_id=c.job_id,
+            attempt=c.attempt,
+            phase="running",
+            running_replicas=1,
+            total_replicas=1,
+        )
+        for c in agent.commands
+        if isinstance(c, Dispatch)
+    ]
+    await agent.send(agent.snapshot())
+    for i in range(20, 30):
+        ids.append((await harness.submit(job(f"s{i}", replicas=1, gpu=2))).job_id)
+    await harness.wait_for(lambda: all("running" in harness.kinds(j) for j in ids), 15)
+    dispatches = [c for c in agent.commands if isinstance(c, Dispatch)]
+    assert len({c.job_id for c in dispatches}) == 30
+    assert len(dispatches) == len({(c.job_id, c.attempt) for c in dispatches}) == 30
+    assert {c.epoch for c in dispatches if c.job_id in ids[20:]} == {standby.lease.epoch}
+    await standby.stop()
+    await standby_task
+    await standby_nc.close()

@@ -1,0 +1,106 @@
+"""Submission by subject, replies, events and bad input, over a real nats-server with raw
+nats-py clients (no Muster client code)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.agent import Dispatch, WorkloadStatus
+from tests.broker.conftest import Harness
+from tests.broker.wire import next_item
+
+
+def job(name: str, replicas: int = 2, gpu: int = 4, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "gang": [{"name": "worker", "replicas": replicas, "gpu": gpu}], **extra}
+
+
+async def test_plain_json_submit_reply_and_lifecycle_events(harness: Harness) -> None:
+    await harness.start_broker()
+    agent = await harness.agent("c1")
+    reply = await harness.submit(job("train", replicas=2, gpu=8))
+    assert reply.accepted and reply.job_id
+    job_id = reply.job_id
+    dispatch: Dispatch = await next_item(agent.dispatches)
+    assert dispatch.job_id == job_id and dispatch.attempt == 1
+    assert dispatch.epoch == harness.broker.lease.epoch  # type: ignore[union-attr]
+    # Whole gang, one node per replica, no node used beyond its 8 GPUs.
+    (assignment,) = dispatch.assignment
+    assert len(assignment.nodes) == 2 and len(set(assignment.nodes)) == 2
+    await harness.wait_event(job_id, "running")
+    await agent.send(WorkloadStatus(job_id=job_id, attempt=1, phase="succeeded"))
+    done = await harness.wait_event(job_id, "succeeded")
+    assert done.state == "succeeded" and done.cluster == "c1"
+    assert harness.kinds(job_id) == ["queued", "admitted", "running", "succeeded"]
+    got = await harness.api("get", {"job_id": job_id})
+    assert got["ok"] and got["result"]["state"] == "succeeded"
+    assert got["result"]["accounting"]["attempts"] == 1
+
+
+async def test_bad_input_is_answered_and_changes_nothing(harness: Harness) -> None:
+    await harness.start_broker()
+    await harness.agent("c1", count=2)
+    cases: list[tuple[bytes | dict[str, Any], str, str]] = [
+        (b"{not json", "default", "malformed"),
+        ({"name": "x", "gang": [{"name": "w", "replicas": "two"}]}, "default", "replicas"),
+        (job("ok-name"), "nosuchqueue", "unknown queue"),
+        ({"name": "UPPER", "gang": [{"name": "w"}]}, "default", "name"),
+        ({"name": "x", "gang": [{"name": "w"}], "colour": "red"}, "default", "colour"),
+        (b"{" + b'"name": "' + b"a" * 2_000_000 + b'"}', "default", "limit"),
+        (job("huge", replicas=1, gpu=16), "default", "never be placed"),
+        (job("many", replicas=9, gpu=8), "default", "never be placed"),
+        (b"[]", "default", "object"),
+    ]
+    for payload, queue, needle in cases:
+        reply = await harness.submit(payload, queue=queue)
+        assert not reply.accepted, payload
+        assert needle in (reply.error or ""), (needle, reply.error)
+    listed = await harness.api("list", {})
+    assert listed["ok"] and listed["result"] == []
+    good = await harness.submit(job("fine"))
+    assert good.accepted
+
+
+async def test_duplicate_job_id_is_acknowledged_never_run_twice(harness: Harness) -> None:
+    await harness.start_broker()
+    agent = await harness.agent("c1")
+    first = await harness.submit(job("dup", job_id="my-id-1"))
+    second = await harness.submit(job("dup", job_id="my-id-1"))
+    assert first.accepted and not first.duplicate and first.job_id == "my-id-1"
+    assert second.accepted and second.duplicate and second.job_id == "my-id-1"
+    await harness.wait_event("my-id-1", "running")
+    listed = await harness.api("list", {})
+    assert [j["job_id"] for j in listed["result"]] == ["my-id-1"]
+    assert len([c for c in agent.commands if isinstance(c, Dispatch)]) == 1
+
+
+async def test_jobs_published_while_broker_down_are_admitted_later(harness: Harness) -> None:
+    broker = await harness.start_broker()
+    await harness.stop_broker()  # the stream and consumer now exist; nobody consumes
+    del broker
+    for i in range(5):
+        await harness.nc.publish(harness.subjects.submit("default"), _enc(job(f"offline-{i}")))
+    await harness.nc.flush()
+    await harness.start_broker()
+    await harness.agent("c1")
+    await harness.wait_for(
+        lambda: sum(1 for k in list(harness.events) if harness.kinds(k)[-1:] == ["running"]) == 5
+    )
+    listed = await harness.api("list", {"state": "running"})
+    assert sorted(j["name"] for j in listed["result"]) == [f"offline-{i}" for i in range(5)]
+
+
+async def test_api_errors_are_replies(harness: Harness) -> None:
+    await harness.start_broker()
+    assert not (await harness.api("get", {"job_id": "nope"}))["ok"]
+    bad = await harness.api("frobnicate", {})
+    assert not bad["ok"] and "unknown API verb" in bad["error"]
+    wrong = await harness.api("get", {"jobid": "x"})
+    assert not wrong["ok"] and "job_id" in wrong["error"]
+    assert (await harness.api("queues"))["ok"]
+    assert (await harness.api("clusters"))["ok"]
+
+
+def _enc(obj: Any) -> bytes:
+    from schemas.codec import encode_json
+
+    return encode_json(obj)

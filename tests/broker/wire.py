@@ -1,0 +1,113 @@
+"""A scripted agent that speaks the wire protocol by hand, so broker tests can control and
+observe every message (acks withheld, stale reports, sequence gaps)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from schemas.agent import (
+    AgentEvent,
+    Cancel,
+    ClusterSnapshot,
+    CommandAck,
+    Dispatch,
+    EventBatch,
+    FlavorInfo,
+    NodeInfo,
+    WorkloadStatus,
+)
+from schemas.codec import decode_command, encode_msgpack
+from schemas.subjects import Subjects
+
+
+def nodes(cluster: str, flavor: str, count: int, gpu: int = 8) -> list[NodeInfo]:
+    return [
+        NodeInfo(
+            name=f"{cluster}-{flavor}-{i}",
+            flavor=flavor,
+            gpu=gpu,
+            cpu_milli=96_000,
+            memory=768 * 2**30,
+        )
+        for i in range(count)
+    ]
+
+
+class WireAgent:
+    def __init__(
+        self,
+        nc: Client,
+        subjects: Subjects,
+        cluster: str,
+        flavors: list[FlavorInfo],
+        node_list: list[NodeInfo],
+    ) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.cluster = cluster
+        self.flavors = flavors
+        self.nodes = node_list
+        self.instance = uuid.uuid4().hex[:8]
+        self.seq = 0
+        self.ack = True  # False: never answer (an agent that stopped acking)
+        self.commands: list[Any] = []
+        self.dispatches: asyncio.Queue[Dispatch] = asyncio.Queue()
+        self.cancels: asyncio.Queue[Cancel] = asyncio.Queue()
+        self.workloads: list[WorkloadStatus] = []
+        self.auto_run = True  # answer a dispatch with created + running
+        self._sub: Any = None
+
+    async def start(self) -> WireAgent:
+        self._sub = await self.nc.subscribe(self.subjects.agent_cmd(self.cluster), cb=self._on_cmd)
+        await self.send(self.snapshot())
+        return self
+
+    def snapshot(self) -> ClusterSnapshot:
+        return ClusterSnapshot(flavors=self.flavors, nodes=self.nodes, workloads=self.workloads)
+
+    async def send(self, *events: AgentEvent, seq: int | None = None) -> None:
+        self.seq = self.seq + 1 if seq is None else seq
+        batch = EventBatch(
+            cluster=self.cluster,
+            instance=self.instance,
+            seq=self.seq,
+            events=list(events),
+            sent_at=time.time(),
+        )
+        await self.nc.publish(self.subjects.agent_events(self.cluster), encode_msgpack(batch))
+
+    async def _on_cmd(self, msg: Msg) -> None:
+        cmd = decode_command(msg.data)
+        self.commands.append(cmd)
+        if isinstance(cmd, Dispatch):
+            self.dispatches.put_nowait(cmd)
+        elif isinstance(cmd, Cancel):
+            self.cancels.put_nowait(cmd)
+        if not self.ack:
+            return
+        await msg.respond(encode_msgpack(CommandAck(ok=True)))
+        if isinstance(cmd, Dispatch) and self.auto_run:
+            total = sum(len(a.nodes) for a in cmd.assignment)
+            await self.send(
+                WorkloadStatus(
+                    job_id=cmd.job_id,
+                    attempt=cmd.attempt,
+                    phase="running",
+                    running_replicas=total,
+                    total_replicas=total,
+                )
+            )
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+
+
+async def next_item(queue: asyncio.Queue[Any], timeout: float = 5.0) -> Any:
+    return await asyncio.wait_for(queue.get(), timeout)
