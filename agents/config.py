@@ -52,11 +52,11 @@ class FakeFlavor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     memory: Quantity = "768Gi"
 
     def __post_init__(self) -> None:
-        try:
-            cpu_milli(self.cpu)
-            memory_bytes(self.memory)
-        except QuantityError as exc:
-            raise ValueError(f"flavor {self.name!r}: {exc}") from None
+        for fname, parse in (("cpu", cpu_milli), ("memory", memory_bytes)):
+            try:
+                parse(getattr(self, fname))
+            except QuantityError as exc:
+                raise ValueError(f"flavor {self.name!r}: {fname}: {exc}") from None
 
 
 class BambooTrace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

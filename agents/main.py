@@ -11,9 +11,11 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import nats
 import structlog
@@ -179,8 +181,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     opts = NatsOptions(url=args.nats) if args.nats else NatsOptions()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_fleet(fleet.clusters, opts))
+        asyncio.run(_until_signal(run_fleet(fleet.clusters, opts)))
     return 0
+
+
+async def _until_signal(coro: Coroutine[Any, Any, None]) -> None:
+    """SIGTERM/SIGINT cancel the agents so they stop cleanly (Kubernetes sends SIGTERM)."""
+    task = asyncio.create_task(coro)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 if __name__ == "__main__":

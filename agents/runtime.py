@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -44,6 +45,7 @@ TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
 MAX_ERROR_CHARS = 1000  # CommandAck.error is capped at 1024 by the schema
 MAX_TRACKED_JOBS = 500_000  # memory bound on per-job idempotency records
 STOP_TIMEOUT_S = 5.0
+RETRY_S = 0.2  # pause after a failed publish/snapshot so a dead connection cannot spin us
 
 
 def _essential(ev: AgentEvent) -> bool:
@@ -107,6 +109,7 @@ class AgentRuntime:
         self._first_at = 0.0
         self._snapshot_pending = False
         self._next_heartbeat = 0.0
+        self._retry_at = 0.0  # after a failed publish or snapshot, wait before retrying
         self._wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._sub: Any = None
@@ -128,6 +131,8 @@ class AgentRuntime:
         self.log = self.log.bind(instance=self.instance)
         await self.backend.start(self._emit)
         self._sub = await self.nc.subscribe(self.cmd_subject, cb=self._on_msg)
+        with contextlib.suppress(Exception):  # the server knows the subscription before we speak
+            await self.nc.flush(timeout=2)
         self._next_heartbeat = time.monotonic()
         self._queue_heartbeat()
         await self._flush()
@@ -224,11 +229,11 @@ class AgentRuntime:
         if self.partitioned:
             return now + 1.0
         if self._snapshot_pending or len(self._queue) >= self.batch_max:
-            return now
+            return max(now, self._retry_at)
         due = self._next_heartbeat
         if self._queue:
             due = min(due, self._first_at + self.batch_interval_s)
-        return due
+        return max(due, self._retry_at)
 
     async def _loop(self) -> None:
         """The one flusher: wakes on the first queued event, on a full batch, on a snapshot
@@ -241,9 +246,9 @@ class AgentRuntime:
                         async with asyncio.timeout(delay):
                             await self._wake.wait()
                 self._wake.clear()
-                if self.partitioned:
-                    continue
                 now = time.monotonic()
+                if self.partitioned or now < self._retry_at:
+                    continue
                 beat = now >= self._next_heartbeat
                 if beat:
                     self._queue_heartbeat()
@@ -281,19 +286,12 @@ class AgentRuntime:
                     self.log.exception("snapshot failed; retrying", error=str(exc))
                     self._snapshot_pending = True
                     self._queue = [e for e in events if _essential(e)] + self._queue
-                    await asyncio.sleep(0.1)
+                    self._retry_at = time.monotonic() + RETRY_S
                     return
                 self._learn(snap)
-                keys = {(w.job_id, w.attempt) for w in snap.workloads}
-                kept = [
-                    e
-                    for e in events
-                    if _essential(e)
-                    and not (isinstance(e, WorkloadStatus) and (e.job_id, e.attempt) in keys)
-                ]
-                heartbeats = [e for e in events if isinstance(e, Heartbeat)]
+                events = self._around_snapshot(snap, events)
                 post, self._queue = self._queue, []
-                events = [snap, *kept, *heartbeats[-1:], *post]
+                events.extend(post)
                 self.stats["snapshots"] += 1
             for start in range(0, len(events), self.batch_max):
                 chunk = events[start : start + self.batch_max]
@@ -305,7 +303,33 @@ class AgentRuntime:
                     rest = [e for e in events[start:] if _essential(e)]
                     self._queue = rest + self._queue
                     self._snapshot_pending = True
+                    self._retry_at = time.monotonic() + RETRY_S
                     return
+
+    @staticmethod
+    def _around_snapshot(snap: ClusterSnapshot, queued: list[AgentEvent]) -> list[AgentEvent]:
+        """Place what the snapshot does not replace so the broker cannot misread it.
+
+        The broker treats a live attempt missing from a snapshot as lost, and skips events
+        before the snapshot when it is out of sync. So endings queued before the snapshot ride
+        inside it (as terminal entries of `workloads`), and checkpoint reports go both before
+        it (applied while the attempt is still current) and after it (applied if the broker
+        was out of sync); the broker ignores a step it already has."""
+        have = {(w.job_id, w.attempt) for w in snap.workloads}
+        endings: dict[tuple[str, int], WorkloadStatus] = {}
+        ckpts: list[AgentEvent] = []
+        heartbeat: list[AgentEvent] = []
+        for e in queued:
+            if isinstance(e, WorkloadStatus) and e.phase in TERMINAL_PHASES:
+                if (e.job_id, e.attempt) not in have:
+                    endings[(e.job_id, e.attempt)] = e
+            elif isinstance(e, CheckpointReport):
+                ckpts.append(e)
+            elif isinstance(e, Heartbeat):
+                heartbeat = [e]
+        if endings:
+            snap = msgspec.structs.replace(snap, workloads=[*snap.workloads, *endings.values()])
+        return [*ckpts, snap, *ckpts, *heartbeat]
 
     async def _publish(self, events: list[AgentEvent]) -> None:
         """One EventBatch; halves it when it exceeds the server's max payload."""

@@ -6,8 +6,9 @@ Environment (set by the agent's backend on every replica):
 - `MUSTER_JOB_ID`, `MUSTER_ATTEMPT`: who we are.
 - `MUSTER_CHECKPOINT_URI`: where to write checkpoints (a prefix; `checkpoint_uri(step)` gives
   `<prefix>/step-<step>`, the layout the fake backend uses too).
-- `MUSTER_RESUME_FROM`: the checkpoint to start from: JSON `{"step": N, "uri": "..."}`, or a
-  bare URI (the step is read from a trailing `step-N`), or empty for a fresh start.
+- `MUSTER_RESUME_FROM`: the checkpoint to start from: a bare URI (what the kube backend sets),
+  or JSON `{"step": N, "uri": "..."}`, or empty for a fresh start. `MUSTER_RESUME_STEP` gives
+  the step; without it the step is read from the JSON or from a trailing `step-N` in the URI.
 - `MUSTER_NATS_URL`, `MUSTER_SUBJECT_PREFIX` (default `muster`): when set, reports go out as a
   JSON `schemas.agent.CheckpointReport` on `<prefix>.checkpoint.<job_id>` and requests arrive
   as JSON `schemas.agent.CheckpointNow` on `<prefix>.checkpoint_request.<job_id>`.
@@ -15,6 +16,9 @@ Environment (set by the agent's backend on every replica):
   to this file. The kube backend reads that value from the pod annotation
   `muster.dev/checkpoint` (`ANNOTATION`); a sidecar, or the workload itself when its
   ServiceAccount may patch its own pod, copies the file into the annotation.
+- `MUSTER_PODINFO_DIR`: the kube backend's downward-API volume. Its `annotations` file gets
+  `muster.dev/checkpoint-request="<deadline>"` when the agent asks for a checkpoint; the SDK
+  polls it (every 2 s) as the slow path beside NATS.
 - `MUSTER_SIGTERM_GRACE_S` (default 30): the deadline given to a SIGTERM checkpoint request.
 
 Typical loop::
@@ -65,6 +69,10 @@ ENV_JOB_ID = "MUSTER_JOB_ID"
 ENV_ATTEMPT = "MUSTER_ATTEMPT"
 ENV_CHECKPOINT_URI = "MUSTER_CHECKPOINT_URI"
 ENV_RESUME_FROM = "MUSTER_RESUME_FROM"
+ENV_RESUME_STEP = "MUSTER_RESUME_STEP"
+ENV_PODINFO_DIR = "MUSTER_PODINFO_DIR"
+ANNOTATION_REQUEST = "muster.dev/checkpoint-request"
+PODINFO_POLL_S = 2.0
 ENV_NATS_URL = "MUSTER_NATS_URL"
 ENV_SUBJECT_PREFIX = "MUSTER_SUBJECT_PREFIX"
 ENV_ANNOTATION_FILE = "MUSTER_ANNOTATION_FILE"
@@ -113,6 +121,7 @@ class SdkEnv:
     subject_prefix: str = "muster"
     annotation_file: str | None = None
     sigterm_grace_s: float = 30.0
+    podinfo_dir: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SdkEnv:
@@ -138,6 +147,15 @@ class SdkEnv:
         prefix = get(ENV_SUBJECT_PREFIX) or "muster"
         if not _PREFIX_RE.match(prefix):
             raise SdkConfigError(f"{ENV_SUBJECT_PREFIX}={prefix!r} is not a NATS subject prefix")
+        resume = parse_resume_from(e.get(ENV_RESUME_FROM))
+        if resume is not None and (rs := get(ENV_RESUME_STEP)) is not None:
+            try:
+                step = int(rs)
+            except ValueError:
+                raise SdkConfigError(f"{ENV_RESUME_STEP}={rs!r} is not an integer") from None
+            if step < 0:
+                raise SdkConfigError(f"{ENV_RESUME_STEP}={step} must be >= 0")
+            resume = CheckpointRef(step=step, uri=resume.uri)
         grace = 30.0
         if (g := get(ENV_SIGTERM_GRACE)) is not None:
             try:
@@ -148,11 +166,12 @@ class SdkEnv:
             job_id=job_id,
             attempt=attempt,
             checkpoint_uri=get(ENV_CHECKPOINT_URI),
-            resume_from=parse_resume_from(e.get(ENV_RESUME_FROM)),
+            resume_from=resume,
             nats_url=get(ENV_NATS_URL),
             subject_prefix=prefix,
             annotation_file=get(ENV_ANNOTATION_FILE),
             sigterm_grace_s=grace,
+            podinfo_dir=get(ENV_PODINFO_DIR),
         )
 
     @property
@@ -178,6 +197,24 @@ def write_annotation_file(path: str | os.PathLike[str], step: int, uri: str) -> 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def read_checkpoint_request(annotations_file: str | os.PathLike[str]) -> float | None:
+    """The deadline in a downward-API `annotations` file (`key="value"` lines), or None."""
+    try:
+        text = Path(annotations_file).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, sep, raw = line.partition("=")
+        if not sep or key.strip() != ANNOTATION_REQUEST:
+            continue
+        try:
+            value = json.loads(raw.strip())
+            return float(value)
+        except (ValueError, TypeError):
+            return None
+    return None
 
 
 class _Bridge:
@@ -232,6 +269,8 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._prev_sigterm: Any = None
         self.last_request: CheckpointNow | None = None
+        self._poller: threading.Thread | None = None
+        self._closed = threading.Event()
 
     # -- what the training loop needs ----------------------------------------------------
     @property
@@ -305,6 +344,11 @@ class Checkpointer:
                 self._callbacks.append(callback)
         if sigterm:
             self.install_sigterm_handler()
+        if self.env.podinfo_dir and self._poller is None:
+            self._poller = threading.Thread(
+                target=self._poll_podinfo, name="muster-sdk-podinfo", daemon=True
+            )
+            self._poller.start()
         if self.nats_enabled and self._sub is None:
             assert self.env.job_id is not None
             subject = self.subjects.checkpoint_request(self.env.job_id)
@@ -334,6 +378,10 @@ class Checkpointer:
             self._prev_sigterm = None
 
     def close(self) -> None:
+        self._closed.set()
+        if self._poller is not None:
+            self._poller.join(PODINFO_POLL_S + 1.0)
+            self._poller = None
         self.uninstall_sigterm_handler()
         bridge, self._bridge = self._bridge, None
         self._sub = None
@@ -374,6 +422,25 @@ class Checkpointer:
         if self.env.attempt is not None and req.attempt != self.env.attempt:
             return  # meant for another attempt of this job (e.g. on another cluster)
         self._deliver(req)
+
+    def _poll_podinfo(self) -> None:
+        """Slow path for kube: watch the downward-API file for a new request deadline (one
+        whose deadline has passed is ignored)."""
+        assert self.env.podinfo_dir is not None
+        path = Path(self.env.podinfo_dir) / "annotations"
+        seen: float | None = None
+        while not self._closed.wait(PODINFO_POLL_S):
+            deadline = read_checkpoint_request(path)
+            if deadline is not None and deadline != seen and deadline > time.time():
+                seen = deadline
+                self._deliver(
+                    CheckpointNow(
+                        job_id=self.env.job_id or "local",
+                        attempt=self.env.attempt or 1,
+                        epoch=0,
+                        deadline=deadline,
+                    )
+                )
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self.sigterm_received = True

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -140,16 +141,23 @@ class MusterClient:
             return self
         options = self._opts or NatsOptions(url=resolve_nats_url(None))
         kwargs = options.connect_kwargs()
-        # A CLI must not hang: give up on the first connect, reconnect briefly afterwards.
+        # A CLI must not hang: the first connect gets two quick tries; once connected, a blip
+        # is ridden out by reconnecting for about half a minute.
         kwargs.update(
             allow_reconnect=True,
-            max_reconnect_attempts=10,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.2,
             connect_timeout=min(float(kwargs.get("connect_timeout", 5)), 5.0),
             error_cb=self._on_error,
             name=options.name or "muster-client",
         )
         try:
             self._nc = await nats.connect(**kwargs)
+            self._nc.options["max_reconnect_attempts"] = 60
+            self._nc.options["reconnect_time_wait"] = 0.5
+            # A request sent right after connecting sometimes gets a spurious "no responders"
+            # from nats-server; one round trip first avoids it.
+            await self._nc.flush(timeout=5)
         except (TimeoutError, NoServersError, OSError, NatsError) as exc:
             cause = self._last_error or exc
             detail = str(cause) or type(cause).__name__
@@ -191,7 +199,7 @@ class MusterClient:
         self,
         spec: JobSpec | dict[str, Any],
         queue: str | None = None,
-        timeout: float = 5,  # noqa: ASYNC109
+        timeout: float = 5,
         *,
         assign_id: bool = True,
     ) -> SubmitReply:
@@ -215,7 +223,7 @@ class MusterClient:
             job = msgspec.structs.replace(job, job_id=new_job_id(job.name))
         subject = self.subjects.submit(queue)
         try:
-            msg = await self.nc.request(subject, encode_json(job), timeout=timeout)
+            msg = await self._request(subject, encode_json(job), timeout)
         except NoRespondersError:
             raise MusterError(f"nothing listens on {subject}; {START_HINT}") from None
         except NatsTimeoutError:
@@ -232,6 +240,15 @@ class MusterClient:
             raise MusterError(reply.error or "the broker rejected the job (no reason given)")
         return reply
 
+    async def _request(self, subject: str, payload: bytes, timeout: float) -> Msg:
+        """A NATS request; a "no responders" answer is retried once after a moment, since it
+        can also mean a responder that is just reconnecting (nobody got the first copy)."""
+        try:
+            return await self.nc.request(subject, payload, timeout=timeout)
+        except NoRespondersError:
+            await asyncio.sleep(0.2)
+            return await self.nc.request(subject, payload, timeout=timeout)
+
     @staticmethod
     def _as_spec(spec: JobSpec | dict[str, Any]) -> JobSpec:
         if isinstance(spec, JobSpec):
@@ -243,16 +260,10 @@ class MusterClient:
 
     # API -------------------------------------------------------------------------------
 
-    async def _call(
-        self,
-        verb: str,
-        body: msgspec.Struct,
-        decoder: Any,
-        timeout: float,  # noqa: ASYNC109 - a NATS request timeout, passed through
-    ) -> Any:
+    async def _call(self, verb: str, body: msgspec.Struct, decoder: Any, timeout: float) -> Any:
         subject = self.subjects.api(verb)
         try:
-            msg = await self.nc.request(subject, encode_json(body), timeout=timeout)
+            msg = await self._request(subject, encode_json(body), timeout)
         except NoRespondersError:
             raise MusterError(f"no broker answers on {subject}; {START_HINT}") from None
         except NatsTimeoutError:
@@ -267,7 +278,7 @@ class MusterClient:
             raise MusterError(f"the broker's {verb} reply has no result")
         return reply.result
 
-    async def get(self, job_id: str, timeout: float = 5) -> JobView:  # noqa: ASYNC109
+    async def get(self, job_id: str, timeout: float = 5) -> JobView:
         result: JobView = await self._call("get", JobRef(job_id=job_id), _decode_job, timeout)
         return result
 
@@ -277,39 +288,30 @@ class MusterClient:
         state: JobState | None = None,
         cluster: str | None = None,
         limit: int = 1000,
-        timeout: float = 5,  # noqa: ASYNC109
+        timeout: float = 5,
     ) -> builtins.list[JobView]:
         req = ListRequest(queue=queue, state=state, cluster=cluster, limit=limit)
         result: builtins.list[JobView] = await self._call("list", req, _decode_jobs, timeout)
         return result
 
     async def cancel(
-        self,
-        job_id: str,
-        reason: str = "cancelled by user",
-        timeout: float = 5,  # noqa: ASYNC109
+        self, job_id: str, reason: str = "cancelled by user", timeout: float = 5
     ) -> JobView:
         req = CancelRequest(job_id=job_id, reason=reason)
         result: JobView = await self._call("cancel", req, _decode_job, timeout)
         return result
 
-    async def why(self, job_id: str, timeout: float = 5) -> WhyView:  # noqa: ASYNC109
+    async def why(self, job_id: str, timeout: float = 5) -> WhyView:
         result: WhyView = await self._call("why", JobRef(job_id=job_id), _decode_why, timeout)
         return result
 
-    async def queues(
-        self,
-        timeout: float = 5,  # noqa: ASYNC109
-    ) -> builtins.list[QueueView]:
+    async def queues(self, timeout: float = 5) -> builtins.list[QueueView]:
         result: builtins.list[QueueView] = await self._call(
             "queues", Empty(), _decode_queues, timeout
         )
         return result
 
-    async def clusters(
-        self,
-        timeout: float = 5,  # noqa: ASYNC109
-    ) -> builtins.list[ClusterView]:
+    async def clusters(self, timeout: float = 5) -> builtins.list[ClusterView]:
         result: builtins.list[ClusterView] = await self._call(
             "clusters", Empty(), _decode_clusters, timeout
         )

@@ -752,6 +752,8 @@ def config_to_yaml(config: BrokerConfig, aliases: Mapping[str, str] | None = Non
     config`."""
     data = msgspec.to_builtins(config)
     for queue in data.get("queues", []):
+        if queue.get("preemption") == {}:
+            del queue["preemption"]
         for fq in queue.get("quotas") or []:
             for res, rq in fq.get("resources", {}).items():
                 for key in _QUOTA_FIELDS:

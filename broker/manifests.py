@@ -609,7 +609,8 @@ def jobspec_from_manifest(
             fields["queue"] = _check_queue(value, where)
 
     labels: dict[str, Any] = dict(fields.get("labels") or {})
-    labels[SOURCE_KIND_LABEL] = str(manifest["kind"])
+    group = str(manifest["apiVersion"]).rpartition("/")[0] or "core"
+    labels[SOURCE_KIND_LABEL] = f"{group}/{manifest['kind']}"
     namespace = metadata.get("namespace")
     if isinstance(namespace, str) and namespace:
         labels[NAMESPACE_LABEL] = namespace

@@ -24,7 +24,7 @@ import nats
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
+from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 from nats.js.errors import NotFoundError
@@ -82,8 +82,9 @@ class ReplyRendezvous:
     submit subjects in plain NATS and remembers reply subjects by (subject, payload digest).
     Whichever side arrives second sends the reply."""
 
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, limit: int) -> None:
         self.nc = nc
+        self.limit = limit
         self.waiting: OrderedDict[tuple[str, bytes], deque[tuple[float, str]]] = OrderedDict()
         self.done: OrderedDict[tuple[str, bytes], deque[tuple[float, bytes]]] = OrderedDict()
 
@@ -93,6 +94,14 @@ class ReplyRendezvous:
 
     async def on_request(self, msg: Msg) -> None:
         if not msg.reply:
+            return
+        if len(msg.data) > self.limit:
+            # The stream refuses to store it, so the consumer will never see it: answer here.
+            error = (
+                f"JobSpec is {len(msg.data)} bytes, over the limit of {self.limit} bytes; "
+                "send a smaller message"
+            )
+            await self.nc.publish(msg.reply, encode_json(SubmitReply(accepted=False, error=error)))
             return
         key = self.key(msg.subject, msg.data)
         results = self.done.get(key)
@@ -157,7 +166,7 @@ class Broker:
         self._subs: list[Any] = []
         self._background: set[asyncio.Task[Any]] = set()
         self.stats = {"submitted": 0, "rejected": 0, "batches": 0, "events": 0, "bad_batches": 0}
-        self._rendezvous = ReplyRendezvous(nc)
+        self._rendezvous = ReplyRendezvous(nc, config.max_payload_bytes)
         self.restore_s = 0.0
         self.restored_jobs = 0
 
@@ -245,6 +254,7 @@ class Broker:
             ),
             await nc.subscribe(s.checkpoint_all, cb=self._on_sdk_checkpoint),
         ]
+        await nc.flush()  # the server knows our subscriptions before we say we lead
         # Agents that were already talking to the previous leader resync with us.
         for cluster in list(machine.agents):
             self._spawn(self._send_command(cluster, machine_resync(machine)))
@@ -257,9 +267,13 @@ class Broker:
         hold = asyncio.create_task(self.lease.hold())
         stop = asyncio.create_task(self.stopped.wait())
         waiters = {hold, stop, *self._tasks}
-        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        hold.cancel()
+        try:
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            hold.cancel()
+            with contextlib.suppress(BaseException):
+                await hold
         for task in done:
             if task is not stop and not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
@@ -396,6 +410,8 @@ class Broker:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=0.5)
             except (NatsTimeoutError, TimeoutError):
                 continue
+            except ConnectionClosedError:
+                return
             except Exception as exc:
                 log.warning("broker.fetch_failed", error=str(exc))
                 await asyncio.sleep(0.2)
@@ -454,7 +470,12 @@ class Broker:
             return
         self.stats["batches"] += 1
         self.stats["events"] += len(batch.events)
-        outcome = machine.on_batch(cluster, batch, self.clock())
+        try:
+            outcome = machine.on_batch(cluster, batch, self.clock())
+        except Exception:  # a bug must not take the broker down; it is logged loudly
+            self.stats["bad_batches"] += 1
+            log.exception("broker.batch_failed", cluster=cluster, seq=batch.seq)
+            return
         if outcome.error:
             self.stats["bad_batches"] += 1
             log.warning("broker.rejected_batch", cluster=cluster, error=outcome.error)

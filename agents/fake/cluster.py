@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import math
@@ -41,6 +42,9 @@ from schemas.agent import (
 )
 from schemas.job import Simulation
 from schemas.quantity import cpu_milli, memory_bytes
+
+_cpu_milli = functools.lru_cache(maxsize=1024)(cpu_milli)  # Decimal parsing is slow
+_memory_bytes = functools.lru_cache(maxsize=1024)(memory_bytes)
 
 DEFAULT_SIMULATION = Simulation()  # 100 steps at 10 steps/s, a checkpoint every 10 steps
 MAX_DUE_PER_TICK = 200_000  # bounds one ticker iteration
@@ -175,7 +179,7 @@ class FakeCluster:
         self._wake: asyncio.Event | None = None
         self._wake_at = math.inf
         self._next_poisson = math.inf
-        self._trace: list[tuple[float, str, str]] = []  # (due sim s, op, node name)
+        self._trace: list[tuple[float, str, str, float]] = []  # (due, op, node, lead)
         self._trace_pos = 0
         self.counters: dict[str, int] = {
             "dispatched": 0,
@@ -436,8 +440,8 @@ class FakeCluster:
                     f"lists {len(a.nodes)} nodes"
                 )
             gpu = ps.gpu if ps is not None else 0
-            cpu = cpu_milli(ps.cpu) if ps is not None else 0
-            mem = memory_bytes(ps.memory) if ps is not None else 0
+            cpu = _cpu_milli(ps.cpu) if ps is not None else 0
+            mem = _memory_bytes(ps.memory) if ps is not None else 0
             for node_name in a.nodes:
                 node = self._nodes.get(node_name)
                 if node is None:
@@ -658,7 +662,8 @@ class FakeCluster:
         assert tr is not None
         events: list[TraceEvent] = load_bamboo(tr.path, tr.max_events)
         lead = self.config.spot_notice_s
-        pending: list[tuple[float, str, str]] = []
+        pending: list[tuple[float, str, str, float]] = []
+        added: dict[str, float] = {}
         for ev in events:
             name = f"{self.cluster}-{tr.flavor}-{ev.node}"
             if ev.time_ms <= tr.start_ms:
@@ -670,9 +675,15 @@ class FakeCluster:
                         n.alive = False
                 continue
             t = (ev.time_ms - tr.start_ms) / 1000.0 / tr.speedup
-            # A removal is announced `lead` before it happens, as the provider would.
-            pending.append((max(0.0, t - lead) if ev.op == "remove" else t, ev.op, name))
-        pending.sort(key=lambda x: x[0])
+            if ev.op == "add":
+                added[name] = t
+                pending.append((t, "add", name, 0.0))
+            else:
+                # Announced `lead` before the removal, as the provider would, but never
+                # before the node exists; the removal itself lands at the trace's time.
+                due = max(t - lead, added.get(name, 0.0))
+                pending.append((due, "remove", name, t - due))
+        pending.sort(key=lambda x: (x[0], x[1] == "remove"))
         self._trace = pending
         self._trace_pos = 0
 
@@ -683,13 +694,13 @@ class FakeCluster:
         for _ in range(MAX_DUE_PER_TICK):
             if self._trace_pos >= len(self._trace) or self._trace[self._trace_pos][0] > now:
                 break
-            _, op, name = self._trace[self._trace_pos]
+            _, op, name, lead = self._trace[self._trace_pos]
             self._trace_pos += 1
             if op == "add":
                 if name not in self._nodes:
                     self.add_node(tr.flavor, name)
             else:
-                self.spot_notice(name, lead_s=self.config.spot_notice_s)
+                self.spot_notice(name, lead_s=lead)
 
     def trace_remaining(self) -> int:
         return len(self._trace) - self._trace_pos

@@ -44,9 +44,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import msgspec
 import structlog
 from kubernetes_asyncio import config as kube_config
@@ -66,7 +68,7 @@ from agents.kube.manifests import (
     OWNED_RESOURCES,
     ManifestError,
     build_workload,
-    label_value,
+    selector,
 )
 from agents.kube.nodes import (
     GpuState,
@@ -130,10 +132,17 @@ class KubeBackend:
         self._foreign: dict[str, tuple[str, Usage]] = {}  # pod uid -> (node, usage)
         self._usage: dict[str, Usage] = {}  # node -> summed foreign usage
         self._pod_disruption: dict[str, str] = {}  # pod uid -> node, while disrupted
+        # Recently deleted nodes: a pod event can arrive after its node's deletion (separate
+        # watches), and its replica is lost all the same.
+        self._gone_nodes: OrderedDict[str, None] = OrderedDict()
         self._workloads: dict[Key, Workload] = {}
         self._pod_key: dict[str, Key] = {}  # Muster pod uid -> workload
         self._pod_names: dict[Key, dict[str, str]] = {}  # workload -> {uid: pod name}
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        # Cancelled attempts, so pods seen after the cancel never report a status.
+        self._cancelled: set[Key] = set()
+        self._cancel_upto: dict[str, float] = {}  # job -> every attempt <= this is cancelled
         self._stop = asyncio.Event()
         self._started = False
         self._live = False  # emit deltas only after the initial lists
@@ -143,15 +152,15 @@ class KubeBackend:
 
     @classmethod
     def from_config(cls, cluster: str, raw: dict[str, Any]) -> KubeBackend:
-        """Build from the agent config's `backend` mapping; KubeConfigError names a bad
-        field. The API client is created in `start` (loading a kubeconfig is async)."""
+        """Build from the agent config's `kube:` mapping; KubeConfigError names a bad field.
+        The API client is created in `start` (loading a kubeconfig is async)."""
         return cls(cluster, convert_kube_config(raw))
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _make_api(self) -> ApiClient:
         cfg = Configuration()
         if self.config.in_cluster:
-            kube_config.load_incluster_config(client_configuration=cfg)
+            kube_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         else:
             await kube_config.load_kube_config(
                 config_file=self.config.kubeconfig,
@@ -173,6 +182,13 @@ class KubeBackend:
         if self._started:
             return
         self._started = True
+        try:
+            await self._start(emit)
+        except BaseException:
+            self._started = False  # let the caller retry after e.g. an unreachable API server
+            raise
+
+    async def _start(self, emit: Emit) -> None:
         self._emit = emit
         if self._api is None:
             self._api = await self._make_api()
@@ -222,7 +238,9 @@ class KubeBackend:
             asyncio.create_task(self.pod_reflector.run(), name=f"kube-pods-{self.cluster}"),
             asyncio.create_task(self._housekeeping(), name=f"kube-gc-{self.cluster}"),
         ]
-        self.log.info("kube backend started", nodes=len(self._nodes), workloads=len(self._workloads))
+        self.log.info(
+            "kube backend started", nodes=len(self._nodes), workloads=len(self._workloads)
+        )
 
     async def stop(self) -> None:
         self._stop.set()
@@ -232,6 +250,10 @@ class KubeBackend:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+        for b in list(self._background):
+            b.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await b
         if self._owns_api and self._api is not None:
             await self._api.close()
             self._api = None
@@ -259,6 +281,9 @@ class KubeBackend:
             self._upsert_node(node)
 
     def _remove_node(self, name: str, reason: str) -> None:
+        self._gone_nodes[name] = None
+        while len(self._gone_nodes) > 4096:
+            self._gone_nodes.popitem(last=False)
         entry = self._nodes.pop(name, None)
         if entry is not None and entry.info is not None:
             self._send(NodeGone(node=name, reason=reason))
@@ -268,6 +293,7 @@ class KubeBackend:
 
     def _upsert_node(self, node: KNode) -> None:
         name = node.metadata.name
+        self._gone_nodes.pop(name, None)
         cfg = self.config
         flavor = match_flavor(node, cfg.flavors)
         entry = self._nodes.get(name)
@@ -411,7 +437,10 @@ class KubeBackend:
         if w is None:
             kind = meta.annotations.get(ANN_KIND, "")
             w = self._workloads[key] = Workload(job_id, key[1], kind=kind)
+            w.cancelled = self._is_cancelled(key)
         w.update_pod(uid, pod, deleted)
+        if pod.spec.nodeName in self._gone_nodes:
+            w.node_gone(pod.spec.nodeName)
         names = self._pod_names.setdefault(key, {})
         if deleted:
             self._pod_key.pop(uid, None)
@@ -423,6 +452,9 @@ class KubeBackend:
         if report is not None:
             self._send(report)
         self._report(w)
+
+    def _is_cancelled(self, key: Key) -> bool:
+        return key in self._cancelled or key[1] <= self._cancel_upto.get(key[0], 0)
 
     def _report(self, w: Workload) -> None:
         if not self._live:
@@ -447,7 +479,7 @@ class KubeBackend:
             collection = res.collection(ns)
             try:
                 items, _ = await self.rest.list_all(
-                    collection, KObject, LABEL_JOB, self.config.list_page_size
+                    collection, KObject, selector(), self.config.list_page_size
                 )
             except KubeApiError as exc:
                 if exc.status in (404, 403):
@@ -491,9 +523,7 @@ class KubeBackend:
         for res in OWNED_RESOURCES:
             collection = res.collection(ns)
             try:
-                items, _ = await self.rest.list_all(
-                    collection, KObject, f"{LABEL_JOB}={label_value(job_id)}"
-                )
+                items, _ = await self.rest.list_all(collection, KObject, selector(job_id))
             except KubeApiError as exc:
                 if exc.status in (404, 403):
                     continue
@@ -528,6 +558,9 @@ class KubeBackend:
             )
         w.total = plan.total_replicas
         w.cancelled = False
+        self._cancelled.discard(key)
+        if key[0] in self._cancel_upto:
+            self._cancel_upto[key[0]] = min(self._cancel_upto[key[0]], cmd.attempt - 1)
         bound = self.log.bind(job_id=cmd.job_id, attempt=cmd.attempt, flavor=cmd.flavor)
         for obj in plan.objects:
             collection = obj.resource.collection(self.config.namespace)
@@ -537,22 +570,39 @@ class KubeBackend:
                 created = await self.rest.create(collection, obj.body)
             except KubeApiError as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None
-            except (OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
             bound.info("created", kind=obj.resource.kind, name=obj.name, existed=not created)
         self._report(w)
+        if cmd.attempt > 1:
+            # Older attempts go in the background: the ack (and so the new attempt's start)
+            # must not wait for a list of every workload kind.
+            task = asyncio.create_task(self._gc_older(cmd.job_id, cmd.attempt))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _gc_older(self, job_id: str, attempt: int) -> None:
         try:
-            await self._delete_attempts(cmd.job_id, lambda a: a >= cmd.attempt, "older attempt")
-        except (KubeApiError, OSError, asyncio.TimeoutError) as exc:
-            bound.warning("garbage collection of older attempts failed", error=str(exc))
+            await self._delete_attempts(job_id, lambda a: a >= attempt, "older attempt")
+        except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
+            self.log.warning(
+                "garbage collection of older attempts failed", job_id=job_id, error=str(exc)
+            )
 
     async def cancel(self, job_id: str, attempt: int | None, reason: str) -> None:
-        keep: Callable[[int], bool] = (lambda a: False) if attempt is None else (lambda a: a != attempt)
+        if attempt is None:
+            self._cancel_upto[job_id] = float("inf")
+        else:
+            self._cancelled.add((job_id, attempt))
+
+        def keep(a: int) -> bool:
+            return attempt is not None and a != attempt
+
         try:
             await self._delete_attempts(job_id, keep, reason or "cancel")
         except KubeApiError as exc:
             raise BackendError(f"cancel {job_id}: {exc}") from None
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
             raise BackendError(f"cancel {job_id}: {exc!r}") from None
         for key in [k for k in self._workloads if k[0] == job_id and not keep(k[1])]:
             self._workloads[key].cancelled = True
@@ -560,14 +610,16 @@ class KubeBackend:
     async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
         names = list(self._pod_names.get((job_id, attempt), {}).values())
         if not names:
-            raise BackendError(f"no pods of {job_id} attempt {attempt} to ask for a checkpoint")
+            # Nothing runs yet, so nothing can checkpoint; the broker's deadline still holds.
+            self.log.warning("checkpoint request: no pods", job_id=job_id, attempt=attempt)
+            return
         patch = {"metadata": {"annotations": {ANN_CHECKPOINT_REQUEST: f"{deadline:.3f}"}}}
         base = f"/api/v1/namespaces/{self.config.namespace}/pods"
         failed: list[str] = []
         for name in names:
             try:
                 await self.rest.merge_patch(item_path(base, name), patch)
-            except (KubeApiError, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
                 failed.append(f"{name}: {exc}")
         if failed and len(failed) == len(names):
             raise BackendError("checkpoint request failed: " + "; ".join(failed)[:900])
@@ -601,14 +653,18 @@ class KubeBackend:
         newest: dict[str, int] = {}
         for (job_id, attempt), _, _ in found:
             newest[job_id] = max(newest.get(job_id, 0), attempt)
-        for (job_id, attempt) in self._workloads:
+        for job_id, attempt in self._workloads:
             newest[job_id] = max(newest.get(job_id, 0), attempt)
         stale = [(c, n) for (jid, a), c, n in found if a < newest[jid]]
         await self._delete_objects(stale)
         live_objects = {key for key, _, _ in found}
         for key in list(self._workloads):
             w = self._workloads[key]
-            if (w.cancelled or w.terminal) and key not in live_objects and not self._pod_names.get(key):
+            if (
+                (w.cancelled or w.terminal)
+                and key not in live_objects
+                and not self._pod_names.get(key)
+            ):
                 del self._workloads[key]
                 self._pod_names.pop(key, None)
         return len(stale)

@@ -180,9 +180,9 @@ class Reflector(Generic[T]):
     ) -> None:
         self.rest = rest
         self.collection = collection
-        self.kind = kind
-        self.on_replace = on_replace
-        self.on_event = on_event
+        self.kind: type[T] = kind
+        self.on_replace: Callable[[list[T]], None] = on_replace
+        self.on_event: Callable[[str, T], None] = on_event
         self.label_selector = label_selector
         self.page_size = page_size
         self.watch_timeout_s = watch_timeout_s
@@ -274,7 +274,7 @@ class Reflector(Generic[T]):
             while True:
                 try:
                     line = await resp.content.readline(max_line_length=MAX_LINE)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     return  # idle past the read timeout: resume from the last version
                 if not line:
                     return
@@ -314,7 +314,7 @@ async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
     """Wait `seconds` or until `stop`; True when stopped."""
     try:
         await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
     return True
 

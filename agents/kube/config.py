@@ -78,6 +78,12 @@ class Toleration(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True,
         out.setdefault("operator", self.operator)
         return out
 
+    def __post_init__(self) -> None:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("tolerations: operator Exists takes no value")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("tolerations: an empty key needs operator Exists")
+
 
 class FlavorConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One pool of identical nodes, like Kueue's ResourceFlavor: `node_labels` select the
@@ -135,15 +141,17 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     in_cluster: bool = False
     gpu_resource: Annotated[str, Meta(min_length=1, max_length=253)] = "nvidia.com/gpu"
     spot_deadlines_s: SpotDeadlines = msgspec.field(default_factory=SpotDeadlines)
-    spot_taints: Annotated[list[LabelKey], Meta(max_length=64)] = list(DEFAULT_SPOT_TAINTS)
-    node_disruption_reasons: Annotated[list[ShortStr], Meta(max_length=64)] = list(
-        DEFAULT_NODE_DISRUPTION_REASONS
+    spot_taints: Annotated[list[LabelKey], Meta(max_length=64)] = msgspec.field(
+        default_factory=lambda: list(DEFAULT_SPOT_TAINTS)
     )
-    gpu_failure_conditions: Annotated[list[ShortStr], Meta(max_length=64)] = list(
-        DEFAULT_GPU_FAILURE_CONDITIONS
+    node_disruption_reasons: Annotated[list[ShortStr], Meta(max_length=64)] = msgspec.field(
+        default_factory=lambda: list(DEFAULT_NODE_DISRUPTION_REASONS)
     )
-    gpu_failure_taints: Annotated[list[LabelKey], Meta(max_length=64)] = list(
-        DEFAULT_GPU_FAILURE_TAINTS
+    gpu_failure_conditions: Annotated[list[ShortStr], Meta(max_length=64)] = msgspec.field(
+        default_factory=lambda: list(DEFAULT_GPU_FAILURE_CONDITIONS)
+    )
+    gpu_failure_taints: Annotated[list[LabelKey], Meta(max_length=64)] = msgspec.field(
+        default_factory=lambda: list(DEFAULT_GPU_FAILURE_TAINTS)
     )
     # Full re-list of nodes and pods this often (drift repair), plus garbage collection.
     resync_period_s: Annotated[float, Meta(ge=1, le=86_400)] = 300.0

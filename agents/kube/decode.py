@@ -9,7 +9,7 @@ yields None instead of an exception, so one bad line never stops a watch.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -172,10 +172,10 @@ class Decoded(msgspec.Struct, Generic[T]):
         return self.obj.metadata.resourceVersion if self.obj is not None else ""
 
 
-_event_decoders: dict[type, msgspec.json.Decoder[WatchEvent[T]]] = {}
+_event_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
 _status_event_decoder = msgspec.json.Decoder(_StatusEvent)
 _status_decoder = msgspec.json.Decoder(KStatus)
-_list_decoders: dict[type, msgspec.json.Decoder[KList[T]]] = {}
+_list_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
 
 
 def _event_decoder(kind: type[T]) -> msgspec.json.Decoder[WatchEvent[T]]:
@@ -217,7 +217,8 @@ def decode_list(body: bytes, kind: type[T]) -> KList[T]:
     dec = _list_decoders.get(kind)
     if dec is None:
         dec = _list_decoders[kind] = msgspec.json.Decoder(KList[kind])  # type: ignore[valid-type]
-    return dec.decode(body)
+    page: KList[T] = dec.decode(body)
+    return page
 
 
 def decode_status(body: bytes) -> KStatus:

@@ -57,6 +57,7 @@ LABEL_JOB = "muster.dev/job-id"
 LABEL_ATTEMPT = "muster.dev/attempt"
 LABEL_PODSET = "muster.dev/podset"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_TOP = "muster.dev/top-level"  # only on the objects Muster creates, not on their pods
 MANAGED_BY = "muster"
 ANN_JOB = "muster.dev/job-id"
 ANN_TOTAL = "muster.dev/total-replicas"
@@ -101,16 +102,25 @@ TFJOB = Resource("kubeflow.org/v1", "TFJob", "tfjobs")
 MPIJOB = Resource("kubeflow.org/v2beta1", "MPIJob", "mpijobs")
 VOLCANO_JOB = Resource("batch.volcano.sh/v1alpha1", "Job", "jobs")
 JOBSET = Resource("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets")
+XGBOOSTJOB = Resource("kubeflow.org/v1", "XGBoostJob", "xgboostjobs")
+PADDLEJOB = Resource("kubeflow.org/v1", "PaddleJob", "paddlejobs")
+MXJOB = Resource("kubeflow.org/v1", "MXJob", "mxjobs")
+POD = Resource("v1", "Pod", "pods")
 
-# Every kind the backend may create; the startup scan and the RBAC in deploy/ cover these.
+# Every kind the backend may create (the kinds `broker.manifests` derives gangs from); the
+# startup scan, cancel and the RBAC in deploy/ cover exactly these.
 OWNED_RESOURCES: tuple[Resource, ...] = (
-    BATCH_JOB,
     SERVICE,
+    BATCH_JOB,
     PYTORCHJOB,
     TFJOB,
     MPIJOB,
+    XGBOOSTJOB,
+    PADDLEJOB,
+    MXJOB,
     VOLCANO_JOB,
     JOBSET,
+    POD,
 )
 
 # (API group, kind) -> plural, for manifests in any served version of a supported kind.
@@ -119,13 +129,20 @@ _PLURALS: dict[tuple[str, str], str] = {
     ("kubeflow.org", "PyTorchJob"): "pytorchjobs",
     ("kubeflow.org", "TFJob"): "tfjobs",
     ("kubeflow.org", "MPIJob"): "mpijobs",
+    ("kubeflow.org", "XGBoostJob"): "xgboostjobs",
+    ("kubeflow.org", "PaddleJob"): "paddlejobs",
+    ("kubeflow.org", "MXJob"): "mxjobs",
     ("batch.volcano.sh", "Job"): "jobs",
     ("jobset.x-k8s.io", "JobSet"): "jobsets",
+    ("", "Pod"): "pods",
 }
 _KUBEFLOW_SPECS = {
     "PyTorchJob": "pytorchReplicaSpecs",
     "TFJob": "tfReplicaSpecs",
     "MPIJob": "mpiReplicaSpecs",
+    "XGBoostJob": "xgbReplicaSpecs",
+    "PaddleJob": "paddleReplicaSpecs",
+    "MXJob": "mxReplicaSpecs",
 }
 # Replica types whose success is the job's success (Kubeflow's default success policies).
 _LEADER_TYPES = {"master", "launcher", "chief"}
@@ -194,9 +211,14 @@ def muster_labels(job_id: str, attempt: int, podset: str | None = None) -> dict[
     return labels
 
 
-def selector(job_id: str, attempt: int | None = None) -> str:
-    """labelSelector for one attempt's objects (every attempt when `attempt` is None)."""
-    sel = f"{LABEL_JOB}={label_value(job_id)}"
+def selector(job_id: str | None = None, attempt: int | None = None) -> str:
+    """labelSelector for the objects Muster created (not their pods): every job's, one
+    job's, or one attempt's."""
+    sel = (
+        f"{LABEL_TOP},{LABEL_JOB}"
+        if job_id is None
+        else f"{LABEL_TOP},{LABEL_JOB}={label_value(job_id)}"
+    )
     return sel if attempt is None else f"{sel},{LABEL_ATTEMPT}={attempt}"
 
 
@@ -345,7 +367,7 @@ def _object_meta(cmd: Dispatch, name: str, namespace: str) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": namespace,
-        "labels": muster_labels(cmd.job_id, cmd.attempt),
+        "labels": {**muster_labels(cmd.job_id, cmd.attempt), LABEL_TOP: "true"},
         "annotations": {
             ANN_JOB: cmd.job_id,
             ANN_TOTAL: "0",  # filled in by build_workload
@@ -567,16 +589,35 @@ def _int(value: Any, path: str) -> int:
     return value
 
 
+def podset_key(text: str) -> str:
+    """The podset name Muster gives a replica type / task / replicated job: a DNS-1123 label,
+    exactly as `broker.manifests` derives the gang (so assignments match by name)."""
+    s = re.sub(r"-{2,}", "-", _NAME_RE.sub("-", text.lower())).strip("-")
+    return s[:63].rstrip("-")
+
+
+def _job_pods(job_spec: dict[str, Any], path: str) -> int:
+    """Pods of a batch/v1 Job that run at once: min(parallelism, completions)."""
+    parallelism = _int(job_spec.get("parallelism", 1), f"{path}.parallelism")
+    completions = job_spec.get("completions")
+    if completions is None:
+        return parallelism
+    return min(parallelism, _int(completions, f"{path}.completions"))
+
+
 def manifest_templates(manifest: dict[str, Any]) -> list[_Template]:
-    """The pod templates of a supported manifest, each with the podset name Muster uses for
-    it: the lower-cased Kubeflow replica type (master, worker, launcher, ps, chief), the
-    Volcano task name, the JobSet replicated-job name, or `main` for a batch/v1 Job."""
-    kind = manifest.get("kind")
+    """The pod templates of a supported manifest, each with its podset name (the same names
+    `broker.manifests` derives): the Kubeflow replica type lower-cased (master, worker,
+    launcher, ps, chief), the Volcano task name (`default` for one unnamed task), the JobSet
+    replicated-job name, `worker` for a batch/v1 Job, `pod` for a v1 Pod. Replica types with
+    0 replicas are listed too (patched, but they need no node)."""
+    kind = str(manifest.get("kind", ""))
+    api_version = str(manifest.get("apiVersion", ""))
     spec = manifest.get("spec")
     if not isinstance(spec, dict):
         raise ManifestError("workload.manifest.spec: missing or not an object")
     out: list[_Template] = []
-    if kind in _KUBEFLOW_SPECS:
+    if kind in _KUBEFLOW_SPECS and api_version.startswith("kubeflow.org/"):
         key = _KUBEFLOW_SPECS[kind]
         replica_specs = spec.get(key)
         if not isinstance(replica_specs, dict) or not replica_specs:
@@ -584,19 +625,19 @@ def manifest_templates(manifest: dict[str, Any]) -> list[_Template]:
         for rtype, rs in replica_specs.items():
             if not isinstance(rs, dict) or not isinstance(rs.get("template"), dict):
                 raise ManifestError(f"workload.manifest.spec.{key}.{rtype}.template: missing")
-            name = str(rtype).lower()
+            name = podset_key(str(rtype))
             replicas = _int(rs.get("replicas", 1), f"spec.{key}.{rtype}.replicas")
             out.append(_Template(name, replicas, rs["template"], name in _LEADER_TYPES))
-    elif kind == "Job" and str(manifest.get("apiVersion", "")).startswith("batch.volcano.sh/"):
+    elif kind == "Job" and api_version.startswith("batch.volcano.sh/"):
         tasks = spec.get("tasks")
         if not isinstance(tasks, list) or not tasks:
             raise ManifestError("workload.manifest.spec.tasks: missing or empty")
         for i, task in enumerate(tasks):
             if not isinstance(task, dict) or not isinstance(task.get("template"), dict):
                 raise ManifestError(f"workload.manifest.spec.tasks[{i}].template: missing")
-            name = str(task.get("name") or f"task{i}")
+            raw_name = task.get("name") or ("default" if len(tasks) == 1 else f"task{i}")
             replicas = _int(task.get("replicas", 1), f"spec.tasks[{i}].replicas")
-            out.append(_Template(name, replicas, task["template"], False))
+            out.append(_Template(podset_key(str(raw_name)), replicas, task["template"], False))
     elif kind == "JobSet":
         rjobs = spec.get("replicatedJobs")
         if not isinstance(rjobs, list) or not rjobs:
@@ -608,17 +649,18 @@ def manifest_templates(manifest: dict[str, Any]) -> list[_Template]:
                 raise ManifestError(
                     f"workload.manifest.spec.replicatedJobs[{i}].template.spec.template: missing"
                 )
-            per_job = _int(jspec.get("parallelism", 1), f"spec.replicatedJobs[{i}].parallelism")
+            pods = _job_pods(jspec, f"spec.replicatedJobs[{i}].template.spec")
             count = _int(rj.get("replicas", 1), f"spec.replicatedJobs[{i}].replicas")
-            name = str(rj.get("name") or f"rjob{i}")
-            out.append(_Template(name, count * per_job, jspec["template"], False))
-    elif kind == "Job":
+            name = podset_key(str(rj.get("name") or f"rjob{i}"))
+            out.append(_Template(name, count * pods, jspec["template"], False))
+    elif kind == "Job" and api_version == "batch/v1":
         if not isinstance(spec.get("template"), dict):
             raise ManifestError("workload.manifest.spec.template: missing")
-        replicas = _int(spec.get("parallelism", 1), "spec.parallelism")
-        out.append(_Template("main", replicas, spec["template"], False))
+        out.append(_Template("worker", _job_pods(spec, "spec"), spec["template"], False))
+    elif kind == "Pod" and api_version == "v1":
+        out.append(_Template("pod", 1, manifest, True))
     else:
-        raise ManifestError(f"workload.manifest.kind: unsupported kind {kind!r}")
+        raise ManifestError(f"workload.manifest.kind: unsupported kind {api_version} {kind}")
     return out
 
 
@@ -635,15 +677,12 @@ def build_from_manifest(cmd: Dispatch, flavor: FlavorConfig, namespace: str) -> 
     templates = manifest_templates(manifest)
     total = sum(t.replicas for t in templates)
     _check_assignment(cmd)
-    by_name = _assigned(cmd)
-    by_lower = {k.lower(): v for k, v in by_name.items()}
+    by_key = {podset_key(k): v for k, v in _assigned(cmd).items()}
     all_nodes = [n for a in cmd.assignment for n in a.nodes]
-    single = len(templates) == 1 and len(cmd.assignment) == 1
+    single = len([t for t in templates if t.replicas]) == 1 and len(cmd.assignment) == 1
     for t in templates:
-        nodes = by_name.get(t.podset)
-        if nodes is None:
-            nodes = by_lower.get(t.podset.lower())
-        if nodes is None and single:
+        nodes = by_key.get(t.podset)
+        if nodes is None and single and t.replicas:
             nodes = cmd.assignment[0].nodes
         spread = nodes is not None and len(nodes) == t.replicas
         _prepare_template(
@@ -657,7 +696,8 @@ def build_from_manifest(cmd: Dispatch, flavor: FlavorConfig, namespace: str) -> 
             spread=spread,
         )
     base = workload_name(cmd.job_id, cmd.attempt)
-    old = manifest.get("metadata") if isinstance(manifest.get("metadata"), dict) else {}
+    raw_meta = manifest.get("metadata")
+    old: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
     meta = _object_meta(cmd, base, namespace)
     meta["labels"] = {**(old.get("labels") or {}), **meta["labels"]}
     meta["annotations"] = {**(old.get("annotations") or {}), **meta["annotations"]}

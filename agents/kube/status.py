@@ -226,7 +226,9 @@ class Workload:
         return st
 
     # -- checkpoints ----------------------------------------------------------------------
-    def checkpoint(self, pod: KPod, clock: Callable[[], float] = time.time) -> CheckpointReport | None:
+    def checkpoint(
+        self, pod: KPod, clock: Callable[[], float] = time.time
+    ) -> CheckpointReport | None:
         """A CheckpointReport when the pod's `muster.dev/checkpoint` annotation names a step
         newer than the last one reported for this attempt."""
         raw = pod.metadata.annotations.get(ANN_CHECKPOINT)

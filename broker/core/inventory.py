@@ -13,6 +13,9 @@ Node rules:
   snapshots and can be restored (`assume`) before the agent has reported the node at all.
 - A node that names a flavor the agent did not list gets an implicit on-demand flavor of that
   name with no GPU type and price 0, so its capacity and allocations are still tracked.
+- Spot notices are never withdrawn by providers: once known, a node's notice sticks (across
+  upserts and snapshots that omit the deadline) until the node leaves the inventory, and counts
+  as one interruption of its pool however often it is re-reported.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class Pool:
         "gpu_type",
         "info",
         "key",
+        "maxcm",
         "name",
         "nodes",
         "price",
@@ -103,6 +107,7 @@ class Pool:
         self.top = 0  # upper bound of the highest non-empty bucket
         self.free_gpu = 0  # sum of free GPUs over schedulable nodes
         self.cap_counts: list[int] = [0]  # nodes by allocatable GPUs (empty-pool fit)
+        self.maxcm: tuple[int, int] | None = None  # biggest node cpu and memory (cached)
         self.info = info
         self.flavor_class = flavor_class
         self.capacity_type = info.capacity_type
@@ -149,12 +154,14 @@ class Pool:
         self.cap_counts[gpu] += delta
 
     def attach(self, node: Node) -> None:
+        self.maxcm = None
         self.nodes[node.name] = node
         self._count_cap(node.gpu, 1)
         node.bucket = -1
         node.refresh()
 
     def detach(self, node: Node) -> None:
+        self.maxcm = None
         node.schedulable = False
         self.refile(node)
         self.nodes.pop(node.name, None)
@@ -169,11 +176,13 @@ class Pool:
         return 0
 
     def max_cpu_mem(self) -> tuple[int, int]:
-        cpu = mem = 0
-        for n in self.nodes.values():
-            cpu = max(cpu, n.cpu)
-            mem = max(mem, n.mem)
-        return cpu, mem
+        if self.maxcm is None:
+            cpu = mem = 0
+            for n in self.nodes.values():
+                cpu = max(cpu, n.cpu)
+                mem = max(mem, n.mem)
+            self.maxcm = (cpu, mem)
+        return self.maxcm
 
 
 @dataclass(slots=True, eq=False)
@@ -324,12 +333,12 @@ class Inventory:
                 self._sync_pool_nodes(p, now)
                 del c.pools[name]
         for f in flavors:
-            p = c.pools.get(f.name)
-            if p is None:
-                p = c.pools[f.name] = Pool(cluster, f, self.flavor_class(f))
+            known = c.pools.get(f.name)
+            if known is None:
+                known = c.pools[f.name] = Pool(cluster, f, self.flavor_class(f))
             else:
-                p.set_info(f, self.flavor_class(f))
-            self._sync_pool_nodes(p, now)
+                known.set_info(f, self.flavor_class(f))
+            self._sync_pool_nodes(known, now)
         for info in nodes:
             if info.name in c.nodes:  # a duplicate in one snapshot: the last one wins
                 self._drop_node(c, c.nodes[info.name], now)
@@ -445,4 +454,3 @@ class Inventory:
         if c is None:
             return []
         return list(c.node_allocs.get(name, {}))
-

@@ -600,12 +600,38 @@ class Machine:
         self, job_id: str, cluster: str, notice: SpotNotice, now: float, effects: list[Effect]
     ) -> None:
         record = self.jobs.get(job_id)
-        if record is None or record.state not in ("admitted", "running"):
+        if record is None:
+            return
+        pre = record.preempting
+        if pre is not None:
+            rep = pre.replacement
+            if rep is not None and rep.cluster == cluster and notice.node in _nodes(rep):
+                # The reserved replacement is itself being reclaimed: reserve again elsewhere.
+                self.scheduler.release(job_id, rep.attempt)
+                pre.replacement = None
+                self._reserve_replacement(record, now)
+                effects.append(Persist(record))
+            return
+        if record.state not in ("admitted", "running"):
             return
         current = record.current
         if current is None or current.cluster != cluster:
             return
         self._begin_preempt(record, "spot-notice", notice.deadline, now, effects, reserve=True)
+
+    def _reserve_replacement(self, record: JobRecord, now: float) -> None:
+        """Make-before-break: hold a placement for the next attempt away from the lost pool."""
+        current = record.current
+        pre = record.preempting
+        if current is None or pre is None:
+            return
+        request = gang_request(record, now, self._demands[record.job_id])
+        request.avoid_pools = request.avoid_pools | {(current.cluster, current.flavor)}
+        if self._spot_fallback_due(record, extra=1):
+            request.spot_exhausted = True
+        got = self.scheduler.reserve(request, now, replacing_attempt=current.attempt)
+        if isinstance(got, Placement):
+            pre.replacement = self._attempt_for(record, got, now)
 
     def _begin_preempt(
         self,
@@ -630,13 +656,7 @@ class Machine:
         record.state = "preempting"
         self._preempting.add(record.job_id)
         if reserve:
-            request = gang_request(record, now, self._demands[record.job_id])
-            request.avoid_pools = request.avoid_pools | {(current.cluster, current.flavor)}
-            if self._spot_fallback_due(record, extra=1):
-                request.spot_exhausted = True
-            got = self.scheduler.reserve(request, now, replacing_attempt=current.attempt)
-            if isinstance(got, Placement):
-                record.preempting.replacement = self._attempt_for(record, got, now)
+            self._reserve_replacement(record, now)
         effects.append(Persist(record))
         effects.append(self._event(record, "preempting", now, reason=cause))
         if record.spec.checkpoint is None or current.running_at is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from broker.core.types import ReasonCode
 from schemas.api import FlavorUsage, QueueView, ResourceUsage
 from schemas.config import QueueConfig
 
@@ -51,16 +52,13 @@ class QueueState:
     """One queue's configuration and what it uses now."""
 
     config: QueueConfig
+    name: str
     index: int
     limits: dict[str, Limits] | None  # None = unlimited
     cohort: Cohort | None = None
     usage: dict[str, list[int]] = field(default_factory=dict)
     total: list[int] = field(default_factory=lambda: [0, 0, 0])
     admitted: int = 0
-
-    @property
-    def name(self) -> str:
-        return self.config.name
 
     @property
     def strict(self) -> bool:
@@ -99,7 +97,7 @@ class QuotaBook:
         self.queues: dict[str, QueueState] = {}
         self.cohorts: dict[str, Cohort] = {}
         for i, qc in enumerate(queues):
-            qs = QueueState(config=qc, index=i, limits=_limits_of(qc))
+            qs = QueueState(config=qc, name=qc.name, index=i, limits=_limits_of(qc))
             self.queues[qc.name] = qs
             if qc.cohort is not None and qs.limits is not None:
                 co = self.cohorts.setdefault(qc.cohort, Cohort(qc.cohort))
@@ -131,7 +129,7 @@ class QuotaBook:
             parent = min(parent, cap)
         return local + parent, own
 
-    def check(self, q: QueueState, cls: str, demand: Vec) -> tuple[str, str] | None:
+    def check(self, q: QueueState, cls: str, demand: Vec) -> tuple[ReasonCode, str] | None:
         """None when `demand` fits the queue's quota in `cls`, else (reason code, message)."""
         limits = q.limits
         if limits is None:

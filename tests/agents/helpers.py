@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
 
 from schemas.agent import (
     CheckpointRef,
@@ -116,8 +117,16 @@ class BrokerWire:
         return await self.send_raw(encode_msgpack(cmd), timeout)
 
     async def send_raw(self, data: bytes, timeout: float = 2.0) -> CommandAck:
-        msg = await self.nc.request(self.subjects.agent_cmd(self.cluster), data, timeout=timeout)
-        return decode_command_ack(msg.data)
+        """Request/reply like the broker. A just-started nats-server answers "no responders"
+        for a few hundred ms even after the agent's SUB was flushed, so retry that (bounded)."""
+        subject = self.subjects.agent_cmd(self.cluster)
+        for _ in range(40):
+            try:
+                msg = await self.nc.request(subject, data, timeout=timeout)
+                return decode_command_ack(msg.data)
+            except NoRespondersError:
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"no responder on {subject} for 2 s")
 
 
 def job_spec(

@@ -15,7 +15,6 @@ from schemas.agent import (
     ClusterSnapshot,
     Heartbeat,
     Resync,
-    WorkloadStatus,
 )
 from schemas.codec import encode_msgpack
 from schemas.job import Simulation
@@ -227,8 +226,9 @@ async def test_batching_respects_batch_max(make_agent: MakeAgent) -> None:
     for _ in range(23):
         a.cluster.add_node("od-a100")
     await a.wire.wait_for(
-        lambda: sum(1 for b in a.wire.batches for e in b.events if not isinstance(e, Heartbeat))
-        >= 24
+        lambda: (
+            sum(1 for b in a.wire.batches for e in b.events if not isinstance(e, Heartbeat)) >= 24
+        )
     )
     assert all(len(b.events) <= 5 for b in a.wire.batches)
     seqs = [b.seq for b in a.wire.batches]
@@ -258,15 +258,55 @@ async def test_many_runtimes_share_one_connection(nc: Client) -> None:
             await w.stop()
 
 
-async def test_events_between_snapshots_are_not_lost(make_agent: MakeAgent) -> None:
-    """A terminal status queued just before a resync still reaches the broker."""
+async def test_endings_queued_before_a_snapshot_ride_inside_it(make_agent: MakeAgent) -> None:
+    """The broker reads a live attempt missing from a snapshot as lost, so an ending that is
+    still queued when a snapshot is taken goes inside the snapshot, not after it."""
     a = await make_agent(batch_interval_s=0.2)
     assert (await a.wire.send(dispatch("job-t", a.cluster.nodes[:1], sim=SLOW))).ok
     await a.wire.wait_status("job-t", 1, "running")
+    n = len(a.wire.batches)
     a.cluster.remove_node(a.cluster.nodes[0])
     a.runtime.request_snapshot()
-    ev = await a.wire.wait_status("job-t", 1, "evicted")
-    assert ev.reason == "node-removed"
-    snaps = a.wire.events(ClusterSnapshot)
-    assert all(not s.workloads for s in snaps[1:])
-    assert isinstance(a.wire.events(WorkloadStatus)[-1], WorkloadStatus)
+    snap = await a.wire.wait_snapshot(since=n)
+    (wl,) = snap.workloads
+    assert (wl.job_id, wl.phase, wl.reason) == ("job-t", "evicted", "node-removed")
+    assert not [s for s in a.wire.statuses("job-t") if s.phase == "evicted"]
+
+
+async def test_job_finishing_during_outage_is_reported_on_heal(make_agent: MakeAgent) -> None:
+    a = await make_agent(heartbeat_s=0.05)
+    sim = Simulation(total_steps=30, steps_per_second=100.0, checkpoint_every=10)
+    assert (await a.wire.send(dispatch("job-u", a.cluster.nodes[:1], sim=sim))).ok
+    await a.wire.wait_status("job-u", 1, "created")
+    a.cluster.outage(True)
+    await asyncio.sleep(0.05)
+    n = len(a.wire.batches)
+    await asyncio.sleep(0.5)  # the job runs to the end while partitioned
+    assert a.cluster.history["job-u"][0].end_phase == "succeeded"
+    a.cluster.outage(False)
+    snap = await a.wire.wait_snapshot(since=n)
+    assert [(w.job_id, w.phase, w.step) for w in snap.workloads] == [("job-u", "succeeded", 30)]
+    first = a.wire.batches[n]
+    kinds = [type(e).__name__ for e in first.events]
+    assert kinds.count("ClusterSnapshot") == 1
+    steps = {e.step for e in first.events if isinstance(e, CheckpointReport)}
+    assert steps == {10, 20}  # checkpoints made during the outage are not lost
+
+
+async def test_closed_connection_does_not_crash_or_spin(nats_url: str) -> None:
+    import nats
+
+    from agents.fake.cluster import FakeCluster
+    from tests.agents.conftest import fast_config
+
+    own = await nats.connect(nats_url)
+    cluster = FakeCluster(unique("z"), fast_config())
+    rt = AgentRuntime(cluster, own, heartbeat_s=0.02)
+    await rt.start()
+    await own.close()
+    for _ in range(20):
+        cluster.add_node("od-a100")
+    await asyncio.sleep(0.5)
+    assert 1 <= rt.stats["errors"] <= 6  # retried every 0.2 s, not in a busy loop
+    assert rt._loop_task is not None and not rt._loop_task.done()
+    await rt.stop()

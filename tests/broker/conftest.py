@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -13,6 +14,8 @@ from typing import Any
 import nats
 import pytest_asyncio
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from broker.service import Broker
 from schemas.agent import FlavorInfo
@@ -68,6 +71,13 @@ class Harness:
         self.broker = broker
         self.task = asyncio.create_task(broker.run())
         await asyncio.wait_for(broker.leading.wait(), 15)
+        # A fresh subscription can take a moment to be visible to other connections.
+        for _ in range(100):
+            try:
+                await self.nc.request(self.subjects.api("stats"), b"{}", timeout=1)
+                break
+            except (NoRespondersError, NatsTimeoutError):
+                await asyncio.sleep(0.02)
         return broker
 
     async def stop_broker(self) -> None:
@@ -81,8 +91,10 @@ class Harness:
     async def crash_broker(self) -> None:
         """Like kill -9 for an in-process broker: no lease release, no drain."""
         assert self.broker is not None and self.task is not None
-        self.task.cancel()
         await self.broker.nc.close()
+        self.task.cancel()
+        with contextlib.suppress(BaseException):
+            await self.task
         self.broker = None
         self.task = None
 
@@ -94,7 +106,13 @@ class Harness:
         agent = await WireAgent(self.nc, self.subjects, cluster, flavors, node_list).start()
         self.agents.append(agent)
         if self.broker is not None:
-            await self.wait_for(lambda: self.synced(cluster))
+            try:
+                await self.wait_for(lambda: self.synced(cluster))
+            except AssertionError:
+                raise AssertionError(
+                    f"agent {cluster} never synced: {self.broker.stats} "
+                    f"{self.broker.machine.agents if self.broker.machine else None}"
+                ) from None
         return agent
 
     def synced(self, cluster: str) -> bool:

@@ -78,7 +78,7 @@ async def test_jobs_published_while_broker_down_are_admitted_later(harness: Harn
     await harness.stop_broker()  # the stream and consumer now exist; nobody consumes
     del broker
     for i in range(5):
-        await harness.nc.publish(harness.subjects.submit("default"), _enc(job(f"offline-{i}")))
+        await harness.nc.publish(harness.subjects.submit("default"), _enc(job(f"offline-{i}", 1)))
     await harness.nc.flush()
     await harness.start_broker()
     await harness.agent("c1")
@@ -95,7 +95,7 @@ async def test_api_errors_are_replies(harness: Harness) -> None:
     bad = await harness.api("frobnicate", {})
     assert not bad["ok"] and "unknown API verb" in bad["error"]
     wrong = await harness.api("get", {"jobid": "x"})
-    assert not wrong["ok"] and "job_id" in wrong["error"]
+    assert not wrong["ok"] and "jobid" in wrong["error"]
     assert (await harness.api("queues"))["ok"]
     assert (await harness.api("clusters"))["ok"]
 

@@ -19,7 +19,9 @@ from schemas.agent import (
     Dispatch,
     EventBatch,
     FlavorInfo,
+    Heartbeat,
     NodeInfo,
+    Resync,
     WorkloadStatus,
 )
 from schemas.codec import decode_command, encode_msgpack
@@ -61,12 +63,21 @@ class WireAgent:
         self.cancels: asyncio.Queue[Cancel] = asyncio.Queue()
         self.workloads: list[WorkloadStatus] = []
         self.auto_run = True  # answer a dispatch with created + running
+        self.silent = False  # True: no heartbeats (a cluster that went away)
         self._sub: Any = None
+        self._beat: asyncio.Task[None] | None = None
 
     async def start(self) -> WireAgent:
         self._sub = await self.nc.subscribe(self.subjects.agent_cmd(self.cluster), cb=self._on_cmd)
         await self.send(self.snapshot())
+        self._beat = asyncio.create_task(self._heartbeats())
         return self
+
+    async def _heartbeats(self) -> None:
+        for _ in range(10_000):  # bounded: ~33 minutes at most
+            await asyncio.sleep(0.2)
+            if not self.silent:
+                await self.send(Heartbeat(at=time.time()))
 
     def snapshot(self) -> ClusterSnapshot:
         return ClusterSnapshot(flavors=self.flavors, nodes=self.nodes, workloads=self.workloads)
@@ -92,19 +103,34 @@ class WireAgent:
         if not self.ack:
             return
         await msg.respond(encode_msgpack(CommandAck(ok=True)))
+        if isinstance(cmd, Resync):
+            await self.send(self.snapshot())
+        if isinstance(cmd, Cancel):
+            self.workloads = [
+                w
+                for w in self.workloads
+                if not (w.job_id == cmd.job_id and cmd.attempt in (None, w.attempt))
+            ]
         if isinstance(cmd, Dispatch) and self.auto_run:
             total = sum(len(a.nodes) for a in cmd.assignment)
-            await self.send(
-                WorkloadStatus(
-                    job_id=cmd.job_id,
-                    attempt=cmd.attempt,
-                    phase="running",
-                    running_replicas=total,
-                    total_replicas=total,
-                )
+            status = WorkloadStatus(
+                job_id=cmd.job_id,
+                attempt=cmd.attempt,
+                phase="running",
+                running_replicas=total,
+                total_replicas=total,
             )
+            self.workloads = [w for w in self.workloads if w.job_id != cmd.job_id] + [status]
+            await self.send(status)
+
+    async def finish(self, job_id: str, attempt: int, phase: str = "succeeded") -> None:
+        """The workload ends: report it and stop listing it in snapshots."""
+        self.workloads = [w for w in self.workloads if w.job_id != job_id]
+        await self.send(WorkloadStatus(job_id=job_id, attempt=attempt, phase=phase))  # type: ignore[arg-type]
 
     async def stop(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
         if self._sub is not None:
             await self._sub.unsubscribe()
 

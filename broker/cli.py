@@ -1,0 +1,894 @@
+"""`muster`: the command line for users (submit, status, cancel, why, queues, clusters, watch)
+and for operators (broker, agent, fleet, config, schema).
+
+Client commands reach NATS at --nats, else $MUSTER_NATS, else the URL an embedded broker wrote
+to <state dir>/nats.url, else nats://127.0.0.1:4222. `--output json` prints the exact reply
+Structs for scripts. A user error prints one line on stderr and exits 1; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import msgspec
+import typer
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from broker.client import MusterClient, MusterError, default_state_dir, resolve_nats_url
+from broker.config import ConfigError, config_to_yaml, load_config_full
+from broker.manifests import JobDocumentError, load_job_document
+from schemas.api import (
+    ClusterView,
+    JobEvent,
+    JobView,
+    QueueView,
+    SubmitReply,
+    WhyView,
+)
+from schemas.natsopts import NatsOptions
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="muster",
+    help="Muster: gang admission of GPU training jobs across clusters, over NATS.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # never print a password held in a local
+    rich_markup_mode=None,
+)
+
+
+class _Out:
+    """stdout through rich, made per print so it follows sys.stdout (pipes, test runners);
+    when piped, a wide fixed width so tables are not wrapped at 80 columns."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        width = None if sys.stdout.isatty() else 200
+        Console(highlight=False, width=width).print(*objects, **kwargs)
+
+
+out = _Out()
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one error = one line
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+class ConfigOutput(StrEnum):
+    yaml = "yaml"
+    json = "json"
+
+
+class State(StrEnum):
+    queued = "queued"
+    admitted = "admitted"
+    running = "running"
+    preempting = "preempting"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+# -- shared options ----------------------------------------------------------------------
+
+NatsUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--nats",
+        help="NATS URL(s), comma-separated (default: $MUSTER_NATS, then <state dir>/nats.url, "
+        "then nats://127.0.0.1:4222)",
+        show_default=False,
+    ),
+]
+Creds = Annotated[str | None, typer.Option("--creds", help="NATS .creds file (JWT + nkey)")]
+User = Annotated[str | None, typer.Option("--user", help="NATS user")]
+Password = Annotated[
+    str | None,
+    typer.Option("--password", envvar="MUSTER_NATS_PASSWORD", help="NATS password"),
+]
+Token = Annotated[
+    str | None, typer.Option("--token", envvar="MUSTER_NATS_TOKEN", help="NATS auth token")
+]
+TlsCa = Annotated[str | None, typer.Option("--tls-ca", help="CA bundle to verify NATS")]
+TlsCert = Annotated[str | None, typer.Option("--tls-cert", help="client certificate (mTLS)")]
+TlsKey = Annotated[str | None, typer.Option("--tls-key", help="client key (mTLS)")]
+OutputOpt = Annotated[
+    Output, typer.Option("--output", "-o", help="table for people, json for scripts")
+]
+Timeout = Annotated[float, typer.Option("--timeout", help="seconds to wait for the broker")]
+LogLevelOpt = Annotated[LogLevel, typer.Option("--log-level", help="log verbosity")]
+
+
+def nats_options(
+    url: str | None,
+    creds: str | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    token: str | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    *,
+    name: str = "muster-cli",
+) -> NatsOptions:
+    """NatsOptions from the CLI flags; the URL must already be resolved."""
+    if tls_key and not tls_cert:
+        fail("--tls-key needs --tls-cert (the client certificate it belongs to)")
+    for flag, path in (("--creds", creds), ("--tls-ca", tls_ca), ("--tls-cert", tls_cert)):
+        if path and not Path(path).is_file():
+            fail(f"{flag} {path}: file not found")
+    return NatsOptions(
+        url=url or resolve_nats_url(None),
+        creds=creds,
+        user=user,
+        password=password,
+        token=token,
+        tls_ca=tls_ca,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        name=name,
+    )
+
+
+def fail(message: str) -> NoReturn:
+    """One clear line on stderr, exit status 1."""
+    err.print(Text(f"error: {message}", style="red"))
+    raise typer.Exit(1)
+
+
+def _run(coro: Awaitable[T]) -> T:
+    """Run a coroutine; user-facing errors become one line on stderr and exit 1."""
+    try:
+        return asyncio.run(_as_coroutine(coro))
+    except (MusterError, JobDocumentError, ConfigError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+async def _as_coroutine(aw: Awaitable[T]) -> T:
+    return await aw
+
+
+async def _with_client(opts: NatsOptions, fn: Callable[[MusterClient], Awaitable[T]]) -> T:
+    async with MusterClient(opts) as client:
+        return await fn(client)
+
+
+def print_json(obj: Any) -> None:
+    """The exact Struct(s) as pretty JSON (plain stdout: never wrapped or styled)."""
+    typer.echo(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode())
+
+
+# -- formatting (pure: Structs in, rich renderables out) ---------------------------------
+
+_STATE_STYLE = {
+    "queued": "yellow",
+    "admitted": "cyan",
+    "running": "green",
+    "preempting": "magenta",
+    "succeeded": "bold green",
+    "failed": "bold red",
+    "cancelled": "dim",
+    "checkpointed": "blue",
+    "requeued": "yellow",
+}
+
+
+def _state(state: str) -> Text:
+    return Text(state, style=_STATE_STYLE.get(state, ""))
+
+
+def fmt_ago(ts: float | None, now: float) -> str:
+    """`12s ago`, `3m ago`, `2h ago`, `4d ago`; '-' when unknown."""
+    if not ts:
+        return "-"
+    return f"{fmt_duration(max(0.0, now - ts))} ago"
+
+
+def fmt_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def fmt_gpu_hours(gpu_seconds: float) -> str:
+    return f"{gpu_seconds / 3600:.2f}"
+
+
+def _where(cluster: str | None, flavor: str | None) -> str:
+    if not cluster:
+        return flavor or "-"
+    return f"{cluster}/{flavor}" if flavor else cluster
+
+
+def _row(table: Table, *cells: str | Text) -> None:
+    """Add a row; plain strings become Text so '[...]' in a reason is never read as markup."""
+    table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells))
+
+
+def jobs_table(jobs: Sequence[JobView], now: float | None = None) -> Table:
+    """`muster status`: one row per job."""
+    now = time.time() if now is None else now
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("JOB", "NAME", "QUEUE", "STATE", "GPUS", "ATTEMPT", "WHERE", "SUBMITTED"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("REASON", overflow="fold")
+    for j in jobs:
+        _row(
+            table,
+            j.job_id,
+            j.name,
+            j.queue,
+            _state(j.state),
+            str(j.gpus),
+            str(j.attempt) if j.attempt else "-",
+            _where(j.cluster, j.flavor),
+            fmt_ago(j.submitted_at, now),
+            j.reason or "",
+        )
+    return table
+
+
+def job_detail(job: JobView, now: float | None = None) -> Group:
+    """`muster status JOB`: state, attempts, accounting and the latest checkpoint."""
+    now = time.time() if now is None else now
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    _row(head, "job", job.job_id)
+    _row(head, "name", job.name)
+    _row(head, "queue", job.queue)
+    state = _state(job.state)
+    if job.reason:
+        state.append(f"  ({job.reason})", style="")
+    _row(head, "state", state)
+    _row(head, "priority", str(job.priority))
+    _row(head, "gpus", str(job.gpus))
+    _row(head, "submitted", fmt_ago(job.submitted_at, now))
+    if job.attempt:
+        _row(head, "attempt", f"{job.attempt} on {_where(job.cluster, job.flavor)}")
+    if job.spec is not None and job.spec.gang:
+        _row(
+            head,
+            "gang",
+            ", ".join(
+                f"{p.name} x{p.replicas} ({p.gpu} gpu, {p.cpu} cpu, {p.memory})"
+                for p in job.spec.gang
+            ),
+        )
+    parts: list[RenderableType] = [head]
+
+    if job.attempts:
+        attempts = Table(title="attempts", title_justify="left", box=None, header_style="bold")
+        for col in ("#", "CLUSTER", "FLAVOR", "CAPACITY", "GPU", "DISPATCHED", "RAN", "ENDED"):
+            attempts.add_column(col, no_wrap=True)
+        for col in ("CAUSE", "RESUMED", "GPU-H", "LOST GPU-H", "COST"):
+            attempts.add_column(col, no_wrap=True)
+        for a in job.attempts:
+            _row(
+                attempts,
+                str(a.attempt),
+                a.cluster,
+                a.flavor,
+                a.capacity_type or "-",
+                a.gpu_type or "-",
+                fmt_ago(a.dispatched_at, now),
+                fmt_duration((a.ended_at or now) - a.running_at) if a.running_at else "-",
+                fmt_ago(a.ended_at, now) if a.ended_at else "-",
+                a.end_cause or ("-" if a.ended_at is None else ""),
+                f"step {a.resume_from_step}" if a.resume_from_step is not None else "-",
+                fmt_gpu_hours(a.gpu_seconds),
+                fmt_gpu_hours(a.gpu_seconds_lost),
+                f"${a.cost:.2f}",
+            )
+        parts.append(Text(""))
+        parts.append(attempts)
+
+    acc = job.accounting
+    parts.append(Text(""))
+    parts.append(
+        Text.assemble(
+            ("accounting  ", "bold"),
+            f"attempts {acc.attempts}, preemptions {acc.preemptions}, errors {acc.errors}, "
+            f"GPU-hours used {fmt_gpu_hours(acc.gpu_seconds_used)}, "
+            f"lost {fmt_gpu_hours(acc.gpu_seconds_lost)}, goodput {acc.goodput:.0%}, "
+            f"cost ${acc.cost:.2f}",
+        )
+    )
+    ck = job.latest_checkpoint
+    if ck is not None:
+        when = f", {fmt_ago(ck.at, now)}" if ck.at else ""
+        by = f", attempt {ck.attempt}" if ck.attempt else ""
+        parts.append(
+            Text.assemble(("checkpoint  ", "bold"), f"step {ck.step} at {ck.uri}{when}{by}")
+        )
+    else:
+        parts.append(Text.assemble(("checkpoint  ", "bold"), "none yet"))
+    return Group(*parts)
+
+
+def why_view(why: WhyView) -> Group:
+    """`muster why JOB`: the reasons a job is not admitted."""
+    lines: list[RenderableType] = []
+    head = Text.assemble((why.job_id, "bold"), " is ", _state(why.state))
+    if why.position is not None:
+        head.append(
+            f", position {why.position} in its queue" + (" (head)" if why.position == 0 else "")
+        )
+    lines.append(head)
+    if not why.reasons:
+        if why.state == "queued":
+            lines.append(Text("no reason recorded yet; the next scheduling cycle will say"))
+        else:
+            lines.append(Text("nothing holds it back"))
+    for r in why.reasons:
+        where = _where(r.cluster, r.flavor)
+        prefix = f"  [{r.code}] " + (f"{where}: " if where != "-" else "")
+        lines.append(Text(prefix + r.message))  # Text: never parsed as markup
+    return Group(*lines)
+
+
+def _amount(resource: str, value: int | None) -> str:
+    if value is None:
+        return "∞"
+    if resource == "cpu":
+        return f"{value / 1000:g}"
+    if resource == "memory":
+        for suffix, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
+            if value >= size:
+                return f"{value / size:.3g}{suffix}"
+        return str(value)
+    return str(value)
+
+
+def queues_table(queues: Sequence[QueueView]) -> Table:
+    """`muster queues`: usage against quota per flavor class and resource."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("QUEUE", "COHORT", "STRATEGY", "WEIGHT", "PENDING", "ADMITTED", "SHARE"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("USAGE (used/nominal, +borrowed, lent)", overflow="fold")
+    for q in queues:
+        usage = []
+        for f in q.flavors:
+            res = []
+            for r in f.resources:
+                cell = (
+                    f"{r.resource} {_amount(r.resource, r.used)}/{_amount(r.resource, r.nominal)}"
+                )
+                if r.borrowed:
+                    cell += f" +{_amount(r.resource, r.borrowed)}"
+                if r.lent:
+                    cell += f" lent {_amount(r.resource, r.lent)}"
+                res.append(cell)
+            usage.append(f"{f.flavor}: " + ", ".join(res))
+        _row(
+            table,
+            q.name,
+            q.cohort or "-",
+            q.strategy,
+            f"{q.weight:g}",
+            str(q.pending),
+            str(q.admitted),
+            f"{q.dominant_share:.0%}",
+            "; ".join(usage) or "no quota (unlimited)",
+        )
+    return table
+
+
+_HEALTH_STYLE = {"healthy": "green", "unreachable": "yellow", "lost": "red"}
+
+
+def clusters_table(clusters: Sequence[ClusterView], now: float | None = None) -> Table:
+    """`muster clusters`: one row per cluster flavor, with capacity and spot risk."""
+    now = time.time() if now is None else now
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("CLUSTER", "HEALTH", "HEARTBEAT", "JOBS", "FLAVOR", "CAPACITY", "GPU"):
+        table.add_column(col, no_wrap=True)
+    for col in ("$/GPU-H", "NODES", "GPUS FREE/TOTAL", "DRAINING", "INTERRUPTIONS/NODE-H"):
+        table.add_column(col, no_wrap=True)
+    for c in clusters:
+        health = Text(c.health, style=_HEALTH_STYLE.get(c.health, ""))
+        common = [c.name, health, fmt_ago(c.last_heartbeat, now), str(c.running_jobs)]
+        if not c.flavors:
+            _row(table, *common, "-", "-", "-", "-", "0", "0/0", "0", "-")
+        for i, f in enumerate(c.flavors):
+            lead: list[Any] = common if i == 0 else ["", "", "", ""]
+            _row(
+                table,
+                *lead,
+                f.name,
+                f.capacity_type,
+                f.gpu_type or "-",
+                f"{f.price_per_gpu_hour:.2f}",
+                str(f.nodes),
+                f"{f.gpu_free}/{f.gpu_total}",
+                str(f.draining_nodes),
+                f"{f.interruption_rate_per_node_hour:.3f} ({f.interruptions})",
+            )
+    return table
+
+
+def event_line(ev: JobEvent) -> Text:
+    """One line per lifecycle event for `muster watch`."""
+    clock = time.strftime("%H:%M:%S", time.localtime(ev.at)) if ev.at else "--:--:--"
+    text = Text(f"{clock}  ")
+    text.append(f"{ev.kind:<12}", style=_STATE_STYLE.get(ev.kind, ""))
+    details = []
+    if ev.attempt:
+        details.append(f"attempt {ev.attempt}")
+    if ev.cluster:
+        details.append(f"on {_where(ev.cluster, ev.flavor)}")
+    if ev.step is not None:
+        details.append(f"step {ev.step}")
+    if ev.resume_from_step is not None:
+        details.append(f"resuming from step {ev.resume_from_step}")
+    if ev.reason:
+        details.append(f"({ev.reason})")
+    text.append(" ".join(details))
+    return text
+
+
+def submit_line(reply: SubmitReply, queue: str) -> str:
+    if reply.duplicate:
+        return f"job {reply.job_id} was already submitted to queue {queue}; nothing new created"
+    return f"submitted job {reply.job_id} to queue {queue}"
+
+
+# -- client commands ---------------------------------------------------------------------
+
+
+@app.command()
+def submit(
+    file: Annotated[
+        str, typer.Argument(help="job file (YAML/JSON JobSpec or manifest); - = stdin")
+    ],
+    queue: Annotated[str | None, typer.Option("--queue", "-q", help="queue to submit to")] = None,
+    job_id: Annotated[
+        str | None, typer.Option("--job-id", help="idempotency key: a repeat is not run twice")
+    ] = None,
+    nats: NatsUrl = None,
+    creds: Creds = None,
+    user: User = None,
+    password: Password = None,
+    token: Token = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    output: OutputOpt = Output.table,
+    timeout: Timeout = 5.0,
+) -> None:
+    """Submit a job: a Muster JobSpec, or a PyTorchJob/MPIJob/TFJob/Volcano Job/JobSet/Job."""
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"{file}: cannot read the job file: {exc.strerror or exc}")
+    except UnicodeDecodeError:
+        fail(f"{file}: not a text file; give a YAML or JSON job file")
+    source = "stdin" if file == "-" else file
+    try:
+        spec = load_job_document(text, queue=queue, job_id=job_id, source=source)
+    except JobDocumentError as exc:
+        fail(str(exc))
+    if not spec.queue:
+        fail(
+            f"{source}: no queue: pass --queue NAME, or set `queue:` (JobSpec) or the "
+            "kueue.x-k8s.io/queue-name label (manifest)"
+        )
+    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    reply = _run(_with_client(opts, lambda c: c.submit(spec, timeout=timeout)))
+    if output is Output.json:
+        print_json(reply)
+    else:
+        out.print(submit_line(reply, spec.queue))
+
+
+@app.command()
+def status(
+    job: Annotated[str | None, typer.Argument(help="a job id; omit to list jobs")] = None,
+    queue: Annotated[str | None, typer.Option("--queue", "-q", help="only this queue")] = None,
+    state: Annotated[State | None, typer.Option("--state", help="only this state")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="only this cluster")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 1000,
+    nats: NatsUrl = None,
+    creds: Creds = None,
+    user: User = None,
+    password: Password = None,
+    token: Token = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    output: OutputOpt = Output.table,
+    timeout: Timeout = 5.0,
+) -> None:
+    """List jobs, or show one job: state, attempts, accounting, latest checkpoint."""
+    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    if job is not None:
+        view = _run(_with_client(opts, lambda c: c.get(job, timeout=timeout)))
+        if output is Output.json:
+            print_json(view)
+        else:
+            out.print(job_detail(view))
+        return
+    jobs = _run(
+        _with_client(
+            opts,
+            lambda c: c.list(
+                queue=queue,
+                state=state.value if state else None,  # type: ignore[arg-type]
+                cluster=cluster,
+                limit=limit,
+                timeout=timeout,
+            ),
+        )
+    )
+    if output is Output.json:
+        print_json(jobs)
+    elif not jobs:
+        out.print("no jobs")
+    else:
+        out.print(jobs_table(jobs))
+
+
+@app.command()
+def cancel(
+    job: Annotated[str, typer.Argument(help="job id")],
+    reason: Annotated[str, typer.Option("--reason", help="recorded with the job")] = (
+        "cancelled by user"
+    ),
+    nats: NatsUrl = None,
+    creds: Creds = None,
+    user: User = None,
+    password: Password = None,
+    token: Token = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    output: OutputOpt = Output.table,
+    timeout: Timeout = 5.0,
+) -> None:
+    """Cancel a job (its running attempt is stopped)."""
+    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    view = _run(_with_client(opts, lambda c: c.cancel(job, reason, timeout=timeout)))
+    if output is Output.json:
+        print_json(view)
+    else:
+        out.print(Text.assemble(f"job {view.job_id} is ", _state(view.state)))
+
+
+@app.command()
+def why(
+    job: Annotated[str, typer.Argument(help="job id")],
+    nats: NatsUrl = None,
+    creds: Creds = None,
+    user: User = None,
+    password: Password = None,
+    token: Token = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    output: OutputOpt = Output.table,
+    timeout: Timeout = 5.0,
+) -> None:
+    """Say why a job is not admitted (quota, capacity, GPU type, queue order, ...)."""
+    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    view = _run(_with_client(opts, lambda c: c.why(job, timeout=timeout)))
+    if output is Output.json:
+        print_json(view)
+    else:
+        out.print(why_view(view))
+
+
+@app.command()
+def queues(
+    nats: NatsUrl = None,
+    creds: Creds = None,
+    user: User = None,
+    password: Password = None,
+    token: Token = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    output: OutputOpt = Output.table,
+    timeout: Timeout = 5.0,
+) -> None:
+    """Show queues: pending and admitted jobs, usage against quota, fair share."""
+    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    views = _run(_with_client(opts, lambda c: c.queues(timeout=timeout)))
+    if output is Output.json:
+        print_json(views)
+    else:
+        out.print(queues_table(views))
+
+
+@app.command()
+def clusters(
+    nats: NatsUrl = None,
+    creds: Creds = None,
+    user: User = None,
+    password: Password = None,
+    token: Token = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    output: OutputOpt = Output.table,
+    timeout: Timeout = 5.0,
+) -> None:
+    """Show clusters: health, flavors, free GPUs, prices and spot interruption rates."""
+    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    views = _run(_with_client(opts, lambda c: c.clusters(timeout=timeout)))
+    if output is Output.json:
+        print_json(views)
+    else:
+        out.print(clusters_table(views))
+
+
+@app.command()
+def watch(
+    job: Annotated[str, typer.Argument(help="job id")],
+    nats: NatsUrl = None,
+    creds: Creds = None,
+    user: User = None,
+    password: Password = None,
+    token: Token = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Follow a job's events until it ends. Exits 0 if it succeeded, 1 otherwise."""
+    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+
+    async def follow(client: MusterClient) -> str:
+        final = ""
+        async for ev in client.watch(job):
+            final = ev.state
+            if output is Output.json:
+                typer.echo(msgspec.json.encode(ev).decode())
+            else:
+                out.print(event_line(ev))
+        if not final:  # ended before we subscribed
+            view = await client.get(job)
+            final = view.state
+            if output is Output.json:
+                print_json(view)
+            else:
+                out.print(Text.assemble(f"job {job} is ", _state(final)))
+        return final
+
+    final = _run(_with_client(opts, follow))
+    if final != "succeeded":
+        raise typer.Exit(1)
+
+
+# -- operator commands -------------------------------------------------------------------
+
+
+def configure_logging(level: str) -> None:
+    """stdlib logging and structlog at one level, to stderr."""
+    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
+    import structlog
+
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def _server_nats(
+    url: str | None, *rest: str | None, name: str, resolve: bool
+) -> NatsOptions | None:
+    if url is None and not resolve:
+        if any(rest):
+            fail("NATS credentials or TLS options need --nats URL too")
+        return None
+    creds, user, password, token, tls_ca, tls_cert, tls_key = rest
+    return nats_options(url, creds, user, password, token, tls_ca, tls_cert, tls_key, name=name)
+
+
+def _lazy(module: str, attr: str | None) -> Any:
+    """Import a server part only when its command runs, so the client CLI works without it."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
+    except (ImportError, AttributeError) as exc:
+        fail(f"{module} is not available in this installation ({exc})")
+
+
+def _serve(coro: Awaitable[None]) -> None:
+    try:
+        asyncio.run(_as_coroutine(coro))
+    except KeyboardInterrupt:
+        pass
+    except (ConfigError, MusterError) as exc:
+        fail(str(exc))
+
+
+@app.command()
+def broker(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="broker config YAML (default: built-in)")
+    ] = None,
+    nats: Annotated[
+        str | None,
+        typer.Option(
+            "--nats",
+            envvar="MUSTER_NATS",
+            help="NATS URL of an existing server; without it an embedded nats-server starts and "
+            "its URL is written to <state dir>/nats.url",
+            show_default=False,
+        ),
+    ] = None,
+    creds: Creds = None,
+    user: User = None,
+    password: Password = None,
+    token: Token = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="where the embedded NATS keeps its data and nats.url "
+            "(default: $MUSTER_STATE_DIR or ./.muster)",
+            show_default=False,
+        ),
+    ] = None,
+    log_level: LogLevelOpt = LogLevel.info,
+) -> None:
+    """Run the broker (queues, gang admission, dispatch, recovery)."""
+    configure_logging(log_level.value)
+    try:
+        loaded = load_config_full(config)
+    except ConfigError as exc:
+        fail(str(exc))
+    for note in loaded.notes:
+        err.print(Text(f"note: {note}", style="dim"))
+    if loaded.aliases:
+        err.print(
+            Text(
+                "note: queue aliases are not applied by the broker yet; submit to the queue "
+                "names: " + ", ".join(f"{a} -> {q}" for a, q in sorted(loaded.aliases.items())),
+                style="dim",
+            )
+        )
+    opts = _server_nats(
+        nats, creds, user, password, token, tls_ca, tls_cert, tls_key,
+        name="muster-broker", resolve=False,
+    )  # fmt: skip
+    run_broker = _lazy("broker.service", "run_broker")
+
+    _serve(run_broker(config=loaded.config, nats=opts, state_dir=state_dir or default_state_dir()))
+
+
+@app.command()
+def agent(
+    config: Annotated[Path, typer.Option("--config", "-c", help="agent config YAML")],
+    nats: NatsUrl = None,
+    creds: Creds = None,
+    user: User = None,
+    password: Password = None,
+    token: Token = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    log_level: LogLevelOpt = LogLevel.info,
+) -> None:
+    """Run one cluster agent (backend kube or fake)."""
+    configure_logging(log_level.value)
+    load_agent_config = _lazy("agents.config", "load_agent_config")
+    run_agent = _lazy("agents.main", "run_agent")
+
+    try:
+        cfg = load_agent_config(config)
+    except ValueError as exc:
+        fail(str(exc))
+    opts = _server_nats(
+        nats, creds, user, password, token, tls_ca, tls_cert, tls_key,
+        name=f"muster-agent-{cfg.cluster}", resolve=True,
+    )  # fmt: skip
+    assert opts is not None
+    _serve(run_agent(cfg, opts))
+
+
+@app.command()
+def fleet(
+    config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")],
+    nats: NatsUrl = None,
+    creds: Creds = None,
+    user: User = None,
+    password: Password = None,
+    token: Token = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    log_level: LogLevelOpt = LogLevel.info,
+) -> None:
+    """Run many (fake) cluster agents in one process, for demos and load tests."""
+    configure_logging(log_level.value)
+    agent_config = _lazy("agents.config", None)
+    run_fleet = _lazy("agents.main", "run_fleet")
+
+    try:
+        loader = getattr(agent_config, "load_fleet_config", None)
+        if loader is not None:
+            fleet_cfg = loader(config)
+        else:  # pragma: no cover - older agents package
+            import yaml
+
+            raw = yaml.safe_load(config.read_text(encoding="utf-8"))
+            fleet_cfg = msgspec.convert(raw, agent_config.FleetConfig, strict=False)
+    except (ValueError, OSError) as exc:
+        fail(str(exc))
+    opts = _server_nats(
+        nats, creds, user, password, token, tls_ca, tls_cert, tls_key,
+        name="muster-fleet", resolve=True,
+    )  # fmt: skip
+    assert opts is not None
+    _serve(run_fleet(fleet_cfg.clusters, opts))
+
+
+@app.command("config")
+def config_cmd(
+    file: Annotated[Path, typer.Argument(help="broker config YAML (may import Kueue/Volcano)")],
+    output: Annotated[ConfigOutput, typer.Option("--output", "-o")] = ConfigOutput.yaml,
+) -> None:
+    """Check a broker config and print it resolved (imports applied, quantities normalised)."""
+    try:
+        loaded = load_config_full(file)
+    except ConfigError as exc:
+        fail(str(exc))
+    for note in loaded.notes:
+        err.print(Text(f"note: {note}", style="dim"))
+    if output is ConfigOutput.json:
+        data = msgspec.to_builtins(loaded.config)
+        if loaded.aliases:
+            data["queue_aliases"] = loaded.aliases
+        print_json(data)
+    else:
+        typer.echo(config_to_yaml(loaded.config, loaded.aliases), nl=False)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the client-facing messages."""
+    from schemas.jsonschema import render
+
+    typer.echo(render(), nl=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

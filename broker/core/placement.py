@@ -1,0 +1,402 @@
+"""Where a gang can go: candidate pools in preference order, and node-level bin packing.
+
+Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total):
+- Every replica of every podset lands in ONE cluster; every GPU podset lands on ONE pool
+  (cluster flavor: one capacity type, one GPU type).
+- CPU-only podsets (gpu=0, e.g. a launcher) may use any schedulable node of that cluster: the
+  chosen GPU pool's nodes first (locality), then the cluster's other pools with the fewest GPUs
+  per node first (keep GPU nodes' CPU for GPU pods). They skip avoided pools, and spot pools
+  when the job wants on-demand capacity.
+- Capacity preference: `spot` and `on-demand` take only that capacity type. `any` takes both
+  and lets cost decide. `spot-then-on-demand` takes spot; on-demand only when the job is
+  `spot_exhausted` (the lifecycle machine's fallback after preemptions or waiting) or when no
+  spot pool could host the gang even empty (no spot pool fits, ever). While spot is merely full
+  the job waits for spot; the machine's `fallback_after_wait_s` bounds that wait.
+- Order among feasible pools: capacity rank, then expected cost per hour (risk.py); costs
+  within `COST_TIE` of each other count as equal, and then packing decides: fewer nodes, then
+  fuller nodes (less GPU left over on the nodes used). Packing compares at most `TIE_EVAL`
+  feasible pools of one cost tier and stops early at a perfect fit.
+- Packing one podset of R replicas x g GPUs: the fullest node that takes all remaining replicas
+  at once; when none does, the node taking the most replicas, then repeat. GPU podsets go
+  biggest per-replica first. cpu and memory are checked per node; nothing is over-committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from broker.core.inventory import Cluster, Inventory, Node, Pool
+from broker.core.risk import expected_cost_per_hour
+from broker.core.types import GangRequest, PodSetDemand, PoolKey
+from schemas.job import CapacityPreference
+
+COST_TIE = 0.01  # relative
+TIE_EVAL = 4
+
+Vec = tuple[int, int, int]
+Take = tuple[Node, int, int]  # (node, podset index, replicas)
+
+
+@dataclass(slots=True)
+class Gang:
+    """A request's podsets, precomputed once for the hot path."""
+
+    demands: tuple[PodSetDemand, ...]
+    gpu_sets: tuple[int, ...]  # indices of GPU podsets, biggest per-replica GPU first
+    cpu_sets: tuple[int, ...]  # indices of CPU-only podsets
+    total: Vec
+    max_gpu: int
+    single_gpu: int  # g when the gang is one replica of g GPUs and nothing else, else 0
+
+
+def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
+    gpu_sets = sorted(
+        (i for i, p in enumerate(podsets) if p.gpu > 0 and p.replicas > 0),
+        key=lambda i: (-podsets[i].gpu, -podsets[i].replicas, i),
+    )
+    cpu_sets = [i for i, p in enumerate(podsets) if p.gpu == 0 and p.replicas > 0]
+    g = sum(p.replicas * p.gpu for p in podsets)
+    c = sum(p.replicas * p.cpu_milli for p in podsets)
+    m = sum(p.replicas * p.memory for p in podsets)
+    single = 0
+    if len(gpu_sets) == 1 and not cpu_sets and podsets[gpu_sets[0]].replicas == 1:
+        single = podsets[gpu_sets[0]].gpu
+    return Gang(
+        demands=podsets,
+        gpu_sets=tuple(gpu_sets),
+        cpu_sets=tuple(cpu_sets),
+        total=(g, c, m),
+        max_gpu=max((p.gpu for p in podsets), default=0),
+        single_gpu=single,
+    )
+
+
+# -- candidate pools ------------------------------------------------------------------------
+
+
+def capacity_rank(capacity: CapacityPreference, exhausted: bool, capacity_type: str) -> int:
+    """0 = preferred, 1 = spot-then-on-demand's fallback, -1 = not allowed."""
+    spot = capacity_type == "spot"
+    if capacity == "spot":
+        return 0 if spot else -1
+    if capacity == "on-demand":
+        return -1 if spot else 0
+    if capacity == "spot-then-on-demand":
+        if exhausted:
+            return -1 if spot else 0
+        return 0 if spot else 1
+    return 0
+
+
+def wants_on_demand(req: GangRequest) -> bool:
+    return req.capacity == "on-demand" or (
+        req.capacity == "spot-then-on-demand" and req.spot_exhausted
+    )
+
+
+@dataclass(slots=True)
+class Candidates:
+    """Matching pools of schedulable clusters in preference order, as cost tiers."""
+
+    groups: list[list[Pool]]
+    ranks: list[int]
+    live: list[list[Pool]]  # copies of `groups` that a cycle prunes of pools with no free GPU
+    matching: int  # pools passing the type filters, in any cluster
+    unhealthy: int  # of those, pools in clusters that take no placements
+    spot_pools: list[Pool]  # rank-0 spot pools of a spot-then-on-demand job (fallback check)
+
+
+def gpu_type_ok(pool: Pool, gpu_types: frozenset[str], gpus: int) -> bool:
+    return gpus == 0 or not gpu_types or pool.gpu_type in gpu_types
+
+
+def build_candidates(
+    inv: Inventory,
+    req: GangRequest,
+    gpus: int,
+    rate_of: Callable[[PoolKey], float],
+    risk_weight: float,
+) -> Candidates:
+    scored: list[tuple[int, float, str, str, Pool]] = []
+    matching = unhealthy = 0
+    spot_pools: list[Pool] = []
+    for c in inv.clusters.values():
+        for p in c.pools.values():
+            if not gpu_type_ok(p, req.gpu_types, gpus):
+                continue
+            rank = capacity_rank(req.capacity, req.spot_exhausted, p.capacity_type)
+            if rank < 0:
+                continue
+            matching += 1
+            if not c.schedulable:
+                unhealthy += 1
+                continue
+            if req.capacity == "spot-then-on-demand" and rank == 0:
+                spot_pools.append(p)
+            node_gpu = p.node_gpu or 1
+            nodes = max(1, -(-gpus // node_gpu))
+            rate = rate_of(p.key)
+            cost = expected_cost_per_hour(
+                p.price, gpus, rate, nodes, req.checkpoint_interval_s, risk_weight
+            )
+            scored.append((rank, cost, p.cluster, p.name, p))
+    scored.sort(key=lambda t: (t[0], t[1], t[2], t[3]))
+    groups: list[list[Pool]] = []
+    ranks: list[int] = []
+    base = 0.0
+    for rank, cost, _, _, p in scored:
+        if groups and ranks[-1] == rank and cost <= base * (1.0 + COST_TIE) + 1e-12:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+            ranks.append(rank)
+            base = cost
+    return Candidates(groups, ranks, [list(g) for g in groups], matching, unhealthy, spot_pools)
+
+
+def pool_cost(
+    pool: Pool,
+    req: GangRequest,
+    gpus: int,
+    nodes: int,
+    rate_of: Callable[[PoolKey], float],
+    risk_weight: float,
+) -> float:
+    rate = rate_of(pool.key)
+    return expected_cost_per_hour(
+        pool.price, gpus, rate, nodes, req.checkpoint_interval_s, risk_weight
+    )
+
+
+# -- packing estimates over bucket counts -------------------------------------------------
+
+
+def estimate_counts(counts: list[int], gang: Gang) -> tuple[int, int] | None:
+    """Greedy packing over a histogram of nodes by free GPUs (mutates `counts`).
+
+    Returns (nodes used, GPUs left over on them) or None when the GPU podsets do not fit.
+    cpu and memory are not looked at: this is the fast filter and the tie-break score.
+    """
+    nodes = left = 0
+    top = len(counts) - 1
+    demands = gang.demands
+    for i in gang.gpu_sets:
+        g = demands[i].gpu
+        rem = demands[i].replicas
+        while rem:
+            while top > 0 and not counts[top]:
+                top -= 1
+            want = rem * g
+            b = want
+            while b <= top and not counts[b]:
+                b += 1
+            if b <= top:
+                counts[b] -= 1
+                counts[b - want] += 1
+                nodes += 1
+                left += b - want
+                break
+            if top < g:
+                return None
+            k = top // g  # < rem, else the loop above had found it
+            counts[top] -= 1
+            counts[top - k * g] += 1
+            nodes += 1
+            left += top - k * g
+            rem -= k
+    return nodes, left
+
+
+def estimate(pool: Pool, gang: Gang) -> tuple[int, int] | None:
+    """Packing score of the gang's GPU podsets on the pool as it is now."""
+    if gang.total[0] > pool.free_gpu:
+        return None
+    top = pool.top_bucket()
+    if gang.max_gpu > top:
+        return None
+    buckets = pool.buckets
+    g = gang.single_gpu
+    if g:
+        for b in range(g, top + 1):
+            if buckets[b]:
+                return 1, b - g
+        return None
+    if not gang.gpu_sets:
+        return 0, 0
+    return estimate_counts([len(buckets[b]) for b in range(top + 1)], gang)
+
+
+def empty_fit(pool: Pool, gang: Gang) -> bool:
+    """Could the pool host the gang's GPU podsets if it were empty?"""
+    if not pool.nodes:
+        return False
+    if not gang.gpu_sets:
+        return True
+    if estimate_counts(list(pool.cap_counts), gang) is None:
+        return False
+    cpu, mem = pool.max_cpu_mem()
+    return all(
+        gang.demands[i].cpu_milli <= cpu and gang.demands[i].memory <= mem for i in gang.gpu_sets
+    )
+
+
+def cluster_empty_fit_cpu(cluster: Cluster, gang: Gang) -> bool:
+    """Could some node of the cluster host each CPU-only replica if it were empty?"""
+    if not gang.cpu_sets:
+        return True
+    cpu = mem = 0
+    for p in cluster.pools.values():
+        pc, pm = p.max_cpu_mem()
+        cpu = max(cpu, pc)
+        mem = max(mem, pm)
+    return all(
+        gang.demands[i].cpu_milli <= cpu and gang.demands[i].memory <= mem for i in gang.cpu_sets
+    )
+
+
+# -- packing on live nodes ------------------------------------------------------------------
+
+
+def undo(takes: list[Take], gang: Gang) -> None:
+    demands = gang.demands
+    for node, i, k in reversed(takes):
+        d = demands[i]
+        node.take(-k * d.gpu, -k * d.cpu_milli, -k * d.memory)
+    takes.clear()
+
+
+def _fits(node: Node, k: int, c: int, m: int) -> bool:
+    return node.free_cpu >= k * c and node.free_mem >= k * m
+
+
+def _pack_gpu(pool: Pool, i: int, d: PodSetDemand, takes: list[Take]) -> bool:
+    g, c, m = d.gpu, d.cpu_milli, d.memory
+    rem = d.replicas
+    buckets = pool.buckets
+    while rem:
+        top = pool.top_bucket()
+        want = rem * g
+        found: Node | None = None
+        b = want
+        while b <= top and found is None:
+            for n in buckets[b].values():
+                if n.free_cpu >= rem * c and n.free_mem >= rem * m:
+                    found = n
+                    break
+            b += 1
+        if found is not None:
+            found.take(want, rem * c, rem * m)
+            takes.append((found, i, rem))
+            return True
+        best: Node | None = None
+        best_k = 0
+        b = top
+        while b >= g:
+            cap = min(rem, b // g)
+            if cap <= best_k:
+                break
+            for n in buckets[b].values():
+                k = cap
+                if c and n.free_cpu < k * c:
+                    k = min(k, n.free_cpu // c)
+                if m and n.free_mem < k * m:
+                    k = min(k, n.free_mem // m)
+                if k > best_k:
+                    best, best_k = n, k
+                    if k == cap:
+                        break
+            b -= 1
+        if best is None:
+            return False
+        best.take(best_k * g, best_k * c, best_k * m)
+        takes.append((best, i, best_k))
+        rem -= best_k
+    return True
+
+
+def cpu_pools(cluster: Cluster, primary: Pool, req: GangRequest) -> list[Pool]:
+    """Pools of the cluster that may host the gang's CPU-only podsets, best first."""
+    od_only = wants_on_demand(req)
+    others = [
+        p
+        for p in cluster.pools.values()
+        if p is not primary
+        and p.key not in req.avoid_pools
+        and not (od_only and p.capacity_type == "spot")
+    ]
+    others.sort(key=lambda p: (p.node_gpu, p.name))
+    return [primary, *others]
+
+
+def _pack_cpu(pools: Sequence[Pool], i: int, d: PodSetDemand, takes: list[Take]) -> bool:
+    c, m = d.cpu_milli, d.memory
+    rem = d.replicas
+    for pool in pools:
+        for bucket in list(pool.buckets):
+            for n in list(bucket.values()):
+                k = rem
+                if c:
+                    k = min(k, n.free_cpu // c)
+                if m:
+                    k = min(k, n.free_mem // m)
+                if k <= 0:
+                    continue
+                n.take(0, k * c, k * m)
+                takes.append((n, i, k))
+                rem -= k
+                if not rem:
+                    return True
+    return False
+
+
+def pack(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> list[Take] | None:
+    """Place the whole gang with `pool` as its GPU pool, taking node capacity as it goes.
+
+    Returns the takes, or None after giving back everything it took.
+    """
+    takes: list[Take] = []
+    demands = gang.demands
+    for i in gang.gpu_sets:
+        if not _pack_gpu(pool, i, demands[i], takes):
+            undo(takes, gang)
+            return None
+    if gang.cpu_sets:
+        pools = cpu_pools(cluster, pool, req)
+        for i in gang.cpu_sets:
+            if not _pack_cpu(pools, i, demands[i], takes):
+                undo(takes, gang)
+                return None
+    return takes
+
+
+def fits_now(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> bool:
+    """Dry run of `pack`: does the whole gang fit right now?"""
+    if gang.gpu_sets and estimate(pool, gang) is None:
+        return False
+    takes = pack(cluster, pool, gang, req)
+    if takes is None:
+        return False
+    undo(takes, gang)
+    return True
+
+
+def assignment_of(
+    takes: Sequence[Take], gang: Gang
+) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], dict[str, Vec]]:
+    """Node per replica for each podset (in podset order) and the usage per node."""
+    per_set: list[list[str]] = [[] for _ in gang.demands]
+    per_node: dict[str, Vec] = {}
+    demands = gang.demands
+    for node, i, k in takes:
+        per_set[i].extend([node.name] * k)
+        d = demands[i]
+        prev = per_node.get(node.name)
+        add = (k * d.gpu, k * d.cpu_milli, k * d.memory)
+        per_node[node.name] = (
+            add if prev is None else (prev[0] + add[0], prev[1] + add[1], prev[2] + add[2])
+        )
+    assignment = tuple(
+        (d.podset, tuple(per_set[i])) for i, d in enumerate(demands) if d.replicas > 0
+    )
+    return assignment, per_node

@@ -1,0 +1,758 @@
+"""The scheduling core's facade: inventory events in, admissions and preemptions out.
+
+Pure and synchronous: time arrives as `now`, nothing here awaits, sleeps, logs or does I/O.
+The lifecycle machine (machine.py) owns jobs; this class owns capacity: the inventory, the
+allocations keyed by (job_id, attempt), the quota book and the pools' interruption statistics.
+
+Cycle (`schedule`): queues take turns by weighted dominant-resource fairness (lowest share of
+admitted gpu/cpu/memory ÷ weight first; ties by config order); inside a queue, higher priority
+first, then lower `order`. StrictFIFO stops a queue at its first blocked job; BestEffortFIFO lets
+later jobs pass. Capacity and quota only shrink during a cycle, so a failure is remembered per
+gang shape (and per queue when quota was involved) and repeated shapes are rejected in O(1).
+
+Node events return the job_ids the lifecycle machine must act on:
+- `upsert_node`: the node turned broken under Muster replicas (not ready, or fewer healthy
+  GPUs than other pods plus Muster use). A spot deadline in an upsert only marks the node
+  draining; the SpotNotice event (`spot_notice`) carries the make-before-break path.
+- `set_gpu_health`: healthy GPUs dropped AND are now fewer than other pods plus Muster use, so
+  by pigeonhole a GPU under a Muster replica failed; every job with GPU replicas there is
+  returned. A drop absorbed by idle GPUs returns [] (the node still takes nothing new).
+- `apply_snapshot`: jobs with allocations on nodes the snapshot no longer lists.
+Allocations are never dropped by events: the machine ends the attempt and calls `release`.
+
+Preemption: a planned preemptor waits (reason `waiting-for-preemption`) while its victims are
+ended; its victims cannot be chosen by anyone else, and it plans nothing new. The freed
+capacity is not reserved: the preemptor takes it in the next cycle by the usual order. A plan
+whose victims are not all released within `_wait_s` (twice the checkpoint grace plus dispatch
+acks, at least a minute) is dropped. Quota is held once per job, by its newest live attempt.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from broker.core.inventory import AllocKey, Inventory, Pool
+from broker.core.ledger import Alloc, Ledger
+from broker.core.placement import (
+    TIE_EVAL,
+    Candidates,
+    Gang,
+    Take,
+    assignment_of,
+    build_candidates,
+    capacity_rank,
+    cluster_empty_fit_cpu,
+    empty_fit,
+    estimate,
+    fits_now,
+    gpu_type_ok,
+    make_gang,
+    pack,
+    pool_cost,
+)
+from broker.core.preemption import plan_preemption, worth_planning
+from broker.core.quota import QueueState, QuotaBook
+from broker.core.types import (
+    CycleResult,
+    GangRequest,
+    Placement,
+    PodSetDemand,
+    Preemption,
+    Reason,
+    ReasonCode,
+)
+from schemas.agent import FlavorInfo, NodeInfo
+from schemas.api import FlavorView, QueueView
+from schemas.config import BrokerConfig
+
+MAX_PLANS_PER_CYCLE = 256  # preemption searches per cycle (each may pack several pools)
+# A plan whose victims are not all released in time is dropped (its victims may be chosen
+# again), so a preemptor never waits forever on a victim the machine did not end.
+PREEMPTION_WAIT_MIN_S = 60.0
+_PREEMPTIBLE = frozenset({"insufficient-capacity", "quota-exceeded", "cohort-exhausted"})
+_GANG_CACHE_MAX = 65_536
+
+Shape = tuple[object, ...]
+
+
+def _describe(gang: Gang) -> str:
+    parts = [f"{d.replicas}x{d.gpu} GPU ({d.podset})" for d in gang.demands if d.replicas]
+    return " + ".join(parts) or "nothing"
+
+
+def _job_ids(keys: Iterable[AllocKey]) -> list[str]:
+    return list(dict.fromkeys(k[0] for k in keys))
+
+
+def _order_key(r: GangRequest) -> tuple[int, int]:
+    return (-r.priority, r.order)
+
+
+class Scheduler:
+    """Capacity, quota and placement for every cluster; see the module docstring."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        sc = config.scheduling
+        self._prior = sc.spot_prior_rate
+        self._risk_weight = sc.risk_weight
+        self._inv = Inventory(config.flavors, sc.rate_half_life_s)
+        self._book = QuotaBook(config.queues)
+        self._ledger = Ledger()
+        self._progress: dict[AllocKey, float] = {}  # note_progress before the allocation
+        # preemptor -> (victims still allocated, its reason, when the plan expires)
+        self._waiting: dict[str, tuple[set[AllocKey], Reason, float]] = {}
+        grace = config.timeouts.checkpoint_grace_s
+        self._wait_s = max(PREEMPTION_WAIT_MIN_S, 2 * grace + config.timeouts.dispatch_ack_s * 4)
+        self._gangs: dict[tuple[PodSetDemand, ...], Gang] = {}
+        # per-cycle caches (valid while capacity and quota only shrink)
+        self._cands: dict[Shape, Candidates] = {}
+        self._cap_fail: dict[Shape, tuple[Reason, ...]] = {}
+        self._queue_fail: dict[tuple[str, Shape], tuple[Reason, ...]] = {}
+        self._plan_fail: set[tuple[str, Shape, int]] = set()
+        self._plans = 0
+        self._in_cycle = False
+        self._fresh: list[Alloc] = []  # admitted by the running cycle
+        self._rates: dict[tuple[str, str], float] = {}
+        self._rates_at: tuple[float, int] = (float("nan"), -1)
+
+    # -- inventory --------------------------------------------------------------------
+
+    def apply_snapshot(
+        self, cluster: str, flavors: list[FlavorInfo], nodes: list[NodeInfo], now: float
+    ) -> list[str]:
+        self._inv.apply_snapshot(cluster, flavors, nodes, now)
+        c = self._inv.clusters[cluster]
+        gone = [k for name, here in c.node_allocs.items() if name not in c.nodes for k in here]
+        return _job_ids(gone)
+
+    def upsert_node(self, cluster: str, node: NodeInfo, now: float) -> list[str]:
+        n, was_broken = self._inv.upsert_node(cluster, node, now)
+        if n.broken and not was_broken:
+            return self.jobs_on_node(cluster, node.name)
+        return []
+
+    def remove_node(self, cluster: str, node_name: str, now: float) -> list[str]:
+        jobs = self.jobs_on_node(cluster, node_name)
+        self._inv.remove_node(cluster, node_name, now)
+        return jobs
+
+    def set_gpu_health(self, cluster: str, node_name: str, healthy: int, now: float) -> list[str]:
+        res = self._inv.set_gpu_health(cluster, node_name, healthy)
+        if res is None:
+            return []
+        node, before = res
+        if node.usable_gpu < before and node.usable_gpu - node.other_gpu < node.used_gpu:
+            here = self._inv.clusters[cluster].node_allocs.get(node_name, {})
+            return _job_ids(k for k, vec in here.items() if vec[0] > 0)
+        return []
+
+    def spot_notice(self, cluster: str, node_name: str, deadline: float, now: float) -> list[str]:
+        if self._inv.spot_notice(cluster, node_name, deadline, now) is None:
+            return []
+        return self.jobs_on_node(cluster, node_name)
+
+    def remove_cluster(self, cluster: str, now: float) -> list[str]:
+        c = self._inv.clusters.get(cluster)
+        if c is None:
+            return []
+        keys = [k for here in c.node_allocs.values() for k in here]
+        self._inv.remove_cluster(cluster, now)
+        return _job_ids(keys)
+
+    def set_cluster_schedulable(self, cluster: str, ok: bool) -> None:
+        self._inv.set_schedulable(cluster, ok)
+
+    def jobs_on_node(self, cluster: str, node: str) -> list[str]:
+        return _job_ids(self._inv.keys_on_node(cluster, node))
+
+    # -- views ------------------------------------------------------------------------
+
+    def known_clusters(self) -> list[str]:
+        return sorted(name for name, c in self._inv.clusters.items() if c.seen)
+
+    def pool_interruption_rate(self, pool: tuple[str, str], now: float) -> float:
+        return self._inv.rate(pool, now, self._prior)
+
+    def queue_views(self, pending_counts: Mapping[str, int]) -> list[QueueView]:
+        fleet = self._inv.totals
+        return [
+            self._book.view(qs, pending_counts.get(name, 0), fleet)
+            for name, qs in self._book.queues.items()
+        ]
+
+    def flavor_views(self, cluster: str, now: float) -> list[FlavorView]:
+        c = self._inv.clusters.get(cluster)
+        if c is None:
+            return []
+        out: list[FlavorView] = []
+        for p in c.pools.values():
+            risk = self._inv.risk.get(p.key)
+            out.append(
+                FlavorView(
+                    name=p.name,
+                    capacity_type=p.capacity_type,
+                    gpu_type=p.gpu_type,
+                    price_per_gpu_hour=p.price,
+                    flavor_class=p.flavor_class,
+                    nodes=len(p.nodes),
+                    gpu_total=sum(n.gpu for n in p.nodes.values()),
+                    gpu_free=p.free_gpu,
+                    draining_nodes=sum(1 for n in p.nodes.values() if n.spot_deadline is not None),
+                    interruptions=risk.total_notices if risk is not None else 0,
+                    interruption_rate_per_node_hour=self._inv.rate(p.key, now, self._prior),
+                )
+            )
+        return out
+
+    # -- admission ----------------------------------------------------------------------
+
+    def _gang(self, podsets: tuple[PodSetDemand, ...]) -> Gang:
+        g = self._gangs.get(podsets)
+        if g is None:
+            if len(self._gangs) >= _GANG_CACHE_MAX:
+                self._gangs.clear()
+            g = self._gangs[podsets] = make_gang(podsets)
+        return g
+
+    def schedule(self, pending: Sequence[GangRequest], now: float) -> CycleResult:
+        res = CycleResult()
+        self._cands.clear()
+        self._cap_fail.clear()
+        self._queue_fail.clear()
+        self._plan_fail.clear()
+        self._plans = 0
+        self._expire_plans(now)
+        self._in_cycle = True
+        try:
+            self._cycle(pending, now, res)
+        finally:
+            self._in_cycle = False
+            self._cands.clear()
+            self._ledger.settle(self._fresh)
+            self._fresh.clear()
+        return res
+
+    def _expire_plans(self, now: float) -> None:
+        for job_id, (keys, _, until) in list(self._waiting.items()):
+            if now < until:
+                continue
+            del self._waiting[job_id]
+            for key in keys:
+                a = self._ledger.allocs.get(key)
+                if a is not None and a.doomed_by == job_id:
+                    self._ledger.set_state(a, a.charged, None)
+
+    def _cycle(self, pending: Sequence[GangRequest], now: float, res: CycleResult) -> None:
+        book = self._book
+        fleet = list(self._inv.totals)
+        by_queue: dict[str, list[GangRequest]] = {}
+        out_pending = res.pending
+        for r in pending:
+            if r.queue in book.queues:
+                lst = by_queue.get(r.queue)
+                if lst is None:
+                    lst = by_queue[r.queue] = []
+                lst.append(r)
+            else:
+                out_pending[r.job_id] = (
+                    Reason("unknown-queue", f"queue {r.queue!r} is not configured"),
+                )
+        heap: list[tuple[float, int, str]] = []
+        pos: dict[str, int] = {}
+        for name, lst in by_queue.items():
+            lst.sort(key=_order_key)
+            qs = book.queues[name]
+            heap.append((book.share(qs, fleet), qs.index, name))
+            pos[name] = 0
+        heapq.heapify(heap)
+        budget = self.config.scheduling.max_admissions_per_cycle
+        admitted = res.admitted
+        while heap:
+            _, idx, name = heap[0]
+            lst = by_queue[name]
+            i = pos[name]
+            if i >= len(lst):
+                heapq.heappop(heap)
+                continue
+            if len(admitted) >= budget:
+                full = (
+                    Reason("max-admissions", f"this cycle admitted its limit of {budget} jobs"),
+                )
+                for _, _, qn in heap:
+                    for r in by_queue[qn][pos[qn] :]:
+                        out_pending[r.job_id] = full
+                return
+            req = lst[i]
+            pos[name] = i + 1
+            qs = book.queues[name]
+            out = self._decide(req, qs, now, res)
+            if isinstance(out, Placement):
+                admitted.append((req.job_id, out))
+                heapq.heapreplace(heap, (book.share(qs, fleet), idx, name))
+                continue
+            out_pending[req.job_id] = out
+            if qs.strict:
+                blocked = (
+                    Reason(
+                        "strict-fifo-blocked",
+                        f"queue {name} is StrictFIFO and its head {req.job_id} is blocked",
+                    ),
+                )
+                for r in lst[i + 1 :]:
+                    out_pending[r.job_id] = blocked
+                pos[name] = len(lst)
+                heapq.heappop(heap)
+
+    def _decide(
+        self, req: GangRequest, qs: QueueState, now: float, res: CycleResult
+    ) -> Placement | tuple[Reason, ...]:
+        existing = self._ledger.allocs.get((req.job_id, req.attempt))
+        if existing is not None:
+            return existing.placement
+        gang = self._gang(req.podsets)
+        out = self._place(req, gang, qs, now)
+        if isinstance(out, Placement):
+            return out
+        waiting = self._waiting.get(req.job_id)
+        if waiting is not None:
+            return (waiting[1], *out)
+        if self._plans >= MAX_PLANS_PER_CYCLE or not any(r.code in _PREEMPTIBLE for r in out):
+            return out
+        pkey = (qs.name, self._shape(req, gang), req.priority)
+        if pkey in self._plan_fail:
+            return out
+        if not worth_planning(self._book, self._ledger, req, qs):
+            return out
+        self._plans += 1
+        cands = self._candidates(req, gang, now)
+        plan = plan_preemption(
+            self._inv,
+            self._book,
+            self._ledger,
+            req,
+            gang,
+            qs,
+            cands,
+            self._allow_fallback(req, gang, cands),
+            now,
+        )
+        if plan is None:
+            self._plan_fail.add(pkey)
+            return out
+        keys: set[AllocKey] = set()
+        for a in plan.victims:
+            self._ledger.set_state(a, a.charged, req.job_id)
+            keys.add(a.key)
+        victims = tuple(dict.fromkeys(a.job_id for a in plan.victims))
+        reason = Reason(
+            "waiting-for-preemption",
+            f"ending {len(victims)} job(s) ({plan.kind}) on {plan.pool.cluster}/"
+            f"{plan.pool.name} to start this gang",
+            cluster=plan.pool.cluster,
+            flavor=plan.pool.name,
+        )
+        self._waiting[req.job_id] = (keys, reason, now + self._wait_s)
+        res.preemptions.append(Preemption(req.job_id, victims, plan.pool.key, plan.kind))
+        return (reason, *out)
+
+    @staticmethod
+    def _shape(req: GangRequest, gang: Gang) -> Shape:
+        return (
+            req.podsets,
+            req.gpu_types,
+            req.capacity,
+            req.spot_exhausted,
+            req.checkpoint_interval_s,
+            req.avoid_pools,
+        )
+
+    def _candidates(self, req: GangRequest, gang: Gang, now: float) -> Candidates:
+        key = (
+            req.gpu_types,
+            req.capacity,
+            req.spot_exhausted,
+            gang.total[0],
+            req.checkpoint_interval_s,
+        )
+        if self._in_cycle:
+            c = self._cands.get(key)
+            if c is None:
+                c = self._cands[key] = build_candidates(
+                    self._inv, req, gang.total[0], self._rate_at(now), self._risk_weight
+                )
+            return c
+        return build_candidates(
+            self._inv, req, gang.total[0], self._rate_at(now), self._risk_weight
+        )
+
+    def _rate_at(self, now: float) -> Callable[[tuple[str, str]], float]:
+        """Pool interruption rates at `now`, memoised while `now` and the inventory hold."""
+        stamp = (now, self._inv.version)
+        if self._rates_at != stamp:
+            self._rates.clear()
+            self._rates_at = stamp
+        rates = self._rates
+        inv = self._inv
+        prior = self._prior
+
+        def rate_of(key: tuple[str, str]) -> float:
+            r = rates.get(key)
+            if r is None:
+                r = rates[key] = inv.rate(key, now, prior)
+            return r
+
+        return rate_of
+
+    @staticmethod
+    def _allow_fallback(req: GangRequest, gang: Gang, cands: Candidates) -> bool:
+        """spot-then-on-demand may use on-demand when no spot pool could ever host the gang."""
+        if req.capacity != "spot-then-on-demand" or req.spot_exhausted:
+            return True
+        return not any(empty_fit(p, gang) for p in cands.spot_pools)
+
+    def _place(
+        self, req: GangRequest, gang: Gang, qs: QueueState, now: float
+    ) -> Placement | tuple[Reason, ...]:
+        """Find and commit a placement, or explain why there is none."""
+        shape: Shape | None = None
+        if self._in_cycle:
+            shape = self._shape(req, gang)
+            hit = self._cap_fail.get(shape)
+            if hit is None:
+                hit = self._queue_fail.get((qs.name, shape))
+            if hit is not None:
+                return hit
+        cands = self._candidates(req, gang, now)
+        book = self._book
+        clusters = self._inv.clusters
+        avoid = req.avoid_pools
+        quota_memo: dict[str, tuple[ReasonCode, str] | None] = {}
+        quota_fail: dict[ReasonCode, tuple[str, str]] = {}
+        avoided: list[Pool] = []
+        allow_fallback: bool | None = None
+        need_gpu = gang.total[0]
+        has_gpu = bool(gang.gpu_sets)
+        phys = False  # some pool failed on capacity (not only on quota or avoidance)
+        for gi, group in enumerate(cands.live):
+            if cands.ranks[gi] == 1:
+                if allow_fallback is None:
+                    allow_fallback = self._allow_fallback(req, gang, cands)
+                if not allow_fallback:
+                    break
+            n = len(group)
+            start = 0
+            dead = False
+            while start < n:
+                scored: list[tuple[tuple[int, int], int, Pool]] = []
+                j = start
+                while j < n and len(scored) < TIE_EVAL:
+                    pool = group[j]
+                    j += 1
+                    if has_gpu:
+                        if pool.free_gpu < need_gpu:
+                            phys = True
+                            if pool.free_gpu == 0:
+                                dead = True
+                            continue
+                        if pool.key in avoid:
+                            avoided.append(pool)
+                            continue
+                        est = estimate(pool, gang)
+                        if est is None:
+                            phys = True
+                            continue
+                    else:
+                        if pool.key in avoid:
+                            avoided.append(pool)
+                            continue
+                        est = (0, pool.node_gpu)
+                    cls = pool.flavor_class
+                    if cls in quota_memo:
+                        qr = quota_memo[cls]
+                    else:
+                        qr = quota_memo[cls] = book.check(qs, cls, gang.total)
+                    if qr is not None:
+                        quota_fail.setdefault(qr[0], (qr[1], cls))
+                        continue
+                    scored.append((est, len(scored), pool))
+                    if est[1] == 0 and est[0] <= 1:
+                        break
+                start = j
+                if len(scored) > 1:
+                    scored.sort(key=lambda t: (t[0], t[1]))
+                for _, _, pool in scored:
+                    takes = pack(clusters[pool.cluster], pool, gang, req)
+                    if takes is not None:
+                        return self._commit(req, gang, qs, pool, takes, now)
+                    phys = True
+            if dead and self._in_cycle:
+                # Empty pools stay empty for the rest of the cycle: drop them from this list.
+                group[:] = [p for p in group if p.free_gpu > 0]
+        reasons = self._explain(
+            req, gang, qs, cands, quota_fail, avoided, allow_fallback, phys or not quota_fail
+        )
+        if shape is not None:
+            if quota_fail or avoided:
+                self._queue_fail[(qs.name, shape)] = reasons
+            else:
+                self._cap_fail[shape] = reasons
+        return reasons
+
+    def _explain(
+        self,
+        req: GangRequest,
+        gang: Gang,
+        qs: QueueState,
+        cands: Candidates,
+        quota_fail: Mapping[ReasonCode, tuple[str, str]],
+        avoided: Sequence[Pool],
+        allow_fallback: bool | None,
+        capacity_failed: bool,
+    ) -> tuple[Reason, ...]:
+        if not any(c.seen and c.pools for c in self._inv.clusters.values()):
+            return (Reason("no-clusters", "no cluster has reported its nodes yet"),)
+        if cands.matching == 0:
+            types = ", ".join(sorted(req.gpu_types)) or "any GPU type"
+            return (
+                Reason(
+                    "no-matching-flavor",
+                    f"no flavor offers {types} with capacity preference {req.capacity}",
+                ),
+            )
+        if cands.unhealthy == cands.matching:
+            return (
+                Reason(
+                    "cluster-unhealthy",
+                    f"all {cands.matching} matching pools are in clusters that take no "
+                    "placements now",
+                ),
+            )
+        reasons: list[Reason] = []
+        for code, (msg, cls) in quota_fail.items():
+            reasons.append(Reason(code, msg, flavor=cls))
+        considered = [
+            p
+            for gi, g in enumerate(cands.groups)
+            if cands.ranks[gi] == 0 or allow_fallback
+            for p in g
+            if p.key not in req.avoid_pools
+        ]
+        clusters = self._inv.clusters
+        if capacity_failed or not considered:
+            spot_wait = allow_fallback is False
+            if any(
+                empty_fit(p, gang) and cluster_empty_fit_cpu(clusters[p.cluster], gang)
+                for p in (considered or avoided)
+            ):
+                reasons.append(
+                    Reason(
+                        "insufficient-capacity",
+                        f"no {'spot ' if spot_wait else ''}pool has free nodes for "
+                        f"{_describe(gang)} now (per-node packing"
+                        f"{', waiting for spot capacity' if spot_wait else ''})",
+                    )
+                )
+            else:
+                reasons.append(
+                    Reason(
+                        "gang-too-large",
+                        f"{_describe(gang)} does not fit any matching pool even when empty",
+                    )
+                )
+        if avoided:
+            fit = next((p for p in avoided if self._fits_quota(req, gang, qs, p)), None)
+            if fit is not None:
+                reasons.insert(
+                    0,
+                    Reason(
+                        "pool-avoided",
+                        "only the pool that just lost this job fits; it is avoided for this "
+                        "attempt",
+                        cluster=fit.cluster,
+                        flavor=fit.name,
+                    ),
+                )
+        if cands.unhealthy:
+            reasons.append(
+                Reason(
+                    "cluster-unhealthy",
+                    f"{cands.unhealthy} matching pools are in clusters that take no placements now",
+                )
+            )
+        return tuple(reasons)
+
+    def _fits_quota(self, req: GangRequest, gang: Gang, qs: QueueState, pool: Pool) -> bool:
+        if self._book.check(qs, pool.flavor_class, gang.total) is not None:
+            return False
+        cluster = self._inv.clusters.get(pool.cluster)
+        return cluster is not None and fits_now(cluster, pool, gang, req)
+
+    def _commit(
+        self,
+        req: GangRequest,
+        gang: Gang,
+        qs: QueueState,
+        pool: Pool,
+        takes: list[Take],
+        now: float,
+    ) -> Placement:
+        assignment, per_node = assignment_of(takes, gang)
+        gpu_nodes = sum(1 for v in per_node.values() if v[0] > 0)
+        cost = pool_cost(pool, req, gang.total[0], gpu_nodes, self._rate_at(now), self._risk_weight)
+        placement = Placement(pool.cluster, pool.name, pool.flavor_class, assignment, cost)
+        key = (req.job_id, req.attempt)
+        self._inv.record_usage(pool.cluster, key, per_node)
+        work_since = self._progress.pop(key, now)
+        alloc = Alloc(
+            key,
+            req.queue,
+            req.priority,
+            req.order,
+            placement,
+            per_node,
+            gang.total,
+            work_since=work_since,
+            fresh=self._in_cycle,
+        )
+        if self._in_cycle:
+            self._fresh.append(alloc)
+        self._ledger.add(alloc)
+        self._book.charge(qs, pool.flavor_class, gang.total, 1)
+        self._waiting.pop(req.job_id, None)
+        return placement
+
+    def reserve(
+        self, request: GangRequest, now: float, replacing_attempt: int | None = None
+    ) -> Placement | tuple[Reason, ...]:
+        qs = self._book.queues.get(request.queue)
+        if qs is None:
+            return (Reason("unknown-queue", f"queue {request.queue!r} is not configured"),)
+        existing = self._ledger.allocs.get((request.job_id, request.attempt))
+        if existing is not None:
+            return existing.placement
+        old: Alloc | None = None
+        old_qs: QueueState | None = None
+        if replacing_attempt is not None:
+            old = self._ledger.allocs.get((request.job_id, replacing_attempt))
+            if old is not None and old.charged:
+                old_qs = self._book.queues.get(old.queue)
+            if old is not None and old_qs is not None:
+                self._book.charge(old_qs, old.flavor_class, old.vec, -1)
+                self._ledger.set_state(old, False, old.doomed_by)
+        out = self._place(request, self._gang(request.podsets), qs, now)
+        if not isinstance(out, Placement) and old is not None and old_qs is not None:
+            self._book.charge(old_qs, old.flavor_class, old.vec, 1)
+            self._ledger.set_state(old, True, old.doomed_by)
+        return out
+
+    def assume(self, request: GangRequest, placement: Placement) -> None:
+        key = (request.job_id, request.attempt)
+        if key in self._ledger.allocs:
+            return
+        demands = {d.podset: d for d in request.podsets}
+        per_node: dict[str, tuple[int, int, int]] = {}
+        for podset, nodes in placement.assignment:
+            d = demands.get(podset)
+            if d is None or len(nodes) != d.replicas:
+                raise ValueError(
+                    f"placement of {request.job_id} does not match its podsets at {podset!r}"
+                )
+            for name in nodes:
+                g, c, m = per_node.get(name, (0, 0, 0))
+                per_node[name] = (g + d.gpu, c + d.cpu_milli, m + d.memory)
+        vec = (request.total_gpu, request.total_cpu_milli, request.total_memory)
+        self._inv.add_usage(placement.cluster, key, per_node)
+        qs = self._book.queues.get(request.queue)
+        # A job holds quota once: the newest attempt holds it (a restored make-before-break
+        # replacement took it over from the attempt it replaces).
+        charged = qs is not None
+        for other in list(self._ledger.by_job.get(request.job_id, {}).values()):
+            if not other.charged:
+                continue
+            if other.key[1] > request.attempt:
+                charged = False
+            else:
+                oq = self._book.queues.get(other.queue)
+                if oq is not None:
+                    self._book.charge(oq, other.flavor_class, other.vec, -1)
+                self._ledger.set_state(other, False, other.doomed_by)
+        alloc = Alloc(
+            key,
+            request.queue,
+            request.priority,
+            request.order,
+            placement,
+            per_node,
+            vec,
+            charged=charged,
+            work_since=self._progress.pop(key, None),
+        )
+        self._ledger.add(alloc)
+        if charged and qs is not None:
+            self._book.charge(qs, placement.flavor_class, vec, 1)
+
+    def release(self, job_id: str, attempt: int) -> None:
+        key = (job_id, attempt)
+        self._progress.pop(key, None)
+        a = self._ledger.remove(key)
+        if a is None:
+            return
+        self._inv.remove_usage(a.cluster, key, a.per_node)
+        if a.charged:
+            qs = self._book.queues.get(a.queue)
+            if qs is not None:
+                self._book.charge(qs, a.flavor_class, a.vec, -1)
+            # A job holds quota once, on its newest live attempt: if the replacement goes
+            # away first, the attempt it replaced holds the quota again.
+            rest = self._ledger.by_job.get(job_id)
+            if rest:
+                heir = rest[max(rest)]
+                hq = self._book.queues.get(heir.queue)
+                if hq is not None and not heir.charged:
+                    self._book.charge(hq, heir.flavor_class, heir.vec, 1)
+                    self._ledger.set_state(heir, True, heir.doomed_by)
+        if a.doomed_by is not None:
+            w = self._waiting.get(a.doomed_by)
+            if w is not None:
+                w[0].discard(key)
+                if not w[0]:
+                    del self._waiting[a.doomed_by]
+
+    def note_progress(self, job_id: str, attempt: int, work_since: float) -> None:
+        a = self._ledger.allocs.get((job_id, attempt))
+        if a is not None:
+            a.work_since = work_since
+        else:
+            self._progress[(job_id, attempt)] = work_since
+
+    def check_feasible(self, request: GangRequest) -> tuple[Reason, ...]:
+        clusters = [c for c in self._inv.clusters.values() if c.seen and c.pools]
+        if not clusters:
+            return ()
+        gang = self._gang(request.podsets)
+        gpus = gang.total[0]
+        matching = [
+            (c, p)
+            for c in clusters
+            for p in c.pools.values()
+            if gpu_type_ok(p, request.gpu_types, gpus)
+            and capacity_rank(request.capacity, request.spot_exhausted, p.capacity_type) >= 0
+        ]
+        if not matching:
+            types = ", ".join(sorted(request.gpu_types)) or "any GPU type"
+            return (
+                Reason(
+                    "no-matching-flavor",
+                    f"no flavor offers {types} with capacity preference {request.capacity}",
+                ),
+            )
+        if any(empty_fit(p, gang) and cluster_empty_fit_cpu(c, gang) for c, p in matching):
+            return ()
+        return (
+            Reason(
+                "gang-too-large",
+                f"{_describe(gang)} does not fit any matching pool even when empty",
+            ),
+        )

@@ -1,0 +1,345 @@
+"""Metrics and plots for `load.sim` runs.
+
+Ground truth comes from the simulated clusters' attempt logs (what the GPUs really did), not
+from the broker's own accounting, so a bug in the broker's bookkeeping cannot flatter it. The
+broker's figure for lost GPU-hours is kept beside it as a cross-check.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from load.sim import AttemptLog, SimResult
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile; NaN for no values (so an empty policy shows as such)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, math.ceil(q / 100.0 * len(ordered)) - 1))
+    return ordered[k]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def attempt_losses(logs: Sequence[AttemptLog], end: float) -> list[float]:
+    """GPU-seconds each attempt lost: time held minus the work a later attempt kept.
+
+    An attempt that did not succeed keeps only the progress the next attempt resumed from;
+    everything else it held (start-up, work after its last checkpoint) is lost. A live
+    attempt at the end of the run has lost nothing yet.
+    """
+    out: list[float] = []
+    for i, log in enumerate(logs):
+        if log.succeeded or log.ended_at is None:
+            out.append(0.0)
+            continue
+        if i + 1 < len(logs):
+            kept = logs[i + 1].start_step - log.start_step
+        else:
+            kept = (log.ckpt_steps[-1] - log.start_step) if log.ckpt_steps else 0
+        kept = max(0, min(kept, log.end_step - log.start_step))
+        out.append(max(0.0, log.held_s(end) - kept) * log.gpus)
+    return out
+
+
+def lost_by_job(result: SimResult) -> list[float]:
+    """GPU-hours lost per job (jobs that lost nothing included)."""
+    end = result.base + result.end
+    return [sum(attempt_losses(result.logs.get(j.job_id, []), end)) / 3600.0 for j in result.jobs]
+
+
+def jct_hours(result: SimResult) -> list[float]:
+    """Submit to success, for the jobs that succeeded."""
+    return [
+        (r.finished_at - r.submitted_at) / 3600.0
+        for r in result.records.values()
+        if r.state == "succeeded" and r.finished_at is not None
+    ]
+
+
+def queue_delays_s(result: SimResult) -> list[float]:
+    """Submit to first dispatch (what Philly's published queueing delay measures)."""
+    return [
+        r.attempts[0].dispatched_at - r.submitted_at for r in result.records.values() if r.attempts
+    ]
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """One row of the comparison table (plain floats and ints, JSON-ready)."""
+    end = result.base + result.end
+    used = lost = lost_unfinished = cost = 0.0
+    preemptions = resumed = 0
+    by_type: dict[str, float] = {"spot": 0.0, "on-demand": 0.0}
+    for job_id, logs in result.logs.items():
+        losses = attempt_losses(logs, end)
+        rec = result.records.get(job_id)
+        if rec is None or rec.state != "succeeded":
+            lost_unfinished += sum(losses)
+        for log, gone in zip(logs, losses, strict=True):
+            held = log.held_s(end) * log.gpus
+            used += held
+            lost += gone
+            cost += held / 3600.0 * log.price
+            by_type[log.capacity_type] = by_type.get(log.capacity_type, 0.0) + held
+            if log.ended_at is not None and not log.succeeded:
+                preemptions += 1
+            if log.start_step > 0:
+                resumed += 1
+    recover: list[float] = []  # spot notice -> next attempt dispatched
+    mbb = noticed = 0
+    for logs in result.logs.values():
+        for log, nxt in itertools.pairwise(logs):
+            if log.noticed_at is None or log.ended_at is None:
+                continue
+            noticed += 1
+            recover.append(nxt.dispatched_at - log.noticed_at)
+            if nxt.dispatched_at == log.ended_at and log.ended_at < log.noticed_at + 120.0:
+                mbb += 1  # the replacement was reserved: it started as the old one ended
+    jobs = {j.job_id: j for j in result.jobs}
+    done = [r for r in result.records.values() if r.state == "succeeded"]
+    useful = sum(jobs[r.job_id].gpus * jobs[r.job_id].duration for r in done)
+    machine_lost = sum(a.gpu_seconds_lost for r in result.records.values() for a in r.attempts)
+    jct = jct_hours(result)
+    # Percentiles count unfinished jobs as never finishing (censored at +inf), so a policy
+    # cannot look faster by leaving its slowest jobs out; the mean covers completed jobs.
+    jct_all = jct + [math.inf] * (len(result.jobs) - len(jct))
+    qd = queue_delays_s(result)
+    return {
+        "policy": result.policy,
+        "jobs": len(result.jobs),
+        "completed": len(done),
+        "unfinished": len(result.jobs) - len(done),
+        "never_started": sum(1 for r in result.records.values() if not r.attempts),
+        "queue_mean_s": _mean(qd),
+        "queue_median_s": _median(qd),
+        "queue_p90_s": percentile(qd, 90),
+        "jct_mean_h": _mean(jct),
+        "jct_median_h": percentile(jct_all, 50),
+        "jct_p90_h": percentile(jct_all, 90),
+        "jct_p99_h": percentile(jct_all, 99),
+        "gpu_h_used": used / 3600.0,
+        "gpu_h_spot": by_type.get("spot", 0.0) / 3600.0,
+        "gpu_h_lost": lost / 3600.0,
+        "gpu_h_lost_completed": (lost - lost_unfinished) / 3600.0,
+        "gpu_h_lost_unfinished": lost_unfinished / 3600.0,
+        "gpu_h_lost_machine": machine_lost / 3600.0,
+        "gpu_h_useful": useful / 3600.0,
+        "goodput": useful / used if used > 0 else float("nan"),
+        "cost_usd": cost,
+        "cost_per_useful_gpu_h": cost / (useful / 3600.0) if useful > 0 else float("nan"),
+        "preemptions": preemptions,
+        "resumed_attempts": resumed,
+        "spot_notices": result.spot_notices,
+        "noticed_attempts": noticed,
+        "recover_median_s": _median(recover),
+        "recover_p90_s": percentile(recover, 90),
+        "make_before_break": mbb / noticed if noticed else float("nan"),
+        "makespan_h": result.end / 3600.0,
+        "violations": len(result.violations),
+        "violation_kinds": sorted({v.kind for v in result.violations}),
+        "first_violations": [f"{v.at:.1f}s {v.kind}: {v.detail}" for v in result.violations[:5]],
+        "invariant_checks": result.checks,
+        "batch_errors": len(result.batch_errors),
+        "steps": result.steps,
+        "wall_s": result.wall_s,
+    }
+
+
+# ------------------------------------------------------------------------------ table
+ROWS: tuple[tuple[str, str, str], ...] = (
+    ("completed", "jobs completed", "{:.0f}"),
+    ("unfinished", "jobs unfinished at horizon", "{:.0f}"),
+    ("queue_mean_s", "queueing delay mean (s)", "{:.0f}"),
+    ("queue_median_s", "queueing delay median (s)", "{:.0f}"),
+    ("queue_p90_s", "queueing delay p90 (s)", "{:.0f}"),
+    ("jct_mean_h", "JCT mean, completed jobs (h)", "{:.2f}"),
+    ("jct_median_h", "JCT median, all jobs (h)", "{:.2f}"),
+    ("jct_p90_h", "JCT p90, all jobs (h)", "{:.2f}"),
+    ("jct_p99_h", "JCT p99, all jobs (h; inf = unfinished)", "{:.1f}"),
+    ("gpu_h_used", "GPU-hours used", "{:.0f}"),
+    ("gpu_h_lost", "GPU-hours lost to preemption", "{:.0f}"),
+    ("gpu_h_lost_completed", "  of it by jobs that completed", "{:.0f}"),
+    ("gpu_h_lost_unfinished", "  of it by jobs still retrying", "{:.0f}"),
+    ("gpu_h_lost_machine", "  (broker's own estimate, total)", "{:.0f}"),
+    ("goodput", "goodput (useful / used)", "{:.3f}"),
+    ("cost_usd", "cost ($, price x GPU-hours)", "{:.0f}"),
+    ("cost_per_useful_gpu_h", "cost per useful GPU-hour ($)", "{:.3f}"),
+    ("preemptions", "preemptions (attempts lost)", "{:.0f}"),
+    ("noticed_attempts", "attempts hit by a spot notice", "{:.0f}"),
+    ("recover_median_s", "notice -> next attempt, median (s)", "{:.1f}"),
+    ("recover_p90_s", "notice -> next attempt, p90 (s)", "{:.1f}"),
+    ("make_before_break", "  replacement reserved at notice", "{:.0%}"),
+    ("spot_notices", "spot notices (whole run)", "{:.0f}"),
+    ("makespan_h", "makespan (h)", "{:.1f}"),
+    ("violations", "invariant violations", "{:.0f}"),
+    ("invariant_checks", "invariant checks", "{:.0f}"),
+    ("wall_s", "wall time per run (s)", "{:.1f}"),
+)
+
+
+def by_policy(runs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        out.setdefault(r["policy"], []).append(r)
+    return out
+
+
+def median_summary(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per-metric median over seeds (violations: the maximum, so one bad seed shows)."""
+    out: dict[str, float] = {}
+    for key, _, _ in ROWS:
+        values = [float(r["summary"][key]) for r in runs]
+        out[key] = max(values) if key == "violations" else _median(values)
+    return out
+
+
+def format_table(runs: Sequence[dict[str, Any]]) -> str:
+    groups = by_policy(runs)
+    names = list(groups)
+    seeds = max(len(g) for g in groups.values()) if groups else 0
+    cols = {n: median_summary(g) for n, g in groups.items()}
+    width = max(len(label) for _, label, _ in ROWS) + 2
+    head = "metric".ljust(width) + "".join(n.rjust(12) for n in names)
+    lines = [head, "-" * len(head)]
+    for key, label, fmt in ROWS:
+        cells = []
+        for n in names:
+            v = cols[n][key]
+            text = "-" if math.isnan(v) else ("inf" if math.isinf(v) else fmt.format(v))
+            cells.append(text.rjust(12))
+        lines.append(label.ljust(width) + "".join(cells))
+    if seeds > 1:
+        lines.append(f"(medians over {seeds} seeds; violations: worst seed)")
+    for n in names:
+        for r in groups[n]:
+            for text in r["summary"]["first_violations"]:
+                lines.append(f"! {n} seed {r['seed']}: {text}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ plots
+COLORS = {"muster": "#1f77b4", "scratch": "#d62728", "spot-only": "#ff7f0e", "fallback": "#2ca02c"}
+
+
+def plot_all(runs: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    """CDFs of JCT and queueing delay, GPU-hours and cost, utilisation over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    groups = by_policy(runs)
+    first = {n: min(g, key=lambda r: r["seed"]) for n, g in groups.items()}
+    paths: list[Path] = []
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for n, r in first.items():
+        for ax, key, low in ((axes[0], "jct_h", 1e-3), (axes[1], "queue_s", 1.0)):
+            xs = sorted(max(v, low) for v in r["series"][key])
+            if not xs:
+                continue
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            ax.step(xs, ys, where="post", label=n, color=COLORS.get(n), lw=1.6)
+    axes[0].set(xscale="log", xlabel="job completion time (h, log)", ylabel="fraction of jobs")
+    seed = min(r["seed"] for r in runs) if runs else 0
+    axes[0].set_title(f"JCT CDF (completed jobs, seed {seed})")
+    axes[1].set(
+        xscale="log", xlabel="queueing delay (s, log; <= 1 s drawn at 1 s)", ylabel="fraction"
+    )
+    axes[1].set_title(f"Queueing delay CDF (submit to first dispatch, seed {seed})")
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    paths.append(_save(fig, out / "sim_jct_cdf.png"))
+    plt.close(fig)
+
+    names = list(groups)
+    meds = {n: median_summary(g) for n, g in groups.items()}
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    seeds = max(len(g) for g in groups.values()) if groups else 0
+    if seeds > 1:
+        fig.suptitle(f"medians over {seeds} seeds", fontsize=9)
+    x = range(len(names))
+    used = [meds[n]["gpu_h_used"] for n in names]
+    lost = [meds[n]["gpu_h_lost"] for n in names]
+    colors = [COLORS.get(n, "#777777") for n in names]
+    axes[0].bar(x, used, color=colors, alpha=0.35, label="used")
+    axes[0].bar(x, lost, color=colors, label="lost to preemption")
+    axes[0].set_title("GPU-hours used / lost to preemption")
+    axes[1].bar(x, [meds[n]["goodput"] for n in names], color=colors)
+    axes[1].set_ylim(0, 1)
+    axes[1].set_title("goodput (useful / used GPU-h)")
+    axes[2].bar(x, [meds[n]["cost_usd"] for n in names], color=colors)
+    axes[2].set_title("cost ($)")
+    for ax in axes:
+        ax.set_xticks(list(x), names)
+        ax.grid(True, axis="y", alpha=0.3)
+    for i, v in enumerate(lost):
+        axes[0].annotate(f"{v:.0f}", (i, v), ha="center", va="bottom", fontsize=9)
+    axes[0].legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    paths.append(_save(fig, out / "sim_gpu_hours.png"))
+    plt.close(fig)
+
+    fig, axes = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    # Stop the time axis once 99% of the jobs of every policy that gets there have finished:
+    # a few never-finishing jobs would otherwise stretch it over days of idle replay.
+    t99 = [_p99_finish(r) for r in first.values()]
+    finite = [t for t in t99 if math.isfinite(t)]
+    xmax = 1.15 * max(finite) if finite else None
+    drawn_capacity = False
+    for n, r in first.items():
+        s = r["series"]["samples"]
+        if not s:
+            continue
+        t = [row[0] for row in s]
+        if not drawn_capacity:
+            axes[0].plot(t, [row[1] for row in s], color="black", lw=1, label="capacity (GPUs up)")
+            axes[0].plot(
+                t, [row[4] for row in s], color="gray", lw=1, ls="--", label="spot capacity"
+            )
+            drawn_capacity = True
+        axes[0].plot(t, [row[2] for row in s], color=COLORS.get(n), lw=1.2, label=f"{n}: held")
+        axes[1].plot(t, [row[5] for row in s], color=COLORS.get(n), lw=1.2, label=n)
+    axes[0].set(ylabel="GPUs")
+    seed = min(r["seed"] for r in runs) if runs else 0
+    axes[0].set_title(f"GPUs held by gangs vs. capacity (spot nodes come and go; seed {seed})")
+    axes[1].set(xlabel="virtual time (h)", ylabel="queued jobs")
+    if xmax is not None:
+        axes[1].set_xlim(0, xmax)
+    axes[1].set_title("Queue length")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    paths.append(_save(fig, out / "sim_utilisation.png"))
+    plt.close(fig)
+    return paths
+
+
+def _p99_finish(run: dict[str, Any]) -> float:
+    """Virtual hour by which 99% of the run's jobs had finished (inf if they never did)."""
+    finish = run["series"].get("finish_h", [])
+    need = math.ceil(0.99 * run["summary"]["jobs"])
+    return finish[need - 1] if 0 < need <= len(finish) else math.inf
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    return path

@@ -1,0 +1,1294 @@
+"""Virtual-clock simulator: the pure lifecycle `Machine` driven by real traces.
+
+Production runs the `Machine` behind an asyncio shell over NATS. Here a discrete-event loop
+plays the shell instead: it feeds the machine inputs with a virtual `now`, carries out its
+effects at once (`Send` goes to a simulated cluster, `Publish` updates the metrics), and the
+simulated clusters answer as agents would, with `EventBatch`es (snapshot first, increasing
+`seq`), heartbeats, spot notices and workload progress. Nothing sleeps and nothing does I/O
+after the traces are read, so a week of Philly jobs replays in seconds.
+
+Jobs come from Philly (`philly.csv`), spot reclaims from Bamboo (`bamboo-p3.csv`,
+`bamboo-g4dn.csv`) or a Poisson process. Policies differ only in what the simulated workloads
+and job specs do with checkpoints, so the broker under test is the same code every time.
+
+Run `python -m load.sim --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import heapq
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.machine import Machine
+from broker.core.records import JobRecord
+from load import traces
+from schemas.agent import (
+    AgentEvent,
+    Cancel,
+    CheckpointNow,
+    CheckpointReport,
+    ClusterSnapshot,
+    Dispatch,
+    EventBatch,
+    FlavorInfo,
+    Heartbeat,
+    NodeGone,
+    NodeInfo,
+    NodeUpsert,
+    Resync,
+    SpotNotice,
+    WorkloadStatus,
+)
+from schemas.api import JobEvent
+from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from schemas.job import (
+    CapacityPreference,
+    CapacityType,
+    CheckpointSpec,
+    JobSpec,
+    PodSet,
+    Simulation,
+    Workload,
+)
+
+TRACES_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+NODE_GPUS = 8
+NODE_CPU_MILLI = 96_000
+NODE_MEMORY = 1152 * 2**30
+MAX_PUMP_ROUNDS = 64  # agent <-> broker exchanges per step before we call it a livelock
+SpotMode = Literal["trace", "poisson", "none"]
+
+
+# ------------------------------------------------------------------------------ configuration
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """One (cluster, flavor) pool; `trace` names the Bamboo file that drives its spot nodes."""
+
+    cluster: str
+    flavor: str
+    capacity_type: CapacityType
+    gpu_type: str
+    price: float  # dollars per GPU-hour
+    nodes: int
+    trace: str | None = None  # "p3" | "g4dn" for spot pools in trace mode
+    trace_phase_s: float = 0.0  # start this pool this far into the (looped) trace
+
+
+# Prices per GPU-hour after AWS list prices (p4d, p3.16xlarge, g4dn.metal) and typical spot
+# discounts; the on-prem pool is priced at an amortised rate. ~816 GPUs when every spot slot
+# is up, ~670 on average under the Bamboo traces.
+DEFAULT_POOLS: tuple[PoolSpec, ...] = (
+    PoolSpec("us-east", "v100-spot", "spot", "V100", 0.92, 32, "p3"),
+    PoolSpec("us-east", "v100-od", "on-demand", "V100", 3.06, 8),
+    PoolSpec("us-west", "t4-spot", "spot", "T4", 0.36, 24, "g4dn"),
+    PoolSpec("us-west", "t4-od", "on-demand", "T4", 0.98, 6),
+    PoolSpec("eu-west", "a100-spot", "spot", "A100", 1.50, 16, "p3", 5.7 * 3600),
+    PoolSpec("eu-west", "a100-od", "on-demand", "A100", 4.10, 8),
+    PoolSpec("on-prem", "a100-reserved", "on-demand", "A100", 2.50, 8),
+)
+
+DEFAULT_MIX: tuple[tuple[CapacityPreference, float], ...] = (
+    ("spot", 0.30),
+    ("spot-then-on-demand", 0.40),
+    ("on-demand", 0.15),
+    ("any", 0.15),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What a policy changes: only the workloads' use of checkpoints and the spot preference."""
+
+    name: str
+    checkpoints: bool  # specs carry a checkpoint location, workloads write checkpoints
+    resume: bool  # a new attempt starts from `Dispatch.resume_from`
+    capacity_map: tuple[tuple[str, CapacityPreference], ...] = ()
+    about: str = ""
+
+
+POLICIES: dict[str, Policy] = {
+    "muster": Policy("muster", True, True, about="checkpoint-aware re-dispatch, make-before-break"),
+    "scratch": Policy(
+        "scratch",
+        False,
+        False,
+        about="restart preempted jobs from step 0 (SkyPilot default, Armada resubmit)",
+    ),
+    "spot-only": Policy(
+        "spot-only",
+        True,
+        True,
+        (("spot-then-on-demand", "spot"),),
+        about="muster, but spot-then-on-demand jobs never fall back",
+    ),
+    "fallback": Policy(
+        "fallback",
+        True,
+        True,
+        (("spot", "spot-then-on-demand"),),
+        about="muster, but spot-only jobs may fall back to on-demand",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Every knob of one run. Defaults: 3000 Philly jobs onto ~670 GPUs, Bamboo reclaims."""
+
+    jobs: int = 3000
+    offset: int = 48_000  # first Philly row (sorted by submit time) of the window
+    compress: float = 3.0  # divide inter-arrival gaps by this
+    max_duration_s: float = 12 * 3600.0  # cap Philly's multi-week jobs
+    seed: int = 1
+    pools: tuple[PoolSpec, ...] = DEFAULT_POOLS
+    mix: tuple[tuple[CapacityPreference, float], ...] = DEFAULT_MIX
+    queues: tuple[str, ...] = ("research", "production", "dev")
+    checkpoint_fraction: float = 0.85
+    checkpoint_every_s: float = 600.0
+    spot: SpotMode = "trace"
+    trace_phase_s: float = 0.0  # added to every pool's own phase (pick another trace window)
+    poisson_rate: float = 0.6  # reclaims per node-hour (Bamboo shows ~0.6)
+    poisson_down_s: float = 1800.0  # mean time before a reclaimed slot returns
+    notice_s: float = 120.0  # AWS gives two minutes
+    ack_latency_s: float = 0.2
+    start_delay_s: tuple[float, float] = (20.0, 60.0)  # image pull, rendezvous
+    start_delay_per_replica_s: float = 5.0
+    ckpt_now_s: tuple[float, float] = (2.0, 6.0)  # time to write a checkpoint on request
+    tick_s: float = 5.0
+    idle_tick_s: float = 60.0
+    heartbeat_s: float = 10.0
+    cycle_delay_s: float = 0.1  # admission cycles coalesce inputs like the shell's loop
+    sample_s: float = 300.0
+    drain_s: float = 86_400.0  # stop this long after the last arrival even if jobs remain
+    full_check_every: int = 2000  # steps between full invariant sweeps (touched jobs: always)
+    max_steps: int = 20_000_000
+    philly: Path = TRACES_DIR / "philly.csv"
+    traces: Path = TRACES_DIR
+
+
+_DEFAULTS = SimConfig()
+
+
+# ------------------------------------------------------------------------------ traces
+# Loaders belong to load/traces.py (shared with the core benchmarks); cached here because
+# every run of a multi-policy comparison reads the same files.
+@lru_cache(maxsize=2)
+def load_philly(path: Path) -> tuple[traces.PhillyJob, ...]:
+    """All Philly rows sorted by submit time (the file is not sorted)."""
+    return tuple(traces.load_philly(path))
+
+
+@dataclass(frozen=True, slots=True)
+class SpotTraceEvent:
+    t: float  # seconds from the trace start
+    op: Literal["add", "remove"]
+    node: str
+
+
+@lru_cache(maxsize=4)
+def load_bamboo(path: Path) -> tuple[SpotTraceEvent, ...]:
+    """Bamboo `time_ms,add|remove,node` rows, stably sorted by time."""
+    out = [
+        SpotTraceEvent(ms / 1000.0, "add" if op == "add" else "remove", node)
+        for ms, op, node in traces.load_bamboo(path)
+    ]
+    out.sort(key=lambda e: e.t)
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------ jobs
+@dataclass(slots=True)
+class SimJob:
+    index: int
+    job_id: str
+    arrival: float  # virtual seconds since the run's start
+    duration: int  # seconds of work = steps (1 step per second)
+    replicas: int
+    gpu_per_replica: int
+    queue: str
+    capacity: CapacityPreference
+    ckpt_every: float | None  # None: the job never checkpoints
+    vc: str
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.gpu_per_replica
+
+
+def make_jobs(cfg: SimConfig) -> list[SimJob]:
+    """The job window; the same seed gives the same jobs under every policy."""
+    rows = load_philly(cfg.philly)
+    window = rows[cfg.offset : cfg.offset + cfg.jobs]
+    if not window:
+        return []
+    rng = random.Random(f"jobs-{cfg.seed}")
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.cluster] = counts.get(r.cluster, 0) + 1
+    ranked = sorted(counts, key=lambda v: (-counts[v], v))
+    queue_of = {vc: cfg.queues[i % len(cfg.queues)] for i, vc in enumerate(ranked)}
+    prefs = [p for p, _ in cfg.mix]
+    weights = [w for _, w in cfg.mix]
+    t0 = window[0].arrival
+    jobs: list[SimJob] = []
+    for i, r in enumerate(window):
+        replicas, per = traces.gang_shape(max(1, r.num_gpus))
+        ckpt = cfg.checkpoint_every_s if rng.random() < cfg.checkpoint_fraction else None
+        jobs.append(
+            SimJob(
+                index=i,
+                job_id=f"p{cfg.offset + i:05d}",
+                arrival=(r.arrival - t0) / cfg.compress,
+                duration=max(1, int(min(r.duration, cfg.max_duration_s))),
+                replicas=replicas,
+                gpu_per_replica=per,
+                queue=queue_of[r.cluster],
+                capacity=rng.choices(prefs, weights)[0],
+                ckpt_every=ckpt,
+                vc=r.cluster,
+            )
+        )
+    return jobs
+
+
+def job_spec(job: SimJob, policy: Policy) -> JobSpec:
+    capacity = dict(policy.capacity_map).get(job.capacity, job.capacity)
+    ckpt = job.ckpt_every is not None and policy.checkpoints
+    per = job.gpu_per_replica
+    return JobSpec(
+        name=f"philly-{job.index}",
+        job_id=job.job_id,
+        queue=job.queue,
+        gang=[
+            PodSet(
+                name="worker",
+                replicas=job.replicas,
+                gpu=per,
+                cpu=str(max(1, 4 * per)),
+                memory=f"{max(1, 16 * per)}Gi",
+            )
+        ],
+        capacity=capacity,
+        checkpoint=CheckpointSpec(uri=f"s3://sim-ckpt/{job.job_id}") if ckpt else None,
+        workload=Workload(
+            kind="pytorchjob" if job.replicas > 1 else "indexed-job",
+            simulate=Simulation(
+                total_steps=job.duration,
+                steps_per_second=1.0,
+                checkpoint_every=max(1, int(job.ckpt_every or job.duration)),
+            ),
+        ),
+        labels={"philly-vc": job.vc},
+    )
+
+
+def broker_config(cfg: SimConfig) -> BrokerConfig:
+    return BrokerConfig(
+        queues=[QueueConfig(name=q) for q in cfg.queues],
+        timeouts=Timeouts(
+            heartbeat_s=cfg.heartbeat_s,
+            unreachable_after_s=3 * cfg.heartbeat_s,
+            lost_after_s=6 * cfg.heartbeat_s,
+            start_s=300.0,
+            checkpoint_grace_s=30.0,
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------ world
+@dataclass(slots=True)
+class SimNode:
+    name: str
+    cluster: str
+    flavor: str
+    gpu: int = NODE_GPUS
+    used: int = 0
+    deadline: float | None = None  # spot notice outstanding
+    slot: int = -1
+
+    def info(self) -> NodeInfo:
+        return NodeInfo(
+            name=self.name,
+            flavor=self.flavor,
+            gpu=self.gpu,
+            cpu_milli=NODE_CPU_MILLI,
+            memory=NODE_MEMORY,
+            spot_deadline=self.deadline,
+        )
+
+
+@dataclass(slots=True)
+class AttemptLog:
+    """Ground truth for one attempt, kept by the simulated cluster (not the broker)."""
+
+    job_id: str
+    attempt: int
+    cluster: str
+    flavor: str
+    capacity_type: str
+    price: float
+    gpus: int
+    dispatched_at: float
+    start_step: int
+    running_at: float | None = None
+    ended_at: float | None = None
+    end_step: int = 0
+    cause: str = ""
+    noticed_at: float | None = None  # a spot notice named one of its nodes
+    ckpt_steps: list[int] = field(default_factory=list)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.cause == "succeeded"
+
+    def held_s(self, now: float) -> float:
+        end = self.ended_at if self.ended_at is not None else now
+        return max(0.0, end - self.dispatched_at)
+
+
+@dataclass(slots=True, eq=False)
+class SimWorkload:
+    job: SimJob
+    attempt: int
+    cluster: str
+    nodes: list[str]  # one per replica
+    log: AttemptLog
+    writes_ckpts: bool
+    running_at: float | None = None
+    ckpt_pending: bool = False
+    alive: bool = True
+
+    def step_at(self, now: float) -> int:
+        if self.running_at is None:
+            return self.log.start_step
+        return min(self.job.duration, self.log.start_step + int(now - self.running_at + 1e-9))
+
+
+# heap event kinds
+ARRIVAL, ACK, W_RUN, W_CKPT, W_DONE, W_CKPT_NOW = 0, 1, 2, 3, 4, 5
+SPOT_TRACE, RECLAIM, TICK, CYCLE, HEARTBEAT, SAMPLE, POISSON, SLOT_RETURN = range(6, 14)
+
+
+@dataclass(slots=True)
+class Violation:
+    at: float
+    kind: str
+    detail: str
+
+
+class SimCluster:
+    """One simulated cluster and its agent: inventory, workloads, outbox of agent events."""
+
+    def __init__(self, sim: Sim, name: str, pools: Sequence[PoolSpec]) -> None:
+        self.sim = sim
+        self.name = name
+        self.pools = {p.flavor: p for p in pools}
+        self.flavors = [
+            FlavorInfo(
+                name=p.flavor,
+                capacity_type=p.capacity_type,
+                gpu_type=p.gpu_type,
+                price_per_gpu_hour=p.price,
+            )
+            for p in pools
+        ]
+        self.nodes: dict[str, SimNode] = {}
+        self.workloads: dict[tuple[str, int], SimWorkload] = {}
+        self.on_node: dict[str, set[tuple[str, int]]] = {}
+        self.outbox: list[AgentEvent] = []
+        self.instance = f"{name}-sim-1"
+        self.seq = 0
+        self.snapshot_due = True  # the first batch of an instance is a snapshot
+        self.highest_epoch = 0
+
+    # -- agent side -------------------------------------------------------------------
+    def snapshot(self, now: float) -> ClusterSnapshot:
+        return ClusterSnapshot(
+            flavors=list(self.flavors),
+            nodes=[n.info() for n in self.nodes.values()],
+            workloads=[self._status(w, now) for w in self.workloads.values()],
+        )
+
+    def _status(self, w: SimWorkload, now: float) -> WorkloadStatus:
+        running = w.running_at is not None
+        return WorkloadStatus(
+            job_id=w.job.job_id,
+            attempt=w.attempt,
+            phase="running" if running else "created",
+            running_replicas=w.job.replicas if running else 0,
+            total_replicas=w.job.replicas,
+            step=w.step_at(now),
+            nodes=sorted(set(w.nodes)),
+        )
+
+    def take_batches(self, now: float) -> list[EventBatch]:
+        """What the agent publishes now. Deltas already queued go out first, in order; a due
+        snapshot (first batch of an instance, or after a resync request) follows them."""
+        out: list[EventBatch] = []
+        if self.outbox and self.seq > 0:
+            out.append(self._batch(self.outbox, now))
+            self.outbox = []
+        if self.snapshot_due:
+            self.snapshot_due = False
+            out.append(self._batch([self.snapshot(now), *self.outbox], now))
+            self.outbox = []
+        return out
+
+    def _batch(self, events: list[AgentEvent], now: float) -> EventBatch:
+        self.seq += 1
+        return EventBatch(
+            cluster=self.name, instance=self.instance, seq=self.seq, events=events, sent_at=now
+        )
+
+    # -- commands ----------------------------------------------------------------------
+    def command(self, cmd: Any, now: float) -> None:
+        epoch = getattr(cmd, "epoch", 0)
+        if epoch < self.highest_epoch:  # agents refuse a deposed leader's commands
+            self.sim.violation(now, "stale-epoch", f"{self.name}: {type(cmd).__name__}")
+            return
+        self.highest_epoch = epoch
+        if isinstance(cmd, Dispatch):
+            self.dispatch(cmd, now)
+        elif isinstance(cmd, Cancel):
+            for key in list(self.workloads):
+                if key[0] == cmd.job_id and (cmd.attempt is None or key[1] == cmd.attempt):
+                    self.end(self.workloads[key], now, f"cancel: {cmd.reason}")
+        elif isinstance(cmd, CheckpointNow):
+            w = self.workloads.get((cmd.job_id, cmd.attempt))
+            ready = w is not None and w.running_at is not None and w.writes_ckpts
+            if ready and w is not None and not w.ckpt_pending:
+                w.ckpt_pending = True
+                lo, hi = self.sim.cfg.ckpt_now_s
+                delay = lo + (hi - lo) * self.sim.draw(cmd.job_id, cmd.attempt, "ckpt-now")
+                self.sim.push(now + delay, W_CKPT_NOW, w)
+        elif isinstance(cmd, Resync):
+            self.snapshot_due = True
+
+    def dispatch(self, cmd: Dispatch, now: float) -> None:
+        sim = self.sim
+        key = (cmd.job_id, cmd.attempt)
+        if key in self.workloads:  # idempotent on (job_id, attempt)
+            sim.push(now + sim.cfg.ack_latency_s, ACK, (cmd.job_id, cmd.attempt, True, ""))
+            return
+        job = sim.jobs_by_id[cmd.job_id]
+        nodes = [n for a in cmd.assignment for n in a.nodes]
+        error = self._check_dispatch(cmd, job, nodes)
+        if error:
+            sim.violation(now, "dispatch-refused", f"{self.name} {key}: {error}")
+            sim.push(now + sim.cfg.ack_latency_s, ACK, (cmd.job_id, cmd.attempt, False, error))
+            return
+        live = sim.live_copies.get(cmd.job_id)
+        if live is not None:
+            sim.violation(now, "two-live-copies", f"{key} while {live} still runs")
+        pool = self.pools[cmd.flavor]
+        start = cmd.resume_from.step if (cmd.resume_from and sim.policy.resume) else 0
+        log = AttemptLog(
+            job_id=cmd.job_id,
+            attempt=cmd.attempt,
+            cluster=self.name,
+            flavor=cmd.flavor,
+            capacity_type=pool.capacity_type,
+            price=pool.price,
+            gpus=job.gpus,
+            dispatched_at=now,
+            start_step=min(start, job.duration),
+        )
+        w = SimWorkload(
+            job=job,
+            attempt=cmd.attempt,
+            cluster=self.name,
+            nodes=nodes,
+            log=log,
+            writes_ckpts=job.ckpt_every is not None and sim.policy.checkpoints,
+        )
+        self.workloads[key] = w
+        for n in nodes:
+            self.nodes[n].used += job.gpu_per_replica
+            self.on_node.setdefault(n, set()).add(key)
+        sim.live_copies[cmd.job_id] = key
+        sim.logs.setdefault(cmd.job_id, []).append(log)
+        cfg = sim.cfg
+        lo, hi = cfg.start_delay_s
+        delay = lo + (hi - lo) * sim.draw(cmd.job_id, cmd.attempt, "start")
+        delay += cfg.start_delay_per_replica_s * (job.replicas - 1)
+        sim.push(now + cfg.ack_latency_s, ACK, (cmd.job_id, cmd.attempt, True, ""))
+        sim.push(now + delay, W_RUN, w)
+
+    def _check_dispatch(self, cmd: Dispatch, job: SimJob, nodes: list[str]) -> str:
+        """The gang must be whole, on this cluster, on one flavor, and fit every node."""
+        if cmd.flavor not in self.pools:
+            return f"unknown flavor {cmd.flavor!r}"
+        if len(nodes) != job.replicas:
+            return f"{len(nodes)} nodes for {job.replicas} replicas"
+        need: dict[str, int] = {}
+        for n in nodes:
+            need[n] = need.get(n, 0) + job.gpu_per_replica
+        for n, gpus in need.items():
+            node = self.nodes.get(n)
+            if node is None:
+                return f"node {n} is not in cluster {self.name} (gone or foreign)"
+            if node.flavor != cmd.flavor:
+                return f"node {n} is {node.flavor}, not {cmd.flavor}: gang split over flavors"
+            if node.used + gpus > node.gpu:
+                return f"node {n} over-committed: {node.used}+{gpus} > {node.gpu} GPUs"
+        return ""
+
+    def end(self, w: SimWorkload, now: float, cause: str) -> None:
+        """Stop a workload: its GPUs free up, progress since its last checkpoint is lost."""
+        if not w.alive:
+            return
+        w.alive = False
+        key = (w.job.job_id, w.attempt)
+        self.workloads.pop(key, None)
+        for n in w.nodes:
+            node = self.nodes.get(n)
+            if node is not None:
+                node.used -= w.job.gpu_per_replica
+            keys = self.on_node.get(n)
+            if keys is not None:
+                keys.discard(key)
+        w.log.ended_at = now
+        w.log.end_step = w.step_at(now)
+        w.log.cause = cause
+        if self.sim.live_copies.get(w.job.job_id) == key:
+            del self.sim.live_copies[w.job.job_id]
+
+    # -- nodes -------------------------------------------------------------------------
+    def add_node(self, node: SimNode, now: float, *, announce: bool) -> None:
+        self.nodes[node.name] = node
+        self.sim.node_home[node.name] = (self.name, node.flavor)
+        if announce:
+            self.outbox.append(NodeUpsert(node=node.info()))
+
+    def notice(self, name: str, deadline: float) -> None:
+        node = self.nodes[name]
+        node.deadline = deadline
+        for key in self.on_node.get(name, ()):
+            log = self.workloads[key].log
+            if log.noticed_at is None:
+                log.noticed_at = self.sim.now
+        self.outbox.append(SpotNotice(node=name, deadline=deadline, reason="spot-reclaim"))
+
+    def reclaim(self, name: str, now: float) -> None:
+        node = self.nodes.pop(name, None)
+        if node is None:
+            return
+        for key in sorted(self.on_node.pop(name, set())):
+            w = self.workloads.get(key)
+            if w is not None:
+                self.end(w, now, "node-gone")
+        self.outbox.append(NodeGone(node=name, reason="spot-reclaimed"))
+
+
+@dataclass(slots=True)
+class Slot:
+    """A place for one spot node in a pool; trace node ids are bound to free slots."""
+
+    index: int
+    node: str | None = None
+    key: tuple[int, str] | None = None  # (trace loop, trace node id)
+    generation: int = 0
+
+
+@dataclass(slots=True)
+class SpotPool:
+    spec: PoolSpec
+    slots: list[Slot]
+    bound: dict[tuple[int, str], int] = field(default_factory=dict)
+    carry: list[int] = field(default_factory=list)  # slots kept up across a trace loop
+    loop: int = 0
+
+
+@dataclass(slots=True)
+class Sample:
+    t: float  # hours since start
+    capacity: int  # GPUs on present nodes
+    allocated: int  # GPUs held by workloads (starting or running)
+    running: int  # GPUs of gangs whose every replica runs
+    spot_capacity: int
+    pending: int  # queued jobs
+    live: int  # live attempts
+
+
+@dataclass(slots=True)
+class SimResult:
+    policy: str
+    config: dict[str, Any]
+    jobs: list[SimJob]
+    records: dict[str, JobRecord]
+    logs: dict[str, list[AttemptLog]]
+    samples: list[Sample]
+    violations: list[Violation]
+    checks: int
+    steps: int
+    base: float  # unix seconds at virtual zero
+    end: float  # virtual seconds at the end
+    wall_s: float
+    spot_notices: int
+    batch_errors: list[str]
+    first_admit: dict[str, float]
+
+
+class Sim:
+    """The discrete-event loop: one heap, one virtual clock, the Machine, the clusters."""
+
+    def __init__(self, cfg: SimConfig, policy: Policy | str = "muster") -> None:
+        self.cfg = cfg
+        self.policy = POLICIES[policy] if isinstance(policy, str) else policy
+        self.spot_rng = random.Random(f"spot-{cfg.seed}")
+        self.jobs = make_jobs(cfg)
+        self.jobs_by_id = {j.job_id: j for j in self.jobs}
+        self.base = 1.5e9  # unix seconds at virtual zero (Philly time is not kept)
+        self.now = self.base
+        self.machine = Machine(broker_config(cfg))
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self._seq = 0
+        self.logs: dict[str, list[AttemptLog]] = {}
+        self.live_copies: dict[str, tuple[str, int]] = {}
+        self.node_home: dict[str, tuple[str, str]] = {}
+        self.violations: list[Violation] = []
+        self.batch_errors: list[str] = []
+        self.state: dict[str, str] = {}
+        self.first_admit: dict[str, float] = {}
+        self.samples: list[Sample] = []
+        self.spot_notices = 0
+        self.notice_log: list[tuple[float, str]] = []  # (virtual s, node): for tests/plots
+        self.reclaim_log: list[tuple[float, str]] = []
+        self.checks = 0
+        self.steps = 0
+        self._cycle_pending = False
+        self._done_count = 0
+        self._touched: set[str] = set()
+        self._claims: dict[str, dict[str, int]] = {}
+        self._usage: dict[str, int] = {}
+        by_cluster: dict[str, list[PoolSpec]] = {}
+        for p in cfg.pools:
+            by_cluster.setdefault(p.cluster, []).append(p)
+        self.clusters = {c: SimCluster(self, c, ps) for c, ps in by_cluster.items()}
+        self.spot_pools: list[SpotPool] = []
+        self._build_nodes()
+
+    # -- heap --------------------------------------------------------------------------
+    def push(self, t: float, kind: int, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (t, self._seq, kind, payload))
+
+    def draw(self, job_id: str, attempt: int, what: str) -> float:
+        """A uniform [0, 1) number fixed by (seed, job, attempt, what): the same attempt gets
+        the same start-up delay whatever order the machine happened to emit effects in."""
+        key = f"{self.cfg.seed}:{job_id}:{attempt}:{what}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
+
+    def violation(self, now: float, kind: str, detail: str) -> None:
+        if len(self.violations) < 1000:
+            self.violations.append(Violation(now - self.base, kind, detail))
+
+    # -- world setup -------------------------------------------------------------------
+    def _build_nodes(self) -> None:
+        for p in self.cfg.pools:
+            cluster = self.clusters[p.cluster]
+            spot_driven = p.capacity_type == "spot" and self.cfg.spot != "none"
+            if not spot_driven:
+                for i in range(p.nodes):
+                    node = SimNode(f"{p.cluster}-{p.flavor}-{i:03d}", p.cluster, p.flavor)
+                    cluster.add_node(node, self.now, announce=False)
+                continue
+            pool = SpotPool(p, [Slot(i) for i in range(p.nodes)])
+            self.spot_pools.append(pool)
+            if self.cfg.spot == "poisson" or p.trace is None:
+                for slot in pool.slots:
+                    self._slot_up(pool, slot, announce=False)
+                self._next_poisson(pool)
+            else:
+                self._schedule_trace(pool)
+
+    def _slot_up(self, pool: SpotPool, slot: Slot, *, announce: bool) -> None:
+        slot.generation += 1
+        p = pool.spec
+        name = f"{p.cluster}-{p.flavor}-{slot.index:03d}-g{slot.generation}"
+        slot.node = name
+        node = SimNode(name, p.cluster, p.flavor, slot=slot.index)
+        self.clusters[p.cluster].add_node(node, self.now, announce=announce)
+
+    def _schedule_trace(self, pool: SpotPool) -> None:
+        """Loop the Bamboo trace over the horizon; the state at the phase is the start."""
+        events = load_bamboo(self.cfg.traces / f"bamboo-{pool.spec.trace}.csv")
+        if not events:
+            return
+        period = events[-1].t + 600.0
+        phase = (pool.spec.trace_phase_s + self.cfg.trace_phase_s) % period
+        horizon = (self.jobs[-1].arrival if self.jobs else 0.0) + self.cfg.drain_s
+        loops = min(1000, int((phase + horizon) / period) + 1)
+        for loop in range(loops):
+            for e in events:
+                pool_t = loop * period + e.t
+                if pool_t <= phase:
+                    self._trace_apply(pool, loop, e, announce=False)
+                elif pool_t - phase <= horizon:
+                    self.push(self.base + pool_t - phase, SPOT_TRACE, (pool, loop, e))
+
+    def _trace_apply(self, pool: SpotPool, loop: int, e: SpotTraceEvent, *, announce: bool) -> None:
+        if loop != pool.loop:
+            # A new pass over the trace: nodes still up are re-bound to its first adds.
+            pool.loop = loop
+            pool.carry = [s.index for s in pool.slots if s.node is not None]
+            pool.bound = {}
+            for s in pool.slots:
+                s.key = None
+        key = (loop, e.node)
+        if e.op == "add":
+            if key in pool.bound:
+                return
+            if pool.carry:
+                idx = pool.carry.pop(0)
+                pool.bound[key] = idx
+                pool.slots[idx].key = key
+                return
+            free = next((s for s in pool.slots if s.node is None), None)
+            if free is None:
+                return  # the pool is smaller than the trace's fleet: this node is not ours
+            pool.bound[key] = free.index
+            free.key = key
+            self._slot_up(pool, free, announce=announce)
+            return
+        if key not in pool.bound:
+            return
+        slot = pool.slots[pool.bound.pop(key)]
+        slot.key = None
+        if slot.node is None:
+            return
+        if not announce:
+            self.clusters[pool.spec.cluster].nodes.pop(slot.node, None)
+            slot.node = None
+            return
+        self._notice(pool, slot)
+
+    def _notice(self, pool: SpotPool, slot: Slot) -> None:
+        """A reclaim: notice now, node gone at the deadline; the slot is busy until then."""
+        assert slot.node is not None
+        cluster = self.clusters[pool.spec.cluster]
+        node = cluster.nodes.get(slot.node)
+        if node is None or node.deadline is not None:
+            return
+        deadline = self.now + self.cfg.notice_s
+        cluster.notice(slot.node, deadline)
+        self.spot_notices += 1
+        self.notice_log.append((self.now - self.base, slot.node))
+        self.push(deadline, RECLAIM, (pool, slot, slot.node))
+
+    def _next_poisson(self, pool: SpotPool) -> None:
+        """Reclaim instants at rate x slots; each takes 1-4 live nodes at once (Bamboo-like)."""
+        mean_group = 2.0
+        rate_per_s = self.cfg.poisson_rate * len(pool.slots) / mean_group / 3600.0
+        if rate_per_s <= 0:
+            return
+        self.push(self.now + self.spot_rng.expovariate(rate_per_s), POISSON, pool)
+
+    def _poisson(self, pool: SpotPool) -> None:
+        live = [s for s in pool.slots if s.node is not None]
+        k = min(len(live), self.spot_rng.choice((1, 1, 2, 4)))
+        for slot in self.spot_rng.sample(live, k):
+            node = self.clusters[pool.spec.cluster].nodes.get(slot.node or "")
+            if node is not None and node.deadline is None:
+                self._notice(pool, slot)
+        self._next_poisson(pool)
+
+    # -- the loop ----------------------------------------------------------------------
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        cfg = self.cfg
+        for job in self.jobs:
+            self.push(self.base + job.arrival, ARRIVAL, job)
+        for c in self.clusters.values():
+            self.push(self.base + _stagger(c.name), HEARTBEAT, c)
+        self.push(self.base, TICK, None)
+        self.push(self.base, SAMPLE, None)
+        self._pump()  # initial snapshots
+        end_at = self.base + (self.jobs[-1].arrival if self.jobs else 0.0) + cfg.drain_s
+        arrived = 0
+        while self.heap and self.steps < cfg.max_steps:
+            t, _, kind, payload = heapq.heappop(self.heap)
+            if t > end_at:
+                break
+            self.now = max(self.now, t)
+            self.steps += 1
+            if kind == ARRIVAL:
+                arrived += 1
+            self._handle(kind, payload)
+            self._pump()
+            self._check_touched()
+            if self.steps % cfg.full_check_every == 0:
+                self.check_all()
+            if arrived == len(self.jobs) and self._all_done():
+                break
+        self.check_all()
+        self._sample()
+        return SimResult(
+            policy=self.policy.name,
+            config=_config_dict(cfg),
+            jobs=self.jobs,
+            records=self.machine.jobs,
+            logs=self.logs,
+            samples=self.samples,
+            violations=self.violations,
+            checks=self.checks,
+            steps=self.steps,
+            base=self.base,
+            end=self.now - self.base,
+            wall_s=time.perf_counter() - started,
+            spot_notices=self.spot_notices,
+            batch_errors=self.batch_errors,
+            first_admit=self.first_admit,
+        )
+
+    def _all_done(self) -> bool:
+        return self._done_count == len(self.jobs)
+
+    def _handle(self, kind: int, payload: Any) -> None:
+        now = self.now
+        m = self.machine
+        if kind == ARRIVAL:
+            job: SimJob = payload
+            reply, effects = m.submit(job_spec(job, self.policy), now)
+            if not reply.accepted:
+                self.violation(now, "rejected", f"{job.job_id}: {reply.error}")
+                self.state[job.job_id] = "failed"
+                self._done_count += 1
+            self._execute(effects)
+        elif kind == ACK:
+            job_id, attempt, ok, error = payload
+            self._touched.add(job_id)
+            self._execute(m.on_dispatch_result(job_id, attempt, ok, error, now))
+        elif kind in (W_RUN, W_CKPT, W_DONE, W_CKPT_NOW):
+            self._workload_event(kind, payload)
+        elif kind == SPOT_TRACE:
+            pool, loop, e = payload
+            self._trace_apply(pool, loop, e, announce=True)
+        elif kind == RECLAIM:
+            pool, slot, name = payload
+            self.clusters[pool.spec.cluster].reclaim(name, now)
+            self.reclaim_log.append((now - self.base, name))
+            if slot.node == name:
+                slot.node = None
+                if self.cfg.spot == "poisson" or pool.spec.trace is None:
+                    self.push(
+                        now + self.spot_rng.expovariate(1.0 / self.cfg.poisson_down_s),
+                        SLOT_RETURN,
+                        (pool, slot),
+                    )
+        elif kind == POISSON:
+            self._poisson(payload)
+        elif kind == SLOT_RETURN:
+            pool, slot = payload
+            if slot.node is None:
+                self._slot_up(pool, slot, announce=True)
+        elif kind == TICK:
+            effects = m.tick(now)
+            if m.wants_cycle:
+                effects.extend(m.schedule(now))
+                self._cycle_pending = False
+            self._execute(effects)
+            busy = m.pending_count() > 0 or m.live_count() > 0
+            self.push(now + (self.cfg.tick_s if busy else self.cfg.idle_tick_s), TICK, None)
+        elif kind == CYCLE:
+            self._cycle_pending = False
+            self._execute(m.schedule(now))
+        elif kind == HEARTBEAT:
+            cluster: SimCluster = payload
+            cluster.outbox.append(Heartbeat(at=now))
+            self.push(now + self.cfg.heartbeat_s, HEARTBEAT, cluster)
+        elif kind == SAMPLE:
+            self._sample()
+            self.push(now + self.cfg.sample_s, SAMPLE, None)
+
+    def _workload_event(self, kind: int, w: SimWorkload) -> None:
+        if not w.alive:
+            return
+        now = self.now
+        cluster = self.clusters[w.cluster]
+        job = w.job
+        if kind == W_RUN:
+            w.running_at = now
+            w.log.running_at = now
+            cluster.outbox.append(cluster._status(w, now))
+            remaining = job.duration - w.log.start_step
+            self.push(now + remaining, W_DONE, w)
+            if w.writes_ckpts and job.ckpt_every is not None and job.ckpt_every < remaining:
+                self.push(now + job.ckpt_every, W_CKPT, w)
+        elif kind == W_DONE:
+            w.log.end_step = job.duration
+            cluster.end(w, now, "succeeded")
+            cluster.outbox.append(
+                WorkloadStatus(
+                    job_id=job.job_id,
+                    attempt=w.attempt,
+                    phase="succeeded",
+                    running_replicas=0,
+                    total_replicas=job.replicas,
+                    step=job.duration,
+                )
+            )
+        elif kind in (W_CKPT, W_CKPT_NOW):
+            step = w.step_at(now)
+            if kind == W_CKPT_NOW:
+                w.ckpt_pending = False
+            elif job.ckpt_every is not None and now + job.ckpt_every < _done_at(w):
+                self.push(now + job.ckpt_every, W_CKPT, w)
+            if step >= job.duration or (w.log.ckpt_steps and w.log.ckpt_steps[-1] >= step):
+                return
+            w.log.ckpt_steps.append(step)
+            cluster.outbox.append(
+                CheckpointReport(
+                    job_id=job.job_id,
+                    attempt=w.attempt,
+                    step=step,
+                    uri=f"s3://sim-ckpt/{job.job_id}/step-{step}",
+                    at=now,
+                )
+            )
+
+    def _pump(self) -> None:
+        """Deliver every cluster's outbox to the machine until nothing more is said."""
+        for _ in range(MAX_PUMP_ROUNDS):
+            said = False
+            for cluster in self.clusters.values():
+                for batch in cluster.take_batches(self.now):
+                    said = True
+                    for e in batch.events:
+                        jid = getattr(e, "job_id", None)
+                        if jid is not None:
+                            self._touched.add(jid)
+                    out = self.machine.on_batch(cluster.name, batch, self.now)
+                    if out.error is not None:
+                        self.batch_errors.append(out.error)
+                    self._execute(out.effects)
+            if not said:
+                break
+        else:
+            self.violation(self.now, "livelock", "agents and broker kept answering each other")
+        if self.machine.wants_cycle and not self._cycle_pending:
+            self._cycle_pending = True
+            self.push(self.now + self.cfg.cycle_delay_s, CYCLE, None)
+
+    def _execute(self, effects: Iterable[Effect]) -> None:
+        for eff in effects:
+            if isinstance(eff, Send):
+                cluster = self.clusters.get(eff.cluster)
+                cmd = eff.command
+                jid = getattr(cmd, "job_id", None)
+                if jid is not None:
+                    self._touched.add(jid)
+                if cluster is None:
+                    self.violation(self.now, "unknown-cluster", eff.cluster)
+                    continue
+                cluster.command(cmd, self.now)
+            elif isinstance(eff, Publish):
+                self._on_event(eff.event)
+            elif isinstance(eff, Persist):
+                self._touched.add(eff.record.job_id)
+
+    def _on_event(self, event: JobEvent) -> None:
+        jid = event.job_id
+        self._touched.add(jid)
+        before = self.state.get(jid)
+        self.state[jid] = event.state
+        if event.kind == "admitted" and jid not in self.first_admit:
+            self.first_admit[jid] = event.at
+        if event.state in TERMINAL and before not in TERMINAL:
+            self._done_count += 1
+
+    # -- invariants --------------------------------------------------------------------
+    def _claims_of(self, record: JobRecord) -> dict[str, int]:
+        """GPUs per node that the machine's record says this job holds (live + reserved)."""
+        claims: dict[str, int] = {}
+        per = {p.name: p.gpu for p in record.spec.gang}
+        attempts = []
+        current = record.current
+        if current is not None:
+            attempts.append(current)
+        if record.preempting is not None and record.preempting.replacement is not None:
+            attempts.append(record.preempting.replacement)
+        for a in attempts:
+            for ps in a.assignment:
+                for n in ps.nodes:
+                    claims[n] = claims.get(n, 0) + per.get(ps.podset, 0)
+        return claims
+
+    def _check_record(self, record: JobRecord, nodes: set[str]) -> None:
+        live = [a for a in record.attempts if a.ended_at is None]
+        if len(live) > 1 or (live and live[-1] is not record.attempts[-1]):
+            self.violation(
+                self.now,
+                "two-live-attempts",
+                f"{record.job_id}: live attempts {[a.attempt for a in live]}",
+            )
+        attempts = list(live)
+        if record.preempting is not None and record.preempting.replacement is not None:
+            attempts.append(record.preempting.replacement)
+        for a in attempts:
+            want = sum(p.replicas for p in record.spec.gang)
+            got = sum(len(ps.nodes) for ps in a.assignment)
+            if want != got:
+                self.violation(self.now, "partial-gang", f"{record.job_id}#{a.attempt}")
+            for ps in a.assignment:
+                for n in ps.nodes:
+                    home = self.node_home.get(n)
+                    if home != (a.cluster, a.flavor):
+                        self.violation(
+                            self.now,
+                            "gang-split",
+                            f"{record.job_id}#{a.attempt} on {a.cluster}/{a.flavor} "
+                            f"uses node {n} of {home}",
+                        )
+        claims = self._claims_of(record)
+        old = self._claims.get(record.job_id, {})
+        if claims != old:
+            for n, g in old.items():
+                self._usage[n] = self._usage.get(n, 0) - g
+                nodes.add(n)
+            for n, g in claims.items():
+                self._usage[n] = self._usage.get(n, 0) + g
+                nodes.add(n)
+            if claims:
+                self._claims[record.job_id] = claims
+            else:
+                self._claims.pop(record.job_id, None)
+
+    def _check_nodes(self, nodes: Iterable[str]) -> None:
+        for n in nodes:
+            used = self._usage.get(n, 0)
+            if used <= 0:
+                continue
+            home = self.node_home.get(n)
+            node = self.clusters[home[0]].nodes.get(n) if home else None
+            if node is None:
+                self.violation(self.now, "claim-on-gone-node", f"{n}: {used} GPUs")
+            elif used > node.gpu:
+                self.violation(self.now, "over-commit", f"{n}: {used} > {node.gpu} GPUs")
+
+    def _check_touched(self) -> None:
+        if not self._touched:
+            return
+        self.checks += 1
+        nodes: set[str] = set()
+        jobs = self.machine.jobs
+        for jid in self._touched:
+            record = jobs.get(jid)
+            if record is not None:
+                self._check_record(record, nodes)
+        self._touched.clear()
+        self._check_nodes(nodes)
+
+    def check_all(self) -> None:
+        """Every record and every node, not just those touched by the last step."""
+        self.checks += 1
+        nodes: set[str] = set()
+        for record in self.machine.jobs.values():
+            self._check_record(record, nodes)
+        usage: dict[str, int] = {}
+        for claims in self._claims.values():
+            for n, g in claims.items():
+                usage[n] = usage.get(n, 0) + g
+        if {k: v for k, v in self._usage.items() if v} != usage:
+            self.violation(self.now, "accounting", "incremental node usage drifted")
+            self._usage = usage
+        self._check_nodes(usage)
+        for c in self.clusters.values():
+            for node in c.nodes.values():
+                if node.used > node.gpu or node.used < 0:
+                    self.violation(self.now, "cluster-over-commit", f"{node.name}: {node.used}")
+
+    def _sample(self) -> None:
+        cap = spot = alloc = running = 0
+        for c in self.clusters.values():
+            for node in c.nodes.values():
+                cap += node.gpu
+                if c.pools[node.flavor].capacity_type == "spot":
+                    spot += node.gpu
+            for w in c.workloads.values():
+                alloc += w.job.gpus
+                if w.running_at is not None:
+                    running += w.job.gpus
+        self.samples.append(
+            Sample(
+                t=(self.now - self.base) / 3600.0,
+                capacity=cap,
+                allocated=alloc,
+                running=running,
+                spot_capacity=spot,
+                pending=self.machine.pending_count(),
+                live=self.machine.live_count(),
+            )
+        )
+
+
+def _done_at(w: SimWorkload) -> float:
+    assert w.running_at is not None
+    return w.running_at + (w.job.duration - w.log.start_step)
+
+
+def _stagger(name: str) -> float:
+    """Spread heartbeats of different clusters over a second, deterministically."""
+    return (sum(name.encode()) % 100) / 100.0
+
+
+def _config_dict(cfg: SimConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in cfg.__dataclass_fields__:
+        v = getattr(cfg, k)
+        if k == "pools":
+            v = [p.flavor + "@" + p.cluster + f"x{p.nodes}" for p in v]
+        elif isinstance(v, Path):
+            v = v.name
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[k] = v
+    return out
+
+
+def run(cfg: SimConfig, policy: str) -> SimResult:
+    return Sim(cfg, policy).run()
+
+
+def _run_summary(args: tuple[SimConfig, str]) -> dict[str, Any]:
+    from load.report import summarize
+
+    result = run(*args)
+    return {"summary": summarize(result), "series": _series(result)}
+
+
+def _series(result: SimResult) -> dict[str, Any]:
+    """What the plots need, small enough to send back from a worker process."""
+    from load.report import jct_hours, lost_by_job, queue_delays_s
+
+    return {
+        "jct_h": jct_hours(result),
+        "queue_s": queue_delays_s(result),
+        "lost_gpu_h": lost_by_job(result),
+        "finish_h": sorted(
+            (r.finished_at - result.base) / 3600.0
+            for r in result.records.values()
+            if r.finished_at is not None
+        ),
+        "samples": [
+            [s.t, s.capacity, s.allocated, s.running, s.spot_capacity, s.pending]
+            for s in result.samples
+        ],
+    }
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no inf/NaN: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m load.sim",
+        description="Replay Philly jobs and Bamboo spot reclaims through the Muster core "
+        "under a virtual clock and compare recovery policies.",
+    )
+    ap.add_argument("--jobs", type=int, default=3000)
+    ap.add_argument("--offset", type=int, default=_DEFAULTS.offset, help="first Philly row")
+    ap.add_argument("--compress", type=float, default=_DEFAULTS.compress)
+    ap.add_argument("--max-duration-h", type=float, default=_DEFAULTS.max_duration_s / 3600)
+    ap.add_argument(
+        "--drain-h",
+        type=float,
+        default=_DEFAULTS.drain_s / 3600,
+        help="stop this long after the last arrival even if jobs are left",
+    )
+    ap.add_argument(
+        "--policy",
+        default="both",
+        help="muster | scratch | spot-only | fallback | both (muster+scratch) | all",
+    )
+    ap.add_argument("--spot", choices=["trace", "poisson", "none"], default="trace")
+    ap.add_argument("--poisson-rate", type=float, default=_DEFAULTS.poisson_rate)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every pool's node count")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", type=int, default=1, help="run seeds seed..seed+n-1, medians")
+    ap.add_argument("--workers", type=int, default=2, help="processes (one run each)")
+    ap.add_argument("--out", default="docs/img", help="folder for PNGs ('' = no plots)")
+    ap.add_argument("--json", default=None, help="write the summaries here")
+    return ap.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
+    pools = tuple(replace(p, nodes=max(1, round(p.nodes * args.scale))) for p in _DEFAULTS.pools)
+    return SimConfig(
+        jobs=args.jobs,
+        offset=args.offset,
+        compress=args.compress,
+        max_duration_s=args.max_duration_h * 3600.0,
+        drain_s=args.drain_h * 3600.0,
+        seed=seed,
+        # Each further seed also replays the Bamboo traces from a different hour.
+        trace_phase_s=(seed - args.seed) * 3571.0,
+        pools=pools,
+        spot=args.spot,
+        poisson_rate=args.poisson_rate,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from load import report
+
+    args = parse_args(argv)
+    if args.policy == "both":
+        names = ["muster", "scratch"]
+    elif args.policy == "all":
+        names = list(POLICIES)
+    else:
+        names = [n.strip() for n in args.policy.split(",")]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        print(f"unknown policy {unknown}; choose from {sorted(POLICIES)}", file=sys.stderr)
+        return 2
+    seeds = list(range(args.seed, args.seed + max(1, args.seeds)))
+    tasks = [(config_from_args(args, s), n) for s in seeds for n in names]
+    started = time.perf_counter()
+    if args.workers > 1 and len(tasks) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        load_philly(_DEFAULTS.philly)  # parse once before forking
+        with ProcessPoolExecutor(max_workers=min(args.workers, len(tasks))) as pool:
+            outputs = list(pool.map(_run_summary, tasks))
+    else:
+        outputs = [_run_summary(t) for t in tasks]
+    runs = [
+        {"policy": n, "seed": cfg.seed, **out} for (cfg, n), out in zip(tasks, outputs, strict=True)
+    ]
+    print(report.format_table(runs))
+    print(f"\n{len(tasks)} run(s) in {time.perf_counter() - started:.1f}s wall")
+    if args.out:
+        for path in report.plot_all(runs, Path(args.out)):
+            print(f"wrote {path}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": _finite(runs)}, indent=1, default=str))
+        print(f"wrote {args.json}")
+    bad = sum(r["summary"]["violations"] for r in runs)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

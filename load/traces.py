@@ -1,0 +1,100 @@
+"""Loaders for the real traces in ../shared/traces (Philly GPU jobs, Bamboo spot node events).
+
+Gang mapping for Philly (which records only a GPU count per job): a job of n GPUs becomes one
+podset. n <= 8 fits one node: 1 replica x n GPUs. n > 8 spans whole 8-GPU nodes, as Philly's
+multi-node jobs did: ceil(n / 8) replicas x 8 GPUs (so 12 GPUs become 2 x 8; the round-up is
+what a node-exclusive multi-node job really holds).
+"""
+
+from __future__ import annotations
+
+import calendar
+import csv
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.core.types import PodSetDemand
+
+GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class PhillyJob:
+    arrival: float  # unix seconds (the trace's wall-clock stamps read as UTC)
+    duration: float  # seconds
+    num_gpus: int
+    cluster: str  # Philly virtual cluster
+
+
+def default_traces_dir() -> Path:
+    """repo_root/../shared/traces, found relative to this file."""
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+
+
+def _unix(stamp: str) -> float:
+    return float(calendar.timegm(time.strptime(stamp.strip(), "%Y-%m-%d %H:%M:%S")))
+
+
+def load_philly(path: str | Path | None = None) -> list[PhillyJob]:
+    """All Philly jobs sorted by arrival (the file is not sorted)."""
+    p = Path(path) if path is not None else default_traces_dir() / "philly.csv"
+    jobs: list[PhillyJob] = []
+    with p.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            jobs.append(
+                PhillyJob(
+                    arrival=_unix(row["timestamp"]),
+                    duration=float(row["duration"]),
+                    num_gpus=int(row["num_gpus"]),
+                    cluster=row["cluster"],
+                )
+            )
+    jobs.sort(key=lambda j: j.arrival)
+    return jobs
+
+
+def philly_gang_sizes(path: str | Path | None = None) -> list[int]:
+    """GPU count of every Philly job with at least one GPU, in arrival order."""
+    return [j.num_gpus for j in load_philly(path) if j.num_gpus > 0]
+
+
+def load_bamboo(path: str | Path) -> list[tuple[int, str, str]]:
+    """(time_ms, "add" | "remove", node_id) rows of a Bamboo spot trace, in file order."""
+    out: list[tuple[int, str, str]] = []
+    with Path(path).open(newline="") as fh:
+        for row in csv.reader(fh):
+            if len(row) < 3 or not row[0].strip().isdigit():
+                continue
+            op = row[1].strip()
+            if op not in ("add", "remove"):
+                raise ValueError(f"{path}: unknown op {op!r} in row {row}")
+            out.append((int(row[0]), op, row[2].strip()))
+    return out
+
+
+def gang_shape(num_gpus: int) -> tuple[int, int]:
+    """(replicas, GPUs per replica) for a gang of `num_gpus` (see the module docstring)."""
+    if num_gpus <= GPUS_PER_NODE:
+        return 1, num_gpus
+    return -(-num_gpus // GPUS_PER_NODE), GPUS_PER_NODE
+
+
+def gang_demands(
+    num_gpus: int,
+    cpu_milli_per_gpu: int = 8000,
+    memory_per_gpu: int = 64 * 2**30,
+    podset: str = "worker",
+) -> tuple[PodSetDemand, ...]:
+    """The podsets of a Philly-style gang, with cpu and memory in proportion to GPUs."""
+    replicas, gpu = gang_shape(num_gpus)
+    per = max(1, gpu)
+    return (
+        PodSetDemand(
+            podset=podset,
+            replicas=replicas,
+            gpu=gpu,
+            cpu_milli=cpu_milli_per_gpu * per,
+            memory=memory_per_gpu * per,
+        ),
+    )

@@ -1,0 +1,128 @@
+"""Agent and fleet config loading: valid files, and errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agents.config import (
+    AgentConfigError,
+    FakeClusterConfig,
+    load_agent_config,
+    load_fleet_config,
+    make_fleet_configs,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def write(tmp_path: Path, text: str, name: str = "agent.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_load_fake_agent(tmp_path: Path) -> None:
+    cfg = load_agent_config(
+        write(
+            tmp_path,
+            "cluster: east-1\nbackend: fake\nheartbeat_s: '0.5'\nfake:\n"
+            "  time_scale: 10\n  flavors:\n"
+            "    - {name: spot-a100, capacity_type: spot, nodes: 3}\n",
+        )
+    )
+    assert cfg.cluster == "east-1" and cfg.heartbeat_s == 0.5
+    assert cfg.fake is not None and cfg.fake.time_scale == 10
+    assert cfg.fake.flavors[0].nodes == 3 and cfg.fake.flavors[0].gpu_per_node == 8
+    assert cfg.subject_prefix == "muster" and cfg.kube is None
+
+
+def test_kube_section_is_passed_through(tmp_path: Path) -> None:
+    cfg = load_agent_config(
+        write(tmp_path, "cluster: k\nbackend: kube\nkube: {namespace: jobs, anything: [1, 2]}\n")
+    )
+    assert cfg.kube == {"namespace": "jobs", "anything": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (
+            "cluster: a\nbackend: fake\nfake: {flavors: [{name: x, nodes: -1}]}\n",
+            "flavors[0].nodes",
+        ),
+        ("cluster: a\nbackend: fake\nheartbeat: 1\nfake: {}\n", "heartbeat"),
+        ("cluster: a\nbackend: fake\n", "fake: required"),
+        ("cluster: a.b\nbackend: fake\nfake: {}\n", "$.cluster"),
+        ("cluster: a\nbackend: slurm\nfake: {}\n", "$.backend"),
+        ("cluster: a\nbackend: fake\nfake: {time_scale: 0}\n", "$.fake.time_scale"),
+        ("cluster: a\nbackend: fake\nfake: {flavors: [{name: x, cpu: lots}]}\n", "cpu"),
+        (
+            "cluster: a\nbackend: fake\nfake: {trace: {path: t.csv, flavor: nope}}\n",
+            "trace.flavor",
+        ),
+        ("cluster: [\n", "not valid YAML"),
+        ("- 1\n- 2\n", "Expected `object`"),
+    ],
+)
+def test_errors_name_the_field(tmp_path: Path, text: str, needle: str) -> None:
+    p = write(tmp_path, text)
+    with pytest.raises(AgentConfigError) as info:
+        load_agent_config(p)
+    assert needle in str(info.value)
+    assert str(p) in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(AgentConfigError, match="cannot read"):
+        load_agent_config(tmp_path / "none.yaml")
+
+
+def test_relative_trace_path_is_relative_to_the_file(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    p = write(
+        tmp_path / "conf",
+        "cluster: a\nbackend: fake\nfake:\n  flavors: [{name: s, capacity_type: spot}]\n"
+        "  trace: {path: ../traces/p3.csv, flavor: s}\n",
+    )
+    cfg = load_agent_config(p)
+    assert cfg.fake is not None and cfg.fake.trace is not None
+    assert cfg.fake.trace.path == str((tmp_path / "traces" / "p3.csv").resolve())
+
+
+def test_fleet_config(tmp_path: Path) -> None:
+    fleet = load_fleet_config(
+        write(
+            tmp_path,
+            "clusters:\n  - {cluster: a, backend: fake, fake: {}}\n"
+            "  - {cluster: b, backend: fake, fake: {}}\n",
+        )
+    )
+    assert [c.cluster for c in fleet.clusters] == ["a", "b"]
+    single = load_fleet_config(write(tmp_path, "cluster: a\nbackend: fake\nfake: {}\n", "s.yaml"))
+    assert [c.cluster for c in single.clusters] == ["a"]
+    with pytest.raises(AgentConfigError, match="duplicate cluster names"):
+        load_fleet_config(
+            write(
+                tmp_path,
+                "clusters:\n  - {cluster: a, backend: fake, fake: {}}\n"
+                + "  - {cluster: a, backend: fake, fake: {}}\n",
+                "d.yaml",
+            )
+        )
+
+
+def test_examples_validate() -> None:
+    cfg = load_agent_config(EXAMPLES / "agent-fake.yaml")
+    assert cfg.fake is not None and len(cfg.fake.flavors) == 2
+    fleet = load_fleet_config(EXAMPLES / "fleet-fake.yaml")
+    assert len(fleet.clusters) == 3
+
+
+def test_make_fleet_configs() -> None:
+    cfgs = make_fleet_configs(3, FakeClusterConfig(seed=10), prefix="load")
+    assert [c.cluster for c in cfgs] == ["load-0", "load-1", "load-2"]
+    assert [c.fake.seed for c in cfgs if c.fake] == [10, 11, 12]
+    with pytest.raises(ValueError):
+        make_fleet_configs(0, FakeClusterConfig())

@@ -1,0 +1,74 @@
+"""Entry points: run_agent / run_fleet until cancelled, over a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nats.aio.client import Client
+
+from agents.config import AgentConfig, make_fleet_configs
+from agents.main import build_backend, run_agent, run_fleet, start_fake_fleet
+from schemas.agent import ClusterSnapshot
+from schemas.natsopts import NatsOptions
+from tests.agents.conftest import fast_config
+from tests.agents.helpers import BrokerWire, unique
+
+
+async def test_run_agent_until_cancelled(nc: Client, nats_url: str) -> None:
+    cfg = AgentConfig(cluster=unique("m"), backend="fake", heartbeat_s=0.05, fake=fast_config())
+    wire = await BrokerWire(nc, cfg.cluster).start()
+    task = asyncio.create_task(run_agent(cfg, NatsOptions(url=nats_url)))
+    try:
+        snap = await wire.wait_snapshot(timeout=5)
+        assert len(snap.nodes) == 8
+        await wire.wait_for(lambda: len(wire.batches) >= 3)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wire.stop()
+
+
+async def test_run_fleet_shares_one_connection(nc: Client, nats_url: str) -> None:
+    cfgs = make_fleet_configs(3, fast_config(), prefix=unique("mf"), heartbeat_s=0.05)
+    wires = [await BrokerWire(nc, c.cluster).start() for c in cfgs]
+    task = asyncio.create_task(run_fleet(cfgs, NatsOptions(url=nats_url)))
+    try:
+        for w in wires:
+            await w.wait_snapshot(timeout=5)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for w in wires:
+            await w.stop()
+
+
+async def test_start_fake_fleet_rejects_kube(nc: Client) -> None:
+    cfg = AgentConfig(cluster="k", backend="kube", kube={})
+    with pytest.raises(ValueError, match="fake clusters only"):
+        await start_fake_fleet(nc, [cfg])
+
+
+async def test_fleet_snapshot_and_resync_by_subject_prefix(nc: Client) -> None:
+    from schemas.agent import Resync
+    from schemas.subjects import Subjects
+
+    subjects = Subjects(prefix="acme.muster")
+    cfgs = make_fleet_configs(1, fast_config(), prefix=unique("px"), subject_prefix="acme.muster")
+    wire = await BrokerWire(nc, cfgs[0].cluster, subjects).start()
+    fleet = await start_fake_fleet(nc, cfgs)
+    try:
+        await wire.wait_snapshot()
+        assert (await wire.send(Resync(epoch=0))).ok
+        await wire.wait_for(lambda: len(wire.events(ClusterSnapshot)) >= 2)
+    finally:
+        await fleet.stop()
+        await wire.stop()
+
+
+def test_build_backend_fake() -> None:
+    cfg = AgentConfig(cluster="b", backend="fake", fake=fast_config())
+    backend = build_backend(cfg)
+    assert backend.cluster == "b"

@@ -1,0 +1,95 @@
+"""Bamboo trace parsing and replay onto a fake cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from agents.config import BambooTrace, FakeClusterConfig, FakeFlavor
+from agents.fake.cluster import FakeCluster
+from agents.fake.trace import TraceError, load_bamboo, parse_bamboo, removals_per_node_hour
+from schemas.agent import AgentEvent, NodeGone, NodeUpsert, SpotNotice
+from tests.agents.helpers import unique
+
+TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+P3 = TRACES / "bamboo-p3.csv"
+
+
+def test_parse_sorts_and_skips_blank_lines() -> None:
+    evs = parse_bamboo("# header\n60000,remove,node1\n\n0,add,node1\n0,add,node2\n")
+    assert [(e.time_ms, e.op, e.node) for e in evs] == [
+        (0, "add", "node1"),
+        (0, "add", "node2"),
+        (60000, "remove", "node1"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("1,add", "expected"),
+        ("x,add,n", "not a number"),
+        ("-5,add,n", "negative"),
+        ("5,boot,n", "op must be"),
+    ],
+)
+def test_parse_errors_name_the_line(line: str, needle: str) -> None:
+    with pytest.raises(TraceError, match=needle) as info:
+        parse_bamboo(f"0,add,a\n{line}\n", "t.csv")
+    assert "t.csv:2" in str(info.value)
+
+
+def test_missing_trace_file_is_clear(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="cannot read"):
+        load_bamboo(tmp_path / "nope.csv")
+
+
+@pytest.mark.skipif(not P3.exists(), reason="shared traces not present")
+def test_real_p3_trace_rate() -> None:
+    evs = load_bamboo(P3)
+    assert sum(e.op == "add" for e in evs) == 177
+    assert sum(e.op == "remove" for e in evs) == 167
+    assert 0.5 < removals_per_node_hour(evs) < 0.75  # README: ~0.61
+
+
+def _live_at_end(path: Path) -> set[str]:
+    live: set[str] = set()
+    for e in load_bamboo(path):
+        if e.op == "add":
+            live.add(e.node)
+        else:
+            live.discard(e.node)
+    return live
+
+
+@pytest.mark.skipif(not P3.exists(), reason="shared traces not present")
+async def test_replay_p3_onto_fake_cluster() -> None:
+    name = unique("b")
+    cfg = FakeClusterConfig(
+        flavors=[FakeFlavor(name="spot-v100", capacity_type="spot", nodes=0, gpu_per_node=8)],
+        time_scale=1000.0,
+        spot_notice_s=10.0,
+        trace=BambooTrace(path=str(P3), flavor="spot-v100", speedup=40.0),
+        tick_s=0.005,
+    )
+    c = FakeCluster(name, cfg)
+    assert len(c.nodes) == 18  # the trace's adds at t=0 are the initial nodes
+    got: list[AgentEvent] = []
+    await c.start(got.append)
+    try:
+        for _ in range(400):  # ~41,000 trace s / 40 / 1000 = ~1 s real
+            if c.trace_remaining() == 0 and all(
+                c.node_info(n).spot_deadline is None  # type: ignore[union-attr]
+                for n in c.nodes
+            ):
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await c.stop()
+    expected = {f"{name}-spot-v100-{n}" for n in _live_at_end(P3)}
+    assert set(c.nodes) == expected
+    assert sum(isinstance(e, NodeUpsert) for e in got) == 177 - 18
+    assert sum(isinstance(e, SpotNotice) for e in got) == 167
+    assert sum(isinstance(e, NodeGone) for e in got) == 167

@@ -1,0 +1,24 @@
+"""Fixture files: YAML extracted from the seed documents (plus a few written here)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fixture_text(name: str) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def fixture_docs(name: str) -> list[Any]:
+    return [d for d in yaml.safe_load_all(fixture_text(name)) if d is not None]
+
+
+def fixture(name: str) -> dict[str, Any]:
+    (doc,) = fixture_docs(name)
+    return copy.deepcopy(doc)

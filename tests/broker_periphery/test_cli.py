@@ -1,0 +1,396 @@
+"""The `muster` CLI: argument errors, help, formatting, and the client commands end to end
+against the stand-in broker on a real nats-server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner, Result
+
+from broker.cli import (
+    app,
+    clusters_table,
+    event_line,
+    fmt_ago,
+    job_detail,
+    jobs_table,
+    queues_table,
+    submit_line,
+    why_view,
+)
+from broker.embedded import free_port
+from schemas.api import (
+    ClusterView,
+    JobEvent,
+    JobView,
+    PendingReason,
+    QueueView,
+    SubmitReply,
+    WhyView,
+)
+from schemas.jsonschema import render
+
+from .conftest import FIXTURES
+from .standin import NOW, ThreadedStandIn, sample_cluster, sample_job, sample_queue
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+runner = CliRunner()
+
+
+def text_of(renderable: object) -> str:
+    console = Console(width=200, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+# -- help and argument errors ------------------------------------------------------------
+
+
+COMMANDS = [
+    "submit",
+    "status",
+    "cancel",
+    "why",
+    "queues",
+    "clusters",
+    "watch",
+    "broker",
+    "agent",
+    "fleet",
+    "config",
+    "schema",
+]
+
+
+def test_help_lists_every_command() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in COMMANDS:
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_command_help(command: str) -> None:
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0, result.stderr
+    if command in ("submit", "status", "cancel", "why", "queues", "clusters", "watch"):
+        for flag in ("--nats", "--creds", "--user", "--password", "--tls-ca", "--tls-cert"):
+            assert flag in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["submit"], "Missing argument"),
+        (["cancel"], "Missing argument"),
+        (["status", "--output", "xml"], "'xml' is not one of 'table', 'json'"),
+        (["status", "--state", "sleeping"], "Invalid value for '--state'"),
+        (["status", "--limit", "0"], "Invalid value for '--limit'"),
+        (["agent"], "Missing option '--config'"),
+        (["frobnicate"], "No such command"),
+    ],
+)
+def test_usage_errors(args: list[str], message: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+def one_error_line(result: Result, exit_code: int = 1) -> str:
+    """A user error: exit 1, one line on stderr, no traceback."""
+    assert result.exit_code == exit_code, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_submit_missing_file() -> None:
+    line = one_error_line(runner.invoke(app, ["submit", "nope.yaml"]))
+    assert line == "error: nope.yaml: cannot read the job file: No such file or directory"
+
+
+def test_submit_invalid_job_file(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: a\ngang: [{name: w, gpu: 65}]\n")
+    line = one_error_line(runner.invoke(app, ["submit", str(path)]))
+    assert "gang[0].gpu: Expected `int` <= 64" in line
+
+
+def test_submit_without_a_queue() -> None:
+    line = one_error_line(runner.invoke(app, ["submit", str(FIXTURES / "tfjob-ps.yaml")]))
+    assert "no queue: pass --queue NAME" in line
+
+
+def test_nats_option_errors(tmp_path: Path) -> None:
+    line = one_error_line(runner.invoke(app, ["queues", "--tls-key", "k.pem"]))
+    assert "--tls-key needs --tls-cert" in line
+    line = one_error_line(runner.invoke(app, ["queues", "--creds", str(tmp_path / "x.creds")]))
+    assert "x.creds: file not found" in line
+
+
+def test_unreachable_nats() -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    line = one_error_line(runner.invoke(app, ["queues", "--nats", url]))
+    assert f"cannot reach NATS at {url}" in line
+    assert "start it with `muster broker`" in line
+
+
+def test_server_commands_report_bad_configs(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("queues:\n  - name: ML\n")
+    line = one_error_line(runner.invoke(app, ["broker", "--config", str(bad)]))
+    assert "queues[0].name" in line
+    line = one_error_line(runner.invoke(app, ["agent", "--config", str(tmp_path / "no.yaml")]))
+    assert "no.yaml" in line
+    line = one_error_line(runner.invoke(app, ["fleet", "--config", str(tmp_path / "no.yaml")]))
+    assert "no.yaml" in line
+    line = one_error_line(
+        runner.invoke(app, ["broker", "--creds", "x.creds"]),
+    )
+    assert "need --nats URL" in line
+
+
+# -- operator helpers --------------------------------------------------------------------
+
+
+def test_schema_prints_the_json_schema() -> None:
+    result = runner.invoke(app, ["schema"])
+    assert result.exit_code == 0
+    assert result.stdout == render()
+    assert "JobSpec" in json.loads(result.stdout)["$defs"]
+
+
+def test_config_check() -> None:
+    result = runner.invoke(app, ["config", str(EXAMPLES / "broker.yaml")])
+    assert result.exit_code == 0, result.stderr
+    assert "name: ml-cluster-queue" in result.stdout
+    assert "queue_aliases:" in result.stdout
+    assert "note: " in result.stderr  # what the Kueue import assumed
+    result = runner.invoke(app, ["config", str(EXAMPLES / "volcano-queues.yaml"), "-o", "json"])
+    data = json.loads(result.stdout)
+    assert data["queues"][0]["quotas"][0]["resources"]["cpu"]["nominal"] == 64_000
+
+
+# -- formatting --------------------------------------------------------------------------
+
+
+def test_jobs_table() -> None:
+    text = text_of(jobs_table([sample_job(), sample_job("train-2", "queued")], now=NOW))
+    header, first, second = text.strip().splitlines()
+    assert header.split() == [
+        "JOB",
+        "NAME",
+        "QUEUE",
+        "STATE",
+        "GPUS",
+        "ATTEMPT",
+        "WHERE",
+        "SUBMITTED",
+        "REASON",
+    ]
+    assert first.split()[:7] == ["train-1", "train", "ml", "running", "16", "2", "gcp-west/a100-od"]
+    assert "2.0h ago" in first
+    assert second.split()[3] == "queued"
+
+
+def test_job_detail() -> None:
+    text = text_of(job_detail(sample_job(), now=NOW))
+    assert "attempt    2 on gcp-west/a100-od" in text
+    # attempt 1 was preempted on spot, attempt 2 resumed from step 1000
+    lines = [line.split() for line in text.splitlines()]
+    one = next(line for line in lines if line[:2] == ["1", "aws-east"])
+    two = next(line for line in lines if line[:2] == ["2", "gcp-west"])
+    assert "preempted" in one and "spot" in one
+    assert two[two.index("step") : two.index("step") + 2] == ["step", "1000"]
+    assert (
+        "accounting  attempts 2, preemptions 1, errors 0, GPU-hours used 30.22, lost 1.33, "
+        "goodput 96%, cost $190.00" in text
+    )
+    assert "checkpoint  step 1200 at s3://ckpt/train/1200, 1m ago, attempt 2" in text
+
+
+def test_job_detail_without_attempts() -> None:
+    job = JobView(
+        job_id="j", name="j", queue="q", state="queued", priority=0, submitted_at=NOW, gpus=8
+    )
+    text = text_of(job_detail(job, now=NOW))
+    assert "checkpoint  none yet" in text
+    assert "attempts" not in text.split("accounting")[0]
+
+
+def test_markup_in_server_text_is_printed_as_is() -> None:
+    job = msgspec.structs.replace(sample_job(), reason="[bold]quota[/bold] exceeded")
+    assert "[bold]quota[/bold] exceeded" in text_of(jobs_table([job], now=NOW))
+    assert "[bold]quota[/bold] exceeded" in text_of(job_detail(job, now=NOW))
+
+
+def test_why_view() -> None:
+    why = WhyView(
+        job_id="j",
+        state="queued",
+        position=0,
+        reasons=[
+            PendingReason(code="quota", message="8 of 8 GPUs in use", flavor="a100-od"),
+            PendingReason(code="capacity", message="no node has 8 free", cluster="c", flavor="f"),
+        ],
+    )
+    text = text_of(why_view(why))
+    assert "j is queued, position 0 in its queue (head)" in text
+    assert "[quota] a100-od: 8 of 8 GPUs in use" in text
+    assert "[capacity] c/f: no node has 8 free" in text
+    running = text_of(why_view(WhyView(job_id="j", state="running")))
+    assert "nothing holds it back" in running
+
+
+def test_queues_table() -> None:
+    text = text_of(queues_table([sample_queue(), QueueView("free", None, "StrictFIFO", 1.0)]))
+    assert "a100-od: gpu 12/8 +4, cpu 32/64, memory 64Gi/256Gi" in text
+    assert "no quota (unlimited)" in text
+    assert "50%" in text
+
+
+def test_clusters_table() -> None:
+    text = text_of(clusters_table([sample_cluster(), ClusterView("gone", "lost")], now=NOW))
+    rows = [line.split() for line in text.strip().splitlines()[1:]]
+    assert rows[0][:5] == ["aws-east", "healthy", "1s", "ago", "4"]
+    assert rows[0][5:] == ["a100-spot", "spot", "a100", "1.10", "20", "24/160", "1", "0.610", "(7)"]
+    assert rows[1][:3] == ["a100-od", "on-demand", "a100"]  # same cluster, second flavor
+    assert rows[2][:2] == ["gone", "lost"]
+
+
+def test_event_line() -> None:
+    ev = JobEvent(
+        job_id="j",
+        kind="requeued",
+        at=NOW,
+        state="queued",
+        attempt=2,
+        cluster="aws",
+        flavor="spot",
+        reason="preempted",
+        resume_from_step=1000,
+    )
+    text = event_line(ev).plain
+    assert text.endswith("requeued    attempt 2 on aws/spot resuming from step 1000 (preempted)")
+
+
+def test_submit_line_and_ages() -> None:
+    assert submit_line(SubmitReply(accepted=True, job_id="j"), "q") == "submitted job j to queue q"
+    assert "already submitted" in submit_line(
+        SubmitReply(accepted=True, job_id="j", duplicate=True), "q"
+    )
+    assert fmt_ago(None, NOW) == "-"
+    assert fmt_ago(NOW - 30, NOW) == "30s ago"
+    assert fmt_ago(NOW - 90 * 60, NOW) == "1.5h ago"
+    assert fmt_ago(NOW - 3 * 86400, NOW) == "3.0d ago"
+
+
+# -- end to end against the stand-in broker ----------------------------------------------
+
+
+@pytest.fixture
+def standin(nats_url: str) -> Iterator[ThreadedStandIn]:
+    server = ThreadedStandIn(nats_url)
+    with server:
+        yield server
+
+
+def cli(nats_url: str, *args: str) -> Result:
+    return runner.invoke(app, [*args, "--nats", nats_url])
+
+
+def test_submit_status_cancel_end_to_end(standin: ThreadedStandIn, nats_url: str) -> None:
+    manifest = str(FIXTURES / "pytorchjob-ddp-mnist.yaml")
+    result = cli(nats_url, "submit", manifest, "--queue", "ml", "--job-id", "mnist-1")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "submitted job mnist-1 to queue ml"
+    view = standin.broker.jobs["mnist-1"]
+    assert view.spec is not None and view.spec.total_gpus == 6
+    assert view.spec.workload.kind == "manifest"
+
+    result = cli(nats_url, "submit", manifest, "--queue", "ml", "--job-id", "mnist-1", "-o", "json")
+    assert msgspec.json.decode(result.stdout, type=SubmitReply).duplicate
+
+    result = cli(nats_url, "status")
+    assert "mnist-1" in result.stdout and "queued" in result.stdout
+
+    result = cli(nats_url, "status", "-o", "json", "--state", "queued")
+    jobs = msgspec.json.decode(result.stdout, type=list[JobView])
+    assert [j.job_id for j in jobs] == ["mnist-1"]
+
+    result = cli(nats_url, "status", "mnist-1")
+    assert "gang       master x1 (2 gpu, 8 cpu, 32Gi), worker x2" in result.stdout
+
+    result = cli(nats_url, "why", "mnist-1")
+    assert "[quota]" in result.stdout
+
+    result = cli(nats_url, "cancel", "mnist-1", "--reason", "done")
+    assert result.stdout.strip() == "job mnist-1 is cancelled"
+
+    # watch of an ended job: prints its state; exit 1 because it did not succeed
+    result = cli(nats_url, "watch", "mnist-1")
+    assert result.exit_code == 1
+    assert "job mnist-1 is cancelled" in result.stdout
+
+    line = one_error_line(cli(nats_url, "status", "ghost"))
+    assert line == "error: unknown job 'ghost'"
+
+
+def test_submit_jobspec_from_stdin(standin: ThreadedStandIn, nats_url: str) -> None:
+    body = {"name": "stdin-job", "queue": "ml", "gang": [{"name": "w", "gpu": 1}]}
+    result = runner.invoke(
+        app, ["submit", "-", "--nats", nats_url, "-o", "json"], input=json.dumps(body)
+    )
+    assert result.exit_code == 0, result.stderr
+    reply = msgspec.json.decode(result.stdout, type=SubmitReply)
+    assert reply.accepted and reply.job_id and reply.job_id.startswith("stdin-job-")
+
+
+def test_queues_and_clusters(standin: ThreadedStandIn, nats_url: str) -> None:
+    result = cli(nats_url, "queues")
+    assert "a100-od: gpu 12/8 +4" in result.stdout
+    result = cli(nats_url, "clusters", "-o", "json")
+    (cluster,) = msgspec.json.decode(result.stdout, type=list[ClusterView])
+    assert cluster == sample_cluster()
+
+
+def test_watch_follows_events(standin: ThreadedStandIn, nats_url: str) -> None:
+    job_id = f"w-{uuid.uuid4().hex[:6]}"
+    body = {"name": "w", "job_id": job_id, "queue": "ml", "gang": [{"name": "w", "gpu": 1}]}
+    assert (
+        runner.invoke(app, ["submit", "-", "--nats", nats_url], input=json.dumps(body)).exit_code
+        == 0
+    )
+
+    def play() -> None:
+        # the watch subscribes, then asks for the job: after that `get`, events reach it
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if any(verb == "get" for verb, _ in list(standin.broker.requests)):
+                break
+            time.sleep(0.01)
+        for kind, state in [
+            ("admitted", "admitted"),
+            ("running", "running"),
+            ("succeeded", "succeeded"),
+        ]:
+            ev = JobEvent(
+                job_id=job_id, kind=kind, at=NOW, state=state, attempt=1, cluster="c", flavor="f"
+            )  # type: ignore[arg-type]
+            standin.call(standin.broker.publish_event(ev))
+
+    threading.Thread(target=play, daemon=True).start()
+    result = cli(nats_url, "watch", job_id, "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    events = [msgspec.json.decode(line, type=JobEvent) for line in result.stdout.splitlines()]
+    assert [e.kind for e in events] == ["admitted", "running", "succeeded"]

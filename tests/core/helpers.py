@@ -1,0 +1,139 @@
+"""Builders for the scheduling core's tests: small fleets, configs and gang requests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from broker.core.scheduler import Scheduler
+from broker.core.types import GangRequest, PodSetDemand, PoolKey
+from schemas.agent import FlavorInfo, NodeInfo
+from schemas.config import (
+    BrokerConfig,
+    FlavorClass,
+    FlavorQuota,
+    PreemptionPolicy,
+    QueueConfig,
+    ResourceQuota,
+    SchedulingConfig,
+)
+from schemas.job import CapacityPreference
+
+GI = 2**30
+NOW = 1_700_000_000.0
+
+
+def flavor(
+    name: str, capacity: str = "on-demand", gpu_type: str = "a100", price: float = 3.0
+) -> FlavorInfo:
+    return FlavorInfo(name, capacity, gpu_type, price)
+
+
+def nodes(
+    prefix: str, flavor_name: str, count: int, gpu: int = 8, cpu: int = 96_000, mem: int = 1024 * GI
+) -> list[NodeInfo]:
+    return [
+        NodeInfo(name=f"{prefix}-{i}", flavor=flavor_name, gpu=gpu, cpu_milli=cpu, memory=mem)
+        for i in range(count)
+    ]
+
+
+def config(
+    queues: Iterable[QueueConfig] | None = None,
+    classes: Iterable[FlavorClass] = (),
+    **scheduling: object,
+) -> BrokerConfig:
+    return BrokerConfig(
+        queues=list(queues) if queues is not None else [QueueConfig(name="default")],
+        flavors=list(classes),
+        scheduling=SchedulingConfig(**scheduling),
+    )
+
+
+def queue(
+    name: str,
+    cohort: str | None = None,
+    quotas: dict[str, dict[str, tuple[int, int | None, int | None]]] | None = None,
+    strategy: str = "BestEffortFIFO",
+    weight: float = 1.0,
+    within: str = "LowerPriority",
+    reclaim: str = "Any",
+    reclaimable: bool = True,
+) -> QueueConfig:
+    """quotas: class -> resource -> (nominal, borrowing_limit, lending_limit)."""
+    fq = None
+    if quotas is not None:
+        fq = [
+            FlavorQuota(
+                flavor=cls,
+                resources={
+                    res: ResourceQuota(nominal=n, borrowing_limit=b, lending_limit=lend)
+                    for res, (n, b, lend) in per.items()
+                },
+            )
+            for cls, per in quotas.items()
+        ]
+    return QueueConfig(
+        name=name,
+        cohort=cohort,
+        quotas=fq,
+        strategy=strategy,
+        weight=weight,
+        preemption=PreemptionPolicy(within_queue=within, reclaim_within_cohort=reclaim),
+        reclaimable=reclaimable,
+    )
+
+
+_ORDER = [0]
+
+
+def gang(
+    job_id: str,
+    *sets: tuple[int, int],
+    queue: str = "default",
+    priority: int = 0,
+    attempt: int = 1,
+    cpu: int = 1000,
+    mem: int = GI,
+    capacity: CapacityPreference = "any",
+    gpu_types: Iterable[str] = (),
+    avoid: Iterable[PoolKey] = (),
+    spot_exhausted: bool = False,
+    checkpoint_interval_s: float | None = None,
+    order: int | None = None,
+) -> GangRequest:
+    """A gang of podsets given as (replicas, gpus per replica)."""
+    if order is None:
+        _ORDER[0] += 1
+        order = _ORDER[0]
+    podsets = tuple(
+        PodSetDemand(podset=f"p{i}", replicas=r, gpu=g, cpu_milli=cpu, memory=mem)
+        for i, (r, g) in enumerate(sets)
+    )
+    return GangRequest(
+        job_id=job_id,
+        attempt=attempt,
+        queue=queue,
+        priority=priority,
+        order=order,
+        podsets=podsets,
+        gpu_types=frozenset(gpu_types),
+        capacity=capacity,
+        avoid_pools=frozenset(avoid),
+        spot_exhausted=spot_exhausted,
+        checkpoint_interval_s=checkpoint_interval_s,
+    )
+
+
+def used_per_node(s: Scheduler) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """Recompute every node's Muster usage from the admitted placements (independent check)."""
+    out: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for a in s._ledger.allocs.values():
+        for name, vec in a.per_node.items():
+            g, c, m = out.get((a.cluster, name), (0, 0, 0))
+            out[(a.cluster, name)] = (g + vec[0], c + vec[1], m + vec[2])
+    return out
+
+
+def codes(reasons: object) -> list[str]:
+    assert isinstance(reasons, tuple), reasons
+    return [r.code for r in reasons]

