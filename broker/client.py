@@ -12,6 +12,7 @@ languages. Failures raise MusterError with a text meant for a person.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import os

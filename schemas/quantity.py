@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
@@ -60,12 +61,31 @@ def parse_quantity(value: str | int | float) -> Decimal:
     return number
 
 
-def cpu_milli(value: str | int | float) -> int:
-    """CPU quantity in millicores, rounded up as Kubernetes does."""
+@lru_cache(maxsize=4096)
+def _cpu_milli(value: str | int | float) -> int:
     milli = parse_quantity(value) * 1000
     return int(milli.to_integral_value(rounding="ROUND_CEILING"))
 
 
-def memory_bytes(value: str | int | float) -> int:
-    """Memory quantity in bytes, rounded up."""
+@lru_cache(maxsize=4096)
+def _memory_bytes(value: str | int | float) -> int:
     return int(parse_quantity(value).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def cpu_milli(value: str | int | float) -> int:
+    """CPU quantity in millicores, rounded up as Kubernetes does. Cached: the same few
+    strings ("8", "500m") arrive in every message, and Decimal parsing is slow."""
+    if type(value) is int and value >= 0:
+        return value * 1000
+    if isinstance(value, bool):
+        return parse_quantity(value)  # type: ignore[return-value]  # raises
+    return _cpu_milli(value)
+
+
+def memory_bytes(value: str | int | float) -> int:
+    """Memory quantity in bytes, rounded up (cached like cpu_milli)."""
+    if type(value) is int and value >= 0:
+        return value
+    if isinstance(value, bool):
+        return parse_quantity(value)  # type: ignore[return-value]  # raises
+    return _memory_bytes(value)

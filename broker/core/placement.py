@@ -6,7 +6,9 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
 - CPU-only podsets (gpu=0, e.g. a launcher) may use any schedulable node of that cluster: the
   chosen GPU pool's nodes first (locality), then the cluster's other pools with the fewest GPUs
   per node first (keep GPU nodes' CPU for GPU pods). They skip avoided pools, and spot pools
-  when the job wants on-demand capacity.
+  when the job wants on-demand capacity. A gang with no GPU podset at all ignores `gpu_types`
+  and is placed the same way, its `flavor` being the pool chosen for it (fewest GPUs per node
+  first, so CPU pools before GPU pools).
 - Capacity preference: `spot` and `on-demand` take only that capacity type. `any` takes both
   and lets cost decide. `spot-then-on-demand` takes spot; on-demand only when the job is
   `spot_exhausted` (the lifecycle machine's fallback after preemptions or waiting) or when no
@@ -67,7 +69,7 @@ def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
         gpu_sets=tuple(gpu_sets),
         cpu_sets=tuple(cpu_sets),
         total=(g, c, m),
-        max_gpu=max((p.gpu for p in podsets), default=0),
+        max_gpu=max((p.gpu for p in podsets if p.replicas > 0), default=0),
         single_gpu=single,
     )
 

@@ -41,18 +41,16 @@ from broker.core.placement import (
     Take,
     assignment_of,
     build_candidates,
-    capacity_rank,
-    cluster_empty_fit_cpu,
     empty_fit,
     estimate,
     fits_now,
-    gpu_type_ok,
     make_gang,
     pack,
     pool_cost,
 )
 from broker.core.preemption import plan_preemption, worth_planning
 from broker.core.quota import QueueState, QuotaBook
+from broker.core.reasons import explain, feasibility
 from broker.core.types import (
     CycleResult,
     GangRequest,
@@ -74,11 +72,6 @@ _PREEMPTIBLE = frozenset({"insufficient-capacity", "quota-exceeded", "cohort-exh
 _GANG_CACHE_MAX = 65_536
 
 Shape = tuple[object, ...]
-
-
-def _describe(gang: Gang) -> str:
-    parts = [f"{d.replicas}x{d.gpu} GPU ({d.podset})" for d in gang.demands if d.replicas]
-    return " + ".join(parts) or "nothing"
 
 
 def _job_ids(keys: Iterable[AllocKey]) -> list[str]:
@@ -490,8 +483,16 @@ class Scheduler:
             if dead and self._in_cycle:
                 # Empty pools stay empty for the rest of the cycle: drop them from this list.
                 group[:] = [p for p in group if p.free_gpu > 0]
-        reasons = self._explain(
-            req, gang, qs, cands, quota_fail, avoided, allow_fallback, phys or not quota_fail
+        reasons = explain(
+            self._inv,
+            req,
+            gang,
+            cands,
+            quota_fail,
+            avoided,
+            allow_fallback,
+            phys or not quota_fail,
+            lambda pool: self._fits_quota(req, gang, qs, pool),
         )
         if shape is not None:
             if quota_fail or avoided:
@@ -499,89 +500,6 @@ class Scheduler:
             else:
                 self._cap_fail[shape] = reasons
         return reasons
-
-    def _explain(
-        self,
-        req: GangRequest,
-        gang: Gang,
-        qs: QueueState,
-        cands: Candidates,
-        quota_fail: Mapping[ReasonCode, tuple[str, str]],
-        avoided: Sequence[Pool],
-        allow_fallback: bool | None,
-        capacity_failed: bool,
-    ) -> tuple[Reason, ...]:
-        if not any(c.seen and c.pools for c in self._inv.clusters.values()):
-            return (Reason("no-clusters", "no cluster has reported its nodes yet"),)
-        if cands.matching == 0:
-            types = ", ".join(sorted(req.gpu_types)) or "any GPU type"
-            return (
-                Reason(
-                    "no-matching-flavor",
-                    f"no flavor offers {types} with capacity preference {req.capacity}",
-                ),
-            )
-        if cands.unhealthy == cands.matching:
-            return (
-                Reason(
-                    "cluster-unhealthy",
-                    f"all {cands.matching} matching pools are in clusters that take no "
-                    "placements now",
-                ),
-            )
-        reasons: list[Reason] = []
-        for code, (msg, cls) in quota_fail.items():
-            reasons.append(Reason(code, msg, flavor=cls))
-        considered = [
-            p
-            for gi, g in enumerate(cands.groups)
-            if cands.ranks[gi] == 0 or allow_fallback
-            for p in g
-            if p.key not in req.avoid_pools
-        ]
-        clusters = self._inv.clusters
-        if capacity_failed or not considered:
-            spot_wait = allow_fallback is False
-            if any(
-                empty_fit(p, gang) and cluster_empty_fit_cpu(clusters[p.cluster], gang)
-                for p in (considered or avoided)
-            ):
-                reasons.append(
-                    Reason(
-                        "insufficient-capacity",
-                        f"no {'spot ' if spot_wait else ''}pool has free nodes for "
-                        f"{_describe(gang)} now (per-node packing"
-                        f"{', waiting for spot capacity' if spot_wait else ''})",
-                    )
-                )
-            else:
-                reasons.append(
-                    Reason(
-                        "gang-too-large",
-                        f"{_describe(gang)} does not fit any matching pool even when empty",
-                    )
-                )
-        if avoided:
-            fit = next((p for p in avoided if self._fits_quota(req, gang, qs, p)), None)
-            if fit is not None:
-                reasons.insert(
-                    0,
-                    Reason(
-                        "pool-avoided",
-                        "only the pool that just lost this job fits; it is avoided for this "
-                        "attempt",
-                        cluster=fit.cluster,
-                        flavor=fit.name,
-                    ),
-                )
-        if cands.unhealthy:
-            reasons.append(
-                Reason(
-                    "cluster-unhealthy",
-                    f"{cands.unhealthy} matching pools are in clusters that take no placements now",
-                )
-            )
-        return tuple(reasons)
 
     def _fits_quota(self, req: GangRequest, gang: Gang, qs: QueueState, pool: Pool) -> bool:
         if self._book.check(qs, pool.flavor_class, gang.total) is not None:
@@ -728,31 +646,4 @@ class Scheduler:
             self._progress[(job_id, attempt)] = work_since
 
     def check_feasible(self, request: GangRequest) -> tuple[Reason, ...]:
-        clusters = [c for c in self._inv.clusters.values() if c.seen and c.pools]
-        if not clusters:
-            return ()
-        gang = self._gang(request.podsets)
-        gpus = gang.total[0]
-        matching = [
-            (c, p)
-            for c in clusters
-            for p in c.pools.values()
-            if gpu_type_ok(p, request.gpu_types, gpus)
-            and capacity_rank(request.capacity, request.spot_exhausted, p.capacity_type) >= 0
-        ]
-        if not matching:
-            types = ", ".join(sorted(request.gpu_types)) or "any GPU type"
-            return (
-                Reason(
-                    "no-matching-flavor",
-                    f"no flavor offers {types} with capacity preference {request.capacity}",
-                ),
-            )
-        if any(empty_fit(p, gang) and cluster_empty_fit_cpu(c, gang) for c, p in matching):
-            return ()
-        return (
-            Reason(
-                "gang-too-large",
-                f"{_describe(gang)} does not fit any matching pool even when empty",
-            ),
-        )
+        return feasibility(self._inv, request, self._gang(request.podsets))

@@ -1,0 +1,138 @@
+"""Why a gang is not admitted: typed reasons from what one placement search saw.
+
+Order and rules: `no-clusters` (nothing reported yet), `no-matching-flavor` (no pool offers the
+GPU types and capacity type), `cluster-unhealthy` (every matching pool is in a cluster that takes
+no placements) end the list alone. Otherwise, in this order: `pool-avoided` when an avoided
+pool would fit now; `quota-exceeded` / `cohort-exhausted` per failing code (flavor = the
+flavor class); then, when capacity was the problem somewhere, `insufficient-capacity` if some
+considered pool could host the gang when empty, else `gang-too-large`; and a trailing
+`cluster-unhealthy` when some matching pools sit in unschedulable clusters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from broker.core.inventory import Inventory, Pool
+from broker.core.placement import (
+    Candidates,
+    Gang,
+    capacity_rank,
+    cluster_empty_fit_cpu,
+    empty_fit,
+    gpu_type_ok,
+)
+from broker.core.types import GangRequest, Reason, ReasonCode
+
+
+def describe(gang: Gang) -> str:
+    parts = [f"{d.replicas}x{d.gpu} GPU ({d.podset})" for d in gang.demands if d.replicas]
+    return " + ".join(parts) or "nothing"
+
+
+def _no_matching(req: GangRequest) -> Reason:
+    types = ", ".join(sorted(req.gpu_types)) or "any GPU type"
+    return Reason(
+        "no-matching-flavor", f"no flavor offers {types} with capacity preference {req.capacity}"
+    )
+
+
+def _too_large(gang: Gang) -> Reason:
+    return Reason(
+        "gang-too-large", f"{describe(gang)} does not fit any matching pool even when empty"
+    )
+
+
+def _reported(inv: Inventory) -> bool:
+    return any(c.seen and c.pools for c in inv.clusters.values())
+
+
+def explain(
+    inv: Inventory,
+    req: GangRequest,
+    gang: Gang,
+    cands: Candidates,
+    quota_fail: Mapping[ReasonCode, tuple[str, str]],
+    avoided: Sequence[Pool],
+    allow_fallback: bool | None,
+    capacity_failed: bool,
+    fits_now: Callable[[Pool], bool],
+) -> tuple[Reason, ...]:
+    """Reasons for a failed search (see the module docstring)."""
+    if not _reported(inv):
+        return (Reason("no-clusters", "no cluster has reported its nodes yet"),)
+    if cands.matching == 0:
+        return (_no_matching(req),)
+    if cands.unhealthy == cands.matching:
+        return (
+            Reason(
+                "cluster-unhealthy",
+                f"all {cands.matching} matching pools are in clusters that take no placements now",
+            ),
+        )
+    reasons: list[Reason] = []
+    if avoided:
+        fit = next((p for p in avoided if fits_now(p)), None)
+        if fit is not None:
+            reasons.append(
+                Reason(
+                    "pool-avoided",
+                    "only the pool that just lost this job fits; it is avoided for this attempt",
+                    cluster=fit.cluster,
+                    flavor=fit.name,
+                )
+            )
+    for code, (msg, cls) in quota_fail.items():
+        reasons.append(Reason(code, msg, flavor=cls))
+    considered = [
+        p
+        for gi, g in enumerate(cands.groups)
+        if cands.ranks[gi] == 0 or allow_fallback
+        for p in g
+        if p.key not in req.avoid_pools
+    ]
+    if capacity_failed or not considered:
+        clusters = inv.clusters
+        if any(
+            empty_fit(p, gang) and cluster_empty_fit_cpu(clusters[p.cluster], gang)
+            for p in (considered or avoided)
+        ):
+            spot_wait = allow_fallback is False
+            reasons.append(
+                Reason(
+                    "insufficient-capacity",
+                    f"no {'spot ' if spot_wait else ''}pool has free nodes for {describe(gang)} "
+                    f"now (per-node packing{', waiting for spot capacity' if spot_wait else ''})",
+                )
+            )
+        else:
+            reasons.append(_too_large(gang))
+    if cands.unhealthy:
+        reasons.append(
+            Reason(
+                "cluster-unhealthy",
+                f"{cands.unhealthy} matching pools are in clusters that take no placements now",
+            )
+        )
+    return tuple(reasons)
+
+
+def feasibility(inv: Inventory, req: GangRequest, gang: Gang) -> tuple[Reason, ...]:
+    """Empty when some known pool could ever host the gang (its nodes empty), or when no
+    cluster has reported yet (nothing to judge by); avoidance and health are ignored."""
+    if not _reported(inv):
+        return ()
+    gpus = gang.total[0]
+    matching = [
+        (c, p)
+        for c in inv.clusters.values()
+        if c.seen
+        for p in c.pools.values()
+        if gpu_type_ok(p, req.gpu_types, gpus)
+        and capacity_rank(req.capacity, req.spot_exhausted, p.capacity_type) >= 0
+    ]
+    if not matching:
+        return (_no_matching(req),)
+    if any(empty_fit(p, gang) and cluster_empty_fit_cpu(c, gang) for c, p in matching):
+        return ()
+    return (_too_large(gang),)

@@ -1,0 +1,230 @@
+"""What the end-to-end benchmarks share: a broker process and a fake fleet on one embedded
+nats-server, Philly gang sizes, and a hook that timestamps every Dispatch a fake agent carries
+out, on the same clock as the load generator (so latency needs no clock sync).
+
+The fleet runs in the benchmark process over one NATS connection, as `start_fake_fleet` does
+for demos; the hook wraps each FakeCluster's `dispatch` on the instance only (no change to the
+agents' code). A dispatch that the fake cluster refuses raises and is not recorded, so a
+recorded dispatch is one the agent acknowledged as ok.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+
+from agents.config import FakeClusterConfig, FakeFlavor, make_fleet_configs
+from agents.main import Fleet, configure_logging, start_fake_fleet
+from load.common import BrokerProcess, percentile
+from load.traces import default_traces_dir, gang_shape, philly_gang_sizes
+from schemas.agent import Dispatch
+from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from schemas.subjects import Subjects
+
+SEED = 20171009
+# Used only when ../shared/traces/philly.csv is absent: the Philly mix in miniature.
+FALLBACK_SIZES = [1] * 93 + [2, 2, 4, 4, 8, 8, 16]
+
+
+def gang_sizes(max_gpus: int | None = None) -> tuple[list[int], str]:
+    """GPU counts of Philly jobs (arrival order) and where they came from."""
+    philly = default_traces_dir() / "philly.csv"
+    sizes, source = (
+        (philly_gang_sizes(philly), "philly.csv")
+        if philly.exists()
+        else (list(FALLBACK_SIZES), "built-in Philly-like mix")
+    )
+    if max_gpus is not None:
+        sizes = [s for s in sizes if s <= max_gpus]
+    return sizes, source
+
+
+def sample_sizes(n: int, seed: int = SEED, max_gpus: int | None = None) -> list[int]:
+    """`n` gang sizes drawn from Philly with a fixed seed (the same jobs every run)."""
+    sizes, _ = gang_sizes(max_gpus)
+    rng = random.Random(seed)
+    return [rng.choice(sizes) for _ in range(n)]
+
+
+def gang_of(gpus: int) -> list[dict[str, Any]]:
+    """A Philly job as a JSON podset list (see load/traces.py for the mapping)."""
+    replicas, per = gang_shape(gpus)
+    return [
+        {
+            "name": "worker",
+            "replicas": replicas,
+            "gpu": per,
+            "cpu": str(max(1, per) * 8),
+            "memory": f"{max(1, per) * 64}Gi",
+        }
+    ]
+
+
+@dataclass(slots=True)
+class Acked:
+    """One Dispatch a fake agent carried out."""
+
+    job_id: str
+    attempt: int
+    cluster: str
+    at: float  # time.perf_counter() in this process
+    resume_step: int | None
+
+
+@dataclass
+class DispatchLog:
+    """Every Dispatch carried out by the fleet, in order, with a waiter for a count."""
+
+    acked: list[Acked] = field(default_factory=list)
+    first: dict[str, Acked] = field(default_factory=dict)  # job_id -> attempt 1's ack
+    by_key: dict[tuple[str, int], Acked] = field(default_factory=dict)
+    listeners: list[Callable[[Acked], None]] = field(default_factory=list)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def hook(self, fleet: Fleet) -> None:
+        for name, cluster in fleet.clusters.items():
+            cluster.dispatch = self._wrap(name, cluster.dispatch)  # type: ignore[method-assign]
+
+    def _wrap(
+        self, name: str, inner: Callable[[Dispatch], Awaitable[None]]
+    ) -> Callable[[Dispatch], Awaitable[None]]:
+        async def dispatch(cmd: Dispatch) -> None:
+            await inner(cmd)  # raises when the fake cluster refuses: not an ok ack
+            key = (cmd.job_id, cmd.attempt)
+            if key in self.by_key:
+                return
+            step = cmd.resume_from.step if cmd.resume_from is not None else None
+            rec = Acked(cmd.job_id, cmd.attempt, name, time.perf_counter(), step)
+            self.by_key[key] = rec
+            self.acked.append(rec)
+            self.first.setdefault(cmd.job_id, rec)
+            for listener in self.listeners:
+                listener(rec)
+            self._changed.set()
+
+        return dispatch
+
+    async def wait_count(self, count: int, timeout: float) -> bool:
+        """Until `count` dispatches are recorded (True) or `timeout` passes (False)."""
+        deadline = time.monotonic() + timeout
+        while len(self.acked) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
+        return True
+
+
+@dataclass
+class Setup:
+    """A broker process, its fake fleet and a client connection, all on one prefix."""
+
+    broker: BrokerProcess
+    nc: Client
+    fleet: Fleet
+    log: DispatchLog
+    subjects: Subjects
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.fleet.stop(), 15)
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+        self.broker.cleanup()
+
+
+async def start_setup(
+    url: str,
+    *,
+    clusters: int,
+    flavors: Sequence[FakeFlavor],
+    queues: int,
+    fake: dict[str, Any] | None = None,
+    timeouts: Timeouts | None = None,
+    fleet_timeout_s: float = 120.0,
+) -> Setup:
+    """A fresh prefix, a broker process leading on it, and a fake fleet whose snapshots the
+    broker has applied (its `clusters` counter reaches `clusters`)."""
+    configure_logging("warning")  # the fleet's per-command logs are debug; keep them cheap
+    prefix = f"e{uuid.uuid4().hex[:8]}"
+    config = BrokerConfig(
+        subject_prefix=prefix,
+        queues=[QueueConfig(name=f"q{i}") for i in range(queues)],
+        timeouts=timeouts or Timeouts(),
+    )
+    broker = BrokerProcess(url, config)
+    broker.start()
+    nc = await nats.connect(
+        url, pending_size=512 * 1024 * 1024, max_reconnect_attempts=3, connect_timeout=5
+    )
+    try:
+        await broker.wait_leading(nc)
+        fake_cfg = FakeClusterConfig(flavors=list(flavors), seed=SEED, **(fake or {}))
+        configs = make_fleet_configs(clusters, fake_cfg, prefix="c", subject_prefix=prefix)
+        fleet = await start_fake_fleet(nc, configs, Subjects(prefix=prefix))
+    except BaseException:
+        await nc.close()
+        broker.cleanup()
+        raise
+    log = DispatchLog()
+    log.hook(fleet)
+    setup = Setup(broker=broker, nc=nc, fleet=fleet, log=log, subjects=Subjects(prefix=prefix))
+    deadline = time.monotonic() + fleet_timeout_s
+    while time.monotonic() < deadline:
+        stats = await broker.stats(nc, timeout=10)
+        if stats["clusters"] >= clusters:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        await setup.close()
+        raise TimeoutError(f"the broker did not hear from {clusters} clusters in time")
+    return setup
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc), to tell who was busy."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+async def raw_request_latency(url: str, count: int = 2000) -> dict[str, float]:
+    """Round trip of a small NATS request/reply between two connections through the same
+    server, one at a time: the floor under any submit -> dispatch latency (ms)."""
+    server = await nats.connect(url)
+    client = await nats.connect(url)
+    try:
+
+        async def echo(msg: Any) -> None:
+            await msg.respond(b"ok")
+
+        await server.subscribe("bench.echo", cb=echo)
+        await server.flush()
+        samples = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            await client.request("bench.echo", b"x" * 64, timeout=5)
+            samples.append((time.perf_counter() - t0) * 1000)
+    finally:
+        await client.close()
+        await server.close()
+    return {
+        "p50_ms": percentile(samples, 50),
+        "p99_ms": percentile(samples, 99),
+    }
