@@ -198,14 +198,14 @@ class Machine:
                 self._begin_preempt(victim, cause, deadline, now, effects, reserve=False)
         for job_id, reasons in result.pending.items():
             self.reasons[job_id] = reasons
-            record = self.jobs.get(job_id)
+            pending = self.jobs.get(job_id)
             if (
-                record is not None
-                and record.avoid
+                pending is not None
+                and pending.avoid
                 and any(r.code == "pool-avoided" for r in reasons)
             ):
                 # Nothing but the avoided pool fits: widen (SkyPilot's EAGER_NEXT_REGION).
-                record.avoid = []
+                pending.avoid = []
                 self._fresh.add(job_id)
         return effects
 
@@ -490,8 +490,8 @@ class Machine:
                 )
         while self._backoff and self._backoff[0][0] <= now:
             _, job_id = heapq.heappop(self._backoff)
-            record = self.jobs.get(job_id)
-            if record is not None and record.state == "queued":
+            waiting = self.jobs.get(job_id)
+            if waiting is not None and waiting.state == "queued":
                 self._fresh.add(job_id)
         for job_id in list(self._spot_waiting):
             record = self.jobs[job_id]

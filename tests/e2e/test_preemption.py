@@ -4,6 +4,7 @@ crash in the middle of a recovery, and a correlated reclaim taken from the Bambo
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def _assert_resumed_exactly(world: World, job_id: str) -> None:
     """Each attempt starts at the checkpoint the previous one left: no gap but lost work."""
     assert world.fleet is not None
     history = world.fleet.history(job_id)
-    for before, after in zip(history, history[1:], strict=False):
+    for before, after in itertools.pairwise(history):
         assert before.last_checkpoint_step is not None
         assert after.started_from_step == before.last_checkpoint_step
         assert before.last_step >= before.last_checkpoint_step
@@ -120,7 +121,7 @@ async def test_gpu_failure_takes_the_same_path_without_warning(world: World) -> 
     fleet["a"].fail_gpu(nodes[0], count=1, xid=79)
     requeued = await h.wait_event(job_id, "requeued", timeout=15)
     assert "gpu-failure" in (requeued.reason or "")
-    cluster, new_nodes = await _running_on(world, job_id, attempt=2)
+    _cluster, new_nodes = await _running_on(world, job_id, attempt=2)
     assert new_nodes != nodes  # the node with a failed GPU takes nothing new
     await h.wait_event(job_id, "succeeded", timeout=40)
     _assert_resumed_exactly(world, job_id)

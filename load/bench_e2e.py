@@ -1,0 +1,278 @@
+"""End-to-end admissions: submit -> dispatch acknowledged by a fake agent.
+
+    python -m load.bench_e2e [--clusters 50] [--nodes 200] [--jobs 20000] [--rate 1000]
+                             [--latency-jobs 10000] [--runs 3] [--json out.json]
+
+Setup per run (fresh subject prefix, so fresh streams and buckets): the broker in its own
+process (`muster broker`), an embedded nats-server, and in this process 50 fake clusters x 200
+nodes x 8 GPUs (half spot, half on-demand) on one connection plus the load generator. Jobs are
+plain JSON JobSpecs with client job ids, published to `<prefix>.submit.q<i>`; their gang sizes
+are Philly's (a fixed-seed sample of ../shared/traces/philly.csv, mapped as in load/traces.py)
+and they simulate long trainings (10^9 steps at 1 step/s, no checkpoint), so nothing finishes
+during a run: every job holds its GPUs and capacity only shrinks. Each run admits jobs + latency
+jobs (~1.3 GPUs each on average), well under the fleet's 80,000 GPUs, so capacity is never the
+limit. The fake clusters mark a workload running 1 s after its dispatch, so the broker also
+handles (and persists) those `running` transitions while it admits: the steady-state load.
+
+Figure A (throughput): all `--jobs` are published as fast as one connection can; the time each
+Dispatch is carried out by a fake agent is recorded (the agent acks right after). Admissions/s =
+jobs / (last dispatch - first publish). The rate between the 10th and 90th percentile dispatch
+(`steady`) is also reported.
+
+Figure B (latency): then `--latency-jobs` more are published at `--rate` per second (paced on a
+1 ms timer, bounded by count and by time); latency = agent dispatch time - publish time, same
+process and clock. p50/p90/p99/max.
+
+Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s
+(`load.common.raw_nats_baseline`) and one-at-a-time NATS request/reply round trip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.config import FakeFlavor
+from broker.embedded import EmbeddedNats
+from load.common import emit, median, percentile, raw_nats_baseline
+from load.fleetbench import (
+    Setup,
+    gang_of,
+    gang_sizes,
+    proc_cpu_s,
+    raw_request_latency,
+    sample_sizes,
+    start_setup,
+)
+from schemas.codec import encode_json
+
+SIMULATE = {"total_steps": 10**9, "steps_per_second": 1.0, "checkpoint_every": 10**9}
+TARGET_RATE = 2000.0
+TARGET_P99_MS = 50.0
+
+
+def flavors(nodes: int) -> list[FakeFlavor]:
+    spot = nodes // 2
+    return [
+        FakeFlavor(name="a100-spot", capacity_type="spot", gpu_type="a100",
+                   price_per_gpu_hour=1.47, nodes=spot),
+        FakeFlavor(name="a100-od", capacity_type="on-demand", gpu_type="a100",
+                   price_per_gpu_hour=3.67, nodes=nodes - spot),
+    ]  # fmt: skip
+
+
+def payloads(
+    setup: Setup, tag: str, sizes: list[int], queues: int
+) -> list[tuple[str, str, bytes]]:
+    """(job_id, subject, JSON) for each job, encoded before the clock starts."""
+    out = []
+    for i, gpus in enumerate(sizes):
+        job_id = f"{tag}-{i}"
+        spec = {
+            "name": "bench",
+            "job_id": job_id,
+            "gang": gang_of(gpus),
+            "capacity": "any",
+            "checkpoint": {"uri": f"s3://ckpt/{job_id}"},
+            "workload": {"simulate": SIMULATE},
+        }
+        out.append((job_id, setup.subjects.submit(f"q{i % queues}"), encode_json(spec)))
+    return out
+
+
+async def burst(setup: Setup, jobs: list[tuple[str, str, bytes]], timeout: float) -> dict[str, Any]:
+    """Figure A: publish everything at once, time until the last dispatch is acked."""
+    nc, log = setup.nc, setup.log
+    base = len(log.acked)
+    cpu0 = proc_cpu_s(setup.broker.proc.pid)  # type: ignore[union-attr]
+    started = time.perf_counter()
+    for k, (_, subject, data) in enumerate(jobs):
+        await nc.publish(subject, data)
+        if k % 500 == 499:
+            await asyncio.sleep(0)  # let the client's flusher and the fleet run
+    await nc.flush()
+    published = time.perf_counter()
+    complete = await log.wait_count(base + len(jobs), timeout)
+    cpu1 = proc_cpu_s(setup.broker.proc.pid)  # type: ignore[union-attr]
+    ids = {job_id for job_id, _, _ in jobs}
+    times = sorted(a.at for a in log.acked[base:] if a.job_id in ids and a.attempt == 1)
+    n = len(times)
+    if n == 0:
+        raise RuntimeError("no job was dispatched")
+    elapsed = times[-1] - started
+    lo, hi = times[int(0.1 * (n - 1))], times[int(0.9 * (n - 1))]
+    steady = (int(0.9 * (n - 1)) - int(0.1 * (n - 1))) / (hi - lo) if hi > lo else float("nan")
+    return {
+        "jobs": len(jobs),
+        "admitted": n,
+        "complete": complete,
+        "publish_s": published - started,
+        "elapsed_s": elapsed,
+        "admissions_per_s": n / elapsed,
+        "steady_per_s": steady,
+        "broker_cpu_share": (cpu1 - cpu0) / elapsed,
+    }
+
+
+async def paced(
+    setup: Setup, jobs: list[tuple[str, str, bytes]], rate: float, timeout: float
+) -> dict[str, Any]:
+    """Figure B: publish at `rate`/s; latency = dispatch acked - published, in ms."""
+    nc, log = setup.nc, setup.log
+    sent_at: dict[str, float] = {}
+    total = len(jobs)
+    cpu0 = proc_cpu_s(setup.broker.proc.pid)  # type: ignore[union-attr]
+    started = time.perf_counter()
+    stop_at = started + total / rate * 2 + 10  # bounded in time even if the loop lags
+    sent = 0
+    while sent < total and time.perf_counter() < stop_at:
+        due = min(total, int((time.perf_counter() - started) * rate) + 1)
+        while sent < due:
+            job_id, subject, data = jobs[sent]
+            sent_at[job_id] = time.perf_counter()
+            await nc.publish(subject, data)
+            sent += 1
+        await asyncio.sleep(0.001)
+    send_s = time.perf_counter() - started
+    await nc.flush()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(j in log.first for j in sent_at):
+        await asyncio.sleep(0.05)
+    cpu1 = proc_cpu_s(setup.broker.proc.pid)  # type: ignore[union-attr]
+    lat = [(log.first[j].at - t) * 1000 for j, t in sent_at.items() if j in log.first]
+    return {
+        "jobs": total,
+        "sent": sent,
+        "dispatched": len(lat),
+        "offered_per_s": sent / send_s,
+        "p50_ms": percentile(lat, 50),
+        "p90_ms": percentile(lat, 90),
+        "p99_ms": percentile(lat, 99),
+        "max_ms": max(lat) if lat else float("nan"),
+        "broker_cpu_share": (cpu1 - cpu0) / (time.perf_counter() - started),
+    }
+
+
+async def one_run(url: str, args: argparse.Namespace, run: int) -> dict[str, Any]:
+    setup = await start_setup(
+        url, clusters=args.clusters, flavors=flavors(args.nodes), queues=args.queues
+    )
+    try:
+        sizes = sample_sizes(args.jobs + args.latency_jobs, seed=args.seed + run)
+        burst_jobs = payloads(setup, f"a{run}", sizes[: args.jobs], args.queues)
+        paced_jobs = payloads(setup, f"b{run}", sizes[args.jobs :], args.queues)
+        a = await burst(setup, burst_jobs, timeout=60 + args.jobs / 100)
+        # Let the `running` transitions of the burst settle before measuring latency.
+        await asyncio.sleep(args.settle_s)
+        b = await paced(setup, paced_jobs, args.rate, timeout=30)
+        stats = await setup.broker.stats(setup.nc, timeout=10)
+        return {"burst": a, "paced": b, "broker": stats}
+    finally:
+        await setup.close()
+
+
+def _fmt_run(r: dict[str, Any]) -> str:
+    a, b = r["burst"], r["paced"]
+    return (
+        f"admissions {a['admissions_per_s']:,.0f}/s ({a['admitted']}/{a['jobs']} in "
+        f"{a['elapsed_s']:.2f} s, steady {a['steady_per_s']:,.0f}/s, broker CPU "
+        f"{a['broker_cpu_share']:.0%}); latency at {b['offered_per_s']:,.0f}/s: p50 "
+        f"{b['p50_ms']:.1f} p90 {b['p90_ms']:.1f} p99 {b['p99_ms']:.1f} max {b['max_ms']:.1f} ms "
+        f"({b['dispatched']}/{b['jobs']} dispatched)"
+    )
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    _, source = gang_sizes()
+    print(
+        f"e2e bench: {args.clusters} clusters x {args.nodes} nodes x 8 GPUs; {args.jobs} jobs "
+        f"burst, then {args.latency_jobs} at {args.rate:g}/s; gang sizes from {source}"
+    )
+    runs: list[dict[str, Any]] = []
+    baselines: list[float] = []
+    rr: list[dict[str, float]] = []
+    async with EmbeddedNats() as server:
+        for run in range(args.runs):
+            baselines.append(await raw_nats_baseline(server.url))
+            rr.append(await raw_request_latency(server.url))
+            runs.append(await one_run(server.url, args, run))
+            print(
+                f"  run {run + 1}: {_fmt_run(runs[-1])}; raw NATS {baselines[-1]:,.0f} msgs/s, "
+                f"request/reply p99 {rr[-1]['p99_ms']:.2f} ms"
+            )
+    rates = [r["burst"]["admissions_per_s"] for r in runs]
+    p99s = [r["paced"]["p99_ms"] for r in runs]
+    base = median(baselines)
+    rr_p99 = median([x["p99_ms"] for x in rr])
+    result: dict[str, Any] = {
+        "bench": "e2e",
+        "clusters": args.clusters,
+        "nodes_per_cluster": args.nodes,
+        "jobs": args.jobs,
+        "latency_jobs": args.latency_jobs,
+        "rate": args.rate,
+        "runs": args.runs,
+        "admissions_per_s_median": round(median(rates)),
+        "admissions_per_s": [round(x) for x in rates],
+        "steady_admissions_per_s_median": round(
+            median([r["burst"]["steady_per_s"] for r in runs])
+        ),
+        "latency_p50_ms_median": round(median([r["paced"]["p50_ms"] for r in runs]), 2),
+        "latency_p90_ms_median": round(median([r["paced"]["p90_ms"] for r in runs]), 2),
+        "latency_p99_ms_median": round(median(p99s), 2),
+        "latency_max_ms_median": round(median([r["paced"]["max_ms"] for r in runs]), 2),
+        "latency_p99_ms": [round(x, 2) for x in p99s],
+        "raw_nats_msgs_per_s": round(base),
+        "raw_nats_msgs_per_s_runs": [round(x) for x in baselines],
+        "ratio_admissions_vs_raw_nats": round(median(rates) / base, 4),
+        "raw_request_p50_ms": round(median([x["p50_ms"] for x in rr]), 3),
+        "raw_request_p99_ms": round(rr_p99, 3),
+        "ratio_p99_vs_raw_request_p99": round(median(p99s) / rr_p99, 1),
+        "all_dispatched": all(
+            r["burst"]["complete"] and r["paced"]["dispatched"] == r["paced"]["jobs"] for r in runs
+        ),
+        "target_admissions_per_s": TARGET_RATE,
+        "target_p99_ms": TARGET_P99_MS,
+        "detail": runs,
+    }
+    print(
+        f"e2e: median {result['admissions_per_s_median']:,} admissions/s (target 2,000; raw NATS "
+        f"{base:,.0f} msgs/s, ratio {result['ratio_admissions_vs_raw_nats']}); latency at "
+        f"{args.rate:g}/s p99 {result['latency_p99_ms_median']} ms (target 50; raw request "
+        f"p99 {rr_p99:.2f} ms)"
+    )
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--clusters", type=int, default=50)
+    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=20_000, help="figure A burst size")
+    parser.add_argument("--rate", type=float, default=1000.0, help="figure B submissions/s")
+    parser.add_argument("--latency-jobs", type=int, default=10_000, help="figure B job count")
+    parser.add_argument("--queues", type=int, default=10)
+    parser.add_argument("--settle-s", type=float, default=3.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=20171009)
+    parser.add_argument("--json", default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    result = asyncio.run(main_async(args))
+    emit({k: v for k, v in result.items() if k != "detail"}, None)
+    if args.json:  # the file keeps every run's detail too
+        Path(args.json).write_text(json.dumps(result, sort_keys=True) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,366 @@
+"""The lifecycle machine under a virtual clock: budgets, timeouts, fencing, sequence tracking
+and widening, plus a hypothesis property over random event sequences."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.machine import Machine
+from schemas.agent import (
+    Cancel,
+    CheckpointReport,
+    ClusterSnapshot,
+    Dispatch,
+    EventBatch,
+    FlavorInfo,
+    GpuHealth,
+    Heartbeat,
+    NodeGone,
+    NodeInfo,
+    Resync,
+    SpotNotice,
+    WorkloadStatus,
+)
+from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from schemas.job import CheckpointSpec, JobSpec, PodSet, RestartPolicy
+
+T0 = 1_800_000_000.0
+SPOT = FlavorInfo(name="spot", capacity_type="spot", gpu_type="A100", price_per_gpu_hour=1.0)
+OD = FlavorInfo(name="od", capacity_type="on-demand", gpu_type="A100", price_per_gpu_hour=3.0)
+
+
+def node(cluster: str, i: int, flavor: str = "spot") -> NodeInfo:
+    return NodeInfo(name=f"{cluster}-{i}", flavor=flavor, gpu=8, cpu_milli=64_000, memory=2**40)
+
+
+class World:
+    """A machine plus agents that speak through EventBatches with proper sequences."""
+
+    def __init__(self, **timeouts: Any) -> None:
+        self.m = Machine(
+            BrokerConfig(queues=[QueueConfig(name="q")], timeouts=Timeouts(**timeouts)), epoch=3
+        )
+        self.seq: dict[str, int] = {}
+        self.now = T0
+
+    def send(self, cluster: str, *events: Any, seq: int | None = None) -> list[Effect]:
+        self.seq[cluster] = self.seq.get(cluster, 0) + 1 if seq is None else seq
+        batch = EventBatch(
+            cluster=cluster, instance=f"{cluster}-i", seq=self.seq[cluster], events=list(events)
+        )
+        out = self.m.on_batch(cluster, batch, self.now)
+        assert out.error is None
+        return out.effects
+
+    def cluster(self, name: str, count: int = 1, flavor: FlavorInfo = SPOT) -> None:
+        self.send(
+            name,
+            ClusterSnapshot(
+                flavors=[flavor], nodes=[node(name, i, flavor.name) for i in range(count)]
+            ),
+        )
+
+    def submit(self, name: str = "j", gpu: int = 8, **kw: Any) -> str:
+        spec = JobSpec(name=name, gang=[PodSet(name="w", replicas=1, gpu=gpu)], **kw)
+        reply, _ = self.m.submit(spec, self.now, subject_queue="q")
+        assert reply.accepted, reply.error
+        assert reply.job_id is not None
+        return reply.job_id
+
+    def cycle(self, dt: float = 0.0) -> list[Effect]:
+        self.now += dt
+        effects: list[Effect] = []
+        for cluster in list(self.seq):  # the agents are alive
+            effects += self.send(cluster, Heartbeat(at=self.now))
+        effects += self.m.tick(self.now)
+        effects += self.m.schedule(self.now)
+        return effects
+
+
+def sends(effects: list[Effect], kind: type) -> list[Any]:
+    return [e.command for e in effects if isinstance(e, Send) and isinstance(e.command, kind)]
+
+
+def events(effects: list[Effect]) -> list[str]:
+    return [e.event.kind for e in effects if isinstance(e, Publish)]
+
+
+def run(w: World, job_id: str, cluster: str, attempt: int) -> None:
+    w.m.on_dispatch_result(job_id, attempt, True, "", w.now)
+    w.send(
+        cluster,
+        WorkloadStatus(
+            job_id=job_id, attempt=attempt, phase="running", running_replicas=1, total_replicas=1
+        ),
+    )
+
+
+def test_dispatch_is_persisted_before_it_is_sent() -> None:
+    w = World()
+    w.cluster("a")
+    job = w.submit()
+    effects = w.cycle()
+    kinds = [type(e).__name__ if not isinstance(e, Send) else "Send" for e in effects]
+    assert kinds.index("Persist") < kinds.index("Send")
+    (dispatch,) = sends(effects, Dispatch)
+    assert (dispatch.job_id, dispatch.attempt, dispatch.epoch) == (job, 1, 3)
+
+
+def test_error_budget_then_clear_failure() -> None:
+    w = World()
+    w.cluster("a")
+    job = w.submit(restart=RestartPolicy(max_restarts_on_error=1, backoff_s=10))
+    w.cycle()
+    run(w, job, "a", 1)
+    fx = w.send("a", WorkloadStatus(job_id=job, attempt=1, phase="failed", exit_codes=[3]))
+    assert "requeued" in events(fx)
+    assert not sends(w.cycle(5), Dispatch)  # backing off
+    assert w.m.why(job, w.now).reasons[0].code == "backoff"  # type: ignore[union-attr]
+    (d,) = sends(w.cycle(6), Dispatch)
+    assert d.attempt == 2
+    run(w, job, "a", 2)
+    fx = w.send("a", WorkloadStatus(job_id=job, attempt=2, phase="failed", exit_codes=[3]))
+    assert events(fx)[-1] == "failed"
+    view = w.m.job_view(job, w.now)
+    assert view is not None and view.state == "failed"
+    assert "max_restarts_on_error=1" in (view.reason or "")
+
+
+def test_non_retriable_exit_code_fails_at_once() -> None:
+    w = World()
+    w.cluster("a")
+    job = w.submit(restart=RestartPolicy(retriable_exit_codes=[137]))
+    w.cycle()
+    run(w, job, "a", 1)
+    w.send("a", WorkloadStatus(job_id=job, attempt=1, phase="failed", exit_codes=[2]))
+    view = w.m.job_view(job, w.now)
+    assert view is not None and view.state == "failed" and "not in" in (view.reason or "")
+
+
+def test_preemption_budget_is_separate_and_enforced() -> None:
+    w = World()
+    w.cluster("a", count=2)
+    job = w.submit(restart=RestartPolicy(max_preemptions=1, max_restarts_on_error=0))
+    (d,) = sends(w.cycle(), Dispatch)
+    run(w, job, "a", 1)
+    w.send("a", NodeGone(node=d.assignment[0].nodes[0]))
+    (d2,) = sends(w.cycle() + w.cycle(), Dispatch)  # avoided pool, then widened
+    run(w, job, "a", 2)
+    w.send("a", NodeGone(node=d2.assignment[0].nodes[0]))
+    view = w.m.job_view(job, w.now)
+    assert view is not None and view.state == "failed"
+    assert "max_preemptions=1" in (view.reason or "") and view.accounting.errors == 0
+
+
+def test_start_timeout_requeues_with_exponential_backoff() -> None:
+    w = World(start_s=30)
+    w.cluster("a")
+    job = w.submit(restart=RestartPolicy(backoff_s=4, max_backoff_s=100))
+    w.cycle()
+    w.m.on_dispatch_result(job, 1, True, "", w.now)
+    fx = w.cycle(31)
+    (cancel,) = sends(fx, Cancel)
+    assert (cancel.job_id, cancel.attempt) == (job, 1)
+    assert "requeued" in events(fx)
+    assert not sends(w.cycle(3), Dispatch) and sends(w.cycle(2), Dispatch)  # 4 s backoff
+    w.m.on_dispatch_result(job, 2, True, "", w.now)
+    w.cycle(31)
+    assert not sends(w.cycle(7), Dispatch) and sends(w.cycle(2), Dispatch)  # then 8 s
+
+
+def test_sequence_gap_drops_deltas_until_a_snapshot() -> None:
+    w = World()
+    w.cluster("a", count=1)
+    job = w.submit()
+    w.cycle()
+    fx = w.send("a", Heartbeat(), seq=5)
+    assert sends(fx, Resync)
+    # A delta after the gap is ignored: the job is not seen as running.
+    w.send(
+        "a",
+        WorkloadStatus(
+            job_id=job, attempt=1, phase="running", running_replicas=1, total_replicas=1
+        ),
+    )
+    assert w.m.jobs[job].state == "admitted"
+    w.send(
+        "a",
+        ClusterSnapshot(
+            flavors=[SPOT],
+            nodes=[node("a", 0)],
+            workloads=[
+                WorkloadStatus(
+                    job_id=job, attempt=1, phase="running", running_replicas=1, total_replicas=1
+                )
+            ],
+        ),
+    )
+    assert w.m.jobs[job].state == "running"
+
+
+def test_foreign_cluster_claim_is_rejected() -> None:
+    w = World()
+    batch = EventBatch(
+        cluster="b",
+        instance="x",
+        seq=1,
+        events=[ClusterSnapshot(flavors=[SPOT], nodes=[node("b", 0)])],
+    )
+    out = w.m.on_batch("a", batch, w.now)
+    assert out.error and "claims cluster 'b'" in out.error
+    assert not w.m.agents and not w.m.scheduler.known_clusters()
+
+
+def test_lost_pool_is_avoided_then_widened_when_nothing_else_fits() -> None:
+    w = World()
+    w.cluster("a", count=2)
+    job = w.submit(checkpoint=CheckpointSpec(uri="s3://x"))  # type: ignore[arg-type]
+    (d,) = sends(w.cycle(), Dispatch)
+    run(w, job, "a", 1)
+    w.send("a", CheckpointReport(job_id=job, attempt=1, step=30, uri="s3://x/30"))
+    w.send("a", GpuHealth(node=d.assignment[0].nodes[0], healthy=0, xid=48))
+    assert not sends(w.cycle(), Dispatch)  # only the lost pool fits: avoided this cycle
+    assert any(r.code == "pool-avoided" for r in w.m.reasons[job])
+    (d2,) = sends(w.cycle(), Dispatch)  # widened
+    assert d2.attempt == 2 and d2.resume_from is not None and d2.resume_from.step == 30
+    assert d2.assignment[0].nodes != d.assignment[0].nodes
+
+
+def test_spot_notice_reserves_then_dispatches_on_checkpoint() -> None:
+    w = World()
+    w.cluster("a")
+    w.cluster("b")
+    job = w.submit(checkpoint=CheckpointSpec(uri="s3://x"), capacity="spot")  # type: ignore[arg-type]
+    (d,) = sends(w.cycle(), Dispatch)
+    first = "a" if d.assignment[0].nodes[0].startswith("a") else "b"
+    other = "b" if first == "a" else "a"
+    run(w, job, first, 1)
+    fx = w.send(first, SpotNotice(node=d.assignment[0].nodes[0], deadline=w.now + 120))
+    assert "preempting" in events(fx) and not sends(fx, Dispatch)
+    record = w.m.jobs[job]
+    assert record.preempting is not None and record.preempting.replacement is not None
+    assert record.preempting.replacement.cluster == other  # reserved at once
+    fx = w.send(first, CheckpointReport(job_id=job, attempt=1, step=77, uri="s3://x/77"))
+    (cancel,) = sends(fx, Cancel)
+    (d2,) = sends(fx, Dispatch)
+    assert cancel.attempt == 1 and d2.attempt == 2
+    assert d2.resume_from is not None and d2.resume_from.step == 77
+    assert [type(e).__name__ for e in fx].index("Persist") < [type(e).__name__ for e in fx].index(
+        "Send"
+    )
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "submit",
+                "cycle",
+                "ack",
+                "run",
+                "ckpt",
+                "spot",
+                "gone",
+                "fail",
+                "succeed",
+                "cancel",
+                "stale",
+                "tick",
+            ]
+        ),
+        st.integers(0, 5),
+        st.integers(0, 3),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OPS)
+def test_random_sequences_keep_the_invariants(ops: list[tuple[str, int, int]]) -> None:
+    w = World(start_s=50, checkpoint_grace_s=5)
+    for c in ("a", "b"):
+        w.cluster(c, count=2, flavor=SPOT if c == "a" else OD)
+    jobs: list[str] = []
+    dispatched: dict[tuple[str, int], str] = {}
+    persisted_then_sent = True
+    for op, i, k in ops:
+        job = jobs[i % len(jobs)] if jobs else None
+        rec = w.m.jobs.get(job) if job else None
+        cur = rec.current if rec else None
+        fx: list[Effect] = []
+        if op == "submit":
+            jobs.append(
+                w.submit(
+                    f"j{len(jobs)}", gpu=[1, 4, 8, 8][k], checkpoint=CheckpointSpec(uri="s3://c")
+                )
+            )  # type: ignore[arg-type]
+        elif op == "cycle":
+            fx = w.cycle(1.0)
+        elif op == "tick":
+            fx = w.cycle(30.0)
+        elif cur is not None and job is not None:
+            cl = cur.cluster
+            n = cur.assignment[0].nodes[0]
+            if op == "ack":
+                fx = w.m.on_dispatch_result(job, cur.attempt, k != 0, "x", w.now)
+            elif op == "run":
+                fx = w.send(
+                    cl,
+                    WorkloadStatus(
+                        job_id=job,
+                        attempt=cur.attempt,
+                        phase="running",
+                        running_replicas=1,
+                        total_replicas=1,
+                    ),
+                )
+            elif op == "ckpt":
+                fx = w.send(
+                    cl,
+                    CheckpointReport(
+                        job_id=job, attempt=cur.attempt, step=10 * (k + 1), uri="s3://c/x"
+                    ),
+                )
+            elif op == "spot":
+                fx = w.send(cl, SpotNotice(node=n, deadline=w.now + 10))
+            elif op == "gone":
+                fx = w.send(cl, NodeGone(node=n))
+            elif op == "fail":
+                fx = w.send(
+                    cl,
+                    WorkloadStatus(job_id=job, attempt=cur.attempt, phase="failed", exit_codes=[1]),
+                )
+            elif op == "succeed":
+                fx = w.send(cl, WorkloadStatus(job_id=job, attempt=cur.attempt, phase="succeeded"))
+            elif op == "cancel":
+                _, fx = w.m.cancel(job, "test", w.now)
+            elif op == "stale":
+                fx = w.send(
+                    cl, WorkloadStatus(job_id=job, attempt=cur.attempt + 5, phase="running")
+                )
+                assert any(c.attempt == cur.attempt + 5 for c in sends(fx, Cancel))
+        persisted: set[str] = set()
+        for e in fx:
+            if isinstance(e, Persist):
+                persisted.add(e.record.job_id)
+            if isinstance(e, Send) and isinstance(e.command, Dispatch):
+                key = (e.command.job_id, e.command.attempt)
+                assert key not in dispatched, "an attempt was dispatched twice"
+                dispatched[key] = e.cluster
+                persisted_then_sent &= e.command.job_id in persisted
+        for j in jobs:
+            r = w.m.jobs[j]
+            live = [a for a in r.attempts if a.ended_at is None]
+            assert len(live) <= 1, "two live attempts"
+            if r.state in ("succeeded", "failed", "cancelled", "queued"):
+                assert not live
+            if r.state in ("admitted", "running", "preempting"):
+                assert len(live) == 1 and live[0].attempt == r.attempt
+            nums = [a.attempt for a in r.attempts]
+            assert nums == sorted(set(nums))
+    assert persisted_then_sent
