@@ -35,8 +35,19 @@ def configure_logging(level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
         ),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=True,
     )
+
+
+class _Stderr:
+    """Whatever sys.stderr is at the time of writing (test runners swap and close it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def build_backend(config: AgentConfig) -> Backend:

@@ -695,9 +695,19 @@ def configure_logging(level: str) -> None:
 
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=True,
     )
+
+
+class _Stderr:
+    """Whatever sys.stderr is at the time of writing (test runners swap and close it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def _server_nats(
@@ -772,14 +782,6 @@ def broker(
         fail(str(exc))
     for note in loaded.notes:
         err.print(Text(f"note: {note}", style="dim"))
-    if loaded.aliases:
-        err.print(
-            Text(
-                "note: queue aliases are not applied by the broker yet; submit to the queue "
-                "names: " + ", ".join(f"{a} -> {q}" for a, q in sorted(loaded.aliases.items())),
-                style="dim",
-            )
-        )
     opts = _server_nats(
         nats, creds, user, password, token, tls_ca, tls_cert, tls_key,
         name="muster-broker", resolve=False,

@@ -181,8 +181,8 @@ def import_documents(
 
 
 def from_kueue(docs: Iterable[Mapping[str, Any]]) -> BrokerConfig:
-    """Kueue ResourceFlavor -> FlavorClass, ClusterQueue -> QueueConfig. LocalQueues become
-    aliases (see kueue_aliases); they need a schema field to live in BrokerConfig."""
+    """Kueue ResourceFlavor -> FlavorClass, ClusterQueue -> QueueConfig, LocalQueue -> an
+    entry of `queue_aliases`."""
     return import_documents(_only(docs, "kueue.x-k8s.io", "Kueue"), source="Kueue objects").config
 
 
@@ -657,6 +657,7 @@ def _assemble(raw: dict[str, Any], importer: _Importer, source: str) -> LoadedCo
     for alias, target in aliases_raw.items():
         aliases[str(alias)] = str(target)
     _check_references(config, aliases, source)
+    config = msgspec.structs.replace(config, queue_aliases=aliases)
     return LoadedConfig(config=config, aliases=aliases, notes=list(importer.notes))
 
 

@@ -70,7 +70,11 @@ class EmbeddedNats:
             f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))} }}\n"
         )
         args = [nats_server_binary(), "-c", str(conf), *self.extra_args]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its own session: Ctrl-C in the terminal reaches the broker, which then stops NATS
+        # last, after it has let go of its lease and drained.
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         deadline = _now() + timeout
         while _now() < deadline:
             if self.proc.poll() is not None:

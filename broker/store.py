@@ -1,14 +1,21 @@
 """Durable job records in a JetStream key-value bucket (one key per job).
 
-Writes go out with `publish_async` so many records persist concurrently; a caller awaits the
-acks of exactly the records it depends on (a submission's ack, a dispatch's send).
+Many records persist concurrently: `put_many` publishes every record to its KV subject with a
+reply subject under one wildcard inbox of this store, and the caller awaits the acks of exactly
+the records it depends on (a submission's ack, a dispatch's send). One future per call, not per
+record: nats-py's `publish_async` costs a Task, a random token, a future and a JSON-decoded
+PubAck per record, which was a tenth of the broker's time at 1,000 admissions/s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
 
@@ -19,15 +26,40 @@ log = structlog.get_logger("muster.store")
 KV_OP = "KV-Operation"
 
 
+ACK_TIMEOUT_S = 10.0  # a put not acknowledged by then is an error: the caller retries
+_NO_RESPONDERS = "503"
+
+
+class StoreError(Exception):
+    """JetStream refused or did not acknowledge a record."""
+
+
+class _Acks:
+    """The acknowledgements one `put_many` call waits for."""
+
+    __slots__ = ("future", "remaining")
+
+    def __init__(self, future: asyncio.Future[None], remaining: int) -> None:
+        self.future = future
+        self.remaining = remaining
+
+
 class JobStore:
-    def __init__(self, js: JetStreamContext, bucket: str) -> None:
+    def __init__(self, js: JetStreamContext, bucket: str, nc: Client | None = None) -> None:
         self.js = js
+        self.nc: Client = nc if nc is not None else js._nc
         self.bucket = bucket
         self.stream = f"KV_{bucket}"
         self.prefix = f"$KV.{bucket}."
+        self._inbox = ""
+        self._sub: Any = None
+        self._next = 0
+        self._waiting: dict[str, _Acks] = {}
 
     @classmethod
-    async def open(cls, js: JetStreamContext, bucket: str, replicas: int = 1) -> JobStore:
+    async def open(
+        cls, js: JetStreamContext, bucket: str, replicas: int = 1, nc: Client | None = None
+    ) -> JobStore:
         try:
             await js.key_value(bucket)
         except Exception:
@@ -38,20 +70,68 @@ class JobStore:
                 replicas=replicas,
                 description="Muster job records",
             )
-        return cls(js, bucket)
+        return cls(js, bucket, nc)
 
     async def put(self, record: JobRecord) -> None:
         await self.put_many([record])
 
-    async def put_many(self, records: list[JobRecord]) -> None:
-        """Persist records concurrently; returns when every one is acknowledged."""
+    async def put_many(self, records: list[JobRecord], timeout: float = ACK_TIMEOUT_S) -> None:
+        """Persist records concurrently; returns when every one is acknowledged, raises when
+        one is refused or not acknowledged within `timeout` (then some may have persisted: a
+        put is idempotent, so the caller simply retries)."""
         if not records:
             return
-        futures = []
-        for record in records:
-            data = record_encoder.encode(record)
-            futures.append(await self.js.publish_async(self.prefix + record.job_id, data))
-        await asyncio.gather(*futures)
+        if self._sub is None:
+            self._inbox = self.nc.new_inbox() + "."
+            self._sub = await self.nc.subscribe(
+                self._inbox + "*",
+                cb=self._on_ack,
+                pending_msgs_limit=-1,
+                pending_bytes_limit=-1,
+            )
+        acks = _Acks(asyncio.get_running_loop().create_future(), len(records))
+        tokens = []
+        encode, publish, prefix, inbox = (
+            record_encoder.encode,
+            self.nc.publish,
+            self.prefix,
+            self._inbox,
+        )
+        try:
+            for record in records:
+                self._next += 1
+                token = str(self._next)
+                tokens.append(token)
+                self._waiting[token] = acks
+                await publish(prefix + record.job_id, encode(record), reply=inbox + token)
+            async with asyncio.timeout(timeout):
+                await acks.future
+        except TimeoutError:
+            raise StoreError(
+                f"{acks.remaining} of {len(records)} records not acknowledged in {timeout}s"
+            ) from None
+        finally:
+            for token in tokens:
+                self._waiting.pop(token, None)
+
+    async def _on_ack(self, msg: Msg) -> None:
+        acks = self._waiting.pop(msg.subject[len(self._inbox) :], None)
+        if acks is None or acks.future.done():
+            return
+        if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+            acks.future.set_exception(StoreError(f"no stream answers for bucket {self.bucket}"))
+            return
+        if b'"error"' in msg.data:
+            try:
+                error = json.loads(msg.data).get("error")
+            except ValueError:
+                error = msg.data[:200]
+            if error:
+                acks.future.set_exception(StoreError(f"JetStream refused a record: {error}"))
+                return
+        acks.remaining -= 1
+        if acks.remaining <= 0:
+            acks.future.set_result(None)
 
     async def delete(self, job_id: str) -> None:
         await self.js.publish(self.prefix + job_id, b"", headers={KV_OP: "DEL"})

@@ -40,10 +40,11 @@ from agents.config import FakeFlavor
 from broker.embedded import EmbeddedNats
 from load.common import emit, median, percentile, raw_nats_baseline
 from load.fleetbench import (
+    CpuMeter,
+    EventTrace,
     Setup,
     gang_of,
     gang_sizes,
-    proc_cpu_s,
     raw_request_latency,
     sample_sizes,
     start_setup,
@@ -65,9 +66,7 @@ def flavors(nodes: int) -> list[FakeFlavor]:
     ]  # fmt: skip
 
 
-def payloads(
-    setup: Setup, tag: str, sizes: list[int], queues: int
-) -> list[tuple[str, str, bytes]]:
+def payloads(setup: Setup, tag: str, sizes: list[int], queues: int) -> list[tuple[str, str, bytes]]:
     """(job_id, subject, JSON) for each job, encoded before the clock starts."""
     out = []
     for i, gpus in enumerate(sizes):
@@ -88,7 +87,7 @@ async def burst(setup: Setup, jobs: list[tuple[str, str, bytes]], timeout: float
     """Figure A: publish everything at once, time until the last dispatch is acked."""
     nc, log = setup.nc, setup.log
     base = len(log.acked)
-    cpu0 = proc_cpu_s(setup.broker.proc.pid)  # type: ignore[union-attr]
+    cpu = CpuMeter(setup.pids)
     started = time.perf_counter()
     for k, (_, subject, data) in enumerate(jobs):
         await nc.publish(subject, data)
@@ -97,7 +96,7 @@ async def burst(setup: Setup, jobs: list[tuple[str, str, bytes]], timeout: float
     await nc.flush()
     published = time.perf_counter()
     complete = await log.wait_count(base + len(jobs), timeout)
-    cpu1 = proc_cpu_s(setup.broker.proc.pid)  # type: ignore[union-attr]
+    shares = cpu.shares()
     ids = {job_id for job_id, _, _ in jobs}
     times = sorted(a.at for a in log.acked[base:] if a.job_id in ids and a.attempt == 1)
     n = len(times)
@@ -114,18 +113,22 @@ async def burst(setup: Setup, jobs: list[tuple[str, str, bytes]], timeout: float
         "elapsed_s": elapsed,
         "admissions_per_s": n / elapsed,
         "steady_per_s": steady,
-        "broker_cpu_share": (cpu1 - cpu0) / elapsed,
+        "cpu": shares,
     }
 
 
 async def paced(
-    setup: Setup, jobs: list[tuple[str, str, bytes]], rate: float, timeout: float
+    setup: Setup,
+    jobs: list[tuple[str, str, bytes]],
+    rate: float,
+    timeout: float,
+    trace: EventTrace | None = None,
 ) -> dict[str, Any]:
     """Figure B: publish at `rate`/s; latency = dispatch acked - published, in ms."""
     nc, log = setup.nc, setup.log
     sent_at: dict[str, float] = {}
     total = len(jobs)
-    cpu0 = proc_cpu_s(setup.broker.proc.pid)  # type: ignore[union-attr]
+    cpu = CpuMeter(setup.pids)
     started = time.perf_counter()
     stop_at = started + total / rate * 2 + 10  # bounded in time even if the loop lags
     sent = 0
@@ -140,9 +143,15 @@ async def paced(
     send_s = time.perf_counter() - started
     await nc.flush()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not all(j in log.first for j in sent_at):
+    waiting = [j for j in sent_at if j not in log.first]
+    while waiting and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    cpu1 = proc_cpu_s(setup.broker.proc.pid)  # type: ignore[union-attr]
+        waiting = [j for j in waiting if j not in log.first]
+    shares = cpu.shares()
+    if trace is not None:
+        stages = trace.breakdown(sent_at, log)
+    else:
+        stages = {}
     lat = [(log.first[j].at - t) * 1000 for j, t in sent_at.items() if j in log.first]
     return {
         "jobs": total,
@@ -153,14 +162,16 @@ async def paced(
         "p90_ms": percentile(lat, 90),
         "p99_ms": percentile(lat, 99),
         "max_ms": max(lat) if lat else float("nan"),
-        "broker_cpu_share": (cpu1 - cpu0) / (time.perf_counter() - started),
+        "cpu": shares,
+        "stages_ms": stages,
     }
 
 
-async def one_run(url: str, args: argparse.Namespace, run: int) -> dict[str, Any]:
+async def one_run(url: str, nats_pid: int, args: argparse.Namespace, run: int) -> dict[str, Any]:
     setup = await start_setup(
         url, clusters=args.clusters, flavors=flavors(args.nodes), queues=args.queues
     )
+    setup.pids["nats"] = nats_pid
     try:
         sizes = sample_sizes(args.jobs + args.latency_jobs, seed=args.seed + run)
         burst_jobs = payloads(setup, f"a{run}", sizes[: args.jobs], args.queues)
@@ -168,7 +179,10 @@ async def one_run(url: str, args: argparse.Namespace, run: int) -> dict[str, Any
         a = await burst(setup, burst_jobs, timeout=60 + args.jobs / 100)
         # Let the `running` transitions of the burst settle before measuring latency.
         await asyncio.sleep(args.settle_s)
-        b = await paced(setup, paced_jobs, args.rate, timeout=30)
+        trace = await EventTrace.start(setup) if args.trace else None
+        b = await paced(setup, paced_jobs, args.rate, timeout=30, trace=trace)
+        if trace is not None:
+            await trace.stop()
         stats = await setup.broker.stats(setup.nc, timeout=10)
         return {"burst": a, "paced": b, "broker": stats}
     finally:
@@ -179,11 +193,16 @@ def _fmt_run(r: dict[str, Any]) -> str:
     a, b = r["burst"], r["paced"]
     return (
         f"admissions {a['admissions_per_s']:,.0f}/s ({a['admitted']}/{a['jobs']} in "
-        f"{a['elapsed_s']:.2f} s, steady {a['steady_per_s']:,.0f}/s, broker CPU "
-        f"{a['broker_cpu_share']:.0%}); latency at {b['offered_per_s']:,.0f}/s: p50 "
+        f"{a['elapsed_s']:.2f} s, steady {a['steady_per_s']:,.0f}/s, CPU "
+        f"{_cpu(a['cpu'])}); latency at {b['offered_per_s']:,.0f}/s: p50 "
         f"{b['p50_ms']:.1f} p90 {b['p90_ms']:.1f} p99 {b['p99_ms']:.1f} max {b['max_ms']:.1f} ms "
-        f"({b['dispatched']}/{b['jobs']} dispatched)"
+        f"({b['dispatched']}/{b['jobs']} dispatched, CPU {_cpu(b['cpu'])})"
+        + (f"; stages p50/p99 ms {b['stages_ms']}" if b["stages_ms"] else "")
     )
+
+
+def _cpu(shares: dict[str, float]) -> str:
+    return " ".join(f"{k} {v:.0%}" for k, v in shares.items())
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -199,7 +218,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for run in range(args.runs):
             baselines.append(await raw_nats_baseline(server.url))
             rr.append(await raw_request_latency(server.url))
-            runs.append(await one_run(server.url, args, run))
+            assert server.proc is not None
+            runs.append(await one_run(server.url, server.proc.pid, args, run))
             print(
                 f"  run {run + 1}: {_fmt_run(runs[-1])}; raw NATS {baselines[-1]:,.0f} msgs/s, "
                 f"request/reply p99 {rr[-1]['p99_ms']:.2f} ms"
@@ -218,9 +238,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "runs": args.runs,
         "admissions_per_s_median": round(median(rates)),
         "admissions_per_s": [round(x) for x in rates],
-        "steady_admissions_per_s_median": round(
-            median([r["burst"]["steady_per_s"] for r in runs])
-        ),
+        "steady_admissions_per_s_median": round(median([r["burst"]["steady_per_s"] for r in runs])),
         "latency_p50_ms_median": round(median([r["paced"]["p50_ms"] for r in runs]), 2),
         "latency_p90_ms_median": round(median([r["paced"]["p90_ms"] for r in runs]), 2),
         "latency_p99_ms_median": round(median(p99s), 2),
@@ -259,6 +277,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-jobs", type=int, default=10_000, help="figure B job count")
     parser.add_argument("--queues", type=int, default=10)
     parser.add_argument("--settle-s", type=float, default=3.0)
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="figure B: also split latency into stages from the broker's job events",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=20171009)
     parser.add_argument("--json", default=None)

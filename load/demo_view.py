@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -64,7 +65,9 @@ class ClusterRow:
     pools: list[str] = field(default_factory=list)
 
 
-def flavor_label(flavors: dict[tuple[str, str], FakeFlavor], cluster: str | None, fl: str | None) -> str:
+def flavor_label(
+    flavors: dict[tuple[str, str], FakeFlavor], cluster: str | None, fl: str | None
+) -> str:
     """'spot A100' for (spot-east, a100-spot); the raw name when unknown."""
     if cluster is None or fl is None:
         return ""
@@ -74,7 +77,7 @@ def flavor_label(flavors: dict[tuple[str, str], FakeFlavor], cluster: str | None
 
 def _bar(step: int, total: int, width: int = 16) -> Text:
     frac = 0.0 if total <= 0 else max(0.0, min(1.0, step / total))
-    full = int(round(frac * width))
+    full = round(frac * width)
     bar = Text("█" * full, style="green")
     bar.append("░" * (width - full), style="dim")
     return bar
@@ -116,17 +119,18 @@ def jobs_table(
     return table
 
 
-def clusters_line(clusters: list[ClusterRow]) -> Text:
-    line = Text("clusters: ", style="bold")
-    for i, c in enumerate(clusters):
-        if i:
-            line.append("  ·  ")
-        health = "partitioned" if c.partitioned and c.health == "healthy" else c.health
-        line.append(c.name + " ")
-        line.append(health, style=HEALTH_STYLE.get(c.health, "yellow"))
-        if c.pools:
-            line.append(" (" + ", ".join(c.pools) + ")", style="dim")
-    return line
+def clusters_grid(clusters: list[ClusterRow]) -> Table:
+    """One line per cluster: health as the broker sees it, and free GPUs per pool."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for c in clusters:
+        health = Text(c.health, style=HEALTH_STYLE.get(c.health, "yellow"))
+        if c.partitioned:
+            health.append(" (partitioned)", style="bold red")
+        grid.add_row(c.name, health, Text(" · ".join(c.pools), style="dim"))
+    return grid
 
 
 def live_view(
@@ -135,7 +139,7 @@ def live_view(
     flavors: dict[tuple[str, str], FakeFlavor],
     elapsed: float,
 ) -> RenderableType:
-    return Group(jobs_table(rows, flavors, elapsed), clusters_line(clusters))
+    return Group(jobs_table(rows, flavors, elapsed), clusters_grid(clusters))
 
 
 def event_line(
@@ -148,15 +152,20 @@ def event_line(
     parts: list[str] = []
     if event.kind == "checkpointed":
         parts.append(f"step {event.step}")
-    elif event.kind not in ("queued",) and event.cluster:
+    elif event.kind != "queued" and event.cluster:
         where = f"{event.cluster}/{event.flavor}"
         label = flavor_label(flavors, event.cluster, event.flavor)
-        parts.append(f"attempt {event.attempt} on {where} ({label})" if label else where)
+        where = f"{where} ({label})" if label else where
+        if event.kind == "requeued":
+            parts.append(f"attempt {event.attempt} on {where} ended")
+        else:
+            parts.append(f"attempt {event.attempt} on {where}")
     if event.kind == "admitted" and event.resume_from_step is not None:
         parts.append(f"resuming from checkpoint step {event.resume_from_step}")
     if event.reason and event.kind != "succeeded":
         parts.append(f"reason: {event.reason}")
     line.append("  ".join(parts))
+    line.rstrip()
     return line
 
 
@@ -169,27 +178,33 @@ def trouble_line(t: float, text: str) -> Text:
 # -- summary ---------------------------------------------------------------------------------
 
 
-def summary_table(views: list[dict[str, Any]], flavors: dict[tuple[str, str], FakeFlavor]) -> Table:
+def summary_table(views: list[dict[str, Any]]) -> Table:
     """Per job, from `muster.api.get`: every attempt, and what the losses cost."""
-    table = Table(title="Summary (from muster.api.get)", title_justify="left", header_style="bold")
+    table = Table(
+        title="Summary (from muster.api.get)",
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+    )
     table.add_column("job", no_wrap=True)
-    table.add_column("state", no_wrap=True)
-    table.add_column("attempts: where → how it ended")
-    table.add_column("preempt.", justify="right")
-    table.add_column("GPU-s used", justify="right")
-    table.add_column("GPU-s lost", justify="right")
-    table.add_column("goodput", justify="right")
+    table.add_column("attempts: cluster/flavor → how it ended", no_wrap=True)
+    table.add_column("pre-\nempted", justify="right")
+    table.add_column("GPU-s\nused", justify="right")
+    table.add_column("GPU-s\nlost", justify="right")
+    table.add_column("good-\nput", justify="right")
     table.add_column("cost $", justify="right")
     totals = [0.0, 0.0, 0.0]
     for v in views:
         acc = v.get("accounting", {})
         lines = []
         for a in v.get("attempts", []):
-            label = flavor_label(flavors, a["cluster"], a["flavor"])
             resume = a.get("resume_from_step")
-            start = f" from step {resume}" if resume else ""
+            start = f", from step {resume}" if resume else ""
             end = a.get("end_cause") or ("running" if a.get("ended_at") is None else "?")
-            lines.append(f"#{a['attempt']} {a['cluster']} {label}{start} → {end}")
+            lines.append(f"#{a['attempt']} {a['cluster']}/{a['flavor']}{start} → {end}")
+        if not lines:
+            lines.append(f"never started ({v.get('state', '?')})")
         used = float(acc.get("gpu_seconds_used", 0.0))
         lost = float(acc.get("gpu_seconds_lost", 0.0))
         cost = float(acc.get("cost", 0.0))
@@ -198,8 +213,7 @@ def summary_table(views: list[dict[str, Any]], flavors: dict[tuple[str, str], Fa
         totals[2] += cost
         state = v.get("state", "?")
         table.add_row(
-            v["job_id"],
-            Text(state, style=STATE_STYLE.get(state, "")),
+            Text(v["job_id"], style=STATE_STYLE.get(state, "")),
             "\n".join(lines),
             str(acc.get("preemptions", 0)),
             f"{used:,.0f}",
@@ -212,7 +226,6 @@ def summary_table(views: list[dict[str, Any]], flavors: dict[tuple[str, str], Fa
     table.add_section()
     table.add_row(
         Text("all jobs", style="bold"),
-        "",
         "",
         "",
         f"{used:,.0f}",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import time
@@ -29,6 +30,7 @@ from agents.main import Fleet, configure_logging, start_fake_fleet
 from load.common import BrokerProcess, percentile
 from load.traces import default_traces_dir, gang_shape, philly_gang_sizes
 from schemas.agent import Dispatch
+from schemas.codec import decode_job_event
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
 from schemas.subjects import Subjects
 
@@ -37,14 +39,19 @@ SEED = 20171009
 FALLBACK_SIZES = [1] * 93 + [2, 2, 4, 4, 8, 8, 16]
 
 
-def gang_sizes(max_gpus: int | None = None) -> tuple[list[int], str]:
-    """GPU counts of Philly jobs (arrival order) and where they came from."""
+@functools.cache
+def _philly() -> tuple[tuple[int, ...], str]:
     philly = default_traces_dir() / "philly.csv"
-    sizes, source = (
-        (philly_gang_sizes(philly), "philly.csv")
-        if philly.exists()
-        else (list(FALLBACK_SIZES), "built-in Philly-like mix")
-    )
+    if philly.exists():
+        return tuple(philly_gang_sizes(philly)), "philly.csv"
+    return tuple(FALLBACK_SIZES), "built-in Philly-like mix"
+
+
+def gang_sizes(max_gpus: int | None = None) -> tuple[list[int], str]:
+    """GPU counts of Philly jobs (arrival order) and where they came from (the trace is read
+    once per process: parsing 82,000 timestamps takes seconds)."""
+    all_sizes, source = _philly()
+    sizes = list(all_sizes)
     if max_gpus is not None:
         sizes = [s for s in sizes if s <= max_gpus]
     return sizes, source
@@ -137,6 +144,7 @@ class Setup:
     fleet: Fleet
     log: DispatchLog
     subjects: Subjects
+    pids: dict[str, int] = field(default_factory=dict)  # processes to meter (CpuMeter)
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -181,7 +189,15 @@ async def start_setup(
         raise
     log = DispatchLog()
     log.hook(fleet)
-    setup = Setup(broker=broker, nc=nc, fleet=fleet, log=log, subjects=Subjects(prefix=prefix))
+    assert broker.proc is not None
+    setup = Setup(
+        broker=broker,
+        nc=nc,
+        fleet=fleet,
+        log=log,
+        subjects=Subjects(prefix=prefix),
+        pids={"broker": broker.proc.pid},
+    )
     deadline = time.monotonic() + fleet_timeout_s
     while time.monotonic() < deadline:
         stats = await broker.stats(nc, timeout=10)
@@ -202,6 +218,30 @@ def proc_cpu_s(pid: int) -> float:
         return float("nan")
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks
+
+
+class CpuMeter:
+    """CPU shares of the broker, nats-server and this process over a window: on a shared
+    2-core machine this tells whether the broker was starved or simply busy."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.start()
+
+    def _read(self) -> dict[str, float]:
+        out = {name: proc_cpu_s(pid) for name, pid in self.pids.items()}
+        out["bench"] = time.process_time()
+        return out
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._c0 = self._read()
+
+    def shares(self) -> dict[str, float]:
+        """CPU seconds per wall second of each process since start(); 1.0 = one full core."""
+        wall = time.perf_counter() - self._t0
+        now = self._read()
+        return {k: round((now[k] - self._c0[k]) / wall, 3) for k in now}
 
 
 async def raw_request_latency(url: str, count: int = 2000) -> dict[str, float]:
@@ -228,3 +268,51 @@ async def raw_request_latency(url: str, count: int = 2000) -> dict[str, float]:
         "p50_ms": percentile(samples, 50),
         "p99_ms": percentile(samples, 99),
     }
+
+
+class EventTrace:
+    """Receipt times of the broker's `queued` and `admitted` job events, to split a submit ->
+    dispatch latency into stages (submission persisted, admitted and persisted, dispatch
+    carried out). Optional: receiving the events costs the benchmark process CPU."""
+
+    def __init__(self, sub: Any) -> None:
+        self.sub = sub
+        self.seen: dict[str, dict[str, float]] = {}
+
+    @classmethod
+    async def start(cls, setup: Setup) -> EventTrace:
+        trace = cls(None)
+
+        async def on_event(msg: Any) -> None:
+            at = time.perf_counter()
+            event = decode_job_event(msg.data)
+            trace.seen.setdefault(event.job_id, {}).setdefault(event.kind, at)
+
+        trace.sub = await setup.nc.subscribe(
+            setup.subjects.job_events_all,
+            cb=on_event,
+            pending_msgs_limit=-1,
+            pending_bytes_limit=-1,
+        )
+        await setup.nc.flush()
+        return trace
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.sub.unsubscribe()
+
+    def breakdown(self, sent_at: dict[str, float], log: DispatchLog) -> dict[str, list[float]]:
+        """p50 and p99 (ms) of: publish -> queued event, queued -> admitted event, admitted
+        event -> agent dispatch."""
+        parts: dict[str, list[float]] = {"queued": [], "admitted": [], "dispatched": []}
+        for job_id, t0 in sent_at.items():
+            seen = self.seen.get(job_id, {})
+            acked = log.first.get(job_id)
+            if "queued" not in seen or "admitted" not in seen or acked is None:
+                continue
+            parts["queued"].append((seen["queued"] - t0) * 1000)
+            parts["admitted"].append((seen["admitted"] - seen["queued"]) * 1000)
+            parts["dispatched"].append((acked.at - seen["admitted"]) * 1000)
+        return {
+            k: [round(percentile(v, 50), 1), round(percentile(v, 99), 1)] for k, v in parts.items()
+        }

@@ -20,6 +20,8 @@ NonNeg = Annotated[int, Meta(ge=0)]
 Attempt = Annotated[int, Meta(ge=1)]
 Epoch = Annotated[int, Meta(ge=0)]
 Reason = Annotated[str, Meta(max_length=1024)]
+# Unix seconds; finite and bounded so a hostile agent cannot send inf or NaN deadlines.
+Timestamp = Annotated[float, Meta(ge=0, le=1e11)]
 
 MAX_NODES = 100_000
 MAX_BATCH = 100_000
@@ -45,7 +47,7 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     memory: NonNeg = 0
     gpu_healthy: NonNeg | None = None  # None = all GPUs healthy
     ready: bool = True
-    spot_deadline: float | None = None  # unix seconds; set when a notice is outstanding
+    spot_deadline: Timestamp | None = None  # set while a spot notice is outstanding
     other_gpu: NonNeg = 0
     other_cpu_milli: NonNeg = 0
     other_memory: NonNeg = 0
@@ -98,7 +100,7 @@ class SpotNotice(msgspec.Struct, tag="spot", omit_defaults=True):
     """The provider will reclaim `node` at `deadline` (unix seconds)."""
 
     node: Name
-    deadline: float
+    deadline: Timestamp
     reason: Reason = ""
 
 
@@ -107,11 +109,11 @@ class CheckpointReport(msgspec.Struct, tag="checkpoint", omit_defaults=True):
     attempt: Attempt
     step: NonNeg
     uri: Annotated[str, Meta(max_length=2048)]
-    at: float = 0.0
+    at: Timestamp = 0.0
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
-    at: float = 0.0
+    at: Timestamp = 0.0
 
 
 AgentEvent = (
@@ -134,7 +136,7 @@ class EventBatch(msgspec.Struct, omit_defaults=True):
     instance: Annotated[str, Meta(min_length=1, max_length=64)]
     seq: Annotated[int, Meta(ge=1)]
     events: Annotated[list[AgentEvent], Meta(max_length=MAX_BATCH)]
-    sent_at: float = 0.0
+    sent_at: Timestamp = 0.0
 
 
 # -- commands: broker -> agent ------------------------------------------------------------
@@ -176,7 +178,7 @@ class CheckpointNow(msgspec.Struct, tag="checkpoint_now", omit_defaults=True):
     job_id: Name
     attempt: Attempt
     epoch: Epoch
-    deadline: float = 0.0
+    deadline: Timestamp = 0.0
 
 
 class Resync(msgspec.Struct, tag="resync", omit_defaults=True):

@@ -53,6 +53,7 @@ class JobEvent(msgspec.Struct, omit_defaults=True):
     reason: str | None = None
     step: int | None = None
     resume_from_step: int | None = None
+    accounting: Accounting | None = None  # on terminal events: what the whole job cost
 
 
 # -- requests ---------------------------------------------------------------------------

@@ -88,9 +88,19 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     scheduling: SchedulingConfig = msgspec.field(default_factory=SchedulingConfig)
     max_payload_bytes: Annotated[int, Meta(ge=1024, le=64 * 2**20)] = 1024 * 1024
+    # Kueue's LocalQueue: another name users submit to (`muster.submit.<alias>`) for a queue.
+    queue_aliases: dict[DnsLabel, DnsLabel] = {}
 
     def __post_init__(self) -> None:
         names = [q.name for q in self.queues]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"queues: duplicate queue names {dupes}; each name must be unique")
+        for alias, target in self.queue_aliases.items():
+            if alias in names:
+                raise ValueError(f"queue_aliases: {alias!r} is already a queue name")
+            if target not in names:
+                raise ValueError(
+                    f"queue_aliases: {alias!r} points to unknown queue {target!r}; "
+                    f"known queues: {', '.join(sorted(names))}"
+                )

@@ -51,9 +51,12 @@ def parse_quantity(value: str | int | float) -> Decimal:
         digits, suffix = match.groups()
         try:
             number = Decimal(digits)
-        except InvalidOperation as exc:  # pragma: no cover - the regex already guards this
+        except (InvalidOperation, ArithmeticError) as exc:
             raise QuantityError(f"invalid quantity {value!r}") from exc
-        number *= _BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix]
+        try:
+            number *= _BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix]
+        except ArithmeticError:  # decimal.Overflow on an absurd exponent
+            raise QuantityError(f"quantity {value!r} is too large") from None
     if number < 0:
         raise QuantityError(f"quantity {value!r} must not be negative")
     if number > _MAX:

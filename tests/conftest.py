@@ -13,6 +13,14 @@ from nats.aio.client import Client
 from broker.embedded import EmbeddedNats
 
 
+@pytest.fixture(scope="session", autouse=True)
+def quiet_logs() -> None:
+    """Warnings and up, to whatever stderr is current (pytest swaps it per test)."""
+    from broker.cli import configure_logging
+
+    configure_logging("warning")
+
+
 @pytest.fixture(scope="session")
 def nats_server() -> Iterator[EmbeddedNats]:
     server = EmbeddedNats()

@@ -111,14 +111,14 @@ class Pool:
         self.info = info
         self.flavor_class = flavor_class
         self.capacity_type = info.capacity_type
-        self.gpu_type = info.gpu_type
+        self.gpu_type = info.gpu_type.lower()  # GPU types match case-insensitively
         self.price = info.price_per_gpu_hour
 
     def set_info(self, info: FlavorInfo, flavor_class: str) -> None:
         self.info = info
         self.flavor_class = flavor_class
         self.capacity_type = info.capacity_type
-        self.gpu_type = info.gpu_type
+        self.gpu_type = info.gpu_type.lower()  # GPU types match case-insensitively
         self.price = info.price_per_gpu_hour
 
     def refile(self, node: Node) -> None:
@@ -218,7 +218,7 @@ class Inventory:
         for fc in self._classes:
             if fc.capacity_type is not None and fc.capacity_type != info.capacity_type:
                 continue
-            if fc.gpu_type is not None and fc.gpu_type != info.gpu_type:
+            if fc.gpu_type is not None and fc.gpu_type.lower() != info.gpu_type.lower():
                 continue
             return fc.name
         return info.name

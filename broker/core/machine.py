@@ -122,8 +122,12 @@ class Machine:
         subject_queue: str | None = None,
     ) -> tuple[SubmitReply, list[Effect]]:
         """Accept or reject a job. Rejection changes nothing."""
-        queue = spec.queue or subject_queue
-        if spec.queue and subject_queue and spec.queue != subject_queue:
+        aliases = self.config.queue_aliases
+        if subject_queue is not None:
+            subject_queue = aliases.get(subject_queue, subject_queue)
+        named = aliases.get(spec.queue, spec.queue) if spec.queue else None
+        queue = named or subject_queue
+        if named and subject_queue and named != subject_queue:
             return _reject(
                 f"queue mismatch: the job names queue {spec.queue!r} but was published to "
                 f"queue {subject_queue!r}; drop 'queue' from the job or publish to its subject"
@@ -848,7 +852,11 @@ class Machine:
         record.reason = reason
         record.finished_at = now
         effects.append(Persist(record))
-        effects.append(self._event(record, state, now, reason=reason))
+        event = self._event(record, state, now, reason=reason)
+        view = self.job_view(record.job_id, now, with_spec=False)
+        if view is not None:
+            event.event.accounting = view.accounting
+        effects.append(event)
 
     def _end_attempt(
         self, record: JobRecord, attempt: AttemptRecord, cause: str, now: float, *, lost: bool

@@ -129,7 +129,7 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
         priority=spec.priority,
         order=record.order,
         podsets=demands,
-        gpu_types=frozenset(spec.gpu_types),
+        gpu_types=frozenset(t.lower() for t in spec.gpu_types),
         capacity=spec.capacity,
         avoid_pools=frozenset((a.cluster, a.flavor) for a in record.avoid if a.until > now),
         spot_exhausted=record.spot_exhausted,

@@ -186,7 +186,7 @@ class Scheduler:
                 FlavorView(
                     name=p.name,
                     capacity_type=p.capacity_type,
-                    gpu_type=p.gpu_type,
+                    gpu_type=p.info.gpu_type,
                     price_per_gpu_hour=p.price,
                     flavor_class=p.flavor_class,
                     nodes=len(p.nodes),

@@ -33,7 +33,7 @@ OD_A100 = FlavorInfo(
 )
 
 
-def test_config(prefix: str, **timeouts: Any) -> BrokerConfig:
+def broker_config(prefix: str, **timeouts: Any) -> BrokerConfig:
     base = dict(
         heartbeat_s=0.2,
         unreachable_after_s=1.0,
@@ -159,7 +159,7 @@ class Harness:
 async def harness(nats_url: str) -> AsyncIterator[Harness]:
     prefix = f"t{uuid.uuid4().hex[:10]}"
     nc = await nats.connect(nats_url)
-    h = Harness(nats_url, prefix, Subjects(prefix=prefix), test_config(prefix), nc)
+    h = Harness(nats_url, prefix, Subjects(prefix=prefix), broker_config(prefix), nc)
 
     async def on_event(msg: Any) -> None:
         event = decode_job_event(msg.data)

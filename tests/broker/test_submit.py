@@ -104,3 +104,14 @@ def _enc(obj: Any) -> bytes:
     from schemas.codec import encode_json
 
     return encode_json(obj)
+
+
+async def test_queue_alias_feeds_its_queue(harness: Harness) -> None:
+    import msgspec
+
+    config = msgspec.structs.replace(harness.config, queue_aliases={"team-a": "research"})
+    await harness.start_broker(config)
+    reply = await harness.submit(job("aliased", replicas=1, gpu=1), queue="team-a")
+    assert reply.accepted
+    got = await harness.api("get", {"job_id": reply.job_id})
+    assert got["result"]["queue"] == "research"

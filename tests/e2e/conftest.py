@@ -17,7 +17,7 @@ from agents.config import AgentConfig, FakeClusterConfig, FakeFlavor
 from agents.main import Fleet, start_fake_fleet
 from schemas.codec import decode_job_event
 from schemas.subjects import Subjects
-from tests.broker.conftest import Harness, test_config
+from tests.broker.conftest import Harness, broker_config
 
 TIME_SCALE = 4.0  # simulated seconds per real second
 
@@ -128,7 +128,7 @@ async def world(nats_url: str) -> AsyncIterator[World]:
     prefix = f"e{uuid.uuid4().hex[:10]}"
     nc = await nats.connect(nats_url)
     h = Harness(
-        nats_url, prefix, Subjects(prefix=prefix), test_config(prefix, lost_after_s=3.0), nc
+        nats_url, prefix, Subjects(prefix=prefix), broker_config(prefix, lost_after_s=3.0), nc
     )
 
     async def on_event(msg: Any) -> None:

@@ -55,7 +55,9 @@ async def test_spot_notice_resumes_elsewhere_from_the_checkpointed_step(world: W
     # CheckpointNow made the workload save its current step, not the last periodic one.
     assert first.last_checkpoint_step is not None and first.last_checkpoint_step >= 70
     assert admitted.resume_from_step == first.last_checkpoint_step
-    await h.wait_event(job_id, "succeeded", timeout=40)
+    done = await h.wait_event(job_id, "succeeded", timeout=40)
+    assert done.accounting is not None and done.accounting.preemptions == 1
+    assert 0 < done.accounting.goodput < 1 and done.accounting.cost > 0
     _assert_resumed_exactly(world, job_id)
     assert first.end_phase in ("cancelled", "evicted")
     view = await world.job(job_id)

@@ -274,11 +274,6 @@ def test_empty_and_oversized(decoder: Any, kind: Any, encode: Any, valid: Any) -
     assert MAX_PAYLOAD == 2**20
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="schemas/quantity.py: a huge exponent overflows decimal (decimal.Overflow, not "
-    "QuantityError), and PodSet.__post_init__ lets it escape the decoder",
-)
 def test_huge_quantity_exponent_is_a_decode_error() -> None:
     with pytest.raises(DecodeError):
         decode_jobspec(b'{"name":"a","gang":[{"name":"w","cpu":"1e9999999"}]}')

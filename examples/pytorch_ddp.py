@@ -1,0 +1,109 @@
+"""PyTorch DDP training that checkpoints to and resumes from where Muster says.
+
+Launch one replica per node as the Training Operator would, e.g. on a laptop:
+
+    MUSTER_JOB_ID=demo MUSTER_ATTEMPT=1 MUSTER_CHECKPOINT_URI=/tmp/demo-ckpt \\
+    MUSTER_ANNOTATION_FILE=/tmp/demo-ckpt/annotation.json \\
+    torchrun --standalone --nproc_per_node=2 examples/pytorch_ddp.py --steps 200
+
+Muster sets MUSTER_CHECKPOINT_URI (where to write) and, on a later attempt, MUSTER_RESUME_FROM
+(the checkpoint to start from). Rank 0 writes checkpoints and reports them through the SDK; a
+checkpoint request (Muster's CheckpointNow, or SIGTERM before a spot node goes away) is agreed
+on by every rank with an all-reduce, so the whole gang saves at the same step and stops.
+Local paths are written with torch.save; object-store URIs are left to your storage library.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from agents.sdk import Checkpointer
+
+
+def local_path(uri: str) -> Path | None:
+    if uri.startswith("file://"):
+        return Path(uri[len("file://") :])
+    return None if "://" in uri else Path(uri)
+
+
+def save(uri: str, state: dict[str, object]) -> None:
+    path = local_path(uri)
+    if path is None:
+        raise SystemExit(f"this example writes local paths only, not {uri!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)  # a half-written checkpoint is never visible
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--checkpoint-every", type=int, default=50)
+    args = parser.parse_args()
+
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    ddp = DistributedDataParallel(model)
+
+    ck = Checkpointer()
+    start = 0
+    if ck.resume_from is not None:
+        path = local_path(ck.resume_from.uri)
+        if path is not None and path.exists():
+            state = torch.load(path, weights_only=False)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start = int(state["step"])
+    if rank == 0:
+        ck.on_checkpoint_request()
+        print(f"rank 0/{world}: starting at step {start}", flush=True)
+
+    generator = torch.Generator().manual_seed(1000 + rank)
+    for step in range(start, args.steps):
+        x = torch.randn(16, 32, generator=generator)
+        loss = (ddp(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        done = step + 1
+        # Every rank learns whether rank 0 was asked for a checkpoint.
+        flag = torch.tensor([1 if rank == 0 and ck.requested else 0])
+        dist.all_reduce(flag)
+        asked = bool(flag.item())
+        if done % args.checkpoint_every == 0 or asked or done == args.steps:
+            if rank == 0:
+                uri = ck.checkpoint_uri(done)
+                save(
+                    uri,
+                    {
+                        "step": done,
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                    },
+                )
+                channel = ck.report_checkpoint(done, uri)
+                print(f"checkpoint at step {done} ({channel}), loss {loss.item():.4f}", flush=True)
+            dist.barrier()
+            if asked:
+                stop = torch.tensor([1 if rank == 0 and ck.sigterm_received else 0])
+                dist.all_reduce(stop)
+                if stop.item():
+                    break  # the node is going away; the checkpoint is saved
+                if rank == 0:
+                    ck.clear_request()
+    if rank == 0:
+        ck.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
