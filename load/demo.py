@@ -177,7 +177,7 @@ class Demo:
                 f"${f.price_per_gpu_hour:.2f}/GPU-h"
                 for f in c.flavors
             )
-            self.say(f"fake cluster {c.name:<14} {pools}")
+            self.say(f"fake cluster {c.name:<14} {c.blurb:<11} {pools}")
         self.say(
             f"(simulated training runs {scenario.TIME_SCALE:g}x faster than real time; "
             "costs and GPU-seconds are wall-clock)"
@@ -370,7 +370,7 @@ class Demo:
     async def _poll(self) -> bool:
         """Refresh the rows from `muster.api.list` and the clusters' health; True when every
         job is finished."""
-        reply = await self._api("list", {"limit": 1000})
+        reply = await self._api("list", {"limit": 1000}, quiet=True)
         if not reply or not reply.get("ok"):
             return False
         for view in reply.get("result") or []:
@@ -383,7 +383,7 @@ class Demo:
             if view.get("cluster"):
                 row.cluster, row.flavor = view["cluster"], view.get("flavor")
             row.step = self._step_of(row, view)
-        clusters = await self._api("clusters", {}, timeout=1.0)
+        clusters = await self._api("clusters", {}, timeout=1.0, quiet=True)
         if clusters and clusters.get("ok"):
             by_name = {c["name"]: c for c in clusters.get("result") or []}
             assert self.fleet is not None

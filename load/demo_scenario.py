@@ -23,14 +23,14 @@ SPOT_LEAD_S = 60.0  # simulated: the notice comes 6 s of real time before the re
 @dataclass(frozen=True)
 class ClusterPlan:
     name: str
-    blurb: str
+    blurb: str  # what kind of cluster, for the demo's opening lines
     flavors: tuple[FakeFlavor, ...]
 
 
 CLUSTERS: tuple[ClusterPlan, ...] = (
     ClusterPlan(
         "spot-east",
-        "spot-heavy: cheap spot A100, a little on-demand A100",
+        "spot-heavy",
         (
             FakeFlavor(
                 name="a100-spot",
@@ -50,7 +50,7 @@ CLUSTERS: tuple[ClusterPlan, ...] = (
     ),
     ClusterPlan(
         "ondemand-west",
-        "on-demand only: expensive H100",
+        "on-demand",
         (
             FakeFlavor(
                 name="h100-od",
@@ -63,7 +63,7 @@ CLUSTERS: tuple[ClusterPlan, ...] = (
     ),
     ClusterPlan(
         "mixed-central",
-        "mixed: spot T4, on-demand A100",
+        "mixed",
         (
             FakeFlavor(
                 name="t4-spot",

@@ -69,7 +69,8 @@ async def test_kill9_and_restart_with_hundreds_of_jobs(harness: Harness) -> None
         for j in ids[-15:]:
             assert (await h.api("cancel", {"job_id": j}))["ok"]
         victim = next(d for d in dispatched() if d.job_id in running[40:])
-        await agent.send(SpotNotice(node=victim.assignment[0].nodes[0], deadline=time.time() + 3600))
+        node = victim.assignment[0].nodes[0]
+        await agent.send(SpotNotice(node=node, deadline=time.time() + 3600))
         await asyncio.sleep(1.5)
         before = await _states(h)
         counts = Counter(v["state"] for v in before.values())
