@@ -4,6 +4,8 @@ stale attempts, sequence gaps, a crashed leader and a standby taking over."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import Any
 
 from schemas.agent import Cancel, Dispatch, EventBatch, Heartbeat, Resync, WorkloadStatus
 from schemas.codec import encode_msgpack
@@ -170,3 +172,72 @@ async def test_standby_takes_over_while_jobs_dispatch(harness: Harness) -> None:
     await standby.stop()
     await standby_task
     await standby_nc.close()
+
+
+async def test_broker_rides_out_a_nats_restart(fresh_nats: Any) -> None:
+    """NATS goes away and comes back (same port and store): the broker reconnects, keeps its
+    state and its leadership, and takes new jobs."""
+    import nats
+
+    from broker.service import Broker
+    from tests.broker.conftest import broker_config
+    from tests.broker.wire import WireAgent, nodes
+
+    opts: dict[str, Any] = {"max_reconnect_attempts": -1, "reconnect_time_wait": 0.2}
+    prefix = "restart"
+    config = broker_config(prefix, lease_ttl_s=10.0, lost_after_s=30.0, unreachable_after_s=10.0)
+    bnc = await nats.connect(fresh_nats.url, **opts)
+    cnc = await nats.connect(fresh_nats.url, **opts)
+    broker = Broker(config, bnc)
+    task = asyncio.create_task(broker.run())
+    try:
+        await asyncio.wait_for(broker.leading.wait(), 15)
+        subjects = broker.subjects
+        from tests.broker.conftest import OD_A100
+
+        agent = await WireAgent(cnc, subjects, "c1", [OD_A100], nodes("c1", "a100-od", 2)).start()
+
+        async def submit(name: str) -> Any:
+            for _ in range(100):
+                try:
+                    msg = await cnc.request(subjects.submit("default"), _enc(job(name, 1, 8)), 2)
+                    return __import__("msgspec").json.decode(msg.data)
+                except Exception:
+                    await asyncio.sleep(0.1)
+            raise AssertionError("no reply")
+
+        first = await submit("before")
+        assert first["accepted"]
+        await asyncio.sleep(0.5)
+        epoch = broker.lease.epoch
+        fresh_nats.stop_sync()
+        await asyncio.sleep(0.5)
+        fresh_nats.start_sync()
+        second = await submit("after")
+        assert second["accepted"]
+        for _ in range(100):
+            machine = broker.machine
+            if (
+                machine
+                and machine.jobs.get(second["job_id"])
+                and machine.jobs[second["job_id"]].state in ("admitted", "running")
+            ):
+                break
+            await asyncio.sleep(0.1)
+        machine = broker.machine
+        assert machine is not None and broker.lease.epoch == epoch
+        assert machine.jobs[first["job_id"]].state == "running"
+        assert machine.jobs[second["job_id"]].state in ("admitted", "running")
+        await agent.stop()
+    finally:
+        await broker.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 15)
+        await bnc.close()
+        await cnc.close()
+
+
+def _enc(obj: Any) -> bytes:
+    from schemas.codec import encode_json
+
+    return encode_json(obj)
