@@ -64,6 +64,7 @@ class _JobTrack:
     highest: int = 0
     live: set[int] = field(default_factory=set)
     cancelled_upto: int = 0
+    fence_after: dict[int, float] = field(default_factory=dict)  # attempt -> seconds (0 = off)
 
 
 class AgentRuntime:
@@ -116,6 +117,9 @@ class AgentRuntime:
         self._loop_task: asyncio.Task[None] | None = None
         self._cmd_tasks: set[asyncio.Task[None]] = set()
         self._running = False
+        self._last_contact = time.monotonic()  # last proven round trip to the NATS server
+        self._probing = False
+        self._next_probe = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -134,6 +138,7 @@ class AgentRuntime:
         with contextlib.suppress(Exception):  # the server knows the subscription before we speak
             await self.nc.flush(timeout=2)
         self._next_heartbeat = time.monotonic()
+        self._last_contact = time.monotonic()
         self._queue_heartbeat()
         await self._flush()
         self._loop_task = asyncio.create_task(self._loop(), name=f"agent-{self.cluster}")
@@ -167,6 +172,7 @@ class AgentRuntime:
         """Wire to nats-py's reconnected_cb: the broker may have missed anything, so the next
         batch is a full snapshot with every workload (the broker reconciles stale attempts)."""
         self.log.info("reconnected; resending snapshot")
+        self._last_contact = time.monotonic()
         self.request_snapshot()
 
     def request_snapshot(self) -> None:
@@ -180,6 +186,7 @@ class AgentRuntime:
         self.partitioned = on
         self._snapshot_pending = True
         if not on:
+            self._last_contact = time.monotonic()
             self.log.info("partition healed; resending snapshot")
         self._wake.set()
 
@@ -247,6 +254,7 @@ class AgentRuntime:
                             await self._wake.wait()
                 self._wake.clear()
                 now = time.monotonic()
+                await self._fence_if_cut_off(now)
                 if self.partitioned or now < self._retry_at:
                     continue
                 beat = now >= self._next_heartbeat
@@ -270,6 +278,44 @@ class AgentRuntime:
                 self.stats["errors"] += 1
                 self.log.exception("event loop error")
                 await asyncio.sleep(0.1)
+
+    async def _fence_if_cut_off(self, now: float) -> None:
+        """Self-fencing. Cut off from NATS for `fence_after_s` (set per attempt by the broker,
+        shorter than the time after which it declares this cluster lost and starts the job
+        elsewhere), delete the attempt here, so a partition never leaves two live copies."""
+        linked = not self.partitioned and self.nc.is_connected
+        if linked and not self._probing and now >= self._next_probe:
+            self._probing = True
+            self._next_probe = now + max(0.5, self.heartbeat_s / 2)
+            task = asyncio.create_task(self._probe())
+            self._cmd_tasks.add(task)
+            task.add_done_callback(self._cmd_tasks.discard)
+        cut_for = now - self._last_contact
+        if cut_for < 1.0:
+            return
+        for job_id, track in list(self._jobs.items()):
+            for attempt in sorted(track.live):
+                after = track.fence_after.get(attempt, 0.0)
+                if after <= 0 or cut_for < after:
+                    continue
+                reason = f"fenced: cut off from the broker for {cut_for:.0f}s"
+                with contextlib.suppress(Exception):
+                    await self.backend.cancel(job_id, attempt, reason)
+                track.live.discard(attempt)
+                track.cancelled_upto = max(track.cancelled_upto, attempt)
+                self.stats["fenced"] = self.stats.get("fenced", 0) + 1
+                self.log.warning("self-fenced", job_id=job_id, attempt=attempt, cut_for=cut_for)
+
+    async def _probe(self) -> None:
+        """A PING/PONG round trip proves the link to the server is alive right now."""
+        try:
+            await self.nc.flush(timeout=max(1.0, self.heartbeat_s))
+            if not self.partitioned:
+                self._last_contact = time.monotonic()
+        except Exception:
+            pass
+        finally:
+            self._probing = False
 
     async def _flush(self) -> None:
         """Publish everything queued, a snapshot first when one is pending."""
@@ -476,6 +522,7 @@ class AgentRuntime:
         await self.backend.dispatch(cmd)
         track.highest = cmd.attempt
         track.live.add(cmd.attempt)
+        track.fence_after[cmd.attempt] = cmd.fence_after_s
         log.debug("dispatched", flavor=cmd.flavor)
         return CommandAck(ok=True)
 

@@ -163,6 +163,9 @@ class Dispatch(msgspec.Struct, tag="dispatch", omit_defaults=True):
     spec: JobSpec
     resume_from: CheckpointRef | None = None
     checkpoint_uri: str = ""
+    # Self-fencing: an agent cut off from NATS this long deletes the workload itself, before
+    # the broker declares the cluster lost and starts the job elsewhere. 0 = never.
+    fence_after_s: Annotated[float, Meta(ge=0, le=86_400)] = 0.0
 
 
 class Cancel(msgspec.Struct, tag="cancel", omit_defaults=True):

@@ -67,6 +67,9 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     start_s: Annotated[float, Meta(gt=0)] = 300.0
     checkpoint_grace_s: Annotated[float, Meta(ge=0)] = 30.0
     lease_ttl_s: Annotated[float, Meta(ge=1)] = 5.0
+    # Agents cut off from NATS delete their workloads this long before the broker would
+    # declare their cluster lost, so a partition never leaves two live copies. 0 = off.
+    fence_lead_s: Annotated[float, Meta(ge=0)] = 10.0
 
 
 class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -110,6 +110,9 @@ class Machine:
         self.agents: dict[str, AgentTrack] = {}
         self.flavors: dict[str, dict[str, FlavorInfo]] = {}
         self._order = 0
+        t = config.timeouts
+        lead = t.fence_lead_s
+        self._fence_after = t.lost_after_s - lead if lead > 0 and t.lost_after_s > lead else 0.0
         self.lookahead = 256  # parked jobs per queue reconsidered when capacity frees
 
     # ------------------------------------------------------------------ submission
@@ -588,6 +591,7 @@ class Machine:
                     spec=spec,
                     resume_from=attempt.resume_from,
                     checkpoint_uri=spec.checkpoint.uri if spec.checkpoint else "",
+                    fence_after_s=self._fence_after,
                 ),
             )
         )

@@ -132,27 +132,54 @@ async def test_gpu_failure_takes_the_same_path_without_warning(world: World) -> 
     assert view["accounting"]["goodput"] < 1.0
 
 
-async def test_partition_heals_and_the_stale_attempt_is_deleted(world: World) -> None:
+@pytest.mark.parametrize("self_fence", [True, False], ids=["agent-self-fences", "broker-fences"])
+async def test_partition_never_leaves_two_live_copies(world: World, self_fence: bool) -> None:
+    """A cluster is cut off while it runs a job. With self-fencing (the default) its agent
+    deletes the attempt before the broker starts the job elsewhere; without it (an agent that
+    does not fence) the broker deletes the stale attempt as soon as the partition heals."""
+    import msgspec
+
+    h = world.harness
+    h.config = msgspec.structs.replace(
+        h.config,
+        timeouts=msgspec.structs.replace(
+            h.config.timeouts, lost_after_s=4.0, fence_lead_s=2.0 if self_fence else 0.0
+        ),
+    )
     fleet = await world.start(
         {
             "a": [flavor("od", "on-demand", nodes=1)],
             "b": [flavor("od", "on-demand", nodes=1, price=2)],
         }
     )
-    h = world.harness
     job_id = (await h.submit(sim_job("split", steps=800))).job_id
     cluster, _ = await _running_on(world, job_id)
     other = "b" if cluster == "a" else "a"
     await _wait_step(world, job_id, 1, 40)
+    copies: list[int] = []
+
+    async def count_copies() -> None:  # including the cluster behind the partition
+        for _ in range(2000):
+            copies.append(len(fleet.live_copies(job_id)))
+            await asyncio.sleep(0.01)
+
+    counter = asyncio.create_task(count_copies())
     fleet[cluster].outage(True)
     requeued = await h.wait_event(job_id, "requeued", timeout=15)
     assert requeued.reason == "cluster-lost"
     await h.wait_event(job_id, "running", count=2, timeout=15)
     assert fleet.history(job_id)[-1].cluster == other
-    assert (cluster, 1) in fleet.live_copies(job_id)  # still running behind the partition
+    if self_fence:
+        assert fleet.live_copies(job_id) == [(other, 2)]
+        assert fleet.history(job_id)[0].end_phase == "cancelled"
+    else:
+        assert (cluster, 1) in fleet.live_copies(job_id)  # still running behind the partition
     fleet[cluster].outage(False)
     await h.wait_for(lambda: (cluster, 1) not in fleet.live_copies(job_id), 15)
+    counter.cancel()
     assert fleet.live_copies(job_id) == [(other, 2)]
+    if self_fence:
+        assert max(copies) == 1, "two live copies during the partition"
     view = await world.job(job_id)
     assert view["state"] == "running" and view["cluster"] == other and view["attempt"] == 2
 
