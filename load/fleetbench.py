@@ -220,6 +220,16 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def machine_busy_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (Linux /proc/stat, all cores)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return float("nan")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 class CpuMeter:
     """CPU shares of the broker, nats-server and this process over a window: on a shared
     2-core machine this tells whether the broker was starved or simply busy."""
@@ -231,6 +241,7 @@ class CpuMeter:
     def _read(self) -> dict[str, float]:
         out = {name: proc_cpu_s(pid) for name, pid in self.pids.items()}
         out["bench"] = time.process_time()
+        out["machine"] = machine_busy_s()
         return out
 
     def start(self) -> None:
@@ -238,7 +249,9 @@ class CpuMeter:
         self._c0 = self._read()
 
     def shares(self) -> dict[str, float]:
-        """CPU seconds per wall second of each process since start(); 1.0 = one full core."""
+        """CPU seconds per wall second of each process since start(); 1.0 = one full core.
+        `machine` is every process on the machine (2.0 = both cores busy): what is left
+        after broker, nats and bench is other people's load."""
         wall = time.perf_counter() - self._t0
         now = self._read()
         return {k: round((now[k] - self._c0[k]) / wall, 3) for k in now}
