@@ -773,6 +773,14 @@ def broker(
         ),
     ] = None,
     log_level: LogLevelOpt = LogLevel.info,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (off by default)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the broker (queues, gang admission, dispatch, recovery)."""
     configure_logging(log_level.value)
@@ -788,7 +796,14 @@ def broker(
     )  # fmt: skip
     run_broker = _lazy("broker.service", "run_broker")
 
-    _serve(run_broker(config=loaded.config, nats=opts, state_dir=state_dir or default_state_dir()))
+    _serve(
+        run_broker(
+            config=loaded.config,
+            nats=opts,
+            state_dir=state_dir or default_state_dir(),
+            metrics_port=metrics_port,
+        )
+    )
 
 
 @app.command()

@@ -1,67 +1,75 @@
 """Prometheus metrics for the broker (`muster broker --metrics-port 9464`).
 
-One registry per broker so tests and several in-process brokers do not collide.
+Read at scrape time from the broker's own counters and the machine, so the hot paths pay
+nothing and there is one source of truth. Scrapes run on the exporter's thread: reading the
+machine's dicts while the event loop changes them can fail, and such a scrape is skipped.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from broker.core.machine import Machine
+if TYPE_CHECKING:
+    from broker.service import Broker
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 STATES = ("queued", "admitted", "running", "preempting", "succeeded", "failed", "cancelled")
+HEALTH = ("healthy", "unreachable", "lost")
+
+
+class BrokerCollector:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.broker
+        stats: dict[str, Any] = dict(b.stats)
+        sub = CounterMetricFamily("muster_submissions", "Submissions", labels=["outcome"])
+        sub.add_metric(["accepted"], stats.get("submitted", 0))
+        sub.add_metric(["rejected"], stats.get("rejected", 0))
+        yield sub
+        disp = CounterMetricFamily("muster_dispatches", "Dispatch requests", labels=["outcome"])
+        disp.add_metric(["acked"], stats.get("dispatch_acked", 0))
+        disp.add_metric(["failed"], stats.get("dispatch_failed", 0))
+        yield disp
+        yield CounterMetricFamily(
+            "muster_agent_events", "Agent events received", value=stats.get("events", 0)
+        )
+        yield CounterMetricFamily(
+            "muster_bad_batches",
+            "Agent batches rejected (malformed, foreign cluster, or failed)",
+            value=stats.get("bad_batches", 0),
+        )
+        yield GaugeMetricFamily(
+            "muster_leader", "1 while this broker leads", value=1 if b.leading.is_set() else 0
+        )
+        yield GaugeMetricFamily("muster_epoch", "Leader epoch held", value=b.lease.epoch)
+        machine = b.machine
+        if machine is None:
+            return
+        try:
+            states = Tally(record.state for record in list(machine.jobs.values()))
+            health = Tally(track.health for track in list(machine.agents.values()))
+        except RuntimeError:  # changed under us; the next scrape will see it
+            return
+        jobs = GaugeMetricFamily("muster_jobs", "Jobs by state", labels=["state"])
+        for state in STATES:
+            jobs.add_metric([state], states.get(state, 0))
+        yield jobs
+        clusters = GaugeMetricFamily("muster_clusters", "Clusters by health", labels=["health"])
+        for h in HEALTH:
+            clusters.add_metric([h], health.get(h, 0))
+        yield clusters
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.submissions = Counter(
-            "muster_submissions_total", "Submissions by outcome", ["outcome"], registry=r
-        )
-        self.dispatches = Counter(
-            "muster_dispatches_total", "Dispatch requests by outcome", ["outcome"], registry=r
-        )
-        self.dispatch_ack = Histogram(
-            "muster_dispatch_ack_seconds",
-            "From sending a Dispatch to the agent's ack",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.cycle = Histogram(
-            "muster_schedule_cycle_seconds",
-            "Time spent in one admission cycle",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.agent_events = Counter("muster_agent_events_total", "Agent events applied", registry=r)
-        self.bad_messages = Counter(
-            "muster_bad_messages_total", "Rejected messages by source", ["source"], registry=r
-        )
-        self.job_events = Counter(
-            "muster_job_events_total", "Lifecycle events published", ["kind"], registry=r
-        )
-        self.jobs = Gauge("muster_jobs", "Jobs by state", ["state"], registry=r)
-        self.clusters = Gauge("muster_clusters", "Clusters by health", ["health"], registry=r)
-        self.leader = Gauge("muster_leader", "1 while this broker leads", registry=r)
-        self.epoch = Gauge("muster_epoch", "The leader epoch this broker holds", registry=r)
-
-    def observe_machine(self, machine: Machine | None) -> None:
-        """Refresh the gauges that are cheaper to recount than to track (every few seconds)."""
-        if machine is None:
-            self.leader.set(0)
-            return
-        self.leader.set(1)
-        self.epoch.set(machine.epoch)
-        states = Tally(record.state for record in machine.jobs.values())
-        for state in STATES:
-            self.jobs.labels(state).set(states.get(state, 0))
-        health = Tally(track.health for track in machine.agents.values())
-        for h in ("healthy", "unreachable", "lost"):
-            self.clusters.labels(h).set(health.get(h, 0))
+    def __init__(self, broker: Broker) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(BrokerCollector(broker))  # type: ignore[arg-type]
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

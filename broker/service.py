@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import os
 import signal
@@ -34,8 +35,9 @@ from broker.core.effects import Effect, Persist, Publish, Send
 from broker.core.machine import Machine
 from broker.embedded import EmbeddedNats, free_port
 from broker.lease import LeaderLease, LeadershipLost
+from broker.metrics import Metrics
 from broker.store import JobStore
-from schemas.agent import CheckpointReport, Dispatch
+from schemas.agent import Cancel, CheckpointReport, Dispatch
 from schemas.api import SubmitReply
 from schemas.codec import (
     DecodeError,
@@ -59,6 +61,7 @@ CONSUMER = "muster-broker"
 FETCH_BATCH = 512
 SUBMIT_INFLIGHT = 4  # fetched batches awaiting persistence at once
 CYCLE_MIN_INTERVAL_S = 0.01  # see Broker._clock_loop
+TICK_MIN_INTERVAL_S = 0.05
 REPLY_TTL_S = 60.0
 REPLY_MAX = 200_000
 
@@ -254,6 +257,40 @@ class SubmitPuller:
         await self.nc.publish(self.next_subject, encode_json(request), reply=self.inbox)
 
 
+class GcPacer:
+    """Keeps Python's cycle collector from pausing the broker to re-walk every job record.
+
+    Job records (and the core's per-job allocations, ~25 tracked objects a job) live long and
+    form no cycles, yet each full collection walks all of them: ~0.2 s per 20,000 jobs, several
+    times a minute under load, and every pause lands on submit -> dispatch latency. So what
+    has survived FREEZE_EVERY_S is frozen (`gc.freeze`: reference counting still frees it, only
+    the cycle detector skips it), and once per FULL_EVERY_S everything is unfrozen, fully
+    collected and frozen again, so cyclic garbage that outlived a freeze is still reclaimed."""
+
+    FREEZE_EVERY_S = 1.0
+    FULL_EVERY_S = 600.0
+
+    def __init__(self) -> None:
+        self._next_freeze = 0.0
+        self._next_full = 0.0
+
+    def start(self, now: float) -> None:
+        gc.freeze()  # what was just restored; no collection here: restart time counts
+        self._next_freeze = now + self.FREEZE_EVERY_S
+        self._next_full = now + self.FULL_EVERY_S
+
+    def tick(self, now: float) -> None:
+        if now >= self._next_full:
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+            self._next_full = now + self.FULL_EVERY_S
+            self._next_freeze = now + self.FREEZE_EVERY_S
+        elif now >= self._next_freeze:
+            gc.freeze()
+            self._next_freeze = now + self.FREEZE_EVERY_S
+
+
 class Broker:
     def __init__(
         self,
@@ -262,7 +299,10 @@ class Broker:
         *,
         holder: str | None = None,
         clock: Callable[[], float] = time.time,
+        pace_gc: bool = False,
     ) -> None:
+        """`pace_gc`: manage the process's cycle collector (GcPacer); the `muster broker`
+        process turns it on, an in-process broker (tests) leaves the host's GC alone."""
         self.config = config
         self.nc = nc
         self.js = nc.jetstream(timeout=10)
@@ -283,9 +323,21 @@ class Broker:
         self._tasks: list[asyncio.Task[Any]] = []
         self._subs: list[Any] = []
         self._background: set[asyncio.Task[Any]] = set()
-        self.stats = {"submitted": 0, "rejected": 0, "batches": 0, "events": 0, "bad_batches": 0}
+        self.stats = {
+            "submitted": 0,
+            "rejected": 0,
+            "batches": 0,
+            "events": 0,
+            "bad_batches": 0,
+            "dispatch_acked": 0,
+            "dispatch_failed": 0,
+        }
         self._rendezvous = ReplyRendezvous(nc, config.max_payload_bytes)
         self._requests = Requester(nc)
+        self._cancels: dict[str, asyncio.Task[Any]] = {}
+        self.metrics = Metrics(self)
+        self._gc = GcPacer() if pace_gc else None
+        self._last_cycle = -1e9  # event-loop time the last admission cycle started
         self.restore_s = 0.0
         self.restored_jobs = 0
 
@@ -345,12 +397,36 @@ class Broker:
         self.store = await JobStore.open(self.js, self.subjects.jobs_bucket, nc=self.nc)
 
     async def _lead(self) -> None:
+        # Renew the lease from the moment it is won: restoring 100,000 records takes longer
+        # than the lease TTL, and a lease left to expire meanwhile was lost right after the
+        # restore, then won and restored again, over and over.
+        hold = asyncio.create_task(self.lease.hold())
+        try:
+            await self._lead_holding(hold)
+        finally:
+            hold.cancel()
+            with contextlib.suppress(BaseException):
+                await hold
+
+    async def _lead_holding(self, hold: asyncio.Task[None]) -> None:
         assert self.store is not None
         started = time.monotonic()
         machine = Machine(self.config, epoch=self.lease.epoch)
-        records = await self.store.load_all()
-        machine.restore(records, self.clock())
+        # Loading builds millions of long-lived objects and no cycles; the cycle collector
+        # would walk them again and again (it doubled restore time at 100,000 jobs).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            records = await self.store.load_all()
+            if hold.done():
+                hold.result()  # leadership was lost while loading: raises LeadershipLost
+            machine.restore(records, self.clock())
+        finally:
+            if collecting:
+                gc.enable()
         self.machine = machine
+        if self._gc is not None:
+            self._gc.start(time.monotonic())
         self.restore_s = time.monotonic() - started
         self.restored_jobs = len(records)
         log.info(
@@ -383,16 +459,12 @@ class Broker:
             asyncio.create_task(self._clock_loop()),
         ]
         self.leading.set()
-        hold = asyncio.create_task(self.lease.hold())
         stop = asyncio.create_task(self.stopped.wait())
         waiters = {hold, stop, *self._tasks}
         try:
             done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
-            hold.cancel()
-            with contextlib.suppress(BaseException):
-                await hold
         for task in done:
             if task is not stop and not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
@@ -449,6 +521,8 @@ class Broker:
                     if isinstance(eff, Send):
                         if isinstance(eff.command, Dispatch):
                             self._spawn(self._send_dispatch(eff.cluster, eff.command))
+                        elif isinstance(eff.command, Cancel):
+                            self._track_cancel(eff.cluster, eff.command)
                         else:
                             self._spawn(self._send_command(eff.cluster, eff.command))
                     elif isinstance(eff, Publish):
@@ -491,17 +565,44 @@ class Broker:
             await asyncio.sleep(min(0.1 * 2**i, 2.0))
         return False, error, False
 
+    def _track_cancel(self, cluster: str, cmd: Cancel) -> None:
+        """Remember the in-flight Cancel of a job's old attempt, so the next attempt's
+        Dispatch waits for it: break before start, never two live copies, even for the
+        milliseconds two agents would otherwise race."""
+        task = asyncio.create_task(self._send_command(cluster, cmd))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        self._cancels[cmd.job_id] = task
+
+        def forget(done: asyncio.Task[Any]) -> None:
+            if self._cancels.get(cmd.job_id) is done:
+                del self._cancels[cmd.job_id]
+
+        task.add_done_callback(forget)
+
     async def _send_dispatch(self, cluster: str, cmd: Dispatch) -> None:
-        bound = log.bind(job_id=cmd.job_id, cluster=cluster, attempt=cmd.attempt)
+        cancel = self._cancels.get(cmd.job_id)
+        if cancel is not None:
+            # Bounded by the Cancel's own retries; a silent old cluster fences itself anyway.
+            await asyncio.wait({cancel})
         ok, error, stale = await self._request(
             cluster, encode_msgpack(cmd), self.config.timeouts.dispatch_retries + 1
+        )
+        # Bound only when there is something to say: binding costs as much as the request.
+        bound = (
+            log.bind(job_id=cmd.job_id, cluster=cluster, attempt=cmd.attempt)
+            if stale or not ok
+            else log
         )
         if stale:
             bound.error("broker.stale_epoch", error=error)
             self._spawn(self._lose_leadership(f"agent refused epoch {cmd.epoch}: {error}"))
             return
         if not ok:
+            self.stats["dispatch_failed"] += 1
             bound.warning("broker.dispatch_failed", error=error)
+        else:
+            self.stats["dispatch_acked"] += 1
         machine = self.machine
         if machine is not None:
             self._push(machine.on_dispatch_result(cmd.job_id, cmd.attempt, ok, error, self.clock()))
@@ -678,27 +779,51 @@ class Broker:
         }
 
     async def _clock_loop(self) -> None:
-        """Timers and admission cycles: wakes on input, at least every 100 ms, and starts a
-        cycle at most every CYCLE_MIN_INTERVAL_S. An admission cycle has a fixed cost (the
-        core rebuilds its candidate pools per gang shape) that dwarfs one job's, so under a
-        stream of submissions the inputs of a few ms are admitted together; an idle broker
-        still starts a cycle at once."""
+        """Timers and admission cycles: wakes on input, at least every 100 ms.
+
+        A cycle starts at most every CYCLE_MIN_INTERVAL_S: it has a fixed cost (the core
+        rebuilds its candidate pools per gang shape) that dwarfs one job's, so under a stream
+        of submissions the inputs of a few ms are admitted together, while an idle broker still
+        starts one at once. Timers are checked at most every TICK_MIN_INTERVAL_S."""
         loop = asyncio.get_running_loop()
+        next_tick = 0.0
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.1):  # no Task per wait, unlike wait_for
-                    await self._wake.wait()
+            machine = self.machine
+            if machine is None:
+                return
+            wait = 0.1
+            if machine.wants_cycle:  # a cycle is deferred: come back when it is due
+                wait = min(wait, self._last_cycle + CYCLE_MIN_INTERVAL_S - loop.time())
+            if wait > 0 and not self._wake.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):  # no Task per wait, unlike wait_for
+                        await self._wake.wait()
             self._wake.clear()
             started = loop.time()
             machine = self.machine
             if machine is None:
                 return
-            now = self.clock()
-            effects = machine.tick(now)
-            if machine.wants_cycle:
-                effects.extend(machine.schedule(now))
+            effects: list[Effect] = []
+            if started >= next_tick:
+                # Timers (start timeouts, preemption deadlines, backoff, silent agents) are
+                # seconds long and were only ever checked every 100 ms when idle; checking
+                # them on every wake cost a scan of every starting job each time.
+                effects = machine.tick(self.clock())
+                next_tick = started + TICK_MIN_INTERVAL_S
+            effects.extend(self._cycle_if_due(machine))
             self._push(effects)
-            await asyncio.sleep(max(0.0, CYCLE_MIN_INTERVAL_S - (loop.time() - started)))
+            if self._gc is not None:
+                self._gc.tick(time.monotonic())
+            await asyncio.sleep(0)
+
+    def _cycle_if_due(self, machine: Machine) -> list[Effect]:
+        """One admission cycle, unless one started less than CYCLE_MIN_INTERVAL_S ago (the
+        clock loop then comes back when the interval is over)."""
+        started = asyncio.get_running_loop().time()
+        if not machine.wants_cycle or started - self._last_cycle < CYCLE_MIN_INTERVAL_S:
+            return []
+        self._last_cycle = started
+        return machine.schedule(self.clock())
 
 
 def machine_resync(machine: Machine) -> Any:
@@ -738,15 +863,41 @@ def _preferred_port(port: int = 4222) -> int:
             return free_port()
 
 
+def _lock_state_dir(state_dir: Path) -> Any:
+    """One broker per state directory: its identity (and so its lease) lives there."""
+    import fcntl
+
+    handle = (state_dir / "broker.lock").open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise SystemExit(
+            f"another muster broker is using {state_dir}; give each broker its own --state-dir"
+        ) from None
+    return handle
+
+
+def _broker_identity(state_dir: Path) -> str:
+    """A stable name for this broker, so a restart reclaims its own lease at once."""
+    path = state_dir / "broker-id"
+    if not path.exists():
+        path.write_text(f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}\n")
+    return path.read_text().strip()
+
+
 async def run_broker(
     *,
     config: BrokerConfig,
     nats: NatsOptions | None,
     state_dir: Path,
     holder: str | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """`muster broker`: with no NATS options, start an embedded nats-server first."""
     state_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock_state_dir(state_dir)
+    holder = holder or _broker_identity(state_dir)
     embedded: EmbeddedNats | None = None
     if nats is None:
         embedded = EmbeddedNats(store_dir=state_dir / "nats", port=_preferred_port())
@@ -757,7 +908,9 @@ async def run_broker(
         )
         nats = NatsOptions(url=embedded.url)
     nc = await connect(nats, "muster-broker")
-    broker = Broker(config, nc, holder=holder)
+    broker = Broker(config, nc, holder=holder, pace_gc=True)
+    if metrics_port is not None:
+        broker.metrics.serve(metrics_port)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -771,3 +924,4 @@ async def run_broker(
             await embedded.stop()
             with contextlib.suppress(FileNotFoundError):
                 (state_dir / "nats.url").unlink()
+        lock.close()

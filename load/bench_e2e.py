@@ -23,8 +23,9 @@ Figure B (latency): then `--latency-jobs` more are published at `--rate` per sec
 1 ms timer, bounded by count and by time); latency = agent dispatch time - publish time, same
 process and clock. p50/p90/p99/max.
 
-Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s
-(`load.common.raw_nats_baseline`) and one-at-a-time NATS request/reply round trip.
+Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s (the
+measurement of `load.common.raw_nats_baseline`, see `load.fleetbench.raw_nats_baseline`) and
+one-at-a-time NATS request/reply round trip.
 """
 
 from __future__ import annotations
@@ -38,13 +39,15 @@ from typing import Any
 
 from agents.config import FakeFlavor
 from broker.embedded import EmbeddedNats
-from load.common import emit, median, percentile, raw_nats_baseline
+from load.common import emit, median, percentile
 from load.fleetbench import (
     CpuMeter,
     EventTrace,
+    GcWatch,
     Setup,
     gang_of,
     gang_sizes,
+    raw_nats_baseline,
     raw_request_latency,
     sample_sizes,
     start_setup,
@@ -148,11 +151,14 @@ async def paced(
         await asyncio.sleep(0.05)
         waiting = [j for j in waiting if j not in log.first]
     shares = cpu.shares()
-    if trace is not None:
-        stages = trace.breakdown(sent_at, log)
-    else:
-        stages = {}
+    stages = trace.breakdown(sent_at, log) if trace is not None else {}
     lat = [(log.first[j].at - t) * 1000 for j, t in sent_at.items() if j in log.first]
+    # Worst latency per 250 ms of publishing: tells a stall (a few bad windows) from overload.
+    windows: dict[int, float] = {}
+    for j, t in sent_at.items():
+        if j in log.first:
+            w = int((t - started) * 4)
+            windows[w] = max(windows.get(w, 0.0), (log.first[j].at - t) * 1000)
     return {
         "jobs": total,
         "sent": sent,
@@ -164,6 +170,7 @@ async def paced(
         "max_ms": max(lat) if lat else float("nan"),
         "cpu": shares,
         "stages_ms": stages,
+        "worst_ms_per_250ms": [round(windows[w], 1) for w in sorted(windows)],
     }
 
 
@@ -176,11 +183,17 @@ async def one_run(url: str, nats_pid: int, args: argparse.Namespace, run: int) -
         sizes = sample_sizes(args.jobs + args.latency_jobs, seed=args.seed + run)
         burst_jobs = payloads(setup, f"a{run}", sizes[: args.jobs], args.queues)
         paced_jobs = payloads(setup, f"b{run}", sizes[args.jobs :], args.queues)
+        gcw = GcWatch()
+        gcw.quiet()
         a = await burst(setup, burst_jobs, timeout=60 + args.jobs / 100)
+        a["bench_gc"] = gcw.take()
         # Let the `running` transitions of the burst settle before measuring latency.
         await asyncio.sleep(args.settle_s)
         trace = await EventTrace.start(setup) if args.trace else None
+        gcw.quiet()
         b = await paced(setup, paced_jobs, args.rate, timeout=30, trace=trace)
+        b["bench_gc"] = gcw.take()
+        gcw.close()
         if trace is not None:
             await trace.stop()
         stats = await setup.broker.stats(setup.nc, timeout=10)
@@ -196,8 +209,8 @@ def _fmt_run(r: dict[str, Any]) -> str:
         f"{a['elapsed_s']:.2f} s, steady {a['steady_per_s']:,.0f}/s, CPU "
         f"{_cpu(a['cpu'])}); latency at {b['offered_per_s']:,.0f}/s: p50 "
         f"{b['p50_ms']:.1f} p90 {b['p90_ms']:.1f} p99 {b['p99_ms']:.1f} max {b['max_ms']:.1f} ms "
-        f"({b['dispatched']}/{b['jobs']} dispatched, CPU {_cpu(b['cpu'])})"
-        + (f"; stages p50/p99 ms {b['stages_ms']}" if b["stages_ms"] else "")
+        f"({b['dispatched']}/{b['jobs']} dispatched, CPU {_cpu(b['cpu'])}, bench GC "
+        f"{b['bench_gc']})" + (f"; stages p50/p99 ms {b['stages_ms']}" if b["stages_ms"] else "")
     )
 
 
@@ -216,7 +229,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     rr: list[dict[str, float]] = []
     async with EmbeddedNats() as server:
         for run in range(args.runs):
-            baselines.append(await raw_nats_baseline(server.url))
+            baselines.append(await raw_nats_baseline(server.url, count=args.baseline_msgs))
             rr.append(await raw_request_latency(server.url))
             assert server.proc is not None
             runs.append(await one_run(server.url, server.proc.pid, args, run))
@@ -284,6 +297,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=20171009)
+    parser.add_argument("--baseline-msgs", type=int, default=200_000)
     parser.add_argument("--json", default=None)
     return parser.parse_args(argv)
 

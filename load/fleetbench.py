@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import os
 import random
 import time
@@ -97,11 +98,23 @@ class DispatchLog:
     first: dict[str, Acked] = field(default_factory=dict)  # job_id -> attempt 1's ack
     by_key: dict[tuple[str, int], Acked] = field(default_factory=dict)
     listeners: list[Callable[[Acked], None]] = field(default_factory=list)
+    cancelled: dict[tuple[str, int], float] = field(default_factory=dict)  # perf_counter
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def hook(self, fleet: Fleet) -> None:
         for name, cluster in fleet.clusters.items():
-            cluster.dispatch = self._wrap(name, cluster.dispatch)  # type: ignore[method-assign]
+            cluster.dispatch = self._wrap(name, cluster.dispatch)  # type: ignore[method-assign,assignment]
+            cluster.cancel = self._wrap_cancel(cluster.cancel)  # type: ignore[method-assign,assignment]
+
+    def _wrap_cancel(
+        self, inner: Callable[[str, int | None, str], Awaitable[None]]
+    ) -> Callable[[str, int | None, str], Awaitable[None]]:
+        async def cancel(job_id: str, attempt: int | None, reason: str) -> None:
+            await inner(job_id, attempt, reason)
+            if attempt is not None:
+                self.cancelled.setdefault((job_id, attempt), time.perf_counter())
+
+        return cancel
 
     def _wrap(
         self, name: str, inner: Callable[[Dispatch], Awaitable[None]]
@@ -257,6 +270,43 @@ class CpuMeter:
         return {k: round((now[k] - self._c0[k]) / wall, 3) for k in now}
 
 
+async def raw_nats_baseline(url: str, count: int = 200_000, size: int = 64) -> float:
+    """`load.common.raw_nats_baseline`, the same measurement (small messages from one
+    connection to another through the same server, msgs/s), with one fix: the publisher
+    round-trips to the server before its first message. Without it, the first message of a
+    publisher that connected before the subscription was made was lost in ~5% of runs here
+    (nats-server 2.15.1, nats-py 2.16), and the baseline then waited 60 s and failed."""
+    pub = await nats.connect(url)
+    sub_nc = await nats.connect(url, pending_size=256 * 1024 * 1024)
+    got = 0
+    done = asyncio.get_running_loop().create_future()
+
+    async def on_msg(_: Any) -> None:
+        nonlocal got
+        got += 1
+        if got == count and not done.done():
+            done.set_result(None)
+
+    try:
+        await sub_nc.subscribe(
+            "bench.baseline", cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
+        )
+        await sub_nc.flush()
+        await pub.flush()
+        payload = b"x" * size
+        started = time.perf_counter()
+        for i in range(count):
+            await pub.publish("bench.baseline", payload)
+            if i % 5000 == 0:
+                await asyncio.sleep(0)
+        await pub.flush()
+        await asyncio.wait_for(done, 60)
+        return count / (time.perf_counter() - started)
+    finally:
+        await pub.close()
+        await sub_nc.close()
+
+
 async def raw_request_latency(url: str, count: int = 2000) -> dict[str, float]:
     """Round trip of a small NATS request/reply between two connections through the same
     server, one at a time: the floor under any submit -> dispatch latency (ms)."""
@@ -269,6 +319,7 @@ async def raw_request_latency(url: str, count: int = 2000) -> dict[str, float]:
 
         await server.subscribe("bench.echo", cb=echo)
         await server.flush()
+        await client.flush()  # see raw_nats_baseline
         samples = []
         for _ in range(count):
             t0 = time.perf_counter()
@@ -329,3 +380,41 @@ class EventTrace:
         return {
             k: [round(percentile(v, 50), 1), round(percentile(v, 99), 1)] for k, v in parts.items()
         }
+
+
+class GcWatch:
+    """This process's cycle-collector pauses. The 50 fake agents share the benchmark process
+    (a real agent has one cluster to itself), so their heap is 50 times a real agent's and a
+    full collection here (150 ms) would stall every agent at once and be charged to the
+    broker. `quiet()` collects, freezes what exists and turns the collector off for the
+    measured window (bounded in count and time, so memory stays bounded); `close()` turns it
+    back on. Pauses that still happen are reported with the figures."""
+
+    def __init__(self) -> None:
+        self.pauses_ms: list[float] = []
+        self._t0 = 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif info.get("generation") == 2:
+            self.pauses_ms.append((time.perf_counter() - self._t0) * 1000)
+
+    def quiet(self) -> None:
+        gc.enable()
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        self.pauses_ms = []
+
+    def take(self) -> dict[str, float]:
+        """Full collections since the last take(): count and longest pause (ms)."""
+        pauses, self.pauses_ms = self.pauses_ms, []
+        return {"full_collections": len(pauses), "max_pause_ms": round(max(pauses, default=0), 1)}
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._cb)
+        gc.enable()
+        gc.unfreeze()

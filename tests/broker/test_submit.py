@@ -115,3 +115,20 @@ async def test_queue_alias_feeds_its_queue(harness: Harness) -> None:
     assert reply.accepted
     got = await harness.api("get", {"job_id": reply.job_id})
     assert got["result"]["queue"] == "research"
+
+
+async def test_prometheus_metrics_follow_the_broker(harness: Harness) -> None:
+    from prometheus_client import generate_latest
+
+    broker = await harness.start_broker()
+    await harness.agent("c1")
+    reply = await harness.submit(job("metered", replicas=1, gpu=8))
+    await harness.wait_event(reply.job_id, "running")
+    await harness.submit(b"{bad")
+    text = generate_latest(broker.metrics.registry).decode()
+    assert 'muster_submissions_total{outcome="accepted"} 1.0' in text
+    assert 'muster_submissions_total{outcome="rejected"} 1.0' in text
+    assert 'muster_dispatches_total{outcome="acked"} 1.0' in text
+    assert 'muster_jobs{state="running"} 1.0' in text
+    assert 'muster_clusters{health="healthy"} 1.0' in text
+    assert "muster_leader 1.0" in text

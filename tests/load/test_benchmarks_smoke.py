@@ -1,0 +1,63 @@
+"""The end-to-end benchmarks run at toy sizes: they complete, every job gets through, and the
+numbers they print are sane. Nothing here asserts speed (see docs/benchmarks.md for that)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_bench(module: str, *args: str, timeout: float = 30.0) -> dict[str, Any]:
+    """`python -m <module> ...` in a child process (the benchmarks tune their process's GC),
+    and its machine-readable RESULT line."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stdout[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :])  # type: ignore[no-any-return]
+
+
+def finite_positive(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x) and x > 0
+
+
+def test_bench_e2e_tiny() -> None:
+    r = run_bench(
+        "load.bench_e2e",
+        *("--clusters", "3", "--nodes", "40", "--jobs", "200", "--latency-jobs", "100"),
+        *("--rate", "500", "--runs", "1", "--settle-s", "0.2", "--baseline-msgs", "5000"),
+    )
+    assert r["all_dispatched"] is True
+    assert finite_positive(r["admissions_per_s_median"])
+    assert finite_positive(r["raw_nats_msgs_per_s"])
+    assert 0 < r["latency_p50_ms_median"] <= r["latency_p99_ms_median"]
+    assert r["latency_p99_ms_median"] <= r["latency_max_ms_median"] < 30_000
+
+
+def test_bench_spot_tiny() -> None:
+    r = run_bench(
+        "load.bench_spot",
+        *("--clusters", "3", "--nodes", "40", "--jobs", "60", "--notices", "10"),
+        *("--runs", "1", "--gap-s", "0.01"),
+    )
+    assert r["replaced_total"] >= 10  # every notice hits at least one running job
+    assert r["problems"]["timed_out"] == 0
+    assert r["resumed_from_checkpoint"] is True
+    assert r["on_another_cluster"] is True
+    # Counted, not forbidden here: the broker sends Cancel(old) and Dispatch(new) at once, so
+    # a fake agent may start the new copy a moment before another cancels the old one (see
+    # docs/benchmarks.md). Any such overlap must be brief.
+    assert r["two_live_copies"] >= 0 and r["two_live_copies_max_ms"] < 1000
+    assert 0 < r["p50_ms_median"] <= r["p99_ms_median"] < 10_000
