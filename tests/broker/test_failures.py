@@ -185,7 +185,13 @@ async def test_broker_rides_out_a_nats_restart(fresh_nats: Any) -> None:
 
     opts: dict[str, Any] = {"max_reconnect_attempts": -1, "reconnect_time_wait": 0.2}
     prefix = "restart"
-    config = broker_config(prefix, lease_ttl_s=10.0, lost_after_s=30.0, unreachable_after_s=10.0)
+    config = broker_config(
+        prefix,
+        lease_ttl_s=10.0,
+        lost_after_s=30.0,
+        unreachable_after_s=10.0,
+        dispatch_retries=5,  # subscriptions take a moment to come back after a reconnect
+    )
     bnc = await nats.connect(fresh_nats.url, **opts)
     cnc = await nats.connect(fresh_nats.url, **opts)
     broker = Broker(config, bnc)
@@ -200,7 +206,8 @@ async def test_broker_rides_out_a_nats_restart(fresh_nats: Any) -> None:
         async def submit(name: str) -> Any:
             for _ in range(100):
                 try:
-                    msg = await cnc.request(subjects.submit("default"), _enc(job(name, 1, 8)), 2)
+                    spec = job(name, 1, 8, restart={"backoff_s": 0.2})
+                    msg = await cnc.request(subjects.submit("default"), _enc(spec), 2)
                     return __import__("msgspec").json.decode(msg.data)
                 except Exception:
                     await asyncio.sleep(0.1)
@@ -215,7 +222,7 @@ async def test_broker_rides_out_a_nats_restart(fresh_nats: Any) -> None:
         fresh_nats.start_sync()
         second = await submit("after")
         assert second["accepted"]
-        for _ in range(100):
+        for _ in range(300):
             machine = broker.machine
             if (
                 machine
