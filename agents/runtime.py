@@ -39,6 +39,7 @@ from schemas.agent import (
     WorkloadStatus,
 )
 from schemas.codec import DecodeError, decode_command, encode_json, encode_msgpack
+from schemas.natsopts import flush
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
 TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
@@ -136,7 +137,7 @@ class AgentRuntime:
         await self.backend.start(self._emit)
         self._sub = await self.nc.subscribe(self.cmd_subject, cb=self._on_msg)
         with contextlib.suppress(Exception):  # the server knows the subscription before we speak
-            await self.nc.flush(timeout=2)
+            await flush(self.nc, timeout=2)
         self._next_heartbeat = time.monotonic()
         self._last_contact = time.monotonic()
         self._queue_heartbeat()
@@ -309,7 +310,7 @@ class AgentRuntime:
     async def _probe(self) -> None:
         """A PING/PONG round trip proves the link to the server is alive right now."""
         try:
-            await self.nc.flush(timeout=max(1.0, self.heartbeat_s))
+            await flush(self.nc, timeout=max(1.0, self.heartbeat_s))
             if not self.partitioned:
                 self._last_contact = time.monotonic()
         except Exception:

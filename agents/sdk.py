@@ -62,6 +62,7 @@ import msgspec
 
 from schemas.agent import CheckpointNow, CheckpointRef, CheckpointReport
 from schemas.codec import encode_json
+from schemas.natsopts import flush
 from schemas.subjects import Subjects
 
 ANNOTATION = "muster.dev/checkpoint"
@@ -322,7 +323,7 @@ class Checkpointer:
             async def _pub() -> None:
                 nc = await bridge.client()
                 await nc.publish(subject, encode_json(report))
-                await nc.flush(timeout)
+                await flush(nc, timeout)
 
             bridge.call(_pub(), timeout + 5)
             return "nats"
@@ -357,7 +358,7 @@ class Checkpointer:
             async def _subscribe() -> Any:
                 nc = await bridge.client()
                 sub = await nc.subscribe(subject, cb=self._on_nats_request)
-                await nc.flush(timeout)
+                await flush(nc, timeout)
                 return sub
 
             self._sub = bridge.call(_subscribe(), timeout + 5)

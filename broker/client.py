@@ -54,7 +54,7 @@ from schemas.codec import (
     json_decoder,
 )
 from schemas.job import JobSpec
-from schemas.natsopts import NatsOptions
+from schemas.natsopts import NatsOptions, flush
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
 __all__ = [
@@ -156,9 +156,8 @@ class MusterClient:
             self._nc = await nats.connect(**kwargs)
             self._nc.options["max_reconnect_attempts"] = 60
             self._nc.options["reconnect_time_wait"] = 0.5
-            # A request sent right after connecting sometimes gets a spurious "no responders"
-            # from nats-server; one round trip first avoids it.
-            await self._nc.flush(timeout=5)
+            # One round trip proves the server took our CONNECT before we promise anything.
+            await flush(self._nc, timeout=5)
         except (TimeoutError, NoServersError, OSError, NatsError) as exc:
             cause = self._last_error or exc
             detail = str(cause) or type(cause).__name__

@@ -51,7 +51,7 @@ from schemas.codec import (
 )
 from schemas.config import BrokerConfig
 from schemas.job import JobSpec
-from schemas.natsopts import NatsOptions
+from schemas.natsopts import NatsOptions, flush
 from schemas.subjects import Subjects
 
 log = structlog.get_logger("muster.broker")
@@ -60,7 +60,10 @@ _checkpoint_decoder = json_decoder(CheckpointReport, "CheckpointReport")
 CONSUMER = "muster-broker"
 FETCH_BATCH = 512
 SUBMIT_INFLIGHT = 4  # fetched batches awaiting persistence at once
-CYCLE_MIN_INTERVAL_S = 0.01  # see Broker._clock_loop
+# Admission cycles (see Broker._clock_loop): the pause after a cycle is CYCLE_GAP_FACTOR times
+# its duration, at most CYCLE_MAX_GAP_S, so cycles take at most ~1/(1 + factor) of the loop.
+CYCLE_GAP_FACTOR = 4.0
+CYCLE_MAX_GAP_S = 0.01
 TICK_MIN_INTERVAL_S = 0.05
 REPLY_TTL_S = 60.0
 REPLY_MAX = 200_000
@@ -337,7 +340,7 @@ class Broker:
         self._cancels: dict[str, asyncio.Task[Any]] = {}
         self.metrics = Metrics(self)
         self._gc = GcPacer() if pace_gc else None
-        self._last_cycle = -1e9  # event-loop time the last admission cycle started
+        self._next_cycle = 0.0  # event-loop time before which no admission cycle starts
         self.restore_s = 0.0
         self.restored_jobs = 0
 
@@ -449,7 +452,7 @@ class Broker:
             ),
             await nc.subscribe(s.checkpoint_all, cb=self._on_sdk_checkpoint),
         ]
-        await nc.flush()  # the server knows our subscriptions before we say we lead
+        await flush(nc)  # the server knows our subscriptions before we say we lead
         # Agents that were already talking to the previous leader resync with us.
         for cluster in list(machine.agents):
             self._spawn(self._send_command(cluster, machine_resync(machine)))
@@ -781,10 +784,11 @@ class Broker:
     async def _clock_loop(self) -> None:
         """Timers and admission cycles: wakes on input, at least every 100 ms.
 
-        A cycle starts at most every CYCLE_MIN_INTERVAL_S: it has a fixed cost (the core
-        rebuilds its candidate pools per gang shape) that dwarfs one job's, so under a stream
-        of submissions the inputs of a few ms are admitted together, while an idle broker still
-        starts one at once. Timers are checked at most every TICK_MIN_INTERVAL_S."""
+        A cycle has a fixed cost (the core rebuilds its candidate pools per gang shape) that
+        dwarfs one job's. So after a cycle the next one waits CYCLE_GAP_FACTOR times as long as
+        it took (at most CYCLE_MAX_GAP_S): under a stream of submissions the inputs of a few ms
+        are admitted together, while a small or idle broker still admits at once. Timers are
+        checked at most every TICK_MIN_INTERVAL_S."""
         loop = asyncio.get_running_loop()
         next_tick = 0.0
         while True:
@@ -793,7 +797,7 @@ class Broker:
                 return
             wait = 0.1
             if machine.wants_cycle:  # a cycle is deferred: come back when it is due
-                wait = min(wait, self._last_cycle + CYCLE_MIN_INTERVAL_S - loop.time())
+                wait = min(wait, self._next_cycle - loop.time())
             if wait > 0 and not self._wake.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):  # no Task per wait, unlike wait_for
@@ -817,13 +821,16 @@ class Broker:
             await asyncio.sleep(0)
 
     def _cycle_if_due(self, machine: Machine) -> list[Effect]:
-        """One admission cycle, unless one started less than CYCLE_MIN_INTERVAL_S ago (the
-        clock loop then comes back when the interval is over)."""
-        started = asyncio.get_running_loop().time()
-        if not machine.wants_cycle or started - self._last_cycle < CYCLE_MIN_INTERVAL_S:
+        """One admission cycle, unless the pause after the last one is not over (the clock
+        loop then comes back when it is)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if not machine.wants_cycle or started < self._next_cycle:
             return []
-        self._last_cycle = started
-        return machine.schedule(self.clock())
+        effects = machine.schedule(self.clock())
+        ended = loop.time()
+        self._next_cycle = ended + min(CYCLE_MAX_GAP_S, CYCLE_GAP_FACTOR * (ended - started))
+        return effects
 
 
 def machine_resync(machine: Machine) -> Any:

@@ -23,6 +23,11 @@ Figure B (latency): then `--latency-jobs` more are published at `--rate` per sec
 1 ms timer, bounded by count and by time); latency = agent dispatch time - publish time, same
 process and clock. p50/p90/p99/max.
 
+The 50 fake agents share this process, so its cycle collector is frozen and off during each
+measured window (`fleetbench.GcWatch`): a 150 ms full collection here would stall every agent
+at once and be charged to the broker. `--trace` also splits figure B into stages (publish ->
+`queued` event -> `admitted` event -> agent dispatch) from the broker's job events.
+
 Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s (the
 measurement of `load.common.raw_nats_baseline`, see `load.fleetbench.raw_nats_baseline`) and
 one-at-a-time NATS request/reply round trip.
@@ -53,6 +58,7 @@ from load.fleetbench import (
     start_setup,
 )
 from schemas.codec import encode_json
+from schemas.natsopts import flush
 
 SIMULATE = {"total_steps": 10**9, "steps_per_second": 1.0, "checkpoint_every": 10**9}
 TARGET_RATE = 2000.0
@@ -96,7 +102,7 @@ async def burst(setup: Setup, jobs: list[tuple[str, str, bytes]], timeout: float
         await nc.publish(subject, data)
         if k % 500 == 499:
             await asyncio.sleep(0)  # let the client's flusher and the fleet run
-    await nc.flush()
+    await flush(nc)
     published = time.perf_counter()
     complete = await log.wait_count(base + len(jobs), timeout)
     shares = cpu.shares()
@@ -144,7 +150,7 @@ async def paced(
             sent += 1
         await asyncio.sleep(0.001)
     send_s = time.perf_counter() - started
-    await nc.flush()
+    await flush(nc)
     deadline = time.monotonic() + timeout
     waiting = [j for j in sent_at if j not in log.first]
     while waiting and time.monotonic() < deadline:

@@ -29,6 +29,7 @@ from schemas.agent import (
 )
 from schemas.codec import encode_msgpack
 from schemas.config import BrokerConfig, QueueConfig
+from schemas.natsopts import flush
 from schemas.subjects import Subjects
 
 FLAVOR = FlavorInfo(name="a100", capacity_type="on-demand", gpu_type="A100", price_per_gpu_hour=3)
@@ -67,7 +68,7 @@ async def one_run(url: str, clusters: int, nodes: int, events: int, batch: int) 
         for c in range(clusters):
             snapshot = ClusterSnapshot(flavors=[FLAVOR], nodes=[node(c, i) for i in range(nodes)])
             await send(c, [snapshot])
-        await nc.flush()
+        await flush(nc)
         base = (await broker.stats(nc))["events"]
         # Pre-encode the delta batches so the generator is not what we measure.
         payloads = []
@@ -90,7 +91,7 @@ async def one_run(url: str, clusters: int, nodes: int, events: int, batch: int) 
         started = time.perf_counter()
         for subject, data in payloads:
             await nc.publish(subject, data)
-        await nc.flush()
+        await flush(nc)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             stats = await broker.stats(nc, timeout=10)

@@ -23,6 +23,7 @@ from broker.embedded import EmbeddedNats
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
 from schemas.codec import encode_json
 from schemas.config import BrokerConfig, QueueConfig
+from schemas.natsopts import flush
 
 GANGS = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 16]
 
@@ -59,8 +60,8 @@ async def one_run(url: str, jobs: int, queues: int) -> dict[str, float]:
         for i in range(jobs):
             await nc.publish(broker.subjects.submit(f"q{i % queues}"), job(i, rng))
             if i % 2000 == 0:
-                await nc.flush()
-        await nc.flush()
+                await flush(nc)
+        await flush(nc)
         while (await broker.stats(nc, timeout=10))["jobs"] < jobs:
             await asyncio.sleep(0.1)
         ingest_s = time.perf_counter() - started

@@ -54,6 +54,7 @@ from load.fleetbench import (
     start_setup,
 )
 from schemas.codec import encode_json
+from schemas.natsopts import flush
 
 SIMULATE = {"total_steps": 10**9, "steps_per_second": 100.0, "checkpoint_every": 10**9}
 LEAD_S = 120.0
@@ -86,7 +87,7 @@ async def submit_all(setup: Setup, count: int, queues: int, seed: int, max_gpus:
         await setup.nc.publish(setup.subjects.submit(f"q{i % queues}"), encode_json(spec))
         if i % 500 == 499:
             await asyncio.sleep(0)
-    await setup.nc.flush()
+    await flush(setup.nc)
     if not await setup.log.wait_count(count, timeout=60 + count / 50):
         raise RuntimeError(f"only {len(setup.log.acked)} of {count} jobs were dispatched")
 

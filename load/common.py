@@ -20,6 +20,7 @@ import nats
 from nats.aio.client import Client
 
 from schemas.config import BrokerConfig
+from schemas.natsopts import flush
 from schemas.subjects import Subjects
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,14 +123,14 @@ async def raw_nats_baseline(url: str, count: int = 200_000, size: int = 64) -> f
     await sub_nc.subscribe(
         "bench.baseline", cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
     )
-    await sub_nc.flush()
+    await flush(sub_nc)
     payload = b"x" * size
     started = time.perf_counter()
     for i in range(count):
         await pub.publish("bench.baseline", payload)
         if i % 5000 == 0:
             await asyncio.sleep(0)
-    await pub.flush()
+    await flush(pub)
     await asyncio.wait_for(done, 60)
     rate = count / (time.perf_counter() - started)
     await pub.close()

@@ -199,8 +199,8 @@ class Demo:
         await self._wait_ready()
 
     async def _wait_ready(self) -> None:
-        """A fresh subscription can take a moment to be visible to other connections, and
-        the agents' first snapshots must land before jobs can be placed."""
+        """The broker must be answering and the agents' first snapshots must have landed
+        before jobs can be placed."""
         assert self.nc is not None
         deadline = time.monotonic() + 15
         names = {c.name for c in scenario.CLUSTERS}

@@ -33,6 +33,7 @@ from load.traces import default_traces_dir, gang_shape, philly_gang_sizes
 from schemas.agent import Dispatch
 from schemas.codec import decode_job_event
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from schemas.natsopts import flush
 from schemas.subjects import Subjects
 
 SEED = 20171009
@@ -291,15 +292,15 @@ async def raw_nats_baseline(url: str, count: int = 200_000, size: int = 64) -> f
         await sub_nc.subscribe(
             "bench.baseline", cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
         )
-        await sub_nc.flush()
-        await pub.flush()
+        await flush(sub_nc)
+        await flush(pub)
         payload = b"x" * size
         started = time.perf_counter()
         for i in range(count):
             await pub.publish("bench.baseline", payload)
             if i % 5000 == 0:
                 await asyncio.sleep(0)
-        await pub.flush()
+        await flush(pub)
         await asyncio.wait_for(done, 60)
         return count / (time.perf_counter() - started)
     finally:
@@ -318,8 +319,8 @@ async def raw_request_latency(url: str, count: int = 2000) -> dict[str, float]:
             await msg.respond(b"ok")
 
         await server.subscribe("bench.echo", cb=echo)
-        await server.flush()
-        await client.flush()  # see raw_nats_baseline
+        await flush(server)
+        await flush(client)  # see raw_nats_baseline
         samples = []
         for _ in range(count):
             t0 = time.perf_counter()
@@ -358,7 +359,7 @@ class EventTrace:
             pending_msgs_limit=-1,
             pending_bytes_limit=-1,
         )
-        await setup.nc.flush()
+        await flush(setup.nc)
         return trace
 
     async def stop(self) -> None:

@@ -23,6 +23,7 @@ from schemas.agent import (
 )
 from schemas.codec import decode_command_ack, decode_event_batch, encode_msgpack
 from schemas.job import JobSpec, PodSet, Simulation, Workload
+from schemas.natsopts import flush
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
 T = TypeVar("T")
@@ -49,7 +50,7 @@ class BrokerWire:
         self._sub = await self.nc.subscribe(
             self.subjects.agent_events(self.cluster), cb=self._on_batch
         )
-        await self.nc.flush()
+        await flush(self.nc)
         return self
 
     async def stop(self) -> None:

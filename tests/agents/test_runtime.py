@@ -18,6 +18,7 @@ from schemas.agent import (
 )
 from schemas.codec import encode_msgpack
 from schemas.job import Simulation
+from schemas.natsopts import flush
 from tests.agents.conftest import MakeAgent
 from tests.agents.helpers import dispatch, unique
 
@@ -50,7 +51,7 @@ async def test_restart_gets_new_instance_and_seq_from_one(make_agent: MakeAgent)
     first_instance = a.runtime.instance
     await a.wire.wait_for(lambda: a.wire.batches)
     await a.runtime.stop()
-    await a.wire.nc.flush()
+    await flush(a.wire.nc)
     n = len(a.wire.batches)
     await a.runtime.start()
     await a.wire.wait_for(lambda: len(a.wire.batches) > n)

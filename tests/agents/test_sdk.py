@@ -22,6 +22,7 @@ from agents.sdk import (
 )
 from schemas.agent import CheckpointNow, CheckpointRef, CheckpointReport
 from schemas.job import Simulation
+from schemas.natsopts import flush
 from tests.agents.conftest import MakeAgent
 from tests.agents.helpers import dispatch, unique
 
@@ -126,7 +127,7 @@ async def test_report_over_nats(nc: Client, nats_url: str) -> None:
         await got.put(msg.data)  # type: ignore[attr-defined]
 
     sub = await nc.subscribe(f"muster.checkpoint.{job}", cb=on)
-    await nc.flush()
+    await flush(nc)
     env = SdkEnv.from_env(
         {
             "MUSTER_JOB_ID": job,

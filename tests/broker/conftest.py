@@ -71,7 +71,7 @@ class Harness:
         self.broker = broker
         self.task = asyncio.create_task(broker.run())
         await asyncio.wait_for(broker.leading.wait(), 15)
-        # A fresh subscription can take a moment to be visible to other connections.
+        # The API subscriptions are flushed before `leading` is set; prove it answers anyway.
         for _ in range(100):
             try:
                 await self.nc.request(self.subjects.api("stats"), b"{}", timeout=1)

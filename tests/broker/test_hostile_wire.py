@@ -21,6 +21,7 @@ from schemas.agent import (
     WorkloadStatus,
 )
 from schemas.codec import encode_msgpack
+from schemas.natsopts import flush
 from tests.broker.conftest import Harness
 from tests.broker.test_submit import job
 
@@ -94,7 +95,7 @@ async def test_garbage_on_every_subject_changes_nothing(harness: Harness) -> Non
             await h.nc.publish(subject, data)
     for batch in _hostile_batches("c1"):
         await h.nc.publish(h.subjects.agent_events("c1"), encode_msgpack(batch))
-    await h.nc.flush()
+    await flush(h.nc)
     await asyncio.sleep(1.0)
     for data in payloads[:30]:
         msg = await h.nc.request(h.subjects.api("get"), data, timeout=5)

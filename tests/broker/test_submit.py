@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas.agent import Dispatch, WorkloadStatus
+from schemas.natsopts import flush
 from tests.broker.conftest import Harness
 from tests.broker.wire import next_item
 
@@ -79,7 +80,7 @@ async def test_jobs_published_while_broker_down_are_admitted_later(harness: Harn
     del broker
     for i in range(5):
         await harness.nc.publish(harness.subjects.submit("default"), _enc(job(f"offline-{i}", 1)))
-    await harness.nc.flush()
+    await flush(harness.nc)
     await harness.start_broker()
     await harness.agent("c1")
     await harness.wait_for(

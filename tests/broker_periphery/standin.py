@@ -38,6 +38,7 @@ from schemas.api import (
     WhyView,
 )
 from schemas.codec import DecodeError, decode_jobspec, encode_json, json_decoder
+from schemas.natsopts import flush
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
 _ref = json_decoder(JobRef, "JobRef")
@@ -176,7 +177,7 @@ class StandInBroker:
         self.nc = await nats.connect(url)
         await self.nc.subscribe(self.subjects.submit_all, cb=self._on_submit)
         await self.nc.subscribe(self.subjects.api_all, cb=self._on_api)
-        await self.nc.flush()
+        await flush(self.nc)
         return self
 
     async def stop(self) -> None:
@@ -190,7 +191,7 @@ class StandInBroker:
         if view is not None:
             self.jobs[event.job_id] = msgspec.structs.replace(view, state=event.state)
         await self.nc.publish(self.subjects.job_events(event.job_id), encode_json(event))
-        await self.nc.flush()
+        await flush(self.nc)
 
     async def _on_submit(self, msg: Msg) -> None:
         self.submitted.append((msg.subject, msg.data))

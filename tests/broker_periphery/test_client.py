@@ -23,7 +23,7 @@ from broker.client import (
 from broker.embedded import free_port
 from schemas.api import CancelRequest, ClusterView, Empty, JobEvent, JobRef, ListRequest, QueueView
 from schemas.job import JobSpec, PodSet
-from schemas.natsopts import NatsOptions
+from schemas.natsopts import NatsOptions, flush
 from schemas.subjects import Subjects
 
 from .standin import StandInBroker
@@ -116,7 +116,7 @@ async def test_submit_timeout_names_the_job(client: MusterClient, nats_url: str)
     silent = await nats.connect(nats_url)
     try:
         await silent.subscribe(client.subjects.submit("ml"))  # listens, never answers
-        await silent.flush()
+        await flush(silent)
         with pytest.raises(MusterError, match=r"no answer on .* within 0\.2s.*as job resnet-"):
             await client.submit(spec(), timeout=0.2)
     finally:
@@ -183,7 +183,7 @@ async def test_unreadable_reply(client: MusterClient, nats_url: str) -> None:
 
     try:
         await liar.subscribe(client.subjects.api("get"), cb=answer)
-        await liar.flush()
+        await flush(liar)
         with pytest.raises(MusterError, match="unreadable get reply"):
             await client.get("x")
     finally:

@@ -26,6 +26,7 @@ from broker.config import parse_config
 from broker.embedded import free_port
 from schemas.agent import Dispatch, PodSetAssignment
 from schemas.job import JobSpec
+from schemas.natsopts import flush
 from tests.kube.conftest import NODES, NS, Recorder, make_config, node
 from tests.kube.fake_apiserver import FakeApiServer, parse_path
 from tests.kube.test_manifests import (
@@ -313,7 +314,7 @@ async def test_nats_permissions_enforced(tmp_path: Path) -> None:
             seen.append(msg.subject)
 
         await broker.subscribe("muster.>", cb=record)
-        await broker.flush()
+        await flush(broker)
         await east.publish("muster.agent.east.events", b"ok")
         await east.publish("muster.checkpoint_request.job-1", b"ok")
         await east.publish("muster.agent.west.events", b"spoof")
@@ -321,9 +322,9 @@ async def test_nats_permissions_enforced(tmp_path: Path) -> None:
         await client.publish("muster.submit.default", b"{}")
         await client.publish("muster.agent.east.cmd", b"nope")
         for c in (east, client):
-            await c.flush()
+            await flush(c)
         await Recorder().wait_for(lambda: len(seen) >= 3)
-        await broker.flush()
+        await flush(broker)
         await asyncio.sleep(0.1)
         assert sorted(seen) == [
             "muster.agent.east.events",
@@ -338,7 +339,7 @@ async def test_nats_permissions_enforced(tmp_path: Path) -> None:
 
         await east.subscribe("muster.agent.east.cmd", cb=answer)
         await east.subscribe("muster.agent.west.cmd", cb=record)  # not allowed: never delivers
-        await east.flush()
+        await flush(east)
         reply = await broker.request("muster.agent.east.cmd", b"dispatch", timeout=5)
         assert reply.data == b"ack"
         with pytest.raises((NatsTimeout, NoRespondersError)):
