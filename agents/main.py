@@ -30,11 +30,21 @@ from schemas.subjects import Subjects
 
 
 def configure_logging(level: str = "info") -> None:
-    """structlog filtered at `level` (per-command logs are debug, so load stays cheap)."""
+    """structlog and stdlib logging at `level`, to stderr, with UTC millisecond timestamps
+    (restarts and failovers are read from logs to the millisecond). Per-command logs are
+    debug, so load stays cheap."""
+    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
     structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
-        ),
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.StackInfoRenderer(),
+            structlog.dev.set_exc_info,
+            structlog.processors.TimeStamper(fmt="%Y-%m-%dT%H:%M:%S.%fZ", utc=True),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=True,
     )

@@ -9,7 +9,6 @@ Structs for scripts. A user error prints one line on stderr and exits 1; usage e
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -23,6 +22,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from agents.main import configure_logging
 from broker.client import MusterClient, MusterError, default_state_dir, resolve_nats_url
 from broker.config import ConfigError, config_to_yaml, load_config_full
 from broker.manifests import JobDocumentError, load_job_document
@@ -685,29 +685,6 @@ def watch(
 
 
 # -- operator commands -------------------------------------------------------------------
-
-
-def configure_logging(level: str) -> None:
-    """stdlib logging and structlog at one level, to stderr."""
-    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
-    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
-    import structlog
-
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
-        cache_logger_on_first_use=True,
-    )
-
-
-class _Stderr:
-    """Whatever sys.stderr is at the time of writing (test runners swap and close it)."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
 
 
 def _server_nats(

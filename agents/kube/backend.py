@@ -8,6 +8,14 @@ after a bounded backoff, on any other failure). Nodes that match no configured f
 reported. Pods count as Muster's when they carry `muster.dev/job-id` AND live in the
 configured workload namespace (a label in another namespace cannot fake a status).
 
+Also, in the workload namespace and by Muster's top-level label selector, one Reflector per
+kind Muster can create that has a status (`status.STATUS_RESOURCES`: batch/v1 Job, the Kubeflow
+jobs, Volcano Job, JobSet). Pods alone miss the operator's verdict: with `restartPolicy:
+OnFailure` a crashing container restarts inside a pod that stays Running until the operator
+marks the job Failed, and an operator may delete pods once the job Succeeded. A kind whose CRD
+is not installed (404) or not granted (403) is logged once and re-tried every resync period;
+an object whose status does not decode is counted (`bad_objects`), logged and ignored.
+
 What it emits
 -------------
 * `NodeUpsert` whenever a node's `NodeInfo` changes (capacity, readiness, foreign usage,
@@ -17,7 +25,8 @@ What it emits
   `DisruptionTarget` condition whose reason means the node is going away. The notice is
   re-armed when the signal clears.
 * `GpuHealth(node, healthy, xid, reason)` whenever the healthy GPU count changes.
-* `WorkloadStatus` on each phase transition of an attempt (see `status.py`), and
+* `WorkloadStatus` on each phase transition of an attempt (see `status.py`: pods, object
+  verdicts, in-place container restarts), and
   `CheckpointReport` when a pod's `muster.dev/checkpoint` annotation (JSON
   `{"step": int, "uri": str}`) names a newer step.
 
@@ -57,7 +66,17 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from agents.backend import BackendError, Emit
 from agents.kube.client import KubeApiError, KubeRest, Reflector, item_path, sleep_or_stop
 from agents.kube.config import FlavorConfig, KubeBackendConfig, convert_kube_config
-from agents.kube.decode import ZERO, KNode, KObject, KPod, Usage, pod_usage
+from agents.kube.decode import (
+    ZERO,
+    KJob,
+    KMeta,
+    KNode,
+    KObject,
+    KPod,
+    Usage,
+    decode_job_status,
+    pod_usage,
+)
 from agents.kube.manifests import (
     ANN_CHECKPOINT_REQUEST,
     ANN_JOB,
@@ -65,8 +84,10 @@ from agents.kube.manifests import (
     ANN_TOTAL,
     LABEL_ATTEMPT,
     LABEL_JOB,
+    LABEL_TOP,
     OWNED_RESOURCES,
     ManifestError,
+    Resource,
     build_workload,
     selector,
 )
@@ -79,7 +100,7 @@ from agents.kube.nodes import (
     node_info,
     spot_signal,
 )
-from agents.kube.status import Workload, disruption, pod_job
+from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
 from schemas.agent import (
     AgentEvent,
     ClusterSnapshot,
@@ -148,6 +169,12 @@ class KubeBackend:
         self._live = False  # emit deltas only after the initial lists
         self.node_reflector: Reflector[KNode] | None = None
         self.pod_reflector: Reflector[KPod] | None = None
+        # Workload objects with a status, by collection path (in the workload namespace).
+        self._status_kinds: dict[str, Resource] = {
+            r.collection(config.namespace): r for r in STATUS_RESOURCES
+        }
+        self.job_reflectors: dict[str, Reflector[KJob]] = {}  # by collection
+        self.bad_objects = 0  # workload objects whose status did not decode
         self.log = log.bind(cluster=cluster)
 
     @classmethod
@@ -220,7 +247,34 @@ class KubeBackend:
             name="pods",
             **common,
         )
-        await self._scan_objects()
+        for collection, res in self._status_kinds.items():
+            group = res.api_version.rsplit("/", 1)[0]
+            self.job_reflectors[collection] = Reflector(
+                self._rest,
+                collection,
+                KJob,
+                self._job_replacer(res),
+                self._job_handler(res),
+                label_selector=selector(),
+                absent_retry_s=cfg.resync_period_s,
+                name=f"{res.plural}.{group}",
+                **common,
+            )
+        # Kinds without a status (Services, Pods) are found by a scan; the others by their
+        # reflector's list, which must not stop the agent (a CRD can be absent or broken).
+        await self._scan_objects(
+            [r for r in OWNED_RESOURCES if r.collection(cfg.namespace) not in self._status_kinds]
+        )
+        for jr in self.job_reflectors.values():
+            try:
+                await jr.list_once()
+            except Exception as exc:
+                if not jr.note_absent(exc):
+                    self.log.warning(
+                        "listing workload objects failed; the watch retries",
+                        collection=jr.name,
+                        error=str(exc)[:300],
+                    )
         await self.pod_reflector.list_once()
         await self.node_reflector.list_once()
         self._live = True
@@ -237,6 +291,10 @@ class KubeBackend:
             asyncio.create_task(self.node_reflector.run(), name=f"kube-nodes-{self.cluster}"),
             asyncio.create_task(self.pod_reflector.run(), name=f"kube-pods-{self.cluster}"),
             asyncio.create_task(self._housekeeping(), name=f"kube-gc-{self.cluster}"),
+            *(
+                asyncio.create_task(jr.run(), name=f"kube-{jr.name}-{self.cluster}")
+                for jr in self.job_reflectors.values()
+            ),
         ]
         self.log.info(
             "kube backend started", nodes=len(self._nodes), workloads=len(self._workloads)
@@ -460,7 +518,7 @@ class KubeBackend:
         if not self._live:
             # Before the first snapshot the phase is not "news"; remember it as reported.
             if not w.cancelled and not w.terminal:
-                w.last_phase = w.status().phase
+                w.last_phase = w.current_phase()
             return
         st = w.transition()
         if st is not None:
@@ -469,13 +527,79 @@ class KubeBackend:
             )
             self._send(st)
 
+    # -- workload objects with a status -----------------------------------------------------
+    def _job_replacer(self, res: Resource) -> Callable[[list[KJob]], None]:
+        def replace(items: list[KJob]) -> None:
+            # Objects gone between lists keep the verdict last seen: a finished attempt's
+            # object may be deleted, and a live one's deletion shows in its pods.
+            for obj in items:
+                self._job_event(res, "MODIFIED", obj)
+
+        return replace
+
+    def _job_handler(self, res: Resource) -> Callable[[str, KJob], None]:
+        def handle(kind: str, obj: KJob) -> None:
+            self._job_event(res, kind, obj)
+
+        return handle
+
+    def _job_event(self, res: Resource, kind: str, obj: KJob) -> None:
+        """One of Muster's workload objects changed: record its verdict for the attempt.
+        Same ownership rules as pods (workload namespace, Muster's labels)."""
+        meta = obj.metadata
+        key = _owned_key(meta)
+        if (
+            key is None
+            or not meta.name
+            or meta.namespace != self.config.namespace
+            or LABEL_TOP not in meta.labels
+        ):
+            return
+        if kind == "DELETED" and key not in self._workloads:
+            return  # an attempt already forgotten (finished, collected): nothing to say
+        w = self._workload(key, meta)
+        ref = (res.collection(self.config.namespace), meta.name)
+        if ref not in w.objects:
+            w.objects.append(ref)
+        w.expect_object(ref)
+        status = decode_job_status(obj.status)
+        if status is None:
+            self.bad_objects += 1
+            if self.bad_objects & (self.bad_objects - 1) == 0:  # 1st, 2nd, 4th, ...: no flood
+                self.log.warning(
+                    "workload object with an undecodable status ignored",
+                    kind=res.kind,
+                    name=meta.name,
+                    status=bytes(obj.status)[:200],
+                    count=self.bad_objects,
+                )
+            return
+        w.update_object(ref, job_verdict(res.api_version, res.kind, meta.name, status))
+        self._report(w)
+
+    def _workload(self, key: Key, meta: KMeta) -> Workload:
+        """The attempt's Workload, created from a top-level object's annotations if new."""
+        w = self._workloads.get(key)
+        if w is None:
+            total = meta.annotations.get(ANN_TOTAL, "")
+            w = self._workloads[key] = Workload(
+                key[0],
+                key[1],
+                int(total) if total.isdigit() else 0,
+                meta.annotations.get(ANN_KIND, ""),
+            )
+            w.cancelled = self._is_cancelled(key)
+        return w
+
     # -- Muster's objects ------------------------------------------------------------------
-    async def _scan_objects(self) -> list[tuple[Key, str, str]]:
-        """List every Muster-owned object of every supported kind in the workload namespace
+    async def _scan_objects(
+        self, resources: list[Resource] | tuple[Resource, ...] = OWNED_RESOURCES
+    ) -> list[tuple[Key, str, str]]:
+        """List every Muster-owned object of the given kinds in the workload namespace
         (a kind whose CRD is not installed answers 404 and is skipped)."""
         found: list[tuple[Key, str, str]] = []
         ns = self.config.namespace
-        for res in OWNED_RESOURCES:
+        for res in resources:
             collection = res.collection(ns)
             try:
                 items, _ = await self.rest.list_all(
@@ -487,23 +611,15 @@ class KubeBackend:
                 raise
             for obj in items:
                 meta = obj.metadata
-                job_id = meta.annotations.get(ANN_JOB) or meta.labels.get(LABEL_JOB, "")
-                raw = meta.labels.get(LABEL_ATTEMPT, "")
-                if not job_id or not raw.isdigit() or int(raw) < 1:
+                key = _owned_key(meta)
+                if key is None:
                     continue
-                key = (job_id, int(raw))
                 found.append((key, collection, meta.name))
-                w = self._workloads.get(key)
-                if w is None:
-                    total = meta.annotations.get(ANN_TOTAL, "")
-                    w = self._workloads[key] = Workload(
-                        job_id,
-                        key[1],
-                        int(total) if total.isdigit() else 0,
-                        meta.annotations.get(ANN_KIND, ""),
-                    )
+                w = self._workload(key, meta)
                 if (collection, meta.name) not in w.objects:
                     w.objects.append((collection, meta.name))
+                if collection in self._status_kinds:
+                    w.expect_object((collection, meta.name))
         return found
 
     async def _delete_objects(self, objects: list[tuple[str, str]]) -> None:
@@ -566,6 +682,8 @@ class KubeBackend:
             collection = obj.resource.collection(self.config.namespace)
             if (collection, obj.name) not in w.objects:
                 w.objects.append((collection, obj.name))
+            if collection in self._status_kinds:
+                w.expect_object((collection, obj.name))
             try:
                 created = await self.rest.create(collection, obj.body)
             except KubeApiError as exc:
@@ -668,6 +786,16 @@ class KubeBackend:
                 del self._workloads[key]
                 self._pod_names.pop(key, None)
         return len(stale)
+
+
+def _owned_key(meta: KMeta) -> Key | None:
+    """(job_id, attempt) of an object Muster created: the exact id from the annotation (the
+    label may be a sanitised form), the attempt from its label; None when not Muster's."""
+    job_id = meta.annotations.get(ANN_JOB) or meta.labels.get(LABEL_JOB, "")
+    raw = meta.labels.get(LABEL_ATTEMPT, "")
+    if not job_id or LABEL_JOB not in meta.labels or not raw.isdigit() or int(raw) < 1:
+        return None
+    return (job_id, int(raw))
 
 
 def decode_config(raw: bytes) -> KubeBackendConfig:

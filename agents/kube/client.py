@@ -20,7 +20,14 @@ import aiohttp
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
-from agents.kube.decode import Decoded, KStatus, T, decode_list, decode_status, decode_watch_line
+from agents.kube.decode import (
+    Decoded,
+    KStatus,
+    T,
+    decode_list_lenient,
+    decode_status,
+    decode_watch_line,
+)
 
 log = structlog.get_logger("muster.agent.kube")
 
@@ -138,7 +145,9 @@ class KubeRest:
             if token:
                 q.append(("continue", token))
             data = await self.request("GET", collection, query=q)
-            page = decode_list(data or b"{}", kind)
+            page, skipped = decode_list_lenient(data or b"{}", kind)
+            if skipped:
+                log.warning("undecodable list items skipped", collection=collection, count=skipped)
             items.extend(page.items or [])
             rv = page.metadata.resourceVersion or rv
             token = page.metadata.continue_
@@ -158,7 +167,10 @@ class Reflector(Generic[T]):
       (events and BOOKMARKs advance it) without a re-list;
     * 410 Gone (HTTP status or ERROR event) or any other failure -> re-list, after a bounded
       exponential backoff with jitter for failures (not for 410);
-    * every `resync_s` a full re-list repairs any drift.
+    * every `resync_s` a full re-list repairs any drift;
+    * with `absent_retry_s` set, the collection is optional (a CRD that may not be installed):
+      a 404 (or 403, not granted) is logged once, `absent` holds the status, and the list is
+      retried every `absent_retry_s` instead of backing off as for a failure.
     `on_replace(items)` receives each list; `on_event(type, obj)` each ADDED/MODIFIED/DELETED.
     """
 
@@ -176,6 +188,7 @@ class Reflector(Generic[T]):
         resync_s: float = 300.0,
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 30.0,
+        absent_retry_s: float | None = None,
         name: str = "",
     ) -> None:
         self.rest = rest
@@ -189,7 +202,9 @@ class Reflector(Generic[T]):
         self.resync_s = resync_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        self.absent_retry_s = absent_retry_s
         self.name = name or collection
+        self.absent = 0  # 404/403 while an optional collection is not served, else 0
         self.resource_version = ""
         self.synced = asyncio.Event()
         # Counters, for tests and metrics.
@@ -212,6 +227,9 @@ class Reflector(Generic[T]):
                 if attempt:
                     raise
                 continue
+            if self.absent:
+                log.info("collection is served now; watching it", collection=self.name)
+                self.absent = 0
             self.on_replace(items)
             self.resource_version = rv
             self.lists += 1
@@ -224,6 +242,8 @@ class Reflector(Generic[T]):
         backoff = self.backoff_initial_s
         need_list = not self.synced.is_set()
         while True:
+            if self.absent and self.absent_retry_s is not None:
+                await asyncio.sleep(self.absent_retry_s)
             try:
                 if need_list or time.monotonic() - self._listed_at >= self.resync_s:
                     await self.list_once()
@@ -237,8 +257,10 @@ class Reflector(Generic[T]):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # network, 5xx, decode of a list body: back off
-                self.errors += 1
                 need_list = True
+                if self.note_absent(exc):
+                    continue
+                self.errors += 1
                 delay = min(self.backoff_max_s, backoff) * (0.5 + random.random() / 2)
                 log.warning(
                     "list/watch failed; retrying",
@@ -248,6 +270,24 @@ class Reflector(Generic[T]):
                 )
                 await asyncio.sleep(delay)
                 backoff = min(self.backoff_max_s, backoff * 2)
+
+    def note_absent(self, exc: BaseException) -> bool:
+        """True when `exc` means an optional collection is not served (404) or not granted
+        (403); logged once per change, then retried quietly every `absent_retry_s`."""
+        if (
+            self.absent_retry_s is None
+            or not isinstance(exc, KubeApiError)
+            or exc.status not in (403, 404)
+        ):
+            return False
+        if self.absent != exc.status:
+            self.absent = exc.status
+            retry = {"collection": self.name, "retry_s": self.absent_retry_s}
+            if exc.status == 404:
+                log.info("collection not served (CRD not installed?); skipping it", **retry)
+            else:
+                log.warning("no permission to list/watch; skipping it (check RBAC)", **retry)
+        return True
 
     async def _watch_once(self) -> None:
         """One watch request until the server closes it; raises GoneError on 410."""

@@ -3,7 +3,8 @@
 Why not `V1Pod`/`V1Node`: the generated models cost ~400 µs an event to build; these Structs
 hold only the fields the backend reads and decode in a few µs (see `decode_watch_line`).
 Every field has a default, unknown fields are skipped, and a line that is not a watch event
-yields None instead of an exception, so one bad line never stops a watch.
+yields None instead of an exception, so one bad line never stops a watch; likewise one bad item
+never fails a list (`decode_list_lenient`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ class KContainerState(msgspec.Struct):
 class KContainerStatus(msgspec.Struct):
     name: str = ""
     state: KContainerState = msgspec.field(default_factory=KContainerState)
+    # With restartPolicy OnFailure/Always a crash restarts the container inside the same pod
+    # (the pod stays Running): the count and the last termination are the only trace of it.
+    lastState: KContainerState = msgspec.field(default_factory=KContainerState)
     restartCount: int = 0
 
 
@@ -124,6 +128,47 @@ class KObject(msgspec.Struct):
     metadata: KMeta = msgspec.field(default_factory=KMeta)
 
 
+class KJob(msgspec.Struct):
+    """A workload object Muster created whose status says how it ended (batch/v1 Job,
+    Kubeflow jobs, JobSet, Volcano Job). `status` stays raw and is decoded on its own by
+    `decode_job_status`: operators' CRD statuses are loosely validated, and one object whose
+    status does not decode must be skipped alone, not fail a whole list or watch."""
+
+    apiVersion: str = ""
+    kind: str = ""
+    metadata: KMeta = msgspec.field(default_factory=KMeta)
+    status: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class KVolcanoState(msgspec.Struct):
+    """A Volcano Job's `status.state` (phase: Pending, Running, Restarting, Completing,
+    Completed, Aborting, Aborted, Terminating, Terminated, Failed)."""
+
+    phase: str = ""
+    reason: str = ""
+    message: str = ""
+
+
+class KJobStatus(msgspec.Struct):
+    """The fields of a workload object's status that decide its verdict: `conditions`
+    (batch/v1, Kubeflow, JobSet) and Volcano's `state`."""
+
+    conditions: list[KCondition] | None = None
+    state: KVolcanoState | None = None
+
+
+_job_status_decoder = msgspec.json.Decoder(KJobStatus | None)
+
+
+def decode_job_status(raw: msgspec.Raw) -> KJobStatus | None:
+    """The status of a `KJob`; an absent or null status is empty, a malformed one is None."""
+    try:
+        st = _job_status_decoder.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    return KJobStatus() if st is None else st
+
+
 class KStatus(msgspec.Struct):
     """A metav1.Status (the object of an ERROR watch event, or an error response body)."""
 
@@ -138,7 +183,7 @@ class KListMeta(msgspec.Struct):
     continue_: str = msgspec.field(default="", name="continue")
 
 
-T = TypeVar("T", KNode, KPod, KObject)
+T = TypeVar("T", KNode, KPod, KObject, KJob)
 
 
 class KList(msgspec.Struct, Generic[T]):
@@ -219,6 +264,37 @@ def decode_list(body: bytes, kind: type[T]) -> KList[T]:
         dec = _list_decoders[kind] = msgspec.json.Decoder(KList[kind])  # type: ignore[valid-type]
     page: KList[T] = dec.decode(body)
     return page
+
+
+class _RawList(msgspec.Struct):
+    metadata: KListMeta = msgspec.field(default_factory=KListMeta)
+    items: list[msgspec.Raw] | None = None
+
+
+_raw_list_decoder = msgspec.json.Decoder(_RawList)
+_item_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
+
+
+def decode_list_lenient(body: bytes, kind: type[T]) -> tuple[KList[T], int]:
+    """`decode_list`, except that items which do not decode are skipped: (page, skipped).
+    The fast path is one typed decode; only a page with a bad item is decoded item by item.
+    A body that is not a list at all still raises."""
+    try:
+        return decode_list(body, kind), 0
+    except msgspec.ValidationError:
+        pass
+    raw = _raw_list_decoder.decode(body)
+    dec = _item_decoders.get(kind)
+    if dec is None:
+        dec = _item_decoders[kind] = msgspec.json.Decoder(kind)
+    items: list[T] = []
+    skipped = 0
+    for item in raw.items or []:
+        try:
+            items.append(dec.decode(item))
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            skipped += 1
+    return KList(metadata=raw.metadata, items=items), skipped
 
 
 def decode_status(body: bytes) -> KStatus:

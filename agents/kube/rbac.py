@@ -7,8 +7,10 @@ against this module and this module against the requests the backend really make
   status of Muster's own pods);
 * in the workload namespace: create/list/delete of every kind Muster creates
   (`manifests.OWNED_RESOURCES`; list = startup scan, cancel and garbage collection by label),
-  and patch on pods (the `muster.dev/checkpoint-request` annotation). `get`, `watch` and
-  `update` on workload objects are not needed: status comes from the pod watch.
+  watch on those with a status (`status.STATUS_RESOURCES`: the operator's verdict, e.g. a
+  PyTorchJob Failed while its pods still run), and patch on pods (the
+  `muster.dev/checkpoint-request` annotation). `get` and `update` on workload objects are not
+  needed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from agents.kube.manifests import OWNED_RESOURCES
+from agents.kube.status import STATUS_RESOURCES
 
 
 class Rule(NamedTuple):
@@ -41,6 +44,7 @@ def namespace_rules() -> frozenset[Rule]:
         for r in OWNED_RESOURCES
         for verb in ("create", "list", "delete")
     }
+    rules |= {Rule(_group(r.api_version), r.plural, "watch") for r in STATUS_RESOURCES}
     rules.add(Rule("", "pods", "patch"))
     return frozenset(rules - CLUSTER_RULES)
 

@@ -1,14 +1,26 @@
-"""Workload status from pods: one `Workload` per (job_id, attempt), fed pod by pod.
+"""Workload status: one `Workload` per (job_id, attempt), fed pod by pod and by the verdicts
+of the workload objects Muster created (the Job, PyTorchJob, JobSet, ...).
 
-Kept free of I/O so the phase rules are tested on their own. Counters are updated per pod
-event (no rescans), so a 4,096-replica gang costs O(1) per pod event.
+Kept free of I/O so the phase rules are tested on their own. Counters are updated per event
+(no rescans), so a 4,096-replica gang costs O(1) per pod event; reasons and exit codes are only
+assembled when a transition is emitted.
+
+Why objects as well as pods: an operator can give up while every pod still runs (Kubeflow's
+backoffLimit with `restartPolicy: OnFailure` counts in-place container restarts; batch/v1
+`activeDeadlineSeconds`), and it can succeed after its pods are gone (cleanPodPolicy, JobSet
+success policies). `job_verdict` reads that from `status.conditions` (batch/v1 `Complete`,
+`SuccessCriteriaMet`, `Failed`, `FailureTarget`; Kubeflow `Succeeded`, `Failed`; JobSet
+`Completed`, `Failed`) or Volcano's `status.state.phase`. In-place restarts are read from the
+pods' `restartCount` and `lastState.terminated`; they are no phase of their own but their exit
+codes and a note ("pod-1 restarted 3 times (exit 137 OOMKilled)") ride on the next transition.
 
 Rules, in order: a cancelled or already-terminal attempt reports nothing more;
 any evicted replica -> `evicted` (cause: the pod's DisruptionTarget reason, kubelet
-eviction, the node gone, or the pod deleted behind our back); any failed replica -> `failed`
-(exit codes and reasons of the failed containers); the leader replica (Master, Launcher,
-Chief) succeeded, or every replica succeeded -> `succeeded`; every replica Running ->
-`running`; else `created`.
+eviction, the node gone, or the pod deleted behind our back); any failed replica or any object
+failed -> `failed` (exit codes and reasons of the failed containers, the object's condition);
+the leader replica (Master, Launcher, Chief) succeeded, every replica succeeded, or every
+object of the attempt succeeded -> `succeeded`; every replica Running -> `running`; else
+`created`.
 """
 
 from __future__ import annotations
@@ -18,8 +30,18 @@ from collections.abc import Callable
 
 import msgspec
 
-from agents.kube.decode import KPod
-from agents.kube.manifests import ANN_CHECKPOINT, ANN_JOB, ANN_LEADER, ANN_TOTAL, LABEL_PODSET
+from agents.kube.decode import KJobStatus, KPod
+from agents.kube.manifests import (
+    ANN_CHECKPOINT,
+    ANN_JOB,
+    ANN_LEADER,
+    ANN_TOTAL,
+    LABEL_PODSET,
+    OWNED_RESOURCES,
+    POD,
+    SERVICE,
+    Resource,
+)
 from schemas.agent import CheckpointReport, WorkloadPhase, WorkloadStatus
 
 # Pod `status.reason` values that mean the pod was pushed off, not that the job failed.
@@ -34,6 +56,31 @@ DISRUPTION_CAUSES = {
     "TerminationByKubelet": "node shutting down",
 }
 _MAX_EXIT_CODES = 4096
+_MAX_REASON = 1024  # schemas.agent.Reason
+_MAX_POD_CODES = 16  # distinct restart exit codes kept per pod
+_MAX_RESTART_NOTES = 8
+
+# The kinds whose objects carry a verdict worth watching: everything Muster creates except
+# Services (no status) and Pods (already watched cluster-wide).
+STATUS_RESOURCES: tuple[Resource, ...] = tuple(
+    r for r in OWNED_RESOURCES if r not in (SERVICE, POD)
+)
+# Condition types (status "True") that end an object, per API group.
+_SUCCESS_CONDITIONS = {
+    "batch": ("Complete", "SuccessCriteriaMet"),
+    "kubeflow.org": ("Succeeded",),
+    "jobset.x-k8s.io": ("Completed",),
+}
+_FAILURE_CONDITIONS = {
+    "batch": ("Failed", "FailureTarget"),
+    "kubeflow.org": ("Failed",),
+    "jobset.x-k8s.io": ("Failed",),
+}
+# Volcano `status.state.phase`: Completing is entered only through a CompleteJob action (the
+# job is done, its remaining pods are being killed); Aborting/Terminating lead only to
+# Aborted/Terminated.
+_VOLCANO_SUCCESS = frozenset({"Completing", "Completed"})
+_VOLCANO_FAILURE = frozenset({"Failed", "Aborting", "Aborted", "Terminating", "Terminated"})
 
 Kind = str  # "pending" | "running" | "succeeded" | "failed" | "evicted"
 
@@ -47,6 +94,16 @@ class PodView(msgspec.Struct):
     leader: bool = False
     exit_codes: list[int] = []
     reason: str = ""
+    restarts: int = 0  # in-place container restarts (restartCount, summed)
+    restart_codes: list[int] = []  # distinct non-zero exit codes of those restarts
+    restart_note: str = ""  # "pod restarted 3 times (exit 137 OOMKilled)"
+
+
+class JobVerdict(msgspec.Struct, frozen=True):
+    """How a workload object ended, by its own status."""
+
+    phase: WorkloadPhase  # "succeeded" | "failed"
+    reason: str
 
 
 class CheckpointAnnotation(msgspec.Struct):
@@ -65,8 +122,46 @@ def disruption(pod: KPod) -> str | None:
     return None
 
 
+def clip(text: str, limit: int = _MAX_REASON) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def restarts(pod: KPod) -> tuple[int, list[int], str]:
+    """In-place restarts of a pod's containers: (total restartCount, non-zero exit codes of
+    the last terminations, a note such as "worker-1 restarted 3 times (exit 137 OOMKilled)")."""
+    st = pod.status
+    restarted = [
+        cs for cs in (*st.initContainerStatuses, *st.containerStatuses) if cs.restartCount > 0
+    ]
+    if not restarted:
+        return 0, [], ""
+    total = 0
+    codes: list[int] = []
+    notes: list[str] = []
+    name = pod.metadata.name
+    for cs in restarted:
+        total += cs.restartCount
+        who = name if len(restarted) == 1 else f"{name}/{cs.name}"
+        times = "once" if cs.restartCount == 1 else f"{cs.restartCount} times"
+        term = cs.lastState.terminated
+        detail = ""
+        if term is not None:
+            if term.exitCode != 0 and term.exitCode not in codes:
+                codes.append(term.exitCode)
+            detail = f" (exit {term.exitCode}{' ' + term.reason if term.reason else ''})"
+        notes.append(f"{who} restarted {times}{detail}")
+    return total, codes, ", ".join(notes)
+
+
 def classify(pod: KPod, deleted: bool = False) -> PodView:
     """A pod's contribution: its category, exit codes and the reason to report."""
+    view = _classify(pod, deleted)
+    if pod.status.containerStatuses or pod.status.initContainerStatuses:
+        view.restarts, view.restart_codes, view.restart_note = restarts(pod)
+    return view
+
+
+def _classify(pod: KPod, deleted: bool) -> PodView:
     st = pod.status
     meta = pod.metadata
     leader = meta.annotations.get(ANN_LEADER) == "true"
@@ -94,6 +189,50 @@ def classify(pod: KPod, deleted: bool = False) -> PodView:
     return PodView(meta.name, "running" if st.phase == "Running" else "pending", node, leader)
 
 
+def job_verdict(api_version: str, kind: str, name: str, status: KJobStatus) -> JobVerdict | None:
+    """The verdict of a workload object from its status, or None while it is undecided.
+
+    Conditions count when their status is "True"; when several terminal ones are, the last
+    listed wins (operators append the newest). The reason names the object and carries the
+    condition's type, reason and message (clipped to the schema's bound)."""
+    group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+    if group == "batch.volcano.sh":
+        state = status.state
+        if state is None or not state.phase:
+            return None
+        if state.phase in _VOLCANO_SUCCESS:
+            phase: WorkloadPhase = "succeeded"
+        elif state.phase in _VOLCANO_FAILURE:
+            phase = "failed"
+        else:
+            return None
+        what = f"Volcano Job {name}"
+        return JobVerdict(phase, _verdict_reason(what, state.phase, state.reason, state.message))
+    success = _SUCCESS_CONDITIONS.get(group)
+    failure = _FAILURE_CONDITIONS.get(group)
+    if success is None or failure is None:
+        return None
+    what = f"{kind} {name}"
+    found: JobVerdict | None = None
+    for c in status.conditions or ():
+        if c.status != "True":
+            continue
+        if c.type in failure:
+            found = JobVerdict("failed", _verdict_reason(what, c.type, c.reason, c.message))
+        elif c.type in success:
+            found = JobVerdict("succeeded", _verdict_reason(what, c.type, c.reason, c.message))
+    return found
+
+
+def _verdict_reason(what: str, state: str, reason: str, message: str) -> str:
+    text = f"{what}: {state}"
+    if reason and reason != state:
+        text += f" ({reason})"
+    if message:
+        text += f": {message}"
+    return clip(text)
+
+
 def pod_job(pod: KPod) -> str:
     """The exact job id of a Muster pod (annotation; the label may be a sanitised form)."""
     meta = pod.metadata
@@ -104,16 +243,20 @@ class Workload:
     """One attempt's objects and pods, and the last phase reported for it."""
 
     __slots__ = (
+        "_verdicts",
         "_views",
         "attempt",
         "cancelled",
         "counts",
         "job_id",
+        "jobs_failed",
+        "jobs_succeeded",
         "kind",
         "last_phase",
         "last_step",
         "leader_succeeded",
         "objects",
+        "restarted_pods",
         "total",
     )
 
@@ -132,6 +275,11 @@ class Workload:
             "evicted": 0,
         }
         self.leader_succeeded = 0
+        self.restarted_pods = 0
+        # Objects with a status (Job, PyTorchJob, ...): (collection, name) -> verdict or None.
+        self._verdicts: dict[tuple[str, str], JobVerdict | None] = {}
+        self.jobs_succeeded = 0
+        self.jobs_failed = 0
         self.last_phase: WorkloadPhase | None = None
         self.last_step: int | None = None
         self.cancelled = False
@@ -149,10 +297,15 @@ class Workload:
             self.counts[old.kind] -= 1
             if old.leader and old.kind == "succeeded":
                 self.leader_succeeded -= 1
+            if old.restarts:
+                self.restarted_pods -= 1
+                _keep_restarts(old, view)
         self._views[uid] = view
         self.counts[view.kind] += 1
         if view.leader and view.kind == "succeeded":
             self.leader_succeeded += 1
+        if view.restarts:
+            self.restarted_pods += 1
 
     def node_gone(self, node: str) -> bool:
         """Mark replicas on a deleted node evicted; True when one was."""
@@ -160,8 +313,8 @@ class Workload:
         for uid, v in self._views.items():
             if v.node == node and v.kind in ("pending", "running"):
                 self.counts[v.kind] -= 1
-                self._views[uid] = PodView(
-                    v.name, "evicted", node, v.leader, reason=f"node gone: {node}"
+                self._views[uid] = msgspec.structs.replace(
+                    v, kind="evicted", exit_codes=[], reason=f"node gone: {node}"
                 )
                 self.counts["evicted"] += 1
                 hit = True
@@ -174,25 +327,72 @@ class Workload:
     def nodes(self) -> list[str]:
         return sorted({v.node for v in self._views.values() if v.node})
 
+    # -- objects ------------------------------------------------------------------------
+    def expect_object(self, ref: tuple[str, str]) -> None:
+        """An object of this attempt whose status will be watched (undecided until seen)."""
+        if ref not in self._verdicts:
+            self._verdicts[ref] = None
+
+    def update_object(self, ref: tuple[str, str], verdict: JobVerdict | None) -> None:
+        """The verdict an object's status gives now (None: undecided)."""
+        old = self._verdicts.get(ref)
+        if old is not None:
+            if old.phase == "failed":
+                self.jobs_failed -= 1
+            else:
+                self.jobs_succeeded -= 1
+        self._verdicts[ref] = verdict
+        if verdict is not None:
+            if verdict.phase == "failed":
+                self.jobs_failed += 1
+            else:
+                self.jobs_succeeded += 1
+
     # -- phase --------------------------------------------------------------------------
-    def phase(self) -> tuple[WorkloadPhase, str, list[int]]:
+    def current_phase(self) -> WorkloadPhase:
+        """The phase by the rules of the module docstring, in O(1)."""
         c = self.counts
         if c["evicted"]:
-            reason = next(v.reason for v in self._views.values() if v.kind == "evicted")
-            return "evicted", reason, []
-        if c["failed"]:
-            codes: list[int] = []
-            reasons: list[str] = []
+            return "evicted"
+        if c["failed"] or self.jobs_failed:
+            return "failed"
+        if (
+            self.leader_succeeded
+            or (self.total and c["succeeded"] >= self.total)
+            or (self._verdicts and self.jobs_succeeded == len(self._verdicts))
+        ):
+            return "succeeded"
+        if self.total and c["running"] + c["succeeded"] >= self.total and c["running"]:
+            return "running"
+        return "created"
+
+    def phase(self) -> tuple[WorkloadPhase, str, list[int]]:
+        """The phase with its reason and exit codes (O(replicas): built for emission only).
+        Once a terminal phase was reported it stays (later pod clean-up changes nothing)."""
+        phase = self.last_phase if self.terminal and self.last_phase else self.current_phase()
+        reasons: list[str] = []
+        codes: list[int] = []
+        if phase == "evicted":
+            reasons.append(next(v.reason for v in self._views.values() if v.kind == "evicted"))
+        elif phase == "failed":
             for v in self._views.values():
                 if v.kind == "failed":
                     codes.extend(v.exit_codes)
                     reasons.append(v.reason)
-            return "failed", "; ".join(reasons)[:1024], codes[:_MAX_EXIT_CODES]
-        if self.leader_succeeded or (self.total and c["succeeded"] >= self.total):
-            return "succeeded", "", []
-        if self.total and c["running"] + c["succeeded"] >= self.total and c["running"]:
-            return "running", "", []
-        return "created", "", []
+            reasons.extend(
+                j.reason for j in self._verdicts.values() if j is not None and j.phase == "failed"
+            )
+        if self.restarted_pods:
+            pods = sorted(
+                (v for v in self._views.values() if v.restarts), key=lambda v: -v.restarts
+            )
+            for v in pods:
+                codes.extend(c for c in v.restart_codes if c not in codes)
+            notes = [v.restart_note for v in pods[:_MAX_RESTART_NOTES]]
+            if len(pods) > _MAX_RESTART_NOTES:
+                notes.append(f"{len(pods) - _MAX_RESTART_NOTES} more pods restarted")
+            reasons.append("; ".join(notes))
+        return phase, clip("; ".join(r for r in reasons if r)), codes[:_MAX_EXIT_CODES]
 
     def status(self) -> WorkloadStatus:
         phase, reason, codes = self.phase()
@@ -217,13 +417,13 @@ class Workload:
         Phases only move forward (created -> running -> terminal)."""
         if self.cancelled or self.terminal:
             return None
-        st = self.status()
-        if st.phase == self.last_phase:
+        phase = self.current_phase()
+        if phase == self.last_phase:
             return None
-        if st.phase == "created" and self.last_phase == "running":
+        if phase == "created" and self.last_phase == "running":
             return None  # a replica restarting is not a new attempt
-        self.last_phase = st.phase
-        return st
+        self.last_phase = phase
+        return self.status()
 
     # -- checkpoints ----------------------------------------------------------------------
     def checkpoint(
@@ -246,6 +446,16 @@ class Workload:
         return CheckpointReport(
             job_id=self.job_id, attempt=self.attempt, step=ck.step, uri=ck.uri, at=clock()
         )
+
+
+def _keep_restarts(old: PodView, new: PodView) -> None:
+    """Carry restart history across a pod's updates: exit codes seen earlier stay, and a
+    deleted pod's stub (no container statuses) keeps the last counts."""
+    if old.restart_codes:
+        merged = [*old.restart_codes, *(c for c in new.restart_codes if c not in old.restart_codes)]
+        new.restart_codes = merged[:_MAX_POD_CODES]
+    if old.restarts > new.restarts:
+        new.restarts, new.restart_note = old.restarts, old.restart_note
 
 
 def podset_of(pod: KPod) -> str:

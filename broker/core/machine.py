@@ -549,6 +549,11 @@ class Machine:
             )
             if current.cluster not in self.agents:
                 self.agents[current.cluster] = AgentTrack(last_heard=now)
+        # Restored queued jobs count as parked, not fresh: each was tried before the restart
+        # (or is as good as a parked one), and no cluster has reported yet. The first cycle then
+        # takes the `lookahead` heads of each queue, not all 100,000 jobs at once, which would
+        # keep a just-restarted broker deaf for seconds.
+        self._fresh.clear()
         self._capacity_dirty = True
 
     # ------------------------------------------------------------------ internals
