@@ -114,6 +114,7 @@ class Machine:
         lead = t.fence_lead_s
         self._fence_after = t.lost_after_s - lead if lead > 0 and t.lost_after_s > lead else 0.0
         self.lookahead = 256  # parked jobs per queue reconsidered when capacity frees
+        self._truncated = False  # the last cycle left parked jobs beyond the lookahead
 
     # ------------------------------------------------------------------ submission
     def submit(
@@ -189,6 +190,11 @@ class Machine:
         if not candidates:
             return []
         result = self.scheduler.schedule(candidates, now)
+        if result.admitted and self._truncated:
+            # Parked jobs beyond the lookahead wait behind the heads just admitted: keep
+            # cycling while cycles make progress, or a deep backlog would wait for the next
+            # capacity change.
+            self._capacity_dirty = True
         effects: list[Effect] = []
         for job_id, placement in result.admitted:
             record = self.jobs[job_id]
@@ -228,10 +234,12 @@ class Machine:
             touched.add(record.queue)
             fresh_ok.append(job_id)
         chosen: dict[str, None] = {}
+        self._truncated = False
         for queue in touched:
             pending = self._pending.get(queue)
             if not pending:
                 continue
+            self._truncated |= len(pending) > self.lookahead
             ready = (self.jobs[j] for j in pending if self.jobs[j].not_before <= now)
             heads = heapq.nsmallest(self.lookahead, ready, key=_queue_key)
             for record in heads:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -364,3 +365,23 @@ def test_random_sequences_keep_the_invariants(ops: list[tuple[str, int, int]]) -
             nums = [a.attempt for a in r.attempts]
             assert nums == sorted(set(nums))
     assert persisted_then_sent
+
+
+@pytest.mark.parametrize("restored", [True, False])
+def test_backlog_deeper_than_lookahead_drains_without_further_input(restored: bool) -> None:
+    """Parked jobs (all of a queue after a restore, or ones tried before any capacity came)
+    are reconsidered by their queue's `lookahead` heads; a deeper backlog must still drain
+    once capacity appears, with no other input than heartbeats."""
+    before = World()
+    jobs = [before.submit(f"j{i}", gpu=1) for i in range(600)]
+    if restored:
+        w = World()
+        w.m.restore(list(before.m.jobs.values()), w.now)
+    else:
+        w = before
+        assert not sends(w.cycle(), Dispatch)  # no cluster yet: every job is parked
+    w.cluster("a", count=100)  # 800 GPUs: room for every job
+    dispatched: list[str] = []
+    for _ in range(10):
+        dispatched += [d.job_id for d in sends(w.cycle(0.01), Dispatch)]
+    assert sorted(dispatched) == sorted(jobs)
