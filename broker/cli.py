@@ -9,12 +9,14 @@ Structs for scripts. A user error prints one line on stderr and exits 1; usage e
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NamedTuple, NoReturn, TypeVar
 
 import msgspec
 import typer
@@ -118,35 +120,61 @@ Timeout = Annotated[float, typer.Option("--timeout", help="seconds to wait for t
 LogLevelOpt = Annotated[LogLevel, typer.Option("--log-level", help="log verbosity")]
 
 
-def nats_options(
-    url: str | None,
-    creds: str | None = None,
-    user: str | None = None,
-    password: str | None = None,
-    token: str | None = None,
-    tls_ca: str | None = None,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
-    *,
-    name: str = "muster-cli",
-) -> NatsOptions:
-    """NatsOptions from the CLI flags; the URL must already be resolved."""
-    if tls_key and not tls_cert:
+class NatsAuth(NamedTuple):
+    """The NATS credential and TLS flags every networked command takes."""
+
+    creds: str | None = None
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
+_AUTH_PARAMS = [
+    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+    for name, annotation in zip(
+        NatsAuth._fields, (Creds, User, Password, Token, TlsCa, TlsCert, TlsKey), strict=True
+    )
+]
+
+
+def with_nats_auth(fn: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the seven credential/TLS options, handed to it as one `auth` argument
+    (typer has no option groups; this keeps each command's signature about its own flags)."""
+    sig = inspect.signature(fn, eval_str=True)
+    own = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in sig.parameters.values()
+        if p.name != "auth"
+    ]
+    at = next((i + 1 for i, p in enumerate(own) if p.name == "nats"), len(own))
+    params = own[:at] + _AUTH_PARAMS + own[at:]  # listed in --help right after --nats
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> None:
+        auth = NatsAuth(*(kwargs.pop(name) for name in NatsAuth._fields))
+        fn(auth=auth, **kwargs)
+
+    del command.__wrapped__  # typer must see the signature below, not fn's
+    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    return command
+
+
+def nats_options(url: str | None, auth: NatsAuth, *, name: str = "muster-cli") -> NatsOptions:
+    """NatsOptions from the CLI flags; an unset URL is resolved (see --nats)."""
+    if auth.tls_key and not auth.tls_cert:
         fail("--tls-key needs --tls-cert (the client certificate it belongs to)")
-    for flag, path in (("--creds", creds), ("--tls-ca", tls_ca), ("--tls-cert", tls_cert)):
+    for flag, path in (
+        ("--creds", auth.creds),
+        ("--tls-ca", auth.tls_ca),
+        ("--tls-cert", auth.tls_cert),
+    ):
         if path and not Path(path).is_file():
             fail(f"{flag} {path}: file not found")
-    return NatsOptions(
-        url=url or resolve_nats_url(None),
-        creds=creds,
-        user=user,
-        password=password,
-        token=token,
-        tls_ca=tls_ca,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        name=name,
-    )
+    return NatsOptions(url=url or resolve_nats_url(None), name=name, **auth._asdict())
 
 
 def fail(message: str) -> NoReturn:
@@ -462,6 +490,7 @@ def submit_line(reply: SubmitReply, queue: str) -> str:
 
 
 @app.command()
+@with_nats_auth
 def submit(
     file: Annotated[
         str, typer.Argument(help="job file (YAML/JSON JobSpec or manifest); - = stdin")
@@ -471,15 +500,10 @@ def submit(
         str | None, typer.Option("--job-id", help="idempotency key: a repeat is not run twice")
     ] = None,
     nats: NatsUrl = None,
-    creds: Creds = None,
-    user: User = None,
-    password: Password = None,
-    token: Token = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     output: OutputOpt = Output.table,
     timeout: Timeout = 5.0,
+    *,
+    auth: NatsAuth,
 ) -> None:
     """Submit a job: a Muster JobSpec, or a PyTorchJob/MPIJob/TFJob/Volcano Job/JobSet/Job."""
     try:
@@ -498,7 +522,7 @@ def submit(
             f"{source}: no queue: pass --queue NAME, or set `queue:` (JobSpec) or the "
             "kueue.x-k8s.io/queue-name label (manifest)"
         )
-    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    opts = nats_options(nats, auth)
     reply = _run(_with_client(opts, lambda c: c.submit(spec, timeout=timeout)))
     if output is Output.json:
         print_json(reply)
@@ -507,6 +531,7 @@ def submit(
 
 
 @app.command()
+@with_nats_auth
 def status(
     job: Annotated[str | None, typer.Argument(help="a job id; omit to list jobs")] = None,
     queue: Annotated[str | None, typer.Option("--queue", "-q", help="only this queue")] = None,
@@ -514,18 +539,13 @@ def status(
     cluster: Annotated[str | None, typer.Option("--cluster", help="only this cluster")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 1000,
     nats: NatsUrl = None,
-    creds: Creds = None,
-    user: User = None,
-    password: Password = None,
-    token: Token = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     output: OutputOpt = Output.table,
     timeout: Timeout = 5.0,
+    *,
+    auth: NatsAuth,
 ) -> None:
     """List jobs, or show one job: state, attempts, accounting, latest checkpoint."""
-    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    opts = nats_options(nats, auth)
     if job is not None:
         view = _run(_with_client(opts, lambda c: c.get(job, timeout=timeout)))
         if output is Output.json:
@@ -554,24 +574,20 @@ def status(
 
 
 @app.command()
+@with_nats_auth
 def cancel(
     job: Annotated[str, typer.Argument(help="job id")],
     reason: Annotated[str, typer.Option("--reason", help="recorded with the job")] = (
         "cancelled by user"
     ),
     nats: NatsUrl = None,
-    creds: Creds = None,
-    user: User = None,
-    password: Password = None,
-    token: Token = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     output: OutputOpt = Output.table,
     timeout: Timeout = 5.0,
+    *,
+    auth: NatsAuth,
 ) -> None:
     """Cancel a job (its running attempt is stopped)."""
-    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    opts = nats_options(nats, auth)
     view = _run(_with_client(opts, lambda c: c.cancel(job, reason, timeout=timeout)))
     if output is Output.json:
         print_json(view)
@@ -580,21 +596,17 @@ def cancel(
 
 
 @app.command()
+@with_nats_auth
 def why(
     job: Annotated[str, typer.Argument(help="job id")],
     nats: NatsUrl = None,
-    creds: Creds = None,
-    user: User = None,
-    password: Password = None,
-    token: Token = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     output: OutputOpt = Output.table,
     timeout: Timeout = 5.0,
+    *,
+    auth: NatsAuth,
 ) -> None:
     """Say why a job is not admitted (quota, capacity, GPU type, queue order, ...)."""
-    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    opts = nats_options(nats, auth)
     view = _run(_with_client(opts, lambda c: c.why(job, timeout=timeout)))
     if output is Output.json:
         print_json(view)
@@ -603,20 +615,16 @@ def why(
 
 
 @app.command()
+@with_nats_auth
 def queues(
     nats: NatsUrl = None,
-    creds: Creds = None,
-    user: User = None,
-    password: Password = None,
-    token: Token = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     output: OutputOpt = Output.table,
     timeout: Timeout = 5.0,
+    *,
+    auth: NatsAuth,
 ) -> None:
     """Show queues: pending and admitted jobs, usage against quota, fair share."""
-    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    opts = nats_options(nats, auth)
     views = _run(_with_client(opts, lambda c: c.queues(timeout=timeout)))
     if output is Output.json:
         print_json(views)
@@ -625,20 +633,16 @@ def queues(
 
 
 @app.command()
+@with_nats_auth
 def clusters(
     nats: NatsUrl = None,
-    creds: Creds = None,
-    user: User = None,
-    password: Password = None,
-    token: Token = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     output: OutputOpt = Output.table,
     timeout: Timeout = 5.0,
+    *,
+    auth: NatsAuth,
 ) -> None:
     """Show clusters: health, flavors, free GPUs, prices and spot interruption rates."""
-    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    opts = nats_options(nats, auth)
     views = _run(_with_client(opts, lambda c: c.clusters(timeout=timeout)))
     if output is Output.json:
         print_json(views)
@@ -647,20 +651,16 @@ def clusters(
 
 
 @app.command()
+@with_nats_auth
 def watch(
     job: Annotated[str, typer.Argument(help="job id")],
     nats: NatsUrl = None,
-    creds: Creds = None,
-    user: User = None,
-    password: Password = None,
-    token: Token = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     output: OutputOpt = Output.table,
+    *,
+    auth: NatsAuth,
 ) -> None:
     """Follow a job's events until it ends. Exits 0 if it succeeded, 1 otherwise."""
-    opts = nats_options(nats, creds, user, password, token, tls_ca, tls_cert, tls_key)
+    opts = nats_options(nats, auth)
 
     async def follow(client: MusterClient) -> str:
         final = ""
@@ -688,14 +688,13 @@ def watch(
 
 
 def _server_nats(
-    url: str | None, *rest: str | None, name: str, resolve: bool
+    url: str | None, auth: NatsAuth, *, name: str, resolve: bool
 ) -> NatsOptions | None:
     if url is None and not resolve:
-        if any(rest):
+        if any(auth):
             fail("NATS credentials or TLS options need --nats URL too")
         return None
-    creds, user, password, token, tls_ca, tls_cert, tls_key = rest
-    return nats_options(url, creds, user, password, token, tls_ca, tls_cert, tls_key, name=name)
+    return nats_options(url, auth, name=name)
 
 
 def _lazy(module: str, attr: str | None) -> Any:
@@ -719,6 +718,7 @@ def _serve(coro: Awaitable[None]) -> None:
 
 
 @app.command()
+@with_nats_auth
 def broker(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="broker config YAML (default: built-in)")
@@ -733,13 +733,6 @@ def broker(
             show_default=False,
         ),
     ] = None,
-    creds: Creds = None,
-    user: User = None,
-    password: Password = None,
-    token: Token = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -758,6 +751,8 @@ def broker(
             show_default=False,
         ),
     ] = None,
+    *,
+    auth: NatsAuth,
 ) -> None:
     """Run the broker (queues, gang admission, dispatch, recovery)."""
     configure_logging(log_level.value)
@@ -767,10 +762,7 @@ def broker(
         fail(str(exc))
     for note in loaded.notes:
         err.print(Text(f"note: {note}", style="dim"))
-    opts = _server_nats(
-        nats, creds, user, password, token, tls_ca, tls_cert, tls_key,
-        name="muster-broker", resolve=False,
-    )  # fmt: skip
+    opts = _server_nats(nats, auth, name="muster-broker", resolve=False)
     run_broker = _lazy("broker.service", "run_broker")
 
     _serve(
@@ -784,17 +776,13 @@ def broker(
 
 
 @app.command()
+@with_nats_auth
 def agent(
     config: Annotated[Path, typer.Option("--config", "-c", help="agent config YAML")],
     nats: NatsUrl = None,
-    creds: Creds = None,
-    user: User = None,
-    password: Password = None,
-    token: Token = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     log_level: LogLevelOpt = LogLevel.info,
+    *,
+    auth: NatsAuth,
 ) -> None:
     """Run one cluster agent (backend kube or fake)."""
     configure_logging(log_level.value)
@@ -805,26 +793,19 @@ def agent(
         cfg = load_agent_config(config)
     except ValueError as exc:
         fail(str(exc))
-    opts = _server_nats(
-        nats, creds, user, password, token, tls_ca, tls_cert, tls_key,
-        name=f"muster-agent-{cfg.cluster}", resolve=True,
-    )  # fmt: skip
+    opts = _server_nats(nats, auth, name=f"muster-agent-{cfg.cluster}", resolve=True)
     assert opts is not None
     _serve(run_agent(cfg, opts))
 
 
 @app.command()
+@with_nats_auth
 def fleet(
     config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")],
     nats: NatsUrl = None,
-    creds: Creds = None,
-    user: User = None,
-    password: Password = None,
-    token: Token = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     log_level: LogLevelOpt = LogLevel.info,
+    *,
+    auth: NatsAuth,
 ) -> None:
     """Run many (fake) cluster agents in one process, for demos and load tests."""
     configure_logging(log_level.value)
@@ -842,10 +823,7 @@ def fleet(
             fleet_cfg = msgspec.convert(raw, agent_config.FleetConfig, strict=False)
     except (ValueError, OSError) as exc:
         fail(str(exc))
-    opts = _server_nats(
-        nats, creds, user, password, token, tls_ca, tls_cert, tls_key,
-        name="muster-fleet", resolve=True,
-    )  # fmt: skip
+    opts = _server_nats(nats, auth, name="muster-fleet", resolve=True)
     assert opts is not None
     _serve(run_fleet(fleet_cfg.clusters, opts))
 

@@ -7,12 +7,15 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import msgspec
 import pytest_asyncio
+import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from agents.kube.backend import KubeBackend
 from agents.kube.config import KubeBackendConfig, convert_kube_config
-from schemas.agent import AgentEvent
+from schemas.agent import AgentEvent, Dispatch, PodSetAssignment
+from schemas.job import JobSpec
 from tests.kube.fake_apiserver import FakeApiServer
 
 NODES = "/api/v1/nodes"
@@ -181,3 +184,47 @@ async def make_backend(
     yield factory
     for b in made:
         await b.stop()
+
+
+# -- Dispatch commands as the broker sends them ---------------------------------------------
+
+
+def dispatch(
+    spec: dict[str, Any], assignment: dict[str, list[str]], attempt: int = 2, **kw: Any
+) -> Dispatch:
+    return Dispatch(
+        job_id=spec.get("job_id", "job-1"),
+        attempt=attempt,
+        epoch=1,
+        flavor="a100-spot",
+        assignment=[PodSetAssignment(podset=k, nodes=v) for k, v in assignment.items()],
+        spec=msgspec.convert(spec, JobSpec),
+        **kw,
+    )
+
+
+def manifest_dispatch(
+    text: str,
+    assignment: dict[str, list[str]] | None = None,
+    *,
+    job_id: str = "m-1",
+    attempt: int = 5,
+) -> Dispatch:
+    """A job whose workload is a user's manifest (YAML text)."""
+    spec = {
+        "name": "m",
+        "job_id": job_id,
+        "workload": {"kind": "manifest", "manifest": yaml.safe_load(text)},
+    }
+    return dispatch(spec, assignment or {}, attempt=attempt)
+
+
+def gang_dispatch(job_id: str = "job-1", attempt: int = 1, replicas: int = 2) -> Dispatch:
+    """A Muster gang of `replicas` 4-GPU workers on nodes n1..n<replicas>."""
+    spec = {
+        "name": "ddp",
+        "job_id": job_id,
+        "gang": [{"name": "worker", "replicas": replicas, "gpu": 4}],
+        "workload": {"image": "trainer:1", "command": ["python", "train.py"]},
+    }
+    return dispatch(spec, {"worker": [f"n{i}" for i in range(1, replicas + 1)]}, attempt)

@@ -16,16 +16,23 @@ from agents.kube.backend import KubeBackend
 from agents.kube.manifests import ANN_CHECKPOINT, ANN_CHECKPOINT_REQUEST, LABEL_JOB
 from schemas.agent import (
     CheckpointReport,
-    Dispatch,
     GpuHealth,
     NodeGone,
     NodeUpsert,
-    PodSetAssignment,
     SpotNotice,
     WorkloadStatus,
 )
-from schemas.job import JobSpec
-from tests.kube.conftest import NODES, NOW, NS, PODS, Recorder, make_config, node, pod
+from tests.kube.conftest import (
+    NODES,
+    NOW,
+    NS,
+    PODS,
+    Recorder,
+    gang_dispatch,
+    make_config,
+    node,
+    pod,
+)
 from tests.kube.fake_apiserver import FakeApiServer
 
 JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
@@ -33,24 +40,6 @@ JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
 
 def upserts(rec: Recorder, name: str) -> list[Any]:
     return [e.node for e in rec.of(NodeUpsert) if e.node.name == name]
-
-
-def make_dispatch(job_id: str = "job-1", attempt: int = 1, replicas: int = 2) -> Dispatch:
-    nodes = [f"n{i}" for i in range(1, replicas + 1)]
-    spec = {
-        "name": "ddp",
-        "job_id": job_id,
-        "gang": [{"name": "worker", "replicas": replicas, "gpu": 4}],
-        "workload": {"image": "trainer:1", "command": ["python", "train.py"]},
-    }
-    return Dispatch(
-        job_id=job_id,
-        attempt=attempt,
-        epoch=1,
-        flavor="a100-spot",
-        assignment=[PodSetAssignment(podset="worker", nodes=nodes)],
-        spec=msgspec.convert(spec, JobSpec),
-    )
 
 
 def job_pods(
@@ -242,7 +231,7 @@ async def test_dispatch_creates_and_cancel_deletes(
     apiserver: FakeApiServer, make_backend: Any
 ) -> None:
     backend, rec = await make_backend()
-    cmd = make_dispatch()
+    cmd = gang_dispatch()
     await backend.dispatch(cmd)
     svc = apiserver.get(f"/api/v1/namespaces/{NS}/services/job-1-a1")
     job = apiserver.get(f"{JOBS}/job-1-a1-worker")
@@ -273,8 +262,8 @@ async def test_foreground_propagation_and_gc_of_older_attempts(
     apiserver: FakeApiServer, make_backend: Any
 ) -> None:
     backend, _ = await make_backend(delete_propagation="Foreground")
-    await backend.dispatch(make_dispatch(attempt=1))
-    await backend.dispatch(make_dispatch(attempt=2))
+    await backend.dispatch(gang_dispatch(attempt=1))
+    await backend.dispatch(gang_dispatch(attempt=2))
     for _ in range(200):
         if apiserver.get(f"{JOBS}/job-1-a1-worker") is None:
             break
@@ -301,7 +290,7 @@ async def test_workload_status_running_succeeded(
     apiserver.put(NODES, node("n1"))
     apiserver.put(NODES, node("n2"))
     backend, rec = await make_backend()
-    await backend.dispatch(make_dispatch())
+    await backend.dispatch(gang_dispatch())
     pods = job_pods(apiserver, "job-1-a1-worker", "Pending", ("n1", "n2"))
     set_pod(apiserver, pods[0], phase="Running")
     await asyncio.sleep(0.05)
@@ -322,7 +311,7 @@ async def test_workload_status_running_succeeded(
 
 async def test_workload_failed_with_exit_codes(apiserver: FakeApiServer, make_backend: Any) -> None:
     backend, rec = await make_backend()
-    await backend.dispatch(make_dispatch())
+    await backend.dispatch(gang_dispatch())
     pods = job_pods(apiserver, "job-1-a1-worker", "Running", ("n1", "n2"))
     terminated = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
     set_pod(
@@ -343,7 +332,7 @@ async def test_workload_evicted_with_cause(
     apiserver.put(NODES, node("n1"))
     apiserver.put(NODES, node("n2"))
     backend, rec = await make_backend()
-    await backend.dispatch(make_dispatch())
+    await backend.dispatch(gang_dispatch())
     pods = job_pods(apiserver, "job-1-a1-worker", "Running", ("n1", "n2"))
     if cause == "node":
         apiserver.remove(f"{NODES}/n2")
@@ -363,7 +352,7 @@ async def test_checkpoint_annotation_and_request(
     apiserver: FakeApiServer, make_backend: Any
 ) -> None:
     backend, rec = await make_backend()
-    await backend.dispatch(make_dispatch())
+    await backend.dispatch(gang_dispatch())
     pods = job_pods(apiserver, "job-1-a1-worker", "Running", ("n1", "n2"))
 
     def annotate(value: str) -> None:
@@ -473,7 +462,7 @@ async def test_restart_rediscovers_workloads_and_skips_missing_crds(
     apiserver.put(NODES, node("n2"))
     first = KubeBackend("c1", make_config(), api_client=api_client, clock=lambda: NOW)
     await first.start(Recorder())
-    await first.dispatch(make_dispatch())
+    await first.dispatch(gang_dispatch())
     await first.stop()
     job_pods(apiserver, "job-1-a1-worker", "Running", ("n1", "n2"))
     backend, rec = await make_backend()

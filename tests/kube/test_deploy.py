@@ -27,7 +27,7 @@ from broker.embedded import free_port
 from schemas.agent import Dispatch, PodSetAssignment
 from schemas.job import JobSpec
 from schemas.natsopts import flush
-from tests.kube.conftest import NODES, NS, Recorder, make_config, node
+from tests.kube.conftest import NODES, NS, Recorder, make_config, manifest_dispatch, node
 from tests.kube.fake_apiserver import FakeApiServer, parse_path
 from tests.kube.test_manifests import (
     BATCH_JOB_YAML,
@@ -115,22 +115,6 @@ def _verb(method: str, name: str | None, query: dict[str, str]) -> str:
     return {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}[method]
 
 
-def _manifest_dispatch(job_id: str, text: str, assignment: dict[str, list[str]]) -> Dispatch:
-    spec = {
-        "name": "m",
-        "job_id": job_id,
-        "workload": {"kind": "manifest", "manifest": yaml.safe_load(text)},
-    }
-    return Dispatch(
-        job_id=job_id,
-        attempt=1,
-        epoch=1,
-        flavor="a100-spot",
-        assignment=[PodSetAssignment(podset=k, nodes=v) for k, v in assignment.items()],
-        spec=msgspec.convert(spec, JobSpec),
-    )
-
-
 async def test_backend_requests_are_exactly_the_rbac_rules(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
@@ -174,7 +158,7 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
                 }[other],
             )
         )
-    cmds += [_manifest_dispatch(f"m{i}", t, {}) for i, t in enumerate(texts)]
+    cmds += [manifest_dispatch(t, {}, job_id=f"m{i}", attempt=1) for i, t in enumerate(texts)]
     for cmd in cmds:
         await backend.dispatch(cmd)
     # A pod of one of them, so checkpoint_now has something to patch.

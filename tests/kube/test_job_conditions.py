@@ -14,7 +14,6 @@ from typing import Any
 
 import msgspec
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,9 +43,17 @@ from agents.kube.status import (
     classify,
     job_verdict,
 )
-from schemas.agent import Dispatch, NodeUpsert, PodSetAssignment, WorkloadStatus
-from schemas.job import JobSpec
-from tests.kube.conftest import NODES, NS, PODS, Recorder, node, pod
+from schemas.agent import NodeUpsert, WorkloadStatus
+from tests.kube.conftest import (
+    NODES,
+    NS,
+    PODS,
+    Recorder,
+    gang_dispatch,
+    manifest_dispatch,
+    node,
+    pod,
+)
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.test_manifests import (
     JOBSET_YAML,
@@ -69,39 +76,22 @@ FAILED_BACKOFF = {
 # -- helpers --------------------------------------------------------------------------------
 
 
-def manifest_dispatch(job_id: str, text: str, attempt: int = 1) -> Dispatch:
-    spec = {
-        "name": "m",
-        "job_id": job_id,
-        "workload": {"kind": "manifest", "manifest": yaml.safe_load(text)},
-    }
-    return Dispatch(
-        job_id=job_id,
-        attempt=attempt,
-        epoch=1,
-        flavor="a100-spot",
-        assignment=[],
-        spec=msgspec.convert(spec, JobSpec),
-    )
-
-
-def indexed_dispatch(job_id: str = "job-1", replicas: int = 2) -> Dispatch:
-    spec = {
-        "name": "ddp",
-        "job_id": job_id,
-        "gang": [{"name": "worker", "replicas": replicas, "gpu": 4}],
-        "workload": {"image": "trainer:1", "command": ["python", "train.py"]},
-    }
-    return Dispatch(
-        job_id=job_id,
-        attempt=1,
-        epoch=1,
-        flavor="a100-spot",
-        assignment=[
-            PodSetAssignment(podset="worker", nodes=[f"n{i + 1}" for i in range(replicas)])
-        ],
-        spec=msgspec.convert(spec, JobSpec),
-    )
+async def running_indexed_job(
+    apiserver: FakeApiServer, backend: Any, rec: Recorder
+) -> list[dict[str, Any]]:
+    """Dispatch a 2-replica gang (an Indexed Job) and run its pods, as the Job controller and
+    kube-scheduler would; returns the pods once the attempt reported running."""
+    await backend.dispatch(gang_dispatch())
+    job = apiserver.get(f"{BATCH_JOBS}/job-1-a1-worker")
+    assert job is not None
+    tmpl = job["spec"]["template"]["metadata"]
+    made = []
+    for i in range(2):
+        p = pod(f"job-1-a1-worker-{i}-x", f"n{i + 1}", namespace=NS, gpu=4)
+        p["metadata"].update(labels=tmpl["labels"], annotations=tmpl["annotations"])
+        made.append(apiserver.put(PODS, p))
+    await rec.wait_for(lambda: phases(rec) == ["created", "running"])
+    return made
 
 
 def set_status(server: FakeApiServer, collection: str, name: str, status: Any) -> None:
@@ -436,7 +426,7 @@ async def test_pytorchjob_failed_while_pods_run_in_place_restarts_reported(
     """restartPolicy OnFailure: the worker's container restarts inside a Running pod, the
     Training Operator gives up (BackoffLimitExceeded) while every pod still runs."""
     backend, rec = await make_backend()
-    await backend.dispatch(manifest_dispatch("job-1", PYTORCHJOB_YAML))
+    await backend.dispatch(manifest_dispatch(PYTORCHJOB_YAML, job_id="job-1", attempt=1))
     pods = kubeflow_pods(apiserver)
     await rec.wait_for(lambda: phases(rec) == ["created", "running"])
     set_status(
@@ -493,7 +483,7 @@ async def test_restart_before_the_gang_runs_rides_on_running(
     apiserver: FakeApiServer, make_backend: Any
 ) -> None:
     backend, rec = await make_backend()
-    await backend.dispatch(manifest_dispatch("job-1", PYTORCHJOB_YAML))
+    await backend.dispatch(manifest_dispatch(PYTORCHJOB_YAML, job_id="job-1", attempt=1))
     pods = kubeflow_pods(apiserver, phase="Pending")
     master = pods["job-1-a1-master-0"]
     apiserver.put(PODS, {**master, "status": {**master["status"], "phase": "Running"}})
@@ -517,18 +507,9 @@ async def test_batch_job_complete_after_pods_gone_is_succeeded(
     apiserver.put(NODES, node("n1"))
     apiserver.put(NODES, node("n2"))
     backend, rec = await make_backend()
-    await backend.dispatch(indexed_dispatch())
-    job = apiserver.get(f"{BATCH_JOBS}/job-1-a1-worker")
-    assert job is not None
-    tmpl = job["spec"]["template"]["metadata"]
-    names = []
-    for i in range(2):
-        p = pod(f"job-1-a1-worker-{i}-x", f"n{i + 1}", namespace=NS, gpu=4)
-        p["metadata"].update(labels=tmpl["labels"], annotations=tmpl["annotations"])
-        names.append(apiserver.put(PODS, p)["metadata"]["name"])
-    await rec.wait_for(lambda: phases(rec) == ["created", "running"])
-    for name in names:
-        apiserver.remove(f"{PODS}/{name}", silent=True)
+    made = await running_indexed_job(apiserver, backend, rec)
+    for p in made:
+        apiserver.remove(f"{PODS}/{p['metadata']['name']}", silent=True)
     set_status(
         apiserver,
         BATCH_JOBS,
@@ -558,16 +539,7 @@ async def test_batch_job_success_policy_then_lingering_pod_deleted(
     """Job successPolicy: index 0 succeeded -> SuccessCriteriaMet, and the Job controller
     deletes the other pod. Without the Job's verdict that deletion would read as an eviction."""
     backend, rec = await make_backend()
-    await backend.dispatch(indexed_dispatch())
-    job = apiserver.get(f"{BATCH_JOBS}/job-1-a1-worker")
-    assert job is not None
-    tmpl = job["spec"]["template"]["metadata"]
-    made = []
-    for i in range(2):
-        p = pod(f"job-1-a1-worker-{i}-x", f"n{i + 1}", namespace=NS, gpu=4)
-        p["metadata"].update(labels=tmpl["labels"], annotations=tmpl["annotations"])
-        made.append(apiserver.put(PODS, p))
-    await rec.wait_for(lambda: phases(rec) == ["created", "running"])
+    made = await running_indexed_job(apiserver, backend, rec)
     apiserver.put(PODS, {**made[0], "status": {**made[0]["status"], "phase": "Succeeded"}})
     set_status(
         apiserver,
@@ -653,7 +625,7 @@ async def test_object_verdict_per_kind(
     expected: tuple[str, str],
 ) -> None:
     backend, rec = await make_backend()
-    await backend.dispatch(manifest_dispatch("m-1", text))
+    await backend.dispatch(manifest_dispatch(text, job_id="m-1", attempt=1))
     collection = resource.collection(NS)
     assert apiserver.get(f"{collection}/m-1-a1") is not None
     # Undecided states first: nothing is emitted for them.
@@ -672,7 +644,7 @@ async def test_object_verdict_per_kind(
 
 async def test_objects_not_musters_are_ignored(apiserver: FakeApiServer, make_backend: Any) -> None:
     backend, rec = await make_backend()
-    await backend.dispatch(manifest_dispatch("job-1", PYTORCHJOB_YAML))
+    await backend.dispatch(manifest_dispatch(PYTORCHJOB_YAML, job_id="job-1", attempt=1))
     mine = apiserver.get(f"{PYTORCHJOBS}/job-1-a1")
     assert mine is not None
     failed = {"conditions": [{**FAILED_BACKOFF, "message": "IMPOSTOR"}]}
@@ -750,7 +722,7 @@ async def test_absent_crds_do_not_stop_nodes_and_pods_and_are_picked_up_later(
     apiserver.missing_groups = set()
     jr = backend.job_reflectors[PYTORCHJOBS]
     await rec.wait_for(lambda: jr.absent == 0 and apiserver.watch_count("pytorchjobs"), 5)
-    await backend.dispatch(manifest_dispatch("job-1", PYTORCHJOB_YAML))
+    await backend.dispatch(manifest_dispatch(PYTORCHJOB_YAML, job_id="job-1", attempt=1))
     set_status(apiserver, PYTORCHJOBS, "job-1-a1", {"conditions": [FAILED_BACKOFF]})
     await rec.wait_for(lambda: phases(rec) == ["created", "failed"])
 
@@ -786,7 +758,7 @@ async def test_malformed_objects_are_counted_and_ignored(
     assert backend.bad_objects == 1
     # Live: a malformed status and a garbage line are skipped; the watch carries on.
     await Recorder().wait_for(lambda: apiserver.watch_count("pytorchjobs") == 1)
-    await backend.dispatch(manifest_dispatch("job-1", PYTORCHJOB_YAML))
+    await backend.dispatch(manifest_dispatch(PYTORCHJOB_YAML, job_id="job-1", attempt=1))
     set_status(apiserver, PYTORCHJOBS, "job-1-a1", {"conditions": "Failed"})
     apiserver.send_raw(b'{"type":"MODIFIED","object":{"metadata":{"name":5}}}\n', "pytorchjobs")
     apiserver.send_raw(b"}{ not json\n", "pytorchjobs")
@@ -803,7 +775,7 @@ async def test_cancelled_attempt_reports_no_verdict(
     apiserver: FakeApiServer, make_backend: Any
 ) -> None:
     backend, rec = await make_backend()
-    await backend.dispatch(manifest_dispatch("job-1", PYTORCHJOB_YAML))
+    await backend.dispatch(manifest_dispatch(PYTORCHJOB_YAML, job_id="job-1", attempt=1))
     obj = copy.deepcopy(apiserver.get(f"{PYTORCHJOBS}/job-1-a1"))
     assert obj is not None
     await backend.cancel("job-1", 1, "user")

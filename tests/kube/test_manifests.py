@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 import pytest
-import yaml
 
 from agents.kube.manifests import (
     ANN_JOB,
@@ -25,9 +23,8 @@ from agents.kube.manifests import (
     manifest_templates,
     workload_name,
 )
-from schemas.agent import CheckpointRef, Dispatch, PodSetAssignment
-from schemas.job import JobSpec
-from tests.kube.conftest import make_config
+from schemas.agent import CheckpointRef
+from tests.kube.conftest import dispatch, make_config, manifest_dispatch
 
 NS = "muster-workloads"
 FLAVOR = make_config().flavors[0]  # a100-spot, pool=a100, toleration nvidia.com/gpu
@@ -204,20 +201,6 @@ spec:
 """
 
 
-def dispatch(
-    spec: dict[str, Any], assignment: dict[str, list[str]], attempt: int = 2, **kw: Any
-) -> Dispatch:
-    return Dispatch(
-        job_id=spec.get("job_id", "job-1"),
-        attempt=attempt,
-        epoch=1,
-        flavor="a100-spot",
-        assignment=[PodSetAssignment(podset=k, nodes=v) for k, v in assignment.items()],
-        spec=msgspec.convert(spec, JobSpec),
-        **kw,
-    )
-
-
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
@@ -376,15 +359,6 @@ def test_pytorchjob_from_gang() -> None:
     with pytest.raises(ManifestError, match="pytorchjob"):
         bad = {**spec, "gang": [{"name": "a", "replicas": 2}, {"name": "b", "replicas": 2}]}
         build_workload(dispatch(bad, {"a": ["n1", "n2"], "b": ["n3", "n4"]}), FLAVOR, NS)
-
-
-def manifest_dispatch(text: str, assignment: dict[str, list[str]]) -> Dispatch:
-    spec = {
-        "name": "m",
-        "job_id": "m-1",
-        "workload": {"kind": "manifest", "manifest": yaml.safe_load(text)},
-    }
-    return dispatch(spec, assignment, attempt=5)
 
 
 def test_manifest_pytorchjob_patched_keeps_user_fields() -> None:
