@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.config import FakeFlavor
 from broker.embedded import EmbeddedNats
 from load.common import emit, median, percentile
 from load.fleetbench import (
@@ -52,6 +51,7 @@ from load.fleetbench import (
     Setup,
     gang_of,
     gang_sizes,
+    half_spot_flavors,
     raw_nats_baseline,
     raw_request_latency,
     sample_sizes,
@@ -63,16 +63,6 @@ from schemas.natsopts import flush
 SIMULATE = {"total_steps": 10**9, "steps_per_second": 1.0, "checkpoint_every": 10**9}
 TARGET_RATE = 2000.0
 TARGET_P99_MS = 50.0
-
-
-def flavors(nodes: int) -> list[FakeFlavor]:
-    spot = nodes // 2
-    return [
-        FakeFlavor(name="a100-spot", capacity_type="spot", gpu_type="a100",
-                   price_per_gpu_hour=1.47, nodes=spot),
-        FakeFlavor(name="a100-od", capacity_type="on-demand", gpu_type="a100",
-                   price_per_gpu_hour=3.67, nodes=nodes - spot),
-    ]  # fmt: skip
 
 
 def payloads(setup: Setup, tag: str, sizes: list[int], queues: int) -> list[tuple[str, str, bytes]]:
@@ -182,7 +172,7 @@ async def paced(
 
 async def one_run(url: str, nats_pid: int, args: argparse.Namespace, run: int) -> dict[str, Any]:
     setup = await start_setup(
-        url, clusters=args.clusters, flavors=flavors(args.nodes), queues=args.queues
+        url, clusters=args.clusters, flavors=half_spot_flavors(args.nodes), queues=args.queues
     )
     setup.pids["nats"] = nats_pid
     try:

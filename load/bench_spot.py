@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.config import FakeFlavor
 from broker.embedded import EmbeddedNats
 from load.common import emit, median, percentile
 from load.fleetbench import (
@@ -49,6 +48,7 @@ from load.fleetbench import (
     Setup,
     gang_of,
     gang_sizes,
+    half_spot_flavors,
     raw_request_latency,
     sample_sizes,
     start_setup,
@@ -59,16 +59,6 @@ from schemas.natsopts import flush
 SIMULATE = {"total_steps": 10**9, "steps_per_second": 100.0, "checkpoint_every": 10**9}
 LEAD_S = 120.0
 TARGET_P99_S = 1.0
-
-
-def flavors(nodes: int) -> list[FakeFlavor]:
-    spot = nodes // 2
-    return [
-        FakeFlavor(name="a100-spot", capacity_type="spot", gpu_type="a100",
-                   price_per_gpu_hour=1.47, nodes=spot),
-        FakeFlavor(name="a100-od", capacity_type="on-demand", gpu_type="a100",
-                   price_per_gpu_hour=3.67, nodes=nodes - spot),
-    ]  # fmt: skip
 
 
 async def submit_all(setup: Setup, count: int, queues: int, seed: int, max_gpus: int) -> None:
@@ -251,7 +241,7 @@ async def one_run(url: str, nats_pid: int, args: argparse.Namespace, run: int) -
     setup = await start_setup(
         url,
         clusters=args.clusters,
-        flavors=flavors(args.nodes),
+        flavors=half_spot_flavors(args.nodes),
         queues=args.queues,
         fake={"checkpoint_write_s": 0.0, "start_delay_s": 0.5, "spot_notice_s": LEAD_S},
     )

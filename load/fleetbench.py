@@ -42,6 +42,17 @@ FALLBACK_SIZES = [1] * 93 + [2, 2, 4, 4, 8, 8, 16]
 
 
 @functools.cache
+def half_spot_flavors(nodes: int) -> list[FakeFlavor]:
+    """Each benchmark cluster: half its nodes A100 spot, half on-demand (AWS p4d prices)."""
+    spot = nodes // 2
+    return [
+        FakeFlavor(name="a100-spot", capacity_type="spot", gpu_type="a100",
+                   price_per_gpu_hour=1.47, nodes=spot),
+        FakeFlavor(name="a100-od", capacity_type="on-demand", gpu_type="a100",
+                   price_per_gpu_hour=3.67, nodes=nodes - spot),
+    ]  # fmt: skip
+
+
 def _philly() -> tuple[tuple[int, ...], str]:
     philly = default_traces_dir() / "philly.csv"
     if philly.exists():
