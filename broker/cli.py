@@ -202,6 +202,20 @@ async def _with_client(opts: NatsOptions, fn: Callable[[MusterClient], Awaitable
         return await fn(client)
 
 
+def _show(
+    opts: NatsOptions,
+    output: Output,
+    fetch: Callable[[MusterClient], Awaitable[T]],
+    render: Callable[[T], RenderableType],
+) -> None:
+    """One request to the broker; its answer as JSON for scripts or rendered for people."""
+    result = _run(_with_client(opts, fetch))
+    if output is Output.json:
+        print_json(result)
+    else:
+        out.print(render(result))
+
+
 def print_json(obj: Any) -> None:
     """The exact Struct(s) as pretty JSON (plain stdout: never wrapped or styled)."""
     typer.echo(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode())
@@ -522,12 +536,13 @@ def submit(
             f"{source}: no queue: pass --queue NAME, or set `queue:` (JobSpec) or the "
             "kueue.x-k8s.io/queue-name label (manifest)"
         )
-    opts = nats_options(nats, auth)
-    reply = _run(_with_client(opts, lambda c: c.submit(spec, timeout=timeout)))
-    if output is Output.json:
-        print_json(reply)
-    else:
-        out.print(submit_line(reply, spec.queue))
+    queue = spec.queue
+    _show(
+        nats_options(nats, auth),
+        output,
+        lambda c: c.submit(spec, timeout=timeout),
+        lambda reply: submit_line(reply, queue),
+    )
 
 
 @app.command()
@@ -547,11 +562,7 @@ def status(
     """List jobs, or show one job: state, attempts, accounting, latest checkpoint."""
     opts = nats_options(nats, auth)
     if job is not None:
-        view = _run(_with_client(opts, lambda c: c.get(job, timeout=timeout)))
-        if output is Output.json:
-            print_json(view)
-        else:
-            out.print(job_detail(view))
+        _show(opts, output, lambda c: c.get(job, timeout=timeout), job_detail)
         return
     jobs = _run(
         _with_client(
@@ -587,12 +598,12 @@ def cancel(
     auth: NatsAuth,
 ) -> None:
     """Cancel a job (its running attempt is stopped)."""
-    opts = nats_options(nats, auth)
-    view = _run(_with_client(opts, lambda c: c.cancel(job, reason, timeout=timeout)))
-    if output is Output.json:
-        print_json(view)
-    else:
-        out.print(Text.assemble(f"job {view.job_id} is ", _state(view.state)))
+    _show(
+        nats_options(nats, auth),
+        output,
+        lambda c: c.cancel(job, reason, timeout=timeout),
+        lambda view: Text.assemble(f"job {view.job_id} is ", _state(view.state)),
+    )
 
 
 @app.command()
@@ -606,12 +617,7 @@ def why(
     auth: NatsAuth,
 ) -> None:
     """Say why a job is not admitted (quota, capacity, GPU type, queue order, ...)."""
-    opts = nats_options(nats, auth)
-    view = _run(_with_client(opts, lambda c: c.why(job, timeout=timeout)))
-    if output is Output.json:
-        print_json(view)
-    else:
-        out.print(why_view(view))
+    _show(nats_options(nats, auth), output, lambda c: c.why(job, timeout=timeout), why_view)
 
 
 @app.command()
@@ -624,12 +630,7 @@ def queues(
     auth: NatsAuth,
 ) -> None:
     """Show queues: pending and admitted jobs, usage against quota, fair share."""
-    opts = nats_options(nats, auth)
-    views = _run(_with_client(opts, lambda c: c.queues(timeout=timeout)))
-    if output is Output.json:
-        print_json(views)
-    else:
-        out.print(queues_table(views))
+    _show(nats_options(nats, auth), output, lambda c: c.queues(timeout=timeout), queues_table)
 
 
 @app.command()
@@ -642,12 +643,7 @@ def clusters(
     auth: NatsAuth,
 ) -> None:
     """Show clusters: health, flavors, free GPUs, prices and spot interruption rates."""
-    opts = nats_options(nats, auth)
-    views = _run(_with_client(opts, lambda c: c.clusters(timeout=timeout)))
-    if output is Output.json:
-        print_json(views)
-    else:
-        out.print(clusters_table(views))
+    _show(nats_options(nats, auth), output, lambda c: c.clusters(timeout=timeout), clusters_table)
 
 
 @app.command()
