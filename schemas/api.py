@@ -24,6 +24,7 @@ EventKind = Literal[
     "queued",
     "admitted",
     "running",
+    "restarted",  # containers restarted in place; the attempt goes on (reason says which)
     "checkpointed",
     "preempting",
     "requeued",

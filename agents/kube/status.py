@@ -256,7 +256,9 @@ class Workload:
         "last_step",
         "leader_succeeded",
         "objects",
+        "reported_restarts",
         "restarted_pods",
+        "restarts",
         "total",
     )
 
@@ -276,6 +278,8 @@ class Workload:
         }
         self.leader_succeeded = 0
         self.restarted_pods = 0
+        self.restarts = 0  # in-place container restarts over all replicas
+        self.reported_restarts = 0  # ... as of the last status emitted
         # Objects with a status (Job, PyTorchJob, ...): (collection, name) -> verdict or None.
         self._verdicts: dict[tuple[str, str], JobVerdict | None] = {}
         self.jobs_succeeded = 0
@@ -299,6 +303,7 @@ class Workload:
                 self.leader_succeeded -= 1
             if old.restarts:
                 self.restarted_pods -= 1
+                self.restarts -= old.restarts
                 _keep_restarts(old, view)
         self._views[uid] = view
         self.counts[view.kind] += 1
@@ -306,6 +311,7 @@ class Workload:
             self.leader_succeeded += 1
         if view.restarts:
             self.restarted_pods += 1
+            self.restarts += view.restarts
 
     def node_gone(self, node: str) -> bool:
         """Mark replicas on a deleted node evicted; True when one was."""
@@ -414,15 +420,19 @@ class Workload:
 
     def transition(self) -> WorkloadStatus | None:
         """The status to emit when the phase moved forward since the last report, else None.
-        Phases only move forward (created -> running -> terminal)."""
+        Phases only move forward (created -> running -> terminal). A running attempt whose
+        containers restarted in place since the last report says so again (`running` with the
+        restart note), so a crash loop shows before the operator gives up."""
         if self.cancelled or self.terminal:
             return None
         phase = self.current_phase()
         if phase == self.last_phase:
-            return None
-        if phase == "created" and self.last_phase == "running":
+            if phase != "running" or self.restarts <= self.reported_restarts:
+                return None
+        elif phase == "created" and self.last_phase == "running":
             return None  # a replica restarting is not a new attempt
         self.last_phase = phase
+        self.reported_restarts = self.restarts
         return self.status()
 
     # -- checkpoints ----------------------------------------------------------------------

@@ -348,7 +348,7 @@ class Machine:
         reported: set[tuple[str, int]] = set()
         for status in snap.workloads:
             reported.add((status.job_id, status.attempt))
-            self._workload(cluster, status, now, effects)
+            self._workload(cluster, status, now, effects, snapshot=True)
         for job_id in list(self._live_by_cluster.get(cluster, ())):
             record = self.jobs[job_id]
             current = record.current
@@ -364,7 +364,13 @@ class Machine:
         self._capacity_dirty = True
 
     def _workload(
-        self, cluster: str, status: WorkloadStatus, now: float, effects: list[Effect]
+        self,
+        cluster: str,
+        status: WorkloadStatus,
+        now: float,
+        effects: list[Effect],
+        *,
+        snapshot: bool = False,
     ) -> None:
         record = self.jobs.get(status.job_id)
         current = record.current if record is not None else None
@@ -401,6 +407,11 @@ class Machine:
                 self.scheduler.note_progress(record.job_id, current.attempt, now)
                 effects.append(Persist(record))
                 effects.append(self._event(record, "running", now))
+            elif current.running_at is not None and status.reason and not snapshot:
+                # Running again with a note: replicas restarted in place (a crash loop shows
+                # before the operator gives up). Nothing changes but what users are told; a
+                # snapshot repeats the note of an old restart, so it says nothing.
+                effects.append(self._event(record, "restarted", now, reason=status.reason))
         elif phase == "succeeded":
             self._finish(record, "succeeded", now, status.reason or None, effects)
         elif phase == "failed":

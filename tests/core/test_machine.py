@@ -385,3 +385,46 @@ def test_backlog_deeper_than_lookahead_drains_without_further_input(restored: bo
     for _ in range(10):
         dispatched += [d.job_id for d in sends(w.cycle(0.01), Dispatch)]
     assert sorted(dispatched) == sorted(jobs)
+
+
+def test_in_place_restarts_are_told_once_and_not_repeated_by_snapshots() -> None:
+    w = World()
+    w.cluster("a")
+    job = w.submit()
+    w.cycle()
+    run(w, job, "a", 1)
+    note = "j-1-a1-w-0 restarted 2 times (exit 137 OOMKilled)"
+    fx = w.send(
+        "a",
+        WorkloadStatus(
+            job_id=job,
+            attempt=1,
+            phase="running",
+            running_replicas=1,
+            total_replicas=1,
+            exit_codes=[137],
+            reason=note,
+        ),
+    )
+    (event,) = [e.event for e in fx if isinstance(e, Publish)]
+    assert (event.kind, event.reason, event.state, event.attempt) == (
+        "restarted",
+        note,
+        "running",
+        1,
+    )
+    assert not [e for e in fx if isinstance(e, (Persist, Send))]  # nothing else changes
+    # A resync snapshot carries the same status: no second event, and the job keeps running.
+    snap = ClusterSnapshot(
+        flavors=[SPOT],
+        nodes=[node("a", 0)],
+        workloads=[
+            WorkloadStatus(
+                job_id=job, attempt=1, phase="running", running_replicas=1, total_replicas=1,
+                exit_codes=[137], reason=note,
+            )
+        ],
+    )  # fmt: skip
+    assert "restarted" not in events(w.send("a", snap))
+    view = w.m.job_view(job, w.now)
+    assert view is not None and view.state == "running"

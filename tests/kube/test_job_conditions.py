@@ -441,8 +441,16 @@ async def test_pytorchjob_failed_while_pods_run_in_place_restarts_reported(
         },
     )
     restart(apiserver, pods["job-1-a1-worker-1"], 2, 137, "OOMKilled")
+    # No phase of its own: the running attempt says `running` again, with the restarts.
+    await rec.wait_for(lambda: phases(rec) == ["created", "running", "running"])
+    assert statuses(rec)[2] == (
+        "running",
+        "job-1-a1-worker-1 restarted 2 times (exit 137 OOMKilled)",
+        [137],
+    )
+    restart(apiserver, pods["job-1-a1-worker-1"], 2, 137, "OOMKilled")  # nothing new
     await settle()
-    assert phases(rec) == ["created", "running"]  # restarts are no phase of their own
+    assert len(phases(rec)) == 3
     set_status(
         apiserver,
         PYTORCHJOBS,
@@ -455,8 +463,8 @@ async def test_pytorchjob_failed_while_pods_run_in_place_restarts_reported(
             ]
         },
     )
-    await rec.wait_for(lambda: len(phases(rec)) == 3)
-    assert statuses(rec)[2] == (
+    await rec.wait_for(lambda: len(phases(rec)) == 4)
+    assert statuses(rec)[3] == (
         "failed",
         "PyTorchJob job-1-a1: Failed (BackoffLimitExceeded): PyTorchJob job-1-a1 is failed "
         "because 1 Worker replica(s) failed.; "
@@ -474,7 +482,7 @@ async def test_pytorchjob_failed_while_pods_run_in_place_restarts_reported(
     for name in pods:
         apiserver.remove(f"{PODS}/{name}")
     await settle()
-    assert phases(rec) == ["created", "running", "failed"]
+    assert phases(rec) == ["created", "running", "running", "failed"]
     snap = await backend.snapshot()
     assert [(w.phase, w.exit_codes) for w in snap.workloads] == [("failed", [137])]
 
