@@ -233,6 +233,7 @@ _STATE_STYLE = {
     "cancelled": "dim",
     "checkpointed": "blue",
     "requeued": "yellow",
+    "restarted": "magenta",
 }
 
 
