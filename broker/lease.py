@@ -100,7 +100,25 @@ class LeaderLease:
         try:
             self._revision = await kv.update(KEY, value, last=self._revision)
         except KeyWrongLastSequenceError as exc:
-            raise LeadershipLost(f"another broker holds the lease: {exc}") from exc
+            if not await self._renewed_unacknowledged(kv):
+                raise LeadershipLost(f"another broker holds the lease: {exc}") from exc
+
+    async def _renewed_unacknowledged(self, kv: KeyValue) -> bool:
+        """A renewal the server applied but whose ack was lost (a NATS restart in between)
+        leaves our revision stale, though the lease is still ours: same holder, same epoch.
+        Adopt its revision instead of stepping down for nothing."""
+        try:
+            entry = await kv.get(KEY)
+            if entry.value is None or entry.revision is None:
+                return False
+            held = msgspec.json.decode(entry.value, type=LeaseHolder)
+        except Exception:
+            return False
+        if held.holder != self.holder or held.epoch != self.epoch:
+            return False
+        log.info("lease.renewal_recovered", holder=self.holder, epoch=self.epoch)
+        self._revision = entry.revision
+        return True
 
     async def hold(self) -> None:
         """Renew until it fails; raises LeadershipLost. Transient NATS errors are retried

@@ -36,7 +36,7 @@ from broker.core.machine import Machine
 from broker.embedded import EmbeddedNats, free_port
 from broker.lease import LeaderLease, LeadershipLost
 from broker.metrics import Metrics
-from broker.store import JobStore
+from broker.store import JobStore, RecordMirror
 from schemas.agent import Cancel, CheckpointReport, Dispatch
 from schemas.api import SubmitReply
 from schemas.codec import (
@@ -67,6 +67,8 @@ CYCLE_MAX_GAP_S = 0.01
 TICK_MIN_INTERVAL_S = 0.05
 REPLY_TTL_S = 60.0
 REPLY_MAX = 200_000
+RESTORE_LIMIT_S = 60.0  # the longest a new leader waits for its records
+STANDBY_RETRY_S = 0.5  # pause after a failed attempt to acquire the lease
 
 
 def parse_submission(data: bytes, limit: int, queue: str | None) -> JobSpec:
@@ -314,6 +316,7 @@ class Broker:
         self.clock = clock
         self.machine: Machine | None = None
         self.store: JobStore | None = None
+        self.mirror: RecordMirror | None = None  # while standing by (see run)
         self.lease = LeaderLease(
             self.js, self.subjects.leader_bucket, self.holder, config.timeouts.lease_ttl_s
         )
@@ -346,9 +349,42 @@ class Broker:
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
-        """Stand by until leading, serve, and go back to standby if leadership is lost."""
+        """Stand by until leading, serve, and go back to standby if leadership is lost.
+
+        The standby is hot: a RecordMirror follows the job bucket while the lease is polled,
+        so a takeover waits for the last few writes instead of reading every record. Each
+        standby round starts a fresh mirror; a broker that leads at once pays a full read."""
         await self._ensure_streams()
         while not self.stopped.is_set():
+            mirror = self.mirror = await self._start_mirror()
+            try:
+                if not await self._stand_by():
+                    break
+                try:
+                    await self._lead(mirror)
+                except LeadershipLost as exc:
+                    log.warning("broker.leadership_lost", error=str(exc))
+                finally:
+                    await self._step_down()
+            finally:
+                await mirror.stop()
+                self.mirror = None
+        with contextlib.suppress(Exception):
+            await self.lease.release()
+
+    async def _start_mirror(self) -> RecordMirror:
+        assert self.store is not None
+        mirror = RecordMirror(self.store)
+        try:
+            await mirror.start()
+        except Exception as exc:  # NATS away: the mirror starts when the lease is won
+            log.warning("broker.mirror_not_started", error=str(exc))
+        return mirror
+
+    async def _stand_by(self) -> bool:
+        """Wait for the lease; False when the broker is stopped first. An acquire that fails
+        (NATS away) is retried: only a lease actually won leads."""
+        while True:
             acquire = asyncio.create_task(self.lease.acquire())
             stop = asyncio.create_task(self.stopped.wait())
             done, _ = await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -356,16 +392,15 @@ class Broker:
                 acquire.cancel()
                 with contextlib.suppress(BaseException):
                     await acquire
-                break
+                return False
             stop.cancel()
-            try:
-                await self._lead()
-            except LeadershipLost as exc:
-                log.warning("broker.leadership_lost", error=str(exc))
-            finally:
-                await self._step_down()
-        with contextlib.suppress(Exception):
-            await self.lease.release()
+            error = acquire.exception()
+            if error is None:
+                return True
+            log.warning("lease.acquire_failed", error=str(error))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STANDBY_RETRY_S):
+                    await self.stopped.wait()
 
     async def stop(self) -> None:
         self.stopped.set()
@@ -399,20 +434,19 @@ class Broker:
             )
         self.store = await JobStore.open(self.js, self.subjects.jobs_bucket, nc=self.nc)
 
-    async def _lead(self) -> None:
+    async def _lead(self, mirror: RecordMirror) -> None:
         # Renew the lease from the moment it is won: restoring 100,000 records takes longer
         # than the lease TTL, and a lease left to expire meanwhile was lost right after the
         # restore, then won and restored again, over and over.
         hold = asyncio.create_task(self.lease.hold())
         try:
-            await self._lead_holding(hold)
+            await self._lead_holding(hold, mirror)
         finally:
             hold.cancel()
             with contextlib.suppress(BaseException):
                 await hold
 
-    async def _lead_holding(self, hold: asyncio.Task[None]) -> None:
-        assert self.store is not None
+    async def _lead_holding(self, hold: asyncio.Task[None], mirror: RecordMirror) -> None:
         started = time.monotonic()
         machine = Machine(self.config, epoch=self.lease.epoch)
         # Loading builds millions of long-lived objects and no cycles; the cycle collector
@@ -420,7 +454,15 @@ class Broker:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            records = await self.store.load_all()
+            records = await mirror.caught_up(RESTORE_LIMIT_S)
+            stream_seq = mirror.applied
+            await mirror.stop()  # the leader does not mirror its own writes
+            log.info(
+                "broker.mirror_caught_up",
+                records=len(records),
+                stream_seq=stream_seq,
+                catch_up_s=round(time.monotonic() - started, 3),
+            )
             if hold.done():
                 hold.result()  # leadership was lost while loading: raises LeadershipLost
             machine.restore(records, self.clock())

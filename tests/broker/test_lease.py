@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import msgspec
+import pytest
 from nats.aio.client import Client
 
-from broker.lease import LeaderLease
+from broker.lease import LeaderLease, LeadershipLost, LeaseHolder
 
 
 def _bucket() -> str:
@@ -47,3 +49,27 @@ async def test_restart_with_same_identity_reclaims_at_once(nc: Client) -> None:
         assert "another broker" in str(exc)
     else:
         raise AssertionError("the old incarnation renewed a lease it no longer holds")
+
+
+async def test_a_renewal_whose_ack_was_lost_keeps_the_lease(nc: Client) -> None:
+    """NATS applied a renewal but the leader never saw the ack (a restart in between): its
+    revision is stale, yet the lease is still its own. It must not step down."""
+    js = nc.jetstream()
+    bucket = _bucket()
+    lease = LeaderLease(js, bucket, "broker-1", ttl=30.0)
+    assert await lease.try_acquire()
+    await lease.renew()
+    kv = await js.key_value(bucket)
+    entry = await kv.get("leader")
+    assert entry.value is not None
+    await kv.update("leader", entry.value, last=entry.revision)  # the "lost" renewal
+    await lease.renew()  # would raise LeadershipLost without the recovery
+    assert await lease.current() == "broker-1"
+    # Someone else's write is not mistaken for ours.
+    entry = await kv.get("leader")
+    await kv.update(
+        "leader", msgspec.json.encode(LeaseHolder("broker-2", 0.0, 99)), last=entry.revision
+    )
+    with pytest.raises(LeadershipLost):
+        await lease.renew()
+    assert await lease.current() == "broker-2"
