@@ -24,7 +24,6 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from agents.main import configure_logging
 from broker.client import MusterClient, MusterError, default_state_dir, resolve_nats_url
 from broker.config import ConfigError, config_to_yaml, load_config_full
 from broker.manifests import JobDocumentError, load_job_document
@@ -36,6 +35,7 @@ from schemas.api import (
     SubmitReply,
     WhyView,
 )
+from schemas.logs import configure_logging
 from schemas.natsopts import NatsOptions
 
 T = TypeVar("T")

@@ -6,6 +6,12 @@ Jobs are published to the submission subject (with client job ids) while no clus
 them, so they all stay pending. Then the broker is killed with SIGKILL and restarted; we time
 from the restart to the broker answering as leader with every job restored, and check that the
 set of job ids is exactly the one submitted (none lost, none duplicated).
+
+Then failover: a second broker process (its own state directory, so another identity) stands
+by for `--standby-warmup-s` while it mirrors the job bucket; the leader is SIGKILLed and we time
+until the standby answers as leader with every job restored. That time is mostly the lease
+running out (`timeouts.lease_ttl_s`, 5 s); the standby's own `restore_s` is what the hot
+standby saves against the cold restart above.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ def job(i: int, rng: random.Random) -> bytes:
     )
 
 
-async def one_run(url: str, jobs: int, queues: int) -> dict[str, float]:
+async def one_run(url: str, jobs: int, queues: int, standby_warmup_s: float) -> dict[str, float]:
     prefix = f"s{uuid.uuid4().hex[:8]}"
     config = BrokerConfig(
         subject_prefix=prefix, queues=[QueueConfig(name=f"q{i}") for i in range(queues)]
@@ -75,17 +81,24 @@ async def one_run(url: str, jobs: int, queues: int) -> dict[str, float]:
         stats = await broker.wait_leading(nc, timeout=120)
         recovered_s = time.perf_counter() - restart_at
         assert stats["restored_jobs"] == jobs and stats["jobs"] == jobs, stats
-        sample = random.Random(1).sample(range(jobs), 200)
-        for i in sample:
-            msg = await nc.request(
-                broker.subjects.api("get"), encode_json({"job_id": f"job-{i}"}), timeout=10
-            )
-            view = json.loads(msg.data)
-            assert view["ok"] and view["result"]["state"] == "queued", view
+        await check_sample(nc, broker, jobs)
+        # Failover to a hot standby.
+        standby = BrokerProcess(url, config)
+        standby.start()
+        await asyncio.sleep(standby_warmup_s)
+        broker.kill9()
+        killed_at = time.perf_counter()
+        takeover = await standby.wait_leading(nc, timeout=120)
+        takeover_s = time.perf_counter() - killed_at
+        assert takeover["restored_jobs"] == jobs and takeover["jobs"] == jobs, takeover
+        await check_sample(nc, standby, jobs)
+        standby.cleanup()
         return {
             "rss_mib": rss / 2**20,
             "recovered_s": recovered_s,
             "restore_s": float(stats["restore_s"]),
+            "takeover_s": takeover_s,
+            "standby_restore_s": float(takeover["restore_s"]),
             "submit_rate": jobs / ingest_s,
         }
     finally:
@@ -93,12 +106,22 @@ async def one_run(url: str, jobs: int, queues: int) -> dict[str, float]:
         broker.cleanup()
 
 
+async def check_sample(nc: nats.NATS, broker: BrokerProcess, jobs: int) -> None:
+    """200 sampled jobs answer from the leader, present and still queued."""
+    for i in random.Random(1).sample(range(jobs), 200):
+        msg = await nc.request(
+            broker.subjects.api("get"), encode_json({"job_id": f"job-{i}"}), timeout=10
+        )
+        view = json.loads(msg.data)
+        assert view["ok"] and view["result"]["state"] == "queued", view
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
     async with EmbeddedNats() as server:
         baseline = await raw_nats_baseline(server.url)
         runs = []
         for _ in range(args.runs):
-            runs.append(await one_run(server.url, args.jobs, args.queues))
+            runs.append(await one_run(server.url, args.jobs, args.queues, args.standby_warmup_s))
             print("  run:", {k: round(v, 3) for k, v in runs[-1].items()})
     result = {
         "figure": "broker memory and restart",
@@ -106,6 +129,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         "rss_mib_median": round(median([r["rss_mib"] for r in runs]), 1),
         "restart_to_leading_s_median": round(median([r["recovered_s"] for r in runs]), 3),
         "restore_s_median": round(median([r["restore_s"] for r in runs]), 3),
+        "takeover_s_median": round(median([r["takeover_s"] for r in runs]), 3),
+        "standby_restore_s_median": round(median([r["standby_restore_s"] for r in runs]), 3),
         "durable_submits_per_s_median": round(median([r["submit_rate"] for r in runs])),
         "raw_nats_msgs_per_s": round(baseline),
         "runs": runs,
@@ -114,7 +139,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     print(
         f"scale: {args.jobs:,} pending jobs, RSS {result['rss_mib_median']} MiB; restart to "
         f"leading {result['restart_to_leading_s_median']} s (restore "
-        f"{result['restore_s_median']} s); durable submits "
+        f"{result['restore_s_median']} s); standby takeover {result['takeover_s_median']} s "
+        f"(restore {result['standby_restore_s_median']} s); durable submits "
         f"{result['durable_submits_per_s_median']:,}/s"
     )
     return result
@@ -127,6 +153,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--queues", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--standby-warmup-s", type=float, default=10.0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     emit(asyncio.run(main_async(args)), args.json)

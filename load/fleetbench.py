@@ -27,12 +27,13 @@ import nats
 from nats.aio.client import Client
 
 from agents.config import FakeClusterConfig, FakeFlavor, make_fleet_configs
-from agents.main import Fleet, configure_logging, start_fake_fleet
+from agents.main import Fleet, start_fake_fleet
 from load.common import BrokerProcess, percentile
 from load.traces import default_traces_dir, gang_shape, philly_gang_sizes
 from schemas.agent import Dispatch
 from schemas.codec import decode_job_event
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from schemas.logs import configure_logging
 from schemas.natsopts import flush
 from schemas.subjects import Subjects
 
