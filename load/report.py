@@ -100,6 +100,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
             if log.start_step > 0:
                 resumed += 1
     recover: list[float] = []  # spot notice -> next attempt dispatched
+    ended: list[float] = []  # ... of which: notice -> old attempt ended (checkpoint or deadline)
     mbb = noticed = 0
     for logs in result.logs.values():
         for log, nxt in itertools.pairwise(logs):
@@ -107,6 +108,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
                 continue
             noticed += 1
             recover.append(nxt.dispatched_at - log.noticed_at)
+            ended.append(log.ended_at - log.noticed_at)
             if nxt.dispatched_at == log.ended_at and log.ended_at < log.noticed_at + 120.0:
                 mbb += 1  # the replacement was reserved: it started as the old one ended
     jobs = {j.job_id: j for j in result.jobs}
@@ -147,6 +149,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "noticed_attempts": noticed,
         "recover_median_s": _median(recover),
         "recover_p90_s": percentile(recover, 90),
+        "recover_p95_s": percentile(recover, 95),
+        "noticed_end_p95_s": percentile(ended, 95),
         "make_before_break": mbb / noticed if noticed else float("nan"),
         "makespan_h": result.end / 3600.0,
         "violations": len(result.violations),
@@ -182,6 +186,8 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("noticed_attempts", "attempts hit by a spot notice", "{:.0f}"),
     ("recover_median_s", "notice -> next attempt, median (s)", "{:.1f}"),
     ("recover_p90_s", "notice -> next attempt, p90 (s)", "{:.1f}"),
+    ("recover_p95_s", "notice -> next attempt, p95 (s)", "{:.1f}"),
+    ("noticed_end_p95_s", "  notice -> old attempt ended, p95 (s)", "{:.1f}"),
     ("make_before_break", "  replacement reserved at notice", "{:.0%}"),
     ("spot_notices", "spot notices (whole run)", "{:.0f}"),
     ("makespan_h", "makespan (h)", "{:.1f}"),
