@@ -129,7 +129,7 @@ def broker_config() -> BrokerConfig:
             dispatch_retries=2,
             start_s=15.0,
             checkpoint_grace_s=8.0,
-            lease_ttl_s=3.0,
+            lease_ttl_s=10.0,  # one broker, no failover shown: a busy machine must not flap it
         ),
         scheduling=SchedulingConfig(avoid_lost_pool_s=120.0),
     )
