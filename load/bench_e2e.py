@@ -28,9 +28,8 @@ measured window (`fleetbench.GcWatch`): a 150 ms full collection here would stal
 at once and be charged to the broker. `--trace` also splits figure B into stages (publish ->
 `queued` event -> `admitted` event -> agent dispatch) from the broker's job events.
 
-Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s (the
-measurement of `load.common.raw_nats_baseline`, see `load.fleetbench.raw_nats_baseline`) and
-one-at-a-time NATS request/reply round trip.
+Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s
+(`load.common.raw_nats_baseline`) and one-at-a-time NATS request/reply round trip.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.embedded import EmbeddedNats
-from load.common import emit, median, percentile
+from load.common import emit, median, percentile, raw_nats_baseline
 from load.fleetbench import (
     CpuMeter,
     EventTrace,
@@ -52,7 +51,6 @@ from load.fleetbench import (
     gang_of,
     gang_sizes,
     half_spot_flavors,
-    raw_nats_baseline,
     raw_request_latency,
     sample_sizes,
     start_setup,

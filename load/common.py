@@ -108,7 +108,9 @@ class BrokerProcess:
 
 async def raw_nats_baseline(url: str, count: int = 200_000, size: int = 64) -> float:
     """Messages per second from one connection to another through the same server: the
-    ceiling every figure is compared with."""
+    ceiling every figure is compared with. (Both sides flush through `schemas.natsopts.flush`:
+    with nats-py's own flush the subscription could miss the first messages and the baseline
+    then waited 60 s and failed.)"""
     pub = await nats.connect(url)
     sub_nc = await nats.connect(url, pending_size=256 * 1024 * 1024)
     got = 0
@@ -120,22 +122,23 @@ async def raw_nats_baseline(url: str, count: int = 200_000, size: int = 64) -> f
         if got == count and not done.done():
             done.set_result(None)
 
-    await sub_nc.subscribe(
-        "bench.baseline", cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
-    )
-    await flush(sub_nc)
-    payload = b"x" * size
-    started = time.perf_counter()
-    for i in range(count):
-        await pub.publish("bench.baseline", payload)
-        if i % 5000 == 0:
-            await asyncio.sleep(0)
-    await flush(pub)
-    await asyncio.wait_for(done, 60)
-    rate = count / (time.perf_counter() - started)
-    await pub.close()
-    await sub_nc.close()
-    return rate
+    try:
+        await sub_nc.subscribe(
+            "bench.baseline", cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
+        )
+        await flush(sub_nc)
+        payload = b"x" * size
+        started = time.perf_counter()
+        for i in range(count):
+            await pub.publish("bench.baseline", payload)
+            if i % 5000 == 0:
+                await asyncio.sleep(0)
+        await flush(pub)
+        await asyncio.wait_for(done, 60)
+        return count / (time.perf_counter() - started)
+    finally:
+        await pub.close()
+        await sub_nc.close()
 
 
 def emit(result: dict[str, Any], path: str | None) -> None:

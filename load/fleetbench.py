@@ -283,43 +283,6 @@ class CpuMeter:
         return {k: round((now[k] - self._c0[k]) / wall, 3) for k in now}
 
 
-async def raw_nats_baseline(url: str, count: int = 200_000, size: int = 64) -> float:
-    """`load.common.raw_nats_baseline`, the same measurement (small messages from one
-    connection to another through the same server, msgs/s), with one fix: the publisher
-    round-trips to the server before its first message. Without it, the first message of a
-    publisher that connected before the subscription was made was lost in ~5% of runs here
-    (nats-server 2.15.1, nats-py 2.16), and the baseline then waited 60 s and failed."""
-    pub = await nats.connect(url)
-    sub_nc = await nats.connect(url, pending_size=256 * 1024 * 1024)
-    got = 0
-    done = asyncio.get_running_loop().create_future()
-
-    async def on_msg(_: Any) -> None:
-        nonlocal got
-        got += 1
-        if got == count and not done.done():
-            done.set_result(None)
-
-    try:
-        await sub_nc.subscribe(
-            "bench.baseline", cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
-        )
-        await flush(sub_nc)
-        await flush(pub)
-        payload = b"x" * size
-        started = time.perf_counter()
-        for i in range(count):
-            await pub.publish("bench.baseline", payload)
-            if i % 5000 == 0:
-                await asyncio.sleep(0)
-        await flush(pub)
-        await asyncio.wait_for(done, 60)
-        return count / (time.perf_counter() - started)
-    finally:
-        await pub.close()
-        await sub_nc.close()
-
-
 async def raw_request_latency(url: str, count: int = 2000) -> dict[str, float]:
     """Round trip of a small NATS request/reply between two connections through the same
     server, one at a time: the floor under any submit -> dispatch latency (ms)."""
@@ -332,7 +295,6 @@ async def raw_request_latency(url: str, count: int = 2000) -> dict[str, float]:
 
         await server.subscribe("bench.echo", cb=echo)
         await flush(server)
-        await flush(client)  # see raw_nats_baseline
         samples = []
         for _ in range(count):
             t0 = time.perf_counter()

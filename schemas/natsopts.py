@@ -57,9 +57,9 @@ async def flush(nc: Client, timeout: float = 2.0) -> None:
 
     nats-py (2.15 and 2.16) writes flush's PING straight to the socket, ahead of commands still
     queued for its flusher task. So a flush right after `subscribe()` can return before the
-    server has the SUB, and a publish from another connection a moment later is lost (one time
-    in ten on a busy machine, see tests/schemas/test_natsopts.py). Handing the queue to the
-    flusher first, and waiting for it, restores the order the API promises."""
+    server has the SUB, and a publish from another connection a moment later is lost (see
+    tests/schemas/test_natsopts.py, which fails within a few rounds without this). Handing the
+    queue to the flusher first, and waiting for it, restores the order the API promises."""
     async with asyncio.timeout(timeout):
         await nc._flush_pending(force_flush=True)
         await nc.flush(int(timeout) + 1)  # the timeout above is the one that counts

@@ -176,17 +176,13 @@ async def test_spot_reclaim_moves_the_gang_to_another_cluster_from_its_checkpoin
     await h.wait_event("ddp-1", "preempting")
 
     # The agent asks the pods to checkpoint now (annotation); the workload answers at step 150.
-    async def asked() -> bool:
+    def asked() -> bool:
         return all(
             "muster.dev/checkpoint-request" in p["metadata"]["annotations"]
             for p in home.pods_of(name)
         )
 
-    for _ in range(500):
-        if await asked():
-            break
-        await asyncio.sleep(0.01)
-    assert await asked(), "CheckpointNow never reached the pods"
+    await h.wait_for(asked, 5)  # fails with "condition not met" if CheckpointNow never came
     home.write_checkpoint(name, 150)
 
     # The next attempt runs on the other cluster, resumed from step 150, and only after the
