@@ -62,13 +62,76 @@ ANY_FLAVOR = "any"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LOADER_KEYS = ("import", "queue_aliases")
 _QUOTA_FIELDS = ("nominal", "borrowing_limit", "lending_limit")
-# Taints that mark spot nodes; a flavor tolerating one may land on spot capacity.
-_SPOT_TAINTS = (
-    "cloud.google.com/gke-spot",
-    "cloud.google.com/gke-preemptible",
-    "kubernetes.azure.com/scalesetpriority",
-    "karpenter.sh/capacity-type",
-    "spot",
+# Taints (and the values) that mark spot nodes: a flavor whose nodeTaints carry one is spot; one
+# that only tolerates one may land on spot capacity.
+_SPOT_TAINTS: dict[str, frozenset[str]] = {
+    "cloud.google.com/gke-spot": frozenset({"true"}),
+    "cloud.google.com/gke-preemptible": frozenset({"true"}),
+    "kubernetes.azure.com/scalesetpriority": frozenset({"spot"}),
+    "karpenter.sh/capacity-type": frozenset({"spot"}),
+    "eks.amazonaws.com/capacityType": frozenset({"spot"}),
+    "spot": frozenset({"true"}),
+}
+# Hand-made node labels for the capacity type, as in Kueue's examples (`node-type: spot`).
+_GENERIC_CAPACITY_KEYS = ("node-type", "instance-type", "capacity-type", "lifecycle")
+_GENERIC_CAPACITY_VALUES = {
+    "spot": "spot",
+    "preemptible": "spot",
+    "on-demand": "on-demand",
+    "ondemand": "on-demand",
+    "on_demand": "on-demand",
+    "regular": "on-demand",
+}
+# Node labels a flavor class is matched by (capacity type and GPU type); others are noted.
+_MATCHED_LABELS = frozenset(
+    {
+        *_SPOT_TAINTS,
+        *_GENERIC_CAPACITY_KEYS,
+        "cloud.google.com/gke-provisioning",
+        "node.kubernetes.io/lifecycle",
+        "cloud.google.com/gke-accelerator",
+        "nvidia.com/gpu.product",
+        "karpenter.k8s.aws/instance-gpu-name",
+        "k8s.amazonaws.com/accelerator",
+        "accelerator",
+    }
+)
+_CLUSTER_QUEUE_FIELDS = (
+    "cohort",
+    "cohortName",
+    "queueingStrategy",
+    "fairSharing",
+    "preemption",
+    "resourceGroups",
+    "namespaceSelector",
+    "flavorFungibility",
+    "admissionChecks",
+    "admissionChecksStrategy",
+    "admissionScope",
+    "stopPolicy",
+)
+_VOLCANO_FIELDS = (
+    "weight",
+    "capability",
+    "deserved",
+    "guarantee",
+    "reclaimable",
+    "parent",
+    "state",
+    "priority",
+    "affinity",
+    "extendClusters",
+    "type",
+    "dequeueStrategy",
+)
+_KOORD = "quota.scheduling.koordinator.sh/"
+_KOORD_LABELS = frozenset(
+    {
+        f"{_KOORD}parent",
+        f"{_KOORD}is-parent",
+        f"{_KOORD}allow-lent-resource",
+        f"{_KOORD}shared-weight",
+    }
 )
 _KUEUE_IGNORED = {
     "WorkloadPriorityClass",
@@ -77,7 +140,6 @@ _KUEUE_IGNORED = {
     "MultiKueueCluster",
     "ProvisioningRequestConfig",
     "Topology",
-    "Cohort",
     "Workload",
 }
 
@@ -200,10 +262,12 @@ def from_volcano(docs: Iterable[Mapping[str, Any]]) -> BrokerConfig:
 
 
 def from_elastic_quota(docs: Iterable[Mapping[str, Any]]) -> BrokerConfig:
-    """Koordinator ElasticQuota: min -> nominal, max - min -> borrowing limit, in one cohort
-    (the parent quota's name, or `elastic-quota`); queue policy Block -> StrictFIFO."""
+    """ElasticQuota of Koordinator (scheduling.sigs.k8s.io) or scheduler-plugins
+    (scheduling.x-k8s.io): min -> nominal, max - min -> borrowing limit; a Koordinator parent
+    quota becomes a cohort; the top level shares the cohort `elastic-quota`."""
     return import_documents(
-        _only(docs, "scheduling.sigs.k8s.io", "Koordinator"), source="ElasticQuota objects"
+        _only(docs, ("scheduling.sigs.k8s.io", "scheduling.x-k8s.io"), "ElasticQuota"),
+        source="ElasticQuota objects",
     ).config
 
 
@@ -236,13 +300,16 @@ def _unpack_list(doc: Any, index: int) -> list[tuple[int, Mapping[str, Any]]]:
     return [(index, doc)]
 
 
-def _only(docs: Iterable[Mapping[str, Any]], group: str, what: str) -> list[Mapping[str, Any]]:
+def _only(
+    docs: Iterable[Mapping[str, Any]], group: str | tuple[str, ...], what: str
+) -> list[Mapping[str, Any]]:
+    groups = (group,) if isinstance(group, str) else group
     out = []
     for i, doc in enumerate(docs, start=1):
-        if not is_manifest(doc) or str(doc["apiVersion"]).rpartition("/")[0] != group:
+        if not is_manifest(doc) or str(doc["apiVersion"]).rpartition("/")[0] not in groups:
             kind = doc.get("kind") if isinstance(doc, Mapping) else type(doc).__name__
             raise ConfigError(
-                f"document {i} ({kind}): not a {what} object (apiVersion {group}/...); "
+                f"document {i} ({kind}): not a {what} object (apiVersion {groups[0]}/...); "
                 "use import_documents for a mix of kinds"
             )
         out.append(doc)
@@ -273,16 +340,20 @@ def _resource_amount(resource: str, value: Any, where: str) -> int:
 
 def _normalise_quotas(raw: dict[str, Any], source: str) -> None:
     """Turn the quantities of a Muster document's quotas into integers, in place."""
-    queues = raw.get("queues")
-    if not isinstance(queues, list):
-        return
-    for qi, queue in enumerate(queues):
+    for key in ("queues", "cohorts"):
+        entries = raw.get(key)
+        if isinstance(entries, list):
+            _normalise_entries(entries, f"{source}: {key}")
+
+
+def _normalise_entries(entries: list[Any], where: str) -> None:
+    for qi, queue in enumerate(entries):
         if not isinstance(queue, Mapping) or not isinstance(queue.get("quotas"), list):
             continue
         for fi, fq in enumerate(queue["quotas"]):
             if not isinstance(fq, Mapping) or not isinstance(fq.get("resources"), Mapping):
                 continue
-            base = f"{source}: queues[{qi}].quotas[{fi}].resources"
+            base = f"{where}[{qi}].quotas[{fi}].resources"
             for res, rq in fq["resources"].items():
                 if res not in ("gpu", "cpu", "memory"):
                     hint = (
@@ -307,14 +378,20 @@ def _normalise_quotas(raw: dict[str, Any], source: str) -> None:
 
 
 class _Importer:
-    """Collects flavor classes, queues, aliases and notes from Kubernetes objects."""
+    """Collects flavor classes, queues, cohorts, aliases and notes from Kubernetes objects.
+
+    Volcano queues and ElasticQuotas are kept until `finish`, because whether one is a leaf
+    (a queue) or a parent (a cohort) depends on the other objects of the import."""
 
     def __init__(self) -> None:
         self.flavors: dict[str, tuple[dict[str, Any], str]] = {}
         self.queues: dict[str, tuple[dict[str, Any], str]] = {}
+        self.cohorts: dict[str, tuple[dict[str, Any], str]] = {}
         self.aliases: dict[str, tuple[str, str]] = {}
         self.notes: list[str] = []
         self.needs_any_flavor = False
+        self._volcano: dict[str, _Pending] = {}
+        self._koord: dict[str, _Pending] = {}
 
     def add(self, doc: Mapping[str, Any], source: str, index: int) -> None:
         api_version = str(doc.get("apiVersion"))
@@ -338,8 +415,11 @@ class _Importer:
             ("kueue.x-k8s.io", "ResourceFlavor"): self._resource_flavor,
             ("kueue.x-k8s.io", "ClusterQueue"): self._cluster_queue,
             ("kueue.x-k8s.io", "LocalQueue"): self._local_queue,
+            ("kueue.x-k8s.io", "Cohort"): self._kueue_cohort,
             ("scheduling.volcano.sh", "Queue"): self._volcano_queue,
-            ("scheduling.sigs.k8s.io", "ElasticQuota"): self._elastic_quota,
+            ("scheduling.incubator.k8s.io", "Queue"): self._volcano_queue,
+            ("scheduling.sigs.k8s.io", "ElasticQuota"): self._koord_quota,
+            ("scheduling.x-k8s.io", "ElasticQuota"): self._plugins_quota,
         }.get((group, kind))
         if handler is None:
             if group == "kueue.x-k8s.io" and kind in _KUEUE_IGNORED:
@@ -347,47 +427,75 @@ class _Importer:
                 return
             raise ConfigError(
                 f"{ctx}: {api_version} {kind} is not a config object Muster imports; supported: "
-                "Kueue ResourceFlavor/ClusterQueue/LocalQueue, Volcano Queue, Koordinator "
-                "ElasticQuota (job manifests go to `muster submit`)"
+                "Kueue ResourceFlavor/ClusterQueue/LocalQueue/Cohort, Volcano Queue, "
+                "ElasticQuota of Koordinator or scheduler-plugins (job manifests go to "
+                "`muster submit`)"
             )
         handler(raw_name, spec, metadata, ctx, source)
+
+    def finish(self) -> None:
+        """Turn the pending Volcano queues and ElasticQuotas into queues and cohorts."""
+        self._finish_volcano()
+        self._finish_koord()
 
     # Kueue -------------------------------------------------------------------------------
 
     def _resource_flavor(
         self, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], ctx: str, src: str
     ) -> None:
+        self._unknown(
+            spec, ("nodeLabels", "nodeTaints", "tolerations", "topologyName"), ctx, "spec"
+        )
         labels = spec.get("nodeLabels") or {}
         if not isinstance(labels, Mapping):
             raise ConfigError(f"{ctx}: spec.nodeLabels: expected a mapping of node labels")
         flavor: dict[str, Any] = {"name": name}
-        capacity = capacity_type_from_labels(labels)
-        tolerates_spot = any(
-            isinstance(t, Mapping) and t.get("key") in _SPOT_TAINTS
-            for t in spec.get("tolerations") or []
-        )
-        if capacity is None and labels and not tolerates_spot:
+        capacity = capacity_type_from_labels(labels) or _generic_capacity(labels)
+        spot_taint = _spot_key(spec.get("nodeTaints"))
+        tolerated = _spot_key(spec.get("tolerations"))
+        if capacity == "on-demand" and spot_taint is not None:
+            raise ConfigError(
+                f"{ctx}: spec.nodeLabels select on-demand nodes but spec.nodeTaints carries "
+                f"the spot taint {spot_taint!r}; fix one of them"
+            )
+        if capacity is None and spot_taint is not None:
+            capacity = "spot"
+            self.notes.append(f"{ctx}: spot flavor (spec.nodeTaints carries {spot_taint!r})")
+        elif capacity is None and labels and tolerated is None:
             capacity = "on-demand"
             self.notes.append(
-                f"{ctx}: no capacity-type node label; taken as on-demand (spot nodes carry a "
-                "label and a taint this flavor does not tolerate). Set capacity_type under "
-                "flavors: in the Muster config to change it"
+                f"{ctx}: no capacity-type node label and no spot taint; taken as on-demand "
+                "(spot nodes carry a label and a taint this flavor does not tolerate). Set "
+                "capacity_type under flavors: in the Muster config to change it"
             )
-        elif capacity is None and tolerates_spot:
+        elif capacity is None and tolerated is not None:
             self.notes.append(
-                f"{ctx}: tolerates spot nodes but names no capacity type; it matches both"
+                f"{ctx}: tolerates the spot taint {tolerated!r} but names no capacity type; "
+                "it matches spot and on-demand flavors alike"
             )
         if capacity is not None:
             flavor["capacity_type"] = capacity
         gpu_type = gpu_type_from_labels(labels)
         if gpu_type is not None:
             flavor["gpu_type"] = gpu_type
+        unmatched = sorted(str(k) for k in labels if str(k) not in _MATCHED_LABELS)
+        if unmatched:
+            self.notes.append(
+                f"{ctx}: spec.nodeLabels {', '.join(unmatched)} not matched; Muster matches "
+                "flavors by capacity type and GPU type only"
+            )
+        if spec.get("tolerations"):
+            self.notes.append(
+                f"{ctx}: spec.tolerations not added to pods; the agent's pod template decides"
+            )
         self._put(self.flavors, name, flavor, ctx, "flavor")
 
     def _cluster_queue(
         self, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], ctx: str, src: str
     ) -> None:
-        queue: dict[str, Any] = {"name": name}
+        self._unknown(spec, _CLUSTER_QUEUE_FIELDS, ctx, "spec")
+        # Kueue admits only the resources a ClusterQueue lists (its troubleshooting guide).
+        queue: dict[str, Any] = {"name": name, "unlisted_resources": "zero"}
         cohort = spec.get("cohort", spec.get("cohortName"))
         if cohort:
             queue["cohort"] = self._label(cohort, f"{ctx}: spec.cohort")
@@ -397,20 +505,17 @@ class _Importer:
                 f"{ctx}: spec.queueingStrategy: {strategy!r}; use StrictFIFO or BestEffortFIFO"
             )
         queue["strategy"] = strategy
-        fair = spec.get("fairSharing")
-        if isinstance(fair, Mapping) and fair.get("weight") is not None:
-            try:
-                weight = float(parse_quantity(fair["weight"]))
-            except QuantityError as exc:
-                raise ConfigError(f"{ctx}: spec.fairSharing.weight: {exc}") from None
-            if weight <= 0:
-                raise ConfigError(
-                    f"{ctx}: spec.fairSharing.weight: Muster weights must be > 0 (a Kueue weight "
-                    "of 0 means 'borrow last'); give a small positive weight such as 0.01"
-                )
+        weight = self._fair_weight(spec.get("fairSharing"), ctx)
+        if weight is not None:
             queue["weight"] = weight
         # Kueue's defaults are Never/Never: keep them, do not take Muster's.
         pre = spec.get("preemption") or {}
+        self._unknown(
+            pre,
+            ("withinClusterQueue", "reclaimWithinCohort", "borrowWithinCohort"),
+            ctx,
+            "spec.preemption",
+        )
         within = pre.get("withinClusterQueue", "Never")
         if within == "LowerOrNewerEqualPriority":
             self.notes.append(
@@ -430,13 +535,47 @@ class _Importer:
             )
         queue["preemption"] = {"within_queue": within, "reclaim_within_cohort": reclaim}
         if pre.get("borrowWithinCohort"):
-            self.notes.append(f"{ctx}: preemption.borrowWithinCohort ignored (no equivalent)")
-        for key in ("admissionChecks", "admissionChecksStrategy", "flavorFungibility"):
+            self.notes.append(
+                f"{ctx}: spec.preemption.borrowWithinCohort ignored; Muster never preempts to "
+                "borrow"
+            )
+        for key in (
+            "admissionChecks",
+            "admissionChecksStrategy",
+            "admissionScope",
+            "flavorFungibility",
+        ):
             if spec.get(key):
                 self.notes.append(f"{ctx}: spec.{key} ignored (no equivalent)")
+        if spec.get("namespaceSelector"):
+            self.notes.append(
+                f"{ctx}: spec.namespaceSelector ignored; Muster has no namespaces, jobs pick "
+                "their queue by name"
+            )
         if spec.get("stopPolicy") not in (None, "None"):
             self.notes.append(f"{ctx}: spec.stopPolicy ignored; the queue is active in Muster")
+        queue["quotas"] = self._resource_groups(spec, ctx)
+        self._put(self.queues, name, queue, ctx, "queue")
 
+    def _kueue_cohort(
+        self, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], ctx: str, src: str
+    ) -> None:
+        self._unknown(spec, ("parent", "parentName", "resourceGroups", "fairSharing"), ctx, "spec")
+        cohort: dict[str, Any] = {"name": name}
+        parent = spec.get("parentName", spec.get("parent"))
+        if parent:
+            cohort["parent"] = self._label(parent, f"{ctx}: spec.parentName")
+        if spec.get("fairSharing"):
+            self.notes.append(
+                f"{ctx}: spec.fairSharing ignored; Muster shares between queues by their own "
+                "weights, not per cohort"
+            )
+        quotas = self._resource_groups(spec, ctx)
+        if quotas:
+            cohort["quotas"] = quotas
+        self._put(self.cohorts, name, cohort, ctx, "cohort")
+
+    def _resource_groups(self, spec: Mapping[str, Any], ctx: str) -> list[dict[str, Any]]:
         quotas: dict[str, dict[str, Any]] = {}
         for gi, group in enumerate(spec.get("resourceGroups") or []):
             gpath = f"spec.resourceGroups[{gi}]"
@@ -476,13 +615,20 @@ class _Importer:
                                 ours, res[kube_key], f"{rpath}.{kube_key}"
                             )
                     resources[ours] = quota
-        queue["quotas"] = [{"flavor": f, "resources": r} for f, r in quotas.items()]
-        self._put(self.queues, name, queue, ctx, "queue")
+        return [{"flavor": f, "resources": r} for f, r in quotas.items()]
 
     def _local_queue(
         self, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], ctx: str, src: str
     ) -> None:
+        self._unknown(spec, ("clusterQueue", "stopPolicy", "fairSharing"), ctx, "spec")
         target = self._label(spec.get("clusterQueue"), f"{ctx}: spec.clusterQueue")
+        if spec.get("fairSharing"):
+            self.notes.append(
+                f"{ctx}: spec.fairSharing ignored; a LocalQueue is another name for its "
+                "ClusterQueue in Muster, with no share of its own"
+            )
+        if spec.get("stopPolicy") not in (None, "None"):
+            self.notes.append(f"{ctx}: spec.stopPolicy ignored; the alias stays open")
         if target == name:
             return  # submitting to the LocalQueue's name already reaches the queue
         seen = self.aliases.get(name)
@@ -494,67 +640,361 @@ class _Importer:
             )
         self.aliases[name] = (target, ctx)
 
-    # Volcano / Koordinator --------------------------------------------------------------
+    def _fair_weight(self, fair: Any, ctx: str) -> float | None:
+        if not isinstance(fair, Mapping) or fair.get("weight") is None:
+            return None
+        try:
+            weight = float(parse_quantity(fair["weight"]))
+        except QuantityError as exc:
+            raise ConfigError(f"{ctx}: spec.fairSharing.weight: {exc}") from None
+        if weight <= 0:
+            raise ConfigError(
+                f"{ctx}: spec.fairSharing.weight: Muster weights must be > 0 (a Kueue weight "
+                "of 0 means 'borrow last'); give a small positive weight such as 0.01"
+            )
+        return weight
+
+    # Volcano -----------------------------------------------------------------------------
 
     def _volcano_queue(
         self, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], ctx: str, src: str
     ) -> None:
-        queue: dict[str, Any] = {"name": name}
+        self._unknown(spec, _VOLCANO_FIELDS, ctx, "spec")
         weight = spec.get("weight", 1)
         if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
             raise ConfigError(f"{ctx}: spec.weight: {weight!r}; use a positive number, e.g. 4")
-        queue["weight"] = float(weight)
         reclaimable = spec.get("reclaimable", True)
         if not isinstance(reclaimable, bool):
             raise ConfigError(f"{ctx}: spec.reclaimable: {reclaimable!r}; use true or false")
-        queue["reclaimable"] = reclaimable
-        capability = self._resources(spec.get("capability"), f"{ctx}: spec.capability")
-        deserved = self._resources(spec.get("deserved"), f"{ctx}: spec.deserved")
-        if deserved:
-            # Volcano >= 1.9: deserved is the share, capability the ceiling -> borrowing.
-            queue["cohort"] = "volcano"
-            res = {}
-            for r, amount in deserved.items():
+        guarantee = spec.get("guarantee") or {}
+        if not isinstance(guarantee, Mapping):
+            raise ConfigError(f"{ctx}: spec.guarantee: expected a mapping with resource:")
+        parent = spec.get("parent")
+        if parent in ("", "root"):
+            parent = None
+        if parent is not None:
+            parent = self._label(parent, f"{ctx}: spec.parent")
+        annotations = meta.get("annotations") or {}
+        pending = _Pending(
+            name=name,
+            ctx=ctx,
+            parent=parent,
+            low=self._resources(spec.get("deserved"), f"{ctx}: spec.deserved"),
+            high=self._resources(spec.get("capability"), f"{ctx}: spec.capability"),
+            keep=self._resources(guarantee.get("resource"), f"{ctx}: spec.guarantee.resource"),
+            weight=float(weight),
+            reclaimable=reclaimable,
+            hierarchy=self._hierarchy(annotations, parent, ctx),
+        )
+        if spec.get("state") == "Closed":
+            self.notes.append(f"{ctx}: spec.state Closed ignored; the queue is open in Muster")
+        for key in ("priority", "affinity", "extendClusters", "type", "dequeueStrategy"):
+            if spec.get(key) is not None:
+                self.notes.append(f"{ctx}: spec.{key} ignored (no equivalent)")
+        if name in self._volcano:
+            raise ConfigError(
+                f"{ctx}: a queue named {name!r} is already defined by "
+                f"{self._volcano[name].ctx}; names must be unique across imported files"
+            )
+        self._volcano[name] = pending
+
+    def _hierarchy(
+        self, annotations: Any, parent: str | None, ctx: str
+    ) -> list[tuple[str, float]] | None:
+        """The ancestors named by `volcano.sh/hierarchy` (the hdrf plugin's path), with the
+        weights of `volcano.sh/hierarchy-weights`; None without the annotation."""
+        if not isinstance(annotations, Mapping):
+            return None
+        path = annotations.get("volcano.sh/hierarchy")
+        weights = annotations.get("volcano.sh/hierarchy-weights")
+        if path is None:
+            if weights is not None:
+                self.notes.append(
+                    f"{ctx}: annotation volcano.sh/hierarchy-weights ignored without "
+                    "volcano.sh/hierarchy"
+                )
+            return None
+        if parent is not None:
+            self.notes.append(
+                f"{ctx}: annotations volcano.sh/hierarchy and hierarchy-weights ignored; "
+                "spec.parent (the newer form) places the queue"
+            )
+            return None
+        parts = str(path).strip("/").split("/")
+        raw_weights = str(weights).strip("/").split("/") if weights is not None else []
+        if weights is not None and len(raw_weights) != len(parts):
+            raise ConfigError(
+                f"{ctx}: annotation volcano.sh/hierarchy-weights {weights!r} has "
+                f"{len(raw_weights)} levels but volcano.sh/hierarchy {path!r} has {len(parts)}; "
+                "give one weight per level"
+            )
+        out: list[tuple[str, float]] = []
+        for i in range(len(parts)):
+            try:
+                w = float(raw_weights[i]) if raw_weights else 1.0
+            except ValueError:
+                w = -1.0
+            if w <= 0:
+                raise ConfigError(
+                    f"{ctx}: annotation volcano.sh/hierarchy-weights: level {i + 1} is "
+                    f"{raw_weights[i]!r}; use positive numbers such as 1/2/8"
+                )
+            name = "-".join(parts[: i + 1])
+            out.append((self._label(name, f"{ctx}: annotation volcano.sh/hierarchy"), w))
+        return out
+
+    def _finish_volcano(self) -> None:
+        pending = self._volcano
+        children: dict[str, list[_Pending]] = {}
+        for p in pending.values():
+            if p.parent is not None:
+                if p.parent not in pending:
+                    raise ConfigError(
+                        f"{p.ctx}: spec.parent: {p.parent!r} is not among the imported "
+                        "queues; import the parent queue too"
+                    )
+                children.setdefault(p.parent, []).append(p)
+        flat_weights = _flat_weights([p.hierarchy for p in pending.values() if p.hierarchy])
+        for p in pending.values():
+            kids = children.get(p.name)
+            if kids:
+                self._volcano_parent(p, kids)
+            else:
+                self._volcano_leaf(p, flat_weights)
+
+    def _volcano_leaf(self, p: _Pending, flat_weights: dict[str, float]) -> None:
+        queue: dict[str, Any] = {"name": p.name, "weight": p.weight, "reclaimable": p.reclaimable}
+        res: dict[str, dict[str, Any]] = {}
+        if p.low:
+            # Volcano >= 1.9 (capacity plugin): deserved is the share, capability the ceiling.
+            queue["cohort"] = p.parent or "volcano"
+            for r, amount in p.low.items():
                 q: dict[str, Any] = {"nominal": amount}
-                if r in capability:
-                    q["borrowing_limit"] = max(0, capability[r] - amount)
+                if r in p.high:
+                    q["borrowing_limit"] = max(0, p.high[r] - amount)
                 res[r] = q
-        elif capability:
-            res = {r: {"nominal": a, "borrowing_limit": 0} for r, a in capability.items()}
-        else:
-            res = {}
+        elif p.high:
+            res = {r: {"nominal": a, "borrowing_limit": 0} for r, a in p.high.items()}
+            if p.parent is not None:
+                queue["cohort"] = p.parent
+        elif p.parent is not None:
+            queue["cohort"] = p.parent
+        self._guarantee(p, res)
+        if p.hierarchy:
+            queue["cohort"] = p.hierarchy[-2][0] if len(p.hierarchy) > 1 else p.hierarchy[0][0]
+            queue["weight"] = flat_weights[p.hierarchy[-1][0]]
+            self.notes.append(
+                f"{p.ctx}: volcano.sh/hierarchy-weights flattened into the queue weight "
+                f"{queue['weight']:g} (the product of its share at each level); cohorts carry "
+                "no weight in Muster, and spec.weight is superseded"
+            )
         if res:
             missing = sorted({"gpu", "cpu", "memory"} - set(res))
             if missing:
                 self.notes.append(
-                    f"{ctx}: no {', '.join(missing)} in capability; the queue has no quota of "
-                    "it on flavor 'any'"
+                    f"{p.ctx}: {', '.join(missing)} not in spec.deserved/capability, so not "
+                    "limited (as Volcano, whose root capability is the whole cluster)"
                 )
             queue["quotas"] = [{"flavor": ANY_FLAVOR, "resources": res}]
             self.needs_any_flavor = True
-        if spec.get("state") == "Closed":
-            self.notes.append(f"{ctx}: state Closed ignored; the queue is open in Muster")
-        self._put(self.queues, name, queue, ctx, "queue")
+        self._put(self.queues, p.name, queue, p.ctx, "queue")
 
-    def _elastic_quota(
+    def _volcano_parent(self, p: _Pending, kids: list[_Pending]) -> None:
+        """A queue other queues name as parent: a cohort, never a queue that runs jobs
+        (Volcano accepts jobs in leaf queues only)."""
+        cohort: dict[str, Any] = {"name": p.name, "parent": p.parent or "volcano"}
+        res: dict[str, dict[str, Any]] = {}
+        for r in sorted(set(p.low) | set(p.high)):
+            inner = sum(k.low.get(r, 0) for k in kids)
+            share = p.low.get(r)
+            if share is not None and inner > share:
+                raise ConfigError(
+                    f"{p.ctx}: the child queues' spec.deserved.{r} add up to more than this "
+                    f"parent's ({_text(r, inner)} > {_text(r, share)}); Volcano refuses that, "
+                    "so lower a child's deserved or raise the parent's"
+                )
+            q: dict[str, Any] = {"nominal": (share - inner) if share is not None else 0}
+            if r in p.high:
+                top = share if share is not None else inner
+                if p.high[r] < top:
+                    raise ConfigError(
+                        f"{p.ctx}: spec.capability.{r} is below what its children deserve; "
+                        "raise the capability"
+                    )
+                q["borrowing_limit"] = p.high[r] - top
+            res[r] = q
+        self._guarantee(p, res)
+        if res:
+            cohort["quotas"] = [{"flavor": ANY_FLAVOR, "resources": res}]
+            self.needs_any_flavor = True
+        self.notes.append(
+            f"{p.ctx}: parent queue imported as a cohort of {', '.join(k.name for k in kids)} "
+            "(jobs go to leaf queues)"
+        )
+        if p.weight != 1.0:
+            self.notes.append(
+                f"{p.ctx}: spec.weight of a parent queue ignored (cohorts carry no weight)"
+            )
+        self._put(self.cohorts, p.name, cohort, p.ctx, "cohort")
+
+    def _guarantee(self, p: _Pending, res: dict[str, dict[str, Any]]) -> None:
+        """Volcano's guarantee is reserved for the queue: Kueue's lending limit N - guarantee."""
+        for r, keep in p.keep.items():
+            q = res.get(r)
+            if q is None or keep > q["nominal"]:
+                raise ConfigError(
+                    f"{p.ctx}: spec.guarantee.resource.{r} exceeds spec.deserved.{r}; Volcano "
+                    "requires guarantee <= deserved"
+                )
+            q["lending_limit"] = q["nominal"] - keep
+
+    # ElasticQuota (Koordinator and scheduler-plugins) -----------------------------------
+
+    def _plugins_quota(
         self, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], ctx: str, src: str
     ) -> None:
+        """scheduler-plugins' capacity scheduling: min is guaranteed, max caps; a quota
+        borrows while the sum of all usage stays within the sum of all mins, which is a flat
+        Kueue cohort with min -> nominal and max - min -> borrowing limit."""
+        self._unknown(spec, ("min", "max"), ctx, "spec")
+        queue: dict[str, Any] = {"name": name, "cohort": "elastic-quota"}
+        res = self._min_max(spec, ctx)
+        if res:
+            queue["quotas"] = [{"flavor": ANY_FLAVOR, "resources": res}]
+            self.needs_any_flavor = True
+        self._put(self.queues, name, queue, ctx, "queue")
+
+    def _koord_quota(
+        self, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], ctx: str, src: str
+    ) -> None:
+        self._unknown(spec, ("min", "max"), ctx, "spec")
         labels = meta.get("labels") or {}
-        queue: dict[str, Any] = {"name": name}
-        parent = labels.get("quota.scheduling.koordinator.sh/parent")
-        queue["cohort"] = self._label(parent, f"{ctx}: parent label") if parent else "elastic-quota"
+        if not isinstance(labels, Mapping):
+            raise ConfigError(f"{ctx}: metadata.labels: expected a mapping")
+        for key in labels:
+            if str(key).startswith(_KOORD) and str(key) not in _KOORD_LABELS:
+                self.notes.append(f"{ctx}: label {key} ignored (no equivalent)")
+        if labels.get(f"{_KOORD}shared-weight") is not None:
+            self.notes.append(
+                f"{ctx}: label {_KOORD}shared-weight ignored; Muster lends unused quota to "
+                "borrowers first come, bounded by their borrowing limits"
+            )
+        parent = labels.get(f"{_KOORD}parent")
+        if parent in (None, "", "root", "koordinator-root-quota"):
+            parent = None
+        else:
+            parent = self._label(parent, f"{ctx}: metadata.labels[{_KOORD}parent]")
         policy = labels.get("koord-queue/queue-policy", "Priority")
         if policy not in ("Priority", "Block", "Intelligent"):
             raise ConfigError(
                 f"{ctx}: metadata.labels[koord-queue/queue-policy]: {policy!r}; use Priority, "
                 "Block or Intelligent"
             )
-        queue["strategy"] = "StrictFIFO" if policy == "Block" else "BestEffortFIFO"
-        if policy == "Intelligent":
-            self.notes.append(f"{ctx}: queue policy Intelligent imported as BestEffortFIFO")
+        if name in self._koord:
+            raise ConfigError(
+                f"{ctx}: a quota named {name!r} is already defined by {self._koord[name].ctx}; "
+                "names must be unique across imported files"
+            )
+        res = self._min_max(spec, ctx)
+        self._koord[name] = _Pending(
+            name=name,
+            ctx=ctx,
+            parent=parent,
+            low={r: q["nominal"] for r, q in res.items()},
+            high={
+                r: q["nominal"] + q["borrowing_limit"]
+                for r, q in res.items()
+                if "borrowing_limit" in q
+            },
+            keep={},
+            weight=1.0,
+            reclaimable=True,
+            hierarchy=None,
+            is_parent=_truthy(labels.get(f"{_KOORD}is-parent")),
+            lends=not _falsy(labels.get(f"{_KOORD}allow-lent-resource")),
+            policy=str(policy),
+        )
+
+    def _finish_koord(self) -> None:
+        pending = self._koord
+        children: dict[str, list[_Pending]] = {}
+        for p in pending.values():
+            if p.parent is None:
+                continue
+            up = pending.get(p.parent)
+            if up is None:
+                self.notes.append(
+                    f"{p.ctx}: parent quota {p.parent!r} is not among the imported objects; "
+                    "it becomes a cohort without limits of its own"
+                )
+            elif not up.is_parent:
+                raise ConfigError(
+                    f"{p.ctx}: parent quota {p.parent!r} is not a parent (label "
+                    f'{_KOORD}is-parent: "true"); Koordinator\'s webhook refuses this, so mark '
+                    "the parent or pick another"
+                )
+            children.setdefault(p.parent, []).append(p)
+        for p in pending.values():
+            if p.is_parent:
+                self._koord_parent(p, children.get(p.name, []))
+            else:
+                self._koord_leaf(p)
+
+    def _koord_leaf(self, p: _Pending) -> None:
+        queue: dict[str, Any] = {"name": p.name, "cohort": p.parent or "elastic-quota"}
+        queue["strategy"] = "StrictFIFO" if p.policy == "Block" else "BestEffortFIFO"
+        if p.policy == "Intelligent":
+            self.notes.append(f"{p.ctx}: queue policy Intelligent imported as BestEffortFIFO")
+        res = self._quota_of(p)
+        if not p.lends:
+            for q in res.values():
+                q["lending_limit"] = 0
+        if res:
+            queue["quotas"] = [{"flavor": ANY_FLAVOR, "resources": res}]
+            self.needs_any_flavor = True
+        self._put(self.queues, p.name, queue, p.ctx, "queue")
+
+    def _koord_parent(self, p: _Pending, kids: list[_Pending]) -> None:
+        """A parent quota: a cohort whose subtree quota is its min and whose borrowing limit
+        (max - min) keeps the whole subtree within its max. It runs no jobs."""
+        cohort: dict[str, Any] = {"name": p.name, "parent": p.parent or "elastic-quota"}
+        res = self._quota_of(p)
+        for r, q in res.items():
+            inner = sum(k.low.get(r, 0) for k in kids)
+            if inner > q["nominal"]:
+                raise ConfigError(
+                    f"{p.ctx}: the children's spec.min.{r} add up to more than this parent's "
+                    f"({_text(r, inner)} > {_text(r, q['nominal'])}); Koordinator's webhook "
+                    "refuses this (checkMinQuotaSum), so lower a child's min or raise the "
+                    "parent's"
+                )
+            q["nominal"] -= inner
+        if not p.lends:
+            for q in res.values():
+                q["lending_limit"] = 0
+        if res:
+            cohort["quotas"] = [{"flavor": ANY_FLAVOR, "resources": res}]
+            self.needs_any_flavor = True
+        who = ", ".join(k.name for k in kids) or "no child quotas"
+        self.notes.append(f"{p.ctx}: parent quota imported as a cohort of {who}; it runs no jobs")
+        if p.policy != "Priority":
+            self.notes.append(f"{p.ctx}: koord-queue/queue-policy of a parent quota ignored")
+        self._put(self.cohorts, p.name, cohort, p.ctx, "cohort")
+
+    @staticmethod
+    def _quota_of(p: _Pending) -> dict[str, dict[str, Any]]:
+        res: dict[str, dict[str, Any]] = {}
+        for r in sorted(set(p.low) | set(p.high)):
+            q: dict[str, Any] = {"nominal": p.low.get(r, 0)}
+            if r in p.high:
+                q["borrowing_limit"] = p.high[r] - q["nominal"]
+            res[r] = q
+        return res
+
+    def _min_max(self, spec: Mapping[str, Any], ctx: str) -> dict[str, dict[str, Any]]:
         low = self._resources(spec.get("min"), f"{ctx}: spec.min")
         high = self._resources(spec.get("max"), f"{ctx}: spec.max")
-        res: dict[str, Any] = {}
+        res: dict[str, dict[str, Any]] = {}
         for r in sorted(set(low) | set(high)):
             nominal = low.get(r, 0)
             q: dict[str, Any] = {"nominal": nominal}
@@ -563,12 +1003,18 @@ class _Importer:
                     raise ConfigError(f"{ctx}: spec.max.{r} is below spec.min.{r}; raise max")
                 q["borrowing_limit"] = high[r] - nominal
             res[r] = q
-        if res:
-            queue["quotas"] = [{"flavor": ANY_FLAVOR, "resources": res}]
-            self.needs_any_flavor = True
-        self._put(self.queues, name, queue, ctx, "queue")
+        return res
 
     # helpers -----------------------------------------------------------------------------
+
+    def _unknown(self, spec: Any, known: Iterable[str], ctx: str, where: str) -> None:
+        """A note for every field Muster does not read, so none is dropped silently."""
+        if not isinstance(spec, Mapping):
+            return
+        known = set(known)
+        for key in spec:
+            if str(key) not in known:
+                self.notes.append(f"{ctx}: {where}.{key} ignored (Muster does not read it)")
 
     def _resources(self, value: Any, where: str) -> dict[str, int]:
         if value is None:
@@ -579,7 +1025,9 @@ class _Importer:
         for key, amount in value.items():
             ours = _kube_resource(str(key))
             if ours is None:
-                self.notes.append(f"{where}: resource {key!r} ignored")
+                self.notes.append(
+                    f"{where}: resource {key!r} ignored (Muster counts gpu, cpu and memory)"
+                )
                 continue
             out[ours] = out.get(ours, 0) + _resource_amount(ours, amount, f"{where}[{key}]")
         return out
@@ -609,6 +1057,82 @@ class _Importer:
         table[name] = (value, ctx)
 
 
+@dataclass
+class _Pending:
+    """A Volcano queue or an ElasticQuota until the import knows whether it is a parent."""
+
+    name: str
+    ctx: str
+    parent: str | None
+    low: dict[str, int]  # deserved / min
+    high: dict[str, int]  # capability / max
+    keep: dict[str, int]  # guarantee
+    weight: float
+    reclaimable: bool
+    hierarchy: list[tuple[str, float]] | None
+    is_parent: bool = False
+    lends: bool = True
+    policy: str = "Priority"
+
+
+def _flat_weights(paths: list[list[tuple[str, float]]]) -> dict[str, float]:
+    """hdrf's per-level weights as one weight per leaf: the product, over the levels below the
+    root, of the node's weight over the sum of its siblings' weights."""
+    siblings: dict[str, dict[str, float]] = {}
+    for path in paths:
+        for i in range(1, len(path)):
+            siblings.setdefault(path[i - 1][0], {})[path[i][0]] = path[i][1]
+    out: dict[str, float] = {}
+    for path in paths:
+        share = 1.0
+        for i in range(1, len(path)):
+            level = siblings[path[i - 1][0]]
+            share *= path[i][1] / sum(level.values())
+        out[path[-1][0]] = float(f"{share:.6g}")
+    return out
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).strip().lower() == "true"
+
+
+def _falsy(value: Any) -> bool:
+    return value is False or str(value).strip().lower() == "false"
+
+
+def _text(resource: str, amount: int) -> str:
+    if resource == "cpu":
+        return f"{amount / 1000:g} cores"
+    if resource == "memory":
+        return str(_memory_text(amount))
+    return str(amount)
+
+
+def _spot_key(items: Any) -> str | None:
+    """The key of the first spot taint (or toleration of one) in `items`, else None."""
+    if not isinstance(items, list):
+        return None
+    for t in items:
+        if not isinstance(t, Mapping):
+            continue
+        key = str(t.get("key"))
+        value = t.get("value")
+        if key in _SPOT_TAINTS and (value is None or str(value).lower() in _SPOT_TAINTS[key]):
+            return key
+    return None
+
+
+def _generic_capacity(labels: Mapping[str, Any]) -> str | None:
+    """`node-type: spot` and its kin, which clusters set by hand and Kueue's examples use."""
+    for key in _GENERIC_CAPACITY_KEYS:
+        value = labels.get(key)
+        if value is not None:
+            found = _GENERIC_CAPACITY_VALUES.get(str(value).strip().lower())
+            if found is not None:
+                return found
+    return None
+
+
 def _kube_resource(name: str) -> str | None:
     if name in ("cpu", "memory"):
         return name
@@ -621,6 +1145,7 @@ def _kube_resource(name: str) -> str | None:
 
 
 def _assemble(raw: dict[str, Any], importer: _Importer, source: str) -> LoadedConfig:
+    importer.finish()
     raw = dict(raw)
     aliases_raw = raw.pop("queue_aliases", None) or {}
     raw.pop("import", None)
@@ -647,6 +1172,7 @@ def _assemble(raw: dict[str, Any], importer: _Importer, source: str) -> LoadedCo
             flavors[ANY_FLAVOR] = ({"name": ANY_FLAVOR}, "imports")
     merged("flavors", flavors)
     merged("queues", importer.queues)
+    merged("cohorts", importer.cohorts)
 
     try:
         config = convert_config(raw)
@@ -752,7 +1278,7 @@ def config_to_yaml(config: BrokerConfig, aliases: Mapping[str, str] | None = Non
     """The config as Muster YAML (cpu in millicores written as quantities), for `muster
     config`."""
     data = msgspec.to_builtins(config)
-    for queue in data.get("queues", []):
+    for queue in [*data.get("queues", []), *data.get("cohorts", [])]:
         if queue.get("preemption") == {}:
             del queue["preemption"]
         for fq in queue.get("quotas") or []:

@@ -1,8 +1,8 @@
 """Broker configuration (one YAML file): queues, cohorts, quotas, flavors and timeouts.
 
-It is expressive enough for Kueue's ClusterQueue/ResourceFlavor (nominal quota, borrowing and
-lending limits, cohorts, preemption policies, StrictFIFO/BestEffortFIFO) and Volcano's Queue
-(weight, capability, reclaimable).
+It is expressive enough for Kueue's ClusterQueue/ResourceFlavor/Cohort (nominal quota, borrowing
+and lending limits, hierarchical cohorts, preemption policies, StrictFIFO/BestEffortFIFO),
+Volcano's Queue (weight, capability, reclaimable, parent queues) and ElasticQuota trees.
 """
 
 from __future__ import annotations
@@ -44,9 +44,23 @@ class QueueConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     strategy: Literal["StrictFIFO", "BestEffortFIFO"] = "BestEffortFIFO"
     # None = no quota: the queue may use any flavor without limit (handy for demos).
     quotas: list[FlavorQuota] | None = None
+    # A resource that a listed flavor class omits: "unlimited" (Muster's default) or "zero",
+    # Kueue's rule that a ClusterQueue admits only the resources it lists.
+    unlisted_resources: Literal["unlimited", "zero"] = "unlimited"
     preemption: PreemptionPolicy = msgspec.field(default_factory=PreemptionPolicy)
     # Volcano's `reclaimable`: may other queues take back what this queue borrowed?
     reclaimable: bool = True
+
+
+class CohortConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A node of a quota tree above the queues (Kueue's Cohort, a Koordinator parent quota, a
+    Volcano parent queue). Its own quotas add to what its subtree shares; its borrowing limit
+    bounds what the whole subtree takes from its parent, its lending limit what it gives up.
+    Queues name their cohort; cohorts no config lists exist implicitly, with no quota."""
+
+    name: DnsLabel
+    parent: DnsLabel | None = None
+    quotas: list[FlavorQuota] = []
 
 
 class FlavorClass(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -87,6 +101,7 @@ class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
 class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     subject_prefix: str = "muster"
     queues: list[QueueConfig] = msgspec.field(default_factory=lambda: [QueueConfig(name="default")])
+    cohorts: list[CohortConfig] = []
     flavors: list[FlavorClass] = []
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     scheduling: SchedulingConfig = msgspec.field(default_factory=SchedulingConfig)
@@ -99,6 +114,7 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"queues: duplicate queue names {dupes}; each name must be unique")
+        _check_cohort_tree(self.cohorts)
         for alias, target in self.queue_aliases.items():
             if alias in names:
                 raise ValueError(f"queue_aliases: {alias!r} is already a queue name")
@@ -107,3 +123,24 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
                     f"queue_aliases: {alias!r} points to unknown queue {target!r}; "
                     f"known queues: {', '.join(sorted(names))}"
                 )
+
+
+def _check_cohort_tree(cohorts: list[CohortConfig]) -> None:
+    parents: dict[str, str | None] = {}
+    for c in cohorts:
+        if c.name in parents:
+            raise ValueError(f"cohorts: {c.name!r} is declared twice; keep one")
+        if c.parent == c.name:
+            raise ValueError(f"cohorts: {c.name!r} names itself as parent; remove parent")
+        parents[c.name] = c.parent
+    for c in cohorts:
+        seen = {c.name}
+        up = c.parent
+        while up is not None:
+            if up in seen:
+                raise ValueError(
+                    f"cohorts: {c.name!r} is its own ancestor (via {up!r}); a cohort tree "
+                    "has no cycles, so drop one parent"
+                )
+            seen.add(up)
+            up = parents.get(up)

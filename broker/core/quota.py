@@ -1,17 +1,21 @@
-"""Queue quotas per flavor class with Kueue's ClusterQueue semantics, and DRF shares.
+"""Queue quotas per flavor class with Kueue's ClusterQueue and Cohort semantics, and DRF shares.
 
-Quota rules (Kueue v1beta1, one cohort level):
+Quota rules (Kueue v1beta1, hierarchical cohorts):
 - A queue with `quotas: None` has no limits and takes no part in cohort accounting.
 - A queue with quotas may use only the flavor classes it lists. A listed class that omits a
-  resource does not limit that resource.
-- For one (class, resource): nominal N, borrowing limit B (None = unbounded), lending limit L
-  (None = lends all unused nominal). The guaranteed part G = N - L (0 when L is None) is never
-  lent. The cohort pool holds the sum over members of N - G; each member's usage above its G
-  draws from that pool. A queue can use
+  resource does not limit it (`unlisted_resources: unlimited`, Muster's default) or gives it
+  zero quota (`zero`, Kueue's rule).
+- Queues are the leaves of a tree of cohorts. For one (class, resource) every node has a
+  nominal N, a borrowing limit B (None = unbounded) and a lending limit L (None = lends all).
+  A node's subtree quota S is N for a queue and, for a cohort, its own N plus what each child
+  lends up, S_child - G_child, where G = max(0, S - L) (0 when L is None) is never lent. A
+  node's usage is its own for a queue and, for a cohort, the sum over children of
+  max(0, usage_child - G_child). What a node can still use is Kueue's `available()`:
 
-      max(0, G - u) + min(pool_total - pool_used, (N - G) - max(0, u - G) + B)
+      root:  S - usage
+      other: max(0, G - usage) + min(available(parent), (S - G) - max(0, usage - G) + B)
 
-  which is Kueue's `available()` for a ClusterQueue under a flat cohort.
+  so borrowing walks up the tree and every limit bounds its whole subtree.
 - Usage of every gang is charged, whole (gpu, cpu and memory of all podsets, CPU-only ones
   included), to the flavor class of the pool its GPU podsets landed on.
 """
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 
 from broker.core.types import ReasonCode
 from schemas.api import FlavorUsage, QueueView, ResourceUsage
-from schemas.config import QueueConfig
+from schemas.config import CohortConfig, FlavorQuota, QueueConfig
 
 RESOURCES: tuple[str, str, str] = ("gpu", "cpu", "memory")
 _INF = 1 << 62
@@ -45,6 +49,7 @@ class Limit:
 
 
 Limits = tuple[Limit | None, Limit | None, Limit | None]
+_ZERO = Limit(0, 0, None)
 
 
 @dataclass(slots=True, eq=False)
@@ -70,22 +75,59 @@ class QueueState:
 
 @dataclass(slots=True, eq=False)
 class Cohort:
+    """An inner node of the quota tree: `lendable` is its subtree quota S and `borrowed` its
+    usage as defined in the module docstring, per flavor class and resource."""
+
     name: str
+    parent: Cohort | None = None
+    limits: dict[str, Limits] = field(default_factory=dict)
     members: list[QueueState] = field(default_factory=list)
+    children: list[Cohort] = field(default_factory=list)
     lendable: dict[str, list[int]] = field(default_factory=dict)
     borrowed: dict[str, list[int]] = field(default_factory=dict)
+
+    def own(self, cls: str, r: int) -> Limit | None:
+        lims = self.limits.get(cls)
+        return lims[r] if lims is not None else None
+
+    def guaranteed(self, cls: str, r: int) -> int:
+        lim = self.own(cls, r)
+        if lim is None or lim.lending is None:
+            return 0
+        return max(0, self.lendable[cls][r] - lim.lending)
+
+    def depth(self) -> int:
+        n, up = 0, self.parent
+        while up is not None:
+            n, up = n + 1, up.parent
+        return n
+
+
+def _limits(quotas: Iterable[FlavorQuota], zero_unlisted: bool) -> dict[str, Limits]:
+    out: dict[str, Limits] = {}
+    for fq in quotas:
+        per: list[Limit | None] = [_ZERO if zero_unlisted else None] * 3
+        for res, rq in fq.resources.items():
+            per[RESOURCES.index(res)] = Limit(rq.nominal, rq.borrowing_limit, rq.lending_limit)
+        out[fq.flavor] = (per[0], per[1], per[2])
+    return out
 
 
 def _limits_of(config: QueueConfig) -> dict[str, Limits] | None:
     if config.quotas is None:
         return None
-    out: dict[str, Limits] = {}
-    for fq in config.quotas:
-        per: list[Limit | None] = [None, None, None]
-        for res, rq in fq.resources.items():
-            per[RESOURCES.index(res)] = Limit(rq.nominal, rq.borrowing_limit, rq.lending_limit)
-        out[fq.flavor] = (per[0], per[1], per[2])
-    return out
+    return _limits(config.quotas, config.unlisted_resources == "zero")
+
+
+def amount_text(r: int, value: int) -> str:
+    """An amount in the units users write: GPUs, cores, bytes with a binary suffix."""
+    if r == 1:
+        return f"{value / 1000:g}"
+    if r == 2:
+        for suffix, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
+            if abs(value) >= size:
+                return f"{value / size:.4g}{suffix}"
+    return str(value)
 
 
 class QuotaBook:
@@ -93,27 +135,75 @@ class QuotaBook:
 
     __slots__ = ("cohorts", "queues")
 
-    def __init__(self, queues: Sequence[QueueConfig]) -> None:
+    def __init__(self, queues: Sequence[QueueConfig], cohorts: Sequence[CohortConfig] = ()) -> None:
         self.queues: dict[str, QueueState] = {}
         self.cohorts: dict[str, Cohort] = {}
+        for cc in cohorts:
+            co = self._cohort(cc.name)
+            co.limits = _limits(cc.quotas, False)
+            if cc.parent is not None:
+                co.parent = self._cohort(cc.parent)
+                co.parent.children.append(co)
         for i, qc in enumerate(queues):
             qs = QueueState(config=qc, name=qc.name, index=i, limits=_limits_of(qc))
             self.queues[qc.name] = qs
             if qc.cohort is not None and qs.limits is not None:
-                co = self.cohorts.setdefault(qc.cohort, Cohort(qc.cohort))
+                co = self._cohort(qc.cohort)
                 co.members.append(qs)
                 qs.cohort = co
                 for cls, lims in qs.limits.items():
-                    lend = co.lendable.setdefault(cls, [0, 0, 0])
-                    co.borrowed.setdefault(cls, [0, 0, 0])
+                    lend = self._classes(co, cls)
                     for r, lim in enumerate(lims):
                         if lim is not None:
                             lend[r] += lim.nominal - lim.guaranteed
+        for co in sorted(self.cohorts.values(), key=Cohort.depth, reverse=True):
+            for cls, lims in co.limits.items():
+                lend = self._classes(co, cls)
+                for r, lim in enumerate(lims):
+                    if lim is not None:
+                        lend[r] += lim.nominal
+            if co.parent is not None:
+                for cls, lend in co.lendable.items():
+                    up = self._classes(co.parent, cls)
+                    for r in range(3):
+                        up[r] += lend[r] - co.guaranteed(cls, r)
+
+    def _cohort(self, name: str) -> Cohort:
+        co = self.cohorts.get(name)
+        if co is None:
+            co = self.cohorts[name] = Cohort(name)
+        return co
+
+    @staticmethod
+    def _classes(co: Cohort, cls: str) -> list[int]:
+        """co's subtree quota of cls, creating the entries of cls up to the root."""
+        up: Cohort | None = co
+        while up is not None and cls not in up.lendable:
+            up.lendable[cls] = [0, 0, 0]
+            up.borrowed[cls] = [0, 0, 0]
+            up = up.parent
+        return co.lendable[cls]
 
     # -- arithmetic ---------------------------------------------------------------------
 
-    @staticmethod
-    def _available(q: QueueState, cls: str, r: int, lim: Limit, u: int) -> tuple[int, int]:
+    @classmethod
+    def _cohort_available(cls_, co: Cohort, cls: str, r: int) -> int:
+        quota = co.lendable.get(cls)
+        if quota is None:
+            return 0
+        s = quota[r]
+        u = co.borrowed[cls][r]
+        if co.parent is None:
+            return s - u
+        g = co.guaranteed(cls, r)
+        parent = cls_._cohort_available(co.parent, cls, r)
+        lim = co.own(cls, r)
+        if lim is not None and lim.borrowing is not None:
+            parent = min(parent, (s - g) - max(0, u - g) + lim.borrowing)
+        return max(0, g - u) + parent
+
+    @classmethod
+    def _available(cls_, q: QueueState, cls: str, r: int, lim: Limit, u: int) -> tuple[int, int]:
         """(what the queue can still use, what its own limits alone would allow)."""
         co = q.cohort
         if co is None:
@@ -121,7 +211,7 @@ class QuotaBook:
             return avail, avail
         g = lim.guaranteed
         local = max(0, g - u)
-        parent = co.lendable[cls][r] - co.borrowed[cls][r]
+        parent = cls_._cohort_available(co, cls, r)
         own = _INF
         if lim.borrowing is not None:
             cap = (lim.nominal - g) - max(0, u - g) + lim.borrowing
@@ -148,21 +238,29 @@ class QuotaBook:
             if d > avail:
                 res = RESOURCES[r]
                 if d > own:
+                    if lim is _ZERO:
+                        return (
+                            "quota-exceeded",
+                            f"queue {q.name} needs {amount_text(r, d)} {res} of {cls}, and its "
+                            f"quota of {cls} does not list {res}, so it admits none",
+                        )
+                    borrowing = "none" if lim.borrowing is None else amount_text(r, lim.borrowing)
                     return (
                         "quota-exceeded",
-                        f"queue {q.name} needs {d} {res} of {cls}; its limit leaves "
-                        f"{max(0, own)} (nominal {lim.nominal}, borrowing limit "
-                        f"{lim.borrowing}, used {used})",
+                        f"queue {q.name} needs {amount_text(r, d)} {res} of {cls}; its limit "
+                        f"leaves {amount_text(r, max(0, own))} (nominal "
+                        f"{amount_text(r, lim.nominal)}, borrowing limit {borrowing}, used "
+                        f"{amount_text(r, used)})",
                     )
                 return (
                     "cohort-exhausted",
-                    f"queue {q.name} needs {d} {res} of {cls}; cohort "
-                    f"{q.cohort.name if q.cohort else '-'} leaves {max(0, avail)}",
+                    f"queue {q.name} needs {amount_text(r, d)} {res} of {cls}; cohort "
+                    f"{q.cohort.name if q.cohort else '-'} leaves {amount_text(r, max(0, avail))}",
                 )
         return None
 
     def charge(self, q: QueueState, cls: str, vec: Vec, sign: int) -> None:
-        """Add (sign=1) or remove (sign=-1) usage, keeping the cohort's borrowed sums."""
+        """Add (sign=1) or remove (sign=-1) usage, keeping the cohorts' usage up the tree."""
         u = q.usage.get(cls)
         if u is None:
             u = q.usage[cls] = [0, 0, 0]
@@ -180,8 +278,18 @@ class QuotaBook:
                 lim = lims[r]
                 if lim is not None:
                     g = lim.guaranteed
-                    co.borrowed[cls][r] += max(0, new - g) - max(0, old - g)
+                    self._lift(co, cls, r, max(0, new - g) - max(0, old - g))
         q.admitted += sign
+
+    @staticmethod
+    def _lift(co: Cohort | None, cls: str, r: int, delta: int) -> None:
+        while co is not None and delta:
+            usage = co.borrowed[cls]
+            old = usage[r]
+            new = usage[r] = old + delta
+            g = co.guaranteed(cls, r)
+            delta = max(0, new - g) - max(0, old - g)
+            co = co.parent
 
     def within_nominal(self, q: QueueState, cls: str, demand: Vec) -> bool:
         """Would the queue stay inside its nominal quota of `cls` after taking `demand`?"""

@@ -91,7 +91,7 @@ class Scheduler:
         self._prior = sc.spot_prior_rate
         self._risk_weight = sc.risk_weight
         self._inv = Inventory(config.flavors, sc.rate_half_life_s)
-        self._book = QuotaBook(config.queues)
+        self._book = QuotaBook(config.queues, config.cohorts)
         self._ledger = Ledger()
         self._progress: dict[AllocKey, float] = {}  # note_progress before the allocation
         # preemptor -> (victims still allocated, its reason, when the plan expires)

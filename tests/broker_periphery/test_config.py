@@ -52,6 +52,7 @@ SEED_KUEUE = BrokerConfig(
             name="ml-cluster-queue",
             cohort="ml-team-cohort",
             strategy="BestEffortFIFO",
+            unlisted_resources="zero",
             quotas=[
                 FlavorQuota(
                     flavor="gpu-a100",
