@@ -782,6 +782,12 @@ class _Importer:
         self._guarantee(p, res)
         if p.hierarchy:
             queue["cohort"] = p.hierarchy[-2][0] if len(p.hierarchy) > 1 else p.hierarchy[0][0]
+            for i, (node, _) in enumerate(p.hierarchy[:-1]):
+                if node not in self.cohorts:
+                    cohort = {"name": node}
+                    if i > 0:
+                        cohort["parent"] = p.hierarchy[i - 1][0]
+                    self.cohorts[node] = (cohort, p.ctx)
             queue["weight"] = flat_weights[p.hierarchy[-1][0]]
             self.notes.append(
                 f"{p.ctx}: volcano.sh/hierarchy-weights flattened into the queue weight "

@@ -1,0 +1,390 @@
+"""Upstream queue and quota samples (Kueue, Volcano, Koordinator, scheduler-plugins), imported
+unchanged: each must give exactly the queue tree its authors meant, and say what it drops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from broker.config import ConfigError, LoadedConfig, from_elastic_quota, import_documents
+from broker.core.quota import QuotaBook
+from schemas.config import BrokerConfig
+
+from .conftest import fixture_docs
+
+GI = 2**30
+MI = 2**20
+NEVER = {"within_queue": "Never", "reclaim_within_cohort": "Never"}
+
+
+def load(name: str) -> LoadedConfig:
+    return import_documents(fixture_docs(f"queues/{name}"), source=name)
+
+
+def tree(config: BrokerConfig) -> dict[str, Any]:
+    data = msgspec.to_builtins(config)
+    for queue in data.get("queues", []):
+        if queue.get("preemption") == {}:
+            del queue["preemption"]  # Muster's defaults
+    return {k: data.get(k, []) for k in ("queues", "cohorts", "flavors")}
+
+
+def notes_of(loaded: LoadedConfig) -> str:
+    return "\n".join(loaded.notes)
+
+
+def test_kueue_single_clusterqueue_lists_cpu_and_memory_only() -> None:
+    loaded = load("kueue-single-clusterqueue.yaml")
+    assert tree(loaded.config) == {
+        "queues": [
+            {
+                "name": "cluster-queue",
+                "quotas": [
+                    {
+                        "flavor": "default-flavor",
+                        "resources": {"cpu": {"nominal": 9000}, "memory": {"nominal": 36 * GI}},
+                    }
+                ],
+                "unlisted_resources": "zero",
+                "preemption": NEVER,
+            }
+        ],
+        "cohorts": [],
+        "flavors": [{"name": "default-flavor"}],
+    }
+    assert loaded.aliases == {"user-queue": "cluster-queue"}
+    # As Kueue: a ClusterQueue without a GPU quota admits no GPU job.
+    book = QuotaBook(loaded.config.queues, loaded.config.cohorts)
+    qs = book.queues["cluster-queue"]
+    assert book.check(qs, "default-flavor", (0, 1000, GI)) is None
+    refused = book.check(qs, "default-flavor", (1, 1000, GI))
+    assert refused is not None and refused[0] == "quota-exceeded"
+    assert "does not list gpu" in refused[1]
+
+
+def test_kueue_spot_flavor_from_its_taint() -> None:
+    loaded = load("kueue-resource-flavor-taints.yaml")
+    assert tree(loaded.config)["flavors"] == [{"name": "spot", "capacity_type": "spot"}]
+    assert "on-demand" not in notes_of(loaded)
+
+
+def test_kueue_spot_flavor_from_node_type_label() -> None:
+    loaded = load("kueue-shared-quota-setup.yaml")
+    assert tree(loaded.config) == {
+        "queues": [
+            {
+                "name": "team-cluster-queue",
+                "quotas": [
+                    {"flavor": "on-demand", "resources": {"cpu": {"nominal": 9000}}},
+                    {"flavor": "spot", "resources": {"cpu": {"nominal": 9000}}},
+                    {"flavor": "credits", "resources": {}},
+                ],
+                "unlisted_resources": "zero",
+                "preemption": NEVER,
+            }
+        ],
+        "cohorts": [],
+        "flavors": [
+            {"name": "on-demand", "capacity_type": "on-demand"},
+            {"name": "spot", "capacity_type": "spot"},
+            {"name": "credits"},
+        ],
+    }
+    assert "'cpu_credits' ignored" in notes_of(loaded)
+
+
+def test_kueue_admission_fair_sharing_fields_are_named() -> None:
+    loaded = load("kueue-admission-fair-sharing.yaml")
+    (queue,) = tree(loaded.config)["queues"]
+    assert queue["strategy"] == "StrictFIFO"
+    assert loaded.aliases == {"lq-a": "cluster-queue", "lq-b": "cluster-queue"}
+    notes = notes_of(loaded)
+    assert "(ClusterQueue cluster-queue): spec.admissionScope ignored" in notes
+    assert "(LocalQueue lq-a): spec.fairSharing ignored" in notes
+    assert "(LocalQueue lq-b): spec.fairSharing ignored" in notes
+
+
+def test_kueue_cohort_tree() -> None:
+    loaded = load("kueue-cohorts.yaml")
+    assert tree(loaded.config) == {
+        "queues": [
+            {
+                "name": "my-cluster-queue",
+                "cohort": "hello-cohort",
+                "quotas": [{"flavor": "default-flavor", "resources": {"cpu": {}}}],
+                "unlisted_resources": "zero",
+                "preemption": NEVER,
+            }
+        ],
+        "cohorts": [
+            {
+                "name": "hello-cohort",
+                "quotas": [{"flavor": "default-flavor", "resources": {"cpu": {"nominal": 12000}}}],
+            },
+            {"name": "root-cohort"},
+            {"name": "important-org", "parent": "root-cohort"},
+            {"name": "regular-org", "parent": "root-cohort"},
+        ],
+        "flavors": [],
+    }
+    assert "(Cohort important-org): spec.fairSharing ignored" in notes_of(loaded)
+    # "the ClusterQueue may access the 12 shared CPUs defined by its Cohort"
+    book = QuotaBook(loaded.config.queues, loaded.config.cohorts)
+    qs = book.queues["my-cluster-queue"]
+    assert book.check(qs, "default-flavor", (0, 12000, 0)) is None
+    assert book.check(qs, "default-flavor", (0, 12001, 0)) is not None
+
+
+def test_volcano_hierarchy_annotations() -> None:
+    loaded = load("volcano-hierarchy-annotations.yaml")
+    assert tree(loaded.config) == {
+        "queues": [
+            {"name": "root-eng-prod", "cohort": "root-eng", "weight": 0.16},
+            {"name": "root-eng-dev", "cohort": "root-eng", "weight": 0.04},
+            {"name": "root-sci-prod", "cohort": "root-sci", "weight": 0.64},
+            {"name": "root-sci-dev", "cohort": "root-sci", "weight": 0.16},
+        ],
+        "cohorts": [
+            {"name": "root"},
+            {"name": "root-eng", "parent": "root"},
+            {"name": "root-sci", "parent": "root"},
+        ],
+        "flavors": [],
+    }
+    assert "hierarchy-weights flattened into the queue weight 0.16" in notes_of(loaded)
+
+
+def test_volcano_parent_queue_becomes_a_cohort() -> None:
+    loaded = load("volcano-parent-queues.yaml")
+
+    def leaf(name: str, cohort: str, cpu: int, mem: int) -> dict[str, Any]:
+        return {
+            "name": name,
+            "cohort": cohort,
+            "weight": 1.0,
+            "quotas": [
+                {
+                    "flavor": "any",
+                    "resources": {"cpu": {"nominal": cpu}, "memory": {"nominal": mem}},
+                }
+            ],
+        }
+
+    assert tree(loaded.config) == {
+        "queues": [
+            leaf("child-queue-b", "volcano", 64_000, 128 * GI),
+            leaf("subchild-queue-a1", "child-queue-a", 32_000, 64 * GI),
+            leaf("subchild-queue-a2", "child-queue-a", 32_000, 64 * GI),
+        ],
+        "cohorts": [
+            {
+                "name": "child-queue-a",
+                "parent": "volcano",
+                "quotas": [{"flavor": "any", "resources": {"cpu": {}, "memory": {}}}],
+            }
+        ],
+        "flavors": [{"name": "any"}],
+    }
+    assert "child-queue-a" not in {q.name for q in loaded.config.queues}
+    assert "imported as a cohort of subchild-queue-a1, subchild-queue-a2" in notes_of(loaded)
+
+
+def test_volcano_children_deserving_more_than_the_parent_are_refused() -> None:
+    docs = fixture_docs("queues/volcano-parent-queues.yaml")
+    docs[2]["spec"]["deserved"]["cpu"] = 40  # 40 + 32 > the parent's 64
+    with pytest.raises(ConfigError, match=r"child queues' spec.deserved.cpu add up to more"):
+        import_documents(docs)
+
+
+def test_volcano_hierarchy_annotation_yields_to_spec_parent() -> None:
+    docs = fixture_docs("queues/volcano-parent-queues.yaml")
+    docs[2]["metadata"]["annotations"] = {"volcano.sh/hierarchy": "root/elsewhere/x"}
+    loaded = import_documents(docs)
+    queues = {q.name: q for q in loaded.config.queues}
+    assert queues["subchild-queue-a1"].cohort == "child-queue-a"
+    assert "annotations volcano.sh/hierarchy and hierarchy-weights ignored" in notes_of(loaded)
+
+
+def test_koordinator_parent_quota_is_a_cohort_bounding_its_children() -> None:
+    loaded = load("koord-quota-tree.yaml")
+
+    def child(name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "cohort": "quota-parent-example",
+            "quotas": [
+                {
+                    "flavor": "any",
+                    "resources": {
+                        "cpu": {"nominal": 5000, "borrowing_limit": 35_000},
+                        "memory": {"nominal": 10 * MI, "borrowing_limit": 40 * GI - 10 * MI},
+                    },
+                }
+            ],
+        }
+
+    assert tree(loaded.config) == {
+        "queues": [child("quota-example"), child("quota-example-b")],
+        "cohorts": [
+            {
+                "name": "quota-parent-example",
+                "parent": "elastic-quota",
+                "quotas": [
+                    {
+                        "flavor": "any",
+                        "resources": {
+                            # min 10 all given to the children; max - min = 30 to borrow
+                            "cpu": {"borrowing_limit": 30_000},
+                            "memory": {"borrowing_limit": 40 * GI - 20 * MI},
+                        },
+                    }
+                ],
+            }
+        ],
+        "flavors": [{"name": "any"}],
+    }
+    assert "it runs no jobs" in notes_of(loaded)
+    # With a sibling quota lending 30 cpu at the top, the parent's max (40) bounds the pair:
+    # each child alone could reach its own max of 40, both together stay within 40.
+    lender = msgspec.convert(
+        {
+            "name": "lender",
+            "cohort": "elastic-quota",
+            "quotas": [{"flavor": "any", "resources": {"cpu": {"nominal": 100_000}}}],
+        },
+        type=type(loaded.config.queues[0]),
+    )
+    book = QuotaBook([*loaded.config.queues, lender], loaded.config.cohorts)
+    a, b = book.queues["quota-example"], book.queues["quota-example-b"]
+    assert book.check(a, "any", (0, 40_000, 0)) is None
+    book.charge(a, "any", (0, 25_000, 0), 1)
+    assert book.check(b, "any", (0, 15_000, 0)) is None
+    assert book.check(b, "any", (0, 15_001, 0)) is not None
+
+
+def test_koordinator_children_over_the_parent_min_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"checkMinQuotaSum.*lower a child's min"):
+        load("koord-quota-tree-refused.yaml")
+
+
+def test_koordinator_parent_must_be_marked_a_parent() -> None:
+    docs = fixture_docs("queues/koord-quota-tree.yaml")
+    docs[0]["metadata"]["labels"]["quota.scheduling.koordinator.sh/is-parent"] = "false"
+    with pytest.raises(ConfigError, match=r"is not a parent .*is-parent"):
+        import_documents(docs)
+
+
+def test_scheduler_plugins_elastic_quota() -> None:
+    config = from_elastic_quota(fixture_docs("queues/scheduler-plugins-elasticquota.yaml"))
+    assert tree(config) == {
+        "queues": [
+            {
+                "name": "test",
+                "cohort": "elastic-quota",
+                "quotas": [
+                    {
+                        "flavor": "any",
+                        "resources": {
+                            "cpu": {"nominal": 10_000, "borrowing_limit": 10_000},
+                            "gpu": {"nominal": 1, "borrowing_limit": 1},
+                            "memory": {"nominal": 20 * GI, "borrowing_limit": 20 * GI},
+                        },
+                    }
+                ],
+            }
+        ],
+        "cohorts": [],
+        "flavors": [{"name": "any"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("labels", "taints", "capacity"),
+    [
+        ({"node-type": "spot"}, None, "spot"),
+        ({"eks.amazonaws.com/capacityType": "SPOT"}, None, "spot"),
+        ({"karpenter.sh/capacity-type": "spot"}, None, "spot"),
+        ({"cloud.google.com/gke-spot": "true"}, None, "spot"),
+        ({"cloud.google.com/gke-preemptible": "true"}, None, "spot"),
+        ({"kubernetes.azure.com/scalesetpriority": "spot"}, None, "spot"),
+        ({"node-type": "on-demand"}, None, "on-demand"),
+        (
+            {"gpu": "a100"},
+            [{"key": "kubernetes.azure.com/scalesetpriority", "value": "spot"}],
+            "spot",
+        ),
+        (
+            {},
+            [{"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}],
+            "spot",
+        ),
+    ],
+)
+def test_spot_flavors_recognised(
+    labels: dict[str, str], taints: list[dict[str, str]] | None, capacity: str
+) -> None:
+    spec: dict[str, Any] = {"nodeLabels": labels}
+    if taints is not None:
+        spec["nodeTaints"] = taints
+    doc = {
+        "apiVersion": "kueue.x-k8s.io/v1beta1",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": "f"},
+        "spec": spec,
+    }
+    loaded = import_documents([doc])
+    (flavor,) = loaded.config.flavors
+    assert flavor.capacity_type == capacity
+    opposite = "on-demand" if capacity == "spot" else "spot"
+    assert f"taken as {opposite}" not in notes_of(loaded)
+
+
+def test_on_demand_labels_with_a_spot_taint_are_refused() -> None:
+    doc = {
+        "apiVersion": "kueue.x-k8s.io/v1beta1",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": "f"},
+        "spec": {
+            "nodeLabels": {"node-type": "on-demand"},
+            "nodeTaints": [{"key": "spot", "value": "true"}],
+        },
+    }
+    with pytest.raises(ConfigError, match="fix one of them"):
+        import_documents([doc])
+
+
+def test_every_unread_field_is_named() -> None:
+    docs = [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "ClusterQueue",
+            "metadata": {"name": "cq"},
+            "spec": {"resourceGroups": [], "someFutureField": 1},
+        },
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "Queue",
+            "metadata": {"name": "vq"},
+            "spec": {"weight": 1, "priority": 5, "anotherField": True},
+        },
+        {
+            "apiVersion": "scheduling.sigs.k8s.io/v1alpha1",
+            "kind": "ElasticQuota",
+            "metadata": {
+                "name": "eq",
+                "labels": {"quota.scheduling.koordinator.sh/shared-weight": "{}"},
+            },
+            "spec": {"min": {"cpu": 1}, "extra": 1},
+        },
+    ]
+    notes = notes_of(import_documents(docs))
+    for expected in (
+        "(ClusterQueue cq): spec.someFutureField ignored",
+        "(Queue vq): spec.priority ignored",
+        "(Queue vq): spec.anotherField ignored",
+        "(ElasticQuota eq): spec.extra ignored",
+        "(ElasticQuota eq): label quota.scheduling.koordinator.sh/shared-weight ignored",
+    ):
+        assert expected in notes
