@@ -484,6 +484,16 @@ class _Importer:
                 f"{ctx}: spec.nodeLabels {', '.join(unmatched)} not matched; Muster matches "
                 "flavors by capacity type and GPU type only"
             )
+        others = [
+            str(t.get("key"))
+            for t in spec.get("nodeTaints") or []
+            if isinstance(t, Mapping) and str(t.get("key")) != spot_taint
+        ]
+        if others:
+            self.notes.append(
+                f"{ctx}: spec.nodeTaints {', '.join(others)} not matched; only a spot taint "
+                "says something Muster uses (the capacity type)"
+            )
         if spec.get("tolerations"):
             self.notes.append(
                 f"{ctx}: spec.tolerations not added to pods; the agent's pod template decides"

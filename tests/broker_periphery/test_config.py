@@ -332,7 +332,18 @@ def test_examples_load() -> None:
     names = [q.name for q in loaded.config.queues]
     assert names == ["ml-cluster-queue", "ml-batch-queue", "llm", "default"]
     assert loaded.aliases == {"ml-research-queue": "ml-cluster-queue"}
-    assert load_config(EXAMPLES / "volcano-queues.yaml") == SEED_VOLCANO
+    assert [(c.name, c.parent) for c in loaded.config.cohorts] == [
+        ("ml-team-cohort", "ml-org"),
+        ("ml-org", None),
+    ]
+    volcano = load_config(EXAMPLES / "volcano-queues.yaml")
+    assert volcano.queues[0] == SEED_VOLCANO.queues[0]
+    assert [(q.name, q.cohort) for q in volcano.queues] == [
+        ("ml-research-queue", None),
+        ("vision", "research"),
+        ("nlp", "research"),
+    ]
+    assert [(c.name, c.parent) for c in volcano.cohorts] == [("research", "volcano")]
 
 
 def test_yaml_output_round_trips() -> None:

@@ -12,7 +12,7 @@ from broker.config import ConfigError, LoadedConfig, from_elastic_quota, import_
 from broker.core.quota import QuotaBook
 from schemas.config import BrokerConfig
 
-from .conftest import fixture_docs
+from .conftest import FIXTURES, fixture_docs
 
 GI = 2**30
 MI = 2**20
@@ -388,3 +388,21 @@ def test_every_unread_field_is_named() -> None:
         "(ElasticQuota eq): label quota.scheduling.koordinator.sh/shared-weight ignored",
     ):
         assert expected in notes
+
+
+def test_muster_config_prints_every_note() -> None:
+    from typer.testing import CliRunner
+
+    from broker.cli import app
+
+    path = FIXTURES / "queues" / "kueue-admission-fair-sharing.yaml"
+    result = CliRunner().invoke(app, ["config", str(path)])
+    assert result.exit_code == 0, result.output
+    loaded = load("kueue-admission-fair-sharing.yaml")
+    assert loaded.notes
+    for note in loaded.notes:
+        # the rich console may wrap a long note; compare without line breaks
+        assert note.split(": ", 1)[1].replace(" ", "") in result.output.replace("\n", "").replace(
+            " ", ""
+        )
+    assert "unlisted_resources: zero" in result.output
