@@ -211,7 +211,11 @@ class QuotaBook:
             return avail, avail
         g = lim.guaranteed
         local = max(0, g - u)
-        parent = cls_._cohort_available(co, cls, r)
+        if co.parent is None:  # a flat cohort: the common case, inline
+            quota = co.lendable.get(cls)
+            parent = quota[r] - co.borrowed[cls][r] if quota is not None else 0
+        else:
+            parent = cls_._cohort_available(co, cls, r)
         own = _INF
         if lim.borrowing is not None:
             cap = (lim.nominal - g) - max(0, u - g) + lim.borrowing
@@ -287,9 +291,12 @@ class QuotaBook:
             usage = co.borrowed[cls]
             old = usage[r]
             new = usage[r] = old + delta
+            up = co.parent
+            if up is None:
+                return
             g = co.guaranteed(cls, r)
             delta = max(0, new - g) - max(0, old - g)
-            co = co.parent
+            co = up
 
     def within_nominal(self, q: QueueState, cls: str, demand: Vec) -> bool:
         """Would the queue stay inside its nominal quota of `cls` after taking `demand`?"""
@@ -394,9 +401,17 @@ class QuotaBook:
                     )
                 )
             flavors.append(FlavorUsage(flavor=cls, resources=rows))
+        path = None
+        if q.cohort is not None:
+            names: list[str] = []
+            up: Cohort | None = q.cohort
+            while up is not None:
+                names.append(up.name)
+                up = up.parent
+            path = "/".join(reversed(names))  # "org/team" for a nested cohort
         return QueueView(
             name=q.name,
-            cohort=q.config.cohort,
+            cohort=path or q.config.cohort,
             strategy=q.config.strategy,
             weight=q.config.weight,
             pending=pending,
