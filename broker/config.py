@@ -1207,13 +1207,17 @@ def _check_references(config: BrokerConfig, aliases: Mapping[str, str], source: 
     queue_names = {q.name for q in config.queues}
     flavor_names = {f.name for f in config.flavors}
     if config.flavors:
-        for qi, queue in enumerate(config.queues):
-            for fi, fq in enumerate(queue.quotas or []):
+        owners = [("queues", q.quotas or []) for q in config.queues]
+        owners += [("cohorts", c.quotas) for c in config.cohorts]
+        seen: dict[str, int] = {}
+        for key, quotas in owners:
+            qi = seen[key] = seen.get(key, -1) + 1
+            for fi, fq in enumerate(quotas):
                 if fq.flavor not in flavor_names:
                     close = difflib.get_close_matches(fq.flavor, sorted(flavor_names), n=1)
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
                     raise ConfigError(
-                        f"{source}: queues[{qi}].quotas[{fi}].flavor: {fq.flavor!r} is not a "
+                        f"{source}: {key}[{qi}].quotas[{fi}].flavor: {fq.flavor!r} is not a "
                         f"declared flavor class{hint}; add it under flavors: or fix the name"
                     )
     names = [f.name for f in config.flavors]

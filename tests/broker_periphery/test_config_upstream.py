@@ -8,7 +8,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from broker.config import ConfigError, LoadedConfig, from_elastic_quota, import_documents
+from broker.config import (
+    ConfigError,
+    LoadedConfig,
+    from_elastic_quota,
+    import_documents,
+    parse_config,
+)
 from broker.core.quota import QuotaBook
 from schemas.config import BrokerConfig
 
@@ -406,3 +412,28 @@ def test_muster_config_prints_every_note() -> None:
             " ", ""
         )
     assert "unlisted_resources: zero" in result.output
+
+
+def test_muster_cohorts_with_quantities_and_checked_references() -> None:
+    text = """
+flavors: [{name: spot-a100, capacity_type: spot}]
+cohorts:
+  - name: org
+    quotas: [{flavor: spot-a100, resources: {cpu: {nominal: "8"}, memory: {nominal: 1Gi}}}]
+  - name: team
+    parent: org
+queues:
+  - name: q
+    cohort: team
+    quotas: [{flavor: spot-a100, resources: {gpu: {nominal: 2}}}]
+"""
+    config = parse_config(text).config
+    assert [(c.name, c.parent) for c in config.cohorts] == [("org", None), ("team", "org")]
+    assert config.cohorts[0].quotas[0].resources["cpu"].nominal == 8000
+    assert config.cohorts[0].quotas[0].resources["memory"].nominal == GI
+    with pytest.raises(ConfigError, match=r"cohorts\[0\].quotas\[0\].flavor: 'spot-a10' .*"):
+        parse_config(
+            text.replace("flavor: spot-a100, resources: {cpu", "flavor: spot-a10, resources: {cpu")
+        )
+    with pytest.raises(ConfigError, match="its own ancestor"):
+        parse_config(text.replace("  - name: org\n", "  - name: org\n    parent: team\n"))
