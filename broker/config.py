@@ -8,8 +8,12 @@ A config file is YAML with one or more documents:
   `import: [kueue.yaml, volcano-queues.yaml]` (paths relative to the config file; those files
   hold Kubernetes objects only) and `queue_aliases: {local-name: queue}`;
 - any number of Kubernetes documents (they have `apiVersion` and `kind`), imported as if they
-  had been listed under `import`: Kueue ResourceFlavor / ClusterQueue / LocalQueue, Volcano
-  Queue, Koordinator ElasticQuota. A `kind: List` is unpacked.
+  had been listed under `import`: Kueue ResourceFlavor / ClusterQueue / LocalQueue / Cohort,
+  Volcano Queue, ElasticQuota of Koordinator or scheduler-plugins. A `kind: List` is unpacked.
+
+Imports mean what the source system means (the field-by-field table is docs/compat.md):
+parent quotas and parent queues become cohorts, an imported Kueue ClusterQueue admits only the
+resources it lists, and every field Muster does not honour yields a note naming it.
 
 Merging: imported flavors and queues come first; an entry of the Muster document with the same
 name replaces the imported one, so a Muster file can override one imported queue. Two imports
@@ -839,7 +843,15 @@ class _Importer:
                     )
                 q["borrowing_limit"] = p.high[r] - top
             res[r] = q
-        self._guarantee(p, res)
+        for r, keep in p.keep.items():
+            # the subtree keeps `keep` of the parent's deserved: lending limit deserved - keep
+            share = p.low.get(r)
+            if share is None or keep > share:
+                raise ConfigError(
+                    f"{p.ctx}: spec.guarantee.resource.{r} exceeds spec.deserved.{r}; Volcano "
+                    "requires guarantee <= deserved"
+                )
+            res[r]["lending_limit"] = share - keep
         if res:
             cohort["quotas"] = [{"flavor": ANY_FLAVOR, "resources": res}]
             self.needs_any_flavor = True

@@ -437,3 +437,17 @@ queues:
         )
     with pytest.raises(ConfigError, match="its own ancestor"):
         parse_config(text.replace("  - name: org\n", "  - name: org\n    parent: team\n"))
+
+
+def test_volcano_guarantee_is_never_lent() -> None:
+    docs = fixture_docs("queues/volcano-parent-queues.yaml")
+    docs[0]["spec"]["guarantee"] = {"resource": {"cpu": 16}}  # the parent keeps 16 of 64
+    docs[1]["spec"]["guarantee"] = {"resource": {"cpu": 8}}  # a leaf keeps 8 of 64
+    config = import_documents(docs).config
+    (parent,) = config.cohorts
+    assert parent.quotas[0].resources["cpu"].lending_limit == 48_000
+    leaf = next(q for q in config.queues if q.name == "child-queue-b")
+    assert leaf.quotas is not None and leaf.quotas[0].resources["cpu"].lending_limit == 56_000
+    docs[1]["spec"]["guarantee"] = {"resource": {"cpu": 65}}
+    with pytest.raises(ConfigError, match="guarantee <= deserved"):
+        import_documents(docs)
