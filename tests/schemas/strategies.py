@@ -34,6 +34,7 @@ from schemas.agent import (
 from schemas.api import JobEvent, SubmitReply
 from schemas.config import (
     BrokerConfig,
+    CohortConfig,
     FlavorClass,
     FlavorQuota,
     PreemptionPolicy,
@@ -351,15 +352,26 @@ def broker_configs(draw: st.DrawFn) -> BrokerConfig:
                     reclaim_within_cohort=st.sampled_from(["Never", "LowerPriority", "Any"]),
                 ),
                 reclaimable=st.booleans(),
+                unlisted_resources=st.sampled_from(["unlimited", "zero"]),
             ),
             min_size=1,
             max_size=3,
             unique_by=lambda q: q.name,
         )
     )
+    cohort_names = draw(st.lists(dns_labels, max_size=3, unique=True))
+    cohorts = [
+        CohortConfig(
+            name=name,
+            parent=draw(opt(st.sampled_from(cohort_names[:i]))) if i else None,
+            quotas=draw(quota_lists) or [],
+        )
+        for i, name in enumerate(cohort_names)
+    ]
     return BrokerConfig(
         subject_prefix=draw(st.from_regex(r"\A[a-z]{1,8}(\.[a-z]{1,8})?\Z")),
         queues=queues,
+        cohorts=cohorts,
         flavors=flavors,
         timeouts=draw(st.builds(Timeouts, heartbeat_s=floats(1e-3, 60), lease_ttl_s=floats(1, 60))),
         scheduling=draw(st.builds(SchedulingConfig, risk_weight=floats(0, 100))),
