@@ -44,6 +44,7 @@ def test_borrowing_walks_up_two_levels() -> None:
     book.charge(a, CLS, gpus(6), 1)
     assert book.check(b, CLS, gpus(2)) is None
     assert book.check(b, CLS, gpus(3)) is not None
+    assert book.view(a, 0, (16, 0, 0)).cohort == "root/org"  # `muster queues` shows the path
     book.charge(a, CLS, gpus(6), -1)
     assert book.cohorts["org"].borrowed[CLS] == [0, 0, 0]
     assert book.cohorts["root"].borrowed[CLS] == [0, 0, 0]
