@@ -607,7 +607,7 @@ def _pod_spec_causes(spec: dict[str, Any], path: str, job_pod: bool) -> list[Cau
             elif name in names:
                 out.append(Cause(f"{cf}.name", "FieldValueDuplicate", f"Duplicate value: {name!r}"))
             names.add(str(name))
-            if not c.get("image") and key == "containers":
+            if not c.get("image") and key == "containers" and "runtimePatches" not in path:
                 out.append(Cause(f"{cf}.image", "FieldValueRequired", "Required value"))
             env_names: set[str] = set()
             for j, env in enumerate(c.get("env") or []):
