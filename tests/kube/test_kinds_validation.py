@@ -201,3 +201,9 @@ def test_unsafe_workloads_are_refused_with_the_field(patch: dict[str, Any], prob
     allowed = PodPolicy(service_accounts=frozenset({"default", "cluster-admin-sa"}))
     if problem == "serviceAccountName":
         check_safety(manifest, allowed)
+
+
+def test_the_kinds_page_shows_the_adapters_table() -> None:
+    from kinds.registry import markdown_table
+
+    assert markdown_table() in (ROOT / "docs" / "kinds.md").read_text()
