@@ -36,6 +36,7 @@ import yaml
 from kinds.adapter import Adapter
 from kinds.base import DOMAIN, LEGACY_DOMAIN, KindError, mapping
 from kinds.demand import pod_demand
+from kinds.pods import PodPolicy, check_safety
 from kinds.registry import adapter_of
 from schemas.job import MAX_GPU_PER_REPLICA, MAX_PODSETS, MAX_REPLICAS, JobSpec
 
@@ -336,6 +337,9 @@ def jobspec_from_manifest(
 
     try:
         drafts, min_available, adapter = _drafts(manifest)
+        # What no agent would run is refused at submission; the service-account allow-list
+        # lives in each agent's configuration, so the agent checks that one.
+        check_safety(manifest, PodPolicy(service_accounts=None))
     except KindError as exc:
         raise ManifestError(str(exc)) from None
     if not drafts:
