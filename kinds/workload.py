@@ -54,18 +54,24 @@ def build_from_manifest(cmd: Dispatch, policy: PodPolicy, namespace: str) -> Wor
     names = list(dict.fromkeys(t.podset for t in templates))
     if adapter.created != adapter.resource:  # a pod group: the agent creates its Pods
         return finish(base, _group_pods(cmd, manifest, base, namespace), total, names)
-    old = manifest.get("metadata")
+    _take_over(manifest, cmd, base, namespace)
+    return finish(base, [PlannedObject(adapter.resource, manifest)], total, names)
+
+
+def _take_over(obj: dict[str, Any], cmd: Dispatch, name: str, namespace: str) -> None:
+    """Muster's name, namespace, labels and annotations on a user's object (theirs kept, but
+    `kueue.x-k8s.io/*` labels), the original name remembered, and no status."""
+    old = obj.get("metadata")
     if not isinstance(old, dict):
         old = {}
     strip_kueue(old)
-    meta = object_meta(cmd, base, namespace)
+    meta = object_meta(cmd, name, namespace)
     meta["labels"] = {**(old.get("labels") or {}), **meta["labels"]}
     meta["annotations"] = {**(old.get("annotations") or {}), **meta["annotations"]}
     if old.get("name"):
         meta["annotations"][ANN_ORIGINAL_NAME] = str(old["name"])
-    manifest["metadata"] = meta
-    manifest.pop("status", None)
-    return finish(base, [PlannedObject(adapter.resource, manifest)], total, names)
+    obj["metadata"] = meta
+    obj.pop("status", None)
 
 
 def _group_pods(
@@ -73,14 +79,8 @@ def _group_pods(
 ) -> list[PlannedObject]:
     out = []
     for i, pod in enumerate(manifest.get("items") or []):
-        old = pod.get("metadata") or {}
-        meta = object_meta(cmd, child_name(base, f"{i}-{old.get('name', '')}"), namespace)
-        meta["labels"] = {**(old.get("labels") or {}), **meta["labels"]}
-        meta["annotations"] = {**(old.get("annotations") or {}), **meta["annotations"]}
-        if old.get("name"):
-            meta["annotations"][ANN_ORIGINAL_NAME] = str(old["name"])
-        pod["metadata"] = meta
-        pod.pop("status", None)
+        original = (pod.get("metadata") or {}).get("name", "")
+        _take_over(pod, cmd, child_name(base, f"{i}-{original}"), namespace)
         out.append(PlannedObject(POD, pod))
     return out
 

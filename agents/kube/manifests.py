@@ -87,6 +87,7 @@ __all__ = [
     "label_value",
     "manifest_templates",
     "muster_env",
+    "podset_key",
     "policy",
     "resource_for",
     "selector",
@@ -156,6 +157,3 @@ def build_workload(
 ) -> WorkloadPlan:
     """Dispatch -> the objects to create, by `spec.workload.kind`."""
     return _build(cmd, policy(flavor, config), namespace, gpu_resource)
-
-
-__all__ += ["podset_key"]
