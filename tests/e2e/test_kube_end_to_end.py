@@ -149,7 +149,7 @@ async def test_spot_reclaim_moves_the_gang_to_another_cluster_from_its_checkpoin
             "job_id": "ddp-1",
             "gang": [{"name": "worker", "replicas": 2, "gpu": 4}],
             "capacity": "spot",
-            "checkpoint": {"uri": "s3://ckpt/ddp-1"},
+            "checkpoint": {"uri": "s3://ckpt"},  # the pods write below it
             "workload": {"image": "trainer:1", "command": ["torchrun", "train.py"]},
         }
     )

@@ -3,6 +3,7 @@ the PyTorchJob / MPIJob / TFJob / Volcano Job YAML of the seed documents as inpu
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from agents.kube.manifests import (
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_PODSET,
+    LABEL_SPREAD,
     SERVICE,
     ManifestError,
     build_workload,
@@ -228,12 +230,18 @@ def assert_muster_pod(template: dict[str, Any], job_id: str, attempt: int, podse
 
 
 def node_fields(template: dict[str, Any]) -> list[list[str]]:
+    """The nodes each user term is pinned to: terms are one per (user term, node), each with
+    exactly one `metadata.name` value (the API server allows no more)."""
     terms = template["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
-    return [
-        next(f["values"] for f in t["matchFields"] if f["key"] == "metadata.name") for t in terms
-    ]
+    groups: dict[str, list[str]] = {}
+    for t in terms:
+        pins = [f for f in t["matchFields"] if f["key"] == "metadata.name"]
+        assert len(pins) == 1 and len(pins[0]["values"]) == 1
+        rest = {**t, "matchFields": [f for f in t["matchFields"] if f not in pins]}
+        groups.setdefault(json.dumps(rest, sort_keys=True), []).extend(pins[0]["values"])
+    return [sorted(v) for v in groups.values()]
 
 
 def test_names_are_dns_safe() -> None:
@@ -295,15 +303,16 @@ def test_indexed_job_env_placement_labels() -> None:
     wc = wt["spec"]["containers"][0]
     assert wc["command"][:2] == ["/bin/sh", "-c"] and wc["args"] == ["torchrun", "train.py"]
     assert wc["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    # Placement: node names pinned, one replica per node (all distinct).
-    assert node_fields(mt) == [["n0"]]
-    assert node_fields(wt) == [["n1", "n2", "n3"]]
-    anti = wt["spec"]["affinity"]["podAntiAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]
-    assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
-    assert anti[0]["labelSelector"]["matchLabels"][LABEL_PODSET] == "worker"
-    assert "podAntiAffinity" not in mt["spec"]["affinity"]  # a single replica
+    # Placement: master and workers ask for the same resources, so they are one class pinned
+    # to the class's nodes, one pod per node (all distinct): exactly the broker's 4 nodes.
+    assert node_fields(mt) == [["n0", "n1", "n2", "n3"]] == node_fields(wt)
+    for t in (mt, wt):
+        anti = t["spec"]["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
+        assert anti[0]["labelSelector"]["matchLabels"][LABEL_SPREAD] == "master"
+        assert t["metadata"]["labels"][LABEL_SPREAD] == "master"
 
 
 def test_indexed_job_shared_nodes_have_no_anti_affinity() -> None:
@@ -355,7 +364,14 @@ def test_pytorchjob_from_gang() -> None:
     assert_muster_pod(wt, "pt-7", 2, "worker")
     assert mt["metadata"]["annotations"][ANN_LEADER] == "true"
     assert wt["metadata"]["annotations"][ANN_LEADER] == "false"
-    assert node_fields(mt) == [["n1"]] and node_fields(wt) == [["n2", "n3"]]
+    # Both roles of the one podset are pinned to all its nodes, and spread over them together
+    # (an anti-affinity matching the Master too), so no Worker waits for the Master's node.
+    assert node_fields(mt) == [["n1", "n2", "n3"]] == node_fields(wt)
+    for t in (mt, wt):
+        (anti,) = t["spec"]["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert anti["labelSelector"]["matchLabels"][LABEL_SPREAD] == "worker"
     with pytest.raises(ManifestError, match="pytorchjob"):
         bad = {**spec, "gang": [{"name": "a", "replicas": 2}, {"name": "b", "replicas": 2}]}
         build_workload(dispatch(bad, {"a": ["n1", "n2"], "b": ["n3", "n4"]}), FLAVOR, NS)
@@ -382,7 +398,7 @@ def test_manifest_pytorchjob_patched_keeps_user_fields() -> None:
         "nodeSelectorTerms"
     ][0]
     assert term["matchExpressions"][0]["key"] == "topology.kubernetes.io/zone"
-    assert node_fields(wt) == [["n2", "n3"]] and node_fields(mt) == [["n1"]]
+    assert node_fields(wt) == [["n1", "n2", "n3"]] == node_fields(mt)  # one class, same shape
     # The original manifest in the command is not mutated.
     assert (
         "nodeSelector"
@@ -426,10 +442,17 @@ def test_manifest_tfjob_and_volcano_and_jobset_and_batch_job() -> None:
     )
     body = vc.objects[0].body
     assert vc.objects[0].resource.api_version == "batch.volcano.sh/v1alpha1"
-    assert body["spec"]["maxRetry"] == 0 and body["spec"]["queue"] == "ml-research-queue"
+    # Volcano's webhook turns maxRetry 0 into 3: retries are off through AbortJob policies.
+    assert "maxRetry" not in body["spec"] and body["spec"]["queue"] == "ml-research-queue"
+    aborts = [
+        {"event": "PodFailed", "action": "AbortJob"},
+        {"event": "PodEvicted", "action": "AbortJob"},
+    ]
+    assert body["spec"]["policies"] == aborts
+    assert all(task["policies"] == aborts for task in body["spec"]["tasks"])
     _, wt = templates_of(body)
     assert_muster_pod(wt, "m-1", 5, "worker")
-    assert wt["spec"]["restartPolicy"] == "OnFailure"
+    assert wt["spec"]["restartPolicy"] == "Never"
 
     js = build_workload(
         manifest_dispatch(JOBSET_YAML, {"workers": ["a", "b", "c", "d"]}), FLAVOR, NS
@@ -463,7 +486,7 @@ def test_manifest_unmatched_podsets_use_all_nodes_and_bad_manifests_fail() -> No
     for t in templates_of(plan.objects[0].body):
         assert node_fields(t) == [["n1", "n2", "n3", "n4", "n5"]]
         assert "podAntiAffinity" not in t["spec"]["affinity"]
-    with pytest.raises(ManifestError, match="unsupported kind"):
+    with pytest.raises(ManifestError, match="not a job kind Muster can run"):
         build_workload(
             manifest_dispatch("apiVersion: apps/v1\nkind: Deployment\nspec: {}", {}), FLAVOR, NS
         )
