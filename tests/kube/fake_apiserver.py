@@ -251,6 +251,7 @@ class FakeApiServer:
         gone_as_http: bool = False,
         validate: bool = True,
         termination_s: float | None = 0.3,
+        port: int = 0,
     ):
         self.bookmark_interval = bookmark_interval
         self.gone_as_http = gone_as_http
@@ -274,7 +275,7 @@ class FakeApiServer:
         self._terminating: dict[tuple[ResKey, str, str], float] = {}  # -> remove at (monotonic)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.port = 0
+        self.port = port
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -283,7 +284,8 @@ class FakeApiServer:
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
         site = web.SockSite(self._runner, sock)
         await site.start()
