@@ -1,39 +1,26 @@
 """Derive a Muster JobSpec (the gang) from a Kubernetes manifest users already write.
 
-Pure functions, no I/O. Supported kinds:
-
-- Kubeflow training jobs (`kubeflow.org`): PyTorchJob (Master + Worker), MPIJob (Launcher +
-  Worker; `slotsPerWorker` gives the GPUs per worker when the pod template asks for none),
-  TFJob (Chief/Master/PS/Worker/Evaluator), and the same `<x>ReplicaSpecs` layout of XGBoostJob,
-  PaddleJob and MXJob. One podset per replica type; `replicas` defaults to 1 and a replica type
-  with `replicas: 0` is left out.
-- Volcano Job (`batch.volcano.sh`): one podset per task.
-- JobSet (`jobset.x-k8s.io`): one podset per replicatedJob, `replicas x parallelism` pods.
-- batch/v1 Job: one podset `worker` of `min(parallelism, completions)` pods; a v1 Pod: one pod.
-
-Per replica: GPUs from `resources.limits` (else `requests`) of every resource named
-`<vendor>/gpu` (`nvidia.com/gpu`, `amd.com/gpu`); cpu and memory from `requests` (else
-`limits`, which is what Kubernetes defaults a missing request to). Containers of a pod are summed;
-init containers count as Kubernetes counts them (the larger of the sum of the containers plus
-sidecars and the largest plain init container). A pod that asks for no cpu or memory gets 0, as
-kube-scheduler counts it.
+Pure functions, no I/O. The kinds, and how each names its podsets, live in the `kinds` package
+(one adapter per kind, shared with the agent, which pins the templates by the same names); see
+docs/kinds.md. Per replica demand: `kinds.demand` (GPUs from requests/limits only).
 
 Gang semantics: Muster admits the whole gang or nothing. A Volcano `minAvailable` (or a Kubeflow
 `runPolicy.schedulingPolicy.minAvailable`) smaller than the total is therefore NOT used to start
 a partial gang: Muster reserves every replica, which is always enough to satisfy the smaller
-minimum. The declared value is kept in the JobSpec label `muster.io/min-available` so nothing is
+minimum. The declared value is kept in the JobSpec label `muster.dev/min-available` so nothing is
 lost. Elastic PyTorchJobs (`elasticPolicy`) are admitted at their `replicas` count likewise.
 
-Queue: the `queue` argument wins; otherwise the `kueue.x-k8s.io/queue-name` label, Volcano's
-`spec.queue`, Kubeflow's `runPolicy.schedulingPolicy.queue`, or Koordinator's
-`scheduling.x-k8s.io/queue` annotation, in that order.
+Queue: the `queue` argument wins; otherwise the `kueue.x-k8s.io/queue-name` label, the kind's
+own queue field (Volcano's `spec.queue`, Kubeflow's `runPolicy.schedulingPolicy.queue`), or
+Koordinator's `scheduling.x-k8s.io/queue` annotation, in that order.
 
-Other JobSpec fields can be set with annotations on the manifest: `muster.io/capacity`,
-`muster.io/priority` (also Koordinator's `scheduling.x-k8s.io/priority`), `muster.io/gpu-types`
-(comma-separated), `muster.io/checkpoint-uri`, `muster.io/job-id`. Without them, a pod template
-`nodeSelector` for spot capacity (`cloud.google.com/gke-provisioning: spot`,
-`karpenter.sh/capacity-type: spot`, ...) sets `capacity: spot`, and a GPU-type selector
-(`cloud.google.com/gke-accelerator`, `nvidia.com/gpu.product`, ...) sets `gpu_types`.
+Other JobSpec fields can be set with annotations on the manifest: `muster.dev/capacity`,
+`muster.dev/priority` (also Koordinator's `scheduling.x-k8s.io/priority`), `muster.dev/gpu-types`
+(comma-separated), `muster.dev/checkpoint-uri`, `muster.dev/job-id` (the older `muster.io/`
+prefix is still read). Without them, a pod template `nodeSelector` for spot capacity
+(`cloud.google.com/gke-provisioning: spot`, `karpenter.sh/capacity-type: spot`, ...) sets
+`capacity: spot`, and a GPU-type selector (`cloud.google.com/gke-accelerator`,
+`nvidia.com/gpu.product`, ...) sets `gpu_types`.
 """
 
 from __future__ import annotations
@@ -46,8 +33,11 @@ from typing import Any
 import msgspec
 import yaml
 
+from kinds.adapter import Adapter
+from kinds.base import DOMAIN, LEGACY_DOMAIN, KindError, mapping
+from kinds.demand import pod_demand
+from kinds.registry import adapter_of
 from schemas.job import MAX_GPU_PER_REPLICA, MAX_PODSETS, MAX_REPLICAS, JobSpec
-from schemas.quantity import QuantityError, cpu_milli, memory_bytes, parse_quantity
 
 __all__ = [
     "JobDocumentError",
@@ -64,30 +54,14 @@ __all__ = [
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KOORD_QUEUE_ANNOTATION = "scheduling.x-k8s.io/queue"
 KOORD_PRIORITY_ANNOTATION = "scheduling.x-k8s.io/priority"
-ANNOTATION_PREFIX = "muster.io/"
-MIN_AVAILABLE_LABEL = "muster.io/min-available"
-SOURCE_KIND_LABEL = "muster.io/source-kind"
-NAMESPACE_LABEL = "muster.io/namespace"
+ANNOTATION_PREFIX = f"{DOMAIN}/"
+LEGACY_ANNOTATION_PREFIX = f"{LEGACY_DOMAIN}/"
+MIN_AVAILABLE_LABEL = f"{DOMAIN}/min-available"
+SOURCE_KIND_LABEL = f"{DOMAIN}/source-kind"
+NAMESPACE_LABEL = f"{DOMAIN}/namespace"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
-
-# Kubeflow training operator v1 kinds and the key of their replica specs.
-_KUBEFLOW_REPLICA_SPECS = {
-    "PyTorchJob": "pytorchReplicaSpecs",
-    "TFJob": "tfReplicaSpecs",
-    "MPIJob": "mpiReplicaSpecs",
-    "XGBoostJob": "xgbReplicaSpecs",
-    "PaddleJob": "paddleReplicaSpecs",
-    "MXJob": "mxReplicaSpecs",
-}
-# Podset order: the coordinating replica first, so `muster status` reads naturally.
-_REPLICA_ORDER = ["launcher", "master", "chief", "scheduler", "server", "ps", "worker", "evaluator"]
-
-SUPPORTED_KINDS = (
-    "kubeflow.org/PyTorchJob, MPIJob, TFJob, XGBoostJob, PaddleJob, MXJob; "
-    "batch.volcano.sh/Job; jobset.x-k8s.io/JobSet; batch/v1 Job; v1 Pod"
-)
 
 # Node labels that say which capacity type a node (or a selector) means.
 _CAPACITY_LABELS: dict[str, dict[str, str]] = {
@@ -144,11 +118,11 @@ def normalize_gpu_type(value: str) -> str:
 
 def capacity_type_from_labels(labels: Mapping[str, Any]) -> str | None:
     """'spot' or 'on-demand' when a known provider label says so, else None."""
-    for key, mapping in _CAPACITY_LABELS.items():
+    for key, values in _CAPACITY_LABELS.items():
         value = labels.get(key)
         if value is None:
             continue
-        found = mapping.get(str(value).strip().lower())
+        found = values.get(str(value).strip().lower())
         if found is not None:
             return found
     return None
@@ -172,121 +146,14 @@ def is_manifest(obj: object) -> bool:
     )
 
 
-# -- resources ---------------------------------------------------------------------------
+# -- podsets ----------------------------------------------------------------------------
 
 
-class _Demand:
-    __slots__ = ("cpu", "gpu", "memory")
-
-    def __init__(self, gpu: int = 0, cpu: int = 0, memory: int = 0) -> None:
-        self.gpu = gpu
-        self.cpu = cpu
-        self.memory = memory
-
-    def add(self, other: _Demand) -> None:
-        self.gpu += other.gpu
-        self.cpu += other.cpu
-        self.memory += other.memory
-
-    def maximum(self, other: _Demand) -> None:
-        self.gpu = max(self.gpu, other.gpu)
-        self.cpu = max(self.cpu, other.cpu)
-        self.memory = max(self.memory, other.memory)
-
-
-def _mapping(value: Any, path: str, *, required: bool = False) -> Mapping[str, Any]:
-    if value is None:
-        if required:
-            raise ManifestError(f"{path}: missing; add it (see the kind's documentation)")
-        return {}
-    if not isinstance(value, Mapping):
-        raise ManifestError(f"{path}: expected a mapping, got {type(value).__name__}")
-    return value
-
-
-def _list(value: Any, path: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ManifestError(f"{path}: expected a list, got {type(value).__name__}")
-    return value
-
-
-def _count(value: Any, path: str, default: int) -> int:
-    """A replica/parallelism count: a non-negative whole number."""
-    if value is None:
-        return default
-    count: int
-    if isinstance(value, int) and not isinstance(value, bool):
-        count = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        count = int(value.strip())
-    else:
-        raise ManifestError(f"{path}: expected a whole number, got {value!r}")
-    if count < 0:
-        raise ManifestError(f"{path}: must not be negative, got {count}")
-    return count
-
-
-def _gpu_amount(value: Any, path: str) -> int:
+def _mapping(value: Any, path: str) -> Mapping[str, Any]:
     try:
-        amount = parse_quantity(value)
-    except QuantityError as exc:
-        raise ManifestError(f"{path}: {exc}") from None
-    if amount != amount.to_integral_value():
-        raise ManifestError(
-            f"{path}: {value!r} is not a whole number of GPUs; GPUs are requested as whole "
-            "devices, e.g. 1 or 8"
-        )
-    return int(amount)
-
-
-def _container_demand(container: Any, path: str) -> _Demand:
-    container = _mapping(container, path)
-    resources = _mapping(container.get("resources"), f"{path}.resources")
-    limits = _mapping(resources.get("limits"), f"{path}.resources.limits")
-    requests = _mapping(resources.get("requests"), f"{path}.resources.requests")
-    demand = _Demand()
-    for source, where in ((limits, "limits"), (requests, "requests")):
-        gpu_keys = [k for k in source if isinstance(k, str) and k.endswith("/gpu")]
-        if gpu_keys:
-            demand.gpu = sum(
-                _gpu_amount(source[k], f"{path}.resources.{where}[{k}]") for k in gpu_keys
-            )
-            break
-    for name, parse in (("cpu", cpu_milli), ("memory", memory_bytes)):
-        for source, where in ((requests, "requests"), (limits, "limits")):
-            if name in source and source[name] is not None:
-                raw = source[name]
-                try:
-                    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-                        raise QuantityError(f"expected a quantity like '4' or '16Gi', got {raw!r}")
-                    setattr(demand, name, parse(raw))
-                except QuantityError as exc:
-                    raise ManifestError(f"{path}.resources.{where}.{name}: {exc}") from None
-                break
-    return demand
-
-
-def _pod_demand(template: Any, path: str) -> _Demand:
-    """Per-pod demand of a pod template (`{metadata, spec}`), as kube-scheduler counts it."""
-    template = _mapping(template, path, required=True)
-    spec = _mapping(template.get("spec"), f"{path}.spec", required=True)
-    containers = _list(spec.get("containers"), f"{path}.spec.containers")
-    if not containers:
-        raise ManifestError(f"{path}.spec.containers: the pod template has no containers")
-    total = _Demand()
-    for i, c in enumerate(containers):
-        total.add(_container_demand(c, f"{path}.spec.containers[{i}]"))
-    init_peak = _Demand()
-    for i, c in enumerate(_list(spec.get("initContainers"), f"{path}.spec.initContainers")):
-        d = _container_demand(c, f"{path}.spec.initContainers[{i}]")
-        if isinstance(c, Mapping) and c.get("restartPolicy") == "Always":
-            total.add(d)  # a native sidecar runs beside the containers
-        else:
-            init_peak.maximum(d)
-    total.maximum(init_peak)
-    return total
+        return mapping(value, path)
+    except KindError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 def _node_selector(template: Any) -> Mapping[str, Any]:
@@ -318,138 +185,20 @@ class _PodSetDraft:
         self.replicas = replicas
         self.template = template
         self.path = path
-        self.demand = _pod_demand(template, f"{path}.template")
+        self.demand = pod_demand(template, f"{path}.template" if path else "template")
 
 
-def _podset_name(raw: Any, path: str) -> str:
-    if not isinstance(raw, str) or not raw:
-        raise ManifestError(f"{path}: a name is required")
-    name = dns_label(raw)
-    if not name:
-        raise ManifestError(f"{path}: {raw!r} has no letters or digits to name a podset with")
-    return name
-
-
-# -- per kind ----------------------------------------------------------------------------
-
-
-def _kubeflow(manifest: Mapping[str, Any], kind: str) -> tuple[list[_PodSetDraft], int | None]:
-    key = _KUBEFLOW_REPLICA_SPECS[kind]
-    spec = _mapping(manifest.get("spec"), "spec", required=True)
-    replica_specs = _mapping(spec.get(key), f"spec.{key}", required=True)
-    if not replica_specs:
-        raise ManifestError(f"spec.{key}: empty; give at least one replica type, e.g. Worker")
-    drafts: list[_PodSetDraft] = []
-    for rtype, rspec in replica_specs.items():
-        path = f"spec.{key}.{rtype}"
-        rspec = _mapping(rspec, path)
-        replicas = _count(rspec.get("replicas"), f"{path}.replicas", 1)
-        if replicas == 0:
-            continue
-        drafts.append(
-            _PodSetDraft(_podset_name(rtype, path), replicas, rspec.get("template"), path)
-        )
-    if kind == "MPIJob" and "slotsPerWorker" in spec:
-        slots = _count(spec.get("slotsPerWorker"), "spec.slotsPerWorker", 1)
-        launcher_works = bool(spec.get("runLauncherAsWorker", False))
-        for d in drafts:
-            if d.demand.gpu == 0 and (
-                d.name == "worker" or (launcher_works and d.name == "launcher")
-            ):
-                d.demand.gpu = slots
-    run_policy = _mapping(spec.get("runPolicy"), "spec.runPolicy")
-    scheduling = _mapping(run_policy.get("schedulingPolicy"), "spec.runPolicy.schedulingPolicy")
-    min_available = scheduling.get("minAvailable")
-    order = {n: i for i, n in enumerate(_REPLICA_ORDER)}
+def _drafts(manifest: Mapping[str, Any]) -> tuple[list[_PodSetDraft], int | None, Adapter]:
+    """The podsets of a manifest, by its kind's adapter (the names the agent pins by)."""
+    adapter = adapter_of(manifest)
+    drafts = [
+        _PodSetDraft(t.podset, t.replicas, t.template, t.path)
+        for t in adapter.templates(manifest)
+        if t.replicas
+    ]
+    order = {n: i for i, n in enumerate(adapter.order)}
     drafts.sort(key=lambda d: order.get(d.name, len(order)))
-    return drafts, _count(min_available, "spec.runPolicy.schedulingPolicy.minAvailable", 0) or None
-
-
-def _volcano(manifest: Mapping[str, Any]) -> tuple[list[_PodSetDraft], int | None]:
-    spec = _mapping(manifest.get("spec"), "spec", required=True)
-    tasks = _list(spec.get("tasks"), "spec.tasks")
-    if not tasks:
-        raise ManifestError("spec.tasks: a Volcano Job needs at least one task")
-    drafts: list[_PodSetDraft] = []
-    for i, task in enumerate(tasks):
-        path = f"spec.tasks[{i}]"
-        task = _mapping(task, path)
-        replicas = _count(task.get("replicas"), f"{path}.replicas", 1)
-        if replicas == 0:
-            continue
-        name = task.get("name") or ("default" if len(tasks) == 1 else None)
-        drafts.append(
-            _PodSetDraft(_podset_name(name, f"{path}.name"), replicas, task.get("template"), path)
-        )
-    min_available = _count(spec.get("minAvailable"), "spec.minAvailable", 0) or None
-    return drafts, min_available
-
-
-def _jobset(manifest: Mapping[str, Any]) -> tuple[list[_PodSetDraft], int | None]:
-    spec = _mapping(manifest.get("spec"), "spec", required=True)
-    rjobs = _list(spec.get("replicatedJobs"), "spec.replicatedJobs")
-    if not rjobs:
-        raise ManifestError("spec.replicatedJobs: a JobSet needs at least one replicatedJob")
-    drafts: list[_PodSetDraft] = []
-    for i, rjob in enumerate(rjobs):
-        path = f"spec.replicatedJobs[{i}]"
-        rjob = _mapping(rjob, path)
-        replicas = _count(rjob.get("replicas"), f"{path}.replicas", 1)
-        job_template = _mapping(rjob.get("template"), f"{path}.template", required=True)
-        job_spec = _mapping(job_template.get("spec"), f"{path}.template.spec", required=True)
-        pods = _job_pods(job_spec, f"{path}.template.spec")
-        if replicas * pods == 0:
-            continue
-        drafts.append(
-            _PodSetDraft(
-                _podset_name(rjob.get("name"), f"{path}.name"),
-                replicas * pods,
-                job_spec.get("template"),
-                f"{path}.template.spec",
-            )
-        )
-    return drafts, None
-
-
-def _job_pods(job_spec: Mapping[str, Any], path: str) -> int:
-    """Pods of a batch/v1 Job that run at once: min(parallelism, completions)."""
-    parallelism = _count(job_spec.get("parallelism"), f"{path}.parallelism", 1)
-    completions = job_spec.get("completions")
-    if completions is None:
-        return parallelism
-    return min(parallelism, _count(completions, f"{path}.completions", 1))
-
-
-def _batch_job(manifest: Mapping[str, Any]) -> tuple[list[_PodSetDraft], int | None]:
-    spec = _mapping(manifest.get("spec"), "spec", required=True)
-    pods = _job_pods(spec, "spec")
-    if pods == 0:
-        return [], None
-    return [_PodSetDraft("worker", pods, spec.get("template"), "spec")], None
-
-
-def _pod(manifest: Mapping[str, Any]) -> tuple[list[_PodSetDraft], int | None]:
-    return [_PodSetDraft("pod", 1, {"spec": manifest.get("spec")}, "")], None
-
-
-def _dispatch_kind(manifest: Mapping[str, Any]) -> tuple[list[_PodSetDraft], int | None]:
-    api_version = str(manifest.get("apiVersion", ""))
-    kind = str(manifest.get("kind", ""))
-    group = api_version.rpartition("/")[0]
-    if group == "kubeflow.org" and kind in _KUBEFLOW_REPLICA_SPECS:
-        return _kubeflow(manifest, kind)
-    if group == "batch.volcano.sh" and kind == "Job":
-        return _volcano(manifest)
-    if group == "jobset.x-k8s.io" and kind == "JobSet":
-        return _jobset(manifest)
-    if api_version == "batch/v1" and kind == "Job":
-        return _batch_job(manifest)
-    if api_version == "v1" and kind == "Pod":
-        return _pod(manifest)
-    raise ManifestError(
-        f"kind: {api_version} {kind} is not a job kind Muster can derive a gang from; "
-        f"supported: {SUPPORTED_KINDS}. Otherwise write a Muster JobSpec with a `gang` list"
-    )
+    return drafts, adapter.min_available(manifest), adapter
 
 
 # -- the JobSpec -------------------------------------------------------------------------
@@ -460,6 +209,8 @@ def _annotation_fields(annotations: Mapping[str, Any]) -> dict[str, Any]:
 
     def text(key: str) -> str | None:
         value = annotations.get(key)
+        if value is None and key.startswith(ANNOTATION_PREFIX):
+            value = annotations.get(LEGACY_ANNOTATION_PREFIX + key[len(ANNOTATION_PREFIX) :])
         return None if value is None else str(value).strip()
 
     capacity = text(ANNOTATION_PREFIX + "capacity")
@@ -488,21 +239,17 @@ def _annotation_fields(annotations: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _manifest_queue(manifest: Mapping[str, Any], metadata: Mapping[str, Any]) -> tuple[Any, str]:
+def _manifest_queue(
+    manifest: Mapping[str, Any], metadata: Mapping[str, Any], adapter: Adapter
+) -> tuple[Any, str]:
     labels = _mapping(metadata.get("labels"), "metadata.labels")
     annotations = _mapping(metadata.get("annotations"), "metadata.annotations")
-    spec = manifest.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
-    run_policy = spec.get("runPolicy")
-    run_policy = run_policy if isinstance(run_policy, Mapping) else {}
-    sched = run_policy.get("schedulingPolicy")
     candidates: list[tuple[Any, str]] = [
         (labels.get(QUEUE_LABEL), f"metadata.labels[{QUEUE_LABEL}]"),
     ]
-    if str(manifest.get("apiVersion", "")).startswith("batch.volcano.sh/"):
-        candidates.append((spec.get("queue"), "spec.queue"))
-    if isinstance(sched, Mapping):
-        candidates.append((sched.get("queue"), "spec.runPolicy.schedulingPolicy.queue"))
+    own = adapter.queue(manifest)
+    if own is not None:
+        candidates.append(own)
     candidates.append(
         (annotations.get(KOORD_QUEUE_ANNOTATION), f"metadata.annotations[{KOORD_QUEUE_ANNOTATION}]")
     )
@@ -587,7 +334,10 @@ def jobspec_from_manifest(
     if not name:
         raise ManifestError(f"metadata.name: {raw_name!r} has no letters or digits to keep")
 
-    drafts, min_available = _dispatch_kind(manifest)
+    try:
+        drafts, min_available, adapter = _drafts(manifest)
+    except KindError as exc:
+        raise ManifestError(str(exc)) from None
     if not drafts:
         raise ManifestError(
             "the manifest asks for no pods (every replica count is 0); set replicas >= 1"
@@ -604,7 +354,7 @@ def jobspec_from_manifest(
     if queue is not None:
         fields["queue"] = _check_queue(queue, "queue")
     else:
-        value, where = _manifest_queue(manifest, metadata)
+        value, where = _manifest_queue(manifest, metadata, adapter)
         if value is not None:
             fields["queue"] = _check_queue(value, where)
 

@@ -989,7 +989,9 @@ class KubeBackend:
             known = [f.name for f in self.config.flavors]
             raise BackendError(f"flavor {cmd.flavor!r} is not configured here (known: {known})")
         try:
-            plan = build_workload(cmd, flavor, self.config.namespace, self.config.gpu_resource)
+            plan = build_workload(
+                cmd, flavor, self.config.namespace, self.rules.resource(flavor), self.config
+            )
         except ManifestError as exc:
             raise BackendError(str(exc)) from None
         key = (cmd.job_id, cmd.attempt)

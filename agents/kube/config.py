@@ -82,6 +82,9 @@ class FlavorConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     # The extended resource its pods request ("" = the backend's `gpu_resource`): e.g.
     # `amd.com/gpu`, or a MIG profile `nvidia.com/mig-1g.10gb` as a flavor of its own.
     gpu_resource: Annotated[str, Meta(max_length=253)] = ""
+    # terminationGracePeriodSeconds of the flavor's pods: the provider's notice window, so the
+    # workload can checkpoint. None: 120 s on spot flavors, the pod's own value otherwise.
+    termination_grace_period_s: Annotated[int, Meta(ge=0, le=86_400)] | None = None
 
     def info(self, gpu_memory_mib: int = 0) -> FlavorInfo:
         return FlavorInfo(
@@ -157,6 +160,13 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     backoff_initial_s: Annotated[float, Meta(gt=0, le=60)] = 0.2
     backoff_max_s: Annotated[float, Meta(gt=0, le=600)] = 30.0
     delete_propagation: Literal["Background", "Foreground"] = "Background"
+    # Finished workload objects delete themselves after this long (ttlSecondsAfterFinished,
+    # where the kind has it); the agent's own garbage collection covers the rest.
+    ttl_seconds_after_finished: Annotated[int, Meta(ge=0, le=30 * 86_400)] | None = 3600
+    # serviceAccountNames a user manifest may ask for; anything else is refused.
+    allowed_service_accounts: Annotated[list[DnsLabel], Meta(max_length=256)] = msgspec.field(
+        default_factory=lambda: ["default"]
+    )
     # Restrict the node list/watch (e.g. "nvidia.com/gpu.present=true"); "" = every node.
     node_label_selector: Annotated[str, Meta(max_length=1024)] = ""
 

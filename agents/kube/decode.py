@@ -171,6 +171,11 @@ class KJobStatus(msgspec.Struct):
 
     conditions: list[KCondition] | None = None
     state: KVolcanoState | None = None
+    # KubeRay RayJob
+    jobStatus: str = ""
+    jobDeploymentStatus: str = ""
+    reason: str = ""
+    message: str = ""
 
 
 _job_status_decoder = msgspec.json.Decoder(KJobStatus | None)

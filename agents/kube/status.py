@@ -31,17 +31,17 @@ from collections.abc import Callable
 import msgspec
 
 from agents.kube.decode import KJobStatus, KPod
-from agents.kube.manifests import (
+from kinds.base import (
     ANN_CHECKPOINT,
     ANN_JOB,
     ANN_LEADER,
     ANN_TOTAL,
+    LABEL_JOB,
     LABEL_PODSET,
-    OWNED_RESOURCES,
-    POD,
-    SERVICE,
-    Resource,
+    KindError,
+    clip,
 )
+from kinds.registry import STATUS_RESOURCES, adapter_for
 from schemas.agent import CheckpointReport, WorkloadPhase, WorkloadStatus
 
 # Pod `status.reason` values that mean the pod was pushed off, not that the job failed.
@@ -56,31 +56,10 @@ DISRUPTION_CAUSES = {
     "TerminationByKubelet": "node shutting down",
 }
 _MAX_EXIT_CODES = 4096
-_MAX_REASON = 1024  # schemas.agent.Reason
 _MAX_POD_CODES = 16  # distinct restart exit codes kept per pod
 _MAX_RESTART_NOTES = 8
 
-# The kinds whose objects carry a verdict worth watching: everything Muster creates except
-# Services (no status) and Pods (already watched cluster-wide).
-STATUS_RESOURCES: tuple[Resource, ...] = tuple(
-    r for r in OWNED_RESOURCES if r not in (SERVICE, POD)
-)
-# Condition types (status "True") that end an object, per API group.
-_SUCCESS_CONDITIONS = {
-    "batch": ("Complete", "SuccessCriteriaMet"),
-    "kubeflow.org": ("Succeeded",),
-    "jobset.x-k8s.io": ("Completed",),
-}
-_FAILURE_CONDITIONS = {
-    "batch": ("Failed", "FailureTarget"),
-    "kubeflow.org": ("Failed",),
-    "jobset.x-k8s.io": ("Failed",),
-}
-# Volcano `status.state.phase`: Completing is entered only through a CompleteJob action (the
-# job is done, its remaining pods are being killed); Aborting/Terminating lead only to
-# Aborted/Terminated.
-_VOLCANO_SUCCESS = frozenset({"Completing", "Completed"})
-_VOLCANO_FAILURE = frozenset({"Failed", "Aborting", "Aborted", "Terminating", "Terminated"})
+__all__ = ["STATUS_RESOURCES"]  # re-exported: the backend watches these
 
 Kind = str  # "pending" | "running" | "succeeded" | "failed" | "evicted"
 
@@ -120,10 +99,6 @@ def disruption(pod: KPod) -> str | None:
         if c.type == "DisruptionTarget" and c.status == "True":
             return c.reason or "DisruptionTarget"
     return None
-
-
-def clip(text: str, limit: int = _MAX_REASON) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def restarts(pod: KPod) -> tuple[int, list[int], str]:
@@ -190,53 +165,23 @@ def _classify(pod: KPod, deleted: bool) -> PodView:
 
 
 def job_verdict(api_version: str, kind: str, name: str, status: KJobStatus) -> JobVerdict | None:
-    """The verdict of a workload object from its status, or None while it is undecided.
-
-    Conditions count when their status is "True"; when several terminal ones are, the last
-    listed wins (operators append the newest). The reason names the object and carries the
-    condition's type, reason and message (clipped to the schema's bound)."""
-    group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
-    if group == "batch.volcano.sh":
-        state = status.state
-        if state is None or not state.phase:
-            return None
-        if state.phase in _VOLCANO_SUCCESS:
-            phase: WorkloadPhase = "succeeded"
-        elif state.phase in _VOLCANO_FAILURE:
-            phase = "failed"
-        else:
-            return None
-        what = f"Volcano Job {name}"
-        return JobVerdict(phase, _verdict_reason(what, state.phase, state.reason, state.message))
-    success = _SUCCESS_CONDITIONS.get(group)
-    failure = _FAILURE_CONDITIONS.get(group)
-    if success is None or failure is None:
+    """The verdict of a workload object from its status (its kind's adapter reads it), or None
+    while it is undecided."""
+    try:
+        adapter = adapter_for(api_version, kind)
+    except KindError:
         return None
-    what = f"{kind} {name}"
-    found: JobVerdict | None = None
-    for c in status.conditions or ():
-        if c.status != "True":
-            continue
-        if c.type in failure:
-            found = JobVerdict("failed", _verdict_reason(what, c.type, c.reason, c.message))
-        elif c.type in success:
-            found = JobVerdict("succeeded", _verdict_reason(what, c.type, c.reason, c.message))
-    return found
-
-
-def _verdict_reason(what: str, state: str, reason: str, message: str) -> str:
-    text = f"{what}: {state}"
-    if reason and reason != state:
-        text += f" ({reason})"
-    if message:
-        text += f": {message}"
-    return clip(text)
+    found = adapter.verdict(name, msgspec.to_builtins(status))
+    if found is None:
+        return None
+    phase: WorkloadPhase = "succeeded" if found.phase == "succeeded" else "failed"
+    return JobVerdict(phase, found.reason)
 
 
 def pod_job(pod: KPod) -> str:
     """The exact job id of a Muster pod (annotation; the label may be a sanitised form)."""
     meta = pod.metadata
-    return meta.annotations.get(ANN_JOB) or meta.labels.get("muster.dev/job-id", "")
+    return meta.annotations.get(ANN_JOB) or meta.labels.get(LABEL_JOB, "")
 
 
 class Workload:

@@ -42,8 +42,8 @@ def test_pytorchjob_master_and_workers() -> None:
     assert spec.queue is None
     assert spec.workload.kind == "manifest"
     assert spec.workload.manifest == fixture("pytorchjob-ddp-mnist.yaml")
-    assert spec.labels["muster.io/namespace"] == "ml-training"
-    assert spec.labels["muster.io/source-kind"] == "kubeflow.org/PyTorchJob"
+    assert spec.labels["muster.dev/namespace"] == "ml-training"
+    assert spec.labels["muster.dev/source-kind"] == "kubeflow.org/PyTorchJob"
 
 
 def test_derived_spec_is_valid_on_the_wire() -> None:
@@ -58,15 +58,16 @@ def test_mpijob_launcher_and_workers() -> None:
     assert gang(spec) == [("launcher", 1, 0, "2", "4Gi"), ("worker", 4, 2, "8", "32Gi")]
 
 
-def test_mpijob_slots_per_worker_give_gpus_when_limits_are_absent() -> None:
+def test_mpijob_slots_per_worker_is_not_a_gpu_count() -> None:
+    """slotsPerWorker is the number of MPI processes per worker in the hostfile; GPUs come from
+    resource requests and limits only, so a CPU-only MPIJob reserves no GPU."""
     manifest = fixture("mpijob-horovod.yaml")
     worker = manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     del worker["resources"]["limits"]["nvidia.com/gpu"]
     manifest["spec"]["slotsPerWorker"] = 4
     spec = jobspec_from_manifest(manifest)
-    assert gang(spec) == [("launcher", 1, 0, "2", "4Gi"), ("worker", 4, 4, "8", "32Gi")]
-    # explicit limits win over slotsPerWorker
-    spec = jobspec_from_manifest(fixture("mpijob-horovod.yaml") | {})
+    assert gang(spec) == [("launcher", 1, 0, "2", "4Gi"), ("worker", 4, 0, "8", "32Gi")]
+    spec = jobspec_from_manifest(fixture("mpijob-horovod.yaml"))
     assert spec.gang[1].gpu == 2
 
 
@@ -90,7 +91,7 @@ def test_volcano_job_tasks_and_queue() -> None:
     assert spec.queue == "ml-research-queue"
     # the seed's tasks ask for GPUs only; cpu and memory count as 0, as kube-scheduler does
     assert gang(spec) == [("master", 1, 1, "0", "0"), ("worker", 4, 1, "0", "0")]
-    assert "muster.io/min-available" not in spec.labels  # minAvailable 5 == all 5 pods
+    assert "muster.dev/min-available" not in spec.labels  # minAvailable 5 == all 5 pods
 
 
 def test_volcano_min_available_below_total_is_recorded_not_used() -> None:
@@ -98,7 +99,7 @@ def test_volcano_min_available_below_total_is_recorded_not_used() -> None:
     manifest["spec"]["minAvailable"] = 3
     spec = jobspec_from_manifest(manifest)
     assert spec.total_replicas == 5  # the whole gang is reserved
-    assert spec.labels["muster.io/min-available"] == "3"
+    assert spec.labels["muster.dev/min-available"] == "3"
 
 
 def test_volcano_min_available_above_total_is_an_error() -> None:
@@ -260,8 +261,8 @@ def _worker_container(manifest: dict[str, Any]) -> dict[str, Any]:
         (lambda m: m["metadata"].pop("name"), r"metadata\.name: missing"),
         (lambda m: m["metadata"].update(name="..."), r"no letters or digits"),
         (
-            lambda m: m["metadata"].update(annotations={"muster.io/priority": "high"}),
-            r"muster\.io/priority\]: 'high' is not a whole number",
+            lambda m: m["metadata"].update(annotations={"muster.dev/priority": "high"}),
+            r"muster\.dev/priority\]: 'high' is not a whole number",
         ),
         (lambda m: m.update(spec=[1, 2]), r"spec: expected a mapping, got list"),
     ],
@@ -277,7 +278,7 @@ def test_errors_name_the_field(mutate: Any, message: str) -> None:
     "name", ["volcano-podgroup.yaml", "volcano-queue.yaml", "koord-elasticquota.yaml"]
 )
 def test_objects_that_are_not_jobs_are_refused(name: str) -> None:
-    with pytest.raises(ManifestError, match="not a job kind Muster can derive a gang from"):
+    with pytest.raises(ManifestError, match="not a job kind Muster can run"):
         jobspec_from_manifest(fixture(name))
 
 

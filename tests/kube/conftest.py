@@ -167,10 +167,8 @@ class Recorder:
             await asyncio.sleep(0.01)
 
 
-# Validate what the agent creates as a real API server would. Off for now: the manifests pin a
-# multi-node gang with one node field selector of several values, which a real server refuses
-# (422); tests/kube/test_validation_rules.py holds the strict stand-in to that already.
-VALIDATE_WRITES = False
+# Validate what the agent creates and updates as a real API server would (422 otherwise).
+VALIDATE_WRITES = True
 
 
 @pytest_asyncio.fixture

@@ -147,14 +147,16 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
         BATCH_JOB_YAML,
         pod_manifest,
     ]
-    for other in ("XGBoostJob", "PaddleJob", "MXJob"):
+    examples = DEPLOY.parent / "examples" / "jobs"
+    texts += [(examples / f).read_text() for f in ("rayjob.yaml", "trainjob.yaml")]
+    for other in ("XGBoostJob", "PaddleJob", "JAXJob"):
         texts.append(
             TFJOB_YAML.replace("TFJob", other).replace(
                 "tfReplicaSpecs",
                 {
                     "XGBoostJob": "xgbReplicaSpecs",
                     "PaddleJob": "paddleReplicaSpecs",
-                    "MXJob": "mxReplicaSpecs",
+                    "JAXJob": "jaxReplicaSpecs",
                 }[other],
             )
         )

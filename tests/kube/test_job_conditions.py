@@ -802,7 +802,9 @@ def test_status_resources_are_what_manifests_can_create_with_a_status() -> None:
         "MPIJob",
         "XGBoostJob",
         "PaddleJob",
-        "MXJob",
+        "JAXJob",
         "JobSet",
+        "RayJob",
+        "TrainJob",
     }
     assert BATCH_JOB in STATUS_RESOURCES and VOLCANO_JOB in STATUS_RESOURCES

@@ -3,6 +3,7 @@ the PyTorchJob / MPIJob / TFJob / Volcano Job YAML of the seed documents as inpu
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -228,12 +229,18 @@ def assert_muster_pod(template: dict[str, Any], job_id: str, attempt: int, podse
 
 
 def node_fields(template: dict[str, Any]) -> list[list[str]]:
+    """The nodes each user term is pinned to: terms are one per (user term, node), each with
+    exactly one `metadata.name` value (the API server allows no more)."""
     terms = template["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
-    return [
-        next(f["values"] for f in t["matchFields"] if f["key"] == "metadata.name") for t in terms
-    ]
+    groups: dict[str, list[str]] = {}
+    for t in terms:
+        pins = [f for f in t["matchFields"] if f["key"] == "metadata.name"]
+        assert len(pins) == 1 and len(pins[0]["values"]) == 1
+        rest = {**t, "matchFields": [f for f in t["matchFields"] if f not in pins]}
+        groups.setdefault(json.dumps(rest, sort_keys=True), []).extend(pins[0]["values"])
+    return [sorted(v) for v in groups.values()]
 
 
 def test_names_are_dns_safe() -> None:
@@ -355,7 +362,14 @@ def test_pytorchjob_from_gang() -> None:
     assert_muster_pod(wt, "pt-7", 2, "worker")
     assert mt["metadata"]["annotations"][ANN_LEADER] == "true"
     assert wt["metadata"]["annotations"][ANN_LEADER] == "false"
-    assert node_fields(mt) == [["n1"]] and node_fields(wt) == [["n2", "n3"]]
+    # Both roles of the one podset are pinned to all its nodes, and spread over them together
+    # (an anti-affinity matching the Master too), so no Worker waits for the Master's node.
+    assert node_fields(mt) == [["n1", "n2", "n3"]] == node_fields(wt)
+    for t in (mt, wt):
+        (anti,) = t["spec"]["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert anti["labelSelector"]["matchLabels"][LABEL_PODSET] == "worker"
     with pytest.raises(ManifestError, match="pytorchjob"):
         bad = {**spec, "gang": [{"name": "a", "replicas": 2}, {"name": "b", "replicas": 2}]}
         build_workload(dispatch(bad, {"a": ["n1", "n2"], "b": ["n3", "n4"]}), FLAVOR, NS)
@@ -426,10 +440,17 @@ def test_manifest_tfjob_and_volcano_and_jobset_and_batch_job() -> None:
     )
     body = vc.objects[0].body
     assert vc.objects[0].resource.api_version == "batch.volcano.sh/v1alpha1"
-    assert body["spec"]["maxRetry"] == 0 and body["spec"]["queue"] == "ml-research-queue"
+    # Volcano's webhook turns maxRetry 0 into 3: retries are off through AbortJob policies.
+    assert "maxRetry" not in body["spec"] and body["spec"]["queue"] == "ml-research-queue"
+    aborts = [
+        {"event": "PodFailed", "action": "AbortJob"},
+        {"event": "PodEvicted", "action": "AbortJob"},
+    ]
+    assert body["spec"]["policies"] == aborts
+    assert all(task["policies"] == aborts for task in body["spec"]["tasks"])
     _, wt = templates_of(body)
     assert_muster_pod(wt, "m-1", 5, "worker")
-    assert wt["spec"]["restartPolicy"] == "OnFailure"
+    assert wt["spec"]["restartPolicy"] == "Never"
 
     js = build_workload(
         manifest_dispatch(JOBSET_YAML, {"workers": ["a", "b", "c", "d"]}), FLAVOR, NS
@@ -463,7 +484,7 @@ def test_manifest_unmatched_podsets_use_all_nodes_and_bad_manifests_fail() -> No
     for t in templates_of(plan.objects[0].body):
         assert node_fields(t) == [["n1", "n2", "n3", "n4", "n5"]]
         assert "podAntiAffinity" not in t["spec"]["affinity"]
-    with pytest.raises(ManifestError, match="unsupported kind"):
+    with pytest.raises(ManifestError, match="not a job kind Muster can run"):
         build_workload(
             manifest_dispatch("apiVersion: apps/v1\nkind: Deployment\nspec: {}", {}), FLAVOR, NS
         )

@@ -1,0 +1,52 @@
+"""The contract of one job kind: GVK, podsets, retries, verdict, RBAC."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kinds.base import PodTemplate, Resource, Verdict
+
+
+class Adapter:
+    """One job kind. Subclasses set the class attributes and override what differs."""
+
+    resource: Resource
+    # docs/kinds.md columns, kept beside the code they describe
+    podsets_doc: str = ""
+    retries_doc: str = ""
+    verdict_doc: str = ""
+    # Replica types / roles whose success is the job's success (Kubeflow's success policies).
+    leaders: frozenset[str] = frozenset()
+    # Podset order in the derived gang: these first, in this order, then the rest as written.
+    order: tuple[str, ...] = ()
+
+    def handles(self, api_version: str, kind: str) -> bool:
+        return (api_version, kind) == (self.resource.api_version, self.resource.kind)
+
+    def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
+        """The pod templates with their podset names, in manifest order; templates with 0
+        replicas are listed too (they need no node)."""
+        raise NotImplementedError
+
+    def patch_templates(self, manifest: dict[str, Any]) -> list[PodTemplate]:
+        """The templates the agent patches (the manifest's own, unless the kind keeps its pod
+        template elsewhere and takes a patch instead)."""
+        return self.templates(manifest)
+
+    def disable_retries(self, manifest: dict[str, Any]) -> None:
+        """Make one failed replica fail the object: Muster's restart budget decides."""
+
+    def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
+        """Let the kind delete a finished object after `seconds` (no-op: Muster's own GC)."""
+
+    def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
+        """Succeeded / failed by the object's own status; None while it runs."""
+        return None
+
+    def min_available(self, manifest: Mapping[str, Any]) -> int | None:
+        return None
+
+    def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
+        """A queue the kind's own scheduling fields name, with its field path."""
+        return None

@@ -1,0 +1,197 @@
+"""What every job-kind adapter shares: where a kind lives in the API, its pod templates, its
+verdict, and the one label/annotation domain Muster uses.
+
+Pure data and functions (no I/O), importable by the broker and the agent alike.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+# One domain for every label and annotation Muster writes or reads. `muster.io/` was the
+# domain of the manifest annotations the broker read; it is still accepted on input.
+DOMAIN = "muster.dev"
+LEGACY_DOMAIN = "muster.io"
+
+LABEL_JOB = f"{DOMAIN}/job-id"
+LABEL_ATTEMPT = f"{DOMAIN}/attempt"
+LABEL_PODSET = f"{DOMAIN}/podset"
+LABEL_ROLE = f"{DOMAIN}/role"  # the template a pod came from (several roles may share a podset)
+LABEL_TOP = f"{DOMAIN}/top-level"  # only on the objects Muster creates, not on their pods
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "muster"
+ANN_JOB = f"{DOMAIN}/job-id"
+ANN_TOTAL = f"{DOMAIN}/total-replicas"
+ANN_KIND = f"{DOMAIN}/workload-kind"
+ANN_LEADER = f"{DOMAIN}/leader"
+ANN_ORIGINAL_NAME = f"{DOMAIN}/original-name"
+ANN_CHECKPOINT = f"{DOMAIN}/checkpoint"
+ANN_CHECKPOINT_REQUEST = f"{DOMAIN}/checkpoint-request"
+HOSTNAME_KEY = "kubernetes.io/hostname"
+
+_DNS_CHARS = re.compile(r"[^a-z0-9-]+")
+
+
+class KindError(ValueError):
+    """A manifest Muster cannot handle as its kind; the text names the field path and the fix."""
+
+
+class Resource(NamedTuple):
+    """Where a kind lives in the API: group/version, kind, plural and the REST paths."""
+
+    api_version: str
+    kind: str
+    plural: str
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    def collection(self, namespace: str) -> str:
+        if "/" in self.api_version:
+            return f"/apis/{self.api_version}/namespaces/{namespace}/{self.plural}"
+        return f"/api/{self.api_version}/namespaces/{namespace}/{self.plural}"
+
+    def item(self, namespace: str, name: str) -> str:
+        return f"{self.collection(namespace)}/{name}"
+
+
+SERVICE = Resource("v1", "Service", "services")
+POD = Resource("v1", "Pod", "pods")
+
+
+class PodTemplate(NamedTuple):
+    """One pod template of a manifest and the podset its pods belong to.
+
+    `template` is the manifest's own dict (patching it patches the manifest). `role` names the
+    template (a Kubeflow replica type, a Volcano task, ...); several roles may share a podset
+    when Muster split one podset into a leader and the rest."""
+
+    podset: str
+    replicas: int
+    template: dict[str, Any]
+    leader: bool
+    role: str
+    path: str  # where the template sits in the manifest, for error messages
+
+
+class Verdict(NamedTuple):
+    """How a workload object ended, by its own status."""
+
+    phase: str  # "succeeded" | "failed"
+    reason: str
+
+
+def podset_key(text: str) -> str:
+    """The podset name of a replica type / task / replicated job: a DNS-1123 label, the same
+    on the broker (deriving the gang) and the agent (pinning the templates)."""
+    s = re.sub(r"-{2,}", "-", _DNS_CHARS.sub("-", text.lower())).strip("-")
+    return s[:63].rstrip("-")
+
+
+def mapping(value: Any, path: str, *, required: bool = False) -> Mapping[str, Any]:
+    if value is None:
+        if required:
+            raise KindError(f"{path}: missing; add it (see the kind's documentation)")
+        return {}
+    if not isinstance(value, Mapping):
+        raise KindError(f"{path}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def listed(value: Any, path: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise KindError(f"{path}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def count(value: Any, path: str, default: int) -> int:
+    """A replica/parallelism count: a non-negative whole number."""
+    if value is None:
+        return default
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        n = int(value.strip())
+    else:
+        raise KindError(f"{path}: expected a whole number, got {value!r}")
+    if n < 0:
+        raise KindError(f"{path}: must not be negative, got {n}")
+    return n
+
+
+def template_at(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or not isinstance(value.get("spec"), dict):
+        raise KindError(f"{path}: missing; give the pod template (`metadata` and `spec`)")
+    return value
+
+
+def podset_name(raw: Any, path: str) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise KindError(f"{path}: a name is required")
+    name = podset_key(raw)
+    if not name:
+        raise KindError(f"{path}: {raw!r} has no letters or digits to name a podset with")
+    return name
+
+
+def job_pods(job_spec: Mapping[str, Any], path: str) -> int:
+    """Pods of a batch/v1 Job that run at once: min(parallelism, completions)."""
+    parallelism = count(job_spec.get("parallelism"), f"{path}.parallelism", 1)
+    completions = job_spec.get("completions")
+    if completions is None:
+        return parallelism
+    return min(parallelism, count(completions, f"{path}.completions", 1))
+
+
+def ensure(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    """`parent[key]` as a dict, created (or replaced when null) if needed."""
+    value = parent.get(key)
+    if not isinstance(value, dict):
+        value = {}
+        parent[key] = value
+    return value
+
+
+def condition_verdict(
+    what: str,
+    status: Mapping[str, Any],
+    success: tuple[str, ...],
+    failure: tuple[str, ...],
+) -> Verdict | None:
+    """The verdict of `status.conditions` (status "True"); the last terminal one listed wins,
+    as operators append the newest."""
+    found: Verdict | None = None
+    for c in status.get("conditions") or ():
+        if not isinstance(c, Mapping) or c.get("status") != "True":
+            continue
+        ctype = str(c.get("type", ""))
+        if ctype in failure:
+            found = Verdict(
+                "failed", verdict_reason(what, ctype, c.get("reason"), c.get("message"))
+            )
+        elif ctype in success:
+            found = Verdict(
+                "succeeded", verdict_reason(what, ctype, c.get("reason"), c.get("message"))
+            )
+    return found
+
+
+MAX_REASON = 1024  # schemas.agent.Reason
+
+
+def clip(text: str, limit: int = MAX_REASON) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def verdict_reason(what: str, state: str, reason: Any, message: Any) -> str:
+    text = f"{what}: {state}"
+    if reason and reason != state:
+        text += f" ({reason})"
+    if message:
+        text += f": {message}"
+    return clip(text)

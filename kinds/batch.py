@@ -1,0 +1,180 @@
+"""batch/v1 Job (a user's manifest, or Muster's own Indexed Job + headless Service) and v1 Pod."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+from kinds.adapter import Adapter
+from kinds.base import (
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_PODSET,
+    SERVICE,
+    KindError,
+    PodTemplate,
+    Resource,
+    Verdict,
+    condition_verdict,
+    ensure,
+    job_pods,
+    mapping,
+    template_at,
+)
+from kinds.plan import (
+    PlannedObject,
+    WorkloadPlan,
+    assigned,
+    check_assignment,
+    child_name,
+    container,
+    finish,
+    object_meta,
+    workload_name,
+)
+from kinds.pods import PodPolicy, label_value, prepare_template
+from schemas.agent import Dispatch
+
+BATCH_JOB = Resource("batch/v1", "Job", "jobs")
+POD_RESOURCE = Resource("v1", "Pod", "pods")
+COMPLETION_INDEX_ANN = "batch.kubernetes.io/job-completion-index"
+
+
+class BatchJob(Adapter):
+    resource = BATCH_JOB
+    podsets_doc = "`worker` (min(parallelism, completions) pods)"
+    retries_doc = "`backoffLimit: 0`, pod `restartPolicy: Never`"
+    verdict_doc = "conditions `Complete`/`SuccessCriteriaMet` vs `Failed`/`FailureTarget`"
+
+    def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
+        spec = mapping(manifest.get("spec"), "spec", required=True)
+        tpl = template_at(spec.get("template"), "spec.template")
+        return [PodTemplate("worker", job_pods(spec, "spec"), tpl, False, "worker", "spec")]
+
+    def disable_retries(self, manifest: dict[str, Any]) -> None:
+        spec = ensure(manifest, "spec")
+        spec["backoffLimit"] = 0
+        ensure(ensure(spec, "template"), "spec")["restartPolicy"] = "Never"
+
+    def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
+        ensure(manifest, "spec")["ttlSecondsAfterFinished"] = seconds
+
+    def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
+        return condition_verdict(
+            f"Job {name}", status, ("Complete", "SuccessCriteriaMet"), ("Failed", "FailureTarget")
+        )
+
+
+class Pod(Adapter):
+    resource = POD_RESOURCE
+    podsets_doc = "`pod` (one pod)"
+    retries_doc = "`restartPolicy: Never`"
+    verdict_doc = "the pod's phase (watched with every pod)"
+
+    def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
+        if not isinstance(manifest.get("spec"), dict):
+            raise KindError("spec: missing; give the pod's spec")
+        return [PodTemplate("pod", 1, cast(dict[str, Any], manifest), True, "pod", "")]
+
+    def disable_retries(self, manifest: dict[str, Any]) -> None:
+        ensure(manifest, "spec")["restartPolicy"] = "Never"
+
+
+def build_indexed_job(
+    cmd: Dispatch, policy: PodPolicy, namespace: str, gpu_resource: str = "nvidia.com/gpu"
+) -> WorkloadPlan:
+    """One Indexed Job per podset plus one headless Service, with the Kubeflow-style env:
+    WORLD_SIZE = replicas of the whole gang, RANK = podset offset + completion index,
+    LOCAL_RANK = 0, MASTER_ADDR = the first podset's index-0 pod, MASTER_PORT = workload.port,
+    and torchrun's PET_* equivalents.
+
+    RANK of a podset after the first needs arithmetic Kubernetes env cannot do, so its
+    command runs under `/bin/sh -c` which adds MUSTER_RANK_OFFSET to JOB_COMPLETION_INDEX;
+    that needs `workload.command` (the image's entrypoint is unknown here)."""
+    gang = cmd.spec.gang
+    if not gang:
+        raise KindError("gang: indexed-job needs at least one podset")
+    check_assignment(cmd)
+    base = workload_name(cmd.job_id, cmd.attempt)
+    total = cmd.spec.total_replicas
+    port = cmd.spec.workload.port
+    first_job = child_name(base, gang[0].name)
+    master_addr = f"{first_job}-0.{base}"
+    by_name = assigned(cmd)
+    objects: list[PlannedObject] = []
+    objects.append(
+        PlannedObject(
+            SERVICE,
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": object_meta(cmd, base, namespace),
+                "spec": {
+                    "clusterIP": "None",
+                    "publishNotReadyAddresses": True,
+                    "selector": {
+                        LABEL_JOB: label_value(cmd.job_id),
+                        LABEL_ATTEMPT: str(cmd.attempt),
+                    },
+                    "ports": [{"name": "rdzv", "port": port, "targetPort": port}],
+                },
+            },
+        )
+    )
+    offset = 0
+    for ps in gang:
+        name = child_name(base, ps.name)
+        c = container(cmd, "trainer", ps, gpu_resource)
+        index_ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANN}']"}}
+        env: list[dict[str, Any]] = [
+            {"name": "WORLD_SIZE", "value": str(total)},
+            {"name": "MASTER_ADDR", "value": master_addr},
+            {"name": "MASTER_PORT", "value": str(port)},
+            {"name": "LOCAL_RANK", "value": "0"},
+            {"name": "PET_NNODES", "value": str(total)},
+            {"name": "PET_NPROC_PER_NODE", "value": str(max(ps.gpu, 1))},
+            {"name": "PET_MASTER_ADDR", "value": master_addr},
+            {"name": "PET_MASTER_PORT", "value": str(port)},
+            {"name": "MUSTER_RANK_OFFSET", "value": str(offset)},
+        ]
+        if offset == 0:
+            env += [{"name": "RANK", "valueFrom": index_ref}]
+            env += [{"name": "PET_NODE_RANK", "valueFrom": index_ref}]
+        else:
+            if not cmd.spec.workload.command:
+                raise KindError(
+                    f"workload.command: podset {ps.name!r} is not the first podset, so its "
+                    "RANK is MUSTER_RANK_OFFSET + JOB_COMPLETION_INDEX, computed by a shell "
+                    "wrapper around the command; give workload.command"
+                )
+            script = (
+                "export RANK=$((MUSTER_RANK_OFFSET + JOB_COMPLETION_INDEX)); "
+                'export PET_NODE_RANK=$RANK; exec "$@"'
+            )
+            c["command"] = ["/bin/sh", "-c", script, "muster-rank"]
+            c["args"] = [*cmd.spec.workload.command, *cmd.spec.workload.args]
+        c["env"] = c["env"] + env
+        template: dict[str, Any] = {
+            "spec": {"restartPolicy": "Never", "subdomain": base, "containers": [c]}
+        }
+        nodes = by_name.get(ps.name) or []
+        prepare_template(template, cmd, policy, ps.name, ps.name, nodes, total, False)
+        meta = object_meta(cmd, name, namespace)
+        meta["labels"][LABEL_PODSET] = ps.name
+        body: dict[str, Any] = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": meta,
+            "spec": {
+                "completionMode": "Indexed",
+                "completions": ps.replicas,
+                "parallelism": ps.replicas,
+                "backoffLimit": 0,
+                "template": template,
+            },
+        }
+        if policy.ttl_seconds is not None:
+            body["spec"]["ttlSecondsAfterFinished"] = policy.ttl_seconds
+        objects.append(PlannedObject(BATCH_JOB, body))
+        offset += ps.replicas
+    return finish(base, objects, total, [p.name for p in gang])

@@ -1,0 +1,97 @@
+"""Per-pod demand of a pod template, as kube-scheduler counts it (pure).
+
+Per replica: GPUs from `resources.limits` (else `requests`) of every resource named
+`<vendor>/gpu` (`nvidia.com/gpu`, `amd.com/gpu`); cpu and memory from `requests` (else
+`limits`, which is what Kubernetes defaults a missing request to). Containers of a pod are
+summed; init containers count as Kubernetes counts them (the larger of the sum of the containers
+plus sidecars and the largest plain init container). A pod that asks for no cpu or memory gets
+0, as kube-scheduler counts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kinds.base import KindError, listed, mapping
+from schemas.quantity import QuantityError, cpu_milli, memory_bytes, parse_quantity
+
+
+class Demand:
+    __slots__ = ("cpu", "gpu", "memory")
+
+    def __init__(self, gpu: int = 0, cpu: int = 0, memory: int = 0) -> None:
+        self.gpu = gpu
+        self.cpu = cpu
+        self.memory = memory
+
+    def add(self, other: Demand) -> None:
+        self.gpu += other.gpu
+        self.cpu += other.cpu
+        self.memory += other.memory
+
+    def maximum(self, other: Demand) -> None:
+        self.gpu = max(self.gpu, other.gpu)
+        self.cpu = max(self.cpu, other.cpu)
+        self.memory = max(self.memory, other.memory)
+
+
+def _gpu_amount(value: Any, path: str) -> int:
+    try:
+        amount = parse_quantity(value)
+    except QuantityError as exc:
+        raise KindError(f"{path}: {exc}") from None
+    if amount != amount.to_integral_value():
+        raise KindError(
+            f"{path}: {value!r} is not a whole number of GPUs; GPUs are requested as whole "
+            "devices, e.g. 1 or 8"
+        )
+    return int(amount)
+
+
+def container_demand(container: Any, path: str) -> Demand:
+    container = mapping(container, path)
+    resources = mapping(container.get("resources"), f"{path}.resources")
+    limits = mapping(resources.get("limits"), f"{path}.resources.limits")
+    requests = mapping(resources.get("requests"), f"{path}.resources.requests")
+    demand = Demand()
+    for source, where in ((limits, "limits"), (requests, "requests")):
+        gpu_keys = [k for k in source if isinstance(k, str) and k.endswith("/gpu")]
+        if gpu_keys:
+            demand.gpu = sum(
+                _gpu_amount(source[k], f"{path}.resources.{where}[{k}]") for k in gpu_keys
+            )
+            break
+    for name, parse in (("cpu", cpu_milli), ("memory", memory_bytes)):
+        for source, where in ((requests, "requests"), (limits, "limits")):
+            if name in source and source[name] is not None:
+                raw = source[name]
+                try:
+                    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+                        raise QuantityError(f"expected a quantity like '4' or '16Gi', got {raw!r}")
+                    setattr(demand, name, parse(raw))
+                except QuantityError as exc:
+                    raise KindError(f"{path}.resources.{where}.{name}: {exc}") from None
+                break
+    return demand
+
+
+def pod_demand(template: Any, path: str) -> Demand:
+    """Per-pod demand of a pod template (`{metadata, spec}`), as kube-scheduler counts it."""
+    template = mapping(template, path, required=True)
+    spec = mapping(template.get("spec"), f"{path}.spec", required=True)
+    containers = listed(spec.get("containers"), f"{path}.spec.containers")
+    if not containers:
+        raise KindError(f"{path}.spec.containers: the pod template has no containers")
+    total = Demand()
+    for i, c in enumerate(containers):
+        total.add(container_demand(c, f"{path}.spec.containers[{i}]"))
+    init_peak = Demand()
+    for i, c in enumerate(listed(spec.get("initContainers"), f"{path}.spec.initContainers")):
+        d = container_demand(c, f"{path}.spec.initContainers[{i}]")
+        if isinstance(c, Mapping) and c.get("restartPolicy") == "Always":
+            total.add(d)  # a native sidecar runs beside the containers
+        else:
+            init_peak.maximum(d)
+    total.maximum(init_peak)
+    return total

@@ -1,0 +1,176 @@
+"""The Kubeflow training family: one layout (`spec.<x>ReplicaSpecs`, `spec.runPolicy`), one
+adapter, a table of kinds. `kubeflow.org/v1` from the training operator (v1.9) and `MPIJob`
+`kubeflow.org/v2beta1` from mpi-operator (v0.8), picked by the manifest's apiVersion."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from kinds.adapter import Adapter
+from kinds.base import (
+    KindError,
+    PodTemplate,
+    Resource,
+    Verdict,
+    condition_verdict,
+    count,
+    ensure,
+    mapping,
+    podset_name,
+    template_at,
+)
+from kinds.plan import (
+    PlannedObject,
+    WorkloadPlan,
+    assigned,
+    check_assignment,
+    container,
+    finish,
+    object_meta,
+    workload_name,
+)
+from kinds.pods import PodPolicy, prepare_template
+from schemas.agent import Dispatch
+
+
+class TrainingKind(NamedTuple):
+    api_version: str
+    kind: str
+    plural: str
+    replica_specs: str  # the key of the replica specs in `spec`
+    leaders: frozenset[str]  # replica types whose success is the job's (lower-cased)
+
+
+TABLE: tuple[TrainingKind, ...] = (
+    TrainingKind(
+        "kubeflow.org/v1", "PyTorchJob", "pytorchjobs", "pytorchReplicaSpecs", frozenset({"master"})
+    ),
+    TrainingKind(
+        "kubeflow.org/v1", "TFJob", "tfjobs", "tfReplicaSpecs", frozenset({"chief", "master"})
+    ),
+    TrainingKind(
+        "kubeflow.org/v1", "MPIJob", "mpijobs", "mpiReplicaSpecs", frozenset({"launcher"})
+    ),
+    TrainingKind(
+        "kubeflow.org/v2beta1", "MPIJob", "mpijobs", "mpiReplicaSpecs", frozenset({"launcher"})
+    ),
+    TrainingKind(
+        "kubeflow.org/v1", "XGBoostJob", "xgboostjobs", "xgbReplicaSpecs", frozenset({"master"})
+    ),
+    TrainingKind(
+        "kubeflow.org/v1", "PaddleJob", "paddlejobs", "paddleReplicaSpecs", frozenset({"master"})
+    ),
+    TrainingKind("kubeflow.org/v1", "JAXJob", "jaxjobs", "jaxReplicaSpecs", frozenset()),
+)
+_ORDER = ("launcher", "master", "chief", "scheduler", "server", "ps", "worker", "evaluator")
+
+
+class Training(Adapter):
+    """One row of TABLE."""
+
+    podsets_doc = "the replica type, lower-cased (`master`, `worker`, `launcher`, `ps`, ...)"
+    retries_doc = "`runPolicy.backoffLimit: 0`, every replica `restartPolicy: Never`"
+    verdict_doc = "conditions `Succeeded` vs `Failed`"
+    order = _ORDER
+
+    def __init__(self, row: TrainingKind) -> None:
+        self.row = row
+        self.resource = Resource(row.api_version, row.kind, row.plural)
+        self.leaders = row.leaders
+
+    def _specs(self, manifest: Mapping[str, Any]) -> Mapping[str, Any]:
+        key = self.row.replica_specs
+        spec = mapping(manifest.get("spec"), "spec", required=True)
+        specs = mapping(spec.get(key), f"spec.{key}", required=True)
+        if not specs:
+            raise KindError(f"spec.{key}: empty; give at least one replica type, e.g. Worker")
+        return specs
+
+    def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
+        key = self.row.replica_specs
+        out: list[PodTemplate] = []
+        for rtype, rspec in self._specs(manifest).items():
+            path = f"spec.{key}.{rtype}"
+            rspec = mapping(rspec, path)
+            name = podset_name(rtype, path)
+            replicas = count(rspec.get("replicas"), f"{path}.replicas", 1)
+            tpl = template_at(rspec.get("template"), f"{path}.template")
+            out.append(PodTemplate(name, replicas, tpl, name in self.leaders, name, path))
+        return out
+
+    def disable_retries(self, manifest: dict[str, Any]) -> None:
+        spec = ensure(manifest, "spec")
+        ensure(spec, "runPolicy")["backoffLimit"] = 0
+        for rspec in ensure(spec, self.row.replica_specs).values():
+            if isinstance(rspec, dict):
+                rspec["restartPolicy"] = "Never"
+
+    def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
+        ensure(ensure(manifest, "spec"), "runPolicy")["ttlSecondsAfterFinished"] = seconds
+
+    def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
+        return condition_verdict(f"{self.row.kind} {name}", status, ("Succeeded",), ("Failed",))
+
+    def _scheduling(self, manifest: Mapping[str, Any]) -> Mapping[str, Any]:
+        spec = mapping(manifest.get("spec"), "spec")
+        run_policy = mapping(spec.get("runPolicy"), "spec.runPolicy")
+        return mapping(run_policy.get("schedulingPolicy"), "spec.runPolicy.schedulingPolicy")
+
+    def min_available(self, manifest: Mapping[str, Any]) -> int | None:
+        raw = self._scheduling(manifest).get("minAvailable")
+        return count(raw, "spec.runPolicy.schedulingPolicy.minAvailable", 0) or None
+
+    def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
+        value = self._scheduling(manifest).get("queue")
+        return (value, "spec.runPolicy.schedulingPolicy.queue") if value else None
+
+
+ADAPTERS: tuple[Training, ...] = tuple(Training(row) for row in TABLE)
+PYTORCHJOB = next(a.resource for a in ADAPTERS if a.resource.kind == "PyTorchJob")
+
+
+def build_pytorchjob(
+    cmd: Dispatch, policy: PodPolicy, namespace: str, gpu_resource: str = "nvidia.com/gpu"
+) -> WorkloadPlan:
+    """A PyTorchJob: Master x1 + Worker xN. With one podset of R replicas, one replica is the
+    Master and R-1 are Workers, both templates pinned to the podset's nodes; with two podsets,
+    the first (1 replica) is the Master and the second the Workers. The Training Operator
+    injects WORLD_SIZE/RANK/MASTER_ADDR."""
+    gang = cmd.spec.gang
+    check_assignment(cmd)
+    by_name = assigned(cmd)
+    if len(gang) == 1:
+        ps = gang[0]
+        roles = [("Master", ps, 1)]
+        if ps.replicas > 1:
+            roles.append(("Worker", ps, ps.replicas - 1))
+    elif len(gang) == 2 and gang[0].replicas == 1:
+        roles = [("Master", gang[0], 1), ("Worker", gang[1], gang[1].replicas)]
+    else:
+        raise KindError(
+            "gang: pytorchjob needs one podset (one replica becomes the Master) or two podsets "
+            "(a 1-replica master, then the workers)"
+        )
+    base = workload_name(cmd.job_id, cmd.attempt)
+    total = cmd.spec.total_replicas
+    specs: dict[str, Any] = {}
+    for role, ps, replicas in roles:
+        template: dict[str, Any] = {
+            "spec": {"containers": [container(cmd, "pytorch", ps, gpu_resource)]}
+        }
+        nodes = by_name.get(ps.name) or []
+        prepare_template(
+            template, cmd, policy, ps.name, role.lower(), nodes, total, role == "Master"
+        )
+        specs[role] = {"replicas": replicas, "restartPolicy": "Never", "template": template}
+    run_policy: dict[str, Any] = {"backoffLimit": 0, "cleanPodPolicy": "None"}
+    if policy.ttl_seconds is not None:
+        run_policy["ttlSecondsAfterFinished"] = policy.ttl_seconds
+    body = {
+        "apiVersion": PYTORCHJOB.api_version,
+        "kind": "PyTorchJob",
+        "metadata": object_meta(cmd, base, namespace),
+        "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": specs},
+    }
+    return finish(base, [PlannedObject(PYTORCHJOB, body)], total, [p.name for p in gang])

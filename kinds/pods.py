@@ -1,0 +1,285 @@
+"""What Muster writes into every pod template, whatever the kind.
+
+Pinning (how the broker's node assignment is honoured)
+-------------------------------------------------------
+A kind has one pod template per replica type / task / replicated job, so a node cannot be
+named per pod. Every template of a podset is pinned to the set of nodes assigned to that
+podset with one required nodeSelectorTerm per node, `matchFields: metadata.name In [<node>]`
+(the API server allows exactly one value in a node field requirement; terms are ORed). Terms
+the user wrote are kept: each user term is combined with each node term, so both hold.
+
+Spread: when the podset's replicas were assigned to pairwise-distinct nodes, a required
+`podAntiAffinity` on `kubernetes.io/hostname` against pods of the same job, attempt and podset
+(every role of the podset, e.g. a Master and its Workers) makes the scheduler put exactly one
+pod on each assigned node. When several replicas share a node, no anti-affinity is set: the
+podset's pods are identical, so any order of binding them to the assigned nodes fits (a node
+assigned `a` replicas has room for at least `a`, and the replicas are as many as the slots
+the broker counted). Podsets of different shapes sharing a node with repeated replicas are
+the one case a template cannot pin exactly; docs/kinds.md says so.
+
+Protection, grace and tolerations
+---------------------------------
+Pods carry `karpenter.sh/do-not-disrupt: "true"` and
+`cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` (consolidation must not evict a
+running gang), the flavor's tolerations (e.g. AKS `kubernetes.azure.com/scalesetpriority=spot`
+or a GPU taint) and `terminationGracePeriodSeconds` of the flavor (the provider's notice window,
+so the workload can checkpoint). `kueue.x-k8s.io/*` labels are removed, so a Kueue in the same
+cluster does not suspend what Muster placed.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from kinds.base import (
+    ANN_JOB,
+    ANN_KIND,
+    ANN_LEADER,
+    ANN_TOTAL,
+    HOSTNAME_KEY,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_MANAGED_BY,
+    LABEL_PODSET,
+    LABEL_ROLE,
+    MANAGED_BY,
+    KindError,
+    ensure,
+)
+from schemas.agent import Dispatch
+
+PODINFO_VOLUME = "muster-podinfo"
+PODINFO_DIR = "/etc/muster/podinfo"
+KUEUE_PREFIX = "kueue.x-k8s.io/"
+DO_NOT_DISRUPT = {
+    "karpenter.sh/do-not-disrupt": "true",
+    "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+}
+_LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
+
+
+class PodPolicy(NamedTuple):
+    """What the flavor and the agent's configuration add to every pod template."""
+
+    node_labels: Mapping[str, str] = {}
+    tolerations: Sequence[Mapping[str, Any]] = ()
+    grace_seconds: int | None = None  # terminationGracePeriodSeconds (the notice window)
+    ttl_seconds: int | None = None  # ttlSecondsAfterFinished where the kind has one
+    service_accounts: frozenset[str] = frozenset({"default"})  # allowed serviceAccountNames
+
+
+def _hash(text: str, n: int = 6) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:n]
+
+
+def label_value(job_id: str) -> str:
+    """A label-safe form of a job id (ids may end in '-' or '_', label values may not)."""
+    if _LABEL_VALUE_RE.match(job_id):
+        return job_id
+    core = re.sub(r"[^A-Za-z0-9_.-]", "-", job_id).strip("-_.")[:50].strip("-_.")
+    return f"{core}-{_hash(job_id)}" if core else _hash(job_id)
+
+
+def muster_labels(job_id: str, attempt: int, podset: str | None = None) -> dict[str, str]:
+    labels = {
+        LABEL_JOB: label_value(job_id),
+        LABEL_ATTEMPT: str(attempt),
+        LABEL_MANAGED_BY: MANAGED_BY,
+    }
+    if podset is not None:
+        labels[LABEL_PODSET] = podset
+    return labels
+
+
+def strip_kueue(meta: dict[str, Any]) -> None:
+    """Drop `kueue.x-k8s.io/*` labels, so Kueue does not manage (suspend) the object."""
+    labels = meta.get("labels")
+    if isinstance(labels, dict):
+        meta["labels"] = {k: v for k, v in labels.items() if not k.startswith(KUEUE_PREFIX)}
+
+
+def muster_env(cmd: Dispatch) -> list[dict[str, Any]]:
+    """The variables every container gets, whatever the workload kind."""
+    uri = cmd.checkpoint_uri or (cmd.spec.checkpoint.uri if cmd.spec.checkpoint else "")
+    resume = cmd.resume_from
+    return [
+        {"name": "MUSTER_JOB_ID", "value": cmd.job_id},
+        {"name": "MUSTER_ATTEMPT", "value": str(cmd.attempt)},
+        {"name": "MUSTER_CHECKPOINT_URI", "value": uri},
+        {"name": "MUSTER_RESUME_FROM", "value": resume.uri if resume else ""},
+        {"name": "MUSTER_RESUME_STEP", "value": str(resume.step) if resume else ""},
+        {"name": "MUSTER_PODINFO_DIR", "value": PODINFO_DIR},
+    ]
+
+
+def _merge_env(container: dict[str, Any], env: list[dict[str, Any]]) -> None:
+    names = {e["name"] for e in env}
+    kept = [e for e in container.get("env") or [] if e.get("name") not in names]
+    container["env"] = kept + copy.deepcopy(env)
+
+
+def _add_podinfo(pod_spec: dict[str, Any]) -> None:
+    """Mount the pod's own annotations (downward API) so a workload can see a checkpoint
+    request without API access."""
+    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != PODINFO_VOLUME]
+    volumes.append(
+        {
+            "name": PODINFO_VOLUME,
+            "downwardAPI": {
+                "items": [
+                    {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
+                    {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+                ]
+            },
+        }
+    )
+    pod_spec["volumes"] = volumes
+    for c in pod_spec.get("containers") or []:
+        mounts = [m for m in c.get("volumeMounts") or [] if m.get("name") != PODINFO_VOLUME]
+        mounts.append({"name": PODINFO_VOLUME, "mountPath": PODINFO_DIR, "readOnly": True})
+        c["volumeMounts"] = mounts
+
+
+def node_terms(user_terms: list[dict[str, Any]], nodes: Sequence[str]) -> list[dict[str, Any]]:
+    """Required nodeSelectorTerms that admit exactly `nodes` and still honour the user's own
+    terms: every user term AND one node, for each pair (one value per field requirement)."""
+    base = user_terms or [{}]
+    out: list[dict[str, Any]] = []
+    for node in sorted(set(nodes)):
+        pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+        for term in base:
+            fields = [f for f in term.get("matchFields") or [] if f.get("key") != "metadata.name"]
+            combined = {k: copy.deepcopy(v) for k, v in term.items() if k != "matchFields"}
+            combined["matchFields"] = [*copy.deepcopy(fields), pin]
+            out.append(combined)
+    return out
+
+
+def place(
+    pod_spec: dict[str, Any],
+    policy: PodPolicy,
+    nodes: Sequence[str],
+    pod_selector: Mapping[str, str] | None,
+) -> None:
+    """Pin a pod spec to the flavor and to `nodes` (see the module docstring)."""
+    if policy.node_labels:
+        pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **policy.node_labels}
+    if policy.tolerations:
+        existing = list(pod_spec.get("tolerations") or [])
+        for tol in policy.tolerations:
+            if dict(tol) not in existing:
+                existing.append(dict(tol))
+        pod_spec["tolerations"] = existing
+    if not nodes:
+        return
+    affinity = ensure(pod_spec, "affinity")
+    node_aff = ensure(affinity, "nodeAffinity")
+    required = ensure(node_aff, "requiredDuringSchedulingIgnoredDuringExecution")
+    required["nodeSelectorTerms"] = node_terms(list(required.get("nodeSelectorTerms") or []), nodes)
+    if pod_selector is not None and len(set(nodes)) == len(nodes) and len(nodes) > 1:
+        anti = ensure(affinity, "podAntiAffinity")
+        terms = list(anti.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+        terms.append(
+            {"labelSelector": {"matchLabels": dict(pod_selector)}, "topologyKey": HOSTNAME_KEY}
+        )
+        anti["requiredDuringSchedulingIgnoredDuringExecution"] = terms
+
+
+def prepare_template(
+    template: dict[str, Any],
+    cmd: Dispatch,
+    policy: PodPolicy,
+    podset: str,
+    role: str,
+    nodes: Sequence[str],
+    total: int,
+    leader: bool,
+    extra_env: list[dict[str, Any]] | None = None,
+    spread: bool = True,
+) -> None:
+    """Labels, annotations, env, podinfo volume, grace, tolerations and placement on one pod
+    template. `nodes` are every node assigned to the podset (one entry per replica); `spread`
+    False when they are not (a template no podset assignment names)."""
+    meta = ensure(template, "metadata")
+    strip_kueue(meta)
+    labels = muster_labels(cmd.job_id, cmd.attempt, podset)
+    meta["labels"] = {**(meta.get("labels") or {}), **labels, LABEL_ROLE: role}
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        **DO_NOT_DISRUPT,
+        ANN_JOB: cmd.job_id,
+        ANN_TOTAL: str(total),
+        ANN_KIND: cmd.spec.workload.kind,
+        ANN_LEADER: "true" if leader else "false",
+    }
+    spec = ensure(template, "spec")
+    env = muster_env(cmd) + (extra_env or [])
+    for key in ("containers", "initContainers"):
+        for c in spec.get(key) or []:
+            _merge_env(c, env)
+    _add_podinfo(spec)
+    if policy.grace_seconds is not None:
+        current = spec.get("terminationGracePeriodSeconds")
+        if not isinstance(current, int) or current < policy.grace_seconds:
+            spec["terminationGracePeriodSeconds"] = policy.grace_seconds
+    sel = {LABEL_JOB: labels[LABEL_JOB], LABEL_ATTEMPT: labels[LABEL_ATTEMPT], LABEL_PODSET: podset}
+    place(spec, policy, nodes, sel if spread else None)
+
+
+# -- workload safety ------------------------------------------------------------------------
+
+
+def _pod_specs(obj: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    if isinstance(obj, dict):
+        if isinstance(obj.get("containers"), list):
+            yield path, obj
+            return
+        for key, value in obj.items():
+            if key not in ("status", "metadata"):
+                yield from _pod_specs(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            yield from _pod_specs(value, f"{path}[{i}]")
+
+
+def safety_problems(manifest: Mapping[str, Any], policy: PodPolicy) -> list[str]:
+    """What the manifest asks for that Muster refuses by default: privileged containers,
+    hostPath volumes, the host's network or PID namespace, or a service account outside the
+    agent's allow-list."""
+    out: list[str] = []
+    for path, spec in _pod_specs(manifest.get("spec"), "spec"):
+        for flag in ("hostNetwork", "hostPID", "hostIPC"):
+            if spec.get(flag) is True:
+                out.append(f"{path}.{flag}: the host's namespaces are not allowed; remove it")
+        sa = spec.get("serviceAccountName") or spec.get("serviceAccount")
+        if sa and sa not in policy.service_accounts:
+            allowed = ", ".join(sorted(policy.service_accounts)) or "none"
+            out.append(
+                f"{path}.serviceAccountName: {sa!r} is not in the agent's allowed service "
+                f"accounts ({allowed}); remove it or ask the cluster admin to allow it"
+            )
+        for i, vol in enumerate(spec.get("volumes") or []):
+            if isinstance(vol, dict) and "hostPath" in vol:
+                out.append(
+                    f"{path}.volumes[{i}].hostPath: host directories are not allowed; use a "
+                    "persistentVolumeClaim or emptyDir"
+                )
+        for key in ("initContainers", "containers", "ephemeralContainers"):
+            for i, c in enumerate(spec.get(key) or []):
+                ctx = c.get("securityContext") if isinstance(c, dict) else None
+                if isinstance(ctx, dict) and ctx.get("privileged") is True:
+                    out.append(
+                        f"{path}.{key}[{i}].securityContext.privileged: privileged containers "
+                        "are not allowed; remove it"
+                    )
+    return out
+
+
+def check_safety(manifest: Mapping[str, Any], policy: PodPolicy) -> None:
+    problems = safety_problems(manifest, policy)
+    if problems:
+        raise KindError("refused by the workload safety policy: " + "; ".join(problems))

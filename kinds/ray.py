@@ -1,0 +1,94 @@
+"""KubeRay RayJob (ray.io/v1, KubeRay v1.7): a RayCluster made for one job, then torn down."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kinds.adapter import Adapter
+from kinds.base import (
+    KindError,
+    PodTemplate,
+    Resource,
+    Verdict,
+    count,
+    ensure,
+    listed,
+    mapping,
+    podset_name,
+    template_at,
+    verdict_reason,
+)
+
+_FAILED_JOB = frozenset({"FAILED", "STOPPED"})
+
+
+class RayJob(Adapter):
+    resource = Resource("ray.io/v1", "RayJob", "rayjobs")
+    podsets_doc = "`head` (1 pod) and each worker group's `groupName` (replicas x numOfHosts)"
+    retries_doc = "`backoffLimit: 0`, `shutdownAfterJobFinishes: true`, in-tree autoscaling off"
+    verdict_doc = (
+        "`status.jobStatus` `SUCCEEDED` vs `FAILED`/`STOPPED`, or `jobDeploymentStatus: Failed`"
+    )
+    order = ("head",)
+
+    def _cluster(self, manifest: Mapping[str, Any]) -> Mapping[str, Any]:
+        spec = mapping(manifest.get("spec"), "spec", required=True)
+        if spec.get("clusterSelector") and not spec.get("rayClusterSpec"):
+            raise KindError(
+                "spec.clusterSelector: the job would run on an existing RayCluster Muster "
+                "does not place; give spec.rayClusterSpec instead"
+            )
+        return mapping(spec.get("rayClusterSpec"), "spec.rayClusterSpec", required=True)
+
+    def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
+        cluster = self._cluster(manifest)
+        path = "spec.rayClusterSpec"
+        head = mapping(cluster.get("headGroupSpec"), f"{path}.headGroupSpec", required=True)
+        out = [
+            PodTemplate(
+                "head",
+                1,
+                template_at(head.get("template"), f"{path}.headGroupSpec.template"),
+                False,
+                "head",
+                f"{path}.headGroupSpec",
+            )
+        ]
+        for i, group in enumerate(
+            listed(cluster.get("workerGroupSpecs"), f"{path}.workerGroupSpecs")
+        ):
+            gpath = f"{path}.workerGroupSpecs[{i}]"
+            group = mapping(group, gpath)
+            name = podset_name(group.get("groupName"), f"{gpath}.groupName")
+            if name == "head":
+                raise KindError(f"{gpath}.groupName: 'head' names the head group; rename it")
+            default = count(group.get("minReplicas"), f"{gpath}.minReplicas", 1)
+            replicas = count(group.get("replicas"), f"{gpath}.replicas", default)
+            hosts = count(group.get("numOfHosts"), f"{gpath}.numOfHosts", 1)
+            tpl = template_at(group.get("template"), f"{gpath}.template")
+            out.append(PodTemplate(name, replicas * hosts, tpl, False, name, gpath))
+        return out
+
+    def disable_retries(self, manifest: dict[str, Any]) -> None:
+        spec = ensure(manifest, "spec")
+        spec["backoffLimit"] = 0
+        spec["shutdownAfterJobFinishes"] = True
+        cluster = ensure(spec, "rayClusterSpec")
+        cluster["enableInTreeAutoscaling"] = False
+
+    def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
+        ensure(manifest, "spec")["ttlSecondsAfterFinished"] = seconds
+
+    def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
+        what = f"RayJob {name}"
+        job_status = str(status.get("jobStatus") or "")
+        deployment = str(status.get("jobDeploymentStatus") or "")
+        reason, message = status.get("reason"), status.get("message")
+        if deployment == "Failed" or job_status in _FAILED_JOB:
+            return Verdict(
+                "failed", verdict_reason(what, job_status or deployment, reason, message)
+            )
+        if job_status == "SUCCEEDED":
+            return Verdict("succeeded", verdict_reason(what, job_status, reason, message))
+        return None

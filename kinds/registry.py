@@ -1,0 +1,95 @@
+"""Every kind Muster handles, and the lookups the broker, the agent, RBAC and tests share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from kinds.adapter import Adapter
+from kinds.base import POD, SERVICE, KindError, Resource
+from kinds.batch import BatchJob, Pod
+from kinds.jobset import JobSet
+from kinds.kubeflow import ADAPTERS as TRAINING
+from kinds.ray import RayJob
+from kinds.trainer import TrainJob
+from kinds.volcano import VolcanoJob
+
+ADAPTERS: tuple[Adapter, ...] = (
+    BatchJob(),
+    *TRAINING,
+    JobSet(),
+    VolcanoJob(),
+    RayJob(),
+    TrainJob(),
+    Pod(),
+)
+
+
+def supported() -> str:
+    """The kinds, for error messages."""
+    return "; ".join(f"{a.resource.api_version} {a.resource.kind}" for a in ADAPTERS)
+
+
+def adapter_for(api_version: str, kind: str) -> Adapter:
+    for adapter in ADAPTERS:
+        if adapter.handles(api_version, kind):
+            return adapter
+    raise KindError(
+        f"kind: {api_version} {kind} is not a job kind Muster can run; supported: "
+        f"{supported()}. Otherwise write a Muster JobSpec with a `gang` list"
+    )
+
+
+def adapter_of(manifest: Mapping[str, Any]) -> Adapter:
+    return adapter_for(str(manifest.get("apiVersion", "")), str(manifest.get("kind", "")))
+
+
+def _unique(resources: list[Resource]) -> tuple[Resource, ...]:
+    out: list[Resource] = []
+    for r in resources:
+        if r not in out:
+            out.append(r)
+    return tuple(out)
+
+
+# Every kind the agent may create (and so list, delete and garbage-collect by label).
+OWNED_RESOURCES: tuple[Resource, ...] = _unique([SERVICE, *(a.resource for a in ADAPTERS), POD])
+# The kinds whose objects carry a verdict worth watching: all but Services (no status) and
+# Pods (watched cluster-wide anyway).
+STATUS_RESOURCES: tuple[Resource, ...] = tuple(
+    r for r in OWNED_RESOURCES if r not in (SERVICE, POD)
+)
+
+
+class Rule(NamedTuple):
+    group: str  # "" = the core API group
+    resource: str
+    verb: str
+
+
+# Cluster-wide: list+watch nodes (inventory) and pods (foreign usage on every node, and the
+# status of Muster's own pods).
+CLUSTER_RULES: frozenset[Rule] = frozenset(
+    Rule("", res, verb) for res in ("nodes", "pods") for verb in ("list", "watch")
+)
+
+
+def namespace_rules() -> frozenset[Rule]:
+    """The Role in the workload namespace: create/list/delete every owned kind, watch those
+    with a status, patch pods (the checkpoint-request annotation). What the ClusterRole
+    already grants is left out."""
+    rules = {
+        Rule(r.group, r.plural, v) for r in OWNED_RESOURCES for v in ("create", "list", "delete")
+    }
+    rules |= {Rule(r.group, r.plural, "watch") for r in STATUS_RESOURCES}
+    rules.add(Rule("", "pods", "patch"))
+    return frozenset(rules - CLUSTER_RULES)
+
+
+def known_kinds() -> dict[tuple[str, str], str]:
+    """(apiVersion, plural) -> kind of every resource the agent reads or writes, for an API
+    server stand-in that must serve exactly these."""
+    out = {("v1", "nodes"): "Node", ("v1", "namespaces"): "Namespace"}
+    for r in OWNED_RESOURCES:
+        out[(r.api_version, r.plural)] = r.kind
+    return out

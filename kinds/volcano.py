@@ -1,0 +1,93 @@
+"""Volcano Job (batch.volcano.sh/v1alpha1, Volcano v1.15)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kinds.adapter import Adapter
+from kinds.base import (
+    KindError,
+    PodTemplate,
+    Resource,
+    Verdict,
+    count,
+    ensure,
+    listed,
+    mapping,
+    podset_name,
+    template_at,
+    verdict_reason,
+)
+
+# Volcano's webhook rewrites `maxRetry: 0` to its default 3, so retries are turned off with
+# policies: a failed or evicted pod aborts the job, and Muster's restart budget decides.
+ABORT_POLICIES = [
+    {"event": "PodFailed", "action": "AbortJob"},
+    {"event": "PodEvicted", "action": "AbortJob"},
+]
+# `status.state.phase`: Completing is entered only through a CompleteJob action (the job is
+# done, its remaining pods are being killed); Aborting/Terminating lead only to Aborted/
+# Terminated.
+SUCCESS = frozenset({"Completing", "Completed"})
+FAILURE = frozenset({"Failed", "Aborting", "Aborted", "Terminating", "Terminated"})
+
+
+class VolcanoJob(Adapter):
+    resource = Resource("batch.volcano.sh/v1alpha1", "Job", "jobs")
+    podsets_doc = "the task `name` (`default` for a single unnamed task)"
+    retries_doc = "job and task `policies`: `PodFailed`/`PodEvicted` -> `AbortJob`"
+    verdict_doc = "`status.state.phase` (`Completed` vs `Failed`/`Aborted`/`Terminated`)"
+
+    def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
+        spec = mapping(manifest.get("spec"), "spec", required=True)
+        tasks = listed(spec.get("tasks"), "spec.tasks")
+        if not tasks:
+            raise KindError("spec.tasks: a Volcano Job needs at least one task")
+        out: list[PodTemplate] = []
+        for i, task in enumerate(tasks):
+            path = f"spec.tasks[{i}]"
+            task = mapping(task, path)
+            raw = task.get("name") or ("default" if len(tasks) == 1 else None)
+            name = podset_name(raw, f"{path}.name")
+            replicas = count(task.get("replicas"), f"{path}.replicas", 1)
+            tpl = template_at(task.get("template"), f"{path}.template")
+            out.append(PodTemplate(name, replicas, tpl, False, name, path))
+        return out
+
+    def disable_retries(self, manifest: dict[str, Any]) -> None:
+        spec = ensure(manifest, "spec")
+        spec.pop("maxRetry", None)
+        spec["policies"] = [dict(p) for p in ABORT_POLICIES]
+        for task in spec.get("tasks") or []:
+            if isinstance(task, dict):
+                task["policies"] = [dict(p) for p in ABORT_POLICIES]
+                ensure(ensure(task, "template"), "spec")["restartPolicy"] = "Never"
+
+    def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
+        ensure(manifest, "spec")["ttlSecondsAfterFinished"] = seconds
+
+    def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
+        state = status.get("state")
+        if not isinstance(state, Mapping) or not state.get("phase"):
+            return None
+        phase = str(state["phase"])
+        if phase in SUCCESS:
+            result = "succeeded"
+        elif phase in FAILURE:
+            result = "failed"
+        else:
+            return None
+        what = f"Volcano Job {name}"
+        return Verdict(
+            result, verdict_reason(what, phase, state.get("reason"), state.get("message"))
+        )
+
+    def min_available(self, manifest: Mapping[str, Any]) -> int | None:
+        spec = mapping(manifest.get("spec"), "spec")
+        return count(spec.get("minAvailable"), "spec.minAvailable", 0) or None
+
+    def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
+        spec = mapping(manifest.get("spec"), "spec")
+        value = spec.get("queue")
+        return (value, "spec.queue") if value else None

@@ -1,0 +1,80 @@
+"""A Dispatch and its flavor become the Kubernetes objects of one attempt (pure, no I/O)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kinds.base import ANN_ORIGINAL_NAME, KindError, podset_key
+from kinds.batch import build_indexed_job
+from kinds.kubeflow import build_pytorchjob
+from kinds.plan import (
+    PlannedObject,
+    WorkloadPlan,
+    assigned,
+    check_assignment,
+    finish,
+    object_meta,
+    workload_name,
+)
+from kinds.pods import PodPolicy, check_safety, prepare_template, strip_kueue
+from kinds.registry import adapter_of
+from schemas.agent import Dispatch
+
+
+def build_from_manifest(cmd: Dispatch, policy: PodPolicy, namespace: str) -> WorkloadPlan:
+    """The user's manifest, patched: Muster's name/namespace/labels, the flavor's placement,
+    the assigned nodes, MUSTER_* env, the kind's retries off. The rest is kept as written."""
+    raw = cmd.spec.workload.manifest
+    if not isinstance(raw, dict):
+        raise KindError("workload.manifest: required for kind 'manifest'")
+    manifest: dict[str, Any] = copy.deepcopy(raw)
+    adapter = adapter_of(manifest)
+    check_safety(manifest, policy)
+    check_assignment(cmd)
+    templates = adapter.patch_templates(manifest)
+    total = sum(t.replicas for t in templates)
+    by_key = {podset_key(k): v for k, v in assigned(cmd).items()}
+    all_nodes = [n for a in cmd.assignment for n in a.nodes]
+    with_pods = [t for t in templates if t.replicas]
+    single = len({t.podset for t in with_pods}) == 1 and len(cmd.assignment) == 1
+    for t in templates:
+        nodes = by_key.get(t.podset)
+        if nodes is None and single and t.replicas:
+            nodes = cmd.assignment[0].nodes
+        spread = nodes is not None
+        pinned = list(nodes) if nodes is not None else sorted(set(all_nodes))
+        prepare_template(
+            t.template, cmd, policy, t.podset, t.role, pinned, total, t.leader, spread=spread
+        )
+    adapter.disable_retries(manifest)
+    if policy.ttl_seconds is not None:
+        adapter.set_ttl(manifest, policy.ttl_seconds)
+    base = workload_name(cmd.job_id, cmd.attempt)
+    old = manifest.get("metadata")
+    if not isinstance(old, dict):
+        old = {}
+    strip_kueue(old)
+    meta = object_meta(cmd, base, namespace)
+    meta["labels"] = {**(old.get("labels") or {}), **meta["labels"]}
+    meta["annotations"] = {**(old.get("annotations") or {}), **meta["annotations"]}
+    if old.get("name"):
+        meta["annotations"][ANN_ORIGINAL_NAME] = str(old["name"])
+    manifest["metadata"] = meta
+    manifest.pop("status", None)
+    podsets = list(dict.fromkeys(t.podset for t in templates))
+    return finish(base, [PlannedObject(adapter.resource, manifest)], total, podsets)
+
+
+def build_workload(
+    cmd: Dispatch, policy: PodPolicy, namespace: str, gpu_resource: str = "nvidia.com/gpu"
+) -> WorkloadPlan:
+    """Dispatch -> the objects to create, by `spec.workload.kind`."""
+    kind = cmd.spec.workload.kind
+    if kind == "indexed-job":
+        return build_indexed_job(cmd, policy, namespace, gpu_resource)
+    if kind == "pytorchjob":
+        return build_pytorchjob(cmd, policy, namespace, gpu_resource)
+    if kind == "manifest":
+        return build_from_manifest(cmd, policy, namespace)
+    raise KindError(f"workload.kind: unsupported kind {kind!r}")
