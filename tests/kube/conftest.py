@@ -129,6 +129,18 @@ def pod(
     }
 
 
+def job_owner(job: dict[str, Any]) -> dict[str, Any]:
+    """The ownerReference the Job controller puts on the pods it creates."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": job["metadata"]["name"],
+        "uid": job["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 class Clock:
     """A clock the test moves: timers (debounce, grace) are driven, never waited for."""
 

@@ -29,6 +29,7 @@ from tests.kube.conftest import (
     PODS,
     Recorder,
     gang_dispatch,
+    job_owner,
     make_config,
     node,
     pod,
@@ -54,7 +55,7 @@ def job_pods(
         p = pod(f"{job_name}-{i}-x", nodes[i] if nodes else "", namespace=NS, gpu=4, phase=phase)
         p["metadata"]["labels"] = copy.deepcopy(tmpl["metadata"]["labels"])
         p["metadata"]["annotations"] = copy.deepcopy(tmpl["metadata"]["annotations"])
-        p["metadata"]["ownerReferences"] = [{"kind": "Job", "uid": job["metadata"]["uid"]}]
+        p["metadata"]["ownerReferences"] = [job_owner(job)]
         out.append(server.put(PODS, p))
     return out
 

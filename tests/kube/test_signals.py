@@ -15,6 +15,7 @@ from tests.kube.conftest import (
     Clock,
     Recorder,
     gang_dispatch,
+    job_owner,
     node,
     pod,
     rfc3339,
@@ -186,7 +187,7 @@ async def test_terminating_pods_of_an_ended_attempt_hold_their_gpus(
     p = pod("job-1-a1-worker-0-x", "n1", namespace=NS, gpu=4)
     p["metadata"]["labels"] = copy.deepcopy(job["spec"]["template"]["metadata"]["labels"])
     p["metadata"]["annotations"] = copy.deepcopy(job["spec"]["template"]["metadata"]["annotations"])
-    p["metadata"]["ownerReferences"] = [{"kind": "Job", "uid": job["metadata"]["uid"]}]
+    p["metadata"]["ownerReferences"] = [job_owner(job)]
     apiserver.put(PODS, p)
     await rec.wait_for(lambda: any(s.phase == "running" for s in rec.of(WorkloadStatus)))
     assert last(rec, "n1") is None or last(rec, "n1").other_gpu == 0  # the broker's own

@@ -62,7 +62,13 @@ async def test_429_waits_its_retry_after(apiserver: FakeApiServer, make_backend:
     # A 429 on a request (not a watch) is retried after its Retry-After too.
     apiserver.fail_next("POST", f"/api/v1/namespaces/{NS}/services", 429, retry_after=0.1)
     assert await backend.rest.create(
-        f"/api/v1/namespaces/{NS}/services", {"metadata": {"name": "s"}, "spec": {}}
+        f"/api/v1/namespaces/{NS}/services",
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "s"},
+            "spec": {"ports": [{"port": 80}]},
+        },
     )
     assert backend.rest.throttled == 1
 
