@@ -139,7 +139,9 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
         )
         for kind in ("indexed-job", "pytorchjob")
     ]
-    pod_manifest = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: i}]}"
+    pod_manifest = (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: i}]}"
+    )
     texts = [
         PYTORCHJOB_YAML,
         MPIJOB_YAML,
