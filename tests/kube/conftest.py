@@ -74,13 +74,23 @@ def node(
     return {
         "metadata": {
             "name": name,
-            "labels": {"pool": "a100", **labels},
+            "labels": {"kubernetes.io/hostname": name, "pool": "a100", **labels},
             "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}],
         },
         "spec": {"providerID": provider_id, "taints": taints or []},
         "status": {
-            "capacity": {"cpu": "96", "memory": "1024Gi", "nvidia.com/gpu": str(gpu)},
-            "allocatable": {"cpu": "95500m", "memory": "1000Gi", "nvidia.com/gpu": str(alloc)},
+            "capacity": {
+                "cpu": "96",
+                "memory": "1024Gi",
+                "nvidia.com/gpu": str(gpu),
+                "pods": "110",
+            },
+            "allocatable": {
+                "cpu": "95500m",
+                "memory": "1000Gi",
+                "nvidia.com/gpu": str(alloc),
+                "pods": "110",
+            },
             "conditions": conds + (conditions or []),
             "images": [{"names": ["x"], "sizeBytes": 1}],
         },

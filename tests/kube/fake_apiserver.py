@@ -362,6 +362,12 @@ class FakeApiServer:
             return self.store.get(route.res, {}).pop((route.namespace or "", route.name), None)
         return self._remove(route.res, (route.namespace or "", route.name))
 
+    def delete(self, path: str, policy: str = "Background", grace: int | None = None) -> Obj | None:
+        """What a DELETE request does (graceful, finalizers, propagation), for controllers."""
+        route = parse_path(path)
+        assert route is not None and route.name is not None, path
+        return self._delete(route, policy, grace)
+
     def items(self, gv: str, plural: str) -> list[Obj]:
         return list(self.store.get((gv, plural), {}).values())
 
