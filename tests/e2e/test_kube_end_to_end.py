@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,17 @@ from agents.kube.backend import KubeBackend
 from agents.runtime import AgentRuntime
 from tests.broker.conftest import Harness
 from tests.e2e.conftest import World
-from tests.kube.conftest import BASE_CONFIG, NODES, NS, PODS, job_owner, make_config, node
+from tests.kube.conftest import (
+    BASE_CONFIG,
+    NODES,
+    NS,
+    PODS,
+    Clock,
+    job_owner,
+    make_config,
+    node,
+    rfc3339,
+)
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.scheduling import pods_from_template, schedule
 
@@ -41,6 +52,7 @@ class KubeCluster:
     server: FakeApiServer
     api: ApiClient
     runtime: AgentRuntime
+    clock: Clock
     kubelet: asyncio.Task[None] | None = None
     jobs_seen: set[str] = field(default_factory=set)
 
@@ -217,9 +229,16 @@ async def kube_world(
                 n["spec"]["taints"] = copy.deepcopy(taints)
                 server.put(NODES, n)
             api = ApiClient(configuration=Configuration(host=server.url))
-            backend = KubeBackend(name, make_config(**provider_config()), api_client=api)
+            clock = Clock(time.time())  # real time, moved on by tests that need grace to pass
+            backend = KubeBackend(
+                name,
+                make_config(**provider_config(), not_ready_grace_s=120, allocatable_debounce_s=60),
+                api_client=api,
+                clock=clock,
+                tick_s=0.05,
+            )
             runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2)
-            cluster = KubeCluster(name, server, api, runtime)
+            cluster = KubeCluster(name, server, api, runtime, clock)
             clusters[name] = cluster
             await runtime.start()
             cluster.kubelet = asyncio.create_task(cluster.run_kubelet())
@@ -322,3 +341,67 @@ async def test_spot_path_per_provider_resumes_from_checkpoint_on_another_cluster
     sampler.cancel()
     assert most_live == 1
     assert not home.server.rejected and not away.server.rejected  # every write was valid
+
+
+async def test_blips_end_no_attempt_but_not_ready_past_grace_does(
+    kube_world: tuple[World, dict[str, KubeCluster]],
+) -> None:
+    """A device-plugin restart (8 -> 0 -> 8 within 30 s) and a NotReady of 10 s take the node
+    out of new placements at most; NotReady past the grace (120 s here) loses the replicas and
+    the job moves on. The agent's clock is driven: no test waits 30 s."""
+    world, clusters = kube_world
+    h = world.harness
+    reply = await h.submit(
+        {
+            "name": "ddp",
+            "job_id": "blip-1",
+            "gang": [{"name": "worker", "replicas": 2, "gpu": 4}],
+            "capacity": "spot",
+            "workload": {"image": "trainer:1", "command": ["torchrun", "train.py"]},
+        }
+    )
+    assert reply.accepted, reply
+    first = await h.wait_event("blip-1", "running")
+    home = clusters[first.cluster or ""]
+    backend = home.runtime.backend
+    assert isinstance(backend, KubeBackend)
+    node_name = home.pods_of("blip-1-a1-worker")[0]["spec"]["nodeName"]
+    assert h.broker is not None
+    inventory = h.broker.machine.scheduler._inv
+
+    def broker_node() -> Any:
+        return inventory.clusters[home.name].nodes[node_name]
+
+    def set_gpus(n: dict[str, Any], count: int) -> None:
+        n["status"]["allocatable"]["nvidia.com/gpu"] = str(count)
+
+    # GPU Operator upgrade: the device plugin restarts, allocatable 8 -> 0 -> 8 in 29 s.
+    home.change_node(node_name, lambda n: set_gpus(n, 0))
+    await h.wait_for(lambda: backend._nodes[node_name].dip_since is not None)
+    home.clock.advance(29)
+    backend.evaluate_timers()
+    home.change_node(node_name, lambda n: set_gpus(n, 8))
+    await h.wait_for(lambda: backend._nodes[node_name].dip_since is None)
+
+    # NotReady for 10 s: the node takes no new pods meanwhile, then is back.
+    def ready(n: dict[str, Any], status: str) -> None:
+        n["status"]["conditions"][0].update(
+            status=status, lastTransitionTime=rfc3339(home.clock.now)
+        )
+
+    home.change_node(node_name, lambda n: ready(n, "False"))
+    await h.wait_for(lambda: broker_node().no_new_pods and broker_node().ready, 5)
+    home.clock.advance(10)
+    backend.evaluate_timers()
+    home.change_node(node_name, lambda n: ready(n, "True"))
+    await h.wait_for(lambda: not broker_node().no_new_pods, 5)
+    assert h.kinds("blip-1").count("running") == 1
+    assert not {"preempting", "requeued", "failed"} & set(h.kinds("blip-1"))
+
+    # NotReady past the grace period: the replicas are lost, the job runs again.
+    home.change_node(node_name, lambda n: ready(n, "False"))
+    await h.wait_for(lambda: broker_node().no_new_pods, 5)
+    home.clock.advance(121)
+    again = await h.wait_event("blip-1", "admitted", count=2)
+    assert again.attempt == 2
+    assert "node" in ((await h.wait_event("blip-1", "requeued")).reason or "")
