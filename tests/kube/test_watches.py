@@ -167,11 +167,12 @@ async def test_expired_token_is_refreshed_with_no_lost_watch_events(
         apiserver.tokens = {"t2"}
         apiserver.reset_watches("nodes")
         apiserver.put(NODES, node("n1"))  # while the agent holds an expired token
-        await rec.wait_for(lambda: "n1" in names(rec))
+        # (the exec plugin is a new process: slow on a loaded machine, hence the long bound)
+        await rec.wait_for(lambda: "n1" in names(rec), timeout=30)
         assert apiserver.unauthorized >= 1 and backend.rest.refreshes >= 1
         assert nr.lists == 1  # resumed from its resourceVersion: nothing re-listed, none lost
         apiserver.put(NODES, node("n2"))
-        await rec.wait_for(lambda: "n2" in names(rec))
+        await rec.wait_for(lambda: "n2" in names(rec), timeout=30)
         # A token close to its expiry is renewed before a request, without any 401: t3
         # expires within the 5-minute skew, so the next request first fetches t4.
         token_file.write_text(f"t3 {expiry(60)}")
@@ -229,7 +230,7 @@ async def test_bad_input_is_counted_logged_once_and_ends_nothing(
             json.dumps({"type": "ADDED", "object": {"metadata": {}}}).encode() + b"\n", "nodes"
         )
         apiserver.put(NODES, node("n2"))
-        await rec.wait_for(lambda: "n2" in names(rec))
+        await rec.wait_for(lambda: "n2" in names(rec), timeout=30)
     counts = backend.bad_input.counts
     assert counts[("nodes", "undecodable watch line")] == 6
     assert counts[("Node", "no name")] == 1
