@@ -24,6 +24,7 @@ from agents.backend import Backend
 from agents.config import AgentConfig, AgentConfigError, load_fleet_config
 from agents.fake.cluster import AttemptRecord, FakeCluster
 from agents.runtime import AgentRuntime
+from schemas import healthz
 from schemas.logs import configure_logging
 from schemas.natsopts import NatsOptions
 from schemas.subjects import Subjects
@@ -141,10 +142,14 @@ async def run_fleet(configs: list[AgentConfig], nats: NatsOptions) -> None:
             await holder["fleet"].on_reconnected()
 
     nc = await _connect(nats, reconnected)
+    health_port = healthz.port_from_env()
+    health = await healthz.serve(health_port, lambda: nc.is_connected) if health_port else None
     try:
         holder["fleet"] = await start_fleet(nc, configs)
         await asyncio.Event().wait()
     finally:
+        if health is not None:
+            health.close()
         if "fleet" in holder:
             with contextlib.suppress(Exception):
                 await holder["fleet"].stop()

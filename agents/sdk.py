@@ -180,19 +180,25 @@ class SdkEnv:
         return self.resume_from.step if self.resume_from is not None else 0
 
 
-def annotation_value(step: int, uri: str) -> str:
-    """The value of the `muster.dev/checkpoint` pod annotation: JSON {"step", "uri"}."""
-    return json.dumps({"step": int(step), "uri": uri}, separators=(",", ":"))
+def annotation_value(step: int, uri: str, job_id: str = "", attempt: int = 0) -> str:
+    """The value of the `muster.dev/checkpoint` pod annotation: JSON {"step", "uri"}, and the
+    attempt that wrote it when known (the agent ignores a value naming another attempt)."""
+    value: dict[str, object] = {"step": int(step), "uri": uri}
+    if job_id and attempt:
+        value |= {"job_id": job_id, "attempt": int(attempt)}
+    return json.dumps(value, separators=(",", ":"))
 
 
-def write_annotation_file(path: str | os.PathLike[str], step: int, uri: str) -> None:
+def write_annotation_file(
+    path: str | os.PathLike[str], step: int, uri: str, job_id: str = "", attempt: int = 0
+) -> None:
     """Atomic write (temp file + rename) so a reader never sees half a value."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".muster-ckpt-", dir=p.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            fh.write(annotation_value(step, uri))
+            fh.write(annotation_value(step, uri, job_id, attempt))
         os.replace(tmp, p)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -328,7 +334,9 @@ class Checkpointer:
             bridge.call(_pub(), timeout + 5)
             return "nats"
         if self.env.annotation_file:
-            write_annotation_file(self.env.annotation_file, step, where)
+            write_annotation_file(
+                self.env.annotation_file, step, where, self.env.job_id or "", self.env.attempt or 0
+            )
             return "file"
         log.warning(
             "no %s or %s set; checkpoint report not delivered", ENV_NATS_URL, ENV_ANNOTATION_FILE

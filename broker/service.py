@@ -37,6 +37,7 @@ from broker.embedded import EmbeddedNats, free_port
 from broker.lease import LeaderLease, LeadershipLost
 from broker.metrics import Metrics
 from broker.store import JobStore, RecordMirror
+from schemas import healthz
 from schemas.agent import Cancel, CheckpointReport, Dispatch
 from schemas.api import SubmitReply
 from schemas.codec import (
@@ -960,6 +961,8 @@ async def run_broker(
     broker = Broker(config, nc, holder=holder, pace_gc=True)
     if metrics_port is not None:
         broker.metrics.serve(metrics_port)
+    health_port = healthz.port_from_env()
+    health = await healthz.serve(health_port, lambda: nc.is_connected) if health_port else None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -967,6 +970,8 @@ async def run_broker(
     try:
         await broker.run()
     finally:
+        if health is not None:
+            health.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(nc.drain(), 5)
         if embedded is not None:

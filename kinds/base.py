@@ -19,6 +19,7 @@ LABEL_JOB = f"{DOMAIN}/job-id"
 LABEL_ATTEMPT = f"{DOMAIN}/attempt"
 LABEL_PODSET = f"{DOMAIN}/podset"
 LABEL_ROLE = f"{DOMAIN}/role"  # the template a pod came from (several roles may share a podset)
+LABEL_SPREAD = f"{DOMAIN}/spread"  # pods that must land on distinct nodes share its value
 LABEL_TOP = f"{DOMAIN}/top-level"  # only on the objects Muster creates, not on their pods
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "muster"

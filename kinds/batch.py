@@ -32,8 +32,9 @@ from kinds.plan import (
     object_meta,
     workload_name,
 )
-from kinds.pods import PodPolicy, label_value, prepare_template
+from kinds.pods import Pin, PodPolicy, label_value, pin_podsets, prepare_template
 from schemas.agent import Dispatch
+from schemas.job import PodSet
 
 BATCH_JOB = Resource("batch/v1", "Job", "jobs")
 POD_RESOURCE = Resource("v1", "Pod", "pods")
@@ -90,7 +91,10 @@ def build_indexed_job(
 
     RANK of a podset after the first needs arithmetic Kubernetes env cannot do, so its
     command runs under `/bin/sh -c` which adds MUSTER_RANK_OFFSET to JOB_COMPLETION_INDEX;
-    that needs `workload.command` (the image's entrypoint is unknown here)."""
+    that needs `workload.command` (the image's entrypoint is unknown here).
+
+    A podset whose pinning would not be exact (`kinds.pods.pin_podsets`) becomes one Indexed
+    Job per node instead, each pinned to its one node."""
     gang = cmd.spec.gang
     if not gang:
         raise KindError("gang: indexed-job needs at least one podset")
@@ -98,9 +102,19 @@ def build_indexed_job(
     base = workload_name(cmd.job_id, cmd.attempt)
     total = cmd.spec.total_replicas
     port = cmd.spec.workload.port
-    first_job = child_name(base, gang[0].name)
-    master_addr = f"{first_job}-0.{base}"
     by_name = assigned(cmd)
+    pins = pin_podsets(by_name, {ps.name: (ps.gpu, str(ps.cpu), str(ps.memory)) for ps in gang})
+    parts: list[tuple[PodSet, str, int, Pin]] = []
+    for ps in gang:
+        pin = pins.get(ps.name, Pin((), None, True))
+        nodes = by_name.get(ps.name) or []
+        if pin.exact or not nodes:
+            parts.append((ps, child_name(base, ps.name), ps.replicas, pin))
+            continue
+        for k, node in enumerate(dict.fromkeys(nodes)):
+            name = child_name(base, f"{ps.name}-{k}")
+            parts.append((ps, name, nodes.count(node), Pin((node,), None, True)))
+    master_addr = f"{parts[0][1]}-0.{base}"
     objects: list[PlannedObject] = []
     objects.append(
         PlannedObject(
@@ -122,8 +136,7 @@ def build_indexed_job(
         )
     )
     offset = 0
-    for ps in gang:
-        name = child_name(base, ps.name)
+    for ps, name, replicas, pin in parts:
         c = container(cmd, "trainer", ps, gpu_resource)
         index_ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANN}']"}}
         env: list[dict[str, Any]] = [
@@ -143,7 +156,7 @@ def build_indexed_job(
         else:
             if not cmd.spec.workload.command:
                 raise KindError(
-                    f"workload.command: podset {ps.name!r} is not the first podset, so its "
+                    f"workload.command: Job {name!r} does not start at rank 0, so its "
                     "RANK is MUSTER_RANK_OFFSET + JOB_COMPLETION_INDEX, computed by a shell "
                     "wrapper around the command; give workload.command"
                 )
@@ -157,8 +170,7 @@ def build_indexed_job(
         template: dict[str, Any] = {
             "spec": {"restartPolicy": "Never", "subdomain": base, "containers": [c]}
         }
-        nodes = by_name.get(ps.name) or []
-        prepare_template(template, cmd, policy, ps.name, ps.name, nodes, total, False)
+        prepare_template(template, cmd, policy, ps.name, ps.name, pin, total, False)
         meta = object_meta(cmd, name, namespace)
         meta["labels"][LABEL_PODSET] = ps.name
         body: dict[str, Any] = {
@@ -167,8 +179,8 @@ def build_indexed_job(
             "metadata": meta,
             "spec": {
                 "completionMode": "Indexed",
-                "completions": ps.replicas,
-                "parallelism": ps.replicas,
+                "completions": replicas,
+                "parallelism": replicas,
                 "backoffLimit": 0,
                 "template": template,
             },
@@ -176,5 +188,5 @@ def build_indexed_job(
         if policy.ttl_seconds is not None:
             body["spec"]["ttlSecondsAfterFinished"] = policy.ttl_seconds
         objects.append(PlannedObject(BATCH_JOB, body))
-        offset += ps.replicas
+        offset += replicas
     return finish(base, objects, total, [p.name for p in gang])

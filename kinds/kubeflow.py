@@ -30,7 +30,7 @@ from kinds.plan import (
     object_meta,
     workload_name,
 )
-from kinds.pods import PodPolicy, prepare_template
+from kinds.pods import Pin, PodPolicy, pin_podsets, prepare_template
 from schemas.agent import Dispatch
 
 
@@ -154,15 +154,14 @@ def build_pytorchjob(
         )
     base = workload_name(cmd.job_id, cmd.attempt)
     total = cmd.spec.total_replicas
+    pins = pin_podsets(by_name, {ps.name: (ps.gpu, str(ps.cpu), str(ps.memory)) for ps in gang})
     specs: dict[str, Any] = {}
     for role, ps, replicas in roles:
         template: dict[str, Any] = {
             "spec": {"containers": [container(cmd, "pytorch", ps, gpu_resource)]}
         }
-        nodes = by_name.get(ps.name) or []
-        prepare_template(
-            template, cmd, policy, ps.name, role.lower(), nodes, total, role == "Master"
-        )
+        pin = pins.get(ps.name, Pin((), None, True))
+        prepare_template(template, cmd, policy, ps.name, role.lower(), pin, total, role == "Master")
         specs[role] = {"replicas": replicas, "restartPolicy": "Never", "template": template}
     run_policy: dict[str, Any] = {"backoffLimit": 0, "cleanPodPolicy": "None"}
     if policy.ttl_seconds is not None:

@@ -8,14 +8,15 @@ podset with one required nodeSelectorTerm per node, `matchFields: metadata.name 
 (the API server allows exactly one value in a node field requirement; terms are ORed). Terms
 the user wrote are kept: each user term is combined with each node term, so both hold.
 
-Spread: when the podset's replicas were assigned to pairwise-distinct nodes, a required
-`podAntiAffinity` on `kubernetes.io/hostname` against pods of the same job, attempt and podset
-(every role of the podset, e.g. a Master and its Workers) makes the scheduler put exactly one
-pod on each assigned node. When several replicas share a node, no anti-affinity is set: the
-podset's pods are identical, so any order of binding them to the assigned nodes fits (a node
-assigned `a` replicas has room for at least `a`, and the replicas are as many as the slots
-the broker counted). Podsets of different shapes sharing a node with repeated replicas are
-the one case a template cannot pin exactly; docs/kinds.md says so.
+Spread (`pin_podsets`): podsets whose pods ask for the same resources form one class, pinned
+to the union of the class's nodes; their pods are interchangeable. When no node holds two pods
+of a class, a required `podAntiAffinity` on `kubernetes.io/hostname` against pods of the same
+job, attempt and class (`muster.dev/spread`) puts exactly one pod on each node: the placement
+is exact. When a node holds several, no anti-affinity is set, and any order of binding the
+class's pods fits (a node assigned `a` of them has room for at least `a`, and there are as many
+pods as slots the broker counted) -- unless a node of the class also hosts another class,
+whose room the first could take. That case is not `exact`: Muster's own Indexed Job then
+writes one Job per node for the podset; a user's template cannot be split (docs/kinds.md).
 
 Protection, grace and tolerations
 ---------------------------------
@@ -32,7 +33,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from kinds.base import (
@@ -46,6 +47,7 @@ from kinds.base import (
     LABEL_MANAGED_BY,
     LABEL_PODSET,
     LABEL_ROLE,
+    LABEL_SPREAD,
     MANAGED_BY,
     KindError,
     ensure,
@@ -159,6 +161,38 @@ def node_terms(user_terms: list[dict[str, Any]], nodes: Sequence[str]) -> list[d
     return out
 
 
+class Pin(NamedTuple):
+    """Where a podset's templates are pinned: the node set, the spread class for the
+    anti-affinity (None: none), and whether this reproduces the broker's placement exactly."""
+
+    nodes: tuple[str, ...]
+    spread: str | None
+    exact: bool
+
+
+def pin_podsets(
+    assignment: Mapping[str, Sequence[str]], shapes: Mapping[str, Hashable]
+) -> dict[str, Pin]:
+    """The Pin of every assigned podset (see the module docstring). `shapes` maps a podset to
+    what its pods ask for; podsets of equal shape share a class."""
+    classes: dict[Hashable, list[str]] = {}
+    for podset in assignment:
+        classes.setdefault(shapes.get(podset, podset), []).append(podset)
+    union: dict[Hashable, list[str]] = {
+        shape: [n for p in members for n in assignment[p]] for shape, members in classes.items()
+    }
+    out: dict[str, Pin] = {}
+    for shape, members in classes.items():
+        nodes = union[shape]
+        unique = tuple(sorted(set(nodes)))
+        distinct = len(unique) == len(nodes)
+        shared = any(set(unique) & set(other) for s2, other in union.items() if s2 != shape)
+        spread = members[0] if distinct and len(nodes) > 1 else None
+        for podset in members:
+            out[podset] = Pin(unique, spread, distinct or not shared)
+    return out
+
+
 def place(
     pod_spec: dict[str, Any],
     policy: PodPolicy,
@@ -180,7 +214,7 @@ def place(
     node_aff = ensure(affinity, "nodeAffinity")
     required = ensure(node_aff, "requiredDuringSchedulingIgnoredDuringExecution")
     required["nodeSelectorTerms"] = node_terms(list(required.get("nodeSelectorTerms") or []), nodes)
-    if pod_selector is not None and len(set(nodes)) == len(nodes) and len(nodes) > 1:
+    if pod_selector is not None:
         anti = ensure(affinity, "podAntiAffinity")
         terms = list(anti.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
         terms.append(
@@ -195,19 +229,19 @@ def prepare_template(
     policy: PodPolicy,
     podset: str,
     role: str,
-    nodes: Sequence[str],
+    pin: Pin,
     total: int,
     leader: bool,
     extra_env: list[dict[str, Any]] | None = None,
-    spread: bool = True,
 ) -> None:
     """Labels, annotations, env, podinfo volume, grace, tolerations and placement on one pod
-    template. `nodes` are every node assigned to the podset (one entry per replica); `spread`
-    False when they are not (a template no podset assignment names)."""
+    template."""
     meta = ensure(template, "metadata")
     strip_kueue(meta)
-    labels = muster_labels(cmd.job_id, cmd.attempt, podset)
-    meta["labels"] = {**(meta.get("labels") or {}), **labels, LABEL_ROLE: role}
+    labels = {**muster_labels(cmd.job_id, cmd.attempt, podset), LABEL_ROLE: role}
+    if pin.spread is not None:
+        labels[LABEL_SPREAD] = pin.spread
+    meta["labels"] = {**(meta.get("labels") or {}), **labels}
     meta["annotations"] = {
         **(meta.get("annotations") or {}),
         **DO_NOT_DISRUPT,
@@ -226,8 +260,14 @@ def prepare_template(
         current = spec.get("terminationGracePeriodSeconds")
         if not isinstance(current, int) or current < policy.grace_seconds:
             spec["terminationGracePeriodSeconds"] = policy.grace_seconds
-    sel = {LABEL_JOB: labels[LABEL_JOB], LABEL_ATTEMPT: labels[LABEL_ATTEMPT], LABEL_PODSET: podset}
-    place(spec, policy, nodes, sel if spread else None)
+    sel = None
+    if pin.spread is not None:
+        sel = {
+            LABEL_JOB: labels[LABEL_JOB],
+            LABEL_ATTEMPT: labels[LABEL_ATTEMPT],
+            LABEL_SPREAD: pin.spread,
+        }
+    place(spec, policy, pin.nodes, sel)
 
 
 # -- workload safety ------------------------------------------------------------------------

@@ -93,3 +93,18 @@ def known_kinds() -> dict[tuple[str, str], str]:
     for r in OWNED_RESOURCES:
         out[(r.api_version, r.plural)] = r.kind
     return out
+
+
+def markdown_table() -> str:
+    """The kinds table of docs/kinds.md (a test keeps the page equal to this)."""
+    rows = [
+        "| kind | apiVersion | podsets | retries disabled by | verdict read from |",
+        "|---|---|---|---|---|",
+    ]
+    for a in ADAPTERS:
+        r = a.resource
+        rows.append(
+            f"| {r.kind} | `{r.api_version}` | {a.podsets_doc} | {a.retries_doc} "
+            f"| {a.verdict_doc} |"
+        )
+    return "\n".join(rows)

@@ -49,29 +49,33 @@ class TrainJob(Adapter):
         return [PodTemplate(NODE_JOB, nodes, demand, False, NODE_JOB, "spec.trainer")]
 
     def patch_templates(self, manifest: dict[str, Any]) -> list[PodTemplate]:
+        """The pod template of Muster's own `runtimePatches` entry (added once)."""
         nodes, _ = self._nodes(manifest)
         spec = ensure(manifest, "spec")
-        patches = [
-            p
-            for p in spec.get("runtimePatches") or []
-            if not (isinstance(p, dict) and p.get("manager") == PATCH_MANAGER)
-        ]
-        template: dict[str, Any] = {"metadata": {}, "spec": {"containers": [{"name": NODE_JOB}]}}
-        patches.append(
-            {
-                "manager": PATCH_MANAGER,
-                "trainingRuntimeSpec": {
-                    "template": {
-                        "spec": {
-                            "replicatedJobs": [
-                                {"name": NODE_JOB, "template": {"spec": {"template": template}}}
-                            ]
+        patches = spec.get("runtimePatches")
+        if not isinstance(patches, list):
+            patches = spec["runtimePatches"] = []
+        for p in patches:
+            if isinstance(p, dict) and p.get("manager") == PATCH_MANAGER:
+                rjobs = p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+                template = rjobs[0]["template"]["spec"]["template"]
+                break
+        else:
+            template = {"metadata": {}, "spec": {"containers": [{"name": NODE_JOB}]}}
+            patches.append(
+                {
+                    "manager": PATCH_MANAGER,
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {"name": NODE_JOB, "template": {"spec": {"template": template}}}
+                                ]
+                            }
                         }
-                    }
-                },
-            }
-        )
-        spec["runtimePatches"] = patches
+                    },
+                }
+            )
         return [PodTemplate(NODE_JOB, nodes, template, False, NODE_JOB, "spec.runtimePatches")]
 
     def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:

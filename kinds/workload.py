@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Hashable
 from typing import Any
 
 from kinds.base import ANN_ORIGINAL_NAME, KindError, podset_key
 from kinds.batch import build_indexed_job
+from kinds.demand import pod_demand
 from kinds.kubeflow import build_pytorchjob
 from kinds.plan import (
     PlannedObject,
@@ -17,7 +19,7 @@ from kinds.plan import (
     object_meta,
     workload_name,
 )
-from kinds.pods import PodPolicy, check_safety, prepare_template, strip_kueue
+from kinds.pods import Pin, PodPolicy, check_safety, pin_podsets, prepare_template, strip_kueue
 from kinds.registry import adapter_of
 from schemas.agent import Dispatch
 
@@ -34,19 +36,16 @@ def build_from_manifest(cmd: Dispatch, policy: PodPolicy, namespace: str) -> Wor
     check_assignment(cmd)
     templates = adapter.patch_templates(manifest)
     total = sum(t.replicas for t in templates)
-    by_key = {podset_key(k): v for k, v in assigned(cmd).items()}
-    all_nodes = [n for a in cmd.assignment for n in a.nodes]
+    by_key = {podset_key(k): list(v) for k, v in assigned(cmd).items()}
     with_pods = [t for t in templates if t.replicas]
-    single = len({t.podset for t in with_pods}) == 1 and len(cmd.assignment) == 1
+    podsets = {t.podset for t in with_pods}
+    if len(podsets) == 1 and len(cmd.assignment) == 1 and not podsets & set(by_key):
+        by_key = {next(iter(podsets)): list(cmd.assignment[0].nodes)}
+    pins = pin_podsets(by_key, _shapes(raw))
+    anywhere = Pin(tuple(sorted({n for a in cmd.assignment for n in a.nodes})), None, False)
     for t in templates:
-        nodes = by_key.get(t.podset)
-        if nodes is None and single and t.replicas:
-            nodes = cmd.assignment[0].nodes
-        spread = nodes is not None
-        pinned = list(nodes) if nodes is not None else sorted(set(all_nodes))
-        prepare_template(
-            t.template, cmd, policy, t.podset, t.role, pinned, total, t.leader, spread=spread
-        )
+        pin = pins.get(t.podset, anywhere)
+        prepare_template(t.template, cmd, policy, t.podset, t.role, pin, total, t.leader)
     adapter.disable_retries(manifest)
     if policy.ttl_seconds is not None:
         adapter.set_ttl(manifest, policy.ttl_seconds)
@@ -62,8 +61,21 @@ def build_from_manifest(cmd: Dispatch, policy: PodPolicy, namespace: str) -> Wor
         meta["annotations"][ANN_ORIGINAL_NAME] = str(old["name"])
     manifest["metadata"] = meta
     manifest.pop("status", None)
-    podsets = list(dict.fromkeys(t.podset for t in templates))
-    return finish(base, [PlannedObject(adapter.resource, manifest)], total, podsets)
+    names = list(dict.fromkeys(t.podset for t in templates))
+    return finish(base, [PlannedObject(adapter.resource, manifest)], total, names)
+
+
+def _shapes(manifest: dict[str, Any]) -> dict[str, Hashable]:
+    """podset -> what each of its pods asks for (podsets of equal shape share nodes)."""
+    out: dict[str, Hashable] = {}
+    for t in adapter_of(manifest).templates(manifest):
+        try:
+            d = pod_demand(t.template, t.path)
+        except KindError:
+            out[t.podset] = t.podset
+            continue
+        out.setdefault(t.podset, (d.gpu, d.cpu, d.memory))
+    return out
 
 
 def build_workload(

@@ -26,6 +26,7 @@ EventKind = Literal[
     "running",
     "restarted",  # containers restarted in place; the attempt goes on (reason says which)
     "checkpointed",
+    "checkpoint-refused",  # a reported checkpoint outside the job's location (reason says)
     "preempting",
     "requeued",
     "succeeded",

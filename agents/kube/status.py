@@ -86,8 +86,13 @@ class JobVerdict(msgspec.Struct, frozen=True):
 
 
 class CheckpointAnnotation(msgspec.Struct):
+    """The `muster.dev/checkpoint` annotation. `job_id`/`attempt` name the attempt that wrote
+    it; when given they must be the pod's own, so a pod cannot report for another attempt."""
+
     step: int
     uri: str
+    job_id: str = ""
+    attempt: int = 0
 
 
 _ckpt_decoder = msgspec.json.Decoder(CheckpointAnnotation)
@@ -395,6 +400,8 @@ class Workload:
             return None
         if ck.step < 0 or not ck.uri or len(ck.uri) > 2048:
             return None
+        if (ck.job_id and ck.job_id != self.job_id) or (ck.attempt and ck.attempt != self.attempt):
+            return None  # written for another attempt: not this pod's to report
         if self.last_step is not None and ck.step <= self.last_step:
             return None
         self.last_step = ck.step

@@ -433,6 +433,19 @@ class Machine:
         current = record.current
         if current is None or current.attempt != report.attempt:
             return
+        location = record.spec.checkpoint.uri if record.spec.checkpoint else ""
+        if location and not uri_under(report.uri, location):
+            effects.append(
+                self._event(
+                    record,
+                    "checkpoint-refused",
+                    now,
+                    step=report.step,
+                    reason=f"checkpoint {report.uri!r} is not under the job's checkpoint "
+                    f"location {location!r}; write checkpoints below it",
+                )
+            )
+            return
         latest = record.latest_checkpoint
         if latest is None or report.step > latest.step:
             record.latest_checkpoint = LatestCheckpoint(
@@ -1164,3 +1177,10 @@ def _attempt_view(attempt: AttemptRecord, gpus: int, now: float) -> AttemptView:
         gpu_seconds_lost=attempt.gpu_seconds_lost,
         cost=cost,
     )
+
+
+def uri_under(uri: str, location: str) -> bool:
+    """`uri` is `location` or below it (path-segment boundary), so one job cannot report a
+    checkpoint inside another job's location."""
+    base = location.rstrip("/")
+    return uri == base or uri.startswith(base + "/")

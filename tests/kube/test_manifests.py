@@ -16,6 +16,7 @@ from agents.kube.manifests import (
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_PODSET,
+    LABEL_SPREAD,
     SERVICE,
     ManifestError,
     build_workload,
@@ -302,15 +303,16 @@ def test_indexed_job_env_placement_labels() -> None:
     wc = wt["spec"]["containers"][0]
     assert wc["command"][:2] == ["/bin/sh", "-c"] and wc["args"] == ["torchrun", "train.py"]
     assert wc["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    # Placement: node names pinned, one replica per node (all distinct).
-    assert node_fields(mt) == [["n0"]]
-    assert node_fields(wt) == [["n1", "n2", "n3"]]
-    anti = wt["spec"]["affinity"]["podAntiAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]
-    assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
-    assert anti[0]["labelSelector"]["matchLabels"][LABEL_PODSET] == "worker"
-    assert "podAntiAffinity" not in mt["spec"]["affinity"]  # a single replica
+    # Placement: master and workers ask for the same resources, so they are one class pinned
+    # to the class's nodes, one pod per node (all distinct): exactly the broker's 4 nodes.
+    assert node_fields(mt) == [["n0", "n1", "n2", "n3"]] == node_fields(wt)
+    for t in (mt, wt):
+        anti = t["spec"]["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
+        assert anti[0]["labelSelector"]["matchLabels"][LABEL_SPREAD] == "master"
+        assert t["metadata"]["labels"][LABEL_SPREAD] == "master"
 
 
 def test_indexed_job_shared_nodes_have_no_anti_affinity() -> None:
@@ -369,7 +371,7 @@ def test_pytorchjob_from_gang() -> None:
         (anti,) = t["spec"]["affinity"]["podAntiAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"
         ]
-        assert anti["labelSelector"]["matchLabels"][LABEL_PODSET] == "worker"
+        assert anti["labelSelector"]["matchLabels"][LABEL_SPREAD] == "worker"
     with pytest.raises(ManifestError, match="pytorchjob"):
         bad = {**spec, "gang": [{"name": "a", "replicas": 2}, {"name": "b", "replicas": 2}]}
         build_workload(dispatch(bad, {"a": ["n1", "n2"], "b": ["n3", "n4"]}), FLAVOR, NS)
@@ -396,7 +398,7 @@ def test_manifest_pytorchjob_patched_keeps_user_fields() -> None:
         "nodeSelectorTerms"
     ][0]
     assert term["matchExpressions"][0]["key"] == "topology.kubernetes.io/zone"
-    assert node_fields(wt) == [["n2", "n3"]] and node_fields(mt) == [["n1"]]
+    assert node_fields(wt) == [["n1", "n2", "n3"]] == node_fields(mt)  # one class, same shape
     # The original manifest in the command is not mutated.
     assert (
         "nodeSelector"

@@ -76,8 +76,12 @@ def validate(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str
 def causes(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[Cause]:
     out = list(_schema_causes(obj))
     out += _metadata_causes(obj)
+    claims = {
+        str((t.get("metadata") or {}).get("name"))
+        for t in (obj.get("spec") or {}).get("volumeClaimTemplates") or []
+    }
     for path, pod_spec in pod_specs(obj):
-        out += _pod_spec_causes(pod_spec, path, job_pod=_is_job_pod(obj, path))
+        out += _pod_spec_causes(pod_spec, path, _is_job_pod(obj, path), claims)
     out += _kind_causes(obj)
     if old is not None:
         out += _immutable_causes(old, obj)
@@ -584,10 +588,12 @@ def _toleration_causes(tolerations: Any, field: str) -> list[Cause]:
     return out
 
 
-def _pod_spec_causes(spec: dict[str, Any], path: str, job_pod: bool) -> list[Cause]:
+def _pod_spec_causes(
+    spec: dict[str, Any], path: str, job_pod: bool, claims: set[str]
+) -> list[Cause]:
     out: list[Cause] = []
     names: set[str] = set()
-    volumes = {v.get("name") for v in spec.get("volumes") or []}
+    volumes = {v.get("name") for v in spec.get("volumes") or []} | claims
     seen_volumes: set[str] = set()
     for i, vol in enumerate(spec.get("volumes") or []):
         name = vol.get("name")
@@ -607,7 +613,7 @@ def _pod_spec_causes(spec: dict[str, Any], path: str, job_pod: bool) -> list[Cau
             elif name in names:
                 out.append(Cause(f"{cf}.name", "FieldValueDuplicate", f"Duplicate value: {name!r}"))
             names.add(str(name))
-            if not c.get("image") and key == "containers":
+            if not c.get("image") and key == "containers" and "runtimePatches" not in path:
                 out.append(Cause(f"{cf}.image", "FieldValueRequired", "Required value"))
             env_names: set[str] = set()
             for j, env in enumerate(c.get("env") or []):

@@ -1,0 +1,225 @@
+"""One gang of every job kind end to end through the kube backend: the real broker, the real
+agent runtime with `KubeBackend`, a real nats-server and per cluster one stand-in API server.
+
+The test plays the operator, the scheduler and the kubelet: for every object Muster creates it
+makes the pods the kind's controller would make from the written templates, binds them with the
+scheduler stand-in (tests/kube/scheduling.py, so the pinning must really admit the nodes), and
+runs them. Then: a checkpoint, a spot notice, the resume on the other cluster, and the kind's
+own success status. Every object the agent wrote must pass the offline API-server validation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from agents.kube.backend import KubeBackend
+from agents.runtime import AgentRuntime
+from kinds import OWNED_RESOURCES, adapter_of
+from kinds.base import ANN_CHECKPOINT, ANN_CHECKPOINT_REQUEST, LABEL_JOB, LABEL_TOP, POD, SERVICE
+from tests.broker.conftest import Harness
+from tests.e2e.conftest import World
+from tests.kube.conftest import NODES, NS, PODS, make_config, node
+from tests.kube.fake_apiserver import FakeApiServer
+from tests.kube.scheduling import Cluster, pods_from_template, unscheduled
+from tests.kube.validation import validate
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
+SPOT_TAINT = {"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}
+WORKLOAD_KINDS = [r for r in OWNED_RESOURCES if r not in (SERVICE, POD)]
+
+# What each kind's controller writes into status when the job succeeded.
+SUCCESS: dict[str, dict[str, Any]] = {
+    "batch": {"conditions": [{"type": "Complete", "status": "True"}]},
+    "kubeflow.org": {"conditions": [{"type": "Succeeded", "status": "True"}]},
+    "jobset.x-k8s.io": {"conditions": [{"type": "Completed", "status": "True"}]},
+    "batch.volcano.sh": {"state": {"phase": "Completed"}},
+    "ray.io": {"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"},
+    "trainer.kubeflow.org": {"conditions": [{"type": "Complete", "status": "True"}]},
+}
+
+
+@dataclass
+class KubeCluster:
+    name: str
+    server: FakeApiServer
+    api: ApiClient
+    runtime: AgentRuntime
+    controller: asyncio.Task[None] | None = None
+    seen: set[str] = field(default_factory=set)
+    refused: list[str] = field(default_factory=list)
+
+    def workloads(self) -> list[tuple[str, dict[str, Any]]]:
+        out = []
+        for r in WORKLOAD_KINDS:
+            for obj in self.server.items(r.api_version, r.plural):
+                if LABEL_TOP in obj["metadata"].get("labels", {}):
+                    out.append((r.collection(NS), obj))
+        return out
+
+    def pods(self, job_id: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.server.items("v1", "pods")
+            if p["metadata"].get("labels", {}).get(LABEL_JOB) == job_id
+        ]
+
+    async def run_controllers(self) -> None:
+        """Operators + scheduler + kubelet: pods for every new workload object, bound where
+        the written templates allow, Running."""
+        for _ in range(20_000):  # bounded: 20,000 x 10 ms
+            for _, obj in self.workloads():
+                uid = obj["metadata"]["uid"]
+                if uid in self.seen:
+                    continue
+                self.seen.add(uid)
+                body = copy.deepcopy({k: v for k, v in obj.items() if k != "status"})
+                for key in ("uid", "resourceVersion", "creationTimestamp"):
+                    body["metadata"].pop(key, None)
+                problems = await asyncio.to_thread(validate, body)
+                self.refused += [f"{obj['metadata']['name']}: {e}" for e in problems]
+                pods = []
+                for t in adapter_of(body).patch_templates(body):
+                    prefix = f"{obj['metadata']['name']}-{t.role}"
+                    pods += pods_from_template(t.template, t.replicas, prefix, NS)
+                nodes = self.server.items("v1", "nodes")
+                cluster = Cluster(nodes)
+                cluster.schedule(
+                    [p for p in self.server.items("v1", "pods") if p["spec"].get("nodeName")]
+                )
+                placed = cluster.schedule(pods)
+                self.refused += [f"{p['metadata']['name']} Pending" for p in unscheduled(placed)]
+                owner = {
+                    "apiVersion": obj["apiVersion"],
+                    "kind": obj["kind"],
+                    "name": obj["metadata"]["name"],
+                    "uid": uid,
+                    "controller": True,
+                }
+                for p in placed:
+                    p["metadata"]["ownerReferences"] = [owner]  # deleted with the object
+                    p["status"] = {"phase": "Running"}
+                    self.server.put(PODS, p)
+            await asyncio.sleep(0.01)
+
+    def write_checkpoint(self, job_id: str, step: int) -> None:
+        for p in self.pods(job_id):
+            p = copy.deepcopy(p)
+            p["metadata"]["annotations"][ANN_CHECKPOINT] = json.dumps(
+                {"step": step, "uri": f"s3://ckpt/{job_id}/{step}"}
+            )
+            self.server.put(PODS, p)
+
+    def succeed(self) -> None:
+        for collection, obj in self.workloads():
+            group = obj["apiVersion"].rpartition("/")[0]
+            done = copy.deepcopy(obj)
+            done["status"] = SUCCESS[group]
+            self.server.put(collection, done)
+
+
+@pytest_asyncio.fixture
+async def kube_world(world: World) -> AsyncIterator[tuple[World, dict[str, KubeCluster]]]:
+    h: Harness = world.harness
+    await asyncio.to_thread(_compile_validators)  # seconds of CPU, never on the event loop
+    await h.start_broker()
+    clusters: dict[str, KubeCluster] = {}
+    try:
+        for name in ("east", "west"):
+            server = FakeApiServer()
+            await server.start()
+            for i in range(2):
+                n = f"{name}-n{i}"
+                labels = {"karpenter.sh/capacity-type": "spot", "kubernetes.io/hostname": n}
+                server.put(NODES, node(n, labels=labels))
+            api = ApiClient(configuration=Configuration(host=server.url))
+            backend = KubeBackend(name, make_config(), api_client=api)
+            runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2)
+            cluster = KubeCluster(name, server, api, runtime)
+            clusters[name] = cluster
+            await runtime.start()
+            cluster.controller = asyncio.create_task(cluster.run_controllers())
+            await h.wait_for(lambda name=name: h.synced(name))  # type: ignore[misc]
+        yield world, clusters
+    finally:
+        for c in clusters.values():
+            if c.controller is not None:
+                c.controller.cancel()
+                with contextlib.suppress(BaseException):
+                    await c.controller
+            await c.runtime.stop()
+            await c.api.close()
+            await c.server.close()
+
+
+def _compile_validators() -> None:
+    for path in EXAMPLE_FILES:
+        validate(yaml.safe_load(path.read_text()))
+
+
+EXAMPLE_FILES = sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "jobspec.yaml")
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.stem)
+async def test_every_kind_runs_is_moved_by_a_spot_notice_and_succeeds(
+    kube_world: tuple[World, dict[str, KubeCluster]], path: Path
+) -> None:
+    world, clusters = kube_world
+    h = world.harness
+    job_id = f"{path.stem}-1"
+    manifest = yaml.safe_load(path.read_text())
+    manifest["metadata"].setdefault("annotations", {}).update(
+        {
+            "muster.dev/job-id": job_id,
+            "muster.dev/capacity": "spot",
+            "muster.dev/checkpoint-uri": f"s3://ckpt/{job_id}",
+        }
+    )
+    reply = await h.submit(manifest, queue="default")
+    assert reply.accepted, reply
+    first = await h.wait_event(job_id, "running")
+    home = clusters[first.cluster or ""]
+    away = clusters["west" if home.name == "east" else "east"]
+    ((_, obj),) = home.workloads()
+    assert (
+        obj["metadata"]["annotations"]["muster.dev/original-name"] == manifest["metadata"]["name"]
+    )
+    home.write_checkpoint(job_id, 120)
+    await h.wait_event(job_id, "checkpointed")
+
+    # The cloud reclaims the whole spot pool of the home cluster: every node gets the notice.
+    for n in home.server.items("v1", "nodes"):
+        tainted = copy.deepcopy(n)
+        tainted["spec"]["taints"] = [SPOT_TAINT]
+        home.server.put(NODES, tainted)
+    await h.wait_event(job_id, "preempting")
+
+    def asked() -> bool:
+        pods = home.pods(job_id)
+        return bool(pods) and all(
+            ANN_CHECKPOINT_REQUEST in p["metadata"]["annotations"] for p in pods
+        )
+
+    await h.wait_for(asked, 5)
+    home.write_checkpoint(job_id, 150)
+    admitted = await h.wait_event(job_id, "admitted", count=2)
+    assert admitted.cluster == away.name and admitted.resume_from_step == 150
+    second = await h.wait_event(job_id, "running", count=2)
+    assert second.cluster == away.name and second.attempt == 2
+    assert home.workloads() == [], "the first attempt's object is still there"
+
+    away.succeed()
+    done = await h.wait_event(job_id, "succeeded")
+    assert done.accounting is not None and done.accounting.attempts == 2
+    assert home.refused == [] and away.refused == []

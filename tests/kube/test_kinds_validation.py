@@ -1,0 +1,209 @@
+"""Every object the agent writes, for every kind x example job x flavor x placement, is one a
+real API server accepts (tests/kube/validation.py: the OpenAPI schema of the pinned Kubernetes
+version, the vendored CRDs, and the semantic rules), and the adapters agree with the broker on
+podset names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+
+from agents.kube.config import FlavorConfig, Toleration
+from agents.kube.manifests import build_workload
+from broker.manifests import load_job_document
+from kinds import ADAPTERS, OWNED_RESOURCES, adapter_of
+from kinds.base import KindError
+from kinds.pods import PodPolicy, check_safety
+from schemas.agent import Dispatch, PodSetAssignment
+from schemas.job import JobSpec
+from tests.kube.validation import crd_schemas, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples" / "jobs").glob("*.yaml"))
+FIXTURES = sorted((ROOT / "tests" / "broker_periphery" / "fixtures").glob("*.yaml"))
+NS = "muster-workloads"
+
+SPOT = FlavorConfig(
+    name="a100-spot",
+    capacity_type="spot",
+    node_labels={"kubernetes.azure.com/scalesetpriority": "spot", "pool": "a100"},
+    tolerations=[
+        Toleration(
+            key="kubernetes.azure.com/scalesetpriority",
+            operator="Equal",
+            value="spot",
+            effect="NoSchedule",
+        ),
+        Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
+    ],
+)
+ON_DEMAND = FlavorConfig(
+    name="a100-od",
+    capacity_type="on-demand",
+    node_labels={"pool": "a100-od"},
+    termination_grace_period_s=300,
+)
+
+
+def _job_files() -> list[Path]:
+    out = list(EXAMPLES)
+    for path in FIXTURES:
+        docs = list(yaml.safe_load_all(path.read_text()))
+        try:
+            if len(docs) == 1:
+                adapter_of(docs[0])
+                out.append(path)
+        except KindError:
+            continue  # queues, quotas and pod groups are not jobs
+    return out
+
+
+def _spec(path: Path) -> JobSpec:
+    return load_job_document(path.read_text(), source=path.name)
+
+
+def _placement(spec: JobSpec, how: str) -> list[PodSetAssignment]:
+    """single: the whole gang on one node; multi: every replica on its own node; packed:
+    two replicas per node."""
+    out = []
+    n = 0
+    for ps in spec.gang:
+        nodes = []
+        for _ in range(ps.replicas):
+            if how == "single":
+                nodes.append("node-0")
+            elif how == "multi":
+                nodes.append(f"node-{n}")
+            else:
+                nodes.append(f"node-{n // 2}")
+            n += 1
+        out.append(PodSetAssignment(podset=ps.name, nodes=nodes))
+    return out
+
+
+def _dispatches(path: Path, how: str) -> list[Dispatch]:
+    spec = _spec(path)
+    specs = [spec]
+    if spec.workload.kind != "manifest":
+        # a Muster JobSpec: both Muster-built kinds
+        specs = [
+            msgspec.structs.replace(
+                spec, workload=msgspec.structs.replace(spec.workload, kind=kind)
+            )
+            for kind in ("indexed-job", "pytorchjob")
+        ]
+    return [
+        Dispatch(
+            job_id="Job_Id-with.odd-chars-",
+            attempt=3,
+            epoch=1,
+            flavor="f",
+            assignment=_placement(s, how),
+            spec=s,
+        )
+        for s in specs
+    ]
+
+
+@pytest.mark.parametrize("flavor", [SPOT, ON_DEMAND], ids=["spot", "on-demand"])
+@pytest.mark.parametrize("how", ["single", "multi", "packed"])
+@pytest.mark.parametrize("path", _job_files(), ids=lambda p: p.name)
+def test_every_generated_object_validates(path: Path, how: str, flavor: FlavorConfig) -> None:
+    for cmd in _dispatches(path, how):
+        plan = build_workload(cmd, flavor, NS)
+        assert plan.objects
+        for obj in plan.objects:
+            assert validate(obj.body) == [], (obj.resource.kind, obj.name)
+            templates = adapter_of(obj.body).patch_templates(obj.body) if _is_job(obj.body) else []
+            for t in templates:
+                if t.replicas == 0:
+                    continue
+                spec = t.template["spec"]
+                tolerations = spec.get("tolerations") or []
+                for tol in flavor.tolerations:
+                    assert tol.to_k8s() in tolerations
+                ann = t.template["metadata"]["annotations"]
+                assert ann["karpenter.sh/do-not-disrupt"] == "true"
+                assert ann["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+                labels = t.template["metadata"]["labels"]
+                assert not [k for k in labels if k.startswith("kueue.x-k8s.io/")]
+                grace = spec.get("terminationGracePeriodSeconds")
+                assert grace == (120 if flavor is SPOT else 300)
+        top = plan.objects[-1].body
+        assert not [k for k in top["metadata"]["labels"] if k.startswith("kueue.x-k8s.io/")]
+
+
+def _is_job(body: dict[str, Any]) -> bool:
+    try:
+        adapter_of(body)
+    except KindError:
+        return False
+    return body.get("kind") != "Service"
+
+
+@pytest.mark.parametrize("path", _job_files(), ids=lambda p: p.name)
+def test_broker_and_agent_name_the_same_podsets(path: Path) -> None:
+    spec = _spec(path)
+    if spec.workload.kind != "manifest":
+        return
+    (cmd,) = _dispatches(path, "multi")
+    plan = build_workload(cmd, SPOT, NS)
+    with_pods = [p.name for p in spec.gang]
+    assert set(with_pods) <= set(plan.podsets)
+    # every pod template is pinned to the nodes of its podset (and of podsets of its shape)
+    by_podset = {a.podset: set(a.nodes) for a in cmd.assignment}
+    gang_nodes = {n for a in cmd.assignment for n in a.nodes}
+    body = plan.objects[-1].body
+    for t in adapter_of(body).patch_templates(body):
+        if t.replicas == 0:
+            continue
+        terms = t.template["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        pinned = {f["values"][0] for term in terms for f in term["matchFields"]}
+        assert by_podset[t.podset] <= pinned <= gang_nodes
+
+
+def test_every_custom_kind_has_a_vendored_crd() -> None:
+    served = set(crd_schemas())
+    for r in OWNED_RESOURCES:
+        if "/" in r.api_version and r.group not in ("batch",):
+            assert (r.api_version, r.kind) in served, r
+
+
+def test_every_adapter_documents_itself() -> None:
+    for a in ADAPTERS:
+        assert a.podsets_doc and a.retries_doc and a.verdict_doc, a.resource
+
+
+@pytest.mark.parametrize(
+    ("patch", "problem"),
+    [
+        ({"hostNetwork": True}, "hostNetwork"),
+        ({"hostPID": True}, "hostPID"),
+        ({"serviceAccountName": "cluster-admin-sa"}, "serviceAccountName"),
+        ({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "hostPath"),
+        (
+            {"containers": [{"name": "c", "image": "i", "securityContext": {"privileged": True}}]},
+            "privileged",
+        ),
+    ],
+)
+def test_unsafe_workloads_are_refused_with_the_field(patch: dict[str, Any], problem: str) -> None:
+    manifest = yaml.safe_load((ROOT / "examples" / "jobs" / "indexed-job.yaml").read_text())
+    manifest["spec"]["template"]["spec"].update(patch)
+    with pytest.raises(KindError, match=problem):
+        check_safety(manifest, PodPolicy())
+    allowed = PodPolicy(service_accounts=frozenset({"default", "cluster-admin-sa"}))
+    if problem == "serviceAccountName":
+        check_safety(manifest, allowed)
+
+
+def test_the_kinds_page_shows_the_adapters_table() -> None:
+    from kinds.registry import markdown_table
+
+    assert markdown_table() in (ROOT / "docs" / "kinds.md").read_text()
