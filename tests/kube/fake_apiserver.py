@@ -52,7 +52,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.kube.validation import rejection
+from tests.kube.validation import causes, invalid_status
 
 Obj = dict[str, Any]
 ResKey = tuple[str, str]  # (group/version, plural), e.g. ("v1", "pods")
@@ -561,11 +561,17 @@ class FakeApiServer:
         return None
 
     def _invalid(self, obj: Obj, old: Obj | None) -> web.Response | None:
+        """The 422 for a create or update. An update is judged on what it changes: an object
+        a test put directly (as a controller would, unvalidated) keeps its own flaws."""
         if not self.validate:
             return None
-        body = rejection(obj, old)
-        if body is None:
+        found = causes(obj, old)
+        if old is not None and found:
+            before = {str(c) for c in causes(old)}
+            found = [c for c in found if str(c) not in before]
+        if not found:
             return None
+        body = invalid_status(obj, found)
         self.rejected.append(body)
         return web.json_response(body, status=422)
 
