@@ -198,3 +198,40 @@ async def test_terminating_pods_of_an_ended_attempt_hold_their_gpus(
     await rec.wait_for(lambda: last(rec, "n1") is not None and last(rec, "n1").other_gpu == 4)
     apiserver.finish_terminating()
     await rec.wait_for(lambda: last(rec, "n1").other_gpu == 0)
+
+
+async def test_gpu_resources_per_flavor_and_mig_slices_count_apart(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    """A MIG profile is a flavor of its own with its own resource; a foreign pod holding a
+    slice is no whole GPU on another flavor's node, and a MIG node is no failed GPU."""
+    mig = node("m1", labels={"nvidia.com/mig.config": "all-1g.10gb"}, gpu=0)
+    for part in ("capacity", "allocatable"):
+        mig["status"][part]["nvidia.com/mig-1g.10gb"] = "56"
+    mig["metadata"]["labels"]["nvidia.com/mig.strategy"] = "mixed"
+    mig["metadata"]["labels"]["nvidia.com/gpu.count"] = "8"
+    apiserver.put(NODES, mig)
+    apiserver.put(NODES, node("g1"))
+    slice_pod = pod("slice", "g1", "team")
+    slice_pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-1g.10gb": "2"}
+    apiserver.put("/api/v1/namespaces/team/pods", slice_pod)
+    whole = pod("whole", "m1", "team", gpu=0)
+    whole["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-1g.10gb": "3"}
+    apiserver.put("/api/v1/namespaces/team/pods", whole)
+    flavors = [
+        {
+            "name": "a100-mig-1g",
+            "capacity_type": "spot",
+            "gpu_type": "a100",
+            "gpu_resource": "nvidia.com/mig-1g.10gb",
+            "node_labels": {"nvidia.com/mig.config": "all-1g.10gb"},
+        },
+        {"name": "a100-spot", "capacity_type": "spot", "gpu_type": "a100"},
+    ]
+    backend, rec = await make_backend(flavors=flavors)
+    by_name = {n.name: n for n in (await backend.snapshot()).nodes}
+    m1, g1 = by_name["m1"], by_name["g1"]
+    assert (m1.flavor, m1.gpu, m1.gpu_healthy, m1.other_gpu) == ("a100-mig-1g", 56, None, 3)
+    assert not m1.no_new_pods
+    assert (g1.flavor, g1.gpu, g1.other_gpu) == ("a100-spot", 8, 0)
+    assert not rec.of(GpuHealth)
