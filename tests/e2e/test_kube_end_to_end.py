@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -218,6 +219,11 @@ async def kube_world(
 ) -> AsyncIterator[tuple[World, dict[str, KubeCluster]]]:
     h: Harness = world.harness
     labels, provider_id, taints, _ = PROVIDERS[getattr(request, "param", "karpenter-v1")]
+    # A kube dispatch is real HTTP (a Service and a Job, each validated): give its ack the
+    # time a loaded machine needs, not the fake fleet's 0.3 s.
+    h.config = msgspec.structs.replace(
+        h.config, timeouts=msgspec.structs.replace(h.config.timeouts, dispatch_ack_s=5.0)
+    )
     await h.start_broker()
     clusters: dict[str, KubeCluster] = {}
     try:
