@@ -412,11 +412,15 @@ class KubeBackend:
                 backoff = min(self.config.backoff_max_s, backoff * 2)
 
     def stale_s(self) -> float:
-        """Seconds the node and pod watches have been failing, once past `stale_after_s`
+        """Seconds the node or pod watches have been failing, once past `stale_after_s`
         (0 = fresh): the heartbeat carries it and the broker stops placing work here."""
         now = time.monotonic()
         worst = max(
-            (r.stale_for(now) for r in (self.node_reflector, self.pod_reflector) if r),
+            (
+                r.stale_for(now)
+                for r in (self.node_reflector, self.pod_reflector, self.muster_pod_reflector)
+                if r
+            ),
             default=0.0,
         )
         return worst if worst > self.config.stale_after_s else 0.0

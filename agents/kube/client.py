@@ -87,6 +87,7 @@ class KubeRest:
         self.refresh = refresh
         self.refreshes = 0  # credential refreshes after a 401
         self.throttled = 0  # 429 answers honoured
+        self.skipped = 0  # list items that did not decode
 
     @property
     def url(self) -> str:
@@ -206,8 +207,7 @@ class KubeRest:
                 q.append(("continue", token))
             data = await self.request("GET", collection, query=q)
             page, skipped = decode_list_lenient(data or b"{}", kind)
-            if skipped:
-                log.warning("undecodable list items skipped", collection=collection, count=skipped)
+            self.skipped += skipped
             items.extend(page.items or [])
             rv = page.metadata.resourceVersion or rv
             token = page.metadata.continue_
@@ -347,6 +347,7 @@ class Reflector(Generic[T]):
 
     async def list_once(self, from_cache: bool = False) -> None:
         """One full list (retrying once when the continue token expires mid-list)."""
+        skipped_before = self.rest.skipped
         for attempt in range(2):
             try:
                 items, rv = await self.rest.list_all(
@@ -364,8 +365,14 @@ class Reflector(Generic[T]):
             if self.absent:
                 log.info("collection is served now; watching it", collection=self.name)
                 self.absent = 0
-            self.cache = {object_key(o): o for o in items}
-            self.on_replace(items)
+            fresh = {object_key(o): o for o in items}
+            if self.rest.skipped > skipped_before:
+                # Some items did not decode: what they were before stays, so a malformed
+                # object never reads as a deleted one (which could end an attempt).
+                self.bad_input.note(self.name, "undecodable list item")
+                fresh = {**self.cache, **fresh}
+            self.cache = fresh
+            self.on_replace(list(fresh.values()))
             self.resource_version = rv
             self.lists += 1
             self._resynced_at = time.monotonic()

@@ -4,6 +4,7 @@ real kubernetes-asyncio ApiClient pointed at it, and builders for Node/Pod objec
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -149,6 +150,18 @@ def job_owner(job: dict[str, Any]) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def run_job_pod(server: FakeApiServer, job_name: str, node_name: str, index: int = 0) -> Any:
+    """What the Job controller, scheduler and kubelet make of a Muster Job: a Running pod."""
+    job = server.get(f"/apis/batch/v1/namespaces/{NS}/jobs/{job_name}")
+    assert job is not None
+    tmpl = job["spec"]["template"]["metadata"]
+    p = pod(f"{job_name}-{index}-x", node_name, namespace=NS, gpu=4)
+    p["metadata"]["labels"] = copy.deepcopy(tmpl["labels"])
+    p["metadata"]["annotations"] = copy.deepcopy(tmpl.get("annotations") or {})
+    p["metadata"]["ownerReferences"] = [job_owner(job)]
+    return server.put(PODS, p)
 
 
 class Clock:

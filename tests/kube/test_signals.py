@@ -11,14 +11,13 @@ from tests.kube.conftest import (
     NODES,
     NOW,
     NS,
-    PODS,
     Clock,
     Recorder,
     gang_dispatch,
-    job_owner,
     node,
     pod,
     rfc3339,
+    run_job_pod,
 )
 from tests.kube.fake_apiserver import FakeApiServer
 
@@ -182,13 +181,7 @@ async def test_terminating_pods_of_an_ended_attempt_hold_their_gpus(
     apiserver.termination_s = None  # the kubelet confirms when the test says so
     backend, rec = await make_backend()
     await backend.dispatch(gang_dispatch(replicas=1))
-    job = apiserver.get(f"/apis/batch/v1/namespaces/{NS}/jobs/job-1-a1-worker")
-    assert job is not None
-    p = pod("job-1-a1-worker-0-x", "n1", namespace=NS, gpu=4)
-    p["metadata"]["labels"] = copy.deepcopy(job["spec"]["template"]["metadata"]["labels"])
-    p["metadata"]["annotations"] = copy.deepcopy(job["spec"]["template"]["metadata"]["annotations"])
-    p["metadata"]["ownerReferences"] = [job_owner(job)]
-    apiserver.put(PODS, p)
+    run_job_pod(apiserver, "job-1-a1-worker", "n1")
     await rec.wait_for(lambda: any(s.phase == "running" for s in rec.of(WorkloadStatus)))
     assert last(rec, "n1") is None or last(rec, "n1").other_gpu == 0  # the broker's own
     await backend.cancel("job-1", 1, "preempted")

@@ -5,6 +5,7 @@ state, 429 Retry-After, token refresh (exec plugin), an unreachable API server, 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import sys
 import time
@@ -16,8 +17,16 @@ import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from agents.kube.backend import UNFINISHED_PODS, KubeBackend
-from schemas.agent import NodeUpsert
-from tests.kube.conftest import NODES, NS, Recorder, make_config, node
+from schemas.agent import NodeUpsert, WorkloadStatus
+from tests.kube.conftest import (
+    NODES,
+    NS,
+    Recorder,
+    gang_dispatch,
+    make_config,
+    node,
+    run_job_pod,
+)
 from tests.kube.fake_apiserver import FakeApiServer
 
 
@@ -237,3 +246,23 @@ async def test_bad_input_is_counted_logged_once_and_ends_nothing(
     assert sum(1 for e in logs if e.get("reason") == "undecodable watch line") == 1
     assert any(k.startswith("bad_input{kind=nodes") for k in backend.counters)
     assert {n.name for n in (await backend.snapshot()).nodes} == {"n1", "n2"}
+
+
+async def test_a_malformed_pod_in_a_relist_ends_no_attempt(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    apiserver.put(NODES, node("n1"))
+    backend, rec = await make_backend()
+    await backend.dispatch(gang_dispatch(replicas=1))
+    good = run_job_pod(apiserver, "job-1-a1-worker", "n1")
+    await rec.wait_for(lambda: any(s.phase == "running" for s in rec.of(WorkloadStatus)))
+    bad = copy.deepcopy(good)
+    bad["status"]["containerStatuses"] = "garbage"  # an object that does not decode
+    apiserver.put(f"/api/v1/namespaces/{NS}/pods", bad, silent=True)
+    apiserver.expire_watches()  # 410: every watch re-lists and meets the bad object
+    mr = backend.muster_pod_reflector
+    assert mr is not None
+    await rec.wait_for(lambda: mr.lists >= 2)
+    assert backend.bad_input.counts[("muster-pods", "undecodable list item")] == 1
+    assert [s.phase for s in rec.of(WorkloadStatus)] == ["created", "running"]
+    assert [(w.phase, w.attempt) for w in (await backend.snapshot()).workloads] == [("running", 1)]
