@@ -577,18 +577,18 @@ class KubeBackend:
             why.append("being deleted")
         why += [f"taint {t} not tolerated" for t in untolerated_taints(node, flavor, rules)]
         not_ready, since = not_ready_since(node)
-        entry.lost = False
+        was_lost, entry.lost = entry.lost, False
         if not_ready:
             entry.not_ready_seen = entry.not_ready_seen or now
             start = since if since is not None else entry.not_ready_seen
             if now - start >= cfg.not_ready_grace_s:
-                if not entry.lost:
+                entry.lost = True
+                if not was_lost:
                     self.log.warning(
                         "node NotReady past its grace period: replicas lost",
                         node=name,
                         grace_s=cfg.not_ready_grace_s,
                     )
-                entry.lost = True
             else:
                 why.append(f"NotReady (lost after {cfg.not_ready_grace_s:g}s)")
         else:
