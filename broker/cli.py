@@ -26,7 +26,7 @@ from rich.text import Text
 
 from broker.client import MusterClient, MusterError, default_state_dir, resolve_nats_url
 from broker.config import ConfigError, config_to_yaml, load_config_full
-from broker.manifests import JobDocumentError, load_job_document
+from broker.manifests import JobDocumentError, load_job_documents
 from schemas.api import (
     ClusterView,
     JobEvent,
@@ -531,20 +531,36 @@ def submit(
         fail(f"{file}: not a text file; give a YAML or JSON job file")
     source = "stdin" if file == "-" else file
     try:
-        spec = load_job_document(text, queue=queue, job_id=job_id, source=source)
+        specs = load_job_documents(text, queue=queue, job_id=job_id, source=source)
     except JobDocumentError as exc:
         fail(str(exc))
-    if not spec.queue:
-        fail(
-            f"{source}: no queue: pass --queue NAME, or set `queue:` (JobSpec) or the "
-            "kueue.x-k8s.io/queue-name label (manifest)"
+    for spec in specs:
+        if not spec.queue:
+            fail(
+                f"{source}: no queue: pass --queue NAME, or set `queue:` (JobSpec) or the "
+                f"kueue.x-k8s.io/queue-name label (manifest) of {spec.name}"
+            )
+    if len(specs) == 1:
+        (spec,) = specs
+        _show(
+            nats_options(nats, auth),
+            output,
+            lambda c: c.submit(spec, timeout=timeout),
+            lambda reply: submit_line(reply, spec.queue or ""),
         )
-    queue = spec.queue
+        return
+
+    async def submit_all(c: MusterClient) -> list[SubmitReply]:
+        """A multi-document file: one submission per job (a pod group is one job)."""
+        return [await c.submit(one, timeout=timeout) for one in specs]
+
     _show(
         nats_options(nats, auth),
         output,
-        lambda c: c.submit(spec, timeout=timeout),
-        lambda reply: submit_line(reply, queue),
+        submit_all,
+        lambda replies: "\n".join(
+            submit_line(r, one.queue or "") for r, one in zip(replies, specs, strict=True)
+        ),
     )
 
 

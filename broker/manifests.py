@@ -36,6 +36,8 @@ import yaml
 from kinds.adapter import Adapter
 from kinds.base import DOMAIN, LEGACY_DOMAIN, KindError, mapping
 from kinds.demand import pod_demand
+from kinds.podgroup import group_pods
+from kinds.pods import PodPolicy, check_safety
 from kinds.registry import adapter_of
 from schemas.job import MAX_GPU_PER_REPLICA, MAX_PODSETS, MAX_REPLICAS, JobSpec
 
@@ -48,6 +50,7 @@ __all__ = [
     "is_manifest",
     "jobspec_from_manifest",
     "load_job_document",
+    "load_job_documents",
     "normalize_gpu_type",
 ]
 
@@ -191,11 +194,18 @@ class _PodSetDraft:
 def _drafts(manifest: Mapping[str, Any]) -> tuple[list[_PodSetDraft], int | None, Adapter]:
     """The podsets of a manifest, by its kind's adapter (the names the agent pins by)."""
     adapter = adapter_of(manifest)
-    drafts = [
-        _PodSetDraft(t.podset, t.replicas, t.template, t.path)
-        for t in adapter.templates(manifest)
-        if t.replicas
-    ]
+    drafts: list[_PodSetDraft] = []
+    by_name: dict[str, _PodSetDraft] = {}
+    for t in adapter.templates(manifest):
+        if not t.replicas:
+            continue
+        same = by_name.get(t.podset)
+        if same is not None and t.template.get("spec") == same.template.get("spec"):
+            same.replicas += t.replicas  # pods of one shape (a pod group)
+            continue
+        draft = _PodSetDraft(t.podset, t.replicas, t.template, t.path)
+        drafts.append(draft)
+        by_name.setdefault(t.podset, draft)
     order = {n: i for i, n in enumerate(adapter.order)}
     drafts.sort(key=lambda d: order.get(d.name, len(order)))
     return drafts, adapter.min_available(manifest), adapter
@@ -336,6 +346,9 @@ def jobspec_from_manifest(
 
     try:
         drafts, min_available, adapter = _drafts(manifest)
+        # What no agent would run is refused at submission; the service-account allow-list
+        # lives in each agent's configuration, so the agent checks that one.
+        check_safety(manifest, PodPolicy(service_accounts=None))
     except KindError as exc:
         raise ManifestError(str(exc)) from None
     if not drafts:
@@ -423,9 +436,41 @@ def _parse_document(text: str, source: str) -> Any:
         raise JobDocumentError(f"{source}: the file is empty; write a JobSpec or a manifest")
     if len(docs) > 1:
         raise JobDocumentError(
-            f"{source}: holds {len(docs)} YAML documents; put one job in each file"
+            f"{source}: holds {len(docs)} YAML documents; read it with load_job_documents"
         )
     return docs[0]
+
+
+def load_job_documents(
+    text: str,
+    *,
+    queue: str | None = None,
+    job_id: str | None = None,
+    source: str = "job file",
+) -> list[JobSpec]:
+    """A job file of one or more YAML documents: one JobSpec per job, and one per Kueue pod
+    group (Pods sharing `kueue.x-k8s.io/pod-group-name` are one gang)."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError:
+        docs = []
+    if len(docs) <= 1:
+        return [load_job_document(text, queue=queue, job_id=job_id, source=source)]
+    try:
+        groups, rest = group_pods(docs)
+    except KindError as exc:
+        raise ManifestError(f"{source}: {exc}") from None
+    jobs = groups + rest
+    if job_id is not None and len(jobs) > 1:
+        raise JobDocumentError(
+            f"{source}: holds {len(jobs)} jobs; --job-id names one, so drop it (each job gets "
+            "its own id) or split the file"
+        )
+    out = []
+    for i, doc in enumerate(jobs):
+        where = f"{source} (job {i + 1} of {len(jobs)})"
+        out.append(load_job_document(json.dumps(doc), queue=queue, job_id=job_id, source=where))
+    return out
 
 
 def load_job_document(

@@ -12,6 +12,8 @@ class Adapter:
     """One job kind. Subclasses set the class attributes and override what differs."""
 
     resource: Resource
+    # Whether objects of the kind carry a verdict in their status worth watching.
+    has_status: bool = True
     # docs/kinds.md columns, kept beside the code they describe
     podsets_doc: str = ""
     retries_doc: str = ""
@@ -20,6 +22,11 @@ class Adapter:
     leaders: frozenset[str] = frozenset()
     # Podset order in the derived gang: these first, in this order, then the rest as written.
     order: tuple[str, ...] = ()
+
+    @property
+    def created(self) -> Resource:
+        """What the agent creates for a manifest of this kind (usually the kind itself)."""
+        return self.resource
 
     def handles(self, api_version: str, kind: str) -> bool:
         return (api_version, kind) == (self.resource.api_version, self.resource.kind)

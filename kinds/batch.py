@@ -68,6 +68,7 @@ class BatchJob(Adapter):
 
 class Pod(Adapter):
     resource = POD_RESOURCE
+    has_status = False  # its phase is read with every pod
     podsets_doc = "`pod` (one pod)"
     retries_doc = "`restartPolicy: Never`"
     verdict_doc = "the pod's phase (watched with every pod)"

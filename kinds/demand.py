@@ -1,7 +1,9 @@
 """Per-pod demand of a pod template, as kube-scheduler counts it (pure).
 
 Per replica: GPUs from `resources.limits` (else `requests`) of every resource named
-`<vendor>/gpu` (`nvidia.com/gpu`, `amd.com/gpu`); cpu and memory from `requests` (else
+`<vendor>/gpu` (`nvidia.com/gpu`, `amd.com/gpu`), never from kind-specific fields such as an
+MPIJob's `slotsPerWorker`; any other extended resource (`google.com/tpu`, ...) is refused, as no
+cluster offers it to Muster; cpu and memory from `requests` (else
 `limits`, which is what Kubernetes defaults a missing request to). Containers of a pod are
 summed; init containers count as Kubernetes counts them (the larger of the sum of the containers
 plus sidecars and the largest plain init container). A pod that asks for no cpu or memory gets
@@ -36,6 +38,14 @@ class Demand:
         self.memory = max(self.memory, other.memory)
 
 
+_NATIVE = frozenset({"cpu", "memory", "ephemeral-storage", "storage", "pods"})
+
+
+def _scheduled(resource: str) -> bool:
+    """A resource Muster accounts for or the kubelet always has (never silently dropped)."""
+    return resource in _NATIVE or resource.startswith("hugepages-") or resource.endswith("/gpu")
+
+
 def _gpu_amount(value: Any, path: str) -> int:
     try:
         amount = parse_quantity(value)
@@ -55,6 +65,14 @@ def container_demand(container: Any, path: str) -> Demand:
     limits = mapping(resources.get("limits"), f"{path}.resources.limits")
     requests = mapping(resources.get("requests"), f"{path}.resources.requests")
     demand = Demand()
+    for source, where in ((limits, "limits"), (requests, "requests")):
+        for key in source:
+            if not _scheduled(str(key)):
+                raise KindError(
+                    f"{path}.resources.{where}[{key}]: {key} is not a resource any cluster "
+                    "offers; Muster schedules GPUs (<vendor>/gpu), cpu and memory, and would "
+                    "place the pod where none exists. Remove it, or run the job outside Muster"
+                )
     for source, where in ((limits, "limits"), (requests, "requests")):
         gpu_keys = [k for k in source if isinstance(k, str) and k.endswith("/gpu")]
         if gpu_keys:

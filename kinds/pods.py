@@ -71,7 +71,8 @@ class PodPolicy(NamedTuple):
     tolerations: Sequence[Mapping[str, Any]] = ()
     grace_seconds: int | None = None  # terminationGracePeriodSeconds (the notice window)
     ttl_seconds: int | None = None  # ttlSecondsAfterFinished where the kind has one
-    service_accounts: frozenset[str] = frozenset({"default"})  # allowed serviceAccountNames
+    # allowed serviceAccountNames; None: not checked here (the broker, which has no list)
+    service_accounts: frozenset[str] | None = frozenset({"default"})
 
 
 def _hash(text: str, n: int = 6) -> str:
@@ -296,7 +297,7 @@ def safety_problems(manifest: Mapping[str, Any], policy: PodPolicy) -> list[str]
             if spec.get(flag) is True:
                 out.append(f"{path}.{flag}: the host's namespaces are not allowed; remove it")
         sa = spec.get("serviceAccountName") or spec.get("serviceAccount")
-        if sa and sa not in policy.service_accounts:
+        if sa and policy.service_accounts is not None and sa not in policy.service_accounts:
             allowed = ", ".join(sorted(policy.service_accounts)) or "none"
             out.append(
                 f"{path}.serviceAccountName: {sa!r} is not in the agent's allowed service "

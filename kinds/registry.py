@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from kinds.adapter import Adapter
-from kinds.base import POD, SERVICE, KindError, Resource
+from kinds.base import SERVICE, KindError, Resource
 from kinds.batch import BatchJob, Pod
 from kinds.jobset import JobSet
 from kinds.kubeflow import ADAPTERS as TRAINING
+from kinds.podgroup import PodGroup
 from kinds.ray import RayJob
 from kinds.trainer import TrainJob
 from kinds.volcano import VolcanoJob
@@ -22,6 +23,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     RayJob(),
     TrainJob(),
     Pod(),
+    PodGroup(),
 )
 
 
@@ -53,12 +55,10 @@ def _unique(resources: list[Resource]) -> tuple[Resource, ...]:
 
 
 # Every kind the agent may create (and so list, delete and garbage-collect by label).
-OWNED_RESOURCES: tuple[Resource, ...] = _unique([SERVICE, *(a.resource for a in ADAPTERS), POD])
-# The kinds whose objects carry a verdict worth watching: all but Services (no status) and
-# Pods (watched cluster-wide anyway).
-STATUS_RESOURCES: tuple[Resource, ...] = tuple(
-    r for r in OWNED_RESOURCES if r not in (SERVICE, POD)
-)
+OWNED_RESOURCES: tuple[Resource, ...] = _unique([SERVICE, *(a.created for a in ADAPTERS)])
+# The kinds whose objects carry a verdict worth watching (not Services, and not Pods: they are
+# watched cluster-wide anyway).
+STATUS_RESOURCES: tuple[Resource, ...] = _unique([a.created for a in ADAPTERS if a.has_status])
 
 
 class Rule(NamedTuple):

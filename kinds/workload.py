@@ -6,7 +6,7 @@ import copy
 from collections.abc import Hashable
 from typing import Any
 
-from kinds.base import ANN_ORIGINAL_NAME, KindError, podset_key
+from kinds.base import ANN_ORIGINAL_NAME, POD, KindError, podset_key
 from kinds.batch import build_indexed_job
 from kinds.demand import pod_demand
 from kinds.kubeflow import build_pytorchjob
@@ -15,6 +15,7 @@ from kinds.plan import (
     WorkloadPlan,
     assigned,
     check_assignment,
+    child_name,
     finish,
     object_meta,
     workload_name,
@@ -50,6 +51,9 @@ def build_from_manifest(cmd: Dispatch, policy: PodPolicy, namespace: str) -> Wor
     if policy.ttl_seconds is not None:
         adapter.set_ttl(manifest, policy.ttl_seconds)
     base = workload_name(cmd.job_id, cmd.attempt)
+    names = list(dict.fromkeys(t.podset for t in templates))
+    if adapter.created != adapter.resource:  # a pod group: the agent creates its Pods
+        return finish(base, _group_pods(cmd, manifest, base, namespace), total, names)
     old = manifest.get("metadata")
     if not isinstance(old, dict):
         old = {}
@@ -61,8 +65,24 @@ def build_from_manifest(cmd: Dispatch, policy: PodPolicy, namespace: str) -> Wor
         meta["annotations"][ANN_ORIGINAL_NAME] = str(old["name"])
     manifest["metadata"] = meta
     manifest.pop("status", None)
-    names = list(dict.fromkeys(t.podset for t in templates))
     return finish(base, [PlannedObject(adapter.resource, manifest)], total, names)
+
+
+def _group_pods(
+    cmd: Dispatch, manifest: dict[str, Any], base: str, namespace: str
+) -> list[PlannedObject]:
+    out = []
+    for i, pod in enumerate(manifest.get("items") or []):
+        old = pod.get("metadata") or {}
+        meta = object_meta(cmd, child_name(base, f"{i}-{old.get('name', '')}"), namespace)
+        meta["labels"] = {**(old.get("labels") or {}), **meta["labels"]}
+        meta["annotations"] = {**(old.get("annotations") or {}), **meta["annotations"]}
+        if old.get("name"):
+            meta["annotations"][ANN_ORIGINAL_NAME] = str(old["name"])
+        pod["metadata"] = meta
+        pod.pop("status", None)
+        out.append(PlannedObject(POD, pod))
+    return out
 
 
 def _shapes(manifest: dict[str, Any]) -> dict[str, Hashable]:

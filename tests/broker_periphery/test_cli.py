@@ -396,3 +396,19 @@ def test_watch_follows_events(standin: ThreadedStandIn, nats_url: str) -> None:
     assert result.exit_code == 0, result.stderr
     events = [msgspec.json.decode(line, type=JobEvent) for line in result.stdout.splitlines()]
     assert [e.kind for e in events] == ["admitted", "running", "succeeded"]
+
+
+def test_submit_a_multi_document_file_sends_one_job_each(
+    standin: ThreadedStandIn, nats_url: str
+) -> None:
+    """A Kueue pod group and a JobSet in one file: two submissions, both ids printed."""
+    path = Path(__file__).parents[1] / "kube" / "fixtures" / "pod-group.yaml"
+    result = cli(nats_url, "submit", str(path), "--queue", "ml", "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    replies = msgspec.json.decode(result.stdout, type=list[SubmitReply])
+    assert len(replies) == 2 and all(r.accepted for r in replies)
+    group = standin.broker.jobs[replies[0].job_id or ""].spec
+    assert group is not None and group.total_replicas == 3
+    result = cli(nats_url, "submit", str(path), "--queue", "ml")
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("submitted job ") for line in lines)

@@ -207,3 +207,21 @@ def test_the_kinds_page_shows_the_adapters_table() -> None:
     from kinds.registry import markdown_table
 
     assert markdown_table() in (ROOT / "docs" / "kinds.md").read_text()
+
+
+def test_the_broker_refuses_unsafe_or_unschedulable_manifests_at_submission() -> None:
+    from broker.manifests import ManifestError, jobspec_from_manifest
+
+    manifest = yaml.safe_load((ROOT / "examples" / "jobs" / "jobset.yaml").read_text())
+    pod_spec = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod_spec["hostNetwork"] = True
+    with pytest.raises(ManifestError, match=r"template\.spec\.hostNetwork"):
+        jobspec_from_manifest(manifest)
+    del pod_spec["hostNetwork"]
+    pod_spec["serviceAccountName"] = "trainer"  # the agent's allow-list decides this one
+    assert jobspec_from_manifest(manifest).total_replicas == 2
+    pod_spec["containers"][0]["resources"]["limits"] = {"google.com/tpu": 4}
+    with pytest.raises(
+        ManifestError, match=r"google\.com/tpu is not a resource any cluster offers"
+    ):
+        jobspec_from_manifest(manifest)
