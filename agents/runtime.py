@@ -228,7 +228,8 @@ class AgentRuntime:
         self.log.warning("event queue compacted; a snapshot replaces dropped deltas")
 
     def _queue_heartbeat(self) -> None:
-        self._queue.append(Heartbeat(at=time.time()))
+        stale = getattr(self.backend, "stale_s", None)  # a backend that can go stale says so
+        self._queue.append(Heartbeat(at=time.time(), stale_s=stale() if stale else 0.0))
         if len(self._queue) == 1:
             self._first_at = time.monotonic()
         self._next_heartbeat = time.monotonic() + self.heartbeat_s

@@ -455,6 +455,8 @@ def clusters_table(clusters: Sequence[ClusterView], now: float | None = None) ->
         table.add_column(col, no_wrap=True)
     for c in clusters:
         health = Text(c.health, style=_HEALTH_STYLE.get(c.health, ""))
+        if c.stale_s > 0:  # the agent cannot see its cluster: nothing is placed there
+            health = Text(f"{c.health}, stale {c.stale_s:.0f}s", style="yellow")
         common = [c.name, health, fmt_ago(c.last_heartbeat, now), str(c.running_jobs)]
         if not c.flavors:
             _row(table, *common, "-", "-", "-", "-", "0", "0/0", "0", "-")

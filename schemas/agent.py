@@ -51,6 +51,11 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     other_gpu: NonNeg = 0
     other_cpu_milli: NonNeg = 0
     other_memory: NonNeg = 0
+    # Takes no new pods (cordon, an untolerated NoSchedule taint, a deletion in progress, a
+    # short NotReady, GPUs briefly not allocatable): placements skip it, replicas already on it
+    # keep running. `ready` False means the replicas are lost.
+    no_new_pods: bool = False
+    note: Reason = ""  # why it takes no new pods, for `muster clusters` and logs
 
 
 WorkloadPhase = Literal["created", "running", "succeeded", "failed", "evicted"]
@@ -114,6 +119,9 @@ class CheckpointReport(msgspec.Struct, tag="checkpoint", omit_defaults=True):
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     at: Timestamp = 0.0
+    # Seconds the agent's view of its cluster has been stale (its watches failing past a
+    # threshold); 0 = fresh. The broker places nothing there while it is stale.
+    stale_s: Annotated[float, Meta(ge=0, le=1e9)] = 0.0
 
 
 AgentEvent = (

@@ -200,6 +200,7 @@ class ClusterView(msgspec.Struct, omit_defaults=True):
     last_heartbeat: float | None = None
     flavors: list[FlavorView] = []
     running_jobs: int = 0
+    stale_s: float = 0.0  # the agent's Kubernetes watches have been failing this long
 
 
 T = TypeVar("T")

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -64,7 +65,16 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from agents.backend import BackendError, Emit
-from agents.kube.client import KubeApiError, KubeRest, Reflector, item_path, sleep_or_stop
+from agents.kube.auth import TokenRefresher
+from agents.kube.client import (
+    BadInput,
+    KubeApiError,
+    KubeRest,
+    Outage,
+    Reflector,
+    item_path,
+    sleep_or_stop,
+)
 from agents.kube.config import FlavorConfig, KubeBackendConfig, convert_kube_config
 from agents.kube.decode import (
     ZERO,
@@ -75,6 +85,7 @@ from agents.kube.decode import (
     KPod,
     Usage,
     decode_job_status,
+    parse_time,
     pod_usage,
 )
 from agents.kube.manifests import (
@@ -93,12 +104,17 @@ from agents.kube.manifests import (
 )
 from agents.kube.nodes import (
     GpuState,
+    Notice,
+    Rules,
     detect_provider,
     gfd_memory_mib,
+    gpu_product_mismatch,
     gpu_state,
     match_flavor,
     node_info,
-    spot_signal,
+    not_ready_since,
+    notices,
+    untolerated_taints,
 )
 from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
 from schemas.agent import (
@@ -115,21 +131,50 @@ from schemas.agent import (
 
 log = structlog.get_logger("muster.agent.kube")
 
+# Finished pods hold no capacity; a busy cluster has far more of them than of live ones.
+UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
 Key = tuple[str, int]  # (job_id, attempt)
 
 
 class _Node:
-    """What the backend keeps per node: the raw object, its flavor and what was reported."""
+    """What the backend keeps per node: the raw object, its flavor, what was reported, and
+    the timers of its signals (clock seconds when first seen)."""
 
-    __slots__ = ("flavor", "gpu", "info", "raw", "spot_deadline", "spot_reason")
+    __slots__ = (
+        "dip_since",
+        "flavor",
+        "gpu",
+        "info",
+        "known_gpu",
+        "left_flavor",
+        "lost",
+        "mismatch",
+        "not_ready_seen",
+        "notice_seen",
+        "raw",
+        "spot_deadline",
+        "spot_reason",
+        "unselected",
+        "why",
+    )
 
     def __init__(self, raw: KNode, flavor: FlavorConfig | None) -> None:
         self.raw = raw
         self.flavor = flavor
         self.info: NodeInfo | None = None  # last NodeInfo emitted
         self.gpu: GpuState | None = None  # last GPU state
+        self.known_gpu = 0  # most GPUs seen: a capacity that drops is a dip, not a new size
         self.spot_deadline: float | None = None
         self.spot_reason = ""
+        self.notice_seen: float | None = None
+        self.dip_since: float | None = None
+        self.not_ready_seen: float | None = None
+        self.unselected = False  # left the node label selector (a DELETED that is no deletion)
+        self.left_flavor = False  # its labels match no flavor any more
+        self.mismatch = ""  # GPU product disagreeing with the flavor, once logged
+        self.lost = False  # NotReady past the grace period
+        self.why: list[str] = []  # why it takes no new pods
 
 
 class KubeBackend:
@@ -141,6 +186,7 @@ class KubeBackend:
         config: KubeBackendConfig,
         api_client: ApiClient | None = None,
         clock: Callable[[], float] = time.time,
+        tick_s: float = 1.0,
     ) -> None:
         self.cluster = cluster
         self.config = config
@@ -150,9 +196,18 @@ class KubeBackend:
         self._emit: Emit | None = None
         self._rest: KubeRest | None = None
         self._nodes: dict[str, _Node] = {}
-        self._foreign: dict[str, tuple[str, Usage]] = {}  # pod uid -> (node, usage)
-        self._usage: dict[str, Usage] = {}  # node -> summed foreign usage
-        self._pod_disruption: dict[str, str] = {}  # pod uid -> node, while disrupted
+        self.rules = Rules(config)
+        # GPU resources of every flavor; usage is kept per resource, so a pod requesting a MIG
+        # slice is never counted against a node's whole GPUs.
+        self._resources = tuple(sorted({self.rules.resource(f) for f in config.flavors}))
+        # pod uid -> (node, (cpu, memory, gpus per resource)): pods Muster did not place, and
+        # Muster's own pods of ended attempts that are still terminating.
+        self._foreign: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._usage: dict[str, list[int]] = {}  # node -> summed foreign usage
+        # pod uid -> (node, reason, when) while its DisruptionTarget says the node goes away
+        self._pod_disruption: dict[str, tuple[str, str, float | None]] = {}
+        self.bad_input = BadInput()
+        self.tick_s = tick_s
         # Recently deleted nodes: a pod event can arrive after its node's deletion (separate
         # watches), and its replica is lost all the same.
         self._gone_nodes: OrderedDict[str, None] = OrderedDict()
@@ -168,7 +223,9 @@ class KubeBackend:
         self._started = False
         self._live = False  # emit deltas only after the initial lists
         self.node_reflector: Reflector[KNode] | None = None
-        self.pod_reflector: Reflector[KPod] | None = None
+        self.pod_reflector: Reflector[KPod] | None = None  # every unfinished pod
+        self.muster_pod_reflector: Reflector[KPod] | None = None  # Muster's pods, any phase
+        self.refresher: TokenRefresher | None = None
         # Workload objects with a status, by collection path (in the workload namespace).
         self._status_kinds: dict[str, Resource] = {
             r.collection(config.namespace): r for r in STATUS_RESOURCES
@@ -189,13 +246,13 @@ class KubeBackend:
         if self.config.in_cluster:
             kube_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         else:
-            await kube_config.load_kube_config(
-                config_file=self.config.kubeconfig,
-                context=self.config.context,
-                client_configuration=cfg,
-                persist_config=False,
+            self.refresher = await TokenRefresher.load(
+                cfg, self.config.kubeconfig, self.config.context
             )
         return ApiClient(configuration=cfg)
+
+    async def _refresh_credentials(self) -> bool:
+        return self.refresher is not None and await self.refresher.force()
 
     @property
     def rest(self) -> KubeRest:
@@ -220,13 +277,16 @@ class KubeBackend:
         if self._api is None:
             self._api = await self._make_api()
         cfg = self.config
-        self._rest = KubeRest(self._api, cfg.request_timeout_s)
+        self._rest = KubeRest(self._api, cfg.request_timeout_s, self._refresh_credentials)
+        outage = Outage(self._rest.url)
         common: dict[str, Any] = {
             "page_size": cfg.list_page_size,
             "watch_timeout_s": cfg.watch_timeout_s,
             "resync_s": cfg.resync_period_s,
             "backoff_initial_s": cfg.backoff_initial_s,
             "backoff_max_s": cfg.backoff_max_s,
+            "outage": outage,
+            "bad_input": self.bad_input,
         }
         self.node_reflector = Reflector(
             self._rest,
@@ -238,13 +298,28 @@ class KubeBackend:
             name="nodes",
             **common,
         )
+        # Pods of every namespace use node capacity, but finished ones do not: the field
+        # selector keeps them (most pods of a busy cluster) out of lists and watches. A pod
+        # that finishes then arrives as DELETED, which is what it is to capacity.
         self.pod_reflector = Reflector(
             self._rest,
             "/api/v1/pods",
             KPod,
             self._replace_pods,
             self._pod_event,
+            field_selector=UNFINISHED_PODS,
             name="pods",
+            **common,
+        )
+        # Muster's own pods, every phase (the exit codes of a failed pod are its verdict).
+        self.muster_pod_reflector = Reflector(
+            self._rest,
+            f"/api/v1/namespaces/{cfg.namespace}/pods",
+            KPod,
+            self._replace_muster_pods,
+            self._muster_pod_event,
+            label_selector=LABEL_JOB,
+            name="muster-pods",
             **common,
         )
         for collection, res in self._status_kinds.items():
@@ -260,23 +335,7 @@ class KubeBackend:
                 name=f"{res.plural}.{group}",
                 **common,
             )
-        # Kinds without a status (Services, Pods) are found by a scan; the others by their
-        # reflector's list, which must not stop the agent (a CRD can be absent or broken).
-        await self._scan_objects(
-            [r for r in OWNED_RESOURCES if r.collection(cfg.namespace) not in self._status_kinds]
-        )
-        for jr in self.job_reflectors.values():
-            try:
-                await jr.list_once()
-            except Exception as exc:
-                if not jr.note_absent(exc):
-                    self.log.warning(
-                        "listing workload objects failed; the watch retries",
-                        collection=jr.name,
-                        error=str(exc)[:300],
-                    )
-        await self.pod_reflector.list_once()
-        await self.node_reflector.list_once()
+        await self._initial_lists()
         self._live = True
         for name, n in self._nodes.items():
             if n.flavor is None:
@@ -287,18 +346,99 @@ class KubeBackend:
                 self._send(
                     GpuHealth(node=name, healthy=n.gpu.healthy, xid=n.gpu.xid, reason=n.gpu.reason)
                 )
+        reflectors: list[Reflector[Any]] = [
+            self.node_reflector,
+            self.pod_reflector,
+            self.muster_pod_reflector,
+            *self.job_reflectors.values(),
+        ]
         self._tasks = [
-            asyncio.create_task(self.node_reflector.run(), name=f"kube-nodes-{self.cluster}"),
-            asyncio.create_task(self.pod_reflector.run(), name=f"kube-pods-{self.cluster}"),
-            asyncio.create_task(self._housekeeping(), name=f"kube-gc-{self.cluster}"),
             *(
-                asyncio.create_task(jr.run(), name=f"kube-{jr.name}-{self.cluster}")
-                for jr in self.job_reflectors.values()
+                asyncio.create_task(r.run(), name=f"kube-{r.name}-{self.cluster}")
+                for r in reflectors
             ),
+            asyncio.create_task(self._housekeeping(), name=f"kube-gc-{self.cluster}"),
+            asyncio.create_task(self._timers(), name=f"kube-timers-{self.cluster}"),
         ]
         self.log.info(
             "kube backend started", nodes=len(self._nodes), workloads=len(self._workloads)
         )
+
+    async def _initial_lists(self) -> None:
+        """The first lists, retried with backoff until the API server answers: an agent
+        started before its API server is reachable waits (one log line with the URL) instead
+        of exiting with a traceback."""
+        assert self.node_reflector and self.pod_reflector and self.muster_pod_reflector
+        backoff = self.config.backoff_initial_s
+        outage = self.node_reflector.outage
+        while True:
+            try:
+                # Kinds without a status (Services, Pods) are found by a scan; the others by
+                # their reflector's list, which must not stop the agent (a CRD can be absent).
+                await self._scan_objects(
+                    [
+                        r
+                        for r in OWNED_RESOURCES
+                        if r.collection(self.config.namespace) not in self._status_kinds
+                    ]
+                )
+                for jr in self.job_reflectors.values():
+                    try:
+                        await jr.list_once()
+                    except Exception as exc:
+                        if not jr.note_absent(exc):
+                            self.log.warning(
+                                "listing workload objects failed; the watch retries",
+                                collection=jr.name,
+                                error=str(exc)[:300],
+                            )
+                await self.muster_pod_reflector.list_once()
+                # Served from the watch cache (resourceVersion=0): a watch follows at once.
+                await self.pod_reflector.list_once(from_cache=True)
+                await self.node_reflector.list_once(from_cache=True)
+                outage.ok()
+                return
+            except (OSError, TimeoutError, aiohttp.ClientError, KubeApiError) as exc:
+                if isinstance(exc, KubeApiError) and exc.status in (401, 403):
+                    self.log.error(
+                        "the API server refuses the agent's credentials; retrying",
+                        url=self.rest.url,
+                        error=str(exc)[:300],
+                    )
+                else:
+                    outage.failed(exc, self.config.backoff_max_s)
+                if await sleep_or_stop(self._stop, backoff * (0.5 + random.random() / 2)):
+                    raise BackendError("stopped before the API server answered") from None
+                backoff = min(self.config.backoff_max_s, backoff * 2)
+
+    def stale_s(self) -> float:
+        """Seconds the node or pod watches have been failing, once past `stale_after_s`
+        (0 = fresh): the heartbeat carries it and the broker stops placing work here."""
+        now = time.monotonic()
+        worst = max(
+            (
+                r.stale_for(now)
+                for r in (self.node_reflector, self.pod_reflector, self.muster_pod_reflector)
+                if r
+            ),
+            default=0.0,
+        )
+        return worst if worst > self.config.stale_after_s else 0.0
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """What the agent exports as metrics: watch health and bad input per kind/reason."""
+        out: dict[str, int] = {}
+        for r in (self.node_reflector, self.pod_reflector, self.muster_pod_reflector):
+            if r is not None:
+                for k in ("lists", "resyncs", "gone", "errors", "resumes", "events"):
+                    out[f"{r.name}_{k}"] = getattr(r, k)
+        if self._rest is not None:
+            out["credential_refreshes"] = self._rest.refreshes
+            out["throttled"] = self._rest.throttled
+        for (kind, reason), n in self.bad_input.counts.items():
+            out[f"bad_input{{kind={kind},reason={reason}}}"] = n
+        return out
 
     async def stop(self) -> None:
         self._stop.set()
@@ -328,15 +468,46 @@ class KubeBackend:
                 seen.add(node.metadata.name)
                 self._upsert_node(node)
         for name in [n for n in self._nodes if n not in seen]:
-            self._remove_node(name, "node gone (not in re-list)")
+            self._node_missing(name, "node gone (not in re-list)")
 
     def _node_event(self, kind: str, node: KNode) -> None:
         if not node.metadata.name:
+            self.bad_input.note("Node", "no name")
             return
         if kind == "DELETED":
-            self._remove_node(node.metadata.name, "node deleted")
+            self._node_missing(node.metadata.name, "node deleted")
         else:
             self._upsert_node(node)
+
+    def _node_missing(self, name: str, reason: str) -> None:
+        """A node left the watch. Without a label selector that is a deletion. With one, it
+        may only have stopped matching (the API server says DELETED for both): ask."""
+        entry = self._nodes.get(name)
+        if entry is not None and entry.unselected:
+            return
+        if not self.config.node_label_selector:
+            self._remove_node(name, reason)
+            return
+        task = asyncio.create_task(self._confirm_gone(name, reason))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _confirm_gone(self, name: str, reason: str) -> None:
+        try:
+            data = await self.rest.request("GET", f"/api/v1/nodes/{name}", ok_missing=True)
+        except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
+            self.log.warning(
+                "could not tell a deleted node from an unselected one",
+                node=name,
+                error=str(exc)[:200],
+            )
+            return  # the next resync asks again
+        entry = self._nodes.get(name)
+        if data is None:
+            self._remove_node(name, reason)
+        elif entry is not None:
+            entry.unselected = True
+            self._evaluate(entry)
 
     def _remove_node(self, name: str, reason: str) -> None:
         self._gone_nodes[name] = None
@@ -352,28 +523,108 @@ class KubeBackend:
     def _upsert_node(self, node: KNode) -> None:
         name = node.metadata.name
         self._gone_nodes.pop(name, None)
-        cfg = self.config
-        flavor = match_flavor(node, cfg.flavors)
+        flavor = match_flavor(node, self.config.flavors)
         entry = self._nodes.get(name)
         if entry is None:
             entry = self._nodes[name] = _Node(node, flavor)
         entry.raw = node
+        entry.unselected = False
         if flavor is None:
-            if entry.info is not None:
-                self._send(NodeGone(node=name, reason="node matches no flavor any more"))
-            entry.flavor, entry.info = None, None
+            if entry.info is None:
+                entry.flavor = None
+                return
+            # Its labels changed under it: it takes no new pods; what runs there stays.
+            entry.left_flavor = True
+        else:
+            entry.flavor, entry.left_flavor = flavor, False
+        self._evaluate(entry)
+
+    def _evaluate(self, entry: _Node) -> None:
+        """Every signal of one node: going away (a notice with a deadline), takes no new pods
+        (with the reasons), lost (NotReady past the grace period), explicit GPU faults."""
+        flavor = entry.flavor
+        if flavor is None:
             return
-        entry.flavor = flavor
-        # Spot: a notice once per appearance of the signal; cleared when it goes away.
-        signal = spot_signal(node, cfg.spot_taints)
+        node, cfg, rules = entry.raw, self.config, self.rules
+        name = node.metadata.name
+        now = self._clock()
+        provider = detect_provider(node)
+        # Going away: the earliest deadline among the signals, from each signal's own time.
+        found = notices(node, rules, provider)
+        for pod_node, text, at in self._pod_disruption.values():
+            if pod_node == name:
+                found.append(Notice(text, at, rules.windows.for_provider(provider)))
         notice: SpotNotice | None = None
-        if signal is None:
-            if entry.spot_deadline is not None and not self._pod_disrupted(name):
-                entry.spot_deadline, entry.spot_reason = None, ""
+        if not found:
+            entry.notice_seen, entry.spot_deadline, entry.spot_reason = None, None, ""
         elif entry.spot_deadline is None:
-            notice = self._arm_spot(entry, node, signal)
-        # GPU health: report every change of the healthy count.
-        gpu = gpu_state(node, cfg)
+            seen = entry.notice_seen = entry.notice_seen or now
+            deadline = min((n.at if n.at is not None else seen) + n.window_s for n in found)
+            entry.spot_deadline = deadline
+            entry.spot_reason = f"{provider}: " + ", ".join(n.reason for n in found)[:900]
+            notice = SpotNotice(node=name, deadline=deadline, reason=entry.spot_reason)
+            self.log.info(
+                "node going away",
+                node=name,
+                reason=entry.spot_reason,
+                deadline_in_s=round(deadline - now, 1),
+            )
+        # Takes no new pods.
+        why: list[str] = []
+        if node.spec.unschedulable:
+            why.append("cordoned")
+        if node.metadata.deletionTimestamp:
+            why.append("being deleted")
+        why += [f"taint {t} not tolerated" for t in untolerated_taints(node, flavor, rules)]
+        not_ready, since = not_ready_since(node)
+        was_lost, entry.lost = entry.lost, False
+        if not_ready:
+            entry.not_ready_seen = entry.not_ready_seen or now
+            start = since if since is not None else entry.not_ready_seen
+            if now - start >= cfg.not_ready_grace_s:
+                entry.lost = True
+                if not was_lost:
+                    self.log.warning(
+                        "node NotReady past its grace period: replicas lost",
+                        node=name,
+                        grace_s=cfg.not_ready_grace_s,
+                    )
+            else:
+                why.append(f"NotReady (lost after {cfg.not_ready_grace_s:g}s)")
+        else:
+            entry.not_ready_seen = None
+        gpu = gpu_state(node, rules, rules.resource(flavor))
+        if gpu.healthy is None and gpu.total < entry.known_gpu:
+            # Capacity shrank (the device plugin went away): a dip of the GPUs known.
+            gone = entry.known_gpu - gpu.total + gpu.missing
+            res = rules.resource(flavor)
+            gpu = GpuState(
+                entry.known_gpu,
+                missing=gone,
+                missing_reason=f"{gone} of {entry.known_gpu} {res} not allocatable",
+            )
+        elif gpu.healthy is None and not gpu.missing:
+            entry.known_gpu = gpu.total
+        if gpu.missing:
+            entry.dip_since = entry.dip_since or now
+            if now - entry.dip_since >= cfg.allocatable_debounce_s:
+                why.append(gpu.missing_reason)
+        else:
+            entry.dip_since = None
+        mismatch = gpu_product_mismatch(node.metadata.labels, flavor.gpu_type)
+        if mismatch:
+            why.append(mismatch)
+            if entry.mismatch != mismatch:
+                self.bad_input.note(
+                    "Node", "GPU product disagrees with its flavor", node=name, detail=mismatch
+                )
+        entry.mismatch = mismatch or ""
+        if entry.unselected:
+            why.append("left the node selector")
+        if entry.left_flavor:
+            why.append("matches no flavor any more")
+        entry.why = why
+        # GPU health: only explicit faults and their recovery are news.
         health: GpuHealth | None = None
         prev = entry.gpu
         if (prev.healthy if prev else None) != gpu.healthy:
@@ -390,47 +641,81 @@ class KubeBackend:
         if health is not None:
             self._send(health)
 
-    def _arm_spot(self, entry: _Node, node: KNode, reason: str) -> SpotNotice:
-        provider = detect_provider(node)
-        deadline = self._clock() + self.config.spot_deadlines_s.for_provider(provider)
-        entry.spot_deadline, entry.spot_reason = deadline, f"{provider}: {reason}"
-        self.log.info("spot notice", node=node.metadata.name, reason=reason, provider=provider)
-        return SpotNotice(node=node.metadata.name, deadline=deadline, reason=entry.spot_reason)
+    def evaluate_timers(self) -> None:
+        """Re-read the nodes whose verdict depends on time (a dip being debounced, a NotReady
+        within its grace): the clock alone can change their state."""
+        for entry in list(self._nodes.values()):
+            if entry.flavor is not None and (
+                entry.dip_since is not None or entry.not_ready_seen is not None
+            ):
+                self._evaluate(entry)
 
-    def _pod_disrupted(self, node: str) -> bool:
-        return node in self._pod_disruption.values()
+    async def _timers(self) -> None:
+        while not await sleep_or_stop(self._stop, self.tick_s):
+            try:
+                self.evaluate_timers()
+            except Exception as exc:  # keep ticking; a bad node is logged, not fatal
+                self.bad_input.note(
+                    "Node", f"evaluation failed: {type(exc).__name__}", error=str(exc)[:200]
+                )
 
     def _refresh(self, entry: _Node) -> None:
         """Recompute the node's NodeInfo and emit NodeUpsert when it changed."""
         if entry.flavor is None:
             return
+        name = entry.raw.metadata.name
         info = node_info(
             entry.raw,
             entry.flavor,
-            self.config,
-            self._usage.get(entry.raw.metadata.name, ZERO),
+            self.rules,
+            self._other(name, self.rules.resource(entry.flavor)),
             entry.spot_deadline,
             entry.gpu,
+            lost=entry.lost,
+            no_new_pods=entry.why,
         )
         if info != entry.info:
             entry.info = info
             self._send(NodeUpsert(node=info))
 
     # -- pods ------------------------------------------------------------------------------
+    def _other(self, node: str, resource: str) -> Usage:
+        vec = self._usage.get(node)
+        if vec is None:
+            return ZERO
+        return Usage(vec[2 + self._resources.index(resource)], vec[0], vec[1])
+
+    def _demand(self, pod: KPod) -> tuple[int, ...]:
+        """(cpu, memory, GPUs of each configured resource) that a pod holds on its node."""
+        first = pod_usage(pod, self._resources[0])
+        gpus = [first.gpu] + [pod_usage(pod, r).gpu for r in self._resources[1:]]
+        return (first.cpu_milli, first.memory, *gpus)
+
     def _replace_pods(self, items: list[KPod]) -> None:
         seen = set()
         for pod in items:
             if pod.metadata.uid:
                 seen.add(pod.metadata.uid)
                 self._pod_event("MODIFIED", pod)
-        gone = [u for u in (*self._foreign, *self._pod_key, *self._pod_disruption) if u not in seen]
+        owned = set(self._pod_key)
+        gone = [u for u in (*self._foreign, *self._pod_disruption) if u not in seen | owned]
         for uid in set(gone):
+            self._set_foreign(uid, None, ())
+            self._drop_disruption(uid)
+
+    def _replace_muster_pods(self, items: list[KPod]) -> None:
+        seen = set()
+        for pod in items:
+            if pod.metadata.uid:
+                seen.add(pod.metadata.uid)
+                self._muster_pod_event("MODIFIED", pod)
+        for uid in [u for u in self._pod_key if u not in seen]:
             self._forget_pod(uid)
 
     def _forget_pod(self, uid: str) -> None:
-        """A pod vanished between lists: drop its usage; Muster pods count as deleted."""
-        self._set_foreign(uid, None, ZERO)
-        self._pod_disruption.pop(uid, None)
+        """A Muster pod vanished between lists: drop what it held; it counts as deleted."""
+        self._set_foreign(uid, None, ())
+        self._drop_disruption(uid)
         key = self._pod_key.pop(uid, None)
         if key is not None:
             w = self._workloads.get(key)
@@ -442,43 +727,85 @@ class KubeBackend:
                 w.update_pod(uid, stub, deleted=True)
                 self._report(w)
 
+    def _note_disruption(self, uid: str, pod: KPod, deleted: bool) -> None:
+        """A node-level DisruptionTarget on any pod is a notice for its node."""
+        node = pod.spec.nodeName
+        dis = disruption(pod)
+        if dis in self.rules.disruption_reasons and node and not deleted:
+            if uid not in self._pod_disruption:
+                at = next(
+                    (
+                        parse_time(c.lastTransitionTime)
+                        for c in pod.status.conditions
+                        if c.type == "DisruptionTarget"
+                    ),
+                    None,
+                )
+                self._pod_disruption[uid] = (node, f"pod {pod.metadata.name}: {dis}", at)
+                entry = self._nodes.get(node)
+                if entry is not None:
+                    self._evaluate(entry)
+        else:
+            self._drop_disruption(uid)
+
+    def _drop_disruption(self, uid: str) -> None:
+        old = self._pod_disruption.pop(uid, None)
+        if old is not None:
+            entry = self._nodes.get(old[0])
+            if entry is not None:
+                self._evaluate(entry)
+
     def _pod_event(self, kind: str, pod: KPod) -> None:
+        """Every unfinished pod of the cluster (field selector): capacity and signals."""
         meta = pod.metadata
         uid = meta.uid or f"{meta.namespace}/{meta.name}"
         deleted = kind == "DELETED"
+        self._note_disruption(uid, pod, deleted)
+        if LABEL_JOB in meta.labels and meta.namespace == self.config.namespace:
+            return  # Muster's own: the muster-pods watch accounts for it
         node = pod.spec.nodeName
-        # Node-level disruption seen on any pod -> spot notice for its node.
-        dis = disruption(pod)
-        if dis in self.config.node_disruption_reasons and node and not deleted:
-            if uid not in self._pod_disruption:
-                self._pod_disruption[uid] = node
-                entry = self._nodes.get(node)
-                if entry is not None and entry.flavor is not None and entry.spot_deadline is None:
-                    notice = self._arm_spot(entry, entry.raw, f"pod {meta.name}: {dis}")
-                    self._refresh(entry)
-                    self._send(notice)
-        else:
-            self._pod_disruption.pop(uid, None)
-        owned = LABEL_JOB in meta.labels and meta.namespace == self.config.namespace
-        if owned:
-            self._muster_pod(uid, pod, deleted)
-            return
         active = not deleted and node and pod.status.phase not in ("Succeeded", "Failed")
-        usage = pod_usage(pod, self.config.gpu_resource) if active else ZERO
-        self._set_foreign(uid, node if active else None, usage)
+        self._set_foreign(uid, node if active else None, self._demand(pod) if active else ())
 
-    def _set_foreign(self, uid: str, node: str | None, usage: Usage) -> None:
+    def _muster_pod_event(self, kind: str, pod: KPod) -> None:
+        meta = pod.metadata
+        uid = meta.uid or f"{meta.namespace}/{meta.name}"
+        deleted = kind == "DELETED"
+        self._note_disruption(uid, pod, deleted)
+        self._muster_pod(uid, pod, deleted)
+
+    def _hold(self, uid: str, pod: KPod, deleted: bool) -> None:
+        """A Muster pod of an attempt that ended (cancelled, or reported finished) but still
+        terminating holds its GPUs: the broker has released them, so count them as foreign
+        until the pod is gone."""
+        key = self._pod_key.get(uid)
+        w = self._workloads.get(key) if key is not None else None
+        node = pod.spec.nodeName
+        held = (
+            w is not None
+            and (w.cancelled or w.terminal)
+            and not deleted
+            and bool(node)
+            and pod.status.phase not in ("Succeeded", "Failed")
+        )
+        self._set_foreign(uid, node if held else None, self._demand(pod) if held else ())
+
+    def _set_foreign(self, uid: str, node: str | None, usage: tuple[int, ...]) -> None:
         old = self._foreign.pop(uid, None)
         touched: set[str] = set()
         if old is not None:
-            self._usage[old[0]] = self._usage.get(old[0], ZERO) - old[1]
+            vec = self._usage[old[0]]
+            for i, v in enumerate(old[1]):
+                vec[i] -= v
             touched.add(old[0])
-        if node and usage != ZERO:
+        if node and any(usage):
             self._foreign[uid] = (node, usage)
-            self._usage[node] = self._usage.get(node, ZERO) + usage
+            vec = self._usage.setdefault(node, [0] * (2 + len(self._resources)))
+            for i, v in enumerate(usage):
+                vec[i] += v
             touched.add(node)
         for n in touched:
-            if self._usage.get(n) == ZERO:
+            if not any(self._usage.get(n, ())):
                 self._usage.pop(n, None)
             entry = self._nodes.get(n)
             if entry is not None:
@@ -510,6 +837,7 @@ class KubeBackend:
         if report is not None:
             self._send(report)
         self._report(w)
+        self._hold(uid, pod, deleted)
 
     def _is_cancelled(self, key: Key) -> bool:
         return key in self._cancelled or key[1] <= self._cancel_upto.get(key[0], 0)
@@ -526,6 +854,8 @@ class KubeBackend:
                 "workload", job_id=w.job_id, attempt=w.attempt, phase=st.phase, reason=st.reason
             )
             self._send(st)
+            if w.terminal:
+                self._hold_all((w.job_id, w.attempt))
 
     # -- workload objects with a status -----------------------------------------------------
     def _job_replacer(self, res: Resource) -> Callable[[list[KJob]], None]:
@@ -664,7 +994,7 @@ class KubeBackend:
             raise BackendError(f"flavor {cmd.flavor!r} is not configured here (known: {known})")
         try:
             plan = build_workload(
-                cmd, flavor, self.config.namespace, self.config.gpu_resource, self.config
+                cmd, flavor, self.config.namespace, self.rules.resource(flavor), self.config
             )
         except ManifestError as exc:
             raise BackendError(str(exc)) from None
@@ -726,6 +1056,15 @@ class KubeBackend:
             raise BackendError(f"cancel {job_id}: {exc!r}") from None
         for key in [k for k in self._workloads if k[0] == job_id and not keep(k[1])]:
             self._workloads[key].cancelled = True
+            self._hold_all(key)
+
+    def _hold_all(self, key: Key) -> None:
+        """The attempt ended here: its pods still running or terminating keep their GPUs."""
+        cache = self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
+        for uid in list(self._pod_names.get(key, {})):
+            pod = cache.get(uid)
+            if pod is not None:
+                self._hold(uid, pod, False)
 
     async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
         names = list(self._pod_names.get((job_id, attempt), {}).values())

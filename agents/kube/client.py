@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic
 from urllib.parse import quote
@@ -36,15 +37,36 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class KubeApiError(RuntimeError):
-    """A non-2xx answer from the API server, with its metav1.Status."""
+    """A non-2xx answer from the API server, with its metav1.Status (and Retry-After, s)."""
 
-    def __init__(self, method: str, path: str, status: int, detail: KStatus) -> None:
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        detail: KStatus,
+        retry_after: float | None = None,
+    ) -> None:
         self.method = method
         self.path = path
         self.status = status
         self.detail = detail
+        self.retry_after = retry_after
         text = detail.message or detail.reason or "no message"
         super().__init__(f"{method} {path}: HTTP {status}: {text}")
+
+
+def retry_after_s(resp: aiohttp.ClientResponse) -> float | None:
+    """The Retry-After header in seconds (the API server sends whole seconds), capped."""
+    raw = resp.headers.get("Retry-After", "")
+    try:
+        return min(max(float(raw), 0.0), 60.0) if raw else None
+    except ValueError:
+        return None
+
+
+Refresh = Callable[[], Awaitable[bool]]
+MAX_THROTTLED = 3  # 429 retries of one request, each after its Retry-After
 
 
 class GoneError(KubeApiError):
@@ -52,11 +74,25 @@ class GoneError(KubeApiError):
 
 
 class KubeRest:
-    """JSON requests through an ApiClient's REST layer, returning raw bytes."""
+    """JSON requests through an ApiClient's REST layer, returning raw bytes.
 
-    def __init__(self, api: ApiClient, timeout_s: float = 30.0) -> None:
+    `refresh` renews the credentials (an exec plugin or OIDC token): on a 401 it is called
+    once and the request retried, so an expired token costs one round trip, not a watch."""
+
+    def __init__(
+        self, api: ApiClient, timeout_s: float = 30.0, refresh: Refresh | None = None
+    ) -> None:
         self.api = api
         self.timeout_s = timeout_s
+        self.refresh = refresh
+        self.refreshes = 0  # credential refreshes after a 401
+        self.throttled = 0  # 429 answers honoured
+        self.skipped = 0  # list items that did not decode
+
+    @property
+    def url(self) -> str:
+        host: str | None = self.api.configuration.host
+        return host or ""
 
     async def open(
         self,
@@ -67,17 +103,25 @@ class KubeRest:
         content_type: str = "application/json",
         timeout: aiohttp.ClientTimeout | float | None = None,
     ) -> aiohttp.ClientResponse:
-        """Send a request; the caller reads (and releases) the raw response."""
-        resp: aiohttp.ClientResponse = await self.api.call_api(
-            path,
-            method,
-            query_params=list(query or []),
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=timeout if timeout is not None else self.timeout_s,
-        )
+        """Send a request; the caller reads (and releases) the raw response. A 401 refreshes
+        the credentials and retries once."""
+        for attempt in range(2):
+            resp: aiohttp.ClientResponse = await self.api.call_api(
+                path,
+                method,
+                query_params=list(query or []),
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout if timeout is not None else self.timeout_s,
+            )
+            if resp.status != 401 or attempt or self.refresh is None:
+                return resp
+            resp.release()
+            if not await self.refresh():
+                break
+            self.refreshes += 1
         return resp
 
     async def request(
@@ -89,19 +133,27 @@ class KubeRest:
         content_type: str = "application/json",
         ok_missing: bool = False,
     ) -> bytes | None:
-        """The response body; None for a 404 when `ok_missing`; KubeApiError otherwise."""
-        resp = await self.open(method, path, query, body, content_type)
-        try:
-            data = await resp.read()
-            status = resp.status
-        finally:
-            resp.release()
-        if 200 <= status < 300:
-            return data
-        if status == 404 and ok_missing:
-            return None
+        """The response body; None for a 404 when `ok_missing`; KubeApiError otherwise. A 429
+        is retried after its Retry-After (a few times) as client-go does."""
+        for throttled in range(MAX_THROTTLED + 1):
+            resp = await self.open(method, path, query, body, content_type)
+            try:
+                data = await resp.read()
+                status = resp.status
+                wait = retry_after_s(resp)
+            finally:
+                resp.release()
+            if 200 <= status < 300:
+                return data
+            if status == 404 and ok_missing:
+                return None
+            if status == 429 and throttled < MAX_THROTTLED:
+                self.throttled += 1
+                await asyncio.sleep(wait if wait is not None else 1.0)
+                continue
+            break
         err = GoneError if status == 410 else KubeApiError
-        raise err(method, path, status, decode_status(data))
+        raise err(method, path, status, decode_status(data), wait)
 
     async def create(self, collection: str, body: dict[str, Any]) -> bool:
         """POST; False when it already exists (409), which makes a retried dispatch safe."""
@@ -132,9 +184,14 @@ class KubeRest:
         label_selector: str = "",
         page_size: int = 500,
         max_pages: int = 10_000,
+        *,
+        field_selector: str = "",
+        from_cache: bool = False,
     ) -> tuple[list[T], str]:
         """Every item of a collection (paginated) and the list's resourceVersion. An expired
-        continue token raises GoneError; the caller starts over."""
+        continue token raises GoneError; the caller starts over. `from_cache` lists with
+        resourceVersion=0: served from the API server's watch cache, possibly a little old,
+        which is safe only where a watch from the returned version follows."""
         items: list[T] = []
         token = ""
         rv = ""
@@ -142,12 +199,15 @@ class KubeRest:
             q = [("limit", str(page_size))]
             if label_selector:
                 q.append(("labelSelector", label_selector))
+            if field_selector:
+                q.append(("fieldSelector", field_selector))
+            if from_cache and not token:
+                q.append(("resourceVersion", "0"))
             if token:
                 q.append(("continue", token))
             data = await self.request("GET", collection, query=q)
             page, skipped = decode_list_lenient(data or b"{}", kind)
-            if skipped:
-                log.warning("undecodable list items skipped", collection=collection, count=skipped)
+            self.skipped += skipped
             items.extend(page.items or [])
             rv = page.metadata.resourceVersion or rv
             token = page.metadata.continue_
@@ -160,17 +220,76 @@ def item_path(collection: str, name: str) -> str:
     return f"{collection}/{quote(name, safe='')}"
 
 
-class Reflector(Generic[T]):
-    """List, then watch from the list's resourceVersion with bookmarks, forever.
+class BadInput:
+    """Malformed or unexpected objects from the API server, counted per (kind, reason) and
+    logged once per (kind, reason): one bad object in a list of 10,000 must not flood logs."""
 
-    * a watch that ends normally (server timeout) resumes from the last resourceVersion seen
-      (events and BOOKMARKs advance it) without a re-list;
-    * 410 Gone (HTTP status or ERROR event) or any other failure -> re-list, after a bounded
-      exponential backoff with jitter for failures (not for 410);
-    * every `resync_s` a full re-list repairs any drift;
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    def note(self, kind: str, reason: str, **detail: Any) -> None:
+        self.counts[(kind, reason)] += 1
+        if self.counts[(kind, reason)] == 1:
+            log.warning("bad input from the API server ignored", kind=kind, reason=reason, **detail)
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class Outage:
+    """Whether the API server answers, shared by every reflector of one backend: one log line
+    (with the URL) when it stops answering, one when it answers again."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.since: float | None = None
+
+    def failed(self, exc: BaseException, retry_s: float) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            log.warning(
+                "Kubernetes API server unreachable; retrying with backoff",
+                url=self.url,
+                error=f"{type(exc).__name__}: {exc}"[:300],
+                retry_max_s=retry_s,
+            )
+
+    def ok(self) -> None:
+        if self.since is not None:
+            log.info(
+                "Kubernetes API server reachable again",
+                url=self.url,
+                after_s=round(time.monotonic() - self.since, 1),
+            )
+            self.since = None
+
+
+def unreachable(exc: BaseException) -> bool:
+    """No answer at all (refused, reset, DNS, TLS, timeout), as opposed to an HTTP error."""
+    return isinstance(exc, (OSError, TimeoutError, aiohttp.ClientConnectorError))
+
+
+def object_key(obj: Any) -> str:
+    meta = obj.metadata
+    return meta.uid or f"{meta.namespace}/{meta.name}"
+
+
+class Reflector(Generic[T]):
+    """List, then watch from the list's resourceVersion with bookmarks, forever (client-go's
+    reflector and store).
+
+    * a watch that ends (server timeout, connection reset, 5xx, 429, 401 after a refresh)
+      resumes from the last resourceVersion seen; events and BOOKMARKs advance it. Failures
+      back off exponentially with jitter (a 429 waits its Retry-After);
+    * only 410 Gone (HTTP status or ERROR event) re-lists, with a consistent read;
+    * the first list may come from the watch cache (`resourceVersion=0`): a watch follows it;
+    * every `resync_s` the local cache is replayed to `on_replace` (no request), so handlers
+      can re-evaluate timers and repair drift, as client-go's resync does;
     * with `absent_retry_s` set, the collection is optional (a CRD that may not be installed):
       a 404 (or 403, not granted) is logged once, `absent` holds the status, and the list is
-      retried every `absent_retry_s` instead of backing off as for a failure.
+      retried every `absent_retry_s` instead of backing off as for a failure;
+    * `failing_since` (monotonic) is set while list/watch requests fail: the backend reports
+      itself stale when that lasts.
     `on_replace(items)` receives each list; `on_event(type, obj)` each ADDED/MODIFIED/DELETED.
     """
 
@@ -183,6 +302,7 @@ class Reflector(Generic[T]):
         on_event: Callable[[str, T], None],
         *,
         label_selector: str = "",
+        field_selector: str = "",
         page_size: int = 500,
         watch_timeout_s: int = 290,
         resync_s: float = 300.0,
@@ -190,6 +310,8 @@ class Reflector(Generic[T]):
         backoff_max_s: float = 30.0,
         absent_retry_s: float | None = None,
         name: str = "",
+        outage: Outage | None = None,
+        bad_input: BadInput | None = None,
     ) -> None:
         self.rest = rest
         self.collection = collection
@@ -197,6 +319,7 @@ class Reflector(Generic[T]):
         self.on_replace: Callable[[list[T]], None] = on_replace
         self.on_event: Callable[[str, T], None] = on_event
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.page_size = page_size
         self.watch_timeout_s = watch_timeout_s
         self.resync_s = resync_s
@@ -204,24 +327,36 @@ class Reflector(Generic[T]):
         self.backoff_max_s = backoff_max_s
         self.absent_retry_s = absent_retry_s
         self.name = name or collection
+        self.outage = outage or Outage(rest.url)
+        self.bad_input = bad_input or BadInput()
         self.absent = 0  # 404/403 while an optional collection is not served, else 0
         self.resource_version = ""
         self.synced = asyncio.Event()
+        self.cache: dict[str, T] = {}
+        self.failing_since: float | None = None
         # Counters, for tests and metrics.
         self.lists = 0
+        self.resyncs = 0
         self.gone = 0
         self.bookmarks = 0
         self.events = 0
         self.bad_lines = 0
         self.errors = 0
-        self._listed_at = 0.0
+        self.resumes = 0  # watches resumed from their resourceVersion after a failure
+        self._resynced_at = 0.0
 
-    async def list_once(self) -> None:
+    async def list_once(self, from_cache: bool = False) -> None:
         """One full list (retrying once when the continue token expires mid-list)."""
+        skipped_before = self.rest.skipped
         for attempt in range(2):
             try:
                 items, rv = await self.rest.list_all(
-                    self.collection, self.kind, self.label_selector, self.page_size
+                    self.collection,
+                    self.kind,
+                    self.label_selector,
+                    self.page_size,
+                    field_selector=self.field_selector,
+                    from_cache=from_cache and not attempt,
                 )
             except GoneError:
                 if attempt:
@@ -230,12 +365,36 @@ class Reflector(Generic[T]):
             if self.absent:
                 log.info("collection is served now; watching it", collection=self.name)
                 self.absent = 0
-            self.on_replace(items)
+            fresh = {object_key(o): o for o in items}
+            if self.rest.skipped > skipped_before:
+                # Some items did not decode: what they were before stays, so a malformed
+                # object never reads as a deleted one (which could end an attempt).
+                self.bad_input.note(self.name, "undecodable list item")
+                fresh = {**self.cache, **fresh}
+            self.cache = fresh
+            self.on_replace(list(fresh.values()))
             self.resource_version = rv
             self.lists += 1
-            self._listed_at = time.monotonic()
+            self._resynced_at = time.monotonic()
+            self._ok()
             self.synced.set()
             return
+
+    def resync(self) -> None:
+        """Replay the local cache to the handler: no request to the API server."""
+        self.resyncs += 1
+        self._resynced_at = time.monotonic()
+        self.on_replace(list(self.cache.values()))
+
+    def _ok(self) -> None:
+        self.failing_since = None
+        self.outage.ok()
+
+    def stale_for(self, now: float | None = None) -> float:
+        """Seconds the list/watch requests have been failing (0 when they work)."""
+        if self.failing_since is None or self.absent:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.failing_since
 
     async def run(self) -> None:
         """The loop; ends only when cancelled."""
@@ -245,31 +404,46 @@ class Reflector(Generic[T]):
             if self.absent and self.absent_retry_s is not None:
                 await asyncio.sleep(self.absent_retry_s)
             try:
-                if need_list or time.monotonic() - self._listed_at >= self.resync_s:
+                if need_list:
                     await self.list_once()
                     need_list = False
+                elif time.monotonic() - self._resynced_at >= self.resync_s:
+                    self.resync()
                 await self._watch_once()
                 backoff = self.backoff_initial_s
             except GoneError:
                 self.gone += 1
                 need_list = True
-                log.info("watch expired; re-listing", collection=self.name)
+                log.info("watch expired (410); re-listing", collection=self.name)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # network, 5xx, decode of a list body: back off
-                need_list = True
+            except Exception as exc:  # network, 5xx, 429, 401, a list body that is no list
                 if self.note_absent(exc):
+                    need_list = True
                     continue
+                if not self.resource_version:
+                    need_list = True  # nothing to resume from
                 self.errors += 1
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
                 delay = min(self.backoff_max_s, backoff) * (0.5 + random.random() / 2)
-                log.warning(
-                    "list/watch failed; retrying",
-                    collection=self.name,
-                    error=str(exc)[:300],
-                    delay_s=round(delay, 2),
-                )
+                if isinstance(exc, KubeApiError) and exc.retry_after is not None:
+                    delay = exc.retry_after
+                if unreachable(exc):
+                    self.outage.failed(exc, self.backoff_max_s)
+                else:
+                    if self.errors == 1 or (self.errors & (self.errors - 1)) == 0:
+                        log.warning(
+                            "list/watch failed; resuming from the last resourceVersion",
+                            collection=self.name,
+                            url=self.rest.url,
+                            error=str(exc)[:300],
+                            delay_s=round(delay, 2),
+                        )
                 await asyncio.sleep(delay)
                 backoff = min(self.backoff_max_s, backoff * 2)
+                if not need_list:
+                    self.resumes += 1
 
     def note_absent(self, exc: BaseException) -> bool:
         """True when `exc` means an optional collection is not served (404) or not granted
@@ -291,7 +465,7 @@ class Reflector(Generic[T]):
 
     async def _watch_once(self) -> None:
         """One watch request until the server closes it; raises GoneError on 410."""
-        remaining = self.resync_s - (time.monotonic() - self._listed_at)
+        remaining = self.resync_s - (time.monotonic() - self._resynced_at)
         server_timeout = max(1, min(self.watch_timeout_s, int(remaining) + 1))
         q = [
             ("watch", "true"),
@@ -302,6 +476,8 @@ class Reflector(Generic[T]):
             q.append(("resourceVersion", self.resource_version))
         if self.label_selector:
             q.append(("labelSelector", self.label_selector))
+        if self.field_selector:
+            q.append(("fieldSelector", self.field_selector))
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self.rest.timeout_s, sock_read=server_timeout + 30
         )
@@ -310,7 +486,10 @@ class Reflector(Generic[T]):
             if resp.status != 200:
                 data = await resp.read()
                 err = GoneError if resp.status == 410 else KubeApiError
-                raise err("GET", self.collection, resp.status, decode_status(data))
+                raise err(
+                    "GET", self.collection, resp.status, decode_status(data), retry_after_s(resp)
+                )
+            self._ok()
             while True:
                 try:
                     line = await resp.content.readline(max_line_length=MAX_LINE)
@@ -327,7 +506,7 @@ class Reflector(Generic[T]):
         if ev is None:
             if line.strip():
                 self.bad_lines += 1
-                log.warning("undecodable watch line skipped", collection=self.name, line=line[:200])
+                self.bad_input.note(self.name, "undecodable watch line", line=line[:200])
             return
         if ev.type == "ERROR":
             err = ev.error or KStatus()
@@ -339,12 +518,19 @@ class Reflector(Generic[T]):
             self.bookmarks += 1
         elif ev.obj is not None and ev.type in ("ADDED", "MODIFIED", "DELETED"):
             self.events += 1
+            key = object_key(ev.obj)
+            if ev.type == "DELETED":
+                self.cache.pop(key, None)
+            else:
+                self.cache[key] = ev.obj
             try:
                 self.on_event(ev.type, ev.obj)
             except Exception as exc:  # a handler bug must not kill the watch
+                self.bad_input.note(self.name, f"handler failed: {type(exc).__name__}")
                 log.exception("watch handler failed", collection=self.name, error=str(exc))
         else:
             self.bad_lines += 1
+            self.bad_input.note(self.name, f"unexpected watch event {ev.type!r}")
             return
         if rv:
             self.resource_version = rv

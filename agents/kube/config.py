@@ -12,51 +12,28 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from agents.kube.signals import (
+    BUILTIN_GPU_FAILURE_CONDITIONS,
+    BUILTIN_GPU_FAILURE_TAINTS,
+    BUILTIN_NODE_DISRUPTION_REASONS,
+    BUILTIN_NOTICE_TAINTS,
+    Provider,
+    TimeSource,
+)
 from schemas.agent import FlavorInfo
 from schemas.job import CapacityType, DnsLabel
 
-Provider = Literal["aws", "gcp", "azure", "other"]
+__all__ = ["Provider"]
 ShortStr = Annotated[str, Meta(max_length=253)]
 LabelKey = Annotated[str, Meta(min_length=1, max_length=317)]
 LabelValue = Annotated[str, Meta(max_length=63)]
 
-# Taint keys (or node condition types) that announce the node is about to go away. Sources:
-# AWS Node Termination Handler, Karpenter (v1), GKE graceful node shutdown, and the
-# non-graceful node shutdown taint (kubernetes.io docs). They are a notice, never a placement
-# property: Azure's permanent `kubernetes.azure.com/scalesetpriority=spot` taint is NOT here
-# (it marks every Azure spot node; flavors tolerate it instead).
-DEFAULT_SPOT_TAINTS: tuple[str, ...] = (
-    "aws-node-termination-handler/spot-itn",
-    "karpenter.sh/disrupted",
-    "cloud.google.com/impending-node-termination",
-    "node.kubernetes.io/out-of-service",
-)
-
-# Pod `DisruptionTarget` condition reasons that mean the NODE is going away (graceful node
-# shutdown, NoExecute taint manager, drains through the eviction API). `PreemptionByScheduler`
-# is missing on purpose: it evicts one pod, the node stays; the workload reports `evicted`.
-DEFAULT_NODE_DISRUPTION_REASONS: tuple[str, ...] = (
-    "TerminationByKubelet",
-    "DeletionByTaintManager",
-    "EvictionByEvictionAPI",
-)
-
-# Node conditions (status "True") that mean a GPU on the node failed. The defaults are the
-# conditions NVIDIA NVSentinel's syslog monitor sets; Node Problem Detector set-ups name their
-# own, so this list is meant to be configured per cluster.
-DEFAULT_GPU_FAILURE_CONDITIONS: tuple[str, ...] = (
-    "SysLogsXIDError",
-    "SysLogsSXIDError",
-    "SysLogsGPUFallenOff",
-    "GpuXidError",
-)
-
-# Taint keys that quarantine a node for GPU failure (remediation controllers set these).
-DEFAULT_GPU_FAILURE_TAINTS: tuple[str, ...] = (
-    "nvidia.com/syslog-xid-error",
-    "nvidia.com/gpu-xid-error",
-    "nvidia.com/gpu.unhealthy",
-)
+# The provider signals are in `agents.kube.signals`; the lists below are what configuration
+# ADDS to them (the built-in ones need no configuration).
+DEFAULT_SPOT_TAINTS: tuple[str, ...] = tuple(t.key for t in BUILTIN_NOTICE_TAINTS)
+DEFAULT_NODE_DISRUPTION_REASONS = BUILTIN_NODE_DISRUPTION_REASONS
+DEFAULT_GPU_FAILURE_CONDITIONS = BUILTIN_GPU_FAILURE_CONDITIONS
+DEFAULT_GPU_FAILURE_TAINTS = BUILTIN_GPU_FAILURE_TAINTS
 
 
 class KubeConfigError(ValueError):
@@ -102,6 +79,9 @@ class FlavorConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     gpu_memory_mib: Annotated[int, Meta(ge=0)] = 0
     node_labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=64)] = {}
     tolerations: Annotated[list[Toleration], Meta(max_length=64)] = []
+    # The extended resource its pods request ("" = the backend's `gpu_resource`): e.g.
+    # `amd.com/gpu`, or a MIG profile `nvidia.com/mig-1g.10gb` as a flavor of its own.
+    gpu_resource: Annotated[str, Meta(max_length=253)] = ""
     # terminationGracePeriodSeconds of the flavor's pods: the provider's notice window, so the
     # workload can checkpoint. None: 120 s on spot flavors, the pod's own value otherwise.
     termination_grace_period_s: Annotated[int, Meta(ge=0, le=86_400)] | None = None
@@ -133,6 +113,15 @@ class SpotDeadlines(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
         return value
 
 
+class NoticeTaintConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A taint meaning "this node is going away", added to the built-in ones."""
+
+    key: LabelKey
+    value: LabelValue = ""
+    window_s: Seconds | None = None
+    time: TimeSource = "seen"
+
+
 class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Everything the kube backend needs. `kubeconfig` None and `in_cluster` false means the
     default kubeconfig ($KUBECONFIG or ~/.kube/config)."""
@@ -144,19 +133,24 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     in_cluster: bool = False
     gpu_resource: Annotated[str, Meta(min_length=1, max_length=253)] = "nvidia.com/gpu"
     spot_deadlines_s: SpotDeadlines = msgspec.field(default_factory=SpotDeadlines)
-    spot_taints: Annotated[list[LabelKey], Meta(max_length=64)] = msgspec.field(
-        default_factory=lambda: list(DEFAULT_SPOT_TAINTS)
-    )
-    node_disruption_reasons: Annotated[list[ShortStr], Meta(max_length=64)] = msgspec.field(
-        default_factory=lambda: list(DEFAULT_NODE_DISRUPTION_REASONS)
-    )
-    gpu_failure_conditions: Annotated[list[ShortStr], Meta(max_length=64)] = msgspec.field(
-        default_factory=lambda: list(DEFAULT_GPU_FAILURE_CONDITIONS)
-    )
-    gpu_failure_taints: Annotated[list[LabelKey], Meta(max_length=64)] = msgspec.field(
-        default_factory=lambda: list(DEFAULT_GPU_FAILURE_TAINTS)
-    )
-    # Full re-list of nodes and pods this often (drift repair), plus garbage collection.
+    # Each list below ADDS to the built-in provider signals (agents.kube.signals).
+    spot_taints: Annotated[list[LabelKey], Meta(max_length=64)] = []  # keys, any value
+    notice_taints: Annotated[list[NoticeTaintConfig], Meta(max_length=64)] = []
+    node_disruption_reasons: Annotated[list[ShortStr], Meta(max_length=64)] = []
+    gpu_failure_conditions: Annotated[list[ShortStr], Meta(max_length=64)] = []
+    gpu_failure_taints: Annotated[list[LabelKey], Meta(max_length=64)] = []
+    # A node NotReady this long (from its Ready condition's lastTransitionTime) is gone and
+    # its replicas lost; shorter, it only takes no new pods. Kubernetes itself evicts after
+    # 300 s (the default tolerationSeconds of node.kubernetes.io/not-ready and unreachable).
+    not_ready_grace_s: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
+    # GPUs missing from allocatable (a device-plugin restart withdraws them all for seconds)
+    # are reported only after this long, as "takes no new pods"; a dip never ends an attempt.
+    allocatable_debounce_s: Annotated[float, Meta(ge=0, le=3600)] = 90.0
+    # Watches failing this long mark the agent's heartbeat stale: the broker stops placing
+    # work on this cluster until they recover.
+    stale_after_s: Annotated[float, Meta(gt=0, le=86_400)] = 60.0
+    # Replay of the local cache to the handlers this often (as client-go's resync: no
+    # request to the API server), plus garbage collection.
     resync_period_s: Annotated[float, Meta(ge=1, le=86_400)] = 300.0
     # Server-side timeoutSeconds of one watch request; the watch then resumes from its
     # resourceVersion without a re-list.

@@ -9,6 +9,7 @@ never fails a list (`decode_list_lenient`).
 
 from __future__ import annotations
 
+from datetime import datetime
 from functools import lru_cache
 from typing import Any, Generic, Literal, TypeVar
 
@@ -28,6 +29,19 @@ class KMeta(msgspec.Struct):
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     deletionTimestamp: str | None = None
+    deletionGracePeriodSeconds: int | None = None
+
+
+@lru_cache(maxsize=4096)
+def parse_time(text: str | None) -> float | None:
+    """An RFC 3339 timestamp of the API server ("2025-01-02T03:04:05Z") as unix seconds;
+    None when absent or malformed (the caller falls back to when it saw the signal)."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 class KCondition(msgspec.Struct):
@@ -35,6 +49,7 @@ class KCondition(msgspec.Struct):
     status: str = ""
     reason: str = ""
     message: str = ""
+    lastTransitionTime: str | None = None
 
 
 # -- nodes ----------------------------------------------------------------------------------
@@ -44,6 +59,7 @@ class KTaint(msgspec.Struct):
     key: str = ""
     value: str = ""
     effect: str = ""
+    timeAdded: str | None = None  # set by the API server on NoExecute taints
 
 
 class KNodeSpec(msgspec.Struct):

@@ -1,5 +1,7 @@
 """Pure functions from a raw Node to what Muster needs: flavor, capacity type, provider,
-spot notice, GPU health and `schemas.agent.NodeInfo`. No I/O, so each rule is tested alone."""
+going-away notices, untolerated taints, readiness, GPU health and `schemas.agent.NodeInfo`.
+No I/O and no clock, so each rule is tested alone; timers (grace, debounce) live in the
+backend."""
 
 from __future__ import annotations
 
@@ -7,8 +9,17 @@ import re
 
 import msgspec
 
-from agents.kube.config import FlavorConfig, KubeBackendConfig, Provider
-from agents.kube.decode import KNode, Usage, count_of, cpu_of, mem_of
+from agents.kube.config import FlavorConfig, KubeBackendConfig, Provider, Toleration
+from agents.kube.decode import KNode, Usage, count_of, cpu_of, mem_of, parse_time
+from agents.kube.signals import (
+    BUILTIN_GPU_FAILURE_CONDITIONS,
+    BUILTIN_GPU_FAILURE_TAINTS,
+    BUILTIN_NODE_DISRUPTION_REASONS,
+    BUILTIN_NOTICE_TAINTS,
+    CONDITION_TAINTS,
+    GPU_PRODUCT_LABELS,
+    NoticeTaint,
+)
 from schemas.agent import NodeInfo
 from schemas.job import CapacityType
 
@@ -16,6 +27,9 @@ from schemas.job import CapacityType
 GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"  # MiB per GPU
 GFD_COUNT = "nvidia.com/gpu.count"
+GFD_MIG_STRATEGY = "nvidia.com/mig.strategy"  # none | single | mixed
+MIG_PREFIX = "nvidia.com/mig-"  # mixed strategy: one resource per MIG profile
+NVIDIA_GPU = "nvidia.com/gpu"
 
 # Capacity-type labels, as each provider sets them.
 KARPENTER_CAPACITY = "karpenter.sh/capacity-type"  # spot | on-demand | reserved
@@ -83,14 +97,129 @@ def match_flavor(node: KNode, flavors: list[FlavorConfig]) -> FlavorConfig | Non
     return None
 
 
-def spot_signal(node: KNode, spot_keys: list[str] | tuple[str, ...]) -> str | None:
-    """The taint (or True condition) announcing the node's end, as a reason text; else None."""
+class Rules:
+    """The signal tables of `agents.kube.signals` plus what the configuration adds, built
+    once per backend."""
+
+    def __init__(self, cfg: KubeBackendConfig) -> None:
+        extra = [NoticeTaint(k) for k in cfg.spot_taints]
+        extra += [NoticeTaint(t.key, t.value, t.window_s, t.time) for t in cfg.notice_taints]
+        self.notice_taints: tuple[NoticeTaint, ...] = (*BUILTIN_NOTICE_TAINTS, *extra)
+        self.notice_keys = frozenset(t.key for t in self.notice_taints)
+        self.disruption_reasons = frozenset(
+            (*BUILTIN_NODE_DISRUPTION_REASONS, *cfg.node_disruption_reasons)
+        )
+        self.gpu_failure_conditions = frozenset(
+            (*BUILTIN_GPU_FAILURE_CONDITIONS, *cfg.gpu_failure_conditions)
+        )
+        self.gpu_failure_taints = frozenset((*BUILTIN_GPU_FAILURE_TAINTS, *cfg.gpu_failure_taints))
+        self.windows = cfg.spot_deadlines_s
+        self.gpu_resource = cfg.gpu_resource
+
+    def resource(self, flavor: FlavorConfig) -> str:
+        return flavor.gpu_resource or self.gpu_resource
+
+
+class Notice(msgspec.Struct, frozen=True):
+    """One "going away" signal: why, the signal's own time (None = when first seen) and the
+    window after that time."""
+
+    reason: str
+    at: float | None
+    window_s: float
+
+
+def notices(node: KNode, rules: Rules, provider: Provider) -> list[Notice]:
+    """Every going-away signal on the node: a deletion in progress, a notice taint, a True
+    condition named like one, a cordon."""
+    window = rules.windows.for_provider(provider)
+    out: list[Notice] = []
+    meta = node.metadata
+    if meta.deletionTimestamp:
+        out.append(Notice("node being deleted", parse_time(meta.deletionTimestamp), window))
     for t in node.spec.taints:
-        if t.key in spot_keys:
-            return f"taint {t.key}" + (f"={t.value}" if t.value else "")
+        for nt in rules.notice_taints:
+            if nt.matches(t.key, t.value):
+                at = None
+                if nt.time == "timeAdded":
+                    at = parse_time(t.timeAdded)
+                elif nt.time == "value-unix" and t.value.isdigit():
+                    at = float(t.value)
+                text = f"taint {t.key}" + (f"={t.value}" if t.value else "")
+                out.append(Notice(text, at, nt.window_s or window))
+                break
     for c in node.status.conditions:
-        if c.type in spot_keys and c.status == "True":
-            return f"condition {c.type}" + (f": {c.reason}" if c.reason else "")
+        if c.type in rules.notice_keys and c.status == "True":
+            text = f"condition {c.type}" + (f": {c.reason}" if c.reason else "")
+            out.append(Notice(text, parse_time(c.lastTransitionTime), window))
+    if node.spec.unschedulable:
+        out.append(Notice("cordoned", None, window))
+    return out
+
+
+def spot_signal(node: KNode, rules: Rules) -> str | None:
+    """The first going-away signal on the node, as a reason text; else None."""
+    found = notices(node, rules, "other")
+    return found[0].reason if found else None
+
+
+def tolerates(tolerations: list[Toleration], key: str, value: str, effect: str) -> bool:
+    """Kubernetes' toleration match (an empty key with Exists tolerates everything)."""
+    for t in tolerations:
+        if t.effect and t.effect != effect:
+            continue
+        if not t.key and t.operator == "Exists":
+            return True
+        if t.key != key:
+            continue
+        if t.operator == "Exists" or t.value == value:
+            return True
+    return False
+
+
+def untolerated_taints(node: KNode, flavor: FlavorConfig, rules: Rules) -> list[str]:
+    """NoSchedule/NoExecute taints the flavor's pods would not tolerate: the node is no
+    capacity for it. Notice, GPU-failure and condition taints are read elsewhere."""
+    out = []
+    for t in node.spec.taints:
+        if t.effect not in ("NoSchedule", "NoExecute"):
+            continue
+        if (
+            t.key in CONDITION_TAINTS
+            or t.key in rules.notice_keys
+            or t.key in rules.gpu_failure_taints
+        ):
+            continue
+        if not tolerates(flavor.tolerations, t.key, t.value, t.effect):
+            out.append(f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}")
+    return out
+
+
+def not_ready_since(node: KNode) -> tuple[bool, float | None]:
+    """(not ready?, since when by the Ready condition's lastTransitionTime). A node without
+    a Ready condition yet (just registered) counts as not ready."""
+    for c in node.status.conditions:
+        if c.type == "Ready":
+            if c.status == "True":
+                return False, None
+            return True, parse_time(c.lastTransitionTime)
+    return True, None
+
+
+def _norm(text: str) -> str:
+    return "".join(ch for ch in text.lower() if ch.isalnum())
+
+
+def gpu_product_mismatch(labels: dict[str, str], gpu_type: str) -> str | None:
+    """The GPU-model label that disagrees with the flavor's `gpu_type`, as a reason text.
+    Loose on purpose: `a100` matches `NVIDIA-A100-SXM4-80GB` and `nvidia-tesla-a100`."""
+    want = _norm(gpu_type)
+    if not want:
+        return None
+    for key in GPU_PRODUCT_LABELS:
+        have = labels.get(key)
+        if have and want not in _norm(have):
+            return f"{key}={have} is not the flavor's GPU type {gpu_type!r}"
     return None
 
 
@@ -107,38 +236,60 @@ def _xid(*texts: str) -> int | None:
 
 
 class GpuState(msgspec.Struct, frozen=True):
-    """`total` GPUs the node should have, `healthy` of them usable (None = all), why not."""
+    """`total` GPUs the node should have; `healthy` of them usable when an explicit fault
+    says otherwise (None = all); `missing` not allocatable right now (a dip until proven
+    otherwise: it only ever stops new pods)."""
 
     total: int
     healthy: int | None = None
     xid: int | None = None
     reason: str = ""
+    missing: int = 0
+    missing_reason: str = ""
 
 
-def gpu_state(node: KNode, cfg: KubeBackendConfig) -> GpuState:
-    """GPU health from three signals: the device plugin lowering allocatable below capacity
-    (it withdraws unhealthy GPUs), GFD's `gpu.count` above capacity (a GPU fell off the bus),
-    and the configured failure conditions/taints (XID), which mark every GPU unhealthy."""
-    res = cfg.gpu_resource
+def _partitioned(node: KNode) -> bool:
+    """A MIG-partitioned node: GFD's gpu.count counts physical GPUs, not the devices the
+    resources advertise, so it proves nothing about failed GPUs."""
+    strategy = node.metadata.labels.get(GFD_MIG_STRATEGY, "none")
+    if strategy not in ("", "none"):
+        return True
+    return any(k.startswith(MIG_PREFIX) for k in node.status.capacity)
+
+
+def gpu_state(node: KNode, cfg: KubeBackendConfig | Rules, resource: str | None = None) -> GpuState:
+    """GPU health. Only an explicit fault (a configured condition or taint, typically an XID)
+    marks GPUs unhealthy; GPUs missing from allocatable (the device plugin withdraws them while
+    it restarts) or GFD's `gpu.count` above capacity are reported as `missing`."""
+    rules = cfg if isinstance(cfg, Rules) else Rules(cfg)
+    res = resource or rules.gpu_resource
     capacity = count_of(node.status.capacity, res)
     allocatable = count_of(node.status.allocatable, res)
     if res not in node.status.capacity:
         capacity = allocatable
     total = capacity
     gfd = node.metadata.labels.get(GFD_COUNT, "")
-    if capacity > 0 and gfd.isdigit() and int(gfd) > capacity:
+    if (
+        res == NVIDIA_GPU
+        and capacity > 0
+        and gfd.isdigit()
+        and int(gfd) > capacity
+        and not _partitioned(node)
+    ):
         total = int(gfd)
     for c in node.status.conditions:
-        if c.type in cfg.gpu_failure_conditions and c.status == "True":
+        if c.type in rules.gpu_failure_conditions and c.status == "True":
             return GpuState(
                 total, 0, _xid(c.reason, c.message), f"condition {c.type}: {c.reason}".strip()
             )
     for t in node.spec.taints:
-        if t.key in cfg.gpu_failure_taints:
+        if t.key in rules.gpu_failure_taints:
             return GpuState(total, 0, _xid(t.value, t.key), f"taint {t.key}={t.value}")
     if allocatable < total:
         return GpuState(
-            total, allocatable, None, f"{total - allocatable} of {total} GPUs not allocatable"
+            total,
+            missing=total - allocatable,
+            missing_reason=f"{total - allocatable} of {total} {res} not allocatable",
         )
     return GpuState(total)
 
@@ -152,21 +303,28 @@ def is_ready(node: KNode) -> bool:
     """Ready condition True, not cordoned, not being deleted: can take a placement now."""
     if node.spec.unschedulable or node.metadata.deletionTimestamp:
         return False
-    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+    return not not_ready_since(node)[0]
 
 
 def node_info(
     node: KNode,
     flavor: FlavorConfig,
-    cfg: KubeBackendConfig,
+    cfg: KubeBackendConfig | Rules,
     other: Usage,
     spot_deadline: float | None,
     gpu: GpuState | None = None,
+    *,
+    lost: bool = False,
+    no_new_pods: list[str] | None = None,
 ) -> NodeInfo:
     """The node as the broker sees it. `gpu` is the device count the node should have; when
-    some are unhealthy, `gpu_healthy` says how many still work."""
-    g = gpu if gpu is not None else gpu_state(node, cfg)
+    an explicit fault says some are unhealthy, `gpu_healthy` says how many still work.
+    `lost` (NotReady past its grace) is the only way `ready` turns False; every softer reason
+    goes to `no_new_pods` with a note."""
+    rules = cfg if isinstance(cfg, Rules) else Rules(cfg)
+    g = gpu if gpu is not None else gpu_state(node, rules, rules.resource(flavor))
     alloc = node.status.allocatable
+    why = list(no_new_pods or ())
     return NodeInfo(
         name=node.metadata.name,
         flavor=flavor.name,
@@ -174,9 +332,11 @@ def node_info(
         cpu_milli=cpu_of(alloc),
         memory=mem_of(alloc),
         gpu_healthy=g.healthy,
-        ready=is_ready(node),
+        ready=not lost,
         spot_deadline=spot_deadline,
         other_gpu=other.gpu,
         other_cpu_milli=other.cpu_milli,
         other_memory=other.memory,
+        no_new_pods=bool(why),
+        note="; ".join(why)[:1024],
     )

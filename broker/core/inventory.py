@@ -6,8 +6,10 @@ fullest node that still fits?" cost O(GPUs per node), not O(nodes).
 
 Node rules:
 - free = allocatable - other_* (pods Muster did not place) - Muster allocations, never < 0.
-- A node takes nothing new while it has a spot notice, is not ready, or has failed GPUs
-  (gpu_healthy < gpu): such nodes leave the index but keep their allocations. A node with failed
+- A node takes nothing new while it has a spot notice, is not ready, has failed GPUs
+  (gpu_healthy < gpu) or says it takes no new pods (a cordon, an untolerated taint, a short
+  NotReady: `NodeInfo.no_new_pods`): such nodes leave the index but keep their allocations.
+- A cluster whose agent reports stale watches (`Heartbeat.stale_s`) takes no placements. A node with failed
   GPUs still counts `gpu_healthy` as usable for the replicas already on it.
 - Allocations are stored per (cluster, node name), apart from the node objects, so they survive
   snapshots and can be restored (`assume`) before the agent has reported the node at all.
@@ -45,6 +47,7 @@ class Node:
     ready: bool
     spot_deadline: float | None
     healthy_all: bool
+    no_new_pods: bool = False
     used_gpu: int = 0
     used_cpu: int = 0
     used_mem: int = 0
@@ -63,7 +66,9 @@ class Node:
         self.free_cpu = fc if fc > 0 else 0
         fm = self.mem - self.other_mem - self.used_mem
         self.free_mem = fm if fm > 0 else 0
-        self.schedulable = self.ready and self.spot_deadline is None and self.healthy_all
+        self.schedulable = (
+            self.ready and self.spot_deadline is None and self.healthy_all and not self.no_new_pods
+        )
         self.pool.refile(self)
 
     def take(self, gpu: int, cpu: int, mem: int) -> None:
@@ -193,6 +198,8 @@ class Cluster:
     node_allocs: dict[str, dict[AllocKey, Vec]] = field(default_factory=dict)
     schedulable: bool = True
     seen: bool = False  # an agent reported inventory for it
+    reachable: bool = True  # its agent is heard from
+    stale: bool = False  # its agent's view of the cluster is stale (watches failing)
 
 
 def _implicit_flavor(name: str) -> FlavorInfo:
@@ -280,6 +287,7 @@ class Inventory:
             ready=info.ready,
             spot_deadline=info.spot_deadline if info.spot_deadline is not None else notice,
             healthy_all=usable >= info.gpu,
+            no_new_pods=info.no_new_pods,
         )
         for g, cp, m in c.node_allocs.get(info.name, {}).values():
             node.used_gpu += g
@@ -402,6 +410,18 @@ class Inventory:
 
     def set_schedulable(self, cluster: str, ok: bool) -> None:
         c = self.cluster(cluster)
+        c.reachable = ok
+        self._sync_schedulable(c)
+
+    def set_stale(self, cluster: str, stale: bool) -> None:
+        """An agent whose watches fail reports an old picture: place nothing there."""
+        c = self.clusters.get(cluster)
+        if c is not None and c.stale != stale:
+            c.stale = stale
+            self._sync_schedulable(c)
+
+    def _sync_schedulable(self, c: Cluster) -> None:
+        ok = c.reachable and not c.stale
         if c.schedulable != ok:
             c.schedulable = ok
             self.version += 1

@@ -79,6 +79,7 @@ class AgentTrack:
     last_heard: float = 0.0
     health: ClusterHealth = "healthy"
     last_resync: float = -1e18
+    stale_s: float = 0.0  # the agent's cluster watches have been failing this long
 
 
 @dataclass(slots=True)
@@ -306,6 +307,10 @@ class Machine:
         effects: list[Effect],
     ) -> None:
         if isinstance(event, Heartbeat):
+            if (event.stale_s > 0) != (track.stale_s > 0):
+                self.scheduler.set_cluster_stale(cluster, event.stale_s > 0)
+                self._capacity_dirty = True
+            track.stale_s = event.stale_s
             return
         if isinstance(event, ClusterSnapshot):
             self._snapshot(cluster, track, event, now, effects)
@@ -1113,6 +1118,7 @@ class Machine:
                     last_heartbeat=track.last_heard if track else None,
                     flavors=self.scheduler.flavor_views(name, now),
                     running_jobs=len(self._live_by_cluster.get(name, ())),
+                    stale_s=track.stale_s if track else 0.0,
                 )
             )
         return out

@@ -157,6 +157,9 @@ class Scheduler:
     def set_cluster_schedulable(self, cluster: str, ok: bool) -> None:
         self._inv.set_schedulable(cluster, ok)
 
+    def set_cluster_stale(self, cluster: str, stale: bool) -> None:
+        self._inv.set_stale(cluster, stale)
+
     def jobs_on_node(self, cluster: str, node: str) -> list[str]:
         return _job_ids(self._inv.keys_on_node(cluster, node))
 

@@ -266,6 +266,8 @@ def test_clusters_table() -> None:
     assert rows[0][5:] == ["a100-spot", "spot", "a100", "1.10", "20", "24/160", "1", "0.610", "(7)"]
     assert rows[1][:3] == ["a100-od", "on-demand", "a100"]  # same cluster, second flavor
     assert rows[2][:2] == ["gone", "lost"]
+    stale = ClusterView("blind", "healthy", NOW - 1, stale_s=75.0)
+    assert "healthy, stale 75s" in text_of(clusters_table([stale], now=NOW))
 
 
 def test_event_line() -> None:

@@ -153,3 +153,27 @@ def test_unknown_flavor_nodes_get_an_implicit_pool() -> None:
     s.apply_snapshot("c1", [], nodes("x", "mystery", 1), NOW)
     views = s.flavor_views("c1", NOW)
     assert [(v.name, v.capacity_type, v.gpu_total) for v in views] == [("mystery", "on-demand", 8)]
+
+
+def test_a_node_taking_no_new_pods_keeps_its_gang_and_takes_nothing_new() -> None:
+    s = started(1)
+    s.schedule([gang("a", (1, 4), capacity="on-demand")], NOW)
+    node = nodes("od", "od", 1)[0]
+    closed = msgspec.structs.replace(node, no_new_pods=True, note="cordoned")
+    assert s.upsert_node("c1", closed, NOW) == []  # nothing lost
+    assert free_gpu(s)["od"] == 0  # and its 4 free GPUs are no capacity
+    assert s.schedule([gang("b", (1, 4), capacity="on-demand")], NOW).admitted == []
+    assert s.upsert_node("c1", node, NOW) == []
+    assert free_gpu(s)["od"] == 4
+
+
+def test_a_stale_cluster_takes_no_placements_until_fresh() -> None:
+    s = started(1)
+    s.set_cluster_stale("c1", True)
+    assert s.schedule([gang("a", (1, 4), capacity="on-demand")], NOW).admitted == []
+    s.set_cluster_schedulable("c1", True)  # heard from again: still stale
+    assert s.schedule([gang("a", (1, 4), capacity="on-demand")], NOW).admitted == []
+    s.set_cluster_stale("c1", False)
+    assert [j for j, _ in s.schedule([gang("a", (1, 4), capacity="on-demand")], NOW).admitted] == [
+        "a"
+    ]

@@ -428,3 +428,16 @@ def test_in_place_restarts_are_told_once_and_not_repeated_by_snapshots() -> None
     assert "restarted" not in events(w.send("a", snap))
     view = w.m.job_view(job, w.now)
     assert view is not None and view.state == "running"
+
+
+def test_a_stale_heartbeat_stops_placements_there_and_shows_in_the_view() -> None:
+    w = World()
+    w.cluster("a")
+    w.send("a", Heartbeat(at=w.now, stale_s=75.0))
+    job = w.submit()
+    assert not sends(w.m.schedule(w.now), Dispatch)
+    (view,) = w.m.cluster_views(w.now)
+    assert view.health == "healthy" and view.stale_s == 75.0
+    w.send("a", Heartbeat(at=w.now))  # the watches recovered
+    (dispatch,) = sends(w.m.schedule(w.now), Dispatch)
+    assert dispatch.job_id == job and w.m.cluster_views(w.now)[0].stale_s == 0.0

@@ -1,8 +1,10 @@
 """End to end through the kube backend: the real broker, the real agent runtime with
 `KubeBackend`, a real nats-server, and per cluster one stand-in Kubernetes API server
-(`tests/kube/fake_apiserver.py`; no real API server can be installed here). The test plays the
-parts Kubernetes would: the Job controller and kubelet run the pods it finds, the workload writes
-checkpoint annotations, the cloud taints a spot node. Everything between is Muster's own code.
+(`tests/kube/fake_apiserver.py`, validating every write; no real API server can be installed
+here). The test plays the parts Kubernetes would: the Job controller creates the pods, the
+scheduling helper (`tests/kube/scheduling.py`) binds them where a real scheduler would, the
+kubelet runs them, the workload writes checkpoint annotations, and each cloud announces the
+end of a spot node its own way. Everything between is Muster's own code.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ import asyncio
 import contextlib
 import copy
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient, Configuration
 
@@ -22,21 +27,33 @@ from agents.kube.backend import KubeBackend
 from agents.runtime import AgentRuntime
 from tests.broker.conftest import Harness
 from tests.e2e.conftest import World
-from tests.kube.conftest import NODES, NS, PODS, make_config, node, pod
+from tests.kube.conftest import (
+    BASE_CONFIG,
+    NODES,
+    NS,
+    PODS,
+    Clock,
+    job_owner,
+    make_config,
+    node,
+    rfc3339,
+)
 from tests.kube.fake_apiserver import FakeApiServer
+from tests.kube.scheduling import pods_from_template, schedule
 
 JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
-SPOT_TAINT = {"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}
 
 
 @dataclass
 class KubeCluster:
-    """One cluster: its stand-in API server, its agent, and a loop playing kubelet."""
+    """One cluster: its stand-in API server, its agent, and a loop playing the Job
+    controller, the scheduler and the kubelet."""
 
     name: str
     server: FakeApiServer
     api: ApiClient
     runtime: AgentRuntime
+    clock: Clock
     kubelet: asyncio.Task[None] | None = None
     jobs_seen: set[str] = field(default_factory=set)
 
@@ -51,23 +68,27 @@ class KubeCluster:
         ]
 
     async def run_kubelet(self) -> None:
-        """For every Job Muster creates: its pods, Running, on the nodes the broker assigned."""
+        """For every Job Muster creates: its pods, bound by the scheduling helper, Running."""
         for _ in range(20_000):  # bounded: 20,000 x 10 ms
             for job in self.jobs():
                 name = job["metadata"]["name"]
-                if name in self.jobs_seen:
+                if name in self.jobs_seen or job["metadata"].get("deletionTimestamp"):
                     continue
                 self.jobs_seen.add(name)
-                tmpl = job["spec"]["template"]
-                terms = tmpl["spec"]["affinity"]["nodeAffinity"][
-                    "requiredDuringSchedulingIgnoredDuringExecution"
-                ]["nodeSelectorTerms"]
-                nodes = terms[0]["matchFields"][0]["values"]
-                for i in range(job["spec"]["completions"]):
-                    p = pod(f"{name}-{i}-x", nodes[i % len(nodes)], namespace=NS, gpu=4)
-                    p["metadata"]["labels"] = copy.deepcopy(tmpl["metadata"]["labels"])
-                    p["metadata"]["annotations"] = copy.deepcopy(tmpl["metadata"]["annotations"])
-                    p["spec"]["containers"][0]["env"] = tmpl["spec"]["containers"][0]["env"]
+                pods = pods_from_template(
+                    job["spec"]["template"], job["spec"]["completions"], name, NS
+                )
+                for p in pods:
+                    p["metadata"]["ownerReferences"] = [job_owner(job)]
+                live = [
+                    p
+                    for p in self.server.items("v1", "pods")
+                    if p["spec"].get("nodeName")
+                    and p["status"].get("phase") not in ("Succeeded", "Failed")
+                ]
+                for p in schedule(self.server.items("v1", "nodes"), live + pods):
+                    if p["spec"].get("nodeName"):
+                        p["status"]["phase"] = "Running"
                     self.server.put(PODS, p)
             await asyncio.sleep(0.01)
 
@@ -75,7 +96,7 @@ class KubeCluster:
         """What the checkpoint SDK does in a pod: annotate itself with the newest checkpoint."""
         for p in self.pods_of(job_name):
             p = copy.deepcopy(p)
-            p["metadata"]["annotations"]["muster.dev/checkpoint"] = json.dumps(
+            p["metadata"].setdefault("annotations", {})["muster.dev/checkpoint"] = json.dumps(
                 {"step": step, "uri": f"s3://ckpt/{job_name}/{step}"}
             )
             self.server.put(PODS, p)
@@ -90,22 +111,140 @@ class KubeCluster:
         }
         self.server.put(JOBS, job)
 
+    def change_node(self, name: str, change: Callable[[dict[str, Any]], None]) -> None:
+        obj = copy.deepcopy(self.server.get(f"{NODES}/{name}"))
+        assert obj is not None
+        change(obj)
+        self.server.put(NODES, obj)
+
+
+def _taint(key: str, value: str = "") -> Callable[[dict[str, Any]], None]:
+    def apply(n: dict[str, Any]) -> None:
+        n["spec"].setdefault("taints", []).append(
+            {"key": key, "value": value, "effect": "NoSchedule"}
+        )
+
+    return apply
+
+
+def _cordon(n: dict[str, Any]) -> None:
+    n["spec"]["unschedulable"] = True
+
+
+async def karpenter_v1(c: KubeCluster, node_name: str, job: str) -> None:
+    """The interruption controller deletes the NodeClaim: the Node (held by Karpenter's
+    finalizer) gets its deletionTimestamp first, then the disrupted taint."""
+    c.change_node(
+        node_name, lambda n: n["metadata"].update(finalizers=["karpenter.sh/termination"])
+    )
+    c.server.delete(f"{NODES}/{node_name}")
+    c.change_node(node_name, _taint("karpenter.sh/disrupted"))
+
+
+async def nth_cordon_and_drain(c: KubeCluster, node_name: str, job: str) -> None:
+    """aws-node-termination-handler's default: cordon, then drain through the eviction API
+    (the pods get DisruptionTarget and stay Terminating for their grace period)."""
+    c.change_node(node_name, _cordon)
+    for p in c.pods_of(job):
+        if p["spec"]["nodeName"] != node_name:
+            continue
+        p = copy.deepcopy(p)
+        p["status"]["conditions"] = [
+            *(p["status"].get("conditions") or []),
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+        ]
+        c.server.put(PODS, p)
+        c.server.delete(f"{PODS}/{p['metadata']['name']}")
+
+
+async def nth_taints(c: KubeCluster, node_name: str, job: str) -> None:
+    c.change_node(node_name, _taint("aws-node-termination-handler/spot-itn", "evt-0123"))
+    c.change_node(node_name, _cordon)
+
+
+async def gke(c: KubeCluster, node_name: str, job: str) -> None:
+    c.change_node(node_name, _taint("cloud.google.com/impending-node-termination"))
+
+
+async def aks(c: KubeCluster, node_name: str, job: str) -> None:
+    """AKS node auto-drain on a Preempt scheduled event: taint, cordon."""
+    c.change_node(node_name, _taint("remediator.kubernetes.azure.com/unschedulable"))
+    c.change_node(node_name, _cordon)
+
+
+Signal = Callable[[KubeCluster, str, str], Awaitable[None]]
+AZURE_SPOT_TAINT = {"key": "kubernetes.azure.com/scalesetpriority", "value": "spot"}
+PROVIDERS: dict[str, tuple[dict[str, str], str, list[dict[str, str]], Signal]] = {
+    # name: (node labels, providerID prefix, permanent taints, the cloud's signal)
+    "karpenter-v1": (
+        {"karpenter.sh/capacity-type": "spot"},
+        "aws:///us-east-1a/",
+        [],
+        karpenter_v1,
+    ),
+    "nth-cordon-drain": (
+        {"eks.amazonaws.com/capacityType": "SPOT"},
+        "aws:///us-east-1a/",
+        [],
+        nth_cordon_and_drain,
+    ),
+    "nth-taints": (
+        {"eks.amazonaws.com/capacityType": "SPOT"},
+        "aws:///us-east-1a/",
+        [],
+        nth_taints,
+    ),
+    "gke": ({"cloud.google.com/gke-spot": "true"}, "gce://proj/us-central1-a/", [], gke),
+    "aks": (
+        {"kubernetes.azure.com/scalesetpriority": "spot"},
+        "azure:///subscriptions/s/virtualMachineScaleSets/v/virtualMachines/",
+        [{**AZURE_SPOT_TAINT, "effect": "NoSchedule"}],
+        aks,
+    ),
+}
+
+
+def provider_config() -> dict[str, Any]:
+    """The base flavors, the spot one tolerating the Azure spot taint as AKS needs."""
+    flavors = copy.deepcopy(BASE_CONFIG["flavors"])
+    flavors[0]["tolerations"].append(
+        {**AZURE_SPOT_TAINT, "operator": "Equal", "effect": "NoSchedule"}
+    )
+    return {"flavors": flavors}
+
 
 @pytest_asyncio.fixture
-async def kube_world(world: World) -> AsyncIterator[tuple[World, dict[str, KubeCluster]]]:
+async def kube_world(
+    world: World, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[World, dict[str, KubeCluster]]]:
     h: Harness = world.harness
+    labels, provider_id, taints, _ = PROVIDERS[getattr(request, "param", "karpenter-v1")]
+    # A kube dispatch is real HTTP (a Service and a Job, each validated): give its ack the
+    # time a loaded machine needs, not the fake fleet's 0.3 s.
+    h.config = msgspec.structs.replace(
+        h.config, timeouts=msgspec.structs.replace(h.config.timeouts, dispatch_ack_s=5.0)
+    )
     await h.start_broker()
     clusters: dict[str, KubeCluster] = {}
     try:
         for name in ("east", "west"):
-            server = FakeApiServer()
+            server = FakeApiServer(termination_s=None)  # pods terminate when the test says
             await server.start()
             for i in range(2):
-                server.put(NODES, node(f"{name}-n{i}"))  # Karpenter spot, 8 GPUs, pool a100
+                n = node(f"{name}-n{i}", labels=labels, provider_id=f"{provider_id}{name}{i}")
+                n["spec"]["taints"] = copy.deepcopy(taints)
+                server.put(NODES, n)
             api = ApiClient(configuration=Configuration(host=server.url))
-            backend = KubeBackend(name, make_config(), api_client=api)
+            clock = Clock(time.time())  # real time, moved on by tests that need grace to pass
+            backend = KubeBackend(
+                name,
+                make_config(**provider_config(), not_ready_grace_s=120, allocatable_debounce_s=60),
+                api_client=api,
+                clock=clock,
+                tick_s=0.05,
+            )
             runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2)
-            cluster = KubeCluster(name, server, api, runtime)
+            cluster = KubeCluster(name, server, api, runtime, clock)
             clusters[name] = cluster
             await runtime.start()
             cluster.kubelet = asyncio.create_task(cluster.run_kubelet())
@@ -122,10 +261,12 @@ async def kube_world(world: World) -> AsyncIterator[tuple[World, dict[str, KubeC
             await c.server.close()
 
 
-async def test_spot_reclaim_moves_the_gang_to_another_cluster_from_its_checkpoint(
-    kube_world: tuple[World, dict[str, KubeCluster]],
+@pytest.mark.parametrize("kube_world", list(PROVIDERS), indirect=True)
+async def test_spot_path_per_provider_resumes_from_checkpoint_on_another_cluster(
+    kube_world: tuple[World, dict[str, KubeCluster]], request: pytest.FixtureRequest
 ) -> None:
     world, clusters = kube_world
+    signal = PROVIDERS[request.node.callspec.params["kube_world"]][3]
     h = world.harness
     most_live = 0
 
@@ -167,31 +308,29 @@ async def test_spot_reclaim_moves_the_gang_to_another_cluster_from_its_checkpoin
     home.write_checkpoint(name, 120)
     await h.wait_event("ddp-1", "checkpointed")
 
-    # The cloud reclaims the node under replica 0: a spot-interruption taint appears.
+    # The cloud announces the end of the node under replica 0, its own way.
     node_name = home.pods_of(name)[0]["spec"]["nodeName"]
-    tainted = copy.deepcopy(home.server.get(f"{NODES}/{node_name}"))
-    assert tainted is not None
-    tainted["spec"]["taints"] = [SPOT_TAINT]
-    home.server.put(NODES, tainted)
+    await signal(home, node_name, name)
     await h.wait_event("ddp-1", "preempting")
 
-    # The agent asks the pods to checkpoint now (annotation); the workload answers at step 150.
+    # The agent asks the pods to checkpoint now (annotation); the workload answers at 150.
     def asked() -> bool:
-        return all(
-            "muster.dev/checkpoint-request" in p["metadata"]["annotations"]
-            for p in home.pods_of(name)
+        pods = home.pods_of(name)
+        return bool(pods) and all(
+            "muster.dev/checkpoint-request" in p["metadata"].get("annotations", {}) for p in pods
         )
 
     await h.wait_for(asked, 5)  # fails with "condition not met" if CheckpointNow never came
     home.write_checkpoint(name, 150)
 
     # The next attempt runs on the other cluster, resumed from step 150, and only after the
-    # first attempt's objects were deleted (never two live copies).
+    # first attempt's Job was deleted (never two live copies).
     admitted = await h.wait_event("ddp-1", "admitted", count=2)
     assert admitted.cluster == away.name and admitted.resume_from_step == 150
     second = await h.wait_event("ddp-1", "running", count=2)
     assert second.cluster == away.name and second.attempt == 2
     assert home.jobs() == [], "the first attempt's Job is still there"
+    home.server.finish_terminating()  # the old pods' grace ends
     (job2,) = away.jobs()
     env = {
         e["name"]: e.get("value") for e in job2["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -207,3 +346,68 @@ async def test_spot_reclaim_moves_the_gang_to_another_cluster_from_its_checkpoin
     assert view["state"] == "succeeded" and view["latest_checkpoint"]["step"] == 150
     sampler.cancel()
     assert most_live == 1
+    assert not home.server.rejected and not away.server.rejected  # every write was valid
+
+
+async def test_blips_end_no_attempt_but_not_ready_past_grace_does(
+    kube_world: tuple[World, dict[str, KubeCluster]],
+) -> None:
+    """A device-plugin restart (8 -> 0 -> 8 within 30 s) and a NotReady of 10 s take the node
+    out of new placements at most; NotReady past the grace (120 s here) loses the replicas and
+    the job moves on. The agent's clock is driven: no test waits 30 s."""
+    world, clusters = kube_world
+    h = world.harness
+    reply = await h.submit(
+        {
+            "name": "ddp",
+            "job_id": "blip-1",
+            "gang": [{"name": "worker", "replicas": 2, "gpu": 4}],
+            "capacity": "spot",
+            "workload": {"image": "trainer:1", "command": ["torchrun", "train.py"]},
+        }
+    )
+    assert reply.accepted, reply
+    first = await h.wait_event("blip-1", "running")
+    home = clusters[first.cluster or ""]
+    backend = home.runtime.backend
+    assert isinstance(backend, KubeBackend)
+    node_name = home.pods_of("blip-1-a1-worker")[0]["spec"]["nodeName"]
+    assert h.broker is not None
+    inventory = h.broker.machine.scheduler._inv
+
+    def broker_node() -> Any:
+        return inventory.clusters[home.name].nodes[node_name]
+
+    def set_gpus(n: dict[str, Any], count: int) -> None:
+        n["status"]["allocatable"]["nvidia.com/gpu"] = str(count)
+
+    # GPU Operator upgrade: the device plugin restarts, allocatable 8 -> 0 -> 8 in 29 s.
+    home.change_node(node_name, lambda n: set_gpus(n, 0))
+    await h.wait_for(lambda: backend._nodes[node_name].dip_since is not None)
+    home.clock.advance(29)
+    backend.evaluate_timers()
+    home.change_node(node_name, lambda n: set_gpus(n, 8))
+    await h.wait_for(lambda: backend._nodes[node_name].dip_since is None)
+
+    # NotReady for 10 s: the node takes no new pods meanwhile, then is back.
+    def ready(n: dict[str, Any], status: str) -> None:
+        n["status"]["conditions"][0].update(
+            status=status, lastTransitionTime=rfc3339(home.clock.now)
+        )
+
+    home.change_node(node_name, lambda n: ready(n, "False"))
+    await h.wait_for(lambda: broker_node().no_new_pods and broker_node().ready, 5)
+    home.clock.advance(10)
+    backend.evaluate_timers()
+    home.change_node(node_name, lambda n: ready(n, "True"))
+    await h.wait_for(lambda: not broker_node().no_new_pods, 5)
+    assert h.kinds("blip-1").count("running") == 1
+    assert not {"preempting", "requeued", "failed"} & set(h.kinds("blip-1"))
+
+    # NotReady past the grace period: the replicas are lost, the job runs again.
+    home.change_node(node_name, lambda n: ready(n, "False"))
+    await h.wait_for(lambda: broker_node().no_new_pods, 5)
+    home.clock.advance(121)
+    again = await h.wait_event("blip-1", "admitted", count=2)
+    assert again.attempt == 2
+    assert "node" in ((await h.wait_event("blip-1", "requeued")).reason or "")

@@ -4,6 +4,8 @@ real kubernetes-asyncio ApiClient pointed at it, and builders for Node/Pod objec
 from __future__ import annotations
 
 import asyncio
+import copy
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -73,13 +75,23 @@ def node(
     return {
         "metadata": {
             "name": name,
-            "labels": {"pool": "a100", **labels},
+            "labels": {"kubernetes.io/hostname": name, "pool": "a100", **labels},
             "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}],
         },
         "spec": {"providerID": provider_id, "taints": taints or []},
         "status": {
-            "capacity": {"cpu": "96", "memory": "1024Gi", "nvidia.com/gpu": str(gpu)},
-            "allocatable": {"cpu": "95500m", "memory": "1000Gi", "nvidia.com/gpu": str(alloc)},
+            "capacity": {
+                "cpu": "96",
+                "memory": "1024Gi",
+                "nvidia.com/gpu": str(gpu),
+                "pods": "110",
+            },
+            "allocatable": {
+                "cpu": "95500m",
+                "memory": "1000Gi",
+                "nvidia.com/gpu": str(alloc),
+                "pods": "110",
+            },
             "conditions": conds + (conditions or []),
             "images": [{"names": ["x"], "sizeBytes": 1}],
         },
@@ -128,6 +140,47 @@ def pod(
     }
 
 
+def job_owner(job: dict[str, Any]) -> dict[str, Any]:
+    """The ownerReference the Job controller puts on the pods it creates."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": job["metadata"]["name"],
+        "uid": job["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def run_job_pod(server: FakeApiServer, job_name: str, node_name: str, index: int = 0) -> Any:
+    """What the Job controller, scheduler and kubelet make of a Muster Job: a Running pod."""
+    job = server.get(f"/apis/batch/v1/namespaces/{NS}/jobs/{job_name}")
+    assert job is not None
+    tmpl = job["spec"]["template"]["metadata"]
+    p = pod(f"{job_name}-{index}-x", node_name, namespace=NS, gpu=4)
+    p["metadata"]["labels"] = copy.deepcopy(tmpl["labels"])
+    p["metadata"]["annotations"] = copy.deepcopy(tmpl.get("annotations") or {})
+    p["metadata"]["ownerReferences"] = [job_owner(job)]
+    return server.put(PODS, p)
+
+
+class Clock:
+    """A clock the test moves: timers (debounce, grace) are driven, never waited for."""
+
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def rfc3339(unix: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
+
+
 class Recorder:
     """Collects emitted events; `wait_for` polls (bounded) until a predicate holds."""
 
@@ -149,9 +202,13 @@ class Recorder:
             await asyncio.sleep(0.01)
 
 
+# Validate what the agent creates and updates as a real API server would (422 otherwise).
+VALIDATE_WRITES = True
+
+
 @pytest_asyncio.fixture
 async def apiserver() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer()
+    server = FakeApiServer(validate=VALIDATE_WRITES)
     await server.start()
     yield server
     await server.close()
@@ -172,9 +229,11 @@ async def make_backend(
     """`await make_backend(**config overrides)` -> (started backend, recorder)."""
     made: list[KubeBackend] = []
 
-    async def factory(**overrides: Any) -> tuple[KubeBackend, Recorder]:
+    async def factory(
+        clock: Callable[[], float] = lambda: NOW, tick_s: float = 1.0, **overrides: Any
+    ) -> tuple[KubeBackend, Recorder]:
         backend = KubeBackend(
-            "c1", make_config(**overrides), api_client=api_client, clock=lambda: NOW
+            "c1", make_config(**overrides), api_client=api_client, clock=clock, tick_s=tick_s
         )
         rec = Recorder()
         await backend.start(rec)

@@ -3,26 +3,38 @@
 No real API server can be installed in this workplace (and kmock's watch does not work with
 kubernetes-asyncio), so the kube backend is tested against this small aiohttp app. The client
 under test is the real kubernetes-asyncio `ApiClient`, pointed at http://127.0.0.1:<port>.
+A stand-in is only as good as its strictness, so wherever the agent depends on it, it refuses
+and fails as a real API server does (docs/kubernetes.md lists what it does not model):
 
-It implements only what the backend uses, with the API server's observable behaviour:
-
-* generic storage per resource path: `/api/v1/...` and `/apis/<group>/<version>/...`,
-  cluster-scoped (`nodes`) and namespaced (`pods`, `services`, `jobs`, CRDs), plus
-  all-namespace lists (`/api/v1/pods`);
-* GET list with `labelSelector` (=, ==, !=, exists, !exists), `limit` + `continue`
-  pagination, and the list's `metadata.resourceVersion`;
+* storage per resource path: `/api/v1/...` and `/apis/<group>/<version>/...`, cluster-scoped
+  (`nodes`) and namespaced (`pods`, `services`, `jobs`, CRDs), plus all-namespace lists;
+* GET list with `labelSelector` (=, ==, !=, exists, !exists), `fieldSelector` (=, ==, != on
+  the fields the real server supports for the kind; any other field is a 400), `limit` +
+  `continue` pagination, `resourceVersion=0`, and the list's `metadata.resourceVersion`;
 * GET `?watch=true` streaming one JSON event per line: replay from `resourceVersion`, then
-  live events; `allowWatchBookmarks` -> BOOKMARK events (on demand with `bookmark()`, or
+  live events. Selectors are applied to the old and the new object, as the watch cache does:
+  an object that starts matching arrives as ADDED, one that stops matching as DELETED with its
+  previous content. `allowWatchBookmarks` -> BOOKMARK events (on demand with `bookmark()`, or
   every `bookmark_interval` seconds); `timeoutSeconds`; a too-old resourceVersion (older than
-  `compact()`) gives 410 Gone, as an ERROR event (like the real server) or, with
-  `gone_as_http=True`, as an HTTP 410;
-* POST (409 AlreadyExists), PATCH (JSON merge patch for merge- and strategic-merge patch),
-  DELETE (records `propagationPolicy`; cascades to objects whose ownerReferences name the
-  deleted uid unless the policy is Orphan);
-* fault injection: `expire_watches()` (ERROR 410 on every open watch), `send_raw()` (garbage
-  lines), `fail_next()` (an HTTP error for the next matching request), `missing_groups`
-  (a CRD that is not installed answers 404).
+  `compact()`) gives 410 Gone, as an ERROR event or, with `gone_as_http=True`, an HTTP 410;
+* POST (409 AlreadyExists, 422 Invalid), PATCH (JSON merge patch for merge- and
+  strategic-merge patch; 422 Invalid, immutable fields), DELETE with graceful deletion: a pod
+  bound to a node gets `deletionTimestamp` + `deletionGracePeriodSeconds` and stays
+  Terminating until its grace runs out (scaled by `termination_s`) or `finish_terminating()`;
+  an object with `finalizers` stays until they are removed; `propagationPolicy` Background
+  deletes the owner at once and its dependents gracefully, Foreground keeps the owner (with the
+  `foregroundDeletion` finalizer) until its dependents are gone, Orphan leaves them;
+* validation of what clients create or update (`tests.kube.validation`: the OpenAPI schema of
+  a current release, strict, the vendored CRD schemas, the semantic rules and immutable
+  fields), answered with the real 422 `Status` shape;
+* authentication: with `tokens` set, a request without one of them is a 401 (`revoke()`
+  expires a token, as an exec-plugin or OIDC token expires);
+* fault injection: `fail_next()` (an HTTP error for the next matching request, 429 with
+  Retry-After), `reset_watches()` (connections dropped mid-watch), `expire_watches()` (ERROR
+  410 on every open watch), `send_raw()` (garbage lines), `missing_groups` (a CRD that is not
+  installed answers 404).
 
+Objects tests put directly (`put`, what controllers and kubelets do) skip validation.
 Everything binds to 127.0.0.1 on a free port.
 """
 
@@ -40,6 +52,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.kube.validation import causes, invalid_status
+
 Obj = dict[str, Any]
 ResKey = tuple[str, str]  # (group/version, plural), e.g. ("v1", "pods")
 
@@ -49,11 +63,30 @@ KINDS = {
     "pods": "Pod",
     "services": "Service",
     "jobs": "Job",
+    "namespaces": "Namespace",
     "pytorchjobs": "PyTorchJob",
     "tfjobs": "TFJob",
     "mpijobs": "MPIJob",
     "jobsets": "JobSet",
 }
+# The field selectors the real API server accepts per resource (anything else: 400).
+FIELD_LABELS: dict[str, set[str]] = {
+    "pods": {
+        "metadata.name",
+        "metadata.namespace",
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "spec.hostNetwork",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    },
+    "nodes": {"metadata.name", "spec.unschedulable"},
+}
+DEFAULT_FIELDS = {"metadata.name", "metadata.namespace"}
+RESET = b"__reset__"  # queue marker: drop the connection without ending the stream
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -89,6 +122,38 @@ def parse_selector(text: str) -> list[tuple[str, str, str]]:
     return reqs
 
 
+def parse_fields(text: str, plural: str) -> list[tuple[str, str, str]] | str:
+    """fieldSelector -> [(op, field, value)], or the 400 message for an unsupported field."""
+    allowed = FIELD_LABELS.get(plural, DEFAULT_FIELDS)
+    reqs: list[tuple[str, str, str]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        op = "!=" if "!=" in part else "="
+        k, _, v = part.replace("==", "=").partition("!=" if op == "!=" else "=")
+        if not _ or k.strip() not in allowed:
+            return (
+                f'"{k.strip()}" is not a known field selector: only "{", ".join(sorted(allowed))}"'
+            )
+        reqs.append((op, k.strip(), v.strip()))
+    return reqs
+
+
+def field_value(obj: Obj, path: str) -> str:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    if isinstance(cur, bool):
+        return "true" if cur else "false"
+    return "" if cur is None else str(cur)
+
+
+def fields_match(obj: Obj, reqs: list[tuple[str, str, str]]) -> bool:
+    for op, k, v in reqs:
+        have = field_value(obj, k)
+        if (op == "=" and have != v) or (op == "!=" and have == v):
+            return False
+    return True
+
+
 def matches(obj: Obj, reqs: list[tuple[str, str, str]]) -> bool:
     labels = (obj.get("metadata") or {}).get("labels") or {}
     for op, k, v in reqs:
@@ -120,7 +185,30 @@ class Watcher:
     namespace: str | None
     selector: list[tuple[str, str, str]]
     bookmarks: bool
+    fields: list[tuple[str, str, str]] = field(default_factory=list)
     queue: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+
+    def selects(self, obj: Obj | None) -> bool:
+        if obj is None:
+            return False
+        ns = obj["metadata"].get("namespace")
+        if self.namespace is not None and ns != self.namespace:
+            return False
+        return matches(obj, self.selector) and fields_match(obj, self.fields)
+
+    def event(self, kind: str, obj: Obj, prev: Obj | None, rv: int) -> Obj | None:
+        """The event this watcher sees for a change, as the watch cache filters it."""
+        now = kind != "DELETED" and self.selects(obj)
+        before = self.selects(prev if kind != "DELETED" else obj)
+        if now and before:
+            return {"type": "MODIFIED", "object": obj}
+        if now:
+            return {"type": "ADDED", "object": obj}
+        if before:
+            gone = copy.deepcopy(prev if kind != "DELETED" and prev is not None else obj)
+            gone["metadata"]["resourceVersion"] = str(rv)
+            return {"type": "DELETED", "object": gone}
+        return None
 
 
 def parse_path(path: str) -> Route | None:
@@ -150,25 +238,44 @@ def status(code: int, reason: str, message: str) -> Obj:
     }
 
 
+def now_rfc3339(offset_s: float = 0.0) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + offset_s))
+
+
 class FakeApiServer:
     """See the module docstring: a stand-in for tests, never a real API server."""
 
-    def __init__(self, bookmark_interval: float | None = None, gone_as_http: bool = False):
+    def __init__(
+        self,
+        bookmark_interval: float | None = None,
+        gone_as_http: bool = False,
+        validate: bool = True,
+        termination_s: float | None = 0.3,
+        port: int = 0,
+    ):
         self.bookmark_interval = bookmark_interval
         self.gone_as_http = gone_as_http
+        self.validate = validate
+        # Real seconds a Terminating pod stays (its grace period, scaled for tests);
+        # None = until `finish_terminating()`.
+        self.termination_s = termination_s
+        self.tokens: set[str] | None = None  # None = no authentication
         self.rv = 1
         self.compacted_rv = 0
         self.store: dict[ResKey, dict[tuple[str, str], Obj]] = {}
-        self.log: list[tuple[int, ResKey, str, Obj]] = []
+        self.log: list[tuple[int, ResKey, str, Obj, Obj | None]] = []
         self.watchers: list[Watcher] = []
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.deletes: list[tuple[str, str]] = []  # (path, propagationPolicy)
         self.patches: list[tuple[str, str, Obj]] = []  # (path, content type, body)
+        self.rejected: list[Obj] = []  # 422 Status bodies sent
+        self.unauthorized = 0
         self.missing_groups: set[str] = set()
-        self._failures: list[tuple[str, str, int]] = []  # (method, path prefix, status)
+        self._failures: list[tuple[str, str, int, float | None]] = []
+        self._terminating: dict[tuple[ResKey, str, str], float] = {}  # -> remove at (monotonic)
         self._runner: web.AppRunner | None = None
-        self._bookmark_task: asyncio.Task[None] | None = None
-        self.port = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self.port = port
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -177,22 +284,24 @@ class FakeApiServer:
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
         site = web.SockSite(self._runner, sock)
         await site.start()
         if self.bookmark_interval:
-            self._bookmark_task = asyncio.create_task(self._bookmark_loop())
+            self._tasks.append(asyncio.create_task(self._bookmark_loop()))
+        self._tasks.append(asyncio.create_task(self._termination_loop()))
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     async def close(self) -> None:
-        if self._bookmark_task is not None:
-            self._bookmark_task.cancel()
+        for t in self._tasks:
+            t.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._bookmark_task
+                await t
         for w in self.watchers:
             w.queue.put_nowait(None)
         if self._runner is not None:
@@ -209,7 +318,8 @@ class FakeApiServer:
     def put(self, path: str, obj: Obj, silent: bool = False) -> Obj:
         """Create or replace an object at a collection path (e.g. /api/v1/nodes or
         /api/v1/namespaces/ns/pods) and notify watchers. `silent` skips the watchers and the
-        history: a change made while a client was away, whose history was then compacted."""
+        history: a change made while a client was away, whose history was then compacted.
+        An object being deleted whose finalizers are now all gone is removed."""
         route = parse_path(path)
         assert route is not None, path
         obj = copy.deepcopy(obj)
@@ -221,14 +331,20 @@ class FakeApiServer:
         bucket = self.store.setdefault(route.res, {})
         old = bucket.get(key)
         meta.setdefault("uid", (old or {}).get("metadata", {}).get("uid") or str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        meta.setdefault("creationTimestamp", now_rfc3339())
         obj.setdefault("kind", KINDS.get(route.res[1], "Object"))
         obj.setdefault("apiVersion", route.res[0])
         self.rv += 1
         meta["resourceVersion"] = str(self.rv)
         bucket[key] = obj
         if not silent:
-            self._notify(route.res, "MODIFIED" if old is not None else "ADDED", obj)
+            self._notify(route.res, "MODIFIED" if old is not None else "ADDED", obj, old)
+        last_finalizer_gone = (
+            old is not None and old["metadata"].get("finalizers") and not meta.get("finalizers")
+        )
+        pending = (route.res, *key) in self._terminating
+        if meta.get("deletionTimestamp") and last_finalizer_gone and not pending:
+            self._remove(route.res, key)
         return obj
 
     def get(self, path: str) -> Obj | None:
@@ -238,15 +354,33 @@ class FakeApiServer:
         return self.store.get(route.res, {}).get((ns, route.name))
 
     def remove(self, path: str, silent: bool = False) -> Obj | None:
-        """Delete the object at an item path and notify watchers (see `put` for silent)."""
+        """Delete the object at an item path at once and notify watchers (see `put` for
+        silent): what the API server does when a kubelet confirms a pod is gone."""
         route = parse_path(path)
         assert route is not None and route.name is not None, path
         if silent:
             return self.store.get(route.res, {}).pop((route.namespace or "", route.name), None)
-        return self._delete(route, "Background")
+        return self._remove(route.res, (route.namespace or "", route.name))
+
+    def delete(self, path: str, policy: str = "Background", grace: int | None = None) -> Obj | None:
+        """What a DELETE request does (graceful, finalizers, propagation), for controllers."""
+        route = parse_path(path)
+        assert route is not None and route.name is not None, path
+        return self._delete(route, policy, grace)
 
     def items(self, gv: str, plural: str) -> list[Obj]:
         return list(self.store.get((gv, plural), {}).values())
+
+    def terminating(self, gv: str = "v1", plural: str = "pods") -> list[Obj]:
+        return [o for o in self.items(gv, plural) if o["metadata"].get("deletionTimestamp")]
+
+    def finish_terminating(self) -> None:
+        """Every Terminating pod is confirmed gone (as the kubelet does after its grace)."""
+        for res, ns, name in list(self._terminating):
+            self._terminating.pop((res, ns, name), None)
+            obj = self.store.get(res, {}).get((ns, name))
+            if obj is not None and not obj["metadata"].get("finalizers"):
+                self._remove(res, (ns, name))
 
     def compact(self) -> None:
         """Forget history: any watch from an older resourceVersion now gets 410 Gone."""
@@ -267,6 +401,12 @@ class FakeApiServer:
             if plural is None or w.res[1] == plural:
                 w.queue.put_nowait(None)
 
+    def reset_watches(self, plural: str | None = None) -> None:
+        """Drop open watch connections mid-stream (a load balancer or apiserver restart)."""
+        for w in self.watchers:
+            if plural is None or w.res[1] == plural:
+                w.queue.put_nowait(RESET)
+
     def send_raw(self, line: bytes, plural: str | None = None) -> None:
         for w in self.watchers:
             if plural is None or w.res[1] == plural:
@@ -277,8 +417,20 @@ class FakeApiServer:
             if w.bookmarks:
                 w.queue.put_nowait(self._bookmark_line(w.res))
 
-    def fail_next(self, method: str, path_prefix: str, status_code: int = 500) -> None:
-        self._failures.append((method, path_prefix, status_code))
+    def fail_next(
+        self,
+        method: str,
+        path_prefix: str,
+        status_code: int = 500,
+        retry_after: float | None = None,
+    ) -> None:
+        """The next matching request answers `status_code` (429 may carry Retry-After)."""
+        self._failures.append((method, path_prefix, status_code, retry_after))
+
+    def revoke(self, token: str) -> None:
+        """The token expires: every later request carrying it is a 401."""
+        if self.tokens is not None:
+            self.tokens.discard(token)
 
     def watch_count(self, plural: str) -> int:
         return sum(1 for w in self.watchers if w.res[1] == plural)
@@ -306,49 +458,142 @@ class FakeApiServer:
             await asyncio.sleep(self.bookmark_interval)
             self.bookmark()
 
-    def _notify(self, res: ResKey, kind: str, obj: Obj) -> None:
-        snap = copy.deepcopy(obj)
-        self.log.append((self.rv, res, kind, snap))
-        line = self._line({"type": kind, "object": snap})
-        ns = snap["metadata"].get("namespace")
-        for w in self.watchers:
-            if w.res != res or (w.namespace is not None and w.namespace != ns):
-                continue
-            if matches(snap, w.selector):
-                w.queue.put_nowait(line)
+    async def _termination_loop(self) -> None:
+        """Terminating pods whose (scaled) grace ran out are confirmed gone."""
+        while True:
+            await asyncio.sleep(0.02)
+            now = time.monotonic()
+            for (res, ns, name), at in list(self._terminating.items()):
+                if at <= now:
+                    self._terminating.pop((res, ns, name), None)
+                    obj = self.store.get(res, {}).get((ns, name))
+                    if obj is not None and not obj["metadata"].get("finalizers"):
+                        self._remove(res, (ns, name))
+            self._finish_foreground()
 
-    def _delete(self, route: Route, policy: str) -> Obj | None:
-        ns = route.namespace or ""
-        bucket = self.store.get(route.res, {})
-        obj = bucket.pop((ns, route.name or ""), None)
+    def _notify(self, res: ResKey, kind: str, obj: Obj, prev: Obj | None) -> None:
+        snap = copy.deepcopy(obj)
+        self.log.append((self.rv, res, kind, snap, prev))
+        for w in self.watchers:
+            if w.res != res:
+                continue
+            ev = w.event(kind, snap, prev, self.rv)
+            if ev is not None:
+                w.queue.put_nowait(self._line(ev))
+
+    def _remove(self, res: ResKey, key: tuple[str, str]) -> Obj | None:
+        obj = self.store.get(res, {}).pop(key, None)
         if obj is None:
             return None
+        self._terminating.pop((res, *key), None)
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
-        self._notify(route.res, "DELETED", obj)
-        if policy != "Orphan":
-            uid = obj["metadata"].get("uid")
-            for res, objs in list(self.store.items()):
-                for (ons, oname), o in list(objs.items()):
-                    owners = o.get("metadata", {}).get("ownerReferences") or []
-                    if any(ref.get("uid") == uid for ref in owners):
-                        self._delete(Route(res, ons or None, oname), policy)
+        self._notify(res, "DELETED", obj, None)
         return obj
 
-    def _take_failure(self, method: str, path: str) -> int | None:
-        for i, (m, prefix, code) in enumerate(self._failures):
+    def _dependents(self, uid: str) -> list[tuple[ResKey, tuple[str, str]]]:
+        out = []
+        for res, objs in self.store.items():
+            for key, o in objs.items():
+                owners = o.get("metadata", {}).get("ownerReferences") or []
+                if any(ref.get("uid") == uid for ref in owners):
+                    out.append((res, key))
+        return out
+
+    def _finish_foreground(self) -> None:
+        for res, objs in list(self.store.items()):
+            for key, o in list(objs.items()):
+                fins = o["metadata"].get("finalizers") or []
+                if "foregroundDeletion" in fins and not self._dependents(o["metadata"]["uid"]):
+                    o = copy.deepcopy(o)
+                    o["metadata"]["finalizers"] = [f for f in fins if f != "foregroundDeletion"]
+                    self.put(self._collection(res, key[0]), o)
+
+    @staticmethod
+    def _collection(res: ResKey, ns: str) -> str:
+        base = f"/api/{res[0]}" if "/" not in res[0] else f"/apis/{res[0]}"
+        return f"{base}/namespaces/{ns}/{res[1]}" if ns else f"{base}/{res[1]}"
+
+    def _delete(self, route: Route, policy: str, grace: int | None = None) -> Obj | None:
+        """Graceful deletion, as the API server does it (see the module docstring)."""
+        ns = route.namespace or ""
+        key = (ns, route.name or "")
+        obj = self.store.get(route.res, {}).get(key)
+        if obj is None:
+            return None
+        meta = obj["metadata"]
+        uid = meta.get("uid")
+        is_pod = route.res == ("v1", "pods")
+        bound = is_pod and bool((obj.get("spec") or {}).get("nodeName"))
+        if grace is None and bound:
+            grace = int((obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+        finalizers = list(meta.get("finalizers") or [])
+        if policy == "Foreground" and self._dependents(uid):
+            finalizers.append("foregroundDeletion")
+        out: Obj | None = obj
+        if meta.get("deletionTimestamp"):
+            pass  # already being deleted: nothing new
+        elif finalizers or (bound and grace):
+            changed = copy.deepcopy(obj)
+            changed["metadata"]["finalizers"] = finalizers or None
+            changed["metadata"]["deletionTimestamp"] = now_rfc3339(grace or 0)
+            changed["metadata"]["deletionGracePeriodSeconds"] = grace or 0
+            if not finalizers:
+                del changed["metadata"]["finalizers"]
+            if bound and grace and self.termination_s is not None:
+                remove_at = time.monotonic() + min(float(grace), self.termination_s)
+                self._terminating[(route.res, *key)] = remove_at
+            elif bound and grace:
+                self._terminating[(route.res, *key)] = float("inf")
+            out = self.put(self._collection(route.res, ns), changed)
+        else:
+            out = self._remove(route.res, key)
+        if policy != "Orphan" and uid:
+            for res, dkey in self._dependents(uid):
+                self._delete(Route(res, dkey[0] or None, dkey[1]), "Background")
+        return out
+
+    def _take_failure(self, method: str, path: str) -> tuple[int, float | None] | None:
+        for i, (m, prefix, code, retry) in enumerate(self._failures):
             if m == method and path.startswith(prefix):
                 del self._failures[i]
-                return code
+                return code, retry
         return None
+
+    def _invalid(self, obj: Obj, old: Obj | None) -> web.Response | None:
+        """The 422 for a create or update. An update is judged on what it changes: an object
+        a test put directly (as a controller would, unvalidated) keeps its own flaws."""
+        if not self.validate:
+            return None
+        found = causes(obj, old)
+        if old is not None and found:
+            before = {str(c) for c in causes(old)}
+            found = [c for c in found if str(c) not in before]
+        if not found:
+            return None
+        body = invalid_status(obj, found)
+        self.rejected.append(body)
+        return web.json_response(body, status=422)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         query = dict(request.query)
         self.requests.append((request.method, path, query))
-        code = self._take_failure(request.method, path)
-        if code is not None:
-            return web.json_response(status(code, "InternalError", "injected"), status=code)
+        if self.tokens is not None:
+            auth = request.headers.get("Authorization", "")
+            if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
+                self.unauthorized += 1
+                return web.json_response(status(401, "Unauthorized", "Unauthorized"), status=401)
+        failure = self._take_failure(request.method, path)
+        if failure is not None:
+            code, retry = failure
+            reasons = {429: "TooManyRequests", 504: "Timeout", 401: "Unauthorized"}
+            headers = {"Retry-After": f"{retry:g}"} if retry is not None else None
+            return web.json_response(
+                status(code, reasons.get(code, "InternalError"), "injected"),
+                status=code,
+                headers=headers,
+            )
         route = parse_path(path)
         if route is None:
             return web.json_response(status(404, "NotFound", f"no route {path}"), status=404)
@@ -360,16 +605,23 @@ class FakeApiServer:
             if route.name is not None:
                 obj = self.store.get(route.res, {}).get((route.namespace or "", route.name))
                 if obj is None:
-                    return web.json_response(status(404, "NotFound", "not found"), status=404)
+                    msg = f'{route.res[1]} "{route.name}" not found'
+                    return web.json_response(status(404, "NotFound", msg), status=404)
                 return web.json_response(obj)
+            fields = parse_fields(query.get("fieldSelector", ""), route.res[1])
+            if isinstance(fields, str):
+                return web.json_response(status(400, "BadRequest", fields), status=400)
             if query.get("watch") in ("1", "true"):
-                return await self._watch(request, route, query)
-            return self._list(route, query)
+                return await self._watch(request, route, query, fields)
+            return self._list(route, query, fields)
         if request.method == "POST" and route.name is None:
             body = await request.json()
             name = (body.get("metadata") or {}).get("name")
             if not name:
                 return web.json_response(status(422, "Invalid", "name required"), status=422)
+            refused = self._invalid(body, None)
+            if refused is not None:
+                return refused
             if (route.namespace or "", name) in self.store.get(route.res, {}):
                 msg = f"{route.res[1]} {name!r} already exists"
                 return web.json_response(status(409, "AlreadyExists", msg), status=409)
@@ -385,29 +637,42 @@ class FakeApiServer:
             old = self.store.get(route.res, {}).get((route.namespace or "", route.name))
             if old is None:
                 return web.json_response(status(404, "NotFound", "not found"), status=404)
-            return web.json_response(self.put(collection, merge_patch(old, body)))
+            new = merge_patch(old, body)
+            refused = self._invalid(new, old)
+            if refused is not None:
+                return refused
+            return web.json_response(self.put(collection, new))
         if request.method == "DELETE" and route.name is not None:
             policy = query.get("propagationPolicy", "")
+            grace_text = query.get("gracePeriodSeconds", "")
             self.deletes.append((path, policy))
-            obj = self._delete(route, policy)
+            obj = self._delete(
+                route, policy or "Background", int(grace_text) if grace_text.isdigit() else None
+            )
             if obj is None:
                 return web.json_response(status(404, "NotFound", "not found"), status=404)
             return web.json_response(obj)
         return web.json_response(status(405, "MethodNotAllowed", request.method), status=405)
 
-    def _selected(self, route: Route, query: dict[str, str]) -> list[Obj]:
+    def _selected(
+        self, route: Route, query: dict[str, str], fields: list[tuple[str, str, str]]
+    ) -> list[Obj]:
         reqs = parse_selector(query.get("labelSelector", ""))
         out = []
         for (ns, _), obj in sorted(self.store.get(route.res, {}).items()):
             if route.namespace is not None and ns != route.namespace:
                 continue
-            if matches(obj, reqs):
+            if matches(obj, reqs) and fields_match(obj, fields):
                 out.append(obj)
         return out
 
-    def _list(self, route: Route, query: dict[str, str]) -> web.Response:
-        items = self._selected(route, query)
+    def _list(
+        self, route: Route, query: dict[str, str], fields: list[tuple[str, str, str]]
+    ) -> web.Response:
+        items = self._selected(route, query, fields)
         limit = int(query.get("limit", "0") or 0)
+        if query.get("resourceVersion") == "0":
+            limit = 0  # served from the watch cache: the real server ignores the limit
         start = 0
         token = query.get("continue", "")
         if token:
@@ -425,7 +690,11 @@ class FakeApiServer:
         )
 
     async def _watch(
-        self, request: web.Request, route: Route, query: dict[str, str]
+        self,
+        request: web.Request,
+        route: Route,
+        query: dict[str, str],
+        fields: list[tuple[str, str, str]],
     ) -> web.StreamResponse:
         rv_text = query.get("resourceVersion", "")
         since = int(rv_text) if rv_text.isdigit() else 0
@@ -444,16 +713,17 @@ class FakeApiServer:
             route.namespace,
             parse_selector(query.get("labelSelector", "")),
             query.get("allowWatchBookmarks") in ("true", "1"),
+            fields,
         )
         # Replay: from the log after `since`, or (no version) the current state as ADDED.
         if since:
-            for rv, res, kind, obj in self.log:
-                if rv > since and res == route.res and matches(obj, w.selector):
-                    ns = obj["metadata"].get("namespace")
-                    if route.namespace is None or ns == route.namespace:
-                        await resp.write(self._line({"type": kind, "object": obj}))
+            for rv, res, kind, obj, prev in self.log:
+                if rv > since and res == route.res:
+                    ev = w.event(kind, obj, prev, rv)
+                    if ev is not None:
+                        await resp.write(self._line(ev))
         else:
-            for obj in self._selected(route, query):
+            for obj in self._selected(route, query, fields):
                 await resp.write(self._line({"type": "ADDED", "object": obj}))
         timeout = float(query.get("timeoutSeconds", "1800") or 1800)
         deadline = time.monotonic() + timeout
@@ -466,6 +736,10 @@ class FakeApiServer:
                     break
                 if line is None:
                     break
+                if line == RESET:
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return resp
                 await resp.write(line)
         except ConnectionResetError:
             return resp

@@ -122,6 +122,8 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
     apiserver.put(NODES, node("n1"))
+    # Which requests, not whether each manifest validates (test_manifests checks that).
+    apiserver.validate = False
     backend = KubeBackend("c1", make_config(), api_client=api_client)
     await backend.start(Recorder())
     gang = {
@@ -140,7 +142,9 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
         )
         for kind in ("indexed-job", "pytorchjob")
     ]
-    pod_manifest = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c}]}"
+    pod_manifest = (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: i}]}"
+    )
     texts = [
         PYTORCHJOB_YAML,
         MPIJOB_YAML,
@@ -177,7 +181,7 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
                 "name": "ij-0",
                 **{k: tmpl["metadata"][k] for k in ("labels", "annotations")},
             },
-            "spec": {"nodeName": "n1"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
             "status": {"phase": "Running"},
         },
     )

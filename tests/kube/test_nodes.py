@@ -1,21 +1,30 @@
-"""Pure node rules: capacity type per provider key, provider, flavor match, GFD, GPU health."""
+"""Pure node rules: capacity type per provider key, provider, flavor match, GFD, GPU health,
+notices per provider signal, untolerated taints, GPU product, readiness."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
+from agents.kube.config import Toleration
 from agents.kube.decode import KNode, KPod, Usage, pod_usage
 from agents.kube.nodes import (
+    Rules,
     detect_capacity_type,
     detect_provider,
     gfd_memory_mib,
+    gpu_product_mismatch,
     gpu_state,
     is_ready,
     match_flavor,
     node_info,
+    not_ready_since,
+    notices,
     spot_signal,
+    tolerates,
+    untolerated_taints,
 )
+from agents.kube.signals import BUILTIN_NOTICE_TAINTS, NoticeTaint
 from tests.kube.conftest import make_config, node, pod
 
 
@@ -88,19 +97,20 @@ def test_gfd_labels() -> None:
     n = knode(raw)
     assert gfd_memory_mib(n) == 81920
     assert gpu_state(n, cfg).healthy is None
-    # GFD says 8 GPUs, the device plugin registered only 7: one fell off the bus.
+    # GFD says 8 GPUs, the device plugin registered only 7: missing, not proven failed.
     raw["status"]["capacity"]["nvidia.com/gpu"] = "7"
     raw["status"]["allocatable"]["nvidia.com/gpu"] = "7"
     st = gpu_state(knode(raw), cfg)
-    assert (st.total, st.healthy) == (8, 7)
+    assert (st.total, st.healthy, st.missing) == (8, None, 1)
 
 
-def test_gpu_failure_detection() -> None:
+def test_gpu_failure_needs_an_explicit_fault() -> None:
     cfg = make_config()
     ok = gpu_state(knode(node("n")), cfg)
-    assert ok.total == 8 and ok.healthy is None
-    withdrawn = gpu_state(knode(node("n", allocatable_gpu=6)), cfg)
-    assert (withdrawn.total, withdrawn.healthy) == (8, 6)
+    assert ok.total == 8 and ok.healthy is None and not ok.missing
+    # A device-plugin restart withdraws GPUs from allocatable: a dip, never "failed".
+    withdrawn = gpu_state(knode(node("n", allocatable_gpu=0)), cfg)
+    assert (withdrawn.total, withdrawn.healthy, withdrawn.missing) == (8, None, 8)
     cond = node(
         "n",
         conditions=[
@@ -114,30 +124,119 @@ def test_gpu_failure_detection() -> None:
     tainted = node("n", taints=[{"key": "nvidia.com/gpu-xid-error", "value": "48"}])
     st = gpu_state(knode(tainted), cfg)
     assert (st.healthy, st.xid) == (0, 48)
-    custom = make_config(gpu_failure_conditions=["GpuBroken"], gpu_failure_taints=[])
-    assert gpu_state(knode(cond), custom).healthy is None
+    # Configuration adds to the built-in conditions; it does not replace them.
+    custom = make_config(gpu_failure_conditions=["GpuBroken"])
+    assert gpu_state(knode(cond), custom).healthy == 0
     broken = node("n", conditions=[{"type": "GpuBroken", "status": "True", "message": "Xid 13"}])
     assert gpu_state(knode(broken), custom).xid == 13
+    assert gpu_state(knode(broken), cfg).healthy is None
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        "aws-node-termination-handler/spot-itn",
-        "karpenter.sh/disrupted",
-        "cloud.google.com/impending-node-termination",
-        "node.kubernetes.io/out-of-service",
-    ],
-)
-def test_spot_taints(key: str) -> None:
+def test_mig_nodes_are_not_failed_gpus_and_profiles_are_their_own_resource() -> None:
     cfg = make_config()
-    n = knode(node("n", taints=[{"key": key, "effect": "NoSchedule"}]))
-    assert spot_signal(n, cfg.spot_taints) == f"taint {key}"
-    # The permanent Azure spot taint is a placement property, not a notice.
-    azure = knode(
-        node("n", taints=[{"key": "kubernetes.azure.com/scalesetpriority", "value": "spot"}])
+    mixed = node(
+        "m",
+        labels={"nvidia.com/gpu.count": "8", "nvidia.com/mig.strategy": "mixed"},
+        gpu=4,
     )
-    assert spot_signal(azure, cfg.spot_taints) is None
+    mixed["status"]["capacity"]["nvidia.com/mig-1g.10gb"] = "28"
+    mixed["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "28"
+    st = gpu_state(knode(mixed), cfg)
+    assert (st.total, st.healthy, st.missing) == (4, None, 0)  # 4 whole GPUs, none failed
+    mig = gpu_state(knode(mixed), cfg, "nvidia.com/mig-1g.10gb")
+    assert (mig.total, mig.healthy, mig.missing) == (28, None, 0)
+
+
+@pytest.mark.parametrize("taint", BUILTIN_NOTICE_TAINTS, ids=lambda t: t.key)
+def test_every_builtin_notice_taint_is_a_notice_without_configuration(
+    taint: NoticeTaint,
+) -> None:
+    rules = Rules(make_config())
+    raw = node("n", taints=[{"key": taint.key, "value": taint.value, "effect": "NoSchedule"}])
+    (found,) = notices(knode(raw), rules, "aws")
+    assert taint.key in found.reason and found.window_s == 120.0
+    assert spot_signal(knode(raw), rules) == found.reason
+    # Never an "untolerated taint" as well: it is read as the notice it is.
+    assert untolerated_taints(knode(raw), make_config().flavors[1], rules) == []
+
+
+def test_notice_values_times_and_configured_additions() -> None:
+    rules = Rules(make_config())
+    # Karpenter v1beta1's taint counts only with its value.
+    other = node("n", taints=[{"key": "karpenter.sh/disruption", "value": "x"}])
+    assert notices(knode(other), rules, "aws") == []
+    # The Azure spot taint marks every spot node: a placement property, never a notice.
+    azure = node("n", taints=[{"key": "kubernetes.azure.com/scalesetpriority", "value": "spot"}])
+    assert notices(knode(azure), rules, "azure") == []
+    # Cluster Autoscaler writes the unix time into the value; NoExecute taints get timeAdded.
+    ca = node("n", taints=[{"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000"}])
+    assert notices(knode(ca), rules, "gcp")[0].at == 1_700_000_000.0
+    oos = node(
+        "n",
+        taints=[
+            {
+                "key": "node.kubernetes.io/out-of-service",
+                "effect": "NoExecute",
+                "timeAdded": "2023-11-14T22:13:20Z",
+            }
+        ],
+    )
+    assert notices(knode(oos), rules, "other")[0].at == 1_700_000_000.0
+    # A cordon and a deletion in progress are notices too; the deletion carries its time.
+    raw = node("n")
+    raw["spec"]["unschedulable"] = True
+    raw["metadata"]["deletionTimestamp"] = "2023-11-14T22:13:20Z"
+    found = notices(knode(raw), rules, "azure")
+    assert [(n.reason, n.at, n.window_s) for n in found] == [
+        ("node being deleted", 1_700_000_000.0, 30.0),
+        ("cordoned", None, 30.0),
+    ]
+    # Configuration adds to the built-in ones, with its own window.
+    custom = Rules(make_config(notice_taints=[{"key": "example.com/draining", "window_s": 600}]))
+    mine = node("n", taints=[{"key": "example.com/draining", "effect": "NoSchedule"}])
+    assert notices(knode(mine), rules, "aws") == []
+    assert notices(knode(mine), custom, "aws")[0].window_s == 600
+    assert notices(knode(node("n", taints=[{"key": "karpenter.sh/disrupted"}])), custom, "aws")
+
+
+def test_untolerated_taints_are_not_capacity() -> None:
+    cfg = make_config()
+    rules = Rules(cfg)
+    spot, od = cfg.flavors  # spot tolerates nvidia.com/gpu:NoSchedule, on-demand nothing
+    gpu = knode(node("n", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]))
+    assert untolerated_taints(gpu, spot, rules) == []
+    assert untolerated_taints(gpu, od, rules) == ["nvidia.com/gpu:NoSchedule"]
+    soft = knode(node("n", taints=[{"key": "x", "effect": "PreferNoSchedule"}]))
+    assert untolerated_taints(soft, od, rules) == []
+    ded = knode(node("n", taints=[{"key": "team", "value": "a", "effect": "NoExecute"}]))
+    assert untolerated_taints(ded, od, rules) == ["team=a:NoExecute"]
+    assert tolerates([Toleration(operator="Exists")], "team", "a", "NoExecute")
+    assert not tolerates([Toleration(key="team", value="b")], "team", "a", "NoExecute")
+    # The lifecycle controller's condition taints are read from the conditions instead.
+    nr = knode(node("n", taints=[{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]))
+    assert untolerated_taints(nr, od, rules) == []
+
+
+def test_gpu_product_must_agree_with_the_flavor() -> None:
+    ok = [
+        {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        {"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"},
+        {"karpenter.k8s.aws/instance-gpu-name": "a100"},
+        {},
+    ]
+    assert all(gpu_product_mismatch(labels, "A100") is None for labels in ok)
+    bad = gpu_product_mismatch({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, "a100")
+    assert bad is not None and "NVIDIA-H100-80GB-HBM3" in bad
+    assert gpu_product_mismatch({"nvidia.com/gpu.product": "x"}, "") is None
+
+
+def test_not_ready_since_reads_the_condition_time() -> None:
+    assert not_ready_since(knode(node("n"))) == (False, None)
+    raw = node("n", ready=False)
+    raw["status"]["conditions"][0]["lastTransitionTime"] = "2023-11-14T22:13:20Z"
+    assert not_ready_since(knode(raw)) == (True, 1_700_000_000.0)
+    raw["status"]["conditions"] = []
+    assert not_ready_since(knode(raw)) == (True, None)
 
 
 def test_ready_and_node_info() -> None:
@@ -148,10 +247,14 @@ def test_ready_and_node_info() -> None:
     info = node_info(n, cfg.flavors[0], cfg, Usage(1, 2000, 3 * 2**30), 123.0)
     assert info.gpu == 8 and info.cpu_milli == 95_500 and info.memory == 1000 * 2**30
     assert (info.other_gpu, info.other_cpu_milli, info.other_memory) == (1, 2000, 3 * 2**30)
-    assert info.spot_deadline == 123.0 and info.ready
+    assert info.spot_deadline == 123.0 and info.ready and not info.no_new_pods
     raw["spec"]["unschedulable"] = True
     assert not is_ready(knode(raw))
     assert not is_ready(knode(node("n", ready=False)))
+    # Soft reasons take no new pods and say why; only `lost` says the replicas are gone.
+    soft = node_info(n, cfg.flavors[0], cfg, Usage(), None, no_new_pods=["cordoned"])
+    assert soft.ready and soft.no_new_pods and soft.note == "cordoned"
+    assert not node_info(n, cfg.flavors[0], cfg, Usage(), None, lost=True).ready
 
 
 def test_pod_usage_counts_limits_init_and_overhead() -> None:
