@@ -9,8 +9,8 @@ Node rules:
 - A node takes nothing new while it has a spot notice, is not ready, has failed GPUs
   (gpu_healthy < gpu) or says it takes no new pods (a cordon, an untolerated taint, a short
   NotReady: `NodeInfo.no_new_pods`): such nodes leave the index but keep their allocations.
-- A cluster whose agent reports stale watches (`Heartbeat.stale_s`) takes no placements. A node with failed
-  GPUs still counts `gpu_healthy` as usable for the replicas already on it.
+- A cluster whose agent reports stale watches (`Heartbeat.stale_s`) takes no placements.
+- A node with failed GPUs still counts `gpu_healthy` as usable for the replicas already on it.
 - Allocations are stored per (cluster, node name), apart from the node objects, so they survive
   snapshots and can be restored (`assume`) before the agent has reported the node at all.
 - A node that names a flavor the agent did not list gets an implicit on-demand flavor of that
