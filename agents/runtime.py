@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from agents.backend import Backend, BackendError
 from schemas.agent import (
     AgentEvent,
+    Applied,
     Cancel,
     CheckpointNow,
     CheckpointReport,
@@ -47,6 +48,19 @@ MAX_ERROR_CHARS = 1000  # CommandAck.error is capped at 1024 by the schema
 MAX_TRACKED_JOBS = 500_000  # memory bound on per-job idempotency records
 STOP_TIMEOUT_S = 5.0
 RETRY_S = 0.2  # pause after a failed publish/snapshot so a dead connection cannot spin us
+# Outcomes (endings, checkpoints) kept until the broker says they are persisted. Past the cap
+# the oldest are dropped, loudly: a broker away that long has bigger problems.
+MAX_OUTBOX = 100_000
+OUTBOX_RESEND_S = 5.0  # unacknowledged this long: resend them all in a snapshot
+
+
+def _outbox_key(ev: AgentEvent) -> tuple[str, int, bool] | None:
+    """Outcomes kept until acknowledged: one ending and the newest checkpoint per attempt."""
+    if isinstance(ev, CheckpointReport):
+        return (ev.job_id, ev.attempt, True)
+    if isinstance(ev, WorkloadStatus) and ev.phase in TERMINAL_PHASES:
+        return (ev.job_id, ev.attempt, False)
+    return None
 
 
 def _essential(ev: AgentEvent) -> bool:
@@ -106,6 +120,8 @@ class AgentRuntime:
         }
         self.log = structlog.get_logger("muster.agent").bind(cluster=self.cluster)
         self._jobs: dict[str, _JobTrack] = {}
+        # key -> (event, seq of the batch that last carried it, 0 = not sent yet, sent at)
+        self._outbox: dict[tuple[str, int, bool], tuple[AgentEvent, int, float]] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._queue: list[AgentEvent] = []
         self._first_at = 0.0
@@ -199,6 +215,9 @@ class AgentRuntime:
             track = self._jobs.get(ev.job_id)
             if track is not None:
                 track.live.discard(ev.attempt)
+        key = _outbox_key(ev)
+        if key is not None:
+            self._keep(key, ev)
         if self._snapshot_pending and not _essential(ev):
             return
         queue = self._queue
@@ -211,6 +230,34 @@ class AgentRuntime:
             self._wake.set()
             if n >= 100 * self.batch_max:  # far behind (or partitioned): compact
                 self._compact_queue()
+
+    def _keep(self, key: tuple[str, int, bool], ev: AgentEvent) -> None:
+        outbox = self._outbox
+        old = outbox.pop(key, None)
+        if (
+            old is not None
+            and isinstance(ev, CheckpointReport)
+            and isinstance(old[0], CheckpointReport)
+            and old[0].step > ev.step
+        ):
+            ev = old[0]
+        outbox[key] = (ev, 0, 0.0)
+        if len(outbox) > MAX_OUTBOX:
+            dropped = next(iter(outbox))
+            del outbox[dropped]
+            self.stats["outbox_dropped"] = self.stats.get("outbox_dropped", 0) + 1
+            self.log.error("outbox full; oldest unacknowledged outcome dropped", key=dropped)
+
+    def _on_applied(self, cmd: Applied) -> None:
+        """The broker persisted every batch of this instance up to `cmd.seq`."""
+        if cmd.instance != self.instance:
+            return
+        done = [k for k, (_, seq, _) in self._outbox.items() if 0 < seq <= cmd.seq]
+        for key in done:
+            del self._outbox[key]
+
+    def outbox_size(self) -> int:
+        return len(self._outbox)
 
     def _compact_queue(self) -> None:
         """Replace deltas by a snapshot; keep endings and the newest checkpoint per attempt."""
@@ -258,6 +305,7 @@ class AgentRuntime:
                 await self._fence_if_cut_off(now)
                 if self.partitioned or now < self._retry_at:
                     continue
+                self._resend_overdue(now)
                 beat = now >= self._next_heartbeat
                 if beat:
                     self._queue_heartbeat()
@@ -279,6 +327,14 @@ class AgentRuntime:
                 self.stats["errors"] += 1
                 self.log.exception("event loop error")
                 await asyncio.sleep(0.1)
+
+    def _resend_overdue(self, now: float) -> None:
+        """Outcomes sent but unacknowledged for OUTBOX_RESEND_S (the broker was away, or lost
+        the batch) go again, inside a snapshot, which a broker applies whatever its state."""
+        for _, seq, sent_at in self._outbox.values():
+            if seq > 0 and now - sent_at > OUTBOX_RESEND_S:
+                self._snapshot_pending = True
+                return
 
     async def _fence_if_cut_off(self, now: float) -> None:
         """Self-fencing. Cut off from NATS for `fence_after_s` (set per attempt by the broker,
@@ -336,7 +392,9 @@ class AgentRuntime:
                     self._retry_at = time.monotonic() + RETRY_S
                     return
                 self._learn(snap)
-                events = self._around_snapshot(snap, events)
+                queued = {_outbox_key(e) for e in events} - {None}
+                unacked = [ev for key, (ev, _, _) in self._outbox.items() if key not in queued]
+                events = self._around_snapshot(snap, unacked + events)
                 post, self._queue = self._queue, []
                 events.extend(post)
                 self.stats["snapshots"] += 1
@@ -408,6 +466,21 @@ class AgentRuntime:
         self.seq = seq
         self.stats["batches"] += 1
         self.stats["events"] += len(events)
+        outbox = self._outbox
+        if outbox:
+            now = time.monotonic()
+            for ev in events:
+                key = _outbox_key(ev)
+                kept = outbox.get(key) if key is not None else None
+                if kept is not None and kept[0] is ev:
+                    outbox[key] = (ev, seq, now)  # type: ignore[index]
+            for ev in events:
+                if isinstance(ev, ClusterSnapshot):
+                    for w in ev.workloads:
+                        key = _outbox_key(w)
+                        kept = outbox.get(key) if key is not None else None
+                        if kept is not None and kept[0] is w:
+                            outbox[key] = (w, seq, now)  # type: ignore[index]
 
     def _learn(self, snap: ClusterSnapshot) -> None:
         """After a restart the snapshot tells which attempts already exist here."""
@@ -436,9 +509,14 @@ class AgentRuntime:
         if cmd.epoch < self.max_epoch:
             self.stats["refused"] += 1
             err = f"stale epoch {cmd.epoch}: this agent has seen epoch {self.max_epoch}"
-            await self._reply(msg, CommandAck(ok=False, stale_epoch=True, error=err))
+            ack = CommandAck(ok=False, stale_epoch=True, error=err, epoch=self.max_epoch)
+            await self._reply(msg, ack)
             return
         self.max_epoch = cmd.epoch
+        if isinstance(cmd, Applied):
+            self._on_applied(cmd)
+            await self._reply(msg, CommandAck(ok=True))
+            return
         if isinstance(cmd, Resync):
             self.log.info("resync requested", reason=cmd.reason, epoch=cmd.epoch)
             self.request_snapshot()

@@ -60,8 +60,18 @@ class JobStore:
 
     @classmethod
     async def open(
-        cls, js: JetStreamContext, bucket: str, replicas: int = 1, nc: Client | None = None
+        cls,
+        js: JetStreamContext,
+        bucket: str,
+        replicas: int = 1,
+        nc: Client | None = None,
+        *,
+        max_bytes: int = 0,
+        max_value_size: int = -1,
     ) -> JobStore:
+        """`max_bytes` 0: bounded by the server's store only. A full bucket refuses new
+        writes (discard new, KV's policy) and the broker refuses submissions until it has
+        room again; nothing already persisted is ever dropped to make room."""
         try:
             await js.key_value(bucket)
         except Exception:
@@ -71,6 +81,8 @@ class JobStore:
                 storage=api.StorageType.FILE,
                 replicas=replicas,
                 description="Muster job records",
+                max_bytes=max_bytes or -1,
+                max_value_size=max_value_size,
             )
         return cls(js, bucket, nc)
 
@@ -239,8 +251,18 @@ class RecordMirror:
         again, the mirror reads the bucket from scratch."""
         sub, self._sub = self._sub, None
         if sub is not None:
+            name = None
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    name = (await sub.consumer_info()).name
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+            if name:
+                # An unsubscribed push consumer lives on in the server until its inactivity
+                # threshold: a leadership storm once left hundreds behind, up to the limit.
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(1.0):
+                        await self.store.js.delete_consumer(self.store.stream, name)
         self._records, self.applied = {}, 0
 
 
