@@ -83,6 +83,7 @@ STANDBY_RETRY_S = 0.5  # pause after a failed attempt to acquire the lease
 MAX_DELIVERIES = 2
 LEASE_CHECK_MIN_INTERVAL_S = 1.0  # stale-epoch claims are checked against the lease this rarely
 MAX_SUBMITTERS = 100_000  # token buckets kept at once
+STORAGE_PROBE_S = 1.0
 ID_KEY = "muster-id-key"  # submit-stream metadata: the secret behind server-derived job ids
 STORAGE_FULL_MARKERS = ("insufficient", "resources", "maximum bytes", "storage")
 TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
@@ -158,9 +159,10 @@ class ReplyRendezvous:
     submit subjects in plain NATS and remembers reply subjects by (subject, payload digest).
     Whichever side arrives second sends the reply."""
 
-    def __init__(self, nc: Client, limit: int) -> None:
+    def __init__(self, nc: Client, limit: int, full: Callable[[], str | None]) -> None:
         self.nc = nc
         self.limit = limit
+        self.full = full  # the storage-full error while the store refuses writes, else None
         self.waiting: OrderedDict[tuple[str, bytes], deque[tuple[float, str]]] = OrderedDict()
         self.done: OrderedDict[tuple[str, bytes], deque[tuple[float, bytes]]] = OrderedDict()
 
@@ -178,6 +180,11 @@ class ReplyRendezvous:
                 "send a smaller message"
             )
             await self.nc.publish(msg.reply, encode_json(SubmitReply(accepted=False, error=error)))
+            return
+        full = self.full()
+        if full:
+            # The stream cannot store it either (same store), so it would never be answered.
+            await self.nc.publish(msg.reply, encode_json(SubmitReply(accepted=False, error=full)))
             return
         key = self.key(msg.subject, msg.data)
         results = self.done.get(key)
@@ -417,13 +424,16 @@ class Broker:
         # Messages refused by a handler's boundary (bad input or a failure processing it),
         # by handler: the broker answers or drops them with a reason and carries on.
         self.refused: Counter[str] = Counter()
-        self.storage_full = False
+        # The store refused a write for lack of space: a record (until one persists) or the
+        # probe (until one lands). Either refuses new submissions.
+        self._persist_full = False
+        self._probe_full = False
         self._buckets = TokenBuckets(config.limits.submit_rate_per_s, config.limits.submit_burst)
         self._id_key = b""
         self._applied_sent: dict[str, tuple[str, int]] = {}
         self._applied_busy: set[str] = set()
         self._lease_check_at = -1e18
-        self._rendezvous = ReplyRendezvous(nc, config.max_payload_bytes)
+        self._rendezvous = ReplyRendezvous(nc, config.max_payload_bytes, self._storage_error)
         self._requests = Requester(nc)
         self._cancels: dict[str, asyncio.Task[Any]] = {}
         self.metrics = Metrics(self)
@@ -565,6 +575,7 @@ class Broker:
 
     async def _lead_holding(self, hold: asyncio.Task[None], mirror: RecordMirror) -> None:
         started = time.monotonic()
+        self._persist_full = self._probe_full = False  # this leadership's own probe decides
         machine = Machine(self.config, epoch=self.lease.epoch)
         # Loading builds millions of long-lived objects and no cycles; the cycle collector
         # would walk them again and again (it doubled restore time at 100,000 jobs).
@@ -624,6 +635,7 @@ class Broker:
             asyncio.create_task(self._pipeline()),
             asyncio.create_task(self._submissions()),
             asyncio.create_task(self._clock_loop()),
+            asyncio.create_task(self._probe_storage()),
         ]
         self.leading.set()
         stop = asyncio.create_task(self.stopped.wait())
@@ -706,15 +718,15 @@ class Broker:
         while records:
             try:
                 await self.store.put_many(records)
-                if self.storage_full:
-                    log.warning("broker.storage_available")
-                self.storage_full = False
+                if self._persist_full:
+                    log.warning("broker.storage_available", records=len(records))
+                self._persist_full = False
                 return
             except Exception as exc:  # NATS down: durability first, so wait and retry
                 if _storage_full(str(exc)):
-                    if not self.storage_full:
-                        log.error("broker.storage_full", error=str(exc))
-                    self.storage_full = True
+                    if not self._persist_full:
+                        log.error("broker.storage_full", error=str(exc), records=len(records))
+                    self._persist_full = True
                 log.warning("broker.persist_retry", error=str(exc), records=len(records))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -864,7 +876,9 @@ class Broker:
                 effects.extend(more)
                 replies.append((msg, encode_json(reply), term))
             # One entry for the whole batch: the pipeline keeps effects in order either way.
-            persisted = self._push(effects, wait=True)
+            # A batch that changed nothing (all refused, e.g. storage full) is answered at
+            # once: it must not wait behind records the store cannot take.
+            persisted = self._push(effects, wait=True) if effects else None
             self._wake.set()
             self._spawn(self._ack_submissions(persisted, replies, inflight))
 
@@ -904,14 +918,9 @@ class Broker:
             )
             await self._dead_letter(msg, queue, error)
             return SubmitReply(accepted=False, error=error), [], True
-        if self.storage_full:
-            self.stats["storage_full_rejections"] += 1
-            self.stats["rejected"] += 1
-            error = (
-                "storage full: the broker cannot persist new jobs (JetStream store or job "
-                "bucket is full); retry later, and operators: free or grow JetStream storage"
-            )
-            return SubmitReply(accepted=False, error=error), [], False
+        full = self._storage_error()
+        if full:
+            return SubmitReply(accepted=False, error=full), [], False
         try:
             reply, effects = self._submit_one(machine, msg, limit, queue, seq, stored_ns)
         except Exception as exc:  # bad input the parsers did not foresee: refuse, carry on
@@ -921,6 +930,40 @@ class Broker:
             error = f"the submission could not be processed: {type(exc).__name__}: {exc}"
             return SubmitReply(accepted=False, error=error[:1000]), [], False
         return reply, effects, False
+
+    @property
+    def storage_full(self) -> bool:
+        return self._persist_full or self._probe_full
+
+    def _storage_error(self) -> str | None:
+        if not self.storage_full:
+            return None
+        self.stats["storage_full_rejections"] += 1
+        self.stats["rejected"] += 1
+        return (
+            "storage full: the broker cannot persist new jobs (the JetStream store or the job "
+            "bucket is full); retry later. Operators: free or grow JetStream storage "
+            "(see docs/operations.md, Limits and storage)"
+        )
+
+    async def _probe_storage(self) -> None:
+        """Once a second, a tiny write to the job bucket (a delete marker under a key no job
+        can have) tells whether the store takes writes: a full store is noticed before a job
+        is lost to it, and submissions are refused with the reason instead of going
+        unanswered (the submission stream cannot store them either)."""
+        store = self.store
+        assert store is not None
+        for _ in range(10**9):
+            try:
+                async with asyncio.timeout(5.0):
+                    await store.probe()
+                self._probe_full = False
+            except Exception as exc:
+                if _storage_full(str(exc)):
+                    if not self._probe_full:
+                        log.error("broker.storage_full", error=str(exc), probe=True)
+                    self._probe_full = True
+            await asyncio.sleep(STORAGE_PROBE_S)
 
     async def _dead_letter(self, msg: Msg, queue: str | None, reason: str) -> None:
         self.stats["dead_lettered"] += 1

@@ -26,6 +26,7 @@ from broker.core.records import JobRecord, record_decoder, record_encoder
 log = structlog.get_logger("muster.store")
 
 KV_OP = "KV-Operation"
+PROBE_KEY = "_probe"  # no job id starts with "_"
 
 
 ACK_TIMEOUT_S = 10.0  # a put not acknowledged by then is an error: the caller retries
@@ -146,6 +147,12 @@ class JobStore:
         acks.remaining -= 1
         if acks.remaining <= 0:
             acks.future.set_result(None)
+
+    async def probe(self) -> None:
+        """A write that changes no record: raises when the store refuses writes (full)."""
+        ack = await self.js.publish(self.prefix + PROBE_KEY, b"", headers={KV_OP: "DEL"})
+        if ack.seq <= 0:
+            raise StoreError("JetStream did not store the probe")
 
     async def delete(self, job_id: str) -> None:
         await self.js.publish(self.prefix + job_id, b"", headers={KV_OP: "DEL"})

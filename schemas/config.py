@@ -93,10 +93,12 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # 0 = no limit.
     submit_rate_per_s: Annotated[float, Meta(ge=0)] = 0.0
     submit_burst: Annotated[int, Meta(ge=1)] = 1000
-    # Stream sizes in bytes. 0 = bounded only by the server's JetStream store (max_file_store).
-    submit_stream_max_bytes: Annotated[int, Meta(ge=0)] = 0
-    jobs_bucket_max_bytes: Annotated[int, Meta(ge=0)] = 0
-    # Reserved for the leader lease, so a full store can never stop a leader from renewing.
+    # Stream sizes in bytes, reserved in the JetStream store when the streams are created. A
+    # full stream refuses new writes (discard new) and never drops what it holds. Keep their
+    # sum (with the lease bucket's) under the server's max_file_store: a server store filled
+    # up refuses every write, the lease renewal included. 0 = unlimited (not recommended).
+    submit_stream_max_bytes: Annotated[int, Meta(ge=0)] = 256 * 2**20
+    jobs_bucket_max_bytes: Annotated[int, Meta(ge=0)] = 1024 * 2**20
     lease_bucket_max_bytes: Annotated[int, Meta(ge=4096)] = 64 * 1024
 
 
