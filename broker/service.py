@@ -33,7 +33,7 @@ from nats.js.errors import NotFoundError
 
 from broker import api as broker_api
 from broker.core.effects import Effect, Persist, Publish, Send
-from broker.core.machine import Machine
+from broker.core.machine import Machine, derive_job_id
 from broker.embedded import EmbeddedNats, free_port
 from broker.lease import LeaderLease, LeadershipLost
 from broker.metrics import Metrics
@@ -159,10 +159,19 @@ class ReplyRendezvous:
     submit subjects in plain NATS and remembers reply subjects by (subject, payload digest).
     Whichever side arrives second sends the reply."""
 
-    def __init__(self, nc: Client, limit: int, full: Callable[[], str | None]) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        limit: int,
+        full: Callable[[], str | None],
+        known: Callable[[Msg], bytes | None],
+    ) -> None:
         self.nc = nc
         self.limit = limit
         self.full = full  # the storage-full error while the store refuses writes, else None
+        # The reply for a retry of a job already accepted (same Nats-Msg-Id): the stream drops
+        # such a duplicate, so it would never be answered otherwise.
+        self.known = known
         self.waiting: OrderedDict[tuple[str, bytes], deque[tuple[float, str]]] = OrderedDict()
         self.done: OrderedDict[tuple[str, bytes], deque[tuple[float, bytes]]] = OrderedDict()
 
@@ -185,6 +194,10 @@ class ReplyRendezvous:
         if full:
             # The stream cannot store it either (same store), so it would never be answered.
             await self.nc.publish(msg.reply, encode_json(SubmitReply(accepted=False, error=full)))
+            return
+        again = self.known(msg)
+        if again is not None:
+            await self.nc.publish(msg.reply, again)
             return
         key = self.key(msg.subject, msg.data)
         results = self.done.get(key)
@@ -433,7 +446,9 @@ class Broker:
         self._applied_sent: dict[str, tuple[str, int]] = {}
         self._applied_busy: set[str] = set()
         self._lease_check_at = -1e18
-        self._rendezvous = ReplyRendezvous(nc, config.max_payload_bytes, self._storage_error)
+        self._rendezvous = ReplyRendezvous(
+            nc, config.max_payload_bytes, self._storage_error, self._known_submission
+        )
         self._requests = Requester(nc)
         self._cancels: dict[str, asyncio.Task[Any]] = {}
         self.metrics = Metrics(self)
@@ -974,6 +989,21 @@ class Broker:
             await self.nc.publish(
                 self.subjects.dead_letter(queue or "unknown"), msg.data, headers=headers
             )
+
+    def _known_submission(self, msg: Msg) -> bytes | None:
+        """The duplicate reply for a retried submission (same Nats-Msg-Id) of a known job."""
+        machine = self.machine
+        if machine is None or not msg.headers or not msg.headers.get("Nats-Msg-Id"):
+            return None
+        queue = self.subjects.queue_of_submit_subject(msg.subject)
+        try:
+            spec = parse_submission(msg.data, self.config.max_payload_bytes, queue)
+        except Exception:
+            return None  # the stream copy gets the full answer
+        job_id = spec.job_id or derive_job_id(spec.name, self._id_token(msg, 0, 0))
+        if job_id not in machine.jobs:
+            return None
+        return encode_json(SubmitReply(accepted=True, job_id=job_id, duplicate=True))
 
     def _id_token(self, msg: Msg, seq: int, stored_ns: int) -> str:
         """An unguessable, stable suffix for a job submitted without `job_id`: keyed by the

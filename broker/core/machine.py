@@ -156,7 +156,7 @@ class Machine:
         if order is None:
             order = self._order + 1
         self._order = max(self._order, order)
-        job_id = spec.job_id or _job_id(spec.name, id_token or str(order))
+        job_id = spec.job_id or derive_job_id(spec.name, id_token or str(order))
         existing = self.jobs.get(job_id)
         if existing is not None:
             return SubmitReply(accepted=True, job_id=job_id, duplicate=True), []
@@ -1191,7 +1191,8 @@ def _reject(error: str) -> SubmitReply:
     return SubmitReply(accepted=False, error=error)
 
 
-def _job_id(name: str, token: str) -> str:
+def derive_job_id(name: str, token: str) -> str:
+    """The id of a job submitted without one: its name and a token, at most 63 characters."""
     suffix = f"-{token}"
     return name[: 63 - len(suffix)].rstrip("-") + suffix
 

@@ -19,7 +19,7 @@ from schemas.agent import (
     Heartbeat,
     NodeInfo,
 )
-from schemas.codec import decode_command, encode_json, encode_msgpack
+from schemas.codec import decode_command, decode_submit_reply, encode_json, encode_msgpack
 from tests.broker.conftest import OD_A100, Harness
 from tests.broker.test_submit import job
 from tests.broker.wire import next_item
@@ -336,3 +336,70 @@ async def test_outcome_published_while_the_broker_is_away_is_kept_until_acknowle
         lambda: any(isinstance(c, Applied) and c.seq == agent.seq for c in agent.commands)
     )
     assert broker.leading.is_set()
+
+
+async def test_cpu_only_gang_that_fits_no_pool_is_rejected(harness: Harness) -> None:
+    await harness.start_broker()
+    await harness.agent("c1", count=4)  # 4 nodes of 96 cores
+    gang = {"name": "cpu-flood", "gang": [{"name": "w", "replicas": 4096, "gpu": 0, "cpu": "1"}]}
+    reply = await harness.submit(gang)
+    assert not reply.accepted and reply.error and "can never be placed" in reply.error
+    fits = {"name": "cpu-ok", "gang": [{"name": "w", "replicas": 8, "gpu": 0, "cpu": "1"}]}
+    assert (await harness.submit(fits)).accepted
+
+
+async def test_full_queue_refuses_submissions_and_other_queues_still_accept(
+    harness: Harness,
+) -> None:
+    config = copy.deepcopy(harness.config)
+    config.limits.max_pending_per_queue = 5
+    broker = await harness.start_broker(config)  # no cluster: everything stays queued
+    for i in range(5):
+        assert (await harness.submit(job(f"q{i}"))).accepted
+    reply = await harness.submit(job("q5"))
+    assert not reply.accepted and reply.error and "is full" in reply.error
+    assert "max_pending_per_queue" in reply.error
+    assert (await harness.submit(job("r0"), queue="research")).accepted
+    assert broker.machine is not None and broker.machine.pending_count() == 6
+
+
+async def test_submitter_over_its_rate_is_refused_with_the_reason(harness: Harness) -> None:
+    config = copy.deepcopy(harness.config)
+    config.limits.submit_rate_per_s = 0.001  # effectively: the burst, then nothing
+    config.limits.submit_burst = 3
+    broker = await harness.start_broker(config)
+    replies = [await harness.submit(job(f"b{i}", labels={"user": "alice"})) for i in range(5)]
+    assert [r.accepted for r in replies] == [True, True, True, False, False]
+    assert replies[3].error and replies[3].error.startswith("rate limited")
+    assert (await harness.submit(job("c0", labels={"user": "bob"}))).accepted
+    assert broker.stats["rate_limited"] == 2
+
+
+async def test_server_derived_ids_are_unguessable_and_a_retry_with_msg_id_is_the_same_job(
+    harness: Harness,
+) -> None:
+    broker = await harness.start_broker()
+    a = await harness.submit(job("train"))
+    b = await harness.submit(job("train"))
+    assert a.accepted and b.accepted and a.job_id != b.job_id
+    # Not the stream sequence: another client cannot compute the next id and take it first.
+    for reply in (a, b):
+        assert reply.job_id is not None
+        suffix = reply.job_id.rsplit("-", 1)[1]
+        assert len(suffix) == 12 and not suffix.isdigit()
+    headers = {"Nats-Msg-Id": "7f9c2b8e-retry-me"}
+    data = encode_json(job("train"))
+    first = decode_submit_reply(
+        (
+            await harness.nc.request(harness.subjects.submit("default"), data, 10, headers=headers)
+        ).data
+    )
+    # The stream drops the duplicate (same Nats-Msg-Id); the broker still answers it.
+    again = decode_submit_reply(
+        (
+            await harness.nc.request(harness.subjects.submit("default"), data, 10, headers=headers)
+        ).data
+    )
+    assert first.accepted and again.accepted and again.duplicate
+    assert again.job_id == first.job_id
+    assert broker.machine is not None and len(broker.machine.jobs) == 3
