@@ -52,6 +52,7 @@ RETRY_S = 0.2  # pause after a failed publish/snapshot so a dead connection cann
 # the oldest are dropped, loudly: a broker away that long has bigger problems.
 MAX_OUTBOX = 100_000
 OUTBOX_RESEND_S = 5.0  # unacknowledged this long: resend them all in a snapshot
+SENT_TIMES_KEPT = 4096  # send times of recent batches, for fencing
 
 
 def _outbox_key(ev: AgentEvent) -> tuple[str, int, bool] | None:
@@ -120,6 +121,8 @@ class AgentRuntime:
         }
         self.log = structlog.get_logger("muster.agent").bind(cluster=self.cluster)
         self._jobs: dict[str, _JobTrack] = {}
+        # seq -> unix time the batch left: an Applied(seq) proves the broker heard from us then.
+        self._sent_at: dict[int, float] = {}
         # key -> (event, seq of the batch that last carried it, 0 = not sent yet, sent at)
         self._outbox: dict[tuple[str, int, bool], tuple[AgentEvent, int, float]] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -248,13 +251,32 @@ class AgentRuntime:
             self.stats["outbox_dropped"] = self.stats.get("outbox_dropped", 0) + 1
             self.log.error("outbox full; oldest unacknowledged outcome dropped", key=dropped)
 
-    def _on_applied(self, cmd: Applied) -> None:
-        """The broker persisted every batch of this instance up to `cmd.seq`."""
+    async def _on_applied(self, cmd: Applied) -> None:
+        """The broker persisted every batch of this instance up to `cmd.seq`: forget those
+        outcomes, and extend the fences of live attempts from the moment that batch left.
+        The broker heard from this cluster no earlier, and declares it lost only
+        `lost_after_s` after it last heard, so a fence of `fence_after_s` (shorter) from then
+        has lapsed, by the cluster's own hand, before any second copy can start."""
         if cmd.instance != self.instance:
             return
         done = [k for k, (_, seq, _) in self._outbox.items() if 0 < seq <= cmd.seq]
         for key in done:
             del self._outbox[key]
+        sent = self._sent_at.get(cmd.seq)
+        if sent is not None:
+            await self._extend_fences(sent)
+
+    async def _extend_fences(self, since: float, job_id: str | None = None) -> None:
+        fence = getattr(self.backend, "fence", None)
+        if fence is None:
+            return
+        tracks = [(job_id, self._jobs[job_id])] if job_id in self._jobs else []
+        for jid, track in tracks if job_id is not None else list(self._jobs.items()):
+            for attempt in list(track.live):
+                after = track.fence_after.get(attempt, 0.0)
+                if after > 0:
+                    with contextlib.suppress(Exception):
+                        await fence(jid, attempt, since + after)
 
     def outbox_size(self) -> int:
         return len(self._outbox)
@@ -348,8 +370,8 @@ class AgentRuntime:
             self._cmd_tasks.add(task)
             task.add_done_callback(self._cmd_tasks.discard)
         cut_for = now - self._last_contact
-        if cut_for < 1.0:
-            return
+        if cut_for < 1.0 or getattr(self.backend, "fence", None) is not None:
+            return  # a backend that keeps fences stops the workloads itself, agent or not
         for job_id, track in list(self._jobs.items()):
             for attempt in sorted(track.live):
                 after = track.fence_after.get(attempt, 0.0)
@@ -462,8 +484,12 @@ class AgentRuntime:
                 max_payload=limit,
             )
             return
+        sent = time.time()
         await self.nc.publish(self.events_subject, data)
         self.seq = seq
+        self._sent_at[seq] = sent
+        if len(self._sent_at) > SENT_TIMES_KEPT:
+            del self._sent_at[next(iter(self._sent_at))]
         self.stats["batches"] += 1
         self.stats["events"] += len(events)
         outbox = self._outbox
@@ -514,7 +540,7 @@ class AgentRuntime:
             return
         self.max_epoch = cmd.epoch
         if isinstance(cmd, Applied):
-            self._on_applied(cmd)
+            await self._on_applied(cmd)
             await self._reply(msg, CommandAck(ok=True))
             return
         if isinstance(cmd, Resync):
@@ -598,10 +624,12 @@ class AgentRuntime:
             await self.backend.cancel(cmd.job_id, old, f"superseded by attempt {cmd.attempt}")
             track.live.discard(old)
             log.info("cancelled older attempt", old_attempt=old)
+        received = time.time()
         await self.backend.dispatch(cmd)
         track.highest = cmd.attempt
         track.live.add(cmd.attempt)
         track.fence_after[cmd.attempt] = cmd.fence_after_s
+        await self._extend_fences(received, cmd.job_id)
         log.debug("dispatched", flavor=cmd.flavor)
         return CommandAck(ok=True)
 

@@ -84,6 +84,7 @@ MAX_DELIVERIES = 2
 LEASE_CHECK_MIN_INTERVAL_S = 1.0  # stale-epoch claims are checked against the lease this rarely
 MAX_SUBMITTERS = 100_000  # token buckets kept at once
 STORAGE_PROBE_S = 1.0
+APPLIED_EVERY_S = 0.5  # batches without outcomes are acknowledged this often (fence renewal)
 ID_KEY = "muster-id-key"  # submit-stream metadata: the secret behind server-derived job ids
 STORAGE_FULL_MARKERS = ("insufficient", "resources", "maximum bytes", "storage")
 TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
@@ -445,6 +446,7 @@ class Broker:
         self._id_key = b""
         self._applied_sent: dict[str, tuple[str, int]] = {}
         self._applied_busy: set[str] = set()
+        self._applied_at: dict[str, float] = {}
         self._lease_check_at = -1e18
         self._rendezvous = ReplyRendezvous(
             nc, config.max_payload_bytes, self._storage_error, self._known_submission
@@ -1077,8 +1079,13 @@ class Broker:
         if outcome.error:
             self.stats["bad_batches"] += 1
             log.warning("broker.rejected_batch", cluster=cluster, error=outcome.error)
-        if outcome.applied and _outcomes(batch):
-            # The agent keeps endings and checkpoints until told they are persisted.
+        now = time.monotonic()
+        if outcome.applied and (
+            now - self._applied_at.get(cluster, -1e18) >= APPLIED_EVERY_S or _outcomes(batch)
+        ):
+            # The agent keeps endings and checkpoints until told they are persisted, and
+            # extends its workloads' fences from the time the acknowledged batch left.
+            self._applied_at[cluster] = now
             persisted = self._push(outcome.effects, wait=True)
             self._spawn(self._acknowledge(cluster, batch.instance, batch.seq, persisted))
         else:

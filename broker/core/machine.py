@@ -288,7 +288,18 @@ class Machine:
                 "is older than one already applied (a replay); ignored"
             )
             return out
-        snap_at = next((i for i, e in enumerate(events) if isinstance(e, ClusterSnapshot)), None)
+        in_sequence = (
+            track is not None
+            and track.instance == batch.instance
+            and track.synced
+            and batch.seq == track.seq + 1
+        )
+        # Only a batch out of sequence needs its snapshot found (the common case skips the scan).
+        snap_at = (
+            None
+            if in_sequence
+            else next((i for i, e in enumerate(events) if isinstance(e, ClusterSnapshot)), None)
+        )
         if track is None:
             if snap_at is None:
                 # Clusters exist only from a snapshot: ask for one, remember nothing else.
@@ -302,7 +313,7 @@ class Machine:
         was = track.health
         track.last_heard = now
         start = 0
-        if track.instance != batch.instance or not track.synced or batch.seq != track.seq + 1:
+        if not in_sequence:
             if snap_at is None:
                 self._retire(track, batch.instance)
                 track.instance = batch.instance
