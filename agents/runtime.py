@@ -518,6 +518,17 @@ class AgentRuntime:
 
     # -- commands ------------------------------------------------------------------------
     async def _on_msg(self, msg: Msg) -> None:
+        """The command boundary: whatever a message holds, it is answered and counted; nothing
+        it raises reaches the connection's callback loop."""
+        try:
+            await self._on_command(msg)
+        except Exception as exc:
+            self.stats["refused"] += 1
+            self.log.exception("command refused", error=repr(exc)[:300])
+            err = f"agent could not process the command: {type(exc).__name__}: {exc}"
+            await self._reply(msg, CommandAck(ok=False, error=err[:MAX_ERROR_CHARS]))
+
+    async def _on_command(self, msg: Msg) -> None:
         """Decode and fence in arrival order; per-job work runs concurrently but in order."""
         if self.partitioned or not self._running:
             return  # a partitioned cluster never sees the request

@@ -165,15 +165,18 @@ class LeaderLease:
     async def confirm_newer(self, epoch: int) -> bool:
         """True when the lease proves a leader newer than us: another holder, or an epoch
         above ours. An agent's word alone never makes a leader step down."""
+        held = await self._held()
+        return held is not None and (held.holder != self.holder or held.epoch > epoch)
+
+    async def _held(self) -> LeaseHolder | None:
         kv = await self._open()
         try:
             entry = await kv.get(KEY)
         except Exception:
-            return False
+            return None
         if entry.value is None:
-            return False
-        held = msgspec.json.decode(entry.value, type=LeaseHolder)
-        return held.holder != self.holder or held.epoch > epoch
+            return None
+        return msgspec.json.decode(entry.value, type=LeaseHolder)
 
     async def release(self) -> None:
         kv = await self._open()
@@ -181,11 +184,5 @@ class LeaderLease:
             await kv.delete(KEY, last=self._revision)
 
     async def current(self) -> str | None:
-        kv = await self._open()
-        try:
-            entry = await kv.get(KEY)
-        except Exception:
-            return None
-        if entry.value is None:
-            return None
-        return msgspec.json.decode(entry.value, type=LeaseHolder).holder
+        held = await self._held()
+        return None if held is None else held.holder

@@ -10,14 +10,17 @@ import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
 import pytest_asyncio
+from nats.aio.client import Client
 
 from broker.embedded import free_port, nats_server_binary
 from broker.service import Broker
 from schemas.codec import decode_submit_reply, encode_json
+from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
 from tests.broker.conftest import broker_config
 from tests.broker.test_submit import job
@@ -57,18 +60,46 @@ async def tiny_nats() -> AsyncIterator[str]:
             await asyncio.wait_for(proc.wait(), 10)
 
 
-async def test_full_job_bucket_keeps_the_lease_and_refuses_submissions(tiny_nats: str) -> None:
+@dataclass
+class Running:
+    client: Client
+    broker: Broker
+    task: asyncio.Task[None]
+    subjects: Subjects
+    config: BrokerConfig
+
+
+@contextlib.asynccontextmanager
+async def running_broker(url: str) -> AsyncIterator[Running]:
+    """A broker with 256 KiB streams and a 1 s lease on the tiny server, leading."""
     prefix = f"t{uuid.uuid4().hex[:10]}"
-    subjects = Subjects(prefix=prefix)
     config = broker_config(prefix, lease_ttl_s=1.0)
     config.limits.jobs_bucket_max_bytes = 256 * 1024
     config.limits.submit_stream_max_bytes = 256 * 1024
-    client = await nats.connect(tiny_nats)
-    bnc = await nats.connect(tiny_nats)
+    client = await nats.connect(url)
+    bnc = await nats.connect(url)
     broker = Broker(config, bnc)
     task = asyncio.create_task(broker.run())
     try:
         await asyncio.wait_for(broker.leading.wait(), 15)
+        yield Running(client, broker, task, Subjects(prefix=prefix), config)
+    finally:
+        await broker.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 15)
+        await bnc.close()
+        await client.close()
+
+
+async def test_full_job_bucket_keeps_the_lease_and_refuses_submissions(tiny_nats: str) -> None:
+    async with running_broker(tiny_nats) as run:
+        client, broker, task, subjects, config = (
+            run.client,
+            run.broker,
+            run.task,
+            run.subjects,
+            run.config,
+        )
         epoch = broker.lease.epoch
         # Fat jobs (64 labels of 1,000 characters) fill the job bucket in a few submissions.
         labels = {f"k{i}": "v" * 1000 for i in range(64)}
@@ -105,12 +136,6 @@ async def test_full_job_bucket_keeps_the_lease_and_refuses_submissions(tiny_nats
         msg = await client.request(subjects.submit("default"), encode_json(job("d", 1, 1)), 10)
         assert decode_submit_reply(msg.data).accepted
         assert broker.leading.is_set() and broker.lease.epoch == epoch
-    finally:
-        await broker.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 15)
-        await bnc.close()
-        await client.close()
 
 
 async def _fill(js: object, subject: str) -> None:
@@ -130,16 +155,14 @@ async def test_filled_server_store_never_makes_the_broker_exit(tiny_nats: str) -
     steps down (it must), but it keeps running and leads again once the store has room."""
     from nats.js import api
 
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-    config = broker_config(prefix, lease_ttl_s=1.0)
-    config.limits.jobs_bucket_max_bytes = 256 * 1024
-    config.limits.submit_stream_max_bytes = 256 * 1024
-    client = await nats.connect(tiny_nats)
-    bnc = await nats.connect(tiny_nats)
-    broker = Broker(config, bnc)
-    task = asyncio.create_task(broker.run())
-    try:
-        await asyncio.wait_for(broker.leading.wait(), 15)
+    async with running_broker(tiny_nats) as run:
+        client, broker, task, subjects, config = (
+            run.client,
+            run.broker,
+            run.task,
+            run.subjects,
+            run.config,
+        )
         js = client.jetstream()
         await js.add_stream(api.StreamConfig(name="FILLER", subjects=["filler"]))
         await _fill(js, "filler")
@@ -152,13 +175,5 @@ async def test_filled_server_store_never_makes_the_broker_exit(tiny_nats: str) -
         await js.delete_stream("FILLER")
         await asyncio.wait_for(broker.leading.wait(), 20)
         assert not task.done()
-        msg = await client.request(
-            Subjects(prefix=prefix).submit("default"), encode_json(job("after", 1, 1)), 10
-        )
+        msg = await client.request(subjects.submit("default"), encode_json(job("after", 1, 1)), 10)
         assert decode_submit_reply(msg.data).accepted
-    finally:
-        await broker.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 15)
-        await bnc.close()
-        await client.close()
