@@ -10,7 +10,6 @@ import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import nats
@@ -60,17 +59,10 @@ async def tiny_nats() -> AsyncIterator[str]:
             await asyncio.wait_for(proc.wait(), 10)
 
 
-@dataclass
-class Running:
-    client: Client
-    broker: Broker
-    task: asyncio.Task[None]
-    subjects: Subjects
-    config: BrokerConfig
-
-
 @contextlib.asynccontextmanager
-async def running_broker(url: str) -> AsyncIterator[Running]:
+async def running_broker(
+    url: str,
+) -> AsyncIterator[tuple[Client, Broker, asyncio.Task[None], Subjects, BrokerConfig]]:
     """A broker with 256 KiB streams and a 1 s lease on the tiny server, leading."""
     prefix = f"t{uuid.uuid4().hex[:10]}"
     config = broker_config(prefix, lease_ttl_s=1.0)
@@ -82,7 +74,7 @@ async def running_broker(url: str) -> AsyncIterator[Running]:
     task = asyncio.create_task(broker.run())
     try:
         await asyncio.wait_for(broker.leading.wait(), 15)
-        yield Running(client, broker, task, Subjects(prefix=prefix), config)
+        yield client, broker, task, Subjects(prefix=prefix), config
     finally:
         await broker.stop()
         with contextlib.suppress(Exception):
@@ -92,14 +84,7 @@ async def running_broker(url: str) -> AsyncIterator[Running]:
 
 
 async def test_full_job_bucket_keeps_the_lease_and_refuses_submissions(tiny_nats: str) -> None:
-    async with running_broker(tiny_nats) as run:
-        client, broker, task, subjects, config = (
-            run.client,
-            run.broker,
-            run.task,
-            run.subjects,
-            run.config,
-        )
+    async with running_broker(tiny_nats) as (client, broker, task, subjects, config):
         epoch = broker.lease.epoch
         # Fat jobs (64 labels of 1,000 characters) fill the job bucket in a few submissions.
         labels = {f"k{i}": "v" * 1000 for i in range(64)}
@@ -155,14 +140,7 @@ async def test_filled_server_store_never_makes_the_broker_exit(tiny_nats: str) -
     steps down (it must), but it keeps running and leads again once the store has room."""
     from nats.js import api
 
-    async with running_broker(tiny_nats) as run:
-        client, broker, task, subjects, config = (
-            run.client,
-            run.broker,
-            run.task,
-            run.subjects,
-            run.config,
-        )
+    async with running_broker(tiny_nats) as (client, broker, task, subjects, config):
         js = client.jetstream()
         await js.add_stream(api.StreamConfig(name="FILLER", subjects=["filler"]))
         await _fill(js, "filler")
