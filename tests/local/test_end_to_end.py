@@ -5,26 +5,13 @@ adopts its replicas; one gone too long has them fenced before the job starts els
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
-import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nats
-import pytest_asyncio
-
-from agents.config import AgentConfig, LocalClusterConfig, LocalFlavor, LocalNode
-from agents.local.backend import LocalBackend
-from agents.main import Fleet, start_fleet
-from agents.runtime import AgentRuntime
-from schemas.codec import decode_job_event
-from schemas.subjects import Subjects
-from tests.broker.conftest import Harness, broker_config
-from tests.local.conftest import PY, REPO, group_alive
+from tests.local.conftest import PY, REPO, Lab, group_alive
 
 SGD = REPO / "examples" / "sgd_train.py"
 STEPS = 300
@@ -71,103 +58,6 @@ def sgd_job(name: str, ckpt: Path, *, step_time: float = 0.01) -> dict[str, Any]
             ],
         },
     }
-
-
-def local_agent(name: str, workdir: Path, prefix: str, price: float) -> AgentConfig:
-    return AgentConfig(
-        cluster=name,
-        backend="local",
-        heartbeat_s=0.2,
-        subject_prefix=prefix,
-        local=LocalClusterConfig(
-            workdir=str(workdir),
-            flavors=[
-                LocalFlavor(
-                    name="spot",
-                    capacity_type="spot",
-                    price_per_gpu_hour=price,
-                    nodes=[LocalNode(gpu=1)],
-                    grace_s=2.0,
-                )
-            ],
-            poll_s=0.05,
-        ),
-    )
-
-
-@dataclass
-class Lab:
-    harness: Harness
-    tmp: Path
-    fleet: Fleet | None = None
-    configs: dict[str, AgentConfig] = field(default_factory=dict)
-    extra: list[AgentRuntime] = field(default_factory=list)
-
-    async def start(self) -> Fleet:
-        h = self.harness
-        await h.start_broker()
-        self.configs = {
-            "a": local_agent("a", self.tmp / "agents", h.prefix, 1.0),
-            "b": local_agent("b", self.tmp / "agents", h.prefix, 1.5),
-        }
-        self.fleet = await start_fleet(h.nc, list(self.configs.values()), h.subjects)
-        for name in self.configs:
-            await h.wait_for(lambda name=name: h.synced(name))  # type: ignore[misc]
-        return self.fleet
-
-    def backend(self, cluster: str) -> LocalBackend:
-        assert self.fleet is not None
-        return self.fleet.local[cluster]
-
-    async def restart_agent(self, cluster: str) -> LocalBackend:
-        """A new agent process for `cluster`: a new backend over the same work directory."""
-        cfg = self.configs[cluster]
-        backend = LocalBackend(cluster, cfg.local)
-        rt = AgentRuntime(backend, self.harness.nc, subjects=self.harness.subjects, heartbeat_s=0.2)
-        await rt.start()
-        self.extra.append(rt)
-        return backend
-
-    async def log_has(self, cluster: str, job_id: str, attempt: int, text: str) -> None:
-        path = self.tmp / "agents" / cluster / job_id / f"attempt-{attempt}" / "rank-0.log"
-        async with asyncio.timeout(30):
-            while not (path.exists() and text in path.read_text()):
-                await asyncio.sleep(0.05)
-
-    def log(self, cluster: str, job_id: str, attempt: int) -> str:
-        path = self.tmp / "agents" / cluster / job_id / f"attempt-{attempt}" / "rank-0.log"
-        return path.read_text()
-
-    async def stop(self) -> None:
-        for rt in self.extra:
-            await rt.stop()
-        if self.fleet is not None:
-            await self.fleet.stop()
-        for d in (self.tmp / "agents").glob("*"):  # leave no replica behind
-            b = LocalBackend(d.name, self.configs[d.name].local)
-            b._adopt_orphans()
-            for job_id, attempt in b.live_workloads():
-                await b.cancel(job_id, attempt, "test over")
-
-
-@pytest_asyncio.fixture
-async def lab(nats_url: str, tmp_path: Path) -> AsyncIterator[Lab]:
-    prefix = f"l{uuid.uuid4().hex[:10]}"
-    nc = await nats.connect(nats_url)
-    config = broker_config(prefix, lost_after_s=4.0, fence_lead_s=2.0, checkpoint_grace_s=10.0)
-    h = Harness(nats_url, prefix, Subjects(prefix=prefix), config, nc)
-
-    async def on_event(msg: Any) -> None:
-        event = decode_job_event(msg.data)
-        h.events[event.job_id].append(event)
-        h._changed.set()
-
-    await nc.subscribe(h.subjects.job_events_all, cb=on_event)
-    world = Lab(h, tmp_path)
-    yield world
-    await world.stop()
-    await h.stop_broker()
-    await nc.close()
 
 
 async def test_spot_notice_moves_real_training_and_it_ends_bit_for_bit_equal(lab: Lab) -> None:
@@ -225,7 +115,7 @@ async def test_an_agent_gone_too_long_has_its_replica_fenced_before_the_job_move
     h = lab.harness
     ckpt = lab.tmp / "ckpt"
     job_id = (await h.submit(sgd_job("fence", ckpt, step_time=0.03))).job_id
-    await lab.log_has("a", job_id, 1, "checkpoint step 50 ")
+    await lab.broker_has_checkpoint(job_id, 50)
     pids = lab.backend("a").pids(job_id, 1)
     await fleet.runtimes["a"].stop()
     second = await h.wait_event(job_id, "admitted", count=2, timeout=30)
@@ -237,4 +127,5 @@ async def test_an_agent_gone_too_long_has_its_replica_fenced_before_the_job_move
     assert restarted.live_workloads() == []
     assert (ckpt / f"step-{STEPS}").read_text() == reference.final
     resumed = lab.log("b", job_id, 2)
+    assert second.resume_from_step is not None and second.resume_from_step >= 50
     assert resumed.startswith(f"resumed from step {second.resume_from_step} ")
