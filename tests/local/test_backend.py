@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from agents.backend import BackendError
+from agents.config import BambooTrace
 from agents.local.backend import LocalBackend
 from schemas.agent import CheckpointRef, CheckpointReport, NodeGone, SpotNotice
 from tests.local.conftest import PY, Recorder, dispatch, group_alive, local_config, wait_dead
@@ -246,3 +247,17 @@ async def test_replicas_of_a_dead_agent_stop_when_their_fence_lapses(
 
 def b_log(b: LocalBackend, job_id: str, attempt: int = 1, rank: int = 0) -> str:
     return b.log_path(job_id, attempt, rank).read_text()
+
+
+async def test_a_trace_removal_becomes_a_spot_notice_ahead_of_time(
+    started: Any, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("0,add,0\n400,remove,1\n")
+    config = local_config(tmp_path, spot_notice_s=0.2)
+    config.trace = BambooTrace(path=str(trace), flavor="slots")
+    b, rec = await started(config)
+    await rec.wait(lambda: any(isinstance(e, SpotNotice) for e in rec.events))
+    notice = next(e for e in rec.events if isinstance(e, SpotNotice))
+    assert notice.node == "lab-slots-1"
+    await rec.wait(lambda: "lab-slots-1" not in b.nodes)  # reclaimed at the trace's time
