@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import os
 import subprocess
 import sys
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import nats
-import structlog
 from nats.aio.client import Client
 
 from agents.config import AgentConfig, LocalClusterConfig, LocalFlavor, LocalNode
@@ -39,6 +37,7 @@ from broker.service import Broker
 from schemas.api import JobEvent
 from schemas.codec import decode_job_event, decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from schemas.logs import configure_logging
 from schemas.subjects import Subjects
 
 PREFIX = "muster"
@@ -264,21 +263,6 @@ async def run_demo(workdir: Path, steps: int, say: Callable[[str], None] = print
     return result
 
 
-@contextlib.contextmanager
-def _quiet_logs() -> Any:
-    """The broker and agents log for operators; the demo tells its own story."""
-    old = structlog.get_config()
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=False,
-    )
-    try:
-        yield
-    finally:
-        structlog.configure(**old)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m load.demo_local", description=__doc__.split("\n")[0]
@@ -288,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 100:
         parser.error("--steps must be at least 100 (the notice comes after a checkpoint)")
-    with contextlib.ExitStack() as stack, _quiet_logs():
+    configure_logging("error")  # the broker and agents log for operators; the demo narrates
+    with contextlib.ExitStack() as stack:
         workdir = args.workdir
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="muster-")))

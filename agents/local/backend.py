@@ -53,6 +53,7 @@ from schemas.agent import (
     SpotNotice,
     WorkloadStatus,
 )
+from schemas.job import Workload
 from schemas.quantity import cpu_milli, memory_bytes
 
 MASTER_ADDR = "127.0.0.1"
@@ -155,6 +156,7 @@ class _Attempt:
     term_at: float | None = None  # monotonic time of that SIGTERM
     killed: list[int] = field(default_factory=list)  # ranks SIGKILLed after ignoring SIGTERM
     culprit: int | None = None  # the first rank seen failing
+    cancelling: bool = False  # being stopped on purpose: its exits are no verdict
 
     @property
     def key(self) -> tuple[str, int]:
@@ -191,7 +193,6 @@ class LocalBackend:
         self._task: asyncio.Task[None] | None = None
         self._trace_task: asyncio.Task[None] | None = None
         self.history: dict[str, list[dict[str, Any]]] = {}  # job_id -> verdicts, for tests
-        self.on_ended: Callable[[str, int, dict[str, Any]], None] | None = None
 
     # -- Backend protocol ----------------------------------------------------------------
     async def start(self, emit: Emit) -> None:
@@ -310,8 +311,9 @@ class LocalBackend:
             shim.write_json(at.file("fence"), deadline)
 
     async def kill_attempt(self, at: _Attempt, reason: str) -> None:
-        if at.key not in self._attempts:
+        if at.key not in self._attempts or at.cancelling:
             return
+        at.cancelling = True  # a replica that exits 0 on SIGTERM has not succeeded
         self._kill_all(at, signal.SIGTERM)
         grace = self.config.cancel_grace_s
         if not await self._wait_exit(at, grace):
@@ -372,7 +374,7 @@ class LocalBackend:
 
     # -- processes -----------------------------------------------------------------------
     def _spawn(
-        self, at: _Attempt, rank: int, node: str, env: dict[str, str], workload: Any
+        self, at: _Attempt, rank: int, node: str, env: dict[str, str], workload: Workload
     ) -> _Replica:
         cwd = at.dir / f"rank-{rank}"
         cwd.mkdir(exist_ok=True)
@@ -435,7 +437,8 @@ class LocalBackend:
         return False
 
     def _exit_code(self, r: _Replica) -> int:
-        """The shim's record first (it knows the command's code); else the shim's own."""
+        """The shim's own exit status (-1 when adopted: not our child); `_code` prefers the
+        shim's record of the command's."""
         return -1 if r.proc is None else int(r.proc.returncode)
 
     def _kill_all(self, at: _Attempt, sig: int) -> None:
@@ -464,6 +467,8 @@ class LocalBackend:
 
     def _check(self, at: _Attempt) -> None:
         self._refresh_fence(at)
+        if at.cancelling:
+            return
         self._read_checkpoint(at)
         alive = [self._alive(r) for r in at.replicas]
         if at.term_at is not None:
@@ -530,8 +535,6 @@ class LocalBackend:
         with contextlib.suppress(OSError):
             shim.write_json(at.file("verdict.json"), verdict)
         self.history.setdefault(at.job_id, []).append({"attempt": at.attempt, **verdict})
-        if self.on_ended is not None:
-            self.on_ended(at.job_id, at.attempt, verdict)
 
     def _refresh_fence(self, at: _Attempt, *, force: bool = False) -> None:
         if at.fence_after_s <= 0:

@@ -261,3 +261,21 @@ async def test_a_trace_removal_becomes_a_spot_notice_ahead_of_time(
     notice = next(e for e in rec.events if isinstance(e, SpotNotice))
     assert notice.node == "lab-slots-1"
     await rec.wait(lambda: "lab-slots-1" not in b.nodes)  # reclaimed at the trace's time
+
+
+async def test_a_replica_exiting_0_on_a_cancel_is_not_reported_as_succeeded(
+    started: Any, tmp_path: Path
+) -> None:
+    b, rec = await started(local_config(tmp_path))
+    polite = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    await b.dispatch(dispatch("bye", [PY, "-c", polite], ["lab-slots-0"]))
+    await rec.wait(lambda: "ready" in b_log(b, "bye"))
+    await b.cancel("bye", 1, "superseded")
+    assert json.loads((b.attempt_dir("bye", 1) / "rank-0.exit").read_text())["code"] == 0
+    assert rec.phases("bye") in (["created"], ["created", "running"])
+    assert b.history["bye"] == [{"attempt": 1, "phase": "cancelled", "reason": "superseded"}]

@@ -129,3 +129,19 @@ async def test_an_agent_gone_too_long_has_its_replica_fenced_before_the_job_move
     resumed = lab.log("b", job_id, 2)
     assert second.resume_from_step is not None and second.resume_from_step >= 50
     assert resumed.startswith(f"resumed from step {second.resume_from_step} ")
+
+
+async def test_a_partitioned_agent_fences_its_processes_before_the_job_moves(lab: Lab) -> None:
+    fleet = await lab.start()
+    h = lab.harness
+    job_id = (await h.submit(sgd_job("cut", lab.tmp / "ckpt", step_time=0.03))).job_id
+    await lab.broker_has_checkpoint(job_id, 50)
+    pids = lab.backend("a").pids(job_id, 1)
+    fleet.runtimes["a"].set_partitioned(True)  # alive, but no word reaches the broker
+    second = await h.wait_event(job_id, "admitted", count=2, timeout=30)
+    assert second.cluster == "b"
+    assert not any(group_alive(p) for p in pids)  # the runtime's self-fence killed them
+    assert lab.backend("a").live_workloads() == []
+    assert fleet.runtimes["a"].stats.get("fenced") == 1
+    fleet.runtimes["a"].set_partitioned(False)
+    await h.wait_event(job_id, "succeeded", timeout=60)
