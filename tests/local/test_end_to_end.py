@@ -68,14 +68,14 @@ async def test_spot_notice_moves_real_training_and_it_ends_bit_for_bit_equal(lab
     job_id = (await h.submit(sgd_job("sgd", ckpt))).job_id
     first = await h.wait_event(job_id, "admitted", timeout=15)
     assert first.cluster == "a"  # the cheaper spot pool
-    await lab.log_has("a", job_id, 1, "checkpoint step 100 ")
+    await lab.broker_has_checkpoint(job_id, 100)
     a = lab.backend("a")
     pids = a.pids(job_id, 1)
     a.spot_notice(a.nodes_of("spot")[0], lead_s=30)
     second = await h.wait_event(job_id, "admitted", count=2, timeout=20)
     assert second.cluster == "b"
     saved = second.resume_from_step
-    assert saved is not None and saved > 100  # saved on request, not the last periodic one
+    assert saved is not None and saved > 100  # saved on request, not the one the broker had
     assert f"checkpoint step {saved} " in lab.log("a", job_id, 1)
     await h.wait_event(job_id, "succeeded", timeout=60)
     resumed = lab.log("b", job_id, 2)
