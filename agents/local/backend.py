@@ -560,7 +560,7 @@ class LocalBackend:
         if not isinstance(step, int) or not isinstance(uri, str) or step < 0:
             self.log.warning("ignoring malformed checkpoint report", path=str(path))
             return
-        if step <= at.step and at.phase != "created":
+        if step <= at.step:  # known already (or older than the resume point)
             return
         at.step = max(at.step, step)
         self._emit(
