@@ -199,7 +199,8 @@ def _read_yaml(path: str | Path) -> Any:
 
 
 def _resolve_trace(cfg: AgentConfig, base: Path) -> None:
-    """Relative trace paths are relative to the config file, not to the working directory."""
+    """Relative trace paths (and the local backend's workdir) are relative to the config file,
+    not to the working directory."""
     if cfg.fake is not None and cfg.fake.trace is not None:
         tp = Path(cfg.fake.trace.path)
         if not tp.is_absolute():

@@ -145,3 +145,18 @@ async def test_a_partitioned_agent_fences_its_processes_before_the_job_moves(lab
     assert fleet.runtimes["a"].stats.get("fenced") == 1
     fleet.runtimes["a"].set_partitioned(False)
     await h.wait_event(job_id, "succeeded", timeout=60)
+
+
+async def test_a_bad_command_fails_the_job_with_its_exit_code_and_log(lab: Lab) -> None:
+    await lab.start()
+    h = lab.harness
+    bad = sgd_job("bad", lab.tmp / "bad")
+    bad["workload"] = {"command": ["/no/such/trainer"], "args": ["--fast"]}
+    bad["restart"] = {"max_restarts_on_error": 0}
+    bad_id = (await h.submit(bad)).job_id
+    failed = await h.wait_event(bad_id, "failed", timeout=20)
+    assert failed.reason is not None
+    assert "127" in failed.reason and "cannot run '/no/such/trainer'" in failed.reason
+    # The broker carries on: the next job runs to the end on the same capacity.
+    good_id = (await h.submit(sgd_job("good", lab.tmp / "good", step_time=0))).job_id
+    await h.wait_event(good_id, "succeeded", timeout=30)
