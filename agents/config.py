@@ -34,6 +34,15 @@ Positive = Annotated[float, Meta(gt=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
 
 
+def _check_quantities(where: str, obj: Any) -> None:
+    """`obj.cpu` and `obj.memory` are Kubernetes quantities; the error names `where`."""
+    for fname, parse in (("cpu", cpu_milli), ("memory", memory_bytes)):
+        try:
+            parse(getattr(obj, fname))
+        except QuantityError as exc:
+            raise ValueError(f"{where}: {fname}: {exc}") from None
+
+
 class AgentConfigError(ValueError):
     """An agent/fleet config that does not validate; the text names the file and the field."""
 
@@ -52,11 +61,7 @@ class FakeFlavor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     memory: Quantity = "768Gi"
 
     def __post_init__(self) -> None:
-        for fname, parse in (("cpu", cpu_milli), ("memory", memory_bytes)):
-            try:
-                parse(getattr(self, fname))
-            except QuantityError as exc:
-                raise ValueError(f"flavor {self.name!r}: {fname}: {exc}") from None
+        _check_quantities(f"flavor {self.name!r}", self)
 
 
 class BambooTrace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -122,11 +127,7 @@ class LocalFlavor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
 
     def __post_init__(self) -> None:
         for i, node in enumerate(self.nodes):
-            for fname, parse in (("cpu", cpu_milli), ("memory", memory_bytes)):
-                try:
-                    parse(getattr(node, fname))
-                except QuantityError as exc:
-                    raise ValueError(f"flavor {self.name!r}: nodes[{i}].{fname}: {exc}") from None
+            _check_quantities(f"flavor {self.name!r}: nodes[{i}]", node)
 
 
 class LocalClusterConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -41,7 +41,7 @@ async def test_the_example_config_declares_slot_groups_as_nodes() -> None:
                 "backend": "local",
                 "local": {"flavors": [{"name": "a", "nodes": [{"cpu": "lots"}]}]},
             },
-            "nodes[0].cpu",
+            "nodes[0]: cpu",
         ),
         (
             {
