@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck pytest bench schema clean
+.PHONY: test demo demo-local lint typecheck pytest bench schema clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,9 @@ pytest: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m load.demo
+
+demo-local: $(STAMP)
+	$(BIN)/python -m load.demo_local
 
 schema: $(STAMP)
 	$(BIN)/python -m schemas.jsonschema

@@ -34,6 +34,15 @@ Positive = Annotated[float, Meta(gt=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
 
 
+def _check_quantities(where: str, obj: Any) -> None:
+    """`obj.cpu` and `obj.memory` are Kubernetes quantities; the error names `where`."""
+    for fname, parse in (("cpu", cpu_milli), ("memory", memory_bytes)):
+        try:
+            parse(getattr(obj, fname))
+        except QuantityError as exc:
+            raise ValueError(f"{where}: {fname}: {exc}") from None
+
+
 class AgentConfigError(ValueError):
     """An agent/fleet config that does not validate; the text names the file and the field."""
 
@@ -52,11 +61,7 @@ class FakeFlavor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     memory: Quantity = "768Gi"
 
     def __post_init__(self) -> None:
-        for fname, parse in (("cpu", cpu_milli), ("memory", memory_bytes)):
-            try:
-                parse(getattr(self, fname))
-            except QuantityError as exc:
-                raise ValueError(f"flavor {self.name!r}: {fname}: {exc}") from None
+        _check_quantities(f"flavor {self.name!r}", self)
 
 
 class BambooTrace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -98,23 +103,76 @@ class FakeClusterConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
             raise ValueError(f"trace.flavor {self.trace.flavor!r} is not one of flavors {names}")
 
 
+class LocalNode(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A slot group on this machine that the broker sees as one node of a flavor."""
+
+    gpu: Annotated[int, Meta(ge=0, le=64)] = 0
+    cpu: Quantity = "4"
+    memory: Quantity = "8Gi"
+
+
+class LocalFlavor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One pool of slot groups. On spot, a notice gives `spot_notice_s` before the replicas
+    get SIGTERM, and `grace_s` after that before SIGKILL (as a node drain would)."""
+
+    name: FlavorName
+    capacity_type: CapacityType = "on-demand"
+    gpu_type: Annotated[str, Meta(max_length=64)] = "cpu"
+    price_per_gpu_hour: NonNegFloat = 0.0
+    nodes: Annotated[list[LocalNode], Meta(min_length=1, max_length=256)] = msgspec.field(
+        default_factory=lambda: [LocalNode()]
+    )
+    spot_notice_s: NonNegFloat = 30.0
+    grace_s: NonNegFloat = 10.0
+
+    def __post_init__(self) -> None:
+        for i, node in enumerate(self.nodes):
+            _check_quantities(f"flavor {self.name!r}: nodes[{i}]", node)
+
+
+class LocalClusterConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Replicas as local processes. `workdir` holds one directory per attempt (replica
+    working directories, logs, pid and fence files); relative paths are relative to the
+    config file. `trace` injects spot notices like the fake backend's (real seconds)."""
+
+    workdir: Annotated[str, Meta(min_length=1)] = "muster-local"
+    flavors: Annotated[list[LocalFlavor], Meta(min_length=1, max_length=64)] = msgspec.field(
+        default_factory=lambda: [LocalFlavor(name="local")]
+    )
+    trace: BambooTrace | None = None
+    cancel_grace_s: Annotated[float, Meta(ge=0, le=600)] = 2.0
+    poll_s: Annotated[float, Meta(gt=0, le=10)] = 0.1
+    log_tail_lines: Annotated[int, Meta(ge=1, le=200)] = 10
+
+    def __post_init__(self) -> None:
+        names = [f.name for f in self.flavors]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"flavors: duplicate flavor names {dupes}")
+        if self.trace is not None and self.trace.flavor not in names:
+            raise ValueError(f"trace.flavor {self.trace.flavor!r} is not one of flavors {names}")
+
+
 class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One agent: a cluster name, its backend and the runtime's batching/heartbeat knobs."""
 
     cluster: ClusterName
-    backend: Literal["fake", "kube"]
+    backend: Literal["fake", "kube", "local"]
     heartbeat_s: Positive = 1.0
     batch_max: Annotated[int, Meta(ge=1, le=MAX_BATCH)] = 1000
     batch_interval_s: Annotated[float, Meta(ge=0, le=10)] = 0.01
     subject_prefix: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")] = "muster"
     fake: FakeClusterConfig | None = None
     kube: dict[str, Any] | None = None
+    local: LocalClusterConfig | None = None
 
     def __post_init__(self) -> None:
         if self.backend == "fake" and self.fake is None:
             raise ValueError("fake: required when backend is 'fake' (give at least `fake: {}`)")
         if self.backend == "kube" and self.kube is None:
             raise ValueError("kube: required when backend is 'kube'")
+        if self.backend == "local" and self.local is None:
+            raise ValueError("local: required when backend is 'local' (give at least `local: {}`)")
 
 
 class FleetConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -142,11 +200,17 @@ def _read_yaml(path: str | Path) -> Any:
 
 
 def _resolve_trace(cfg: AgentConfig, base: Path) -> None:
-    """Relative trace paths are relative to the config file, not to the working directory."""
+    """Relative trace paths (and the local backend's workdir) are relative to the config file,
+    not to the working directory."""
     if cfg.fake is not None and cfg.fake.trace is not None:
         tp = Path(cfg.fake.trace.path)
         if not tp.is_absolute():
             cfg.fake.trace.path = str((base / tp).resolve())
+    if cfg.local is not None:
+        if cfg.local.trace is not None and not Path(cfg.local.trace.path).is_absolute():
+            cfg.local.trace.path = str((base / cfg.local.trace.path).resolve())
+        if not Path(cfg.local.workdir).is_absolute():
+            cfg.local.workdir = str((base / cfg.local.workdir).resolve())
 
 
 def convert_agent_config(raw: Any, source: str = "agent config") -> AgentConfig:

@@ -23,6 +23,7 @@ from nats.aio.client import Client
 from agents.backend import Backend
 from agents.config import AgentConfig, AgentConfigError, load_fleet_config
 from agents.fake.cluster import AttemptRecord, FakeCluster
+from agents.local.backend import LocalBackend
 from agents.runtime import AgentRuntime
 from schemas import healthz
 from schemas.logs import configure_logging
@@ -34,6 +35,8 @@ def build_backend(config: AgentConfig) -> Backend:
     """The backend for one config; the kube backend is imported only when used."""
     if config.backend == "fake":
         return FakeCluster(config.cluster, config.fake)
+    if config.backend == "local":
+        return LocalBackend(config.cluster, config.local)
     from agents.kube.backend import KubeBackend  # lazy: kubernetes-asyncio is heavy
 
     backend: Backend = KubeBackend.from_config(config.cluster, config.kube or {})
@@ -59,6 +62,7 @@ class Fleet:
     nc: Client
     runtimes: dict[str, AgentRuntime] = field(default_factory=dict)
     clusters: dict[str, FakeCluster] = field(default_factory=dict)
+    local: dict[str, LocalBackend] = field(default_factory=dict)  # process-running clusters
 
     def __getitem__(self, cluster: str) -> FakeCluster:
         return self.clusters[cluster]
@@ -98,6 +102,8 @@ async def start_fleet(
             if isinstance(backend, FakeCluster):
                 fleet.clusters[cfg.cluster] = backend
                 backend.on_outage = rt.set_partitioned
+            elif isinstance(backend, LocalBackend):
+                fleet.local[cfg.cluster] = backend
             fleet.runtimes[cfg.cluster] = rt
             await rt.start()
     except BaseException:

@@ -18,7 +18,8 @@ Environment (set by the agent's backend on every replica):
   ServiceAccount may patch its own pod, copies the file into the annotation.
 - `MUSTER_PODINFO_DIR`: the kube backend's downward-API volume. Its `annotations` file gets
   `muster.dev/checkpoint-request="<deadline>"` when the agent asks for a checkpoint; the SDK
-  polls it (every 2 s) as the slow path beside NATS.
+  polls it (every `MUSTER_PODINFO_POLL_S`, default 2 s) as the slow path beside NATS. The
+  local backend writes the same file in the attempt's directory.
 - `MUSTER_SIGTERM_GRACE_S` (default 30): the deadline given to a SIGTERM checkpoint request.
 
 Typical loop::
@@ -78,6 +79,7 @@ ENV_NATS_URL = "MUSTER_NATS_URL"
 ENV_SUBJECT_PREFIX = "MUSTER_SUBJECT_PREFIX"
 ENV_ANNOTATION_FILE = "MUSTER_ANNOTATION_FILE"
 ENV_SIGTERM_GRACE = "MUSTER_SIGTERM_GRACE_S"
+ENV_PODINFO_POLL = "MUSTER_PODINFO_POLL_S"
 
 _STEP_RE = re.compile(r"step-(\d+)/?$")
 _JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
@@ -123,6 +125,7 @@ class SdkEnv:
     annotation_file: str | None = None
     sigterm_grace_s: float = 30.0
     podinfo_dir: str | None = None
+    podinfo_poll_s: float = PODINFO_POLL_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SdkEnv:
@@ -163,6 +166,14 @@ class SdkEnv:
                 grace = float(g)
             except ValueError:
                 raise SdkConfigError(f"{ENV_SIGTERM_GRACE}={g!r} is not a number") from None
+        poll = PODINFO_POLL_S
+        if (p := get(ENV_PODINFO_POLL)) is not None:
+            try:
+                poll = float(p)
+            except ValueError:
+                raise SdkConfigError(f"{ENV_PODINFO_POLL}={p!r} is not a number") from None
+            if not 0.01 <= poll <= 60:
+                raise SdkConfigError(f"{ENV_PODINFO_POLL}={poll} must be between 0.01 and 60")
         return cls(
             job_id=job_id,
             attempt=attempt,
@@ -173,6 +184,7 @@ class SdkEnv:
             annotation_file=get(ENV_ANNOTATION_FILE),
             sigterm_grace_s=grace,
             podinfo_dir=get(ENV_PODINFO_DIR),
+            podinfo_poll_s=poll,
         )
 
     @property
@@ -204,6 +216,11 @@ def write_annotation_file(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def checkpoint_request_line(deadline: float) -> str:
+    """One line of a downward-API `annotations` file asking for a checkpoint by `deadline`."""
+    return f"{ANNOTATION_REQUEST}={json.dumps(str(deadline))}"
 
 
 def read_checkpoint_request(annotations_file: str | os.PathLike[str]) -> float | None:
@@ -389,7 +406,7 @@ class Checkpointer:
     def close(self) -> None:
         self._closed.set()
         if self._poller is not None:
-            self._poller.join(PODINFO_POLL_S + 1.0)
+            self._poller.join(self.env.podinfo_poll_s + 1.0)
             self._poller = None
         self.uninstall_sigterm_handler()
         bridge, self._bridge = self._bridge, None
@@ -438,7 +455,7 @@ class Checkpointer:
         assert self.env.podinfo_dir is not None
         path = Path(self.env.podinfo_dir) / "annotations"
         seen: float | None = None
-        while not self._closed.wait(PODINFO_POLL_S):
+        while not self._closed.wait(self.env.podinfo_poll_s):
             deadline = read_checkpoint_request(path)
             if deadline is not None and deadline != seen and deadline > time.time():
                 seen = deadline

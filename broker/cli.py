@@ -799,7 +799,7 @@ def agent(
     *,
     auth: NatsAuth,
 ) -> None:
-    """Run one cluster agent (backend kube or fake)."""
+    """Run one cluster agent (backend kube, fake or local)."""
     configure_logging(log_level.value)
     load_agent_config = _lazy("agents.config", "load_agent_config")
     run_agent = _lazy("agents.main", "run_agent")
