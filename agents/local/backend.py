@@ -57,7 +57,6 @@ from schemas.job import Workload
 from schemas.quantity import cpu_milli, memory_bytes
 
 MASTER_ADDR = "127.0.0.1"
-FENCE_REFRESH_S = 1.0
 MAX_REASON = 1000  # WorkloadStatus.reason is capped at 1024
 
 
@@ -266,7 +265,7 @@ class LocalBackend:
         )
         self._reserve(at)
         self._attempts[key] = at
-        self._refresh_fence(at, force=True)
+        self._first_fence(at)
         port = free_port()
         local_ranks: dict[str, int] = {}
         try:
@@ -302,13 +301,17 @@ class LocalBackend:
         tmp.write_text(checkpoint_request_line(deadline) + "\n")
         os.replace(tmp, path)
 
-    # -- fencing: the runtime's self-fencing calls cancel(); a broker-driven fence would
-    # call `fence()` with the deadline it grants ----------------------------------------
-    def fence(self, job_id: str, attempt: int, deadline: float) -> None:
-        """Let the attempt run until `deadline` (unix seconds) unless extended again."""
+    # -- fencing: the runtime extends each live attempt's fence while the broker hears the
+    # agent; the launcher (shim.py) kills the replicas once the deadline passes, agent or not --
+    async def fence(self, job_id: str, attempt: int, until: float) -> None:
+        """Let the attempt run until `until` (unix seconds) unless extended again."""
         at = self._attempts.get((job_id, attempt))
         if at is not None:
-            shim.write_json(at.file("fence"), deadline)
+            self._write_fence(at, until)
+
+    def _write_fence(self, at: _Attempt, until: float) -> None:
+        shim.write_json(at.file("fence"), until)
+        at.fence_written = time.time()
 
     async def kill_attempt(self, at: _Attempt, reason: str) -> None:
         if at.key not in self._attempts or at.cancelling:
@@ -466,7 +469,6 @@ class LocalBackend:
             await asyncio.sleep(self.config.poll_s)
 
     def _check(self, at: _Attempt) -> None:
-        self._refresh_fence(at)
         if at.cancelling:
             return
         self._read_checkpoint(at)
@@ -536,13 +538,10 @@ class LocalBackend:
             shim.write_json(at.file("verdict.json"), verdict)
         self.history.setdefault(at.job_id, []).append({"attempt": at.attempt, **verdict})
 
-    def _refresh_fence(self, at: _Attempt, *, force: bool = False) -> None:
-        if at.fence_after_s <= 0:
-            return
-        now = time.time()
-        if force or now - at.fence_written >= FENCE_REFRESH_S:
-            self.fence(at.job_id, at.attempt, now + at.fence_after_s)
-            at.fence_written = now
+    def _first_fence(self, at: _Attempt) -> None:
+        """The fence an attempt starts with; from then on only the runtime extends it."""
+        if at.fence_after_s > 0:
+            self._write_fence(at, time.time() + at.fence_after_s)
 
     def _read_checkpoint(self, at: _Attempt) -> None:
         path = at.file("checkpoint.json")
