@@ -46,6 +46,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from schemas.fieldhints import explain
 from schemas.job import MAX_GPU_PER_REPLICA, MAX_PODSETS, MAX_REPLICAS, JobSpec
 from schemas.quantity import QuantityError, cpu_milli, memory_bytes, parse_quantity
 
@@ -643,13 +644,9 @@ def jobspec_from_manifest(
 
 
 def _readable(exc: msgspec.ValidationError) -> str:
-    """msgspec's "Expected ... - at `$.gang[0].gpu`" as "gang[0].gpu: Expected ..."."""
-    text = str(exc)
-    match = re.match(r"^(.*) - at `\$\.?(.*)`$", text, re.DOTALL)
-    if match is None:
-        return text
-    what, where = match.groups()
-    return f"{where}: {what}" if where else what
+    """msgspec's "Expected ... - at `$.gang[0].gpu`" as "gang[0].gpu: Expected ...", with
+    "did you mean" for a misspelt JobSpec field."""
+    return explain(str(exc), JobSpec)
 
 
 # -- job files for the CLI ---------------------------------------------------------------

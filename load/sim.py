@@ -63,7 +63,7 @@ from schemas.job import (
     Workload,
 )
 
-TRACES_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+TRACES_DIR = traces.default_traces_dir()
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 NODE_GPUS = 8
 NODE_CPU_MILLI = 96_000
@@ -188,7 +188,7 @@ _DEFAULTS = SimConfig()
 @lru_cache(maxsize=2)
 def load_philly(path: Path) -> tuple[traces.PhillyJob, ...]:
     """All Philly rows sorted by submit time (the file is not sorted)."""
-    return tuple(traces.load_philly(path))
+    return tuple(traces.load_philly(traces.require_trace(path.name, path.parent)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,7 +725,7 @@ class Sim:
 
     def _schedule_trace(self, pool: SpotPool) -> None:
         """Loop the Bamboo trace over the horizon; the state at the phase is the start."""
-        events = load_bamboo(self.cfg.traces / f"bamboo-{pool.spec.trace}.csv")
+        events = load_bamboo(traces.require_trace(f"bamboo-{pool.spec.trace}.csv", self.cfg.traces))
         if not events:
             return
         period = events[-1].t + 600.0

@@ -128,6 +128,8 @@ class JobView(msgspec.Struct, omit_defaults=True):
     cluster: str | None = None
     flavor: str | None = None
     reason: str | None = None
+    # A queued or preempting job: the short form of `muster why` (code: first message)
+    waiting: str | None = None
     latest_checkpoint: CheckpointView | None = None
     attempts: list[AttemptView] = []
     accounting: Accounting = msgspec.field(default_factory=Accounting)
@@ -148,6 +150,11 @@ class WhyView(msgspec.Struct, omit_defaults=True):
     state: JobState
     reasons: list[PendingReason] = []
     position: int | None = None  # place in its queue, 0 = head
+    queue: str | None = None
+    # What it waits for: quota | capacity | checkpoint | backoff | gpu-type | cluster | cycle
+    waiting_for: str | None = None
+    # One entry per known cluster x flavor: the binding constraint there, with numbers
+    candidates: list[PendingReason] = []
 
 
 class ResourceUsage(msgspec.Struct, omit_defaults=True):

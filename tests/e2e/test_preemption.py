@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from pathlib import Path
 
 import pytest
 
+from load.traces import default_traces_dir
 from tests.e2e.conftest import World, flavor, sim_job
 
-TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+TRACES = default_traces_dir()
 
 
 async def _running_on(world: World, job_id: str, attempt: int = 1) -> tuple[str, list[str]]:
@@ -209,7 +209,7 @@ def _correlated_removal() -> list[str]:
     """The first instant in the p3 trace where several nodes are reclaimed at once."""
     path = TRACES / "bamboo-p3.csv"
     if not path.exists():
-        pytest.skip("shared traces not available")
+        pytest.skip(f"{path} is not in this copy of the repository (data/traces ships with it)")
     by_time: dict[int, list[str]] = {}
     for line in path.read_text().splitlines():
         t, op, node = line.strip().split(",")
