@@ -44,10 +44,33 @@ app = typer.Typer(
     name="muster",
     help="Muster: gang admission of GPU training jobs across clusters, over NATS.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
     pretty_exceptions_show_locals=False,  # never print a password held in a local
     rich_markup_mode=None,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"muster {version('muster')}")
+        except PackageNotFoundError:
+            typer.echo("muster (not installed as a package)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Muster: gang admission of GPU training jobs across clusters, over NATS."""
 
 
 class _Out:
@@ -273,8 +296,18 @@ def _row(table: Table, *cells: str | Text) -> None:
     table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells))
 
 
+def _last_where(j: JobView) -> str:
+    """Where the job runs now, else where it last ran (an ended or requeued job)."""
+    if j.cluster:
+        return _where(j.cluster, j.flavor)
+    if j.attempts:
+        last = j.attempts[-1]
+        return f"{_where(last.cluster, last.flavor)} (last)"
+    return "-"
+
+
 def jobs_table(jobs: Sequence[JobView], now: float | None = None) -> Table:
-    """`muster status`: one row per job."""
+    """`muster status`: one row per job; REASON is the short form of `muster why`."""
     now = time.time() if now is None else now
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("JOB", "NAME", "QUEUE", "STATE", "GPUS", "ATTEMPT", "WHERE", "SUBMITTED"):
@@ -289,9 +322,9 @@ def jobs_table(jobs: Sequence[JobView], now: float | None = None) -> Table:
             _state(j.state),
             str(j.gpus),
             str(j.attempt) if j.attempt else "-",
-            _where(j.cluster, j.flavor),
+            _last_where(j),
             fmt_ago(j.submitted_at, now),
-            j.reason or "",
+            j.waiting or j.reason or "",
         )
     return table
 
@@ -375,15 +408,17 @@ def job_detail(job: JobView, now: float | None = None) -> Group:
 
 
 def why_view(why: WhyView) -> Group:
-    """`muster why JOB`: the reasons a job is not admitted."""
+    """`muster why JOB`: position, what it waits for, and per cluster x flavor what binds."""
     lines: list[RenderableType] = []
     head = Text.assemble((why.job_id, "bold"), " is ", _state(why.state))
     if why.position is not None:
-        head.append(
-            f", position {why.position} in its queue" + (" (head)" if why.position == 0 else "")
-        )
+        where = f" in queue {why.queue}" if why.queue else " in its queue"
+        ahead = "at the head" if why.position == 0 else f"{why.position} ahead of it"
+        head.append(f", position {why.position}{where} ({ahead})")
     lines.append(head)
-    if not why.reasons:
+    if why.waiting_for:
+        lines.append(Text(f"waiting for: {why.waiting_for}"))
+    if not why.reasons and not why.candidates:
         if why.state == "queued":
             lines.append(Text("no reason recorded yet; the next scheduling cycle will say"))
         else:
@@ -392,6 +427,15 @@ def why_view(why: WhyView) -> Group:
         where = _where(r.cluster, r.flavor)
         prefix = f"  [{r.code}] " + (f"{where}: " if where != "-" else "")
         lines.append(Text(prefix + r.message))  # Text: never parsed as markup
+    if why.candidates:
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        table.add_column("CLUSTER/FLAVOR", no_wrap=True)
+        table.add_column("CONSTRAINT", no_wrap=True)
+        table.add_column("DETAIL", overflow="fold")
+        for c in why.candidates:
+            _row(table, _where(c.cluster, c.flavor), c.code, c.message)
+        lines.append(Text(""))
+        lines.append(table)
     return Group(*lines)
 
 
@@ -480,6 +524,7 @@ def event_line(ev: JobEvent) -> Text:
     clock = time.strftime("%H:%M:%S", time.localtime(ev.at)) if ev.at else "--:--:--"
     text = Text(f"{clock}  ")
     text.append(f"{ev.kind:<12}", style=_STATE_STYLE.get(ev.kind, ""))
+    text.append(" ")  # a kind as long as the column must not run into its details
     details = []
     if ev.attempt:
         details.append(f"attempt {ev.attempt}")
@@ -532,12 +577,7 @@ def submit(
         spec = load_job_document(text, queue=queue, job_id=job_id, source=source)
     except JobDocumentError as exc:
         fail(str(exc))
-    if not spec.queue:
-        fail(
-            f"{source}: no queue: pass --queue NAME, or set `queue:` (JobSpec) or the "
-            "kueue.x-k8s.io/queue-name label (manifest)"
-        )
-    queue = spec.queue
+    queue = spec.queue or "default"  # the broker's `default` queue takes a job naming none
     _show(
         nats_options(nats, auth),
         output,
@@ -554,35 +594,61 @@ def status(
     state: Annotated[State | None, typer.Option("--state", help="only this state")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="only this cluster")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 1000,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="refresh the list until Ctrl-C")
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.2, help="seconds between refreshes (--watch)")
+    ] = 2.0,
     nats: NatsUrl = None,
     output: OutputOpt = Output.table,
     timeout: Timeout = 5.0,
     *,
     auth: NatsAuth,
 ) -> None:
-    """List jobs, or show one job: state, attempts, accounting, latest checkpoint."""
+    """List jobs (REASON says why a queued job waits), or show one job: state, attempts,
+    accounting, latest checkpoint. --cluster matches jobs that run or ran there."""
     opts = nats_options(nats, auth)
-    if job is not None:
+    if job is not None and not watch:
         _show(opts, output, lambda c: c.get(job, timeout=timeout), job_detail)
         return
-    jobs = _run(
-        _with_client(
-            opts,
-            lambda c: c.list(
-                queue=queue,
-                state=state.value if state else None,  # type: ignore[arg-type]
-                cluster=cluster,
-                limit=limit,
-                timeout=timeout,
-            ),
+
+    def fetch(c: MusterClient) -> Awaitable[list[JobView]]:
+        return c.list(
+            queue=queue,
+            state=state.value if state else None,  # type: ignore[arg-type]
+            cluster=cluster,
+            limit=limit,
+            timeout=timeout,
         )
-    )
-    if output is Output.json:
-        print_json(jobs)
-    elif not jobs:
-        out.print("no jobs")
-    else:
-        out.print(jobs_table(jobs))
+
+    def render(jobs: list[JobView]) -> RenderableType:
+        return jobs_table(jobs) if jobs else Text("no jobs")
+
+    if not watch:
+        jobs = _run(_with_client(opts, fetch))
+        if output is Output.json:
+            print_json(jobs)
+        else:
+            out.print(render(jobs))
+        return
+
+    async def refresh(c: MusterClient) -> None:
+        if output is Output.json:  # one JSON array per line per refresh
+            while True:
+                typer.echo(msgspec.json.encode(await fetch(c)).decode())
+                await asyncio.sleep(interval)
+        from rich.live import Live
+
+        with Live(console=Console(highlight=False), auto_refresh=False) as live:
+            while True:
+                if job is not None:
+                    live.update(job_detail(await c.get(job, timeout=timeout)), refresh=True)
+                else:
+                    live.update(render(await fetch(c)), refresh=True)
+                await asyncio.sleep(interval)
+
+    _run(_with_client(opts, refresh))
 
 
 @app.command()
@@ -647,38 +713,77 @@ def clusters(
     _show(nats_options(nats, auth), output, lambda c: c.clusters(timeout=timeout), clusters_table)
 
 
+def current_line(view: JobView, now: float | None = None) -> Text:
+    """`muster watch`'s first line: where the job stands before any new event."""
+    now = time.time() if now is None else now
+    clock = time.strftime("%H:%M:%S", time.localtime(now))
+    text = Text(f"{clock}  ")
+    text.append(f"{'now ' + view.state:<12}", style=_STATE_STYLE.get(view.state, ""))
+    text.append(" ")
+    details = []
+    if view.attempt:
+        details.append(f"attempt {view.attempt}")
+    where = _last_where(view)
+    if where != "-":
+        details.append(f"on {where}")
+    if view.latest_checkpoint is not None:
+        details.append(f"checkpoint step {view.latest_checkpoint.step}")
+    note = view.waiting or view.reason
+    if note:
+        details.append(f"({note})")
+    text.append(" ".join(details))
+    return text
+
+
 @app.command()
 @with_nats_auth
 def watch(
     job: Annotated[str, typer.Argument(help="job id")],
+    exit_status: Annotated[
+        bool,
+        typer.Option(
+            "--exit-status", help="exit 1 unless the job succeeded (default: 0 once it ended)"
+        ),
+    ] = False,
     nats: NatsUrl = None,
     output: OutputOpt = Output.table,
     *,
     auth: NatsAuth,
 ) -> None:
-    """Follow a job's events until it ends. Exits 0 if it succeeded, 1 otherwise."""
+    """Print a job's current state, then its events one per line until it ends.
+
+    Exits 0 once the job has ended (with --exit-status: only if it succeeded)."""
     opts = nats_options(nats, auth)
+
+    def show_current(view: JobView) -> None:
+        if output is not Output.json:
+            out.print(current_line(view))
+        elif view.state in _ENDED:  # JSON lines are events; an ended job prints its view
+            print_json(view)
 
     async def follow(client: MusterClient) -> str:
         final = ""
-        async for ev in client.watch(job):
+        current: list[JobView] = []
+        async for ev in client.watch(job, on_current=current.append):
+            if current:
+                show_current(current.pop())
             final = ev.state
             if output is Output.json:
                 typer.echo(msgspec.json.encode(ev).decode())
             else:
                 out.print(event_line(ev))
-        if not final:  # ended before we subscribed
-            view = await client.get(job)
-            final = view.state
-            if output is Output.json:
-                print_json(view)
-            else:
-                out.print(Text.assemble(f"job {job} is ", _state(final)))
+        if current:  # it had ended before we subscribed
+            show_current(current.pop())
+        if not final:
+            final = (await client.get(job)).state
         return final
 
     final = _run(_with_client(opts, follow))
-    if final != "succeeded":
+    if exit_status and final != "succeeded":
         raise typer.Exit(1)
+
+
+_ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
 # -- operator commands -------------------------------------------------------------------
@@ -852,6 +957,31 @@ def schema() -> None:
     from schemas.jsonschema import render
 
     typer.echo(render(), nl=False)
+
+
+class _Command(typer.core.TyperCommand):
+    """Help that reads like other CLIs: `--queue QUEUE` and `FILE`, not `<str>` and `{file}`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.metavar is not None or getattr(param, "is_flag", False):
+                continue
+            desc = getattr(param, "type_descriptor", None)
+            choices = getattr(desc, "choices", None) if getattr(desc, "is_choice", False) else None
+            if choices:
+                param.metavar = "[" + "|".join(str(getattr(c, "value", c)) for c in choices) + "]"
+            elif param.name:
+                param.metavar = param.name.upper()
+            if param.param_type_name == "argument":  # `FILE`, `[JOB]`: the name says enough
+                shown = param.metavar if param.required else f"[{param.metavar}]"
+                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+                param._usage_display_name = lambda shown=shown: shown  # type: ignore[attr-defined]
+
+
+for _info in app.registered_commands:
+    if _info.cls in (None, typer.core.TyperCommand):
+        _info.cls = _Command
 
 
 def main() -> None:
