@@ -139,10 +139,11 @@ class Machine:
             ), []
         if not queue and DEFAULT_QUEUE in self.queues:
             queue = DEFAULT_QUEUE  # as Kueue's LocalQueue defaulting does
-        if not queue:
+        if not named and queue in (None, "", DEFAULT_QUEUE) and queue not in self.queues:
+            known = ", ".join(sorted(self.queues)) or "(none)"
             return _reject(
-                "no queue: the job names none and the config has no queue named "
-                f"{DEFAULT_QUEUE!r}; publish to <prefix>.submit.<queue> or set 'queue'"
+                "the job names no queue and the config has no queue named "
+                f"{DEFAULT_QUEUE!r} to take it; name one (--queue, `queue:`); known queues: {known}"
             ), []
         if queue not in self.queues:
             known = ", ".join(sorted(self.queues)) or "(none)"
