@@ -1266,6 +1266,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     seeds = list(range(args.seed, args.seed + max(1, args.seeds)))
     tasks = [(config_from_args(args, s), n) for s in seeds for n in names]
+    cfg0 = tasks[0][0]
+    try:  # one clear line, not a traceback from a worker, when a trace is not there
+        traces.require_trace(cfg0.philly.name, cfg0.philly.parent)
+        for pool in cfg0.pools if args.spot == "trace" else ():
+            if pool.trace:
+                traces.require_trace(f"bamboo-{pool.trace}.csv", cfg0.traces)
+    except traces.MissingTraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     if args.workers > 1 and len(tasks) > 1:
         from concurrent.futures import ProcessPoolExecutor
