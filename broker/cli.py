@@ -29,6 +29,7 @@ from broker.config import ConfigError, config_to_yaml, load_config_full
 from broker.manifests import JobDocumentError, load_job_document
 from schemas.api import (
     ClusterView,
+    FlavorView,
     JobEvent,
     JobView,
     QueueView,
@@ -106,6 +107,11 @@ class State(StrEnum):
     cancelled = "cancelled"
 
 
+class LogFormatOpt(StrEnum):
+    json = "json"
+    console = "console"
+
+
 class LogLevel(StrEnum):
     debug = "debug"
     info = "info"
@@ -141,6 +147,14 @@ OutputOpt = Annotated[
 ]
 Timeout = Annotated[float, typer.Option("--timeout", help="seconds to wait for the broker")]
 LogLevelOpt = Annotated[LogLevel, typer.Option("--log-level", help="log verbosity")]
+LogFormatFlag = Annotated[
+    LogFormatOpt | None,
+    typer.Option(
+        "--log-format",
+        help="json (one object per line) or console; default: console on a terminal, else json",
+        show_default=False,
+    ),
+]
 
 
 class NatsAuth(NamedTuple):
@@ -489,6 +503,15 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
 _HEALTH_STYLE = {"healthy": "green", "unreachable": "yellow", "lost": "red"}
 
 
+def _interruptions(f: FlavorView) -> str:
+    """The estimate and what it rests on: the prior alone until a notice has been seen."""
+    if f.interruptions == 0 and f.interruption_prior is not None:
+        return f"prior {f.interruption_prior:g}/node-h, 0 observed"
+    if f.interruptions == 0 and f.interruption_rate_per_node_hour == 0:
+        return "-"
+    return f"{f.interruption_rate_per_node_hour:.3f}/node-h, {f.interruptions} observed"
+
+
 def clusters_table(clusters: Sequence[ClusterView], now: float | None = None) -> Table:
     """`muster clusters`: one row per cluster flavor, with capacity and spot risk."""
     now = time.time() if now is None else now
@@ -514,7 +537,7 @@ def clusters_table(clusters: Sequence[ClusterView], now: float | None = None) ->
                 str(f.nodes),
                 f"{f.gpu_free}/{f.gpu_total}",
                 str(f.draining_nodes),
-                f"{f.interruption_rate_per_node_hour:.3f} ({f.interruptions})",
+                _interruptions(f),
             )
     return table
 
@@ -811,12 +834,19 @@ def _lazy(module: str, attr: str | None) -> Any:
 
 
 def _serve(coro: Awaitable[None]) -> None:
+    """Run a server until it ends; whatever stops it is one line on stderr, never a traceback
+    (`--log-level debug` logs the traceback for a bug report)."""
     try:
         asyncio.run(_as_coroutine(coro))
     except KeyboardInterrupt:
         pass
-    except (ConfigError, MusterError) as exc:
+    except (ConfigError, MusterError, ValueError) as exc:  # configs, traces, agent settings
         fail(str(exc))
+    except Exception as exc:
+        import structlog
+
+        structlog.get_logger("muster").debug("server stopped", exc_info=True)
+        fail(f"{type(exc).__name__}: {exc} (run with --log-level debug for the traceback)")
 
 
 @app.command()
@@ -845,6 +875,7 @@ def broker(
         ),
     ] = None,
     log_level: LogLevelOpt = LogLevel.info,
+    log_format: LogFormatFlag = None,
     metrics_port: Annotated[
         int | None,
         typer.Option(
@@ -857,7 +888,7 @@ def broker(
     auth: NatsAuth,
 ) -> None:
     """Run the broker (queues, gang admission, dispatch, recovery)."""
-    configure_logging(log_level.value)
+    configure_logging(log_level.value, log_format.value if log_format else None)
     try:
         loaded = load_config_full(config)
     except ConfigError as exc:
@@ -883,11 +914,12 @@ def agent(
     config: Annotated[Path, typer.Option("--config", "-c", help="agent config YAML")],
     nats: NatsUrl = None,
     log_level: LogLevelOpt = LogLevel.info,
+    log_format: LogFormatFlag = None,
     *,
     auth: NatsAuth,
 ) -> None:
     """Run one cluster agent (backend kube or fake)."""
-    configure_logging(log_level.value)
+    configure_logging(log_level.value, log_format.value if log_format else None)
     load_agent_config = _lazy("agents.config", "load_agent_config")
     run_agent = _lazy("agents.main", "run_agent")
 
@@ -906,11 +938,12 @@ def fleet(
     config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")],
     nats: NatsUrl = None,
     log_level: LogLevelOpt = LogLevel.info,
+    log_format: LogFormatFlag = None,
     *,
     auth: NatsAuth,
 ) -> None:
     """Run many (fake) cluster agents in one process, for demos and load tests."""
-    configure_logging(log_level.value)
+    configure_logging(log_level.value, log_format.value if log_format else None)
     agent_config = _lazy("agents.config", None)
     run_fleet = _lazy("agents.main", "run_fleet")
 

@@ -195,6 +195,8 @@ class FlavorView(msgspec.Struct, omit_defaults=True):
     draining_nodes: int = 0
     interruptions: int = 0
     interruption_rate_per_node_hour: float = 0.0
+    # Spot pools: the prior rate the estimate starts from (config spot_prior_rate)
+    interruption_prior: float | None = None
 
 
 ClusterHealth = Literal["healthy", "unreachable", "lost"]

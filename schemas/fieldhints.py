@@ -28,12 +28,42 @@ def explain(message: str, root: Any) -> str:
         hint = f"did you mean {close[0]!r}? " if close else ""
         what = f"unknown field {unknown.group(1)!r}; {hint}known fields: {', '.join(known)}"
         where = f"{where}.{unknown.group(1)}" if where else unknown.group(1)
+    elif what.startswith("Invalid enum value"):
+        values = enum_values(root, where)
+        if values:
+            what = f"{what}; valid values: {', '.join(values)}"
     where = where.replace("[...]", "")
     return f"{where}: {what}" if where else what
 
 
 def fields_at(root: Any, path: str) -> list[str]:
     """Field names of the Struct at a msgspec error path inside `root`."""
+    info = _unwrap(_walk(root, path))
+    if isinstance(info, msgspec.inspect.StructType):
+        return [f.encode_name for f in info.fields]
+    return []
+
+
+def enum_values(root: Any, path: str) -> list[str]:
+    """The values a Literal or Enum field at `path` inside `root` accepts ([] if neither)."""
+    info = _walk(root, path)
+    while isinstance(info, msgspec.inspect.Metadata | msgspec.inspect.UnionType):
+        if isinstance(info, msgspec.inspect.Metadata):
+            info = info.type
+        else:
+            kinds = [t for t in info.types if not isinstance(t, msgspec.inspect.NoneType)]
+            if len(kinds) != 1:
+                break
+            info = kinds[0]
+    if isinstance(info, msgspec.inspect.LiteralType):
+        return [str(v) for v in info.values]
+    if isinstance(info, msgspec.inspect.EnumType):
+        return [str(m.value) for m in info.cls]
+    return []
+
+
+def _walk(root: Any, path: str) -> Any:
+    """The type info at a msgspec error path (`a[0].b`) inside `root`; None if lost."""
     info: Any = msgspec.inspect.type_info(root)
     for token in re.findall(r"[A-Za-z_][A-Za-z0-9_]*|\[[^\]]*\]", path):
         info = _unwrap(info)
@@ -46,12 +76,9 @@ def fields_at(root: Any, path: str) -> list[str]:
         if isinstance(info, msgspec.inspect.StructType):
             match = [f for f in info.fields if f.encode_name == token]
             if not match:
-                return []
+                return None
             info = match[0].type
-    info = _unwrap(info)
-    if isinstance(info, msgspec.inspect.StructType):
-        return [f.encode_name for f in info.fields]
-    return []
+    return info
 
 
 def _unwrap(info: Any) -> Any:

@@ -197,6 +197,7 @@ class Scheduler:
                     draining_nodes=sum(1 for n in p.nodes.values() if n.spot_deadline is not None),
                     interruptions=risk.total_notices if risk is not None else 0,
                     interruption_rate_per_node_hour=self._inv.rate(p.key, now, self._prior),
+                    interruption_prior=self._prior if p.capacity_type == "spot" else None,
                 )
             )
         return out

@@ -288,9 +288,19 @@ def test_clusters_table() -> None:
     text = text_of(clusters_table([sample_cluster(), ClusterView("gone", "lost")], now=NOW))
     rows = [line.split() for line in text.strip().splitlines()[1:]]
     assert rows[0][:5] == ["aws-east", "healthy", "1s", "ago", "4"]
-    assert rows[0][5:] == ["a100-spot", "spot", "a100", "1.10", "20", "24/160", "1", "0.610", "(7)"]
+    assert rows[0][5:12] == ["a100-spot", "spot", "a100", "1.10", "20", "24/160", "1"]
+    assert " ".join(rows[0][12:]) == "0.610/node-h, 7 observed"
     assert rows[1][:3] == ["a100-od", "on-demand", "a100"]  # same cluster, second flavor
+    assert rows[1][-1] == "-"  # on-demand: nothing observed, no prior
     assert rows[2][:2] == ["gone", "lost"]
+    fresh = msgspec.structs.replace(
+        sample_cluster().flavors[0],
+        interruptions=0,
+        interruption_rate_per_node_hour=0.31,
+        interruption_prior=0.5,
+    )
+    text = text_of(clusters_table([ClusterView("new", "healthy", flavors=[fresh])], now=NOW))
+    assert text.splitlines()[1].endswith("prior 0.5/node-h, 0 observed")
 
 
 def test_event_line() -> None:
