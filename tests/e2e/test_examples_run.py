@@ -187,3 +187,60 @@ async def test_no_queue_without_a_default_queue_is_refused_clearly(
         ), done.stderr
     finally:
         s.stop()
+
+
+def job_file(tmp: Path, name: str, gpus: int, steps: int, replicas: int = 1) -> str:
+    path = tmp / f"{name}.yaml"
+    path.write_text(
+        f"name: {name}\nqueue: ml-cluster-queue\ncapacity: on-demand\ngpu_types: [a100]\n"
+        f"gang: [{{name: w, replicas: {replicas}, gpu: {gpus}, cpu: '8', memory: 32Gi}}]\n"
+        f"workload: {{simulate: {{total_steps: {steps}, steps_per_second: 10}}}}\n"
+    )
+    return str(path)
+
+
+@pytest.mark.timeout(180)
+async def test_first_hour_commands_explain_a_waiting_job(stack: Stack, tmp_path: Path) -> None:
+    """A gang no quota can hold is refused at once; a gang that waits for quota says so in
+    `muster why` (per cluster x flavor, with numbers) and in the REASON column."""
+    nats = ("--nats", stack.url)
+    async with MusterClient(NatsOptions(url=stack.url)) as client:
+        await wait_clusters(client, {"fake-a", "fake-b", "fake-bamboo"})
+        never = await asyncio.to_thread(
+            muster, "submit", job_file(tmp_path, "huge", 8, 10, replicas=2), *nats
+        )
+        assert never.returncode == 1
+        assert "queue ml-cluster-queue can never admit it" in never.stderr
+        assert "gpu-a100: needs 16 gpu > 8" in never.stderr
+        for name in ("holder", "waiter"):
+            path = job_file(tmp_path, name, 8, 100_000)
+            done = await asyncio.to_thread(muster, "submit", path, "--job-id", name, *nats)
+            assert done.returncode == 0, done.stderr
+        deadline = time.monotonic() + 60
+        while (await client.get("holder")).state not in ("admitted", "running"):
+            assert time.monotonic() < deadline, await client.why("holder")
+            await asyncio.sleep(0.2)
+        while True:
+            why = await client.why("waiter")
+            if why.candidates and why.waiting_for == "quota":
+                break
+            assert time.monotonic() < deadline, why
+            await asyncio.sleep(0.2)
+        shown = await asyncio.to_thread(muster, "why", "waiter", *nats)
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.splitlines()
+        assert lines[0].startswith("waiter is queued, position 0 in queue ml-cluster-queue")
+        assert "waiting for: quota" in lines
+        od = next(line for line in lines if line.startswith("fake-a/od-a100"))
+        assert "quota-exceeded" in od and "quota ml-cluster-queue gpu 8/8 used, needs 8" in od
+        t4 = next(line for line in lines if line.startswith("fake-a/spot-t4"))
+        assert "no T4 accepted" in t4
+        table = await asyncio.to_thread(muster, "status", "--queue", "ml-cluster-queue", *nats)
+        row = next(line for line in table.stdout.splitlines() if line.startswith("waiter"))
+        assert "quota" in row
+        for name in ("holder", "waiter"):
+            await client.cancel(name, "test over")
+        ended = await asyncio.to_thread(muster, "watch", "holder", *nats)
+        assert ended.returncode == 0 and "now cancelled" in ended.stdout, ended
+        ran = await asyncio.to_thread(muster, "status", "--cluster", "fake-a", *nats)
+        assert any(line.startswith("holder") for line in ran.stdout.splitlines()), ran.stdout
