@@ -19,6 +19,7 @@ import pytest
 from broker.client import MusterClient
 from broker.embedded import EmbeddedNats
 from schemas.natsopts import NatsOptions
+from tests.e2e.clusters import wait_clusters
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -91,19 +92,6 @@ def stack(fresh_nats: EmbeddedNats, tmp_path: Path) -> Iterator[Stack]:
         s.stop()
 
 
-async def wait_clusters(client: MusterClient, names: set[str], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            seen = {c.name for c in await client.clusters(timeout=2) if c.health == "healthy"}
-            if names <= seen:
-                return
-        except Exception:
-            pass
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"clusters {sorted(names)} did not report within {timeout}s")
-
-
 async def wait_ended(client: MusterClient, job_id: str, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     state = "?"
@@ -125,7 +113,7 @@ def test_every_header_names_a_submit_command() -> None:
 @pytest.mark.timeout(300)
 async def test_every_example_job_runs_to_succeeded(stack: Stack) -> None:
     async with MusterClient(NatsOptions(url=stack.url)) as client:
-        await wait_clusters(client, {"fake-a", "fake-b", "fake-bamboo"})
+        await wait_clusters(stack.url, {"fake-a", "fake-b", "fake-bamboo"})
         submitted: dict[str, str] = {}
         for path in JOBS:
             match = SUBMIT.search(path.read_text())
@@ -154,7 +142,7 @@ async def test_readme_snippet_submits_to_an_existing_queue_and_retries_safely(
     assert "muster.submit.ml-cluster-queue" in snippet and '"job_id"' in snippet
     code = snippet.replace("nats://127.0.0.1:4222", stack.url)
     async with MusterClient(NatsOptions(url=stack.url)) as client:
-        await wait_clusters(client, {"fake-a"})
+        await wait_clusters(stack.url, {"fake-a"})
         for _ in range(2):  # the second run is the "retry after a timeout"
             ran = await asyncio.to_thread(muster_python, code)
             assert ran.returncode == 0, ran.stderr
@@ -205,7 +193,7 @@ async def test_first_hour_commands_explain_a_waiting_job(stack: Stack, tmp_path:
     `muster why` (per cluster x flavor, with numbers) and in the REASON column."""
     nats = ("--nats", stack.url)
     async with MusterClient(NatsOptions(url=stack.url)) as client:
-        await wait_clusters(client, {"fake-a", "fake-b", "fake-bamboo"})
+        await wait_clusters(stack.url, {"fake-a", "fake-b", "fake-bamboo"})
         never = await asyncio.to_thread(
             muster, "submit", job_file(tmp_path, "huge", 8, 10, replicas=2), *nats
         )

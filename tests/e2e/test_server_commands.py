@@ -21,6 +21,7 @@ import pytest
 from broker.client import MusterClient
 from broker.embedded import free_port
 from schemas.natsopts import NatsOptions
+from tests.e2e.clusters import wait_clusters
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = """\
@@ -197,20 +198,6 @@ users:
     assert "agent stopped" not in text and "Traceback" not in text
 
 
-async def wait_for_clusters(url: str, names: set[str], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            async with MusterClient(NatsOptions(url=url, name="t")) as client:
-                live = {c.name for c in await client.clusters(timeout=2) if c.health == "healthy"}
-            if names <= live:
-                return
-        except Exception:
-            pass
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{sorted(names)} not healthy in `muster clusters` within {timeout}s")
-
-
 def json_lines(text: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
@@ -233,7 +220,7 @@ async def test_restarted_broker_keeps_its_address_and_logs_lifecycle(
     fleet_cfg = write(tmp_path, "f.yaml", FLEET.format(name="r1"))
     fleet = Proc(tmp_path, "fleet", "fleet", "--config", fleet_cfg, "--nats", url)
     procs.append(fleet)
-    await wait_for_clusters(url, {"r1"})
+    await wait_clusters(url, {"r1"})
 
     job = {"name": "life", "job_id": "life-1", "gang": [{"name": "w", "gpu": 8}],
            "workload": {"simulate": {"total_steps": 20, "steps_per_second": 10}}}  # fmt: skip
@@ -260,7 +247,7 @@ async def test_restarted_broker_keeps_its_address_and_logs_lifecycle(
     procs.append(second)
     await asyncio.to_thread(second.wait_for, lambda text: "broker.leading" in text)
     assert (state / "nats.url").read_text().strip() == url
-    await wait_for_clusters(url, {"r1"})
+    await wait_clusters(url, {"r1"})
     fleet_log = fleet.stderr
     assert fleet_log.count("nats reconnected") == 1, fleet_log
     assert fleet_log.count("nats disconnected") == 1, fleet_log
