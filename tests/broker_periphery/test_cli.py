@@ -77,10 +77,18 @@ def test_help_lists_every_command() -> None:
         assert command in result.stdout
 
 
+def test_version_and_completion() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.startswith("muster ")
+    text = runner.invoke(app, ["--help"]).stdout
+    assert "--install-completion" in text and "--show-completion" in text
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_command_help(command: str) -> None:
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0, result.stderr
+    assert "<str>" not in result.stdout and "{" not in result.stdout.splitlines()[0]
     if command in ("submit", "status", "cancel", "why", "queues", "clusters", "watch"):
         for flag in ("--nats", "--creds", "--user", "--password", "--tls-ca", "--tls-cert"):
             assert flag in result.stdout
