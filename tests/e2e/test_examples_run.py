@@ -177,6 +177,21 @@ async def test_no_queue_without_a_default_queue_is_refused_clearly(
         s.stop()
 
 
+def watch_status(url: str, refreshes: int = 2) -> list[str]:
+    """`muster status -w -o json`: read a few refreshes (one JSON array a line), then stop."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "status", "-w", "--interval", "0.2", "-o", "json",
+         "--nats", url],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        return [proc.stdout.readline() for _ in range(refreshes)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def job_file(tmp: Path, name: str, gpus: int, steps: int, replicas: int = 1) -> str:
     path = tmp / f"{name}.yaml"
     path.write_text(
@@ -226,6 +241,8 @@ async def test_first_hour_commands_explain_a_waiting_job(stack: Stack, tmp_path:
         table = await asyncio.to_thread(muster, "status", "--queue", "ml-cluster-queue", *nats)
         row = next(line for line in table.stdout.splitlines() if line.startswith("waiter"))
         assert "quota" in row
+        refreshed = await asyncio.to_thread(watch_status, stack.url)
+        assert len(refreshed) >= 2 and all("waiter" in line for line in refreshed)
         for name in ("holder", "waiter"):
             await client.cancel(name, "test over")
         ended = await asyncio.to_thread(muster, "watch", "holder", *nats)
