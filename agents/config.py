@@ -15,6 +15,7 @@ import yaml
 from msgspec import Meta
 
 from schemas.agent import MAX_BATCH
+from schemas.fieldhints import explain
 from schemas.job import CapacityType
 from schemas.quantity import QuantityError, cpu_milli, memory_bytes
 
@@ -199,13 +200,20 @@ def _read_yaml(path: str | Path) -> Any:
         raise AgentConfigError(f"{p}: not valid YAML: {exc}") from None
 
 
-def _resolve_trace(cfg: AgentConfig, base: Path) -> None:
+def _resolve_trace(cfg: AgentConfig, base: Path, source: str) -> None:
     """Relative trace paths (and the local backend's workdir) are relative to the config file,
-    not to the working directory."""
+    not to the working directory; a trace that is not there stops the agent before it starts,
+    with the path it looked at."""
     if cfg.fake is not None and cfg.fake.trace is not None:
         tp = Path(cfg.fake.trace.path)
         if not tp.is_absolute():
             cfg.fake.trace.path = str((base / tp).resolve())
+        if not Path(cfg.fake.trace.path).is_file():
+            raise AgentConfigError(
+                f"{source}: cluster {cfg.cluster}: fake.trace.path: no file at "
+                f"{cfg.fake.trace.path} (a relative path is relative to the config file; the "
+                "Bamboo traces ship in the repository's data/traces/)"
+            )
     if cfg.local is not None:
         if cfg.local.trace is not None and not Path(cfg.local.trace.path).is_absolute():
             cfg.local.trace.path = str((base / cfg.local.trace.path).resolve())
@@ -213,19 +221,28 @@ def _resolve_trace(cfg: AgentConfig, base: Path) -> None:
             cfg.local.workdir = str((base / cfg.local.workdir).resolve())
 
 
+def _invalid(source: str, kind: str, exc: msgspec.ValidationError, root: Any) -> AgentConfigError:
+    """`file: invalid fleet config: clusters[0].fake.flavors: ...`, with a hint for the
+    common slips (an empty list, a misspelt field)."""
+    text = explain(str(exc), root)
+    if "length >= 1" in text and text.split(":", 1)[0].endswith("flavors"):
+        text += "; list at least one flavor, e.g. {name: spot-a100, capacity_type: spot, nodes: 4}"
+    return AgentConfigError(f"{source}: invalid {kind} config: {text}")
+
+
 def convert_agent_config(raw: Any, source: str = "agent config") -> AgentConfig:
     """Validate an already-parsed mapping; msgspec's message names the field (`$.fake...`)."""
     try:
         return msgspec.convert(raw, AgentConfig, strict=False)
     except msgspec.ValidationError as exc:
-        raise AgentConfigError(f"{source}: invalid agent config: {exc}") from None
+        raise _invalid(source, "agent", exc, AgentConfig) from None
 
 
 def load_agent_config(path: str | Path) -> AgentConfig:
     """Read one agent's YAML config; errors name the file and the offending field."""
     p = Path(path)
     cfg = convert_agent_config(_read_yaml(p), str(p))
-    _resolve_trace(cfg, p.parent)
+    _resolve_trace(cfg, p.parent, str(p))
     return cfg
 
 
@@ -239,9 +256,10 @@ def load_fleet_config(path: str | Path) -> FleetConfig:
         else:
             fleet = msgspec.convert(raw, FleetConfig, strict=False)
     except msgspec.ValidationError as exc:
-        raise AgentConfigError(f"{p}: invalid fleet config: {exc}") from None
+        single = isinstance(raw, dict) and "clusters" not in raw
+        raise _invalid(str(p), "fleet", exc, AgentConfig if single else FleetConfig) from None
     for cfg in fleet.clusters:
-        _resolve_trace(cfg, p.parent)
+        _resolve_trace(cfg, p.parent, str(p))
     return fleet
 
 

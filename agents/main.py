@@ -28,6 +28,7 @@ from agents.runtime import AgentRuntime
 from schemas import healthz
 from schemas.logs import configure_logging
 from schemas.natsopts import NatsOptions
+from schemas.natsstate import NatsStateLog
 from schemas.subjects import Subjects
 
 
@@ -105,11 +106,65 @@ async def start_fleet(
             elif isinstance(backend, LocalBackend):
                 fleet.local[cfg.cluster] = backend
             fleet.runtimes[cfg.cluster] = rt
-            await rt.start()
+            if isinstance(backend, FakeCluster):
+                await rt.start()
+            else:
+                await _start_with_backoff(rt, cfg.cluster)
     except BaseException:
         await fleet.stop()
         raise
     return fleet
+
+
+START_BACKOFF_S = (1.0, 30.0)  # first and longest wait between start attempts
+
+
+class _Quiet:
+    """A logger that drops info and debug lines and passes the rest on."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("info", "debug"):
+            return lambda *args, **kwargs: None
+        return getattr(self._inner, name)
+
+
+async def _start_with_backoff(rt: AgentRuntime, cluster: str) -> None:
+    """Start an agent whose backend talks to a remote API (Kubernetes): while the API server
+    cannot be reached, say so once and retry with exponential backoff. A config error
+    (ValueError) is final."""
+    log = structlog.get_logger("muster.agent").bind(cluster=cluster)
+    wait, longest = START_BACKOFF_S
+    failing = False
+    base_log = rt.log
+    while True:
+        try:
+            await rt.start()
+        except ValueError:
+            raise
+        except Exception as exc:
+            rt.log = _Quiet(base_log)  # an agent that never started does not "stop"
+            with contextlib.suppress(Exception):
+                await rt.stop()  # so the next attempt starts from scratch
+            rt.log = base_log
+            if not failing:
+                log.warning(
+                    "cannot reach the Kubernetes API server; retrying with backoff",
+                    error=str(exc) or type(exc).__name__,
+                    hint="check kube.kubeconfig / kube.context (or in_cluster) and that the "
+                    "API server answers from here",
+                )
+                failing = True
+            else:
+                log.debug("Kubernetes API server still unreachable", error=str(exc), retry_s=wait)
+            await asyncio.sleep(wait)
+            wait = min(longest, wait * 2)
+            continue
+        if failing:
+            log.info("Kubernetes API server reachable; agent started")
+        return
 
 
 async def start_fake_fleet(
@@ -123,20 +178,20 @@ async def start_fake_fleet(
 
 
 async def _connect(opts: NatsOptions, on_reconnect: Callable[[], Awaitable[None]]) -> Client:
-    log = structlog.get_logger("muster.agent")
-
-    async def disconnected() -> None:
-        log.warning("disconnected from NATS")
-
-    async def error(exc: Exception) -> None:
-        log.warning("NATS error", error=str(exc))
-
-    return await nats.connect(
-        **opts.connect_kwargs(),
-        reconnected_cb=on_reconnect,
-        disconnected_cb=disconnected,
-        error_cb=error,
+    state = NatsStateLog(
+        structlog.get_logger("muster.agent"),
+        opts.url,
+        "is the broker's NATS there? `muster broker` prints its URL; pass it with --nats",
     )
+
+    async def reconnected() -> None:
+        await state.on_reconnected()
+        await on_reconnect()
+
+    callbacks = state.callbacks() | {"reconnected_cb": reconnected}
+    nc = await nats.connect(**opts.connect_kwargs(), **callbacks)
+    state.connected(nc)
+    return nc
 
 
 async def run_fleet(configs: list[AgentConfig], nats: NatsOptions) -> None:

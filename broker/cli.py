@@ -29,6 +29,7 @@ from broker.config import ConfigError, config_to_yaml, load_config_full
 from broker.manifests import JobDocumentError, load_job_documents
 from schemas.api import (
     ClusterView,
+    FlavorView,
     JobEvent,
     JobView,
     QueueView,
@@ -44,10 +45,33 @@ app = typer.Typer(
     name="muster",
     help="Muster: gang admission of GPU training jobs across clusters, over NATS.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
     pretty_exceptions_show_locals=False,  # never print a password held in a local
     rich_markup_mode=None,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"muster {version('muster')}")
+        except PackageNotFoundError:
+            typer.echo("muster (not installed as a package)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Muster: gang admission of GPU training jobs across clusters, over NATS."""
 
 
 class _Out:
@@ -81,6 +105,11 @@ class State(StrEnum):
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
+
+
+class LogFormatOpt(StrEnum):
+    json = "json"
+    console = "console"
 
 
 class LogLevel(StrEnum):
@@ -118,6 +147,14 @@ OutputOpt = Annotated[
 ]
 Timeout = Annotated[float, typer.Option("--timeout", help="seconds to wait for the broker")]
 LogLevelOpt = Annotated[LogLevel, typer.Option("--log-level", help="log verbosity")]
+LogFormatFlag = Annotated[
+    LogFormatOpt | None,
+    typer.Option(
+        "--log-format",
+        help="json (one object per line) or console; default: console on a terminal, else json",
+        show_default=False,
+    ),
+]
 
 
 class NatsAuth(NamedTuple):
@@ -273,8 +310,18 @@ def _row(table: Table, *cells: str | Text) -> None:
     table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells))
 
 
+def _last_where(j: JobView) -> str:
+    """Where the job runs now, else where it last ran (an ended or requeued job)."""
+    if j.cluster:
+        return _where(j.cluster, j.flavor)
+    if j.attempts:
+        last = j.attempts[-1]
+        return f"{_where(last.cluster, last.flavor)} (last)"
+    return "-"
+
+
 def jobs_table(jobs: Sequence[JobView], now: float | None = None) -> Table:
-    """`muster status`: one row per job."""
+    """`muster status`: one row per job; REASON is the short form of `muster why`."""
     now = time.time() if now is None else now
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("JOB", "NAME", "QUEUE", "STATE", "GPUS", "ATTEMPT", "WHERE", "SUBMITTED"):
@@ -289,9 +336,9 @@ def jobs_table(jobs: Sequence[JobView], now: float | None = None) -> Table:
             _state(j.state),
             str(j.gpus),
             str(j.attempt) if j.attempt else "-",
-            _where(j.cluster, j.flavor),
+            _last_where(j),
             fmt_ago(j.submitted_at, now),
-            j.reason or "",
+            j.waiting or j.reason or "",
         )
     return table
 
@@ -375,15 +422,17 @@ def job_detail(job: JobView, now: float | None = None) -> Group:
 
 
 def why_view(why: WhyView) -> Group:
-    """`muster why JOB`: the reasons a job is not admitted."""
+    """`muster why JOB`: position, what it waits for, and per cluster x flavor what binds."""
     lines: list[RenderableType] = []
     head = Text.assemble((why.job_id, "bold"), " is ", _state(why.state))
     if why.position is not None:
-        head.append(
-            f", position {why.position} in its queue" + (" (head)" if why.position == 0 else "")
-        )
+        where = f" in queue {why.queue}" if why.queue else " in its queue"
+        ahead = "at the head" if why.position == 0 else f"{why.position} ahead of it"
+        head.append(f", position {why.position}{where} ({ahead})")
     lines.append(head)
-    if not why.reasons:
+    if why.waiting_for:
+        lines.append(Text(f"waiting for: {why.waiting_for}"))
+    if not why.reasons and not why.candidates:
         if why.state == "queued":
             lines.append(Text("no reason recorded yet; the next scheduling cycle will say"))
         else:
@@ -392,6 +441,15 @@ def why_view(why: WhyView) -> Group:
         where = _where(r.cluster, r.flavor)
         prefix = f"  [{r.code}] " + (f"{where}: " if where != "-" else "")
         lines.append(Text(prefix + r.message))  # Text: never parsed as markup
+    if why.candidates:
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        table.add_column("CLUSTER/FLAVOR", no_wrap=True)
+        table.add_column("CONSTRAINT", no_wrap=True)
+        table.add_column("DETAIL", overflow="fold")
+        for c in why.candidates:
+            _row(table, _where(c.cluster, c.flavor), c.code, c.message)
+        lines.append(Text(""))
+        lines.append(table)
     return Group(*lines)
 
 
@@ -445,6 +503,15 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
 _HEALTH_STYLE = {"healthy": "green", "unreachable": "yellow", "lost": "red"}
 
 
+def _interruptions(f: FlavorView) -> str:
+    """The estimate and what it rests on: the prior alone until a notice has been seen."""
+    if f.interruptions == 0 and f.interruption_prior is not None:
+        return f"prior {f.interruption_prior:g}/node-h, 0 observed"
+    if f.interruptions == 0 and f.interruption_rate_per_node_hour == 0:
+        return "-"
+    return f"{f.interruption_rate_per_node_hour:.3f}/node-h, {f.interruptions} observed"
+
+
 def clusters_table(clusters: Sequence[ClusterView], now: float | None = None) -> Table:
     """`muster clusters`: one row per cluster flavor, with capacity and spot risk."""
     now = time.time() if now is None else now
@@ -472,7 +539,7 @@ def clusters_table(clusters: Sequence[ClusterView], now: float | None = None) ->
                 str(f.nodes),
                 f"{f.gpu_free}/{f.gpu_total}",
                 str(f.draining_nodes),
-                f"{f.interruption_rate_per_node_hour:.3f} ({f.interruptions})",
+                _interruptions(f),
             )
     return table
 
@@ -482,6 +549,7 @@ def event_line(ev: JobEvent) -> Text:
     clock = time.strftime("%H:%M:%S", time.localtime(ev.at)) if ev.at else "--:--:--"
     text = Text(f"{clock}  ")
     text.append(f"{ev.kind:<12}", style=_STATE_STYLE.get(ev.kind, ""))
+    text.append(" ")  # a kind as long as the column must not run into its details
     details = []
     if ev.attempt:
         details.append(f"attempt {ev.attempt}")
@@ -534,19 +602,14 @@ def submit(
         specs = load_job_documents(text, queue=queue, job_id=job_id, source=source)
     except JobDocumentError as exc:
         fail(str(exc))
-    for spec in specs:
-        if not spec.queue:
-            fail(
-                f"{source}: no queue: pass --queue NAME, or set `queue:` (JobSpec) or the "
-                f"kueue.x-k8s.io/queue-name label (manifest) of {spec.name}"
-            )
+    # A job naming no queue goes to the broker's `default` queue.
     if len(specs) == 1:
         (spec,) = specs
         _show(
             nats_options(nats, auth),
             output,
             lambda c: c.submit(spec, timeout=timeout),
-            lambda reply: submit_line(reply, spec.queue or ""),
+            lambda reply: submit_line(reply, spec.queue or "default"),
         )
         return
 
@@ -559,7 +622,7 @@ def submit(
         output,
         submit_all,
         lambda replies: "\n".join(
-            submit_line(r, one.queue or "") for r, one in zip(replies, specs, strict=True)
+            submit_line(r, one.queue or "default") for r, one in zip(replies, specs, strict=True)
         ),
     )
 
@@ -572,35 +635,61 @@ def status(
     state: Annotated[State | None, typer.Option("--state", help="only this state")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="only this cluster")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 1000,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="refresh the list until Ctrl-C")
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.2, help="seconds between refreshes (--watch)")
+    ] = 2.0,
     nats: NatsUrl = None,
     output: OutputOpt = Output.table,
     timeout: Timeout = 5.0,
     *,
     auth: NatsAuth,
 ) -> None:
-    """List jobs, or show one job: state, attempts, accounting, latest checkpoint."""
+    """List jobs (REASON says why a queued job waits), or show one job: state, attempts,
+    accounting, latest checkpoint. --cluster matches jobs that run or ran there."""
     opts = nats_options(nats, auth)
-    if job is not None:
+    if job is not None and not watch:
         _show(opts, output, lambda c: c.get(job, timeout=timeout), job_detail)
         return
-    jobs = _run(
-        _with_client(
-            opts,
-            lambda c: c.list(
-                queue=queue,
-                state=state.value if state else None,  # type: ignore[arg-type]
-                cluster=cluster,
-                limit=limit,
-                timeout=timeout,
-            ),
+
+    def fetch(c: MusterClient) -> Awaitable[list[JobView]]:
+        return c.list(
+            queue=queue,
+            state=state.value if state else None,  # type: ignore[arg-type]
+            cluster=cluster,
+            limit=limit,
+            timeout=timeout,
         )
-    )
-    if output is Output.json:
-        print_json(jobs)
-    elif not jobs:
-        out.print("no jobs")
-    else:
-        out.print(jobs_table(jobs))
+
+    def render(jobs: list[JobView]) -> RenderableType:
+        return jobs_table(jobs) if jobs else Text("no jobs")
+
+    if not watch:
+        jobs = _run(_with_client(opts, fetch))
+        if output is Output.json:
+            print_json(jobs)
+        else:
+            out.print(render(jobs))
+        return
+
+    async def refresh(c: MusterClient) -> None:
+        if output is Output.json:  # one JSON array per line per refresh
+            while True:
+                typer.echo(msgspec.json.encode(await fetch(c)).decode())
+                await asyncio.sleep(interval)
+        from rich.live import Live
+
+        with Live(console=Console(highlight=False), auto_refresh=False) as live:
+            while True:
+                if job is not None:
+                    live.update(job_detail(await c.get(job, timeout=timeout)), refresh=True)
+                else:
+                    live.update(render(await fetch(c)), refresh=True)
+                await asyncio.sleep(interval)
+
+    _run(_with_client(opts, refresh))
 
 
 @app.command()
@@ -665,38 +754,77 @@ def clusters(
     _show(nats_options(nats, auth), output, lambda c: c.clusters(timeout=timeout), clusters_table)
 
 
+def current_line(view: JobView, now: float | None = None) -> Text:
+    """`muster watch`'s first line: where the job stands before any new event."""
+    now = time.time() if now is None else now
+    clock = time.strftime("%H:%M:%S", time.localtime(now))
+    text = Text(f"{clock}  ")
+    text.append(f"{'now ' + view.state:<12}", style=_STATE_STYLE.get(view.state, ""))
+    text.append(" ")
+    details = []
+    if view.attempt:
+        details.append(f"attempt {view.attempt}")
+    where = _last_where(view)
+    if where != "-":
+        details.append(f"on {where}")
+    if view.latest_checkpoint is not None:
+        details.append(f"checkpoint step {view.latest_checkpoint.step}")
+    note = view.waiting or view.reason
+    if note:
+        details.append(f"({note})")
+    text.append(" ".join(details))
+    return text
+
+
 @app.command()
 @with_nats_auth
 def watch(
     job: Annotated[str, typer.Argument(help="job id")],
+    exit_status: Annotated[
+        bool,
+        typer.Option(
+            "--exit-status", help="exit 1 unless the job succeeded (default: 0 once it ended)"
+        ),
+    ] = False,
     nats: NatsUrl = None,
     output: OutputOpt = Output.table,
     *,
     auth: NatsAuth,
 ) -> None:
-    """Follow a job's events until it ends. Exits 0 if it succeeded, 1 otherwise."""
+    """Print a job's current state, then its events one per line until it ends.
+
+    Exits 0 once the job has ended (with --exit-status: only if it succeeded)."""
     opts = nats_options(nats, auth)
+
+    def show_current(view: JobView) -> None:
+        if output is not Output.json:
+            out.print(current_line(view))
+        elif view.state in _ENDED:  # JSON lines are events; an ended job prints its view
+            print_json(view)
 
     async def follow(client: MusterClient) -> str:
         final = ""
-        async for ev in client.watch(job):
+        current: list[JobView] = []
+        async for ev in client.watch(job, on_current=current.append):
+            if current:
+                show_current(current.pop())
             final = ev.state
             if output is Output.json:
                 typer.echo(msgspec.json.encode(ev).decode())
             else:
                 out.print(event_line(ev))
-        if not final:  # ended before we subscribed
-            view = await client.get(job)
-            final = view.state
-            if output is Output.json:
-                print_json(view)
-            else:
-                out.print(Text.assemble(f"job {job} is ", _state(final)))
+        if current:  # it had ended before we subscribed
+            show_current(current.pop())
+        if not final:
+            final = (await client.get(job)).state
         return final
 
     final = _run(_with_client(opts, follow))
-    if final != "succeeded":
+    if exit_status and final != "succeeded":
         raise typer.Exit(1)
+
+
+_ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
 # -- operator commands -------------------------------------------------------------------
@@ -724,12 +852,19 @@ def _lazy(module: str, attr: str | None) -> Any:
 
 
 def _serve(coro: Awaitable[None]) -> None:
+    """Run a server until it ends; whatever stops it is one line on stderr, never a traceback
+    (`--log-level debug` logs the traceback for a bug report)."""
     try:
         asyncio.run(_as_coroutine(coro))
     except KeyboardInterrupt:
         pass
-    except (ConfigError, MusterError) as exc:
+    except (ConfigError, MusterError, ValueError) as exc:  # configs, traces, agent settings
         fail(str(exc))
+    except Exception as exc:
+        import structlog
+
+        structlog.get_logger("muster").debug("server stopped", exc_info=True)
+        fail(f"{type(exc).__name__}: {exc} (run with --log-level debug for the traceback)")
 
 
 @app.command()
@@ -758,6 +893,7 @@ def broker(
         ),
     ] = None,
     log_level: LogLevelOpt = LogLevel.info,
+    log_format: LogFormatFlag = None,
     metrics_port: Annotated[
         int | None,
         typer.Option(
@@ -770,7 +906,7 @@ def broker(
     auth: NatsAuth,
 ) -> None:
     """Run the broker (queues, gang admission, dispatch, recovery)."""
-    configure_logging(log_level.value)
+    configure_logging(log_level.value, log_format.value if log_format else None)
     try:
         loaded = load_config_full(config)
     except ConfigError as exc:
@@ -796,11 +932,12 @@ def agent(
     config: Annotated[Path, typer.Option("--config", "-c", help="agent config YAML")],
     nats: NatsUrl = None,
     log_level: LogLevelOpt = LogLevel.info,
+    log_format: LogFormatFlag = None,
     *,
     auth: NatsAuth,
 ) -> None:
     """Run one cluster agent (backend kube, fake or local)."""
-    configure_logging(log_level.value)
+    configure_logging(log_level.value, log_format.value if log_format else None)
     load_agent_config = _lazy("agents.config", "load_agent_config")
     run_agent = _lazy("agents.main", "run_agent")
 
@@ -819,11 +956,12 @@ def fleet(
     config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")],
     nats: NatsUrl = None,
     log_level: LogLevelOpt = LogLevel.info,
+    log_format: LogFormatFlag = None,
     *,
     auth: NatsAuth,
 ) -> None:
     """Run many (fake) cluster agents in one process, for demos and load tests."""
-    configure_logging(log_level.value)
+    configure_logging(log_level.value, log_format.value if log_format else None)
     agent_config = _lazy("agents.config", None)
     run_fleet = _lazy("agents.main", "run_fleet")
 
@@ -870,6 +1008,31 @@ def schema() -> None:
     from schemas.jsonschema import render
 
     typer.echo(render(), nl=False)
+
+
+class _Command(typer.core.TyperCommand):
+    """Help that reads like other CLIs: `--queue QUEUE` and `FILE`, not `<str>` and `{file}`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.metavar is not None or getattr(param, "is_flag", False):
+                continue
+            desc = getattr(param, "type_descriptor", None)
+            choices = getattr(desc, "choices", None) if getattr(desc, "is_choice", False) else None
+            if choices:
+                param.metavar = "[" + "|".join(str(getattr(c, "value", c)) for c in choices) + "]"
+            elif param.name:
+                param.metavar = param.name.upper()
+            if param.param_type_name == "argument":  # `FILE`, `[JOB]`: the name says enough
+                shown = param.metavar if param.required else f"[{param.metavar}]"
+                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+                param._usage_display_name = lambda shown=shown: shown  # type: ignore[attr-defined]
+
+
+for _info in app.registered_commands:
+    if _info.cls in (None, typer.core.TyperCommand):
+        _info.cls = _Command
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import contextlib
 import os
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -68,6 +68,7 @@ __all__ = [
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 START_HINT = "is the broker running? start it with `muster broker`"
+DEFAULT_QUEUE = "default"  # a job that names no queue is published here (Kueue-style default)
 
 # Reply decoders, built once (msgspec is fastest that way).
 _decode_job = json_decoder(ApiReply[JobView], "reply")
@@ -205,23 +206,19 @@ class MusterClient:
     ) -> SubmitReply:
         """Publish a JobSpec to `muster.submit.<queue>` and wait for the broker's answer.
 
-        The queue is the argument, else the spec's own. Without a job_id the client assigns one
-        (`assign_id`), so a timeout still leaves an id to ask about and a resubmission of the
-        same spec is recognised as a duplicate. Raises MusterError when the broker rejects the
-        job (the text is the broker's) or does not answer.
+        The queue is the argument, else the spec's own, else `default` (the broker refuses
+        that with a clear reason when its config has no such queue). Without a job_id the
+        client assigns one (`assign_id`), so a timeout still leaves an id to ask about and a
+        resubmission of the same spec is recognised as a duplicate. Raises MusterError when the
+        broker rejects the job (the text is the broker's) or does not answer.
         """
         job = self._as_spec(spec)
         queue = queue or job.queue
-        if not queue:
-            raise MusterError(
-                f"job {job.name!r} names no queue: pass one (--queue ml-research) or set "
-                "`queue:` in the job file"
-            )
-        if job.queue != queue:
+        if queue and job.queue != queue:
             job = msgspec.structs.replace(job, queue=queue)
         if job.job_id is None and assign_id:
             job = msgspec.structs.replace(job, job_id=new_job_id(job.name))
-        subject = self.subjects.submit(queue)
+        subject = self.subjects.submit(queue or DEFAULT_QUEUE)  # the spec still names none
         try:
             msg = await self._request(subject, encode_json(job), timeout)
         except NoRespondersError:
@@ -320,19 +317,27 @@ class MusterClient:
     # events ----------------------------------------------------------------------------
 
     async def watch(
-        self, job_id: str, *, check_current: bool = True, idle_timeout: float | None = None
+        self,
+        job_id: str,
+        *,
+        check_current: bool = True,
+        idle_timeout: float | None = None,
+        on_current: Callable[[JobView], None] | None = None,
     ) -> AsyncIterator[JobEvent]:
         """Yield the job's lifecycle events until one has a terminal state.
 
         Subscribes first, then (with `check_current`) asks the broker for the job, so a job
         that already ended stops the watch at once instead of waiting forever; an unknown job
         raises MusterError. `idle_timeout` ends the watch with MusterError after that many
-        seconds without an event. Events that do not decode are skipped.
+        seconds without an event. Events that do not decode are skipped. `on_current` receives
+        the job as it stands once subscribed (before any event is yielded).
         """
         sub = await self.nc.subscribe(self.subjects.job_events(job_id))
         try:
             if check_current:
                 view = await self.get(job_id)
+                if on_current is not None:
+                    on_current(view)
                 if view.state in TERMINAL_STATES:
                     return
             while True:

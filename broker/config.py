@@ -42,6 +42,7 @@ import yaml
 from broker.manifests import capacity_type_from_labels, gpu_type_from_labels, is_manifest
 from schemas.codec import DecodeError, convert_config
 from schemas.config import BrokerConfig
+from schemas.fieldhints import explain
 from schemas.quantity import QuantityError, cpu_milli, memory_bytes, parse_quantity
 
 __all__ = [
@@ -1253,57 +1254,7 @@ def _check_references(config: BrokerConfig, aliases: Mapping[str, str], source: 
 def _explain(message: str) -> str:
     """Turn msgspec's "... - at `$.queues[0].quota`" into "queues[0].quota: ...", with a
     spelling hint for unknown fields."""
-    text = message.removeprefix("invalid broker config: ")
-    match = re.match(r"^(.*) - at `\$\.?(.*)`$", text, re.DOTALL)
-    if match is None:
-        return text
-    what, where = match.groups()
-    unknown = re.match(r"Object contains unknown field `(.*)`$", what)
-    if unknown:
-        known = _fields_at(where)
-        close = difflib.get_close_matches(unknown.group(1), known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        what = f"unknown field {unknown.group(1)!r}; {hint}known fields: {', '.join(known)}"
-        where = f"{where}.{unknown.group(1)}" if where else unknown.group(1)
-    where = where.replace("[...]", "")
-    return f"{where}: {what}" if where else what
-
-
-def _fields_at(path: str) -> list[str]:
-    """Field names of the Struct at a msgspec error path inside BrokerConfig."""
-    info: Any = msgspec.inspect.type_info(BrokerConfig)
-    for token in re.findall(r"[A-Za-z_][A-Za-z0-9_]*|\[[^\]]*\]", path):
-        info = _unwrap(info)
-        if token.startswith("["):
-            if isinstance(info, msgspec.inspect.ListType | msgspec.inspect.DictType):
-                info = (
-                    info.item_type
-                    if isinstance(info, msgspec.inspect.ListType)
-                    else (info.value_type)
-                )
-            continue
-        if isinstance(info, msgspec.inspect.StructType):
-            match = [f for f in info.fields if f.encode_name == token]
-            if not match:
-                return []
-            info = match[0].type
-    info = _unwrap(info)
-    if isinstance(info, msgspec.inspect.StructType):
-        return [f.encode_name for f in info.fields]
-    return []
-
-
-def _unwrap(info: Any) -> Any:
-    while True:
-        if isinstance(info, msgspec.inspect.UnionType):
-            inner = [t for t in info.types if not isinstance(t, msgspec.inspect.NoneType)]
-            if len(inner) != 1:
-                return info
-            info = inner[0]
-        elif isinstance(info, msgspec.inspect.Metadata):
-            info = info.type
-        else:
-            return info
+    return explain(message.removeprefix("invalid broker config: "), BrokerConfig)
 
 
 def config_to_yaml(config: BrokerConfig, aliases: Mapping[str, str] | None = None) -> str:

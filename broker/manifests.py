@@ -39,6 +39,7 @@ from kinds.demand import pod_demand
 from kinds.podgroup import group_pods
 from kinds.pods import PodPolicy, check_safety
 from kinds.registry import adapter_of
+from schemas.fieldhints import explain
 from schemas.job import MAX_GPU_PER_REPLICA, MAX_PODSETS, MAX_REPLICAS, JobSpec
 
 __all__ = [
@@ -406,13 +407,9 @@ def jobspec_from_manifest(
 
 
 def _readable(exc: msgspec.ValidationError) -> str:
-    """msgspec's "Expected ... - at `$.gang[0].gpu`" as "gang[0].gpu: Expected ..."."""
-    text = str(exc)
-    match = re.match(r"^(.*) - at `\$\.?(.*)`$", text, re.DOTALL)
-    if match is None:
-        return text
-    what, where = match.groups()
-    return f"{where}: {what}" if where else what
+    """msgspec's "Expected ... - at `$.gang[0].gpu`" as "gang[0].gpu: Expected ...", with
+    "did you mean" for a misspelt JobSpec field."""
+    return explain(str(exc), JobSpec)
 
 
 # -- job files for the CLI ---------------------------------------------------------------

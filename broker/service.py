@@ -62,9 +62,29 @@ from schemas.codec import (
 from schemas.config import BrokerConfig
 from schemas.job import JobSpec
 from schemas.natsopts import NatsOptions, flush
+from schemas.natsstate import NatsStateLog
 from schemas.subjects import Subjects
 
 log = structlog.get_logger("muster.broker")
+
+# Lifecycle steps an operator follows at info level (queued and checkpointed are debug-worthy
+# at load; `muster watch` shows them). "dispatched" is logged when the agent acks.
+LIFECYCLE_LOGGED = frozenset(
+    {"admitted", "running", "preempting", "requeued", "succeeded", "failed", "cancelled"}
+)
+
+
+def log_lifecycle(event: Any) -> None:
+    """One info line per lifecycle step, with the job, cluster and attempt it concerns."""
+    log.info(
+        f"job {event.kind}",
+        job_id=event.job_id,
+        cluster=event.cluster,
+        flavor=event.flavor,
+        attempt=event.attempt,
+        reason=event.reason,
+    )
+
 
 _checkpoint_decoder = json_decoder(CheckpointReport, "CheckpointReport")
 CONSUMER = "muster-broker"
@@ -724,6 +744,8 @@ class Broker:
                             self._spawn(self._send_command(eff.cluster, eff.command))
                     elif isinstance(eff, Publish):
                         event = eff.event
+                        if event.kind in LIFECYCLE_LOGGED:
+                            log_lifecycle(event)
                         await self.nc.publish(
                             self.subjects.job_events(event.job_id), encode_json(event)
                         )
@@ -811,6 +833,14 @@ class Broker:
             bound.warning("broker.dispatch_failed", error=error)
         else:
             self.stats["dispatch_acked"] += 1
+            log.info(
+                "job dispatched",
+                job_id=cmd.job_id,
+                cluster=cluster,
+                attempt=cmd.attempt,
+                flavor=cmd.flavor,
+                resume_from_step=cmd.resume_from.step if cmd.resume_from else None,
+            )
         machine = self.machine
         if machine is not None:
             self._push(machine.on_dispatch_result(cmd.job_id, cmd.attempt, ok, error, self.clock()))
@@ -1232,30 +1262,30 @@ def machine_resync(machine: Machine) -> Any:
 async def connect(opts: NatsOptions, name: str) -> Client:
     kwargs = opts.connect_kwargs()
     kwargs.setdefault("name", name)
-
-    async def on_disconnect() -> None:
-        log.warning("nats.disconnected")
-
-    async def on_reconnect() -> None:
-        log.info("nats.reconnected")
-
-    async def on_error(exc: Exception) -> None:
-        log.warning("nats.error", error=str(exc))
-
-    return await nats.connect(
-        **kwargs,
-        disconnected_cb=on_disconnect,
-        reconnected_cb=on_reconnect,
-        error_cb=on_error,
+    state = NatsStateLog(
+        log,
+        opts.url,
+        "is nats-server running there? Without --nats, `muster broker` starts its own",
     )
+    nc = await nats.connect(**kwargs, **state.callbacks())
+    state.connected(nc)
+    return nc
 
 
 def _preferred_port(port: int = 4222) -> int:
+    """The embedded NATS port: 4222 ($MUSTER_NATS_PORT), unless a live socket holds it.
+
+    The probe binds with SO_REUSEADDR, as nats-server's own listener does: connections of the
+    previous run left in TIME_WAIT must not move a restarted broker to a random port, which
+    would strand every agent still dialling the old URL."""
+    port = int(os.environ.get("MUSTER_NATS_PORT", port))
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return port
         except OSError:
+            log.warning("nats port taken; using a free one", port=port)
             return free_port()
 
 

@@ -7,7 +7,7 @@ Setup per run (fresh subject prefix, so fresh streams and buckets): the broker i
 process (`muster broker`), an embedded nats-server, and in this process 50 fake clusters x 200
 nodes x 8 GPUs (half spot, half on-demand) on one connection plus the load generator. Jobs are
 plain JSON JobSpecs with client job ids, published to `<prefix>.submit.q<i>`; their gang sizes
-are Philly's (a fixed-seed sample of ../shared/traces/philly.csv, mapped as in load/traces.py)
+are Philly's (a fixed-seed sample of data/traces/philly.csv, mapped as in load/traces.py)
 and they simulate long trainings (10^9 steps at 1 step/s, no checkpoint), so nothing finishes
 during a run: every job holds its GPUs and capacity only shrinks. Each run admits jobs + latency
 jobs (~1.3 GPUs each on average), well under the fleet's 80,000 GPUs, so capacity is never the

@@ -551,20 +551,23 @@ class Demo:
                 (r for r in self.result.histories.get(inj.job_id, []) if r.attempt == inj.attempt),
                 None,
             )
-            lost = max(0, old.last_step - resume) if old is not None else 0
+            # The table's measure, from the same record: GPU-seconds of the ended attempt's
+            # work since its last checkpoint.
+            ended = next((a for a in attempts if a["attempt"] == inj.attempt), {})
+            lost = f"{float(ended.get('gpu_seconds_lost', 0.0)):,.0f} GPU-seconds"
             if inj.kind == "spot-notice":
                 sentences.append(
                     f"When the spot notice hit {inj.job_id}, Muster asked it to checkpoint, "
                     f"reserved a placement elsewhere at once (make-before-break) and{delay} "
                     f"started attempt {nxt['attempt']} on {where} from step {resume}, before "
-                    f"the node was even gone: it lost only the {lost} steps it ran while the "
-                    "checkpoint was being written."
+                    f"the node was even gone: it lost {lost}, the work done after the "
+                    "checkpoint it resumed from."
                 )
             elif inj.kind == "gpu-failure":
                 sentences.append(
                     f"The XID failure gave {inj.job_id} no warning: the attempt ended at once "
                     f"and{delay} restarted on {where} from its last periodic checkpoint "
-                    f"(step {resume}), losing the {lost} steps run since then."
+                    f"(step {resume}), losing {lost} of work done since then."
                 )
             else:
                 stale = ""
@@ -586,8 +589,9 @@ class Demo:
                 "had two live copies."
             )
         sentences.append(
-            "GPU-seconds lost are the work done since the last checkpoint of each ended "
-            "attempt; goodput is the useful share. Next: README.md, docs/architecture.md, and "
+            "Work lost, in the table and above, is one measure: the GPU-seconds each ended "
+            "attempt ran after the checkpoint the next attempt resumed from; goodput is the "
+            "useful share. Next: README.md, docs/architecture.md, and "
             "`muster --help` to do the same against your own NATS."
         )
         return " ".join(sentences)

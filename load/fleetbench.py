@@ -38,7 +38,7 @@ from schemas.natsopts import flush
 from schemas.subjects import Subjects
 
 SEED = 20171009
-# Used only when ../shared/traces/philly.csv is absent: the Philly mix in miniature.
+# Used only when data/traces/philly.csv is absent (an installed package): Philly in miniature.
 FALLBACK_SIZES = [1] * 93 + [2, 2, 4, 4, 8, 8, 16]
 
 

@@ -63,7 +63,7 @@ from schemas.job import (
     Workload,
 )
 
-TRACES_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+TRACES_DIR = traces.default_traces_dir()
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 NODE_GPUS = 8
 NODE_CPU_MILLI = 96_000
@@ -188,7 +188,7 @@ _DEFAULTS = SimConfig()
 @lru_cache(maxsize=2)
 def load_philly(path: Path) -> tuple[traces.PhillyJob, ...]:
     """All Philly rows sorted by submit time (the file is not sorted)."""
-    return tuple(traces.load_philly(path))
+    return tuple(traces.load_philly(traces.require_trace(path.name, path.parent)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,7 +725,7 @@ class Sim:
 
     def _schedule_trace(self, pool: SpotPool) -> None:
         """Loop the Bamboo trace over the horizon; the state at the phase is the start."""
-        events = load_bamboo(self.cfg.traces / f"bamboo-{pool.spec.trace}.csv")
+        events = load_bamboo(traces.require_trace(f"bamboo-{pool.spec.trace}.csv", self.cfg.traces))
         if not events:
             return
         period = events[-1].t + 600.0
@@ -1266,6 +1266,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     seeds = list(range(args.seed, args.seed + max(1, args.seeds)))
     tasks = [(config_from_args(args, s), n) for s in seeds for n in names]
+    cfg0 = tasks[0][0]
+    try:  # one clear line, not a traceback from a worker, when a trace is not there
+        traces.require_trace(cfg0.philly.name, cfg0.philly.parent)
+        for pool in cfg0.pools if args.spot == "trace" else ():
+            if pool.trace:
+                traces.require_trace(f"bamboo-{pool.trace}.csv", cfg0.traces)
+    except traces.MissingTraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     if args.workers > 1 and len(tasks) > 1:
         from concurrent.futures import ProcessPoolExecutor

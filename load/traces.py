@@ -1,4 +1,8 @@
-"""Loaders for the real traces in ../shared/traces (Philly GPU jobs, Bamboo spot node events).
+"""Loaders for the real traces in data/traces (Philly GPU jobs, Bamboo spot node events).
+
+The traces ship in the source tree, not in the wheel: only the load tools and tests read them,
+and those run from a checkout. `require_trace` names the missing file and the fix instead of a
+bare FileNotFoundError when the folder is absent (an installed package, a partial copy).
 
 Gang mapping for Philly (which records only a GPU count per job): a job of n GPUs becomes one
 podset. n <= 8 fits one node: 1 replica x n GPUs. n > 8 spans whole 8-GPU nodes, as Philly's
@@ -27,9 +31,24 @@ class PhillyJob:
     cluster: str  # Philly virtual cluster
 
 
+class MissingTraceError(RuntimeError):
+    """A trace file the caller asked for is not on disk; the text says where it was expected."""
+
+
 def default_traces_dir() -> Path:
-    """repo_root/../shared/traces, found relative to this file."""
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+    """repo_root/data/traces, found relative to this file (a checkout or an editable install)."""
+    return Path(__file__).resolve().parent.parent / "data" / "traces"
+
+
+def require_trace(name: str, traces_dir: Path | None = None) -> Path:
+    """The path of a shipped trace, or MissingTraceError saying where it should be."""
+    p = (traces_dir or default_traces_dir()) / name
+    if not p.is_file():
+        raise MissingTraceError(
+            f"trace {name} not found at {p}: the traces ship with the source tree under "
+            "data/traces/ (see data/traces/README.md); run from a checkout of the repository"
+        )
+    return p
 
 
 def _unix(stamp: str) -> float:
@@ -38,7 +57,7 @@ def _unix(stamp: str) -> float:
 
 def load_philly(path: str | Path | None = None) -> list[PhillyJob]:
     """All Philly jobs sorted by arrival (the file is not sorted)."""
-    p = Path(path) if path is not None else default_traces_dir() / "philly.csv"
+    p = Path(path) if path is not None else require_trace("philly.csv")
     jobs: list[PhillyJob] = []
     with p.open(newline="") as fh:
         for row in csv.DictReader(fh):

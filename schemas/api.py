@@ -129,6 +129,8 @@ class JobView(msgspec.Struct, omit_defaults=True):
     cluster: str | None = None
     flavor: str | None = None
     reason: str | None = None
+    # A queued or preempting job: the short form of `muster why` (code: first message)
+    waiting: str | None = None
     latest_checkpoint: CheckpointView | None = None
     attempts: list[AttemptView] = []
     accounting: Accounting = msgspec.field(default_factory=Accounting)
@@ -149,6 +151,11 @@ class WhyView(msgspec.Struct, omit_defaults=True):
     state: JobState
     reasons: list[PendingReason] = []
     position: int | None = None  # place in its queue, 0 = head
+    queue: str | None = None
+    # What it waits for: quota | capacity | checkpoint | backoff | gpu-type | cluster | cycle
+    waiting_for: str | None = None
+    # One entry per known cluster x flavor: the binding constraint there, with numbers
+    candidates: list[PendingReason] = []
 
 
 class ResourceUsage(msgspec.Struct, omit_defaults=True):
@@ -189,6 +196,8 @@ class FlavorView(msgspec.Struct, omit_defaults=True):
     draining_nodes: int = 0
     interruptions: int = 0
     interruption_rate_per_node_hour: float = 0.0
+    # Spot pools: the prior rate the estimate starts from (config spot_prior_rate)
+    interruption_prior: float | None = None
 
 
 ClusterHealth = Literal["healthy", "unreachable", "lost"]

@@ -13,6 +13,7 @@ import msgspec
 from schemas.agent import Command, CommandAck, EventBatch
 from schemas.api import JobEvent, SubmitReply
 from schemas.config import BrokerConfig
+from schemas.fieldhints import explain
 from schemas.job import JobSpec
 
 T = TypeVar("T")
@@ -39,12 +40,15 @@ def encode_msgpack(obj: Any) -> bytes:
 class _Decoder(Generic[T]):
     """Wraps one msgspec decoder; turns every failure into DecodeError with a readable text."""
 
-    __slots__ = ("_decoder", "_label", "_limit")
+    __slots__ = ("_decoder", "_hint_root", "_label", "_limit")
 
-    def __init__(self, decoder: Any, label: str, limit: int = MAX_PAYLOAD) -> None:
+    def __init__(
+        self, decoder: Any, label: str, limit: int = MAX_PAYLOAD, hint_root: Any = None
+    ) -> None:
         self._decoder = decoder
         self._label = label
         self._limit = limit
+        self._hint_root = hint_root  # a Struct type: name the field, "did you mean" typos
 
     def __call__(self, data: bytes | bytearray | memoryview | str, limit: int | None = None) -> T:
         cap = self._limit if limit is None else limit
@@ -58,7 +62,8 @@ class _Decoder(Generic[T]):
         try:
             return self._decoder.decode(data)  # type: ignore[no-any-return]
         except msgspec.ValidationError as exc:
-            raise DecodeError(f"invalid {self._label}: {exc}") from None
+            text = str(exc) if self._hint_root is None else explain(str(exc), self._hint_root)
+            raise DecodeError(f"invalid {self._label}: {text}") from None
         except msgspec.DecodeError as exc:
             raise DecodeError(f"malformed {self._label}: {exc}") from None
         except (RecursionError, MemoryError, OverflowError, ValueError, TypeError) as exc:
@@ -74,7 +79,9 @@ def msgpack_decoder(kind: type[T], label: str, limit: int = MAX_PAYLOAD) -> _Dec
 
 
 # Client-facing (JSON)
-decode_jobspec: _Decoder[JobSpec] = json_decoder(JobSpec, "JobSpec")
+decode_jobspec: _Decoder[JobSpec] = _Decoder(
+    msgspec.json.Decoder(JobSpec), "JobSpec", hint_root=JobSpec
+)
 decode_json_object: _Decoder[dict[str, Any]] = json_decoder(dict[str, Any], "JSON object")
 decode_submit_reply: _Decoder[SubmitReply] = json_decoder(SubmitReply, "SubmitReply")
 decode_job_event: _Decoder[JobEvent] = json_decoder(JobEvent, "JobEvent")

@@ -120,7 +120,7 @@ class _Workload:
     from_step: int
     end_step: int
     fails: bool
-    ckpt_base: str
+    ckpt_base: str  # "" = the job set no checkpoint location: it never checkpoints
     record: AttemptRecord
     phase: str = "created"
     run_start: float = 0.0  # simulated seconds
@@ -255,8 +255,10 @@ class FakeCluster:
         end_step = sim.fail_at_step if fails and sim.fail_at_step is not None else sim.total_steps
         end_step = max(end_step, from_step)
         nodes = list(dict.fromkeys(d[0] for d in demands))
+        # A job without checkpoint settings has nowhere to write one: it never checkpoints
+        # (a preemption costs it everything since the start), as a real one would.
         base = cmd.checkpoint_uri or (cmd.spec.checkpoint.uri if cmd.spec.checkpoint else "")
-        base = (base or f"mem://{self.cluster}/{cmd.job_id}").rstrip("/")
+        base = base.rstrip("/")
         record = AttemptRecord(
             attempt=cmd.attempt,
             cluster=self.cluster,
@@ -332,9 +334,10 @@ class FakeCluster:
 
     async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
         """Write a checkpoint at the current step (after `checkpoint_write_s`); no-op when the
-        workload is unknown or not running yet (nothing new to save)."""
+        workload is unknown, not running yet (nothing new to save) or has no checkpoint
+        location (it cannot save)."""
         wl = self._workloads.get((job_id, attempt))
-        if wl is None or wl.phase != "running":
+        if wl is None or wl.phase != "running" or not wl.ckpt_base:
             return
         now = self.now()
         step = wl.step_at(now)
@@ -614,7 +617,7 @@ class FakeCluster:
         self._emit(self._status(wl, "running", now))
         k = wl.sim.checkpoint_every
         wl.next_ckpt = (wl.from_step // k + 1) * k
-        if wl.next_ckpt < wl.end_step:
+        if wl.ckpt_base and wl.next_ckpt < wl.end_step:
             self._schedule(wl.time_of_step(wl.next_ckpt), "ckpt", wl)
         self._schedule(wl.time_of_step(wl.end_step), "end", wl)
 

@@ -66,6 +66,7 @@ from schemas.job import JobSpec
 LIVE_STATES: frozenset[str] = frozenset({"admitted", "running", "preempting"})
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 RESYNC_MIN_INTERVAL_S = 1.0
+DEFAULT_QUEUE = "default"  # where a job that names no queue goes, when the config has it
 MISSING_GRACE_S = 5.0
 MAX_CLUSTERS = 4096  # clusters known at once; a snapshot from one more is refused
 RETIRED_INSTANCES = 16  # per cluster: batches from these old agent instances are replays
@@ -147,8 +148,14 @@ class Machine:
                 f"queue mismatch: the job names queue {spec.queue!r} but was published to "
                 f"queue {subject_queue!r}; drop 'queue' from the job or publish to its subject"
             ), []
-        if not queue:
-            return _reject("no queue: publish to <prefix>.submit.<queue> or set 'queue'"), []
+        if not queue and DEFAULT_QUEUE in self.queues:
+            queue = DEFAULT_QUEUE  # as Kueue's LocalQueue defaulting does
+        if not named and queue in (None, "", DEFAULT_QUEUE) and queue not in self.queues:
+            known = ", ".join(sorted(self.queues)) or "(none)"
+            return _reject(
+                "the job names no queue and the config has no queue named "
+                f"{DEFAULT_QUEUE!r} to take it; name one (--queue, `queue:`); known queues: {known}"
+            ), []
         if queue not in self.queues:
             known = ", ".join(sorted(self.queues)) or "(none)"
             return _reject(f"unknown queue {queue!r}; known queues: {known}"), []
@@ -189,7 +196,8 @@ class Machine:
         if record is None:
             return f"unknown job {job_id!r}", []
         if record.state in TERMINAL:
-            return f"job {job_id!r} has already {record.state}", []
+            verb = "has already" if record.state == "succeeded" else "is already"
+            return f"job {job_id} {verb} {record.state}; nothing to cancel", []
         effects: list[Effect] = []
         self._finish(record, "cancelled", now, reason, effects)
         return None, effects
@@ -1106,6 +1114,7 @@ class Machine:
             cluster=current.cluster if current else None,
             flavor=current.flavor if current else None,
             reason=record.reason,
+            waiting=self._waiting_line(record, now),
             latest_checkpoint=CheckpointView(
                 step=ckpt.step, uri=ckpt.uri, at=ckpt.at, attempt=ckpt.attempt
             )
@@ -1139,10 +1148,8 @@ class Machine:
                 continue
             if state is not None and record.state != state:
                 continue
-            if cluster is not None:
-                current = record.current
-                if current is None or current.cluster != cluster:
-                    continue
+            if cluster is not None and all(a.cluster != cluster for a in record.attempts):
+                continue  # jobs that run or ran there
             view = self.job_view(record.job_id, now, with_spec=False)
             if view is not None:
                 out.append(view)
@@ -1150,12 +1157,8 @@ class Machine:
                 break
         return out
 
-    def why(self, job_id: str, now: float) -> WhyView | None:
-        record = self.jobs.get(job_id)
-        if record is None:
-            return None
+    def _pending_reasons(self, record: JobRecord, now: float) -> list[PendingReason]:
         reasons: list[PendingReason] = []
-        position: int | None = None
         if record.state == "queued":
             if record.not_before > now:
                 reasons.append(
@@ -1165,20 +1168,12 @@ class Machine:
                         f"after: {record.reason}",
                     )
                 )
-            for r in self.reasons.get(job_id, ()):
+            for r in self.reasons.get(record.job_id, ()):
                 reasons.append(
                     PendingReason(
                         code=r.code, message=r.message, cluster=r.cluster, flavor=r.flavor
                     )
                 )
-            if not reasons:
-                reasons.append(
-                    PendingReason(code="not-yet-considered", message="waiting for the next cycle")
-                )
-            key = _queue_key(record)
-            position = sum(
-                1 for j in self._pending.get(record.queue, {}) if _queue_key(self.jobs[j]) < key
-            )
         elif record.state == "preempting" and record.preempting is not None:
             reasons.append(
                 PendingReason(
@@ -1187,7 +1182,52 @@ class Machine:
                     f"{record.preempting.deadline:.0f}",
                 )
             )
-        return WhyView(job_id=job_id, state=record.state, reasons=reasons, position=position)
+        return reasons
+
+    def _waiting_line(self, record: JobRecord, now: float) -> str | None:
+        """`code: message` of the first reason, for the status table's REASON column."""
+        if record.state not in ("queued", "preempting"):
+            return None
+        reasons = self._pending_reasons(record, now)
+        if not reasons:
+            return "not-yet-considered: waiting for the next cycle"
+        return f"{reasons[0].code}: {reasons[0].message}"
+
+    def why(self, job_id: str, now: float) -> WhyView | None:
+        record = self.jobs.get(job_id)
+        if record is None:
+            return None
+        reasons = self._pending_reasons(record, now)
+        position: int | None = None
+        candidates: list[PendingReason] = []
+        waiting_for: str | None = None
+        if record.state == "queued":
+            if not reasons:
+                reasons.append(
+                    PendingReason(code="not-yet-considered", message="waiting for the next cycle")
+                )
+            key = _queue_key(record)
+            position = sum(
+                1 for j in self._pending.get(record.queue, {}) if _queue_key(self.jobs[j]) < key
+            )
+            demands = self._demands.get(job_id) or demands_of(record.spec)
+            request = gang_request(record, now, demands)
+            candidates = [
+                PendingReason(code=r.code, message=r.message, cluster=r.cluster, flavor=r.flavor)
+                for r in self.scheduler.pool_reasons(request)
+            ]
+            waiting_for = _waiting_for(reasons, candidates)
+        elif record.state == "preempting":
+            waiting_for = "checkpoint"
+        return WhyView(
+            job_id=job_id,
+            state=record.state,
+            reasons=reasons,
+            position=position,
+            queue=record.queue,
+            waiting_for=waiting_for,
+            candidates=candidates,
+        )
 
     def queue_views(self) -> list[QueueView]:
         counts = {q: len(p) for q, p in self._pending.items()}
@@ -1215,6 +1255,34 @@ class Machine:
 
     def live_count(self) -> int:
         return len(self._live)
+
+
+_WAIT_FOR = {
+    "backoff": "backoff",
+    "waiting-for-preemption": "capacity (victims are being preempted)",
+    "strict-fifo-blocked": "the head of its StrictFIFO queue",
+    "max-admissions": "the next cycle",
+    "no-clusters": "a cluster to report",
+}
+
+
+def _waiting_for(reasons: list[PendingReason], candidates: list[PendingReason]) -> str:
+    """One phrase: what must change for the job to start."""
+    for r in reasons:
+        if r.code in _WAIT_FOR:
+            return _WAIT_FOR[r.code]
+    codes = {c.code for c in candidates}
+    if "fits-now" in codes:
+        return "the next cycle"
+    if "spot-first" in codes or "insufficient-capacity" in codes:
+        return "capacity"
+    if "quota-exceeded" in codes:
+        return "quota"
+    if "pool-avoided" in codes or "cluster-unhealthy" in codes:
+        return "a healthy cluster"
+    if not candidates:
+        return "a cluster to report"
+    return "a flavor it accepts"
 
 
 def _reject(error: str) -> SubmitReply:

@@ -419,3 +419,108 @@ class QuotaBook:
             dominant_share=self.share(q, fleet),
             flavors=flavors,
         )
+
+
+# -- what a queue could ever hold, and what binds it now -----------------------------------
+
+
+def _amount(r: int, value: int) -> str:
+    """A quota amount as a person reads it: GPUs, cores, GiB."""
+    if r == 1:
+        return f"{value / 1000:g}"
+    if r == 2:
+        return f"{value / 2**30:g}Gi"
+    return str(value)
+
+
+def quota_ceiling(q: QueueState, cls: str, r: int) -> int | None:
+    """The most of resource `r` in `cls` the queue could hold with nothing else admitted:
+    nominal + borrowing limit, capped by what its cohort lends. None = no limit; 0 when the
+    queue lists no quota for the class."""
+    if q.limits is None:
+        return None
+    lims = q.limits.get(cls)
+    if lims is None:
+        return 0
+    lim = lims[r]
+    if lim is None:
+        return None
+    co = q.cohort
+    if co is None:
+        return lim.nominal
+    g = lim.guaranteed
+    lendable = co.lendable[cls][r]
+    if lim.borrowing is None:
+        return g + lendable
+    return g + min(lendable, lim.nominal - g + lim.borrowing)
+
+
+def _ceiling_text(q: QueueState, cls: str, r: int, demand: int, ceiling: int) -> str:
+    lims = q.limits.get(cls) if q.limits is not None else None
+    lim = lims[r] if lims is not None else None
+    res = RESOURCES[r]
+    if lim is None:
+        return f"{cls}: queue {q.name} has no quota for it"
+    need = f"{cls}: needs {_amount(r, demand)} {res} > {_amount(r, ceiling)}"
+    if q.cohort is None:
+        return f"{need} (nominal {_amount(r, lim.nominal)}, no cohort to borrow from)"
+    if lim.borrowing is None:
+        return f"{need} (nominal {_amount(r, lim.nominal)} + all cohort {q.cohort.name} lends)"
+    borrow = _amount(r, lim.borrowing)
+    return f"{need} (nominal {_amount(r, lim.nominal)} + borrowing limit {borrow})"
+
+
+def never_admissible(q: QueueState, classes: Iterable[str], demand: Vec) -> str | None:
+    """None when some class in `classes` could ever hold `demand` under the queue's quota, else
+    why not (per class, with the numbers). A queue without quotas admits anything."""
+    if q.limits is None:
+        return None
+    problems: list[str] = []
+    for cls in classes:
+        failed = None
+        for r in range(3):
+            if demand[r] == 0:
+                continue
+            ceiling = quota_ceiling(q, cls, r)
+            if ceiling is not None and demand[r] > ceiling:
+                failed = _ceiling_text(q, cls, r, demand[r], ceiling)
+                break
+        if failed is None:
+            return None
+        problems.append(failed)
+    if not problems:
+        return f"queue {q.name} has no quota for any flavor class this job accepts"
+    return f"queue {q.name} can never admit it: " + "; ".join(problems)
+
+
+def binding_quota(book: QuotaBook, q: QueueState, cls: str, demand: Vec) -> str | None:
+    """None when `demand` fits the queue's quota in `cls` now, else the binding limit with its
+    numbers, e.g. `quota q gpu 8/8 used, needs 16 > nominal 8 + borrow 4`."""
+    if book.check(q, cls, demand) is None:
+        return None
+    limits = q.limits or {}
+    lims = limits.get(cls)
+    if lims is None:
+        return f"queue {q.name} has no quota for flavor class {cls}"
+    used = q.used(cls)
+    for r in range(3):
+        lim = lims[r]
+        if lim is None or demand[r] == 0:
+            continue
+        avail, own = book._available(q, cls, r, lim, used[r])
+        if demand[r] <= avail:
+            continue
+        res = RESOURCES[r]
+        head = (
+            f"quota {q.name} {res} {_amount(r, used[r])}/{_amount(r, lim.nominal)} used, "
+            f"needs {_amount(r, demand[r])}"
+        )
+        if demand[r] > own:
+            borrow = "∞" if lim.borrowing is None else _amount(r, lim.borrowing)
+            return (
+                f"{head} > {_amount(r, max(0, own))} left of nominal "
+                f"{_amount(r, lim.nominal)} + borrow {borrow}"
+            )
+        co = q.cohort.name if q.cohort is not None else "-"
+        return f"{head}; cohort {co} has {_amount(r, max(0, avail))} left to lend"
+    return f"queue {q.name}: quota of {cls} does not cover it"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from broker.core.diagnose import pool_reasons
 from broker.core.inventory import AllocKey, Inventory, Pool
 from broker.core.ledger import Alloc, Ledger
 from broker.core.placement import (
@@ -41,6 +42,7 @@ from broker.core.placement import (
     Take,
     assignment_of,
     build_candidates,
+    capacity_rank,
     empty_fit,
     estimate,
     fits_now,
@@ -49,7 +51,7 @@ from broker.core.placement import (
     pool_cost,
 )
 from broker.core.preemption import plan_preemption, worth_planning
-from broker.core.quota import QueueState, QuotaBook
+from broker.core.quota import QueueState, QuotaBook, never_admissible
 from broker.core.reasons import explain, feasibility
 from broker.core.types import (
     CycleResult,
@@ -198,6 +200,7 @@ class Scheduler:
                     draining_nodes=sum(1 for n in p.nodes.values() if n.spot_deadline is not None),
                     interruptions=risk.total_notices if risk is not None else 0,
                     interruption_rate_per_node_hour=self._inv.rate(p.key, now, self._prior),
+                    interruption_prior=self._prior if p.capacity_type == "spot" else None,
                 )
             )
         return out
@@ -649,4 +652,32 @@ class Scheduler:
             self._progress[(job_id, attempt)] = work_since
 
     def check_feasible(self, request: GangRequest) -> tuple[Reason, ...]:
-        return feasibility(self._inv, request, self._gang(request.podsets))
+        gang = self._gang(request.podsets)
+        return feasibility(self._inv, request, gang) or self._quota_feasibility(request, gang)
+
+    def _quota_feasibility(self, request: GangRequest, gang: Gang) -> tuple[Reason, ...]:
+        """A gang larger than nominal + borrowing limit in every flavor class the job could be
+        charged to can never be admitted (Kueue marks such workloads inadmissible)."""
+        qs = self._book.queues.get(request.queue)
+        if qs is None or qs.limits is None:
+            return ()
+        classes = {fc.name: fc for fc in self.config.flavors}
+        types = {t.lower() for t in request.gpu_types}
+        accepted = []
+        for cls in qs.limits:
+            fc = classes.get(cls)
+            if fc is not None:
+                typed = fc.gpu_type is not None and bool(types) and gang.total[0] > 0
+                if typed and (fc.gpu_type or "").lower() not in types:
+                    continue
+                if fc.capacity_type is not None and (
+                    capacity_rank(request.capacity, False, fc.capacity_type) < 0
+                ):
+                    continue
+            accepted.append(cls)
+        text = never_admissible(qs, accepted, gang.total)
+        return () if text is None else (Reason("quota-exceeded", text),)
+
+    def pool_reasons(self, request: GangRequest) -> tuple[Reason, ...]:
+        """Per cluster x flavor, what keeps this job off it now (`muster why`)."""
+        return pool_reasons(self._inv, self._book, request, self._gang(request.podsets))

@@ -91,6 +91,8 @@ ReasonCode = Literal[
     "backoff",  # waiting before the next attempt
     "waiting-for-preemption",  # victims chosen; waiting for them to end
     "max-admissions",  # the cycle's admission budget ran out
+    "spot-first",  # per pool: fits on-demand, but the job waits for spot first
+    "fits-now",  # per pool: nothing binds; the next cycle can admit it here
 ]
 
 

@@ -54,9 +54,12 @@ def test_kube_section_is_passed_through(tmp_path: Path) -> None:
         ),
         ("cluster: a\nbackend: fake\nheartbeat: 1\nfake: {}\n", "heartbeat"),
         ("cluster: a\nbackend: fake\n", "fake: required"),
-        ("cluster: a.b\nbackend: fake\nfake: {}\n", "$.cluster"),
-        ("cluster: a\nbackend: slurm\nfake: {}\n", "$.backend"),
-        ("cluster: a\nbackend: fake\nfake: {time_scale: 0}\n", "$.fake.time_scale"),
+        ("cluster: a.b\nbackend: fake\nfake: {}\n", "config: cluster: Expected"),
+        (
+            "cluster: a\nbackend: slurm\nfake: {}\n",
+            "backend: Invalid enum value 'slurm'; valid values: fake, kube",
+        ),
+        ("cluster: a\nbackend: fake\nfake: {time_scale: 0}\n", "config: fake.time_scale: Expected"),
         ("cluster: a\nbackend: fake\nfake: {flavors: [{name: x, cpu: lots}]}\n", "cpu"),
         (
             "cluster: a\nbackend: fake\nfake: {trace: {path: t.csv, flavor: nope}}\n",
@@ -81,11 +84,20 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_relative_trace_path_is_relative_to_the_file(tmp_path: Path) -> None:
     (tmp_path / "conf").mkdir()
+    (tmp_path / "traces").mkdir()
     p = write(
         tmp_path / "conf",
         "cluster: a\nbackend: fake\nfake:\n  flavors: [{name: s, capacity_type: spot}]\n"
         "  trace: {path: ../traces/p3.csv, flavor: s}\n",
     )
+    with pytest.raises(AgentConfigError) as info:
+        load_agent_config(p)  # checked before the agent starts, with the path it looked at
+    assert str(info.value) == (
+        f"{p}: cluster a: fake.trace.path: no file at {(tmp_path / 'traces' / 'p3.csv')} (a "
+        "relative path is relative to the config file; the Bamboo traces ship in the "
+        "repository's data/traces/)"
+    )
+    (tmp_path / "traces" / "p3.csv").write_text("0,add,n1\n")
     cfg = load_agent_config(p)
     assert cfg.fake is not None and cfg.fake.trace is not None
     assert cfg.fake.trace.path == str((tmp_path / "traces" / "p3.csv").resolve())

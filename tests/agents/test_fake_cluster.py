@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import pytest
 from nats.aio.client import Client
 
@@ -266,3 +267,21 @@ async def test_fleet_handles_outage_and_history(nc: Client) -> None:
         assert not fleet.runtimes[c1.cluster].partitioned
     finally:
         await fleet.stop()
+
+
+async def test_a_job_without_checkpoint_settings_never_checkpoints(make_agent: MakeAgent) -> None:
+    a = await make_agent()
+    sim = Simulation(total_steps=30, steps_per_second=100.0, checkpoint_every=5)
+    node = a.cluster.nodes_of("spot-a100")[0]
+    cmd = dispatch("job-nock", [node], sim=sim)
+    cmd = msgspec.structs.replace(
+        cmd, checkpoint_uri="", spec=msgspec.structs.replace(cmd.spec, checkpoint=None)
+    )
+    assert (await a.wire.send(cmd)).ok
+    await a.wire.wait_status("job-nock", 1, "running")
+    ack = await a.wire.send(CheckpointNow(job_id="job-nock", attempt=1, epoch=1, deadline=0.0))
+    assert ack.ok  # understood, but there is nowhere to write one
+    await a.wire.wait_status("job-nock", 1, "succeeded", timeout=5)
+    assert ckpts(a.wire, "job-nock") == []
+    (rec,) = a.cluster.history["job-nock"]
+    assert rec.checkpoints == 0 and rec.last_checkpoint_step is None

@@ -10,10 +10,11 @@ import pytest
 from agents.config import BambooTrace, FakeClusterConfig, FakeFlavor
 from agents.fake.cluster import FakeCluster
 from agents.fake.trace import TraceError, load_bamboo, parse_bamboo, removals_per_node_hour
+from load.traces import default_traces_dir
 from schemas.agent import AgentEvent, NodeGone, NodeUpsert, SpotNotice
 from tests.agents.helpers import unique
 
-TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+TRACES = default_traces_dir()
 P3 = TRACES / "bamboo-p3.csv"
 
 
@@ -46,7 +47,7 @@ def test_missing_trace_file_is_clear(tmp_path: Path) -> None:
         load_bamboo(tmp_path / "nope.csv")
 
 
-@pytest.mark.skipif(not P3.exists(), reason="shared traces not present")
+@pytest.mark.skipif(not P3.exists(), reason="data/traces/bamboo-p3.csv is not in this copy")
 def test_real_p3_trace_rate() -> None:
     evs = load_bamboo(P3)
     assert sum(e.op == "add" for e in evs) == 177
@@ -64,7 +65,7 @@ def _live_at_end(path: Path) -> set[str]:
     return live
 
 
-@pytest.mark.skipif(not P3.exists(), reason="shared traces not present")
+@pytest.mark.skipif(not P3.exists(), reason="data/traces/bamboo-p3.csv is not in this copy")
 async def test_replay_p3_onto_fake_cluster() -> None:
     name = unique("b")
     cfg = FakeClusterConfig(

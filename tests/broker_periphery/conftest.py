@@ -1,4 +1,4 @@
-"""Fixture files: YAML extracted from the seed documents (plus a few written here)."""
+"""Fixture files: YAML from the guides this project started from (see fixtures/README.md)."""
 
 from __future__ import annotations
 

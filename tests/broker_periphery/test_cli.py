@@ -77,10 +77,18 @@ def test_help_lists_every_command() -> None:
         assert command in result.stdout
 
 
+def test_version_and_completion() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.startswith("muster ")
+    text = runner.invoke(app, ["--help"]).stdout
+    assert "--install-completion" in text and "--show-completion" in text
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_command_help(command: str) -> None:
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0, result.stderr
+    assert "<str>" not in result.stdout and "{" not in result.stdout.splitlines()[0]
     if command in ("submit", "status", "cancel", "why", "queues", "clusters", "watch"):
         for flag in ("--nats", "--creds", "--user", "--password", "--tls-ca", "--tls-cert"):
             assert flag in result.stdout
@@ -124,11 +132,6 @@ def test_submit_invalid_job_file(tmp_path: Path) -> None:
     path.write_text("name: a\ngang: [{name: w, gpu: 65}]\n")
     line = one_error_line(runner.invoke(app, ["submit", str(path)]))
     assert "gang[0].gpu: Expected `int` <= 64" in line
-
-
-def test_submit_without_a_queue() -> None:
-    line = one_error_line(runner.invoke(app, ["submit", str(FIXTURES / "tfjob-ps.yaml")]))
-    assert "no queue: pass --queue NAME" in line
 
 
 def test_nats_option_errors(tmp_path: Path) -> None:
@@ -245,9 +248,39 @@ def test_why_view() -> None:
         ],
     )
     text = text_of(why_view(why))
-    assert "j is queued, position 0 in its queue (head)" in text
+    assert "j is queued, position 0 in its queue (at the head)" in text
     assert "[quota] a100-od: 8 of 8 GPUs in use" in text
     assert "[capacity] c/f: no node has 8 free" in text
+    full = WhyView(
+        job_id="j",
+        state="queued",
+        position=2,
+        queue="ml",
+        waiting_for="quota",
+        candidates=[
+            PendingReason(
+                code="quota-exceeded",
+                message="quota ml gpu 8/8 used, needs 16 > 4 left of nominal 8 + borrow 4",
+                cluster="east",
+                flavor="a100-od",
+            ),
+            PendingReason(
+                code="no-matching-flavor", message="no T4 accepted", cluster="c", flavor="t4-spot"
+            ),
+        ],
+    )
+    lines = text_of(why_view(full)).splitlines()
+    assert lines[0] == "j is queued, position 2 in queue ml (2 ahead of it)"
+    assert lines[1] == "waiting for: quota"
+    rows = [line.strip().split(None, 2) for line in lines if line.startswith(("east", "c/"))]
+    assert rows == [
+        [
+            "east/a100-od",
+            "quota-exceeded",
+            "quota ml gpu 8/8 used, needs 16 > 4 left of nominal 8 + borrow 4",
+        ],
+        ["c/t4-spot", "no-matching-flavor", "no T4 accepted"],
+    ]
     running = text_of(why_view(WhyView(job_id="j", state="running")))
     assert "nothing holds it back" in running
 
@@ -263,11 +296,21 @@ def test_clusters_table() -> None:
     text = text_of(clusters_table([sample_cluster(), ClusterView("gone", "lost")], now=NOW))
     rows = [line.split() for line in text.strip().splitlines()[1:]]
     assert rows[0][:5] == ["aws-east", "healthy", "1s", "ago", "4"]
-    assert rows[0][5:] == ["a100-spot", "spot", "a100", "1.10", "20", "24/160", "1", "0.610", "(7)"]
+    assert rows[0][5:12] == ["a100-spot", "spot", "a100", "1.10", "20", "24/160", "1"]
+    assert " ".join(rows[0][12:]) == "0.610/node-h, 7 observed"
     assert rows[1][:3] == ["a100-od", "on-demand", "a100"]  # same cluster, second flavor
+    assert rows[1][-1] == "-"  # on-demand: nothing observed, no prior
     assert rows[2][:2] == ["gone", "lost"]
     stale = ClusterView("blind", "healthy", NOW - 1, stale_s=75.0)
     assert "healthy, stale 75s" in text_of(clusters_table([stale], now=NOW))
+    fresh = msgspec.structs.replace(
+        sample_cluster().flavors[0],
+        interruptions=0,
+        interruption_rate_per_node_hour=0.31,
+        interruption_prior=0.5,
+    )
+    text = text_of(clusters_table([ClusterView("new", "healthy", flavors=[fresh])], now=NOW))
+    assert text.splitlines()[1].endswith("prior 0.5/node-h, 0 observed")
 
 
 def test_event_line() -> None:
@@ -283,7 +326,9 @@ def test_event_line() -> None:
         resume_from_step=1000,
     )
     text = event_line(ev).plain
-    assert text.endswith("requeued    attempt 2 on aws/spot resuming from step 1000 (preempted)")
+    assert text.endswith("requeued     attempt 2 on aws/spot resuming from step 1000 (preempted)")
+    long = msgspec.structs.replace(ev, kind="checkpointed", step=7, resume_from_step=None)
+    assert "checkpointed attempt 2 on aws/spot step 7" in event_line(long).plain
 
 
 def test_submit_line_and_ages() -> None:
@@ -339,10 +384,13 @@ def test_submit_status_cancel_end_to_end(standin: ThreadedStandIn, nats_url: str
     result = cli(nats_url, "cancel", "mnist-1", "--reason", "done")
     assert result.stdout.strip() == "job mnist-1 is cancelled"
 
-    # watch of an ended job: prints its state; exit 1 because it did not succeed
+    # watch of an ended job: prints where it stands and exits 0 (it has ended) ...
     result = cli(nats_url, "watch", "mnist-1")
-    assert result.exit_code == 1
-    assert "job mnist-1 is cancelled" in result.stdout
+    assert result.exit_code == 0, result.stderr
+    (line,) = result.stdout.strip().splitlines()
+    assert "now cancelled" in line and "(done)" in line
+    # ... unless asked to fail for any end but success
+    assert cli(nats_url, "watch", "mnist-1", "--exit-status").exit_code == 1
 
     line = one_error_line(cli(nats_url, "status", "ghost"))
     assert line == "error: unknown job 'ghost'"

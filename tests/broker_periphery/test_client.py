@@ -88,9 +88,14 @@ async def test_submit_a_dict_and_keep_its_job_id(
     assert again.accepted and again.duplicate and again.job_id == "bert-7"
 
 
-async def test_submit_without_a_queue(client: MusterClient) -> None:
-    with pytest.raises(MusterError, match=r"job 'resnet' names no queue: pass one"):
-        await client.submit(spec(queue=None))
+async def test_submit_without_a_queue_goes_to_the_default_queue(
+    client: MusterClient, standin: StandInBroker
+) -> None:
+    reply = await client.submit(spec(queue=None))
+    assert reply.accepted
+    subject, data = standin.submitted[-1]
+    assert subject.endswith(".submit.default")
+    assert b'"queue"' not in data  # the broker decides what no queue means
 
 
 async def test_submit_invalid_dict(client: MusterClient) -> None:

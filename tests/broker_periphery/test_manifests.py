@@ -382,7 +382,20 @@ def test_load_jobspec_with_manifest_derives_the_gang() -> None:
         ("name: a\ngang: [{name: w, gpu: 65}]\n", r"gang\[0\]\.gpu: Expected `int` <= 64"),
         ("name: a\n", "give at least one podset"),
         ("name: a\ngang: [{name: w}]\nqueue: Bad\n", r"queue: Expected `str` matching"),
-        ("name: a\ngang: [{name: w}]\nbogus: 1\n", "unknown field `bogus`"),
+        ("name: a\ngang: [{name: w}]\nbogus: 1\n", "unknown field 'bogus'"),
+        (
+            "name: a\ngang: [{name: w}]\ncapacity: spot-first\n",
+            "capacity: Invalid enum value 'spot-first'; valid values: any, on-demand, spot, "
+            "spot-then-on-demand",
+        ),
+        (
+            "name: a\ngang: [{name: w}]\ngpu_type: [a100]\n",
+            "gpu_type: unknown field 'gpu_type'; did you mean 'gpu_types'",
+        ),
+        (
+            "name: a\ngang: [{name: w, gpus: 2}]\n",
+            r"gang\[0\]\.gpus: unknown field 'gpus'; did you mean 'gpu'",
+        ),
     ],
 )
 def test_load_errors(text: str, message: str) -> None:

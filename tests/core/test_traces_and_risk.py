@@ -1,4 +1,4 @@
-"""Trace loaders (real files in ../shared/traces when present) and the risk formulas."""
+"""Trace loaders (the real files in data/traces) and the risk formulas."""
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ def test_loaders_on_small_files(tmp_path: Path) -> None:
     assert load_bamboo(bamboo) == [(0, "add", "node1"), (60000, "remove", "node1")]
 
 
-@pytest.mark.skipif(not (TRACES / "philly.csv").exists(), reason="shared traces not present")
+@pytest.mark.skipif(
+    not (TRACES / "philly.csv").exists(), reason="data/traces/philly.csv is not in this copy"
+)
 def test_real_traces_have_their_documented_shape() -> None:
     jobs = load_philly(TRACES / "philly.csv")
     assert len(jobs) == 82_247

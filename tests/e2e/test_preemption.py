@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from pathlib import Path
 
 import pytest
 
+from load.traces import default_traces_dir
 from tests.e2e.conftest import World, flavor, sim_job
 
-TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+TRACES = default_traces_dir()
 
 
 async def _running_on(world: World, job_id: str, attempt: int = 1) -> tuple[str, list[str]]:
@@ -210,7 +210,7 @@ def _correlated_removal() -> list[str]:
     """The first instant in the p3 trace where several nodes are reclaimed at once."""
     path = TRACES / "bamboo-p3.csv"
     if not path.exists():
-        pytest.skip("shared traces not available")
+        pytest.skip(f"{path} is not in this copy of the repository (data/traces ships with it)")
     by_time: dict[int, list[str]] = {}
     for line in path.read_text().splitlines():
         t, op, node = line.strip().split(",")
@@ -245,5 +245,11 @@ async def test_correlated_loss_from_the_bamboo_trace(world: World) -> None:
         assert admitted.cluster == "spare"
     for job_id in ids:
         await h.wait_event(job_id, "succeeded", timeout=60)
-        _assert_resumed_exactly(world, job_id)
+        # A periodic checkpoint that lands after the notice already ends the old attempt; the
+        # CheckpointNow the agent finishes before its Cancel arrives may add one more that
+        # nobody resumes from. So: resumed from a checkpoint taken after the notice, and never
+        # from one the old attempt did not write.
+        before, after = fleet.history(job_id)
+        assert before.last_checkpoint_step is not None
+        assert 30 <= after.started_from_step <= before.last_checkpoint_step
         assert world.max_live_copies[job_id] == 1

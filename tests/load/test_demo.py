@@ -38,6 +38,12 @@ async def test_fast_demo_shows_checkpointed_recovery() -> None:
     assert history[notice.attempt].last_checkpoint_step == second["resume_from_step"]
     assert history[second["attempt"]].started_from_step == second["resume_from_step"]
     assert history[second["attempt"]].end_phase == "succeeded"
+    # "Work lost" is one measure: the paragraph quotes the attempt's GPU-seconds lost, and the
+    # summary row of that job (one preemption) shows the same figure.
+    lost = f"{float(first['gpu_seconds_lost']):,.0f}"
+    assert f"it lost {lost} GPU-seconds" in " ".join(text.split()), text
+    row = next(line for line in text.splitlines() if line.strip().startswith(notice.job_id))
+    assert lost in row.split(), row
 
     # The XID failure ended an attempt without warning, and that job still succeeded.
     failures = [i for i in result.injections if i.kind == "gpu-failure"]

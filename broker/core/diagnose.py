@@ -1,0 +1,72 @@
+"""Why one job does not start, per cluster x flavor: the binding constraint with its numbers.
+
+Computed on demand (`muster why`), never in the admission cycle, so it may look at every pool.
+Each pool gets one Reason, the first that binds in the order admission checks them: GPU type,
+capacity type, cluster health, avoidance, quota, then capacity (ever, then now).
+"""
+
+from __future__ import annotations
+
+from broker.core.inventory import Cluster, Inventory, Pool
+from broker.core.placement import Gang, capacity_rank, empty_fit, fits_now, gpu_type_ok
+from broker.core.quota import QueueState, QuotaBook, binding_quota
+from broker.core.reasons import describe
+from broker.core.types import GangRequest, Reason, ReasonCode
+
+
+def _pool_reason(
+    c: Cluster, p: Pool, req: GangRequest, gang: Gang, book: QuotaBook, qs: QueueState | None
+) -> Reason:
+    def r(code: ReasonCode, message: str) -> Reason:
+        return Reason(code, message, cluster=c.name, flavor=p.name)
+
+    gpus = gang.total[0]
+    if not gpu_type_ok(p, req.gpu_types, gpus):
+        return r(
+            "no-matching-flavor",
+            f"no {p.gpu_type.upper() or 'untyped GPU'} accepted "
+            f"(the job accepts {', '.join(sorted(req.gpu_types))})",
+        )
+    rank = capacity_rank(req.capacity, req.spot_exhausted, p.capacity_type)
+    if rank < 0:
+        return r("no-matching-flavor", f"{p.capacity_type} not accepted (capacity {req.capacity})")
+    if not c.schedulable:
+        return r("cluster-unhealthy", f"cluster {c.name} takes no placements now")
+    if p.key in req.avoid_pools:
+        return r("pool-avoided", "this pool just lost the job; avoided for this attempt")
+    if qs is not None:
+        binding = binding_quota(book, qs, p.flavor_class, gang.total)
+        if binding is not None:
+            return r("quota-exceeded", binding)
+    if not empty_fit(p, gang):
+        return r(
+            "gang-too-large",
+            f"{describe(gang)} never fits: {len(p.nodes)} nodes of at most {p.node_gpu} GPUs",
+        )
+    if not fits_now(c, p, gang, req):
+        return r(
+            "insufficient-capacity",
+            f"{p.free_gpu} GPUs free on {len(p.nodes)} nodes; needs {describe(gang)}, "
+            "each replica on one node",
+        )
+    if rank == 1:
+        return r(
+            "spot-first",
+            "fits, but the job takes on-demand only after spot fails (spot fallback settings)",
+        )
+    return r("fits-now", f"fits now ({p.free_gpu} GPUs free); next admission cycle")
+
+
+def pool_reasons(
+    inv: Inventory, book: QuotaBook, req: GangRequest, gang: Gang
+) -> tuple[Reason, ...]:
+    """One Reason per known cluster x flavor, sorted by cluster and flavor."""
+    qs = book.queues.get(req.queue)
+    out: list[Reason] = []
+    for cname in sorted(inv.clusters):
+        c = inv.clusters[cname]
+        if not c.seen:
+            continue
+        for fname in sorted(c.pools):
+            out.append(_pool_reason(c, c.pools[fname], req, gang, book, qs))
+    return tuple(out)
