@@ -511,11 +511,15 @@ class AgentRuntime:
 
     def _learn(self, snap: ClusterSnapshot) -> None:
         """After a restart the snapshot tells which attempts already exist here."""
+        fence_after = getattr(self.backend, "fence_after", None)
         for w in snap.workloads:
             track = self._track(w.job_id)
             track.highest = max(track.highest, w.attempt)
             if w.phase not in TERMINAL_PHASES:
                 track.live.add(w.attempt)
+                if fence_after is not None and w.attempt not in track.fence_after:
+                    # adopted from an earlier agent: keep extending the fence it was given
+                    track.fence_after[w.attempt] = fence_after(w.job_id, w.attempt)
 
     # -- commands ------------------------------------------------------------------------
     async def _on_msg(self, msg: Msg) -> None:

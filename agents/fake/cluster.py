@@ -174,6 +174,7 @@ class FakeCluster:
         # the "cluster", not the agent, as a pod's activeDeadlineSeconds is kept by the kubelet:
         # a frozen or dead agent cannot keep its workloads alive past it.
         self._fences: dict[tuple[str, int], float] = {}
+        self._fence_after: dict[tuple[str, int], float] = {}  # as dispatched
         self._heap: list[tuple[float, int, str, Any, int]] = []
         self._counter = itertools.count()
         self._notice_ids = itertools.count(1)
@@ -291,6 +292,7 @@ class FakeCluster:
             node.used_memory += mem
             node.workloads.add(key)
         self._workloads[key] = wl
+        self._fence_after[key] = cmd.fence_after_s
         self.history.setdefault(cmd.job_id, []).append(record)
         self.counters["dispatched"] += 1
         self._emit(self._status(wl, "created", self.now()))
@@ -303,6 +305,10 @@ class FakeCluster:
         key = (job_id, attempt)
         if key in self._workloads:
             self._fences[key] = max(until, self._fences.get(key, 0.0))
+
+    def fence_after(self, job_id: str, attempt: int) -> float:
+        """The fence window the attempt was dispatched with, for an agent that restarts."""
+        return self._fence_after.get((job_id, attempt), 0.0)
 
     def enforce_fences(self) -> None:
         """End every workload whose fence lapsed, as of the moment it lapsed: whatever was
@@ -583,6 +589,7 @@ class FakeCluster:
         wl.alive = False
         self._workloads.pop(wl.key, None)
         self._fences.pop(wl.key, None)
+        self._fence_after.pop(wl.key, None)
         for node_name, gpu, cpu, mem in wl.demands:
             node = self._nodes.get(node_name)
             if node is not None:

@@ -309,6 +309,11 @@ class LocalBackend:
         if at is not None:
             self._write_fence(at, until)
 
+    def fence_after(self, job_id: str, attempt: int) -> float:
+        """The fence window the attempt was dispatched with, for an agent that restarts."""
+        at = self._attempts.get((job_id, attempt))
+        return at.fence_after_s if at is not None else 0.0
+
     def _write_fence(self, at: _Attempt, until: float) -> None:
         shim.write_json(at.file("fence"), until)
         at.fence_written = time.time()
@@ -510,7 +515,7 @@ class LocalBackend:
         self._read_checkpoint(at)
         codes = [self._code(at, r) for r in at.replicas]
         if any(self._fenced(at, r) for r in at.replicas):
-            phase, reason = "evicted", "fenced: the agent was gone longer than fence_after_s"
+            phase, reason = "evicted", "fenced: its fence lapsed (agent gone or cut off from the broker)"
         elif at.reclaimed:
             phase, reason = "evicted", at.reclaimed
             if at.killed:

@@ -459,6 +459,9 @@ class Machine:
             or current.attempt != status.attempt
             or current.cluster != cluster
         ):
+            if record is not None and status.phase == "succeeded":
+                self._late_success(record, cluster, status, now, effects)
+                return
             if status.phase in ("created", "running"):
                 # A copy the broker does not consider live: fence it off.
                 effects.append(
@@ -497,6 +500,41 @@ class Machine:
             self._failed(record, status, now, effects)
         elif phase == "evicted":
             self._lose(record, status.reason or "evicted", now, effects)
+
+    def _late_success(
+        self,
+        record: JobRecord,
+        cluster: str,
+        status: WorkloadStatus,
+        now: float,
+        effects: list[Effect],
+    ) -> None:
+        """An attempt the broker gave up on (its cluster was declared lost, or a preemption
+        ended it) finished after all: the job's work is done. Running it again would complete
+        it twice, so the job ends succeeded and any newer attempt is cancelled."""
+        if record.state in TERMINAL:
+            return
+        old = next(
+            (a for a in record.attempts if a.attempt == status.attempt and a.cluster == cluster),
+            None,
+        )
+        if old is None or old.live:
+            return
+        newer = record.current
+        if newer is not None:
+            self._end_attempt(
+                record, newer, "superseded: an earlier attempt succeeded", now, lost=True
+            )
+            effects.append(
+                Send(
+                    newer.cluster,
+                    self._cancel_cmd(record.job_id, newer.attempt, "an earlier attempt succeeded"),
+                )
+            )
+        old.end_cause = "succeeded"
+        old.gpu_seconds_lost = 0.0  # its work was not lost after all
+        reason = f"attempt {old.attempt} on {cluster} succeeded after it was given up"
+        self._finish(record, "succeeded", now, reason, effects)
 
     # ------------------------------------------------------------------ checkpoints
     def on_checkpoint(self, report: CheckpointReport, now: float, effects: list[Effect]) -> None:

@@ -199,7 +199,7 @@ flavor_infos = st.builds(
     capacity_type=st.sampled_from(["spot", "on-demand"]),
     gpu_type=st.text(max_size=10),
     price_per_gpu_hour=floats(0, 100),
-    gpu_memory_mib=non_neg,
+    gpu_memory_mib=st.integers(0, 2**31),
 )
 node_infos = st.builds(
     NodeInfo,
