@@ -1045,6 +1045,52 @@ class Machine:
                 break
         return out
 
+    def jobs_page(
+        self,
+        now: float,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        cluster: str | None = None,
+        name: str | None = None,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[int, list[JobView]]:
+        """Newest first: how many jobs match, and the views of one page of them. Only the page
+        is rendered, so a page costs one pass over the records whatever their number."""
+        total = 0
+        page: list[str] = []
+        end = offset + limit
+        for record in reversed(self.jobs.values()):
+            if queue is not None and record.queue != queue:
+                continue
+            if state is not None and record.state != state:
+                continue
+            if name is not None and name not in record.spec.name:
+                continue
+            if cluster is not None:
+                current = record.current
+                if current is None or current.cluster != cluster:
+                    continue
+            if offset <= total < end:
+                page.append(record.job_id)
+            total += 1
+        views = [self.job_view(j, now, with_spec=False) for j in page]
+        return total, [v for v in views if v is not None]
+
+    def first_reason(self, job_id: str) -> str | None:
+        """The scheduler's first reason for a queued job (what `muster status` shows)."""
+        reasons = self.reasons.get(job_id)
+        return reasons[0].message if reasons else None
+
+    def oldest_pending(self) -> dict[str, float]:
+        """Per queue, when its longest-waiting pending job was submitted."""
+        out: dict[str, float] = {}
+        for queue, ids in self._pending.items():
+            if ids:
+                out[queue] = min(self.jobs[j].submitted_at for j in ids)
+        return out
+
     def why(self, job_id: str, now: float) -> WhyView | None:
         record = self.jobs.get(job_id)
         if record is None:
