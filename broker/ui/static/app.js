@@ -52,7 +52,7 @@ function table(headers, rows, attrs) {
     h("tbody", {}, rows));
 }
 function show(title, ...content) {
-  main.replaceChildren(h("h2", {}, title), ...content);
+  main.replaceChildren(h("h2", {}, title), ...content.filter((c) => c !== null && c !== undefined));
 }
 function fail(err) {
   main.append(h("p", { class: "error" }, String(err.message || err)));
@@ -200,7 +200,10 @@ function timeline(job, now) {
     if (a.running_at) add("rect", { x: x(running), y, width: Math.max(2, x(stop) - x(running)), height: 16, fill: "#16a34a" });
     const label = (a.resume_from_step !== undefined ? `resumed from step ${a.resume_from_step} · ` : "") +
       (a.end_cause ? a.end_cause : a.ended_at ? "ended" : a.running_at ? "running" : "admitted");
-    add("text", { x: Math.min(x(stop) + 4, W - 150), y: y + 12, "data-attempt": a.attempt }, label);
+    // Past the middle the label sits inside the bar's end, so it never runs off the axis.
+    const inside = x(stop) > W / 2;
+    add("text", { x: inside ? x(stop) - 4 : x(stop) + 4, y: y + 12, "text-anchor": inside ? "end" : "start",
+      "data-attempt": a.attempt, class: inside ? "inside" : "" }, label);
   });
   add("text", { x: 110, y: H - 4 }, fmt.time(start));
   add("text", { x: W - 90, y: H - 4 }, fmt.time(end));
