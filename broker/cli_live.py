@@ -1,11 +1,16 @@
 """The operator's live commands (`muster top`, `muster logs`) and the dashboard options of
-`muster broker`, kept apart from the request/reply commands in broker.cli."""
+`muster broker`, kept apart from the request/reply commands in broker.cli.
 
-from __future__ import annotations
+No `from __future__ import annotations` here: the commands are defined inside
+`register_live` and typer must see their annotations as objects, not names to look up.
+"""
 
+import asyncio
+import sys
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 UiPort = Annotated[
     int | None,
@@ -27,4 +32,39 @@ UiHost = Annotated[
 
 
 def register_live(app: typer.Typer) -> None:
-    """Add the live commands to the `muster` CLI."""
+    """Add the live commands to the `muster` CLI (called once broker.cli is defined)."""
+    from broker import cli as base
+    from broker.client import MusterClient, MusterError
+
+    @app.command()
+    @base.with_nats_auth
+    def top(
+        nats: base.NatsUrl = None,
+        interval: Annotated[
+            float,
+            typer.Option("--interval", min=0.2, max=60.0, help="least seconds between redraws"),
+        ] = 1.0,
+        *,
+        auth: base.NatsAuth,
+    ) -> None:
+        """Live view of clusters, queues, the busiest jobs and recent interruptions."""
+        from broker.top import run_top
+
+        opts = base.nats_options(nats, auth)
+
+        async def main() -> None:
+            async with MusterClient(opts) as client:
+                console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+                await run_top(
+                    client,
+                    console,
+                    min_interval_s=interval,
+                    on_ready=lambda: base.err.print("muster top: live (Ctrl-C to quit)"),
+                )
+
+        try:
+            asyncio.run(main())
+        except KeyboardInterrupt:
+            return
+        except MusterError as exc:
+            base.fail(str(exc))

@@ -200,10 +200,15 @@ function timeline(job, now) {
     if (a.running_at) add("rect", { x: x(running), y, width: Math.max(2, x(stop) - x(running)), height: 16, fill: "#16a34a" });
     const label = (a.resume_from_step !== undefined ? `resumed from step ${a.resume_from_step} · ` : "") +
       (a.end_cause ? a.end_cause : a.ended_at ? "ended" : a.running_at ? "running" : "admitted");
-    // Past the middle the label sits inside the bar's end, so it never runs off the axis.
-    const inside = x(stop) > W / 2;
-    add("text", { x: inside ? x(stop) - 4 : x(stop) + 4, y: y + 12, "text-anchor": inside ? "end" : "start",
-      "data-attempt": a.attempt, class: inside ? "inside" : "" }, label);
+    // After the bar when it fits, else before the bar's start, else inside the bar's end.
+    const width = 6.5 * label.length;
+    let at = { x: x(stop) + 4, "text-anchor": "start" };
+    if (x(stop) + 4 + width > W) {
+      at = x(a.dispatched_at) - 4 - width > 110
+        ? { x: x(a.dispatched_at) - 4, "text-anchor": "end" }
+        : { x: x(stop) - 4, "text-anchor": "end", class: "inside" };
+    }
+    add("text", { ...at, y: y + 12, "data-attempt": a.attempt }, label);
   });
   add("text", { x: 110, y: H - 4 }, fmt.time(start));
   add("text", { x: W - 90, y: H - 4 }, fmt.time(end));
