@@ -8,15 +8,23 @@ changes through `emit` and carries out commands the runtime has already vetted.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-from schemas.agent import AgentEvent, ClusterSnapshot, Dispatch
+from schemas.agent import AgentEvent, ClusterSnapshot, Dispatch, LogRequest
 
 Emit = Callable[[AgentEvent], None]
 
 
 class BackendError(RuntimeError):
     """A command the backend could not carry out; the text goes back in the CommandAck."""
+
+
+class LogTail(NamedTuple):
+    """The newest lines of an attempt's containers (each prefixed `[podset-replica] `), and
+    whether the attempt has ended, so a follow knows when to stop."""
+
+    lines: list[str]
+    ended: bool
 
 
 class Backend(Protocol):
@@ -43,6 +51,11 @@ class Backend(Protocol):
 
     async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
         """Ask the workload to write a checkpoint before `deadline` (unix seconds)."""
+        ...
+
+    async def read_logs(self, req: LogRequest) -> LogTail:
+        """The last `req.tail_lines` lines of the attempt's selected containers. Raise
+        BackendError naming the cluster and attempt when its pods are gone."""
         ...
 
     async def stop(self) -> None: ...

@@ -68,3 +68,52 @@ def register_live(app: typer.Typer) -> None:
             return
         except MusterError as exc:
             base.fail(str(exc))
+
+    @app.command()
+    @base.with_nats_auth
+    def logs(
+        job: Annotated[str, typer.Argument(help="job id")],
+        nats: base.NatsUrl = None,
+        podset: Annotated[
+            str | None, typer.Option("--podset", "-p", help="only this podset (e.g. worker)")
+        ] = None,
+        replica: Annotated[
+            int | None, typer.Option("--replica", "-r", min=0, max=4095, help="only this replica")
+        ] = None,
+        attempt: Annotated[
+            int | None,
+            typer.Option("--attempt", "-a", min=1, help="this attempt (default: the latest)"),
+        ] = None,
+        tail: Annotated[
+            int, typer.Option("--tail", min=1, max=10_000, help="lines per container")
+        ] = 100,
+        follow: Annotated[
+            bool, typer.Option("--follow", "-f", help="keep printing until the attempt ends")
+        ] = False,
+        *,
+        auth: base.NatsAuth,
+    ) -> None:
+        """Print a job's container logs, read through the agent of the cluster running it."""
+        from broker.logs import read_logs
+
+        opts = base.nats_options(nats, auth)
+
+        async def main() -> None:
+            async with MusterClient(opts) as client:
+                async for lines in read_logs(
+                    client,
+                    job,
+                    attempt=attempt,
+                    podset=podset,
+                    replica=replica,
+                    tail_lines=tail,
+                    follow=follow,
+                ):
+                    typer.echo("\n".join(lines))
+
+        try:
+            asyncio.run(main())
+        except KeyboardInterrupt:
+            return
+        except MusterError as exc:
+            base.fail(str(exc))
