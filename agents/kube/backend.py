@@ -63,7 +63,7 @@ import structlog
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from agents.backend import BackendError, Emit
+from agents.backend import BackendError, Emit, LogTail
 from agents.kube.client import KubeApiError, KubeRest, Reflector, item_path, sleep_or_stop
 from agents.kube.config import FlavorConfig, KubeBackendConfig, convert_kube_config
 from agents.kube.decode import (
@@ -77,6 +77,7 @@ from agents.kube.decode import (
     decode_job_status,
     pod_usage,
 )
+from agents.kube.logs import read_pod_logs
 from agents.kube.manifests import (
     ANN_CHECKPOINT_REQUEST,
     ANN_JOB,
@@ -107,6 +108,7 @@ from schemas.agent import (
     Dispatch,
     FlavorInfo,
     GpuHealth,
+    LogRequest,
     NodeGone,
     NodeInfo,
     NodeUpsert,
@@ -741,6 +743,13 @@ class KubeBackend:
                 failed.append(f"{name}: {exc}")
         if failed and len(failed) == len(names):
             raise BackendError("checkpoint request failed: " + "; ".join(failed)[:900])
+
+    async def read_logs(self, req: LogRequest) -> LogTail:
+        """The attempt's container logs (agents/kube/logs.py); ended once its workload is."""
+        lines = await read_pod_logs(self.rest, self.config.namespace, self.cluster, req)
+        w = self._workloads.get((req.job_id, req.attempt))
+        ended = w is None or w.cancelled or w.current_phase() in ("succeeded", "failed", "evicted")
+        return LogTail(lines=lines, ended=ended)
 
     # -- snapshot and housekeeping ---------------------------------------------------------
     def flavors(self) -> list[FlavorInfo]:
