@@ -30,6 +30,8 @@ RATE_BURST = 60.0
 SSE_KEEPALIVE_S = 15.0
 SSE_WRITE_TIMEOUT_S = 10.0
 MAX_REQUEST_BYTES = 4096
+LOG_READS = 4  # log reads in flight at once
+LOG_READ_S = 3.0
 STATIC = {
     "index.html": "text/html",
     "app.js": "application/javascript",
@@ -73,6 +75,7 @@ class Dashboard:
         self.broker = broker
         self.hub = EventHub(broker.nc, broker.subjects)
         self.rate = rate or RateLimit()
+        self._log_reads = asyncio.Semaphore(LOG_READS)
         self.runner: web.AppRunner | None = None
         self.url = ""
         self.app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[self._guard])
@@ -84,6 +87,7 @@ class Dashboard:
                 web.get("/api/queues", self._queues),
                 web.get("/api/jobs", self._jobs),
                 web.get("/api/jobs/{job_id}", self._job),
+                web.get("/api/jobs/{job_id}/logs", self._logs),
                 web.get("/api/interruptions", self._interruptions),
                 web.get("/api/events", self._events),
             ]
@@ -169,6 +173,37 @@ class Dashboard:
         if detail is None:
             return _error(404, f"unknown job {job_id!r}")
         return _json(detail)
+
+    async def _logs(self, request: web.Request) -> web.StreamResponse:
+        """The last lines of an attempt, asked of the agent of its cluster (never the broker's
+        own work); at most LOG_READS at once, each bounded by LOG_READ_S."""
+        from broker.client import MusterError
+        from broker.logs import stream_chunks, where_it_ran
+        from schemas.agent import LogRequest
+
+        views.check_params(request.query, frozenset({"attempt", "tail"}))
+        job_id = views.job_id_param(request.match_info["job_id"])
+        attempt = views.int_param(request.query, "attempt", 0, 0, 100_000) or None
+        tail = views.int_param(request.query, "tail", 20, 1, views.PAGE_MAX)
+        view = self._machine().job_view(job_id, self.broker.clock(), with_spec=False)
+        if view is None:
+            return _error(404, f"unknown job {job_id!r}")
+        if self._log_reads.locked():
+            return _error(503, "log reads are busy; retry in a moment")
+        lines: list[str] = []
+        try:
+            number, cluster = where_it_ran(view, attempt)
+            req = LogRequest(job_id=job_id, attempt=number, tail_lines=tail, limit_bytes=64_000)
+            async with self._log_reads, asyncio.timeout(LOG_READ_S):
+                async for chunk in stream_chunks(
+                    self.broker.nc, self.broker.subjects, cluster, req, first_s=LOG_READ_S
+                ):
+                    lines.extend(chunk)
+        except MusterError as exc:
+            return _json({"lines": [], "error": str(exc)})
+        except TimeoutError:
+            return _json({"lines": lines, "error": f"no complete answer in {LOG_READ_S:g}s"})
+        return _json({"attempt": number, "cluster": cluster, "lines": lines})
 
     async def _interruptions(self, request: web.Request) -> web.StreamResponse:
         views.check_params(request.query, frozenset({"limit"}))

@@ -130,6 +130,9 @@ async def test_job_page_draws_the_timeline_and_interruptions_live(
     assert cluster and cluster != first
     label = page.locator('[data-testid=timeline] text[data-attempt="2"]')
     assert "resumed from step" in (await label.text_content() or "")
+    await page.wait_for_function(
+        "document.querySelector('[data-testid=logs]')?.textContent.includes('attempt 2 on')"
+    )
     ended = page.locator('[data-testid=attempts] tr[data-attempt="1"]')
     assert "spot-notice" in (await ended.text_content() or "")
     await _assert_not_reloaded(page)

@@ -81,6 +81,13 @@ async def test_fleet_queues_and_job_detail(live: Live) -> None:
     assert status == 200 and isinstance(detail, dict)
     assert detail["job"]["state"] == "running" and detail["job"]["attempts"][0]["running_at"]
     assert detail["why"] is None
+    status, logs = await live.get(f"/api/jobs/{job_id}/logs?tail=3")
+    assert status == 200 and isinstance(logs, dict), logs
+    assert logs["attempt"] == 1 and logs["cluster"] in ("a", "b")
+    assert logs["lines"][0].startswith("[worker-0] ") and len(logs["lines"]) <= 3
+    status, logs = await live.get(f"/api/jobs/{job_id}/logs?attempt=7")
+    assert status == 200 and isinstance(logs, dict)
+    assert logs["lines"] == [] and "has no attempt 7" in logs["error"]
 
 
 async def test_bad_input_is_refused_with_a_clear_message(live: Live) -> None:
@@ -95,13 +102,17 @@ async def test_bad_input_is_refused_with_a_clear_message(live: Live) -> None:
         "/api/events?job=..": "not a job id",
         "/api/interruptions?limit=100000": "out of range",
         "/api/fleet?x=1": "unknown parameter",
+        "/api/jobs/x/logs?tail=0": "out of range",
+        "/api/jobs/x/logs?attempt=one": "whole number",
+        "/api/jobs/x/logs?follow=1": "unknown parameter",
     }
     for path, expected in cases.items():
         status, body = await live.get(path)
         assert status == 400, path
         assert isinstance(body, dict) and expected in body["error"], (path, body)
-    status, body = await live.get("/api/jobs/no-such-job")
-    assert status == 404 and isinstance(body, dict) and "unknown job" in body["error"]
+    for path in ("/api/jobs/no-such-job", "/api/jobs/no-such-job/logs"):
+        status, body = await live.get(path)
+        assert status == 404 and isinstance(body, dict) and "unknown job" in body["error"]
     async with live.http.post(live.url + "/api/jobs", data=b"{}") as resp:
         assert resp.status == 405
     async with live.http.get(live.url + "/api/jobs?name=" + "x" * 2000) as resp:

@@ -245,7 +245,13 @@ function jobPage(jobId) {
           h("td", { class: "num" }, fmt.gpuh(x.gpu_seconds_lost)), h("td", { class: "num" }, fmt.money(x.cost)))),
         { "data-testid": "attempts" }),
       h("h3", {}, "Last log lines"),
-      h("pre", { class: "logs", "data-testid": "logs" }, d.logs ? d.logs : "muster logs " + j.job_id));
+      logs);
+    if (j.attempt) loadLogs();
+  };
+  const logs = h("pre", { class: "logs", "data-testid": "logs" }, "no attempt yet");
+  const loadLogs = async () => {
+    const d = await getJSON("/api/jobs/" + encodeURIComponent(jobId) + "/logs?tail=20");
+    logs.textContent = d.lines.length ? d.lines.join("\n") : d.error || "(no output yet)";
   };
   const reload = debounce(() => load().catch(fail), 300);
   load().catch(fail);
