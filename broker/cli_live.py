@@ -7,7 +7,8 @@ No `from __future__ import annotations` here: the commands are defined inside
 
 import asyncio
 import sys
-from typing import Annotated
+from collections.abc import Coroutine
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -36,6 +37,15 @@ def register_live(app: typer.Typer) -> None:
     from broker import cli as base
     from broker.client import MusterClient, MusterError
 
+    def run_until_interrupted(main: Coroutine[Any, Any, None]) -> None:
+        """Ctrl-C is a normal way to stop a live command: exit 0, no traceback."""
+        try:
+            asyncio.run(main)
+        except KeyboardInterrupt:
+            return
+        except MusterError as exc:
+            base.fail(str(exc))
+
     @app.command()
     @base.with_nats_auth
     def top(
@@ -62,12 +72,7 @@ def register_live(app: typer.Typer) -> None:
                     on_ready=lambda: base.err.print("muster top: live (Ctrl-C to quit)"),
                 )
 
-        try:
-            asyncio.run(main())
-        except KeyboardInterrupt:
-            return
-        except MusterError as exc:
-            base.fail(str(exc))
+        run_until_interrupted(main())
 
     @app.command()
     @base.with_nats_auth
@@ -111,9 +116,4 @@ def register_live(app: typer.Typer) -> None:
                 ):
                     typer.echo("\n".join(lines))
 
-        try:
-            asyncio.run(main())
-        except KeyboardInterrupt:
-            return
-        except MusterError as exc:
-            base.fail(str(exc))
+        run_until_interrupted(main())

@@ -13,7 +13,7 @@ Invariants kept here:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from broker.core.effects import Effect, Persist, Publish, Send
@@ -1029,15 +1029,7 @@ class Machine:
         limit: int = 1000,
     ) -> list[JobView]:
         out: list[JobView] = []
-        for record in self.jobs.values():
-            if queue is not None and record.queue != queue:
-                continue
-            if state is not None and record.state != state:
-                continue
-            if cluster is not None:
-                current = record.current
-                if current is None or current.cluster != cluster:
-                    continue
+        for record in _matching(self.jobs.values(), queue, state, cluster, None):
             view = self.job_view(record.job_id, now, with_spec=False)
             if view is not None:
                 out.append(view)
@@ -1061,17 +1053,7 @@ class Machine:
         total = 0
         page: list[str] = []
         end = offset + limit
-        for record in reversed(self.jobs.values()):
-            if queue is not None and record.queue != queue:
-                continue
-            if state is not None and record.state != state:
-                continue
-            if name is not None and name not in record.spec.name:
-                continue
-            if cluster is not None:
-                current = record.current
-                if current is None or current.cluster != cluster:
-                    continue
+        for record in _matching(reversed(self.jobs.values()), queue, state, cluster, name):
             if offset <= total < end:
                 page.append(record.job_id)
             total += 1
@@ -1155,6 +1137,28 @@ class Machine:
 
     def live_count(self) -> int:
         return len(self._live)
+
+
+def _matching(
+    records: Iterable[JobRecord],
+    queue: str | None,
+    state: str | None,
+    cluster: str | None,
+    name: str | None,
+) -> Iterator[JobRecord]:
+    """The records that pass every filter given (`name`: a substring of the job's name)."""
+    for record in records:
+        if queue is not None and record.queue != queue:
+            continue
+        if state is not None and record.state != state:
+            continue
+        if name is not None and name not in record.spec.name:
+            continue
+        if cluster is not None:
+            current = record.current
+            if current is None or current.cluster != cluster:
+                continue
+        yield record
 
 
 def _reject(error: str) -> SubmitReply:

@@ -9,6 +9,7 @@ import aiohttp
 import pytest_asyncio
 
 from agents.config import FakeFlavor
+from agents.fake.cluster import AttemptRecord
 from broker.ui.server import Dashboard
 from tests.broker.conftest import harness  # noqa: F401  (fixture re-export)
 from tests.e2e.conftest import World, flavor, world  # noqa: F401  (fixture re-export)
@@ -23,6 +24,14 @@ class Live:
     @property
     def url(self) -> str:
         return self.dashboard.url
+
+    def reclaim(self, job_id: str, lead_s: float = 120.0) -> AttemptRecord:
+        """A spot notice on the node of the job's current attempt; returns that attempt."""
+        fleet = self.world.fleet
+        assert fleet is not None
+        current = fleet.history(job_id)[-1]
+        fleet[current.cluster].spot_notice(current.nodes[0], lead_s=lead_s)
+        return current
 
     async def get(self, path: str) -> tuple[int, object]:
         async with self.http.get(self.url + path) as resp:

@@ -70,15 +70,6 @@ async def _assert_not_reloaded(page: Any) -> None:
     assert await page.evaluate("window.__sameDocument === true"), "the page was reloaded"
 
 
-async def _reclaim(live: Live, job_id: str) -> str:
-    """A spot notice on the node of the job's current attempt; returns that attempt's cluster."""
-    fleet = live.world.fleet
-    assert fleet is not None
-    current = fleet.history(job_id)[-1]
-    fleet[current.cluster].spot_notice(current.nodes[0], lead_s=120)
-    return current.cluster
-
-
 async def test_jobs_page_follows_a_job_through_a_spot_move(
     live: Live, page: Any, tmp_path: Path
 ) -> None:
@@ -93,7 +84,7 @@ async def test_jobs_page_follows_a_job_through_a_spot_move(
         f"""document.querySelector('tr[data-job="{job_id}"] td[data-col=state]')
             ?.textContent === 'running'"""
     )
-    first = await _reclaim(live, job_id)
+    first = live.reclaim(job_id).cluster
     await page.wait_for_function(
         f"""(() => {{
             const r = document.querySelector('tr[data-job="{job_id}"]');
@@ -120,7 +111,7 @@ async def test_job_page_draws_the_timeline_and_interruptions_live(
         "document.querySelector('[data-testid=job-state]')?.textContent === 'running'"
     )
     await h.wait_event(job_id, "checkpointed", timeout=20)
-    first = await _reclaim(live, job_id)
+    first = live.reclaim(job_id).cluster
     await page.wait_for_function(
         "document.querySelector('[data-testid=job-attempt]')?.textContent === '2'"
         " && document.querySelector('[data-testid=job-state]')?.textContent === 'running'"

@@ -149,8 +149,7 @@ async def test_sse_streams_a_jobs_life_including_a_spot_move(live: Live) -> None
         )
         assert next(e["kind"] for e in events if e["job_id"] == job_id) == "queued"
         running = next(e for e in events if e["kind"] == "running")
-        node = fleet.history(job_id)[-1].nodes[0]
-        fleet[running["cluster"]].spot_notice(node, lead_s=120)
+        assert live.reclaim(job_id).cluster == running["cluster"]
         events = await _sse_events(
             resp,
             lambda s: any(e["kind"] == "admitted" and e["attempt"] == 2 for e in s),

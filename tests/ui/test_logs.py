@@ -55,8 +55,7 @@ async def test_logs_of_each_attempt_across_a_spot_move_until_its_pods_are_gone(
     try:
         job_id = (await h.submit(sim_job("moved", steps=4000, capacity="spot"))).job_id
         await h.wait_event(job_id, "checkpointed", timeout=20)
-        first = fleet.history(job_id)[-1]
-        fleet[first.cluster].spot_notice(first.nodes[0], lead_s=600)
+        first = live.reclaim(job_id, lead_s=600)
         await h.wait_event(job_id, "running", count=2, timeout=20)
         second = fleet.history(job_id)[-1]
         assert second.cluster != first.cluster

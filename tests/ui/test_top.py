@@ -33,8 +33,7 @@ async def test_top_follows_a_spot_move_from_the_event_stream(live: Live) -> None
     try:
         job_id = (await h.submit(sim_job("top", steps=4000, capacity="spot"))).job_id
         await h.wait_event(job_id, "running", timeout=15)
-        first = fleet.history(job_id)[-1]
-        fleet[first.cluster].spot_notice(first.nodes[0], lead_s=120)
+        first = live.reclaim(job_id)
         await h.wait_event(job_id, "running", count=2, timeout=20)
 
         def moved() -> bool:
