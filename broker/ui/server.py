@@ -99,9 +99,7 @@ class Dashboard:
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port)
         await site.start()
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        bound = sockets[0].getsockname()[1] if sockets else port
+        bound = self.runner.addresses[0][1] if self.runner.addresses else port
         self.url = f"http://{host}:{bound}"
         log.info("ui.serving", url=self.url)
         return self.url

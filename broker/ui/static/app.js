@@ -4,7 +4,8 @@
 
 const main = document.getElementById("main");
 const liveBadge = document.getElementById("live");
-let page = null; // {onEvent(ev), onOverflow(), stop?}
+let page = null; // {onEvent(ev), onOverflow()}
+let generation = 0; // bumped on every route change: a late load of an old page draws nothing
 
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
@@ -29,7 +30,10 @@ async function getJSON(url) {
 
 function debounce(fn, ms) {
   let timer = null;
-  return () => { if (!timer) timer = setTimeout(() => { timer = null; fn(); }, ms); };
+  const born = generation;
+  return () => {
+    if (!timer) timer = setTimeout(() => { timer = null; if (born === generation) fn(); }, ms);
+  };
 }
 
 const fmt = {
@@ -57,9 +61,15 @@ function show(title, ...content) {
 function fail(err) {
   main.append(h("p", { class: "error" }, String(err.message || err)));
 }
+// Each page draws through these: once the user has moved on, a late answer draws nothing.
+function guarded(fn) {
+  const born = generation;
+  return (...args) => { if (born === generation) fn(...args); };
+}
 
 // ---------------------------------------------------------------- pages
 function fleetPage() {
+  const show = guarded(window.show), fail = guarded(window.fail);
   const load = async () => {
     const d = await getJSON("/api/fleet");
     const rows = [];
@@ -96,6 +106,7 @@ function fleetPage() {
 }
 
 function queuesPage() {
+  const show = guarded(window.show), fail = guarded(window.fail);
   const load = async () => {
     const d = await getJSON("/api/queues");
     const rows = [];
@@ -126,6 +137,7 @@ function queuesPage() {
 }
 
 function jobsPage(query) {
+  const show = guarded(window.show), fail = guarded(window.fail);
   const params = new URLSearchParams(query);
   const limit = 50;
   const offset = Number(params.get("offset") || 0);
@@ -216,6 +228,7 @@ function timeline(job, now) {
 }
 
 function jobPage(jobId) {
+  const show = guarded(window.show), fail = guarded(window.fail);
   const load = async () => {
     let d;
     try { d = await getJSON("/api/jobs/" + encodeURIComponent(jobId)); } catch (e) {
@@ -259,6 +272,7 @@ function jobPage(jobId) {
 }
 
 function interruptionsPage() {
+  const show = guarded(window.show), fail = guarded(window.fail);
   const load = async () => {
     const d = await getJSON("/api/interruptions");
     show("Interruptions", table(["notice", "job", "attempt", "cause", "from", "to", "resumed from",
@@ -281,6 +295,7 @@ function interruptionsPage() {
 
 // ---------------------------------------------------------------- routing and live events
 function route() {
+  generation += 1;
   const hash = location.hash.slice(1) || "/jobs";
   const [path, query] = hash.split("?");
   const parts = path.split("/").filter(Boolean);
