@@ -8,15 +8,23 @@ changes through `emit` and carries out commands the runtime has already vetted.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-from schemas.agent import AgentEvent, ClusterSnapshot, Dispatch
+from schemas.agent import AgentEvent, ClusterSnapshot, Dispatch, LogRequest
 
 Emit = Callable[[AgentEvent], None]
 
 
 class BackendError(RuntimeError):
     """A command the backend could not carry out; the text goes back in the CommandAck."""
+
+
+class LogTail(NamedTuple):
+    """The newest lines of an attempt's containers (each prefixed `[podset-replica] `), and
+    whether the attempt has ended, so a follow knows when to stop."""
+
+    lines: list[str]
+    ended: bool
 
 
 class Backend(Protocol):
@@ -51,6 +59,11 @@ class Backend(Protocol):
         it alive (kube: a pod deadline such as activeDeadlineSeconds, or an in-cluster
         watchdog). Extending a fence that has lapsed must not revive anything. Optional: the
         runtime skips backends without it, and then only self-fencing protects the cluster."""
+        ...
+
+    async def read_logs(self, req: LogRequest) -> LogTail:
+        """The last `req.tail_lines` lines of the attempt's selected containers. Raise
+        BackendError naming the cluster and attempt when its pods are gone."""
         ...
 
     async def stop(self) -> None: ...

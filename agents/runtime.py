@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from agents.backend import Backend, BackendError
+from agents.logs import LogServer
 from schemas.agent import (
     AgentEvent,
     Applied,
@@ -155,6 +156,8 @@ class AgentRuntime:
         self.log = self.log.bind(instance=self.instance)
         await self.backend.start(self._emit)
         self._sub = await self.nc.subscribe(self.cmd_subject, cb=self._on_msg)
+        self._logs = LogServer(self)
+        await self._logs.start()
         with contextlib.suppress(Exception):  # the server knows the subscription before we speak
             await flush(self.nc, timeout=2)
         self._next_heartbeat = time.monotonic()
@@ -173,6 +176,7 @@ class AgentRuntime:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
+        await self._logs.stop()
         task, self._loop_task = self._loop_task, None
         if task is not None:
             task.cancel()

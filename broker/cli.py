@@ -24,6 +24,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from broker.cli_live import UiHost, UiPort, register_live
 from broker.client import MusterClient, MusterError, default_state_dir, resolve_nats_url
 from broker.config import ConfigError, config_to_yaml, load_config_full
 from broker.manifests import JobDocumentError, load_job_documents
@@ -902,6 +903,8 @@ def broker(
             show_default=False,
         ),
     ] = None,
+    ui_port: UiPort = None,
+    ui_host: UiHost = "127.0.0.1",
     *,
     auth: NatsAuth,
 ) -> None:
@@ -922,6 +925,8 @@ def broker(
             nats=opts,
             state_dir=state_dir or default_state_dir(),
             metrics_port=metrics_port,
+            ui_port=ui_port,
+            ui_host=ui_host,
         )
     )
 
@@ -1008,6 +1013,9 @@ def schema() -> None:
     from schemas.jsonschema import render
 
     typer.echo(render(), nl=False)
+
+
+register_live(app)
 
 
 class _Command(typer.core.TyperCommand):

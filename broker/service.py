@@ -1319,6 +1319,8 @@ async def run_broker(
     state_dir: Path,
     holder: str | None = None,
     metrics_port: int | None = None,
+    ui_port: int | None = None,
+    ui_host: str = "127.0.0.1",
 ) -> None:
     """`muster broker`: with no NATS options, start an embedded nats-server first."""
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -1339,6 +1341,12 @@ async def run_broker(
         broker.metrics.serve(metrics_port)
     health_port = healthz.port_from_env()
     health = await healthz.serve(health_port, lambda: nc.is_connected) if health_port else None
+    dashboard = None
+    if ui_port is not None:
+        from broker.ui.server import start_dashboard
+
+        dashboard = await start_dashboard(broker, ui_host, ui_port)
+        print(f"muster: dashboard at {dashboard.url} (read-only; put it behind your auth)")
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -1348,6 +1356,8 @@ async def run_broker(
     finally:
         if health is not None:
             health.close()
+        if dashboard is not None:
+            await dashboard.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(nc.drain(), 5)
         if embedded is not None:

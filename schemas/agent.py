@@ -227,3 +227,33 @@ class CommandAck(msgspec.Struct, omit_defaults=True):
     error: Reason = ""
     stale_epoch: bool = False  # refused because the sender's epoch is older than one seen
     epoch: Epoch = 0  # with stale_epoch: the newer epoch the agent has seen
+
+
+# -- logs (JSON on `muster.agent.<cluster>.logs`) ----------------------------------------------
+MAX_LOG_LINE = 16_384  # characters; longer lines are cut
+MAX_LOG_CHUNK_BYTES = 64 * 1024
+
+
+class LogRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Read an attempt's container logs through the agent of the cluster it ran on. The agent
+    answers on the request's reply subject with `LogChunk`s until one has `eof`."""
+
+    job_id: Name
+    attempt: Attempt
+    podset: Name | None = None  # None: every podset
+    replica: Annotated[int, Meta(ge=0, le=4095)] | None = None  # None: every replica
+    tail_lines: Annotated[int, Meta(ge=1, le=10_000)] = 100
+    limit_bytes: Annotated[int, Meta(ge=1, le=1 << 20)] = 256 * 1024
+    follow: bool = False
+    follow_s: Annotated[float, Meta(gt=0, le=3600)] = 600.0  # the longest a follow lasts
+
+
+class LogChunk(msgspec.Struct, omit_defaults=True):
+    """Lines in order; `seq` counts chunks from 0 so a reader can tell one was lost."""
+
+    seq: NonNeg
+    lines: Annotated[
+        list[Annotated[str, Meta(max_length=MAX_LOG_LINE)]], Meta(max_length=10_000)
+    ] = []
+    eof: bool = False
+    error: Reason = ""

@@ -68,6 +68,10 @@ class Subjects(msgspec.Struct, frozen=True):
     def agent_cmd(self, cluster: str) -> str:
         return f"{self.prefix}.agent.{cluster}.cmd"
 
+    def agent_logs(self, cluster: str) -> str:
+        """Log reads (schemas.agent.LogRequest as JSON; LogChunks back on the reply subject)."""
+        return f"{self.prefix}.agent.{cluster}.logs"
+
     def cluster_of_agent_subject(self, subject: str) -> str | None:
         """`muster.agent.<cluster>.events` -> `<cluster>`; None when the subject is not one."""
         head = f"{self.prefix}.agent."

@@ -24,8 +24,9 @@ from typing import Any
 
 import structlog
 
-from agents.backend import BackendError, Emit
+from agents.backend import BackendError, Emit, LogTail
 from agents.config import FakeClusterConfig, FakeFlavor
+from agents.fake.output import simulated_output
 from agents.fake.trace import TraceEvent, load_bamboo
 from schemas.agent import (
     AgentEvent,
@@ -34,6 +35,7 @@ from schemas.agent import (
     Dispatch,
     FlavorInfo,
     GpuHealth,
+    LogRequest,
     NodeGone,
     NodeInfo,
     NodeUpsert,
@@ -52,6 +54,11 @@ MAX_DUE_PER_TICK = 200_000  # bounds one ticker iteration
 
 def _noop_emit(_: AgentEvent) -> None:
     return None
+
+
+def _pods(cmd: Dispatch) -> list[tuple[str, str]]:
+    """(podset-replica, node) per replica of the assignment."""
+    return [(f"{a.podset}-{r}", node) for a in cmd.assignment for r, node in enumerate(a.nodes)]
 
 
 @dataclass(slots=True)
@@ -74,6 +81,8 @@ class AttemptRecord:
     created_at: float = 0.0  # unix seconds
     running_at: float | None = None
     ended_at: float | None = None
+    pods: list[tuple[str, str]] = field(default_factory=list)  # (podset-replica, node)
+    log_every: int = 1  # the simulated workload prints a line every this many steps
 
 
 @dataclass(slots=True, eq=False)
@@ -269,6 +278,8 @@ class FakeCluster:
             nodes=nodes,
             last_checkpoint_step=cmd.resume_from.step if cmd.resume_from is not None else None,
             created_at=time.time(),
+            pods=_pods(cmd),
+            log_every=sim.checkpoint_every,
         )
         wl = _Workload(
             job_id=cmd.job_id,
@@ -353,6 +364,45 @@ class FakeCluster:
             self._schedule(now + self.config.checkpoint_write_s, "ckpt_now", wl, step)
 
     # -- injection API -------------------------------------------------------------------
+    async def read_logs(self, req: LogRequest) -> LogTail:
+        """What the simulated workload printed (agents/fake/output.py), while its nodes last."""
+        record = next(
+            (r for r in self.history.get(req.job_id, []) if r.attempt == req.attempt), None
+        )
+        if record is None:
+            raise BackendError(
+                f"attempt {req.attempt} of job {req.job_id} never ran on cluster {self.cluster}"
+            )
+        gone = [n for n in record.nodes if n not in self._nodes]
+        if gone:
+            raise BackendError(
+                f"attempt {req.attempt} of job {req.job_id} on cluster {self.cluster}: its pods "
+                f"are gone with node {gone[0]}"
+            )
+        pods = [
+            (pod, node)
+            for pod, node in record.pods
+            if (req.podset is None or pod.rsplit("-", 1)[0] == req.podset)
+            and (req.replica is None or pod.rsplit("-", 1)[1] == str(req.replica))
+        ]
+        if not pods:
+            known = ", ".join(p for p, _ in record.pods)
+            raise BackendError(f"attempt {req.attempt} has no such pod; its pods are: {known}")
+        wl = self._workloads.get((req.job_id, req.attempt))
+        step = wl.step_at(self.now()) if wl is not None else record.last_step
+        lines = simulated_output(
+            pods,
+            attempt=record.attempt,
+            from_step=record.started_from_step,
+            step=step,
+            every=record.log_every,
+            last_checkpoint=record.last_checkpoint_step,
+            ended=record.end_phase,
+            reason=record.reason,
+            tail=req.tail_lines,
+        )
+        return LogTail(lines=lines, ended=record.end_phase is not None)
+
     def spot_notice(self, node: str, lead_s: float | None = None) -> float | None:
         """Announce that `node` is reclaimed in `lead_s` simulated seconds (default
         `spot_notice_s`). Returns the unix deadline, or None when the node is unknown."""

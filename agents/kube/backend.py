@@ -64,7 +64,7 @@ import structlog
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from agents.backend import BackendError, Emit
+from agents.backend import BackendError, Emit, LogTail
 from agents.kube.auth import TokenRefresher
 from agents.kube.client import (
     BadInput,
@@ -88,6 +88,7 @@ from agents.kube.decode import (
     parse_time,
     pod_usage,
 )
+from agents.kube.logs import read_pod_logs
 from agents.kube.manifests import (
     ANN_CHECKPOINT_REQUEST,
     ANN_JOB,
@@ -123,6 +124,7 @@ from schemas.agent import (
     Dispatch,
     FlavorInfo,
     GpuHealth,
+    LogRequest,
     NodeGone,
     NodeInfo,
     NodeUpsert,
@@ -1082,6 +1084,13 @@ class KubeBackend:
                 failed.append(f"{name}: {exc}")
         if failed and len(failed) == len(names):
             raise BackendError("checkpoint request failed: " + "; ".join(failed)[:900])
+
+    async def read_logs(self, req: LogRequest) -> LogTail:
+        """The attempt's container logs (agents/kube/logs.py); ended once its workload is."""
+        lines = await read_pod_logs(self.rest, self.config.namespace, self.cluster, req)
+        w = self._workloads.get((req.job_id, req.attempt))
+        ended = w is None or w.cancelled or w.current_phase() in ("succeeded", "failed", "evicted")
+        return LogTail(lines=lines, ended=ended)
 
     # -- snapshot and housekeeping ---------------------------------------------------------
     def flavors(self) -> list[FlavorInfo]:

@@ -35,7 +35,7 @@ from typing import Any
 
 import structlog
 
-from agents.backend import BackendError, Emit
+from agents.backend import BackendError, Emit, LogTail
 from agents.config import LocalClusterConfig, LocalFlavor
 from agents.fake.trace import load_bamboo
 from agents.local import shim
@@ -47,6 +47,7 @@ from schemas.agent import (
     ClusterSnapshot,
     Dispatch,
     FlavorInfo,
+    LogRequest,
     NodeGone,
     NodeInfo,
     NodeUpsert,
@@ -268,6 +269,10 @@ class LocalBackend:
         self._first_fence(at)
         port = free_port()
         local_ranks: dict[str, int] = {}
+        # rank -> [podset, replica], in the order ranks are given out, for `muster logs`
+        names = [[a.podset, i] for a in cmd.assignment for i in range(len(a.nodes))]
+        with contextlib.suppress(OSError):
+            shim.write_json(at.file("ranks.json"), names)
         try:
             for rank, (node, *_rest) in enumerate(demands):
                 local_rank = local_ranks.get(node, 0)
@@ -375,6 +380,33 @@ class LocalBackend:
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
         """A replica's captured stdout and stderr."""
         return self.attempt_dir(job_id, attempt) / f"rank-{rank}.log"
+
+    async def read_logs(self, req: LogRequest) -> LogTail:
+        """The captured output of the attempt's replicas; it outlives the attempt until its
+        directory is removed."""
+        folder = self.attempt_dir(req.job_id, req.attempt)
+        names = _read_json(folder / "ranks.json")
+        if not isinstance(names, list) or not names:
+            raise BackendError(
+                f"attempt {req.attempt} of job {req.job_id} never ran on cluster {self.cluster}"
+            )
+        lines: list[str] = []
+        for rank, (podset, replica) in enumerate(names):
+            if req.podset is not None and podset != req.podset:
+                continue
+            if req.replica is not None and replica != req.replica:
+                continue
+            lines += [
+                f"[{podset}-{replica}] {ln}"
+                for ln in tail(folder / f"rank-{rank}.log", req.tail_lines)
+            ]
+        if not lines and (req.podset is not None or req.replica is not None):
+            known = ", ".join(f"{p}-{r}" for p, r in names)
+            raise BackendError(
+                f"attempt {req.attempt} has no such replica; its replicas are: {known}"
+            )
+        ended = (req.job_id, req.attempt) not in self._attempts
+        return LogTail(lines[-req.tail_lines :], ended)
 
     def pids(self, job_id: str, attempt: int) -> list[int]:
         at = self._attempts.get((job_id, attempt))
@@ -515,7 +547,10 @@ class LocalBackend:
         self._read_checkpoint(at)
         codes = [self._code(at, r) for r in at.replicas]
         if any(self._fenced(at, r) for r in at.replicas):
-            phase, reason = "evicted", "fenced: its fence lapsed (agent gone or cut off from the broker)"
+            phase, reason = (
+                "evicted",
+                "fenced: its fence lapsed (agent gone or cut off from the broker)",
+            )
         elif at.reclaimed:
             phase, reason = "evicted", at.reclaimed
             if at.killed:

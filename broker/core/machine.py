@@ -13,7 +13,7 @@ Invariants kept here:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from broker.core.effects import Effect, Persist, Publish, Send
@@ -1181,18 +1181,48 @@ class Machine:
         limit: int = 1000,
     ) -> list[JobView]:
         out: list[JobView] = []
-        for record in self.jobs.values():
-            if queue is not None and record.queue != queue:
-                continue
-            if state is not None and record.state != state:
-                continue
-            if cluster is not None and all(a.cluster != cluster for a in record.attempts):
-                continue  # jobs that run or ran there
+        for record in _matching(self.jobs.values(), queue, state, cluster, None):
             view = self.job_view(record.job_id, now, with_spec=False)
             if view is not None:
                 out.append(view)
             if len(out) >= limit:
                 break
+        return out
+
+    def jobs_page(
+        self,
+        now: float,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        cluster: str | None = None,
+        name: str | None = None,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[int, list[JobView]]:
+        """Newest first: how many jobs match, and the views of one page of them. Only the page
+        is rendered, so a page costs one pass over the records whatever their number."""
+        total = 0
+        page: list[str] = []
+        end = offset + limit
+        for record in _matching(reversed(self.jobs.values()), queue, state, cluster, name):
+            if offset <= total < end:
+                page.append(record.job_id)
+            total += 1
+        views = [self.job_view(j, now, with_spec=False) for j in page]
+        return total, [v for v in views if v is not None]
+
+    def first_reason(self, job_id: str) -> str | None:
+        """The scheduler's first reason for a queued job (what `muster status` shows)."""
+        reasons = self.reasons.get(job_id)
+        return reasons[0].message if reasons else None
+
+    def oldest_pending(self) -> dict[str, float]:
+        """Per queue, when its longest-waiting pending job was submitted."""
+        out: dict[str, float] = {}
+        for queue, ids in self._pending.items():
+            if ids:
+                out[queue] = min(self.jobs[j].submitted_at for j in ids)
         return out
 
     def _pending_reasons(self, record: JobRecord, now: float) -> list[PendingReason]:
@@ -1321,6 +1351,26 @@ def _waiting_for(reasons: list[PendingReason], candidates: list[PendingReason]) 
     if not candidates:
         return "a cluster to report"
     return "a flavor it accepts"
+
+
+def _matching(
+    records: Iterable[JobRecord],
+    queue: str | None,
+    state: str | None,
+    cluster: str | None,
+    name: str | None,
+) -> Iterator[JobRecord]:
+    """The records that pass every filter given (`name`: a substring of the job's name)."""
+    for record in records:
+        if queue is not None and record.queue != queue:
+            continue
+        if state is not None and record.state != state:
+            continue
+        if name is not None and name not in record.spec.name:
+            continue
+        if cluster is not None and all(a.cluster != cluster for a in record.attempts):
+            continue  # jobs that run or ran there
+        yield record
 
 
 def _reject(error: str) -> SubmitReply:

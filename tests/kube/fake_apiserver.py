@@ -271,6 +271,7 @@ class FakeApiServer:
         self.rejected: list[Obj] = []  # 422 Status bodies sent
         self.unauthorized = 0
         self.missing_groups: set[str] = set()
+        self.pod_logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> container output
         self._failures: list[tuple[str, str, int, float | None]] = []
         self._terminating: dict[tuple[ResKey, str, str], float] = {}  # -> remove at (monotonic)
         self._runner: web.AppRunner | None = None
@@ -594,6 +595,8 @@ class FakeApiServer:
                 status=code,
                 headers=headers,
             )
+        if request.method == "GET" and path.endswith("/log") and "/pods/" in path:
+            return self._pod_log(path, query)
         route = parse_path(path)
         if route is None:
             return web.json_response(status(404, "NotFound", f"no route {path}"), status=404)
@@ -653,6 +656,30 @@ class FakeApiServer:
                 return web.json_response(status(404, "NotFound", "not found"), status=404)
             return web.json_response(obj)
         return web.json_response(status(405, "MethodNotAllowed", request.method), status=405)
+
+    def _pod_log(self, path: str, query: dict[str, str]) -> web.Response:
+        """`GET /api/v1/namespaces/<ns>/pods/<name>/log`: text/plain, tailLines and
+        limitBytes as the real server applies them; 404 for a pod that does not exist."""
+        parts = [p for p in path.split("/") if p]
+        if len(parts) != 7 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
+            return web.json_response(status(404, "NotFound", f"no route {path}"), status=404)
+        namespace, name = parts[3], parts[5]
+        if (namespace, name) not in self.store.get(("v1", "pods"), {}):
+            msg = f'pods "{name}" not found'
+            return web.json_response(status(404, "NotFound", msg), status=404)
+        text = self.pod_logs.get((namespace, name), "")
+        for key in ("tailLines", "limitBytes"):
+            raw = query.get(key)
+            if raw is not None and (not raw.isdigit() or (key == "limitBytes" and raw == "0")):
+                msg = f"{key}: Invalid value: {raw!r}: must be a positive integer"
+                return web.json_response(status(400, "BadRequest", msg), status=400)
+        if "tailLines" in query:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[len(lines) - int(query["tailLines"]) :]) if lines else ""
+        data = text.encode()
+        if "limitBytes" in query:
+            data = data[: int(query["limitBytes"])]
+        return web.Response(body=data, content_type="text/plain")
 
     def _selected(
         self, route: Route, query: dict[str, str], fields: list[tuple[str, str, str]]

@@ -345,6 +345,19 @@ async def test_nats_permissions_enforced(tmp_path: Path) -> None:
         with pytest.raises((NatsTimeout, NoRespondersError)):
             await broker.request("muster.agent.west.cmd", b"dispatch", timeout=0.3)
         assert not west_sub_seen
+
+        # Logs: a client asks the agent directly, and the agent streams several chunks back.
+        async def stream(msg: Any) -> None:
+            for part in (b"chunk-0", b"chunk-1", b"eof"):
+                await east.publish(msg.reply, part)
+
+        await east.subscribe("muster.agent.east.logs", cb=stream)
+        await flush(east)
+        inbox = client.new_inbox()
+        chunks = await client.subscribe(inbox)
+        await client.publish("muster.agent.east.logs", b"{}", reply=inbox)
+        got = [(await chunks.next_msg(timeout=5)).data for _ in range(3)]
+        assert got == [b"chunk-0", b"chunk-1", b"eof"]
         # The broker can use JetStream (submit stream, KV buckets) under its permissions.
         js = broker.jetstream()
         await js.add_stream(name="MUSTER_SUBMIT", subjects=["muster.submit.*"])

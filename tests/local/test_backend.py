@@ -15,7 +15,7 @@ import pytest
 from agents.backend import BackendError
 from agents.config import BambooTrace
 from agents.local.backend import LocalBackend
-from schemas.agent import CheckpointRef, CheckpointReport, NodeGone, SpotNotice
+from schemas.agent import CheckpointRef, CheckpointReport, LogRequest, NodeGone, SpotNotice
 from tests.local.conftest import PY, Recorder, dispatch, group_alive, local_config, wait_dead
 
 DUMP_ENV = (
@@ -72,6 +72,16 @@ async def test_replicas_get_the_env_contract_own_dirs_and_logs(
     for rank in range(3):
         log = b.log_path("envjob", 3, rank).read_text()
         assert f"replica {rank} says hello" in log
+    # `muster logs` reads the same files, named by podset and replica, after the attempt ended.
+    logs = await b.read_logs(LogRequest(job_id="envjob", attempt=3, tail_lines=10))
+    assert logs.ended
+    assert [ln for ln in logs.lines if "says hello" in ln] == [
+        f"[worker-{r}] replica {r} says hello" for r in range(3)
+    ]
+    one = await b.read_logs(LogRequest(job_id="envjob", attempt=3, replica=1))
+    assert one.lines == ["[worker-1] replica 1 says hello"]
+    with pytest.raises(BackendError, match="never ran on cluster"):
+        await b.read_logs(LogRequest(job_id="envjob", attempt=9))
     verdict = json.loads((b.attempt_dir("envjob", 3) / "verdict.json").read_text())
     assert verdict["phase"] == "succeeded"
     # The next attempt gets its own port (a fresh rendezvous).

@@ -1,0 +1,119 @@
+"""The operator's live commands (`muster top`, `muster logs`) and the dashboard options of
+`muster broker`, kept apart from the request/reply commands in broker.cli.
+
+No `from __future__ import annotations` here: the commands are defined inside
+`register_live` and typer must see their annotations as objects, not names to look up.
+"""
+
+import asyncio
+import sys
+from collections.abc import Coroutine
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+UiPort = Annotated[
+    int | None,
+    typer.Option(
+        "--ui-port",
+        min=0,
+        max=65535,
+        help="serve the read-only web dashboard on --ui-host:PORT (off by default)",
+        show_default=False,
+    ),
+]
+UiHost = Annotated[
+    str,
+    typer.Option(
+        "--ui-host",
+        help="address the dashboard binds; anything but 127.0.0.1 belongs behind your auth proxy",
+    ),
+]
+
+
+def register_live(app: typer.Typer) -> None:
+    """Add the live commands to the `muster` CLI (called once broker.cli is defined)."""
+    from broker import cli as base
+    from broker.client import MusterClient, MusterError
+
+    def run_until_interrupted(main: Coroutine[Any, Any, None]) -> None:
+        """Ctrl-C is a normal way to stop a live command: exit 0, no traceback."""
+        try:
+            asyncio.run(main)
+        except KeyboardInterrupt:
+            return
+        except MusterError as exc:
+            base.fail(str(exc))
+
+    @app.command()
+    @base.with_nats_auth
+    def top(
+        nats: base.NatsUrl = None,
+        interval: Annotated[
+            float,
+            typer.Option("--interval", min=0.2, max=60.0, help="least seconds between redraws"),
+        ] = 1.0,
+        *,
+        auth: base.NatsAuth,
+    ) -> None:
+        """Live view of clusters, queues, the busiest jobs and recent interruptions."""
+        from broker.top import run_top
+
+        opts = base.nats_options(nats, auth)
+
+        async def main() -> None:
+            async with MusterClient(opts) as client:
+                console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+                await run_top(
+                    client,
+                    console,
+                    min_interval_s=interval,
+                    on_ready=lambda: base.err.print("muster top: live (Ctrl-C to quit)"),
+                )
+
+        run_until_interrupted(main())
+
+    @app.command()
+    @base.with_nats_auth
+    def logs(
+        job: Annotated[str, typer.Argument(help="job id")],
+        nats: base.NatsUrl = None,
+        podset: Annotated[
+            str | None, typer.Option("--podset", "-p", help="only this podset (e.g. worker)")
+        ] = None,
+        replica: Annotated[
+            int | None, typer.Option("--replica", "-r", min=0, max=4095, help="only this replica")
+        ] = None,
+        attempt: Annotated[
+            int | None,
+            typer.Option("--attempt", "-a", min=1, help="this attempt (default: the latest)"),
+        ] = None,
+        tail: Annotated[
+            int, typer.Option("--tail", min=1, max=10_000, help="lines per container")
+        ] = 100,
+        follow: Annotated[
+            bool, typer.Option("--follow", "-f", help="keep printing until the attempt ends")
+        ] = False,
+        *,
+        auth: base.NatsAuth,
+    ) -> None:
+        """Print a job's container logs, read through the agent of the cluster running it."""
+        from broker.logs import read_logs
+
+        opts = base.nats_options(nats, auth)
+
+        async def main() -> None:
+            async with MusterClient(opts) as client:
+                async for lines in read_logs(
+                    client,
+                    job,
+                    attempt=attempt,
+                    podset=podset,
+                    replica=replica,
+                    tail_lines=tail,
+                    follow=follow,
+                ):
+                    typer.echo("\n".join(lines))
+
+        run_until_interrupted(main())

@@ -1,0 +1,92 @@
+"""`muster top` against a real broker and fake clusters: rich's capture for what it shows, and
+the real command for Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import signal
+import sys
+
+import nats
+from rich.console import Console
+
+from broker.client import MusterClient
+from broker.embedded import EmbeddedNats
+from broker.service import Broker
+from broker.top import TopView, run_top
+from schemas.config import BrokerConfig, QueueConfig
+from schemas.natsopts import NatsOptions
+from tests.e2e.conftest import sim_job
+from tests.ui.conftest import Live
+
+
+async def test_top_follows_a_spot_move_from_the_event_stream(live: Live) -> None:
+    h, fleet = live.world.harness, live.world.fleet
+    assert fleet is not None
+    client = await MusterClient(NatsOptions(url=h.url), subjects=h.subjects).connect()
+    screen = Console(file=io.StringIO(), width=200, record=True)
+    view = TopView()
+    task = asyncio.create_task(run_top(client, screen, min_interval_s=0.2, view=view))
+    try:
+        job_id = (await h.submit(sim_job("top", steps=4000, capacity="spot"))).job_id
+        await h.wait_event(job_id, "running", timeout=15)
+        first = live.reclaim(job_id)
+        await h.wait_event(job_id, "running", count=2, timeout=20)
+
+        def moved() -> bool:
+            items = view.interruptions.newest_first(5)
+            return (
+                bool(items)
+                and items[0]["new_cluster"] is not None
+                and any(j.job_id == job_id and j.cluster != first.cluster for j in view.busiest)
+            )
+
+        await h.wait_for(moved, timeout=15)
+    finally:
+        task.cancel()  # what Ctrl-C does to the command's main task
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.close()
+    shown = Console(file=io.StringIO(), width=200, record=True)
+    shown.print(view.render())
+    text = shown.export_text()
+    for expected in ("Clusters", "Queues", "Busiest jobs", "Recent interruptions", "spot-notice"):
+        assert expected in text
+    assert job_id in text and "default" in text
+    other = "b" if first.cluster == "a" else "a"
+    row = next(line for line in text.splitlines() if "spot-notice" in line)
+    assert job_id in row and f"{first.cluster}/spot" in row and other in row
+    assert task.cancelled()  # ended by the cancellation, not by an error of its own
+
+
+async def test_top_command_exits_cleanly_on_ctrl_c(fresh_nats: EmbeddedNats) -> None:
+    bnc = await nats.connect(fresh_nats.url)
+    broker = Broker(BrokerConfig(queues=[QueueConfig(name="default")]), bnc)
+    run = asyncio.create_task(broker.run())
+    proc = None
+    try:
+        await asyncio.wait_for(broker.leading.wait(), 15)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "broker", "top", "--nats", fresh_nats.url, "--interval", "0.2",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "COLUMNS": "160"},
+        )  # fmt: skip
+        assert proc.stderr is not None
+        line = await asyncio.wait_for(proc.stderr.readline(), 30)
+        assert b"live (Ctrl-C to quit)" in line, line
+        proc.send_signal(signal.SIGINT)
+        out, rest = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0, rest
+        assert b"Traceback" not in rest
+        assert b"Clusters" in out and b"Recent interruptions" in out
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await broker.stop()
+        await asyncio.wait_for(run, 15)
+        await bnc.close()
