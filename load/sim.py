@@ -63,7 +63,7 @@ from schemas.job import (
     Workload,
 )
 
-TRACES_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+TRACES_DIR = traces.default_traces_dir()
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 NODE_GPUS = 8
 NODE_CPU_MILLI = 96_000
@@ -174,7 +174,8 @@ class SimConfig:
     sample_s: float = 300.0
     drain_s: float = 86_400.0  # stop this long after the last arrival even if jobs remain
     full_check_every: int = 2000  # steps between full invariant sweeps (touched jobs: always)
-    max_steps: int = 20_000_000
+    max_steps: int = 50_000_000
+    progress_s: float = 0.0  # print a progress line to stderr this often (wall s; 0 = never)
     philly: Path = TRACES_DIR / "philly.csv"
     traces: Path = TRACES_DIR
 
@@ -231,7 +232,10 @@ class SimJob:
 def make_jobs(cfg: SimConfig) -> list[SimJob]:
     """The job window; the same seed gives the same jobs under every policy."""
     rows = load_philly(cfg.philly)
-    window = rows[cfg.offset : cfg.offset + cfg.jobs]
+    # A window longer than what follows the offset starts earlier: `--jobs 82247` is the
+    # whole trace whatever the offset.
+    offset = min(cfg.offset, max(0, len(rows) - cfg.jobs))
+    window = rows[offset : offset + cfg.jobs]
     if not window:
         return []
     rng = random.Random(f"jobs-{cfg.seed}")
@@ -250,7 +254,7 @@ def make_jobs(cfg: SimConfig) -> list[SimJob]:
         jobs.append(
             SimJob(
                 index=i,
-                job_id=f"p{cfg.offset + i:05d}",
+                job_id=f"p{offset + i:05d}",
                 arrival=(r.arrival - t0) / cfg.compress,
                 duration=max(1, int(min(r.duration, cfg.max_duration_s))),
                 replicas=replicas,
@@ -672,6 +676,7 @@ class Sim:
         self._cycle_pending = False
         self._done_count = 0
         self._touched: set[str] = set()
+        self._open: set[str] = set()  # jobs not yet terminal: what a full sweep reads
         self._claims: dict[str, dict[str, int]] = {}
         self._usage: dict[str, int] = {}
         by_cluster: dict[str, list[PoolSpec]] = {}
@@ -819,6 +824,7 @@ class Sim:
         self._pump()  # initial snapshots
         end_at = self.base + (self.jobs[-1].arrival if self.jobs else 0.0) + cfg.drain_s
         arrived = 0
+        next_report = started + cfg.progress_s
         while self.heap and self.steps < cfg.max_steps:
             t, _, kind, payload = heapq.heappop(self.heap)
             if t > end_at:
@@ -831,7 +837,10 @@ class Sim:
             self._pump()
             self._check_touched()
             if self.steps % cfg.full_check_every == 0:
-                self.check_all()
+                self.check_all(everything=False)
+                if cfg.progress_s > 0 and time.perf_counter() >= next_report:
+                    next_report = time.perf_counter() + cfg.progress_s
+                    self._progress(started, arrived)
             if arrived == len(self.jobs) and self._all_done():
                 break
         self.check_all()
@@ -852,6 +861,20 @@ class Sim:
             spot_notices=self.spot_notices,
             batch_errors=self.batch_errors,
             first_admit=self.first_admit,
+        )
+
+    def _progress(self, started: float, arrived: int) -> None:
+        """One line on stderr: virtual time, jobs done, queue, and how fast time passes."""
+        wall = time.perf_counter() - started
+        virtual_h = (self.now - self.base) / 3600.0
+        print(
+            f"[{self.policy.name} seed {self.cfg.seed}] virtual {virtual_h:7.1f} h | "
+            f"arrived {arrived:,}/{len(self.jobs):,} done {self._done_count:,} | "
+            f"queued {self.machine.pending_count():,} live {self.machine.live_count():,} | "
+            f"wall {wall:6.0f} s, {virtual_h / 24 / max(wall, 1e-9):.2f} virtual days/s, "
+            f"{self.steps / max(wall, 1e-9):,.0f} steps/s",
+            file=sys.stderr,
+            flush=True,
         )
 
     def _all_done(self) -> bool:
@@ -1009,6 +1032,9 @@ class Sim:
             self.first_admit[jid] = event.at
         if event.state in TERMINAL and before not in TERMINAL:
             self._done_count += 1
+            self._open.discard(jid)
+        elif event.state not in TERMINAL:
+            self._open.add(jid)
 
     # -- invariants --------------------------------------------------------------------
     def _claims_of(self, record: JobRecord) -> dict[str, int]:
@@ -1092,12 +1118,19 @@ class Sim:
         self._touched.clear()
         self._check_nodes(nodes)
 
-    def check_all(self) -> None:
-        """Every record and every node, not just those touched by the last step."""
+    def check_all(self, *, everything: bool = True) -> None:
+        """Every record and every node, not just those touched by the last step. The periodic
+        sweep (`everything=False`) reads only open records and those still holding claims: a
+        terminal record was checked when it turned terminal, so it costs O(open jobs), not
+        O(jobs ever submitted); the final sweep reads them all."""
         self.checks += 1
         nodes: set[str] = set()
-        for record in self.machine.jobs.values():
-            self._check_record(record, nodes)
+        jobs = self.machine.jobs
+        ids = jobs.keys() if everything else sorted(self._open | self._claims.keys())
+        for jid in ids:
+            record = jobs.get(jid)
+            if record is not None:
+                self._check_record(record, nodes)
         usage: dict[str, int] = {}
         for claims in self._claims.values():
             for n, g in claims.items():
@@ -1230,6 +1263,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=2, help="processes (one run each)")
     ap.add_argument("--out", default="docs/img", help="folder for PNGs ('' = no plots)")
     ap.add_argument("--json", default=None, help="write the summaries here")
+    ap.add_argument(
+        "--traces-dir",
+        default=None,
+        help="folder holding philly.csv and the bamboo-*.csv spot traces",
+    )
+    ap.add_argument(
+        "--progress",
+        type=float,
+        default=15.0,
+        help="print a progress line to stderr every this many wall seconds (0 = never)",
+    )
     return ap.parse_args(argv)
 
 
@@ -1247,7 +1291,16 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         pools=pools,
         spot=args.spot,
         poisson_rate=args.poisson_rate,
+        progress_s=args.progress,
+        **_trace_paths(args),
     )
+
+
+def _trace_paths(args: argparse.Namespace) -> dict[str, Path]:
+    if not args.traces_dir:
+        return {}
+    folder = Path(args.traces_dir)
+    return {"philly": folder / "philly.csv", "traces": folder}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1270,7 +1323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers > 1 and len(tasks) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
-        load_philly(_DEFAULTS.philly)  # parse once before forking
+        load_philly(tasks[0][0].philly)  # parse once before forking
         with ProcessPoolExecutor(max_workers=min(args.workers, len(tasks))) as pool:
             outputs = list(pool.map(_run_summary, tasks))
     else:

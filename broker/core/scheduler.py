@@ -104,6 +104,8 @@ class Scheduler:
         self._cap_fail: dict[Shape, tuple[Reason, ...]] = {}
         self._queue_fail: dict[tuple[str, Shape], tuple[Reason, ...]] = {}
         self._plan_fail: set[tuple[str, Shape, int]] = set()
+        # (queue, priority) -> worth_planning, valid until the ledger or the book changes
+        self._worth: dict[tuple[str, int], bool] = {}
         self._plans = 0
         self._in_cycle = False
         self._fresh: list[Alloc] = []  # admitted by the running cycle
@@ -215,6 +217,7 @@ class Scheduler:
         self._cap_fail.clear()
         self._queue_fail.clear()
         self._plan_fail.clear()
+        self._worth.clear()
         self._plans = 0
         self._expire_plans(now)
         self._in_cycle = True
@@ -316,7 +319,11 @@ class Scheduler:
         pkey = (qs.name, self._shape(req, gang), req.priority)
         if pkey in self._plan_fail:
             return out
-        if not worth_planning(self._book, self._ledger, req, qs):
+        wkey = (qs.name, req.priority)
+        worth = self._worth.get(wkey)
+        if worth is None:
+            worth = self._worth[wkey] = worth_planning(self._book, self._ledger, req, qs)
+        if not worth:
             return out
         self._plans += 1
         cands = self._candidates(req, gang, now)
@@ -334,6 +341,7 @@ class Scheduler:
         if plan is None:
             self._plan_fail.add(pkey)
             return out
+        self._worth.clear()
         keys: set[AllocKey] = set()
         for a in plan.victims:
             self._ledger.set_state(a, a.charged, req.job_id)
@@ -536,6 +544,7 @@ class Scheduler:
         )
         if self._in_cycle:
             self._fresh.append(alloc)
+        self._worth.clear()
         self._ledger.add(alloc)
         self._book.charge(qs, pool.flavor_class, gang.total, 1)
         self._waiting.pop(req.job_id, None)
