@@ -36,22 +36,28 @@ def _median(values: Sequence[float]) -> float:
 
 
 def attempt_losses(logs: Sequence[AttemptLog], end: float) -> list[float]:
-    """GPU-seconds each attempt lost: time held minus the work a later attempt kept.
+    """GPU-seconds each attempt lost: time held minus the time that produced what a later
+    attempt kept.
 
-    An attempt that did not succeed keeps only the progress the next attempt resumed from;
-    everything else it held (start-up, work after its last checkpoint) is lost. A live
-    attempt at the end of the run has lost nothing yet.
+    An attempt that did not succeed keeps only the progress the next attempt resumed from:
+    the time from its gang running to the moment that checkpoint was written (computing and
+    writing the checkpoints before it included). Everything else it held (start-up, work
+    after that checkpoint) is lost. A live attempt at the end of the run has lost nothing yet.
     """
     out: list[float] = []
     for i, log in enumerate(logs):
         if log.succeeded or log.ended_at is None:
             out.append(0.0)
             continue
-        if i + 1 < len(logs):
-            kept = logs[i + 1].start_step - log.start_step
-        else:
-            kept = (log.ckpt_steps[-1] - log.start_step) if log.ckpt_steps else 0
-        kept = max(0, min(kept, log.end_step - log.start_step))
+        target = logs[i + 1].start_step if i + 1 < len(logs) else None
+        if target is None and log.ckpt_steps:
+            target = log.ckpt_steps[-1]
+        kept = 0.0
+        if target is not None and target > log.start_step and log.running_at is not None:
+            for step, at in zip(log.ckpt_steps, log.ckpt_times, strict=True):
+                if step == target:
+                    kept = at - log.running_at
+                    break
         out.append(max(0.0, log.held_s(end) - kept) * log.gpus)
     return out
 
