@@ -120,6 +120,8 @@ class Machine:
         self._fence_after = t.lost_after_s - lead if lead > 0 and t.lost_after_s > lead else 0.0
         self.lookahead = 256  # parked jobs per queue reconsidered when capacity frees
         self._truncated = False  # the last cycle left parked jobs beyond the lookahead
+        self._truncated_queues: set[str] = set()
+        self._recycle: set[str] = set()  # queues to look at again (see `schedule`)
 
     # ------------------------------------------------------------------ submission
     def submit(
@@ -185,7 +187,7 @@ class Machine:
     # ------------------------------------------------------------------ scheduling
     @property
     def wants_cycle(self) -> bool:
-        return bool(self._fresh) or self._capacity_dirty
+        return bool(self._fresh) or self._capacity_dirty or bool(self._recycle)
 
     def schedule(self, now: float) -> list[Effect]:
         """One admission cycle over the jobs that could have become admissible."""
@@ -198,8 +200,10 @@ class Machine:
         if result.admitted and self._truncated:
             # Parked jobs beyond the lookahead wait behind the heads just admitted: keep
             # cycling while cycles make progress, or a deep backlog would wait for the next
-            # capacity change.
-            self._capacity_dirty = True
+            # capacity change. Only the queues that admitted get new heads; the others'
+            # heads failed with at least as much capacity as is left now.
+            admitted_queues = {self.jobs[job_id].queue for job_id, _ in result.admitted}
+            self._recycle |= admitted_queues & self._truncated_queues
         effects: list[Effect] = []
         for job_id, placement in result.admitted:
             record = self.jobs[job_id]
@@ -229,6 +233,8 @@ class Machine:
 
     def _candidates(self, now: float) -> list[GangRequest]:
         touched: set[str] = set(self.queues) if self._capacity_dirty else set()
+        touched |= self._recycle
+        self._recycle = set()
         fresh_ok: list[str] = []
         for job_id in self._fresh:
             record = self.jobs.get(job_id)
@@ -236,10 +242,16 @@ class Machine:
                 continue
             if record.not_before > now:
                 continue
-            touched.add(record.queue)
+            queue = self.queues.get(record.queue)
+            if queue is None or queue.strategy == "StrictFIFO":
+                # A strict queue's head may block the new job. In a best-effort queue the
+                # parked heads failed with at least the capacity left now (any increase
+                # marks capacity dirty), so a cycle for new jobs needs only the new jobs.
+                touched.add(record.queue)
             fresh_ok.append(job_id)
         chosen: dict[str, None] = {}
         self._truncated = False
+        self._truncated_queues.clear()
         jobs = self.jobs
 
         def ready(job_id: str) -> bool:
@@ -249,7 +261,9 @@ class Machine:
             pending = self._pending.get(queue)
             if not pending:
                 continue
-            self._truncated |= len(pending) > self.lookahead
+            if len(pending) > self.lookahead:
+                self._truncated = True
+                self._truncated_queues.add(queue)
             for job_id in pending.heads(self.lookahead, ready):
                 chosen[job_id] = None
         for job_id in fresh_ok:
