@@ -242,8 +242,8 @@ class Machine:
                 continue
             if record.not_before > now:
                 continue
-            queue = self.queues.get(record.queue)
-            if queue is None or queue.strategy == "StrictFIFO":
+            qconf = self.queues.get(record.queue)
+            if qconf is None or qconf.strategy == "StrictFIFO":
                 # A strict queue's head may block the new job. In a best-effort queue the
                 # parked heads failed with at least the capacity left now (any increase
                 # marks capacity dirty), so a cycle for new jobs needs only the new jobs.

@@ -291,7 +291,7 @@ class Scheduler:
             req = lst[i]
             pos[name] = i + 1
             qs = book.queues[name]
-            out = self._same_shape_failure(req, name)
+            out: Placement | tuple[Reason, ...] | None = self._same_shape_failure(req, name)
             if out is None:
                 out = self._decide(req, qs, now, res)
                 if not isinstance(out, Placement) and req.job_id not in self._waiting:
