@@ -208,8 +208,10 @@ POLICIES: dict[str, Policy] = {
         "oracle",
         True,
         True,
+        (("spot", "any"), ("spot-then-on-demand", "any"), ("on-demand", "any")),
         about="hindsight bound: each workload knew its reclaims in advance, writes no "
-        "periodic checkpoints and has its checkpoint ready at every notice",
+        "periodic checkpoints and has its checkpoint ready at every notice; with no risk "
+        "left, every job may use any pool",
         foresight=True,
     ),
 }
@@ -351,7 +353,8 @@ def make_jobs(cfg: SimConfig) -> list[SimJob]:
 
 def job_spec(job: SimJob, policy: Policy) -> JobSpec:
     capacity = dict(policy.capacity_map).get(job.capacity, job.capacity)
-    ckpt = job.ckpt_every is not None and policy.checkpoints
+    # With hindsight every job can write the one checkpoint it needs, just before a reclaim.
+    ckpt = (job.ckpt_every is not None or policy.foresight) and policy.checkpoints
     per = job.gpu_per_replica
     return JobSpec(
         name=f"philly-{job.index}",
@@ -435,6 +438,7 @@ class AttemptLog:
     noticed_at: float | None = None  # a spot notice named one of its nodes
     ckpt_steps: list[int] = field(default_factory=list)
     ckpt_times: list[float] = field(default_factory=list)  # when each was written
+    speed: float = 1.0  # work per second of one GPU here, relative to a V100
 
     @property
     def succeeded(self) -> bool:
@@ -626,6 +630,7 @@ class SimCluster:
             gpus=job.gpus,
             dispatched_at=now,
             start_step=min(start, job.duration),
+            speed=sim.speed.get(pool.gpu_type, 1.0),
         )
         w = SimWorkload(
             job=job,
@@ -633,7 +638,8 @@ class SimCluster:
             cluster=self.name,
             nodes=nodes,
             log=log,
-            writes_ckpts=job.ckpt_every is not None and sim.policy.checkpoints,
+            writes_ckpts=(job.ckpt_every is not None or sim.policy.foresight)
+            and sim.policy.checkpoints,
             speed=sim.speed.get(pool.gpu_type, 1.0),
             hindsight=sim.policy.foresight,
         )
@@ -1402,7 +1408,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--policy",
         default="both",
-        help="muster | scratch | spot-only | fallback | both (muster+scratch) | all",
+        help="a policy, a comma-separated list, both (muster+scratch), all, or compare "
+        "(the baselines side by side: " + ", ".join(COMPARISON) + ")",
+    )
+    ap.add_argument(
+        "--windows",
+        type=int,
+        default=1,
+        help="also replay this many further Philly windows (each WINDOW_STRIDE rows later)",
     )
     ap.add_argument("--spot", choices=["trace", "poisson", "none"], default="trace")
     ap.add_argument("--poisson-rate", type=float, default=_DEFAULTS.poisson_rate)
@@ -1426,11 +1439,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
+WINDOW_STRIDE = 7919  # Philly rows between the windows of `--windows`
+
+
+def config_from_args(args: argparse.Namespace, seed: int, window: int = 0) -> SimConfig:
     pools = tuple(replace(p, nodes=max(1, round(p.nodes * args.scale))) for p in _DEFAULTS.pools)
     cfg = SimConfig(
         jobs=args.jobs,
-        offset=args.offset,
+        offset=(args.offset + window * WINDOW_STRIDE) % 82_247,
         compress=args.compress,
         max_duration_s=args.max_duration_h * 3600.0,
         drain_s=args.drain_h * 3600.0,
@@ -1456,6 +1472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = ["muster", "scratch"]
     elif args.policy == "all":
         names = list(POLICIES)
+    elif args.policy == "compare":
+        names = list(COMPARISON)
     else:
         names = [n.strip() for n in args.policy.split(",")]
     unknown = [n for n in names if n not in POLICIES]
@@ -1463,7 +1481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unknown policy {unknown}; choose from {sorted(POLICIES)}", file=sys.stderr)
         return 2
     seeds = list(range(args.seed, args.seed + max(1, args.seeds)))
-    tasks = [(config_from_args(args, s), n) for s in seeds for n in names]
+    windows = range(max(1, args.windows))
+    tasks = [(config_from_args(args, s, w), n) for s in seeds for w in windows for n in names]
     started = time.perf_counter()
     if args.workers > 1 and len(tasks) > 1:
         from concurrent.futures import ProcessPoolExecutor
@@ -1474,13 +1493,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         outputs = [_run_summary(t) for t in tasks]
     runs = [
-        {"policy": n, "seed": cfg.seed, **out} for (cfg, n), out in zip(tasks, outputs, strict=True)
+        {"policy": n, "seed": cfg.seed, "offset": cfg.offset, **out}
+        for (cfg, n), out in zip(tasks, outputs, strict=True)
     ]
     print(report.format_table(runs))
+    if {"on-demand-only", "oracle"} & set(names):
+        print()
+        print(report.format_comparison(runs))
     print(f"\n{len(tasks)} run(s) in {time.perf_counter() - started:.1f}s wall")
     if args.out:
         for path in report.plot_all(runs, Path(args.out)):
             print(f"wrote {path}")
+        if {"on-demand-only", "oracle"} & set(names):
+            print(f"wrote {report.plot_comparison(runs, Path(args.out))}")
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": _finite(runs)}, indent=1, default=str))
         print(f"wrote {args.json}")
