@@ -1426,6 +1426,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default="docs/img", help="folder for PNGs ('' = no plots)")
     ap.add_argument("--json", default=None, help="write the summaries here")
     ap.add_argument(
+        "--scenario",
+        default=None,
+        help="YAML file with the pools, spot traces, GPU speeds and checkpoint costs "
+        "(see load/scenarios/)",
+    )
+    ap.add_argument(
         "--traces-dir",
         default=None,
         help="folder holding philly.csv and the bamboo-*.csv spot traces",
@@ -1461,6 +1467,12 @@ def config_from_args(args: argparse.Namespace, seed: int, window: int = 0) -> Si
     if args.traces_dir:
         folder = Path(args.traces_dir)
         cfg = replace(cfg, philly=folder / "philly.csv", traces=folder)
+    if args.scenario:
+        from load.scenario import apply_scenario, load_scenario
+
+        cfg = apply_scenario(cfg, load_scenario(args.scenario))
+        scaled = (replace(p, nodes=max(1, round(p.nodes * args.scale))) for p in cfg.pools)
+        cfg = replace(cfg, pools=tuple(scaled))
     return cfg
 
 
@@ -1481,6 +1493,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unknown policy {unknown}; choose from {sorted(POLICIES)}", file=sys.stderr)
         return 2
     seeds = list(range(args.seed, args.seed + max(1, args.seeds)))
+    if args.scenario:
+        try:
+            config_from_args(args, args.seed)
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     windows = range(max(1, args.windows))
     tasks = [(config_from_args(args, s, w), n) for s in seeds for w in windows for n in names]
     started = time.perf_counter()

@@ -20,6 +20,7 @@ from broker.core.effects import Send
 from broker.core.machine import Machine
 from broker.core.records import AttemptRecord
 from load.report import attempt_losses, comparison, summarize
+from load.scenario import apply_scenario, load_scenario
 from load.sim import (
     COMPARISON,
     DEFAULT_POOLS,
@@ -378,3 +379,29 @@ def test_results_do_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
         outs.append(done.stdout)
     assert outs[0] == outs[1]
     assert '"completed": 60' in outs[0]
+
+
+def test_scenario_files_define_the_fleet(tmp_path: Path) -> None:
+    scenarios = Path(__file__).resolve().parents[2] / "load" / "scenarios"
+    assert apply_scenario(SimConfig(), load_scenario(scenarios / "default.yaml")).pools == (
+        DEFAULT_POOLS
+    )
+    cfg = apply_scenario(replace(SMALL, jobs=60), load_scenario(scenarios / "multicloud.yaml"))
+    sim = Sim(cfg, "muster")
+    res = sim.run()
+    assert res.violations == []
+    assert summarize(res)["completed"] == 60
+    # The GCP pool spans two zones, each driven by its own trace; a 30 s window there.
+    zones = {n.split("-")[4] for n in sim.node_home if n.startswith("gcp-usc1-a100-spot")}
+    assert "z1" in zones and any(z.isdigit() for z in zones)  # zone 0 names carry no tag
+    gcp = [t for t, node in sim.reclaim_log if node.startswith("gcp-usc1")]
+    notices = dict((node, t) for t, node in sim.notice_log)
+    assert gcp and all(
+        t == pytest.approx(notices[node] + NOTICE_S["gcp"])
+        for t, node in sim.reclaim_log
+        if node.startswith("gcp-usc1")
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools: [{cluster: a, flavor: b, capacity: spot, gpu: T4, price: -1, nodes: 1}]")
+    with pytest.raises(ValueError, match=r"bad\.yaml"):
+        load_scenario(bad)
