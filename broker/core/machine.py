@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from broker.core.effects import Effect, Persist, Publish, Send
 from broker.core.pending import PendingQueue
+from broker.core.policy import no_progress_reason, no_progress_verdict
 from broker.core.records import (
     AttemptRecord,
     AvoidPool,
@@ -835,6 +836,12 @@ class Machine:
             record.spot_preemptions += 1
         if self._spot_fallback_due(record):
             record.spot_exhausted = True
+        verdict = no_progress_verdict(record)
+        if verdict == "fall-back":
+            record.spot_exhausted = True
+        elif verdict == "fail":
+            self._finish(record, "failed", now, no_progress_reason(record), effects)
+            return True
         limit = record.spec.restart.max_preemptions
         if limit is not None and record.preemptions > limit:
             self._finish(

@@ -6,9 +6,17 @@ from __future__ import annotations
 
 from broker.core.effects import Send
 from broker.core.machine import Machine
-from schemas.agent import ClusterSnapshot, Dispatch, EventBatch, NodeGone, NodeUpsert
+from schemas.agent import (
+    CheckpointReport,
+    ClusterSnapshot,
+    Dispatch,
+    EventBatch,
+    NodeGone,
+    NodeUpsert,
+    WorkloadStatus,
+)
 from schemas.config import BrokerConfig, QueueConfig
-from schemas.job import JobSpec, PodSet
+from schemas.job import CheckpointSpec, JobSpec, PodSet, SpotPolicy
 from tests.core.helpers import NOW, flavor, nodes
 
 
@@ -101,3 +109,102 @@ def test_a_spot_pool_that_never_had_nodes_cannot_vouch_for_a_job() -> None:
     reply, _ = m.submit(spot_job("no-history"), NOW + 1)
     assert not reply.accepted
     assert "never be placed" in (reply.error or "")
+
+
+def lose_spot_node_under(m: Machine, agent: Agent, job_id: str, now: float) -> None:
+    """Dispatch the job, let it run, then take its spot node away without warning."""
+    sent = dispatches(m.schedule(now))
+    assert [(d.job_id, d.flavor) for d in sent] == [(job_id, "v100-spot")], sent
+    d = sent[0]
+    node = d.assignment[0].nodes[0]
+    agent.send(
+        WorkloadStatus(
+            job_id=job_id,
+            attempt=d.attempt,
+            phase="running",
+            running_replicas=1,
+            total_replicas=1,
+            nodes=[node],
+        ),
+        now=now + 1,
+    )
+    agent.send(NodeGone(node=node), now=now + 2)
+    agent.send(NodeUpsert(node=nodes(f"{node}-new", "v100-spot", 1)[0]), now=now + 3)
+
+
+def test_a_spot_job_without_progress_stops_retrying_by_its_policy() -> None:
+    m, agent = setup()
+    agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
+    spec = spot_job("no-ckpt")
+    reply, _ = m.submit(spec, NOW + 3)
+    assert reply.accepted
+    now = NOW + 10
+    for _ in range(spec.spot.max_preemptions_without_progress or 0):
+        assert m.jobs["no-ckpt"].state == "queued"
+        lose_spot_node_under(m, agent, "no-ckpt", now)
+        now += 1000  # past the lost pool's avoidance
+    record = m.jobs["no-ckpt"]
+    assert record.state == "failed"
+    assert "no progress on spot" in (record.reason or "")
+    assert "max_preemptions_without_progress=3" in (record.reason or "")
+    assert dispatches(m.schedule(now)) == []
+
+
+def test_a_spot_then_on_demand_job_without_progress_falls_back() -> None:
+    m, agent = setup()
+    agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
+    spec = JobSpec(
+        name="fallback",
+        job_id="fallback",
+        queue="default",
+        capacity="spot-then-on-demand",
+        gang=[PodSet(name="worker", replicas=1, gpu=8)],
+        spot=SpotPolicy(fallback_after_preemptions=100, max_preemptions_without_progress=2),
+    )
+    assert m.submit(spec, NOW + 3)[0].accepted
+    now = NOW + 10
+    for _ in range(2):
+        lose_spot_node_under(m, agent, "fallback", now)
+        now += 1000
+    record = m.jobs["fallback"]
+    assert record.state == "queued" and record.spot_exhausted
+    sent = dispatches(m.schedule(now))
+    assert [(d.job_id, d.flavor) for d in sent] == [("fallback", "v100-od")]
+
+
+def test_a_checkpoint_between_losses_resets_the_count() -> None:
+    m, agent = setup()
+    agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
+    spec = JobSpec(
+        name="ckpt",
+        job_id="ckpt",
+        queue="default",
+        capacity="spot",
+        gang=[PodSet(name="worker", replicas=1, gpu=8)],
+        checkpoint=CheckpointSpec(uri="s3://b/ckpt"),
+        spot=SpotPolicy(max_preemptions_without_progress=2),
+    )
+    assert m.submit(spec, NOW + 3)[0].accepted
+    now = NOW + 10
+    for step in (100, 200, 300, 400):
+        sent = dispatches(m.schedule(now))
+        assert len(sent) == 1, m.reasons.get("ckpt")
+        d = sent[0]
+        node = d.assignment[0].nodes[0]
+        agent.send(
+            WorkloadStatus(
+                job_id="ckpt",
+                attempt=d.attempt,
+                phase="running",
+                running_replicas=1,
+                total_replicas=1,
+                nodes=[node],
+            ),
+            CheckpointReport(job_id="ckpt", attempt=d.attempt, step=step, uri=f"s3://b/{step}"),
+            now=now + 1,
+        )
+        agent.send(NodeGone(node=node), now=now + 2)
+        agent.send(NodeUpsert(node=nodes(f"{node}-new", "v100-spot", 1)[0]), now=now + 3)
+        now += 1000
+    assert m.jobs["ckpt"].state == "queued"
+    assert m.jobs["ckpt"].preemptions == 4

@@ -74,7 +74,14 @@ def test_every_job_finishes_and_invariants_hold(
 ) -> None:
     _, res = runs[policy]
     s = summarize(res)
-    assert s["completed"] == SMALL.jobs, [r.job_id for r in res.records.values() if r.state]
+    # Every job finishes, but spot-only jobs that kept losing their work without a new
+    # checkpoint, which give up by the no-progress rule.
+    failed = [r for r in res.records.values() if r.state == "failed"]
+    assert all(
+        r.spec.capacity == "spot" and "no progress on spot" in (r.reason or "") for r in failed
+    )
+    assert s["completed"] + len(failed) == SMALL.jobs
+    assert len(failed) <= 0.05 * SMALL.jobs
     assert res.violations == [], res.violations[:5]
     assert res.batch_errors == []
     assert res.checks > 1000  # touched jobs after every step, plus full sweeps
@@ -106,6 +113,8 @@ def test_preempted_job_resumes_from_its_checkpointed_step(
     resumed = 0
     for job_id, logs in res.logs.items():
         job = jobs[job_id]
+        if res.records[job_id].state == "failed":  # gave up on spot without progress
+            continue
         assert logs[-1].succeeded and logs[-1].end_step == job.duration
         assert logs[0].start_step == 0
         written: list[int] = []
@@ -175,7 +184,9 @@ def test_poisson_mode_runs_clean() -> None:
     cfg = replace(SMALL, jobs=80, spot="poisson", poisson_rate=2.0)
     res = Sim(cfg, "muster").run()
     s = summarize(res)
-    assert s["completed"] == cfg.jobs
+    gave_up = [r for r in res.records.values() if r.state == "failed"]
+    assert all("no progress on spot" in (r.reason or "") for r in gave_up)
+    assert s["completed"] + len(gave_up) == cfg.jobs
     assert res.violations == []
     assert s["noticed_attempts"] > 0
 
@@ -390,7 +401,7 @@ def test_scenario_files_define_the_fleet(tmp_path: Path) -> None:
     sim = Sim(cfg, "muster")
     res = sim.run()
     assert res.violations == []
-    assert summarize(res)["completed"] == 60
+    assert summarize(res)["completed"] >= 57  # a spot-only job may give up without progress
     # The GCP pool spans two zones, each driven by its own trace; a 30 s window there.
     zones = {n.split("-")[4] for n in sim.node_home if n.startswith("gcp-usc1-a100-spot")}
     assert "z1" in zones and any(z.isdigit() for z in zones)  # zone 0 names carry no tag
