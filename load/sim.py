@@ -533,6 +533,7 @@ class SimCluster:
         self.seq = 0
         self.snapshot_due = True  # the first batch of an instance is a snapshot
         self.highest_epoch = 0
+        self.unreported: set[str] = set()  # gone, but the polling broker does not know yet
 
     # -- agent side -------------------------------------------------------------------
     def snapshot(self, now: float) -> ClusterSnapshot:
@@ -723,6 +724,7 @@ class SimCluster:
             if w is not None:
                 self.end(w, now, "node-gone")
         if self.sim.policy.detect_s > 0:  # found by the next poll
+            self.unreported.add(name)
             self.sim.push(now + self.sim.policy.detect_s, NODE_GONE_SEEN, (self, name))
         else:
             self.outbox.append(NodeGone(node=name, reason="spot-reclaimed"))
@@ -1068,6 +1070,7 @@ class Sim:
             self._poisson(payload)
         elif kind == NODE_GONE_SEEN:
             gone_from, name = payload
+            gone_from.unreported.discard(name)
             gone_from.outbox.append(NodeGone(node=name, reason="spot-reclaimed"))
         elif kind == SLOT_RETURN:
             pool, slot = payload
@@ -1261,6 +1264,8 @@ class Sim:
             home = self.node_home.get(n)
             node = self.clusters[home[0]].nodes.get(n) if home else None
             if node is None:
+                if home is not None and n in self.clusters[home[0]].unreported:
+                    continue  # the broker cannot know yet: its poll has not come round
                 self.violation(self.now, "claim-on-gone-node", f"{n}: {used} GPUs")
             elif used > node.gpu:
                 self.violation(self.now, "over-commit", f"{n}: {used} > {node.gpu} GPUs")
