@@ -4,6 +4,8 @@ return."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from broker.core.effects import Send
 from broker.core.machine import Machine
 from schemas.agent import (
@@ -16,7 +18,7 @@ from schemas.agent import (
     WorkloadStatus,
 )
 from schemas.config import BrokerConfig, QueueConfig
-from schemas.job import CheckpointSpec, JobSpec, PodSet, SpotPolicy
+from schemas.job import CapacityPreference, CheckpointSpec, JobSpec, PodSet, SpotPolicy
 from tests.core.helpers import NOW, flavor, nodes
 
 
@@ -40,13 +42,20 @@ class Agent:
         assert out.error is None, out.error
 
 
-def spot_job(name: str, gpu: int = 8, replicas: int = 1) -> JobSpec:
+def spot_job(
+    name: str,
+    gpu: int = 8,
+    replicas: int = 1,
+    capacity: CapacityPreference = "spot",
+    **extra: Any,
+) -> JobSpec:
     return JobSpec(
         name=name,
         job_id=name,
         queue="default",
-        capacity="spot",
+        capacity=capacity,
         gang=[PodSet(name="worker", replicas=replicas, gpu=gpu)],
+        **extra,
     )
 
 
@@ -153,12 +162,9 @@ def test_a_spot_job_without_progress_stops_retrying_by_its_policy() -> None:
 def test_a_spot_then_on_demand_job_without_progress_falls_back() -> None:
     m, agent = setup()
     agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
-    spec = JobSpec(
-        name="fallback",
-        job_id="fallback",
-        queue="default",
+    spec = spot_job(
+        "fallback",
         capacity="spot-then-on-demand",
-        gang=[PodSet(name="worker", replicas=1, gpu=8)],
         spot=SpotPolicy(fallback_after_preemptions=100, max_preemptions_without_progress=2),
     )
     assert m.submit(spec, NOW + 3)[0].accepted
@@ -175,12 +181,8 @@ def test_a_spot_then_on_demand_job_without_progress_falls_back() -> None:
 def test_a_checkpoint_between_losses_resets_the_count() -> None:
     m, agent = setup()
     agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
-    spec = JobSpec(
-        name="ckpt",
-        job_id="ckpt",
-        queue="default",
-        capacity="spot",
-        gang=[PodSet(name="worker", replicas=1, gpu=8)],
+    spec = spot_job(
+        "ckpt",
         checkpoint=CheckpointSpec(uri="s3://b/ckpt"),
         spot=SpotPolicy(max_preemptions_without_progress=2),
     )
