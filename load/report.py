@@ -36,22 +36,28 @@ def _median(values: Sequence[float]) -> float:
 
 
 def attempt_losses(logs: Sequence[AttemptLog], end: float) -> list[float]:
-    """GPU-seconds each attempt lost: time held minus the work a later attempt kept.
+    """GPU-seconds each attempt lost: time held minus the time that produced what a later
+    attempt kept.
 
-    An attempt that did not succeed keeps only the progress the next attempt resumed from;
-    everything else it held (start-up, work after its last checkpoint) is lost. A live
-    attempt at the end of the run has lost nothing yet.
+    An attempt that did not succeed keeps only the progress the next attempt resumed from:
+    the time from its gang running to the moment that checkpoint was written (computing and
+    writing the checkpoints before it included). Everything else it held (start-up, work
+    after that checkpoint) is lost. A live attempt at the end of the run has lost nothing yet.
     """
     out: list[float] = []
     for i, log in enumerate(logs):
         if log.succeeded or log.ended_at is None:
             out.append(0.0)
             continue
-        if i + 1 < len(logs):
-            kept = logs[i + 1].start_step - log.start_step
-        else:
-            kept = (log.ckpt_steps[-1] - log.start_step) if log.ckpt_steps else 0
-        kept = max(0, min(kept, log.end_step - log.start_step))
+        target = logs[i + 1].start_step if i + 1 < len(logs) else None
+        if target is None and log.ckpt_steps:
+            target = log.ckpt_steps[-1]
+        kept = 0.0
+        if target is not None and target > log.start_step and log.running_at is not None:
+            for step, at in zip(log.ckpt_steps, log.ckpt_times, strict=True):
+                if step == target:
+                    kept = at - log.running_at
+                    break
         out.append(max(0.0, log.held_s(end) - kept) * log.gpus)
     return out
 
@@ -81,7 +87,7 @@ def queue_delays_s(result: SimResult) -> list[float]:
 def summarize(result: SimResult) -> dict[str, Any]:
     """One row of the comparison table (plain floats and ints, JSON-ready)."""
     end = result.base + result.end
-    used = lost = lost_unfinished = cost = 0.0
+    used = lost = lost_unfinished = cost = paid_work = 0.0
     preemptions = resumed = 0
     by_type: dict[str, float] = {"spot": 0.0, "on-demand": 0.0}
     for job_id, logs in result.logs.items():
@@ -92,6 +98,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         for log, gone in zip(logs, losses, strict=True):
             held = log.held_s(end) * log.gpus
             used += held
+            paid_work += held * log.speed
             lost += gone
             cost += held / 3600.0 * log.price
             by_type[log.capacity_type] = by_type.get(log.capacity_type, 0.0) + held
@@ -140,7 +147,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "gpu_h_lost_unfinished": lost_unfinished / 3600.0,
         "gpu_h_lost_machine": machine_lost / 3600.0,
         "gpu_h_useful": useful / 3600.0,
-        "goodput": useful / used if used > 0 else float("nan"),
+        # Useful work (V100-GPU-seconds of the jobs that completed) over the work the paid
+        # GPU-time could have done at each GPU's speed.
+        "goodput": useful / paid_work if paid_work > 0 else float("nan"),
         "cost_usd": cost,
         "cost_per_useful_gpu_h": cost / (useful / 3600.0) if useful > 0 else float("nan"),
         "preemptions": preemptions,
@@ -237,8 +246,142 @@ def format_table(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------ comparison
+def _paired(runs: Sequence[dict[str, Any]], base: str) -> dict[tuple[Any, Any], dict[str, Any]]:
+    """The `base` policy's summary per (seed, window): what each run is compared with."""
+    return {(r["seed"], r.get("offset")): r["summary"] for r in runs if r["policy"] == base}
+
+
+def _ratio(a: float, b: float) -> float:
+    if not (math.isfinite(a) and math.isfinite(b)) or b <= 0:
+        return float("nan")
+    return a / b
+
+
+def comparison(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """Per policy, per metric: one value per (seed, window) run, ratios paired with the
+    on-demand-only and oracle runs of the same jobs and traces."""
+    od = _paired(runs, "on-demand-only")
+    oracle = _paired(runs, "oracle")
+    out: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        s = r["summary"]
+        key = (r["seed"], r.get("offset"))
+        row = out.setdefault(r["policy"], {})
+
+        def put(name: str, value: float, row: dict[str, list[float]] = row) -> None:
+            row.setdefault(name, []).append(value)
+
+        put("cost_per_useful", s["cost_per_useful_gpu_h"])
+        base = od.get(key)
+        if base is not None:
+            put(
+                "saving_vs_od",
+                1.0 - _ratio(s["cost_per_useful_gpu_h"], base["cost_per_useful_gpu_h"]),
+            )
+            put("jct_p50_vs_od", _ratio(s["jct_median_h"], base["jct_median_h"]))
+            put("jct_p90_vs_od", _ratio(s["jct_p90_h"], base["jct_p90_h"]))
+        ref = oracle.get(key)
+        if ref is not None:
+            put("vs_oracle", _ratio(s["cost_per_useful_gpu_h"], ref["cost_per_useful_gpu_h"]))
+        put("goodput", s["goodput"])
+        put("gpu_h_lost", s["gpu_h_lost"])
+        put("preemptions", float(s["preemptions"]))
+        put("unfinished", float(s["unfinished"]))
+    return out
+
+
+COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("cost_per_useful", "cost per useful V100-GPU-hour ($)", "{:.3f}"),
+    ("saving_vs_od", "saving vs on-demand-only", "{:.1%}"),
+    ("vs_oracle", "cost ratio to oracle", "{:.2f}x"),
+    ("jct_p50_vs_od", "JCT p50 vs on-demand-only", "{:.2f}x"),
+    ("jct_p90_vs_od", "JCT p90 vs on-demand-only", "{:.2f}x"),
+    ("goodput", "goodput (useful / paid GPU-time)", "{:.3f}"),
+    ("gpu_h_lost", "GPU-hours lost", "{:.0f}"),
+    ("preemptions", "preemptions", "{:.0f}"),
+    ("unfinished", "jobs unfinished", "{:.0f}"),
+)
+
+
+def _cell(values: Sequence[float], fmt: str) -> str:
+    """Median, and [min, max] over runs when there are several."""
+    vals = [v for v in values if not math.isnan(v)]
+    if not vals:
+        return "-"
+
+    def f(v: float) -> str:
+        return "inf" if math.isinf(v) else fmt.format(v)
+
+    med = f(_median(vals))
+    if len(vals) == 1:
+        return med
+    return f"{med} [{f(min(vals))}, {f(max(vals))}]"
+
+
+def format_comparison(runs: Sequence[dict[str, Any]]) -> str:
+    """The baselines side by side: medians and [min, max] over seeds and trace windows."""
+    table = comparison(runs)
+    names = list(table)
+    cells = {n: [_cell(table[n].get(k, []), fmt) for k, _, fmt in COMPARE_ROWS] for n in names}
+    width = max(len(label) for _, label, _ in COMPARE_ROWS) + 2
+    colw = max([len(n) for n in names] + [len(c) for cs in cells.values() for c in cs]) + 2
+    head = "metric".ljust(width) + "".join(n.rjust(colw) for n in names)
+    lines = [head, "-" * len(head)]
+    for i, (_, label, _) in enumerate(COMPARE_ROWS):
+        lines.append(label.ljust(width) + "".join(cells[n][i].rjust(colw) for n in names))
+    runs_per = max((len(v.get("cost_per_useful", [])) for v in table.values()), default=0)
+    lines.append(f"(median [min, max] over {runs_per} run(s): seeds x trace windows)")
+    return "\n".join(lines)
+
+
+def plot_comparison(runs: Sequence[dict[str, Any]], out: Path) -> Path:
+    """Cost per useful work and JCT ratios per policy, with the spread over runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    table = comparison(runs)
+    names = list(table)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    for ax, key, title in (
+        (axes[0], "cost_per_useful", "cost per useful V100-GPU-hour ($)"),
+        (axes[1], "goodput", "goodput (useful / paid)"),
+        (axes[2], "jct_p50_vs_od", "JCT p50 / on-demand-only"),
+    ):
+        meds, lo, hi = [], [], []
+        for n in names:
+            vals = [v for v in table[n].get(key, []) if math.isfinite(v)]
+            m = _median(vals) if vals else float("nan")
+            meds.append(m)
+            lo.append(m - min(vals) if vals else 0.0)
+            hi.append(max(vals) - m if vals else 0.0)
+        x = range(len(names))
+        colors = [COLORS.get(n, "#777777") for n in names]
+        ax.bar(x, meds, color=colors, yerr=[lo, hi], capsize=3)
+        ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("baselines on the same jobs and spot traces (bars: median; whiskers: min-max)")
+    fig.tight_layout()
+    path = _save(fig, out / "sim_baselines.png")
+    plt.close(fig)
+    return path
+
+
 # ------------------------------------------------------------------------------ plots
-COLORS = {"muster": "#1f77b4", "scratch": "#d62728", "spot-only": "#ff7f0e", "fallback": "#2ca02c"}
+COLORS = {
+    "muster": "#1f77b4",
+    "scratch": "#d62728",
+    "spot-only": "#ff7f0e",
+    "fallback": "#2ca02c",
+    "on-demand-only": "#7f7f7f",
+    "checkpoint-restart": "#9467bd",
+    "skypilot-like": "#8c564b",
+    "oracle": "#17becf",
+}
 
 
 def plot_all(runs: Sequence[dict[str, Any]], out: Path) -> list[Path]:

@@ -83,8 +83,12 @@ class PoolSpec:
     gpu_type: str
     price: float  # dollars per GPU-hour
     nodes: int
-    trace: str | None = None  # "p3" | "g4dn" for spot pools in trace mode
+    trace: str | None = None  # "p3" | "g4dn" (bamboo-<name>.csv) or a path to a trace file
     trace_phase_s: float = 0.0  # start this pool this far into the (looped) trace
+    provider: str = "aws"  # sets the notice window (NOTICE_S)
+    # A pool spanning zones: further (trace, phase_s, nodes) parts, each driven by its own
+    # trace; `nodes` and `trace` above are the first zone's.
+    zones: tuple[tuple[str, float, int], ...] = ()
 
 
 # Prices per GPU-hour after AWS list prices (p4d, p3.16xlarge, g4dn.metal) and typical spot
@@ -100,12 +104,41 @@ DEFAULT_POOLS: tuple[PoolSpec, ...] = (
     PoolSpec("on-prem", "a100-reserved", "on-demand", "A100", 2.50, 8),
 )
 
+# Spot interruption notice per provider: AWS gives two minutes; GCP preemption and Azure
+# eviction give 30 s.
+NOTICE_S: dict[str, float] = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+
+# Training speed per GPU type relative to a V100 (Philly durations are read as V100-seconds
+# of work). Approximate public training-throughput figures: A100 about 2.2x V100 (Lambda Labs
+# PyTorch training benchmarks, mixed precision, averaged over models); T4 about 0.3x V100
+# (NVIDIA data sheets: 65 vs 125 FP16 tensor TFLOPS, 320 vs 900 GB/s memory bandwidth). A
+# scenario file may set its own.
+GPU_SPEED: dict[str, float] = {"V100": 1.0, "A100": 2.2, "T4": 0.3}
+
 DEFAULT_MIX: tuple[tuple[CapacityPreference, float], ...] = (
     ("spot", 0.30),
     ("spot-then-on-demand", 0.40),
     ("on-demand", 0.15),
     ("any", 0.15),
 )
+
+
+def on_demand_pools(pools: Sequence[PoolSpec]) -> tuple[PoolSpec, ...]:
+    """The same fleet with every spot pool bought on-demand: the on-demand price of its GPU
+    type in its own cluster (else the highest on-demand price of that type anywhere)."""
+    od: dict[tuple[str, str], float] = {}
+    anywhere: dict[str, float] = {}
+    for p in pools:
+        if p.capacity_type == "on-demand":
+            od[(p.cluster, p.gpu_type)] = max(od.get((p.cluster, p.gpu_type), 0.0), p.price)
+            anywhere[p.gpu_type] = max(anywhere.get(p.gpu_type, 0.0), p.price)
+    out = []
+    for p in pools:
+        if p.capacity_type == "spot":
+            price = od.get((p.cluster, p.gpu_type), anywhere.get(p.gpu_type, p.price))
+            p = replace(p, capacity_type="on-demand", price=price)
+        out.append(p)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +150,12 @@ class Policy:
     resume: bool  # a new attempt starts from `Dispatch.resume_from`
     capacity_map: tuple[tuple[str, CapacityPreference], ...] = ()
     about: str = ""
+    notices: bool = True  # the broker sees spot notices (else only the node's loss)
+    detect_s: float = 0.0  # the loss of a node reaches the broker this late (polling)
+    on_demand_only: bool = False  # spot slots are on-demand nodes at the on-demand price
+    # Hindsight: the workload knew each reclaim was coming, so it writes no periodic
+    # checkpoints and its checkpoint at the notice is already written (costs nothing).
+    foresight: bool = False
 
 
 POLICIES: dict[str, Policy] = {
@@ -141,7 +180,43 @@ POLICIES: dict[str, Policy] = {
         (("spot", "spot-then-on-demand"),),
         about="muster, but spot-only jobs may fall back to on-demand",
     ),
+    "on-demand-only": Policy(
+        "on-demand-only",
+        True,
+        True,
+        (("spot", "any"), ("spot-then-on-demand", "any")),
+        about="every spot slot is an on-demand node at the on-demand price; nothing is reclaimed",
+        on_demand_only=True,
+    ),
+    "checkpoint-restart": Policy(
+        "checkpoint-restart",
+        True,
+        True,
+        about="periodic checkpoints; the broker never sees the notice, only the node's loss",
+        notices=False,
+    ),
+    "skypilot-like": Policy(
+        "skypilot-like",
+        True,
+        True,
+        about="no notice; the loss is found by polling every 15 s, the job is relaunched "
+        "elsewhere and resumes from its own last checkpoint",
+        notices=False,
+        detect_s=15.0,
+    ),
+    "oracle": Policy(
+        "oracle",
+        True,
+        True,
+        (("spot", "any"), ("spot-then-on-demand", "any"), ("on-demand", "any")),
+        about="hindsight bound: each workload knew its reclaims in advance, writes no "
+        "periodic checkpoints and has its checkpoint ready at every notice; with no risk "
+        "left, every job may use any pool",
+        foresight=True,
+    ),
 }
+BASELINES = ("on-demand-only", "spot-only", "checkpoint-restart", "scratch", "skypilot-like")
+COMPARISON = (*BASELINES, "oracle", "muster")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,11 +237,15 @@ class SimConfig:
     trace_phase_s: float = 0.0  # added to every pool's own phase (pick another trace window)
     poisson_rate: float = 0.6  # reclaims per node-hour (Bamboo shows ~0.6)
     poisson_down_s: float = 1800.0  # mean time before a reclaimed slot returns
-    notice_s: float = 120.0  # AWS gives two minutes
+    gpu_speed: tuple[tuple[str, float], ...] = tuple(GPU_SPEED.items())
+    # Checkpoint write cost: each job draws a stall (s) uniformly from this range; periodic
+    # checkpoints stall the job that long, and a checkpoint asked for at a notice takes as
+    # long (and is lost if the node goes first). Restoring takes `restore_factor` times it.
+    ckpt_cost_s: tuple[float, float] = (10.0, 90.0)
+    restore_factor: float = 1.0
     ack_latency_s: float = 0.2
     start_delay_s: tuple[float, float] = (20.0, 60.0)  # image pull, rendezvous
     start_delay_per_replica_s: float = 5.0
-    ckpt_now_s: tuple[float, float] = (2.0, 6.0)  # time to write a checkpoint on request
     tick_s: float = 5.0
     idle_tick_s: float = 60.0
     heartbeat_s: float = 10.0
@@ -174,7 +253,8 @@ class SimConfig:
     sample_s: float = 300.0
     drain_s: float = 86_400.0  # stop this long after the last arrival even if jobs remain
     full_check_every: int = 2000  # steps between full invariant sweeps (touched jobs: always)
-    max_steps: int = 20_000_000
+    max_steps: int = 50_000_000
+    progress_s: float = 0.0  # print a progress line to stderr this often (wall s; 0 = never)
     philly: Path = TRACES_DIR / "philly.csv"
     traces: Path = TRACES_DIR
 
@@ -222,6 +302,7 @@ class SimJob:
     capacity: CapacityPreference
     ckpt_every: float | None  # None: the job never checkpoints
     vc: str
+    ckpt_cost: float = 0.0  # seconds to write one checkpoint (restore: x restore_factor)
 
     @property
     def gpus(self) -> int:
@@ -231,7 +312,10 @@ class SimJob:
 def make_jobs(cfg: SimConfig) -> list[SimJob]:
     """The job window; the same seed gives the same jobs under every policy."""
     rows = load_philly(cfg.philly)
-    window = rows[cfg.offset : cfg.offset + cfg.jobs]
+    # A window longer than what follows the offset starts earlier: `--jobs 82247` is the
+    # whole trace whatever the offset.
+    offset = min(cfg.offset, max(0, len(rows) - cfg.jobs))
+    window = rows[offset : offset + cfg.jobs]
     if not window:
         return []
     rng = random.Random(f"jobs-{cfg.seed}")
@@ -243,6 +327,8 @@ def make_jobs(cfg: SimConfig) -> list[SimJob]:
     prefs = [p for p, _ in cfg.mix]
     weights = [w for _, w in cfg.mix]
     t0 = window[0].arrival
+    cost_rng = random.Random(f"ckpt-cost-{cfg.seed}")  # its own stream: the mix stays put
+    lo, hi = cfg.ckpt_cost_s
     jobs: list[SimJob] = []
     for i, r in enumerate(window):
         replicas, per = traces.gang_shape(max(1, r.num_gpus))
@@ -250,7 +336,7 @@ def make_jobs(cfg: SimConfig) -> list[SimJob]:
         jobs.append(
             SimJob(
                 index=i,
-                job_id=f"p{cfg.offset + i:05d}",
+                job_id=f"p{offset + i:05d}",
                 arrival=(r.arrival - t0) / cfg.compress,
                 duration=max(1, int(min(r.duration, cfg.max_duration_s))),
                 replicas=replicas,
@@ -259,6 +345,7 @@ def make_jobs(cfg: SimConfig) -> list[SimJob]:
                 capacity=rng.choices(prefs, weights)[0],
                 ckpt_every=ckpt,
                 vc=r.cluster,
+                ckpt_cost=lo + (hi - lo) * cost_rng.random(),
             )
         )
     return jobs
@@ -266,7 +353,8 @@ def make_jobs(cfg: SimConfig) -> list[SimJob]:
 
 def job_spec(job: SimJob, policy: Policy) -> JobSpec:
     capacity = dict(policy.capacity_map).get(job.capacity, job.capacity)
-    ckpt = job.ckpt_every is not None and policy.checkpoints
+    # With hindsight every job can write the one checkpoint it needs, just before a reclaim.
+    ckpt = (job.ckpt_every is not None or policy.foresight) and policy.checkpoints
     per = job.gpu_per_replica
     return JobSpec(
         name=f"philly-{job.index}",
@@ -349,6 +437,8 @@ class AttemptLog:
     cause: str = ""
     noticed_at: float | None = None  # a spot notice named one of its nodes
     ckpt_steps: list[int] = field(default_factory=list)
+    ckpt_times: list[float] = field(default_factory=list)  # when each was written
+    speed: float = 1.0  # work per second of one GPU here, relative to a V100
 
     @property
     def succeeded(self) -> bool:
@@ -367,19 +457,49 @@ class SimWorkload:
     nodes: list[str]  # one per replica
     log: AttemptLog
     writes_ckpts: bool
+    speed: float = 1.0  # steps per second on this GPU type
     running_at: float | None = None
     ckpt_pending: bool = False
+    ckpt_step: int = 0  # the step a requested checkpoint captures
+    hindsight: bool = False  # no periodic checkpoints (the oracle)
     alive: bool = True
 
+    @property
+    def period(self) -> tuple[float, float] | None:
+        """(compute seconds between periodic checkpoints, stall per checkpoint), or None."""
+        every = self.job.ckpt_every
+        if not self.writes_ckpts or every is None or self.hindsight:
+            return None
+        return every, self.job.ckpt_cost
+
     def step_at(self, now: float) -> int:
+        """Progress: compute time at `speed`, minus the stalls of periodic checkpoints."""
         if self.running_at is None:
             return self.log.start_step
-        return min(self.job.duration, self.log.start_step + int(now - self.running_at + 1e-9))
+        t = max(0.0, now - self.running_at)
+        period = self.period
+        if period is not None:
+            every, stall = period
+            k = int(t // (every + stall))
+            t = k * every + min(t - k * (every + stall), every)
+        return min(self.job.duration, self.log.start_step + int(t * self.speed + 1e-9))
+
+    def done_at(self) -> float:
+        """When the work is done: compute time plus one stall per checkpoint before it."""
+        assert self.running_at is not None
+        compute = (self.job.duration - self.log.start_step) / self.speed
+        period = self.period
+        if period is None:
+            return self.running_at + compute
+        every, stall = period
+        stalls = max(0, math.ceil(compute / every - 1e-9) - 1)
+        return self.running_at + compute + stalls * stall
 
 
 # heap event kinds
 ARRIVAL, ACK, W_RUN, W_CKPT, W_DONE, W_CKPT_NOW = 0, 1, 2, 3, 4, 5
 SPOT_TRACE, RECLAIM, TICK, CYCLE, HEARTBEAT, SAMPLE, POISSON, SLOT_RETURN = range(6, 14)
+NODE_GONE_SEEN = 14
 
 
 @dataclass(slots=True)
@@ -413,6 +533,7 @@ class SimCluster:
         self.seq = 0
         self.snapshot_due = True  # the first batch of an instance is a snapshot
         self.highest_epoch = 0
+        self.unreported: set[str] = set()  # gone, but the polling broker does not know yet
 
     # -- agent side -------------------------------------------------------------------
     def snapshot(self, now: float) -> ClusterSnapshot:
@@ -470,10 +591,12 @@ class SimCluster:
             w = self.workloads.get((cmd.job_id, cmd.attempt))
             ready = w is not None and w.running_at is not None and w.writes_ckpts
             if ready and w is not None and not w.ckpt_pending:
+                # Writing takes the job's checkpoint cost; if the node goes first, the
+                # checkpoint is lost with it (`end` marks the workload dead).
                 w.ckpt_pending = True
-                lo, hi = self.sim.cfg.ckpt_now_s
-                delay = lo + (hi - lo) * self.sim.draw(cmd.job_id, cmd.attempt, "ckpt-now")
-                self.sim.push(now + delay, W_CKPT_NOW, w)
+                w.ckpt_step = w.step_at(now)
+                cost = 0.0 if self.sim.policy.foresight else w.job.ckpt_cost
+                self.sim.push(now + cost, W_CKPT_NOW, w)
         elif isinstance(cmd, Resync):
             self.snapshot_due = True
 
@@ -487,7 +610,10 @@ class SimCluster:
         nodes = [n for a in cmd.assignment for n in a.nodes]
         error = self._check_dispatch(cmd, job, nodes)
         if error:
-            sim.violation(now, "dispatch-refused", f"{self.name} {key}: {error}")
+            if not (sim.policy.detect_s > 0 and "is not in cluster" in error):
+                # (A broker that learns of losses by polling may still place on a node
+                # that is already gone: the agent refuses and the broker requeues.)
+                sim.violation(now, "dispatch-refused", f"{self.name} {key}: {error}")
             sim.push(now + sim.cfg.ack_latency_s, ACK, (cmd.job_id, cmd.attempt, False, error))
             return
         live = sim.live_copies.get(cmd.job_id)
@@ -505,6 +631,7 @@ class SimCluster:
             gpus=job.gpus,
             dispatched_at=now,
             start_step=min(start, job.duration),
+            speed=sim.speed.get(pool.gpu_type, 1.0),
         )
         w = SimWorkload(
             job=job,
@@ -512,7 +639,10 @@ class SimCluster:
             cluster=self.name,
             nodes=nodes,
             log=log,
-            writes_ckpts=job.ckpt_every is not None and sim.policy.checkpoints,
+            writes_ckpts=(job.ckpt_every is not None or sim.policy.foresight)
+            and sim.policy.checkpoints,
+            speed=sim.speed.get(pool.gpu_type, 1.0),
+            hindsight=sim.policy.foresight,
         )
         self.workloads[key] = w
         for n in nodes:
@@ -524,6 +654,8 @@ class SimCluster:
         lo, hi = cfg.start_delay_s
         delay = lo + (hi - lo) * sim.draw(cmd.job_id, cmd.attempt, "start")
         delay += cfg.start_delay_per_replica_s * (job.replicas - 1)
+        if log.start_step > 0:  # reading the checkpoint back costs time too
+            delay += cfg.restore_factor * job.ckpt_cost
         sim.push(now + cfg.ack_latency_s, ACK, (cmd.job_id, cmd.attempt, True, ""))
         sim.push(now + delay, W_RUN, w)
 
@@ -561,7 +693,7 @@ class SimCluster:
             if keys is not None:
                 keys.discard(key)
         w.log.ended_at = now
-        w.log.end_step = w.step_at(now)
+        w.log.end_step = w.job.duration if cause == "succeeded" else w.step_at(now)
         w.log.cause = cause
         if self.sim.live_copies.get(w.job.job_id) == key:
             del self.sim.live_copies[w.job.job_id]
@@ -580,7 +712,8 @@ class SimCluster:
             log = self.workloads[key].log
             if log.noticed_at is None:
                 log.noticed_at = self.sim.now
-        self.outbox.append(SpotNotice(node=name, deadline=deadline, reason="spot-reclaim"))
+        if self.sim.policy.notices:
+            self.outbox.append(SpotNotice(node=name, deadline=deadline, reason="spot-reclaim"))
 
     def reclaim(self, name: str, now: float) -> None:
         node = self.nodes.pop(name, None)
@@ -590,7 +723,11 @@ class SimCluster:
             w = self.workloads.get(key)
             if w is not None:
                 self.end(w, now, "node-gone")
-        self.outbox.append(NodeGone(node=name, reason="spot-reclaimed"))
+        if self.sim.policy.detect_s > 0:  # found by the next poll
+            self.unreported.add(name)
+            self.sim.push(now + self.sim.policy.detect_s, NODE_GONE_SEEN, (self, name))
+        else:
+            self.outbox.append(NodeGone(node=name, reason="spot-reclaimed"))
 
 
 @dataclass(slots=True)
@@ -607,6 +744,9 @@ class Slot:
 class SpotPool:
     spec: PoolSpec
     slots: list[Slot]
+    zone: int = 0  # which of the pool's zones (each driven by its own trace)
+    trace: str | None = None
+    phase_s: float = 0.0
     bound: dict[tuple[int, str], int] = field(default_factory=dict)
     carry: list[int] = field(default_factory=list)  # slots kept up across a trace loop
     loop: int = 0
@@ -649,6 +789,7 @@ class Sim:
         self.cfg = cfg
         self.policy = POLICIES[policy] if isinstance(policy, str) else policy
         self.spot_rng = random.Random(f"spot-{cfg.seed}")
+        self.speed = dict(cfg.gpu_speed)
         self.jobs = make_jobs(cfg)
         self.jobs_by_id = {j.job_id: j for j in self.jobs}
         self.base = 1.5e9  # unix seconds at virtual zero (Philly time is not kept)
@@ -672,10 +813,12 @@ class Sim:
         self._cycle_pending = False
         self._done_count = 0
         self._touched: set[str] = set()
+        self._open: set[str] = set()  # jobs not yet terminal: what a full sweep reads
         self._claims: dict[str, dict[str, int]] = {}
         self._usage: dict[str, int] = {}
+        self.pools = on_demand_pools(cfg.pools) if self.policy.on_demand_only else cfg.pools
         by_cluster: dict[str, list[PoolSpec]] = {}
-        for p in cfg.pools:
+        for p in self.pools:
             by_cluster.setdefault(p.cluster, []).append(p)
         self.clusters = {c: SimCluster(self, c, ps) for c, ps in by_cluster.items()}
         self.spot_pools: list[SpotPool] = []
@@ -698,38 +841,48 @@ class Sim:
 
     # -- world setup -------------------------------------------------------------------
     def _build_nodes(self) -> None:
-        for p in self.cfg.pools:
+        for p in self.pools:
             cluster = self.clusters[p.cluster]
-            spot_driven = p.capacity_type == "spot" and self.cfg.spot != "none"
+            spot_driven = (
+                p.capacity_type == "spot"
+                and self.cfg.spot != "none"
+                and not self.policy.on_demand_only
+            )
+            parts = [(p.trace, p.trace_phase_s, p.nodes), *p.zones]
             if not spot_driven:
-                for i in range(p.nodes):
+                total = sum(n for _, _, n in parts)
+                for i in range(total):
                     node = SimNode(f"{p.cluster}-{p.flavor}-{i:03d}", p.cluster, p.flavor)
                     cluster.add_node(node, self.now, announce=False)
                 continue
-            pool = SpotPool(p, [Slot(i) for i in range(p.nodes)])
-            self.spot_pools.append(pool)
-            if self.cfg.spot == "poisson" or p.trace is None:
-                for slot in pool.slots:
-                    self._slot_up(pool, slot, announce=False)
-                self._next_poisson(pool)
-            else:
-                self._schedule_trace(pool)
+            for zone, (trace, phase, nodes) in enumerate(parts):
+                pool = SpotPool(p, [Slot(i) for i in range(nodes)], zone, trace, phase)
+                self.spot_pools.append(pool)
+                if self.cfg.spot == "poisson" or trace is None:
+                    for slot in pool.slots:
+                        self._slot_up(pool, slot, announce=False)
+                    self._next_poisson(pool)
+                else:
+                    self._schedule_trace(pool)
 
     def _slot_up(self, pool: SpotPool, slot: Slot, *, announce: bool) -> None:
         slot.generation += 1
         p = pool.spec
-        name = f"{p.cluster}-{p.flavor}-{slot.index:03d}-g{slot.generation}"
+        zone = f"z{pool.zone}-" if pool.zone else ""
+        name = f"{p.cluster}-{p.flavor}-{zone}{slot.index:03d}-g{slot.generation}"
         slot.node = name
         node = SimNode(name, p.cluster, p.flavor, slot=slot.index)
         self.clusters[p.cluster].add_node(node, self.now, announce=announce)
 
     def _schedule_trace(self, pool: SpotPool) -> None:
         """Loop the Bamboo trace over the horizon; the state at the phase is the start."""
-        events = load_bamboo(traces.require_trace(f"bamboo-{pool.spec.trace}.csv", self.cfg.traces))
+        assert pool.trace is not None
+        path = self._trace_path(pool.trace)
+        events = load_bamboo(traces.require_trace(path.name, path.parent))
         if not events:
             return
         period = events[-1].t + 600.0
-        phase = (pool.spec.trace_phase_s + self.cfg.trace_phase_s) % period
+        phase = (pool.phase_s + self.cfg.trace_phase_s) % period
         horizon = (self.jobs[-1].arrival if self.jobs else 0.0) + self.cfg.drain_s
         loops = min(1000, int((phase + horizon) / period) + 1)
         for loop in range(loops):
@@ -739,6 +892,13 @@ class Sim:
                     self._trace_apply(pool, loop, e, announce=False)
                 elif pool_t - phase <= horizon:
                     self.push(self.base + pool_t - phase, SPOT_TRACE, (pool, loop, e))
+
+    def _trace_path(self, trace: str) -> Path:
+        """A short name (`p3`) is bamboo-p3.csv in the traces folder; else a file path."""
+        if "/" in trace or trace.endswith(".csv"):
+            path = Path(trace)
+            return path if path.is_absolute() else self.cfg.traces / path
+        return self.cfg.traces / f"bamboo-{trace}.csv"
 
     def _trace_apply(self, pool: SpotPool, loop: int, e: SpotTraceEvent, *, announce: bool) -> None:
         if loop != pool.loop:
@@ -783,7 +943,7 @@ class Sim:
         node = cluster.nodes.get(slot.node)
         if node is None or node.deadline is not None:
             return
-        deadline = self.now + self.cfg.notice_s
+        deadline = self.now + NOTICE_S.get(pool.spec.provider, 120.0)
         cluster.notice(slot.node, deadline)
         self.spot_notices += 1
         self.notice_log.append((self.now - self.base, slot.node))
@@ -819,6 +979,7 @@ class Sim:
         self._pump()  # initial snapshots
         end_at = self.base + (self.jobs[-1].arrival if self.jobs else 0.0) + cfg.drain_s
         arrived = 0
+        next_report = started + cfg.progress_s
         while self.heap and self.steps < cfg.max_steps:
             t, _, kind, payload = heapq.heappop(self.heap)
             if t > end_at:
@@ -831,7 +992,10 @@ class Sim:
             self._pump()
             self._check_touched()
             if self.steps % cfg.full_check_every == 0:
-                self.check_all()
+                self.check_all(everything=False)
+                if cfg.progress_s > 0 and time.perf_counter() >= next_report:
+                    next_report = time.perf_counter() + cfg.progress_s
+                    self._progress(started, arrived)
             if arrived == len(self.jobs) and self._all_done():
                 break
         self.check_all()
@@ -854,6 +1018,20 @@ class Sim:
             first_admit=self.first_admit,
         )
 
+    def _progress(self, started: float, arrived: int) -> None:
+        """One line on stderr: virtual time, jobs done, queue, and how fast time passes."""
+        wall = time.perf_counter() - started
+        virtual_h = (self.now - self.base) / 3600.0
+        print(
+            f"[{self.policy.name} seed {self.cfg.seed}] virtual {virtual_h:7.1f} h | "
+            f"arrived {arrived:,}/{len(self.jobs):,} done {self._done_count:,} | "
+            f"queued {self.machine.pending_count():,} live {self.machine.live_count():,} | "
+            f"wall {wall:6.0f} s, {virtual_h / 24 / max(wall, 1e-9):.2f} virtual days/s, "
+            f"{self.steps / max(wall, 1e-9):,.0f} steps/s",
+            file=sys.stderr,
+            flush=True,
+        )
+
     def _all_done(self) -> bool:
         return self._done_count == len(self.jobs)
 
@@ -864,7 +1042,9 @@ class Sim:
             job: SimJob = payload
             reply, effects = m.submit(job_spec(job, self.policy), now)
             if not reply.accepted:
-                self.violation(now, "rejected", f"{job.job_id}: {reply.error}")
+                # Not an invariant: a gang this fleet can never hold (e.g. 16 nodes of
+                # on-demand for an on-demand job) is refused at submit, as it should be.
+                self.batch_errors.append(f"rejected {job.job_id}: {reply.error}")
                 self.state[job.job_id] = "failed"
                 self._done_count += 1
             self._execute(effects)
@@ -891,6 +1071,10 @@ class Sim:
                     )
         elif kind == POISSON:
             self._poisson(payload)
+        elif kind == NODE_GONE_SEEN:
+            gone_from, name = payload
+            gone_from.unreported.discard(name)
+            gone_from.outbox.append(NodeGone(node=name, reason="spot-reclaimed"))
         elif kind == SLOT_RETURN:
             pool, slot = payload
             if slot.node is None:
@@ -924,10 +1108,11 @@ class Sim:
             w.running_at = now
             w.log.running_at = now
             cluster.outbox.append(cluster._status(w, now))
-            remaining = job.duration - w.log.start_step
-            self.push(now + remaining, W_DONE, w)
-            if w.writes_ckpts and job.ckpt_every is not None and job.ckpt_every < remaining:
-                self.push(now + job.ckpt_every, W_CKPT, w)
+            done = w.done_at()
+            self.push(done, W_DONE, w)
+            period = w.period
+            if period is not None and now + period[0] < done:
+                self.push(now + period[0] + period[1], W_CKPT, w)
         elif kind == W_DONE:
             w.log.end_step = job.duration
             cluster.end(w, now, "succeeded")
@@ -945,11 +1130,15 @@ class Sim:
             step = w.step_at(now)
             if kind == W_CKPT_NOW:
                 w.ckpt_pending = False
-            elif job.ckpt_every is not None and now + job.ckpt_every < _done_at(w):
-                self.push(now + job.ckpt_every, W_CKPT, w)
+                step = w.ckpt_step
+            else:
+                period = w.period
+                if period is not None and now + period[0] < w.done_at():
+                    self.push(now + period[0] + period[1], W_CKPT, w)
             if step >= job.duration or (w.log.ckpt_steps and w.log.ckpt_steps[-1] >= step):
                 return
             w.log.ckpt_steps.append(step)
+            w.log.ckpt_times.append(now)
             cluster.outbox.append(
                 CheckpointReport(
                     job_id=job.job_id,
@@ -1009,6 +1198,9 @@ class Sim:
             self.first_admit[jid] = event.at
         if event.state in TERMINAL and before not in TERMINAL:
             self._done_count += 1
+            self._open.discard(jid)
+        elif event.state not in TERMINAL:
+            self._open.add(jid)
 
     # -- invariants --------------------------------------------------------------------
     def _claims_of(self, record: JobRecord) -> dict[str, int]:
@@ -1075,6 +1267,8 @@ class Sim:
             home = self.node_home.get(n)
             node = self.clusters[home[0]].nodes.get(n) if home else None
             if node is None:
+                if home is not None and n in self.clusters[home[0]].unreported:
+                    continue  # the broker cannot know yet: its poll has not come round
                 self.violation(self.now, "claim-on-gone-node", f"{n}: {used} GPUs")
             elif used > node.gpu:
                 self.violation(self.now, "over-commit", f"{n}: {used} > {node.gpu} GPUs")
@@ -1092,12 +1286,19 @@ class Sim:
         self._touched.clear()
         self._check_nodes(nodes)
 
-    def check_all(self) -> None:
-        """Every record and every node, not just those touched by the last step."""
+    def check_all(self, *, everything: bool = True) -> None:
+        """Every record and every node, not just those touched by the last step. The periodic
+        sweep (`everything=False`) reads only open records and those still holding claims: a
+        terminal record was checked when it turned terminal, so it costs O(open jobs), not
+        O(jobs ever submitted); the final sweep reads them all."""
         self.checks += 1
         nodes: set[str] = set()
-        for record in self.machine.jobs.values():
-            self._check_record(record, nodes)
+        jobs = self.machine.jobs
+        ids = jobs.keys() if everything else sorted(self._open | self._claims.keys())
+        for jid in ids:
+            record = jobs.get(jid)
+            if record is not None:
+                self._check_record(record, nodes)
         usage: dict[str, int] = {}
         for claims in self._claims.values():
             for n, g in claims.items():
@@ -1133,11 +1334,6 @@ class Sim:
                 live=self.machine.live_count(),
             )
         )
-
-
-def _done_at(w: SimWorkload) -> float:
-    assert w.running_at is not None
-    return w.running_at + (w.job.duration - w.log.start_step)
 
 
 def _stagger(name: str) -> float:
@@ -1220,7 +1416,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--policy",
         default="both",
-        help="muster | scratch | spot-only | fallback | both (muster+scratch) | all",
+        help="a policy, a comma-separated list, both (muster+scratch), all, or compare "
+        "(the baselines side by side: " + ", ".join(COMPARISON) + ")",
+    )
+    ap.add_argument(
+        "--windows",
+        type=int,
+        default=1,
+        help="also replay this many further Philly windows (each WINDOW_STRIDE rows later)",
     )
     ap.add_argument("--spot", choices=["trace", "poisson", "none"], default="trace")
     ap.add_argument("--poisson-rate", type=float, default=_DEFAULTS.poisson_rate)
@@ -1230,14 +1433,34 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=2, help="processes (one run each)")
     ap.add_argument("--out", default="docs/img", help="folder for PNGs ('' = no plots)")
     ap.add_argument("--json", default=None, help="write the summaries here")
+    ap.add_argument(
+        "--scenario",
+        default=None,
+        help="YAML file with the pools, spot traces, GPU speeds and checkpoint costs "
+        "(see load/scenarios/)",
+    )
+    ap.add_argument(
+        "--traces-dir",
+        default=None,
+        help="folder holding philly.csv and the bamboo-*.csv spot traces",
+    )
+    ap.add_argument(
+        "--progress",
+        type=float,
+        default=15.0,
+        help="print a progress line to stderr every this many wall seconds (0 = never)",
+    )
     return ap.parse_args(argv)
 
 
-def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
+WINDOW_STRIDE = 7919  # Philly rows between the windows of `--windows`
+
+
+def config_from_args(args: argparse.Namespace, seed: int, window: int = 0) -> SimConfig:
     pools = tuple(replace(p, nodes=max(1, round(p.nodes * args.scale))) for p in _DEFAULTS.pools)
-    return SimConfig(
+    cfg = SimConfig(
         jobs=args.jobs,
-        offset=args.offset,
+        offset=(args.offset + window * WINDOW_STRIDE) % 82_247,
         compress=args.compress,
         max_duration_s=args.max_duration_h * 3600.0,
         drain_s=args.drain_h * 3600.0,
@@ -1247,7 +1470,18 @@ def config_from_args(args: argparse.Namespace, seed: int) -> SimConfig:
         pools=pools,
         spot=args.spot,
         poisson_rate=args.poisson_rate,
+        progress_s=args.progress,
     )
+    if args.traces_dir:
+        folder = Path(args.traces_dir)
+        cfg = replace(cfg, philly=folder / "philly.csv", traces=folder)
+    if args.scenario:
+        from load.scenario import apply_scenario, load_scenario
+
+        cfg = apply_scenario(cfg, load_scenario(args.scenario))
+        scaled = (replace(p, nodes=max(1, round(p.nodes * args.scale))) for p in cfg.pools)
+        cfg = replace(cfg, pools=tuple(scaled))
+    return cfg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1258,6 +1492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = ["muster", "scratch"]
     elif args.policy == "all":
         names = list(POLICIES)
+    elif args.policy == "compare":
+        names = list(COMPARISON)
     else:
         names = [n.strip() for n in args.policy.split(",")]
     unknown = [n for n in names if n not in POLICIES]
@@ -1265,13 +1501,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unknown policy {unknown}; choose from {sorted(POLICIES)}", file=sys.stderr)
         return 2
     seeds = list(range(args.seed, args.seed + max(1, args.seeds)))
-    tasks = [(config_from_args(args, s), n) for s in seeds for n in names]
+    if args.scenario:
+        try:
+            config_from_args(args, args.seed)
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+    windows = range(max(1, args.windows))
+    tasks = [(config_from_args(args, s, w), n) for s in seeds for w in windows for n in names]
     cfg0 = tasks[0][0]
     try:  # one clear line, not a traceback from a worker, when a trace is not there
         traces.require_trace(cfg0.philly.name, cfg0.philly.parent)
-        for pool in cfg0.pools if args.spot == "trace" else ():
-            if pool.trace:
-                traces.require_trace(f"bamboo-{pool.trace}.csv", cfg0.traces)
     except traces.MissingTraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -1279,19 +1519,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers > 1 and len(tasks) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
-        load_philly(_DEFAULTS.philly)  # parse once before forking
+        load_philly(tasks[0][0].philly)  # parse once before forking
         with ProcessPoolExecutor(max_workers=min(args.workers, len(tasks))) as pool:
             outputs = list(pool.map(_run_summary, tasks))
     else:
         outputs = [_run_summary(t) for t in tasks]
     runs = [
-        {"policy": n, "seed": cfg.seed, **out} for (cfg, n), out in zip(tasks, outputs, strict=True)
+        {"policy": n, "seed": cfg.seed, "offset": cfg.offset, **out}
+        for (cfg, n), out in zip(tasks, outputs, strict=True)
     ]
     print(report.format_table(runs))
+    if {"on-demand-only", "oracle"} & set(names):
+        print()
+        print(report.format_comparison(runs))
     print(f"\n{len(tasks)} run(s) in {time.perf_counter() - started:.1f}s wall")
     if args.out:
         for path in report.plot_all(runs, Path(args.out)):
             print(f"wrote {path}")
+        if {"on-demand-only", "oracle"} & set(names):
+            print(f"wrote {report.plot_comparison(runs, Path(args.out))}")
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": _finite(runs)}, indent=1, default=str))
         print(f"wrote {args.json}")

@@ -78,6 +78,9 @@ class SpotPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
 
     fallback_after_preemptions: Annotated[int, Meta(ge=0, le=1000)] = 2
     fallback_after_wait_s: Annotated[float, Meta(ge=0, le=86_400 * 7)] = 600.0
+    # Spot preemptions in a row without a new checkpoint before a spot-then-on-demand job
+    # falls back and a spot-only job fails (None = retry forever).
+    max_preemptions_without_progress: Annotated[int, Meta(ge=1, le=1000)] | None = 3
 
 
 class Simulation(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

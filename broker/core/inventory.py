@@ -94,6 +94,7 @@ class Pool:
         "flavor_class",
         "free_gpu",
         "gpu_type",
+        "hw_counts",
         "info",
         "key",
         "maxcm",
@@ -113,8 +114,12 @@ class Pool:
         self.top = 0  # upper bound of the highest non-empty bucket
         self.free_gpu = 0  # sum of free GPUs over schedulable nodes
         self.cap_counts: list[int] = [0]  # nodes by allocatable GPUs (empty-pool fit)
-        self.maxcm: tuple[int, int] | None = None  # biggest node cpu and memory (cached)
         self.sumcm: tuple[int, int] | None = None  # all nodes' cpu and memory (cached)
+        # What the pool can hold, not what it holds now: a spot pool at zero nodes is normal
+        # and its nodes come back. High-water marks of nodes per GPU size, and of node
+        # cpu and memory, judge whether a gang could ever fit (`placement.empty_fit`).
+        self.hw_counts: list[int] = [0]
+        self.maxcm: tuple[int, int] = (0, 0)
         self.info = info
         self.flavor_class = flavor_class
         self.capacity_type = info.capacity_type
@@ -159,17 +164,23 @@ class Pool:
         while len(self.cap_counts) <= gpu:
             self.cap_counts.append(0)
         self.cap_counts[gpu] += delta
+        hw = self.hw_counts
+        while len(hw) <= gpu:
+            hw.append(0)
+        if self.cap_counts[gpu] > hw[gpu]:
+            hw[gpu] = self.cap_counts[gpu]
 
     def attach(self, node: Node) -> None:
-        self.maxcm = None
         self.sumcm = None
+        cpu, mem = self.maxcm
+        if node.cpu > cpu or node.mem > mem:
+            self.maxcm = (max(cpu, node.cpu), max(mem, node.mem))
         self.nodes[node.name] = node
         self._count_cap(node.gpu, 1)
         node.bucket = -1
         node.refresh()
 
     def detach(self, node: Node) -> None:
-        self.maxcm = None
         self.sumcm = None
         node.schedulable = False
         self.refile(node)
@@ -195,12 +206,7 @@ class Pool:
         return self.sumcm
 
     def max_cpu_mem(self) -> tuple[int, int]:
-        if self.maxcm is None:
-            cpu = mem = 0
-            for n in self.nodes.values():
-                cpu = max(cpu, n.cpu)
-                mem = max(mem, n.mem)
-            self.maxcm = (cpu, mem)
+        """Cpu and memory of the biggest node the pool has held (a high-water mark)."""
         return self.maxcm
 
 

@@ -13,10 +13,13 @@ Invariants kept here:
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.pending import PendingQueue
+from broker.core.policy import no_progress_reason, no_progress_verdict
 from broker.core.records import (
     AttemptRecord,
     AvoidPool,
@@ -103,7 +106,7 @@ class Machine:
         self.queues = {q.name: q for q in config.queues}
         self.jobs: dict[str, JobRecord] = {}
         self._demands: dict[str, tuple[PodSetDemand, ...]] = {}
-        self._pending: dict[str, dict[str, None]] = {q: {} for q in self.queues}
+        self._pending: dict[str, PendingQueue] = {q: PendingQueue() for q in self.queues}
         self._fresh: set[str] = set()
         self._capacity_dirty = True
         self._backoff: list[tuple[float, str]] = []
@@ -111,6 +114,9 @@ class Machine:
         self._starting: set[str] = set()  # dispatched, not every replica running yet
         self._preempting: set[str] = set()
         self._spot_waiting: set[str] = set()  # queued spot-then-on-demand jobs still on spot
+        self._spot_due: list[tuple[float, str]] = []  # (fallback time, job_id), lazily checked
+        # job_id -> ((attempt, spot_exhausted, avoid count), valid until, request)
+        self._requests: dict[str, tuple[tuple[int, bool, int], float, GangRequest]] = {}
         self._live_by_cluster: dict[str, set[str]] = {}
         self.reasons: dict[str, tuple[Reason, ...]] = {}
         self.agents: dict[str, AgentTrack] = {}
@@ -124,6 +130,8 @@ class Machine:
         # bare heartbeat under a made-up name costs a bounded entry here and nothing else.
         self._unknown_resync: dict[str, float] = {}
         self._truncated = False  # the last cycle left parked jobs beyond the lookahead
+        self._truncated_queues: set[str] = set()
+        self._recycle: set[str] = set()  # queues to look at again (see `schedule`)
 
     # ------------------------------------------------------------------ submission
     def submit(
@@ -205,7 +213,7 @@ class Machine:
     # ------------------------------------------------------------------ scheduling
     @property
     def wants_cycle(self) -> bool:
-        return bool(self._fresh) or self._capacity_dirty
+        return bool(self._fresh) or self._capacity_dirty or bool(self._recycle)
 
     def schedule(self, now: float) -> list[Effect]:
         """One admission cycle over the jobs that could have become admissible."""
@@ -218,8 +226,10 @@ class Machine:
         if result.admitted and self._truncated:
             # Parked jobs beyond the lookahead wait behind the heads just admitted: keep
             # cycling while cycles make progress, or a deep backlog would wait for the next
-            # capacity change.
-            self._capacity_dirty = True
+            # capacity change. Only the queues that admitted get new heads; the others'
+            # heads failed with at least as much capacity as is left now.
+            admitted_queues = {self.jobs[job_id].queue for job_id, _ in result.admitted}
+            self._recycle |= admitted_queues & self._truncated_queues
         effects: list[Effect] = []
         for job_id, placement in result.admitted:
             record = self.jobs[job_id]
@@ -249,6 +259,8 @@ class Machine:
 
     def _candidates(self, now: float) -> list[GangRequest]:
         touched: set[str] = set(self.queues) if self._capacity_dirty else set()
+        touched |= self._recycle
+        self._recycle = set()
         fresh_ok: list[str] = []
         for job_id in self._fresh:
             record = self.jobs.get(job_id)
@@ -256,26 +268,45 @@ class Machine:
                 continue
             if record.not_before > now:
                 continue
-            touched.add(record.queue)
+            qconf = self.queues.get(record.queue)
+            if qconf is None or qconf.strategy == "StrictFIFO":
+                # A strict queue's head may block the new job. In a best-effort queue the
+                # parked heads failed with at least the capacity left now (any increase
+                # marks capacity dirty), so a cycle for new jobs needs only the new jobs.
+                touched.add(record.queue)
             fresh_ok.append(job_id)
         chosen: dict[str, None] = {}
         self._truncated = False
+        self._truncated_queues.clear()
+        jobs = self.jobs
+
+        def ready(job_id: str) -> bool:
+            return jobs[job_id].not_before <= now
+
         for queue in touched:
             pending = self._pending.get(queue)
             if not pending:
                 continue
-            self._truncated |= len(pending) > self.lookahead
-            ready = (self.jobs[j] for j in pending if self.jobs[j].not_before <= now)
-            heads = heapq.nsmallest(self.lookahead, ready, key=_queue_key)
-            for record in heads:
-                chosen[record.job_id] = None
+            if len(pending) > self.lookahead:
+                self._truncated = True
+                self._truncated_queues.add(queue)
+            for job_id in pending.heads(self.lookahead, ready):
+                chosen[job_id] = None
         for job_id in fresh_ok:
             chosen[job_id] = None
-        requests = []
-        for job_id in chosen:
-            record = self.jobs[job_id]
-            requests.append(gang_request(record, now, self._demands[job_id]))
-        return requests
+        return [self._request(self.jobs[job_id], now) for job_id in chosen]
+
+    def _request(self, record: JobRecord, now: float) -> GangRequest:
+        """The job's GangRequest, rebuilt only when what it is made of changed: a parked job
+        is reconsidered in many cycles, and building its request dominated their cost."""
+        stamp = (record.attempt, record.spot_exhausted, len(record.avoid))
+        hit = self._requests.get(record.job_id)
+        if hit is not None and hit[0] == stamp and now < hit[1]:
+            return hit[2]
+        request = gang_request(record, now, self._demands[record.job_id])
+        until = min((a.until for a in record.avoid if a.until > now), default=math.inf)
+        self._requests[record.job_id] = (stamp, until, request)
+        return request
 
     # ------------------------------------------------------------------ agents
     def on_batch(self, cluster: str, batch: EventBatch, now: float) -> BatchOutcome:
@@ -652,14 +683,20 @@ class Machine:
             waiting = self.jobs.get(job_id)
             if waiting is not None and waiting.state == "queued":
                 self._fresh.add(job_id)
-        for job_id in list(self._spot_waiting):
+        while self._spot_due and self._spot_due[0][0] < now:
+            due, job_id = heapq.heappop(self._spot_due)
             record = self.jobs[job_id]
+            if job_id not in self._spot_waiting:
+                continue
             if record.state != "queued" or record.spot_exhausted:
                 self._spot_waiting.discard(job_id)
             elif now - record.queued_at > record.spec.spot.fallback_after_wait_s:
                 record.spot_exhausted = True
                 self._spot_waiting.discard(job_id)
                 self._fresh.add(job_id)
+            else:  # requeued since: wait from the newer queued_at
+                again = record.queued_at + record.spec.spot.fallback_after_wait_s
+                heapq.heappush(self._spot_due, (max(again, due), job_id))
         return effects
 
     # ------------------------------------------------------------------ recovery after restart
@@ -673,7 +710,7 @@ class Machine:
             if record.state in TERMINAL:
                 continue
             if record.queue not in self.queues:
-                self._pending.setdefault(record.queue, {})
+                self._pending.setdefault(record.queue, PendingQueue())
             if record.state == "queued":
                 self._enqueue(record)
                 continue
@@ -950,6 +987,12 @@ class Machine:
             record.spot_preemptions += 1
         if self._spot_fallback_due(record):
             record.spot_exhausted = True
+        verdict = no_progress_verdict(record)
+        if verdict == "fall-back":
+            record.spot_exhausted = True
+        elif verdict == "fail":
+            self._finish(record, "failed", now, no_progress_reason(record), effects)
+            return True
         limit = record.spec.restart.max_preemptions
         if limit is not None and record.preemptions > limit:
             self._finish(
@@ -1027,6 +1070,7 @@ class Machine:
         record.preempting = None
         self._dequeue(record)
         self.reasons.pop(record.job_id, None)
+        self._requests.pop(record.job_id, None)
         record.state = state
         record.reason = reason
         record.finished_at = now
@@ -1080,13 +1124,19 @@ class Machine:
         return float(min(policy.backoff_s * 2 ** max(0, failures - 1), policy.max_backoff_s))
 
     def _enqueue(self, record: JobRecord) -> None:
-        self._pending.setdefault(record.queue, {})[record.job_id] = None
+        self._pending.setdefault(record.queue, PendingQueue()).add(
+            record.job_id, record.spec.priority, record.order
+        )
         self._fresh.add(record.job_id)
         if record.spec.capacity == "spot-then-on-demand" and not record.spot_exhausted:
             self._spot_waiting.add(record.job_id)
+            due = record.queued_at + record.spec.spot.fallback_after_wait_s
+            heapq.heappush(self._spot_due, (due, record.job_id))
 
     def _dequeue(self, record: JobRecord) -> None:
-        self._pending.get(record.queue, {}).pop(record.job_id, None)
+        pending = self._pending.get(record.queue)
+        if pending is not None:
+            pending.discard(record.job_id)
         self._fresh.discard(record.job_id)
         self._spot_waiting.discard(record.job_id)
 
@@ -1274,10 +1324,8 @@ class Machine:
                 reasons.append(
                     PendingReason(code="not-yet-considered", message="waiting for the next cycle")
                 )
-            key = _queue_key(record)
-            position = sum(
-                1 for j in self._pending.get(record.queue, {}) if _queue_key(self.jobs[j]) < key
-            )
+            pending = self._pending.get(record.queue)
+            position = pending.rank(job_id) if pending is not None else 0
             demands = self._demands.get(job_id) or demands_of(record.spec)
             request = gang_request(record, now, demands)
             candidates = [
@@ -1381,10 +1429,6 @@ def derive_job_id(name: str, token: str) -> str:
     """The id of a job submitted without one: its name and a token, at most 63 characters."""
     suffix = f"-{token}"
     return name[: 63 - len(suffix)].rstrip("-") + suffix
-
-
-def _queue_key(record: JobRecord) -> tuple[int, int]:
-    return (-record.spec.priority, record.order)
 
 
 def _nodes(attempt: AttemptRecord) -> set[str]:

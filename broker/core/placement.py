@@ -230,12 +230,13 @@ def estimate(pool: Pool, gang: Gang) -> tuple[int, int] | None:
 
 
 def empty_fit(pool: Pool, gang: Gang) -> bool:
-    """Could the pool host the gang's GPU podsets if it were empty?"""
-    if not pool.nodes:
+    """Could the pool host the gang's GPU podsets when it is empty and holds as many nodes
+    as it ever has? (Judged by high-water marks: a spot pool at zero nodes comes back.)"""
+    if not any(pool.hw_counts):
         return False
     if not gang.gpu_sets:
         return True
-    if estimate_counts(list(pool.cap_counts), gang) is None:
+    if estimate_counts(list(pool.hw_counts), gang) is None:
         return False
     cpu, mem = pool.max_cpu_mem()
     return all(

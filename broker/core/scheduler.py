@@ -106,6 +106,13 @@ class Scheduler:
         self._cap_fail: dict[Shape, tuple[Reason, ...]] = {}
         self._queue_fail: dict[tuple[str, Shape], tuple[Reason, ...]] = {}
         self._plan_fail: set[tuple[str, Shape, int]] = set()
+        # (queue, priority) -> worth_planning, valid until the ledger or the book changes
+        self._worth: dict[tuple[str, int], bool] = {}
+        # (queue, priority, shape) -> the reasons its first request failed with this cycle:
+        # later requests of that shape fail alike until an admission or a plan changes the
+        # book. Per head this saves the whole decision path (see `_cycle`).
+        self._same_fail: dict[tuple[str, int, Shape], tuple[Reason, ...]] = {}
+        self._shape_memo: dict[str, tuple[GangRequest, Shape]] = {}  # job_id -> (request, shape)
         self._plans = 0
         self._in_cycle = False
         self._fresh: list[Alloc] = []  # admitted by the running cycle
@@ -221,6 +228,10 @@ class Scheduler:
         self._cap_fail.clear()
         self._queue_fail.clear()
         self._plan_fail.clear()
+        self._worth.clear()
+        self._same_fail.clear()
+        if len(self._shape_memo) > _GANG_CACHE_MAX:
+            self._shape_memo.clear()
         self._plans = 0
         self._expire_plans(now)
         self._in_cycle = True
@@ -286,7 +297,11 @@ class Scheduler:
             req = lst[i]
             pos[name] = i + 1
             qs = book.queues[name]
-            out = self._decide(req, qs, now, res)
+            out: Placement | tuple[Reason, ...] | None = self._same_shape_failure(req, name)
+            if out is None:
+                out = self._decide(req, qs, now, res)
+                if not isinstance(out, Placement) and req.job_id not in self._waiting:
+                    self._same_fail[(name, req.priority, self._shape_of(req))] = out
             if isinstance(out, Placement):
                 admitted.append((req.job_id, out))
                 heapq.heapreplace(heap, (book.share(qs, fleet), idx, name))
@@ -303,6 +318,27 @@ class Scheduler:
                     out_pending[r.job_id] = blocked
                 pos[name] = len(lst)
                 heapq.heappop(heap)
+
+    def _shape_of(self, req: GangRequest) -> Shape:
+        hit = self._shape_memo.get(req.job_id)
+        if hit is not None and hit[0] is req:
+            return hit[1]
+        shape = self._shape(req, self._gang(req.podsets))
+        self._shape_memo[req.job_id] = (req, shape)
+        return shape
+
+    def _same_shape_failure(self, req: GangRequest, queue: str) -> tuple[Reason, ...] | None:
+        """The reasons an earlier request of the same queue, priority and shape failed with
+        in this cycle, when `_decide` would say the same for this one: capacity and quota
+        only shrank since, and this job holds no allocation and waits for no plan."""
+        if not self._same_fail:
+            return None
+        hit = self._same_fail.get((queue, req.priority, self._shape_of(req)))
+        if hit is None or req.job_id in self._waiting:
+            return None
+        if (req.job_id, req.attempt) in self._ledger.allocs:
+            return None
+        return hit
 
     def _decide(
         self, req: GangRequest, qs: QueueState, now: float, res: CycleResult
@@ -322,7 +358,11 @@ class Scheduler:
         pkey = (qs.name, self._shape(req, gang), req.priority)
         if pkey in self._plan_fail:
             return out
-        if not worth_planning(self._book, self._ledger, req, qs):
+        wkey = (qs.name, req.priority)
+        worth = self._worth.get(wkey)
+        if worth is None:
+            worth = self._worth[wkey] = worth_planning(self._book, self._ledger, req, qs)
+        if not worth:
             return out
         self._plans += 1
         cands = self._candidates(req, gang, now)
@@ -340,6 +380,8 @@ class Scheduler:
         if plan is None:
             self._plan_fail.add(pkey)
             return out
+        self._worth.clear()
+        self._same_fail.clear()
         keys: set[AllocKey] = set()
         for a in plan.victims:
             self._ledger.set_state(a, a.charged, req.job_id)
@@ -542,6 +584,8 @@ class Scheduler:
         )
         if self._in_cycle:
             self._fresh.append(alloc)
+        self._worth.clear()
+        self._same_fail.clear()
         self._ledger.add(alloc)
         self._book.charge(qs, pool.flavor_class, gang.total, 1)
         self._waiting.pop(req.job_id, None)

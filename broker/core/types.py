@@ -7,16 +7,17 @@ logging. Time always arrives as an argument (`now`, unix seconds).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from schemas.job import CapacityPreference
 
 PoolKey = tuple[str, str]  # (cluster, flavor): one pool of identical capacity
 
 
-@dataclass(frozen=True, slots=True)
-class PodSetDemand:
-    """Per-replica needs of one podset, in integers (cpu millicores, memory bytes)."""
+class PodSetDemand(NamedTuple):
+    """Per-replica needs of one podset, in integers (cpu millicores, memory bytes). A named
+    tuple, not a dataclass: gang shapes key the scheduler's per-cycle caches and are hashed
+    for every queue head a cycle examines; a tuple hashes in C."""
 
     podset: str
     replicas: int

@@ -1,0 +1,87 @@
+"""Scenario files: the simulated fleet, its spot traces and the cost model, in YAML.
+
+    python -m load.sim --scenario load/scenarios/multicloud.yaml
+
+A scenario replaces the built-in pools (`load.sim.DEFAULT_POOLS`) and may set the GPU speeds
+and checkpoint costs. Trace names are Bamboo short names (`p3` = bamboo-p3.csv in the traces
+folder) or paths to any `time_ms,add|remove,node` file (relative paths: from the traces folder).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from load.sim import PoolSpec, SimConfig
+
+Positive = Annotated[float, Meta(gt=0)]
+
+
+class ZoneSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """A further zone of a pool: its own trace and slot count."""
+
+    trace: str
+    nodes: Annotated[int, Meta(ge=1, le=100_000)]
+    phase_h: Annotated[float, Meta(ge=0)] = 0.0
+
+
+class PoolEntry(msgspec.Struct, forbid_unknown_fields=True):
+    cluster: str
+    flavor: str
+    capacity: Literal["spot", "on-demand"]
+    gpu: str
+    price: Annotated[float, Meta(ge=0)]
+    nodes: Annotated[int, Meta(ge=1, le=100_000)]
+    trace: str | None = None
+    phase_h: Annotated[float, Meta(ge=0)] = 0.0
+    provider: Literal["aws", "gcp", "azure"] = "aws"
+    zones: list[ZoneSpec] = []
+
+
+class Scenario(msgspec.Struct, forbid_unknown_fields=True):
+    pools: Annotated[list[PoolEntry], Meta(min_length=1)]
+    gpu_speed: dict[str, Positive] = {}
+    ckpt_cost_s: Annotated[
+        list[Annotated[float, Meta(ge=0)]], Meta(min_length=2, max_length=2)
+    ] = []
+    restore_factor: Annotated[float, Meta(ge=0)] | None = None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Parse and validate; a bad file raises ValueError naming the file and the problem."""
+    p = Path(path)
+    try:
+        return msgspec.yaml.decode(p.read_bytes(), type=Scenario)
+    except (OSError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ValueError(f"scenario {p}: {exc}") from None
+
+
+def apply_scenario(cfg: SimConfig, scenario: Scenario) -> SimConfig:
+    pools = tuple(
+        PoolSpec(
+            cluster=e.cluster,
+            flavor=e.flavor,
+            capacity_type=e.capacity,
+            gpu_type=e.gpu,
+            price=e.price,
+            nodes=e.nodes,
+            trace=e.trace,
+            trace_phase_s=e.phase_h * 3600.0,
+            provider=e.provider,
+            zones=tuple((z.trace, z.phase_h * 3600.0, z.nodes) for z in e.zones),
+        )
+        for e in scenario.pools
+    )
+    cfg = replace(cfg, pools=pools)
+    if scenario.gpu_speed:
+        cfg = replace(cfg, gpu_speed=tuple(scenario.gpu_speed.items()))
+    if scenario.ckpt_cost_s:
+        lo, hi = scenario.ckpt_cost_s
+        cfg = replace(cfg, ckpt_cost_s=(min(lo, hi), max(lo, hi)))
+    if scenario.restore_factor is not None:
+        cfg = replace(cfg, restore_factor=scenario.restore_factor)
+    return cfg

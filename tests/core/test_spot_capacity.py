@@ -1,0 +1,212 @@
+"""A spot pool at zero nodes is normal: feasibility judges what a pool can hold, not what it
+holds now, so a spot-only job submitted while its pools are empty waits and runs when nodes
+return."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.core.effects import Send
+from broker.core.machine import Machine
+from schemas.agent import (
+    CheckpointReport,
+    ClusterSnapshot,
+    Dispatch,
+    EventBatch,
+    NodeGone,
+    NodeUpsert,
+    WorkloadStatus,
+)
+from schemas.config import BrokerConfig, QueueConfig
+from schemas.job import CapacityPreference, CheckpointSpec, JobSpec, PodSet, SpotPolicy
+from tests.core.helpers import NOW, flavor, nodes
+
+
+class Agent:
+    """Numbers the batches of one cluster as a real agent does."""
+
+    def __init__(self, machine: Machine, cluster: str) -> None:
+        self.m = machine
+        self.cluster = cluster
+        self.seq = 0
+
+    def send(self, *events: object, now: float = NOW) -> None:
+        self.seq += 1
+        batch = EventBatch(
+            cluster=self.cluster,
+            instance="a-1",
+            seq=self.seq,
+            events=list(events),  # type: ignore[arg-type]
+        )
+        out = self.m.on_batch(self.cluster, batch, now)
+        assert out.error is None, out.error
+
+
+def spot_job(
+    name: str,
+    gpu: int = 8,
+    replicas: int = 1,
+    capacity: CapacityPreference = "spot",
+    **extra: Any,
+) -> JobSpec:
+    return JobSpec(
+        name=name,
+        job_id=name,
+        queue="default",
+        capacity=capacity,
+        gang=[PodSet(name="worker", replicas=replicas, gpu=gpu)],
+        **extra,
+    )
+
+
+def setup() -> tuple[Machine, Agent]:
+    m = Machine(BrokerConfig(queues=[QueueConfig(name="default")]))
+    agent = Agent(m, "east")
+    agent.send(
+        ClusterSnapshot(
+            flavors=[flavor("v100-spot", "spot", "v100", 0.9), flavor("v100-od", price=3.0)],
+            nodes=nodes("spot", "v100-spot", 2) + nodes("od", "v100-od", 1),
+        )
+    )
+    # The provider takes every spot node away.
+    agent.send(NodeGone(node="spot-0"), NodeGone(node="spot-1"), now=NOW + 1)
+    return m, agent
+
+
+def dispatches(effects: list[object]) -> list[Dispatch]:
+    return [e.command for e in effects if isinstance(e, Send) and isinstance(e.command, Dispatch)]
+
+
+def test_spot_only_job_waits_for_an_empty_spot_pool_and_runs_when_nodes_return() -> None:
+    m, agent = setup()
+    reply, _ = m.submit(spot_job("wait-for-spot", replicas=2), NOW + 2)
+    assert reply.accepted, reply.error
+    assert dispatches(m.schedule(NOW + 3)) == []  # the on-demand node is not for it
+    record = m.jobs["wait-for-spot"]
+    assert record.state == "queued"
+    codes = [r.code for r in m.reasons["wait-for-spot"]]
+    assert codes == ["insufficient-capacity"], m.reasons["wait-for-spot"]
+
+    # One spot node back is not enough for a 2-node gang; two are.
+    agent.send(NodeUpsert(node=nodes("spot-back", "v100-spot", 1)[0]), now=NOW + 60)
+    assert dispatches(m.schedule(NOW + 61)) == []
+    agent.send(NodeUpsert(node=nodes("spot-again", "v100-spot", 1)[0]), now=NOW + 120)
+    sent = dispatches(m.schedule(NOW + 121))
+    assert [(d.job_id, d.flavor) for d in sent] == [("wait-for-spot", "v100-spot")]
+    assert sorted(n for a in sent[0].assignment for n in a.nodes) == ["spot-again-0", "spot-back-0"]
+
+
+def test_a_gang_bigger_than_the_pool_ever_was_is_still_rejected() -> None:
+    m, _ = setup()
+    reply, effects = m.submit(spot_job("too-big", replicas=3), NOW + 2)
+    assert not reply.accepted
+    assert "never be placed" in (reply.error or "")
+    assert effects == [] and "too-big" not in m.jobs
+    reply, _ = m.submit(spot_job("too-wide", gpu=16), NOW + 2)
+    assert not reply.accepted
+
+
+def test_a_spot_pool_that_never_had_nodes_cannot_vouch_for_a_job() -> None:
+    m = Machine(BrokerConfig(queues=[QueueConfig(name="default")]))
+    agent = Agent(m, "east")
+    agent.send(
+        ClusterSnapshot(
+            flavors=[flavor("v100-spot", "spot", "v100", 0.9), flavor("v100-od", price=3.0)],
+            nodes=nodes("od", "v100-od", 1),
+        )
+    )
+    reply, _ = m.submit(spot_job("no-history"), NOW + 1)
+    assert not reply.accepted
+    assert "never be placed" in (reply.error or "")
+
+
+def lose_spot_node_under(m: Machine, agent: Agent, job_id: str, now: float) -> None:
+    """Dispatch the job, let it run, then take its spot node away without warning."""
+    sent = dispatches(m.schedule(now))
+    assert [(d.job_id, d.flavor) for d in sent] == [(job_id, "v100-spot")], sent
+    d = sent[0]
+    node = d.assignment[0].nodes[0]
+    agent.send(
+        WorkloadStatus(
+            job_id=job_id,
+            attempt=d.attempt,
+            phase="running",
+            running_replicas=1,
+            total_replicas=1,
+            nodes=[node],
+        ),
+        now=now + 1,
+    )
+    agent.send(NodeGone(node=node), now=now + 2)
+    agent.send(NodeUpsert(node=nodes(f"{node}-new", "v100-spot", 1)[0]), now=now + 3)
+
+
+def test_a_spot_job_without_progress_stops_retrying_by_its_policy() -> None:
+    m, agent = setup()
+    agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
+    spec = spot_job("no-ckpt")
+    reply, _ = m.submit(spec, NOW + 3)
+    assert reply.accepted
+    now = NOW + 10
+    for _ in range(spec.spot.max_preemptions_without_progress or 0):
+        assert m.jobs["no-ckpt"].state == "queued"
+        lose_spot_node_under(m, agent, "no-ckpt", now)
+        now += 1000  # past the lost pool's avoidance
+    record = m.jobs["no-ckpt"]
+    assert record.state == "failed"
+    assert "no progress on spot" in (record.reason or "")
+    assert "max_preemptions_without_progress=3" in (record.reason or "")
+    assert dispatches(m.schedule(now)) == []
+
+
+def test_a_spot_then_on_demand_job_without_progress_falls_back() -> None:
+    m, agent = setup()
+    agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
+    spec = spot_job(
+        "fallback",
+        capacity="spot-then-on-demand",
+        spot=SpotPolicy(fallback_after_preemptions=100, max_preemptions_without_progress=2),
+    )
+    assert m.submit(spec, NOW + 3)[0].accepted
+    now = NOW + 10
+    for _ in range(2):
+        lose_spot_node_under(m, agent, "fallback", now)
+        now += 1000
+    record = m.jobs["fallback"]
+    assert record.state == "queued" and record.spot_exhausted
+    sent = dispatches(m.schedule(now))
+    assert [(d.job_id, d.flavor) for d in sent] == [("fallback", "v100-od")]
+
+
+def test_a_checkpoint_between_losses_resets_the_count() -> None:
+    m, agent = setup()
+    agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
+    spec = spot_job(
+        "ckpt",
+        checkpoint=CheckpointSpec(uri="s3://b/ckpt"),
+        spot=SpotPolicy(max_preemptions_without_progress=2),
+    )
+    assert m.submit(spec, NOW + 3)[0].accepted
+    now = NOW + 10
+    for step in (100, 200, 300, 400):
+        sent = dispatches(m.schedule(now))
+        assert len(sent) == 1, m.reasons.get("ckpt")
+        d = sent[0]
+        node = d.assignment[0].nodes[0]
+        agent.send(
+            WorkloadStatus(
+                job_id="ckpt",
+                attempt=d.attempt,
+                phase="running",
+                running_replicas=1,
+                total_replicas=1,
+                nodes=[node],
+            ),
+            CheckpointReport(job_id="ckpt", attempt=d.attempt, step=step, uri=f"s3://b/{step}"),
+            now=now + 1,
+        )
+        agent.send(NodeGone(node=node), now=now + 2)
+        agent.send(NodeUpsert(node=nodes(f"{node}-new", "v100-spot", 1)[0]), now=now + 3)
+        now += 1000
+    assert m.jobs["ckpt"].state == "queued"
+    assert m.jobs["ckpt"].preemptions == 4
