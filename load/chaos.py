@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -35,7 +36,6 @@ from typing import Any
 
 import msgspec
 import nats
-from nats.aio.client import Client
 
 from broker.embedded import EmbeddedNats, nats_server_binary
 from load.common import BrokerProcess
@@ -499,7 +499,7 @@ class Soak:
         overlaps = []
         for job_id, ss in spans.items():
             ss.sort()
-            for (a0, a1, an), (b0, _, bn) in zip(ss, ss[1:], strict=False):
+            for (_, a1, an), (b0, _, bn) in itertools.pairwise(ss):
                 if b0 < a1 - 0.05:
                     overlaps.append(f"{job_id}: {an} and {bn} for {a1 - b0:.1f}s")
         not_terminal = [j for j in ids if states.get(j) not in ("succeeded", "failed", "cancelled")]
