@@ -45,4 +45,12 @@ class Backend(Protocol):
         """Ask the workload to write a checkpoint before `deadline` (unix seconds)."""
         ...
 
+    async def fence(self, job_id: str, attempt: int, until: float) -> None:
+        """The attempt's workload must be stopped by `until` (unix seconds) unless fenced
+        again, by the cluster itself, without the agent: a frozen or dead agent must not keep
+        it alive (kube: a pod deadline such as activeDeadlineSeconds, or an in-cluster
+        watchdog). Extending a fence that has lapsed must not revive anything. Optional: the
+        runtime skips backends without it, and then only self-fencing protects the cluster."""
+        ...
+
     async def stop(self) -> None: ...

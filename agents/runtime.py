@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from agents.backend import Backend, BackendError
 from schemas.agent import (
     AgentEvent,
+    Applied,
     Cancel,
     CheckpointNow,
     CheckpointReport,
@@ -47,6 +48,20 @@ MAX_ERROR_CHARS = 1000  # CommandAck.error is capped at 1024 by the schema
 MAX_TRACKED_JOBS = 500_000  # memory bound on per-job idempotency records
 STOP_TIMEOUT_S = 5.0
 RETRY_S = 0.2  # pause after a failed publish/snapshot so a dead connection cannot spin us
+# Outcomes (endings, checkpoints) kept until the broker says they are persisted. Past the cap
+# the oldest are dropped, loudly: a broker away that long has bigger problems.
+MAX_OUTBOX = 100_000
+OUTBOX_RESEND_S = 5.0  # unacknowledged this long: resend them all in a snapshot
+SENT_TIMES_KEPT = 4096  # send times of recent batches, for fencing
+
+
+def _outbox_key(ev: AgentEvent) -> tuple[str, int, bool] | None:
+    """Outcomes kept until acknowledged: one ending and the newest checkpoint per attempt."""
+    if isinstance(ev, CheckpointReport):
+        return (ev.job_id, ev.attempt, True)
+    if isinstance(ev, WorkloadStatus) and ev.phase in TERMINAL_PHASES:
+        return (ev.job_id, ev.attempt, False)
+    return None
 
 
 def _essential(ev: AgentEvent) -> bool:
@@ -106,6 +121,10 @@ class AgentRuntime:
         }
         self.log = structlog.get_logger("muster.agent").bind(cluster=self.cluster)
         self._jobs: dict[str, _JobTrack] = {}
+        # seq -> unix time the batch left: an Applied(seq) proves the broker heard from us then.
+        self._sent_at: dict[int, float] = {}
+        # key -> (event, seq of the batch that last carried it, 0 = not sent yet, sent at)
+        self._outbox: dict[tuple[str, int, bool], tuple[AgentEvent, int, float]] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._queue: list[AgentEvent] = []
         self._first_at = 0.0
@@ -199,6 +218,9 @@ class AgentRuntime:
             track = self._jobs.get(ev.job_id)
             if track is not None:
                 track.live.discard(ev.attempt)
+        key = _outbox_key(ev)
+        if key is not None:
+            self._keep(key, ev)
         if self._snapshot_pending and not _essential(ev):
             return
         queue = self._queue
@@ -211,6 +233,53 @@ class AgentRuntime:
             self._wake.set()
             if n >= 100 * self.batch_max:  # far behind (or partitioned): compact
                 self._compact_queue()
+
+    def _keep(self, key: tuple[str, int, bool], ev: AgentEvent) -> None:
+        outbox = self._outbox
+        old = outbox.pop(key, None)
+        if (
+            old is not None
+            and isinstance(ev, CheckpointReport)
+            and isinstance(old[0], CheckpointReport)
+            and old[0].step > ev.step
+        ):
+            ev = old[0]
+        outbox[key] = (ev, 0, 0.0)
+        if len(outbox) > MAX_OUTBOX:
+            dropped = next(iter(outbox))
+            del outbox[dropped]
+            self.stats["outbox_dropped"] = self.stats.get("outbox_dropped", 0) + 1
+            self.log.error("outbox full; oldest unacknowledged outcome dropped", key=dropped)
+
+    async def _on_applied(self, cmd: Applied) -> None:
+        """The broker persisted every batch of this instance up to `cmd.seq`: forget those
+        outcomes, and extend the fences of live attempts from the moment that batch left.
+        The broker heard from this cluster no earlier, and declares it lost only
+        `lost_after_s` after it last heard, so a fence of `fence_after_s` (shorter) from then
+        has lapsed, by the cluster's own hand, before any second copy can start."""
+        if cmd.instance != self.instance:
+            return
+        done = [k for k, (_, seq, _) in self._outbox.items() if 0 < seq <= cmd.seq]
+        for key in done:
+            del self._outbox[key]
+        sent = self._sent_at.get(cmd.seq)
+        if sent is not None:
+            await self._extend_fences(sent)
+
+    async def _extend_fences(self, since: float, job_id: str | None = None) -> None:
+        fence = getattr(self.backend, "fence", None)
+        if fence is None:
+            return
+        tracks = [(job_id, self._jobs[job_id])] if job_id in self._jobs else []
+        for jid, track in tracks if job_id is not None else list(self._jobs.items()):
+            for attempt in list(track.live):
+                after = track.fence_after.get(attempt, 0.0)
+                if after > 0:
+                    with contextlib.suppress(Exception):
+                        await fence(jid, attempt, since + after)
+
+    def outbox_size(self) -> int:
+        return len(self._outbox)
 
     def _compact_queue(self) -> None:
         """Replace deltas by a snapshot; keep endings and the newest checkpoint per attempt."""
@@ -258,6 +327,7 @@ class AgentRuntime:
                 await self._fence_if_cut_off(now)
                 if self.partitioned or now < self._retry_at:
                     continue
+                self._resend_overdue(now)
                 beat = now >= self._next_heartbeat
                 if beat:
                     self._queue_heartbeat()
@@ -280,6 +350,14 @@ class AgentRuntime:
                 self.log.exception("event loop error")
                 await asyncio.sleep(0.1)
 
+    def _resend_overdue(self, now: float) -> None:
+        """Outcomes sent but unacknowledged for OUTBOX_RESEND_S (the broker was away, or lost
+        the batch) go again, inside a snapshot, which a broker applies whatever its state."""
+        for _, seq, sent_at in self._outbox.values():
+            if seq > 0 and now - sent_at > OUTBOX_RESEND_S:
+                self._snapshot_pending = True
+                return
+
     async def _fence_if_cut_off(self, now: float) -> None:
         """Self-fencing. Cut off from NATS for `fence_after_s` (set per attempt by the broker,
         shorter than the time after which it declares this cluster lost and starts the job
@@ -292,8 +370,8 @@ class AgentRuntime:
             self._cmd_tasks.add(task)
             task.add_done_callback(self._cmd_tasks.discard)
         cut_for = now - self._last_contact
-        if cut_for < 1.0:
-            return
+        if cut_for < 1.0 or getattr(self.backend, "fence", None) is not None:
+            return  # a backend that keeps fences stops the workloads itself, agent or not
         for job_id, track in list(self._jobs.items()):
             for attempt in sorted(track.live):
                 after = track.fence_after.get(attempt, 0.0)
@@ -336,7 +414,9 @@ class AgentRuntime:
                     self._retry_at = time.monotonic() + RETRY_S
                     return
                 self._learn(snap)
-                events = self._around_snapshot(snap, events)
+                queued = {_outbox_key(e) for e in events} - {None}
+                unacked = [ev for key, (ev, _, _) in self._outbox.items() if key not in queued]
+                events = self._around_snapshot(snap, unacked + events)
                 post, self._queue = self._queue, []
                 events.extend(post)
                 self.stats["snapshots"] += 1
@@ -404,10 +484,29 @@ class AgentRuntime:
                 max_payload=limit,
             )
             return
+        sent = time.time()
         await self.nc.publish(self.events_subject, data)
         self.seq = seq
+        self._sent_at[seq] = sent
+        if len(self._sent_at) > SENT_TIMES_KEPT:
+            del self._sent_at[next(iter(self._sent_at))]
         self.stats["batches"] += 1
         self.stats["events"] += len(events)
+        outbox = self._outbox
+        if outbox:
+            now = time.monotonic()
+            for ev in events:
+                key = _outbox_key(ev)
+                kept = outbox.get(key) if key is not None else None
+                if kept is not None and kept[0] is ev:
+                    outbox[key] = (ev, seq, now)  # type: ignore[index]
+            for ev in events:
+                if isinstance(ev, ClusterSnapshot):
+                    for w in ev.workloads:
+                        key = _outbox_key(w)
+                        kept = outbox.get(key) if key is not None else None
+                        if kept is not None and kept[0] is w:
+                            outbox[key] = (w, seq, now)  # type: ignore[index]
 
     def _learn(self, snap: ClusterSnapshot) -> None:
         """After a restart the snapshot tells which attempts already exist here."""
@@ -419,6 +518,17 @@ class AgentRuntime:
 
     # -- commands ------------------------------------------------------------------------
     async def _on_msg(self, msg: Msg) -> None:
+        """The command boundary: whatever a message holds, it is answered and counted; nothing
+        it raises reaches the connection's callback loop."""
+        try:
+            await self._on_command(msg)
+        except Exception as exc:
+            self.stats["refused"] += 1
+            self.log.exception("command refused", error=repr(exc)[:300])
+            err = f"agent could not process the command: {type(exc).__name__}: {exc}"
+            await self._reply(msg, CommandAck(ok=False, error=err[:MAX_ERROR_CHARS]))
+
+    async def _on_command(self, msg: Msg) -> None:
         """Decode and fence in arrival order; per-job work runs concurrently but in order."""
         if self.partitioned or not self._running:
             return  # a partitioned cluster never sees the request
@@ -436,9 +546,14 @@ class AgentRuntime:
         if cmd.epoch < self.max_epoch:
             self.stats["refused"] += 1
             err = f"stale epoch {cmd.epoch}: this agent has seen epoch {self.max_epoch}"
-            await self._reply(msg, CommandAck(ok=False, stale_epoch=True, error=err))
+            ack = CommandAck(ok=False, stale_epoch=True, error=err, epoch=self.max_epoch)
+            await self._reply(msg, ack)
             return
         self.max_epoch = cmd.epoch
+        if isinstance(cmd, Applied):
+            await self._on_applied(cmd)
+            await self._reply(msg, CommandAck(ok=True))
+            return
         if isinstance(cmd, Resync):
             self.log.info("resync requested", reason=cmd.reason, epoch=cmd.epoch)
             self.request_snapshot()
@@ -520,10 +635,12 @@ class AgentRuntime:
             await self.backend.cancel(cmd.job_id, old, f"superseded by attempt {cmd.attempt}")
             track.live.discard(old)
             log.info("cancelled older attempt", old_attempt=old)
+        received = time.time()
         await self.backend.dispatch(cmd)
         track.highest = cmd.attempt
         track.live.add(cmd.attempt)
         track.fence_after[cmd.attempt] = cmd.fence_after_s
+        await self._extend_fences(received, cmd.job_id)
         log.debug("dispatched", flavor=cmd.flavor)
         return CommandAck(ok=True)
 

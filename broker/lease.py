@@ -34,12 +34,22 @@ class LeadershipLost(RuntimeError):
 
 
 class LeaderLease:
-    def __init__(self, js: JetStreamContext, bucket: str, holder: str, ttl: float) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        bucket: str,
+        holder: str,
+        ttl: float,
+        *,
+        max_bytes: int = 64 * 1024,
+    ) -> None:
         self.js = js
         self.bucket = bucket
         self.holder = holder
         self.ttl = ttl
         self.epoch = 0
+        self.max_bytes = max_bytes
+        self.renew_failures = 0  # renewals that failed and were retried (a metric)
         self._revision = 0
         self._kv: KeyValue | None = None
 
@@ -48,8 +58,15 @@ class LeaderLease:
             try:
                 self._kv = await self.js.key_value(self.bucket)
             except Exception:
+                # max_bytes reserves the bucket's space in the JetStream store up front, so
+                # other streams filling the store can never stop a renewal.
                 self._kv = await self.js.create_key_value(
-                    bucket=self.bucket, history=1, ttl=self.ttl, storage=api.StorageType.FILE
+                    bucket=self.bucket,
+                    history=1,
+                    ttl=self.ttl,
+                    storage=api.StorageType.FILE,
+                    max_bytes=self.max_bytes,
+                    max_value_size=4096,
                 )
         return self._kv
 
@@ -121,29 +138,37 @@ class LeaderLease:
         return True
 
     async def hold(self) -> None:
-        """Renew until it fails; raises LeadershipLost. Transient NATS errors are retried
-        until the TTL would have run out."""
+        """Renew until another broker holds the lease; raises LeadershipLost. Any other error
+        (NATS away, a timeout, "insufficient resources") is retried with backoff for as long
+        as the lease can still be ours: until a TTL has passed since the last renewal."""
         interval = self.ttl / 3
         last_ok = time.monotonic()
+        delay = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
             try:
                 await self.renew()
                 last_ok = time.monotonic()
-            except LeadershipLost as exc:
-                if (
-                    "wrong last sequence" in str(exc).lower()
-                    or time.monotonic() - last_ok > self.ttl
-                ):
-                    raise
-                log.warning("lease.renew_retry", error=str(exc))
+                delay = interval
+            except LeadershipLost:
+                raise
+            except Exception as exc:
+                self.renew_failures += 1
+                left = self.ttl - (time.monotonic() - last_ok)
+                if left <= 0:
+                    raise LeadershipLost(
+                        f"could not renew the lease for {self.ttl:g}s: {exc}"
+                    ) from exc
+                log.warning("lease.renew_retry", error=str(exc), left_s=round(left, 2))
+                delay = min(interval, max(0.05, left / 4))
 
-    async def release(self) -> None:
-        kv = await self._open()
-        with contextlib.suppress(Exception):
-            await kv.delete(KEY, last=self._revision)
+    async def confirm_newer(self, epoch: int) -> bool:
+        """True when the lease proves a leader newer than us: another holder, or an epoch
+        above ours. An agent's word alone never makes a leader step down."""
+        held = await self._held()
+        return held is not None and (held.holder != self.holder or held.epoch > epoch)
 
-    async def current(self) -> str | None:
+    async def _held(self) -> LeaseHolder | None:
         kv = await self._open()
         try:
             entry = await kv.get(KEY)
@@ -151,4 +176,13 @@ class LeaderLease:
             return None
         if entry.value is None:
             return None
-        return msgspec.json.decode(entry.value, type=LeaseHolder).holder
+        return msgspec.json.decode(entry.value, type=LeaseHolder)
+
+    async def release(self) -> None:
+        kv = await self._open()
+        with contextlib.suppress(Exception):
+            await kv.delete(KEY, last=self._revision)
+
+    async def current(self) -> str | None:
+        held = await self._held()
+        return None if held is None else held.holder

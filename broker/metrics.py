@@ -44,6 +44,46 @@ class BrokerCollector:
             "Agent batches rejected (malformed, foreign cluster, or failed)",
             value=stats.get("bad_batches", 0),
         )
+        refused = CounterMetricFamily(
+            "muster_refused_messages",
+            "Messages a handler refused (bad input or a failure processing it)",
+            labels=["handler"],
+        )
+        for handler, count in sorted(dict(b.refused).items()):
+            refused.add_metric([handler], count)
+        yield refused
+        for name, key, text in (
+            (
+                "muster_dead_lettered",
+                "dead_lettered",
+                "Submissions moved to the dead-letter subject",
+            ),
+            ("muster_rate_limited", "rate_limited", "Submissions refused by a submitter's rate"),
+            (
+                "muster_storage_full_rejections",
+                "storage_full_rejections",
+                "Submissions refused because the store is full",
+            ),
+            (
+                "muster_stale_epoch_ignored",
+                "stale_epoch_ignored",
+                "Stale-epoch answers the lease did not confirm",
+            ),
+            (
+                "muster_redispatched",
+                "redispatched",
+                "Unacknowledged dispatches re-sent on takeover",
+            ),
+        ):
+            yield CounterMetricFamily(name, text, value=stats.get(key, 0))
+        yield CounterMetricFamily(
+            "muster_lease_renew_failures",
+            "Lease renewals that failed and were retried",
+            value=b.lease.renew_failures,
+        )
+        yield GaugeMetricFamily(
+            "muster_storage_full", "1 while the store refuses writes", value=int(b.storage_full)
+        )
         yield GaugeMetricFamily(
             "muster_leader", "1 while this broker leads", value=1 if b.leading.is_set() else 0
         )

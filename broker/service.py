@@ -12,11 +12,12 @@ import contextlib
 import gc
 import hashlib
 import os
+import secrets
 import signal
 import socket
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,20 @@ from nats.js.errors import NotFoundError
 
 from broker import api as broker_api
 from broker.core.effects import Effect, Persist, Publish, Send
-from broker.core.machine import Machine
+from broker.core.machine import Machine, derive_job_id
 from broker.embedded import EmbeddedNats, free_port
 from broker.lease import LeaderLease, LeadershipLost
 from broker.metrics import Metrics
 from broker.store import JobStore, RecordMirror
-from schemas.agent import Cancel, CheckpointReport, Dispatch
+from schemas.agent import (
+    Applied,
+    Cancel,
+    CheckpointReport,
+    ClusterSnapshot,
+    Dispatch,
+    EventBatch,
+    WorkloadStatus,
+)
 from schemas.api import SubmitReply
 from schemas.codec import (
     DecodeError,
@@ -69,6 +78,65 @@ REPLY_TTL_S = 60.0
 REPLY_MAX = 200_000
 RESTORE_LIMIT_S = 60.0  # the longest a new leader waits for its records
 STANDBY_RETRY_S = 0.5  # pause after a failed attempt to acquire the lease
+# A submission delivered this many times without being acked (the broker died or failed while
+# processing it) is not processed again: it goes to the dead-letter subject.
+MAX_DELIVERIES = 2
+LEASE_CHECK_MIN_INTERVAL_S = 1.0  # stale-epoch claims are checked against the lease this rarely
+MAX_SUBMITTERS = 100_000  # token buckets kept at once
+STORAGE_PROBE_S = 1.0
+APPLIED_EVERY_S = 0.5  # batches without outcomes are acknowledged this often (fence renewal)
+ID_KEY = "muster-id-key"  # submit-stream metadata: the secret behind server-derived job ids
+STORAGE_FULL_MARKERS = ("insufficient", "resources", "maximum bytes", "storage")
+TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
+
+
+def _storage_full(error: str) -> bool:
+    text = error.lower()
+    return any(marker in text for marker in STORAGE_FULL_MARKERS)
+
+
+def _ack_tokens(msg: Msg) -> tuple[int, int, int]:
+    """(times delivered, stream sequence, stored-at ns) from a JetStream message's ack subject,
+    `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>` or the longer form
+    with domain and account hash."""
+    tokens = (msg.reply or "").split(".")
+    if tokens[:2] == ["$JS", "ACK"]:
+        if len(tokens) == 9:
+            return int(tokens[4]), int(tokens[5]), int(tokens[7])
+        if len(tokens) >= 11:
+            return int(tokens[6]), int(tokens[7]), int(tokens[9])
+    meta = msg.metadata
+    return meta.num_delivered, meta.sequence.stream, int(meta.timestamp.timestamp() * 1e9)
+
+
+def _outcomes(batch: EventBatch) -> bool:
+    """Whether the batch carries what an agent keeps until the broker acknowledges it."""
+    for event in batch.events:
+        if isinstance(event, CheckpointReport | ClusterSnapshot):
+            return True
+        if isinstance(event, WorkloadStatus) and event.phase in TERMINAL_PHASES:
+            return True
+    return False
+
+
+class TokenBuckets:
+    """Submission rate per submitter: `rate` per second sustained, `burst` at once."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def take(self, key: str, now: float) -> bool:
+        if self.rate <= 0:
+            return True
+        tokens, at = self._buckets.pop(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        ok = tokens >= 1.0
+        self._buckets[key] = (tokens - 1.0 if ok else tokens, now)
+        while len(self._buckets) > MAX_SUBMITTERS:
+            self._buckets.popitem(last=False)
+        return ok
 
 
 def parse_submission(data: bytes, limit: int, queue: str | None) -> JobSpec:
@@ -92,9 +160,19 @@ class ReplyRendezvous:
     submit subjects in plain NATS and remembers reply subjects by (subject, payload digest).
     Whichever side arrives second sends the reply."""
 
-    def __init__(self, nc: Client, limit: int) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        limit: int,
+        full: Callable[[], str | None],
+        known: Callable[[Msg], bytes | None],
+    ) -> None:
         self.nc = nc
         self.limit = limit
+        self.full = full  # the storage-full error while the store refuses writes, else None
+        # The reply for a retry of a job already accepted (same Nats-Msg-Id): the stream drops
+        # such a duplicate, so it would never be answered otherwise.
+        self.known = known
         self.waiting: OrderedDict[tuple[str, bytes], deque[tuple[float, str]]] = OrderedDict()
         self.done: OrderedDict[tuple[str, bytes], deque[tuple[float, bytes]]] = OrderedDict()
 
@@ -112,6 +190,15 @@ class ReplyRendezvous:
                 "send a smaller message"
             )
             await self.nc.publish(msg.reply, encode_json(SubmitReply(accepted=False, error=error)))
+            return
+        full = self.full()
+        if full:
+            # The stream cannot store it either (same store), so it would never be answered.
+            await self.nc.publish(msg.reply, encode_json(SubmitReply(accepted=False, error=full)))
+            return
+        again = self.known(msg)
+        if again is not None:
+            await self.nc.publish(msg.reply, again)
             return
         key = self.key(msg.subject, msg.data)
         results = self.done.get(key)
@@ -318,7 +405,11 @@ class Broker:
         self.store: JobStore | None = None
         self.mirror: RecordMirror | None = None  # while standing by (see run)
         self.lease = LeaderLease(
-            self.js, self.subjects.leader_bucket, self.holder, config.timeouts.lease_ttl_s
+            self.js,
+            self.subjects.leader_bucket,
+            self.holder,
+            config.timeouts.lease_ttl_s,
+            max_bytes=config.limits.lease_bucket_max_bytes,
         )
         self.leading = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -337,8 +428,29 @@ class Broker:
             "bad_batches": 0,
             "dispatch_acked": 0,
             "dispatch_failed": 0,
+            "dead_lettered": 0,
+            "storage_full_rejections": 0,
+            "rate_limited": 0,
+            "stale_epoch_ignored": 0,
+            "redispatched": 0,
+            "lead_failures": 0,
         }
-        self._rendezvous = ReplyRendezvous(nc, config.max_payload_bytes)
+        # Messages refused by a handler's boundary (bad input or a failure processing it),
+        # by handler: the broker answers or drops them with a reason and carries on.
+        self.refused: Counter[str] = Counter()
+        # The store refused a write for lack of space: a record (until one persists) or the
+        # probe (until one lands). Either refuses new submissions.
+        self._persist_full = False
+        self._probe_full = False
+        self._buckets = TokenBuckets(config.limits.submit_rate_per_s, config.limits.submit_burst)
+        self._id_key = b""
+        self._applied_sent: dict[str, tuple[str, int]] = {}
+        self._applied_busy: set[str] = set()
+        self._applied_at: dict[str, float] = {}
+        self._lease_check_at = -1e18
+        self._rendezvous = ReplyRendezvous(
+            nc, config.max_payload_bytes, self._storage_error, self._known_submission
+        )
         self._requests = Requester(nc)
         self._cancels: dict[str, asyncio.Task[Any]] = {}
         self.metrics = Metrics(self)
@@ -354,7 +466,15 @@ class Broker:
         The standby is hot: a RecordMirror follows the job bucket while the lease is polled,
         so a takeover waits for the last few writes instead of reading every record. Each
         standby round starts a fresh mirror; a broker that leads at once pays a full read."""
-        await self._ensure_streams()
+        while not self.stopped.is_set():
+            try:
+                await self._ensure_streams()
+                break
+            except Exception as exc:  # NATS or JetStream not ready: retry, never exit
+                log.warning("broker.streams_not_ready", error=str(exc))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(STANDBY_RETRY_S):
+                        await self.stopped.wait()
         while not self.stopped.is_set():
             mirror = self.mirror = await self._start_mirror()
             try:
@@ -364,6 +484,12 @@ class Broker:
                     await self._lead(mirror)
                 except LeadershipLost as exc:
                     log.warning("broker.leadership_lost", error=str(exc))
+                except Exception:  # never exit: stand by again and retry
+                    self.stats["lead_failures"] += 1
+                    log.exception("broker.lead_failed")
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(STANDBY_RETRY_S):
+                            await self.stopped.wait()
                 finally:
                     await self._step_down()
             finally:
@@ -407,19 +533,32 @@ class Broker:
 
     async def _ensure_streams(self) -> None:
         stream = self.subjects.submit_stream
+        limits = self.config.limits
         cfg = api.StreamConfig(
             name=stream,
             subjects=[self.subjects.submit_all],
             retention=api.RetentionPolicy.WORK_QUEUE,
             storage=api.StorageType.FILE,
             max_msg_size=self.config.max_payload_bytes,
+            max_bytes=limits.submit_stream_max_bytes or -1,
+            # Full: refuse new submissions, never drop accepted-but-unprocessed ones.
+            discard=api.DiscardPolicy.NEW,
             no_ack=True,  # the broker answers the client itself; see ReplyRendezvous
             description="Muster submissions (kept while the broker is down)",
+            metadata={ID_KEY: secrets.token_hex(16)},
         )
         try:
-            await self.js.stream_info(stream)
+            info = await self.js.stream_info(stream)
         except NotFoundError:
-            await self.js.add_stream(cfg)
+            info = await self.js.add_stream(cfg)
+        key = (info.config.metadata or {}).get(ID_KEY)
+        if not key:
+            # A stream made before ids were derived from it: key it now (kept for good).
+            meta = {**(info.config.metadata or {}), ID_KEY: secrets.token_hex(16)}
+            info.config.metadata = meta
+            info = await self.js.update_stream(info.config)
+            key = (info.config.metadata or {}).get(ID_KEY) or meta[ID_KEY]
+        self._id_key = key.encode()
         try:
             await self.js.consumer_info(stream, CONSUMER)
         except NotFoundError:
@@ -432,7 +571,12 @@ class Broker:
                     max_ack_pending=20_000,
                 ),
             )
-        self.store = await JobStore.open(self.js, self.subjects.jobs_bucket, nc=self.nc)
+        self.store = await JobStore.open(
+            self.js,
+            self.subjects.jobs_bucket,
+            nc=self.nc,
+            max_bytes=limits.jobs_bucket_max_bytes,
+        )
 
     async def _lead(self, mirror: RecordMirror) -> None:
         # Renew the lease from the moment it is won: restoring 100,000 records takes longer
@@ -448,6 +592,7 @@ class Broker:
 
     async def _lead_holding(self, hold: asyncio.Task[None], mirror: RecordMirror) -> None:
         started = time.monotonic()
+        self._persist_full = self._probe_full = False  # this leadership's own probe decides
         machine = Machine(self.config, epoch=self.lease.epoch)
         # Loading builds millions of long-lived objects and no cycles; the cycle collector
         # would walk them again and again (it doubled restore time at 100,000 jobs).
@@ -498,10 +643,16 @@ class Broker:
         # Agents that were already talking to the previous leader resync with us.
         for cluster in list(machine.agents):
             self._spawn(self._send_command(cluster, machine_resync(machine)))
+        resend = machine.resend_unacknowledged(self.clock())
+        self.stats["redispatched"] += len(resend)
+        if resend:
+            log.info("broker.redispatching_unacknowledged", dispatches=len(resend))
+            self._push(resend)
         self._tasks = [
             asyncio.create_task(self._pipeline()),
             asyncio.create_task(self._submissions()),
             asyncio.create_task(self._clock_loop()),
+            asyncio.create_task(self._probe_storage()),
         ]
         self.leading.set()
         stop = asyncio.create_task(self.stopped.wait())
@@ -584,13 +735,23 @@ class Broker:
         while records:
             try:
                 await self.store.put_many(records)
+                if self._persist_full:
+                    log.warning("broker.storage_available", records=len(records))
+                self._persist_full = False
                 return
             except Exception as exc:  # NATS down: durability first, so wait and retry
+                if _storage_full(str(exc)):
+                    if not self._persist_full:
+                        log.error("broker.storage_full", error=str(exc), records=len(records))
+                    self._persist_full = True
                 log.warning("broker.persist_retry", error=str(exc), records=len(records))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    async def _request(self, cluster: str, data: bytes, attempts: int) -> tuple[bool, str, bool]:
+    async def _request(
+        self, cluster: str, data: bytes, attempts: int
+    ) -> tuple[bool, str, int | None]:
+        """(ok, error, the newer epoch an agent claims when it refused ours as stale)."""
         subject = self.subjects.agent_cmd(cluster)
         timeouts = self.config.timeouts
         error = ""
@@ -598,7 +759,7 @@ class Broker:
             try:
                 msg = await self._requests.request(subject, data, timeouts.dispatch_ack_s)
                 ack = decode_command_ack(msg.data)
-                return ack.ok, ack.error, ack.stale_epoch
+                return ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
             except NoRespondersError:
                 error = f"no agent is listening for cluster {cluster!r}"
             except (NatsTimeoutError, TimeoutError):
@@ -608,7 +769,7 @@ class Broker:
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
             await asyncio.sleep(min(0.1 * 2**i, 2.0))
-        return False, error, False
+        return False, error, None
 
     def _track_cancel(self, cluster: str, cmd: Cancel) -> None:
         """Remember the in-flight Cancel of a job's old attempt, so the next attempt's
@@ -636,13 +797,14 @@ class Broker:
         # Bound only when there is something to say: binding costs as much as the request.
         bound = (
             log.bind(job_id=cmd.job_id, cluster=cluster, attempt=cmd.attempt)
-            if stale or not ok
+            if stale is not None or not ok
             else log
         )
-        if stale:
-            bound.error("broker.stale_epoch", error=error)
-            self._spawn(self._lose_leadership(f"agent refused epoch {cmd.epoch}: {error}"))
-            return
+        if stale is not None:
+            bound.warning("broker.stale_epoch", error=error, claimed=stale)
+            await self._on_stale_epoch(cluster, stale, error)
+            if not self.leading.is_set():
+                return
         if not ok:
             self.stats["dispatch_failed"] += 1
             bound.warning("broker.dispatch_failed", error=error)
@@ -662,10 +824,27 @@ class Broker:
                 job_id=getattr(cmd, "job_id", None),
                 error=error,
             )
-        if stale:
-            self._spawn(self._lose_leadership(f"agent refused epoch: {error}"))
+        if stale is not None:
+            await self._on_stale_epoch(cluster, stale, error)
+
+    async def _on_stale_epoch(self, cluster: str, claimed: int, error: str) -> None:
+        """An agent refused our epoch. Believed only when it claims a higher epoch than ours
+        and the lease confirms a newer leader; checked at most once per
+        LEASE_CHECK_MIN_INTERVAL_S, so a storm of such answers costs nothing."""
+        epoch = self.lease.epoch
+        now = time.monotonic()
+        if claimed <= epoch or now - self._lease_check_at < LEASE_CHECK_MIN_INTERVAL_S:
+            self.stats["stale_epoch_ignored"] += 1
+            return
+        self._lease_check_at = now
+        if not await self.lease.confirm_newer(epoch):
+            self.stats["stale_epoch_ignored"] += 1
+            log.warning("broker.stale_epoch_unconfirmed", cluster=cluster, claimed=claimed)
+            return
+        await self._lose_leadership(f"agent of {cluster!r} saw epoch {claimed}: {error}")
 
     async def _lose_leadership(self, why: str) -> None:
+        self.leading.clear()
         for task in self._tasks:
             task.cancel()
         log.error("broker.fenced", why=why)
@@ -705,46 +884,158 @@ class Broker:
             if not msgs:
                 inflight.release()
                 continue
-            replies: list[tuple[Msg, bytes]] = []
+            replies: list[tuple[Msg, bytes, bool]] = []
             machine = self.machine
             assert machine is not None
             effects: list[Effect] = []
             for msg in msgs:
-                reply, more = self._submit_one(machine, msg, limit)
+                reply, more, term = await self._submit_guarded(machine, msg, limit)
                 effects.extend(more)
-                replies.append((msg, encode_json(reply)))
+                replies.append((msg, encode_json(reply), term))
             # One entry for the whole batch: the pipeline keeps effects in order either way.
-            persisted = self._push(effects, wait=True)
+            # A batch that changed nothing (all refused, e.g. storage full) is answered at
+            # once: it must not wait behind records the store cannot take.
+            persisted = self._push(effects, wait=True) if effects else None
             self._wake.set()
             self._spawn(self._ack_submissions(persisted, replies, inflight))
 
     async def _ack_submissions(
         self,
         persisted: asyncio.Future[None] | None,
-        replies: list[tuple[Msg, bytes]],
+        replies: list[tuple[Msg, bytes, bool]],
         inflight: asyncio.Semaphore,
     ) -> None:
         try:
             if persisted is not None:
                 await persisted
-            for msg, payload in replies:
-                await msg.ack()
+            for msg, payload, term in replies:
+                with contextlib.suppress(Exception):  # unacked: redelivered, then dead-lettered
+                    await (msg.term() if term else msg.ack())
                 # The original subject is the stream message's subject.
                 await self._rendezvous.on_result(msg.subject, msg.data, payload)
         finally:
             inflight.release()
 
-    def _submit_one(
+    async def _submit_guarded(
         self, machine: Machine, msg: Msg, limit: int
-    ) -> tuple[SubmitReply, list[Effect]]:
+    ) -> tuple[SubmitReply, list[Effect], bool]:
+        """The submission boundary: whatever a message holds, it is answered (accepted or
+        rejected with a reason) and acked, or terminated and dead-lettered; it never raises.
+        Returns (reply, effects, terminate)."""
         queue = self.subjects.queue_of_submit_subject(msg.subject)
+        try:
+            delivered, seq, stored_ns = _ack_tokens(msg)
+        except Exception:
+            delivered, seq, stored_ns = 1, 0, 0
+        if delivered > MAX_DELIVERIES:
+            error = (
+                f"submission failed processing {delivered - 1} times (stream sequence {seq}); "
+                "moved to the dead-letter subject. Check the job against the docs and "
+                "submit a corrected one"
+            )
+            await self._dead_letter(msg, queue, error)
+            return SubmitReply(accepted=False, error=error), [], True
+        full = self._storage_error()
+        if full:
+            return SubmitReply(accepted=False, error=full), [], False
+        try:
+            reply, effects = self._submit_one(machine, msg, limit, queue, seq, stored_ns)
+        except Exception as exc:  # bad input the parsers did not foresee: refuse, carry on
+            self.refused["submit"] += 1
+            self.stats["rejected"] += 1
+            log.warning("broker.submission_failed", queue=queue, seq=seq, error=repr(exc)[:300])
+            error = f"the submission could not be processed: {type(exc).__name__}: {exc}"
+            return SubmitReply(accepted=False, error=error[:1000]), [], False
+        return reply, effects, False
+
+    @property
+    def storage_full(self) -> bool:
+        return self._persist_full or self._probe_full
+
+    def _storage_error(self) -> str | None:
+        if not self.storage_full:
+            return None
+        self.stats["storage_full_rejections"] += 1
+        self.stats["rejected"] += 1
+        return (
+            "storage full: the broker cannot persist new jobs (the JetStream store or the job "
+            "bucket is full); retry later. Operators: free or grow JetStream storage "
+            "(see docs/operations.md, Limits and storage)"
+        )
+
+    async def _probe_storage(self) -> None:
+        """Once a second, a tiny write to the job bucket (a delete marker under a key no job
+        can have) tells whether the store takes writes: a full store is noticed before a job
+        is lost to it, and submissions are refused with the reason instead of going
+        unanswered (the submission stream cannot store them either)."""
+        store = self.store
+        assert store is not None
+        for _ in range(10**9):
+            try:
+                async with asyncio.timeout(5.0):
+                    await store.probe()
+                self._probe_full = False
+            except Exception as exc:
+                if _storage_full(str(exc)):
+                    if not self._probe_full:
+                        log.error("broker.storage_full", error=str(exc), probe=True)
+                    self._probe_full = True
+            await asyncio.sleep(STORAGE_PROBE_S)
+
+    async def _dead_letter(self, msg: Msg, queue: str | None, reason: str) -> None:
+        self.stats["dead_lettered"] += 1
+        self.refused["dead_letter"] += 1
+        log.error("broker.dead_lettered", queue=queue, reason=reason)
+        headers = {"Muster-Reason": reason[:1000], "Muster-Subject": msg.subject}
+        with contextlib.suppress(Exception):
+            await self.nc.publish(
+                self.subjects.dead_letter(queue or "unknown"), msg.data, headers=headers
+            )
+
+    def _known_submission(self, msg: Msg) -> bytes | None:
+        """The duplicate reply for a retried submission (same Nats-Msg-Id) of a known job."""
+        machine = self.machine
+        if machine is None or not msg.headers or not msg.headers.get("Nats-Msg-Id"):
+            return None
+        queue = self.subjects.queue_of_submit_subject(msg.subject)
+        try:
+            spec = parse_submission(msg.data, self.config.max_payload_bytes, queue)
+        except Exception:
+            return None  # the stream copy gets the full answer
+        job_id = spec.job_id or derive_job_id(spec.name, self._id_token(msg, 0, 0))
+        if job_id not in machine.jobs:
+            return None
+        return encode_json(SubmitReply(accepted=True, job_id=job_id, duplicate=True))
+
+    def _id_token(self, msg: Msg, seq: int, stored_ns: int) -> str:
+        """An unguessable, stable suffix for a job submitted without `job_id`: keyed by the
+        stream's secret, from the client's Nats-Msg-Id when it sets one (a retry with the same
+        header is the same job), else from the stream message itself."""
+        msg_id = msg.headers.get("Nats-Msg-Id") if msg.headers else None
+        basis = f"id:{msg.subject}:{msg_id}" if msg_id else f"seq:{seq}:{stored_ns}"
+        return hashlib.blake2b(basis.encode(), key=self._id_key, digest_size=6).hexdigest()
+
+    def _submit_one(
+        self, machine: Machine, msg: Msg, limit: int, queue: str | None, seq: int, stored_ns: int
+    ) -> tuple[SubmitReply, list[Effect]]:
         try:
             spec = parse_submission(msg.data, limit, queue)
         except DecodeError as exc:
             self.stats["rejected"] += 1
             return SubmitReply(accepted=False, error=str(exc)), []
+        submitter = f"{queue}/{spec.labels.get('user', '')}"
+        if not self._buckets.take(submitter, time.monotonic()):
+            self.stats["rate_limited"] += 1
+            self.stats["rejected"] += 1
+            rate = self.config.limits.submit_rate_per_s
+            error = (
+                f"rate limited: submitter {submitter!r} is over {rate:g} submissions/s "
+                "(limits.submit_rate_per_s); slow down and retry"
+            )
+            return SubmitReply(accepted=False, error=error), []
+        token = None if spec.job_id else self._id_token(msg, seq, stored_ns)
         reply, effects = machine.submit(
-            spec, self.clock(), order=msg.metadata.sequence.stream, subject_queue=queue
+            spec, self.clock(), order=seq or None, subject_queue=queue, id_token=token
         )
         if reply.accepted:
             self.stats["submitted"] += 1
@@ -756,6 +1047,14 @@ class Broker:
         return reply, effects
 
     async def _on_agent_batch(self, msg: Msg) -> None:
+        try:
+            await self._agent_batch(msg)
+        except Exception as exc:  # the handler boundary: refuse, count, carry on
+            self.refused["agent_batch"] += 1
+            self.stats["bad_batches"] += 1
+            log.exception("broker.batch_refused", subject=msg.subject, error=repr(exc)[:300])
+
+    async def _agent_batch(self, msg: Msg) -> None:
         machine = self.machine
         if machine is None:
             return
@@ -766,7 +1065,8 @@ class Broker:
             batch = decode_event_batch(msg.data)
         except DecodeError as exc:
             self.stats["bad_batches"] += 1
-            log.warning("broker.bad_batch", cluster=cluster, error=str(exc))
+            self.refused["agent_batch"] += 1
+            log.warning("broker.bad_batch", cluster=cluster, error=str(exc)[:500])
             return
         self.stats["batches"] += 1
         self.stats["events"] += len(batch.events)
@@ -779,8 +1079,41 @@ class Broker:
         if outcome.error:
             self.stats["bad_batches"] += 1
             log.warning("broker.rejected_batch", cluster=cluster, error=outcome.error)
-        self._push(outcome.effects)
+        now = time.monotonic()
+        if outcome.applied and (
+            now - self._applied_at.get(cluster, -1e18) >= APPLIED_EVERY_S or _outcomes(batch)
+        ):
+            # The agent keeps endings and checkpoints until told they are persisted, and
+            # extends its workloads' fences from the time the acknowledged batch left.
+            self._applied_at[cluster] = now
+            persisted = self._push(outcome.effects, wait=True)
+            self._spawn(self._acknowledge(cluster, batch.instance, batch.seq, persisted))
+        else:
+            self._push(outcome.effects)
         self._wake.set()
+
+    async def _acknowledge(
+        self, cluster: str, instance: str, seq: int, persisted: asyncio.Future[None] | None
+    ) -> None:
+        """Tell the agent its outcomes up to `seq` are persisted. One Applied in flight per
+        cluster; a newer seq that arrives meanwhile is sent when it returns."""
+        if persisted is not None:
+            await persisted
+        sent = self._applied_sent.get(cluster)
+        if sent is not None and sent[0] == instance and sent[1] >= seq:
+            return
+        self._applied_sent[cluster] = (instance, seq)
+        if cluster in self._applied_busy:
+            return
+        self._applied_busy.add(cluster)
+        try:
+            done: tuple[str, int] | None = None
+            while self._applied_sent.get(cluster) != done and self.machine is not None:
+                done = self._applied_sent[cluster]
+                cmd = Applied(epoch=self.machine.epoch, instance=done[0], seq=done[1])
+                await self._send_command(cluster, cmd)
+        finally:
+            self._applied_busy.discard(cluster)
 
     async def _on_sdk_checkpoint(self, msg: Msg) -> None:
         machine = self.machine
@@ -788,10 +1121,12 @@ class Broker:
             return
         try:
             report = _checkpoint_decoder(msg.data)
-        except DecodeError as exc:
-            log.warning("broker.bad_checkpoint", subject=msg.subject, error=str(exc))
+            effects = machine.checkpoint(report, self.clock())
+        except Exception as exc:  # the handler boundary
+            self.refused["checkpoint"] += 1
+            log.warning("broker.bad_checkpoint", subject=msg.subject, error=str(exc)[:500])
             return
-        self._push(machine.checkpoint(report, self.clock()))
+        self._push(effects)
         self._wake.set()
 
     async def _on_api(self, msg: Msg) -> None:
@@ -802,7 +1137,15 @@ class Broker:
         if verb == "stats":
             await msg.respond(encode_json(self.snapshot_stats()))
             return
-        payload, effects = broker_api.handle(machine, verb, msg.data, self.clock())
+        try:
+            payload, effects = broker_api.handle(machine, verb, msg.data, self.clock())
+        except Exception as exc:  # the handler boundary: answer with the reason
+            self.refused["api"] += 1
+            log.warning("broker.api_failed", verb=verb, error=repr(exc)[:300])
+            error = f"request could not be processed: {type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):
+                await msg.respond(encode_json({"ok": False, "error": error[:1000]}))
+            return
         if effects:
             fut = self._push(effects, wait=True)
             if fut is not None:
@@ -814,6 +1157,9 @@ class Broker:
         machine = self.machine
         return {
             **self.stats,
+            "refused": dict(self.refused),
+            "storage_full": self.storage_full,
+            "lease_renew_failures": self.lease.renew_failures,
             "epoch": self.lease.epoch,
             "restore_s": round(self.restore_s, 4),
             "restored_jobs": self.restored_jobs,

@@ -26,6 +26,7 @@ from broker.core.records import JobRecord, record_decoder, record_encoder
 log = structlog.get_logger("muster.store")
 
 KV_OP = "KV-Operation"
+PROBE_KEY = "_probe"  # no job id starts with "_"
 
 
 ACK_TIMEOUT_S = 10.0  # a put not acknowledged by then is an error: the caller retries
@@ -60,8 +61,18 @@ class JobStore:
 
     @classmethod
     async def open(
-        cls, js: JetStreamContext, bucket: str, replicas: int = 1, nc: Client | None = None
+        cls,
+        js: JetStreamContext,
+        bucket: str,
+        replicas: int = 1,
+        nc: Client | None = None,
+        *,
+        max_bytes: int = 0,
+        max_value_size: int = -1,
     ) -> JobStore:
+        """`max_bytes` 0: bounded by the server's store only. A full bucket refuses new
+        writes (discard new, KV's policy) and the broker refuses submissions until it has
+        room again; nothing already persisted is ever dropped to make room."""
         try:
             await js.key_value(bucket)
         except Exception:
@@ -71,6 +82,8 @@ class JobStore:
                 storage=api.StorageType.FILE,
                 replicas=replicas,
                 description="Muster job records",
+                max_bytes=max_bytes or -1,
+                max_value_size=max_value_size,
             )
         return cls(js, bucket, nc)
 
@@ -134,6 +147,12 @@ class JobStore:
         acks.remaining -= 1
         if acks.remaining <= 0:
             acks.future.set_result(None)
+
+    async def probe(self) -> None:
+        """A write that changes no record: raises when the store refuses writes (full)."""
+        ack = await self.js.publish(self.prefix + PROBE_KEY, b"", headers={KV_OP: "DEL"})
+        if ack.seq <= 0:
+            raise StoreError("JetStream did not store the probe")
 
     async def delete(self, job_id: str) -> None:
         await self.js.publish(self.prefix + job_id, b"", headers={KV_OP: "DEL"})
@@ -239,8 +258,18 @@ class RecordMirror:
         again, the mirror reads the bucket from scratch."""
         sub, self._sub = self._sub, None
         if sub is not None:
+            name = None
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    name = (await sub.consumer_info()).name
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+            if name:
+                # An unsubscribed push consumer lives on in the server until its inactivity
+                # threshold: a leadership storm once left hundreds behind, up to the limit.
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(1.0):
+                        await self.store.js.delete_consumer(self.store.stream, name)
         self._records, self.applied = {}, 0
 
 

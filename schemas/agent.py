@@ -17,14 +17,25 @@ from schemas.job import CapacityType, JobSpec
 Name = Annotated[str, Meta(min_length=1, max_length=253)]
 ClusterName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
 NonNeg = Annotated[int, Meta(ge=0)]
-Attempt = Annotated[int, Meta(ge=1)]
-Epoch = Annotated[int, Meta(ge=0)]
+Attempt = Annotated[int, Meta(ge=1, le=2**31)]
+Epoch = Annotated[int, Meta(ge=0, le=2**62)]
 Reason = Annotated[str, Meta(max_length=1024)]
 # Unix seconds; finite and bounded so a hostile agent cannot send inf or NaN deadlines.
 Timestamp = Annotated[float, Meta(ge=0, le=1e11)]
 
-MAX_NODES = 100_000
-MAX_BATCH = 100_000
+# Bounds on what one agent may claim, so a hostile or broken agent cannot make the broker
+# allocate without limit (the scheduler keeps per-node and per-GPU-count structures).
+MAX_NODES = 100_000  # nodes per cluster (one snapshot)
+MAX_BATCH = 100_000  # events per batch
+MAX_GPUS_PER_NODE = 1024
+MAX_CPU_MILLI = 2**40  # ~1.1 billion cores
+MAX_MEMORY = 2**60  # 1 EiB
+MAX_PRICE = 1e6  # per GPU-hour
+MAX_SEQ = 2**62
+GpuCount = Annotated[int, Meta(ge=0, le=MAX_GPUS_PER_NODE)]
+CpuMilli = Annotated[int, Meta(ge=0, le=MAX_CPU_MILLI)]
+Bytes = Annotated[int, Meta(ge=0, le=MAX_MEMORY)]
+ExitCode = Annotated[int, Meta(ge=-(2**31), le=2**32)]  # also an XID code
 
 
 class FlavorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -33,8 +44,8 @@ class FlavorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     name: Name
     capacity_type: CapacityType
     gpu_type: Annotated[str, Meta(max_length=64)] = ""
-    price_per_gpu_hour: Annotated[float, Meta(ge=0)] = 0.0
-    gpu_memory_mib: NonNeg = 0
+    price_per_gpu_hour: Annotated[float, Meta(ge=0, le=MAX_PRICE)] = 0.0
+    gpu_memory_mib: Annotated[int, Meta(ge=0, le=2**31)] = 0
 
 
 class NodeInfo(msgspec.Struct, omit_defaults=True):
@@ -42,15 +53,15 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
 
     name: Name
     flavor: Name
-    gpu: NonNeg = 0
-    cpu_milli: NonNeg = 0
-    memory: NonNeg = 0
-    gpu_healthy: NonNeg | None = None  # None = all GPUs healthy
+    gpu: GpuCount = 0
+    cpu_milli: CpuMilli = 0
+    memory: Bytes = 0
+    gpu_healthy: GpuCount | None = None  # None = all GPUs healthy
     ready: bool = True
     spot_deadline: Timestamp | None = None  # set while a spot notice is outstanding
-    other_gpu: NonNeg = 0
-    other_cpu_milli: NonNeg = 0
-    other_memory: NonNeg = 0
+    other_gpu: GpuCount = 0
+    other_cpu_milli: CpuMilli = 0
+    other_memory: Bytes = 0
 
 
 WorkloadPhase = Literal["created", "running", "succeeded", "failed", "evicted"]
@@ -62,11 +73,11 @@ class WorkloadStatus(msgspec.Struct, tag="workload", omit_defaults=True):
     job_id: Name
     attempt: Attempt
     phase: WorkloadPhase
-    running_replicas: NonNeg = 0
-    total_replicas: NonNeg = 0
-    exit_codes: Annotated[list[int], Meta(max_length=4096)] = []
+    running_replicas: Annotated[int, Meta(ge=0, le=MAX_NODES)] = 0
+    total_replicas: Annotated[int, Meta(ge=0, le=MAX_NODES)] = 0
+    exit_codes: Annotated[list[ExitCode], Meta(max_length=4096)] = []
     reason: Reason = ""
-    step: NonNeg | None = None
+    step: Annotated[int, Meta(ge=0, le=MAX_SEQ)] | None = None
     nodes: Annotated[list[Name], Meta(max_length=4096)] = []
 
 
@@ -91,8 +102,8 @@ class GpuHealth(msgspec.Struct, tag="gpu_health", omit_defaults=True):
     """GPUs on a node failed (XID) or recovered; `healthy` is the count that still works."""
 
     node: Name
-    healthy: NonNeg
-    xid: int | None = None
+    healthy: GpuCount
+    xid: ExitCode | None = None
     reason: Reason = ""
 
 
@@ -107,7 +118,7 @@ class SpotNotice(msgspec.Struct, tag="spot", omit_defaults=True):
 class CheckpointReport(msgspec.Struct, tag="checkpoint", omit_defaults=True):
     job_id: Name
     attempt: Attempt
-    step: NonNeg
+    step: Annotated[int, Meta(ge=0, le=MAX_SEQ)]
     uri: Annotated[str, Meta(max_length=2048)]
     at: Timestamp = 0.0
 
@@ -134,7 +145,7 @@ class EventBatch(msgspec.Struct, omit_defaults=True):
 
     cluster: ClusterName
     instance: Annotated[str, Meta(min_length=1, max_length=64)]
-    seq: Annotated[int, Meta(ge=1)]
+    seq: Annotated[int, Meta(ge=1, le=MAX_SEQ)]
     events: Annotated[list[AgentEvent], Meta(max_length=MAX_BATCH)]
     sent_at: Timestamp = 0.0
 
@@ -191,10 +202,20 @@ class Resync(msgspec.Struct, tag="resync", omit_defaults=True):
     reason: Reason = ""
 
 
-Command = Dispatch | Cancel | CheckpointNow | Resync
+class Applied(msgspec.Struct, tag="applied", omit_defaults=True):
+    """The broker has applied and persisted every batch of agent `instance` up to `seq`: the
+    agent may forget the outcomes (endings, checkpoints) it was keeping until then."""
+
+    epoch: Epoch
+    instance: Annotated[str, Meta(min_length=1, max_length=64)]
+    seq: Annotated[int, Meta(ge=1, le=MAX_SEQ)]
+
+
+Command = Dispatch | Cancel | CheckpointNow | Resync | Applied
 
 
 class CommandAck(msgspec.Struct, omit_defaults=True):
     ok: bool
     error: Reason = ""
     stale_epoch: bool = False  # refused because the sender's epoch is older than one seen
+    epoch: Epoch = 0  # with stale_epoch: the newer epoch the agent has seen

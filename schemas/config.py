@@ -87,6 +87,24 @@ class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
     preemption_min_runtime_s: Annotated[float, Meta(ge=0, le=86_400)] = 60.0
 
 
+class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Admission limits and JetStream sizing (see docs/operations.md, "Limits and storage")."""
+
+    # Queued jobs one queue may hold; a submission beyond it is refused. 0 = no limit.
+    max_pending_per_queue: Annotated[int, Meta(ge=0)] = 100_000
+    # Token bucket per submitter (the queue and the job's `user` label): sustained rate and burst.
+    # 0 = no limit.
+    submit_rate_per_s: Annotated[float, Meta(ge=0)] = 0.0
+    submit_burst: Annotated[int, Meta(ge=1)] = 1000
+    # Stream sizes in bytes, reserved in the JetStream store when the streams are created. A
+    # full stream refuses new writes (discard new) and never drops what it holds. Keep their
+    # sum (with the lease bucket's) under the server's max_file_store: a server store filled
+    # up refuses every write, the lease renewal included. 0 = unlimited (not recommended).
+    submit_stream_max_bytes: Annotated[int, Meta(ge=0)] = 256 * 2**20
+    jobs_bucket_max_bytes: Annotated[int, Meta(ge=0)] = 1024 * 2**20
+    lease_bucket_max_bytes: Annotated[int, Meta(ge=4096)] = 64 * 1024
+
+
 class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     subject_prefix: str = "muster"
     queues: list[QueueConfig] = msgspec.field(default_factory=lambda: [QueueConfig(name="default")])
@@ -96,6 +114,7 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     max_payload_bytes: Annotated[int, Meta(ge=1024, le=64 * 2**20)] = 1024 * 1024
     # Kueue's LocalQueue: another name users submit to (`muster.submit.<alias>`) for a queue.
     queue_aliases: dict[DnsLabel, DnsLabel] = {}
+    limits: Limits = msgspec.field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         names = [q.name for q in self.queues]

@@ -26,6 +26,10 @@ class Subjects(msgspec.Struct, frozen=True):
     def submit_all(self) -> str:
         return f"{self.prefix}.submit.*"
 
+    def dead_letter(self, queue: str) -> str:
+        """Submissions that failed processing repeatedly, with a `Muster-Reason` header."""
+        return f"{self.prefix}.deadletter.submit.{queue}"
+
     def api(self, verb: str) -> str:
         return f"{self.prefix}.api.{verb}"
 

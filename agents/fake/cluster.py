@@ -170,6 +170,10 @@ class FakeCluster:
         self._next_index: dict[str, int] = dict.fromkeys(self._flavors, 0)
         self._nodes: dict[str, _Node] = {}
         self._workloads: dict[tuple[str, int], _Workload] = {}
+        # Fences: unix time by which each attempt must have stopped unless extended. Kept by
+        # the "cluster", not the agent, as a pod's activeDeadlineSeconds is kept by the kubelet:
+        # a frozen or dead agent cannot keep its workloads alive past it.
+        self._fences: dict[tuple[str, int], float] = {}
         self._heap: list[tuple[float, int, str, Any, int]] = []
         self._counter = itertools.count()
         self._notice_ids = itertools.count(1)
@@ -223,6 +227,7 @@ class FakeCluster:
         self._emit = _noop_emit
 
     async def snapshot(self) -> ClusterSnapshot:
+        self.enforce_fences()
         now = self.now()
         return ClusterSnapshot(
             flavors=list(self._flavor_infos),
@@ -232,6 +237,7 @@ class FakeCluster:
 
     async def dispatch(self, cmd: Dispatch) -> None:
         """Validate the assignment against real node capacity, then create the workload."""
+        self.enforce_fences()
         key = (cmd.job_id, cmd.attempt)
         if key in self._workloads:
             return
@@ -287,6 +293,32 @@ class FakeCluster:
         self.counters["dispatched"] += 1
         self._emit(self._status(wl, "created", self.now()))
         self._schedule(self.now() + self.config.start_delay_s, "run", wl)
+
+    async def fence(self, job_id: str, attempt: int, until: float) -> None:
+        """The attempt must stop by `until` (unix seconds) unless fenced again later; a fence
+        that has already lapsed cannot be extended (the workload is gone)."""
+        self.enforce_fences()
+        key = (job_id, attempt)
+        if key in self._workloads:
+            self._fences[key] = max(until, self._fences.get(key, 0.0))
+
+    def enforce_fences(self) -> None:
+        """End every workload whose fence lapsed, as of the moment it lapsed: whatever was
+        frozen since (this process stopped) never ran past it."""
+        if not self._fences:
+            return
+        unix = time.time()
+        lapsed = [(k, t) for k, t in self._fences.items() if t <= unix]
+        for key, until in lapsed:
+            del self._fences[key]
+            wl = self._workloads.get(key)
+            if wl is None:
+                continue
+            sim_at = self.now() - (unix - until) * self.config.time_scale
+            reason = "fence lapsed: no word from the broker in time; stopped by the cluster"
+            self._end(wl, "evicted", reason, sim_at)
+            wl.record.ended_at = until
+            self.counters["fenced"] = self.counters.get("fenced", 0) + 1
 
     async def cancel(self, job_id: str, attempt: int | None, reason: str) -> None:
         """Silent removal: no status is emitted, the next snapshot simply omits the workload."""
@@ -397,6 +429,7 @@ class FakeCluster:
         return None if wl is None else self._status(wl, wl.phase, self.now())
 
     def live_workloads(self) -> list[tuple[str, int]]:
+        self.enforce_fences()
         return list(self._workloads)
 
     def free_gpus(self, node: str) -> int:
@@ -546,6 +579,7 @@ class FakeCluster:
         status = self._status(wl, phase, now, reason, codes) if emit else None
         wl.alive = False
         self._workloads.pop(wl.key, None)
+        self._fences.pop(wl.key, None)
         for node_name, gpu, cpu, mem in wl.demands:
             node = self._nodes.get(node_name)
             if node is not None:
@@ -711,6 +745,7 @@ class FakeCluster:
         assert self._wake is not None
         scale = self.config.time_scale
         while True:
+            self.enforce_fences()
             now = self.now()
             self._process_due(now)
             self._trace_due(now)

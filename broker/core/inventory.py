@@ -95,6 +95,7 @@ class Pool:
         "name",
         "nodes",
         "price",
+        "sumcm",
         "top",
     )
 
@@ -108,6 +109,7 @@ class Pool:
         self.free_gpu = 0  # sum of free GPUs over schedulable nodes
         self.cap_counts: list[int] = [0]  # nodes by allocatable GPUs (empty-pool fit)
         self.maxcm: tuple[int, int] | None = None  # biggest node cpu and memory (cached)
+        self.sumcm: tuple[int, int] | None = None  # all nodes' cpu and memory (cached)
         self.info = info
         self.flavor_class = flavor_class
         self.capacity_type = info.capacity_type
@@ -155,6 +157,7 @@ class Pool:
 
     def attach(self, node: Node) -> None:
         self.maxcm = None
+        self.sumcm = None
         self.nodes[node.name] = node
         self._count_cap(node.gpu, 1)
         node.bucket = -1
@@ -162,6 +165,7 @@ class Pool:
 
     def detach(self, node: Node) -> None:
         self.maxcm = None
+        self.sumcm = None
         node.schedulable = False
         self.refile(node)
         self.nodes.pop(node.name, None)
@@ -174,6 +178,16 @@ class Pool:
             if self.cap_counts[g]:
                 return g
         return 0
+
+    def total_cpu_mem(self) -> tuple[int, int]:
+        """All nodes' cpu and memory: what the pool could ever give one gang."""
+        if self.sumcm is None:
+            cpu = mem = 0
+            for n in self.nodes.values():
+                cpu += n.cpu
+                mem += n.mem
+            self.sumcm = (cpu, mem)
+        return self.sumcm
 
     def max_cpu_mem(self) -> tuple[int, int]:
         if self.maxcm is None:

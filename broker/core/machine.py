@@ -67,6 +67,8 @@ LIVE_STATES: frozenset[str] = frozenset({"admitted", "running", "preempting"})
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 RESYNC_MIN_INTERVAL_S = 1.0
 MISSING_GRACE_S = 5.0
+MAX_CLUSTERS = 4096  # clusters known at once; a snapshot from one more is refused
+RETIRED_INSTANCES = 16  # per cluster: batches from these old agent instances are replays
 
 
 @dataclass(slots=True)
@@ -79,12 +81,14 @@ class AgentTrack:
     last_heard: float = 0.0
     health: ClusterHealth = "healthy"
     last_resync: float = -1e18
+    retired: list[str] = field(default_factory=list)  # earlier instances, newest last
 
 
 @dataclass(slots=True)
 class BatchOutcome:
     effects: list[Effect] = field(default_factory=list)
     error: str | None = None  # a rejected batch: the shell logs it; nothing changed
+    applied: bool = False  # every event was applied: its outcomes may be acknowledged
 
 
 class Machine:
@@ -114,6 +118,9 @@ class Machine:
         lead = t.fence_lead_s
         self._fence_after = t.lost_after_s - lead if lead > 0 and t.lost_after_s > lead else 0.0
         self.lookahead = 256  # parked jobs per queue reconsidered when capacity frees
+        # Resyncs asked of clusters that have not sent a snapshot yet (no track exists), so a
+        # bare heartbeat under a made-up name costs a bounded entry here and nothing else.
+        self._unknown_resync: dict[str, float] = {}
         self._truncated = False  # the last cycle left parked jobs beyond the lookahead
 
     # ------------------------------------------------------------------ submission
@@ -124,8 +131,11 @@ class Machine:
         *,
         order: int | None = None,
         subject_queue: str | None = None,
+        id_token: str | None = None,
     ) -> tuple[SubmitReply, list[Effect]]:
-        """Accept or reject a job. Rejection changes nothing."""
+        """Accept or reject a job. Rejection changes nothing. A job without `job_id` is named
+        `<name>-<id_token>` (the shell derives an unguessable token from the stream message),
+        or `<name>-<order>` when no token is given."""
         aliases = self.config.queue_aliases
         if subject_queue is not None:
             subject_queue = aliases.get(subject_queue, subject_queue)
@@ -146,10 +156,16 @@ class Machine:
         if order is None:
             order = self._order + 1
         self._order = max(self._order, order)
-        job_id = spec.job_id or _job_id(spec.name, order)
+        job_id = spec.job_id or derive_job_id(spec.name, id_token or str(order))
         existing = self.jobs.get(job_id)
         if existing is not None:
             return SubmitReply(accepted=True, job_id=job_id, duplicate=True), []
+        cap = self.config.limits.max_pending_per_queue
+        if cap and len(self._pending.get(queue, ())) >= cap:
+            return _reject(
+                f"queue {queue!r} is full: {cap} jobs are already pending "
+                "(limits.max_pending_per_queue); retry later or submit to another queue"
+            ), []
         demands = demands_of(spec)
         record = JobRecord(
             job_id=job_id, spec=spec, queue=queue, order=order, submitted_at=now, queued_at=now
@@ -261,26 +277,55 @@ class Machine:
                 f"cluster {cluster!r}; rejected"
             )
             return out
+        events = batch.events
         track = self.agents.get(cluster)
+        if track is not None and (
+            batch.instance in track.retired
+            or (batch.instance == track.instance and batch.seq <= track.seq)
+        ):
+            out.error = (
+                f"batch {batch.seq} of agent instance {batch.instance!r} of cluster {cluster!r} "
+                "is older than one already applied (a replay); ignored"
+            )
+            return out
+        in_sequence = (
+            track is not None
+            and track.instance == batch.instance
+            and track.synced
+            and batch.seq == track.seq + 1
+        )
+        # Only a batch out of sequence needs its snapshot found (the common case skips the scan).
+        snap_at = (
+            None
+            if in_sequence
+            else next((i for i, e in enumerate(events) if isinstance(e, ClusterSnapshot)), None)
+        )
         if track is None:
+            if snap_at is None:
+                # Clusters exist only from a snapshot: ask for one, remember nothing else.
+                self._resync_unknown(cluster, now, out)
+                return out
+            if len(self.agents) >= MAX_CLUSTERS:
+                out.error = f"cluster {cluster!r} refused: {MAX_CLUSTERS} clusters already known"
+                return out
+            self._unknown_resync.pop(cluster, None)
             track = self.agents[cluster] = AgentTrack(last_heard=now)
         was = track.health
         track.last_heard = now
-        events = batch.events
         start = 0
-        if track.instance != batch.instance or not track.synced or batch.seq != track.seq + 1:
-            snap_at = next(
-                (i for i, e in enumerate(events) if isinstance(e, ClusterSnapshot)), None
-            )
+        if not in_sequence:
             if snap_at is None:
+                self._retire(track, batch.instance)
                 track.instance = batch.instance
                 track.seq = batch.seq
                 track.synced = False
                 self._resync(cluster, track, now, "sequence gap or unknown agent", out.effects)
                 return out
             start = snap_at
+        self._retire(track, batch.instance)
         track.instance = batch.instance
         track.seq = batch.seq
+        out.applied = True
         if was != "healthy":
             track.health = "healthy"
             self.scheduler.set_cluster_schedulable(cluster, True)
@@ -288,6 +333,27 @@ class Machine:
         for event in events[start:]:
             self._apply(cluster, track, event, now, out.effects)
         return out
+
+    @staticmethod
+    def _retire(track: AgentTrack, instance: str) -> None:
+        """A new agent instance replaces the current one, which may never speak again."""
+        old = track.instance
+        if old is not None and old != instance and old not in track.retired:
+            track.retired.append(old)
+            del track.retired[:-RETIRED_INSTANCES]
+
+    def _resync_unknown(self, cluster: str, now: float, out: BatchOutcome) -> None:
+        asked = self._unknown_resync
+        if now - asked.get(cluster, -1e18) < RESYNC_MIN_INTERVAL_S:
+            return
+        if len(asked) >= MAX_CLUSTERS:
+            stale = [c for c, t in asked.items() if now - t >= RESYNC_MIN_INTERVAL_S]
+            for c in stale:
+                del asked[c]
+            if len(asked) >= MAX_CLUSTERS:
+                return
+        asked[cluster] = now
+        out.effects.append(Send(cluster, Resync(epoch=self.epoch, reason="unknown agent")))
 
     def _resync(
         self, cluster: str, track: AgentTrack, now: float, why: str, effects: list[Effect]
@@ -456,8 +522,11 @@ class Machine:
         if current is None or current.attempt != attempt:
             return []
         if ok:
+            if current.acked_at is not None:
+                return []
+            # Persisted: after a restart, a dispatch without it is sent again.
             current.acked_at = now
-            return []
+            return [Persist(record)]
         effects: list[Effect] = []
         record.start_failures += 1
         self._end_attempt(record, current, f"dispatch-failed: {error}", now, lost=True)
@@ -601,24 +670,8 @@ class Machine:
         record.reason = None
         self._track_live(record, attempt.cluster)
         self._starting.add(record.job_id)
-        spec = record.spec
         effects.append(Persist(record))
-        effects.append(
-            Send(
-                attempt.cluster,
-                Dispatch(
-                    job_id=record.job_id,
-                    attempt=attempt.attempt,
-                    epoch=self.epoch,
-                    flavor=attempt.flavor,
-                    assignment=attempt.assignment,
-                    spec=spec,
-                    resume_from=attempt.resume_from,
-                    checkpoint_uri=spec.checkpoint.uri if spec.checkpoint else "",
-                    fence_after_s=self._fence_after,
-                ),
-            )
-        )
+        effects.append(Send(attempt.cluster, self._dispatch_cmd(record, attempt)))
         effects.append(
             self._event(
                 record,
@@ -627,6 +680,40 @@ class Machine:
                 resume_from_step=attempt.resume_from.step if attempt.resume_from else None,
             )
         )
+
+    def _dispatch_cmd(self, record: JobRecord, attempt: AttemptRecord) -> Dispatch:
+        spec = record.spec
+        return Dispatch(
+            job_id=record.job_id,
+            attempt=attempt.attempt,
+            epoch=self.epoch,
+            flavor=attempt.flavor,
+            assignment=attempt.assignment,
+            spec=spec,
+            resume_from=attempt.resume_from,
+            checkpoint_uri=spec.checkpoint.uri if spec.checkpoint else "",
+            fence_after_s=self._fence_after,
+        )
+
+    def resend_unacknowledged(self, now: float) -> list[Effect]:
+        """After a restart: send again every dispatch persisted without an acknowledgement.
+        The previous leader may have died before or while sending it; agents acknowledge a
+        duplicate (job_id, attempt) without starting a second copy. The start timeout counts
+        from this send."""
+        effects: list[Effect] = []
+        for job_id in sorted(self._starting):
+            record = self.jobs[job_id]
+            current = record.current
+            if (
+                current is None
+                or current.acked_at is not None
+                or current.running_at is not None
+                or record.preempting is not None
+            ):
+                continue
+            current.dispatched_at = now
+            effects.append(Send(current.cluster, self._dispatch_cmd(record, current)))
+        return effects
 
     def _spot(
         self, job_id: str, cluster: str, notice: SpotNotice, now: float, effects: list[Effect]
@@ -1115,8 +1202,9 @@ def _reject(error: str) -> SubmitReply:
     return SubmitReply(accepted=False, error=error)
 
 
-def _job_id(name: str, order: int) -> str:
-    suffix = f"-{order}"
+def derive_job_id(name: str, token: str) -> str:
+    """The id of a job submitted without one: its name and a token, at most 63 characters."""
+    suffix = f"-{token}"
     return name[: 63 - len(suffix)].rstrip("-") + suffix
 
 

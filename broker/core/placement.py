@@ -247,11 +247,18 @@ def cluster_empty_fit_cpu(cluster: Cluster, gang: Gang) -> bool:
     """Could some node of the cluster host each CPU-only replica if it were empty?"""
     if not gang.cpu_sets:
         return True
-    cpu = mem = 0
+    cpu = mem = total_cpu = total_mem = 0
     for p in cluster.pools.values():
         pc, pm = p.max_cpu_mem()
         cpu = max(cpu, pc)
         mem = max(mem, pm)
+        tc, tm = p.total_cpu_mem()
+        total_cpu += tc
+        total_mem += tm
+    # The whole gang in one cluster: all of it must fit the cluster's CPU and memory at once.
+    _, need_cpu, need_mem = gang.total
+    if need_cpu > total_cpu or need_mem > total_mem:
+        return False
     return all(
         gang.demands[i].cpu_milli <= cpu and gang.demands[i].memory <= mem for i in gang.cpu_sets
     )

@@ -21,7 +21,7 @@ from broker.service import Broker
 from schemas.agent import FlavorInfo
 from schemas.api import JobEvent
 from schemas.codec import decode_job_event, decode_submit_reply, encode_json
-from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from schemas.config import BrokerConfig, Limits, QueueConfig, Timeouts
 from schemas.subjects import Subjects
 from tests.broker.wire import WireAgent, nodes
 
@@ -49,6 +49,8 @@ def broker_config(prefix: str, **timeouts: Any) -> BrokerConfig:
         subject_prefix=prefix,
         queues=[QueueConfig(name="default"), QueueConfig(name="research")],
         timeouts=Timeouts(**base),
+        # Small reservations: every test reserves its streams on one shared server.
+        limits=Limits(submit_stream_max_bytes=8 * 2**20, jobs_bucket_max_bytes=32 * 2**20),
     )
 
 

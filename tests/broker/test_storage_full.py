@@ -1,0 +1,157 @@
+"""A full job store: the broker keeps its lease (every Muster stream has its space reserved, so
+the server store never fills), refuses new submissions with a clear "storage full" error, never
+exits, and takes work again once the store has room."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest_asyncio
+from nats.aio.client import Client
+
+from broker.embedded import free_port, nats_server_binary
+from broker.service import Broker
+from schemas.codec import decode_submit_reply, encode_json
+from schemas.config import BrokerConfig
+from schemas.subjects import Subjects
+from tests.broker.conftest import broker_config
+from tests.broker.test_submit import job
+
+STORE_BYTES = 2 * 1024 * 1024
+
+
+@pytest_asyncio.fixture
+async def tiny_nats() -> AsyncIterator[str]:
+    """A nats-server whose JetStream file store holds only STORE_BYTES."""
+    with tempfile.TemporaryDirectory(prefix="muster-tiny-") as tmp:
+        port = free_port()
+        conf = Path(tmp) / "nats.conf"
+        conf.write_text(
+            f"listen: 127.0.0.1:{port}\n"
+            f'jetstream {{ store_dir: "{tmp}", max_file_store: {STORE_BYTES}, '
+            "max_memory_store: 1048576 }\n"
+        )
+        proc = await asyncio.create_subprocess_exec(
+            nats_server_binary(),
+            "-c",
+            str(conf),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            for _ in range(500):
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2),
+                ):
+                    break
+                await asyncio.sleep(0.02)
+            yield f"nats://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 10)
+
+
+@contextlib.asynccontextmanager
+async def running_broker(
+    url: str,
+) -> AsyncIterator[tuple[Client, Broker, asyncio.Task[None], Subjects, BrokerConfig]]:
+    """A broker with 256 KiB streams and a 1 s lease on the tiny server, leading."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    config = broker_config(prefix, lease_ttl_s=1.0)
+    config.limits.jobs_bucket_max_bytes = 256 * 1024
+    config.limits.submit_stream_max_bytes = 256 * 1024
+    client = await nats.connect(url)
+    bnc = await nats.connect(url)
+    broker = Broker(config, bnc)
+    task = asyncio.create_task(broker.run())
+    try:
+        await asyncio.wait_for(broker.leading.wait(), 15)
+        yield client, broker, task, Subjects(prefix=prefix), config
+    finally:
+        await broker.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 15)
+        await bnc.close()
+        await client.close()
+
+
+async def test_full_job_bucket_keeps_the_lease_and_refuses_submissions(tiny_nats: str) -> None:
+    async with running_broker(tiny_nats) as (client, broker, task, subjects, config):
+        epoch = broker.lease.epoch
+        # Fat jobs (64 labels of 1,000 characters) fill the job bucket in a few submissions.
+        labels = {f"k{i}": "v" * 1000 for i in range(64)}
+        accepted = 0
+        for i in range(40):  # bounded: the bucket holds ~4 such records
+            with contextlib.suppress(Exception):
+                msg = await client.request(
+                    subjects.submit("default"), encode_json(job(f"fat{i}", 1, 1, labels=labels)), 2
+                )
+                if decode_submit_reply(msg.data).accepted:
+                    accepted += 1
+            if broker.storage_full:
+                break
+        assert broker.storage_full and 0 < accepted < 40
+        msg = await client.request(subjects.submit("default"), encode_json(job("c", 1, 1)), 10)
+        reply = decode_submit_reply(msg.data)
+        assert not reply.accepted and reply.error and reply.error.startswith("storage full")
+        # Several lease TTLs later the broker still leads with the same epoch.
+        await asyncio.sleep(4 * config.timeouts.lease_ttl_s)
+        assert broker.leading.is_set() and broker.lease.epoch == epoch
+        assert not task.done()
+        stats = await client.request(subjects.api("stats"), b"{}", timeout=5)
+        assert b'"storage_full":true' in stats.data
+        # The operator grows the bucket: the stuck records land, submissions are accepted.
+        js = client.jetstream()
+        info = await js.stream_info(f"KV_{subjects.jobs_bucket}")
+        info.config.max_bytes = 1024 * 1024
+        await js.update_stream(info.config)
+        for _ in range(200):
+            if not broker.storage_full:
+                break
+            await asyncio.sleep(0.05)
+        assert not broker.storage_full
+        msg = await client.request(subjects.submit("default"), encode_json(job("d", 1, 1)), 10)
+        assert decode_submit_reply(msg.data).accepted
+        assert broker.leading.is_set() and broker.lease.epoch == epoch
+
+
+async def _fill(js: object, subject: str) -> None:
+    """Publish into an unlimited foreign stream until the server store refuses."""
+    chunk = b"x" * 64 * 1024
+    for _ in range(1000):  # bounded; the store holds ~32 chunks
+        try:
+            await js.publish(subject, chunk)  # type: ignore[attr-defined]
+        except Exception as exc:
+            assert "insufficient" in str(exc).lower(), exc
+            return
+    raise AssertionError("the store never filled")
+
+
+async def test_filled_server_store_never_makes_the_broker_exit(tiny_nats: str) -> None:
+    """Another tenant fills the whole server store: the lease cannot be renewed, so the broker
+    steps down (it must), but it keeps running and leads again once the store has room."""
+    from nats.js import api
+
+    async with running_broker(tiny_nats) as (client, broker, task, subjects, config):
+        js = client.jetstream()
+        await js.add_stream(api.StreamConfig(name="FILLER", subjects=["filler"]))
+        await _fill(js, "filler")
+        for _ in range(200):  # the lease runs out within a TTL or two
+            if not broker.leading.is_set():
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(3 * config.timeouts.lease_ttl_s)
+        assert not task.done(), task.exception() if task.done() else None
+        await js.delete_stream("FILLER")
+        await asyncio.wait_for(broker.leading.wait(), 20)
+        assert not task.done()
+        msg = await client.request(subjects.submit("default"), encode_json(job("after", 1, 1)), 10)
+        assert decode_submit_reply(msg.data).accepted
