@@ -66,6 +66,11 @@ from schemas.config import (
 )
 from schemas.job import CheckpointSpec, JobSpec, PodSet
 
+try:  # agents acknowledge-able outcomes and broker-renewed fences, where the protocol has them
+    from schemas.agent import Applied as _APPLIED
+except ImportError:  # pragma: no cover - older protocol
+    _APPLIED = None  # type: ignore[assignment,misc]
+
 GiB = 1 << 30
 START_AT = 1_000_000.0
 AGENT_TICK_S = 1.0
@@ -215,6 +220,7 @@ class Work:
     running: bool = False
     step: int = 0
     since_ckpt: float = 0.0
+    fence_until: float = float("inf")  # the cluster stops it then, agent alive or not
 
 
 class SimAgent:
@@ -239,6 +245,7 @@ class SimAgent:
         self.cut_until = 0.0  # partitioned from NATS until
         self.frozen_until = 0.0  # SIGSTOPped until
         self.fence_after: dict[tuple[str, int], float] = {}
+        self.sent_at: dict[int, float] = {}  # batch seq -> when it left (Applied extends fences)
         self.restart()
 
     # -- process life ----------------------------------------------------------------
@@ -283,6 +290,11 @@ class SimAgent:
             reply(CommandAck(ok=False, stale_epoch=True, error="stale epoch"))
             return
         self.max_epoch = cmd.epoch
+        applied = _APPLIED
+        if applied is not None and isinstance(cmd, applied):
+            self._on_applied(cmd)
+            reply(CommandAck(ok=True))
+            return
         if isinstance(cmd, Resync):
             self.snapshot_pending = True
             reply(CommandAck(ok=True))
@@ -335,6 +347,8 @@ class SimAgent:
             step=cmd.resume_from.step if cmd.resume_from is not None else 0,
         )
         self.fence_after[(cmd.job_id, cmd.attempt)] = cmd.fence_after_s
+        if _APPLIED is not None and cmd.fence_after_s > 0:
+            self.work[(cmd.job_id, cmd.attempt)].fence_until = self.w.clock.now + cmd.fence_after_s
         track.highest = cmd.attempt
         track.live.add(cmd.attempt)
         self.emit(
@@ -382,13 +396,15 @@ class SimAgent:
     def tick(self) -> None:
         w = self.w
         now = w.clock.now
+        self._progress(now)  # the cluster's workloads run whether the agent runs or not
+        self._enforce_fences(now)
         if self.alive():
-            self._progress(now)
             if self.linked():
                 self.last_contact = now
-            self._fence(now)
+            if _APPLIED is None:
+                self._fence(now)
             self._flush(now)
-            self._faults(now)
+        self._faults(now)
         if not w.finished:
             w.clock.at(AGENT_TICK_S, self.tick)
 
@@ -432,6 +448,29 @@ class SimAgent:
                 track.cancelled_upto = max(track.cancelled_upto, attempt)
                 self.w.stats["fenced"] += 1
 
+    def _on_applied(self, cmd: Any) -> None:
+        """The broker persisted our batches up to cmd.seq: extend fences from when it left."""
+        if cmd.instance != self.instance:
+            return
+        sent = self.sent_at.get(cmd.seq)
+        for s in [s for s in self.sent_at if s < cmd.seq]:
+            del self.sent_at[s]
+        if sent is None:
+            return
+        for key, wk in self.work.items():
+            after = self.fence_after.get(key, 0.0)
+            if after > 0:
+                wk.fence_until = max(
+                    wk.fence_until if wk.fence_until != float("inf") else 0.0, sent + after
+                )
+
+    def _enforce_fences(self, now: float) -> None:
+        for (job_id, attempt), wk in list(self.work.items()):
+            if wk.fence_until <= now:
+                self._end(job_id, attempt, "evicted")
+                self.tracks.setdefault(job_id, _JobTrack()).live.discard(attempt)
+                self.w.stats["fenced"] += 1
+
     def snapshot(self) -> ClusterSnapshot:
         now = self.w.clock.now
         live = [
@@ -454,6 +493,7 @@ class SimAgent:
             events = AgentRuntime._around_snapshot(self.snapshot(), events)
         events.append(Heartbeat(at=now))
         self.seq += 1
+        self.sent_at[self.seq] = now
         batch = EventBatch(
             cluster=self.cluster, instance=self.instance, seq=self.seq, events=events, sent_at=now
         )
@@ -772,8 +812,9 @@ class World:
             return  # plain NATS: nobody listens
         out = self.machine.on_batch(cluster, batch, self.clock.now)
         if out.error:
-            self.fail(f"the broker rejected a well-formed batch: {out.error}")
-        self.run_effects(out.effects)
+            self.stats["batches_refused"] += 1  # a duplicate is a replay: refused, harmless
+        if self.run_effects(out.effects) and not out.error and _APPLIED is not None:
+            self._send(cluster, _APPLIED(epoch=self.epoch, instance=batch.instance, seq=batch.seq))
         # A batch of heartbeats that asked for nothing changed no job: skip the checks.
         self.after_step(
             bool(out.effects) or any(not isinstance(e, Heartbeat) for e in batch.events)
@@ -815,7 +856,7 @@ class World:
         self.machine.restore(records, self.clock.now)
         self.broker_up = True
         self.log("broker restored", len(records), "records, epoch", self.epoch)
-        resend = getattr(self.machine, "redispatch", None)
+        resend = getattr(self.machine, "resend_unacknowledged", None)
         if callable(resend):
             self.run_effects(resend(self.clock.now))
         for cluster in list(self.machine.agents):
