@@ -219,6 +219,20 @@ def _nodes_of(fake: Any, job_id: str, attempt: int) -> list[str]:
 
 
 def soak_config() -> BrokerConfig:
+    config = _soak_config()
+    if "limits" in BrokerConfig.__struct_fields__:
+        # Streams reserve their max_bytes in the store: keep the reservations well inside it,
+        # so that filling the rest exhausts the store without blocking the broker's start.
+        limits = msgspec.structs.replace(
+            config.limits,  # type: ignore[attr-defined]
+            submit_stream_max_bytes=64 * 2**20,
+            jobs_bucket_max_bytes=96 * 2**20,
+        )
+        config = msgspec.structs.replace(config, limits=limits)  # type: ignore[call-arg]
+    return config
+
+
+def _soak_config() -> BrokerConfig:
     q = ResourceQuota
     return BrokerConfig(
         subject_prefix=PREFIX,
@@ -544,6 +558,13 @@ class Soak:
         return res
 
 
+async def _cancel_on_sigterm(coro: Any) -> dict[str, Any]:
+    """SIGTERM (a timeout, a CI runner) cancels the soak, so it stops every process it started."""
+    task = asyncio.ensure_future(coro)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return dict(await task)
+
+
 def print_table(res: dict[str, Any]) -> None:
     checks = [
         ("every accepted job terminal", res["not_terminal"] == 0, f"{res['not_terminal']} not"),
@@ -591,7 +612,11 @@ def main(argv: list[str] | None = None) -> int:
     bad = [k for k in kinds if k not in FAULTS]
     if bad:
         p.error(f"unknown fault kinds {bad}; choose from {','.join(FAULTS)}")
-    res = asyncio.run(Soak(a.jobs, a.seed, a.faults, a.duration_s, kinds, verbose=a.verbose).run())
+    res = asyncio.run(
+        _cancel_on_sigterm(
+            Soak(a.jobs, a.seed, a.faults, a.duration_s, kinds, verbose=a.verbose).run()
+        )
+    )
     if a.json:
         print(msgspec.json.encode(res).decode())
     else:
