@@ -358,10 +358,9 @@ class Scheduler:
     def _claimed(
         self, job_id: str, qs: QueueState, cls: str, demand: Vec
     ) -> tuple[ReasonCode, str] | None:
-        """While a job reclaims `cls` in a cohort, the quota it reclaims is kept for it: the
-        other queues of the cohort may not borrow `cls`, and its own queue admits nothing else
-        in `cls` (those jobs come after it) until it starts."""
-        borrowing = qs.cohort is not None and not self._book.within_nominal(qs, cls, demand)
+        """While a job preempts to start in `cls`, the quota it needs is kept for it: neither
+        its own queue (those jobs come after it) nor the other queues of its cohort admit
+        anything else in `cls` until it starts (at most the plan's wait)."""
         for claimant, (other, ocls) in self._claims.items():
             if ocls != cls or claimant == job_id:
                 continue
@@ -375,12 +374,14 @@ class Scheduler:
                     f"{claimant} of queue {qs.name} is preempting to start in {cls}; later jobs "
                     "of the queue wait until it starts",
                 )
-            if borrowing:
-                return (
-                    "cohort-exhausted",
-                    f"queue {other.name} is preempting to start a job in {cls}; queue "
-                    f"{qs.name} may not borrow {cls} until that job starts",
-                )
+            # Another queue of the cohort: with lending, even its use inside nominal shrinks
+            # what the cohort has left for the preemptor.
+            return (
+                "cohort-exhausted",
+                f"queue {other.name} is preempting to start a job in {cls}; queue "
+                f"{qs.name} waits for {cls} in cohort {other.cohort.name if other.cohort else ''} "
+                "until that job starts",
+            )
         return None
 
     def _planning_elsewhere(self, job_id: str, qs: QueueState) -> bool:
