@@ -96,6 +96,9 @@ class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
     # How long the pool that just lost a job is avoided for its next attempt.
     avoid_lost_pool_s: Annotated[float, Meta(ge=0)] = 600.0
     max_admissions_per_cycle: Annotated[int, Meta(ge=1)] = 10_000
+    # A gang admitted less than this long ago is never chosen as a preemption or reclaim victim
+    # (Slurm's PreemptExemptTime), so a job cannot be evicted again and again as it restarts.
+    preemption_min_runtime_s: Annotated[float, Meta(ge=0, le=86_400)] = 60.0
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -25,6 +25,7 @@ class Alloc:
     # Admitted by the cycle that is running now: not a victim candidate until it ends, so
     # one cycle never admits a gang and then preempts it.
     fresh: bool = False
+    admitted_at: float | None = None  # None = unknown (restored after a restart)
 
     @property
     def job_id(self) -> str:

@@ -15,12 +15,15 @@ Rules (Kueue's preemption, with Muster's checkpoint-aware victim order):
   out unnecessary are given back (last added first, except the one that made it fit).
 - Among pools with a plan (at most `PLAN_POOLS` are planned), the plan losing the least work
   wins. Victims already chosen by another preemptor are never chosen again, nor are gangs
-  admitted by the running cycle (no admit-then-preempt churn inside one cycle).
+  admitted by the running cycle (no admit-then-preempt churn inside one cycle), nor gangs the
+  caller protects (`protected`: admitted less than the minimum runtime ago, or already
+  reclaimed once since the scheduler's inputs last changed).
 The scheduler does not end the victims; it reports them and keeps their capacity until release.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -136,6 +139,7 @@ def plan_preemption(
     cands: Candidates,
     allow_fallback: bool,
     now: float,
+    protected: Callable[[Alloc, bool], bool] | None = None,
 ) -> Plan | None:
     """The cheapest set of victims that lets the whole gang start on one pool, or None."""
     policy = qs.config.preemption
@@ -185,6 +189,8 @@ def plan_preemption(
                     if not a.charged or a.doomed_by is not None or a.fresh:
                         continue
                     if (own or lower_only) and a.priority >= req.priority:
+                        continue
+                    if protected is not None and protected(a, own):
                         continue
                     victims.append(a)
             if not victims:

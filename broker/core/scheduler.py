@@ -21,10 +21,19 @@ Node events return the job_ids the lifecycle machine must act on:
 Allocations are never dropped by events: the machine ends the attempt and calls `release`.
 
 Preemption: a planned preemptor waits (reason `waiting-for-preemption`) while its victims are
-ended; its victims cannot be chosen by anyone else, and it plans nothing new. The freed
-capacity is not reserved: the preemptor takes it in the next cycle by the usual order. A plan
+ended; its victims cannot be chosen by anyone else, and it plans nothing new. The node capacity
+each victim frees is held for the preemptor, and once every victim is gone the next cycle
+places the preemptor before any other job: an eviction only ever admits the job it was made
+for, and nobody (least of all the victim, requeued) takes the capacity in between. A plan
 whose victims are not all released within `_wait_s` (twice the checkpoint grace plus dispatch
-acks, at least a minute) is dropped. Quota is held once per job, by its newest live attempt.
+acks, at least a minute) is dropped with its holds. Quota is held once per job, by its newest
+live attempt.
+
+Stability (no eviction storms): a gang admitted less than `preemption_min_runtime_s` ago is
+never a victim, and a job reclaimed once is not reclaimed again until an input changes (a
+submission, a job ending on its own, or a change of capacity). Without the first rule the
+freshest job is always the cheapest victim (it has lost the least work), so the same job bounced
+between admission and eviction.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from broker.core.diagnose import pool_reasons
 from broker.core.inventory import AllocKey, Inventory, Pool
-from broker.core.ledger import Alloc, Ledger
+from broker.core.ledger import Alloc, Ledger, Vec
 from broker.core.placement import (
     TIE_EVAL,
     Candidates,
@@ -70,6 +79,7 @@ MAX_PLANS_PER_CYCLE = 256  # preemption searches per cycle (each may pack severa
 # A plan whose victims are not all released in time is dropped (its victims may be chosen
 # again), so a preemptor never waits forever on a victim the machine did not end.
 PREEMPTION_WAIT_MIN_S = 60.0
+HOLD_ATTEMPT = 0  # allocation key (preemptor, 0): capacity held for it; real attempts start at 1
 _PREEMPTIBLE = frozenset({"insufficient-capacity", "quota-exceeded", "cohort-exhausted"})
 _GANG_CACHE_MAX = 65_536
 
@@ -118,24 +128,37 @@ class Scheduler:
         self._fresh: list[Alloc] = []  # admitted by the running cycle
         self._rates: dict[tuple[str, str], float] = {}
         self._rates_at: tuple[float, int] = (float("nan"), -1)
+        self._min_runtime = sc.preemption_min_runtime_s
+        # preemptor -> cluster -> node -> capacity its ended victims freed; kept until the
+        # preemptor's next cycle (or its plan expires while victims are still ending)
+        self._holds: dict[str, dict[str, dict[str, Vec]]] = {}
+        # jobs reclaimed since the inputs last changed (cleared by `_inputs_changed`)
+        self._reclaimed: set[str] = set()
+        self._max_order = 0
+        # preemptor -> (its queue, the flavor class it preempts in): while it waits or holds,
+        # later jobs of its queue and borrowers of its cohort may not take that quota
+        self._claims: dict[str, tuple[QueueState, str]] = {}
 
     # -- inventory --------------------------------------------------------------------
 
     def apply_snapshot(
         self, cluster: str, flavors: list[FlavorInfo], nodes: list[NodeInfo], now: float
     ) -> list[str]:
+        self._inputs_changed()
         self._inv.apply_snapshot(cluster, flavors, nodes, now)
         c = self._inv.clusters[cluster]
         gone = [k for name, here in c.node_allocs.items() if name not in c.nodes for k in here]
         return _job_ids(gone)
 
     def upsert_node(self, cluster: str, node: NodeInfo, now: float) -> list[str]:
+        self._inputs_changed()
         n, was_broken = self._inv.upsert_node(cluster, node, now)
         if n.broken and not was_broken:
             return self.jobs_on_node(cluster, node.name)
         return []
 
     def remove_node(self, cluster: str, node_name: str, now: float) -> list[str]:
+        self._inputs_changed()
         jobs = self.jobs_on_node(cluster, node_name)
         self._inv.remove_node(cluster, node_name, now)
         return jobs
@@ -144,6 +167,7 @@ class Scheduler:
         res = self._inv.set_gpu_health(cluster, node_name, healthy)
         if res is None:
             return []
+        self._inputs_changed()
         node, before = res
         if node.usable_gpu < before and node.usable_gpu - node.other_gpu < node.used_gpu:
             here = self._inv.clusters[cluster].node_allocs.get(node_name, {})
@@ -153,17 +177,20 @@ class Scheduler:
     def spot_notice(self, cluster: str, node_name: str, deadline: float, now: float) -> list[str]:
         if self._inv.spot_notice(cluster, node_name, deadline, now) is None:
             return []
+        self._inputs_changed()
         return self.jobs_on_node(cluster, node_name)
 
     def remove_cluster(self, cluster: str, now: float) -> list[str]:
         c = self._inv.clusters.get(cluster)
         if c is None:
             return []
+        self._inputs_changed()
         keys = [k for here in c.node_allocs.values() for k in here]
         self._inv.remove_cluster(cluster, now)
         return _job_ids(keys)
 
     def set_cluster_schedulable(self, cluster: str, ok: bool) -> None:
+        self._inputs_changed()
         self._inv.set_schedulable(cluster, ok)
 
     def set_cluster_stale(self, cluster: str, stale: bool) -> None:
@@ -234,8 +261,10 @@ class Scheduler:
             self._shape_memo.clear()
         self._plans = 0
         self._expire_plans(now)
+        self._note_arrivals(pending)
         self._in_cycle = True
         try:
+            pending = self._holders_first(pending, now, res)
             self._cycle(pending, now, res)
         finally:
             self._in_cycle = False
@@ -249,10 +278,149 @@ class Scheduler:
             if now < until:
                 continue
             del self._waiting[job_id]
+            self._drop_hold(job_id)
             for key in keys:
                 a = self._ledger.allocs.get(key)
                 if a is not None and a.doomed_by == job_id:
                     self._ledger.set_state(a, a.charged, None)
+
+    # -- stability: holds for preemptors, inputs, protected victims -----------------------
+
+    def _inputs_changed(self) -> None:
+        self._reclaimed.clear()
+
+    def _note_arrivals(self, pending: Sequence[GangRequest]) -> None:
+        top = max((r.order for r in pending), default=0)
+        if top > self._max_order:
+            self._max_order = top
+            self._inputs_changed()
+
+    def _hold(self, preemptor: str, cluster: str, per_node: Mapping[str, Vec]) -> None:
+        """Keep node capacity for the job the victims are evicted for."""
+        by_cluster = self._holds.setdefault(preemptor, {})
+        key = (preemptor, HOLD_ATTEMPT)
+        held = by_cluster.setdefault(cluster, {})
+        self._inv.remove_usage(cluster, key, held)
+        for name, (g, c, m) in per_node.items():
+            hg, hc, hm = held.get(name, (0, 0, 0))
+            held[name] = (hg + g, hc + c, hm + m)
+        self._inv.add_usage(cluster, key, held)
+
+    def _hold_free(self, preemptor: str, victims: Sequence[Alloc]) -> None:
+        """At plan time, what is still free on the victims' nodes: the preemptor's fit counted
+        on it, so nobody else may take it while the victims end."""
+        for cluster in {a.cluster for a in victims}:
+            c = self._inv.clusters.get(cluster)
+            if c is None:
+                continue
+            free: dict[str, Vec] = {}
+            for a in victims:
+                if a.cluster != cluster:
+                    continue
+                for name in a.per_node:
+                    node = c.nodes.get(name)
+                    if node is not None and name not in free:
+                        free[name] = (node.free_gpu, node.free_cpu, node.free_mem)
+            if any(any(v) for v in free.values()):
+                self._hold(preemptor, cluster, free)
+
+    def _drop_hold(self, preemptor: str, keep_claim: bool = False) -> None:
+        if preemptor not in self._waiting and not keep_claim:
+            self._claims.pop(preemptor, None)
+        hold = self._holds.pop(preemptor, None)
+        if hold is None:
+            return
+        for cluster, held in hold.items():
+            self._inv.remove_usage(cluster, (preemptor, HOLD_ATTEMPT), held)
+
+    def held(self) -> dict[str, dict[str, dict[str, Vec]]]:
+        """preemptor -> cluster -> node -> capacity held for it (a view for checks)."""
+        return dict(self._holds)
+
+    def _holders_first(
+        self, pending: Sequence[GangRequest], now: float, res: CycleResult
+    ) -> Sequence[GangRequest]:
+        """Place preemptors whose victims are all gone before anyone else; return the rest."""
+        if not self._holds and not self._claims:
+            return pending
+        wanted = {r.job_id for r in pending}
+        for job_id in [j for j in self._holds if j not in wanted]:
+            self._drop_hold(job_id)  # cancelled, or no longer a candidate: free the capacity
+        for job_id in [j for j in self._claims if j not in wanted]:
+            del self._claims[job_id]  # likewise, its quota is no longer kept for it
+        ready = [r for r in pending if r.job_id in self._holds and r.job_id not in self._waiting]
+        if not ready:
+            return pending
+        ready.sort(key=_order_key)
+        done: set[str] = set()
+        for req in ready:
+            qs = self._book.queues.get(req.queue)
+            if qs is None:
+                continue
+            self._drop_hold(req.job_id, keep_claim=True)
+            out = self._decide(req, qs, now, res)
+            if req.job_id not in self._waiting:
+                self._claims.pop(req.job_id, None)
+            done.add(req.job_id)
+            if isinstance(out, Placement):
+                res.admitted.append((req.job_id, out))
+            else:
+                res.pending[req.job_id] = out
+        # Holds came back as free capacity: the per-cycle caches assume capacity only shrinks.
+        self._cands.clear()
+        self._cap_fail.clear()
+        self._queue_fail.clear()
+        return [r for r in pending if r.job_id not in done]
+
+    def _claimed(
+        self, job_id: str, qs: QueueState, cls: str, demand: Vec
+    ) -> tuple[ReasonCode, str] | None:
+        """While a job preempts to start in `cls`, the quota it needs is kept for it: neither
+        its own queue (those jobs come after it) nor the other queues of its cohort admit
+        anything else in `cls` until it starts (at most the plan's wait)."""
+        for claimant, (other, ocls) in self._claims.items():
+            if ocls != cls or claimant == job_id:
+                continue
+            if other is not qs and (qs.cohort is None or other.cohort is not qs.cohort):
+                continue
+            if other is qs:
+                if job_id in self._claims:
+                    continue  # two reclaims of one queue: each got its own victims
+                return (
+                    "quota-exceeded",
+                    f"{claimant} of queue {qs.name} is preempting to start in {cls}; later jobs "
+                    "of the queue wait until it starts",
+                )
+            # Another queue of the cohort: with lending, even its use inside nominal shrinks
+            # what the cohort has left for the preemptor.
+            return (
+                "cohort-exhausted",
+                f"queue {other.name} is preempting to start a job in {cls}; queue "
+                f"{qs.name} waits for {cls} in cohort {other.cohort.name if other.cohort else ''} "
+                "until that job starts",
+            )
+        return None
+
+    def _planning_elsewhere(self, job_id: str, qs: QueueState) -> bool:
+        """One preemption at a time per queue (and per cohort): two plans each made against
+        the quota as it is could not both start once their victims end."""
+        for claimant, (other, _) in self._claims.items():
+            if claimant == job_id:
+                continue
+            if other is qs or (qs.cohort is not None and other.cohort is qs.cohort):
+                return True
+        return False
+
+    def _protected(self, now: float) -> Callable[[Alloc, bool], bool]:
+        floor = now - self._min_runtime
+        reclaimed = self._reclaimed
+
+        def protected(a: Alloc, own: bool) -> bool:
+            if a.admitted_at is not None and a.admitted_at > floor:
+                return True
+            return not own and a.job_id in reclaimed
+
+        return protected
 
     def _cycle(self, pending: Sequence[GangRequest], now: float, res: CycleResult) -> None:
         book = self._book
@@ -364,6 +532,8 @@ class Scheduler:
             worth = self._worth[wkey] = worth_planning(self._book, self._ledger, req, qs)
         if not worth:
             return out
+        if self._claims and self._planning_elsewhere(req.job_id, qs):
+            return out
         self._plans += 1
         cands = self._candidates(req, gang, now)
         plan = plan_preemption(
@@ -376,6 +546,7 @@ class Scheduler:
             cands,
             self._allow_fallback(req, gang, cands),
             now,
+            self._protected(now),
         )
         if plan is None:
             self._plan_fail.add(pkey)
@@ -386,6 +557,10 @@ class Scheduler:
         for a in plan.victims:
             self._ledger.set_state(a, a.charged, req.job_id)
             keys.add(a.key)
+            if a.queue != req.queue:
+                self._reclaimed.add(a.job_id)
+        self._claims[req.job_id] = (qs, plan.pool.flavor_class)
+        self._hold_free(req.job_id, plan.victims)
         victims = tuple(dict.fromkeys(a.job_id for a in plan.victims))
         reason = Reason(
             "waiting-for-preemption",
@@ -514,6 +689,8 @@ class Scheduler:
                         qr = quota_memo[cls]
                     else:
                         qr = quota_memo[cls] = book.check(qs, cls, gang.total)
+                        if qr is None and self._claims:
+                            qr = quota_memo[cls] = self._claimed(req.job_id, qs, cls, gang.total)
                     if qr is not None:
                         quota_fail.setdefault(qr[0], (qr[1], cls))
                         continue
@@ -581,6 +758,7 @@ class Scheduler:
             gang.total,
             work_since=work_since,
             fresh=self._in_cycle,
+            admitted_at=now,
         )
         if self._in_cycle:
             self._fresh.append(alloc)
@@ -589,6 +767,7 @@ class Scheduler:
         self._ledger.add(alloc)
         self._book.charge(qs, pool.flavor_class, gang.total, 1)
         self._waiting.pop(req.job_id, None)
+        self._drop_hold(req.job_id)
         return placement
 
     def reserve(
@@ -681,12 +860,15 @@ class Scheduler:
                 if hq is not None and not heir.charged:
                     self._book.charge(hq, heir.flavor_class, heir.vec, 1)
                     self._ledger.set_state(heir, True, heir.doomed_by)
-        if a.doomed_by is not None:
-            w = self._waiting.get(a.doomed_by)
-            if w is not None:
-                w[0].discard(key)
-                if not w[0]:
-                    del self._waiting[a.doomed_by]
+        if a.doomed_by is None:
+            self._inputs_changed()  # a job ended on its own or was lost: not our eviction
+            return
+        w = self._waiting.get(a.doomed_by)
+        if w is not None:
+            w[0].discard(key)
+            self._hold(a.doomed_by, a.cluster, a.per_node)
+            if not w[0]:
+                del self._waiting[a.doomed_by]
 
     def note_progress(self, job_id: str, attempt: int, work_since: float) -> None:
         a = self._ledger.allocs.get((job_id, attempt))

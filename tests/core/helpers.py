@@ -45,7 +45,8 @@ def config(
     return BrokerConfig(
         queues=list(queues) if queues is not None else [QueueConfig(name="default")],
         flavors=list(classes),
-        scheduling=SchedulingConfig(**scheduling),
+        # Victims may be as young as the test likes unless it sets a minimum runtime.
+        scheduling=SchedulingConfig(**{"preemption_min_runtime_s": 0.0, **scheduling}),
     )
 
 

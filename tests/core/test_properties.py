@@ -204,6 +204,13 @@ def check_admission(m: Model, req: GangRequest, p: Placement) -> None:
 
 def check_state(s: Scheduler, m: Model) -> None:
     usage = m.usage()
+    # capacity a preemptor's ended victims freed is held for it until its next cycle
+    for by_cluster in s.held().values():
+        for cname, held in by_cluster.items():
+            for name, vec in held.items():
+                u = usage.setdefault((cname, name), [0, 0, 0])
+                for r in range(3):
+                    u[r] += vec[r]
     for cname, c in s._inv.clusters.items():
         for name, node in c.nodes.items():
             u = usage.get((cname, name), [0, 0, 0])
@@ -376,6 +383,8 @@ def test_random_event_sequences_keep_every_invariant(
         s.release(*key)
     m.allocs.clear()
     check_state(s, m)
+    s.schedule([], now)  # nobody left to place: holds go back
+    assert s.held() == {}
     for c in s._inv.clusters.values():
         for node in c.nodes.values():
             assert (node.used_gpu, node.used_cpu, node.used_mem) == (0, 0, 0)

@@ -1,0 +1,628 @@
+"""Chaos soak: short jobs through a real nats-server, a real broker process and fake agent
+processes, while seeded faults strike at random points.
+
+Faults: `kill -9` of the broker and of nats-server (restarted on the same store), SIGSTOP/
+SIGCONT of an agent, a partition (an agent stops publishing and answering), spot notices, a
+JetStream store filled to its limit for a while, and poison messages on the submit and agent
+subjects. A broker that exits on its own is counted and restarted, as a supervisor would.
+
+Checks, from the wire and from the agents' own records (each agent process writes the history
+of its workloads): every accepted job reaches a terminal state, no job runs to completion
+twice, never two live copies of a job, every queue's usage back to zero, and the broker leading
+at the end. Everything binds 127.0.0.1; counts and time are bounded.
+
+    python -m load.chaos --jobs 60 --seed 1            # about two minutes
+    python -m load.chaos --jobs 1000 --faults 40 --duration-s 900   # the long form
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+
+from broker.embedded import EmbeddedNats, nats_server_binary
+from load.common import BrokerProcess
+from schemas.config import (
+    BrokerConfig,
+    FlavorQuota,
+    QueueConfig,
+    ResourceQuota,
+    SchedulingConfig,
+    Timeouts,
+)
+from schemas.subjects import Subjects
+
+FAULTS = ("broker", "nats", "freeze", "partition", "spot", "store-full", "poison")
+QUEUES = ("team-a", "team-b")
+PREFIX = "muster"
+STORE_LIMIT = "256MB"
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+class NatsProc(EmbeddedNats):
+    """nats-server with a bounded JetStream file store, so it can be filled."""
+
+    def start_sync(self, timeout: float = 10.0) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.store_dir / "nats-server.conf"
+        conf.write_text(
+            f"listen: 127.0.0.1:{self.port}\n"
+            "max_payload: 8MB\n"
+            f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))}, "
+            f"max_file_store: {STORE_LIMIT}, max_memory_store: 64MB }}\n"
+        )
+        self.extra_args = []
+        self.proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        import socket
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2),
+            ):
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"nats-server did not listen on 127.0.0.1:{self.port}")
+
+
+class AgentProc:
+    """One fake cluster's agent in its own process (`python -m load.chaos agent`)."""
+
+    def __init__(self, cluster: str, url: str, workdir: Path, seed: int) -> None:
+        self.cluster = cluster
+        self.records = workdir / f"{cluster}.records.json"
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "load.chaos", "agent",
+                "--cluster", cluster, "--nats", url,
+                "--records", str(self.records), "--seed", str(seed),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.stopped = False
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.stopped:
+            self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def history(self) -> list[dict[str, Any]]:
+        try:
+            return list(json.loads(self.records.read_text()))
+        except (OSError, ValueError):
+            return []
+
+
+# ---------------------------------------------------------------------------- agent side
+
+
+async def _agent_main(cluster: str, url: str, records: Path, seed: int) -> None:
+    """A fake cluster behind the real agent runtime, plus signal hooks for the soak:
+    SIGUSR1 toggles a partition, SIGUSR2 gives a spot notice to a busy spot node."""
+    from agents.config import AgentConfig, FakeClusterConfig, FakeFlavor
+    from agents.main import start_fleet
+
+    rng = random.Random(seed)
+    cfg = AgentConfig(
+        cluster=cluster,
+        backend="fake",
+        fake=FakeClusterConfig(
+            flavors=[
+                FakeFlavor(name="spot", capacity_type="spot", price_per_gpu_hour=1.0, nodes=3),
+                FakeFlavor(name="od", capacity_type="on-demand", price_per_gpu_hour=3.0, nodes=2),
+            ],
+            spot_notice_s=4.0,
+            start_delay_s=0.3,
+            seed=seed,
+        ),
+    )
+    holder: dict[str, Any] = {}
+
+    async def reconnected() -> None:
+        if "fleet" in holder:
+            await holder["fleet"].on_reconnected()
+
+    nc = await nats.connect(
+        url, reconnected_cb=reconnected, max_reconnect_attempts=-1, reconnect_time_wait=0.2
+    )
+    fleet = await start_fleet(nc, [cfg])
+    holder["fleet"] = fleet
+    fake = fleet[cluster]
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+
+    def toggle_partition() -> None:
+        fake.outage(not fake.partitioned)
+
+    def spot() -> None:
+        busy = sorted({n for (j, a) in fake.live_workloads() for n in _nodes_of(fake, j, a)})
+        spot_nodes = [n for n in busy if n.startswith(f"{cluster}-spot") or "spot" in n]
+        if spot_nodes:
+            fake.spot_notice(rng.choice(spot_nodes))
+
+    loop.add_signal_handler(signal.SIGUSR1, toggle_partition)
+    loop.add_signal_handler(signal.SIGUSR2, spot)
+    loop.add_signal_handler(signal.SIGTERM, done.set)
+
+    def dump() -> None:
+        rows = [
+            {
+                "cluster": cluster,
+                "job_id": job_id,
+                "attempt": r.attempt,
+                "created_at": r.created_at,
+                "running_at": r.running_at,
+                "ended_at": r.ended_at,
+                "end_phase": r.end_phase,
+            }
+            for job_id, recs in fake.history.items()
+            for r in recs
+        ]
+        tmp = records.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rows))
+        tmp.replace(records)
+
+    try:
+        while not done.is_set():
+            dump()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 0.25)
+    finally:
+        dump()
+        with contextlib.suppress(Exception):
+            await fleet.stop()
+        with contextlib.suppress(Exception):
+            await nc.close()
+
+
+def _nodes_of(fake: Any, job_id: str, attempt: int) -> list[str]:
+    st = fake.workload(job_id, attempt)
+    return list(st.nodes) if st is not None else []
+
+
+# ---------------------------------------------------------------------------- the soak
+
+
+def soak_config() -> BrokerConfig:
+    config = _soak_config()
+    if "limits" in BrokerConfig.__struct_fields__:
+        # Streams reserve their max_bytes in the store: keep the reservations well inside it,
+        # so that filling the rest exhausts the store without blocking the broker's start.
+        limits = msgspec.structs.replace(
+            config.limits,  # type: ignore[attr-defined]
+            submit_stream_max_bytes=64 * 2**20,
+            jobs_bucket_max_bytes=96 * 2**20,
+        )
+        config = msgspec.structs.replace(config, limits=limits)  # type: ignore[call-arg]
+    return config
+
+
+def _soak_config() -> BrokerConfig:
+    q = ResourceQuota
+    return BrokerConfig(
+        subject_prefix=PREFIX,
+        queues=[
+            QueueConfig(
+                name="team-a",
+                cohort="ml",
+                quotas=[FlavorQuota(flavor="spot", resources={"gpu": q(nominal=24)}),
+                        FlavorQuota(flavor="od", resources={"gpu": q(nominal=16)})],
+            ),
+            QueueConfig(
+                name="team-b",
+                cohort="ml",
+                quotas=[FlavorQuota(flavor="spot", resources={"gpu": q(nominal=24)}),
+                        FlavorQuota(flavor="od", resources={"gpu": q(nominal=16)})],
+            ),
+        ],
+        timeouts=Timeouts(
+            heartbeat_s=0.5,
+            unreachable_after_s=4.0,
+            lost_after_s=12.0,
+            dispatch_ack_s=1.0,
+            dispatch_retries=2,
+            start_s=30.0,
+            checkpoint_grace_s=4.0,
+            lease_ttl_s=2.0,
+            fence_lead_s=5.0,
+        ),
+        scheduling=SchedulingConfig(preemption_min_runtime_s=5.0)
+        if "preemption_min_runtime_s" in SchedulingConfig.__struct_fields__
+        else SchedulingConfig(),
+    )  # fmt: skip
+
+
+POISON: tuple[bytes, ...] = (
+    b'{"name": "p", "gang": [{"name": "w", "replicas": "\xc2\xb2", "gpu": 1}]}',
+    b"\xff\xfe not json",
+    b'{"name": "p", "gang": [{"name": "w", "replicas": 1, "gpu": [1, 2]}]}',
+    b'{"name": "p", "workload": {"manifest": {"kind": "PyTorchJob", "spec": '
+    b'{"pytorchReplicaSpecs": {"Worker": {"replicas": "\xc2\xb2"}}}}}}',
+    b'{"name": "p", "gang": [{"name": "w", "replicas": 1, "gpu": ' + b"9" * 5000 + b"}]}",
+)
+
+
+@dataclass
+class Soak:
+    jobs: int
+    seed: int
+    faults: int
+    duration_s: float
+    kinds: tuple[str, ...] = FAULTS
+    clusters: int = 3
+    verbose: bool = False
+    out: dict[str, Any] = field(default_factory=dict)
+
+    def say(self, *parts: object) -> None:
+        if self.verbose:
+            print(f"[{time.monotonic() - self.t0:7.1f}s]", *parts, file=sys.stderr, flush=True)
+
+    async def run(self) -> dict[str, Any]:
+        self.t0 = time.monotonic()
+        rng = random.Random(self.seed)
+        self.rng = rng
+        tmp = tempfile.TemporaryDirectory(prefix="muster-chaos-")
+        work = Path(tmp.name)
+        self.nats = NatsProc(store_dir=work / "js")
+        self.nats.start_sync()
+        url = self.nats.url
+        self.broker = BrokerProcess(url, soak_config(), state_dir=work)
+        self.agents: dict[str, AgentProc] = {}
+        self.stats: Counter[str] = Counter()
+        self.subjects = Subjects(prefix=PREFIX)
+        self.events: dict[str, list[str]] = {}
+        t0 = time.monotonic()
+        try:
+            self.broker.start()
+            self.nc = await nats.connect(
+                url, max_reconnect_attempts=-1, reconnect_time_wait=0.2, allow_reconnect=True
+            )
+            await self.broker.wait_leading(self.nc)
+            self.say("broker leading")
+            await self.nc.subscribe(f"{PREFIX}.events.job.>", cb=self._on_event)
+            for i in range(self.clusters):
+                name = f"c{i}"
+                self.agents[name] = AgentProc(name, url, work, self.seed * 100 + i)
+            ids = await self._submit_all()
+            self.say("submitted", len(ids))
+            plan = sorted(
+                (rng.uniform(2.0, self.duration_s * 0.6), rng.choice(self.kinds))
+                for _ in range(self.faults)
+            )
+            await self._inject(plan, t0)
+            self.say("faults done")
+            settled = await self._settle(ids, t0)
+            self.say("settled" if settled else "not settled")
+            self.out = await self._check(ids, settled)
+            self.say("checked")
+        finally:
+            for a in self.agents.values():
+                a.stop()
+            self.broker.cleanup()
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+            self.nats.cleanup()
+            tmp.cleanup()
+        self.out["wall_s"] = round(time.monotonic() - t0, 1)
+        return self.out
+
+    async def _on_event(self, msg: Any) -> None:
+        with contextlib.suppress(ValueError):
+            ev = json.loads(msg.data)
+            self.events.setdefault(ev.get("job_id", "?"), []).append(ev.get("kind", "?"))
+
+    async def _submit_all(self) -> list[str]:
+        """Jobs go through the JetStream stream with client ids, so none is lost or doubled."""
+        subject = self.subjects.submit
+        ids = []
+        for i in range(self.jobs):
+            job_id = f"soak-{self.seed}-{i}"
+            gpu = self.rng.choice([1, 2, 4, 8])
+            spec = {
+                "name": f"soak{i}",
+                "job_id": job_id,
+                "priority": self.rng.choice([0, 0, 5]),
+                "gang": [{"name": "w", "replicas": self.rng.choice([1, 1, 2]), "gpu": gpu}],
+                "capacity": self.rng.choice(["any", "spot-then-on-demand"]),
+                "checkpoint": {"uri": f"mem://{job_id}"},
+                "workload": {
+                    "simulate": {
+                        "total_steps": self.rng.randint(40, 200),
+                        "steps_per_second": 20.0,
+                        "checkpoint_every": 20,
+                    }
+                },
+            }
+            queue = QUEUES[i % len(QUEUES)]
+            data = json.dumps(spec).encode()
+            for _ in range(50):  # as clients do: a request; the stream keeps it either way
+                try:
+                    reply = json.loads((await self.nc.request(subject(queue), data, 2)).data)
+                    self.stats[
+                        "submit:accepted" if reply.get("accepted") else "submit:rejected"
+                    ] += 1
+                    break
+                except (TimeoutError, nats.errors.TimeoutError):
+                    self.stats["submit:no-reply"] += 1  # the broker is away; JetStream has it
+                    break
+                except Exception:
+                    await asyncio.sleep(0.2)
+            ids.append(job_id)
+        return ids
+
+    async def _inject(self, plan: list[tuple[float, str]], t0: float) -> None:
+        for at, kind in plan:
+            await self._sleep_until(t0 + at)
+            self.stats[f"fault:{kind}"] += 1
+            self.say("fault", kind)
+            try:
+                await getattr(self, "_fault_" + kind.replace("-", "_"))()
+            except Exception as exc:  # a fault that could not be injected is counted, not fatal
+                self.stats[f"fault-error:{kind}:{type(exc).__name__}"] += 1
+            await self._supervise()
+
+    async def _sleep_until(self, t: float) -> None:
+        while time.monotonic() < t:
+            await self._supervise()
+            await asyncio.sleep(min(0.5, max(0.0, t - time.monotonic())))
+
+    async def _supervise(self) -> None:
+        """A broker that exited on its own is restarted, as Kubernetes would, and counted."""
+        p = self.broker.proc
+        if p is not None and p.poll() is not None and not getattr(self, "_killed", False):
+            self.stats[f"broker-exited:{p.returncode}"] += 1
+            self.broker.start()
+        self._killed = False
+
+    async def _fault_broker(self) -> None:
+        self._killed = True
+        self.broker.kill9()
+        await asyncio.sleep(self.rng.uniform(0.2, 3.0))
+        self.broker.start()
+
+    async def _fault_nats(self) -> None:
+        self.nats.kill()
+        await asyncio.sleep(self.rng.uniform(0.2, 3.0))
+        self.nats.start_sync()
+
+    async def _fault_freeze(self) -> None:
+        agent = self.agents[self.rng.choice(sorted(self.agents))]
+        agent.signal(signal.SIGSTOP)
+        agent.stopped = True
+        await asyncio.sleep(self.rng.uniform(2.0, 25.0))
+        agent.signal(signal.SIGCONT)
+        agent.stopped = False
+
+    async def _fault_partition(self) -> None:
+        agent = self.agents[self.rng.choice(sorted(self.agents))]
+        agent.signal(signal.SIGUSR1)
+        await asyncio.sleep(self.rng.uniform(2.0, 25.0))
+        agent.signal(signal.SIGUSR1)
+
+    async def _fault_spot(self) -> None:
+        for _ in range(self.rng.randint(1, 3)):
+            self.agents[self.rng.choice(sorted(self.agents))].signal(signal.SIGUSR2)
+
+    async def _fault_store_full(self) -> None:
+        js = self.nc.jetstream()
+        name = f"CHAOSFILL{self.stats['fault:store-full']}"
+        await js.add_stream(name=name, subjects=[f"chaosfill.{name}"], max_bytes=-1)
+        blob = os.urandom(1 << 20)
+        for _ in range(400):  # bounded: at most 400 MB, more than the store holds
+            try:
+                await js.publish(f"chaosfill.{name}", blob, timeout=2)
+            except Exception:
+                break
+        await asyncio.sleep(self.rng.uniform(2.0, 10.0))
+        for _ in range(50):
+            try:
+                await js.delete_stream(name)
+                return
+            except Exception:
+                await asyncio.sleep(0.2)
+
+    async def _fault_poison(self) -> None:
+        for data in POISON:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(self.subjects.submit(self.rng.choice(QUEUES)), data)
+            with contextlib.suppress(Exception):
+                cluster = self.rng.choice(sorted(self.agents))
+                await self.nc.publish(f"{PREFIX}.agent.{cluster}.events", data)
+
+    async def _api(self, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        msg = await self.nc.request(
+            self.subjects.api(verb), json.dumps(body or {}).encode(), timeout=3
+        )
+        return dict(json.loads(msg.data))
+
+    async def _states(self) -> dict[str, str]:
+        reply = await self._api("list", {"limit": 10_000})
+        return {j["job_id"]: j["state"] for j in reply.get("result", [])}
+
+    async def _settle(self, ids: list[str], t0: float) -> bool:
+        """Wait (bounded) until every job is terminal."""
+        deadline = t0 + self.duration_s
+        while time.monotonic() < deadline:
+            await self._supervise()
+            with contextlib.suppress(Exception):
+                states = await self._states()
+                if all(states.get(j) in ("succeeded", "failed", "cancelled") for j in ids):
+                    return True
+            await asyncio.sleep(1.0)
+        return False
+
+    async def _check(self, ids: list[str], settled: bool) -> dict[str, Any]:
+        await asyncio.sleep(1.5)  # let agents write their last records
+        leading = False
+        states: dict[str, str] = {}
+        queues: list[dict[str, Any]] = []
+        for _ in range(20):
+            try:
+                states = await self._states()
+                queues = (await self._api("queues")).get("result", [])
+                leading = True
+                break
+            except Exception:
+                await asyncio.sleep(0.5)
+        rows = [r for a in self.agents.values() for r in a.history()]
+        succeeded: Counter[str] = Counter(
+            r["job_id"] for r in rows if r["end_phase"] == "succeeded"
+        )
+        end = time.time()
+        spans: dict[str, list[tuple[float, float, str]]] = {}
+        for r in rows:
+            start = r["running_at"] or r["created_at"]
+            spans.setdefault(r["job_id"], []).append(
+                (start, r["ended_at"] or end, f"{r['cluster']}#{r['attempt']}")
+            )
+        overlaps = []
+        for job_id, ss in spans.items():
+            ss.sort()
+            for (_, a1, an), (b0, _, bn) in itertools.pairwise(ss):
+                if b0 < a1 - 0.05:
+                    overlaps.append(f"{job_id}: {an} and {bn} for {a1 - b0:.1f}s")
+        not_terminal = [j for j in ids if states.get(j) not in ("succeeded", "failed", "cancelled")]
+        self.say("states", Counter(states.get(j, "unknown") for j in ids), "records", len(rows))
+        if not_terminal and self.verbose:
+            with contextlib.suppress(Exception):
+                self.say("why", await self._api("why", {"job_id": not_terminal[0]}))
+                self.say("clusters", await self._api("clusters"))
+        busy = [
+            q["name"]
+            for q in queues
+            if q.get("admitted")
+            or any(r.get("used") for f in q.get("flavors", []) for r in f.get("resources", []))
+        ]
+        res = {
+            "jobs": len(ids),
+            "faults": dict(sorted((k, v) for k, v in self.stats.items())),
+            "succeeded": sum(1 for j in ids if states.get(j) == "succeeded"),
+            "failed": sum(1 for j in ids if states.get(j) == "failed"),
+            "not_terminal": len(not_terminal),
+            "completed_twice": sum(1 for n in succeeded.values() if n > 1),
+            "two_live_copies": len(overlaps),
+            "queues_busy_at_end": busy,
+            "broker_leading": leading,
+            "broker_exits": sum(v for k, v in self.stats.items() if k.startswith("broker-exited")),
+            "attempts_max": max((r["attempt"] for r in rows), default=0),
+            "examples": {
+                "not_terminal": not_terminal[:5],
+                "completed_twice": [j for j, n in succeeded.items() if n > 1][:5],
+                "two_live_copies": overlaps[:5],
+            },
+        }
+        res["ok"] = (
+            settled
+            and not not_terminal
+            and res["completed_twice"] == 0
+            and not overlaps
+            and not busy
+            and leading
+            and res["broker_exits"] == 0
+        )
+        return res
+
+
+async def _cancel_on_sigterm(coro: Any) -> dict[str, Any]:
+    """SIGTERM (a timeout, a CI runner) cancels the soak, so it stops every process it started."""
+    task = asyncio.ensure_future(coro)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return dict(await task)
+
+
+def print_table(res: dict[str, Any]) -> None:
+    checks = [
+        ("every accepted job terminal", res["not_terminal"] == 0, f"{res['not_terminal']} not"),
+        ("no job completed twice", res["completed_twice"] == 0, str(res["completed_twice"])),
+        ("never two live copies", res["two_live_copies"] == 0, str(res["two_live_copies"])),
+        ("usage back to zero", not res["queues_busy_at_end"], str(res["queues_busy_at_end"])),
+        ("broker leading at the end", res["broker_leading"], ""),
+        ("broker never exited on its own", res["broker_exits"] == 0, str(res["broker_exits"])),
+    ]
+    print(f"{'check':34} {'result':6} detail")
+    for name, ok, detail in checks:
+        print(f"{name:34} {'ok' if ok else 'FAIL':6} {detail}")
+    print(f"jobs {res['jobs']}: {res['succeeded']} succeeded, {res['failed']} failed; "
+          f"max attempt {res['attempts_max']}; {res['wall_s']}s")  # fmt: skip
+    print("faults:", ", ".join(f"{k}={v}" for k, v in res["faults"].items()))
+    for k, v in res["examples"].items():
+        if v:
+            print(f"  {k}: {v}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["agent"]:
+        p = argparse.ArgumentParser(prog="python -m load.chaos agent")
+        p.add_argument("--cluster", required=True)
+        p.add_argument("--nats", required=True)
+        p.add_argument("--records", required=True)
+        p.add_argument("--seed", type=int, default=0)
+        a = p.parse_args(argv[1:])
+        from schemas.logs import configure_logging
+
+        configure_logging("error")
+        asyncio.run(_agent_main(a.cluster, a.nats, Path(a.records), a.seed))
+        return 0
+    p = argparse.ArgumentParser(prog="python -m load.chaos", description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=60)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--faults", type=int, default=12)
+    p.add_argument("--duration-s", type=float, default=120.0)
+    p.add_argument("--only", default=",".join(FAULTS), help=f"fault kinds: {','.join(FAULTS)}")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--verbose", action="store_true")
+    a = p.parse_args(argv)
+    kinds = tuple(k for k in a.only.split(",") if k)
+    bad = [k for k in kinds if k not in FAULTS]
+    if bad:
+        p.error(f"unknown fault kinds {bad}; choose from {','.join(FAULTS)}")
+    res = asyncio.run(
+        _cancel_on_sigterm(
+            Soak(a.jobs, a.seed, a.faults, a.duration_s, kinds, verbose=a.verbose).run()
+        )
+    )
+    if a.json:
+        print(msgspec.json.encode(res).decode())
+    else:
+        print_table(res)
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,974 @@
+"""Deterministic simulation of the broker core and the agent protocol (in the manner of
+FoundationDB's simulation testing and TigerBeetle's VOPR).
+
+One process, one seeded random generator, one virtual clock. The pure lifecycle machine runs
+behind a model of the broker shell (persist before send, request/ack with retries, a Cancel in
+flight holds back the next Dispatch of the same job, restart = a new epoch restored from the
+persisted records). Model agents speak the agent protocol: act idempotently on
+(job_id, attempt), refuse older epochs, resend a snapshot after a resync or reconnect (carrying
+terminal outcomes the broker may have missed), fence their workloads when cut off, and report
+terminal outcomes. The network between them loses, duplicates, delays and reorders messages;
+faults (broker crashes between any two effects, agent restarts and freezes, partitions, spot
+notices) strike at seeded random points. The invariants of `broker.core.invariants` are
+checked after every step, the cross-process ones (never two live copies) from the agents'
+own records, and the eventual ones at the end: every accepted job terminal, none completed
+twice, usage back to zero.
+
+    python -m load.vopr --seeds 2000          # many seeds; failures print a replay command
+    python -m load.vopr --seed 1234 --verbose # replay one seed exactly
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from agents.runtime import AgentRuntime, _JobTrack
+from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.invariants import violations
+from broker.core.machine import TERMINAL, Machine
+from broker.core.records import record_decoder, record_encoder
+from schemas.agent import (
+    AgentEvent,
+    Cancel,
+    CheckpointNow,
+    CheckpointReport,
+    ClusterSnapshot,
+    CommandAck,
+    Dispatch,
+    EventBatch,
+    FlavorInfo,
+    Heartbeat,
+    NodeGone,
+    NodeInfo,
+    NodeUpsert,
+    Resync,
+    SpotNotice,
+    WorkloadStatus,
+)
+from schemas.config import (
+    BrokerConfig,
+    FlavorClass,
+    FlavorQuota,
+    QueueConfig,
+    ResourceQuota,
+    SchedulingConfig,
+    Timeouts,
+)
+from schemas.job import CheckpointSpec, JobSpec, PodSet
+
+try:  # agents acknowledge-able outcomes and broker-renewed fences, where the protocol has them
+    from schemas.agent import Applied as _APPLIED
+except ImportError:  # pragma: no cover - older protocol
+    _APPLIED = None  # type: ignore[assignment,misc]
+
+GiB = 1 << 30
+START_AT = 1_000_000.0
+AGENT_TICK_S = 1.0
+BROKER_TICK_S = 1.0
+STARTUP_S = 1.0  # dispatch -> every replica running, on a model agent
+OUTCOME_RETENTION_S = 600.0  # terminal outcomes ride in snapshots this long
+
+
+class SimFailure(AssertionError):
+    """An invariant broke; the message names the seed, the step and the replay command."""
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    drop: float = 0.03  # a message is lost
+    dup: float = 0.03  # a message is delivered twice
+    max_delay_s: float = 1.5  # uniform extra latency; reorders messages
+    broker_crash: float = 0.004  # per effect executed: the broker dies right after it
+    broker_down_s: float = 8.0  # at most this long before the new leader restores
+    agent_restart: float = 0.002  # per agent tick: the agent process restarts
+    agent_freeze: float = 0.001  # per agent tick: SIGSTOP for a while
+    partition: float = 0.001  # per agent tick: cut off from NATS for a while
+    spot: float = 0.002  # per agent tick: a spot notice on a busy spot node
+
+
+QUIET = Faults(0, 0, 0.01, 0, 0, 0, 0, 0, 0)
+
+
+def sim_config(min_runtime_s: float | None = None) -> BrokerConfig:
+    """Two team queues sharing a cohort (lend, borrow, reclaim) and one queue of its own."""
+    q = ResourceQuota
+    sched = SchedulingConfig()
+    if min_runtime_s is not None and "reclaim_min_runtime_s" in SchedulingConfig.__struct_fields__:
+        sched = msgspec.structs.replace(sched, reclaim_min_runtime_s=min_runtime_s)  # type: ignore[call-arg]
+    return BrokerConfig(
+        flavors=[
+            FlavorClass(name="gpu-spot", capacity_type="spot"),
+            FlavorClass(name="gpu-od", capacity_type="on-demand"),
+        ],
+        queues=[
+            QueueConfig(
+                name="team-a",
+                cohort="ml",
+                quotas=[
+                    FlavorQuota(flavor="gpu-spot", resources={"gpu": q(nominal=8)}),
+                    FlavorQuota(
+                        flavor="gpu-od", resources={"gpu": q(nominal=4, borrowing_limit=4)}
+                    ),
+                ],
+            ),
+            QueueConfig(
+                name="team-b",
+                cohort="ml",
+                quotas=[
+                    FlavorQuota(flavor="gpu-spot", resources={"gpu": q(nominal=8)}),
+                    FlavorQuota(flavor="gpu-od", resources={"gpu": q(nominal=4)}),
+                ],
+            ),
+            QueueConfig(name="solo"),
+        ],
+        timeouts=Timeouts(
+            heartbeat_s=1.0,
+            unreachable_after_s=5.0,
+            lost_after_s=30.0,
+            dispatch_ack_s=2.0,
+            dispatch_retries=2,
+            start_s=60.0,
+            checkpoint_grace_s=10.0,
+            fence_lead_s=10.0,
+        ),
+        scheduling=sched,
+    )
+
+
+# ---------------------------------------------------------------------------- the network
+
+
+@dataclass(order=True, slots=True)
+class _Due:
+    at: float
+    seq: int
+    fn: Callable[[], None] = field(compare=False)
+
+
+class Clock:
+    """Virtual time and the event queue; every choice comes from one seeded generator."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.now = START_AT
+        self._q: list[_Due] = []
+        self._seq = 0
+
+    def at(self, delay: float, fn: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._q, _Due(self.now + max(0.0, delay), self._seq, fn))
+
+    def step(self) -> bool:
+        if not self._q:
+            return False
+        due = heapq.heappop(self._q)
+        self.now = max(self.now, due.at)
+        due.fn()
+        return True
+
+
+class Net:
+    """NATS core messaging between processes: at most once, delayed, order kept per channel
+    (one publisher to one subscriber, as NATS does), so messages of different channels
+    reorder against each other; a retried request arrives twice."""
+
+    def __init__(self, clock: Clock, faults: Faults) -> None:
+        self.clock = clock
+        self.faults = faults
+        self.sent = 0
+        self.dropped = 0
+        self._tail: dict[str, float] = {}
+
+    def send(self, channel: str, fn: Callable[[], None]) -> None:
+        rng = self.clock.rng
+        f = self.faults
+        self.sent += 1
+        if rng.random() < f.drop:
+            self.dropped += 1
+            return
+        copies = 2 if rng.random() < f.dup else 1
+        for _ in range(copies):
+            at = max(
+                self._tail.get(channel, 0.0), self.clock.now + 0.001 + rng.random() * f.max_delay_s
+            )
+            self._tail[channel] = at
+            self.clock.at(at - self.clock.now, fn)
+
+
+# ---------------------------------------------------------------------------- agents
+
+
+@dataclass(slots=True)
+class Work:
+    job_id: str
+    attempt: int
+    nodes: list[str]
+    replicas: int
+    remaining: float  # seconds of work left
+    ckpt_every: float | None
+    started: float
+    running: bool = False
+    step: int = 0
+    since_ckpt: float = 0.0
+    fence_until: float = float("inf")  # the cluster stops it then, agent alive or not
+
+
+class SimAgent:
+    """One cluster's agent and the workloads it runs (the agent protocol, modelled)."""
+
+    def __init__(
+        self, world: World, cluster: str, flavors: list[FlavorInfo], nodes: list[NodeInfo]
+    ):
+        self.w = world
+        self.cluster = cluster
+        self.flavors = flavors
+        self.nodes = {n.name: n for n in nodes}
+        self.instance = ""
+        self.seq = 0
+        self.max_epoch = 0
+        self.tracks: dict[str, _JobTrack] = {}
+        self.work: dict[tuple[str, int], Work] = {}
+        self.queue: list[AgentEvent] = []
+        self.outcomes: dict[tuple[str, int], tuple[float, WorkloadStatus]] = {}
+        self.snapshot_pending = True
+        self.last_contact = START_AT
+        self.cut_until = 0.0  # partitioned from NATS until
+        self.frozen_until = 0.0  # SIGSTOPped until
+        self.fence_after: dict[tuple[str, int], float] = {}
+        self.sent_at: dict[int, float] = {}  # batch seq -> when it left (Applied extends fences)
+        self.restart()
+
+    # -- process life ----------------------------------------------------------------
+    def restart(self) -> None:
+        """A new process: new instance, fresh sequence, same workloads (they outlive it)."""
+        self.w.incarnations += 1
+        self.instance = f"{self.cluster}-{self.w.incarnations}"
+        self.seq = 0
+        self.queue = []
+        self.snapshot_pending = True
+        self.tracks = {}
+        for (job_id, attempt), wk in self.work.items():
+            t = self.tracks.setdefault(job_id, _JobTrack())
+            t.highest = max(t.highest, attempt)
+            t.live.add(wk.attempt)
+
+    def linked(self) -> bool:
+        return self.w.clock.now >= self.cut_until
+
+    def alive(self) -> bool:
+        return self.w.clock.now >= self.frozen_until
+
+    def emit(self, ev: AgentEvent) -> None:
+        if isinstance(ev, WorkloadStatus):
+            self.w.log("agent", self.cluster, ev.job_id, ev.attempt, ev.phase)
+        self.queue.append(ev)
+
+    # -- commands ----------------------------------------------------------------------
+    def on_command(
+        self, cmd: Dispatch | Cancel | CheckpointNow | Resync, reply: Callable[[CommandAck], None]
+    ) -> None:
+        if not self.linked():
+            return
+        if not self.alive():
+            # A stopped process reads nothing; the message waits in its socket.
+            self.w.clock.at(
+                self.frozen_until - self.w.clock.now + 0.01, lambda: self.on_command(cmd, reply)
+            )
+            return
+        self.last_contact = self.w.clock.now
+        if cmd.epoch < self.max_epoch:
+            reply(CommandAck(ok=False, stale_epoch=True, error="stale epoch"))
+            return
+        self.max_epoch = cmd.epoch
+        applied = _APPLIED
+        if applied is not None and isinstance(cmd, applied):
+            self._on_applied(cmd)
+            reply(CommandAck(ok=True))
+            return
+        if isinstance(cmd, Resync):
+            self.snapshot_pending = True
+            reply(CommandAck(ok=True))
+            return
+        track = self.tracks.setdefault(cmd.job_id, _JobTrack())
+        if isinstance(cmd, Cancel):
+            doomed = [a for a in track.live if cmd.attempt is None or a == cmd.attempt]
+            for a in doomed:
+                self._end(cmd.job_id, a, None)
+            if cmd.attempt is None:
+                track.live.clear()
+                track.cancelled_upto = max(track.cancelled_upto, track.highest)
+            else:
+                track.live.discard(cmd.attempt)
+                track.cancelled_upto = max(track.cancelled_upto, cmd.attempt)
+            reply(CommandAck(ok=True))
+            return
+        if isinstance(cmd, CheckpointNow):
+            wk = self.work.get((cmd.job_id, cmd.attempt))
+            if wk is not None and wk.running and wk.ckpt_every is not None:
+                self._checkpoint(wk)
+            reply(CommandAck(ok=True))
+            return
+        # Dispatch, with the runtime's idempotency rules.
+        if cmd.attempt <= track.cancelled_upto:
+            reply(CommandAck(ok=False, error="cancelled here"))
+            return
+        if cmd.attempt == track.highest:
+            reply(CommandAck(ok=True))
+            return
+        if cmd.attempt < track.highest:
+            reply(CommandAck(ok=False, error="older than an attempt here"))
+            return
+        for old in sorted(a for a in track.live if a < cmd.attempt):
+            self._end(cmd.job_id, old, None)
+            track.live.discard(old)
+        nodes = [n for a in cmd.assignment for n in a.nodes]
+        spec = cmd.spec
+        done = self.w.work_of[cmd.job_id]
+        if cmd.resume_from is not None:
+            done = max(0.0, done - cmd.resume_from.step * AGENT_TICK_S)
+        self.work[(cmd.job_id, cmd.attempt)] = Work(
+            job_id=cmd.job_id,
+            attempt=cmd.attempt,
+            nodes=nodes,
+            replicas=len(nodes),
+            remaining=done,
+            ckpt_every=5.0 if spec.checkpoint is not None else None,
+            started=self.w.clock.now,
+            step=cmd.resume_from.step if cmd.resume_from is not None else 0,
+        )
+        self.fence_after[(cmd.job_id, cmd.attempt)] = cmd.fence_after_s
+        if _APPLIED is not None and cmd.fence_after_s > 0:
+            self.work[(cmd.job_id, cmd.attempt)].fence_until = self.w.clock.now + cmd.fence_after_s
+        track.highest = cmd.attempt
+        track.live.add(cmd.attempt)
+        self.emit(
+            WorkloadStatus(
+                job_id=cmd.job_id, attempt=cmd.attempt, phase="created", total_replicas=len(nodes)
+            )
+        )
+        reply(CommandAck(ok=True))
+
+    # -- workloads ---------------------------------------------------------------------
+    def _status(self, wk: Work, phase: str) -> WorkloadStatus:
+        running = wk.replicas if phase == "running" else 0
+        return WorkloadStatus(
+            job_id=wk.job_id,
+            attempt=wk.attempt,
+            phase=phase,  # type: ignore[arg-type]
+            running_replicas=running,
+            total_replicas=wk.replicas,
+            nodes=wk.nodes,
+        )
+
+    def _end(self, job_id: str, attempt: int, phase: str | None) -> None:
+        """A workload stops: cancelled (phase None, nothing to report) or ended with a verdict."""
+        wk = self.work.pop((job_id, attempt), None)
+        if wk is None:
+            return
+        self.w.live_copies[job_id] -= 1 if wk.running else 0
+        if phase is None:
+            return
+        st = self._status(wk, phase)
+        self.outcomes[(job_id, attempt)] = (self.w.clock.now, st)
+        self.emit(st)
+
+    def _checkpoint(self, wk: Work) -> None:
+        wk.since_ckpt = 0.0
+        self.emit(
+            CheckpointReport(
+                job_id=wk.job_id,
+                attempt=wk.attempt,
+                step=wk.step,
+                uri=f"mem://{wk.job_id}/{wk.step}",
+            )
+        )
+
+    def tick(self) -> None:
+        w = self.w
+        now = w.clock.now
+        self._progress(now)  # the cluster's workloads run whether the agent runs or not
+        self._enforce_fences(now)
+        if self.alive():
+            if self.linked():
+                self.last_contact = now
+            if _APPLIED is None:
+                self._fence(now)
+            self._flush(now)
+        self._faults(now)
+        if not w.finished:
+            w.clock.at(AGENT_TICK_S, self.tick)
+
+    def _progress(self, now: float) -> None:
+        for key, wk in list(self.work.items()):
+            if not wk.running:
+                if now - wk.started >= STARTUP_S:
+                    wk.running = True
+                    self.w.live_copies[wk.job_id] += 1
+                    if self.w.live_copies[wk.job_id] > 1:
+                        self.w.breach(
+                            "two-live-copies",
+                            f"two live copies of {wk.job_id} "
+                            f"(attempt {wk.attempt} on {self.cluster})",
+                        )
+                    self.emit(self._status(wk, "running"))
+                continue
+            wk.remaining -= AGENT_TICK_S
+            wk.step += 1
+            wk.since_ckpt += AGENT_TICK_S
+            if wk.remaining <= 0:
+                self.w.completions[wk.job_id] += 1
+                self.w.completed_by[wk.job_id].append((self.cluster, wk.attempt))
+                self._end(key[0], key[1], "succeeded")
+                self.tracks.setdefault(key[0], _JobTrack()).live.discard(key[1])
+            elif wk.ckpt_every is not None and wk.since_ckpt >= wk.ckpt_every:
+                self._checkpoint(wk)
+
+    def _fence(self, now: float) -> None:
+        cut_for = now - self.last_contact
+        if cut_for < 1.0:
+            return
+        for (job_id, attempt), after in list(self.fence_after.items()):
+            if (job_id, attempt) not in self.work:
+                del self.fence_after[(job_id, attempt)]
+                continue
+            if after > 0 and cut_for >= after:
+                self._end(job_id, attempt, None)
+                track = self.tracks.setdefault(job_id, _JobTrack())
+                track.live.discard(attempt)
+                track.cancelled_upto = max(track.cancelled_upto, attempt)
+                self.w.stats["fenced"] += 1
+
+    def _on_applied(self, cmd: Any) -> None:
+        """The broker persisted our batches up to cmd.seq: extend fences from when it left."""
+        if cmd.instance != self.instance:
+            return
+        sent = self.sent_at.get(cmd.seq)
+        for s in [s for s in self.sent_at if s < cmd.seq]:
+            del self.sent_at[s]
+        if sent is None:
+            return
+        for key, wk in self.work.items():
+            after = self.fence_after.get(key, 0.0)
+            if after > 0:
+                wk.fence_until = max(
+                    wk.fence_until if wk.fence_until != float("inf") else 0.0, sent + after
+                )
+
+    def _enforce_fences(self, now: float) -> None:
+        for (job_id, attempt), wk in list(self.work.items()):
+            if wk.fence_until <= now:
+                self._end(job_id, attempt, "evicted")
+                self.tracks.setdefault(job_id, _JobTrack()).live.discard(attempt)
+                self.w.stats["fenced"] += 1
+
+    def snapshot(self) -> ClusterSnapshot:
+        now = self.w.clock.now
+        live = [
+            self._status(wk, "running" if wk.running else "created") for wk in self.work.values()
+        ]
+        for key, (at, _) in list(self.outcomes.items()):
+            if now - at > OUTCOME_RETENTION_S:
+                del self.outcomes[key]
+        ended = [st for _, st in self.outcomes.values()]
+        return ClusterSnapshot(
+            flavors=self.flavors, nodes=list(self.nodes.values()), workloads=live + ended
+        )
+
+    def _flush(self, now: float) -> None:
+        if not self.linked():
+            return
+        events, self.queue = self.queue, []
+        if self.snapshot_pending:
+            self.snapshot_pending = False
+            events = AgentRuntime._around_snapshot(self.snapshot(), events)
+        events.append(Heartbeat(at=now))
+        self.seq += 1
+        self.sent_at[self.seq] = now
+        batch = EventBatch(
+            cluster=self.cluster, instance=self.instance, seq=self.seq, events=events, sent_at=now
+        )
+        self.w.net.send(f"ev.{self.cluster}", lambda: self.w.broker_batch(self.cluster, batch))
+
+    def _faults(self, now: float) -> None:
+        w = self.w
+        if not w.faulty(now):
+            return
+        f = w.faults
+        rng = w.clock.rng
+        if rng.random() < f.agent_restart:
+            w.stats["agent_restarts"] += 1
+            self.restart()
+        if rng.random() < f.agent_freeze:
+            w.stats["agent_freezes"] += 1
+            self.frozen_until = now + rng.uniform(2.0, 45.0)
+        if rng.random() < f.partition:
+            w.stats["partitions"] += 1
+            self.cut_until = now + rng.uniform(2.0, 60.0)
+            self.snapshot_pending = True  # a reconnect resends a snapshot
+        if rng.random() < f.spot:
+            busy = sorted({n for wk in self.work.values() for n in wk.nodes})
+            spot = [
+                n
+                for n in busy
+                if self._flavor(n).capacity_type == "spot" and self.nodes[n].spot_deadline is None
+            ]
+            if spot:
+                name = rng.choice(spot)
+                deadline = now + 5.0
+                self.nodes[name] = msgspec.structs.replace(self.nodes[name], spot_deadline=deadline)
+                self.emit(SpotNotice(node=name, deadline=deadline))
+                w.stats["spot_notices"] += 1
+                w.clock.at(5.0, lambda: self._reclaim_node(name))
+
+    def _flavor(self, node: str) -> FlavorInfo:
+        fl = self.nodes[node].flavor
+        return next(f for f in self.flavors if f.name == fl)
+
+    def _reclaim_node(self, name: str) -> None:
+        """The provider takes the node: its workloads are evicted; a fresh node replaces it."""
+        for (job_id, attempt), wk in list(self.work.items()):
+            if name in wk.nodes:
+                self._end(job_id, attempt, "evicted")
+                self.tracks.setdefault(job_id, _JobTrack()).live.discard(attempt)
+        old = self.nodes.pop(name)
+        self.emit(NodeGone(node=name, reason="spot reclaimed"))
+        fresh = msgspec.structs.replace(old, name=f"{name}r", spot_deadline=None)
+        self.nodes[fresh.name] = fresh
+        self.emit(NodeUpsert(node=fresh))
+
+
+# ---------------------------------------------------------------------------- the world
+
+
+@dataclass(slots=True)
+class Scenario:
+    """A fixed fleet and job plan instead of the seeded random one."""
+
+    fleet: list[tuple[str, list[FlavorInfo], list[NodeInfo]]]
+    jobs: list[tuple[float, JobSpec, float]]  # (submit after, spec, seconds of work)
+
+
+@dataclass(slots=True)
+class _Request:
+    cluster: str
+    cmd: Any
+    tries: int
+    incarnation: int
+    done: bool = False
+
+
+class World:
+    """The broker shell model, the agents and the network for one seed."""
+
+    def __init__(
+        self,
+        seed: int,
+        *,
+        jobs: int = 6,
+        faults: Faults | None = None,
+        config: BrokerConfig | None = None,
+        fault_window_s: float = 90.0,
+        horizon_s: float = 1200.0,
+        check_every: int = 1,
+        verbose: bool = False,
+        scenario: Scenario | None = None,
+        tolerate: frozenset[str] = frozenset(),
+    ) -> None:
+        self.seed = seed
+        rng = random.Random(seed)
+        self.clock = Clock(rng)
+        self.started = self.clock.now
+        self.tolerate = tolerate
+        self.faults = faults if faults is not None else Faults()
+        self.net = Net(self.clock, self.faults)
+        self.config = config if config is not None else sim_config()
+        self.fault_until = START_AT + fault_window_s
+        self.horizon = START_AT + horizon_s
+        self.check_every = check_every
+        self.verbose = verbose
+        self.steps = 0
+        self.finished = False
+        self.incarnations = 0
+        self.stats: Counter[str] = Counter()
+        self.live_copies: Counter[str] = Counter()
+        self.completions: Counter[str] = Counter()
+        self.completed_by: dict[str, list[tuple[str, int]]] = {}
+        self.work_of: dict[str, float] = {}
+        self.accepted: set[str] = set()
+        self.reclaims: Counter[str] = Counter()
+        # broker shell state
+        self.store: dict[str, bytes] = {}
+        self.epoch = 1
+        self.broker_up = True
+        self.broker_inc = 0
+        self.machine = Machine(self.config, epoch=self.epoch)
+        self.requests: dict[int, _Request] = {}
+        self._req_ids = 0
+        self.cancels: dict[str, int] = {}  # job -> request id of a Cancel in flight
+        self.held: dict[str, list[tuple[str, Dispatch]]] = {}  # dispatches waiting on it
+        self.stream: dict[str, JobSpec] = {}  # submissions not yet persisted (JetStream)
+        self.agents: dict[str, SimAgent] = {}
+        if scenario is None:
+            self._build_fleet(rng)
+            self._plan_jobs(rng, jobs)
+        else:
+            self._use(scenario)
+        self.clock.at(0.0, self.broker_tick)
+
+    # -- setup -------------------------------------------------------------------------
+    def _use(self, sc: Scenario) -> None:
+        for name, flavors, nodes in sc.fleet:
+            self.agents[name] = SimAgent(self, name, flavors, nodes)
+            self.clock.at(self.clock.rng.random() * AGENT_TICK_S, self.agents[name].tick)
+        for at, spec, work in sc.jobs:
+            assert spec.job_id is not None
+            self.completed_by[spec.job_id] = []
+            self.work_of[spec.job_id] = work
+            self.clock.at(at, lambda s=spec: self.client_submit(s))
+
+    def _build_fleet(self, rng: random.Random) -> None:
+        for i in range(rng.randint(2, 3)):
+            name = f"c{i}"
+            flavors = [
+                FlavorInfo(
+                    name="spot", capacity_type="spot", gpu_type="a100", price_per_gpu_hour=1.0
+                ),
+                FlavorInfo(
+                    name="od", capacity_type="on-demand", gpu_type="a100", price_per_gpu_hour=3.0
+                ),
+            ]
+            nodes = [
+                NodeInfo(
+                    name=f"{name}-{fl.name}-{j}",
+                    flavor=fl.name,
+                    gpu=4,
+                    cpu_milli=32_000,
+                    memory=128 * GiB,
+                )
+                for fl in flavors
+                for j in range(rng.randint(2, 3))
+            ]
+            self.agents[name] = SimAgent(self, name, flavors, nodes)
+            self.clock.at(rng.random() * AGENT_TICK_S, self.agents[name].tick)
+
+    def _plan_jobs(self, rng: random.Random, n: int) -> None:
+        queues = [q.name for q in self.config.queues]
+        for i in range(n):
+            job_id = f"j{i}"
+            self.completed_by[job_id] = []
+            gpu = rng.choice([1, 2, 4])
+            replicas = rng.randint(1, 8 // gpu)  # within every queue's quota
+            spec = JobSpec(
+                name=f"sim{i}",
+                job_id=job_id,
+                queue=rng.choice(queues),
+                priority=rng.choice([0, 0, 10]),
+                gang=[PodSet(name="worker", replicas=replicas, gpu=gpu, cpu="1", memory="1Gi")],
+                capacity=rng.choice(["any", "spot", "on-demand", "spot-then-on-demand"]),
+                checkpoint=CheckpointSpec(uri=f"mem://{job_id}") if rng.random() < 0.7 else None,
+            )
+            self.work_of[job_id] = rng.uniform(3.0, 25.0)
+            self.clock.at(rng.uniform(0.0, 45.0), lambda s=spec: self.client_submit(s))
+
+    def faulty(self, now: float) -> bool:
+        return now < self.fault_until
+
+    def fail(self, what: str) -> None:
+        raise SimFailure(
+            f"seed {self.seed}: {what} (step {self.steps}, t={self.clock.now - START_AT:.3f}s)\n"
+            f"  replay: python -m load.vopr --seed {self.seed} --verbose"
+        )
+
+    def breach(self, kind: str, what: str, n: int = 1) -> None:
+        """A broken promise: fatal, unless this run only counts that kind."""
+        if kind in self.tolerate:
+            self.stats[kind] += n
+            return
+        self.fail(what)
+
+    def log(self, *parts: object) -> None:
+        if self.verbose:
+            print(f"{self.clock.now - START_AT:9.3f} {self.steps:6d}", *parts)
+
+    # -- the broker shell ----------------------------------------------------------------
+    def client_submit(self, spec: JobSpec) -> None:
+        """The client publishes to the JetStream stream: kept until the broker persists it."""
+        assert spec.job_id is not None
+        self.stream[spec.job_id] = spec
+        self._drain_stream()
+
+    def _drain_stream(self) -> None:
+        if not self.broker_up:
+            return
+        for job_id, spec in sorted(self.stream.items()):
+            reply, effects = self.machine.submit(spec, self.clock.now)
+            if reply.accepted:
+                self.accepted.add(job_id)
+            else:
+                del self.stream[job_id]  # answered and acked: a rejection is final
+            self.log("submit", job_id, reply.accepted, reply.error or "")
+            if not self.run_effects(effects):
+                return
+            self.stream.pop(job_id, None)
+
+    def run_effects(self, effects: list[Effect]) -> bool:
+        """Carry out effects in order; False when the broker crashed part way."""
+        inc = self.broker_inc
+        for eff in effects:
+            if not self.broker_up or self.broker_inc != inc:
+                return False
+            if isinstance(eff, Persist):
+                self.store[eff.record.job_id] = record_encoder.encode(eff.record)
+            elif isinstance(eff, Send):
+                if isinstance(eff.command, Cancel):
+                    self.stats[f"cancel:{eff.command.reason}"] += 1
+                self._send(eff.cluster, eff.command)
+            elif isinstance(eff, Publish):
+                ev = eff.event
+                if ev.kind == "preempting" and ev.reason == "reclaimed":
+                    self.reclaims[ev.job_id] += 1
+            if self.faulty(self.clock.now) and self.clock.rng.random() < self.faults.broker_crash:
+                self.crash()
+                return False
+        return True
+
+    def _send(self, cluster: str, cmd: Any) -> None:
+        self.log(
+            "send",
+            cluster,
+            type(cmd).__name__,
+            getattr(cmd, "job_id", ""),
+            getattr(cmd, "attempt", ""),
+        )
+        if isinstance(cmd, Dispatch) and cmd.job_id in self.cancels:
+            self.held.setdefault(cmd.job_id, []).append((cluster, cmd))
+            return
+        self._req_ids += 1
+        rid = self._req_ids
+        tries = self.config.timeouts.dispatch_retries + 1 if isinstance(cmd, Dispatch) else 3
+        self.requests[rid] = _Request(cluster, cmd, tries, self.broker_inc)
+        if isinstance(cmd, Cancel):
+            self.cancels[cmd.job_id] = rid
+        self._try(rid)
+
+    def _try(self, rid: int) -> None:
+        req = self.requests.get(rid)
+        if req is None or req.done or req.incarnation != self.broker_inc:
+            return
+        if req.tries <= 0:
+            self._resolve(rid, False, f"agent of cluster {req.cluster!r} did not ack")
+            return
+        req.tries -= 1
+        agent = self.agents.get(req.cluster)
+        if agent is not None:
+
+            def deliver(a: SimAgent = agent) -> None:
+                a.on_command(
+                    req.cmd,
+                    lambda ack: self.net.send(f"ack.{a.cluster}", lambda: self._on_ack(rid, ack)),
+                )
+
+            self.net.send(f"cmd.{req.cluster}", deliver)
+        self.clock.at(self.config.timeouts.dispatch_ack_s, lambda: self._retry(rid))
+
+    def _retry(self, rid: int) -> None:
+        req = self.requests.get(rid)
+        if req is not None and not req.done:
+            self._try(rid)
+
+    def _on_ack(self, rid: int, ack: CommandAck) -> None:
+        req = self.requests.get(rid)
+        if req is None or req.done or req.incarnation != self.broker_inc or not self.broker_up:
+            return
+        if ack.stale_epoch:
+            self.fail(f"an agent refused the leader's epoch {self.epoch}: {ack.error}")
+        self._resolve(rid, ack.ok, ack.error)
+
+    def _resolve(self, rid: int, ok: bool, error: str) -> None:
+        req = self.requests.pop(rid)
+        req.done = True
+        cmd = req.cmd
+        if isinstance(cmd, Dispatch):
+            self.run_effects(
+                self.machine.on_dispatch_result(cmd.job_id, cmd.attempt, ok, error, self.clock.now)
+            )
+        elif isinstance(cmd, Cancel) and self.cancels.get(cmd.job_id) == rid:
+            del self.cancels[cmd.job_id]
+            for cluster, d in self.held.pop(cmd.job_id, []):
+                self._send(cluster, d)
+
+    def broker_batch(self, cluster: str, batch: EventBatch) -> None:
+        if not self.broker_up:
+            return  # plain NATS: nobody listens
+        out = self.machine.on_batch(cluster, batch, self.clock.now)
+        if out.error:
+            self.stats["batches_refused"] += 1  # a duplicate is a replay: refused, harmless
+        if self.run_effects(out.effects) and not out.error and _APPLIED is not None:
+            self._send(cluster, _APPLIED(epoch=self.epoch, instance=batch.instance, seq=batch.seq))
+        # A batch of heartbeats that asked for nothing changed no job: skip the checks.
+        self.after_step(
+            bool(out.effects) or any(not isinstance(e, Heartbeat) for e in batch.events)
+        )
+
+    def broker_tick(self) -> None:
+        if self.broker_up:
+            now = self.clock.now
+            effects = self.machine.tick(now)
+            changed = bool(effects)
+            if self.run_effects(effects) and self.machine.wants_cycle:
+                effects = self.machine.schedule(now)
+                changed = changed or bool(effects)
+                self.run_effects(effects)
+            changed = changed or bool(self.stream)
+            self._drain_stream()
+            self.after_step(changed)
+        else:
+            self.after_step(False)
+        if not self.finished:
+            self.clock.at(BROKER_TICK_S, self.broker_tick)
+
+    def crash(self) -> None:
+        self.log("broker crash")
+        self.stats["broker_crashes"] += 1
+        self.broker_up = False
+        self.broker_inc += 1
+        self.requests.clear()
+        self.cancels.clear()
+        self.held.clear()
+        self.clock.at(self.clock.rng.uniform(0.5, self.faults.broker_down_s), self.recover)
+
+    def recover(self) -> None:
+        """A new leader: higher epoch, state restored from the persisted records only."""
+        self.epoch += 1
+        self.broker_inc += 1
+        self.machine = Machine(self.config, epoch=self.epoch)
+        records = [record_decoder.decode(b) for b in self.store.values()]
+        self.machine.restore(records, self.clock.now)
+        self.broker_up = True
+        self.log("broker restored", len(records), "records, epoch", self.epoch)
+        resend = getattr(self.machine, "resend_unacknowledged", None)
+        if callable(resend):
+            self.run_effects(resend(self.clock.now))
+        for cluster in list(self.machine.agents):
+            self._send(cluster, Resync(epoch=self.epoch, reason="new leader"))
+        self._drain_stream()
+
+    # -- checks ------------------------------------------------------------------------
+    def after_step(self, changed: bool = True) -> None:
+        self.steps += 1
+        if changed and self.broker_up and self.steps % self.check_every == 0:
+            bad = violations(self.machine)
+            if bad:
+                self.fail("; ".join(bad[:3]))
+
+    def run(self) -> World:
+        while self.clock.step():
+            now = self.clock.now
+            if now > self.fault_until and self.broker_up and self._settled():
+                break
+            if now > self.horizon:
+                break
+        self.finished = True
+        self.final_checks()
+        return self
+
+    def _settled(self) -> bool:
+        if self.stream:
+            return False
+        jobs = self.machine.jobs
+        return all(j in jobs and jobs[j].state in TERMINAL for j in self.accepted)
+
+    def final_checks(self) -> None:
+        if not self.broker_up:
+            self.fail("the broker is down at the end")
+        jobs = self.machine.jobs
+        stuck = sorted(j for j in self.accepted if j not in jobs or jobs[j].state not in TERMINAL)
+        if stuck:
+            states = {j: jobs[j].state if j in jobs else "lost" for j in stuck[:5]}
+            self.fail(f"{len(stuck)} accepted job(s) not terminal at the horizon: {states}")
+        twice = {j: self.completed_by[j] for j, n in self.completions.items() if n > 1}
+        if twice:
+            self.breach("completed-twice", f"jobs completed more than once: {twice}", len(twice))
+        for j, rec in jobs.items():
+            if rec.state == "succeeded" and self.completions[j] == 0:
+                self.fail(f"job {j} marked succeeded but no agent ran it to the end")
+        sched = self.machine.scheduler
+        if sched._ledger.allocs:
+            self.fail(f"allocations left at the end: {sorted(sched._ledger.allocs)[:5]}")
+        for name, qs in sched._book.queues.items():
+            if any(any(v) for v in qs.usage.values()) or qs.admitted:
+                self.fail(f"queue {name} usage not back to zero: {qs.usage} admitted={qs.admitted}")
+        for agent in self.agents.values():
+            if agent.work:
+                self.fail(f"workloads still running on {agent.cluster}: {sorted(agent.work)[:5]}")
+
+
+# ---------------------------------------------------------------------------- entry
+
+
+def run_seed(seed: int, **kw: Any) -> World:
+    return World(seed, **kw).run()
+
+
+def run_many(
+    seeds: range, *, budget_s: float | None = None, **kw: Any
+) -> tuple[int, list[tuple[int, str]], Counter[str]]:
+    """Run seeds in order (stopping at the time budget); returns (seeds run, failures, stats)."""
+    failures: list[tuple[int, str]] = []
+    totals: Counter[str] = Counter()
+    start = time.monotonic()
+    n = 0
+    for seed in seeds:
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            break
+        n += 1
+        try:
+            w = run_seed(seed, **kw)
+            totals.update(w.stats)
+            totals["steps"] += w.steps
+        except SimFailure as exc:
+            failures.append((seed, str(exc)))
+    return n, failures, totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m load.vopr", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, help="run this one seed (replay)")
+    p.add_argument("--seeds", type=int, default=500, help="how many seeds, from --first")
+    p.add_argument("--first", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=6)
+    p.add_argument("--budget-s", type=float, default=None, help="stop starting seeds after this")
+    p.add_argument("--verbose", action="store_true")
+    a = p.parse_args(argv)
+    if a.seed is not None:
+        try:
+            w = run_seed(a.seed, jobs=a.jobs, verbose=a.verbose)
+        except SimFailure as exc:
+            print(exc)
+            return 1
+        print(f"seed {a.seed}: ok, {w.steps} steps, {dict(w.stats)}")
+        return 0
+    t0 = time.monotonic()
+    n, failures, totals = run_many(
+        range(a.first, a.first + a.seeds), budget_s=a.budget_s, jobs=a.jobs
+    )
+    for _, msg in failures[:20]:
+        print(msg)
+    print(
+        f"{n} seeds in {time.monotonic() - t0:.1f}s, {len(failures)} failed; faults: {dict(totals)}"
+    )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

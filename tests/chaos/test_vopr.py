@@ -1,0 +1,65 @@
+"""Deterministic simulation of the broker core and the agent protocol (load/vopr.py): thousands
+of seeds, each a different interleaving of lost, duplicated, delayed and reordered messages,
+broker crashes between any two effects, agent restarts, freezes, partitions and spot notices.
+
+Every seed must keep the core invariants after every step, and end with every accepted job
+terminal, no success the agents did not report, never two live copies and all usage back to
+zero. One promise still breaks under some seeds (see the strict xfail below) and is counted, not
+fatal, in the sweep.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from load.vopr import QUIET, SimFailure, World, run_many, run_seed
+
+KNOWN_GAPS = frozenset({"completed-twice"})
+BUDGET_S = 40.0
+
+
+def test_thousands_of_seeds_keep_every_invariant() -> None:
+    n, failures, totals = run_many(range(0, 5000), budget_s=BUDGET_S, tolerate=KNOWN_GAPS)
+    assert not failures, "\n".join(msg for _, msg in failures[:5])
+    # the sweep really ran and really injected faults
+    assert n >= 300, n
+    for fault in ("broker_crashes", "agent_restarts", "agent_freezes", "partitions"):
+        assert totals[fault] > 0, (fault, totals)
+
+
+def test_a_seed_replays_exactly() -> None:
+    a = run_seed(4242, tolerate=KNOWN_GAPS)
+    b = run_seed(4242, tolerate=KNOWN_GAPS)
+    assert (a.steps, a.stats, a.clock.now) == (b.steps, b.stats, b.clock.now)
+    assert {j: r.state for j, r in a.machine.jobs.items()} == {
+        j: r.state for j, r in b.machine.jobs.items()
+    }
+
+
+def test_a_broken_invariant_names_its_seed_and_replay_command() -> None:
+    w = World(206)
+    w.machine._pending["team-a"]["ghost"] = None  # a queued job without a record
+    with pytest.raises(SimFailure) as err:
+        w.after_step()
+    assert "pending job ghost has no record" in str(err.value)
+    assert "seed 206" in str(err.value)
+    assert "python -m load.vopr --seed 206" in str(err.value)
+
+
+def test_quiet_network_runs_every_job_once() -> None:
+    for seed in range(20):
+        w = World(seed, faults=QUIET).run()
+        assert w.stats["completed-twice"] == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an attempt that succeeds while its agent is frozen or cut off is ended by the "
+    "broker as lost; the success the agent reports afterwards is ignored and the job runs again",
+)
+def test_no_job_completes_twice_seed_49() -> None:
+    run_seed(49)
+
+
+def test_a_frozen_agent_never_leaves_two_live_copies_seed_206() -> None:
+    run_seed(206, tolerate=KNOWN_GAPS)
