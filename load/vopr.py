@@ -885,6 +885,8 @@ class World:
     def _settled(self) -> bool:
         if self.stream:
             return False
+        if any(r.incarnation == self.broker_inc for r in self.requests.values()):
+            return False  # a command (a Cancel, say) is still on its way to an agent
         jobs = self.machine.jobs
         return all(j in jobs and jobs[j].state in TERMINAL for j in self.accepted)
 

@@ -164,13 +164,14 @@ def test_unreachable_nats_is_said_once_and_retried(tmp_path: Path, procs: list[P
 def test_unreachable_kubernetes_api_is_said_once_and_retried(
     tmp_path: Path, procs: list[Proc], nats_url: str
 ) -> None:
+    api_url = f"https://127.0.0.1:{free_port()}"
     kubeconfig = write(
         tmp_path,
         "kubeconfig",
         f"""apiVersion: v1
 kind: Config
 clusters:
-- cluster: {{server: "https://127.0.0.1:{free_port()}", insecure-skip-tls-verify: true}}
+- cluster: {{server: "{api_url}", insecure-skip-tls-verify: true}}
   name: c
 contexts:
 - context: {{cluster: c, user: u}}
@@ -190,11 +191,13 @@ users:
     )
     agent = Proc(tmp_path, "kube", "agent", "--config", agent_cfg, "--nats", nats_url)
     procs.append(agent)
-    agent.wait_for(lambda text: "cannot reach the Kubernetes API server" in text)
+    said = "Kubernetes API server unreachable"
+    text = agent.wait_for(lambda text: said in text)
+    assert api_url in text, text  # the line names the URL it tried
     time.sleep(3.5)  # backoff 1 s, 2 s: at least two more attempts
     text = agent.stderr
     assert agent.proc.poll() is None, text
-    assert text.count("cannot reach the Kubernetes API server") == 1, text
+    assert text.count(said) == 1, text
     assert "agent stopped" not in text and "Traceback" not in text
 
 
