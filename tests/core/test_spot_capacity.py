@@ -202,7 +202,9 @@ def test_a_checkpoint_between_losses_resets_the_count() -> None:
                 total_replicas=1,
                 nodes=[node],
             ),
-            CheckpointReport(job_id="ckpt", attempt=d.attempt, step=step, uri=f"s3://b/{step}"),
+            CheckpointReport(
+                job_id="ckpt", attempt=d.attempt, step=step, uri=f"s3://b/ckpt/{step}"
+            ),
             now=now + 1,
         )
         agent.send(NodeGone(node=node), now=now + 2)
