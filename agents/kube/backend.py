@@ -596,6 +596,10 @@ class KubeBackend:
         else:
             entry.not_ready_seen = None
         gpu = gpu_state(node, rules, rules.resource(flavor))
+        if gpu.clamped:
+            self.bad_input.note(
+                "Node", "GPU count above the schema bound", node=name, detail=gpu.clamped
+            )
         if gpu.healthy is None and gpu.total < entry.known_gpu:
             # Capacity shrank (the device plugin went away): a dip of the GPUs known.
             gone = entry.known_gpu - gpu.total + gpu.missing

@@ -15,6 +15,7 @@ from agents.backend import BackendError
 from agents.kube.backend import KubeBackend
 from agents.kube.manifests import ANN_CHECKPOINT, ANN_CHECKPOINT_REQUEST, LABEL_JOB
 from schemas.agent import (
+    MAX_GPUS_PER_NODE,
     CheckpointReport,
     GpuHealth,
     NodeGone,
@@ -478,3 +479,26 @@ async def test_restart_rediscovers_workloads_and_skips_missing_crds(
 
 async def _wait(pred: Any, timeout: float = 5.0) -> None:
     await Recorder().wait_for(pred, timeout)
+
+
+async def test_gpu_count_above_the_schema_bound_is_clamped_and_counted(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    """One node with a bogus GPU count must not get the whole snapshot refused."""
+    bound = MAX_GPUS_PER_NODE
+    apiserver.put(NODES, node("ok"))
+    apiserver.put(
+        NODES,
+        node(
+            "bogus",
+            labels={"karpenter.sh/capacity-type": "spot", "nvidia.com/gpu.count": "99999"},
+            gpu=bound + 5,
+        ),
+    )
+    backend, _ = await make_backend()
+    snap = await backend.snapshot()
+    by_name = {n.name: n for n in snap.nodes}
+    assert by_name["ok"].gpu == 8
+    assert by_name["bogus"].gpu == bound
+    snap = msgspec.json.decode(msgspec.json.encode(snap), type=type(snap))  # passes the schema
+    assert backend.counters["bad_input{kind=Node,reason=GPU count above the schema bound}"] >= 1
