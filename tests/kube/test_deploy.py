@@ -122,8 +122,6 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
     apiserver.put(NODES, node("n1"))
-    # Which requests, not whether each manifest validates (test_manifests checks that).
-    apiserver.validate = False
     backend = KubeBackend("c1", make_config(), api_client=api_client)
     await backend.start(Recorder())
     gang = {
@@ -191,6 +189,11 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
         await backend.cancel(cmd.job_id, None, "test")
     await backend.collect_garbage()
     await backend.stop()
+    # Every write validated as a real server would, the TrainJob's runtimePatches included.
+    assert apiserver.rejected == []
+    assert any(m == "POST" and p.endswith("/trainjobs") for m, p, _ in apiserver.requests), (
+        "the TrainJob example was not created"
+    )
 
     used_cluster: set[Rule] = set()
     used_ns: set[Rule] = set()
