@@ -502,3 +502,32 @@ async def test_gpu_count_above_the_schema_bound_is_clamped_and_counted(
     assert by_name["bogus"].gpu == bound
     snap = msgspec.json.decode(msgspec.json.encode(snap), type=type(snap))  # passes the schema
     assert backend.counters["bad_input{kind=Node,reason=GPU count above the schema bound}"] >= 1
+
+
+async def test_service_is_owned_by_its_indexed_job_and_goes_with_it(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    backend, _ = await make_backend()
+    svc_path = f"/api/v1/namespaces/{NS}/services/job-1-a1"
+    await backend.dispatch(gang_dispatch())
+    job, svc = apiserver.get(f"{JOBS}/job-1-a1-worker"), apiserver.get(svc_path)
+    assert job is not None and svc is not None
+    expected = [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": "job-1-a1-worker",
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert svc["metadata"]["ownerReferences"] == expected
+    # A retried dispatch that finds the Job (409) reads its uid for a missing Service.
+    apiserver.remove(svc_path)
+    await backend.dispatch(gang_dispatch())
+    svc = apiserver.get(svc_path)
+    assert svc is not None and svc["metadata"]["ownerReferences"] == expected
+    # Deleting the Job alone collects the Service (garbage collection by owner).
+    await backend.rest.delete(f"{JOBS}/job-1-a1-worker", "Background")
+    assert apiserver.get(svc_path) is None

@@ -142,6 +142,21 @@ def test_trainjob_runtime_patch_containers_need_a_name_not_an_image() -> None:
     assert any("image" in e for e in validate(job))
 
 
+def test_owner_references_need_their_keys_and_one_controller() -> None:
+    ref = {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": True}
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "s", "namespace": "muster", "ownerReferences": [ref]},
+        "spec": {"clusterIP": "None", "ports": [{"port": 29500}]},
+    }
+    assert validate(svc) == []
+    svc["metadata"]["ownerReferences"] = [ref, {**ref, "name": "k", "uid": "v"}]
+    assert any("Only one reference" in e for e in validate(svc))
+    svc["metadata"]["ownerReferences"] = [{**ref, "uid": ""}]
+    assert any("ownerReferences[0].uid" in e for e in validate(svc))
+
+
 def test_immutable_fields_on_update() -> None:
     old = _job()
     new = copy.deepcopy(old)
