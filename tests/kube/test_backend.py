@@ -10,10 +10,13 @@ from typing import Any
 
 import msgspec
 import pytest
+from nats.aio.client import Client
 
 from agents.backend import BackendError
 from agents.kube.backend import KubeBackend
 from agents.kube.manifests import ANN_CHECKPOINT, ANN_CHECKPOINT_REQUEST, LABEL_JOB
+from agents.metrics import AgentMetrics
+from agents.runtime import AgentRuntime
 from schemas.agent import (
     MAX_GPUS_PER_NODE,
     CheckpointReport,
@@ -482,7 +485,7 @@ async def _wait(pred: Any, timeout: float = 5.0) -> None:
 
 
 async def test_gpu_count_above_the_schema_bound_is_clamped_and_counted(
-    apiserver: FakeApiServer, make_backend: Any
+    apiserver: FakeApiServer, make_backend: Any, nc: Client
 ) -> None:
     """One node with a bogus GPU count must not get the whole snapshot refused."""
     bound = MAX_GPUS_PER_NODE
@@ -501,7 +504,12 @@ async def test_gpu_count_above_the_schema_bound_is_clamped_and_counted(
     assert by_name["ok"].gpu == 8
     assert by_name["bogus"].gpu == bound
     snap = msgspec.json.decode(msgspec.json.encode(snap), type=type(snap))  # passes the schema
-    assert backend.counters["bad_input{kind=Node,reason=GPU count above the schema bound}"] >= 1
+    reason = "GPU count above the schema bound"
+    assert backend.counters[f"bad_input{{kind=Node,reason={reason}}}"] >= 1
+    # ... and exported by the agent's metrics endpoint.
+    registry = AgentMetrics(lambda: {"c1": AgentRuntime(backend, nc)}).registry
+    labels = {"cluster": "c1", "kind": "Node", "reason": reason}
+    assert (registry.get_sample_value("muster_agent_bad_input_total", labels) or 0) >= 1
 
 
 async def test_service_is_owned_by_its_indexed_job_and_goes_with_it(
