@@ -269,7 +269,7 @@ def gpu_state(node: KNode, cfg: KubeBackendConfig | Rules, resource: str | None 
         f"allocatable {res}": count_of(node.status.allocatable, res),
     }
     gfd = node.metadata.labels.get(GFD_COUNT, "")
-    if gfd.isdigit():
+    if gfd.isascii() and gfd.isdigit():  # "²".isdigit() holds, but int() refuses it
         raw[f"label {GFD_COUNT}"] = int(gfd)
     # One bogus count must not get the whole snapshot refused by the schema's bound.
     clamped = "; ".join(
@@ -313,7 +313,7 @@ def gpu_state(node: KNode, cfg: KubeBackendConfig | Rules, resource: str | None 
 
 def gfd_memory_mib(node: KNode) -> int:
     v = node.metadata.labels.get(GFD_MEMORY, "")
-    return int(v) if v.isdigit() else 0
+    return int(v) if v.isascii() and v.isdigit() else 0
 
 
 def is_ready(node: KNode) -> bool:
