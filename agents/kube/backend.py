@@ -1029,7 +1029,7 @@ class KubeBackend:
                 created = await self.rest.create(collection, body)
                 uid = (created or {}).get("metadata", {}).get("uid")
                 if created is None and any(o.owner == obj.name for o in plan.objects):
-                    uid = await self.rest.uid_of(obj.resource.item(self.config.namespace, obj.name))
+                    uid = await self.rest.uid_of(collection, obj.name)
                 uids[obj.name] = str(uid or "")
             except KubeApiError as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None

@@ -168,11 +168,14 @@ class KubeRest:
         out = json.loads(data or b"{}")
         return out if isinstance(out, dict) else {}
 
-    async def uid_of(self, item: str) -> str:
-        """The uid of an existing object ("" when it is gone)."""
-        data = await self.request("GET", item, ok_missing=True)
-        out = json.loads(data) if data else {}
-        return str(out.get("metadata", {}).get("uid", "")) if isinstance(out, dict) else ""
+    async def uid_of(self, collection: str, name: str) -> str:
+        """The uid of an existing object ("" when it is gone). A list by name, since the
+        agent's RBAC grants `list`, not `get`, on what it creates."""
+        q = [("fieldSelector", f"metadata.name={name}")]
+        out = json.loads(await self.request("GET", collection, query=q) or b"{}")
+        items = out.get("items") if isinstance(out, dict) else None
+        first = items[0] if isinstance(items, list) and items else {}
+        return str(first.get("metadata", {}).get("uid", "")) if isinstance(first, dict) else ""
 
     async def delete(self, item: str, propagation: str) -> bool:
         """DELETE with a propagation policy (batch/v1 Jobs orphan their pods by default);

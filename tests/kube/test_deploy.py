@@ -168,6 +168,10 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
     cmds += [manifest_dispatch(t, {}, job_id=f"m{i}", attempt=1) for i, t in enumerate(texts)]
     for cmd in cmds:
         await backend.dispatch(cmd)
+    # A retried dispatch whose Job exists (409) reads the Job's uid for the Service it owns.
+    apiserver.remove(f"/api/v1/namespaces/{NS}/services/indexed-job-job-a1")
+    await backend.dispatch(cmds[0])
+    assert apiserver.get(f"/api/v1/namespaces/{NS}/services/indexed-job-job-a1") is not None
     # A pod of one of them, so checkpoint_now has something to patch.
     job = apiserver.get(f"/apis/batch/v1/namespaces/{NS}/jobs/indexed-job-job-a1-worker")
     assert job is not None
