@@ -166,6 +166,8 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     fake: FakeClusterConfig | None = None
     kube: dict[str, Any] | None = None
     local: LocalClusterConfig | None = None
+    # Prometheus /metrics on 127.0.0.1:<port> (`muster-agent --metrics-port` overrides).
+    metrics_port: Annotated[int, Meta(ge=1, le=65535)] | None = None
 
     def __post_init__(self) -> None:
         if self.backend == "fake" and self.fake is None:

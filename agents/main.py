@@ -24,6 +24,7 @@ from agents.backend import Backend
 from agents.config import AgentConfig, AgentConfigError, load_fleet_config
 from agents.fake.cluster import AttemptRecord, FakeCluster
 from agents.local.backend import LocalBackend
+from agents.metrics import AgentMetrics
 from agents.runtime import AgentRuntime
 from schemas import healthz
 from schemas.logs import configure_logging
@@ -194,9 +195,17 @@ async def _connect(opts: NatsOptions, on_reconnect: Callable[[], Awaitable[None]
     return nc
 
 
-async def run_fleet(configs: list[AgentConfig], nats: NatsOptions) -> None:
-    """Run many agents over one NATS connection until cancelled."""
+async def run_fleet(
+    configs: list[AgentConfig],
+    nats: NatsOptions,
+    metrics_port: int | None = None,
+    metrics_addr: str = "127.0.0.1",
+) -> None:
+    """Run many agents over one NATS connection until cancelled. Metrics are served on
+    `metrics_port`, else on the first `metrics_port` of the configs, else not at all."""
     holder: dict[str, Fleet] = {}
+    port = metrics_port or next((c.metrics_port for c in configs if c.metrics_port), None)
+    metrics = AgentMetrics(lambda: holder["fleet"].runtimes if "fleet" in holder else {})
 
     async def reconnected() -> None:
         if "fleet" in holder:
@@ -206,9 +215,12 @@ async def run_fleet(configs: list[AgentConfig], nats: NatsOptions) -> None:
     health_port = healthz.port_from_env()
     health = await healthz.serve(health_port, lambda: nc.is_connected) if health_port else None
     try:
+        if port:
+            metrics.serve(port, metrics_addr)
         holder["fleet"] = await start_fleet(nc, configs)
         await asyncio.Event().wait()
     finally:
+        metrics.close()
         if health is not None:
             health.close()
         if "fleet" in holder:
@@ -228,7 +240,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="agent or fleet YAML")
     parser.add_argument("--nats", default=None, help="NATS URL (default nats://127.0.0.1:4222)")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port"
+    )
+    parser.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        help="address for /metrics (default 127.0.0.1; put anything wider behind auth)",
+    )
     args = parser.parse_args(argv)
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        print(
+            f"error: --metrics-port {args.metrics_port}: give a port in 1..65535", file=sys.stderr
+        )
+        return 2
     configure_logging(args.log_level)
     try:
         fleet = load_fleet_config(args.config)
@@ -237,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     opts = NatsOptions(url=args.nats) if args.nats else NatsOptions()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_until_signal(run_fleet(fleet.clusters, opts)))
+        run = run_fleet(fleet.clusters, opts, args.metrics_port, args.metrics_addr)
+        asyncio.run(_until_signal(run))
     return 0
 
 

@@ -204,6 +204,11 @@ class AgentRuntime:
         self._snapshot_pending = True
         self._wake.set()
 
+    @property
+    def queue_size(self) -> int:
+        """Events waiting to be published (exported as a metric)."""
+        return len(self._queue)
+
     def set_partitioned(self, on: bool) -> None:
         """Simulate a network partition (fake outages): no events, heartbeats or replies
         while on; on heal, behave as after a reconnect."""

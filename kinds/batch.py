@@ -117,24 +117,25 @@ def build_indexed_job(
             parts.append((ps, name, nodes.count(node), Pin((node,), None, True)))
     master_addr = f"{parts[0][1]}-0.{base}"
     objects: list[PlannedObject] = []
-    objects.append(
-        PlannedObject(
-            SERVICE,
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": object_meta(cmd, base, namespace),
-                "spec": {
-                    "clusterIP": "None",
-                    "publishNotReadyAddresses": True,
-                    "selector": {
-                        LABEL_JOB: label_value(cmd.job_id),
-                        LABEL_ATTEMPT: str(cmd.attempt),
-                    },
-                    "ports": [{"name": "rdzv", "port": port, "targetPort": port}],
+    # Controlled by the first Job (created before it), so the Service goes with the attempt
+    # when that Job is deleted or its TTL runs out.
+    service = PlannedObject(
+        SERVICE,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": object_meta(cmd, base, namespace),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {
+                    LABEL_JOB: label_value(cmd.job_id),
+                    LABEL_ATTEMPT: str(cmd.attempt),
                 },
+                "ports": [{"name": "rdzv", "port": port, "targetPort": port}],
             },
-        )
+        },
+        owner=parts[0][1],
     )
     offset = 0
     for ps, name, replicas, pin in parts:
@@ -190,4 +191,5 @@ def build_indexed_job(
             body["spec"]["ttlSecondsAfterFinished"] = policy.ttl_seconds
         objects.append(PlannedObject(BATCH_JOB, body))
         offset += replicas
+    objects.insert(1, service)
     return finish(base, objects, total, [p.name for p in gang])

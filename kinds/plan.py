@@ -19,6 +19,9 @@ _NAME_RE = re.compile(r"[^a-z0-9-]+")
 class PlannedObject(NamedTuple):
     resource: Resource
     body: dict[str, Any]
+    # The name of an earlier object of the plan that controls this one: the agent sets the
+    # owner reference from the uid the create returned, so deleting the owner cleans it up.
+    owner: str = ""
 
     @property
     def name(self) -> str:
@@ -26,7 +29,7 @@ class PlannedObject(NamedTuple):
 
 
 class WorkloadPlan(msgspec.Struct):
-    """What the agent creates, in order (Services first, so DNS exists when pods start)."""
+    """What the agent creates, in order (an owner before the objects it controls)."""
 
     name: str
     objects: list[PlannedObject]
@@ -112,6 +115,19 @@ def container(cmd: Dispatch, name: str, ps: PodSet, gpu_resource: str) -> dict[s
     if w.args:
         c["args"] = list(w.args)
     return c
+
+
+def owner_reference(resource: Resource, name: str, uid: str) -> dict[str, Any]:
+    """A controller reference, as the built-in controllers set it (foreground deletion of the
+    owner waits for the dependent)."""
+    return {
+        "apiVersion": resource.api_version,
+        "kind": resource.kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def finish(base: str, objects: list[PlannedObject], total: int, podsets: list[str]) -> WorkloadPlan:

@@ -195,6 +195,7 @@ class FakeCluster:
         self._next_poisson = math.inf
         self._trace: list[tuple[float, str, str, float]] = []  # (due, op, node, lead)
         self._trace_pos = 0
+        self._stale_s = 0.0
         self.counters: dict[str, int] = {
             "dispatched": 0,
             "succeeded": 0,
@@ -470,6 +471,14 @@ class FakeCluster:
         self.partitioned = start
         if self.on_outage is not None:
             self.on_outage(start)
+
+    def stale_watches(self, seconds: float) -> None:
+        """Report the cluster's view as stale for `seconds` (0 = fresh), as a kube agent whose
+        watches keep failing does; the broker then places nothing here."""
+        self._stale_s = max(0.0, seconds)
+
+    def stale_s(self) -> float:
+        return self._stale_s
 
     # -- views for tests and load --------------------------------------------------------
     @property

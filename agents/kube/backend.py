@@ -118,6 +118,7 @@ from agents.kube.nodes import (
     untolerated_taints,
 )
 from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
+from kinds.plan import PlannedObject, owner_reference
 from schemas.agent import (
     AgentEvent,
     ClusterSnapshot,
@@ -596,6 +597,10 @@ class KubeBackend:
         else:
             entry.not_ready_seen = None
         gpu = gpu_state(node, rules, rules.resource(flavor))
+        if gpu.clamped:
+            self.bad_input.note(
+                "Node", "GPU count above the schema bound", node=name, detail=gpu.clamped
+            )
         if gpu.healthy is None and gpu.total < entry.known_gpu:
             # Capacity shrank (the device plugin went away): a dip of the GPUs known.
             gone = entry.known_gpu - gpu.total + gpu.missing
@@ -1012,6 +1017,7 @@ class KubeBackend:
         if key[0] in self._cancel_upto:
             self._cancel_upto[key[0]] = min(self._cancel_upto[key[0]], cmd.attempt - 1)
         bound = self.log.bind(job_id=cmd.job_id, attempt=cmd.attempt, flavor=cmd.flavor)
+        uids: dict[str, str] = {}
         for obj in plan.objects:
             collection = obj.resource.collection(self.config.namespace)
             if (collection, obj.name) not in w.objects:
@@ -1019,12 +1025,17 @@ class KubeBackend:
             if collection in self._status_kinds:
                 w.expect_object((collection, obj.name))
             try:
-                created = await self.rest.create(collection, obj.body)
+                body = self._owned(obj, plan.objects, uids)
+                created = await self.rest.create(collection, body)
+                uid = (created or {}).get("metadata", {}).get("uid")
+                if created is None and any(o.owner == obj.name for o in plan.objects):
+                    uid = await self.rest.uid_of(collection, obj.name)
+                uids[obj.name] = str(uid or "")
             except KubeApiError as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
-            bound.info("created", kind=obj.resource.kind, name=obj.name, existed=not created)
+            bound.info("created", kind=obj.resource.kind, name=obj.name, existed=created is None)
         self._report(w)
         if cmd.attempt > 1:
             # Older attempts go in the background: the ack (and so the new attempt's start)
@@ -1032,6 +1043,24 @@ class KubeBackend:
             task = asyncio.create_task(self._gc_older(cmd.job_id, cmd.attempt))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    def _owned(
+        obj: PlannedObject, objects: list[PlannedObject], uids: dict[str, str]
+    ) -> dict[str, Any]:
+        """The body with its controller reference, when the plan names an owner."""
+        if not obj.owner:
+            return obj.body
+        owner = next(o for o in objects if o.name == obj.owner)
+        uid = uids.get(obj.owner)
+        if not uid:
+            raise BackendError(f"{owner.resource.kind} {obj.owner} has no uid to own {obj.name}")
+        body = dict(obj.body)
+        body["metadata"] = {
+            **obj.body["metadata"],
+            "ownerReferences": [owner_reference(owner.resource, obj.owner, uid)],
+        }
+        return body
 
     async def _gc_older(self, job_id: str, attempt: int) -> None:
         try:

@@ -10,6 +10,7 @@ small Structs of `agents.kube.decode`.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections import Counter
@@ -155,15 +156,26 @@ class KubeRest:
         err = GoneError if status == 410 else KubeApiError
         raise err(method, path, status, decode_status(data), wait)
 
-    async def create(self, collection: str, body: dict[str, Any]) -> bool:
-        """POST; False when it already exists (409), which makes a retried dispatch safe."""
+    async def create(self, collection: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """POST; the object as created, or None when it already exists (409), which makes a
+        retried dispatch safe."""
         try:
-            await self.request("POST", collection, body=body)
+            data = await self.request("POST", collection, body=body)
         except KubeApiError as exc:
             if exc.status == 409:
-                return False
+                return None
             raise
-        return True
+        out = json.loads(data or b"{}")
+        return out if isinstance(out, dict) else {}
+
+    async def uid_of(self, collection: str, name: str) -> str:
+        """The uid of an existing object ("" when it is gone). A list by name, since the
+        agent's RBAC grants `list`, not `get`, on what it creates."""
+        q = [("fieldSelector", f"metadata.name={name}")]
+        out = json.loads(await self.request("GET", collection, query=q) or b"{}")
+        items = out.get("items") if isinstance(out, dict) else None
+        first = items[0] if isinstance(items, list) and items else {}
+        return str(first.get("metadata", {}).get("uid", "")) if isinstance(first, dict) else ""
 
     async def delete(self, item: str, propagation: str) -> bool:
         """DELETE with a propagation policy (batch/v1 Jobs orphan their pods by default);

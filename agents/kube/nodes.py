@@ -20,7 +20,7 @@ from agents.kube.signals import (
     GPU_PRODUCT_LABELS,
     NoticeTaint,
 )
-from schemas.agent import NodeInfo
+from schemas.agent import MAX_GPUS_PER_NODE, NodeInfo
 from schemas.job import CapacityType
 
 # GPU Feature Discovery labels (NVIDIA GPU operator / k8s-device-plugin).
@@ -246,6 +246,7 @@ class GpuState(msgspec.Struct, frozen=True):
     reason: str = ""
     missing: int = 0
     missing_reason: str = ""
+    clamped: str = ""  # a count above the schema's bound, cut to it (bad input, not capacity)
 
 
 def _partitioned(node: KNode) -> bool:
@@ -263,40 +264,56 @@ def gpu_state(node: KNode, cfg: KubeBackendConfig | Rules, resource: str | None 
     it restarts) or GFD's `gpu.count` above capacity are reported as `missing`."""
     rules = cfg if isinstance(cfg, Rules) else Rules(cfg)
     res = resource or rules.gpu_resource
-    capacity = count_of(node.status.capacity, res)
-    allocatable = count_of(node.status.allocatable, res)
+    raw = {
+        f"capacity {res}": count_of(node.status.capacity, res),
+        f"allocatable {res}": count_of(node.status.allocatable, res),
+    }
+    gfd = node.metadata.labels.get(GFD_COUNT, "")
+    if gfd.isascii() and gfd.isdigit():  # "²".isdigit() holds, but int() refuses it
+        raw[f"label {GFD_COUNT}"] = int(gfd)
+    # One bogus count must not get the whole snapshot refused by the schema's bound.
+    clamped = "; ".join(
+        f"{k}={v} above {MAX_GPUS_PER_NODE}" for k, v in raw.items() if v > MAX_GPUS_PER_NODE
+    )
+    capacity, allocatable, *label = (min(v, MAX_GPUS_PER_NODE) for v in raw.values())
     if res not in node.status.capacity:
         capacity = allocatable
     total = capacity
-    gfd = node.metadata.labels.get(GFD_COUNT, "")
     if (
         res == NVIDIA_GPU
         and capacity > 0
-        and gfd.isdigit()
-        and int(gfd) > capacity
+        and label
+        and label[0] > capacity
         and not _partitioned(node)
     ):
-        total = int(gfd)
+        total = label[0]
     for c in node.status.conditions:
         if c.type in rules.gpu_failure_conditions and c.status == "True":
             return GpuState(
-                total, 0, _xid(c.reason, c.message), f"condition {c.type}: {c.reason}".strip()
+                total,
+                0,
+                _xid(c.reason, c.message),
+                f"condition {c.type}: {c.reason}".strip(),
+                clamped=clamped,
             )
     for t in node.spec.taints:
         if t.key in rules.gpu_failure_taints:
-            return GpuState(total, 0, _xid(t.value, t.key), f"taint {t.key}={t.value}")
+            return GpuState(
+                total, 0, _xid(t.value, t.key), f"taint {t.key}={t.value}", clamped=clamped
+            )
     if allocatable < total:
         return GpuState(
             total,
             missing=total - allocatable,
             missing_reason=f"{total - allocatable} of {total} {res} not allocatable",
+            clamped=clamped,
         )
-    return GpuState(total)
+    return GpuState(total, clamped=clamped)
 
 
 def gfd_memory_mib(node: KNode) -> int:
     v = node.metadata.labels.get(GFD_MEMORY, "")
-    return int(v) if v.isdigit() else 0
+    return int(v) if v.isascii() and v.isdigit() else 0
 
 
 def is_ready(node: KNode) -> bool:

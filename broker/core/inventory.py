@@ -15,9 +15,11 @@ Node rules:
   snapshots and can be restored (`assume`) before the agent has reported the node at all.
 - A node that names a flavor the agent did not list gets an implicit on-demand flavor of that
   name with no GPU type and price 0, so its capacity and allocations are still tracked.
-- Spot notices are never withdrawn by providers: once known, a node's notice sticks (across
-  upserts and snapshots that omit the deadline) until the node leaves the inventory, and counts
-  as one interruption of its pool however often it is re-reported.
+- A notice sticks (across upserts and snapshots that omit the deadline) while the node still
+  takes no new pods, and counts as one interruption of its pool however often it is
+  re-reported. An upsert or snapshot with neither a deadline nor `no_new_pods` withdraws it (a
+  cordon lifted, a taint removed): the node takes placements again. What a notice already set
+  off (a preemption) is not undone.
 """
 
 from __future__ import annotations
@@ -293,6 +295,8 @@ class Inventory:
         self, c: Cluster, info: NodeInfo, now: float, notice: float | None = None
     ) -> Node:
         pool = self._pool(c, info.flavor, now)
+        if info.spot_deadline is None and not info.no_new_pods:
+            notice = None  # withdrawn: nothing about the node says it is going away any more
         usable = info.gpu if info.gpu_healthy is None else min(info.gpu, info.gpu_healthy)
         node = Node(
             name=info.name,
@@ -313,8 +317,7 @@ class Inventory:
             node.used_gpu += g
             node.used_cpu += cp
             node.used_mem += m
-        # Spot notices are never withdrawn: a known notice sticks to the node until it leaves
-        # the inventory, and a re-reported notice is the same interruption (counted once).
+        # A known notice that was not withdrawn is the same interruption (counted once).
         node.notice_counted = notice is not None
         c.nodes[info.name] = node
         pool.attach(node)

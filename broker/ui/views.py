@@ -112,6 +112,7 @@ def fleet(machine: Machine, now: float) -> dict[str, Any]:
     gpu_total = gpu_spot = 0
     for view in machine.cluster_views(now):
         row = msgspec.to_builtins(view)
+        row["stale_s"] = view.stale_s  # > 0: the agent's Kubernetes watches are failing
         for flavor in row.get("flavors", []):
             total = flavor.get("gpu_total", 0)
             flavor["gpu_used"] = total - flavor.get("gpu_free", 0)

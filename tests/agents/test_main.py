@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
+import aiohttp
 import pytest
 from nats.aio.client import Client
 
 from agents.config import AgentConfig, make_fleet_configs
-from agents.main import build_backend, run_agent, run_fleet, start_fake_fleet
+from agents.main import build_backend, main, run_agent, run_fleet, start_fake_fleet
 from schemas.agent import ClusterSnapshot
 from schemas.natsopts import NatsOptions
 from tests.agents.conftest import fast_config
@@ -72,3 +74,39 @@ def test_build_backend_fake() -> None:
     cfg = AgentConfig(cluster="b", backend="fake", fake=fast_config())
     backend = build_backend(cfg)
     assert backend.cluster == "b"
+
+
+async def test_metrics_port_from_the_config_serves_until_cancelled(
+    nc: Client, nats_url: str
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = AgentConfig(
+        cluster=unique("mm"),
+        backend="fake",
+        heartbeat_s=0.05,
+        fake=fast_config(),
+        metrics_port=port,
+    )
+    wire = await BrokerWire(nc, cfg.cluster).start()
+    task = asyncio.create_task(run_agent(cfg, NatsOptions(url=nats_url)))
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        await wire.wait_snapshot(timeout=5)
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            text = await resp.text()
+        assert f'muster_agent_runtime_total{{cluster="{cfg.cluster}",counter="snapshots"}}' in text
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wire.stop()
+    with pytest.raises(aiohttp.ClientConnectionError):  # closed with the agent
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            await resp.read()
+
+
+def test_metrics_port_out_of_range_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", "unused.yaml", "--metrics-port", "70000"]) == 2
+    assert "--metrics-port 70000: give a port in 1..65535" in capsys.readouterr().err

@@ -122,9 +122,11 @@ def test_spot_notice_drains_and_counts_one_interruption() -> None:
     node = res.admitted[0][1].assignment[0][1][0]
     assert s.spot_notice("c1", node, NOW + 120, NOW) == ["a"]
     assert s.spot_notice("c1", "unknown", NOW + 120, NOW) == []
-    # the agent re-reports the node (with or without the deadline): still one interruption
+    # the agent re-reports the node (with the deadline, or without it while the node takes no
+    # new pods): still one interruption
     info = NodeInfo(name=node, flavor="sp", gpu=8, cpu_milli=96_000, memory=1024 * GI)
-    s.upsert_node("c1", info, NOW + 1)
+    s.upsert_node("c1", msgspec.structs.replace(info, spot_deadline=NOW + 120), NOW + 1)
+    s.upsert_node("c1", msgspec.structs.replace(info, no_new_pods=True), NOW + 1)
     s.spot_notice("c1", node, NOW + 120, NOW + 2)
     views = {v.name: v for v in s.flavor_views("c1", NOW + 3)}
     assert views["sp"].interruptions == 1
@@ -177,3 +179,35 @@ def test_a_stale_cluster_takes_no_placements_until_fresh() -> None:
     assert [j for j, _ in s.schedule([gang("a", (1, 4), capacity="on-demand")], NOW).admitted] == [
         "a"
     ]
+
+
+def test_a_withdrawn_notice_frees_the_node_but_not_the_preempted_attempt() -> None:
+    """Cordon (a notice) then uncordon: the node takes placements again; the job the notice
+    moved off it was already told to leave."""
+    s = started(2)
+    res = s.schedule([gang("a", (1, 8), capacity="spot")], NOW)
+    node = res.admitted[0][1].assignment[0][1][0]
+    info = NodeInfo(name=node, flavor="sp", gpu=8, cpu_milli=96_000, memory=1024 * GI)
+    cordoned = msgspec.structs.replace(info, spot_deadline=NOW + 120, no_new_pods=True)
+    assert s.upsert_node("c1", cordoned, NOW) == []
+    assert s.spot_notice("c1", node, NOW + 120, NOW) == ["a"]
+    # Still cordoned (a snapshot without the deadline): the notice sticks.
+    others = [n for n in nodes("sp", "sp", 2) if n.name != node]
+    s.apply_snapshot(
+        "c1",
+        [flavor("od"), flavor("sp", "spot", price=1.0)],
+        [*nodes("od", "od", 2), *others, msgspec.structs.replace(info, no_new_pods=True)],
+        NOW + 1,
+    )
+    assert {v.name: v for v in s.flavor_views("c1", NOW + 1)}["sp"].draining_nodes == 1
+    # Uncordoned: withdrawn; the node is no longer draining and counts as free again once
+    # the job's allocation is released.
+    s.upsert_node("c1", info, NOW + 2)
+    views = {v.name: v for v in s.flavor_views("c1", NOW + 2)}
+    assert views["sp"].draining_nodes == 0
+    assert views["sp"].interruptions == 1  # the notice happened; it is not un-counted
+    s.release("a", 1)
+    views = {v.name: v for v in s.flavor_views("c1", NOW + 3)}
+    assert views["sp"].gpu_free == 16
+    res = s.schedule([gang("b", (2, 8), capacity="spot")], NOW + 3)
+    assert [a[0] for a in res.admitted] == ["b"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from schemas.agent import (
     Heartbeat,
     NodeGone,
     NodeInfo,
+    NodeUpsert,
     Resync,
     SpotNotice,
     WorkloadStatus,
@@ -441,3 +443,37 @@ def test_a_stale_heartbeat_stops_placements_there_and_shows_in_the_view() -> Non
     w.send("a", Heartbeat(at=w.now))  # the watches recovered
     (dispatch,) = sends(w.m.schedule(w.now), Dispatch)
     assert dispatch.job_id == job and w.m.cluster_views(w.now)[0].stale_s == 0.0
+
+
+def test_an_uncordon_withdraws_the_notice_but_the_move_it_started_completes() -> None:
+    w = World()
+    w.cluster("a")
+    w.cluster("b")
+    job = w.submit(checkpoint=CheckpointSpec(uri="s3://x"), capacity="spot")  # type: ignore[arg-type]
+    (d,) = sends(w.cycle(), Dispatch)
+    name = d.assignment[0].nodes[0]
+    first = name.split("-")[0]
+    run(w, job, first, 1)
+    # A cordon is a notice: the agent reports it both ways.
+    cordoned = msgspec.structs.replace(
+        node(first, 0), spot_deadline=w.now + 120, no_new_pods=True, note="cordoned"
+    )
+    fx = w.send(first, NodeUpsert(node=cordoned), SpotNotice(node=name, deadline=w.now + 120))
+    assert "preempting" in events(fx)
+    # Uncordoned before the checkpoint: the move carries on.
+    w.send(first, NodeUpsert(node=node(first, 0)))
+    assert w.m.jobs[job].preempting is not None
+    fx = w.send(first, CheckpointReport(job_id=job, attempt=1, step=5, uri="s3://x/5"))
+    (cancel,) = sends(fx, Cancel)
+    (d2,) = sends(fx, Dispatch)
+    assert cancel.attempt == 1 and d2.assignment[0].nodes[0] != name
+    # Once attempt 1 has ended, the node takes placements again.
+    w.send(
+        first,
+        WorkloadStatus(
+            job_id=job, attempt=1, phase="cancelled", running_replicas=0, total_replicas=1
+        ),
+    )
+    other = w.submit("k")
+    (d3,) = sends(w.cycle(), Dispatch)
+    assert d3.job_id == other and d3.assignment[0].nodes[0] == name

@@ -10,11 +10,15 @@ from typing import Any
 
 import msgspec
 import pytest
+from nats.aio.client import Client
 
 from agents.backend import BackendError
 from agents.kube.backend import KubeBackend
 from agents.kube.manifests import ANN_CHECKPOINT, ANN_CHECKPOINT_REQUEST, LABEL_JOB
+from agents.metrics import AgentMetrics
+from agents.runtime import AgentRuntime
 from schemas.agent import (
+    MAX_GPUS_PER_NODE,
     CheckpointReport,
     GpuHealth,
     NodeGone,
@@ -478,3 +482,60 @@ async def test_restart_rediscovers_workloads_and_skips_missing_crds(
 
 async def _wait(pred: Any, timeout: float = 5.0) -> None:
     await Recorder().wait_for(pred, timeout)
+
+
+async def test_gpu_count_above_the_schema_bound_is_clamped_and_counted(
+    apiserver: FakeApiServer, make_backend: Any, nc: Client
+) -> None:
+    """One node with a bogus GPU count must not get the whole snapshot refused."""
+    bound = MAX_GPUS_PER_NODE
+    apiserver.put(NODES, node("ok"))
+    apiserver.put(
+        NODES,
+        node(
+            "bogus",
+            labels={"karpenter.sh/capacity-type": "spot", "nvidia.com/gpu.count": "99999"},
+            gpu=bound + 5,
+        ),
+    )
+    backend, _ = await make_backend()
+    snap = await backend.snapshot()
+    by_name = {n.name: n for n in snap.nodes}
+    assert by_name["ok"].gpu == 8
+    assert by_name["bogus"].gpu == bound
+    snap = msgspec.json.decode(msgspec.json.encode(snap), type=type(snap))  # passes the schema
+    reason = "GPU count above the schema bound"
+    assert backend.counters[f"bad_input{{kind=Node,reason={reason}}}"] >= 1
+    # ... and exported by the agent's metrics endpoint.
+    registry = AgentMetrics(lambda: {"c1": AgentRuntime(backend, nc)}).registry
+    labels = {"cluster": "c1", "kind": "Node", "reason": reason}
+    assert (registry.get_sample_value("muster_agent_bad_input_total", labels) or 0) >= 1
+
+
+async def test_service_is_owned_by_its_indexed_job_and_goes_with_it(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    backend, _ = await make_backend()
+    svc_path = f"/api/v1/namespaces/{NS}/services/job-1-a1"
+    await backend.dispatch(gang_dispatch())
+    job, svc = apiserver.get(f"{JOBS}/job-1-a1-worker"), apiserver.get(svc_path)
+    assert job is not None and svc is not None
+    expected = [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": "job-1-a1-worker",
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert svc["metadata"]["ownerReferences"] == expected
+    # A retried dispatch that finds the Job (409) reads its uid for a missing Service.
+    apiserver.remove(svc_path)
+    await backend.dispatch(gang_dispatch())
+    svc = apiserver.get(svc_path)
+    assert svc is not None and svc["metadata"]["ownerReferences"] == expected
+    # Deleting the Job alone collects the Service (garbage collection by owner).
+    await backend.rest.delete(f"{JOBS}/job-1-a1-worker", "Background")
+    assert apiserver.get(svc_path) is None

@@ -122,8 +122,6 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
     apiserver.put(NODES, node("n1"))
-    # Which requests, not whether each manifest validates (test_manifests checks that).
-    apiserver.validate = False
     backend = KubeBackend("c1", make_config(), api_client=api_client)
     await backend.start(Recorder())
     gang = {
@@ -170,6 +168,10 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
     cmds += [manifest_dispatch(t, {}, job_id=f"m{i}", attempt=1) for i, t in enumerate(texts)]
     for cmd in cmds:
         await backend.dispatch(cmd)
+    # A retried dispatch whose Job exists (409) reads the Job's uid for the Service it owns.
+    apiserver.remove(f"/api/v1/namespaces/{NS}/services/indexed-job-job-a1")
+    await backend.dispatch(cmds[0])
+    assert apiserver.get(f"/api/v1/namespaces/{NS}/services/indexed-job-job-a1") is not None
     # A pod of one of them, so checkpoint_now has something to patch.
     job = apiserver.get(f"/apis/batch/v1/namespaces/{NS}/jobs/indexed-job-job-a1-worker")
     assert job is not None
@@ -191,6 +193,11 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
         await backend.cancel(cmd.job_id, None, "test")
     await backend.collect_garbage()
     await backend.stop()
+    # Every write validated as a real server would, the TrainJob's runtimePatches included.
+    assert apiserver.rejected == []
+    assert any(m == "POST" and p.endswith("/trainjobs") for m, p, _ in apiserver.requests), (
+        "the TrainJob example was not created"
+    )
 
     used_cluster: set[Rule] = set()
     used_ns: set[Rule] = set()

@@ -271,11 +271,12 @@ def test_indexed_job_env_placement_labels() -> None:
     )
     plan = build_workload(cmd, FLAVOR, NS)
     kinds = [o.resource for o in plan.objects]
-    assert kinds == [SERVICE, BATCH_JOB, BATCH_JOB]
+    assert kinds == [BATCH_JOB, SERVICE, BATCH_JOB]
     assert plan.total_replicas == 4
-    svc = plan.objects[0].body
+    svc = plan.objects[1].body
     assert svc["spec"]["clusterIP"] == "None" and svc["metadata"]["name"] == "job-1-a2"
-    master, worker = plan.objects[1].body, plan.objects[2].body
+    master, worker = plan.objects[0].body, plan.objects[2].body
+    assert plan.objects[1].owner == master["metadata"]["name"]  # created after its owner
     assert master["spec"]["completionMode"] == "Indexed"
     assert (worker["spec"]["completions"], worker["spec"]["parallelism"]) == (3, 3)
     assert worker["spec"]["backoffLimit"] == 0
@@ -322,7 +323,7 @@ def test_indexed_job_shared_nodes_have_no_anti_affinity() -> None:
         "workload": {"image": "t:1"},
     }
     plan = build_workload(dispatch(spec, {"worker": ["n1", "n1"]}), FLAVOR, NS)
-    wt = plan.objects[1].body["spec"]["template"]
+    wt = plan.objects[0].body["spec"]["template"]
     assert node_fields(wt) == [["n1"]]
     assert "podAntiAffinity" not in wt["spec"]["affinity"]
 

@@ -25,6 +25,7 @@ from agents.kube.nodes import (
     untolerated_taints,
 )
 from agents.kube.signals import BUILTIN_NOTICE_TAINTS, NoticeTaint
+from schemas.agent import MAX_GPUS_PER_NODE
 from tests.kube.conftest import make_config, node, pod
 
 
@@ -102,6 +103,19 @@ def test_gfd_labels() -> None:
     raw["status"]["allocatable"]["nvidia.com/gpu"] = "7"
     st = gpu_state(knode(raw), cfg)
     assert (st.total, st.healthy, st.missing) == (8, None, 1)
+
+
+def test_gpu_counts_above_the_schema_bound_are_clamped_and_said() -> None:
+    cfg = make_config()
+    bogus = knode(node("b", labels={"nvidia.com/gpu.count": "5000"}, gpu=9000))
+    st = gpu_state(bogus, cfg)
+    assert st.total == MAX_GPUS_PER_NODE and st.missing == 0
+    assert "capacity nvidia.com/gpu=9000 above" in st.clamped
+    assert "label nvidia.com/gpu.count=5000 above" in st.clamped
+    assert gpu_state(knode(node("ok")), cfg).clamped == ""
+    # Digits int() refuses ("²".isdigit() holds) are ignored, not a crash.
+    odd = knode(node("o", labels={"nvidia.com/gpu.count": "²", "nvidia.com/gpu.memory": "²"}))
+    assert gpu_state(odd, cfg).total == 8 and gfd_memory_mib(odd) == 0
 
 
 def test_gpu_failure_needs_an_explicit_fault() -> None:

@@ -110,6 +110,53 @@ def test_custom_kinds_against_the_vendored_crd() -> None:
     assert validate(unknown)
 
 
+def test_trainjob_runtime_patch_containers_need_a_name_not_an_image() -> None:
+    """The Trainer CRD requires only `name` on a runtimePatches container: the patch merges
+    into the runtime's container, which has the image."""
+    template = {"spec": {"containers": [{"name": "node"}]}}
+    rjob = {"name": "node", "template": {"spec": {"template": template}}}
+    tj: dict[str, Any] = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "tj", "namespace": "muster"},
+        "spec": {
+            "runtimeRef": {"name": "torch-distributed"},
+            "trainer": {"numNodes": 2},
+            "runtimePatches": [
+                {
+                    "manager": "muster",
+                    "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [rjob]}}},
+                }
+            ],
+        },
+    }
+    assert validate(tj) == []
+    nameless = copy.deepcopy(tj)
+    del nameless["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"][
+        "replicatedJobs"
+    ][0]["template"]["spec"]["template"]["spec"]["containers"][0]["name"]
+    assert validate(nameless)
+    # A plain Job's container still needs its image.
+    job = _job()
+    del job["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert any("image" in e for e in validate(job))
+
+
+def test_owner_references_need_their_keys_and_one_controller() -> None:
+    ref = {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": True}
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "s", "namespace": "muster", "ownerReferences": [ref]},
+        "spec": {"clusterIP": "None", "ports": [{"port": 29500}]},
+    }
+    assert validate(svc) == []
+    svc["metadata"]["ownerReferences"] = [ref, {**ref, "name": "k", "uid": "v"}]
+    assert any("Only one reference" in e for e in validate(svc))
+    svc["metadata"]["ownerReferences"] = [{**ref, "uid": ""}]
+    assert any("ownerReferences[0].uid" in e for e in validate(svc))
+
+
 def test_immutable_fields_on_update() -> None:
     old = _job()
     new = copy.deepcopy(old)

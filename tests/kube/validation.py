@@ -353,7 +353,16 @@ def _metadata_causes(obj: dict[str, Any]) -> list[Cause]:
         )
     out += _labels_causes(meta.get("labels"), "metadata.labels")
     out += _annotations_causes(meta.get("annotations"), "metadata.annotations")
-    for i, ref in enumerate(meta.get("ownerReferences") or []):
+    refs = meta.get("ownerReferences") or []
+    if sum(1 for ref in refs if ref.get("controller")) > 1:
+        out.append(
+            Cause(
+                "metadata.ownerReferences",
+                "FieldValueInvalid",
+                "Only one reference can have Controller set to true",
+            )
+        )
+    for i, ref in enumerate(refs):
         for key in ("apiVersion", "kind", "name", "uid"):
             if not ref.get(key):
                 out.append(

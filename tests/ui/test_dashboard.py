@@ -73,6 +73,17 @@ async def test_fleet_queues_and_job_detail(live: Live) -> None:
     used = sum(f["gpu_used"] for c in fleet["clusters"] for f in c["flavors"])
     assert used == 8
     assert all(f["prior_rate_per_node_hour"] > 0 for c in fleet["clusters"] for f in c["flavors"])
+    assert all(c["stale_s"] == 0 for c in fleet["clusters"])
+    # Cluster b's agent reports stale Kubernetes watches in its heartbeat: the page says so.
+    assert live.world.fleet is not None and live.world.harness.broker.machine is not None
+    live.world.fleet.clusters["b"].stale_watches(42.0)
+    machine = live.world.harness.broker.machine
+    await h.wait_for(lambda: any(v.stale_s == 42.0 for v in machine.cluster_views(0.0)))
+    status, fleet = await live.get("/api/fleet")
+    assert isinstance(fleet, dict)
+    assert {c["name"]: c["stale_s"] for c in fleet["clusters"]} == {"a": 0.0, "b": 42.0}
+    live.world.fleet.clusters["b"].stale_watches(0.0)
+    await h.wait_for(lambda: all(v.stale_s == 0 for v in machine.cluster_views(0.0)))
     status, queues = await live.get("/api/queues")
     assert status == 200 and isinstance(queues, dict)
     default = next(q for q in queues["queues"] if q["name"] == "default")

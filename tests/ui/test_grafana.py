@@ -1,4 +1,5 @@
-"""The shipped Grafana dashboard only queries metrics (and labels) the broker really exports."""
+"""The shipped Grafana dashboard only queries metrics (and labels) the broker or an agent
+really exports."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from typing import Any
 
 import pytest
 
+from agents.config import FakeClusterConfig
+from agents.fake.cluster import FakeCluster
+from agents.kube.backend import KubeBackend
+from agents.metrics import AgentMetrics
+from agents.runtime import AgentRuntime
 from tests.broker.conftest import Harness
+from tests.kube.conftest import make_config
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "muster.json"
 FUNCTIONS = frozenset(
@@ -121,6 +128,17 @@ async def test_every_query_names_an_exported_metric_and_label(harness: Harness) 
         for sample in family.samples:
             exported.setdefault(sample.name, set()).update(sample.labels)
     assert "muster_jobs" in exported  # the broker leads: every family is there
+    # Agents: a fake one, and a kube one that has counted one bad object from its API server.
+    kube = KubeBackend("k1", make_config())
+    kube.bad_input.note("Node", "no name")
+    runtimes = {
+        "c1": AgentRuntime(FakeCluster("c1", FakeClusterConfig()), harness.nc),
+        "k1": AgentRuntime(kube, harness.nc),
+    }
+    for family in AgentMetrics(lambda: runtimes).registry.collect():
+        for sample in family.samples:
+            exported.setdefault(sample.name, set()).update(sample.labels)
+    assert {"muster_agent_runtime_total", "muster_agent_bad_input_total"} <= set(exported)
     dashboard = json.loads(DASHBOARD.read_text())
     exprs = _exprs(dashboard)
     assert len(exprs) >= 10

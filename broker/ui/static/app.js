@@ -75,10 +75,15 @@ function fleetPage() {
     const rows = [];
     let free = 0;
     for (const c of d.clusters) {
+      // Stale watches: the agent cannot see its cluster, so nothing is placed there.
+      const health = c.stale_s > 0
+        ? h("td", { class: "health-stale", title: "Kubernetes watches failing; no placements" },
+          c.health + ", stale watches " + Math.round(c.stale_s) + "s")
+        : h("td", { class: "health-" + c.health }, c.health);
       for (const f of c.flavors.length ? c.flavors : [null]) {
         free += f ? f.gpu_free : 0;
         rows.push(h("tr", { "data-cluster": c.name },
-          h("td", {}, c.name), h("td", { class: "health-" + c.health }, c.health),
+          h("td", {}, c.name), health.cloneNode(true),
           h("td", {}, f ? f.name : "-"), h("td", {}, f ? f.capacity_type : ""),
           h("td", {}, f ? f.gpu_type : ""),
           h("td", { class: "num" }, f ? f.gpu_total : 0), h("td", { class: "num" }, f ? f.gpu_used : 0),
