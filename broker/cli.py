@@ -165,6 +165,11 @@ LogFormatFlag = Annotated[
     ),
 ]
 
+TeamOpt = Annotated[
+    str | None,
+    typer.Option("--team", envvar="MUSTER_TEAM", help="act as this team (its API and events)"),
+]
+
 
 class NatsAuth(NamedTuple):
     """The NATS credential and TLS flags every networked command takes."""
@@ -177,13 +182,14 @@ class NatsAuth(NamedTuple):
     tls_cert: str | None = None
     tls_key: str | None = None
     inbox_prefix: str | None = None
+    team: str | None = None
 
 
 _AUTH_PARAMS = [
     inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
     for name, annotation in zip(
         NatsAuth._fields,
-        (Creds, User, Password, Token, TlsCa, TlsCert, TlsKey, InboxPrefix),
+        (Creds, User, Password, Token, TlsCa, TlsCert, TlsKey, InboxPrefix, TeamOpt),
         strict=True,
     )
 ]

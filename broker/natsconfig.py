@@ -54,10 +54,6 @@ def queues_by_team(
     return {team: sorted(set(qs)) for team, qs in sorted(names.items())}
 
 
-def team_of_queue(config: BrokerConfig) -> dict[str, str]:
-    return {q.name: q.team for q in config.queues if q.team}
-
-
 def _user(
     name: str,
     pub: Iterable[str],

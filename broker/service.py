@@ -32,6 +32,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from broker import api as broker_api
+from broker import tenancy
 from broker.core.effects import Effect, Persist, Publish, Send
 from broker.core.machine import Machine, derive_job_id
 from broker.embedded import EmbeddedNats, free_port
@@ -420,6 +421,8 @@ class Broker:
         self.nc = nc
         self.js = nc.jetstream(timeout=10)
         self.subjects = Subjects(prefix=config.subject_prefix)
+        self._team_queues = tenancy.team_queues(config)
+        self._team_of_queue = tenancy.team_of_queue(config)
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.clock = clock
         self.machine: Machine | None = None
@@ -655,6 +658,7 @@ class Broker:
                 pending_bytes_limit=-1,
             ),
             await nc.subscribe(s.api_all, cb=self._on_api),
+            await nc.subscribe(s.api_teams_all, cb=self._on_api),
             await nc.subscribe(
                 s.submit_all, queue="muster-replies", cb=self._rendezvous.on_request
             ),
@@ -746,9 +750,13 @@ class Broker:
                         event = eff.event
                         if event.kind in LIFECYCLE_LOGGED:
                             log_lifecycle(event)
-                        await self.nc.publish(
-                            self.subjects.job_events(event.job_id), encode_json(event)
-                        )
+                        body = encode_json(event)
+                        await self.nc.publish(self.subjects.job_events(event.job_id), body)
+                        team = self._team_of_job(event.job_id)
+                        if team:
+                            await self.nc.publish(
+                                self.subjects.team_events(team, event.job_id), body
+                            )
                 if fut is not None and not fut.done():
                     fut.set_result(None)
 
@@ -1164,12 +1172,18 @@ class Broker:
         machine = self.machine
         if machine is None or not msg.reply:
             return
-        verb = msg.subject.rsplit(".", 1)[-1]
-        if verb == "stats":
+        team, verb = tenancy.split_api_subject(self.subjects.prefix, msg.subject)
+        if verb == "stats" and team is None:
             await msg.respond(encode_json(self.snapshot_stats()))
             return
         try:
-            payload, effects = broker_api.handle(machine, verb, msg.data, self.clock())
+            if team is None:
+                payload, effects = broker_api.handle(machine, verb, msg.data, self.clock())
+            else:
+                owned = self._team_queues.get(team, frozenset())
+                payload, effects = tenancy.handle_as(
+                    team, owned, machine, verb, msg.data, self.clock()
+                )
         except Exception as exc:  # the handler boundary: answer with the reason
             self.refused["api"] += 1
             log.warning("broker.api_failed", verb=verb, error=repr(exc)[:300])
@@ -1182,6 +1196,10 @@ class Broker:
             if fut is not None:
                 await fut
         await msg.respond(payload)
+
+    def _team_of_job(self, job_id: str) -> str | None:
+        record = self.machine.jobs.get(job_id) if self.machine is not None else None
+        return self._team_of_queue.get(record.queue) if record is not None else None
 
     def snapshot_stats(self) -> dict[str, Any]:
         """Counters for operators and benchmarks (`muster.api.stats`)."""

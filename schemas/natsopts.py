@@ -26,6 +26,9 @@ class NatsOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     name: str | None = None
     # `_INBOX_<user>` under the generated NATS permissions (`muster nats-config`).
     inbox_prefix: str | None = None
+    # The team a client acts as: its API calls go to `muster.api.<team>.<verb>` and it follows
+    # events on `muster.events.team.<team>.<job_id>`. Not a connection setting.
+    team: str | None = None
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `nats.connect` (reconnect forever, quickly)."""
