@@ -59,6 +59,9 @@ class CheckpointSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     """Where the workload writes checkpoints; passed to it as MUSTER_CHECKPOINT_URI."""
 
     uri: Annotated[str, Meta(min_length=1, max_length=1024)]
+    # The fastest the job can progress: a reported step beyond resume step + this x running
+    # time is refused as forged. None: no bound.
+    max_steps_per_s: Annotated[float, Meta(gt=0, le=1e9)] | None = None
 
 
 class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
