@@ -35,7 +35,7 @@ def _refusal(fx: list[object]) -> str:
 
 
 def test_an_agent_cannot_report_a_checkpoint_for_another_clusters_attempt() -> None:
-    w, job, _ = _running()
+    w, job, home = _running()
     other = "west" if home == "east" else "east"
     fx = w.send(other, _report(job, 10**9))
     assert other in _refusal(fx) and home in _refusal(fx)
