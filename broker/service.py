@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import hashlib
+import hmac
 import os
 import secrets
 import signal
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 import structlog
 from nats.aio.client import Client
@@ -817,7 +819,15 @@ class Broker:
 
         task.add_done_callback(forget)
 
+    def _attempt_token(self, job_id: str, attempt: int) -> str:
+        """The secret that lets one attempt's workload report its own checkpoints."""
+        basis = f"checkpoint:{job_id}:{attempt}".encode()
+        return hashlib.blake2b(basis, key=self._id_key, digest_size=16).hexdigest()
+
     async def _send_dispatch(self, cluster: str, cmd: Dispatch) -> None:
+        cmd = msgspec.structs.replace(
+            cmd, checkpoint_token=self._attempt_token(cmd.job_id, cmd.attempt)
+        )
         cancel = self._cancels.get(cmd.job_id)
         if cancel is not None:
             # Bounded by the Cancel's own retries; a silent old cluster fences itself anyway.
@@ -1160,6 +1170,13 @@ class Broker:
             return
         try:
             report = _checkpoint_decoder(msg.data)
+            if not hmac.compare_digest(
+                report.token, self._attempt_token(report.job_id, report.attempt)
+            ):
+                raise ValueError(
+                    f"checkpoint for {report.job_id} attempt {report.attempt} without that "
+                    "attempt's MUSTER_CHECKPOINT_TOKEN; only its own replicas may report it"
+                )
             effects = machine.checkpoint(report, self.clock())
         except Exception as exc:  # the handler boundary
             self.refused["checkpoint"] += 1

@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from broker.embedded import free_port, nats_server_binary
 from broker.natsconfig import inbox_prefix, password_var, render
 from schemas.config import BrokerConfig, QueueConfig
+from tests.broker.conftest import harness  # noqa: F401  (the broker harness fixture)
 
 CONFIG = BrokerConfig(
     queues=[
