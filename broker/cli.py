@@ -1026,16 +1026,18 @@ def config_cmd(
 
 @app.command("nats-config")
 def nats_config_cmd(
-    file: Annotated[Path | None, typer.Argument(help="broker config YAML")] = None,
+    file: Annotated[
+        Path | None, typer.Argument(help="broker config YAML, or a ConfigMap holding broker.yaml")
+    ] = None,
     cluster: Annotated[
         list[str] | None, typer.Option("--cluster", help="a cluster whose agent gets a user")
     ] = None,
 ) -> None:
     """Print the nats-server users and permissions (accounts.conf) for the config's teams."""
-    from broker.natsconfig import render
+    from broker.natsconfig import load_broker_config, render
 
     try:
-        loaded = load_config_full(file)
+        loaded = load_broker_config(file)
     except ConfigError as exc:
         fail(str(exc))
     typer.echo(render(loaded.config, cluster or [], loaded.aliases), nl=False)

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from pathlib import Path
 
+import yaml
+
+from broker.config import LoadedConfig, load_config_full, parse_config
 from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
 
@@ -139,3 +143,13 @@ def render(
         + "accounts {\n  MUSTER {\n    jetstream: enabled\n    users: [\n"
         + ("\n".join(users) + "\n    ]\n  }\n}\n")
     )
+
+
+def load_broker_config(path: Path | None) -> LoadedConfig:
+    """A broker config file, or the Kubernetes ConfigMap that ships one as `broker.yaml`."""
+    if path is not None:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
+            text = (doc.get("data") or {}).get("broker.yaml", "")
+            return parse_config(text, source=f"{path}: data.broker.yaml", base_dir=path.parent)
+    return load_config_full(path)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from broker.cli import app
 from broker.embedded import nats_server_binary
-from broker.natsconfig import render
+from broker.natsconfig import load_broker_config, render
 from schemas.natsopts import flush
 from tests.security.conftest import CLUSTERS, CONFIG, AuthNats, passwords, users_in
 
@@ -52,6 +52,15 @@ def test_generated_config_passes_nats_server_check(tmp_path: Path) -> None:
         "team-beta",
         "workload",
     ]
+
+
+def test_deploy_ships_what_the_generator_prints() -> None:
+    configmap = Path(__file__).parents[2] / "deploy" / "broker" / "configmap.yaml"
+    loaded = load_broker_config(configmap)
+    shipped = configmap.parents[1] / "nats" / "accounts.conf"
+    assert shipped.read_text() == render(loaded.config, ["east", "west"], loaded.aliases), (
+        "deploy/nats/accounts.conf is stale: run `make nats-config` and commit it"
+    )
 
 
 def test_cli_prints_the_same_config(tmp_path: Path) -> None:
