@@ -99,6 +99,16 @@ class Simulation(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
 WorkloadKind = Literal["indexed-job", "pytorchjob", "manifest"]
 
 
+class SecretKeyRef(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A key of a Kubernetes Secret in the workload namespace. The kubelet resolves it in the
+    cluster, so the value never passes through Muster (literal `env` values do, and are
+    stored in JetStream: they are not secret)."""
+
+    name: Annotated[str, Meta(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")]
+    key: Annotated[str, Meta(pattern=r"^[-._a-zA-Z0-9]{1,253}$")]
+    optional: bool = False
+
+
 class Workload(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """What runs. `manifest` carries a user's own Kubernetes object (PyTorchJob, MPIJob, ...)."""
 
@@ -107,6 +117,8 @@ class Workload(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     command: Annotated[list[ShortText], Meta(max_length=256)] = []
     args: Annotated[list[ShortText], Meta(max_length=256)] = []
     env: Annotated[dict[str, ShortText], Meta(max_length=256)] = {}
+    # Env vars read from Secrets in the cluster (`valueFrom.secretKeyRef`); kube backend only.
+    secret_env: Annotated[dict[str, SecretKeyRef], Meta(max_length=256)] = {}
     port: Annotated[int, Meta(ge=1, le=65535)] = 29500
     manifest: dict[str, Any] | None = None
     simulate: Simulation | None = None
