@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo demo-local lint typecheck pytest bench schema clean
+.PHONY: test demo demo-local lint typecheck pytest bench schema nats-config clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ demo-local: $(STAMP)
 
 schema: $(STAMP)
 	$(BIN)/python -m schemas.jsonschema
+
+# The NATS users and permissions deploy/ ships, from the broker ConfigMap (docs/security.md).
+nats-config: $(STAMP)
+	$(BIN)/muster nats-config deploy/broker/configmap.yaml --cluster east --cluster west \
+		> deploy/nats/accounts.conf
 
 bench: $(STAMP)
 	$(BIN)/python -m load.bench_core

@@ -80,6 +80,7 @@ ENV_SUBJECT_PREFIX = "MUSTER_SUBJECT_PREFIX"
 ENV_ANNOTATION_FILE = "MUSTER_ANNOTATION_FILE"
 ENV_SIGTERM_GRACE = "MUSTER_SIGTERM_GRACE_S"
 ENV_PODINFO_POLL = "MUSTER_PODINFO_POLL_S"
+ENV_CHECKPOINT_TOKEN = "MUSTER_CHECKPOINT_TOKEN"
 
 _STEP_RE = re.compile(r"step-(\d+)/?$")
 _JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
@@ -126,6 +127,7 @@ class SdkEnv:
     sigterm_grace_s: float = 30.0
     podinfo_dir: str | None = None
     podinfo_poll_s: float = PODINFO_POLL_S
+    checkpoint_token: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SdkEnv:
@@ -185,6 +187,7 @@ class SdkEnv:
             sigterm_grace_s=grace,
             podinfo_dir=get(ENV_PODINFO_DIR),
             podinfo_poll_s=poll,
+            checkpoint_token=get(ENV_CHECKPOINT_TOKEN) or "",
         )
 
     @property
@@ -339,6 +342,7 @@ class Checkpointer:
                 step=step,
                 uri=where,
                 at=time.time(),
+                token=self.env.checkpoint_token,
             )
             subject = self.subjects.checkpoint(self.env.job_id)
             bridge = self._ensure_bridge()

@@ -18,13 +18,16 @@ def checkpoint_prefix(cmd: Dispatch) -> str:
 def muster_env(cmd: Dispatch) -> dict[str, str]:
     """`MUSTER_*`: who the attempt is, where to checkpoint and what to resume from."""
     resume = cmd.resume_from
-    return {
+    env = {
         "MUSTER_JOB_ID": cmd.job_id,
         "MUSTER_ATTEMPT": str(cmd.attempt),
         "MUSTER_CHECKPOINT_URI": checkpoint_prefix(cmd),
         "MUSTER_RESUME_FROM": resume.uri if resume else "",
         "MUSTER_RESUME_STEP": str(resume.step) if resume else "",
     }
+    if cmd.checkpoint_token:
+        env["MUSTER_CHECKPOINT_TOKEN"] = cmd.checkpoint_token
+    return env
 
 
 def rendezvous_env(

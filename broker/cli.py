@@ -143,6 +143,14 @@ Token = Annotated[
 TlsCa = Annotated[str | None, typer.Option("--tls-ca", help="CA bundle to verify NATS")]
 TlsCert = Annotated[str | None, typer.Option("--tls-cert", help="client certificate (mTLS)")]
 TlsKey = Annotated[str | None, typer.Option("--tls-key", help="client key (mTLS)")]
+InboxPrefix = Annotated[
+    str | None,
+    typer.Option(
+        "--inbox-prefix",
+        envvar="MUSTER_NATS_INBOX_PREFIX",
+        help="private reply prefix, _INBOX_<user> under `muster nats-config` permissions",
+    ),
+]
 OutputOpt = Annotated[
     Output, typer.Option("--output", "-o", help="table for people, json for scripts")
 ]
@@ -157,6 +165,11 @@ LogFormatFlag = Annotated[
     ),
 ]
 
+TeamOpt = Annotated[
+    str | None,
+    typer.Option("--team", envvar="MUSTER_TEAM", help="act as this team (its API and events)"),
+]
+
 
 class NatsAuth(NamedTuple):
     """The NATS credential and TLS flags every networked command takes."""
@@ -168,18 +181,22 @@ class NatsAuth(NamedTuple):
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    inbox_prefix: str | None = None
+    team: str | None = None
 
 
 _AUTH_PARAMS = [
     inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
     for name, annotation in zip(
-        NatsAuth._fields, (Creds, User, Password, Token, TlsCa, TlsCert, TlsKey), strict=True
+        NatsAuth._fields,
+        (Creds, User, Password, Token, TlsCa, TlsCert, TlsKey, InboxPrefix, TeamOpt),
+        strict=True,
     )
 ]
 
 
 def with_nats_auth(fn: Callable[..., None]) -> Callable[..., None]:
-    """Give a command the seven credential/TLS options, handed to it as one `auth` argument
+    """Give a command the credential, TLS and inbox options, handed to it as one `auth` argument
     (typer has no option groups; this keeps each command's signature about its own flags)."""
     sig = inspect.signature(fn, eval_str=True)
     own = [
@@ -1005,6 +1022,25 @@ def config_cmd(
         print_json(data)
     else:
         typer.echo(config_to_yaml(loaded.config, loaded.aliases), nl=False)
+
+
+@app.command("nats-config")
+def nats_config_cmd(
+    file: Annotated[
+        Path | None, typer.Argument(help="broker config YAML, or a ConfigMap holding broker.yaml")
+    ] = None,
+    cluster: Annotated[
+        list[str] | None, typer.Option("--cluster", help="a cluster whose agent gets a user")
+    ] = None,
+) -> None:
+    """Print the nats-server users and permissions (accounts.conf) for the config's teams."""
+    from broker.natsconfig import load_broker_config, render
+
+    try:
+        loaded = load_broker_config(file)
+    except ConfigError as exc:
+        fail(str(exc))
+    typer.echo(render(loaded.config, cluster or [], loaded.aliases), nl=False)
 
 
 @app.command()

@@ -258,7 +258,8 @@ class MusterClient:
     # API -------------------------------------------------------------------------------
 
     async def _call(self, verb: str, body: msgspec.Struct, decoder: Any, timeout: float) -> Any:
-        subject = self.subjects.api(verb)
+        team = self._opts.team if self._opts else None
+        subject = self.subjects.api_as(team, verb) if team else self.subjects.api(verb)
         try:
             msg = await self._request(subject, encode_json(body), timeout)
         except NoRespondersError:
@@ -332,7 +333,11 @@ class MusterClient:
         seconds without an event. Events that do not decode are skipped. `on_current` receives
         the job as it stands once subscribed (before any event is yielded).
         """
-        sub = await self.nc.subscribe(self.subjects.job_events(job_id))
+        team = self._opts.team if self._opts else None
+        events = (
+            self.subjects.team_events(team, job_id) if team else self.subjects.job_events(job_id)
+        )
+        sub = await self.nc.subscribe(events)
         try:
             if check_current:
                 view = await self.get(job_id)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import hashlib
+import hmac
 import os
 import secrets
 import signal
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 import structlog
 from nats.aio.client import Client
@@ -32,6 +34,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from broker import api as broker_api
+from broker import tenancy
 from broker.core.effects import Effect, Persist, Publish, Send
 from broker.core.machine import Machine, derive_job_id
 from broker.embedded import EmbeddedNats, free_port
@@ -420,6 +423,8 @@ class Broker:
         self.nc = nc
         self.js = nc.jetstream(timeout=10)
         self.subjects = Subjects(prefix=config.subject_prefix)
+        self._team_queues = tenancy.team_queues(config)
+        self._team_of_queue = tenancy.team_of_queue(config)
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.clock = clock
         self.machine: Machine | None = None
@@ -655,6 +660,7 @@ class Broker:
                 pending_bytes_limit=-1,
             ),
             await nc.subscribe(s.api_all, cb=self._on_api),
+            await nc.subscribe(s.api_teams_all, cb=self._on_api),
             await nc.subscribe(
                 s.submit_all, queue="muster-replies", cb=self._rendezvous.on_request
             ),
@@ -746,9 +752,13 @@ class Broker:
                         event = eff.event
                         if event.kind in LIFECYCLE_LOGGED:
                             log_lifecycle(event)
-                        await self.nc.publish(
-                            self.subjects.job_events(event.job_id), encode_json(event)
-                        )
+                        body = encode_json(event)
+                        await self.nc.publish(self.subjects.job_events(event.job_id), body)
+                        team = self._team_of_job(event.job_id)
+                        if team:
+                            await self.nc.publish(
+                                self.subjects.team_events(team, event.job_id), body
+                            )
                 if fut is not None and not fut.done():
                     fut.set_result(None)
 
@@ -809,7 +819,15 @@ class Broker:
 
         task.add_done_callback(forget)
 
+    def _attempt_token(self, job_id: str, attempt: int) -> str:
+        """The secret that lets one attempt's workload report its own checkpoints."""
+        basis = f"checkpoint:{job_id}:{attempt}".encode()
+        return hashlib.blake2b(basis, key=self._id_key, digest_size=16).hexdigest()
+
     async def _send_dispatch(self, cluster: str, cmd: Dispatch) -> None:
+        cmd = msgspec.structs.replace(
+            cmd, checkpoint_token=self._attempt_token(cmd.job_id, cmd.attempt)
+        )
         cancel = self._cancels.get(cmd.job_id)
         if cancel is not None:
             # Bounded by the Cancel's own retries; a silent old cluster fences itself anyway.
@@ -1152,6 +1170,13 @@ class Broker:
             return
         try:
             report = _checkpoint_decoder(msg.data)
+            if not hmac.compare_digest(
+                report.token, self._attempt_token(report.job_id, report.attempt)
+            ):
+                raise ValueError(
+                    f"checkpoint for {report.job_id} attempt {report.attempt} without that "
+                    "attempt's MUSTER_CHECKPOINT_TOKEN; only its own replicas may report it"
+                )
             effects = machine.checkpoint(report, self.clock())
         except Exception as exc:  # the handler boundary
             self.refused["checkpoint"] += 1
@@ -1164,12 +1189,18 @@ class Broker:
         machine = self.machine
         if machine is None or not msg.reply:
             return
-        verb = msg.subject.rsplit(".", 1)[-1]
-        if verb == "stats":
+        team, verb = tenancy.split_api_subject(self.subjects.prefix, msg.subject)
+        if verb == "stats" and team is None:
             await msg.respond(encode_json(self.snapshot_stats()))
             return
         try:
-            payload, effects = broker_api.handle(machine, verb, msg.data, self.clock())
+            if team is None:
+                payload, effects = broker_api.handle(machine, verb, msg.data, self.clock())
+            else:
+                owned = self._team_queues.get(team, frozenset())
+                payload, effects = tenancy.handle_as(
+                    team, owned, machine, verb, msg.data, self.clock()
+                )
         except Exception as exc:  # the handler boundary: answer with the reason
             self.refused["api"] += 1
             log.warning("broker.api_failed", verb=verb, error=repr(exc)[:300])
@@ -1182,6 +1213,10 @@ class Broker:
             if fut is not None:
                 await fut
         await msg.respond(payload)
+
+    def _team_of_job(self, job_id: str) -> str | None:
+        record = self.machine.jobs.get(job_id) if self.machine is not None else None
+        return self._team_of_queue.get(record.queue) if record is not None else None
 
     def snapshot_stats(self) -> dict[str, Any]:
         """Counters for operators and benchmarks (`muster.api.stats`)."""

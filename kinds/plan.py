@@ -108,7 +108,11 @@ def container(cmd: Dispatch, name: str, ps: PodSet, gpu_resource: str) -> dict[s
         "image": w.image,
         "resources": resources,
         "ports": [{"name": "rdzv", "containerPort": w.port}],
-        "env": [{"name": k, "value": v} for k, v in sorted(w.env.items())],
+        "env": [{"name": k, "value": v} for k, v in sorted(w.env.items())]
+        + [
+            {"name": k, "valueFrom": {"secretKeyRef": msgspec.to_builtins(ref)}}
+            for k, ref in sorted(w.secret_env.items())
+        ],
     }
     if w.command:
         c["command"] = list(w.command)

@@ -116,7 +116,11 @@ def muster_env(cmd: Dispatch) -> list[dict[str, Any]]:
         {"name": "MUSTER_RESUME_FROM", "value": resume.uri if resume else ""},
         {"name": "MUSTER_RESUME_STEP", "value": str(resume.step) if resume else ""},
         {"name": "MUSTER_PODINFO_DIR", "value": PODINFO_DIR},
-    ]
+    ] + (
+        [{"name": "MUSTER_CHECKPOINT_TOKEN", "value": cmd.checkpoint_token}]
+        if cmd.checkpoint_token
+        else []
+    )
 
 
 def _merge_env(container: dict[str, Any], env: list[dict[str, Any]]) -> None:

@@ -126,6 +126,9 @@ class CheckpointReport(msgspec.Struct, tag="checkpoint", omit_defaults=True):
     step: Annotated[int, Meta(ge=0, le=MAX_SEQ)]
     uri: Annotated[str, Meta(max_length=2048)]
     at: Timestamp = 0.0
+    # The attempt's checkpoint token (Dispatch.checkpoint_token): proves a report sent by a
+    # workload straight to the broker comes from that attempt. Agents' reports need none.
+    token: Annotated[str, Meta(max_length=128)] = ""
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
@@ -185,6 +188,9 @@ class Dispatch(msgspec.Struct, tag="dispatch", omit_defaults=True):
     # Self-fencing: an agent cut off from NATS this long deletes the workload itself, before
     # the broker declares the cluster lost and starts the job elsewhere. 0 = never.
     fence_after_s: Annotated[float, Meta(ge=0, le=86_400)] = 0.0
+    # A secret only this attempt's replicas get (MUSTER_CHECKPOINT_TOKEN); the broker accepts
+    # a workload's own checkpoint report only with it, so no job can report for another.
+    checkpoint_token: Annotated[str, Meta(max_length=128)] = ""
 
 
 class Cancel(msgspec.Struct, tag="cancel", omit_defaults=True):

@@ -39,6 +39,9 @@ class PreemptionPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
 
 class QueueConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     name: DnsLabel
+    # The team that owns the queue: `muster nats-config` lets only that team's NATS user
+    # submit here and read its jobs' events. None: admins only.
+    team: DnsLabel | None = None
     cohort: DnsLabel | None = None
     weight: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
     strategy: Literal["StrictFIFO", "BestEffortFIFO"] = "BestEffortFIFO"

@@ -59,6 +59,9 @@ class CheckpointSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     """Where the workload writes checkpoints; passed to it as MUSTER_CHECKPOINT_URI."""
 
     uri: Annotated[str, Meta(min_length=1, max_length=1024)]
+    # The fastest the job can progress: a reported step beyond resume step + this x running
+    # time is refused as forged. None: no bound.
+    max_steps_per_s: Annotated[float, Meta(gt=0, le=1e9)] | None = None
 
 
 class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -96,6 +99,16 @@ class Simulation(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
 WorkloadKind = Literal["indexed-job", "pytorchjob", "manifest"]
 
 
+class SecretKeyRef(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A key of a Kubernetes Secret in the workload namespace. The kubelet resolves it in the
+    cluster, so the value never passes through Muster (literal `env` values do, and are
+    stored in JetStream: they are not secret)."""
+
+    name: Annotated[str, Meta(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")]
+    key: Annotated[str, Meta(pattern=r"^[-._a-zA-Z0-9]{1,253}$")]
+    optional: bool = False
+
+
 class Workload(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """What runs. `manifest` carries a user's own Kubernetes object (PyTorchJob, MPIJob, ...)."""
 
@@ -104,6 +117,8 @@ class Workload(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     command: Annotated[list[ShortText], Meta(max_length=256)] = []
     args: Annotated[list[ShortText], Meta(max_length=256)] = []
     env: Annotated[dict[str, ShortText], Meta(max_length=256)] = {}
+    # Env vars read from Secrets in the cluster (`valueFrom.secretKeyRef`); kube backend only.
+    secret_env: Annotated[dict[str, SecretKeyRef], Meta(max_length=256)] = {}
     port: Annotated[int, Meta(ge=1, le=65535)] = 29500
     manifest: dict[str, Any] | None = None
     simulate: Simulation | None = None

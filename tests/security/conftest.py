@@ -1,0 +1,110 @@
+"""A real nats-server running the authorization `muster nats-config` generates, and
+connections as each of its users with that user's own password and inbox prefix."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest_asyncio
+from nats.aio.client import Client
+
+from broker.embedded import free_port, nats_server_binary
+from broker.natsconfig import inbox_prefix, password_var, render
+from schemas.config import BrokerConfig, QueueConfig
+from tests.broker.conftest import harness  # noqa: F401  (the broker harness fixture)
+
+CONFIG = BrokerConfig(
+    queues=[
+        QueueConfig(name="vision", team="alpha"),
+        QueueConfig(name="speech", team="beta"),
+        QueueConfig(name="ops"),
+    ],
+    queue_aliases={"vision-batch": "vision"},
+)
+CLUSTERS = ["east", "west"]
+
+
+def users_in(conf: str) -> list[str]:
+    return re.findall(r'user: "([^"]+)"', conf)
+
+
+def passwords(conf: str) -> dict[str, str]:
+    return {password_var(u): f"pw-{u}" for u in users_in(conf)}
+
+
+class AuthNats:
+    """The server and a way to connect as one of its users; refusals land in `errors`."""
+
+    def __init__(self, url: str, store: Path) -> None:
+        self.url = url
+        self.store = store
+        self.errors: dict[str, list[Exception]] = {}
+        self.conns: list[Client] = []
+
+    async def connect(self, user: str, *, prefix: str | None = None) -> Client:
+        errors = self.errors.setdefault(user, [])
+
+        async def on_error(e: Exception) -> None:
+            errors.append(e)
+
+        nc = await nats.connect(
+            self.url,
+            user=user,
+            password=f"pw-{user}",
+            inbox_prefix=prefix or inbox_prefix(user),
+            error_cb=on_error,
+            allow_reconnect=False,
+            connect_timeout=2,
+        )
+        self.conns.append(nc)
+        return nc
+
+
+async def start_auth_nats(tmp: Path, conf: str) -> tuple[asyncio.subprocess.Process, AuthNats]:
+    (tmp / "accounts.conf").write_text(conf)
+    port = free_port()
+    (tmp / "server.conf").write_text(
+        f"listen: 127.0.0.1:{port}\n"
+        f'jetstream {{ store_dir: "{tmp / "js"}" }}\n'
+        "include ./accounts.conf\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        nats_server_binary(),
+        "-c",
+        str(tmp / "server.conf"),
+        env={**os.environ, **passwords(conf)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    server = AuthNats(f"nats://127.0.0.1:{port}", tmp)
+    for _ in range(200):
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return proc, server
+        await asyncio.sleep(0.05)
+    proc.terminate()
+    raise AssertionError("nats-server with the generated config did not start")
+
+
+@pytest_asyncio.fixture
+async def auth_nats(tmp_path: Path) -> AsyncIterator[AuthNats]:
+    proc, server = await start_auth_nats(tmp_path, render(CONFIG, CLUSTERS))
+    try:
+        yield server
+    finally:
+        for c in server.conns:
+            if not c.is_closed:
+                await c.close()
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=10)
+
+
+Connect = Callable[[str], Awaitable[Any]]
