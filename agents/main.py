@@ -1,13 +1,12 @@
 """Agent entry points: one agent per process (`run_agent`), or a fleet of agents sharing one
 NATS connection (`run_fleet`; fake clusters for demos and load tests).
 
-`python -m agents.main --config agent.yaml [--nats nats://127.0.0.1:4222]` runs either: a file
-with `clusters:` is a fleet, a file with `cluster:` a single agent.
+`muster agent --config agent.yaml [--nats nats://127.0.0.1:4222]` (or `python -m agents.main`)
+runs either: a file with `clusters:` is a fleet, a file with `cluster:` a single agent.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import signal
@@ -21,16 +20,15 @@ import structlog
 from nats.aio.client import Client
 
 from agents.backend import Backend
-from agents.config import AgentConfig, AgentConfigError, load_fleet_config
+from agents.config import AgentConfig
 from agents.fake.cluster import AttemptRecord, FakeCluster
 from agents.local.backend import LocalBackend
 from agents.metrics import AgentMetrics
 from agents.runtime import AgentRuntime
 from schemas import healthz
-from schemas.logs import configure_logging
 from schemas.natsopts import NatsOptions
-from schemas.natsstate import NatsStateLog
 from schemas.subjects import Subjects
+from shell.natsstate import NatsStateLog
 
 
 def build_backend(config: AgentConfig) -> Backend:
@@ -236,38 +234,14 @@ async def run_agent(config: AgentConfig, nats: NatsOptions) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="muster-agent", description=__doc__)
-    parser.add_argument("--config", required=True, help="agent or fleet YAML")
-    parser.add_argument("--nats", default=None, help="NATS URL (default nats://127.0.0.1:4222)")
-    parser.add_argument("--log-level", default="info")
-    parser.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port"
-    )
-    parser.add_argument(
-        "--metrics-addr",
-        default="127.0.0.1",
-        help="address for /metrics (default 127.0.0.1; put anything wider behind auth)",
-    )
-    args = parser.parse_args(argv)
-    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
-        print(
-            f"error: --metrics-port {args.metrics_port}: give a port in 1..65535", file=sys.stderr
-        )
-        return 2
-    configure_logging(args.log_level)
-    try:
-        fleet = load_fleet_config(args.config)
-    except AgentConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    opts = NatsOptions(url=args.nats) if args.nats else NatsOptions()
-    with contextlib.suppress(KeyboardInterrupt):
-        run = run_fleet(fleet.clusters, opts, args.metrics_port, args.metrics_addr)
-        asyncio.run(_until_signal(run))
-    return 0
+    """`python -m agents.main`: the same command as `muster agent`."""
+    from agents.cli import agent
+    from shell.cli import invoke
+
+    return invoke(agent, argv, "python -m agents.main")
 
 
-async def _until_signal(coro: Coroutine[Any, Any, None]) -> None:
+async def until_signal(coro: Coroutine[Any, Any, None]) -> None:
     """SIGTERM/SIGINT cancel the agents so they stop cleanly (Kubernetes sends SIGTERM)."""
     task = asyncio.create_task(coro)
     loop = asyncio.get_running_loop()

@@ -41,8 +41,8 @@ from schemas.agent import (
     WorkloadStatus,
 )
 from schemas.codec import DecodeError, decode_command, encode_json, encode_msgpack
-from schemas.natsopts import flush
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
+from shell.natsio import flush
 
 TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
 MAX_ERROR_CHARS = 1000  # CommandAck.error is capped at 1024 by the schema

@@ -63,8 +63,8 @@ import msgspec
 
 from schemas.agent import CheckpointNow, CheckpointRef, CheckpointReport
 from schemas.codec import encode_json
-from schemas.natsopts import flush
 from schemas.subjects import Subjects
+from shell.natsio import flush
 
 ANNOTATION = "muster.dev/checkpoint"
 ENV_JOB_ID = "MUSTER_JOB_ID"

@@ -1,5 +1,5 @@
-"""`python -m broker ...` is the `muster` command."""
+"""`python -m broker ...` runs the whole `muster` command, as it always has."""
 
-from broker.cli import main
+from muster.cli import main
 
 main()

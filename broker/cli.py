@@ -1,5 +1,6 @@
-"""`muster`: the command line for users (submit, status, cancel, why, queues, clusters, watch)
-and for operators (broker, agent, fleet, config, schema).
+"""The broker's part of the `muster` command line: the user commands (submit, status, cancel,
+why, queues, clusters, watch) and the broker's operator commands (broker, config, nats-config,
+schema). The agent's commands are in agents/cli.py; muster/cli.py joins them into `muster`.
 
 Client commands reach NATS at --nats, else $MUSTER_NATS, else the URL an embedded broker wrote
 to <state dir>/nats.url, else nats://127.0.0.1:4222. `--output json` prints the exact reply
@@ -9,14 +10,12 @@ Structs for scripts. A user error prints one line on stderr and exits 1; usage e
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple, NoReturn, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 import typer
@@ -25,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.cli_live import UiHost, UiPort, register_live
-from broker.client import MusterClient, MusterError, default_state_dir, resolve_nats_url
+from broker.client import MusterClient, MusterError
 from broker.config import ConfigError, config_to_yaml, load_config_full
 from broker.manifests import JobDocumentError, load_job_documents
 from schemas.api import (
@@ -37,8 +36,24 @@ from schemas.api import (
     SubmitReply,
     WhyView,
 )
-from schemas.logs import configure_logging
 from schemas.natsopts import NatsOptions
+from shell.cli import (
+    LogFormatFlag,
+    LogLevel,
+    LogLevelOpt,
+    NatsAuth,
+    NatsUrl,
+    as_coroutine,
+    err,
+    fail,
+    nats_options,
+    serve,
+    server_nats,
+    tidy_help,
+    with_nats_auth,
+)
+from shell.logs import configure_logging
+from shell.natsio import default_state_dir
 
 T = TypeVar("T")
 
@@ -52,26 +67,8 @@ app = typer.Typer(
 )
 
 
-def _version(value: bool) -> None:
-    if value:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            typer.echo(f"muster {version('muster')}")
-        except PackageNotFoundError:
-            typer.echo("muster (not installed as a package)")
-        raise typer.Exit(0)
-
-
 @app.callback()
-def _root(
-    show_version: Annotated[
-        bool,
-        typer.Option(
-            "--version", callback=_version, is_eager=True, help="print the version and exit"
-        ),
-    ] = False,
-) -> None:
+def _root() -> None:
     """Muster: gang admission of GPU training jobs across clusters, over NATS."""
 
 
@@ -85,7 +82,6 @@ class _Out:
 
 
 out = _Out()
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # one error = one line
 
 
 class Output(StrEnum):
@@ -108,148 +104,22 @@ class State(StrEnum):
     cancelled = "cancelled"
 
 
-class LogFormatOpt(StrEnum):
-    json = "json"
-    console = "console"
-
-
-class LogLevel(StrEnum):
-    debug = "debug"
-    info = "info"
-    warning = "warning"
-    error = "error"
-
-
 # -- shared options ----------------------------------------------------------------------
 
-NatsUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--nats",
-        help="NATS URL(s), comma-separated (default: $MUSTER_NATS, then <state dir>/nats.url, "
-        "then nats://127.0.0.1:4222)",
-        show_default=False,
-    ),
-]
-Creds = Annotated[str | None, typer.Option("--creds", help="NATS .creds file (JWT + nkey)")]
-User = Annotated[str | None, typer.Option("--user", help="NATS user")]
-Password = Annotated[
-    str | None,
-    typer.Option("--password", envvar="MUSTER_NATS_PASSWORD", help="NATS password"),
-]
-Token = Annotated[
-    str | None, typer.Option("--token", envvar="MUSTER_NATS_TOKEN", help="NATS auth token")
-]
-TlsCa = Annotated[str | None, typer.Option("--tls-ca", help="CA bundle to verify NATS")]
-TlsCert = Annotated[str | None, typer.Option("--tls-cert", help="client certificate (mTLS)")]
-TlsKey = Annotated[str | None, typer.Option("--tls-key", help="client key (mTLS)")]
-InboxPrefix = Annotated[
-    str | None,
-    typer.Option(
-        "--inbox-prefix",
-        envvar="MUSTER_NATS_INBOX_PREFIX",
-        help="private reply prefix, _INBOX_<user> under `muster nats-config` permissions",
-    ),
-]
 OutputOpt = Annotated[
     Output, typer.Option("--output", "-o", help="table for people, json for scripts")
 ]
 Timeout = Annotated[float, typer.Option("--timeout", help="seconds to wait for the broker")]
-LogLevelOpt = Annotated[LogLevel, typer.Option("--log-level", help="log verbosity")]
-LogFormatFlag = Annotated[
-    LogFormatOpt | None,
-    typer.Option(
-        "--log-format",
-        help="json (one object per line) or console; default: console on a terminal, else json",
-        show_default=False,
-    ),
-]
-
-TeamOpt = Annotated[
-    str | None,
-    typer.Option("--team", envvar="MUSTER_TEAM", help="act as this team (its API and events)"),
-]
-
-
-class NatsAuth(NamedTuple):
-    """The NATS credential and TLS flags every networked command takes."""
-
-    creds: str | None = None
-    user: str | None = None
-    password: str | None = None
-    token: str | None = None
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    inbox_prefix: str | None = None
-    team: str | None = None
-
-
-_AUTH_PARAMS = [
-    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
-    for name, annotation in zip(
-        NatsAuth._fields,
-        (Creds, User, Password, Token, TlsCa, TlsCert, TlsKey, InboxPrefix, TeamOpt),
-        strict=True,
-    )
-]
-
-
-def with_nats_auth(fn: Callable[..., None]) -> Callable[..., None]:
-    """Give a command the credential, TLS and inbox options, handed to it as one `auth` argument
-    (typer has no option groups; this keeps each command's signature about its own flags)."""
-    sig = inspect.signature(fn, eval_str=True)
-    own = [
-        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-        for p in sig.parameters.values()
-        if p.name != "auth"
-    ]
-    at = next((i + 1 for i, p in enumerate(own) if p.name == "nats"), len(own))
-    params = own[:at] + _AUTH_PARAMS + own[at:]  # listed in --help right after --nats
-
-    @functools.wraps(fn)
-    def command(**kwargs: Any) -> None:
-        auth = NatsAuth(*(kwargs.pop(name) for name in NatsAuth._fields))
-        fn(auth=auth, **kwargs)
-
-    del command.__wrapped__  # typer must see the signature below, not fn's
-    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
-    return command
-
-
-def nats_options(url: str | None, auth: NatsAuth, *, name: str = "muster-cli") -> NatsOptions:
-    """NatsOptions from the CLI flags; an unset URL is resolved (see --nats)."""
-    if auth.tls_key and not auth.tls_cert:
-        fail("--tls-key needs --tls-cert (the client certificate it belongs to)")
-    for flag, path in (
-        ("--creds", auth.creds),
-        ("--tls-ca", auth.tls_ca),
-        ("--tls-cert", auth.tls_cert),
-    ):
-        if path and not Path(path).is_file():
-            fail(f"{flag} {path}: file not found")
-    return NatsOptions(url=url or resolve_nats_url(None), name=name, **auth._asdict())
-
-
-def fail(message: str) -> NoReturn:
-    """One clear line on stderr, exit status 1."""
-    err.print(Text(f"error: {message}", style="red"))
-    raise typer.Exit(1)
 
 
 def _run(coro: Awaitable[T]) -> T:
     """Run a coroutine; user-facing errors become one line on stderr and exit 1."""
     try:
-        return asyncio.run(_as_coroutine(coro))
+        return asyncio.run(as_coroutine(coro))
     except (MusterError, JobDocumentError, ConfigError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-
-
-async def _as_coroutine(aw: Awaitable[T]) -> T:
-    return await aw
 
 
 async def _with_client(opts: NatsOptions, fn: Callable[[MusterClient], Awaitable[T]]) -> T:
@@ -848,43 +718,6 @@ _ENDED = frozenset({"succeeded", "failed", "cancelled"})
 # -- operator commands -------------------------------------------------------------------
 
 
-def _server_nats(
-    url: str | None, auth: NatsAuth, *, name: str, resolve: bool
-) -> NatsOptions | None:
-    if url is None and not resolve:
-        if any(auth):
-            fail("NATS credentials or TLS options need --nats URL too")
-        return None
-    return nats_options(url, auth, name=name)
-
-
-def _lazy(module: str, attr: str | None) -> Any:
-    """Import a server part only when its command runs, so the client CLI works without it."""
-    import importlib
-
-    try:
-        mod = importlib.import_module(module)
-        return mod if attr is None else getattr(mod, attr)
-    except (ImportError, AttributeError) as exc:
-        fail(f"{module} is not available in this installation ({exc})")
-
-
-def _serve(coro: Awaitable[None]) -> None:
-    """Run a server until it ends; whatever stops it is one line on stderr, never a traceback
-    (`--log-level debug` logs the traceback for a bug report)."""
-    try:
-        asyncio.run(_as_coroutine(coro))
-    except KeyboardInterrupt:
-        pass
-    except (ConfigError, MusterError, ValueError) as exc:  # configs, traces, agent settings
-        fail(str(exc))
-    except Exception as exc:
-        import structlog
-
-        structlog.get_logger("muster").debug("server stopped", exc_info=True)
-        fail(f"{type(exc).__name__}: {exc} (run with --log-level debug for the traceback)")
-
-
 @app.command()
 @with_nats_auth
 def broker(
@@ -933,10 +766,10 @@ def broker(
         fail(str(exc))
     for note in loaded.notes:
         err.print(Text(f"note: {note}", style="dim"))
-    opts = _server_nats(nats, auth, name="muster-broker", resolve=False)
-    run_broker = _lazy("broker.service", "run_broker")
+    opts = server_nats(nats, auth, name="muster-broker", resolve=False)
+    from broker.service import run_broker  # the server's imports, only when it runs
 
-    _serve(
+    serve(
         run_broker(
             config=loaded.config,
             nats=opts,
@@ -944,63 +777,9 @@ def broker(
             metrics_port=metrics_port,
             ui_port=ui_port,
             ui_host=ui_host,
-        )
+        ),
+        user_errors=(ConfigError, MusterError, ValueError),  # configs, traces, settings
     )
-
-
-@app.command()
-@with_nats_auth
-def agent(
-    config: Annotated[Path, typer.Option("--config", "-c", help="agent config YAML")],
-    nats: NatsUrl = None,
-    log_level: LogLevelOpt = LogLevel.info,
-    log_format: LogFormatFlag = None,
-    *,
-    auth: NatsAuth,
-) -> None:
-    """Run one cluster agent (backend kube, fake or local)."""
-    configure_logging(log_level.value, log_format.value if log_format else None)
-    load_agent_config = _lazy("agents.config", "load_agent_config")
-    run_agent = _lazy("agents.main", "run_agent")
-
-    try:
-        cfg = load_agent_config(config)
-    except ValueError as exc:
-        fail(str(exc))
-    opts = _server_nats(nats, auth, name=f"muster-agent-{cfg.cluster}", resolve=True)
-    assert opts is not None
-    _serve(run_agent(cfg, opts))
-
-
-@app.command()
-@with_nats_auth
-def fleet(
-    config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")],
-    nats: NatsUrl = None,
-    log_level: LogLevelOpt = LogLevel.info,
-    log_format: LogFormatFlag = None,
-    *,
-    auth: NatsAuth,
-) -> None:
-    """Run many (fake) cluster agents in one process, for demos and load tests."""
-    configure_logging(log_level.value, log_format.value if log_format else None)
-    agent_config = _lazy("agents.config", None)
-    run_fleet = _lazy("agents.main", "run_fleet")
-
-    try:
-        loader = getattr(agent_config, "load_fleet_config", None)
-        if loader is not None:
-            fleet_cfg = loader(config)
-        else:  # pragma: no cover - older agents package
-            import yaml
-
-            raw = yaml.safe_load(config.read_text(encoding="utf-8"))
-            fleet_cfg = msgspec.convert(raw, agent_config.FleetConfig, strict=False)
-    except (ValueError, OSError) as exc:
-        fail(str(exc))
-    opts = _server_nats(nats, auth, name="muster-fleet", resolve=True)
-    assert opts is not None
-    _serve(run_fleet(fleet_cfg.clusters, opts))
 
 
 @app.command("config")
@@ -1054,33 +833,11 @@ def schema() -> None:
 register_live(app)
 
 
-class _Command(typer.core.TyperCommand):
-    """Help that reads like other CLIs: `--queue QUEUE` and `FILE`, not `<str>` and `{file}`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        for param in self.params:
-            if param.metavar is not None or getattr(param, "is_flag", False):
-                continue
-            desc = getattr(param, "type_descriptor", None)
-            choices = getattr(desc, "choices", None) if getattr(desc, "is_choice", False) else None
-            if choices:
-                param.metavar = "[" + "|".join(str(getattr(c, "value", c)) for c in choices) + "]"
-            elif param.name:
-                param.metavar = param.name.upper()
-            if param.param_type_name == "argument":  # `FILE`, `[JOB]`: the name says enough
-                shown = param.metavar if param.required else f"[{param.metavar}]"
-                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
-                param._usage_display_name = lambda shown=shown: shown  # type: ignore[attr-defined]
-
-
-for _info in app.registered_commands:
-    if _info.cls in (None, typer.core.TyperCommand):
-        _info.cls = _Command
+tidy_help(app)
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point of the broker's commands alone (`muster` is muster.cli)."""
     app()
 
 

@@ -13,6 +13,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from shell import cli as base
+
 UiPort = Annotated[
     int | None,
     typer.Option(
@@ -33,8 +35,7 @@ UiHost = Annotated[
 
 
 def register_live(app: typer.Typer) -> None:
-    """Add the live commands to the `muster` CLI (called once broker.cli is defined)."""
-    from broker import cli as base
+    """Add the live commands to the broker's part of the `muster` CLI."""
     from broker.client import MusterClient, MusterError
 
     def run_until_interrupted(main: Coroutine[Any, Any, None]) -> None:

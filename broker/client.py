@@ -15,11 +15,9 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -54,8 +52,9 @@ from schemas.codec import (
     json_decoder,
 )
 from schemas.job import JobSpec
-from schemas.natsopts import NatsOptions, flush
+from schemas.natsopts import NatsOptions
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
+from shell.natsio import DEFAULT_NATS_URL, default_state_dir, flush, resolve_nats_url
 
 __all__ = [
     "DEFAULT_NATS_URL",
@@ -66,7 +65,6 @@ __all__ = [
     "resolve_nats_url",
 ]
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 START_HINT = "is the broker running? start it with `muster broker`"
 DEFAULT_QUEUE = "default"  # a job that names no queue is published here (Kueue-style default)
 
@@ -80,29 +78,6 @@ _decode_clusters = json_decoder(ApiReply[list[ClusterView]], "reply")
 
 class MusterError(Exception):
     """A request Muster refused or could not answer; `str()` says what to do."""
-
-
-# -- where NATS is -----------------------------------------------------------------------
-
-
-def default_state_dir() -> Path:
-    """The broker's state directory: $MUSTER_STATE_DIR, else ./.muster."""
-    return Path(os.environ.get("MUSTER_STATE_DIR") or ".muster")
-
-
-def resolve_nats_url(explicit: str | None) -> str:
-    """explicit -> $MUSTER_NATS -> <state_dir>/nats.url (written by an embedded broker) ->
-    nats://127.0.0.1:4222."""
-    if explicit:
-        return explicit
-    env = os.environ.get("MUSTER_NATS", "").strip()
-    if env:
-        return env
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        url = (default_state_dir() / "nats.url").read_text(encoding="utf-8").strip()
-        if url:
-            return url
-    return DEFAULT_NATS_URL
 
 
 _JOB_ID_BAD = re.compile(r"[^A-Za-z0-9_-]+")

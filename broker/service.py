@@ -64,9 +64,10 @@ from schemas.codec import (
 )
 from schemas.config import BrokerConfig
 from schemas.job import JobSpec
-from schemas.natsopts import NatsOptions, flush
-from schemas.natsstate import NatsStateLog
+from schemas.natsopts import NatsOptions
 from schemas.subjects import Subjects
+from shell.natsio import Requester, flush, js_api_prefix
+from shell.natsstate import NatsStateLog
 
 log = structlog.get_logger("muster.broker")
 
@@ -255,60 +256,6 @@ class ReplyRendezvous:
             if len(table) <= REPLY_MAX and items and now - items[0][0] < REPLY_TTL_S:
                 break
             table.popitem(last=False)
-
-
-class Requester:
-    """Request/reply over one wildcard inbox: replies resolve futures found by a counter token.
-
-    nats-py's `request` draws a NUID and random bytes and wraps the wait in `wait_for` on
-    every call, which was a tenth of the broker's time at 1,000 dispatches/s. Errors are the
-    same: NoRespondersError when nobody listens, nats' TimeoutError when no reply came."""
-
-    def __init__(self, nc: Client) -> None:
-        self.nc = nc
-        self.prefix = ""
-        self._sub: Any = None
-        self._next = 0
-        self._waiting: dict[str, asyncio.Future[Msg]] = {}
-
-    async def start(self) -> None:
-        if self._sub is None:
-            self.prefix = self.nc.new_inbox() + "."
-            self._sub = await self.nc.subscribe(
-                self.prefix + "*",
-                cb=self._on_reply,
-                pending_msgs_limit=-1,
-                pending_bytes_limit=-1,
-            )
-
-    async def _on_reply(self, msg: Msg) -> None:
-        fut = self._waiting.pop(msg.subject[len(self.prefix) :], None)
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
-
-    async def request(self, subject: str, data: bytes, timeout: float) -> Msg:
-        if self._sub is None:
-            await self.start()
-        self._next += 1
-        token = str(self._next)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Msg] = loop.create_future()
-        self._waiting[token] = fut
-        timer = loop.call_later(timeout, _expire, fut)
-        try:
-            await self.nc.publish(subject, data, reply=self.prefix + token)
-            msg = await fut
-        finally:
-            timer.cancel()
-            self._waiting.pop(token, None)
-        if msg.headers and msg.headers.get("Status") == "503":
-            raise NoRespondersError
-        return msg
-
-
-def _expire(fut: asyncio.Future[Msg]) -> None:
-    if not fut.done():
-        fut.set_exception(NatsTimeoutError())
 
 
 class SubmitPuller:
@@ -905,7 +852,7 @@ class Broker:
         round trips and the persistence of one batch overlap the work of the next."""
         puller = SubmitPuller(
             self.nc,
-            getattr(self.js, "_prefix", "$JS.API"),
+            js_api_prefix(self.js),
             self.subjects.submit_stream,
             CONSUMER,
         )

@@ -22,6 +22,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 
 from broker.core.records import JobRecord, record_decoder, record_encoder
+from shell.natsio import js_connection
 
 log = structlog.get_logger("muster.store")
 
@@ -50,7 +51,7 @@ class _Acks:
 class JobStore:
     def __init__(self, js: JetStreamContext, bucket: str, nc: Client | None = None) -> None:
         self.js = js
-        self.nc: Client = nc if nc is not None else js._nc
+        self.nc: Client = nc if nc is not None else js_connection(js)
         self.bucket = bucket
         self.stream = f"KV_{bucket}"
         self.prefix = f"$KV.{bucket}."

@@ -56,7 +56,7 @@ from load.fleetbench import (
     start_setup,
 )
 from schemas.codec import encode_json
-from schemas.natsopts import flush
+from shell.natsio import flush
 
 SIMULATE = {"total_steps": 10**9, "steps_per_second": 1.0, "checkpoint_every": 10**9}
 TARGET_RATE = 2000.0

@@ -29,8 +29,8 @@ from schemas.agent import (
 )
 from schemas.codec import encode_msgpack
 from schemas.config import BrokerConfig, QueueConfig
-from schemas.natsopts import flush
 from schemas.subjects import Subjects
+from shell.natsio import flush
 
 FLAVOR = FlavorInfo(name="a100", capacity_type="on-demand", gpu_type="A100", price_per_gpu_hour=3)
 
@@ -133,7 +133,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     emit(asyncio.run(main_async(args)), args.json)
 
 

@@ -29,7 +29,7 @@ from broker.embedded import EmbeddedNats
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
 from schemas.codec import encode_json
 from schemas.config import BrokerConfig, QueueConfig
-from schemas.natsopts import flush
+from shell.natsio import flush
 
 GANGS = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 16]
 
@@ -146,7 +146,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--standby-warmup-s", type=float, default=10.0)
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     emit(asyncio.run(main_async(args)), args.json)
 
 

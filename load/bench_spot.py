@@ -54,7 +54,7 @@ from load.fleetbench import (
     start_setup,
 )
 from schemas.codec import encode_json
-from schemas.natsopts import flush
+from shell.natsio import flush
 
 SIMULATE = {"total_steps": 10**9, "steps_per_second": 100.0, "checkpoint_every": 10**9}
 LEAD_S = 120.0

@@ -27,7 +27,7 @@ from broker.ui.server import Dashboard, RateLimit
 from load.bench_scale import job
 from load.common import emit, median, percentile
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
-from schemas.logs import configure_logging
+from shell.logs import configure_logging
 
 PAGES = {
     "first page": "/api/jobs?limit=50",
@@ -117,13 +117,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             await server.stop()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--queues", type=int, default=4)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--json", help="also write the result here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not 1 <= args.jobs <= 1_000_000 or not 1 <= args.runs <= 1000:
         raise SystemExit("--jobs must be 1..1,000,000 and --runs 1..1000")
     configure_logging("warning")

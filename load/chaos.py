@@ -594,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--records", required=True)
         p.add_argument("--seed", type=int, default=0)
         a = p.parse_args(argv[1:])
-        from schemas.logs import configure_logging
+        from shell.logs import configure_logging
 
         configure_logging("error")
         asyncio.run(_agent_main(a.cluster, a.nats, Path(a.records), a.seed))

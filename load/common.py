@@ -20,8 +20,8 @@ import nats
 from nats.aio.client import Client
 
 from schemas.config import BrokerConfig
-from schemas.natsopts import flush
 from schemas.subjects import Subjects
+from shell.natsio import flush
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
@@ -108,7 +108,7 @@ class BrokerProcess:
 
 async def raw_nats_baseline(url: str, count: int = 200_000, size: int = 64) -> float:
     """Messages per second from one connection to another through the same server: the
-    ceiling every figure is compared with. (Both sides flush through `schemas.natsopts.flush`:
+    ceiling every figure is compared with. (Both sides flush through `shell.natsio.flush`:
     with nats-py's own flush the subscription could miss the first messages and the baseline
     then waited 60 s and failed.)"""
     pub = await nats.connect(url)

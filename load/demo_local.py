@@ -37,8 +37,8 @@ from broker.service import Broker
 from schemas.api import JobEvent
 from schemas.codec import decode_job_event, decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
-from schemas.logs import configure_logging
 from schemas.subjects import Subjects
+from shell.logs import configure_logging
 
 PREFIX = "muster"
 TRAINER = Path(__file__).resolve().parents[1] / "examples" / "sgd_train.py"

@@ -33,9 +33,9 @@ from load.traces import default_traces_dir, gang_shape, philly_gang_sizes
 from schemas.agent import Dispatch
 from schemas.codec import decode_job_event
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
-from schemas.logs import configure_logging
-from schemas.natsopts import flush
 from schemas.subjects import Subjects
+from shell.logs import configure_logging
+from shell.natsio import flush
 
 SEED = 20171009
 # Used only when data/traces/philly.csv is absent (an installed package): Philly in miniature.

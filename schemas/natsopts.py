@@ -1,17 +1,14 @@
-"""How to reach NATS: one Struct shared by the broker, the agents and the client, and a
-flush that keeps its promise.
+"""How to reach NATS: one Struct shared by the broker, the agents and the client.
 
 `connect_kwargs` reads certificate files only when TLS is configured.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from typing import Any
 
 import msgspec
-from nats.aio.client import Client
 
 
 class NatsOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -57,16 +54,3 @@ class NatsOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
                 ctx.load_cert_chain(self.tls_cert, self.tls_key)
             kwargs["tls"] = ctx
         return kwargs
-
-
-async def flush(nc: Client, timeout: float = 2.0) -> None:
-    """`nc.flush()`, but ordered after everything sent before it.
-
-    nats-py (2.15 and 2.16) writes flush's PING straight to the socket, ahead of commands still
-    queued for its flusher task. So a flush right after `subscribe()` can return before the
-    server has the SUB, and a publish from another connection a moment later is lost (see
-    tests/schemas/test_natsopts.py, which fails within a few rounds without this). Handing the
-    queue to the flusher first, and waiting for it, restores the order the API promises."""
-    async with asyncio.timeout(timeout):
-        await nc._flush_pending(force_flush=True)
-        await nc.flush(int(timeout) + 1)  # the timeout above is the one that counts

@@ -16,7 +16,7 @@ from broker.embedded import EmbeddedNats
 @pytest.fixture(scope="session", autouse=True)
 def quiet_logs() -> None:
     """Warnings and up, to whatever stderr is current (pytest swaps it per test)."""
-    from schemas.logs import configure_logging
+    from shell.logs import configure_logging
 
     configure_logging("warning")
 

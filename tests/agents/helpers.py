@@ -23,8 +23,8 @@ from schemas.agent import (
 )
 from schemas.codec import decode_command_ack, decode_event_batch, encode_msgpack
 from schemas.job import JobSpec, PodSet, Simulation, Workload
-from schemas.natsopts import flush
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
+from shell.natsio import flush
 
 T = TypeVar("T")
 E = TypeVar("E")

@@ -18,7 +18,7 @@ from schemas.agent import (
 )
 from schemas.codec import encode_msgpack
 from schemas.job import Simulation
-from schemas.natsopts import flush
+from shell.natsio import flush
 from tests.agents.conftest import MakeAgent
 from tests.agents.helpers import dispatch, unique
 

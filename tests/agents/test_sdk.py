@@ -22,7 +22,7 @@ from agents.sdk import (
 )
 from schemas.agent import CheckpointNow, CheckpointRef, CheckpointReport
 from schemas.job import Simulation
-from schemas.natsopts import flush
+from shell.natsio import flush
 from tests.agents.conftest import MakeAgent
 from tests.agents.helpers import dispatch, unique
 

@@ -21,7 +21,7 @@ from schemas.agent import (
     WorkloadStatus,
 )
 from schemas.codec import encode_msgpack
-from schemas.natsopts import flush
+from shell.natsio import flush
 from tests.broker.conftest import Harness
 from tests.broker.test_submit import job
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas.agent import Dispatch, WorkloadStatus
-from schemas.natsopts import flush
+from shell.natsio import flush
 from tests.broker.conftest import Harness
 from tests.broker.wire import next_item
 

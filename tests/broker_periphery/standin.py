@@ -38,8 +38,8 @@ from schemas.api import (
     WhyView,
 )
 from schemas.codec import DecodeError, decode_jobspec, encode_json, json_decoder
-from schemas.natsopts import flush
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
+from shell.natsio import flush
 
 _ref = json_decoder(JobRef, "JobRef")
 _cancel = json_decoder(CancelRequest, "CancelRequest")

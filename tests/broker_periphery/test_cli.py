@@ -16,7 +16,6 @@ from rich.console import Console
 from typer.testing import CliRunner, Result
 
 from broker.cli import (
-    app,
     clusters_table,
     event_line,
     fmt_ago,
@@ -27,6 +26,7 @@ from broker.cli import (
     why_view,
 )
 from broker.embedded import free_port
+from muster.cli import app
 from schemas.api import (
     ClusterView,
     JobEvent,

@@ -23,8 +23,9 @@ from broker.client import (
 from broker.embedded import free_port
 from schemas.api import CancelRequest, ClusterView, Empty, JobEvent, JobRef, ListRequest, QueueView
 from schemas.job import JobSpec, PodSet
-from schemas.natsopts import NatsOptions, flush
+from schemas.natsopts import NatsOptions
 from schemas.subjects import Subjects
+from shell.natsio import flush
 
 from .standin import StandInBroker
 

@@ -28,7 +28,7 @@ from broker.embedded import free_port
 from schemas import healthz
 from schemas.agent import Dispatch, PodSetAssignment
 from schemas.job import JobSpec
-from schemas.natsopts import flush
+from shell.natsio import flush
 from tests.kube.conftest import NODES, NS, Recorder, make_config, manifest_dispatch, node
 from tests.kube.fake_apiserver import FakeApiServer, parse_path
 from tests.kube.test_manifests import (

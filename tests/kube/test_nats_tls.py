@@ -18,7 +18,8 @@ from nats.aio.msg import Msg
 
 from broker.client import MusterClient, MusterError
 from broker.embedded import free_port, nats_server_binary
-from schemas.natsopts import NatsOptions, flush
+from schemas.natsopts import NatsOptions
+from shell.natsio import flush
 
 DEPLOY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats.conf"
 

@@ -1,38 +1,8 @@
-"""`schemas.natsopts.flush`: after it returns, the server has every subscription made before."""
+"""`NatsOptions`: the keyword arguments for `nats.connect`."""
 
 from __future__ import annotations
 
-import asyncio
-
-import nats
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-
-from schemas.natsopts import NatsOptions, flush
-
-
-async def test_subscription_is_live_once_flushed(nats_url: str, nc: Client) -> None:
-    """A fresh subscription on one connection, then a publish from another: with nats-py's own
-    flush this loses about one message in ten; every one must arrive."""
-    other = await nats.connect(nats_url)
-    got: list[str] = []
-
-    async def record(msg: Msg) -> None:
-        got.append(msg.subject)
-
-    try:
-        for i in range(100):
-            sub = await nc.subscribe(f"flushcheck.{i}", cb=record)
-            await flush(nc)
-            await other.publish(f"flushcheck.{i}", b"x")
-            await flush(other)
-            async with asyncio.timeout(5):
-                while len(got) <= i:
-                    await asyncio.sleep(0.001)
-            await sub.unsubscribe()
-        assert got == [f"flushcheck.{i}" for i in range(100)]
-    finally:
-        await other.close()
+from schemas.natsopts import NatsOptions
 
 
 def test_connect_kwargs_split_servers() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from schemas.agent import CheckpointReport, Dispatch
 from schemas.codec import encode_json
-from schemas.natsopts import flush
+from shell.natsio import flush
 from tests.broker.conftest import Harness
 from tests.broker.test_submit import job
 from tests.broker.wire import next_item

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from broker.cli import app
 from broker.embedded import nats_server_binary
 from broker.natsconfig import load_broker_config, render
-from schemas.natsopts import flush
+from shell.natsio import flush
 from tests.security.conftest import CLUSTERS, CONFIG, AuthNats, passwords, users_in
 
 

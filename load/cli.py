@@ -1,0 +1,169 @@
+"""`muster bench <name>`, `muster sim`, `muster vopr`, `muster chaos`, `muster demo`: the load,
+simulation and demo programs of load/ as `muster` commands.
+
+Each program keeps its own option parser and its `python -m load.<module>` form (the docs and
+the Makefile use it); the command here hands it the rest of the command line, so
+`muster bench core --runs 3` and `python -m load.bench_core --runs 3` run the same function.
+Its module is imported only when the command runs: a `muster status` never imports load/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import typer
+
+Main = Callable[[list[str]], Any]
+
+# Unknown options and --help go to the program's own parser.
+_PASS_THROUGH: dict[str, Any] = {
+    "allow_extra_args": True,
+    "ignore_unknown_options": True,
+    "help_option_names": [],
+}
+
+
+def _exit_status(result: Any) -> int:
+    """A program's `main` returns its exit status, or its result dict (0)."""
+    return result if isinstance(result, int) else 0
+
+
+@contextlib.contextmanager
+def _program_name(name: str) -> Iterator[None]:
+    """argparse names the program after sys.argv[0]: `muster bench core` in its usage line."""
+    saved = sys.argv[0]
+    sys.argv[0] = name
+    try:
+        yield
+    finally:
+        sys.argv[0] = saved
+
+
+def run_program(main: Main, args: Sequence[str], name: str) -> None:
+    with _program_name(name):
+        status = _exit_status(main(list(args)))
+    raise typer.Exit(status)
+
+
+def _command(app: typer.Typer, name: str, load: Callable[[], Main], help_text: str) -> None:
+    def command(ctx: typer.Context) -> None:
+        run_program(load(), ctx.args, ctx.command_path)
+
+    command.__doc__ = help_text
+    app.command(name, context_settings=_PASS_THROUGH, add_help_option=False)(command)
+
+
+def _bench_core() -> Main:
+    from load.bench_core import main
+
+    return main
+
+
+def _bench_cycle() -> Main:
+    from load.bench_cycle import main
+
+    return main
+
+
+def _bench_e2e() -> Main:
+    from load.bench_e2e import main
+
+    return main
+
+
+def _bench_ingest() -> Main:
+    from load.bench_ingest import main
+
+    return main
+
+
+def _bench_scale() -> Main:
+    from load.bench_scale import main
+
+    return main
+
+
+def _bench_spot() -> Main:
+    from load.bench_spot import main
+
+    return main
+
+
+def _bench_ui() -> Main:
+    from load.bench_ui import main
+
+    return main
+
+
+def _reclaim_storm() -> Main:
+    from load.reclaim_storm import main
+
+    return main
+
+
+def _sim() -> Main:
+    from load.sim import main
+
+    return main
+
+
+def _vopr() -> Main:
+    from load.vopr import main
+
+    return main
+
+
+def _chaos() -> Main:
+    from load.chaos import main
+
+    return main
+
+
+def _demo() -> Main:
+    from load.demo import main
+
+    return main
+
+
+def _demo_local() -> Main:
+    from load.demo_local import main
+
+    return main
+
+
+bench = typer.Typer(
+    name="bench",
+    help="Benchmarks (docs/benchmarks.md); each prints a RESULT line of JSON.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+for _name, _load, _help in (
+    ("core", _bench_core, "Core placement decisions/s with 100,000 pending jobs (pure core)."),
+    ("cycle", _bench_cycle, "One admission cycle after a capacity change, by queue depth."),
+    ("e2e", _bench_e2e, "Submit -> dispatch acked: admissions/s and latency over NATS."),
+    ("ingest", _bench_ingest, "Agent events/s applied by the broker."),
+    ("scale", _bench_scale, "Broker RSS with 100,000 pending; kill -9 and recovery time."),
+    ("spot", _bench_spot, "Spot notice -> new attempt acked on another cluster, p50/p99."),
+    ("ui", _bench_ui, "Dashboard page loads with 100,000 jobs in the broker."),
+    (
+        "reclaim-storm",
+        _reclaim_storm,
+        "Reclaim under the team-queue config: how often one job is evicted.",
+    ),
+):
+    _command(bench, _name, _load, _help)
+
+# The programs that are not benchmarks, as top-level `muster` commands.
+programs = typer.Typer(add_completion=False, rich_markup_mode=None)
+for _name, _load, _help in (
+    ("sim", _sim, "Trace-driven simulation: Muster against other recovery policies."),
+    ("vopr", _vopr, "Deterministic simulation of the protocol with faults, over many seeds."),
+    ("chaos", _chaos, "Chaos soak of real processes: kill -9, SIGSTOP, partitions, full store."),
+    ("demo", _demo, "Muster end to end in one process with three fake clusters."),
+    ("demo-local", _demo_local, "The spot story with real local processes and real training."),
+):
+    _command(programs, _name, _load, _help)
