@@ -7,22 +7,47 @@ machine's dicts while the event loop changes them can fail, and such a scrape is
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter as Tally
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-if TYPE_CHECKING:
-    from broker.service import Broker
+from broker.core.machine import Machine
 
 STATES = ("queued", "admitted", "running", "preempting", "succeeded", "failed", "cancelled")
 HEALTH = ("healthy", "unreachable", "lost")
 
 
+class _LeaseState(Protocol):
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def renew_failures(self) -> int: ...
+
+
+class BrokerState(Protocol):
+    """What the metrics read of a broker (broker/service.py Broker); stated here so this
+    module does not import the service that imports it."""
+
+    @property
+    def stats(self) -> Mapping[str, int]: ...
+    @property
+    def refused(self) -> Mapping[str, int]: ...
+    @property
+    def lease(self) -> _LeaseState: ...
+    @property
+    def storage_full(self) -> bool: ...
+    @property
+    def leading(self) -> asyncio.Event: ...
+    @property
+    def machine(self) -> Machine | None: ...
+
+
 class BrokerCollector:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerState) -> None:
         self.broker = broker
 
     def collect(self) -> Iterator[Metric]:
@@ -107,7 +132,7 @@ class BrokerCollector:
 
 
 class Metrics:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerState) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(BrokerCollector(broker))  # type: ignore[arg-type]
 
