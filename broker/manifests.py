@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -513,9 +513,3 @@ def load_job_document(
     except JobDocumentError as exc:
         raise type(exc)(f"{source}: {exc}") from None
     return spec
-
-
-def podset_summary(spec: JobSpec) -> Iterable[str]:
-    """`master x1 (2 gpu, 8 cpu, 32Gi)` lines, for the CLI."""
-    for p in spec.gang:
-        yield f"{p.name} x{p.replicas} ({p.gpu} gpu, {p.cpu} cpu, {p.memory})"

@@ -140,6 +140,44 @@ def podset_name(raw: Any, path: str) -> str:
     return name
 
 
+class ReplicaRow(NamedTuple):
+    """One entry of a manifest's replica table (a JobSet replicatedJob, a Volcano task, a
+    Kubeflow replica spec, a Ray worker group): where it is, its podset name, itself."""
+
+    path: str
+    name: str
+    spec: Mapping[str, Any]
+
+    def replicas(self, key: str = "replicas", default: int = 1) -> int:
+        return count(self.spec.get(key), f"{self.path}.{key}", default)
+
+    def template(self, key: str = "template") -> dict[str, Any]:
+        return template_at(self.spec.get(key), f"{self.path}.{key}")
+
+
+def replica_rows(
+    table: list[Any] | Mapping[str, Any],
+    path: str,
+    *,
+    name_key: str = "name",
+    default_name: str | None = None,
+) -> list[ReplicaRow]:
+    """The entries of a replica table, each checked to be a mapping with a valid podset name:
+    a list names each entry by its `name_key` (else `default_name`), a mapping by its key."""
+    out: list[ReplicaRow] = []
+    if isinstance(table, Mapping):
+        for key, entry in table.items():
+            at = f"{path}.{key}"
+            out.append(ReplicaRow(at, podset_name(key, at), mapping(entry, at)))
+        return out
+    for i, entry in enumerate(table):
+        at = f"{path}[{i}]"
+        spec = mapping(entry, at)
+        name = podset_name(spec.get(name_key) or default_name, f"{at}.{name_key}")
+        out.append(ReplicaRow(at, name, spec))
+    return out
+
+
 def job_pods(job_spec: Mapping[str, Any], path: str) -> int:
     """Pods of a batch/v1 Job that run at once: min(parallelism, completions)."""
     parallelism = count(job_spec.get("parallelism"), f"{path}.parallelism", 1)

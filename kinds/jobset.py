@@ -12,12 +12,11 @@ from kinds.base import (
     Resource,
     Verdict,
     condition_verdict,
-    count,
     ensure,
     job_pods,
     listed,
     mapping,
-    podset_name,
+    replica_rows,
     template_at,
 )
 
@@ -37,17 +36,14 @@ class JobSet(Adapter):
         if not rjobs:
             raise KindError("spec.replicatedJobs: a JobSet needs at least one replicatedJob")
         out: list[PodTemplate] = []
-        for i, rjob in enumerate(rjobs):
-            path = f"spec.replicatedJobs[{i}]"
-            rjob = mapping(rjob, path)
-            name = podset_name(rjob.get("name"), f"{path}.name")
-            replicas = count(rjob.get("replicas"), f"{path}.replicas", 1)
-            job_template = mapping(rjob.get("template"), f"{path}.template", required=True)
-            job_spec = mapping(job_template.get("spec"), f"{path}.template.spec", required=True)
-            pods = job_pods(job_spec, f"{path}.template.spec")
-            tpl = template_at(job_spec.get("template"), f"{path}.template.spec.template")
+        for row in replica_rows(rjobs, "spec.replicatedJobs"):
+            job_template = mapping(row.spec.get("template"), f"{row.path}.template", required=True)
+            spec_path = f"{row.path}.template.spec"
+            job_spec = mapping(job_template.get("spec"), spec_path, required=True)
+            pods = job_pods(job_spec, spec_path)
+            tpl = template_at(job_spec.get("template"), f"{spec_path}.template")
             out.append(
-                PodTemplate(name, replicas * pods, tpl, False, name, f"{path}.template.spec")
+                PodTemplate(row.name, row.replicas() * pods, tpl, False, row.name, spec_path)
             )
         return out
 

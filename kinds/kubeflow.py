@@ -17,8 +17,7 @@ from kinds.base import (
     count,
     ensure,
     mapping,
-    podset_name,
-    template_at,
+    replica_rows,
 )
 from kinds.plan import (
     PlannedObject,
@@ -88,16 +87,11 @@ class Training(Adapter):
         return specs
 
     def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
-        key = self.row.replica_specs
-        out: list[PodTemplate] = []
-        for rtype, rspec in self._specs(manifest).items():
-            path = f"spec.{key}.{rtype}"
-            rspec = mapping(rspec, path)
-            name = podset_name(rtype, path)
-            replicas = count(rspec.get("replicas"), f"{path}.replicas", 1)
-            tpl = template_at(rspec.get("template"), f"{path}.template")
-            out.append(PodTemplate(name, replicas, tpl, name in self.leaders, name, path))
-        return out
+        rows = replica_rows(self._specs(manifest), f"spec.{self.row.replica_specs}")
+        return [
+            PodTemplate(r.name, r.replicas(), r.template(), r.name in self.leaders, r.name, r.path)
+            for r in rows
+        ]
 
     def disable_retries(self, manifest: dict[str, Any]) -> None:
         spec = ensure(manifest, "spec")

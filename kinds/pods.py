@@ -48,6 +48,7 @@ from kinds.base import (
     LABEL_PODSET,
     LABEL_ROLE,
     LABEL_SPREAD,
+    LABEL_TOP,
     MANAGED_BY,
     KindError,
     ensure,
@@ -328,3 +329,14 @@ def check_safety(manifest: Mapping[str, Any], policy: PodPolicy) -> None:
     problems = safety_problems(manifest, policy)
     if problems:
         raise KindError("refused by the workload safety policy: " + "; ".join(problems))
+
+
+def selector(job_id: str | None = None, attempt: int | None = None) -> str:
+    """labelSelector for the objects Muster created (not their pods): every job's, one
+    job's, or one attempt's."""
+    sel = (
+        f"{LABEL_TOP},{LABEL_JOB}"
+        if job_id is None
+        else f"{LABEL_TOP},{LABEL_JOB}={label_value(job_id)}"
+    )
+    return sel if attempt is None else f"{sel},{LABEL_ATTEMPT}={attempt}"

@@ -11,11 +11,10 @@ from kinds.base import (
     PodTemplate,
     Resource,
     Verdict,
-    count,
     ensure,
     listed,
     mapping,
-    podset_name,
+    replica_rows,
     template_at,
     verdict_reason,
 )
@@ -55,19 +54,15 @@ class RayJob(Adapter):
                 f"{path}.headGroupSpec",
             )
         ]
-        for i, group in enumerate(
-            listed(cluster.get("workerGroupSpecs"), f"{path}.workerGroupSpecs")
-        ):
-            gpath = f"{path}.workerGroupSpecs[{i}]"
-            group = mapping(group, gpath)
-            name = podset_name(group.get("groupName"), f"{gpath}.groupName")
-            if name == "head":
-                raise KindError(f"{gpath}.groupName: 'head' names the head group; rename it")
-            default = count(group.get("minReplicas"), f"{gpath}.minReplicas", 1)
-            replicas = count(group.get("replicas"), f"{gpath}.replicas", default)
-            hosts = count(group.get("numOfHosts"), f"{gpath}.numOfHosts", 1)
-            tpl = template_at(group.get("template"), f"{gpath}.template")
-            out.append(PodTemplate(name, replicas * hosts, tpl, False, name, gpath))
+        groups = listed(cluster.get("workerGroupSpecs"), f"{path}.workerGroupSpecs")
+        for row in replica_rows(groups, f"{path}.workerGroupSpecs", name_key="groupName"):
+            if row.name == "head":
+                raise KindError(f"{row.path}.groupName: 'head' names the head group; rename it")
+            replicas = row.replicas(default=row.replicas("minReplicas"))
+            hosts = row.replicas("numOfHosts")
+            out.append(
+                PodTemplate(row.name, replicas * hosts, row.template(), False, row.name, row.path)
+            )
         return out
 
     def disable_retries(self, manifest: dict[str, Any]) -> None:

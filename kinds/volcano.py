@@ -15,8 +15,7 @@ from kinds.base import (
     ensure,
     listed,
     mapping,
-    podset_name,
-    template_at,
+    replica_rows,
     verdict_reason,
 )
 
@@ -44,16 +43,11 @@ class VolcanoJob(Adapter):
         tasks = listed(spec.get("tasks"), "spec.tasks")
         if not tasks:
             raise KindError("spec.tasks: a Volcano Job needs at least one task")
-        out: list[PodTemplate] = []
-        for i, task in enumerate(tasks):
-            path = f"spec.tasks[{i}]"
-            task = mapping(task, path)
-            raw = task.get("name") or ("default" if len(tasks) == 1 else None)
-            name = podset_name(raw, f"{path}.name")
-            replicas = count(task.get("replicas"), f"{path}.replicas", 1)
-            tpl = template_at(task.get("template"), f"{path}.template")
-            out.append(PodTemplate(name, replicas, tpl, False, name, path))
-        return out
+        default = "default" if len(tasks) == 1 else None  # a single unnamed task
+        return [
+            PodTemplate(row.name, row.replicas(), row.template(), False, row.name, row.path)
+            for row in replica_rows(tasks, "spec.tasks", default_name=default)
+        ]
 
     def disable_retries(self, manifest: dict[str, Any]) -> None:
         spec = ensure(manifest, "spec")

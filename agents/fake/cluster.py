@@ -433,15 +433,6 @@ class FakeCluster:
         self._evict_on(n, reason)
         return True
 
-    def heal_gpu(self, node: str) -> bool:
-        """All GPUs of `node` work again."""
-        n = self._nodes.get(node)
-        if n is None:
-            return False
-        n.gpu_healthy = None
-        self._emit(GpuHealth(node=node, healthy=n.gpu, reason="recovered"))
-        return True
-
     def add_node(self, flavor: str, name: str | None = None) -> str:
         """Add a node of `flavor` (named `<cluster>-<flavor>-<i>` unless given); emits it."""
         if flavor not in self._flavors:

@@ -59,7 +59,6 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import msgspec
 import structlog
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -75,7 +74,7 @@ from agents.kube.client import (
     item_path,
     sleep_or_stop,
 )
-from agents.kube.config import FlavorConfig, KubeBackendConfig, convert_kube_config
+from agents.kube.config import FlavorConfig, KubeBackendConfig, build_workload, convert_kube_config
 from agents.kube.decode import (
     ZERO,
     KJob,
@@ -89,20 +88,6 @@ from agents.kube.decode import (
     pod_usage,
 )
 from agents.kube.logs import read_pod_logs
-from agents.kube.manifests import (
-    ANN_CHECKPOINT_REQUEST,
-    ANN_JOB,
-    ANN_KIND,
-    ANN_TOTAL,
-    LABEL_ATTEMPT,
-    LABEL_JOB,
-    LABEL_TOP,
-    OWNED_RESOURCES,
-    ManifestError,
-    Resource,
-    build_workload,
-    selector,
-)
 from agents.kube.nodes import (
     GpuState,
     Notice,
@@ -118,7 +103,20 @@ from agents.kube.nodes import (
     untolerated_taints,
 )
 from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
+from kinds.base import (
+    ANN_CHECKPOINT_REQUEST,
+    ANN_JOB,
+    ANN_KIND,
+    ANN_TOTAL,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_TOP,
+    Resource,
+)
+from kinds.base import KindError as ManifestError
 from kinds.plan import PlannedObject, owner_reference
+from kinds.pods import selector
+from kinds.registry import OWNED_RESOURCES
 from schemas.agent import (
     AgentEvent,
     ClusterSnapshot,
@@ -1175,8 +1173,3 @@ def _owned_key(meta: KMeta) -> Key | None:
     if not job_id or LABEL_JOB not in meta.labels or not raw.isdigit() or int(raw) < 1:
         return None
     return (job_id, int(raw))
-
-
-def decode_config(raw: bytes) -> KubeBackendConfig:
-    """A KubeBackendConfig from JSON bytes (handy for tools); errors name the field."""
-    return convert_kube_config(msgspec.json.decode(raw))

@@ -20,7 +20,10 @@ from agents.kube.signals import (
     Provider,
     TimeSource,
 )
-from schemas.agent import FlavorInfo
+from kinds.plan import WorkloadPlan
+from kinds.pods import PodPolicy
+from kinds.workload import build_workload as kinds_build_workload
+from schemas.agent import Dispatch, FlavorInfo
 from schemas.job import CapacityType, DnsLabel
 
 __all__ = ["Provider"]
@@ -193,3 +196,35 @@ def convert_kube_config(raw: Any) -> KubeBackendConfig:
         return msgspec.convert(raw, KubeBackendConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise KubeConfigError(f"invalid kube backend config: {exc}") from None
+
+
+# Notice window a spot flavor's pods get to checkpoint when none is configured: AWS gives two
+# minutes; GCP and Azure 30 s (a longer grace there is harmless, the node goes first).
+SPOT_GRACE_S = 120
+
+
+def pod_policy(flavor: FlavorConfig, config: KubeBackendConfig | None = None) -> PodPolicy:
+    """What the flavor and the agent's configuration add to every pod template."""
+    grace = flavor.termination_grace_period_s
+    if grace is None and flavor.capacity_type == "spot":
+        grace = SPOT_GRACE_S
+    return PodPolicy(
+        node_labels=dict(flavor.node_labels),
+        tolerations=[t.to_k8s() for t in flavor.tolerations],
+        grace_seconds=grace,
+        ttl_seconds=config.ttl_seconds_after_finished if config is not None else None,
+        service_accounts=frozenset(
+            config.allowed_service_accounts if config is not None else ("default",)
+        ),
+    )
+
+
+def build_workload(
+    cmd: Dispatch,
+    flavor: FlavorConfig,
+    namespace: str,
+    gpu_resource: str = "nvidia.com/gpu",
+    config: KubeBackendConfig | None = None,
+) -> WorkloadPlan:
+    """Dispatch -> the objects to create on this flavor, by `spec.workload.kind` (kinds/)."""
+    return kinds_build_workload(cmd, pod_policy(flavor, config), namespace, gpu_resource)

@@ -13,7 +13,7 @@ import aiohttp
 from agents.backend import BackendError
 from agents.kube.client import KubeApiError, KubeRest, item_path
 from agents.kube.decode import KPod
-from agents.kube.manifests import LABEL_ATTEMPT, LABEL_JOB, LABEL_PODSET
+from kinds.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_PODSET
 from schemas.agent import LogRequest
 
 INDEX_KEYS = ("batch.kubernetes.io/job-completion-index", "training.kubeflow.org/replica-index")

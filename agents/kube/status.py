@@ -37,7 +37,6 @@ from kinds.base import (
     ANN_LEADER,
     ANN_TOTAL,
     LABEL_JOB,
-    LABEL_PODSET,
     KindError,
     clip,
 )
@@ -276,9 +275,6 @@ class Workload:
                 hit = True
         return hit
 
-    def pod_names(self) -> list[str]:
-        return [v.name for v in self._views.values()]
-
     @property
     def nodes(self) -> list[str]:
         return sorted({v.node for v in self._views.values() if v.node})
@@ -418,7 +414,3 @@ def _keep_restarts(old: PodView, new: PodView) -> None:
         new.restart_codes = merged[:_MAX_POD_CODES]
     if old.restarts > new.restarts:
         new.restarts, new.restart_note = old.restarts, old.restart_note
-
-
-def podset_of(pod: KPod) -> str:
-    return pod.metadata.labels.get(LABEL_PODSET, "")

@@ -14,9 +14,9 @@ from nats.aio.client import Client
 
 from agents.backend import BackendError
 from agents.kube.backend import KubeBackend
-from agents.kube.manifests import ANN_CHECKPOINT, ANN_CHECKPOINT_REQUEST, LABEL_JOB
 from agents.metrics import AgentMetrics
 from agents.runtime import AgentRuntime
+from kinds.base import ANN_CHECKPOINT, ANN_CHECKPOINT_REQUEST, LABEL_JOB
 from schemas.agent import (
     MAX_GPUS_PER_NODE,
     CheckpointReport,

@@ -24,25 +24,18 @@ from agents.kube.decode import (
     decode_job_status,
     decode_list_lenient,
 )
-from agents.kube.manifests import (
-    ANN_JOB,
-    BATCH_JOB,
-    JOBSET,
-    LABEL_ATTEMPT,
-    LABEL_JOB,
-    LABEL_TOP,
-    MPIJOB,
-    PYTORCHJOB,
-    TFJOB,
-    VOLCANO_JOB,
-    selector,
-)
 from agents.kube.status import (
     STATUS_RESOURCES,
     Workload,
     classify,
     job_verdict,
 )
+from kinds.base import ANN_JOB, LABEL_ATTEMPT, LABEL_JOB, LABEL_TOP
+from kinds.batch import BATCH_JOB
+from kinds.jobset import JobSet
+from kinds.pods import selector
+from kinds.registry import adapter_for
+from kinds.volcano import VolcanoJob
 from schemas.agent import NodeUpsert, WorkloadStatus
 from tests.kube.conftest import (
     NODES,
@@ -62,6 +55,12 @@ from tests.kube.test_manifests import (
     TFJOB_YAML,
     VOLCANO_YAML,
 )
+
+JOBSET = JobSet.resource
+VOLCANO_JOB = VolcanoJob.resource
+PYTORCHJOB = adapter_for("kubeflow.org/v1", "PyTorchJob").resource
+TFJOB = adapter_for("kubeflow.org/v1", "TFJob").resource
+MPIJOB = adapter_for("kubeflow.org/v2beta1", "MPIJob").resource
 
 PYTORCHJOBS = PYTORCHJOB.collection(NS)
 BATCH_JOBS = BATCH_JOB.collection(NS)

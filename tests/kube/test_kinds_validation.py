@@ -12,8 +12,7 @@ import msgspec
 import pytest
 import yaml
 
-from agents.kube.config import FlavorConfig, Toleration
-from agents.kube.manifests import build_workload
+from agents.kube.config import FlavorConfig, Toleration, build_workload
 from broker.manifests import load_job_document
 from kinds import ADAPTERS, OWNED_RESOURCES, adapter_of
 from kinds.base import KindError

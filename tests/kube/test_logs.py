@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from agents.backend import BackendError
-from agents.kube.manifests import LABEL_ATTEMPT, LABEL_JOB, LABEL_PODSET
+from kinds.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_PODSET
 from schemas.agent import LogRequest
 from tests.kube.conftest import NS, PODS, pod
 from tests.kube.fake_apiserver import FakeApiServer

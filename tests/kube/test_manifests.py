@@ -8,25 +8,31 @@ from typing import Any
 
 import pytest
 
-from agents.kube.manifests import (
+from agents.kube.config import build_workload
+from kinds.base import (
     ANN_JOB,
     ANN_LEADER,
     ANN_TOTAL,
-    BATCH_JOB,
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_PODSET,
     LABEL_SPREAD,
     SERVICE,
-    ManifestError,
-    build_workload,
-    child_name,
-    label_value,
-    manifest_templates,
-    workload_name,
+    PodTemplate,
 )
+from kinds.base import KindError as ManifestError
+from kinds.batch import BATCH_JOB
+from kinds.plan import child_name, workload_name
+from kinds.pods import label_value
+from kinds.registry import adapter_of
 from schemas.agent import CheckpointRef
 from tests.kube.conftest import dispatch, make_config, manifest_dispatch
+
+
+def manifest_templates(manifest: dict[str, Any]) -> list[PodTemplate]:
+    """The pod templates of a supported manifest with their podset names."""
+    return adapter_of(manifest).templates(manifest)
+
 
 NS = "muster-workloads"
 FLAVOR = make_config().flavors[0]  # a100-spot, pool=a100, toleration nvidia.com/gpu

@@ -9,8 +9,9 @@ import msgspec
 import pytest
 import yaml
 
-from agents.kube.manifests import POD, build_workload
+from agents.kube.config import build_workload
 from broker.manifests import JobDocumentError, ManifestError, load_job_documents
+from kinds.base import POD
 from schemas.agent import Dispatch, PodSetAssignment
 from tests.kube.conftest import make_config
 from tests.kube.validation import validate

@@ -16,8 +16,7 @@ import msgspec
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agents.kube.config import FlavorConfig
-from agents.kube.manifests import build_workload
+from agents.kube.config import FlavorConfig, build_workload
 from broker.core.scheduler import Scheduler
 from broker.core.types import Placement
 from kinds import adapter_of

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from agents.kube.manifests import build_workload
+from agents.kube.config import build_workload
 from schemas.codec import DecodeError, json_decoder
 from schemas.job import JobSpec
 from tests.kube.conftest import dispatch
