@@ -11,7 +11,6 @@ import typer
 from agents.config import load_fleet_config
 from shell.cli import (
     LogFormatFlag,
-    LogFormatOpt,
     LogLevel,
     LogLevelOpt,
     NatsAuth,
@@ -61,36 +60,8 @@ def agent(
     *,
     auth: NatsAuth,
 ) -> None:
-    """Run one cluster agent (backend kube, fake or local), or each agent of a fleet file."""
-    _run_agents(config, nats, auth, log_level, log_format, metrics_port, metrics_addr)
-
-
-@app.command()
-@with_nats_auth
-def fleet(
-    config: Annotated[Path, typer.Option("--config", "-c", help="fleet config YAML")],
-    nats: NatsUrl = None,
-    log_level: LogLevelOpt = LogLevel.info,
-    log_format: LogFormatFlag = None,
-    metrics_port: MetricsPort = None,
-    metrics_addr: MetricsAddr = "127.0.0.1",
-    *,
-    auth: NatsAuth,
-) -> None:
-    """Run many (fake) cluster agents in one process, for demos and load tests."""
-    _run_agents(config, nats, auth, log_level, log_format, metrics_port, metrics_addr)
-
-
-def _run_agents(
-    config: Path,
-    nats: str | None,
-    auth: NatsAuth,
-    log_level: LogLevel,
-    log_format: LogFormatOpt | None,
-    metrics_port: int | None,
-    metrics_addr: str,
-) -> None:
-    """Every agent of the file over one NATS connection until SIGTERM or Ctrl-C."""
+    """Run one cluster agent (backend kube, fake or local), or each agent of a fleet file,
+    over one NATS connection until SIGTERM or Ctrl-C."""
     configure_logging(log_level.value, log_format.value if log_format else None)
     try:
         configs = load_fleet_config(config).clusters
@@ -102,6 +73,12 @@ def _run_agents(
     from agents.main import run_fleet, until_signal  # the agent's imports, only when it runs
 
     serve(until_signal(run_fleet(configs, opts, metrics_port, metrics_addr)))
+
+
+# The same command under the name the demos and load tests use for many fake clusters.
+app.command(
+    "fleet", help="Run many (fake) cluster agents in one process, for demos and load tests."
+)(agent)
 
 
 tidy_help(app)

@@ -10,6 +10,7 @@ Its module is imported only when the command runs: a `muster status` never impor
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -48,90 +49,14 @@ def run_program(main: Main, args: Sequence[str], name: str) -> None:
     raise typer.Exit(status)
 
 
-def _command(app: typer.Typer, name: str, load: Callable[[], Main], help_text: str) -> None:
+def _command(app: typer.Typer, name: str, module: str, help_text: str) -> None:
     def command(ctx: typer.Context) -> None:
-        run_program(load(), ctx.args, ctx.command_path)
+        # A sibling module of this package, by name: imported only when its command runs.
+        main: Main = importlib.import_module(f"load.{module}").main
+        run_program(main, ctx.args, ctx.command_path)
 
     command.__doc__ = help_text
     app.command(name, context_settings=_PASS_THROUGH, add_help_option=False)(command)
-
-
-def _bench_core() -> Main:
-    from load.bench_core import main
-
-    return main
-
-
-def _bench_cycle() -> Main:
-    from load.bench_cycle import main
-
-    return main
-
-
-def _bench_e2e() -> Main:
-    from load.bench_e2e import main
-
-    return main
-
-
-def _bench_ingest() -> Main:
-    from load.bench_ingest import main
-
-    return main
-
-
-def _bench_scale() -> Main:
-    from load.bench_scale import main
-
-    return main
-
-
-def _bench_spot() -> Main:
-    from load.bench_spot import main
-
-    return main
-
-
-def _bench_ui() -> Main:
-    from load.bench_ui import main
-
-    return main
-
-
-def _reclaim_storm() -> Main:
-    from load.reclaim_storm import main
-
-    return main
-
-
-def _sim() -> Main:
-    from load.sim import main
-
-    return main
-
-
-def _vopr() -> Main:
-    from load.vopr import main
-
-    return main
-
-
-def _chaos() -> Main:
-    from load.chaos import main
-
-    return main
-
-
-def _demo() -> Main:
-    from load.demo import main
-
-    return main
-
-
-def _demo_local() -> Main:
-    from load.demo_local import main
-
-    return main
 
 
 bench = typer.Typer(
@@ -141,29 +66,29 @@ bench = typer.Typer(
     add_completion=False,
     rich_markup_mode=None,
 )
-for _name, _load, _help in (
-    ("core", _bench_core, "Core placement decisions/s with 100,000 pending jobs (pure core)."),
-    ("cycle", _bench_cycle, "One admission cycle after a capacity change, by queue depth."),
-    ("e2e", _bench_e2e, "Submit -> dispatch acked: admissions/s and latency over NATS."),
-    ("ingest", _bench_ingest, "Agent events/s applied by the broker."),
-    ("scale", _bench_scale, "Broker RSS with 100,000 pending; kill -9 and recovery time."),
-    ("spot", _bench_spot, "Spot notice -> new attempt acked on another cluster, p50/p99."),
-    ("ui", _bench_ui, "Dashboard page loads with 100,000 jobs in the broker."),
+for _name, _module, _help in (
+    ("core", "bench_core", "Core placement decisions/s with 100,000 pending jobs (pure core)."),
+    ("cycle", "bench_cycle", "One admission cycle after a capacity change, by queue depth."),
+    ("e2e", "bench_e2e", "Submit -> dispatch acked: admissions/s and latency over NATS."),
+    ("ingest", "bench_ingest", "Agent events/s applied by the broker."),
+    ("scale", "bench_scale", "Broker RSS with 100,000 pending; kill -9 and recovery time."),
+    ("spot", "bench_spot", "Spot notice -> new attempt acked on another cluster, p50/p99."),
+    ("ui", "bench_ui", "Dashboard page loads with 100,000 jobs in the broker."),
     (
         "reclaim-storm",
-        _reclaim_storm,
+        "reclaim_storm",
         "Reclaim under the team-queue config: how often one job is evicted.",
     ),
 ):
-    _command(bench, _name, _load, _help)
+    _command(bench, _name, _module, _help)
 
 # The programs that are not benchmarks, as top-level `muster` commands.
 programs = typer.Typer(add_completion=False, rich_markup_mode=None)
-for _name, _load, _help in (
-    ("sim", _sim, "Trace-driven simulation: Muster against other recovery policies."),
-    ("vopr", _vopr, "Deterministic simulation of the protocol with faults, over many seeds."),
-    ("chaos", _chaos, "Chaos soak of real processes: kill -9, SIGSTOP, partitions, full store."),
-    ("demo", _demo, "Muster end to end in one process with three fake clusters."),
-    ("demo-local", _demo_local, "The spot story with real local processes and real training."),
+for _name, _module, _help in (
+    ("sim", "sim", "Trace-driven simulation: Muster against other recovery policies."),
+    ("vopr", "vopr", "Deterministic simulation of the protocol with faults, over many seeds."),
+    ("chaos", "chaos", "Chaos soak of real processes: kill -9, SIGSTOP, partitions, full store."),
+    ("demo", "demo", "Muster end to end in one process with three fake clusters."),
+    ("demo-local", "demo_local", "The spot story with real local processes and real training."),
 ):
-    _command(programs, _name, _load, _help)
+    _command(programs, _name, _module, _help)
