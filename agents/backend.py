@@ -53,17 +53,22 @@ class Backend(Protocol):
         """Ask the workload to write a checkpoint before `deadline` (unix seconds)."""
         ...
 
-    async def fence(self, job_id: str, attempt: int, until: float) -> None:
-        """The attempt's workload must be stopped by `until` (unix seconds) unless fenced
-        again, by the cluster itself, without the agent: a frozen or dead agent must not keep
-        it alive (kube: a pod deadline such as activeDeadlineSeconds, or an in-cluster
-        watchdog). Extending a fence that has lapsed must not revive anything. Optional: the
-        runtime skips backends without it, and then only self-fencing protects the cluster."""
-        ...
-
     async def read_logs(self, req: LogRequest) -> LogTail:
         """The last `req.tail_lines` lines of the attempt's selected containers. Raise
         BackendError naming the cluster and attempt when its pods are gone."""
         ...
 
     async def stop(self) -> None: ...
+
+
+class Fencing(Protocol):
+    """What a backend that the cluster itself can fence adds to `Backend` (fake and local;
+    not kube yet): optional, so it is not a member of `Backend`."""
+
+    async def fence(self, job_id: str, attempt: int, until: float) -> None:
+        """The attempt's workload must be stopped by `until` (unix seconds) unless fenced
+        again, by the cluster itself, without the agent: a frozen or dead agent must not keep
+        it alive (kube: a pod deadline such as activeDeadlineSeconds, or an in-cluster
+        watchdog). Extending a fence that has lapsed must not revive anything. The runtime
+        skips backends without it, and then only self-fencing protects the cluster."""
+        ...

@@ -412,7 +412,12 @@ def clusters_table(clusters: Sequence[ClusterView], now: float | None = None) ->
         health = Text(c.health, style=_HEALTH_STYLE.get(c.health, ""))
         if c.stale_s > 0:  # the agent cannot see its cluster: nothing is placed there
             health = Text(f"{c.health}, stale {c.stale_s:.0f}s", style="yellow")
-        common = [c.name, health, fmt_ago(c.last_heartbeat, now), str(c.running_jobs)]
+        common: list[str | Text] = [
+            c.name,
+            health,
+            fmt_ago(c.last_heartbeat, now),
+            str(c.running_jobs),
+        ]
         if not c.flavors:
             _row(table, *common, "-", "-", "-", "-", "0", "0/0", "0", "-")
         for i, f in enumerate(c.flavors):
@@ -545,7 +550,7 @@ def status(
     def fetch(c: MusterClient) -> Awaitable[list[JobView]]:
         return c.list(
             queue=queue,
-            state=state.value if state else None,  # type: ignore[arg-type]
+            state=state.value if state else None,
             cluster=cluster,
             limit=limit,
             timeout=timeout,

@@ -73,6 +73,7 @@ class LeaderLease:
     async def try_acquire(self) -> bool:
         kv = await self._open()
         value = msgspec.json.encode(LeaseHolder(holder=self.holder, acquired_at=time.time()))
+        revision: int | None
         try:
             revision = await kv.create(KEY, value)
         except Exception:

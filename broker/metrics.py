@@ -117,8 +117,8 @@ class BrokerCollector:
         if machine is None:
             return
         try:
-            states = Tally(record.state for record in list(machine.jobs.values()))
-            health = Tally(track.health for track in list(machine.agents.values()))
+            states: Tally[str] = Tally(record.state for record in list(machine.jobs.values()))
+            health: Tally[str] = Tally(track.health for track in list(machine.agents.values()))
         except RuntimeError:  # changed under us; the next scrape will see it
             return
         jobs = GaugeMetricFamily("muster_jobs", "Jobs by state", labels=["state"])
@@ -134,7 +134,7 @@ class BrokerCollector:
 class Metrics:
     def __init__(self, broker: BrokerState) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(BrokerCollector(broker))  # type: ignore[arg-type]
+        self.registry.register(BrokerCollector(broker))
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

@@ -89,8 +89,8 @@ async def one_run(url: str, clusters: int, nodes: int, events: int, batch: int) 
                 payloads.append((subjects.agent_events(f"c{c}"), encode_msgpack(data)))
         total = len(payloads) * batch
         started = time.perf_counter()
-        for subject, data in payloads:
-            await nc.publish(subject, data)
+        for subject, payload in payloads:
+            await nc.publish(subject, payload)
         await flush(nc)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -24,6 +24,7 @@ import time
 import uuid
 
 import nats
+from nats.aio.client import Client
 
 from broker.embedded import EmbeddedNats
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
@@ -106,7 +107,7 @@ async def one_run(url: str, jobs: int, queues: int, standby_warmup_s: float) -> 
         broker.cleanup()
 
 
-async def check_sample(nc: nats.NATS, broker: BrokerProcess, jobs: int) -> None:
+async def check_sample(nc: Client, broker: BrokerProcess, jobs: int) -> None:
     """200 sampled jobs answer from the leader, present and still queued."""
     for i in random.Random(1).sample(range(jobs), 200):
         msg = await nc.request(

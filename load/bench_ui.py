@@ -19,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import nats
+from nats.aio.client import Client
 
 from broker.embedded import EmbeddedNats
 from broker.service import Broker
@@ -38,7 +39,7 @@ PAGES = {
 }
 
 
-async def load_jobs(nc: nats.NATS, broker: Broker, jobs: int, queues: int) -> float:
+async def load_jobs(nc: Client, broker: Broker, jobs: int, queues: int) -> float:
     rng = random.Random(7)
     started = time.monotonic()
     for i in range(jobs):

@@ -224,11 +224,11 @@ def soak_config() -> BrokerConfig:
         # Streams reserve their max_bytes in the store: keep the reservations well inside it,
         # so that filling the rest exhausts the store without blocking the broker's start.
         limits = msgspec.structs.replace(
-            config.limits,  # type: ignore[attr-defined]
+            config.limits,
             submit_stream_max_bytes=64 * 2**20,
             jobs_bucket_max_bytes=96 * 2**20,
         )
-        config = msgspec.structs.replace(config, limits=limits)  # type: ignore[call-arg]
+        config = msgspec.structs.replace(config, limits=limits)
     return config
 
 

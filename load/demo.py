@@ -553,7 +553,7 @@ class Demo:
             )
             # The table's measure, from the same record: GPU-seconds of the ended attempt's
             # work since its last checkpoint.
-            ended = next((a for a in attempts if a["attempt"] == inj.attempt), {})
+            ended: dict[str, Any] = next((a for a in attempts if a["attempt"] == inj.attempt), {})
             lost = f"{float(ended.get('gpu_seconds_lost', 0.0)):,.0f} GPU-seconds"
             if inj.kind == "spot-notice":
                 sentences.append(

@@ -21,6 +21,7 @@ twice, usage back to zero.
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import random
 import sys
@@ -104,7 +105,7 @@ def sim_config(min_runtime_s: float | None = None) -> BrokerConfig:
     q = ResourceQuota
     sched = SchedulingConfig()
     if min_runtime_s is not None and "reclaim_min_runtime_s" in SchedulingConfig.__struct_fields__:
-        sched = msgspec.structs.replace(sched, reclaim_min_runtime_s=min_runtime_s)  # type: ignore[call-arg]
+        sched = msgspec.structs.replace(sched, reclaim_min_runtime_s=min_runtime_s)
     return BrokerConfig(
         flavors=[
             FlavorClass(name="gpu-spot", capacity_type="spot"),
@@ -634,7 +635,7 @@ class World:
             assert spec.job_id is not None
             self.completed_by[spec.job_id] = []
             self.work_of[spec.job_id] = work
-            self.clock.at(at, lambda s=spec: self.client_submit(s))
+            self.clock.at(at, functools.partial(self.client_submit, spec))
 
     def _build_fleet(self, rng: random.Random) -> None:
         for i in range(rng.randint(2, 3)):
@@ -678,7 +679,7 @@ class World:
                 checkpoint=CheckpointSpec(uri=f"mem://{job_id}") if rng.random() < 0.7 else None,
             )
             self.work_of[job_id] = rng.uniform(3.0, 25.0)
-            self.clock.at(rng.uniform(0.0, 45.0), lambda s=spec: self.client_submit(s))
+            self.clock.at(rng.uniform(0.0, 45.0), functools.partial(self.client_submit, spec))
 
     def faulty(self, now: float) -> bool:
         return now < self.fault_until
