@@ -190,6 +190,7 @@ POLICIES: dict[str, Policy] = {
         False,
         False,
         about="restart preempted jobs from step 0 (SkyPilot default, Armada resubmit)",
+        spot_return=False,
     ),
     "spot-only": Policy(
         "spot-only",
@@ -221,6 +222,7 @@ POLICIES: dict[str, Policy] = {
         True,
         about="periodic checkpoints; the broker never sees the notice, only the node's loss",
         notices=False,
+        spot_return=False,
     ),
     "skypilot-like": Policy(
         "skypilot-like",
@@ -230,6 +232,7 @@ POLICIES: dict[str, Policy] = {
         "elsewhere and resumes from its own last checkpoint",
         notices=False,
         detect_s=15.0,
+        spot_return=False,
     ),
     "oracle": Policy(
         "oracle",
