@@ -92,7 +92,7 @@ def queue_delays_s(result: SimResult) -> list[float]:
 def summarize(result: SimResult) -> dict[str, Any]:
     """One row of the comparison table (plain floats and ints, JSON-ready)."""
     end = result.base + result.end
-    used = lost = lost_unfinished = cost = paid_work = 0.0
+    used = lost = lost_unfinished = cost = paid_work = paid_work_done = 0.0
     preemptions = resumed = moves = 0
     by_type: dict[str, float] = {"spot": 0.0, "on-demand": 0.0}
     for job_id, logs in result.logs.items():
@@ -104,6 +104,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
             held = log.held_s(end) * log.gpus
             used += held
             paid_work += held * log.speed
+            if rec is not None and rec.state == "succeeded":
+                paid_work_done += held * log.speed
             lost += gone
             cost += held / 3600.0 * log.price
             by_type[log.capacity_type] = by_type.get(log.capacity_type, 0.0) + held
@@ -157,6 +159,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
         # Useful work (V100-GPU-seconds of the jobs that completed) over the work the paid
         # GPU-time could have done at each GPU's speed.
         "goodput": useful / paid_work if paid_work > 0 else float("nan"),
+        # The same over the jobs that completed only: what the jobs still running at the
+        # horizon (whose paid time counts above, their work not) do not weigh down.
+        "goodput_completed": useful / paid_work_done if paid_work_done > 0 else float("nan"),
         "cost_usd": cost,
         "cost_per_useful_gpu_h": cost / (useful / 3600.0) if useful > 0 else float("nan"),
         "preemptions": preemptions,
@@ -298,6 +303,7 @@ def comparison(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float
         if plain is not None:
             put("cr_vs_this", _ratio(plain["cost_per_useful_gpu_h"], s["cost_per_useful_gpu_h"]))
         put("goodput", s["goodput"])
+        put("goodput_completed", s.get("goodput_completed", float("nan")))
         put("gpu_h_lost", s["gpu_h_lost"])
         put("preemptions", float(s["preemptions"]))
         put("planned_moves", float(s.get("planned_moves", 0)))
@@ -313,6 +319,7 @@ COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("jct_p50_vs_od", "JCT p50 vs on-demand-only", "{:.2f}x"),
     ("jct_p90_vs_od", "JCT p90 vs on-demand-only", "{:.2f}x"),
     ("goodput", "goodput (useful / paid GPU-time)", "{:.3f}"),
+    ("goodput_completed", "  the same, completed jobs only", "{:.3f}"),
     ("gpu_h_lost", "GPU-hours lost", "{:.0f}"),
     ("preemptions", "preemptions", "{:.0f}"),
     ("planned_moves", "moves by choice", "{:.0f}"),
