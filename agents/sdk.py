@@ -181,14 +181,8 @@ class SdkEnv:
                 raise SdkConfigError(f"{ENV_PODINFO_POLL}={p!r} is not a number") from None
             if not 0.01 <= poll <= 60:
                 raise SdkConfigError(f"{ENV_PODINFO_POLL}={poll} must be between 0.01 and 60")
-        interval: float | None = None
-        if (iv := get(ENV_CHECKPOINT_INTERVAL)) is not None:
-            try:
-                interval = float(iv)
-            except ValueError:
-                raise SdkConfigError(f"{ENV_CHECKPOINT_INTERVAL}={iv!r} is not a number") from None
-            if not interval > 0:
-                raise SdkConfigError(f"{ENV_CHECKPOINT_INTERVAL}={interval} must be > 0")
+        iv = get(ENV_CHECKPOINT_INTERVAL)
+        interval = None if iv is None else _positive_seconds(ENV_CHECKPOINT_INTERVAL, iv)
         return cls(
             job_id=job_id,
             attempt=attempt,
@@ -207,6 +201,16 @@ class SdkEnv:
     @property
     def resume_step(self) -> int:
         return self.resume_from.step if self.resume_from is not None else 0
+
+
+def _positive_seconds(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SdkConfigError(f"{name}={text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise SdkConfigError(f"{name}={text!r} must be a positive number of seconds")
+    return value
 
 
 def annotation_value(step: int, uri: str, job_id: str = "", attempt: int = 0) -> str:

@@ -781,6 +781,8 @@ class Machine:
             self._order = max(self._order, record.order)
             if record.state in TERMINAL:
                 continue
+            if record.spec.deadline is not None:
+                self._deadline_jobs.add(record.job_id)  # deadline.py (live ones too)
             if record.queue not in self.queues:
                 self._pending.setdefault(record.queue, PendingQueue())
             if record.state == "queued":
