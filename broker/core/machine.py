@@ -12,6 +12,7 @@ Invariants kept here:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Iterable, Iterator, Sequence
@@ -141,6 +142,7 @@ class Machine:
         self._windows = NoticeWindows()
         self._deadline_jobs: set[str] = set()
         self._next_return_scan = 0.0
+        self._return_cursor = ""  # the last job a spot-return scan tried
         self.spot_return = True  # off only to measure what it earns (load/sim.py)
 
     # ------------------------------------------------------------------ submission
@@ -735,12 +737,17 @@ class Machine:
     def _spot_returns(self, now: float, effects: list[Effect]) -> None:
         """On-demand jobs that may use spot go back to it when that pays (spotreturn.py)."""
         tries = 0
-        for job_id in sorted(self._live):
-            record = self.jobs[job_id]
+        live = sorted(self._live)
+        # Round robin from where the last scan stopped, so that jobs whose move keeps
+        # failing early in the order do not starve the rest.
+        start = bisect.bisect_right(live, self._return_cursor)
+        for job_id in live[start:] + live[:start]:
             if tries >= spotreturn.MAX_TRIES_PER_SCAN:
                 break
+            record = self.jobs[job_id]
             if spotreturn.may_return(record, now):
                 tries += 1
+                self._return_cursor = job_id
                 self._planned_move(record, spotreturn.SPOT_RETURN, now, effects)
 
     def _planned_move(
