@@ -21,6 +21,9 @@ Environment (set by the agent's backend on every replica):
   polls it (every `MUSTER_PODINFO_POLL_S`, default 2 s) as the slow path beside NATS. The
   local backend writes the same file in the attempt's directory.
 - `MUSTER_SIGTERM_GRACE_S` (default 30): the deadline given to a SIGTERM checkpoint request.
+- `MUSTER_CHECKPOINT_INTERVAL_S`: the broker's advised seconds between checkpoints for the pool
+  this attempt runs on (Young/Daly from the pool's reclaim rate and the job's
+  `checkpoint.cost_s`); `advised_interval_s()` reads it. Absent: no advice, keep your own.
 
 Typical loop::
 
@@ -81,6 +84,7 @@ ENV_ANNOTATION_FILE = "MUSTER_ANNOTATION_FILE"
 ENV_SIGTERM_GRACE = "MUSTER_SIGTERM_GRACE_S"
 ENV_PODINFO_POLL = "MUSTER_PODINFO_POLL_S"
 ENV_CHECKPOINT_TOKEN = "MUSTER_CHECKPOINT_TOKEN"
+ENV_CHECKPOINT_INTERVAL = "MUSTER_CHECKPOINT_INTERVAL_S"
 
 _STEP_RE = re.compile(r"step-(\d+)/?$")
 _JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
@@ -128,6 +132,7 @@ class SdkEnv:
     podinfo_dir: str | None = None
     podinfo_poll_s: float = PODINFO_POLL_S
     checkpoint_token: str = ""
+    checkpoint_interval_s: float | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SdkEnv:
@@ -176,6 +181,8 @@ class SdkEnv:
                 raise SdkConfigError(f"{ENV_PODINFO_POLL}={p!r} is not a number") from None
             if not 0.01 <= poll <= 60:
                 raise SdkConfigError(f"{ENV_PODINFO_POLL}={poll} must be between 0.01 and 60")
+        iv = get(ENV_CHECKPOINT_INTERVAL)
+        interval = None if iv is None else _positive_seconds(ENV_CHECKPOINT_INTERVAL, iv)
         return cls(
             job_id=job_id,
             attempt=attempt,
@@ -188,11 +195,22 @@ class SdkEnv:
             podinfo_dir=get(ENV_PODINFO_DIR),
             podinfo_poll_s=poll,
             checkpoint_token=get(ENV_CHECKPOINT_TOKEN) or "",
+            checkpoint_interval_s=interval,
         )
 
     @property
     def resume_step(self) -> int:
         return self.resume_from.step if self.resume_from is not None else 0
+
+
+def _positive_seconds(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SdkConfigError(f"{name}={text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise SdkConfigError(f"{name}={text!r} must be a positive number of seconds")
+    return value
 
 
 def annotation_value(step: int, uri: str, job_id: str = "", attempt: int = 0) -> str:
@@ -307,6 +325,12 @@ class Checkpointer:
     @property
     def resume_step(self) -> int:
         return self.env.resume_step
+
+    def advised_interval_s(self, default: float | None = None) -> float | None:
+        """Seconds between checkpoints the broker advises for this attempt's pool, else
+        `default`. Each attempt gets the value for where it runs."""
+        advised = self.env.checkpoint_interval_s
+        return advised if advised is not None else default
 
     def checkpoint_uri(self, step: int) -> str:
         """`<MUSTER_CHECKPOINT_URI>/step-<step>` (empty prefix gives `step-<step>`)."""

@@ -27,6 +27,9 @@ def muster_env(cmd: Dispatch) -> dict[str, str]:
     }
     if cmd.checkpoint_token:
         env["MUSTER_CHECKPOINT_TOKEN"] = cmd.checkpoint_token
+    if cmd.checkpoint_interval_s > 0:
+        # The broker's Young/Daly advice for this attempt's pool (a new attempt, a new value).
+        env["MUSTER_CHECKPOINT_INTERVAL_S"] = f"{cmd.checkpoint_interval_s:g}"
     return env
 
 

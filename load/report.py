@@ -115,6 +115,11 @@ def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+# Attempts the broker ended on purpose to move the job (broker/core/spotreturn.py): the work
+# is checkpointed first, so they are not preemptions.
+PLANNED_CAUSES = frozenset({"cancel: spot-return", "cancel: deadline"})
+
+
 def attempt_losses(logs: Sequence[AttemptLog], end: float) -> list[float]:
     """GPU-seconds each attempt lost: time held minus the time that produced what a later
     attempt kept.
@@ -167,8 +172,8 @@ def queue_delays_s(result: SimResult) -> list[float]:
 def summarize(result: SimResult) -> dict[str, Any]:
     """One row of the comparison table (plain floats and ints, JSON-ready)."""
     end = result.base + result.end
-    used = lost = lost_unfinished = cost = paid_work = 0.0
-    preemptions = resumed = 0
+    used = lost = lost_unfinished = cost = paid_work = paid_work_done = 0.0
+    preemptions = resumed = moves = 0
     by_type: dict[str, float] = {"spot": 0.0, "on-demand": 0.0}
     for job_id, logs in result.logs.items():
         losses = attempt_losses(logs, end)
@@ -179,10 +184,14 @@ def summarize(result: SimResult) -> dict[str, Any]:
             held = log.held_s(end) * log.gpus
             used += held
             paid_work += held * log.speed
+            if rec is not None and rec.state == "succeeded":
+                paid_work_done += held * log.speed
             lost += gone
             cost += held / 3600.0 * log.price
             by_type[log.capacity_type] = by_type.get(log.capacity_type, 0.0) + held
-            if log.ended_at is not None and not log.succeeded:
+            if log.cause in PLANNED_CAUSES:
+                moves += 1
+            elif log.ended_at is not None and not log.succeeded:
                 preemptions += 1
             if log.start_step > 0:
                 resumed += 1
@@ -230,9 +239,13 @@ def summarize(result: SimResult) -> dict[str, Any]:
         # Useful work (V100-GPU-seconds of the jobs that completed) over the work the paid
         # GPU-time could have done at each GPU's speed.
         "goodput": useful / paid_work if paid_work > 0 else float("nan"),
+        # The same over the jobs that completed only: what the jobs still running at the
+        # horizon (whose paid time counts above, their work not) do not weigh down.
+        "goodput_completed": useful / paid_work_done if paid_work_done > 0 else float("nan"),
         "cost_usd": cost,
         "cost_per_useful_gpu_h": cost / (useful / 3600.0) if useful > 0 else float("nan"),
         "preemptions": preemptions,
+        "planned_moves": moves,
         "resumed_attempts": resumed,
         "spot_notices": result.spot_notices,
         "noticed_attempts": noticed,
@@ -272,6 +285,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("cost_usd", "cost ($, price x GPU-hours)", "{:.0f}"),
     ("cost_per_useful_gpu_h", "cost per useful GPU-hour ($)", "{:.3f}"),
     ("preemptions", "preemptions (attempts lost)", "{:.0f}"),
+    ("planned_moves", "moves by choice (spot-return, deadline)", "{:.0f}"),
     ("noticed_attempts", "attempts hit by a spot notice", "{:.0f}"),
     ("recover_median_s", "notice -> next attempt, median (s)", "{:.1f}"),
     ("recover_p90_s", "notice -> next attempt, p90 (s)", "{:.1f}"),
@@ -343,6 +357,7 @@ def comparison(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float
     on-demand-only and oracle runs of the same jobs and traces."""
     od = _paired(runs, "on-demand-only")
     oracle = _paired(runs, "oracle")
+    cr = _paired(runs, "checkpoint-restart")
     out: dict[str, dict[str, list[float]]] = {}
     for r in runs:
         s = r["summary"]
@@ -364,9 +379,14 @@ def comparison(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float
         ref = oracle.get(key)
         if ref is not None:
             put("vs_oracle", _ratio(s["cost_per_useful_gpu_h"], ref["cost_per_useful_gpu_h"]))
+        plain = cr.get(key)
+        if plain is not None:
+            put("cr_vs_this", _ratio(plain["cost_per_useful_gpu_h"], s["cost_per_useful_gpu_h"]))
         put("goodput", s["goodput"])
+        put("goodput_completed", s.get("goodput_completed", float("nan")))
         put("gpu_h_lost", s["gpu_h_lost"])
         put("preemptions", float(s["preemptions"]))
+        put("planned_moves", float(s.get("planned_moves", 0)))
         put("unfinished", float(s["unfinished"]))
     return out
 
@@ -375,11 +395,14 @@ COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("cost_per_useful", "cost per useful V100-GPU-hour ($)", "{:.3f}"),
     ("saving_vs_od", "saving vs on-demand-only", "{:.1%}"),
     ("vs_oracle", "cost ratio to oracle", "{:.2f}x"),
+    ("cr_vs_this", "checkpoint-restart's cost / this", "{:.2f}x"),
     ("jct_p50_vs_od", "JCT p50 vs on-demand-only", "{:.2f}x"),
     ("jct_p90_vs_od", "JCT p90 vs on-demand-only", "{:.2f}x"),
     ("goodput", "goodput (useful / paid GPU-time)", "{:.3f}"),
+    ("goodput_completed", "  the same, completed jobs only", "{:.3f}"),
     ("gpu_h_lost", "GPU-hours lost", "{:.0f}"),
     ("preemptions", "preemptions", "{:.0f}"),
+    ("planned_moves", "moves by choice", "{:.0f}"),
     ("unfinished", "jobs unfinished", "{:.0f}"),
 )
 

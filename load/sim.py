@@ -156,15 +156,41 @@ class Policy:
     # Hindsight: the workload knew each reclaim was coming, so it writes no periodic
     # checkpoints and its checkpoint at the notice is already written (costs nothing).
     foresight: bool = False
+    # The workloads checkpoint at the broker's advised interval (Dispatch.checkpoint_interval_s,
+    # MUSTER_CHECKPOINT_INTERVAL_S) instead of their own.
+    follows_advice: bool = False
+    spot_return: bool = True  # the broker moves on-demand jobs back to spot when it pays
 
 
 POLICIES: dict[str, Policy] = {
-    "muster": Policy("muster", True, True, about="checkpoint-aware re-dispatch, make-before-break"),
+    "muster": Policy(
+        "muster",
+        True,
+        True,
+        about="checkpoint-aware re-dispatch, make-before-break, Young/Daly advice followed, "
+        "spot-return",
+        follows_advice=True,
+    ),
+    "muster-fixed": Policy(
+        "muster-fixed",
+        True,
+        True,
+        about="muster, but workloads keep their own 10 min interval (no advice)",
+    ),
+    "muster-no-return": Policy(
+        "muster-no-return",
+        True,
+        True,
+        about="muster, but jobs that fell back to on-demand stay there",
+        follows_advice=True,
+        spot_return=False,
+    ),
     "scratch": Policy(
         "scratch",
         False,
         False,
         about="restart preempted jobs from step 0 (SkyPilot default, Armada resubmit)",
+        spot_return=False,
     ),
     "spot-only": Policy(
         "spot-only",
@@ -172,6 +198,7 @@ POLICIES: dict[str, Policy] = {
         True,
         (("spot-then-on-demand", "spot"),),
         about="muster, but spot-then-on-demand jobs never fall back",
+        follows_advice=True,
     ),
     "fallback": Policy(
         "fallback",
@@ -179,6 +206,7 @@ POLICIES: dict[str, Policy] = {
         True,
         (("spot", "spot-then-on-demand"),),
         about="muster, but spot-only jobs may fall back to on-demand",
+        follows_advice=True,
     ),
     "on-demand-only": Policy(
         "on-demand-only",
@@ -194,6 +222,7 @@ POLICIES: dict[str, Policy] = {
         True,
         about="periodic checkpoints; the broker never sees the notice, only the node's loss",
         notices=False,
+        spot_return=False,
     ),
     "skypilot-like": Policy(
         "skypilot-like",
@@ -203,6 +232,7 @@ POLICIES: dict[str, Policy] = {
         "elsewhere and resumes from its own last checkpoint",
         notices=False,
         detect_s=15.0,
+        spot_return=False,
     ),
     "oracle": Policy(
         "oracle",
@@ -217,6 +247,7 @@ POLICIES: dict[str, Policy] = {
 }
 BASELINES = ("on-demand-only", "spot-only", "checkpoint-restart", "scratch", "skypilot-like")
 COMPARISON = (*BASELINES, "oracle", "muster")
+ABLATIONS = ("muster-fixed", "muster-no-return")  # muster without one of its policies
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,7 +401,13 @@ def job_spec(job: SimJob, policy: Policy) -> JobSpec:
             )
         ],
         capacity=capacity,
-        checkpoint=CheckpointSpec(uri=f"s3://sim-ckpt/{job.job_id}") if ckpt else None,
+        checkpoint=CheckpointSpec(
+            uri=f"s3://sim-ckpt/{job.job_id}",
+            interval_s=job.ckpt_every,
+            cost_s=round(job.ckpt_cost, 1),
+        )
+        if ckpt
+        else None,
         workload=Workload(
             kind="pytorchjob" if job.replicas > 1 else "indexed-job",
             simulate=Simulation(
@@ -439,6 +476,7 @@ class AttemptLog:
     ckpt_steps: list[int] = field(default_factory=list)
     ckpt_times: list[float] = field(default_factory=list)  # when each was written
     speed: float = 1.0  # work per second of one GPU here, relative to a V100
+    ckpt_every: float | None = None  # the interval this attempt checkpointed at
 
     @property
     def succeeded(self) -> bool:
@@ -463,11 +501,12 @@ class SimWorkload:
     ckpt_step: int = 0  # the step a requested checkpoint captures
     hindsight: bool = False  # no periodic checkpoints (the oracle)
     alive: bool = True
+    every: float | None = None  # this attempt's interval: the job's own, or the advice
 
     @property
     def period(self) -> tuple[float, float] | None:
         """(compute seconds between periodic checkpoints, stall per checkpoint), or None."""
-        every = self.job.ckpt_every
+        every = self.every
         if not self.writes_ckpts or every is None or self.hindsight:
             return None
         return every, self.job.ckpt_cost
@@ -643,7 +682,11 @@ class SimCluster:
             and sim.policy.checkpoints,
             speed=sim.speed.get(pool.gpu_type, 1.0),
             hindsight=sim.policy.foresight,
+            every=job.ckpt_every,
         )
+        if sim.policy.follows_advice and job.ckpt_every is not None and cmd.checkpoint_interval_s:
+            w.every = cmd.checkpoint_interval_s
+        log.ckpt_every = w.every if w.writes_ckpts and not w.hindsight else None
         self.workloads[key] = w
         for n in nodes:
             self.nodes[n].used += job.gpu_per_replica
@@ -795,6 +838,7 @@ class Sim:
         self.base = 1.5e9  # unix seconds at virtual zero (Philly time is not kept)
         self.now = self.base
         self.machine = Machine(broker_config(cfg))
+        self.machine.spot_return = self.policy.spot_return
         self.heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self.logs: dict[str, list[AttemptLog]] = {}
@@ -1493,7 +1537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.policy == "all":
         names = list(POLICIES)
     elif args.policy == "compare":
-        names = list(COMPARISON)
+        names = [*COMPARISON, *ABLATIONS]
     else:
         names = [n.strip() for n in args.policy.split(",")]
     unknown = [n for n in names if n not in POLICIES]

@@ -191,6 +191,10 @@ class Dispatch(msgspec.Struct, tag="dispatch", omit_defaults=True):
     # A secret only this attempt's replicas get (MUSTER_CHECKPOINT_TOKEN); the broker accepts
     # a workload's own checkpoint report only with it, so no job can report for another.
     checkpoint_token: Annotated[str, Meta(max_length=128)] = ""
+    # The broker's advised checkpoint interval for this attempt's pool (Young/Daly from the
+    # pool's interruption rate and the job's checkpoint cost): MUSTER_CHECKPOINT_INTERVAL_S.
+    # 0 = no advice.
+    checkpoint_interval_s: Annotated[float, Meta(ge=0, le=7 * 86_400)] = 0.0
 
 
 class Cancel(msgspec.Struct, tag="cancel", omit_defaults=True):

@@ -62,6 +62,23 @@ class CheckpointSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # The fastest the job can progress: a reported step beyond resume step + this x running
     # time is refused as forged. None: no bound.
     max_steps_per_s: Annotated[float, Meta(gt=0, le=1e9)] | None = None
+    # How often the workload checkpoints on its own (s of running time); the broker prices
+    # the work a reclaim loses by it. None: 600 s is assumed.
+    interval_s: Annotated[float, Meta(ge=1, le=7 * 86_400)] | None = None
+    # What one checkpoint write costs (s, measured by the workload); with it the broker
+    # advises a Young/Daly interval (MUSTER_CHECKPOINT_INTERVAL_S). None: no advice.
+    cost_s: Annotated[float, Meta(ge=0, le=86_400)] | None = None
+
+
+class Deadline(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Finish within `within_s` of submission. The job uses spot while its slack allows and
+    moves to on-demand early enough to finish (slack = time left - work left - restart)."""
+
+    within_s: Annotated[float, Meta(gt=0, le=365 * 86_400)]
+    # Running time of the whole job without interruptions, on the pools it accepts.
+    runtime_s: Annotated[float, Meta(gt=0, le=365 * 86_400)]
+    # Steps of the whole job: progress is the newest checkpoint's step / total_steps.
+    total_steps: Annotated[int, Meta(ge=1, le=10**12)]
 
 
 class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -141,8 +158,14 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     start_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] | None = None
     workload: Workload = msgspec.field(default_factory=Workload)
     labels: Annotated[dict[str, ShortText], Meta(max_length=64)] = {}
+    deadline: Deadline | None = None
 
     def __post_init__(self) -> None:
+        if self.deadline is not None and self.capacity == "spot":
+            raise ValueError(
+                "deadline: a spot-only job cannot switch to on-demand to meet it; use "
+                "capacity spot-then-on-demand or any"
+            )
         names = [p.name for p in self.gang]
         if len(set(names)) != len(names):
             raise ValueError("gang: podset names must be unique")

@@ -12,11 +12,15 @@ Invariants kept here:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from broker.core import deadline as deadlines
+from broker.core import spotreturn
+from broker.core.advice import advised_interval_s
 from broker.core.effects import Effect, Persist, Publish, Send
 from broker.core.pending import PendingQueue
 from broker.core.policy import no_progress_reason, no_progress_verdict
@@ -29,6 +33,7 @@ from broker.core.records import (
     demands_of,
     gang_request,
 )
+from broker.core.risk import NoticeWindows
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, Placement, PodSetDemand, Reason
 from schemas.agent import (
@@ -132,6 +137,13 @@ class Machine:
         self._truncated = False  # the last cycle left parked jobs beyond the lookahead
         self._truncated_queues: set[str] = set()
         self._recycle: set[str] = set()  # queues to look at again (see `schedule`)
+        # Spot economics (advice.py, deadline.py, spotreturn.py): notice windows per pool,
+        # open jobs with a deadline, and when live jobs were last looked at for spot-return.
+        self._windows = NoticeWindows()
+        self._deadline_jobs: set[str] = set()
+        self._next_return_scan = 0.0
+        self._return_cursor = ""  # the last job a spot-return scan tried
+        self.spot_return = True  # off only to measure what it earns (load/sim.py)
 
     # ------------------------------------------------------------------ submission
     def submit(
@@ -698,7 +710,73 @@ class Machine:
             else:  # requeued since: wait from the newer queued_at
                 again = record.queued_at + record.spec.spot.fallback_after_wait_s
                 heapq.heappush(self._spot_due, (max(again, due), job_id))
+        self._deadline_switches(now, effects)  # deadline.py
+        if self.spot_return and now >= self._next_return_scan:  # spotreturn.py
+            self._next_return_scan = now + spotreturn.SCAN_EVERY_S
+            self._spot_returns(now, effects)
         return effects
+
+    # ------------------------------------------------------------------ planned moves
+    def _deadline_switches(self, now: float, effects: list[Effect]) -> None:
+        """Jobs whose deadline slack ran out go to on-demand for good (deadline.py)."""
+        for job_id in sorted(self._deadline_jobs):
+            record = self.jobs[job_id]
+            if record.state in TERMINAL:
+                self._deadline_jobs.discard(job_id)
+            elif deadlines.must_switch(record, now):
+                record.deadline_on_demand = True
+                record.spot_exhausted = True  # (also renews the cached request)
+                effects.append(Persist(record))
+                current = record.current
+                if record.state == "queued":
+                    record.reason = "deadline: too little slack left for spot; on-demand only"
+                    self._fresh.add(job_id)
+                elif current is not None and current.capacity_type == "spot":
+                    self._planned_move(record, spotreturn.DEADLINE_MOVE, now, effects)
+
+    def _spot_returns(self, now: float, effects: list[Effect]) -> None:
+        """On-demand jobs that may use spot go back to it when that pays (spotreturn.py)."""
+        tries = 0
+        live = sorted(self._live)
+        # Round robin from where the last scan stopped, so that jobs whose move keeps
+        # failing early in the order do not starve the rest.
+        start = bisect.bisect_right(live, self._return_cursor)
+        for job_id in live[start:] + live[:start]:
+            if tries >= spotreturn.MAX_TRIES_PER_SCAN:
+                break
+            record = self.jobs[job_id]
+            if spotreturn.may_return(record, now):
+                tries += 1
+                self._return_cursor = job_id
+                self._planned_move(record, spotreturn.SPOT_RETURN, now, effects)
+
+    def _planned_move(
+        self, record: JobRecord, cause: str, now: float, effects: list[Effect]
+    ) -> None:
+        """Move a running job by choice, make-before-break: reserve the new placement, then
+        the spot-notice path checkpoints, cancels the old attempt and dispatches the new one."""
+        current = record.current
+        if current is None or record.state != "running" or current.running_at is None:
+            return
+        request = gang_request(record, now, self._demands[record.job_id])
+        if cause == spotreturn.SPOT_RETURN:
+            request.capacity = "spot"
+            request.spot_exhausted = False
+        got = self.scheduler.reserve(request, now, replacing_attempt=current.attempt)
+        if not isinstance(got, Placement):
+            return
+        if cause == spotreturn.SPOT_RETURN and not spotreturn.worth_returning(
+            record, current, got.expected_cost_per_hour, now
+        ):
+            self.scheduler.release(record.job_id, request.attempt)
+            return
+        replacement = self._attempt_for(record, got, now)
+        deadline = now + spotreturn.move_grace_s(record)
+        self._begin_preempt(record, cause, deadline, now, effects, reserve=False)
+        if record.preempting is not None:
+            record.preempting.replacement = replacement
+            if cause == spotreturn.SPOT_RETURN:
+                record.spot_exhausted = False
 
     # ------------------------------------------------------------------ recovery after restart
     def restore(self, records: Iterable[JobRecord], now: float) -> None:
@@ -710,6 +788,8 @@ class Machine:
             self._order = max(self._order, record.order)
             if record.state in TERMINAL:
                 continue
+            if record.spec.deadline is not None:
+                self._deadline_jobs.add(record.job_id)  # deadline.py (live ones too)
             if record.queue not in self.queues:
                 self._pending.setdefault(record.queue, PendingQueue())
             if record.state == "queued":
@@ -766,6 +846,13 @@ class Machine:
     ) -> None:
         attempt.dispatched_at = now
         attempt.resume_from = record.resume_point()
+        pool = (attempt.cluster, attempt.flavor)  # checkpoint advice for this pool (advice.py)
+        attempt.advised_interval_s = advised_interval_s(
+            record.spec,
+            self.scheduler.pool_interruption_rate(pool, now),
+            len(_nodes(attempt)),
+            self._windows.get(pool),
+        )
         record.attempt = attempt.attempt
         record.attempts.append(attempt)
         record.state = "admitted"
@@ -795,6 +882,7 @@ class Machine:
             resume_from=attempt.resume_from,
             checkpoint_uri=spec.checkpoint.uri if spec.checkpoint else "",
             fence_after_s=self._fence_after,
+            checkpoint_interval_s=attempt.advised_interval_s or 0.0,
         )
 
     def resend_unacknowledged(self, now: float) -> list[Effect]:
@@ -823,6 +911,9 @@ class Machine:
         record = self.jobs.get(job_id)
         if record is None:
             return
+        live = record.current
+        if live is not None and live.cluster == cluster and notice.node in _nodes(live):
+            self._windows.observe((cluster, live.flavor), notice.deadline - now)  # advice.py
         pre = record.preempting
         if pre is not None:
             rep = pre.replacement
@@ -916,7 +1007,8 @@ class Machine:
                         now + self.config.scheduling.avoid_lost_pool_s,
                     )
                 )
-        if self._charge_preemption(record, current, now, pre.cause, effects):
+        planned = pre.cause in spotreturn.PLANNED_MOVES  # the broker's choice, not a loss
+        if not planned and self._charge_preemption(record, current, now, pre.cause, effects):
             if pre.replacement is not None:
                 self.scheduler.release(record.job_id, pre.replacement.attempt)
             return
@@ -946,6 +1038,7 @@ class Machine:
                     # The reserved replacement lost its capacity: fall back to the queue.
                     self.scheduler.release(job_id, rep.attempt)
                     pre.replacement = None
+                    effects.append(Persist(record))
             current = record.current
             if current is None or current.cluster != cluster:
                 continue
@@ -1125,6 +1218,8 @@ class Machine:
         return float(min(policy.backoff_s * 2 ** max(0, failures - 1), policy.max_backoff_s))
 
     def _enqueue(self, record: JobRecord) -> None:
+        if record.spec.deadline is not None:
+            self._deadline_jobs.add(record.job_id)  # deadline.py
         self._pending.setdefault(record.queue, PendingQueue()).add(
             record.job_id, record.spec.priority, record.order
         )

@@ -6,6 +6,8 @@ latest checkpoint, budgets spent). Cluster state is never persisted: agents rese
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from broker.core.types import GangRequest, PodSetDemand
@@ -33,6 +35,8 @@ class AttemptRecord(msgspec.Struct, omit_defaults=True):
     gpu_seconds: float = 0.0
     gpu_seconds_lost: float = 0.0
     cost: float = 0.0
+    # The checkpoint interval advised to this attempt (Young/Daly for its pool); None: none.
+    advised_interval_s: float | None = None
 
     @property
     def live(self) -> bool:
@@ -85,6 +89,8 @@ class JobRecord(msgspec.Struct, omit_defaults=True):
     avoid: list[AvoidPool] = []
     preempting: Preempting | None = None
     finished_at: float | None = None
+    # The deadline's slack ran out: on-demand from now on (never back to spot).
+    deadline_on_demand: bool = False
 
     @property
     def current(self) -> AttemptRecord | None:
@@ -122,6 +128,9 @@ def demands_of(spec: JobSpec) -> tuple[PodSetDemand, ...]:
 def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...]) -> GangRequest:
     """The scheduler's view of a job for its next attempt."""
     spec = record.spec
+    capacity = spec.capacity
+    if record.deadline_on_demand:
+        capacity = "on-demand"
     return GangRequest(
         job_id=record.job_id,
         attempt=record.attempt + 1,
@@ -130,8 +139,31 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
         order=record.order,
         podsets=demands,
         gpu_types=frozenset(t.lower() for t in spec.gpu_types),
-        capacity=spec.capacity,
+        capacity=capacity,
         avoid_pools=frozenset((a.cluster, a.flavor) for a in record.avoid if a.until > now),
         spot_exhausted=record.spot_exhausted,
-        checkpoint_interval_s=600.0 if spec.checkpoint is not None else None,
+        checkpoint_interval_s=pricing_interval_s(spec),
     )
+
+
+DEFAULT_INTERVAL_S = 600.0  # what a job that checkpoints but does not say how often is taken for
+START_S = 60.0  # start-up of a new attempt the broker assumes (image pull, rendezvous)
+_PRICING_STEP_S = 300.0
+
+
+def restart_overhead_s(spec: JobSpec) -> float:
+    """What a move costs in running time: a checkpoint before it, start-up and a restore."""
+    cost = spec.checkpoint.cost_s if spec.checkpoint is not None else None
+    return START_S + 2.0 * (cost or 0.0)
+
+
+def pricing_interval_s(spec: JobSpec) -> float | None:
+    """The interval the risk term prices (risk.py loses half of it per reclaim): the job's own
+    interval plus twice its restart overhead, so a reclaim costs the work since the last
+    checkpoint plus the move. Rounded up to `_PRICING_STEP_S` so that jobs share the
+    scheduler's per-shape caches. None: the job never checkpoints."""
+    ck = spec.checkpoint
+    if ck is None:
+        return None
+    raw = (ck.interval_s or DEFAULT_INTERVAL_S) + 2.0 * restart_overhead_s(spec)
+    return math.ceil(raw / _PRICING_STEP_S) * _PRICING_STEP_S

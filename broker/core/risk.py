@@ -18,7 +18,17 @@ Cost model (dollars per hour), for a gang of G GPUs spread over k nodes of a poo
 L hours of all G GPUs' work, valued at the pool's price. L is half the checkpoint interval when
 the job checkpoints. Without checkpoints a reclaim loses the whole run so far; under a
 memoryless reclaim process that is about 1 / (rate * k) hours, capped at
-`NO_CHECKPOINT_LOSS_H` (the run so far of a typical un-checkpointed job).
+`NO_CHECKPOINT_LOSS_H` (the run so far of a typical un-checkpointed job). The interval a
+request carries already includes twice the job's restart overhead (restore + start-up +
+checkpoint at the move, records.py), so L is the work since the last checkpoint plus what a
+move costs.
+
+Checkpoint advice (Young/Daly): the interval that minimises checkpoint stalls plus lost work
+is sqrt(2 * C * MTBF) for a checkpoint cost C and a mean time between losses MTBF. A notice
+whose window fits the checkpoint loses nothing since the last periodic checkpoint, so the
+losses that count are the gang's reclaim rate times the share of notices whose checkpoint
+cannot land in the pool's observed notice window (all of them when the window is too short
+or not seen yet, `NOTICE_MISS` when it fits).
 """
 
 from __future__ import annotations
@@ -27,6 +37,12 @@ import math
 from dataclasses import dataclass
 
 PRIOR_NODE_HOURS = 24.0
+# Share of notices whose checkpoint is lost even though the window fits (a write slower than
+# measured, a node that goes early). An assumption, not learned: it keeps advice finite.
+NOTICE_MISS = 0.1
+NOTICE_MARGIN_S = 10.0  # a notice checkpoint must fit the window with this much to spare
+MIN_ADVISED_S = 60.0
+MAX_ADVISED_S = 4 * 3600.0
 NO_CHECKPOINT_LOSS_H = 2.0
 _LN2 = math.log(2.0)
 
@@ -93,3 +109,33 @@ def expected_cost_per_hour(
     gang_rate = rate_per_node_hour * max(1, nodes)
     lost = loss_hours(checkpoint_interval_s, gang_rate)
     return price_per_gpu_hour * gpus * (1.0 + risk_weight * gang_rate * lost)
+
+
+def unsaved_share(cost_s: float, window_s: float | None) -> float:
+    """Share of reclaims that lose the work since the last periodic checkpoint."""
+    if window_s is None or cost_s + NOTICE_MARGIN_S > window_s:
+        return 1.0
+    return NOTICE_MISS
+
+
+def young_daly_s(cost_s: float, loss_rate_per_h: float) -> float:
+    """sqrt(2 * C * MTBF), kept within [MIN_ADVISED_S, MAX_ADVISED_S]."""
+    if loss_rate_per_h <= 0.0:
+        return MAX_ADVISED_S
+    mtbf_s = 3600.0 / loss_rate_per_h
+    return min(MAX_ADVISED_S, max(MIN_ADVISED_S, math.sqrt(2.0 * cost_s * mtbf_s)))
+
+
+class NoticeWindows:
+    """The notice window each pool last gave (deadline - notice time), learned from notices:
+    AWS gives 120 s, GCP and Azure 30 s, and a provider may change it."""
+
+    def __init__(self) -> None:
+        self._windows: dict[tuple[str, str], float] = {}
+
+    def observe(self, pool: tuple[str, str], window_s: float) -> None:
+        if window_s >= 0.0:
+            self._windows[pool] = window_s
+
+    def get(self, pool: tuple[str, str]) -> float | None:
+        return self._windows.get(pool)

@@ -1,0 +1,75 @@
+"""Spot-return: a job on on-demand because spot was short goes back to spot when spot returns
+and the move pays for itself.
+
+A job may return when it runs on on-demand, may use spot (`spot-then-on-demand` or `any`),
+writes checkpoints (so the move loses nothing but its overhead), and has no deadline that
+holds it on on-demand. The move pays when the expected saving over the time the job has left
+exceeds what the move costs:
+
+    saving = (on-demand $/h - spot's expected $/h with risk) * hours left
+    cost   = on-demand $/h * restart overhead (checkpoint, start-up, restore)
+
+Hours left: from the deadline's declared runtime when there is one; otherwise the time it has
+run so far (a job that has run t tends to run about t more), and nothing before it has run
+`MIN_RUN_S`. The move itself is the make-before-break path of a spot notice (machine.py): the
+spot placement is reserved first, then the job checkpoints, and only when the checkpoint lands
+(or the grace runs out) is the old attempt cancelled and the new one dispatched. There is
+never a second live copy, and no spot placement means no move.
+"""
+
+from __future__ import annotations
+
+from broker.core.deadline import SAFETY_S, slack_s, work_left_s
+from broker.core.records import AttemptRecord, JobRecord, restart_overhead_s
+
+MIN_RUN_S = 600.0
+SCAN_EVERY_S = 60.0  # how often live jobs are looked at
+MAX_TRIES_PER_SCAN = 8  # spot placements tried per scan: bounds the scan's cost
+SPOT_RETURN = "spot-return"
+DEADLINE_MOVE = "deadline"
+PLANNED_MOVES = frozenset({SPOT_RETURN, DEADLINE_MOVE})  # broker's choice, not a loss
+
+
+def may_return(record: JobRecord, now: float) -> bool:
+    current = record.current
+    spec = record.spec
+    if (
+        current is None
+        or record.state != "running"
+        or record.preempting is not None
+        or current.running_at is None
+        or current.capacity_type != "on-demand"
+        or spec.capacity not in ("spot-then-on-demand", "any")
+        or spec.checkpoint is None
+        or record.deadline_on_demand
+    ):
+        return False
+    slack = slack_s(record, now)
+    if slack is not None and slack - restart_overhead_s(spec) <= 2 * SAFETY_S:
+        return False
+    return hours_left(record, current, now) > 0.0
+
+
+def hours_left(record: JobRecord, current: AttemptRecord, now: float) -> float:
+    if record.spec.deadline is not None:
+        return work_left_s(record) / 3600.0
+    ran = now - (current.running_at if current.running_at is not None else now)
+    return ran / 3600.0 if ran >= MIN_RUN_S else 0.0
+
+
+def worth_returning(
+    record: JobRecord, current: AttemptRecord, spot_cost_per_hour: float, now: float
+) -> bool:
+    """`spot_cost_per_hour`: the spot placement's expected $/h for the whole gang, risk
+    included (Placement.expected_cost_per_hour)."""
+    od_per_hour = current.price_per_gpu_hour * record.total_gpus
+    saving = (od_per_hour - spot_cost_per_hour) * hours_left(record, current, now)
+    cost = od_per_hour * restart_overhead_s(record.spec) / 3600.0
+    return saving > cost
+
+
+def move_grace_s(record: JobRecord) -> float:
+    """How long a planned move waits for its checkpoint before it goes ahead anyway."""
+    ck = record.spec.checkpoint
+    cost = ck.cost_s if ck is not None and ck.cost_s is not None else 60.0
+    return 3.0 * cost + 60.0
