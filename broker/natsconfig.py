@@ -66,6 +66,7 @@ def _user(
     responses: bool = False,
     comment: str = "",
 ) -> str:
+    subs = list(sub)
     lines = [f"      # {comment}"] if comment else []
     lines += [
         "      {",
@@ -73,7 +74,10 @@ def _user(
         f"        password: ${password_var(name)}",
         "        permissions: {",
         f"          publish: {{ allow: {json.dumps(list(pub))} }}",
-        f"          subscribe: {{ allow: {json.dumps(list(sub))} }}",
+        # An empty allow-list means "everything" to nats-server: say "nothing" as a deny.
+        f"          subscribe: {{ allow: {json.dumps(subs)} }}"
+        if subs
+        else '          subscribe: { deny: [">"] }',
     ]
     if responses:
         lines.append('          allow_responses: { max: 10000, expires: "1h" }')
@@ -105,7 +109,7 @@ def render(
         users.append(
             _user(
                 agent_user(cluster),
-                [s.agent_events(cluster), f"{p}.checkpoint_request.*"],
+                [s.agent_events(cluster)],
                 [
                     s.agent_cmd(cluster),
                     s.agent_logs(cluster),
@@ -120,7 +124,7 @@ def render(
         users.append(
             _user(
                 user,
-                [*(s.submit(q) for q in queues), f"{p}.api.{team}.*", f"{p}.agent.*.logs"],
+                [*(s.submit(q) for q in queues), f"{p}.api.{team}.*"],
                 [f"{p}.events.team.{team}.*", inbox_prefix(user) + ".>"],
                 comment=f"team {team}: submits to {', '.join(queues)}; sees only its own jobs",
             )
@@ -129,8 +133,8 @@ def render(
         _user(
             WORKLOAD,
             [s.checkpoint_all],
-            [f"{p}.checkpoint_request.*", inbox_prefix(WORKLOAD) + ".>"],
-            comment="training pods' checkpoint SDK; the broker fences reports by attempt",
+            [],  # one user for every pod: whatever one could hear, all could
+            comment="training pods' checkpoint reports (fenced by attempt token); hears nothing",
         )
     )
     head = (

@@ -192,6 +192,7 @@ class ReplyRendezvous:
         known: Callable[[Msg], bytes | None],
     ) -> None:
         self.nc = nc
+        self.own_inbox = tenancy.inbox_prefix_of(nc)
         self.limit = limit
         self.full = full  # the storage-full error while the store refuses writes, else None
         # The reply for a retry of a job already accepted (same Nats-Msg-Id): the stream drops
@@ -205,7 +206,7 @@ class ReplyRendezvous:
         return subject, hashlib.blake2b(data, digest_size=16).digest()
 
     async def on_request(self, msg: Msg) -> None:
-        if not msg.reply:
+        if not msg.reply or not tenancy.reply_allowed(msg.reply, self.own_inbox):
             return
         if len(msg.data) > self.limit:
             # The stream refuses to store it, so the consumer will never see it: answer here.
@@ -1189,7 +1190,18 @@ class Broker:
         machine = self.machine
         if machine is None or not msg.reply:
             return
+        if not tenancy.reply_allowed(msg.reply, self._rendezvous.own_inbox):
+            self.refused["api"] += 1  # a reply that is no inbox: the broker answers nobody
+            return
         team, verb = tenancy.split_api_subject(self.subjects.prefix, msg.subject)
+        if team is not None and verb == "logs":
+            owned = self._team_queues.get(team, frozenset())
+            routed = tenancy.forward_logs(team, owned, machine, self.subjects, msg.data)
+            if isinstance(routed, bytes):
+                await msg.respond(routed)
+            else:  # the agent streams to the team's inbox; only the check is the broker's
+                await self.nc.publish(routed[0], routed[1], reply=msg.reply)
+            return
         if verb == "stats" and team is None:
             await msg.respond(encode_json(self.snapshot_stats()))
             return
