@@ -17,9 +17,12 @@ import nats
 import pytest_asyncio
 from nats.aio.client import Client
 
+from broker.client import MusterClient
 from broker.embedded import free_port, nats_server_binary
 from broker.natsconfig import inbox_prefix, password_var, render
+from broker.service import Broker
 from schemas.config import BrokerConfig, QueueConfig
+from schemas.natsopts import NatsOptions
 from tests.broker.conftest import harness  # noqa: F401  (the broker harness fixture)
 
 CONFIG = BrokerConfig(
@@ -108,3 +111,34 @@ async def auth_nats(tmp_path: Path) -> AsyncIterator[AuthNats]:
 
 
 Connect = Callable[[str], Awaitable[Any]]
+
+
+def options_as(server: AuthNats, user: str, team: str | None = None) -> NatsOptions:
+    """The options a party of the generated config connects with: its user, its password, its
+    private inbox prefix and (for a team) the team it acts as."""
+    return NatsOptions(
+        url=server.url,
+        user=user,
+        password=f"pw-{user}",
+        inbox_prefix=inbox_prefix(user),
+        team=team,
+    )
+
+
+async def client_as(server: AuthNats, user: str, team: str | None = None) -> MusterClient:
+    return await MusterClient(options_as(server, user, team)).connect()
+
+
+@pytest_asyncio.fixture
+async def broker(auth_nats: AuthNats) -> AsyncIterator[Broker]:
+    """A real broker connected as the `broker` user."""
+    bnc = await nats.connect(**options_as(auth_nats, "broker").connect_kwargs())
+    b = Broker(CONFIG, bnc)
+    task = asyncio.create_task(b.run())
+    try:
+        await asyncio.wait_for(b.leading.wait(), 15)
+        yield b
+    finally:
+        await b.stop()
+        await asyncio.wait_for(task, 15)
+        await bnc.close()

@@ -5,55 +5,22 @@ changed; an admin can do all of it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
-import nats
 import pytest
-import pytest_asyncio
 
-from broker.client import MusterClient, MusterError
-from broker.natsconfig import inbox_prefix
+from broker.client import MusterError
 from broker.service import Broker
 from schemas.job import JobSpec, PodSet
-from schemas.natsopts import NatsOptions
-from tests.security.conftest import CONFIG, AuthNats
+from tests.security.conftest import AuthNats, client_as
 
 SPEC = JobSpec(name="train", gang=[PodSet(name="worker", replicas=1, gpu=1)])
 
 
-def _opts(server: AuthNats, user: str, team: str | None = None) -> NatsOptions:
-    return NatsOptions(
-        url=server.url,
-        user=user,
-        password=f"pw-{user}",
-        inbox_prefix=inbox_prefix(user),
-        team=team,
-    )
-
-
-@pytest_asyncio.fixture
-async def broker(auth_nats: AuthNats) -> AsyncIterator[Broker]:
-    bnc = await nats.connect(**_opts(auth_nats, "broker").connect_kwargs())
-    b = Broker(CONFIG, bnc)
-    task = asyncio.create_task(b.run())
-    try:
-        await asyncio.wait_for(b.leading.wait(), 15)
-        yield b
-    finally:
-        await b.stop()
-        await asyncio.wait_for(task, 15)
-        await bnc.close()
-
-
-async def _client(server: AuthNats, user: str, team: str | None = None) -> MusterClient:
-    return await MusterClient(_opts(server, user, team)).connect()
-
-
 async def test_teams_touch_only_their_own_jobs(auth_nats: AuthNats, broker: Broker) -> None:
-    alpha = await _client(auth_nats, "team-alpha", "alpha")
-    beta = await _client(auth_nats, "team-beta", "beta")
-    admin = await _client(auth_nats, "admin")
+    alpha = await client_as(auth_nats, "team-alpha", "alpha")
+    beta = await client_as(auth_nats, "team-beta", "beta")
+    admin = await client_as(auth_nats, "admin")
     try:
         spec = SPEC
         mine = (await alpha.submit(spec, queue="vision")).job_id
