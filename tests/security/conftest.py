@@ -24,6 +24,7 @@ from broker.service import Broker
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.natsopts import NatsOptions
 from tests.broker.conftest import harness  # noqa: F401  (the broker harness fixture)
+from tests.local.conftest import lab  # noqa: F401  (broker and two local agents)
 
 CONFIG = BrokerConfig(
     queues=[
