@@ -6,6 +6,8 @@ requests or read its logs, and is refused by NATS or by the broker with nothing 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +17,7 @@ import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
+from rich.console import Console
 
 from agents.fake.cluster import FakeCluster
 from agents.runtime import AgentRuntime
@@ -22,6 +25,7 @@ from agents.sdk import Checkpointer, SdkEnv
 from broker.client import MusterClient, MusterError
 from broker.logs import read_logs, stream_chunks
 from broker.service import Broker
+from broker.top import TopView, run_top
 from schemas.agent import CheckpointReport, LogRequest
 from schemas.api import JobEvent
 from schemas.natsopts import flush
@@ -230,3 +234,27 @@ async def test_log_requests_of_a_team_are_checked_before_any_agent_hears_them(
     await r.alpha.nc.publish("muster.api.alpha.logs", b'{"job_id": 5}', reply=inbox)
     answer = await sub.next_msg(timeout=5)
     assert b'"eof":true' in answer.data and b"LogRequest" in answer.data
+
+
+async def test_a_team_sees_only_its_own_jobs_in_top(running: Running) -> None:
+    r = running
+    beta = await client_as(r.server, "team-beta", "beta")
+    theirs = (await beta.submit(sim_job("theirs", steps=10**6, rate=1.0), queue="speech")).job_id
+    assert r.broker.machine is not None
+    machine = r.broker.machine
+    await r.wait(lambda: machine.jobs[theirs].current is not None)
+    view = TopView()
+    screen = Console(file=io.StringIO(), width=200)
+    task = asyncio.create_task(run_top(r.alpha, screen, min_interval_s=0.05, view=view))
+    try:
+        await r.wait(lambda: [j.job_id for j in view.busiest] == [r.job_id])
+        await beta.cancel(theirs)
+        await r.alpha.cancel(r.job_id)
+        await r.wait(lambda: view.events >= 1 and view.busiest == [])
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await beta.close()
+    assert view.error is None
+    assert view.events == len(r.kinds("cancelled")) == 1  # its own job's event, not beta's
