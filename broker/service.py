@@ -1053,8 +1053,10 @@ class Broker:
         except Exception:
             return None  # the stream copy gets the full answer
         job_id = spec.job_id or derive_job_id(spec.name, self._id_token(msg, 0, 0))
-        if job_id not in machine.jobs:
-            return None
+        if job_id not in machine.jobs or tenancy.id_taken(
+            machine, self._team_of_queue, job_id, queue
+        ):
+            return None  # the stream copy gets the full answer
         return encode_json(SubmitReply(accepted=True, job_id=job_id, duplicate=True))
 
     def _id_token(self, msg: Msg, seq: int, stored_ns: int) -> str:
@@ -1084,6 +1086,10 @@ class Broker:
             )
             return SubmitReply(accepted=False, error=error), []
         token = None if spec.job_id else self._id_token(msg, seq, stored_ns)
+        taken = tenancy.id_taken(machine, self._team_of_queue, spec.job_id, queue)
+        if taken:
+            self.stats["rejected"] += 1
+            return SubmitReply(accepted=False, error=taken), []
         reply, effects = machine.submit(
             spec, self.clock(), order=seq or None, subject_queue=queue, id_token=token
         )

@@ -85,6 +85,25 @@ def forward_logs(
     return subjects.agent_logs(where.cluster), data
 
 
+def id_taken(
+    machine: Machine, owners: dict[str, str], job_id: str | None, queue: str | None
+) -> str | None:
+    """Why a client-chosen `job_id` may not be answered "duplicate": it names a job of another
+    owner (team, or admins for queues without one). Job ids are global, so without this one
+    team could submit another's predictable id first and have the victim's job silently never
+    exist. A retry by the same owner stays a harmless duplicate."""
+    existing = machine.jobs.get(job_id) if job_id else None
+    if existing is None or queue is None:
+        return None
+    target = machine.config.queue_aliases.get(queue, queue)
+    if owners.get(existing.queue) == owners.get(target):
+        return None
+    return (
+        f"job_id {job_id!r} is already taken; choose another, or leave job_id out and the "
+        "broker picks an unguessable one"
+    )
+
+
 def _err(error: str) -> bytes:
     return encode_json(ApiReply[Any](ok=False, error=error))
 
