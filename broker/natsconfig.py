@@ -6,7 +6,8 @@ role speaks on one subject tree that the broker serves; accounts would need an e
 import per subject and team, and JWT accounts an operator and a resolver to run. Passwords are
 nats-server variables (`$MUSTER_<USER>_PASSWORD`), so the file holds no secret. Every user has
 a private inbox prefix `_INBOX_<user>` that only it may subscribe to: replies, JetStream
-deliveries and log chunks cannot be read by anyone else.
+deliveries and log chunks cannot be read by anyone else. The one `workload` user that every
+training pod shares may subscribe to nothing at all: whatever one pod could hear, all could.
 """
 
 from __future__ import annotations

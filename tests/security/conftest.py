@@ -9,7 +9,7 @@ import os
 import re
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from broker.embedded import free_port, nats_server_binary
 from broker.natsconfig import inbox_prefix, password_var, render
 from broker.service import Broker
 from schemas.config import BrokerConfig, QueueConfig
-from schemas.natsopts import NatsOptions
+from schemas.natsopts import NatsOptions, flush
 from tests.broker.conftest import harness  # noqa: F401  (the broker harness fixture)
 from tests.local.conftest import lab  # noqa: F401  (broker and two local agents)
 
@@ -143,3 +143,16 @@ async def broker(auth_nats: AuthNats) -> AsyncIterator[Broker]:
         await b.stop()
         await asyncio.wait_for(task, 15)
         await bnc.close()
+
+
+async def overhear(nc: Client, subjects: Iterable[str]) -> list[str]:
+    """Subscribe `nc` to each subject; the list fills with the subjects of what arrives."""
+    heard: list[str] = []
+
+    async def hear(msg: Any) -> None:
+        heard.append(msg.subject)
+
+    for subject in subjects:
+        await nc.subscribe(subject, cb=hear)
+    await flush(nc)
+    return heard

@@ -6,14 +6,13 @@ its own JetStream deliveries on the team's say-so."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from nats.js.errors import KeyNotFoundError
 
 from broker.service import Broker
 from schemas.natsopts import flush
-from tests.security.conftest import AuthNats, client_as
+from tests.security.conftest import AuthNats, client_as, overhear
 
 FORGED = ("forged-api", "forged-submit")
 
@@ -22,16 +21,8 @@ async def test_the_broker_answers_only_inboxes(auth_nats: AuthNats, broker: Brok
     alpha = await auth_nats.connect("team-alpha")
     admin = await auth_nats.connect("admin")
     own = await auth_nats.connect("broker")
-    heard: list[str] = []
-
-    async def hear(msg: Any) -> None:
-        heard.append(msg.subject)
-
-    await admin.subscribe("muster.submit.speech", cb=hear)
-    await admin.subscribe("muster.agent.east.cmd", cb=hear)
-    await own.subscribe("_INBOX_broker.probe", cb=hear)
-    for c in (admin, own):
-        await flush(c)
+    heard = await overhear(admin, ["muster.submit.speech", "muster.agent.east.cmd"])
+    heard_own = await overhear(own, ["_INBOX_broker.probe"])
     bucket = broker.subjects.jobs_bucket
     before = broker.refused["api"]
     for reply in (
@@ -58,7 +49,7 @@ async def test_the_broker_answers_only_inboxes(auth_nats: AuthNats, broker: Brok
         await client.close()
     for c in (broker.nc, admin, own):
         await flush(c)
-    assert heard == []
+    assert heard == heard_own == []
     kv = await broker.js.key_value(bucket)
     for key in FORGED:
         with pytest.raises(KeyNotFoundError):

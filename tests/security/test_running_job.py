@@ -31,7 +31,7 @@ from schemas.api import JobEvent
 from schemas.natsopts import flush
 from tests.agents.conftest import fast_config
 from tests.e2e.conftest import sim_job
-from tests.security.conftest import AuthNats, client_as, options_as
+from tests.security.conftest import AuthNats, client_as, options_as, overhear
 
 LOCATION = "s3://ckpt/guarded"
 PACE = 5.0  # steps per second the job declares
@@ -151,11 +151,6 @@ async def test_a_workload_hears_no_checkpoint_requests(running: Running) -> None
     annotation): NATS carries none, and the shared workload user may subscribe to nothing."""
     r = running
     spy = await r.server.connect("workload")
-    heard: list[str] = []
-
-    async def hear(msg: Any) -> None:
-        heard.append(msg.subject)
-
     wanted = (
         f"muster.checkpoint_request.{r.job_id}",
         "muster.checkpoint_request.*",
@@ -164,9 +159,7 @@ async def test_a_workload_hears_no_checkpoint_requests(running: Running) -> None
         "_INBOX_workload.>",
         "_INBOX.>",
     )
-    for subject in wanted:
-        await spy.subscribe(subject, cb=hear)
-    await flush(spy)
+    heard = await overhear(spy, wanted)
     east = await r.server.connect("agent-east")
     await east.publish(f"muster.checkpoint_request.{r.job_id}", b'{"deadline": 1}')
     await flush(east)

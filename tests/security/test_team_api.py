@@ -14,7 +14,7 @@ from broker.client import MusterError
 from broker.service import Broker
 from schemas.job import JobSpec, PodSet
 from schemas.natsopts import flush
-from tests.security.conftest import AuthNats, client_as
+from tests.security.conftest import AuthNats, client_as, overhear
 
 SPEC = JobSpec(name="train", gang=[PodSet(name="worker", replicas=1, gpu=1)])
 
@@ -99,11 +99,6 @@ async def test_a_team_hears_nothing_of_another_teams_work(
     alpha, subscribed to everything it might try, hears none of it (NATS refuses each)."""
     spy = await auth_nats.connect("team-alpha")
     beta = await client_as(auth_nats, "team-beta", "beta")
-    stolen: list[str] = []
-
-    async def steal(msg: Any) -> None:
-        stolen.append(msg.subject)
-
     tries = (
         "_INBOX.>",
         "_INBOX_team-beta.>",
@@ -116,9 +111,7 @@ async def test_a_team_hears_nothing_of_another_teams_work(
         "$JS.>",
         ">",
     )
-    for subject in tries:
-        await spy.subscribe(subject, cb=steal)
-    await flush(spy)
+    stolen = await overhear(spy, tries)
     secret = msgspec.structs.replace(
         SPEC, workload=msgspec.structs.replace(SPEC.workload, env={"TOKEN": "beta-secret"})
     )
