@@ -48,8 +48,8 @@ def split_api_subject(prefix: str, subject: str) -> tuple[str | None, str]:
 
 def reply_allowed(reply: str, own_prefix: str) -> bool:
     """Whether the broker may answer on `reply`. A requester picks its reply subject, and the
-    broker may publish anywhere: without this check a reply of `$JS.API.STREAM.PURGE.<stream>`
-    or `muster.submit.<queue>` would make the broker purge its own stream or submit in
+    broker may publish anywhere: without this check a reply of `$KV.<bucket>.<job_id>` or
+    `muster.submit.<queue>` would make the broker overwrite its own job records or submit in
     another team's name. Only inboxes qualify (`_INBOX.`, `_INBOX_<user>.`), never the
     broker's own, where its JetStream deliveries arrive."""
     head = reply.split(".", 1)[0]
