@@ -40,7 +40,7 @@ from schemas.agent import (
     Resync,
     WorkloadStatus,
 )
-from schemas.codec import DecodeError, decode_command, encode_json, encode_msgpack
+from schemas.codec import DecodeError, decode_command, encode_msgpack
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
 from shell.natsio import flush
 
@@ -612,11 +612,8 @@ class AgentRuntime:
                     track.cancelled_upto = max(track.cancelled_upto, cmd.attempt)
                 log.info("cancelled", reason=cmd.reason)
                 return CommandAck(ok=True)
-            # CheckpointNow: tell SDK-instrumented workloads, then the backend.
-            with contextlib.suppress(Exception):
-                await self.nc.publish(
-                    self.subjects.checkpoint_request(cmd.job_id), encode_json(cmd)
-                )
+            # CheckpointNow goes only to this attempt's own pods, through the backend's
+            # per-pod channel: never on NATS, where every workload could hear it.
             await self.backend.checkpoint_now(cmd.job_id, cmd.attempt, cmd.deadline)
             log.info("checkpoint requested", deadline=cmd.deadline)
             return CommandAck(ok=True)

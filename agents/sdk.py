@@ -10,16 +10,18 @@ Environment (set by the agent's backend on every replica):
   or JSON `{"step": N, "uri": "..."}`, or empty for a fresh start. `MUSTER_RESUME_STEP` gives
   the step; without it the step is read from the JSON or from a trailing `step-N` in the URI.
 - `MUSTER_NATS_URL`, `MUSTER_SUBJECT_PREFIX` (default `muster`): when set, reports go out as a
-  JSON `schemas.agent.CheckpointReport` on `<prefix>.checkpoint.<job_id>` and requests arrive
-  as JSON `schemas.agent.CheckpointNow` on `<prefix>.checkpoint_request.<job_id>`.
+  JSON `schemas.agent.CheckpointReport` on `<prefix>.checkpoint.<job_id>`, with the attempt's
+  `MUSTER_CHECKPOINT_TOKEN`. Requests never come over NATS: every workload shares one NATS
+  user, so any subject a workload could subscribe to, every workload could; the agent hands a
+  request only to its own attempt's pods (the podinfo file below) and SIGTERM.
 - `MUSTER_ANNOTATION_FILE`: without NATS, `report_checkpoint` writes the JSON `{"step", "uri"}`
   to this file. The kube backend reads that value from the pod annotation
   `muster.dev/checkpoint` (`ANNOTATION`); a sidecar, or the workload itself when its
   ServiceAccount may patch its own pod, copies the file into the annotation.
 - `MUSTER_PODINFO_DIR`: the kube backend's downward-API volume. Its `annotations` file gets
   `muster.dev/checkpoint-request="<deadline>"` when the agent asks for a checkpoint; the SDK
-  polls it (every `MUSTER_PODINFO_POLL_S`, default 2 s) as the slow path beside NATS. The
-  local backend writes the same file in the attempt's directory.
+  polls it (every `MUSTER_PODINFO_POLL_S`, default 2 s). The local backend writes the same
+  file in the attempt's directory.
 - `MUSTER_SIGTERM_GRACE_S` (default 30): the deadline given to a SIGTERM checkpoint request.
 - `MUSTER_CHECKPOINT_INTERVAL_S`: the broker's advised seconds between checkpoints for the pool
   this attempt runs on (Young/Daly from the pool's reclaim rate and the job's
@@ -40,8 +42,9 @@ Typical loop::
                 break  # Kubernetes is stopping us; the checkpoint is saved
             ck.clear_request()
 
-NATS runs on a private daemon thread with its own event loop; callbacks run on that thread
-(or, for SIGTERM, in the main thread's signal handler), so keep them short.
+NATS (reports only) runs on a private daemon thread with its own event loop; request callbacks
+run on the podinfo poller's thread (or, for SIGTERM, in the main thread's signal handler), so
+keep them short.
 """
 
 from __future__ import annotations
@@ -310,7 +313,6 @@ class Checkpointer:
         self.sigterm_received = False
         self._callbacks: list[RequestCallback] = []
         self._bridge: _Bridge | None = None
-        self._sub: Any = None
         self._lock = threading.Lock()
         self._prev_sigterm: Any = None
         self.last_request: CheckpointNow | None = None
@@ -389,7 +391,7 @@ class Checkpointer:
         return "none"
 
     def on_checkpoint_request(
-        self, callback: RequestCallback | None = None, *, sigterm: bool = True, timeout: float = 5.0
+        self, callback: RequestCallback | None = None, *, sigterm: bool = True
     ) -> None:
         """Call `callback(CheckpointNow)` (and set `requested`) when Muster asks for a
         checkpoint of this attempt; with `sigterm`, SIGTERM counts as a request too."""
@@ -403,18 +405,6 @@ class Checkpointer:
                 target=self._poll_podinfo, name="muster-sdk-podinfo", daemon=True
             )
             self._poller.start()
-        if self.nats_enabled and self._sub is None:
-            assert self.env.job_id is not None
-            subject = self.subjects.checkpoint_request(self.env.job_id)
-            bridge = self._ensure_bridge()
-
-            async def _subscribe() -> Any:
-                nc = await bridge.client()
-                sub = await nc.subscribe(subject, cb=self._on_nats_request)
-                await flush(nc, timeout)
-                return sub
-
-            self._sub = bridge.call(_subscribe(), timeout + 5)
 
     def install_sigterm_handler(self) -> bool:
         """Map SIGTERM to a checkpoint request (main thread only); returns whether installed.
@@ -438,7 +428,6 @@ class Checkpointer:
             self._poller = None
         self.uninstall_sigterm_handler()
         bridge, self._bridge = self._bridge, None
-        self._sub = None
         if bridge is not None:
             bridge.close()
 
@@ -466,16 +455,6 @@ class Checkpointer:
                 cb(req)
             except Exception:
                 log.exception("checkpoint request callback failed")
-
-    async def _on_nats_request(self, msg: Any) -> None:
-        try:
-            req = msgspec.json.decode(msg.data, type=CheckpointNow)
-        except msgspec.MsgspecError as exc:
-            log.warning("ignoring malformed checkpoint request: %s", exc)
-            return
-        if self.env.attempt is not None and req.attempt != self.env.attempt:
-            return  # meant for another attempt of this job (e.g. on another cluster)
-        self._deliver(req)
 
     def _poll_podinfo(self) -> None:
         """Slow path for kube: watch the downward-API file for a new request deadline (one

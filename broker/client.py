@@ -169,6 +169,11 @@ class MusterClient:
             raise MusterError("the client is not connected; call `await client.connect()` first")
         return self._nc
 
+    @property
+    def team(self) -> str | None:
+        """The team this client acts as (its API calls and log reads go through the broker)."""
+        return self._opts.team if self._opts else None
+
     # submit ----------------------------------------------------------------------------
 
     async def submit(

@@ -2,6 +2,8 @@
 
 The broker only says where an attempt ran (`muster.api.get`); the lines come straight from
 that cluster's agent as LogChunks on a private inbox, so logs never pass through the broker.
+An admin asks the agent directly. A team asks on `muster.api.<team>.logs`: the broker checks
+the job is the team's and forwards the request to the agent with the team's reply subject.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ async def read_logs(
         _request(encode_json(req))  # the agent's limits, checked here first
     except (DecodeError, ValueError) as exc:
         raise MusterError(str(exc)) from None
-    async for lines in stream_chunks(client.nc, client.subjects, cluster, req):
+    async for lines in stream_chunks(client.nc, client.subjects, cluster, req, team=client.team):
         yield lines
 
 
@@ -79,13 +81,16 @@ async def stream_chunks(
     req: LogRequest,
     *,
     first_s: float = FIRST_CHUNK_S,
+    team: str | None = None,
 ) -> AsyncIterator[list[str]]:
-    """Ask `cluster`'s agent for `req` and yield each chunk's lines until the last."""
+    """Ask `cluster`'s agent for `req` (as `team`: through the broker's ownership check) and
+    yield each chunk's lines until the last."""
     inbox = nc.new_inbox()
     sub: Any = await nc.subscribe(inbox)
     attempt, job_id, follow = req.attempt, req.job_id, req.follow
     try:
-        await nc.publish(subjects.agent_logs(cluster), encode_json(req), reply=inbox)
+        ask = subjects.api_as(team, "logs") if team else subjects.agent_logs(cluster)
+        await nc.publish(ask, encode_json(req), reply=inbox)
         gone = (
             f"attempt {attempt} of job {job_id} ran on cluster {cluster!r}, whose agent does "
             "not answer: the cluster is gone or unreachable"

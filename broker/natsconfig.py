@@ -6,7 +6,8 @@ role speaks on one subject tree that the broker serves; accounts would need an e
 import per subject and team, and JWT accounts an operator and a resolver to run. Passwords are
 nats-server variables (`$MUSTER_<USER>_PASSWORD`), so the file holds no secret. Every user has
 a private inbox prefix `_INBOX_<user>` that only it may subscribe to: replies, JetStream
-deliveries and log chunks cannot be read by anyone else.
+deliveries and log chunks cannot be read by anyone else. The one `workload` user that every
+training pod shares may subscribe to nothing at all: whatever one pod could hear, all could.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def _user(
     responses: bool = False,
     comment: str = "",
 ) -> str:
+    subs = list(sub)
     lines = [f"      # {comment}"] if comment else []
     lines += [
         "      {",
@@ -73,7 +75,10 @@ def _user(
         f"        password: ${password_var(name)}",
         "        permissions: {",
         f"          publish: {{ allow: {json.dumps(list(pub))} }}",
-        f"          subscribe: {{ allow: {json.dumps(list(sub))} }}",
+        # An empty allow-list means "everything" to nats-server: say "nothing" as a deny.
+        f"          subscribe: {{ allow: {json.dumps(subs)} }}"
+        if subs
+        else '          subscribe: { deny: [">"] }',
     ]
     if responses:
         lines.append('          allow_responses: { max: 10000, expires: "1h" }')
@@ -105,7 +110,7 @@ def render(
         users.append(
             _user(
                 agent_user(cluster),
-                [s.agent_events(cluster), f"{p}.checkpoint_request.*"],
+                [s.agent_events(cluster)],
                 [
                     s.agent_cmd(cluster),
                     s.agent_logs(cluster),
@@ -120,7 +125,7 @@ def render(
         users.append(
             _user(
                 user,
-                [*(s.submit(q) for q in queues), f"{p}.api.{team}.*", f"{p}.agent.*.logs"],
+                [*(s.submit(q) for q in queues), f"{p}.api.{team}.*"],
                 [f"{p}.events.team.{team}.*", inbox_prefix(user) + ".>"],
                 comment=f"team {team}: submits to {', '.join(queues)}; sees only its own jobs",
             )
@@ -129,8 +134,8 @@ def render(
         _user(
             WORKLOAD,
             [s.checkpoint_all],
-            [f"{p}.checkpoint_request.*", inbox_prefix(WORKLOAD) + ".>"],
-            comment="training pods' checkpoint SDK; the broker fences reports by attempt",
+            [],  # one user for every pod: whatever one could hear, all could
+            comment="training pods' checkpoint reports (fenced by attempt token); hears nothing",
         )
     )
     head = (

@@ -193,6 +193,7 @@ class ReplyRendezvous:
         known: Callable[[Msg], bytes | None],
     ) -> None:
         self.nc = nc
+        self.own_inbox = tenancy.inbox_prefix_of(nc)
         self.limit = limit
         self.full = full  # the storage-full error while the store refuses writes, else None
         # The reply for a retry of a job already accepted (same Nats-Msg-Id): the stream drops
@@ -206,7 +207,7 @@ class ReplyRendezvous:
         return subject, hashlib.blake2b(data, digest_size=16).digest()
 
     async def on_request(self, msg: Msg) -> None:
-        if not msg.reply:
+        if not msg.reply or not tenancy.reply_allowed(msg.reply, self.own_inbox):
             return
         if len(msg.data) > self.limit:
             # The stream refuses to store it, so the consumer will never see it: answer here.
@@ -999,8 +1000,10 @@ class Broker:
         except Exception:
             return None  # the stream copy gets the full answer
         job_id = spec.job_id or derive_job_id(spec.name, self._id_token(msg, 0, 0))
-        if job_id not in machine.jobs:
-            return None
+        if job_id not in machine.jobs or tenancy.id_taken(
+            machine, self._team_of_queue, job_id, queue
+        ):
+            return None  # the stream copy gets the full answer
         return encode_json(SubmitReply(accepted=True, job_id=job_id, duplicate=True))
 
     def _id_token(self, msg: Msg, seq: int, stored_ns: int) -> str:
@@ -1030,6 +1033,10 @@ class Broker:
             )
             return SubmitReply(accepted=False, error=error), []
         token = None if spec.job_id else self._id_token(msg, seq, stored_ns)
+        taken = tenancy.id_taken(machine, self._team_of_queue, spec.job_id, queue)
+        if taken:
+            self.stats["rejected"] += 1
+            return SubmitReply(accepted=False, error=taken), []
         reply, effects = machine.submit(
             spec, self.clock(), order=seq or None, subject_queue=queue, id_token=token
         )
@@ -1136,7 +1143,18 @@ class Broker:
         machine = self.machine
         if machine is None or not msg.reply:
             return
+        if not tenancy.reply_allowed(msg.reply, self._rendezvous.own_inbox):
+            self.refused["api"] += 1  # a reply that is no inbox: the broker answers nobody
+            return
         team, verb = tenancy.split_api_subject(self.subjects.prefix, msg.subject)
+        if team is not None and verb == "logs":
+            owned = self._team_queues.get(team, frozenset())
+            routed = tenancy.forward_logs(team, owned, machine, self.subjects, msg.data)
+            if isinstance(routed, bytes):
+                await msg.respond(routed)
+            else:  # the agent streams to the team's inbox; only the check is the broker's
+                await self.nc.publish(routed[0], routed[1], reply=msg.reply)
+            return
         if verb == "stats" and team is None:
             await msg.respond(encode_json(self.snapshot_stats()))
             return

@@ -13,12 +13,15 @@ from typing import Any
 from broker import api as broker_api
 from broker.core.effects import Effect
 from broker.core.machine import Machine
+from schemas.agent import LogChunk, LogRequest
 from schemas.api import ApiReply, ListRequest
 from schemas.codec import DecodeError, encode_json, json_decoder
 from schemas.config import BrokerConfig
+from schemas.subjects import Subjects
 
 _list = json_decoder(ListRequest, "ListRequest")
 _job_id = json_decoder(dict[str, Any], "request")
+_log_request = json_decoder(LogRequest, "LogRequest")
 
 # Verbs about one job (checked by owner) and verbs with no job data in them.
 _JOB_VERBS = frozenset({"get", "why", "cancel"})
@@ -41,6 +44,64 @@ def split_api_subject(prefix: str, subject: str) -> tuple[str | None, str]:
     """`<prefix>.api.<verb>` -> (None, verb); `<prefix>.api.<team>.<verb>` -> (team, verb)."""
     rest = subject[len(prefix) + len(".api.") :].split(".")
     return (None, rest[0]) if len(rest) == 1 else (rest[0], rest[-1])
+
+
+def reply_allowed(reply: str, own_prefix: str) -> bool:
+    """Whether the broker may answer on `reply`. A requester picks its reply subject, and the
+    broker may publish anywhere: without this check a reply of `$KV.<bucket>.<job_id>` or
+    `muster.submit.<queue>` would make the broker overwrite its own job records or submit in
+    another team's name. Only inboxes qualify (`_INBOX.`, `_INBOX_<user>.`), never the
+    broker's own, where its JetStream deliveries arrive."""
+    head = reply.split(".", 1)[0]
+    shared = own_prefix == "_INBOX"  # no private inboxes: nothing of the broker's to protect
+    return head.startswith("_INBOX") and "." in reply and (shared or head != own_prefix)
+
+
+def inbox_prefix_of(nc: Any) -> str:
+    """The inbox prefix a connection was opened with."""
+    return str(nc.new_inbox()).split(".", 1)[0]
+
+
+def forward_logs(
+    team: str, owned: frozenset[str], machine: Machine, subjects: Subjects, data: bytes
+) -> tuple[str, bytes] | bytes:
+    """A team's log read: (the agent's log subject, the request to forward with the team's
+    reply subject) for its own job's attempt, or a LogChunk refusing it. The lines then flow
+    from the agent straight to the team's inbox; only the ownership check passes through here.
+    The cluster is the broker's record of where the attempt ran, never the caller's word."""
+    try:
+        req = _log_request(data)
+    except DecodeError as exc:
+        return encode_json(LogChunk(seq=0, eof=True, error=str(exc)[:1000]))
+    record = machine.jobs.get(req.job_id)
+    if record is None or record.queue not in owned:
+        error = f"unknown job {req.job_id!r} (team {team!r} reads only its own jobs' logs)"
+        return encode_json(LogChunk(seq=0, eof=True, error=error))
+    where = next((a for a in record.attempts if a.attempt == req.attempt), None)
+    if where is None:
+        known = ", ".join(str(a.attempt) for a in record.attempts) or "none yet"
+        error = f"job {req.job_id} has no attempt {req.attempt}; its attempts: {known}"
+        return encode_json(LogChunk(seq=0, eof=True, error=error))
+    return subjects.agent_logs(where.cluster), data
+
+
+def id_taken(
+    machine: Machine, owners: dict[str, str], job_id: str | None, queue: str | None
+) -> str | None:
+    """Why a client-chosen `job_id` may not be answered "duplicate": it names a job of another
+    owner (team, or admins for queues without one). Job ids are global, so without this one
+    team could submit another's predictable id first and have the victim's job silently never
+    exist. A retry by the same owner stays a harmless duplicate."""
+    existing = machine.jobs.get(job_id) if job_id else None
+    if existing is None or queue is None:
+        return None
+    target = machine.config.queue_aliases.get(queue, queue)
+    if owners.get(existing.queue) == owners.get(target):
+        return None
+    return (
+        f"job_id {job_id!r} is already taken; choose another, or leave job_id out and the "
+        "broker picks an unguessable one"
+    )
 
 
 def _err(error: str) -> bytes:

@@ -123,7 +123,14 @@ async def run_top(
         view.on_event(msg.data)
         changed.set()
 
-    sub = await client.nc.subscribe(client.subjects.job_events_all, cb=on_msg)
+    # A team sees its own jobs: the API answers it about them only, and these are the events
+    # NATS lets it read.
+    events = (
+        client.subjects.team_events(client.team, "*")
+        if client.team
+        else client.subjects.job_events_all
+    )
+    sub = await client.nc.subscribe(events, cb=on_msg)
     try:
         await view.refresh(client)
         updates = 0

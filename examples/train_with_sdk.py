@@ -30,7 +30,7 @@ def save(uri: str, step: int) -> None:
 
 def main() -> None:
     with Checkpointer() as ck:
-        ck.on_checkpoint_request()  # NATS requests and SIGTERM set ck.requested
+        ck.on_checkpoint_request()  # the agent's requests (podinfo file) and SIGTERM
         print(f"starting at step {ck.resume_step}")
         for step in range(ck.resume_step, TOTAL_STEPS):
             time.sleep(0.01)  # one training step

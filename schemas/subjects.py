@@ -65,10 +65,6 @@ class Subjects(msgspec.Struct, frozen=True):
     def checkpoint_all(self) -> str:
         return f"{self.prefix}.checkpoint.*"
 
-    def checkpoint_request(self, job_id: str) -> str:
-        """The agent asks a workload to checkpoint now (schemas.agent.CheckpointNow as JSON)."""
-        return f"{self.prefix}.checkpoint_request.{job_id}"
-
     # -- agent protocol (msgpack) ---------------------------------------------------------
     def agent_events(self, cluster: str) -> str:
         return f"{self.prefix}.agent.{cluster}.events"

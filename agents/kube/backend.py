@@ -36,7 +36,7 @@ Checkpoint requests (for the SDK)
 `muster.dev/checkpoint-request: "<deadline as unix seconds>"`. Workloads see it in the file
 `$MUSTER_PODINFO_DIR/annotations` (a downward-API volume every Muster pod gets; the kubelet
 refreshes it within its sync period, typically under a minute) or by reading their own pod.
-The fast path is NATS: the agent runtime also publishes `muster.checkpoint_request.<job_id>`.
+Requests never travel on NATS, where every workload (one shared NATS user) could hear them.
 A workload reports a checkpoint by setting `muster.dev/checkpoint` on its own pod (its
 service account needs `patch` on pods) or by publishing `muster.checkpoint.<job_id>`.
 

@@ -244,6 +244,15 @@ class LocalBackend:
                 f"job {cmd.job_id}: workload.command is empty; the local backend runs "
                 "workload.command + workload.args as a process on this machine"
             )
+        if workload.secret_env:
+            # Refused, not run without them: a trainer missing its credentials fails later
+            # and less clearly, or runs with a fallback it should not.
+            raise BackendError(
+                f"job {cmd.job_id}: secret_env needs the kube backend; cluster {self.cluster} "
+                "is local and has no Kubernetes Secrets to resolve "
+                f"{', '.join(sorted(workload.secret_env))}. Run the job on a kube cluster, "
+                "or give a local run its credentials in the agent's own environment"
+            )
         if cmd.flavor not in self._flavors:
             raise BackendError(
                 f"cluster {self.cluster} has no flavor {cmd.flavor!r}; "

@@ -21,10 +21,8 @@ from agents.sdk import (
     parse_resume_from,
 )
 from schemas.agent import CheckpointNow, CheckpointRef, CheckpointReport
-from schemas.job import Simulation
 from shell.natsio import flush
-from tests.agents.conftest import MakeAgent
-from tests.agents.helpers import dispatch, unique
+from tests.agents.helpers import unique
 
 
 def test_env_parsing() -> None:
@@ -146,28 +144,6 @@ async def test_report_over_nats(nc: Client, nats_url: str) -> None:
     finally:
         await asyncio.to_thread(ck.close)
         await sub.unsubscribe()
-
-
-async def test_agent_checkpoint_now_reaches_sdk(
-    make_agent: MakeAgent, nc: Client, nats_url: str
-) -> None:
-    """Broker -> agent CheckpointNow -> JSON request -> SDK callback, filtered by attempt."""
-    a = await make_agent()
-    job = unique("j")
-    ck = Checkpointer(SdkEnv(job_id=job, attempt=2, nats_url=nats_url))
-    seen: list[CheckpointNow] = []
-    try:
-        await asyncio.to_thread(ck.on_checkpoint_request, seen.append, sigterm=False)
-        sim = Simulation(total_steps=100_000, steps_per_second=10.0)
-        assert (await a.wire.send(dispatch(job, a.cluster.nodes[:1], attempt=2, sim=sim))).ok
-        other = CheckpointNow(job_id=job, attempt=1, epoch=1, deadline=5.0)
-        await nc.publish(f"muster.checkpoint_request.{job}", msgspec.json.encode(other))
-        ack = await a.wire.send(CheckpointNow(job_id=job, attempt=2, epoch=1, deadline=9.0))
-        assert ack.ok
-        assert await asyncio.to_thread(ck.wait_for_request, 5)
-        assert [(r.attempt, r.deadline) for r in seen] == [(2, 9.0)]
-    finally:
-        await asyncio.to_thread(ck.close)
 
 
 def test_example_training_loop_checkpoints_on_sigterm(tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ def test_default_subjects() -> None:
     assert s.agent_events_all == "muster.agent.*.events"
     assert s.agent_cmd("aws-east") == "muster.agent.aws-east.cmd"
     assert s.checkpoint("j") == "muster.checkpoint.j"
-    assert s.checkpoint_request("j") == "muster.checkpoint_request.j"
     assert (s.submit_stream, s.jobs_bucket, s.leader_bucket) == (
         "MUSTER_SUBMIT",
         "MUSTER_JOBS",

@@ -9,7 +9,7 @@ import os
 import re
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,14 @@ import nats
 import pytest_asyncio
 from nats.aio.client import Client
 
+from broker.client import MusterClient
 from broker.embedded import free_port, nats_server_binary
 from broker.natsconfig import inbox_prefix, password_var, render
+from broker.service import Broker
 from schemas.config import BrokerConfig, QueueConfig
+from schemas.natsopts import NatsOptions, flush
 from tests.broker.conftest import harness  # noqa: F401  (the broker harness fixture)
+from tests.local.conftest import lab  # noqa: F401  (broker and two local agents)
 
 CONFIG = BrokerConfig(
     queues=[
@@ -108,3 +112,47 @@ async def auth_nats(tmp_path: Path) -> AsyncIterator[AuthNats]:
 
 
 Connect = Callable[[str], Awaitable[Any]]
+
+
+def options_as(server: AuthNats, user: str, team: str | None = None) -> NatsOptions:
+    """The options a party of the generated config connects with: its user, its password, its
+    private inbox prefix and (for a team) the team it acts as."""
+    return NatsOptions(
+        url=server.url,
+        user=user,
+        password=f"pw-{user}",
+        inbox_prefix=inbox_prefix(user),
+        team=team,
+    )
+
+
+async def client_as(server: AuthNats, user: str, team: str | None = None) -> MusterClient:
+    return await MusterClient(options_as(server, user, team)).connect()
+
+
+@pytest_asyncio.fixture
+async def broker(auth_nats: AuthNats) -> AsyncIterator[Broker]:
+    """A real broker connected as the `broker` user."""
+    bnc = await nats.connect(**options_as(auth_nats, "broker").connect_kwargs())
+    b = Broker(CONFIG, bnc)
+    task = asyncio.create_task(b.run())
+    try:
+        await asyncio.wait_for(b.leading.wait(), 15)
+        yield b
+    finally:
+        await b.stop()
+        await asyncio.wait_for(task, 15)
+        await bnc.close()
+
+
+async def overhear(nc: Client, subjects: Iterable[str]) -> list[str]:
+    """Subscribe `nc` to each subject; the list fills with the subjects of what arrives."""
+    heard: list[str] = []
+
+    async def hear(msg: Any) -> None:
+        heard.append(msg.subject)
+
+    for subject in subjects:
+        await nc.subscribe(subject, cb=hear)
+    await flush(nc)
+    return heard

@@ -1,6 +1,7 @@
 """Secrets stay out of JobSpecs: `workload.secret_env` names a Secret key that the kubelet
 resolves in the cluster; the pod gets a `valueFrom.secretKeyRef`, never the value. The
-attempt's checkpoint token reaches every container."""
+attempt's checkpoint token reaches every container. A local cluster, with no Secrets, refuses
+such a job rather than run it without its credentials."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from schemas.job import JobSpec
 from tests.kube.conftest import dispatch
 from tests.kube.test_manifests import FLAVOR, NS, templates_of
 from tests.kube.validation import validate
+from tests.local.conftest import PY, Lab
 
 SPEC: dict[str, Any] = {
     "name": "ddp",
@@ -48,3 +50,28 @@ def test_a_bad_secret_reference_is_refused_with_the_field_named() -> None:
     bad = {**SPEC, "workload": {"secret_env": {"X": {"name": "Not_A_Name", "key": "k"}}}}
     with pytest.raises(DecodeError, match="secret_env"):
         json_decoder(JobSpec, "JobSpec")(msgspec.json.encode(bad))
+
+
+async def test_a_local_cluster_refuses_secret_env_and_runs_nothing(lab: Lab) -> None:
+    """The local backend has no Secrets to resolve: the dispatch is refused with the reason,
+    no replica starts, and the broker requeues the job as for any refused dispatch."""
+    await lab.start()
+    h = lab.harness
+    spec = {
+        "name": "needs-secret",
+        "gang": [{"name": "worker", "replicas": 1, "gpu": 1}],
+        "workload": {
+            "command": [PY, "-c", "print('ran')"],
+            "secret_env": {"HF_TOKEN": {"name": "hf-credentials", "key": "token"}},
+        },
+    }
+    job_id = (await h.submit(spec)).job_id
+    requeued = await h.wait_event(job_id, "requeued", timeout=15)
+    assert requeued.reason is not None
+    assert "secret_env needs the kube backend" in requeued.reason
+    assert "HF_TOKEN" in requeued.reason
+    assert not any(e.kind == "running" for e in h.events[job_id])
+    for cluster in ("a", "b"):
+        backend = lab.backend(cluster)
+        assert backend.live_workloads() == []
+        assert not (backend.attempt_dir(job_id, 1) / "state.json").exists()

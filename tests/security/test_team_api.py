@@ -5,55 +5,24 @@ changed; an admin can do all of it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
-import nats
+import msgspec
 import pytest
-import pytest_asyncio
 
-from broker.client import MusterClient, MusterError
-from broker.natsconfig import inbox_prefix
+from broker.client import MusterError
 from broker.service import Broker
 from schemas.job import JobSpec, PodSet
-from schemas.natsopts import NatsOptions
-from tests.security.conftest import CONFIG, AuthNats
+from shell.natsio import flush
+from tests.security.conftest import AuthNats, client_as, overhear
 
 SPEC = JobSpec(name="train", gang=[PodSet(name="worker", replicas=1, gpu=1)])
 
 
-def _opts(server: AuthNats, user: str, team: str | None = None) -> NatsOptions:
-    return NatsOptions(
-        url=server.url,
-        user=user,
-        password=f"pw-{user}",
-        inbox_prefix=inbox_prefix(user),
-        team=team,
-    )
-
-
-@pytest_asyncio.fixture
-async def broker(auth_nats: AuthNats) -> AsyncIterator[Broker]:
-    bnc = await nats.connect(**_opts(auth_nats, "broker").connect_kwargs())
-    b = Broker(CONFIG, bnc)
-    task = asyncio.create_task(b.run())
-    try:
-        await asyncio.wait_for(b.leading.wait(), 15)
-        yield b
-    finally:
-        await b.stop()
-        await asyncio.wait_for(task, 15)
-        await bnc.close()
-
-
-async def _client(server: AuthNats, user: str, team: str | None = None) -> MusterClient:
-    return await MusterClient(_opts(server, user, team)).connect()
-
-
 async def test_teams_touch_only_their_own_jobs(auth_nats: AuthNats, broker: Broker) -> None:
-    alpha = await _client(auth_nats, "team-alpha", "alpha")
-    beta = await _client(auth_nats, "team-beta", "beta")
-    admin = await _client(auth_nats, "admin")
+    alpha = await client_as(auth_nats, "team-alpha", "alpha")
+    beta = await client_as(auth_nats, "team-beta", "beta")
+    admin = await client_as(auth_nats, "admin")
     try:
         spec = SPEC
         mine = (await alpha.submit(spec, queue="vision")).job_id
@@ -94,3 +63,66 @@ async def test_teams_touch_only_their_own_jobs(auth_nats: AuthNats, broker: Brok
     finally:
         for c in (alpha, beta, admin):
             await c.close()
+
+
+async def test_a_team_cannot_take_another_teams_job_id(auth_nats: AuthNats, broker: Broker) -> None:
+    """Job ids are global: a team that submits another team's (predictable) id first gets it,
+    and the victim is told the id is taken rather than "duplicate" for a job it cannot see."""
+    alpha = await client_as(auth_nats, "team-alpha", "alpha")
+    beta = await client_as(auth_nats, "team-beta", "beta")
+    admin = await client_as(auth_nats, "admin")
+    spec = msgspec.structs.replace(SPEC, job_id="nightly-1")
+    try:
+        assert not (await beta.submit(spec, queue="speech")).duplicate
+        with pytest.raises(MusterError, match="'nightly-1' is already taken"):
+            await alpha.submit(spec, queue="vision")
+        with pytest.raises(MusterError, match="already taken"):
+            await admin.submit(spec, queue="ops")
+        # The owner's own retry is a harmless duplicate.
+        assert (await beta.submit(spec, queue="speech")).duplicate
+        view = await admin.get("nightly-1")
+        assert (view.queue, view.state) == ("speech", "queued")
+        assert [j.job_id for j in await alpha.list()] == []
+        # An admin submits anywhere.
+        mine = msgspec.structs.replace(SPEC, job_id="admin-1")
+        assert not (await admin.submit(mine, queue="vision")).duplicate
+        assert [j.job_id for j in await alpha.list()] == ["admin-1"]
+    finally:
+        for c in (alpha, beta, admin):
+            await c.close()
+
+
+async def test_a_team_hears_nothing_of_another_teams_work(
+    auth_nats: AuthNats, broker: Broker
+) -> None:
+    """With the real broker: beta submits a spec with an env value, asks about it, cancels it;
+    alpha, subscribed to everything it might try, hears none of it (NATS refuses each)."""
+    spy = await auth_nats.connect("team-alpha")
+    beta = await client_as(auth_nats, "team-beta", "beta")
+    tries = (
+        "_INBOX.>",
+        "_INBOX_team-beta.>",
+        "_INBOX_broker.>",
+        "muster.events.job.*",
+        "muster.events.team.beta.*",
+        "muster.submit.*",
+        "muster.agent.*.logs",
+        "$KV.>",
+        "$JS.>",
+        ">",
+    )
+    stolen = await overhear(spy, tries)
+    secret = msgspec.structs.replace(
+        SPEC, workload=msgspec.structs.replace(SPEC.workload, env={"TOKEN": "beta-secret"})
+    )
+    try:
+        job_id = (await beta.submit(secret, queue="speech")).job_id
+        assert job_id is not None
+        assert (await beta.get(job_id)).state == "queued"
+        assert (await beta.cancel(job_id)).state == "cancelled"
+    finally:
+        await beta.close()
+    await flush(spy)
+    assert stolen == []
+    refused = [str(e) for e in auth_nats.errors["team-alpha"]]
+    assert len(refused) == len(tries), refused
