@@ -22,7 +22,8 @@ from broker.embedded import free_port, nats_server_binary
 from broker.natsconfig import inbox_prefix, password_var, render
 from broker.service import Broker
 from schemas.config import BrokerConfig, QueueConfig
-from schemas.natsopts import NatsOptions, flush
+from schemas.natsopts import NatsOptions
+from shell.natsio import flush
 from tests.broker.conftest import harness  # noqa: F401  (the broker harness fixture)
 from tests.local.conftest import lab  # noqa: F401  (broker and two local agents)
 
