@@ -17,7 +17,18 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.effects import BatchApplied, Effect, Persist, Publish, Refused, Send, Submitted
+from broker.core.inputs import (
+    AgentBatch,
+    CancelJob,
+    Checkpoint,
+    Cycle,
+    DispatchAcked,
+    Input,
+    Restore,
+    SubmitJob,
+    Tick,
+)
 from broker.core.pending import PendingQueue
 from broker.core.policy import no_progress_reason, no_progress_verdict
 from broker.core.records import (
@@ -89,13 +100,6 @@ class AgentTrack:
     retired: list[str] = field(default_factory=list)  # earlier instances, newest last
 
 
-@dataclass(slots=True)
-class BatchOutcome:
-    effects: list[Effect] = field(default_factory=list)
-    error: str | None = None  # a rejected batch: the shell logs it; nothing changed
-    applied: bool = False  # every event was applied: its outcomes may be acknowledged
-
-
 class Machine:
     def __init__(
         self, config: BrokerConfig, scheduler: Scheduler | None = None, epoch: int = 0
@@ -133,8 +137,41 @@ class Machine:
         self._truncated_queues: set[str] = set()
         self._recycle: set[str] = set()  # queues to look at again (see `schedule`)
 
+    # ------------------------------------------------------------------ the one input API
+    def handle(self, event: Input, now: float) -> list[Effect]:
+        """Apply one input at time `now`; the effects are for the shell to carry out in order."""
+        if isinstance(event, AgentBatch):
+            return self._on_batch(event.cluster, event.batch, now)
+        if isinstance(event, Cycle):
+            return self._schedule(now)
+        if isinstance(event, Tick):
+            return self._tick(now)
+        if isinstance(event, DispatchAcked):
+            return self._on_dispatch_result(event.job_id, event.attempt, event.ok, event.error, now)
+        if isinstance(event, SubmitJob):
+            reply, effects = self._submit(
+                event.spec,
+                now,
+                order=event.order,
+                subject_queue=event.subject_queue,
+                id_token=event.id_token,
+            )
+            effects.append(Submitted(reply))
+            return effects
+        if isinstance(event, Checkpoint):
+            out: list[Effect] = []
+            self._on_checkpoint(event.report, now, out)
+            return out
+        if isinstance(event, CancelJob):
+            error, effects = self._cancel(event.job_id, event.reason, now)
+            return [Refused(error)] if error is not None else effects
+        if isinstance(event, Restore):
+            self._restore(event.records, now)
+            return self._resend_unacknowledged(now)
+        raise TypeError(f"not a machine input: {type(event).__name__}")
+
     # ------------------------------------------------------------------ submission
-    def submit(
+    def _submit(
         self,
         spec: JobSpec,
         now: float,
@@ -198,7 +235,7 @@ class Machine:
             self._event(record, "queued", now),
         ]
 
-    def cancel(self, job_id: str, reason: str, now: float) -> tuple[str | None, list[Effect]]:
+    def _cancel(self, job_id: str, reason: str, now: float) -> tuple[str | None, list[Effect]]:
         """Returns (error, effects). Cancelling a finished job is an error that changes nothing."""
         record = self.jobs.get(job_id)
         if record is None:
@@ -215,7 +252,7 @@ class Machine:
     def wants_cycle(self) -> bool:
         return bool(self._fresh) or self._capacity_dirty or bool(self._recycle)
 
-    def schedule(self, now: float) -> list[Effect]:
+    def _schedule(self, now: float) -> list[Effect]:
         """One admission cycle over the jobs that could have become admissible."""
         candidates = self._candidates(now)
         self._fresh.clear()
@@ -309,25 +346,26 @@ class Machine:
         return request
 
     # ------------------------------------------------------------------ agents
-    def on_batch(self, cluster: str, batch: EventBatch, now: float) -> BatchOutcome:
-        out = BatchOutcome()
+    def _on_batch(self, cluster: str, batch: EventBatch, now: float) -> list[Effect]:
         if batch.cluster != cluster:
-            out.error = (
-                f"batch claims cluster {batch.cluster!r} but arrived on the subject of "
-                f"cluster {cluster!r}; rejected"
-            )
-            return out
+            return [
+                Refused(
+                    f"batch claims cluster {batch.cluster!r} but arrived on the subject of "
+                    f"cluster {cluster!r}; rejected"
+                )
+            ]
         events = batch.events
         track = self.agents.get(cluster)
         if track is not None and (
             batch.instance in track.retired
             or (batch.instance == track.instance and batch.seq <= track.seq)
         ):
-            out.error = (
-                f"batch {batch.seq} of agent instance {batch.instance!r} of cluster {cluster!r} "
-                "is older than one already applied (a replay); ignored"
-            )
-            return out
+            return [
+                Refused(
+                    f"batch {batch.seq} of agent instance {batch.instance!r} of cluster "
+                    f"{cluster!r} is older than one already applied (a replay); ignored"
+                )
+            ]
         in_sequence = (
             track is not None
             and track.instance == batch.instance
@@ -343,36 +381,37 @@ class Machine:
         if track is None:
             if snap_at is None:
                 # Clusters exist only from a snapshot: ask for one, remember nothing else.
-                self._resync_unknown(cluster, now, out)
-                return out
+                return self._resync_unknown(cluster, now)
             if len(self.agents) >= MAX_CLUSTERS:
-                out.error = f"cluster {cluster!r} refused: {MAX_CLUSTERS} clusters already known"
-                return out
+                return [
+                    Refused(f"cluster {cluster!r} refused: {MAX_CLUSTERS} clusters already known")
+                ]
             self._unknown_resync.pop(cluster, None)
             track = self.agents[cluster] = AgentTrack(last_heard=now)
         was = track.health
         track.last_heard = now
         start = 0
+        effects: list[Effect] = []
         if not in_sequence:
             if snap_at is None:
                 self._retire(track, batch.instance)
                 track.instance = batch.instance
                 track.seq = batch.seq
                 track.synced = False
-                self._resync(cluster, track, now, "sequence gap or unknown agent", out.effects)
-                return out
+                self._resync(cluster, track, now, "sequence gap or unknown agent", effects)
+                return effects
             start = snap_at
         self._retire(track, batch.instance)
         track.instance = batch.instance
         track.seq = batch.seq
-        out.applied = True
         if was != "healthy":
             track.health = "healthy"
             self.scheduler.set_cluster_schedulable(cluster, True)
             self._capacity_dirty = True
         for event in events[start:]:
-            self._apply(cluster, track, event, now, out.effects)
-        return out
+            self._apply(cluster, track, event, now, effects)
+        effects.append(BatchApplied(cluster, batch.instance, batch.seq))
+        return effects
 
     @staticmethod
     def _retire(track: AgentTrack, instance: str) -> None:
@@ -382,18 +421,18 @@ class Machine:
             track.retired.append(old)
             del track.retired[:-RETIRED_INSTANCES]
 
-    def _resync_unknown(self, cluster: str, now: float, out: BatchOutcome) -> None:
+    def _resync_unknown(self, cluster: str, now: float) -> list[Effect]:
         asked = self._unknown_resync
         if now - asked.get(cluster, -1e18) < RESYNC_MIN_INTERVAL_S:
-            return
+            return []
         if len(asked) >= MAX_CLUSTERS:
             stale = [c for c, t in asked.items() if now - t >= RESYNC_MIN_INTERVAL_S]
             for c in stale:
                 del asked[c]
             if len(asked) >= MAX_CLUSTERS:
-                return
+                return []
         asked[cluster] = now
-        out.effects.append(Send(cluster, Resync(epoch=self.epoch, reason="unknown agent")))
+        return [Send(cluster, Resync(epoch=self.epoch, reason="unknown agent"))]
 
     def _resync(
         self, cluster: str, track: AgentTrack, now: float, why: str, effects: list[Effect]
@@ -422,7 +461,7 @@ class Machine:
         elif isinstance(event, WorkloadStatus):
             self._workload(cluster, event, now, effects)
         elif isinstance(event, CheckpointReport):
-            self.on_checkpoint(event, now, effects, cluster=cluster)
+            self._on_checkpoint(event, now, effects, cluster=cluster)
         elif isinstance(event, SpotNotice):
             for job_id in self.scheduler.spot_notice(cluster, event.node, event.deadline, now):
                 self._spot(job_id, cluster, event, now, effects)
@@ -568,7 +607,7 @@ class Machine:
         self._finish(record, "succeeded", now, reason, effects)
 
     # ------------------------------------------------------------------ checkpoints
-    def on_checkpoint(
+    def _on_checkpoint(
         self,
         report: CheckpointReport,
         now: float,
@@ -602,13 +641,8 @@ class Machine:
         if pre is not None and (pre.step_at_start is None or report.step > pre.step_at_start):
             self._finish_preempt(record, now, effects)
 
-    def checkpoint(self, report: CheckpointReport, now: float) -> list[Effect]:
-        effects: list[Effect] = []
-        self.on_checkpoint(report, now, effects)
-        return effects
-
     # ------------------------------------------------------------------ dispatch results
-    def on_dispatch_result(
+    def _on_dispatch_result(
         self, job_id: str, attempt: int, ok: bool, error: str, now: float
     ) -> list[Effect]:
         record = self.jobs.get(job_id)
@@ -637,7 +671,7 @@ class Machine:
         return effects
 
     # ------------------------------------------------------------------ time
-    def tick(self, now: float) -> list[Effect]:
+    def _tick(self, now: float) -> list[Effect]:
         effects: list[Effect] = []
         timeouts = self.config.timeouts
         for cluster, track in list(self.agents.items()):
@@ -701,7 +735,7 @@ class Machine:
         return effects
 
     # ------------------------------------------------------------------ recovery after restart
-    def restore(self, records: Iterable[JobRecord], now: float) -> None:
+    def _restore(self, records: Iterable[JobRecord], now: float) -> None:
         """Rebuild from persisted records. Live attempts are assumed to hold their placement
         until their agents resend snapshots (or their clusters are declared lost)."""
         for record in records:
@@ -766,6 +800,8 @@ class Machine:
     ) -> None:
         attempt.dispatched_at = now
         attempt.resume_from = record.resume_point()
+        # Break before make: the previous attempt's Cancel (if one is in flight) goes first.
+        previous = record.attempts[-1].attempt if record.attempts else None
         record.attempt = attempt.attempt
         record.attempts.append(attempt)
         record.state = "admitted"
@@ -773,7 +809,9 @@ class Machine:
         self._track_live(record, attempt.cluster)
         self._starting.add(record.job_id)
         effects.append(Persist(record))
-        effects.append(Send(attempt.cluster, self._dispatch_cmd(record, attempt)))
+        effects.append(
+            Send(attempt.cluster, self._dispatch_cmd(record, attempt), after_cancel_of=previous)
+        )
         effects.append(
             self._event(
                 record,
@@ -797,7 +835,7 @@ class Machine:
             fence_after_s=self._fence_after,
         )
 
-    def resend_unacknowledged(self, now: float) -> list[Effect]:
+    def _resend_unacknowledged(self, now: float) -> list[Effect]:
         """After a restart: send again every dispatch persisted without an acknowledgement.
         The previous leader may have died before or while sending it; agents acknowledge a
         duplicate (job_id, attempt) without starting a second copy. The start timeout counts
