@@ -45,7 +45,8 @@ from broker.core.inputs import (
     Restore,
     SubmitJob,
 )
-from broker.core.machine import Machine, derive_job_id
+from broker.core.machine import Machine
+from broker.core.submission import derive_job_id
 from broker.embedded import EmbeddedNats, free_port
 from broker.lease import LeaderLease, LeadershipLost
 from broker.metrics import Metrics

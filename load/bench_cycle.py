@@ -5,7 +5,7 @@
 A fleet of 4 clusters x 50 nodes x 8 GPUs is filled with running 8-GPU jobs, then `depth`
 more jobs of Philly gang sizes queue behind them (three queues). Each timed cycle follows a
 capacity change (one node re-reported), so the machine reconsiders the heads of every queue
-(`Machine.lookahead` per queue) and finds nothing fits. That is the steady state of a deep
+(`Backlog.lookahead` per queue) and finds nothing fits. That is the steady state of a deep
 backlog on a full fleet. The cycle time should not grow with the depth: only the heads are
 examined. Prints the median and spread per depth, and one `RESULT {...}` line.
 """

@@ -16,7 +16,8 @@ state the public views would hide. Nothing here changes state.
 
 from __future__ import annotations
 
-from broker.core.machine import LIVE_STATES, TERMINAL, Machine
+from broker.core.lifecycle import LIVE_STATES, TERMINAL
+from broker.core.machine import Machine
 from broker.core.quota import RESOURCES
 
 Vec3 = tuple[int, int, int]
@@ -118,7 +119,7 @@ def one_live_attempt(m: Machine) -> list[str]:
 
 def one_state(m: Machine) -> list[str]:
     out: list[str] = []
-    pending = {j for q in m._pending.values() for j in q}
+    pending = {j for q in m.backlog.pending.values() for j in q}
     for job_id, record in m.jobs.items():
         s = record.state
         is_pending = job_id in pending

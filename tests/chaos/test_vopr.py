@@ -43,7 +43,7 @@ def test_a_seed_replays_exactly() -> None:
 
 def test_a_broken_invariant_names_its_seed_and_replay_command() -> None:
     w = World(206)
-    w.machine._pending["team-a"].add("ghost", 0, 0)  # a queued job without a record
+    w.machine.backlog.pending["team-a"].add("ghost", 0, 0)  # a queued job without a record
     with pytest.raises(SimFailure) as err:
         w.after_step()
     assert "pending job ghost has no record" in str(err.value)
