@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
 from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
+from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import Machine
 from broker.core.records import JobRecord
 from load import traces
@@ -1186,7 +1187,9 @@ class Sim:
             self._cycle_pending = True
             self.push(self.now + self.cfg.cycle_delay_s, CYCLE, None)
 
-    def _execute(self, effects: Iterable[Effect]) -> None:
+    def _execute(self, effects: list[Effect]) -> None:
+        for problem in unordered_dispatches(self.machine, effects):
+            self.violation(self.now, "unordered-dispatch", problem)
         for eff in effects:
             if isinstance(eff, Send):
                 cluster = self.clusters.get(eff.cluster)
@@ -1316,6 +1319,8 @@ class Sim:
         terminal record was checked when it turned terminal, so it costs O(open jobs), not
         O(jobs ever submitted); the final sweep reads them all."""
         self.checks += 1
+        for problem in violations(self.machine):
+            self.violation(self.now, "core-invariant", problem)
         nodes: set[str] = set()
         jobs = self.machine.jobs
         ids = jobs.keys() if everything else sorted(self._open | self._claims.keys())

@@ -36,7 +36,7 @@ import msgspec
 from agents.runtime import AgentRuntime, _JobTrack
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
 from broker.core.inputs import CYCLE, TICK, AgentBatch, DispatchAcked, Restore, SubmitJob
-from broker.core.invariants import violations
+from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import record_decoder, record_encoder
 from schemas.agent import (
@@ -730,6 +730,9 @@ class World:
 
     def run_effects(self, effects: list[Effect]) -> bool:
         """Carry out effects in order; False when the broker crashed part way."""
+        unordered = unordered_dispatches(self.machine, effects)
+        if unordered:
+            self.fail("; ".join(unordered[:3]))
         inc = self.broker_inc
         for eff in effects:
             if not self.broker_up or self.broker_inc != inc:

@@ -244,8 +244,6 @@ class AttemptLifecycle:
     ) -> None:
         attempt.dispatched_at = now
         attempt.resume_from = record.resume_point()
-        # Break before make: the previous attempt's Cancel (if one is in flight) goes first.
-        previous = record.attempts[-1].attempt if record.attempts else None
         record.attempt = attempt.attempt
         record.attempts.append(attempt)
         record.state = "admitted"
@@ -253,9 +251,7 @@ class AttemptLifecycle:
         self._track_live(record, attempt.cluster)
         self._starting.add(record.job_id)
         effects.append(Persist(record))
-        effects.append(
-            Send(attempt.cluster, self._dispatch_cmd(record, attempt), after_cancel_of=previous)
-        )
+        effects.append(self._dispatch_send(record, attempt))
         effects.append(
             self._event(
                 record,
@@ -265,9 +261,11 @@ class AttemptLifecycle:
             )
         )
 
-    def _dispatch_cmd(self, record: JobRecord, attempt: AttemptRecord) -> Dispatch:
+    def _dispatch_send(self, record: JobRecord, attempt: AttemptRecord) -> Send:
+        """The Dispatch of `attempt`, ordered after the Cancel of the attempt before it (if
+        one is in flight): break before make, never two live copies."""
         spec = record.spec
-        return Dispatch(
+        cmd = Dispatch(
             job_id=record.job_id,
             attempt=attempt.attempt,
             epoch=self.epoch,
@@ -278,6 +276,7 @@ class AttemptLifecycle:
             checkpoint_uri=spec.checkpoint.uri if spec.checkpoint else "",
             fence_after_s=self._fence_after,
         )
+        return Send(attempt.cluster, cmd, after_cancel_of=previous_attempt(record, attempt))
 
     def _spot(
         self, job_id: str, cluster: str, notice: SpotNotice, now: float, effects: list[Effect]
@@ -599,6 +598,16 @@ class AttemptLifecycle:
                 resume_from_step=resume_from_step,
             )
         )
+
+
+def previous_attempt(record: JobRecord, attempt: AttemptRecord) -> int | None:
+    """The number of the attempt dispatched before `attempt`, if any."""
+    before = None
+    for a in record.attempts:
+        if a.attempt >= attempt.attempt:
+            break
+        before = a.attempt
+    return before
 
 
 def _nodes(attempt: AttemptRecord) -> set[str]:

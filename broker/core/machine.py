@@ -400,5 +400,5 @@ class Machine(AttemptLifecycle, JobViews):
             ):
                 continue
             current.dispatched_at = now
-            effects.append(Send(current.cluster, self._dispatch_cmd(record, current)))
+            effects.append(self._dispatch_send(record, current))
         return effects

@@ -3,6 +3,7 @@ and widening, plus a hypothesis property over random event sequences."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
 from broker.core.inputs import CYCLE, TICK, AgentBatch, CancelJob, DispatchAcked, Restore, SubmitJob
+from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import Machine
 from schemas.agent import (
     Cancel,
@@ -257,6 +259,13 @@ def test_spot_notice_reserves_then_dispatches_on_checkpoint() -> None:
     assert [type(e).__name__ for e in fx].index("Persist") < [type(e).__name__ for e in fx].index(
         "Send"
     )
+    # The replacement waits for the Cancel of attempt 1, and the checker knows the rule.
+    (send,) = [e for e in fx if isinstance(e, Send) and isinstance(e.command, Dispatch)]
+    assert send.after_cancel_of == 1 and unordered_dispatches(w.m, fx) == []
+    unordered = [replace(send, after_cancel_of=None)]
+    assert unordered_dispatches(w.m, unordered) == [
+        f"dispatch {job}#2 ordered after None, not after the Cancel of attempt 1"
+    ]
 
 
 OPS = st.lists(
@@ -349,6 +358,8 @@ def test_random_sequences_keep_the_invariants(ops: list[tuple[str, int, int]]) -
                     cl, WorkloadStatus(job_id=job, attempt=cur.attempt + 5, phase="running")
                 )
                 assert any(c.attempt == cur.attempt + 5 for c in sends(fx, Cancel))
+        assert violations(w.m) == [], op
+        assert unordered_dispatches(w.m, fx) == [], op
         persisted: set[str] = set()
         for e in fx:
             if isinstance(e, Persist):
