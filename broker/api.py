@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from broker.core.effects import Effect
+from broker.core.effects import Effect, refusal
+from broker.core.inputs import CancelJob
 from broker.core.machine import Machine
 from schemas.api import ApiReply, CancelRequest, Empty, JobRef, ListRequest
 from schemas.codec import DecodeError, encode_json, json_decoder
@@ -43,7 +44,8 @@ def _list_jobs(m: Machine, data: bytes, now: float) -> tuple[ApiReply[Any], list
 
 def _cancel_job(m: Machine, data: bytes, now: float) -> tuple[ApiReply[Any], list[Effect]]:
     req = _cancel(data)
-    error, effects = m.cancel(req.job_id, req.reason, now)
+    effects = m.handle(CancelJob(req.job_id, req.reason), now)
+    error = refusal(effects)
     if error:
         return _err(error), []
     return _ok(m.job_view(req.job_id, now, with_spec=False)), effects

@@ -35,8 +35,18 @@ from nats.js.errors import NotFoundError
 
 from broker import api as broker_api
 from broker import tenancy
-from broker.core.effects import Effect, Persist, Publish, Send
-from broker.core.machine import Machine, derive_job_id
+from broker.core.effects import Effect, Persist, Publish, Send, applied, refusal, split_reply
+from broker.core.inputs import (
+    CYCLE,
+    TICK,
+    AgentBatch,
+    Checkpoint,
+    DispatchAcked,
+    Restore,
+    SubmitJob,
+)
+from broker.core.machine import Machine
+from broker.core.submission import derive_job_id
 from broker.embedded import EmbeddedNats, free_port
 from broker.lease import LeaderLease, LeadershipLost
 from broker.metrics import Metrics
@@ -426,7 +436,8 @@ class Broker:
             nc, config.max_payload_bytes, self._storage_error, self._known_submission
         )
         self._requests = Requester(nc)
-        self._cancels: dict[str, asyncio.Task[Any]] = {}
+        # (job_id, attempt) -> the Cancel of that attempt in flight (see Send.after_cancel_of)
+        self._cancels: dict[tuple[str, int | None], asyncio.Task[Any]] = {}
         self.metrics = Metrics(self)
         self._gc = GcPacer() if pace_gc else None
         self._next_cycle = 0.0  # event-loop time before which no admission cycle starts
@@ -584,7 +595,7 @@ class Broker:
             )
             if hold.done():
                 hold.result()  # leadership was lost while loading: raises LeadershipLost
-            machine.restore(records, self.clock())
+            resend = machine.handle(Restore(records), self.clock())
         finally:
             if collecting:
                 gc.enable()
@@ -618,7 +629,6 @@ class Broker:
         # Agents that were already talking to the previous leader resync with us.
         for cluster in list(machine.agents):
             self._spawn(self._send_command(cluster, machine_resync(machine)))
-        resend = machine.resend_unacknowledged(self.clock())
         self.stats["redispatched"] += len(resend)
         if resend:
             log.info("broker.redispatching_unacknowledged", dispatches=len(resend))
@@ -691,7 +701,9 @@ class Broker:
                 for eff in effects:
                     if isinstance(eff, Send):
                         if isinstance(eff.command, Dispatch):
-                            self._spawn(self._send_dispatch(eff.cluster, eff.command))
+                            self._spawn(
+                                self._send_dispatch(eff.cluster, eff.command, eff.after_cancel_of)
+                            )
                         elif isinstance(eff.command, Cancel):
                             self._track_cancel(eff.cluster, eff.command)
                         else:
@@ -753,17 +765,17 @@ class Broker:
         return False, error, None
 
     def _track_cancel(self, cluster: str, cmd: Cancel) -> None:
-        """Remember the in-flight Cancel of a job's old attempt, so the next attempt's
-        Dispatch waits for it: break before start, never two live copies, even for the
-        milliseconds two agents would otherwise race."""
+        """Remember the in-flight Cancel of a job's old attempt, so a Dispatch that the core
+        ordered after it (`Send.after_cancel_of`) waits for it."""
         task = asyncio.create_task(self._send_command(cluster, cmd))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        self._cancels[cmd.job_id] = task
+        key = (cmd.job_id, cmd.attempt)
+        self._cancels[key] = task
 
         def forget(done: asyncio.Task[Any]) -> None:
-            if self._cancels.get(cmd.job_id) is done:
-                del self._cancels[cmd.job_id]
+            if self._cancels.get(key) is done:
+                del self._cancels[key]
 
         task.add_done_callback(forget)
 
@@ -772,11 +784,11 @@ class Broker:
         basis = f"checkpoint:{job_id}:{attempt}".encode()
         return hashlib.blake2b(basis, key=self._id_key, digest_size=16).hexdigest()
 
-    async def _send_dispatch(self, cluster: str, cmd: Dispatch) -> None:
+    async def _send_dispatch(self, cluster: str, cmd: Dispatch, after: int | None) -> None:
         cmd = msgspec.structs.replace(
             cmd, checkpoint_token=self._attempt_token(cmd.job_id, cmd.attempt)
         )
-        cancel = self._cancels.get(cmd.job_id)
+        cancel = self._cancels.get((cmd.job_id, after)) if after is not None else None
         if cancel is not None:
             # Bounded by the Cancel's own retries; a silent old cluster fences itself anyway.
             await asyncio.wait({cancel})
@@ -809,7 +821,9 @@ class Broker:
             )
         machine = self.machine
         if machine is not None:
-            self._push(machine.on_dispatch_result(cmd.job_id, cmd.attempt, ok, error, self.clock()))
+            self._push(
+                machine.handle(DispatchAcked(cmd.job_id, cmd.attempt, ok, error), self.clock())
+            )
 
     async def _send_command(self, cluster: str, cmd: Any) -> None:
         ok, error, stale = await self._request(cluster, encode_msgpack(cmd), 3)
@@ -1037,8 +1051,11 @@ class Broker:
         if taken:
             self.stats["rejected"] += 1
             return SubmitReply(accepted=False, error=taken), []
-        reply, effects = machine.submit(
-            spec, self.clock(), order=seq or None, subject_queue=queue, id_token=token
+        reply, effects = split_reply(
+            machine.handle(
+                SubmitJob(spec, order=seq or None, subject_queue=queue, id_token=token),
+                self.clock(),
+            )
         )
         if reply.accepted:
             self.stats["submitted"] += 1
@@ -1074,25 +1091,26 @@ class Broker:
         self.stats["batches"] += 1
         self.stats["events"] += len(batch.events)
         try:
-            outcome = machine.on_batch(cluster, batch, self.clock())
+            effects = machine.handle(AgentBatch(cluster, batch), self.clock())
         except Exception:  # a bug must not take the broker down; it is logged loudly
             self.stats["bad_batches"] += 1
             log.exception("broker.batch_failed", cluster=cluster, seq=batch.seq)
             return
-        if outcome.error:
+        error = refusal(effects)
+        if error:
             self.stats["bad_batches"] += 1
-            log.warning("broker.rejected_batch", cluster=cluster, error=outcome.error)
+            log.warning("broker.rejected_batch", cluster=cluster, error=error)
         now = time.monotonic()
-        if outcome.applied and (
+        if applied(effects) is not None and (
             now - self._applied_at.get(cluster, -1e18) >= APPLIED_EVERY_S or _outcomes(batch)
         ):
             # The agent keeps endings and checkpoints until told they are persisted, and
             # extends its workloads' fences from the time the acknowledged batch left.
             self._applied_at[cluster] = now
-            persisted = self._push(outcome.effects, wait=True)
+            persisted = self._push(effects, wait=True)
             self._spawn(self._acknowledge(cluster, batch.instance, batch.seq, persisted))
         else:
-            self._push(outcome.effects)
+            self._push(effects)
         self._wake.set()
 
     async def _acknowledge(
@@ -1131,7 +1149,7 @@ class Broker:
                     f"checkpoint for {report.job_id} attempt {report.attempt} without that "
                     "attempt's MUSTER_CHECKPOINT_TOKEN; only its own replicas may report it"
                 )
-            effects = machine.checkpoint(report, self.clock())
+            effects = machine.handle(Checkpoint(report), self.clock())
         except Exception as exc:  # the handler boundary
             self.refused["checkpoint"] += 1
             log.warning("broker.bad_checkpoint", subject=msg.subject, error=str(exc)[:500])
@@ -1231,7 +1249,7 @@ class Broker:
                 # Timers (start timeouts, preemption deadlines, backoff, silent agents) are
                 # seconds long and were only ever checked every 100 ms when idle; checking
                 # them on every wake cost a scan of every starting job each time.
-                effects = machine.tick(self.clock())
+                effects = machine.handle(TICK, self.clock())
                 next_tick = started + TICK_MIN_INTERVAL_S
             effects.extend(self._cycle_if_due(machine))
             self._push(effects)
@@ -1246,7 +1264,7 @@ class Broker:
         started = loop.time()
         if not machine.wants_cycle or started < self._next_cycle:
             return []
-        effects = machine.schedule(self.clock())
+        effects = machine.handle(CYCLE, self.clock())
         ended = loop.time()
         self._next_cycle = ended + min(CYCLE_MAX_GAP_S, CYCLE_GAP_FACTOR * (ended - started))
         return effects

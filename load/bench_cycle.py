@@ -5,7 +5,7 @@
 A fleet of 4 clusters x 50 nodes x 8 GPUs is filled with running 8-GPU jobs, then `depth`
 more jobs of Philly gang sizes queue behind them (three queues). Each timed cycle follows a
 capacity change (one node re-reported), so the machine reconsiders the heads of every queue
-(`Machine.lookahead` per queue) and finds nothing fits. That is the steady state of a deep
+(`Backlog.lookahead` per queue) and finds nothing fits. That is the steady state of a deep
 backlog on a full fleet. The cycle time should not grow with the depth: only the heads are
 examined. Prints the median and spread per depth, and one `RESULT {...}` line.
 """
@@ -18,6 +18,8 @@ import statistics
 import time
 from typing import Any
 
+from broker.core.effects import split_reply
+from broker.core.inputs import CYCLE, AgentBatch, SubmitJob
 from broker.core.machine import Machine
 from load.common import emit
 from load.traces import gang_shape
@@ -61,17 +63,19 @@ def build(depth: int, seed: int) -> tuple[Machine, float]:
     for c in range(CLUSTERS):
         name = f"c{c}"
         snap = ClusterSnapshot(flavors=flavors, nodes=[_node(name, i) for i in range(NODES)])
-        m.on_batch(name, EventBatch(cluster=name, instance="i", seq=1, events=[snap]), now)
+        m.handle(
+            AgentBatch(name, EventBatch(cluster=name, instance="i", seq=1, events=[snap])), now
+        )
     i = 0
     for _ in range(CLUSTERS * NODES):
-        m.submit(_spec(i, GPUS, QUEUES[i % 3]), now)
+        split_reply(m.handle(SubmitJob(_spec(i, GPUS, QUEUES[i % 3])), now))
         i += 1
-    m.schedule(now)
+    m.handle(CYCLE, now)
     rng = random.Random(seed)
     for _ in range(depth):
-        m.submit(_spec(i, rng.choice(SIZES), QUEUES[i % 3]), now)
+        split_reply(m.handle(SubmitJob(_spec(i, rng.choice(SIZES), QUEUES[i % 3])), now))
         i += 1
-    m.schedule(now)  # the fresh jobs get their first look (and are parked)
+    m.handle(CYCLE, now)  # the fresh jobs get their first look (and are parked)
     return m, now
 
 
@@ -85,10 +89,10 @@ def time_cycles(m: Machine, now: float, cycles: int) -> list[tuple[float, float]
         seq += 1
         node = _node("c0", k % NODES)
         batch = EventBatch(cluster="c0", instance="i", seq=seq, events=[NodeUpsert(node=node)])
-        m.on_batch("c0", batch, now)
+        m.handle(AgentBatch("c0", batch), now)
         assert m.wants_cycle
         t0, c0 = time.perf_counter(), time.process_time()
-        effects = m.schedule(now)
+        effects = m.handle(CYCLE, now)
         out.append((time.perf_counter() - t0, time.process_time() - c0))
         assert not effects, "the fleet is full: nothing may be admitted"
     return out

@@ -30,7 +30,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
+from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
+from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import Machine
 from broker.core.records import JobRecord
 from load import traces
@@ -275,6 +277,11 @@ class SimConfig:
     ckpt_cost_s: tuple[float, float] = (10.0, 90.0)
     restore_factor: float = 1.0
     ack_latency_s: float = 0.2
+    # A Cancel reaches its agent this long after it is sent (0: at once). A Dispatch the core
+    # ordered after it (`Send.after_cancel_of`) waits for it, unless `keep_order` is off,
+    # which only shows what the ordering prevents.
+    cancel_latency_s: float = 0.0
+    keep_order: bool = True
     start_delay_s: tuple[float, float] = (20.0, 60.0)  # image pull, rendezvous
     start_delay_per_replica_s: float = 5.0
     tick_s: float = 5.0
@@ -538,7 +545,7 @@ class SimWorkload:
 # heap event kinds
 ARRIVAL, ACK, W_RUN, W_CKPT, W_DONE, W_CKPT_NOW = 0, 1, 2, 3, 4, 5
 SPOT_TRACE, RECLAIM, TICK, CYCLE, HEARTBEAT, SAMPLE, POISSON, SLOT_RETURN = range(6, 14)
-NODE_GONE_SEEN = 14
+NODE_GONE_SEEN, CANCEL_ARRIVES = 14, 15
 
 
 @dataclass(slots=True)
@@ -843,6 +850,8 @@ class Sim:
         self._seq = 0
         self.logs: dict[str, list[AttemptLog]] = {}
         self.live_copies: dict[str, tuple[str, int]] = {}
+        # (job, attempt) of each Cancel on its way -> the dispatches ordered after it
+        self._cancelling: dict[tuple[str, int | None], list[tuple[SimCluster, Dispatch]]] = {}
         self.node_home: dict[str, tuple[str, str]] = {}
         self.violations: list[Violation] = []
         self.batch_errors: list[str] = []
@@ -1084,7 +1093,7 @@ class Sim:
         m = self.machine
         if kind == ARRIVAL:
             job: SimJob = payload
-            reply, effects = m.submit(job_spec(job, self.policy), now)
+            reply, effects = split_reply(m.handle(SubmitJob(job_spec(job, self.policy)), now))
             if not reply.accepted:
                 # Not an invariant: a gang this fleet can never hold (e.g. 16 nodes of
                 # on-demand for an on-demand job) is refused at submit, as it should be.
@@ -1095,7 +1104,7 @@ class Sim:
         elif kind == ACK:
             job_id, attempt, ok, error = payload
             self._touched.add(job_id)
-            self._execute(m.on_dispatch_result(job_id, attempt, ok, error, now))
+            self._execute(m.handle(DispatchAcked(job_id, attempt, ok, error), now))
         elif kind in (W_RUN, W_CKPT, W_DONE, W_CKPT_NOW):
             self._workload_event(kind, payload)
         elif kind == SPOT_TRACE:
@@ -1115,6 +1124,11 @@ class Sim:
                     )
         elif kind == POISSON:
             self._poisson(payload)
+        elif kind == CANCEL_ARRIVES:
+            target, cmd = payload
+            target.command(cmd, now)
+            for waiting, dispatch in self._cancelling.pop((cmd.job_id, cmd.attempt), []):
+                waiting.command(dispatch, now)
         elif kind == NODE_GONE_SEEN:
             gone_from, name = payload
             gone_from.unreported.discard(name)
@@ -1124,16 +1138,16 @@ class Sim:
             if slot.node is None:
                 self._slot_up(pool, slot, announce=True)
         elif kind == TICK:
-            effects = m.tick(now)
+            effects = m.handle(Tick(), now)
             if m.wants_cycle:
-                effects.extend(m.schedule(now))
+                effects.extend(m.handle(Cycle(), now))
                 self._cycle_pending = False
             self._execute(effects)
             busy = m.pending_count() > 0 or m.live_count() > 0
             self.push(now + (self.cfg.tick_s if busy else self.cfg.idle_tick_s), TICK, None)
         elif kind == CYCLE:
             self._cycle_pending = False
-            self._execute(m.schedule(now))
+            self._execute(m.handle(Cycle(), now))
         elif kind == HEARTBEAT:
             cluster: SimCluster = payload
             cluster.outbox.append(Heartbeat(at=now))
@@ -1204,10 +1218,11 @@ class Sim:
                         jid = getattr(e, "job_id", None)
                         if jid is not None:
                             self._touched.add(jid)
-                    out = self.machine.on_batch(cluster.name, batch, self.now)
-                    if out.error is not None:
-                        self.batch_errors.append(out.error)
-                    self._execute(out.effects)
+                    out = self.machine.handle(AgentBatch(cluster.name, batch), self.now)
+                    error = refusal(out)
+                    if error is not None:
+                        self.batch_errors.append(error)
+                    self._execute(out)
             if not said:
                 break
         else:
@@ -1216,7 +1231,9 @@ class Sim:
             self._cycle_pending = True
             self.push(self.now + self.cfg.cycle_delay_s, CYCLE, None)
 
-    def _execute(self, effects: Iterable[Effect]) -> None:
+    def _execute(self, effects: list[Effect]) -> None:
+        for problem in unordered_dispatches(self.machine, effects):
+            self.violation(self.now, "unordered-dispatch", problem)
         for eff in effects:
             if isinstance(eff, Send):
                 cluster = self.clusters.get(eff.cluster)
@@ -1227,6 +1244,16 @@ class Sim:
                 if cluster is None:
                     self.violation(self.now, "unknown-cluster", eff.cluster)
                     continue
+                if isinstance(cmd, Cancel) and self.cfg.cancel_latency_s > 0:
+                    self._cancelling.setdefault((cmd.job_id, cmd.attempt), [])
+                    self.push(self.now + self.cfg.cancel_latency_s, CANCEL_ARRIVES, (cluster, cmd))
+                    continue
+                after = eff.after_cancel_of
+                if isinstance(cmd, Dispatch) and after is not None and self.cfg.keep_order:
+                    held = self._cancelling.get((cmd.job_id, after))
+                    if held is not None:
+                        held.append((cluster, cmd))
+                        continue
                 cluster.command(cmd, self.now)
             elif isinstance(eff, Publish):
                 self._on_event(eff.event)
@@ -1336,6 +1363,8 @@ class Sim:
         terminal record was checked when it turned terminal, so it costs O(open jobs), not
         O(jobs ever submitted); the final sweep reads them all."""
         self.checks += 1
+        for problem in violations(self.machine):
+            self.violation(self.now, "core-invariant", problem)
         nodes: set[str] = set()
         jobs = self.machine.jobs
         ids = jobs.keys() if everything else sorted(self._open | self._claims.keys())

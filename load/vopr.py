@@ -2,12 +2,13 @@
 FoundationDB's simulation testing and TigerBeetle's VOPR).
 
 One process, one seeded random generator, one virtual clock. The pure lifecycle machine runs
-behind a model of the broker shell (persist before send, request/ack with retries, a Cancel in
-flight holds back the next Dispatch of the same job, restart = a new epoch restored from the
-persisted records). Model agents speak the agent protocol: act idempotently on
-(job_id, attempt), refuse older epochs, resend a snapshot after a resync or reconnect (carrying
-terminal outcomes the broker may have missed), fence their workloads when cut off, and report
-terminal outcomes. The network between them loses, duplicates, delays and reorders messages;
+behind a model of the broker shell (persist before send, request/ack with retries, restart = a
+new epoch restored from the persisted records). The shell honours the ordering the core emits:
+a Dispatch whose `after_cancel_of` names an attempt with a Cancel in flight waits for that
+Cancel. Model agents speak the agent protocol: act idempotently on (job_id, attempt), refuse
+older epochs, resend a snapshot after a resync or reconnect (carrying terminal outcomes the
+broker may have missed), fence their workloads when cut off, and report terminal outcomes.
+The network between them loses, duplicates, delays and reorders messages;
 faults (broker crashes between any two effects, agent restarts and freezes, partitions, spot
 notices) strike at seeded random points. The invariants of `broker.core.invariants` are
 checked after every step, the cross-process ones (never two live copies) from the agents'
@@ -34,8 +35,9 @@ from typing import Any
 import msgspec
 
 from agents.runtime import AgentRuntime, _JobTrack
-from broker.core.effects import Effect, Persist, Publish, Send
-from broker.core.invariants import violations
+from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
+from broker.core.inputs import CYCLE, TICK, AgentBatch, DispatchAcked, Restore, SubmitJob
+from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import record_decoder, record_encoder
 from schemas.agent import (
@@ -584,8 +586,11 @@ class World:
         verbose: bool = False,
         scenario: Scenario | None = None,
         tolerate: frozenset[str] = frozenset(),
+        ignore_order: bool = False,
     ) -> None:
         self.seed = seed
+        # A shell that drops `Send.after_cancel_of` (to show the checks catch what follows).
+        self.ignore_order = ignore_order
         rng = random.Random(seed)
         self.clock = Clock(rng)
         self.started = self.clock.now
@@ -615,8 +620,10 @@ class World:
         self.machine = Machine(self.config, epoch=self.epoch)
         self.requests: dict[int, _Request] = {}
         self._req_ids = 0
-        self.cancels: dict[str, int] = {}  # job -> request id of a Cancel in flight
-        self.held: dict[str, list[tuple[str, Dispatch]]] = {}  # dispatches waiting on it
+        # (job, attempt) -> request id of that attempt's Cancel in flight, and the
+        # dispatches the core ordered after it
+        self.cancels: dict[tuple[str, int | None], int] = {}
+        self.held: dict[tuple[str, int | None], list[tuple[str, Dispatch]]] = {}
         self.stream: dict[str, JobSpec] = {}  # submissions not yet persisted (JetStream)
         self.agents: dict[str, SimAgent] = {}
         if scenario is None:
@@ -712,7 +719,7 @@ class World:
         if not self.broker_up:
             return
         for job_id, spec in sorted(self.stream.items()):
-            reply, effects = self.machine.submit(spec, self.clock.now)
+            reply, effects = split_reply(self.machine.handle(SubmitJob(spec), self.clock.now))
             if reply.accepted:
                 self.accepted.add(job_id)
             else:
@@ -724,6 +731,9 @@ class World:
 
     def run_effects(self, effects: list[Effect]) -> bool:
         """Carry out effects in order; False when the broker crashed part way."""
+        unordered = unordered_dispatches(self.machine, effects)
+        if unordered:
+            self.fail("; ".join(unordered[:3]))
         inc = self.broker_inc
         for eff in effects:
             if not self.broker_up or self.broker_inc != inc:
@@ -733,7 +743,7 @@ class World:
             elif isinstance(eff, Send):
                 if isinstance(eff.command, Cancel):
                     self.stats[f"cancel:{eff.command.reason}"] += 1
-                self._send(eff.cluster, eff.command)
+                self._send(eff.cluster, eff.command, eff.after_cancel_of)
             elif isinstance(eff, Publish):
                 ev = eff.event
                 if ev.kind == "preempting" and ev.reason == "reclaimed":
@@ -743,7 +753,7 @@ class World:
                 return False
         return True
 
-    def _send(self, cluster: str, cmd: Any) -> None:
+    def _send(self, cluster: str, cmd: Any, after: int | None = None) -> None:
         self.log(
             "send",
             cluster,
@@ -751,15 +761,16 @@ class World:
             getattr(cmd, "job_id", ""),
             getattr(cmd, "attempt", ""),
         )
-        if isinstance(cmd, Dispatch) and cmd.job_id in self.cancels:
-            self.held.setdefault(cmd.job_id, []).append((cluster, cmd))
+        waits = (cmd.job_id, after) if isinstance(cmd, Dispatch) and after is not None else None
+        if waits in self.cancels and not self.ignore_order:
+            self.held.setdefault(waits, []).append((cluster, cmd))
             return
         self._req_ids += 1
         rid = self._req_ids
         tries = self.config.timeouts.dispatch_retries + 1 if isinstance(cmd, Dispatch) else 3
         self.requests[rid] = _Request(cluster, cmd, tries, self.broker_inc)
         if isinstance(cmd, Cancel):
-            self.cancels[cmd.job_id] = rid
+            self.cancels[(cmd.job_id, cmd.attempt)] = rid
         self._try(rid)
 
     def _try(self, rid: int) -> None:
@@ -801,33 +812,35 @@ class World:
         cmd = req.cmd
         if isinstance(cmd, Dispatch):
             self.run_effects(
-                self.machine.on_dispatch_result(cmd.job_id, cmd.attempt, ok, error, self.clock.now)
+                self.machine.handle(
+                    DispatchAcked(cmd.job_id, cmd.attempt, ok, error), self.clock.now
+                )
             )
-        elif isinstance(cmd, Cancel) and self.cancels.get(cmd.job_id) == rid:
-            del self.cancels[cmd.job_id]
-            for cluster, d in self.held.pop(cmd.job_id, []):
+        elif isinstance(cmd, Cancel) and self.cancels.get((cmd.job_id, cmd.attempt)) == rid:
+            key = (cmd.job_id, cmd.attempt)
+            del self.cancels[key]
+            for cluster, d in self.held.pop(key, []):
                 self._send(cluster, d)
 
     def broker_batch(self, cluster: str, batch: EventBatch) -> None:
         if not self.broker_up:
             return  # plain NATS: nobody listens
-        out = self.machine.on_batch(cluster, batch, self.clock.now)
-        if out.error:
+        out = self.machine.handle(AgentBatch(cluster, batch), self.clock.now)
+        error = refusal(out)
+        if error:
             self.stats["batches_refused"] += 1  # a duplicate is a replay: refused, harmless
-        if self.run_effects(out.effects) and not out.error and _APPLIED is not None:
+        if self.run_effects(out) and not error and _APPLIED is not None:
             self._send(cluster, _APPLIED(epoch=self.epoch, instance=batch.instance, seq=batch.seq))
         # A batch of heartbeats that asked for nothing changed no job: skip the checks.
-        self.after_step(
-            bool(out.effects) or any(not isinstance(e, Heartbeat) for e in batch.events)
-        )
+        self.after_step(bool(out) or any(not isinstance(e, Heartbeat) for e in batch.events))
 
     def broker_tick(self) -> None:
         if self.broker_up:
             now = self.clock.now
-            effects = self.machine.tick(now)
+            effects = self.machine.handle(TICK, now)
             changed = bool(effects)
             if self.run_effects(effects) and self.machine.wants_cycle:
-                effects = self.machine.schedule(now)
+                effects = self.machine.handle(CYCLE, now)
                 changed = changed or bool(effects)
                 self.run_effects(effects)
             changed = changed or bool(self.stream)
@@ -854,12 +867,10 @@ class World:
         self.broker_inc += 1
         self.machine = Machine(self.config, epoch=self.epoch)
         records = [record_decoder.decode(b) for b in self.store.values()]
-        self.machine.restore(records, self.clock.now)
+        resend = self.machine.handle(Restore(records), self.clock.now)
         self.broker_up = True
         self.log("broker restored", len(records), "records, epoch", self.epoch)
-        resend = getattr(self.machine, "resend_unacknowledged", None)
-        if callable(resend):
-            self.run_effects(resend(self.clock.now))
+        self.run_effects(resend)
         for cluster in list(self.machine.agents):
             self._send(cluster, Resync(epoch=self.epoch, reason="new leader"))
         self._drain_stream()

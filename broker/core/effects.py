@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from broker.core.records import JobRecord
 from schemas.agent import Command
-from schemas.api import JobEvent
+from schemas.api import JobEvent, SubmitReply
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,10 +19,15 @@ class Persist:
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """Send a command to a cluster's agent (request/reply with ack)."""
+    """Send a command to a cluster's agent (request/reply with ack).
+
+    `after_cancel_of`: for a Dispatch, the attempt of the same job whose Cancel must be
+    acknowledged (or given up on) before this is sent, so two copies of a job never run at
+    once, even for the milliseconds two agents would otherwise race."""
 
     cluster: str
     command: Command
+    after_cancel_of: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,4 +37,58 @@ class Publish:
     event: JobEvent
 
 
-Effect = Persist | Send | Publish
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """The answer to a submission (accepted, duplicate, or rejected with the reason)."""
+
+    reply: SubmitReply
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The input was refused and changed nothing; `error` says why, for the sender or log."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchApplied:
+    """Every event of the agent's batch was applied: once the records persisted before this
+    are durable, the agent may be told its outcomes up to `seq` are safe."""
+
+    cluster: str
+    instance: str
+    seq: int
+
+
+Effect = Persist | Send | Publish | Submitted | Refused | BatchApplied
+
+
+def split_reply(effects: Iterable[Effect]) -> tuple[SubmitReply, list[Effect]]:
+    """A submission's reply, and the effects to carry out."""
+    reply: SubmitReply | None = None
+    rest: list[Effect] = []
+    for eff in effects:
+        if isinstance(eff, Submitted):
+            reply = eff.reply
+        else:
+            rest.append(eff)
+    if reply is None:
+        raise ValueError("no Submitted effect: the input was not a submission")
+    return reply, rest
+
+
+def refusal(effects: Iterable[Effect]) -> str | None:
+    """Why the input was refused, or None when it was taken."""
+    for eff in effects:
+        if isinstance(eff, Refused):
+            return eff.error
+    return None
+
+
+def applied(effects: Iterable[Effect]) -> BatchApplied | None:
+    """The batch acknowledgement among an agent batch's effects, when it was applied in full."""
+    for eff in effects:
+        if isinstance(eff, BatchApplied):
+            return eff
+    return None

@@ -12,12 +12,20 @@ state the public views would hide. Nothing here changes state.
 - at most one live attempt per job, and live jobs hold the allocation of that attempt;
 - every job in exactly one state: queued jobs are pending and nothing else, live jobs are
   tracked live and not pending, finished jobs are neither.
+
+`unordered_dispatches` checks a step's effects rather than the state: every Dispatch names the
+attempt before it in `after_cancel_of`, so a shell that honours it never runs two copies.
 """
 
 from __future__ import annotations
 
-from broker.core.machine import LIVE_STATES, TERMINAL, Machine
+from collections.abc import Iterable
+
+from broker.core.effects import Effect, Send
+from broker.core.lifecycle import LIVE_STATES, TERMINAL, previous_attempt
+from broker.core.machine import Machine
 from broker.core.quota import RESOURCES
+from schemas.agent import Dispatch
 
 Vec3 = tuple[int, int, int]
 
@@ -118,7 +126,7 @@ def one_live_attempt(m: Machine) -> list[str]:
 
 def one_state(m: Machine) -> list[str]:
     out: list[str] = []
-    pending = {j for q in m._pending.values() for j in q}
+    pending = {j for q in m.backlog.pending.values() for j in q}
     for job_id, record in m.jobs.items():
         s = record.state
         is_pending = job_id in pending
@@ -151,4 +159,27 @@ def violations(m: Machine) -> list[str]:
     out: list[str] = []
     for check in CHECKS:
         out.extend(check(m))
+    return out
+
+
+def unordered_dispatches(m: Machine, effects: Iterable[Effect]) -> list[str]:
+    """Dispatches that do not wait for the Cancel of the job's previous attempt."""
+    out: list[str] = []
+    for eff in effects:
+        if not isinstance(eff, Send) or not isinstance(eff.command, Dispatch):
+            continue
+        cmd = eff.command
+        record = m.jobs.get(cmd.job_id)
+        attempt = (
+            next((a for a in record.attempts if a.attempt == cmd.attempt), None) if record else None
+        )
+        if record is None or attempt is None:
+            out.append(f"dispatch {cmd.job_id}#{cmd.attempt} of an unknown attempt")
+            continue
+        want = previous_attempt(record, attempt)
+        if eff.after_cancel_of != want:
+            out.append(
+                f"dispatch {cmd.job_id}#{cmd.attempt} ordered after {eff.after_cancel_of}, "
+                f"not after the Cancel of attempt {want}"
+            )
     return out

@@ -10,6 +10,7 @@ from typing import Any
 import nats
 import pytest
 
+from broker.core.inputs import Cycle
 from broker.service import CYCLE_GAP_FACTOR, CYCLE_MAX_GAP_S, Broker
 from tests.broker.conftest import Harness
 
@@ -28,7 +29,8 @@ class StubMachine:
         self.cycles = 0
         self.wants_cycle = True
 
-    def schedule(self, now: float) -> list[Any]:
+    def handle(self, event: object, now: float) -> list[Any]:
+        assert isinstance(event, Cycle)
         self.cycles += 1
         self.clock.now += self.cost
         return []

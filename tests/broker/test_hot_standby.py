@@ -15,6 +15,8 @@ import nats
 import pytest
 import pytest_asyncio
 
+from broker.core.effects import Effect
+from broker.core.inputs import Input, Restore
 from broker.core.machine import Machine
 from broker.core.records import JobRecord, record_encoder
 from broker.lease import KEY, LeaseHolder
@@ -50,14 +52,14 @@ def restored(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, bytes]]:
     """The records each new leader restored its machine from, encoded at that moment (the
     machine changes them in place afterwards)."""
     seen: list[dict[str, bytes]] = []
-    real = Machine.restore
+    real = Machine.handle
 
-    def spy(self: Machine, records: Any, now: float) -> None:
-        records = list(records)
-        seen.append({r.job_id: record_encoder.encode(r) for r in records})
-        real(self, records, now)
+    def spy(self: Machine, event: Input, now: float) -> list[Effect]:
+        if isinstance(event, Restore):
+            seen.append({r.job_id: record_encoder.encode(r) for r in event.records})
+        return real(self, event, now)
 
-    monkeypatch.setattr(Machine, "restore", spy)
+    monkeypatch.setattr(Machine, "handle", spy)
     return seen
 
 

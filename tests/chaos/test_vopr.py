@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from load.vopr import QUIET, SimFailure, World, run_many, run_seed
+from load.vopr import QUIET, Faults, SimFailure, World, run_many, run_seed
 
 KNOWN_GAPS = frozenset({"completed-twice"})
 BUDGET_S = 40.0
@@ -43,7 +43,7 @@ def test_a_seed_replays_exactly() -> None:
 
 def test_a_broken_invariant_names_its_seed_and_replay_command() -> None:
     w = World(206)
-    w.machine._pending["team-a"].add("ghost", 0, 0)  # a queued job without a record
+    w.machine.backlog.pending["team-a"].add("ghost", 0, 0)  # a queued job without a record
     with pytest.raises(SimFailure) as err:
         w.after_step()
     assert "pending job ghost has no record" in str(err.value)
@@ -63,3 +63,24 @@ def test_a_late_success_ends_the_job_instead_of_running_it_again_seed_49() -> No
 
 def test_a_frozen_agent_never_leaves_two_live_copies_seed_206() -> None:
     run_seed(206, tolerate=KNOWN_GAPS)
+
+
+# Lost commands (a Cancel retried after its ack timeout) and frequent spot notices, nothing else.
+LOSSY = Faults(
+    drop=0.3,
+    dup=0.0,
+    max_delay_s=0.2,
+    broker_crash=0.0,
+    agent_restart=0.0,
+    agent_freeze=0.0,
+    partition=0.0,
+    spot=0.02,
+)
+
+
+def test_a_dispatch_waits_for_the_cancel_it_is_ordered_after_seed_25() -> None:
+    """Seed 25 loses the Cancel of a noticed attempt; a shell that sent the replacement at
+    once would run two copies, and the agents' records say so."""
+    with pytest.raises(SimFailure, match="two live copies"):
+        World(25, faults=LOSSY, ignore_order=True, tolerate=KNOWN_GAPS).run()
+    World(25, faults=LOSSY, tolerate=KNOWN_GAPS).run()

@@ -4,7 +4,7 @@ so one job cannot make another resume from a checkpoint it forged."""
 from __future__ import annotations
 
 from broker.core.effects import Publish
-from broker.core.machine import uri_under
+from broker.core.lifecycle import uri_under
 from schemas.agent import CheckpointReport
 from schemas.job import CheckpointSpec
 from tests.core.test_machine import World, events, run

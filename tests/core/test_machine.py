@@ -3,6 +3,7 @@ and widening, plus a hypothesis property over random event sequences."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -10,7 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
+from broker.core.inputs import CYCLE, TICK, AgentBatch, CancelJob, DispatchAcked, Restore, SubmitJob
+from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import Machine
 from schemas.agent import (
     Cancel,
@@ -55,9 +58,9 @@ class World:
         batch = EventBatch(
             cluster=cluster, instance=f"{cluster}-i", seq=self.seq[cluster], events=list(events)
         )
-        out = self.m.on_batch(cluster, batch, self.now)
-        assert out.error is None
-        return out.effects
+        out = self.m.handle(AgentBatch(cluster, batch), self.now)
+        assert refusal(out) is None
+        return out
 
     def cluster(self, name: str, count: int = 1, flavor: FlavorInfo = SPOT) -> None:
         self.send(
@@ -69,7 +72,7 @@ class World:
 
     def submit(self, name: str = "j", gpu: int = 8, **kw: Any) -> str:
         spec = JobSpec(name=name, gang=[PodSet(name="w", replicas=1, gpu=gpu)], **kw)
-        reply, _ = self.m.submit(spec, self.now, subject_queue="q")
+        reply, _ = split_reply(self.m.handle(SubmitJob(spec, subject_queue="q"), self.now))
         assert reply.accepted, reply.error
         assert reply.job_id is not None
         return reply.job_id
@@ -79,8 +82,8 @@ class World:
         effects: list[Effect] = []
         for cluster in list(self.seq):  # the agents are alive
             effects += self.send(cluster, Heartbeat(at=self.now))
-        effects += self.m.tick(self.now)
-        effects += self.m.schedule(self.now)
+        effects += self.m.handle(TICK, self.now)
+        effects += self.m.handle(CYCLE, self.now)
         return effects
 
 
@@ -93,7 +96,7 @@ def events(effects: list[Effect]) -> list[str]:
 
 
 def run(w: World, job_id: str, cluster: str, attempt: int) -> None:
-    w.m.on_dispatch_result(job_id, attempt, True, "", w.now)
+    w.m.handle(DispatchAcked(job_id, attempt, True, ""), w.now)
     w.send(
         cluster,
         WorkloadStatus(
@@ -164,13 +167,13 @@ def test_start_timeout_requeues_with_exponential_backoff() -> None:
     w.cluster("a")
     job = w.submit(restart=RestartPolicy(backoff_s=4, max_backoff_s=100))
     w.cycle()
-    w.m.on_dispatch_result(job, 1, True, "", w.now)
+    w.m.handle(DispatchAcked(job, 1, True, ""), w.now)
     fx = w.cycle(31)
     (cancel,) = sends(fx, Cancel)
     assert (cancel.job_id, cancel.attempt) == (job, 1)
     assert "requeued" in events(fx)
     assert not sends(w.cycle(3), Dispatch) and sends(w.cycle(2), Dispatch)  # 4 s backoff
-    w.m.on_dispatch_result(job, 2, True, "", w.now)
+    w.m.handle(DispatchAcked(job, 2, True, ""), w.now)
     w.cycle(31)
     assert not sends(w.cycle(7), Dispatch) and sends(w.cycle(2), Dispatch)  # then 8 s
 
@@ -213,8 +216,9 @@ def test_foreign_cluster_claim_is_rejected() -> None:
         seq=1,
         events=[ClusterSnapshot(flavors=[SPOT], nodes=[node("b", 0)])],
     )
-    out = w.m.on_batch("a", batch, w.now)
-    assert out.error and "claims cluster 'b'" in out.error
+    out = w.m.handle(AgentBatch("a", batch), w.now)
+    error = refusal(out)
+    assert error and "claims cluster 'b'" in error
     assert not w.m.agents and not w.m.scheduler.known_clusters()
 
 
@@ -255,6 +259,13 @@ def test_spot_notice_reserves_then_dispatches_on_checkpoint() -> None:
     assert [type(e).__name__ for e in fx].index("Persist") < [type(e).__name__ for e in fx].index(
         "Send"
     )
+    # The replacement waits for the Cancel of attempt 1, and the checker knows the rule.
+    (send,) = [e for e in fx if isinstance(e, Send) and isinstance(e.command, Dispatch)]
+    assert send.after_cancel_of == 1 and unordered_dispatches(w.m, fx) == []
+    unordered = [replace(send, after_cancel_of=None)]
+    assert unordered_dispatches(w.m, unordered) == [
+        f"dispatch {job}#2 ordered after None, not after the Cancel of attempt 1"
+    ]
 
 
 OPS = st.lists(
@@ -310,7 +321,7 @@ def test_random_sequences_keep_the_invariants(ops: list[tuple[str, int, int]]) -
             cl = cur.cluster
             n = cur.assignment[0].nodes[0]
             if op == "ack":
-                fx = w.m.on_dispatch_result(job, cur.attempt, k != 0, "x", w.now)
+                fx = w.m.handle(DispatchAcked(job, cur.attempt, k != 0, "x"), w.now)
             elif op == "run":
                 fx = w.send(
                     cl,
@@ -341,12 +352,14 @@ def test_random_sequences_keep_the_invariants(ops: list[tuple[str, int, int]]) -
             elif op == "succeed":
                 fx = w.send(cl, WorkloadStatus(job_id=job, attempt=cur.attempt, phase="succeeded"))
             elif op == "cancel":
-                _, fx = w.m.cancel(job, "test", w.now)
+                fx = w.m.handle(CancelJob(job, "test"), w.now)
             elif op == "stale":
                 fx = w.send(
                     cl, WorkloadStatus(job_id=job, attempt=cur.attempt + 5, phase="running")
                 )
                 assert any(c.attempt == cur.attempt + 5 for c in sends(fx, Cancel))
+        assert violations(w.m) == [], op
+        assert unordered_dispatches(w.m, fx) == [], op
         persisted: set[str] = set()
         for e in fx:
             if isinstance(e, Persist):
@@ -378,7 +391,7 @@ def test_backlog_deeper_than_lookahead_drains_without_further_input(restored: bo
     jobs = [before.submit(f"j{i}", gpu=1) for i in range(600)]
     if restored:
         w = World()
-        w.m.restore(list(before.m.jobs.values()), w.now)
+        w.m.handle(Restore(list(before.m.jobs.values())), w.now)
     else:
         w = before
         assert not sends(w.cycle(), Dispatch)  # no cluster yet: every job is parked
@@ -437,11 +450,11 @@ def test_a_stale_heartbeat_stops_placements_there_and_shows_in_the_view() -> Non
     w.cluster("a")
     w.send("a", Heartbeat(at=w.now, stale_s=75.0))
     job = w.submit()
-    assert not sends(w.m.schedule(w.now), Dispatch)
+    assert not sends(w.m.handle(CYCLE, w.now), Dispatch)
     (view,) = w.m.cluster_views(w.now)
     assert view.health == "healthy" and view.stale_s == 75.0
     w.send("a", Heartbeat(at=w.now))  # the watches recovered
-    (dispatch,) = sends(w.m.schedule(w.now), Dispatch)
+    (dispatch,) = sends(w.m.handle(CYCLE, w.now), Dispatch)
     assert dispatch.job_id == job and w.m.cluster_views(w.now)[0].stale_s == 0.0
 
 

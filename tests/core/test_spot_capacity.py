@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.core.effects import Send
+from broker.core.effects import Send, refusal, split_reply
+from broker.core.inputs import CYCLE, AgentBatch, SubmitJob
 from broker.core.machine import Machine
 from schemas.agent import (
     CheckpointReport,
@@ -38,8 +39,8 @@ class Agent:
             seq=self.seq,
             events=list(events),  # type: ignore[arg-type]
         )
-        out = self.m.on_batch(self.cluster, batch, now)
-        assert out.error is None, out.error
+        out = self.m.handle(AgentBatch(self.cluster, batch), now)
+        assert refusal(out) is None, refusal(out)
 
 
 def spot_job(
@@ -79,9 +80,9 @@ def dispatches(effects: list[object]) -> list[Dispatch]:
 
 def test_spot_only_job_waits_for_an_empty_spot_pool_and_runs_when_nodes_return() -> None:
     m, agent = setup()
-    reply, _ = m.submit(spot_job("wait-for-spot", replicas=2), NOW + 2)
+    reply, _ = split_reply(m.handle(SubmitJob(spot_job("wait-for-spot", replicas=2)), NOW + 2))
     assert reply.accepted, reply.error
-    assert dispatches(m.schedule(NOW + 3)) == []  # the on-demand node is not for it
+    assert dispatches(m.handle(CYCLE, NOW + 3)) == []  # the on-demand node is not for it
     record = m.jobs["wait-for-spot"]
     assert record.state == "queued"
     codes = [r.code for r in m.reasons["wait-for-spot"]]
@@ -89,20 +90,20 @@ def test_spot_only_job_waits_for_an_empty_spot_pool_and_runs_when_nodes_return()
 
     # One spot node back is not enough for a 2-node gang; two are.
     agent.send(NodeUpsert(node=nodes("spot-back", "v100-spot", 1)[0]), now=NOW + 60)
-    assert dispatches(m.schedule(NOW + 61)) == []
+    assert dispatches(m.handle(CYCLE, NOW + 61)) == []
     agent.send(NodeUpsert(node=nodes("spot-again", "v100-spot", 1)[0]), now=NOW + 120)
-    sent = dispatches(m.schedule(NOW + 121))
+    sent = dispatches(m.handle(CYCLE, NOW + 121))
     assert [(d.job_id, d.flavor) for d in sent] == [("wait-for-spot", "v100-spot")]
     assert sorted(n for a in sent[0].assignment for n in a.nodes) == ["spot-again-0", "spot-back-0"]
 
 
 def test_a_gang_bigger_than_the_pool_ever_was_is_still_rejected() -> None:
     m, _ = setup()
-    reply, effects = m.submit(spot_job("too-big", replicas=3), NOW + 2)
+    reply, effects = split_reply(m.handle(SubmitJob(spot_job("too-big", replicas=3)), NOW + 2))
     assert not reply.accepted
     assert "never be placed" in (reply.error or "")
     assert effects == [] and "too-big" not in m.jobs
-    reply, _ = m.submit(spot_job("too-wide", gpu=16), NOW + 2)
+    reply, _ = split_reply(m.handle(SubmitJob(spot_job("too-wide", gpu=16)), NOW + 2))
     assert not reply.accepted
 
 
@@ -115,14 +116,14 @@ def test_a_spot_pool_that_never_had_nodes_cannot_vouch_for_a_job() -> None:
             nodes=nodes("od", "v100-od", 1),
         )
     )
-    reply, _ = m.submit(spot_job("no-history"), NOW + 1)
+    reply, _ = split_reply(m.handle(SubmitJob(spot_job("no-history")), NOW + 1))
     assert not reply.accepted
     assert "never be placed" in (reply.error or "")
 
 
 def lose_spot_node_under(m: Machine, agent: Agent, job_id: str, now: float) -> None:
     """Dispatch the job, let it run, then take its spot node away without warning."""
-    sent = dispatches(m.schedule(now))
+    sent = dispatches(m.handle(CYCLE, now))
     assert [(d.job_id, d.flavor) for d in sent] == [(job_id, "v100-spot")], sent
     d = sent[0]
     node = d.assignment[0].nodes[0]
@@ -145,7 +146,7 @@ def test_a_spot_job_without_progress_stops_retrying_by_its_policy() -> None:
     m, agent = setup()
     agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
     spec = spot_job("no-ckpt")
-    reply, _ = m.submit(spec, NOW + 3)
+    reply, _ = split_reply(m.handle(SubmitJob(spec), NOW + 3))
     assert reply.accepted
     now = NOW + 10
     for _ in range(spec.spot.max_preemptions_without_progress or 0):
@@ -156,7 +157,7 @@ def test_a_spot_job_without_progress_stops_retrying_by_its_policy() -> None:
     assert record.state == "failed"
     assert "no progress on spot" in (record.reason or "")
     assert "max_preemptions_without_progress=3" in (record.reason or "")
-    assert dispatches(m.schedule(now)) == []
+    assert dispatches(m.handle(CYCLE, now)) == []
 
 
 def test_a_spot_then_on_demand_job_without_progress_falls_back() -> None:
@@ -167,14 +168,14 @@ def test_a_spot_then_on_demand_job_without_progress_falls_back() -> None:
         capacity="spot-then-on-demand",
         spot=SpotPolicy(fallback_after_preemptions=100, max_preemptions_without_progress=2),
     )
-    assert m.submit(spec, NOW + 3)[0].accepted
+    assert split_reply(m.handle(SubmitJob(spec), NOW + 3))[0].accepted
     now = NOW + 10
     for _ in range(2):
         lose_spot_node_under(m, agent, "fallback", now)
         now += 1000
     record = m.jobs["fallback"]
     assert record.state == "queued" and record.spot_exhausted
-    sent = dispatches(m.schedule(now))
+    sent = dispatches(m.handle(CYCLE, now))
     assert [(d.job_id, d.flavor) for d in sent] == [("fallback", "v100-od")]
 
 
@@ -186,10 +187,10 @@ def test_a_checkpoint_between_losses_resets_the_count() -> None:
         checkpoint=CheckpointSpec(uri="s3://b/ckpt"),
         spot=SpotPolicy(max_preemptions_without_progress=2),
     )
-    assert m.submit(spec, NOW + 3)[0].accepted
+    assert split_reply(m.handle(SubmitJob(spec), NOW + 3))[0].accepted
     now = NOW + 10
     for step in (100, 200, 300, 400):
-        sent = dispatches(m.schedule(now))
+        sent = dispatches(m.handle(CYCLE, now))
         assert len(sent) == 1, m.reasons.get("ckpt")
         d = sent[0]
         node = d.assignment[0].nodes[0]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from broker.core.effects import Refused, refusal, split_reply
+from broker.core.inputs import CYCLE, AgentBatch, CancelJob, SubmitJob
 from broker.core.machine import Machine
 from schemas.agent import ClusterSnapshot, EventBatch, FlavorInfo, NodeInfo
 from schemas.config import BrokerConfig, FlavorClass, QueueConfig
@@ -32,8 +34,10 @@ def report(m: Machine, cluster: str, *flavors: FlavorInfo, nodes: int = 4) -> No
             for i in range(nodes)
         ],
     )  # fmt: skip
-    out = m.on_batch(cluster, EventBatch(cluster=cluster, instance="i", seq=1, events=[snap]), T0)
-    assert out.error is None
+    out = m.handle(
+        AgentBatch(cluster, EventBatch(cluster=cluster, instance="i", seq=1, events=[snap])), T0
+    )
+    assert refusal(out) is None
 
 
 def spec(name: str, gpus: int, queue_name: str | None = None, **kw: object) -> JobSpec:
@@ -52,14 +56,14 @@ PEER = queue("peer", cohort="team", quotas={"gpu-a100": {"gpu": (8, None, None)}
 
 def test_a_job_naming_no_queue_goes_to_default_when_configured() -> None:
     m = machine(QueueConfig(name="default"), ML)
-    reply, _ = m.submit(spec("j", 8), T0)
+    reply, _ = split_reply(m.handle(SubmitJob(spec("j", 8)), T0))
     assert reply.accepted and reply.job_id
     assert m.jobs[reply.job_id].queue == "default"
 
 
 def test_a_job_naming_no_queue_is_refused_without_a_default_queue() -> None:
     m = machine(ML)
-    reply, effects = m.submit(spec("j", 8), T0)
+    reply, effects = split_reply(m.handle(SubmitJob(spec("j", 8)), T0))
     assert not reply.accepted and effects == [] and not m.jobs
     assert reply.error == (
         "the job names no queue and the config has no queue named 'default' to take it; "
@@ -70,26 +74,28 @@ def test_a_job_naming_no_queue_is_refused_without_a_default_queue() -> None:
 def test_submission_rejects_a_gang_above_nominal_plus_borrowing_everywhere() -> None:
     m = machine(ML, PEER)
     report(m, "east", A100_OD, T4_SPOT)
-    reply, effects = m.submit(spec("big", 16, "ml", gpu_types=["a100", "t4"]), T0)
+    reply, effects = split_reply(
+        m.handle(SubmitJob(spec("big", 16, "ml", gpu_types=["a100", "t4"])), T0)
+    )
     assert not reply.accepted and effects == [] and not m.jobs
     error = reply.error or ""
     assert "queue ml can never admit it" in error
     assert "gpu-a100: needs 16 gpu > 12 (nominal 8 + borrowing limit 4)" in error
     assert "gpu-t4-spot: needs 16 gpu > 4" in error
     # 12 = nominal 8 + borrowing limit 4 is admissible (it waits for quota, not forever).
-    ok, _ = m.submit(spec("fits", 12, "ml", gpu_types=["a100"]), T0)
+    ok, _ = split_reply(m.handle(SubmitJob(spec("fits", 12, "ml", gpu_types=["a100"])), T0))
     assert ok.accepted, ok.error
 
 
 def test_ceiling_is_checked_before_any_cluster_reports_and_ignores_foreign_classes() -> None:
     m = machine(ML, PEER)
-    reply, _ = m.submit(spec("big", 16, "ml", gpu_types=["a100"]), T0)
+    reply, _ = split_reply(m.handle(SubmitJob(spec("big", 16, "ml", gpu_types=["a100"])), T0))
     assert not reply.accepted
     assert "gpu-t4-spot" not in (reply.error or "")  # T4 is not a type the job accepts
     # Without a borrowing limit the cohort's lendable quota is the ceiling: 8 own + 8 of ml's.
-    ok, _ = m.submit(spec("peer-big", 16, "peer"), T0)
+    ok, _ = split_reply(m.handle(SubmitJob(spec("peer-big", 16, "peer")), T0))
     assert ok.accepted, ok.error
-    no, _ = m.submit(spec("peer-huge", 24, "peer"), T0)
+    no, _ = split_reply(m.handle(SubmitJob(spec("peer-huge", 24, "peer")), T0))
     assert not no.accepted and "all cohort team lends" in (no.error or "")
 
 
@@ -97,11 +103,11 @@ def test_why_names_the_binding_constraint_per_cluster_and_flavor() -> None:
     m = machine(ML, PEER)
     report(m, "east", A100_OD, T4_SPOT, nodes=1)
     report(m, "west", FlavorInfo(name="h100-od", capacity_type="on-demand", gpu_type="h100"))
-    first, _ = m.submit(spec("first", 8, "ml", gpu_types=["a100"]), T0)
-    m.schedule(T0)
+    first, _ = split_reply(m.handle(SubmitJob(spec("first", 8, "ml", gpu_types=["a100"])), T0))
+    m.handle(CYCLE, T0)
     assert m.jobs[first.job_id or ""].state == "admitted"
-    second, _ = m.submit(spec("second", 4, "ml", gpu_types=["a100"]), T0)
-    m.schedule(T0)
+    second, _ = split_reply(m.handle(SubmitJob(spec("second", 4, "ml", gpu_types=["a100"])), T0))
+    m.handle(CYCLE, T0)
     why = m.why(second.job_id or "", T0)
     assert why is not None and why.state == "queued" and why.position == 0
     per = {(c.cluster, c.flavor): c for c in why.candidates}
@@ -121,10 +127,10 @@ def test_why_names_the_binding_constraint_per_cluster_and_flavor() -> None:
 def test_why_shows_quota_numbers_when_quota_binds() -> None:
     m = machine(queue("solo", quotas={"gpu-a100": {"gpu": (8, None, None)}}))
     report(m, "east", A100_OD, nodes=4)
-    first, _ = m.submit(spec("first", 8, "solo"), T0)
-    m.submit(spec("second", 8, "solo"), T0)
-    third, _ = m.submit(spec("third", 8, "solo"), T0)
-    m.schedule(T0)
+    first, _ = split_reply(m.handle(SubmitJob(spec("first", 8, "solo")), T0))
+    split_reply(m.handle(SubmitJob(spec("second", 8, "solo")), T0))
+    third, _ = split_reply(m.handle(SubmitJob(spec("third", 8, "solo")), T0))
+    m.handle(CYCLE, T0)
     assert m.jobs[first.job_id or ""].state == "admitted"
     why = m.why(third.job_id or "", T0)
     assert why is not None and why.position == 1  # `second` is ahead of it
@@ -136,8 +142,7 @@ def test_why_shows_quota_numbers_when_quota_binds() -> None:
 
 def test_cancel_of_an_ended_job_reads_as_a_sentence() -> None:
     m = machine(QueueConfig(name="default"))
-    reply, _ = m.submit(spec("j", 1), T0)
-    assert m.cancel(reply.job_id or "", "user", T0)[0] is None
-    error, effects = m.cancel(reply.job_id or "", "user", T0)
-    assert error == f"job {reply.job_id} is already cancelled; nothing to cancel"
-    assert effects == []
+    reply, _ = split_reply(m.handle(SubmitJob(spec("j", 1)), T0))
+    assert refusal(m.handle(CancelJob(reply.job_id or "", "user"), T0)) is None
+    effects = m.handle(CancelJob(reply.job_id or "", "user"), T0)
+    assert effects == [Refused(f"job {reply.job_id} is already cancelled; nothing to cancel")]

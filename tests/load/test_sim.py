@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.core.effects import Send
+from broker.core.effects import Send, split_reply
+from broker.core.inputs import CYCLE, AgentBatch, Checkpoint, DispatchAcked, SubmitJob
 from broker.core.machine import Machine
 from broker.core.records import AttemptRecord
 from load.report import attempt_losses, comparison, summarize
@@ -250,7 +251,7 @@ def test_replacement_on_a_noticed_node_is_not_dispatched() -> None:
     t = 1000.0
     for c in ("a", "b"):
         node = NodeInfo(name=f"{c}-n1", flavor="spot", gpu=8, cpu_milli=96_000, memory=2**40)
-        m.on_batch(c, _batch(c, 1, ClusterSnapshot(flavors=[flavor], nodes=[node])), t)
+        m.handle(AgentBatch(c, _batch(c, 1, ClusterSnapshot(flavors=[flavor], nodes=[node]))), t)
     spec = JobSpec(
         name="j",
         job_id="j1",
@@ -259,22 +260,28 @@ def test_replacement_on_a_noticed_node_is_not_dispatched() -> None:
         capacity="spot",
         checkpoint=CheckpointSpec(uri="s3://x"),
     )
-    m.submit(spec, t)
-    first = next(e.cluster for e in m.schedule(t) if isinstance(e, Send))
+    split_reply(m.handle(SubmitJob(spec), t))
+    first = next(e.cluster for e in m.handle(CYCLE, t) if isinstance(e, Send))
     other = "b" if first == "a" else "a"
-    m.on_dispatch_result("j1", 1, True, "", t + 0.1)
+    m.handle(DispatchAcked("j1", 1, True, ""), t + 0.1)
     running = WorkloadStatus(
         job_id="j1", attempt=1, phase="running", running_replicas=1, total_replicas=1
     )
-    m.on_batch(first, _batch(first, 2, running), t + 30)
-    m.on_batch(first, _batch(first, 3, SpotNotice(node=f"{first}-n1", deadline=t + 220)), t + 100)
+    m.handle(AgentBatch(first, _batch(first, 2, running)), t + 30)
+    m.handle(
+        AgentBatch(first, _batch(first, 3, SpotNotice(node=f"{first}-n1", deadline=t + 220))),
+        t + 100,
+    )
     record = m.jobs["j1"]
     assert record.preempting is not None and record.preempting.replacement is not None
     assert record.preempting.replacement.cluster == other
     # A correlated reclaim: the reserved node gets its own notice at the same instant.
-    m.on_batch(other, _batch(other, 2, SpotNotice(node=f"{other}-n1", deadline=t + 220)), t + 100)
+    m.handle(
+        AgentBatch(other, _batch(other, 2, SpotNotice(node=f"{other}-n1", deadline=t + 220))),
+        t + 100,
+    )
     report = CheckpointReport(job_id="j1", attempt=1, step=500, uri="s3://x/500")
-    effects = m.checkpoint(report, t + 104)
+    effects = m.handle(Checkpoint(report), t + 104)
     doomed = [
         e
         for e in effects
@@ -416,3 +423,17 @@ def test_scenario_files_define_the_fleet(tmp_path: Path) -> None:
     bad.write_text("pools: [{cluster: a, flavor: b, capacity: spot, gpu: T4, price: -1, nodes: 1}]")
     with pytest.raises(ValueError, match=r"bad\.yaml"):
         load_scenario(bad)
+
+
+@pytest.mark.parametrize("keep_order", [True, False])
+def test_a_dispatch_waits_for_the_cancel_it_is_ordered_after(keep_order: bool) -> None:
+    """Cancels take 30 s to reach their agents. Sent at once, a replacement (a spot notice
+    moves the job to another pool) starts while the old copy still runs; held until the
+    Cancel the core names in `after_cancel_of` arrives, it never does."""
+    sim = Sim(replace(SMALL, jobs=40, cancel_latency_s=30.0, keep_order=keep_order), "muster")
+    sim.run()
+    copies = [v for v in sim.violations if v.kind == "two-live-copies"]
+    if keep_order:
+        assert sim.violations == []
+    else:
+        assert copies, "without the ordering the simulator must see two live copies"

@@ -5,6 +5,7 @@ pace the job declared, each with a `checkpoint-refused` event and nothing record
 from __future__ import annotations
 
 from broker.core.effects import Publish
+from broker.core.inputs import Checkpoint
 from schemas.agent import CheckpointReport
 from schemas.job import CheckpointSpec
 from tests.core.test_machine import World, events, run
@@ -45,19 +46,21 @@ def test_an_agent_cannot_report_a_checkpoint_for_another_clusters_attempt() -> N
 
 def test_a_checkpoint_may_not_go_backwards() -> None:
     w, job, _ = _running()
-    assert events(w.m.checkpoint(_report(job, 50), w.now)) == ["checkpointed"]
-    fx = w.m.checkpoint(_report(job, 20), w.now)
+    assert events(w.m.handle(Checkpoint(_report(job, 50)), w.now)) == ["checkpointed"]
+    fx = w.m.handle(Checkpoint(_report(job, 20)), w.now)
     assert "behind the latest checkpoint (step 50)" in _refusal(fx)
     latest = w.m.jobs[job].latest_checkpoint
     assert latest is not None and latest.step == 50
-    assert events(w.m.checkpoint(_report(job, 50), w.now)) == []  # a resend is harmless
+    assert events(w.m.handle(Checkpoint(_report(job, 50)), w.now)) == []  # a resend is harmless
 
 
 def test_a_step_beyond_the_declared_pace_is_refused() -> None:
     w, job, _ = _running(pace=2.0)
     w.now += 10  # at most 20 steps since the attempt started running
-    fx = w.m.checkpoint(_report(job, 10**9), w.now)
+    fx = w.m.handle(Checkpoint(_report(job, 10**9)), w.now)
     assert "checkpoint.max_steps_per_s" in _refusal(fx)
     assert w.m.jobs[job].latest_checkpoint is None
-    assert events(w.m.checkpoint(_report(job, 20), w.now)) == ["checkpointed"]
-    assert "beyond what attempt 1 could reach" in _refusal(w.m.checkpoint(_report(job, 21), w.now))
+    assert events(w.m.handle(Checkpoint(_report(job, 20)), w.now)) == ["checkpointed"]
+    assert "beyond what attempt 1 could reach" in _refusal(
+        w.m.handle(Checkpoint(_report(job, 21)), w.now)
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
-from broker.core.machine import derive_job_id
+from broker.core.submission import derive_job_id
 from tests.broker.conftest import Harness
 from tests.broker.test_submit import job
 

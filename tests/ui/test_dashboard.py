@@ -8,6 +8,8 @@ from typing import Any
 
 import aiohttp
 
+from broker.core.effects import split_reply
+from broker.core.inputs import SubmitJob
 from broker.ui.live import CLIENT_QUEUE, OVERFLOW, EventHub
 from broker.ui.server import Dashboard, RateLimit
 from schemas.codec import decode_jobspec, encode_json
@@ -225,7 +227,9 @@ async def test_a_job_page_loads_in_under_a_second_with_100k_jobs(harness: Harnes
     await dashboard.start()
     spec = decode_jobspec(encode_json(sim_job("bulk", gpu=8, replicas=2)))
     for i in range(100_000):
-        reply, _ = machine.submit(spec, 0.0, order=10_000_000 + i, subject_queue=QUEUES[i % 2])
+        reply, _ = split_reply(
+            machine.handle(SubmitJob(spec, order=10_000_000 + i, subject_queue=QUEUES[i % 2]), 0.0)
+        )
         assert reply.accepted
         if i % 5000 == 0:
             await asyncio.sleep(0)

@@ -1,0 +1,83 @@
+"""What the shell feeds the lifecycle machine: one typed value per kind of input.
+
+`Machine.handle(input, now)` takes any of these and returns the effects to carry out, in order.
+Answers to the sender (a submission's reply, a refusal, a batch that may be acknowledged) are
+effects too (see `effects.py`), so every input has the same shape: value in, effects out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from broker.core.records import JobRecord
+from schemas.agent import CheckpointReport, EventBatch
+from schemas.job import JobSpec
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitJob:
+    """A submission. `order` is the stream sequence (FIFO key); `subject_queue` the queue of
+    the subject it arrived on; `id_token` names a job that gives no `job_id`."""
+
+    spec: JobSpec
+    order: int | None = None
+    subject_queue: str | None = None
+    id_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelJob:
+    """A user's cancel request."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AgentBatch:
+    """One event batch of a cluster's agent, as it arrived on that cluster's subject."""
+
+    cluster: str
+    batch: EventBatch
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchAcked:
+    """The agent's answer to a Dispatch (or the shell giving up on it: `ok=False`)."""
+
+    job_id: str
+    attempt: int
+    ok: bool
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A checkpoint reported by the workload's SDK (the shell has checked its token)."""
+
+    report: CheckpointReport
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: agent silence, start and checkpoint deadlines, backoff, spot fallback."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cycle:
+    """Run one admission cycle (the shell paces them; see `Machine.wants_cycle`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """A new leader's state: the persisted records. The effects resend every dispatch that
+    was persisted without an acknowledgement."""
+
+    records: Sequence[JobRecord]
+
+
+Input = SubmitJob | CancelJob | AgentBatch | DispatchAcked | Checkpoint | Tick | Cycle | Restore
+
+TICK = Tick()
+CYCLE = Cycle()

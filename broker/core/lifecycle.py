@@ -1,0 +1,689 @@
+"""The attempt lifecycle: dispatch, run, checkpoint, preempt, lose, fail, finish, requeue.
+
+`AttemptLifecycle` is mixed into `Machine`, whose state it reads and changes. It keeps:
+- a job has at most one live attempt, and every command carries (job_id, attempt, epoch);
+- a record is persisted before the dispatch it describes is sent, and a dispatch names the
+  attempt whose Cancel it must follow (`Send.after_cancel_of`);
+- anything an agent reports about an attempt that is not the job's live one is cancelled.
+
+It owns which jobs are live and where (`_live`, `_live_on`); the ledger's allocations follow
+from it (`Scheduler.assume`/`release`), and no one reads the ledger for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from broker.core import spotreturn
+from broker.core.accounting import accounting_of, backoff_delay, close_attempt, work_since
+from broker.core.backlog import Backlog
+from broker.core.advice import advised_interval_s
+from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.policy import no_progress_reason, no_progress_verdict
+from broker.core.records import (
+    AttemptRecord,
+    AvoidPool,
+    JobRecord,
+    LatestCheckpoint,
+    Preempting,
+    gang_request,
+)
+from broker.core.risk import NoticeWindows
+from broker.core.scheduler import Scheduler
+from broker.core.types import Placement, PodSetDemand, Reason
+from schemas.agent import (
+    Cancel,
+    CheckpointNow,
+    CheckpointReport,
+    Dispatch,
+    FlavorInfo,
+    PodSetAssignment,
+    SpotNotice,
+    WorkloadStatus,
+)
+from schemas.api import EventKind, JobEvent, JobState
+from schemas.config import BrokerConfig
+
+LIVE_STATES: frozenset[str] = frozenset({"admitted", "running", "preempting"})
+TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class AttemptLifecycle:
+    config: BrokerConfig
+    scheduler: Scheduler
+    epoch: int
+    jobs: dict[str, JobRecord]
+    reasons: dict[str, tuple[Reason, ...]]
+    backlog: Backlog
+    _demands: dict[str, tuple[PodSetDemand, ...]]
+    _live: set[str]
+    _live_on: dict[str, set[str]]  # cluster -> jobs whose live attempt runs there
+    _starting: set[str]  # dispatched, not every replica running yet
+    _preempting: set[str]
+    _fence_after: float
+    _windows: NoticeWindows  # notice windows per pool (advice.py)
+
+    def _workload(
+        self,
+        cluster: str,
+        status: WorkloadStatus,
+        now: float,
+        effects: list[Effect],
+        *,
+        snapshot: bool = False,
+    ) -> None:
+        record = self.jobs.get(status.job_id)
+        current = record.current if record is not None else None
+        if (
+            record is None
+            or current is None
+            or current.attempt != status.attempt
+            or current.cluster != cluster
+        ):
+            if record is not None and status.phase == "succeeded":
+                self._late_success(record, cluster, status, now, effects)
+                return
+            if status.phase in ("created", "running"):
+                # A copy the broker does not consider live: fence it off.
+                effects.append(
+                    Send(
+                        cluster,
+                        Cancel(
+                            job_id=status.job_id,
+                            epoch=self.epoch,
+                            attempt=status.attempt,
+                            reason="stale attempt: not the job's live attempt",
+                        ),
+                    )
+                )
+            return
+        phase = status.phase
+        if phase == "running":
+            if (
+                status.running_replicas >= max(status.total_replicas, 1)
+                and current.running_at is None
+            ):
+                current.running_at = now
+                record.start_failures = 0
+                if record.state == "admitted":
+                    record.state = "running"
+                self.scheduler.note_progress(
+                    record.job_id, current.attempt, work_since(record, current)
+                )
+                effects.append(Persist(record))
+                effects.append(self._event(record, "running", now))
+            elif current.running_at is not None and status.reason and not snapshot:
+                # Running again with a note: replicas restarted in place (a crash loop shows
+                # before the operator gives up). Nothing changes but what users are told; a
+                # snapshot repeats the note of an old restart, so it says nothing.
+                effects.append(self._event(record, "restarted", now, reason=status.reason))
+        elif phase == "succeeded":
+            self._finish(record, "succeeded", now, status.reason or None, effects)
+        elif phase == "failed":
+            self._failed(record, status, now, effects)
+        elif phase == "evicted":
+            self._lose(record, status.reason or "evicted", now, effects)
+
+    def _late_success(
+        self,
+        record: JobRecord,
+        cluster: str,
+        status: WorkloadStatus,
+        now: float,
+        effects: list[Effect],
+    ) -> None:
+        """An attempt the broker gave up on (its cluster was declared lost, or a preemption
+        ended it) finished after all: the job's work is done. Running it again would complete
+        it twice, so the job ends succeeded and any newer attempt is cancelled."""
+        if record.state in TERMINAL:
+            return
+        old = next(
+            (a for a in record.attempts if a.attempt == status.attempt and a.cluster == cluster),
+            None,
+        )
+        if old is None or old.live:
+            return
+        newer = record.current
+        if newer is not None:
+            self._end_attempt(
+                record, newer, "superseded: an earlier attempt succeeded", now, lost=True
+            )
+            effects.append(
+                Send(
+                    newer.cluster,
+                    self._cancel_cmd(record.job_id, newer.attempt, "an earlier attempt succeeded"),
+                )
+            )
+        old.end_cause = "succeeded"
+        old.gpu_seconds_lost = 0.0  # its work was not lost after all
+        reason = f"attempt {old.attempt} on {cluster} succeeded after it was given up"
+        self._finish(record, "succeeded", now, reason, effects)
+
+    def _on_checkpoint(
+        self,
+        report: CheckpointReport,
+        now: float,
+        effects: list[Effect],
+        *,
+        cluster: str | None = None,
+    ) -> None:
+        """A checkpoint from the agent (`cluster`: whose batch carried it) or from the
+        workload's SDK; fenced by attempt, and refused when it could not be genuine."""
+        record = self.jobs.get(report.job_id)
+        if record is None:
+            return
+        current = record.current
+        if current is None or current.attempt != report.attempt:
+            return
+        reason = checkpoint_doubt(record, current, report, now, cluster)
+        if reason:
+            effects.append(
+                self._event(record, "checkpoint-refused", now, step=report.step, reason=reason)
+            )
+            return
+        latest = record.latest_checkpoint
+        if latest is None or report.step > latest.step:
+            record.latest_checkpoint = LatestCheckpoint(
+                step=report.step, uri=report.uri, at=now, attempt=report.attempt
+            )
+            self.scheduler.note_progress(
+                record.job_id, current.attempt, work_since(record, current)
+            )
+            effects.append(Persist(record))
+            effects.append(self._event(record, "checkpointed", now, step=report.step))
+        pre = record.preempting
+        if pre is not None and (pre.step_at_start is None or report.step > pre.step_at_start):
+            self._finish_preempt(record, now, effects)
+
+    def _on_dispatch_result(
+        self, job_id: str, attempt: int, ok: bool, error: str, now: float
+    ) -> list[Effect]:
+        record = self.jobs.get(job_id)
+        if record is None:
+            return []
+        current = record.current
+        if current is None or current.attempt != attempt:
+            return []
+        if ok:
+            if current.acked_at is not None:
+                return []
+            # Persisted: after a restart, a dispatch without it is sent again.
+            current.acked_at = now
+            return [Persist(record)]
+        effects: list[Effect] = []
+        record.start_failures += 1
+        self._end_attempt(record, current, f"dispatch-failed: {error}", now, lost=True)
+        effects.append(Send(current.cluster, self._cancel_cmd(job_id, attempt, "dispatch failed")))
+        self._requeue(
+            record,
+            now,
+            backoff_delay(record, record.start_failures),
+            effects,
+            reason=f"dispatch failed on {current.cluster}: {error}",
+        )
+        return effects
+
+    def _attempt_for(self, record: JobRecord, placement: Placement, now: float) -> AttemptRecord:
+        flavor = self._flavor(placement.cluster, placement.flavor)
+        return AttemptRecord(
+            attempt=record.attempt + 1,
+            cluster=placement.cluster,
+            flavor=placement.flavor,
+            flavor_class=placement.flavor_class,
+            assignment=[PodSetAssignment(podset=p, nodes=list(n)) for p, n in placement.assignment],
+            dispatched_at=now,
+            capacity_type=flavor.capacity_type if flavor else "",
+            gpu_type=flavor.gpu_type if flavor else "",
+            price_per_gpu_hour=flavor.price_per_gpu_hour if flavor else 0.0,
+        )
+
+    def _flavor(self, cluster: str, flavor: str) -> FlavorInfo | None:
+        """What the cluster's agent said about the flavor; the inventory is its one owner."""
+        c = self.scheduler._inv.clusters.get(cluster)
+        pool = c.pools.get(flavor) if c is not None else None
+        return pool.info if pool is not None else None
+
+    def _dispatch(
+        self, record: JobRecord, attempt: AttemptRecord, now: float, effects: list[Effect]
+    ) -> None:
+        attempt.dispatched_at = now
+        attempt.resume_from = record.resume_point()
+        pool = (attempt.cluster, attempt.flavor)  # checkpoint advice for this pool (advice.py)
+        attempt.advised_interval_s = advised_interval_s(
+            record.spec,
+            self.scheduler.pool_interruption_rate(pool, now),
+            len(_nodes(attempt)),
+            self._windows.get(pool),
+        )
+        record.attempt = attempt.attempt
+        record.attempts.append(attempt)
+        record.state = "admitted"
+        record.reason = None
+        self._track_live(record, attempt.cluster)
+        self._starting.add(record.job_id)
+        effects.append(Persist(record))
+        effects.append(self._dispatch_send(record, attempt))
+        effects.append(
+            self._event(
+                record,
+                "admitted",
+                now,
+                resume_from_step=attempt.resume_from.step if attempt.resume_from else None,
+            )
+        )
+
+    def _dispatch_send(self, record: JobRecord, attempt: AttemptRecord) -> Send:
+        """The Dispatch of `attempt`, ordered after the Cancel of the attempt before it (if
+        one is in flight): break before make, never two live copies."""
+        spec = record.spec
+        cmd = Dispatch(
+            job_id=record.job_id,
+            attempt=attempt.attempt,
+            epoch=self.epoch,
+            flavor=attempt.flavor,
+            assignment=attempt.assignment,
+            spec=spec,
+            resume_from=attempt.resume_from,
+            checkpoint_uri=spec.checkpoint.uri if spec.checkpoint else "",
+            fence_after_s=self._fence_after,
+            checkpoint_interval_s=attempt.advised_interval_s or 0.0,
+        )
+        return Send(attempt.cluster, cmd, after_cancel_of=previous_attempt(record, attempt))
+
+    def _spot(
+        self, job_id: str, cluster: str, notice: SpotNotice, now: float, effects: list[Effect]
+    ) -> None:
+        record = self.jobs.get(job_id)
+        if record is None:
+            return
+        live = record.current
+        if live is not None and live.cluster == cluster and notice.node in _nodes(live):
+            self._windows.observe((cluster, live.flavor), notice.deadline - now)  # advice.py
+        pre = record.preempting
+        if pre is not None:
+            rep = pre.replacement
+            if rep is not None and rep.cluster == cluster and notice.node in _nodes(rep):
+                # The reserved replacement is itself being reclaimed: reserve again elsewhere.
+                self.scheduler.release(job_id, rep.attempt)
+                pre.replacement = None
+                self._reserve_replacement(record, now)
+                effects.append(Persist(record))
+            return
+        if record.state not in ("admitted", "running"):
+            return
+        current = record.current
+        if current is None or current.cluster != cluster:
+            return
+        self._begin_preempt(record, "spot-notice", notice.deadline, now, effects, reserve=True)
+
+    def _reserve_replacement(self, record: JobRecord, now: float) -> None:
+        """Make-before-break: hold a placement for the next attempt away from the lost pool."""
+        current = record.current
+        pre = record.preempting
+        if current is None or pre is None:
+            return
+        request = gang_request(record, now, self._demands[record.job_id])
+        request.avoid_pools = request.avoid_pools | {(current.cluster, current.flavor)}
+        if self._spot_fallback_due(record, extra=1):
+            request.spot_exhausted = True
+        got = self.scheduler.reserve(request, now, replacing_attempt=current.attempt)
+        if isinstance(got, Placement):
+            pre.replacement = self._attempt_for(record, got, now)
+
+    def _begin_preempt(
+        self,
+        record: JobRecord,
+        cause: str,
+        deadline: float,
+        now: float,
+        effects: list[Effect],
+        *,
+        reserve: bool,
+    ) -> None:
+        current = record.current
+        if current is None or record.preempting is not None:
+            return
+        latest = record.latest_checkpoint
+        record.preempting = Preempting(
+            cause=cause,
+            deadline=deadline,
+            started_at=now,
+            step_at_start=latest.step if latest is not None else None,
+        )
+        record.state = "preempting"
+        self._preempting.add(record.job_id)
+        if reserve:
+            self._reserve_replacement(record, now)
+        effects.append(Persist(record))
+        effects.append(self._event(record, "preempting", now, reason=cause))
+        if record.spec.checkpoint is None or current.running_at is None:
+            # Nothing to wait for: no checkpoints are written, or the gang never ran.
+            self._finish_preempt(record, now, effects)
+            return
+        effects.append(
+            Send(
+                current.cluster,
+                CheckpointNow(
+                    job_id=record.job_id,
+                    attempt=current.attempt,
+                    epoch=self.epoch,
+                    deadline=deadline,
+                ),
+            )
+        )
+
+    def _finish_preempt(self, record: JobRecord, now: float, effects: list[Effect]) -> None:
+        pre = record.preempting
+        if pre is None:
+            return
+        record.preempting = None
+        self._preempting.discard(record.job_id)
+        current = record.current
+        if current is not None:
+            self._end_attempt(record, current, pre.cause, now, lost=True)
+            effects.append(
+                Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, pre.cause))
+            )
+            if pre.cause == "spot-notice":
+                record.avoid.append(
+                    AvoidPool(
+                        current.cluster,
+                        current.flavor,
+                        now + self.config.scheduling.avoid_lost_pool_s,
+                    )
+                )
+        planned = pre.cause in spotreturn.PLANNED_MOVES  # the broker's choice, not a loss
+        if not planned and self._charge_preemption(record, current, now, pre.cause, effects):
+            if pre.replacement is not None:
+                self.scheduler.release(record.job_id, pre.replacement.attempt)
+            return
+        if pre.replacement is not None:
+            self._dispatch(record, pre.replacement, now, effects)
+        else:
+            self._requeue(record, now, 0.0, effects, reason=pre.cause)
+
+    def _lose_all(
+        self,
+        job_ids: Sequence[str],
+        cause: str,
+        now: float,
+        effects: list[Effect],
+        *,
+        cluster: str,
+        node: str | None = None,
+    ) -> None:
+        for job_id in job_ids:
+            record = self.jobs.get(job_id)
+            if record is None or record.state not in LIVE_STATES:
+                continue
+            pre = record.preempting
+            if pre is not None and pre.replacement is not None:
+                rep = pre.replacement
+                if rep.cluster == cluster and (node is None or node in _nodes(rep)):
+                    # The reserved replacement lost its capacity: fall back to the queue.
+                    self.scheduler.release(job_id, rep.attempt)
+                    pre.replacement = None
+                    effects.append(Persist(record))
+            current = record.current
+            if current is None or current.cluster != cluster:
+                continue
+            if node is not None and node not in _nodes(current):
+                continue
+            self._lose(record, cause, now, effects)
+
+    def _lose(self, record: JobRecord, cause: str, now: float, effects: list[Effect]) -> None:
+        """The live attempt is gone without warning (node, GPU, cluster, eviction)."""
+        current = record.current
+        if current is None:
+            return
+        if record.preempting is not None:
+            self._finish_preempt(record, now, effects)
+            return
+        self._end_attempt(record, current, cause, now, lost=True)
+        effects.append(
+            Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, cause))
+        )
+        record.avoid.append(
+            AvoidPool(
+                current.cluster, current.flavor, now + self.config.scheduling.avoid_lost_pool_s
+            )
+        )
+        if self._charge_preemption(record, current, now, cause, effects):
+            return
+        self._requeue(record, now, 0.0, effects, reason=cause)
+
+    def _charge_preemption(
+        self,
+        record: JobRecord,
+        attempt: AttemptRecord | None,
+        now: float,
+        cause: str,
+        effects: list[Effect],
+    ) -> bool:
+        """Count an infrastructure loss; True when the budget is spent and the job failed."""
+        record.preemptions += 1
+        if attempt is not None and attempt.capacity_type == "spot":
+            record.spot_preemptions += 1
+        if self._spot_fallback_due(record):
+            record.spot_exhausted = True
+        verdict = no_progress_verdict(record)
+        if verdict == "fall-back":
+            record.spot_exhausted = True
+        elif verdict == "fail":
+            self._finish(record, "failed", now, no_progress_reason(record), effects)
+            return True
+        limit = record.spec.restart.max_preemptions
+        if limit is not None and record.preemptions > limit:
+            self._finish(
+                record,
+                "failed",
+                now,
+                f"preemption budget spent: {record.preemptions} losses "
+                f"(restart.max_preemptions={limit}); last cause: {cause}",
+                effects,
+            )
+            return True
+        return False
+
+    def _spot_fallback_due(self, record: JobRecord, extra: int = 0) -> bool:
+        spec = record.spec
+        return (
+            spec.capacity == "spot-then-on-demand"
+            and record.spot_preemptions + extra >= spec.spot.fallback_after_preemptions
+        )
+
+    def _failed(
+        self, record: JobRecord, status: WorkloadStatus, now: float, effects: list[Effect]
+    ) -> None:
+        if record.preempting is not None:
+            self._finish_preempt(record, now, effects)
+            return
+        policy = record.spec.restart
+        codes = [c for c in status.exit_codes if c != 0]
+        detail = f"exit codes {codes}" + (f": {status.reason}" if status.reason else "")
+        if policy.retriable_exit_codes and not any(c in policy.retriable_exit_codes for c in codes):
+            self._finish(
+                record,
+                "failed",
+                now,
+                f"{detail}; not in restart.retriable_exit_codes {policy.retriable_exit_codes}",
+                effects,
+            )
+            return
+        record.errors += 1
+        if record.errors > policy.max_restarts_on_error:
+            self._finish(
+                record,
+                "failed",
+                now,
+                f"error budget spent: {record.errors} failures "
+                f"(restart.max_restarts_on_error={policy.max_restarts_on_error}); last: {detail}",
+                effects,
+            )
+            return
+        current = record.current
+        if current is not None:
+            self._end_attempt(record, current, f"error: {detail}", now, lost=True)
+        self._requeue(record, now, backoff_delay(record, record.errors), effects, reason=detail)
+
+    def _finish(
+        self,
+        record: JobRecord,
+        state: JobState,
+        now: float,
+        reason: str | None,
+        effects: list[Effect],
+    ) -> None:
+        current = record.current
+        if current is not None:
+            self._end_attempt(record, current, state, now, lost=state != "succeeded")
+            if state != "succeeded":
+                effects.append(
+                    Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, state))
+                )
+        pre = record.preempting
+        if pre is not None and pre.replacement is not None:
+            self.scheduler.release(record.job_id, pre.replacement.attempt)
+        record.preempting = None
+        self.backlog.dequeue(record)
+        self.reasons.pop(record.job_id, None)
+        self.backlog.forget(record.job_id)
+        record.state = state
+        record.reason = reason
+        record.finished_at = now
+        effects.append(Persist(record))
+        event = self._event(record, state, now, reason=reason)
+        event.event.accounting = accounting_of(record, now)
+        effects.append(event)
+
+    def _end_attempt(
+        self, record: JobRecord, attempt: AttemptRecord, cause: str, now: float, *, lost: bool
+    ) -> None:
+        close_attempt(record, attempt, cause, now, lost=lost)
+        self.scheduler.release(record.job_id, attempt.attempt)
+        self._untrack_live(record, attempt.cluster)
+        self.backlog.capacity_dirty = True
+
+    def _requeue(
+        self, record: JobRecord, now: float, delay: float, effects: list[Effect], *, reason: str
+    ) -> None:
+        record.state = "queued"
+        record.reason = reason
+        record.preempting = None
+        record.queued_at = now
+        record.not_before = now + delay
+        self.backlog.enqueue(record)
+        effects.append(Persist(record))
+        effects.append(self._event(record, "requeued", now, reason=reason))
+
+    def _track_live(self, record: JobRecord, cluster: str) -> None:
+        self._live.add(record.job_id)
+        self._live_on.setdefault(cluster, set()).add(record.job_id)
+
+    def _untrack_live(self, record: JobRecord, cluster: str) -> None:
+        self._live.discard(record.job_id)
+        self._starting.discard(record.job_id)
+        jobs = self._live_on.get(cluster)
+        if jobs is not None:
+            jobs.discard(record.job_id)
+
+    def _cancel_cmd(self, job_id: str, attempt: int, reason: str) -> Cancel:
+        return Cancel(job_id=job_id, epoch=self.epoch, attempt=attempt, reason=reason)
+
+    def _event(
+        self,
+        record: JobRecord,
+        kind: EventKind,
+        now: float,
+        *,
+        reason: str | None = None,
+        step: int | None = None,
+        resume_from_step: int | None = None,
+    ) -> Publish:
+        attempt = record.attempts[-1] if record.attempts else None
+        return Publish(
+            JobEvent(
+                job_id=record.job_id,
+                kind=kind,
+                at=now,
+                state=record.state,
+                attempt=record.attempt,
+                cluster=attempt.cluster if attempt else None,
+                flavor=attempt.flavor if attempt else None,
+                reason=reason,
+                step=step,
+                resume_from_step=resume_from_step,
+            )
+        )
+
+
+def previous_attempt(record: JobRecord, attempt: AttemptRecord) -> int | None:
+    """The number of the attempt dispatched before `attempt`, if any."""
+    before = None
+    for a in record.attempts:
+        if a.attempt >= attempt.attempt:
+            break
+        before = a.attempt
+    return before
+
+
+def _nodes(attempt: AttemptRecord) -> set[str]:
+    return {n for a in attempt.assignment for n in a.nodes}
+
+
+def placement_of(attempt: AttemptRecord) -> Placement:
+    return Placement(
+        cluster=attempt.cluster,
+        flavor=attempt.flavor,
+        flavor_class=attempt.flavor_class,
+        assignment=tuple((a.podset, tuple(a.nodes)) for a in attempt.assignment),
+    )
+
+
+def uri_under(uri: str, location: str) -> bool:
+    """`uri` is `location` or below it (path-segment boundary), so one job cannot report a
+    checkpoint inside another job's location."""
+    base = location.rstrip("/")
+    return uri == base or uri.startswith(base + "/")
+
+
+def checkpoint_doubt(
+    record: JobRecord,
+    current: AttemptRecord,
+    report: CheckpointReport,
+    now: float,
+    cluster: str | None,
+) -> str | None:
+    """Why a checkpoint report cannot be genuine, or None: one agent must not speak for an
+    attempt on another cluster, nor any reporter move a job's progress backwards or further
+    than its declared pace allows (a forged step would make the job skip its work)."""
+    if cluster is not None and cluster != current.cluster:
+        return (
+            f"cluster {cluster!r} reported a checkpoint for attempt {current.attempt}, which "
+            f"runs on {current.cluster!r}; only that cluster's agent may report it"
+        )
+    ckpt = record.spec.checkpoint
+    location = ckpt.uri if ckpt else ""
+    if location and not uri_under(report.uri, location):
+        return (
+            f"checkpoint {report.uri!r} is not under the job's checkpoint "
+            f"location {location!r}; write checkpoints below it"
+        )
+    latest = record.latest_checkpoint
+    if latest is not None and report.step < latest.step:
+        return (
+            f"step {report.step} is behind the latest checkpoint (step {latest.step}); "
+            "progress reports must not go backwards"
+        )
+    pace = ckpt.max_steps_per_s if ckpt else None
+    if pace is not None:
+        base = current.resume_from.step if current.resume_from else 0
+        since = current.running_at if current.running_at is not None else current.dispatched_at
+        reachable = base + pace * max(0.0, now - since)
+        if report.step > reachable:
+            return (
+                f"step {report.step} is beyond what attempt {current.attempt} could reach: "
+                f"{base} + {pace:g} steps/s x {max(0.0, now - since):.0f}s = {reachable:.0f} "
+                "(checkpoint.max_steps_per_s); raise it if the job really runs faster"
+            )
+    return None

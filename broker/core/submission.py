@@ -1,0 +1,68 @@
+"""Submit validation: which queue a job goes to, what it is called, and why it is refused.
+
+Pure functions over the config and the job; a refusal is a `SubmitReply` that says what was
+wrong and how to fix it, and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from schemas.api import SubmitReply
+from schemas.config import BrokerConfig, QueueConfig
+from schemas.job import JobSpec
+
+DEFAULT_QUEUE = "default"  # where a job that names no queue goes, when the config has it
+
+
+def reject(error: str) -> SubmitReply:
+    return SubmitReply(accepted=False, error=error)
+
+
+def choose_queue(
+    config: BrokerConfig,
+    queues: Mapping[str, QueueConfig],
+    spec: JobSpec,
+    subject_queue: str | None,
+) -> str | SubmitReply:
+    """The queue the job goes to (aliases resolved), or the refusal. The job may name its
+    queue, the subject it was published to may, or neither (then `default`, if configured)."""
+    aliases = config.queue_aliases
+    if subject_queue is not None:
+        subject_queue = aliases.get(subject_queue, subject_queue)
+    named = aliases.get(spec.queue, spec.queue) if spec.queue else None
+    queue = named or subject_queue
+    if named and subject_queue and named != subject_queue:
+        return reject(
+            f"queue mismatch: the job names queue {spec.queue!r} but was published to "
+            f"queue {subject_queue!r}; drop 'queue' from the job or publish to its subject"
+        )
+    if not queue and DEFAULT_QUEUE in queues:
+        queue = DEFAULT_QUEUE  # as Kueue's LocalQueue defaulting does
+    if not named and queue in (None, "", DEFAULT_QUEUE) and queue not in queues:
+        known = ", ".join(sorted(queues)) or "(none)"
+        return reject(
+            "the job names no queue and the config has no queue named "
+            f"{DEFAULT_QUEUE!r} to take it; name one (--queue, `queue:`); known queues: {known}"
+        )
+    if queue is None or queue not in queues:
+        known = ", ".join(sorted(queues)) or "(none)"
+        return reject(f"unknown queue {queue!r}; known queues: {known}")
+    if not spec.gang:
+        return reject("gang: the job has no podsets; give 'gang' or a supported manifest")
+    return queue
+
+
+def queue_full(queue: str, pending: int, cap: int) -> SubmitReply | None:
+    if cap and pending >= cap:
+        return reject(
+            f"queue {queue!r} is full: {cap} jobs are already pending "
+            "(limits.max_pending_per_queue); retry later or submit to another queue"
+        )
+    return None
+
+
+def derive_job_id(name: str, token: str) -> str:
+    """The id of a job submitted without one: its name and a token, at most 63 characters."""
+    suffix = f"-{token}"
+    return name[: 63 - len(suffix)].rstrip("-") + suffix

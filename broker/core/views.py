@@ -1,0 +1,263 @@
+"""Read-only queries over the lifecycle's state, for the API, the CLI and the dashboard.
+
+Nothing here changes state; `JobViews` is mixed into `Machine`, whose state it reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from broker.core.accounting import accounting, attempt_view
+from broker.core.agents import AgentTracker
+from broker.core.backlog import Backlog
+from broker.core.records import JobRecord, demands_of, gang_request
+from broker.core.scheduler import Scheduler
+from broker.core.types import PodSetDemand, Reason
+from schemas.api import (
+    CheckpointView,
+    ClusterView,
+    JobView,
+    PendingReason,
+    QueueView,
+    WhyView,
+)
+
+
+class JobViews:
+    jobs: dict[str, JobRecord]
+    reasons: dict[str, tuple[Reason, ...]]
+    scheduler: Scheduler
+    backlog: Backlog
+    tracker: AgentTracker
+    _demands: dict[str, tuple[PodSetDemand, ...]]
+    _live: set[str]
+    _live_on: dict[str, set[str]]
+
+    def job_view(self, job_id: str, now: float, *, with_spec: bool = True) -> JobView | None:
+        record = self.jobs.get(job_id)
+        if record is None:
+            return None
+        attempts = [attempt_view(a, record.total_gpus, now) for a in record.attempts]
+        current = record.current
+        ckpt = record.latest_checkpoint
+        return JobView(
+            job_id=record.job_id,
+            name=record.spec.name,
+            queue=record.queue,
+            state=record.state,
+            priority=record.spec.priority,
+            submitted_at=record.submitted_at,
+            gpus=record.total_gpus,
+            attempt=record.attempt,
+            cluster=current.cluster if current else None,
+            flavor=current.flavor if current else None,
+            reason=record.reason,
+            waiting=self._waiting_line(record, now),
+            latest_checkpoint=CheckpointView(
+                step=ckpt.step, uri=ckpt.uri, at=ckpt.at, attempt=ckpt.attempt
+            )
+            if ckpt
+            else None,
+            attempts=attempts,
+            accounting=accounting(record, attempts),
+            spec=record.spec if with_spec else None,
+        )
+
+    def list_jobs(
+        self,
+        now: float,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        cluster: str | None = None,
+        limit: int = 1000,
+    ) -> list[JobView]:
+        out: list[JobView] = []
+        for record in _matching(self.jobs.values(), queue, state, cluster, None):
+            view = self.job_view(record.job_id, now, with_spec=False)
+            if view is not None:
+                out.append(view)
+            if len(out) >= limit:
+                break
+        return out
+
+    def jobs_page(
+        self,
+        now: float,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        cluster: str | None = None,
+        name: str | None = None,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[int, list[JobView]]:
+        """Newest first: how many jobs match, and the views of one page of them. Only the page
+        is rendered, so a page costs one pass over the records whatever their number."""
+        total = 0
+        page: list[str] = []
+        end = offset + limit
+        for record in _matching(reversed(self.jobs.values()), queue, state, cluster, name):
+            if offset <= total < end:
+                page.append(record.job_id)
+            total += 1
+        views = [self.job_view(j, now, with_spec=False) for j in page]
+        return total, [v for v in views if v is not None]
+
+    def first_reason(self, job_id: str) -> str | None:
+        """The scheduler's first reason for a queued job (what `muster status` shows)."""
+        reasons = self.reasons.get(job_id)
+        return reasons[0].message if reasons else None
+
+    def oldest_pending(self) -> dict[str, float]:
+        """Per queue, when its longest-waiting pending job was submitted."""
+        out: dict[str, float] = {}
+        for queue, ids in self.backlog.pending.items():
+            if ids:
+                out[queue] = min(self.jobs[j].submitted_at for j in ids)
+        return out
+
+    def _pending_reasons(self, record: JobRecord, now: float) -> list[PendingReason]:
+        reasons: list[PendingReason] = []
+        if record.state == "queued":
+            if record.not_before > now:
+                reasons.append(
+                    PendingReason(
+                        code="backoff",
+                        message=f"backing off for {record.not_before - now:.1f}s more "
+                        f"after: {record.reason}",
+                    )
+                )
+            for r in self.reasons.get(record.job_id, ()):
+                reasons.append(
+                    PendingReason(
+                        code=r.code, message=r.message, cluster=r.cluster, flavor=r.flavor
+                    )
+                )
+        elif record.state == "preempting" and record.preempting is not None:
+            reasons.append(
+                PendingReason(
+                    code="preempting",
+                    message=f"{record.preempting.cause}: waiting for a checkpoint until "
+                    f"{record.preempting.deadline:.0f}",
+                )
+            )
+        return reasons
+
+    def _waiting_line(self, record: JobRecord, now: float) -> str | None:
+        """`code: message` of the first reason, for the status table's REASON column."""
+        if record.state not in ("queued", "preempting"):
+            return None
+        reasons = self._pending_reasons(record, now)
+        if not reasons:
+            return "not-yet-considered: waiting for the next cycle"
+        return f"{reasons[0].code}: {reasons[0].message}"
+
+    def why(self, job_id: str, now: float) -> WhyView | None:
+        record = self.jobs.get(job_id)
+        if record is None:
+            return None
+        reasons = self._pending_reasons(record, now)
+        position: int | None = None
+        candidates: list[PendingReason] = []
+        waiting_for: str | None = None
+        if record.state == "queued":
+            if not reasons:
+                reasons.append(
+                    PendingReason(code="not-yet-considered", message="waiting for the next cycle")
+                )
+            pending = self.backlog.pending.get(record.queue)
+            position = pending.rank(job_id) if pending is not None else 0
+            demands = self._demands.get(job_id) or demands_of(record.spec)
+            request = gang_request(record, now, demands)
+            candidates = [
+                PendingReason(code=r.code, message=r.message, cluster=r.cluster, flavor=r.flavor)
+                for r in self.scheduler.pool_reasons(request)
+            ]
+            waiting_for = _waiting_for(reasons, candidates)
+        elif record.state == "preempting":
+            waiting_for = "checkpoint"
+        return WhyView(
+            job_id=job_id,
+            state=record.state,
+            reasons=reasons,
+            position=position,
+            queue=record.queue,
+            waiting_for=waiting_for,
+            candidates=candidates,
+        )
+
+    def queue_views(self) -> list[QueueView]:
+        counts = {q: len(p) for q, p in self.backlog.pending.items()}
+        return self.scheduler.queue_views(counts)
+
+    def cluster_views(self, now: float) -> list[ClusterView]:
+        names = sorted(set(self.tracker.tracks) | set(self.scheduler.known_clusters()))
+        out = []
+        for name in names:
+            track = self.tracker.tracks.get(name)
+            out.append(
+                ClusterView(
+                    name=name,
+                    health=track.health if track else "lost",
+                    last_heartbeat=track.last_heard if track else None,
+                    flavors=self.scheduler.flavor_views(name, now),
+                    running_jobs=len(self._live_on.get(name, ())),
+                    stale_s=track.stale_s if track else 0.0,
+                )
+            )
+        return out
+
+    def pending_count(self) -> int:
+        return sum(len(p) for p in self.backlog.pending.values())
+
+    def live_count(self) -> int:
+        return len(self._live)
+
+
+_WAIT_FOR = {
+    "backoff": "backoff",
+    "waiting-for-preemption": "capacity (victims are being preempted)",
+    "strict-fifo-blocked": "the head of its StrictFIFO queue",
+    "max-admissions": "the next cycle",
+    "no-clusters": "a cluster to report",
+}
+
+
+def _waiting_for(reasons: list[PendingReason], candidates: list[PendingReason]) -> str:
+    """One phrase: what must change for the job to start."""
+    for r in reasons:
+        if r.code in _WAIT_FOR:
+            return _WAIT_FOR[r.code]
+    codes = {c.code for c in candidates}
+    if "fits-now" in codes:
+        return "the next cycle"
+    if "spot-first" in codes or "insufficient-capacity" in codes:
+        return "capacity"
+    if "quota-exceeded" in codes:
+        return "quota"
+    if "pool-avoided" in codes or "cluster-unhealthy" in codes:
+        return "a healthy cluster"
+    if not candidates:
+        return "a cluster to report"
+    return "a flavor it accepts"
+
+
+def _matching(
+    records: Iterable[JobRecord],
+    queue: str | None,
+    state: str | None,
+    cluster: str | None,
+    name: str | None,
+) -> Iterator[JobRecord]:
+    """The records that pass every filter given (`name`: a substring of the job's name)."""
+    for record in records:
+        if queue is not None and record.queue != queue:
+            continue
+        if state is not None and record.state != state:
+            continue
+        if name is not None and name not in record.spec.name:
+            continue
+        if cluster is not None and all(a.cluster != cluster for a in record.attempts):
+            continue  # jobs that run or ran there
+        yield record
