@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from broker.core import spotreturn
 from broker.core.accounting import accounting_of, backoff_delay, close_attempt, work_since
-from broker.core.backlog import Backlog
 from broker.core.advice import advised_interval_s
+from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist, Publish, Send
 from broker.core.policy import no_progress_reason, no_progress_verdict
 from broker.core.records import (

@@ -9,7 +9,8 @@ import msgspec
 import pytest
 
 from agents.workload_env import muster_env
-from broker.core.effects import Effect, Send
+from broker.core.effects import Effect, Send, split_reply
+from broker.core.inputs import Checkpoint, Cycle, SubmitJob, Tick
 from broker.core.machine import Machine
 from broker.core.risk import MAX_ADVISED_S, NOTICE_MISS, young_daly_s
 from broker.core.spotreturn import MIN_RUN_S
@@ -56,7 +57,11 @@ def checkpoint(agent: Agent, d: Dispatch, step: int, now: float) -> None:
 def tick(m: Machine, agent: Agent, now: float) -> list[Effect]:
     """The agent's heartbeat, then the machine's timer (a silent cluster would be lost)."""
     agent.send(Heartbeat(), now=now)
-    return m.tick(now)
+    return m.handle(Tick(), now)
+
+
+def accepted(m: Machine, spec: JobSpec, now: float) -> bool:
+    return split_reply(m.handle(SubmitJob(spec), now))[0].accepted
 
 
 def live_attempts(m: Machine, job_id: str) -> int:
@@ -75,8 +80,8 @@ def test_dispatch_advises_young_daly_for_its_pool_and_the_advice_follows_the_poo
         capacity="spot-then-on-demand",
         checkpoint=CheckpointSpec(uri="s3://b/ck", interval_s=600, cost_s=50),
     )
-    assert m.submit(spec, NOW + 3)[0].accepted
-    (d,) = dispatches(m.schedule(NOW + 4))
+    assert split_reply(m.handle(SubmitJob(spec), NOW + 3))[0].accepted
+    (d,) = dispatches(m.handle(Cycle(), NOW + 4))
     assert d.flavor == "v100-spot"
     # No notice seen yet: every reclaim counts as a loss at the pool's learned rate.
     rate = m.scheduler.pool_interruption_rate(SPOT, NOW + 4)
@@ -90,12 +95,14 @@ def test_dispatch_advises_young_daly_for_its_pool_and_the_advice_follows_the_poo
     node = d.assignment[0].nodes[0]
     agent.send(SpotNotice(node=node, deadline=NOW + 140), now=NOW + 20)
     agent.send(NodeUpsert(node=nodes("spot-more", "v100-spot", 1)[0]), now=NOW + 21)
-    effects = m.checkpoint(
-        CheckpointReport(job_id="advised", attempt=d.attempt, step=5, uri="s3://b/ck/5"),
+    effects = m.handle(
+        Checkpoint(
+            CheckpointReport(job_id="advised", attempt=d.attempt, step=5, uri="s3://b/ck/5")
+        ),
         NOW + 70,
     )
     m.jobs["advised"].avoid.clear()  # (the lost pool's avoidance is not what this tests)
-    effects += m.schedule(NOW + 71)
+    effects += m.handle(Cycle(), NOW + 71)
     (d2,) = sends(effects, Dispatch)
     assert isinstance(d2, Dispatch)
     if d2.flavor == "v100-spot":
@@ -111,8 +118,8 @@ def test_no_advice_without_a_checkpoint_cost() -> None:
     m, agent = setup()
     agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
     spec = spot_job("unadvised", checkpoint=CheckpointSpec(uri="s3://b/ck"))
-    assert m.submit(spec, NOW + 3)[0].accepted
-    (d,) = dispatches(m.schedule(NOW + 4))
+    assert split_reply(m.handle(SubmitJob(spec), NOW + 3))[0].accepted
+    (d,) = dispatches(m.handle(Cycle(), NOW + 4))
     assert d.checkpoint_interval_s == 0.0
     assert "MUSTER_CHECKPOINT_INTERVAL_S" not in muster_env(d)
 
@@ -125,10 +132,10 @@ def on_demand_job(m: Machine, agent: Agent, name: str) -> Dispatch:
         checkpoint=CheckpointSpec(uri="s3://b/ck", interval_s=600, cost_s=30),
         spot=SpotPolicy(fallback_after_wait_s=0),
     )
-    assert m.submit(spec, NOW + 2)[0].accepted
-    assert dispatches(m.schedule(NOW + 3)) == []
+    assert split_reply(m.handle(SubmitJob(spec), NOW + 2))[0].accepted
+    assert dispatches(m.handle(Cycle(), NOW + 3)) == []
     tick(m, agent, NOW + 4)
-    (d,) = dispatches(m.schedule(NOW + 5))
+    (d,) = dispatches(m.handle(Cycle(), NOW + 5))
     assert d.flavor == "v100-od"
     running(agent, d, NOW + 60)
     return d
@@ -154,11 +161,13 @@ def test_spot_return_moves_back_make_before_break_and_never_two_copies() -> None
     rep = record.preempting.replacement
     assert rep is not None and rep.flavor == "v100-spot"
     assert live_attempts(m, "returner") == 1
-    assert m.schedule(now + 1) == [] or dispatches(m.schedule(now + 1)) == []
+    assert m.handle(Cycle(), now + 1) == [] or dispatches(m.handle(Cycle(), now + 1)) == []
 
     # Break: the checkpoint lands; the old attempt is cancelled, then the new one sent.
-    effects = m.checkpoint(
-        CheckpointReport(job_id="returner", attempt=d.attempt, step=600, uri="s3://b/ck/600"),
+    effects = m.handle(
+        Checkpoint(
+            CheckpointReport(job_id="returner", attempt=d.attempt, step=600, uri="s3://b/ck/600")
+        ),
         now + 30,
     )
     kinds = [type(e.command).__name__ for e in effects if isinstance(e, Send)]
@@ -203,8 +212,8 @@ def test_a_deadline_job_finishes_in_time_when_spot_vanishes() -> None:
     m, agent = setup()
     agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
     submitted = NOW + 3
-    assert m.submit(deadline_job("due", within, runtime), submitted)[0].accepted
-    (d,) = dispatches(m.schedule(NOW + 4))
+    assert accepted(m, deadline_job("due", within, runtime), submitted)
+    (d,) = dispatches(m.handle(Cycle(), NOW + 4))
     assert d.flavor == "v100-spot"
     start = NOW + 64
     running(agent, d, start)
@@ -220,7 +229,7 @@ def test_a_deadline_job_finishes_in_time_when_spot_vanishes() -> None:
     while od is None and now < submitted + within:
         now += 60
         tick(m, agent, now)
-        sent = dispatches(m.schedule(now))
+        sent = dispatches(m.handle(Cycle(), now))
         od = sent[0] if sent else None
     assert od is not None and od.flavor == "v100-od", record.reason
     assert record.deadline_on_demand
@@ -242,8 +251,8 @@ def test_a_deadline_job_on_spot_moves_to_on_demand_make_before_break() -> None:
     m, agent = setup()
     agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
     # An hour of work due in 80 min: ~15 min of slack, gone while it runs on spot.
-    assert m.submit(deadline_job("tight", 80 * 60.0, 3600.0), NOW + 3)[0].accepted
-    (d,) = dispatches(m.schedule(NOW + 4))
+    assert accepted(m, deadline_job("tight", 80 * 60.0, 3600.0), NOW + 3)
+    (d,) = dispatches(m.handle(Cycle(), NOW + 4))
     assert d.flavor == "v100-spot"
     running(agent, d, NOW + 64)
     effects: list[Effect] = []
@@ -256,9 +265,8 @@ def test_a_deadline_job_on_spot_moves_to_on_demand_make_before_break() -> None:
     assert record.preempting is not None and record.preempting.replacement is not None
     assert record.preempting.replacement.flavor == "v100-od"
     assert live_attempts(m, "tight") == 1
-    effects = m.checkpoint(
-        CheckpointReport(job_id="tight", attempt=d.attempt, step=900, uri="s3://b/ck/900"), now + 30
-    )
+    report = CheckpointReport(job_id="tight", attempt=d.attempt, step=900, uri="s3://b/ck/900")
+    effects = m.handle(Checkpoint(report), now + 30)
     kinds = [type(e.command).__name__ for e in effects if isinstance(e, Send)]
     assert kinds.index("Cancel") < kinds.index("Dispatch")
     assert record.current is not None and record.current.flavor == "v100-od"
