@@ -3,6 +3,12 @@
 The leader holds key `leader` in a bucket whose entries expire after the lease TTL and renews
 it well before. The key's revision when acquired is the leader's epoch: JetStream sequences only
 grow, so a later leader always has a higher epoch and agents can refuse the older one.
+
+A renewal can still come late (a long synchronous restore, a starved event loop) and find the
+key aged out. The leader then recreates it, keeping its epoch, but only when the recreated
+revision directly follows its own last one: then no other broker wrote the key in between, so
+none led, and the epoch agents fence on is still the newest ever issued. Any gap in the
+revisions means another broker may have led, and the leader steps down.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from nats.js.kv import KeyValue
 log = structlog.get_logger("muster.lease")
 
 KEY = "leader"
+RENEWALS_PER_TTL = 4  # renew this often per TTL: three renewals can be late before expiry
 
 
 class LeaseHolder(msgspec.Struct):
@@ -50,6 +57,7 @@ class LeaderLease:
         self.epoch = 0
         self.max_bytes = max_bytes
         self.renew_failures = 0  # renewals that failed and were retried (a metric)
+        self.recreated = 0  # late renewals that recreated the expired key (a metric)
         self._revision = 0
         self._kv: KeyValue | None = None
 
@@ -117,8 +125,38 @@ class LeaderLease:
         try:
             self._revision = await kv.update(KEY, value, last=self._revision)
         except KeyWrongLastSequenceError as exc:
-            if not await self._renewed_unacknowledged(kv):
-                raise LeadershipLost(f"another broker holds the lease: {exc}") from exc
+            if await self._renewed_unacknowledged(kv):
+                return
+            if await self._recreate_expired(kv, value):
+                return
+            raise LeadershipLost(f"another broker holds the lease: {exc}") from exc
+
+    async def _recreate_expired(self, kv: KeyValue, value: bytes) -> bool:
+        """The key aged out before a late renewal reached it. Recreate it (only if absent:
+        `last=0` fails on any live entry or delete marker) and keep leading only if its new
+        revision is the next one after ours, i.e. nobody wrote the key while it was gone."""
+        try:
+            revision = await kv.update(KEY, value, last=0)
+        except KeyWrongLastSequenceError:
+            return False  # another broker holds it, or released it: it led after us
+        if revision != self._revision + 1:
+            # We hold the key again but someone wrote it in between; our state may be stale.
+            # Keep the key (a standby round reclaims its own lease at once) and step down.
+            log.warning(
+                "lease.recreated_after_gap",
+                holder=self.holder,
+                epoch=self.epoch,
+                last=self._revision,
+                revision=revision,
+            )
+            self._revision = revision
+            raise LeadershipLost(
+                f"the lease expired and another broker wrote it (revision {revision})"
+            )
+        self.recreated += 1
+        log.warning("lease.recreated", holder=self.holder, epoch=self.epoch, revision=revision)
+        self._revision = revision
+        return True
 
     async def _renewed_unacknowledged(self, kv: KeyValue) -> bool:
         """A renewal the server applied but whose ack was lost (a NATS restart in between)
@@ -141,11 +179,14 @@ class LeaderLease:
         """Renew until another broker holds the lease; raises LeadershipLost. Any other error
         (NATS away, a timeout, "insufficient resources") is retried with backoff for as long
         as the lease can still be ours: until a TTL has passed since the last renewal."""
-        interval = self.ttl / 3
+        interval = self.ttl / RENEWALS_PER_TTL
         last_ok = time.monotonic()
         delay = interval
         while True:
             await asyncio.sleep(delay)
+            late = time.monotonic() - last_ok
+            if late > self.ttl / 2:
+                log.warning("lease.renew_late", since_last_s=round(late, 2), ttl_s=self.ttl)
             try:
                 await self.renew()
                 last_ok = time.monotonic()

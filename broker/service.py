@@ -1226,6 +1226,7 @@ class Broker:
             "refused": dict(self.refused),
             "storage_full": self.storage_full,
             "lease_renew_failures": self.lease.renew_failures,
+            "lease_recreated": self.lease.recreated,
             "epoch": self.lease.epoch,
             "restore_s": round(self.restore_s, 4),
             "restored_jobs": self.restored_jobs,
