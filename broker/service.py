@@ -661,6 +661,9 @@ class Broker:
             await asyncio.sleep(0)
             while not self._queue.empty() and len(batch) < 4096:
                 batch.append(self._queue.get_nowait())
+            # A lease suspended by a full server store is not proven ours: change nothing
+            # (write, dispatch, cancel) until a renewal proves it again (broker/lease.py).
+            await self.lease.proven.wait()
             records = {}
             for effects, _ in batch:
                 for eff in effects:
@@ -927,7 +930,9 @@ class Broker:
 
     @property
     def storage_full(self) -> bool:
-        return self._persist_full or self._probe_full
+        # A lease suspended by a full server store counts too: the stream cannot store.
+        suspended = self.leading.is_set() and not self.lease.proven.is_set()
+        return self._persist_full or self._probe_full or suspended
 
     def _storage_error(self) -> str | None:
         if not self.storage_full:
@@ -1165,6 +1170,7 @@ class Broker:
             "storage_full": self.storage_full,
             "lease_renew_failures": self.lease.renew_failures,
             "lease_recreated": self.lease.recreated,
+            "lease_suspended": not self.lease.proven.is_set(),
             "epoch": self.lease.epoch,
             "restore_s": round(self.restore_s, 4),
             "restored_jobs": self.restored_jobs,
