@@ -88,6 +88,16 @@ async def _expired(js: JetStreamContext, bucket: str) -> None:
         await asyncio.sleep(0.05)
 
 
+async def _expired_then_taken(js: JetStreamContext, bucket: str) -> tuple[LeaderLease, LeaderLease]:
+    """broker-1 leads, its key ages out, and broker-2 takes the lease while it is gone."""
+    lease = LeaderLease(js, bucket, "broker-1", ttl=1.0)
+    assert await lease.try_acquire()
+    await asyncio.wait_for(_expired(js, bucket), 10)
+    other = LeaderLease(js, bucket, "broker-2", ttl=1.0)
+    assert await other.try_acquire()
+    return lease, other
+
+
 async def test_a_late_renewal_recreates_its_expired_key_and_keeps_the_epoch(nc: Client) -> None:
     """A renewal delayed past the TTL (a starved event loop) finds the key aged out. Nobody
     wrote it in between, so nobody led: the leader keeps leading with the same epoch."""
@@ -117,11 +127,7 @@ async def test_a_late_renewal_steps_down_when_another_broker_led_meanwhile(nc: C
     late leader must not lead on with state that broker may have changed."""
     js = nc.jetstream()
     bucket = _bucket()
-    lease = LeaderLease(js, bucket, "broker-1", ttl=1.0)
-    assert await lease.try_acquire()
-    await asyncio.wait_for(_expired(js, bucket), 10)
-    other = LeaderLease(js, bucket, "broker-2", ttl=1.0)
-    assert await other.try_acquire()
+    lease, other = await _expired_then_taken(js, bucket)
     assert other.epoch > lease.epoch
     await other.release()  # a delete marker: the key is gone, but not by expiry
     with pytest.raises(LeadershipLost):
@@ -133,11 +139,7 @@ async def test_a_late_renewal_steps_down_when_a_newer_lease_also_expired(nc: Cli
     recreated revision shows the gap, so the late leader steps down."""
     js = nc.jetstream()
     bucket = _bucket()
-    lease = LeaderLease(js, bucket, "broker-1", ttl=1.0)
-    assert await lease.try_acquire()
-    await asyncio.wait_for(_expired(js, bucket), 10)
-    other = LeaderLease(js, bucket, "broker-2", ttl=1.0)
-    assert await other.try_acquire()
+    lease, other = await _expired_then_taken(js, bucket)
     await asyncio.wait_for(_expired(js, bucket), 10)
     with pytest.raises(LeadershipLost):
         await lease.renew()
