@@ -40,6 +40,7 @@ CONSUMER_PREFIX = "muster-intake-"
 LEGACY_CONSUMER = "muster-broker"  # the one unfiltered consumer of earlier versions
 ACK_WAIT_S = 5
 MAX_ACK_PENDING = 20_000  # per queue
+MIN_SHARE = 32  # the smallest pull request of one queue
 
 
 def intake_names(config: BrokerConfig) -> list[str]:
@@ -181,9 +182,12 @@ class FairPuller:
         """Messages delivered so far (at most `limit`, shared among the queues), waiting up
         to `timeout` for one. Every queue keeps a pull request outstanding meanwhile, so a
         quiet queue's submission is delivered while a busy queue's backlog is being taken."""
+        # Each queue asks for its share of a batch: what waits in memory unprocessed (and
+        # so ages towards its ack deadline) stays about one batch, however many queues.
+        share = max(MIN_SHARE, limit // len(self.pullers))
         for puller in self.pullers:
             if not puller.pending:
-                await puller.rearm(limit, timeout)
+                await puller.rearm(share, timeout)
         if not any(p.pending for p in self.pullers):
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
