@@ -380,12 +380,12 @@ class AgentRuntime:
             self._cmd_tasks.add(task)
             task.add_done_callback(self._cmd_tasks.discard)
         cut_for = now - self._last_contact
-        if cut_for < 1.0 or getattr(self.backend, "fence", None) is not None:
-            return  # a backend that keeps fences stops the workloads itself, agent or not
+        if cut_for < 1.0:
+            return
         for job_id, track in list(self._jobs.items()):
             for attempt in sorted(track.live):
                 after = track.fence_after.get(attempt, 0.0)
-                if after <= 0 or cut_for < after:
+                if after <= 0 or cut_for < after or self._cluster_fences(job_id, attempt):
                     continue
                 reason = f"fenced: cut off from the broker for {cut_for:.0f}s"
                 with contextlib.suppress(Exception):
@@ -394,6 +394,14 @@ class AgentRuntime:
                 track.cancelled_upto = max(track.cancelled_upto, attempt)
                 self.stats["fenced"] = self.stats.get("fenced", 0) + 1
                 self.log.warning("self-fenced", job_id=job_id, attempt=attempt, cut_for=cut_for)
+
+    def _cluster_fences(self, job_id: str, attempt: int) -> bool:
+        """A backend that keeps fences stops the workload itself, agent or not; one that
+        does so only for some kinds (kube: batch Jobs) says which (`fences`)."""
+        if getattr(self.backend, "fence", None) is None:
+            return False
+        fences = getattr(self.backend, "fences", None)
+        return fences is None or bool(fences(job_id, attempt))
 
     async def _probe(self) -> None:
         """A PING/PONG round trip proves the link to the server is alive right now."""

@@ -3,6 +3,19 @@
 The leader holds key `leader` in a bucket whose entries expire after the lease TTL and renews
 it well before. The key's revision when acquired is the leader's epoch: JetStream sequences only
 grow, so a later leader always has a higher epoch and agents can refuse the older one.
+
+A renewal can still come late (a long synchronous restore, a starved event loop) and find the
+key aged out. The leader then recreates it, keeping its epoch, but only when the recreated
+revision directly follows its own last one: then no other broker wrote the key in between, so
+none led, and the epoch agents fence on is still the newest ever issued. Any gap in the
+revisions means another broker may have led, and the leader steps down.
+
+A full JetStream server store refuses every write to a file-backed stream, the lease bucket's
+included (nats-server checks the server's total use, not the stream's reservation). No other
+broker can take the lease then either, so instead of stepping down the leader suspends: it
+stops writing and sending (`proven` is cleared) but keeps serving, refusing submissions with
+"storage full", and resumes once a renewal lands under the same conditions as above (its own
+key, or a recreation right after its own revision).
 """
 
 from __future__ import annotations
@@ -15,12 +28,14 @@ import msgspec
 import structlog
 from nats.js import api
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.errors import APIError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 log = structlog.get_logger("muster.lease")
 
 KEY = "leader"
+INSUFFICIENT_RESOURCES = 10023  # JetStream's err_code for a full server store
+RENEWALS_PER_TTL = 4  # renew this often per TTL: three renewals can be late before expiry
 
 
 class LeaseHolder(msgspec.Struct):
@@ -50,6 +65,11 @@ class LeaderLease:
         self.epoch = 0
         self.max_bytes = max_bytes
         self.renew_failures = 0  # renewals that failed and were retried (a metric)
+        self.recreated = 0  # late renewals that recreated the expired key (a metric)
+        self.suspensions = 0  # times the store was too full to renew for a whole TTL
+        # Set while the lease is known to be ours; cleared while suspended by a full store.
+        # Writers wait on it: a leader that cannot prove its lease must not change state.
+        self.proven = asyncio.Event()
         self._revision = 0
         self._kv: KeyValue | None = None
 
@@ -82,6 +102,7 @@ class LeaderLease:
                 return False
         self._revision = revision
         self.epoch = revision
+        self.proven.set()
         return True
 
     async def _reclaim_own(self, kv: KeyValue, value: bytes) -> int | None:
@@ -118,8 +139,38 @@ class LeaderLease:
         try:
             self._revision = await kv.update(KEY, value, last=self._revision)
         except KeyWrongLastSequenceError as exc:
-            if not await self._renewed_unacknowledged(kv):
-                raise LeadershipLost(f"another broker holds the lease: {exc}") from exc
+            if await self._renewed_unacknowledged(kv):
+                return
+            if await self._recreate_expired(kv, value):
+                return
+            raise LeadershipLost(f"another broker holds the lease: {exc}") from exc
+
+    async def _recreate_expired(self, kv: KeyValue, value: bytes) -> bool:
+        """The key aged out before a late renewal reached it. Recreate it (only if absent:
+        `last=0` fails on any live entry or delete marker) and keep leading only if its new
+        revision is the next one after ours, i.e. nobody wrote the key while it was gone."""
+        try:
+            revision = await kv.update(KEY, value, last=0)
+        except KeyWrongLastSequenceError:
+            return False  # another broker holds it, or released it: it led after us
+        if revision != self._revision + 1:
+            # We hold the key again but someone wrote it in between; our state may be stale.
+            # Keep the key (a standby round reclaims its own lease at once) and step down.
+            log.warning(
+                "lease.recreated_after_gap",
+                holder=self.holder,
+                epoch=self.epoch,
+                last=self._revision,
+                revision=revision,
+            )
+            self._revision = revision
+            raise LeadershipLost(
+                f"the lease expired and another broker wrote it (revision {revision})"
+            )
+        self.recreated += 1
+        log.warning("lease.recreated", holder=self.holder, epoch=self.epoch, revision=revision)
+        self._revision = revision
+        return True
 
     async def _renewed_unacknowledged(self, kv: KeyValue) -> bool:
         """A renewal the server applied but whose ack was lost (a NATS restart in between)
@@ -140,13 +191,17 @@ class LeaderLease:
 
     async def hold(self) -> None:
         """Renew until another broker holds the lease; raises LeadershipLost. Any other error
-        (NATS away, a timeout, "insufficient resources") is retried with backoff for as long
-        as the lease can still be ours: until a TTL has passed since the last renewal."""
-        interval = self.ttl / 3
+        (NATS away, a timeout) is retried with backoff for as long as the lease can still be
+        ours: until a TTL has passed since the last renewal. "Insufficient resources" (a full
+        server store) suspends the lease instead, for as long as it lasts."""
+        interval = self.ttl / RENEWALS_PER_TTL
         last_ok = time.monotonic()
         delay = interval
         while True:
             await asyncio.sleep(delay)
+            late = time.monotonic() - last_ok
+            if late > self.ttl / 2 and self.proven.is_set():
+                log.warning("lease.renew_late", since_last_s=round(late, 2), ttl_s=self.ttl)
             try:
                 await self.renew()
                 last_ok = time.monotonic()
@@ -156,12 +211,33 @@ class LeaderLease:
             except Exception as exc:
                 self.renew_failures += 1
                 left = self.ttl - (time.monotonic() - last_ok)
-                if left <= 0:
+                if store_refused(exc):
+                    # Writes fail now anyway: stop them at once, before the key can expire.
+                    self._suspend(exc)
+                    delay = interval
+                elif left > 0:
+                    log.warning("lease.renew_retry", error=str(exc), left_s=round(left, 2))
+                    delay = min(interval, max(0.05, left / 4))
+                else:
                     raise LeadershipLost(
                         f"could not renew the lease for {self.ttl:g}s: {exc}"
                     ) from exc
-                log.warning("lease.renew_retry", error=str(exc), left_s=round(left, 2))
-                delay = min(interval, max(0.05, left / 4))
+            else:
+                if not self.proven.is_set():
+                    log.warning("lease.resumed", holder=self.holder, epoch=self.epoch)
+                    self.proven.set()
+
+    def _suspend(self, exc: Exception) -> None:
+        if self.proven.is_set():
+            self.suspensions += 1
+            log.error(
+                "lease.suspended",
+                holder=self.holder,
+                epoch=self.epoch,
+                error=str(exc),
+                why="the JetStream server store is full: no broker can write the lease",
+            )
+            self.proven.clear()
 
     async def confirm_newer(self, epoch: int) -> bool:
         """True when the lease proves a leader newer than us: another holder, or an epoch
@@ -187,3 +263,8 @@ class LeaderLease:
     async def current(self) -> str | None:
         held = await self._held()
         return None if held is None else held.holder
+
+
+def store_refused(exc: BaseException) -> bool:
+    """True for JetStream's "insufficient resources": the server store is full."""
+    return isinstance(exc, APIError) and exc.err_code == INSUFFICIENT_RESOURCES

@@ -48,6 +48,7 @@ from broker.core.inputs import (
 from broker.core.machine import Machine
 from broker.core.submission import derive_job_id
 from broker.embedded import EmbeddedNats, free_port
+from broker.intake import FairPuller, ensure_intake, intake_names, unknown_queue_error
 from broker.lease import LeaderLease, LeadershipLost
 from broker.metrics import Metrics
 from broker.store import JobStore, RecordMirror
@@ -101,7 +102,6 @@ def log_lifecycle(event: Any) -> None:
 
 
 _checkpoint_decoder = json_decoder(CheckpointReport, "CheckpointReport")
-CONSUMER = "muster-broker"
 FETCH_BATCH = 512
 SUBMIT_INFLIGHT = 4  # fetched batches awaiting persistence at once
 # Admission cycles (see Broker._clock_loop): the pause after a cycle is CYCLE_GAP_FACTOR times
@@ -269,66 +269,6 @@ class ReplyRendezvous:
             table.popitem(last=False)
 
 
-class SubmitPuller:
-    """The submission stream's durable pull consumer, read with one pull request kept
-    outstanding so every submission is handed over as soon as the server delivers it.
-
-    nats-py's `fetch(n, timeout)` waits, once the stream is idle, until n messages or the
-    timeout: at 1,000 submissions/s that held each one for up to half a second. Here the
-    consumer is the same, messages are acked by the caller exactly as before, and a batch is
-    whatever arrived while the previous one was being processed."""
-
-    def __init__(self, nc: Client, api_prefix: str, stream: str, consumer: str) -> None:
-        self.nc = nc
-        self.next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
-        self.inbox = nc.new_inbox()
-        self.sub: Any = None
-        self.pending: list[Msg] = []
-        self._wake = asyncio.Event()
-        self._left = 0  # messages the outstanding request may still deliver
-        self._expires_at = 0.0
-
-    async def start(self) -> None:
-        self.sub = await self.nc.subscribe(
-            self.inbox, cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
-        )
-
-    async def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.sub.unsubscribe()
-
-    async def _on_msg(self, msg: Msg) -> None:
-        headers = msg.headers
-        if headers and not msg.data and headers.get("Status"):
-            if headers["Status"] != "100":  # 404/408/409: the pull request is over
-                self._left = 0
-                self._wake.set()
-            return
-        self.pending.append(msg)
-        self._left -= 1
-        self._wake.set()
-
-    async def next_batch(self, limit: int, timeout: float) -> list[Msg]:
-        """Messages delivered so far (at most `limit`), waiting up to `timeout` for one."""
-        loop = asyncio.get_running_loop()
-        if not self.pending:
-            if self._left <= 0 or loop.time() >= self._expires_at:
-                await self._pull(limit, timeout)
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await self._wake.wait()
-        out, self.pending = self.pending[:limit], self.pending[limit:]
-        return out
-
-    async def _pull(self, batch: int, expires_s: float) -> None:
-        # A request lives a little longer than one wait, so an idle broker re-asks about
-        # once per `expires_s` and a busy one once per `batch` messages.
-        expires = expires_s + 1.0
-        self._left = batch
-        self._expires_at = asyncio.get_running_loop().time() + expires
-        request = {"batch": batch, "expires": int(expires * 1e9)}
-        await self.nc.publish(self.next_subject, encode_json(request), reply=self.inbox)
 
 
 class GcPacer:
@@ -433,7 +373,7 @@ class Broker:
         self._applied_at: dict[str, float] = {}
         self._lease_check_at = -1e18
         self._rendezvous = ReplyRendezvous(
-            nc, config.max_payload_bytes, self._storage_error, self._known_submission
+            nc, config.max_payload_bytes, self._storage_error, self._early_reply
         )
         self._requests = Requester(nc)
         # (job_id, attempt) -> the Cancel of that attempt in flight (see Send.after_cancel_of)
@@ -521,7 +461,7 @@ class Broker:
         limits = self.config.limits
         cfg = api.StreamConfig(
             name=stream,
-            subjects=[self.subjects.submit_all],
+            subjects=[self.subjects.submit(q) for q in intake_names(self.config)],
             retention=api.RetentionPolicy.WORK_QUEUE,
             storage=api.StorageType.FILE,
             max_msg_size=self.config.max_payload_bytes,
@@ -544,18 +484,8 @@ class Broker:
             info = await self.js.update_stream(info.config)
             key = (info.config.metadata or {}).get(ID_KEY) or meta[ID_KEY]
         self._id_key = key.encode()
-        try:
-            await self.js.consumer_info(stream, CONSUMER)
-        except NotFoundError:
-            await self.js.add_consumer(
-                stream,
-                api.ConsumerConfig(
-                    durable_name=CONSUMER,
-                    ack_policy=api.AckPolicy.EXPLICIT,
-                    ack_wait=5,
-                    max_ack_pending=20_000,
-                ),
-            )
+        # One consumer per queue, so one queue's flood never holds another's submissions.
+        await ensure_intake(self.js, self.subjects, stream, intake_names(self.config))
         self.store = await JobStore.open(
             self.js,
             self.subjects.jobs_bucket,
@@ -691,6 +621,9 @@ class Broker:
             await asyncio.sleep(0)
             while not self._queue.empty() and len(batch) < 4096:
                 batch.append(self._queue.get_nowait())
+            # A lease suspended by a full server store is not proven ours: change nothing
+            # (write, dispatch, cancel) until a renewal proves it again (broker/lease.py).
+            await self.lease.proven.wait()
             records = {}
             for effects, _ in batch:
                 for eff in effects:
@@ -865,11 +798,11 @@ class Broker:
         """Fetch, submit, and ack each message once its record is persisted. The next batch is
         fetched while earlier ones persist (at most SUBMIT_INFLIGHT batches), so the stream
         round trips and the persistence of one batch overlap the work of the next."""
-        puller = SubmitPuller(
+        puller = FairPuller(
             self.nc,
             js_api_prefix(self.js),
             self.subjects.submit_stream,
-            CONSUMER,
+            intake_names(self.config),
         )
         await puller.start()
         try:
@@ -877,7 +810,7 @@ class Broker:
         finally:
             await puller.stop()
 
-    async def _submission_loop(self, puller: SubmitPuller) -> None:
+    async def _submission_loop(self, puller: FairPuller) -> None:
         limit = self.config.max_payload_bytes
         inflight = asyncio.Semaphore(SUBMIT_INFLIGHT)
         while True:
@@ -961,7 +894,9 @@ class Broker:
 
     @property
     def storage_full(self) -> bool:
-        return self._persist_full or self._probe_full
+        # A lease suspended by a full server store counts too: the stream cannot store.
+        suspended = self.leading.is_set() and not self.lease.proven.is_set()
+        return self._persist_full or self._probe_full or suspended
 
     def _storage_error(self) -> str | None:
         if not self.storage_full:
@@ -1002,6 +937,16 @@ class Broker:
             await self.nc.publish(
                 self.subjects.dead_letter(queue or "unknown"), msg.data, headers=headers
             )
+
+    def _early_reply(self, msg: Msg) -> bytes | None:
+        """A submission answered without the stream: one to a subject no queue consumes
+        (the stream does not store it), or a retry of a known job."""
+        queue = self.subjects.queue_of_submit_subject(msg.subject)
+        error = unknown_queue_error(self.config, queue)
+        if error is not None:
+            self.stats["rejected"] += 1
+            return encode_json(SubmitReply(accepted=False, error=error))
+        return self._known_submission(msg)
 
     def _known_submission(self, msg: Msg) -> bytes | None:
         """The duplicate reply for a retried submission (same Nats-Msg-Id) of a known job."""
@@ -1209,6 +1154,8 @@ class Broker:
             "refused": dict(self.refused),
             "storage_full": self.storage_full,
             "lease_renew_failures": self.lease.renew_failures,
+            "lease_recreated": self.lease.recreated,
+            "lease_suspended": not self.lease.proven.is_set(),
             "epoch": self.lease.epoch,
             "restore_s": round(self.restore_s, 4),
             "restored_jobs": self.restored_jobs,

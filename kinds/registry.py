@@ -76,13 +76,15 @@ CLUSTER_RULES: frozenset[Rule] = frozenset(
 
 def namespace_rules() -> frozenset[Rule]:
     """The Role in the workload namespace: create/list/delete every owned kind, watch those
-    with a status, patch pods (the checkpoint-request annotation). What the ClusterRole
-    already grants is left out."""
+    with a status, patch pods (the checkpoint-request annotation) and batch Jobs (the fence).
+    What the ClusterRole already grants is left out."""
     rules = {
         Rule(r.group, r.plural, v) for r in OWNED_RESOURCES for v in ("create", "list", "delete")
     }
     rules |= {Rule(r.group, r.plural, "watch") for r in STATUS_RESOURCES}
     rules.add(Rule("", "pods", "patch"))
+    # a batch Job's activeDeadlineSeconds carries the broker-granted fence (agents/kube/fence.py)
+    rules.add(Rule("batch", "jobs", "patch"))
     return frozenset(rules - CLUSTER_RULES)
 
 

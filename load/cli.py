@@ -70,6 +70,7 @@ for _name, _module, _help in (
     ("core", "bench_core", "Core placement decisions/s with 100,000 pending jobs (pure core)."),
     ("cycle", "bench_cycle", "One admission cycle after a capacity change, by queue depth."),
     ("e2e", "bench_e2e", "Submit -> dispatch acked: admissions/s and latency over NATS."),
+    ("flood", "bench_flood", "Another queue's submission latency while one queue floods."),
     ("ingest", "bench_ingest", "Agent events/s applied by the broker."),
     ("scale", "bench_scale", "Broker RSS with 100,000 pending; kill -9 and recovery time."),
     ("spot", "bench_spot", "Spot notice -> new attempt acked on another cluster, p50/p99."),

@@ -87,6 +87,7 @@ from agents.kube.decode import (
     parse_time,
     pod_usage,
 )
+from agents.kube.fence import JobDeadlines, annotated_deadline, is_batch_job, job_start
 from agents.kube.logs import read_pod_logs
 from agents.kube.nodes import (
     GpuState,
@@ -232,6 +233,7 @@ class KubeBackend:
             r.collection(config.namespace): r for r in STATUS_RESOURCES
         }
         self.job_reflectors: dict[str, Reflector[KJob]] = {}  # by collection
+        self._deadlines = JobDeadlines(clock)  # batch Jobs' activeDeadlineSeconds fences
         self.bad_objects = 0  # workload objects whose status did not decode
         self.log = log.bind(cluster=cluster)
 
@@ -1034,6 +1036,9 @@ class KubeBackend:
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
             bound.info("created", kind=obj.resource.kind, name=obj.name, existed=created is None)
+            deadline = obj.body.get("spec", {}).get("activeDeadlineSeconds")
+            if is_batch_job(collection) and isinstance(deadline, int):
+                self._deadlines.created(key, obj.name, deadline)
         self._report(w)
         if cmd.attempt > 1:
             # Older attempts go in the background: the ack (and so the new attempt's start)
@@ -1061,6 +1066,7 @@ class KubeBackend:
         return body
 
     async def _gc_older(self, job_id: str, attempt: int) -> None:
+        self._deadlines.forget(job_id, lambda a: a >= attempt)
         try:
             await self._delete_attempts(job_id, lambda a: a >= attempt, "older attempt")
         except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
@@ -1077,6 +1083,7 @@ class KubeBackend:
         def keep(a: int) -> bool:
             return attempt is not None and a != attempt
 
+        self._deadlines.forget(job_id, keep)
         try:
             await self._delete_attempts(job_id, keep, reason or "cancel")
         except KubeApiError as exc:
@@ -1086,6 +1093,73 @@ class KubeBackend:
         for key in [k for k in self._workloads if k[0] == job_id and not keep(k[1])]:
             self._workloads[key].cancelled = True
             self._hold_all(key)
+
+    # -- fencing: batch Jobs carry the broker-granted fence as activeDeadlineSeconds, which
+    # the Job controller enforces without the agent (agents/kube/fence.py)
+    def fences(self, job_id: str, attempt: int) -> bool:
+        """Whether the cluster itself ends this attempt when its fence lapses. Only for
+        batch Jobs created with a deadline; other kinds keep the agent's self-fence."""
+        key = (job_id, attempt)
+        self._adopt_deadlines(key)
+        return self._deadlines.fenced(key)
+
+    def fence_after(self, job_id: str, attempt: int) -> float:
+        """The fence window an attempt found at startup was dispatched with (0: none)."""
+        for _, job in self._attempt_jobs((job_id, attempt)):
+            found = annotated_deadline(job.metadata.annotations)
+            if found is not None:
+                return found[0]
+        return 0.0
+
+    async def fence(self, job_id: str, attempt: int, until: float) -> None:
+        key = (job_id, attempt)
+        w = self._workloads.get(key)
+        if w is None or w.cancelled or self._is_cancelled(key):
+            return
+        self._adopt_deadlines(key)
+        starts: dict[str, float | None] = {}
+
+        def start_of(name: str) -> float | None:
+            # read once a Job's start is needed (until it is known), not on every extension
+            if not starts:
+                for _, job in self._attempt_jobs(key):
+                    starts[job.metadata.name] = job_start(job.status)
+            return starts.get(name)
+
+        for name, seconds in self._deadlines.due(key, until, start_of):
+            collection = next(c for c, n in w.objects if n == name and is_batch_job(c))
+            try:
+                await self.rest.merge_patch(
+                    item_path(collection, name), JobDeadlines.patch(seconds)
+                )
+            except KubeApiError as exc:
+                raise BackendError(f"fence of Job {name}: {exc}") from None
+            self._deadlines.patched(key, name, seconds)
+
+    def _attempt_jobs(self, key: Key) -> list[tuple[str, KJob]]:
+        out = []
+        for collection, reflector in self.job_reflectors.items():
+            if not is_batch_job(collection):
+                continue
+            for job in reflector.cache.values():
+                if _owned_key(job.metadata) == key:
+                    out.append((collection, job))
+        return out
+
+    def _adopt_deadlines(self, key: Key) -> None:
+        """Jobs of an attempt this agent did not create (it restarted) carry their fence in
+        annotations: take it up, so the healthy agent keeps extending it."""
+        if self._deadlines.fenced(key) or key not in self._workloads:
+            return
+        w = self._workloads[key]
+        for collection, job in self._attempt_jobs(key):
+            found = annotated_deadline(job.metadata.annotations)
+            if found is None:
+                continue
+            name = job.metadata.name
+            if (collection, name) not in w.objects:
+                w.objects.append((collection, name))
+            self._deadlines.created(key, name, found[1], job_start(job.status))
 
     def _hold_all(self, key: Key) -> None:
         """The attempt ended here: its pods still running or terminating keep their GPUs."""

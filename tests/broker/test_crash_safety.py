@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from broker.intake import consumer_name
 from schemas.agent import (
     Applied,
     CommandAck,
@@ -146,7 +147,7 @@ async def test_submission_that_failed_processing_twice_is_dead_lettered(
     await harness.nc.publish(harness.subjects.submit("default"), encode_json(job("poisoned")))
     await harness.nc.flush()
     # The broker's durable consumer hands it out twice and never sees an ack.
-    consumer = await js.pull_subscribe_bind("muster-broker", stream=stream)
+    consumer = await js.pull_subscribe_bind(consumer_name("default"), stream=stream)
     for _ in range(2):
         (msg,) = await consumer.fetch(1, timeout=5)
         await msg.nak()

@@ -7,8 +7,6 @@ import asyncio
 import contextlib
 from typing import Any
 
-import pytest
-
 from schemas.agent import Cancel, Dispatch, EventBatch, Heartbeat, Resync, WorkloadStatus
 from schemas.codec import encode_msgpack
 from tests.broker.conftest import Harness
@@ -146,7 +144,6 @@ async def test_crash_and_restart_loses_nothing_and_runs_nothing_twice(harness: H
     assert len(keys) == 22 and len({k[0] for k in keys}) == 22
 
 
-@pytest.mark.flaky(reruns=1)  # the same lease-expiry race as the demo test (operations.md)
 async def test_standby_takes_over_while_jobs_dispatch(harness: Harness) -> None:
     import nats
 

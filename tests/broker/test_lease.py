@@ -9,6 +9,8 @@ import uuid
 import msgspec
 import pytest
 from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyNotFoundError
 
 from broker.lease import LeaderLease, LeadershipLost, LeaseHolder
 
@@ -73,3 +75,76 @@ async def test_a_renewal_whose_ack_was_lost_keeps_the_lease(nc: Client) -> None:
     with pytest.raises(LeadershipLost):
         await lease.renew()
     assert await lease.current() == "broker-2"
+
+
+async def _expired(js: JetStreamContext, bucket: str) -> None:
+    """Wait until the server has aged the lease key out of its bucket."""
+    kv = await js.key_value(bucket)
+    while True:
+        try:
+            await kv.get("leader")
+        except KeyNotFoundError:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _expired_then_taken(js: JetStreamContext, bucket: str) -> tuple[LeaderLease, LeaderLease]:
+    """broker-1 leads, its key ages out, and broker-2 takes the lease while it is gone."""
+    lease = LeaderLease(js, bucket, "broker-1", ttl=1.0)
+    assert await lease.try_acquire()
+    await asyncio.wait_for(_expired(js, bucket), 10)
+    other = LeaderLease(js, bucket, "broker-2", ttl=1.0)
+    assert await other.try_acquire()
+    return lease, other
+
+
+async def test_a_late_renewal_recreates_its_expired_key_and_keeps_the_epoch(nc: Client) -> None:
+    """A renewal delayed past the TTL (a starved event loop) finds the key aged out. Nobody
+    wrote it in between, so nobody led: the leader keeps leading with the same epoch."""
+    js = nc.jetstream()
+    bucket = _bucket()
+    lease = LeaderLease(js, bucket, "broker-1", ttl=1.0)
+    assert await lease.try_acquire()
+    await lease.renew()
+    epoch = lease.epoch
+    await asyncio.wait_for(_expired(js, bucket), 10)
+    await lease.renew()  # raised LeadershipLost ("wrong last sequence: 0") before
+    assert lease.epoch == epoch
+    assert lease.recreated == 1
+    kv = await js.key_value(bucket)
+    entry = await kv.get("leader")
+    assert entry.value is not None
+    held = msgspec.json.decode(entry.value, type=LeaseHolder)
+    assert (held.holder, held.epoch) == ("broker-1", epoch)
+    # A standby still cannot take it, and the next renewal is an ordinary one.
+    assert not await LeaderLease(js, bucket, "broker-2", ttl=1.0).try_acquire()
+    await lease.renew()
+    assert lease.recreated == 1
+
+
+async def test_a_late_renewal_steps_down_when_another_broker_led_meanwhile(nc: Client) -> None:
+    """While the key was gone a standby won it (a higher epoch) and released it again. The
+    late leader must not lead on with state that broker may have changed."""
+    js = nc.jetstream()
+    bucket = _bucket()
+    lease, other = await _expired_then_taken(js, bucket)
+    assert other.epoch > lease.epoch
+    await other.release()  # a delete marker: the key is gone, but not by expiry
+    with pytest.raises(LeadershipLost):
+        await lease.renew()
+
+
+async def test_a_late_renewal_steps_down_when_a_newer_lease_also_expired(nc: Client) -> None:
+    """A standby led and its own key aged out as well: the key is absent again, but the
+    recreated revision shows the gap, so the late leader steps down."""
+    js = nc.jetstream()
+    bucket = _bucket()
+    lease, other = await _expired_then_taken(js, bucket)
+    await asyncio.wait_for(_expired(js, bucket), 10)
+    with pytest.raises(LeadershipLost):
+        await lease.renew()
+    assert lease.recreated == 0
+    # It stepped down holding the key: a standby round of its own takes it back, at a new
+    # epoch above the other broker's.
+    assert await lease.try_acquire()
+    assert lease.epoch > other.epoch

@@ -1,6 +1,6 @@
-"""A full job store: the broker keeps its lease (every Muster stream has its space reserved, so
-the server store never fills), refuses new submissions with a clear "storage full" error, never
-exits, and takes work again once the store has room."""
+"""A full job store or a full server store: the broker keeps leading with the same epoch,
+refuses new submissions with a clear "storage full" error, never exits, and takes work again
+once the store has room."""
 
 from __future__ import annotations
 
@@ -135,23 +135,44 @@ async def _fill(js: object, subject: str) -> None:
     raise AssertionError("the store never filled")
 
 
-async def test_filled_server_store_never_makes_the_broker_exit(tiny_nats: str) -> None:
-    """Another tenant fills the whole server store: the lease cannot be renewed, so the broker
-    steps down (it must), but it keeps running and leads again once the store has room."""
+async def test_filled_server_store_keeps_the_leader_and_refuses_submissions(
+    tiny_nats: str,
+) -> None:
+    """Another tenant fills the whole server store: nats-server then refuses every write to a
+    file-backed stream, the lease renewal included, so no broker can take the lease either.
+    The leader suspends instead of stepping down: it keeps leading with the same epoch,
+    answers submissions with "storage full", changes nothing, and resumes once there is room."""
     from nats.js import api
 
     async with running_broker(tiny_nats) as (client, broker, task, subjects, config):
+        epoch = broker.lease.epoch
         js = client.jetstream()
         await js.add_stream(api.StreamConfig(name="FILLER", subjects=["filler"]))
         await _fill(js, "filler")
-        for _ in range(200):  # the lease runs out within a TTL or two
-            if not broker.leading.is_set():
+        for _ in range(400):  # a renewal runs every quarter TTL
+            if broker.lease.suspensions:
                 break
             await asyncio.sleep(0.05)
-        await asyncio.sleep(3 * config.timeouts.lease_ttl_s)
+        assert broker.lease.suspensions == 1 and not broker.lease.proven.is_set()
+        stats = await client.request(subjects.api("stats"), b"{}", timeout=5)
+        assert b'"lease_suspended":true' in stats.data
+        # Several TTLs on, the lease key has long expired: still the same leader.
+        for _ in range(3):
+            msg = await client.request(subjects.submit("default"), encode_json(job("x", 1, 1)), 10)
+            reply = decode_submit_reply(msg.data)
+            assert not reply.accepted and (reply.error or "").startswith("storage full")
+            await asyncio.sleep(config.timeouts.lease_ttl_s)
+        assert broker.leading.is_set() and broker.lease.epoch == epoch
         assert not task.done(), task.exception() if task.done() else None
+        # Room again: the next renewal recreates the expired key right after its own revision,
+        # and the broker carries on with the same epoch.
         await js.delete_stream("FILLER")
-        await asyncio.wait_for(broker.leading.wait(), 20)
-        assert not task.done()
+        await asyncio.wait_for(broker.lease.proven.wait(), 20)
+        assert broker.leading.is_set() and broker.lease.epoch == epoch
+        for _ in range(200):
+            if not broker.storage_full:
+                break
+            await asyncio.sleep(0.05)
         msg = await client.request(subjects.submit("default"), encode_json(job("after", 1, 1)), 10)
         assert decode_submit_reply(msg.data).accepted
+        assert broker.lease.epoch == epoch and not task.done()

@@ -29,6 +29,10 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
   fields), answered with the real 422 `Status` shape;
 * authentication: with `tokens` set, a request without one of them is a 401 (`revoke()`
   expires a token, as an exec-plugin or OIDC token expires);
+* the Job controller's deadline, opt-in with `run_job_controller(clock)`: a batch/v1 Job
+  created through the API gets `status.startTime`, and once `startTime +
+  spec.activeDeadlineSeconds` has passed (on the given clock) the Job is marked Failed with
+  reason DeadlineExceeded and its pods are deleted (gracefully), as the real controller does;
 * fault injection: `fail_next()` (an HTTP error for the next matching request, 429 with
   Retry-After), `reset_watches()` (connections dropped mid-watch), `expire_watches()` (ERROR
   410 on every open watch), `send_raw()` (garbage lines), `missing_groups` (a CRD that is not
@@ -41,6 +45,7 @@ Everything binds to 127.0.0.1 on a free port.
 from __future__ import annotations
 
 import asyncio
+import calendar
 import contextlib
 import copy
 import json
@@ -58,6 +63,7 @@ Obj = dict[str, Any]
 ResKey = tuple[str, str]  # (group/version, plural), e.g. ("v1", "pods")
 
 CLUSTER_SCOPED = {"nodes", "namespaces"}
+JOBS_RES: ResKey = ("batch/v1", "jobs")
 KINDS = {
     "nodes": "Node",
     "pods": "Pod",
@@ -274,6 +280,8 @@ class FakeApiServer:
         self.pod_logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> container output
         self._failures: list[tuple[str, str, int, float | None]] = []
         self._terminating: dict[tuple[ResKey, str, str], float] = {}  # -> remove at (monotonic)
+        self._job_clock: Any = None  # set by run_job_controller()
+        self.job_controller_passes = 0
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port = port
@@ -368,6 +376,61 @@ class FakeApiServer:
         route = parse_path(path)
         assert route is not None and route.name is not None, path
         return self._delete(route, policy, grace)
+
+    def run_job_controller(self, clock: Any = time.time) -> None:
+        """Enforce batch Jobs' activeDeadlineSeconds as the Job controller does (see the
+        module docstring); `clock` gives unix seconds, so a test can move time itself."""
+        self._job_clock = clock
+        self.job_controller_passes = 0
+        self._tasks.append(asyncio.create_task(self._job_deadline_loop()))
+
+    async def _job_deadline_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.02)
+            self.enforce_job_deadlines()
+            self.job_controller_passes += 1
+
+    def enforce_job_deadlines(self) -> None:
+        now = self._job_clock()
+        for (ns, _), job in list(self.store.get(JOBS_RES, {}).items()):
+            deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+            status = job.get("status") or {}
+            started = status.get("startTime")
+            if (
+                not isinstance(deadline, int)
+                or not started
+                or job["metadata"].get("deletionTimestamp")
+            ):
+                continue
+            conditions = status.get("conditions") or []
+            if any(c.get("type") in ("Complete", "Failed") for c in conditions):
+                continue
+            start = calendar.timegm(time.strptime(started, "%Y-%m-%dT%H:%M:%SZ"))
+            if now < start + deadline:
+                continue
+            message = "Job was active longer than specified deadline"
+            failed = {
+                "status": "True",
+                "reason": "DeadlineExceeded",
+                "message": message,
+                "lastTransitionTime": now_rfc3339(),
+            }
+            job = copy.deepcopy(job)
+            job["status"] = {
+                **status,
+                "active": 0,
+                "conditions": [
+                    *conditions,
+                    {"type": "FailureTarget", **failed},
+                    {"type": "Failed", **failed},
+                ],
+            }
+            self.put(f"/apis/batch/v1/namespaces/{ns}/jobs", job)
+            uid = job["metadata"]["uid"]
+            for (pns, pname), pod in list(self.store.get(("v1", "pods"), {}).items()):
+                owners = pod["metadata"].get("ownerReferences") or []
+                if any(o.get("uid") == uid for o in owners):
+                    self.delete(f"/api/v1/namespaces/{pns}/pods/{pname}")
 
     def items(self, gv: str, plural: str) -> list[Obj]:
         return list(self.store.get((gv, plural), {}).values())
@@ -628,6 +691,12 @@ class FakeApiServer:
             if (route.namespace or "", name) in self.store.get(route.res, {}):
                 msg = f"{route.res[1]} {name!r} already exists"
                 return web.json_response(status(409, "AlreadyExists", msg), status=409)
+            if route.res == JOBS_RES and self._job_clock is not None:
+                # the Job controller's first sync: the clock activeDeadlineSeconds counts from
+                started = time.gmtime(self._job_clock())
+                body.setdefault("status", {})["startTime"] = time.strftime(
+                    "%Y-%m-%dT%H:%M:%SZ", started
+                )
             obj = self.put(path, body)
             return web.json_response(obj, status=201)
         if request.method == "PATCH" and route.name is not None:

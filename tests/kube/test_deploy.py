@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from agents.config import convert_agent_config
 from agents.kube.backend import KubeBackend
+from agents.kube.fence import job_start
 from agents.kube.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule
 from broker.config import parse_config
 from broker.embedded import free_port
@@ -30,7 +32,7 @@ from schemas.agent import Dispatch, PodSetAssignment
 from schemas.job import JobSpec
 from shell.natsio import flush
 from tests.kube.conftest import NODES, NS, Recorder, make_config, manifest_dispatch, node
-from tests.kube.fake_apiserver import FakeApiServer, parse_path
+from tests.kube.fake_apiserver import FakeApiServer, now_rfc3339, parse_path
 from tests.kube.test_manifests import (
     BATCH_JOB_YAML,
     JOBSET_YAML,
@@ -189,6 +191,23 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
     )
     await Recorder().wait_for(lambda: backend._pod_names.get(("indexed-job-job", 1)))
     await backend.checkpoint_now("indexed-job-job", 1, 1.0)
+    # A fenced attempt: the agent moves its Job's activeDeadlineSeconds (patch on jobs).
+    fenced = msgspec.structs.replace(cmds[0], job_id="fenced-job", fence_after_s=20.0)
+    await backend.dispatch(fenced)
+    fenced_path = f"/apis/batch/v1/namespaces/{NS}/jobs/fenced-job-a1-worker"
+    started = apiserver.get(fenced_path)
+    assert started is not None
+    apiserver.put(
+        fenced_path.rsplit("/", 1)[0], {**started, "status": {"startTime": now_rfc3339()}}
+    )
+    await Recorder().wait_for(lambda: backend.fences("fenced-job", 1))
+    await Recorder().wait_for(lambda: bool(backend._attempt_jobs(("fenced-job", 1))))
+    await Recorder().wait_for(
+        lambda: job_start(backend._attempt_jobs(("fenced-job", 1))[0][1].status) is not None
+    )
+    await backend.fence("fenced-job", 1, time.time() + 60)
+    assert apiserver.get(fenced_path)["spec"]["activeDeadlineSeconds"] > 20  # type: ignore[index]
+    cmds.append(fenced)
     for cmd in cmds:
         await backend.cancel(cmd.job_id, None, "test")
     await backend.collect_garbage()

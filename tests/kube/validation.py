@@ -760,6 +760,23 @@ def _immutable_causes(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
                         f"`spec.tolerations` (only additions) ({key} changed)",
                     )
                 )
+        old_ads, new_ads = os_.get("activeDeadlineSeconds"), ns.get("activeDeadlineSeconds")
+        if isinstance(old_ads, int) and new_ads is None:
+            out.append(
+                Cause(
+                    "spec.activeDeadlineSeconds",
+                    "FieldValueInvalid",
+                    "must not update from a positive integer to nil value",
+                )
+            )
+        elif isinstance(old_ads, int) and isinstance(new_ads, int) and new_ads > old_ads:
+            out.append(
+                Cause(
+                    "spec.activeDeadlineSeconds",
+                    "FieldValueInvalid",
+                    "must be less than or equal to previous value",
+                )
+            )
         old_tol = os_.get("tolerations") or []
         new_tol = ns.get("tolerations") or []
         if any(t not in new_tol for t in old_tol):

@@ -6,13 +6,11 @@ from __future__ import annotations
 import io
 import time
 
-import pytest
 from rich.console import Console
 
 from load.demo import HARD_CAP_S, DemoOptions, run_demo
 
 
-@pytest.mark.flaky(reruns=1)  # a lease renewal that finds its key expired steps the broker down
 async def test_fast_demo_shows_checkpointed_recovery() -> None:
     out = io.StringIO()
     console = Console(file=out, width=120, force_terminal=False)
