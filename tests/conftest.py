@@ -3,14 +3,23 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import nats
 import pytest
 import pytest_asyncio
+from hypothesis import settings
 from nats.aio.client import Client
 
 from broker.embedded import EmbeddedNats
+
+# Property tests draw from a seed fixed per test by default, so `make test` is the same run
+# every time (a red run is never luck). `HYPOTHESIS_PROFILE=explore` draws fresh examples and
+# keeps failures in .hypothesis/ for replay: run it when changing the core.
+settings.register_profile("default", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True, max_examples=500)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(scope="session", autouse=True)

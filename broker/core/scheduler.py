@@ -87,7 +87,8 @@ Shape = tuple[object, ...]
 
 
 def _job_ids(keys: Iterable[AllocKey]) -> list[str]:
-    return list(dict.fromkeys(k[0] for k in keys))
+    """The jobs holding these allocations; capacity held for a preemptor is not a job there."""
+    return list(dict.fromkeys(k[0] for k in keys if k[1] != HOLD_ATTEMPT))
 
 
 def _order_key(r: GangRequest) -> tuple[int, int]:

@@ -179,3 +179,15 @@ def test_a_stale_plan_expires_and_can_be_made_again() -> None:
     # the victim was never ended: after the wait the plan is dropped and made again
     res = s.schedule([gang("hi", (1, 8), priority=5)], NOW + 3600)
     assert [p.victims for p in res.preemptions] == [("low",)]
+
+
+def test_capacity_held_for_a_preemptor_is_not_a_job_on_the_node() -> None:
+    """A planned preemption holds the victims' node for the preemptor. A spot notice or a lost
+    node there names the jobs to move: the victim, never the preemptor, which runs nowhere."""
+    s = fleet(Scheduler(config()))
+    s.schedule([gang("low", (1, 8))], NOW)
+    node = node_of(s, "low")
+    res = s.schedule([gang("hi", (1, 8), priority=5)], NOW + 1)
+    assert [p.preemptor for p in res.preemptions] == ["hi"]
+    assert s.jobs_on_node("c1", node) == ["low"]
+    assert s.spot_notice("c1", node, NOW + 120, NOW + 2) == ["low"]
