@@ -459,12 +459,6 @@ class Inventory:
             if node is not None:
                 node.take(vec[0], vec[1], vec[2])
 
-    def record_usage(self, cluster: str, key: AllocKey, per_node: Mapping[str, Vec]) -> None:
-        """Record allocations whose node capacity was already taken (by packing)."""
-        allocs = self.cluster(cluster).node_allocs
-        for name, vec in per_node.items():
-            allocs.setdefault(name, {})[key] = vec
-
     def remove_usage(self, cluster: str, key: AllocKey, per_node: Mapping[str, Vec]) -> None:
         c = self.clusters.get(cluster)
         if c is None:

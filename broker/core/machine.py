@@ -235,7 +235,9 @@ class Machine:
             record = self.jobs[job_id]
             self._dequeue(record)
             self.reasons.pop(job_id, None)
-            self._dispatch(record, self._attempt_for(record, placement, now), now, effects)
+            attempt = self._attempt_for(record, placement, now)
+            # placement.note: a partial admission says so in the admitted event
+            self._dispatch(record, attempt, now, effects, note=placement.note or None)
         for pre in result.preemptions:
             for victim_id in pre.victims:
                 victim = self.jobs.get(victim_id)
@@ -762,7 +764,12 @@ class Machine:
         )
 
     def _dispatch(
-        self, record: JobRecord, attempt: AttemptRecord, now: float, effects: list[Effect]
+        self,
+        record: JobRecord,
+        attempt: AttemptRecord,
+        now: float,
+        effects: list[Effect],
+        note: str | None = None,  # the admitted event's reason (a partial admission's note)
     ) -> None:
         attempt.dispatched_at = now
         attempt.resume_from = record.resume_point()
@@ -779,6 +786,7 @@ class Machine:
                 record,
                 "admitted",
                 now,
+                reason=note,
                 resume_from_step=attempt.resume_from.step if attempt.resume_from else None,
             )
         )

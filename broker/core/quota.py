@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from broker.core.types import ReasonCode
+from broker.core.types import Bound, ReasonCode
 from schemas.api import FlavorUsage, QueueView, ResourceUsage
 from schemas.config import CohortConfig, FlavorQuota, QueueConfig
 
@@ -49,6 +50,16 @@ class Limit:
 
 
 Limits = tuple[Limit | None, Limit | None, Limit | None]
+
+
+class QuotaMiss(NamedTuple):
+    """Why a demand does not fit a queue's quota in one flavor class, with its numbers."""
+
+    code: ReasonCode
+    message: str
+    bound: Bound | None = None
+
+
 _ZERO = Limit(0, 0, None)
 
 
@@ -223,14 +234,16 @@ class QuotaBook:
             parent = min(parent, cap)
         return local + parent, own
 
-    def check(self, q: QueueState, cls: str, demand: Vec) -> tuple[ReasonCode, str] | None:
-        """None when `demand` fits the queue's quota in `cls`, else (reason code, message)."""
+    def check(self, q: QueueState, cls: str, demand: Vec) -> QuotaMiss | None:
+        """None when `demand` fits the queue's quota in `cls`, else the binding limit."""
         limits = q.limits
         if limits is None:
             return None
         lims = limits.get(cls)
         if lims is None:
-            return ("quota-exceeded", f"queue {q.name} has no quota for flavor class {cls}")
+            return QuotaMiss(
+                "quota-exceeded", f"queue {q.name} has no quota for flavor class {cls}"
+            )
         u = q.usage.get(cls)
         for r in range(3):
             lim = lims[r]
@@ -242,24 +255,28 @@ class QuotaBook:
             if d > avail:
                 res = RESOURCES[r]
                 if d > own:
+                    bound = Bound(res, used, d, used + max(0, own))
                     if lim is _ZERO:
-                        return (
+                        return QuotaMiss(
                             "quota-exceeded",
                             f"queue {q.name} needs {amount_text(r, d)} {res} of {cls}, and its "
                             f"quota of {cls} does not list {res}, so it admits none",
+                            bound,
                         )
                     borrowing = "none" if lim.borrowing is None else amount_text(r, lim.borrowing)
-                    return (
+                    return QuotaMiss(
                         "quota-exceeded",
                         f"queue {q.name} needs {amount_text(r, d)} {res} of {cls}; its limit "
                         f"leaves {amount_text(r, max(0, own))} (nominal "
                         f"{amount_text(r, lim.nominal)}, borrowing limit {borrowing}, used "
                         f"{amount_text(r, used)})",
+                        bound,
                     )
-                return (
+                return QuotaMiss(
                     "cohort-exhausted",
                     f"queue {q.name} needs {amount_text(r, d)} {res} of {cls}; cohort "
                     f"{q.cohort.name if q.cohort else '-'} leaves {amount_text(r, max(0, avail))}",
+                    Bound(res, used, d, used + max(0, avail)),
                 )
         return None
 
@@ -493,11 +510,16 @@ def never_admissible(q: QueueState, classes: Iterable[str], demand: Vec) -> str 
     return f"queue {q.name} can never admit it: " + "; ".join(problems)
 
 
-def binding_quota(book: QuotaBook, q: QueueState, cls: str, demand: Vec) -> str | None:
+def binding_quota(book: QuotaBook, q: QueueState, cls: str, demand: Vec) -> QuotaMiss | None:
     """None when `demand` fits the queue's quota in `cls` now, else the binding limit with its
     numbers, e.g. `quota q gpu 8/8 used, needs 16 > nominal 8 + borrow 4`."""
-    if book.check(q, cls, demand) is None:
+    miss = book.check(q, cls, demand)
+    if miss is None:
         return None
+    return QuotaMiss(miss.code, _binding_text(book, q, cls, demand), miss.bound)
+
+
+def _binding_text(book: QuotaBook, q: QueueState, cls: str, demand: Vec) -> str:
     limits = q.limits or {}
     lims = limits.get(cls)
     if lims is None:

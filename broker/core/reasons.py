@@ -22,6 +22,7 @@ from broker.core.placement import (
     empty_fit,
     gpu_type_ok,
 )
+from broker.core.quota import QuotaMiss
 from broker.core.types import GangRequest, Reason, ReasonCode
 
 
@@ -52,7 +53,7 @@ def explain(
     req: GangRequest,
     gang: Gang,
     cands: Candidates,
-    quota_fail: Mapping[ReasonCode, tuple[str, str]],
+    quota_fail: Mapping[ReasonCode, tuple[QuotaMiss, str]],
     avoided: Sequence[Pool],
     allow_fallback: bool | None,
     capacity_failed: bool,
@@ -82,8 +83,8 @@ def explain(
                     flavor=fit.name,
                 )
             )
-    for code, (msg, cls) in quota_fail.items():
-        reasons.append(Reason(code, msg, flavor=cls))
+    for code, (miss, cls) in quota_fail.items():
+        reasons.append(Reason(code, miss.message, flavor=cls, bound=miss.bound))
     considered = [
         p
         for gi, g in enumerate(cands.groups)
