@@ -463,9 +463,16 @@ def why_view(why: WhyView) -> Group:
         table = Table(box=None, pad_edge=False, header_style="bold")
         table.add_column("CLUSTER/FLAVOR", no_wrap=True)
         table.add_column("CONSTRAINT", no_wrap=True)
+        table.add_column("BINDING", no_wrap=True)
         table.add_column("DETAIL", overflow="fold")
         for c in why.candidates:
-            _row(table, _where(c.cluster, c.flavor), c.code, c.message)
+            b = c.bound
+            binding = "-"
+            if b is not None:  # used + needed > limit, memory in Gi
+                k, unit = (2**30, "Gi") if b.resource == "memory" else (1, "")
+                used, needed, limit = (f"{v / k:g}{unit}" for v in (b.used, b.needed, b.limit))
+                binding = f"{b.resource} {used}+{needed}>{limit}"
+            _row(table, _where(c.cluster, c.flavor), c.code, binding, c.message)
         lines.append(Text(""))
         lines.append(table)
     return Group(*lines)

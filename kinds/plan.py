@@ -87,9 +87,7 @@ def check_assignment(cmd: Dispatch) -> None:
     by_name = assigned(cmd)
     for ps in cmd.spec.gang:
         nodes = by_name.get(ps.name)
-        # A partially admitted podset runs with fewer replicas, never below its minimum.
-        low = ps.replicas if ps.min_replicas is None else ps.min_replicas
-        if nodes is not None and not low <= len(nodes) <= ps.replicas:
+        if nodes is not None and not ps.admits(len(nodes)):
             raise KindError(
                 f"assignment: podset {ps.name!r} has {len(nodes)} nodes for {ps.replicas} replicas"
             )

@@ -62,6 +62,12 @@ class PodSet(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
                 f"{self.replicas} replicas; set min_replicas between 1 and replicas"
             )
 
+    def admits(self, count: int) -> bool:
+        """Whether a dispatch may run this podset with `count` replicas (fewer than
+        `replicas` only under partial admission, never below `min_replicas`)."""
+        low = self.replicas if self.min_replicas is None else self.min_replicas
+        return low <= count <= self.replicas
+
 
 class CheckpointSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Where the workload writes checkpoints; passed to it as MUSTER_CHECKPOINT_URI."""

@@ -132,6 +132,13 @@ def _mins(req: GangRequest) -> list[tuple[PodSetDemand, int]]:
     return [(d, mins.get(d.podset, d.replicas)) for d in req.podsets]
 
 
+def least_podsets(req: GangRequest) -> tuple[PodSetDemand, ...]:
+    """The podsets at their minimum replicas (all of them without partial admission)."""
+    if not req.min_replicas:
+        return req.podsets
+    return tuple(d._replace(replicas=m) for d, m in _mins(req))
+
+
 def _scaled(req: GangRequest, count: int) -> tuple[PodSetDemand, ...]:
     """The podsets with the scalable ones at `count` replicas (capped at their own size)."""
     mins = req.min_replicas

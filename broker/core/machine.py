@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from broker.core.effects import Effect, Persist, Publish, Send
 from broker.core.pending import PendingQueue
 from broker.core.policy import no_progress_reason, no_progress_verdict
+from broker.core.reasons import pending_reason
 from broker.core.records import (
     AttemptRecord,
     AvoidPool,
@@ -1295,12 +1296,8 @@ class Machine:
                         f"after: {record.reason}",
                     )
                 )
-            for r in self.reasons.get(record.job_id, ()):
-                reasons.append(
-                    PendingReason(
-                        code=r.code, message=r.message, cluster=r.cluster, flavor=r.flavor
-                    )
-                )
+            # pending_reason: the API form of a core reason, with its numbers
+            reasons.extend(pending_reason(r) for r in self.reasons.get(record.job_id, ()))
         elif record.state == "preempting" and record.preempting is not None:
             reasons.append(
                 PendingReason(
@@ -1337,10 +1334,7 @@ class Machine:
             position = pending.rank(job_id) if pending is not None else 0
             demands = self._demands.get(job_id) or demands_of(record.spec)
             request = gang_request(record, now, demands)
-            candidates = [
-                PendingReason(code=r.code, message=r.message, cluster=r.cluster, flavor=r.flavor)
-                for r in self.scheduler.pool_reasons(request)
-            ]
+            candidates = [pending_reason(r) for r in self.scheduler.pool_reasons(request)]
             waiting_for = _waiting_for(reasons, candidates)
         elif record.state == "preempting":
             waiting_for = "checkpoint"

@@ -24,6 +24,7 @@ from broker.core.placement import (
 )
 from broker.core.quota import QuotaMiss
 from broker.core.types import GangRequest, Reason, ReasonCode
+from schemas.api import PendingReason, ReasonBound
 
 
 def describe(gang: Gang) -> str:
@@ -137,3 +138,15 @@ def feasibility(inv: Inventory, req: GangRequest, gang: Gang) -> tuple[Reason, .
     if any(empty_fit(p, gang) and cluster_empty_fit_cpu(c, gang) for c, p in matching):
         return ()
     return (_too_large(gang),)
+
+
+def pending_reason(r: Reason) -> PendingReason:
+    """A core reason as the API shows it (cpu in cores, as `muster queues` shows it)."""
+    bound = None
+    if r.bound is not None:
+        scale = 1000.0 if r.bound.resource == "cpu" else 1.0
+        b = r.bound
+        bound = ReasonBound(b.resource, b.used / scale, b.needed / scale, b.limit / scale)
+    return PendingReason(
+        code=r.code, message=r.message, cluster=r.cluster, flavor=r.flavor, bound=bound
+    )

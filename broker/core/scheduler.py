@@ -51,6 +51,7 @@ from broker.core.assigner import (
     Snapshot,
     allow_fallback,
     assign,
+    least_podsets,
     shape_of,
 )
 from broker.core.diagnose import pool_reasons
@@ -765,7 +766,8 @@ class Scheduler:
             self._progress[(job_id, attempt)] = work_since
 
     def check_feasible(self, request: GangRequest) -> tuple[Reason, ...]:
-        gang = self._gang(request.podsets)
+        """Could the gang ever start? Under partial admission, judged at its minimum."""
+        gang = self._gang(least_podsets(request))
         return feasibility(self._inv, request, gang) or self._quota_feasibility(request, gang)
 
     def _quota_feasibility(self, request: GangRequest, gang: Gang) -> tuple[Reason, ...]:
