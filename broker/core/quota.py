@@ -344,16 +344,73 @@ class QuotaBook:
             return 0
         return max(0, q.used(cls)[r] - lim.nominal)
 
-    def cohort_borrowing(self, q: QueueState) -> bool:
-        """Does any other reclaimable member of q's cohort borrow anything?"""
+    def tree_members(self, q: QueueState) -> list[QueueState]:
+        """Every queue of the cohort tree q belongs to (q's root cohort and all below it)."""
         co = q.cohort
         if co is None:
+            return []
+        while co.parent is not None:
+            co = co.parent
+        out: list[QueueState] = []
+        todo = [co]
+        while todo:
+            c = todo.pop()
+            out.extend(c.members)
+            todo.extend(c.children)
+        return sorted(out, key=lambda m: m.index)
+
+    @staticmethod
+    def lender_path(victim: QueueState, preemptor: QueueState) -> list[QueueState | Cohort]:
+        """The victim's queue and its cohorts below the lowest cohort it shares with the
+        preemptor: the nodes that may hold quota lent across that common cohort. Empty when
+        the two queues are in different trees."""
+        shared: set[int] = set()
+        up = preemptor.cohort
+        while up is not None:
+            shared.add(id(up))
+            up = up.parent
+        path: list[QueueState | Cohort] = [victim]
+        co = victim.cohort
+        while co is not None and id(co) not in shared:
+            path.append(co)
+            co = co.parent
+        return path if co is not None else []
+
+    def node_borrowed(self, node: QueueState | Cohort, cls: str, r: int) -> int:
+        """How much of resource r in cls the node uses beyond its own (subtree) quota."""
+        if isinstance(node, QueueState):
+            return self.borrowed_amount(node, cls, r)
+        used = node.borrowed.get(cls)
+        if used is None:
+            return 0
+        return max(0, used[r] - node.lendable[cls][r])
+
+    def reclaimable(self, victim: QueueState, preemptor: QueueState, cls: str, vec: Vec) -> bool:
+        """May `vec` of the victim queue's use of `cls` be taken back for the preemptor? Only
+        what was lent across their common cohort: the victim's queue and the subtree that
+        hangs off that cohort both borrow, and each stays at or above its quota afterwards in
+        every resource it borrows. Siblings of one cohort: the victim queue's own borrowing."""
+        path = self.lender_path(victim, preemptor)
+        if not path:
             return False
-        for m in co.members:
+        for node in (path[0], path[-1]) if len(path) > 1 else (path[0],):
+            borrowed = [self.node_borrowed(node, cls, r) for r in range(3)]
+            rs = [r for r in range(3) if borrowed[r] > 0]
+            if not rs or any(vec[r] > borrowed[r] for r in rs):
+                return False
+        return True
+
+    def lent_out(self, victim: QueueState, preemptor: QueueState, cls: str) -> bool:
+        """Does the victim queue use quota lent across its common cohort with the preemptor?"""
+        return self.reclaimable(victim, preemptor, cls, (0, 0, 0))
+
+    def cohort_borrowing(self, q: QueueState) -> bool:
+        """Does any other reclaimable queue of q's cohort tree use quota lent to it?"""
+        for m in self.tree_members(q):
             if m is q or not m.config.reclaimable or m.limits is None:
                 continue
             for cls in m.usage:
-                if self.borrowing(m, cls):
+                if self.lent_out(m, q, cls):
                     return True
         return False
 

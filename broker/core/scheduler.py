@@ -59,7 +59,7 @@ from broker.core.inventory import AllocKey, Inventory
 from broker.core.ledger import Alloc, Ledger, Vec
 from broker.core.placement import Gang, capacity_rank, make_gang
 from broker.core.preemption import plan_preemption, worth_planning
-from broker.core.quota import QueueState, QuotaBook, QuotaMiss, never_admissible
+from broker.core.quota import Cohort, QueueState, QuotaBook, QuotaMiss, never_admissible
 from broker.core.reasons import feasibility
 from broker.core.reservation import Reservation
 from broker.core.types import (
@@ -85,6 +85,19 @@ _GANG_CACHE_MAX = 65_536
 
 def _job_ids(keys: Iterable[AllocKey]) -> list[str]:
     return list(dict.fromkeys(k[0] for k in keys))
+
+
+def _root(q: QueueState) -> Cohort | None:
+    co = q.cohort
+    while co is not None and co.parent is not None:
+        co = co.parent
+    return co
+
+
+def _same_tree(a: QueueState, b: QueueState) -> bool:
+    """Both queues under one root cohort: they lend to and reclaim from each other."""
+    root = _root(a)
+    return root is not None and root is _root(b)
 
 
 def _order_key(r: GangRequest) -> tuple[int, int]:
@@ -391,7 +404,7 @@ class Scheduler:
         for claimant, (other, ocls) in self._claims.items():
             if ocls != cls or claimant == job_id:
                 continue
-            if other is not qs and (qs.cohort is None or other.cohort is not qs.cohort):
+            if other is not qs and not _same_tree(qs, other):
                 continue
             if other is qs:
                 if job_id in self._claims:
@@ -417,7 +430,7 @@ class Scheduler:
         for claimant, (other, _) in self._claims.items():
             if claimant == job_id:
                 continue
-            if other is qs or (qs.cohort is not None and other.cohort is qs.cohort):
+            if other is qs or _same_tree(qs, other):
                 return True
         return False
 

@@ -18,12 +18,11 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from broker.core.assigner import Assignment
-from broker.core.quota import QuotaBook
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, PodSetDemand
 from schemas.config import CohortConfig
 
-from .helpers import GI, NOW, config, flavor, gang, nodes, queue
+from .helpers import GI, NOW, config, flavor, gang, nodes, queue, quota_broken
 
 
 def fingerprint(s: Scheduler) -> Any:
@@ -72,35 +71,6 @@ def overcommitted(s: Scheduler) -> list[str]:
     return bad
 
 
-def quota_broken(book: QuotaBook) -> list[str]:
-    bad = []
-    for q in book.queues.values():
-        if q.limits is None:
-            continue
-        for cls, used in q.usage.items():
-            lims = q.limits.get(cls)
-            for r in range(3):
-                lim = lims[r] if lims is not None else None
-                if used[r] and lims is None:
-                    bad.append(f"{q.name} uses unlisted class {cls}")
-                if lim is None or lim.borrowing is None:
-                    continue
-                if used[r] > lim.nominal + lim.borrowing:
-                    bad.append(f"{q.name} {cls}[{r}] {used[r]} over nominal + borrowing")
-    for co in book.cohorts.values():
-        for cls, used in co.borrowed.items():
-            for r in range(3):
-                # The root has only its subtree's quota; an inner cohort may borrow from its
-                # parent up to its own borrowing limit (none here: unbounded).
-                lim = co.own(cls, r)
-                cap = co.lendable[cls][r] if co.parent is None else None
-                if co.parent is not None and lim is not None and lim.borrowing is not None:
-                    cap = co.lendable[cls][r] + lim.borrowing
-                if cap is not None and used[r] > cap:
-                    bad.append(f"cohort {co.name} {cls}[{r}] uses {used[r]} of {cap}")
-    return bad
-
-
 @st.composite
 def worlds(draw: st.DrawFn) -> tuple[Scheduler, list[GangRequest]]:
     nested = draw(st.booleans())
@@ -115,9 +85,7 @@ def worlds(draw: st.DrawFn) -> tuple[Scheduler, list[GangRequest]]:
         )
         for i in range(draw(st.integers(1, 3)))
     ]
-    s = Scheduler(config(queues=queues))
-    if cohorts:
-        s._book = QuotaBook(s.config.queues, cohorts)
+    s = Scheduler(config(queues=queues, cohorts=cohorts))
     for c in range(draw(st.integers(1, 2))):
         s.apply_snapshot(
             f"c{c}",
