@@ -16,10 +16,10 @@ the scalable podset's replica count.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from broker.core.inventory import Inventory, Pool
+from broker.core.inventory import Inventory, Node, Pool
 from broker.core.placement import (
     TIE_EVAL,
     Candidates,
@@ -32,6 +32,7 @@ from broker.core.placement import (
     fits_now,
     make_gang,
     pack,
+    pack_single,
     pool_cost,
 )
 from broker.core.quota import QueueState, QuotaBook, QuotaMiss
@@ -70,11 +71,14 @@ class Snapshot:
     book: QuotaBook
     rate_of: Callable[[PoolKey], float]
     risk_weight: float
-    claimed: ClaimCheck | None = None  # asked after the quota check passes
+    claimed: ClaimCheck | None = None  # asked after the quota check passes...
+    claims: Mapping[str, object] = field(default_factory=dict)  # ...while this is not empty
     cands: dict[Shape, Candidates] = field(default_factory=dict)
     cap_fail: dict[Shape, Reasons] = field(default_factory=dict)
     queue_fail: dict[tuple[str, Shape], Reasons] = field(default_factory=dict)
     gangs: dict[tuple[PodSetDemand, ...], Gang] = field(default_factory=dict)
+    # (pool, GPUs, checkpoint interval) -> expected cost of a one-node gang there
+    costs: dict[tuple[PoolKey, int, float | None], float] = field(default_factory=dict)
 
     def gang(self, podsets: tuple[PodSetDemand, ...]) -> Gang:
         g = self.gangs.get(podsets)
@@ -118,10 +122,13 @@ def allow_fallback(req: GangRequest, gang: Gang, cands: Candidates) -> bool:
     return not any(empty_fit(p, gang) for p in cands.spot_pools)
 
 
-def assign(req: GangRequest, qs: QueueState, snap: Snapshot) -> Assignment | Reasons:
+def assign(
+    req: GangRequest, qs: QueueState, snap: Snapshot, shape: Shape | None = None
+) -> Assignment | Reasons:
     """The best placement of the whole gang (or, under partial admission, of the most
-    replicas that fit), or why there is none. Changes nothing but the snapshot's memo."""
-    whole = _assign(req, req.podsets, qs, snap)
+    replicas that fit), or why there is none. Changes nothing but the snapshot's memo.
+    `shape` is `shape_of(req)` when the caller has it already."""
+    whole = _assign(req, req.podsets, qs, snap, shape or shape_of(req))
     if isinstance(whole, Assignment) or not any(d.replicas > d_min for d, d_min in _mins(req)):
         return whole
     return _assign_partial(req, qs, snap, whole)
@@ -155,7 +162,8 @@ def _assign_partial(
     best: Assignment | None = None
     while lo <= hi:
         mid = (lo + hi) // 2
-        got = _assign(req, _scaled(req, mid), qs, snap)
+        podsets = _scaled(req, mid)
+        got = _assign(req, podsets, qs, snap, (podsets, *shape_of(req)[1:]))
         if isinstance(got, Assignment):
             best = got
             lo = mid + 1
@@ -172,10 +180,13 @@ def _assign_partial(
 
 
 def _assign(
-    req: GangRequest, podsets: tuple[PodSetDemand, ...], qs: QueueState, snap: Snapshot
+    req: GangRequest,
+    podsets: tuple[PodSetDemand, ...],
+    qs: QueueState,
+    snap: Snapshot,
+    shape: Shape,
 ) -> Assignment | Reasons:
-    gang = snap.gang(podsets)
-    shape = shape_of(req) if podsets is req.podsets else (podsets, *shape_of(req)[1:])
+    gang = snap.gangs.get(podsets) or snap.gang(podsets)
     hit = snap.cap_fail.get(shape)
     if hit is None:
         hit = snap.queue_fail.get((qs.name, shape))
@@ -192,6 +203,7 @@ def _assign(
     fallback: bool | None = None
     need_gpu = gang.total[0]
     has_gpu = bool(gang.gpu_sets)
+    single = gang.single_gpu > 0
     phys = False  # some pool failed on capacity (not only on quota or avoidance)
     for gi, group in enumerate(cands.live):
         if cands.ranks[gi] == 1:
@@ -204,8 +216,9 @@ def _assign(
         dead = False
         while start < n:
             scored: list[tuple[tuple[int, int], int, Pool]] = []
+            k = 0  # len(scored)
             j = start
-            while j < n and len(scored) < TIE_EVAL:
+            while j < n and k < TIE_EVAL:
                 pool = group[j]
                 j += 1
                 if has_gpu:
@@ -217,7 +230,15 @@ def _assign(
                     if pool.key in avoid:
                         avoided.append(pool)
                         continue
-                    est = estimate(pool, gang)
+                    if single:  # `estimate` inline: the fullest bucket that takes it
+                        top = pool.top_bucket()
+                        buckets = pool.buckets
+                        b = need_gpu
+                        while b <= top and not buckets[b]:
+                            b += 1
+                        est = (1, b - need_gpu) if b <= top else None
+                    else:
+                        est = estimate(pool, gang)
                     if est is None:
                         phys = True
                         continue
@@ -231,25 +252,34 @@ def _assign(
                     qr = quota_memo[cls]
                 else:
                     qr = quota_memo[cls] = book.check(qs, cls, gang.total)
-                    if qr is None and claimed is not None:
+                    if qr is None and claimed is not None and snap.claims:
                         qr = quota_memo[cls] = claimed(req.job_id, qs, cls, gang.total)
                 if qr is not None:
                     quota_fail.setdefault(qr.code, (qr, cls))
                     continue
-                scored.append((est, len(scored), pool))
+                scored.append((est, k, pool))
+                k += 1
                 if est[1] == 0 and est[0] <= 1:
                     break
             start = j
-            if len(scored) > 1:
-                scored.sort(key=lambda t: (t[0], t[1]))
+            if k > 1:
+                scored.sort()  # by score; the index is unique, so pools are never compared
             for _, _, pool in scored:
-                takes = pack(clusters[pool.cluster], pool, gang, req)
-                if takes is not None:
-                    return _assignment(req, qs, snap, gang, pool, takes)
+                if single:
+                    node = pack_single(pool, gang)
+                    if node is not None:
+                        if dead:
+                            _prune(group)
+                        return _single(req, qs, snap, gang, pool, node)
+                else:
+                    takes = pack(clusters[pool.cluster], pool, gang, req)
+                    if takes is not None:
+                        if dead:
+                            _prune(group)
+                        return _assignment(req, qs, snap, gang, pool, takes)
                 phys = True
         if dead:
-            # Empty pools stay empty while the snapshot lives: drop them from its list.
-            group[:] = [p for p in group if p.free_gpu > 0]
+            _prune(group)
     reasons = explain(
         snap.inv,
         req,
@@ -268,11 +298,32 @@ def _assign(
     return reasons
 
 
+def _prune(group: list[Pool]) -> None:
+    """Empty pools stay empty while the snapshot lives: drop them from its candidate list."""
+    group[:] = [p for p in group if p.free_gpu > 0]
+
+
 def _fits_quota(req: GangRequest, gang: Gang, qs: QueueState, snap: Snapshot, pool: Pool) -> bool:
     if snap.book.check(qs, pool.flavor_class, gang.total) is not None:
         return False
     cluster = snap.inv.clusters.get(pool.cluster)
     return cluster is not None and fits_now(cluster, pool, gang, req)
+
+
+def _single(
+    req: GangRequest, qs: QueueState, snap: Snapshot, gang: Gang, pool: Pool, node: Node
+) -> Assignment:
+    """`_assignment` of a one-replica gang on `node` (most gangs: built without the takes)."""
+    d = gang.demands[gang.gpu_sets[0]]
+    key = (pool.key, d.gpu, req.checkpoint_interval_s)
+    cost = snap.costs.get(key)
+    if cost is None:
+        cost = snap.costs[key] = pool_cost(pool, req, d.gpu, 1, snap.rate_of, snap.risk_weight)
+    placement = Placement(
+        pool.cluster, pool.name, pool.flavor_class, ((d.podset, (node.name,)),), cost
+    )
+    per_node = {node.name: (d.gpu, d.cpu_milli, d.memory)}
+    return Assignment(req, qs, pool, placement, per_node, gang.total, gang.demands)
 
 
 def _assignment(

@@ -344,6 +344,19 @@ def _pack_gpu(pool: Pool, i: int, d: PodSetDemand, takes: list[Take], touched: T
     return True
 
 
+def pack_single(pool: Pool, gang: Gang) -> Node | None:
+    """`pack` for a gang of one replica of `gang.single_gpu` GPUs: the fullest node that takes
+    it (cpu and memory included), found straight from the free-GPU index."""
+    d = gang.demands[gang.gpu_sets[0]]
+    c, m = d.cpu_milli, d.memory
+    buckets = pool.buckets
+    for b in range(gang.single_gpu, pool.top_bucket() + 1):
+        for n in buckets[b].values():
+            if n.free_cpu >= c and n.free_mem >= m:
+                return n
+    return None
+
+
 def cpu_pools(cluster: Cluster, primary: Pool, req: GangRequest) -> list[Pool]:
     """Pools of the cluster that may host the gang's CPU-only podsets, best first."""
     od_only = wants_on_demand(req)

@@ -298,8 +298,11 @@ class QuotaBook:
             if co is not None and lims is not None:
                 lim = lims[r]
                 if lim is not None:
-                    g = lim.guaranteed
-                    self._lift(co, cls, r, max(0, new - g) - max(0, old - g))
+                    if lim.lending is None:  # nothing guaranteed: all of it counts upwards
+                        self._lift(co, cls, r, (new if new > 0 else 0) - (old if old > 0 else 0))
+                    else:
+                        g = lim.guaranteed
+                        self._lift(co, cls, r, max(0, new - g) - max(0, old - g))
         q.admitted += sign
 
     @staticmethod

@@ -267,6 +267,7 @@ class Scheduler:
             self._rate_at(now),
             self._risk_weight,
             self._claimed,
+            self._claims,
             gangs=self._gangs,
         )
 
@@ -538,7 +539,7 @@ class Scheduler:
         if existing is not None:
             return existing.placement
         snap = self._snap if self._snap is not None else self.snapshot(now)
-        got = assign(req, qs, snap)
+        got = assign(req, qs, snap, self._shape_of(req))
         if isinstance(got, Assignment):
             return self.commit(got, now)
         out = got
@@ -648,8 +649,9 @@ class Scheduler:
         self._same_fail.clear()
         self._ledger.add(alloc)
         self._book.charge(a.queue, pool.flavor_class, a.vec, 1)
-        self._waiting.pop(req.job_id, None)
-        self._drop_hold(req.job_id)
+        if self._waiting or self._holds or self._claims:
+            self._waiting.pop(req.job_id, None)
+            self._drop_hold(req.job_id)
         return a.placement
 
     def reserve(
