@@ -232,30 +232,31 @@ def estimate(pool: Pool, gang: Gang) -> tuple[int, int] | None:
 def empty_fit(pool: Pool, gang: Gang) -> bool:
     """Could the pool host the gang's GPU podsets when it is empty and holds as many nodes
     as it ever has? (Judged by high-water marks: a spot pool at zero nodes comes back.)"""
-    if not any(pool.hw_counts):
+    ceiling = pool.ceiling
+    if not any(ceiling.counts):
         return False
     if not gang.gpu_sets:
         return True
-    if estimate_counts(list(pool.hw_counts), gang) is None:
+    if estimate_counts(list(ceiling.counts), gang) is None:
         return False
-    cpu, mem = pool.max_cpu_mem()
+    cpu, mem = ceiling.node_cpu, ceiling.node_mem
     return all(
         gang.demands[i].cpu_milli <= cpu and gang.demands[i].memory <= mem for i in gang.gpu_sets
     )
 
 
 def cluster_empty_fit_cpu(cluster: Cluster, gang: Gang) -> bool:
-    """Could some node of the cluster host each CPU-only replica if it were empty?"""
+    """Could some node of the cluster host each CPU-only replica if it were empty? Judged by
+    the pools' ceilings (high-water marks), like `empty_fit`."""
     if not gang.cpu_sets:
         return True
     cpu = mem = total_cpu = total_mem = 0
     for p in cluster.pools.values():
-        pc, pm = p.max_cpu_mem()
-        cpu = max(cpu, pc)
-        mem = max(mem, pm)
-        tc, tm = p.total_cpu_mem()
-        total_cpu += tc
-        total_mem += tm
+        ceiling = p.ceiling
+        cpu = max(cpu, ceiling.node_cpu)
+        mem = max(mem, ceiling.node_mem)
+        total_cpu += ceiling.total_cpu
+        total_mem += ceiling.total_mem
     # The whole gang in one cluster: all of it must fit the cluster's CPU and memory at once.
     _, need_cpu, need_mem = gang.total
     if need_cpu > total_cpu or need_mem > total_mem:
