@@ -144,11 +144,12 @@ def amount_text(r: int, value: int) -> str:
 class QuotaBook:
     """All queues and cohorts; the only place quota arithmetic happens."""
 
-    __slots__ = ("cohorts", "queues")
+    __slots__ = ("_trees", "cohorts", "queues")
 
     def __init__(self, queues: Sequence[QueueConfig], cohorts: Sequence[CohortConfig] = ()) -> None:
         self.queues: dict[str, QueueState] = {}
         self.cohorts: dict[str, Cohort] = {}
+        self._trees: dict[str, list[QueueState]] = {}  # root cohort -> its queues (static)
         for cc in cohorts:
             co = self._cohort(cc.name)
             co.limits = _limits(cc.quotas, False)
@@ -354,19 +355,24 @@ class QuotaBook:
             return []
         while co.parent is not None:
             co = co.parent
-        out: list[QueueState] = []
-        todo = [co]
-        while todo:
-            c = todo.pop()
-            out.extend(c.members)
-            todo.extend(c.children)
-        return sorted(out, key=lambda m: m.index)
+        out = self._trees.get(co.name)
+        if out is None:
+            found: list[QueueState] = []
+            todo = [co]
+            while todo:
+                c = todo.pop()
+                found.extend(c.members)
+                todo.extend(c.children)
+            out = self._trees[co.name] = sorted(found, key=lambda m: m.index)
+        return out
 
     @staticmethod
     def lender_path(victim: QueueState, preemptor: QueueState) -> list[QueueState | Cohort]:
         """The victim's queue and its cohorts below the lowest cohort it shares with the
         preemptor: the nodes that may hold quota lent across that common cohort. Empty when
         the two queues are in different trees."""
+        if victim.cohort is not None and victim.cohort is preemptor.cohort:
+            return [victim]  # siblings: the common cohort is their own
         shared: set[int] = set()
         up = preemptor.cohort
         while up is not None:
@@ -396,7 +402,12 @@ class QuotaBook:
         path = self.lender_path(victim, preemptor)
         if not path:
             return False
-        for node in (path[0], path[-1]) if len(path) > 1 else (path[0],):
+        if len(path) == 1:  # siblings: the victim queue's own borrowing (the common case)
+            borrowing = self.borrowing(victim, cls)
+            return bool(borrowing) and all(
+                vec[r] <= self.borrowed_amount(victim, cls, r) for r in borrowing
+            )
+        for node in (path[0], path[-1]):
             borrowed = [self.node_borrowed(node, cls, r) for r in range(3)]
             rs = [r for r in range(3) if borrowed[r] > 0]
             if not rs or any(vec[r] > borrowed[r] for r in rs):

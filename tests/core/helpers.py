@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from hypothesis import strategies as st
+
 from broker.core.quota import QuotaBook
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, PodSetDemand, PoolKey
@@ -171,3 +173,32 @@ def quota_broken(book: QuotaBook) -> list[str]:
                 if cap is not None and used[r] > cap:
                     bad.append(f"cohort {co.name} {cls}[{r}] uses {used[r]} of {cap}")
     return bad
+
+
+def random_fleet_and_rounds(
+    draw: st.DrawFn, s: Scheduler, n_queues: int
+) -> list[list[GangRequest]]:
+    """One or two clusters of 1-3 od nodes of 4 or 8 GPUs, and 2-14 small gangs over the
+    queues q0..q<n_queues-1> arriving in up to four rounds (for the reclaim properties)."""
+    for c in range(draw(st.integers(1, 2))):
+        s.apply_snapshot(
+            f"c{c}",
+            [flavor("od")],
+            nodes(f"c{c}n", "od", draw(st.integers(1, 3)), gpu=draw(st.sampled_from([4, 8]))),
+            NOW,
+        )
+    count = draw(st.integers(2, 14))
+    jobs = [
+        gang(
+            f"j{i}",
+            (draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 4]))),
+            queue=f"q{draw(st.integers(0, n_queues - 1))}",
+            priority=draw(st.sampled_from([0, 0, 5])),
+            order=i + 1,
+        )
+        for i in range(count)
+    ]
+    arrival = draw(st.permutations(jobs))
+    cuts = sorted(draw(st.lists(st.integers(1, count), max_size=3)))
+    rounds = [arrival[a:b] for a, b in zip([0, *cuts], [*cuts, count], strict=True)]
+    return [r for r in rounds if r]

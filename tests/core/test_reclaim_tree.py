@@ -19,7 +19,7 @@ from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest
 from schemas.config import CohortConfig, FlavorQuota, ResourceQuota
 
-from .helpers import NOW, config, flavor, gang, nodes, queue, quota_broken
+from .helpers import NOW, config, flavor, gang, nodes, queue, quota_broken, random_fleet_and_rounds
 
 TREE = [
     CohortConfig(name="org"),
@@ -117,28 +117,8 @@ def trees(draw: st.DrawFn) -> tuple[Scheduler, list[list[GangRequest]]]:
             quotas=[FlavorQuota("od", {"gpu": ResourceQuota(nominal=0, borrowing_limit=limit)})],
         )
     s = Scheduler(config(queues=queues, cohorts=cohorts))
-    for c in range(draw(st.integers(1, 2))):
-        s.apply_snapshot(
-            f"c{c}",
-            [flavor("od")],
-            nodes(f"c{c}n", "od", draw(st.integers(1, 3)), gpu=draw(st.sampled_from([4, 8]))),
-            NOW,
-        )
-    count = draw(st.integers(2, 14))
-    jobs = [
-        gang(
-            f"j{i}",
-            (draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 4]))),
-            queue=f"q{draw(st.integers(0, len(queues) - 1))}",
-            priority=draw(st.sampled_from([0, 0, 5])),
-            order=i + 1,
-        )
-        for i in range(count)
-    ]
-    arrival = draw(st.permutations(jobs))
-    cuts = sorted(draw(st.lists(st.integers(1, count), max_size=3)))
-    rounds = [arrival[a:b] for a, b in zip([0, *cuts], [*cuts, count], strict=True)]
-    return s, [r for r in rounds if r]
+    rounds = random_fleet_and_rounds(draw, s, len(queues))
+    return s, rounds
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
