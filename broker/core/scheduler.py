@@ -41,7 +41,6 @@ between admission and eviction.
 
 from __future__ import annotations
 
-import gc
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -291,17 +290,10 @@ class Scheduler:
         self._expire_plans(now)
         self._note_arrivals(pending)
         self._snap = self.snapshot(now)
-        # A cycle allocates a tuple or two per decision and no reference cycles; the cyclic
-        # collector would scan the whole heap (every job record) several times per cycle for
-        # nothing (a fifth of a 100,000-job cycle). It runs again once the cycle is over.
-        collecting = gc.isenabled()
-        gc.disable()
         try:
             pending = self._holders_first(pending, now, res)
             self._cycle(pending, now, res)
         finally:
-            if collecting:
-                gc.enable()
             self._snap = None
             self._ledger.settle(self._fresh)
             self._fresh.clear()
