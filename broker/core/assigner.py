@@ -111,7 +111,7 @@ def shape_of(req: GangRequest) -> Shape:
         req.spot_exhausted,
         req.checkpoint_interval_s,
         req.avoid_pools,
-        tuple(req.min_replicas.items()),
+        tuple(req.min_replicas.items()) if req.min_replicas else (),
     )
 
 
