@@ -333,9 +333,21 @@ def why_view(why: WhyView) -> Group:
         table = Table(box=None, pad_edge=False, header_style="bold")
         table.add_column("CLUSTER/FLAVOR", no_wrap=True)
         table.add_column("CONSTRAINT", no_wrap=True)
+        bound = any(c.bound is not None for c in why.candidates)
+        if bound:  # the binding numbers: used + needed > limit
+            table.add_column("BINDING", no_wrap=True)
         table.add_column("DETAIL", overflow="fold")
         for c in why.candidates:
-            _row(table, _where(c.cluster, c.flavor), c.code, c.message)
+            cells = [_where(c.cluster, c.flavor), c.code]
+            if bound:
+                b = c.bound
+                binding = "-"
+                if b is not None:
+                    k, unit = (2**30, "Gi") if b.resource == "memory" else (1, "")
+                    used, needed, limit = (f"{v / k:g}{unit}" for v in (b.used, b.needed, b.limit))
+                    binding = f"{b.resource} {used}+{needed}>{limit}"
+                cells.append(binding)
+            _row(table, *cells, c.message)
         lines.append(Text(""))
         lines.append(table)
     return Group(*lines)

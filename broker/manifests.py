@@ -347,6 +347,7 @@ def jobspec_from_manifest(
 
     try:
         drafts, min_available, adapter = _drafts(manifest)
+        min_pods = adapter.min_pods(manifest)
         # What no agent would run is refused at submission; the service-account allow-list
         # lives in each agent's configuration, so the agent checks that one.
         check_safety(manifest, PodPolicy(service_accounts=None))
@@ -396,6 +397,7 @@ def jobspec_from_manifest(
             "gpu": d.demand.gpu,
             "cpu": _format_cpu(d.demand.cpu),
             "memory": _format_memory(d.demand.memory),
+            **({"min_replicas": min_pods[d.name]} if d.name in min_pods else {}),
         }
         for d in drafts
     ]

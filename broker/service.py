@@ -269,8 +269,6 @@ class ReplyRendezvous:
             table.popitem(last=False)
 
 
-
-
 class GcPacer:
     """Keeps Python's cycle collector from pausing the broker to re-walk every job record.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kinds.base import PodTemplate, Resource, Verdict
+from kinds.base import KindError, PodTemplate, Resource, Verdict
 
 
 class Adapter:
@@ -53,6 +53,18 @@ class Adapter:
 
     def min_available(self, manifest: Mapping[str, Any]) -> int | None:
         return None
+
+    def min_pods(self, manifest: Mapping[str, Any]) -> dict[str, int]:
+        """Partial admission: podset -> the fewest pods it may start with when quota or
+        capacity is short. Empty: every podset starts whole or not at all."""
+        return {}
+
+    def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
+        """Run `podset` with `count` pods (fewer than written: a partial admission)."""
+        raise KindError(
+            f"{self.resource.kind}: podset {podset!r} was admitted with {count} pods, and this "
+            "kind cannot start with fewer pods than it asks for"
+        )
 
     def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
         """A queue the kind's own scheduling fields name, with its field path."""

@@ -41,6 +41,10 @@ POD_RESOURCE = Resource("v1", "Pod", "pods")
 COMPLETION_INDEX_ANN = "batch.kubernetes.io/job-completion-index"
 ANN_FENCE_AFTER = "muster.dev/fence-after-s"  # the fence window the attempt was dispatched with
 ANN_FENCE_DEADLINE = "muster.dev/fence-deadline-s"  # the Job's activeDeadlineSeconds, as set
+# Kueue's partial admission: the Job may start with as few as this many pods.
+MIN_PARALLELISM_ANN = "kueue.x-k8s.io/job-min-parallelism"
+# Kueue lowers completions along with parallelism only when this annotation is "true".
+COMPLETIONS_EQUAL_ANN = "kueue.x-k8s.io/job-completions-equal-parallelism"
 
 
 class BatchJob(Adapter):
@@ -66,6 +70,42 @@ class BatchJob(Adapter):
         return condition_verdict(
             f"Job {name}", status, ("Complete", "SuccessCriteriaMet"), ("Failed", "FailureTarget")
         )
+
+    def min_pods(self, manifest: Mapping[str, Any]) -> dict[str, int]:
+        meta = mapping(manifest.get("metadata"), "metadata")
+        annotations = mapping(meta.get("annotations"), "metadata.annotations")
+        raw = annotations.get(MIN_PARALLELISM_ANN)
+        if raw is None:
+            return {}
+        where = f"metadata.annotations[{MIN_PARALLELISM_ANN}]"
+        try:
+            value = int(str(raw).strip())
+        except ValueError:
+            raise KindError(
+                f"{where}: {raw!r} is not a whole number; write the fewest pods the Job may "
+                "start with, e.g. '5'"
+            ) from None
+        spec = mapping(manifest.get("spec"), "spec", required=True)
+        pods = job_pods(spec, "spec")
+        if not 1 <= value <= pods:
+            raise KindError(
+                f"{where}: {value} is outside 1..{pods} (the Job's pods); set it to at least 1 "
+                "and at most parallelism"
+            )
+        return {"worker": value} if value < pods else {}
+
+    def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
+        """Kueue's partial admission: parallelism becomes the admitted count, and completions
+        too when the Job says `job-completions-equal-parallelism: "true"`."""
+        spec = ensure(manifest, "spec")
+        spec["parallelism"] = count
+        meta = manifest.get("metadata")
+        annotations = meta.get("annotations") if isinstance(meta, dict) else None
+        equal = isinstance(annotations, dict) and (
+            str(annotations.get(COMPLETIONS_EQUAL_ANN, "")).strip().lower() == "true"
+        )
+        if equal and spec.get("completions") is not None:
+            spec["completions"] = count
 
 
 class Pod(Adapter):
@@ -103,16 +143,17 @@ def build_indexed_job(
         raise KindError("gang: indexed-job needs at least one podset")
     check_assignment(cmd)
     base = workload_name(cmd.job_id, cmd.attempt)
-    total = cmd.spec.total_replicas
     port = cmd.spec.workload.port
     by_name = assigned(cmd)
+    # Replicas as admitted: fewer than asked for under partial admission.
+    total = sum(len(by_name.get(ps.name) or ()) or ps.replicas for ps in gang)
     pins = pin_podsets(by_name, {ps.name: (ps.gpu, str(ps.cpu), str(ps.memory)) for ps in gang})
     parts: list[tuple[PodSet, str, int, Pin]] = []
     for ps in gang:
         pin = pins.get(ps.name, Pin((), None, True))
         nodes = by_name.get(ps.name) or []
         if pin.exact or not nodes:
-            parts.append((ps, child_name(base, ps.name), ps.replicas, pin))
+            parts.append((ps, child_name(base, ps.name), len(nodes) or ps.replicas, pin))
             continue
         for k, node in enumerate(dict.fromkeys(nodes)):
             name = child_name(base, f"{ps.name}-{k}")

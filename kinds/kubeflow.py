@@ -31,6 +31,7 @@ from kinds.plan import (
 )
 from kinds.pods import Pin, PodPolicy, pin_podsets, prepare_template
 from schemas.agent import Dispatch
+from schemas.job import PodSet
 
 
 class TrainingKind(NamedTuple):
@@ -134,20 +135,24 @@ def build_pytorchjob(
     gang = cmd.spec.gang
     check_assignment(cmd)
     by_name = assigned(cmd)
+
+    def admitted(ps: PodSet) -> int:  # fewer than asked for under partial admission
+        return len(by_name.get(ps.name) or ()) or ps.replicas
+
     if len(gang) == 1:
         ps = gang[0]
         roles = [("Master", ps, 1)]
-        if ps.replicas > 1:
-            roles.append(("Worker", ps, ps.replicas - 1))
+        if admitted(ps) > 1:
+            roles.append(("Worker", ps, admitted(ps) - 1))
     elif len(gang) == 2 and gang[0].replicas == 1:
-        roles = [("Master", gang[0], 1), ("Worker", gang[1], gang[1].replicas)]
+        roles = [("Master", gang[0], 1), ("Worker", gang[1], admitted(gang[1]))]
     else:
         raise KindError(
             "gang: pytorchjob needs one podset (one replica becomes the Master) or two podsets "
             "(a 1-replica master, then the workers)"
         )
     base = workload_name(cmd.job_id, cmd.attempt)
-    total = cmd.spec.total_replicas
+    total = sum(admitted(ps) for ps in gang)
     pins = pin_podsets(by_name, {ps.name: (ps.gpu, str(ps.cpu), str(ps.memory)) for ps in gang})
     specs: dict[str, Any] = {}
     for role, ps, replicas in roles:

@@ -87,7 +87,7 @@ def check_assignment(cmd: Dispatch) -> None:
     by_name = assigned(cmd)
     for ps in cmd.spec.gang:
         nodes = by_name.get(ps.name)
-        if nodes is not None and len(nodes) != ps.replicas:
+        if nodes is not None and not ps.admits(len(nodes)):
             raise KindError(
                 f"assignment: podset {ps.name!r} has {len(nodes)} nodes for {ps.replicas} replicas"
             )

@@ -36,8 +36,20 @@ def build_from_manifest(cmd: Dispatch, policy: PodPolicy, namespace: str) -> Wor
     check_safety(manifest, policy)
     check_assignment(cmd)
     templates = adapter.patch_templates(manifest)
-    total = sum(t.replicas for t in templates)
     by_key = {podset_key(k): list(v) for k, v in assigned(cmd).items()}
+    # A partial admission: the kind runs the podset with the admitted count.
+    written: dict[str, int] = {}
+    for t in templates:
+        written[t.podset] = written.get(t.podset, 0) + t.replicas
+    scaled = False
+    for podset, replicas in written.items():
+        got = len(by_key.get(podset, ()))
+        if 0 < got < replicas:
+            adapter.scale(manifest, podset, got)
+            scaled = True
+    if scaled:
+        templates = adapter.patch_templates(manifest)
+    total = sum(t.replicas for t in templates)
     with_pods = [t for t in templates if t.replicas]
     podsets = {t.podset for t in with_pods}
     if len(podsets) == 1 and len(cmd.assignment) == 1 and not podsets & set(by_key):

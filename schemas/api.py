@@ -137,6 +137,16 @@ class JobView(msgspec.Struct, omit_defaults=True):
     spec: JobSpec | None = None
 
 
+class ReasonBound(msgspec.Struct, omit_defaults=True):
+    """The numbers of a binding constraint: of `resource`, `used` is in use, the job needs
+    `needed`, at most `limit` may be in use. GPUs in devices, cpu in cores, memory in bytes."""
+
+    resource: str  # gpu | cpu | memory
+    used: float
+    needed: float
+    limit: float
+
+
 class PendingReason(msgspec.Struct, omit_defaults=True):
     """Why a job is not admitted, per the core's typed reasons."""
 
@@ -144,6 +154,7 @@ class PendingReason(msgspec.Struct, omit_defaults=True):
     message: str
     cluster: str | None = None
     flavor: str | None = None
+    bound: ReasonBound | None = None
 
 
 class WhyView(msgspec.Struct, omit_defaults=True):

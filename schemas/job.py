@@ -46,6 +46,9 @@ class PodSet(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     gpu: Annotated[int, Meta(ge=0, le=MAX_GPU_PER_REPLICA)] = 0
     cpu: Quantity = "1"
     memory: Quantity = "1Gi"
+    # Partial admission (Kueue's job-min-parallelism): when quota or capacity is short, the
+    # podset may start with as few as this many replicas. None = all of them, always.
+    min_replicas: Annotated[int, Meta(ge=1, le=MAX_REPLICAS)] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -53,6 +56,17 @@ class PodSet(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
             memory_bytes(self.memory)
         except QuantityError as exc:
             raise ValueError(f"podset {self.name!r}: {exc}") from None
+        if self.min_replicas is not None and self.min_replicas > self.replicas:
+            raise ValueError(
+                f"podset {self.name!r}: min_replicas {self.min_replicas} is more than its "
+                f"{self.replicas} replicas; set min_replicas between 1 and replicas"
+            )
+
+    def admits(self, count: int) -> bool:
+        """Whether a dispatch may run this podset with `count` replicas (fewer than
+        `replicas` only under partial admission, never below `min_replicas`)."""
+        low = self.replicas if self.min_replicas is None else self.min_replicas
+        return low <= count <= self.replicas
 
 
 class CheckpointSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -526,7 +526,7 @@ class FakeCluster:
             ps = podsets.get(a.podset)
             if podsets and ps is None:
                 raise BackendError(f"assignment names podset {a.podset!r} not in the job's gang")
-            if ps is not None and len(a.nodes) != ps.replicas:
+            if ps is not None and not ps.admits(len(a.nodes)):
                 raise BackendError(
                     f"podset {a.podset!r} has {ps.replicas} replicas but the assignment "
                     f"lists {len(a.nodes)} nodes"

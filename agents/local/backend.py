@@ -671,7 +671,7 @@ class LocalBackend:
             ps = podsets.get(a.podset)
             if ps is None:
                 raise BackendError(f"assignment names podset {a.podset!r} not in the job's gang")
-            if len(a.nodes) != ps.replicas:
+            if not ps.admits(len(a.nodes)):
                 raise BackendError(
                     f"podset {a.podset!r} has {ps.replicas} replicas but the assignment "
                     f"lists {len(a.nodes)} nodes"

@@ -11,14 +11,14 @@ from broker.core.inventory import Cluster, Inventory, Pool
 from broker.core.placement import Gang, capacity_rank, empty_fit, fits_now, gpu_type_ok
 from broker.core.quota import QueueState, QuotaBook, binding_quota
 from broker.core.reasons import describe
-from broker.core.types import GangRequest, Reason, ReasonCode
+from broker.core.types import Bound, GangRequest, Reason, ReasonCode
 
 
 def _pool_reason(
     c: Cluster, p: Pool, req: GangRequest, gang: Gang, book: QuotaBook, qs: QueueState | None
 ) -> Reason:
-    def r(code: ReasonCode, message: str) -> Reason:
-        return Reason(code, message, cluster=c.name, flavor=p.name)
+    def r(code: ReasonCode, message: str, bound: Bound | None = None) -> Reason:
+        return Reason(code, message, cluster=c.name, flavor=p.name, bound=bound)
 
     gpus = gang.total[0]
     if not gpu_type_ok(p, req.gpu_types, gpus):
@@ -37,17 +37,19 @@ def _pool_reason(
     if qs is not None:
         binding = binding_quota(book, qs, p.flavor_class, gang.total)
         if binding is not None:
-            return r("quota-exceeded", binding)
+            return r("quota-exceeded", binding.message, binding.bound)
     if not empty_fit(p, gang):
         return r(
             "gang-too-large",
             f"{describe(gang)} never fits: {len(p.nodes)} nodes of at most {p.node_gpu} GPUs",
         )
     if not fits_now(c, p, gang, req):
+        total = sum(n.usable_gpu for n in p.nodes.values())
         return r(
             "insufficient-capacity",
             f"{p.free_gpu} GPUs free on {len(p.nodes)} nodes; needs {describe(gang)}, "
             "each replica on one node",
+            Bound("gpu", total - p.free_gpu, gpus, total),
         )
     if rank == 1:
         return r(

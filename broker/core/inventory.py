@@ -85,25 +85,60 @@ class Node:
         return not self.ready or self.usable_gpu - self.other_gpu < self.used_gpu
 
 
+@dataclass(slots=True, eq=False)
+class Ceiling:
+    """What a pool can hold, not what it holds now: the one owner of its capacity over time.
+
+    A spot pool at zero nodes is normal and its nodes come back, so whether a gang could ever
+    fit (`placement.empty_fit`, `placement.cluster_empty_fit_cpu`) is judged by high-water
+    marks: the most nodes held at once per GPU size, the biggest node's cpu and memory, and the
+    most cpu and memory held at once. The running counts they are raised from live here too.
+    """
+
+    now_counts: list[int] = field(default_factory=lambda: [0])  # nodes by allocatable GPUs
+    counts: list[int] = field(default_factory=lambda: [0])  # high-water of now_counts
+    node_cpu: int = 0
+    node_mem: int = 0
+    now_cpu: int = 0
+    now_mem: int = 0
+    total_cpu: int = 0  # high-water of now_cpu
+    total_mem: int = 0
+
+    def count(self, node: Node, sign: int) -> None:
+        g = node.gpu
+        now, hw = self.now_counts, self.counts
+        while len(now) <= g:
+            now.append(0)
+        while len(hw) <= g:
+            hw.append(0)
+        now[g] += sign
+        if now[g] > hw[g]:
+            hw[g] = now[g]
+        self.now_cpu += sign * node.cpu
+        self.now_mem += sign * node.mem
+        if sign > 0:
+            self.node_cpu = max(self.node_cpu, node.cpu)
+            self.node_mem = max(self.node_mem, node.mem)
+            self.total_cpu = max(self.total_cpu, self.now_cpu)
+            self.total_mem = max(self.total_mem, self.now_mem)
+
+
 class Pool:
-    """One (cluster, flavor): its nodes, the free-GPU index and the empty-capacity histogram."""
+    """One (cluster, flavor): its nodes, the free-GPU index and its `Ceiling`."""
 
     __slots__ = (
         "buckets",
-        "cap_counts",
         "capacity_type",
+        "ceiling",
         "cluster",
         "flavor_class",
         "free_gpu",
         "gpu_type",
-        "hw_counts",
         "info",
         "key",
-        "maxcm",
         "name",
         "nodes",
         "price",
-        "sumcm",
         "top",
     )
 
@@ -115,13 +150,7 @@ class Pool:
         self.buckets: list[dict[str, Node]] = [{}]
         self.top = 0  # upper bound of the highest non-empty bucket
         self.free_gpu = 0  # sum of free GPUs over schedulable nodes
-        self.cap_counts: list[int] = [0]  # nodes by allocatable GPUs (empty-pool fit)
-        self.sumcm: tuple[int, int] | None = None  # all nodes' cpu and memory (cached)
-        # What the pool can hold, not what it holds now: a spot pool at zero nodes is normal
-        # and its nodes come back. High-water marks of nodes per GPU size, and of node
-        # cpu and memory, judge whether a gang could ever fit (`placement.empty_fit`).
-        self.hw_counts: list[int] = [0]
-        self.maxcm: tuple[int, int] = (0, 0)
+        self.ceiling = Ceiling()
         self.info = info
         self.flavor_class = flavor_class
         self.capacity_type = info.capacity_type
@@ -162,54 +191,26 @@ class Pool:
         self.top = t
         return t
 
-    def _count_cap(self, gpu: int, delta: int) -> None:
-        while len(self.cap_counts) <= gpu:
-            self.cap_counts.append(0)
-        self.cap_counts[gpu] += delta
-        hw = self.hw_counts
-        while len(hw) <= gpu:
-            hw.append(0)
-        if self.cap_counts[gpu] > hw[gpu]:
-            hw[gpu] = self.cap_counts[gpu]
-
     def attach(self, node: Node) -> None:
-        self.sumcm = None
-        cpu, mem = self.maxcm
-        if node.cpu > cpu or node.mem > mem:
-            self.maxcm = (max(cpu, node.cpu), max(mem, node.mem))
         self.nodes[node.name] = node
-        self._count_cap(node.gpu, 1)
+        self.ceiling.count(node, 1)
         node.bucket = -1
         node.refresh()
 
     def detach(self, node: Node) -> None:
-        self.sumcm = None
         node.schedulable = False
         self.refile(node)
-        self.nodes.pop(node.name, None)
-        self._count_cap(node.gpu, -1)
+        if self.nodes.pop(node.name, None) is not None:
+            self.ceiling.count(node, -1)
 
     @property
     def node_gpu(self) -> int:
-        """GPUs of the biggest node (for cost estimates)."""
-        for g in range(len(self.cap_counts) - 1, 0, -1):
-            if self.cap_counts[g]:
+        """GPUs of the biggest node it has now (for cost estimates)."""
+        now = self.ceiling.now_counts
+        for g in range(len(now) - 1, 0, -1):
+            if now[g]:
                 return g
         return 0
-
-    def total_cpu_mem(self) -> tuple[int, int]:
-        """All nodes' cpu and memory: what the pool could ever give one gang."""
-        if self.sumcm is None:
-            cpu = mem = 0
-            for n in self.nodes.values():
-                cpu += n.cpu
-                mem += n.mem
-            self.sumcm = (cpu, mem)
-        return self.sumcm
-
-    def max_cpu_mem(self) -> tuple[int, int]:
-        """Cpu and memory of the biggest node the pool has held (a high-water mark)."""
-        return self.maxcm
 
 
 @dataclass(slots=True, eq=False)
@@ -458,12 +459,6 @@ class Inventory:
             node = c.nodes.get(name)
             if node is not None:
                 node.take(vec[0], vec[1], vec[2])
-
-    def record_usage(self, cluster: str, key: AllocKey, per_node: Mapping[str, Vec]) -> None:
-        """Record allocations whose node capacity was already taken (by packing)."""
-        allocs = self.cluster(cluster).node_allocs
-        for name, vec in per_node.items():
-            allocs.setdefault(name, {})[key] = vec
 
     def remove_usage(self, cluster: str, key: AllocKey, per_node: Mapping[str, Vec]) -> None:
         c = self.clusters.get(cluster)

@@ -86,10 +86,11 @@ class Ledger:
                 del self.gpu[a.pool]
 
     def add(self, a: Alloc) -> None:
-        self.allocs[a.key] = a
-        self.by_job.setdefault(a.key[0], {})[a.key[1]] = a
-        self.by_pool.setdefault(a.pool, {}).setdefault(a.queue, {})[a.key] = a
-        if self._eligible(a):
+        key = a.key
+        self.allocs[key] = a
+        self.by_job.setdefault(key[0], {})[key[1]] = a
+        self.by_pool.setdefault(a.pool, {}).setdefault(a.queue, {})[key] = a
+        if a.charged and a.doomed_by is None and not a.fresh:  # `_eligible`, inline
             self._count(a, 1)
 
     def remove(self, key: AllocKey) -> Alloc | None:

@@ -244,7 +244,12 @@ class AttemptLifecycle:
         return pool.info if pool is not None else None
 
     def _dispatch(
-        self, record: JobRecord, attempt: AttemptRecord, now: float, effects: list[Effect]
+        self,
+        record: JobRecord,
+        attempt: AttemptRecord,
+        now: float,
+        effects: list[Effect],
+        note: str | None = None,  # the admitted event's reason (a partial admission's note)
     ) -> None:
         attempt.dispatched_at = now
         attempt.resume_from = record.resume_point()
@@ -268,6 +273,7 @@ class AttemptLifecycle:
                 record,
                 "admitted",
                 now,
+                reason=note,
                 resume_from_step=attempt.resume_from.step if attempt.resume_from else None,
             )
         )

@@ -204,7 +204,9 @@ class Machine(AttemptLifecycle, JobViews):
             record = self.jobs[job_id]
             self.backlog.dequeue(record)
             self.reasons.pop(job_id, None)
-            self._dispatch(record, self._attempt_for(record, placement, now), now, effects)
+            attempt = self._attempt_for(record, placement, now)
+            # placement.note: a partial admission says so in the admitted event
+            self._dispatch(record, attempt, now, effects, note=placement.note or None)
         for pre in result.preemptions:
             for victim_id in pre.victims:
                 victim = self.jobs.get(victim_id)

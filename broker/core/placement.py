@@ -232,30 +232,31 @@ def estimate(pool: Pool, gang: Gang) -> tuple[int, int] | None:
 def empty_fit(pool: Pool, gang: Gang) -> bool:
     """Could the pool host the gang's GPU podsets when it is empty and holds as many nodes
     as it ever has? (Judged by high-water marks: a spot pool at zero nodes comes back.)"""
-    if not any(pool.hw_counts):
+    ceiling = pool.ceiling
+    if not any(ceiling.counts):
         return False
     if not gang.gpu_sets:
         return True
-    if estimate_counts(list(pool.hw_counts), gang) is None:
+    if estimate_counts(list(ceiling.counts), gang) is None:
         return False
-    cpu, mem = pool.max_cpu_mem()
+    cpu, mem = ceiling.node_cpu, ceiling.node_mem
     return all(
         gang.demands[i].cpu_milli <= cpu and gang.demands[i].memory <= mem for i in gang.gpu_sets
     )
 
 
 def cluster_empty_fit_cpu(cluster: Cluster, gang: Gang) -> bool:
-    """Could some node of the cluster host each CPU-only replica if it were empty?"""
+    """Could some node of the cluster host each CPU-only replica if it were empty? Judged by
+    the pools' ceilings (high-water marks), like `empty_fit`."""
     if not gang.cpu_sets:
         return True
     cpu = mem = total_cpu = total_mem = 0
     for p in cluster.pools.values():
-        pc, pm = p.max_cpu_mem()
-        cpu = max(cpu, pc)
-        mem = max(mem, pm)
-        tc, tm = p.total_cpu_mem()
-        total_cpu += tc
-        total_mem += tm
+        ceiling = p.ceiling
+        cpu = max(cpu, ceiling.node_cpu)
+        mem = max(mem, ceiling.node_mem)
+        total_cpu += ceiling.total_cpu
+        total_mem += ceiling.total_mem
     # The whole gang in one cluster: all of it must fit the cluster's CPU and memory at once.
     _, need_cpu, need_mem = gang.total
     if need_cpu > total_cpu or need_mem > total_mem:
@@ -266,37 +267,53 @@ def cluster_empty_fit_cpu(cluster: Cluster, gang: Gang) -> bool:
 
 
 # -- packing on live nodes ------------------------------------------------------------------
+#
+# Packing never changes a node: what the gang has taken so far is an overlay (`Tentative`,
+# node -> (gpu, cpu, memory) taken), so the search is a pure function of the inventory and a
+# commit applies its result (`Inventory.add_usage`). Nodes in the overlay are few (at most the
+# gang's replicas); they are skipped in the free-GPU index and looked at by their free
+# capacity net of the overlay instead, after the untouched nodes of the same bucket (the order
+# a node taken for real would have been re-filed in).
+
+Tentative = dict[Node, Vec]
 
 
-def undo(takes: list[Take], gang: Gang) -> None:
-    demands = gang.demands
-    for node, i, k in reversed(takes):
-        d = demands[i]
-        node.take(-k * d.gpu, -k * d.cpu_milli, -k * d.memory)
-    takes.clear()
+def _touched_at(touched: Tentative, pool: Pool, b: int) -> list[tuple[Node, int, int]]:
+    """Nodes of `pool` in the overlay with exactly `b` free GPUs net of it: (node, cpu, mem)."""
+    out: list[tuple[Node, int, int]] = []
+    for n, (tg, tc, tm) in touched.items():
+        if n.pool is pool and n.schedulable and n.free_gpu - tg == b:
+            out.append((n, n.free_cpu - tc, n.free_mem - tm))
+    return out
 
 
-def _fits(node: Node, k: int, c: int, m: int) -> bool:
-    return node.free_cpu >= k * c and node.free_mem >= k * m
+def _tentative_take(touched: Tentative, node: Node, g: int, c: int, m: int) -> None:
+    prev = touched.get(node)
+    touched[node] = (g, c, m) if prev is None else (prev[0] + g, prev[1] + c, prev[2] + m)
 
 
-def _pack_gpu(pool: Pool, i: int, d: PodSetDemand, takes: list[Take]) -> bool:
+def _pack_gpu(pool: Pool, i: int, d: PodSetDemand, takes: list[Take], touched: Tentative) -> bool:
     g, c, m = d.gpu, d.cpu_milli, d.memory
     rem = d.replicas
     buckets = pool.buckets
+    top = pool.top_bucket()
     while rem:
-        top = pool.top_bucket()
         want = rem * g
         found: Node | None = None
         b = want
         while b <= top and found is None:
             for n in buckets[b].values():
-                if n.free_cpu >= rem * c and n.free_mem >= rem * m:
+                if n.free_cpu >= rem * c and n.free_mem >= rem * m and n not in touched:
                     found = n
                     break
+            if found is None and touched:
+                for n, fc, fm in _touched_at(touched, pool, b):
+                    if fc >= rem * c and fm >= rem * m:
+                        found = n
+                        break
             b += 1
         if found is not None:
-            found.take(want, rem * c, rem * m)
+            _tentative_take(touched, found, want, rem * c, rem * m)
             takes.append((found, i, rem))
             return True
         best: Node | None = None
@@ -306,12 +323,15 @@ def _pack_gpu(pool: Pool, i: int, d: PodSetDemand, takes: list[Take]) -> bool:
             cap = min(rem, b // g)
             if cap <= best_k:
                 break
-            for n in buckets[b].values():
+            row = [(n, n.free_cpu, n.free_mem) for n in buckets[b].values() if n not in touched]
+            if touched:
+                row.extend(_touched_at(touched, pool, b))
+            for n, fc, fm in row:
                 k = cap
-                if c and n.free_cpu < k * c:
-                    k = min(k, n.free_cpu // c)
-                if m and n.free_mem < k * m:
-                    k = min(k, n.free_mem // m)
+                if c and fc < k * c:
+                    k = min(k, fc // c)
+                if m and fm < k * m:
+                    k = min(k, fm // m)
                 if k > best_k:
                     best, best_k = n, k
                     if k == cap:
@@ -319,10 +339,23 @@ def _pack_gpu(pool: Pool, i: int, d: PodSetDemand, takes: list[Take]) -> bool:
             b -= 1
         if best is None:
             return False
-        best.take(best_k * g, best_k * c, best_k * m)
+        _tentative_take(touched, best, best_k * g, best_k * c, best_k * m)
         takes.append((best, i, best_k))
         rem -= best_k
     return True
+
+
+def pack_single(pool: Pool, gang: Gang) -> Node | None:
+    """`pack` for a gang of one replica of `gang.single_gpu` GPUs: the fullest node that takes
+    it (cpu and memory included), found straight from the free-GPU index."""
+    d = gang.demands[gang.gpu_sets[0]]
+    c, m = d.cpu_milli, d.memory
+    buckets = pool.buckets
+    for b in range(gang.single_gpu, pool.top_bucket() + 1):
+        for n in buckets[b].values():
+            if n.free_cpu >= c and n.free_mem >= m:
+                return n
+    return None
 
 
 def cpu_pools(cluster: Cluster, primary: Pool, req: GangRequest) -> list[Pool]:
@@ -339,20 +372,27 @@ def cpu_pools(cluster: Cluster, primary: Pool, req: GangRequest) -> list[Pool]:
     return [primary, *others]
 
 
-def _pack_cpu(pools: Sequence[Pool], i: int, d: PodSetDemand, takes: list[Take]) -> bool:
+def _pack_cpu(
+    pools: Sequence[Pool], i: int, d: PodSetDemand, takes: list[Take], touched: Tentative
+) -> bool:
     c, m = d.cpu_milli, d.memory
     rem = d.replicas
     for pool in pools:
-        for bucket in list(pool.buckets):
-            for n in list(bucket.values()):
+        for bucket in pool.buckets:
+            for n in bucket.values():
+                fc, fm = n.free_cpu, n.free_mem
+                t = touched.get(n)
+                if t is not None:
+                    fc -= t[1]
+                    fm -= t[2]
                 k = rem
                 if c:
-                    k = min(k, n.free_cpu // c)
+                    k = min(k, fc // c)
                 if m:
-                    k = min(k, n.free_mem // m)
+                    k = min(k, fm // m)
                 if k <= 0:
                     continue
-                n.take(0, k * c, k * m)
+                _tentative_take(touched, n, 0, k * c, k * m)
                 takes.append((n, i, k))
                 rem -= k
                 if not rem:
@@ -361,34 +401,29 @@ def _pack_cpu(pools: Sequence[Pool], i: int, d: PodSetDemand, takes: list[Take])
 
 
 def pack(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> list[Take] | None:
-    """Place the whole gang with `pool` as its GPU pool, taking node capacity as it goes.
+    """Place the whole gang with `pool` as its GPU pool without changing any node.
 
-    Returns the takes, or None after giving back everything it took.
+    Returns the takes (node, podset index, replicas), or None when the gang does not fit.
     """
     takes: list[Take] = []
+    touched: Tentative = {}
     demands = gang.demands
     for i in gang.gpu_sets:
-        if not _pack_gpu(pool, i, demands[i], takes):
-            undo(takes, gang)
+        if not _pack_gpu(pool, i, demands[i], takes, touched):
             return None
     if gang.cpu_sets:
         pools = cpu_pools(cluster, pool, req)
         for i in gang.cpu_sets:
-            if not _pack_cpu(pools, i, demands[i], takes):
-                undo(takes, gang)
+            if not _pack_cpu(pools, i, demands[i], takes, touched):
                 return None
     return takes
 
 
 def fits_now(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> bool:
-    """Dry run of `pack`: does the whole gang fit right now?"""
+    """Does the whole gang fit right now?"""
     if gang.gpu_sets and estimate(pool, gang) is None:
         return False
-    takes = pack(cluster, pool, gang, req)
-    if takes is None:
-        return False
-    undo(takes, gang)
-    return True
+    return pack(cluster, pool, gang, req) is not None
 
 
 def assignment_of(

@@ -5,10 +5,13 @@ Rules (Kueue's preemption, with Muster's checkpoint-aware victim order):
   the same queue with a strictly lower priority are candidates.
 - reclaim: when the preemptor's queue has `reclaim_within_cohort` other than Never and would stay
   inside its own nominal quota of the pool's flavor class, gangs of other queues of its cohort
-  are candidates if their queue is `reclaimable`, currently borrows in that class, and (for
-  LowerPriority) has a lower priority. A reclaim victim is taken only while its queue stays at or
-  above nominal, after the removal, in every resource it borrows: reclaim takes back borrowed
-  capacity, never a victim queue's nominal share.
+  tree (Kueue's hierarchical cohorts: every queue under the same root cohort) are candidates if
+  their queue is `reclaimable`, uses quota lent across the lowest cohort it shares with the
+  preemptor, and (for LowerPriority) has a lower priority. "Lent across" means the victim's
+  queue borrows, and so does the subtree that hangs off the common cohort (for two queues of
+  one cohort that subtree is the queue itself). A reclaim victim is taken only while both stay
+  at or above their quota, after the removal, in every resource they borrow: reclaim takes back
+  lent capacity, never a victim's own nominal share or its subtree's.
 - Candidates are tried least lost work first: (now - newest checkpoint or attempt start) * GPUs;
   ties go to lower priority, then to the most recently submitted. Victims are added until the
   WHOLE gang fits on that one pool by per-node packing and within quota; then victims that turn
@@ -80,11 +83,7 @@ class _Trial:
         return fits_now(cluster, self.pool, self.gang, self.req)
 
     def reclaimable_now(self, a: Alloc) -> bool:
-        vq = self.book.queues[a.queue]
-        borrowing = self.book.borrowing(vq, self.cls)
-        if not borrowing:
-            return False
-        return all(a.vec[r] <= self.book.borrowed_amount(vq, self.cls, r) for r in borrowing)
+        return self.book.reclaimable(self.book.queues[a.queue], self.qs, self.cls, a.vec)
 
 
 def _try_pool(trial: _Trial, victims: list[Alloc], now: float) -> list[Alloc] | None:
@@ -159,8 +158,8 @@ def plan_preemption(
             if reclaim and qs.cohort is not None and book.within_nominal(qs, cls, gang.total):
                 names.extend(
                     m.name
-                    for m in qs.cohort.members
-                    if m is not qs and m.config.reclaimable and book.borrowing(m, cls)
+                    for m in book.tree_members(qs)
+                    if m is not qs and m.config.reclaimable and book.lent_out(m, qs, cls)
                 )
             queues_for[cls] = names
         return names

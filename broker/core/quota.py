@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from broker.core.types import ReasonCode
+from broker.core.types import Bound, ReasonCode
 from schemas.api import FlavorUsage, QueueView, ResourceUsage
 from schemas.config import CohortConfig, FlavorQuota, QueueConfig
 
@@ -49,6 +50,16 @@ class Limit:
 
 
 Limits = tuple[Limit | None, Limit | None, Limit | None]
+
+
+class QuotaMiss(NamedTuple):
+    """Why a demand does not fit a queue's quota in one flavor class, with its numbers."""
+
+    code: ReasonCode
+    message: str
+    bound: Bound | None = None
+
+
 _ZERO = Limit(0, 0, None)
 
 
@@ -133,11 +144,12 @@ def amount_text(r: int, value: int) -> str:
 class QuotaBook:
     """All queues and cohorts; the only place quota arithmetic happens."""
 
-    __slots__ = ("cohorts", "queues")
+    __slots__ = ("_trees", "cohorts", "queues")
 
     def __init__(self, queues: Sequence[QueueConfig], cohorts: Sequence[CohortConfig] = ()) -> None:
         self.queues: dict[str, QueueState] = {}
         self.cohorts: dict[str, Cohort] = {}
+        self._trees: dict[str, list[QueueState]] = {}  # root cohort -> its queues (static)
         for cc in cohorts:
             co = self._cohort(cc.name)
             co.limits = _limits(cc.quotas, False)
@@ -223,14 +235,16 @@ class QuotaBook:
             parent = min(parent, cap)
         return local + parent, own
 
-    def check(self, q: QueueState, cls: str, demand: Vec) -> tuple[ReasonCode, str] | None:
-        """None when `demand` fits the queue's quota in `cls`, else (reason code, message)."""
+    def check(self, q: QueueState, cls: str, demand: Vec) -> QuotaMiss | None:
+        """None when `demand` fits the queue's quota in `cls`, else the binding limit."""
         limits = q.limits
         if limits is None:
             return None
         lims = limits.get(cls)
         if lims is None:
-            return ("quota-exceeded", f"queue {q.name} has no quota for flavor class {cls}")
+            return QuotaMiss(
+                "quota-exceeded", f"queue {q.name} has no quota for flavor class {cls}"
+            )
         u = q.usage.get(cls)
         for r in range(3):
             lim = lims[r]
@@ -242,24 +256,28 @@ class QuotaBook:
             if d > avail:
                 res = RESOURCES[r]
                 if d > own:
+                    bound = Bound(res, used, d, used + max(0, own))
                     if lim is _ZERO:
-                        return (
+                        return QuotaMiss(
                             "quota-exceeded",
                             f"queue {q.name} needs {amount_text(r, d)} {res} of {cls}, and its "
                             f"quota of {cls} does not list {res}, so it admits none",
+                            bound,
                         )
                     borrowing = "none" if lim.borrowing is None else amount_text(r, lim.borrowing)
-                    return (
+                    return QuotaMiss(
                         "quota-exceeded",
                         f"queue {q.name} needs {amount_text(r, d)} {res} of {cls}; its limit "
                         f"leaves {amount_text(r, max(0, own))} (nominal "
                         f"{amount_text(r, lim.nominal)}, borrowing limit {borrowing}, used "
                         f"{amount_text(r, used)})",
+                        bound,
                     )
-                return (
+                return QuotaMiss(
                     "cohort-exhausted",
                     f"queue {q.name} needs {amount_text(r, d)} {res} of {cls}; cohort "
                     f"{q.cohort.name if q.cohort else '-'} leaves {amount_text(r, max(0, avail))}",
+                    Bound(res, used, d, used + max(0, avail)),
                 )
         return None
 
@@ -281,8 +299,11 @@ class QuotaBook:
             if co is not None and lims is not None:
                 lim = lims[r]
                 if lim is not None:
-                    g = lim.guaranteed
-                    self._lift(co, cls, r, max(0, new - g) - max(0, old - g))
+                    if lim.lending is None:  # nothing guaranteed: all of it counts upwards
+                        self._lift(co, cls, r, (new if new > 0 else 0) - (old if old > 0 else 0))
+                    else:
+                        g = lim.guaranteed
+                        self._lift(co, cls, r, max(0, new - g) - max(0, old - g))
         q.admitted += sign
 
     @staticmethod
@@ -327,16 +348,83 @@ class QuotaBook:
             return 0
         return max(0, q.used(cls)[r] - lim.nominal)
 
-    def cohort_borrowing(self, q: QueueState) -> bool:
-        """Does any other reclaimable member of q's cohort borrow anything?"""
+    def tree_members(self, q: QueueState) -> list[QueueState]:
+        """Every queue of the cohort tree q belongs to (q's root cohort and all below it)."""
         co = q.cohort
         if co is None:
+            return []
+        while co.parent is not None:
+            co = co.parent
+        out = self._trees.get(co.name)
+        if out is None:
+            found: list[QueueState] = []
+            todo = [co]
+            while todo:
+                c = todo.pop()
+                found.extend(c.members)
+                todo.extend(c.children)
+            out = self._trees[co.name] = sorted(found, key=lambda m: m.index)
+        return out
+
+    @staticmethod
+    def lender_path(victim: QueueState, preemptor: QueueState) -> list[QueueState | Cohort]:
+        """The victim's queue and its cohorts below the lowest cohort it shares with the
+        preemptor: the nodes that may hold quota lent across that common cohort. Empty when
+        the two queues are in different trees."""
+        if victim.cohort is not None and victim.cohort is preemptor.cohort:
+            return [victim]  # siblings: the common cohort is their own
+        shared: set[int] = set()
+        up = preemptor.cohort
+        while up is not None:
+            shared.add(id(up))
+            up = up.parent
+        path: list[QueueState | Cohort] = [victim]
+        co = victim.cohort
+        while co is not None and id(co) not in shared:
+            path.append(co)
+            co = co.parent
+        return path if co is not None else []
+
+    def node_borrowed(self, node: QueueState | Cohort, cls: str, r: int) -> int:
+        """How much of resource r in cls the node uses beyond its own (subtree) quota."""
+        if isinstance(node, QueueState):
+            return self.borrowed_amount(node, cls, r)
+        used = node.borrowed.get(cls)
+        if used is None:
+            return 0
+        return max(0, used[r] - node.lendable[cls][r])
+
+    def reclaimable(self, victim: QueueState, preemptor: QueueState, cls: str, vec: Vec) -> bool:
+        """May `vec` of the victim queue's use of `cls` be taken back for the preemptor? Only
+        what was lent across their common cohort: the victim's queue and the subtree that
+        hangs off that cohort both borrow, and each stays at or above its quota afterwards in
+        every resource it borrows. Siblings of one cohort: the victim queue's own borrowing."""
+        path = self.lender_path(victim, preemptor)
+        if not path:
             return False
-        for m in co.members:
+        if len(path) == 1:  # siblings: the victim queue's own borrowing (the common case)
+            borrowing = self.borrowing(victim, cls)
+            return bool(borrowing) and all(
+                vec[r] <= self.borrowed_amount(victim, cls, r) for r in borrowing
+            )
+        for node in (path[0], path[-1]):
+            borrowed = [self.node_borrowed(node, cls, r) for r in range(3)]
+            rs = [r for r in range(3) if borrowed[r] > 0]
+            if not rs or any(vec[r] > borrowed[r] for r in rs):
+                return False
+        return True
+
+    def lent_out(self, victim: QueueState, preemptor: QueueState, cls: str) -> bool:
+        """Does the victim queue use quota lent across its common cohort with the preemptor?"""
+        return self.reclaimable(victim, preemptor, cls, (0, 0, 0))
+
+    def cohort_borrowing(self, q: QueueState) -> bool:
+        """Does any other reclaimable queue of q's cohort tree use quota lent to it?"""
+        for m in self.tree_members(q):
             if m is q or not m.config.reclaimable or m.limits is None:
                 continue
             for cls in m.usage:
-                if self.borrowing(m, cls):
+                if self.lent_out(m, q, cls):
                     return True
         return False
 
@@ -493,11 +581,16 @@ def never_admissible(q: QueueState, classes: Iterable[str], demand: Vec) -> str 
     return f"queue {q.name} can never admit it: " + "; ".join(problems)
 
 
-def binding_quota(book: QuotaBook, q: QueueState, cls: str, demand: Vec) -> str | None:
+def binding_quota(book: QuotaBook, q: QueueState, cls: str, demand: Vec) -> QuotaMiss | None:
     """None when `demand` fits the queue's quota in `cls` now, else the binding limit with its
     numbers, e.g. `quota q gpu 8/8 used, needs 16 > nominal 8 + borrow 4`."""
-    if book.check(q, cls, demand) is None:
+    miss = book.check(q, cls, demand)
+    if miss is None:
         return None
+    return QuotaMiss(miss.code, _binding_text(book, q, cls, demand), miss.bound)
+
+
+def _binding_text(book: QuotaBook, q: QueueState, cls: str, demand: Vec) -> str:
     limits = q.limits or {}
     lims = limits.get(cls)
     if lims is None:

@@ -22,7 +22,9 @@ from broker.core.placement import (
     empty_fit,
     gpu_type_ok,
 )
+from broker.core.quota import QuotaMiss
 from broker.core.types import GangRequest, Reason, ReasonCode
+from schemas.api import PendingReason, ReasonBound
 
 
 def describe(gang: Gang) -> str:
@@ -52,7 +54,7 @@ def explain(
     req: GangRequest,
     gang: Gang,
     cands: Candidates,
-    quota_fail: Mapping[ReasonCode, tuple[str, str]],
+    quota_fail: Mapping[ReasonCode, tuple[QuotaMiss, str]],
     avoided: Sequence[Pool],
     allow_fallback: bool | None,
     capacity_failed: bool,
@@ -82,8 +84,8 @@ def explain(
                     flavor=fit.name,
                 )
             )
-    for code, (msg, cls) in quota_fail.items():
-        reasons.append(Reason(code, msg, flavor=cls))
+    for code, (miss, cls) in quota_fail.items():
+        reasons.append(Reason(code, miss.message, flavor=cls, bound=miss.bound))
     considered = [
         p
         for gi, g in enumerate(cands.groups)
@@ -136,3 +138,15 @@ def feasibility(inv: Inventory, req: GangRequest, gang: Gang) -> tuple[Reason, .
     if any(empty_fit(p, gang) and cluster_empty_fit_cpu(c, gang) for c, p in matching):
         return ()
     return (_too_large(gang),)
+
+
+def pending_reason(r: Reason) -> PendingReason:
+    """A core reason as the API shows it (cpu in cores, as `muster queues` shows it)."""
+    bound = None
+    if r.bound is not None:
+        scale = 1000.0 if r.bound.resource == "cpu" else 1.0
+        b = r.bound
+        bound = ReasonBound(b.resource, b.used / scale, b.needed / scale, b.limit / scale)
+    return PendingReason(
+        code=r.code, message=r.message, cluster=r.cluster, flavor=r.flavor, bound=bound
+    )

@@ -143,6 +143,11 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
         avoid_pools=frozenset((a.cluster, a.flavor) for a in record.avoid if a.until > now),
         spot_exhausted=record.spot_exhausted,
         checkpoint_interval_s=pricing_interval_s(spec),
+        min_replicas={
+            p.name: p.min_replicas
+            for p in spec.gang
+            if p.min_replicas is not None and p.min_replicas < p.replicas
+        },
     )
 
 

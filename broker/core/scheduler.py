@@ -7,8 +7,10 @@ allocations keyed by (job_id, attempt), the quota book and the pools' interrupti
 Cycle (`schedule`): queues take turns by weighted dominant-resource fairness (lowest share of
 admitted gpu/cpu/memory ÷ weight first; ties by config order); inside a queue, higher priority
 first, then lower `order`. StrictFIFO stops a queue at its first blocked job; BestEffortFIFO lets
-later jobs pass. Capacity and quota only shrink during a cycle, so a failure is remembered per
-gang shape (and per queue when quota was involved) and repeated shapes are rejected in O(1).
+later jobs pass. Each decision is `assigner.assign` (a pure search over the cycle's `Snapshot`)
+then `commit` (node capacity, the allocation, the quota charge). Capacity and quota only shrink
+during a cycle, so the snapshot remembers a failure per gang shape (and per queue when quota was
+involved) and repeated shapes are rejected in O(1).
 
 Node events return the job_ids the lifecycle machine must act on:
 - `upsert_node`: the node turned broken under Muster replicas (not ready, or fewer healthy
@@ -26,8 +28,9 @@ each victim frees is held for the preemptor, and once every victim is gone the n
 places the preemptor before any other job: an eviction only ever admits the job it was made
 for, and nobody (least of all the victim, requeued) takes the capacity in between. A plan
 whose victims are not all released within `_wait_s` (twice the checkpoint grace plus dispatch
-acks, at least a minute) is dropped with its holds. Quota is held once per job, by its newest
-live attempt.
+acks, at least a minute) is dropped with its holds. Quota is held once per job: a
+make-before-break replacement (`reserve` with `replacing_attempt`) takes the charge over from
+the attempt it replaces, and a `Reservation` records the pair until one of them ends.
 
 Stability (no eviction storms): a gang admitted less than `preemption_min_runtime_s` ago is
 never a victim, and a job reclaimed once is not reclaimed again until an input changes (a
@@ -41,27 +44,24 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from broker.core.diagnose import pool_reasons
-from broker.core.inventory import AllocKey, Inventory, Pool
-from broker.core.ledger import Alloc, Ledger, Vec
-from broker.core.placement import (
-    TIE_EVAL,
-    Candidates,
-    Gang,
-    Take,
-    assignment_of,
-    build_candidates,
-    capacity_rank,
-    empty_fit,
-    estimate,
-    fits_now,
-    make_gang,
-    pack,
-    pool_cost,
+from broker.core.assigner import (
+    Assignment,
+    Reasons,
+    Shape,
+    Snapshot,
+    allow_fallback,
+    assign,
+    least_podsets,
+    shape_of,
 )
+from broker.core.diagnose import pool_reasons
+from broker.core.inventory import AllocKey, Inventory
+from broker.core.ledger import Alloc, Ledger, Vec
+from broker.core.placement import Gang, capacity_rank, make_gang
 from broker.core.preemption import plan_preemption, worth_planning
-from broker.core.quota import QueueState, QuotaBook, never_admissible
-from broker.core.reasons import explain, feasibility
+from broker.core.quota import Cohort, QueueState, QuotaBook, QuotaMiss, never_admissible
+from broker.core.reasons import feasibility
+from broker.core.reservation import Reservation
 from broker.core.types import (
     CycleResult,
     GangRequest,
@@ -69,7 +69,6 @@ from broker.core.types import (
     PodSetDemand,
     Preemption,
     Reason,
-    ReasonCode,
 )
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.api import FlavorView, QueueView
@@ -83,12 +82,23 @@ HOLD_ATTEMPT = 0  # allocation key (preemptor, 0): capacity held for it; real at
 _PREEMPTIBLE = frozenset({"insufficient-capacity", "quota-exceeded", "cohort-exhausted"})
 _GANG_CACHE_MAX = 65_536
 
-Shape = tuple[object, ...]
-
 
 def _job_ids(keys: Iterable[AllocKey]) -> list[str]:
     """The jobs holding these allocations; capacity held for a preemptor is not a job there."""
     return list(dict.fromkeys(k[0] for k in keys if k[1] != HOLD_ATTEMPT))
+
+
+def _root(q: QueueState) -> Cohort | None:
+    co = q.cohort
+    while co is not None and co.parent is not None:
+        co = co.parent
+    return co
+
+
+def _same_tree(a: QueueState, b: QueueState) -> bool:
+    """Both queues under one root cohort: they lend to and reclaim from each other."""
+    root = _root(a)
+    return root is not None and root is _root(b)
 
 
 def _order_key(r: GangRequest) -> tuple[int, int]:
@@ -112,10 +122,8 @@ class Scheduler:
         grace = config.timeouts.checkpoint_grace_s
         self._wait_s = max(PREEMPTION_WAIT_MIN_S, 2 * grace + config.timeouts.dispatch_ack_s * 4)
         self._gangs: dict[tuple[PodSetDemand, ...], Gang] = {}
-        # per-cycle caches (valid while capacity and quota only shrink)
-        self._cands: dict[Shape, Candidates] = {}
-        self._cap_fail: dict[Shape, tuple[Reason, ...]] = {}
-        self._queue_fail: dict[tuple[str, Shape], tuple[Reason, ...]] = {}
+        # The running cycle's snapshot (its memo tables); None between cycles.
+        self._snap: Snapshot | None = None
         self._plan_fail: set[tuple[str, Shape, int]] = set()
         # (queue, priority) -> worth_planning, valid until the ledger or the book changes
         self._worth: dict[tuple[str, int], bool] = {}
@@ -125,7 +133,6 @@ class Scheduler:
         self._same_fail: dict[tuple[str, int, Shape], tuple[Reason, ...]] = {}
         self._shape_memo: dict[str, tuple[GangRequest, Shape]] = {}  # job_id -> (request, shape)
         self._plans = 0
-        self._in_cycle = False
         self._fresh: list[Alloc] = []  # admitted by the running cycle
         self._rates: dict[tuple[str, str], float] = {}
         self._rates_at: tuple[float, int] = (float("nan"), -1)
@@ -139,6 +146,7 @@ class Scheduler:
         # preemptor -> (its queue, the flavor class it preempts in): while it waits or holds,
         # later jobs of its queue and borrowers of its cohort may not take that quota
         self._claims: dict[str, tuple[QueueState, str]] = {}
+        self._reservations: dict[str, Reservation] = {}  # job_id -> make-before-break pair
 
     # -- inventory --------------------------------------------------------------------
 
@@ -250,11 +258,30 @@ class Scheduler:
             g = self._gangs[podsets] = make_gang(podsets)
         return g
 
+    def snapshot(self, now: float) -> Snapshot:
+        """What `assign` reads: capacity, quota and claims as they are now."""
+        if len(self._gangs) >= _GANG_CACHE_MAX:
+            self._gangs.clear()
+        return Snapshot(
+            self._inv,
+            self._book,
+            self._rate_at(now),
+            self._risk_weight,
+            self._claimed,
+            self._claims,
+            gangs=self._gangs,
+        )
+
+    def assign(self, req: GangRequest, now: float) -> Assignment | Reasons:
+        """Where `req` would go now (nothing changes; `commit` applies the answer)."""
+        qs = self._book.queues.get(req.queue)
+        if qs is None:
+            return (Reason("unknown-queue", f"queue {req.queue!r} is not configured"),)
+        snap = self._snap if self._snap is not None else self.snapshot(now)
+        return assign(req, qs, snap)
+
     def schedule(self, pending: Sequence[GangRequest], now: float) -> CycleResult:
         res = CycleResult()
-        self._cands.clear()
-        self._cap_fail.clear()
-        self._queue_fail.clear()
         self._plan_fail.clear()
         self._worth.clear()
         self._same_fail.clear()
@@ -263,13 +290,12 @@ class Scheduler:
         self._plans = 0
         self._expire_plans(now)
         self._note_arrivals(pending)
-        self._in_cycle = True
+        self._snap = self.snapshot(now)
         try:
             pending = self._holders_first(pending, now, res)
             self._cycle(pending, now, res)
         finally:
-            self._in_cycle = False
-            self._cands.clear()
+            self._snap = None
             self._ledger.settle(self._fresh)
             self._fresh.clear()
         return res
@@ -367,34 +393,32 @@ class Scheduler:
                 res.admitted.append((req.job_id, out))
             else:
                 res.pending[req.job_id] = out
-        # Holds came back as free capacity: the per-cycle caches assume capacity only shrinks.
-        self._cands.clear()
-        self._cap_fail.clear()
-        self._queue_fail.clear()
+        # Holds came back as free capacity: the snapshot's memo assumes capacity only shrinks.
+        self._snap = self.snapshot(now)
         return [r for r in pending if r.job_id not in done]
 
-    def _claimed(
-        self, job_id: str, qs: QueueState, cls: str, demand: Vec
-    ) -> tuple[ReasonCode, str] | None:
+    def _claimed(self, job_id: str, qs: QueueState, cls: str, demand: Vec) -> QuotaMiss | None:
         """While a job preempts to start in `cls`, the quota it needs is kept for it: neither
         its own queue (those jobs come after it) nor the other queues of its cohort admit
         anything else in `cls` until it starts (at most the plan's wait)."""
+        if not self._claims:
+            return None
         for claimant, (other, ocls) in self._claims.items():
             if ocls != cls or claimant == job_id:
                 continue
-            if other is not qs and (qs.cohort is None or other.cohort is not qs.cohort):
+            if other is not qs and not _same_tree(qs, other):
                 continue
             if other is qs:
                 if job_id in self._claims:
                     continue  # two reclaims of one queue: each got its own victims
-                return (
+                return QuotaMiss(
                     "quota-exceeded",
                     f"{claimant} of queue {qs.name} is preempting to start in {cls}; later jobs "
                     "of the queue wait until it starts",
                 )
             # Another queue of the cohort: with lending, even its use inside nominal shrinks
             # what the cohort has left for the preemptor.
-            return (
+            return QuotaMiss(
                 "cohort-exhausted",
                 f"queue {other.name} is preempting to start a job in {cls}; queue "
                 f"{qs.name} waits for {cls} in cohort {other.cohort.name if other.cohort else ''} "
@@ -408,7 +432,7 @@ class Scheduler:
         for claimant, (other, _) in self._claims.items():
             if claimant == job_id:
                 continue
-            if other is qs or (qs.cohort is not None and other.cohort is qs.cohort):
+            if other is qs or _same_tree(qs, other):
                 return True
         return False
 
@@ -492,7 +516,7 @@ class Scheduler:
         hit = self._shape_memo.get(req.job_id)
         if hit is not None and hit[0] is req:
             return hit[1]
-        shape = self._shape(req, self._gang(req.podsets))
+        shape = shape_of(req)
         self._shape_memo[req.job_id] = (req, shape)
         return shape
 
@@ -515,16 +539,18 @@ class Scheduler:
         existing = self._ledger.allocs.get((req.job_id, req.attempt))
         if existing is not None:
             return existing.placement
-        gang = self._gang(req.podsets)
-        out = self._place(req, gang, qs, now)
-        if isinstance(out, Placement):
-            return out
+        snap = self._snap if self._snap is not None else self.snapshot(now)
+        got = assign(req, qs, snap, self._shape_of(req))
+        if isinstance(got, Assignment):
+            return self.commit(got, now)
+        out = got
+        gang = snap.gang(req.podsets)
         waiting = self._waiting.get(req.job_id)
         if waiting is not None:
             return (waiting[1], *out)
         if self._plans >= MAX_PLANS_PER_CYCLE or not any(r.code in _PREEMPTIBLE for r in out):
             return out
-        pkey = (qs.name, self._shape(req, gang), req.priority)
+        pkey = (qs.name, self._shape_of(req), req.priority)
         if pkey in self._plan_fail:
             return out
         wkey = (qs.name, req.priority)
@@ -536,7 +562,7 @@ class Scheduler:
         if self._claims and self._planning_elsewhere(req.job_id, qs):
             return out
         self._plans += 1
-        cands = self._candidates(req, gang, now)
+        cands = snap.candidates(req, gang)
         plan = plan_preemption(
             self._inv,
             self._book,
@@ -545,7 +571,7 @@ class Scheduler:
             gang,
             qs,
             cands,
-            self._allow_fallback(req, gang, cands),
+            allow_fallback(req, gang, cands),
             now,
             self._protected(now),
         )
@@ -574,36 +600,6 @@ class Scheduler:
         res.preemptions.append(Preemption(req.job_id, victims, plan.pool.key, plan.kind))
         return (reason, *out)
 
-    @staticmethod
-    def _shape(req: GangRequest, gang: Gang) -> Shape:
-        return (
-            req.podsets,
-            req.gpu_types,
-            req.capacity,
-            req.spot_exhausted,
-            req.checkpoint_interval_s,
-            req.avoid_pools,
-        )
-
-    def _candidates(self, req: GangRequest, gang: Gang, now: float) -> Candidates:
-        key = (
-            req.gpu_types,
-            req.capacity,
-            req.spot_exhausted,
-            gang.total[0],
-            req.checkpoint_interval_s,
-        )
-        if self._in_cycle:
-            c = self._cands.get(key)
-            if c is None:
-                c = self._cands[key] = build_candidates(
-                    self._inv, req, gang.total[0], self._rate_at(now), self._risk_weight
-                )
-            return c
-        return build_candidates(
-            self._inv, req, gang.total[0], self._rate_at(now), self._risk_weight
-        )
-
     def _rate_at(self, now: float) -> Callable[[tuple[str, str]], float]:
         """Pool interruption rates at `now`, memoised while `now` and the inventory hold."""
         stamp = (now, self._inv.version)
@@ -622,178 +618,80 @@ class Scheduler:
 
         return rate_of
 
-    @staticmethod
-    def _allow_fallback(req: GangRequest, gang: Gang, cands: Candidates) -> bool:
-        """spot-then-on-demand may use on-demand when no spot pool could ever host the gang."""
-        if req.capacity != "spot-then-on-demand" or req.spot_exhausted:
-            return True
-        return not any(empty_fit(p, gang) for p in cands.spot_pools)
-
-    def _place(
-        self, req: GangRequest, gang: Gang, qs: QueueState, now: float
-    ) -> Placement | tuple[Reason, ...]:
-        """Find and commit a placement, or explain why there is none."""
-        shape: Shape | None = None
-        if self._in_cycle:
-            shape = self._shape(req, gang)
-            hit = self._cap_fail.get(shape)
-            if hit is None:
-                hit = self._queue_fail.get((qs.name, shape))
-            if hit is not None:
-                return hit
-        cands = self._candidates(req, gang, now)
-        book = self._book
-        clusters = self._inv.clusters
-        avoid = req.avoid_pools
-        quota_memo: dict[str, tuple[ReasonCode, str] | None] = {}
-        quota_fail: dict[ReasonCode, tuple[str, str]] = {}
-        avoided: list[Pool] = []
-        allow_fallback: bool | None = None
-        need_gpu = gang.total[0]
-        has_gpu = bool(gang.gpu_sets)
-        phys = False  # some pool failed on capacity (not only on quota or avoidance)
-        for gi, group in enumerate(cands.live):
-            if cands.ranks[gi] == 1:
-                if allow_fallback is None:
-                    allow_fallback = self._allow_fallback(req, gang, cands)
-                if not allow_fallback:
-                    break
-            n = len(group)
-            start = 0
-            dead = False
-            while start < n:
-                scored: list[tuple[tuple[int, int], int, Pool]] = []
-                j = start
-                while j < n and len(scored) < TIE_EVAL:
-                    pool = group[j]
-                    j += 1
-                    if has_gpu:
-                        if pool.free_gpu < need_gpu:
-                            phys = True
-                            if pool.free_gpu == 0:
-                                dead = True
-                            continue
-                        if pool.key in avoid:
-                            avoided.append(pool)
-                            continue
-                        est = estimate(pool, gang)
-                        if est is None:
-                            phys = True
-                            continue
-                    else:
-                        if pool.key in avoid:
-                            avoided.append(pool)
-                            continue
-                        est = (0, pool.node_gpu)
-                    cls = pool.flavor_class
-                    if cls in quota_memo:
-                        qr = quota_memo[cls]
-                    else:
-                        qr = quota_memo[cls] = book.check(qs, cls, gang.total)
-                        if qr is None and self._claims:
-                            qr = quota_memo[cls] = self._claimed(req.job_id, qs, cls, gang.total)
-                    if qr is not None:
-                        quota_fail.setdefault(qr[0], (qr[1], cls))
-                        continue
-                    scored.append((est, len(scored), pool))
-                    if est[1] == 0 and est[0] <= 1:
-                        break
-                start = j
-                if len(scored) > 1:
-                    scored.sort(key=lambda t: (t[0], t[1]))
-                for _, _, pool in scored:
-                    takes = pack(clusters[pool.cluster], pool, gang, req)
-                    if takes is not None:
-                        return self._commit(req, gang, qs, pool, takes, now)
-                    phys = True
-            if dead and self._in_cycle:
-                # Empty pools stay empty for the rest of the cycle: drop them from this list.
-                group[:] = [p for p in group if p.free_gpu > 0]
-        reasons = explain(
-            self._inv,
-            req,
-            gang,
-            cands,
-            quota_fail,
-            avoided,
-            allow_fallback,
-            phys or not quota_fail,
-            lambda pool: self._fits_quota(req, gang, qs, pool),
-        )
-        if shape is not None:
-            if quota_fail or avoided:
-                self._queue_fail[(qs.name, shape)] = reasons
-            else:
-                self._cap_fail[shape] = reasons
-        return reasons
-
-    def _fits_quota(self, req: GangRequest, gang: Gang, qs: QueueState, pool: Pool) -> bool:
-        if self._book.check(qs, pool.flavor_class, gang.total) is not None:
-            return False
+    def commit(self, a: Assignment, now: float) -> Placement:
+        """Apply an assignment: node capacity, the allocation record and the quota charge.
+        Refuses one that no longer fits its nodes (made against an older snapshot)."""
+        req = a.request
+        pool = a.pool
         cluster = self._inv.clusters.get(pool.cluster)
-        return cluster is not None and fits_now(cluster, pool, gang, req)
-
-    def _commit(
-        self,
-        req: GangRequest,
-        gang: Gang,
-        qs: QueueState,
-        pool: Pool,
-        takes: list[Take],
-        now: float,
-    ) -> Placement:
-        assignment, per_node = assignment_of(takes, gang)
-        gpu_nodes = sum(1 for v in per_node.values() if v[0] > 0)
-        cost = pool_cost(pool, req, gang.total[0], gpu_nodes, self._rate_at(now), self._risk_weight)
-        placement = Placement(pool.cluster, pool.name, pool.flavor_class, assignment, cost)
+        nodes = cluster.nodes if cluster is not None else {}
+        for name, (g, c, m) in a.per_node.items():
+            n = nodes.get(name)
+            if n is None or n.free_gpu < g or n.free_cpu < c or n.free_mem < m:
+                raise ValueError(f"stale assignment of {req.job_id}: node {name} cannot take it")
         key = (req.job_id, req.attempt)
-        self._inv.record_usage(pool.cluster, key, per_node)
-        work_since = self._progress.pop(key, now)
+        self._inv.add_usage(pool.cluster, key, a.per_node)
+        fresh = self._snap is not None
         alloc = Alloc(
             key,
             req.queue,
             req.priority,
             req.order,
-            placement,
-            per_node,
-            gang.total,
-            work_since=work_since,
-            fresh=self._in_cycle,
+            a.placement,
+            dict(a.per_node),
+            a.vec,
+            work_since=self._progress.pop(key, now),
+            fresh=fresh,
             admitted_at=now,
         )
-        if self._in_cycle:
+        if fresh:
             self._fresh.append(alloc)
         self._worth.clear()
         self._same_fail.clear()
         self._ledger.add(alloc)
-        self._book.charge(qs, pool.flavor_class, gang.total, 1)
-        self._waiting.pop(req.job_id, None)
-        self._drop_hold(req.job_id)
-        return placement
+        self._book.charge(a.queue, pool.flavor_class, a.vec, 1)
+        if self._waiting or self._holds or self._claims:
+            self._waiting.pop(req.job_id, None)
+            self._drop_hold(req.job_id)
+        return a.placement
 
     def reserve(
         self, request: GangRequest, now: float, replacing_attempt: int | None = None
     ) -> Placement | tuple[Reason, ...]:
-        qs = self._book.queues.get(request.queue)
-        if qs is None:
-            return (Reason("unknown-queue", f"queue {request.queue!r} is not configured"),)
+        """Place one request now, outside a cycle. With `replacing_attempt` (make-before-break)
+        the job's quota charge is handed from that attempt to the new one, and a `Reservation`
+        records the handover until one of the two ends."""
         existing = self._ledger.allocs.get((request.job_id, request.attempt))
         if existing is not None:
             return existing.placement
-        old: Alloc | None = None
-        old_qs: QueueState | None = None
+        old = None
         if replacing_attempt is not None:
             old = self._ledger.allocs.get((request.job_id, replacing_attempt))
-            if old is not None and old.charged:
-                old_qs = self._book.queues.get(old.queue)
-            if old is not None and old_qs is not None:
-                self._book.charge(old_qs, old.flavor_class, old.vec, -1)
-                self._ledger.set_state(old, False, old.doomed_by)
-        out = self._place(request, self._gang(request.podsets), qs, now)
-        if not isinstance(out, Placement) and old is not None and old_qs is not None:
-            self._book.charge(old_qs, old.flavor_class, old.vec, 1)
-            self._ledger.set_state(old, True, old.doomed_by)
-        return out
+        if old is None or not old.charged:
+            got = self.assign(request, now)
+            return self.commit(got, now) if isinstance(got, Assignment) else got
+        self._set_charged(old, False)
+        got = self.assign(request, now)
+        if not isinstance(got, Assignment):
+            self._set_charged(old, True)
+            return got
+        placement = self.commit(got, now)
+        self._reservations[request.job_id] = Reservation(
+            request.job_id, old.key[1], request.attempt
+        )
+        return placement
+
+    def _set_charged(self, a: Alloc, charged: bool) -> None:
+        if a.charged == charged:
+            return
+        qs = self._book.queues.get(a.queue)
+        if qs is not None:
+            self._book.charge(qs, a.flavor_class, a.vec, 1 if charged else -1)
+        self._ledger.set_state(a, charged, a.doomed_by)
+
+    def reservations(self) -> dict[str, Reservation]:
+        """job_id -> its make-before-break reservation (a view for checks)."""
+        return dict(self._reservations)
 
     def assume(self, request: GangRequest, placement: Placement) -> None:
         key = (request.job_id, request.attempt)
@@ -803,29 +701,35 @@ class Scheduler:
         per_node: dict[str, tuple[int, int, int]] = {}
         for podset, nodes in placement.assignment:
             d = demands.get(podset)
-            if d is None or len(nodes) != d.replicas:
+            # A partially admitted podset runs with fewer replicas, never below its minimum.
+            if d is None or not (
+                request.min_replicas.get(podset, d.replicas) <= len(nodes) <= d.replicas
+            ):
                 raise ValueError(
                     f"placement of {request.job_id} does not match its podsets at {podset!r}"
                 )
             for name in nodes:
                 g, c, m = per_node.get(name, (0, 0, 0))
                 per_node[name] = (g + d.gpu, c + d.cpu_milli, m + d.memory)
-        vec = (request.total_gpu, request.total_cpu_milli, request.total_memory)
+        vec = (
+            sum(v[0] for v in per_node.values()),
+            sum(v[1] for v in per_node.values()),
+            sum(v[2] for v in per_node.values()),
+        )
         self._inv.add_usage(placement.cluster, key, per_node)
         qs = self._book.queues.get(request.queue)
-        # A job holds quota once: the newest attempt holds it (a restored make-before-break
-        # replacement took it over from the attempt it replaces).
+        # A job holds quota once: a restored make-before-break pair is a reservation, and
+        # the newer attempt holds the charge.
         charged = qs is not None
         for other in list(self._ledger.by_job.get(request.job_id, {}).values()):
+            older, newer = sorted((other.key[1], request.attempt))
+            self._reservations[request.job_id] = Reservation(request.job_id, older, newer)
             if not other.charged:
                 continue
             if other.key[1] > request.attempt:
                 charged = False
             else:
-                oq = self._book.queues.get(other.queue)
-                if oq is not None:
-                    self._book.charge(oq, other.flavor_class, other.vec, -1)
-                self._ledger.set_state(other, False, other.doomed_by)
+                self._set_charged(other, False)
         alloc = Alloc(
             key,
             request.queue,
@@ -852,15 +756,14 @@ class Scheduler:
             qs = self._book.queues.get(a.queue)
             if qs is not None:
                 self._book.charge(qs, a.flavor_class, a.vec, -1)
-            # A job holds quota once, on its newest live attempt: if the replacement goes
-            # away first, the attempt it replaced holds the quota again.
-            rest = self._ledger.by_job.get(job_id)
-            if rest:
-                heir = rest[max(rest)]
-                hq = self._book.queues.get(heir.queue)
-                if hq is not None and not heir.charged:
-                    self._book.charge(hq, heir.flavor_class, heir.vec, 1)
-                    self._ledger.set_state(heir, True, heir.doomed_by)
+        res = self._reservations.get(job_id)
+        if res is not None and attempt in (res.replaced, res.replacement):
+            del self._reservations[job_id]
+            if attempt == res.replacement and a.charged:
+                # The replacement ended first: the attempt it replaced holds the quota again.
+                back = self._ledger.allocs.get((job_id, res.replaced))
+                if back is not None:
+                    self._set_charged(back, True)
         if a.doomed_by is None:
             self._inputs_changed()  # a job ended on its own or was lost: not our eviction
             return
@@ -879,7 +782,8 @@ class Scheduler:
             self._progress[(job_id, attempt)] = work_since
 
     def check_feasible(self, request: GangRequest) -> tuple[Reason, ...]:
-        gang = self._gang(request.podsets)
+        """Could the gang ever start? Under partial admission, judged at its minimum."""
+        gang = self._gang(least_podsets(request))
         return feasibility(self._inv, request, gang) or self._quota_feasibility(request, gang)
 
     def _quota_feasibility(self, request: GangRequest, gang: Gang) -> tuple[Reason, ...]:

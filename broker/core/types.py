@@ -44,6 +44,8 @@ class GangRequest:
     spot_exhausted: bool = False
     # Seconds between checkpoints we expect (for the risk term); None = no checkpoints.
     checkpoint_interval_s: float | None = None
+    # Partial admission: podset -> fewest replicas it may start with (absent = all of them)
+    min_replicas: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_gpu(self) -> int:
@@ -68,6 +70,8 @@ class Placement:
     # (podset name, node name per replica, in replica order)
     assignment: tuple[tuple[str, tuple[str, ...]], ...]
     expected_cost_per_hour: float = 0.0
+    # Set under partial admission: how many replicas of how many, and what kept the rest out.
+    note: str = ""
 
     @property
     def pool(self) -> PoolKey:
@@ -97,6 +101,17 @@ ReasonCode = Literal[
 ]
 
 
+class Bound(NamedTuple):
+    """The numbers behind a refusal: of `resource`, `used` is in use, `needed` is what the
+    gang asks for, `limit` is the most that may be in use (quota or capacity). Amounts are in
+    the core's units: GPUs, cpu millicores, memory bytes."""
+
+    resource: str
+    used: int
+    needed: int
+    limit: int
+
+
 @dataclass(frozen=True, slots=True)
 class Reason:
     """Why a job is not admitted (typed; rendered by `muster why`)."""
@@ -105,6 +120,7 @@ class Reason:
     message: str
     cluster: str | None = None
     flavor: str | None = None
+    bound: Bound | None = None  # the binding constraint's numbers, when one binds
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from broker.core.accounting import accounting, attempt_view
 from broker.core.agents import AgentTracker
 from broker.core.backlog import Backlog
+from broker.core.reasons import pending_reason
 from broker.core.records import JobRecord, demands_of, gang_request
 from broker.core.scheduler import Scheduler
 from broker.core.types import PodSetDemand, Reason
@@ -128,12 +129,8 @@ class JobViews:
                         f"after: {record.reason}",
                     )
                 )
-            for r in self.reasons.get(record.job_id, ()):
-                reasons.append(
-                    PendingReason(
-                        code=r.code, message=r.message, cluster=r.cluster, flavor=r.flavor
-                    )
-                )
+            # pending_reason: the API form of a core reason, with its numbers
+            reasons.extend(pending_reason(r) for r in self.reasons.get(record.job_id, ()))
         elif record.state == "preempting" and record.preempting is not None:
             reasons.append(
                 PendingReason(
@@ -170,10 +167,7 @@ class JobViews:
             position = pending.rank(job_id) if pending is not None else 0
             demands = self._demands.get(job_id) or demands_of(record.spec)
             request = gang_request(record, now, demands)
-            candidates = [
-                PendingReason(code=r.code, message=r.message, cluster=r.cluster, flavor=r.flavor)
-                for r in self.scheduler.pool_reasons(request)
-            ]
+            candidates = [pending_reason(r) for r in self.scheduler.pool_reasons(request)]
             waiting_for = _waiting_for(reasons, candidates)
         elif record.state == "preempting":
             waiting_for = "checkpoint"

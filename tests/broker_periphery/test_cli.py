@@ -33,6 +33,7 @@ from schemas.api import (
     JobView,
     PendingReason,
     QueueView,
+    ReasonBound,
     SubmitReply,
     WhyView,
 )
@@ -281,6 +282,14 @@ def test_why_view() -> None:
         ],
         ["c/t4-spot", "no-matching-flavor", "no T4 accepted"],
     ]
+    bound = msgspec.structs.replace(
+        full.candidates[0], bound=ReasonBound(resource="gpu", used=8, needed=16, limit=12)
+    )
+    lines = text_of(why_view(msgspec.structs.replace(full, candidates=[bound]))).splitlines()
+    assert [line.split(None, 3)[:3] for line in lines if line.startswith("east")] == [
+        ["east/a100-od", "quota-exceeded", "gpu"]
+    ]
+    assert "gpu 8+16>12" in next(line for line in lines if line.startswith("east"))
     running = text_of(why_view(WhyView(job_id="j", state="running")))
     assert "nothing holds it back" in running
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from hypothesis import strategies as st
+
+from broker.core.quota import QuotaBook
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, PodSetDemand, PoolKey
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.config import (
     BrokerConfig,
+    CohortConfig,
     FlavorClass,
     FlavorQuota,
     PreemptionPolicy,
@@ -40,11 +44,13 @@ def nodes(
 def config(
     queues: Iterable[QueueConfig] | None = None,
     classes: Iterable[FlavorClass] = (),
+    cohorts: Iterable[CohortConfig] = (),
     **scheduling: object,
 ) -> BrokerConfig:
     return BrokerConfig(
         queues=list(queues) if queues is not None else [QueueConfig(name="default")],
         flavors=list(classes),
+        cohorts=list(cohorts),
         # Victims may be as young as the test likes unless it sets a minimum runtime.
         scheduling=SchedulingConfig(**{"preemption_min_runtime_s": 0.0, **scheduling}),
     )
@@ -138,3 +144,61 @@ def used_per_node(s: Scheduler) -> dict[tuple[str, str], tuple[int, int, int]]:
 def codes(reasons: object) -> list[str]:
     assert isinstance(reasons, tuple), reasons
     return [r.code for r in reasons]
+
+
+def quota_broken(book: QuotaBook) -> list[str]:
+    bad = []
+    for q in book.queues.values():
+        if q.limits is None:
+            continue
+        for cls, used in q.usage.items():
+            lims = q.limits.get(cls)
+            for r in range(3):
+                lim = lims[r] if lims is not None else None
+                if used[r] and lims is None:
+                    bad.append(f"{q.name} uses unlisted class {cls}")
+                if lim is None or lim.borrowing is None:
+                    continue
+                if used[r] > lim.nominal + lim.borrowing:
+                    bad.append(f"{q.name} {cls}[{r}] {used[r]} over nominal + borrowing")
+    for co in book.cohorts.values():
+        for cls, used in co.borrowed.items():
+            for r in range(3):
+                # The root has only its subtree's quota; an inner cohort may borrow from its
+                # parent up to its own borrowing limit (none here: unbounded).
+                lim = co.own(cls, r)
+                cap = co.lendable[cls][r] if co.parent is None else None
+                if co.parent is not None and lim is not None and lim.borrowing is not None:
+                    cap = co.lendable[cls][r] + lim.borrowing
+                if cap is not None and used[r] > cap:
+                    bad.append(f"cohort {co.name} {cls}[{r}] uses {used[r]} of {cap}")
+    return bad
+
+
+def random_fleet_and_rounds(
+    draw: st.DrawFn, s: Scheduler, n_queues: int
+) -> list[list[GangRequest]]:
+    """One or two clusters of 1-3 od nodes of 4 or 8 GPUs, and 2-14 small gangs over the
+    queues q0..q<n_queues-1> arriving in up to four rounds (for the reclaim properties)."""
+    for c in range(draw(st.integers(1, 2))):
+        s.apply_snapshot(
+            f"c{c}",
+            [flavor("od")],
+            nodes(f"c{c}n", "od", draw(st.integers(1, 3)), gpu=draw(st.sampled_from([4, 8]))),
+            NOW,
+        )
+    count = draw(st.integers(2, 14))
+    jobs = [
+        gang(
+            f"j{i}",
+            (draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 4]))),
+            queue=f"q{draw(st.integers(0, n_queues - 1))}",
+            priority=draw(st.sampled_from([0, 0, 5])),
+            order=i + 1,
+        )
+        for i in range(count)
+    ]
+    arrival = draw(st.permutations(jobs))
+    cuts = sorted(draw(st.lists(st.integers(1, count), max_size=3)))
+    rounds = [arrival[a:b] for a, b in zip([0, *cuts], [*cuts, count], strict=True)]
+    return [r for r in rounds if r]

@@ -211,3 +211,21 @@ def test_a_withdrawn_notice_frees_the_node_but_not_the_preempted_attempt() -> No
     assert views["sp"].gpu_free == 16
     res = s.schedule([gang("b", (2, 8), capacity="spot")], NOW + 3)
     assert [a[0] for a in res.admitted] == ["b"]
+
+
+def test_a_spot_pool_at_zero_nodes_still_takes_cpu_only_gangs_its_ceiling_allows() -> None:
+    """Feasibility judges a pool by its ceiling (high-water marks), for CPU-only gangs too:
+    a spot pool whose nodes were all reclaimed comes back, so the gang waits, never refused."""
+    s = Scheduler(config())
+    s.apply_snapshot("c", [flavor("sp", "spot")], nodes("n", "sp", 2, cpu=96_000), NOW)
+    # Three 64-core replicas: more cpu than one node has, all of the pool's cpu at its peak.
+    wide = gang("wide", (3, 0), cpu=64_000, capacity="spot")
+    assert s.check_feasible(wide) == ()
+    for i in range(2):
+        s.remove_node("c", f"n-{i}", NOW + 1)
+    pool = s._inv.clusters["c"].pools["sp"]
+    assert not pool.nodes
+    assert (pool.ceiling.now_cpu, pool.ceiling.total_cpu) == (0, 192_000)
+    assert s.check_feasible(wide) == ()
+    too_wide = gang("too-wide", (4, 0), cpu=64_000, capacity="spot")
+    assert [r.code for r in s.check_feasible(too_wide)] == ["gang-too-large"]

@@ -18,7 +18,7 @@ from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest
 from load.reclaim_storm import run as storm
 
-from .helpers import NOW, config, flavor, gang, nodes, queue
+from .helpers import NOW, config, flavor, gang, nodes, queue, random_fleet_and_rounds
 
 
 @st.composite
@@ -36,29 +36,9 @@ def setups(draw: st.DrawFn) -> tuple[Scheduler, list[list[GangRequest]], list[fl
         for i in range(n_queues)
     ]
     s = Scheduler(config(queues=queues, preemption_min_runtime_s=min_runtime))
-    for c in range(draw(st.integers(1, 2))):
-        s.apply_snapshot(
-            f"c{c}",
-            [flavor("od")],
-            nodes(f"c{c}n", "od", draw(st.integers(1, 3)), gpu=draw(st.sampled_from([4, 8]))),
-            NOW,
-        )
-    count = draw(st.integers(2, 14))
-    jobs = [
-        gang(
-            f"j{i}",
-            (draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 4]))),
-            queue=f"q{draw(st.integers(0, n_queues - 1))}",
-            priority=draw(st.sampled_from([0, 0, 5])),
-            order=i + 1,
-        )
-        for i in range(count)
-    ]
-    arrival = draw(st.permutations(jobs))
-    cuts = sorted(draw(st.lists(st.integers(1, count), max_size=3)))
-    rounds = [arrival[a:b] for a, b in zip([0, *cuts], [*cuts, count], strict=True)]
+    rounds = random_fleet_and_rounds(draw, s, n_queues)
     gaps = draw(st.lists(st.floats(0.0, 120.0), min_size=40, max_size=40))
-    return s, [r for r in rounds if r], gaps, min_runtime
+    return s, rounds, gaps, min_runtime
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,0 +1,336 @@
+"""Where one gang goes, as a pure function: `assign(request, snapshot) -> Assignment | Reasons`.
+
+Kueue's flavor assigner is the model: the search reads a snapshot of capacity and quota and
+returns either an assignment (one cluster x flavor, a node per replica, the quota it charges)
+or typed reasons with their numbers. It changes nothing; `Scheduler.commit` applies an
+assignment. A snapshot carries memo tables for one admission cycle (candidate pools per gang
+shape, failures per shape, pools found empty). They stay valid because a commit only ever
+takes capacity and quota; whatever gives some back (a release, a hold returned) starts a new
+snapshot.
+
+Partial admission (Kueue's `job-min-parallelism`): a request whose podsets carry
+`min_replicas` below `replicas` is tried whole first; when that fails, the largest count at or
+above the minimum that fits (quota and nodes, one pool) is admitted, found by bisection over
+the scalable podset's replica count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from broker.core.inventory import Inventory, Node, Pool
+from broker.core.placement import (
+    TIE_EVAL,
+    Candidates,
+    Gang,
+    Take,
+    assignment_of,
+    build_candidates,
+    empty_fit,
+    estimate,
+    fits_now,
+    make_gang,
+    pack,
+    pack_single,
+    pool_cost,
+)
+from broker.core.quota import QueueState, QuotaBook, QuotaMiss
+from broker.core.reasons import explain
+from broker.core.types import GangRequest, Placement, PodSetDemand, PoolKey, Reason, ReasonCode
+
+Vec = tuple[int, int, int]
+Shape = tuple[object, ...]
+Reasons = tuple[Reason, ...]
+# (job_id, queue, flavor class, demand) -> a refusal while another job's preemption claims it
+ClaimCheck = Callable[[str, QueueState, str, Vec], QuotaMiss | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A placement found for one request, not yet applied (see `Scheduler.commit`)."""
+
+    request: GangRequest
+    queue: QueueState
+    pool: Pool
+    placement: Placement
+    per_node: dict[str, Vec]  # node -> (gpu, cpu_milli, memory) the gang takes there
+    vec: Vec  # the quota it charges (whole gang, admitted replicas only)
+    podsets: tuple[PodSetDemand, ...]  # as admitted: fewer replicas under partial admission
+
+    @property
+    def partial(self) -> bool:
+        return self.podsets != self.request.podsets
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Capacity, quota and the cycle's memo tables, as `assign` reads them."""
+
+    inv: Inventory
+    book: QuotaBook
+    rate_of: Callable[[PoolKey], float]
+    risk_weight: float
+    claimed: ClaimCheck | None = None  # asked after the quota check passes...
+    claims: Mapping[str, object] = field(default_factory=dict)  # ...while this is not empty
+    cands: dict[Shape, Candidates] = field(default_factory=dict)
+    cap_fail: dict[Shape, Reasons] = field(default_factory=dict)
+    queue_fail: dict[tuple[str, Shape], Reasons] = field(default_factory=dict)
+    gangs: dict[tuple[PodSetDemand, ...], Gang] = field(default_factory=dict)
+    # (pool, GPUs, checkpoint interval) -> expected cost of a one-node gang there
+    costs: dict[tuple[PoolKey, int, float | None], float] = field(default_factory=dict)
+
+    def gang(self, podsets: tuple[PodSetDemand, ...]) -> Gang:
+        g = self.gangs.get(podsets)
+        if g is None:
+            g = self.gangs[podsets] = make_gang(podsets)
+        return g
+
+    def candidates(self, req: GangRequest, gang: Gang) -> Candidates:
+        key: Shape = (
+            req.gpu_types,
+            req.capacity,
+            req.spot_exhausted,
+            gang.total[0],
+            req.checkpoint_interval_s,
+        )
+        c = self.cands.get(key)
+        if c is None:
+            c = self.cands[key] = build_candidates(
+                self.inv, req, gang.total[0], self.rate_of, self.risk_weight
+            )
+        return c
+
+
+def shape_of(req: GangRequest) -> Shape:
+    """What decides a search's outcome besides the snapshot (requests alike fail alike)."""
+    return (
+        req.podsets,
+        req.gpu_types,
+        req.capacity,
+        req.spot_exhausted,
+        req.checkpoint_interval_s,
+        req.avoid_pools,
+        tuple(req.min_replicas.items()) if req.min_replicas else (),
+    )
+
+
+def allow_fallback(req: GangRequest, gang: Gang, cands: Candidates) -> bool:
+    """spot-then-on-demand may use on-demand when no spot pool could ever host the gang."""
+    if req.capacity != "spot-then-on-demand" or req.spot_exhausted:
+        return True
+    return not any(empty_fit(p, gang) for p in cands.spot_pools)
+
+
+def assign(
+    req: GangRequest, qs: QueueState, snap: Snapshot, shape: Shape | None = None
+) -> Assignment | Reasons:
+    """The best placement of the whole gang (or, under partial admission, of the most
+    replicas that fit), or why there is none. Changes nothing but the snapshot's memo.
+    `shape` is `shape_of(req)` when the caller has it already."""
+    whole = _assign(req, req.podsets, qs, snap, shape or shape_of(req))
+    if isinstance(whole, Assignment) or not any(d.replicas > d_min for d, d_min in _mins(req)):
+        return whole
+    return _assign_partial(req, qs, snap, whole)
+
+
+def _mins(req: GangRequest) -> list[tuple[PodSetDemand, int]]:
+    mins = req.min_replicas
+    return [(d, mins.get(d.podset, d.replicas)) for d in req.podsets]
+
+
+def least_podsets(req: GangRequest) -> tuple[PodSetDemand, ...]:
+    """The podsets at their minimum replicas (all of them without partial admission)."""
+    if not req.min_replicas:
+        return req.podsets
+    return tuple(d._replace(replicas=m) for d, m in _mins(req))
+
+
+def _scaled(req: GangRequest, count: int) -> tuple[PodSetDemand, ...]:
+    """The podsets with the scalable ones at `count` replicas (capped at their own size)."""
+    mins = req.min_replicas
+    return tuple(
+        d._replace(replicas=min(d.replicas, count)) if d.podset in mins else d for d in req.podsets
+    )
+
+
+def _assign_partial(
+    req: GangRequest, qs: QueueState, snap: Snapshot, whole: Reasons
+) -> Assignment | Reasons:
+    lo = max(req.min_replicas.values())
+    hi = max(d.replicas for d in req.podsets if d.podset in req.min_replicas) - 1
+    best: Assignment | None = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        podsets = _scaled(req, mid)
+        got = _assign(req, podsets, qs, snap, (podsets, *shape_of(req)[1:]))
+        if isinstance(got, Assignment):
+            best = got
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    if best is None:
+        return whole
+    asked = sum(d.replicas for d in req.podsets)
+    took = sum(d.replicas for d in best.podsets)
+    low = sum(d_min for _, d_min in _mins(req))
+    why = whole[0].message if whole else "the whole gang does not fit"
+    note = f"admitted {took} of {asked} pods (min {low}): {why}"
+    return replace(best, placement=replace(best.placement, note=note))
+
+
+def _assign(
+    req: GangRequest,
+    podsets: tuple[PodSetDemand, ...],
+    qs: QueueState,
+    snap: Snapshot,
+    shape: Shape,
+) -> Assignment | Reasons:
+    gang = snap.gangs.get(podsets) or snap.gang(podsets)
+    hit = snap.cap_fail.get(shape)
+    if hit is None:
+        hit = snap.queue_fail.get((qs.name, shape))
+    if hit is not None:
+        return hit
+    cands = snap.candidates(req, gang)
+    book = snap.book
+    claimed = snap.claimed
+    clusters = snap.inv.clusters
+    avoid = req.avoid_pools
+    quota_memo: dict[str, QuotaMiss | None] = {}
+    quota_fail: dict[ReasonCode, tuple[QuotaMiss, str]] = {}
+    avoided: list[Pool] = []
+    fallback: bool | None = None
+    need_gpu = gang.total[0]
+    has_gpu = bool(gang.gpu_sets)
+    single = gang.single_gpu > 0
+    phys = False  # some pool failed on capacity (not only on quota or avoidance)
+    for gi, group in enumerate(cands.live):
+        if cands.ranks[gi] == 1:
+            if fallback is None:
+                fallback = allow_fallback(req, gang, cands)
+            if not fallback:
+                break
+        n = len(group)
+        start = 0
+        dead = False
+        while start < n:
+            scored: list[tuple[tuple[int, int], int, Pool]] = []
+            k = 0  # len(scored)
+            j = start
+            while j < n and k < TIE_EVAL:
+                pool = group[j]
+                j += 1
+                if has_gpu:
+                    if pool.free_gpu < need_gpu:
+                        phys = True
+                        if pool.free_gpu == 0:
+                            dead = True
+                        continue
+                    if pool.key in avoid:
+                        avoided.append(pool)
+                        continue
+                    if single:  # `estimate` inline: the fullest bucket that takes it
+                        top = pool.top_bucket()
+                        buckets = pool.buckets
+                        b = need_gpu
+                        while b <= top and not buckets[b]:
+                            b += 1
+                        est = (1, b - need_gpu) if b <= top else None
+                    else:
+                        est = estimate(pool, gang)
+                    if est is None:
+                        phys = True
+                        continue
+                else:
+                    if pool.key in avoid:
+                        avoided.append(pool)
+                        continue
+                    est = (0, pool.node_gpu)
+                cls = pool.flavor_class
+                if cls in quota_memo:
+                    qr = quota_memo[cls]
+                else:
+                    qr = quota_memo[cls] = book.check(qs, cls, gang.total)
+                    if qr is None and claimed is not None and snap.claims:
+                        qr = quota_memo[cls] = claimed(req.job_id, qs, cls, gang.total)
+                if qr is not None:
+                    quota_fail.setdefault(qr.code, (qr, cls))
+                    continue
+                scored.append((est, k, pool))
+                k += 1
+                if est[1] == 0 and est[0] <= 1:
+                    break
+            start = j
+            if k > 1:
+                scored.sort()  # by score; the index is unique, so pools are never compared
+            for _, _, pool in scored:
+                if single:
+                    node = pack_single(pool, gang)
+                    if node is not None:
+                        if dead:
+                            _prune(group)
+                        return _single(req, qs, snap, gang, pool, node)
+                else:
+                    takes = pack(clusters[pool.cluster], pool, gang, req)
+                    if takes is not None:
+                        if dead:
+                            _prune(group)
+                        return _assignment(req, qs, snap, gang, pool, takes)
+                phys = True
+        if dead:
+            _prune(group)
+    reasons = explain(
+        snap.inv,
+        req,
+        gang,
+        cands,
+        quota_fail,
+        avoided,
+        fallback,
+        phys or not quota_fail,
+        lambda pool: _fits_quota(req, gang, qs, snap, pool),
+    )
+    if quota_fail or avoided:
+        snap.queue_fail[(qs.name, shape)] = reasons
+    else:
+        snap.cap_fail[shape] = reasons
+    return reasons
+
+
+def _prune(group: list[Pool]) -> None:
+    """Empty pools stay empty while the snapshot lives: drop them from its candidate list."""
+    group[:] = [p for p in group if p.free_gpu > 0]
+
+
+def _fits_quota(req: GangRequest, gang: Gang, qs: QueueState, snap: Snapshot, pool: Pool) -> bool:
+    if snap.book.check(qs, pool.flavor_class, gang.total) is not None:
+        return False
+    cluster = snap.inv.clusters.get(pool.cluster)
+    return cluster is not None and fits_now(cluster, pool, gang, req)
+
+
+def _single(
+    req: GangRequest, qs: QueueState, snap: Snapshot, gang: Gang, pool: Pool, node: Node
+) -> Assignment:
+    """`_assignment` of a one-replica gang on `node` (most gangs: built without the takes)."""
+    d = gang.demands[gang.gpu_sets[0]]
+    key = (pool.key, d.gpu, req.checkpoint_interval_s)
+    cost = snap.costs.get(key)
+    if cost is None:
+        cost = snap.costs[key] = pool_cost(pool, req, d.gpu, 1, snap.rate_of, snap.risk_weight)
+    placement = Placement(
+        pool.cluster, pool.name, pool.flavor_class, ((d.podset, (node.name,)),), cost
+    )
+    per_node = {node.name: (d.gpu, d.cpu_milli, d.memory)}
+    return Assignment(req, qs, pool, placement, per_node, gang.total, gang.demands)
+
+
+def _assignment(
+    req: GangRequest, qs: QueueState, snap: Snapshot, gang: Gang, pool: Pool, takes: list[Take]
+) -> Assignment:
+    assignment, per_node = assignment_of(takes, gang)
+    gpu_nodes = sum(1 for v in per_node.values() if v[0] > 0)
+    cost = pool_cost(pool, req, gang.total[0], gpu_nodes, snap.rate_of, snap.risk_weight)
+    placement = Placement(pool.cluster, pool.name, pool.flavor_class, assignment, cost)
+    return Assignment(req, qs, pool, placement, per_node, gang.total, gang.demands)
