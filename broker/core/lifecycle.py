@@ -239,9 +239,7 @@ class AttemptLifecycle:
 
     def _flavor(self, cluster: str, flavor: str) -> FlavorInfo | None:
         """What the cluster's agent said about the flavor; the inventory is its one owner."""
-        c = self.scheduler._inv.clusters.get(cluster)
-        pool = c.pools.get(flavor) if c is not None else None
-        return pool.info if pool is not None else None
+        return self.scheduler.flavor_info(cluster, flavor)
 
     def _dispatch(
         self,

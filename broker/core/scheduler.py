@@ -210,6 +210,12 @@ class Scheduler:
 
     # -- views ------------------------------------------------------------------------
 
+    def flavor_info(self, cluster: str, flavor: str) -> FlavorInfo | None:
+        """What the cluster's agent said about the flavor (the inventory owns flavors)."""
+        c = self._inv.clusters.get(cluster)
+        pool = c.pools.get(flavor) if c is not None else None
+        return pool.info if pool is not None else None
+
     def known_clusters(self) -> list[str]:
         return sorted(name for name, c in self._inv.clusters.items() if c.seen)
 
