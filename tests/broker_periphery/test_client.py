@@ -1,12 +1,12 @@
-"""MusterClient against a real nats-server and the stand-in broker (tests/.../standin.py)."""
+"""MusterClient against the real broker and a fake fleet on a real nats-server."""
 
 from __future__ import annotations
 
 import asyncio
 import re
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import nats
@@ -21,81 +21,95 @@ from broker.client import (
     resolve_nats_url,
 )
 from broker.embedded import free_port
-from schemas.api import CancelRequest, ClusterView, Empty, JobEvent, JobRef, ListRequest, QueueView
-from schemas.job import JobSpec, PodSet
+from schemas.api import ClusterView, JobEvent, QueueView, WhyView
+from schemas.config import FlavorQuota, QueueConfig, ResourceQuota
+from schemas.job import JobSpec, PodSet, Simulation, Workload
 from schemas.natsopts import NatsOptions, flush
-from schemas.subjects import Subjects
+from tests.support import wait_for
+from tests.world import World, flavor, open_world
 
-from .standin import StandInBroker
+# One cluster of two 8-GPU on-demand nodes; queue "ml" may use 8 of those 16 GPUs.
+FLAVOR = "a100-od"
+QUEUES = [
+    QueueConfig(name="default"),
+    QueueConfig(
+        name="ml",
+        quotas=[FlavorQuota(flavor=FLAVOR, resources={"gpu": ResourceQuota(nominal=8)})],
+    ),
+    QueueConfig(name="urgent"),
+]
 
 
-@pytest.fixture
-def subjects() -> Subjects:
-    """A private prefix per test, so stand-ins of different tests never answer each other."""
-    return Subjects(prefix=f"t{uuid.uuid4().hex[:10]}")
+async def start_world(w: World) -> World:
+    w.harness.config = msgspec.structs.replace(w.harness.config, queues=QUEUES)
+    await w.start({"c1": [flavor(FLAVOR, capacity="on-demand", nodes=2)]}, start_delay_s=0.1)
+    return w
 
 
 @pytest_asyncio.fixture
-async def standin(nats_url: str, subjects: Subjects) -> AsyncIterator[StandInBroker]:
-    broker = StandInBroker(subjects)
-    await broker.start(nats_url)
-    yield broker
-    await broker.stop()
+async def world(nats_url: str) -> AsyncIterator[World]:
+    async with open_world(nats_url) as w:
+        yield await start_world(w)
 
 
 @pytest_asyncio.fixture
-async def client(nats_url: str, subjects: Subjects) -> AsyncIterator[MusterClient]:
-    async with MusterClient(NatsOptions(url=nats_url), subjects) as c:
+async def client(world: World) -> AsyncIterator[MusterClient]:
+    h = world.harness
+    async with MusterClient(NatsOptions(url=h.url), h.subjects) as c:
         yield c
 
 
-def spec(queue: str | None = "ml", **kw: object) -> JobSpec:
+@pytest_asyncio.fixture
+async def idle_client(nats_url: str) -> AsyncIterator[MusterClient]:
+    """A client whose subject prefix no broker serves."""
+    async with (
+        open_world(nats_url) as w,
+        MusterClient(NatsOptions(url=nats_url), w.harness.subjects) as c,
+    ):
+        yield c
+
+
+def spec(queue: str | None = "ml", steps: int = 1_000_000, **kw: Any) -> JobSpec:
+    """Two replicas of 4 GPUs; by default it runs far longer than any test."""
+    sim = Simulation(total_steps=steps, steps_per_second=20.0, checkpoint_every=10)
     return JobSpec(
         name="resnet",
         queue=queue,
         gang=[PodSet(name="worker", replicas=2, gpu=4)],
-        **kw,  # type: ignore[arg-type]
+        workload=Workload(simulate=sim),
+        **kw,
     )
 
 
 # -- submit ------------------------------------------------------------------------------
 
 
-async def test_submit_uses_the_specs_queue_and_assigns_an_id(
-    client: MusterClient, standin: StandInBroker, subjects: Subjects
-) -> None:
+async def test_submit_uses_the_specs_queue_and_assigns_an_id(client: MusterClient) -> None:
     reply = await client.submit(spec())
     assert reply.accepted and not reply.duplicate
     assert reply.job_id is not None and re.fullmatch(r"resnet-[0-9a-f]{12}", reply.job_id)
-    subject, data = standin.submitted[-1]
-    assert subject == subjects.submit("ml")
-    sent = msgspec.json.decode(data, type=JobSpec)
-    assert sent.job_id == reply.job_id and sent.queue == "ml"
+    view = await client.get(reply.job_id)
+    assert view.queue == "ml" and view.gpus == 8
 
 
-async def test_submit_queue_argument_wins(client: MusterClient, standin: StandInBroker) -> None:
+async def test_submit_queue_argument_wins(client: MusterClient) -> None:
     reply = await client.submit(spec(), queue="urgent")
-    assert standin.jobs[reply.job_id or ""].queue == "urgent"
+    assert (await client.get(reply.job_id or "")).queue == "urgent"
 
 
-async def test_submit_a_dict_and_keep_its_job_id(
-    client: MusterClient, standin: StandInBroker
-) -> None:
+async def test_submit_a_dict_and_keep_its_job_id(client: MusterClient) -> None:
     body = {"name": "bert", "job_id": "bert-7", "gang": [{"name": "w", "gpu": 1}]}
     reply = await client.submit(body, queue="ml")
-    assert reply.job_id == "bert-7"
+    assert reply.job_id == "bert-7" and not reply.duplicate
     again = await client.submit(body, queue="ml")
     assert again.accepted and again.duplicate and again.job_id == "bert-7"
+    assert [j.job_id for j in await client.list(queue="ml")] == ["bert-7"]
 
 
-async def test_submit_without_a_queue_goes_to_the_default_queue(
-    client: MusterClient, standin: StandInBroker
-) -> None:
+async def test_submit_without_a_queue_goes_to_the_default_queue(client: MusterClient) -> None:
     reply = await client.submit(spec(queue=None))
     assert reply.accepted
-    subject, data = standin.submitted[-1]
-    assert subject.endswith(".submit.default")
-    assert b'"queue"' not in data  # the broker decides what no queue means
+    assert (await client.get(reply.job_id or "")).queue == "default"
 
 
 async def test_submit_invalid_dict(client: MusterClient) -> None:
@@ -103,27 +117,24 @@ async def test_submit_invalid_dict(client: MusterClient) -> None:
         await client.submit({"name": "x", "gang": [{"name": "w", "gpu": -1}]}, queue="ml")
 
 
-async def test_rejection_carries_the_brokers_text(
-    client: MusterClient, standin: StandInBroker
-) -> None:
-    # the stand-in rejects priorities above 100 with its own text
-    standin.max_priority = 100
-    with pytest.raises(MusterError, match=r"^priority 500 is over this broker's limit of 100$"):
-        await client.submit(spec(priority=500))
+async def test_rejection_carries_the_brokers_text(client: MusterClient) -> None:
+    with pytest.raises(MusterError, match=r"^unknown queue 'nope'; known queues: default, ml"):
+        await client.submit(spec(queue="nope"))
+    assert await client.list() == []  # the rejected job left nothing behind
 
 
-async def test_submit_with_no_broker(client: MusterClient) -> None:
+async def test_submit_with_no_broker(idle_client: MusterClient) -> None:
     with pytest.raises(MusterError, match=r"nothing listens on .*start it with `muster broker`"):
-        await client.submit(spec())
+        await idle_client.submit(spec())
 
 
-async def test_submit_timeout_names_the_job(client: MusterClient, nats_url: str) -> None:
+async def test_submit_timeout_names_the_job(idle_client: MusterClient, nats_url: str) -> None:
     silent = await nats.connect(nats_url)
     try:
-        await silent.subscribe(client.subjects.submit("ml"))  # listens, never answers
+        await silent.subscribe(idle_client.subjects.submit("ml"))  # listens, never answers
         await flush(silent)
         with pytest.raises(MusterError, match=r"no answer on .* within 0\.2s.*as job resnet-"):
-            await client.submit(spec(), timeout=0.2)
+            await idle_client.submit(spec(), timeout=0.2)
     finally:
         await silent.close()  # drain would wait for the unread submission
 
@@ -131,66 +142,67 @@ async def test_submit_timeout_names_the_job(client: MusterClient, nats_url: str)
 # -- API ---------------------------------------------------------------------------------
 
 
-async def test_api_verbs(client: MusterClient, standin: StandInBroker) -> None:
-    job_id = (await client.submit(spec())).job_id
-    assert job_id is not None
+async def test_api_verbs(client: MusterClient, world: World) -> None:
+    first = (await client.submit(spec())).job_id or ""
+    await world.harness.wait_event(first, "running")
+    second = (await client.submit(spec())).job_id or ""  # ml's 8 GPUs are taken
 
-    view = await client.get(job_id)
-    assert view.job_id == job_id and view.state == "queued" and view.gpus == 8
+    view = await client.get(second)
+    assert view.job_id == second and view.state == "queued" and view.gpus == 8
     assert view.spec is not None and view.spec.gang[0].replicas == 2
 
     jobs = await client.list(queue="ml", state="queued", limit=10)
-    assert [j.job_id for j in jobs] == [job_id]
-    assert await client.list(queue="elsewhere") == []
+    assert [j.job_id for j in jobs] == [second]
+    assert await client.list(queue="urgent") == []
 
-    why = await client.why(job_id)
-    assert why.position == 0 and why.reasons[0].code == "quota"
+    async def quota_bound() -> WhyView | None:  # once a cycle has looked at it
+        why = await client.why(second)
+        return why if [r.code for r in why.reasons] == ["quota-exceeded"] else None
 
-    queues = await client.queues()
-    assert isinstance(queues[0], QueueView) and queues[0].flavors[0].resources[0].used == 12
+    why = await wait_for(quota_bound, what="a quota reason")
+    assert "nominal 8" in why.reasons[0].message and "used 8" in why.reasons[0].message
+    assert why.position == 0 and why.reasons[0].flavor == FLAVOR
 
-    clusters = await client.clusters()
-    assert isinstance(clusters[0], ClusterView) and clusters[0].flavors[0].gpu_free == 24
+    (ml,) = [q for q in await client.queues() if q.name == "ml"]
+    assert isinstance(ml, QueueView)
+    (usage,) = ml.flavors
+    assert usage.flavor == FLAVOR
+    assert [(r.resource, r.used, r.nominal) for r in usage.resources if r.resource == "gpu"] == [
+        ("gpu", 8, 8)
+    ]
 
-    cancelled = await client.cancel(job_id, "no longer needed")
+    (c1,) = await client.clusters()
+    assert isinstance(c1, ClusterView) and c1.name == "c1" and c1.running_jobs == 1
+    assert [(f.name, f.gpu_total, f.gpu_free) for f in c1.flavors] == [(FLAVOR, 16, 8)]
+
+    cancelled = await client.cancel(second, "no longer needed")
     assert cancelled.state == "cancelled" and cancelled.reason == "no longer needed"
-
-    # request bodies are the API Structs, as JSON
-    bodies = {verb: data for verb, data in standin.requests}
-    assert msgspec.json.decode(bodies["get"], type=JobRef) == JobRef(job_id=job_id)
-    assert msgspec.json.decode(bodies["list"], type=ListRequest) == ListRequest(queue="elsewhere")
-    assert msgspec.json.decode(bodies["cancel"], type=CancelRequest) == CancelRequest(
-        job_id=job_id, reason="no longer needed"
-    )
-    assert msgspec.json.decode(bodies["queues"], type=Empty) == Empty()
+    assert (await client.get(second)).state == "cancelled"
 
 
-async def test_server_errors_become_muster_errors(
-    client: MusterClient, standin: StandInBroker
-) -> None:
+async def test_server_errors_become_muster_errors(client: MusterClient) -> None:
     with pytest.raises(MusterError, match=r"^unknown job 'nope'$"):
         await client.get("nope")
-    standin.fail_verb = "queues"
-    with pytest.raises(MusterError, match=r"^queues is broken today$"):
-        await client.queues()
+    with pytest.raises(MusterError, match=r"^unknown job 'nope'$"):
+        await client.cancel("nope")
 
 
-async def test_api_with_no_broker(client: MusterClient) -> None:
-    with pytest.raises(MusterError, match=r"no broker answers on t\w+\.api\.get; is the broker"):
-        await client.get("x")
+async def test_api_with_no_broker(idle_client: MusterClient) -> None:
+    with pytest.raises(MusterError, match=r"no broker answers on e\w+\.api\.get; is the broker"):
+        await idle_client.get("x")
 
 
-async def test_unreadable_reply(client: MusterClient, nats_url: str) -> None:
+async def test_unreadable_reply(idle_client: MusterClient, nats_url: str) -> None:
     liar = await nats.connect(nats_url)
 
     async def answer(msg: nats.aio.msg.Msg) -> None:
         await msg.respond(b'{"ok": true, "result": {"job_id": 1}}')
 
     try:
-        await liar.subscribe(client.subjects.api("get"), cb=answer)
+        await liar.subscribe(idle_client.subjects.api("get"), cb=answer)
         await flush(liar)
         with pytest.raises(MusterError, match="unreadable get reply"):
-            await client.get("x")
+            await idle_client.get("x")
     finally:
         await liar.drain()
 
@@ -212,54 +224,57 @@ async def test_not_connected() -> None:
 # -- watch -------------------------------------------------------------------------------
 
 
-async def test_watch_until_terminal(client: MusterClient, standin: StandInBroker) -> None:
-    job_id = (await client.submit(spec())).job_id or ""
-    seen: list[JobEvent] = []
+async def test_watch_follows_a_job_to_its_end(client: MusterClient, world: World) -> None:
+    """What the watch yields is the tail of the job's event stream, up to the terminal event
+    and nothing after it."""
+    h = world.harness
+    job_id = (await client.submit(spec(steps=20), queue="urgent")).job_id or ""
 
-    async def follow() -> None:
-        async for ev in client.watch(job_id):
-            seen.append(ev)
+    async def follow() -> list[JobEvent]:
+        return [ev async for ev in client.watch(job_id)]
 
-    task = asyncio.create_task(follow())
-    # the watch subscribes, then asks for the job's state: once the stand-in saw that `get`,
-    # the subscription is in place
-    for _ in range(500):
-        if any(verb == "get" for verb, _ in standin.requests):
-            break
-        await asyncio.sleep(0.01)
-    assert standin.nc is not None
-    await standin.nc.publish(client.subjects.job_events(job_id), b"not json")  # skipped
-    for kind, state in [
-        ("admitted", "admitted"),
-        ("running", "running"),
-        ("checkpointed", "running"),
-        ("succeeded", "succeeded"),
-        ("running", "running"),  # after the end: not read
-    ]:
-        await standin.publish_event(
-            JobEvent(job_id=job_id, kind=kind, at=1.0, state=state, attempt=1, cluster="c")  # type: ignore[arg-type]
-        )
-    await asyncio.wait_for(task, 5)
-    assert [e.kind for e in seen] == ["admitted", "running", "checkpointed", "succeeded"]
+    seen = await asyncio.wait_for(follow(), 30)
+    await h.wait_event(job_id, "succeeded")
+    everything = h.events[job_id]
+    assert seen and seen[-1].kind == "succeeded"
+    assert [e.kind for e in seen] == [e.kind for e in everything[len(everything) - len(seen) :]]
 
 
-async def test_watch_of_a_finished_job_ends_at_once(
-    client: MusterClient, standin: StandInBroker
-) -> None:
+async def test_watch_of_a_finished_job_ends_at_once(client: MusterClient) -> None:
     job_id = (await client.submit(spec())).job_id or ""
     await client.cancel(job_id)
     events = [e async for e in client.watch(job_id)]
     assert events == []
 
 
-async def test_watch_unknown_job(client: MusterClient, standin: StandInBroker) -> None:
+async def test_watch_skips_what_it_cannot_read(client: MusterClient, world: World) -> None:
+    h = world.harness
+    job_id = (await client.submit(spec(steps=40), queue="urgent")).job_id or ""
+    await h.wait_event(job_id, "running")
+    watch = asyncio.create_task(_collect(client, job_id))
+    # Garbage on the job's subject until the job ends: the watch reads past it.
+    for _ in range(200):
+        if watch.done():
+            break
+        await h.nc.publish(h.subjects.job_events(job_id), b"not json")
+        await asyncio.sleep(0.01)
+    seen = await asyncio.wait_for(watch, 30)
+    assert seen and seen[-1].kind == "succeeded"
+
+
+async def _collect(client: MusterClient, job_id: str) -> list[JobEvent]:
+    return [ev async for ev in client.watch(job_id)]
+
+
+async def test_watch_unknown_job(client: MusterClient) -> None:
     with pytest.raises(MusterError, match="unknown job 'ghost'"):
         async for _ in client.watch("ghost"):
             pass
 
 
-async def test_watch_idle_timeout(client: MusterClient, standin: StandInBroker) -> None:
-    job_id = (await client.submit(spec())).job_id or ""
+async def test_watch_idle_timeout(client: MusterClient) -> None:
+    await client.submit(spec(job_id="filler"), queue="ml")
+    job_id = (await client.submit(spec())).job_id or ""  # waits behind ml's quota: no events
     with pytest.raises(MusterError, match=r"no event for job .* in 0\.2s"):
         async for _ in client.watch(job_id, idle_timeout=0.2):
             pass

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from schemas.natsopts import NatsOptions, flush
+from tests.support import wait_for
 
 
 async def test_subscription_is_live_once_flushed(nats_url: str, nc: Client) -> None:
@@ -26,9 +25,7 @@ async def test_subscription_is_live_once_flushed(nats_url: str, nc: Client) -> N
             await flush(nc)
             await other.publish(f"flushcheck.{i}", b"x")
             await flush(other)
-            async with asyncio.timeout(5):
-                while len(got) <= i:
-                    await asyncio.sleep(0.001)
+            await wait_for(lambda i=i: len(got) > i, 5)  # type: ignore[misc]
             await sub.unsubscribe()
         assert got == [f"flushcheck.{i}" for i in range(100)]
     finally:
