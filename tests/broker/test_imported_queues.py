@@ -16,7 +16,7 @@ from tests.broker.conftest import Harness
 from tests.broker.wire import next_item
 from tests.support import wait_for
 
-QUEUES = Path(__file__).resolve().parents[1] / "broker_periphery" / "fixtures" / "queues"
+QUEUES = Path(__file__).resolve().parents[1] / "cli" / "fixtures" / "queues"
 
 
 def imported(harness: Harness, *files: str) -> BrokerConfig:
