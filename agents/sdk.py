@@ -476,15 +476,19 @@ class Checkpointer:
                 )
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        """Runs in the main thread between two of its bytecodes, possibly inside
+        `clear_request()` or another section holding a lock `_deliver` takes: delivering here
+        could deadlock, so a thread of its own delivers."""
         self.sigterm_received = True
-        self._deliver(
-            CheckpointNow(
-                job_id=self.env.job_id or "local",
-                attempt=self.env.attempt or 1,
-                epoch=0,
-                deadline=time.time() + self.env.sigterm_grace_s,
-            )
+        req = CheckpointNow(
+            job_id=self.env.job_id or "local",
+            attempt=self.env.attempt or 1,
+            epoch=0,
+            deadline=time.time() + self.env.sigterm_grace_s,
         )
+        threading.Thread(
+            target=self._deliver, args=(req,), name="muster-sigterm", daemon=True
+        ).start()
         prev = self._prev_sigterm
         if callable(prev):
             prev(signum, frame)

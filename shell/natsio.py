@@ -62,7 +62,7 @@ async def flush(nc: Client, timeout: float = 2.0) -> None:
 
 def js_api_prefix(js: JetStreamContext) -> str:
     """The JetStream API subject prefix (`$JS.API`, or a domain's), for requests nats-py
-    has no call for (one outstanding pull request, see broker/service.py SubmitPuller)."""
+    has no call for (one outstanding pull request, see broker/intake.py SubmitPuller)."""
     prefix: str = js._prefix
     return prefix
 

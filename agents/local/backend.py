@@ -37,6 +37,7 @@ import structlog
 
 from agents.backend import BackendError, Emit, LogTail
 from agents.config import LocalClusterConfig, LocalFlavor
+from agents.fake.model import Demand, NodeState, check_capacity, gang_demands
 from agents.fake.trace import load_bamboo
 from agents.local import shim
 from agents.sdk import checkpoint_request_line
@@ -49,7 +50,6 @@ from schemas.agent import (
     FlavorInfo,
     LogRequest,
     NodeGone,
-    NodeInfo,
     NodeUpsert,
     SpotNotice,
     WorkloadStatus,
@@ -106,27 +106,6 @@ def _read_json(path: Path) -> Any:
 
 
 @dataclass(slots=True, eq=False)
-class _Node:
-    name: str
-    flavor: str
-    gpu: int
-    cpu_milli: int
-    memory: int
-    spot_deadline: float | None = None
-    used: list[int] = field(default_factory=lambda: [0, 0, 0])  # gpu, cpu, memory
-
-    def info(self) -> NodeInfo:
-        return NodeInfo(
-            name=self.name,
-            flavor=self.flavor,
-            gpu=self.gpu,
-            cpu_milli=self.cpu_milli,
-            memory=self.memory,
-            spot_deadline=self.spot_deadline,
-        )
-
-
-@dataclass(slots=True, eq=False)
 class _Replica:
     rank: int
     node: str
@@ -145,7 +124,7 @@ class _Attempt:
     attempt: int
     flavor: str
     dir: Path
-    demands: list[tuple[str, int, int, int]]  # per replica: node, gpu, cpu_milli, memory
+    demands: list[Demand]  # per replica
     fence_after_s: float
     step: int
     replicas: list[_Replica] = field(default_factory=list)
@@ -180,14 +159,14 @@ class LocalBackend:
         self.log = structlog.get_logger("muster.local").bind(cluster=cluster)
         self._emit: Emit = _noop_emit
         self._flavors: dict[str, LocalFlavor] = {f.name: f for f in self.config.flavors}
-        self._declared: dict[str, _Node] = {}
+        self._declared: dict[str, NodeState] = {}
         for fl in self.config.flavors:
             for i, shape in enumerate(fl.nodes):
                 name = f"{cluster}-{fl.name}-{i}"
-                self._declared[name] = _Node(
+                self._declared[name] = NodeState(
                     name, fl.name, shape.gpu, cpu_milli(shape.cpu), memory_bytes(shape.memory)
                 )
-        self._nodes: dict[str, _Node] = dict(self._declared)
+        self._nodes: dict[str, NodeState] = dict(self._declared)
         self._attempts: dict[tuple[str, int], _Attempt] = {}
         self._timers: set[asyncio.TimerHandle] = set()
         self._task: asyncio.Task[None] | None = None
@@ -366,8 +345,7 @@ class LocalBackend:
         n = self._declared.get(node)
         if n is None or node in self._nodes:
             return False
-        n.spot_deadline = None
-        n.used = [0, 0, 0]
+        n.clear()
         self._nodes[node] = n
         self._emit(NodeUpsert(node=n.info()))
         return True
@@ -628,7 +606,7 @@ class LocalBackend:
         handle = loop.call_later(delay, run)
         self._timers.add(handle)
 
-    def _reclaim(self, node: _Node) -> None:
+    def _reclaim(self, node: NodeState) -> None:
         if self._nodes.get(node.name) is not node:
             return
         for at in list(self._attempts.values()):
@@ -662,55 +640,22 @@ class LocalBackend:
                 self.add_node(node)
 
     # -- capacity ------------------------------------------------------------------------
-    def _demands(self, cmd: Dispatch) -> list[tuple[str, int, int, int]]:
-        podsets = {p.name: p for p in cmd.spec.gang}
-        if not cmd.assignment:
-            raise BackendError("dispatch has an empty assignment")
-        out: list[tuple[str, int, int, int]] = []
-        for a in cmd.assignment:
-            ps = podsets.get(a.podset)
-            if ps is None:
-                raise BackendError(f"assignment names podset {a.podset!r} not in the job's gang")
-            if not ps.admits(len(a.nodes)):
-                raise BackendError(
-                    f"podset {a.podset!r} has {ps.replicas} replicas but the assignment "
-                    f"lists {len(a.nodes)} nodes"
-                )
-            for name in a.nodes:
-                node = self._nodes.get(name)
-                if node is None:
-                    raise BackendError(f"node {name!r} is not in cluster {self.cluster}")
-                if node.flavor != cmd.flavor:
-                    raise BackendError(
-                        f"node {name!r} is flavor {node.flavor!r}, not {cmd.flavor!r}"
-                    )
-                out.append((name, ps.gpu, cpu_milli(ps.cpu), memory_bytes(ps.memory)))
-        need: dict[str, list[int]] = {}
-        for name, *amounts in out:
-            acc = need.setdefault(name, [0, 0, 0])
-            for i, v in enumerate(amounts):
-                acc[i] += v
-        for name, amounts in need.items():
-            node = self._nodes[name]
-            for i, what in enumerate(("GPUs", "CPU millicores", "bytes of memory")):
-                free = (node.gpu, node.cpu_milli, node.memory)[i] - node.used[i]
-                if amounts[i] > free:
-                    raise BackendError(
-                        f"node {name} over-committed: {amounts[i]} {what} asked, {free} free"
-                    )
+    def _demands(self, cmd: Dispatch) -> list[Demand]:
+        out = gang_demands(cmd, self._nodes, self.cluster)
+        check_capacity(self._nodes, out)
         return out
 
     def _reserve(self, at: _Attempt) -> None:
-        for name, *amounts in at.demands:
+        for name, gpu, cpu, mem in at.demands:
             node = self._nodes.get(name)
             if node is not None:
-                node.used = [u + v for u, v in zip(node.used, amounts, strict=True)]
+                node.take(gpu, cpu, mem)
 
     def _release(self, at: _Attempt) -> None:
-        for name, *amounts in at.demands:
+        for name, gpu, cpu, mem in at.demands:
             node = self._nodes.get(name)
             if node is not None:
-                node.used = [max(0, u - v) for u, v in zip(node.used, amounts, strict=True)]
+                node.give_back(gpu, cpu, mem)
 
     def _status(
         self, at: _Attempt, phase: str, reason: str = "", codes: list[int] | None = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -25,6 +24,7 @@ from schemas.codec import decode_command_ack, decode_event_batch, encode_msgpack
 from schemas.job import JobSpec, PodSet, Simulation, Workload
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
 from shell.natsio import flush
+from tests.support import wait_for
 
 T = TypeVar("T")
 E = TypeVar("E")
@@ -80,21 +80,8 @@ class BrokerWire:
         ]
 
     async def wait_for(self, pred: Callable[[], T | None], timeout: float = 5.0) -> T:
-        """Poll `pred` whenever a batch arrives (bounded by `timeout`)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            got = pred()
-            if got:
-                return got
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"condition not met within {timeout}s")
-            self._changed.clear()
-            try:
-                async with asyncio.timeout(min(left, 0.05)):
-                    await self._changed.wait()
-            except TimeoutError:
-                pass
+        """Look at `pred` whenever a batch arrives (bounded by `timeout`)."""
+        return await wait_for(pred, timeout, changed=self._changed)
 
     async def wait_status(
         self, job_id: str, attempt: int, phase: str, timeout: float = 5.0

@@ -13,6 +13,7 @@ from schemas.agent import ClusterSnapshot
 from schemas.job import Simulation
 from tests.agents.conftest import fast_config
 from tests.agents.helpers import BrokerWire, dispatch, unique
+from tests.support import wait_for
 
 
 async def test_server_restart_resends_snapshot_with_workloads(fresh_nats: EmbeddedNats) -> None:
@@ -24,11 +25,8 @@ async def test_server_restart_resends_snapshot_with_workloads(fresh_nats: Embedd
         # Test-only: wait until the stand-in broker has resubscribed, and give the restarted
         # server a moment (it drops interest for a few hundred ms after start), so the
         # snapshot cannot be missed. A real broker would see the seq gap and ask to resync.
-        for _ in range(200):
-            if broker_nc.is_connected:
-                break
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.5)
+        await wait_for(lambda: broker_nc.is_connected, 2.0)
+        await asyncio.sleep(0.5)  # the server's own settling time: nothing to observe
         await holder["rt"].on_reconnected()
 
     agent_nc = await nats.connect(fresh_nats.url, reconnected_cb=reconnected, **opts)
@@ -44,7 +42,7 @@ async def test_server_restart_resends_snapshot_with_workloads(fresh_nats: Embedd
         instance = rt.instance
 
         await asyncio.to_thread(fresh_nats.stop_sync)
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: not agent_nc.is_connected and not broker_nc.is_connected)
         n = len(wire.batches)
         await asyncio.to_thread(fresh_nats.start_sync)
 

@@ -23,6 +23,7 @@ from agents.sdk import (
 from schemas.agent import CheckpointNow, CheckpointRef, CheckpointReport
 from shell.natsio import flush
 from tests.agents.helpers import unique
+from tests.support import wait_for_sync
 
 
 def test_env_parsing() -> None:
@@ -150,7 +151,6 @@ def test_example_training_loop_checkpoints_on_sigterm(tmp_path: Path) -> None:
     """The example loop, as a real process: SIGTERM -> checkpoint written -> clean exit."""
     import subprocess
     import sys
-    import time
 
     root = Path(__file__).resolve().parents[2]
     ann = tmp_path / "annotation.json"
@@ -173,7 +173,9 @@ def test_example_training_loop_checkpoints_on_sigterm(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         assert "starting at step 500" in proc.stdout.readline()
-        time.sleep(0.3)
+        # Its periodic checkpoint proves the loop is past the resume step (~1 s of steps).
+        assert "checkpoint at step 500 -> file" in proc.stdout.readline()
+        assert "checkpoint at step 600 -> file" in proc.stdout.readline()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=10)
     finally:
@@ -181,8 +183,7 @@ def test_example_training_loop_checkpoints_on_sigterm(tmp_path: Path) -> None:
             proc.kill()
     assert proc.returncode == 0, out
     value = json.loads(ann.read_text())
-    assert value["step"] > 500 and value["uri"].endswith(f"step-{value['step']}")
-    assert "-> file" in out
+    assert value["step"] >= 600 and value["uri"].endswith(f"step-{value['step']}")
 
 
 def test_kube_env_resume_step_overrides() -> None:
@@ -202,22 +203,34 @@ def test_podinfo_annotations_file_maps_to_request(
 
     from agents import sdk
 
-    monkeypatch.setattr(sdk, "PODINFO_POLL_S", 0.02)
     ann = tmp_path / "annotations"
     ann.write_text('muster.dev/job-id="j"\n')
     assert sdk.read_checkpoint_request(ann) is None
     assert sdk.read_checkpoint_request(tmp_path / "missing") is None
-    ck = Checkpointer(SdkEnv(job_id="j", attempt=1, podinfo_dir=str(tmp_path)))
+    reads = [0]
+    read = sdk.read_checkpoint_request
+
+    def counted(path: str | os.PathLike[str]) -> float | None:
+        reads[0] += 1
+        return read(path)
+
+    def polls_after(n: int) -> None:
+        """Wait until the poller has read the file twice more: one whole poll after now."""
+        wait_for_sync(lambda: reads[0] >= n + 2, 5, what="two more podinfo polls")
+
+    monkeypatch.setattr(sdk, "read_checkpoint_request", counted)
+    env = SdkEnv(job_id="j", attempt=1, podinfo_dir=str(tmp_path), podinfo_poll_s=0.02)
+    ck = Checkpointer(env)
     seen: list[CheckpointNow] = []
     try:
         ck.on_checkpoint_request(seen.append, sigterm=False)
-        time.sleep(0.1)
+        polls_after(reads[0])
         assert not ck.requested
         deadline = time.time() + 60
         ann.write_text(f'muster.dev/job-id="j"\nmuster.dev/checkpoint-request="{deadline:.3f}"\n')
         assert ck.wait_for_request(2)
         assert len(seen) == 1 and abs(seen[0].deadline - deadline) < 0.01
-        time.sleep(0.1)
+        polls_after(reads[0])
         assert len(seen) == 1  # the same request is delivered once
     finally:
         ck.close()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
+import math
 from pathlib import Path
 
 import pytest
 
 from agents.config import BambooTrace, FakeClusterConfig, FakeFlavor
-from agents.fake.cluster import FakeCluster
+from agents.fake.model import ClusterModel, ManualClock
 from agents.fake.trace import TraceError, load_bamboo, parse_bamboo, removals_per_node_hour
 from load.traces import default_traces_dir
 from schemas.agent import AgentEvent, NodeGone, NodeUpsert, SpotNotice
@@ -66,29 +66,25 @@ def _live_at_end(path: Path) -> set[str]:
 
 
 @pytest.mark.skipif(not P3.exists(), reason="data/traces/bamboo-p3.csv is not in this copy")
-async def test_replay_p3_onto_fake_cluster() -> None:
+def test_replay_p3_onto_the_cluster_model() -> None:
     name = unique("b")
     cfg = FakeClusterConfig(
         flavors=[FakeFlavor(name="spot-v100", capacity_type="spot", nodes=0, gpu_per_node=8)],
-        time_scale=1000.0,
         spot_notice_s=10.0,
         trace=BambooTrace(path=str(P3), flavor="spot-v100", speedup=40.0),
-        tick_s=0.005,
     )
-    c = FakeCluster(name, cfg)
+    clock = ManualClock()
+    c = ClusterModel(name, cfg, clock)
     assert len(c.nodes) == 18  # the trace's adds at t=0 are the initial nodes
     got: list[AgentEvent] = []
-    await c.start(got.append)
-    try:
-        for _ in range(400):  # ~41,000 trace s / 40 / 1000 = ~1 s real
-            if c.trace_remaining() == 0 and all(
-                c.node_info(n).spot_deadline is None  # type: ignore[union-attr]
-                for n in c.nodes
-            ):
-                break
-            await asyncio.sleep(0.01)
-    finally:
-        await c.stop()
+    c.emit = got.append
+    for _ in range(100_000):  # ~41,000 trace s / 40 = ~1,030 simulated s, in 1 s steps
+        if c.next_due() == math.inf:
+            break
+        clock.t = max(clock.t + 1.0, c.next_due())
+        c.advance()
+    assert c.trace_remaining() == 0
+    assert all(c.node_info(n).spot_deadline is None for n in c.nodes)  # type: ignore[union-attr]
     expected = {f"{name}-spot-v100-{n}" for n in _live_at_end(P3)}
     assert set(c.nodes) == expected
     assert sum(isinstance(e, NodeUpsert) for e in got) == 177 - 18

@@ -24,6 +24,7 @@ from schemas.codec import decode_job_event, decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, Limits, QueueConfig, Timeouts
 from schemas.subjects import Subjects
 from tests.broker.wire import WireAgent, nodes
+from tests.support import wait_for
 
 SPOT_A100 = FlavorInfo(
     name="a100-spot", capacity_type="spot", gpu_type="A100", price_per_gpu_hour=1.2
@@ -73,13 +74,16 @@ class Harness:
         self.broker = broker
         self.task = asyncio.create_task(broker.run())
         await asyncio.wait_for(broker.leading.wait(), 15)
+
         # The API subscriptions are flushed before `leading` is set; prove it answers anyway.
-        for _ in range(100):
+        async def answers() -> bool:
             try:
                 await self.nc.request(self.subjects.api("stats"), b"{}", timeout=1)
-                break
             except (NoRespondersError, NatsTimeoutError):
-                await asyncio.sleep(0.02)
+                return False
+            return True
+
+        await wait_for(answers, 30, what="the broker's API", interval=0.02)
         return broker
 
     async def stop_broker(self) -> None:
@@ -134,16 +138,8 @@ class Harness:
         return msgspec.json.decode(msg.data)
 
     async def wait_for(self, pred: Callable[[], bool], timeout: float = 10.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not pred():
-            if loop.time() > deadline:
-                raise AssertionError("condition not met in time")
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), 0.05)
-            except TimeoutError:
-                pass
+        """Look at `pred` whenever a job event arrives (bounded by `timeout`)."""
+        await wait_for(pred, timeout, changed=self._changed)
 
     async def wait_event(
         self, job_id: str, kind: str, timeout: float = 10.0, count: int = 1

@@ -24,6 +24,7 @@ from schemas.codec import decode_command, decode_submit_reply, encode_json, enco
 from tests.broker.conftest import OD_A100, Harness
 from tests.broker.test_submit import job
 from tests.broker.wire import next_item
+from tests.support import wait_for
 
 POISON_COUNT = "²"  # str.isdigit() says yes, int() says no
 HUGE_COUNT = "9" * 5000  # over Python's int-from-string digit limit
@@ -269,7 +270,14 @@ async def test_persisted_unacknowledged_dispatch_is_resent_after_restart(
             and broker.machine.jobs[reply.job_id].attempts[-1].acked_at is not None
         )
     )
-    await asyncio.sleep(0.3)  # let the record write land (ack -> persist)
+    store = broker.store
+    assert store is not None
+
+    async def ack_persisted() -> bool:  # what a restarted broker would read back
+        records = {r.job_id: r for r in await store.load_all(10)}
+        return records[reply.job_id].attempts[-1].acked_at is not None
+
+    await wait_for(ack_persisted, 10, what="the acknowledged attempt in the store")
     await harness.crash_broker()
     broker = await harness.start_broker(config)
     assert broker.stats["redispatched"] == 0

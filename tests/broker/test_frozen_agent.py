@@ -108,7 +108,14 @@ async def test_frozen_agent_never_leaves_two_live_copies(harness: Harness) -> No
             thawed_at = time.monotonic()
             # The thawed agent speaks again (it is heard and resynced) ...
             await h.wait_for(lambda: h.synced("c1"), 20)
-            await asyncio.sleep(1.0)
+
+            def old_copy_ended() -> bool:
+                return any(
+                    t >= thawed_at and (s.job_id, s.attempt) == (job_id, 1) and s.phase == "evicted"
+                    for t, s in seen
+                )
+
+            await h.wait_for(old_copy_ended, 20)  # what it says of the old copy is in
             # ... and never reports its old copy as alive: the fence stopped it.
             after = [s for t, s in seen if t >= thawed_at and s.job_id == job_id]
             alive = [s for s in after if s.attempt == 1 and s.phase in ("created", "running")]

@@ -3,7 +3,6 @@ and a good job submitted afterwards is admitted as usual."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 import msgspec
@@ -93,10 +92,22 @@ async def test_garbage_on_every_subject_changes_nothing(harness: Harness) -> Non
     for data in payloads:
         for subject in subjects:
             await h.nc.publish(subject, data)
-    for batch in _hostile_batches("c1"):
+    hostile = _hostile_batches("c1")
+    for batch in hostile:
         await h.nc.publish(h.subjects.agent_events("c1"), encode_msgpack(batch))
+    # Markers behind the garbage on the ordered paths: a sane heartbeat from c1 and a real
+    # submission (refused: nothing can hold it). Once the broker has answered the one and
+    # counted the other, it has read everything sent before them.
+    beat = EventBatch(cluster="c1", instance="hostile", seq=len(hostile) + 1, events=[])
+    await h.nc.publish(h.subjects.agent_events("c1"), encode_msgpack(beat))
     await flush(h.nc)
-    await asyncio.sleep(1.0)
+    marker = await h.submit(job("marker", replicas=1, gpu=8))
+    assert not marker.accepted and "can never be placed" in (marker.error or "")
+    assert broker.machine is not None
+    machine = broker.machine
+    await h.wait_for(
+        lambda: machine.agents.get("c1") is not None and machine.agents["c1"].seq == beat.seq
+    )
     for data in payloads[:30]:
         msg = await h.nc.request(h.subjects.api("get"), data, timeout=5)
         assert b'"ok":false' in msg.data

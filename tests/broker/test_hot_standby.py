@@ -26,6 +26,7 @@ from schemas.api import JobState
 from schemas.codec import decode_jobspec, encode_json
 from tests.broker.conftest import Harness
 from tests.broker.test_submit import job
+from tests.support import wait_for
 
 
 @pytest_asyncio.fixture
@@ -237,7 +238,7 @@ async def test_a_mirror_rides_out_a_nats_restart(fresh_nats: Any) -> None:
         await store.put_many([_record(i) for i in range(20)])
         assert len(await mirror.caught_up(10)) == 20
         fresh_nats.stop_sync()
-        await asyncio.sleep(0.5)
+        await wait_for(lambda: not nc.is_connected, 5, what="the client to notice")
         fresh_nats.start_sync()
         for _ in range(100):  # bounded: the client reconnects within a few tries
             with contextlib.suppress(Exception):

@@ -4,7 +4,6 @@ lists."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,9 @@ from schemas.agent import Dispatch, WorkloadStatus
 from schemas.config import BrokerConfig
 from tests.broker.conftest import Harness
 from tests.broker.wire import next_item
+from tests.support import wait_for
 
-QUEUES = Path(__file__).resolve().parents[1] / "broker_periphery" / "fixtures" / "queues"
+QUEUES = Path(__file__).resolve().parents[1] / "cli" / "fixtures" / "queues"
 
 
 def imported(harness: Harness, *files: str) -> BrokerConfig:
@@ -31,16 +31,14 @@ def cpu_job(name: str, cores: int, gpu: int = 0, memory: str = "5Mi") -> dict[st
 
 
 async def reasons(harness: Harness, job_id: str) -> str:
-    """The job's pending reasons, once the broker has recorded any (polled, bounded)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while True:
+    """The job's pending reasons, once the broker has recorded any."""
+
+    async def text() -> str:
         got = await harness.api("why", {"job_id": job_id})
         assert got["ok"], got
-        text = "; ".join(r["message"] for r in got["result"].get("reasons", []))
-        if text or loop.time() > deadline:
-            return text
-        await asyncio.sleep(0.02)
+        return "; ".join(r["message"] for r in got["result"].get("reasons", []))
+
+    return await wait_for(text, 10, what=f"pending reasons of {job_id}")
 
 
 async def test_koordinator_tree_runs_leaf_jobs_within_the_parent(harness: Harness) -> None:

@@ -4,23 +4,29 @@ running jobs hold is accounted exactly (finishing N jobs admits exactly N more).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 
+from broker.store import JobStore
 from load.common import BrokerProcess
 from schemas.agent import Dispatch, SpotNotice
 from tests.broker.conftest import Harness, broker_config
 from tests.broker.test_submit import job
+from tests.support import wait_for
 
 
 async def _states(h: Harness) -> dict[str, dict[str, Any]]:
     reply = await h.api("list", {"limit": 10_000})
     assert reply["ok"], reply
     return {j["job_id"]: j for j in reply["result"]}
+
+
+async def _at_least(count: Callable[[], Awaitable[int]], n: int) -> bool:
+    return await count() >= n
 
 
 async def test_kill9_and_restart_with_hundreds_of_jobs(harness: Harness) -> None:
@@ -37,11 +43,12 @@ async def test_kill9_and_restart_with_hundreds_of_jobs(harness: Harness) -> None
     try:
         await broker.wait_leading(h.nc)
         agent = await h.agent("c1", count=40)  # 320 GPUs
-        for _ in range(200):
+
+        async def inventory_known() -> bool:
             clusters = (await h.api("clusters"))["result"]
-            if clusters and clusters[0].get("flavors"):
-                break
-            await asyncio.sleep(0.05)
+            return bool(clusters and clusters[0].get("flavors"))
+
+        await wait_for(inventory_known, 10, what="the broker's view of c1")
 
         def dispatched() -> list[Dispatch]:
             return [c for c in agent.commands if isinstance(c, Dispatch)]
@@ -59,7 +66,11 @@ async def test_kill9_and_restart_with_hundreds_of_jobs(harness: Harness) -> None
             assert reply.accepted, reply.error
             ids.append(reply.job_id)
         await h.wait_for(lambda: len(dispatched()) >= 60, 20)
-        await asyncio.sleep(1.0)
+
+        async def sixty_running() -> bool:  # the broker has read their running statuses
+            return sum(v["state"] == "running" for v in (await _states(h)).values()) >= 60
+
+        await wait_for(sixty_running, 20, what="60 running jobs")
         running = [d.job_id for d in dispatched()]
         # Drive jobs into every state.
         for j in running[:20]:
@@ -71,11 +82,21 @@ async def test_kill9_and_restart_with_hundreds_of_jobs(harness: Harness) -> None
         victim = next(d for d in dispatched() if d.job_id in running[40:])
         node = victim.assignment[0].nodes[0]
         await agent.send(SpotNotice(node=node, deadline=time.time() + 3600))
-        await asyncio.sleep(1.5)
-        before = await _states(h)
-        counts = Counter(v["state"] for v in before.values())
-        for state in ("queued", "running", "preempting", "succeeded", "failed", "cancelled"):
-            assert counts[state] > 0, counts
+        every_state = {"queued", "running", "preempting", "succeeded", "failed", "cancelled"}
+
+        store = await JobStore.open(h.nc.jetstream(), h.subjects.jobs_bucket, nc=h.nc)
+
+        async def persisted_in_every_state() -> dict[str, dict[str, Any]] | None:
+            """Jobs in every state, each state as written to the store (what a restart
+            reads back), not only as the running broker holds it."""
+            states = await _states(h)
+            if not every_state <= {v["state"] for v in states.values()}:
+                return None
+            stored = {r.job_id: r.state for r in await store.load_all(10)}
+            same = all(stored.get(j) == v["state"] for j, v in states.items())
+            return states if same else None
+
+        before = await wait_for(persisted_in_every_state, 20, what="every state persisted")
         n_dispatched = len(dispatched())
 
         broker.kill9()
@@ -84,7 +105,14 @@ async def test_kill9_and_restart_with_hundreds_of_jobs(harness: Harness) -> None
         await h.wait_for(
             lambda: sum(1 for c in agent.commands if type(c).__name__ == "Resync") > 0, 20
         )
-        await asyncio.sleep(1.5)
+
+        async def batches_taken() -> int:
+            reply = await h.nc.request(h.subjects.api("stats"), b"{}")
+            return int(msgspec.json.decode(reply.data).get("batches", 0))
+
+        # The resync snapshot and two heartbeats behind it are in: the new leader has seen
+        # the cluster as it is, and whatever it would redo it has done.
+        await wait_for(lambda: _at_least(batches_taken, 3), 20, what="three batches read")
         after = await _states(h)
         assert set(after) == set(before) == set(ids)
         changed = {

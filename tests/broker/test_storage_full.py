@@ -23,6 +23,7 @@ from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
 from tests.broker.conftest import broker_config
 from tests.broker.test_submit import job
+from tests.support import wait_for
 
 STORE_BYTES = 2 * 1024 * 1024
 
@@ -102,8 +103,13 @@ async def test_full_job_bucket_keeps_the_lease_and_refuses_submissions(tiny_nats
         msg = await client.request(subjects.submit("default"), encode_json(job("c", 1, 1)), 10)
         reply = decode_submit_reply(msg.data)
         assert not reply.accepted and reply.error and reply.error.startswith("storage full")
-        # Several lease TTLs later the broker still leads with the same epoch.
-        await asyncio.sleep(4 * config.timeouts.lease_ttl_s)
+        # Three lease renewals later the broker still leads with the same epoch.
+        renewed = broker.lease._revision
+        await wait_for(
+            lambda: broker.lease._revision >= renewed + 3,
+            10 * config.timeouts.lease_ttl_s,
+            what="three lease renewals",
+        )
         assert broker.leading.is_set() and broker.lease.epoch == epoch
         assert not task.done()
         stats = await client.request(subjects.api("stats"), b"{}", timeout=5)
@@ -113,11 +119,7 @@ async def test_full_job_bucket_keeps_the_lease_and_refuses_submissions(tiny_nats
         info = await js.stream_info(f"KV_{subjects.jobs_bucket}")
         info.config.max_bytes = 1024 * 1024
         await js.update_stream(info.config)
-        for _ in range(200):
-            if not broker.storage_full:
-                break
-            await asyncio.sleep(0.05)
-        assert not broker.storage_full
+        await wait_for(lambda: not broker.storage_full, 10, what="the store to take records")
         msg = await client.request(subjects.submit("default"), encode_json(job("d", 1, 1)), 10)
         assert decode_submit_reply(msg.data).accepted
         assert broker.leading.is_set() and broker.lease.epoch == epoch

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 from broker.client import MusterClient
 from schemas.natsopts import NatsOptions
+from tests.support import wait_for
 
 
 async def wait_clusters(url: str, names: set[str], timeout: float = 60) -> None:
     """Each try on a fresh connection, so a NATS that restarts meanwhile does not matter."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    async def healthy() -> bool:
         try:
             async with MusterClient(NatsOptions(url=url, name="wait-clusters")) as client:
                 live = {c.name for c in await client.clusters(timeout=2) if c.health == "healthy"}
-            if names <= live:
-                return
         except Exception:
-            pass
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{sorted(names)} not healthy in `muster clusters` within {timeout}s")
+            return False
+        return names <= live
+
+    what = f"{sorted(names)} healthy in `muster clusters`"
+    await wait_for(healthy, timeout, what=what, interval=0.2)  # each try is a new connection

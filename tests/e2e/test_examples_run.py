@@ -20,6 +20,7 @@ from broker.client import MusterClient
 from broker.embedded import EmbeddedNats
 from schemas.natsopts import NatsOptions
 from tests.e2e.clusters import wait_clusters
+from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -93,15 +94,11 @@ def stack(fresh_nats: EmbeddedNats, tmp_path: Path) -> Iterator[Stack]:
 
 
 async def wait_ended(client: MusterClient, job_id: str, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    state = "?"
-    while time.monotonic() < deadline:
+    async def ended() -> str | None:
         state = (await client.get(job_id, timeout=2)).state
-        if state in ("succeeded", "failed", "cancelled"):
-            return state
-        await asyncio.sleep(0.2)
-    why = await client.why(job_id)
-    raise AssertionError(f"{job_id} still {state}: {why}")
+        return state if state in ("succeeded", "failed", "cancelled") else None
+
+    return await wait_for(ended, timeout, what=f"{job_id} to end")
 
 
 def test_every_header_names_a_submit_command() -> None:
@@ -219,16 +216,16 @@ async def test_first_hour_commands_explain_a_waiting_job(stack: Stack, tmp_path:
             path = job_file(tmp_path, name, 8, 100_000)
             done = await asyncio.to_thread(muster, "submit", path, "--job-id", name, *nats)
             assert done.returncode == 0, done.stderr
-        deadline = time.monotonic() + 60
-        while (await client.get("holder")).state not in ("admitted", "running"):
-            assert time.monotonic() < deadline, await client.why("holder")
-            await asyncio.sleep(0.2)
-        while True:
+
+        async def holder_placed() -> bool:
+            return (await client.get("holder")).state in ("admitted", "running")
+
+        async def waiter_bound_by_quota() -> bool:
             why = await client.why("waiter")
-            if why.candidates and why.waiting_for == "quota":
-                break
-            assert time.monotonic() < deadline, why
-            await asyncio.sleep(0.2)
+            return bool(why.candidates) and why.waiting_for == "quota"
+
+        await wait_for(holder_placed, 60, what="holder admitted")
+        await wait_for(waiter_bound_by_quota, 60, what="waiter held by quota")
         shown = await asyncio.to_thread(muster, "why", "waiter", *nats)
         assert shown.returncode == 0, shown.stderr
         lines = shown.stdout.splitlines()

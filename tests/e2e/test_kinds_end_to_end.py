@@ -11,7 +11,6 @@ own success status. Every object the agent wrote must pass the offline API-serve
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import json
 from collections.abc import AsyncIterator
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import yaml
-from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client import ApiClient
 
 from agents.kube.backend import KubeBackend
 from agents.runtime import AgentRuntime
@@ -30,11 +29,12 @@ from kinds import OWNED_RESOURCES, adapter_of
 from kinds.base import ANN_CHECKPOINT, ANN_CHECKPOINT_REQUEST, LABEL_JOB, LABEL_TOP, POD, SERVICE
 from kinds.podgroup import group_pods
 from tests.broker.conftest import Harness
-from tests.e2e.conftest import World
+from tests.e2e.conftest import kube_clusters
 from tests.kube.conftest import NODES, NS, PODS, make_config, node
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.scheduling import Cluster, pods_from_template, unscheduled
 from tests.kube.validation import validate
+from tests.world import World
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
 SPOT_TAINT = {"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}
@@ -57,7 +57,6 @@ class KubeCluster:
     server: FakeApiServer
     api: ApiClient
     runtime: AgentRuntime
-    controller: asyncio.Task[None] | None = None
     seen: set[str] = field(default_factory=set)
     refused: list[str] = field(default_factory=list)
 
@@ -76,7 +75,7 @@ class KubeCluster:
             if p["metadata"].get("labels", {}).get(LABEL_JOB) == job_id
         ]
 
-    async def run_controllers(self) -> None:
+    async def play(self) -> None:
         """Operators + scheduler + kubelet: pods for every new workload object, bound where
         the written templates allow, Running."""
         for _ in range(20_000):  # bounded: 20,000 x 10 ms
@@ -172,36 +171,23 @@ class KubeCluster:
 
 @pytest_asyncio.fixture
 async def kube_world(world: World) -> AsyncIterator[tuple[World, dict[str, KubeCluster]]]:
-    h: Harness = world.harness
     await asyncio.to_thread(_compile_validators)  # seconds of CPU, never on the event loop
-    await h.start_broker()
-    clusters: dict[str, KubeCluster] = {}
-    try:
-        for name in ("east", "west"):
-            server = FakeApiServer()
-            await server.start()
-            for i in range(2):
-                n = f"{name}-n{i}"
-                labels = {"karpenter.sh/capacity-type": "spot", "kubernetes.io/hostname": n}
-                server.put(NODES, node(n, labels=labels))
-            api = ApiClient(configuration=Configuration(host=server.url))
-            backend = KubeBackend(name, make_config(), api_client=api)
-            runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2)
-            cluster = KubeCluster(name, server, api, runtime)
-            clusters[name] = cluster
-            await runtime.start()
-            cluster.controller = asyncio.create_task(cluster.run_controllers())
-            await h.wait_for(lambda name=name: h.synced(name))  # type: ignore[misc]
+    h: Harness = world.harness
+
+    def spot_nodes(name: str) -> list[dict[str, Any]]:
+        labels = {"karpenter.sh/capacity-type": "spot"}
+        return [
+            node(f"{name}-n{i}", labels={**labels, "kubernetes.io/hostname": f"{name}-n{i}"})
+            for i in range(2)
+        ]
+
+    def build(name: str, server: FakeApiServer, api: ApiClient) -> KubeCluster:
+        backend = KubeBackend(name, make_config(), api_client=api)
+        runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2)
+        return KubeCluster(name, server, api, runtime)
+
+    async with kube_clusters(world, spot_nodes, build) as clusters:
         yield world, clusters
-    finally:
-        for c in clusters.values():
-            if c.controller is not None:
-                c.controller.cancel()
-                with contextlib.suppress(BaseException):
-                    await c.controller
-            await c.runtime.stop()
-            await c.api.close()
-            await c.server.close()
 
 
 def _compile_validators() -> None:

@@ -10,7 +10,6 @@ end of a spot node its own way. Everything between is Muster's own code.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import json
 import time
@@ -21,12 +20,12 @@ from typing import Any
 import msgspec
 import pytest
 import pytest_asyncio
-from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client import ApiClient
 
 from agents.kube.backend import KubeBackend
 from agents.runtime import AgentRuntime
 from tests.broker.conftest import Harness
-from tests.e2e.conftest import World
+from tests.e2e.conftest import kube_clusters
 from tests.kube.conftest import (
     BASE_CONFIG,
     NODES,
@@ -40,6 +39,7 @@ from tests.kube.conftest import (
 )
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.scheduling import pods_from_template, schedule
+from tests.world import World
 
 JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
 
@@ -54,7 +54,6 @@ class KubeCluster:
     api: ApiClient
     runtime: AgentRuntime
     clock: Clock
-    kubelet: asyncio.Task[None] | None = None
     jobs_seen: set[str] = field(default_factory=set)
 
     def jobs(self) -> list[dict[str, Any]]:
@@ -67,7 +66,7 @@ class KubeCluster:
             if p["metadata"]["name"].startswith(job_name + "-")
         ]
 
-    async def run_kubelet(self) -> None:
+    async def play(self) -> None:
         """For every Job Muster creates: its pods, bound by the scheduling helper, Running."""
         for _ in range(20_000):  # bounded: 20,000 x 10 ms
             for job in self.jobs():
@@ -224,41 +223,30 @@ async def kube_world(
     h.config = msgspec.structs.replace(
         h.config, timeouts=msgspec.structs.replace(h.config.timeouts, dispatch_ack_s=5.0)
     )
-    await h.start_broker()
-    clusters: dict[str, KubeCluster] = {}
-    try:
-        for name in ("east", "west"):
-            server = FakeApiServer(termination_s=None)  # pods terminate when the test says
-            await server.start()
-            for i in range(2):
-                n = node(f"{name}-n{i}", labels=labels, provider_id=f"{provider_id}{name}{i}")
-                n["spec"]["taints"] = copy.deepcopy(taints)
-                server.put(NODES, n)
-            api = ApiClient(configuration=Configuration(host=server.url))
-            clock = Clock(time.time())  # real time, moved on by tests that need grace to pass
-            backend = KubeBackend(
-                name,
-                make_config(**provider_config(), not_ready_grace_s=120, allocatable_debounce_s=60),
-                api_client=api,
-                clock=clock,
-                tick_s=0.05,
-            )
-            runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2)
-            cluster = KubeCluster(name, server, api, runtime, clock)
-            clusters[name] = cluster
-            await runtime.start()
-            cluster.kubelet = asyncio.create_task(cluster.run_kubelet())
-            await h.wait_for(lambda name=name: h.synced(name))  # type: ignore[misc]
+
+    def provider_nodes(name: str) -> list[dict[str, Any]]:
+        out = []
+        for i in range(2):
+            n = node(f"{name}-n{i}", labels=labels, provider_id=f"{provider_id}{name}{i}")
+            n["spec"]["taints"] = copy.deepcopy(taints)
+            out.append(n)
+        return out
+
+    def build(name: str, server: FakeApiServer, api: ApiClient) -> KubeCluster:
+        clock = Clock(time.time())  # real time, moved on by tests that need grace to pass
+        backend = KubeBackend(
+            name,
+            make_config(**provider_config(), not_ready_grace_s=120, allocatable_debounce_s=60),
+            api_client=api,
+            clock=clock,
+            tick_s=0.05,
+        )
+        runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2)
+        return KubeCluster(name, server, api, runtime, clock)
+
+    # Pods terminate when the test says (termination_s=None).
+    async with kube_clusters(world, provider_nodes, build, termination_s=None) as clusters:
         yield world, clusters
-    finally:
-        for c in clusters.values():
-            if c.kubelet is not None:
-                c.kubelet.cancel()
-                with contextlib.suppress(BaseException):
-                    await c.kubelet
-            await c.runtime.stop()
-            await c.api.close()
-            await c.server.close()
 
 
 @pytest.mark.parametrize("kube_world", list(PROVIDERS), indirect=True)

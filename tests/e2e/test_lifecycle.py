@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from agents.runtime import AgentRuntime
-from tests.e2e.conftest import World, flavor, sim_job
+from tests.world import World, flavor, sim_job
 
 
 async def test_submit_runs_whole_gang_to_success(world: World) -> None:

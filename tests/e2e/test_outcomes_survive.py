@@ -3,7 +3,7 @@ them until the broker acknowledges them as persisted, so nothing finished runs t
 
 from __future__ import annotations
 
-from tests.e2e.conftest import World, flavor, sim_job
+from tests.world import World, flavor, sim_job
 
 
 async def test_job_that_succeeded_while_the_broker_was_down_is_not_run_again(

@@ -1,15 +1,17 @@
-"""Issue 5 end to end: spot notices, lost nodes and clusters, fallback to on-demand, a broker
-crash in the middle of a recovery, and a correlated reclaim taken from the Bamboo trace."""
+"""Spot notices, lost nodes and clusters, fallback to on-demand, a broker crash in the middle
+of a recovery, and a correlated reclaim taken from the Bamboo trace, end to end."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from typing import Any
 
 import pytest
 
 from load.traces import default_traces_dir
-from tests.e2e.conftest import World, flavor, sim_job
+from tests.support import wait_for
+from tests.world import World, flavor, sim_job
 
 TRACES = default_traces_dir()
 
@@ -22,11 +24,10 @@ async def _running_on(world: World, job_id: str, attempt: int = 1) -> tuple[str,
 
 
 async def _wait_step(world: World, job_id: str, attempt: int, step: int) -> None:
-    for _ in range(600):
-        if await world.step_of(job_id, attempt) >= step:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{job_id} attempt {attempt} never reached step {step}")
+    async def reached() -> bool:
+        return await world.step_of(job_id, attempt) >= step
+
+    await wait_for(reached, 30, what=f"{job_id} attempt {attempt} at step {step}")
 
 
 def _assert_resumed_exactly(world: World, job_id: str) -> None:
@@ -75,9 +76,14 @@ async def test_no_capacity_elsewhere_waits_then_resumes(world: World) -> None:
     fleet["a"].spot_notice(nodes[0], lead_s=8)
     requeued = await h.wait_event(job_id, "requeued", timeout=15)
     assert requeued.reason == "spot-notice"
-    why = await h.api("why", {"job_id": job_id})
-    assert why["ok"] and why["result"]["state"] == "queued" and why["result"]["reasons"]
-    await asyncio.sleep(1.0)
+
+    async def considered() -> dict[str, Any] | None:  # a cycle has looked for a place
+        why = await h.api("why", {"job_id": job_id})
+        codes = [r["code"] for r in why["result"]["reasons"]]
+        return why if codes and "not-yet-considered" not in codes else None
+
+    why = await wait_for(considered, 15, what="a cycle's verdict on the requeued job")
+    assert why["result"]["state"] == "queued"
     assert h.kinds(job_id).count("admitted") == 1  # nowhere to go yet
     fleet["a"].add_node("spot")  # capacity returns
     admitted = await h.wait_event(job_id, "admitted", count=2, timeout=15)

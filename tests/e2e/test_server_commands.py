@@ -22,6 +22,7 @@ from broker.client import MusterClient
 from broker.embedded import free_port
 from schemas.natsopts import NatsOptions
 from tests.e2e.clusters import wait_clusters
+from tests.support import wait_for_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = """\
@@ -66,15 +67,15 @@ class Proc:
         return self.err_path.read_text(errors="replace")
 
     def wait_for(self, test: Callable[[str], bool], timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def seen() -> str | None:
             text = self.stderr
             if test(text):
                 return text
             if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"condition not met; rc={self.proc.poll()} stderr:\n{self.stderr}")
+                raise AssertionError(f"exited {self.proc.poll()} first; stderr:\n{text}")
+            return None
+
+        return wait_for_sync(seen, timeout, what=f"a line in {self.err_path.name}")
 
     def interrupt(self) -> int:
         if self.proc.poll() is None:

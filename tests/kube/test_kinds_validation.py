@@ -23,7 +23,7 @@ from tests.kube.validation import crd_schemas, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples" / "jobs").glob("*.yaml"))
-FIXTURES = sorted((ROOT / "tests" / "broker_periphery" / "fixtures").glob("*.yaml"))
+FIXTURES = sorted((ROOT / "tests" / "cli" / "fixtures").glob("*.yaml"))
 NS = "muster-workloads"
 
 SPOT = FlavorConfig(

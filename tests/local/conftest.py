@@ -25,6 +25,7 @@ from schemas.codec import decode_job_event
 from schemas.job import JobSpec
 from schemas.subjects import Subjects
 from tests.broker.conftest import Harness, broker_config
+from tests.support import wait_for
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]
@@ -90,14 +91,7 @@ class Recorder:
         return [s.phase for s in self.statuses(job_id)]
 
     async def wait(self, pred: Callable[[], bool], timeout: float = 20.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not pred():
-                self._changed.clear()
-                try:
-                    async with asyncio.timeout(0.05):
-                        await self._changed.wait()
-                except TimeoutError:
-                    pass
+        await wait_for(pred, timeout, changed=self._changed)
 
     async def ended(self, job_id: str, timeout: float = 20.0) -> WorkloadStatus:
         ends = ("succeeded", "failed", "evicted")
@@ -125,9 +119,7 @@ def group_alive(pgid: int) -> bool:
 
 
 async def wait_dead(pgids: list[int], timeout: float = 15.0) -> None:
-    async with asyncio.timeout(timeout):
-        while any(group_alive(p) for p in pgids):
-            await asyncio.sleep(0.05)
+    await wait_for(lambda: not any(group_alive(p) for p in pgids), timeout, what="groups gone")
 
 
 @pytest_asyncio.fixture
@@ -220,9 +212,7 @@ class Lab:
 
     async def log_has(self, cluster: str, job_id: str, attempt: int, text: str) -> None:
         path = self.tmp / "agents" / cluster / job_id / f"attempt-{attempt}" / "rank-0.log"
-        async with asyncio.timeout(30):
-            while not (path.exists() and text in path.read_text()):
-                await asyncio.sleep(0.05)
+        await wait_for(lambda: path.exists() and text in path.read_text(), 30, what=text)
 
     def log(self, cluster: str, job_id: str, attempt: int) -> str:
         path = self.tmp / "agents" / cluster / job_id / f"attempt-{attempt}" / "rank-0.log"

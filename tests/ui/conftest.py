@@ -12,7 +12,7 @@ from agents.config import FakeFlavor
 from agents.fake.cluster import AttemptRecord
 from broker.ui.server import Dashboard
 from tests.broker.conftest import harness  # noqa: F401  (fixture re-export)
-from tests.e2e.conftest import World, flavor, world  # noqa: F401  (fixture re-export)
+from tests.world import World, flavor, world  # noqa: F401  (fixture re-export)
 
 
 @dataclass

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.e2e.conftest import sim_job
 from tests.ui.conftest import Live
+from tests.world import sim_job
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [

@@ -14,8 +14,8 @@ from broker.ui.live import CLIENT_QUEUE, OVERFLOW, EventHub
 from broker.ui.server import Dashboard, RateLimit
 from schemas.codec import decode_jobspec, encode_json
 from tests.broker.conftest import Harness, broker_config
-from tests.e2e.conftest import sim_job
 from tests.ui.conftest import Live
+from tests.world import sim_job
 
 QUEUES = ("default", "research")
 

@@ -10,8 +10,8 @@ from broker.logs import read_logs
 from schemas.agent import LogChunk
 from schemas.codec import json_decoder
 from schemas.natsopts import NatsOptions
-from tests.e2e.conftest import sim_job
 from tests.ui.conftest import Live
+from tests.world import sim_job
 
 _chunk = json_decoder(LogChunk, "LogChunk")
 

@@ -19,8 +19,8 @@ from broker.service import Broker
 from broker.top import TopView, run_top
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.natsopts import NatsOptions
-from tests.e2e.conftest import sim_job
 from tests.ui.conftest import Live
+from tests.world import sim_job
 
 
 async def test_top_follows_a_spot_move_from_the_event_stream(live: Live) -> None:

@@ -1,11 +1,9 @@
 """The `muster` CLI: argument errors, help, formatting, and the client commands end to end
-against the stand-in broker on a real nats-server."""
+against the real broker and a fake cluster on a real nats-server."""
 
 from __future__ import annotations
 
 import json
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +23,7 @@ from broker.cli import (
     submit_line,
     why_view,
 )
-from broker.embedded import free_port
+from broker.embedded import EmbeddedNats, free_port
 from muster.cli import app
 from schemas.api import (
     ClusterView,
@@ -37,10 +35,13 @@ from schemas.api import (
     SubmitReply,
     WhyView,
 )
+from schemas.config import FlavorQuota, QueueConfig, ResourceQuota
 from schemas.jsonschema import render
+from tests.support import wait_for
+from tests.world import ThreadedWorld, World, flavor
 
 from .conftest import FIXTURES
-from .standin import NOW, ThreadedStandIn, sample_cluster, sample_job, sample_queue
+from .samples import NOW, sample_cluster, sample_job, sample_queue
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 runner = CliRunner()
@@ -351,121 +352,154 @@ def test_submit_line_and_ages() -> None:
     assert fmt_ago(NOW - 3 * 86400, NOW) == "3.0d ago"
 
 
-# -- end to end against the stand-in broker ----------------------------------------------
+# -- end to end against the real broker ---------------------------------------------------
+
+# One cluster of two 8-GPU on-demand nodes; queue "ml" may use 8 of them.
+QUEUES = [
+    QueueConfig(name="default"),
+    QueueConfig(
+        name="ml",
+        quotas=[FlavorQuota(flavor="a100-od", resources={"gpu": ResourceQuota(nominal=8)})],
+    ),
+]
+BLOCKER = {
+    "name": "blocker",
+    "job_id": "blocker",
+    "queue": "ml",
+    "gang": [{"name": "w", "gpu": 8}],
+    "workload": {"simulate": {"total_steps": 1_000_000, "steps_per_second": 10.0}},
+}
+
+
+async def _start(w: World) -> None:
+    w.harness.config = msgspec.structs.replace(w.harness.config, queues=QUEUES)
+    await w.start({"c1": [flavor("a100-od", capacity="on-demand", nodes=2)]}, start_delay_s=0.1)
 
 
 @pytest.fixture
-def standin(nats_url: str) -> Iterator[ThreadedStandIn]:
-    server = ThreadedStandIn(nats_url)
-    with server:
-        yield server
+def live(fresh_nats: EmbeddedNats) -> Iterator[tuple[ThreadedWorld, World]]:
+    """The real broker and one fake cluster under the default subject prefix the CLI uses,
+    on a nats-server of their own."""
+    threaded = ThreadedWorld(fresh_nats.url, _start)
+    with threaded as world:
+        yield threaded, world
 
 
-def cli(nats_url: str, *args: str) -> Result:
-    return runner.invoke(app, [*args, "--nats", nats_url])
+def cli(world: World, *args: str) -> Result:
+    return runner.invoke(app, [*args, "--nats", world.harness.url])
 
 
-def test_submit_status_cancel_end_to_end(standin: ThreadedStandIn, nats_url: str) -> None:
+def test_submit_status_cancel_end_to_end(live: tuple[ThreadedWorld, World]) -> None:
+    threaded, world = live
+    # ml's whole quota goes to a job that runs all along: what comes next waits, with a reason.
+    result = runner.invoke(
+        app, ["submit", "-", "--nats", world.harness.url], input=json.dumps(BLOCKER)
+    )
+    assert result.exit_code == 0, result.stderr
+    threaded.call(world.harness.wait_event("blocker", "running"))
     manifest = str(FIXTURES / "pytorchjob-ddp-mnist.yaml")
-    result = cli(nats_url, "submit", manifest, "--queue", "ml", "--job-id", "mnist-1")
+    result = cli(world, "submit", manifest, "--queue", "ml", "--job-id", "mnist-1")
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() == "submitted job mnist-1 to queue ml"
-    view = standin.broker.jobs["mnist-1"]
-    assert view.spec is not None and view.spec.total_gpus == 6
-    assert view.spec.workload.kind == "manifest"
+    view = threaded.call(world.job("mnist-1"))
+    assert view["spec"]["workload"]["kind"] == "manifest"
+    assert view["gpus"] == 6
 
-    result = cli(nats_url, "submit", manifest, "--queue", "ml", "--job-id", "mnist-1", "-o", "json")
+    result = cli(world, "submit", manifest, "--queue", "ml", "--job-id", "mnist-1", "-o", "json")
     assert msgspec.json.decode(result.stdout, type=SubmitReply).duplicate
 
-    result = cli(nats_url, "status")
+    result = cli(world, "status")
     assert "mnist-1" in result.stdout and "queued" in result.stdout
 
-    result = cli(nats_url, "status", "-o", "json", "--state", "queued")
+    result = cli(world, "status", "-o", "json", "--state", "queued")
     jobs = msgspec.json.decode(result.stdout, type=list[JobView])
     assert [j.job_id for j in jobs] == ["mnist-1"]
 
-    result = cli(nats_url, "status", "mnist-1")
+    result = cli(world, "status", "mnist-1")
     assert "gang       master x1 (2 gpu, 8 cpu, 32Gi), worker x2" in result.stdout
 
-    result = cli(nats_url, "why", "mnist-1")
-    assert "[quota]" in result.stdout
+    async def quota_bound() -> bool:  # once a scheduling cycle has looked at the job
+        why = await world.harness.api("why", {"job_id": "mnist-1"})
+        return any(r["code"] == "quota-exceeded" for r in why["result"]["reasons"])
 
-    result = cli(nats_url, "cancel", "mnist-1", "--reason", "done")
+    threaded.call(wait_for(quota_bound, what="a quota reason"))
+    result = cli(world, "why", "mnist-1")
+    assert "[quota-exceeded]" in result.stdout and "queue ml" in result.stdout
+
+    result = cli(world, "cancel", "mnist-1", "--reason", "done")
     assert result.stdout.strip() == "job mnist-1 is cancelled"
 
     # watch of an ended job: prints where it stands and exits 0 (it has ended) ...
-    result = cli(nats_url, "watch", "mnist-1")
+    result = cli(world, "watch", "mnist-1")
     assert result.exit_code == 0, result.stderr
     (line,) = result.stdout.strip().splitlines()
     assert "now cancelled" in line and "(done)" in line
     # ... unless asked to fail for any end but success
-    assert cli(nats_url, "watch", "mnist-1", "--exit-status").exit_code == 1
+    assert cli(world, "watch", "mnist-1", "--exit-status").exit_code == 1
 
-    line = one_error_line(cli(nats_url, "status", "ghost"))
+    line = one_error_line(cli(world, "status", "ghost"))
     assert line == "error: unknown job 'ghost'"
 
 
-def test_submit_jobspec_from_stdin(standin: ThreadedStandIn, nats_url: str) -> None:
+def test_submit_jobspec_from_stdin(live: tuple[ThreadedWorld, World]) -> None:
+    _, world = live
     body = {"name": "stdin-job", "queue": "ml", "gang": [{"name": "w", "gpu": 1}]}
     result = runner.invoke(
-        app, ["submit", "-", "--nats", nats_url, "-o", "json"], input=json.dumps(body)
+        app, ["submit", "-", "--nats", world.harness.url, "-o", "json"], input=json.dumps(body)
     )
     assert result.exit_code == 0, result.stderr
     reply = msgspec.json.decode(result.stdout, type=SubmitReply)
     assert reply.accepted and reply.job_id and reply.job_id.startswith("stdin-job-")
 
 
-def test_queues_and_clusters(standin: ThreadedStandIn, nats_url: str) -> None:
-    result = cli(nats_url, "queues")
-    assert "a100-od: gpu 12/8 +4" in result.stdout
-    result = cli(nats_url, "clusters", "-o", "json")
+def test_queues_and_clusters(live: tuple[ThreadedWorld, World]) -> None:
+    _, world = live
+    result = cli(world, "queues")
+    assert result.exit_code == 0, result.stderr
+    assert "a100-od: gpu 0/8" in result.stdout
+    result = cli(world, "clusters", "-o", "json")
     (cluster,) = msgspec.json.decode(result.stdout, type=list[ClusterView])
-    assert cluster == sample_cluster()
+    assert cluster.name == "c1" and cluster.health == "healthy"
+    assert [(f.name, f.gpu_total, f.gpu_free) for f in cluster.flavors] == [("a100-od", 16, 16)]
 
 
-def test_watch_follows_events(standin: ThreadedStandIn, nats_url: str) -> None:
+def test_watch_follows_a_job_to_its_end(live: tuple[ThreadedWorld, World]) -> None:
+    threaded, world = live
     job_id = f"w-{uuid.uuid4().hex[:6]}"
-    body = {"name": "w", "job_id": job_id, "queue": "ml", "gang": [{"name": "w", "gpu": 1}]}
-    assert (
-        runner.invoke(app, ["submit", "-", "--nats", nats_url], input=json.dumps(body)).exit_code
-        == 0
+    sim = {"total_steps": 20, "steps_per_second": 20.0, "checkpoint_every": 10}
+    body = {
+        "name": "w",
+        "job_id": job_id,
+        "queue": "ml",
+        "gang": [{"name": "w", "gpu": 1}],
+        "workload": {"simulate": sim},
+    }
+    submitted = runner.invoke(
+        app, ["submit", "-", "--nats", world.harness.url], input=json.dumps(body)
     )
-
-    def play() -> None:
-        # the watch subscribes, then asks for the job: after that `get`, events reach it
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if any(verb == "get" for verb, _ in list(standin.broker.requests)):
-                break
-            time.sleep(0.01)
-        for kind, state in [
-            ("admitted", "admitted"),
-            ("running", "running"),
-            ("succeeded", "succeeded"),
-        ]:
-            ev = JobEvent(
-                job_id=job_id, kind=kind, at=NOW, state=state, attempt=1, cluster="c", flavor="f"
-            )  # type: ignore[arg-type]
-            standin.call(standin.broker.publish_event(ev))
-
-    threading.Thread(target=play, daemon=True).start()
-    result = cli(nats_url, "watch", job_id, "-o", "json")
+    assert submitted.exit_code == 0, submitted.stderr
+    result = cli(world, "watch", job_id, "-o", "json")
     assert result.exit_code == 0, result.stderr
     events = [msgspec.json.decode(line, type=JobEvent) for line in result.stdout.splitlines()]
-    assert [e.kind for e in events] == ["admitted", "running", "succeeded"]
+    threaded.call(world.harness.wait_event(job_id, "succeeded"))
+    everything = [e.kind for e in world.harness.events[job_id]]
+    # What the watch printed is the tail of the job's events, up to its end.
+    assert events and events[-1].kind == "succeeded"
+    assert [e.kind for e in events] == everything[len(everything) - len(events) :]
 
 
 def test_submit_a_multi_document_file_sends_one_job_each(
-    standin: ThreadedStandIn, nats_url: str
+    live: tuple[ThreadedWorld, World],
 ) -> None:
     """A Kueue pod group and a JobSet in one file: two submissions, both ids printed."""
     path = Path(__file__).parents[1] / "kube" / "fixtures" / "pod-group.yaml"
-    result = cli(nats_url, "submit", str(path), "--queue", "ml", "-o", "json")
+    threaded, world = live
+    result = cli(world, "submit", str(path), "--queue", "default", "-o", "json")
     assert result.exit_code == 0, result.stderr
     replies = msgspec.json.decode(result.stdout, type=list[SubmitReply])
     assert len(replies) == 2 and all(r.accepted for r in replies)
-    group = standin.broker.jobs[replies[0].job_id or ""].spec
-    assert group is not None and group.total_replicas == 3
-    result = cli(nats_url, "submit", str(path), "--queue", "ml")
+    group = threaded.call(world.job(replies[0].job_id or ""))["spec"]
+    assert sum(p.get("replicas", 1) for p in group["gang"]) == 3
+    result = cli(world, "submit", str(path), "--queue", "default")
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("submitted job ") for line in lines)

@@ -1,0 +1,196 @@
+"""The cluster model on a clock the test moves: exact steps, deadlines and evictions."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from agents.backend import BackendError
+from agents.config import FakeClusterConfig, FakeFlavor
+from agents.fake.model import ClusterModel, ManualClock
+from schemas.agent import (
+    AgentEvent,
+    CheckpointRef,
+    CheckpointReport,
+    GpuHealth,
+    LogRequest,
+    NodeGone,
+    SpotNotice,
+    WorkloadStatus,
+)
+from schemas.job import Simulation
+from tests.agents.helpers import dispatch
+
+CONFIG = FakeClusterConfig(
+    flavors=[
+        FakeFlavor(name="spot-a100", capacity_type="spot", nodes=2),
+        FakeFlavor(name="od-a100", nodes=2),
+    ],
+    start_delay_s=1.0,
+    spot_notice_s=30.0,
+    seed=7,
+)
+
+
+def model(
+    config: FakeClusterConfig = CONFIG, scale: float = 1.0
+) -> tuple[ClusterModel, ManualClock, list[AgentEvent]]:
+    clock = ManualClock(scale=scale)
+    m = ClusterModel("m", config, clock)
+    got: list[AgentEvent] = []
+    m.emit = got.append
+    return m, clock, got
+
+
+def run_until(m: ClusterModel, clock: ManualClock, t: float, step: float = 0.25) -> None:
+    """Move the clock to `t` in steps, running what falls due at each."""
+    while clock.now() < t:
+        clock.advance(min(step, t - clock.now()))
+        m.advance()
+
+
+def statuses(got: list[AgentEvent], phase: str) -> list[WorkloadStatus]:
+    return [e for e in got if isinstance(e, WorkloadStatus) and e.phase == phase]
+
+
+def test_a_workload_starts_steps_checkpoints_and_succeeds_on_time() -> None:
+    m, clock, got = model()
+    sim = Simulation(total_steps=100, steps_per_second=10.0, checkpoint_every=25)
+    m.create(dispatch("j", m.nodes_of("od-a100")[:1], flavor="od-a100", sim=sim))
+    assert [s.phase for s in statuses(got, "created")] == ["created"]
+    run_until(m, clock, 0.75)
+    assert statuses(got, "running") == []  # start_delay_s is 1 s
+    run_until(m, clock, 1.0)
+    assert len(statuses(got, "running")) == 1
+    run_until(m, clock, 5.0)  # 40 steps in: the checkpoint at 25 is written, 50 not yet
+    assert [r.step for r in got if isinstance(r, CheckpointReport)] == [25]
+    assert m.workload("j", 1).step == 40  # type: ignore[union-attr]
+    run_until(m, clock, 10.75)
+    assert statuses(got, "succeeded") == []  # 100 steps at 10/s take 10 s after the start
+    run_until(m, clock, 11.0)
+    (done,) = statuses(got, "succeeded")
+    assert done.step == 100 and done.exit_codes == [0]
+    assert [r.step for r in got if isinstance(r, CheckpointReport)] == [25, 50, 75]
+    assert m.free_gpus(m.nodes_of("od-a100")[0]) == 8
+
+
+def test_time_scale_maps_simulated_deadlines_to_unix_seconds() -> None:
+    m, clock, got = model(scale=20.0)
+    node = m.nodes_of("spot-a100")[0]
+    deadline = m.spot_notice(node, lead_s=60.0)
+    assert deadline == pytest.approx(clock.unix0 + 60.0 / 20.0)  # 60 simulated s = 3 real s
+    (notice,) = [e for e in got if isinstance(e, SpotNotice)]
+    assert notice.deadline == deadline
+
+
+def test_a_spot_notice_reclaims_the_node_at_its_deadline_and_loses_progress() -> None:
+    m, clock, got = model()
+    sim = Simulation(total_steps=10_000, steps_per_second=10.0, checkpoint_every=25)
+    nodes = m.nodes_of("spot-a100")
+    m.create(dispatch("j", nodes, sim=sim))
+    run_until(m, clock, 4.5)  # 35 steps: checkpoint at 25
+    deadline = m.spot_notice(nodes[1], lead_s=2.0)
+    assert deadline == pytest.approx(clock.unix() + 2.0)
+    run_until(m, clock, 6.25)
+    assert statuses(got, "evicted") == []  # still before the deadline
+    run_until(m, clock, 6.5)
+    (evicted,) = statuses(got, "evicted")
+    assert evicted.reason == "spot-reclaimed" and evicted.step == 55
+    (gone,) = [e for e in got if isinstance(e, NodeGone)]
+    assert gone.node == nodes[1]
+    (rec,) = m.history["j"]
+    assert (rec.last_checkpoint_step, rec.last_step, rec.end_phase) == (50, 55, "evicted")
+    assert m.free_gpus(nodes[0]) == 8  # the whole gang went
+
+
+def test_a_lapsed_fence_stops_the_attempt_as_of_the_fence() -> None:
+    m, clock, got = model()
+    sim = Simulation(total_steps=10_000, steps_per_second=10.0, checkpoint_every=1000)
+    m.create(dispatch("j", m.nodes_of("od-a100")[:1], flavor="od-a100", sim=sim))
+    run_until(m, clock, 2.0)
+    m.set_fence("j", 1, clock.unix() + 3.0)
+    run_until(m, clock, 4.0)
+    assert m.live_workloads() == [("j", 1)]
+    m.set_fence("j", 1, clock.unix() + 3.0)  # extended before it lapsed
+    clock.advance(10.0)  # frozen for 10 s: nothing ran meanwhile
+    assert m.live_workloads() == []
+    (evicted,) = statuses(got, "evicted")
+    assert "fence lapsed" in evicted.reason
+    assert evicted.step == 60  # stopped at t=7 (1 s start delay, 6 s of steps), not t=14
+    assert m.history["j"][0].ended_at == pytest.approx(clock.unix0 + 7.0)
+    m.set_fence("j", 1, clock.unix() + 100.0)  # a lapsed fence cannot be extended
+    assert m.live_workloads() == []
+
+
+def test_checkpoint_now_writes_the_current_step_after_the_write_time() -> None:
+    m, clock, got = model(msgspec.structs.replace(CONFIG, checkpoint_write_s=2.0))
+    sim = Simulation(total_steps=10_000, steps_per_second=10.0, checkpoint_every=1000)
+    m.create(dispatch("j", m.nodes_of("od-a100")[:1], flavor="od-a100", sim=sim))
+    m.checkpoint("j", 1)  # not running yet: nothing to save
+    run_until(m, clock, 3.0)
+    m.checkpoint("j", 1)
+    run_until(m, clock, 4.75)
+    assert [e for e in got if isinstance(e, CheckpointReport)] == []
+    run_until(m, clock, 5.0)
+    (report,) = [e for e in got if isinstance(e, CheckpointReport)]
+    assert report.step == 20 and report.at == pytest.approx(clock.unix0 + 5.0)
+
+
+def test_resume_counts_from_the_checkpoint_step() -> None:
+    m, clock, got = model()
+    sim = Simulation(total_steps=60, steps_per_second=10.0, checkpoint_every=10)
+    ref = CheckpointRef(step=35, uri="s3://ckpt/j/step-35")
+    m.create(dispatch("j", m.nodes[:1], attempt=2, sim=sim, resume_from=ref))
+    run_until(m, clock, 3.25)
+    assert statuses(got, "succeeded") == []  # 25 steps left: 1 s start + 2.5 s
+    run_until(m, clock, 3.5)
+    (done,) = statuses(got, "succeeded")
+    assert done.step == 60
+    assert [r.step for r in got if isinstance(r, CheckpointReport)] == [40, 50]
+
+
+def test_a_gpu_failure_evicts_and_shrinks_the_node() -> None:
+    m, _, got = model()
+    node = m.nodes_of("od-a100")[0]
+    m.create(dispatch("j", [node], flavor="od-a100"))
+    assert m.fail_gpu(node, count=2, xid=48)
+    (health,) = [e for e in got if isinstance(e, GpuHealth)]
+    assert (health.healthy, health.xid) == (6, 48)
+    assert "xid-48" in statuses(got, "evicted")[0].reason
+    with pytest.raises(BackendError, match="over-committed: 8 GPUs asked, 6 free"):
+        m.create(dispatch("j2", [node], flavor="od-a100"))
+
+
+def test_logs_follow_the_clock() -> None:
+    m, clock, _ = model()
+    sim = Simulation(total_steps=100, steps_per_second=10.0, checkpoint_every=10)
+    m.create(dispatch("j", m.nodes_of("od-a100")[:1], flavor="od-a100", sim=sim))
+    run_until(m, clock, 3.0)
+    tail = m.logs(LogRequest(job_id="j", attempt=1))
+    assert not tail.ended and any("step 20" in line for line in tail.lines)
+    assert not any("step 30" in line for line in tail.lines)
+
+
+def test_poisson_spot_notices_are_seeded_and_only_on_spot_nodes() -> None:
+    config = FakeClusterConfig(
+        flavors=[
+            FakeFlavor(name="spot", capacity_type="spot", nodes=20),
+            FakeFlavor(name="od", nodes=20),
+        ],
+        spot_rate_per_node_hour=1.0,
+        spot_notice_s=60.0,
+        seed=1,
+    )
+
+    def one_hour() -> list[AgentEvent]:
+        m, clock, got = model(config)
+        run_until(m, clock, 3600.0, step=5.0)
+        assert len(m.nodes_of("od")) == 20
+        return got
+
+    got = one_hour()
+    notices = [e for e in got if isinstance(e, SpotNotice)]
+    assert 8 <= len(notices) <= 20  # 20 spot node-hours at one per node-hour, fewer as they go
+    assert all("-spot-" in n.node for n in notices)
+    assert len([e for e in got if isinstance(e, NodeGone)]) >= len(notices) - 1
+    assert one_hour() == got  # the same seed, the same hour
