@@ -24,7 +24,8 @@ from broker.embedded import free_port
 from schemas.api import ClusterView, JobEvent, QueueView, WhyView
 from schemas.config import FlavorQuota, QueueConfig, ResourceQuota
 from schemas.job import JobSpec, PodSet, Simulation, Workload
-from schemas.natsopts import NatsOptions, flush
+from schemas.natsopts import NatsOptions
+from shell.natsio import flush
 from tests.support import wait_for
 from tests.world import World, flavor, open_world
 
