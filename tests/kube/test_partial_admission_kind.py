@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 import yaml
-from agents.kube.config import build_workload
 
+from agents.kube.config import build_workload
 from broker.manifests import ManifestError, jobspec_from_manifest
 from schemas.agent import Dispatch, PodSetAssignment
 from schemas.job import JobSpec
