@@ -120,7 +120,7 @@ async def test_only_the_attempts_own_workload_moves_its_progress(running: Runnin
             await asyncio.to_thread(ck.close)
     await r.wait(lambda: r.broker.refused["checkpoint"] == before + 2)
     # The cluster the job does not run on, inside its own (real, authenticated) batch.
-    liar._emit(
+    liar.emit(
         CheckpointReport(job_id=r.job_id, attempt=1, step=4, uri=f"{LOCATION}/step-4", at=1.0)
     )
     await r.wait(lambda: len(r.kinds("checkpoint-refused")) == 1)
