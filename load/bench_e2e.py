@@ -35,16 +35,14 @@ Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from broker.embedded import EmbeddedNats
-from load.command import JsonOut, Options, program, summary
-from load.common import emit, median, percentile, raw_nats_baseline
+from load.command import Count, JsonOut, Nodes, Options, program, summary
+from load.common import emit_with_detail, median, percentile, raw_nats_baseline
 from load.fleetbench import (
     CpuMeter,
     EventTrace,
@@ -280,12 +278,12 @@ app = program()
 
 @app.command(help=summary(__doc__))
 def bench_e2e(
-    clusters: Annotated[int, typer.Option(min=1)] = 50,
-    nodes: Annotated[int, typer.Option(min=1, help="per cluster")] = 200,
+    clusters: Count = 50,
+    nodes: Nodes = 200,
     jobs: Annotated[int, typer.Option(min=1, help="figure A burst size")] = 20_000,
     rate: Annotated[float, typer.Option(min=0.001, help="figure B submissions/s")] = 1000.0,
     latency_jobs: Annotated[int, typer.Option(min=1, help="figure B job count")] = 10_000,
-    queues: Annotated[int, typer.Option(min=1)] = 10,
+    queues: Count = 10,
     settle_s: Annotated[float, typer.Option(min=0.0)] = 3.0,
     trace: Annotated[
         bool,
@@ -293,16 +291,13 @@ def bench_e2e(
             "--trace", help="figure B: also split latency into stages from the broker's job events"
         ),
     ] = False,
-    runs: Annotated[int, typer.Option(min=1)] = 3,
+    runs: Count = 3,
     seed: int = 20171009,
-    baseline_msgs: Annotated[int, typer.Option(min=1)] = 200_000,
+    baseline_msgs: Count = 200_000,
     json_out: JsonOut = None,
 ) -> None:
     options = Options(**{k: v for k, v in locals().items() if k != "json_out"})
-    result = asyncio.run(main_async(options))
-    emit({k: v for k, v in result.items() if k != "detail"}, None)
-    if json_out:  # the file keeps every run's detail too
-        Path(json_out).write_text(json.dumps(result, sort_keys=True) + "\n")
+    emit_with_detail(asyncio.run(main_async(options)), json_out)
 
 
 if __name__ == "__main__":

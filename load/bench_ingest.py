@@ -19,7 +19,7 @@ import nats
 import typer
 
 from broker.embedded import EmbeddedNats
-from load.command import JsonOut, Options, program, summary
+from load.command import Count, JsonOut, Nodes, Options, program, summary
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
 from schemas.agent import (
     ClusterSnapshot,
@@ -140,11 +140,11 @@ app = program()
 
 @app.command(help=summary(__doc__))
 def bench_ingest(
-    clusters: Annotated[int, typer.Option(min=1)] = 50,
-    nodes: Annotated[int, typer.Option(min=1, help="per cluster")] = 200,
-    events: Annotated[int, typer.Option(min=1)] = 500_000,
+    clusters: Count = 50,
+    nodes: Nodes = 200,
+    events: Count = 500_000,
     batch: Annotated[int, typer.Option(min=1, help="events per message")] = 500,
-    runs: Annotated[int, typer.Option(min=1)] = 3,
+    runs: Count = 3,
     json_out: JsonOut = None,
 ) -> None:
     options = Options(clusters=clusters, nodes=nodes, events=events, batch=batch, runs=runs)

@@ -28,7 +28,7 @@ import typer
 from nats.aio.client import Client
 
 from broker.embedded import EmbeddedNats
-from load.command import JsonOut, Options, program, summary
+from load.command import Count, JsonOut, Options, program, summary
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
 from schemas.codec import encode_json
 from schemas.config import BrokerConfig, QueueConfig
@@ -154,9 +154,9 @@ app = program()
 
 @app.command(help=summary(__doc__))
 def bench_scale(
-    jobs: Annotated[int, typer.Option(min=1)] = 100_000,
-    queues: Annotated[int, typer.Option(min=1)] = 100,
-    runs: Annotated[int, typer.Option(min=1)] = 3,
+    jobs: Count = 100_000,
+    queues: Count = 100,
+    runs: Count = 3,
     standby_warmup_s: Annotated[float, typer.Option(min=0.0)] = 10.0,
     json_out: JsonOut = None,
 ) -> None:

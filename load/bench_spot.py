@@ -35,14 +35,13 @@ import contextlib
 import json
 import random
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from broker.embedded import EmbeddedNats
-from load.command import JsonOut, Options, program, summary
-from load.common import emit, median, percentile
+from load.command import Count, JsonOut, Nodes, Options, program, summary
+from load.common import emit_with_detail, median, percentile
 from load.fleetbench import (
     Acked,
     CpuMeter,
@@ -324,24 +323,21 @@ app = program()
 
 @app.command(help=summary(__doc__))
 def bench_spot(
-    clusters: Annotated[int, typer.Option(min=1)] = 50,
-    nodes: Annotated[int, typer.Option(min=1, help="per cluster")] = 200,
+    clusters: Count = 50,
+    nodes: Nodes = 200,
     jobs: Annotated[int, typer.Option(min=1, help="running spot jobs")] = 2000,
-    notices: Annotated[int, typer.Option(min=1)] = 300,
-    queues: Annotated[int, typer.Option(min=1)] = 10,
+    notices: Count = 300,
+    queues: Count = 10,
     max_gpus: Annotated[int, typer.Option(min=1, help="largest Philly gang used")] = 64,
     gap_s: Annotated[float, typer.Option(min=0.0, help="pause between notices")] = 0.05,
     notice_timeout: Annotated[float, typer.Option(min=0.0)] = 10.0,
     max_s: Annotated[float, typer.Option(min=0.0, help="time bound per run")] = 300.0,
-    runs: Annotated[int, typer.Option(min=1)] = 3,
+    runs: Count = 3,
     seed: int = 20171009,
     json_out: JsonOut = None,
 ) -> None:
     options = Options(**{k: v for k, v in locals().items() if k != "json_out"})
-    result = asyncio.run(main_async(options))
-    emit({k: v for k, v in result.items() if k != "detail"}, None)
-    if json_out:  # the file keeps every run's detail too
-        Path(json_out).write_text(json.dumps(result, sort_keys=True, default=str) + "\n")
+    emit_with_detail(asyncio.run(main_async(options)), json_out)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from broker.service import Broker
 from broker.ui import views
 from broker.ui.server import Dashboard, RateLimit
 from load.bench_scale import job
-from load.command import JsonOut, Options, program, summary
+from load.command import Count, JsonOut, Options, program, summary
 from load.common import emit, median, percentile
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
 from shell.logs import configure_logging
@@ -126,7 +126,7 @@ app = program()
 @app.command(help=summary(__doc__))
 def bench_ui(
     jobs: Annotated[int, typer.Option(min=1, max=1_000_000)] = 100_000,
-    queues: Annotated[int, typer.Option(min=1)] = 4,
+    queues: Count = 4,
     runs: Annotated[int, typer.Option(min=1, max=1000)] = 20,
     json_out: JsonOut = None,
 ) -> None:

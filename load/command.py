@@ -36,5 +36,9 @@ def run(app: typer.Typer, argv: Sequence[str], prog_name: str) -> int:
     return 0
 
 
+# A count of at least one (jobs, runs, queues, clusters); and nodes per cluster.
+Count = Annotated[int, typer.Option(min=1)]
+Nodes = Annotated[int, typer.Option(min=1, help="per cluster")]
+
 # `--json PATH`, as every benchmark spells it.
 JsonOut = Annotated[str | None, typer.Option("--json", help="also write the result here")]
