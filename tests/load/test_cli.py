@@ -219,3 +219,19 @@ def test_python_m_broker_is_the_whole_muster_command() -> None:
     assert proc.returncode == 0, proc.stderr
     for name in ("submit", "broker", "agent", "fleet", "bench", "sim"):
         assert f"\n  {name} " in proc.stdout
+
+
+def test_listing_the_programs_imports_none_of_them() -> None:
+    probe = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from muster.cli import app\n"
+        "for args in (['--help'], ['bench', '--help']):\n"
+        "    assert CliRunner().invoke(app, args).exit_code == 0\n"
+        "print(sorted(m for m in sys.modules if m.startswith('load.')))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['load.cli']"
