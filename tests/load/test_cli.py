@@ -34,14 +34,14 @@ DOCUMENTED = ["README.md", *(f"docs/{p.name}" for p in (REPO / "docs").glob("*.m
 DOCUMENTED += ["Makefile", ".ci/run"]
 
 
-def muster(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+def python(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "muster", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
+
+
+def muster(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return python("-m", "muster", *args, timeout=timeout)
 
 
 def test_bench_help_lists_every_benchmark() -> None:
@@ -67,13 +67,7 @@ def test_each_programs_help_is_its_own(command: tuple[str, ...]) -> None:
     """`muster ... --help` and `python -m load.<module> --help` show the program's options."""
     result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0, result.output
-    alias = subprocess.run(
-        [sys.executable, "-m", f"load.{MODULES[command]}", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    alias = python("-m", f"load.{MODULES[command]}", "--help")
     assert alias.returncode == 0, alias.stderr
     if command[-1] in ARGPARSE:
         assert result.stdout.startswith(f"usage: muster {' '.join(command)} ")
@@ -137,13 +131,7 @@ def test_a_bad_value_is_a_usage_error_naming_the_option() -> None:
 
 def test_vopr_and_its_alias_replay_a_seed_alike() -> None:
     args = ("--seed", "49", "--jobs", "3")
-    alias = subprocess.run(
-        [sys.executable, "-m", "load.vopr", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    alias = python("-m", "load.vopr", *args)
     proc = muster("vopr", *args)
     assert proc.returncode == alias.returncode == 0, proc.stderr + alias.stderr
     assert proc.stdout == alias.stdout and proc.stdout.startswith("seed 49: ok, ")
@@ -201,21 +189,13 @@ def test_client_commands_do_not_import_the_load_programs_or_servers() -> None:
         "('agents.main', 'broker.service', 'matplotlib')]\n"
         "print(heavy)"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    proc = python("-c", probe)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
 
 
 def test_python_m_broker_is_the_whole_muster_command() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "broker", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = python("-m", "broker", "--help")
     assert proc.returncode == 0, proc.stderr
     for name in ("submit", "broker", "agent", "fleet", "bench", "sim"):
         assert f"\n  {name} " in proc.stdout
@@ -230,8 +210,6 @@ def test_listing_the_programs_imports_none_of_them() -> None:
         "    assert CliRunner().invoke(app, args).exit_code == 0\n"
         "print(sorted(m for m in sys.modules if m.startswith('load.')))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    proc = python("-c", probe)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['load.cli']"
