@@ -34,15 +34,15 @@ Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import time
-from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from broker.embedded import EmbeddedNats
-from load.common import emit, median, percentile, raw_nats_baseline
+from load.command import Count, JsonOut, Nodes, Options, program, summary
+from load.common import emit_with_detail, median, percentile, raw_nats_baseline
 from load.fleetbench import (
     CpuMeter,
     EventTrace,
@@ -168,7 +168,7 @@ async def paced(
     }
 
 
-async def one_run(url: str, nats_pid: int, args: argparse.Namespace, run: int) -> dict[str, Any]:
+async def one_run(url: str, nats_pid: int, args: Options, run: int) -> dict[str, Any]:
     setup = await start_setup(
         url, clusters=args.clusters, flavors=half_spot_flavors(args.nodes), queues=args.queues
     )
@@ -212,7 +212,7 @@ def _cpu(shares: dict[str, float]) -> str:
     return " ".join(f"{k} {v:.0%}" for k, v in shares.items())
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+async def main_async(args: Options) -> dict[str, Any]:
     _, source = gang_sizes()
     print(
         f"e2e bench: {args.clusters} clusters x {args.nodes} nodes x 8 GPUs; {args.jobs} jobs "
@@ -273,37 +273,32 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--clusters", type=int, default=50)
-    parser.add_argument("--nodes", type=int, default=200)
-    parser.add_argument("--jobs", type=int, default=20_000, help="figure A burst size")
-    parser.add_argument("--rate", type=float, default=1000.0, help="figure B submissions/s")
-    parser.add_argument("--latency-jobs", type=int, default=10_000, help="figure B job count")
-    parser.add_argument("--queues", type=int, default=10)
-    parser.add_argument("--settle-s", type=float, default=3.0)
-    parser.add_argument(
-        "--trace",
-        action="store_true",
-        help="figure B: also split latency into stages from the broker's job events",
-    )
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=20171009)
-    parser.add_argument("--baseline-msgs", type=int, default=200_000)
-    parser.add_argument("--json", default=None)
-    return parser.parse_args(argv)
+app = program()
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    result = asyncio.run(main_async(args))
-    emit({k: v for k, v in result.items() if k != "detail"}, None)
-    if args.json:  # the file keeps every run's detail too
-        Path(args.json).write_text(json.dumps(result, sort_keys=True) + "\n")
-    return result
+@app.command(help=summary(__doc__))
+def bench_e2e(
+    clusters: Count = 50,
+    nodes: Nodes = 200,
+    jobs: Annotated[int, typer.Option(min=1, help="figure A burst size")] = 20_000,
+    rate: Annotated[float, typer.Option(min=0.001, help="figure B submissions/s")] = 1000.0,
+    latency_jobs: Annotated[int, typer.Option(min=1, help="figure B job count")] = 10_000,
+    queues: Count = 10,
+    settle_s: Annotated[float, typer.Option(min=0.0)] = 3.0,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            "--trace", help="figure B: also split latency into stages from the broker's job events"
+        ),
+    ] = False,
+    runs: Count = 3,
+    seed: int = 20171009,
+    baseline_msgs: Count = 200_000,
+    json_out: JsonOut = None,
+) -> None:
+    options = Options(**{k: v for k, v in locals().items() if k != "json_out"})
+    emit_with_detail(asyncio.run(main_async(options)), json_out)
 
 
 if __name__ == "__main__":
-    main()
+    app(prog_name="python -m load.bench_e2e")

@@ -12,18 +12,20 @@ runs. The loader shares the broker's event loop, so latencies include that conte
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated
 
 import nats
+import typer
 
 from broker.embedded import EmbeddedNats
 from broker.service import Broker
 from load.bench_scale import job
+from load.command import JsonOut, Options, program, summary
 from load.common import emit, median
 from schemas.codec import encode_json
 from schemas.config import BrokerConfig, Limits, QueueConfig, Timeouts
@@ -32,7 +34,7 @@ from shell.logs import configure_logging
 RUN_LIMIT_S = 600.0
 
 
-async def one_run(args: argparse.Namespace, seed: int) -> dict[str, float]:
+async def one_run(args: Options, seed: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedNats(store_dir=Path(tmp) / "nats")
         await server.start()
@@ -86,7 +88,7 @@ async def one_run(args: argparse.Namespace, seed: int) -> dict[str, float]:
             await server.stop()
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, object]:
+async def main_async(args: Options) -> dict[str, object]:
     runs = [await one_run(args, seed) for seed in range(args.runs)]
     return {
         "jobs": args.jobs,
@@ -98,20 +100,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=50_000)
-    parser.add_argument("--probes", type=int, default=20)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--json", help="also write the result here")
-    args = parser.parse_args(argv)
-    if not 1 <= args.jobs <= 1_000_000 or not 1 <= args.probes <= 1000:
-        raise SystemExit("--jobs must be 1..1,000,000 and --probes 1..1000")
-    if not 1 <= args.runs <= 20:
-        raise SystemExit("--runs must be 1..20")
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def bench_flood(
+    jobs: Annotated[int, typer.Option(min=1, max=1_000_000, help="the flood's size")] = 50_000,
+    probes: Annotated[int, typer.Option(min=1, max=1000, help="other-queue jobs timed")] = 20,
+    runs: Annotated[int, typer.Option(min=1, max=20)] = 3,
+    json_out: JsonOut = None,
+) -> None:
     configure_logging("warning")
-    emit(asyncio.run(main_async(args)), args.json)
+    emit(asyncio.run(main_async(Options(jobs=jobs, probes=probes, runs=runs))), json_out)
 
 
 if __name__ == "__main__":
-    main()
+    app(prog_name="python -m load.bench_flood")

@@ -10,14 +10,16 @@ in the same run as the baseline.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 import uuid
+from typing import Annotated
 
 import nats
+import typer
 
 from broker.embedded import EmbeddedNats
+from load.command import Count, JsonOut, Nodes, Options, program, summary
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
 from schemas.agent import (
     ClusterSnapshot,
@@ -108,7 +110,7 @@ async def one_run(url: str, clusters: int, nodes: int, events: int, batch: int) 
         broker.cleanup()
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, object]:
+async def main_async(args: Options) -> dict[str, object]:
     async with EmbeddedNats() as server:
         baseline = await raw_nats_baseline(server.url)
         rates = []
@@ -133,19 +135,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--clusters", type=int, default=50)
-    parser.add_argument("--nodes", type=int, default=200)
-    parser.add_argument("--events", type=int, default=500_000)
-    parser.add_argument("--batch", type=int, default=500)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
-    emit(asyncio.run(main_async(args)), args.json)
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def bench_ingest(
+    clusters: Count = 50,
+    nodes: Nodes = 200,
+    events: Count = 500_000,
+    batch: Annotated[int, typer.Option(min=1, help="events per message")] = 500,
+    runs: Count = 3,
+    json_out: JsonOut = None,
+) -> None:
+    options = Options(clusters=clusters, nodes=nodes, events=events, batch=batch, runs=runs)
+    emit(asyncio.run(main_async(options)), json_out)
 
 
 if __name__ == "__main__":
-    main()
+    app(prog_name="python -m load.bench_ingest")

@@ -16,17 +16,19 @@ standby saves against the cold restart above.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
 import time
 import uuid
+from typing import Annotated
 
 import nats
+import typer
 from nats.aio.client import Client
 
 from broker.embedded import EmbeddedNats
+from load.command import Count, JsonOut, Options, program, summary
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
 from schemas.codec import encode_json
 from schemas.config import BrokerConfig, QueueConfig
@@ -117,7 +119,7 @@ async def check_sample(nc: Client, broker: BrokerProcess, jobs: int) -> None:
         assert view["ok"] and view["result"]["state"] == "queued", view
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, object]:
+async def main_async(args: Options) -> dict[str, object]:
     async with EmbeddedNats() as server:
         baseline = await raw_nats_baseline(server.url)
         runs = []
@@ -147,18 +149,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--queues", type=int, default=100)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--standby-warmup-s", type=float, default=10.0)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
-    emit(asyncio.run(main_async(args)), args.json)
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def bench_scale(
+    jobs: Count = 100_000,
+    queues: Count = 100,
+    runs: Count = 3,
+    standby_warmup_s: Annotated[float, typer.Option(min=0.0)] = 10.0,
+    json_out: JsonOut = None,
+) -> None:
+    options = Options(jobs=jobs, queues=queues, runs=runs, standby_warmup_s=standby_warmup_s)
+    emit(asyncio.run(main_async(options)), json_out)
 
 
 if __name__ == "__main__":
-    main()
+    app(prog_name="python -m load.bench_scale")

@@ -30,17 +30,18 @@ trip (the path above needs four such exchanges plus two event batches and two pe
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import random
 import time
-from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from broker.embedded import EmbeddedNats
-from load.common import emit, median, percentile
+from load.command import Count, JsonOut, Nodes, Options, program, summary
+from load.common import emit_with_detail, median, percentile
 from load.fleetbench import (
     Acked,
     CpuMeter,
@@ -167,7 +168,7 @@ async def describe(
     return out
 
 
-async def notices(setup: Setup, args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+async def notices(setup: Setup, args: Options, rng: random.Random) -> dict[str, Any]:
     """Inject notices one at a time; per affected job, the time to its next attempt's ack."""
     watch = Watch(setup)
     setup.log.listeners.append(watch.on_dispatch)
@@ -237,7 +238,7 @@ async def notices(setup: Setup, args: argparse.Namespace, rng: random.Random) ->
     }
 
 
-async def one_run(url: str, nats_pid: int, args: argparse.Namespace, run: int) -> dict[str, Any]:
+async def one_run(url: str, nats_pid: int, args: Options, run: int) -> dict[str, Any]:
     setup = await start_setup(
         url,
         clusters=args.clusters,
@@ -259,7 +260,7 @@ async def one_run(url: str, nats_pid: int, args: argparse.Namespace, run: int) -
         await setup.close()
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+async def main_async(args: Options) -> dict[str, Any]:
     _, source = gang_sizes()
     print(
         f"spot bench: {args.clusters} clusters x {args.nodes} nodes x 8 GPUs (half spot); "
@@ -317,33 +318,27 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--clusters", type=int, default=50)
-    parser.add_argument("--nodes", type=int, default=200)
-    parser.add_argument("--jobs", type=int, default=2000, help="running spot jobs")
-    parser.add_argument("--notices", type=int, default=300)
-    parser.add_argument("--queues", type=int, default=10)
-    parser.add_argument("--max-gpus", type=int, default=64, help="largest Philly gang used")
-    parser.add_argument("--gap-s", type=float, default=0.05, help="pause between notices")
-    parser.add_argument("--notice-timeout", type=float, default=10.0)
-    parser.add_argument("--max-s", type=float, default=300.0, help="time bound per run")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=20171009)
-    parser.add_argument("--json", default=None)
-    return parser.parse_args(argv)
+app = program()
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    result = asyncio.run(main_async(args))
-    emit({k: v for k, v in result.items() if k != "detail"}, None)
-    if args.json:  # the file keeps every run's detail too
-        Path(args.json).write_text(json.dumps(result, sort_keys=True, default=str) + "\n")
-    return result
+@app.command(help=summary(__doc__))
+def bench_spot(
+    clusters: Count = 50,
+    nodes: Nodes = 200,
+    jobs: Annotated[int, typer.Option(min=1, help="running spot jobs")] = 2000,
+    notices: Count = 300,
+    queues: Count = 10,
+    max_gpus: Annotated[int, typer.Option(min=1, help="largest Philly gang used")] = 64,
+    gap_s: Annotated[float, typer.Option(min=0.0, help="pause between notices")] = 0.05,
+    notice_timeout: Annotated[float, typer.Option(min=0.0)] = 10.0,
+    max_s: Annotated[float, typer.Option(min=0.0, help="time bound per run")] = 300.0,
+    runs: Count = 3,
+    seed: int = 20171009,
+    json_out: JsonOut = None,
+) -> None:
+    options = Options(**{k: v for k, v in locals().items() if k != "json_out"})
+    emit_with_detail(asyncio.run(main_async(options)), json_out)
 
 
 if __name__ == "__main__":
-    main()
+    app(prog_name="python -m load.bench_spot")

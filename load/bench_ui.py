@@ -10,15 +10,16 @@ detail over HTTP; each is timed from request to the last byte of the reply.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated
 
 import aiohttp
 import nats
+import typer
 from nats.aio.client import Client
 
 from broker.embedded import EmbeddedNats
@@ -26,6 +27,7 @@ from broker.service import Broker
 from broker.ui import views
 from broker.ui.server import Dashboard, RateLimit
 from load.bench_scale import job
+from load.command import Count, JsonOut, Options, program, summary
 from load.common import emit, median, percentile
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
 from shell.logs import configure_logging
@@ -61,7 +63,7 @@ async def load_jobs(nc: Client, broker: Broker, jobs: int, queues: int) -> float
     return took
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, object]:
+async def main_async(args: Options) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedNats(store_dir=Path(tmp) / "nats")
         await server.start()
@@ -118,18 +120,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             await server.stop()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--queues", type=int, default=4)
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--json", help="also write the result here")
-    args = parser.parse_args(argv)
-    if not 1 <= args.jobs <= 1_000_000 or not 1 <= args.runs <= 1000:
-        raise SystemExit("--jobs must be 1..1,000,000 and --runs 1..1000")
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def bench_ui(
+    jobs: Annotated[int, typer.Option(min=1, max=1_000_000)] = 100_000,
+    queues: Count = 4,
+    runs: Annotated[int, typer.Option(min=1, max=1000)] = 20,
+    json_out: JsonOut = None,
+) -> None:
     configure_logging("warning")
-    emit(asyncio.run(main_async(args)), args.json)
+    emit(asyncio.run(main_async(Options(jobs=jobs, queues=queues, runs=runs))), json_out)
 
 
 if __name__ == "__main__":
-    main()
+    app(prog_name="python -m load.bench_ui")

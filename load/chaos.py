@@ -17,7 +17,6 @@ at the end. Everything binds 127.0.0.1; counts and time are bounded.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import itertools
@@ -32,12 +31,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import nats
+import typer
 
 from broker.embedded import EmbeddedNats, nats_server_binary
+from load.command import program, summary
 from load.common import BrokerProcess
 from schemas.config import (
     BrokerConfig,
@@ -585,44 +586,50 @@ def print_table(res: dict[str, Any]) -> None:
             print(f"  {k}: {v}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["agent"]:
-        p = argparse.ArgumentParser(prog="python -m load.chaos agent")
-        p.add_argument("--cluster", required=True)
-        p.add_argument("--nats", required=True)
-        p.add_argument("--records", required=True)
-        p.add_argument("--seed", type=int, default=0)
-        a = p.parse_args(argv[1:])
-        from shell.logs import configure_logging
+app = program()
 
-        configure_logging("error")
-        asyncio.run(_agent_main(a.cluster, a.nats, Path(a.records), a.seed))
-        return 0
-    p = argparse.ArgumentParser(prog="python -m load.chaos", description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=60)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--faults", type=int, default=12)
-    p.add_argument("--duration-s", type=float, default=120.0)
-    p.add_argument("--only", default=",".join(FAULTS), help=f"fault kinds: {','.join(FAULTS)}")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--verbose", action="store_true")
-    a = p.parse_args(argv)
-    kinds = tuple(k for k in a.only.split(",") if k)
+
+@app.callback(invoke_without_command=True, help=summary(__doc__))
+def chaos(
+    ctx: typer.Context,
+    jobs: Annotated[int, typer.Option(min=1)] = 60,
+    seed: int = 1,
+    faults: Annotated[int, typer.Option(min=0)] = 12,
+    duration_s: Annotated[float, typer.Option(min=0.0)] = 120.0,
+    only: Annotated[str, typer.Option(help=f"fault kinds: {','.join(FAULTS)}")] = ",".join(FAULTS),
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose")] = False,
+) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    kinds = tuple(k for k in only.split(",") if k)
     bad = [k for k in kinds if k not in FAULTS]
     if bad:
-        p.error(f"unknown fault kinds {bad}; choose from {','.join(FAULTS)}")
-    res = asyncio.run(
-        _cancel_on_sigterm(
-            Soak(a.jobs, a.seed, a.faults, a.duration_s, kinds, verbose=a.verbose).run()
+        raise typer.BadParameter(
+            f"unknown fault kinds {bad}; choose from {','.join(FAULTS)}", param_hint="--only"
         )
-    )
-    if a.json:
+    soak = Soak(jobs, seed, faults, duration_s, kinds, verbose=verbose)
+    res = asyncio.run(_cancel_on_sigterm(soak.run()))
+    if as_json:
         print(msgspec.json.encode(res).decode())
     else:
         print_table(res)
-    return 0 if res["ok"] else 1
+    raise typer.Exit(0 if res["ok"] else 1)
+
+
+@app.command(hidden=True)
+def agent(
+    cluster: Annotated[str, typer.Option()],
+    nats: Annotated[str, typer.Option()],
+    records: Annotated[Path, typer.Option()],
+    seed: int = 0,
+) -> None:
+    """One fake cluster's agent, run by the soak in its own process."""
+    from shell.logs import configure_logging
+
+    configure_logging("error")
+    asyncio.run(_agent_main(cluster, nats, records, seed))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app(prog_name="python -m load.chaos")

@@ -1,10 +1,14 @@
 """`muster bench <name>`, `muster sim`, `muster vopr`, `muster chaos`, `muster demo`: the load,
 simulation and demo programs of load/ as `muster` commands.
 
-Each program keeps its own option parser and its `python -m load.<module>` form (the docs and
-the Makefile use it); the command here hands it the rest of the command line, so
-`muster bench core --runs 3` and `python -m load.bench_core --runs 3` run the same function.
-Its module is imported only when the command runs: a `muster status` never imports load/.
+Each program declares its options once, as the typer command `app` of its module, which its
+`python -m load.<module>` form (the docs and the Makefile use it) also runs: `muster bench e2e
+--runs 3` and `python -m load.bench_e2e --runs 3` parse and run the same command. Its module is
+imported only when the command runs or its own help is asked for: a `muster status`, and the
+listing of `muster --help`, never import load/.
+
+bench_core and bench_cycle still parse their own command line with argparse: the command here
+hands them the rest of it.
 """
 
 from __future__ import annotations
@@ -49,14 +53,32 @@ def run_program(main: Main, args: Sequence[str], name: str) -> None:
     raise typer.Exit(status)
 
 
+class _Program(typer.core.TyperCommand):
+    """A program listed by name and help line; its module is imported when the command runs."""
+
+    module = ""
+
+    # The click types are left as Any: typer re-exports them under different names across its
+    # supported releases.
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
+    ) -> Any:
+        own: typer.Typer | None = getattr(importlib.import_module(self.module), "app", None)
+        if own is None:  # an argparse program: this command hands it the command line
+            return super().make_context(info_name, args, parent=parent, **extra)
+        return typer.main.get_command(own).make_context(info_name, args, parent=parent, **extra)
+
+
 def _command(app: typer.Typer, name: str, module: str, help_text: str) -> None:
+    # A sibling module of this package, by name: imported only when its command runs.
+    program = type(f"_Program_{module}", (_Program,), {"module": f"load.{module}"})
+
     def command(ctx: typer.Context) -> None:
-        # A sibling module of this package, by name: imported only when its command runs.
         main: Main = importlib.import_module(f"load.{module}").main
         run_program(main, ctx.args, ctx.command_path)
 
     command.__doc__ = help_text
-    app.command(name, context_settings=_PASS_THROUGH, add_help_option=False)(command)
+    app.command(name, cls=program, context_settings=_PASS_THROUGH, add_help_option=False)(command)
 
 
 bench = typer.Typer(

@@ -141,6 +141,13 @@ async def raw_nats_baseline(url: str, count: int = 200_000, size: int = 64) -> f
         await sub_nc.close()
 
 
+def emit_with_detail(result: dict[str, Any], path: str | None) -> None:
+    """The RESULT line leaves out each run's detail; the file keeps it."""
+    emit({k: v for k, v in result.items() if k != "detail"}, None)
+    if path:
+        Path(path).write_text(json.dumps(result, sort_keys=True, default=str) + "\n")
+
+
 def emit(result: dict[str, Any], path: str | None) -> None:
     """Print one machine-readable line and optionally save it."""
     line = json.dumps(result, sort_keys=True)

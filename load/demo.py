@@ -13,7 +13,6 @@ Exit code 0 when every job succeeded. The scenario itself is in `load/demo_scena
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -25,10 +24,11 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import nats
 import structlog
+import typer
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -41,6 +41,7 @@ from agents.main import Fleet, start_fake_fleet
 from broker.embedded import EmbeddedNats
 from broker.service import Broker
 from load import demo_scenario as scenario
+from load.command import program, summary
 from load.demo_view import (
     ClusterRow,
     JobRow,
@@ -669,13 +670,21 @@ def make_console() -> Console:
     return Console(width=120)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m load.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--fast", action="store_true", help="fewer, shorter jobs (~20 s)")
-    parser.add_argument("--seed", type=int, default=7, help="job lengths and injection nodes")
-    parser.add_argument("--no-live", action="store_true", help="plain log lines, no live table")
-    args = parser.parse_args(argv)
-    options = DemoOptions(fast=args.fast, seed=args.seed, live=False if args.no_live else None)
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def demo(
+    fast: Annotated[bool, typer.Option("--fast", help="fewer, shorter jobs (~20 s)")] = False,
+    seed: Annotated[int, typer.Option(help="job lengths and injection nodes")] = 7,
+    no_live: Annotated[
+        bool, typer.Option("--no-live", help="plain log lines, no live table")
+    ] = False,
+) -> None:
+    raise typer.Exit(_run(DemoOptions(fast=fast, seed=seed, live=False if no_live else None)))
+
+
+def _run(options: DemoOptions) -> int:
     console = make_console()
     try:
         result = asyncio.run(run_demo(options, console))
@@ -691,4 +700,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app(prog_name="python -m load.demo")

@@ -14,7 +14,6 @@ Exit code 0 when the job succeeded and the two final models are identical.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -25,15 +24,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import nats
+import typer
 from nats.aio.client import Client
 
 from agents.config import AgentConfig, LocalClusterConfig, LocalFlavor, LocalNode
 from agents.main import Fleet, start_fleet
 from broker.embedded import EmbeddedNats
 from broker.service import Broker
+from load.command import program, summary
 from schemas.api import JobEvent
 from schemas.codec import decode_job_event, decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
@@ -263,22 +264,29 @@ async def run_demo(workdir: Path, steps: int, say: Callable[[str], None] = print
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m load.demo_local", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--steps", type=int, default=400, help="training steps (at least 100)")
-    parser.add_argument("--workdir", type=Path, default=None, help="keep files here")
-    args = parser.parse_args(argv)
-    if args.steps < 100:
-        parser.error("--steps must be at least 100 (the notice comes after a checkpoint)")
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def demo_local(
+    steps: Annotated[
+        int,
+        typer.Option(
+            min=100, help="training steps (at least 100: the notice comes after a checkpoint)"
+        ),
+    ] = 400,
+    workdir: Annotated[Path | None, typer.Option(help="keep files here")] = None,
+) -> None:
+    raise typer.Exit(_run(steps, workdir))
+
+
+def _run(steps: int, workdir: Path | None) -> int:
     configure_logging("error")  # the broker and agents log for operators; the demo narrates
     with contextlib.ExitStack() as stack:
-        workdir = args.workdir
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="muster-")))
         try:
-            result = asyncio.run(run_demo(workdir.resolve(), args.steps))
+            result = asyncio.run(run_demo(workdir.resolve(), steps))
         except KeyboardInterrupt:
             return 130
         except (RuntimeError, TimeoutError, subprocess.SubprocessError) as exc:
@@ -288,4 +296,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app(prog_name="python -m load.demo_local")

@@ -10,16 +10,17 @@ capacity that a queue takes back is fine; the same job evicted again and again i
 
 from __future__ import annotations
 
-import argparse
 import random
-import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
+import typer
 
 from broker.config import load_config
+from load.command import program, summary
 from load.vopr import QUIET, Scenario, World
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.config import BrokerConfig
@@ -106,21 +107,23 @@ def run(jobs: int, seed: int = 0, config: BrokerConfig | None = None) -> dict[st
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m load.reclaim_storm", description=__doc__.split("\n\n")[0]
-    )
-    p.add_argument("--jobs", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min-runtime-s", type=float, default=None, help="override the config's")
-    a = p.parse_args(argv)
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def reclaim_storm(
+    jobs: Annotated[int, typer.Option(min=1)] = 2000,
+    seed: int = 0,
+    min_runtime_s: Annotated[
+        float | None, typer.Option(min=0.0, help="override the config's")
+    ] = None,
+) -> None:
     t0 = time.monotonic()
-    out = run(a.jobs, a.seed, team_config(a.min_runtime_s))
+    out = run(jobs, seed, team_config(min_runtime_s))
     for k, v in out.items():
         print(f"{k:28} {v}")
     print(f"{'wall_s':28} {time.monotonic() - t0:.1f}")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app(prog_name="python -m load.reclaim_storm")

@@ -16,7 +16,6 @@ Run `python -m load.sim --help`.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import heapq
 import json
@@ -26,9 +25,12 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+import typer
 
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
 from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
@@ -36,6 +38,8 @@ from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import Machine
 from broker.core.records import JobRecord
 from load import traces
+from load.command import Options, program
+from load.command import run as run_command
 from schemas.agent import (
     AgentEvent,
     Cancel,
@@ -1470,66 +1474,78 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m load.sim",
-        description="Replay Philly jobs and Bamboo spot reclaims through the Muster core "
-        "under a virtual clock and compare recovery policies.",
-    )
-    ap.add_argument("--jobs", type=int, default=3000)
-    ap.add_argument("--offset", type=int, default=_DEFAULTS.offset, help="first Philly row")
-    ap.add_argument("--compress", type=float, default=_DEFAULTS.compress)
-    ap.add_argument("--max-duration-h", type=float, default=_DEFAULTS.max_duration_s / 3600)
-    ap.add_argument(
-        "--drain-h",
-        type=float,
-        default=_DEFAULTS.drain_s / 3600,
-        help="stop this long after the last arrival even if jobs are left",
-    )
-    ap.add_argument(
-        "--policy",
-        default="both",
-        help="a policy, a comma-separated list, both (muster+scratch), all, or compare "
-        "(the baselines side by side: " + ", ".join(COMPARISON) + ")",
-    )
-    ap.add_argument(
-        "--windows",
-        type=int,
-        default=1,
-        help="also replay this many further Philly windows (each WINDOW_STRIDE rows later)",
-    )
-    ap.add_argument("--spot", choices=["trace", "poisson", "none"], default="trace")
-    ap.add_argument("--poisson-rate", type=float, default=_DEFAULTS.poisson_rate)
-    ap.add_argument("--scale", type=float, default=1.0, help="multiply every pool's node count")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--seeds", type=int, default=1, help="run seeds seed..seed+n-1, medians")
-    ap.add_argument("--workers", type=int, default=2, help="processes (one run each)")
-    ap.add_argument("--out", default="docs/img", help="folder for PNGs ('' = no plots)")
-    ap.add_argument("--json", default=None, help="write the summaries here")
-    ap.add_argument(
-        "--scenario",
-        default=None,
-        help="YAML file with the pools, spot traces, GPU speeds and checkpoint costs "
-        "(see load/scenarios/)",
-    )
-    ap.add_argument(
-        "--traces-dir",
-        default=None,
-        help="folder holding philly.csv and the bamboo-*.csv spot traces",
-    )
-    ap.add_argument(
-        "--progress",
-        type=float,
-        default=15.0,
-        help="print a progress line to stderr every this many wall seconds (0 = never)",
-    )
-    return ap.parse_args(argv)
+class _Spot(StrEnum):
+    """`--spot`: where the reclaims come from."""
+
+    trace = "trace"
+    poisson = "poisson"
+    none = "none"
+
+
+app = program()
+
+
+@app.command(
+    help="Replay Philly jobs and Bamboo spot reclaims through the Muster core under a virtual "
+    "clock and compare recovery policies."
+)
+def sim(
+    jobs: Annotated[int, typer.Option(min=1)] = 3000,
+    offset: Annotated[int, typer.Option(min=0, help="first Philly row")] = _DEFAULTS.offset,
+    compress: Annotated[float, typer.Option(min=0.0)] = _DEFAULTS.compress,
+    max_duration_h: Annotated[float, typer.Option(min=0.0)] = _DEFAULTS.max_duration_s / 3600,
+    drain_h: Annotated[
+        float,
+        typer.Option(min=0.0, help="stop this long after the last arrival even if jobs are left"),
+    ] = _DEFAULTS.drain_s / 3600,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="a policy, a comma-separated list, both (muster+scratch), all, or compare "
+            "(the baselines side by side: " + ", ".join(COMPARISON) + ")"
+        ),
+    ] = "both",
+    windows: Annotated[
+        int,
+        typer.Option(
+            help="also replay this many further Philly windows (each WINDOW_STRIDE rows later)"
+        ),
+    ] = 1,
+    spot: _Spot = _Spot.trace,
+    poisson_rate: Annotated[float, typer.Option(min=0.0)] = _DEFAULTS.poisson_rate,
+    scale: Annotated[float, typer.Option(min=0.0, help="multiply every pool's node count")] = 1.0,
+    seed: int = 1,
+    seeds: Annotated[int, typer.Option(help="run seeds seed..seed+n-1, medians")] = 1,
+    workers: Annotated[int, typer.Option(min=1, help="processes (one run each)")] = 2,
+    out: Annotated[str, typer.Option(help="folder for PNGs ('' = no plots)")] = "docs/img",
+    json_out: Annotated[str | None, typer.Option("--json", help="write the summaries here")] = None,
+    scenario: Annotated[
+        str | None,
+        typer.Option(
+            help="YAML file with the pools, spot traces, GPU speeds and checkpoint costs "
+            "(see load/scenarios/)"
+        ),
+    ] = None,
+    traces_dir: Annotated[
+        str | None,
+        typer.Option(help="folder holding philly.csv and the bamboo-*.csv spot traces"),
+    ] = None,
+    progress: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="print a progress line to stderr every this many wall seconds (0 = never)",
+        ),
+    ] = 15.0,
+) -> None:
+    options = {k: v for k, v in locals().items() if k not in ("json_out", "spot")}
+    raise typer.Exit(_run(Options(**options, json=json_out, spot=spot.value)))
 
 
 WINDOW_STRIDE = 7919  # Philly rows between the windows of `--windows`
 
 
-def config_from_args(args: argparse.Namespace, seed: int, window: int = 0) -> SimConfig:
+def config_from_args(args: Options, seed: int, window: int = 0) -> SimConfig:
     pools = tuple(replace(p, nodes=max(1, round(p.nodes * args.scale))) for p in _DEFAULTS.pools)
     cfg = SimConfig(
         jobs=args.jobs,
@@ -1558,9 +1574,13 @@ def config_from_args(args: argparse.Namespace, seed: int, window: int = 0) -> Si
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m load.sim ARGS` as a function: its exit status."""
+    return run_command(app, sys.argv[1:] if argv is None else argv, "python -m load.sim")
+
+
+def _run(args: Options) -> int:
     from load import report
 
-    args = parse_args(argv)
     if args.policy == "both":
         names = ["muster", "scratch"]
     elif args.policy == "all":
@@ -1619,4 +1639,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app(prog_name="python -m load.sim")

@@ -21,18 +21,17 @@ twice, usage back to zero.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import heapq
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+import typer
 
 from agents.runtime import AgentRuntime, _JobTrack
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
@@ -40,6 +39,7 @@ from broker.core.inputs import CYCLE, TICK, AgentBatch, DispatchAcked, Restore, 
 from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import record_decoder, record_encoder
+from load.command import program, summary
 from schemas.agent import (
     AgentEvent,
     Cancel,
@@ -955,34 +955,37 @@ def run_many(
     return n, failures, totals
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m load.vopr", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seed", type=int, help="run this one seed (replay)")
-    p.add_argument("--seeds", type=int, default=500, help="how many seeds, from --first")
-    p.add_argument("--first", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=6)
-    p.add_argument("--budget-s", type=float, default=None, help="stop starting seeds after this")
-    p.add_argument("--verbose", action="store_true")
-    a = p.parse_args(argv)
-    if a.seed is not None:
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def vopr(
+    seed: Annotated[int | None, typer.Option(help="run this one seed (replay)")] = None,
+    seeds: Annotated[int, typer.Option(min=1, help="how many seeds, from --first")] = 500,
+    first: int = 0,
+    jobs: Annotated[int, typer.Option(min=1)] = 6,
+    budget_s: Annotated[
+        float | None, typer.Option(min=0.0, help="stop starting seeds after this")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose")] = False,
+) -> None:
+    if seed is not None:
         try:
-            w = run_seed(a.seed, jobs=a.jobs, verbose=a.verbose)
+            w = run_seed(seed, jobs=jobs, verbose=verbose)
         except SimFailure as exc:
             print(exc)
-            return 1
-        print(f"seed {a.seed}: ok, {w.steps} steps, {dict(w.stats)}")
-        return 0
+            raise typer.Exit(1) from None
+        print(f"seed {seed}: ok, {w.steps} steps, {dict(w.stats)}")
+        return
     t0 = time.monotonic()
-    n, failures, totals = run_many(
-        range(a.first, a.first + a.seeds), budget_s=a.budget_s, jobs=a.jobs
-    )
+    n, failures, totals = run_many(range(first, first + seeds), budget_s=budget_s, jobs=jobs)
     for _, msg in failures[:20]:
         print(msg)
     print(
         f"{n} seeds in {time.monotonic() - t0:.1f}s, {len(failures)} failed; faults: {dict(totals)}"
     )
-    return 1 if failures else 0
+    raise typer.Exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app(prog_name="python -m load.vopr")

@@ -1,14 +1,18 @@
 """The load programs as `muster` commands: `muster bench <name>`, `muster sim`, and their
-`python -m load.<module>` aliases, which run the same function."""
+`python -m load.<module>` aliases, which parse and run the same typer command."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from load.cli import bench, programs
@@ -17,17 +21,27 @@ from muster.cli import LOAD_COMMANDS, app
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
-BENCHES = ["core", "cycle", "e2e", "ingest", "scale", "spot", "ui", "reclaim-storm"]
+BENCHES = ["core", "cycle", "e2e", "flood", "ingest", "scale", "spot", "ui", "reclaim-storm"]
+# The benchmarks that still parse their own command line (argparse), handed it by `muster`.
+ARGPARSE = {"core": "bench_core", "cycle": "bench_cycle"}
+# Every program's module, by its `muster` command line.
+MODULES = {
+    **{("bench", b): f"bench_{b}" for b in BENCHES if b != "reclaim-storm"},
+    ("bench", "reclaim-storm"): "reclaim_storm",
+    **{(p,): p.replace("-", "_") for p in LOAD_COMMANDS if p != "bench"},
+}
+DOCUMENTED = ["README.md", *(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
+DOCUMENTED += ["Makefile", ".ci/run"]
+
+
+def python(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def muster(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "muster", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return python("-m", "muster", *args, timeout=timeout)
 
 
 def test_bench_help_lists_every_benchmark() -> None:
@@ -48,13 +62,79 @@ def test_top_level_help_lists_the_load_commands() -> None:
     )
 
 
-@pytest.mark.parametrize("name", BENCHES)
-def test_bench_help_is_the_programs_own(name: str) -> None:
-    """`--help` reaches the benchmark's own parser."""
-    result = runner.invoke(app, ["bench", name, "--help"])
+@pytest.mark.parametrize("command", sorted(MODULES), ids=" ".join)
+def test_each_programs_help_is_its_own(command: tuple[str, ...]) -> None:
+    """`muster ... --help` and `python -m load.<module> --help` show the program's options."""
+    result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("usage: ")
-    assert "--runs" in result.stdout or "--jobs" in result.stdout
+    alias = python("-m", f"load.{MODULES[command]}", "--help")
+    assert alias.returncode == 0, alias.stderr
+    if command[-1] in ARGPARSE:
+        assert result.stdout.startswith(f"usage: muster {' '.join(command)} ")
+        return
+    assert result.stdout.startswith(f"Usage: muster {' '.join(command)} [OPTIONS]")
+    assert alias.stdout.startswith(f"Usage: python -m load.{MODULES[command]} [OPTIONS]")
+    # The same options, declared once: only the program name (and the wrapping) differs.
+    options = [
+        re.sub(r"[\s-]+", " ", out.split("Options:")[1]) for out in (alias.stdout, result.stdout)
+    ]
+    assert options[0] == options[1]
+    assert re.search(r"--(?!help)[a-z]", alias.stdout), "a program with no options of its own"
+
+
+def documented_command_lines() -> list[tuple[str, str, list[str]]]:
+    """Every `python -m load.X ...` and `muster <program> ...` the docs and scripts write."""
+    found = []
+    stop = r"[^`#\[\n|;:]*(?:\n\s+--[^`#\[\n|;:]*)?"  # a code span may wrap onto the next line
+    for name in DOCUMENTED:
+        text = (REPO / name).read_text()
+        for m in re.finditer(rf"python -m load\.(\w+)({stop})", text):
+            found.append((name, m.group(1), shlex.split(m.group(2))))
+        for m in re.finditer(rf"\bmuster (bench [a-z][\w-]*|[a-z][\w-]*)({stop})", text):
+            command = tuple(m.group(1).split())
+            if command in MODULES:
+                found.append((name, MODULES[command], shlex.split(m.group(2))))
+    return found
+
+
+def test_the_docs_name_every_program() -> None:
+    modules = {module for _, module, _ in documented_command_lines()}
+    assert {"bench_e2e", "sim", "vopr", "chaos", "demo", "reclaim_storm"} <= modules
+
+
+@pytest.mark.parametrize(
+    ("doc", "module", "args"),
+    documented_command_lines(),
+    ids=lambda v: " ".join(v) if isinstance(v, list) else str(v),
+)
+def test_every_documented_command_line_parses(doc: str, module: str, args: list[str]) -> None:
+    """Parse only: the options are known, typed and in range; nothing runs."""
+    program = importlib.import_module(f"load.{module}")
+    if not hasattr(program, "app"):
+        assert module in ARGPARSE.values(), f"{doc}: load.{module} has no typer command"
+        return
+    command = typer.main.get_command(program.app)
+    ctx = command.make_context(f"python -m load.{module}", list(args))
+    assert ctx.command is command, doc
+
+
+def test_a_bad_value_is_a_usage_error_naming_the_option() -> None:
+    result = runner.invoke(app, ["bench", "flood", "--runs", "0"])
+    assert result.exit_code == 2 and "--runs" in result.stderr
+    result = runner.invoke(app, ["chaos", "--only", "broker,meteor"])
+    assert result.exit_code == 2 and "unknown fault kinds ['meteor']" in result.stderr
+    result = runner.invoke(app, ["demo-local", "--steps", "50"])
+    assert result.exit_code == 2 and "--steps" in result.stderr
+    result = runner.invoke(app, ["sim", "--spot", "sometimes"])
+    assert result.exit_code == 2 and "--spot" in result.stderr
+
+
+def test_vopr_and_its_alias_replay_a_seed_alike() -> None:
+    args = ("--seed", "49", "--jobs", "3")
+    alias = python("-m", "load.vopr", *args)
+    proc = muster("vopr", *args)
+    assert proc.returncode == alias.returncode == 0, proc.stderr + alias.stderr
+    assert proc.stdout == alias.stdout and proc.stdout.startswith("seed 49: ok, ")
 
 
 def test_unknown_benchmark_and_bad_option_are_usage_errors() -> None:
@@ -109,21 +189,27 @@ def test_client_commands_do_not_import_the_load_programs_or_servers() -> None:
         "('agents.main', 'broker.service', 'matplotlib')]\n"
         "print(heavy)"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    proc = python("-c", probe)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
 
 
 def test_python_m_broker_is_the_whole_muster_command() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "broker", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = python("-m", "broker", "--help")
     assert proc.returncode == 0, proc.stderr
     for name in ("submit", "broker", "agent", "fleet", "bench", "sim"):
         assert f"\n  {name} " in proc.stdout
+
+
+def test_listing_the_programs_imports_none_of_them() -> None:
+    probe = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from muster.cli import app\n"
+        "for args in (['--help'], ['bench', '--help']):\n"
+        "    assert CliRunner().invoke(app, args).exit_code == 0\n"
+        "print(sorted(m for m in sys.modules if m.startswith('load.')))"
+    )
+    proc = python("-c", probe)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['load.cli']"
