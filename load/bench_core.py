@@ -25,17 +25,19 @@ Prints every run, the medians, and one machine-readable `RESULT {...}` line.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest
+from load.command import Count, JsonOut, Nodes, Options, program, summary
 from load.traces import default_traces_dir, gang_demands, philly_gang_sizes
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.config import (
@@ -151,7 +153,7 @@ def jobs(n: int, queues: int, sizes: list[int], seed: int, start: int) -> list[G
     return out
 
 
-def one_run(args: argparse.Namespace, sizes: list[int], run: int) -> dict[str, float]:
+def one_run(args: Options, sizes: list[int], run: int) -> dict[str, float]:
     cfg = config(args.clusters, args.nodes, args.queues, max(args.jobs, 1))
     t0 = time.perf_counter()
     sched = Scheduler(cfg)
@@ -200,15 +202,24 @@ def one_run(args: argparse.Namespace, sizes: list[int], run: int) -> dict[str, f
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--jobs", type=int, default=100_000)
-    ap.add_argument("--clusters", type=int, default=50)
-    ap.add_argument("--nodes", type=int, default=200)
-    ap.add_argument("--queues", type=int, default=100)
-    ap.add_argument("--json", default=None, help="also write the result line to this file")
-    args = ap.parse_args(argv)
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def bench_core(
+    runs: Count = 5,
+    jobs: Annotated[int, typer.Option(min=1, max=1_000_000, help="pending jobs")] = 100_000,
+    clusters: Count = 50,
+    nodes: Nodes = 200,
+    queues: Count = 100,
+    json_out: JsonOut = None,
+) -> None:
+    run_bench(
+        Options(runs=runs, jobs=jobs, clusters=clusters, nodes=nodes, queues=queues, json=json_out)
+    )
+
+
+def run_bench(args: Options) -> dict[str, Any]:
 
     philly = default_traces_dir() / "philly.csv"
     sizes = philly_gang_sizes(philly) if philly.exists() else FALLBACK_SIZES
@@ -265,4 +276,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    app(prog_name="python -m load.bench_core")

@@ -12,15 +12,17 @@ examined. Prints the median and spread per depth, and one `RESULT {...}` line.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from broker.core.effects import split_reply
 from broker.core.inputs import CYCLE, AgentBatch, SubmitJob
 from broker.core.machine import Machine
+from load.command import JsonOut, Options, program, summary
 from load.common import emit
 from load.traces import gang_shape
 from schemas.agent import ClusterSnapshot, EventBatch, FlavorInfo, NodeInfo, NodeUpsert
@@ -98,14 +100,32 @@ def time_cycles(m: Machine, now: float, cycles: int) -> list[tuple[float, float]
     return out
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--depths", default="1000,10000,100000")
-    ap.add_argument("--runs", type=int, default=7, help="timed cycles per depth")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    depths = [int(d) for d in args.depths.split(",") if d.strip()]
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def bench_cycle(
+    depths: Annotated[
+        str, typer.Option(help="queued jobs per measurement, comma-separated")
+    ] = "1000,10000,100000",
+    runs: Annotated[int, typer.Option(min=1, help="timed cycles per depth")] = 7,
+    seed: int = 1,
+    json_out: JsonOut = None,
+) -> None:
+    try:
+        sizes = [int(d) for d in depths.split(",") if d.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"{depths!r}: give whole numbers separated by commas, e.g. 1000,10000",
+            param_hint="--depths",
+        ) from None
+    if not sizes or any(not 1 <= d <= 1_000_000 for d in sizes):
+        raise typer.BadParameter("each depth must be 1..1,000,000", param_hint="--depths")
+    run_bench(Options(depths=sizes, runs=runs, seed=seed, json=json_out))
+
+
+def run_bench(args: Options) -> dict[str, Any]:
+    depths: list[int] = args.depths
     result: dict[str, Any] = {"bench": "cycle", "runs": args.runs, "depths": {}}
     print(
         f"cycle bench: {CLUSTERS} clusters x {NODES} nodes x {GPUS} GPUs, full; "
@@ -136,4 +156,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    app(prog_name="python -m load.bench_cycle")

@@ -6,51 +6,21 @@ Each program declares its options once, as the typer command `app` of its module
 --runs 3` and `python -m load.bench_e2e --runs 3` parse and run the same command. Its module is
 imported only when the command runs or its own help is asked for: a `muster status`, and the
 listing of `muster --help`, never import load/.
-
-bench_core and bench_cycle still parse their own command line with argparse: the command here
-hands them the rest of it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import sys
-from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import typer
 
-Main = Callable[[list[str]], Any]
-
-# Unknown options and --help go to the program's own parser.
+# Unknown options and --help go to the program's own command.
 _PASS_THROUGH: dict[str, Any] = {
     "allow_extra_args": True,
     "ignore_unknown_options": True,
     "help_option_names": [],
 }
-
-
-def _exit_status(result: Any) -> int:
-    """A program's `main` returns its exit status, or its result dict (0)."""
-    return result if isinstance(result, int) else 0
-
-
-@contextlib.contextmanager
-def _program_name(name: str) -> Iterator[None]:
-    """argparse names the program after sys.argv[0]: `muster bench core` in its usage line."""
-    saved = sys.argv[0]
-    sys.argv[0] = name
-    try:
-        yield
-    finally:
-        sys.argv[0] = saved
-
-
-def run_program(main: Main, args: Sequence[str], name: str) -> None:
-    with _program_name(name):
-        status = _exit_status(main(list(args)))
-    raise typer.Exit(status)
 
 
 class _Program(typer.core.TyperCommand):
@@ -63,9 +33,7 @@ class _Program(typer.core.TyperCommand):
     def make_context(
         self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
     ) -> Any:
-        own: typer.Typer | None = getattr(importlib.import_module(self.module), "app", None)
-        if own is None:  # an argparse program: this command hands it the command line
-            return super().make_context(info_name, args, parent=parent, **extra)
+        own: typer.Typer = importlib.import_module(self.module).app
         return typer.main.get_command(own).make_context(info_name, args, parent=parent, **extra)
 
 
@@ -73,9 +41,8 @@ def _command(app: typer.Typer, name: str, module: str, help_text: str) -> None:
     # A sibling module of this package, by name: imported only when its command runs.
     program = type(f"_Program_{module}", (_Program,), {"module": f"load.{module}"})
 
-    def command(ctx: typer.Context) -> None:
-        main: Main = importlib.import_module(f"load.{module}").main
-        run_program(main, ctx.args, ctx.command_path)
+    def command() -> None:
+        pass  # never called: `_Program.make_context` hands the run to the program's own command
 
     command.__doc__ = help_text
     app.command(name, cls=program, context_settings=_PASS_THROUGH, add_help_option=False)(command)
