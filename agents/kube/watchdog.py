@@ -31,7 +31,7 @@ from agents.kube.auth import TokenRefresher
 from agents.kube.client import KubeApiError, KubeRest, Outage, item_path, sleep_or_stop
 from agents.kube.decode import KObject
 from agents.kube.fence import fence_until
-from kinds.base import Resource
+from kinds.base import ANN_JOB, Resource
 from kinds.pods import selector
 from kinds.registry import FENCED_RESOURCES
 from schemas import healthz
@@ -113,7 +113,7 @@ class FenceWatchdog:
                         "fence lapsed; workload object deleted",
                         kind=res.kind,
                         name=obj.metadata.name,
-                        job_id=obj.metadata.annotations.get("muster.dev/job-id", ""),
+                        job_id=obj.metadata.annotations.get(ANN_JOB, ""),
                         late_s=round(late, 1),
                     )
         self.sweeps += 1

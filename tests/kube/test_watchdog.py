@@ -6,6 +6,8 @@ Time is the injected clock; only the retry loop runs on (short) real timers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -14,13 +16,16 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 
 from agents.kube.client import KubeRest
 from agents.kube.fence import ANN_FENCE_UNTIL, PATCH_STEP_S
-from agents.kube.watchdog import FenceWatchdog, WatchdogCollector, WatchdogConfig
+from agents.kube.watchdog import FenceWatchdog, WatchdogCollector, WatchdogConfig, serve
+from kinds.kubeflow import PYTORCHJOB
+from kinds.plan import owner_reference
 from schemas.agent import Dispatch
 from tests.kube.conftest import NOW, NS, PODS, Clock, Recorder, manifest_dispatch, pod
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.test_manifests import PYTORCHJOB_YAML
+from tests.kube.test_watches import expiry, write_kubeconfig
 
-PYTORCHJOBS = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
+PYTORCHJOBS = PYTORCHJOB.collection(NS)
 FENCE_AFTER_S = 20.0
 SKEW_S = 2.0
 
@@ -49,16 +54,8 @@ def operator_pod(server: FakeApiServer, path: str, index: int) -> str:
     job = server.get(path)
     assert job is not None
     p = pod(f"{job['metadata']['name']}-worker-{index}", f"n{index}", namespace=NS, gpu=2)
-    p["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": "kubeflow.org/v1",
-            "kind": "PyTorchJob",
-            "name": job["metadata"]["name"],
-            "uid": job["metadata"]["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
+    meta = job["metadata"]
+    p["metadata"]["ownerReferences"] = [owner_reference(PYTORCHJOB, meta["name"], meta["uid"])]
     server.put(PODS, p)
     return f"{PODS}/{p['metadata']['name']}"
 
@@ -219,3 +216,27 @@ async def test_api_errors_are_retried(
         assert watchdog.rest.throttled == 3 and watchdog.failures == 0
     else:  # each failure fails one sweep, retried after a backoff
         assert watchdog.failures == 3
+
+
+async def test_the_process_entry_reads_a_kubeconfig_and_deletes_lapsed_objects(
+    apiserver: FakeApiServer, make_backend: Any, tmp_path: Path
+) -> None:
+    """`muster fence-watchdog`'s coroutine, on its own API client and the wall clock (the
+    stand-in backend's clock is decades behind it, so its fence is long past)."""
+    kubeconfig, token_file = write_kubeconfig(tmp_path, apiserver.url)
+    token_file.write_text(f"t1 {expiry(3600)}")
+    backend, _ = await make_backend(fence_watchdog=True)
+    await backend.dispatch(pytorch_dispatch("lapsed"))
+    await backend.dispatch(pytorch_dispatch("unfenced", fence_after_s=0))
+    await backend.stop()
+    lapsed, unfenced = job_path(apiserver, "lapsed"), job_path(apiserver, "unfenced")
+    apiserver.tokens = {"t1"}  # from now on only the kubeconfig's token is accepted
+    config = WatchdogConfig(namespace=NS, period_s=0.05)
+    task = asyncio.create_task(serve(config, in_cluster=False, kubeconfig=str(kubeconfig)))
+    try:
+        await Recorder().wait_for(lambda: apiserver.get(lapsed) is None)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert apiserver.get(unfenced) is not None
