@@ -121,6 +121,7 @@ from kinds.base import (
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_TOP,
+    POD,
     SERVICE,
     Resource,
 )
@@ -1210,14 +1211,22 @@ class KubeBackend:
         if self._untils.fenced(key) or key not in self._workloads:
             return
         w = self._workloads[key]
-        for collection, reflector in self.job_reflectors.items():
-            for job in reflector.cache.values():
-                until = fence_until(job.metadata.annotations)
-                if until is None or _owned_key(job.metadata) != key:
-                    continue
-                if (collection, job.metadata.name) not in w.objects:
-                    w.objects.append((collection, job.metadata.name))
-                self._untils.created(key, (collection, job.metadata.name), until)
+        metas = [
+            (collection, job.metadata)
+            for collection, reflector in self.job_reflectors.items()
+            for job in reflector.cache.values()
+        ]
+        if self.muster_pod_reflector is not None:  # the pods Muster created itself (Pod kinds)
+            pods = POD.collection(self.config.namespace)
+            cache = self.muster_pod_reflector.cache.values()
+            metas += [(pods, p.metadata) for p in cache if LABEL_TOP in p.metadata.labels]
+        for collection, meta in metas:
+            until = fence_until(meta.annotations)
+            if until is None or _owned_key(meta) != key:
+                continue
+            if (collection, meta.name) not in w.objects:
+                w.objects.append((collection, meta.name))
+            self._untils.created(key, (collection, meta.name), until)
 
     def _hold_all(self, key: Key) -> None:
         """The attempt ended here: its pods still running or terminating keep their GPUs."""

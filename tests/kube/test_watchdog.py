@@ -155,13 +155,26 @@ async def test_unfenced_foreign_and_extended_objects_are_left_alone(
     assert apiserver.rejected == []
 
 
+POD_YAML = (
+    "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: i}]}"
+)
+
+
+@pytest.mark.parametrize("manifest", [PYTORCHJOB_YAML, POD_YAML], ids=["pytorchjob", "pod"])
 async def test_a_restarted_agent_takes_up_the_annotation(
-    apiserver: FakeApiServer, make_backend: Any
+    apiserver: FakeApiServer, make_backend: Any, manifest: str
 ) -> None:
+    """Else the watchdog would end a healthy attempt at the fence it was created with."""
     clock = Clock()
     first, _ = await make_backend(clock=clock, fence_watchdog=True)
-    await first.dispatch(pytorch_dispatch("pt-2"))
-    path = job_path(apiserver, "pt-2")
+    cmd = msgspec.structs.replace(
+        manifest_dispatch(manifest, job_id="pt-2", attempt=1), fence_after_s=FENCE_AFTER_S
+    )
+    await first.dispatch(cmd)
+    (collection, name) = first._workloads[("pt-2", 1)].objects[0]
+    path = f"{collection}/{name}"
+    assert collection.endswith("/pods" if manifest == POD_YAML else "/pytorchjobs")
+    assert until_of(apiserver, path) == f"{NOW + FENCE_AFTER_S:.3f}"
     await first.stop()
     clock.advance(10)
     backend, _ = await make_backend(clock=clock, fence_watchdog=True)
@@ -169,6 +182,7 @@ async def test_a_restarted_agent_takes_up_the_annotation(
     await Recorder().wait_for(lambda: backend.fences("pt-2", 1))
     await backend.fence("pt-2", 1, clock.now + FENCE_AFTER_S)
     assert until_of(apiserver, path) == f"{NOW + 30:.3f}"
+    assert apiserver.rejected == []
 
 
 async def test_without_the_watchdog_operator_kinds_keep_the_self_fence(
