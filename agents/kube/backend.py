@@ -1044,6 +1044,11 @@ class KubeBackend:
                 if created is None and any(o.owner == obj.name for o in plan.objects):
                     uid = await self.rest.uid_of(collection, obj.name)
                 uids[obj.name] = str(uid or "")
+                if created is None and until is not None:
+                    # a retried dispatch: the existing object keeps the fence of the first try
+                    await self.rest.merge_patch(
+                        item_path(collection, obj.name), FenceUntils.patch(until)
+                    )
             except KubeApiError as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:

@@ -185,6 +185,21 @@ async def test_a_restarted_agent_takes_up_the_annotation(
     assert apiserver.rejected == []
 
 
+async def test_a_retried_dispatch_renews_the_existing_objects_fence(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    clock = Clock()
+    backend, _ = await make_backend(clock=clock, fence_watchdog=True)
+    await backend.dispatch(pytorch_dispatch("pt-5"))
+    path = job_path(apiserver, "pt-5")
+    clock.advance(10)
+    await backend.dispatch(pytorch_dispatch("pt-5"))  # 409: it exists
+    assert until_of(apiserver, path) == f"{NOW + 10 + FENCE_AFTER_S:.3f}"
+    clock.advance(PATCH_STEP_S)
+    await backend.fence("pt-5", 1, clock.now + FENCE_AFTER_S)
+    assert until_of(apiserver, path) == f"{clock.now + FENCE_AFTER_S:.3f}"
+
+
 async def test_without_the_watchdog_operator_kinds_keep_the_self_fence(
     apiserver: FakeApiServer, make_backend: Any
 ) -> None:
