@@ -75,6 +75,54 @@ def agent(
     serve(until_signal(run_fleet(configs, opts, metrics_port, metrics_addr)))
 
 
+@app.command("fence-watchdog")
+def fence_watchdog(
+    namespace: Annotated[str, typer.Option("--namespace", help="the workload namespace")] = (
+        "muster-workloads"
+    ),
+    period: Annotated[
+        float, typer.Option("--period", help="seconds between sweeps", min=0.1, max=600)
+    ] = 5.0,
+    skew: Annotated[
+        float,
+        typer.Option("--skew", help="seconds a fence must be past before deleting", min=0, max=600),
+    ] = 2.0,
+    in_cluster: Annotated[
+        bool, typer.Option("--in-cluster", help="use the pod's service account")
+    ] = False,
+    kubeconfig: Annotated[
+        str | None, typer.Option("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
+    ] = None,
+    log_level: LogLevelOpt = LogLevel.info,
+    log_format: LogFormatFlag = None,
+    metrics_port: MetricsPort = None,
+    metrics_addr: MetricsAddr = "127.0.0.1",
+) -> None:
+    """Delete Muster's workload objects whose fence lapsed (a hung agent no longer extends it),
+    so the cluster ends their pods without the agent. Runs beside a kube agent whose config
+    sets `fence_watchdog: true`."""
+    configure_logging(log_level.value, log_format.value if log_format else None)
+    import msgspec  # the watchdog's imports, only when it runs
+
+    from agents.kube.watchdog import WatchdogConfig
+    from agents.kube.watchdog import serve as serve_watchdog
+    from agents.main import until_signal
+
+    raw = {"namespace": namespace, "period_s": period, "skew_s": skew}
+    try:
+        config = msgspec.convert(raw, WatchdogConfig)
+    except msgspec.ValidationError as exc:
+        fail(f"fence-watchdog: {exc} (--namespace must be a DNS label)")
+    coro = serve_watchdog(
+        config,
+        in_cluster=in_cluster,
+        kubeconfig=kubeconfig,
+        metrics_port=metrics_port,
+        metrics_addr=metrics_addr,
+    )
+    serve(until_signal(coro))
+
+
 # The same command under the name the demos and load tests use for many fake clusters.
 app.command(
     "fleet", help="Run many (fake) cluster agents in one process, for demos and load tests."

@@ -83,9 +83,22 @@ def namespace_rules() -> frozenset[Rule]:
     }
     rules |= {Rule(r.group, r.plural, "watch") for r in STATUS_RESOURCES}
     rules.add(Rule("", "pods", "patch"))
-    # a batch Job's activeDeadlineSeconds carries the broker-granted fence (agents/kube/fence.py)
-    rules.add(Rule("batch", "jobs", "patch"))
+    # a batch Job's activeDeadlineSeconds carries the broker-granted fence (agents/kube/fence.py),
+    # and every workload object its fence annotation, for the fence watchdog
+    rules |= {Rule(r.group, r.plural, "patch") for r in FENCED_RESOURCES}
     return frozenset(rules - CLUSTER_RULES)
+
+
+# The kinds whose objects carry the fence annotation (every owned kind but Services, which run
+# nothing): what the fence watchdog lists and deletes.
+FENCED_RESOURCES: tuple[Resource, ...] = tuple(r for r in OWNED_RESOURCES if r != SERVICE)
+
+
+def watchdog_rules() -> frozenset[Rule]:
+    """The fence watchdog's Role in the workload namespace: list and delete, nothing else."""
+    return frozenset(
+        Rule(r.group, r.plural, v) for r in FENCED_RESOURCES for v in ("list", "delete")
+    )
 
 
 def known_kinds() -> dict[tuple[str, str], str]:

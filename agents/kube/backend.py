@@ -87,7 +87,16 @@ from agents.kube.decode import (
     parse_time,
     pod_usage,
 )
-from agents.kube.fence import JobDeadlines, annotated_deadline, is_batch_job, job_start
+from agents.kube.fence import (
+    ANN_FENCE_UNTIL,
+    FenceUntils,
+    JobDeadlines,
+    annotated_deadline,
+    fence_until,
+    format_until,
+    is_batch_job,
+    job_start,
+)
 from agents.kube.logs import read_pod_logs
 from agents.kube.nodes import (
     GpuState,
@@ -112,6 +121,8 @@ from kinds.base import (
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_TOP,
+    POD,
+    SERVICE,
     Resource,
 )
 from kinds.base import KindError as ManifestError
@@ -234,6 +245,7 @@ class KubeBackend:
         }
         self.job_reflectors: dict[str, Reflector[KJob]] = {}  # by collection
         self._deadlines = JobDeadlines(clock)  # batch Jobs' activeDeadlineSeconds fences
+        self._untils = FenceUntils(clock)  # fence annotations the watchdog enforces
         self.bad_objects = 0  # workload objects whose status did not decode
         self.log = log.bind(cluster=cluster)
 
@@ -1024,13 +1036,19 @@ class KubeBackend:
                 w.objects.append((collection, obj.name))
             if collection in self._status_kinds:
                 w.expect_object((collection, obj.name))
+            until = self._fence_annotation(cmd, obj)
             try:
-                body = self._owned(obj, plan.objects, uids)
+                body = self._owned(obj, plan.objects, uids, until)
                 created = await self.rest.create(collection, body)
                 uid = (created or {}).get("metadata", {}).get("uid")
                 if created is None and any(o.owner == obj.name for o in plan.objects):
                     uid = await self.rest.uid_of(collection, obj.name)
                 uids[obj.name] = str(uid or "")
+                if created is None and until is not None:
+                    # a retried dispatch: the existing object keeps the fence of the first try
+                    await self.rest.merge_patch(
+                        item_path(collection, obj.name), FenceUntils.patch(until)
+                    )
             except KubeApiError as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:
@@ -1039,6 +1057,8 @@ class KubeBackend:
             deadline = obj.body.get("spec", {}).get("activeDeadlineSeconds")
             if is_batch_job(collection) and isinstance(deadline, int):
                 self._deadlines.created(key, obj.name, deadline)
+            if until is not None:
+                self._untils.created(key, (collection, obj.name), until)
         self._report(w)
         if cmd.attempt > 1:
             # Older attempts go in the background: the ack (and so the new attempt's start)
@@ -1047,11 +1067,27 @@ class KubeBackend:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
+    def _fence_annotation(self, cmd: Dispatch, obj: PlannedObject) -> float | None:
+        """The fence deadline a workload object is created with, for the watchdog; None
+        without a watchdog, without a fence, and for Services (they run nothing)."""
+        labels = obj.body.get("metadata", {}).get("labels", {})
+        if not self.config.fence_watchdog or cmd.fence_after_s <= 0 or obj.resource == SERVICE:
+            return None
+        return self._clock() + cmd.fence_after_s if LABEL_TOP in labels else None
+
     @staticmethod
     def _owned(
-        obj: PlannedObject, objects: list[PlannedObject], uids: dict[str, str]
+        obj: PlannedObject,
+        objects: list[PlannedObject],
+        uids: dict[str, str],
+        until: float | None = None,
     ) -> dict[str, Any]:
-        """The body with its controller reference, when the plan names an owner."""
+        """The body with its controller reference, when the plan names an owner, and its
+        fence annotation, when it has one."""
+        if until is not None:
+            meta = obj.body["metadata"]
+            annotations = {**meta.get("annotations", {}), ANN_FENCE_UNTIL: format_until(until)}
+            obj = obj._replace(body={**obj.body, "metadata": {**meta, "annotations": annotations}})
         if not obj.owner:
             return obj.body
         owner = next(o for o in objects if o.name == obj.owner)
@@ -1067,6 +1103,7 @@ class KubeBackend:
 
     async def _gc_older(self, job_id: str, attempt: int) -> None:
         self._deadlines.forget(job_id, lambda a: a >= attempt)
+        self._untils.forget(job_id, lambda a: a >= attempt)
         try:
             await self._delete_attempts(job_id, lambda a: a >= attempt, "older attempt")
         except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
@@ -1084,6 +1121,7 @@ class KubeBackend:
             return attempt is not None and a != attempt
 
         self._deadlines.forget(job_id, keep)
+        self._untils.forget(job_id, keep)
         try:
             await self._delete_attempts(job_id, keep, reason or "cancel")
         except KubeApiError as exc:
@@ -1098,10 +1136,14 @@ class KubeBackend:
     # the Job controller enforces without the agent (agents/kube/fence.py)
     def fences(self, job_id: str, attempt: int) -> bool:
         """Whether the cluster itself ends this attempt when its fence lapses. Only for
-        batch Jobs created with a deadline; other kinds keep the agent's self-fence."""
+        batch Jobs created with a deadline, and with a fence watchdog for every object that
+        carries the fence annotation; otherwise the agent's self-fence."""
         key = (job_id, attempt)
         self._adopt_deadlines(key)
-        return self._deadlines.fenced(key)
+        self._adopt_untils(key)
+        return self._deadlines.fenced(key) or (
+            self.config.fence_watchdog and self._untils.fenced(key)
+        )
 
     def fence_after(self, job_id: str, attempt: int) -> float:
         """The fence window an attempt found at startup was dispatched with (0: none)."""
@@ -1117,6 +1159,7 @@ class KubeBackend:
         if w is None or w.cancelled or self._is_cancelled(key):
             return
         self._adopt_deadlines(key)
+        self._adopt_untils(key)
         starts: dict[str, float | None] = {}
 
         def start_of(name: str) -> float | None:
@@ -1135,6 +1178,12 @@ class KubeBackend:
             except KubeApiError as exc:
                 raise BackendError(f"fence of Job {name}: {exc}") from None
             self._deadlines.patched(key, name, seconds)
+        for item in self._untils.due(key, until):
+            try:
+                await self.rest.merge_patch(item_path(*item), FenceUntils.patch(until))
+            except KubeApiError as exc:
+                raise BackendError(f"fence of {item[1]}: {exc}") from None
+            self._untils.patched(key, item, until)
 
     def _attempt_jobs(self, key: Key) -> list[tuple[str, KJob]]:
         out = []
@@ -1160,6 +1209,29 @@ class KubeBackend:
             if (collection, name) not in w.objects:
                 w.objects.append((collection, name))
             self._deadlines.created(key, name, found[1], job_start(job.status))
+
+    def _adopt_untils(self, key: Key) -> None:
+        """Objects of an attempt this agent did not create carry their fence annotation:
+        take it up, so the healthy agent keeps moving it."""
+        if self._untils.fenced(key) or key not in self._workloads:
+            return
+        w = self._workloads[key]
+        metas = [
+            (collection, job.metadata)
+            for collection, reflector in self.job_reflectors.items()
+            for job in reflector.cache.values()
+        ]
+        if self.muster_pod_reflector is not None:  # the pods Muster created itself (Pod kinds)
+            pods = POD.collection(self.config.namespace)
+            cache = self.muster_pod_reflector.cache.values()
+            metas += [(pods, p.metadata) for p in cache if LABEL_TOP in p.metadata.labels]
+        for collection, meta in metas:
+            until = fence_until(meta.annotations)
+            if until is None or _owned_key(meta) != key:
+                continue
+            if (collection, meta.name) not in w.objects:
+                w.objects.append((collection, meta.name))
+            self._untils.created(key, (collection, meta.name), until)
 
     def _hold_all(self, key: Key) -> None:
         """The attempt ended here: its pods still running or terminating keep their GPUs."""

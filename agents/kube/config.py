@@ -163,6 +163,11 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     backoff_initial_s: Annotated[float, Meta(gt=0, le=60)] = 0.2
     backoff_max_s: Annotated[float, Meta(gt=0, le=600)] = 30.0
     delete_propagation: Literal["Background", "Foreground"] = "Background"
+    # A fence watchdog (deploy/watchdog/) runs beside this agent: every workload object then
+    # carries its fence as the annotation muster.dev/fence-until, the watchdog deletes it once
+    # lapsed, and the cluster fences every kind without the agent. Safe only while the fence
+    # window exceeds the watchdog's period + skew + the pods' termination grace.
+    fence_watchdog: bool = False
     # Finished workload objects delete themselves after this long (ttlSecondsAfterFinished,
     # where the kind has it); the agent's own garbage collection covers the rest.
     ttl_seconds_after_finished: Annotated[int, Meta(ge=0, le=30 * 86_400)] | None = 3600

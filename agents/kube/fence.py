@@ -12,7 +12,10 @@ lowered once the pod exists (the API server answers 422 "must be less than or eq
 previous value" to a raise), and a Job's pod template is immutable, so a pod-level deadline
 cannot follow a fence that keeps moving. Kinds whose pods an operator creates from its own
 templates (Kubeflow jobs, JobSet, RayJob, TrainJob, Volcano) have no extendable field the
-agent could use for this; their attempts keep the agent's self-fence (docs/kubernetes.md).
+agent could use for this. For them (and for every kind) the agent also writes the fence as
+an absolute deadline in the annotation `muster.dev/fence-until` and moves it forward; a
+separate watchdog (agents/kube/watchdog.py) deletes any object whose annotation has lapsed, so
+the operators end the pods without the agent (docs/kubernetes.md).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Callable
 import msgspec
 
 from agents.kube.decode import parse_time
+from kinds.base import DOMAIN
 from kinds.batch import ANN_FENCE_AFTER, ANN_FENCE_DEADLINE, BATCH_JOB
 
 # A fence is re-patched only once it has grown this much, so a healthy agent makes one
@@ -29,6 +33,11 @@ from kinds.batch import ANN_FENCE_AFTER, ANN_FENCE_DEADLINE, BATCH_JOB
 PATCH_STEP_S = 5.0
 
 Key = tuple[str, int]  # (job_id, attempt)
+Item = tuple[str, str]  # (collection, name)
+
+# The fence as an absolute deadline (unix seconds) on every workload object Muster creates:
+# what the fence watchdog enforces without the agent.
+ANN_FENCE_UNTIL = f"{DOMAIN}/fence-until"
 
 
 class _Started(msgspec.Struct):
@@ -114,3 +123,51 @@ class JobDeadlines:
             "metadata": {"annotations": {ANN_FENCE_DEADLINE: str(seconds)}},
             "spec": {"activeDeadlineSeconds": seconds},
         }
+
+
+def fence_until(annotations: dict[str, str]) -> float | None:
+    """The deadline an object's fence annotation holds; None without one (never fenced)."""
+    try:
+        return float(annotations[ANN_FENCE_UNTIL])
+    except (KeyError, ValueError):
+        return None
+
+
+class FenceUntils:
+    """Per attempt, per object: the fence deadline its annotation holds, as last written."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._objects: dict[Key, dict[Item, float]] = {}
+
+    def created(self, key: Key, item: Item, until: float) -> None:
+        self._objects.setdefault(key, {}).setdefault(item, until)
+
+    def forget(self, job_id: str, keep: Callable[[int], bool] = lambda _: False) -> None:
+        for key in [k for k in self._objects if k[0] == job_id and not keep(k[1])]:
+            del self._objects[key]
+
+    def fenced(self, key: Key) -> bool:
+        return bool(self._objects.get(key))
+
+    def due(self, key: Key, until: float) -> list[Item]:
+        """The objects whose annotation should move to `until`: once it grew a step, and
+        never for one already lapsed (the watchdog ends it; nothing may revive it)."""
+        now = self._clock()
+        return [
+            item
+            for item, current in self._objects.get(key, {}).items()
+            if current > now and until >= current + PATCH_STEP_S
+        ]
+
+    def patched(self, key: Key, item: Item, until: float) -> None:
+        self._objects[key][item] = until
+
+    @staticmethod
+    def patch(until: float) -> dict[str, object]:
+        """The merge patch that moves an object's fence annotation (allowed on every kind)."""
+        return {"metadata": {"annotations": {ANN_FENCE_UNTIL: format_until(until)}}}
+
+
+def format_until(until: float) -> str:
+    return f"{until:.3f}"

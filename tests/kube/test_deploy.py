@@ -23,10 +23,13 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from agents.config import convert_agent_config
 from agents.kube.backend import KubeBackend
+from agents.kube.client import KubeRest
 from agents.kube.fence import job_start
 from agents.kube.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule
+from agents.kube.watchdog import FenceWatchdog, WatchdogConfig
 from broker.config import parse_config
 from broker.embedded import free_port
+from kinds.registry import watchdog_rules
 from schemas import healthz
 from schemas.agent import Dispatch, PodSetAssignment
 from schemas.job import JobSpec
@@ -80,11 +83,11 @@ def test_every_yaml_parses_and_names_itself() -> None:
         assert d.get("apiVersion") and d.get("kind") and d["metadata"].get("name"), (path, d)
 
 
-def rbac_rules(kind: str) -> set[Rule]:
+def rbac_rules(kind: str, component: str = "agent") -> set[Rule]:
     rules: set[Rule] = set()
     for _, d in all_docs():
         labels = d.get("metadata", {}).get("labels", {})
-        if d.get("kind") != kind or labels.get("app.kubernetes.io/component") != "agent":
+        if d.get("kind") != kind or labels.get("app.kubernetes.io/component") != component:
             continue
         for r in d["rules"]:
             for g in r["apiGroups"]:
@@ -112,6 +115,46 @@ def test_agent_rbac_matches_what_the_backend_needs() -> None:
             ]
 
 
+def test_fence_watchdog_rbac_is_list_and_delete_of_workload_kinds() -> None:
+    assert rbac_rules("Role", "fence-watchdog") == watchdog_rules()
+    assert rbac_rules("ClusterRole", "fence-watchdog") == set()
+    (binding,) = [
+        d
+        for _, d in all_docs()
+        if d.get("kind") == "RoleBinding" and d["roleRef"]["name"] == "muster-fence-watchdog"
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "muster-fence-watchdog", "namespace": "muster-system"}
+    ]
+    (deployment,) = [
+        d for d in _kind("Deployment") if d["metadata"]["name"] == binding["roleRef"]["name"]
+    ]
+    pod_spec = deployment["spec"]["template"]["spec"]
+    assert pod_spec["serviceAccountName"] == "muster-fence-watchdog"
+    (container,) = pod_spec["containers"]
+    assert container["args"][0] == "fence-watchdog" and "--in-cluster" in container["args"]
+    # Deployed with the agent, whose config then fences every kind by the annotation.
+    assert "watchdog.yaml" in docs(DEPLOY / "agent" / "kustomization.yaml")[0]["resources"]
+    agent_cfg = yaml.safe_load(configmap_data("muster-agent-config", "agent.yaml"))
+    assert agent_cfg["kube"]["fence_watchdog"] is True
+    ns = agent_cfg["kube"]["namespace"]
+    assert f"--namespace={ns}" in container["args"]
+
+
+async def test_fence_watchdog_requests_are_within_its_rbac(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    watchdog = FenceWatchdog(KubeRest(api_client), WatchdogConfig(namespace=NS))
+    await watchdog.sweep()
+    used = set()
+    for method, path, query in apiserver.requests:
+        route = parse_path(path)
+        assert route is not None and route.namespace == NS, path
+        group = route.res[0].rsplit("/", 1)[0] if "/" in route.res[0] else ""
+        used.add(Rule(group, route.res[1], _verb(method, route.name, query)))
+    assert used == {r for r in watchdog_rules() if r.verb == "list"}
+
+
 def _verb(method: str, name: str | None, query: dict[str, str]) -> str:
     if method == "GET":
         if name is not None:
@@ -124,7 +167,7 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
     apiserver.put(NODES, node("n1"))
-    backend = KubeBackend("c1", make_config(), api_client=api_client)
+    backend = KubeBackend("c1", make_config(fence_watchdog=True), api_client=api_client)
     await backend.start(Recorder())
     gang = {
         "name": "x",
@@ -168,8 +211,12 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
             )
         )
     cmds += [manifest_dispatch(t, {}, job_id=f"m{i}", attempt=1) for i, t in enumerate(texts)]
+    # With a fence watchdog every workload object carries its fence annotation, which the
+    # agent moves forward: patch on every kind.
+    cmds = [msgspec.structs.replace(c, fence_after_s=20.0) for c in cmds]
     for cmd in cmds:
         await backend.dispatch(cmd)
+        await backend.fence(cmd.job_id, cmd.attempt, time.time() + 60)
     # A retried dispatch whose Job exists (409) reads the Job's uid for the Service it owns.
     apiserver.remove(f"/api/v1/namespaces/{NS}/services/indexed-job-job-a1")
     await backend.dispatch(cmds[0])
