@@ -20,14 +20,15 @@ import pytest
 from load.vopr import QUIET, Faults, SimFailure, World, run_many, run_seed
 
 KNOWN_GAPS = frozenset({"completed-twice"})
-BUDGET_S = 40.0
+SEEDS = 1000  # a fixed sweep: the same seeds every run, however busy the machine
+BOUND_S = 900.0  # only a bound on a runaway sweep, far above its ~75 s
 
 
-def test_thousands_of_seeds_keep_every_invariant() -> None:
-    n, failures, totals = run_many(range(0, 5000), budget_s=BUDGET_S, tolerate=KNOWN_GAPS)
+def test_a_thousand_seeds_keep_every_invariant() -> None:
+    n, failures, totals = run_many(range(SEEDS), budget_s=BOUND_S, tolerate=KNOWN_GAPS)
     assert not failures, "\n".join(msg for _, msg in failures[:5])
     # the sweep really ran and really injected faults
-    assert n >= 300, n
+    assert n == SEEDS, n
     for fault in ("broker_crashes", "agent_restarts", "agent_freezes", "partitions"):
         assert totals[fault] > 0, (fault, totals)
 
