@@ -42,6 +42,7 @@ from broker.core.records import record_decoder, record_encoder
 from load.command import program, summary
 from schemas.agent import (
     AgentEvent,
+    Applied,
     Cancel,
     CheckpointNow,
     CheckpointReport,
@@ -68,11 +69,6 @@ from schemas.config import (
     Timeouts,
 )
 from schemas.job import CheckpointSpec, JobSpec, PodSet
-
-try:  # agents acknowledge-able outcomes and broker-renewed fences, where the protocol has them
-    from schemas.agent import Applied as _APPLIED
-except ImportError:  # pragma: no cover - older protocol
-    _APPLIED = None  # type: ignore[assignment,misc]
 
 GiB = 1 << 30
 START_AT = 1_000_000.0
@@ -293,8 +289,7 @@ class SimAgent:
             reply(CommandAck(ok=False, stale_epoch=True, error="stale epoch"))
             return
         self.max_epoch = cmd.epoch
-        applied = _APPLIED
-        if applied is not None and isinstance(cmd, applied):
+        if isinstance(cmd, Applied):
             self._on_applied(cmd)
             reply(CommandAck(ok=True))
             return
@@ -350,7 +345,7 @@ class SimAgent:
             step=cmd.resume_from.step if cmd.resume_from is not None else 0,
         )
         self.fence_after[(cmd.job_id, cmd.attempt)] = cmd.fence_after_s
-        if _APPLIED is not None and cmd.fence_after_s > 0:
+        if cmd.fence_after_s > 0:
             self.work[(cmd.job_id, cmd.attempt)].fence_until = self.w.clock.now + cmd.fence_after_s
         track.highest = cmd.attempt
         track.live.add(cmd.attempt)
@@ -404,8 +399,6 @@ class SimAgent:
         if self.alive():
             if self.linked():
                 self.last_contact = now
-            if _APPLIED is None:
-                self._fence(now)
             self._flush(now)
         self._faults(now)
         if not w.finished:
@@ -436,22 +429,7 @@ class SimAgent:
             elif wk.ckpt_every is not None and wk.since_ckpt >= wk.ckpt_every:
                 self._checkpoint(wk)
 
-    def _fence(self, now: float) -> None:
-        cut_for = now - self.last_contact
-        if cut_for < 1.0:
-            return
-        for (job_id, attempt), after in list(self.fence_after.items()):
-            if (job_id, attempt) not in self.work:
-                del self.fence_after[(job_id, attempt)]
-                continue
-            if after > 0 and cut_for >= after:
-                self._end(job_id, attempt, None)
-                track = self.tracks.setdefault(job_id, _JobTrack())
-                track.live.discard(attempt)
-                track.cancelled_upto = max(track.cancelled_upto, attempt)
-                self.w.stats["fenced"] += 1
-
-    def _on_applied(self, cmd: Any) -> None:
+    def _on_applied(self, cmd: Applied) -> None:
         """The broker persisted our batches up to cmd.seq: extend fences from when it left."""
         if cmd.instance != self.instance:
             return
@@ -829,8 +807,8 @@ class World:
         error = refusal(out)
         if error:
             self.stats["batches_refused"] += 1  # a duplicate is a replay: refused, harmless
-        if self.run_effects(out) and not error and _APPLIED is not None:
-            self._send(cluster, _APPLIED(epoch=self.epoch, instance=batch.instance, seq=batch.seq))
+        if self.run_effects(out) and not error:
+            self._send(cluster, Applied(epoch=self.epoch, instance=batch.instance, seq=batch.seq))
         # A batch of heartbeats that asked for nothing changed no job: skip the checks.
         self.after_step(bool(out) or any(not isinstance(e, Heartbeat) for e in batch.events))
 
