@@ -70,7 +70,7 @@ def agent(
     name = f"muster-agent-{configs[0].cluster}" if len(configs) == 1 else "muster-fleet"
     opts = server_nats(nats, auth, name=name, resolve=True)
     assert opts is not None
-    from agents.main import run_fleet, until_signal  # the agent's imports, only when it runs
+    from agents.fleet import run_fleet, until_signal  # the agent's imports, only when it runs
 
     serve(until_signal(run_fleet(configs, opts, metrics_port, metrics_addr)))
 
@@ -104,9 +104,9 @@ def fence_watchdog(
     configure_logging(log_level.value, log_format.value if log_format else None)
     import msgspec  # the watchdog's imports, only when it runs
 
+    from agents.fleet import until_signal
     from agents.kube.watchdog import WatchdogConfig
     from agents.kube.watchdog import serve as serve_watchdog
-    from agents.main import until_signal
 
     raw = {"namespace": namespace, "period_s": period, "skew_s": skew}
     try:

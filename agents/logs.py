@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agents.backend import BackendError
+from agents.backend import Backend, BackendError
 from schemas.agent import MAX_LOG_CHUNK_BYTES, MAX_LOG_LINE, LogChunk, LogRequest
 from schemas.codec import DecodeError, encode_json, json_decoder
-
-if TYPE_CHECKING:
-    from agents.runtime import AgentRuntime
 
 log = structlog.get_logger("muster.agent.logs")
 _decode = json_decoder(LogRequest, "LogRequest")
@@ -31,15 +29,16 @@ FOLLOW_POLL_S = 0.5
 
 
 class LogServer:
-    def __init__(self, runtime: AgentRuntime) -> None:
-        self.runtime = runtime
-        self.cluster = runtime.cluster
-        self.subject = runtime.subjects.agent_logs(runtime.cluster)
+    def __init__(self, nc: Client, subject: str, cluster: str, backend: Backend) -> None:
+        self.nc = nc
+        self.backend = backend
+        self.cluster = cluster
+        self.subject = subject
         self.streams: set[asyncio.Task[None]] = set()
         self._sub: Any = None
 
     async def start(self) -> None:
-        self._sub = await self.runtime.nc.subscribe(self.subject, cb=self._on_request)
+        self._sub = await self.nc.subscribe(self.subject, cb=self._on_request)
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -72,11 +71,11 @@ class LogServer:
 
     async def _send(self, reply: str, chunk: LogChunk) -> None:
         with contextlib.suppress(Exception):
-            await self.runtime.nc.publish(reply, encode_json(chunk))
+            await self.nc.publish(reply, encode_json(chunk))
 
     async def _stream(self, req: LogRequest, reply: str) -> None:
         seq = 0
-        reader = getattr(self.runtime.backend, "read_logs", None)
+        reader = getattr(self.backend, "read_logs", None)
         if reader is None:
             error = f"the agent of cluster {self.cluster!r} cannot read logs"
             await self._send(reply, LogChunk(seq=0, eof=True, error=error))

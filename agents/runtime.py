@@ -156,7 +156,9 @@ class AgentRuntime:
         self.log = self.log.bind(instance=self.instance)
         await self.backend.start(self._emit)
         self._sub = await self.nc.subscribe(self.cmd_subject, cb=self._on_msg)
-        self._logs = LogServer(self)
+        self._logs = LogServer(
+            self.nc, self.subjects.agent_logs(self.cluster), self.cluster, self.backend
+        )
         await self._logs.start()
         with contextlib.suppress(Exception):  # the server knows the subscription before we speak
             await flush(self.nc, timeout=2)

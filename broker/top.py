@@ -59,7 +59,7 @@ class TopView:
         self.interruptions.observe(ev)
 
     def render(self, now: float | None = None) -> RenderableType:
-        from broker.cli import clusters_table, jobs_table, queues_table
+        from broker.render import clusters_table, jobs_table, queues_table
 
         now = time.time() if now is None else now
         parts: list[RenderableType] = [
@@ -85,7 +85,7 @@ class TopView:
 
 
 def interruptions_table(items: list[dict[str, Any]], now: float) -> Table:
-    from broker.cli import fmt_ago
+    from broker.render import fmt_ago
 
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("NOTICE", "JOB", "ATTEMPT", "CAUSE", "FROM", "TO", "RESUMED FROM", "LATENCY"):

@@ -136,7 +136,7 @@ async def _agent_main(cluster: str, url: str, records: Path, seed: int) -> None:
     """A fake cluster behind the real agent runtime, plus signal hooks for the soak:
     SIGUSR1 toggles a partition, SIGUSR2 gives a spot notice to a busy spot node."""
     from agents.config import AgentConfig, FakeClusterConfig, FakeFlavor
-    from agents.main import start_fleet
+    from agents.fleet import start_fleet
 
     rng = random.Random(seed)
     cfg = AgentConfig(

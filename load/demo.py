@@ -37,7 +37,7 @@ from rich.live import Live
 from rich.text import Text
 
 from agents.fake.cluster import AttemptRecord
-from agents.main import Fleet, start_fake_fleet
+from agents.fleet import Fleet, start_fake_fleet
 from broker.embedded import EmbeddedNats
 from broker.service import Broker
 from load import demo_scenario as scenario

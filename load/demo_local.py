@@ -31,7 +31,7 @@ import typer
 from nats.aio.client import Client
 
 from agents.config import AgentConfig, LocalClusterConfig, LocalFlavor, LocalNode
-from agents.main import Fleet, start_fleet
+from agents.fleet import Fleet, start_fleet
 from broker.embedded import EmbeddedNats
 from broker.service import Broker
 from load.command import program, summary

@@ -27,7 +27,7 @@ import nats
 from nats.aio.client import Client
 
 from agents.config import FakeClusterConfig, FakeFlavor, make_fleet_configs
-from agents.main import Fleet, start_fake_fleet
+from agents.fleet import Fleet, start_fake_fleet
 from load.common import BrokerProcess, percentile
 from load.traces import default_traces_dir, gang_shape, philly_gang_sizes
 from schemas.agent import Dispatch

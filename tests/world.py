@@ -17,7 +17,7 @@ import nats
 import pytest_asyncio
 
 from agents.config import AgentConfig, FakeClusterConfig, FakeFlavor
-from agents.main import Fleet, start_fake_fleet
+from agents.fleet import Fleet, start_fake_fleet
 from schemas.codec import decode_job_event
 from schemas.subjects import Subjects
 from tests.broker.conftest import Harness, broker_config

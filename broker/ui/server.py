@@ -11,17 +11,17 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 import structlog
 from aiohttp import web
+from nats.aio.client import Client
 
+from broker.core.machine import Machine
 from broker.ui import views
 from broker.ui.live import OVERFLOW, EventHub
-
-if TYPE_CHECKING:
-    from broker.service import Broker
+from schemas.subjects import Subjects
 
 log = structlog.get_logger("muster.ui")
 
@@ -38,6 +38,16 @@ STATIC = {
     "style.css": "text/css",
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Broker(Protocol):
+    """What the dashboard reads of the broker (`broker.service.Broker`): its machine while it
+    leads (None while it stands by), its clock and its NATS connection."""
+
+    nc: Client
+    subjects: Subjects
+    machine: Machine | None
+    clock: Callable[[], float]
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -124,7 +134,7 @@ class Dashboard:
         except views.BadRequest as exc:
             return _error(400, str(exc))
 
-    def _machine(self) -> Any:
+    def _machine(self) -> Machine:
         machine = self.broker.machine
         if machine is None:
             raise web.HTTPServiceUnavailable(

@@ -11,7 +11,7 @@ from nats.aio.client import Client
 
 from agents.config import FakeClusterConfig, FakeFlavor, make_fleet_configs
 from agents.fake.cluster import FakeCluster
-from agents.main import start_fake_fleet
+from agents.fleet import start_fake_fleet
 from schemas.agent import (
     AgentEvent,
     CheckpointNow,

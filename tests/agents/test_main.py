@@ -10,7 +10,8 @@ import pytest
 from nats.aio.client import Client
 
 from agents.config import AgentConfig, make_fleet_configs
-from agents.main import build_backend, main, run_agent, run_fleet, start_fake_fleet
+from agents.fleet import build_backend, run_agent, run_fleet, start_fake_fleet
+from agents.main import main
 from schemas.agent import ClusterSnapshot
 from schemas.natsopts import NatsOptions
 from tests.agents.conftest import fast_config

@@ -13,7 +13,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner, Result
 
-from broker.cli import (
+from broker.embedded import EmbeddedNats, free_port
+from broker.render import (
     clusters_table,
     event_line,
     fmt_ago,
@@ -23,7 +24,6 @@ from broker.cli import (
     submit_line,
     why_view,
 )
-from broker.embedded import EmbeddedNats, free_port
 from muster.cli import app
 from schemas.api import (
     ClusterView,

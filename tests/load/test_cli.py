@@ -178,7 +178,7 @@ def test_client_commands_do_not_import_the_load_programs_or_servers() -> None:
     probe = (
         "import sys, muster.cli\n"
         "heavy = [m for m in sys.modules if m.startswith('load') or m in "
-        "('agents.main', 'broker.service', 'matplotlib')]\n"
+        "('agents.fleet', 'broker.service', 'matplotlib')]\n"
         "print(heavy)"
     )
     proc = python("-c", probe)

@@ -17,8 +17,8 @@ import nats
 import pytest_asyncio
 
 from agents.config import AgentConfig, LocalClusterConfig, LocalFlavor, LocalNode
+from agents.fleet import Fleet, start_fleet
 from agents.local.backend import LocalBackend
-from agents.main import Fleet, start_fleet
 from agents.runtime import AgentRuntime
 from schemas.agent import AgentEvent, CheckpointRef, Dispatch, PodSetAssignment, WorkloadStatus
 from schemas.codec import decode_job_event

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from agents.config import AgentConfigError, convert_agent_config, load_agent_config
+from agents.fleet import build_backend
 from agents.local.backend import LocalBackend
-from agents.main import build_backend
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent-local.yaml"
 
