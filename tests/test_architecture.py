@@ -1,0 +1,166 @@
+"""The layering docs/architecture.md describes holds in the code: no import cycles anywhere
+(imports inside functions and under TYPE_CHECKING count too), the core imports only itself and
+the wire contract, the broker never imports the agents, and every function hop the document
+names in its walks still exists."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("broker", "agents", "load", "schemas", "shell", "muster", "kinds")
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> Iterator[str]:
+    """Every project module `path` imports, wherever the import statement stands."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                if child in MODULES:
+                    yield child
+                elif node.module in MODULES:
+                    yield node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES:
+                    yield alias.name
+
+
+GRAPH = {name: sorted(set(_imports(path))) for name, path in MODULES.items()}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in GRAPH:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = len(index)
+                stack.append(node)
+                on_stack.add(node)
+            edges = GRAPH[node]
+            if i < len(edges):
+                work.append((node, i + 1))
+                nxt = edges[i]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return found
+
+
+def test_the_module_graph_has_no_cycles() -> None:
+    assert _cycles() == []
+
+
+def test_the_cycle_finder_sees_a_cycle() -> None:
+    GRAPH["schemas"] = [*GRAPH["schemas"], "shell"]
+    GRAPH["shell"] = [*GRAPH["shell"], "schemas"]
+    try:
+        assert ["schemas", "shell"] in _cycles()
+    finally:
+        GRAPH["schemas"] = GRAPH["schemas"][:-1]
+        GRAPH["shell"] = GRAPH["shell"][:-1]
+
+
+def test_the_core_imports_only_itself_and_the_wire_contract() -> None:
+    outside = {
+        (name, dep)
+        for name, deps in GRAPH.items()
+        if name.startswith("broker.core")
+        for dep in deps
+        if not dep.startswith(("broker.core", "schemas"))
+    }
+    assert outside == set()
+
+
+def test_the_broker_never_imports_the_agents() -> None:
+    assert [
+        (n, d)
+        for n, ds in GRAPH.items()
+        if n.startswith("broker")
+        for d in ds
+        if d.startswith("agents")
+    ] == []
+
+
+SEARCHED = ("broker.core", "broker", "schemas")
+SHORT_NAMES = {name.rpartition(".")[2] for name in MODULES if name.rpartition(".")[0] in SEARCHED}
+WALKS = ("One JobSpec, from the submit subject to the Dispatch", "One spot notice, to the resumed")
+
+
+def _walk_references() -> list[str]:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    refs: list[str] = []
+    for title in WALKS:
+        start = text.index(title)
+        end = text.find("\n#", start)
+        section = text[start : end if end > 0 else None]
+        refs += re.findall(r"`([a-z_]+(?:\.[A-Za-z_]+)+)`", section)
+    return [ref for ref in refs if ref.split(".")[0] in SHORT_NAMES]
+
+
+def _resolve(dotted: str) -> object:
+    """`service.Broker._submit_one` names a module of the broker (or its core) and an attribute
+    path within it."""
+    module_name, *attrs = dotted.split(".")
+    for package in SEARCHED:
+        try:
+            obj: object = importlib.import_module(f"{package}.{module_name}")
+        except ModuleNotFoundError:
+            continue
+        for attr in attrs:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_the_walks_name_function_hops() -> None:
+    assert len(_walk_references()) > 30
+
+
+@pytest.mark.parametrize("dotted", _walk_references())
+def test_each_hop_of_the_walks_exists(dotted: str) -> None:
+    assert callable(_resolve(dotted)), dotted
