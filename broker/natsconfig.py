@@ -92,12 +92,22 @@ def render(
     """The `accounts { MUSTER { ... } }` block nats.conf includes."""
     s = Subjects(prefix=config.subject_prefix)
     p = s.prefix
+    teams = queues_by_team(config, aliases)
+    answers = [inbox_prefix(u) + ".>" for u in (ADMIN, *map(team_user, teams))]
     users = [
         _user(
             BROKER,
-            [">"],  # it answers every user's inbox and drives JetStream
+            [
+                f"{p}.>",
+                "$JS.API.>",  # streams, consumers, pulls, KV reads
+                "$JS.ACK.>",  # acknowledging submissions
+                f"$KV.{s.jobs_bucket}.>",
+                f"$KV.{s.leader_bucket}.>",
+                *answers,  # replies to the admin's and each team's requests
+            ],
             [f"{p}.>", inbox_prefix(BROKER) + ".>"],
-            comment="the broker: all of Muster's subjects; its own inbox for JetStream deliveries",
+            comment="the broker: Muster's subjects, its JetStream and KV, and the inboxes it "
+            "answers; its own inbox for JetStream deliveries",
         ),
         _user(
             ADMIN,
@@ -120,7 +130,7 @@ def render(
                 comment=f"cluster {cluster}'s agent: its own events and commands only",
             )
         )
-    for team, queues in queues_by_team(config, aliases).items():
+    for team, queues in teams.items():
         user = team_user(team)
         users.append(
             _user(

@@ -133,8 +133,9 @@ async def client_as(server: AuthNats, user: str, team: str | None = None) -> Mus
 
 @pytest_asyncio.fixture
 async def broker(auth_nats: AuthNats) -> AsyncIterator[Broker]:
-    """A real broker connected as the `broker` user."""
-    bnc = await nats.connect(**options_as(auth_nats, "broker").connect_kwargs())
+    """A real broker connected as the `broker` user; what NATS refuses it lands in
+    `auth_nats.errors["broker"]`."""
+    bnc = await auth_nats.connect("broker")
     b = Broker(CONFIG, bnc)
     task = asyncio.create_task(b.run())
     try:

@@ -55,6 +55,9 @@ def _subjects(cell: str, fill: dict[str, str], queues: list[str]) -> list[str]:
             continue
         for key, value in fill.items():
             subject = subject.replace(f"<{key}>", value)
+        if "<team>" in subject:  # a row naming every team's subject (the broker's answers)
+            out += [subject.replace("<team>", team) for team in queues_by_team(CONFIG)]
+            continue
         out.append(subject)
     return out
 

@@ -251,3 +251,18 @@ async def test_a_team_sees_only_its_own_jobs_in_top(running: Running) -> None:
         await beta.close()
     assert view.error is None
     assert view.events == len(r.kinds("cancelled")) == 1  # its own job's event, not beta's
+
+
+async def test_the_broker_does_its_whole_job_within_its_permissions(running: Running) -> None:
+    """The broker's publish rights are its subjects, its JetStream and KV, and the inboxes it
+    answers (not `>`): a job's whole life, spot move included, needs nothing more."""
+    r = running
+    cluster = r.clusters[r.cluster]
+    cluster.spot_notice(cluster.history[r.job_id][-1].nodes[0])
+    await r.wait(lambda: len(r.kinds("running")) == 2, timeout=20)  # resumed elsewhere
+    view = await r.alpha.get(r.job_id)
+    assert view.attempt == 2
+    await r.alpha.why(r.job_id)
+    await r.alpha.cancel(r.job_id, "done")
+    await r.wait(lambda: r.kinds("cancelled"))
+    assert r.server.errors.get("broker", []) == []
