@@ -1,6 +1,7 @@
 """Watches and credentials against the stand-in API server's faults: resume from the last
 resourceVersion (re-list only on 410), resync from the local cache, field selectors, stale
-state, 429 Retry-After, token refresh (exec plugin), an unreachable API server, bad input."""
+state, 429 Retry-After, token refresh (exec plugin; OIDC in test_oidc.py), an unreachable API
+server, bad input."""
 
 from __future__ import annotations
 
