@@ -56,7 +56,7 @@ def nodes_not_overcommitted(m: Machine) -> list[str]:
 def whole_gangs(m: Machine) -> list[str]:
     out: list[str] = []
     for (job_id, attempt), a in m.scheduler._ledger.allocs.items():
-        demands = m.store.all_demands.get(job_id)
+        demands = m.registry.all_demands.get(job_id)
         if demands is None:
             out.append(f"allocation {job_id}#{attempt} of an unknown job")
             continue

@@ -21,7 +21,6 @@ from broker.core.accounting import accounting_of, backoff_delay, close_attempt, 
 from broker.core.advice import advised_interval_s
 from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist, Publish, Send
-from broker.core.jobs import JobStore
 from broker.core.policy import no_progress_reason, no_progress_verdict
 from broker.core.records import (
     AttemptRecord,
@@ -31,6 +30,7 @@ from broker.core.records import (
     Preempting,
     gang_request,
 )
+from broker.core.registry import JobRegistry
 from broker.core.risk import NoticeWindows
 from broker.core.scheduler import Scheduler
 from broker.core.types import Placement
@@ -57,14 +57,14 @@ class AttemptLifecycle:
         self,
         config: BrokerConfig,
         scheduler: Scheduler,
-        store: JobStore,
+        registry: JobRegistry,
         backlog: Backlog,
         epoch: int,
     ) -> None:
         self._config = config
         self._scheduler = scheduler
-        self._store = store
-        self._jobs = store.records
+        self._registry = registry
+        self._jobs = registry.records
         self._backlog = backlog
         self.epoch = epoch
         self._live: set[str] = set()
@@ -321,7 +321,7 @@ class AttemptLifecycle:
     def restore(self, record: JobRecord, current: AttemptRecord, now: float) -> None:
         """After a restart: a persisted live attempt (and its reserved replacement) holds its
         placement until its agent resends a snapshot or its cluster is declared lost."""
-        request = gang_request(record, now, self._store.demands(record.job_id))
+        request = gang_request(record, now, self._registry.demands(record.job_id))
         request.attempt = current.attempt
         self._scheduler.assume(request, placement_of(current))
         self._track_live(record, current.cluster)
@@ -460,7 +460,7 @@ class AttemptLifecycle:
         pre = record.preempting
         if current is None or pre is None:
             return
-        request = gang_request(record, now, self._store.demands(record.job_id))
+        request = gang_request(record, now, self._registry.demands(record.job_id))
         request.avoid_pools = request.avoid_pools | {(current.cluster, current.flavor)}
         if self._spot_fallback_due(record, extra=1):
             request.spot_exhausted = True
@@ -684,7 +684,7 @@ class AttemptLifecycle:
             self._scheduler.release(record.job_id, pre.replacement.attempt)
         record.preempting = None
         self._backlog.dequeue(record)
-        self._store.clear_reasons(record.job_id)
+        self._registry.clear_reasons(record.job_id)
         self._backlog.forget(record.job_id)
         record.state = state
         record.reason = reason

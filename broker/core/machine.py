@@ -4,7 +4,7 @@ The shell feeds it one typed input at a time (`broker.core.inputs`) together wit
 carries out the effects it returns, in order (`Machine.handle`). `Machine` is the one entry
 point; behind it each fact has one owner:
 
-- `jobs.JobStore`: which jobs exist, their gangs, and why queued ones wait;
+- `registry.JobRegistry`: which jobs exist, their gangs, and why queued ones wait;
 - `submission`: which queue a job goes to and why it is refused (pure);
 - `agents.AgentTracker`: which agent batches to apply (instance, sequence, resync), cluster
   health;
@@ -39,10 +39,10 @@ from broker.core.inputs import (
     SubmitJob,
     Tick,
 )
-from broker.core.jobs import JobStore
 from broker.core.lifecycle import LIVE_STATES, TERMINAL, AttemptLifecycle
 from broker.core.moves import PlannedMoves
 from broker.core.records import JobRecord, demands_of, gang_request
+from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
 from broker.core.submission import choose_queue, derive_job_id, queue_full, reject
 from broker.core.types import Reason
@@ -73,14 +73,16 @@ class Machine:
         self.scheduler = scheduler if scheduler is not None else Scheduler(config)
         self.epoch = epoch
         self.queues = {q.name: q for q in config.queues}
-        self.store = JobStore()
-        self._jobs = self.store.records
+        self.registry = JobRegistry()
+        self._jobs = self.registry.records
         self.backlog = Backlog(self.queues)
         self.tracker = AgentTracker(self.scheduler, epoch)
-        self.lifecycle = AttemptLifecycle(config, self.scheduler, self.store, self.backlog, epoch)
-        self.moves = PlannedMoves(self.store, self.lifecycle, self.scheduler, self.backlog)
+        self.lifecycle = AttemptLifecycle(
+            config, self.scheduler, self.registry, self.backlog, epoch
+        )
+        self.moves = PlannedMoves(self.registry, self.lifecycle, self.scheduler, self.backlog)
         self.views = JobViews(
-            self.store, self.lifecycle, self.backlog, self.tracker, self.scheduler
+            self.registry, self.lifecycle, self.backlog, self.tracker, self.scheduler
         )
         self._order = 0  # the newest submission order handed out or restored
 
@@ -90,7 +92,7 @@ class Machine:
 
     @property
     def reasons(self) -> Mapping[str, tuple[Reason, ...]]:
-        return self.store.reasons
+        return self.registry.reasons
 
     @property
     def agents(self) -> dict[str, AgentTrack]:
@@ -164,7 +166,7 @@ class Machine:
             order = self._order + 1
         self._order = max(self._order, order)
         job_id = spec.job_id or derive_job_id(spec.name, id_token or str(order))
-        if job_id in self.store:
+        if job_id in self.registry:
             return SubmitReply(accepted=True, job_id=job_id, duplicate=True), []
         pending = self.backlog.pending.get(queue)
         full = queue_full(queue, len(pending or ()), self.config.limits.max_pending_per_queue)
@@ -178,7 +180,7 @@ class Machine:
         if problems:
             text = "; ".join(r.message for r in problems)
             return reject(f"the gang can never be placed: {text}"), []
-        self.store.add(record, demands)
+        self.registry.add(record, demands)
         self.backlog.enqueue(record)
         self.moves.watch(record)
         return SubmitReply(accepted=True, job_id=job_id), [
@@ -201,7 +203,7 @@ class Machine:
     # ------------------------------------------------------------------ scheduling
     def _schedule(self, now: float) -> list[Effect]:
         """One admission cycle over the jobs that could have become admissible."""
-        candidates = self.backlog.candidates(self._jobs, self.store.all_demands, now)
+        candidates = self.backlog.candidates(self._jobs, self.registry.all_demands, now)
         if not candidates:
             return []
         result = self.scheduler.schedule(candidates, now)
@@ -211,7 +213,7 @@ class Machine:
         for job_id, placement in result.admitted:
             record = self._jobs[job_id]
             self.backlog.dequeue(record)
-            self.store.clear_reasons(job_id)
+            self.registry.clear_reasons(job_id)
             self.lifecycle.admit(record, placement, now, effects)
         for pre in result.preemptions:
             for victim_id in pre.victims:
@@ -222,7 +224,7 @@ class Machine:
                 deadline = now + self.config.timeouts.checkpoint_grace_s
                 self.lifecycle.begin_preempt(victim, cause, deadline, now, effects, reserve=False)
         for job_id, reasons in result.pending.items():
-            self.store.set_reasons(job_id, reasons)
+            self.registry.set_reasons(job_id, reasons)
             pending = self._jobs.get(job_id)
             if (
                 pending is not None
@@ -326,7 +328,7 @@ class Machine:
         """Rebuild from persisted records. Live attempts are assumed to hold their placement
         until their agents resend snapshots (or their clusters are declared lost)."""
         for record in records:
-            self.store.add(record)
+            self.registry.add(record)
             self._order = max(self._order, record.order)
             if record.state in TERMINAL:
                 continue

@@ -14,9 +14,9 @@ from broker.core import deadline as deadlines
 from broker.core import spotreturn
 from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist
-from broker.core.jobs import JobStore
 from broker.core.lifecycle import TERMINAL, AttemptLifecycle
 from broker.core.records import JobRecord, gang_request
+from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
 from broker.core.types import Placement
 
@@ -24,13 +24,13 @@ from broker.core.types import Placement
 class PlannedMoves:
     def __init__(
         self,
-        store: JobStore,
+        registry: JobRegistry,
         lifecycle: AttemptLifecycle,
         scheduler: Scheduler,
         backlog: Backlog,
     ) -> None:
-        self._store = store
-        self._jobs = store.records
+        self._registry = registry
+        self._jobs = registry.records
         self._lifecycle = lifecycle
         self._scheduler = scheduler
         self._backlog = backlog
@@ -90,7 +90,7 @@ class PlannedMoves:
         current = record.current
         if current is None or record.state != "running" or current.running_at is None:
             return
-        request = gang_request(record, now, self._store.demands(record.job_id))
+        request = gang_request(record, now, self._registry.demands(record.job_id))
         if cause == spotreturn.SPOT_RETURN:
             request.capacity = "spot"
             request.spot_exhausted = False

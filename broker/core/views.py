@@ -1,6 +1,6 @@
 """Read-only queries over the machine's components, for the API, the CLI and the dashboard.
 
-`JobViews` holds the components it reads (the job store, the lifecycle, the backlog, the agent
+`JobViews` holds the components it reads (the job registry, the lifecycle, the backlog, the agent
 tracker and the scheduler) and asks them through their public methods; it changes nothing.
 """
 
@@ -11,10 +11,10 @@ from collections.abc import Iterable, Iterator
 from broker.core.accounting import accounting, attempt_view
 from broker.core.agents import AgentTracker
 from broker.core.backlog import Backlog
-from broker.core.jobs import JobStore
 from broker.core.lifecycle import AttemptLifecycle
 from broker.core.reasons import pending_reason
 from broker.core.records import JobRecord, gang_request
+from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
 from schemas.api import (
     CheckpointView,
@@ -29,14 +29,14 @@ from schemas.api import (
 class JobViews:
     def __init__(
         self,
-        store: JobStore,
+        registry: JobRegistry,
         lifecycle: AttemptLifecycle,
         backlog: Backlog,
         tracker: AgentTracker,
         scheduler: Scheduler,
     ) -> None:
-        self._store = store
-        self._jobs = store.records
+        self._registry = registry
+        self._jobs = registry.records
         self._lifecycle = lifecycle
         self._backlog = backlog
         self._tracker = tracker
@@ -115,7 +115,7 @@ class JobViews:
 
     def first_reason(self, job_id: str) -> str | None:
         """The scheduler's first reason for a queued job (what `muster status` shows)."""
-        reasons = self._store.reasons.get(job_id)
+        reasons = self._registry.reasons.get(job_id)
         return reasons[0].message if reasons else None
 
     def oldest_pending(self) -> dict[str, float]:
@@ -138,7 +138,7 @@ class JobViews:
                     )
                 )
             # pending_reason: the API form of a core reason, with its numbers
-            reasons.extend(pending_reason(r) for r in self._store.reasons.get(record.job_id, ()))
+            reasons.extend(pending_reason(r) for r in self._registry.reasons.get(record.job_id, ()))
         elif record.state == "preempting" and record.preempting is not None:
             reasons.append(
                 PendingReason(
@@ -173,7 +173,7 @@ class JobViews:
                 )
             pending = self._backlog.pending.get(record.queue)
             position = pending.rank(job_id) if pending is not None else 0
-            request = gang_request(record, now, self._store.demands(job_id))
+            request = gang_request(record, now, self._registry.demands(job_id))
             candidates = [pending_reason(r) for r in self._scheduler.pool_reasons(request)]
             waiting_for = _waiting_for(reasons, candidates)
         elif record.state == "preempting":

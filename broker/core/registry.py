@@ -1,4 +1,4 @@
-"""The job store: every job the broker knows, finished ones included.
+"""The job registry: every job the broker knows, finished ones included.
 
 It owns which jobs exist (`records`), each job's gang demands (computed once, when the job is
 added) and the scheduler's latest reasons why a queued job waits. Other components change
@@ -13,7 +13,7 @@ from broker.core.records import JobRecord, demands_of
 from broker.core.types import PodSetDemand, Reason
 
 
-class JobStore:
+class JobRegistry:
     def __init__(self) -> None:
         # Public for reading and for changing a record's fields; `add` is the one writer.
         self.records: dict[str, JobRecord] = {}
@@ -24,17 +24,17 @@ class JobStore:
         return job_id in self.records
 
     def add(self, record: JobRecord, demands: tuple[PodSetDemand, ...] | None = None) -> None:
-        """Store a submitted or restored job (`demands`: its spec's, if already computed)."""
+        """Register a submitted or restored job (`demands`: its spec's, if already computed)."""
         self.records[record.job_id] = record
         self._demands[record.job_id] = demands if demands is not None else demands_of(record.spec)
 
     def demands(self, job_id: str) -> tuple[PodSetDemand, ...]:
-        """The gang of a stored job."""
+        """The gang of a registered job."""
         return self._demands[job_id]
 
     @property
     def all_demands(self) -> Mapping[str, tuple[PodSetDemand, ...]]:
-        """Every stored job's gang, by job id (read-only)."""
+        """Every registered job's gang, by job id (read-only)."""
         return self._demands
 
     @property
