@@ -32,7 +32,7 @@ from schemas.agent import (
     WorkloadStatus,
 )
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
-from schemas.job import CheckpointSpec, JobSpec, PodSet, RestartPolicy
+from schemas.job import CheckpointSpec, Deadline, JobSpec, PodSet, RestartPolicy, SpotPolicy
 
 T0 = 1_800_000_000.0
 SPOT = FlavorInfo(name="spot", capacity_type="spot", gpu_type="A100", price_per_gpu_hour=1.0)
@@ -490,3 +490,30 @@ def test_an_uncordon_withdraws_the_notice_but_the_move_it_started_completes() ->
     other = w.submit("k")
     (d3,) = sends(w.cycle(), Dispatch)
     assert d3.job_id == other and d3.assignment[0].nodes[0] == name
+
+
+def test_a_queued_job_whose_deadline_slack_ran_out_asks_for_on_demand_at_once() -> None:
+    """The switch renews the request a parked job keeps between cycles (it asked for spot
+    first), and leaves `spot_exhausted` alone: spot was never short, the deadline was."""
+    w = World()
+    w.send(
+        "a",
+        ClusterSnapshot(flavors=[SPOT, OD], nodes=[node("a", 0, "spot"), node("a", 1, "od")]),
+    )
+    busy = w.submit("busy", capacity="spot")
+    w.cycle()
+    run(w, busy, "a", 1)
+    # An hour to do 30 minutes of work: 28 minutes of slack, minus a move (2 min).
+    job = w.submit(
+        "due",
+        capacity="spot-then-on-demand",
+        checkpoint=CheckpointSpec(uri="s3://b/ck", interval_s=600, cost_s=30),
+        spot=SpotPolicy(fallback_after_wait_s=86_400, fallback_after_preemptions=100),
+        deadline=Deadline(within_s=3600, runtime_s=1800, total_steps=1800),
+    )
+    for _ in range(2):
+        assert not sends(w.cycle(600), Dispatch)  # waits for the busy spot node
+    (d,) = sends(w.cycle(400), Dispatch)  # 1600 s in: slack down to 80 s
+    record = w.m.jobs[job]
+    assert (d.job_id, d.flavor) == (job, "od")
+    assert record.deadline_on_demand and not record.spot_exhausted
