@@ -32,13 +32,15 @@ def _err(error: str) -> ApiReply[Any]:
 
 def _get(m: Machine, data: bytes, now: float) -> tuple[ApiReply[Any], list[Effect]]:
     ref = _job_ref(data)
-    view = m.job_view(ref.job_id, now)
+    view = m.views.job_view(ref.job_id, now)
     return (_ok(view) if view else _err(f"unknown job {ref.job_id!r}")), []
 
 
 def _list_jobs(m: Machine, data: bytes, now: float) -> tuple[ApiReply[Any], list[Effect]]:
     req = _list(data or b"{}")
-    jobs = m.list_jobs(now, queue=req.queue, state=req.state, cluster=req.cluster, limit=req.limit)
+    jobs = m.views.list_jobs(
+        now, queue=req.queue, state=req.state, cluster=req.cluster, limit=req.limit
+    )
     return _ok(jobs), []
 
 
@@ -48,23 +50,23 @@ def _cancel_job(m: Machine, data: bytes, now: float) -> tuple[ApiReply[Any], lis
     error = refusal(effects)
     if error:
         return _err(error), []
-    return _ok(m.job_view(req.job_id, now, with_spec=False)), effects
+    return _ok(m.views.job_view(req.job_id, now, with_spec=False)), effects
 
 
 def _why(m: Machine, data: bytes, now: float) -> tuple[ApiReply[Any], list[Effect]]:
     ref = _job_ref(data)
-    view = m.why(ref.job_id, now)
+    view = m.views.why(ref.job_id, now)
     return (_ok(view) if view else _err(f"unknown job {ref.job_id!r}")), []
 
 
 def _queues(m: Machine, data: bytes, now: float) -> tuple[ApiReply[Any], list[Effect]]:
     _empty(data or b"{}")
-    return _ok(m.queue_views()), []
+    return _ok(m.views.queue_views()), []
 
 
 def _clusters(m: Machine, data: bytes, now: float) -> tuple[ApiReply[Any], list[Effect]]:
     _empty(data or b"{}")
-    return _ok(m.cluster_views(now)), []
+    return _ok(m.views.cluster_views(now)), []
 
 
 HANDLERS: dict[str, Handler] = {

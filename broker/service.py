@@ -1158,8 +1158,8 @@ class Broker:
             "restore_s": round(self.restore_s, 4),
             "restored_jobs": self.restored_jobs,
             "jobs": len(machine.jobs) if machine else 0,
-            "pending": machine.pending_count() if machine else 0,
-            "live": machine.live_count() if machine else 0,
+            "pending": machine.views.pending_count() if machine else 0,
+            "live": machine.views.live_count() if machine else 0,
             "clusters": len(machine.agents) if machine else 0,
         }
 

@@ -126,7 +126,7 @@ def handle_as(
             jobs = [
                 view
                 for q in sorted(owned if req.queue is None else {req.queue})
-                for view in machine.list_jobs(
+                for view in machine.views.list_jobs(
                     now, queue=q, state=req.state, cluster=req.cluster, limit=req.limit
                 )
             ]

@@ -135,7 +135,7 @@ def run_bench(args: Options) -> dict[str, Any]:
         t0 = time.perf_counter()
         m, now = build(depth, args.seed)
         setup = time.perf_counter() - t0
-        assert m.pending_count() == depth, (m.pending_count(), depth)
+        assert m.views.pending_count() == depth, (m.views.pending_count(), depth)
         pairs = time_cycles(m, now, args.runs)
         times = [w for w, _ in pairs]
         cpu = [c for _, c in pairs]

@@ -1079,10 +1079,11 @@ class Sim:
         """One line on stderr: virtual time, jobs done, queue, and how fast time passes."""
         wall = time.perf_counter() - started
         virtual_h = (self.now - self.base) / 3600.0
+        views = self.machine.views
         print(
             f"[{self.policy.name} seed {self.cfg.seed}] virtual {virtual_h:7.1f} h | "
             f"arrived {arrived:,}/{len(self.jobs):,} done {self._done_count:,} | "
-            f"queued {self.machine.pending_count():,} live {self.machine.live_count():,} | "
+            f"queued {views.pending_count():,} live {views.live_count():,} | "
             f"wall {wall:6.0f} s, {virtual_h / 24 / max(wall, 1e-9):.2f} virtual days/s, "
             f"{self.steps / max(wall, 1e-9):,.0f} steps/s",
             file=sys.stderr,
@@ -1147,7 +1148,7 @@ class Sim:
                 effects.extend(m.handle(Cycle(), now))
                 self._cycle_pending = False
             self._execute(effects)
-            busy = m.pending_count() > 0 or m.live_count() > 0
+            busy = m.views.pending_count() > 0 or m.views.live_count() > 0
             self.push(now + (self.cfg.tick_s if busy else self.cfg.idle_tick_s), TICK, None)
         elif kind == CYCLE:
             self._cycle_pending = False
@@ -1407,8 +1408,8 @@ class Sim:
                 allocated=alloc,
                 running=running,
                 spot_capacity=spot,
-                pending=self.machine.pending_count(),
-                live=self.machine.live_count(),
+                pending=self.machine.views.pending_count(),
+                live=self.machine.views.live_count(),
             )
         )
 

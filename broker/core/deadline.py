@@ -7,7 +7,7 @@ reached: only checkpointed progress survives a reclaim, so it is the progress to
 restart overhead (records.restart_overhead_s) is one more move. While a job waits for spot
 or runs on it, its slack shrinks; once it is down to `SAFETY_S` (the time the broker needs to
 notice and act), the job is switched: a queued job asks for on-demand only, a job on spot
-moves to on-demand make-before-break (machine.py), and it never returns to spot.
+moves to on-demand make-before-break (moves.py), and it never returns to spot.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def nodes_not_overcommitted(m: Machine) -> list[str]:
 def whole_gangs(m: Machine) -> list[str]:
     out: list[str] = []
     for (job_id, attempt), a in m.scheduler._ledger.allocs.items():
-        demands = m._demands.get(job_id)
+        demands = m.registry.all_demands.get(job_id)
         if demands is None:
             out.append(f"allocation {job_id}#{attempt} of an unknown job")
             continue
@@ -130,7 +130,7 @@ def one_state(m: Machine) -> list[str]:
     for job_id, record in m.jobs.items():
         s = record.state
         is_pending = job_id in pending
-        is_live = job_id in m._live
+        is_live = m.lifecycle.is_live(job_id)
         if s == "queued":
             ok = is_pending and not is_live and record.current is None
         elif s in LIVE_STATES:

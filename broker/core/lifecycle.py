@@ -1,18 +1,20 @@
 """The attempt lifecycle: dispatch, run, checkpoint, preempt, lose, fail, finish, requeue.
 
-`AttemptLifecycle` is mixed into `Machine`, whose state it reads and changes. It keeps:
+`AttemptLifecycle` changes job records (their state, attempts and budgets) through the
+machine's inputs. It keeps:
 - a job has at most one live attempt, and every command carries (job_id, attempt, epoch);
 - a record is persisted before the dispatch it describes is sent, and a dispatch names the
   attempt whose Cancel it must follow (`Send.after_cancel_of`);
 - anything an agent reports about an attempt that is not the job's live one is cancelled.
 
-It owns which jobs are live and where (`_live`, `_live_on`); the ledger's allocations follow
-from it (`Scheduler.assume`/`release`), and no one reads the ledger for it.
+It owns which jobs are live and where (live, starting, preempting; `live_jobs`, `live_on`,
+`on_cluster`, `is_live`) and the spot notice windows seen per pool (advice.py); the ledger's
+allocations follow from it (`Scheduler.assume`/`release`), and no one reads the ledger for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from broker.core import spotreturn
 from broker.core.accounting import accounting_of, backoff_delay, close_attempt, work_since
@@ -28,9 +30,10 @@ from broker.core.records import (
     Preempting,
     gang_request,
 )
+from broker.core.registry import JobRegistry
 from broker.core.risk import NoticeWindows
 from broker.core.scheduler import Scheduler
-from broker.core.types import Placement, PodSetDemand, Reason
+from broker.core.types import Placement
 from schemas.agent import (
     Cancel,
     CheckpointNow,
@@ -46,24 +49,60 @@ from schemas.config import BrokerConfig
 
 LIVE_STATES: frozenset[str] = frozenset({"admitted", "running", "preempting"})
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+MISSING_GRACE_S = 5.0  # an acknowledged dispatch a snapshot does not list yet is not missing
 
 
 class AttemptLifecycle:
-    config: BrokerConfig
-    scheduler: Scheduler
-    epoch: int
-    jobs: dict[str, JobRecord]
-    reasons: dict[str, tuple[Reason, ...]]
-    backlog: Backlog
-    _demands: dict[str, tuple[PodSetDemand, ...]]
-    _live: set[str]
-    _live_on: dict[str, set[str]]  # cluster -> jobs whose live attempt runs there
-    _starting: set[str]  # dispatched, not every replica running yet
-    _preempting: set[str]
-    _fence_after: float
-    _windows: NoticeWindows  # notice windows per pool (advice.py)
+    def __init__(
+        self,
+        config: BrokerConfig,
+        scheduler: Scheduler,
+        registry: JobRegistry,
+        backlog: Backlog,
+        epoch: int,
+    ) -> None:
+        self._config = config
+        self._scheduler = scheduler
+        self._registry = registry
+        self._jobs = registry.records
+        self._backlog = backlog
+        self.epoch = epoch
+        self._live: set[str] = set()
+        self._live_on: dict[str, set[str]] = {}  # cluster -> jobs whose live attempt runs there
+        self._starting: set[str] = set()  # dispatched, not every replica running yet
+        self._preempting: set[str] = set()
+        self._windows = NoticeWindows()  # notice windows per pool (advice.py)
+        t = config.timeouts
+        lead = t.fence_lead_s
+        self._fence_after = t.lost_after_s - lead if lead > 0 and t.lost_after_s > lead else 0.0
 
-    def _workload(
+    # ------------------------------------------------------------------ which jobs are live
+    def live_jobs(self) -> Set[str]:
+        """Jobs with a live attempt (read-only)."""
+        return self._live
+
+    def is_live(self, job_id: str) -> bool:
+        return job_id in self._live
+
+    def live_count(self) -> int:
+        return len(self._live)
+
+    def live_on(self, cluster: str) -> Set[str]:
+        """Jobs whose live attempt runs on the cluster (read-only)."""
+        return self._live_on.get(cluster, _NONE)
+
+    def on_cluster(self, cluster: str) -> list[str]:
+        """Jobs that hold anything on the cluster: a live attempt, or a reserved replacement."""
+        jobs = set(self._live_on.get(cluster, ()))
+        for job_id in self._preempting:
+            pre = self._jobs[job_id].preempting
+            rep = pre.replacement if pre is not None else None
+            if rep is not None and rep.cluster == cluster:
+                jobs.add(job_id)
+        return sorted(jobs)
+
+    # ------------------------------------------------------------------ inputs
+    def workload(
         self,
         cluster: str,
         status: WorkloadStatus,
@@ -72,7 +111,7 @@ class AttemptLifecycle:
         *,
         snapshot: bool = False,
     ) -> None:
-        record = self.jobs.get(status.job_id)
+        record = self._jobs.get(status.job_id)
         current = record.current if record is not None else None
         if (
             record is None
@@ -107,18 +146,18 @@ class AttemptLifecycle:
                 record.start_failures = 0
                 if record.state == "admitted":
                     record.state = "running"
-                self.scheduler.note_progress(
+                self._scheduler.note_progress(
                     record.job_id, current.attempt, work_since(record, current)
                 )
                 effects.append(Persist(record))
-                effects.append(self._event(record, "running", now))
+                effects.append(self.event(record, "running", now))
             elif current.running_at is not None and status.reason and not snapshot:
                 # Running again with a note: replicas restarted in place (a crash loop shows
                 # before the operator gives up). Nothing changes but what users are told; a
                 # snapshot repeats the note of an old restart, so it says nothing.
-                effects.append(self._event(record, "restarted", now, reason=status.reason))
+                effects.append(self.event(record, "restarted", now, reason=status.reason))
         elif phase == "succeeded":
-            self._finish(record, "succeeded", now, status.reason or None, effects)
+            self.finish(record, "succeeded", now, status.reason or None, effects)
         elif phase == "failed":
             self._failed(record, status, now, effects)
         elif phase == "evicted":
@@ -157,9 +196,9 @@ class AttemptLifecycle:
         old.end_cause = "succeeded"
         old.gpu_seconds_lost = 0.0  # its work was not lost after all
         reason = f"attempt {old.attempt} on {cluster} succeeded after it was given up"
-        self._finish(record, "succeeded", now, reason, effects)
+        self.finish(record, "succeeded", now, reason, effects)
 
-    def _on_checkpoint(
+    def on_checkpoint(
         self,
         report: CheckpointReport,
         now: float,
@@ -169,7 +208,7 @@ class AttemptLifecycle:
     ) -> None:
         """A checkpoint from the agent (`cluster`: whose batch carried it) or from the
         workload's SDK; fenced by attempt, and refused when it could not be genuine."""
-        record = self.jobs.get(report.job_id)
+        record = self._jobs.get(report.job_id)
         if record is None:
             return
         current = record.current
@@ -178,7 +217,7 @@ class AttemptLifecycle:
         reason = checkpoint_doubt(record, current, report, now, cluster)
         if reason:
             effects.append(
-                self._event(record, "checkpoint-refused", now, step=report.step, reason=reason)
+                self.event(record, "checkpoint-refused", now, step=report.step, reason=reason)
             )
             return
         latest = record.latest_checkpoint
@@ -186,19 +225,19 @@ class AttemptLifecycle:
             record.latest_checkpoint = LatestCheckpoint(
                 step=report.step, uri=report.uri, at=now, attempt=report.attempt
             )
-            self.scheduler.note_progress(
+            self._scheduler.note_progress(
                 record.job_id, current.attempt, work_since(record, current)
             )
             effects.append(Persist(record))
-            effects.append(self._event(record, "checkpointed", now, step=report.step))
+            effects.append(self.event(record, "checkpointed", now, step=report.step))
         pre = record.preempting
         if pre is not None and (pre.step_at_start is None or report.step > pre.step_at_start):
             self._finish_preempt(record, now, effects)
 
-    def _on_dispatch_result(
+    def on_dispatch_result(
         self, job_id: str, attempt: int, ok: bool, error: str, now: float
     ) -> list[Effect]:
-        record = self.jobs.get(job_id)
+        record = self._jobs.get(job_id)
         if record is None:
             return []
         current = record.current
@@ -223,7 +262,102 @@ class AttemptLifecycle:
         )
         return effects
 
-    def _attempt_for(self, record: JobRecord, placement: Placement, now: float) -> AttemptRecord:
+    def admit(
+        self, record: JobRecord, placement: Placement, now: float, effects: list[Effect]
+    ) -> None:
+        """Dispatch the next attempt of a queued job the scheduler admitted at `placement`."""
+        attempt = self.attempt_for(record, placement, now)
+        # placement.note: a partial admission says so in the admitted event
+        self._dispatch(record, attempt, now, effects, note=placement.note or None)
+
+    def missing(
+        self, cluster: str, reported: set[tuple[str, int]], now: float, effects: list[Effect]
+    ) -> None:
+        """A cluster's snapshot listed `reported` (job_id, attempt): the live attempts on it
+        that it left out are lost, once they ran or were acknowledged a while ago."""
+        for job_id in list(self._live_on.get(cluster, ())):
+            record = self._jobs[job_id]
+            current = record.current
+            if current is None or current.cluster != cluster:
+                continue
+            if (job_id, current.attempt) in reported:
+                continue
+            settled = current.running_at is not None or (
+                current.acked_at is not None and now - current.acked_at > MISSING_GRACE_S
+            )
+            if settled:
+                self._lose(record, "workload-missing", now, effects)
+
+    def expire(self, now: float, effects: list[Effect]) -> None:
+        """Time passed: preemptions whose checkpoint grace ran out go ahead, and dispatches
+        whose replicas did not all run within the start timeout are given up."""
+        for job_id in list(self._preempting):
+            record = self._jobs[job_id]
+            pre = record.preempting
+            if pre is None:
+                self._preempting.discard(job_id)
+            elif now >= pre.deadline:
+                self._finish_preempt(record, now, effects)
+        for job_id in list(self._starting):
+            record = self._jobs[job_id]
+            current = record.current
+            if current is None or current.running_at is not None or record.preempting:
+                self._starting.discard(job_id)
+                continue
+            limit = record.spec.start_timeout_s or self._config.timeouts.start_s
+            if now - current.dispatched_at > limit:
+                record.start_failures += 1
+                self._end_attempt(record, current, "start-timeout", now, lost=True)
+                effects.append(
+                    Send(
+                        current.cluster, self._cancel_cmd(job_id, current.attempt, "start timeout")
+                    )
+                )
+                delay = backoff_delay(record, record.start_failures)
+                self._requeue(
+                    record, now, delay, effects, reason=f"not all replicas ran within {limit:g}s"
+                )
+
+    def restore(self, record: JobRecord, current: AttemptRecord, now: float) -> None:
+        """After a restart: a persisted live attempt (and its reserved replacement) holds its
+        placement until its agent resends a snapshot or its cluster is declared lost."""
+        request = gang_request(record, now, self._registry.demands(record.job_id))
+        request.attempt = current.attempt
+        self._scheduler.assume(request, placement_of(current))
+        self._track_live(record, current.cluster)
+        if current.running_at is None:
+            self._starting.add(record.job_id)
+        if record.preempting is not None:
+            self._preempting.add(record.job_id)
+        if record.preempting is not None and record.preempting.replacement is not None:
+            rep = record.preempting.replacement
+            request.attempt = rep.attempt
+            self._scheduler.assume(request, placement_of(rep))
+        since = work_since(record, current)
+        self._scheduler.note_progress(record.job_id, current.attempt, since)
+
+    def resend_unacknowledged(self, now: float) -> list[Effect]:
+        """After a restart: send again every dispatch persisted without an acknowledgement.
+        The previous leader may have died before or while sending it; agents acknowledge a
+        duplicate (job_id, attempt) without starting a second copy. The start timeout counts
+        from this send."""
+        effects: list[Effect] = []
+        for job_id in sorted(self._starting):
+            record = self._jobs[job_id]
+            current = record.current
+            if (
+                current is None
+                or current.acked_at is not None
+                or current.running_at is not None
+                or record.preempting is not None
+            ):
+                continue
+            current.dispatched_at = now
+            effects.append(self._dispatch_send(record, current))
+        return effects
+
+    # ------------------------------------------------------------------ the attempt's steps
+    def attempt_for(self, record: JobRecord, placement: Placement, now: float) -> AttemptRecord:
         flavor = self._flavor(placement.cluster, placement.flavor)
         return AttemptRecord(
             attempt=record.attempt + 1,
@@ -239,7 +373,7 @@ class AttemptLifecycle:
 
     def _flavor(self, cluster: str, flavor: str) -> FlavorInfo | None:
         """What the cluster's agent said about the flavor; the inventory is its one owner."""
-        return self.scheduler.flavor_info(cluster, flavor)
+        return self._scheduler.flavor_info(cluster, flavor)
 
     def _dispatch(
         self,
@@ -254,7 +388,7 @@ class AttemptLifecycle:
         pool = (attempt.cluster, attempt.flavor)  # checkpoint advice for this pool (advice.py)
         attempt.advised_interval_s = advised_interval_s(
             record.spec,
-            self.scheduler.pool_interruption_rate(pool, now),
+            self._scheduler.pool_interruption_rate(pool, now),
             len(_nodes(attempt)),
             self._windows.get(pool),
         )
@@ -267,7 +401,7 @@ class AttemptLifecycle:
         effects.append(Persist(record))
         effects.append(self._dispatch_send(record, attempt))
         effects.append(
-            self._event(
+            self.event(
                 record,
                 "admitted",
                 now,
@@ -294,10 +428,10 @@ class AttemptLifecycle:
         )
         return Send(attempt.cluster, cmd, after_cancel_of=previous_attempt(record, attempt))
 
-    def _spot(
+    def spot_notice(
         self, job_id: str, cluster: str, notice: SpotNotice, now: float, effects: list[Effect]
     ) -> None:
-        record = self.jobs.get(job_id)
+        record = self._jobs.get(job_id)
         if record is None:
             return
         live = record.current
@@ -308,7 +442,7 @@ class AttemptLifecycle:
             rep = pre.replacement
             if rep is not None and rep.cluster == cluster and notice.node in _nodes(rep):
                 # The reserved replacement is itself being reclaimed: reserve again elsewhere.
-                self.scheduler.release(job_id, rep.attempt)
+                self._scheduler.release(job_id, rep.attempt)
                 pre.replacement = None
                 self._reserve_replacement(record, now)
                 effects.append(Persist(record))
@@ -318,7 +452,7 @@ class AttemptLifecycle:
         current = record.current
         if current is None or current.cluster != cluster:
             return
-        self._begin_preempt(record, "spot-notice", notice.deadline, now, effects, reserve=True)
+        self.begin_preempt(record, "spot-notice", notice.deadline, now, effects, reserve=True)
 
     def _reserve_replacement(self, record: JobRecord, now: float) -> None:
         """Make-before-break: hold a placement for the next attempt away from the lost pool."""
@@ -326,15 +460,15 @@ class AttemptLifecycle:
         pre = record.preempting
         if current is None or pre is None:
             return
-        request = gang_request(record, now, self._demands[record.job_id])
+        request = gang_request(record, now, self._registry.demands(record.job_id))
         request.avoid_pools = request.avoid_pools | {(current.cluster, current.flavor)}
         if self._spot_fallback_due(record, extra=1):
             request.spot_exhausted = True
-        got = self.scheduler.reserve(request, now, replacing_attempt=current.attempt)
+        got = self._scheduler.reserve(request, now, replacing_attempt=current.attempt)
         if isinstance(got, Placement):
-            pre.replacement = self._attempt_for(record, got, now)
+            pre.replacement = self.attempt_for(record, got, now)
 
-    def _begin_preempt(
+    def begin_preempt(
         self,
         record: JobRecord,
         cause: str,
@@ -359,7 +493,7 @@ class AttemptLifecycle:
         if reserve:
             self._reserve_replacement(record, now)
         effects.append(Persist(record))
-        effects.append(self._event(record, "preempting", now, reason=cause))
+        effects.append(self.event(record, "preempting", now, reason=cause))
         if record.spec.checkpoint is None or current.running_at is None:
             # Nothing to wait for: no checkpoints are written, or the gang never ran.
             self._finish_preempt(record, now, effects)
@@ -393,20 +527,20 @@ class AttemptLifecycle:
                     AvoidPool(
                         current.cluster,
                         current.flavor,
-                        now + self.config.scheduling.avoid_lost_pool_s,
+                        now + self._config.scheduling.avoid_lost_pool_s,
                     )
                 )
         planned = pre.cause in spotreturn.PLANNED_MOVES  # the broker's choice, not a loss
         if not planned and self._charge_preemption(record, current, now, pre.cause, effects):
             if pre.replacement is not None:
-                self.scheduler.release(record.job_id, pre.replacement.attempt)
+                self._scheduler.release(record.job_id, pre.replacement.attempt)
             return
         if pre.replacement is not None:
             self._dispatch(record, pre.replacement, now, effects)
         else:
             self._requeue(record, now, 0.0, effects, reason=pre.cause)
 
-    def _lose_all(
+    def lose_all(
         self,
         job_ids: Sequence[str],
         cause: str,
@@ -417,7 +551,7 @@ class AttemptLifecycle:
         node: str | None = None,
     ) -> None:
         for job_id in job_ids:
-            record = self.jobs.get(job_id)
+            record = self._jobs.get(job_id)
             if record is None or record.state not in LIVE_STATES:
                 continue
             pre = record.preempting
@@ -425,7 +559,7 @@ class AttemptLifecycle:
                 rep = pre.replacement
                 if rep.cluster == cluster and (node is None or node in _nodes(rep)):
                     # The reserved replacement lost its capacity: fall back to the queue.
-                    self.scheduler.release(job_id, rep.attempt)
+                    self._scheduler.release(job_id, rep.attempt)
                     pre.replacement = None
                     effects.append(Persist(record))
             current = record.current
@@ -449,7 +583,7 @@ class AttemptLifecycle:
         )
         record.avoid.append(
             AvoidPool(
-                current.cluster, current.flavor, now + self.config.scheduling.avoid_lost_pool_s
+                current.cluster, current.flavor, now + self._config.scheduling.avoid_lost_pool_s
             )
         )
         if self._charge_preemption(record, current, now, cause, effects):
@@ -474,11 +608,11 @@ class AttemptLifecycle:
         if verdict == "fall-back":
             record.spot_exhausted = True
         elif verdict == "fail":
-            self._finish(record, "failed", now, no_progress_reason(record), effects)
+            self.finish(record, "failed", now, no_progress_reason(record), effects)
             return True
         limit = record.spec.restart.max_preemptions
         if limit is not None and record.preemptions > limit:
-            self._finish(
+            self.finish(
                 record,
                 "failed",
                 now,
@@ -506,7 +640,7 @@ class AttemptLifecycle:
         codes = [c for c in status.exit_codes if c != 0]
         detail = f"exit codes {codes}" + (f": {status.reason}" if status.reason else "")
         if policy.retriable_exit_codes and not any(c in policy.retriable_exit_codes for c in codes):
-            self._finish(
+            self.finish(
                 record,
                 "failed",
                 now,
@@ -516,7 +650,7 @@ class AttemptLifecycle:
             return
         record.errors += 1
         if record.errors > policy.max_restarts_on_error:
-            self._finish(
+            self.finish(
                 record,
                 "failed",
                 now,
@@ -530,7 +664,7 @@ class AttemptLifecycle:
             self._end_attempt(record, current, f"error: {detail}", now, lost=True)
         self._requeue(record, now, backoff_delay(record, record.errors), effects, reason=detail)
 
-    def _finish(
+    def finish(
         self,
         record: JobRecord,
         state: JobState,
@@ -547,16 +681,16 @@ class AttemptLifecycle:
                 )
         pre = record.preempting
         if pre is not None and pre.replacement is not None:
-            self.scheduler.release(record.job_id, pre.replacement.attempt)
+            self._scheduler.release(record.job_id, pre.replacement.attempt)
         record.preempting = None
-        self.backlog.dequeue(record)
-        self.reasons.pop(record.job_id, None)
-        self.backlog.forget(record.job_id)
+        self._backlog.dequeue(record)
+        self._registry.clear_reasons(record.job_id)
+        self._backlog.forget(record.job_id)
         record.state = state
         record.reason = reason
         record.finished_at = now
         effects.append(Persist(record))
-        event = self._event(record, state, now, reason=reason)
+        event = self.event(record, state, now, reason=reason)
         event.event.accounting = accounting_of(record, now)
         effects.append(event)
 
@@ -564,9 +698,9 @@ class AttemptLifecycle:
         self, record: JobRecord, attempt: AttemptRecord, cause: str, now: float, *, lost: bool
     ) -> None:
         close_attempt(record, attempt, cause, now, lost=lost)
-        self.scheduler.release(record.job_id, attempt.attempt)
+        self._scheduler.release(record.job_id, attempt.attempt)
         self._untrack_live(record, attempt.cluster)
-        self.backlog.capacity_dirty = True
+        self._backlog.capacity_dirty = True
 
     def _requeue(
         self, record: JobRecord, now: float, delay: float, effects: list[Effect], *, reason: str
@@ -576,9 +710,9 @@ class AttemptLifecycle:
         record.preempting = None
         record.queued_at = now
         record.not_before = now + delay
-        self.backlog.enqueue(record)
+        self._backlog.enqueue(record)
         effects.append(Persist(record))
-        effects.append(self._event(record, "requeued", now, reason=reason))
+        effects.append(self.event(record, "requeued", now, reason=reason))
 
     def _track_live(self, record: JobRecord, cluster: str) -> None:
         self._live.add(record.job_id)
@@ -594,7 +728,7 @@ class AttemptLifecycle:
     def _cancel_cmd(self, job_id: str, attempt: int, reason: str) -> Cancel:
         return Cancel(job_id=job_id, epoch=self.epoch, attempt=attempt, reason=reason)
 
-    def _event(
+    def event(
         self,
         record: JobRecord,
         kind: EventKind,
@@ -629,6 +763,9 @@ def previous_attempt(record: JobRecord, attempt: AttemptRecord) -> int | None:
             break
         before = a.attempt
     return before
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 def _nodes(attempt: AttemptRecord) -> set[str]:

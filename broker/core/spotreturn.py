@@ -11,7 +11,7 @@ exceeds what the move costs:
 
 Hours left: from the deadline's declared runtime when there is one; otherwise the time it has
 run so far (a job that has run t tends to run about t more), and nothing before it has run
-`MIN_RUN_S`. The move itself is the make-before-break path of a spot notice (machine.py): the
+`MIN_RUN_S`. The move itself is the make-before-break path of a spot notice (moves.py): the
 spot placement is reserved first, then the job checkpoints, and only when the checkpoint lands
 (or the grace runs out) is the old attempt cancelled and the new one dispatched. There is
 never a second live copy, and no spot placement means no move.

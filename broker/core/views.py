@@ -1,6 +1,7 @@
-"""Read-only queries over the lifecycle's state, for the API, the CLI and the dashboard.
+"""Read-only queries over the machine's components, for the API, the CLI and the dashboard.
 
-Nothing here changes state; `JobViews` is mixed into `Machine`, whose state it reads.
+`JobViews` holds the components it reads (the job registry, the lifecycle, the backlog, the agent
+tracker and the scheduler) and asks them through their public methods; it changes nothing.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from collections.abc import Iterable, Iterator
 from broker.core.accounting import accounting, attempt_view
 from broker.core.agents import AgentTracker
 from broker.core.backlog import Backlog
+from broker.core.lifecycle import AttemptLifecycle
 from broker.core.reasons import pending_reason
-from broker.core.records import JobRecord, demands_of, gang_request
+from broker.core.records import JobRecord, gang_request
+from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
-from broker.core.types import PodSetDemand, Reason
 from schemas.api import (
     CheckpointView,
     ClusterView,
@@ -25,17 +27,23 @@ from schemas.api import (
 
 
 class JobViews:
-    jobs: dict[str, JobRecord]
-    reasons: dict[str, tuple[Reason, ...]]
-    scheduler: Scheduler
-    backlog: Backlog
-    tracker: AgentTracker
-    _demands: dict[str, tuple[PodSetDemand, ...]]
-    _live: set[str]
-    _live_on: dict[str, set[str]]
+    def __init__(
+        self,
+        registry: JobRegistry,
+        lifecycle: AttemptLifecycle,
+        backlog: Backlog,
+        tracker: AgentTracker,
+        scheduler: Scheduler,
+    ) -> None:
+        self._registry = registry
+        self._jobs = registry.records
+        self._lifecycle = lifecycle
+        self._backlog = backlog
+        self._tracker = tracker
+        self._scheduler = scheduler
 
     def job_view(self, job_id: str, now: float, *, with_spec: bool = True) -> JobView | None:
-        record = self.jobs.get(job_id)
+        record = self._jobs.get(job_id)
         if record is None:
             return None
         attempts = [attempt_view(a, record.total_gpus, now) for a in record.attempts]
@@ -74,7 +82,7 @@ class JobViews:
         limit: int = 1000,
     ) -> list[JobView]:
         out: list[JobView] = []
-        for record in _matching(self.jobs.values(), queue, state, cluster, None):
+        for record in _matching(self._jobs.values(), queue, state, cluster, None):
             view = self.job_view(record.job_id, now, with_spec=False)
             if view is not None:
                 out.append(view)
@@ -98,7 +106,7 @@ class JobViews:
         total = 0
         page: list[str] = []
         end = offset + limit
-        for record in _matching(reversed(self.jobs.values()), queue, state, cluster, name):
+        for record in _matching(reversed(self._jobs.values()), queue, state, cluster, name):
             if offset <= total < end:
                 page.append(record.job_id)
             total += 1
@@ -107,15 +115,15 @@ class JobViews:
 
     def first_reason(self, job_id: str) -> str | None:
         """The scheduler's first reason for a queued job (what `muster status` shows)."""
-        reasons = self.reasons.get(job_id)
+        reasons = self._registry.reasons.get(job_id)
         return reasons[0].message if reasons else None
 
     def oldest_pending(self) -> dict[str, float]:
         """Per queue, when its longest-waiting pending job was submitted."""
         out: dict[str, float] = {}
-        for queue, ids in self.backlog.pending.items():
+        for queue, ids in self._backlog.pending.items():
             if ids:
-                out[queue] = min(self.jobs[j].submitted_at for j in ids)
+                out[queue] = min(self._jobs[j].submitted_at for j in ids)
         return out
 
     def _pending_reasons(self, record: JobRecord, now: float) -> list[PendingReason]:
@@ -130,7 +138,7 @@ class JobViews:
                     )
                 )
             # pending_reason: the API form of a core reason, with its numbers
-            reasons.extend(pending_reason(r) for r in self.reasons.get(record.job_id, ()))
+            reasons.extend(pending_reason(r) for r in self._registry.reasons.get(record.job_id, ()))
         elif record.state == "preempting" and record.preempting is not None:
             reasons.append(
                 PendingReason(
@@ -151,7 +159,7 @@ class JobViews:
         return f"{reasons[0].code}: {reasons[0].message}"
 
     def why(self, job_id: str, now: float) -> WhyView | None:
-        record = self.jobs.get(job_id)
+        record = self._jobs.get(job_id)
         if record is None:
             return None
         reasons = self._pending_reasons(record, now)
@@ -163,11 +171,10 @@ class JobViews:
                 reasons.append(
                     PendingReason(code="not-yet-considered", message="waiting for the next cycle")
                 )
-            pending = self.backlog.pending.get(record.queue)
+            pending = self._backlog.pending.get(record.queue)
             position = pending.rank(job_id) if pending is not None else 0
-            demands = self._demands.get(job_id) or demands_of(record.spec)
-            request = gang_request(record, now, demands)
-            candidates = [pending_reason(r) for r in self.scheduler.pool_reasons(request)]
+            request = gang_request(record, now, self._registry.demands(job_id))
+            candidates = [pending_reason(r) for r in self._scheduler.pool_reasons(request)]
             waiting_for = _waiting_for(reasons, candidates)
         elif record.state == "preempting":
             waiting_for = "checkpoint"
@@ -182,31 +189,31 @@ class JobViews:
         )
 
     def queue_views(self) -> list[QueueView]:
-        counts = {q: len(p) for q, p in self.backlog.pending.items()}
-        return self.scheduler.queue_views(counts)
+        counts = {q: len(p) for q, p in self._backlog.pending.items()}
+        return self._scheduler.queue_views(counts)
 
     def cluster_views(self, now: float) -> list[ClusterView]:
-        names = sorted(set(self.tracker.tracks) | set(self.scheduler.known_clusters()))
+        names = sorted(set(self._tracker.tracks) | set(self._scheduler.known_clusters()))
         out = []
         for name in names:
-            track = self.tracker.tracks.get(name)
+            track = self._tracker.tracks.get(name)
             out.append(
                 ClusterView(
                     name=name,
                     health=track.health if track else "lost",
                     last_heartbeat=track.last_heard if track else None,
-                    flavors=self.scheduler.flavor_views(name, now),
-                    running_jobs=len(self._live_on.get(name, ())),
+                    flavors=self._scheduler.flavor_views(name, now),
+                    running_jobs=len(self._lifecycle.live_on(name)),
                     stale_s=track.stale_s if track else 0.0,
                 )
             )
         return out
 
     def pending_count(self) -> int:
-        return sum(len(p) for p in self.backlog.pending.values())
+        return sum(len(p) for p in self._backlog.pending.values())
 
     def live_count(self) -> int:
-        return len(self._live)
+        return self._lifecycle.live_count()
 
 
 _WAIT_FOR = {

@@ -193,7 +193,7 @@ class Dashboard:
         job_id = views.job_id_param(request.match_info["job_id"])
         attempt = views.int_param(request.query, "attempt", 0, 0, 100_000) or None
         tail = views.int_param(request.query, "tail", 20, 1, views.PAGE_MAX)
-        view = self._machine().job_view(job_id, self.broker.clock(), with_spec=False)
+        view = self._machine().views.job_view(job_id, self.broker.clock(), with_spec=False)
         if view is None:
             return _error(404, f"unknown job {job_id!r}")
         if self._log_reads.locked():

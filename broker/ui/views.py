@@ -71,7 +71,7 @@ def jobs_page(machine: Machine, params: Mapping[str, str], now: float) -> dict[s
         raise BadRequest(f"state={state[:20]!r} is not a job state; use one of: {_states()}")
     offset = int_param(params, "offset", 0, 0, OFFSET_MAX)
     limit = int_param(params, "limit", 50, 1, PAGE_MAX)
-    total, views = machine.jobs_page(
+    total, views = machine.views.jobs_page(
         now,
         queue=_name(params, "queue"),
         state=state,
@@ -84,7 +84,7 @@ def jobs_page(machine: Machine, params: Mapping[str, str], now: float) -> dict[s
     for view in views:
         row = msgspec.to_builtins(view)
         if view.state == "queued":
-            row["reason"] = machine.first_reason(view.job_id) or view.reason
+            row["reason"] = machine.views.first_reason(view.job_id) or view.reason
         rows.append(row)
     return {"total": total, "offset": offset, "limit": limit, "jobs": rows}
 
@@ -94,10 +94,10 @@ def _states() -> str:
 
 
 def job_detail(machine: Machine, job_id: str, now: float) -> dict[str, Any] | None:
-    view = machine.job_view(job_id, now)
+    view = machine.views.job_view(job_id, now)
     if view is None:
         return None
-    why = machine.why(job_id, now) if view.state in ("queued", "preempting") else None
+    why = machine.views.why(job_id, now) if view.state in ("queued", "preempting") else None
     return {
         "job": msgspec.to_builtins(view),
         "why": msgspec.to_builtins(why) if why is not None else None,
@@ -110,7 +110,7 @@ def fleet(machine: Machine, now: float) -> dict[str, Any]:
     prior = machine.config.scheduling.spot_prior_rate
     clusters = []
     gpu_total = gpu_spot = 0
-    for view in machine.cluster_views(now):
+    for view in machine.views.cluster_views(now):
         row = msgspec.to_builtins(view)
         row["stale_s"] = view.stale_s  # > 0: the agent's Kubernetes watches are failing
         for flavor in row.get("flavors", []):
@@ -130,9 +130,9 @@ def fleet(machine: Machine, now: float) -> dict[str, Any]:
 
 
 def queues(machine: Machine, now: float) -> dict[str, Any]:
-    oldest = machine.oldest_pending()
+    oldest = machine.views.oldest_pending()
     rows = []
-    for view in machine.queue_views():
+    for view in machine.views.queue_views():
         row = msgspec.to_builtins(view)
         since = oldest.get(view.name)
         row["oldest_wait_s"] = now - since if since is not None else None

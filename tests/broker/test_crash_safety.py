@@ -375,7 +375,7 @@ async def test_full_queue_refuses_submissions_and_other_queues_still_accept(
     assert not reply.accepted and reply.error and "is full" in reply.error
     assert "max_pending_per_queue" in reply.error
     assert (await harness.submit(job("r0"), queue="research")).accepted
-    assert broker.machine is not None and broker.machine.pending_count() == 6
+    assert broker.machine is not None and broker.machine.views.pending_count() == 6
 
 
 async def test_submitter_over_its_rate_is_refused_with_the_reason(harness: Harness) -> None:

@@ -32,7 +32,7 @@ from schemas.agent import (
     WorkloadStatus,
 )
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
-from schemas.job import CheckpointSpec, JobSpec, PodSet, RestartPolicy
+from schemas.job import CheckpointSpec, Deadline, JobSpec, PodSet, RestartPolicy, SpotPolicy
 
 T0 = 1_800_000_000.0
 SPOT = FlavorInfo(name="spot", capacity_type="spot", gpu_type="A100", price_per_gpu_hour=1.0)
@@ -125,13 +125,13 @@ def test_error_budget_then_clear_failure() -> None:
     fx = w.send("a", WorkloadStatus(job_id=job, attempt=1, phase="failed", exit_codes=[3]))
     assert "requeued" in events(fx)
     assert not sends(w.cycle(5), Dispatch)  # backing off
-    assert w.m.why(job, w.now).reasons[0].code == "backoff"  # type: ignore[union-attr]
+    assert w.m.views.why(job, w.now).reasons[0].code == "backoff"  # type: ignore[union-attr]
     (d,) = sends(w.cycle(6), Dispatch)
     assert d.attempt == 2
     run(w, job, "a", 2)
     fx = w.send("a", WorkloadStatus(job_id=job, attempt=2, phase="failed", exit_codes=[3]))
     assert events(fx)[-1] == "failed"
-    view = w.m.job_view(job, w.now)
+    view = w.m.views.job_view(job, w.now)
     assert view is not None and view.state == "failed"
     assert "max_restarts_on_error=1" in (view.reason or "")
 
@@ -143,7 +143,7 @@ def test_non_retriable_exit_code_fails_at_once() -> None:
     w.cycle()
     run(w, job, "a", 1)
     w.send("a", WorkloadStatus(job_id=job, attempt=1, phase="failed", exit_codes=[2]))
-    view = w.m.job_view(job, w.now)
+    view = w.m.views.job_view(job, w.now)
     assert view is not None and view.state == "failed" and "not in" in (view.reason or "")
 
 
@@ -157,7 +157,7 @@ def test_preemption_budget_is_separate_and_enforced() -> None:
     (d2,) = sends(w.cycle() + w.cycle(), Dispatch)  # avoided pool, then widened
     run(w, job, "a", 2)
     w.send("a", NodeGone(node=d2.assignment[0].nodes[0]))
-    view = w.m.job_view(job, w.now)
+    view = w.m.views.job_view(job, w.now)
     assert view is not None and view.state == "failed"
     assert "max_preemptions=1" in (view.reason or "") and view.accounting.errors == 0
 
@@ -441,7 +441,7 @@ def test_in_place_restarts_are_told_once_and_not_repeated_by_snapshots() -> None
         ],
     )  # fmt: skip
     assert "restarted" not in events(w.send("a", snap))
-    view = w.m.job_view(job, w.now)
+    view = w.m.views.job_view(job, w.now)
     assert view is not None and view.state == "running"
 
 
@@ -451,11 +451,11 @@ def test_a_stale_heartbeat_stops_placements_there_and_shows_in_the_view() -> Non
     w.send("a", Heartbeat(at=w.now, stale_s=75.0))
     job = w.submit()
     assert not sends(w.m.handle(CYCLE, w.now), Dispatch)
-    (view,) = w.m.cluster_views(w.now)
+    (view,) = w.m.views.cluster_views(w.now)
     assert view.health == "healthy" and view.stale_s == 75.0
     w.send("a", Heartbeat(at=w.now))  # the watches recovered
     (dispatch,) = sends(w.m.handle(CYCLE, w.now), Dispatch)
-    assert dispatch.job_id == job and w.m.cluster_views(w.now)[0].stale_s == 0.0
+    assert dispatch.job_id == job and w.m.views.cluster_views(w.now)[0].stale_s == 0.0
 
 
 def test_an_uncordon_withdraws_the_notice_but_the_move_it_started_completes() -> None:
@@ -490,3 +490,30 @@ def test_an_uncordon_withdraws_the_notice_but_the_move_it_started_completes() ->
     other = w.submit("k")
     (d3,) = sends(w.cycle(), Dispatch)
     assert d3.job_id == other and d3.assignment[0].nodes[0] == name
+
+
+def test_a_queued_job_whose_deadline_slack_ran_out_asks_for_on_demand_at_once() -> None:
+    """The switch renews the request a parked job keeps between cycles (it asked for spot
+    first), and leaves `spot_exhausted` alone: spot was never short, the deadline was."""
+    w = World()
+    w.send(
+        "a",
+        ClusterSnapshot(flavors=[SPOT, OD], nodes=[node("a", 0, "spot"), node("a", 1, "od")]),
+    )
+    busy = w.submit("busy", capacity="spot")
+    w.cycle()
+    run(w, busy, "a", 1)
+    # An hour to do 30 minutes of work: 28 minutes of slack, minus a move (2 min).
+    job = w.submit(
+        "due",
+        capacity="spot-then-on-demand",
+        checkpoint=CheckpointSpec(uri="s3://b/ck", interval_s=600, cost_s=30),
+        spot=SpotPolicy(fallback_after_wait_s=86_400, fallback_after_preemptions=100),
+        deadline=Deadline(within_s=3600, runtime_s=1800, total_steps=1800),
+    )
+    for _ in range(2):
+        assert not sends(w.cycle(600), Dispatch)  # waits for the busy spot node
+    (d,) = sends(w.cycle(400), Dispatch)  # 1600 s in: slack down to 80 s
+    record = w.m.jobs[job]
+    assert (d.job_id, d.flavor) == (job, "od")
+    assert record.deadline_on_demand and not record.spot_exhausted

@@ -108,7 +108,7 @@ def test_why_names_the_binding_constraint_per_cluster_and_flavor() -> None:
     assert m.jobs[first.job_id or ""].state == "admitted"
     second, _ = split_reply(m.handle(SubmitJob(spec("second", 4, "ml", gpu_types=["a100"])), T0))
     m.handle(CYCLE, T0)
-    why = m.why(second.job_id or "", T0)
+    why = m.views.why(second.job_id or "", T0)
     assert why is not None and why.state == "queued" and why.position == 0
     per = {(c.cluster, c.flavor): c for c in why.candidates}
     assert set(per) == {("east", "a100-od"), ("east", "t4-spot"), ("west", "h100-od")}
@@ -120,7 +120,7 @@ def test_why_names_the_binding_constraint_per_cluster_and_flavor() -> None:
     assert "no H100 accepted" in per[("west", "h100-od")].message
     assert why.waiting_for == "capacity"
     assert why.queue == "ml"
-    view = m.job_view(second.job_id or "", T0)
+    view = m.views.job_view(second.job_id or "", T0)
     assert view is not None and view.waiting and view.waiting.startswith("insufficient-capacity")
 
 
@@ -132,7 +132,7 @@ def test_why_shows_quota_numbers_when_quota_binds() -> None:
     third, _ = split_reply(m.handle(SubmitJob(spec("third", 8, "solo")), T0))
     m.handle(CYCLE, T0)
     assert m.jobs[first.job_id or ""].state == "admitted"
-    why = m.why(third.job_id or "", T0)
+    why = m.views.why(third.job_id or "", T0)
     assert why is not None and why.position == 1  # `second` is ahead of it
     (c,) = why.candidates
     assert c.code == "quota-exceeded"

@@ -52,12 +52,12 @@ async def test_pages_list_filter_and_paginate_on_the_server(live: Live) -> None:
     await h.wait_event(ids[1], "running", timeout=15)
     machine = h.broker.machine
     assert machine is not None
-    await h.wait_for(lambda: all(machine.first_reason(j) for j in ids[2:]))
+    await h.wait_for(lambda: all(machine.views.first_reason(j) for j in ids[2:]))
     status, page = await live.get("/api/jobs?state=queued&name=pg-6")
     assert isinstance(page, dict) and page["total"] == 1
     row = page["jobs"][0]
     assert row["job_id"] == ids[6] and row["state"] == "queued"
-    assert row["reason"] == machine.first_reason(ids[6])
+    assert row["reason"] == machine.views.first_reason(ids[6])
     status, page = await live.get("/api/jobs?state=queued")
     assert isinstance(page, dict) and page["total"] == 5
     status, page = await live.get("/api/jobs?state=running&cluster=a")
@@ -80,12 +80,12 @@ async def test_fleet_queues_and_job_detail(live: Live) -> None:
     assert live.world.fleet is not None and live.world.harness.broker.machine is not None
     live.world.fleet.clusters["b"].stale_watches(42.0)
     machine = live.world.harness.broker.machine
-    await h.wait_for(lambda: any(v.stale_s == 42.0 for v in machine.cluster_views(0.0)))
+    await h.wait_for(lambda: any(v.stale_s == 42.0 for v in machine.views.cluster_views(0.0)))
     status, fleet = await live.get("/api/fleet")
     assert isinstance(fleet, dict)
     assert {c["name"]: c["stale_s"] for c in fleet["clusters"]} == {"a": 0.0, "b": 42.0}
     live.world.fleet.clusters["b"].stale_watches(0.0)
-    await h.wait_for(lambda: all(v.stale_s == 0 for v in machine.cluster_views(0.0)))
+    await h.wait_for(lambda: all(v.stale_s == 0 for v in machine.views.cluster_views(0.0)))
     status, queues = await live.get("/api/queues")
     assert status == 200 and isinstance(queues, dict)
     default = next(q for q in queues["queues"] if q["name"] == "default")

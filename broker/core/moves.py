@@ -1,0 +1,111 @@
+"""Moves by choice: a deadline switch to on-demand, and a return to spot; make-before-break.
+
+The pure decisions are deadline.py's (when the slack ran out) and spotreturn.py's (when a
+return pays). `PlannedMoves` owns the jobs with a deadline still open and where the last
+spot-return scan stopped. A move reserves the new placement first; the lifecycle's
+preemption path then checkpoints, cancels the old attempt and dispatches the new one.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from broker.core import deadline as deadlines
+from broker.core import spotreturn
+from broker.core.backlog import Backlog
+from broker.core.effects import Effect, Persist
+from broker.core.lifecycle import TERMINAL, AttemptLifecycle
+from broker.core.records import JobRecord, gang_request
+from broker.core.registry import JobRegistry
+from broker.core.scheduler import Scheduler
+from broker.core.types import Placement
+
+
+class PlannedMoves:
+    def __init__(
+        self,
+        registry: JobRegistry,
+        lifecycle: AttemptLifecycle,
+        scheduler: Scheduler,
+        backlog: Backlog,
+    ) -> None:
+        self._registry = registry
+        self._jobs = registry.records
+        self._lifecycle = lifecycle
+        self._scheduler = scheduler
+        self._backlog = backlog
+        self._deadline_jobs: set[str] = set()  # not finished, with a deadline
+        self._next_return_scan = 0.0
+        self._return_cursor = ""  # the last job a spot-return scan tried
+        self.spot_return = True  # off only to measure what it earns (load/sim.py)
+
+    def watch(self, record: JobRecord) -> None:
+        """A job submitted or restored: follow its deadline, if it has one."""
+        if record.spec.deadline is not None and record.state not in TERMINAL:
+            self._deadline_jobs.add(record.job_id)
+
+    def tick(self, now: float, effects: list[Effect]) -> None:
+        self._deadline_switches(now, effects)
+        if self.spot_return and now >= self._next_return_scan:
+            self._next_return_scan = now + spotreturn.SCAN_EVERY_S
+            self._spot_returns(now, effects)
+
+    def _deadline_switches(self, now: float, effects: list[Effect]) -> None:
+        """Jobs whose deadline slack ran out go to on-demand for good (deadline.py)."""
+        for job_id in sorted(self._deadline_jobs):
+            record = self._jobs[job_id]
+            if record.state in TERMINAL:
+                self._deadline_jobs.discard(job_id)
+            elif deadlines.must_switch(record, now):
+                record.deadline_on_demand = True
+                # The request the backlog keeps for the job asked for spot: build it anew.
+                self._backlog.forget(job_id)
+                effects.append(Persist(record))
+                current = record.current
+                if record.state == "queued":
+                    record.reason = "deadline: too little slack left for spot; on-demand only"
+                    self._backlog.fresh.add(job_id)
+                elif current is not None and current.capacity_type == "spot":
+                    self._move(record, spotreturn.DEADLINE_MOVE, now, effects)
+
+    def _spot_returns(self, now: float, effects: list[Effect]) -> None:
+        """On-demand jobs that may use spot go back to it when that pays (spotreturn.py)."""
+        tries = 0
+        live = sorted(self._lifecycle.live_jobs())
+        # Round robin from where the last scan stopped, so that jobs whose move keeps
+        # failing early in the order do not starve the rest.
+        start = bisect.bisect_right(live, self._return_cursor)
+        for job_id in live[start:] + live[:start]:
+            if tries >= spotreturn.MAX_TRIES_PER_SCAN:
+                break
+            record = self._jobs[job_id]
+            if spotreturn.may_return(record, now):
+                tries += 1
+                self._return_cursor = job_id
+                self._move(record, spotreturn.SPOT_RETURN, now, effects)
+
+    def _move(self, record: JobRecord, cause: str, now: float, effects: list[Effect]) -> None:
+        """Move a running job by choice, make-before-break: reserve the new placement, then
+        the spot-notice path checkpoints, cancels the old attempt and dispatches the new one."""
+        current = record.current
+        if current is None or record.state != "running" or current.running_at is None:
+            return
+        request = gang_request(record, now, self._registry.demands(record.job_id))
+        if cause == spotreturn.SPOT_RETURN:
+            request.capacity = "spot"
+            request.spot_exhausted = False
+        got = self._scheduler.reserve(request, now, replacing_attempt=current.attempt)
+        if not isinstance(got, Placement):
+            return
+        if cause == spotreturn.SPOT_RETURN and not spotreturn.worth_returning(
+            record, current, got.expected_cost_per_hour, now
+        ):
+            self._scheduler.release(record.job_id, request.attempt)
+            return
+        replacement = self._lifecycle.attempt_for(record, got, now)
+        deadline = now + spotreturn.move_grace_s(record)
+        self._lifecycle.begin_preempt(record, cause, deadline, now, effects, reserve=False)
+        if record.preempting is not None:
+            record.preempting.replacement = replacement
+            if cause == spotreturn.SPOT_RETURN:
+                record.spot_exhausted = False

@@ -1,0 +1,50 @@
+"""The job registry: every job the broker knows, finished ones included.
+
+It owns which jobs exist (`records`), each job's gang demands (computed once, when the job is
+added) and the scheduler's latest reasons why a queued job waits. Other components change
+the records themselves (their state is the record's), never which records there are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from broker.core.records import JobRecord, demands_of
+from broker.core.types import PodSetDemand, Reason
+
+
+class JobRegistry:
+    def __init__(self) -> None:
+        # Public for reading and for changing a record's fields; `add` is the one writer.
+        self.records: dict[str, JobRecord] = {}
+        self._demands: dict[str, tuple[PodSetDemand, ...]] = {}
+        self._reasons: dict[str, tuple[Reason, ...]] = {}
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.records
+
+    def add(self, record: JobRecord, demands: tuple[PodSetDemand, ...] | None = None) -> None:
+        """Register a submitted or restored job (`demands`: its spec's, if already computed)."""
+        self.records[record.job_id] = record
+        self._demands[record.job_id] = demands if demands is not None else demands_of(record.spec)
+
+    def demands(self, job_id: str) -> tuple[PodSetDemand, ...]:
+        """The gang of a registered job."""
+        return self._demands[job_id]
+
+    @property
+    def all_demands(self) -> Mapping[str, tuple[PodSetDemand, ...]]:
+        """Every registered job's gang, by job id (read-only)."""
+        return self._demands
+
+    @property
+    def reasons(self) -> Mapping[str, tuple[Reason, ...]]:
+        """Why each queued job the last cycle looked at was not admitted (read-only)."""
+        return self._reasons
+
+    def set_reasons(self, job_id: str, reasons: tuple[Reason, ...]) -> None:
+        self._reasons[job_id] = reasons
+
+    def clear_reasons(self, job_id: str) -> None:
+        """The job was admitted or finished: it no longer waits."""
+        self._reasons.pop(job_id, None)
