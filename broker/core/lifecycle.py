@@ -477,7 +477,10 @@ class AttemptLifecycle:
         effects: list[Effect],
         *,
         reserve: bool,
+        replacement: AttemptRecord | None = None,
     ) -> None:
+        """`replacement`: a placement already reserved for the next attempt (a planned move);
+        it is dispatched once the old attempt ends, even when that is at once."""
         current = record.current
         if current is None or record.preempting is not None:
             return
@@ -487,6 +490,7 @@ class AttemptLifecycle:
             deadline=deadline,
             started_at=now,
             step_at_start=latest.step if latest is not None else None,
+            replacement=replacement,
         )
         record.state = "preempting"
         self._preempting.add(record.job_id)

@@ -104,8 +104,8 @@ class PlannedMoves:
             return
         replacement = self._lifecycle.attempt_for(record, got, now)
         deadline = now + spotreturn.move_grace_s(record)
-        self._lifecycle.begin_preempt(record, cause, deadline, now, effects, reserve=False)
-        if record.preempting is not None:
-            record.preempting.replacement = replacement
-            if cause == spotreturn.SPOT_RETURN:
-                record.spot_exhausted = False
+        self._lifecycle.begin_preempt(
+            record, cause, deadline, now, effects, reserve=False, replacement=replacement
+        )
+        if cause == spotreturn.SPOT_RETURN:
+            record.spot_exhausted = False

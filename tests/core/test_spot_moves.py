@@ -11,6 +11,7 @@ import pytest
 from agents.workload_env import muster_env
 from broker.core.effects import Effect, Send, split_reply
 from broker.core.inputs import Checkpoint, Cycle, SubmitJob, Tick
+from broker.core.invariants import violations
 from broker.core.machine import Machine
 from broker.core.risk import MAX_ADVISED_S, NOTICE_MISS, young_daly_s
 from broker.core.spotreturn import MIN_RUN_S
@@ -288,3 +289,32 @@ def test_a_spot_only_job_cannot_have_a_deadline() -> None:
             },
             JobSpec,
         )
+
+
+def test_a_deadline_move_of_a_job_without_checkpoints_dispatches_its_reserved_placement() -> None:
+    """Nothing to wait for: the old attempt is cancelled and the reserved on-demand placement
+    dispatched at once; the reservation is neither leaked nor charged twice."""
+    m, agent = setup()
+    agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
+    spec = msgspec.structs.replace(deadline_job("bare", 80 * 60.0, 3600.0), checkpoint=None)
+    assert accepted(m, spec, NOW + 3)
+    (d,) = dispatches(m.handle(Cycle(), NOW + 4))
+    assert d.flavor == "v100-spot"
+    running(agent, d, NOW + 64)
+    effects: list[Effect] = []
+    now = NOW + 64
+    record = m.jobs["bare"]
+    while not record.deadline_on_demand and now < NOW + 3600:
+        now += 60
+        effects = tick(m, agent, now)
+    assert record.deadline_on_demand
+    kinds = [type(e.command).__name__ for e in effects if isinstance(e, Send)]
+    assert kinds == ["Cancel", "Dispatch"]
+    (od,) = sends(effects, Dispatch)
+    assert od.flavor == "v100-od" and od.attempt == d.attempt + 1  # type: ignore[attr-defined]
+    assert record.current is not None and record.current.attempt == od.attempt  # type: ignore[attr-defined]
+    assert live_attempts(m, "bare") == 1
+    assert violations(m) == []
+    # The cycle finds nothing more to place for it: the reservation was not left behind.
+    assert dispatches(m.handle(Cycle(), now + 1)) == []
+    assert violations(m) == []
