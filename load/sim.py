@@ -600,6 +600,19 @@ class SimAgent:
             self.due_at = due
             self.sim.push(due, CLUSTER_DUE, self)
 
+    def due(self, t: float) -> bool:
+        """Whether the model has something to do at `t`: not when a due time was superseded
+        by an earlier one, nor when what was due has ended meanwhile (then wait for the
+        next)."""
+        if t != self.due_at:
+            return False
+        nxt = self.model.next_due()
+        if nxt <= t:
+            return True
+        self.due_at = math.inf
+        self._on_schedule(nxt)
+        return False
+
     def advance(self) -> None:
         self.due_at = math.inf
         self.model.advance()
@@ -972,8 +985,8 @@ class Sim:
             t, _, kind, payload = heapq.heappop(self.heap)
             if t > end_at:
                 break
-            if kind == CLUSTER_DUE and t != payload.due_at:
-                continue  # superseded by an earlier due time of the same cluster
+            if kind == CLUSTER_DUE and not payload.due(t):
+                continue
             self.now = max(self.now, t)
             self.clock.t = self.now
             self.steps += 1
@@ -1100,6 +1113,8 @@ class Sim:
         for _ in range(MAX_PUMP_ROUNDS):
             said = False
             for cluster in self.clusters.values():
+                if not cluster.outbox and not cluster.snapshot_due:
+                    continue
                 for batch in cluster.take_batches(self.now):
                     said = True
                     for e in batch.events:

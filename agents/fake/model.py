@@ -400,8 +400,12 @@ class ClusterModel:
         self._poisson_due(now)
 
     def next_due(self) -> float:
-        """The simulated time of the next thing `advance` would do (inf when idle)."""
-        nxt = self._heap[0][0] if self._heap else math.inf
+        """The simulated time of the next thing `advance` would do (inf when idle); entries of
+        ended workloads and removed nodes are dropped, so they wake no one."""
+        heap = self._heap
+        while heap and not heap[0][3].alive:
+            heapq.heappop(heap)
+        nxt = heap[0][0] if heap else math.inf
         if self._trace_pos < len(self._trace):
             nxt = min(nxt, self._trace[self._trace_pos][0])
         return min(nxt, self._next_poisson)
