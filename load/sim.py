@@ -4,8 +4,10 @@ Production runs the `Machine` behind an asyncio shell over NATS. Here a discrete
 plays the shell instead: it feeds the machine inputs with a virtual `now`, carries out its
 effects at once (`Send` goes to a simulated cluster, `Publish` updates the metrics), and the
 simulated clusters answer as agents would, with `EventBatch`es (snapshot first, increasing
-`seq`), heartbeats, spot notices and workload progress. Nothing sleeps and nothing does I/O
-after the traces are read, so a week of Philly jobs replays in seconds.
+`seq`), heartbeats, spot notices and workload progress. Each simulated cluster is the fake
+backend's `ClusterModel` (agents/fake/model.py) on this loop's virtual clock, with a
+`WorkloadTiming` per dispatch for GPU speed, checkpoint cost and restore delay. Nothing sleeps
+and nothing does I/O after the traces are read, so a week of Philly jobs replays in seconds.
 
 Jobs come from Philly (`philly.csv`), spot reclaims from Bamboo (`bamboo-p3.csv`,
 `bamboo-g4dn.csv`) or a Poisson process. Policies differ only in what the simulated workloads
@@ -49,7 +51,6 @@ from schemas.agent import (
     Cancel,
     CheckpointNow,
     CheckpointReport,
-    ClusterSnapshot,
     Dispatch,
     EventBatch,
     Heartbeat,
@@ -563,7 +564,7 @@ class SimAgent:
             if log is not None and event.phase == "running":
                 log.running_at = sim.now
             elif log is not None and event.phase in ENDED:
-                cause = event.phase
+                cause: str = event.phase
                 if event.phase == "evicted":
                     cause = "node-gone" if event.reason == RECLAIMED else event.reason
                 self._ended(key, log, event.step, cause)
@@ -586,10 +587,10 @@ class SimAgent:
             return
         self.outbox.append(event)
 
-    def _ended(self, key: tuple[str, int], log: AttemptLog, step: int, cause: str) -> None:
+    def _ended(self, key: tuple[str, int], log: AttemptLog, step: int | None, cause: str) -> None:
         del self.live[key]
         log.ended_at = self.sim.now
-        log.end_step = step
+        log.end_step = log.start_step if step is None else step
         log.cause = cause
         if self.sim.live_copies.get(key[0]) == key:
             del self.sim.live_copies[key[0]]
@@ -663,7 +664,7 @@ class SimAgent:
             for key in keys:
                 status = self.model.workload(*key)
                 self.model.remove(key[0], key[1], cmd.reason)  # silent, as a real agent's
-                step = status.step if status is not None else self.live[key].start_step
+                step = status.step if status is not None else None
                 self._ended(key, self.live[key], step, f"cancel: {cmd.reason}")
         elif isinstance(cmd, CheckpointNow):
             # Writing takes the job's checkpoint cost; if the node goes first, the checkpoint
