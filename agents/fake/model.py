@@ -288,7 +288,11 @@ class _Workload:
 
     @property
     def stalls(self) -> bool:
-        return self.stall_s > 0 and self.every_s is not None and math.isfinite(self.every_s)
+        """Periodic checkpoints pause the steps (none without a place to write them)."""
+        every = self.every_s
+        return (
+            self.stall_s > 0 and every is not None and math.isfinite(every) and bool(self.ckpt_base)
+        )
 
     def step_at(self, now: float) -> int:
         """Progress: compute time at `rate`, minus the stalls of periodic checkpoints."""
