@@ -4,8 +4,10 @@ Production runs the `Machine` behind an asyncio shell over NATS. Here a discrete
 plays the shell instead: it feeds the machine inputs with a virtual `now`, carries out its
 effects at once (`Send` goes to a simulated cluster, `Publish` updates the metrics), and the
 simulated clusters answer as agents would, with `EventBatch`es (snapshot first, increasing
-`seq`), heartbeats, spot notices and workload progress. Nothing sleeps and nothing does I/O
-after the traces are read, so a week of Philly jobs replays in seconds.
+`seq`), heartbeats, spot notices and workload progress. Each simulated cluster is the fake
+backend's `ClusterModel` (agents/fake/model.py) on this loop's virtual clock, with a
+`WorkloadTiming` per dispatch for GPU speed, checkpoint cost and restore delay. Nothing sleeps
+and nothing does I/O after the traces are read, so a week of Philly jobs replays in seconds.
 
 Jobs come from Philly (`philly.csv`), spot reclaims from Bamboo (`bamboo-p3.csv`,
 `bamboo-g4dn.csv`) or a Poisson process. Policies differ only in what the simulated workloads
@@ -30,8 +32,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import msgspec
 import typer
 
+from agents.backend import BackendError
+from agents.config import FakeClusterConfig, FakeFlavor
+from agents.fake.model import ClusterModel, ManualClock, WorkloadTiming
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
 from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
 from broker.core.invariants import unordered_dispatches, violations
@@ -45,14 +51,10 @@ from schemas.agent import (
     Cancel,
     CheckpointNow,
     CheckpointReport,
-    ClusterSnapshot,
     Dispatch,
     EventBatch,
-    FlavorInfo,
     Heartbeat,
     NodeGone,
-    NodeInfo,
-    NodeUpsert,
     Resync,
     SpotNotice,
     WorkloadStatus,
@@ -72,8 +74,8 @@ from schemas.job import (
 TRACES_DIR = traces.default_traces_dir()
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 NODE_GPUS = 8
-NODE_CPU_MILLI = 96_000
-NODE_MEMORY = 1152 * 2**30
+NODE_CPU = "96"
+NODE_MEMORY = "1152Gi"
 MAX_PUMP_ROUNDS = 64  # agent <-> broker exchanges per step before we call it a livelock
 SpotMode = Literal["trace", "poisson", "none"]
 
@@ -446,29 +448,8 @@ def broker_config(cfg: SimConfig) -> BrokerConfig:
 
 # ------------------------------------------------------------------------------ world
 @dataclass(slots=True)
-class SimNode:
-    name: str
-    cluster: str
-    flavor: str
-    gpu: int = NODE_GPUS
-    used: int = 0
-    deadline: float | None = None  # spot notice outstanding
-    slot: int = -1
-
-    def info(self) -> NodeInfo:
-        return NodeInfo(
-            name=self.name,
-            flavor=self.flavor,
-            gpu=self.gpu,
-            cpu_milli=NODE_CPU_MILLI,
-            memory=NODE_MEMORY,
-            spot_deadline=self.deadline,
-        )
-
-
-@dataclass(slots=True)
 class AttemptLog:
-    """Ground truth for one attempt, kept by the simulated cluster (not the broker)."""
+    """Ground truth for one attempt, kept by the simulated agent (not the broker)."""
 
     job_id: str
     attempt: int
@@ -498,58 +479,12 @@ class AttemptLog:
         return max(0.0, end - self.dispatched_at)
 
 
-@dataclass(slots=True, eq=False)
-class SimWorkload:
-    job: SimJob
-    attempt: int
-    cluster: str
-    nodes: list[str]  # one per replica
-    log: AttemptLog
-    writes_ckpts: bool
-    speed: float = 1.0  # steps per second on this GPU type
-    running_at: float | None = None
-    ckpt_pending: bool = False
-    ckpt_step: int = 0  # the step a requested checkpoint captures
-    hindsight: bool = False  # no periodic checkpoints (the oracle)
-    alive: bool = True
-    every: float | None = None  # this attempt's interval: the job's own, or the advice
-
-    @property
-    def period(self) -> tuple[float, float] | None:
-        """(compute seconds between periodic checkpoints, stall per checkpoint), or None."""
-        every = self.every
-        if not self.writes_ckpts or every is None or self.hindsight:
-            return None
-        return every, self.job.ckpt_cost
-
-    def step_at(self, now: float) -> int:
-        """Progress: compute time at `speed`, minus the stalls of periodic checkpoints."""
-        if self.running_at is None:
-            return self.log.start_step
-        t = max(0.0, now - self.running_at)
-        period = self.period
-        if period is not None:
-            every, stall = period
-            k = int(t // (every + stall))
-            t = k * every + min(t - k * (every + stall), every)
-        return min(self.job.duration, self.log.start_step + int(t * self.speed + 1e-9))
-
-    def done_at(self) -> float:
-        """When the work is done: compute time plus one stall per checkpoint before it."""
-        assert self.running_at is not None
-        compute = (self.job.duration - self.log.start_step) / self.speed
-        period = self.period
-        if period is None:
-            return self.running_at + compute
-        every, stall = period
-        stalls = max(0, math.ceil(compute / every - 1e-9) - 1)
-        return self.running_at + compute + stalls * stall
-
-
 # heap event kinds
-ARRIVAL, ACK, W_RUN, W_CKPT, W_DONE, W_CKPT_NOW = 0, 1, 2, 3, 4, 5
+ARRIVAL, ACK, CLUSTER_DUE = 0, 1, 2
 SPOT_TRACE, RECLAIM, TICK, CYCLE, HEARTBEAT, SAMPLE, POISSON, SLOT_RETURN = range(6, 14)
 NODE_GONE_SEEN, CANCEL_ARRIVES = 14, 15
+ENDED = frozenset({"succeeded", "failed", "evicted"})
+RECLAIMED = "spot-reclaimed"
 
 
 @dataclass(slots=True)
@@ -559,52 +494,48 @@ class Violation:
     detail: str
 
 
-class SimCluster:
-    """One simulated cluster and its agent: inventory, workloads, outbox of agent events."""
+class SimAgent:
+    """One simulated cluster and its agent. The cluster is the fake backend's `ClusterModel`
+    on the simulator's virtual clock; around it this plays the agent (batches with a `seq`,
+    a snapshot first and after a resync, refusing a deposed leader's commands), keeps the
+    ground-truth `AttemptLog`s and applies the policy's view of losses (no notices, or a
+    node loss the broker only finds by polling)."""
 
     def __init__(self, sim: Sim, name: str, pools: Sequence[PoolSpec]) -> None:
         self.sim = sim
         self.name = name
         self.pools = {p.flavor: p for p in pools}
-        self.flavors = [
-            FlavorInfo(
+        flavors = [
+            FakeFlavor(
                 name=p.flavor,
                 capacity_type=p.capacity_type,
                 gpu_type=p.gpu_type,
                 price_per_gpu_hour=p.price,
+                nodes=0,  # the simulator adds them by name (trace slots)
+                gpu_per_node=NODE_GPUS,
+                cpu=NODE_CPU,
+                memory=NODE_MEMORY,
             )
             for p in pools
         ]
-        self.nodes: dict[str, SimNode] = {}
-        self.workloads: dict[tuple[str, int], SimWorkload] = {}
-        self.on_node: dict[str, set[tuple[str, int]]] = {}
+        self.model = ClusterModel(name, FakeClusterConfig(flavors=flavors), sim.clock)
+        self.model.timing = self._timing
+        self.model.on_schedule = self._on_schedule
+        self.due_at = math.inf  # the CLUSTER_DUE on the simulator's heap
+        self.live: dict[tuple[str, int], AttemptLog] = {}
         self.outbox: list[AgentEvent] = []
+        self.held: list[AgentEvent] = []  # evictions the broker learns of with the node loss
         self.instance = f"{name}-sim-1"
         self.seq = 0
         self.snapshot_due = True  # the first batch of an instance is a snapshot
         self.highest_epoch = 0
         self.unreported: set[str] = set()  # gone, but the polling broker does not know yet
 
+    def start(self) -> None:
+        """From now on the model's events go to the broker (setup is the first snapshot)."""
+        self.model.emit = self._emit
+
     # -- agent side -------------------------------------------------------------------
-    def snapshot(self, now: float) -> ClusterSnapshot:
-        return ClusterSnapshot(
-            flavors=list(self.flavors),
-            nodes=[n.info() for n in self.nodes.values()],
-            workloads=[self._status(w, now) for w in self.workloads.values()],
-        )
-
-    def _status(self, w: SimWorkload, now: float) -> WorkloadStatus:
-        running = w.running_at is not None
-        return WorkloadStatus(
-            job_id=w.job.job_id,
-            attempt=w.attempt,
-            phase="running" if running else "created",
-            running_replicas=w.job.replicas if running else 0,
-            total_replicas=w.job.replicas,
-            step=w.step_at(now),
-            nodes=sorted(set(w.nodes)),
-        )
-
     def take_batches(self, now: float) -> list[EventBatch]:
         """What the agent publishes now. Deltas already queued go out first, in order; a due
         snapshot (first batch of an instance, or after a resync request) follows them."""
@@ -614,7 +545,7 @@ class SimCluster:
             self.outbox = []
         if self.snapshot_due:
             self.snapshot_due = False
-            out.append(self._batch([self.snapshot(now), *self.outbox], now))
+            out.append(self._batch([self.model.view(), *self.outbox], now))
             self.outbox = []
         return out
 
@@ -622,6 +553,97 @@ class SimCluster:
         self.seq += 1
         return EventBatch(
             cluster=self.name, instance=self.instance, seq=self.seq, events=events, sent_at=now
+        )
+
+    def _emit(self, event: AgentEvent) -> None:
+        """An event of the model: note it in the attempt logs, then pass it on (or not)."""
+        sim = self.sim
+        if isinstance(event, WorkloadStatus):
+            key = (event.job_id, event.attempt)
+            log = self.live.get(key)
+            if log is not None and event.phase == "running":
+                log.running_at = sim.now
+            elif log is not None and event.phase in ENDED:
+                cause: str = event.phase
+                if event.phase == "evicted":
+                    cause = "node-gone" if event.reason == RECLAIMED else event.reason
+                self._ended(key, log, event.step, cause)
+            if event.phase == "evicted" and event.reason == RECLAIMED and sim.policy.detect_s:
+                self.held.append(event)
+                return
+        elif isinstance(event, CheckpointReport):
+            log = self.live.get((event.job_id, event.attempt))
+            if log is not None:
+                log.ckpt_steps.append(event.step)
+                log.ckpt_times.append(sim.now)
+        elif isinstance(event, SpotNotice):
+            if not sim.policy.notices:
+                return
+        elif isinstance(event, NodeGone) and sim.policy.detect_s > 0:  # found by the next poll
+            self.unreported.add(event.node)
+            found = [*self.held, event]
+            self.held = []
+            sim.push(sim.now + sim.policy.detect_s, NODE_GONE_SEEN, (self, event.node, found))
+            return
+        self.outbox.append(event)
+
+    def _ended(self, key: tuple[str, int], log: AttemptLog, step: int | None, cause: str) -> None:
+        del self.live[key]
+        log.ended_at = self.sim.now
+        log.end_step = log.start_step if step is None else step
+        log.cause = cause
+        if self.sim.live_copies.get(key[0]) == key:
+            del self.sim.live_copies[key[0]]
+
+    def _on_schedule(self, due: float) -> None:
+        """Keep one CLUSTER_DUE on the heap at the model's earliest due time."""
+        if due < self.due_at:
+            self.due_at = due
+            self.sim.push(due, CLUSTER_DUE, self)
+
+    def due(self, t: float) -> bool:
+        """Whether the model has something to do at `t`: not when a due time was superseded
+        by an earlier one, nor when what was due has ended meanwhile (then wait for the
+        next)."""
+        if t != self.due_at:
+            return False
+        nxt = self.model.next_due()
+        if nxt <= t:
+            return True
+        self.due_at = math.inf
+        self._on_schedule(nxt)
+        return False
+
+    def advance(self) -> None:
+        self.due_at = math.inf
+        self.model.advance()
+        self._on_schedule(self.model.next_due())
+
+    def _every(self, cmd: Dispatch, job: SimJob) -> float | None:
+        """The attempt's periodic checkpoint interval: the job's own, or the broker's advice;
+        None when it writes none (no checkpoints, or hindsight)."""
+        policy = self.sim.policy
+        if not policy.checkpoints or policy.foresight or job.ckpt_every is None:
+            return None
+        if policy.follows_advice and cmd.checkpoint_interval_s:
+            return cmd.checkpoint_interval_s
+        return job.ckpt_every
+
+    def _timing(self, cmd: Dispatch) -> WorkloadTiming:
+        """Start-up drawn per (job, attempt), GPU speed per type, the job's checkpoint cost."""
+        sim = self.sim
+        cfg = sim.cfg
+        job = sim.jobs_by_id[cmd.job_id]
+        lo, hi = cfg.start_delay_s
+        delay = lo + (hi - lo) * sim.draw(cmd.job_id, cmd.attempt, "start")
+        every = self._every(cmd, job)
+        return WorkloadTiming(
+            start_delay_s=delay + cfg.start_delay_per_replica_s * (job.replicas - 1),
+            restore_s=cfg.restore_factor * job.ckpt_cost,  # reading the checkpoint back
+            speed=sim.speed.get(self.pools[cmd.flavor].gpu_type, 1.0),
+            checkpoint_every_s=math.inf if every is None else every,
+            checkpoint_stall_s=job.ckpt_cost,
+            checkpoint_write_s=0.0 if sim.policy.foresight else job.ckpt_cost,
         )
 
     # -- commands ----------------------------------------------------------------------
@@ -634,43 +656,48 @@ class SimCluster:
         if isinstance(cmd, Dispatch):
             self.dispatch(cmd, now)
         elif isinstance(cmd, Cancel):
-            for key in list(self.workloads):
-                if key[0] == cmd.job_id and (cmd.attempt is None or key[1] == cmd.attempt):
-                    self.end(self.workloads[key], now, f"cancel: {cmd.reason}")
+            keys = [
+                k
+                for k in self.live
+                if k[0] == cmd.job_id and (cmd.attempt is None or k[1] == cmd.attempt)
+            ]
+            for key in keys:
+                status = self.model.workload(*key)
+                self.model.remove(key[0], key[1], cmd.reason)  # silent, as a real agent's
+                step = status.step if status is not None else None
+                self._ended(key, self.live[key], step, f"cancel: {cmd.reason}")
         elif isinstance(cmd, CheckpointNow):
-            w = self.workloads.get((cmd.job_id, cmd.attempt))
-            ready = w is not None and w.running_at is not None and w.writes_ckpts
-            if ready and w is not None and not w.ckpt_pending:
-                # Writing takes the job's checkpoint cost; if the node goes first, the
-                # checkpoint is lost with it (`end` marks the workload dead).
-                w.ckpt_pending = True
-                w.ckpt_step = w.step_at(now)
-                cost = 0.0 if self.sim.policy.foresight else w.job.ckpt_cost
-                self.sim.push(now + cost, W_CKPT_NOW, w)
+            # Writing takes the job's checkpoint cost; if the node goes first, the checkpoint
+            # is lost with it.
+            self.model.checkpoint(cmd.job_id, cmd.attempt)
         elif isinstance(cmd, Resync):
             self.snapshot_due = True
 
     def dispatch(self, cmd: Dispatch, now: float) -> None:
         sim = self.sim
         key = (cmd.job_id, cmd.attempt)
-        if key in self.workloads:  # idempotent on (job_id, attempt)
-            sim.push(now + sim.cfg.ack_latency_s, ACK, (cmd.job_id, cmd.attempt, True, ""))
+        ack = now + sim.cfg.ack_latency_s
+        if key in self.live:  # idempotent on (job_id, attempt)
+            sim.push(ack, ACK, (cmd.job_id, cmd.attempt, True, ""))
             return
-        job = sim.jobs_by_id[cmd.job_id]
-        nodes = [n for a in cmd.assignment for n in a.nodes]
-        error = self._check_dispatch(cmd, job, nodes)
-        if error:
+        if cmd.resume_from is not None and not sim.policy.resume:
+            cmd = msgspec.structs.replace(cmd, resume_from=None)
+        try:
+            self.model.create(cmd)
+        except BackendError as exc:
+            error = str(exc)
             if not (sim.policy.detect_s > 0 and "is not in cluster" in error):
                 # (A broker that learns of losses by polling may still place on a node
                 # that is already gone: the agent refuses and the broker requeues.)
                 sim.violation(now, "dispatch-refused", f"{self.name} {key}: {error}")
-            sim.push(now + sim.cfg.ack_latency_s, ACK, (cmd.job_id, cmd.attempt, False, error))
+            sim.push(ack, ACK, (cmd.job_id, cmd.attempt, False, error))
             return
         live = sim.live_copies.get(cmd.job_id)
         if live is not None:
             sim.violation(now, "two-live-copies", f"{key} while {live} still runs")
+        job = sim.jobs_by_id[cmd.job_id]
         pool = self.pools[cmd.flavor]
-        start = cmd.resume_from.step if (cmd.resume_from and sim.policy.resume) else 0
+        every = self._every(cmd, job)
         log = AttemptLog(
             job_id=cmd.job_id,
             attempt=cmd.attempt,
@@ -680,108 +707,20 @@ class SimCluster:
             price=pool.price,
             gpus=job.gpus,
             dispatched_at=now,
-            start_step=min(start, job.duration),
+            start_step=min(cmd.resume_from.step if cmd.resume_from else 0, job.duration),
             speed=sim.speed.get(pool.gpu_type, 1.0),
+            ckpt_every=every,
         )
-        w = SimWorkload(
-            job=job,
-            attempt=cmd.attempt,
-            cluster=self.name,
-            nodes=nodes,
-            log=log,
-            writes_ckpts=(job.ckpt_every is not None or sim.policy.foresight)
-            and sim.policy.checkpoints,
-            speed=sim.speed.get(pool.gpu_type, 1.0),
-            hindsight=sim.policy.foresight,
-            every=job.ckpt_every,
-        )
-        if sim.policy.follows_advice and job.ckpt_every is not None and cmd.checkpoint_interval_s:
-            w.every = cmd.checkpoint_interval_s
-        log.ckpt_every = w.every if w.writes_ckpts and not w.hindsight else None
-        self.workloads[key] = w
-        for n in nodes:
-            self.nodes[n].used += job.gpu_per_replica
-            self.on_node.setdefault(n, set()).add(key)
+        self.live[key] = log
         sim.live_copies[cmd.job_id] = key
         sim.logs.setdefault(cmd.job_id, []).append(log)
-        cfg = sim.cfg
-        lo, hi = cfg.start_delay_s
-        delay = lo + (hi - lo) * sim.draw(cmd.job_id, cmd.attempt, "start")
-        delay += cfg.start_delay_per_replica_s * (job.replicas - 1)
-        if log.start_step > 0:  # reading the checkpoint back costs time too
-            delay += cfg.restore_factor * job.ckpt_cost
-        sim.push(now + cfg.ack_latency_s, ACK, (cmd.job_id, cmd.attempt, True, ""))
-        sim.push(now + delay, W_RUN, w)
-
-    def _check_dispatch(self, cmd: Dispatch, job: SimJob, nodes: list[str]) -> str:
-        """The gang must be whole, on this cluster, on one flavor, and fit every node."""
-        if cmd.flavor not in self.pools:
-            return f"unknown flavor {cmd.flavor!r}"
-        if len(nodes) != job.replicas:
-            return f"{len(nodes)} nodes for {job.replicas} replicas"
-        need: dict[str, int] = {}
-        for n in nodes:
-            need[n] = need.get(n, 0) + job.gpu_per_replica
-        for n, gpus in need.items():
-            node = self.nodes.get(n)
-            if node is None:
-                return f"node {n} is not in cluster {self.name} (gone or foreign)"
-            if node.flavor != cmd.flavor:
-                return f"node {n} is {node.flavor}, not {cmd.flavor}: gang split over flavors"
-            if node.used + gpus > node.gpu:
-                return f"node {n} over-committed: {node.used}+{gpus} > {node.gpu} GPUs"
-        return ""
-
-    def end(self, w: SimWorkload, now: float, cause: str) -> None:
-        """Stop a workload: its GPUs free up, progress since its last checkpoint is lost."""
-        if not w.alive:
-            return
-        w.alive = False
-        key = (w.job.job_id, w.attempt)
-        self.workloads.pop(key, None)
-        for n in w.nodes:
-            node = self.nodes.get(n)
-            if node is not None:
-                node.used -= w.job.gpu_per_replica
-            keys = self.on_node.get(n)
-            if keys is not None:
-                keys.discard(key)
-        w.log.ended_at = now
-        w.log.end_step = w.job.duration if cause == "succeeded" else w.step_at(now)
-        w.log.cause = cause
-        if self.sim.live_copies.get(w.job.job_id) == key:
-            del self.sim.live_copies[w.job.job_id]
+        sim.push(ack, ACK, (cmd.job_id, cmd.attempt, True, ""))
 
     # -- nodes -------------------------------------------------------------------------
-    def add_node(self, node: SimNode, now: float, *, announce: bool) -> None:
-        self.nodes[node.name] = node
-        self.sim.node_home[node.name] = (self.name, node.flavor)
-        if announce:
-            self.outbox.append(NodeUpsert(node=node.info()))
-
-    def notice(self, name: str, deadline: float) -> None:
-        node = self.nodes[name]
-        node.deadline = deadline
-        for key in self.on_node.get(name, ()):
-            log = self.workloads[key].log
-            if log.noticed_at is None:
-                log.noticed_at = self.sim.now
-        if self.sim.policy.notices:
-            self.outbox.append(SpotNotice(node=name, deadline=deadline, reason="spot-reclaim"))
-
-    def reclaim(self, name: str, now: float) -> None:
-        node = self.nodes.pop(name, None)
-        if node is None:
-            return
-        for key in sorted(self.on_node.pop(name, set())):
-            w = self.workloads.get(key)
-            if w is not None:
-                self.end(w, now, "node-gone")
-        if self.sim.policy.detect_s > 0:  # found by the next poll
-            self.unreported.add(name)
-            self.sim.push(now + self.sim.policy.detect_s, NODE_GONE_SEEN, (self, name))
-        else:
-            self.outbox.append(NodeGone(node=name, reason="spot-reclaimed"))
+    def add_node(self, name: str, flavor: str) -> None:
+        """A node joins (announced once the agent has started)."""
+        self.model.add_node(flavor, name)
+        self.sim.node_home[name] = (self.name, flavor)
 
 
 @dataclass(slots=True)
@@ -848,6 +787,9 @@ class Sim:
         self.jobs_by_id = {j.job_id: j for j in self.jobs}
         self.base = 1.5e9  # unix seconds at virtual zero (Philly time is not kept)
         self.now = self.base
+        # The clusters' clock: the models count unix seconds too, so due times need no
+        # conversion on the way to and from this heap.
+        self.clock = ManualClock(t=self.base, unix0=0.0)
         self.machine = Machine(broker_config(cfg))
         self.machine.spot_return = self.policy.spot_return
         self.heap: list[tuple[float, int, int, Any]] = []
@@ -855,7 +797,7 @@ class Sim:
         self.logs: dict[str, list[AttemptLog]] = {}
         self.live_copies: dict[str, tuple[str, int]] = {}
         # (job, attempt) of each Cancel on its way -> the dispatches ordered after it
-        self._cancelling: dict[tuple[str, int | None], list[tuple[SimCluster, Dispatch]]] = {}
+        self._cancelling: dict[tuple[str, int | None], list[tuple[SimAgent, Dispatch]]] = {}
         self.node_home: dict[str, tuple[str, str]] = {}
         self.violations: list[Violation] = []
         self.batch_errors: list[str] = []
@@ -877,9 +819,11 @@ class Sim:
         by_cluster: dict[str, list[PoolSpec]] = {}
         for p in self.pools:
             by_cluster.setdefault(p.cluster, []).append(p)
-        self.clusters = {c: SimCluster(self, c, ps) for c, ps in by_cluster.items()}
+        self.clusters = {c: SimAgent(self, c, ps) for c, ps in by_cluster.items()}
         self.spot_pools: list[SpotPool] = []
         self._build_nodes()
+        for agent in self.clusters.values():
+            agent.start()
 
     # -- heap --------------------------------------------------------------------------
     def push(self, t: float, kind: int, payload: Any) -> None:
@@ -909,27 +853,25 @@ class Sim:
             if not spot_driven:
                 total = sum(n for _, _, n in parts)
                 for i in range(total):
-                    node = SimNode(f"{p.cluster}-{p.flavor}-{i:03d}", p.cluster, p.flavor)
-                    cluster.add_node(node, self.now, announce=False)
+                    cluster.add_node(f"{p.cluster}-{p.flavor}-{i:03d}", p.flavor)
                 continue
             for zone, (trace, phase, nodes) in enumerate(parts):
                 pool = SpotPool(p, [Slot(i) for i in range(nodes)], zone, trace, phase)
                 self.spot_pools.append(pool)
                 if self.cfg.spot == "poisson" or trace is None:
                     for slot in pool.slots:
-                        self._slot_up(pool, slot, announce=False)
+                        self._slot_up(pool, slot)
                     self._next_poisson(pool)
                 else:
                     self._schedule_trace(pool)
 
-    def _slot_up(self, pool: SpotPool, slot: Slot, *, announce: bool) -> None:
+    def _slot_up(self, pool: SpotPool, slot: Slot) -> None:
         slot.generation += 1
         p = pool.spec
         zone = f"z{pool.zone}-" if pool.zone else ""
         name = f"{p.cluster}-{p.flavor}-{zone}{slot.index:03d}-g{slot.generation}"
         slot.node = name
-        node = SimNode(name, p.cluster, p.flavor, slot=slot.index)
-        self.clusters[p.cluster].add_node(node, self.now, announce=announce)
+        self.clusters[p.cluster].add_node(name, p.flavor)
 
     def _schedule_trace(self, pool: SpotPool) -> None:
         """Loop the Bamboo trace over the horizon; the state at the phase is the start."""
@@ -979,7 +921,7 @@ class Sim:
                 return  # the pool is smaller than the trace's fleet: this node is not ours
             pool.bound[key] = free.index
             free.key = key
-            self._slot_up(pool, free, announce=announce)
+            self._slot_up(pool, free)
             return
         if key not in pool.bound:
             return
@@ -987,8 +929,8 @@ class Sim:
         slot.key = None
         if slot.node is None:
             return
-        if not announce:
-            self.clusters[pool.spec.cluster].nodes.pop(slot.node, None)
+        if not announce:  # before the start: the first snapshot will not have it
+            self.clusters[pool.spec.cluster].model.remove_node(slot.node)
             slot.node = None
             return
         self._notice(pool, slot)
@@ -997,11 +939,16 @@ class Sim:
         """A reclaim: notice now, node gone at the deadline; the slot is busy until then."""
         assert slot.node is not None
         cluster = self.clusters[pool.spec.cluster]
-        node = cluster.nodes.get(slot.node)
-        if node is None or node.deadline is not None:
+        node = cluster.model.node_state(slot.node)
+        if node is None or node.spot_deadline is not None:
             return
-        deadline = self.now + NOTICE_S.get(pool.spec.provider, 120.0)
-        cluster.notice(slot.node, deadline)
+        for key in node.workloads:
+            log = cluster.live.get(key)
+            if log is not None and log.noticed_at is None:
+                log.noticed_at = self.now
+        lead = NOTICE_S.get(pool.spec.provider, 120.0)
+        deadline = self.now + lead
+        cluster.model.spot_notice(slot.node, lead)
         self.spot_notices += 1
         self.notice_log.append((self.now - self.base, slot.node))
         self.push(deadline, RECLAIM, (pool, slot, slot.node))
@@ -1018,9 +965,7 @@ class Sim:
         live = [s for s in pool.slots if s.node is not None]
         k = min(len(live), self.spot_rng.choice((1, 1, 2, 4)))
         for slot in self.spot_rng.sample(live, k):
-            node = self.clusters[pool.spec.cluster].nodes.get(slot.node or "")
-            if node is not None and node.deadline is None:
-                self._notice(pool, slot)
+            self._notice(pool, slot)
         self._next_poisson(pool)
 
     # -- the loop ----------------------------------------------------------------------
@@ -1041,7 +986,10 @@ class Sim:
             t, _, kind, payload = heapq.heappop(self.heap)
             if t > end_at:
                 break
+            if kind == CLUSTER_DUE and not payload.due(t):
+                continue
             self.now = max(self.now, t)
+            self.clock.t = self.now
             self.steps += 1
             if kind == ARRIVAL:
                 arrived += 1
@@ -1110,14 +1058,15 @@ class Sim:
             job_id, attempt, ok, error = payload
             self._touched.add(job_id)
             self._execute(m.handle(DispatchAcked(job_id, attempt, ok, error), now))
-        elif kind in (W_RUN, W_CKPT, W_DONE, W_CKPT_NOW):
-            self._workload_event(kind, payload)
+        elif kind == CLUSTER_DUE:
+            payload.advance()
         elif kind == SPOT_TRACE:
             pool, loop, e = payload
             self._trace_apply(pool, loop, e, announce=True)
         elif kind == RECLAIM:
             pool, slot, name = payload
-            self.clusters[pool.spec.cluster].reclaim(name, now)
+            # (The model reclaims the node at its deadline too; whichever comes first.)
+            self.clusters[pool.spec.cluster].model.remove_node(name, reason=RECLAIMED)
             self.reclaim_log.append((now - self.base, name))
             if slot.node == name:
                 slot.node = None
@@ -1135,13 +1084,13 @@ class Sim:
             for waiting, dispatch in self._cancelling.pop((cmd.job_id, cmd.attempt), []):
                 waiting.command(dispatch, now)
         elif kind == NODE_GONE_SEEN:
-            gone_from, name = payload
+            gone_from, name, found = payload
             gone_from.unreported.discard(name)
-            gone_from.outbox.append(NodeGone(node=name, reason="spot-reclaimed"))
+            gone_from.outbox.extend(found)
         elif kind == SLOT_RETURN:
             pool, slot = payload
             if slot.node is None:
-                self._slot_up(pool, slot, announce=True)
+                self._slot_up(pool, slot)
         elif kind == TICK:
             effects = m.handle(Tick(), now)
             if m.wants_cycle:
@@ -1154,69 +1103,20 @@ class Sim:
             self._cycle_pending = False
             self._execute(m.handle(Cycle(), now))
         elif kind == HEARTBEAT:
-            cluster: SimCluster = payload
+            cluster: SimAgent = payload
             cluster.outbox.append(Heartbeat(at=now))
             self.push(now + self.cfg.heartbeat_s, HEARTBEAT, cluster)
         elif kind == SAMPLE:
             self._sample()
             self.push(now + self.cfg.sample_s, SAMPLE, None)
 
-    def _workload_event(self, kind: int, w: SimWorkload) -> None:
-        if not w.alive:
-            return
-        now = self.now
-        cluster = self.clusters[w.cluster]
-        job = w.job
-        if kind == W_RUN:
-            w.running_at = now
-            w.log.running_at = now
-            cluster.outbox.append(cluster._status(w, now))
-            done = w.done_at()
-            self.push(done, W_DONE, w)
-            period = w.period
-            if period is not None and now + period[0] < done:
-                self.push(now + period[0] + period[1], W_CKPT, w)
-        elif kind == W_DONE:
-            w.log.end_step = job.duration
-            cluster.end(w, now, "succeeded")
-            cluster.outbox.append(
-                WorkloadStatus(
-                    job_id=job.job_id,
-                    attempt=w.attempt,
-                    phase="succeeded",
-                    running_replicas=0,
-                    total_replicas=job.replicas,
-                    step=job.duration,
-                )
-            )
-        elif kind in (W_CKPT, W_CKPT_NOW):
-            step = w.step_at(now)
-            if kind == W_CKPT_NOW:
-                w.ckpt_pending = False
-                step = w.ckpt_step
-            else:
-                period = w.period
-                if period is not None and now + period[0] < w.done_at():
-                    self.push(now + period[0] + period[1], W_CKPT, w)
-            if step >= job.duration or (w.log.ckpt_steps and w.log.ckpt_steps[-1] >= step):
-                return
-            w.log.ckpt_steps.append(step)
-            w.log.ckpt_times.append(now)
-            cluster.outbox.append(
-                CheckpointReport(
-                    job_id=job.job_id,
-                    attempt=w.attempt,
-                    step=step,
-                    uri=f"s3://sim-ckpt/{job.job_id}/step-{step}",
-                    at=now,
-                )
-            )
-
     def _pump(self) -> None:
         """Deliver every cluster's outbox to the machine until nothing more is said."""
         for _ in range(MAX_PUMP_ROUNDS):
             said = False
             for cluster in self.clusters.values():
+                if not cluster.outbox and not cluster.snapshot_due:
+                    continue
                 for batch in cluster.take_batches(self.now):
                     said = True
                     for e in batch.events:
@@ -1341,7 +1241,7 @@ class Sim:
             if used <= 0:
                 continue
             home = self.node_home.get(n)
-            node = self.clusters[home[0]].nodes.get(n) if home else None
+            node = self.clusters[home[0]].model.node_state(n) if home else None
             if node is None:
                 if home is not None and n in self.clusters[home[0]].unreported:
                     continue  # the broker cannot know yet: its poll has not come round
@@ -1386,21 +1286,21 @@ class Sim:
             self._usage = usage
         self._check_nodes(usage)
         for c in self.clusters.values():
-            for node in c.nodes.values():
-                if node.used > node.gpu or node.used < 0:
-                    self.violation(self.now, "cluster-over-commit", f"{node.name}: {node.used}")
+            for node in c.model.node_states():
+                if node.used_gpu > node.usable_gpu:
+                    self.violation(self.now, "cluster-over-commit", f"{node.name}: {node.used_gpu}")
 
     def _sample(self) -> None:
         cap = spot = alloc = running = 0
         for c in self.clusters.values():
-            for node in c.nodes.values():
+            for node in c.model.node_states():
                 cap += node.gpu
                 if c.pools[node.flavor].capacity_type == "spot":
                     spot += node.gpu
-            for w in c.workloads.values():
-                alloc += w.job.gpus
-                if w.running_at is not None:
-                    running += w.job.gpus
+            for log in c.live.values():
+                alloc += log.gpus
+                if log.running_at is not None:
+                    running += log.gpus
         self.samples.append(
             Sample(
                 t=(self.now - self.base) / 3600.0,

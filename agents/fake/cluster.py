@@ -14,6 +14,8 @@ import math
 import time
 from collections.abc import Callable
 
+import structlog
+
 from agents.backend import Emit, LogTail
 from agents.config import FakeClusterConfig
 from agents.fake.model import AttemptRecord, ClusterModel, ignore_event
@@ -50,6 +52,8 @@ class FakeCluster(ClusterModel):
         self._wake: asyncio.Event | None = None
         self._wake_at = math.inf
         self.on_schedule = self._wake_if_earlier
+        self.log = structlog.get_logger("muster.fake").bind(cluster=cluster)
+        self.on_error = self._log_error
 
     # -- Backend protocol ----------------------------------------------------------------
     async def start(self, emit: Emit) -> None:
@@ -105,6 +109,10 @@ class FakeCluster(ClusterModel):
         return self._stale_s
 
     # -- the ticker ----------------------------------------------------------------------
+    def _log_error(self, kind: str, exc: Exception) -> None:
+        """A bug in one workload must not stop the cluster: log it and go on."""
+        self.log.error("fake cluster event failed", kind=kind, exc_info=exc)
+
     def _wake_if_earlier(self, due: float) -> None:
         if due < self._wake_at and self._wake is not None:
             self._wake.set()

@@ -9,6 +9,10 @@ driven by a heap of due times (no task per workload, no per-tick scan), and a wo
 is computed from the clock only when something is due. Every duration in the config and in
 the injection API is in simulated seconds; deadlines on the wire (SpotNotice.deadline,
 NodeInfo.spot_deadline) are unix seconds, converted through the clock's `scale`.
+
+The same model is the simulator's cluster (load/sim.py, on a virtual clock): how fast an
+attempt steps, what its checkpoints cost and how long it takes to start are a
+`WorkloadTiming` per dispatch, the fake backend's fixed config being the default.
 """
 
 from __future__ import annotations
@@ -21,8 +25,6 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import structlog
 
 from agents.backend import BackendError, Emit, LogTail
 from agents.config import FakeClusterConfig, FakeFlavor
@@ -89,6 +91,28 @@ class ManualClock:
 
 def _ignore_due(_: float) -> None:
     return None
+
+
+def _raise(_: str, exc: Exception) -> None:
+    raise exc
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadTiming:
+    """How one attempt spends time: its start-up, its speed, and what checkpoints cost it.
+
+    The fake backend uses one for every dispatch (from its config); the simulator gives each
+    attempt its own (GPU type, the job's checkpoint cost, the broker's advised interval)."""
+
+    start_delay_s: float = 1.0  # created -> running
+    restore_s: float = 0.0  # added to the start delay when resuming from a checkpoint
+    speed: float = 1.0  # multiplies the job's steps_per_second (a faster GPU type)
+    # Periodic checkpoints every this many seconds of compute since the run began, each one
+    # pausing the steps for `checkpoint_stall_s`. None: every `Simulation.checkpoint_every`
+    # steps, at no cost; inf: none (the workload checkpoints only when asked).
+    checkpoint_every_s: float | None = None
+    checkpoint_stall_s: float = 0.0
+    checkpoint_write_s: float = 0.0  # an asked-for checkpoint is written this much later
 
 
 def _pods(cmd: Dispatch) -> list[tuple[str, str]]:
@@ -251,19 +275,51 @@ class _Workload:
     next_ckpt: int = 0
     last_ckpt: int | None = None
     alive: bool = True
+    rate: float = 1.0  # steps per second of compute
+    every_s: float | None = None  # WorkloadTiming.checkpoint_every_s
+    stall_s: float = 0.0  # per periodic checkpoint, when `every_s` is finite
+    write_s: float = 0.0  # an asked-for checkpoint
+    end_at: float = math.inf  # simulated seconds; set when it runs
+    ckpt_pending: bool = False  # an asked-for checkpoint is being written
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.job_id, self.attempt)
 
+    @property
+    def stalls(self) -> bool:
+        """Periodic checkpoints pause the steps (none without a place to write them)."""
+        every = self.every_s
+        return (
+            self.stall_s > 0 and every is not None and math.isfinite(every) and bool(self.ckpt_base)
+        )
+
     def step_at(self, now: float) -> int:
+        """Progress: compute time at `rate`, minus the stalls of periodic checkpoints."""
         if self.phase != "running":
             return self.from_step
-        done = int((now - self.run_start) * self.sim.steps_per_second + 1e-9)
-        return min(self.end_step, self.from_step + max(0, done))
+        if now >= self.end_at:
+            return self.end_step
+        t = max(0.0, now - self.run_start)
+        if self.stalls:
+            assert self.every_s is not None
+            cycle = self.every_s + self.stall_s
+            k = int(t // cycle)
+            t = k * self.every_s + min(t - k * cycle, self.every_s)
+        return min(self.end_step, self.from_step + int(t * self.rate + 1e-9))
 
     def time_of_step(self, step: int) -> float:
-        return self.run_start + (step - self.from_step) / self.sim.steps_per_second
+        """When `step` is reached (no stalls: step-based checkpoints cost nothing)."""
+        return self.run_start + (step - self.from_step) / self.rate
+
+    def done_at(self) -> float:
+        """When the last step is done: compute time plus one stall per checkpoint before it."""
+        compute = (self.end_step - self.from_step) / self.rate
+        if not self.stalls:
+            return self.run_start + compute
+        assert self.every_s is not None
+        stalls = max(0, math.ceil(compute / self.every_s - 1e-9) - 1)
+        return self.run_start + compute + stalls * self.stall_s
 
 
 class ClusterModel:
@@ -276,10 +332,17 @@ class ClusterModel:
         self.config = config
         self.clock = clock
         self.history: dict[str, list[AttemptRecord]] = {}
-        self.log = structlog.get_logger("muster.fake").bind(cluster=cluster)
         self.emit: Emit = ignore_event
         # Called with each newly scheduled due time, so a real-time driver can wake early.
         self.on_schedule: Callable[[float], None] = _ignore_due
+        # Called when a due event fails; the default raises (the fake backend logs instead,
+        # so a bug in one workload does not stop its cluster).
+        self.on_error: Callable[[str, Exception], None] = _raise
+        # How each dispatched attempt spends time; the default is the config's.
+        self.timing: Callable[[Dispatch], WorkloadTiming] = self._config_timing
+        self._default_timing = WorkloadTiming(
+            start_delay_s=config.start_delay_s, checkpoint_write_s=config.checkpoint_write_s
+        )
         self._rng = random.Random(self.config.seed)
         self._flavors: dict[str, FakeFlavor] = {f.name: f for f in self.config.flavors}
         self._flavor_infos = [
@@ -341,8 +404,12 @@ class ClusterModel:
         self._poisson_due(now)
 
     def next_due(self) -> float:
-        """The simulated time of the next thing `advance` would do (inf when idle)."""
-        nxt = self._heap[0][0] if self._heap else math.inf
+        """The simulated time of the next thing `advance` would do (inf when idle); entries of
+        ended workloads and removed nodes are dropped, so they wake no one."""
+        heap = self._heap
+        while heap and not heap[0][3].alive:
+            heapq.heappop(heap)
+        nxt = heap[0][0] if heap else math.inf
         if self._trace_pos < len(self._trace):
             nxt = min(nxt, self._trace[self._trace_pos][0])
         return min(nxt, self._next_poisson)
@@ -377,6 +444,7 @@ class ClusterModel:
         end_step = sim.fail_at_step if fails and sim.fail_at_step is not None else sim.total_steps
         end_step = max(end_step, from_step)
         nodes = list(dict.fromkeys(d[0] for d in demands))
+        timing = self.timing(cmd)
         # A job without checkpoint settings has nowhere to write one: it never checkpoints
         # (a preemption costs it everything since the start), as a real one would.
         base = cmd.checkpoint_uri or (cmd.spec.checkpoint.uri if cmd.spec.checkpoint else "")
@@ -407,6 +475,10 @@ class ClusterModel:
             ckpt_base=base,
             record=record,
             last_ckpt=record.last_checkpoint_step,
+            rate=sim.steps_per_second * timing.speed,
+            every_s=timing.checkpoint_every_s,
+            stall_s=timing.checkpoint_stall_s,
+            write_s=timing.checkpoint_write_s,
         )
         for node_name, gpu, cpu, mem in demands:
             node = self._nodes[node_name]
@@ -417,7 +489,8 @@ class ClusterModel:
         self.history.setdefault(cmd.job_id, []).append(record)
         self.counters["dispatched"] += 1
         self.emit(self._status(wl, "created", self.now()))
-        self._schedule(self.now() + self.config.start_delay_s, "run", wl)
+        delay = timing.start_delay_s + (timing.restore_s if from_step > 0 else 0.0)
+        self._schedule(self.now() + delay, "run", wl)
 
     def set_fence(self, job_id: str, attempt: int, until: float) -> None:
         """The attempt must stop by `until` (unix seconds) unless fenced again later; a fence
@@ -460,18 +533,20 @@ class ClusterModel:
             self._end(self._workloads[key], "cancelled", reason or "cancelled", now, emit=False)
 
     def checkpoint(self, job_id: str, attempt: int) -> None:
-        """Write a checkpoint at the current step (after `checkpoint_write_s`); no-op when the
-        workload is unknown, not running yet (nothing new to save) or has no checkpoint
-        location (it cannot save)."""
+        """Write a checkpoint of the current step (after the timing's `checkpoint_write_s`;
+        lost if the workload ends first); no-op when the workload is unknown, not running yet
+        (nothing new to save), has no checkpoint location (it cannot save) or is already
+        writing one (a second request asks for the same checkpoint)."""
         wl = self._workloads.get((job_id, attempt))
-        if wl is None or wl.phase != "running" or not wl.ckpt_base:
+        if wl is None or wl.phase != "running" or not wl.ckpt_base or wl.ckpt_pending:
             return
         now = self.now()
         step = wl.step_at(now)
-        if self.config.checkpoint_write_s <= 0:
+        if wl.write_s <= 0:
             self._write_checkpoint(wl, step)
         else:
-            self._schedule(now + self.config.checkpoint_write_s, "ckpt_now", wl, step)
+            wl.ckpt_pending = True
+            self._schedule(now + wl.write_s, "ckpt_now", wl, step)
 
     def logs(self, req: LogRequest) -> LogTail:
         """What the simulated workload printed (agents/fake/output.py), while its nodes last."""
@@ -528,7 +603,6 @@ class ClusterModel:
         self.counters["spot_notices"] += 1
         self.emit(SpotNotice(node=node, deadline=n.spot_deadline, reason="spot-interruption"))
         self._schedule(due, "reclaim", n, n.notice_id)
-        self.log.debug("spot notice", node=node, lead_s=lead)
         return n.spot_deadline
 
     def fail_gpu(self, node: str, count: int = 1, xid: int = 79) -> bool:
@@ -588,6 +662,14 @@ class ClusterModel:
         n = self._nodes[node]
         return n.usable_gpu - n.used_gpu
 
+    def node_state(self, node: str) -> NodeState | None:
+        """The node's record (read it, do not change it), or None when it is gone."""
+        return self._nodes.get(node)
+
+    def node_states(self) -> Iterable[NodeState]:
+        """Every present node's record, in the order the nodes joined."""
+        return self._nodes.values()
+
     # -- internals -----------------------------------------------------------------------
     def _new_node(self, flavor: str, name: str | None = None) -> NodeState:
         fl = self._flavors[flavor]
@@ -604,11 +686,14 @@ class ClusterModel:
             name=name,
             flavor=flavor,
             gpu=fl.gpu_per_node,
-            cpu_milli=cpu_milli(fl.cpu),
-            memory=memory_bytes(fl.memory),
+            cpu_milli=_cpu_milli(fl.cpu),
+            memory=_memory_bytes(fl.memory),
         )
         self._nodes[name] = n
         return n
+
+    def _config_timing(self, _: Dispatch) -> WorkloadTiming:
+        return self._default_timing
 
     def _demands(self, cmd: Dispatch) -> list[Demand]:
         return gang_demands(cmd, self._nodes, self.cluster)
@@ -646,8 +731,8 @@ class ClusterModel:
         heapq.heapify(self._heap)
 
     def _write_checkpoint(self, wl: _Workload, step: int) -> None:
-        if wl.last_ckpt is not None and step <= wl.last_ckpt:
-            return
+        if step >= wl.end_step or (wl.last_ckpt is not None and step <= wl.last_ckpt):
+            return  # nothing new, or nothing left to resume
         wl.last_ckpt = step
         wl.record.last_checkpoint_step = step
         wl.record.checkpoints += 1
@@ -709,13 +794,23 @@ class ClusterModel:
         wl.run_start = now
         wl.record.running_at = self.clock.unix()
         self.emit(self._status(wl, "running", now))
-        k = wl.sim.checkpoint_every
-        wl.next_ckpt = (wl.from_step // k + 1) * k
-        if wl.ckpt_base and wl.next_ckpt < wl.end_step:
-            self._schedule(wl.time_of_step(wl.next_ckpt), "ckpt", wl)
-        self._schedule(wl.time_of_step(wl.end_step), "end", wl)
+        wl.end_at = wl.done_at()
+        if wl.every_s is not None:
+            if wl.ckpt_base and now + wl.every_s < wl.end_at:
+                self._schedule(now + wl.every_s + wl.stall_s, "ckpt", wl)
+        else:
+            k = wl.sim.checkpoint_every
+            wl.next_ckpt = (wl.from_step // k + 1) * k
+            if wl.ckpt_base and wl.next_ckpt < wl.end_step:
+                self._schedule(wl.time_of_step(wl.next_ckpt), "ckpt", wl)
+        self._schedule(wl.end_at, "end", wl)
 
     def _on_ckpt(self, wl: _Workload, now: float) -> None:
+        if wl.every_s is not None:  # every so many seconds of compute, after the stall
+            if now + wl.every_s < wl.end_at:
+                self._schedule(now + wl.every_s + wl.stall_s, "ckpt", wl)
+            self._write_checkpoint(wl, wl.step_at(now))
+            return
         step = wl.step_at(now)
         k = wl.sim.checkpoint_every
         latest = (step // k) * k
@@ -725,12 +820,9 @@ class ClusterModel:
             if wl.next_ckpt < wl.end_step:
                 self._schedule(wl.time_of_step(wl.next_ckpt), "ckpt", wl)
         elif wl.next_ckpt < wl.end_step:  # float rounding: come back a moment later
-            self._schedule(now + 0.5 / wl.sim.steps_per_second, "ckpt", wl)
+            self._schedule(now + 0.5 / wl.rate, "ckpt", wl)
 
     def _on_end(self, wl: _Workload, now: float) -> None:
-        if wl.step_at(now) < wl.end_step:  # float rounding: come back a moment later
-            self._schedule(now + 0.5 / wl.sim.steps_per_second, "end", wl)
-            return
         if wl.fails:
             reason = f"exit code {wl.sim.exit_code} at step {wl.end_step}"
             self._end(wl, "failed", reason, now, codes=[wl.sim.exit_code])
@@ -753,11 +845,12 @@ class ClusterModel:
                 elif kind == "end":
                     self._on_end(obj, now)
                 elif kind == "ckpt_now":
+                    obj.ckpt_pending = False
                     self._write_checkpoint(obj, arg)
                 elif kind == "reclaim":
                     self._reclaim(obj, arg)
-            except Exception:  # a bug in one workload must not stop the cluster
-                self.log.exception("fake cluster event failed", kind=kind)
+            except Exception as exc:
+                self.on_error(kind, exc)
 
     # -- spot arrivals: Poisson and trace ------------------------------------------------
     def _spot_candidates(self) -> list[NodeState]:

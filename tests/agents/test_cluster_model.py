@@ -7,11 +7,12 @@ import pytest
 
 from agents.backend import BackendError
 from agents.config import FakeClusterConfig, FakeFlavor
-from agents.fake.model import ClusterModel, ManualClock
+from agents.fake.model import ClusterModel, ManualClock, WorkloadTiming
 from schemas.agent import (
     AgentEvent,
     CheckpointRef,
     CheckpointReport,
+    Dispatch,
     GpuHealth,
     LogRequest,
     NodeGone,
@@ -194,3 +195,81 @@ def test_poisson_spot_notices_are_seeded_and_only_on_spot_nodes() -> None:
     assert all("-spot-" in n.node for n in notices)
     assert len([e for e in got if isinstance(e, NodeGone)]) >= len(notices) - 1
     assert one_hour() == got  # the same seed, the same hour
+
+
+# -- per-dispatch timing (the simulator's GPU speeds and checkpoint costs) -----------------
+
+
+def timed(timing: WorkloadTiming) -> tuple[ClusterModel, ManualClock, list[AgentEvent]]:
+    """A model whose every dispatch gets `timing`."""
+    m, clock, got = model()
+
+    def hook(_: Dispatch) -> WorkloadTiming:
+        return timing
+
+    m.timing = hook
+    return m, clock, got
+
+
+def reports(got: list[AgentEvent]) -> list[tuple[int, float]]:
+    return [(e.step, e.at - 1_700_000_000.0) for e in got if isinstance(e, CheckpointReport)]
+
+
+def test_speed_start_delay_and_restore_come_from_the_timing() -> None:
+    m, clock, got = timed(WorkloadTiming(start_delay_s=2.0, restore_s=3.0, speed=2.0))
+    sim = Simulation(total_steps=100, steps_per_second=10.0, checkpoint_every=1000)
+    ref = CheckpointRef(step=20, uri="s3://ckpt/j/step-20")
+    m.create(dispatch("j", m.nodes_of("od-a100")[:1], flavor="od-a100", sim=sim))
+    m.create(dispatch("r", m.nodes_of("od-a100")[1:], flavor="od-a100", sim=sim, resume_from=ref))
+    run_until(m, clock, 2.0)  # a fresh start takes 2 s; a resume 3 s more to read back
+    assert [s.job_id for s in statuses(got, "running")] == ["j"]
+    assert m.workload("j", 1).step == 0  # type: ignore[union-attr]
+    run_until(m, clock, 4.0)  # 20 steps a second on this GPU
+    assert m.workload("j", 1).step == 40  # type: ignore[union-attr]
+    run_until(m, clock, 5.0)
+    assert [s.job_id for s in statuses(got, "running")] == ["j", "r"]
+    run_until(m, clock, 7.0)  # j: 100 steps in 5 s after t=2
+    assert [(s.job_id, s.step) for s in statuses(got, "succeeded")] == [("j", 100)]
+    run_until(m, clock, 9.0)  # r: 80 steps left, 4 s after t=5
+    assert [(s.job_id, s.step) for s in statuses(got, "succeeded")] == [("j", 100), ("r", 100)]
+
+
+def test_periodic_checkpoints_every_so_many_seconds_stall_the_steps() -> None:
+    timing = WorkloadTiming(checkpoint_every_s=10.0, checkpoint_stall_s=5.0)
+    m, clock, got = timed(timing)
+    sim = Simulation(total_steps=30, steps_per_second=1.0, checkpoint_every=1)
+    m.create(dispatch("j", m.nodes_of("od-a100")[:1], flavor="od-a100", sim=sim))
+    run_until(m, clock, 13.0)  # runs from t=1; 10 s of compute, then stalled writing
+    assert m.workload("j", 1).step == 10  # type: ignore[union-attr]
+    assert reports(got) == []
+    run_until(m, clock, 16.0)  # written as the stall ends, the steps go on
+    assert reports(got) == [(10, 16.0)]
+    run_until(m, clock, 20.0)
+    assert m.workload("j", 1).step == 14  # type: ignore[union-attr]
+    # 30 s of compute and two stalls (none after the last step): done at 1 + 30 + 10.
+    run_until(m, clock, 40.75)
+    assert statuses(got, "succeeded") == []
+    run_until(m, clock, 41.0)
+    assert statuses(got, "succeeded")[0].step == 30
+    assert reports(got) == [(10, 16.0), (20, 31.0)]
+
+
+def test_an_asked_checkpoint_takes_its_write_time_and_is_lost_with_the_node() -> None:
+    timing = WorkloadTiming(checkpoint_every_s=float("inf"), checkpoint_write_s=4.0)
+    m, clock, got = timed(timing)
+    sim = Simulation(total_steps=10_000, steps_per_second=10.0, checkpoint_every=5)
+    nodes = m.nodes_of("spot-a100")
+    m.create(dispatch("j", nodes[:1], sim=sim))
+    run_until(m, clock, 3.0)
+    assert reports(got) == []  # inf: no periodic checkpoints at all
+    m.checkpoint("j", 1)
+    run_until(m, clock, 5.0)
+    m.checkpoint("j", 1)  # still writing the first: the same checkpoint
+    run_until(m, clock, 7.0)
+    assert reports(got) == [(20, 7.0)]
+    run_until(m, clock, 10.0)
+    m.checkpoint("j", 1)
+    m.spot_notice(nodes[0], lead_s=1.0)
+    run_until(m, clock, 15.0)  # the node went at t=11, before the write finished at t=14
+    assert reports(got) == [(20, 7.0)]
+    assert statuses(got, "evicted")[0].step == 100

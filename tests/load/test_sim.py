@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.fake.model import ClusterModel
 from broker.core.effects import Send, split_reply
 from broker.core.inputs import CYCLE, AgentBatch, Checkpoint, DispatchAcked, SubmitJob
 from broker.core.machine import Machine
@@ -139,6 +140,27 @@ def test_preempted_job_resumes_from_its_checkpointed_step(
                 if nxt.start_step > 0:
                     resumed += 1
     assert resumed >= 5
+
+
+@pytest.mark.parametrize("policy", ["muster", "scratch"])
+def test_the_clusters_are_the_fake_backends_model(
+    runs: dict[str, tuple[Sim, SimResult]], policy: str
+) -> None:
+    """The attempt logs the report reads agree with each cluster model's own history."""
+    sim, res = runs[policy]
+    assert sum(len(v) for v in res.logs.values()) > len(res.logs) > 0  # some jobs retried
+    for name, agent in sim.clusters.items():
+        assert isinstance(agent.model, ClusterModel)
+        logs = [log for v in res.logs.values() for log in v if log.cluster == name]
+        records = [r for v in agent.model.history.values() for r in v]
+        assert agent.model.counters["dispatched"] == len(logs) == len(records)
+        assert agent.model.counters["checkpoints"] == sum(len(log.ckpt_steps) for log in logs)
+        by_key = {(log.job_id, log.attempt): log for log in logs}
+        for job_id, recs in agent.model.history.items():
+            for r in recs:
+                log = by_key[(job_id, r.attempt)]
+                assert r.started_from_step == log.start_step
+                assert (r.ended_at is None) == (log.ended_at is None)
 
 
 def test_scratch_policy_restarts_from_zero(runs: dict[str, tuple[Sim, SimResult]]) -> None:
