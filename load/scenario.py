@@ -2,7 +2,7 @@
 
     python -m load.sim --scenario load/scenarios/multicloud.yaml
 
-A scenario replaces the built-in pools (`load.sim.DEFAULT_POOLS`) and may set the GPU speeds
+A scenario replaces the built-in pools (`load.simconfig.DEFAULT_POOLS`) and may set the GPU speeds
 and checkpoint costs. Trace names are Bamboo short names (`p3` = bamboo-p3.csv in the traces
 folder) or paths to any `time_ms,add|remove,node` file (relative paths: from the traces folder).
 """
@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from load.sim import PoolSpec, SimConfig
+from load.simconfig import PoolSpec, SimConfig
 
 Positive = Annotated[float, Meta(gt=0)]
 

@@ -23,7 +23,8 @@ from pathlib import Path
 import load.traces as traces
 from agents.config import load_fleet_config
 from load.fleetbench import gang_sizes
-from load.sim import Sim, SimConfig
+from load.sim import Sim
+from load.simconfig import SimConfig
 from load.traces import default_traces_dir, load_bamboo, load_philly
 
 here = Path.cwd().resolve()

@@ -23,16 +23,8 @@ from broker.core.machine import Machine
 from broker.core.records import AttemptRecord
 from load.report import attempt_losses, comparison, summarize
 from load.scenario import apply_scenario, load_scenario
-from load.sim import (
-    COMPARISON,
-    DEFAULT_POOLS,
-    NOTICE_S,
-    AttemptLog,
-    Sim,
-    SimConfig,
-    SimResult,
-    main,
-)
+from load.sim import COMPARISON, AttemptLog, Sim, SimResult, main
+from load.simconfig import DEFAULT_POOLS, NOTICE_S, SimConfig
 from schemas.agent import (
     CheckpointReport,
     ClusterSnapshot,
