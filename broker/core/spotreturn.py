@@ -11,8 +11,11 @@ exceeds what the move costs:
 
 Hours left: from the deadline's declared runtime when there is one; otherwise the time it has
 run so far (a job that has run t tends to run about t more), and nothing before it has run
-`MIN_RUN_S`. The move itself is the make-before-break path of a spot notice (moves.py): the
-spot placement is reserved first, then the job checkpoints, and only when the checkpoint lands
+`MIN_RUN_S`, doubled for every return the job already made: a job that is reclaimed after
+every return stops bouncing between the two (what it costs and earns: docs/simulation.md).
+
+The move itself is the make-before-break path of a spot notice (moves.py): the spot
+placement is reserved first, then the job checkpoints, and only when the checkpoint lands
 (or the grace runs out) is the old attempt cancelled and the new one dispatched. There is
 never a second live copy, and no spot placement means no move.
 """
@@ -54,7 +57,13 @@ def hours_left(record: JobRecord, current: AttemptRecord, now: float) -> float:
     if record.spec.deadline is not None:
         return work_left_s(record) / 3600.0
     ran = now - (current.running_at if current.running_at is not None else now)
-    return ran / 3600.0 if ran >= MIN_RUN_S else 0.0
+    return ran / 3600.0 if ran >= min_run_s(record) else 0.0
+
+
+def min_run_s(record: JobRecord) -> float:
+    """How long the attempt must have run before the job may return to spot."""
+    returns = sum(1 for a in record.attempts if a.end_cause == SPOT_RETURN)
+    return MIN_RUN_S * 2.0**returns
 
 
 def worth_returning(

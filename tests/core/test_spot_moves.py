@@ -318,3 +318,45 @@ def test_a_deadline_move_of_a_job_without_checkpoints_dispatches_its_reserved_pl
     # The cycle finds nothing more to place for it: the reservation was not left behind.
     assert dispatches(m.handle(Cycle(), now + 1)) == []
     assert violations(m) == []
+
+
+def _return_to_spot(m: Machine, agent: Agent, d: Dispatch, now: float, step: int) -> Dispatch:
+    """Tick at `now` (the job may return), land the checkpoint: the spot attempt, running."""
+    checkpoint(agent, d, step, now - 10)
+    assert [c.attempt for c in sends(tick(m, agent, now), CheckpointNow)] == [d.attempt]  # type: ignore[attr-defined]
+    uri = f"s3://b/ck/{step + 1}"
+    report = CheckpointReport(job_id=d.job_id, attempt=d.attempt, step=step + 1, uri=uri)
+    (new,) = sends(m.handle(Checkpoint(report), now + 30), Dispatch)
+    assert isinstance(new, Dispatch) and new.flavor == "v100-spot"
+    running(agent, new, now + 60)
+    return new
+
+
+def test_each_return_to_spot_doubles_the_run_before_the_next() -> None:
+    """A job reclaimed after every return stops bouncing: the second return waits for twice
+    the on-demand run the first one did."""
+    m, agent = setup()
+    d = on_demand_job(m, agent, "bouncer")
+    agent.send(NodeUpsert(node=nodes("spot-a", "v100-spot", 1)[0]), now=NOW + 100)
+    now = NOW + 60 + 1.5 * MIN_RUN_S
+    on_spot = _return_to_spot(m, agent, d, now, 500)
+    # Spot takes its node back; the job falls back to on-demand and runs there again.
+    now += 120
+    agent.send(NodeGone(node=on_spot.assignment[0].nodes[0]), now=now)
+    record = m.jobs["bouncer"]
+    record.avoid.clear()  # (the lost pool's avoidance is not what this tests)
+    tick(m, agent, now + 1)
+    (od,) = dispatches(m.handle(Cycle(), now + 2))
+    assert od.flavor == "v100-od"
+    started = now + 60
+    running(agent, od, started)
+    agent.send(NodeUpsert(node=nodes("spot-b", "v100-spot", 1)[0]), now=started + 1)
+    # What was enough the first time is not enough now ...
+    checkpoint(agent, od, 700, started + 1.5 * MIN_RUN_S - 10)
+    assert sends(tick(m, agent, started + 1.5 * MIN_RUN_S), CheckpointNow) == []
+    assert record.state == "running" and record.current is not None
+    assert record.current.attempt == od.attempt
+    # ... twice the minimum is.
+    _return_to_spot(m, agent, od, started + 2.5 * MIN_RUN_S, 800)
+    assert live_attempts(m, "bouncer") == 1
+    assert violations(m) == []
