@@ -45,6 +45,7 @@ from tests.kube.test_manifests import (
     VOLCANO_YAML,
 )
 from tests.kube.validation import validate
+from tests.support import wait_for
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -384,10 +385,10 @@ async def test_nats_permissions_enforced(tmp_path: Path) -> None:
         broker = await connect("broker")
         east = await connect("agent-east")
         client = await connect("team-research")
-        seen: list[str] = []
+        seen: list[tuple[str, bytes]] = []
 
         async def record(msg: Any) -> None:
-            seen.append(msg.subject)
+            seen.append((msg.subject, msg.data))
 
         await broker.subscribe("muster.>", cb=record)
         await flush(broker)
@@ -397,20 +398,28 @@ async def test_nats_permissions_enforced(tmp_path: Path) -> None:
         await east.publish("muster.submit.default", b"nope")
         await client.publish("muster.submit.default", b"{}")
         await client.publish("muster.agent.east.cmd", b"nope")
+        # Last, from each publisher, a message it may send. NATS keeps one publisher's order,
+        # so once both have arrived, a refused message that got through would have too.
+        await east.publish("muster.agent.east.events", b"end")
+        await client.publish("muster.submit.default", b"end")
         for c in (east, client):
             await flush(c)
-        await Recorder().wait_for(lambda: len(seen) >= 2)
-        await flush(broker)
-        await asyncio.sleep(0.1)
-        assert sorted(seen) == ["muster.agent.east.events", "muster.submit.default"]
+        await wait_for(lambda: [d for _, d in seen].count(b"end") == 2, what="both end markers")
+        assert sorted(s for s, d in seen if d != b"end") == [
+            "muster.agent.east.events",
+            "muster.submit.default",
+        ]
         # Commands: the broker asks, the agent answers (allow_responses), nobody else hears.
         west_sub_seen: list[str] = []
 
         async def answer(msg: Any) -> None:
             await msg.respond(b"ack")
 
+        async def on_west(msg: Any) -> None:
+            west_sub_seen.append(msg.subject)
+
         await east.subscribe("muster.agent.east.cmd", cb=answer)
-        await east.subscribe("muster.agent.west.cmd", cb=record)  # not allowed: never delivers
+        await east.subscribe("muster.agent.west.cmd", cb=on_west)  # not allowed: never delivers
         await flush(east)
         reply = await broker.request("muster.agent.east.cmd", b"dispatch", timeout=5)
         assert reply.data == b"ack"
