@@ -123,8 +123,10 @@ async def test_crash_and_restart_loses_nothing_and_runs_nothing_twice(harness: H
     # Events go out after the records they report are persisted: once all 19 ran and three
     # ended, the store holds what the list shows.
     await harness.wait_for(
-        lambda: sum(1 for j in ids if "running" in harness.kinds(j)) == 19
-        and all("succeeded" in harness.kinds(j) for j in ids[:3])
+        lambda: (
+            sum(1 for j in ids if "running" in harness.kinds(j)) == 19
+            and all("succeeded" in harness.kinds(j) for j in ids[:3])
+        )
     )
     before = {j["job_id"]: j for j in (await harness.api("list", {}))["result"]}
     assert sum(1 for j in before.values() if j["state"] == "succeeded") == 3
@@ -151,7 +153,7 @@ async def test_crash_and_restart_loses_nothing_and_runs_nothing_twice(harness: H
         await agent.finish(j, 1)
     await harness.wait_for(lambda: sum(1 for j in ids if "running" in harness.kinds(j)) == 22)
     # The cycles that admitted the three admitted nothing else: the cluster is full again.
-    stats = (await harness.api("stats"))
+    stats = await harness.api("stats")
     assert (stats["live"], stats["pending"]) == (16, 18), stats
     keys = [(c.job_id, c.attempt) for c in dispatched()]
     assert len(keys) == 22 and len({k[0] for k in keys}) == 22
