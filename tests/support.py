@@ -49,6 +49,20 @@ async def wait_for(
             pass
 
 
+async def listening(port: int, timeout: float = 10.0) -> None:
+    """Wait until a server just started accepts TCP connections on 127.0.0.1:`port`."""
+
+    async def accepts() -> bool:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return False
+        writer.close()
+        return True
+
+    await wait_for(accepts, timeout, what=f"a server listening on port {port}", interval=0.02)
+
+
 def wait_for_sync(condition: Callable[[], T | None], timeout: float = 5.0, what: str = "") -> T:
     """`wait_for` for code outside an event loop (threads, subprocess pipes)."""
     deadline = time.monotonic() + timeout

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
@@ -24,7 +23,7 @@ from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
 from tests.broker.conftest import broker_config
 from tests.broker.test_submit import job
-from tests.support import wait_for
+from tests.support import listening, wait_for
 
 STORE_BYTES = 2 * 1024 * 1024
 
@@ -48,13 +47,7 @@ async def tiny_nats() -> AsyncIterator[str]:
             stderr=asyncio.subprocess.DEVNULL,
         )
         try:
-            for _ in range(500):
-                with (
-                    contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2),
-                ):
-                    break
-                await asyncio.sleep(0.02)
+            await listening(port)
             yield f"nats://127.0.0.1:{port}"
         finally:
             proc.terminate()
