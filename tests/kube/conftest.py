@@ -3,7 +3,6 @@ real kubernetes-asyncio ApiClient pointed at it, and builders for Node/Pod objec
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import time
 from collections.abc import AsyncIterator, Callable
@@ -195,12 +194,10 @@ class Recorder:
         return [e for e in self.events if isinstance(e, kind)]
 
     async def wait_for(self, pred: Callable[[], object], timeout: float = 5.0) -> None:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        while not pred():
-            if loop.time() > end:
-                raise AssertionError(f"timed out; events: {self.events[-10:]}")
-            await asyncio.sleep(0.01)
+        try:
+            await wait_for(pred, timeout)
+        except AssertionError:
+            raise AssertionError(f"timed out; events: {self.events[-10:]}") from None
 
 
 async def caught_up(server: FakeApiServer, backend: KubeBackend, timeout: float = 5.0) -> None:
