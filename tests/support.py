@@ -107,3 +107,9 @@ class ResettingPort:
         self._stop.set()
         self._thread.join()
         self._sock.close()
+
+    def __enter__(self) -> ResettingPort:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -7,6 +7,7 @@ attempt."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -97,12 +98,10 @@ def procs() -> Iterator[list[Proc]]:
 
 
 @pytest.fixture
-def unreachable() -> Iterator[list[ResettingPort]]:
-    """Ports that reset every connection (see ResettingPort), closed after the test."""
-    ports: list[ResettingPort] = []
-    yield ports
-    for port in ports:
-        port.close()
+def unreachable() -> Iterator[Callable[[], ResettingPort]]:
+    """Makes ports that reset every connection (see ResettingPort), closed after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda: stack.enter_context(ResettingPort())
 
 
 def one_line_error(*args: str) -> str:
@@ -147,7 +146,7 @@ def test_bad_configs_are_one_line_each(tmp_path: Path) -> None:
 
 
 def test_unreachable_nats_is_said_once_and_retried(
-    tmp_path: Path, procs: list[Proc], unreachable: list[ResettingPort]
+    tmp_path: Path, procs: list[Proc], unreachable: Callable[[], ResettingPort]
 ) -> None:
     broker_cfg = write(tmp_path, "b.yaml", "flavors: []\nqueues: [{name: default}]\n")
     fleet_cfg = write(tmp_path, "f.yaml", FLEET.format(name="c1"))
@@ -159,8 +158,7 @@ def test_unreachable_nats_is_said_once_and_retried(
         "agent": ("agent", "--config", agent_cfg),
     }
     # One port each, so each process's attempts are counted on their own.
-    ports = [ResettingPort() for _ in commands]
-    unreachable += ports
+    ports = [unreachable() for _ in commands]
     urls = [f"nats://127.0.0.1:{port.port}" for port in ports]
     procs += [
         Proc(tmp_path, name, *args, "--nats", url)
@@ -179,10 +177,9 @@ def test_unreachable_nats_is_said_once_and_retried(
 
 
 def test_unreachable_kubernetes_api_is_said_once_and_retried(
-    tmp_path: Path, procs: list[Proc], nats_url: str, unreachable: list[ResettingPort]
+    tmp_path: Path, procs: list[Proc], nats_url: str, unreachable: Callable[[], ResettingPort]
 ) -> None:
-    api = ResettingPort()
-    unreachable.append(api)
+    api = unreachable()
     api_url = f"https://127.0.0.1:{api.port}"
     kubeconfig = write(
         tmp_path,
