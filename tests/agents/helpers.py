@@ -108,13 +108,15 @@ class BrokerWire:
         """Request/reply like the broker. A just-started nats-server answers "no responders"
         for a few hundred ms even after the agent's SUB was flushed, so retry that (bounded)."""
         subject = self.subjects.agent_cmd(self.cluster)
-        for _ in range(40):
+
+        async def answered() -> CommandAck | None:
             try:
                 msg = await self.nc.request(subject, data, timeout=timeout)
-                return decode_command_ack(msg.data)
             except NoRespondersError:
-                await asyncio.sleep(0.05)
-        raise AssertionError(f"no responder on {subject} for 2 s")
+                return None
+            return decode_command_ack(msg.data)
+
+        return await wait_for(answered, 5.0, what=f"a responder on {subject}", interval=0.05)
 
 
 def job_spec(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import nats
 
@@ -20,13 +21,28 @@ async def test_server_restart_resends_snapshot_with_workloads(fresh_nats: Embedd
     opts = {"max_reconnect_attempts": -1, "reconnect_time_wait": 0.1, "connect_timeout": 2}
     broker_nc = await nats.connect(fresh_nats.url, **opts)
     holder: dict[str, AgentRuntime] = {}
+    probe = unique("probe")
+    heard = asyncio.Event()
+
+    async def on_probe(msg: object) -> None:
+        heard.set()
+
+    # Resubscribed with the stand-in broker's other subscriptions after a reconnect.
+    await broker_nc.subscribe(probe, cb=on_probe)
+
+    async def delivered() -> bool:
+        heard.clear()
+        await agent_nc.publish(probe, b"")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await heard.wait()
+        return heard.is_set()
 
     async def reconnected() -> None:
-        # Test-only: wait until the stand-in broker has resubscribed, and give the restarted
-        # server a moment (it drops interest for a few hundred ms after start), so the
-        # snapshot cannot be missed. A real broker would see the seq gap and ask to resync.
-        await wait_for(lambda: broker_nc.is_connected, 2.0)
-        await asyncio.sleep(0.5)  # the server's own settling time: nothing to observe
+        # Test-only: wait until what the agent publishes reaches the stand-in broker again
+        # (it resubscribes, and a restarted server drops interest for a while after start),
+        # so the snapshot cannot be missed. A real broker would see the seq gap and resync.
+        await wait_for(delivered, 10, what="a probe from the agent reaches the broker")
         await holder["rt"].on_reconnected()
 
     agent_nc = await nats.connect(fresh_nats.url, reconnected_cb=reconnected, **opts)

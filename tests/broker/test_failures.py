@@ -12,6 +12,7 @@ from schemas.codec import encode_msgpack
 from tests.broker.conftest import Harness
 from tests.broker.test_submit import job
 from tests.broker.wire import next_item
+from tests.support import wait_for
 
 
 async def test_agent_that_stops_acking_rolls_back_and_requeues(harness: Harness) -> None:
@@ -119,15 +120,27 @@ async def test_crash_and_restart_loses_nothing_and_runs_nothing_twice(harness: H
         await agent.finish(j, 1)
     # Three jobs end, three queued ones take their place: 19 dispatches in all.
     await harness.wait_for(lambda: len(dispatched()) == 19)
-    await asyncio.sleep(0.3)
+    # Events go out after the records they report are persisted: once all 19 ran and three
+    # ended, the store holds what the list shows.
+    await harness.wait_for(
+        lambda: (
+            sum(1 for j in ids if "running" in harness.kinds(j)) == 19
+            and all("succeeded" in harness.kinds(j) for j in ids[:3])
+        )
+    )
     before = {j["job_id"]: j for j in (await harness.api("list", {}))["result"]}
     assert sum(1 for j in before.values() if j["state"] == "succeeded") == 3
     await harness.crash_broker()
     # The crashed leader's lease must expire before the new one leads; the agent resyncs
     # and its snapshot lists every workload it runs.
-    await harness.start_broker()
+    broker = await harness.start_broker()
+    assert broker.stats["redispatched"] == 0  # every dispatch was acknowledged before
     await harness.wait_for(lambda: any(isinstance(c, Resync) for c in agent.commands), 10)
-    await asyncio.sleep(0.5)
+    # The snapshot was applied and the admission cycle after it has run (it would have
+    # admitted or requeued anything the new leader got wrong).
+    machine = broker.machine
+    assert machine is not None
+    await harness.wait_for(lambda: harness.synced("c1") and not machine.wants_cycle)
     after = {j["job_id"]: j for j in (await harness.api("list", {}))["result"]}
     assert set(after) == set(before)
     for job_id, view in before.items():
@@ -138,8 +151,10 @@ async def test_crash_and_restart_loses_nothing_and_runs_nothing_twice(harness: H
     running = [j for j, v in after.items() if v["state"] == "running"][:3]
     for j in running:
         await agent.finish(j, 1)
-    await harness.wait_for(lambda: len(dispatched()) == 22)
-    await asyncio.sleep(0.3)
+    await harness.wait_for(lambda: sum(1 for j in ids if "running" in harness.kinds(j)) == 22)
+    # The cycles that admitted the three admitted nothing else: the cluster is full again.
+    stats = await harness.api("stats")
+    assert (stats["live"], stats["pending"]) == (16, 18), stats
     keys = [(c.job_id, c.attempt) for c in dispatched()]
     assert len(keys) == 22 and len({k[0] for k in keys}) == 22
 
@@ -211,33 +226,35 @@ async def test_broker_rides_out_a_nats_restart(fresh_nats: Any) -> None:
         agent = await WireAgent(cnc, subjects, "c1", [OD_A100], nodes("c1", "a100-od", 2)).start()
 
         async def submit(name: str) -> Any:
-            for _ in range(100):
+            async def answered() -> Any:
+                spec = job(name, 1, 8, restart={"backoff_s": 0.2})
                 try:
-                    spec = job(name, 1, 8, restart={"backoff_s": 0.2})
                     msg = await cnc.request(subjects.submit("default"), _enc(spec), 2)
-                    return __import__("msgspec").json.decode(msg.data)
                 except Exception:
-                    await asyncio.sleep(0.1)
-            raise AssertionError("no reply")
+                    return None  # NATS or the broker's subscriptions are not back yet
+                return __import__("msgspec").json.decode(msg.data)
+
+            return await wait_for(answered, 30, what=f"a reply to {name!r}", interval=0.1)
 
         first = await submit("before")
         assert first["accepted"]
-        await asyncio.sleep(0.5)
+
+        def state_of(job_id: str) -> str | None:
+            record = broker.machine.jobs.get(job_id) if broker.machine else None
+            return record.state if record else None
+
+        await wait_for(lambda: state_of(first["job_id"]) == "running", what="the first job runs")
         epoch = broker.lease.epoch
         fresh_nats.stop_sync()
-        await asyncio.sleep(0.5)
+        await wait_for(lambda: not bnc.is_connected and not cnc.is_connected, 10)
         fresh_nats.start_sync()
         second = await submit("after")
         assert second["accepted"]
-        for _ in range(300):
-            machine = broker.machine
-            if (
-                machine
-                and machine.jobs.get(second["job_id"])
-                and machine.jobs[second["job_id"]].state in ("admitted", "running")
-            ):
-                break
-            await asyncio.sleep(0.1)
+        await wait_for(
+            lambda: state_of(second["job_id"]) in ("admitted", "running"),
+            30,
+            what="the job submitted after the restart is admitted",
+        )
         machine = broker.machine
         assert machine is not None and broker.lease.epoch == epoch
         assert machine.jobs[first["job_id"]].state == "running"

@@ -240,11 +240,15 @@ async def test_a_mirror_rides_out_a_nats_restart(fresh_nats: Any) -> None:
         fresh_nats.stop_sync()
         await wait_for(lambda: not nc.is_connected, 5, what="the client to notice")
         fresh_nats.start_sync()
-        for _ in range(100):  # bounded: the client reconnects within a few tries
-            with contextlib.suppress(Exception):
+
+        async def written() -> bool:
+            try:
                 await store.put_many([_record(i, "cancelled") for i in range(0, 20, 3)], 2)
-                break
-            await asyncio.sleep(0.1)
+            except Exception:
+                return False  # the client has not reconnected yet
+            return True
+
+        await wait_for(written, 30, what="a write after the restart", interval=0.1)
         await store.put_many([_record(i) for i in range(20, 25)])
         await store.delete("j1")
         records = await mirror.caught_up(30)

@@ -9,6 +9,7 @@ from nats.aio.msg import Msg
 from broker.intake import consumer_name
 from tests.broker.conftest import Harness
 from tests.broker.test_submit import job
+from tests.support import wait_for
 
 FLOOD = 20_000
 
@@ -49,8 +50,12 @@ async def test_a_flood_in_one_queue_does_not_hold_another_queues_submission(
     await nc.flush()
     js = nc.jetstream()
     # Plain publishes are stored asynchronously: wait until the stream holds all of them.
-    while (info := await js.stream_info(stream)).state.messages < FLOOD + 1:
-        await asyncio.sleep(0.05)
+
+    async def stored() -> bool:
+        return (await js.stream_info(stream)).state.messages >= FLOOD + 1
+
+    await wait_for(stored, 30, what="the flood stored", interval=0.05)
+    info = await js.stream_info(stream)
     assert info.state.messages == FLOOD + 1
     last_seq = info.state.last_seq
     await harness.start_broker()

@@ -13,6 +13,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
 from broker.lease import LeaderLease, LeadershipLost, LeaseHolder
+from tests.support import wait_for
 
 
 def _bucket() -> str:
@@ -80,12 +81,15 @@ async def test_a_renewal_whose_ack_was_lost_keeps_the_lease(nc: Client) -> None:
 async def _expired(js: JetStreamContext, bucket: str) -> None:
     """Wait until the server has aged the lease key out of its bucket."""
     kv = await js.key_value(bucket)
-    while True:
+
+    async def gone() -> bool:
         try:
             await kv.get("leader")
         except KeyNotFoundError:
-            return
-        await asyncio.sleep(0.05)
+            return True
+        return False
+
+    await wait_for(gone, 30, what="the lease key aged out", interval=0.05)
 
 
 async def _expired_then_taken(js: JetStreamContext, bucket: str) -> tuple[LeaderLease, LeaderLease]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
@@ -17,13 +16,14 @@ import pytest_asyncio
 from nats.aio.client import Client
 
 from broker.embedded import free_port, nats_server_binary
+from broker.lease import RENEWALS_PER_TTL
 from broker.service import Broker
 from schemas.codec import decode_submit_reply, encode_json
 from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
 from tests.broker.conftest import broker_config
 from tests.broker.test_submit import job
-from tests.support import wait_for
+from tests.support import listening, wait_for
 
 STORE_BYTES = 2 * 1024 * 1024
 
@@ -47,13 +47,7 @@ async def tiny_nats() -> AsyncIterator[str]:
             stderr=asyncio.subprocess.DEVNULL,
         )
         try:
-            for _ in range(500):
-                with (
-                    contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2),
-                ):
-                    break
-                await asyncio.sleep(0.02)
+            await listening(port)
             yield f"nats://127.0.0.1:{port}"
         finally:
             proc.terminate()
@@ -151,19 +145,28 @@ async def test_filled_server_store_keeps_the_leader_and_refuses_submissions(
         js = client.jetstream()
         await js.add_stream(api.StreamConfig(name="FILLER", subjects=["filler"]))
         await _fill(js, "filler")
-        for _ in range(400):  # a renewal runs every quarter TTL
-            if broker.lease.suspensions:
-                break
-            await asyncio.sleep(0.05)
+        # A renewal runs every quarter TTL.
+        await wait_for(lambda: broker.lease.suspensions, 20, what="the lease suspended")
         assert broker.lease.suspensions == 1 and not broker.lease.proven.is_set()
         stats = await client.request(subjects.api("stats"), b"{}", timeout=5)
         assert b'"lease_suspended":true' in stats.data
-        # Several TTLs on, the lease key has long expired: still the same leader.
+        # Several TTLs on, the lease key has long expired: still the same leader. Renewals
+        # are tried RENEWALS_PER_TTL times a TTL: three TTLs' worth of them fail.
         for _ in range(3):
             msg = await client.request(subjects.submit("default"), encode_json(job("x", 1, 1)), 10)
             reply = decode_submit_reply(msg.data)
             assert not reply.accepted and (reply.error or "").startswith("storage full")
-            await asyncio.sleep(config.timeouts.lease_ttl_s)
+            goal = broker.lease.renew_failures + RENEWALS_PER_TTL
+            await wait_for(
+                lambda goal=goal: broker.lease.renew_failures >= goal,
+                10 * config.timeouts.lease_ttl_s,
+                what="a TTL of refused renewals",
+            )
+
+        async def expired() -> bool:
+            return await broker.lease.current() is None
+
+        await wait_for(expired, 10, what="the lease key expired")
         assert broker.leading.is_set() and broker.lease.epoch == epoch
         assert not task.done(), task.exception() if task.done() else None
         # Room again: the next renewal recreates the expired key right after its own revision,
@@ -171,10 +174,7 @@ async def test_filled_server_store_keeps_the_leader_and_refuses_submissions(
         await js.delete_stream("FILLER")
         await asyncio.wait_for(broker.lease.proven.wait(), 20)
         assert broker.leading.is_set() and broker.lease.epoch == epoch
-        for _ in range(200):
-            if not broker.storage_full:
-                break
-            await asyncio.sleep(0.05)
+        await wait_for(lambda: not broker.storage_full, 10, what="storage available again")
         msg = await client.request(subjects.submit("default"), encode_json(job("after", 1, 1)), 10)
         assert decode_submit_reply(msg.data).accepted
         assert broker.lease.epoch == epoch and not task.done()

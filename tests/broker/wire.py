@@ -75,6 +75,8 @@ class WireAgent:
 
     async def _heartbeats(self) -> None:
         for _ in range(10_000):  # bounded: ~33 minutes at most
+            # The protocol's heartbeat period, a rhythm and not a wait: tests wait for what
+            # the broker makes of heartbeats (health, a resync), never for the period itself.
             await asyncio.sleep(0.2)
             if not self.silent:
                 await self.send(Heartbeat(at=time.time()))

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,14 +156,15 @@ async def test_no_queue_without_a_default_queue_is_refused_clearly(
     s = Stack(fresh_nats.url, tmp_path)
     s.spawn("broker", "--config", str(config), "--log-level", "warning")
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        async def answered() -> subprocess.CompletedProcess[str] | None:
+            """A submission the broker answered (before it leads, nothing listens)."""
             done = await asyncio.to_thread(
                 muster, "submit", "examples/jobs/mpijob.yaml", "--nats", s.url
             )
-            if "nothing listens" not in done.stderr or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.3)
+            return None if "nothing listens" in done.stderr else done
+
+        done = await wait_for(answered, 60, what="the broker answers", interval=0.3)
         assert done.returncode == 1
         assert done.stderr.strip() == (
             "error: the job names no queue and the config has no queue named 'default' to take "

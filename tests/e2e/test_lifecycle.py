@@ -3,8 +3,6 @@ agent restart that reconciles instead of re-running."""
 
 from __future__ import annotations
 
-import asyncio
-
 from agents.runtime import AgentRuntime
 from tests.world import World, flavor, sim_job
 
@@ -56,4 +54,3 @@ async def test_agent_restart_reconciles_without_rerunning(world: World) -> None:
     assert [r.attempt for r in fleet.history(job_id)] == [1]
     view = await world.job(job_id)
     assert view["accounting"]["attempts"] == 1
-    await asyncio.sleep(0)

@@ -7,12 +7,12 @@ attempt."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from broker.client import MusterClient
 from broker.embedded import free_port
 from schemas.natsopts import NatsOptions
 from tests.e2e.clusters import wait_clusters
-from tests.support import wait_for_sync
+from tests.support import ResettingPort, wait_for_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = """\
@@ -97,6 +97,13 @@ def procs() -> Iterator[list[Proc]]:
         p.interrupt()
 
 
+@pytest.fixture
+def unreachable() -> Iterator[Callable[[], ResettingPort]]:
+    """Makes ports that reset every connection (see ResettingPort), closed after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda: stack.enter_context(ResettingPort())
+
+
 def one_line_error(*args: str) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "broker", *args], cwd=ROOT, capture_output=True, text=True,
@@ -138,23 +145,30 @@ def test_bad_configs_are_one_line_each(tmp_path: Path) -> None:
     assert "valid values: fake, kube" in line
 
 
-def test_unreachable_nats_is_said_once_and_retried(tmp_path: Path, procs: list[Proc]) -> None:
-    url = f"nats://127.0.0.1:{free_port()}"
+def test_unreachable_nats_is_said_once_and_retried(
+    tmp_path: Path, procs: list[Proc], unreachable: Callable[[], ResettingPort]
+) -> None:
     broker_cfg = write(tmp_path, "b.yaml", "flavors: []\nqueues: [{name: default}]\n")
     fleet_cfg = write(tmp_path, "f.yaml", FLEET.format(name="c1"))
     agent_cfg = write(tmp_path, "a.yaml", AGENT.format(name="c2"))
     state = str(tmp_path / "s")
-    nats = ("--nats", url)
+    commands = {
+        "broker": ("broker", "--config", broker_cfg, "--state-dir", state),
+        "fleet": ("fleet", "--config", fleet_cfg, "--log-format", "console"),
+        "agent": ("agent", "--config", agent_cfg),
+    }
+    # One port each, so each process's attempts are counted on their own.
+    ports = [unreachable() for _ in commands]
+    urls = [f"nats://127.0.0.1:{port.port}" for port in ports]
     procs += [
-        Proc(tmp_path, "broker", "broker", "--config", broker_cfg, *nats, "--state-dir", state),
-        Proc(tmp_path, "fleet", "fleet", "--config", fleet_cfg, *nats, "--log-format", "console"),
-        Proc(tmp_path, "agent", "agent", "--config", agent_cfg, *nats),
+        Proc(tmp_path, name, *args, "--nats", url)
+        for (name, args), url in zip(commands.items(), urls, strict=True)
     ]
     for p in procs:
         p.wait_for(lambda text: "cannot reach NATS" in text)
-    # nats-py retries every 0.5 s: after several more retries there is still one line.
-    time.sleep(2.5)
-    for p in procs:
+    # Three more attempts after the one that was reported: each failed and said nothing.
+    wait_for_sync(lambda: all(port.attempts >= 4 for port in ports), 30, what="three retries")
+    for p, url in zip(procs, urls, strict=True):
         text = p.stderr
         assert p.proc.poll() is None, text  # still retrying
         assert text.count("cannot reach NATS") == 1, text
@@ -163,9 +177,10 @@ def test_unreachable_nats_is_said_once_and_retried(tmp_path: Path, procs: list[P
 
 
 def test_unreachable_kubernetes_api_is_said_once_and_retried(
-    tmp_path: Path, procs: list[Proc], nats_url: str
+    tmp_path: Path, procs: list[Proc], nats_url: str, unreachable: Callable[[], ResettingPort]
 ) -> None:
-    api_url = f"https://127.0.0.1:{free_port()}"
+    api = unreachable()
+    api_url = f"https://127.0.0.1:{api.port}"
     kubeconfig = write(
         tmp_path,
         "kubeconfig",
@@ -195,7 +210,9 @@ users:
     said = "Kubernetes API server unreachable"
     text = agent.wait_for(lambda text: said in text)
     assert api_url in text, text  # the line names the URL it tried
-    time.sleep(3.5)  # backoff 1 s, 2 s: at least two more attempts
+    # Two more attempts after the one that was reported (backoff 1 s, then 2 s), and the
+    # start of a third, so the second has been handled.
+    wait_for_sync(lambda: api.attempts >= 4, 30, what="two retries")
     text = agent.stderr
     assert agent.proc.poll() is None, text
     assert text.count(said) == 1, text

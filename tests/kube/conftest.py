@@ -3,7 +3,6 @@ real kubernetes-asyncio ApiClient pointed at it, and builders for Node/Pod objec
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import time
 from collections.abc import AsyncIterator, Callable
@@ -19,6 +18,7 @@ from agents.kube.config import KubeBackendConfig, convert_kube_config
 from schemas.agent import AgentEvent, Dispatch, PodSetAssignment
 from schemas.job import JobSpec
 from tests.kube.fake_apiserver import FakeApiServer
+from tests.support import wait_for
 
 NODES = "/api/v1/nodes"
 NS = "muster-workloads"
@@ -194,12 +194,36 @@ class Recorder:
         return [e for e in self.events if isinstance(e, kind)]
 
     async def wait_for(self, pred: Callable[[], object], timeout: float = 5.0) -> None:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        while not pred():
-            if loop.time() > end:
-                raise AssertionError(f"timed out; events: {self.events[-10:]}")
-            await asyncio.sleep(0.01)
+        try:
+            await wait_for(pred, timeout)
+        except AssertionError:
+            raise AssertionError(f"timed out; events: {self.events[-10:]}") from None
+
+
+async def caught_up(server: FakeApiServer, backend: KubeBackend, timeout: float = 5.0) -> None:
+    """Wait until every watch of `backend` has handled everything the server has done so far:
+    each reflector's resourceVersion reaches the server's (handlers run before it advances).
+    A BOOKMARK carries the version to a watch whose own collection did not change last. This
+    is the positive marker before asserting that a change led to nothing."""
+    rv = server.rv
+    reflectors = [
+        r
+        for r in (
+            backend.node_reflector,
+            backend.pod_reflector,
+            backend.muster_pod_reflector,
+            *backend.job_reflectors.values(),
+        )
+        if r is not None and not r.absent
+    ]
+
+    def done() -> bool:
+        if all(int(r.resource_version or 0) >= rv for r in reflectors):
+            return True
+        server.bookmark()
+        return False
+
+    await wait_for(done, timeout, what=f"every watch at resourceVersion {rv}", interval=0.02)
 
 
 # Validate what the agent creates and updates as a real API server would (422 otherwise).

@@ -4,7 +4,6 @@ selector transitions in watches, graceful deletion, finalizers, propagation, aut
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 from collections.abc import Callable
@@ -257,4 +256,3 @@ async def test_an_unknown_token_is_a_401(apiserver: FakeApiServer, rest: KubeRes
     apiserver.revoke("good")
     with pytest.raises(KubeApiError):
         await rest.request("GET", NODES)
-    await asyncio.sleep(0)

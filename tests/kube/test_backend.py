@@ -3,7 +3,6 @@ list/watch, 410 recovery, bookmarks, spot notices, GPU health, foreign pods, wor
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 from typing import Any
@@ -32,6 +31,7 @@ from tests.kube.conftest import (
     NS,
     PODS,
     Recorder,
+    caught_up,
     gang_dispatch,
     job_owner,
     make_config,
@@ -39,6 +39,7 @@ from tests.kube.conftest import (
     pod,
 )
 from tests.kube.fake_apiserver import FakeApiServer
+from tests.support import wait_for
 
 JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
 
@@ -139,7 +140,7 @@ async def test_spot_notice_per_provider(
 ) -> None:
     raw = node("s1", labels=labels, provider_id=provider_id)
     apiserver.put(NODES, raw)
-    _, rec = await make_backend()
+    backend, rec = await make_backend()
     tainted = copy.deepcopy(raw)
     tainted["spec"]["taints"] = [{"key": taint, "effect": "NoSchedule"}]
     apiserver.put(NODES, tainted)
@@ -151,7 +152,7 @@ async def test_spot_notice_per_provider(
     # Once per node: another change while the taint stays emits no second notice.
     tainted["metadata"]["labels"]["extra"] = "1"
     apiserver.put(NODES, tainted)
-    await asyncio.sleep(0.1)
+    await caught_up(apiserver, backend)
     assert len(rec.of(SpotNotice)) == 1
     # The taint goes away (rebalance cancelled): cleared, and a new taint notifies again.
     apiserver.put(NODES, raw)
@@ -184,7 +185,7 @@ async def test_pod_disruption_target_means_node_notice(
     apiserver.put(
         NODES, node("n2", provider_id="gce://p/z/n2", labels={"cloud.google.com/gke-spot": "true"})
     )
-    _, rec = await make_backend()
+    backend, rec = await make_backend()
     preempted = pod(
         "p",
         "n2",
@@ -203,8 +204,7 @@ async def test_pod_disruption_target_means_node_notice(
         ],
     )
     apiserver.put("/api/v1/namespaces/team/pods", shutting)
-    await rec.wait_for(lambda: rec.of(SpotNotice))
-    await asyncio.sleep(0.05)
+    await caught_up(apiserver, backend)  # both pods were seen
     notices = rec.of(SpotNotice)
     assert [(n.node, n.deadline) for n in notices] == [("n1", NOW + 30)]
     assert "TerminationByKubelet" in notices[0].reason
@@ -256,8 +256,10 @@ async def test_dispatch_creates_and_cancel_deletes(
     policies = {p for path, p in apiserver.deletes}
     assert policies == {"Background"}
     # Pods went with the Job (cascade), and a cancelled attempt reports nothing more.
-    await asyncio.sleep(0.1)
-    assert apiserver.get(f"{PODS}/{pods[0]['metadata']['name']}") is None
+    await wait_for(
+        lambda: all(apiserver.get(f"{PODS}/{p['metadata']['name']}") is None for p in pods)
+    )
+    await caught_up(apiserver, backend)  # the agent saw the pods go
     assert [s.phase for s in rec.of(WorkloadStatus)] == ["created"]
     # Deleting what does not exist is not an error.
     await backend.cancel("job-1", None, "again")
@@ -271,11 +273,7 @@ async def test_foreground_propagation_and_gc_of_older_attempts(
     backend, _ = await make_backend(delete_propagation="Foreground")
     await backend.dispatch(gang_dispatch(attempt=1))
     await backend.dispatch(gang_dispatch(attempt=2))
-    for _ in range(200):
-        if apiserver.get(f"{JOBS}/job-1-a1-worker") is None:
-            break
-        await asyncio.sleep(0.01)
-    assert apiserver.get(f"{JOBS}/job-1-a1-worker") is None
+    await wait_for(lambda: apiserver.get(f"{JOBS}/job-1-a1-worker") is None)
     assert apiserver.get(f"{JOBS}/job-1-a2-worker") is not None
     assert all(p == "Foreground" for _, p in apiserver.deletes)
     # An object left behind by an older agent instance is collected by the periodic GC.
@@ -300,7 +298,7 @@ async def test_workload_status_running_succeeded(
     await backend.dispatch(gang_dispatch())
     pods = job_pods(apiserver, "job-1-a1-worker", "Pending", ("n1", "n2"))
     set_pod(apiserver, pods[0], phase="Running")
-    await asyncio.sleep(0.05)
+    await caught_up(apiserver, backend)
     assert [s.phase for s in rec.of(WorkloadStatus)] == ["created"]  # 1 of 2 is not running
     pods[1] = set_pod(apiserver, pods[1], phase="Running")
     await rec.wait_for(lambda: rec.of(WorkloadStatus)[-1].phase == "running")

@@ -5,7 +5,6 @@ configs embedded in ConfigMaps load; NATS accepts nats.conf and enforces account
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import subprocess
@@ -45,6 +44,7 @@ from tests.kube.test_manifests import (
     VOLCANO_YAML,
 )
 from tests.kube.validation import validate
+from tests.support import listening, wait_for
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -362,32 +362,28 @@ async def test_nats_permissions_enforced(tmp_path: Path) -> None:
         async def on_error(e: Exception) -> None:
             errors.append(e)
 
-        for _ in range(100):
-            try:
-                nc = await nats.connect(
-                    url,
-                    user=user,
-                    password=PASSWORDS[f"MUSTER_{user.upper().replace('-', '_')}_PASSWORD"],
-                    inbox_prefix=f"_INBOX_{user}",
-                    error_cb=on_error,
-                    allow_reconnect=False,
-                    connect_timeout=2,
-                )
-                nc.errors = errors  # type: ignore[attr-defined]
-                conns.append(nc)
-                return nc
-            except Exception:
-                await asyncio.sleep(0.05)
-        raise AssertionError("nats-server did not start")
+        nc = await nats.connect(
+            url,
+            user=user,
+            password=PASSWORDS[f"MUSTER_{user.upper().replace('-', '_')}_PASSWORD"],
+            inbox_prefix=f"_INBOX_{user}",
+            error_cb=on_error,
+            allow_reconnect=False,
+            connect_timeout=2,
+        )
+        nc.errors = errors  # type: ignore[attr-defined]
+        conns.append(nc)
+        return nc
 
     try:
+        await listening(port)
         broker = await connect("broker")
         east = await connect("agent-east")
         client = await connect("team-research")
-        seen: list[str] = []
+        seen: list[tuple[str, bytes]] = []
 
         async def record(msg: Any) -> None:
-            seen.append(msg.subject)
+            seen.append((msg.subject, msg.data))
 
         await broker.subscribe("muster.>", cb=record)
         await flush(broker)
@@ -397,20 +393,28 @@ async def test_nats_permissions_enforced(tmp_path: Path) -> None:
         await east.publish("muster.submit.default", b"nope")
         await client.publish("muster.submit.default", b"{}")
         await client.publish("muster.agent.east.cmd", b"nope")
+        # Last, from each publisher, a message it may send. NATS keeps one publisher's order,
+        # so once both have arrived, a refused message that got through would have too.
+        await east.publish("muster.agent.east.events", b"end")
+        await client.publish("muster.submit.default", b"end")
         for c in (east, client):
             await flush(c)
-        await Recorder().wait_for(lambda: len(seen) >= 2)
-        await flush(broker)
-        await asyncio.sleep(0.1)
-        assert sorted(seen) == ["muster.agent.east.events", "muster.submit.default"]
+        await wait_for(lambda: [d for _, d in seen].count(b"end") == 2, what="both end markers")
+        assert sorted(s for s, d in seen if d != b"end") == [
+            "muster.agent.east.events",
+            "muster.submit.default",
+        ]
         # Commands: the broker asks, the agent answers (allow_responses), nobody else hears.
         west_sub_seen: list[str] = []
 
         async def answer(msg: Any) -> None:
             await msg.respond(b"ack")
 
+        async def on_west(msg: Any) -> None:
+            west_sub_seen.append(msg.subject)
+
         await east.subscribe("muster.agent.east.cmd", cb=answer)
-        await east.subscribe("muster.agent.west.cmd", cb=record)  # not allowed: never delivers
+        await east.subscribe("muster.agent.west.cmd", cb=on_west)  # not allowed: never delivers
         await flush(east)
         reply = await broker.request("muster.agent.east.cmd", b"dispatch", timeout=5)
         assert reply.data == b"ack"
@@ -546,15 +550,17 @@ async def test_nats_routes_need_the_route_credentials(tmp_path: Path) -> None:
 
         reader = asyncio.create_task(read_log())
         try:
-            loop = asyncio.get_running_loop()
-            until = loop.time() + 60.0  # a bound on a broken run; either outcome comes in seconds
-            while loop.time() < until:
+
+            async def settled() -> bool:
                 if any("Authentication Failure" in line for line in lines):
-                    break
-                with contextlib.suppress(OSError):
-                    if await asyncio.to_thread(routes, http_a) > 0:  # route pooling: >= 1
-                        break
-                await asyncio.sleep(0.05)
+                    return True
+                try:
+                    return await asyncio.to_thread(routes, http_a) > 0  # route pooling: >= 1
+                except OSError:
+                    return False
+
+            # Either outcome comes in seconds; the bound is for a broken run.
+            await wait_for(settled, 60, what="a route or a refused one", interval=0.05)
             return await asyncio.to_thread(routes, http_a), "".join(lines)
         finally:
             for p in (pa, pb):

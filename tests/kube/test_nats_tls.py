@@ -20,6 +20,7 @@ from broker.client import MusterClient, MusterError
 from broker.embedded import free_port, nats_server_binary
 from schemas.natsopts import NatsOptions
 from shell.natsio import flush
+from tests.support import listening
 
 DEPLOY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats.conf"
 
@@ -73,13 +74,7 @@ async def tls_world(tmp_path: Path) -> AsyncIterator[TlsWorld]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        for _ in range(200):  # until it listens
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", world.port)
-                writer.close()
-                break
-            except OSError:
-                await asyncio.sleep(0.025)
+        await listening(world.port)
         yield world
     finally:
         proc.terminate()

@@ -29,6 +29,7 @@ from tests.kube.conftest import (
     run_job_pod,
 )
 from tests.kube.fake_apiserver import FakeApiServer
+from tests.support import ResettingPort, wait_for
 
 
 def names(rec: Recorder) -> set[str]:
@@ -198,10 +199,8 @@ async def test_expired_token_is_refreshed_with_no_lost_watch_events(
 
 
 async def test_unreachable_api_server_waits_with_one_clear_line(tmp_path: Path) -> None:
-    gone = FakeApiServer()
-    await gone.start()
+    gone = ResettingPort()  # no API server there: every connection is reset
     port = gone.port
-    await gone.close()  # nothing listens there now
     api = ApiClient(configuration=Configuration(host=f"http://127.0.0.1:{port}"))
     backend = KubeBackend("c1", make_config(), api_client=api)
     with structlog.testing.capture_logs() as logs:
@@ -209,7 +208,9 @@ async def test_unreachable_api_server_waits_with_one_clear_line(tmp_path: Path) 
         await Recorder().wait_for(
             lambda: sum(1 for e in logs if "unreachable" in e["event"]) >= 1, timeout=5
         )
-        await asyncio.sleep(0.5)  # several retries (backoff 0.05..0.2 s) happen meanwhile
+        # Several retries (backoff 0.05..0.2 s) after the one that was reported.
+        await wait_for(lambda: gone.attempts >= 5, what="four retries")
+        gone.close()
         assert not starting.done()
         back = FakeApiServer(port=port)
         await back.start()

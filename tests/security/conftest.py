@@ -4,10 +4,8 @@ connections as each of its users with that user's own password and inbox prefix.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
@@ -26,6 +24,7 @@ from schemas.natsopts import NatsOptions
 from shell.natsio import flush
 from tests.broker.conftest import harness  # noqa: F401  (the broker harness fixture)
 from tests.local.conftest import lab  # noqa: F401  (broker and two local agents)
+from tests.support import listening
 
 CONFIG = BrokerConfig(
     queues=[
@@ -91,12 +90,12 @@ async def start_auth_nats(tmp: Path, conf: str) -> tuple[asyncio.subprocess.Proc
         stderr=subprocess.DEVNULL,
     )
     server = AuthNats(f"nats://127.0.0.1:{port}", tmp)
-    for _ in range(200):
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return proc, server
-        await asyncio.sleep(0.05)
-    proc.terminate()
-    raise AssertionError("nats-server with the generated config did not start")
+    try:
+        await listening(port)
+    except AssertionError:
+        proc.terminate()
+        raise AssertionError("nats-server with the generated config did not start") from None
+    return proc, server
 
 
 @pytest_asyncio.fixture

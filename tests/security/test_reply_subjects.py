@@ -5,14 +5,13 @@ its own JetStream deliveries on the team's say-so."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from nats.js.errors import KeyNotFoundError
 
 from broker.service import Broker
 from shell.natsio import flush
 from tests.security.conftest import AuthNats, client_as, overhear
+from tests.support import wait_for
 
 FORGED = ("forged-api", "forged-submit")
 
@@ -36,11 +35,9 @@ async def test_the_broker_answers_only_inboxes(auth_nats: AuthNats, broker: Brok
     spec = b'{"name": "x", "job_id": "sneaky", "gang": [{"name": "w", "replicas": 1, "gpu": 1}]}'
     await alpha.publish("muster.submit.vision", spec, reply=f"$KV.{bucket}.{FORGED[1]}")
     await flush(alpha)
-    loop = asyncio.get_running_loop()
-    end = loop.time() + 10
-    while "sneaky" not in broker.machine.jobs:  # type: ignore[union-attr]
-        assert loop.time() < end, "the submission was never processed"
-        await asyncio.sleep(0.01)
+    machine = broker.machine
+    assert machine is not None
+    await wait_for(lambda: "sneaky" in machine.jobs, 10, what="the submission processed")
     # A proper call is still answered, and by then every earlier answer would have gone out.
     client = await client_as(auth_nats, "team-alpha", "alpha")
     try:

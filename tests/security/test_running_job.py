@@ -32,6 +32,7 @@ from shell.natsio import flush
 from tests.agents.conftest import fast_config
 from tests.e2e.conftest import sim_job
 from tests.security.conftest import AuthNats, client_as, options_as, overhear
+from tests.support import wait_for
 
 LOCATION = "s3://ckpt/guarded"
 PACE = 5.0  # steps per second the job declares
@@ -48,11 +49,10 @@ class Running:
     events: list[JobEvent]
 
     async def wait(self, pred: Any, timeout: float = 10.0) -> None:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        while not pred():
-            assert loop.time() < end, f"condition not met; events: {self.events}"
-            await asyncio.sleep(0.01)
+        try:
+            await wait_for(pred, timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; events: {self.events}") from None
 
     def kinds(self, kind: str) -> list[JobEvent]:
         return [e for e in self.events if e.kind == kind]

@@ -4,7 +4,6 @@ changed; an admin can do all of it."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgspec
@@ -15,6 +14,7 @@ from broker.service import Broker
 from schemas.job import JobSpec, PodSet
 from shell.natsio import flush
 from tests.security.conftest import AuthNats, client_as, overhear
+from tests.support import wait_for
 
 SPEC = JobSpec(name="train", gang=[PodSet(name="worker", replicas=1, gpu=1)])
 
@@ -52,11 +52,8 @@ async def test_teams_touch_only_their_own_jobs(auth_nats: AuthNats, broker: Brok
         await alpha.nc.subscribe(f"muster.events.team.alpha.{mine}", cb=on_event)
         await alpha.nc.flush()
         assert (await alpha.cancel(mine)).state == "cancelled"
-        for _ in range(200):
-            if heard:
-                break
-            await asyncio.sleep(0.01)
-        assert heard and b'"cancelled"' in heard[0].data
+        await wait_for(lambda: heard, what="the team's own event")
+        assert b'"cancelled"' in heard[0].data
         # An admin acts on every team's jobs.
         assert (await admin.cancel(theirs)).state == "cancelled"
         assert (await admin.get(mine)).state == "cancelled"

@@ -15,6 +15,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from shell.natsio import NATS_PY_TESTED, Requester, flush, js_api_prefix, js_connection
+from tests.support import wait_for
 
 
 def test_nats_py_is_a_tested_version(nc: Client) -> None:
@@ -54,9 +55,7 @@ async def test_subscription_is_live_once_flushed(nats_url: str, nc: Client) -> N
             await flush(nc)
             await other.publish(f"flushcheck.{i}", b"x")
             await flush(other)
-            async with asyncio.timeout(5):
-                while len(got) <= i:
-                    await asyncio.sleep(0.001)
+            await wait_for(lambda i=i: len(got) > i, 5, interval=0.001)
             await sub.unsubscribe()
         assert got == [f"flushcheck.{i}" for i in range(100)]
     finally:

@@ -7,10 +7,12 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from broker.embedded import free_port
+from tests.support import wait_for
 
 
 async def test_broker_process_serves_the_dashboard_and_stops_cleanly(
@@ -35,16 +37,18 @@ async def test_broker_process_serves_the_dashboard_and_stops_cleanly(
             async with http.get(f"http://127.0.0.1:{port}/static/app.js") as resp:
                 assert resp.status == 200
                 assert "EventSource" in await resp.text()
-            for _ in range(300):  # the jobs API answers once the broker leads
+
+            async def jobs_page() -> dict[str, Any] | None:
+                """The jobs API answers once the broker leads; before, it says why not."""
                 async with http.get(f"http://127.0.0.1:{port}/api/jobs") as resp:
+                    body: dict[str, Any] = await resp.json()
                     if resp.status == 200:
-                        assert (await resp.json())["total"] == 0
-                        break
-                    assert resp.status == 503
-                    assert "standing by" in (await resp.json())["error"]
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("the broker never led")
+                        return body
+                    assert resp.status == 503 and "standing by" in body["error"], body
+                    return None
+
+            page = await wait_for(jobs_page, 30, what="the broker leads", interval=0.1)
+            assert page["total"] == 0
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:

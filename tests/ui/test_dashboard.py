@@ -237,7 +237,10 @@ async def test_a_job_page_loads_in_under_a_second_with_100k_jobs(harness: Harnes
     broker._wake.set()
     # The admission cycle over the new jobs runs first; the pages are timed after it.
     await harness.wait_for(lambda: not machine.wants_cycle, timeout=60)
-    await asyncio.sleep(0.2)
+    # and what it produced has left the effects pipeline (a marker queued behind it).
+    drained = broker._push([], wait=True)
+    assert drained is not None
+    await asyncio.wait_for(drained, 60)
     loop = asyncio.get_running_loop()
     for path in (
         "/api/jobs?limit=50",
