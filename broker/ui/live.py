@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 from schemas.api import JobEvent
 from schemas.codec import DecodeError, decode_job_event
 from schemas.subjects import Subjects
+from shell.natsio import flush
 
 CLIENT_QUEUE = 256  # events a client may lag behind before it is skipped ahead
 MAX_CLIENTS = 64
@@ -142,6 +143,9 @@ class EventHub:
             pending_msgs_limit=100_000,
             pending_bytes_limit=64 * 1024 * 1024,
         )
+        # The server knows the subscription once this returns: no event published after the
+        # dashboard started is missed.
+        await flush(self.nc)
 
     async def stop(self) -> None:
         if self._sub is not None:

@@ -11,7 +11,6 @@ import pytest_asyncio
 from agents.config import FakeFlavor
 from agents.fake.cluster import AttemptRecord
 from broker.ui.server import Dashboard
-from shell.natsio import flush
 from tests.broker.conftest import harness  # noqa: F401  (fixture re-export)
 from tests.world import World, flavor, world  # noqa: F401  (fixture re-export)
 
@@ -46,10 +45,7 @@ async def open_dashboard(on: World, **fleet: list[FakeFlavor]) -> Dashboard:
     )
     assert on.harness.broker is not None
     dashboard = Dashboard(on.harness.broker)
-    await dashboard.start("127.0.0.1", 0)
-    # The hub subscribes without a flush: a round trip on the broker's connection proves the
-    # server has its subscription before a test publishes events it must see.
-    await flush(on.harness.broker.nc)
+    await dashboard.start("127.0.0.1", 0)  # its event hub is subscribed when this returns
     return dashboard
 
 
