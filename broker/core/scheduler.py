@@ -629,14 +629,10 @@ class Scheduler:
         Refuses one that no longer fits its nodes (made against an older snapshot)."""
         req = a.request
         pool = a.pool
-        cluster = self._inv.clusters.get(pool.cluster)
-        nodes = cluster.nodes if cluster is not None else {}
-        for name, (g, c, m) in a.per_node.items():
-            n = nodes.get(name)
-            if n is None or n.free_gpu < g or n.free_cpu < c or n.free_mem < m:
-                raise ValueError(f"stale assignment of {req.job_id}: node {name} cannot take it")
         key = (req.job_id, req.attempt)
-        self._inv.add_usage(pool.cluster, key, a.per_node)
+        bad = self._inv.add_usage_checked(pool.cluster, key, a.per_node)
+        if bad is not None:
+            raise ValueError(f"stale assignment of {req.job_id}: node {bad} cannot take it")
         fresh = self._snap is not None
         alloc = Alloc(
             key,
@@ -646,7 +642,7 @@ class Scheduler:
             a.placement,
             dict(a.per_node),
             a.vec,
-            work_since=self._progress.pop(key, now),
+            work_since=self._progress.pop(key, now) if self._progress else now,
             fresh=fresh,
             admitted_at=now,
         )
