@@ -46,9 +46,11 @@ Reasons = tuple[Reason, ...]
 ClaimCheck = Callable[[str, QueueState, str, Vec], QuotaMiss | None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Assignment:
-    """A placement found for one request, not yet applied (see `Scheduler.commit`)."""
+    """A placement found for one request, not yet applied (see `Scheduler.commit`). Not
+    frozen only because a frozen dataclass costs twice as much to build, once per admission;
+    nothing changes one after `assign` returns it."""
 
     request: GangRequest
     queue: QueueState
@@ -78,7 +80,7 @@ class Snapshot:
     queue_fail: dict[tuple[str, Shape], Reasons] = field(default_factory=dict)
     gangs: dict[tuple[PodSetDemand, ...], Gang] = field(default_factory=dict)
     # (pool, GPUs, checkpoint interval) -> expected cost of a one-node gang there
-    costs: dict[tuple[PoolKey, int, float | None], float] = field(default_factory=dict)
+    costs: dict[tuple[Pool, int, float | None], float] = field(default_factory=dict)
     # shape -> its candidates (a shape decides the key of `cands`; saves building that key)
     by_shape: dict[Shape, Candidates] = field(default_factory=dict)
 
@@ -236,7 +238,7 @@ def _assign(
                         if pool.free_gpu == 0:
                             dead = True
                         continue
-                    if pool.key in avoid:
+                    if avoid and pool.key in avoid:
                         avoided.append(pool)
                         continue
                     if single:
@@ -335,15 +337,15 @@ def _single(
 ) -> Assignment:
     """`_assignment` of a one-replica gang on `node` (most gangs: built without the takes)."""
     d = gang.demands[gang.gpu_sets[0]]
-    key = (pool.key, d.gpu, req.checkpoint_interval_s)
+    key = (pool, d.gpu, req.checkpoint_interval_s)
     cost = snap.costs.get(key)
     if cost is None:
         cost = snap.costs[key] = pool_cost(pool, req, d.gpu, 1, snap.rate_of, snap.risk_weight)
     placement = Placement(
         pool.cluster, pool.name, pool.flavor_class, ((d.podset, (node.name,)),), cost
     )
-    per_node = {node.name: (d.gpu, d.cpu_milli, d.memory)}
-    return Assignment(req, qs, pool, placement, per_node, gang.total, gang.demands)
+    total = gang.total  # one replica: the node's share is the whole gang
+    return Assignment(req, qs, pool, placement, {node.name: total}, total, gang.demands)
 
 
 def _assignment(

@@ -456,6 +456,7 @@ class Scheduler:
     def _cycle(self, pending: Sequence[GangRequest], now: float, res: CycleResult) -> None:
         book = self._book
         fleet = list(self._inv.totals)
+        f0, f1, f2 = fleet
         by_queue: dict[str, list[GangRequest]] = {}
         out_pending = res.pending
         for r in pending:
@@ -478,6 +479,7 @@ class Scheduler:
         heapq.heapify(heap)
         budget = self.config.scheduling.max_admissions_per_cycle
         admitted = res.admitted
+        same_fail = self._same_fail  # cleared in place, never replaced
         while heap:
             _, idx, name = heap[0]
             lst = by_queue[name]
@@ -496,14 +498,25 @@ class Scheduler:
             req = lst[i]
             pos[name] = i + 1
             qs = book.queues[name]
-            out: Placement | tuple[Reason, ...] | None = self._same_shape_failure(req, name)
+            out: Placement | tuple[Reason, ...] | None = (
+                self._same_shape_failure(req, name) if same_fail else None
+            )
             if out is None:
                 out = self._decide(req, qs, now, res)
                 if not isinstance(out, Placement) and req.job_id not in self._waiting:
                     self._same_fail[(name, req.priority, self._shape_of(req))] = out
             if isinstance(out, Placement):
                 admitted.append((req.job_id, out))
-                heapq.heapreplace(heap, (book.share(qs, fleet), idx, name))
+                # `book.share(qs, fleet)`, inline: once per admission
+                t = qs.total
+                share = 0.0
+                if f0 > 0 and t[0] / f0 > share:
+                    share = t[0] / f0
+                if f1 > 0 and t[1] / f1 > share:
+                    share = t[1] / f1
+                if f2 > 0 and t[2] / f2 > share:
+                    share = t[2] / f2
+                heapq.heapreplace(heap, (share / qs.config.weight, idx, name))
                 continue
             out_pending[req.job_id] = out
             if qs.strict:
@@ -648,8 +661,10 @@ class Scheduler:
         )
         if fresh:
             self._fresh.append(alloc)
-        self._worth.clear()
-        self._same_fail.clear()
+        if self._worth:
+            self._worth.clear()
+        if self._same_fail:
+            self._same_fail.clear()
         self._ledger.add(alloc)
         self._book.charge(a.queue, pool.flavor_class, a.vec, 1)
         if self._waiting or self._holds or self._claims:
