@@ -358,6 +358,7 @@ class Inventory:
 
     def _drop_node(self, c: Cluster, node: Node, now: float) -> None:
         node.pool.detach(node)
+        self.touched.pop(node, None)  # gone: nothing to check (and `touched` stays bounded)
         self._sync_pool_nodes(node.pool, now)
         del c.nodes[node.name]
         self.totals[0] -= node.gpu

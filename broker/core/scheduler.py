@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 
 from broker.core.assigner import (
     Assignment,
@@ -55,7 +56,7 @@ from broker.core.assigner import (
     shape_of,
 )
 from broker.core.diagnose import pool_reasons
-from broker.core.inventory import AllocKey, Inventory
+from broker.core.inventory import AllocKey, Cluster, Inventory, Node
 from broker.core.ledger import Alloc, Ledger, Vec
 from broker.core.placement import Gang, capacity_rank, make_gang
 from broker.core.preemption import plan_preemption, worth_planning
@@ -365,6 +366,30 @@ class Scheduler:
             return
         for cluster, held in hold.items():
             self._inv.remove_usage(cluster, (preemptor, HOLD_ATTEMPT), held)
+
+    # -- read-only views for the safety checks (broker/core/invariants.py) ------------------
+
+    def allocations(self) -> Mapping[AllocKey, Alloc]:
+        """Every allocation by (job_id, attempt)."""
+        return MappingProxyType(self._ledger.allocs)
+
+    def allocations_by_job(self) -> Mapping[str, Mapping[int, Alloc]]:
+        """job_id -> attempt -> allocation (the ledger's own index, which the checks verify)."""
+        return MappingProxyType(self._ledger.by_job)
+
+    def queue_states(self) -> Mapping[str, QueueState]:
+        """Each configured queue's quota and usage as the book keeps it."""
+        return MappingProxyType(self._book.queues)
+
+    def cluster_states(self) -> Mapping[str, Cluster]:
+        """Every cluster's nodes and the Muster usage filed under each node."""
+        return MappingProxyType(self._inv.clusters)
+
+    def changed_nodes(self) -> list[Node]:
+        """The nodes whose usage, capacity or schedulability changed since the last call
+        (every node the first time): what a check must look at again. Only the checks call
+        it; nothing in the scheduler reads what it drains."""
+        return self._inv.drain_touched()
 
     def held(self) -> dict[str, dict[str, dict[str, Vec]]]:
         """preemptor -> cluster -> node -> capacity held for it (a view for checks)."""
