@@ -132,7 +132,6 @@ class Scheduler:
         # later requests of that shape fail alike until an admission or a plan changes the
         # book. Per head this saves the whole decision path (see `_cycle`).
         self._same_fail: dict[tuple[str, int, Shape], tuple[Reason, ...]] = {}
-        self._shape_memo: dict[str, tuple[GangRequest, Shape]] = {}  # job_id -> (request, shape)
         self._plans = 0
         self._fresh: list[Alloc] = []  # admitted by the running cycle
         self._rates: dict[tuple[str, str], float] = {}
@@ -292,8 +291,6 @@ class Scheduler:
         self._plan_fail.clear()
         self._worth.clear()
         self._same_fail.clear()
-        if len(self._shape_memo) > _GANG_CACHE_MAX:
-            self._shape_memo.clear()
         self._plans = 0
         self._expire_plans(now)
         self._note_arrivals(pending)
@@ -556,12 +553,11 @@ class Scheduler:
                 pos[name] = len(lst)
                 heapq.heappop(heap)
 
-    def _shape_of(self, req: GangRequest) -> Shape:
-        hit = self._shape_memo.get(req.job_id)
-        if hit is not None and hit[0] is req:
-            return hit[1]
-        shape = shape_of(req)
-        self._shape_memo[req.job_id] = (req, shape)
+    @staticmethod
+    def _shape_of(req: GangRequest) -> Shape:
+        shape = req.shape_memo
+        if shape is None:
+            shape = req.shape_memo = shape_of(req)
         return shape
 
     def _same_shape_failure(self, req: GangRequest, queue: str) -> tuple[Reason, ...] | None:
@@ -678,7 +674,7 @@ class Scheduler:
             req.priority,
             req.order,
             a.placement,
-            dict(a.per_node),
+            a.per_node,  # built for this assignment alone: it becomes the record's
             a.vec,
             work_since=self._progress.pop(key, now) if self._progress else now,
             fresh=fresh,
