@@ -81,10 +81,8 @@ class Snapshot:
     gangs: dict[tuple[PodSetDemand, ...], Gang] = field(default_factory=dict)
     # (pool, GPUs, checkpoint interval) -> expected cost of a one-node gang there
     costs: dict[tuple[Pool, int, float | None], float] = field(default_factory=dict)
-    # node -> (podset, that podset's one replica on the node as a placement's assignment)
-    lone: dict[Node, tuple[str, tuple[tuple[str, tuple[str, ...]], ...]]] = field(
-        default_factory=dict
-    )
+    # node -> (podset, cost, the placement of that podset's one replica on the node)
+    lone: dict[Node, tuple[str, float, Placement]] = field(default_factory=dict)
     # shape -> its candidates (a shape decides the key of `cands`; saves building that key)
     by_shape: dict[Shape, Candidates] = field(default_factory=dict)
 
@@ -345,12 +343,16 @@ def _single(
     cost = snap.costs.get(key)
     if cost is None:
         cost = snap.costs[key] = pool_cost(pool, req, d.gpu, 1, snap.rate_of, snap.risk_weight)
-    # The one-replica assignment tuple, shared by every gang of this podset name placed on
-    # the node this cycle (fewer objects for the cycle collector to walk).
+    # A placement is a value: gangs of one podset name and cost placed on the same node in
+    # one cycle share one (fewer objects to build, and for the cycle collector to walk).
     lone = snap.lone.get(node)
-    if lone is None or lone[0] != d.podset:
-        lone = snap.lone[node] = (d.podset, ((d.podset, (node.name,)),))
-    placement = Placement(pool.cluster, pool.name, pool.flavor_class, lone[1], cost)
+    if lone is None or lone[0] != d.podset or lone[1] != cost:
+        placement = Placement(
+            pool.cluster, pool.name, pool.flavor_class, ((d.podset, (node.name,)),), cost
+        )
+        snap.lone[node] = (d.podset, cost, placement)
+    else:
+        placement = lone[2]
     total = gang.total  # one replica: the node's share is the whole gang
     return Assignment(req, qs, pool, placement, {node.name: total}, total, gang.demands)
 

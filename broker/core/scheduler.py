@@ -126,6 +126,7 @@ class Scheduler:
         # The running cycle's snapshot (its memo tables); None between cycles.
         self._snap: Snapshot | None = None
         self._plan_fail: set[tuple[str, Shape, int]] = set()
+        self._shapes: dict[Shape, Shape] = {}  # interned shapes (see `_shape_of`)
         # (queue, priority) -> worth_planning, valid until the ledger or the book changes
         self._worth: dict[tuple[str, int], bool] = {}
         # (queue, priority, shape) -> the reasons its first request failed with this cycle:
@@ -553,11 +554,19 @@ class Scheduler:
                 pos[name] = len(lst)
                 heapq.heappop(heap)
 
-    @staticmethod
-    def _shape_of(req: GangRequest) -> Shape:
+    def _shape_of(self, req: GangRequest) -> Shape:
         shape = req.shape_memo
         if shape is None:
-            shape = req.shape_memo = shape_of(req)
+            # Interned: equal shapes are one tuple, so memo lookups compare by identity and
+            # a cycle over many alike requests leaves one shape, not one per request.
+            fresh = shape_of(req)
+            shapes = self._shapes
+            shape = shapes.get(fresh)
+            if shape is None:
+                if len(shapes) >= _GANG_CACHE_MAX:
+                    shapes.clear()
+                shape = shapes[fresh] = fresh
+            req.shape_memo = shape
         return shape
 
     def _same_shape_failure(self, req: GangRequest, queue: str) -> tuple[Reason, ...] | None:
@@ -676,9 +685,11 @@ class Scheduler:
             a.placement,
             a.per_node,  # built for this assignment alone: it becomes the record's
             a.vec,
-            work_since=self._progress.pop(key, now) if self._progress else now,
-            fresh=fresh,
-            admitted_at=now,
+            True,  # charged
+            self._progress.pop(key, now) if self._progress else now,  # work_since
+            None,  # doomed_by
+            fresh,
+            now,  # admitted_at
         )
         if fresh:
             self._fresh.append(alloc)
