@@ -81,8 +81,8 @@ class Snapshot:
     gangs: dict[tuple[PodSetDemand, ...], Gang] = field(default_factory=dict)
     # (pool, GPUs, checkpoint interval) -> expected cost of a one-node gang there
     costs: dict[tuple[Pool, int, float | None], float] = field(default_factory=dict)
-    # node -> (podset, cost, the placement of that podset's one replica on the node)
-    lone: dict[Node, tuple[str, float, Placement]] = field(default_factory=dict)
+    # node -> (podset, GPUs, checkpoint interval, the placement of that one replica there)
+    lone: dict[Node, tuple[str, int, float | None, Placement]] = field(default_factory=dict)
     # shape -> its candidates (a shape decides the key of `cands`; saves building that key)
     by_shape: dict[Shape, Candidates] = field(default_factory=dict)
 
@@ -339,20 +339,22 @@ def _single(
 ) -> Assignment:
     """`_assignment` of a one-replica gang on `node` (most gangs: built without the takes)."""
     d = gang.demands[gang.gpu_sets[0]]
-    key = (pool, d.gpu, req.checkpoint_interval_s)
-    cost = snap.costs.get(key)
-    if cost is None:
-        cost = snap.costs[key] = pool_cost(pool, req, d.gpu, 1, snap.rate_of, snap.risk_weight)
-    # A placement is a value: gangs of one podset name and cost placed on the same node in
-    # one cycle share one (fewer objects to build, and for the cycle collector to walk).
+    ckpt = req.checkpoint_interval_s
+    # A placement is a value: gangs of one podset name, GPU count and checkpoint interval
+    # (so one cost) placed on the same node in one cycle share one (fewer objects to build,
+    # and for the cycle collector to walk).
     lone = snap.lone.get(node)
-    if lone is None or lone[0] != d.podset or lone[1] != cost:
+    if lone is not None and lone[0] == d.podset and lone[1] == d.gpu and lone[2] == ckpt:
+        placement = lone[3]
+    else:
+        key = (pool, d.gpu, ckpt)
+        cost = snap.costs.get(key)
+        if cost is None:
+            cost = snap.costs[key] = pool_cost(pool, req, d.gpu, 1, snap.rate_of, snap.risk_weight)
         placement = Placement(
             pool.cluster, pool.name, pool.flavor_class, ((d.podset, (node.name,)),), cost
         )
-        snap.lone[node] = (d.podset, cost, placement)
-    else:
-        placement = lone[2]
+        snap.lone[node] = (d.podset, d.gpu, ckpt, placement)
     total = gang.total  # one replica: the node's share is the whole gang
     return Assignment(req, qs, pool, placement, {node.name: total}, total, gang.demands)
 
