@@ -162,15 +162,16 @@ def one_live_attempt(m: Machine) -> list[str]:
             continue
         if live and record.attempts[-1].attempt != live[0]:
             out.append(f"job {job_id}: live attempt {live[0]} is not its newest")
-        held = set(by_job.get(job_id, {}))
-        pre = record.preempting
-        allowed = set(live)
-        if pre is not None and pre.replacement is not None:
-            allowed.add(pre.replacement.attempt)
-        if held - allowed:
-            out.append(
-                f"job {job_id}: allocations {sorted(held)} beyond its live {sorted(allowed)}"
-            )
+        held = by_job.get(job_id) or {}
+        if held:  # most jobs of a long run hold nothing: finished, or waiting
+            pre = record.preempting
+            allowed = set(live)
+            if pre is not None and pre.replacement is not None:
+                allowed.add(pre.replacement.attempt)
+            if held.keys() - allowed:
+                out.append(
+                    f"job {job_id}: allocations {sorted(held)} beyond its live {sorted(allowed)}"
+                )
         if record.state in LIVE_STATES and live and live[0] not in held:
             out.append(f"job {job_id}: live attempt {live[0]} holds no allocation")
     return out
