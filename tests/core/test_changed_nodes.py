@@ -10,6 +10,7 @@ node's state.
 from __future__ import annotations
 
 import dataclasses
+from operator import attrgetter
 
 import msgspec
 from hypothesis import HealthCheck, given, settings
@@ -28,23 +29,11 @@ from .test_properties import CLASSES, fleets, ops, queue_sets, requests
 State = tuple[object, ...]
 
 
-def state_of(n: Node) -> State:
-    """Everything the node check reads from a node, and its place in the free-GPU index."""
-    return (
-        n.used_gpu,
-        n.used_cpu,
-        n.used_mem,
-        n.free_gpu,
-        n.free_cpu,
-        n.free_mem,
-        n.usable_gpu,
-        n.other_gpu,
-        n.other_cpu,
-        n.other_mem,
-        n.ready,
-        n.schedulable,
-        n.bucket,
-    )
+# Everything the node check reads from a node, and its place in the free-GPU index.
+state_of = attrgetter(
+    *("used_gpu", "used_cpu", "used_mem", "free_gpu", "free_cpu", "free_mem"),
+    *("usable_gpu", "other_gpu", "other_cpu", "other_mem", "ready", "schedulable", "bucket"),
+)
 
 
 def current(s: Scheduler) -> dict[tuple[str, str], tuple[Node, State]]:
@@ -90,10 +79,9 @@ def test_the_changed_node_record_equals_a_diff_of_every_node(
         op = data.draw(ops)
         keys = sorted(infos)
         if op == "schedule":
-            reqs = []
-            for _ in range(data.draw(st.integers(1, 5))):
-                seq += 1
-                reqs.append(data.draw(requests(f"j{seq}", qnames)))
+            count = data.draw(st.integers(1, 5))
+            reqs = [data.draw(requests(f"j{seq + i}", qnames)) for i in range(1, count + 1)]
+            seq += count
             res = s.schedule(reqs, now)
             admitted.extend((job, 1) for job, _ in res.admitted)
         elif op == "release" and admitted:
