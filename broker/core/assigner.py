@@ -81,8 +81,8 @@ class Snapshot:
     gangs: dict[tuple[PodSetDemand, ...], Gang] = field(default_factory=dict)
     # (pool, GPUs, checkpoint interval) -> expected cost of a one-node gang there
     costs: dict[tuple[Pool, int, float | None], float] = field(default_factory=dict)
-    # node -> (podset, GPUs, checkpoint interval, the placement of that one replica there)
-    lone: dict[Node, tuple[str, int, float | None, Placement]] = field(default_factory=dict)
+    # (node, podset, GPUs, checkpoint interval) -> the placement of that one replica there
+    lone: dict[tuple[Node, str, int, float | None], Placement] = field(default_factory=dict)
     # shape -> its candidates (a shape decides the key of `cands`; saves building that key)
     by_shape: dict[Shape, Candidates] = field(default_factory=dict)
 
@@ -343,18 +343,16 @@ def _single(
     # A placement is a value: gangs of one podset name, GPU count and checkpoint interval
     # (so one cost) placed on the same node in one cycle share one (fewer objects to build,
     # and for the cycle collector to walk).
-    lone = snap.lone.get(node)
-    if lone is not None and lone[0] == d.podset and lone[1] == d.gpu and lone[2] == ckpt:
-        placement = lone[3]
-    else:
+    lone_key = (node, d.podset, d.gpu, ckpt)
+    placement = snap.lone.get(lone_key)
+    if placement is None:
         key = (pool, d.gpu, ckpt)
         cost = snap.costs.get(key)
         if cost is None:
             cost = snap.costs[key] = pool_cost(pool, req, d.gpu, 1, snap.rate_of, snap.risk_weight)
-        placement = Placement(
+        placement = snap.lone[lone_key] = Placement(
             pool.cluster, pool.name, pool.flavor_class, ((d.podset, (node.name,)),), cost
         )
-        snap.lone[node] = (d.podset, d.gpu, ckpt, placement)
     total = gang.total  # one replica: the node's share is the whole gang
     return Assignment(req, qs, pool, placement, {node.name: total}, total, gang.demands)
 
