@@ -46,9 +46,11 @@ Reasons = tuple[Reason, ...]
 ClaimCheck = Callable[[str, QueueState, str, Vec], QuotaMiss | None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Assignment:
-    """A placement found for one request, not yet applied (see `Scheduler.commit`)."""
+    """A placement found for one request, not yet applied (see `Scheduler.commit`). Not
+    frozen only because a frozen dataclass costs twice as much to build, once per admission;
+    nothing changes one after `assign` returns it."""
 
     request: GangRequest
     queue: QueueState
@@ -78,7 +80,11 @@ class Snapshot:
     queue_fail: dict[tuple[str, Shape], Reasons] = field(default_factory=dict)
     gangs: dict[tuple[PodSetDemand, ...], Gang] = field(default_factory=dict)
     # (pool, GPUs, checkpoint interval) -> expected cost of a one-node gang there
-    costs: dict[tuple[PoolKey, int, float | None], float] = field(default_factory=dict)
+    costs: dict[tuple[Pool, int, float | None], float] = field(default_factory=dict)
+    # (node, podset, GPUs, checkpoint interval) -> the placement of that one replica there
+    lone: dict[tuple[Node, str, int, float | None], Placement] = field(default_factory=dict)
+    # shape -> its candidates (a shape decides the key of `cands`; saves building that key)
+    by_shape: dict[Shape, Candidates] = field(default_factory=dict)
 
     def gang(self, podsets: tuple[PodSetDemand, ...]) -> Gang:
         g = self.gangs.get(podsets)
@@ -188,11 +194,13 @@ def _assign(
 ) -> Assignment | Reasons:
     gang = snap.gangs.get(podsets) or snap.gang(podsets)
     hit = snap.cap_fail.get(shape)
-    if hit is None:
+    if hit is None and snap.queue_fail:
         hit = snap.queue_fail.get((qs.name, shape))
     if hit is not None:
         return hit
-    cands = snap.candidates(req, gang)
+    cands = snap.by_shape.get(shape)
+    if cands is None:
+        cands = snap.by_shape[shape] = snap.candidates(req, gang)
     book = snap.book
     claimed = snap.claimed
     clusters = snap.inv.clusters
@@ -204,7 +212,11 @@ def _assign(
     need_gpu = gang.total[0]
     has_gpu = bool(gang.gpu_sets)
     single = gang.single_gpu > 0
+    if single:
+        d0 = gang.demands[gang.gpu_sets[0]]
+        need_cpu, need_mem = d0.cpu_milli, d0.memory
     phys = False  # some pool failed on capacity (not only on quota or avoidance)
+    hint: Node | None = None
     for gi, group in enumerate(cands.live):
         if cands.ranks[gi] == 1:
             if fallback is None:
@@ -215,7 +227,8 @@ def _assign(
         start = 0
         dead = False
         while start < n:
-            scored: list[tuple[tuple[int, int], int, Pool]] = []
+            # (score, index, pool, the node a one-replica gang takes there if known)
+            scored: list[tuple[tuple[int, int], int, Pool, Node | None]] = []
             k = 0  # len(scored)
             j = start
             while j < n and k < TIE_EVAL:
@@ -227,16 +240,27 @@ def _assign(
                         if pool.free_gpu == 0:
                             dead = True
                         continue
-                    if pool.key in avoid:
+                    if avoid and pool.key in avoid:
                         avoided.append(pool)
                         continue
-                    if single:  # `estimate` inline: the fullest bucket that takes it
-                        top = pool.top_bucket()
+                    if single:
+                        # `estimate` inline: the fullest bucket that takes it; and the first
+                        # node there with the cpu and memory, which is what `pack_single`
+                        # returns (it looks at no emptier bucket: those hold no node).
                         buckets = pool.buckets
+                        nb = len(buckets)
                         b = need_gpu
-                        while b <= top and not buckets[b]:
+                        while b < nb and not buckets[b]:
                             b += 1
-                        est = (1, b - need_gpu) if b <= top else None
+                        if b < nb:
+                            est = (1, b - need_gpu)
+                            hint = None
+                            for hn in buckets[b].values():
+                                if hn.free_cpu >= need_cpu and hn.free_mem >= need_mem:
+                                    hint = hn
+                                    break
+                        else:
+                            est = None
                     else:
                         est = estimate(pool, gang)
                     if est is None:
@@ -257,16 +281,16 @@ def _assign(
                 if qr is not None:
                     quota_fail.setdefault(qr.code, (qr, cls))
                     continue
-                scored.append((est, k, pool))
+                scored.append((est, k, pool, hint))
                 k += 1
                 if est[1] == 0 and est[0] <= 1:
                     break
             start = j
             if k > 1:
                 scored.sort()  # by score; the index is unique, so pools are never compared
-            for _, _, pool in scored:
+            for _, _, pool, hint in scored:
                 if single:
-                    node = pack_single(pool, gang)
+                    node = hint if hint is not None else pack_single(pool, gang)
                     if node is not None:
                         if dead:
                             _prune(group)
@@ -315,15 +339,22 @@ def _single(
 ) -> Assignment:
     """`_assignment` of a one-replica gang on `node` (most gangs: built without the takes)."""
     d = gang.demands[gang.gpu_sets[0]]
-    key = (pool.key, d.gpu, req.checkpoint_interval_s)
-    cost = snap.costs.get(key)
-    if cost is None:
-        cost = snap.costs[key] = pool_cost(pool, req, d.gpu, 1, snap.rate_of, snap.risk_weight)
-    placement = Placement(
-        pool.cluster, pool.name, pool.flavor_class, ((d.podset, (node.name,)),), cost
-    )
-    per_node = {node.name: (d.gpu, d.cpu_milli, d.memory)}
-    return Assignment(req, qs, pool, placement, per_node, gang.total, gang.demands)
+    ckpt = req.checkpoint_interval_s
+    # A placement is a value: gangs of one podset name, GPU count and checkpoint interval
+    # (so one cost) placed on the same node in one cycle share one (fewer objects to build,
+    # and for the cycle collector to walk).
+    lone_key = (node, d.podset, d.gpu, ckpt)
+    placement = snap.lone.get(lone_key)
+    if placement is None:
+        key = (pool, d.gpu, ckpt)
+        cost = snap.costs.get(key)
+        if cost is None:
+            cost = snap.costs[key] = pool_cost(pool, req, d.gpu, 1, snap.rate_of, snap.risk_weight)
+        placement = snap.lone[lone_key] = Placement(
+            pool.cluster, pool.name, pool.flavor_class, ((d.podset, (node.name,)),), cost
+        )
+    total = gang.total  # one replica: the node's share is the whole gang
+    return Assignment(req, qs, pool, placement, {node.name: total}, total, gang.demands)
 
 
 def _assignment(

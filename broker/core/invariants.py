@@ -1,11 +1,17 @@
 """Safety checks over the core's state, for tests and the deterministic simulation.
 
 Each check reads the lifecycle machine and its scheduler and returns the violations it found
-(empty when the state is sound). They look at internals on purpose: the point is to catch a
-state the public views would hide. Nothing here changes state.
+(empty when the state is sound). They read the scheduler's own records through its read-only
+views (`Scheduler.allocations`, `queue_states`, `cluster_states`): the point is to catch a
+state the API views would hide. Nothing here changes the machine's or the scheduler's state;
+the node check drains the inventory's record of changed nodes (`Scheduler.changed_nodes`),
+which only these checks read.
 
 - no node over-committed: Muster's usage on a node equals the sum of the allocations filed
-  under it, and usage plus other pods never exceeds what the node has;
+  under it, and usage plus other pods never exceeds what the node has. Checked on the nodes
+  changed since the previous call (the inventory files every change of a node's usage,
+  capacity or schedulability), the nodes that failed last time, and every node on a full sweep
+  each `FULL_SWEEP_EVERY` calls;
 - whole gangs only: every allocation places every replica of every podset;
 - quota held: each queue's usage is the sum of its charged allocations, each job with
   allocations is charged once, and no queue exceeds nominal plus its borrowing limit;
@@ -20,42 +26,89 @@ attempt before it in `after_cancel_of`, so a shell that honours it never runs tw
 from __future__ import annotations
 
 from collections.abc import Iterable
+from weakref import WeakKeyDictionary
 
 from broker.core.effects import Effect, Send
+from broker.core.inventory import Node
 from broker.core.lifecycle import LIVE_STATES, TERMINAL, previous_attempt
 from broker.core.machine import Machine
 from broker.core.quota import RESOURCES
+from broker.core.scheduler import Scheduler
 from schemas.agent import Dispatch
 
 Vec3 = tuple[int, int, int]
 
 
-def nodes_not_overcommitted(m: Machine) -> list[str]:
+# A full sweep of every node once in this many calls per scheduler, besides the nodes changed
+# since the previous call: it would catch a change that bypassed the inventory's tracking.
+FULL_SWEEP_EVERY = 64
+
+
+class _NodeCheck:
+    """What `nodes_not_overcommitted` remembers about one scheduler between calls."""
+
+    __slots__ = ("__weakref__", "calls", "failing")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.failing: dict[Node, None] = {}  # nodes that failed: looked at until they pass
+
+
+_node_checks: WeakKeyDictionary[Scheduler, _NodeCheck] = WeakKeyDictionary()
+
+
+def _node_problems(cname: str, node: Node, filed: dict[tuple[str, int], Vec3]) -> list[str]:
     out: list[str] = []
-    inv = m.scheduler._inv
-    for cname, c in inv.clusters.items():
-        for nname, node in c.nodes.items():
-            filed = c.node_allocs.get(nname, {})
-            sums = [sum(v[r] for v in filed.values()) for r in range(3)]
-            used = [node.used_gpu, node.used_cpu, node.used_mem]
-            if sums != used:
-                out.append(f"node {cname}/{nname}: usage {used} != its allocations {sums}")
-            limit = (
-                node.usable_gpu - node.other_gpu,
-                node.cpu - node.other_cpu,
-                node.mem - node.other_mem,
-            )
-            for r in range(3):
-                if used[r] > limit[r] and not (r == 0 and node.broken):
-                    out.append(
-                        f"node {cname}/{nname}: {RESOURCES[r]} used {used[r]} > capacity {limit[r]}"
-                    )
+    nname = node.name
+    sums = [sum(v[r] for v in filed.values()) for r in range(3)]
+    used = [node.used_gpu, node.used_cpu, node.used_mem]
+    if sums != used:
+        out.append(f"node {cname}/{nname}: usage {used} != its allocations {sums}")
+    limit = (
+        node.usable_gpu - node.other_gpu,
+        node.cpu - node.other_cpu,
+        node.mem - node.other_mem,
+    )
+    for r in range(3):
+        if used[r] > limit[r] and not (r == 0 and node.broken):
+            out.append(f"node {cname}/{nname}: {RESOURCES[r]} used {used[r]} > capacity {limit[r]}")
+    return out
+
+
+def nodes_not_overcommitted(m: Machine) -> list[str]:
+    """Every node changed since the previous call (every node on the first call and on every
+    `FULL_SWEEP_EVERY`-th), and every node that failed before: a node nothing changed still
+    holds what was verified when it last changed."""
+    sched = m.scheduler
+    clusters = sched.cluster_states()
+    changed = sched.changed_nodes()
+    state = _node_checks.get(sched)
+    if state is None:
+        state = _node_checks[sched] = _NodeCheck()
+    full = state.calls % FULL_SWEEP_EVERY == 0
+    state.calls += 1
+    if full:
+        nodes: Iterable[Node] = [n for c in clusters.values() for n in c.nodes.values()]
+    else:
+        nodes = dict.fromkeys([*state.failing, *changed])
+    failing: dict[Node, None] = {}
+    out: list[str] = []
+    for node in nodes:
+        cname = node.pool.cluster
+        c = clusters.get(cname)
+        if c is None or c.nodes.get(node.name) is not node:
+            continue  # removed or replaced (a replacement is a changed node of its own)
+        problems = _node_problems(cname, node, c.node_allocs.get(node.name, {}))
+        if problems:
+            failing[node] = None
+            out.extend(problems)
+    state.failing = failing
     return out
 
 
 def whole_gangs(m: Machine) -> list[str]:
     out: list[str] = []
-    for (job_id, attempt), a in m.scheduler._ledger.allocs.items():
+    for (job_id, attempt), a in m.scheduler.allocations().items():
         demands = m.registry.all_demands.get(job_id)
         if demands is None:
             out.append(f"allocation {job_id}#{attempt} of an unknown job")
@@ -69,10 +122,9 @@ def whole_gangs(m: Machine) -> list[str]:
 
 def quota_held(m: Machine) -> list[str]:
     out: list[str] = []
-    book = m.scheduler._book
-    ledger = m.scheduler._ledger
-    expect: dict[str, dict[str, list[int]]] = {name: {} for name in book.queues}
-    for job_id, attempts in ledger.by_job.items():
+    queues = m.scheduler.queue_states()
+    expect: dict[str, dict[str, list[int]]] = {name: {} for name in queues}
+    for job_id, attempts in m.scheduler.allocations_by_job().items():
         charged = [a for a in attempts.values() if a.charged]
         if len(charged) != 1:
             out.append(f"job {job_id}: {len(charged)} charged allocations (expected one)")
@@ -80,7 +132,7 @@ def quota_held(m: Machine) -> list[str]:
             per = expect.setdefault(a.queue, {}).setdefault(a.flavor_class, [0, 0, 0])
             for r in range(3):
                 per[r] += a.vec[r]
-    for name, qs in book.queues.items():
+    for name, qs in queues.items():
         for cls in set(qs.usage) | set(expect.get(name, {})):
             have = qs.used(cls)
             want = expect.get(name, {}).get(cls, [0, 0, 0])
@@ -102,7 +154,7 @@ def quota_held(m: Machine) -> list[str]:
 
 def one_live_attempt(m: Machine) -> list[str]:
     out: list[str] = []
-    ledger = m.scheduler._ledger
+    by_job = m.scheduler.allocations_by_job()
     for job_id, record in m.jobs.items():
         live = [a.attempt for a in record.attempts if a.live]
         if len(live) > 1:
@@ -110,15 +162,16 @@ def one_live_attempt(m: Machine) -> list[str]:
             continue
         if live and record.attempts[-1].attempt != live[0]:
             out.append(f"job {job_id}: live attempt {live[0]} is not its newest")
-        held = set(ledger.by_job.get(job_id, {}))
-        pre = record.preempting
-        allowed = set(live)
-        if pre is not None and pre.replacement is not None:
-            allowed.add(pre.replacement.attempt)
-        if held - allowed:
-            out.append(
-                f"job {job_id}: allocations {sorted(held)} beyond its live {sorted(allowed)}"
-            )
+        held = by_job.get(job_id) or {}
+        if held:  # most jobs of a long run hold nothing: finished, or waiting
+            pre = record.preempting
+            allowed = set(live)
+            if pre is not None and pre.replacement is not None:
+                allowed.add(pre.replacement.attempt)
+            if held.keys() - allowed:
+                out.append(
+                    f"job {job_id}: allocations {sorted(held)} beyond its live {sorted(allowed)}"
+                )
         if record.state in LIVE_STATES and live and live[0] not in held:
             out.append(f"job {job_id}: live attempt {live[0]} holds no allocation")
     return out

@@ -71,13 +71,25 @@ class Node:
         self.schedulable = (
             self.ready and self.spot_deadline is None and self.healthy_all and not self.no_new_pods
         )
-        self.pool.refile(self)
+        pool = self.pool
+        pool.touched[self] = None
+        pool.refile(self)
 
     def take(self, gpu: int, cpu: int, mem: int) -> None:
+        """`refresh` after a change of Muster usage only (schedulability stays as it is)."""
+        fg = self.usable_gpu - self.other_gpu - (self.used_gpu + gpu)
+        fc = self.cpu - self.other_cpu - (self.used_cpu + cpu)
+        fm = self.mem - self.other_mem - (self.used_mem + mem)
         self.used_gpu += gpu
         self.used_cpu += cpu
         self.used_mem += mem
-        self.refresh()
+        self.free_gpu = fg if fg > 0 else 0
+        self.free_cpu = fc if fc > 0 else 0
+        self.free_mem = fm if fm > 0 else 0
+        pool = self.pool
+        pool.touched[self] = None
+        if self.schedulable:
+            pool.refile(self)
 
     @property
     def broken(self) -> bool:
@@ -140,10 +152,20 @@ class Pool:
         "nodes",
         "price",
         "top",
+        "touched",
     )
 
-    def __init__(self, cluster: str, info: FlavorInfo, flavor_class: str) -> None:
+    def __init__(
+        self,
+        cluster: str,
+        info: FlavorInfo,
+        flavor_class: str,
+        touched: dict[Node, None] | None = None,
+    ) -> None:
         self.cluster = cluster
+        # Nodes whose usage, capacity or schedulability changed since the invariant check last
+        # read them (shared by every pool of one inventory; see `Inventory.touched`).
+        self.touched: dict[Node, None] = {} if touched is None else touched
         self.name = info.name
         self.key = (cluster, info.name)
         self.nodes: dict[str, Node] = {}
@@ -232,7 +254,7 @@ def _implicit_flavor(name: str) -> FlavorInfo:
 class Inventory:
     """Every cluster's pools and nodes, the Muster allocations on them and pool risk stats."""
 
-    __slots__ = ("_classes", "clusters", "half_life_s", "risk", "totals", "version")
+    __slots__ = ("_classes", "clusters", "half_life_s", "risk", "totals", "touched", "version")
 
     def __init__(self, classes: Sequence[FlavorClass], half_life_s: float) -> None:
         self._classes = tuple(classes)
@@ -241,6 +263,10 @@ class Inventory:
         self.risk: dict[tuple[str, str], PoolRisk] = {}
         self.totals: list[int] = [0, 0, 0]  # allocatable over known nodes (DRF denominators)
         self.version = 0  # bumped whenever the set of pools or their schedulability changes
+        # Nodes changed since `drain_touched` (insertion-ordered set). Every change of a node's
+        # usage, capacity or schedulability files it here (`Node.refresh`, `Node.take`), so a
+        # check that re-verifies these nodes verifies every node that could have gone wrong.
+        self.touched: dict[Node, None] = {}
 
     # -- classes and lookups ----------------------------------------------------------
 
@@ -282,7 +308,7 @@ class Inventory:
         p = c.pools.get(flavor)
         if p is None:
             info = _implicit_flavor(flavor)
-            p = c.pools[flavor] = Pool(c.name, info, self.flavor_class(info))
+            p = c.pools[flavor] = Pool(c.name, info, self.flavor_class(info), self.touched)
             self.risk_of(p.key, False).set_nodes(0, now, self.half_life_s)
             self.version += 1
         return p
@@ -332,6 +358,7 @@ class Inventory:
 
     def _drop_node(self, c: Cluster, node: Node, now: float) -> None:
         node.pool.detach(node)
+        self.touched.pop(node, None)  # gone: nothing to check (and `touched` stays bounded)
         self._sync_pool_nodes(node.pool, now)
         del c.nodes[node.name]
         self.totals[0] -= node.gpu
@@ -367,7 +394,7 @@ class Inventory:
         for f in flavors:
             known = c.pools.get(f.name)
             if known is None:
-                known = c.pools[f.name] = Pool(cluster, f, self.flavor_class(f))
+                known = c.pools[f.name] = Pool(cluster, f, self.flavor_class(f), self.touched)
             else:
                 known.set_info(f, self.flavor_class(f))
             self._sync_pool_nodes(known, now)
@@ -451,6 +478,37 @@ class Inventory:
             self.version += 1
 
     # -- Muster allocations -------------------------------------------------------------
+
+    def drain_touched(self) -> list[Node]:
+        """The nodes changed since the last call, oldest change first; forgets them."""
+        out = list(self.touched)
+        self.touched.clear()
+        return out
+
+    def add_usage_checked(
+        self, cluster: str, key: AllocKey, per_node: Mapping[str, Vec]
+    ) -> str | None:
+        """`add_usage` when every node is known and takes its share; else changes nothing and
+        returns the first node that cannot take it."""
+        c = self.clusters.get(cluster)
+        if c is None:
+            if per_node:
+                return next(iter(per_node))
+            c = self.cluster(cluster)
+        nodes = c.nodes
+        for name, (g, cp, m) in per_node.items():
+            n = nodes.get(name)
+            if n is None or n.free_gpu < g or n.free_cpu < cp or n.free_mem < m:
+                return name
+        allocs = c.node_allocs
+        for name, vec in per_node.items():
+            here = allocs.get(name)
+            if here is None:
+                allocs[name] = {key: vec}
+            else:
+                here[key] = vec
+            nodes[name].take(vec[0], vec[1], vec[2])
+        return None
 
     def add_usage(self, cluster: str, key: AllocKey, per_node: Mapping[str, Vec]) -> None:
         c = self.cluster(cluster)

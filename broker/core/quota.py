@@ -300,10 +300,14 @@ class QuotaBook:
                 lim = lims[r]
                 if lim is not None:
                     if lim.lending is None:  # nothing guaranteed: all of it counts upwards
-                        self._lift(co, cls, r, (new if new > 0 else 0) - (old if old > 0 else 0))
+                        up = (new if new > 0 else 0) - (old if old > 0 else 0)
                     else:
                         g = lim.guaranteed
-                        self._lift(co, cls, r, max(0, new - g) - max(0, old - g))
+                        up = max(0, new - g) - max(0, old - g)
+                    if up and co.parent is None:  # a flat cohort: `_lift`, inline
+                        co.borrowed[cls][r] += up
+                    elif up:
+                        self._lift(co, cls, r, up)
         q.admitted += sign
 
     @staticmethod

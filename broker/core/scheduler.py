@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 
 from broker.core.assigner import (
     Assignment,
@@ -55,7 +56,7 @@ from broker.core.assigner import (
     shape_of,
 )
 from broker.core.diagnose import pool_reasons
-from broker.core.inventory import AllocKey, Inventory
+from broker.core.inventory import AllocKey, Cluster, Inventory, Node
 from broker.core.ledger import Alloc, Ledger, Vec
 from broker.core.placement import Gang, capacity_rank, make_gang
 from broker.core.preemption import plan_preemption, worth_planning
@@ -125,13 +126,13 @@ class Scheduler:
         # The running cycle's snapshot (its memo tables); None between cycles.
         self._snap: Snapshot | None = None
         self._plan_fail: set[tuple[str, Shape, int]] = set()
+        self._shapes: dict[Shape, Shape] = {}  # interned shapes (see `_shape_of`)
         # (queue, priority) -> worth_planning, valid until the ledger or the book changes
         self._worth: dict[tuple[str, int], bool] = {}
         # (queue, priority, shape) -> the reasons its first request failed with this cycle:
         # later requests of that shape fail alike until an admission or a plan changes the
         # book. Per head this saves the whole decision path (see `_cycle`).
         self._same_fail: dict[tuple[str, int, Shape], tuple[Reason, ...]] = {}
-        self._shape_memo: dict[str, tuple[GangRequest, Shape]] = {}  # job_id -> (request, shape)
         self._plans = 0
         self._fresh: list[Alloc] = []  # admitted by the running cycle
         self._rates: dict[tuple[str, str], float] = {}
@@ -291,8 +292,6 @@ class Scheduler:
         self._plan_fail.clear()
         self._worth.clear()
         self._same_fail.clear()
-        if len(self._shape_memo) > _GANG_CACHE_MAX:
-            self._shape_memo.clear()
         self._plans = 0
         self._expire_plans(now)
         self._note_arrivals(pending)
@@ -365,6 +364,30 @@ class Scheduler:
             return
         for cluster, held in hold.items():
             self._inv.remove_usage(cluster, (preemptor, HOLD_ATTEMPT), held)
+
+    # -- read-only views for the safety checks (broker/core/invariants.py) ------------------
+
+    def allocations(self) -> Mapping[AllocKey, Alloc]:
+        """Every allocation by (job_id, attempt)."""
+        return MappingProxyType(self._ledger.allocs)
+
+    def allocations_by_job(self) -> Mapping[str, Mapping[int, Alloc]]:
+        """job_id -> attempt -> allocation (the ledger's own index, which the checks verify)."""
+        return MappingProxyType(self._ledger.by_job)
+
+    def queue_states(self) -> Mapping[str, QueueState]:
+        """Each configured queue's quota and usage as the book keeps it."""
+        return MappingProxyType(self._book.queues)
+
+    def cluster_states(self) -> Mapping[str, Cluster]:
+        """Every cluster's nodes and the Muster usage filed under each node."""
+        return MappingProxyType(self._inv.clusters)
+
+    def changed_nodes(self) -> list[Node]:
+        """The nodes whose usage, capacity or schedulability changed since the last call
+        (every node the first time): what a check must look at again. Only the checks call
+        it; nothing in the scheduler reads what it drains."""
+        return self._inv.drain_touched()
 
     def held(self) -> dict[str, dict[str, dict[str, Vec]]]:
         """preemptor -> cluster -> node -> capacity held for it (a view for checks)."""
@@ -456,6 +479,7 @@ class Scheduler:
     def _cycle(self, pending: Sequence[GangRequest], now: float, res: CycleResult) -> None:
         book = self._book
         fleet = list(self._inv.totals)
+        f0, f1, f2 = fleet
         by_queue: dict[str, list[GangRequest]] = {}
         out_pending = res.pending
         for r in pending:
@@ -478,6 +502,7 @@ class Scheduler:
         heapq.heapify(heap)
         budget = self.config.scheduling.max_admissions_per_cycle
         admitted = res.admitted
+        same_fail = self._same_fail  # cleared in place, never replaced
         while heap:
             _, idx, name = heap[0]
             lst = by_queue[name]
@@ -496,14 +521,25 @@ class Scheduler:
             req = lst[i]
             pos[name] = i + 1
             qs = book.queues[name]
-            out: Placement | tuple[Reason, ...] | None = self._same_shape_failure(req, name)
+            out: Placement | tuple[Reason, ...] | None = (
+                self._same_shape_failure(req, name) if same_fail else None
+            )
             if out is None:
                 out = self._decide(req, qs, now, res)
                 if not isinstance(out, Placement) and req.job_id not in self._waiting:
                     self._same_fail[(name, req.priority, self._shape_of(req))] = out
             if isinstance(out, Placement):
                 admitted.append((req.job_id, out))
-                heapq.heapreplace(heap, (book.share(qs, fleet), idx, name))
+                # `book.share(qs, fleet)`, inline: once per admission
+                t = qs.total
+                share = 0.0
+                if f0 > 0 and t[0] / f0 > share:
+                    share = t[0] / f0
+                if f1 > 0 and t[1] / f1 > share:
+                    share = t[1] / f1
+                if f2 > 0 and t[2] / f2 > share:
+                    share = t[2] / f2
+                heapq.heapreplace(heap, (share / qs.config.weight, idx, name))
                 continue
             out_pending[req.job_id] = out
             if qs.strict:
@@ -519,11 +555,18 @@ class Scheduler:
                 heapq.heappop(heap)
 
     def _shape_of(self, req: GangRequest) -> Shape:
-        hit = self._shape_memo.get(req.job_id)
-        if hit is not None and hit[0] is req:
-            return hit[1]
-        shape = shape_of(req)
-        self._shape_memo[req.job_id] = (req, shape)
+        shape = req.shape_memo
+        if shape is None:
+            # Interned: equal shapes are one tuple, so memo lookups compare by identity and
+            # a cycle over many alike requests leaves one shape, not one per request.
+            fresh = shape_of(req)
+            shapes = self._shapes
+            shape = shapes.get(fresh)
+            if shape is None:
+                if len(shapes) >= _GANG_CACHE_MAX:
+                    shapes.clear()
+                shape = shapes[fresh] = fresh
+            req.shape_memo = shape
         return shape
 
     def _same_shape_failure(self, req: GangRequest, queue: str) -> tuple[Reason, ...] | None:
@@ -629,14 +672,10 @@ class Scheduler:
         Refuses one that no longer fits its nodes (made against an older snapshot)."""
         req = a.request
         pool = a.pool
-        cluster = self._inv.clusters.get(pool.cluster)
-        nodes = cluster.nodes if cluster is not None else {}
-        for name, (g, c, m) in a.per_node.items():
-            n = nodes.get(name)
-            if n is None or n.free_gpu < g or n.free_cpu < c or n.free_mem < m:
-                raise ValueError(f"stale assignment of {req.job_id}: node {name} cannot take it")
         key = (req.job_id, req.attempt)
-        self._inv.add_usage(pool.cluster, key, a.per_node)
+        bad = self._inv.add_usage_checked(pool.cluster, key, a.per_node)
+        if bad is not None:
+            raise ValueError(f"stale assignment of {req.job_id}: node {bad} cannot take it")
         fresh = self._snap is not None
         alloc = Alloc(
             key,
@@ -644,16 +683,20 @@ class Scheduler:
             req.priority,
             req.order,
             a.placement,
-            dict(a.per_node),
+            a.per_node,  # built for this assignment alone: it becomes the record's
             a.vec,
-            work_since=self._progress.pop(key, now),
-            fresh=fresh,
-            admitted_at=now,
+            True,  # charged
+            self._progress.pop(key, now) if self._progress else now,  # work_since
+            None,  # doomed_by
+            fresh,
+            now,  # admitted_at
         )
         if fresh:
             self._fresh.append(alloc)
-        self._worth.clear()
-        self._same_fail.clear()
+        if self._worth:
+            self._worth.clear()
+        if self._same_fail:
+            self._same_fail.clear()
         self._ledger.add(alloc)
         self._book.charge(a.queue, pool.flavor_class, a.vec, 1)
         if self._waiting or self._holds or self._claims:

@@ -46,6 +46,11 @@ class GangRequest:
     checkpoint_interval_s: float | None = None
     # Partial admission: podset -> fewest replicas it may start with (absent = all of them)
     min_replicas: dict[str, int] = field(default_factory=dict)
+    # `assigner.shape_of(self)`, kept by the scheduler the first time it needs it (a request
+    # is asked about in every cycle while it waits). Not an input: `replace` starts it afresh.
+    shape_memo: tuple[object, ...] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def total_gpu(self) -> int:
