@@ -47,7 +47,7 @@ class Backlog:
         self.fresh.add(record.job_id)
         if record.not_before > record.queued_at:
             heapq.heappush(self._backoff, (record.not_before, record.job_id))
-        if record.spec.capacity == "spot-then-on-demand" and not record.spot_exhausted:
+        if waits_for_spot(record):
             self._spot_waiting.add(record.job_id)
             due = record.queued_at + record.spec.spot.fallback_after_wait_s
             heapq.heappush(self._spot_due, (due, record.job_id))
@@ -75,7 +75,7 @@ class Backlog:
             record = jobs[job_id]
             if job_id not in self._spot_waiting:
                 continue
-            if record.state != "queued" or record.spot_exhausted:
+            if record.state != "queued" or not waits_for_spot(record):
                 self._spot_waiting.discard(job_id)
             elif now - record.queued_at > record.spec.spot.fallback_after_wait_s:
                 record.spot_exhausted = True
@@ -153,3 +153,13 @@ class Backlog:
         until = min((a.until for a in record.avoid if a.until > now), default=math.inf)
         self._requests[record.job_id] = (stamp, until, request)
         return request
+
+
+def waits_for_spot(record: JobRecord) -> bool:
+    """A spot-then-on-demand job that may still fall back to on-demand after waiting: not one
+    that already did, nor one its deadline put on on-demand for good."""
+    return (
+        record.spec.capacity == "spot-then-on-demand"
+        and not record.spot_exhausted
+        and not record.deadline_on_demand
+    )

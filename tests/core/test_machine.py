@@ -517,3 +517,29 @@ def test_a_queued_job_whose_deadline_slack_ran_out_asks_for_on_demand_at_once() 
     record = w.m.jobs[job]
     assert (d.job_id, d.flavor) == (job, "od")
     assert record.deadline_on_demand and not record.spot_exhausted
+
+
+def test_a_job_its_deadline_put_on_on_demand_is_not_later_marked_spot_exhausted() -> None:
+    """Still queued after the switch (on-demand is full too): the spot-fallback timer, which
+    would run out later, leaves the job alone."""
+    w = World()
+    w.send(
+        "a",
+        ClusterSnapshot(flavors=[SPOT, OD], nodes=[node("a", 0, "spot"), node("a", 1, "od")]),
+    )
+    for name, capacity in (("busy-spot", "spot"), ("busy-od", "on-demand")):
+        busy = w.submit(name, capacity=capacity)
+        w.cycle()
+        run(w, busy, "a", 1)
+    job = w.submit(
+        "due",
+        capacity="spot-then-on-demand",
+        checkpoint=CheckpointSpec(uri="s3://b/ck", interval_s=600, cost_s=30),
+        spot=SpotPolicy(fallback_after_wait_s=2000, fallback_after_preemptions=100),
+        deadline=Deadline(within_s=3600, runtime_s=1800, total_steps=1800),
+    )
+    record = w.m.jobs[job]
+    for _ in range(4):  # 2400 s: past the switch (~1600 s) and the spot timer (2000 s)
+        assert not sends(w.cycle(600), Dispatch)
+    assert record.state == "queued" and record.deadline_on_demand
+    assert not record.spot_exhausted
