@@ -492,6 +492,19 @@ def test_an_uncordon_withdraws_the_notice_but_the_move_it_started_completes() ->
     assert d3.job_id == other and d3.assignment[0].nodes[0] == name
 
 
+def submit_due(w: World, fallback_after_wait_s: float) -> str:
+    """An hour to do 30 minutes of work, checkpointed, spot first."""
+    return w.submit(
+        "due",
+        capacity="spot-then-on-demand",
+        checkpoint=CheckpointSpec(uri="s3://b/ck", interval_s=600, cost_s=30),
+        spot=SpotPolicy(
+            fallback_after_wait_s=fallback_after_wait_s, fallback_after_preemptions=100
+        ),
+        deadline=Deadline(within_s=3600, runtime_s=1800, total_steps=1800),
+    )
+
+
 def test_a_queued_job_whose_deadline_slack_ran_out_asks_for_on_demand_at_once() -> None:
     """The switch renews the request a parked job keeps between cycles (it asked for spot
     first), and leaves `spot_exhausted` alone: spot was never short, the deadline was."""
@@ -504,13 +517,7 @@ def test_a_queued_job_whose_deadline_slack_ran_out_asks_for_on_demand_at_once() 
     w.cycle()
     run(w, busy, "a", 1)
     # An hour to do 30 minutes of work: 28 minutes of slack, minus a move (2 min).
-    job = w.submit(
-        "due",
-        capacity="spot-then-on-demand",
-        checkpoint=CheckpointSpec(uri="s3://b/ck", interval_s=600, cost_s=30),
-        spot=SpotPolicy(fallback_after_wait_s=86_400, fallback_after_preemptions=100),
-        deadline=Deadline(within_s=3600, runtime_s=1800, total_steps=1800),
-    )
+    job = submit_due(w, fallback_after_wait_s=86_400)
     for _ in range(2):
         assert not sends(w.cycle(600), Dispatch)  # waits for the busy spot node
     (d,) = sends(w.cycle(400), Dispatch)  # 1600 s in: slack down to 80 s
@@ -531,13 +538,7 @@ def test_a_job_its_deadline_put_on_on_demand_is_not_later_marked_spot_exhausted(
         busy = w.submit(name, capacity=capacity)
         w.cycle()
         run(w, busy, "a", 1)
-    job = w.submit(
-        "due",
-        capacity="spot-then-on-demand",
-        checkpoint=CheckpointSpec(uri="s3://b/ck", interval_s=600, cost_s=30),
-        spot=SpotPolicy(fallback_after_wait_s=2000, fallback_after_preemptions=100),
-        deadline=Deadline(within_s=3600, runtime_s=1800, total_steps=1800),
-    )
+    job = submit_due(w, fallback_after_wait_s=2000)
     record = w.m.jobs[job]
     for _ in range(4):  # 2400 s: past the switch (~1600 s) and the spot timer (2000 s)
         assert not sends(w.cycle(600), Dispatch)
