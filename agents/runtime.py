@@ -43,6 +43,7 @@ from schemas.agent import (
 from schemas.codec import DecodeError, decode_command, encode_msgpack
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
 from shell.natsio import flush
+from shell.tasks import cancel_and_wait
 
 TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
 MAX_ERROR_CHARS = 1000  # CommandAck.error is capped at 1024 by the schema
@@ -180,10 +181,7 @@ class AgentRuntime:
             self._sub = None
         await self._logs.stop()
         task, self._loop_task = self._loop_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         if self._cmd_tasks:
             await asyncio.wait(set(self._cmd_tasks), timeout=STOP_TIMEOUT_S)
         if self._queue and not self.partitioned and self.nc.is_connected:

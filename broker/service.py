@@ -79,6 +79,7 @@ from schemas.natsopts import NatsOptions
 from schemas.subjects import Subjects
 from shell.natsio import Requester, flush, js_api_prefix
 from shell.natsstate import NatsStateLog
+from shell.tasks import cancel_and_wait
 
 log = structlog.get_logger("muster.broker")
 
@@ -438,9 +439,7 @@ class Broker:
             stop = asyncio.create_task(self.stopped.wait())
             done, _ = await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
             if stop in done:
-                acquire.cancel()
-                with contextlib.suppress(BaseException):
-                    await acquire
+                await cancel_and_wait(acquire)
                 return False
             stop.cancel()
             error = acquire.exception()
@@ -499,9 +498,7 @@ class Broker:
         try:
             await self._lead_holding(hold, mirror)
         finally:
-            hold.cancel()
-            with contextlib.suppress(BaseException):
-                await hold
+            await cancel_and_wait(hold)
 
     async def _lead_holding(self, hold: asyncio.Task[None], mirror: RecordMirror) -> None:
         started = time.monotonic()
@@ -584,11 +581,7 @@ class Broker:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs = []
-        for task in [*self._tasks, *self._background]:
-            task.cancel()
-        for task in [*self._tasks, *self._background]:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(*self._tasks, *self._background)
         self._tasks = []
         self._background = set()
         self._queue = asyncio.Queue()

@@ -20,6 +20,7 @@ from agents.backend import Emit, LogTail
 from agents.config import FakeClusterConfig
 from agents.fake.model import AttemptRecord, ClusterModel, ignore_event
 from schemas.agent import ClusterSnapshot, Dispatch, LogRequest
+from shell.tasks import cancel_and_wait
 
 __all__ = ["AttemptRecord", "FakeCluster", "RealTimeClock"]
 
@@ -65,10 +66,7 @@ class FakeCluster(ClusterModel):
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self.emit = ignore_event
 
     async def snapshot(self) -> ClusterSnapshot:

@@ -56,6 +56,7 @@ from schemas.agent import (
 )
 from schemas.job import Workload
 from schemas.quantity import cpu_milli, memory_bytes
+from shell.tasks import cancel_and_wait
 
 MASTER_ADDR = "127.0.0.1"
 MAX_REASON = 1000  # WorkloadStatus.reason is capped at 1024
@@ -187,11 +188,7 @@ class LocalBackend:
     async def stop(self) -> None:
         """Stop watching; replicas keep running (a restarted agent adopts them) until their
         fence lapses."""
-        for t in (self._task, self._trace_task):
-            if t is not None:
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+        await cancel_and_wait(self._task, self._trace_task)
         self._task = self._trace_task = None
         for h in self._timers:
             h.cancel()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -99,8 +98,8 @@ class Harness:
         assert self.broker is not None and self.task is not None
         await self.broker.nc.close()
         self.task.cancel()
-        with contextlib.suppress(BaseException):
-            await self.task
+        done, _ = await asyncio.wait({self.task}, timeout=15)
+        assert done, "the broker's task went on after it was cancelled"
         self.broker = None
         self.task = None
 

@@ -1,0 +1,56 @@
+"""`cancel_and_wait` ends its tasks, keeps their errors to them, and never swallows a
+cancellation of the task that calls it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shell.tasks import cancel_and_wait
+
+
+async def test_children_end_and_their_errors_stay_theirs() -> None:
+    async def fails_on_cancel() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("cleanup went wrong") from None
+
+    forever = asyncio.create_task(asyncio.Event().wait())
+    failing = asyncio.create_task(fails_on_cancel())
+    await asyncio.sleep(0)  # both are waiting
+    await cancel_and_wait(forever, failing, None)
+    assert forever.cancelled()
+    assert isinstance(failing.exception(), RuntimeError)
+
+
+async def test_a_cancel_of_the_caller_while_a_child_winds_down_is_not_swallowed() -> None:
+    winding_down = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            winding_down.set()
+            await release.wait()  # e.g. a last write on the way out
+            raise
+
+    child = asyncio.create_task(slow_to_stop())
+    carried_on = False
+
+    async def caller() -> None:
+        nonlocal carried_on
+        await cancel_and_wait(child)
+        carried_on = True  # what the swallowing idiom did: step down, then stand by again
+
+    task = asyncio.create_task(caller())
+    await winding_down.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not carried_on
+    release.set()
+    await asyncio.wait({child})
+    assert child.cancelled()
