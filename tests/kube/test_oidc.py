@@ -7,6 +7,7 @@ the agent keeps running on what it has."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import time
@@ -118,6 +119,18 @@ def write_kubeconfig(tmp: Path, server: str, issuer: str, token: str, refresh: s
     return path
 
 
+@contextlib.asynccontextmanager
+async def agent_on(kubeconfig: Path) -> AsyncIterator[tuple[KubeBackend, Recorder]]:
+    """The kube backend of cluster c1 with this kubeconfig, started, and what it emits."""
+    backend = KubeBackend("c1", make_config(kubeconfig=str(kubeconfig)))
+    rec = Recorder()
+    await backend.start(rec)
+    try:
+        yield backend, rec
+    finally:
+        await backend.stop()
+
+
 def names(rec: Recorder) -> set[str]:
     return {e.node.name for e in rec.of(NodeUpsert)}
 
@@ -130,10 +143,7 @@ async def test_a_rejected_id_token_is_renewed_from_the_provider(
     kubeconfig = write_kubeconfig(tmp_path, apiserver.url, idp.url, first, "r1")
     apiserver.tokens = {first}
     apiserver.put(NODES, node("n0"))
-    backend = KubeBackend("c1", make_config(kubeconfig=str(kubeconfig)))
-    rec = Recorder()
-    await backend.start(rec)
-    try:
+    async with agent_on(kubeconfig) as (backend, rec):
         assert backend.refresher is not None and backend.refresher.expiring
         await rec.wait_for(lambda: apiserver.watch_count("nodes") == 1)
         apiserver.put(NODES, node("n1"))
@@ -155,8 +165,6 @@ async def test_a_rejected_id_token_is_renewed_from_the_provider(
         apiserver.put(NODES, node("n3"))
         await rec.wait_for(lambda: "n3" in names(rec), timeout=30)
         assert idp.grants == 2 and idp.refused == 0
-    finally:
-        await backend.stop()
 
 
 async def test_a_provider_that_refuses_leaves_the_agent_running(
@@ -166,18 +174,13 @@ async def test_a_provider_that_refuses_leaves_the_agent_running(
     kubeconfig = write_kubeconfig(tmp_path, apiserver.url, idp.url, token, "revoked")
     apiserver.tokens = {token}
     apiserver.put(NODES, node("n0"))
-    backend = KubeBackend("c1", make_config(kubeconfig=str(kubeconfig)))
-    rec = Recorder()
-    await backend.start(rec)
-    try:
+    async with agent_on(kubeconfig) as (backend, rec):
         await rec.wait_for(lambda: apiserver.watch_count("nodes") == 1)
         assert backend.refresher is not None
         assert await backend.refresher.force() is False  # refused: said once, not raised
         assert idp.refused == 1
         apiserver.put(NODES, node("n1"))  # the token it holds still works
         await rec.wait_for(lambda: "n1" in names(rec))
-    finally:
-        await backend.stop()
 
 
 async def test_an_expired_id_token_is_renewed_before_the_first_request(
@@ -187,13 +190,8 @@ async def test_an_expired_id_token_is_renewed_before_the_first_request(
     idp.refresh_tokens = {"r1": fresh}
     kubeconfig = write_kubeconfig(tmp_path, apiserver.url, idp.url, id_token("a", -60), "r1")
     apiserver.tokens = {fresh}
-    backend = KubeBackend("c1", make_config(kubeconfig=str(kubeconfig)))
-    rec = Recorder()
-    await backend.start(rec)
-    try:
+    async with agent_on(kubeconfig) as (_, rec):
         await rec.wait_for(lambda: apiserver.watch_count("nodes") == 1)
         apiserver.put(NODES, node("n1"))
         await rec.wait_for(lambda: "n1" in names(rec))
         assert idp.grants == 1 and apiserver.unauthorized == 0
-    finally:
-        await backend.stop()
