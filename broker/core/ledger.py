@@ -88,21 +88,8 @@ class Ledger:
     def add(self, a: Alloc) -> None:
         key = a.key
         self.allocs[key] = a
-        job = self.by_job.get(key[0])
-        if job is None:
-            self.by_job[key[0]] = {key[1]: a}
-        else:
-            job[key[1]] = a
-        p = a.placement
-        pool = (p.cluster, p.flavor)  # `a.pool`, inline: one admission each
-        here = self.by_pool.get(pool)
-        if here is None:
-            here = self.by_pool[pool] = {}
-        mine = here.get(a.queue)
-        if mine is None:
-            here[a.queue] = {key: a}
-        else:
-            mine[key] = a
+        self.by_job.setdefault(key[0], {})[key[1]] = a
+        self.by_pool.setdefault(a.pool, {}).setdefault(a.queue, {})[key] = a
         if a.charged and a.doomed_by is None and not a.fresh:  # `_eligible`, inline
             self._count(a, 1)
 

@@ -304,9 +304,7 @@ class QuotaBook:
                     else:
                         g = lim.guaranteed
                         up = max(0, new - g) - max(0, old - g)
-                    if up and co.parent is None:  # a flat cohort: `_lift`, inline
-                        co.borrowed[cls][r] += up
-                    elif up:
+                    if up:
                         self._lift(co, cls, r, up)
         q.admitted += sign
 

@@ -479,7 +479,6 @@ class Scheduler:
     def _cycle(self, pending: Sequence[GangRequest], now: float, res: CycleResult) -> None:
         book = self._book
         fleet = list(self._inv.totals)
-        f0, f1, f2 = fleet
         by_queue: dict[str, list[GangRequest]] = {}
         out_pending = res.pending
         for r in pending:
@@ -530,16 +529,7 @@ class Scheduler:
                     self._same_fail[(name, req.priority, self._shape_of(req))] = out
             if isinstance(out, Placement):
                 admitted.append((req.job_id, out))
-                # `book.share(qs, fleet)`, inline: once per admission
-                t = qs.total
-                share = 0.0
-                if f0 > 0 and t[0] / f0 > share:
-                    share = t[0] / f0
-                if f1 > 0 and t[1] / f1 > share:
-                    share = t[1] / f1
-                if f2 > 0 and t[2] / f2 > share:
-                    share = t[2] / f2
-                heapq.heapreplace(heap, (share / qs.config.weight, idx, name))
+                heapq.heapreplace(heap, (book.share(qs, fleet), idx, name))
                 continue
             out_pending[req.job_id] = out
             if qs.strict:
@@ -685,11 +675,9 @@ class Scheduler:
             a.placement,
             a.per_node,  # built for this assignment alone: it becomes the record's
             a.vec,
-            True,  # charged
-            self._progress.pop(key, now) if self._progress else now,  # work_since
-            None,  # doomed_by
-            fresh,
-            now,  # admitted_at
+            work_since=self._progress.pop(key, now) if self._progress else now,
+            fresh=fresh,
+            admitted_at=now,
         )
         if fresh:
             self._fresh.append(alloc)
