@@ -17,7 +17,6 @@ attempt steps, what its checkpoints cost and how long it takes to start are a
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 import math
@@ -46,9 +45,6 @@ from schemas.agent import (
 )
 from schemas.job import Simulation
 from schemas.quantity import cpu_milli, memory_bytes
-
-_cpu_milli = functools.lru_cache(maxsize=1024)(cpu_milli)  # Decimal parsing is slow
-_memory_bytes = functools.lru_cache(maxsize=1024)(memory_bytes)
 
 DEFAULT_SIMULATION = Simulation()  # 100 steps at 10 steps/s, a checkpoint every 10 steps
 MAX_DUE_PER_TICK = 200_000  # bounds one `advance`
@@ -239,8 +235,8 @@ def gang_demands(cmd: Dispatch, nodes: Mapping[str, NodeState], cluster: str) ->
                 f"lists {len(a.nodes)} nodes"
             )
         gpu = ps.gpu if ps is not None else 0
-        cpu = _cpu_milli(ps.cpu) if ps is not None else 0
-        mem = _memory_bytes(ps.memory) if ps is not None else 0
+        cpu = cpu_milli(ps.cpu) if ps is not None else 0
+        mem = memory_bytes(ps.memory) if ps is not None else 0
         for node_name in a.nodes:
             node = nodes.get(node_name)
             if node is None:
@@ -686,8 +682,8 @@ class ClusterModel:
             name=name,
             flavor=flavor,
             gpu=fl.gpu_per_node,
-            cpu_milli=_cpu_milli(fl.cpu),
-            memory=_memory_bytes(fl.memory),
+            cpu_milli=cpu_milli(fl.cpu),
+            memory=memory_bytes(fl.memory),
         )
         self._nodes[name] = n
         return n
