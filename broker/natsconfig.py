@@ -101,6 +101,7 @@ def render(
                 f"{p}.>",
                 "$JS.API.>",  # streams, consumers, pulls, KV reads
                 "$JS.ACK.>",  # acknowledging submissions
+                "$JS.FC.>",  # flow control of the standby's mirror (an ordered push consumer)
                 f"$KV.{s.jobs_bucket}.>",
                 f"$KV.{s.leader_bucket}.>",
                 *answers,  # replies to the admin's and each team's requests

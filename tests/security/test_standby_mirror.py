@@ -1,0 +1,30 @@
+"""A hot standby under the generated authorization: its mirror of the job bucket (an ordered
+push consumer, so JetStream flow control asks it to answer on `$JS.FC.…`) reads every record
+with the broker's own credentials and draws no permission error."""
+
+from __future__ import annotations
+
+from broker.store import JobStore, RecordMirror
+from schemas.subjects import Subjects
+from tests.broker.test_hot_standby import _record
+from tests.security.conftest import CONFIG, AuthNats
+
+RECORDS = 20_000  # ~20 MB: far past the point where the server asks for flow control
+
+
+async def test_the_standby_mirror_reads_the_whole_bucket_within_its_permissions(
+    auth_nats: AuthNats,
+) -> None:
+    writer = await auth_nats.connect("broker")
+    reader = await auth_nats.connect("broker")
+    bucket = Subjects(prefix=CONFIG.subject_prefix).jobs_bucket
+    store = await JobStore.open(writer.jetstream(), bucket, nc=writer)
+    for start in range(0, RECORDS, 2_000):
+        await store.put_many([_record(i) for i in range(start, start + 2_000)])
+    mirror = RecordMirror(JobStore(reader.jetstream(), bucket, reader))
+    try:
+        records = await mirror.caught_up(60)
+    finally:
+        await mirror.stop()
+    assert len(records) == RECORDS
+    assert auth_nats.errors.get("broker", []) == []
