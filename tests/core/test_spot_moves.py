@@ -10,15 +10,17 @@ import pytest
 
 from agents.workload_env import muster_env
 from broker.core.effects import Effect, Send, split_reply
-from broker.core.inputs import Checkpoint, Cycle, SubmitJob, Tick
+from broker.core.inputs import Checkpoint, Cycle, Restore, SubmitJob, Tick
 from broker.core.invariants import violations
 from broker.core.machine import Machine
+from broker.core.records import record_decoder, record_encoder
 from broker.core.risk import MAX_ADVISED_S, NOTICE_MISS, young_daly_s
 from broker.core.spotreturn import MIN_RUN_S
 from schemas.agent import (
     Cancel,
     CheckpointNow,
     CheckpointReport,
+    ClusterSnapshot,
     Dispatch,
     Heartbeat,
     NodeGone,
@@ -27,7 +29,7 @@ from schemas.agent import (
     WorkloadStatus,
 )
 from schemas.job import CheckpointSpec, Deadline, JobSpec, SpotPolicy
-from tests.core.helpers import NOW, nodes
+from tests.core.helpers import NOW, flavor, nodes
 from tests.core.test_spot_capacity import Agent, dispatches, setup, spot_job
 
 SPOT = ("east", "v100-spot")
@@ -360,3 +362,47 @@ def test_each_return_to_spot_doubles_the_run_before_the_next() -> None:
     _return_to_spot(m, agent, od, started + 2.5 * MIN_RUN_S, 800)
     assert live_attempts(m, "bouncer") == 1
     assert violations(m) == []
+
+
+def test_a_deadline_survives_a_broker_restart_and_still_switches_in_time() -> None:
+    """The deadline is followed from the persisted record: a broker that restarts while the
+    job runs on spot moves it to on-demand when the slack runs out, as the first would have."""
+    m, agent = setup()
+    agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
+    assert accepted(m, deadline_job("kept", 80 * 60.0, 3600.0), NOW + 3)
+    (d,) = dispatches(m.handle(Cycle(), NOW + 4))
+    assert d.flavor == "v100-spot"
+    running(agent, d, NOW + 64)
+    # The broker dies; a new one restores what was persisted, and the agent resyncs.
+    persisted = [record_decoder.decode(record_encoder.encode(r)) for r in m.jobs.values()]
+    m2 = Machine(m.config)
+    m2.handle(Restore(persisted), NOW + 100)
+    agent2 = Agent(m2, "east")
+    status = WorkloadStatus(
+        job_id="kept",
+        attempt=d.attempt,
+        phase="running",
+        running_replicas=1,
+        total_replicas=1,
+        nodes=[d.assignment[0].nodes[0]],
+    )
+    agent2.send(
+        ClusterSnapshot(
+            flavors=[flavor("v100-spot", "spot", "v100", 0.9), flavor("v100-od", price=3.0)],
+            nodes=nodes("spot-up", "v100-spot", 1) + nodes("od", "v100-od", 1),
+            workloads=[status],
+        ),
+        now=NOW + 101,
+    )
+    record = m2.jobs["kept"]
+    assert record.state == "running" and not record.deadline_on_demand
+    effects: list[Effect] = []
+    now = NOW + 101
+    while not sends(effects, CheckpointNow) and now < NOW + 3600:
+        now += 60
+        effects = tick(m2, agent2, now)
+    assert record.deadline_on_demand and record.state == "preempting"
+    assert record.preempting is not None and record.preempting.replacement is not None
+    assert record.preempting.replacement.flavor == "v100-od"
+    assert now < NOW + 80 * 60 - 3600 + 15 * 60  # while the slack still covers the move
+    assert violations(m2) == []
