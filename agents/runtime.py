@@ -276,6 +276,16 @@ class AgentRuntime:
             await self._extend_fences(sent)
 
     async def _extend_fences(self, since: float, job_id: str | None = None) -> None:
+        """Move the fences forward from `since`. A backend with one fence per cluster
+        (`renew_fence`, kube: a Lease) gets one call, whatever the number of attempts."""
+        renew = getattr(self.backend, "renew_fence", None)
+        if renew is not None:
+            try:
+                await renew(since)
+            except Exception as exc:
+                self.stats["fence_failures"] = self.stats.get("fence_failures", 0) + 1
+                self.log.warning("fence renewal failed; retried at the next ack", error=str(exc))
+            return
         fence = getattr(self.backend, "fence", None)
         if fence is None:
             return

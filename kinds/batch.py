@@ -39,8 +39,6 @@ from schemas.job import PodSet
 BATCH_JOB = Resource("batch/v1", "Job", "jobs")
 POD_RESOURCE = Resource("v1", "Pod", "pods")
 COMPLETION_INDEX_ANN = "batch.kubernetes.io/job-completion-index"
-ANN_FENCE_AFTER = "muster.dev/fence-after-s"  # the fence window the attempt was dispatched with
-ANN_FENCE_DEADLINE = "muster.dev/fence-deadline-s"  # the Job's activeDeadlineSeconds, as set
 # Kueue's partial admission: the Job may start with as few as this many pods.
 MIN_PARALLELISM_ANN = "kueue.x-k8s.io/job-min-parallelism"
 # Kueue lowers completions along with parallelism only when this annotation is "true".
@@ -232,14 +230,6 @@ def build_indexed_job(
         }
         if policy.ttl_seconds is not None:
             body["spec"]["ttlSecondsAfterFinished"] = policy.ttl_seconds
-        if cmd.fence_after_s > 0:
-            # The broker-granted fence, enforced by the Job controller without the agent; the
-            # agent moves it forward while the broker hears it (agents/kube/fence.py). The
-            # annotations let a restarted agent carry on from where the last one left it.
-            deadline = max(1, int(cmd.fence_after_s))
-            body["spec"]["activeDeadlineSeconds"] = deadline
-            meta["annotations"][ANN_FENCE_AFTER] = f"{cmd.fence_after_s:g}"
-            meta["annotations"][ANN_FENCE_DEADLINE] = str(deadline)
         objects.append(PlannedObject(BATCH_JOB, body))
         offset += replicas
     objects.insert(1, service)

@@ -76,16 +76,15 @@ CLUSTER_RULES: frozenset[Rule] = frozenset(
 
 def namespace_rules() -> frozenset[Rule]:
     """The Role in the workload namespace: create/list/delete every owned kind, watch those
-    with a status, patch pods (the checkpoint-request annotation) and batch Jobs (the fence).
-    What the ClusterRole already grants is left out."""
+    with a status, patch pods (the checkpoint-request annotation), and get/create/patch the
+    cluster's fence Lease. What the ClusterRole already grants is left out."""
     rules = {
         Rule(r.group, r.plural, v) for r in OWNED_RESOURCES for v in ("create", "list", "delete")
     }
     rules |= {Rule(r.group, r.plural, "watch") for r in STATUS_RESOURCES}
     rules.add(Rule("", "pods", "patch"))
-    # a batch Job's activeDeadlineSeconds carries the broker-granted fence (agents/kube/fence.py),
-    # and every workload object its fence annotation, for the fence watchdog
-    rules |= {Rule(r.group, r.plural, "patch") for r in FENCED_RESOURCES}
+    # one Lease per cluster carries the broker-granted fence (agents/kube/fence.py)
+    rules |= {Rule("coordination.k8s.io", "leases", v) for v in ("get", "create", "patch")}
     return frozenset(rules - CLUSTER_RULES)
 
 
@@ -95,10 +94,10 @@ FENCED_RESOURCES: tuple[Resource, ...] = tuple(r for r in OWNED_RESOURCES if r !
 
 
 def watchdog_rules() -> frozenset[Rule]:
-    """The fence watchdog's Role in the workload namespace: list and delete, nothing else."""
-    return frozenset(
-        Rule(r.group, r.plural, v) for r in FENCED_RESOURCES for v in ("list", "delete")
-    )
+    """The fence watchdog's Role in the workload namespace: read the fence Lease, list and
+    delete the fenced kinds, nothing else."""
+    rules = {Rule(r.group, r.plural, v) for r in FENCED_RESOURCES for v in ("list", "delete")}
+    return frozenset(rules | {Rule("coordination.k8s.io", "leases", "get")})
 
 
 def known_kinds() -> dict[tuple[str, str], str]:

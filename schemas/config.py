@@ -77,16 +77,29 @@ class FlavorClass(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
 
 class Timeouts(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     heartbeat_s: Annotated[float, Meta(gt=0)] = 1.0
+    # Failure detection: an agent silent this long gets no new placements (seconds).
     unreachable_after_s: Annotated[float, Meta(gt=0)] = 5.0
-    lost_after_s: Annotated[float, Meta(gt=0)] = 30.0
+    # Re-dispatch: a silent cluster's jobs start elsewhere only this long after the broker
+    # last heard its agent (earlier on proof the old copy is gone: its node deleted or
+    # out-of-service, its workload reported gone). Its agent was granted a fence of
+    # lost_after_s - fence_lead_s (15 minutes): a control-plane upgrade, an agent rollout,
+    # a broker failover or a NATS restart shorter than that costs nothing.
+    lost_after_s: Annotated[float, Meta(gt=0)] = 1080.0
     dispatch_ack_s: Annotated[float, Meta(gt=0)] = 2.0
     dispatch_retries: Annotated[int, Meta(ge=0, le=100)] = 3
     start_s: Annotated[float, Meta(gt=0)] = 300.0
     checkpoint_grace_s: Annotated[float, Meta(ge=0)] = 30.0
     lease_ttl_s: Annotated[float, Meta(ge=1)] = 5.0
-    # Agents cut off from NATS delete their workloads this long before the broker would
-    # declare their cluster lost, so a partition never leaves two live copies. 0 = off.
-    fence_lead_s: Annotated[float, Meta(ge=0)] = 10.0
+    # A fence lapses this long before the broker would re-dispatch: it must cover the pods'
+    # termination grace (spot: 120 s) plus the fence watchdog's period and clock skew, so the
+    # old copy has stopped before a new one starts (docs/kubernetes.md, "Fencing"). 0 = off.
+    fence_lead_s: Annotated[float, Meta(ge=0)] = 180.0
+
+    @property
+    def fence_window_s(self) -> float:
+        """The fence every Dispatch grants (`Dispatch.fence_after_s`); 0 when fencing is off."""
+        lead, lost = self.fence_lead_s, self.lost_after_s
+        return lost - lead if lead > 0 and lost > lead else 0.0
 
 
 class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -88,14 +88,14 @@ from agents.kube.decode import (
     pod_usage,
 )
 from agents.kube.fence import (
-    ANN_FENCE_UNTIL,
-    FenceUntils,
-    JobDeadlines,
-    annotated_deadline,
-    fence_until,
-    format_until,
-    is_batch_job,
-    job_start,
+    ANN_FENCED,
+    FENCED_VALUE,
+    ClusterFence,
+    decode_lease,
+    lease_body,
+    lease_collection,
+    lease_path,
+    renewal_patch,
 )
 from agents.kube.logs import read_pod_logs
 from agents.kube.nodes import (
@@ -121,7 +121,6 @@ from kinds.base import (
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_TOP,
-    POD,
     SERVICE,
     Resource,
 )
@@ -244,8 +243,7 @@ class KubeBackend:
             r.collection(config.namespace): r for r in STATUS_RESOURCES
         }
         self.job_reflectors: dict[str, Reflector[KJob]] = {}  # by collection
-        self._deadlines = JobDeadlines(clock)  # batch Jobs' activeDeadlineSeconds fences
-        self._untils = FenceUntils(clock)  # fence annotations the watchdog enforces
+        self.fence_state = ClusterFence(clock)  # the cluster's fence Lease (agents/kube/fence.py)
         self.bad_objects = 0  # workload objects whose status did not decode
         self.log = log.bind(cluster=cluster)
 
@@ -351,6 +349,7 @@ class KubeBackend:
                 **common,
             )
         await self._initial_lists()
+        await self._adopt_lease()
         self._live = True
         for name, n in self._nodes.items():
             if n.flavor is None:
@@ -1029,6 +1028,10 @@ class KubeBackend:
         if key[0] in self._cancel_upto:
             self._cancel_upto[key[0]] = min(self._cancel_upto[key[0]], cmd.attempt - 1)
         bound = self.log.bind(job_id=cmd.job_id, attempt=cmd.attempt, flavor=cmd.flavor)
+        if cmd.fence_after_s > 0:
+            # The Lease covers the attempt before anything of it exists.
+            self.fence_state.granted(cmd.fence_after_s)
+            await self.renew_fence(self._clock())
         uids: dict[str, str] = {}
         for obj in plan.objects:
             collection = obj.resource.collection(self.config.namespace)
@@ -1036,29 +1039,19 @@ class KubeBackend:
                 w.objects.append((collection, obj.name))
             if collection in self._status_kinds:
                 w.expect_object((collection, obj.name))
-            until = self._fence_annotation(cmd, obj)
+            fenced = self._fenced(cmd, obj)
             try:
-                body = self._owned(obj, plan.objects, uids, until)
+                body = self._owned(obj, plan.objects, uids, fenced)
                 created = await self.rest.create(collection, body)
                 uid = (created or {}).get("metadata", {}).get("uid")
                 if created is None and any(o.owner == obj.name for o in plan.objects):
                     uid = await self.rest.uid_of(collection, obj.name)
                 uids[obj.name] = str(uid or "")
-                if created is None and until is not None:
-                    # a retried dispatch: the existing object keeps the fence of the first try
-                    await self.rest.merge_patch(
-                        item_path(collection, obj.name), FenceUntils.patch(until)
-                    )
             except KubeApiError as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
             bound.info("created", kind=obj.resource.kind, name=obj.name, existed=created is None)
-            deadline = obj.body.get("spec", {}).get("activeDeadlineSeconds")
-            if is_batch_job(collection) and isinstance(deadline, int):
-                self._deadlines.created(key, obj.name, deadline)
-            if until is not None:
-                self._untils.created(key, (collection, obj.name), until)
         self._report(w)
         if cmd.attempt > 1:
             # Older attempts go in the background: the ack (and so the new attempt's start)
@@ -1067,26 +1060,25 @@ class KubeBackend:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    def _fence_annotation(self, cmd: Dispatch, obj: PlannedObject) -> float | None:
-        """The fence deadline a workload object is created with, for the watchdog; None
-        without a watchdog, without a fence, and for Services (they run nothing)."""
+    @staticmethod
+    def _fenced(cmd: Dispatch, obj: PlannedObject) -> bool:
+        """Whether the object is marked for the fence watchdog: top-level workload objects of
+        a fenced attempt (Services run nothing)."""
         labels = obj.body.get("metadata", {}).get("labels", {})
-        if not self.config.fence_watchdog or cmd.fence_after_s <= 0 or obj.resource == SERVICE:
-            return None
-        return self._clock() + cmd.fence_after_s if LABEL_TOP in labels else None
+        return cmd.fence_after_s > 0 and obj.resource != SERVICE and LABEL_TOP in labels
 
     @staticmethod
     def _owned(
         obj: PlannedObject,
         objects: list[PlannedObject],
         uids: dict[str, str],
-        until: float | None = None,
+        fenced: bool = False,
     ) -> dict[str, Any]:
         """The body with its controller reference, when the plan names an owner, and its
-        fence annotation, when it has one."""
-        if until is not None:
+        fence mark, when the attempt is fenced."""
+        if fenced:
             meta = obj.body["metadata"]
-            annotations = {**meta.get("annotations", {}), ANN_FENCE_UNTIL: format_until(until)}
+            annotations = {**meta.get("annotations", {}), ANN_FENCED: FENCED_VALUE}
             obj = obj._replace(body={**obj.body, "metadata": {**meta, "annotations": annotations}})
         if not obj.owner:
             return obj.body
@@ -1102,8 +1094,6 @@ class KubeBackend:
         return body
 
     async def _gc_older(self, job_id: str, attempt: int) -> None:
-        self._deadlines.forget(job_id, lambda a: a >= attempt)
-        self._untils.forget(job_id, lambda a: a >= attempt)
         try:
             await self._delete_attempts(job_id, lambda a: a >= attempt, "older attempt")
         except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
@@ -1120,8 +1110,6 @@ class KubeBackend:
         def keep(a: int) -> bool:
             return attempt is not None and a != attempt
 
-        self._deadlines.forget(job_id, keep)
-        self._untils.forget(job_id, keep)
         try:
             await self._delete_attempts(job_id, keep, reason or "cancel")
         except KubeApiError as exc:
@@ -1132,106 +1120,71 @@ class KubeBackend:
             self._workloads[key].cancelled = True
             self._hold_all(key)
 
-    # -- fencing: batch Jobs carry the broker-granted fence as activeDeadlineSeconds, which
-    # the Job controller enforces without the agent (agents/kube/fence.py)
+    # -- fencing: one Lease per cluster, renewed while the broker hears this agent; the fence
+    # watchdog and the in-pod self-fence read it (agents/kube/fence.py)
     def fences(self, job_id: str, attempt: int) -> bool:
-        """Whether the cluster itself ends this attempt when its fence lapses. Only for
-        batch Jobs created with a deadline, and with a fence watchdog for every object that
-        carries the fence annotation; otherwise the agent's self-fence."""
-        key = (job_id, attempt)
-        self._adopt_deadlines(key)
-        self._adopt_untils(key)
-        return self._deadlines.fenced(key) or (
-            self.config.fence_watchdog and self._untils.fenced(key)
-        )
+        """Whether the cluster itself ends this attempt when its fence lapses: with a fence
+        watchdog beside this agent, every kind; without one, the agent's self-fence."""
+        return self.config.fence_watchdog and self.fence_state.window_s > 0
 
     def fence_after(self, job_id: str, attempt: int) -> float:
-        """The fence window an attempt found at startup was dispatched with (0: none)."""
-        for _, job in self._attempt_jobs((job_id, attempt)):
-            found = annotated_deadline(job.metadata.annotations)
-            if found is not None:
-                return found[0]
-        return 0.0
+        """The fence window of an attempt found at startup: the cluster's, which the Lease
+        records, for every kind (0: no fence)."""
+        return self.fence_state.window_s
 
     async def fence(self, job_id: str, attempt: int, until: float) -> None:
-        key = (job_id, attempt)
-        w = self._workloads.get(key)
-        if w is None or w.cancelled or self._is_cancelled(key):
+        """Per-attempt form of `renew_fence`: the one Lease covers every attempt."""
+        window = self.fence_state.window_s
+        if window > 0:
+            await self.renew_fence(until - window)
+
+    async def renew_fence(self, since: float) -> None:
+        """The broker heard this agent at `since`: move the cluster's Lease to `since` + the
+        window, when it grew a step. One request, whatever the number of attempts."""
+        until = self.fence_state.due(since)
+        if until is None:
             return
-        self._adopt_deadlines(key)
-        self._adopt_untils(key)
-        starts: dict[str, float | None] = {}
+        fence = self.fence_state
+        ns = self.config.namespace
+        try:
+            if fence.until is None:
+                body = lease_body(ns, self._holder(), since, fence.window_s)
+                if await self.rest.create(lease_collection(ns), body) is None:
+                    await self.rest.merge_patch(
+                        lease_path(ns), renewal_patch(self._holder(), since, fence.window_s)
+                    )
+            elif not await self.rest.merge_patch(
+                lease_path(ns), renewal_patch(self._holder(), since, fence.window_s)
+            ):
+                fence.until = None  # deleted under us: create it on the next renewal
+                return
+        except KubeApiError as exc:
+            raise BackendError(f"fence lease renewal: {exc}") from None
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
+            raise BackendError(f"fence lease renewal: {exc!r}") from None
+        fence.written(until)
 
-        def start_of(name: str) -> float | None:
-            # read once a Job's start is needed (until it is known), not on every extension
-            if not starts:
-                for _, job in self._attempt_jobs(key):
-                    starts[job.metadata.name] = job_start(job.status)
-            return starts.get(name)
+    def _holder(self) -> str:
+        return f"muster-agent/{self.cluster}"
 
-        for name, seconds in self._deadlines.due(key, until, start_of):
-            collection = next(c for c, n in w.objects if n == name and is_batch_job(c))
-            try:
-                await self.rest.merge_patch(
-                    item_path(collection, name), JobDeadlines.patch(seconds)
-                )
-            except KubeApiError as exc:
-                raise BackendError(f"fence of Job {name}: {exc}") from None
-            self._deadlines.patched(key, name, seconds)
-        for item in self._untils.due(key, until):
-            try:
-                await self.rest.merge_patch(item_path(*item), FenceUntils.patch(until))
-            except KubeApiError as exc:
-                raise BackendError(f"fence of {item[1]}: {exc}") from None
-            self._untils.patched(key, item, until)
-
-    def _attempt_jobs(self, key: Key) -> list[tuple[str, KJob]]:
-        out = []
-        for collection, reflector in self.job_reflectors.items():
-            if not is_batch_job(collection):
-                continue
-            for job in reflector.cache.values():
-                if _owned_key(job.metadata) == key:
-                    out.append((collection, job))
-        return out
-
-    def _adopt_deadlines(self, key: Key) -> None:
-        """Jobs of an attempt this agent did not create (it restarted) carry their fence in
-        annotations: take it up, so the healthy agent keeps extending it."""
-        if self._deadlines.fenced(key) or key not in self._workloads:
+    async def _adopt_lease(self) -> None:
+        """Take up the Lease an earlier agent of this cluster kept: its window covers every
+        attempt found here, whatever its kind."""
+        try:
+            data = await self.rest.request(
+                "GET", lease_path(self.config.namespace), ok_missing=True
+            )
+        except KubeApiError as exc:
+            self.log.warning("fence lease unreadable; renewed at the next dispatch", error=str(exc))
             return
-        w = self._workloads[key]
-        for collection, job in self._attempt_jobs(key):
-            found = annotated_deadline(job.metadata.annotations)
-            if found is None:
-                continue
-            name = job.metadata.name
-            if (collection, name) not in w.objects:
-                w.objects.append((collection, name))
-            self._deadlines.created(key, name, found[1], job_start(job.status))
-
-    def _adopt_untils(self, key: Key) -> None:
-        """Objects of an attempt this agent did not create carry their fence annotation:
-        take it up, so the healthy agent keeps moving it."""
-        if self._untils.fenced(key) or key not in self._workloads:
-            return
-        w = self._workloads[key]
-        metas = [
-            (collection, job.metadata)
-            for collection, reflector in self.job_reflectors.items()
-            for job in reflector.cache.values()
-        ]
-        if self.muster_pod_reflector is not None:  # the pods Muster created itself (Pod kinds)
-            pods = POD.collection(self.config.namespace)
-            cache = self.muster_pod_reflector.cache.values()
-            metas += [(pods, p.metadata) for p in cache if LABEL_TOP in p.metadata.labels]
-        for collection, meta in metas:
-            until = fence_until(meta.annotations)
-            if until is None or _owned_key(meta) != key:
-                continue
-            if (collection, meta.name) not in w.objects:
-                w.objects.append((collection, meta.name))
-            self._untils.created(key, (collection, meta.name), until)
+        lease = decode_lease(data) if data is not None else None
+        if lease is not None:
+            self.fence_state.adopt(lease)
+            self.log.info(
+                "fence lease taken up",
+                window_s=self.fence_state.window_s,
+                until=self.fence_state.until,
+            )
 
     def _hold_all(self, key: Key) -> None:
         """The attempt ended here: its pods still running or terminating keep their GPUs."""

@@ -1,173 +1,190 @@
-"""The cluster-side fence of an attempt on Kubernetes: the batch Job's activeDeadlineSeconds.
+"""The cluster-side fence on Kubernetes: one `coordination.k8s.io/v1` Lease per cluster.
 
-A broker-granted fence says "this attempt must be stopped by `until` unless extended again".
-On Kubernetes the Job controller enforces `.spec.activeDeadlineSeconds` of a batch/v1 Job by
-itself: once `status.startTime + activeDeadlineSeconds` has passed it marks the Job Failed
-(reason DeadlineExceeded) and deletes its running pods. The field is mutable on a Job, so the
-healthy agent moves it forward as the broker extends the fence, and a hung or dead agent
-simply stops moving it: the cluster ends the pods without the agent.
+A broker-granted fence says "what runs here must be stopped by `until` unless renewed". The
+agent proves it is alive and heard by the broker with ONE object per cluster, the Lease
+`muster-fence` in the workload namespace: it renews the Lease each time the broker
+acknowledges a batch (`renewTime` = when that batch left, `leaseDurationSeconds` = the fence
+window, and the exact deadline in the annotation `muster.dev/fence-until`). Its writes are at
+most one merge patch per `step_s`, whatever the number of running attempts.
 
-Why a Job's field and not the pod's: a pod's `spec.activeDeadlineSeconds` may only be set or
-lowered once the pod exists (the API server answers 422 "must be less than or equal to
-previous value" to a raise), and a Job's pod template is immutable, so a pod-level deadline
-cannot follow a fence that keeps moving. Kinds whose pods an operator creates from its own
-templates (Kubeflow jobs, JobSet, RayJob, TrainJob, Volcano) have no extendable field the
-agent could use for this. For them (and for every kind) the agent also writes the fence as
-an absolute deadline in the annotation `muster.dev/fence-until` and moves it forward; a
-separate watchdog (agents/kube/watchdog.py) deletes any object whose annotation has lapsed, so
-the operators end the pods without the agent (docs/kubernetes.md).
+What reads it:
+* the fence watchdog (agents/kube/watchdog.py), which deletes every fenced workload object of
+  the namespace once the Lease has lapsed (by more than its skew allowance), so the operators
+  and the Job controller end the pods without the agent;
+* the in-pod self-fence of the SDK (`agents/sdk.py`), which stops a workload that can no
+  longer see a live Lease.
+
+Every object the agent creates for a fenced attempt carries the annotation
+`muster.dev/fenced: "cluster"` (written once, at creation): the watchdog deletes only those,
+and a restarted agent adopts every kind by it and by the attempt labels, with the window the
+Lease itself records. Nothing per object ever moves, so a restart, an API-server outage or
+an agent rollout shorter than the window costs nothing (docs/kubernetes.md, "Fencing").
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
 from agents.kube.decode import parse_time
 from kinds.base import DOMAIN
-from kinds.batch import ANN_FENCE_AFTER, ANN_FENCE_DEADLINE, BATCH_JOB
 
-# A fence is re-patched only once it has grown this much, so a healthy agent makes one
-# PATCH per Job per step instead of one per broker acknowledgement (every 0.5 s).
-PATCH_STEP_S = 5.0
-
-Key = tuple[str, int]  # (job_id, attempt)
-Item = tuple[str, str]  # (collection, name)
-
-# The fence as an absolute deadline (unix seconds) on every workload object Muster creates:
-# what the fence watchdog enforces without the agent.
+LEASE_NAME = "muster-fence"
+LEASE_API = "coordination.k8s.io/v1"
+# The exact fence deadline (unix seconds) on the Lease; renewTime + leaseDurationSeconds is
+# the same within a second, for tools that read only the Lease's own fields.
 ANN_FENCE_UNTIL = f"{DOMAIN}/fence-until"
+# On every workload object of a fenced attempt: what the watchdog may delete.
+ANN_FENCED = f"{DOMAIN}/fenced"
+FENCED_VALUE = "cluster"
+# The smallest and largest renewal step: a Lease is re-patched only once its deadline would
+# grow this much (a fortieth of the window), so a healthy agent writes a few times a minute.
+MIN_STEP_S = 5.0
+MAX_STEP_S = 30.0
 
 
-class _Started(msgspec.Struct):
-    startTime: str | None = None
+def lease_collection(namespace: str) -> str:
+    return f"/apis/{LEASE_API}/namespaces/{namespace}/leases"
 
 
-_started = msgspec.json.Decoder(_Started | None)
+def lease_path(namespace: str) -> str:
+    return f"{lease_collection(namespace)}/{LEASE_NAME}"
 
 
-def job_start(status: msgspec.Raw) -> float | None:
-    """A batch Job's `status.startTime` (unix seconds), None while unset or unreadable."""
+class LeaseSpec(msgspec.Struct):
+    holderIdentity: str | None = None
+    leaseDurationSeconds: int | None = None
+    renewTime: str | None = None
+
+
+class LeaseMeta(msgspec.Struct):
+    name: str = ""
+    annotations: dict[str, str] = {}
+
+
+class KLease(msgspec.Struct):
+    metadata: LeaseMeta = msgspec.field(default_factory=LeaseMeta)
+    spec: LeaseSpec = msgspec.field(default_factory=LeaseSpec)
+
+
+_lease = msgspec.json.Decoder(KLease)
+
+
+def decode_lease(data: bytes) -> KLease | None:
+    """The Lease as the API server returned it; None when it does not decode."""
     try:
-        st = _started.decode(status)
+        return _lease.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    return None if st is None else parse_time(st.startTime)
 
 
-def annotated_deadline(annotations: dict[str, str]) -> tuple[float, int] | None:
-    """(fence window, current activeDeadlineSeconds) from a fenced Job's annotations."""
+def lease_until(lease: KLease) -> float | None:
+    """The fence deadline a Lease holds (unix seconds); None when it holds none."""
     try:
-        return float(annotations[ANN_FENCE_AFTER]), int(annotations[ANN_FENCE_DEADLINE])
+        return float(lease.metadata.annotations[ANN_FENCE_UNTIL])
     except (KeyError, ValueError):
+        pass
+    renewed = _micro_time(lease.spec.renewTime)
+    duration = lease.spec.leaseDurationSeconds
+    if renewed is None or duration is None:
         return None
+    return renewed + duration
 
 
-def is_batch_job(collection: str) -> bool:
-    return collection.startswith(f"/apis/{BATCH_JOB.api_version}/") and collection.endswith(
-        f"/{BATCH_JOB.plural}"
-    )
+def lease_window(lease: KLease) -> float:
+    return float(lease.spec.leaseDurationSeconds or 0)
 
 
-class JobDeadlines:
-    """Per attempt, per Job: its start (unix seconds) once known and its current deadline."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._jobs: dict[Key, dict[str, tuple[float | None, int]]] = {}
-
-    def created(self, key: Key, name: str, deadline: int, start: float | None = None) -> None:
-        jobs = self._jobs.setdefault(key, {})
-        if name not in jobs:
-            jobs[name] = (start, deadline)
-
-    def forget(self, job_id: str, keep: Callable[[int], bool] = lambda _: False) -> None:
-        for key in [k for k in self._jobs if k[0] == job_id and not keep(k[1])]:
-            del self._jobs[key]
-
-    def fenced(self, key: Key) -> bool:
-        return bool(self._jobs.get(key))
-
-    def due(
-        self, key: Key, until: float, start_of: Callable[[str], float | None]
-    ) -> list[tuple[str, int]]:
-        """(Job name, new activeDeadlineSeconds) for each Job whose fence should move to
-        `until`: floored, so the Job ends no later than the fence; never for a Job whose
-        deadline has already passed (a lapsed fence must not revive anything), nor for one
-        whose start is not known yet (it keeps the deadline it was created with)."""
-        now = self._clock()
-        out: list[tuple[str, int]] = []
-        for name, (start, current) in self._jobs.get(key, {}).items():
-            if start is None:
-                start = start_of(name)
-                if start is None:
-                    continue
-                self._jobs[key][name] = (start, current)
-            if start + current <= now:
-                continue  # lapsed: the Job controller ends it, or already has
-            seconds = int(until - start)
-            if seconds < current + PATCH_STEP_S:
-                continue
-            out.append((name, seconds))
-        return out
-
-    def patched(self, key: Key, name: str, seconds: int) -> None:
-        start, _ = self._jobs[key][name]
-        self._jobs[key][name] = (start, seconds)
-
-    @staticmethod
-    def patch(seconds: int) -> dict[str, object]:
-        """The merge patch that moves a Job's fence (the annotation follows the field)."""
-        return {
-            "metadata": {"annotations": {ANN_FENCE_DEADLINE: str(seconds)}},
-            "spec": {"activeDeadlineSeconds": seconds},
-        }
-
-
-def fence_until(annotations: dict[str, str]) -> float | None:
-    """The deadline an object's fence annotation holds; None without one (never fenced)."""
+def _micro_time(text: str | None) -> float | None:
+    """A MicroTime ("2026-01-02T03:04:05.123456Z") as unix seconds; None when unreadable."""
+    if not text:
+        return None
+    whole, _, frac = text.rstrip("Z").partition(".")
+    base = parse_time(whole + "Z")
+    if base is None:
+        return None
     try:
-        return float(annotations[ANN_FENCE_UNTIL])
-    except (KeyError, ValueError):
-        return None
+        return base + (float(f"0.{frac}") if frac else 0.0)
+    except ValueError:
+        return base
 
 
-class FenceUntils:
-    """Per attempt, per object: the fence deadline its annotation holds, as last written."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._objects: dict[Key, dict[Item, float]] = {}
-
-    def created(self, key: Key, item: Item, until: float) -> None:
-        self._objects.setdefault(key, {}).setdefault(item, until)
-
-    def forget(self, job_id: str, keep: Callable[[int], bool] = lambda _: False) -> None:
-        for key in [k for k in self._objects if k[0] == job_id and not keep(k[1])]:
-            del self._objects[key]
-
-    def fenced(self, key: Key) -> bool:
-        return bool(self._objects.get(key))
-
-    def due(self, key: Key, until: float) -> list[Item]:
-        """The objects whose annotation should move to `until`: once it grew a step, and
-        never for one already lapsed (the watchdog ends it; nothing may revive it)."""
-        now = self._clock()
-        return [
-            item
-            for item, current in self._objects.get(key, {}).items()
-            if current > now and until >= current + PATCH_STEP_S
-        ]
-
-    def patched(self, key: Key, item: Item, until: float) -> None:
-        self._objects[key][item] = until
-
-    @staticmethod
-    def patch(until: float) -> dict[str, object]:
-        """The merge patch that moves an object's fence annotation (allowed on every kind)."""
-        return {"metadata": {"annotations": {ANN_FENCE_UNTIL: format_until(until)}}}
+def micro_time(unix: float) -> str:
+    micros = min(999_999, int((unix - math.floor(unix)) * 1e6))
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(math.floor(unix))) + f".{micros:06d}Z"
 
 
 def format_until(until: float) -> str:
     return f"{until:.3f}"
+
+
+def lease_body(namespace: str, holder: str, renewed: float, window_s: float) -> dict[str, Any]:
+    """The whole Lease, as created (and as a merge patch, its moving parts)."""
+    return {
+        "apiVersion": LEASE_API,
+        "kind": "Lease",
+        "metadata": {
+            "name": LEASE_NAME,
+            "namespace": namespace,
+            "annotations": {ANN_FENCE_UNTIL: format_until(renewed + window_s)},
+        },
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": max(1, math.ceil(window_s)),
+            "renewTime": micro_time(renewed),
+        },
+    }
+
+
+def renewal_patch(holder: str, renewed: float, window_s: float) -> dict[str, Any]:
+    body = lease_body("", holder, renewed, window_s)
+    return {"metadata": {"annotations": body["metadata"]["annotations"]}, "spec": body["spec"]}
+
+
+class ClusterFence:
+    """What the agent knows of its cluster's Lease: the window it renews with (from the
+    broker's dispatches, or adopted from the Lease an earlier agent left) and the deadline
+    last written. Pure: the backend does the requests."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.window_s = 0.0
+        self.until: float | None = None  # as written (or adopted); None: no Lease yet
+        self.writes = 0
+
+    def adopt(self, lease: KLease) -> None:
+        """Take up the Lease an earlier agent of this cluster kept."""
+        if self.window_s <= 0:
+            self.window_s = lease_window(lease)
+        if self.until is None:
+            self.until = lease_until(lease)
+
+    def granted(self, window_s: float) -> None:
+        """A dispatch carried this window: renew with it from now on."""
+        if window_s > 0:
+            self.window_s = window_s
+
+    @property
+    def step_s(self) -> float:
+        return min(MAX_STEP_S, max(MIN_STEP_S, self.window_s / 40))
+
+    def due(self, since: float) -> float | None:
+        """The deadline to write for a renewal that the broker heard at `since`, or None when
+        the Lease needs no write (no window, or it would grow less than a step)."""
+        if self.window_s <= 0:
+            return None
+        until = since + self.window_s
+        if self.until is not None and until < self.until + self.step_s:
+            return None
+        return until
+
+    def written(self, until: float) -> None:
+        self.until = until
+        self.writes += 1
+
+    def lapsed(self) -> bool:
+        return self.until is not None and self.until <= self._clock()

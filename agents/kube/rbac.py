@@ -8,10 +8,10 @@ against this module and this module against the requests the backend really make
   status of Muster's own pods);
 * in the workload namespace: create/list/delete of every kind Muster creates (list = startup
   scan, cancel and garbage collection by label), watch on those with a status (the operator's
-  verdict, e.g. a PyTorchJob Failed while its pods still run), and patch on pods (the
-  checkpoint-request annotation) and on every workload kind (the fence: a batch Job's
-  activeDeadlineSeconds, the fence-until annotation). `get` and `update` on workload objects
-  are not needed. The fence watchdog's own Role is `kinds.registry.watchdog_rules`.
+  verdict, e.g. a PyTorchJob Failed while its pods still run), patch on pods (the
+  checkpoint-request annotation), and get/create/patch on Leases (the cluster's one fence
+  Lease, agents/kube/fence.py). `get`, `patch` and `update` on workload objects are not
+  needed. The fence watchdog's own Role is `kinds.registry.watchdog_rules`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,17 @@
-"""The fence watchdog: ends attempts whose fence lapsed, without the agent.
+"""The fence watchdog: ends a cluster's fenced attempts once its fence Lease lapsed, without
+the agent.
 
-The kube agent writes each attempt's broker-granted fence on every workload object it creates
-as the annotation `muster.dev/fence-until` (unix seconds) and moves it forward while the
-broker hears it (agents/kube/fence.py). A hung agent stops moving it. This small process,
-deployed on its own (deploy/watchdog/), lists Muster's objects every `period_s` and deletes
-each whose annotation lies more than `skew_s` in the past; the operators (or the Job
-controller) then end the pods. Objects without the annotation are never touched.
+The kube agent renews ONE Lease per cluster (`muster-fence` in the workload namespace) while
+the broker hears it (agents/kube/fence.py). A hung, dead or cut-off agent stops renewing it.
+This small process, deployed on its own (deploy/agent/watchdog.yaml), reads that Lease every
+`period_s` (one GET); only once its deadline lies more than `skew_s` in the past does it list
+Muster's objects and delete each that carries the fence mark (`muster.dev/fenced`), unless the
+Lease was renewed meanwhile; the operators (or the Job controller) then end the pods. Objects
+without the mark, and everything while the Lease is absent, are never touched.
 
-The broker re-dispatches once the fence lapsed, so the guarantee of "never two copies" needs
-fence window > period_s + skew_s + the pods' termination grace (docs/kubernetes.md).
+The broker re-dispatches a silent cluster's jobs only `lost_after_s` after it last heard the
+agent, and the Lease lapses `fence_lead_s` before that, so "never two copies" needs
+`fence_lead_s` > period_s + skew_s + the pods' termination grace (docs/kubernetes.md).
 """
 
 from __future__ import annotations
@@ -29,8 +32,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from agents.kube.auth import TokenRefresher
 from agents.kube.client import KubeApiError, KubeRest, Outage, item_path, sleep_or_stop
-from agents.kube.decode import KObject
-from agents.kube.fence import fence_until
+from agents.kube.fence import ANN_FENCED, FENCED_VALUE, decode_lease, lease_path, lease_until
 from kinds.base import ANN_JOB, Resource
 from kinds.pods import selector
 from kinds.registry import FENCED_RESOURCES
@@ -41,6 +43,18 @@ log = structlog.get_logger("muster.kube.watchdog")
 
 # What one failed sweep may raise: the API server's answers and the transport's failures.
 SWEEP_ERRORS = (KubeApiError, TimeoutError, OSError, aiohttp.ClientError)
+
+
+class _FencedMeta(msgspec.Struct):
+    name: str = ""
+    annotations: dict[str, str] = {}
+    deletionTimestamp: str | None = None
+
+
+class _Fenced(msgspec.Struct):
+    """What the watchdog reads of a workload object: its name and fence mark."""
+
+    metadata: _FencedMeta = msgspec.field(default_factory=_FencedMeta)
 
 
 class WatchdogConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -81,14 +95,37 @@ class FenceWatchdog:
         self.outage = Outage(rest.url)
         self.log = log.bind(namespace=config.namespace)
 
+    async def lapsed_at(self) -> float | None:
+        """The deadline of the cluster's fence Lease when it lapsed more than `skew_s` ago;
+        None while it is live, or absent (never fenced: nothing to enforce)."""
+        data = await self.rest.request("GET", lease_path(self.config.namespace), ok_missing=True)
+        lease = decode_lease(data) if data is not None else None
+        until = lease_until(lease) if lease is not None else None
+        if until is None or self._clock() - until <= self.config.skew_s:
+            return None
+        return until
+
     async def sweep(self) -> int:
-        """One pass over every fenced kind; the count of objects deleted."""
-        deleted = 0
+        """One look at the Lease and, only when it lapsed, one pass over every fenced kind;
+        the count of objects deleted."""
+        deleted = await self._sweep()
+        self.sweeps += 1
+        return deleted
+
+    async def _sweep(self) -> int:
+        until = await self.lapsed_at()
+        if until is None:
+            return 0
+        doomed: list[tuple[Resource, str, _Fenced]] = []
         for res in self._resources:
             collection = res.collection(self.config.namespace)
             try:
+                # list_all decodes any Struct; its TypeVar names the agent's own kinds
                 items, _ = await self.rest.list_all(
-                    collection, KObject, selector(), self.config.list_page_size
+                    collection,
+                    _Fenced,  # type: ignore[type-var]
+                    selector(),
+                    self.config.list_page_size,
                 )
             except KubeApiError as exc:
                 if exc.status in (404, 403):  # CRD not installed, or not granted: skip it
@@ -99,24 +136,28 @@ class FenceWatchdog:
                 raise
             self._absent.discard(collection)
             for obj in items:
-                until = fence_until(obj.metadata.annotations)
-                if until is None or obj.metadata.deletionTimestamp is not None:
+                meta = obj.metadata
+                if meta.annotations.get(ANN_FENCED) != FENCED_VALUE or meta.deletionTimestamp:
                     continue
-                late = self._clock() - until
-                if late <= self.config.skew_s:
-                    continue
-                path = item_path(collection, obj.metadata.name)
-                if await self.rest.delete(path, self.config.delete_propagation):
-                    deleted += 1
-                    self.deleted += 1
-                    self.log.warning(
-                        "fence lapsed; workload object deleted",
-                        kind=res.kind,
-                        name=obj.metadata.name,
-                        job_id=obj.metadata.annotations.get(ANN_JOB, ""),
-                        late_s=round(late, 1),
-                    )
-        self.sweeps += 1
+                doomed.append((res, collection, obj))
+        # Renewed while we listed (the agent is back): nothing may go. The agent renews before
+        # it creates, so anything created after this check is not in the list.
+        if not doomed or await self.lapsed_at() is None:
+            return 0
+        late = round(self._clock() - until, 1)
+        deleted = 0
+        for res, collection, obj in doomed:
+            path = item_path(collection, obj.metadata.name)
+            if await self.rest.delete(path, self.config.delete_propagation):
+                deleted += 1
+                self.deleted += 1
+                self.log.warning(
+                    "fence lapsed; workload object deleted",
+                    kind=res.kind,
+                    name=obj.metadata.name,
+                    job_id=obj.metadata.annotations.get(ANN_JOB, ""),
+                    late_s=late,
+                )
         return deleted
 
     async def run(self, stop: asyncio.Event) -> None:

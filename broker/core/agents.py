@@ -129,6 +129,15 @@ class AgentTracker:
                 self._set_health(cluster, track, "unreachable")
         return lost
 
+    def lost_cause(self, cluster: str, now: float, timeouts: Timeouts) -> str:
+        """Why a silent cluster's attempts end: its fence (granted while the broker heard the
+        agent) has lapsed, an infrastructure loss, never charged to a job's error budget."""
+        if timeouts.fence_window_s <= 0:
+            return "cluster-lost"
+        track = self.tracks.get(cluster)
+        silent = now - track.last_heard if track is not None else timeouts.lost_after_s
+        return f"fenced: cluster {cluster} unreachable for {silent:.0f} s"
+
     def assume(self, cluster: str, now: float) -> None:
         """After a restart: a cluster that runs a restored attempt is tracked until it
         speaks (or is declared lost for its silence)."""

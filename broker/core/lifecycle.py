@@ -72,9 +72,7 @@ class AttemptLifecycle:
         self._starting: set[str] = set()  # dispatched, not every replica running yet
         self._preempting: set[str] = set()
         self._windows = NoticeWindows()  # notice windows per pool (advice.py)
-        t = config.timeouts
-        lead = t.fence_lead_s
-        self._fence_after = t.lost_after_s - lead if lead > 0 and t.lost_after_s > lead else 0.0
+        self._fence_after = config.timeouts.fence_window_s
 
     # ------------------------------------------------------------------ which jobs are live
     def live_jobs(self) -> Set[str]:

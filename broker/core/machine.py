@@ -316,7 +316,8 @@ class Machine:
         for cluster in self.tracker.silent(now, self.config.timeouts):
             self.scheduler.remove_cluster(cluster, now)
             lost = self.lifecycle.on_cluster(cluster)
-            self.lifecycle.lose_all(lost, "cluster-lost", now, effects, cluster=cluster)
+            cause = self.tracker.lost_cause(cluster, now, self.config.timeouts)
+            self.lifecycle.lose_all(lost, cause, now, effects, cluster=cluster)
             self.backlog.capacity_dirty = True
         self.lifecycle.expire(now, effects)
         self.backlog.due(self._jobs, now)

@@ -76,7 +76,10 @@ class Interruptions:
         self._open: dict[str, Interruption] = {}
 
     def observe(self, ev: JobEvent) -> None:
-        if ev.kind in ("preempting", "requeued") and ev.reason in self.CAUSES:
+        reason = ev.reason or ""
+        if reason.startswith("fenced: cluster "):  # a silent cluster's fence lapsed
+            reason = "cluster-lost"
+        if ev.kind in ("preempting", "requeued") and reason in self.CAUSES:
             if ev.job_id in self._open and self._open[ev.job_id].attempt == ev.attempt:
                 return  # preempting then requeued: one interruption
             item = Interruption(
@@ -85,7 +88,7 @@ class Interruptions:
                 cluster=ev.cluster,
                 flavor=ev.flavor,
                 notice_at=ev.at,
-                cause=ev.reason or "",
+                cause=reason,
             )
             self.recent.append(item)
             self._open[ev.job_id] = item

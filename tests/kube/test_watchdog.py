@@ -1,7 +1,7 @@
-"""The fence watchdog: operator kinds (here a PyTorchJob) carry the broker-granted fence as the
-annotation muster.dev/fence-until; the healthy agent moves it forward, and once a hung agent
-stops moving it the watchdog deletes the object, so the operator's pods end without the agent.
-Time is the injected clock; only the retry loop runs on (short) real timers."""
+"""The fence watchdog: the agent renews one Lease per cluster while the broker hears it; once
+a hung agent stops renewing it, the watchdog deletes every fenced workload object (here a
+PyTorchJob), so the operator's pods end without the agent. Time is the injected clock; only
+the retry loop runs on (short) real timers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from agents.kube.client import KubeRest
-from agents.kube.fence import ANN_FENCE_UNTIL, PATCH_STEP_S
+from agents.kube.fence import ANN_FENCE_UNTIL, ANN_FENCED, lease_path
 from agents.kube.watchdog import FenceWatchdog, WatchdogCollector, WatchdogConfig, serve
 from kinds.kubeflow import PYTORCHJOB
 from kinds.plan import owner_reference
@@ -42,10 +42,10 @@ def job_path(server: FakeApiServer, job_id: str) -> str:
     raise AssertionError(f"no PyTorchJob of {job_id}")
 
 
-def until_of(server: FakeApiServer, path: str) -> str | None:
-    obj = server.get(path)
-    assert obj is not None
-    value: str | None = obj["metadata"]["annotations"].get(ANN_FENCE_UNTIL)
+def lease_until_of(server: FakeApiServer) -> str | None:
+    lease = server.get(lease_path(NS))
+    assert lease is not None
+    value: str | None = lease["metadata"]["annotations"].get(ANN_FENCE_UNTIL)
     return value
 
 
@@ -70,25 +70,25 @@ def make_watchdog(api_client: Any, clock: Clock, **overrides: Any) -> FenceWatch
     return FenceWatchdog(KubeRest(api_client), config, clock=clock)
 
 
-async def test_a_hung_agents_pytorchjob_is_deleted_once_its_fence_lapses(
+async def test_a_hung_agents_pytorchjob_is_deleted_once_its_lease_lapses(
     apiserver: FakeApiServer, make_backend: Any, api_client: Any
 ) -> None:
     clock = Clock()
     backend, _ = await make_backend(clock=clock, fence_watchdog=True)
     await backend.dispatch(pytorch_dispatch("pt-1"))
     path = job_path(apiserver, "pt-1")
-    assert until_of(apiserver, path) == f"{NOW + FENCE_AFTER_S:.3f}"
+    assert lease_until_of(apiserver) == f"{NOW + FENCE_AFTER_S:.3f}"
     assert backend.fences("pt-1", 1)  # the cluster fences it: the watchdog runs
     pods = [operator_pod(apiserver, path, i) for i in (1, 2)]
     watchdog = make_watchdog(api_client, clock)
 
-    # Healthy: extensions move the annotation once it grew a step.
-    await backend.fence("pt-1", 1, NOW + FENCE_AFTER_S + PATCH_STEP_S / 2)
-    assert until_of(apiserver, path) == f"{NOW + FENCE_AFTER_S:.3f}"
+    # Healthy: renewals move the one Lease; the watchdog only reads it.
     clock.advance(10)
-    await backend.fence("pt-1", 1, clock.now + FENCE_AFTER_S)
-    assert until_of(apiserver, path) == f"{NOW + 30:.3f}"
+    await backend.renew_fence(clock.now)
+    assert lease_until_of(apiserver) == f"{NOW + 30:.3f}"
+    requests = len(apiserver.requests)
     assert await watchdog.sweep() == 0
+    assert len(apiserver.requests) == requests + 1  # one GET of the Lease, no list
 
     # Hung: past the fence but within the skew margin, nothing happens ...
     clock.advance(FENCE_AFTER_S + SKEW_S - 0.1)
@@ -104,109 +104,44 @@ async def test_a_hung_agents_pytorchjob_is_deleted_once_its_fence_lapses(
     metric = next(iter(WatchdogCollector(watchdog).collect()))
     assert {s.labels["counter"]: s.value for s in metric.samples}["deleted"] == 1.0
 
-    # The agent thaws: a lapsed fence is never moved again, and the next sweep is a no-op.
-    patches = len(apiserver.patches)
-    await backend.fence("pt-1", 1, clock.now + FENCE_AFTER_S)
-    assert len(apiserver.patches) == patches
+    # The agent thaws and renews: later attempts are fenced again, nothing is deleted.
+    await backend.renew_fence(clock.now)
+    await backend.dispatch(pytorch_dispatch("pt-2"))
     assert await watchdog.sweep() == 0
+    assert apiserver.get(job_path(apiserver, "pt-2")) is not None
 
 
-async def test_unfenced_foreign_and_extended_objects_are_left_alone(
+async def test_unfenced_and_foreign_objects_are_left_alone(
     apiserver: FakeApiServer, make_backend: Any, api_client: Any
 ) -> None:
     clock = Clock()
     backend, _ = await make_backend(clock=clock, fence_watchdog=True)
+    watchdog = make_watchdog(api_client, clock)
     await backend.dispatch(pytorch_dispatch("unfenced", fence_after_s=0))
-    await backend.dispatch(pytorch_dispatch("extended"))
-    await backend.dispatch(pytorch_dispatch("frozen"))
-    unfenced, extended, frozen = (
-        job_path(apiserver, j) for j in ("unfenced", "extended", "frozen")
-    )
-    assert until_of(apiserver, unfenced) is None and not backend.fences("unfenced", 1)
-    # Not Muster's (no labels), yet with a lapsed annotation: never listed, never deleted.
-    foreign = apiserver.get(frozen)
+    unfenced = job_path(apiserver, "unfenced")
+    clock.advance(10_000)
+    assert await watchdog.sweep() == 0  # no Lease at all: never fenced, nothing to enforce
+    clock.now = NOW
+    await backend.dispatch(pytorch_dispatch("fenced"))
+    fenced = job_path(apiserver, "fenced")
+    assert ANN_FENCED not in (apiserver.get(unfenced) or {})["metadata"]["annotations"]
+    # Not Muster's (no labels), though marked: never listed, never deleted.
+    foreign = apiserver.get(fenced)
     assert foreign is not None
     apiserver.put(
         PYTORCHJOBS,
         {
             "apiVersion": "kubeflow.org/v1",
             "kind": "PyTorchJob",
-            "metadata": {
-                "name": "someone-elses",
-                "annotations": {ANN_FENCE_UNTIL: "1.000"},
-            },
+            "metadata": {"name": "someone-elses", "annotations": {ANN_FENCED: "cluster"}},
             "spec": foreign["spec"],
         },
     )
-    watchdog = make_watchdog(api_client, clock)
-
-    clock.advance(15)
-    await backend.fence("extended", 1, clock.now + FENCE_AFTER_S)  # healthy for this one
-    clock.advance(FENCE_AFTER_S - 15 + SKEW_S + 1)
+    clock.advance(FENCE_AFTER_S + SKEW_S + 1)
     assert await watchdog.sweep() == 1
-    assert apiserver.get(frozen) is None
-    assert apiserver.get(extended) is not None and apiserver.get(unfenced) is not None
+    assert apiserver.get(fenced) is None and apiserver.get(unfenced) is not None
     assert apiserver.get(f"{PYTORCHJOBS}/someone-elses") is not None
-
-    # Much later, still only fenced objects go: the unfenced one stays whatever the time.
-    clock.advance(10_000)
-    assert await watchdog.sweep() == 1
-    assert apiserver.get(extended) is None and apiserver.get(unfenced) is not None
     assert apiserver.rejected == []
-
-
-POD_YAML = (
-    "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: i}]}"
-)
-
-
-@pytest.mark.parametrize("manifest", [PYTORCHJOB_YAML, POD_YAML], ids=["pytorchjob", "pod"])
-async def test_a_restarted_agent_takes_up_the_annotation(
-    apiserver: FakeApiServer, make_backend: Any, manifest: str
-) -> None:
-    """Else the watchdog would end a healthy attempt at the fence it was created with."""
-    clock = Clock()
-    first, _ = await make_backend(clock=clock, fence_watchdog=True)
-    cmd = msgspec.structs.replace(
-        manifest_dispatch(manifest, job_id="pt-2", attempt=1), fence_after_s=FENCE_AFTER_S
-    )
-    await first.dispatch(cmd)
-    (collection, name) = first._workloads[("pt-2", 1)].objects[0]
-    path = f"{collection}/{name}"
-    assert collection.endswith("/pods" if manifest == POD_YAML else "/pytorchjobs")
-    assert until_of(apiserver, path) == f"{NOW + FENCE_AFTER_S:.3f}"
-    await first.stop()
-    clock.advance(10)
-    backend, _ = await make_backend(clock=clock, fence_watchdog=True)
-    await Recorder().wait_for(lambda: ("pt-2", 1) in backend._workloads)
-    await Recorder().wait_for(lambda: backend.fences("pt-2", 1))
-    await backend.fence("pt-2", 1, clock.now + FENCE_AFTER_S)
-    assert until_of(apiserver, path) == f"{NOW + 30:.3f}"
-    assert apiserver.rejected == []
-
-
-async def test_a_retried_dispatch_renews_the_existing_objects_fence(
-    apiserver: FakeApiServer, make_backend: Any
-) -> None:
-    clock = Clock()
-    backend, _ = await make_backend(clock=clock, fence_watchdog=True)
-    await backend.dispatch(pytorch_dispatch("pt-5"))
-    path = job_path(apiserver, "pt-5")
-    clock.advance(10)
-    await backend.dispatch(pytorch_dispatch("pt-5"))  # 409: it exists
-    assert until_of(apiserver, path) == f"{NOW + 10 + FENCE_AFTER_S:.3f}"
-    clock.advance(PATCH_STEP_S)
-    await backend.fence("pt-5", 1, clock.now + FENCE_AFTER_S)
-    assert until_of(apiserver, path) == f"{clock.now + FENCE_AFTER_S:.3f}"
-
-
-async def test_without_the_watchdog_operator_kinds_keep_the_self_fence(
-    apiserver: FakeApiServer, make_backend: Any
-) -> None:
-    backend, _ = await make_backend()
-    await backend.dispatch(pytorch_dispatch("pt-3"))
-    assert until_of(apiserver, job_path(apiserver, "pt-3")) is None
-    assert not backend.fences("pt-3", 1)
 
 
 @pytest.mark.parametrize(
@@ -225,6 +160,9 @@ async def test_api_errors_are_retried(
     # every injected failure is the watchdog's.
     async with FakeApiServer(validate=True) as server:
         server.put(PYTORCHJOBS, created)
+        lease = apiserver.get(lease_path(NS))
+        assert lease is not None
+        server.put(lease_path(NS).rsplit("/", 1)[0], lease)
         client = ApiClient(configuration=Configuration(host=server.url))
         clock.advance(FENCE_AFTER_S + SKEW_S + 1)
         prefix = PYTORCHJOBS if method == "GET" else path
@@ -251,7 +189,7 @@ async def test_the_process_entry_reads_a_kubeconfig_and_deletes_lapsed_objects(
     apiserver: FakeApiServer, make_backend: Any, tmp_path: Path
 ) -> None:
     """`muster fence-watchdog`'s coroutine, on its own API client and the wall clock (the
-    stand-in backend's clock is decades behind it, so its fence is long past)."""
+    stand-in backend's clock is decades behind it, so its Lease is long lapsed)."""
     kubeconfig, token_file = write_kubeconfig(tmp_path, apiserver.url)
     token_file.write_text(f"t1 {expiry(3600)}")
     backend, _ = await make_backend(fence_watchdog=True)
