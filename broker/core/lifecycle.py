@@ -15,6 +15,7 @@ allocations follow from it (`Scheduler.assume`/`release`), and no one reads the 
 from __future__ import annotations
 
 from collections.abc import Sequence, Set
+from urllib.parse import unquote, urlsplit
 
 from broker.core import spotreturn
 from broker.core.accounting import accounting_of, backoff_delay, close_attempt, work_since
@@ -783,11 +784,38 @@ def placement_of(attempt: AttemptRecord) -> Placement:
     )
 
 
+def normal_uri(uri: str) -> tuple[str, tuple[str, ...]] | None:
+    """A checkpoint URI as (scheme://authority, path segments): percent-decoded until it stops
+    changing, the scheme and authority lower-cased, empty segments (duplicate slashes)
+    dropped. None for what cannot name a place below a location: a `.` or `..` segment
+    (however encoded), a query or fragment, a backslash, or still encoded after four rounds."""
+    text = uri
+    for _ in range(4):
+        decoded = unquote(text)
+        if decoded == text:
+            break
+        text = decoded
+    else:
+        return None
+    if "\\" in text:
+        return None
+    parts = urlsplit(text)
+    if parts.query or parts.fragment:
+        return None
+    segments = tuple(s for s in parts.path.split("/") if s)
+    if any(s in (".", "..") for s in segments):
+        return None
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}", segments
+
+
 def uri_under(uri: str, location: str) -> bool:
-    """`uri` is `location` or below it (path-segment boundary), so one job cannot report a
-    checkpoint inside another job's location."""
-    base = location.rstrip("/")
-    return uri == base or uri.startswith(base + "/")
+    """`uri` is `location` or below it, compared as normalised paths of the same scheme and
+    authority (not as strings), so no spelling of `..` lets one job report a checkpoint in
+    another job's location."""
+    mine, base = normal_uri(uri), normal_uri(location)
+    if mine is None or base is None or mine[0] != base[0]:
+        return False
+    return mine[1][: len(base[1])] == base[1]
 
 
 def checkpoint_doubt(
