@@ -168,3 +168,18 @@ async def test_fence_writes_do_not_grow_with_the_attempts(
     assert {p for p, _, _ in apiserver.patches[before:]} == {
         f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/muster-fence"
     }
+
+
+def test_the_shipped_broker_config_grants_the_schema_defaults() -> None:
+    """deploy/ and schemas agree, so the arithmetic in docs/kubernetes.md holds as shipped."""
+    from broker.config import parse_config
+    from tests.kube.test_deploy import configmap_data
+
+    shipped = parse_config(
+        configmap_data("muster-broker-config", "broker.yaml"), source="deploy"
+    ).config.timeouts
+    assert (shipped.lost_after_s, shipped.fence_lead_s) == (
+        Timeouts().lost_after_s,
+        Timeouts().fence_lead_s,
+    )
+    assert shipped.fence_window_s == WINDOW_S
