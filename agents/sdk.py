@@ -5,10 +5,15 @@ Environment (set by the agent's backend on every replica):
 
 - `MUSTER_JOB_ID`, `MUSTER_ATTEMPT`: who we are.
 - `MUSTER_CHECKPOINT_URI`: where to write checkpoints (a prefix; `checkpoint_uri(step)` gives
-  `<prefix>/step-<step>`, the layout the fake backend uses too).
+  `<prefix>/step-<step>`, the layout the fake backend uses too). The broker makes it this
+  attempt's own prefix, `<checkpoint.uri>/attempt-<n>`, so a late write of an older attempt
+  (still in its termination grace) never lands among this attempt's checkpoints; a report
+  under another attempt's prefix is refused.
 - `MUSTER_RESUME_FROM`: the checkpoint to start from: a bare URI (what the kube backend sets),
-  or JSON `{"step": N, "uri": "..."}`, or empty for a fresh start. `MUSTER_RESUME_STEP` gives
-  the step; without it the step is read from the JSON or from a trailing `step-N` in the URI.
+  or JSON `{"step": N, "uri": "...", "attempt": A}`, or empty for a fresh start.
+  `MUSTER_RESUME_STEP` gives the step (without it the step is read from the JSON or from a
+  trailing `step-N` in the URI), `MUSTER_RESUME_ATTEMPT` the attempt that wrote it: resume
+  from exactly that checkpoint, never from "the highest step under the location".
 - `MUSTER_NATS_URL`, `MUSTER_SUBJECT_PREFIX` (default `muster`): when set, reports go out as a
   JSON `schemas.agent.CheckpointReport` on `<prefix>.checkpoint.<job_id>`, with the attempt's
   `MUSTER_CHECKPOINT_TOKEN`. Requests never come over NATS: every workload shares one NATS
@@ -78,6 +83,7 @@ ENV_ATTEMPT = "MUSTER_ATTEMPT"
 ENV_CHECKPOINT_URI = "MUSTER_CHECKPOINT_URI"
 ENV_RESUME_FROM = "MUSTER_RESUME_FROM"
 ENV_RESUME_STEP = "MUSTER_RESUME_STEP"
+ENV_RESUME_ATTEMPT = "MUSTER_RESUME_ATTEMPT"
 ENV_PODINFO_DIR = "MUSTER_PODINFO_DIR"
 ANNOTATION_REQUEST = "muster.dev/checkpoint-request"
 PODINFO_POLL_S = 2.0
@@ -169,7 +175,11 @@ class SdkEnv:
                 raise SdkConfigError(f"{ENV_RESUME_STEP}={rs!r} is not an integer") from None
             if step < 0:
                 raise SdkConfigError(f"{ENV_RESUME_STEP}={step} must be >= 0")
-            resume = CheckpointRef(step=step, uri=resume.uri)
+            resume = msgspec.structs.replace(resume, step=step)
+        if resume is not None and (ra := get(ENV_RESUME_ATTEMPT)) is not None:
+            if not ra.isdigit():
+                raise SdkConfigError(f"{ENV_RESUME_ATTEMPT}={ra!r} is not an attempt number")
+            resume = msgspec.structs.replace(resume, attempt=int(ra))
         grace = 30.0
         if (g := get(ENV_SIGTERM_GRACE)) is not None:
             try:

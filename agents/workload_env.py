@@ -24,6 +24,8 @@ def muster_env(cmd: Dispatch) -> dict[str, str]:
         "MUSTER_CHECKPOINT_URI": checkpoint_prefix(cmd),
         "MUSTER_RESUME_FROM": resume.uri if resume else "",
         "MUSTER_RESUME_STEP": str(resume.step) if resume else "",
+        # The attempt that wrote it (its checkpoints lie below `<checkpoint.uri>/attempt-<n>`).
+        "MUSTER_RESUME_ATTEMPT": str(resume.attempt) if resume and resume.attempt else "",
     }
     if cmd.checkpoint_token:
         env["MUSTER_CHECKPOINT_TOKEN"] = cmd.checkpoint_token

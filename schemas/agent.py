@@ -165,8 +165,12 @@ class EventBatch(msgspec.Struct, omit_defaults=True):
 
 
 class CheckpointRef(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A checkpoint to resume from: its step, where it is, and the attempt that wrote it
+    (every attempt writes below its own prefix, `<checkpoint.uri>/attempt-<n>`). 0 = unknown."""
+
     step: NonNeg
     uri: Annotated[str, Meta(max_length=2048)]
+    attempt: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
 
 
 class PodSetAssignment(msgspec.Struct, omit_defaults=True):

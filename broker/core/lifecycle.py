@@ -421,7 +421,9 @@ class AttemptLifecycle:
             assignment=attempt.assignment,
             spec=spec,
             resume_from=attempt.resume_from,
-            checkpoint_uri=spec.checkpoint.uri if spec.checkpoint else "",
+            checkpoint_uri=attempt_location(spec.checkpoint.uri, attempt.attempt)
+            if spec.checkpoint and spec.checkpoint.uri
+            else "",
             fence_after_s=self._fence_after,
             checkpoint_interval_s=attempt.advised_interval_s or 0.0,
         )
@@ -818,6 +820,22 @@ def uri_under(uri: str, location: str) -> bool:
     return mine[1][: len(base[1])] == base[1]
 
 
+def attempt_location(location: str, attempt: int) -> str:
+    """Where one attempt writes its checkpoints: its own prefix below the job's location, so
+    a late write of an older attempt never lands among a newer attempt's checkpoints."""
+    return f"{location.rstrip('/')}/attempt-{attempt}"
+
+
+def _attempt_of(uri: str, location: str) -> int | None:
+    """The attempt whose prefix `uri` lies under (`<location>/attempt-<n>/...`), if any."""
+    mine, base = normal_uri(uri), normal_uri(location)
+    if mine is None or base is None or len(mine[1]) <= len(base[1]):
+        return None
+    head = mine[1][len(base[1])]
+    digits = head.removeprefix("attempt-")
+    return int(digits) if head.startswith("attempt-") and digits.isdigit() else None
+
+
 def checkpoint_doubt(
     record: JobRecord,
     current: AttemptRecord,
@@ -839,6 +857,12 @@ def checkpoint_doubt(
         return (
             f"checkpoint {report.uri!r} is not under the job's checkpoint "
             f"location {location!r}; write checkpoints below it"
+        )
+    other = _attempt_of(report.uri, location) if location else None
+    if other is not None and other != report.attempt:
+        return (
+            f"checkpoint {report.uri!r} is under attempt {other}'s prefix; attempt "
+            f"{report.attempt} writes below {attempt_location(location, report.attempt)!r}"
         )
     latest = record.latest_checkpoint
     if latest is not None and report.step < latest.step:

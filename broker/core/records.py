@@ -105,7 +105,9 @@ class JobRecord(msgspec.Struct, omit_defaults=True):
 
     def resume_point(self) -> CheckpointRef | None:
         ckpt = self.latest_checkpoint
-        return None if ckpt is None else CheckpointRef(step=ckpt.step, uri=ckpt.uri)
+        if ckpt is None:
+            return None
+        return CheckpointRef(step=ckpt.step, uri=ckpt.uri, attempt=ckpt.attempt)
 
 
 record_encoder = msgspec.msgpack.Encoder()
