@@ -6,6 +6,7 @@ from __future__ import annotations
 from broker.core.inputs import TICK
 from schemas.agent import CheckpointReport, Dispatch, WorkloadStatus
 from schemas.job import CheckpointSpec
+from tests.core.test_checkpoint_uri import running_on_a
 from tests.core.test_machine import World, events, run, sends
 
 LOCATION = "s3://ckpt/team-a/job1"
@@ -36,11 +37,7 @@ def test_each_attempt_writes_below_its_own_prefix_and_resumes_by_attempt_and_ste
 
 
 def test_a_report_under_another_attempts_prefix_is_refused() -> None:
-    w = World()
-    w.cluster("a")
-    job = w.submit(checkpoint=CheckpointSpec(uri=LOCATION))  # type: ignore[arg-type]
-    w.cycle()
-    run(w, job, "a", 1)
+    w, job = running_on_a(LOCATION)
     for uri in (f"{LOCATION}/attempt-2/step-9", f"{LOCATION}//attempt-7/x/step-9"):
         fx = w.send("a", CheckpointReport(job_id=job, attempt=1, step=9, uri=uri))
         assert events(fx) == ["checkpoint-refused"], uri

@@ -60,12 +60,18 @@ def test_whatever_the_spelling_an_accepted_uri_stays_inside(segments: list[str])
         assert not any(s in ("..", ".", "%2e%2e", "%2E.") for s in segments)
 
 
-def test_a_traversal_report_is_refused_and_the_next_attempt_does_not_resume_from_it() -> None:
+def running_on_a(location: str) -> tuple[World, str]:
+    """A job with a checkpoint location, its first attempt running on cluster "a"."""
     w = World()
     w.cluster("a")
-    job = w.submit(checkpoint=CheckpointSpec(uri=LOCATION))  # type: ignore[arg-type]
+    job = w.submit(checkpoint=CheckpointSpec(uri=location))  # type: ignore[arg-type]
     w.cycle()
     run(w, job, "a", 1)
+    return w, job
+
+
+def test_a_traversal_report_is_refused_and_the_next_attempt_does_not_resume_from_it() -> None:
+    w, job = running_on_a(LOCATION)
     for forged in (
         "s3://ckpt/team-a/job1/../../team-b/victim/step-45",
         "s3://ckpt/team-a/job1/%2e%2e/%2e%2e/team-b/victim/step-45",
