@@ -28,6 +28,10 @@ Environment (set by the agent's backend on every replica):
   polls it (every `MUSTER_PODINFO_POLL_S`, default 2 s). The local backend writes the same
   file in the attempt's directory.
 - `MUSTER_SIGTERM_GRACE_S` (default 30): the deadline given to a SIGTERM checkpoint request.
+- `KUBERNETES_SERVICE_HOST` (or `MUSTER_FENCE_URL`), `MUSTER_FENCE_POLL_S`: the in-pod
+  self-fence, `start_self_fence()` / `FenceWatch`: reads the cluster's fence Lease
+  (`muster-fence`) and stops this process (SIGTERM) once the newest deadline it saw has passed,
+  before the broker could start the job elsewhere.
 - `MUSTER_CHECKPOINT_INTERVAL_S`: the broker's advised seconds between checkpoints for the pool
   this attempt runs on (Young/Daly from the pool's reclaim rate and the job's
   `checkpoint.cost_s`); `advised_interval_s()` reads it. Absent: no advice, keep your own.
@@ -61,9 +65,12 @@ import logging
 import os
 import re
 import signal
+import ssl
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -502,6 +509,144 @@ class Checkpointer:
         prev = self._prev_sigterm
         if callable(prev):
             prev(signum, frame)
+
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+ENV_FENCE_URL = "MUSTER_FENCE_URL"
+ENV_FENCE_POLL = "MUSTER_FENCE_POLL_S"
+FENCE_LEASE = "muster-fence"  # agents/kube/fence.py LEASE_NAME
+FENCED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped by the fence, not by an error of the job
+
+
+def fence_url(env: Mapping[str, str] | None = None, sa_dir: str = SA_DIR) -> str | None:
+    """Where the cluster's fence Lease is: `MUSTER_FENCE_URL`, else the in-cluster API server
+    and this pod's own namespace; None outside a cluster."""
+    e = os.environ if env is None else env
+    if e.get(ENV_FENCE_URL):
+        return e[ENV_FENCE_URL]
+    host, port = e.get("KUBERNETES_SERVICE_HOST"), e.get("KUBERNETES_SERVICE_PORT", "443")
+    try:
+        namespace = Path(sa_dir, "namespace").read_text().strip()
+    except OSError:
+        return None
+    if not host or not namespace:
+        return None
+    return (
+        f"https://{host}:{port}/apis/coordination.k8s.io/v1/namespaces/{namespace}"
+        f"/leases/{FENCE_LEASE}"
+    )
+
+
+class FenceWatch:
+    """The in-pod self-fence: when the whole cluster is cut off, the broker re-dispatches this
+    job elsewhere once the cluster's fence Lease has lapsed (plus a lead that covers the
+    termination grace). The watch reads that Lease now and then and remembers the newest
+    deadline it saw; once the clock passes it, `lapsed()` is true and `run` calls `on_lapse`
+    (by default: SIGTERM to this process, so the job stops before a second copy can start).
+    A read that fails (API server away) keeps the last deadline: an outage shorter than the
+    window stops nothing. No Lease (404): the cluster is not fenced, nothing stops. Reading
+    needs `get` on `leases` for the pod's ServiceAccount (docs/kubernetes.md)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token_file: str = f"{SA_DIR}/token",
+        ca_file: str = f"{SA_DIR}/ca.crt",
+        clock: Callable[[], float] = time.time,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.token_file = token_file
+        self.ca_file = ca_file
+        self._clock = clock
+        self.timeout_s = timeout_s
+        self.until: float | None = None  # the newest deadline read
+        self.absent = False  # the Lease does not exist: nothing to enforce
+        self.failures = 0
+
+    def refresh(self) -> float | None:
+        """Read the Lease once; the newest deadline known afterwards."""
+        headers = {"Accept": "application/json"}
+        with contextlib.suppress(OSError):
+            headers["Authorization"] = "Bearer " + Path(self.token_file).read_text().strip()
+        context = None
+        if self.url.startswith("https:") and Path(self.ca_file).exists():
+            context = ssl.create_default_context(cafile=self.ca_file)
+        request = urllib.request.Request(self.url, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=context) as r:
+                body = json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            self.absent = exc.code == 404
+            if exc.code != 404:
+                self.failures += 1
+            return self.until
+        except (OSError, ValueError):
+            self.failures += 1
+            return self.until
+        self.absent = False
+        until = _lease_deadline(body)
+        if until is not None and (self.until is None or until > self.until):
+            self.until = until
+        return self.until
+
+    def lapsed(self) -> bool:
+        return not self.absent and self.until is not None and self._clock() >= self.until
+
+    def run(
+        self,
+        stop: threading.Event,
+        poll_s: float = 30.0,
+        on_lapse: Callable[[], None] | None = None,
+    ) -> None:
+        """Refresh every `poll_s` and check the deadline every second until `stop`; call
+        `on_lapse` once when the fence lapsed."""
+        next_read = 0.0
+        while not stop.is_set():
+            if self._clock() >= next_read:
+                self.refresh()
+                next_read = self._clock() + poll_s
+            if self.lapsed():
+                log.error("fence lapsed: the cluster lost its broker; stopping this attempt")
+                (on_lapse or _stop_self)()
+                return
+            stop.wait(min(1.0, poll_s))
+
+
+def _lease_deadline(body: Any) -> float | None:
+    """The deadline of a Lease as the agent writes it (agents/kube/fence.py)."""
+    if not isinstance(body, dict):
+        return None
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        return float(annotations["muster.dev/fence-until"])
+    return None
+
+
+def _stop_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def start_self_fence(
+    env: Mapping[str, str] | None = None, on_lapse: Callable[[], None] | None = None
+) -> FenceWatch | None:
+    """Start the in-pod self-fence on a daemon thread when the pod can find its cluster's
+    fence; None outside a cluster. `MUSTER_FENCE_POLL_S` (default 30) sets how often the
+    Lease is read."""
+    e = os.environ if env is None else env
+    url = fence_url(e)
+    if url is None:
+        return None
+    poll = _positive_seconds(ENV_FENCE_POLL, e[ENV_FENCE_POLL]) if e.get(ENV_FENCE_POLL) else 30.0
+    watch = FenceWatch(url)
+    threading.Thread(
+        target=watch.run,
+        args=(threading.Event(), poll, on_lapse),
+        name="muster-self-fence",
+        daemon=True,
+    ).start()
+    return watch
 
 
 _default: Checkpointer | None = None
