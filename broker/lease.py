@@ -31,6 +31,9 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from broker.store import placement_of, reconcile_replication
+from schemas.config import Replication
+
 log = structlog.get_logger("muster.lease")
 
 KEY = "leader"
@@ -57,8 +60,12 @@ class LeaderLease:
         ttl: float,
         *,
         max_bytes: int = 64 * 1024,
+        replication: Replication | None = None,
     ) -> None:
         self.js = js
+        # Replicated like the job bucket: an R1 lease bucket on a lost server stops every
+        # broker from leading, however many replicas the job records have.
+        self.replication = replication or Replication()
         self.bucket = bucket
         self.holder = holder
         self.ttl = ttl
@@ -76,7 +83,7 @@ class LeaderLease:
     async def _open(self) -> KeyValue:
         if self._kv is None:
             try:
-                self._kv = await self.js.key_value(self.bucket)
+                kv = await self.js.key_value(self.bucket)
             except Exception:
                 # max_bytes reserves the bucket's space in the JetStream store up front, so
                 # other streams filling the store can never stop a renewal.
@@ -87,7 +94,12 @@ class LeaderLease:
                     storage=api.StorageType.FILE,
                     max_bytes=self.max_bytes,
                     max_value_size=4096,
+                    replicas=self.replication.replicas,
+                    placement=placement_of(self.replication),
                 )
+            else:
+                await reconcile_replication(self.js, f"KV_{self.bucket}", self.replication)
+                self._kv = kv
         return self._kv
 
     async def try_acquire(self) -> bool:

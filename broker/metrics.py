@@ -99,6 +99,11 @@ class BrokerCollector:
                 "redispatched",
                 "Unacknowledged dispatches re-sent on takeover",
             ),
+            (
+                "muster_store_records_lost",
+                "store_records_lost",
+                "Times the job bucket had lost records the leader held (written back)",
+            ),
         ):
             yield CounterMetricFamily(name, text, value=stats.get(key, 0))
         yield CounterMetricFamily(

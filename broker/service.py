@@ -51,7 +51,13 @@ from broker.embedded import EmbeddedNats, free_port
 from broker.intake import FairPuller, ensure_intake, intake_names, unknown_queue_error
 from broker.lease import LeaderLease, LeadershipLost
 from broker.metrics import Metrics
-from broker.store import JobStore, RecordMirror
+from broker.store import (
+    BucketWatch,
+    JobStore,
+    RecordMirror,
+    placement_of,
+    reconcile_replication,
+)
 from schemas import healthz
 from schemas.agent import (
     Applied,
@@ -73,7 +79,7 @@ from schemas.codec import (
     encode_msgpack,
     json_decoder,
 )
-from schemas.config import BrokerConfig
+from schemas.config import BrokerConfig, Replication
 from schemas.job import JobSpec
 from schemas.natsopts import NatsOptions
 from schemas.subjects import Subjects
@@ -114,6 +120,7 @@ REPLY_TTL_S = 60.0
 REPLY_MAX = 200_000
 RESTORE_LIMIT_S = 60.0  # the longest a new leader waits for its records
 STANDBY_RETRY_S = 0.5  # pause after a failed attempt to acquire the lease
+BUCKET_CHECK_S = 1.0  # how often the leader checks the job bucket still holds its records
 # A submission delivered this many times without being acked (the broker died or failed while
 # processing it) is not processed again: it goes to the dead-letter subject.
 MAX_DELIVERIES = 2
@@ -333,6 +340,7 @@ class Broker:
             self.holder,
             config.timeouts.lease_ttl_s,
             max_bytes=config.limits.lease_bucket_max_bytes,
+            replication=config.replication,
         )
         self.leading = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -357,6 +365,8 @@ class Broker:
             "stale_epoch_ignored": 0,
             "redispatched": 0,
             "lead_failures": 0,
+            "store_records_lost": 0,
+            "store_records_repersisted": 0,
         }
         # Messages refused by a handler's boundary (bad input or a failure processing it),
         # by handler: the broker answers or drops them with a reason and carries on.
@@ -468,9 +478,11 @@ class Broker:
             no_ack=True,  # the broker answers the client itself; see ReplyRendezvous
             description="Muster submissions (kept while the broker is down)",
             metadata={ID_KEY: secrets.token_hex(16)},
+            num_replicas=self.config.replication.replicas,
+            placement=placement_of(self.config.replication),
         )
         try:
-            info = await self.js.stream_info(stream)
+            info = await reconcile_replication(self.js, stream, self.config.replication)
         except NotFoundError:
             info = await self.js.add_stream(cfg)
         key = (info.config.metadata or {}).get(ID_KEY)
@@ -486,6 +498,7 @@ class Broker:
         self.store = await JobStore.open(
             self.js,
             self.subjects.jobs_bucket,
+            self.config.replication,
             nc=self.nc,
             max_bytes=limits.jobs_bucket_max_bytes,
         )
@@ -563,6 +576,7 @@ class Broker:
             asyncio.create_task(self._submissions()),
             asyncio.create_task(self._clock_loop()),
             asyncio.create_task(self._probe_storage()),
+            asyncio.create_task(self._watch_bucket(machine)),
         ]
         self.leading.set()
         stop = asyncio.create_task(self.stopped.wait())
@@ -574,6 +588,21 @@ class Broker:
         for task in done:
             if task is not stop and not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
+
+    async def _watch_bucket(self, machine: Machine) -> None:
+        """Check the job bucket still holds what it acknowledged (BucketWatch); a failed
+        check (NATS away) is tried again at the next round."""
+        assert self.store is not None
+        watch = BucketWatch(self.store, lambda: list(machine.jobs.values()))
+        while True:
+            await asyncio.sleep(BUCKET_CHECK_S)
+            await self.lease.proven.wait()
+            try:
+                if await watch.check():
+                    self.stats["store_records_lost"] += 1
+                    self.stats["store_records_repersisted"] = watch.repersisted
+            except Exception as exc:
+                log.warning("store.check_failed", error=str(exc))
 
     async def _step_down(self) -> None:
         self.leading.clear()
@@ -1291,6 +1320,8 @@ async def run_broker(
             f"muster: embedded NATS at {embedded.url} (agents and clients: --nats {embedded.url})"
         )
         nats = NatsOptions(url=embedded.url)
+        # One server holds one copy: more replicas could never be placed.
+        config = msgspec.structs.replace(config, replication=Replication())
     nc = await connect(nats, "muster-broker")
     broker = Broker(config, nc, holder=holder, pace_gc=True)
     if metrics_port is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import structlog
@@ -20,8 +20,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from broker.core.records import JobRecord, record_decoder, record_encoder
+from schemas.config import Replication
 from shell.natsio import js_connection
 
 log = structlog.get_logger("muster.store")
@@ -32,6 +34,60 @@ PROBE_KEY = "_probe"  # no job id starts with "_"
 
 ACK_TIMEOUT_S = 10.0  # a put not acknowledged by then is an error: the caller retries
 _NO_RESPONDERS = "503"
+_SEQ = b'"seq":'
+REPERSIST_CHUNK = 1000
+
+
+def placement_of(replication: Replication) -> api.Placement | None:
+    if replication.placement_cluster is None and not replication.placement_tags:
+        return None
+    return api.Placement(
+        cluster=replication.placement_cluster, tags=list(replication.placement_tags) or None
+    )
+
+
+def _same_placement(have: api.Placement | None, want: api.Placement | None) -> bool:
+    def key(p: api.Placement | None) -> tuple[str | None, tuple[str, ...]]:
+        return (None, ()) if p is None else (p.cluster or None, tuple(sorted(p.tags or ())))
+
+    return key(have) == key(want)
+
+
+async def reconcile_replication(
+    js: JetStreamContext, stream: str, replication: Replication
+) -> api.StreamInfo:
+    """Bring an existing stream (a KV bucket's included) to the configured replicas and
+    placement. JetStream changes a stream's replica count in place: the new peers catch up
+    from the leader, and nothing is lost or unavailable meanwhile; a placement change moves
+    the stream to matching servers the same way. No placement in the config leaves the
+    stream's own (one an operator set by hand) alone."""
+    info = await js.stream_info(stream)
+    want = placement_of(replication)
+    if want is None:  # none configured: keep whatever placement the stream has
+        want = info.config.placement
+    have_replicas = info.config.num_replicas or 1
+    if have_replicas == replication.replicas and _same_placement(info.config.placement, want):
+        return info
+    config = info.config
+    config.num_replicas = replication.replicas
+    config.placement = want
+    try:
+        info = await js.update_stream(config)
+    except Exception as exc:
+        raise StoreError(
+            f"cannot change stream {stream} from {have_replicas} to {replication.replicas} "
+            f"replicas: {exc}. A single nats-server keeps R1 only: set replication.replicas: 1 "
+            "in the broker config, or run a NATS cluster with at least that many JetStream "
+            "servers (matching placement_cluster/placement_tags)"
+        ) from exc
+    log.warning(
+        "store.replication_changed",
+        stream=stream,
+        replicas_from=have_replicas,
+        replicas=replication.replicas,
+        placement=None if want is None else want.as_dict(),
+    )
+    return info
 
 
 class StoreError(Exception):
@@ -49,8 +105,21 @@ class _Acks:
 
 
 class JobStore:
-    def __init__(self, js: JetStreamContext, bucket: str, nc: Client | None = None) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        bucket: str,
+        nc: Client | None = None,
+        *,
+        replication: Replication | None = None,
+        max_bytes: int = 0,
+        max_value_size: int = -1,
+    ) -> None:
         self.js = js
+        # How the bucket is made, to make it again if it is gone (BucketWatch).
+        self.replication = replication or Replication()
+        self.max_bytes = max_bytes
+        self.max_value_size = max_value_size
         self.nc: Client = nc if nc is not None else js_connection(js)
         self.bucket = bucket
         self.stream = f"KV_{bucket}"
@@ -59,13 +128,18 @@ class JobStore:
         self._sub: Any = None
         self._next = 0
         self._waiting: dict[str, _Acks] = {}
+        # The highest stream sequence JetStream acknowledged for a record. Sequences only
+        # grow, so a later ack or a stream's last sequence below it means the bucket lost
+        # acknowledged records (a volume lost under an R1 bucket, or every replica lost).
+        self.acked_seq = 0
+        self.regressed = False
 
     @classmethod
     async def open(
         cls,
         js: JetStreamContext,
         bucket: str,
-        replicas: int = 1,
+        replicas: int | Replication = 1,
         nc: Client | None = None,
         *,
         max_bytes: int = 0,
@@ -73,7 +147,11 @@ class JobStore:
     ) -> JobStore:
         """`max_bytes` 0: bounded by the server's store only. A full bucket refuses new
         writes (discard new, KV's policy) and the broker refuses submissions until it has
-        room again; nothing already persisted is ever dropped to make room."""
+        room again; nothing already persisted is ever dropped to make room. An existing
+        bucket is brought to the configured replicas and placement."""
+        replication = (
+            replicas if isinstance(replicas, Replication) else Replication(replicas=replicas)
+        )
         try:
             await js.key_value(bucket)
         except Exception:
@@ -81,12 +159,22 @@ class JobStore:
                 bucket=bucket,
                 history=1,
                 storage=api.StorageType.FILE,
-                replicas=replicas,
+                replicas=replication.replicas,
+                placement=placement_of(replication),
                 description="Muster job records",
                 max_bytes=max_bytes or -1,
                 max_value_size=max_value_size,
             )
-        return cls(js, bucket, nc)
+        else:
+            await reconcile_replication(js, f"KV_{bucket}", replication)
+        return cls(
+            js,
+            bucket,
+            nc,
+            replication=replication,
+            max_bytes=max_bytes,
+            max_value_size=max_value_size,
+        )
 
     async def put(self, record: JobRecord) -> None:
         await self.put_many([record])
@@ -145,6 +233,17 @@ class JobStore:
             if error:
                 acks.future.set_exception(StoreError(f"JetStream refused a record: {error}"))
                 return
+        data = msg.data
+        at = data.rfind(_SEQ)
+        if at >= 0:
+            end = at + len(_SEQ)
+            while end < len(data) and data[end] in b"0123456789":
+                end += 1
+            seq = int(data[at + len(_SEQ) : end] or 0)
+            if seq < self.acked_seq:
+                self.regressed = True
+            else:
+                self.acked_seq = seq
         acks.remaining -= 1
         if acks.remaining <= 0:
             acks.future.set_result(None)
@@ -166,6 +265,71 @@ class JobStore:
             return await mirror.caught_up(limit_s)
         finally:
             await mirror.stop()
+
+
+class BucketWatch:
+    """Notices that the job bucket lost records the leader holds, says so loudly and writes
+    them back.
+
+    An R1 bucket whose server comes back with an empty store (a lost volume) is recreated
+    empty from the cluster's stream assignment, and writes go on landing in it: a leader
+    serving from memory would never notice, and the records would be gone at the next
+    takeover. Two signs, both exact: an ack whose sequence is below one acknowledged before
+    (`JobStore.regressed`), or the stream's last sequence below the highest acknowledged
+    one (the check for an idle leader). A stream that is gone is recreated. Either way every
+    record in memory is persisted again: the leader is the only writer, so its records are
+    the newest there are."""
+
+    def __init__(self, store: JobStore, records: Callable[[], Iterable[JobRecord]]) -> None:
+        self.store = store
+        self.records = records
+        self.losses = 0  # times a loss was found (a metric)
+        self.repersisted = 0  # records written back
+
+    async def check(self) -> bool:
+        """True when a loss was found (and repaired)."""
+        store = self.store
+        reason = ""
+        # Read before asking: what was acknowledged by now is in the stream it describes.
+        acked = store.acked_seq
+        if store.regressed:
+            reason = "an acknowledgement's sequence went backwards"
+        else:
+            try:
+                info = await store.js.stream_info(store.stream)
+            except NotFoundError:
+                reason = "the bucket's stream is gone"
+                await JobStore.open(
+                    store.js,
+                    store.bucket,
+                    store.replication,
+                    max_bytes=store.max_bytes,
+                    max_value_size=store.max_value_size,
+                )
+            else:
+                if info.state.last_seq < acked:
+                    reason = (
+                        f"the stream's last sequence {info.state.last_seq} is below the "
+                        f"acknowledged {acked}"
+                    )
+        if not reason:
+            return False
+        self.losses += 1
+        records = list(self.records())
+        log.error(
+            "store.records_lost",
+            bucket=store.bucket,
+            reason=reason,
+            records=len(records),
+            hint="a NATS server lost its JetStream store under a bucket with too few "
+            "replicas; writing every record held in memory back. Set replication.replicas: 3",
+        )
+        store.acked_seq, store.regressed = 0, False
+        for at in range(0, len(records), REPERSIST_CHUNK):
+            await store.put_many(records[at : at + REPERSIST_CHUNK])
+        self.repersisted += len(records)
+        log.warning("store.records_repersisted", bucket=store.bucket, records=len(records))
+        return True
 
 
 class RecordMirror:

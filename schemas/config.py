@@ -135,6 +135,23 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     lease_bucket_max_bytes: Annotated[int, Meta(ge=4096)] = 64 * 1024
 
 
+PlacementTag = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9:._-]+$")]
+
+
+class Replication(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Where JetStream keeps the submission stream, the job bucket and the lease bucket.
+
+    `replicas` is the Raft group size of each: 3 keeps every acknowledged write through the
+    loss of any one server (5: two), 1 loses what the one server held. A single nats-server
+    (the broker's embedded one) holds R1 only. The broker applies these to new streams and
+    changes existing ones to match at start (JetStream re-replicates a stream in place).
+    `placement_cluster` / `placement_tags` pick the servers (nats-server `server_tags`)."""
+
+    replicas: Annotated[int, Meta(ge=1, le=5)] = 1
+    placement_cluster: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+    placement_tags: list[PlacementTag] = []
+
+
 class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     subject_prefix: str = "muster"
     queues: list[QueueConfig] = msgspec.field(default_factory=lambda: [QueueConfig(name="default")])
@@ -146,6 +163,7 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     # Kueue's LocalQueue: another name users submit to (`muster.submit.<alias>`) for a queue.
     queue_aliases: dict[DnsLabel, DnsLabel] = {}
     limits: Limits = msgspec.field(default_factory=Limits)
+    replication: Replication = msgspec.field(default_factory=Replication)
 
     def __post_init__(self) -> None:
         names = [q.name for q in self.queues]

@@ -1,0 +1,178 @@
+"""A broker, a fake fleet and a submitting client on the three-server cluster, each with its
+own connection that knows every server (as `--nats URL1,URL2,URL3` gives them)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import nats
+from nats.aio.client import Client
+
+from agents.config import AgentConfig, FakeClusterConfig
+from agents.fleet import Fleet, start_fake_fleet
+from broker.service import Broker
+from schemas.codec import decode_submit_reply, encode_json
+from schemas.config import BrokerConfig, Replication
+from schemas.subjects import Subjects
+from tests.broker.conftest import broker_config
+from tests.nats.cluster import NatsCluster
+from tests.support import wait_for
+from tests.world import TIME_SCALE, flavor, sim_job
+
+
+def cluster_config(prefix: str, replication: Replication, **timeouts: Any) -> BrokerConfig:
+    """The test broker config, with the replication under test and timeouts that ride out a
+    NATS failover (agents reconnect within seconds; a cluster is lost only after 30 s)."""
+    base = broker_config(
+        prefix,
+        **{
+            "lost_after_s": 30.0,
+            "unreachable_after_s": 10.0,
+            "dispatch_ack_s": 1.0,
+            "dispatch_retries": 5,
+            "start_s": 60.0,
+            **timeouts,
+        },
+    )
+    return msgspec.structs.replace(base, replication=replication)
+
+
+async def connect(cluster: NatsCluster) -> Client:
+    return await nats.connect(**cluster.options().connect_kwargs())
+
+
+@dataclass
+class ClusterWorld:
+    cluster: NatsCluster
+    config: BrokerConfig
+    subjects: Subjects
+    nc: Client  # the test's own connection (client submissions, API calls)
+    broker: Broker | None = None
+    broker_task: asyncio.Task[None] | None = None
+    fleet: Fleet | None = None
+    fleet_nc: Client | None = None
+    accepted: dict[str, float] = field(default_factory=dict)  # job_id -> when acknowledged
+    max_live_copies: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def start_broker(self) -> Broker:
+        bnc = await connect(self.cluster)
+        self.broker = Broker(self.config, bnc)
+        self.broker_task = asyncio.create_task(self.broker.run())
+        await asyncio.wait_for(self.broker.leading.wait(), 30)
+        return self.broker
+
+    async def stop_broker(self) -> None:
+        if self.broker is not None and self.broker_task is not None:
+            await self.broker.stop()
+            await asyncio.wait_for(self.broker_task, 20)
+            with contextlib.suppress(Exception):
+                await self.broker.nc.close()
+        self.broker = self.broker_task = None
+
+    async def start_fleet(self, clusters: int = 2) -> Fleet:
+        self.fleet_nc = await connect(self.cluster)
+        configs = [
+            AgentConfig(
+                cluster=f"c{i}",
+                backend="fake",
+                heartbeat_s=0.2,
+                subject_prefix=self.subjects.prefix,
+                fake=FakeClusterConfig(
+                    flavors=[flavor(f"od{i}", "on-demand", nodes=4)],
+                    time_scale=TIME_SCALE,
+                    start_delay_s=0.2,
+                    seed=i + 1,
+                ),
+            )
+            for i in range(clusters)
+        ]
+        self.fleet = await start_fake_fleet(self.fleet_nc, configs, self.subjects)
+        self._tasks.append(asyncio.create_task(self._watch_copies()))
+        return self.fleet
+
+    async def _watch_copies(self) -> None:
+        """Samples every job's live copies; more than one at once would be a job run twice."""
+        for _ in range(1_000_000):
+            assert self.fleet is not None
+            counts: dict[str, int] = defaultdict(int)
+            for c in self.fleet.clusters.values():
+                for job_id, _attempt in c.live_workloads():
+                    counts[job_id] += 1
+            for job_id, n in counts.items():
+                self.max_live_copies[job_id] = max(self.max_live_copies[job_id], n)
+            await asyncio.sleep(0.02)
+
+    async def submit(self, job_id: str, timeout: float = 2.0) -> bool:
+        """One try; True when the broker acknowledged the job."""
+        spec = {**sim_job(job_id, gpu=8, steps=40, rate=20.0, every=10), "job_id": job_id}
+        try:
+            msg = await self.nc.request(self.subjects.submit("default"), encode_json(spec), timeout)
+        except Exception:
+            return False
+        reply = decode_submit_reply(msg.data)
+        if reply.accepted:
+            self.accepted.setdefault(job_id, time.monotonic())
+        return bool(reply.accepted)
+
+    async def submit_until_accepted(self, job_id: str, timeout: float = 60.0) -> float:
+        """Retry the same job (same id: safe) until acknowledged; returns the seconds it took."""
+        started = time.monotonic()
+        await wait_for(lambda: self.submit(job_id), timeout, what=f"{job_id} accepted")
+        return time.monotonic() - started
+
+    async def api(self, verb: str, body: dict[str, Any] | None = None) -> Any:
+        msg = await self.nc.request(self.subjects.api(verb), encode_json(body or {}), timeout=5)
+        return msgspec.json.decode(msg.data)
+
+    async def states(self) -> dict[str, dict[str, Any]]:
+        reply = await self.api("list", {"limit": 10_000})
+        assert reply["ok"], reply
+        return {j["job_id"]: j for j in reply["result"]}
+
+    async def all_accepted_succeeded(self, timeout: float = 60.0) -> dict[str, dict[str, Any]]:
+        async def done() -> dict[str, dict[str, Any]] | None:
+            try:
+                states = await self.states()
+            except Exception:
+                return None
+            ok = all(states.get(j, {}).get("state") == "succeeded" for j in self.accepted)
+            return states if ok else None
+
+        return await wait_for(done, timeout, what="every acknowledged job succeeded", interval=0.2)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self.fleet is not None:
+            await self.fleet.stop()
+        await self.stop_broker()
+        for nc in (self.fleet_nc, self.nc):
+            if nc is not None:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def cluster_world(
+    cluster: NatsCluster, replication: Replication, **timeouts: Any
+) -> AsyncIterator[ClusterWorld]:
+    prefix = f"n{uuid.uuid4().hex[:10]}"
+    world = ClusterWorld(
+        cluster,
+        cluster_config(prefix, replication, **timeouts),
+        Subjects(prefix=prefix),
+        await connect(cluster),
+    )
+    try:
+        yield world
+    finally:
+        await world.close()
