@@ -1191,6 +1191,14 @@ class Broker:
                 next_tick = started + TICK_MIN_INTERVAL_S
             effects.extend(self._cycle_if_due(machine))
             self._push(effects)
+            for (cluster, flavor), state, cause in machine.lifecycle.health.drain_changes():
+                log.warning(
+                    "broker.dispatch_breaker",
+                    cluster=cluster,
+                    flavor=flavor,
+                    state=state,
+                    cause=cause,
+                )
             if self._gc is not None:
                 self._gc.tick(time.monotonic())
             await asyncio.sleep(0)

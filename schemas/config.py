@@ -87,6 +87,10 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # Agents cut off from NATS delete their workloads this long before the broker would
     # declare their cluster lost, so a partition never leaves two live copies. 0 = off.
     fence_lead_s: Annotated[float, Meta(ge=0)] = 10.0
+    # An acknowledged dispatch the agent has not reported (created or running) this long
+    # after its ack was swallowed: the attempt is given up, the job goes elsewhere at once and
+    # the pool's dispatch breaker counts a failure (docs/operations.md). 0 = off.
+    dispatch_report_s: Annotated[float, Meta(ge=0)] = 30.0
 
 
 class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -102,6 +106,11 @@ class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
     # A gang admitted less than this long ago is never chosen as a preemption or reclaim victim
     # (Slurm's PreemptExemptTime), so a job cannot be evicted again and again as it restarts.
     preemption_min_runtime_s: Annotated[float, Meta(ge=0, le=86_400)] = 60.0
+    # Dispatch breaker per cluster x flavor: this many failed dispatches in a row (refused, or
+    # never reported), each of a different job, stop placements there for a cool-down; then one
+    # probe decides. 0 = off. See docs/operations.md, "Dispatch breakers".
+    breaker_failures: Annotated[int, Meta(ge=0, le=1000)] = 3
+    breaker_cool_down_s: Annotated[float, Meta(gt=0, le=86_400)] = 60.0
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
