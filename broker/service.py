@@ -189,12 +189,38 @@ def parse_submission(data: bytes, limit: int, queue: str | None) -> JobSpec:
     return decode_jobspec(data, limit)
 
 
+class _NamedJob(msgspec.Struct):
+    job_id: str | None = None
+
+
+_named_job = msgspec.json.Decoder(_NamedJob)
+RendezvousKey = tuple[str, str, bytes]
+
+
+def _names_its_job(data: bytes) -> bool:
+    """Whether a submission names its job (`job_id`): then equal bytes are the same job."""
+    if b'"job_id"' not in data:
+        return False
+    try:
+        return bool(_named_job.decode(data).job_id)
+    except (msgspec.DecodeError, ValueError):
+        return False
+
+
 class ReplyRendezvous:
     """Pairs a submission's reply subject with the outcome of processing it from the stream.
 
     JetStream does not keep a message's reply subject, so the broker also listens on the
-    submit subjects in plain NATS and remembers reply subjects by (subject, payload digest).
-    Whichever side arrives second sends the reply."""
+    submit subjects in plain NATS and remembers reply subjects; whichever side arrives second
+    sends the reply.
+
+    A submission with an identity (a `Nats-Msg-Id` header, or a `job_id` in its body) is keyed
+    by it, and its outcome answers every request waiting under that identity: copies that never
+    reached the stream (a stream server down in a NATS cluster) leave requests behind that no
+    outcome pairs with one to one, and pairing by position would answer each retry onto the
+    previous, dead reply subject forever. Every copy of one identity is the same job, so one
+    answer fits them all. Submissions without an identity (equal bytes are different jobs, each
+    with its own derived id) are paired in arrival order, as nothing else tells them apart."""
 
     def __init__(
         self,
@@ -210,12 +236,19 @@ class ReplyRendezvous:
         # The reply for a retry of a job already accepted (same Nats-Msg-Id): the stream drops
         # such a duplicate, so it would never be answered otherwise.
         self.known = known
-        self.waiting: OrderedDict[tuple[str, bytes], deque[tuple[float, str]]] = OrderedDict()
-        self.done: OrderedDict[tuple[str, bytes], deque[tuple[float, bytes]]] = OrderedDict()
+        self.waiting: OrderedDict[RendezvousKey, deque[tuple[float, str]]] = OrderedDict()
+        self.done: OrderedDict[RendezvousKey, deque[tuple[float, bytes]]] = OrderedDict()
 
     @staticmethod
-    def key(subject: str, data: bytes) -> tuple[str, bytes]:
-        return subject, hashlib.blake2b(data, digest_size=16).digest()
+    def key(
+        subject: str, data: bytes, headers: dict[str, str] | None
+    ) -> tuple[RendezvousKey, bool]:
+        """(the key, whether it is a message identity rather than a position among equals)."""
+        msg_id = headers.get("Nats-Msg-Id") if headers else None
+        if msg_id:
+            return ("id", subject, msg_id.encode()), True
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        return ("bytes", subject, digest), _names_its_job(data)
 
     async def on_request(self, msg: Msg) -> None:
         if not msg.reply or not tenancy.reply_allowed(msg.reply, self.own_inbox):
@@ -237,7 +270,7 @@ class ReplyRendezvous:
         if again is not None:
             await self.nc.publish(msg.reply, again)
             return
-        key = self.key(msg.subject, msg.data)
+        key, _ = self.key(msg.subject, msg.data, msg.headers)
         results = self.done.get(key)
         if results:
             _, payload = results.popleft()
@@ -248,16 +281,26 @@ class ReplyRendezvous:
         self.waiting.setdefault(key, deque()).append((time.monotonic(), msg.reply))
         self._trim(self.waiting)
 
-    async def on_result(self, subject: str, data: bytes, payload: bytes) -> None:
-        key = self.key(subject, data)
+    async def on_result(
+        self, subject: str, data: bytes, headers: dict[str, str] | None, payload: bytes
+    ) -> None:
+        key, identified = self.key(subject, data, headers)
         replies = self.waiting.get(key)
         if replies:
+            if identified:  # every copy of this job waiting: one answer fits them all
+                del self.waiting[key]
+                for _, reply in replies:
+                    await self.nc.publish(reply, payload)
+                return
             _, reply = replies.popleft()
             if not replies:
                 del self.waiting[key]
             await self.nc.publish(reply, payload)
             return
-        self.done.setdefault(key, deque()).append((time.monotonic(), payload))
+        done = self.done.setdefault(key, deque())
+        if identified:
+            done.clear()  # the newest outcome of the job answers a late request
+        done.append((time.monotonic(), payload))
         self._trim(self.done)
 
     @staticmethod
@@ -847,7 +890,7 @@ class Broker:
                 with contextlib.suppress(Exception):  # unacked: redelivered, then dead-lettered
                     await (msg.term() if term else msg.ack())
                 # The original subject is the stream message's subject.
-                await self._rendezvous.on_result(msg.subject, msg.data, payload)
+                await self._rendezvous.on_result(msg.subject, msg.data, msg.headers, payload)
         finally:
             inflight.release()
 
