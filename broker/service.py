@@ -34,7 +34,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from broker import api as broker_api
-from broker import tenancy
+from broker import intake, tenancy
 from broker.core.effects import Effect, Persist, Publish, Send, applied, refusal, split_reply
 from broker.core.inputs import (
     CYCLE,
@@ -117,6 +117,7 @@ STANDBY_RETRY_S = 0.5  # pause after a failed attempt to acquire the lease
 # A submission delivered this many times without being acked (the broker died or failed while
 # processing it) is not processed again: it goes to the dead-letter subject.
 MAX_DELIVERIES = 2
+MAX_EXCUSED = 100_000  # excused stream sequences remembered (see Broker._hold_while_persisting)
 LEASE_CHECK_MIN_INTERVAL_S = 1.0  # stale-epoch claims are checked against the lease this rarely
 MAX_SUBMITTERS = 100_000  # token buckets kept at once
 STORAGE_PROBE_S = 1.0
@@ -395,6 +396,7 @@ class Broker:
             "dispatch_acked": 0,
             "dispatch_failed": 0,
             "dead_lettered": 0,
+            "held_for_storage": 0,
             "storage_full_rejections": 0,
             "rate_limited": 0,
             "stale_epoch_ignored": 0,
@@ -404,6 +406,9 @@ class Broker:
         # Messages refused by a handler's boundary (bad input or a failure processing it),
         # by handler: the broker answers or drops them with a reason and carries on.
         self.refused: Counter[str] = Counter()
+        # stream sequence -> deliveries this process gave up on while their records waited
+        # for the store (it stepped down): not the message's fault, so not counted as poison
+        self._excused: OrderedDict[int, int] = OrderedDict()
         # The store refused a write for lack of space: a record (until one persists) or the
         # probe (until one lands). Either refuses new submissions.
         self._persist_full = False
@@ -885,7 +890,7 @@ class Broker:
     ) -> None:
         try:
             if persisted is not None:
-                await persisted
+                await self._hold_while_persisting(persisted, [r[0] for r in replies])
             for msg, payload, term in replies:
                 with contextlib.suppress(Exception):  # unacked: redelivered, then dead-lettered
                     await (msg.term() if term else msg.ack())
@@ -893,6 +898,33 @@ class Broker:
                 await self._rendezvous.on_result(msg.subject, msg.data, msg.headers, payload)
         finally:
             inflight.release()
+
+    async def _hold_while_persisting(
+        self, persisted: asyncio.Future[None], msgs: list[Msg]
+    ) -> None:
+        """Wait for the batch's records to persist, keeping each message's ack deadline alive
+        meanwhile (`+WPI`): a store that is away or slow must not get the messages redelivered,
+        which would count them towards the dead-letter limit as if they had killed the broker.
+        A wait cut short (leadership lost) excuses these deliveries in this process."""
+        every = intake.ACK_WAIT_S / 3
+        try:
+            while not persisted.done():
+                await asyncio.wait({persisted}, timeout=every)
+                if persisted.done():
+                    break
+                self.stats["held_for_storage"] += 1
+                for msg in msgs:
+                    with contextlib.suppress(Exception):
+                        await msg.in_progress()
+            persisted.result()
+        except asyncio.CancelledError:
+            for msg in msgs:
+                with contextlib.suppress(Exception):
+                    seq = _ack_tokens(msg)[1]
+                    self._excused[seq] = self._excused.get(seq, 0) + 1
+            while len(self._excused) > MAX_EXCUSED:
+                self._excused.popitem(last=False)
+            raise
 
     async def _submit_guarded(
         self, machine: Machine, msg: Msg, limit: int
@@ -905,7 +937,7 @@ class Broker:
             delivered, seq, stored_ns = _ack_tokens(msg)
         except Exception:
             delivered, seq, stored_ns = 1, 0, 0
-        if delivered > MAX_DELIVERIES:
+        if delivered > MAX_DELIVERIES + self._excused.get(seq, 0):
             error = (
                 f"submission failed processing {delivered - 1} times (stream sequence {seq}); "
                 "moved to the dead-letter subject. Check the job against the docs and "
