@@ -90,6 +90,11 @@ class BrokerCollector:
                 "Submissions refused because the store is full",
             ),
             (
+                "muster_store_quota_rejections",
+                "store_quota_rejections",
+                "Submissions refused by their team's share of the job bucket",
+            ),
+            (
                 "muster_stale_epoch_ignored",
                 "stale_epoch_ignored",
                 "Stale-epoch answers the lease did not confirm",

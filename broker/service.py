@@ -398,6 +398,7 @@ class Broker:
             "dead_lettered": 0,
             "held_for_storage": 0,
             "storage_full_rejections": 0,
+            "store_quota_rejections": 0,
             "rate_limited": 0,
             "stale_epoch_ignored": 0,
             "redispatched": 0,
@@ -1062,6 +1063,11 @@ class Broker:
         if taken:
             self.stats["rejected"] += 1
             return SubmitReply(accepted=False, error=taken), []
+        over = None if spec.job_id in machine.jobs else self._store_quota_error(spec, queue, msg)
+        if over:
+            self.stats["store_quota_rejections"] += 1
+            self.stats["rejected"] += 1
+            return SubmitReply(accepted=False, error=over), []
         reply, effects = split_reply(
             machine.handle(
                 SubmitJob(spec, order=seq or None, subject_queue=queue, id_token=token),
@@ -1072,10 +1078,44 @@ class Broker:
             self.stats["submitted"] += 1
             if not reply.duplicate:
                 log.debug("broker.submitted", job_id=reply.job_id, queue=queue)
+                if self.store is not None:  # counted at once: a burst must not overshoot
+                    for eff in effects:
+                        if isinstance(eff, Persist):
+                            self.store.usage.note(eff.record, len(msg.data))
         else:
             self.stats["rejected"] += 1
             log.info("broker.rejected", queue=queue, error=reply.error)
         return reply, effects
+
+    def _store_quota_error(self, spec: JobSpec, queue: str | None, msg: Msg) -> str | None:
+        """The refusal of a submission that would take its team (or its queue, without one)
+        over its share of the job bucket, else None."""
+        limits = self.config.limits
+        store = self.store
+        if store is None or not (limits.team_store_max_bytes or limits.team_store_max_records):
+            return None
+        name = spec.queue or queue or ""
+        name = self.config.queue_aliases.get(name, name)
+        team = self._team_of_queue.get(name)
+        queues = self._team_queues.get(team, frozenset()) if team else frozenset({name})
+        used, active = store.usage.of(queues)
+        owner = f"team {team!r}" if team else f"queue {name!r}"
+        cap = limits.team_store_max_bytes
+        if cap and used + len(msg.data) > cap:
+            return (
+                f"storage quota: {owner} holds {used:,} bytes of job records, and this job "
+                f"({len(msg.data):,} bytes) would take it over its {cap:,} "
+                "(limits.team_store_max_bytes); cancel or wait for jobs to end (an ended "
+                "job's workload is dropped from its record), send smaller jobs, or ask an "
+                "operator to raise the limit"
+            )
+        most = limits.team_store_max_records
+        if most and active >= most:
+            return (
+                f"storage quota: {owner} has {active:,} unfinished jobs, its limit "
+                "(limits.team_store_max_records); wait for some to end or cancel some"
+            )
+        return None
 
     async def _on_agent_batch(self, msg: Msg) -> None:
         try:

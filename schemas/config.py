@@ -122,6 +122,11 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # 0 = no limit.
     submit_rate_per_s: Annotated[float, Meta(ge=0)] = 0.0
     submit_burst: Annotated[int, Meta(ge=1)] = 1000
+    # Per team (or per queue without a team): the bytes its jobs' records may hold in the job
+    # bucket, and how many of its jobs may be unfinished at once; a submission beyond either is
+    # refused. Ended jobs' records are compacted (their workload dropped). 0 = no limit.
+    team_store_max_bytes: Annotated[int, Meta(ge=0)] = 256 * 2**20
+    team_store_max_records: Annotated[int, Meta(ge=0)] = 200_000
     # Stream sizes in bytes, reserved in the JetStream store when the streams are created. A
     # full stream refuses new writes (discard new) and never drops what it holds. Keep their
     # sum (with the lease bucket's) under the server's max_file_store: a server store filled

@@ -29,6 +29,7 @@ from broker.core.records import (
     JobRecord,
     LatestCheckpoint,
     Preempting,
+    compact,
     gang_request,
 )
 from broker.core.registry import JobRegistry
@@ -749,6 +750,7 @@ class AttemptLifecycle:
         record.state = state
         record.reason = reason
         record.finished_at = now
+        compact(record)  # an ended job's workload frees its team's storage (docs/operations.md)
         effects.append(Persist(record))
         event = self.event(record, state, now, reason=reason)
         event.event.accounting = accounting_of(record, now)
