@@ -448,6 +448,62 @@ def broker(
     )
 
 
+@app.command("store-compact")
+@with_nats_auth
+def store_compact(
+    nats: NatsUrl = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="broker config YAML (its prefix)")
+    ] = None,
+    expire_ended_days: Annotated[
+        float | None,
+        typer.Option(
+            "--expire-ended-days",
+            help="also delete ended jobs that finished more than this many days ago (their ids "
+            "may then be submitted again)",
+            show_default=False,
+        ),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="count, change nothing")] = False,
+    *,
+    auth: NatsAuth,
+) -> None:
+    """Free the job bucket: drop ended jobs' workloads from their records (and delete old ended
+    jobs with --expire-ended-days). Works while the bucket is full and no broker leads."""
+    import time
+
+    from broker.service import connect
+    from broker.store import compact_bucket
+    from schemas.subjects import Subjects
+
+    try:
+        prefix = load_config_full(config).config.subject_prefix
+    except ConfigError as exc:
+        fail(str(exc))
+    opts = nats_options(nats, auth, name="muster-store-compact")
+    cut = time.time() - expire_ended_days * 86_400 if expire_ended_days is not None else None
+
+    async def run() -> None:
+        nc = await connect(opts, "muster-store-compact")
+        try:
+            report = await compact_bucket(
+                nc.jetstream(),
+                Subjects(prefix=prefix).jobs_bucket,
+                expire_before=cut,
+                dry_run=dry_run,
+            )
+        finally:
+            await nc.close()
+        verb = "would compact" if dry_run else "compacted"
+        out.print(
+            f"{report.records} records: {verb} {report.compacted} ended, "
+            f"{'would delete' if dry_run else 'deleted'} {report.expired}; bucket "
+            f"{report.bytes_before:,} -> {report.bytes_after:,} bytes"
+        )
+
+    _run(run())
+
+
 @app.command("config")
 def config_cmd(
     file: Annotated[Path, typer.Argument(help="broker config YAML (may import Kueue/Volcano)")],

@@ -90,6 +90,11 @@ class BrokerCollector:
                 "Submissions refused because the store is full",
             ),
             (
+                "muster_store_quota_rejections",
+                "store_quota_rejections",
+                "Submissions refused by their team's share of the job bucket",
+            ),
+            (
                 "muster_stale_epoch_ignored",
                 "stale_epoch_ignored",
                 "Stale-epoch answers the lease did not confirm",
@@ -134,6 +139,24 @@ class BrokerCollector:
         for h in HEALTH:
             clusters.add_metric([h], health.get(h, 0))
         yield clusters
+        breakers = machine.lifecycle.health
+        try:
+            tripped = breakers.open_pools()
+        except RuntimeError:
+            return
+        gauge = GaugeMetricFamily(
+            "muster_dispatch_breaker_open",
+            "1 per cluster x flavor whose dispatch breaker takes no placements (open or probing)",
+            labels=["cluster", "flavor"],
+        )
+        for cluster, flavor in tripped:
+            gauge.add_metric([cluster, flavor], 1)
+        yield gauge
+        yield CounterMetricFamily(
+            "muster_dispatch_breaker_trips",
+            "Times a pool's dispatch breaker opened",
+            value=breakers.trips(),
+        )
 
 
 class Metrics:

@@ -291,7 +291,14 @@ def clusters_table(clusters: Sequence[ClusterView], now: float | None = None) ->
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("CLUSTER", "HEALTH", "HEARTBEAT", "JOBS", "FLAVOR", "CAPACITY", "GPU"):
         table.add_column(col, no_wrap=True)
-    for col in ("$/GPU-H", "NODES", "GPUS FREE/TOTAL", "DRAINING", "INTERRUPTIONS/NODE-H"):
+    for col in (
+        "$/GPU-H",
+        "NODES",
+        "GPUS FREE/TOTAL",
+        "DRAINING",
+        "INTERRUPTIONS/NODE-H",
+        "DISPATCH",
+    ):
         table.add_column(col, no_wrap=True)
     for c in clusters:
         health = Text(c.health, style=_HEALTH_STYLE.get(c.health, ""))
@@ -304,7 +311,7 @@ def clusters_table(clusters: Sequence[ClusterView], now: float | None = None) ->
             str(c.running_jobs),
         ]
         if not c.flavors:
-            _row(table, *common, "-", "-", "-", "-", "0", "0/0", "0", "-")
+            _row(table, *common, "-", "-", "-", "-", "0", "0/0", "0", "-", "-")
         for i, f in enumerate(c.flavors):
             lead: list[Any] = common if i == 0 else ["", "", "", ""]
             _row(
@@ -318,8 +325,18 @@ def clusters_table(clusters: Sequence[ClusterView], now: float | None = None) ->
                 f"{f.gpu_free}/{f.gpu_total}",
                 str(f.draining_nodes),
                 _interruptions(f),
+                _breaker(f),
             )
     return table
+
+
+def _breaker(f: FlavorView) -> Text:
+    """The pool's dispatch breaker: `ok`, or its state and why (`muster why` has the rest)."""
+    if not f.breaker:
+        return Text("ok")
+    if f.breaker == "closed":
+        return Text(f"ok, {f.breaker_failures} failed", style="yellow")
+    return Text(f"{f.breaker}: {f.breaker_reason}", style="red")
 
 
 def event_line(ev: JobEvent) -> Text:

@@ -34,7 +34,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from broker import api as broker_api
-from broker import tenancy
+from broker import intake, tenancy
 from broker.core.effects import Effect, Persist, Publish, Send, applied, refusal, split_reply
 from broker.core.inputs import (
     CYCLE,
@@ -124,6 +124,7 @@ BUCKET_CHECK_S = 1.0  # how often the leader checks the job bucket still holds i
 # A submission delivered this many times without being acked (the broker died or failed while
 # processing it) is not processed again: it goes to the dead-letter subject.
 MAX_DELIVERIES = 2
+MAX_EXCUSED = 100_000  # excused stream sequences remembered (see Broker._hold_while_persisting)
 LEASE_CHECK_MIN_INTERVAL_S = 1.0  # stale-epoch claims are checked against the lease this rarely
 MAX_SUBMITTERS = 100_000  # token buckets kept at once
 STORAGE_PROBE_S = 1.0
@@ -196,12 +197,38 @@ def parse_submission(data: bytes, limit: int, queue: str | None) -> JobSpec:
     return decode_jobspec(data, limit)
 
 
+class _NamedJob(msgspec.Struct):
+    job_id: str | None = None
+
+
+_named_job = msgspec.json.Decoder(_NamedJob)
+RendezvousKey = tuple[str, str, bytes]
+
+
+def _names_its_job(data: bytes) -> bool:
+    """Whether a submission names its job (`job_id`): then equal bytes are the same job."""
+    if b'"job_id"' not in data:
+        return False
+    try:
+        return bool(_named_job.decode(data).job_id)
+    except (msgspec.DecodeError, ValueError):
+        return False
+
+
 class ReplyRendezvous:
     """Pairs a submission's reply subject with the outcome of processing it from the stream.
 
     JetStream does not keep a message's reply subject, so the broker also listens on the
-    submit subjects in plain NATS and remembers reply subjects by (subject, payload digest).
-    Whichever side arrives second sends the reply."""
+    submit subjects in plain NATS and remembers reply subjects; whichever side arrives second
+    sends the reply.
+
+    A submission with an identity (a `Nats-Msg-Id` header, or a `job_id` in its body) is keyed
+    by it, and its outcome answers every request waiting under that identity: copies that never
+    reached the stream (a stream server down in a NATS cluster) leave requests behind that no
+    outcome pairs with one to one, and pairing by position would answer each retry onto the
+    previous, dead reply subject forever. Every copy of one identity is the same job, so one
+    answer fits them all. Submissions without an identity (equal bytes are different jobs, each
+    with its own derived id) are paired in arrival order, as nothing else tells them apart."""
 
     def __init__(
         self,
@@ -217,12 +244,19 @@ class ReplyRendezvous:
         # The reply for a retry of a job already accepted (same Nats-Msg-Id): the stream drops
         # such a duplicate, so it would never be answered otherwise.
         self.known = known
-        self.waiting: OrderedDict[tuple[str, bytes], deque[tuple[float, str]]] = OrderedDict()
-        self.done: OrderedDict[tuple[str, bytes], deque[tuple[float, bytes]]] = OrderedDict()
+        self.waiting: OrderedDict[RendezvousKey, deque[tuple[float, str]]] = OrderedDict()
+        self.done: OrderedDict[RendezvousKey, deque[tuple[float, bytes]]] = OrderedDict()
 
     @staticmethod
-    def key(subject: str, data: bytes) -> tuple[str, bytes]:
-        return subject, hashlib.blake2b(data, digest_size=16).digest()
+    def key(
+        subject: str, data: bytes, headers: dict[str, str] | None
+    ) -> tuple[RendezvousKey, bool]:
+        """(the key, whether it is a message identity rather than a position among equals)."""
+        msg_id = headers.get("Nats-Msg-Id") if headers else None
+        if msg_id:
+            return ("id", subject, msg_id.encode()), True
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        return ("bytes", subject, digest), _names_its_job(data)
 
     async def on_request(self, msg: Msg) -> None:
         if not msg.reply or not tenancy.reply_allowed(msg.reply, self.own_inbox):
@@ -244,7 +278,7 @@ class ReplyRendezvous:
         if again is not None:
             await self.nc.publish(msg.reply, again)
             return
-        key = self.key(msg.subject, msg.data)
+        key, _ = self.key(msg.subject, msg.data, msg.headers)
         results = self.done.get(key)
         if results:
             _, payload = results.popleft()
@@ -255,16 +289,26 @@ class ReplyRendezvous:
         self.waiting.setdefault(key, deque()).append((time.monotonic(), msg.reply))
         self._trim(self.waiting)
 
-    async def on_result(self, subject: str, data: bytes, payload: bytes) -> None:
-        key = self.key(subject, data)
+    async def on_result(
+        self, subject: str, data: bytes, headers: dict[str, str] | None, payload: bytes
+    ) -> None:
+        key, identified = self.key(subject, data, headers)
         replies = self.waiting.get(key)
         if replies:
+            if identified:  # every copy of this job waiting: one answer fits them all
+                del self.waiting[key]
+                for _, reply in replies:
+                    await self.nc.publish(reply, payload)
+                return
             _, reply = replies.popleft()
             if not replies:
                 del self.waiting[key]
             await self.nc.publish(reply, payload)
             return
-        self.done.setdefault(key, deque()).append((time.monotonic(), payload))
+        done = self.done.setdefault(key, deque())
+        if identified:
+            done.clear()  # the newest outcome of the job answers a late request
+        done.append((time.monotonic(), payload))
         self._trim(self.done)
 
     @staticmethod
@@ -360,7 +404,9 @@ class Broker:
             "dispatch_acked": 0,
             "dispatch_failed": 0,
             "dead_lettered": 0,
+            "held_for_storage": 0,
             "storage_full_rejections": 0,
+            "store_quota_rejections": 0,
             "rate_limited": 0,
             "stale_epoch_ignored": 0,
             "redispatched": 0,
@@ -371,6 +417,9 @@ class Broker:
         # Messages refused by a handler's boundary (bad input or a failure processing it),
         # by handler: the broker answers or drops them with a reason and carries on.
         self.refused: Counter[str] = Counter()
+        # stream sequence -> deliveries this process gave up on while their records waited
+        # for the store (it stepped down): not the message's fault, so not counted as poison
+        self._excused: OrderedDict[int, int] = OrderedDict()
         # The store refused a write for lack of space: a record (until one persists) or the
         # probe (until one lands). Either refuses new submissions.
         self._persist_full = False
@@ -871,14 +920,41 @@ class Broker:
     ) -> None:
         try:
             if persisted is not None:
-                await persisted
+                await self._hold_while_persisting(persisted, [r[0] for r in replies])
             for msg, payload, term in replies:
                 with contextlib.suppress(Exception):  # unacked: redelivered, then dead-lettered
                     await (msg.term() if term else msg.ack())
                 # The original subject is the stream message's subject.
-                await self._rendezvous.on_result(msg.subject, msg.data, payload)
+                await self._rendezvous.on_result(msg.subject, msg.data, msg.headers, payload)
         finally:
             inflight.release()
+
+    async def _hold_while_persisting(
+        self, persisted: asyncio.Future[None], msgs: list[Msg]
+    ) -> None:
+        """Wait for the batch's records to persist, keeping each message's ack deadline alive
+        meanwhile (`+WPI`): a store that is away or slow must not get the messages redelivered,
+        which would count them towards the dead-letter limit as if they had killed the broker.
+        A wait cut short (leadership lost) excuses these deliveries in this process."""
+        every = intake.ACK_WAIT_S / 3
+        try:
+            while not persisted.done():
+                await asyncio.wait({persisted}, timeout=every)
+                if persisted.done():
+                    break
+                self.stats["held_for_storage"] += 1
+                for msg in msgs:
+                    with contextlib.suppress(Exception):
+                        await msg.in_progress()
+            persisted.result()
+        except asyncio.CancelledError:
+            for msg in msgs:
+                with contextlib.suppress(Exception):
+                    seq = _ack_tokens(msg)[1]
+                    self._excused[seq] = self._excused.get(seq, 0) + 1
+            while len(self._excused) > MAX_EXCUSED:
+                self._excused.popitem(last=False)
+            raise
 
     async def _submit_guarded(
         self, machine: Machine, msg: Msg, limit: int
@@ -891,7 +967,7 @@ class Broker:
             delivered, seq, stored_ns = _ack_tokens(msg)
         except Exception:
             delivered, seq, stored_ns = 1, 0, 0
-        if delivered > MAX_DELIVERIES:
+        if delivered > MAX_DELIVERIES + self._excused.get(seq, 0):
             error = (
                 f"submission failed processing {delivered - 1} times (stream sequence {seq}); "
                 "moved to the dead-letter subject. Check the job against the docs and "
@@ -1016,6 +1092,11 @@ class Broker:
         if taken:
             self.stats["rejected"] += 1
             return SubmitReply(accepted=False, error=taken), []
+        over = None if spec.job_id in machine.jobs else self._store_quota_error(spec, queue, msg)
+        if over:
+            self.stats["store_quota_rejections"] += 1
+            self.stats["rejected"] += 1
+            return SubmitReply(accepted=False, error=over), []
         reply, effects = split_reply(
             machine.handle(
                 SubmitJob(spec, order=seq or None, subject_queue=queue, id_token=token),
@@ -1026,10 +1107,44 @@ class Broker:
             self.stats["submitted"] += 1
             if not reply.duplicate:
                 log.debug("broker.submitted", job_id=reply.job_id, queue=queue)
+                if self.store is not None:  # counted at once: a burst must not overshoot
+                    for eff in effects:
+                        if isinstance(eff, Persist):
+                            self.store.usage.note(eff.record, len(msg.data))
         else:
             self.stats["rejected"] += 1
             log.info("broker.rejected", queue=queue, error=reply.error)
         return reply, effects
+
+    def _store_quota_error(self, spec: JobSpec, queue: str | None, msg: Msg) -> str | None:
+        """The refusal of a submission that would take its team (or its queue, without one)
+        over its share of the job bucket, else None."""
+        limits = self.config.limits
+        store = self.store
+        if store is None or not (limits.team_store_max_bytes or limits.team_store_max_records):
+            return None
+        name = spec.queue or queue or ""
+        name = self.config.queue_aliases.get(name, name)
+        team = self._team_of_queue.get(name)
+        queues = self._team_queues.get(team, frozenset()) if team else frozenset({name})
+        used, active = store.usage.of(queues)
+        owner = f"team {team!r}" if team else f"queue {name!r}"
+        cap = limits.team_store_max_bytes
+        if cap and used + len(msg.data) > cap:
+            return (
+                f"storage quota: {owner} holds {used:,} bytes of job records, and this job "
+                f"({len(msg.data):,} bytes) would take it over its {cap:,} "
+                "(limits.team_store_max_bytes); cancel or wait for jobs to end (an ended "
+                "job's workload is dropped from its record), send smaller jobs, or ask an "
+                "operator to raise the limit"
+            )
+        most = limits.team_store_max_records
+        if most and active >= most:
+            return (
+                f"storage quota: {owner} has {active:,} unfinished jobs, its limit "
+                "(limits.team_store_max_records); wait for some to end or cancel some"
+            )
+        return None
 
     async def _on_agent_batch(self, msg: Msg) -> None:
         try:
@@ -1220,6 +1335,14 @@ class Broker:
                 next_tick = started + TICK_MIN_INTERVAL_S
             effects.extend(self._cycle_if_due(machine))
             self._push(effects)
+            for (cluster, flavor), state, cause in machine.lifecycle.health.drain_changes():
+                log.warning(
+                    "broker.dispatch_breaker",
+                    cluster=cluster,
+                    flavor=flavor,
+                    state=state,
+                    cause=cause,
+                )
             if self._gc is not None:
                 self._gc.tick(time.monotonic())
             await asyncio.sleep(0)

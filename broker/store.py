@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -22,7 +23,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from broker.core.records import JobRecord, record_decoder, record_encoder
+from broker.core.records import JobRecord, compact, record_decoder, record_encoder
 from schemas.config import Replication
 from shell.natsio import js_connection
 
@@ -104,6 +105,49 @@ class _Acks:
         self.remaining = remaining
 
 
+ENDED = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class StoreUsage:
+    """What each queue's jobs hold in the job bucket: bytes of their newest records, and how
+    many of them have not ended. The broker sums queues per team and refuses a submission
+    that would take a team over its share (`limits.team_store_max_bytes`,
+    `team_store_max_records`), so one team cannot fill the bucket every team writes to."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, tuple[str, int, bool]] = {}  # job -> (queue, bytes, active)
+        self.bytes: dict[str, int] = {}  # per queue
+        self.active: dict[str, int] = {}  # per queue: records of jobs that have not ended
+
+    def note(self, record: JobRecord, size: int) -> None:
+        """The record as just written (or read back at restore), `size` bytes."""
+        self._drop(record.job_id)
+        active = record.state not in ENDED
+        self._jobs[record.job_id] = (record.queue, size, active)
+        self.bytes[record.queue] = self.bytes.get(record.queue, 0) + size
+        if active:
+            self.active[record.queue] = self.active.get(record.queue, 0) + 1
+
+    def forget(self, job_id: str) -> None:
+        self._drop(job_id)
+
+    def of(self, queues: frozenset[str] | set[str]) -> tuple[int, int]:
+        """(bytes, active records) of these queues' jobs."""
+        return (
+            sum(self.bytes.get(q, 0) for q in queues),
+            sum(self.active.get(q, 0) for q in queues),
+        )
+
+    def _drop(self, job_id: str) -> None:
+        old = self._jobs.pop(job_id, None)
+        if old is None:
+            return
+        queue, size, active = old
+        self.bytes[queue] -= size
+        if active:
+            self.active[queue] -= 1
+
+
 class JobStore:
     def __init__(
         self,
@@ -133,6 +177,7 @@ class JobStore:
         # acknowledged records (a volume lost under an R1 bucket, or every replica lost).
         self.acked_seq = 0
         self.regressed = False
+        self.usage = StoreUsage()
 
     @classmethod
     async def open(
@@ -202,14 +247,20 @@ class JobStore:
             self._inbox,
         )
         try:
+            sizes = []
             for record in records:
                 self._next += 1
                 token = str(self._next)
                 tokens.append(token)
                 self._waiting[token] = acks
-                await publish(prefix + record.job_id, encode(record), reply=inbox + token)
+                data = encode(record)
+                sizes.append(len(data))
+                await publish(prefix + record.job_id, data, reply=inbox + token)
             async with asyncio.timeout(timeout):
                 await acks.future
+            note = self.usage.note
+            for record, size in zip(records, sizes, strict=True):
+                note(record, size)
         except TimeoutError:
             raise StoreError(
                 f"{acks.remaining} of {len(records)} records not acknowledged in {timeout}s"
@@ -256,6 +307,7 @@ class JobStore:
 
     async def delete(self, job_id: str) -> None:
         await self.js.publish(self.prefix + job_id, b"", headers={KV_OP: "DEL"})
+        self.usage.forget(job_id)
 
     async def load_all(self, limit_s: float = 60.0) -> list[JobRecord]:
         """Read the newest record of every job: a mirror that stops once caught up, so a cold
@@ -352,6 +404,7 @@ class RecordMirror:
         self.store = store
         self._records: dict[str, JobRecord] = {}  # by KV subject
         self.applied = 0  # highest stream sequence applied
+        self.sizes: dict[str, int] = {}  # bytes of each record, by KV subject (StoreUsage)
         self._sub: Any = None
         self._target = 0
         self._reached: asyncio.Future[None] | None = None
@@ -372,7 +425,7 @@ class RecordMirror:
     def _taker(self) -> Callable[[Msg], Awaitable[None]]:
         """The per-message callback, with what it needs in locals (a cold start runs it
         100,000 times). Records are keyed by their KV subject, which names the job."""
-        records, decode = self._records, record_decoder.decode
+        records, decode, sizes = self._records, record_decoder.decode, self.sizes
 
         async def take(msg: Msg) -> None:
             seq = _stream_seq(msg)
@@ -383,9 +436,11 @@ class RecordMirror:
             self.applied = seq
             if msg.headers and msg.headers.get(KV_OP):
                 records.pop(msg.subject, None)  # deleted or purged
+                sizes.pop(msg.subject, None)
             else:
                 try:
                     records[msg.subject] = decode(msg.data)
+                    sizes[msg.subject] = len(msg.data)
                 except Exception as exc:  # a corrupt record must not stop recovery
                     # Its job is not restored, just as a cold load would not restore it.
                     records.pop(msg.subject, None)
@@ -409,6 +464,9 @@ class RecordMirror:
                     await self._reached
             finally:
                 self._reached = None
+        usage = self.store.usage = StoreUsage()  # what the bucket holds, per queue
+        for subject, record in self._records.items():
+            usage.note(record, self.sizes.get(subject, 0))
         return list(self._records.values())
 
     def __len__(self) -> int:
@@ -435,7 +493,7 @@ class RecordMirror:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(1.0):
                         await self.store.js.delete_consumer(self.store.stream, name)
-        self._records, self.applied = {}, 0
+        self._records, self.applied, self.sizes = {}, 0, {}
 
 
 def _stream_seq(msg: Msg) -> int:
@@ -450,3 +508,53 @@ def _stream_seq(msg: Msg) -> int:
         if len(tokens) >= 11:
             return int(tokens[7])
     return int(msg.metadata.sequence.stream)
+
+
+@dataclass
+class CompactReport:
+    records: int  # in the bucket
+    compacted: int  # ended records whose workload was dropped
+    expired: int  # ended records deleted (finished before the cut-off)
+    bytes_before: int
+    bytes_after: int
+
+
+async def compact_bucket(
+    js: JetStreamContext, bucket: str, *, expire_before: float | None, dry_run: bool = False
+) -> CompactReport:
+    """The operator's way to free the job bucket (`muster store-compact`), also when it is
+    full and no broker can lead: ended records lose their workload (what the broker does
+    itself when a job ends, so only records written before it did need this), and with
+    `expire_before` ended records finished before then are deleted. A full bucket takes the
+    smaller rewrite (history 1 replaces the record); should it refuse one, the old record is
+    purged first (a purge frees space without a write). Safe beside a running broker: it
+    never writes an ended record again."""
+    store = JobStore(js, bucket)
+    before = (await js.stream_info(store.stream)).state.bytes
+    records = await store.load_all()
+    compacted = expired = 0
+    for record in records:
+        if record.state not in ENDED:
+            continue
+        subject = store.prefix + record.job_id
+        if expire_before is not None and (record.finished_at or 0.0) < expire_before:
+            expired += 1
+            if not dry_run:
+                await js.purge_stream(store.stream, subject=subject)
+            continue
+        if not compact(record):
+            continue
+        compacted += 1
+        if dry_run:
+            continue
+        try:
+            await store.put_many([record])
+        except StoreError:
+            await js.purge_stream(store.stream, subject=subject)
+            await store.put_many([record])
+    if not dry_run and (compacted or expired):
+        # The stream's last sequence may be a purged record now, which no reader would ever
+        # be handed: a last write gives restores (`RecordMirror.caught_up`) one to reach.
+        await store.probe()
+    after = (await js.stream_info(store.stream)).state.bytes
+    return CompactReport(len(records), compacted, expired, before, after)

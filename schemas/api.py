@@ -209,6 +209,11 @@ class FlavorView(msgspec.Struct, omit_defaults=True):
     interruption_rate_per_node_hour: float = 0.0
     # Spot pools: the prior rate the estimate starts from (config spot_prior_rate)
     interruption_prior: float | None = None
+    # The pool's dispatch breaker (broker/core/health.py): "" while closed with no failures,
+    # else closed | open | half-open, with the failures in a row and the latest cause.
+    breaker: str = ""
+    breaker_failures: int = 0
+    breaker_reason: str = ""
 
 
 ClusterHealth = Literal["healthy", "unreachable", "lost"]

@@ -94,6 +94,10 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # termination grace (spot: 120 s) plus the fence watchdog's period and clock skew, so the
     # old copy has stopped before a new one starts (docs/kubernetes.md, "Fencing"). 0 = off.
     fence_lead_s: Annotated[float, Meta(ge=0)] = 180.0
+    # An acknowledged dispatch the agent has not reported (created or running) this long
+    # after its ack was swallowed: the attempt is given up, the job goes elsewhere at once and
+    # the pool's dispatch breaker counts a failure (docs/operations.md). 0 = off.
+    dispatch_report_s: Annotated[float, Meta(ge=0)] = 30.0
 
     @property
     def fence_window_s(self) -> float:
@@ -115,6 +119,11 @@ class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
     # A gang admitted less than this long ago is never chosen as a preemption or reclaim victim
     # (Slurm's PreemptExemptTime), so a job cannot be evicted again and again as it restarts.
     preemption_min_runtime_s: Annotated[float, Meta(ge=0, le=86_400)] = 60.0
+    # Dispatch breaker per cluster x flavor: this many failed dispatches in a row (refused, or
+    # never reported), each of a different job, stop placements there for a cool-down; then one
+    # probe decides. 0 = off. See docs/operations.md, "Dispatch breakers".
+    breaker_failures: Annotated[int, Meta(ge=0, le=1000)] = 3
+    breaker_cool_down_s: Annotated[float, Meta(gt=0, le=86_400)] = 60.0
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -126,6 +135,11 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # 0 = no limit.
     submit_rate_per_s: Annotated[float, Meta(ge=0)] = 0.0
     submit_burst: Annotated[int, Meta(ge=1)] = 1000
+    # Per team (or per queue without a team): the bytes its jobs' records may hold in the job
+    # bucket, and how many of its jobs may be unfinished at once; a submission beyond either is
+    # refused. Ended jobs' records are compacted (their workload dropped). 0 = no limit.
+    team_store_max_bytes: Annotated[int, Meta(ge=0)] = 256 * 2**20
+    team_store_max_records: Annotated[int, Meta(ge=0)] = 200_000
     # Stream sizes in bytes, reserved in the JetStream store when the streams are created. A
     # full stream refuses new writes (discard new) and never drops what it holds. Keep their
     # sum (with the lease bucket's) under the server's max_file_store: a server store filled

@@ -2,7 +2,8 @@
 
 Computed on demand (`muster why`), never in the admission cycle, so it may look at every pool.
 Each pool gets one Reason, the first that binds in the order admission checks them: GPU type,
-capacity type, cluster health, avoidance, quota, then capacity (ever, then now).
+capacity type, cluster health, the pool's dispatch breaker (health.py), avoidance, quota, then
+capacity (ever, then now).
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from broker.core.types import Bound, GangRequest, Reason, ReasonCode
 
 
 def _pool_reason(
-    c: Cluster, p: Pool, req: GangRequest, gang: Gang, book: QuotaBook, qs: QueueState | None
+    inv: Inventory,
+    c: Cluster,
+    p: Pool,
+    req: GangRequest,
+    gang: Gang,
+    book: QuotaBook,
+    qs: QueueState | None,
 ) -> Reason:
     def r(code: ReasonCode, message: str, bound: Bound | None = None) -> Reason:
         return Reason(code, message, cluster=c.name, flavor=p.name, bound=bound)
@@ -32,6 +39,9 @@ def _pool_reason(
         return r("no-matching-flavor", f"{p.capacity_type} not accepted (capacity {req.capacity})")
     if not c.schedulable:
         return r("cluster-unhealthy", f"cluster {c.name} takes no placements now")
+    breaker = inv.blocked.get(p.key)
+    if breaker is not None:
+        return r("circuit-open", breaker)
     if p.key in req.avoid_pools:
         return r("pool-avoided", "this pool just lost the job; avoided for this attempt")
     if qs is not None:
@@ -70,5 +80,5 @@ def pool_reasons(
         if not c.seen:
             continue
         for fname in sorted(c.pools):
-            out.append(_pool_reason(c, c.pools[fname], req, gang, book, qs))
+            out.append(_pool_reason(inv, c, c.pools[fname], req, gang, book, qs))
     return tuple(out)

@@ -254,7 +254,17 @@ def _implicit_flavor(name: str) -> FlavorInfo:
 class Inventory:
     """Every cluster's pools and nodes, the Muster allocations on them and pool risk stats."""
 
-    __slots__ = ("_classes", "clusters", "half_life_s", "risk", "totals", "touched", "version")
+    __slots__ = (
+        "_classes",
+        "blocked",
+        "clusters",
+        "half_life_s",
+        "probing",
+        "risk",
+        "totals",
+        "touched",
+        "version",
+    )
 
     def __init__(self, classes: Sequence[FlavorClass], half_life_s: float) -> None:
         self._classes = tuple(classes)
@@ -267,6 +277,10 @@ class Inventory:
         # usage, capacity or schedulability files it here (`Node.refresh`, `Node.take`), so a
         # check that re-verifies these nodes verifies every node that could have gone wrong.
         self.touched: dict[Node, None] = {}
+        # Pools whose dispatch breaker takes no placements now, with the reason (health.py),
+        # and half-open pools that take one probe (the first admission blocks them).
+        self.blocked: dict[tuple[str, str], str] = {}
+        self.probing: set[tuple[str, str]] = set()
 
     # -- classes and lookups ----------------------------------------------------------
 

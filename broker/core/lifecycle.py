@@ -22,6 +22,7 @@ from broker.core.accounting import accounting_of, backoff_delay, close_attempt, 
 from broker.core.advice import advised_interval_s
 from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.health import PoolHealth
 from broker.core.policy import no_progress_reason, no_progress_verdict
 from broker.core.records import (
     AttemptRecord,
@@ -29,6 +30,7 @@ from broker.core.records import (
     JobRecord,
     LatestCheckpoint,
     Preempting,
+    compact,
     gang_request,
 )
 from broker.core.registry import JobRegistry
@@ -61,6 +63,7 @@ class AttemptLifecycle:
         registry: JobRegistry,
         backlog: Backlog,
         epoch: int,
+        health: PoolHealth | None = None,
     ) -> None:
         self._config = config
         self._scheduler = scheduler
@@ -74,6 +77,12 @@ class AttemptLifecycle:
         self._preempting: set[str] = set()
         self._windows = NoticeWindows()  # notice windows per pool (advice.py)
         self._fence_after = config.timeouts.fence_window_s
+        sc = config.scheduling
+        self.health = health or PoolHealth(scheduler, sc.breaker_failures, sc.breaker_cool_down_s)
+        # Dispatched attempts their agent has not reported yet: job -> the time by which it
+        # must (None until the dispatch is acknowledged). Not persisted: after a restart the
+        # agents' snapshots report every attempt, or `missing` loses it.
+        self._unreported: dict[str, float | None] = {}
 
     # ------------------------------------------------------------------ which jobs are live
     def live_jobs(self) -> Set[str]:
@@ -135,6 +144,10 @@ class AttemptLifecycle:
                     )
                 )
             return
+        if record.job_id in self._unreported:  # the cluster took the dispatch
+            del self._unreported[record.job_id]
+            if self.health.success((cluster, current.flavor), record.job_id, current.attempt):
+                self._backlog.capacity_dirty = True
         phase = status.phase
         if phase == "running":
             if (
@@ -247,19 +260,37 @@ class AttemptLifecycle:
                 return []
             # Persisted: after a restart, a dispatch without it is sent again.
             current.acked_at = now
+            window = self._config.timeouts.dispatch_report_s
+            if window > 0 and job_id in self._unreported:
+                self._unreported[job_id] = now + window
             return [Persist(record)]
         effects: list[Effect] = []
-        record.start_failures += 1
-        self._end_attempt(record, current, f"dispatch-failed: {error}", now, lost=True)
-        effects.append(Send(current.cluster, self._cancel_cmd(job_id, attempt, "dispatch failed")))
-        self._requeue(
-            record,
-            now,
-            backoff_delay(record, record.start_failures),
-            effects,
-            reason=f"dispatch failed on {current.cluster}: {error}",
-        )
+        reason = f"dispatch failed on {current.cluster}: {error}"
+        self._dispatch_failed(record, current, f"dispatch-failed: {error}", reason, now, effects)
         return effects
+
+    def _dispatch_failed(
+        self,
+        record: JobRecord,
+        current: AttemptRecord,
+        cause: str,
+        reason: str,
+        now: float,
+        effects: list[Effect],
+    ) -> None:
+        """The pool did not take the attempt (refused it, or never reported it): its breaker
+        counts a failure, and the job goes elsewhere, at once the first time (the pool is
+        avoided for its next attempt), then after its backoff."""
+        pool = (current.cluster, current.flavor)
+        self.health.failure(pool, record.job_id, current.attempt, reason, now)
+        record.start_failures += 1
+        self._end_attempt(record, current, cause, now, lost=True)
+        cancel = self._cancel_cmd(record.job_id, current.attempt, cause.split(":")[0])
+        effects.append(Send(current.cluster, cancel))
+        record.avoid.append(AvoidPool(*pool, now + self._config.scheduling.avoid_lost_pool_s))
+        failures = record.start_failures
+        delay = 0.0 if failures <= 1 else backoff_delay(record, failures - 1)
+        self._requeue(record, now, delay, effects, reason=reason)
 
     def admit(
         self, record: JobRecord, placement: Placement, now: float, effects: list[Effect]
@@ -297,6 +328,7 @@ class AttemptLifecycle:
                 self._preempting.discard(job_id)
             elif now >= pre.deadline:
                 self._finish_preempt(record, now, effects)
+        self._swallowed(now, effects)
         for job_id in list(self._starting):
             record = self._jobs[job_id]
             current = record.current
@@ -316,6 +348,29 @@ class AttemptLifecycle:
                 self._requeue(
                     record, now, delay, effects, reason=f"not all replicas ran within {limit:g}s"
                 )
+
+    def _swallowed(self, now: float, effects: list[Effect]) -> None:
+        """Acknowledged dispatches their agent never reported (created or running) within
+        `timeouts.dispatch_report_s`: the cluster swallowed them. Not while the cluster takes
+        no placements (silent or stale): cluster health deals with that."""
+        window = self._config.timeouts.dispatch_report_s
+        due = [j for j, t in self._unreported.items() if t is not None and now > t]
+        clusters = self._scheduler.cluster_states()
+        for job_id in due:
+            record = self._jobs[job_id]
+            current = record.current
+            if current is None or record.preempting is not None:
+                self._unreported.pop(job_id, None)
+                continue
+            c = clusters.get(current.cluster)
+            if c is None or not c.schedulable:
+                continue
+            del self._unreported[job_id]
+            reason = (
+                f"dispatch to {current.cluster} not reported by its agent within {window:g}s "
+                "of its acknowledgement"
+            )
+            self._dispatch_failed(record, current, "dispatch-unreported", reason, now, effects)
 
     def restore(self, record: JobRecord, current: AttemptRecord, now: float) -> None:
         """After a restart: a persisted live attempt (and its reserved replacement) holds its
@@ -397,6 +452,8 @@ class AttemptLifecycle:
         record.reason = None
         self._track_live(record, attempt.cluster)
         self._starting.add(record.job_id)
+        self._unreported[record.job_id] = None
+        self.health.dispatched((attempt.cluster, attempt.flavor), record.job_id, attempt.attempt)
         effects.append(Persist(record))
         effects.append(self._dispatch_send(record, attempt))
         effects.append(
@@ -694,6 +751,7 @@ class AttemptLifecycle:
         record.state = state
         record.reason = reason
         record.finished_at = now
+        compact(record)  # an ended job's workload frees its team's storage (docs/operations.md)
         effects.append(Persist(record))
         event = self.event(record, state, now, reason=reason)
         event.event.accounting = accounting_of(record, now)
@@ -703,6 +761,7 @@ class AttemptLifecycle:
         self, record: JobRecord, attempt: AttemptRecord, cause: str, now: float, *, lost: bool
     ) -> None:
         close_attempt(record, attempt, cause, now, lost=lost)
+        self.health.abandoned((attempt.cluster, attempt.flavor), record.job_id, attempt.attempt)
         self._scheduler.release(record.job_id, attempt.attempt)
         self._untrack_live(record, attempt.cluster)
         self._backlog.capacity_dirty = True
@@ -726,6 +785,7 @@ class AttemptLifecycle:
     def _untrack_live(self, record: JobRecord, cluster: str) -> None:
         self._live.discard(record.job_id)
         self._starting.discard(record.job_id)
+        self._unreported.pop(record.job_id, None)
         jobs = self._live_on.get(cluster)
         if jobs is not None:
             jobs.discard(record.job_id)

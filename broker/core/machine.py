@@ -322,6 +322,8 @@ class Machine:
         self.lifecycle.expire(now, effects)
         self.backlog.due(self._jobs, now)
         self.moves.tick(now, effects)
+        if self.lifecycle.health.tick(now):
+            self.backlog.capacity_dirty = True  # a pool may take a probe
         return effects
 
     # ------------------------------------------------------------------ recovery after restart

@@ -106,6 +106,7 @@ class Candidates:
     live: list[list[Pool]]  # copies of `groups` that a cycle prunes of pools with no free GPU
     matching: int  # pools passing the type filters, in any cluster
     unhealthy: int  # of those, pools in clusters that take no placements
+    blocked: list[Pool]  # of those, pools whose dispatch breaker is open (health.py)
     spot_pools: list[Pool]  # rank-0 spot pools of a spot-then-on-demand job (fallback check)
 
 
@@ -123,6 +124,8 @@ def build_candidates(
     scored: list[tuple[int, float, str, str, Pool]] = []
     matching = unhealthy = 0
     spot_pools: list[Pool] = []
+    blocked: list[Pool] = []
+    blocked_keys = inv.blocked
     for c in inv.clusters.values():
         for p in c.pools.values():
             if not gpu_type_ok(p, req.gpu_types, gpus):
@@ -133,6 +136,9 @@ def build_candidates(
             matching += 1
             if not c.schedulable:
                 unhealthy += 1
+                continue
+            if p.key in blocked_keys:
+                blocked.append(p)
                 continue
             if req.capacity == "spot-then-on-demand" and rank == 0:
                 spot_pools.append(p)
@@ -154,7 +160,9 @@ def build_candidates(
             groups.append([p])
             ranks.append(rank)
             base = cost
-    return Candidates(groups, ranks, [list(g) for g in groups], matching, unhealthy, spot_pools)
+    return Candidates(
+        groups, ranks, [list(g) for g in groups], matching, unhealthy, blocked, spot_pools
+    )
 
 
 def pool_cost(

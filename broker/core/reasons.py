@@ -2,11 +2,13 @@
 
 Order and rules: `no-clusters` (nothing reported yet), `no-matching-flavor` (no pool offers the
 GPU types and capacity type), `cluster-unhealthy` (every matching pool is in a cluster that takes
-no placements) end the list alone. Otherwise, in this order: `pool-avoided` when an avoided
+no placements, or behind an open dispatch breaker: then `circuit-open` per such pool follows) end
+the list alone. Otherwise, in this order: `pool-avoided` when an avoided
 pool would fit now; `quota-exceeded` / `cohort-exhausted` per failing code (flavor = the
 flavor class); then, when capacity was the problem somewhere, `insufficient-capacity` if some
 considered pool could host the gang when empty, else `gang-too-large`; and a trailing
-`cluster-unhealthy` when some matching pools sit in unschedulable clusters.
+`cluster-unhealthy` when some matching pools sit in unschedulable clusters, and one
+`circuit-open` per matching pool whose dispatch breaker is open (health.py).
 """
 
 from __future__ import annotations
@@ -65,12 +67,13 @@ def explain(
         return (Reason("no-clusters", "no cluster has reported its nodes yet"),)
     if cands.matching == 0:
         return (_no_matching(req),)
-    if cands.unhealthy == cands.matching:
+    if cands.unhealthy + len(cands.blocked) == cands.matching:
         return (
             Reason(
                 "cluster-unhealthy",
                 f"all {cands.matching} matching pools are in clusters that take no placements now",
             ),
+            *_circuit_open(inv, cands),
         )
     reasons: list[Reason] = []
     if avoided:
@@ -116,7 +119,15 @@ def explain(
                 f"{cands.unhealthy} matching pools are in clusters that take no placements now",
             )
         )
+    reasons.extend(_circuit_open(inv, cands))
     return tuple(reasons)
+
+
+def _circuit_open(inv: Inventory, cands: Candidates) -> list[Reason]:
+    return [
+        Reason("circuit-open", inv.blocked.get(p.key, ""), cluster=p.cluster, flavor=p.name)
+        for p in cands.blocked
+    ]
 
 
 def feasibility(inv: Inventory, req: GangRequest, gang: Gang) -> tuple[Reason, ...]:

@@ -13,7 +13,7 @@ import msgspec
 from broker.core.types import GangRequest, PodSetDemand
 from schemas.agent import CheckpointRef, PodSetAssignment
 from schemas.api import JobState
-from schemas.job import JobSpec
+from schemas.job import JobSpec, Workload
 from schemas.quantity import cpu_milli, memory_bytes
 
 
@@ -174,3 +174,18 @@ def pricing_interval_s(spec: JobSpec) -> float | None:
         return None
     raw = (ck.interval_s or DEFAULT_INTERVAL_S) + 2.0 * restart_overhead_s(spec)
     return math.ceil(raw / _PRICING_STEP_S) * _PRICING_STEP_S
+
+
+def compact(record: JobRecord) -> bool:
+    """Drop what an ended job no longer needs from its record: the workload (image, command,
+    env, manifest), the bulk of a large spec. What idempotency (the job id), `muster status`,
+    `why` and accounting read stays. True when the record changed (it must be persisted)."""
+    spec = record.spec
+    if spec.workload == _BARE.get(spec.workload.kind) or not spec.gang:
+        return False  # already compact; or a manifest job, whose manifest holds its gang
+    bare = _BARE.setdefault(spec.workload.kind, Workload(kind=spec.workload.kind))
+    record.spec = msgspec.structs.replace(spec, workload=bare)
+    return True
+
+
+_BARE: dict[str, Workload] = {}

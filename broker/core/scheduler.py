@@ -56,7 +56,7 @@ from broker.core.assigner import (
     shape_of,
 )
 from broker.core.diagnose import pool_reasons
-from broker.core.inventory import AllocKey, Cluster, Inventory, Node
+from broker.core.inventory import AllocKey, Cluster, Inventory, Node, Pool
 from broker.core.ledger import Alloc, Ledger, Vec
 from broker.core.placement import Gang, capacity_rank, make_gang
 from broker.core.preemption import plan_preemption, worth_planning
@@ -68,6 +68,7 @@ from broker.core.types import (
     GangRequest,
     Placement,
     PodSetDemand,
+    PoolKey,
     Preemption,
     Reason,
 )
@@ -205,6 +206,24 @@ class Scheduler:
 
     def set_cluster_stale(self, cluster: str, stale: bool) -> None:
         self._inv.set_stale(cluster, stale)
+
+    def set_pool_blocked(self, pool: PoolKey, reason: str | None, *, probing: bool) -> None:
+        """The dispatch breaker of `pool` (health.py): `reason` when it takes no placements,
+        `probing` when it takes one more (a half-open breaker's probe)."""
+        inv = self._inv
+        if reason is None:
+            inv.blocked.pop(pool, None)
+        else:
+            inv.blocked[pool] = reason
+        if probing:
+            inv.probing.add(pool)
+        else:
+            inv.probing.discard(pool)
+        inv.version += 1
+        self._inputs_changed()
+
+    def pool_blocked(self, pool: PoolKey) -> str | None:
+        return self._inv.blocked.get(pool)
 
     def jobs_on_node(self, cluster: str, node: str) -> list[str]:
         return _job_ids(self._inv.keys_on_node(cluster, node))
@@ -681,6 +700,8 @@ class Scheduler:
         )
         if fresh:
             self._fresh.append(alloc)
+        if pool.key in self._inv.probing:
+            self._probe_taken(pool)
         if self._worth:
             self._worth.clear()
         if self._same_fail:
@@ -691,6 +712,17 @@ class Scheduler:
             self._waiting.pop(req.job_id, None)
             self._drop_hold(req.job_id)
         return a.placement
+
+    def _probe_taken(self, pool: Pool) -> None:
+        """A half-open pool took its probe: the rest of this cycle places nothing more there
+        (the running snapshot's candidate lists drop it); its dispatch then blocks it
+        (`PoolHealth.dispatched`) until the probe is decided."""
+        if self._snap is None:
+            return
+        for cands in self._snap.cands.values():
+            for group in cands.live:
+                if pool in group:
+                    group.remove(pool)
 
     def reserve(
         self, request: GangRequest, now: float, replacing_attempt: int | None = None

@@ -97,6 +97,7 @@ ReasonCode = Literal[
     "cohort-exhausted",  # borrowing would exceed what the cohort lends
     "strict-fifo-blocked",  # a StrictFIFO queue's head is blocked
     "cluster-unhealthy",
+    "circuit-open",  # the pool's dispatch breaker is open: its dispatches failed (health.py)
     "pool-avoided",  # the pool that just lost this job is avoided for this attempt
     "backoff",  # waiting before the next attempt
     "waiting-for-preemption",  # victims chosen; waiting for them to end

@@ -19,6 +19,7 @@ from broker.core.scheduler import Scheduler
 from schemas.api import (
     CheckpointView,
     ClusterView,
+    FlavorView,
     JobView,
     PendingReason,
     QueueView,
@@ -202,12 +203,22 @@ class JobViews:
                     name=name,
                     health=track.health if track else "lost",
                     last_heartbeat=track.last_heard if track else None,
-                    flavors=self._scheduler.flavor_views(name, now),
+                    flavors=self._with_breakers(name, self._scheduler.flavor_views(name, now)),
                     running_jobs=len(self._lifecycle.live_on(name)),
                     stale_s=track.stale_s if track else 0.0,
                 )
             )
         return out
+
+    def _with_breakers(self, cluster: str, flavors: list[FlavorView]) -> list[FlavorView]:
+        health = self._lifecycle.health
+        for f in flavors:
+            b = health.view((cluster, f.name))
+            if b is not None:
+                f.breaker = b.state
+                f.breaker_failures = b.failures
+                f.breaker_reason = health.reason((cluster, f.name)) or b.cause
+        return flavors
 
     def pending_count(self) -> int:
         return sum(len(p) for p in self._backlog.pending.values())
@@ -237,7 +248,7 @@ def _waiting_for(reasons: list[PendingReason], candidates: list[PendingReason]) 
         return "capacity"
     if "quota-exceeded" in codes:
         return "quota"
-    if "pool-avoided" in codes or "cluster-unhealthy" in codes:
+    if codes & {"pool-avoided", "cluster-unhealthy", "circuit-open"}:
         return "a healthy cluster"
     if not candidates:
         return "a cluster to report"

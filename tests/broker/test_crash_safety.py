@@ -21,6 +21,7 @@ from schemas.agent import (
     NodeInfo,
 )
 from schemas.codec import decode_command, decode_submit_reply, encode_json, encode_msgpack
+from schemas.config import SchedulingConfig
 from tests.broker.conftest import OD_A100, Harness
 from tests.broker.test_submit import job
 from tests.broker.wire import next_item
@@ -285,8 +286,12 @@ async def test_persisted_unacknowledged_dispatch_is_resent_after_restart(
 
 async def test_stale_epoch_storm_leaves_the_broker_leading(harness: Harness) -> None:
     """An agent answering every command with stale_epoch (and a huge epoch) for seconds:
-    the lease says the broker still leads, so it keeps leading, and no consumers pile up."""
-    broker = await harness.start_broker()
+    the lease says the broker still leads, so it keeps leading, and no consumers pile up.
+    Dispatch breakers off: they would stop sending to that cluster after three refusals."""
+    no_breakers = SchedulingConfig(breaker_failures=0)
+    broker = await harness.start_broker(
+        msgspec.structs.replace(harness.config, scheduling=no_breakers)
+    )
     epoch = broker.lease.epoch
     agent = await harness.agent("c1")
     await agent._sub.unsubscribe()

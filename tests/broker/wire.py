@@ -63,6 +63,7 @@ class WireAgent:
         self.cancels: asyncio.Queue[Cancel] = asyncio.Queue()
         self.workloads: list[WorkloadStatus] = []
         self.auto_run = True  # answer a dispatch with created + running
+        self.refuse = ""  # not empty: refuse every dispatch with this error (ok=False)
         self.silent = False  # True: no heartbeats (a cluster that went away)
         self._sub: Any = None
         self._beat: asyncio.Task[None] | None = None
@@ -103,6 +104,9 @@ class WireAgent:
         elif isinstance(cmd, Cancel):
             self.cancels.put_nowait(cmd)
         if not self.ack:
+            return
+        if self.refuse and isinstance(cmd, Dispatch):
+            await msg.respond(encode_msgpack(CommandAck(ok=False, error=self.refuse)))
             return
         await msg.respond(encode_msgpack(CommandAck(ok=True)))
         if isinstance(cmd, Resync):

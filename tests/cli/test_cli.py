@@ -307,9 +307,9 @@ def test_clusters_table() -> None:
     rows = [line.split() for line in text.strip().splitlines()[1:]]
     assert rows[0][:5] == ["aws-east", "healthy", "1s", "ago", "4"]
     assert rows[0][5:12] == ["a100-spot", "spot", "a100", "1.10", "20", "24/160", "1"]
-    assert " ".join(rows[0][12:]) == "0.610/node-h, 7 observed"
+    assert " ".join(rows[0][12:]) == "0.610/node-h, 7 observed ok"  # dispatch breaker: ok
     assert rows[1][:3] == ["a100-od", "on-demand", "a100"]  # same cluster, second flavor
-    assert rows[1][-1] == "-"  # on-demand: nothing observed, no prior
+    assert rows[1][-2:] == ["-", "ok"]  # on-demand: nothing observed, no prior
     assert rows[2][:2] == ["gone", "lost"]
     stale = ClusterView("blind", "healthy", NOW - 1, stale_s=75.0)
     assert "healthy, stale 75s" in text_of(clusters_table([stale], now=NOW))
@@ -320,7 +320,12 @@ def test_clusters_table() -> None:
         interruption_prior=0.5,
     )
     text = text_of(clusters_table([ClusterView("new", "healthy", flavors=[fresh])], now=NOW))
-    assert text.splitlines()[1].endswith("prior 0.5/node-h, 0 observed")
+    assert "prior 0.5/node-h, 0 observed" in text.splitlines()[1]
+    tripped = msgspec.structs.replace(
+        fresh, breaker="open", breaker_failures=3, breaker_reason="circuit open after 3"
+    )
+    text = text_of(clusters_table([ClusterView("bad", "healthy", flavors=[tripped])], now=NOW))
+    assert text.splitlines()[1].rstrip().endswith("open: circuit open after 3")
 
 
 def test_event_line() -> None:

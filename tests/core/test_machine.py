@@ -163,7 +163,8 @@ def test_preemption_budget_is_separate_and_enforced() -> None:
 
 
 def test_start_timeout_requeues_with_exponential_backoff() -> None:
-    w = World(start_s=30)
+    # The dispatch is reported as created (the cluster took it), but never runs.
+    w = World(start_s=30, dispatch_report_s=0)
     w.cluster("a")
     job = w.submit(restart=RestartPolicy(backoff_s=4, max_backoff_s=100))
     w.cycle()
