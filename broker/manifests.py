@@ -34,11 +34,12 @@ import msgspec
 import yaml
 
 from kinds.adapter import Adapter
-from kinds.base import DOMAIN, LEGACY_DOMAIN, KindError, mapping
+from kinds.base import DOMAIN, LEGACY_DOMAIN, KindError, clip, mapping
 from kinds.demand import pod_demand
 from kinds.podgroup import group_pods
 from kinds.pods import PodPolicy, check_safety
 from kinds.registry import adapter_of
+from kinds.schema import check as check_fields
 from schemas.fieldhints import explain
 from schemas.job import MAX_GPU_PER_REPLICA, MAX_PODSETS, MAX_REPLICAS, JobSpec
 
@@ -63,6 +64,8 @@ LEGACY_ANNOTATION_PREFIX = f"{LEGACY_DOMAIN}/"
 MIN_AVAILABLE_LABEL = f"{DOMAIN}/min-available"
 SOURCE_KIND_LABEL = f"{DOMAIN}/source-kind"
 NAMESPACE_LABEL = f"{DOMAIN}/namespace"
+# Fields no vendored schema knows, let through by `muster.dev/field-validation: Warn`.
+UNKNOWN_FIELDS_LABEL = f"{DOMAIN}/unknown-fields"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
@@ -337,6 +340,13 @@ def jobspec_from_manifest(
             "not a Kubernetes manifest: it needs `apiVersion` and `kind` (e.g. "
             "apiVersion: kubeflow.org/v1, kind: PyTorchJob)"
         )
+    try:
+        adapter = adapter_of(manifest)
+    except KindError as exc:
+        raise ManifestError(str(exc)) from None
+    refusal, warned = check_fields(manifest, adapter.resource.plural)
+    if refusal is not None:
+        raise ManifestError(refusal)
     metadata = _mapping(manifest.get("metadata"), "metadata")
     raw_name = metadata.get("name") or metadata.get("generateName")
     if not isinstance(raw_name, str) or not raw_name:
@@ -346,7 +356,7 @@ def jobspec_from_manifest(
         raise ManifestError(f"metadata.name: {raw_name!r} has no letters or digits to keep")
 
     try:
-        drafts, min_available, adapter = _drafts(manifest)
+        drafts, min_available, _ = _drafts(manifest)
         min_pods = adapter.min_pods(manifest)
         # What no agent would run is refused at submission; the service-account allow-list
         # lives in each agent's configuration, so the agent checks that one.
@@ -387,6 +397,8 @@ def jobspec_from_manifest(
             f"minAvailable is {min_available} but the job has only {total} pods; "
             f"lower minAvailable to at most {total}"
         )
+    if warned:
+        labels[UNKNOWN_FIELDS_LABEL] = clip(", ".join(p.path for p in warned), 1024)
     fields["labels"] = labels
 
     fields["name"] = name
