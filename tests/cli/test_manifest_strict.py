@@ -14,11 +14,13 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 from broker.manifests import ManifestError, jobspec_from_manifest, load_job_document
 from broker.service import parse_submission
 from kinds.registry import adapter_of
 from kinds.schema import FIELD_VALIDATION
+from muster.cli import app
 from schemas.codec import DecodeError
 
 from .conftest import fixture, fixture_text
@@ -110,6 +112,16 @@ def test_the_cli_reads_the_same_refusal(tmp_path: Path) -> None:
     text = fixture_text("tfjob-ps.yaml").replace("replicas: 4", "replica: 4")
     with pytest.raises(ManifestError, match=r"^job\.yaml: spec\.tfReplicaSpecs\.Worker\.replica"):
         load_job_document(text, source="job.yaml")
+
+
+def test_muster_submit_refuses_the_typo_before_sending(tmp_path: Path) -> None:
+    """Through the real command: exit 1 and one error line naming the field, nothing sent."""
+    path = tmp_path / "job.yaml"
+    path.write_text(fixture_text("pytorchjob-ddp-mnist.yaml").replace("limits:", "limit:"))
+    result = CliRunner().invoke(app, ["submit", str(path), "--nats", "nats://127.0.0.1:1"])
+    assert result.exit_code == 1
+    assert "resources.limit: unknown field; did you mean 'limits'?" in result.stderr
+    assert "nats" not in result.stderr.lower()  # refused before any connection
 
 
 def test_every_example_and_fixture_job_passes() -> None:
