@@ -44,7 +44,13 @@ from broker.core.moves import PlannedMoves
 from broker.core.records import JobRecord, demands_of, gang_request
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
-from broker.core.submission import choose_queue, derive_job_id, queue_full, reject
+from broker.core.submission import (
+    choose_queue,
+    derive_job_id,
+    queue_full,
+    reject,
+    resolve_priority,
+)
 from broker.core.types import Reason
 from broker.core.views import JobViews
 from schemas.agent import (
@@ -162,6 +168,10 @@ class Machine:
         queue = choose_queue(self.config, self.queues, spec, subject_queue)
         if isinstance(queue, SubmitReply):
             return queue, []
+        resolved = resolve_priority(self.config, spec)
+        if isinstance(resolved, SubmitReply):
+            return resolved, []
+        spec = resolved
         if order is None:
             order = self._order + 1
         self._order = max(self._order, order)
