@@ -51,7 +51,7 @@ from broker.core.submission import (
     reject,
     resolve_priority,
 )
-from broker.core.types import Reason
+from broker.core.types import Preemption, Reason
 from broker.core.views import JobViews
 from schemas.agent import (
     CheckpointReport,
@@ -198,6 +198,20 @@ class Machine:
             self.lifecycle.event(record, "queued", now),
         ]
 
+    def _why(self, pre: Preemption) -> str:
+        """Kueue's "Preempted to accommodate a workload ...", for the victim."""
+        preemptor = self._jobs.get(pre.preemptor)
+        if preemptor is None:
+            return f"to accommodate {pre.preemptor}"
+        if pre.kind == "within-queue":
+            rule = f"within queue {preemptor.queue}: it has a higher priority (LowerPriority)"
+        else:
+            rule = f"queue {preemptor.queue} reclaims its nominal quota lent in the cohort"
+        return (
+            f"to accommodate {pre.preemptor} (priority {preemptor.spec.priority}) on "
+            f"{pre.pool[0]}/{pre.pool[1]}, {rule}"
+        )
+
     def _cancel(self, job_id: str, reason: str, now: float) -> tuple[str | None, list[Effect]]:
         """Returns (error, effects). Cancelling a finished job is an error that changes nothing."""
         record = self._jobs.get(job_id)
@@ -232,7 +246,9 @@ class Machine:
                     continue
                 cause = "preempted" if pre.kind == "within-queue" else "reclaimed"
                 deadline = now + self.config.timeouts.checkpoint_grace_s
-                self.lifecycle.begin_preempt(victim, cause, deadline, now, effects, reserve=False)
+                self.lifecycle.begin_preempt(
+                    victim, cause, deadline, now, effects, reserve=False, detail=self._why(pre)
+                )
         for job_id, reasons in result.pending.items():
             self.registry.set_reasons(job_id, reasons)
             pending = self._jobs.get(job_id)
@@ -330,6 +346,9 @@ class Machine:
             self.backlog.capacity_dirty = True
         self.lifecycle.expire(now, effects)
         self.backlog.due(self._jobs, now)
+        lapsed = self.scheduler.protection_lapsed(now)
+        if lapsed:
+            self.backlog.wake(lapsed)
         self.moves.tick(now, effects)
         return effects
 
