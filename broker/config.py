@@ -101,6 +101,11 @@ _MATCHED_LABELS = frozenset(
         "accelerator",
     }
 )
+_PRIORITY_KINDS = {
+    ("scheduling.k8s.io", "PriorityClass"),
+    ("kueue.x-k8s.io", "WorkloadPriorityClass"),
+}
+_PRIORITY_RANGE = 1_000_000  # a job's priority lies within +-this (schemas.job.JobSpec)
 _CLUSTER_QUEUE_FIELDS = (
     "cohort",
     "cohortName",
@@ -139,7 +144,6 @@ _KOORD_LABELS = frozenset(
     }
 )
 _KUEUE_IGNORED = {
-    "WorkloadPriorityClass",
     "AdmissionCheck",
     "MultiKueueConfig",
     "MultiKueueCluster",
@@ -393,6 +397,7 @@ class _Importer:
         self.queues: dict[str, tuple[dict[str, Any], str]] = {}
         self.cohorts: dict[str, tuple[dict[str, Any], str]] = {}
         self.aliases: dict[str, tuple[str, str]] = {}
+        self.priority_classes: dict[str, tuple[int, str]] = {}
         self.notes: list[str] = []
         self.needs_any_flavor = False
         self._volcano: dict[str, _Pending] = {}
@@ -416,6 +421,9 @@ class _Importer:
             spec = {}
         if not isinstance(spec, Mapping):
             raise ConfigError(f"{ctx}: spec: expected a mapping, got {type(spec).__name__}")
+        if (group, kind) in _PRIORITY_KINDS:
+            self._priority_class(raw_name, doc, ctx)
+            return
         handler = {
             ("kueue.x-k8s.io", "ResourceFlavor"): self._resource_flavor,
             ("kueue.x-k8s.io", "ClusterQueue"): self._cluster_queue,
@@ -432,11 +440,31 @@ class _Importer:
                 return
             raise ConfigError(
                 f"{ctx}: {api_version} {kind} is not a config object Muster imports; supported: "
-                "Kueue ResourceFlavor/ClusterQueue/LocalQueue/Cohort, Volcano Queue, "
-                "ElasticQuota of Koordinator or scheduler-plugins (job manifests go to "
+                "Kueue ResourceFlavor/ClusterQueue/LocalQueue/Cohort/WorkloadPriorityClass, "
+                "PriorityClass, Volcano Queue, ElasticQuota of Koordinator or "
+                "scheduler-plugins (job manifests go to "
                 "`muster submit`)"
             )
         handler(raw_name, spec, metadata, ctx, source)
+
+    def _priority_class(self, name: str, doc: Mapping[str, Any], ctx: str) -> None:
+        """PriorityClass / WorkloadPriorityClass: its `value` is the priority of the jobs that
+        name it (checked against Muster's range once the Muster document had its say)."""
+        value = doc.get("value")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{ctx}: value: expected a whole number, got {value!r}")
+        seen = self.priority_classes.get(name)
+        if seen is not None and seen[0] != value:
+            raise ConfigError(
+                f"{ctx}: priority class {name!r} is also defined with value {seen[0]} "
+                f"({seen[1]}); give both the same value or rename one"
+            )
+        self.priority_classes[name] = (value, ctx)
+        if doc.get("globalDefault") is True:
+            self.notes.append(
+                f"{ctx}: globalDefault is not applied; a job that names no priority class "
+                "keeps its own priority (0 unless it sets one)"
+            )
 
     def finish(self) -> None:
         """Turn the pending Volcano queues and ElasticQuotas into queues and cohorts."""
@@ -1202,6 +1230,7 @@ def _assemble(raw: dict[str, Any], importer: _Importer, source: str) -> LoadedCo
     merged("flavors", flavors)
     merged("queues", importer.queues)
     merged("cohorts", importer.cohorts)
+    _merge_priority_classes(raw, importer.priority_classes, source)
 
     try:
         config = convert_config(raw)
@@ -1214,6 +1243,29 @@ def _assemble(raw: dict[str, Any], importer: _Importer, source: str) -> LoadedCo
     _check_references(config, aliases, source)
     config = msgspec.structs.replace(config, queue_aliases=aliases)
     return LoadedConfig(config=config, aliases=aliases, notes=list(importer.notes))
+
+
+def _merge_priority_classes(
+    raw: dict[str, Any], imported: Mapping[str, tuple[int, str]], source: str
+) -> None:
+    """Imported classes under the Muster document's own `priority_classes` (which win)."""
+    own = raw.get("priority_classes")
+    if own is not None and not isinstance(own, Mapping):
+        raise ConfigError(f"{source}: priority_classes: expected a mapping of class name: priority")
+    if not imported:
+        return
+    merged: dict[str, Any] = {}
+    for name, (value, ctx) in imported.items():
+        if own is not None and name in own:
+            continue
+        if abs(value) > _PRIORITY_RANGE:
+            raise ConfigError(
+                f"{ctx}: value {value} is outside Muster's job priorities "
+                f"(-{_PRIORITY_RANGE:,} to {_PRIORITY_RANGE:,}); map the class in the Muster "
+                f"document, e.g. `priority_classes: {{{name}: 1000}}`"
+            )
+        merged[name] = value
+    raw["priority_classes"] = {**merged, **(own or {})}
 
 
 def _check_references(config: BrokerConfig, aliases: Mapping[str, str], source: str) -> None:

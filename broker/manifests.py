@@ -14,6 +14,10 @@ Queue: the `queue` argument wins; otherwise the `kueue.x-k8s.io/queue-name` labe
 own queue field (Volcano's `spec.queue`, Kubeflow's `runPolicy.schedulingPolicy.queue`), or
 Koordinator's `scheduling.x-k8s.io/queue` annotation, in that order.
 
+Priority class: Kueue's `kueue.x-k8s.io/priority-class` label, Volcano's `spec.priorityClassName`
+or the pod templates' `priorityClassName` is kept as the label `muster.dev/priority-class`; the
+broker sets the priority from its config's `priority_classes` (docs/compat.md).
+
 Other JobSpec fields can be set with annotations on the manifest: `muster.dev/capacity`,
 `muster.dev/priority` (also Koordinator's `scheduling.x-k8s.io/priority`), `muster.dev/gpu-types`
 (comma-separated), `muster.dev/checkpoint-uri`, `muster.dev/job-id` (the older `muster.io/`
@@ -34,11 +38,12 @@ import msgspec
 import yaml
 
 from kinds.adapter import Adapter
-from kinds.base import DOMAIN, LEGACY_DOMAIN, KindError, mapping
+from kinds.base import DOMAIN, LEGACY_DOMAIN, KindError, clip, mapping
 from kinds.demand import pod_demand
 from kinds.podgroup import group_pods
 from kinds.pods import PodPolicy, check_safety
 from kinds.registry import adapter_of
+from kinds.schema import check as check_fields
 from schemas.fieldhints import explain
 from schemas.job import MAX_GPU_PER_REPLICA, MAX_PODSETS, MAX_REPLICAS, JobSpec
 
@@ -63,8 +68,15 @@ LEGACY_ANNOTATION_PREFIX = f"{LEGACY_DOMAIN}/"
 MIN_AVAILABLE_LABEL = f"{DOMAIN}/min-available"
 SOURCE_KIND_LABEL = f"{DOMAIN}/source-kind"
 NAMESPACE_LABEL = f"{DOMAIN}/namespace"
+# The priority class a manifest names (pod `priorityClassName`, Kueue's WorkloadPriorityClass
+# label, Volcano's `spec.priorityClassName`); the broker sets the job's priority from it.
+PRIORITY_CLASS_LABEL = f"{DOMAIN}/priority-class"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+# Fields no vendored schema knows, let through by `muster.dev/field-validation: Warn`.
+UNKNOWN_FIELDS_LABEL = f"{DOMAIN}/unknown-fields"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_PRIORITY_CLASS = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 # Node labels that say which capacity type a node (or a selector) means.
@@ -250,6 +262,57 @@ def _annotation_fields(annotations: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _priority_class(
+    manifest: Mapping[str, Any], metadata: Mapping[str, Any], drafts: list[_PodSetDraft]
+) -> str | None:
+    """The priority class the manifest names, as Kueue reads it: the WorkloadPriorityClass
+    label first, then the kind's own `spec.priorityClassName` (Volcano), then the pod
+    templates' `priorityClassName` (they must agree). The broker maps it to a priority."""
+    labels = _mapping(metadata.get("labels"), "metadata.labels")
+    spec = manifest.get("spec")
+    candidates: list[tuple[Any, str]] = [
+        (labels.get(KUEUE_PRIORITY_LABEL), f"metadata.labels[{KUEUE_PRIORITY_LABEL}]"),
+        (
+            spec.get("priorityClassName") if isinstance(spec, Mapping) else None,
+            "spec.priorityClassName",
+        ),
+    ]
+    for value, where in candidates:
+        if value not in (None, ""):
+            return _check_class(value, where)
+    named: dict[str, str] = {}
+    for d in drafts:
+        pod = d.template.get("spec")
+        value = pod.get("priorityClassName") if isinstance(pod, Mapping) else None
+        if value not in (None, ""):
+            where = f"{d.path}.template.spec.priorityClassName" if d.path else "spec"
+            named.setdefault(_check_class(value, where), where)
+    if len(named) > 1:
+        listed = ", ".join(f"{where}: {name!r}" for name, where in named.items())
+        raise ManifestError(
+            f"the pod templates name different priority classes ({listed}); a gang has one "
+            f"priority, so name one class (or set the label {KUEUE_PRIORITY_LABEL})"
+        )
+    return next(iter(named), None)
+
+
+def _check_class(value: Any, where: str) -> str:
+    return _checked_name(
+        value,
+        where,
+        _PRIORITY_CLASS,
+        253,
+        "priority class name; write the name of a PriorityClass or WorkloadPriorityClass, "
+        "e.g. 'high-priority'",
+    )
+
+
+def _checked_name(value: Any, where: str, pattern: re.Pattern[str], limit: int, what: str) -> str:
+    if not isinstance(value, str) or not pattern.match(value) or len(value) > limit:
+        raise ManifestError(f"{where}: {value!r} is not a valid {what}")
+    return value
+
+
 def _manifest_queue(
     manifest: Mapping[str, Any], metadata: Mapping[str, Any], adapter: Adapter
 ) -> tuple[Any, str]:
@@ -271,12 +334,14 @@ def _manifest_queue(
 
 
 def _check_queue(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not _DNS_LABEL.match(value) or len(value) > 63:
-        raise ManifestError(
-            f"{where}: {value!r} is not a valid queue name; queue names are DNS labels "
-            "(lower-case letters, digits and '-'), e.g. 'ml-research'"
-        )
-    return value
+    return _checked_name(
+        value,
+        where,
+        _DNS_LABEL,
+        63,
+        "queue name; queue names are DNS labels (lower-case letters, digits and '-'), "
+        "e.g. 'ml-research'",
+    )
 
 
 def _check_limits(drafts: list[_PodSetDraft]) -> None:
@@ -337,6 +402,13 @@ def jobspec_from_manifest(
             "not a Kubernetes manifest: it needs `apiVersion` and `kind` (e.g. "
             "apiVersion: kubeflow.org/v1, kind: PyTorchJob)"
         )
+    try:
+        adapter = adapter_of(manifest)
+    except KindError as exc:
+        raise ManifestError(str(exc)) from None
+    refusal, warned = check_fields(manifest, adapter.resource.plural)
+    if refusal is not None:
+        raise ManifestError(refusal)
     metadata = _mapping(manifest.get("metadata"), "metadata")
     raw_name = metadata.get("name") or metadata.get("generateName")
     if not isinstance(raw_name, str) or not raw_name:
@@ -346,7 +418,7 @@ def jobspec_from_manifest(
         raise ManifestError(f"metadata.name: {raw_name!r} has no letters or digits to keep")
 
     try:
-        drafts, min_available, adapter = _drafts(manifest)
+        drafts, min_available, _ = _drafts(manifest)
         min_pods = adapter.min_pods(manifest)
         # What no agent would run is refused at submission; the service-account allow-list
         # lives in each agent's configuration, so the agent checks that one.
@@ -364,7 +436,9 @@ def jobspec_from_manifest(
         fields.pop(key, None)
     fields.update(_selector_fields(drafts))
     annotations = _mapping(metadata.get("annotations"), "metadata.annotations")
-    fields.update(_annotation_fields(annotations))
+    annotated = _annotation_fields(annotations)
+    fields.update(annotated)
+    priority_class = _priority_class(manifest, metadata, drafts)
 
     if queue is not None:
         fields["queue"] = _check_queue(queue, "queue")
@@ -387,6 +461,10 @@ def jobspec_from_manifest(
             f"minAvailable is {min_available} but the job has only {total} pods; "
             f"lower minAvailable to at most {total}"
         )
+    if priority_class is not None and "priority" not in annotated:
+        labels[PRIORITY_CLASS_LABEL] = priority_class
+    if warned:
+        labels[UNKNOWN_FIELDS_LABEL] = clip(", ".join(p.path for p in warned), 1024)
     fields["labels"] = labels
 
     fields["name"] = name

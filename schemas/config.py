@@ -15,6 +15,11 @@ from msgspec import Meta
 from schemas.job import CapacityType, DnsLabel
 
 Resource = Literal["gpu", "cpu", "memory"]
+# A PriorityClass / WorkloadPriorityClass name (a DNS subdomain) and the job priority it means.
+PriorityClassName = Annotated[
+    str, Meta(max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+]
+PriorityValue = Annotated[int, Meta(ge=-1_000_000, le=1_000_000)]
 Amount = Annotated[int, Meta(ge=0)]
 
 
@@ -178,6 +183,9 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     queue_aliases: dict[DnsLabel, DnsLabel] = {}
     limits: Limits = msgspec.field(default_factory=Limits)
     replication: Replication = msgspec.field(default_factory=Replication)
+    # A manifest's `priorityClassName` / `kueue.x-k8s.io/priority-class` -> the job's priority
+    # (also imported from PriorityClass and WorkloadPriorityClass objects).
+    priority_classes: dict[PriorityClassName, PriorityValue] = {}
 
     def __post_init__(self) -> None:
         names = [q.name for q in self.queues]

@@ -140,6 +140,10 @@ class Backlog:
         if self._truncated:
             self._recycle |= queues & self._truncated_queues
 
+    def wake(self, queues: set[str]) -> None:
+        """Consider these queues' heads in the next cycle: something they wait for is due."""
+        self._recycle |= queues
+
     def request(
         self, record: JobRecord, now: float, demands: tuple[PodSetDemand, ...]
     ) -> GangRequest:

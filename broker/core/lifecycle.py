@@ -32,6 +32,7 @@ from broker.core.records import (
     Preempting,
     compact,
     gang_request,
+    preempting_text,
 )
 from broker.core.registry import JobRegistry
 from broker.core.risk import NoticeWindows
@@ -536,9 +537,11 @@ class AttemptLifecycle:
         *,
         reserve: bool,
         replacement: AttemptRecord | None = None,
+        detail: str = "",
     ) -> None:
         """`replacement`: a placement already reserved for the next attempt (a planned move);
-        it is dispatched once the old attempt ends, even when that is at once."""
+        it is dispatched once the old attempt ends, even when that is at once. `detail`: who
+        the preemption makes room for, for the victim's events and status."""
         current = record.current
         if current is None or record.preempting is not None:
             return
@@ -549,13 +552,16 @@ class AttemptLifecycle:
             started_at=now,
             step_at_start=latest.step if latest is not None else None,
             replacement=replacement,
+            detail=detail,
         )
         record.state = "preempting"
         self._preempting.add(record.job_id)
         if reserve:
             self._reserve_replacement(record, now)
         effects.append(Persist(record))
-        effects.append(self.event(record, "preempting", now, reason=cause))
+        effects.append(
+            self.event(record, "preempting", now, reason=preempting_text(record.preempting))
+        )
         if record.spec.checkpoint is None or current.running_at is None:
             # Nothing to wait for: no checkpoints are written, or the gang never ran.
             self._finish_preempt(record, now, effects)
@@ -600,7 +606,7 @@ class AttemptLifecycle:
         if pre.replacement is not None:
             self._dispatch(record, pre.replacement, now, effects)
         else:
-            self._requeue(record, now, 0.0, effects, reason=pre.cause)
+            self._requeue(record, now, 0.0, effects, reason=preempting_text(pre))
 
     def lose_all(
         self,

@@ -44,8 +44,14 @@ from broker.core.moves import PlannedMoves
 from broker.core.records import JobRecord, demands_of, gang_request
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
-from broker.core.submission import choose_queue, derive_job_id, queue_full, reject
-from broker.core.types import Reason
+from broker.core.submission import (
+    choose_queue,
+    derive_job_id,
+    queue_full,
+    reject,
+    resolve_priority,
+)
+from broker.core.types import Preemption, Reason
 from broker.core.views import JobViews
 from schemas.agent import (
     CheckpointReport,
@@ -162,6 +168,10 @@ class Machine:
         queue = choose_queue(self.config, self.queues, spec, subject_queue)
         if isinstance(queue, SubmitReply):
             return queue, []
+        resolved = resolve_priority(self.config, spec)
+        if isinstance(resolved, SubmitReply):
+            return resolved, []
+        spec = resolved
         if order is None:
             order = self._order + 1
         self._order = max(self._order, order)
@@ -187,6 +197,20 @@ class Machine:
             Persist(record),
             self.lifecycle.event(record, "queued", now),
         ]
+
+    def _why(self, pre: Preemption) -> str:
+        """Kueue's "Preempted to accommodate a workload ...", for the victim."""
+        preemptor = self._jobs.get(pre.preemptor)
+        if preemptor is None:
+            return f"to accommodate {pre.preemptor}"
+        if pre.kind == "within-queue":
+            rule = f"within queue {preemptor.queue}: it has a higher priority (LowerPriority)"
+        else:
+            rule = f"queue {preemptor.queue} reclaims its nominal quota lent in the cohort"
+        return (
+            f"to accommodate {pre.preemptor} (priority {preemptor.spec.priority}) on "
+            f"{pre.pool[0]}/{pre.pool[1]}, {rule}"
+        )
 
     def _cancel(self, job_id: str, reason: str, now: float) -> tuple[str | None, list[Effect]]:
         """Returns (error, effects). Cancelling a finished job is an error that changes nothing."""
@@ -222,7 +246,9 @@ class Machine:
                     continue
                 cause = "preempted" if pre.kind == "within-queue" else "reclaimed"
                 deadline = now + self.config.timeouts.checkpoint_grace_s
-                self.lifecycle.begin_preempt(victim, cause, deadline, now, effects, reserve=False)
+                self.lifecycle.begin_preempt(
+                    victim, cause, deadline, now, effects, reserve=False, detail=self._why(pre)
+                )
         for job_id, reasons in result.pending.items():
             self.registry.set_reasons(job_id, reasons)
             pending = self._jobs.get(job_id)
@@ -321,6 +347,9 @@ class Machine:
             self.backlog.capacity_dirty = True
         self.lifecycle.expire(now, effects)
         self.backlog.due(self._jobs, now)
+        lapsed = self.scheduler.protection_lapsed(now)
+        if lapsed:
+            self.backlog.wake(lapsed)
         self.moves.tick(now, effects)
         if self.lifecycle.health.tick(now):
             self.backlog.capacity_dirty = True  # a pool may take a probe

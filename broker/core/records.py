@@ -60,6 +60,13 @@ class Preempting(msgspec.Struct, omit_defaults=True):
     step_at_start: int | None = None
     # make-before-break: the next attempt's placement, reserved at once when one fit.
     replacement: AttemptRecord | None = None
+    # who it makes room for and why ("to accommodate hi (priority 100) of queue q ...")
+    detail: str = ""
+
+
+def preempting_text(p: Preempting) -> str:
+    """`cause: detail`, as the victim's events and status show it."""
+    return f"{p.cause}: {p.detail}" if p.detail else p.cause
 
 
 class AvoidPool(msgspec.Struct, array_like=True):

@@ -97,6 +97,15 @@ def _root(q: QueueState) -> Cohort | None:
     return co
 
 
+def protection_message(victims: Sequence[str], min_runtime: float) -> str:
+    """Who will be preempted, and why not yet (`muster why` adds when)."""
+    shown = ", ".join(victims[:5]) + (f" and {len(victims) - 5} more" if len(victims) > 5 else "")
+    return (
+        f"will preempt {shown} when the protection of its newest run lapses "
+        f"(preemption_min_runtime_s: {min_runtime:g}s)"
+    )
+
+
 def _same_tree(a: QueueState, b: QueueState) -> bool:
     """Both queues under one root cohort: they lend to and reclaim from each other."""
     root = _root(a)
@@ -149,6 +158,10 @@ class Scheduler:
         # later jobs of its queue and borrowers of its cohort may not take that quota
         self._claims: dict[str, tuple[QueueState, str]] = {}
         self._reservations: dict[str, Reservation] = {}  # job_id -> make-before-break pair
+        # preemptor -> (when the first victim's minimum runtime ends, those victims, its
+        # queue): a plan that only protection stopped is tried again at that time, not at
+        # the next unrelated capacity change
+        self._protection: dict[str, tuple[float, tuple[str, ...], str]] = {}
 
     # -- inventory --------------------------------------------------------------------
 
@@ -484,16 +497,37 @@ class Scheduler:
                 return True
         return False
 
-    def _protected(self, now: float) -> Callable[[Alloc, bool], bool]:
+    def _protected(self, now: float, young: list[Alloc]) -> Callable[[Alloc, bool], bool]:
+        """Whether a candidate victim is off limits; those still inside their minimum runtime
+        are collected in `young` (their protection lapses at a known time)."""
         floor = now - self._min_runtime
         reclaimed = self._reclaimed
 
         def protected(a: Alloc, own: bool) -> bool:
             if a.admitted_at is not None and a.admitted_at > floor:
+                young.append(a)
                 return True
             return not own and a.job_id in reclaimed
 
         return protected
+
+    def _protected_plan(self, req: GangRequest, young: list[Alloc]) -> Reason:
+        """Remember when the young victims may be preempted, and say so."""
+        lapse = min(a.admitted_at or 0.0 for a in young) + self._min_runtime
+        victims = tuple(sorted({a.job_id for a in young}))
+        self._protection[req.job_id] = (lapse, victims, req.queue)
+        return Reason("preemption-protected", protection_message(victims, self._min_runtime))
+
+    def protection(self, job_id: str) -> tuple[float, tuple[str, ...]] | None:
+        """(when the protection lapses, the victims it protects) for a job that waits on it."""
+        found = self._protection.get(job_id)
+        return None if found is None else found[:2]
+
+    def protection_lapsed(self, now: float) -> set[str]:
+        """The queues of the jobs whose would-be victims' protection ended by `now` (each
+        reported once): their heads are considered again, so the preemption is planned then."""
+        due = [j for j, (lapse, _, _) in self._protection.items() if lapse <= now]
+        return {self._protection.pop(j)[2] for j in due}
 
     def _cycle(self, pending: Sequence[GangRequest], now: float, res: CycleResult) -> None:
         book = self._book
@@ -620,6 +654,7 @@ class Scheduler:
         if self._claims and self._planning_elsewhere(req.job_id, qs):
             return out
         self._plans += 1
+        young: list[Alloc] = []
         cands = snap.candidates(req, gang)
         plan = plan_preemption(
             self._inv,
@@ -631,11 +666,14 @@ class Scheduler:
             cands,
             allow_fallback(req, gang, cands),
             now,
-            self._protected(now),
+            self._protected(now, young),
         )
         if plan is None:
             self._plan_fail.add(pkey)
+            if young:
+                return (self._protected_plan(req, young), *out)
             return out
+        self._protection.pop(req.job_id, None)
         self._worth.clear()
         self._same_fail.clear()
         keys: set[AllocKey] = set()

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import msgspec
+
 from schemas.api import SubmitReply
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import JobSpec
 
 DEFAULT_QUEUE = "default"  # where a job that names no queue goes, when the config has it
+# The priority class a manifest named (broker.manifests sets it; the config maps it).
+PRIORITY_CLASS_LABEL = "muster.dev/priority-class"
 
 
 def reject(error: str) -> SubmitReply:
@@ -66,3 +70,20 @@ def derive_job_id(name: str, token: str) -> str:
     """The id of a job submitted without one: its name and a token, at most 63 characters."""
     suffix = f"-{token}"
     return name[: 63 - len(suffix)].rstrip("-") + suffix
+
+
+def resolve_priority(config: BrokerConfig, spec: JobSpec) -> JobSpec | SubmitReply:
+    """The job with the priority its priority class means in the config, or the refusal of
+    a class the config does not know (a class must never silently mean priority 0)."""
+    name = spec.labels.get(PRIORITY_CLASS_LABEL)
+    if name is None:
+        return spec
+    value = config.priority_classes.get(name)
+    if value is None:
+        known = ", ".join(f"{n} ({v})" for n, v in sorted(config.priority_classes.items()))
+        return reject(
+            f"unknown priority class {name!r}; known priority classes: {known or '(none)'}. "
+            "Declare it under `priority_classes` in the broker config (or import its "
+            "PriorityClass / WorkloadPriorityClass), or name a known one"
+        )
+    return msgspec.structs.replace(spec, priority=value)

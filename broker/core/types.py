@@ -101,6 +101,7 @@ ReasonCode = Literal[
     "pool-avoided",  # the pool that just lost this job is avoided for this attempt
     "backoff",  # waiting before the next attempt
     "waiting-for-preemption",  # victims chosen; waiting for them to end
+    "preemption-protected",  # victims exist but ran less than the minimum runtime: wait for it
     "max-admissions",  # the cycle's admission budget ran out
     "spot-first",  # per pool: fits on-demand, but the job waits for spot first
     "fits-now",  # per pool: nothing binds; the next cycle can admit it here

@@ -13,7 +13,7 @@ from broker.core.agents import AgentTracker
 from broker.core.backlog import Backlog
 from broker.core.lifecycle import AttemptLifecycle
 from broker.core.reasons import pending_reason
-from broker.core.records import JobRecord, gang_request
+from broker.core.records import JobRecord, gang_request, preempting_text
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
 from schemas.api import (
@@ -139,13 +139,16 @@ class JobViews:
                     )
                 )
             # pending_reason: the API form of a core reason, with its numbers
-            reasons.extend(pending_reason(r) for r in self._registry.reasons.get(record.job_id, ()))
+            reasons.extend(
+                self._timed(pending_reason(r), record.job_id, now)
+                for r in self._registry.reasons.get(record.job_id, ())
+            )
         elif record.state == "preempting" and record.preempting is not None:
             reasons.append(
                 PendingReason(
                     code="preempting",
-                    message=f"{record.preempting.cause}: waiting for a checkpoint until "
-                    f"{record.preempting.deadline:.0f}",
+                    message=f"{preempting_text(record.preempting)}; waiting for a checkpoint "
+                    f"for {max(0.0, record.preempting.deadline - now):.0f}s more",
                 )
             )
         return reasons
@@ -158,6 +161,16 @@ class JobViews:
         if not reasons:
             return "not-yet-considered: waiting for the next cycle"
         return f"{reasons[0].code}: {reasons[0].message}"
+
+    def _timed(self, reason: PendingReason, job_id: str, now: float) -> PendingReason:
+        """A reason that waits for a time, with how long from `now`."""
+        if reason.code != "preemption-protected":
+            return reason
+        found = self._scheduler.protection(job_id)
+        if found is None:
+            return reason
+        reason.message += f"; it lapses in {max(0.0, found[0] - now):.0f}s"
+        return reason
 
     def why(self, job_id: str, now: float) -> WhyView | None:
         record = self._jobs.get(job_id)
@@ -230,6 +243,7 @@ class JobViews:
 _WAIT_FOR = {
     "backoff": "backoff",
     "waiting-for-preemption": "capacity (victims are being preempted)",
+    "preemption-protected": "the victims' minimum runtime (preemption_min_runtime_s)",
     "strict-fifo-blocked": "the head of its StrictFIFO queue",
     "max-admissions": "the next cycle",
     "no-clusters": "a cluster to report",

@@ -42,13 +42,21 @@ class Interruption:
     new_attempt: int | None = None
     new_cluster: str | None = None
     resume_from_step: int | None = None
+    running_at: float | None = None  # the new attempt's gang running
 
     @property
     def latency_s(self) -> float | None:
-        """Notice -> new attempt admitted."""
+        """Notice -> new attempt admitted (0 when it was reserved at the notice itself)."""
         if self.recovered_at is None:
             return None
         return self.recovered_at - self.notice_at
+
+    @property
+    def running_s(self) -> float | None:
+        """Notice -> new attempt running: what the job actually waited."""
+        if self.running_at is None:
+            return None
+        return self.running_at - self.notice_at
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +71,7 @@ class Interruption:
             "new_cluster": self.new_cluster,
             "resume_from_step": self.resume_from_step,
             "latency_s": self.latency_s,
+            "running_s": self.running_s,
         }
 
 
@@ -74,6 +83,8 @@ class Interruptions:
     def __init__(self, limit: int = RECENT_INTERRUPTIONS) -> None:
         self.recent: deque[Interruption] = deque(maxlen=limit)
         self._open: dict[str, Interruption] = {}
+        self._moving: dict[str, Interruption] = {}  # placed again, not yet running
+        self.total = 0  # interruptions of a job seen, listed or not
 
     def observe(self, ev: JobEvent) -> None:
         reason = ev.reason or ""
@@ -91,6 +102,7 @@ class Interruptions:
                 cause=reason,
             )
             self.recent.append(item)
+            self.total += 1
             self._open[ev.job_id] = item
             if len(self._open) > 4 * self.recent.maxlen:  # type: ignore[operator]
                 self._open.pop(next(iter(self._open)))
@@ -102,8 +114,17 @@ class Interruptions:
                 was.new_cluster = ev.cluster
                 was.resume_from_step = ev.resume_from_step
                 del self._open[ev.job_id]
+                self._moving[ev.job_id] = was
+                if len(self._moving) > 4 * self.recent.maxlen:  # type: ignore[operator]
+                    self._moving.pop(next(iter(self._moving)))
+        elif ev.kind == "running":
+            moved = self._moving.get(ev.job_id)
+            if moved is not None and ev.attempt == moved.new_attempt:
+                moved.running_at = ev.at
+                del self._moving[ev.job_id]
         elif ev.kind in ("succeeded", "failed", "cancelled"):
             self._open.pop(ev.job_id, None)
+            self._moving.pop(ev.job_id, None)
 
     def newest_first(self, limit: int) -> list[dict[str, Any]]:
         return [i.to_dict() for i in reversed(self.recent)][:limit]

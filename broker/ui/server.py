@@ -216,8 +216,15 @@ class Dashboard:
     async def _interruptions(self, request: web.Request) -> web.StreamResponse:
         views.check_params(request.query, frozenset({"limit"}))
         limit = views.int_param(request.query, "limit", 50, 1, views.PAGE_MAX)
+        now = self.broker.clock()
+        machine = self.broker.machine
         return _json(
-            {"now": self.broker.clock(), "items": self.hub.interruptions.newest_first(limit)}
+            {
+                "now": now,
+                "items": self.hub.interruptions.newest_first(limit),
+                "total": self.hub.interruptions.total,
+                "fleet_notices": views.fleet_notices(machine, now) if machine else None,
+            }
         )
 
     async def _events(self, request: web.Request) -> web.StreamResponse:

@@ -82,11 +82,34 @@ def jobs_page(machine: Machine, params: Mapping[str, str], now: float) -> dict[s
     )
     rows = []
     for view in views:
-        row = msgspec.to_builtins(view)
+        row = full(view)
+        _where(row)
         if view.state == "queued":
             row["reason"] = machine.views.first_reason(view.job_id) or view.reason
         rows.append(row)
     return {"total": total, "offset": offset, "limit": limit, "jobs": rows}
+
+
+def full(value: Any) -> Any:
+    """Builtins of a view with every field, defaults included: the API's Structs omit their
+    defaults (an empty `attempts`, a 0 `gpu_free`), which the pages would read as missing."""
+    if isinstance(value, msgspec.Struct):
+        return {f: full(getattr(value, f)) for f in value.__struct_fields__}
+    if isinstance(value, list | tuple):
+        return [full(v) for v in value]
+    if isinstance(value, dict):
+        return {k: full(v) for k, v in value.items()}
+    return msgspec.to_builtins(value)
+
+
+def _where(row: dict[str, Any]) -> None:
+    """`where`: the current cluster/flavor, else the last attempt's (a finished job ran
+    somewhere; the CLI shows it too), else None."""
+    if row.get("cluster"):
+        row["where"] = f"{row['cluster']}/{row['flavor']}"
+        return
+    attempts = row.get("attempts") or []
+    row["where"] = f"{attempts[-1]['cluster']}/{attempts[-1]['flavor']}" if attempts else None
 
 
 def _states() -> str:
@@ -98,11 +121,9 @@ def job_detail(machine: Machine, job_id: str, now: float) -> dict[str, Any] | No
     if view is None:
         return None
     why = machine.views.why(job_id, now) if view.state in ("queued", "preempting") else None
-    return {
-        "job": msgspec.to_builtins(view),
-        "why": msgspec.to_builtins(why) if why is not None else None,
-        "now": now,
-    }
+    job = full(view)
+    _where(job)
+    return {"job": job, "why": full(why) if why is not None else None, "now": now}
 
 
 def fleet(machine: Machine, now: float) -> dict[str, Any]:
@@ -111,7 +132,7 @@ def fleet(machine: Machine, now: float) -> dict[str, Any]:
     clusters = []
     gpu_total = gpu_spot = 0
     for view in machine.views.cluster_views(now):
-        row = msgspec.to_builtins(view)
+        row = full(view)
         row["stale_s"] = view.stale_s  # > 0: the agent's Kubernetes watches are failing
         for flavor in row.get("flavors", []):
             total = flavor.get("gpu_total", 0)
@@ -131,10 +152,20 @@ def fleet(machine: Machine, now: float) -> dict[str, Any]:
 
 def queues(machine: Machine, now: float) -> dict[str, Any]:
     oldest = machine.views.oldest_pending()
+    classes = {c.name for c in machine.config.flavors}
     rows = []
     for view in machine.views.queue_views():
-        row = msgspec.to_builtins(view)
+        row = full(view)
         since = oldest.get(view.name)
         row["oldest_wait_s"] = now - since if since is not None else None
+        # A pool that matches no configured flavor class counts under its own flavor's name.
+        for usage in row["flavors"]:
+            usage["is_class"] = usage["flavor"] in classes
         rows.append(row)
     return {"now": now, "queues": rows}
+
+
+def fleet_notices(machine: Machine, now: float) -> int:
+    """Spot notices the fleet's pools have seen (on idle nodes too), for the interruptions
+    page: it lists only the notices that hit a job."""
+    return sum(f.interruptions for c in machine.views.cluster_views(now) for f in c.flavors)

@@ -117,13 +117,11 @@ async def test_poison_manifests_are_rejected_and_the_broker_keeps_serving(
     for data in _poison_submissions():
         reply = await harness.submit(data)
         assert not reply.accepted and reply.error, data[:120]
+        # the manifest parser refuses each with its own reason, never Python exception text
+        assert reply.error.startswith("invalid manifest: "), reply.error
+        assert "Error" not in reply.error and "int()" not in reply.error, reply.error
         assert broker.leading.is_set()
-    from prometheus_client import generate_latest
-
-    text = generate_latest(broker.metrics.registry).decode()
-    refused = broker.refused["submit"]
-    assert refused >= 20  # the rest the manifest parser refused itself, with its own reason
-    assert f'muster_refused_messages_total{{handler="submit"}} {float(refused)}' in text
+    assert broker.refused["submit"] == 0
     # Nothing of them is left in the stream (each was answered and acked), and good work
     # is still admitted.
     reply = await harness.submit(job("after", replicas=1, gpu=1))

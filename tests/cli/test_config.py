@@ -212,7 +212,7 @@ def test_kueue_defaults_and_details() -> None:
     notes = "\n".join(loaded.notes)
     assert "LowerOrNewerEqualPriority imported as LowerPriority" in notes
     assert "'ephemeral-storage' ignored" in notes
-    assert "WorkloadPriorityClass" in notes
+    assert loaded.config.priority_classes == {"high": 1000}
 
 
 def test_local_queues_with_one_name_and_two_targets_conflict() -> None:

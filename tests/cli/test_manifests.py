@@ -264,7 +264,7 @@ def _worker_container(manifest: dict[str, Any]) -> dict[str, Any]:
             lambda m: m["metadata"].update(annotations={"muster.dev/priority": "high"}),
             r"muster\.dev/priority\]: 'high' is not a whole number",
         ),
-        (lambda m: m.update(spec=[1, 2]), r"spec: expected a mapping, got list"),
+        (lambda m: m.update(spec=[1, 2]), r"spec: expected a mapping, got a list"),
     ],
 )
 def test_errors_name_the_field(mutate: Any, message: str) -> None:

@@ -5,6 +5,7 @@ podset names."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +225,39 @@ def test_the_broker_refuses_unsafe_or_unschedulable_manifests_at_submission() ->
         ManifestError, match=r"google\.com/tpu is not a resource any cluster offers"
     ):
         jobspec_from_manifest(manifest)
+
+
+def test_the_vendored_core_schema_is_cut_from_the_pinned_kubernetes() -> None:
+    """kinds/crds/core-v1.33.json is what kinds.schema.core_subset cuts from the installed
+    kubernetes-validate schema of the same Kubernetes version the stand-in server uses."""
+    from importlib import resources
+
+    from kinds.schema import CORE_SCHEMA, KUBE_VERSION, core_subset
+    from tests.kube.validation import KUBE_VERSION as SERVER_VERSION
+
+    assert KUBE_VERSION == SERVER_VERSION
+    root = resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    source = root / f"v{KUBE_VERSION}.0-local-strict" / "_definitions.json"
+    expected = core_subset(json.loads(source.read_text())["$defs"])
+    assert json.loads(CORE_SCHEMA.read_text()) == expected
+
+
+def test_the_broker_finds_the_served_schema_of_every_custom_kind() -> None:
+    from kinds.schema import crd_schema
+
+    for adapter in ADAPTERS:
+        r = adapter.resource
+        if r.group in ("", "batch"):
+            continue
+        assert crd_schema(r.api_version, r.kind, r.plural) == crd_schemas()[(r.api_version, r.kind)]
+
+
+@pytest.mark.parametrize("path", [p for p in FIXTURES if "pytorchjob" in p.name])
+def test_what_the_broker_refuses_for_a_typo_a_real_server_refuses(path: Path) -> None:
+    """The broker's strict check and the stand-in API server's agree on a misspelt field."""
+    manifest = yaml.safe_load(path.read_text())
+    for spec in manifest["spec"]["pytorchReplicaSpecs"].values():
+        spec["replica"] = spec.pop("replicas", 1)
+    assert any("replica" in c for c in validate(manifest))
+    with pytest.raises(ValueError, match=r"\.replica: unknown field; did you mean 'replicas'"):
+        load_job_document(json.dumps(manifest))

@@ -49,6 +49,8 @@ function dur(s) {
   if (s < 3600) return (s / 60).toFixed(1) + "m";
   return (s / 3600).toFixed(1) + "h";
 }
+// A number cell never blank: a missing value (an omitted default) is 0.
+const num = (x, digits) => (digits === undefined ? String(x || 0) : (x || 0).toFixed(digits));
 const stateCell = (s) => h("td", { class: "state-" + s, "data-col": "state" }, s);
 function table(headers, rows, attrs) {
   return h("table", attrs || {},
@@ -80,18 +82,18 @@ function fleetPage() {
         ? h("td", { class: "health-stale", title: "Kubernetes watches failing; no placements" },
           c.health + ", stale watches " + Math.round(c.stale_s) + "s")
         : h("td", { class: "health-" + c.health }, c.health);
-      for (const f of c.flavors.length ? c.flavors : [null]) {
-        free += f ? f.gpu_free : 0;
+      for (const f of c.flavors && c.flavors.length ? c.flavors : [null]) {
+        free += f ? f.gpu_free || 0 : 0;
         rows.push(h("tr", { "data-cluster": c.name },
           h("td", {}, c.name), health.cloneNode(true),
           h("td", {}, f ? f.name : "-"), h("td", {}, f ? f.capacity_type : ""),
           h("td", {}, f ? f.gpu_type : ""),
-          h("td", { class: "num" }, f ? f.gpu_total : 0), h("td", { class: "num" }, f ? f.gpu_used : 0),
-          h("td", { class: "num" }, f ? f.gpu_free : 0),
-          h("td", { class: "num" }, f ? f.interruptions : 0),
-          h("td", { class: "num" }, f ? f.interruption_rate_per_node_hour.toFixed(3) + " vs " +
-            f.prior_rate_per_node_hour.toFixed(3) : ""),
-          h("td", { class: "num" }, c.running_jobs), h("td", {}, fmt.ago(c.last_heartbeat, d.now))));
+          h("td", { class: "num" }, num(f && f.gpu_total)), h("td", { class: "num" }, num(f && f.gpu_used)),
+          h("td", { class: "num" }, num(f && f.gpu_free)),
+          h("td", { class: "num" }, num(f && f.interruptions)),
+          h("td", { class: "num" }, f ? num(f.interruption_rate_per_node_hour, 3) + " vs " +
+            num(f.prior_rate_per_node_hour, 3) : "-"),
+          h("td", { class: "num" }, num(c.running_jobs)), h("td", {}, fmt.ago(c.last_heartbeat, d.now))));
       }
     }
     show("Fleet",
@@ -122,7 +124,10 @@ function queuesPage() {
         const nominal = gpu.nominal === undefined || gpu.nominal === null ? null : gpu.nominal;
         const use = nominal ? Math.min(1, (gpu.used || 0) / nominal) : 0;
         rows.push(h("tr", { "data-queue": q.name },
-          h("td", {}, q.name), h("td", {}, q.cohort || "-"), h("td", {}, f.flavor),
+          h("td", {}, q.name), h("td", {}, q.cohort || "-"),
+          h("td", { "data-col": "flavor", title: f.is_class === false
+            ? "no flavor class of the config matches this cluster flavor: its own name counts" : null },
+            f.is_class === false ? f.flavor + " (cluster flavor)" : f.flavor),
           h("td", { class: "num" }, gpu.used || 0), h("td", { class: "num" }, nominal === null ? "∞" : nominal),
           h("td", {}, h("div", { class: "bar" }, h("span", { style: `width:${(use * 100).toFixed(0)}%` }))),
           h("td", { class: "num" }, gpu.borrowed || 0), h("td", { class: "num" }, gpu.lent || 0),
@@ -131,7 +136,7 @@ function queuesPage() {
           h("td", { class: "num" }, q.admitted || 0), h("td", { class: "num" }, dur(q.oldest_wait_s))));
       }
     }
-    show("Queues", table(["queue", "cohort", "flavor", { t: "GPUs used", num: 1 },
+    show("Queues", table(["queue", "cohort", "flavor class", { t: "GPUs used", num: 1 },
       { t: "nominal", num: 1 }, "use", { t: "borrowed", num: 1 }, { t: "lent", num: 1 },
       { t: "DRF share", num: 1 }, { t: "pending", num: 1 }, { t: "admitted", num: 1 },
       { t: "oldest wait", num: 1 }], rows, { "data-testid": "queues" }));
@@ -171,7 +176,8 @@ function jobsPage(query) {
     body.replaceChildren(...d.jobs.map((j) => h("tr", { "data-job": j.job_id },
       h("td", {}, h("a", { href: "#/job/" + encodeURIComponent(j.job_id) }, j.job_id)),
       h("td", {}, j.name), h("td", {}, j.queue), stateCell(j.state),
-      h("td", { "data-col": "cluster" }, j.cluster ? j.cluster + "/" + j.flavor : "-"),
+      h("td", { "data-col": "cluster", class: j.cluster ? null : "muted",
+        title: !j.cluster && j.where ? "where its last attempt ran" : null }, j.where || "-"),
       h("td", { class: "num" }, j.gpus), h("td", { class: "num", "data-col": "attempt" }, j.attempt),
       h("td", { class: "muted" }, j.state === "queued" ? j.reason || "" : ""))));
     info.textContent = `${d.total ? d.offset + 1 : 0}–${d.offset + d.jobs.length} of ${d.total}`;
@@ -191,6 +197,7 @@ function jobsPage(query) {
 }
 
 function timeline(job, now) {
+  job = { ...job, attempts: job.attempts || [] };
   const start = job.submitted_at;
   const end = Math.max(now, ...job.attempts.map((a) => a.ended_at || now));
   const W = 900, rowH = 26, H = 40 + rowH * (job.attempts.length + 1);
@@ -240,11 +247,13 @@ function jobPage(jobId) {
       show("Job " + jobId, h("p", { class: "error", "data-testid": "job-error" }, e.message)); return;
     }
     const j = d.job, a = j.accounting || {};
+    j.attempts = j.attempts || []; // a job never admitted has none
     const ck = j.latest_checkpoint;
     show("Job " + j.job_id,
       h("div", { class: "cards", "data-testid": "job-summary" },
         h("div", { class: "card" }, h("b", { class: "state-" + j.state, "data-testid": "job-state" }, j.state), "state"),
-        h("div", { class: "card" }, h("b", { "data-testid": "job-cluster" }, j.cluster || "-"), "cluster"),
+        h("div", { class: "card" }, h("b", { "data-testid": "job-cluster" }, j.cluster || j.where || "-"),
+          j.cluster || !j.where ? "cluster" : "cluster (last attempt)"),
         h("div", { class: "card" }, h("b", { "data-testid": "job-attempt" }, j.attempt), "attempt"),
         h("div", { class: "card" }, h("b", {}, fmt.gpuh(a.gpu_seconds_used || 0)), "GPU-hours used"),
         h("div", { class: "card" }, h("b", {}, fmt.gpuh(a.gpu_seconds_lost || 0)), "GPU-hours lost"),
@@ -252,7 +261,7 @@ function jobPage(jobId) {
         h("div", { class: "card" }, h("b", {}, ck ? "step " + ck.step : "-"), "latest checkpoint")),
       timeline(j, d.now),
       d.why ? h("div", {}, h("h3", {}, "Why pending"), h("ul", { "data-testid": "why" },
-        d.why.reasons.map((r) => h("li", {}, `${r.code}: ${r.message}`)))) : null,
+        (d.why.reasons || []).map((r) => h("li", {}, `${r.code}: ${r.message}`)))) : null,
       table(["attempt", "cluster", "flavor", "capacity", "dispatched", "running", "ended", "cause",
         "resumed from", { t: "GPU-h", num: 1 }, { t: "lost", num: 1 }, { t: "cost", num: 1 }],
         j.attempts.map((x) => h("tr", { "data-attempt": x.attempt },
@@ -280,20 +289,29 @@ function interruptionsPage() {
   const show = guarded(window.show), fail = guarded(window.fail);
   const load = async () => {
     const d = await getJSON("/api/interruptions");
-    show("Interruptions", table(["notice", "job", "attempt", "cause", "from", "to", "resumed from",
-      { t: "notice → new attempt", num: 1 }],
+    const fleetNotices = d.fleet_notices === null || d.fleet_notices === undefined ? "?" : d.fleet_notices;
+    const summary = h("p", { class: "muted", "data-testid": "interruptions-summary" },
+      `${d.total} interruption${d.total === 1 ? "" : "s"} of a job since the dashboard started ` +
+      `(the newest ${d.items.length} listed); ${fleetNotices} spot notices on the fleet's ` +
+      "nodes in all, most on nodes running no job");
+    const moved = (s) => (s === null || s === undefined ? "-" : s < 0.05 ? "at once" : dur(s));
+    show("Interruptions", summary, table(["notice", "job", "attempt", "cause", "from", "to", "resumed from",
+      { t: "placed again after", num: 1 }, { t: "running again after", num: 1 }],
       d.items.map((i) => h("tr", { "data-job": i.job_id },
         h("td", {}, fmt.time(i.notice_at)),
         h("td", {}, h("a", { href: "#/job/" + encodeURIComponent(i.job_id) }, i.job_id)),
         h("td", {}, i.attempt), h("td", {}, i.cause),
         h("td", {}, (i.cluster || "-") + "/" + (i.flavor || "-")), h("td", {}, i.new_cluster || "waiting"),
-        h("td", {}, i.resume_from_step ?? ""), h("td", { class: "num" }, dur(i.latency_s)))),
+        h("td", {}, i.resume_from_step ?? ""),
+        h("td", { class: "num", "data-col": "placed" }, i.new_cluster ? moved(i.latency_s) : "waiting"),
+        h("td", { class: "num", "data-col": "running" }, i.running_s === null || i.running_s === undefined
+          ? "-" : dur(i.running_s)))),
       { "data-testid": "interruptions" }));
   };
   const reload = debounce(() => load().catch(fail), 500);
   load().catch(fail);
   return {
-    onEvent: (ev) => { if (ev.kind === "preempting" || ev.kind === "requeued" || ev.kind === "admitted") reload(); },
+    onEvent: (ev) => { if (["preempting", "requeued", "admitted", "running"].includes(ev.kind)) reload(); },
     onOverflow: reload,
   };
 }
