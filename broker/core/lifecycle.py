@@ -15,6 +15,7 @@ allocations follow from it (`Scheduler.assume`/`release`), and no one reads the 
 from __future__ import annotations
 
 from collections.abc import Sequence, Set
+from typing import assert_never
 
 from broker.core import spotreturn
 from broker.core.accounting import accounting_of, backoff_delay, close_attempt, work_since
@@ -137,31 +138,46 @@ class AttemptLifecycle:
                 )
             return
         phase = status.phase
-        if phase == "running":
-            if (
-                status.running_replicas >= max(status.total_replicas, 1)
-                and current.running_at is None
-            ):
-                current.running_at = now
-                record.start_failures = 0
-                if record.state == "admitted":
-                    record.state = "running"
-                self._scheduler.note_progress(
-                    record.job_id, current.attempt, work_since(record, current)
-                )
-                effects.append(Persist(record))
-                effects.append(self.event(record, "running", now))
-            elif current.running_at is not None and status.reason and not snapshot:
-                # Running again with a note: replicas restarted in place (a crash loop shows
-                # before the operator gives up). Nothing changes but what users are told; a
-                # snapshot repeats the note of an old restart, so it says nothing.
-                effects.append(self.event(record, "restarted", now, reason=status.reason))
-        elif phase == "succeeded":
-            self.finish(record, "succeeded", now, status.reason or None, effects)
-        elif phase == "failed":
-            self._failed(record, status, now, effects)
-        elif phase == "evicted":
-            self._lose(record, status.reason or "evicted", now, effects)
+        match phase:
+            case "running":
+                self._running(record, current, status, now, effects, snapshot=snapshot)
+            case "succeeded":
+                self.finish(record, "succeeded", now, status.reason or None, effects)
+            case "failed":
+                self._failed(record, status, now, effects)
+            case "evicted":
+                self._lose(record, status.reason or "evicted", now, effects)
+            case "created":
+                pass  # made, not yet running: the start timeout watches it
+            case _:
+                assert_never(phase)
+
+    def _running(
+        self,
+        record: JobRecord,
+        current: AttemptRecord,
+        status: WorkloadStatus,
+        now: float,
+        effects: list[Effect],
+        *,
+        snapshot: bool,
+    ) -> None:
+        """A running report: the attempt runs once every replica does."""
+        if status.running_replicas >= max(status.total_replicas, 1) and current.running_at is None:
+            current.running_at = now
+            record.start_failures = 0
+            if record.state == "admitted":
+                record.state = "running"
+            self._scheduler.note_progress(
+                record.job_id, current.attempt, work_since(record, current)
+            )
+            effects.append(Persist(record))
+            effects.append(self.event(record, "running", now))
+        elif current.running_at is not None and status.reason and not snapshot:
+            # Running again with a note: replicas restarted in place (a crash loop shows
+            # before the operator gives up). Nothing changes but what users are told; a
+            # snapshot repeats the note of an old restart, so it says nothing.
+            effects.append(self.event(record, "restarted", now, reason=status.reason))
 
     def _late_success(
         self,
