@@ -34,6 +34,7 @@ from broker.core.records import (
 from broker.core.registry import JobRegistry
 from broker.core.risk import NoticeWindows
 from broker.core.scheduler import Scheduler
+from broker.core.starts import start_failures_exhausted, start_limit_s
 from broker.core.types import Placement
 from schemas.agent import (
     Cancel,
@@ -266,17 +267,42 @@ class AttemptLifecycle:
             current.acked_at = now
             return [Persist(record)]
         effects: list[Effect] = []
-        record.start_failures += 1
-        self._end_attempt(record, current, f"dispatch-failed: {error}", now, lost=True)
-        effects.append(Send(current.cluster, self._cancel_cmd(job_id, attempt, "dispatch failed")))
-        self._requeue(
+        self._start_failed(
             record,
+            current,
+            f"dispatch-failed: {error}",
+            "dispatch failed",
+            f"dispatch failed on {current.cluster}: {error}",
             now,
-            backoff_delay(record, record.start_failures),
             effects,
-            reason=f"dispatch failed on {current.cluster}: {error}",
         )
         return effects
+
+    def _start_failed(
+        self,
+        record: JobRecord,
+        current: AttemptRecord,
+        cause: str,
+        cancel_reason: str,
+        reason: str,
+        now: float,
+        effects: list[Effect],
+    ) -> None:
+        """The attempt never ran: end it, keep its next try off the pool that failed it, and
+        fail the job once its start failures in a row pass the cap (starts.py)."""
+        record.start_failures += 1
+        self._end_attempt(record, current, cause, now, lost=True)
+        effects.append(
+            Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, cancel_reason))
+        )
+        self._avoid_pool(record, current, now)
+        exhausted = start_failures_exhausted(record)
+        if exhausted is not None:
+            self.finish(record, "failed", now, f"{exhausted}; last: {reason}", effects)
+            return
+        self._requeue(
+            record, now, backoff_delay(record, record.start_failures), effects, reason=reason
+        )
 
     def admit(
         self, record: JobRecord, placement: Placement, now: float, effects: list[Effect]
@@ -320,18 +346,11 @@ class AttemptLifecycle:
             if current is None or current.running_at is not None or record.preempting:
                 self._starting.discard(job_id)
                 continue
-            limit = record.spec.start_timeout_s or self._config.timeouts.start_s
+            limit = start_limit_s(record, current, self._config.timeouts)
             if now - current.dispatched_at > limit:
-                record.start_failures += 1
-                self._end_attempt(record, current, "start-timeout", now, lost=True)
-                effects.append(
-                    Send(
-                        current.cluster, self._cancel_cmd(job_id, current.attempt, "start timeout")
-                    )
-                )
-                delay = backoff_delay(record, record.start_failures)
-                self._requeue(
-                    record, now, delay, effects, reason=f"not all replicas ran within {limit:g}s"
+                reason = f"not all replicas ran within {limit:g}s on {current.cluster}"
+                self._start_failed(
+                    record, current, "start-timeout", "start timeout", reason, now, effects
                 )
 
     def restore(self, record: JobRecord, current: AttemptRecord, now: float) -> None:
@@ -589,6 +608,11 @@ class AttemptLifecycle:
                 continue
             self._lose(record, cause, now, effects)
 
+    def _avoid_pool(self, record: JobRecord, attempt: AttemptRecord, now: float) -> None:
+        """The job's next attempts keep off the pool that just lost or failed to start it."""
+        until = now + self._config.scheduling.avoid_lost_pool_s
+        record.avoid.append(AvoidPool(attempt.cluster, attempt.flavor, until))
+
     def _lose(self, record: JobRecord, cause: str, now: float, effects: list[Effect]) -> None:
         """The live attempt is gone without warning (node, GPU, cluster, eviction)."""
         current = record.current
@@ -601,11 +625,7 @@ class AttemptLifecycle:
         effects.append(
             Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, cause))
         )
-        record.avoid.append(
-            AvoidPool(
-                current.cluster, current.flavor, now + self._config.scheduling.avoid_lost_pool_s
-            )
-        )
+        self._avoid_pool(record, current, now)
         if self._charge_preemption(record, current, now, cause, effects):
             return
         self._requeue(record, now, 0.0, effects, reason=cause)
