@@ -57,6 +57,7 @@ from schemas.agent import (
     Cancel,
     CheckpointNow,
     CheckpointReport,
+    ClusterSnapshot,
     Dispatch,
     EventBatch,
     Heartbeat,
@@ -426,6 +427,19 @@ class SimAgent:
         self.model.emit = self._emit
 
     # -- agent side -------------------------------------------------------------------
+    def _declared(self, snap: ClusterSnapshot) -> ClusterSnapshot:
+        """The snapshot with each pool's size declared, as an autoscaler's limits would be:
+        every trace slot of every zone, so a zone that starts empty is not taken for small."""
+        flavors = [
+            msgspec.structs.replace(
+                f,
+                max_nodes=self.pools[f.name].nodes + sum(z[2] for z in self.pools[f.name].zones),
+                node_gpu=NODE_GPUS,
+            )
+            for f in snap.flavors
+        ]
+        return msgspec.structs.replace(snap, flavors=flavors)
+
     def take_batches(self, now: float) -> list[EventBatch]:
         """What the agent publishes now. Deltas already queued go out first, in order; a due
         snapshot (first batch of an instance, or after a resync request) follows them."""
@@ -435,7 +449,7 @@ class SimAgent:
             self.outbox = []
         if self.snapshot_due:
             self.snapshot_due = False
-            out.append(self._batch([self.model.view(), *self.outbox], now))
+            out.append(self._batch([self._declared(self.model.view()), *self.outbox], now))
             self.outbox = []
         return out
 
