@@ -79,6 +79,7 @@ from schemas.job import (
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 NODE_GPUS = 8
+GOLDEN = (5**0.5 - 1) / 2  # successive multiples mod 1 spread evenly over [0, 1)
 NODE_CPU = "96"
 NODE_MEMORY = "1152Gi"
 MAX_PUMP_ROUNDS = 64  # agent <-> broker exchanges per step before we call it a livelock
@@ -784,8 +785,12 @@ class Sim:
         events = load_bamboo(traces.require_trace(path.name, path.parent))
         if not events:
             return
-        period = events[-1].t + 600.0
-        phase = (pool.phase_s + self.cfg.trace_phase_s) % period
+        period = traces.trace_period_s(
+            [e.t for e in events], dict(self.cfg.trace_lengths).get(pool.trace)
+        )
+        phase = (
+            pool.phase_s + self.cfg.trace_phase_s + self.cfg.trace_phase_frac * period
+        ) % period
         horizon = (self.jobs[-1].arrival if self.jobs else 0.0) + self.cfg.drain_s
         loops = min(1000, int((phase + horizon) / period) + 1)
         for loop in range(loops):
@@ -1359,8 +1364,9 @@ def config_from_args(args: Options, seed: int, window: int = 0) -> SimConfig:
         max_duration_s=args.max_duration_h * 3600.0,
         drain_s=args.drain_h * 3600.0,
         seed=seed,
-        # Each further seed also replays the Bamboo traces from a different hour.
-        trace_phase_s=(seed - args.seed) * 3571.0,
+        # Each further seed also replays the spot traces from another point, spread over the
+        # whole of each trace (golden-ratio steps), not only its first hours.
+        trace_phase_frac=((seed - args.seed) * GOLDEN) % 1.0,
         pools=pools,
         spot=args.spot,
         poisson_rate=args.poisson_rate,
