@@ -51,6 +51,7 @@ from broker.embedded import EmbeddedNats, free_port
 from broker.intake import FairPuller, ensure_intake, intake_names, unknown_queue_error
 from broker.lease import LeaderLease, LeadershipLost
 from broker.metrics import Metrics
+from broker.pacing import cycle_due, next_cycle_at
 from broker.store import (
     BucketWatch,
     JobStore,
@@ -111,10 +112,6 @@ def log_lifecycle(event: Any) -> None:
 _checkpoint_decoder = json_decoder(CheckpointReport, "CheckpointReport")
 FETCH_BATCH = 512
 SUBMIT_INFLIGHT = 4  # fetched batches awaiting persistence at once
-# Admission cycles (see Broker._clock_loop): the pause after a cycle is CYCLE_GAP_FACTOR times
-# its duration, at most CYCLE_MAX_GAP_S, so cycles take at most ~1/(1 + factor) of the loop.
-CYCLE_GAP_FACTOR = 4.0
-CYCLE_MAX_GAP_S = 0.01
 TICK_MIN_INTERVAL_S = 0.05
 REPLY_TTL_S = 60.0
 REPLY_MAX = 200_000
@@ -1352,11 +1349,10 @@ class Broker:
         loop then comes back when it is)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        if not machine.wants_cycle or started < self._next_cycle:
+        if not cycle_due(started, self._next_cycle, machine.wants_cycle):
             return []
         effects = machine.handle(CYCLE, self.clock())
-        ended = loop.time()
-        self._next_cycle = ended + min(CYCLE_MAX_GAP_S, CYCLE_GAP_FACTOR * (ended - started))
+        self._next_cycle = next_cycle_at(started, loop.time())
         return effects
 
 

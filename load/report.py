@@ -257,6 +257,10 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "noticed_end_p95_s": percentile(ended, 95),
         "make_before_break": mbb / noticed if noticed else float("nan"),
         "makespan_h": result.end / 3600.0,
+        "attempts_max": max((len(r.attempts) for r in result.records.values()), default=0),
+        "start_timeouts": sum(
+            1 for r in result.records.values() for a in r.attempts if a.end_cause == "start-timeout"
+        ),
         "violations": len(result.violations),
         "violation_kinds": sorted({v.kind for v in result.violations}),
         "first_violations": [f"{v.at:.1f}s {v.kind}: {v.detail}" for v in result.violations[:5]],
@@ -295,6 +299,8 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("noticed_end_p95_s", "  notice -> old attempt ended, p95 (s)", "{:.1f}"),
     ("make_before_break", "  replacement reserved at notice", "{:.0%}"),
     ("spot_notices", "spot notices (whole run)", "{:.0f}"),
+    ("attempts_max", "most attempts of one job", "{:.0f}"),
+    ("start_timeouts", "attempts ended by the start timeout", "{:.0f}"),
     ("makespan_h", "makespan (h)", "{:.1f}"),
     ("violations", "invariant violations", "{:.0f}"),
     ("invariant_checks", "invariant checks", "{:.0f}"),

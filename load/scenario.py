@@ -49,6 +49,9 @@ class Scenario(msgspec.Struct, forbid_unknown_fields=True):
         list[Annotated[float, Meta(ge=0)]], Meta(min_length=2, max_length=2)
     ] = []
     restore_factor: Annotated[float, Meta(ge=0)] | None = None
+    # A trace's own length (h) by trace name, when it runs past its last event (a zone that is
+    # up once in two days); others loop at load.traces.trace_period_s.
+    trace_length_h: dict[str, Positive] = {}
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -84,4 +87,7 @@ def apply_scenario(cfg: SimConfig, scenario: Scenario) -> SimConfig:
         cfg = replace(cfg, ckpt_cost_s=(min(lo, hi), max(lo, hi)))
     if scenario.restore_factor is not None:
         cfg = replace(cfg, restore_factor=scenario.restore_factor)
+    if scenario.trace_length_h:
+        lengths = tuple((name, h * 3600.0) for name, h in scenario.trace_length_h.items())
+        cfg = replace(cfg, trace_lengths=lengths)
     return cfg

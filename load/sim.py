@@ -57,6 +57,7 @@ from schemas.agent import (
     Cancel,
     CheckpointNow,
     CheckpointReport,
+    ClusterSnapshot,
     Dispatch,
     EventBatch,
     Heartbeat,
@@ -78,6 +79,7 @@ from schemas.job import (
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 NODE_GPUS = 8
+GOLDEN = (5**0.5 - 1) / 2  # successive multiples mod 1 spread evenly over [0, 1)
 NODE_CPU = "96"
 NODE_MEMORY = "1152Gi"
 MAX_PUMP_ROUNDS = 64  # agent <-> broker exchanges per step before we call it a livelock
@@ -426,6 +428,19 @@ class SimAgent:
         self.model.emit = self._emit
 
     # -- agent side -------------------------------------------------------------------
+    def _declared(self, snap: ClusterSnapshot) -> ClusterSnapshot:
+        """The snapshot with each pool's size declared, as an autoscaler's limits would be:
+        every trace slot of every zone, so a zone that starts empty is not taken for small."""
+        flavors = [
+            msgspec.structs.replace(
+                f,
+                max_nodes=self.pools[f.name].nodes + sum(z[2] for z in self.pools[f.name].zones),
+                node_gpu=NODE_GPUS,
+            )
+            for f in snap.flavors
+        ]
+        return msgspec.structs.replace(snap, flavors=flavors)
+
     def take_batches(self, now: float) -> list[EventBatch]:
         """What the agent publishes now. Deltas already queued go out first, in order; a due
         snapshot (first batch of an instance, or after a resync request) follows them."""
@@ -435,7 +450,7 @@ class SimAgent:
             self.outbox = []
         if self.snapshot_due:
             self.snapshot_due = False
-            out.append(self._batch([self.model.view(), *self.outbox], now))
+            out.append(self._batch([self._declared(self.model.view()), *self.outbox], now))
             self.outbox = []
         return out
 
@@ -770,8 +785,12 @@ class Sim:
         events = load_bamboo(traces.require_trace(path.name, path.parent))
         if not events:
             return
-        period = events[-1].t + 600.0
-        phase = (pool.phase_s + self.cfg.trace_phase_s) % period
+        period = traces.trace_period_s(
+            [e.t for e in events], dict(self.cfg.trace_lengths).get(pool.trace)
+        )
+        phase = (
+            pool.phase_s + self.cfg.trace_phase_s + self.cfg.trace_phase_frac * period
+        ) % period
         horizon = (self.jobs[-1].arrival if self.jobs else 0.0) + self.cfg.drain_s
         loops = min(1000, int((phase + horizon) / period) + 1)
         for loop in range(loops):
@@ -1345,8 +1364,9 @@ def config_from_args(args: Options, seed: int, window: int = 0) -> SimConfig:
         max_duration_s=args.max_duration_h * 3600.0,
         drain_s=args.drain_h * 3600.0,
         seed=seed,
-        # Each further seed also replays the Bamboo traces from a different hour.
-        trace_phase_s=(seed - args.seed) * 3571.0,
+        # Each further seed also replays the spot traces from another point, spread over the
+        # whole of each trace (golden-ratio steps), not only its first hours.
+        trace_phase_frac=((seed - args.seed) * GOLDEN) % 1.0,
         pools=pools,
         spot=args.spot,
         poisson_rate=args.poisson_rate,

@@ -100,6 +100,10 @@ class SimConfig:
     checkpoint_every_s: float = 600.0
     spot: SpotMode = "trace"
     trace_phase_s: float = 0.0  # added to every pool's own phase (pick another trace window)
+    # ... and this share of each trace's period, so runs sample the whole of a long trace.
+    trace_phase_frac: float = 0.0
+    # Declared lengths of spot traces (trace name, seconds); others: traces.trace_period_s.
+    trace_lengths: tuple[tuple[str, float], ...] = ()
     poisson_rate: float = 0.6  # reclaims per node-hour (Bamboo shows ~0.6)
     poisson_down_s: float = 1800.0  # mean time before a reclaimed slot returns
     gpu_speed: tuple[tuple[str, float], ...] = tuple(GPU_SPEED.items())

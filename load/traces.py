@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import calendar
 import csv
+import itertools
+import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.fake import trace as fake_trace
 from broker.core.types import PodSetDemand
 
 GPUS_PER_NODE = 8
@@ -79,17 +83,31 @@ def philly_gang_sizes(path: str | Path | None = None) -> list[int]:
 
 
 def load_bamboo(path: str | Path) -> list[tuple[int, str, str]]:
-    """(time_ms, "add" | "remove", node_id) rows of a Bamboo spot trace, in file order."""
-    out: list[tuple[int, str, str]] = []
-    with Path(path).open(newline="") as fh:
-        for row in csv.reader(fh):
-            if len(row) < 3 or not row[0].strip().isdigit():
-                continue
-            op = row[1].strip()
-            if op not in ("add", "remove"):
-                raise ValueError(f"{path}: unknown op {op!r} in row {row}")
-            out.append((int(row[0]), op, row[2].strip()))
-    return out
+    """(time_ms, "add" | "remove", node_id) rows of a Bamboo spot trace, sorted by time. A row
+    that is not `time_ms,add|remove,node` is an error naming its line, never skipped (the one
+    parser, agents/fake/trace.py, which the fake agents replay with)."""
+    return [(e.time_ms, e.op, e.node) for e in fake_trace.load_bamboo(path)]
+
+
+def trace_period_s(times_s: Sequence[float], declared_s: float | None = None) -> float:
+    """How long one pass of a spot trace lasts, so that looping it keeps its own rhythm.
+
+    The trace's declared length when it has one (a zone that is up once in two days is a
+    two-day trace, however early its last event); else the last event's time plus the median
+    gap between its event instants, the trace's own spacing (no fixed pad)."""
+    if not times_s:
+        raise ValueError("an empty spot trace has no length")
+    last = max(times_s)
+    if declared_s is not None:
+        if declared_s < last:
+            raise ValueError(
+                f"the trace's declared length {declared_s:g}s is shorter than its last event "
+                f"at {last:g}s; declare at least that"
+            )
+        return declared_s
+    instants = sorted(set(times_s))
+    gaps = [b - a for a, b in itertools.pairwise(instants)]
+    return last + (statistics.median(gaps) if gaps else 3600.0)
 
 
 def gang_shape(num_gpus: int) -> tuple[int, int]:

@@ -46,6 +46,13 @@ class FlavorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     gpu_type: Annotated[str, Meta(max_length=64)] = ""
     price_per_gpu_hour: Annotated[float, Meta(ge=0, le=MAX_PRICE)] = 0.0
     gpu_memory_mib: Annotated[int, Meta(ge=0, le=2**31)] = 0
+    # The size the pool may reach, as its autoscaler or configuration declares it (a node
+    # pool's max size, a spot zone's limit); 0 = not declared. Until the pool has held nodes,
+    # whether a gang could ever fit there is judged by it (placement.empty_fit).
+    max_nodes: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    node_gpu: GpuCount = 0
+    node_cpu_milli: CpuMilli = 0
+    node_memory: Bytes = 0
 
 
 class NodeInfo(msgspec.Struct, omit_defaults=True):

@@ -93,6 +93,9 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     dispatch_ack_s: Annotated[float, Meta(gt=0)] = 2.0
     dispatch_retries: Annotated[int, Meta(ge=0, le=100)] = 3
     start_s: Annotated[float, Meta(gt=0)] = 300.0
+    # Added to every start timeout for pulling the image on a fresh node (start_s covers
+    # scheduling and start-up); a resumed attempt also gets its checkpoint's restore time.
+    image_pull_s: Annotated[float, Meta(ge=0)] = 0.0
     checkpoint_grace_s: Annotated[float, Meta(ge=0)] = 30.0
     lease_ttl_s: Annotated[float, Meta(ge=1)] = 5.0
     # A fence lapses this long before the broker would re-dispatch: it must cover the pods'

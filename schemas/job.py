@@ -82,6 +82,9 @@ class CheckpointSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # What one checkpoint write costs (s, measured by the workload); with it the broker
     # advises a Young/Daly interval (MUSTER_CHECKPOINT_INTERVAL_S). None: no advice.
     cost_s: Annotated[float, Meta(ge=0, le=86_400)] | None = None
+    # What reading a checkpoint back costs (s) when an attempt resumes; the start timeout
+    # grows by it. None: taken as `cost_s`.
+    restore_s: Annotated[float, Meta(ge=0, le=86_400)] | None = None
 
 
 class Deadline(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -105,6 +108,9 @@ class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
     ] = []
     backoff_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0
     max_backoff_s: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
+    # Start failures in a row (start timeout, refused dispatch) before the job fails; None =
+    # retry forever. 6 is a Kubernetes Job's default backoffLimit.
+    max_start_failures: Annotated[int, Meta(ge=0, le=1000)] | None = 6
 
 
 class SpotPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

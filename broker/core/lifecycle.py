@@ -15,6 +15,7 @@ allocations follow from it (`Scheduler.assume`/`release`), and no one reads the 
 from __future__ import annotations
 
 from collections.abc import Sequence, Set
+from typing import assert_never
 from urllib.parse import unquote, urlsplit
 
 from broker.core import spotreturn
@@ -37,6 +38,7 @@ from broker.core.records import (
 from broker.core.registry import JobRegistry
 from broker.core.risk import NoticeWindows
 from broker.core.scheduler import Scheduler
+from broker.core.starts import start_failures_exhausted, start_limit_s
 from broker.core.types import Placement
 from schemas.agent import (
     Cancel,
@@ -150,31 +152,46 @@ class AttemptLifecycle:
             if self.health.success((cluster, current.flavor), record.job_id, current.attempt):
                 self._backlog.capacity_dirty = True
         phase = status.phase
-        if phase == "running":
-            if (
-                status.running_replicas >= max(status.total_replicas, 1)
-                and current.running_at is None
-            ):
-                current.running_at = now
-                record.start_failures = 0
-                if record.state == "admitted":
-                    record.state = "running"
-                self._scheduler.note_progress(
-                    record.job_id, current.attempt, work_since(record, current)
-                )
-                effects.append(Persist(record))
-                effects.append(self.event(record, "running", now))
-            elif current.running_at is not None and status.reason and not snapshot:
-                # Running again with a note: replicas restarted in place (a crash loop shows
-                # before the operator gives up). Nothing changes but what users are told; a
-                # snapshot repeats the note of an old restart, so it says nothing.
-                effects.append(self.event(record, "restarted", now, reason=status.reason))
-        elif phase == "succeeded":
-            self.finish(record, "succeeded", now, status.reason or None, effects)
-        elif phase == "failed":
-            self._failed(record, status, now, effects)
-        elif phase == "evicted":
-            self._lose(record, status.reason or "evicted", now, effects)
+        match phase:
+            case "running":
+                self._running(record, current, status, now, effects, snapshot=snapshot)
+            case "succeeded":
+                self.finish(record, "succeeded", now, status.reason or None, effects)
+            case "failed":
+                self._failed(record, status, now, effects)
+            case "evicted":
+                self._lose(record, status.reason or "evicted", now, effects)
+            case "created":
+                pass  # made, not yet running: the start timeout watches it
+            case _:
+                assert_never(phase)
+
+    def _running(
+        self,
+        record: JobRecord,
+        current: AttemptRecord,
+        status: WorkloadStatus,
+        now: float,
+        effects: list[Effect],
+        *,
+        snapshot: bool,
+    ) -> None:
+        """A running report: the attempt runs once every replica does."""
+        if status.running_replicas >= max(status.total_replicas, 1) and current.running_at is None:
+            current.running_at = now
+            record.start_failures = 0
+            if record.state == "admitted":
+                record.state = "running"
+            self._scheduler.note_progress(
+                record.job_id, current.attempt, work_since(record, current)
+            )
+            effects.append(Persist(record))
+            effects.append(self.event(record, "running", now))
+        elif current.running_at is not None and status.reason and not snapshot:
+            # Running again with a note: replicas restarted in place (a crash loop shows
+            # before the operator gives up). Nothing changes but what users are told; a
+            # snapshot repeats the note of an old restart, so it says nothing.
+            effects.append(self.event(record, "restarted", now, reason=status.reason))
 
     def _late_success(
         self,
@@ -266,31 +283,50 @@ class AttemptLifecycle:
                 self._unreported[job_id] = now + window
             return [Persist(record)]
         effects: list[Effect] = []
-        reason = f"dispatch failed on {current.cluster}: {error}"
-        self._dispatch_failed(record, current, f"dispatch-failed: {error}", reason, now, effects)
+        self._start_failed(
+            record,
+            current,
+            f"dispatch-failed: {error}",
+            "dispatch failed",
+            f"dispatch failed on {current.cluster}: {error}",
+            now,
+            effects,
+            pool_failed=True,
+        )
         return effects
 
-    def _dispatch_failed(
+    def _start_failed(
         self,
         record: JobRecord,
         current: AttemptRecord,
         cause: str,
+        cancel_reason: str,
         reason: str,
         now: float,
         effects: list[Effect],
+        *,
+        pool_failed: bool = False,
     ) -> None:
-        """The pool did not take the attempt (refused it, or never reported it): its breaker
-        counts a failure, and the job goes elsewhere, at once the first time (the pool is
-        avoided for its next attempt), then after its backoff."""
-        pool = (current.cluster, current.flavor)
-        self.health.failure(pool, record.job_id, current.attempt, reason, now)
+        """The attempt never ran: end it, keep its next try off the pool that failed it, and
+        fail the job once its start failures in a row pass the cap (starts.py). A pool that
+        refused or swallowed the dispatch (`pool_failed`) also counts a failure on its dispatch
+        breaker, and the job's first such failure goes elsewhere at once, without backoff."""
+        if pool_failed:
+            pool = (current.cluster, current.flavor)
+            self.health.failure(pool, record.job_id, current.attempt, reason, now)
         record.start_failures += 1
         self._end_attempt(record, current, cause, now, lost=True)
-        cancel = self._cancel_cmd(record.job_id, current.attempt, cause.split(":")[0])
-        effects.append(Send(current.cluster, cancel))
-        record.avoid.append(AvoidPool(*pool, now + self._config.scheduling.avoid_lost_pool_s))
+        effects.append(
+            Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, cancel_reason))
+        )
+        self._avoid_pool(record, current, now)
+        exhausted = start_failures_exhausted(record)
+        if exhausted is not None:
+            self.finish(record, "failed", now, f"{exhausted}; last: {reason}", effects)
+            return
         failures = record.start_failures
-        delay = 0.0 if failures <= 1 else backoff_delay(record, failures - 1)
+        first_refusal = pool_failed and failures <= 1
+        delay = 0.0 if first_refusal else backoff_delay(record, failures)
         self._requeue(record, now, delay, effects, reason=reason)
 
     def admit(
@@ -336,18 +372,11 @@ class AttemptLifecycle:
             if current is None or current.running_at is not None or record.preempting:
                 self._starting.discard(job_id)
                 continue
-            limit = record.spec.start_timeout_s or self._config.timeouts.start_s
+            limit = start_limit_s(record, current, self._config.timeouts)
             if now - current.dispatched_at > limit:
-                record.start_failures += 1
-                self._end_attempt(record, current, "start-timeout", now, lost=True)
-                effects.append(
-                    Send(
-                        current.cluster, self._cancel_cmd(job_id, current.attempt, "start timeout")
-                    )
-                )
-                delay = backoff_delay(record, record.start_failures)
-                self._requeue(
-                    record, now, delay, effects, reason=f"not all replicas ran within {limit:g}s"
+                reason = f"not all replicas ran within {limit:g}s on {current.cluster}"
+                self._start_failed(
+                    record, current, "start-timeout", "start timeout", reason, now, effects
                 )
 
     def _swallowed(self, now: float, effects: list[Effect]) -> None:
@@ -371,7 +400,16 @@ class AttemptLifecycle:
                 f"dispatch to {current.cluster} not reported by its agent within {window:g}s "
                 "of its acknowledgement"
             )
-            self._dispatch_failed(record, current, "dispatch-unreported", reason, now, effects)
+            self._start_failed(
+                record,
+                current,
+                "dispatch-unreported",
+                "dispatch unreported",
+                reason,
+                now,
+                effects,
+                pool_failed=True,
+            )
 
     def restore(self, record: JobRecord, current: AttemptRecord, now: float) -> None:
         """After a restart: a persisted live attempt (and its reserved replacement) holds its
@@ -637,6 +675,11 @@ class AttemptLifecycle:
                 continue
             self._lose(record, cause, now, effects)
 
+    def _avoid_pool(self, record: JobRecord, attempt: AttemptRecord, now: float) -> None:
+        """The job's next attempts keep off the pool that just lost or failed to start it."""
+        until = now + self._config.scheduling.avoid_lost_pool_s
+        record.avoid.append(AvoidPool(attempt.cluster, attempt.flavor, until))
+
     def _lose(self, record: JobRecord, cause: str, now: float, effects: list[Effect]) -> None:
         """The live attempt is gone without warning (node, GPU, cluster, eviction)."""
         current = record.current
@@ -649,11 +692,7 @@ class AttemptLifecycle:
         effects.append(
             Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, cause))
         )
-        record.avoid.append(
-            AvoidPool(
-                current.cluster, current.flavor, now + self._config.scheduling.avoid_lost_pool_s
-            )
-        )
+        self._avoid_pool(record, current, now)
         if self._charge_preemption(record, current, now, cause, effects):
             return
         self._requeue(record, now, 0.0, effects, reason=cause)

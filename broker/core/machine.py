@@ -24,6 +24,7 @@ keeps only the submission order and routes each input to the components.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import assert_never
 
 from broker.core.agents import AgentTrack, AgentTracker
 from broker.core.backlog import Backlog
@@ -54,6 +55,7 @@ from broker.core.submission import (
 from broker.core.types import Preemption, Reason
 from broker.core.views import JobViews
 from schemas.agent import (
+    AgentEvent,
     CheckpointReport,
     ClusterSnapshot,
     EventBatch,
@@ -150,7 +152,7 @@ class Machine:
         if isinstance(event, Restore):
             self._restore(event.records, now)
             return self.lifecycle.resend_unacknowledged(now)
-        raise TypeError(f"not a machine input: {type(event).__name__}")
+        assert_never(event)  # every Input is handled above (mypy checks; raises otherwise)
 
     # ------------------------------------------------------------------ submission
     def _submit(
@@ -264,6 +266,17 @@ class Machine:
 
     # ------------------------------------------------------------------ agents
     def _on_batch(self, cluster: str, batch: EventBatch, now: float) -> list[Effect]:
+        unknown = next((e for e in batch.events if not isinstance(e, AgentEvent)), None)
+        if unknown is not None:
+            # Refused whole, before its sequence is taken: applying the events around one the
+            # broker cannot read would act on half a report, and dropping it would lose it.
+            return [
+                Refused(
+                    f"batch {batch.seq} of cluster {cluster!r} holds an agent event the broker "
+                    f"does not know ({type(unknown).__name__}); nothing of the batch was "
+                    "applied. Upgrade the broker before its agents"
+                )
+            ]
         admitted = self.tracker.admit(cluster, batch, now)
         if isinstance(admitted, list):
             return admitted
@@ -280,7 +293,7 @@ class Machine:
         self,
         cluster: str,
         track: AgentTrack,
-        event: object,
+        event: AgentEvent,
         now: float,
         effects: list[Effect],
     ) -> None:
@@ -289,8 +302,7 @@ class Machine:
                 self.scheduler.set_cluster_stale(cluster, event.stale_s > 0)
                 self.backlog.capacity_dirty = True
             track.stale_s = event.stale_s
-            return
-        if isinstance(event, ClusterSnapshot):
+        elif isinstance(event, ClusterSnapshot):
             self._snapshot(cluster, track, event, now, effects)
         elif isinstance(event, WorkloadStatus):
             self.lifecycle.workload(cluster, event, now, effects)
@@ -317,6 +329,8 @@ class Machine:
             cause = f"gpu-failure (xid {event.xid})" if event.xid is not None else "gpu-failure"
             self.lifecycle.lose_all(lost, cause, now, effects, cluster=cluster, node=event.node)
             self.backlog.capacity_dirty = True
+        else:
+            assert_never(event)  # `_on_batch` refused any other event before this
 
     def _snapshot(
         self,

@@ -9,6 +9,7 @@ preemption path then checkpoints, cancels the old attempt and dispatches the new
 from __future__ import annotations
 
 import bisect
+import itertools
 
 from broker.core import deadline as deadlines
 from broker.core import spotreturn
@@ -19,6 +20,9 @@ from broker.core.records import JobRecord, gang_request
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
 from broker.core.types import Placement
+
+# Queued jobs read per queue when looking for one that would take spot (spot-return scan).
+QUEUE_SCAN_LIMIT = 4096
 
 
 class PlannedMoves:
@@ -69,7 +73,9 @@ class PlannedMoves:
                     self._move(record, spotreturn.DEADLINE_MOVE, now, effects)
 
     def _spot_returns(self, now: float, effects: list[Effect]) -> None:
-        """On-demand jobs that may use spot go back to it when that pays (spotreturn.py)."""
+        """On-demand jobs that may use spot go back to it when that pays (spotreturn.py), and
+        only those of higher priority than every queued job that could use spot."""
+        waiting = self._queued_spot_priority(now)
         tries = 0
         live = sorted(self._lifecycle.live_jobs())
         # Round robin from where the last scan stopped, so that jobs whose move keeps
@@ -79,10 +85,28 @@ class PlannedMoves:
             if tries >= spotreturn.MAX_TRIES_PER_SCAN:
                 break
             record = self._jobs[job_id]
+            if waiting is not None and record.spec.priority <= waiting:
+                continue
             if spotreturn.may_return(record, now):
                 tries += 1
                 self._return_cursor = job_id
                 self._move(record, spotreturn.SPOT_RETURN, now, effects)
+
+    def _queued_spot_priority(self, now: float) -> int | None:
+        """The highest priority of a queued job that would take spot now, or None. Queues are
+        in priority order, so each is read up to its first such job."""
+        best: int | None = None
+        for pending in self._backlog.pending.values():
+            for job_id in itertools.islice(pending, QUEUE_SCAN_LIMIT):
+                record = self._jobs.get(job_id)
+                if record is None or record.not_before > now:
+                    continue
+                if best is not None and record.spec.priority <= best:
+                    break
+                if spotreturn.may_use_spot(record):
+                    best = record.spec.priority
+                    break
+        return best
 
     def _move(self, record: JobRecord, cause: str, now: float, effects: list[Effect]) -> None:
         """Move a running job by choice, make-before-break: reserve the new placement, then
@@ -97,8 +121,9 @@ class PlannedMoves:
         got = self._scheduler.reserve(request, now, replacing_attempt=current.attempt)
         if not isinstance(got, Placement):
             return
+        reclaims = self._scheduler.pool_interruption_rate(got.pool, now) * len(got.nodes)
         if cause == spotreturn.SPOT_RETURN and not spotreturn.worth_returning(
-            record, current, got.expected_cost_per_hour, now
+            record, current, got.expected_cost_per_hour, reclaims, now
         ):
             self._scheduler.release(record.job_id, request.attempt)
             return

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from broker.core.inventory import Cluster, Inventory, Node, Pool
 from broker.core.risk import expected_cost_per_hour
 from broker.core.types import GangRequest, PodSetDemand, PoolKey
+from schemas.agent import FlavorInfo
 from schemas.job import CapacityPreference
 
 COST_TIE = 0.01  # relative
@@ -242,7 +243,7 @@ def empty_fit(pool: Pool, gang: Gang) -> bool:
     as it ever has? (Judged by high-water marks: a spot pool at zero nodes comes back.)"""
     ceiling = pool.ceiling
     if not any(ceiling.counts):
-        return False
+        return declared_fit(pool.info, gang)
     if not gang.gpu_sets:
         return True
     if estimate_counts(list(ceiling.counts), gang) is None:
@@ -250,6 +251,23 @@ def empty_fit(pool: Pool, gang: Gang) -> bool:
     cpu, mem = ceiling.node_cpu, ceiling.node_mem
     return all(
         gang.demands[i].cpu_milli <= cpu and gang.demands[i].memory <= mem for i in gang.gpu_sets
+    )
+
+
+def declared_fit(info: FlavorInfo, gang: Gang) -> bool:
+    """For a pool that has never held a node (a spot zone that starts empty, a node pool at
+    zero): could it host the gang at the size its agent declares? A pool that declares no
+    size is not judged: it may come up at any size, so a job is never refused for it."""
+    if not info.max_nodes or not info.node_gpu:
+        return True
+    counts = [0] * (info.node_gpu + 1)
+    counts[info.node_gpu] = info.max_nodes
+    if gang.gpu_sets and estimate_counts(counts, gang) is None:
+        return False
+    cpu, mem = info.node_cpu_milli, info.node_memory
+    return all(
+        (not cpu or gang.demands[i].cpu_milli <= cpu) and (not mem or gang.demands[i].memory <= mem)
+        for i in gang.gpu_sets
     )
 
 

@@ -14,6 +14,19 @@ run so far (a job that has run t tends to run about t more), and nothing before 
 `MIN_RUN_S`, doubled for every return the job already made: a job that is reclaimed after
 every return stops bouncing between the two (what it costs and earns: docs/simulation.md).
 
+The destination's reclaim exposure is priced too: the gang expects `rate * nodes * hours left`
+reclaims there (the pool's learned rate, risk.py), and each one costs another restart on the
+way back, so
+
+    cost   = on-demand $/h * restart overhead * (1 + expected reclaims)
+
+A return whose spot attempt was reclaimed backs the job off: no return for `RECLAIMED_BACKOFF_S`
+after that reclaim, doubled for each such return (at most `MAX_RECLAIMED_BACKOFF_S`).
+
+Returns never compete with the queue: while a queued job of equal or higher priority could use
+spot (it accepts spot and is not backing off), no job returns to spot (moves.py), since the
+spot capacity a return takes is capacity that job is waiting for.
+
 The move itself is the make-before-break path of a spot notice (moves.py): the spot
 placement is reserved first, then the job checkpoints, and only when the checkpoint lands
 (or the grace runs out) is the old attempt cancelled and the new one dispatched. There is
@@ -26,6 +39,8 @@ from broker.core.deadline import SAFETY_S, slack_s, work_left_s
 from broker.core.records import AttemptRecord, JobRecord, restart_overhead_s
 
 MIN_RUN_S = 600.0
+RECLAIMED_BACKOFF_S = 3600.0
+MAX_RECLAIMED_BACKOFF_S = 24 * 3600.0
 SCAN_EVERY_S = 60.0  # how often live jobs are looked at
 MAX_TRIES_PER_SCAN = 8  # spot placements tried per scan: bounds the scan's cost
 SPOT_RETURN = "spot-return"
@@ -50,7 +65,33 @@ def may_return(record: JobRecord, now: float) -> bool:
     slack = slack_s(record, now)
     if slack is not None and slack - restart_overhead_s(spec) <= 2 * SAFETY_S:
         return False
+    if now < backed_off_until(record):
+        return False
     return hours_left(record, current, now) > 0.0
+
+
+def backed_off_until(record: JobRecord) -> float:
+    """When the job may return to spot again after returns that were reclaimed."""
+    reclaimed = [
+        after.ended_at
+        for before, after in zip(record.attempts, record.attempts[1:], strict=False)
+        if before.end_cause == SPOT_RETURN
+        and after.capacity_type == "spot"
+        and after.ended_at is not None
+        and after.end_cause not in (None, "succeeded", SPOT_RETURN, DEADLINE_MOVE)
+    ]
+    if not reclaimed:
+        return 0.0
+    backoff = RECLAIMED_BACKOFF_S * 2.0 ** (len(reclaimed) - 1)
+    return reclaimed[-1] + min(backoff, MAX_RECLAIMED_BACKOFF_S)
+
+
+def may_use_spot(record: JobRecord) -> bool:
+    """Whether a queued job would take spot capacity if it were offered."""
+    capacity = record.spec.capacity
+    if record.deadline_on_demand or capacity == "on-demand":
+        return False
+    return capacity != "spot-then-on-demand" or not record.spot_exhausted
 
 
 def hours_left(record: JobRecord, current: AttemptRecord, now: float) -> float:
@@ -67,14 +108,20 @@ def min_run_s(record: JobRecord) -> float:
 
 
 def worth_returning(
-    record: JobRecord, current: AttemptRecord, spot_cost_per_hour: float, now: float
+    record: JobRecord,
+    current: AttemptRecord,
+    spot_cost_per_hour: float,
+    gang_reclaims_per_hour: float,
+    now: float,
 ) -> bool:
     """`spot_cost_per_hour`: the spot placement's expected $/h for the whole gang, risk
-    included (Placement.expected_cost_per_hour)."""
+    included (Placement.expected_cost_per_hour); `gang_reclaims_per_hour`: how often some node
+    of the placement is reclaimed (the pool's learned rate times its nodes)."""
     od_per_hour = current.price_per_gpu_hour * record.total_gpus
-    saving = (od_per_hour - spot_cost_per_hour) * hours_left(record, current, now)
-    cost = od_per_hour * restart_overhead_s(record.spec) / 3600.0
-    return saving > cost
+    hours = hours_left(record, current, now)
+    saving = (od_per_hour - spot_cost_per_hour) * hours
+    restart = od_per_hour * restart_overhead_s(record.spec) / 3600.0
+    return saving > restart * (1.0 + gang_reclaims_per_hour * hours)
 
 
 def move_grace_s(record: JobRecord) -> float:

@@ -59,11 +59,45 @@ def test_quiet_network_runs_every_job_once() -> None:
 
 
 def test_a_late_success_ends_the_job_instead_of_running_it_again_seed_49() -> None:
-    run_seed(49)
+    """Seed 49: an attempt's success reaches the broker after it had started the next attempt.
+    The job ends succeeded on the earlier attempt, the newer one is cancelled as superseded,
+    and the work completed once."""
+    w = run_seed(49)
+    late = [
+        (job_id, done)
+        for job_id, rec in w.machine.jobs.items()
+        for _, done in w.completed_by[job_id]
+        if done < rec.attempt
+    ]
+    assert late, "seed 49 no longer delivers a late success; pin a seed that does"
+    for job_id, done in late:
+        rec = w.machine.jobs[job_id]
+        assert rec.state == "succeeded" and w.completions[job_id] == 1, (job_id, rec.state)
+        newer = [a for a in rec.attempts if a.attempt > done]
+        assert newer and all(
+            a.end_cause == "superseded: an earlier attempt succeeded" for a in newer
+        ), [(a.attempt, a.end_cause) for a in rec.attempts]
+    assert w.stats["cancel:an earlier attempt succeeded"] == len(late), w.stats
 
 
-def test_a_frozen_agent_never_leaves_two_live_copies_seed_206() -> None:
-    run_seed(206, tolerate=KNOWN_GAPS)
+def test_a_frozen_agent_never_leaves_two_live_copies_seed_359() -> None:
+    """Seed 359: an agent freezes while its attempt runs; the broker declares the cluster lost
+    and runs the job on another. The frozen copy's fence lapses first, so the cluster itself
+    ends it (evicted) before the new attempt is even dispatched: one live copy at a time, and
+    one completion (without the fence the frozen copy succeeds during the freeze)."""
+    w = run_seed(359, tolerate=KNOWN_GAPS)
+    assert w.stats["agent_freezes"] >= 1 and w.stats["fenced"] >= 1, w.stats
+    moved = []
+    for job_id, rec in w.machine.jobs.items():
+        for old, new in zip(rec.attempts, rec.attempts[1:], strict=False):
+            if old.end_cause == "cluster-lost" and new.cluster != old.cluster:
+                moved.append((job_id, old, new))
+    assert moved, "seed 359 no longer loses a frozen cluster; pin a seed that does"
+    for job_id, old, new in moved:
+        ended_at, status = w.agents[old.cluster].outcomes[(job_id, old.attempt)]
+        assert status.phase == "evicted", (job_id, status)
+        assert ended_at < new.dispatched_at, (job_id, ended_at, new.dispatched_at)
+        assert w.completed_by[job_id] == [(new.cluster, new.attempt)], w.completed_by[job_id]
 
 
 # Lost commands (a Cancel retried after its ack timeout) and frequent spot notices, nothing else.

@@ -163,9 +163,9 @@ def test_preemption_budget_is_separate_and_enforced() -> None:
 
 
 def test_start_timeout_requeues_with_exponential_backoff() -> None:
-    # The dispatch is reported as created (the cluster took it), but never runs.
     w = World(start_s=30, dispatch_report_s=0)
-    w.cluster("a")
+    for c in ("a", "b", "c"):  # each failed start keeps the next try off its pool
+        w.cluster(c)
     job = w.submit(restart=RestartPolicy(backoff_s=4, max_backoff_s=100))
     w.cycle()
     w.m.handle(DispatchAcked(job, 1, True, ""), w.now)
@@ -177,6 +177,8 @@ def test_start_timeout_requeues_with_exponential_backoff() -> None:
     w.m.handle(DispatchAcked(job, 2, True, ""), w.now)
     w.cycle(31)
     assert not sends(w.cycle(7), Dispatch) and sends(w.cycle(2), Dispatch)  # then 8 s
+    clusters = [a.cluster for a in w.m.jobs[job].attempts]
+    assert len(set(clusters)) == 3, clusters
 
 
 def test_sequence_gap_drops_deltas_until_a_snapshot() -> None:

@@ -107,20 +107,6 @@ def test_a_gang_bigger_than_the_pool_ever_was_is_still_rejected() -> None:
     assert not reply.accepted
 
 
-def test_a_spot_pool_that_never_had_nodes_cannot_vouch_for_a_job() -> None:
-    m = Machine(BrokerConfig(queues=[QueueConfig(name="default")]))
-    agent = Agent(m, "east")
-    agent.send(
-        ClusterSnapshot(
-            flavors=[flavor("v100-spot", "spot", "v100", 0.9), flavor("v100-od", price=3.0)],
-            nodes=nodes("od", "v100-od", 1),
-        )
-    )
-    reply, _ = split_reply(m.handle(SubmitJob(spot_job("no-history")), NOW + 1))
-    assert not reply.accepted
-    assert "never be placed" in (reply.error or "")
-
-
 def lose_spot_node_under(m: Machine, agent: Agent, job_id: str, now: float) -> None:
     """Dispatch the job, let it run, then take its spot node away without warning."""
     sent = dispatches(m.handle(CYCLE, now))

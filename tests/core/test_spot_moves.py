@@ -15,7 +15,7 @@ from broker.core.invariants import violations
 from broker.core.machine import Machine
 from broker.core.records import record_decoder, record_encoder
 from broker.core.risk import MAX_ADVISED_S, NOTICE_MISS, young_daly_s
-from broker.core.spotreturn import MIN_RUN_S
+from broker.core.spotreturn import MIN_RUN_S, RECLAIMED_BACKOFF_S
 from schemas.agent import (
     Cancel,
     CheckpointNow,
@@ -334,34 +334,56 @@ def _return_to_spot(m: Machine, agent: Agent, d: Dispatch, now: float, step: int
     return new
 
 
-def test_each_return_to_spot_doubles_the_run_before_the_next() -> None:
-    """A job reclaimed after every return stops bouncing: the second return waits for twice
-    the on-demand run the first one did."""
+def test_a_return_that_was_reclaimed_backs_the_job_off() -> None:
+    """A job reclaimed after a return stops bouncing: it stays on on-demand for
+    RECLAIMED_BACKOFF_S after the reclaim, however long it has run there, then may return."""
     m, agent = setup()
     d = on_demand_job(m, agent, "bouncer")
     agent.send(NodeUpsert(node=nodes("spot-a", "v100-spot", 1)[0]), now=NOW + 100)
-    now = NOW + 60 + 1.5 * MIN_RUN_S
+    now = NOW + 60 + 3 * MIN_RUN_S
     on_spot = _return_to_spot(m, agent, d, now, 500)
     # Spot takes its node back; the job falls back to on-demand and runs there again.
-    now += 120
-    agent.send(NodeGone(node=on_spot.assignment[0].nodes[0]), now=now)
+    reclaimed_at = now + 120
+    agent.send(NodeGone(node=on_spot.assignment[0].nodes[0]), now=reclaimed_at)
     record = m.jobs["bouncer"]
     record.avoid.clear()  # (the lost pool's avoidance is not what this tests)
-    tick(m, agent, now + 1)
-    (od,) = dispatches(m.handle(Cycle(), now + 2))
+    tick(m, agent, reclaimed_at + 1)
+    (od,) = dispatches(m.handle(Cycle(), reclaimed_at + 2))
     assert od.flavor == "v100-od"
-    started = now + 60
+    started = reclaimed_at + 60
     running(agent, od, started)
     agent.send(NodeUpsert(node=nodes("spot-b", "v100-spot", 1)[0]), now=started + 1)
-    # What was enough the first time is not enough now ...
-    checkpoint(agent, od, 700, started + 1.5 * MIN_RUN_S - 10)
-    assert sends(tick(m, agent, started + 1.5 * MIN_RUN_S), CheckpointNow) == []
+    # A run that paid for the first return is not enough while the job backs off ...
+    later = reclaimed_at + RECLAIMED_BACKOFF_S - 60
+    checkpoint(agent, od, 700, later - 10)
+    assert sends(tick(m, agent, later), CheckpointNow) == []
     assert record.state == "running" and record.current is not None
     assert record.current.attempt == od.attempt
-    # ... twice the minimum is.
-    _return_to_spot(m, agent, od, started + 2.5 * MIN_RUN_S, 800)
+    # ... after the backoff it may return.
+    _return_to_spot(m, agent, od, reclaimed_at + RECLAIMED_BACKOFF_S + 60, 800)
     assert live_attempts(m, "bouncer") == 1
     assert violations(m) == []
+
+
+def test_no_return_takes_spot_a_queued_job_of_equal_priority_could_use() -> None:
+    """Spot that comes back goes to the queue first: a running on-demand job does not move
+    onto it while a queued job of its priority or higher would take spot."""
+    m, agent = setup()
+    d = on_demand_job(m, agent, "returner")
+    waiting = spot_job("waiting", capacity="spot")
+    assert split_reply(m.handle(SubmitJob(waiting), NOW + 200))[0].accepted
+    now = NOW + 60 + 3 * MIN_RUN_S
+    checkpoint(agent, d, 500, now - 10)
+    agent.send(NodeUpsert(node=nodes("spot-back", "v100-spot", 1)[0]), now=now - 5)
+    assert sends(tick(m, agent, now), CheckpointNow) == []
+    assert m.jobs["returner"].preempting is None
+    # The queued job takes the spot node; with nothing waiting the return is free to happen.
+    (placed,) = dispatches(m.handle(Cycle(), now + 1))
+    assert placed.job_id == "waiting" and placed.flavor == "v100-spot"
+    agent.send(NodeUpsert(node=nodes("spot-more", "v100-spot", 1)[0]), now=now + 2)
+    later = now + 2 * 60
+    checkpoint(agent, d, 600, later - 10)
+    assert [c.attempt for c in sends(tick(m, agent, later), CheckpointNow)] == [d.attempt]  # type: ignore[attr-defined]
 
 
 def test_a_deadline_survives_a_broker_restart_and_still_switches_in_time() -> None:

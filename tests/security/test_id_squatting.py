@@ -1,37 +1,102 @@
 """A squatter who could predict the id a victim's submission will get could submit that id
 first, and the victim's job would be answered "duplicate" and never exist. Server-derived ids
 are keyed with the submit stream's secret, which no client can read, so the victim's id is
-known only once the broker answers."""
+known only once the broker answers.
+
+Each test computes the guess exactly as the broker builds the id, from the same basis, and
+runs once more with the key emptied: that control proves the guess WOULD match without the
+key, so the keyed run is what stops it (and the test fails if the key is dropped)."""
 
 from __future__ import annotations
 
 import hashlib
+from typing import Any
+
+import pytest
 
 from broker.core.submission import derive_job_id
+from schemas.codec import decode_submit_reply, encode_json
 from tests.broker.conftest import Harness
-from tests.broker.test_submit import job
+from tests.support import wait_for
+
+KEYED = pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "control-unkeyed"])
 
 
 def _unkeyed(basis: str) -> str:
     return hashlib.blake2b(basis.encode(), digest_size=6).hexdigest()
 
 
-async def test_a_squatter_cannot_take_the_id_a_victim_will_get(harness: Harness) -> None:
-    h = harness
+def _job(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "gang": [{"name": "worker", "replicas": 1, "gpu": 1}], **extra}
+
+
+async def _start(h: Harness, keyed: bool) -> Any:
     broker = await h.start_broker()
+    if not keyed:
+        broker._id_key = b""  # the control: the same broker without the stream's secret
+    return broker
+
+
+@KEYED
+async def test_a_squatter_cannot_take_the_id_a_known_msg_id_would_get(
+    harness: Harness, keyed: bool
+) -> None:
+    """The id of a submission with a Nats-Msg-Id comes from the subject and that header, both
+    of which a squatter may know (a client that derives its Msg-Id from the job, a log)."""
+    h = harness
+    broker = await _start(h, keyed)
+    subject = h.subjects.submit("default")
+    msg_id = "victim-nightly-2026-12-01"
+    guess = derive_job_id("victim", _unkeyed(f"id:{subject}:{msg_id}"))
+    assert (await h.submit(_job("squat", job_id=guess))).accepted
+
+    msg = await h.nc.request(
+        subject, encode_json(_job("victim")), timeout=10, headers={"Nats-Msg-Id": msg_id}
+    )
+    reply = decode_submit_reply(msg.data)
+    jobs = broker.machine.jobs
+    if keyed:
+        assert reply.accepted and not reply.duplicate, reply
+        assert reply.job_id != guess
+        assert jobs[reply.job_id].spec.name == "victim"
+    else:
+        # Without the key the squatter's guess is the victim's id: the victim is told
+        # "duplicate" and its job never exists.
+        assert reply.job_id == guess and reply.duplicate, reply
+        assert not any(r.spec.name == "victim" for r in jobs.values())
+    assert jobs[guess].spec.name == "squat"
+
+
+@KEYED
+async def test_the_stream_sequence_and_stored_time_do_not_give_the_id_away(
+    harness: Harness, keyed: bool
+) -> None:
+    """Without a Nats-Msg-Id the basis is the stream sequence and the stored-at time. A
+    squatter can predict the sequence and may learn the time (the broker's acks carry both, on
+    the wire, as seen here); the id must still not follow from them."""
+    h = harness
+    broker = await _start(h, keyed)
     stream = h.subjects.submit_stream
-    js = h.nc.jetstream()
-    # The squatter knows the scheme and the stream's next sequence numbers, but not the key:
-    # it pre-submits every id the next submissions could get without the key.
-    info = await js.stream_info(stream)
-    nxt = info.state.last_seq + 1
-    guesses = [derive_job_id("victim", _unkeyed(f"seq:{nxt + i}:0")) for i in range(1, 4)]
-    for guess in guesses:
-        assert (await h.submit(job("squat", job_id=guess))).accepted
-    replies = [await h.submit(job("victim")) for _ in range(3)]
+    acked: dict[int, int] = {}  # stream sequence -> stored-at ns, read from the broker's acks
+
+    async def on_ack(msg: Any) -> None:
+        tokens = msg.subject.split(".")  # $JS.ACK.<stream>.<consumer>.<n>.<sseq>.<cseq>.<ts>...
+        acked[int(tokens[5])] = int(tokens[7])
+
+    await h.nc.subscribe(f"$JS.ACK.{stream}.>", cb=on_ack)
+    await h.nc.flush()
+    nxt = (await h.nc.jetstream().stream_info(stream)).state.last_seq + 1
+    squats = 2  # the squatter's own submissions take the next sequence numbers first
+    for i in range(squats):
+        assert (await h.submit(_job("squat", job_id=f"squat-{i}"))).accepted
+    replies = [await h.submit(_job("victim")) for _ in range(3)]
     assert all(r.accepted and not r.duplicate for r in replies), replies
+    predicted = [nxt + squats + i for i in range(3)]
+    await wait_for(lambda: all(s in acked for s in predicted), 10, what="the broker's acks")
+    guesses = [derive_job_id("victim", _unkeyed(f"seq:{s}:{acked[s]}")) for s in predicted]
     ids = [r.job_id for r in replies]
-    assert len(set(ids)) == 3 and not set(ids) & set(guesses)
-    assert broker.machine is not None
     assert all(broker.machine.jobs[i].spec.name == "victim" for i in ids)
-    assert all(broker.machine.jobs[g].spec.name == "squat" for g in guesses)
+    if keyed:
+        assert not set(ids) & set(guesses), (ids, guesses)
+    else:
+        assert ids == guesses  # the guess is the real basis: only the key stands in the way

@@ -1,0 +1,69 @@
+"""Starts that can finish (broker/core/starts.py): a resumed attempt gets its restore time on
+top of the start timeout, start failures in a row are capped with a typed reason, and the pool
+that failed a start is not where the job tries next."""
+
+from __future__ import annotations
+
+from broker.core.starts import START_FAILURES
+from schemas.agent import CheckpointReport, WorkloadStatus
+from schemas.job import CheckpointSpec, RestartPolicy
+from tests.core.harness import Sim, cancels
+
+
+def test_a_resumed_attempt_gets_its_restore_time_on_top_of_the_start_timeout() -> None:
+    s = Sim(start_s=300, image_pull_s=30)
+    job = s.submit(checkpoint=CheckpointSpec(uri="s3://c", cost_s=240))
+    s.step(0)
+    s.send(
+        "a",
+        WorkloadStatus(
+            job_id=job, attempt=1, phase="running", running_replicas=1, total_replicas=1
+        ),
+    )
+    s.send("a", CheckpointReport(job_id=job, attempt=1, step=100, uri="s3://c/100"))
+    s.send("a", WorkloadStatus(job_id=job, attempt=1, phase="evicted", reason="node drained"))
+    s.step(1)
+    s.step(1)  # attempt 2 (the lost pool is the only one: widened after a cycle), from step 100
+    second = s.m.jobs[job].current
+    assert second is not None and second.attempt == 2 and second.resume_from is not None
+    # 300 s base + 30 s image pull + 240 s restore: the old fixed 300 s would kill it here,
+    # while it reads its checkpoint back, and again on every retry.
+    assert not cancels(s.step(301)) and not cancels(s.step(268))
+    (cancel,) = cancels(s.step(2.0))
+    assert cancel.attempt == 2 and cancel.reason == "start timeout"
+    assert "within 570s" in (s.m.jobs[job].reason or "")
+
+
+def test_a_first_attempt_gets_no_restore_time() -> None:
+    s = Sim(start_s=300)
+    job = s.submit(checkpoint=CheckpointSpec(uri="s3://c", cost_s=240))
+    s.step(0)
+    (cancel,) = cancels(s.step(301))
+    assert cancel.attempt == 1 and s.m.jobs[job].state == "queued"
+
+
+def test_the_pool_that_failed_a_start_is_not_tried_next() -> None:
+    s = Sim(("a", "b"), start_s=60)
+    job = s.submit(restart=RestartPolicy(backoff_s=1))
+    s.step(0)
+    first = s.m.jobs[job].current
+    assert first is not None
+    s.step(61)
+    s.step(2)
+    second = s.m.jobs[job].current
+    assert second is not None and second.attempt == 2
+    assert second.cluster != first.cluster
+
+
+def test_start_failures_in_a_row_are_capped_with_a_typed_reason() -> None:
+    s = Sim(start_s=60)
+    job = s.submit(restart=RestartPolicy(backoff_s=1, max_backoff_s=1, max_start_failures=2))
+    s.step(0)
+    for _ in range(20):
+        s.step(61)
+        if s.m.jobs[job].state == "failed":
+            break
+    rec = s.m.jobs[job]
+    assert rec.state == "failed" and rec.attempt == 3, (rec.state, rec.attempt)
+    assert (rec.reason or "").startswith(f"{START_FAILURES}: the gang failed to start 3 times")
+    assert "restart.max_start_failures=2" in (rec.reason or "")
