@@ -16,6 +16,7 @@ from schemas.agent import (
     FlavorInfo,
     Heartbeat,
     NodeInfo,
+    WorkloadStatus,
 )
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
 from schemas.job import JobSpec, PodSet
@@ -65,9 +66,11 @@ class Sim:
         out += self.m.handle(CYCLE, self.now)
         for e in out:
             if isinstance(e, Send) and isinstance(e.command, Dispatch):
-                self.m.handle(
-                    DispatchAcked(e.command.job_id, e.command.attempt, True, ""), self.now
-                )
+                cmd = e.command
+                self.m.handle(DispatchAcked(cmd.job_id, cmd.attempt, True, ""), self.now)
+                # As an agent does: the workload's objects are made, not yet running.
+                made = WorkloadStatus(job_id=cmd.job_id, attempt=cmd.attempt, phase="created")
+                out += self.send(e.cluster, made)
         return out
 
 
