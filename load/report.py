@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from broker.core.records import JobRecord
+from broker.core.spotreturn import PLANNED_MOVES, SPOT_RETURN
 
 # What the report reads of a run, as the simulator's types provide it (load/sim.py AttemptLog,
 # SimJob, Violation, SimResult): stated here so the report does not import the simulator that
@@ -171,6 +172,20 @@ def queue_delays_s(result: SimResult) -> list[float]:
     ]
 
 
+def returns_reclaimed(result: SimResult) -> tuple[int, int]:
+    """(spot-returns, of them reclaimed again): attempts that followed a move back to spot
+    and ended on spot without success or another planned move."""
+    returns = reclaimed = 0
+    for r in result.records.values():
+        for before, after in itertools.pairwise(r.attempts):
+            if before.end_cause != SPOT_RETURN:
+                continue
+            returns += 1
+            if after.ended_at is not None and after.end_cause not in ("succeeded", *PLANNED_MOVES):
+                reclaimed += 1
+    return returns, reclaimed
+
+
 def summarize(result: SimResult) -> dict[str, Any]:
     """One row of the comparison table (plain floats and ints, JSON-ready)."""
     end = result.base + result.end
@@ -218,6 +233,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
     # cannot look faster by leaving its slowest jobs out; the mean covers completed jobs.
     jct_all = jct + [math.inf] * (len(result.jobs) - len(jct))
     qd = queue_delays_s(result)
+    returned = returns_reclaimed(result)
     return {
         "policy": result.policy,
         "jobs": len(result.jobs),
@@ -258,6 +274,15 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "make_before_break": mbb / noticed if noticed else float("nan"),
         "makespan_h": result.end / 3600.0,
         "attempts_max": max((len(r.attempts) for r in result.records.values()), default=0),
+        "returns_reclaimed": returned[1] / returned[0] if returned[0] else float("nan"),
+        "spot_only_queue_p90_s": percentile(
+            [
+                r.attempts[0].dispatched_at - r.submitted_at
+                for r in result.records.values()
+                if r.attempts and r.spec.capacity == "spot"
+            ],
+            90,
+        ),
         "start_timeouts": sum(
             1 for r in result.records.values() for a in r.attempts if a.end_cause == "start-timeout"
         ),
@@ -299,6 +324,8 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("noticed_end_p95_s", "  notice -> old attempt ended, p95 (s)", "{:.1f}"),
     ("make_before_break", "  replacement reserved at notice", "{:.0%}"),
     ("spot_notices", "spot notices (whole run)", "{:.0f}"),
+    ("spot_only_queue_p90_s", "spot-only jobs: queueing delay p90 (s)", "{:.0f}"),
+    ("returns_reclaimed", "spot-returns reclaimed again", "{:.0%}"),
     ("attempts_max", "most attempts of one job", "{:.0f}"),
     ("start_timeouts", "attempts ended by the start timeout", "{:.0f}"),
     ("makespan_h", "makespan (h)", "{:.1f}"),

@@ -4,9 +4,15 @@ that failed a start is not where the job tries next."""
 
 from __future__ import annotations
 
-from broker.core.starts import START_FAILURES
-from schemas.agent import CheckpointReport, WorkloadStatus
-from schemas.job import CheckpointSpec, RestartPolicy
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.core.records import AttemptRecord, JobRecord
+from broker.core.starts import START_FAILURES, start_limit_s
+from schemas.agent import CheckpointRef, CheckpointReport, WorkloadStatus
+from schemas.config import Timeouts
+from schemas.job import CheckpointSpec, JobSpec, PodSet, RestartPolicy
 from tests.core.harness import Sim, cancels
 
 
@@ -67,3 +73,28 @@ def test_start_failures_in_a_row_are_capped_with_a_typed_reason() -> None:
     assert rec.state == "failed" and rec.attempt == 3, (rec.state, rec.attempt)
     assert (rec.reason or "").startswith(f"{START_FAILURES}: the gang failed to start 3 times")
     assert "restart.max_start_failures=2" in (rec.reason or "")
+
+
+@given(
+    base=st.floats(min_value=1.0, max_value=3600.0),
+    pull=st.floats(min_value=0.0, max_value=600.0),
+    cost=st.floats(min_value=0.0, max_value=3600.0) | st.none(),
+    restore=st.floats(min_value=0.0, max_value=3600.0) | st.none(),
+)
+def test_a_resumed_attempt_never_gets_less_time_than_a_fresh_one(
+    base: float, pull: float, cost: float | None, restore: float | None
+) -> None:
+    spec = JobSpec(
+        name="j",
+        gang=[PodSet(name="w", replicas=1, gpu=1)],
+        checkpoint=CheckpointSpec(uri="s3://c", cost_s=cost, restore_s=restore),
+    )
+    record = JobRecord(job_id="j", spec=spec, queue="q", order=1, submitted_at=0.0)
+    fresh = AttemptRecord(
+        attempt=1, cluster="a", flavor="od", flavor_class="od", assignment=[], dispatched_at=0.0
+    )
+    resumed = msgspec.structs.replace(fresh, resume_from=CheckpointRef(step=1, uri="s3://c/1"))
+    timeouts = Timeouts(start_s=base, image_pull_s=pull)
+    assert start_limit_s(record, fresh, timeouts) == base + pull
+    expected = restore if restore is not None else (cost or 0.0)
+    assert start_limit_s(record, resumed, timeouts) == base + pull + expected
