@@ -117,6 +117,7 @@ async def one_run(attempts: int, latency_s: float, acks: int) -> dict[str, Any]:
         for i in range(attempts):
             await runtime._dispatch(dispatch(i), log)
         server.latency_s = latency_s
+        clock.now = time.time()  # the dispatches renewed from the wall clock: start from it
         before = len(server.requests)
         latencies: list[float] = []
         for seq in range(1, acks + 1):
