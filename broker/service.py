@@ -766,7 +766,7 @@ class Broker:
     def _track_cancel(self, cluster: str, cmd: Cancel) -> None:
         """Remember the in-flight Cancel of a job's old attempt, so a Dispatch that the core
         ordered after it (`Send.after_cancel_of`) waits for it."""
-        task = asyncio.create_task(self._send_command(cluster, cmd))
+        task = asyncio.create_task(self._cancel_until_heard(cluster, cmd))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         key = (cmd.job_id, cmd.attempt)
@@ -789,7 +789,7 @@ class Broker:
         )
         cancel = self._cancels.get((cmd.job_id, after)) if after is not None else None
         if cancel is not None:
-            # Bounded by the Cancel's own retries; a silent old cluster fences itself anyway.
+            # Until the old attempt's agent acknowledged its Cancel or its cluster is lost.
             await asyncio.wait({cancel})
         ok, error, stale = await self._request(
             cluster, encode_msgpack(cmd), self.config.timeouts.dispatch_retries + 1
@@ -824,7 +824,16 @@ class Broker:
                 machine.handle(DispatchAcked(cmd.job_id, cmd.attempt, ok, error), self.clock())
             )
 
-    async def _send_command(self, cluster: str, cmd: Any) -> None:
+    async def _cancel_until_heard(self, cluster: str, cmd: Cancel) -> None:
+        """A Cancel that a dispatch waits on is resent until its agent acknowledges it or the
+        broker declares the cluster lost (its fence, minutes long, has lapsed by then)."""
+        while not await self._send_command(cluster, cmd) and self.leading.is_set():
+            track = self.machine.agents.get(cluster) if self.machine is not None else None
+            if track is None or track.health == "lost":
+                return
+            await asyncio.sleep(self.config.timeouts.dispatch_ack_s)
+
+    async def _send_command(self, cluster: str, cmd: Any) -> bool:
         ok, error, stale = await self._request(cluster, encode_msgpack(cmd), 3)
         if not ok:
             log.info(
@@ -836,6 +845,7 @@ class Broker:
             )
         if stale is not None:
             await self._on_stale_epoch(cluster, stale, error)
+        return ok or stale is not None
 
     async def _on_stale_epoch(self, cluster: str, claimed: int, error: str) -> None:
         """An agent refused our epoch. Believed only when it claims a higher epoch than ours

@@ -13,6 +13,13 @@ at the end. Everything binds 127.0.0.1; counts and time are bounded.
 
     python -m load.chaos --jobs 60 --seed 1            # about two minutes
     python -m load.chaos --jobs 1000 --faults 40 --duration-s 900   # the long form
+    python -m load.chaos --jobs 40 --long-outages 4 --duration-s 900  # outages of minutes
+
+With `--long-outages N` the broker runs with fence windows of minutes (re-dispatch after
+300 s of silence, a 240 s fence) and N outages of 60 s to `--long-outage-s` (an agent frozen
+or partitioned, the broker or nats-server down) strike among the other faults; jobs run for
+minutes. Every outage is shorter than the fence, so no attempt may end by its fence
+("nothing healthy fenced"); the result always counts the attempts a fence ended.
 """
 
 from __future__ import annotations
@@ -51,6 +58,10 @@ from schemas.config import (
 from schemas.subjects import Subjects
 
 FAULTS = ("broker", "nats", "freeze", "partition", "spot", "store-full", "poison")
+# Outages of minutes (`--long-outages`), run with fence windows of minutes (`soak_config`).
+LONG_FAULTS = ("long-freeze", "long-partition", "long-broker", "long-nats")
+LONG_LOST_AFTER_S = 300.0
+LONG_FENCE_LEAD_S = 60.0  # a 240 s fence: every long outage (at most --long-outage-s) is shorter
 QUEUES = ("team-a", "team-b")
 PREFIX = "muster"
 STORE_LIMIT = "256MB"
@@ -190,6 +201,7 @@ async def _agent_main(cluster: str, url: str, records: Path, seed: int) -> None:
                 "running_at": r.running_at,
                 "ended_at": r.ended_at,
                 "end_phase": r.end_phase,
+                "reason": r.reason,
             }
             for job_id, recs in fake.history.items()
             for r in recs
@@ -219,8 +231,13 @@ def _nodes_of(fake: Any, job_id: str, attempt: int) -> list[str]:
 # ---------------------------------------------------------------------------- the soak
 
 
-def soak_config() -> BrokerConfig:
+def soak_config(long_windows: bool = False) -> BrokerConfig:
     config = _soak_config()
+    if long_windows:
+        timeouts = msgspec.structs.replace(
+            config.timeouts, lost_after_s=LONG_LOST_AFTER_S, fence_lead_s=LONG_FENCE_LEAD_S
+        )
+        config = msgspec.structs.replace(config, timeouts=timeouts)
     if "limits" in BrokerConfig.__struct_fields__:
         # Streams reserve their max_bytes in the store: keep the reservations well inside it,
         # so that filling the rest exhausts the store without blocking the broker's start.
@@ -287,6 +304,8 @@ class Soak:
     kinds: tuple[str, ...] = FAULTS
     clusters: int = 3
     verbose: bool = False
+    long_outages: int = 0  # outages of minutes, each shorter than the fence window
+    long_outage_s: float = 120.0
     out: dict[str, Any] = field(default_factory=dict)
 
     def say(self, *parts: object) -> None:
@@ -302,7 +321,7 @@ class Soak:
         self.nats = NatsProc(store_dir=work / "js")
         self.nats.start_sync()
         url = self.nats.url
-        self.broker = BrokerProcess(url, soak_config(), state_dir=work)
+        self.broker = BrokerProcess(url, soak_config(self.long_outages > 0), state_dir=work)
         self.agents: dict[str, AgentProc] = {}
         self.stats: Counter[str] = Counter()
         self.subjects = Subjects(prefix=PREFIX)
@@ -324,6 +343,13 @@ class Soak:
             plan = sorted(
                 (rng.uniform(2.0, self.duration_s * 0.6), rng.choice(self.kinds))
                 for _ in range(self.faults)
+            )
+            plan = sorted(
+                plan
+                + [
+                    (rng.uniform(5.0, self.duration_s * 0.4), rng.choice(LONG_FAULTS))
+                    for _ in range(self.long_outages)
+                ]
             )
             await self._inject(plan, t0)
             self.say("faults done")
@@ -363,7 +389,10 @@ class Soak:
                 "checkpoint": {"uri": f"mem://{job_id}"},
                 "workload": {
                     "simulate": {
-                        "total_steps": self.rng.randint(40, 200),
+                        # with outages of minutes, jobs of minutes, so outages find them running
+                        "total_steps": self.rng.randint(40, 200)
+                        if not self.long_outages
+                        else self.rng.randint(2000, 6000),
                         "steps_per_second": 20.0,
                         "checkpoint_every": 20,
                     }
@@ -410,30 +439,45 @@ class Soak:
             self.broker.start()
         self._killed = False
 
-    async def _fault_broker(self) -> None:
+    async def _fault_broker(self, down_s: float | None = None) -> None:
         self._killed = True
         self.broker.kill9()
-        await asyncio.sleep(self.rng.uniform(0.2, 3.0))
+        await asyncio.sleep(down_s or self.rng.uniform(0.2, 3.0))
         self.broker.start()
 
-    async def _fault_nats(self) -> None:
+    async def _fault_nats(self, down_s: float | None = None) -> None:
         self.nats.kill()
-        await asyncio.sleep(self.rng.uniform(0.2, 3.0))
+        await asyncio.sleep(down_s or self.rng.uniform(0.2, 3.0))
         self.nats.start_sync()
 
-    async def _fault_freeze(self) -> None:
+    async def _fault_freeze(self, down_s: float | None = None) -> None:
         agent = self.agents[self.rng.choice(sorted(self.agents))]
         agent.signal(signal.SIGSTOP)
         agent.stopped = True
-        await asyncio.sleep(self.rng.uniform(2.0, 25.0))
+        await asyncio.sleep(down_s or self.rng.uniform(2.0, 25.0))
         agent.signal(signal.SIGCONT)
         agent.stopped = False
 
-    async def _fault_partition(self) -> None:
+    async def _fault_partition(self, down_s: float | None = None) -> None:
         agent = self.agents[self.rng.choice(sorted(self.agents))]
         agent.signal(signal.SIGUSR1)
-        await asyncio.sleep(self.rng.uniform(2.0, 25.0))
+        await asyncio.sleep(down_s or self.rng.uniform(2.0, 25.0))
         agent.signal(signal.SIGUSR1)
+
+    def _long_s(self) -> float:
+        return self.rng.uniform(60.0, self.long_outage_s)
+
+    async def _fault_long_freeze(self) -> None:
+        await self._fault_freeze(self._long_s())
+
+    async def _fault_long_partition(self) -> None:
+        await self._fault_partition(self._long_s())
+
+    async def _fault_long_broker(self) -> None:
+        await self._fault_broker(self._long_s())
+
+    async def _fault_long_nats(self) -> None:
+        await self._fault_nats(self._long_s())
 
     async def _fault_spot(self) -> None:
         for _ in range(self.rng.randint(1, 3)):
@@ -517,6 +561,13 @@ class Soak:
             for (_, a1, an), (b0, _, bn) in itertools.pairwise(ss):
                 if b0 < a1 - 0.05:
                     overlaps.append(f"{job_id}: {an} and {bn} for {a1 - b0:.1f}s")
+        # Attempts a fence ended (the fake cluster: "evicted: fence lapsed"). With outages of
+        # minutes each shorter than the window, every one of them ended healthy work.
+        fenced = [
+            f"{r['job_id']}#{r['attempt']}@{r['cluster']}"
+            for r in rows
+            if r["end_phase"] == "evicted" and "fence" in (r.get("reason") or "")
+        ]
         not_terminal = [j for j in ids if states.get(j) not in ("succeeded", "failed", "cancelled")]
         self.say("states", Counter(states.get(j, "unknown") for j in ids), "records", len(rows))
         if not_terminal and self.verbose:
@@ -537,6 +588,8 @@ class Soak:
             "not_terminal": len(not_terminal),
             "completed_twice": sum(1 for n in succeeded.values() if n > 1),
             "two_live_copies": len(overlaps),
+            "fenced": len(fenced),
+            "healthy_fenced": len(fenced) if self.long_outages else 0,
             "queues_busy_at_end": busy,
             "broker_leading": leading,
             "broker_exits": sum(v for k, v in self.stats.items() if k.startswith("broker-exited")),
@@ -545,6 +598,7 @@ class Soak:
                 "not_terminal": not_terminal[:5],
                 "completed_twice": [j for j, n in succeeded.items() if n > 1][:5],
                 "two_live_copies": overlaps[:5],
+                "fenced": fenced[:5],
             },
         }
         res["ok"] = (
@@ -552,6 +606,7 @@ class Soak:
             and not not_terminal
             and res["completed_twice"] == 0
             and not overlaps
+            and res["healthy_fenced"] == 0
             and not busy
             and leading
             and res["broker_exits"] == 0
@@ -571,6 +626,7 @@ def print_table(res: dict[str, Any]) -> None:
         ("every accepted job terminal", res["not_terminal"] == 0, f"{res['not_terminal']} not"),
         ("no job completed twice", res["completed_twice"] == 0, str(res["completed_twice"])),
         ("never two live copies", res["two_live_copies"] == 0, str(res["two_live_copies"])),
+        ("nothing healthy fenced", res["healthy_fenced"] == 0, f"{res['fenced']} fenced"),
         ("usage back to zero", not res["queues_busy_at_end"], str(res["queues_busy_at_end"])),
         ("broker leading at the end", res["broker_leading"], ""),
         ("broker never exited on its own", res["broker_exits"] == 0, str(res["broker_exits"])),
@@ -596,6 +652,10 @@ def chaos(
     seed: int = 1,
     faults: Annotated[int, typer.Option(min=0)] = 12,
     duration_s: Annotated[float, typer.Option(min=0.0)] = 120.0,
+    long_outages: Annotated[
+        int, typer.Option(min=0, help="outages of minutes (agent, partition, broker, NATS)")
+    ] = 0,
+    long_outage_s: Annotated[float, typer.Option(min=60.0, max=230.0)] = 120.0,
     only: Annotated[str, typer.Option(help=f"fault kinds: {','.join(FAULTS)}")] = ",".join(FAULTS),
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     verbose: Annotated[bool, typer.Option("--verbose")] = False,
@@ -608,7 +668,16 @@ def chaos(
         raise typer.BadParameter(
             f"unknown fault kinds {bad}; choose from {','.join(FAULTS)}", param_hint="--only"
         )
-    soak = Soak(jobs, seed, faults, duration_s, kinds, verbose=verbose)
+    soak = Soak(
+        jobs,
+        seed,
+        faults,
+        duration_s,
+        kinds,
+        verbose=verbose,
+        long_outages=long_outages,
+        long_outage_s=long_outage_s,
+    )
     res = asyncio.run(_cancel_on_sigterm(soak.run()))
     if as_json:
         print(msgspec.json.encode(res).decode())

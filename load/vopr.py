@@ -25,7 +25,7 @@ import functools
 import heapq
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -76,6 +76,7 @@ AGENT_TICK_S = 1.0
 BROKER_TICK_S = 1.0
 STARTUP_S = 1.0  # dispatch -> every replica running, on a model agent
 OUTCOME_RETENTION_S = 600.0  # terminal outcomes ride in snapshots this long
+HEALTHY_SLACK_S = 10.0  # message delays between the broker hearing a batch and its Applied
 
 
 class SimFailure(AssertionError):
@@ -93,9 +94,17 @@ class Faults:
     agent_freeze: float = 0.001  # per agent tick: SIGSTOP for a while
     partition: float = 0.001  # per agent tick: cut off from NATS for a while
     spot: float = 0.002  # per agent tick: a spot notice on a busy spot node
+    # per agent tick: an outage of minutes, of the cluster's API server (the fence cannot be
+    # renewed; the agent is still heard), the agent (frozen), its NATS link or the broker
+    long_outage: float = 0.0
+    long_outage_max_s: float = 1800.0  # agent and NATS: past lost_after_s, sometimes
+    api_outage_max_s: float = 600.0  # API server and broker: a control-plane upgrade, a failover
 
 
 QUIET = Faults(0, 0, 0.01, 0, 0, 0, 0, 0, 0)
+# Minutes-long outages among the usual faults, with the shipped windows (`long_config`).
+LONG = Faults(long_outage=0.0005)
+LONG_KINDS = ("api", "agent", "nats", "broker")
 
 
 def sim_config(min_runtime_s: float | None = None) -> BrokerConfig:
@@ -142,6 +151,17 @@ def sim_config(min_runtime_s: float | None = None) -> BrokerConfig:
         ),
         scheduling=sched,
     )
+
+
+def long_config() -> BrokerConfig:
+    """The simulation's config with the shipped fence windows (schemas.config.Timeouts):
+    re-dispatch after 18 minutes of silence, a 15-minute fence."""
+    base = sim_config()
+    shipped = Timeouts()
+    timeouts = msgspec.structs.replace(
+        base.timeouts, lost_after_s=shipped.lost_after_s, fence_lead_s=shipped.fence_lead_s
+    )
+    return msgspec.structs.replace(base, timeouts=timeouts)
 
 
 # ---------------------------------------------------------------------------- the network
@@ -243,6 +263,7 @@ class SimAgent:
         self.last_contact = START_AT
         self.cut_until = 0.0  # partitioned from NATS until
         self.frozen_until = 0.0  # SIGSTOPped until
+        self.api_down_until = 0.0  # the cluster's API server refuses every request until
         self.fence_after: dict[tuple[str, int], float] = {}
         self.sent_at: dict[int, float] = {}  # batch seq -> when it left (Applied extends fences)
         self.restart()
@@ -436,8 +457,8 @@ class SimAgent:
         sent = self.sent_at.get(cmd.seq)
         for s in [s for s in self.sent_at if s < cmd.seq]:
             del self.sent_at[s]
-        if sent is None:
-            return
+        if sent is None or self.w.clock.now < self.api_down_until:
+            return  # the fence lives in the cluster: no API server, no renewal
         for key, wk in self.work.items():
             after = self.fence_after.get(key, 0.0)
             if after > 0:
@@ -448,9 +469,33 @@ class SimAgent:
     def _enforce_fences(self, now: float) -> None:
         for (job_id, attempt), wk in list(self.work.items()):
             if wk.fence_until <= now:
+                self._healthy_fenced(job_id, attempt, now)
                 self._end(job_id, attempt, "evicted")
                 self.tracks.setdefault(job_id, _JobTrack()).live.discard(attempt)
                 self.w.stats["fenced"] += 1
+
+    def _healthy_fenced(self, job_id: str, attempt: int, now: float) -> None:
+        """A fence must end only what the broker may have given up on: an attempt it still
+        runs, on a cluster it heard within the fence window, was healthy."""
+        w = self.w
+        window = w.config.timeouts.fence_window_s
+        # The newest batch a broker applied long enough ago for its Applied to have arrived.
+        settled = now - 2 * w.faults.max_delay_s
+        sent = max((s for a, s in w.heard_at.get(self.cluster, ()) if a <= settled), default=None)
+        record = w.machine.jobs.get(job_id)
+        current = record.current if record is not None else None
+        if (
+            sent is None
+            or current is None
+            or (current.cluster, current.attempt) != (self.cluster, attempt)
+            or now - sent >= window - HEALTHY_SLACK_S
+        ):
+            return
+        w.breach(
+            "healthy-fenced",
+            f"attempt {attempt} of {job_id} on {self.cluster} ended by its fence though a "
+            f"broker applied the agent's batch sent {now - sent:.1f}s ago (window {window:g}s)",
+        )
 
     def snapshot(self) -> ClusterSnapshot:
         now = self.w.clock.now
@@ -496,6 +541,8 @@ class SimAgent:
             w.stats["partitions"] += 1
             self.cut_until = now + rng.uniform(2.0, 60.0)
             self.snapshot_pending = True  # a reconnect resends a snapshot
+        if rng.random() < f.long_outage:
+            self._long_outage(now, rng.choice(LONG_KINDS))
         if rng.random() < f.spot:
             busy = sorted({n for wk in self.work.values() for n in wk.nodes})
             spot = [
@@ -510,6 +557,26 @@ class SimAgent:
                 self.emit(SpotNotice(node=name, deadline=deadline))
                 w.stats["spot_notices"] += 1
                 w.clock.at(5.0, lambda: self._reclaim_node(name))
+
+    def _long_outage(self, now: float, kind: str) -> None:
+        """One outage of minutes at a time, each followed by a fence window of calm: the
+        promise is about one outage shorter than the window, not a chain of them."""
+        w, f = self.w, self.w.faults
+        if now < w.calm_after or (kind == "broker" and not w.broker_up):
+            return
+        longest = f.long_outage_max_s if kind in ("agent", "nats") else f.api_outage_max_s
+        down = w.clock.rng.uniform(60.0, longest)
+        w.calm_after = now + down + w.config.timeouts.fence_window_s
+        w.stats[f"long_{kind}_outages"] += 1
+        if kind == "api":
+            self.api_down_until = now + down
+        elif kind == "agent":
+            self.frozen_until = max(self.frozen_until, now + down)
+        elif kind == "nats":
+            self.cut_until = max(self.cut_until, now + down)
+            self.snapshot_pending = True
+        else:
+            w.crash(down)
 
     def _flavor(self, node: str) -> FlavorInfo:
         fl = self.nodes[node].flavor
@@ -565,8 +632,10 @@ class World:
         scenario: Scenario | None = None,
         tolerate: frozenset[str] = frozenset(),
         ignore_order: bool = False,
+        long_work: bool = False,
     ) -> None:
         self.seed = seed
+        self.long_work = long_work  # jobs of many minutes, so long outages find them running
         # A shell that drops `Send.after_cancel_of` (to show the checks catch what follows).
         self.ignore_order = ignore_order
         rng = random.Random(seed)
@@ -590,6 +659,9 @@ class World:
         self.work_of: dict[str, float] = {}
         self.accepted: set[str] = set()
         self.reclaims: Counter[str] = Counter()
+        # cluster -> (when a broker applied a batch of its agent, when that batch left)
+        self.heard_at: dict[str, deque[tuple[float, float]]] = {}
+        self.calm_after = 0.0  # no outage of minutes starts before this
         # broker shell state
         self.store: dict[str, bytes] = {}
         self.epoch = 1
@@ -663,7 +735,9 @@ class World:
                 capacity=rng.choice(["any", "spot", "on-demand", "spot-then-on-demand"]),
                 checkpoint=CheckpointSpec(uri=f"mem://{job_id}") if rng.random() < 0.7 else None,
             )
-            self.work_of[job_id] = rng.uniform(3.0, 25.0)
+            self.work_of[job_id] = (
+                rng.uniform(300.0, 2400.0) if self.long_work else rng.uniform(3.0, 25.0)
+            )
             self.clock.at(rng.uniform(0.0, 45.0), functools.partial(self.client_submit, spec))
 
     def faulty(self, now: float) -> bool:
@@ -756,6 +830,12 @@ class World:
         if req is None or req.done or req.incarnation != self.broker_inc:
             return
         if req.tries <= 0:
+            track = self.machine.agents.get(req.cluster)
+            if isinstance(req.cmd, Cancel) and track is not None and track.health != "lost":
+                # As the broker shell: a Cancel is resent until heard or its cluster is lost.
+                req.tries = 3
+                self.clock.at(self.config.timeouts.dispatch_ack_s, lambda: self._retry(rid))
+                return
             self._resolve(rid, False, f"agent of cluster {req.cluster!r} did not ack")
             return
         req.tries -= 1
@@ -805,6 +885,10 @@ class World:
             return  # plain NATS: nobody listens
         out = self.machine.handle(AgentBatch(cluster, batch), self.clock.now)
         error = refusal(out)
+        agent = self.agents.get(cluster)
+        sent = agent.sent_at.get(batch.seq) if agent and agent.instance == batch.instance else None
+        if not error and sent is not None:
+            self.heard_at.setdefault(cluster, deque(maxlen=64)).append((self.clock.now, sent))
         if error:
             self.stats["batches_refused"] += 1  # a duplicate is a replay: refused, harmless
         if self.run_effects(out) and not error:
@@ -829,7 +913,7 @@ class World:
         if not self.finished:
             self.clock.at(BROKER_TICK_S, self.broker_tick)
 
-    def crash(self) -> None:
+    def crash(self, down_s: float | None = None) -> None:
         self.log("broker crash")
         self.stats["broker_crashes"] += 1
         self.broker_up = False
@@ -837,7 +921,9 @@ class World:
         self.requests.clear()
         self.cancels.clear()
         self.held.clear()
-        self.clock.at(self.clock.rng.uniform(0.5, self.faults.broker_down_s), self.recover)
+        if down_s is None:
+            down_s = self.clock.rng.uniform(0.5, self.faults.broker_down_s)
+        self.clock.at(down_s, self.recover)
 
     def recover(self) -> None:
         """A new leader: higher epoch, state restored from the persisted records only."""
@@ -909,6 +995,20 @@ class World:
 
 
 def run_seed(seed: int, **kw: Any) -> World:
+    return World(seed, **kw).run()
+
+
+def long_outage_world(seed: int, **kw: Any) -> World:
+    """A seed with outages of minutes (API server, agent, NATS, broker) and the shipped
+    windows: still never two live copies, and now also nothing healthy ended by a fence."""
+    kw = {
+        "faults": LONG,
+        "config": long_config(),
+        "long_work": True,
+        "fault_window_s": 3600.0,
+        "horizon_s": 12_000.0,
+        **kw,
+    }
     return World(seed, **kw).run()
 
 

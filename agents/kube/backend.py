@@ -143,6 +143,10 @@ from schemas.agent import (
 
 log = structlog.get_logger("muster.agent.kube")
 
+# Non-graceful node shutdown (kubernetes.io/docs/reference/labels-annotations-taints): an
+# operator's statement that the node is off, so its containers no longer run.
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+
 # Finished pods hold no capacity; a busy cluster has far more of them than of live ones.
 UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -595,16 +599,23 @@ class KubeBackend:
         if not_ready:
             entry.not_ready_seen = entry.not_ready_seen or now
             start = since if since is not None else entry.not_ready_seen
-            if now - start >= cfg.not_ready_grace_s:
+            shut_down = any(t.key == OUT_OF_SERVICE for t in node.spec.taints)
+            if now - start >= cfg.not_ready_grace_s and shut_down:
+                # Proof the containers are gone: an operator declared the node shut down.
                 entry.lost = True
                 if not was_lost:
                     self.log.warning(
-                        "node NotReady past its grace period: replicas lost",
+                        "node NotReady and out of service: replicas lost",
                         node=name,
                         grace_s=cfg.not_ready_grace_s,
                     )
             else:
-                why.append(f"NotReady (lost after {cfg.not_ready_grace_s:g}s)")
+                # A partitioned node or a hung kubelet keeps its containers running, and
+                # taint-based eviction only marks the pods: NotReady alone proves nothing.
+                why.append(
+                    f"NotReady; its replicas count as lost once it is deleted or tainted "
+                    f"{OUT_OF_SERVICE} (and {cfg.not_ready_grace_s:g}s NotReady)"
+                )
         else:
             entry.not_ready_seen = None
         gpu = gpu_state(node, rules, rules.resource(flavor))

@@ -142,9 +142,9 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     node_disruption_reasons: Annotated[list[ShortStr], Meta(max_length=64)] = []
     gpu_failure_conditions: Annotated[list[ShortStr], Meta(max_length=64)] = []
     gpu_failure_taints: Annotated[list[LabelKey], Meta(max_length=64)] = []
-    # A node NotReady this long (from its Ready condition's lastTransitionTime) is gone and
-    # its replicas lost; shorter, it only takes no new pods. Kubernetes itself evicts after
-    # 300 s (the default tolerationSeconds of node.kubernetes.io/not-ready and unreachable).
+    # A node NotReady this long (from its Ready condition's lastTransitionTime) AND tainted
+    # node.kubernetes.io/out-of-service is gone and its replicas lost; otherwise it only takes
+    # no new pods (a partitioned node's containers may still run; the fence covers it).
     not_ready_grace_s: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
     # GPUs missing from allocatable (a device-plugin restart withdraws them all for seconds)
     # are reported only after this long, as "takes no new pods"; a dip never ends an attempt.

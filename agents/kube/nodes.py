@@ -336,7 +336,8 @@ def node_info(
 ) -> NodeInfo:
     """The node as the broker sees it. `gpu` is the device count the node should have; when
     an explicit fault says some are unhealthy, `gpu_healthy` says how many still work.
-    `lost` (NotReady past its grace) is the only way `ready` turns False; every softer reason
+    `lost` (NotReady past its grace and tainted out-of-service) is the only way `ready` turns
+    False; every softer reason
     goes to `no_new_pods` with a note."""
     rules = cfg if isinstance(cfg, Rules) else Rules(cfg)
     g = gpu if gpu is not None else gpu_state(node, rules, rules.resource(flavor))

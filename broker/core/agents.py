@@ -129,6 +129,11 @@ class AgentTracker:
                 self._set_health(cluster, track, "unreachable")
         return lost
 
+    def healthy(self, cluster: str) -> bool:
+        """Whether the cluster's agent was heard lately (a Cancel sent now will be heard)."""
+        track = self.tracks.get(cluster)
+        return track is not None and track.health == "healthy"
+
     def lost_cause(self, cluster: str, now: float, timeouts: Timeouts) -> str:
         """Why a silent cluster's attempts end: its fence (granted while the broker heard the
         agent) has lapsed, an infrastructure loss, never charged to a job's error budget."""

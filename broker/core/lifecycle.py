@@ -14,7 +14,7 @@ allocations follow from it (`Scheduler.assume`/`release`), and no one reads the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from typing import assert_never
 from urllib.parse import unquote, urlsplit
 
@@ -67,8 +67,12 @@ class AttemptLifecycle:
         backlog: Backlog,
         epoch: int,
         health: PoolHealth | None = None,
+        heard: Callable[[str], bool] = lambda _: True,
     ) -> None:
         self._config = config
+        # Whether a cluster's agent is heard now: a replacement waits while the attempt it
+        # replaces runs on a silent cluster (its fence, minutes long, has not lapsed).
+        self._heard = heard
         self._scheduler = scheduler
         self._registry = registry
         self._jobs = registry.records
@@ -446,6 +450,12 @@ class AttemptLifecycle:
             ):
                 continue
             current.dispatched_at = now
+            before = previous_attempt(record, current)
+            old = next((a for a in record.attempts if a.attempt == before), None)
+            if old is not None:
+                # The Cancel the previous leader owed the replaced attempt may have died with
+                # it: send it again, so the shell orders the dispatch after it.
+                effects.append(Send(old.cluster, self._cancel_cmd(job_id, old.attempt, "replaced")))
             effects.append(self._dispatch_send(record, current))
         return effects
 
@@ -616,9 +626,18 @@ class AttemptLifecycle:
             )
         )
 
-    def _finish_preempt(self, record: JobRecord, now: float, effects: list[Effect]) -> None:
+    def _finish_preempt(
+        self, record: JobRecord, now: float, effects: list[Effect], *, gone: bool = False
+    ) -> None:
+        """End the preempted attempt and start its replacement. Unless the old copy is known
+        to be `gone` (lost, failed), this waits while its cluster is silent: a Cancel would
+        not be heard, and the old copy may run until its fence lapses; the cluster speaks
+        again (the Cancel is heard) or is declared lost (the fence lapsed) first."""
         pre = record.preempting
         if pre is None:
+            return
+        live = record.current
+        if not gone and live is not None and not self._heard(live.cluster):
             return
         record.preempting = None
         self._preempting.discard(record.job_id)
@@ -686,7 +705,7 @@ class AttemptLifecycle:
         if current is None:
             return
         if record.preempting is not None:
-            self._finish_preempt(record, now, effects)
+            self._finish_preempt(record, now, effects, gone=True)
             return
         self._end_attempt(record, current, cause, now, lost=True)
         effects.append(
@@ -741,7 +760,7 @@ class AttemptLifecycle:
         self, record: JobRecord, status: WorkloadStatus, now: float, effects: list[Effect]
     ) -> None:
         if record.preempting is not None:
-            self._finish_preempt(record, now, effects)
+            self._finish_preempt(record, now, effects, gone=True)
             return
         policy = record.spec.restart
         codes = [c for c in status.exit_codes if c != 0]

@@ -86,7 +86,7 @@ class Machine:
         self.backlog = Backlog(self.queues)
         self.tracker = AgentTracker(self.scheduler, epoch)
         self.lifecycle = AttemptLifecycle(
-            config, self.scheduler, self.registry, self.backlog, epoch
+            config, self.scheduler, self.registry, self.backlog, epoch, heard=self.tracker.healthy
         )
         self.moves = PlannedMoves(self.registry, self.lifecycle, self.scheduler, self.backlog)
         self.views = JobViews(

@@ -15,9 +15,20 @@ is cancelled (seed 49 pins that); if it arrives after the new attempt finished, 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-from load.vopr import QUIET, Faults, SimFailure, World, run_many, run_seed
+from load.vopr import (
+    QUIET,
+    Faults,
+    SimFailure,
+    World,
+    long_outage_world,
+    run_many,
+    run_seed,
+    sim_config,
+)
 
 KNOWN_GAPS = frozenset({"completed-twice"})
 SEEDS = 1000  # a fixed sweep: the same seeds every run, however busy the machine
@@ -113,9 +124,41 @@ LOSSY = Faults(
 )
 
 
-def test_a_dispatch_waits_for_the_cancel_it_is_ordered_after_seed_25() -> None:
-    """Seed 25 loses the Cancel of a noticed attempt; a shell that sent the replacement at
+def test_a_dispatch_waits_for_the_cancel_it_is_ordered_after_seed_30() -> None:
+    """Seed 30 loses the Cancel of a noticed attempt; a shell that sent the replacement at
     once would run two copies, and the agents' records say so."""
     with pytest.raises(SimFailure, match="two live copies"):
-        World(25, faults=LOSSY, ignore_order=True, tolerate=KNOWN_GAPS).run()
-    World(25, faults=LOSSY, tolerate=KNOWN_GAPS).run()
+        World(30, faults=LOSSY, ignore_order=True, tolerate=KNOWN_GAPS).run()
+    World(30, faults=LOSSY, tolerate=KNOWN_GAPS).run()
+
+
+# Outages of minutes (API server, agent, NATS, broker) with the shipped windows: the fence must
+# neither leave two live copies nor end an attempt whose agent the broker still hears.
+LONG_SEEDS = 30
+
+
+def test_outages_of_minutes_keep_every_promise() -> None:
+    failures, totals = [], Counter[str]()
+    for seed in range(LONG_SEEDS):
+        try:
+            totals.update(long_outage_world(seed, tolerate=KNOWN_GAPS).stats)
+        except SimFailure as exc:
+            failures.append(str(exc))
+    assert not failures, "\n".join(failures[:3])
+    for kind in ("api", "agent", "nats", "broker"):
+        assert totals[f"long_{kind}_outages"] > 0, (kind, totals)
+    assert totals["healthy-fenced"] == 0
+
+
+def test_a_restored_leader_cancels_before_it_redispatches_seed_40() -> None:
+    """Seed 40: the leader persisted a replacement and died before the Cancel of the attempt
+    it replaces went out; the new leader resent the dispatch alone and, with a fence of
+    minutes, the old copy ran beside the new one. It now sends that Cancel first."""
+    long_outage_world(40, tolerate=KNOWN_GAPS)
+
+
+def test_second_windows_end_healthy_work_in_a_long_api_outage_seed_2() -> None:
+    """The same faults with a 20 s fence (the old defaults): an API-server outage of minutes,
+    the agent heard all along, and the fence ends its attempt."""
+    with pytest.raises(SimFailure, match="ended by its fence though"):
+        long_outage_world(2, config=sim_config(), tolerate=KNOWN_GAPS)

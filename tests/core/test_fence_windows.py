@@ -4,11 +4,11 @@ its jobs requeued as an infrastructure loss that names the cluster and the silen
 
 from __future__ import annotations
 
-from broker.core.inputs import TICK
-from schemas.agent import Dispatch, Heartbeat
+from broker.core.inputs import CYCLE, TICK
+from schemas.agent import Dispatch, Heartbeat, SpotNotice
 from schemas.config import Timeouts
-from schemas.job import RestartPolicy
-from tests.core.test_machine import World, events, run, sends
+from schemas.job import CheckpointSpec, RestartPolicy
+from tests.core.test_machine import T0, World, events, run, sends
 
 DEFAULTS = Timeouts()
 
@@ -67,3 +67,33 @@ def test_a_fence_kill_is_an_infrastructure_loss_that_names_the_cluster() -> None
     )
     seconds = int(record.reason.split(" for ")[1].split(" s")[0])
     assert DEFAULTS.lost_after_s <= seconds <= DEFAULTS.lost_after_s + 30
+
+
+def test_a_replacement_waits_while_the_old_copy_runs_on_a_silent_cluster() -> None:
+    """A preemption whose grace runs out while the old attempt's cluster is silent: a Cancel
+    would not be heard and the old copy runs until its fence lapses, minutes later. The
+    replacement starts once the cluster speaks again, or once it is declared lost."""
+    w = World()
+    w.cluster("a")
+    w.cluster("b")
+    job = w.submit(checkpoint=CheckpointSpec(uri="s3://x"), capacity="spot")  # type: ignore[arg-type]
+    w.cycle()
+    current = w.m.jobs[job].current
+    assert current is not None
+    first, node = current.cluster, current.assignment[0].nodes[0]
+    other = {"a": "b", "b": "a"}[first]
+    run(w, job, first, 1)
+    fx = w.send(first, SpotNotice(node=node, deadline=w.now + 120))
+    assert "preempting" in events(fx)
+    dispatched: list[Dispatch] = []
+    while w.now < T0 + DEFAULTS.lost_after_s + 60:  # the agent of `first` is silent
+        w.now += 10
+        w.send(other, Heartbeat(at=w.now))
+        fx = w.m.handle(TICK, w.now) + w.m.handle(CYCLE, w.now)
+        dispatched += sends(fx, Dispatch)
+        if dispatched:
+            break
+    (replacement,) = dispatched
+    assert replacement.attempt == 2
+    # not before the silent cluster was given up on: its fence had lapsed by then
+    assert w.now - T0 >= DEFAULTS.lost_after_s

@@ -37,7 +37,8 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
   Retry-After), `reset_watches()` (connections dropped mid-watch), `expire_watches()` (ERROR
   410 on every open watch), `send_raw()` (garbage lines), `missing_groups` (a CRD that is not
   installed answers 404), `down = True` (an outage, e.g. a control-plane upgrade: every
-  request is a 503 and open watches are dropped, until set back to False).
+  request is a 503 and open watches are dropped, until set back to False), `latency_s` (every
+  request but a watch waits this long first, as through admission webhooks and etcd).
 
 Objects tests put directly (`put`, what controllers and kubelets do) skip validation.
 Everything binds to 127.0.0.1 on a free port.
@@ -279,6 +280,7 @@ class FakeApiServer:
         self.unauthorized = 0
         self.missing_groups: set[str] = set()
         self.down = False  # an outage: every request answers 503 ServiceUnavailable
+        self.latency_s = 0.0  # added to every request but a watch
         self.pod_logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> container output
         self._failures: list[tuple[str, str, int, float | None]] = []
         self._terminating: dict[tuple[ResKey, str, str], float] = {}  # -> remove at (monotonic)
@@ -650,6 +652,8 @@ class FakeApiServer:
             if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
                 self.unauthorized += 1
                 return web.json_response(status(401, "Unauthorized", "Unauthorized"), status=401)
+        if self.latency_s > 0 and query.get("watch") not in ("1", "true"):
+            await asyncio.sleep(self.latency_s)
         if self.down:
             self.reset_watches()
             unavailable = status(503, "ServiceUnavailable", "the server is currently unavailable")

@@ -67,7 +67,7 @@ async def test_device_plugin_restart_8_0_8_ends_nothing(
     await rec.wait_for(lambda: not last(rec, "g1").no_new_pods)
 
 
-async def test_not_ready_within_grace_takes_no_new_pods_past_grace_is_lost(
+async def test_not_ready_takes_no_new_pods_and_is_lost_only_when_out_of_service(
     apiserver: FakeApiServer, make_backend: Any
 ) -> None:
     raw = node("n1")
@@ -85,14 +85,21 @@ async def test_not_ready_within_grace_takes_no_new_pods_past_grace_is_lost(
     assert last(rec, "n1").ready  # 10 s NotReady: nothing lost
     apiserver.put(NODES, raw)  # back
     await rec.wait_for(lambda: not last(rec, "n1").no_new_pods)
-    # Down again, and this time for longer than the grace: the replicas are lost. The grace
-    # runs from the condition's own transition time, not from when the agent saw it.
+    # Down again, and this time for longer than the grace: still no proof that its containers
+    # stopped (a partitioned node keeps running them), so nothing is lost ...
     down["status"]["conditions"][0]["lastTransitionTime"] = rfc3339(clock.now - 100)
     apiserver.put(NODES, down)
     await rec.wait_for(lambda: last(rec, "n1").no_new_pods)
     clock.advance(21)
     backend.evaluate_timers()
-    assert not last(rec, "n1").ready
+    assert last(rec, "n1").ready and "out-of-service" in last(rec, "n1").note
+    # ... until an operator declares it shut down. The grace runs from the condition's own
+    # transition time, not from when the agent saw it.
+    down["spec"]["taints"] = [
+        {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+    ]
+    apiserver.put(NODES, down)
+    await rec.wait_for(lambda: not last(rec, "n1").ready)
 
 
 async def test_cordon_and_deletion_are_notices_that_take_no_new_pods(
