@@ -16,7 +16,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from broker.embedded import free_port, nats_server_binary
@@ -201,9 +200,3 @@ class NatsCluster:
         for s in self.servers:
             s.stop()
         self._tmp.cleanup()
-
-
-def connected_to(nc: Client) -> str:
-    """The name of the server a client is connected to."""
-    info = nc._server_info  # nats-py keeps the server's INFO here
-    return str(info.get("server_name", ""))

@@ -116,7 +116,7 @@ class ClusterWorld:
         spec = {**sim_job(job_id, gpu=8, steps=40, rate=20.0, every=10), "job_id": job_id}
         try:
             msg = await self.nc.request(self.subjects.submit("default"), encode_json(spec), timeout)
-        except Exception:
+        except Exception:  # a timeout or no responders while NATS fails over: retry
             return False
         reply = decode_submit_reply(msg.data)
         if reply.accepted:
@@ -126,7 +126,9 @@ class ClusterWorld:
     async def submit_until_accepted(self, job_id: str, timeout: float = 60.0) -> float:
         """Retry the same job (same id: safe) until acknowledged; returns the seconds it took."""
         started = time.monotonic()
-        await wait_for(lambda: self.submit(job_id), timeout, what=f"{job_id} accepted")
+        await wait_for(
+            lambda: self.submit(job_id), timeout, what=f"{job_id} accepted", interval=0.1
+        )
         return time.monotonic() - started
 
     async def api(self, verb: str, body: dict[str, Any] | None = None) -> Any:
