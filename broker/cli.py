@@ -477,15 +477,42 @@ def nats_config_cmd(
     cluster: Annotated[
         list[str] | None, typer.Option("--cluster", help="a cluster whose agent gets a user")
     ] = None,
+    leaf: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--leaf",
+            help="a GPU cluster that reaches NATS through a leaf node: its leaf connection "
+            "gets a user, mapped from its mTLS certificate (muster-leaf-CLUSTER)",
+        ),
+    ] = None,
+    leafnode_for: Annotated[
+        str | None,
+        typer.Option(
+            "--leafnode-for",
+            help="print the nats.conf of CLUSTER's leaf node instead (needs --hub)",
+            show_default=False,
+        ),
+    ] = None,
+    hub: Annotated[
+        list[str] | None,
+        typer.Option("--hub", help="the control cluster's leafnode URL (tls://HOST:7422)"),
+    ] = None,
 ) -> None:
-    """Print the nats-server users and permissions (accounts.conf) for the config's teams."""
-    from broker.natsconfig import load_broker_config, render
+    """Print the nats-server users and permissions (accounts.conf) for the config's teams,
+    or with --leafnode-for the nats.conf of a GPU cluster's leaf node."""
+    from broker.natsconfig import load_broker_config, render, render_leafnode
 
+    if leafnode_for is not None:
+        try:
+            typer.echo(render_leafnode(leafnode_for, hub or []), nl=False)
+        except ValueError as exc:
+            fail(str(exc))
+        return
     try:
         loaded = load_broker_config(file)
     except ConfigError as exc:
         fail(str(exc))
-    typer.echo(render(loaded.config, cluster or [], loaded.aliases), nl=False)
+    typer.echo(render(loaded.config, cluster or [], loaded.aliases, leaf or []), nl=False)
 
 
 @app.command()
