@@ -245,7 +245,7 @@ def render_leafnode(
         f"http: {http}\n"
         "max_payload: 8MB\n"
         "leafnodes {\n"
-        "  reconnect: 2\n"
+        '  reconnect: "2s"\n'
         "  remotes: [\n"
         "    {\n"
         f"      urls: {json.dumps(urls)}\n"
