@@ -267,6 +267,9 @@ def render_leafnode_listener(tls_dir: str = "/etc/nats/tls", port: int = 7422) -
     return (
         "leafnodes {\n"
         f"  listen: 0.0.0.0:{port}\n"
+        # The servers' own addresses mean nothing in another cluster: leaves dial the
+        # Service's address only, and reconnect through it.
+        "  no_advertise: true\n"
         "  tls {\n"
         f"    cert_file: {json.dumps(tls_dir + '/tls.crt')}\n"
         f"    key_file: {json.dumps(tls_dir + '/tls.key')}\n"

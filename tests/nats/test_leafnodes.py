@@ -203,7 +203,7 @@ async def test_jobs_run_through_leaf_nodes_and_survive_a_cut_link(topology: Topo
         cluster = east.clusters["east"]
         await wait_for(lambda: not cluster.live_workloads(), 30, what="east's jobs to finish")
         states = await w.states()
-        assert all(states[j]["state"] == "running" for j, c in where.items() if c == "east"), (
+        assert all(states[j]["state"] != "succeeded" for j, c in where.items() if c == "east"), (
             "the broker heard of east's outcomes through a cut link"
         )
         await topo.leaves["east"].heal()
