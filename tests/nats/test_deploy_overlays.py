@@ -142,3 +142,23 @@ def test_gpu_overlay_points_its_agent_at_a_leaf_node_with_mtls_out(tmp_path: Pat
     tls_files(trustme.CA(), tls, "muster-leaf-east")
     (tmp_path / "nats.conf").write_text(conf.replace("/etc/nats/tls", str(tls)))
     nats_accepts(tmp_path / "nats.conf", {"POD_NAME": "muster-leaf-0"})
+
+
+def test_the_image_build_copies_every_package_the_wheel_holds() -> None:
+    """`docker build -f deploy/Dockerfile .` installs the project from what it copies: a
+    package missing there builds an image whose `muster` fails at import."""
+    import tomllib
+
+    root = DEPLOY.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.rstrip("*") for p in patterns}
+    copied = {
+        line.split()[1].rstrip("/")
+        for line in (DEPLOY / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ")
+    }
+    assert packages <= copied, f"deploy/Dockerfile does not copy {sorted(packages - copied)}"
+    assert "pyproject.toml" in copied
+    for package in packages:
+        assert (root / package / "__init__.py").exists(), package
