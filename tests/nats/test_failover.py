@@ -83,8 +83,9 @@ async def _check_nothing_lost_or_twice(world: ClusterWorld) -> None:
 
 
 async def test_kill9_of_each_leader_loses_nothing(nats_cluster: NatsCluster) -> None:
-    async with cluster_world(nats_cluster, R3) as w:
-        await w.start_broker()
+    async with cluster_world(nats_cluster, R3, lease_ttl_s=5.0) as w:
+        broker = await w.start_broker()
+        epoch = broker.lease.epoch
         await w.start_fleet()
         js = w.nc.jetstream()
         s = w.subjects
@@ -107,6 +108,9 @@ async def test_kill9_of_each_leader_loses_nothing(nats_cluster: NatsCluster) -> 
             await flow.accepted_after(time.monotonic())
         await flow.stop()
         await _check_nothing_lost_or_twice(w)
+        # The leader rode out every election suspended: it never stepped down and restored.
+        assert (broker.lease.epoch, broker.stats["lead_failures"]) == (epoch, 0)
+        assert broker.leading.is_set() and broker.lease.suspensions >= 1
         print(f"\nserving again after kill -9 of the leader of (s): {measured}")
         print(f"jobs acknowledged: {len(w.accepted)}")
 
