@@ -42,6 +42,7 @@ from schemas.agent import (
 )
 from schemas.codec import DecodeError, decode_command, encode_msgpack
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
+from schemas.wire import WIRE_VERSION
 from shell.natsio import flush
 from shell.tasks import cancel_and_wait
 
@@ -495,6 +496,7 @@ class AgentRuntime:
             seq=seq,
             events=events,
             sent_at=time.time(),
+            wire=WIRE_VERSION,
         )
         data = encode_msgpack(batch)
         limit = self.nc.max_payload or len(data)

@@ -533,15 +533,114 @@ def nats_config_cmd(
     cluster: Annotated[
         list[str] | None, typer.Option("--cluster", help="a cluster whose agent gets a user")
     ] = None,
+    leaf: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--leaf",
+            help="a GPU cluster that reaches NATS through a leaf node: its leaf connection "
+            "gets a user, mapped from its mTLS certificate (muster-leaf-CLUSTER)",
+        ),
+    ] = None,
+    leafnode_for: Annotated[
+        str | None,
+        typer.Option(
+            "--leafnode-for",
+            help="print the nats.conf of CLUSTER's leaf node instead (needs --hub)",
+            show_default=False,
+        ),
+    ] = None,
+    hub: Annotated[
+        list[str] | None,
+        typer.Option("--hub", help="the control cluster's leafnode URL (tls://HOST:7422)"),
+    ] = None,
 ) -> None:
-    """Print the nats-server users and permissions (accounts.conf) for the config's teams."""
-    from broker.natsconfig import load_broker_config, render
+    """Print the nats-server users and permissions (accounts.conf) for the config's teams,
+    or with --leafnode-for the nats.conf of a GPU cluster's leaf node."""
+    from broker.natsconfig import load_broker_config, render, render_leafnode
 
+    if leafnode_for is not None:
+        try:
+            typer.echo(render_leafnode(leafnode_for, hub or []), nl=False)
+        except ValueError as exc:
+            fail(str(exc))
+        return
     try:
         loaded = load_broker_config(file)
     except ConfigError as exc:
         fail(str(exc))
-    typer.echo(render(loaded.config, cluster or [], loaded.aliases), nl=False)
+    typer.echo(render(loaded.config, cluster or [], loaded.aliases, leaf or []), nl=False)
+
+
+BackupConfig = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="the broker config (its subject prefix and replicas)"),
+]
+
+
+async def _bucket_job(opts: NatsOptions, fn: Callable[[Any], Awaitable[T]]) -> T:
+    import nats as nats_py
+
+    from broker.backup import BackupError
+
+    try:
+        nc = await nats_py.connect(**{**opts.connect_kwargs(), "max_reconnect_attempts": 2})
+    except Exception as exc:
+        raise MusterError(f"cannot reach NATS at {opts.url}: {exc}") from None
+    try:
+        return await fn(nc)
+    except BackupError as exc:
+        raise MusterError(str(exc)) from None
+    finally:
+        await nc.close()
+
+
+def _load_config(path: Path | None) -> Any:
+    try:
+        return load_config_full(path)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+@app.command("jobs-backup")
+@with_nats_auth
+def jobs_backup(
+    file: Annotated[Path, typer.Argument(help="the backup file to write (JSON lines)")],
+    config: BackupConfig = None,
+    nats: NatsUrl = None,
+    *,
+    auth: NatsAuth,
+) -> None:
+    """Back up every job record of the job bucket to FILE (the broker may keep running)."""
+    from broker.backup import backup
+
+    loaded = _load_config(config)
+    got = _run(_bucket_job(nats_options(nats, auth), lambda nc: backup(nc, loaded.config, file)))
+    typer.echo(f"backed up {got.records} job records (bucket sequence {got.last_seq}) to {file}")
+
+
+@app.command("jobs-restore")
+@with_nats_auth
+def jobs_restore(
+    file: Annotated[Path, typer.Argument(help="a file written by `muster jobs-backup`")],
+    config: BackupConfig = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="overwrite a bucket that already holds records")
+    ] = False,
+    nats: NatsUrl = None,
+    *,
+    auth: NatsAuth,
+) -> None:
+    """Restore the job bucket from FILE; run it with no broker leading, then start them."""
+    from broker.backup import restore
+
+    loaded = _load_config(config)
+    got = _run(
+        _bucket_job(
+            nats_options(nats, auth),
+            lambda nc: restore(nc, loaded.config, file, replace=replace),
+        )
+    )
+    typer.echo(f"restored {got.records} job records from {file}")
 
 
 @app.command()

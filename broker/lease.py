@@ -16,6 +16,11 @@ broker can take the lease then either, so instead of stepping down the leader su
 stops writing and sending (`proven` is cleared) but keeps serving, refusing submissions with
 "storage full", and resumes once a renewal lands under the same conditions as above (its own
 key, or a recreation right after its own revision).
+
+The same holds while the lease bucket has no JetStream leader (a NATS server died and its Raft
+group is electing, 4-9 s): the server answers "no responders" to every broker alike, so the
+leader suspends rather than stepping down and restoring, and resumes with the same epoch once a
+renewal lands under the same conditions.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import msgspec
 import structlog
 from nats.js import api
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, KeyWrongLastSequenceError, NoStreamResponseError
 from nats.js.kv import KeyValue
 
 from broker.store import placement_of, reconcile_replication
@@ -73,7 +78,8 @@ class LeaderLease:
         self.max_bytes = max_bytes
         self.renew_failures = 0  # renewals that failed and were retried (a metric)
         self.recreated = 0  # late renewals that recreated the expired key (a metric)
-        self.suspensions = 0  # times the store was too full to renew for a whole TTL
+        self.suspensions = 0  # times the lease could not be written by anyone (a metric)
+        self.suspended_for = ""  # why the last suspension: "full" or "no-leader"
         # Set while the lease is known to be ours; cleared while suspended by a full store.
         # Writers wait on it: a leader that cannot prove its lease must not change state.
         self.proven = asyncio.Event()
@@ -223,7 +229,7 @@ class LeaderLease:
             except Exception as exc:
                 self.renew_failures += 1
                 left = self.ttl - (time.monotonic() - last_ok)
-                if store_refused(exc):
+                if store_refused(exc) or no_stream_leader(exc):
                     # Writes fail now anyway: stop them at once, before the key can expire.
                     self._suspend(exc)
                     delay = interval
@@ -242,12 +248,16 @@ class LeaderLease:
     def _suspend(self, exc: Exception) -> None:
         if self.proven.is_set():
             self.suspensions += 1
+            self.suspended_for = "full" if store_refused(exc) else "no-leader"
             log.error(
                 "lease.suspended",
                 holder=self.holder,
                 epoch=self.epoch,
                 error=str(exc),
-                why="the JetStream server store is full: no broker can write the lease",
+                why="the JetStream server store is full: no broker can write the lease"
+                if self.suspended_for == "full"
+                else "the lease bucket has no JetStream leader (a NATS server failover): "
+                "no broker can write the lease until one is elected",
             )
             self.proven.clear()
 
@@ -275,6 +285,13 @@ class LeaderLease:
     async def current(self) -> str | None:
         held = await self._held()
         return None if held is None else held.holder
+
+
+def no_stream_leader(exc: BaseException) -> bool:
+    """True when the server answered that no stream takes the lease's subject (503, no
+    responders): the bucket's Raft group has no leader, as during a NATS failover. Unlike a
+    timeout (which may be our connection alone), this is the cluster's answer to everyone."""
+    return isinstance(exc, NoStreamResponseError)
 
 
 def store_refused(exc: BaseException) -> bool:

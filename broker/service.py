@@ -297,7 +297,12 @@ class ReplyRendezvous:
                 for _, reply in replies:
                     await self.nc.publish(reply, payload)
                 return
-            _, reply = replies.popleft()
+            # The newest first: a retry's request whose first copy the stream never stored (a
+            # NATS failover) leaves an older, abandoned reply subject here, and answering in
+            # arrival order would answer only abandoned ones from then on. Identical bytes get
+            # interchangeable answers, so the newest waiting request, the one a client is
+            # still waiting on, takes this one.
+            _, reply = replies.pop()
             if not replies:
                 del self.waiting[key]
             await self.nc.publish(reply, payload)
@@ -1006,6 +1011,11 @@ class Broker:
             return None
         self.stats["storage_full_rejections"] += 1
         self.stats["rejected"] += 1
+        if not self.lease.proven.is_set() and self.lease.suspended_for == "no-leader":
+            return (
+                "unavailable: JetStream is electing a leader for the broker's lease (a NATS "
+                "server failover); retry in a few seconds with the same job_id"
+            )
         return (
             "storage full: the broker cannot persist new jobs (the JetStream store or the job "
             "bucket is full); retry later. Operators: free or grow JetStream storage "

@@ -166,6 +166,8 @@ class EventBatch(msgspec.Struct, omit_defaults=True):
     seq: Annotated[int, Meta(ge=1, le=MAX_SEQ)]
     events: Annotated[list[AgentEvent], Meta(max_length=MAX_BATCH)]
     sent_at: Timestamp = 0.0
+    # The sender's protocol version (schemas/wire.py); "" from the 0.1.0 release.
+    wire: Annotated[str, Meta(max_length=16)] = ""
 
 
 # -- commands: broker -> agent ------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from broker.embedded import free_port, nats_server_binary
@@ -29,8 +29,11 @@ CLUSTER_NAME = "muster-test"
 class ClusterServer:
     """One member: its name, ports and store survive a kill, so it restarts as itself."""
 
-    def __init__(self, name: str, root: Path, tags: list[str]) -> None:
+    def __init__(self, name: str, root: Path, tags: list[str], extra: str = "") -> None:
         self.name = name
+        self.extra = extra  # more nats-server config (leafnodes, accounts)
+        self.leaf_port = free_port()
+        self.env: dict[str, str] = {}
         self.port = free_port()
         self.route_port = free_port()
         self.http_port = free_port()
@@ -54,7 +57,7 @@ class ClusterServer:
             f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))}, "
             "max_file_store: 1GB, max_memory_store: 64MB }\n"
             f"cluster {{ name: {CLUSTER_NAME}, listen: 127.0.0.1:{self.route_port}, "
-            f"routes: [{routes}] }}\n"
+            f"routes: [{routes}] }}\n" + self.extra.replace("$LEAF_PORT", str(self.leaf_port))
         )
 
     def start(self, peers: list[ClusterServer]) -> None:
@@ -64,6 +67,7 @@ class ClusterServer:
         log = open(self.dir / "server.log", "ab")  # noqa: SIM115 - the child holds it
         self.proc = subprocess.Popen(
             [nats_server_binary(), "-c", str(conf)],
+            env={**os.environ, **self.env},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -106,18 +110,31 @@ class ClusterServer:
 
 
 class NatsCluster:
-    def __init__(self, size: int = 3) -> None:
+    def __init__(self, size: int = 3, extra: str = "") -> None:
+        """`extra`: config every member adds; `$LEAF_PORT` in it is the member's own free
+        port for leaf node connections."""
         self._tmp = tempfile.TemporaryDirectory(prefix="muster-nats-cluster-")
-        root = Path(self._tmp.name)
-        self.servers = [ClusterServer(f"n{i}", root, [f"node:n{i}"]) for i in range(size)]
+        self.root = Path(self._tmp.name)
+        self.servers = [
+            ClusterServer(f"n{i}", self.root, [f"node:n{i}"], extra) for i in range(size)
+        ]
+        # role -> (user, password) once the members run with generated accounts
+        self.users: dict[str, tuple[str, str]] = {}
 
     @property
     def url(self) -> str:
         """Every member, comma-separated, as NatsOptions.url takes them."""
         return ",".join(s.url for s in self.servers)
 
-    def options(self) -> NatsOptions:
-        return NatsOptions(url=self.url)
+    def options(self, role: str = "admin") -> NatsOptions:
+        """How `role` connects: as its generated user, with its inbox prefix, when the
+        members run with accounts; anonymously otherwise."""
+        if role not in self.users:
+            return NatsOptions(url=self.url)
+        user, password = self.users[role]
+        return NatsOptions(
+            url=self.url, user=user, password=password, inbox_prefix=f"_INBOX_{user}"
+        )
 
     def server(self, name: str) -> ClusterServer:
         return next(s for s in self.servers if s.name == name)
@@ -201,9 +218,3 @@ class NatsCluster:
         for s in self.servers:
             s.stop()
         self._tmp.cleanup()
-
-
-def connected_to(nc: Client) -> str:
-    """The name of the server a client is connected to."""
-    info = nc._server_info  # nats-py keeps the server's INFO here
-    return str(info.get("server_name", ""))

@@ -45,8 +45,24 @@ def cluster_config(prefix: str, replication: Replication, **timeouts: Any) -> Br
     return msgspec.structs.replace(base, replication=replication)
 
 
-async def connect(cluster: NatsCluster) -> Client:
-    return await nats.connect(**cluster.options().connect_kwargs())
+def fake_agent(cluster: str, subjects: Subjects, *, nodes: int, seed: int) -> AgentConfig:
+    """A fake cluster of `nodes` 8-GPU on-demand nodes whose jobs run at TIME_SCALE."""
+    return AgentConfig(
+        cluster=cluster,
+        backend="fake",
+        heartbeat_s=0.2,
+        subject_prefix=subjects.prefix,
+        fake=FakeClusterConfig(
+            flavors=[flavor(f"od-{cluster}", "on-demand", nodes=nodes)],
+            time_scale=TIME_SCALE,
+            start_delay_s=0.2,
+            seed=seed,
+        ),
+    )
+
+
+async def connect(cluster: NatsCluster, role: str = "admin") -> Client:
+    return await nats.connect(**cluster.options(role).connect_kwargs())
 
 
 @dataclass
@@ -64,7 +80,7 @@ class ClusterWorld:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start_broker(self) -> Broker:
-        bnc = await connect(self.cluster)
+        bnc = await connect(self.cluster, "broker")
         self.broker = Broker(self.config, bnc)
         self.broker_task = asyncio.create_task(self.broker.run())
         await asyncio.wait_for(self.broker.leading.wait(), 30)
@@ -80,21 +96,7 @@ class ClusterWorld:
 
     async def start_fleet(self, clusters: int = 2) -> Fleet:
         self.fleet_nc = await connect(self.cluster)
-        configs = [
-            AgentConfig(
-                cluster=f"c{i}",
-                backend="fake",
-                heartbeat_s=0.2,
-                subject_prefix=self.subjects.prefix,
-                fake=FakeClusterConfig(
-                    flavors=[flavor(f"od{i}", "on-demand", nodes=4)],
-                    time_scale=TIME_SCALE,
-                    start_delay_s=0.2,
-                    seed=i + 1,
-                ),
-            )
-            for i in range(clusters)
-        ]
+        configs = [fake_agent(f"c{i}", self.subjects, nodes=4, seed=i + 1) for i in range(clusters)]
         self.fleet = await start_fake_fleet(self.fleet_nc, configs, self.subjects)
         self._tasks.append(asyncio.create_task(self._watch_copies()))
         return self.fleet
@@ -111,22 +113,29 @@ class ClusterWorld:
                 self.max_live_copies[job_id] = max(self.max_live_copies[job_id], n)
             await asyncio.sleep(0.02)
 
-    async def submit(self, job_id: str, timeout: float = 2.0) -> bool:
+    async def submit(self, job_id: str, timeout: float = 2.0, steps: int = 40) -> bool:
         """One try; True when the broker acknowledged the job."""
-        spec = {**sim_job(job_id, gpu=8, steps=40, rate=20.0, every=10), "job_id": job_id}
+        spec = {**sim_job(job_id, gpu=8, steps=steps, rate=20.0, every=10), "job_id": job_id}
         try:
             msg = await self.nc.request(self.subjects.submit("default"), encode_json(spec), timeout)
-        except Exception:
+        except Exception:  # a timeout or no responders while NATS fails over: retry
             return False
         reply = decode_submit_reply(msg.data)
         if reply.accepted:
             self.accepted.setdefault(job_id, time.monotonic())
         return bool(reply.accepted)
 
-    async def submit_until_accepted(self, job_id: str, timeout: float = 60.0) -> float:
+    async def submit_until_accepted(
+        self, job_id: str, timeout: float = 60.0, steps: int = 40
+    ) -> float:
         """Retry the same job (same id: safe) until acknowledged; returns the seconds it took."""
         started = time.monotonic()
-        await wait_for(lambda: self.submit(job_id), timeout, what=f"{job_id} accepted")
+        await wait_for(
+            lambda: self.submit(job_id, steps=steps),
+            timeout,
+            what=f"{job_id} accepted",
+            interval=0.1,
+        )
         return time.monotonic() - started
 
     async def api(self, verb: str, body: dict[str, Any] | None = None) -> Any:
@@ -163,14 +172,15 @@ class ClusterWorld:
 
 @contextlib.asynccontextmanager
 async def cluster_world(
-    cluster: NatsCluster, replication: Replication, **timeouts: Any
+    cluster: NatsCluster, replication: Replication | BrokerConfig, **timeouts: Any
 ) -> AsyncIterator[ClusterWorld]:
-    prefix = f"n{uuid.uuid4().hex[:10]}"
+    """A world with its own subject prefix, or the prefix of the config given."""
+    if isinstance(replication, BrokerConfig):
+        config = replication
+    else:
+        config = cluster_config(f"n{uuid.uuid4().hex[:10]}", replication, **timeouts)
     world = ClusterWorld(
-        cluster,
-        cluster_config(prefix, replication, **timeouts),
-        Subjects(prefix=prefix),
-        await connect(cluster),
+        cluster, config, Subjects(prefix=config.subject_prefix), await connect(cluster)
     )
     try:
         yield world

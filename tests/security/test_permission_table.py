@@ -63,13 +63,15 @@ def _subjects(cell: str, fill: dict[str, str], queues: list[str]) -> list[str]:
 
 
 def test_the_documented_table_is_the_generated_config() -> None:
-    gen = generated(render(CONFIG, CLUSTERS))
+    gen = generated(render(CONFIG, CLUSTERS, leaves=CLUSTERS))
     rows = documented()
     teams = queues_by_team(CONFIG)
     expected: dict[str, Perms] = {}
     for user in gen:
         if user.startswith("agent-"):
             pattern, fill, queues = "agent-<cluster>", {"cluster": user[6:]}, []
+        elif user.startswith("muster-leaf-"):
+            pattern, fill, queues = "muster-leaf-<cluster>", {"cluster": user[12:]}, []
         elif user.startswith("team-"):
             pattern, fill = "team-<team>", {"team": user[5:]}
             queues = teams[user[5:]]
@@ -86,4 +88,6 @@ def test_the_documented_table_is_the_generated_config() -> None:
             "responses": ("yes",) if "replies to what it is asked" in pub_cell else (),
         }
     assert expected == gen
-    assert sorted(rows) == sorted({"agent-<cluster>", "team-<team>", "broker", "admin", "workload"})
+    assert sorted(rows) == sorted(
+        {"agent-<cluster>", "muster-leaf-<cluster>", "team-<team>", "broker", "admin", "workload"}
+    )

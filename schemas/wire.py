@@ -1,0 +1,34 @@
+"""The version of the agent protocol (the msgpack messages of schemas/agent.py).
+
+MAJOR.MINOR. A minor release only adds: optional fields (an older peer ignores them: no agent
+message forbids unknown fields) and nothing a peer of the previous minor would have to
+understand. A new message kind, a new required field or a changed meaning is a major release.
+So a broker and an agent of the same major, one minor apart in either direction, interoperate;
+`tests/nats/test_wire_versions.py` holds the previous release's messages and schema and checks
+both directions. An agent sends its version in every EventBatch (`wire`); the 0.1.0 release
+sent none, which reads as 1.0.
+"""
+
+from __future__ import annotations
+
+import re
+
+WIRE_VERSION = "1.1"
+UNVERSIONED = "1.0"  # what a message without `wire` comes from (release 0.1.0)
+_FORM = re.compile(r"^(\d{1,4})\.(\d{1,4})$")
+
+
+def parse(version: str) -> tuple[int, int]:
+    """(major, minor); "" is the unversioned first release. Raises ValueError otherwise."""
+    match = _FORM.match(version or UNVERSIONED)
+    if match is None:
+        raise ValueError(f"wire version {version!r} is not MAJOR.MINOR")
+    return int(match[1]), int(match[2])
+
+
+def compatible(peer: str, ours: str = WIRE_VERSION) -> bool:
+    """True when a peer speaking `peer` and one speaking `ours` understand each other."""
+    try:
+        return parse(peer)[0] == parse(ours)[0]
+    except ValueError:
+        return False
