@@ -35,6 +35,7 @@ from nats.js.errors import NotFoundError
 
 from broker import api as broker_api
 from broker import intake, tenancy
+from broker.agentlink import AgentMailboxes
 from broker.core.effects import Effect, Persist, Publish, Send, applied, refusal, split_reply
 from broker.core.inputs import (
     CYCLE,
@@ -117,6 +118,7 @@ STANDBY_RETRY_S = 0.5  # pause after a failed attempt to acquire the lease
 # A submission delivered this many times without being acked (the broker died or failed while
 # processing it) is not processed again: it goes to the dead-letter subject.
 MAX_DELIVERIES = 2
+BUDGET_LOG_EVERY_S = 10.0  # per cluster: how often an agent over its budget is logged
 MAX_EXCUSED = 100_000  # excused stream sequences remembered (see Broker._hold_while_persisting)
 LEASE_CHECK_MIN_INTERVAL_S = 1.0  # stale-epoch claims are checked against the lease this rarely
 MAX_SUBMITTERS = 100_000  # token buckets kept at once
@@ -399,6 +401,7 @@ class Broker:
             "held_for_storage": 0,
             "storage_full_rejections": 0,
             "store_quota_rejections": 0,
+            "agent_dropped": 0,
             "rate_limited": 0,
             "stale_epoch_ignored": 0,
             "redispatched": 0,
@@ -420,6 +423,9 @@ class Broker:
         self._applied_busy: set[str] = set()
         self._applied_at: dict[str, float] = {}
         self._lease_check_at = -1e18
+        self._mail: AgentMailboxes | None = None  # per-cluster agent budgets, while leading
+        self._mail_wake = asyncio.Event()
+        self._budget_logged: dict[str, float] = {}
         self._rendezvous = ReplyRendezvous(
             nc, config.max_payload_bytes, self._storage_error, self._early_reply
         )
@@ -584,6 +590,7 @@ class Broker:
             jobs=len(records),
             restore_s=round(time.monotonic() - started, 3),
         )
+        self._mail = AgentMailboxes(self.config.limits, time.monotonic())
         nc, s = self.nc, self.subjects
         self._subs = [
             await nc.subscribe(
@@ -612,6 +619,7 @@ class Broker:
             asyncio.create_task(self._submissions()),
             asyncio.create_task(self._clock_loop()),
             asyncio.create_task(self._probe_storage()),
+            asyncio.create_task(self._agent_worker()),
         ]
         self.leading.set()
         stop = asyncio.create_task(self.stopped.wait())
@@ -1118,22 +1126,60 @@ class Broker:
         return None
 
     async def _on_agent_batch(self, msg: Msg) -> None:
-        try:
-            await self._agent_batch(msg)
-        except Exception as exc:  # the handler boundary: refuse, count, carry on
-            self.refused["agent_batch"] += 1
-            self.stats["bad_batches"] += 1
-            log.exception("broker.batch_refused", subject=msg.subject, error=repr(exc)[:300])
+        """File the batch in its cluster's mailbox, undecoded (broker/agentlink.py): this
+        callback must keep up with the socket whatever one agent sends."""
+        mail = self._mail
+        cluster = self.subjects.cluster_of_agent_subject(msg.subject)
+        if mail is None or cluster is None:
+            return
+        now = time.monotonic()
+        why = mail.offer(cluster, msg.data, now)
+        if why is not None:
+            if why != "coalesced":
+                self.stats["agent_dropped"] += 1
+            if now - self._budget_logged.get(cluster, -1e18) >= BUDGET_LOG_EVERY_S:
+                self._budget_logged[cluster] = now
+                log.warning(
+                    "broker.agent_over_budget",
+                    cluster=cluster,
+                    reason=why,
+                    dropped=sum(n for (c, _), n in mail.dropped().items() if c == cluster),
+                    bytes=len(msg.data),
+                )
+        self._mail_wake.set()
 
-    async def _agent_batch(self, msg: Msg) -> None:
+    def agent_drops(self) -> dict[tuple[str, str], int]:
+        """(cluster, reason) -> agent batches not applied: coalesced, over-budget."""
+        return self._mail.dropped() if self._mail is not None else {}
+
+    async def _agent_worker(self) -> None:
+        """Apply the agents' batches, clusters in turn as their budgets allow, yielding after
+        each so the API, submissions and the socket are served between any two."""
+        mail = self._mail
+        assert mail is not None
+        while True:
+            got = mail.take(time.monotonic())
+            if isinstance(got, float):
+                self._mail_wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(got):
+                        await self._mail_wake.wait()
+                continue
+            cluster, data = got
+            try:
+                await self._agent_batch(cluster, data)
+            except Exception as exc:  # the handler boundary: refuse, count, carry on
+                self.refused["agent_batch"] += 1
+                self.stats["bad_batches"] += 1
+                log.exception("broker.batch_refused", cluster=cluster, error=repr(exc)[:300])
+            await asyncio.sleep(0)
+
+    async def _agent_batch(self, cluster: str, data: bytes) -> None:
         machine = self.machine
         if machine is None:
             return
-        cluster = self.subjects.cluster_of_agent_subject(msg.subject)
-        if cluster is None:
-            return
         try:
-            batch = decode_event_batch(msg.data)
+            batch = decode_event_batch(data)
         except DecodeError as exc:
             self.stats["bad_batches"] += 1
             self.refused["agent_batch"] += 1
