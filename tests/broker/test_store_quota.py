@@ -66,6 +66,11 @@ async def test_one_team_fills_its_share_while_another_submits_and_cancels(
     assert "storage quota: team 'alpha'" in refusal and "team_store_max_bytes" in refusal
     assert 5 <= len(alpha) <= 12  # about 2 MiB of 200 KB jobs
     assert broker.stats["store_quota_rejections"] >= 1
+    # A new leader counts the bucket as it reads it back: still over.
+    await harness.crash_broker()
+    broker = await harness.start_broker(config)
+    after_restart = await submit("qa", big_job("a-restart"))
+    assert not after_restart.accepted and "storage quota: team 'alpha'" in after_restart.error
     # Beta's big jobs are its own share, untouched by alpha's.
     for i in range(3):
         reply = await submit("qb", big_job(f"bb{i}"))
