@@ -243,15 +243,12 @@ class ReplyRendezvous:
         self.done: OrderedDict[RendezvousKey, deque[tuple[float, bytes]]] = OrderedDict()
 
     @staticmethod
-    def key(
-        subject: str, data: bytes, headers: dict[str, str] | None
-    ) -> tuple[RendezvousKey, bool]:
-        """(the key, whether it is a message identity rather than a position among equals)."""
+    def key(subject: str, data: bytes, headers: dict[str, str] | None) -> RendezvousKey:
+        """A message identity (`Nats-Msg-Id`), else the payload's digest."""
         msg_id = headers.get("Nats-Msg-Id") if headers else None
         if msg_id:
-            return ("id", subject, msg_id.encode()), True
-        digest = hashlib.blake2b(data, digest_size=16).digest()
-        return ("bytes", subject, digest), _names_its_job(data)
+            return ("id", subject, msg_id.encode())
+        return ("bytes", subject, hashlib.blake2b(data, digest_size=16).digest())
 
     async def on_request(self, msg: Msg) -> None:
         if not msg.reply or not tenancy.reply_allowed(msg.reply, self.own_inbox):
@@ -273,7 +270,7 @@ class ReplyRendezvous:
         if again is not None:
             await self.nc.publish(msg.reply, again)
             return
-        key, _ = self.key(msg.subject, msg.data, msg.headers)
+        key = self.key(msg.subject, msg.data, msg.headers)
         results = self.done.get(key)
         if results:
             _, payload = results.popleft()
@@ -287,7 +284,9 @@ class ReplyRendezvous:
     async def on_result(
         self, subject: str, data: bytes, headers: dict[str, str] | None, payload: bytes
     ) -> None:
-        key, identified = self.key(subject, data, headers)
+        key = self.key(subject, data, headers)
+        # Equal bytes naming a job_id are copies of one job: an identity, as a Nats-Msg-Id is.
+        identified = key[0] == "id" or _names_its_job(data)
         replies = self.waiting.get(key)
         if replies:
             if identified:  # every copy of this job waiting: one answer fits them all
