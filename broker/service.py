@@ -36,7 +36,16 @@ from nats.js.errors import NotFoundError
 from broker import api as broker_api
 from broker import intake, tenancy
 from broker.agentlink import AgentMailboxes
-from broker.core.effects import Effect, Persist, Publish, Send, applied, refusal, split_reply
+from broker.core.effects import (
+    Effect,
+    Forget,
+    Persist,
+    Publish,
+    Send,
+    applied,
+    refusal,
+    split_reply,
+)
 from broker.core.inputs import (
     CYCLE,
     TICK,
@@ -688,6 +697,8 @@ class Broker:
                             self._track_cancel(eff.cluster, eff.command)
                         else:
                             self._spawn(self._send_command(eff.cluster, eff.command))
+                    elif isinstance(eff, Forget):
+                        self._spawn(self._forget(eff.job_id))
                     elif isinstance(eff, Publish):
                         event = eff.event
                         if event.kind in LIFECYCLE_LOGGED:
@@ -701,6 +712,14 @@ class Broker:
                             )
                 if fut is not None and not fut.done():
                     fut.set_result(None)
+
+    async def _forget(self, job_id: str) -> None:
+        """Delete an expired job's record; a failure leaves it to the next leader's pass."""
+        assert self.store is not None
+        try:
+            await self.store.delete(job_id)
+        except Exception as exc:
+            log.warning("broker.forget_failed", job_id=job_id, error=str(exc))
 
     async def _persist(self, records: list[Any]) -> None:
         assert self.store is not None
