@@ -367,11 +367,16 @@ class Broker:
         holder: str | None = None,
         clock: Callable[[], float] = time.time,
         pace_gc: bool = False,
+        agent_nc: Client | None = None,
     ) -> None:
         """`pace_gc`: manage the process's cycle collector (GcPacer); the `muster broker`
-        process turns it on, an in-process broker (tests) leaves the host's GC alone."""
+        process turns it on, an in-process broker (tests) leaves the host's GC alone.
+        `agent_nc`: a connection of its own for the agents' event subjects, so that however
+        much agents send, nats-server can only cut that one as a slow consumer, never the
+        connection that holds the lease, the store, the API and the submissions."""
         self.config = config
         self.nc = nc
+        self.agent_nc = agent_nc or nc
         self.js = nc.jetstream(timeout=10)
         self.subjects = Subjects(prefix=config.subject_prefix)
         self._team_queues = tenancy.team_queues(config)
@@ -601,7 +606,7 @@ class Broker:
         self._mail = AgentMailboxes(self.config.limits, time.monotonic())
         nc, s = self.nc, self.subjects
         self._subs = [
-            await nc.subscribe(
+            await self.agent_nc.subscribe(
                 s.agent_events_all,
                 cb=self._on_agent_batch,
                 pending_msgs_limit=-1,
@@ -615,6 +620,8 @@ class Broker:
             await nc.subscribe(s.checkpoint_all, cb=self._on_sdk_checkpoint),
         ]
         await flush(nc)  # the server knows our subscriptions before we say we lead
+        if self.agent_nc is not nc:
+            await flush(self.agent_nc)
         # Agents that were already talking to the previous leader resync with us.
         for cluster in list(machine.agents):
             self._spawn(self._send_command(cluster, machine_resync(machine)))
@@ -1479,7 +1486,8 @@ async def run_broker(
         )
         nats = NatsOptions(url=embedded.url)
     nc = await connect(nats, "muster-broker")
-    broker = Broker(config, nc, holder=holder, pace_gc=True)
+    agent_nc = await connect(nats, "muster-broker-agents")
+    broker = Broker(config, nc, holder=holder, pace_gc=True, agent_nc=agent_nc)
     if metrics_port is not None:
         broker.metrics.serve(metrics_port)
     health_port = healthz.port_from_env()
@@ -1501,8 +1509,9 @@ async def run_broker(
             health.close()
         if dashboard is not None:
             await dashboard.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.drain(), 5)
+        for conn in (agent_nc, nc):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.drain(), 5)
         if embedded is not None:
             await embedded.stop()
             with contextlib.suppress(FileNotFoundError):

@@ -11,6 +11,7 @@ import time
 import nats
 
 from broker.agentlink import AgentMailboxes, Bucket
+from broker.service import Broker
 from schemas.config import Limits
 from tests.broker.conftest import OD_A100, Harness
 from tests.broker.wire import WireAgent, nodes
@@ -104,3 +105,24 @@ def test_a_message_larger_than_the_burst_waits_for_a_full_bucket() -> None:
     assert bucket.wait(500) == 6.0
     bucket.refill(6.0)
     assert bucket.ready(500)
+
+
+async def test_agent_events_on_their_own_connection_cut_leaves_the_broker_serving(
+    harness: Harness,
+) -> None:
+    """nats-server cuts a slow consumer's connection; the agents' events have one of their
+    own, so losing it costs agent freshness, not the lease, the API or submissions."""
+    agent_nc = await nats.connect(harness.url, max_reconnect_attempts=0)
+    main_nc = await nats.connect(harness.url)
+    broker = Broker(harness.config, main_nc, agent_nc=agent_nc)
+    harness.broker = broker
+    harness.task = asyncio.create_task(broker.run())
+    await asyncio.wait_for(broker.leading.wait(), 15)
+    await harness.agent("calm", count=2)  # its events arrive on the agents' connection
+    assert broker.stats["batches"] >= 1
+    assert agent_nc.stats["in_msgs"] >= 1  # the batches came on the agents' connection
+    await agent_nc.close()  # as nats-server does to a slow consumer
+    reply = await harness.submit({"name": "after", "gang": [{"name": "w", "gpu": 8}]})
+    assert reply.accepted, reply.error
+    assert (await harness.api("stats"))["epoch"] == broker.lease.epoch
+    assert broker.leading.is_set()
