@@ -44,6 +44,7 @@ class BrokerState(Protocol):
     def leading(self) -> asyncio.Event: ...
     @property
     def machine(self) -> Machine | None: ...
+    def agent_drops(self) -> Mapping[tuple[str, str], int]: ...
 
 
 class BrokerCollector:
@@ -123,6 +124,18 @@ class BrokerCollector:
             "muster_leader", "1 while this broker leads", value=1 if b.leading.is_set() else 0
         )
         yield GaugeMetricFamily("muster_epoch", "Leader epoch held", value=b.lease.epoch)
+        drops = CounterMetricFamily(
+            "muster_agent_batches_dropped",
+            "Agent batches not applied: coalesced (a newer snapshot replaced them) or "
+            "over-budget (the cluster's mailbox was full)",
+            labels=["cluster", "reason"],
+        )
+        try:
+            for (cluster, reason), n in sorted(b.agent_drops().items()):
+                drops.add_metric([cluster, reason], n)
+        except RuntimeError:  # changed under us; the next scrape will see it
+            pass
+        yield drops
         machine = b.machine
         if machine is None:
             return

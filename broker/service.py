@@ -35,7 +35,17 @@ from nats.js.errors import NotFoundError
 
 from broker import api as broker_api
 from broker import intake, tenancy
-from broker.core.effects import Effect, Persist, Publish, Send, applied, refusal, split_reply
+from broker.agentlink import AgentMailboxes
+from broker.core.effects import (
+    Effect,
+    Forget,
+    Persist,
+    Publish,
+    Send,
+    applied,
+    refusal,
+    split_reply,
+)
 from broker.core.inputs import (
     CYCLE,
     TICK,
@@ -121,6 +131,7 @@ BUCKET_CHECK_S = 1.0  # how often the leader checks the job bucket still holds i
 # A submission delivered this many times without being acked (the broker died or failed while
 # processing it) is not processed again: it goes to the dead-letter subject.
 MAX_DELIVERIES = 2
+BUDGET_LOG_EVERY_S = 10.0  # per cluster: how often an agent over its budget is logged
 MAX_EXCUSED = 100_000  # excused stream sequences remembered (see Broker._hold_while_persisting)
 LEASE_CHECK_MIN_INTERVAL_S = 1.0  # stale-epoch claims are checked against the lease this rarely
 MAX_SUBMITTERS = 100_000  # token buckets kept at once
@@ -245,15 +256,12 @@ class ReplyRendezvous:
         self.done: OrderedDict[RendezvousKey, deque[tuple[float, bytes]]] = OrderedDict()
 
     @staticmethod
-    def key(
-        subject: str, data: bytes, headers: dict[str, str] | None
-    ) -> tuple[RendezvousKey, bool]:
-        """(the key, whether it is a message identity rather than a position among equals)."""
+    def key(subject: str, data: bytes, headers: dict[str, str] | None) -> RendezvousKey:
+        """A message identity (`Nats-Msg-Id`), else the payload's digest."""
         msg_id = headers.get("Nats-Msg-Id") if headers else None
         if msg_id:
-            return ("id", subject, msg_id.encode()), True
-        digest = hashlib.blake2b(data, digest_size=16).digest()
-        return ("bytes", subject, digest), _names_its_job(data)
+            return ("id", subject, msg_id.encode())
+        return ("bytes", subject, hashlib.blake2b(data, digest_size=16).digest())
 
     async def on_request(self, msg: Msg) -> None:
         if not msg.reply or not tenancy.reply_allowed(msg.reply, self.own_inbox):
@@ -275,7 +283,7 @@ class ReplyRendezvous:
         if again is not None:
             await self.nc.publish(msg.reply, again)
             return
-        key, _ = self.key(msg.subject, msg.data, msg.headers)
+        key = self.key(msg.subject, msg.data, msg.headers)
         results = self.done.get(key)
         if results:
             _, payload = results.popleft()
@@ -289,7 +297,9 @@ class ReplyRendezvous:
     async def on_result(
         self, subject: str, data: bytes, headers: dict[str, str] | None, payload: bytes
     ) -> None:
-        key, identified = self.key(subject, data, headers)
+        key = self.key(subject, data, headers)
+        # Equal bytes naming a job_id are copies of one job: an identity, as a Nats-Msg-Id is.
+        identified = key[0] == "id" or _names_its_job(data)
         replies = self.waiting.get(key)
         if replies:
             if identified:  # every copy of this job waiting: one answer fits them all
@@ -366,11 +376,16 @@ class Broker:
         holder: str | None = None,
         clock: Callable[[], float] = time.time,
         pace_gc: bool = False,
+        agent_nc: Client | None = None,
     ) -> None:
         """`pace_gc`: manage the process's cycle collector (GcPacer); the `muster broker`
-        process turns it on, an in-process broker (tests) leaves the host's GC alone."""
+        process turns it on, an in-process broker (tests) leaves the host's GC alone.
+        `agent_nc`: a connection of its own for the agents' event subjects, so that however
+        much agents send, nats-server can only cut that one as a slow consumer, never the
+        connection that holds the lease, the store, the API and the submissions."""
         self.config = config
         self.nc = nc
+        self.agent_nc = agent_nc or nc
         self.js = nc.jetstream(timeout=10)
         self.subjects = Subjects(prefix=config.subject_prefix)
         self._team_queues = tenancy.team_queues(config)
@@ -409,6 +424,7 @@ class Broker:
             "held_for_storage": 0,
             "storage_full_rejections": 0,
             "store_quota_rejections": 0,
+            "agent_dropped": 0,
             "rate_limited": 0,
             "stale_epoch_ignored": 0,
             "redispatched": 0,
@@ -432,6 +448,9 @@ class Broker:
         self._applied_busy: set[str] = set()
         self._applied_at: dict[str, float] = {}
         self._lease_check_at = -1e18
+        self._mail: AgentMailboxes | None = None  # per-cluster agent budgets, while leading
+        self._mail_wake = asyncio.Event()
+        self._budget_logged: dict[str, float] = {}
         self._rendezvous = ReplyRendezvous(
             nc, config.max_payload_bytes, self._storage_error, self._early_reply
         )
@@ -599,9 +618,10 @@ class Broker:
             jobs=len(records),
             restore_s=round(time.monotonic() - started, 3),
         )
+        self._mail = AgentMailboxes(self.config.limits, time.monotonic())
         nc, s = self.nc, self.subjects
         self._subs = [
-            await nc.subscribe(
+            await self.agent_nc.subscribe(
                 s.agent_events_all,
                 cb=self._on_agent_batch,
                 pending_msgs_limit=-1,
@@ -615,6 +635,8 @@ class Broker:
             await nc.subscribe(s.checkpoint_all, cb=self._on_sdk_checkpoint),
         ]
         await flush(nc)  # the server knows our subscriptions before we say we lead
+        if self.agent_nc is not nc:
+            await flush(self.agent_nc)
         # Agents that were already talking to the previous leader resync with us.
         for cluster in list(machine.agents):
             self._spawn(self._send_command(cluster, machine_resync(machine)))
@@ -628,6 +650,7 @@ class Broker:
             asyncio.create_task(self._clock_loop()),
             asyncio.create_task(self._probe_storage()),
             asyncio.create_task(self._watch_bucket(machine)),
+            asyncio.create_task(self._agent_worker()),
         ]
         self.leading.set()
         stop = asyncio.create_task(self.stopped.wait())
@@ -712,6 +735,8 @@ class Broker:
                             self._track_cancel(eff.cluster, eff.command)
                         else:
                             self._spawn(self._send_command(eff.cluster, eff.command))
+                    elif isinstance(eff, Forget):
+                        self._spawn(self._forget(eff.job_id))
                     elif isinstance(eff, Publish):
                         event = eff.event
                         if event.kind in LIFECYCLE_LOGGED:
@@ -725,6 +750,14 @@ class Broker:
                             )
                 if fut is not None and not fut.done():
                     fut.set_result(None)
+
+    async def _forget(self, job_id: str) -> None:
+        """Delete an expired job's record; a failure leaves it to the next leader's pass."""
+        assert self.store is not None
+        try:
+            await self.store.delete(job_id)
+        except Exception as exc:
+            log.warning("broker.forget_failed", job_id=job_id, error=str(exc))
 
     async def _persist(self, records: list[Any]) -> None:
         assert self.store is not None
@@ -1164,22 +1197,60 @@ class Broker:
         return None
 
     async def _on_agent_batch(self, msg: Msg) -> None:
-        try:
-            await self._agent_batch(msg)
-        except Exception as exc:  # the handler boundary: refuse, count, carry on
-            self.refused["agent_batch"] += 1
-            self.stats["bad_batches"] += 1
-            log.exception("broker.batch_refused", subject=msg.subject, error=repr(exc)[:300])
+        """File the batch in its cluster's mailbox, undecoded (broker/agentlink.py): this
+        callback must keep up with the socket whatever one agent sends."""
+        mail = self._mail
+        cluster = self.subjects.cluster_of_agent_subject(msg.subject)
+        if mail is None or cluster is None:
+            return
+        now = time.monotonic()
+        why = mail.offer(cluster, msg.data, now)
+        if why is not None:
+            if why != "coalesced":
+                self.stats["agent_dropped"] += 1
+            if now - self._budget_logged.get(cluster, -1e18) >= BUDGET_LOG_EVERY_S:
+                self._budget_logged[cluster] = now
+                log.warning(
+                    "broker.agent_over_budget",
+                    cluster=cluster,
+                    reason=why,
+                    dropped=sum(n for (c, _), n in mail.dropped().items() if c == cluster),
+                    bytes=len(msg.data),
+                )
+        self._mail_wake.set()
 
-    async def _agent_batch(self, msg: Msg) -> None:
+    def agent_drops(self) -> dict[tuple[str, str], int]:
+        """(cluster, reason) -> agent batches not applied: coalesced, over-budget."""
+        return self._mail.dropped() if self._mail is not None else {}
+
+    async def _agent_worker(self) -> None:
+        """Apply the agents' batches, clusters in turn as their budgets allow, yielding after
+        each so the API, submissions and the socket are served between any two."""
+        mail = self._mail
+        assert mail is not None
+        while True:
+            got = mail.take(time.monotonic())
+            if isinstance(got, float):
+                self._mail_wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(got):
+                        await self._mail_wake.wait()
+                continue
+            cluster, data = got
+            try:
+                await self._agent_batch(cluster, data)
+            except Exception as exc:  # the handler boundary: refuse, count, carry on
+                self.refused["agent_batch"] += 1
+                self.stats["bad_batches"] += 1
+                log.exception("broker.batch_refused", cluster=cluster, error=repr(exc)[:300])
+            await asyncio.sleep(0)
+
+    async def _agent_batch(self, cluster: str, data: bytes) -> None:
         machine = self.machine
         if machine is None:
             return
-        cluster = self.subjects.cluster_of_agent_subject(msg.subject)
-        if cluster is None:
-            return
         try:
-            batch = decode_event_batch(msg.data)
+            batch = decode_event_batch(data)
         except DecodeError as exc:
             self.stats["bad_batches"] += 1
             self.refused["agent_batch"] += 1
@@ -1462,7 +1533,8 @@ async def run_broker(
         # One server holds one copy: more replicas could never be placed.
         config = msgspec.structs.replace(config, replication=Replication())
     nc = await connect(nats, "muster-broker")
-    broker = Broker(config, nc, holder=holder, pace_gc=True)
+    agent_nc = await connect(nats, "muster-broker-agents")
+    broker = Broker(config, nc, holder=holder, pace_gc=True, agent_nc=agent_nc)
     if metrics_port is not None:
         broker.metrics.serve(metrics_port)
     health_port = healthz.port_from_env()
@@ -1484,8 +1556,9 @@ async def run_broker(
             health.close()
         if dashboard is not None:
             await dashboard.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.drain(), 5)
+        for conn in (agent_nc, nc):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.drain(), 5)
         if embedded is not None:
             await embedded.stop()
             with contextlib.suppress(FileNotFoundError):

@@ -404,7 +404,7 @@ class RecordMirror:
         self.store = store
         self._records: dict[str, JobRecord] = {}  # by KV subject
         self.applied = 0  # highest stream sequence applied
-        self.sizes: dict[str, int] = {}  # bytes of each record, by KV subject (StoreUsage)
+        self.usage = StoreUsage()  # what the records taken so far hold, per queue
         self._sub: Any = None
         self._target = 0
         self._reached: asyncio.Future[None] | None = None
@@ -425,7 +425,8 @@ class RecordMirror:
     def _taker(self) -> Callable[[Msg], Awaitable[None]]:
         """The per-message callback, with what it needs in locals (a cold start runs it
         100,000 times). Records are keyed by their KV subject, which names the job."""
-        records, decode, sizes = self._records, record_decoder.decode, self.sizes
+        records, decode = self._records, record_decoder.decode
+        prefix = len(self.store.prefix)
 
         async def take(msg: Msg) -> None:
             seq = _stream_seq(msg)
@@ -436,11 +437,11 @@ class RecordMirror:
             self.applied = seq
             if msg.headers and msg.headers.get(KV_OP):
                 records.pop(msg.subject, None)  # deleted or purged
-                sizes.pop(msg.subject, None)
+                self.usage.forget(msg.subject[prefix:])
             else:
                 try:
-                    records[msg.subject] = decode(msg.data)
-                    sizes[msg.subject] = len(msg.data)
+                    record = records[msg.subject] = decode(msg.data)
+                    self.usage.note(record, len(msg.data))
                 except Exception as exc:  # a corrupt record must not stop recovery
                     # Its job is not restored, just as a cold load would not restore it.
                     records.pop(msg.subject, None)
@@ -464,9 +465,7 @@ class RecordMirror:
                     await self._reached
             finally:
                 self._reached = None
-        usage = self.store.usage = StoreUsage()  # what the bucket holds, per queue
-        for subject, record in self._records.items():
-            usage.note(record, self.sizes.get(subject, 0))
+        self.store.usage = self.usage  # kept as records were taken: nothing to add up now
         return list(self._records.values())
 
     def __len__(self) -> int:
@@ -493,7 +492,7 @@ class RecordMirror:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(1.0):
                         await self.store.js.delete_consumer(self.store.stream, name)
-        self._records, self.applied, self.sizes = {}, 0, {}
+        self._records, self.applied, self.usage = {}, 0, StoreUsage()
 
 
 def _stream_seq(msg: Msg) -> int:

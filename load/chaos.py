@@ -47,9 +47,21 @@ import typer
 from broker.embedded import EmbeddedNats, nats_server_binary
 from load.command import program, summary
 from load.common import BrokerProcess
+from schemas.agent import (
+    ClusterSnapshot,
+    CommandAck,
+    Dispatch,
+    EventBatch,
+    FlavorInfo,
+    Heartbeat,
+    NodeInfo,
+    Resync,
+)
+from schemas.codec import decode_command, encode_msgpack
 from schemas.config import (
     BrokerConfig,
     FlavorQuota,
+    Limits,
     QueueConfig,
     ResourceQuota,
     SchedulingConfig,
@@ -62,6 +74,10 @@ FAULTS = ("broker", "nats", "freeze", "partition", "spot", "store-full", "poison
 LONG_FAULTS = ("long-freeze", "long-partition", "long-broker", "long-nats")
 LONG_LOST_AFTER_S = 300.0
 LONG_FENCE_LEAD_S = 60.0  # a 240 s fence: every long outage (at most --long-outage-s) is shorter
+# Bad actors, opt-in with --only: an agent flooding its own subject with valid snapshots, a
+# tenant filling the job bucket, a cluster that acknowledges dispatches and runs nothing.
+# While each acts, the others' API latency is measured (`hostile_latency_ms`).
+HOSTILE = ("storm", "tenant-flood", "black-hole")
 QUEUES = ("team-a", "team-b")
 PREFIX = "muster"
 STORE_LIMIT = "256MB"
@@ -247,6 +263,11 @@ def soak_config(long_windows: bool = False) -> BrokerConfig:
             jobs_bucket_max_bytes=96 * 2**20,
         )
         config = msgspec.structs.replace(config, limits=limits)
+    if "team_store_max_bytes" in Limits.__struct_fields__:
+        # A team's share well inside the bucket, so a flooding tenant meets its own limit.
+        limits = msgspec.structs.replace(config.limits, team_store_max_bytes=24 * 2**20)
+        timeouts = msgspec.structs.replace(config.timeouts, dispatch_report_s=5.0)
+        config = msgspec.structs.replace(config, limits=limits, timeouts=timeouts)
     return config
 
 
@@ -326,6 +347,7 @@ class Soak:
         self.stats: Counter[str] = Counter()
         self.subjects = Subjects(prefix=PREFIX)
         self.events: dict[str, list[str]] = {}
+        self.latency: dict[str, list[float]] = {}
         t0 = time.monotonic()
         try:
             self.broker.start()
@@ -509,6 +531,84 @@ class Soak:
                 cluster = self.rng.choice(sorted(self.agents))
                 await self.nc.publish(f"{PREFIX}.agent.{cluster}.events", data)
 
+    @contextlib.asynccontextmanager
+    async def _latency(self, kind: str) -> Any:
+        """While a bad actor acts: API calls back to back (3 s deadline each), timed."""
+        samples = self.latency.setdefault(kind, [])
+        done = asyncio.Event()
+
+        async def probe() -> None:
+            for _ in range(100_000):  # bounded
+                if done.is_set():
+                    return
+                started = time.monotonic()
+                try:
+                    await self.nc.request(self.subjects.api("stats"), b"{}", timeout=3)
+                    samples.append(time.monotonic() - started)
+                except Exception:
+                    samples.append(float("inf"))
+                await asyncio.sleep(0.05)  # the probe's rhythm: about 20 calls a second
+
+        task = asyncio.create_task(probe())
+        try:
+            yield
+        finally:
+            done.set()
+            await task
+
+    async def _fault_storm(self) -> None:
+        agent = HostileAgent(self.nc, "hostile-storm", nodes=20_000)
+        async with self._latency("storm"):
+            await agent.start()
+            for _ in range(40):  # bounded: about 48 MB of valid snapshots, back to back
+                await agent.send(agent.snapshot())
+            await self.nc.flush()
+            await asyncio.sleep(self.rng.uniform(3.0, 6.0))  # while the broker works it off
+        await agent.stop()
+
+    async def _fault_tenant_flood(self) -> None:
+        """team-a submits ~100 KB jobs until its share of the bucket refuses them, then
+        cancels them all (cancelling frees the share)."""
+        env = {f"CONFIG_{i}": "x" * 1000 for i in range(100)}
+        flooded: list[str] = []
+        async with self._latency("tenant-flood"):
+            for i in range(600):  # bounded: 60 MB
+                job_id = f"flood-{self.seed}-{self.stats['fault:tenant-flood']}-{i}"
+                spec = {
+                    "name": "flood",
+                    "job_id": job_id,
+                    "gang": [{"name": "w", "replicas": 1, "gpu": 1}],
+                    "workload": {"env": env, "simulate": {"total_steps": 10}},
+                }
+                try:
+                    msg = await self.nc.request(
+                        self.subjects.submit("team-a"), json.dumps(spec).encode(), 3
+                    )
+                except Exception:
+                    self.stats["tenant-flood:no-reply"] += 1
+                    continue
+                reply = json.loads(msg.data)
+                if not reply.get("accepted"):
+                    self.stats["tenant-flood:refused"] += 1
+                    break
+                flooded.append(job_id)
+            for job_id in flooded:
+                with contextlib.suppress(Exception):
+                    await self._api("cancel", {"job_id": job_id})
+        self.stats["tenant-flood:accepted"] += len(flooded)
+
+    async def _fault_black_hole(self) -> None:
+        """A cheap cluster that acknowledges every dispatch and runs nothing, for a while;
+        then it goes silent (and is declared lost)."""
+        agent = HostileAgent(self.nc, f"blackhole{self.stats['fault:black-hole']}", nodes=4)
+        async with self._latency("black-hole"):
+            await agent.start()
+            for _ in range(int(self.rng.uniform(10.0, 30.0) / 0.5)):
+                await agent.send(Heartbeat(at=time.time()))
+                await asyncio.sleep(0.5)
+        self.stats["black-hole:swallowed"] += agent.dispatches
+        await agent.stop()
+
     async def _api(self, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         msg = await self.nc.request(
             self.subjects.api(verb), json.dumps(body or {}).encode(), timeout=3
@@ -601,6 +701,10 @@ class Soak:
                 "fenced": fenced[:5],
             },
         }
+        if self.latency:
+            res["hostile_latency_ms"] = {
+                kind: _latency_summary(samples) for kind, samples in self.latency.items()
+            }
         res["ok"] = (
             settled
             and not not_terminal
@@ -619,6 +723,73 @@ async def _cancel_on_sigterm(coro: Any) -> dict[str, Any]:
     task = asyncio.ensure_future(coro)
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     return dict(await task)
+
+
+def _latency_summary(samples: list[float]) -> dict[str, float]:
+    answered = sorted(x for x in samples if x != float("inf"))
+    if not answered:
+        return {"calls": len(samples), "unanswered": len(samples)}
+    return {
+        "calls": len(samples),
+        "unanswered": len(samples) - len(answered),
+        "p50": round(answered[len(answered) // 2] * 1000, 1),
+        "p99": round(answered[min(len(answered) - 1, int(len(answered) * 0.99))] * 1000, 1),
+        "max": round(answered[-1] * 1000, 1),
+    }
+
+
+class HostileAgent:
+    """A hand-made agent for the bad actors: valid batches on its own subject, every command
+    acknowledged, nothing ever run or reported."""
+
+    def __init__(self, nc: Any, cluster: str, nodes: int) -> None:
+        self.nc = nc
+        self.cluster = cluster
+        self.subjects = Subjects(prefix=PREFIX)
+        self.flavors = [
+            FlavorInfo(name="spot", capacity_type="spot", price_per_gpu_hour=0.01),
+            FlavorInfo(name="od", capacity_type="on-demand", price_per_gpu_hour=0.02),
+        ]
+        self.nodes = [
+            NodeInfo(
+                name=f"{cluster}-{i}",
+                flavor=("spot", "od")[i % 2],
+                gpu=8,
+                cpu_milli=96_000,
+                memory=2**39,
+            )
+            for i in range(nodes)
+        ]
+        self.instance = f"{cluster}-{os.getpid()}-{time.monotonic_ns()}"
+        self.seq = 0
+        self.dispatches = 0
+        self._sub: Any = None
+
+    def snapshot(self) -> ClusterSnapshot:
+        return ClusterSnapshot(flavors=self.flavors, nodes=self.nodes)
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(self.subjects.agent_cmd(self.cluster), cb=self._on_cmd)
+        await self.send(self.snapshot())
+
+    async def send(self, *events: Any) -> None:
+        self.seq += 1
+        batch = EventBatch(
+            cluster=self.cluster, instance=self.instance, seq=self.seq, events=list(events)
+        )
+        await self.nc.publish(self.subjects.agent_events(self.cluster), encode_msgpack(batch))
+
+    async def _on_cmd(self, msg: Any) -> None:
+        with contextlib.suppress(Exception):
+            cmd = decode_command(msg.data)
+            self.dispatches += isinstance(cmd, Dispatch)
+            await msg.respond(encode_msgpack(CommandAck(ok=True)))
+            if isinstance(cmd, Resync):
+                await self.send(self.snapshot())
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
 
 
 def print_table(res: dict[str, Any]) -> None:
@@ -640,6 +811,8 @@ def print_table(res: dict[str, Any]) -> None:
     for k, v in res["examples"].items():
         if v:
             print(f"  {k}: {v}")
+    for kind, lat in res.get("hostile_latency_ms", {}).items():
+        print(f"API latency while {kind} acted: " + ", ".join(f"{k}={v}" for k, v in lat.items()))
 
 
 app = program()
@@ -656,17 +829,20 @@ def chaos(
         int, typer.Option(min=0, help="outages of minutes (agent, partition, broker, NATS)")
     ] = 0,
     long_outage_s: Annotated[float, typer.Option(min=60.0, max=230.0)] = 120.0,
-    only: Annotated[str, typer.Option(help=f"fault kinds: {','.join(FAULTS)}")] = ",".join(FAULTS),
+    only: Annotated[
+        str, typer.Option(help=f"fault kinds: {','.join(FAULTS + HOSTILE)}")
+    ] = ",".join(FAULTS),
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     verbose: Annotated[bool, typer.Option("--verbose")] = False,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
     kinds = tuple(k for k in only.split(",") if k)
-    bad = [k for k in kinds if k not in FAULTS]
+    bad = [k for k in kinds if k not in FAULTS + HOSTILE]
     if bad:
         raise typer.BadParameter(
-            f"unknown fault kinds {bad}; choose from {','.join(FAULTS)}", param_hint="--only"
+            f"unknown fault kinds {bad}; choose from {','.join(FAULTS + HOSTILE)}",
+            param_hint="--only",
         )
     soak = Soak(
         jobs,

@@ -148,6 +148,18 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # refused. Ended jobs' records are compacted (their workload dropped). 0 = no limit.
     team_store_max_bytes: Annotated[int, Meta(ge=0)] = 256 * 2**20
     team_store_max_records: Annotated[int, Meta(ge=0)] = 200_000
+    # An ended job's record is deleted this long after it ended (checked once a minute); until
+    # then its id is answered as a duplicate. 0 = kept until `muster store-compact` expires it.
+    ended_retention_s: Annotated[float, Meta(ge=0)] = 0.0
+    # Per cluster: what its agent's batches may cost the broker (broker/agentlink.py). Batches
+    # over the rates wait in the cluster's mailbox (at most agent_pending_bytes, beyond it they
+    # are dropped); a snapshot replaces whatever its cluster had waiting. 0 rates = no limit.
+    agent_msgs_per_s: Annotated[float, Meta(ge=0)] = 1000.0
+    agent_burst_msgs: Annotated[int, Meta(ge=1)] = 5000
+    agent_bytes_per_s: Annotated[int, Meta(ge=0)] = 4 * 2**20
+    agent_burst_bytes: Annotated[int, Meta(ge=1)] = 16 * 2**20
+    agent_snapshots_per_s: Annotated[float, Meta(ge=0)] = 1.0
+    agent_pending_bytes: Annotated[int, Meta(ge=1)] = 64 * 2**20
     # Stream sizes in bytes, reserved in the JetStream store when the streams are created. A
     # full stream refuses new writes (discard new) and never drops what it holds. Keep their
     # sum (with the lease bucket's) under the server's max_file_store: a server store filled

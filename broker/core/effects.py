@@ -61,7 +61,14 @@ class BatchApplied:
     seq: int
 
 
-Effect = Persist | Send | Publish | Submitted | Refused | BatchApplied
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """Delete the job's record: it ended longer ago than `limits.ended_retention_s`."""
+
+    job_id: str
+
+
+Effect = Persist | Send | Publish | Submitted | Refused | BatchApplied | Forget
 
 
 def split_reply(effects: Iterable[Effect]) -> tuple[SubmitReply, list[Effect]]:

@@ -186,8 +186,8 @@ class PoolHealth:
         reason = None
         if b.state == "open":
             reason = (
-                f"circuit open after {b.failures} failed dispatches in a row ({b.cause}); "
-                f"a probe goes at t={b.retry_at:.0f}"
+                f"circuit open after {b.failures} failed dispatches in a row, the last: "
+                f"{b.cause}; no placements here for {b.cool_down_s:g}s, then one probe"
             )
         elif b.state == "half-open" and b.probe is not None:
             reason = f"circuit half-open: probe {b.probe[0]} (attempt {b.probe[1]}) in flight"

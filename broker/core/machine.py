@@ -28,7 +28,7 @@ from typing import assert_never
 
 from broker.core.agents import AgentTrack, AgentTracker
 from broker.core.backlog import Backlog
-from broker.core.effects import BatchApplied, Effect, Persist, Refused, Submitted
+from broker.core.effects import BatchApplied, Effect, Forget, Persist, Refused, Submitted
 from broker.core.inputs import (
     AgentBatch,
     CancelJob,
@@ -70,6 +70,8 @@ from schemas.api import SubmitReply
 from schemas.config import BrokerConfig
 from schemas.job import JobSpec
 
+EXPIRY_SCAN_S = 60.0  # how often ended jobs past their retention are looked for
+
 __all__ = ["LIVE_STATES", "TERMINAL", "AgentTrack", "Machine", "derive_job_id"]
 
 
@@ -93,6 +95,7 @@ class Machine:
             self.registry, self.lifecycle, self.backlog, self.tracker, self.scheduler
         )
         self._order = 0  # the newest submission order handed out or restored
+        self._next_expiry = 0.0  # when ended jobs past their retention are looked for next
 
     @property
     def jobs(self) -> dict[str, JobRecord]:
@@ -367,7 +370,27 @@ class Machine:
         self.moves.tick(now, effects)
         if self.lifecycle.health.tick(now):
             self.backlog.capacity_dirty = True  # a pool may take a probe
+        self._expire_ended(now, effects)
         return effects
+
+    def _expire_ended(self, now: float, effects: list[Effect]) -> None:
+        """Ended jobs past `limits.ended_retention_s` are forgotten and their records deleted:
+        the retention is the idempotency window of an ended job's id. Looked for once a
+        minute at most (a pass over every record)."""
+        keep = self.config.limits.ended_retention_s
+        if keep <= 0 or now < self._next_expiry:
+            return
+        self._next_expiry = now + min(EXPIRY_SCAN_S, max(keep / 4, 1.0))
+        cut = now - keep
+        old = [
+            job_id
+            for job_id, r in self._jobs.items()
+            if r.state in TERMINAL and r.finished_at is not None and r.finished_at < cut
+        ]
+        for job_id in old:
+            self.registry.remove(job_id)
+            self.moves.forget(job_id)
+            effects.append(Forget(job_id))
 
     # ------------------------------------------------------------------ recovery after restart
     def _restore(self, records: Iterable[JobRecord], now: float) -> None:

@@ -48,6 +48,10 @@ class PlannedMoves:
         if record.spec.deadline is not None and record.state not in TERMINAL:
             self._deadline_jobs.add(record.job_id)
 
+    def forget(self, job_id: str) -> None:
+        """An ended job leaves the registry (retention): nothing of it is followed."""
+        self._deadline_jobs.discard(job_id)
+
     def tick(self, now: float, effects: list[Effect]) -> None:
         self._deadline_switches(now, effects)
         if self.spot_return and now >= self._next_return_scan:

@@ -28,6 +28,12 @@ class JobRegistry:
         self.records[record.job_id] = record
         self._demands[record.job_id] = demands if demands is not None else demands_of(record.spec)
 
+    def remove(self, job_id: str) -> None:
+        """Forget an ended job (its retention ran out): its id may be submitted again."""
+        self.records.pop(job_id, None)
+        self._demands.pop(job_id, None)
+        self._reasons.pop(job_id, None)
+
     def demands(self, job_id: str) -> tuple[PodSetDemand, ...]:
         """The gang of a registered job."""
         return self._demands[job_id]
