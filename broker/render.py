@@ -185,7 +185,10 @@ def job_detail(job: JobView, now: float | None = None) -> Group:
 def why_view(why: WhyView) -> Group:
     """`muster why JOB`: position, what it waits for, and per cluster x flavor what binds."""
     lines: list[RenderableType] = []
-    head = Text.assemble((why.job_id, "bold"), " is ", state_text(why.state))
+    ended = why.state in ("succeeded", "failed", "cancelled")
+    head = Text.assemble(
+        (why.job_id, "bold"), " has ended: " if ended else " is ", state_text(why.state)
+    )
     if why.position is not None:
         where = f" in queue {why.queue}" if why.queue else " in its queue"
         ahead = "at the head" if why.position == 0 else f"{why.position} ahead of it"

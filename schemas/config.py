@@ -58,6 +58,10 @@ class QueueConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     preemption: PreemptionPolicy = msgspec.field(default_factory=PreemptionPolicy)
     # Volcano's `reclaimable`: may other queues take back what this queue borrowed?
     reclaimable: bool = True
+    # May its `capacity: any` jobs that write no checkpoint go to spot at its price? By default
+    # they take on-demand first (a reclaim loses all their work) and spot only when no
+    # on-demand pool could ever host them.
+    spot_without_checkpoint: bool = False
 
 
 class CohortConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -122,8 +122,11 @@ def shape_of(req: GangRequest) -> Shape:
 
 
 def allow_fallback(req: GangRequest, gang: Gang, cands: Candidates) -> bool:
-    """spot-then-on-demand may use on-demand when no spot pool could ever host the gang."""
-    if req.capacity != "spot-then-on-demand" or req.spot_exhausted:
+    """spot-then-on-demand may use on-demand when no spot pool could ever host the gang, and
+    an `any` job that may not go to spot at its price may use spot when no on-demand pool
+    could."""
+    mirrored = req.capacity == "any" and not req.spot_ok
+    if not mirrored and (req.capacity != "spot-then-on-demand" or req.spot_exhausted):
         return True
     return not any(empty_fit(p, gang) for p in cands.spot_pools)
 

@@ -47,6 +47,7 @@ from broker.core.scheduler import Scheduler
 from broker.core.submission import (
     choose_queue,
     derive_job_id,
+    mark_spot_ok,
     queue_full,
     reject,
     resolve_priority,
@@ -171,7 +172,7 @@ class Machine:
         resolved = resolve_priority(self.config, spec)
         if isinstance(resolved, SubmitReply):
             return resolved, []
-        spec = resolved
+        spec = mark_spot_ok(self.queues[queue], resolved)
         if order is None:
             order = self._order + 1
         self._order = max(self._order, order)

@@ -10,10 +10,12 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
   and is placed the same way, its `flavor` being the pool chosen for it (fewest GPUs per node
   first, so CPU pools before GPU pools).
 - Capacity preference: `spot` and `on-demand` take only that capacity type. `any` takes both
-  and lets cost decide. `spot-then-on-demand` takes spot; on-demand only when the job is
-  `spot_exhausted` (the lifecycle machine's fallback after preemptions or waiting) or when no
-  spot pool could host the gang even empty (no spot pool fits, ever). While spot is merely full
-  the job waits for spot; the machine's `fallback_after_wait_s` bounds that wait.
+  and lets cost decide, unless the job may not go to spot at its price (`spot_ok`: it writes no
+  checkpoint): then on-demand first, and spot only when no on-demand pool could ever host it.
+  `spot-then-on-demand` takes spot; on-demand only when the job is `spot_exhausted` (the
+  lifecycle machine's fallback after preemptions or waiting) or when no spot pool could host
+  the gang even empty (no spot pool fits, ever). While spot is merely full the job waits for
+  spot; the machine's `fallback_after_wait_s` bounds that wait.
 - Order among feasible pools: capacity rank, then expected cost per hour (risk.py); costs
   within `COST_TIE` of each other count as equal, and then packing decides: fewer nodes, then
   fuller nodes (less GPU left over on the nodes used). Packing compares at most `TIE_EVAL`
@@ -77,8 +79,11 @@ def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
 # -- candidate pools ------------------------------------------------------------------------
 
 
-def capacity_rank(capacity: CapacityPreference, exhausted: bool, capacity_type: str) -> int:
-    """0 = preferred, 1 = spot-then-on-demand's fallback, -1 = not allowed."""
+def capacity_rank(
+    capacity: CapacityPreference, exhausted: bool, capacity_type: str, spot_ok: bool = True
+) -> int:
+    """0 = preferred, 1 = the fallback (on-demand of spot-then-on-demand, spot of an `any` job
+    that may not go to spot at its price), -1 = not allowed."""
     spot = capacity_type == "spot"
     if capacity == "spot":
         return 0 if spot else -1
@@ -88,7 +93,7 @@ def capacity_rank(capacity: CapacityPreference, exhausted: bool, capacity_type: 
         if exhausted:
             return -1 if spot else 0
         return 0 if spot else 1
-    return 0
+    return 1 if spot and not spot_ok else 0
 
 
 def wants_on_demand(req: GangRequest) -> bool:
@@ -106,7 +111,9 @@ class Candidates:
     live: list[list[Pool]]  # copies of `groups` that a cycle prunes of pools with no free GPU
     matching: int  # pools passing the type filters, in any cluster
     unhealthy: int  # of those, pools in clusters that take no placements
-    spot_pools: list[Pool]  # rank-0 spot pools of a spot-then-on-demand job (fallback check)
+    # The rank-0 pools of a job with a fallback rank: the fallback is allowed when none of them
+    # could ever host the gang (spot pools of spot-then-on-demand, on-demand ones of `any`).
+    spot_pools: list[Pool]
 
 
 def gpu_type_ok(pool: Pool, gpu_types: frozenset[str], gpus: int) -> bool:
@@ -127,14 +134,14 @@ def build_candidates(
         for p in c.pools.values():
             if not gpu_type_ok(p, req.gpu_types, gpus):
                 continue
-            rank = capacity_rank(req.capacity, req.spot_exhausted, p.capacity_type)
+            rank = capacity_rank(req.capacity, req.spot_exhausted, p.capacity_type, req.spot_ok)
             if rank < 0:
                 continue
             matching += 1
             if not c.schedulable:
                 unhealthy += 1
                 continue
-            if req.capacity == "spot-then-on-demand" and rank == 0:
+            if rank == 0 and (req.capacity == "spot-then-on-demand" or not req.spot_ok):
                 spot_pools.append(p)
             node_gpu = p.node_gpu or 1
             nodes = max(1, -(-gpus // node_gpu))

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from broker.core.records import SPOT_OK_LABEL
 from schemas.api import SubmitReply
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import JobSpec
@@ -70,6 +71,15 @@ def derive_job_id(name: str, token: str) -> str:
     """The id of a job submitted without one: its name and a token, at most 63 characters."""
     suffix = f"-{token}"
     return name[: 63 - len(suffix)].rstrip("-") + suffix
+
+
+def mark_spot_ok(queue: QueueConfig, spec: JobSpec) -> JobSpec:
+    """A queue that lets jobs without checkpoints use spot says so on each such job."""
+    if not queue.spot_without_checkpoint or spec.checkpoint is not None or spec.capacity != "any":
+        return spec
+    if SPOT_OK_LABEL in spec.labels:
+        return spec
+    return msgspec.structs.replace(spec, labels={**spec.labels, SPOT_OK_LABEL: "queue"})
 
 
 def resolve_priority(config: BrokerConfig, spec: JobSpec) -> JobSpec | SubmitReply:
