@@ -14,7 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 import msgspec
 import typer
@@ -37,6 +37,7 @@ from broker.render import (
     why_view,
 )
 from schemas.api import (
+    JobState,
     JobView,
     SubmitReply,
 )
@@ -106,6 +107,32 @@ class State(StrEnum):
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
+
+
+# Words people use for a state, as kubectl and Kueue say them.
+STATE_ALIASES = {
+    "pending": "queued",
+    "waiting": "queued",
+    "canceled": "cancelled",
+    "complete": "succeeded",
+    "completed": "succeeded",
+    "error": "failed",
+}
+
+
+def _state(text: str | None) -> str | None:
+    """A job state from what the user typed (case-insensitive; aliases such as `pending`); a
+    usage error listing the states otherwise."""
+    if text is None:
+        return None
+    word = text.strip().lower()
+    word = STATE_ALIASES.get(word, word)
+    if word not in State.__members__:
+        known = ", ".join(s.value for s in State)
+        raise typer.BadParameter(
+            f"{text!r} is not a job state; use one of: {known} (pending = queued)"
+        )
+    return word
 
 
 # -- shared options ----------------------------------------------------------------------
@@ -208,7 +235,14 @@ def submit(
 def status(
     job: Annotated[str | None, typer.Argument(help="a job id; omit to list jobs")] = None,
     queue: Annotated[str | None, typer.Option("--queue", "-q", help="only this queue")] = None,
-    state: Annotated[State | None, typer.Option("--state", help="only this state")] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state",
+            help="only this state: " + ", ".join(s.value for s in State) + " (pending = queued)",
+            callback=_state,
+        ),
+    ] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="only this cluster")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 1000,
     watch: Annotated[
@@ -225,6 +259,7 @@ def status(
 ) -> None:
     """List jobs (REASON says why a queued job waits), or show one job: state, attempts,
     accounting, latest checkpoint. --cluster matches jobs that run or ran there."""
+    wanted = cast(JobState | None, state)
     opts = nats_options(nats, auth)
     if job is not None and not watch:
         _show(opts, output, lambda c: c.get(job, timeout=timeout), job_detail)
@@ -233,7 +268,7 @@ def status(
     def fetch(c: MusterClient) -> Awaitable[list[JobView]]:
         return c.list(
             queue=queue,
-            state=state.value if state else None,
+            state=wanted,
             cluster=cluster,
             limit=limit,
             timeout=timeout,
@@ -281,11 +316,23 @@ def cancel(
     *,
     auth: NatsAuth,
 ) -> None:
-    """Cancel a job (its running attempt is stopped)."""
+    """Cancel a job (its running attempt is stopped). Cancelling a cancelled job succeeds."""
+
+    async def cancel_once(c: MusterClient) -> JobView:
+        """Idempotent, as `kubectl delete --ignore-not-found`: a job already cancelled is
+        what was asked for (exit 0); one that succeeded or failed is an error (exit 1)."""
+        try:
+            return await c.cancel(job, reason, timeout=timeout)
+        except MusterError:
+            view = await c.get(job, timeout=timeout)
+            if view.state != "cancelled":
+                raise
+            return view
+
     _show(
         nats_options(nats, auth),
         output,
-        lambda c: c.cancel(job, reason, timeout=timeout),
+        cancel_once,
         lambda view: Text.assemble(f"job {view.job_id} is ", state_text(view.state)),
     )
 

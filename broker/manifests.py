@@ -10,9 +10,10 @@ a partial gang: Muster reserves every replica, which is always enough to satisfy
 minimum. The declared value is kept in the JobSpec label `muster.dev/min-available` so nothing is
 lost. Elastic PyTorchJobs (`elasticPolicy`) are admitted at their `replicas` count likewise.
 
-Queue: the `queue` argument wins; otherwise the `kueue.x-k8s.io/queue-name` label, the kind's
-own queue field (Volcano's `spec.queue`, Kubeflow's `runPolicy.schedulingPolicy.queue`), or
-Koordinator's `scheduling.x-k8s.io/queue` annotation, in that order.
+Queue: the `queue` argument wins; otherwise the `kueue.x-k8s.io/queue-name` label,
+Koordinator's `quota.scheduling.koordinator.sh/name` label, the kind's own queue field
+(Volcano's `spec.queue`, Kubeflow's `runPolicy.schedulingPolicy.queue`), or Koordinator's
+`scheduling.x-k8s.io/queue` annotation, in that order.
 
 Priority class: Kueue's `kueue.x-k8s.io/priority-class` label, Volcano's `spec.priorityClassName`
 or the pod templates' `priorityClassName` is kept as the label `muster.dev/priority-class`; the
@@ -62,6 +63,8 @@ __all__ = [
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KOORD_QUEUE_ANNOTATION = "scheduling.x-k8s.io/queue"
+# Koordinator's ElasticQuota a pod is charged to (an imported quota is a Muster queue).
+KOORD_QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
 KOORD_PRIORITY_ANNOTATION = "scheduling.x-k8s.io/priority"
 ANNOTATION_PREFIX = f"{DOMAIN}/"
 LEGACY_ANNOTATION_PREFIX = f"{LEGACY_DOMAIN}/"
@@ -320,6 +323,7 @@ def _manifest_queue(
     annotations = _mapping(metadata.get("annotations"), "metadata.annotations")
     candidates: list[tuple[Any, str]] = [
         (labels.get(QUEUE_LABEL), f"metadata.labels[{QUEUE_LABEL}]"),
+        (labels.get(KOORD_QUOTA_LABEL), f"metadata.labels[{KOORD_QUOTA_LABEL}]"),
     ]
     own = adapter.queue(manifest)
     if own is not None:
