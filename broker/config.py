@@ -153,6 +153,20 @@ _KUEUE_IGNORED = {
 }
 
 
+# Objects that come with the imported ones but configure no queue: noted and skipped.
+_SKIPPED = {
+    ("scheduling.x-k8s.io", "Queue"): (
+        "Koord-Queue's Queue orders the jobs of its quotas (queuePolicy Priority: higher "
+        "priority first), as every Muster queue does (priority, then submission order); the "
+        "quotas themselves come from the ElasticQuota objects"
+    ),
+    ("scheduling.volcano.sh", "PodGroup"): (
+        "a PodGroup is one job's gang, not a queue; submit the job itself (`muster submit`) "
+        "and Muster derives the gang from it"
+    ),
+}
+
+
 class ConfigError(ValueError):
     """An invalid config file: the text names the file, the field path and the fix."""
 
@@ -437,6 +451,10 @@ class _Importer:
         if handler is None:
             if group == "kueue.x-k8s.io" and kind in _KUEUE_IGNORED:
                 self.notes.append(f"{ctx}: ignored; Muster has no equivalent of a Kueue {kind}")
+                return
+            skipped = _SKIPPED.get((group, kind))
+            if skipped is not None:
+                self.notes.append(f"{ctx}: skipped; {skipped}")
                 return
             raise ConfigError(
                 f"{ctx}: {api_version} {kind} is not a config object Muster imports; supported: "
