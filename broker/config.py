@@ -40,7 +40,7 @@ import msgspec
 import yaml
 
 from broker.manifests import capacity_type_from_labels, gpu_type_from_labels, is_manifest
-from schemas.codec import DecodeError, convert_config
+from schemas.codec import DecodeError, convert_config, every_field
 from schemas.config import BrokerConfig
 from schemas.fieldhints import explain
 from schemas.quantity import QuantityError, cpu_milli, memory_bytes, parse_quantity
@@ -1330,10 +1330,10 @@ def _explain(message: str) -> str:
 def config_to_yaml(config: BrokerConfig, aliases: Mapping[str, str] | None = None) -> str:
     """The config as Muster YAML (cpu in millicores written as quantities), for `muster
     config`."""
-    data = msgspec.to_builtins(config)
+    # Every setting, defaults included: what the broker will do is what it prints (a queue's
+    # preemption policies, say, whose defaults differ from Kueue's).
+    data = every_field(config, drop_none=True)
     for queue in [*data.get("queues", []), *data.get("cohorts", [])]:
-        if queue.get("preemption") == {}:
-            del queue["preemption"]
         for fq in queue.get("quotas") or []:
             for res, rq in fq.get("resources", {}).items():
                 for key in _QUOTA_FIELDS:

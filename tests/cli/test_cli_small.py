@@ -89,3 +89,16 @@ def test_state_aliases_and_cancelling_twice(live: tuple[ThreadedWorld, World]) -
     again = cli("cancel", "waiter")
     assert again.exit_code == 0, again.stderr
     assert again.stdout.strip() == "job waiter is cancelled"
+
+
+def test_muster_config_shows_the_defaults_it_applied() -> None:
+    """A Volcano queue says nothing of preemption: the printout shows what Muster will do."""
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    result = runner.invoke(app, ["config", str(examples / "volcano-queues.yaml")])
+    assert result.exit_code == 0, result.stderr
+    assert "within_queue: LowerPriority" in result.stdout
+    assert "reclaim_within_cohort: Any" in result.stdout
+    assert "spot_without_checkpoint: false" in result.stdout
+    assert "checkpoint_grace_s:" in result.stdout and "preemption_min_runtime_s:" in result.stdout
