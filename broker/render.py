@@ -271,7 +271,10 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
             str(q.pending),
             str(q.admitted),
             f"{q.dominant_share:.0%}",
-            "; ".join(usage) or "no quota (unlimited)",
+            "; ".join(usage)
+            or (
+                "no quota (unlimited)" if q.unlimited else "no quota for any flavor: admits nothing"
+            ),
         )
     return table
 

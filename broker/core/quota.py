@@ -508,6 +508,7 @@ class QuotaBook:
             admitted=q.admitted,
             dominant_share=self.share(q, fleet),
             flavors=flavors,
+            unlimited=q.limits is None,
         )
 
 

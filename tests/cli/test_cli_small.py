@@ -102,3 +102,22 @@ def test_muster_config_shows_the_defaults_it_applied() -> None:
     assert "reclaim_within_cohort: Any" in result.stdout
     assert "spot_without_checkpoint: false" in result.stdout
     assert "checkpoint_grace_s:" in result.stdout and "preemption_min_runtime_s:" in result.stdout
+
+
+def test_a_queue_whose_quota_lists_no_flavor_says_it_admits_nothing() -> None:
+    """An imported Kueue ClusterQueue without resourceGroups refuses every job: `muster queues`
+    must not call it unlimited."""
+    from rich.console import Console
+
+    from broker.core.machine import Machine
+    from broker.render import queues_table
+    from schemas.config import BrokerConfig
+
+    machine = Machine(
+        BrokerConfig(queues=[QueueConfig(name="open"), QueueConfig(name="closed", quotas=[])])
+    )
+    console = Console(width=200, record=True, color_system=None)
+    console.print(queues_table(machine.views.queue_views()))
+    lines = {line.split()[0]: line.rstrip() for line in console.export_text().splitlines()[1:]}
+    assert lines["open"].endswith("no quota (unlimited)")
+    assert lines["closed"].endswith("no quota for any flavor: admits nothing")
