@@ -251,12 +251,7 @@ def _placement_reasons(record: JobRecord) -> list[PendingReason]:
     elif spec.capacity in ("spot", "on-demand"):
         why = f"the job asks for {spec.capacity} capacity"
     elif spec.capacity == "spot-then-on-demand":
-        why = (
-            "spot first (capacity spot-then-on-demand)"
-            if spot
-            else "it fell back to on-demand (spot.fallback_after_preemptions / "
-            "fallback_after_wait_s), or no spot pool could ever host it"
-        )
+        why = "spot first (capacity spot-then-on-demand)" if spot else _fallback_text(record)
     elif not spot and not spot_ok(spec):
         why = (
             "the job writes no checkpoint, so it takes on-demand before spot (give it a "
@@ -272,6 +267,22 @@ def _placement_reasons(record: JobRecord) -> list[PendingReason]:
             message=f"on {last.cluster}/{last.flavor} ({kind}): {why}",
         )
     ]
+
+
+def _fallback_text(record: JobRecord) -> str:
+    """Why a spot-then-on-demand job runs on on-demand, naming the setting that decided."""
+    policy = record.spec.spot
+    if not record.spot_exhausted:
+        return "no spot pool could ever host the gang, so on-demand is allowed at once"
+    if record.spot_preemptions >= policy.fallback_after_preemptions:
+        return (
+            f"fell back to on-demand after {record.spot_preemptions} spot preemptions "
+            f"(spot.fallback_after_preemptions: {policy.fallback_after_preemptions})"
+        )
+    return (
+        "fell back to on-demand after waiting for spot (spot.fallback_after_wait_s: "
+        f"{policy.fallback_after_wait_s:g}s), or as spot attempts made no progress"
+    )
 
 
 _WAIT_FOR = {

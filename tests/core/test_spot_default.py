@@ -118,3 +118,40 @@ def test_why_says_why_a_running_job_got_its_pool_and_how_an_ended_one_ended() ->
     console.print(why_view(why))
     text = console.export_text()
     assert f"{job} has ended: cancelled" in text and "is cancelled" not in text
+
+
+def test_why_names_the_spot_fallback_rule_that_moved_a_job_to_on_demand() -> None:
+    from schemas.agent import SpotNotice, WorkloadStatus
+    from schemas.job import SpotPolicy
+
+    from .test_machine import run
+
+    w = _world()
+    _mixed(w)
+    job = w.submit(
+        "fb",
+        capacity="spot-then-on-demand",
+        checkpoint=CheckpointSpec(uri="s3://b/fb"),
+        spot=SpotPolicy(fallback_after_preemptions=1),
+    )
+    assert _placed(w, job) == "s/spot"
+    run(w, job, "s", 1)
+    w.send("s", SpotNotice(node="s-0", deadline=w.now + 120))
+    for _ in range(200):  # the checkpoint grace runs out; the next attempt starts on-demand
+        w.cycle(1.0)
+        if w.m.jobs[job].attempt == 2 and w.m.jobs[job].state in ("admitted", "running"):
+            break
+    record = w.m.jobs[job]
+    assert record.current is not None and record.current.flavor == "od"
+    w.send(
+        "o",
+        WorkloadStatus(
+            job_id=job, attempt=2, phase="running", running_replicas=1, total_replicas=1
+        ),
+    )
+    why = w.m.views.why(job, w.now)
+    assert why is not None
+    (placed,) = why.reasons
+    assert placed.message.endswith(
+        "fell back to on-demand after 1 spot preemptions (spot.fallback_after_preemptions: 1)"
+    )
