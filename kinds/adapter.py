@@ -44,6 +44,10 @@ class Adapter:
     def disable_retries(self, manifest: dict[str, Any]) -> None:
         """Make one failed replica fail the object: Muster's restart budget decides."""
 
+    def rename(self, manifest: dict[str, Any], old: str, new: str) -> None:
+        """The object is created as `new`, not the author's `old`: rewrite what the author
+        hard-coded from the old name (pod hostnames in env, command and args)."""
+
     def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
         """Let the kind delete a finished object after `seconds` (no-op: Muster's own GC)."""
 

@@ -16,6 +16,7 @@ from kinds.base import (
     job_pods,
     listed,
     mapping,
+    rename_hosts,
     replica_rows,
     template_at,
 )
@@ -55,6 +56,20 @@ class JobSet(Adapter):
                 job_spec = ensure(ensure(rjob, "template"), "spec")
                 job_spec["backoffLimit"] = 0
                 ensure(ensure(job_spec, "template"), "spec")["restartPolicy"] = "Never"
+
+    def rename(self, manifest: dict[str, Any], old: str, new: str) -> None:
+        """Pods of a JobSet are `<jobset>-<replicatedJob>-<job index>-<pod index>` in the
+        subdomain `spec.network.subdomain` (default: the JobSet's name): an author's
+        `MASTER_ADDR=pytorch-workers-0-0.pytorch` must follow the rename, or rendezvous fails."""
+        spec = manifest.get("spec")
+        if not isinstance(spec, dict) or old == new:
+            return
+        network = spec.get("network")
+        subdomain = network.get("subdomain") if isinstance(network, dict) else None
+        rjobs = [
+            str(r.get("name")) for r in spec.get("replicatedJobs") or [] if isinstance(r, dict)
+        ]
+        rename_hosts(self.templates(manifest), old, new, rjobs, 2, subdomain)
 
     def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
         ensure(manifest, "spec")["ttlSecondsAfterFinished"] = seconds

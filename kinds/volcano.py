@@ -15,6 +15,7 @@ from kinds.base import (
     ensure,
     listed,
     mapping,
+    rename_hosts,
     replica_rows,
     verdict_reason,
 )
@@ -48,6 +49,14 @@ class VolcanoJob(Adapter):
             PodTemplate(row.name, row.replicas(), row.template(), False, row.name, row.path)
             for row in replica_rows(tasks, "spec.tasks", default_name=default)
         ]
+
+    def rename(self, manifest: dict[str, Any], old: str, new: str) -> None:
+        """Volcano's `svc` plugin names pods `<job>-<task>-<index>` in the subdomain `<job>`:
+        hostnames an author wrote from the old name follow the rename."""
+        spec = manifest.get("spec")
+        if isinstance(spec, dict):
+            tasks = [str(t.get("name")) for t in spec.get("tasks") or [] if isinstance(t, dict)]
+            rename_hosts(self.templates(manifest), old, new, tasks, 1, None)
 
     def disable_retries(self, manifest: dict[str, Any]) -> None:
         spec = ensure(manifest, "spec")

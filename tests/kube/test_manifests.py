@@ -506,3 +506,95 @@ def test_manifest_unmatched_podsets_use_all_nodes_and_bad_manifests_fail() -> No
             FLAVOR,
             NS,
         )
+
+
+JOBSET_PYTORCH_YAML = """
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: pytorch}
+spec:
+  replicatedJobs:
+  - name: workers
+    template:
+      spec:
+        parallelism: 2
+        completions: 2
+        template:
+          spec:
+            containers:
+            - name: pytorch
+              image: pytorch/pytorch
+              env:
+              - {name: MASTER_ADDR, value: pytorch-workers-0-0.pytorch}
+              - {name: PEERS, value: "pytorch-workers-0-1.pytorch:29500,pytorch-workers-0-0"}
+              - {name: OTHER, value: pytorch-evaluator-0-0.pytorch my-pytorch-workers-0-0}
+              command: [torchrun, --rdzv-endpoint=pytorch-workers-0-0.pytorch:29500]
+"""
+
+
+def test_a_renamed_jobset_keeps_the_hostnames_its_author_wrote_resolvable() -> None:
+    """The JobSet is created as `<job>-a<attempt>`; a hard-coded MASTER_ADDR from its upstream
+    sample must name the renamed pods, or the workers never find their master."""
+    plan = build_workload(
+        manifest_dispatch(JOBSET_PYTORCH_YAML, {"workers": ["a", "b"]}), FLAVOR, NS
+    )
+    body = plan.objects[0].body
+    new = body["metadata"]["name"]
+    assert new != "pytorch"
+    (t,) = templates_of(body)
+    env = {e["name"]: e["value"] for e in t["spec"]["containers"][0]["env"] if "value" in e}
+    assert env["MASTER_ADDR"] == f"{new}-workers-0-0.{new}"
+    assert env["PEERS"] == f"{new}-workers-0-1.{new}:29500,{new}-workers-0-0"
+    # not a pod of this JobSet, or not its name: left alone
+    assert env["OTHER"] == "pytorch-evaluator-0-0.pytorch my-pytorch-workers-0-0"
+    assert t["spec"]["containers"][0]["command"][1] == (
+        f"--rdzv-endpoint={new}-workers-0-0.{new}:29500"
+    )
+    # an explicit subdomain is kept: only the pod-name prefix follows the rename
+    explicit = JOBSET_PYTORCH_YAML.replace(
+        "spec:\n  replicatedJobs:", "spec:\n  network: {subdomain: svc}\n  replicatedJobs:"
+    ).replace("pytorch-workers-0-0.pytorch}", "pytorch-workers-0-0.svc}")
+    body = (
+        build_workload(manifest_dispatch(explicit, {"workers": ["a", "b"]}), FLAVOR, NS)
+        .objects[0]
+        .body
+    )
+    (t,) = templates_of(body)
+    env = {e["name"]: e["value"] for e in t["spec"]["containers"][0]["env"] if "value" in e}
+    assert env["MASTER_ADDR"] == f"{new}-workers-0-0.svc"
+
+
+def test_a_renamed_volcano_job_keeps_its_svc_hostnames() -> None:
+    """Volcano's svc plugin names pods `<job>-<task>-<index>.<job>`."""
+    text = """
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: ddp}
+spec:
+  minAvailable: 2
+  plugins: {svc: [], env: []}
+  tasks:
+  - name: master
+    replicas: 1
+    template:
+      spec:
+        containers:
+        - name: c
+          image: i
+          env: [{name: MASTER_ADDR, value: ddp-master-0.ddp}]
+  - name: worker
+    replicas: 1
+    template:
+      spec:
+        containers:
+        - name: c
+          image: i
+          env: [{name: MASTER_ADDR, value: ddp-master-0.ddp}]
+"""
+    plan = build_workload(manifest_dispatch(text, {"master": ["a"], "worker": ["b"]}), FLAVOR, NS)
+    body = plan.objects[0].body
+    new = body["metadata"]["name"]
+    for task in body["spec"]["tasks"]:
+        env = task["template"]["spec"]["containers"][0]["env"]
+        (master,) = [e["value"] for e in env if e["name"] == "MASTER_ADDR"]
+        assert master == f"{new}-master-0.{new}"
