@@ -79,6 +79,7 @@ KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 UNKNOWN_FIELDS_LABEL = f"{DOMAIN}/unknown-fields"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_RESTARTS = 1000  # schemas.job.RestartPolicy.max_restarts_on_error
 _PRIORITY_CLASS = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
@@ -442,6 +443,13 @@ def jobspec_from_manifest(
     annotations = _mapping(metadata.get("annotations"), "metadata.annotations")
     annotated = _annotation_fields(annotations)
     fields.update(annotated)
+    retries = adapter.retries(manifest)
+    if retries is not None:
+        # The kind's own retries are turned off on the cluster; the author's count becomes
+        # Muster's restart budget for the job's errors (the whole gang restarts).
+        restart = dict(fields.get("restart") or {})
+        restart["max_restarts_on_error"] = min(retries[0], MAX_RESTARTS)
+        fields["restart"] = restart
     priority_class = _priority_class(manifest, metadata, drafts)
 
     if queue is not None:

@@ -187,6 +187,13 @@ def job_pods(job_spec: Mapping[str, Any], path: str) -> int:
     return min(parallelism, count(completions, f"{path}.completions", 1))
 
 
+def keep_ttl(parent: dict[str, Any], seconds: int) -> None:
+    """`ttlSecondsAfterFinished` for the agent's clean-up, unless the author set one."""
+    current = parent.get("ttlSecondsAfterFinished")
+    if not (isinstance(current, int) and not isinstance(current, bool) and current >= 0):
+        parent["ttlSecondsAfterFinished"] = seconds
+
+
 def ensure(parent: dict[str, Any], key: str) -> dict[str, Any]:
     """`parent[key]` as a dict, created (or replaced when null) if needed."""
     value = parent.get(key)

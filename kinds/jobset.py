@@ -14,6 +14,7 @@ from kinds.base import (
     condition_verdict,
     ensure,
     job_pods,
+    keep_ttl,
     listed,
     mapping,
     rename_hosts,
@@ -30,6 +31,7 @@ class JobSet(Adapter):
     podsets_doc = "the replicatedJob `name` (replicas x min(parallelism, completions) pods)"
     retries_doc = "`failurePolicy.maxRestarts: 0`, every Job `backoffLimit: 0`, pods `Never`"
     verdict_doc = "conditions `Completed` vs `Failed`"
+    retry_field = ("spec", "failurePolicy", "maxRestarts")
 
     def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
         spec = mapping(manifest.get("spec"), "spec", required=True)
@@ -72,7 +74,7 @@ class JobSet(Adapter):
         rename_hosts(self.templates(manifest), old, new, rjobs, 2, subdomain)
 
     def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
-        ensure(manifest, "spec")["ttlSecondsAfterFinished"] = seconds
+        keep_ttl(ensure(manifest, "spec"), seconds)
 
     def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
         return condition_verdict(f"JobSet {name}", status, ("Completed",), ("Failed",))

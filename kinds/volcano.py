@@ -13,6 +13,7 @@ from kinds.base import (
     Verdict,
     count,
     ensure,
+    keep_ttl,
     listed,
     mapping,
     rename_hosts,
@@ -38,6 +39,7 @@ class VolcanoJob(Adapter):
     podsets_doc = "the task `name` (`default` for a single unnamed task)"
     retries_doc = "job and task `policies`: `PodFailed`/`PodEvicted` -> `AbortJob`"
     verdict_doc = "`status.state.phase` (`Completed` vs `Failed`/`Aborted`/`Terminated`)"
+    retry_field = ("spec", "maxRetry")
 
     def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
         spec = mapping(manifest.get("spec"), "spec", required=True)
@@ -68,7 +70,7 @@ class VolcanoJob(Adapter):
                 ensure(ensure(task, "template"), "spec")["restartPolicy"] = "Never"
 
     def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
-        ensure(manifest, "spec")["ttlSecondsAfterFinished"] = seconds
+        keep_ttl(ensure(manifest, "spec"), seconds)
 
     def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
         state = status.get("state")

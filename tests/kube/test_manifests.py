@@ -598,3 +598,39 @@ spec:
         env = task["template"]["spec"]["containers"][0]["env"]
         (master,) = [e["value"] for e in env if e["name"] == "MASTER_ADDR"]
         assert master == f"{new}-master-0.{new}"
+
+
+def test_the_authors_lifecycle_settings_are_honoured() -> None:
+    """A RayJob's `ttlSecondsAfterFinished: 10` stays 10 (not the agent's 3600), and the
+    author's retry count becomes the job's restart budget: Muster turns the kind's own
+    retries off and restarts the whole gang that many times instead of its default 3."""
+    from pathlib import Path
+
+    import yaml
+
+    from broker.manifests import jobspec_from_manifest
+
+    root = Path(__file__).resolve().parents[2]
+    ray = yaml.safe_load((root / "examples" / "jobs" / "rayjob.yaml").read_text())
+    ray["spec"]["ttlSecondsAfterFinished"] = 10
+    ray["spec"]["backoffLimit"] = 0
+    plan = build_workload(
+        manifest_dispatch(json.dumps(ray), {"head": ["a"], "gpu-workers": ["b", "c"]}),
+        FLAVOR,
+        NS,
+        config=make_config(),  # the agent's ttl_seconds_after_finished: 3600
+    )
+    body = plan.objects[0].body
+    assert body["spec"]["ttlSecondsAfterFinished"] == 10
+    assert body["spec"]["backoffLimit"] == 0  # the kind's retries stay off
+    assert jobspec_from_manifest(ray).restart.max_restarts_on_error == 0
+
+    volcano = yaml.safe_load((root / "tests" / "cli" / "fixtures" / "volcano-job.yaml").read_text())
+    volcano["spec"]["maxRetry"] = 5
+    assert jobspec_from_manifest(volcano).restart.max_restarts_on_error == 5
+    jobset = yaml.safe_load(JOBSET_PYTORCH_YAML)
+    jobset["spec"]["failurePolicy"] = {"maxRestarts": 3}
+    assert jobspec_from_manifest(jobset).restart.max_restarts_on_error == 3
+    # nothing said: Muster's default budget
+    del volcano["spec"]["maxRetry"]
+    assert jobspec_from_manifest(volcano).restart.max_restarts_on_error == 3
