@@ -41,7 +41,7 @@ import yaml
 from kinds.adapter import Adapter
 from kinds.base import DOMAIN, LEGACY_DOMAIN, KindError, clip, mapping
 from kinds.demand import pod_demand
-from kinds.podgroup import group_pods
+from kinds.podgroup import group_pods, grouped
 from kinds.pods import PodPolicy, check_safety
 from kinds.registry import adapter_of
 from kinds.schema import check as check_fields
@@ -409,6 +409,8 @@ def jobspec_from_manifest(
         )
     try:
         adapter = adapter_of(manifest)
+        if grouped(manifest):  # one Pod of a Kueue pod group, sent on its own
+            group_pods([manifest])
     except KindError as exc:
         raise ManifestError(str(exc)) from None
     refusal, warned = check_fields(manifest, adapter.resource.plural)
@@ -543,7 +545,7 @@ def load_job_documents(
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError:
         docs = []
-    if len(docs) <= 1:
+    if len(docs) <= 1 and not (docs and grouped(docs[0])):
         return [load_job_document(text, queue=queue, job_id=job_id, source=source)]
     try:
         groups, rest = group_pods(docs)

@@ -634,3 +634,26 @@ def test_the_authors_lifecycle_settings_are_honoured() -> None:
     # nothing said: Muster's default budget
     del volcano["spec"]["maxRetry"]
     assert jobspec_from_manifest(volcano).restart.max_restarts_on_error == 3
+
+
+def test_one_pod_of_a_pod_group_on_its_own_is_refused() -> None:
+    """Kueue admits a pod group when all `pod-group-total-count` pods exist: one of them sent
+    alone must not run as a gang of one."""
+    from pathlib import Path
+
+    import yaml
+
+    from broker.manifests import ManifestError, load_job_documents
+    from broker.service import parse_submission
+    from schemas.codec import DecodeError
+
+    docs = list(
+        yaml.safe_load_all((Path(__file__).parent / "fixtures" / "pod-group.yaml").read_text())
+    )
+    pod = next(d for d in docs if d and d.get("kind") == "Pod")
+    with pytest.raises(
+        ManifestError, match=r"pod-group-total-count says \d+ pods but the file holds 1"
+    ):
+        load_job_documents(yaml.safe_dump(pod), source="pod.yaml")
+    with pytest.raises(DecodeError, match=r"says \d+ pods but the file holds 1"):
+        parse_submission(json.dumps(pod).encode(), 1 << 20, None)
