@@ -1256,6 +1256,18 @@ def _assemble(raw: dict[str, Any], importer: _Importer, source: str) -> LoadedCo
         raise ConfigError(f"{source}: {_explain(str(exc))}") from None
 
     aliases = {name: target for name, (target, _) in importer.aliases.items()}
+    queue_names = {q.name for q in config.queues}
+    for name, (target, ctx) in importer.aliases.items():
+        if name in queue_names and name != target:
+            # A Volcano queue and a Kueue LocalQueue of one name (two systems describing the
+            # same team): the queue keeps the name, as a job naming it reaches a queue either
+            # way; the ClusterQueue stays reachable by its own name.
+            del aliases[name]
+            importer.notes.append(
+                f"{ctx}: LocalQueue {name!r} has the name of the queue imported from another "
+                f"object; jobs naming {name!r} go to that queue, and ClusterQueue {target!r} is "
+                f"reached by its own name (or give it another alias under queue_aliases)"
+            )
     for alias, target in aliases_raw.items():
         aliases[str(alias)] = str(target)
     _check_references(config, aliases, source)

@@ -107,3 +107,20 @@ def test_a_volcano_podgroup_and_a_koord_queue_are_noted_not_refused() -> None:
     notes = "\n".join(loaded.notes)
     assert "(Queue pytorch-training-queue): skipped; Koord-Queue's Queue orders" in notes
     assert "(PodGroup pytorch-training-pg): skipped; a PodGroup is one job's gang" in notes
+
+
+def test_the_seeds_volcano_queue_and_kueue_localqueue_import_together() -> None:
+    """Both seed documents name a queue `ml-research-queue` (a Volcano Queue, a Kueue
+    LocalQueue): imported unchanged, the queue keeps the name and the LocalQueue is noted."""
+    names = (
+        "volcano-queue.yaml",
+        "kueue-resourceflavors.yaml",
+        "kueue-clusterqueue.yaml",
+        "kueue-localqueue.yaml",
+    )
+    loaded = parse_config("\n---\n".join(fixture_text(n) for n in names), source="seeds.yaml")
+    assert sorted(q.name for q in loaded.config.queues) == ["ml-cluster-queue", "ml-research-queue"]
+    assert "ml-research-queue" not in loaded.aliases
+    assert any(
+        "LocalQueue 'ml-research-queue' has the name of the queue" in n for n in loaded.notes
+    )
