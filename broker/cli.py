@@ -177,7 +177,7 @@ def print_json(obj: Any) -> None:
     typer.echo(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode())
 
 
-@app.command()
+@app.command(short_help="Submit a JobSpec or a Kubernetes job manifest.")
 @with_nats_auth
 def submit(
     file: Annotated[
@@ -230,7 +230,7 @@ def submit(
     )
 
 
-@app.command()
+@app.command(short_help="List jobs, or show one job.")
 @with_nats_auth
 def status(
     job: Annotated[str | None, typer.Argument(help="a job id; omit to list jobs")] = None,
@@ -337,7 +337,7 @@ def cancel(
     )
 
 
-@app.command()
+@app.command(short_help="Why a job waits, or where and why it runs.")
 @with_nats_auth
 def why(
     job: Annotated[str, typer.Argument(help="job id")],
@@ -351,7 +351,7 @@ def why(
     _show(nats_options(nats, auth), output, lambda c: c.why(job, timeout=timeout), why_view)
 
 
-@app.command()
+@app.command(short_help="Queues: jobs, usage against quota.")
 @with_nats_auth
 def queues(
     nats: NatsUrl = None,
@@ -364,7 +364,7 @@ def queues(
     _show(nats_options(nats, auth), output, lambda c: c.queues(timeout=timeout), queues_table)
 
 
-@app.command()
+@app.command(short_help="Clusters: health, flavors, free GPUs, prices.")
 @with_nats_auth
 def clusters(
     nats: NatsUrl = None,
@@ -377,7 +377,7 @@ def clusters(
     _show(nats_options(nats, auth), output, lambda c: c.clusters(timeout=timeout), clusters_table)
 
 
-@app.command()
+@app.command(short_help="Follow a job's events until it ends.")
 @with_nats_auth
 def watch(
     job: Annotated[str, typer.Argument(help="job id")],
@@ -431,7 +431,7 @@ _ENDED = frozenset({"succeeded", "failed", "cancelled"})
 # -- operator commands -------------------------------------------------------------------
 
 
-@app.command()
+@app.command(short_help="Run the broker.")
 @with_nats_auth
 def broker(
     config: Annotated[
@@ -495,7 +495,7 @@ def broker(
     )
 
 
-@app.command("config")
+@app.command("config", short_help="Check a broker config; print it resolved.")
 def config_cmd(
     file: Annotated[Path, typer.Argument(help="broker config YAML (may import Kueue/Volcano)")],
     output: Annotated[ConfigOutput, typer.Option("--output", "-o")] = ConfigOutput.yaml,
@@ -516,7 +516,7 @@ def config_cmd(
         typer.echo(config_to_yaml(loaded.config, loaded.aliases), nl=False)
 
 
-@app.command("nats-config")
+@app.command("nats-config", short_help="Print NATS users and permissions.")
 def nats_config_cmd(
     file: Annotated[
         Path | None, typer.Argument(help="broker config YAML, or a ConfigMap holding broker.yaml")

@@ -121,3 +121,13 @@ def test_a_queue_whose_quota_lists_no_flavor_says_it_admits_nothing() -> None:
     lines = {line.split()[0]: line.rstrip() for line in console.export_text().splitlines()[1:]}
     assert lines["open"].endswith("no quota (unlimited)")
     assert lines["closed"].endswith("no quota for any flavor: admits nothing")
+
+
+def test_help_summaries_of_the_job_commands_are_whole_at_80_columns() -> None:
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    commands = ("submit", "status", "cancel", "why", "queues", "clusters", "watch", "broker")
+    commands += ("config", "nats-config", "schema")
+    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("  ")}
+    for name in commands:
+        assert not lines[name].rstrip().endswith("..."), lines[name]
