@@ -121,7 +121,11 @@ def job_detail(job: JobView, now: float | None = None) -> Group:
     _row(head, "gpus", str(job.gpus))
     _row(head, "submitted", fmt_ago(job.submitted_at, now))
     if job.attempt:
-        _row(head, "attempt", f"{job.attempt} on {_where(job.cluster, job.flavor)}")
+        last = job.attempts[-1] if job.attempts else None
+        if job.cluster or last is None:
+            _row(head, "attempt", f"{job.attempt} on {_where(job.cluster, job.flavor)}")
+        else:  # ended: where its last attempt ran
+            _row(head, "attempt", f"{job.attempt}, last ran on {_where(last.cluster, last.flavor)}")
     if job.spec is not None and job.spec.gang:
         _row(
             head,

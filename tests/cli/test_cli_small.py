@@ -131,3 +131,19 @@ def test_help_summaries_of_the_job_commands_are_whole_at_80_columns() -> None:
     lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("  ")}
     for name in commands:
         assert not lines[name].rstrip().endswith("..."), lines[name]
+
+
+def test_a_finished_jobs_detail_says_where_its_last_attempt_ran() -> None:
+    from rich.console import Console
+
+    from broker.render import job_detail
+
+    from .samples import NOW, sample_job
+
+    job = msgspec.structs.replace(sample_job(state="succeeded"), cluster=None, flavor=None)
+    console = Console(width=200, record=True, color_system=None)
+    console.print(job_detail(job, now=NOW))
+    text = console.export_text()
+    last = job.attempts[-1]
+    assert f"last ran on {last.cluster}/{last.flavor}" in text
+    assert " on -" not in text
