@@ -99,6 +99,7 @@ class Snapshot:
             req.spot_exhausted,
             gang.total[0],
             req.checkpoint_interval_s,
+            req.spot_ok,
         )
         c = self.cands.get(key)
         if c is None:
@@ -116,6 +117,7 @@ def shape_of(req: GangRequest) -> Shape:
         req.capacity,
         req.spot_exhausted,
         req.checkpoint_interval_s,
+        req.spot_ok,
         req.avoid_pools,
         tuple(req.min_replicas.items()) if req.min_replicas else (),
     )

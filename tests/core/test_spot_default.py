@@ -155,3 +155,19 @@ def test_why_names_the_spot_fallback_rule_that_moved_a_job_to_on_demand() -> Non
     assert placed.message.endswith(
         "fell back to on-demand after 1 spot preemptions (spot.fallback_after_preemptions: 1)"
     )
+
+
+def test_jobs_alike_but_for_spot_ok_are_placed_apart_in_one_cycle() -> None:
+    """The cycle's memo of candidate pools must tell them apart (neither checkpoints; one may
+    use spot)."""
+    w = _world()
+    w.cluster("s", flavor=SPOT)
+    w.cluster("o", flavor=OD)
+    ckpt = w.submit("ok", labels={"muster.dev/spot-ok": "true"}, gpu=4)
+    plain = w.submit("plain", gpu=4)
+    where = {
+        e.command.job_id: f"{e.cluster}/{e.command.flavor}"
+        for e in w.cycle()
+        if isinstance(e, Send) and isinstance(e.command, Dispatch)
+    }
+    assert where == {ckpt: "s/spot", plain: "o/od"}
