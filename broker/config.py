@@ -600,12 +600,16 @@ class _Importer:
                 f"{ctx}: spec.preemption.borrowWithinCohort ignored; Muster never preempts to "
                 "borrow"
             )
-        for key in (
-            "admissionChecks",
-            "admissionChecksStrategy",
-            "admissionScope",
-            "flavorFungibility",
-        ):
+        fungibility = spec.get("flavorFungibility")
+        if isinstance(fungibility, Mapping):
+            for key, default in (("whenCanBorrow", "Borrow"), ("whenCanPreempt", "TryNextFlavor")):
+                value = fungibility.get(key)
+                if value not in (None, default):
+                    self.notes.append(
+                        f"{ctx}: spec.flavorFungibility.{key}: {value} imported as {default}: "
+                        "the next flavor in order is tried when one has no room"
+                    )
+        for key in ("admissionChecks", "admissionChecksStrategy", "admissionScope"):
             if spec.get(key):
                 self.notes.append(f"{ctx}: spec.{key} ignored (no equivalent)")
         if spec.get("namespaceSelector"):
@@ -616,6 +620,9 @@ class _Importer:
         if spec.get("stopPolicy") not in (None, "None"):
             self.notes.append(f"{ctx}: spec.stopPolicy ignored; the queue is active in Muster")
         queue["quotas"] = self._resource_groups(spec, ctx)
+        order = list(dict.fromkeys(q["flavor"] for q in queue["quotas"]))
+        if len(order) > 1:  # Kueue tries a ClusterQueue's flavors in the order listed
+            queue["flavor_order"] = order
         self._put(self.queues, name, queue, ctx, "queue")
 
     def _kueue_cohort(

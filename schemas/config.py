@@ -62,6 +62,9 @@ class QueueConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     # they take on-demand first (a reclaim loses all their work) and spot only when no
     # on-demand pool could ever host them.
     spot_without_checkpoint: bool = False
+    # Flavor classes in the order the queue prefers them (a Kueue ClusterQueue's flavor list):
+    # the first with room wins, cost decides only among pools of one class. Empty: by cost.
+    flavor_order: Annotated[list[DnsLabel], Meta(max_length=64)] = []
 
 
 class CohortConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

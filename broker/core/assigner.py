@@ -84,7 +84,7 @@ class Snapshot:
     # (node, podset, GPUs, checkpoint interval) -> the placement of that one replica there
     lone: dict[tuple[Node, str, int, float | None], Placement] = field(default_factory=dict)
     # shape -> its candidates (a shape decides the key of `cands`; saves building that key)
-    by_shape: dict[Shape, Candidates] = field(default_factory=dict)
+    by_shape: dict[object, Candidates] = field(default_factory=dict)
 
     def gang(self, podsets: tuple[PodSetDemand, ...]) -> Gang:
         g = self.gangs.get(podsets)
@@ -93,6 +93,8 @@ class Snapshot:
         return g
 
     def candidates(self, req: GangRequest, gang: Gang) -> Candidates:
+        qs = self.book.queues.get(req.queue)
+        order = qs.config.flavor_order if qs is not None else []
         key: Shape = (
             req.gpu_types,
             req.capacity,
@@ -100,11 +102,12 @@ class Snapshot:
             gang.total[0],
             req.checkpoint_interval_s,
             req.spot_ok,
+            req.queue if order else "",
         )
         c = self.cands.get(key)
         if c is None:
             c = self.cands[key] = build_candidates(
-                self.inv, req, gang.total[0], self.rate_of, self.risk_weight
+                self.inv, req, gang.total[0], self.rate_of, self.risk_weight, order
             )
         return c
 
@@ -203,9 +206,11 @@ def _assign(
         hit = snap.queue_fail.get((qs.name, shape))
     if hit is not None:
         return hit
-    cands = snap.by_shape.get(shape)
+    # a queue with a flavor order has candidates of its own
+    key = (qs.name, shape) if qs.config.flavor_order else shape
+    cands = snap.by_shape.get(key)
     if cands is None:
-        cands = snap.by_shape[shape] = snap.candidates(req, gang)
+        cands = snap.by_shape[key] = snap.candidates(req, gang)
     book = snap.book
     claimed = snap.claimed
     clusters = snap.inv.clusters

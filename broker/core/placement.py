@@ -126,7 +126,11 @@ def build_candidates(
     gpus: int,
     rate_of: Callable[[PoolKey], float],
     risk_weight: float,
+    flavor_order: Sequence[str] = (),
 ) -> Candidates:
+    """`flavor_order`: the queue's preferred flavor classes, first to last (a Kueue
+    ClusterQueue's flavor list); within a capacity rank it comes before cost."""
+    prefer = {cls: i for i, cls in enumerate(flavor_order)}
     scored: list[tuple[int, float, str, str, Pool]] = []
     matching = unhealthy = 0
     spot_pools: list[Pool] = []
@@ -150,17 +154,26 @@ def build_candidates(
                 p.price, gpus, rate, nodes, req.checkpoint_interval_s, risk_weight
             )
             scored.append((rank, cost, p.cluster, p.name, p))
-    scored.sort(key=lambda t: (t[0], t[1], t[2], t[3]))
+    last = len(prefer)
+    scored.sort(key=lambda t: (t[0], prefer.get(t[4].flavor_class, last), t[1], t[2], t[3]))
     groups: list[list[Pool]] = []
     ranks: list[int] = []
     base = 0.0
+    tier = -1
     for rank, cost, _, _, p in scored:
-        if groups and ranks[-1] == rank and cost <= base * (1.0 + COST_TIE) + 1e-12:
+        here = prefer.get(p.flavor_class, last)
+        if (
+            groups
+            and ranks[-1] == rank
+            and here == tier
+            and cost <= base * (1.0 + COST_TIE) + 1e-12
+        ):
             groups[-1].append(p)
         else:
             groups.append([p])
             ranks.append(rank)
             base = cost
+            tier = here
     return Candidates(groups, ranks, [list(g) for g in groups], matching, unhealthy, spot_pools)
 
 

@@ -192,7 +192,9 @@ class JobViews:
         elif record.state == "preempting":
             waiting_for = "checkpoint"
         else:
-            reasons.extend(_placement_reasons(record))
+            queues = {q.name: q for q in self._scheduler.config.queues}
+            order = queues[record.queue].flavor_order if record.queue in queues else []
+            reasons.extend(_placement_reasons(record, order))
         return WhyView(
             job_id=job_id,
             state=record.state,
@@ -231,8 +233,9 @@ class JobViews:
         return self._lifecycle.live_count()
 
 
-def _placement_reasons(record: JobRecord) -> list[PendingReason]:
-    """Why a job that is placed (or has ended) got its pool, or how it ended."""
+def _placement_reasons(record: JobRecord, order: list[str]) -> list[PendingReason]:
+    """Why a job that is placed (or has ended) got its pool, or how it ended. `order`: its
+    queue's flavor order (Kueue's), which comes before cost."""
     last = record.attempts[-1] if record.attempts else None
     if record.state in ("succeeded", "failed", "cancelled"):
         where = (
@@ -256,6 +259,13 @@ def _placement_reasons(record: JobRecord) -> list[PendingReason]:
         why = (
             "the job writes no checkpoint, so it takes on-demand before spot (give it a "
             "checkpoint, or label muster.dev/spot-ok, or set its queue's spot_without_checkpoint)"
+        )
+    elif last.flavor_class in order:
+        rank = order.index(last.flavor_class)
+        why = (
+            f"flavor class {last.flavor_class} is #{rank + 1} in queue {record.queue}'s flavor "
+            f"order ({', '.join(order)}): "
+            + ("its first choice" if rank == 0 else "the ones before it had no room")
         )
     else:
         why = "the lowest expected cost per hour among the pools with room (price and spot risk)"

@@ -74,6 +74,7 @@ SEED_KUEUE = BrokerConfig(
             preemption=PreemptionPolicy(
                 within_queue="LowerPriority", reclaim_within_cohort="LowerPriority"
             ),
+            flavor_order=["gpu-a100", "gpu-t4-spot"],  # Kueue tries them in this order
         )
     ],
     flavors=[
