@@ -148,6 +148,12 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     # A manifest's `priorityClassName` / `kueue.x-k8s.io/priority-class` -> the job's priority
     # (also imported from PriorityClass and WorkloadPriorityClass objects).
     priority_classes: dict[PriorityClassName, PriorityValue] = {}
+    # The service accounts a manifest may name (`serviceAccountName`), as the agents'
+    # `allowed_service_accounts` (default `default`): refused at submission, not at dispatch.
+    # None: not checked here.
+    workload_service_accounts: Annotated[list[DnsLabel], Meta(max_length=256)] | None = (
+        msgspec.field(default_factory=lambda: ["default"])
+    )
 
     def __post_init__(self) -> None:
         names = [q.name for q in self.queues]

@@ -171,3 +171,39 @@ def test_jobs_alike_but_for_spot_ok_are_placed_apart_in_one_cycle() -> None:
         if isinstance(e, Send) and isinstance(e.command, Dispatch)
     }
     assert where == {ckpt: "s/spot", plain: "o/od"}
+
+
+def test_a_service_account_the_agents_refuse_is_refused_at_submission() -> None:
+    """The agents allow `default` unless configured otherwise; the broker says so at submit,
+    not as a failed dispatch later."""
+    from broker.core.effects import split_reply
+    from broker.core.inputs import SubmitJob
+    from schemas.job import JobSpec, PodSet, Workload
+
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"serviceAccountName": "trainer", "containers": [{"name": "c", "image": "i"}]},
+    }
+
+    def submit(config: BrokerConfig) -> Any:
+        m = Machine(config, epoch=3)
+        spec = JobSpec(
+            name="p",
+            gang=[PodSet(name="pod", gpu=0)],
+            workload=Workload(kind="manifest", manifest=pod),
+        )
+        reply, _ = split_reply(m.handle(SubmitJob(spec, subject_queue="q"), 0.0))
+        return reply
+
+    reply = submit(BrokerConfig(queues=[QueueConfig(name="q")]))
+    assert not reply.accepted
+    assert reply.error.startswith(
+        "spec.serviceAccountName: service account 'trainer' is not one the clusters' agents "
+        "allow (workload_service_accounts: default)"
+    )
+    allowed = BrokerConfig(
+        queues=[QueueConfig(name="q")], workload_service_accounts=["default", "trainer"]
+    )
+    assert submit(allowed).accepted
