@@ -14,7 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 import msgspec
 import typer
@@ -37,6 +37,7 @@ from broker.render import (
     why_view,
 )
 from schemas.api import (
+    JobState,
     JobView,
     SubmitReply,
 )
@@ -108,6 +109,32 @@ class State(StrEnum):
     cancelled = "cancelled"
 
 
+# Words people use for a state, as kubectl and Kueue say them.
+STATE_ALIASES = {
+    "pending": "queued",
+    "waiting": "queued",
+    "canceled": "cancelled",
+    "complete": "succeeded",
+    "completed": "succeeded",
+    "error": "failed",
+}
+
+
+def _state(text: str | None) -> str | None:
+    """A job state from what the user typed (case-insensitive; aliases such as `pending`); a
+    usage error listing the states otherwise."""
+    if text is None:
+        return None
+    word = text.strip().lower()
+    word = STATE_ALIASES.get(word, word)
+    if word not in State.__members__:
+        known = ", ".join(s.value for s in State)
+        raise typer.BadParameter(
+            f"{text!r} is not a job state; use one of: {known} (pending = queued)"
+        )
+    return word
+
+
 # -- shared options ----------------------------------------------------------------------
 
 OutputOpt = Annotated[
@@ -150,7 +177,7 @@ def print_json(obj: Any) -> None:
     typer.echo(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode())
 
 
-@app.command()
+@app.command(short_help="Submit a JobSpec or a Kubernetes job manifest.")
 @with_nats_auth
 def submit(
     file: Annotated[
@@ -203,12 +230,19 @@ def submit(
     )
 
 
-@app.command()
+@app.command(short_help="List jobs, or show one job.")
 @with_nats_auth
 def status(
     job: Annotated[str | None, typer.Argument(help="a job id; omit to list jobs")] = None,
     queue: Annotated[str | None, typer.Option("--queue", "-q", help="only this queue")] = None,
-    state: Annotated[State | None, typer.Option("--state", help="only this state")] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state",
+            help="only this state: " + ", ".join(s.value for s in State) + " (pending = queued)",
+            callback=_state,
+        ),
+    ] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="only this cluster")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 1000,
     watch: Annotated[
@@ -225,6 +259,7 @@ def status(
 ) -> None:
     """List jobs (REASON says why a queued job waits), or show one job: state, attempts,
     accounting, latest checkpoint. --cluster matches jobs that run or ran there."""
+    wanted = cast(JobState | None, state)
     opts = nats_options(nats, auth)
     if job is not None and not watch:
         _show(opts, output, lambda c: c.get(job, timeout=timeout), job_detail)
@@ -233,7 +268,7 @@ def status(
     def fetch(c: MusterClient) -> Awaitable[list[JobView]]:
         return c.list(
             queue=queue,
-            state=state.value if state else None,
+            state=wanted,
             cluster=cluster,
             limit=limit,
             timeout=timeout,
@@ -281,16 +316,28 @@ def cancel(
     *,
     auth: NatsAuth,
 ) -> None:
-    """Cancel a job (its running attempt is stopped)."""
+    """Cancel a job (its running attempt is stopped). Cancelling a cancelled job succeeds."""
+
+    async def cancel_once(c: MusterClient) -> JobView:
+        """Idempotent, as `kubectl delete --ignore-not-found`: a job already cancelled is
+        what was asked for (exit 0); one that succeeded or failed is an error (exit 1)."""
+        try:
+            return await c.cancel(job, reason, timeout=timeout)
+        except MusterError:
+            view = await c.get(job, timeout=timeout)
+            if view.state != "cancelled":
+                raise
+            return view
+
     _show(
         nats_options(nats, auth),
         output,
-        lambda c: c.cancel(job, reason, timeout=timeout),
+        cancel_once,
         lambda view: Text.assemble(f"job {view.job_id} is ", state_text(view.state)),
     )
 
 
-@app.command()
+@app.command(short_help="Why a job waits, or where and why it runs.")
 @with_nats_auth
 def why(
     job: Annotated[str, typer.Argument(help="job id")],
@@ -304,7 +351,7 @@ def why(
     _show(nats_options(nats, auth), output, lambda c: c.why(job, timeout=timeout), why_view)
 
 
-@app.command()
+@app.command(short_help="Queues: jobs, usage against quota.")
 @with_nats_auth
 def queues(
     nats: NatsUrl = None,
@@ -317,7 +364,7 @@ def queues(
     _show(nats_options(nats, auth), output, lambda c: c.queues(timeout=timeout), queues_table)
 
 
-@app.command()
+@app.command(short_help="Clusters: health, flavors, free GPUs, prices.")
 @with_nats_auth
 def clusters(
     nats: NatsUrl = None,
@@ -330,7 +377,7 @@ def clusters(
     _show(nats_options(nats, auth), output, lambda c: c.clusters(timeout=timeout), clusters_table)
 
 
-@app.command()
+@app.command(short_help="Follow a job's events until it ends.")
 @with_nats_auth
 def watch(
     job: Annotated[str, typer.Argument(help="job id")],
@@ -384,7 +431,7 @@ _ENDED = frozenset({"succeeded", "failed", "cancelled"})
 # -- operator commands -------------------------------------------------------------------
 
 
-@app.command()
+@app.command(short_help="Run the broker.")
 @with_nats_auth
 def broker(
     config: Annotated[
@@ -504,7 +551,7 @@ def store_compact(
     _run(run())
 
 
-@app.command("config")
+@app.command("config", short_help="Check a broker config; print it resolved.")
 def config_cmd(
     file: Annotated[Path, typer.Argument(help="broker config YAML (may import Kueue/Volcano)")],
     output: Annotated[ConfigOutput, typer.Option("--output", "-o")] = ConfigOutput.yaml,
@@ -525,7 +572,7 @@ def config_cmd(
         typer.echo(config_to_yaml(loaded.config, loaded.aliases), nl=False)
 
 
-@app.command("nats-config")
+@app.command("nats-config", short_help="Print NATS users and permissions.")
 def nats_config_cmd(
     file: Annotated[
         Path | None, typer.Argument(help="broker config YAML, or a ConfigMap holding broker.yaml")

@@ -76,6 +76,21 @@ _decode_queues = json_decoder(ApiReply[list[QueueView]], "reply")
 _decode_clusters = json_decoder(ApiReply[list[ClusterView]], "reply")
 
 
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def _check_schemes(url: str) -> None:
+    """A URL NATS cannot speak (an `http://` one, say) fails with that, not with a DNS error."""
+    for one in url.split(","):
+        scheme, sep, rest = one.strip().partition("://")
+        if sep and scheme.lower() not in NATS_SCHEMES:
+            raise MusterError(
+                f"--nats {one.strip()}: {scheme}:// is not a NATS URL; use nats://{rest} "
+                f"(or tls://, ws://, wss://), the address of the NATS server, not of the "
+                "dashboard or an HTTP monitor"
+            )
+
+
 class MusterError(Exception):
     """A request Muster refused or could not answer; `str()` says what to do."""
 
@@ -117,6 +132,7 @@ class MusterClient:
         if self._nc is not None and self._nc.is_connected:
             return self
         options = self._opts or NatsOptions(url=resolve_nats_url(None))
+        _check_schemes(options.url)
         kwargs = options.connect_kwargs()
         # A CLI must not hang: the first connect gets two quick tries; once connected, a blip
         # is ridden out by reconnecting for about half a minute.

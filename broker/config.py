@@ -40,7 +40,7 @@ import msgspec
 import yaml
 
 from broker.manifests import capacity_type_from_labels, gpu_type_from_labels, is_manifest
-from schemas.codec import DecodeError, convert_config
+from schemas.codec import DecodeError, convert_config, every_field
 from schemas.config import BrokerConfig
 from schemas.fieldhints import explain
 from schemas.quantity import QuantityError, cpu_milli, memory_bytes, parse_quantity
@@ -150,6 +150,20 @@ _KUEUE_IGNORED = {
     "ProvisioningRequestConfig",
     "Topology",
     "Workload",
+}
+
+
+# Objects that come with the imported ones but configure no queue: noted and skipped.
+_SKIPPED = {
+    ("scheduling.x-k8s.io", "Queue"): (
+        "Koord-Queue's Queue orders the jobs of its quotas (queuePolicy Priority: higher "
+        "priority first), as every Muster queue does (priority, then submission order); the "
+        "quotas themselves come from the ElasticQuota objects"
+    ),
+    ("scheduling.volcano.sh", "PodGroup"): (
+        "a PodGroup is one job's gang, not a queue; submit the job itself (`muster submit`) "
+        "and Muster derives the gang from it"
+    ),
 }
 
 
@@ -438,6 +452,10 @@ class _Importer:
             if group == "kueue.x-k8s.io" and kind in _KUEUE_IGNORED:
                 self.notes.append(f"{ctx}: ignored; Muster has no equivalent of a Kueue {kind}")
                 return
+            skipped = _SKIPPED.get((group, kind))
+            if skipped is not None:
+                self.notes.append(f"{ctx}: skipped; {skipped}")
+                return
             raise ConfigError(
                 f"{ctx}: {api_version} {kind} is not a config object Muster imports; supported: "
                 "Kueue ResourceFlavor/ClusterQueue/LocalQueue/Cohort/WorkloadPriorityClass, "
@@ -582,12 +600,16 @@ class _Importer:
                 f"{ctx}: spec.preemption.borrowWithinCohort ignored; Muster never preempts to "
                 "borrow"
             )
-        for key in (
-            "admissionChecks",
-            "admissionChecksStrategy",
-            "admissionScope",
-            "flavorFungibility",
-        ):
+        fungibility = spec.get("flavorFungibility")
+        if isinstance(fungibility, Mapping):
+            for key, default in (("whenCanBorrow", "Borrow"), ("whenCanPreempt", "TryNextFlavor")):
+                value = fungibility.get(key)
+                if value not in (None, default):
+                    self.notes.append(
+                        f"{ctx}: spec.flavorFungibility.{key}: {value} imported as {default}: "
+                        "the next flavor in order is tried when one has no room"
+                    )
+        for key in ("admissionChecks", "admissionChecksStrategy", "admissionScope"):
             if spec.get(key):
                 self.notes.append(f"{ctx}: spec.{key} ignored (no equivalent)")
         if spec.get("namespaceSelector"):
@@ -598,6 +620,9 @@ class _Importer:
         if spec.get("stopPolicy") not in (None, "None"):
             self.notes.append(f"{ctx}: spec.stopPolicy ignored; the queue is active in Muster")
         queue["quotas"] = self._resource_groups(spec, ctx)
+        order = list(dict.fromkeys(q["flavor"] for q in queue["quotas"]))
+        if len(order) > 1:  # Kueue tries a ClusterQueue's flavors in the order listed
+            queue["flavor_order"] = order
         self._put(self.queues, name, queue, ctx, "queue")
 
     def _kueue_cohort(
@@ -1238,6 +1263,18 @@ def _assemble(raw: dict[str, Any], importer: _Importer, source: str) -> LoadedCo
         raise ConfigError(f"{source}: {_explain(str(exc))}") from None
 
     aliases = {name: target for name, (target, _) in importer.aliases.items()}
+    queue_names = {q.name for q in config.queues}
+    for name, (target, ctx) in importer.aliases.items():
+        if name in queue_names and name != target:
+            # A Volcano queue and a Kueue LocalQueue of one name (two systems describing the
+            # same team): the queue keeps the name, as a job naming it reaches a queue either
+            # way; the ClusterQueue stays reachable by its own name.
+            del aliases[name]
+            importer.notes.append(
+                f"{ctx}: LocalQueue {name!r} has the name of the queue imported from another "
+                f"object; jobs naming {name!r} go to that queue, and ClusterQueue {target!r} is "
+                f"reached by its own name (or give it another alias under queue_aliases)"
+            )
     for alias, target in aliases_raw.items():
         aliases[str(alias)] = str(target)
     _check_references(config, aliases, source)
@@ -1312,10 +1349,10 @@ def _explain(message: str) -> str:
 def config_to_yaml(config: BrokerConfig, aliases: Mapping[str, str] | None = None) -> str:
     """The config as Muster YAML (cpu in millicores written as quantities), for `muster
     config`."""
-    data = msgspec.to_builtins(config)
+    # Every setting, defaults included: what the broker will do is what it prints (a queue's
+    # preemption policies, say, whose defaults differ from Kueue's).
+    data = every_field(config, drop_none=True)
     for queue in [*data.get("queues", []), *data.get("cohorts", [])]:
-        if queue.get("preemption") == {}:
-            del queue["preemption"]
         for fq in queue.get("quotas") or []:
             for res, rq in fq.get("resources", {}).items():
                 for key in _QUOTA_FIELDS:

@@ -10,9 +10,10 @@ a partial gang: Muster reserves every replica, which is always enough to satisfy
 minimum. The declared value is kept in the JobSpec label `muster.dev/min-available` so nothing is
 lost. Elastic PyTorchJobs (`elasticPolicy`) are admitted at their `replicas` count likewise.
 
-Queue: the `queue` argument wins; otherwise the `kueue.x-k8s.io/queue-name` label, the kind's
-own queue field (Volcano's `spec.queue`, Kubeflow's `runPolicy.schedulingPolicy.queue`), or
-Koordinator's `scheduling.x-k8s.io/queue` annotation, in that order.
+Queue: the `queue` argument wins; otherwise the `kueue.x-k8s.io/queue-name` label,
+Koordinator's `quota.scheduling.koordinator.sh/name` label, the kind's own queue field
+(Volcano's `spec.queue`, Kubeflow's `runPolicy.schedulingPolicy.queue`), or Koordinator's
+`scheduling.x-k8s.io/queue` annotation, in that order.
 
 Priority class: Kueue's `kueue.x-k8s.io/priority-class` label, Volcano's `spec.priorityClassName`
 or the pod templates' `priorityClassName` is kept as the label `muster.dev/priority-class`; the
@@ -40,7 +41,7 @@ import yaml
 from kinds.adapter import Adapter
 from kinds.base import DOMAIN, LEGACY_DOMAIN, KindError, clip, mapping
 from kinds.demand import pod_demand
-from kinds.podgroup import group_pods
+from kinds.podgroup import group_pods, grouped
 from kinds.pods import PodPolicy, check_safety
 from kinds.registry import adapter_of
 from kinds.schema import check as check_fields
@@ -62,6 +63,8 @@ __all__ = [
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KOORD_QUEUE_ANNOTATION = "scheduling.x-k8s.io/queue"
+# Koordinator's ElasticQuota a pod is charged to (an imported quota is a Muster queue).
+KOORD_QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
 KOORD_PRIORITY_ANNOTATION = "scheduling.x-k8s.io/priority"
 ANNOTATION_PREFIX = f"{DOMAIN}/"
 LEGACY_ANNOTATION_PREFIX = f"{LEGACY_DOMAIN}/"
@@ -76,6 +79,7 @@ KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 UNKNOWN_FIELDS_LABEL = f"{DOMAIN}/unknown-fields"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_RESTARTS = 1000  # schemas.job.RestartPolicy.max_restarts_on_error
 _PRIORITY_CLASS = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
@@ -320,6 +324,7 @@ def _manifest_queue(
     annotations = _mapping(metadata.get("annotations"), "metadata.annotations")
     candidates: list[tuple[Any, str]] = [
         (labels.get(QUEUE_LABEL), f"metadata.labels[{QUEUE_LABEL}]"),
+        (labels.get(KOORD_QUOTA_LABEL), f"metadata.labels[{KOORD_QUOTA_LABEL}]"),
     ]
     own = adapter.queue(manifest)
     if own is not None:
@@ -404,6 +409,8 @@ def jobspec_from_manifest(
         )
     try:
         adapter = adapter_of(manifest)
+        if grouped(manifest):  # one Pod of a Kueue pod group, sent on its own
+            group_pods([manifest])
     except KindError as exc:
         raise ManifestError(str(exc)) from None
     refusal, warned = check_fields(manifest, adapter.resource.plural)
@@ -438,6 +445,13 @@ def jobspec_from_manifest(
     annotations = _mapping(metadata.get("annotations"), "metadata.annotations")
     annotated = _annotation_fields(annotations)
     fields.update(annotated)
+    retries = adapter.retries(manifest)
+    if retries is not None:
+        # The kind's own retries are turned off on the cluster; the author's count becomes
+        # Muster's restart budget for the job's errors (the whole gang restarts).
+        restart = dict(fields.get("restart") or {})
+        restart["max_restarts_on_error"] = min(retries[0], MAX_RESTARTS)
+        fields["restart"] = restart
     priority_class = _priority_class(manifest, metadata, drafts)
 
     if queue is not None:
@@ -531,7 +545,7 @@ def load_job_documents(
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError:
         docs = []
-    if len(docs) <= 1:
+    if len(docs) <= 1 and not (docs and grouped(docs[0])):
         return [load_job_document(text, queue=queue, job_id=job_id, source=source)]
     try:
         groups, rest = group_pods(docs)

@@ -121,7 +121,11 @@ def job_detail(job: JobView, now: float | None = None) -> Group:
     _row(head, "gpus", str(job.gpus))
     _row(head, "submitted", fmt_ago(job.submitted_at, now))
     if job.attempt:
-        _row(head, "attempt", f"{job.attempt} on {_where(job.cluster, job.flavor)}")
+        last = job.attempts[-1] if job.attempts else None
+        if job.cluster or last is None:
+            _row(head, "attempt", f"{job.attempt} on {_where(job.cluster, job.flavor)}")
+        else:  # ended: where its last attempt ran
+            _row(head, "attempt", f"{job.attempt}, last ran on {_where(last.cluster, last.flavor)}")
     if job.spec is not None and job.spec.gang:
         _row(
             head,
@@ -185,7 +189,10 @@ def job_detail(job: JobView, now: float | None = None) -> Group:
 def why_view(why: WhyView) -> Group:
     """`muster why JOB`: position, what it waits for, and per cluster x flavor what binds."""
     lines: list[RenderableType] = []
-    head = Text.assemble((why.job_id, "bold"), " is ", state_text(why.state))
+    ended = why.state in ("succeeded", "failed", "cancelled")
+    head = Text.assemble(
+        (why.job_id, "bold"), " has ended: " if ended else " is ", state_text(why.state)
+    )
     if why.position is not None:
         where = f" in queue {why.queue}" if why.queue else " in its queue"
         ahead = "at the head" if why.position == 0 else f"{why.position} ahead of it"
@@ -268,7 +275,10 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
             str(q.pending),
             str(q.admitted),
             f"{q.dominant_share:.0%}",
-            "; ".join(usage) or "no quota (unlimited)",
+            "; ".join(usage)
+            or (
+                "no quota (unlimited)" if q.unlimited else "no quota for any flavor: admits nothing"
+            ),
         )
     return table
 

@@ -22,6 +22,9 @@ class Adapter:
     leaders: frozenset[str] = frozenset()
     # Podset order in the derived gang: these first, in this order, then the rest as written.
     order: tuple[str, ...] = ()
+    # Where the author's own retry count lives (`spec.backoffLimit`, ...): Muster turns the
+    # kind's retries off and restarts the whole gang that many times instead.
+    retry_field: tuple[str, ...] = ()
 
     @property
     def created(self) -> Resource:
@@ -44,8 +47,22 @@ class Adapter:
     def disable_retries(self, manifest: dict[str, Any]) -> None:
         """Make one failed replica fail the object: Muster's restart budget decides."""
 
+    def rename(self, manifest: dict[str, Any], old: str, new: str) -> None:
+        """The object is created as `new`, not the author's `old`: rewrite what the author
+        hard-coded from the old name (pod hostnames in env, command and args)."""
+
     def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
-        """Let the kind delete a finished object after `seconds` (no-op: Muster's own GC)."""
+        """Let the kind delete a finished object after `seconds` (no-op: Muster's own GC);
+        a TTL the author set is kept."""
+
+    def retries(self, manifest: Mapping[str, Any]) -> tuple[int, str] | None:
+        """The author's retry count and its field path, when the manifest sets one."""
+        value: Any = manifest
+        for key in self.retry_field:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value, ".".join(self.retry_field)
+        return None
 
     def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
         """Succeeded / failed by the object's own status; None while it runs."""

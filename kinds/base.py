@@ -7,7 +7,7 @@ Pure data and functions (no I/O), importable by the broker and the agent alike.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 # One domain for every label and annotation Muster writes or reads. `muster.io/` was the
@@ -187,6 +187,13 @@ def job_pods(job_spec: Mapping[str, Any], path: str) -> int:
     return min(parallelism, count(completions, f"{path}.completions", 1))
 
 
+def keep_ttl(parent: dict[str, Any], seconds: int) -> None:
+    """`ttlSecondsAfterFinished` for the agent's clean-up, unless the author set one."""
+    current = parent.get("ttlSecondsAfterFinished")
+    if not (isinstance(current, int) and not isinstance(current, bool) and current >= 0):
+        parent["ttlSecondsAfterFinished"] = seconds
+
+
 def ensure(parent: dict[str, Any], key: str) -> dict[str, Any]:
     """`parent[key]` as a dict, created (or replaced when null) if needed."""
     value = parent.get(key)
@@ -234,3 +241,56 @@ def verdict_reason(what: str, state: str, reason: Any, message: Any) -> str:
     if message:
         text += f": {message}"
     return clip(text)
+
+
+def rewrite_strings(
+    template: Mapping[str, Any], pattern: re.Pattern[str], fix: Callable[[re.Match[str]], str]
+) -> None:
+    """Apply `pattern` -> `fix` to every container's env values, command and args (init
+    containers too) of a pod template, in place."""
+    spec = template.get("spec")
+    if not isinstance(spec, Mapping):
+        return
+    for key in ("initContainers", "containers"):
+        for c in spec.get(key) or ():
+            if not isinstance(c, dict):
+                continue
+            for env in c.get("env") or ():
+                if isinstance(env, dict) and isinstance(env.get("value"), str):
+                    env["value"] = pattern.sub(fix, env["value"])
+            for field in ("command", "args"):
+                words = c.get(field)
+                if isinstance(words, list):
+                    c[field] = [pattern.sub(fix, w) if isinstance(w, str) else w for w in words]
+
+
+def rename_hosts(
+    templates: Iterable[PodTemplate],
+    old: str,
+    new: str,
+    groups: Iterable[str],
+    indexes: int,
+    subdomain: str | None,
+) -> None:
+    """Rewrite pod hostnames `<old>-<group>(-<index>){indexes}[.<subdomain>]` that an author
+    hard-coded into `<new>-...`: the subdomain follows too when it defaulted to the object's
+    name (`subdomain` None), and stays when the author set it."""
+    names = "|".join(re.escape(g) for g in sorted(set(groups), key=len, reverse=True) if g)
+    if not names or old == new:
+        return
+    numbers = r"-\d+" * indexes
+    host = re.compile(
+        rf"(?<![a-z0-9.-]){re.escape(old)}-(?:{names}){numbers}"
+        rf"(\.{re.escape(subdomain or old)})?(?![a-z0-9-])"
+    )
+
+    def fix(m: re.Match[str]) -> str:
+        text = m.group(0)
+        domain = m.group(1)
+        stem = text[len(old) : len(text) - len(domain or "")]
+        if domain is not None and subdomain is None:
+            domain = f".{new}"
+        return f"{new}{stem}{domain or ''}"
+
+    for t in templates:
+        rewrite_strings(t.template, host, fix)

@@ -18,6 +18,7 @@ from kinds.base import (
     condition_verdict,
     ensure,
     job_pods,
+    keep_ttl,
     mapping,
     template_at,
 )
@@ -50,6 +51,7 @@ class BatchJob(Adapter):
     podsets_doc = "`worker` (min(parallelism, completions) pods)"
     retries_doc = "`backoffLimit: 0`, pod `restartPolicy: Never`"
     verdict_doc = "conditions `Complete`/`SuccessCriteriaMet` vs `Failed`/`FailureTarget`"
+    retry_field = ("spec", "backoffLimit")
 
     def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
         spec = mapping(manifest.get("spec"), "spec", required=True)
@@ -62,7 +64,7 @@ class BatchJob(Adapter):
         ensure(ensure(spec, "template"), "spec")["restartPolicy"] = "Never"
 
     def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
-        ensure(manifest, "spec")["ttlSecondsAfterFinished"] = seconds
+        keep_ttl(ensure(manifest, "spec"), seconds)
 
     def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
         return condition_verdict(

@@ -14,8 +14,10 @@ from kinds.base import (
     condition_verdict,
     ensure,
     job_pods,
+    keep_ttl,
     listed,
     mapping,
+    rename_hosts,
     replica_rows,
     template_at,
 )
@@ -29,6 +31,7 @@ class JobSet(Adapter):
     podsets_doc = "the replicatedJob `name` (replicas x min(parallelism, completions) pods)"
     retries_doc = "`failurePolicy.maxRestarts: 0`, every Job `backoffLimit: 0`, pods `Never`"
     verdict_doc = "conditions `Completed` vs `Failed`"
+    retry_field = ("spec", "failurePolicy", "maxRestarts")
 
     def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
         spec = mapping(manifest.get("spec"), "spec", required=True)
@@ -56,8 +59,22 @@ class JobSet(Adapter):
                 job_spec["backoffLimit"] = 0
                 ensure(ensure(job_spec, "template"), "spec")["restartPolicy"] = "Never"
 
+    def rename(self, manifest: dict[str, Any], old: str, new: str) -> None:
+        """Pods of a JobSet are `<jobset>-<replicatedJob>-<job index>-<pod index>` in the
+        subdomain `spec.network.subdomain` (default: the JobSet's name): an author's
+        `MASTER_ADDR=pytorch-workers-0-0.pytorch` must follow the rename, or rendezvous fails."""
+        spec = manifest.get("spec")
+        if not isinstance(spec, dict) or old == new:
+            return
+        network = spec.get("network")
+        subdomain = network.get("subdomain") if isinstance(network, dict) else None
+        rjobs = [
+            str(r.get("name")) for r in spec.get("replicatedJobs") or [] if isinstance(r, dict)
+        ]
+        rename_hosts(self.templates(manifest), old, new, rjobs, 2, subdomain)
+
     def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
-        ensure(manifest, "spec")["ttlSecondsAfterFinished"] = seconds
+        keep_ttl(ensure(manifest, "spec"), seconds)
 
     def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
         return condition_verdict(f"JobSet {name}", status, ("Completed",), ("Failed",))

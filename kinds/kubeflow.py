@@ -16,6 +16,7 @@ from kinds.base import (
     condition_verdict,
     count,
     ensure,
+    keep_ttl,
     mapping,
     replica_rows,
 )
@@ -72,6 +73,7 @@ class Training(Adapter):
     podsets_doc = "the replica type, lower-cased (`master`, `worker`, `launcher`, `ps`, ...)"
     retries_doc = "`runPolicy.backoffLimit: 0`, every replica `restartPolicy: Never`"
     verdict_doc = "conditions `Succeeded` vs `Failed`"
+    retry_field = ("spec", "runPolicy", "backoffLimit")
     order = _ORDER
 
     def __init__(self, row: TrainingKind) -> None:
@@ -102,7 +104,7 @@ class Training(Adapter):
                 rspec["restartPolicy"] = "Never"
 
     def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
-        ensure(ensure(manifest, "spec"), "runPolicy")["ttlSecondsAfterFinished"] = seconds
+        keep_ttl(ensure(ensure(manifest, "spec"), "runPolicy"), seconds)
 
     def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
         return condition_verdict(f"{self.row.kind} {name}", status, ("Succeeded",), ("Failed",))

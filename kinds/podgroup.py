@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,6 +59,15 @@ class PodGroup(Adapter):
                 ensure(item, "spec")["restartPolicy"] = "Never"
 
 
+def grouped(doc: Any) -> bool:
+    """A Pod that belongs to a Kueue pod group (its gang is the whole group)."""
+    if not isinstance(doc, Mapping) or doc.get("kind") != "Pod":
+        return False
+    meta = doc.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    return isinstance(labels, Mapping) and bool(labels.get(GROUP_LABEL))
+
+
 def group_pods(docs: list[Any]) -> tuple[list[dict[str, Any]], list[Any]]:
     """Split documents into pod-group Lists (one per group name, in first-seen order) and the
     other documents. A group must hold exactly its declared total count of Pods."""
@@ -76,7 +86,7 @@ def group_pods(docs: list[Any]) -> tuple[list[dict[str, Any]], list[Any]]:
             str(((p.get("metadata") or {}).get("annotations") or {}).get(TOTAL_ANNOTATION, ""))
             for p in pods
         }
-        if len(totals) != 1 or not next(iter(totals)).isdigit():
+        if len(totals) != 1 or not re.fullmatch(r"[0-9]{1,6}", next(iter(totals))):
             raise KindError(
                 f"pod group {name!r}: every pod needs the same {TOTAL_ANNOTATION} annotation "
                 "(the number of pods in the group)"

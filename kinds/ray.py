@@ -12,6 +12,7 @@ from kinds.base import (
     Resource,
     Verdict,
     ensure,
+    keep_ttl,
     listed,
     mapping,
     replica_rows,
@@ -26,6 +27,7 @@ class RayJob(Adapter):
     resource = Resource("ray.io/v1", "RayJob", "rayjobs")
     podsets_doc = "`head` (1 pod) and each worker group's `groupName` (replicas x numOfHosts)"
     retries_doc = "`backoffLimit: 0`, `shutdownAfterJobFinishes: true`, in-tree autoscaling off"
+    retry_field = ("spec", "backoffLimit")
     verdict_doc = (
         "`status.jobStatus` `SUCCEEDED` vs `FAILED`/`STOPPED`, or `jobDeploymentStatus: Failed`"
     )
@@ -73,7 +75,7 @@ class RayJob(Adapter):
         cluster["enableInTreeAutoscaling"] = False
 
     def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
-        ensure(manifest, "spec")["ttlSecondsAfterFinished"] = seconds
+        keep_ttl(ensure(manifest, "spec"), seconds)
 
     def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
         what = f"RayJob {name}"

@@ -13,8 +13,10 @@ from kinds.base import (
     Verdict,
     count,
     ensure,
+    keep_ttl,
     listed,
     mapping,
+    rename_hosts,
     replica_rows,
     verdict_reason,
 )
@@ -37,6 +39,7 @@ class VolcanoJob(Adapter):
     podsets_doc = "the task `name` (`default` for a single unnamed task)"
     retries_doc = "job and task `policies`: `PodFailed`/`PodEvicted` -> `AbortJob`"
     verdict_doc = "`status.state.phase` (`Completed` vs `Failed`/`Aborted`/`Terminated`)"
+    retry_field = ("spec", "maxRetry")
 
     def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
         spec = mapping(manifest.get("spec"), "spec", required=True)
@@ -49,6 +52,14 @@ class VolcanoJob(Adapter):
             for row in replica_rows(tasks, "spec.tasks", default_name=default)
         ]
 
+    def rename(self, manifest: dict[str, Any], old: str, new: str) -> None:
+        """Volcano's `svc` plugin names pods `<job>-<task>-<index>` in the subdomain `<job>`:
+        hostnames an author wrote from the old name follow the rename."""
+        spec = manifest.get("spec")
+        if isinstance(spec, dict):
+            tasks = [str(t.get("name")) for t in spec.get("tasks") or [] if isinstance(t, dict)]
+            rename_hosts(self.templates(manifest), old, new, tasks, 1, None)
+
     def disable_retries(self, manifest: dict[str, Any]) -> None:
         spec = ensure(manifest, "spec")
         spec.pop("maxRetry", None)
@@ -59,7 +70,7 @@ class VolcanoJob(Adapter):
                 ensure(ensure(task, "template"), "spec")["restartPolicy"] = "Never"
 
     def set_ttl(self, manifest: dict[str, Any], seconds: int) -> None:
-        ensure(manifest, "spec")["ttlSecondsAfterFinished"] = seconds
+        keep_ttl(ensure(manifest, "spec"), seconds)
 
     def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
         state = status.get("state")

@@ -66,6 +66,9 @@ def build_from_manifest(cmd: Dispatch, policy: PodPolicy, namespace: str) -> Wor
     names = list(dict.fromkeys(t.podset for t in templates))
     if adapter.created != adapter.resource:  # a pod group: the agent creates its Pods
         return finish(base, _group_pods(cmd, manifest, base, namespace), total, names)
+    original = (raw.get("metadata") or {}).get("name")
+    if isinstance(original, str) and original:
+        adapter.rename(manifest, original, base)
     _take_over(manifest, cmd, base, namespace)
     return finish(base, [PlannedObject(adapter.resource, manifest)], total, names)
 

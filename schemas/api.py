@@ -193,6 +193,10 @@ class QueueView(msgspec.Struct, omit_defaults=True):
     admitted: int = 0
     dominant_share: float = 0.0
     flavors: list[FlavorUsage] = []
+    # No quotas configured: any flavor, without limit. False with no `flavors`: a queue whose
+    # quota lists no flavor class (an imported Kueue ClusterQueue without resourceGroups), which
+    # admits nothing.
+    unlimited: bool = False
 
 
 class FlavorView(msgspec.Struct, omit_defaults=True):

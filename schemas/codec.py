@@ -33,6 +33,25 @@ def encode_json(obj: Any) -> bytes:
     return json_encoder.encode(obj)
 
 
+def every_field(value: Any, *, drop_none: bool = False) -> Any:
+    """Builtins of a Struct with every field, defaults included (our Structs omit their
+    defaults on the wire), for readers that must see them: the dashboard's pages, and
+    `muster config` showing the defaults it applied. `drop_none` leaves unset optionals out."""
+    if isinstance(value, msgspec.Struct):
+        out = {}
+        for f in value.__struct_fields__:
+            item = getattr(value, f)
+            if item is None and drop_none:
+                continue
+            out[f] = every_field(item, drop_none=drop_none)
+        return out
+    if isinstance(value, list | tuple):
+        return [every_field(v, drop_none=drop_none) for v in value]
+    if isinstance(value, dict):
+        return {k: every_field(v, drop_none=drop_none) for k, v in value.items()}
+    return msgspec.to_builtins(value)
+
+
 def encode_msgpack(obj: Any) -> bytes:
     return msgpack_encoder.encode(obj)
 

@@ -58,6 +58,13 @@ class QueueConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     preemption: PreemptionPolicy = msgspec.field(default_factory=PreemptionPolicy)
     # Volcano's `reclaimable`: may other queues take back what this queue borrowed?
     reclaimable: bool = True
+    # May its `capacity: any` jobs that write no checkpoint go to spot at its price? By default
+    # they take on-demand first (a reclaim loses all their work) and spot only when no
+    # on-demand pool could ever host them.
+    spot_without_checkpoint: bool = False
+    # Flavor classes in the order the queue prefers them (a Kueue ClusterQueue's flavor list):
+    # the first with room wins, cost decides only among pools of one class. Empty: by cost.
+    flavor_order: Annotated[list[DnsLabel], Meta(max_length=64)] = []
 
 
 class CohortConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -201,6 +208,12 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     # A manifest's `priorityClassName` / `kueue.x-k8s.io/priority-class` -> the job's priority
     # (also imported from PriorityClass and WorkloadPriorityClass objects).
     priority_classes: dict[PriorityClassName, PriorityValue] = {}
+    # The service accounts a manifest may name (`serviceAccountName`), as the agents'
+    # `allowed_service_accounts` (default `default`): refused at submission, not at dispatch.
+    # None: not checked here.
+    workload_service_accounts: Annotated[list[DnsLabel], Meta(max_length=256)] | None = (
+        msgspec.field(default_factory=lambda: ["default"])
+    )
 
     def __post_init__(self) -> None:
         names = [q.name for q in self.queues]

@@ -84,7 +84,7 @@ class Snapshot:
     # (node, podset, GPUs, checkpoint interval) -> the placement of that one replica there
     lone: dict[tuple[Node, str, int, float | None], Placement] = field(default_factory=dict)
     # shape -> its candidates (a shape decides the key of `cands`; saves building that key)
-    by_shape: dict[Shape, Candidates] = field(default_factory=dict)
+    by_shape: dict[object, Candidates] = field(default_factory=dict)
 
     def gang(self, podsets: tuple[PodSetDemand, ...]) -> Gang:
         g = self.gangs.get(podsets)
@@ -93,17 +93,21 @@ class Snapshot:
         return g
 
     def candidates(self, req: GangRequest, gang: Gang) -> Candidates:
+        qs = self.book.queues.get(req.queue)
+        order = qs.config.flavor_order if qs is not None else []
         key: Shape = (
             req.gpu_types,
             req.capacity,
             req.spot_exhausted,
             gang.total[0],
             req.checkpoint_interval_s,
+            req.spot_ok,
+            req.queue if order else "",
         )
         c = self.cands.get(key)
         if c is None:
             c = self.cands[key] = build_candidates(
-                self.inv, req, gang.total[0], self.rate_of, self.risk_weight
+                self.inv, req, gang.total[0], self.rate_of, self.risk_weight, order
             )
         return c
 
@@ -116,14 +120,18 @@ def shape_of(req: GangRequest) -> Shape:
         req.capacity,
         req.spot_exhausted,
         req.checkpoint_interval_s,
+        req.spot_ok,
         req.avoid_pools,
         tuple(req.min_replicas.items()) if req.min_replicas else (),
     )
 
 
 def allow_fallback(req: GangRequest, gang: Gang, cands: Candidates) -> bool:
-    """spot-then-on-demand may use on-demand when no spot pool could ever host the gang."""
-    if req.capacity != "spot-then-on-demand" or req.spot_exhausted:
+    """spot-then-on-demand may use on-demand when no spot pool could ever host the gang, and
+    an `any` job that may not go to spot at its price may use spot when no on-demand pool
+    could."""
+    mirrored = req.capacity == "any" and not req.spot_ok
+    if not mirrored and (req.capacity != "spot-then-on-demand" or req.spot_exhausted):
         return True
     return not any(empty_fit(p, gang) for p in cands.spot_pools)
 
@@ -198,9 +206,11 @@ def _assign(
         hit = snap.queue_fail.get((qs.name, shape))
     if hit is not None:
         return hit
-    cands = snap.by_shape.get(shape)
+    # a queue with a flavor order has candidates of its own
+    key = (qs.name, shape) if qs.config.flavor_order else shape
+    cands = snap.by_shape.get(key)
     if cands is None:
-        cands = snap.by_shape[shape] = snap.candidates(req, gang)
+        cands = snap.by_shape[key] = snap.candidates(req, gang)
     book = snap.book
     claimed = snap.claimed
     clusters = snap.inv.clusters

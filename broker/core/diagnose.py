@@ -34,7 +34,7 @@ def _pool_reason(
             f"no {p.gpu_type.upper() or 'untyped GPU'} accepted "
             f"(the job accepts {', '.join(sorted(req.gpu_types))})",
         )
-    rank = capacity_rank(req.capacity, req.spot_exhausted, p.capacity_type)
+    rank = capacity_rank(req.capacity, req.spot_exhausted, p.capacity_type, req.spot_ok)
     if rank < 0:
         return r("no-matching-flavor", f"{p.capacity_type} not accepted (capacity {req.capacity})")
     if not c.schedulable:

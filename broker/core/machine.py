@@ -46,8 +46,10 @@ from broker.core.records import JobRecord, demands_of, gang_request
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
 from broker.core.submission import (
+    check_service_accounts,
     choose_queue,
     derive_job_id,
+    mark_spot_ok,
     queue_full,
     reject,
     resolve_priority,
@@ -176,7 +178,10 @@ class Machine:
         resolved = resolve_priority(self.config, spec)
         if isinstance(resolved, SubmitReply):
             return resolved, []
-        spec = resolved
+        refused = check_service_accounts(self.config, resolved)
+        if refused is not None:
+            return refused, []
+        spec = mark_spot_ok(self.queues[queue], resolved)
         if order is None:
             order = self._order + 1
         self._order = max(self._order, order)

@@ -10,10 +10,12 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
   and is placed the same way, its `flavor` being the pool chosen for it (fewest GPUs per node
   first, so CPU pools before GPU pools).
 - Capacity preference: `spot` and `on-demand` take only that capacity type. `any` takes both
-  and lets cost decide. `spot-then-on-demand` takes spot; on-demand only when the job is
-  `spot_exhausted` (the lifecycle machine's fallback after preemptions or waiting) or when no
-  spot pool could host the gang even empty (no spot pool fits, ever). While spot is merely full
-  the job waits for spot; the machine's `fallback_after_wait_s` bounds that wait.
+  and lets cost decide, unless the job may not go to spot at its price (`spot_ok`: it writes no
+  checkpoint): then on-demand first, and spot only when no on-demand pool could ever host it.
+  `spot-then-on-demand` takes spot; on-demand only when the job is `spot_exhausted` (the
+  lifecycle machine's fallback after preemptions or waiting) or when no spot pool could host
+  the gang even empty (no spot pool fits, ever). While spot is merely full the job waits for
+  spot; the machine's `fallback_after_wait_s` bounds that wait.
 - Order among feasible pools: capacity rank, then expected cost per hour (risk.py); costs
   within `COST_TIE` of each other count as equal, and then packing decides: fewer nodes, then
   fuller nodes (less GPU left over on the nodes used). Packing compares at most `TIE_EVAL`
@@ -78,8 +80,11 @@ def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
 # -- candidate pools ------------------------------------------------------------------------
 
 
-def capacity_rank(capacity: CapacityPreference, exhausted: bool, capacity_type: str) -> int:
-    """0 = preferred, 1 = spot-then-on-demand's fallback, -1 = not allowed."""
+def capacity_rank(
+    capacity: CapacityPreference, exhausted: bool, capacity_type: str, spot_ok: bool = True
+) -> int:
+    """0 = preferred, 1 = the fallback (on-demand of spot-then-on-demand, spot of an `any` job
+    that may not go to spot at its price), -1 = not allowed."""
     spot = capacity_type == "spot"
     if capacity == "spot":
         return 0 if spot else -1
@@ -89,7 +94,7 @@ def capacity_rank(capacity: CapacityPreference, exhausted: bool, capacity_type: 
         if exhausted:
             return -1 if spot else 0
         return 0 if spot else 1
-    return 0
+    return 1 if spot and not spot_ok else 0
 
 
 def wants_on_demand(req: GangRequest) -> bool:
@@ -108,7 +113,9 @@ class Candidates:
     matching: int  # pools passing the type filters, in any cluster
     unhealthy: int  # of those, pools in clusters that take no placements
     blocked: list[Pool]  # of those, pools whose dispatch breaker is open (health.py)
-    spot_pools: list[Pool]  # rank-0 spot pools of a spot-then-on-demand job (fallback check)
+    # The rank-0 pools of a job with a fallback rank: the fallback is allowed when none of them
+    # could ever host the gang (spot pools of spot-then-on-demand, on-demand ones of `any`).
+    spot_pools: list[Pool]
 
 
 def gpu_type_ok(pool: Pool, gpu_types: frozenset[str], gpus: int) -> bool:
@@ -121,7 +128,11 @@ def build_candidates(
     gpus: int,
     rate_of: Callable[[PoolKey], float],
     risk_weight: float,
+    flavor_order: Sequence[str] = (),
 ) -> Candidates:
+    """`flavor_order`: the queue's preferred flavor classes, first to last (a Kueue
+    ClusterQueue's flavor list); within a capacity rank it comes before cost."""
+    prefer = {cls: i for i, cls in enumerate(flavor_order)}
     scored: list[tuple[int, float, str, str, Pool]] = []
     matching = unhealthy = 0
     spot_pools: list[Pool] = []
@@ -131,7 +142,7 @@ def build_candidates(
         for p in c.pools.values():
             if not gpu_type_ok(p, req.gpu_types, gpus):
                 continue
-            rank = capacity_rank(req.capacity, req.spot_exhausted, p.capacity_type)
+            rank = capacity_rank(req.capacity, req.spot_exhausted, p.capacity_type, req.spot_ok)
             if rank < 0:
                 continue
             matching += 1
@@ -141,7 +152,7 @@ def build_candidates(
             if p.key in blocked_keys:
                 blocked.append(p)
                 continue
-            if req.capacity == "spot-then-on-demand" and rank == 0:
+            if rank == 0 and (req.capacity == "spot-then-on-demand" or not req.spot_ok):
                 spot_pools.append(p)
             node_gpu = p.node_gpu or 1
             nodes = max(1, -(-gpus // node_gpu))
@@ -150,17 +161,26 @@ def build_candidates(
                 p.price, gpus, rate, nodes, req.checkpoint_interval_s, risk_weight
             )
             scored.append((rank, cost, p.cluster, p.name, p))
-    scored.sort(key=lambda t: (t[0], t[1], t[2], t[3]))
+    last = len(prefer)
+    scored.sort(key=lambda t: (t[0], prefer.get(t[4].flavor_class, last), t[1], t[2], t[3]))
     groups: list[list[Pool]] = []
     ranks: list[int] = []
     base = 0.0
+    tier = -1
     for rank, cost, _, _, p in scored:
-        if groups and ranks[-1] == rank and cost <= base * (1.0 + COST_TIE) + 1e-12:
+        here = prefer.get(p.flavor_class, last)
+        if (
+            groups
+            and ranks[-1] == rank
+            and here == tier
+            and cost <= base * (1.0 + COST_TIE) + 1e-12
+        ):
             groups[-1].append(p)
         else:
             groups.append([p])
             ranks.append(rank)
             base = cost
+            tier = here
     return Candidates(
         groups, ranks, [list(g) for g in groups], matching, unhealthy, blocked, spot_pools
     )

@@ -508,6 +508,7 @@ class QuotaBook:
             admitted=q.admitted,
             dominant_share=self.share(q, fleet),
             flavors=flavors,
+            unlimited=q.limits is None,
         )
 
 
@@ -557,7 +558,11 @@ def _ceiling_text(q: QueueState, cls: str, r: int, demand: int, ceiling: int) ->
     if lim.borrowing is None:
         return f"{need} (nominal {_amount(r, lim.nominal)} + all cohort {q.cohort.name} lends)"
     borrow = _amount(r, lim.borrowing)
-    return f"{need} (nominal {_amount(r, lim.nominal)} + borrowing limit {borrow})"
+    lendable = _amount(r, q.cohort.lendable[cls][r])
+    return (
+        f"{need} (nominal {_amount(r, lim.nominal)} + borrowing limit {borrow}, of which "
+        f"cohort {q.cohort.name} can lend at most {lendable})"
+    )
 
 
 def never_admissible(q: QueueState, classes: Iterable[str], demand: Vec) -> str | None:

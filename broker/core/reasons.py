@@ -102,12 +102,19 @@ def explain(
             empty_fit(p, gang) and cluster_empty_fit_cpu(clusters[p.cluster], gang)
             for p in (considered or avoided)
         ):
-            spot_wait = allow_fallback is False
+            waits = allow_fallback is False
+            kind = "on-demand" if req.capacity == "any" else "spot"
             reasons.append(
                 Reason(
                     "insufficient-capacity",
-                    f"no {'spot ' if spot_wait else ''}pool has free nodes for {describe(gang)} "
-                    f"now (per-node packing{', waiting for spot capacity' if spot_wait else ''})",
+                    f"no {kind + ' ' if waits else ''}pool has free nodes for {describe(gang)} "
+                    f"now (per-node packing{f', waiting for {kind} capacity' if waits else ''})"
+                    + (
+                        ": the job writes no checkpoint, so it does not go to spot (give it a "
+                        "checkpoint, capacity spot-then-on-demand, or label muster.dev/spot-ok)"
+                        if waits and kind == "on-demand"
+                        else ""
+                    ),
                 )
             )
         else:
@@ -142,7 +149,7 @@ def feasibility(inv: Inventory, req: GangRequest, gang: Gang) -> tuple[Reason, .
         if c.seen
         for p in c.pools.values()
         if gpu_type_ok(p, req.gpu_types, gpus)
-        and capacity_rank(req.capacity, req.spot_exhausted, p.capacity_type) >= 0
+        and capacity_rank(req.capacity, req.spot_exhausted, p.capacity_type, req.spot_ok) >= 0
     ]
     if not matching:
         return (_no_matching(req),)

@@ -152,12 +152,24 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
         avoid_pools=frozenset((a.cluster, a.flavor) for a in record.avoid if a.until > now),
         spot_exhausted=record.spot_exhausted,
         checkpoint_interval_s=pricing_interval_s(spec),
+        spot_ok=spot_ok(spec),
         min_replicas={
             p.name: p.min_replicas
             for p in spec.gang
             if p.min_replicas is not None and p.min_replicas < p.replicas
         },
     )
+
+
+# On a job's labels: spot is fine without checkpoints (its queue says so, or the job does).
+SPOT_OK_LABEL = "muster.dev/spot-ok"
+
+
+def spot_ok(spec: JobSpec) -> bool:
+    """Whether an `any` job may go to spot at its price: it writes checkpoints, or it (or its
+    queue, at submission) set `muster.dev/spot-ok`. A reclaim loses all of a job that does not
+    checkpoint, so cheap spot is not cheap for it."""
+    return spec.checkpoint is not None or spec.labels.get(SPOT_OK_LABEL) in ("true", "queue")
 
 
 DEFAULT_INTERVAL_S = 600.0  # what a job that checkpoints but does not say how often is taken for

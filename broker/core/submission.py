@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from broker.core.records import SPOT_OK_LABEL
 from schemas.api import SubmitReply
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import JobSpec
@@ -70,6 +71,50 @@ def derive_job_id(name: str, token: str) -> str:
     """The id of a job submitted without one: its name and a token, at most 63 characters."""
     suffix = f"-{token}"
     return name[: 63 - len(suffix)].rstrip("-") + suffix
+
+
+def mark_spot_ok(queue: QueueConfig, spec: JobSpec) -> JobSpec:
+    """A queue that lets jobs without checkpoints use spot says so on each such job."""
+    if not queue.spot_without_checkpoint or spec.checkpoint is not None or spec.capacity != "any":
+        return spec
+    if SPOT_OK_LABEL in spec.labels:
+        return spec
+    return msgspec.structs.replace(spec, labels={**spec.labels, SPOT_OK_LABEL: "queue"})
+
+
+def check_service_accounts(config: BrokerConfig, spec: JobSpec) -> SubmitReply | None:
+    """Refuse a manifest naming a service account the agents would refuse when they create
+    its objects: the author hears it now, not as a failed dispatch."""
+    allowed = config.workload_service_accounts
+    manifest = spec.workload.manifest
+    if allowed is None or manifest is None:
+        return None
+    for path, name in _service_accounts(manifest, ""):
+        if name not in allowed:
+            return reject(
+                f"{path}: service account {name!r} is not one the clusters' agents allow "
+                f"(workload_service_accounts: {', '.join(allowed) or 'none'}); drop it, or ask "
+                "an operator to allow it in the agents' allowed_service_accounts and the "
+                "broker's workload_service_accounts"
+            )
+    return None
+
+
+def _service_accounts(value: object, path: str) -> list[tuple[str, str]]:
+    """Every `serviceAccountName` (and the older `serviceAccount`) in a manifest, with its
+    path; pod specs sit at different depths in every kind."""
+    out: list[tuple[str, str]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            at = f"{path}.{key}" if path else str(key)
+            if key in ("serviceAccountName", "serviceAccount") and isinstance(item, str) and item:
+                out.append((at, item))
+            else:
+                out.extend(_service_accounts(item, at))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            out.extend(_service_accounts(item, f"{path}[{i}]"))
+    return out
 
 
 def resolve_priority(config: BrokerConfig, spec: JobSpec) -> JobSpec | SubmitReply:

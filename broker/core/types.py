@@ -44,6 +44,10 @@ class GangRequest:
     spot_exhausted: bool = False
     # Seconds between checkpoints we expect (for the risk term); None = no checkpoints.
     checkpoint_interval_s: float | None = None
+    # Whether an `any` job may go to spot at its price. False for a job that writes no
+    # checkpoint (a reclaim loses all its work): on-demand first, spot only when no on-demand
+    # pool could ever host the gang.
+    spot_ok: bool = True
     # Partial admission: podset -> fewest replicas it may start with (absent = all of them)
     min_replicas: dict[str, int] = field(default_factory=dict)
     # `assigner.shape_of(self)`, kept by the scheduler the first time it needs it (a request

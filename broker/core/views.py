@@ -13,7 +13,7 @@ from broker.core.agents import AgentTracker
 from broker.core.backlog import Backlog
 from broker.core.lifecycle import AttemptLifecycle
 from broker.core.reasons import pending_reason
-from broker.core.records import JobRecord, gang_request, preempting_text
+from broker.core.records import JobRecord, gang_request, preempting_text, spot_ok
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
 from schemas.api import (
@@ -192,6 +192,10 @@ class JobViews:
             waiting_for = _waiting_for(reasons, candidates)
         elif record.state == "preempting":
             waiting_for = "checkpoint"
+        else:
+            queues = {q.name: q for q in self._scheduler.config.queues}
+            order = queues[record.queue].flavor_order if record.queue in queues else []
+            reasons.extend(_placement_reasons(record, order))
         return WhyView(
             job_id=job_id,
             state=record.state,
@@ -238,6 +242,68 @@ class JobViews:
 
     def live_count(self) -> int:
         return self._lifecycle.live_count()
+
+
+def _placement_reasons(record: JobRecord, order: list[str]) -> list[PendingReason]:
+    """Why a job that is placed (or has ended) got its pool, or how it ended. `order`: its
+    queue's flavor order (Kueue's), which comes before cost."""
+    last = record.attempts[-1] if record.attempts else None
+    if record.state in ("succeeded", "failed", "cancelled"):
+        where = (
+            f"; its last attempt (#{last.attempt}) ran on {last.cluster}/{last.flavor}"
+            if last
+            else ""
+        )
+        text = f"the job has {'ended: ' if record.state != 'cancelled' else 'been '}{record.state}"
+        return [PendingReason(code="ended", message=f"{text}: {record.reason or '-'}{where}")]
+    if last is None or record.state not in ("admitted", "running"):
+        return []
+    spec = record.spec
+    spot = last.capacity_type == "spot"
+    if record.deadline_on_demand:
+        why = "its deadline put it on on-demand"
+    elif spec.capacity in ("spot", "on-demand"):
+        why = f"the job asks for {spec.capacity} capacity"
+    elif spec.capacity == "spot-then-on-demand":
+        why = "spot first (capacity spot-then-on-demand)" if spot else _fallback_text(record)
+    elif not spot and not spot_ok(spec):
+        why = (
+            "the job writes no checkpoint, so it takes on-demand before spot (give it a "
+            "checkpoint, or label muster.dev/spot-ok, or set its queue's spot_without_checkpoint)"
+        )
+    elif last.flavor_class in order:
+        rank = order.index(last.flavor_class)
+        why = (
+            f"flavor class {last.flavor_class} is #{rank + 1} in queue {record.queue}'s flavor "
+            f"order ({', '.join(order)}): "
+            + ("its first choice" if rank == 0 else "the ones before it had no room")
+        )
+    else:
+        why = "the lowest expected cost per hour among the pools with room (price and spot risk)"
+    price = f"${last.price_per_gpu_hour:g}/GPU-h" if last.price_per_gpu_hour else "no price"
+    kind = f"{last.capacity_type or 'unknown capacity'}, {last.gpu_type or 'any GPU'}, {price}"
+    return [
+        PendingReason(
+            code="placed",
+            message=f"on {last.cluster}/{last.flavor} ({kind}): {why}",
+        )
+    ]
+
+
+def _fallback_text(record: JobRecord) -> str:
+    """Why a spot-then-on-demand job runs on on-demand, naming the setting that decided."""
+    policy = record.spec.spot
+    if not record.spot_exhausted:
+        return "no spot pool could ever host the gang, so on-demand is allowed at once"
+    if record.spot_preemptions >= policy.fallback_after_preemptions:
+        return (
+            f"fell back to on-demand after {record.spot_preemptions} spot preemptions "
+            f"(spot.fallback_after_preemptions: {policy.fallback_after_preemptions})"
+        )
+    return (
+        "fell back to on-demand after waiting for spot (spot.fallback_after_wait_s: "
+        f"{policy.fallback_after_wait_s:g}s), or as spot attempts made no progress"
+    )
 
 
 _WAIT_FOR = {

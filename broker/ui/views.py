@@ -9,10 +9,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
-
 from broker.core.machine import Machine
 from schemas.api import JobState
+from schemas.codec import every_field
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 STATES: frozenset[str] = frozenset(JobState.__args__)  # type: ignore[attr-defined]
@@ -82,24 +81,12 @@ def jobs_page(machine: Machine, params: Mapping[str, str], now: float) -> dict[s
     )
     rows = []
     for view in views:
-        row = full(view)
+        row = every_field(view)
         _where(row)
         if view.state == "queued":
             row["reason"] = machine.views.first_reason(view.job_id) or view.reason
         rows.append(row)
     return {"total": total, "offset": offset, "limit": limit, "jobs": rows}
-
-
-def full(value: Any) -> Any:
-    """Builtins of a view with every field, defaults included: the API's Structs omit their
-    defaults (an empty `attempts`, a 0 `gpu_free`), which the pages would read as missing."""
-    if isinstance(value, msgspec.Struct):
-        return {f: full(getattr(value, f)) for f in value.__struct_fields__}
-    if isinstance(value, list | tuple):
-        return [full(v) for v in value]
-    if isinstance(value, dict):
-        return {k: full(v) for k, v in value.items()}
-    return msgspec.to_builtins(value)
 
 
 def _where(row: dict[str, Any]) -> None:
@@ -121,9 +108,9 @@ def job_detail(machine: Machine, job_id: str, now: float) -> dict[str, Any] | No
     if view is None:
         return None
     why = machine.views.why(job_id, now) if view.state in ("queued", "preempting") else None
-    job = full(view)
+    job = every_field(view)
     _where(job)
-    return {"job": job, "why": full(why) if why is not None else None, "now": now}
+    return {"job": job, "why": every_field(why) if why is not None else None, "now": now}
 
 
 def fleet(machine: Machine, now: float) -> dict[str, Any]:
@@ -132,7 +119,7 @@ def fleet(machine: Machine, now: float) -> dict[str, Any]:
     clusters = []
     gpu_total = gpu_spot = 0
     for view in machine.views.cluster_views(now):
-        row = full(view)
+        row = every_field(view)
         row["stale_s"] = view.stale_s  # > 0: the agent's Kubernetes watches are failing
         for flavor in row.get("flavors", []):
             total = flavor.get("gpu_total", 0)
@@ -155,7 +142,7 @@ def queues(machine: Machine, now: float) -> dict[str, Any]:
     classes = {c.name for c in machine.config.flavors}
     rows = []
     for view in machine.views.queue_views():
-        row = full(view)
+        row = every_field(view)
         since = oldest.get(view.name)
         row["oldest_wait_s"] = now - since if since is not None else None
         # A pool that matches no configured flavor class counts under its own flavor's name.

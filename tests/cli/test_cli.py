@@ -296,7 +296,9 @@ def test_why_view() -> None:
 
 
 def test_queues_table() -> None:
-    text = text_of(queues_table([sample_queue(), QueueView("free", None, "StrictFIFO", 1.0)]))
+    text = text_of(
+        queues_table([sample_queue(), QueueView("free", None, "StrictFIFO", 1.0, unlimited=True)])
+    )
     assert "a100-od: gpu 12/8 +4, cpu 32/64, memory 64Gi/256Gi" in text
     assert "no quota (unlimited)" in text
     assert "50%" in text

@@ -74,6 +74,7 @@ SEED_KUEUE = BrokerConfig(
             preemption=PreemptionPolicy(
                 within_queue="LowerPriority", reclaim_within_cohort="LowerPriority"
             ),
+            flavor_order=["gpu-a100", "gpu-t4-spot"],  # Kueue tries them in this order
         )
     ],
     flavors=[
@@ -406,9 +407,9 @@ def test_yaml_output_round_trips() -> None:
         ("a: 1\n---\nb: 2\n", r"document 2: a second Muster config document"),
         ("- 1\n", r"document 1: expected a mapping of broker settings, got list"),
         (
-            fixture_text("volcano-podgroup.yaml"),
-            r"document 1 \(PodGroup pytorch-training-pg\): scheduling\.volcano\.sh/v1beta1 "
-            r"PodGroup is not a config object Muster imports",
+            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: data}\n",
+            r"document 1 \(PersistentVolumeClaim data\): v1 PersistentVolumeClaim is not a "
+            r"config object Muster imports",
         ),
         (
             "apiVersion: scheduling.volcano.sh/v1beta1\nkind: Queue\nmetadata: {name: Q}\n",

@@ -89,6 +89,7 @@ def test_kueue_spot_flavor_from_node_type_label() -> None:
                 ],
                 "unlisted_resources": "zero",
                 "preemption": NEVER,
+                "flavor_order": ["on-demand", "spot", "credits"],  # as Kueue tries them
             }
         ],
         "cohorts": [],

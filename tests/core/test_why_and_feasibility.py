@@ -80,7 +80,7 @@ def test_submission_rejects_a_gang_above_nominal_plus_borrowing_everywhere() -> 
     assert not reply.accepted and effects == [] and not m.jobs
     error = reply.error or ""
     assert "queue ml can never admit it" in error
-    assert "gpu-a100: needs 16 gpu > 12 (nominal 8 + borrowing limit 4)" in error
+    assert "gpu-a100: needs 16 gpu > 12 (nominal 8 + borrowing limit 4, of which" in error
     assert "gpu-t4-spot: needs 16 gpu > 4" in error
     # 12 = nominal 8 + borrowing limit 4 is admissible (it waits for quota, not forever).
     ok, _ = split_reply(m.handle(SubmitJob(spec("fits", 12, "ml", gpu_types=["a100"])), T0))

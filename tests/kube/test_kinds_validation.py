@@ -218,7 +218,9 @@ def test_the_broker_refuses_unsafe_or_unschedulable_manifests_at_submission() ->
     with pytest.raises(ManifestError, match=r"template\.spec\.hostNetwork"):
         jobspec_from_manifest(manifest)
     del pod_spec["hostNetwork"]
-    pod_spec["serviceAccountName"] = "trainer"  # the agent's allow-list decides this one
+    pod_spec["serviceAccountName"] = (
+        "trainer"  # the broker config decides (workload_service_accounts)
+    )
     assert jobspec_from_manifest(manifest).total_replicas == 2
     pod_spec["containers"][0]["resources"]["limits"] = {"google.com/tpu": 4}
     with pytest.raises(

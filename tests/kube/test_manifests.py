@@ -506,3 +506,154 @@ def test_manifest_unmatched_podsets_use_all_nodes_and_bad_manifests_fail() -> No
             FLAVOR,
             NS,
         )
+
+
+JOBSET_PYTORCH_YAML = """
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: pytorch}
+spec:
+  replicatedJobs:
+  - name: workers
+    template:
+      spec:
+        parallelism: 2
+        completions: 2
+        template:
+          spec:
+            containers:
+            - name: pytorch
+              image: pytorch/pytorch
+              env:
+              - {name: MASTER_ADDR, value: pytorch-workers-0-0.pytorch}
+              - {name: PEERS, value: "pytorch-workers-0-1.pytorch:29500,pytorch-workers-0-0"}
+              - {name: OTHER, value: pytorch-evaluator-0-0.pytorch my-pytorch-workers-0-0}
+              command: [torchrun, --rdzv-endpoint=pytorch-workers-0-0.pytorch:29500]
+"""
+
+
+def test_a_renamed_jobset_keeps_the_hostnames_its_author_wrote_resolvable() -> None:
+    """The JobSet is created as `<job>-a<attempt>`; a hard-coded MASTER_ADDR from its upstream
+    sample must name the renamed pods, or the workers never find their master."""
+    plan = build_workload(
+        manifest_dispatch(JOBSET_PYTORCH_YAML, {"workers": ["a", "b"]}), FLAVOR, NS
+    )
+    body = plan.objects[0].body
+    new = body["metadata"]["name"]
+    assert new != "pytorch"
+    (t,) = templates_of(body)
+    env = {e["name"]: e["value"] for e in t["spec"]["containers"][0]["env"] if "value" in e}
+    assert env["MASTER_ADDR"] == f"{new}-workers-0-0.{new}"
+    assert env["PEERS"] == f"{new}-workers-0-1.{new}:29500,{new}-workers-0-0"
+    # not a pod of this JobSet, or not its name: left alone
+    assert env["OTHER"] == "pytorch-evaluator-0-0.pytorch my-pytorch-workers-0-0"
+    assert t["spec"]["containers"][0]["command"][1] == (
+        f"--rdzv-endpoint={new}-workers-0-0.{new}:29500"
+    )
+    # an explicit subdomain is kept: only the pod-name prefix follows the rename
+    explicit = JOBSET_PYTORCH_YAML.replace(
+        "spec:\n  replicatedJobs:", "spec:\n  network: {subdomain: svc}\n  replicatedJobs:"
+    ).replace("pytorch-workers-0-0.pytorch}", "pytorch-workers-0-0.svc}")
+    body = (
+        build_workload(manifest_dispatch(explicit, {"workers": ["a", "b"]}), FLAVOR, NS)
+        .objects[0]
+        .body
+    )
+    (t,) = templates_of(body)
+    env = {e["name"]: e["value"] for e in t["spec"]["containers"][0]["env"] if "value" in e}
+    assert env["MASTER_ADDR"] == f"{new}-workers-0-0.svc"
+
+
+def test_a_renamed_volcano_job_keeps_its_svc_hostnames() -> None:
+    """Volcano's svc plugin names pods `<job>-<task>-<index>.<job>`."""
+    text = """
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: ddp}
+spec:
+  minAvailable: 2
+  plugins: {svc: [], env: []}
+  tasks:
+  - name: master
+    replicas: 1
+    template:
+      spec:
+        containers:
+        - name: c
+          image: i
+          env: [{name: MASTER_ADDR, value: ddp-master-0.ddp}]
+  - name: worker
+    replicas: 1
+    template:
+      spec:
+        containers:
+        - name: c
+          image: i
+          env: [{name: MASTER_ADDR, value: ddp-master-0.ddp}]
+"""
+    plan = build_workload(manifest_dispatch(text, {"master": ["a"], "worker": ["b"]}), FLAVOR, NS)
+    body = plan.objects[0].body
+    new = body["metadata"]["name"]
+    for task in body["spec"]["tasks"]:
+        env = task["template"]["spec"]["containers"][0]["env"]
+        (master,) = [e["value"] for e in env if e["name"] == "MASTER_ADDR"]
+        assert master == f"{new}-master-0.{new}"
+
+
+def test_the_authors_lifecycle_settings_are_honoured() -> None:
+    """A RayJob's `ttlSecondsAfterFinished: 10` stays 10 (not the agent's 3600), and the
+    author's retry count becomes the job's restart budget: Muster turns the kind's own
+    retries off and restarts the whole gang that many times instead of its default 3."""
+    from pathlib import Path
+
+    import yaml
+
+    from broker.manifests import jobspec_from_manifest
+
+    root = Path(__file__).resolve().parents[2]
+    ray = yaml.safe_load((root / "examples" / "jobs" / "rayjob.yaml").read_text())
+    ray["spec"]["ttlSecondsAfterFinished"] = 10
+    ray["spec"]["backoffLimit"] = 0
+    plan = build_workload(
+        manifest_dispatch(json.dumps(ray), {"head": ["a"], "gpu-workers": ["b", "c"]}),
+        FLAVOR,
+        NS,
+        config=make_config(),  # the agent's ttl_seconds_after_finished: 3600
+    )
+    body = plan.objects[0].body
+    assert body["spec"]["ttlSecondsAfterFinished"] == 10
+    assert body["spec"]["backoffLimit"] == 0  # the kind's retries stay off
+    assert jobspec_from_manifest(ray).restart.max_restarts_on_error == 0
+
+    volcano = yaml.safe_load((root / "tests" / "cli" / "fixtures" / "volcano-job.yaml").read_text())
+    volcano["spec"]["maxRetry"] = 5
+    assert jobspec_from_manifest(volcano).restart.max_restarts_on_error == 5
+    jobset = yaml.safe_load(JOBSET_PYTORCH_YAML)
+    jobset["spec"]["failurePolicy"] = {"maxRestarts": 3}
+    assert jobspec_from_manifest(jobset).restart.max_restarts_on_error == 3
+    # nothing said: Muster's default budget
+    del volcano["spec"]["maxRetry"]
+    assert jobspec_from_manifest(volcano).restart.max_restarts_on_error == 3
+
+
+def test_one_pod_of_a_pod_group_on_its_own_is_refused() -> None:
+    """Kueue admits a pod group when all `pod-group-total-count` pods exist: one of them sent
+    alone must not run as a gang of one."""
+    from pathlib import Path
+
+    import yaml
+
+    from broker.manifests import ManifestError, load_job_documents
+    from broker.service import parse_submission
+    from schemas.codec import DecodeError
+
+    docs = list(
+        yaml.safe_load_all((Path(__file__).parent / "fixtures" / "pod-group.yaml").read_text())
+    )
+    pod = next(d for d in docs if d and d.get("kind") == "Pod")
+    with pytest.raises(
+        ManifestError, match=r"pod-group-total-count says \d+ pods but the file holds 1"
+    ):
+        load_job_documents(yaml.safe_dump(pod), source="pod.yaml")
+    with pytest.raises(DecodeError, match=r"says \d+ pods but the file holds 1"):
+        parse_submission(json.dumps(pod).encode(), 1 << 20, None)
