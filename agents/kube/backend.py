@@ -52,10 +52,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -70,6 +71,7 @@ from agents.kube.client import (
     KubeApiError,
     KubeRest,
     Outage,
+    Pacer,
     Reflector,
     item_path,
     sleep_or_stop,
@@ -289,6 +291,7 @@ class KubeBackend:
 
     async def _start(self, emit: Emit) -> None:
         self._emit = emit
+        gc.freeze()  # see below: the modules loaded so far, before the lists
         if self._api is None:
             self._api = await self._make_api()
         cfg = self.config
@@ -316,12 +319,15 @@ class KubeBackend:
         # Pods of every namespace use node capacity, but finished ones do not: the field
         # selector keeps them (most pods of a busy cluster) out of lists and watches. A pod
         # that finishes then arrives as DELETED, which is what it is to capacity.
+        # Streamed (no cache of 150,000 pods): the backend keeps a few integers per pod.
         self.pod_reflector = Reflector(
             self._rest,
             "/api/v1/pods",
             KPod,
-            self._replace_pods,
+            None,
             self._pod_event,
+            on_page=self._pods_page,
+            on_listed=self._pods_listed,
             field_selector=UNFINISHED_PODS,
             name="pods",
             **common,
@@ -351,6 +357,10 @@ class KubeBackend:
                 **common,
             )
         await self._initial_lists()
+        # What exists now (modules, the node cache) lives as long as the agent: out of the
+        # cyclic collector's full passes, which would otherwise walk it every time and hold
+        # the loop for tens of milliseconds on a big cluster. Refcounting still frees it.
+        gc.freeze()
         self._live = True
         for name, n in self._nodes.items():
             if n.flavor is None:
@@ -408,9 +418,8 @@ class KubeBackend:
                                 error=str(exc)[:300],
                             )
                 await self.muster_pod_reflector.list_once()
-                # Served from the watch cache (resourceVersion=0): a watch follows at once.
-                await self.pod_reflector.list_once(from_cache=True)
-                await self.node_reflector.list_once(from_cache=True)
+                await self.pod_reflector.list_once()
+                await self.node_reflector.list_once()
                 outage.ok()
                 return
             except (OSError, TimeoutError, aiohttp.ClientError, KubeApiError) as exc:
@@ -476,9 +485,9 @@ class KubeBackend:
             self._emit(event)
 
     # -- nodes -----------------------------------------------------------------------------
-    def _replace_nodes(self, items: list[KNode]) -> None:
+    async def _replace_nodes(self, items: list[KNode]) -> None:
         seen = set()
-        for node in items:
+        async for node in Pacer().each(items):
             if node.metadata.name:
                 seen.add(node.metadata.name)
                 self._upsert_node(node)
@@ -710,25 +719,42 @@ class KubeBackend:
         gpus = [first.gpu] + [pod_usage(pod, r).gpu for r in self._resources[1:]]
         return (first.cpu_milli, first.memory, *gpus)
 
-    def _replace_pods(self, items: list[KPod]) -> None:
-        seen = set()
-        for pod in items:
+    async def _pods_page(self, items: list[KPod]) -> None:
+        """One page of a (re-)list of every unfinished pod. Nodes are refreshed once per
+        page, not once per pod."""
+        touched: set[str] = set()
+        async for pod in Pacer().each(items):
             if pod.metadata.uid:
-                seen.add(pod.metadata.uid)
-                self._pod_event("MODIFIED", pod)
-        owned = set(self._pod_key)
-        gone = [u for u in (*self._foreign, *self._pod_disruption) if u not in seen | owned]
-        for uid in set(gone):
+                self._pod_event("MODIFIED", pod, touched)
+        for name in touched:
+            entry = self._nodes.get(name)
+            if entry is not None:
+                self._refresh(entry)
+
+    async def _pods_listed(self, seen: set[str], complete: bool) -> None:
+        """The list is complete: pods it did not hold are gone. Linear: one pass over what
+        the backend holds, set lookups only, yielding as it goes."""
+        if not complete:
+            return  # an undecodable pod may be one of them: nothing is taken as gone
+        owned = self._pod_key  # Muster's own pods are the muster-pods watch's to forget
+        pacer = Pacer()
+        gone: set[str] = set()
+        for held in (self._foreign, self._pod_disruption):
+            async for uid in pacer.each(list(held)):
+                if uid not in seen and uid not in owned:
+                    gone.add(uid)
+        async for uid in pacer.each(gone):
             self._set_foreign(uid, None, ())
             self._drop_disruption(uid)
 
-    def _replace_muster_pods(self, items: list[KPod]) -> None:
+    async def _replace_muster_pods(self, items: list[KPod]) -> None:
+        pacer = Pacer()
         seen = set()
-        for pod in items:
+        async for pod in pacer.each(items):
             if pod.metadata.uid:
                 seen.add(pod.metadata.uid)
                 self._muster_pod_event("MODIFIED", pod)
-        for uid in [u for u in self._pod_key if u not in seen]:
+        async for uid in pacer.each([u for u in self._pod_key if u not in seen]):
             self._forget_pod(uid)
 
     def _forget_pod(self, uid: str) -> None:
@@ -774,8 +800,9 @@ class KubeBackend:
             if entry is not None:
                 self._evaluate(entry)
 
-    def _pod_event(self, kind: str, pod: KPod) -> None:
-        """Every unfinished pod of the cluster (field selector): capacity and signals."""
+    def _pod_event(self, kind: str, pod: KPod, touched: set[str] | None = None) -> None:
+        """Every unfinished pod of the cluster (field selector): capacity and signals.
+        With `touched`, the nodes whose usage changed are collected there, not refreshed."""
         meta = pod.metadata
         uid = meta.uid or f"{meta.namespace}/{meta.name}"
         deleted = kind == "DELETED"
@@ -784,7 +811,8 @@ class KubeBackend:
             return  # Muster's own: the muster-pods watch accounts for it
         node = pod.spec.nodeName
         active = not deleted and node and pod.status.phase not in ("Succeeded", "Failed")
-        self._set_foreign(uid, node if active else None, self._demand(pod) if active else ())
+        usage = self._demand(pod) if active else ()
+        self._set_foreign(uid, node if active else None, usage, touched)
 
     def _muster_pod_event(self, kind: str, pod: KPod) -> None:
         meta = pod.metadata
@@ -809,9 +837,19 @@ class KubeBackend:
         )
         self._set_foreign(uid, node if held else None, self._demand(pod) if held else ())
 
-    def _set_foreign(self, uid: str, node: str | None, usage: tuple[int, ...]) -> None:
+    def _set_foreign(
+        self,
+        uid: str,
+        node: str | None,
+        usage: tuple[int, ...],
+        touched: set[str] | None = None,
+    ) -> None:
         old = self._foreign.pop(uid, None)
-        touched: set[str] = set()
+        if old is not None and node == old[0] and usage == old[1]:
+            self._foreign[uid] = old  # unchanged (a re-list, a status-only change)
+            return
+        defer = touched is not None
+        touched = set() if touched is None else touched
         if old is not None:
             vec = self._usage[old[0]]
             for i, v in enumerate(old[1]):
@@ -823,9 +861,12 @@ class KubeBackend:
             for i, v in enumerate(usage):
                 vec[i] += v
             touched.add(node)
-        for n in touched:
+        for n in (old[0],) if old is not None else ():
             if not any(self._usage.get(n, ())):
                 self._usage.pop(n, None)
+        if defer:
+            return
+        for n in touched:
             entry = self._nodes.get(n)
             if entry is not None:
                 self._refresh(entry)
@@ -877,11 +918,11 @@ class KubeBackend:
                 self._hold_all((w.job_id, w.attempt))
 
     # -- workload objects with a status -----------------------------------------------------
-    def _job_replacer(self, res: Resource) -> Callable[[list[KJob]], None]:
-        def replace(items: list[KJob]) -> None:
+    def _job_replacer(self, res: Resource) -> Callable[[list[KJob]], Awaitable[None]]:
+        async def replace(items: list[KJob]) -> None:
             # Objects gone between lists keep the verdict last seen: a finished attempt's
             # object may be deleted, and a live one's deletion shows in its pods.
-            for obj in items:
+            async for obj in Pacer().each(items):
                 self._job_event(res, "MODIFIED", obj)
 
         return replace
@@ -1242,6 +1283,9 @@ class KubeBackend:
                 self._hold(uid, pod, False)
 
     async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
+        """One merge PATCH per pod, all at once within the API budget (`RateLimit`: requests
+        in flight, qps and burst, 429s): the last rank of a 1,000-pod gang hears the request
+        within a second or two, not after 1,000 sequential round trips."""
         names = list(self._pod_names.get((job_id, attempt), {}).values())
         if not names:
             # Nothing runs yet, so nothing can checkpoint; the broker's deadline still holds.
@@ -1249,14 +1293,25 @@ class KubeBackend:
             return
         patch = {"metadata": {"annotations": {ANN_CHECKPOINT_REQUEST: f"{deadline:.3f}"}}}
         base = f"/api/v1/namespaces/{self.config.namespace}/pods"
-        failed: list[str] = []
-        for name in names:
+
+        async def one(name: str) -> str | None:
             try:
                 await self.rest.merge_patch(item_path(base, name), patch)
             except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
-                failed.append(f"{name}: {exc}")
+                return f"{name}: {exc}"
+            return None
+
+        failed = [f for f in await asyncio.gather(*(one(n) for n in names)) if f is not None]
         if failed and len(failed) == len(names):
             raise BackendError("checkpoint request failed: " + "; ".join(failed)[:900])
+        if failed:
+            self.log.warning(
+                "checkpoint request missed some pods",
+                job_id=job_id,
+                attempt=attempt,
+                failed=len(failed),
+                first=failed[0][:300],
+            )
 
     async def read_logs(self, req: LogRequest) -> LogTail:
         """The attempt's container logs (agents/kube/logs.py); ended once its workload is."""
