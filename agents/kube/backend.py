@@ -72,6 +72,7 @@ from agents.kube.client import (
     KubeRest,
     Outage,
     Pacer,
+    RateLimit,
     Reflector,
     item_path,
     sleep_or_stop,
@@ -295,7 +296,8 @@ class KubeBackend:
         if self._api is None:
             self._api = await self._make_api()
         cfg = self.config
-        self._rest = KubeRest(self._api, cfg.request_timeout_s, self._refresh_credentials)
+        limit = RateLimit(cfg.api_qps, cfg.api_burst, cfg.api_inflight)
+        self._rest = KubeRest(self._api, cfg.request_timeout_s, self._refresh_credentials, limit)
         outage = Outage(self._rest.url)
         common: dict[str, Any] = {
             "page_size": cfg.list_page_size,
@@ -460,6 +462,7 @@ class KubeBackend:
         if self._rest is not None:
             out["credential_refreshes"] = self._rest.refreshes
             out["throttled"] = self._rest.throttled
+            out["api_requests"] = self._rest.sent
         for (kind, reason), n in self.bad_input.counts.items():
             out[f"bad_input{{kind={kind},reason={reason}}}"] = n
         return out

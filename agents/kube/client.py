@@ -68,7 +68,7 @@ def retry_after_s(resp: aiohttp.ClientResponse) -> float | None:
 
 
 Refresh = Callable[[], Awaitable[bool]]
-MAX_THROTTLED = 3  # 429 retries of one request, each after its Retry-After
+MAX_THROTTLED = 10  # 429 retries of one request, each after its Retry-After (client-go's)
 
 
 class GoneError(KubeApiError):
