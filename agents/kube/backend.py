@@ -60,6 +60,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import msgspec
 import structlog
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -1038,9 +1039,12 @@ class KubeBackend:
                     continue
                 raise
             for obj in items:
-                raw = obj.metadata.labels.get(LABEL_ATTEMPT, "")
-                exact = obj.metadata.annotations.get(ANN_JOB, job_id)
-                if exact != job_id or not raw.isdigit() or keep(int(raw)):
+                # The label may be a shortened form that another id shares: only the exact
+                # id in the annotation makes an object this job's to delete.
+                found = _owned_key(obj.metadata)
+                if obj.metadata.annotations.get(ANN_JOB) != job_id or found is None:
+                    continue
+                if keep(found[1]):
                     continue
                 if (collection, obj.metadata.name) not in targets:
                     targets.append((collection, obj.metadata.name))
@@ -1076,18 +1080,19 @@ class KubeBackend:
         uids: dict[str, str] = {}
         for obj in plan.objects:
             collection = obj.resource.collection(self.config.namespace)
-            if (collection, obj.name) not in w.objects:
-                w.objects.append((collection, obj.name))
-            if collection in self._status_kinds:
-                w.expect_object((collection, obj.name))
             until = self._fence_annotation(cmd, obj)
             try:
                 body = self._owned(obj, plan.objects, uids, until)
                 created = await self.rest.create(collection, body)
                 uid = (created or {}).get("metadata", {}).get("uid")
-                if created is None and any(o.owner == obj.name for o in plan.objects):
-                    uid = await self.rest.uid_of(collection, obj.name)
+                if created is None:
+                    # It exists: a retried dispatch, or a name that is not ours to take.
+                    uid = await self._adoptable(collection, obj, body, key)
                 uids[obj.name] = str(uid or "")
+                if (collection, obj.name) not in w.objects:
+                    w.objects.append((collection, obj.name))
+                if collection in self._status_kinds:
+                    w.expect_object((collection, obj.name))
                 if created is None and until is not None:
                     # a retried dispatch: the existing object keeps the fence of the first try
                     await self.rest.merge_patch(
@@ -1110,6 +1115,41 @@ class KubeBackend:
             task = asyncio.create_task(self._gc_older(cmd.job_id, cmd.attempt))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+
+    async def _adoptable(
+        self, collection: str, obj: PlannedObject, body: dict[str, Any], key: Key
+    ) -> str:
+        """The uid of an object that already exists under a planned name, when it is this
+        attempt's own (a retried dispatch): the same job id and attempt in its annotation and
+        labels and, for a controlled object, the same owner. Anything else is refused, never
+        adopted (and so never deleted with this attempt): another job's object under a
+        colliding name, or one from an earlier agent of another attempt."""
+        meta = await self.rest.metadata_of(collection, obj.name)
+        if meta is None:
+            raise BackendError(
+                f"{obj.resource.kind} {obj.name} was reported to exist but is gone; "
+                "the dispatch is retried"
+            )
+        found = _owned_key(msgspec.convert(meta, KMeta, strict=False))
+        owners = {str(r.get("uid", "")) for r in meta.get("ownerReferences") or []}
+        wanted = {str(r.get("uid")) for r in body["metadata"].get("ownerReferences") or []}
+        if found != key or not wanted <= owners:
+            self.log.error(
+                "object name taken by another job; refusing to adopt it",
+                kind=obj.resource.kind,
+                name=obj.name,
+                job_id=key[0],
+                attempt=key[1],
+                holder=f"{found[0]} attempt {found[1]}" if found else "not Muster's",
+            )
+            raise BackendError(
+                f"{obj.resource.kind} {obj.name} already exists in namespace "
+                f"{self.config.namespace} and is not this attempt's "
+                f"({'another job' if found and found[0] != key[0] else 'another attempt or owner'}"
+                "); refusing to adopt or delete it. Delete it if it is stale, or resubmit "
+                "under another job id"
+            )
+        return str(meta.get("uid", ""))
 
     def _fence_annotation(self, cmd: Dispatch, obj: PlannedObject) -> float | None:
         """The fence deadline a workload object is created with, for the watchdog; None

@@ -216,14 +216,15 @@ class KubeRest:
         out = json.loads(data or b"{}")
         return out if isinstance(out, dict) else {}
 
-    async def uid_of(self, collection: str, name: str) -> str:
-        """The uid of an existing object ("" when it is gone). A list by name, since the
-        agent's RBAC grants `list`, not `get`, on what it creates."""
+    async def metadata_of(self, collection: str, name: str) -> dict[str, Any] | None:
+        """The metadata of an existing object (None when it is gone). A list by name, since
+        the agent's RBAC grants `list`, not `get`, on what it creates."""
         q = [("fieldSelector", f"metadata.name={name}")]
         out = json.loads(await self.request("GET", collection, query=q) or b"{}")
         items = out.get("items") if isinstance(out, dict) else None
-        first = items[0] if isinstance(items, list) and items else {}
-        return str(first.get("metadata", {}).get("uid", "")) if isinstance(first, dict) else ""
+        first = items[0] if isinstance(items, list) and items else None
+        meta = first.get("metadata") if isinstance(first, dict) else None
+        return meta if isinstance(meta, dict) else None
 
     async def delete(self, item: str, propagation: str) -> bool:
         """DELETE with a propagation policy (batch/v1 Jobs orphan their pods by default);
