@@ -18,6 +18,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
+from kinds.requests import ContainerRequest, pod_requests
 from schemas.quantity import QuantityError, cpu_milli, memory_bytes, parse_quantity
 
 QuantityValue = str | int | float
@@ -102,6 +103,7 @@ class KPodSpec(msgspec.Struct, gc=False):
     containers: list[KContainer] = []
     initContainers: list[KContainer] = []
     overhead: Resources = {}
+    resources: KResources | None = None  # pod-level resources
 
 
 class KTerminated(msgspec.Struct, gc=False):
@@ -405,23 +407,34 @@ def _container_usage(c: KContainer, gpu_resource: str) -> tuple[int, int, int]:
     return gpu, cpu, mem
 
 
+def _amounts(c: KContainer, gpu_resource: str) -> dict[str, int]:
+    gpu, cpu, mem = _container_usage(c, gpu_resource)
+    return {"gpu": gpu, "cpu": cpu, "memory": mem}
+
+
 def pod_usage(pod: KPod, gpu_resource: str = "nvidia.com/gpu") -> Usage:
-    """A pod's effective request as the scheduler counts it:
-    max(sum(containers) + sum(sidecars), max(init containers)) + overhead."""
-    g = c = m = 0
-    for ct in pod.spec.containers:
-        cg, cc, cm = _container_usage(ct, gpu_resource)
-        g, c, m = g + cg, c + cc, m + cm
-    ig = ic = im = 0
-    for ct in pod.spec.initContainers:
-        cg, cc, cm = _container_usage(ct, gpu_resource)
-        if ct.restartPolicy == "Always":  # sidecar: runs beside the main containers
+    """A pod's effective request as kube-scheduler counts it (`kinds.requests.pod_requests`:
+    containers, native sidecars, init containers, pod-level resources, RuntimeClass overhead).
+    The common pod (containers only) takes a short path with the same result."""
+    spec = pod.spec
+    if not spec.initContainers and spec.resources is None and not spec.overhead:
+        g = c = m = 0
+        for ct in spec.containers:
+            cg, cc, cm = _container_usage(ct, gpu_resource)
             g, c, m = g + cg, c + cc, m + cm
-        else:
-            ig, ic, im = max(ig, cg), max(ic, cc), max(im, cm)
-    oh = pod.spec.overhead
-    return Usage(
-        max(g, ig) + count_of(oh, gpu_resource),
-        max(c, ic) + cpu_of(oh),
-        max(m, im) + mem_of(oh),
+        return Usage(g, c, m)
+    level = spec.resources.requests if spec.resources is not None else {}
+    total = pod_requests(
+        (_amounts(ct, gpu_resource) for ct in spec.containers),
+        (
+            ContainerRequest(_amounts(ct, gpu_resource), ct.restartPolicy == "Always")
+            for ct in spec.initContainers
+        ),
+        {k: v for k, v in (("cpu", cpu_of(level)), ("memory", mem_of(level))) if k in level},
+        {
+            "gpu": count_of(spec.overhead, gpu_resource),
+            "cpu": cpu_of(spec.overhead),
+            "memory": mem_of(spec.overhead),
+        },
     )
+    return Usage(total.get("gpu", 0), total.get("cpu", 0), total.get("memory", 0))
