@@ -920,6 +920,10 @@ class KubeBackend:
             self._send(st)
             if w.terminal:
                 self._hold_all((w.job_id, w.attempt))
+                if st.phase in ("succeeded", "failed") and self.config.release_finished_pods:
+                    task = asyncio.create_task(self._release_finished((w.job_id, w.attempt)))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
 
     # -- workload objects with a status -----------------------------------------------------
     def _job_replacer(self, res: Resource) -> Callable[[list[KJob]], Awaitable[None]]:
@@ -1324,6 +1328,37 @@ class KubeBackend:
             pod = cache.get(uid)
             if pod is not None:
                 self._hold(uid, pod, False)
+
+    async def _release_finished(self, key: Key) -> None:
+        """An attempt finished: delete its pods that still run (or wait), so their GPUs are
+        free at once instead of at ttlSecondsAfterFinished. Pods that finished stay, with
+        the logs `muster logs` reads; the workload objects stay until their TTL or the next
+        attempt's garbage collection."""
+        cache = self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
+        base = POD.collection(self.config.namespace)
+        running = [
+            name
+            for uid, name in self._pod_names.get(key, {}).items()
+            if (pod := cache.get(uid)) is not None
+            and pod.status.phase not in ("Succeeded", "Failed")
+            and pod.metadata.deletionTimestamp is None
+        ]
+        if not running:
+            return
+
+        async def one(name: str) -> None:
+            try:
+                await self.rest.delete(item_path(base, name), self.config.delete_propagation)
+            except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
+                self.log.warning("releasing a finished pod failed", pod=name, error=str(exc)[:200])
+
+        await asyncio.gather(*(one(n) for n in running))
+        self.log.info(
+            "finished attempt: running pods deleted to free their GPUs",
+            job_id=key[0],
+            attempt=key[1],
+            pods=len(running),
+        )
 
     async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
         """One merge PATCH per pod, all at once within the API budget (`RateLimit`: requests

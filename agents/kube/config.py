@@ -169,6 +169,10 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     backoff_initial_s: Annotated[float, Meta(gt=0, le=60)] = 0.2
     backoff_max_s: Annotated[float, Meta(gt=0, le=600)] = 30.0
     delete_propagation: Literal["Background", "Foreground"] = "Background"
+    # Once an attempt has finished (succeeded or failed), its pods that still run (MPI workers
+    # waiting in sshd, replicas a success policy left behind) are deleted at once, so their
+    # GPUs are free before ttlSecondsAfterFinished; finished pods (and their logs) stay.
+    release_finished_pods: bool = True
     # A fence watchdog (deploy/watchdog/) runs beside this agent: every workload object then
     # carries its fence as the annotation muster.dev/fence-until, the watchdog deletes it once
     # lapsed, and the cluster fences every kind without the agent. Safe only while the fence
