@@ -1021,19 +1021,29 @@ class KubeBackend:
         return found
 
     async def _delete_objects(self, objects: list[tuple[str, str]]) -> None:
-        for collection, name in objects:
-            await self.rest.delete(item_path(collection, name), self.config.delete_propagation)
+        """All at once within the API budget (a Pod-kind gang is one object per pod); the
+        first failure is raised once every delete has been tried."""
+        results = await asyncio.gather(
+            *(
+                self.rest.delete(item_path(c, n), self.config.delete_propagation)
+                for c, n in objects
+            ),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
 
     async def _delete_attempts(self, job_id: str, keep: Callable[[int], bool], why: str) -> int:
         """Delete every object of `job_id` whose attempt is not kept; the count deleted.
         Uses what is known locally plus a fresh list by label (an object created by a
         previous agent instance may not be known)."""
         ns = self.config.namespace
-        targets: list[tuple[str, str]] = []
+        targets: dict[tuple[str, str], None] = {}  # ordered, O(1) membership
         for (jid, attempt), w in self._workloads.items():
             if jid == job_id and not keep(attempt):
                 w.cancelled = True
-                targets.extend(w.objects)
+                targets.update(dict.fromkeys(w.objects))
         for res in OWNED_RESOURCES:
             collection = res.collection(ns)
             try:
@@ -1050,9 +1060,8 @@ class KubeBackend:
                     continue
                 if keep(found[1]):
                     continue
-                if (collection, obj.metadata.name) not in targets:
-                    targets.append((collection, obj.metadata.name))
-        await self._delete_objects(targets)
+                targets[(collection, obj.metadata.name)] = None
+        await self._delete_objects(list(targets))
         if targets:
             self.log.info("deleted workload objects", job_id=job_id, count=len(targets), why=why)
         return len(targets)

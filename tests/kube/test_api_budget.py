@@ -154,3 +154,16 @@ async def test_an_apf_429_holds_every_request_for_its_retry_after(
     except KubeApiError as exc:
         assert exc.status == 429 and exc.detail.reason == "TooManyRequests"
         assert exc.retry_after == 0
+
+
+async def test_deletes_of_many_objects_go_out_concurrently(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    gang(apiserver, "many", 60)
+    backend, _ = await make_backend(api_inflight=8)
+    apiserver.latency_s = 0.02
+    refs = [(PODS, f"many-w{i}") for i in range(60)]
+    await backend._delete_objects(refs)
+    deleted = [path for path, _ in apiserver.deletes]
+    assert sorted(deleted) == sorted(f"{PODS}/many-w{i}" for i in range(60))
+    assert 1 < apiserver.peak_inflight <= 8
