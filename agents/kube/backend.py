@@ -727,10 +727,11 @@ class KubeBackend:
         """One page of a (re-)list of every unfinished pod. Nodes are refreshed once per
         page, not once per pod."""
         touched: set[str] = set()
-        async for pod in Pacer().each(items):
+        pacer = Pacer()
+        async for pod in pacer.each(items):
             if pod.metadata.uid:
                 self._pod_event("MODIFIED", pod, touched)
-        for name in touched:
+        async for name in pacer.each(touched):
             entry = self._nodes.get(name)
             if entry is not None:
                 self._refresh(entry)

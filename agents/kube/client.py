@@ -453,6 +453,7 @@ class Reflector(Generic[T]):
                 ):
                     if self.on_page is not None:
                         keys.update(object_key(o) for o in page)
+                        await asyncio.sleep(0)  # the page's decoding was one loop step
                         await self.on_page(page)
                     else:
                         for o in page:
