@@ -5,9 +5,11 @@ Per replica: GPUs from `resources.limits` (else `requests`) of every resource na
 MPIJob's `slotsPerWorker`; any other extended resource (`google.com/tpu`, ...) is refused, as no
 cluster offers it to Muster; cpu and memory from `requests` (else
 `limits`, which is what Kubernetes defaults a missing request to). Containers of a pod are
-summed; init containers count as Kubernetes counts them (the larger of the sum of the containers
-plus sidecars and the largest plain init container). A pod that asks for no cpu or memory gets
-0, as kube-scheduler counts it.
+summed, then init containers, native sidecars, pod-level `spec.resources.requests` and
+`spec.overhead` count as kube-scheduler counts them (`kinds.requests`, the one function the
+agent uses too). A pod that asks for no cpu or memory gets 0, as kube-scheduler counts it. The
+RuntimeClass overhead is known only where the template carries it: the API server adds it at
+admission, so the agent sees it on pods and the broker only when a manifest sets it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kinds.base import KindError, listed, mapping
+from kinds.requests import ContainerRequest, pod_requests
 from schemas.quantity import QuantityError, cpu_milli, memory_bytes, parse_quantity
 
 
@@ -26,16 +29,6 @@ class Demand:
         self.gpu = gpu
         self.cpu = cpu
         self.memory = memory
-
-    def add(self, other: Demand) -> None:
-        self.gpu += other.gpu
-        self.cpu += other.cpu
-        self.memory += other.memory
-
-    def maximum(self, other: Demand) -> None:
-        self.gpu = max(self.gpu, other.gpu)
-        self.cpu = max(self.cpu, other.cpu)
-        self.memory = max(self.memory, other.memory)
 
 
 _NATIVE = frozenset({"cpu", "memory", "ephemeral-storage", "storage", "pods"})
@@ -94,22 +87,47 @@ def container_demand(container: Any, path: str) -> Demand:
     return demand
 
 
+def _amounts(d: Demand) -> dict[str, int]:
+    return {"gpu": d.gpu, "cpu": d.cpu, "memory": d.memory}
+
+
+def _cpu_memory(raw: Any, path: str) -> dict[str, int]:
+    """cpu and memory of a pod-level `resources.requests` or an `overhead` list."""
+    found = mapping(raw, path)
+    out: dict[str, int] = {}
+    for name, parse in (("cpu", cpu_milli), ("memory", memory_bytes)):
+        if found.get(name) is not None:
+            try:
+                out[name] = parse(found[name])
+            except QuantityError as exc:
+                raise KindError(f"{path}.{name}: {exc}") from None
+    return out
+
+
 def pod_demand(template: Any, path: str) -> Demand:
-    """Per-pod demand of a pod template (`{metadata, spec}`), as kube-scheduler counts it."""
+    """Per-pod demand of a pod template (`{metadata, spec}`), as kube-scheduler counts it
+    (`kinds.requests.pod_requests`, shared with the agent)."""
     template = mapping(template, path, required=True)
     spec = mapping(template.get("spec"), f"{path}.spec", required=True)
     containers = listed(spec.get("containers"), f"{path}.spec.containers")
     if not containers:
         raise KindError(f"{path}.spec.containers: the pod template has no containers")
-    total = Demand()
-    for i, c in enumerate(containers):
-        total.add(container_demand(c, f"{path}.spec.containers[{i}]"))
-    init_peak = Demand()
-    for i, c in enumerate(listed(spec.get("initContainers"), f"{path}.spec.initContainers")):
-        d = container_demand(c, f"{path}.spec.initContainers[{i}]")
-        if isinstance(c, Mapping) and c.get("restartPolicy") == "Always":
-            total.add(d)  # a native sidecar runs beside the containers
-        else:
-            init_peak.maximum(d)
-    total.maximum(init_peak)
-    return total
+    main = [
+        _amounts(container_demand(c, f"{path}.spec.containers[{i}]"))
+        for i, c in enumerate(containers)
+    ]
+    init = [
+        ContainerRequest(
+            _amounts(container_demand(c, f"{path}.spec.initContainers[{i}]")),
+            isinstance(c, Mapping) and c.get("restartPolicy") == "Always",
+        )
+        for i, c in enumerate(listed(spec.get("initContainers"), f"{path}.spec.initContainers"))
+    ]
+    level = mapping(spec.get("resources"), f"{path}.spec.resources")
+    total = pod_requests(
+        main,
+        init,
+        _cpu_memory(level.get("requests"), f"{path}.spec.resources.requests"),
+        _cpu_memory(spec.get("overhead"), f"{path}.spec.overhead"),
+    )
+    return Demand(total.get("gpu", 0), total.get("cpu", 0), total.get("memory", 0))

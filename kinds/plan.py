@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 from typing import Any, NamedTuple
@@ -45,13 +46,23 @@ def _slug(text: str) -> str:
     return _NAME_RE.sub("-", text.lower()).strip("-")
 
 
+def id_digest(job_id: str) -> str:
+    """80 bits of SHA-256 of the exact job id, as 16 DNS-safe characters (base32)."""
+    raw = hashlib.sha256(job_id.encode()).digest()[:10]
+    return base64.b32encode(raw).decode().lower()
+
+
 def workload_name(job_id: str, attempt: int) -> str:
     """A DNS-1035 name unique per (job_id, attempt), at most ~40 characters, readable when the
-    id is already a clean DNS label."""
+    id is already a clean DNS label (then the name is the id itself). Any other id is a short
+    readable core plus 80 bits of its digest: finding an id whose name lands on another job's
+    objects is a second preimage of SHA-256 truncated to 80 bits, not the seconds a 24-bit
+    hash took. The agent still refuses to adopt or delete an object that is not its attempt's
+    (agents/kube/backend.py), whatever its name."""
     slug = _slug(job_id)
     if slug != job_id or len(slug) > 28 or not slug[:1].isalpha():
-        core = slug[:20].strip("-")
-        slug = f"{core}-{_hash(job_id)}" if core else _hash(job_id)
+        core = slug[:12].strip("-")
+        slug = f"{core}-{id_digest(job_id)}" if core else id_digest(job_id)
         if not slug[0].isalpha():
             slug = "j" + slug
     return f"{slug}-a{attempt}"

@@ -14,8 +14,8 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import Any, Generic
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -33,6 +33,7 @@ from agents.kube.decode import (
 
 log = structlog.get_logger("muster.agent.kube")
 
+Item = TypeVar("Item")
 MAX_LINE = 16 * 2**20  # one watch event; etcd's request limit is 1.5 MiB, CRDs can be large
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -67,11 +68,48 @@ def retry_after_s(resp: aiohttp.ClientResponse) -> float | None:
 
 
 Refresh = Callable[[], Awaitable[bool]]
-MAX_THROTTLED = 3  # 429 retries of one request, each after its Retry-After
+MAX_THROTTLED = 10  # 429 retries of one request, each after its Retry-After (client-go's)
 
 
 class GoneError(KubeApiError):
     """410 Gone: the resourceVersion (or continue token) is too old; re-list."""
+
+
+class RateLimit:
+    """A token bucket (client-go's `--kube-api-qps` / `--kube-api-burst`) plus a bound on
+    requests in flight, shared by every non-watch request of one agent.
+
+    A burst (a checkpoint request to every pod of a 1,000-pod gang) goes out at once up to
+    `burst`, then at `qps`; a 429 from the API server's priority and fairness holds every
+    request until its Retry-After has passed, so the agent backs off as a whole instead of
+    each request retrying on its own."""
+
+    def __init__(self, qps: float = 50.0, burst: int = 1000, inflight: int = 32) -> None:
+        self.qps = qps
+        self.burst = burst
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+        self.not_before = 0.0  # monotonic: a 429's Retry-After holds everything until then
+        self.slots = asyncio.Semaphore(inflight)
+        self.waited = 0  # requests that waited for a token
+
+    async def acquire(self) -> None:
+        while True:
+            now = time.monotonic()
+            if now < self.not_before:
+                await asyncio.sleep(self.not_before - now)
+                continue
+            self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.qps)
+            self.stamp = now
+            if self.tokens >= 1.0:
+                self.tokens -= 1.0
+                return
+            self.waited += 1
+            await asyncio.sleep((1.0 - self.tokens) / self.qps)
+
+    def hold(self, seconds: float) -> None:
+        """A 429 said to come back after `seconds`: no request before then."""
+        self.not_before = max(self.not_before, time.monotonic() + seconds)
 
 
 class KubeRest:
@@ -81,11 +119,17 @@ class KubeRest:
     once and the request retried, so an expired token costs one round trip, not a watch."""
 
     def __init__(
-        self, api: ApiClient, timeout_s: float = 30.0, refresh: Refresh | None = None
+        self,
+        api: ApiClient,
+        timeout_s: float = 30.0,
+        refresh: Refresh | None = None,
+        limit: RateLimit | None = None,
     ) -> None:
         self.api = api
         self.timeout_s = timeout_s
         self.refresh = refresh
+        self.limit = limit or RateLimit()
+        self.sent = 0  # non-watch requests sent (the API-call budget's figure)
         self.refreshes = 0  # credential refreshes after a 401
         self.throttled = 0  # 429 answers honoured
         self.skipped = 0  # list items that did not decode
@@ -137,21 +181,25 @@ class KubeRest:
         """The response body; None for a 404 when `ok_missing`; KubeApiError otherwise. A 429
         is retried after its Retry-After (a few times) as client-go does."""
         for throttled in range(MAX_THROTTLED + 1):
-            resp = await self.open(method, path, query, body, content_type)
-            try:
-                data = await resp.read()
-                status = resp.status
-                wait = retry_after_s(resp)
-            finally:
-                resp.release()
+            await self.limit.acquire()
+            async with self.limit.slots:
+                self.sent += 1
+                resp = await self.open(method, path, query, body, content_type)
+                try:
+                    data = await resp.read()
+                    status = resp.status
+                    wait = retry_after_s(resp)
+                finally:
+                    resp.release()
             if 200 <= status < 300:
                 return data
             if status == 404 and ok_missing:
                 return None
-            if status == 429 and throttled < MAX_THROTTLED:
-                self.throttled += 1
-                await asyncio.sleep(wait if wait is not None else 1.0)
-                continue
+            if status == 429:
+                self.limit.hold(wait if wait is not None else 1.0)
+                if throttled < MAX_THROTTLED:
+                    self.throttled += 1
+                    continue
             break
         err = GoneError if status == 410 else KubeApiError
         raise err(method, path, status, decode_status(data), wait)
@@ -168,14 +216,15 @@ class KubeRest:
         out = json.loads(data or b"{}")
         return out if isinstance(out, dict) else {}
 
-    async def uid_of(self, collection: str, name: str) -> str:
-        """The uid of an existing object ("" when it is gone). A list by name, since the
-        agent's RBAC grants `list`, not `get`, on what it creates."""
+    async def metadata_of(self, collection: str, name: str) -> dict[str, Any] | None:
+        """The metadata of an existing object (None when it is gone). A list by name, since
+        the agent's RBAC grants `list`, not `get`, on what it creates."""
         q = [("fieldSelector", f"metadata.name={name}")]
         out = json.loads(await self.request("GET", collection, query=q) or b"{}")
         items = out.get("items") if isinstance(out, dict) else None
-        first = items[0] if isinstance(items, list) and items else {}
-        return str(first.get("metadata", {}).get("uid", "")) if isinstance(first, dict) else ""
+        first = items[0] if isinstance(items, list) and items else None
+        meta = first.get("metadata") if isinstance(first, dict) else None
+        return meta if isinstance(meta, dict) else None
 
     async def delete(self, item: str, propagation: str) -> bool:
         """DELETE with a propagation policy (batch/v1 Jobs orphan their pods by default);
@@ -189,6 +238,40 @@ class KubeRest:
             is not None
         )
 
+    async def list_pages(
+        self,
+        collection: str,
+        kind: type[T],
+        label_selector: str = "",
+        page_size: int = 500,
+        max_pages: int = 10_000,
+        *,
+        field_selector: str = "",
+    ) -> AsyncIterator[tuple[list[T], str]]:
+        """A consistent, paginated list, one decoded page at a time: (items, the list's
+        resourceVersion). Never `resourceVersion=0`, which the watch cache answers with one
+        body of the whole collection whatever the `limit` (hundreds of MiB on a big cluster).
+        Only one page's bytes are held at once. An expired continue token (the list outlived
+        the server's compaction window) raises GoneError; the caller starts over."""
+        token = ""
+        for _ in range(max_pages):
+            q = [("limit", str(page_size))]
+            if label_selector:
+                q.append(("labelSelector", label_selector))
+            if field_selector:
+                q.append(("fieldSelector", field_selector))
+            if token:
+                q.append(("continue", token))
+            data = await self.request("GET", collection, query=q)
+            page, skipped = decode_list_lenient(data or b"{}", kind)
+            del data
+            self.skipped += skipped
+            token = page.metadata.continue_
+            yield page.items or [], page.metadata.resourceVersion
+            if not token:
+                return
+        raise KubeApiError("GET", collection, 0, KStatus(message="too many pages"))
+
     async def list_all(
         self,
         collection: str,
@@ -198,34 +281,16 @@ class KubeRest:
         max_pages: int = 10_000,
         *,
         field_selector: str = "",
-        from_cache: bool = False,
     ) -> tuple[list[T], str]:
-        """Every item of a collection (paginated) and the list's resourceVersion. An expired
-        continue token raises GoneError; the caller starts over. `from_cache` lists with
-        resourceVersion=0: served from the API server's watch cache, possibly a little old,
-        which is safe only where a watch from the returned version follows."""
+        """Every item of a (small) collection and the list's resourceVersion."""
         items: list[T] = []
-        token = ""
         rv = ""
-        for _ in range(max_pages):
-            q = [("limit", str(page_size))]
-            if label_selector:
-                q.append(("labelSelector", label_selector))
-            if field_selector:
-                q.append(("fieldSelector", field_selector))
-            if from_cache and not token:
-                q.append(("resourceVersion", "0"))
-            if token:
-                q.append(("continue", token))
-            data = await self.request("GET", collection, query=q)
-            page, skipped = decode_list_lenient(data or b"{}", kind)
-            self.skipped += skipped
-            items.extend(page.items or [])
-            rv = page.metadata.resourceVersion or rv
-            token = page.metadata.continue_
-            if not token:
-                return items, rv
-        raise KubeApiError("GET", collection, 0, KStatus(message="too many pages"))
+        async for page, page_rv in self.list_pages(
+            collection, kind, label_selector, page_size, max_pages, field_selector=field_selector
+        ):
+            items.extend(page)
+            rv = page_rv or rv
+        return items, rv
 
 
 def item_path(collection: str, name: str) -> str:
@@ -294,7 +359,7 @@ class Reflector(Generic[T]):
       resumes from the last resourceVersion seen; events and BOOKMARKs advance it. Failures
       back off exponentially with jitter (a 429 waits its Retry-After);
     * only 410 Gone (HTTP status or ERROR event) re-lists, with a consistent read;
-    * the first list may come from the watch cache (`resourceVersion=0`): a watch follows it;
+    * lists are paginated consistent reads (`limit` + `continue`), decoded a page at a time;
     * every `resync_s` the local cache is replayed to `on_replace` (no request), so handlers
       can re-evaluate timers and repair drift, as client-go's resync does;
     * with `absent_retry_s` set, the collection is optional (a CRD that may not be installed):
@@ -302,7 +367,14 @@ class Reflector(Generic[T]):
       retried every `absent_retry_s` instead of backing off as for a failure;
     * `failing_since` (monotonic) is set while list/watch requests fail: the backend reports
       itself stale when that lasts.
-    `on_replace(items)` receives each list; `on_event(type, obj)` each ADDED/MODIFIED/DELETED.
+    `on_replace(items)` (a coroutine: a list of 150,000 pods must yield to the loop while it is
+    applied, see `Pacer`) receives each list; `on_event(type, obj)` each ADDED/MODIFIED/DELETED.
+
+    Streamed instead (`on_page` and `on_listed` given, `on_replace` None): no local cache at
+    all. Each page goes to `on_page` as it is decoded, then `on_listed(keys, complete)` gets
+    the keys the list held (`complete` False when some item did not decode: nothing may be
+    taken as gone). Memory is one page plus the keys, whatever the cluster's size; the handler
+    keeps what it needs (the backend keeps a few integers per pod). Resync replays nothing.
     """
 
     def __init__(
@@ -310,9 +382,11 @@ class Reflector(Generic[T]):
         rest: KubeRest,
         collection: str,
         kind: type[T],
-        on_replace: Callable[[list[T]], None],
+        on_replace: Callable[[list[T]], Awaitable[None]] | None,
         on_event: Callable[[str, T], None],
         *,
+        on_page: Callable[[list[T]], Awaitable[None]] | None = None,
+        on_listed: Callable[[set[str], bool], Awaitable[None]] | None = None,
         label_selector: str = "",
         field_selector: str = "",
         page_size: int = 500,
@@ -328,7 +402,11 @@ class Reflector(Generic[T]):
         self.rest = rest
         self.collection = collection
         self.kind: type[T] = kind
-        self.on_replace: Callable[[list[T]], None] = on_replace
+        self.on_replace: Callable[[list[T]], Awaitable[None]] | None = on_replace
+        self.on_page: Callable[[list[T]], Awaitable[None]] | None = on_page
+        self.on_listed: Callable[[set[str], bool], Awaitable[None]] | None = on_listed
+        if (on_replace is None) == (on_page is None or on_listed is None):
+            raise ValueError("give on_replace, or on_page and on_listed")
         self.on_event: Callable[[str, T], None] = on_event
         self.label_selector = label_selector
         self.field_selector = field_selector
@@ -357,34 +435,54 @@ class Reflector(Generic[T]):
         self.resumes = 0  # watches resumed from their resourceVersion after a failure
         self._resynced_at = 0.0
 
-    async def list_once(self, from_cache: bool = False) -> None:
-        """One full list (retrying once when the continue token expires mid-list)."""
+    async def list_once(self) -> None:
+        """One full list, page by page (retrying once when the continue token expires
+        mid-list). Cached: the old objects are released as their new versions arrive, so a
+        re-list never holds two copies of the collection."""
         skipped_before = self.rest.skipped
         for attempt in range(2):
+            old, fresh, keys = self.cache, dict[str, T](), set[str]()
+            rv = ""
             try:
-                items, rv = await self.rest.list_all(
+                async for page, page_rv in self.rest.list_pages(
                     self.collection,
                     self.kind,
                     self.label_selector,
                     self.page_size,
                     field_selector=self.field_selector,
-                    from_cache=from_cache and not attempt,
-                )
-            except GoneError:
-                if attempt:
+                ):
+                    if self.on_page is not None:
+                        keys.update(object_key(o) for o in page)
+                        await asyncio.sleep(0)  # the page's decoding was one loop step
+                        await self.on_page(page)
+                    else:
+                        for o in page:
+                            key = object_key(o)
+                            old.pop(key, None)
+                            fresh[key] = o
+                    rv = page_rv or rv
+            except BaseException as exc:
+                old.update(fresh)  # what arrived is newer; what did not stays as it was
+                if not isinstance(exc, GoneError) or attempt:
                     raise
+                self.gone += 1
+                log.info("list outlived its continue token (410); again", collection=self.name)
                 continue
             if self.absent:
                 log.info("collection is served now; watching it", collection=self.name)
                 self.absent = 0
-            fresh = {object_key(o): o for o in items}
-            if self.rest.skipped > skipped_before:
+            complete = self.rest.skipped == skipped_before
+            if not complete:
                 # Some items did not decode: what they were before stays, so a malformed
                 # object never reads as a deleted one (which could end an attempt).
                 self.bad_input.note(self.name, "undecodable list item")
-                fresh = {**self.cache, **fresh}
-            self.cache = fresh
-            self.on_replace(list(fresh.values()))
+                fresh.update(old)
+            if self.on_listed is not None:
+                await self.on_listed(keys, complete)
+            else:
+                self.cache = fresh
+                assert self.on_replace is not None
+                await self.on_replace(list(fresh.values()))
             self.resource_version = rv
             self.lists += 1
             self._resynced_at = time.monotonic()
@@ -392,11 +490,13 @@ class Reflector(Generic[T]):
             self.synced.set()
             return
 
-    def resync(self) -> None:
-        """Replay the local cache to the handler: no request to the API server."""
+    async def resync(self) -> None:
+        """Replay the local cache to the handler: no request to the API server (a streamed
+        reflector has no cache: its handler's state is already current)."""
         self.resyncs += 1
         self._resynced_at = time.monotonic()
-        self.on_replace(list(self.cache.values()))
+        if self.on_replace is not None:
+            await self.on_replace(list(self.cache.values()))
 
     def _ok(self) -> None:
         self.failing_since = None
@@ -420,7 +520,7 @@ class Reflector(Generic[T]):
                     await self.list_once()
                     need_list = False
                 elif time.monotonic() - self._resynced_at >= self.resync_s:
-                    self.resync()
+                    await self.resync()
                 await self._watch_once()
                 backoff = self.backoff_initial_s
             except GoneError:
@@ -531,7 +631,9 @@ class Reflector(Generic[T]):
         elif ev.obj is not None and ev.type in ("ADDED", "MODIFIED", "DELETED"):
             self.events += 1
             key = object_key(ev.obj)
-            if ev.type == "DELETED":
+            if self.on_replace is None:
+                pass  # streamed: the handler keeps its own state
+            elif ev.type == "DELETED":
                 self.cache.pop(key, None)
             else:
                 self.cache[key] = ev.obj
@@ -558,3 +660,25 @@ async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
 
 
 Task = Callable[[], Awaitable[None]]
+
+
+class Pacer:
+    """Yields to the event loop once `slice_s` of work has passed, so a long loop over a
+    cluster's pods (a list, a resync) never holds the loop (heartbeats, acks, /livez) for
+    longer than a slice. Cheap enough to call per item."""
+
+    def __init__(self, slice_s: float = 0.005) -> None:
+        self.slice_s = slice_s
+        self.since = time.perf_counter()
+        self.yields = 0
+
+    async def tick(self) -> None:
+        if time.perf_counter() - self.since >= self.slice_s:
+            await asyncio.sleep(0)
+            self.yields += 1
+            self.since = time.perf_counter()
+
+    async def each(self, items: Iterable[Item]) -> AsyncIterator[Item]:
+        for item in items:
+            yield item
+            await self.tick()

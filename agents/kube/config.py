@@ -159,10 +159,20 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     # resourceVersion without a re-list.
     watch_timeout_s: Annotated[int, Meta(ge=1, le=3600)] = 290
     list_page_size: Annotated[int, Meta(ge=1, le=10_000)] = 500
+    # The agent's API budget (every request but watches): a token bucket of `api_qps` with
+    # `api_burst` (a checkpoint request to a 1,000-pod gang goes out at once) and at most
+    # `api_inflight` requests in flight; a 429 holds every request for its Retry-After.
+    api_qps: Annotated[float, Meta(gt=0, le=10_000)] = 50.0
+    api_burst: Annotated[int, Meta(ge=1, le=100_000)] = 1000
+    api_inflight: Annotated[int, Meta(ge=1, le=1024)] = 32
     request_timeout_s: Annotated[float, Meta(gt=0, le=600)] = 30.0
     backoff_initial_s: Annotated[float, Meta(gt=0, le=60)] = 0.2
     backoff_max_s: Annotated[float, Meta(gt=0, le=600)] = 30.0
     delete_propagation: Literal["Background", "Foreground"] = "Background"
+    # Once an attempt has finished (succeeded or failed), its pods that still run (MPI workers
+    # waiting in sshd, replicas a success policy left behind) are deleted at once, so their
+    # GPUs are free before ttlSecondsAfterFinished; finished pods (and their logs) stay.
+    release_finished_pods: bool = True
     # A fence watchdog (deploy/watchdog/) runs beside this agent: every workload object then
     # carries its fence as the annotation muster.dev/fence-until, the watchdog deletes it once
     # lapsed, and the cluster fences every kind without the agent. Safe only while the fence

@@ -2,7 +2,10 @@
 
 Why not `V1Pod`/`V1Node`: the generated models cost ~400 µs an event to build; these Structs
 hold only the fields the backend reads and decode in a few µs (see `decode_watch_line`).
-Every field has a default, unknown fields are skipped, and a line that is not a watch event
+The Structs are not tracked by the cyclic garbage collector (`gc=False`: decoded data holds
+no cycles): a big cluster decodes millions of them, and every tracked one would lengthen the
+collector's full passes, which stop the event loop. Every field has a default, unknown fields
+are skipped, and a line that is not a watch event
 yields None instead of an exception, so one bad line never stops a watch; likewise one bad item
 never fails a list (`decode_list_lenient`).
 """
@@ -15,13 +18,14 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
+from kinds.requests import ContainerRequest, pod_requests
 from schemas.quantity import QuantityError, cpu_milli, memory_bytes, parse_quantity
 
 QuantityValue = str | int | float
 Resources = dict[str, QuantityValue]
 
 
-class KMeta(msgspec.Struct):
+class KMeta(msgspec.Struct, gc=False):
     name: str = ""
     namespace: str = ""
     uid: str = ""
@@ -44,7 +48,7 @@ def parse_time(text: str | None) -> float | None:
         return None
 
 
-class KCondition(msgspec.Struct):
+class KCondition(msgspec.Struct, gc=False):
     type: str = ""
     status: str = ""
     reason: str = ""
@@ -55,26 +59,26 @@ class KCondition(msgspec.Struct):
 # -- nodes ----------------------------------------------------------------------------------
 
 
-class KTaint(msgspec.Struct):
+class KTaint(msgspec.Struct, gc=False):
     key: str = ""
     value: str = ""
     effect: str = ""
     timeAdded: str | None = None  # set by the API server on NoExecute taints
 
 
-class KNodeSpec(msgspec.Struct):
+class KNodeSpec(msgspec.Struct, gc=False):
     taints: list[KTaint] = []
     unschedulable: bool = False
     providerID: str = ""
 
 
-class KNodeStatus(msgspec.Struct):
+class KNodeStatus(msgspec.Struct, gc=False):
     capacity: Resources = {}
     allocatable: Resources = {}
     conditions: list[KCondition] = []
 
 
-class KNode(msgspec.Struct):
+class KNode(msgspec.Struct, gc=False):
     metadata: KMeta = msgspec.field(default_factory=KMeta)
     spec: KNodeSpec = msgspec.field(default_factory=KNodeSpec)
     status: KNodeStatus = msgspec.field(default_factory=KNodeStatus)
@@ -83,35 +87,36 @@ class KNode(msgspec.Struct):
 # -- pods -----------------------------------------------------------------------------------
 
 
-class KResources(msgspec.Struct):
+class KResources(msgspec.Struct, gc=False):
     requests: Resources = {}
     limits: Resources = {}
 
 
-class KContainer(msgspec.Struct):
+class KContainer(msgspec.Struct, gc=False):
     name: str = ""
     resources: KResources = msgspec.field(default_factory=KResources)
     restartPolicy: str = ""  # "Always" on an init container = a sidecar
 
 
-class KPodSpec(msgspec.Struct):
+class KPodSpec(msgspec.Struct, gc=False):
     nodeName: str = ""
     containers: list[KContainer] = []
     initContainers: list[KContainer] = []
     overhead: Resources = {}
+    resources: KResources | None = None  # pod-level resources
 
 
-class KTerminated(msgspec.Struct):
+class KTerminated(msgspec.Struct, gc=False):
     exitCode: int = 0
     reason: str = ""
     message: str = ""
 
 
-class KContainerState(msgspec.Struct):
+class KContainerState(msgspec.Struct, gc=False):
     terminated: KTerminated | None = None
 
 
-class KContainerStatus(msgspec.Struct):
+class KContainerStatus(msgspec.Struct, gc=False):
     name: str = ""
     state: KContainerState = msgspec.field(default_factory=KContainerState)
     # With restartPolicy OnFailure/Always a crash restarts the container inside the same pod
@@ -120,7 +125,7 @@ class KContainerStatus(msgspec.Struct):
     restartCount: int = 0
 
 
-class KPodStatus(msgspec.Struct):
+class KPodStatus(msgspec.Struct, gc=False):
     phase: str = ""
     reason: str = ""
     message: str = ""
@@ -129,7 +134,7 @@ class KPodStatus(msgspec.Struct):
     initContainerStatuses: list[KContainerStatus] = []
 
 
-class KPod(msgspec.Struct):
+class KPod(msgspec.Struct, gc=False):
     metadata: KMeta = msgspec.field(default_factory=KMeta)
     spec: KPodSpec = msgspec.field(default_factory=KPodSpec)
     status: KPodStatus = msgspec.field(default_factory=KPodStatus)
@@ -138,13 +143,13 @@ class KPod(msgspec.Struct):
 # -- generic objects (workload objects we created) ------------------------------------------
 
 
-class KObject(msgspec.Struct):
+class KObject(msgspec.Struct, gc=False):
     apiVersion: str = ""
     kind: str = ""
     metadata: KMeta = msgspec.field(default_factory=KMeta)
 
 
-class KJob(msgspec.Struct):
+class KJob(msgspec.Struct, gc=False):
     """A workload object Muster created whose status says how it ended (batch/v1 Job,
     Kubeflow jobs, JobSet, Volcano Job). `status` stays raw and is decoded on its own by
     `decode_job_status`: operators' CRD statuses are loosely validated, and one object whose
@@ -156,7 +161,7 @@ class KJob(msgspec.Struct):
     status: msgspec.Raw = msgspec.Raw(b"null")
 
 
-class KVolcanoState(msgspec.Struct):
+class KVolcanoState(msgspec.Struct, gc=False):
     """A Volcano Job's `status.state` (phase: Pending, Running, Restarting, Completing,
     Completed, Aborting, Aborted, Terminating, Terminated, Failed)."""
 
@@ -165,7 +170,7 @@ class KVolcanoState(msgspec.Struct):
     message: str = ""
 
 
-class KJobStatus(msgspec.Struct):
+class KJobStatus(msgspec.Struct, gc=False):
     """The fields of a workload object's status that decide its verdict: `conditions`
     (batch/v1, Kubeflow, JobSet) and Volcano's `state`."""
 
@@ -190,7 +195,7 @@ def decode_job_status(raw: msgspec.Raw) -> KJobStatus | None:
     return KJobStatus() if st is None else st
 
 
-class KStatus(msgspec.Struct):
+class KStatus(msgspec.Struct, gc=False):
     """A metav1.Status (the object of an ERROR watch event, or an error response body)."""
 
     code: int = 0
@@ -198,7 +203,7 @@ class KStatus(msgspec.Struct):
     message: str = ""
 
 
-class KListMeta(msgspec.Struct):
+class KListMeta(msgspec.Struct, gc=False):
     resourceVersion: str = ""
     # `continue` is a Python keyword, hence the rename.
     continue_: str = msgspec.field(default="", name="continue")
@@ -207,7 +212,7 @@ class KListMeta(msgspec.Struct):
 T = TypeVar("T", KNode, KPod, KObject, KJob)
 
 
-class KList(msgspec.Struct, Generic[T]):
+class KList(msgspec.Struct, Generic[T], gc=False):
     metadata: KListMeta = msgspec.field(default_factory=KListMeta)
     items: list[T] | None = None
 
@@ -215,7 +220,7 @@ class KList(msgspec.Struct, Generic[T]):
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]
 
 
-class WatchEvent(msgspec.Struct, Generic[T]):
+class WatchEvent(msgspec.Struct, Generic[T], gc=False):
     """One decoded watch line. `obj` is None for ERROR (see `error`) and holds only metadata
     for BOOKMARK."""
 
@@ -223,12 +228,12 @@ class WatchEvent(msgspec.Struct, Generic[T]):
     object: T | None = None
 
 
-class _StatusEvent(msgspec.Struct):
+class _StatusEvent(msgspec.Struct, gc=False):
     type: str = ""
     object: KStatus | None = None
 
 
-class Decoded(msgspec.Struct, Generic[T]):
+class Decoded(msgspec.Struct, Generic[T], gc=False):
     type: str
     obj: T | None = None
     error: KStatus | None = None
@@ -287,7 +292,7 @@ def decode_list(body: bytes, kind: type[T]) -> KList[T]:
     return page
 
 
-class _RawList(msgspec.Struct):
+class _RawList(msgspec.Struct, gc=False):
     metadata: KListMeta = msgspec.field(default_factory=KListMeta)
     items: list[msgspec.Raw] | None = None
 
@@ -402,23 +407,34 @@ def _container_usage(c: KContainer, gpu_resource: str) -> tuple[int, int, int]:
     return gpu, cpu, mem
 
 
+def _amounts(c: KContainer, gpu_resource: str) -> dict[str, int]:
+    gpu, cpu, mem = _container_usage(c, gpu_resource)
+    return {"gpu": gpu, "cpu": cpu, "memory": mem}
+
+
 def pod_usage(pod: KPod, gpu_resource: str = "nvidia.com/gpu") -> Usage:
-    """A pod's effective request as the scheduler counts it:
-    max(sum(containers) + sum(sidecars), max(init containers)) + overhead."""
-    g = c = m = 0
-    for ct in pod.spec.containers:
-        cg, cc, cm = _container_usage(ct, gpu_resource)
-        g, c, m = g + cg, c + cc, m + cm
-    ig = ic = im = 0
-    for ct in pod.spec.initContainers:
-        cg, cc, cm = _container_usage(ct, gpu_resource)
-        if ct.restartPolicy == "Always":  # sidecar: runs beside the main containers
+    """A pod's effective request as kube-scheduler counts it (`kinds.requests.pod_requests`:
+    containers, native sidecars, init containers, pod-level resources, RuntimeClass overhead).
+    The common pod (containers only) takes a short path with the same result."""
+    spec = pod.spec
+    if not spec.initContainers and spec.resources is None and not spec.overhead:
+        g = c = m = 0
+        for ct in spec.containers:
+            cg, cc, cm = _container_usage(ct, gpu_resource)
             g, c, m = g + cg, c + cc, m + cm
-        else:
-            ig, ic, im = max(ig, cg), max(ic, cc), max(im, cm)
-    oh = pod.spec.overhead
-    return Usage(
-        max(g, ig) + count_of(oh, gpu_resource),
-        max(c, ic) + cpu_of(oh),
-        max(m, im) + mem_of(oh),
+        return Usage(g, c, m)
+    level = spec.resources.requests if spec.resources is not None else {}
+    total = pod_requests(
+        (_amounts(ct, gpu_resource) for ct in spec.containers),
+        (
+            ContainerRequest(_amounts(ct, gpu_resource), ct.restartPolicy == "Always")
+            for ct in spec.initContainers
+        ),
+        {k: v for k, v in (("cpu", cpu_of(level)), ("memory", mem_of(level))) if k in level},
+        {
+            "gpu": count_of(spec.overhead, gpu_resource),
+            "cpu": cpu_of(spec.overhead),
+            "memory": mem_of(spec.overhead),
+        },
     )
+    return Usage(total.get("gpu", 0), total.get("cpu", 0), total.get("memory", 0))

@@ -188,6 +188,24 @@ def pod_job(pod: KPod) -> str:
     return meta.annotations.get(ANN_JOB) or meta.labels.get(LABEL_JOB, "")
 
 
+class Refs(list[tuple[str, str]]):
+    """An attempt's objects, (collection path, name), in creation order and without repeats,
+    with O(1) membership: a Pod-kind gang has one object per pod, and every object seen in a
+    list or an event is checked against it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._known: set[tuple[str, str]] = set()
+
+    def append(self, ref: tuple[str, str]) -> None:
+        if ref not in self._known:
+            self._known.add(ref)
+            super().append(ref)
+
+    def __contains__(self, ref: object) -> bool:
+        return ref in self._known
+
+
 class Workload:
     """One attempt's objects and pods, and the last phase reported for it."""
 
@@ -216,7 +234,7 @@ class Workload:
         self.attempt = attempt
         self.total = total
         self.kind = kind
-        self.objects: list[tuple[str, str]] = []  # (collection path, name)
+        self.objects = Refs()  # (collection path, name)
         self._views: dict[str, PodView] = {}
         self.counts: dict[Kind, int] = {
             "pending": 0,

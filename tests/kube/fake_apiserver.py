@@ -9,8 +9,13 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
 * storage per resource path: `/api/v1/...` and `/apis/<group>/<version>/...`, cluster-scoped
   (`nodes`) and namespaced (`pods`, `services`, `jobs`, CRDs), plus all-namespace lists;
 * GET list with `labelSelector` (=, ==, !=, exists, !exists), `fieldSelector` (=, ==, != on
-  the fields the real server supports for the kind; any other field is a 400), `limit` +
-  `continue` pagination, `resourceVersion=0`, and the list's `metadata.resourceVersion`;
+  the fields the real server supports for the kind; any other field is a 400), and the list's
+  `metadata.resourceVersion`. `limit` + `continue` pagination is a consistent read: every page
+  of one list comes from the snapshot of its first page (as etcd serves it at the list's
+  revision), the token is the real shape (base64 of `{"v":"meta.k8s.io/v1","rv":..,"start":..}`)
+  and a token older than `compact()` is the real 410 `Expired` Status; `resourceVersion=0` is
+  served from the "watch cache": one body of everything, the `limit` ignored, as the real
+  server does;
 * GET `?watch=true` streaming one JSON event per line: replay from `resourceVersion`, then
   live events. Selectors are applied to the old and the new object, as the watch cache does:
   an object that starts matching arrives as ADDED, one that stops matching as DELETED with its
@@ -33,6 +38,10 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
   created through the API gets `status.startTime`, and once `startTime +
   spec.activeDeadlineSeconds` has passed (on the given clock) the Job is marked Failed with
   reason DeadlineExceeded and its pods are deleted (gracefully), as the real controller does;
+* API priority and fairness, opt-in: with `max_inflight` set, a request beyond that many in
+  flight (non-watch) is answered with the real APF 429 (`TooManyRequests`, `Retry-After`);
+  `latency_s` delays every non-watch answer (a real server is milliseconds away);
+  `peak_inflight` records the most requests seen in flight at once;
 * fault injection: `fail_next()` (an HTTP error for the next matching request, 429 with
   Retry-After), `reset_watches()` (connections dropped mid-watch), `expire_watches()` (ERROR
   410 on every open watch), `send_raw()` (garbage lines), `missing_groups` (a CRD that is not
@@ -47,6 +56,7 @@ Everything binds to 127.0.0.1 on a free port.
 from __future__ import annotations
 
 import asyncio
+import base64
 import calendar
 import contextlib
 import copy
@@ -94,7 +104,16 @@ FIELD_LABELS: dict[str, set[str]] = {
     "nodes": {"metadata.name", "spec.unschedulable"},
 }
 DEFAULT_FIELDS = {"metadata.name", "metadata.namespace"}
-RESET = b"__reset__"  # queue marker: drop the connection without ending the stream
+RESET = b"__reset__"
+JSON = "application/json"
+# The real message of a 410 on an expired continue token (k8s.io/apiserver storage errors).
+EXPIRED = (
+    "The provided continue parameter is too old to display a consistent list result. You can "
+    "start a new list without the continue parameter, or use the continue token in this "
+    "response to retrieve the remainder of the results. Continuing with the provided token "
+    "results in an inconsistent list - objects that were created, modified, or deleted "
+    "between the time the first chunk was returned and now may show up in the list."
+)  # queue marker: drop the connection without ending the stream
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -289,6 +308,16 @@ class FakeApiServer:
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port = port
+        # Consistent paginated lists: token id -> (the list's revision, its selected items).
+        self._snapshots: dict[int, tuple[int, list[Obj]]] = {}
+        self._snapshot_ids = 0
+        self._foreground: set[tuple[ResKey, tuple[str, str]]] = set()
+        self.max_inflight: int | None = None  # APF: more non-watch requests in flight -> 429
+        self.retry_after_s = 1  # what an APF 429 asks for
+        self.latency_s = 0.0  # added to every non-watch answer
+        self.inflight = 0
+        self.peak_inflight = 0
+        self.throttled = 0  # APF 429s sent
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -454,6 +483,7 @@ class FakeApiServer:
         """Forget history: any watch from an older resourceVersion now gets 410 Gone."""
         self.compacted_rv = self.rv
         self.log.clear()
+        self._snapshots.clear()
 
     def expire_watches(self) -> None:
         """Send ERROR 410 on every open watch (as when the server's cache window passes)."""
@@ -569,13 +599,18 @@ class FakeApiServer:
         return out
 
     def _finish_foreground(self) -> None:
-        for res, objs in list(self.store.items()):
-            for key, o in list(objs.items()):
-                fins = o["metadata"].get("finalizers") or []
-                if "foregroundDeletion" in fins and not self._dependents(o["metadata"]["uid"]):
-                    o = copy.deepcopy(o)
-                    o["metadata"]["finalizers"] = [f for f in fins if f != "foregroundDeletion"]
-                    self.put(self._collection(res, key[0]), o)
+        """Owners deleted in the foreground lose the finalizer once their dependents are
+        gone (only those are looked at: a scale test's store holds 150,000 pods)."""
+        for res, key in list(self._foreground):
+            o = self.store.get(res, {}).get(key)
+            fins = (o or {}).get("metadata", {}).get("finalizers") or []
+            if o is None or "foregroundDeletion" not in fins:
+                self._foreground.discard((res, key))
+            elif not self._dependents(o["metadata"]["uid"]):
+                self._foreground.discard((res, key))
+                o = copy.deepcopy(o)
+                o["metadata"]["finalizers"] = [f for f in fins if f != "foregroundDeletion"]
+                self.put(self._collection(res, key[0]), o)
 
     @staticmethod
     def _collection(res: ResKey, ns: str) -> str:
@@ -598,6 +633,7 @@ class FakeApiServer:
         finalizers = list(meta.get("finalizers") or [])
         if policy == "Foreground" and self._dependents(uid):
             finalizers.append("foregroundDeletion")
+            self._foreground.add((route.res, key))
         out: Obj | None = obj
         if meta.get("deletionTimestamp"):
             pass  # already being deleted: nothing new
@@ -644,6 +680,26 @@ class FakeApiServer:
         return web.json_response(body, status=422)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") in ("1", "true"):
+            return await self._serve(request)
+        if self.max_inflight is not None and self.inflight >= self.max_inflight:
+            # What API priority and fairness answers when a priority level's queues are full.
+            self.throttled += 1
+            self.requests.append((request.method, request.path, dict(request.query)))
+            body = status(429, "TooManyRequests", "Too many requests, please try again later.")
+            body["details"] = {"retryAfterSeconds": self.retry_after_s}
+            headers = {"Retry-After": str(self.retry_after_s)}
+            return web.json_response(body, status=429, headers=headers)
+        self.inflight += 1
+        self.peak_inflight = max(self.peak_inflight, self.inflight)
+        try:
+            if self.latency_s:
+                await asyncio.sleep(self.latency_s)
+            return await self._serve(request)
+        finally:
+            self.inflight -= 1
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         query = dict(request.query)
         self.requests.append((request.method, path, query))
@@ -775,25 +831,42 @@ class FakeApiServer:
     def _list(
         self, route: Route, query: dict[str, str], fields: list[tuple[str, str, str]]
     ) -> web.Response:
-        items = self._selected(route, query, fields)
         limit = int(query.get("limit", "0") or 0)
         if query.get("resourceVersion") == "0":
             limit = 0  # served from the watch cache: the real server ignores the limit
-        start = 0
         token = query.get("continue", "")
         if token:
-            offset, at_rv = (int(x) for x in token.split(":"))
-            if at_rv < self.compacted_rv:
-                return web.json_response(status(410, "Expired", "continue expired"), status=410)
-            start = offset
+            try:
+                decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
+                snap_id, start, at_rv = (int(x) for x in decoded["start"].split(":"))
+                if int(decoded["rv"]) != at_rv:
+                    raise ValueError
+            except (ValueError, KeyError, TypeError):
+                msg = "continue key is not valid: incorrect encoded start resourceVersion"
+                return web.json_response(status(400, "BadRequest", msg), status=400)
+            snap = self._snapshots.get(snap_id)
+            if at_rv < self.compacted_rv or snap is None:
+                return web.json_response(status(410, "Expired", EXPIRED), status=410)
+            list_rv, items = snap
+        else:
+            list_rv, items, start = self.rv, self._selected(route, query, fields), 0
         page = items[start : start + limit] if limit else items[start:]
-        meta: Obj = {"resourceVersion": str(self.rv)}
+        meta: Obj = {"resourceVersion": str(list_rv)}
         if limit and start + limit < len(items):
-            meta["continue"] = f"{start + limit}:{self.rv}"
+            if not token:
+                self._snapshot_ids += 1
+                snap_id = self._snapshot_ids
+                self._snapshots[snap_id] = (list_rv, items)
+                while len(self._snapshots) > 64:  # abandoned lists: the oldest expire
+                    del self._snapshots[min(self._snapshots)]
+            start_key = f"{snap_id}:{start + limit}:{list_rv}"
+            raw = {"v": "meta.k8s.io/v1", "rv": list_rv, "start": start_key}
+            meta["continue"] = base64.urlsafe_b64encode(json.dumps(raw).encode()).decode()
+        elif token:
+            self._snapshots.pop(snap_id, None)
         kind = KINDS.get(route.res[1], "Object") + "List"
-        return web.json_response(
-            {"kind": kind, "apiVersion": route.res[0], "metadata": meta, "items": page}
-        )
+        body = {"kind": kind, "apiVersion": route.res[0], "metadata": meta, "items": page}
+        return web.Response(body=json.dumps(body, separators=(",", ":")), content_type=JSON)
 
     async def _watch(
         self,

@@ -44,19 +44,37 @@ def _container_requests(container: Obj) -> Counter[str]:
 
 
 def pod_requests(pod: Obj) -> Counter[str]:
-    """What a pod takes from a node, as the scheduler counts it (init containers: the peak)."""
+    """What a pod takes from a node, as the scheduler counts it, written independently of
+    `kinds.requests` (so the two can disagree in a test) as the kubelet's timeline of the pod:
+    each init container runs beside the native sidecars started before it; a sidecar keeps
+    running; then the containers run beside every sidecar. The pod needs the peak of that
+    timeline per resource; pod-level `spec.resources.requests` (cpu, memory, hugepages-*)
+    override it; the RuntimeClass `spec.overhead` comes on top. Rules: Kubernetes
+    component-helpers `PodRequests` and the sidecar KEP (sig-node 753), docs/kubernetes.md."""
     spec = pod.get("spec") or {}
-    total: Counter[str] = Counter()
-    for c in spec.get("containers") or []:
-        total.update(_container_requests(c))
-    peak: Counter[str] = Counter()
+    running: Counter[str] = Counter()  # sidecars started so far
+    steps: list[Counter[str]] = []
     for c in spec.get("initContainers") or []:
         req = _container_requests(c)
         if c.get("restartPolicy") == "Always":
-            total.update(req)
+            running = running + req
+            steps.append(Counter(running))
         else:
-            peak = peak | req
-    out = total | peak
+            steps.append(running + req)
+    main: Counter[str] = Counter(running)
+    for c in spec.get("containers") or []:
+        main.update(_container_requests(c))
+    steps.append(main)
+    out: Counter[str] = Counter()
+    for step in steps:
+        for k, v in step.items():
+            out[k] = max(out[k], v)
+    level = (spec.get("resources") or {}).get("requests") or {}
+    for k, v in level.items():
+        if k in ("cpu", "memory") or k.startswith("hugepages-"):
+            out[k] = _quantity(k, v)
+    for k, v in (spec.get("overhead") or {}).items():
+        out[k] += _quantity(k, v)
     out["pods"] = 1
     return out
 

@@ -94,7 +94,9 @@ async def test_lists_and_watches_ask_for_less(apiserver: FakeApiServer, make_bac
     own = [q for m, p, q in reqs if p == f"/api/v1/namespaces/{NS}/pods"]
     assert own and all("muster.dev/job-id" in q.get("labelSelector", "") for q in own)
     first = [q for m, p, q in reqs if p in (NODES, "/api/v1/pods") and "watch" not in q]
-    assert all(q.get("resourceVersion") == "0" for q in first)  # from the watch cache
+    # Paginated consistent reads: never resourceVersion=0, which the watch cache answers
+    # with the whole collection in one body whatever the limit.
+    assert first and all("resourceVersion" not in q and q.get("limit") for q in first)
     # The periodic resync replays the local cache: no list request.
     lists_before = sum(1 for m, p, q in reqs if p == NODES and "watch" not in q)
     await rec.wait_for(lambda: nr.resyncs >= 1 and pr.resyncs >= 1, timeout=5)

@@ -21,10 +21,21 @@ from muster.cli import LOAD_COMMANDS, app
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
-BENCHES = ["core", "cycle", "e2e", "flood", "ingest", "scale", "spot", "ui", "reclaim-storm"]
+BENCHES = [
+    "core",
+    "cycle",
+    "e2e",
+    "flood",
+    "ingest",
+    "kube-agent",
+    "scale",
+    "spot",
+    "ui",
+    "reclaim-storm",
+]
 # Every program's module, by its `muster` command line.
 MODULES = {
-    **{("bench", b): f"bench_{b}" for b in BENCHES if b != "reclaim-storm"},
+    **{("bench", b): f"bench_{b.replace('-', '_')}" for b in BENCHES if b != "reclaim-storm"},
     ("bench", "reclaim-storm"): "reclaim_storm",
     **{(p,): p.replace("-", "_") for p in LOAD_COMMANDS if p != "bench"},
 }
