@@ -5,10 +5,13 @@ GPU types and capacity type), `cluster-unhealthy` (every matching pool is in a c
 no placements, or behind an open dispatch breaker: then `circuit-open` per such pool follows) end
 the list alone. Otherwise, in this order: `pool-avoided` when an avoided
 pool would fit now; `quota-exceeded` / `cohort-exhausted` per failing code (flavor = the
-flavor class); then, when capacity was the problem somewhere, `insufficient-capacity` if some
-considered pool could host the gang when empty, else `gang-too-large`; and a trailing
-`cluster-unhealthy` when some matching pools sit in unschedulable clusters, and one
-`circuit-open` per matching pool whose dispatch breaker is open (health.py).
+flavor class); then up to `MAX_TOPOLOGY_REASONS` `topology-unfit` (a pool whose free GPUs
+would take the gang, but no single domain of the level it needs, with the numbers: "needs 64
+GPUs in one block; largest free block has 40"); then, when capacity was the problem
+somewhere, `insufficient-capacity` if some considered pool could host the gang when empty, else
+`gang-too-large`; and a trailing `cluster-unhealthy` when some matching pools sit in
+unschedulable clusters, and one `circuit-open` per matching pool whose dispatch breaker is
+open (health.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from broker.core.placement import (
 from broker.core.quota import QuotaMiss
 from broker.core.types import GangRequest, Reason, ReasonCode
 from schemas.api import PendingReason, ReasonBound
+
+MAX_TOPOLOGY_REASONS = 3  # `topology-unfit` reasons kept (one per pool, cheapest pools first)
 
 
 def describe(gang: Gang) -> str:
@@ -61,6 +66,7 @@ def explain(
     allow_fallback: bool | None,
     capacity_failed: bool,
     fits_now: Callable[[Pool], bool],
+    topology: Sequence[Reason] = (),
 ) -> tuple[Reason, ...]:
     """Reasons for a failed search (see the module docstring)."""
     if not _reported(inv):
@@ -96,6 +102,7 @@ def explain(
         for p in g
         if p.key not in req.avoid_pools
     ]
+    reasons.extend(topology[:MAX_TOPOLOGY_REASONS])
     if capacity_failed or not considered:
         clusters = inv.clusters
         if any(
