@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from broker.core.inventory import Cluster, Node, Pool
 from broker.core.placement import Gang, Take, estimate_counts, pack
+from broker.core.placement import fits_now as plain_fits_now
 from broker.core.types import GangRequest, Reason, TopologyNeed
 from schemas.job import JobSpec
 
@@ -198,3 +199,11 @@ def need_of(spec: JobSpec) -> TopologyNeed | None:
         preferred=tuple(sorted({t.preferred for t in parts if t.preferred})),
         spread=spec.topology is not None and spec.topology.spread,
     )
+
+
+def fits_now(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> bool:
+    """`placement.fits_now` with the gang's topology: whether `assign` could place it on `pool`
+    right now (what a preemption plan asks after each victim it takes)."""
+    if pool.levels and applies(req, gang):
+        return isinstance(place(cluster, pool, gang, req), Fit)
+    return plain_fits_now(cluster, pool, gang, req)

@@ -141,3 +141,19 @@ def test_pools_without_topology_place_as_before() -> None:
     s.apply_snapshot("c", [plain], ns, NOW)
     res = s.schedule([gang("j", (3, 8))], NOW)
     assert len(res.admitted) == 1
+
+
+def test_a_preemption_plan_frees_one_domain_not_just_enough_gpus() -> None:
+    nodes = fleet({("z", "b1", "r1"): 2, ("z", "b2", "r1"): 2})
+    s = sched(c=nodes)
+    # Victims are tried lowest priority first: l0 (block b1), l2 (b2), l1 (b1), l3 (b2).
+    low = [gang(f"l{i}", (1, 8), priority=p) for i, p in enumerate([0, 2, 1, 3])]
+    on = {}
+    for req in low:  # one per cycle, so l<i> takes node i
+        ((job, p),) = s.schedule([req], NOW).admitted
+        on[job] = next(iter(p.nodes))
+    assert [on[f"l{i}"] for i in range(4)] == [n.name for n in nodes]
+    high = with_need(gang("high", (2, 8), priority=10), required=("block",))
+    res = s.schedule([high], NOW + 1)
+    (plan,) = res.preemptions
+    assert set(plan.victims) == {"l0", "l1"}  # both b1 nodes: 16 GPUs in one block
