@@ -14,6 +14,7 @@ from broker.core.scheduler import Scheduler
 from broker.core.topology import need_of
 from broker.core.types import GangRequest
 from kinds.base import KindError
+from kinds.demand import container_demand
 from kinds.topology import podset_topology
 from schemas.job import JobSpec
 
@@ -113,3 +114,13 @@ def test_a_required_block_from_a_manifest_holds_on_the_fake_fleet() -> None:
     res = s.schedule([req], NOW)
     ((_, p),) = res.admitted
     assert p.nodes == {"c-od-0", "c-od-1"}  # block-0-0, the one block that fits
+
+
+def test_fabric_resources_pass_through_and_others_are_still_refused() -> None:
+    def container(**limits: object) -> dict[str, object]:
+        return {"resources": {"limits": {"nvidia.com/gpu": 8, **limits}}}
+
+    fabric = container(**{"vpc.amazonaws.com/efa": 32, "rdma/ib": 1, "hugepages-2Mi": "1Gi"})
+    assert container_demand(fabric, "c").gpu == 8
+    with pytest.raises(KindError, match="is not a resource any cluster offers"):
+        container_demand(container(**{"google.com/tpu": 4}), "c")
