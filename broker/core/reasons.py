@@ -28,6 +28,7 @@ from broker.core.placement import (
     gpu_type_ok,
 )
 from broker.core.quota import QuotaMiss
+from broker.core.topology import largest_domain
 from broker.core.types import GangRequest, Reason, ReasonCode
 from schemas.api import PendingReason, ReasonBound
 
@@ -153,9 +154,21 @@ def feasibility(inv: Inventory, req: GangRequest, gang: Gang) -> tuple[Reason, .
     ]
     if not matching:
         return (_no_matching(req),)
-    if any(empty_fit(p, gang) and cluster_empty_fit_cpu(c, gang) for c, p in matching):
+    fitting = [(c, p) for c, p in matching if empty_fit(p, gang) and cluster_empty_fit_cpu(c, gang)]
+    if not fitting:
+        return (_too_large(gang),)
+    tight = [largest_domain(p, gang, req) for _, p in fitting]
+    if not all(tight):
         return ()
-    return (_too_large(gang),)
+    level, most = max((t for t in tight if t is not None), key=lambda t: t[1])
+    return (
+        Reason(
+            "topology-unfit",
+            f"needs {gang.total[0]} GPUs in one {level}, and no matching pool has a {level} "
+            f"that large even when empty (the largest holds {most}); require a coarser level "
+            "or set topology.spread",
+        ),
+    )
 
 
 def pending_reason(r: Reason) -> PendingReason:

@@ -207,3 +207,27 @@ def fits_now(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> bool
     if pool.levels and applies(req, gang):
         return isinstance(place(cluster, pool, gang, req), Fit)
     return plain_fits_now(cluster, pool, gang, req)
+
+
+def largest_domain(pool: Pool, gang: Gang, req: GangRequest) -> tuple[str, int] | None:
+    """For a gang that could never fit one domain of its required level on `pool` even with
+    every node empty: (the level's short name, the most GPUs one such domain holds). None when
+    it could fit, when topology does not bind it here, or when the pool holds no nodes now
+    (a pool at zero nodes may come back in any shape)."""
+    if not pool.levels or not pool.nodes or not applies(req, gang):
+        return None
+    required = _required(pool, req.topology)
+    if isinstance(required, Reason):
+        return short_name(req.topology.required[0]) if req.topology else "", 0
+    if required == 0:
+        return None
+    counts: dict[tuple[str, ...], list[int]] = {}
+    for n in pool.nodes.values():
+        row = counts.setdefault(path_at(n, required), [0] * (n.gpu + 1))
+        if len(row) <= n.gpu:
+            row.extend([0] * (n.gpu + 1 - len(row)))
+        row[n.gpu] += 1
+    if any(estimate_counts(list(row), gang) is not None for row in counts.values()):
+        return None
+    most = max(sum(g * k for g, k in enumerate(row)) for row in counts.values())
+    return short_name(pool.levels[required - 1]), most

@@ -157,3 +157,18 @@ def test_a_preemption_plan_frees_one_domain_not_just_enough_gpus() -> None:
     res = s.schedule([high], NOW + 1)
     (plan,) = res.preemptions
     assert set(plan.victims) == {"l0", "l1"}  # both b1 nodes: 16 GPUs in one block
+
+
+def test_a_gang_no_domain_could_ever_hold_is_refused_at_submission() -> None:
+    s = sched(c=fleet({("za", "b1", "r1"): 4, ("za", "b2", "r1"): 4, ("zb", "b3", "r1"): 4}))
+    s.schedule([gang("busy", (4, 8))], NOW)  # what is in use now does not matter
+    (why,) = s.check_feasible(with_need(gang("j", (5, 8)), required=("block",)))
+    assert why.code == "topology-unfit"
+    assert why.message.startswith(
+        "needs 40 GPUs in one block, and no matching pool has a block that large even when "
+        "empty (the largest holds 32)"
+    )
+    assert s.check_feasible(with_need(gang("k", (5, 8)), required=("zone",))) == ()
+    (why,) = s.check_feasible(gang("l", (9, 8)))  # the default: one zone
+    assert "in one zone" in why.message and "(the largest holds 64)" in why.message
+    assert s.check_feasible(with_need(gang("m", (9, 8)), spread=True)) == ()
