@@ -39,6 +39,7 @@ SHORT_NAMES = {
     "cloud.google.com/gce-topology-subblock": "subblock",
     "cloud.google.com/gce-topology-host": "host",
 }
+HOST_LEVELS = frozenset({"kubernetes.io/hostname", "cloud.google.com/gce-topology-host"})
 MAX_TRIES = 16  # domains packed per level before the search moves up (fitting ones come first)
 
 
@@ -134,10 +135,12 @@ def place(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> Fit | R
     if isinstance(required, Reason):
         return required
     preferred = max((depth_of(levels, p) for p in need.preferred), default=0) if need else 0
-    finest = len(levels)
     want = gang.total[0]
-    # One pass over the nodes with free GPUs: members and free GPUs of every domain per depth.
+    finest = len(levels)
     top = pool.top_bucket()
+    if finest > max(required, 1) and levels[-1] in HOST_LEVELS and want > top:
+        finest -= 1  # one host is one node, and no node has that much free
+    # One pass over the nodes with free GPUs: members and free GPUs of every domain per depth.
     depths = range(max(required, 1), finest + 1)
     members: dict[int, dict[tuple[str, ...], list[Node]]] = {d: {} for d in depths}
     free: dict[int, dict[tuple[str, ...], int]] = {d: {} for d in depths}
@@ -183,10 +186,9 @@ def _degraded(
         return ""
     wanted = short_name(levels[preferred - 1])
     where = f"one {short_name(levels[depth - 1])}" if depth else "the pool (across zones)"
-    largest = max(free.get(preferred, {}).values(), default=0)
-    return (
-        f"preferred one {wanted} (largest free {wanted} has {largest} GPUs); placed within {where}"
-    )
+    sizes = free.get(preferred)
+    largest = f" (largest free {wanted} has {max(sizes.values(), default=0)} GPUs)" if sizes else ""
+    return f"preferred one {wanted}{largest}; placed within {where}"
 
 
 def need_of(spec: JobSpec) -> TopologyNeed | None:
