@@ -103,9 +103,8 @@ def required_depth(spec: JobSpec) -> int:
     return 1
 
 
-def check_dispatches(
-    sim: TopoSim, effects: list[object], paths: dict[str, tuple[str, ...]]
-) -> None:
+def check_dispatches(effects: list[object], paths: dict[str, tuple[str, ...]]) -> None:
+    """Every dispatched gang's GPU replicas share one domain of the depth its spec requires."""
     for e in effects:
         if not (isinstance(e, Send) and isinstance(e.command, Dispatch)):
             continue
@@ -134,12 +133,12 @@ def test_required_levels_hold_through_the_machine(
         sim.submit_spec(spec)
     for step in range(3):
         effects = sim.step(5.0)
-        check_dispatches(sim, effects, paths)
+        check_dispatches(effects, paths)
         assert violations(sim.m) == []
         if step == 0:  # a node is lost: its gangs move whole, within their domains again
             c = next(iter(fleet))
             effects = sim.send(c, NodeGone(node=fleet[c][0].name))
-            check_dispatches(sim, effects, paths)
+            check_dispatches(effects, paths)
             assert violations(sim.m) == []
 
 
