@@ -48,6 +48,49 @@ class AgentConfigError(ValueError):
     """An agent/fleet config that does not validate; the text names the file and the field."""
 
 
+ZONE_LABEL = "topology.kubernetes.io/zone"
+NodeLabel = Annotated[
+    str,
+    Meta(
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        max_length=317,
+        description="a node label key, e.g. cloud.google.com/gce-topology-block",
+    ),
+]
+
+
+class TopologyConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The cluster's topology levels, coarsest first: node labels, as the `spec.levels` of a
+    Kueue `Topology` object (`topology_from_kueue` reads one). The zone comes first; the agent
+    sends each node's values in this order and the broker keeps gangs within one domain."""
+
+    levels: Annotated[list[NodeLabel], Meta(min_length=1, max_length=8)] = msgspec.field(
+        default_factory=lambda: [ZONE_LABEL, "kubernetes.io/hostname"]
+    )
+
+    def __post_init__(self) -> None:
+        if len(set(self.levels)) != len(self.levels):
+            raise ValueError(f"topology.levels: a label is listed twice in {self.levels}")
+        if self.levels[0] != ZONE_LABEL:
+            raise ValueError(
+                f"topology.levels: the first level must be {ZONE_LABEL} (gangs stay within one "
+                f"zone by default); got {self.levels[0]!r}"
+            )
+
+
+def topology_from_kueue(obj: Any) -> TopologyConfig:
+    """A Kueue `Topology` object (kueue.x-k8s.io, `spec.levels[].nodeLabel`) as this config;
+    the zone level is put first when the object does not start with it."""
+    if not isinstance(obj, dict) or obj.get("kind") != "Topology":
+        raise ValueError("not a Kueue Topology object (kind: Topology, spec.levels[].nodeLabel)")
+    levels = [lv.get("nodeLabel") for lv in (obj.get("spec") or {}).get("levels") or []]
+    if not levels or not all(isinstance(lv, str) and lv for lv in levels):
+        raise ValueError("Topology spec.levels: give at least one level with a nodeLabel")
+    if ZONE_LABEL not in levels:
+        levels.insert(0, ZONE_LABEL)
+    return TopologyConfig(levels=levels)
+
+
 class FakeFlavor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One pool of identical simulated nodes (mirrors schemas.agent.FlavorInfo plus sizes)."""
 
@@ -60,9 +103,21 @@ class FakeFlavor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     gpu_per_node: Annotated[int, Meta(ge=0, le=64)] = 8
     cpu: Quantity = "96"
     memory: Quantity = "768Gi"
+    # Where the nodes sit when the cluster declares `topology`: node i goes to rack
+    # i mod (zones x blocks x racks), racks numbered within blocks within zones.
+    zones: Annotated[int, Meta(ge=1, le=64)] = 1
+    blocks: Annotated[int, Meta(ge=1, le=1024)] = 1  # per zone
+    racks: Annotated[int, Meta(ge=1, le=1024)] = 1  # per block
 
     def __post_init__(self) -> None:
         _check_quantities(f"flavor {self.name!r}", self)
+
+    def place(self, index: int) -> tuple[str, str, str]:
+        """(zone, block, rack) of the flavor's node number `index`."""
+        slot = index % (self.zones * self.blocks * self.racks)
+        zone, rest = divmod(slot, self.blocks * self.racks)
+        block, rack = divmod(rest, self.racks)
+        return f"zone-{zone}", f"block-{zone}-{block}", f"rack-{zone}-{block}-{rack}"
 
 
 class BambooTrace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -94,6 +149,9 @@ class FakeClusterConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     enforce_capacity: bool = True
     tick_s: Annotated[float, Meta(gt=0, le=10)] = 0.02  # real seconds between ticker wakeups
     seed: int | None = None
+    # Report node topology: the fake fills the levels in order with each node's zone, block,
+    # rack and name (a level past those gets its name too). None: no topology reported.
+    topology: TopologyConfig | None = None
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.flavors]
@@ -166,6 +224,8 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     fake: FakeClusterConfig | None = None
     kube: dict[str, Any] | None = None
     local: LocalClusterConfig | None = None
+    # The cluster's topology levels (what a kube agent reads from node labels).
+    topology: TopologyConfig | None = None
     # Prometheus /metrics on 127.0.0.1:<port> (`muster-agent --metrics-port` overrides).
     metrics_port: Annotated[int, Meta(ge=1, le=65535)] | None = None
 

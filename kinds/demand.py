@@ -2,8 +2,10 @@
 
 Per replica: GPUs from `resources.limits` (else `requests`) of every resource named
 `<vendor>/gpu` (`nvidia.com/gpu`, `amd.com/gpu`), never from kind-specific fields such as an
-MPIJob's `slotsPerWorker`; any other extended resource (`google.com/tpu`, ...) is refused, as no
-cluster offers it to Muster; cpu and memory from `requests` (else
+MPIJob's `slotsPerWorker`; hugepages and the fabric of multi-node training (EFA
+`vpc.amazonaws.com/efa`, RDMA/InfiniBand device-plugin resources `rdma/...`) pass through
+uncounted; any other extended resource (`google.com/tpu`, ...) is refused, as no cluster offers
+it to Muster; cpu and memory from `requests` (else
 `limits`, which is what Kubernetes defaults a missing request to). Containers of a pod are
 summed, then init containers, native sidecars, pod-level `spec.resources.requests` and
 `spec.overhead` count as kube-scheduler counts them (`kinds.requests`, the one function the
@@ -32,11 +34,20 @@ class Demand:
 
 
 _NATIVE = frozenset({"cpu", "memory", "ephemeral-storage", "storage", "pods"})
+# The interconnect of multi-node training nodes (EFA on p4d/p5, RDMA/InfiniBand device plugins):
+# passed to the pod as written; the kubelet enforces them per node, Muster does not count them.
+_FABRIC = frozenset({"vpc.amazonaws.com/efa"})
 
 
 def _scheduled(resource: str) -> bool:
-    """A resource Muster accounts for or the kubelet always has (never silently dropped)."""
-    return resource in _NATIVE or resource.startswith("hugepages-") or resource.endswith("/gpu")
+    """A resource Muster accounts for or the kubelet always has (never silently dropped), or a
+    fabric resource that training nodes offer beside their GPUs."""
+    return (
+        resource in _NATIVE
+        or resource.startswith(("hugepages-", "rdma/"))
+        or resource.endswith("/gpu")
+        or resource in _FABRIC
+    )
 
 
 def _gpu_amount(value: Any, path: str) -> int:

@@ -36,6 +36,10 @@ GpuCount = Annotated[int, Meta(ge=0, le=MAX_GPUS_PER_NODE)]
 CpuMilli = Annotated[int, Meta(ge=0, le=MAX_CPU_MILLI)]
 Bytes = Annotated[int, Meta(ge=0, le=MAX_MEMORY)]
 ExitCode = Annotated[int, Meta(ge=-(2**31), le=2**32)]  # also an XID code
+MAX_TOPOLOGY_LEVELS = 8
+# A topology level: the node label that names it (Kueue's `Topology` levels), and a value.
+TopologyLevel = Annotated[str, Meta(min_length=1, max_length=317)]
+TopologyValue = Annotated[str, Meta(max_length=253)]
 
 
 class FlavorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -53,6 +57,10 @@ class FlavorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     node_gpu: GpuCount = 0
     node_cpu_milli: CpuMilli = 0
     node_memory: Bytes = 0
+    # The cluster's topology levels for this pool, coarsest first, zone first (e.g.
+    # topology.kubernetes.io/zone, cloud.google.com/gce-topology-block, kubernetes.io/hostname):
+    # named once here, so each node sends only its values (`NodeInfo.topology`). Empty = none.
+    topology_levels: Annotated[tuple[TopologyLevel, ...], Meta(max_length=MAX_TOPOLOGY_LEVELS)] = ()
 
 
 class NodeInfo(msgspec.Struct, omit_defaults=True):
@@ -74,6 +82,9 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     # keep running. `ready` False means the replicas are lost.
     no_new_pods: bool = False
     note: Reason = ""  # why it takes no new pods, for `muster clusters` and logs
+    # The node's value for each of its flavor's `topology_levels`, in that order ("" when the
+    # label is missing; trailing missing values may be left out). Empty = not reported.
+    topology: Annotated[tuple[TopologyValue, ...], Meta(max_length=MAX_TOPOLOGY_LEVELS)] = ()
 
 
 WorkloadPhase = Literal["created", "running", "succeeded", "failed", "evicted"]

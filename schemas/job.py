@@ -38,6 +38,33 @@ MAX_REPLICAS = 4096
 MAX_GPU_PER_REPLICA = 64
 
 
+TopologyLevelName = Annotated[
+    str,
+    Meta(
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        max_length=317,
+        description="a topology level: its node label (cloud.google.com/gce-topology-block) "
+        "or short name (zone, block, subblock, rack, host)",
+    ),
+]
+
+
+class PodSetTopology(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A topology level the GPU replicas must stay within (`required`: else they wait) or
+    should (`preferred`: else the next level up that fits, with a note). Kueue's
+    `podset-required-topology` / `podset-preferred-topology`."""
+
+    required: TopologyLevelName | None = None
+    preferred: TopologyLevelName | None = None
+
+
+class GangTopology(PodSetTopology, forbid_unknown_fields=True, omit_defaults=True):
+    """`PodSetTopology` for the whole gang. A gang of more than one node stays within one zone
+    unless `spread` is set (cross-zone links are slower and billed; zonal volumes pin pods)."""
+
+    spread: bool = False
+
+
 class PodSet(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """A group of identical replicas (master, worker, launcher, ps) and what each one needs."""
 
@@ -49,6 +76,8 @@ class PodSet(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # Partial admission (Kueue's job-min-parallelism): when quota or capacity is short, the
     # podset may start with as few as this many replicas. None = all of them, always.
     min_replicas: Annotated[int, Meta(ge=1, le=MAX_REPLICAS)] | None = None
+    # Binds the whole gang's GPU replicas (stricter than Kueue, which binds each podset).
+    topology: PodSetTopology | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -179,6 +208,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     workload: Workload = msgspec.field(default_factory=Workload)
     labels: Annotated[dict[str, ShortText], Meta(max_length=64)] = {}
     deadline: Deadline | None = None
+    topology: GangTopology | None = None
 
     def __post_init__(self) -> None:
         if self.deadline is not None and self.capacity == "spot":

@@ -21,12 +21,12 @@ import heapq
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agents.backend import BackendError, Emit, LogTail
-from agents.config import FakeClusterConfig, FakeFlavor
+from agents.config import ZONE_LABEL, FakeClusterConfig, FakeFlavor
 from agents.fake.output import simulated_output
 from agents.fake.trace import TraceEvent, load_bamboo
 from schemas.agent import (
@@ -157,6 +157,7 @@ class NodeState:
     used_memory: int = 0
     workloads: set[tuple[str, int]] = field(default_factory=set)
     alive: bool = True
+    topology: tuple[str, ...] = ()  # its value per topology level of the cluster
 
     @property
     def usable_gpu(self) -> int:
@@ -171,6 +172,7 @@ class NodeState:
             memory=self.memory,
             gpu_healthy=self.gpu_healthy,
             spot_deadline=self.spot_deadline,
+            topology=self.topology,
         )
 
     def take(self, gpu: int, cpu: int, memory: int) -> None:
@@ -188,6 +190,25 @@ class NodeState:
         self.spot_deadline = None
         self.used_gpu = self.used_cpu = self.used_memory = 0
         self.workloads.clear()
+
+
+HOST_LABELS = frozenset({"kubernetes.io/hostname", "cloud.google.com/gce-topology-host"})
+
+
+def fake_topology(levels: Sequence[str], where: tuple[str, str, str], name: str) -> tuple[str, ...]:
+    """A fake node's value per level: the zone for the zone label, its name for a host label,
+    and for the other levels in order its block, then its rack, then its name."""
+    zone, block, rack = where
+    inner = iter((block, rack))
+    out = []
+    for level in levels:
+        if level == ZONE_LABEL:
+            out.append(zone)
+        elif level in HOST_LABELS:
+            out.append(name)
+        else:
+            out.append(next(inner, name))
+    return tuple(out)
 
 
 def check_capacity(nodes: Mapping[str, NodeState], demands: Iterable[Demand]) -> None:
@@ -340,6 +361,8 @@ class ClusterModel:
             start_delay_s=config.start_delay_s, checkpoint_write_s=config.checkpoint_write_s
         )
         self._rng = random.Random(self.config.seed)
+        self._levels = config.topology.levels if config.topology is not None else []
+        self._placed: dict[str, int] = {}  # flavor -> nodes given a topology place so far
         self._flavors: dict[str, FakeFlavor] = {f.name: f for f in self.config.flavors}
         self._flavor_infos = [
             FlavorInfo(
@@ -348,6 +371,7 @@ class ClusterModel:
                 gpu_type=f.gpu_type,
                 price_per_gpu_hour=f.price_per_gpu_hour,
                 gpu_memory_mib=f.gpu_memory_mib,
+                topology_levels=tuple(self._levels),
             )
             for f in self.config.flavors
         ]
@@ -678,12 +702,18 @@ class ClusterModel:
                     break
         elif name in self._nodes:
             return self._nodes[name]
+        topology: tuple[str, ...] = ()
+        if self._levels:
+            i = self._placed.get(flavor, 0)
+            self._placed[flavor] = i + 1
+            topology = fake_topology(self._levels, fl.place(i), name)
         n = NodeState(
             name=name,
             flavor=flavor,
             gpu=fl.gpu_per_node,
             cpu_milli=cpu_milli(fl.cpu),
             memory=memory_bytes(fl.memory),
+            topology=topology,
         )
         self._nodes[name] = n
         return n

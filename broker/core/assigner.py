@@ -37,6 +37,7 @@ from broker.core.placement import (
 )
 from broker.core.quota import QueueState, QuotaBook, QuotaMiss
 from broker.core.reasons import explain
+from broker.core.topology import Fit, applies, place
 from broker.core.types import GangRequest, Placement, PodSetDemand, PoolKey, Reason, ReasonCode
 
 Vec = tuple[int, int, int]
@@ -123,6 +124,7 @@ def shape_of(req: GangRequest) -> Shape:
         req.spot_ok,
         req.avoid_pools,
         tuple(req.min_replicas.items()) if req.min_replicas else (),
+        req.topology,
     )
 
 
@@ -227,6 +229,8 @@ def _assign(
         need_cpu, need_mem = d0.cpu_milli, d0.memory
     phys = False  # some pool failed on capacity (not only on quota or avoidance)
     hint: Node | None = None
+    topo = applies(req, gang)
+    topo_miss: list[Reason] = []
     for gi, group in enumerate(cands.live):
         if cands.ranks[gi] == 1:
             if fallback is None:
@@ -298,6 +302,14 @@ def _assign(
             start = j
             if k > 1:
                 scored.sort()  # by score; the index is unique, so pools are never compared
+            if topo:
+                fit = _tightest(req, qs, snap, gang, scored, topo_miss)
+                if fit is not None:
+                    if dead:
+                        _prune(group)
+                    return fit
+                phys = True
+                scored = []
             for _, _, pool, hint in scored:
                 if single:
                     node = hint if hint is not None else pack_single(pool, gang)
@@ -324,12 +336,44 @@ def _assign(
         fallback,
         phys or not quota_fail,
         lambda pool: _fits_quota(req, gang, qs, snap, pool),
+        topo_miss,
     )
     if quota_fail or avoided:
         snap.queue_fail[(qs.name, shape)] = reasons
     else:
         snap.cap_fail[shape] = reasons
     return reasons
+
+
+def _tightest(
+    req: GangRequest,
+    qs: QueueState,
+    snap: Snapshot,
+    gang: Gang,
+    scored: list[tuple[tuple[int, int], int, Pool, Node | None]],
+    misses: list[Reason],
+) -> Assignment | None:
+    """Of pools that cost the same, the one that keeps the gang in the tightest topology domain
+    (then the better packing score); pools that declare no levels count as depth 0. Each pool's
+    topology refusal is added to `misses`."""
+    best: tuple[int, Pool, list[Take], str] | None = None
+    clusters = snap.inv.clusters
+    for _, _, pool, _ in scored:
+        cluster = clusters[pool.cluster]
+        got: Fit | Reason | None
+        if pool.levels:
+            got = place(cluster, pool, gang, req)
+        else:
+            takes = pack(cluster, pool, gang, req)
+            got = None if takes is None else Fit(takes, 0, "")
+        if isinstance(got, Reason):
+            misses.append(got)
+        elif got is not None and (best is None or got.depth > best[0]):
+            best = (got.depth, pool, got.takes, got.note)
+    if best is None:
+        return None
+    _, pool, takes, note = best
+    return _assignment(req, qs, snap, gang, pool, takes, note)
 
 
 def _prune(group: list[Pool]) -> None:
@@ -368,10 +412,16 @@ def _single(
 
 
 def _assignment(
-    req: GangRequest, qs: QueueState, snap: Snapshot, gang: Gang, pool: Pool, takes: list[Take]
+    req: GangRequest,
+    qs: QueueState,
+    snap: Snapshot,
+    gang: Gang,
+    pool: Pool,
+    takes: list[Take],
+    note: str = "",
 ) -> Assignment:
     assignment, per_node = assignment_of(takes, gang)
     gpu_nodes = sum(1 for v in per_node.values() if v[0] > 0)
     cost = pool_cost(pool, req, gang.total[0], gpu_nodes, snap.rate_of, snap.risk_weight)
-    placement = Placement(pool.cluster, pool.name, pool.flavor_class, assignment, cost)
+    placement = Placement(pool.cluster, pool.name, pool.flavor_class, assignment, cost, note)
     return Assignment(req, qs, pool, placement, per_node, gang.total, gang.demands)

@@ -13,6 +13,8 @@ Node rules:
 - A node with failed GPUs still counts `gpu_healthy` as usable for the replicas already on it.
 - Allocations are stored per (cluster, node name), apart from the node objects, so they survive
   snapshots and can be restored (`assume`) before the agent has reported the node at all.
+- A node carries its topology path (`NodeInfo.topology`: zone, then the levels its flavor
+  declares in `FlavorInfo.topology_levels`); topology.py groups nodes into domains by it.
 - A node that names a flavor the agent did not list gets an implicit on-demand flavor of that
   name with no GPU type and price 0, so its capacity and allocations are still tracked.
 - A notice sticks (across upserts and snapshots that omit the deadline) while the node still
@@ -59,6 +61,9 @@ class Node:
     schedulable: bool = False
     bucket: int = -1  # index in pool.buckets, -1 when not schedulable
     notice_counted: bool = False
+    # Its place in the cluster, one value per level its pool declares (`Pool.levels`): zone
+    # first, then e.g. block, rack, host. Shorter when a label is missing (topology.py).
+    topology: tuple[str, ...] = ()
 
     def refresh(self) -> None:
         """Recompute free capacity and schedulability, then re-file the node in its pool."""
@@ -148,6 +153,7 @@ class Pool:
         "gpu_type",
         "info",
         "key",
+        "levels",
         "name",
         "nodes",
         "price",
@@ -178,6 +184,7 @@ class Pool:
         self.capacity_type = info.capacity_type
         self.gpu_type = info.gpu_type.lower()  # GPU types match case-insensitively
         self.price = info.price_per_gpu_hour
+        self.levels = info.topology_levels  # topology level names, coarsest (zone) first
 
     def set_info(self, info: FlavorInfo, flavor_class: str) -> None:
         self.info = info
@@ -185,6 +192,11 @@ class Pool:
         self.capacity_type = info.capacity_type
         self.gpu_type = info.gpu_type.lower()  # GPU types match case-insensitively
         self.price = info.price_per_gpu_hour
+        self.levels = info.topology_levels
+
+    def owns(self, node: Node) -> bool:
+        """Whether `node` is filed here (what packing asks of any node index)."""
+        return node.pool is self
 
     def refile(self, node: Node) -> None:
         b = node.free_gpu if node.schedulable else -1
@@ -353,6 +365,7 @@ class Inventory:
             spot_deadline=info.spot_deadline if info.spot_deadline is not None else notice,
             healthy_all=usable >= info.gpu,
             no_new_pods=info.no_new_pods,
+            topology=info.topology,
         )
         for g, cp, m in c.node_allocs.get(info.name, {}).values():
             node.used_gpu += g

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from broker.core.inventory import Cluster, Inventory, Node, Pool
 from broker.core.risk import expected_cost_per_hour
@@ -324,11 +325,21 @@ def cluster_empty_fit_cpu(cluster: Cluster, gang: Gang) -> bool:
 Tentative = dict[Node, Vec]
 
 
-def _touched_at(touched: Tentative, pool: Pool, b: int) -> list[tuple[Node, int, int]]:
+class NodeIndex(Protocol):
+    """Nodes by free GPUs, as packing reads them: a pool, or one topology domain of it."""
+
+    buckets: list[dict[str, Node]]
+
+    def top_bucket(self) -> int: ...
+
+    def owns(self, node: Node) -> bool: ...
+
+
+def _touched_at(touched: Tentative, pool: NodeIndex, b: int) -> list[tuple[Node, int, int]]:
     """Nodes of `pool` in the overlay with exactly `b` free GPUs net of it: (node, cpu, mem)."""
     out: list[tuple[Node, int, int]] = []
     for n, (tg, tc, tm) in touched.items():
-        if n.pool is pool and n.schedulable and n.free_gpu - tg == b:
+        if n.schedulable and n.free_gpu - tg == b and pool.owns(n):
             out.append((n, n.free_cpu - tc, n.free_mem - tm))
     return out
 
@@ -338,7 +349,9 @@ def _tentative_take(touched: Tentative, node: Node, g: int, c: int, m: int) -> N
     touched[node] = (g, c, m) if prev is None else (prev[0] + g, prev[1] + c, prev[2] + m)
 
 
-def _pack_gpu(pool: Pool, i: int, d: PodSetDemand, takes: list[Take], touched: Tentative) -> bool:
+def _pack_gpu(
+    pool: NodeIndex, i: int, d: PodSetDemand, takes: list[Take], touched: Tentative
+) -> bool:
     g, c, m = d.gpu, d.cpu_milli, d.memory
     rem = d.replicas
     buckets = pool.buckets
@@ -446,16 +459,20 @@ def _pack_cpu(
     return False
 
 
-def pack(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> list[Take] | None:
-    """Place the whole gang with `pool` as its GPU pool without changing any node.
+def pack(
+    cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest, within: NodeIndex | None = None
+) -> list[Take] | None:
+    """Place the whole gang with `pool` as its GPU pool without changing any node; its GPU
+    podsets only on the nodes of `within` (a topology domain of the pool) when given.
 
     Returns the takes (node, podset index, replicas), or None when the gang does not fit.
     """
     takes: list[Take] = []
     touched: Tentative = {}
     demands = gang.demands
+    index: NodeIndex = pool if within is None else within
     for i in gang.gpu_sets:
-        if not _pack_gpu(pool, i, demands[i], takes, touched):
+        if not _pack_gpu(index, i, demands[i], takes, touched):
             return None
     if gang.cpu_sets:
         pools = cpu_pools(cluster, pool, req)

@@ -14,7 +14,8 @@ Rules (Kueue's preemption, with Muster's checkpoint-aware victim order):
   lent capacity, never a victim's own nominal share or its subtree's.
 - Candidates are tried least lost work first: (now - newest checkpoint or attempt start) * GPUs;
   ties go to lower priority, then to the most recently submitted. Victims are added until the
-  WHOLE gang fits on that one pool by per-node packing and within quota; then victims that turn
+  WHOLE gang fits on that one pool by per-node packing (within one domain of its topology
+  level, topology.py) and within quota; then victims that turn
   out unnecessary are given back (last added first, except the one that made it fit).
 - Among pools with a plan (at most `PLAN_POOLS` are planned), the plan losing the least work
   wins. Victims already chosen by another preemptor are never chosen again, nor are gangs
@@ -32,8 +33,9 @@ from typing import Literal
 
 from broker.core.inventory import Inventory, Pool
 from broker.core.ledger import Alloc, Ledger
-from broker.core.placement import Candidates, Gang, fits_now
+from broker.core.placement import Candidates, Gang
 from broker.core.quota import QueueState, QuotaBook
+from broker.core.topology import fits_now
 from broker.core.types import GangRequest
 
 PLAN_POOLS = 4

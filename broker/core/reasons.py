@@ -5,10 +5,13 @@ GPU types and capacity type), `cluster-unhealthy` (every matching pool is in a c
 no placements, or behind an open dispatch breaker: then `circuit-open` per such pool follows) end
 the list alone. Otherwise, in this order: `pool-avoided` when an avoided
 pool would fit now; `quota-exceeded` / `cohort-exhausted` per failing code (flavor = the
-flavor class); then, when capacity was the problem somewhere, `insufficient-capacity` if some
-considered pool could host the gang when empty, else `gang-too-large`; and a trailing
-`cluster-unhealthy` when some matching pools sit in unschedulable clusters, and one
-`circuit-open` per matching pool whose dispatch breaker is open (health.py).
+flavor class); then up to `MAX_TOPOLOGY_REASONS` `topology-unfit` (a pool whose free GPUs
+would take the gang, but no single domain of the level it needs, with the numbers: "needs 64
+GPUs in one block; largest free block has 40"); then, when capacity was the problem
+somewhere, `insufficient-capacity` if some considered pool could host the gang when empty, else
+`gang-too-large`; and a trailing `cluster-unhealthy` when some matching pools sit in
+unschedulable clusters, and one `circuit-open` per matching pool whose dispatch breaker is
+open (health.py).
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ from broker.core.placement import (
     gpu_type_ok,
 )
 from broker.core.quota import QuotaMiss
+from broker.core.topology import largest_domain
 from broker.core.types import GangRequest, Reason, ReasonCode
 from schemas.api import PendingReason, ReasonBound
+
+MAX_TOPOLOGY_REASONS = 3  # `topology-unfit` reasons kept (one per pool, cheapest pools first)
 
 
 def describe(gang: Gang) -> str:
@@ -61,6 +67,7 @@ def explain(
     allow_fallback: bool | None,
     capacity_failed: bool,
     fits_now: Callable[[Pool], bool],
+    topology: Sequence[Reason] = (),
 ) -> tuple[Reason, ...]:
     """Reasons for a failed search (see the module docstring)."""
     if not _reported(inv):
@@ -96,6 +103,7 @@ def explain(
         for p in g
         if p.key not in req.avoid_pools
     ]
+    reasons.extend(topology[:MAX_TOPOLOGY_REASONS])
     if capacity_failed or not considered:
         clusters = inv.clusters
         if any(
@@ -153,9 +161,21 @@ def feasibility(inv: Inventory, req: GangRequest, gang: Gang) -> tuple[Reason, .
     ]
     if not matching:
         return (_no_matching(req),)
-    if any(empty_fit(p, gang) and cluster_empty_fit_cpu(c, gang) for c, p in matching):
+    fitting = [(c, p) for c, p in matching if empty_fit(p, gang) and cluster_empty_fit_cpu(c, gang)]
+    if not fitting:
+        return (_too_large(gang),)
+    tight = [largest_domain(p, gang, req) for _, p in fitting]
+    if not all(tight):
         return ()
-    return (_too_large(gang),)
+    level, most = max((t for t in tight if t is not None), key=lambda t: t[1])
+    return (
+        Reason(
+            "topology-unfit",
+            f"needs {gang.total[0]} GPUs in one {level}, and no matching pool has a {level} "
+            f"that large even when empty (the largest holds {most}); require a coarser level "
+            "or set topology.spread",
+        ),
+    )
 
 
 def pending_reason(r: Reason) -> PendingReason:

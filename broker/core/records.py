@@ -10,6 +10,7 @@ import math
 
 import msgspec
 
+from broker.core.topology import need_of
 from broker.core.types import GangRequest, PodSetDemand
 from schemas.agent import CheckpointRef, PodSetAssignment
 from schemas.api import JobState
@@ -158,6 +159,7 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
             for p in spec.gang
             if p.min_replicas is not None and p.min_replicas < p.replicas
         },
+        topology=need_of(spec),
     )
 
 

@@ -26,6 +26,16 @@ class PodSetDemand(NamedTuple):
     memory: int
 
 
+class TopologyNeed(NamedTuple):
+    """Where a gang's GPU replicas must (or should) stay: level names, each a node label
+    (`cloud.google.com/gce-topology-block`) or its short name (`block`; see topology.py).
+    `spread` lets a multi-node gang span zones (by default it stays within one zone)."""
+
+    required: tuple[str, ...] = ()
+    preferred: tuple[str, ...] = ()
+    spread: bool = False
+
+
 @dataclass(slots=True)
 class GangRequest:
     """What the scheduler needs to know about one pending job."""
@@ -50,6 +60,9 @@ class GangRequest:
     spot_ok: bool = True
     # Partial admission: podset -> fewest replicas it may start with (absent = all of them)
     min_replicas: dict[str, int] = field(default_factory=dict)
+    # Topology levels the gang requires or prefers; None = the default (one zone when
+    # the gang spans nodes).
+    topology: TopologyNeed | None = None
     # `assigner.shape_of(self)`, kept by the scheduler the first time it needs it (a request
     # is asked about in every cycle while it waits). Not an input: `replace` starts it afresh.
     shape_memo: tuple[object, ...] | None = field(
@@ -109,6 +122,7 @@ ReasonCode = Literal[
     "max-admissions",  # the cycle's admission budget ran out
     "spot-first",  # per pool: fits on-demand, but the job waits for spot first
     "fits-now",  # per pool: nothing binds; the next cycle can admit it here
+    "topology-unfit",  # fits the pool, but no single domain of the level it needs (topology.py)
 ]
 
 

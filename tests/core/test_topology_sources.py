@@ -1,0 +1,126 @@
+"""Where topology comes from: the fake backend's zones, blocks and racks, a Kueue `Topology`
+object as an agent's level list, and Kueue's TAS podset annotations on a manifest's
+templates, each through to where the core places a gang."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from agents.config import FakeClusterConfig, FakeFlavor, TopologyConfig, topology_from_kueue
+from agents.fake.model import ClusterModel, ManualClock
+from broker.core.records import demands_of
+from broker.core.scheduler import Scheduler
+from broker.core.topology import need_of
+from broker.core.types import GangRequest
+from kinds.base import KindError
+from kinds.demand import container_demand
+from kinds.topology import podset_topology
+from schemas.job import JobSpec
+
+from .helpers import NOW, config
+
+GCE = [
+    "topology.kubernetes.io/zone",
+    "cloud.google.com/gce-topology-block",
+    "cloud.google.com/gce-topology-subblock",
+    "kubernetes.io/hostname",
+]
+
+
+def fake_cluster(levels: list[str]) -> ClusterModel:
+    cfg = FakeClusterConfig(
+        flavors=[FakeFlavor(name="od", nodes=8, zones=2, blocks=2, racks=2)],
+        topology=TopologyConfig(levels=levels),
+    )
+    return ClusterModel("c", cfg, ManualClock())
+
+
+def test_the_fake_cluster_reports_zones_blocks_racks_and_hosts() -> None:
+    snap = fake_cluster(GCE).view()
+    assert snap.flavors[0].topology_levels == tuple(GCE)
+    paths = [n.topology for n in snap.nodes]
+    assert paths[0] == ("zone-0", "block-0-0", "rack-0-0-0", "c-od-0")
+    assert paths[7] == ("zone-1", "block-1-1", "rack-1-1-1", "c-od-7")
+    assert len({p[:3] for p in paths}) == 8  # one node per rack
+    # Two levels only: the zone, then the host (not the block in the host's place).
+    two = fake_cluster([GCE[0], GCE[3]]).view()
+    assert two.nodes[1].topology == ("zone-0", "c-od-1")
+
+
+def test_a_kueue_topology_object_becomes_the_level_list() -> None:
+    obj = {
+        "apiVersion": "kueue.x-k8s.io/v1alpha1",
+        "kind": "Topology",
+        "metadata": {"name": "default"},
+        "spec": {"levels": [{"nodeLabel": lv} for lv in GCE[1:]]},
+    }
+    assert topology_from_kueue(obj).levels == GCE  # the zone goes first
+    with pytest.raises(ValueError, match="not a Kueue Topology"):
+        topology_from_kueue({"kind": "ResourceFlavor"})
+    with pytest.raises(ValueError, match=r"first level must be topology\.kubernetes\.io/zone"):
+        TopologyConfig(levels=[GCE[1], GCE[0]])
+
+
+def tas_template(**annotations: str) -> dict[str, object]:
+    return {"metadata": {"annotations": annotations}, "spec": {"containers": []}}
+
+
+def test_kueue_tas_annotations_become_the_podset_topology() -> None:
+    t = tas_template(
+        **{
+            "kueue.x-k8s.io/podset-required-topology": "cloud.google.com/gce-topology-block",
+            "kueue.x-k8s.io/podset-preferred-topology": "kubernetes.io/hostname",
+        }
+    )
+    fields = podset_topology(t, "spec.template")
+    assert fields == {
+        "topology": {
+            "required": "cloud.google.com/gce-topology-block",
+            "preferred": "kubernetes.io/hostname",
+        }
+    }
+    assert podset_topology(tas_template(), "spec.template") == {}
+    with pytest.raises(KindError, match="is not a node label key"):
+        podset_topology(
+            tas_template(**{"kueue.x-k8s.io/podset-required-topology": "a b"}), "spec.template"
+        )
+
+
+def test_a_required_block_from_a_manifest_holds_on_the_fake_fleet() -> None:
+    """The TAS annotation, the JobSpec, the core's need, and the fake's nodes, end to end."""
+    pod = podset_topology(
+        tas_template(
+            **{"kueue.x-k8s.io/podset-required-topology": "cloud.google.com/gce-topology-block"}
+        ),
+        "spec.template",
+    )
+    spec = msgspec.convert(
+        {"name": "tas", "gang": [{"name": "w", "replicas": 2, "gpu": 8, **pod}]}, JobSpec
+    )
+    req = GangRequest("j", 1, "default", 0, 1, demands_of(spec), topology=need_of(spec))
+    snap = fake_cluster(GCE).view()
+    for n in snap.nodes[1::2]:  # one node of every block busy: each block has 8 GPUs free
+        n.other_gpu = 8
+    s = Scheduler(config())
+    s.apply_snapshot("c", snap.flavors, snap.nodes, NOW)
+    res = s.schedule([req], NOW)
+    assert not res.admitted
+    assert res.pending["j"][0].message == (
+        "needs 16 GPUs in one block; largest free block of c/od has 8"
+    )
+    snap.nodes[1].other_gpu = 0
+    s.upsert_node("c", snap.nodes[1], NOW)
+    res = s.schedule([req], NOW)
+    ((_, p),) = res.admitted
+    assert p.nodes == {"c-od-0", "c-od-1"}  # block-0-0, the one block that fits
+
+
+def test_fabric_resources_pass_through_and_others_are_still_refused() -> None:
+    def container(**limits: object) -> dict[str, object]:
+        return {"resources": {"limits": {"nvidia.com/gpu": 8, **limits}}}
+
+    fabric = container(**{"vpc.amazonaws.com/efa": 32, "rdma/ib": 1, "hugepages-2Mi": "1Gi"})
+    assert container_demand(fabric, "c").gpu == 8
+    with pytest.raises(KindError, match="is not a resource any cluster offers"):
+        container_demand(container(**{"google.com/tpu": 4}), "c")
