@@ -109,9 +109,10 @@ async def test_kill9_of_each_leader_loses_nothing(nats_cluster: NatsCluster) -> 
             await flow.accepted_after(time.monotonic())
         await flow.stop()
         await _check_nothing_lost_or_twice(w)
-        # The leader rode out every election suspended: it never stepped down and restored.
+        # The leader rode out every election (suspended while the lease bucket had none): it
+        # never stepped down and restored.
         assert (broker.lease.epoch, broker.stats["lead_failures"]) == (epoch, 0)
-        assert broker.leading.is_set() and broker.lease.suspensions >= 1
+        assert broker.leading.is_set()
         print(f"\nserving again after kill -9 of the leader of (s): {measured}")
         print(f"jobs acknowledged: {len(w.accepted)}")
 
