@@ -278,6 +278,12 @@ class LeaderLease:
         return msgspec.json.decode(entry.value, type=LeaseHolder)
 
     async def release(self) -> None:
+        """Delete the key if it is still ours. A broker that never led has no revision, and
+        a delete without one (`last=0`) is unconditional in nats-py: a standby shutting down
+        deleted the leader's lease, another broker took it, and the old leader acknowledged
+        submissions the new one never saw until its next renewal."""
+        if self._revision <= 0:
+            return
         kv = await self._open()
         with contextlib.suppress(Exception):
             await kv.delete(KEY, last=self._revision)
