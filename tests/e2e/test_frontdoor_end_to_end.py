@@ -1,0 +1,280 @@
+"""The Kubernetes front door end to end: a PyTorchJob applied in cluster east (the home
+cluster, whose GPU nodes are cordoned at first) with a queue label runs in cluster west; the
+home object shows it. Real broker, real agent runtimes with `KubeBackend`, real nats-server,
+one strict stand-in API server per cluster; the user's writes go through the HTTP API as
+`kubectl apply` / `kubectl delete` would send them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest_asyncio
+import yaml
+from kubernetes_asyncio.client import ApiClient
+
+from agents.config import FrontDoorConfig
+from agents.kube.backend import KubeBackend
+from agents.kube.client import KubeRest
+from agents.kube.frontdoor import (
+    ANN_CLUSTER,
+    ANN_JOB,
+    ANN_SPEC,
+    ANN_STATE,
+    CONDITION,
+    FINALIZER,
+    FrontDoor,
+    spec_hash,
+)
+from agents.runtime import AgentRuntime
+from tests.e2e.conftest import kube_clusters
+from tests.e2e.test_kinds_end_to_end import KubeCluster
+from tests.kube.conftest import NODES, NS, make_config, node
+from tests.kube.fake_apiserver import FakeApiServer
+from tests.world import World
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "pytorchjob.yaml"
+PYTORCHJOBS = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
+VCJOBS = f"/apis/batch.volcano.sh/v1alpha1/namespaces/{NS}/jobs"
+EVENTS = f"/api/v1/namespaces/{NS}/events"
+SPOT_TAINT = {"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}
+# The namespace may use `default` and `nosuch` (which the broker does not have); not `research`.
+DOOR_CONFIG = msgspec.convert(
+    {"namespaces": {NS: {"queues": ["default", "nosuch"]}}, "poll_s": 0.1}, FrontDoorConfig
+)
+
+
+def home_job(name: str, queue: str = "default", suspend: bool = True) -> dict[str, Any]:
+    """The example PyTorchJob as a user would mark it for Muster."""
+    job = yaml.safe_load(EXAMPLE.read_text())
+    job["metadata"] = {
+        "name": name,
+        "namespace": NS,
+        "labels": {"kueue.x-k8s.io/queue-name": queue},
+    }
+    job["spec"]["runPolicy"] = {"suspend": suspend}
+    return dict(job)
+
+
+def gpu_nodes(name: str) -> list[dict[str, Any]]:
+    labels = {"karpenter.sh/capacity-type": "spot"}
+    return [
+        node(f"{name}-n{i}", labels={**labels, "kubernetes.io/hostname": f"{name}-n{i}"})
+        for i in range(2)
+    ]
+
+
+@pytest_asyncio.fixture
+async def fd_world(
+    world: World,
+) -> AsyncIterator[tuple[World, dict[str, KubeCluster], FrontDoor, KubeRest]]:
+    h = world.harness
+
+    def first_nodes(name: str) -> list[dict[str, Any]]:
+        return [] if name == "east" else gpu_nodes(name)  # east starts with no GPUs
+
+    doors: dict[str, FrontDoor] = {}
+
+    def build(name: str, server: FakeApiServer, api: ApiClient) -> KubeCluster:
+        backend = KubeBackend(name, make_config(), api_client=api)
+        door = None
+        if name == "east":
+            door = doors[name] = FrontDoor(name, lambda: backend.rest, DOOR_CONFIG, h.subjects)
+        runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2, companion=door)
+        return KubeCluster(name, server, api, runtime)
+
+    async with kube_clusters(world, first_nodes, build) as clusters:
+        yield world, clusters, doors["east"], KubeRest(clusters["east"].api)
+
+
+def condition(obj: dict[str, Any] | None) -> dict[str, Any]:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == CONDITION:
+            return dict(c)
+    return {}
+
+
+def events_for(server: FakeApiServer, name: str) -> list[tuple[str, str]]:
+    return [
+        (e["reason"], e["message"])
+        for e in server.items("v1", "events")
+        if e["involvedObject"]["name"] == name
+    ]
+
+
+async def apply(rest: KubeRest, collection: str, body: dict[str, Any]) -> dict[str, Any]:
+    """`kubectl apply`: create, or merge the manifest into the existing object."""
+    created = await rest.create(collection, body)
+    if created is not None:
+        return created
+    path = f"{collection}/{body['metadata']['name']}"
+    await rest.request("PATCH", path, body=body, content_type="application/merge-patch+json")
+    return json.loads(await rest.request("GET", path) or b"{}")  # type: ignore[no-any-return]
+
+
+async def test_a_pytorchjob_applied_in_east_runs_in_west_and_the_home_object_shows_it(
+    fd_world: tuple[World, dict[str, KubeCluster], FrontDoor, KubeRest],
+) -> None:
+    world, clusters, door, rest = fd_world
+    h = world.harness
+    east, west = clusters["east"], clusters["west"]
+    created = await apply(rest, PYTORCHJOBS, home_job("ddp"))
+    job_id = f"kube-{created['metadata']['uid']}"
+    path = f"{PYTORCHJOBS}/ddp"
+
+    running = await h.wait_event(job_id, "running", timeout=20)
+    assert running.cluster == "west"
+    assert [o["metadata"]["labels"]["muster.dev/job-id"] for _, o in west.workloads()] == [job_id]
+    assert east.workloads() == []
+
+    def shows(reason: str, text: str) -> bool:
+        c = condition(east.server.get(path))
+        return c.get("reason") == reason and text in c.get("message", "")
+
+    await h.wait_for(lambda: shows("Running", "running on cluster west"), 10)
+    home = east.server.get(path)
+    assert home is not None
+    assert condition(home)["status"] == "True"
+    assert home["metadata"]["annotations"][ANN_JOB] == job_id
+    assert home["metadata"]["annotations"][ANN_CLUSTER] == "west"
+    assert FINALIZER in home["metadata"]["finalizers"]
+    assert home["spec"]["runPolicy"]["suspend"] is True, "the home object must stay suspended"
+    reasons = [r for r, _ in events_for(east.server, "ddp")]
+    assert "Submitted" in reasons and "Running" in reasons
+
+    # Re-applying the same manifest (GitOps sync) submits nothing.
+    await apply(rest, PYTORCHJOBS, home_job("ddp"))
+    await door.sync()
+    assert door.submits == 1
+
+    # The agent restarts: a new front door (nothing kept in memory) finds the job by the
+    # object's annotations.
+    await door.stop()
+    restarted = FrontDoor("east", door._rest, DOOR_CONFIG, h.subjects)
+    east.runtime.companion = restarted
+    await restarted.start(h.nc)
+    await restarted.sync()
+    assert restarted.submits == 0
+    jobs = (await h.api("list"))["result"]
+    assert [j["job_id"] for j in jobs] == [job_id]
+    door = restarted
+
+    # East gets GPU nodes; a spot notice in west moves the job there, and the home object
+    # shows the move and the step it resumes from.
+    west.write_checkpoint(job_id, 120)
+    await h.wait_event(job_id, "checkpointed")
+    for n in gpu_nodes("east"):
+        east.server.put(NODES, n)
+    for n in west.server.items("v1", "nodes"):
+        tainted = copy.deepcopy(n)
+        tainted["spec"]["taints"] = [SPOT_TAINT]
+        west.server.put(NODES, tainted)
+    await h.wait_event(job_id, "preempting")
+    moved = await h.wait_event(job_id, "admitted", count=2, timeout=20)
+    assert moved.cluster == "east" and moved.resume_from_step == 120
+    second = await h.wait_event(job_id, "running", count=2, timeout=20)
+    assert second.cluster == "east"
+    await h.wait_for(lambda: shows("Running", "on cluster east"), 10)
+    assert "resuming from step 120" in condition(east.server.get(path))["message"]
+    reasons = [r for r, _ in events_for(east.server, "ddp")]
+    assert "Preempting" in reasons
+    copies = [o for _, o in east.workloads()]
+    assert len(copies) == 1 and copies[0]["metadata"]["name"] != "ddp"
+
+    # `kubectl delete` cancels the job everywhere, then the object goes.
+    await rest.request("DELETE", path)
+    await h.wait_event(job_id, "cancelled", timeout=10)
+    await h.wait_for(lambda: east.server.get(path) is None and not east.workloads(), 10)
+    assert door.submits == 0
+    assert not east.server.rejected and not west.server.rejected
+
+
+async def test_a_restart_between_marking_and_submitting_submits_once(
+    fd_world: tuple[World, dict[str, KubeCluster], FrontDoor, KubeRest],
+) -> None:
+    """The agent wrote the job id on the object, then died before publishing: the next one
+    submits under that id, once."""
+    world, _, door, rest = fd_world
+    h = world.harness
+    await door.stop()  # nothing runs the front door while the object is created
+    created = await apply(rest, PYTORCHJOBS, home_job("half"))
+    job_id = f"kube-{created['metadata']['uid']}"
+    path = f"{PYTORCHJOBS}/half"
+    # What the lost pass wrote before publishing: the id, the spec it runs, the finalizer.
+    digest = spec_hash(created, ("spec", "runPolicy", "suspend"), "default")
+    marks = {ANN_JOB: job_id, ANN_SPEC: digest}
+    patch = {"metadata": {"annotations": marks, "finalizers": [FINALIZER]}}
+    await rest.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+    fresh = FrontDoor("east", door._rest, DOOR_CONFIG, h.subjects)
+    await fresh.start(h.nc)
+    try:
+        await h.wait_event(job_id, "running", timeout=20)
+        await fresh.sync()
+        await fresh.sync()
+        assert fresh.submits == 1
+        assert [j["job_id"] for j in (await h.api("list"))["result"]] == [job_id]
+    finally:
+        await fresh.stop()
+
+
+async def test_bad_input_gets_a_condition_and_an_event_and_nothing_else(
+    fd_world: tuple[World, dict[str, KubeCluster], FrontDoor, KubeRest],
+) -> None:
+    world, clusters, door, rest = fd_world
+    h = world.harness
+    east = clusters["east"]
+    await apply(rest, PYTORCHJOBS, home_job("other-team", queue="research"))
+    await apply(rest, PYTORCHJOBS, home_job("no-such-queue", queue="nosuch"))
+    await apply(rest, PYTORCHJOBS, home_job("running-already", suspend=False))
+    vcjob = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "volcano", "namespace": NS, "labels": {"muster.dev/queue": "default"}},
+        "spec": {
+            "minAvailable": 1,
+            "tasks": [
+                {
+                    "name": "worker",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "containers": [{"name": "w", "image": "trainer:1"}],
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    await apply(rest, VCJOBS, vcjob)
+    expected = {
+        (PYTORCHJOBS, "other-team"): ("QueueNotAllowed", "may not use queue 'research'"),
+        (PYTORCHJOBS, "no-such-queue"): ("Rejected", "unknown queue 'nosuch'"),
+        (PYTORCHJOBS, "running-already"): ("NotSuspended", "runPolicy.suspend: true"),
+        (VCJOBS, "volcano"): ("UnsupportedKind", "has no suspend field"),
+    }
+
+    def state(collection: str, name: str) -> str:
+        obj = east.server.get(f"{collection}/{name}") or {}
+        return str((obj.get("metadata", {}).get("annotations") or {}).get(ANN_STATE, ""))
+
+    await h.wait_for(lambda: all(state(c, n) == r for (c, n), (r, _) in expected.items()), 10)
+    for (collection, name), (reason, text) in expected.items():
+        obj = east.server.get(f"{collection}/{name}")
+        assert obj is not None
+        if collection == PYTORCHJOBS:
+            c = condition(obj)
+            assert (c["status"], c["reason"]) == ("False", reason) and text in c["message"], c
+        assert [(r, m) for r, m in events_for(east.server, name) if r == reason], name
+        assert FINALIZER not in (obj["metadata"].get("finalizers") or []), name
+    # Nothing else: no job in the broker, nothing created anywhere, and no repeats.
+    await door.sync()
+    await door.sync()
+    assert (await h.api("list"))["result"] == []
+    assert not east.workloads() and not clusters["west"].workloads()
+    assert len(events_for(east.server, "other-team")) == 1
+    assert door.submits == 1  # the one the broker refused
