@@ -533,15 +533,30 @@ def nats_config_cmd(
     cluster: Annotated[
         list[str] | None, typer.Option("--cluster", help="a cluster whose agent gets a user")
     ] = None,
+    frontdoor: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--frontdoor",
+            help="CLUSTER=TEAM[,TEAM]: that cluster's agent submits for those teams "
+            "(its `frontdoor` config)",
+        ),
+    ] = None,
 ) -> None:
     """Print the nats-server users and permissions (accounts.conf) for the config's teams."""
     from broker.natsconfig import load_broker_config, render
 
+    doors: dict[str, list[str]] = {}
+    for item in frontdoor or []:
+        name, sep, teams = item.partition("=")
+        if not sep or not name or not teams:
+            fail(f"--frontdoor {item!r}: write CLUSTER=TEAM[,TEAM], e.g. east=research")
+        doors.setdefault(name, []).extend(t for t in teams.split(",") if t)
     try:
         loaded = load_broker_config(file)
-    except ConfigError as exc:
+        text = render(loaded.config, cluster or [], loaded.aliases, doors)
+    except (ConfigError, ValueError) as exc:
         fail(str(exc))
-    typer.echo(render(loaded.config, cluster or [], loaded.aliases), nl=False)
+    typer.echo(text, nl=False)
 
 
 @app.command()

@@ -37,7 +37,7 @@ from agents.config import FrontDoorConfig, FrontDoorNamespace
 from agents.kube.client import MERGE_PATCH, KubeApiError, KubeRest, item_path, sleep_or_stop
 from broker.manifests import QUEUE_LABEL, ManifestError, jobspec_from_manifest
 from kinds.adapter import Adapter
-from kinds.base import DOMAIN, LABEL_JOB, LABEL_TOP, Resource
+from kinds.base import DOMAIN, LABEL_JOB, LABEL_TOP, POD, Resource
 from kinds.registry import ADAPTERS
 from schemas.api import ApiReply, CancelRequest, JobEvent, JobRef, JobView
 from schemas.codec import (
@@ -87,9 +87,11 @@ def suspend_of(resource: Resource) -> Suspend:
     return Suspend(None, False)
 
 
-# Every kind Muster runs but bare Pods (a Pod is gated, not suspended, and a group of them is
-# no single object to hold): what the front door lists.
-WATCHED: tuple[Adapter, ...] = tuple(a for a in ADAPTERS if a.resource == a.created)
+# Every kind Muster runs but Pods (a Pod is gated, not suspended, and a pod group is no single
+# object to hold): what the front door lists.
+WATCHED: tuple[Adapter, ...] = tuple(
+    a for a in ADAPTERS if a.resource == a.created and a.resource != POD
+)
 
 
 def job_id_for(uid: str, spec_hash: str, first: bool) -> str:

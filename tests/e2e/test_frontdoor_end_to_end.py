@@ -30,11 +30,12 @@ from agents.kube.frontdoor import (
     FrontDoor,
     spec_hash,
 )
+from agents.kube.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, frontdoor_rules
 from agents.runtime import AgentRuntime
 from tests.e2e.conftest import kube_clusters
 from tests.e2e.test_kinds_end_to_end import KubeCluster
 from tests.kube.conftest import NODES, NS, make_config, node
-from tests.kube.fake_apiserver import FakeApiServer
+from tests.kube.fake_apiserver import FakeApiServer, parse_path
 from tests.world import World
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "pytorchjob.yaml"
@@ -191,6 +192,20 @@ async def test_a_pytorchjob_applied_in_east_runs_in_west_and_the_home_object_sho
     await h.wait_for(lambda: east.server.get(path) is None and not east.workloads(), 10)
     assert door.submits == 0
     assert not east.server.rejected and not west.server.rejected
+    granted = CLUSTER_RULES | NAMESPACE_RULES | frontdoor_rules()
+    assert {rule_of(m, p, q) for m, p, q in east.server.requests} - granted == set()
+
+
+def rule_of(method: str, path: str, query: dict[str, str]) -> Rule:
+    """The RBAC rule a request needs."""
+    route = parse_path(path)
+    assert route is not None, path
+    resource = route.res[1] + (f"/{route.subresource}" if route.subresource else "")
+    if method == "GET":
+        verb = "get" if route.name else "watch" if query.get("watch") == "true" else "list"
+    else:
+        verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete"}[method]
+    return Rule(route.group, resource, verb)
 
 
 async def test_a_restart_between_marking_and_submitting_submits_once(
