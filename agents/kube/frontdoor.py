@@ -274,6 +274,11 @@ class FrontDoor:
                 for obj in await self._marked(collection):
                     try:
                         await self.reconcile(adapter.resource, collection, obj, access)
+                    except KubeApiError as exc:
+                        # A 409 is a write that raced another (the operator, an event being
+                        # mirrored): the next pass reads afresh.
+                        name = obj.get("metadata", {}).get("name")
+                        self.log.warning("frontdoor.write_failed", object=name, error=str(exc))
                     except Exception:
                         name = obj.get("metadata", {}).get("name")
                         self.log.exception("frontdoor.reconcile_failed", object=name)
