@@ -293,3 +293,41 @@ async def test_bad_input_gets_a_condition_and_an_event_and_nothing_else(
     assert not east.workloads() and not clusters["west"].workloads()
     assert len(events_for(east.server, "other-team")) == 1
     assert door.submits == 1  # the one the broker refused
+
+
+async def test_a_queued_job_shows_why_and_an_edit_is_a_resubmission(
+    fd_world: tuple[World, dict[str, KubeCluster], FrontDoor, KubeRest],
+) -> None:
+    """Too big for the fleet: the condition says Queued and why. Editing the spec cancels
+    that job and submits the new spec under a new id, which runs; the old id is gone."""
+    world, clusters, door, rest = fd_world
+    h = world.harness
+    east = clusters["east"]
+    big = home_job("edit")
+    big["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 40  # 82 GPUs; west has 16
+    created = await apply(rest, PYTORCHJOBS, big)
+    first = f"kube-{created['metadata']['uid']}"
+    path = f"{PYTORCHJOBS}/edit"
+    await h.wait_event(first, "queued", timeout=10)
+
+    def shown() -> dict[str, Any]:
+        return condition(east.server.get(path))
+
+    await h.wait_for(lambda: shown().get("reason") == "Queued", 10)
+    assert shown()["status"] == "False" and "GPU" in shown()["message"], shown()
+
+    await apply(rest, PYTORCHJOBS, home_job("edit"))  # back to 2 workers: an edit
+    await h.wait_event(first, "cancelled", timeout=10)
+
+    def job_on_object() -> str:
+        return str(((east.server.get(path) or {})["metadata"].get("annotations") or {})[ANN_JOB])
+
+    await h.wait_for(lambda: job_on_object() != first, 10)
+    second = job_on_object()
+    assert second.startswith(first + "-")
+    running = await h.wait_event(second, "running", timeout=20)
+    assert running.cluster == "west"
+    await h.wait_for(lambda: shown().get("reason") == "Running", 10)
+    jobs = {j["job_id"]: j["state"] for j in (await h.api("list"))["result"]}
+    assert jobs == {first: "cancelled", second: "running"}
+    assert door.submits == 2
