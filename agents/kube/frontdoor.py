@@ -231,6 +231,7 @@ class FrontDoor:
         self.log = log.bind(cluster=cluster)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._passes = 0
 
     @property
     def rest(self) -> KubeRest:
@@ -266,6 +267,9 @@ class FrontDoor:
     # -- one pass ------------------------------------------------------------------------
     async def sync(self) -> None:
         """Every marked object of every configured namespace, once."""
+        self._passes += 1
+        if self._passes % ABSENT_RECHECK_PASSES == 0:
+            self.absent.clear()  # a CRD installed since is found
         for ns, access in self.config.namespaces.items():
             for adapter in WATCHED:
                 collection = adapter.resource.collection(ns)
@@ -340,6 +344,8 @@ class FrontDoor:
             return
         digest = spec_hash(obj, suspend.path, queue)
         if job_id and annotations.get(ANN_SPEC) == digest:
+            if annotations.get(ANN_STATE) in ENDED:
+                return  # its job ended; the broker may have compacted it since: never rerun
             if not await self._follow(obj, uid, path, job_id, access.team):
                 # Marked as submitted, but the broker never stored it (a restart between the
                 # annotation and the publish): submit it now, with the same id.
@@ -664,6 +670,8 @@ REFUSALS = frozenset(
     {"UnsupportedKind", "QueueNotAllowed", "NotSuspended", "InvalidJob", "Rejected"}
 )
 WARNINGS = REFUSALS | {"Failed", "Preempting"}
+ENDED = frozenset({"Succeeded", "Failed", "Cancelled"})
+ABSENT_RECHECK_PASSES = 150  # a missing CRD is looked for again every 150 passes (5 min at 2 s)
 
 
 def _resource_of(obj: Mapping[str, Any]) -> Resource:

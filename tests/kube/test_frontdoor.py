@@ -1,0 +1,155 @@
+"""The front door's pieces: the job id, the spec hash that tells an edit from a re-apply, what
+the broker gets, what the home object shows, its config, and that an ended job is never run
+again after a restart (on the stand-in API server)."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kubernetes_asyncio.client import ApiClient
+
+from agents.config import AgentConfig, FrontDoorConfig
+from agents.kube.client import KubeRest
+from agents.kube.frontdoor import (
+    ANN_JOB,
+    ANN_SPEC,
+    ANN_STATE,
+    FINALIZER,
+    WATCHED,
+    FrontDoor,
+    job_id_for,
+    spec_hash,
+    submitted_manifest,
+    suspend_of,
+    verdict_of,
+)
+from broker.manifests import jobspec_from_manifest
+from schemas.subjects import Subjects
+from tests.kube.conftest import NS
+from tests.kube.fake_apiserver import FakeApiServer
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "pytorchjob.yaml"
+SUSPEND = ("spec", "runPolicy", "suspend")
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+
+
+def marked() -> dict[str, Any]:
+    job = yaml.safe_load(EXAMPLE.read_text())
+    job["metadata"] = {
+        "name": "ddp",
+        "namespace": NS,
+        "uid": "0b9f3c2e-6f1a-4d1e-9c3b-2a1f5e7d9c11",
+        "resourceVersion": "7",
+        "labels": {"kueue.x-k8s.io/queue-name": "research", "team": "vision"},
+        "annotations": {
+            "kubectl.kubernetes.io/last-applied-configuration": "{}",
+            ANN_JOB: "kube-old",
+            "owner": "ana",
+        },
+        "finalizers": [FINALIZER],
+    }
+    job["spec"]["runPolicy"] = {"suspend": True}
+    return dict(job)
+
+
+@settings(max_examples=50, deadline=None)
+@given(uid=st.uuids().map(str), digest=st.text("0123456789abcdef", min_size=16, max_size=16))
+def test_job_ids_are_valid_stable_and_differ_per_edit(uid: str, digest: str) -> None:
+    first, edited = job_id_for(uid, digest, True), job_id_for(uid, digest, False)
+    assert JOB_ID.match(first) and JOB_ID.match(edited)
+    assert first == job_id_for(uid, "another", True)  # the first id is the UID's alone
+    assert edited != first and edited.startswith(first)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    suspend=st.booleans(),
+    workers=st.integers(min_value=1, max_value=64),
+    queue=st.sampled_from(["research", "default"]),
+)
+def test_the_spec_hash_ignores_suspend_and_sees_every_edit(
+    suspend: bool, workers: int, queue: str
+) -> None:
+    base = marked()
+    other = copy.deepcopy(base)
+    other["spec"]["runPolicy"]["suspend"] = suspend
+    other["metadata"]["labels"]["extra"] = "label changes are not edits"
+    assert spec_hash(other, SUSPEND, "research") == spec_hash(base, SUSPEND, "research")
+    other["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = workers
+    same = workers == 2 and queue == "research"
+    assert (spec_hash(other, SUSPEND, queue) == spec_hash(base, SUSPEND, "research")) == same
+
+
+def test_the_broker_gets_the_users_object_unsuspended_without_muster_marks() -> None:
+    out = submitted_manifest(marked(), SUSPEND)
+    meta = out["metadata"]
+    assert meta["labels"] == {"team": "vision"}  # the queue label goes: no Kueue on the copy
+    assert meta["annotations"] == {"owner": "ana"}
+    assert set(meta) == {"name", "namespace", "labels", "annotations"}  # no uid, finalizers
+    assert out["spec"]["runPolicy"] == {}  # the copy must run
+    spec = jobspec_from_manifest(out, queue="research")
+    assert [(p.name, p.replicas, p.gpu) for p in spec.gang] == [("master", 1, 2), ("worker", 2, 2)]
+
+
+def test_every_watched_kind_but_volcano_can_be_suspended() -> None:
+    unsuspendable = {a.resource.kind for a in WATCHED if suspend_of(a.resource).path is None}
+    assert unsuspendable == {"Job"} and all(
+        a.resource.api_version.startswith("batch.volcano.sh")
+        for a in WATCHED
+        if suspend_of(a.resource).path is None
+    )
+    assert "Pod" not in {a.resource.kind for a in WATCHED}
+
+
+def test_the_verdicts_say_where_and_from_which_step() -> None:
+    v = verdict_of("running", "west", "a100-spot", 2, 150, "")
+    assert v.status == "True" and v.reason == "Running" and v.cluster == "west"
+    assert (
+        v.message == "running on cluster west (flavor a100-spot), attempt 2, resuming from step 150"
+    )
+    q = verdict_of("queued", None, None, 0, None, "no pool has 82 GPUs free")
+    assert (q.status, q.reason, q.message) == ("False", "Queued", "no pool has 82 GPUs free")
+    p = verdict_of("preempting", "west", None, 1, None, "spot-notice")
+    assert p.message == "moving off cluster west: spot-notice"
+    assert verdict_of("failed", "west", None, 3, None, "exit 1").reason == "Failed"
+
+
+def test_a_front_door_only_on_the_kube_backend() -> None:
+    raw = {
+        "cluster": "east",
+        "backend": "fake",
+        "fake": {},
+        "frontdoor": {"namespaces": {"ml": {"queues": ["research"]}}},
+    }
+    with pytest.raises(msgspec.ValidationError, match="only the kube backend"):
+        msgspec.convert(raw, AgentConfig)
+    with pytest.raises(msgspec.ValidationError, match="queues"):
+        msgspec.convert({"namespaces": {"ml": {"queues": []}}}, FrontDoorConfig)
+
+
+async def test_an_ended_job_is_never_run_again_after_a_restart(
+    apiserver: FakeApiServer, api_client: ApiClient
+) -> None:
+    """The broker may have compacted an ended job: a restarted front door must not take its
+    absence for a lost submission."""
+    obj = marked()
+    obj["metadata"]["annotations"] = {
+        ANN_JOB: job_id_for(obj["metadata"]["uid"], "", True),
+        ANN_SPEC: spec_hash(obj, SUSPEND, "research"),
+        ANN_STATE: "Succeeded",
+    }
+    apiserver.put(f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs", obj)
+    config = msgspec.convert({"namespaces": {NS: {"queues": ["research"]}}}, FrontDoorConfig)
+    rest = KubeRest(api_client)
+    door = FrontDoor("east", lambda: rest, config, Subjects())  # no NATS: any call would fail
+    await door.sync()
+    assert door.submits == 0 and door.tracked == {}
+    assert [m for m, _, _ in apiserver.requests if m != "GET"] == []
