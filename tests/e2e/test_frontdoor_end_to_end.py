@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 import pytest_asyncio
 import yaml
 from kubernetes_asyncio.client import ApiClient
@@ -32,6 +33,7 @@ from agents.kube.frontdoor import (
 )
 from agents.kube.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, frontdoor_rules
 from agents.runtime import AgentRuntime
+from schemas.config import QueueConfig
 from tests.e2e.conftest import kube_clusters
 from tests.e2e.test_kinds_end_to_end import KubeCluster
 from tests.kube.conftest import NODES, NS, make_config, node
@@ -71,9 +73,20 @@ def gpu_nodes(name: str) -> list[dict[str, Any]]:
 
 @pytest_asyncio.fixture
 async def fd_world(
-    world: World,
+    world: World, request: pytest.FixtureRequest
 ) -> AsyncIterator[tuple[World, dict[str, KubeCluster], FrontDoor, KubeRest]]:
+    """East (no GPUs at first) runs the front door; with a team as the param, queue
+    `default` belongs to that team and the namespace's front door acts as it."""
     h = world.harness
+    team: str | None = getattr(request, "param", None)
+    door_config = DOOR_CONFIG
+    if team is not None:
+        queues = [QueueConfig(name="default", team=team), QueueConfig(name="research")]
+        h.config = msgspec.structs.replace(h.config, queues=queues)
+        door_config = msgspec.convert(
+            {"namespaces": {NS: {"queues": ["default"], "team": team}}, "poll_s": 0.1},
+            FrontDoorConfig,
+        )
 
     def first_nodes(name: str) -> list[dict[str, Any]]:
         return [] if name == "east" else gpu_nodes(name)  # east starts with no GPUs
@@ -84,7 +97,7 @@ async def fd_world(
         backend = KubeBackend(name, make_config(), api_client=api)
         door = None
         if name == "east":
-            door = doors[name] = FrontDoor(name, lambda: backend.rest, DOOR_CONFIG, h.subjects)
+            door = doors[name] = FrontDoor(name, lambda: backend.rest, door_config, h.subjects)
         runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2, companion=door)
         return KubeCluster(name, server, api, runtime)
 
@@ -331,3 +344,29 @@ async def test_a_queued_job_shows_why_and_an_edit_is_a_resubmission(
     jobs = {j["job_id"]: j["state"] for j in (await h.api("list"))["result"]}
     assert jobs == {first: "cancelled", second: "running"}
     assert door.submits == 2
+
+
+@pytest.mark.parametrize("fd_world", ["ml"], indirect=True)
+async def test_a_team_namespace_submits_and_follows_as_its_team(
+    fd_world: tuple[World, dict[str, KubeCluster], FrontDoor, KubeRest],
+) -> None:
+    """The front door asks, hears and cancels on the team's own subjects (the ones
+    `muster nats-config --frontdoor` lets it use)."""
+    world, clusters, _, rest = fd_world
+    h = world.harness
+    east = clusters["east"]
+    asked: list[str] = []
+
+    async def record(msg: Any) -> None:
+        asked.append(msg.subject.rsplit(".", 1)[1])
+
+    await h.nc.subscribe(f"{h.prefix}.api.ml.*", cb=record)
+    created = await apply(rest, PYTORCHJOBS, home_job("teamjob"))
+    job_id = f"kube-{created['metadata']['uid']}"
+    path = f"{PYTORCHJOBS}/teamjob"
+    await h.wait_event(job_id, "running", timeout=20)
+    await h.wait_for(lambda: condition(east.server.get(path)).get("reason") == "Running", 10)
+    await rest.request("DELETE", path)
+    await h.wait_event(job_id, "cancelled", timeout=10)
+    await h.wait_for(lambda: east.server.get(path) is None, 10)
+    assert {"get", "cancel"} <= set(asked)
