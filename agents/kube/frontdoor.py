@@ -23,7 +23,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -205,6 +205,7 @@ class Tracked:
     team: str | None
     resume: int | None = None
     shown: Verdict | None = None
+    stale: bool = True  # what the object shows may be behind the broker: ask it again
     sub: Any = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -270,12 +271,27 @@ class FrontDoor:
         self._passes += 1
         if self._passes % ABSENT_RECHECK_PASSES == 0:
             self.absent.clear()  # a CRD installed since is found
+        seen: set[str] = set()
+        complete = True
         for ns, access in self.config.namespaces.items():
             for adapter in WATCHED:
                 collection = adapter.resource.collection(ns)
                 if collection in self.absent:
                     continue
-                for obj in await self._marked(collection):
+                try:
+                    objects = await self._marked(collection)
+                except KubeApiError as exc:
+                    complete = False
+                    hint = (
+                        f"; grant the Role muster-agent-frontdoor in namespace {ns} "
+                        f"(deploy/agent/rbac.yaml)"
+                        if exc.status == 403
+                        else ""
+                    )
+                    self.log.warning("frontdoor.list_failed", error=f"{exc}{hint}")
+                    continue
+                seen |= {str(o["metadata"]["uid"]) for o in objects}
+                for obj in objects:
                     try:
                         await self.reconcile(adapter.resource, collection, obj, access)
                     except KubeApiError as exc:
@@ -286,6 +302,9 @@ class FrontDoor:
                     except Exception:
                         name = obj.get("metadata", {}).get("name")
                         self.log.exception("frontdoor.reconcile_failed", object=name)
+        if complete:  # objects gone without the finalizer's help (removed by hand)
+            for uid in set(self.tracked) - seen:
+                await self._forget(uid)
 
     async def _marked(self, collection: str) -> list[dict[str, Any]]:
         seen: dict[str, dict[str, Any]] = {}
@@ -429,22 +448,21 @@ class FrontDoor:
     async def _follow(
         self, obj: dict[str, Any], uid: str, path: str, job_id: str, team: str | None
     ) -> bool:
-        """Subscribe to the job's events once, and show where it stands now. False when the
-        broker does not know the job."""
+        """Subscribe to the job's events once, and show where it stands now (again on a
+        later pass while what is shown may be stale). False when the broker does not know
+        the job."""
         tracked = self.tracked.get(uid)
-        if tracked is not None and tracked.job_id == job_id:
+        if tracked is None or tracked.job_id != job_id:
+            tracked = self.tracked[uid] = Tracked(path, job_id, team)
+            assert self.nc is not None
+            subject = (
+                self.subjects.team_events(team, job_id)
+                if team
+                else self.subjects.job_events(job_id)
+            )
+            tracked.sub = await self.nc.subscribe(subject, cb=self._listener(uid, tracked))
+        elif not tracked.stale:
             return True
-        tracked = self.tracked[uid] = Tracked(path, job_id, team)
-        assert self.nc is not None
-        subject = (
-            self.subjects.team_events(team, job_id) if team else self.subjects.job_events(job_id)
-        )
-
-        async def on_event(msg: Any) -> None:
-            with contextlib.suppress(DecodeError):
-                await self._on_event(uid, decode_job_event(msg.data))
-
-        tracked.sub = await self.nc.subscribe(subject, cb=on_event)
         view = await self._api(team, "get", JobRef(job_id=job_id))
         if isinstance(view, str) and view.startswith("unknown job"):
             await self._forget(uid)
@@ -458,7 +476,20 @@ class FrontDoor:
             why = view.waiting or view.reason or ""
             verdict = verdict_of(view.state, view.cluster, view.flavor, view.attempt, resume, why)
             await self.show(obj, tracked, verdict)
+            tracked.stale = False
         return True
+
+    def _listener(self, uid: str, tracked: Tracked) -> Callable[[Any], Awaitable[None]]:
+        async def on_event(msg: Any) -> None:
+            try:
+                await self._on_event(uid, decode_job_event(msg.data))
+            except DecodeError:
+                pass
+            except Exception as exc:  # the write failed: the next pass asks the broker
+                tracked.stale = True
+                self.log.warning("frontdoor.mirror_failed", job_id=tracked.job_id, error=str(exc))
+
+        return on_event
 
     async def _on_event(self, uid: str, ev: JobEvent) -> None:
         tracked = self.tracked.get(uid)
