@@ -35,11 +35,11 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from agents.config import FrontDoorConfig, FrontDoorNamespace
 from agents.kube.client import MERGE_PATCH, KubeApiError, KubeRest, item_path, sleep_or_stop
-from broker.manifests import QUEUE_LABEL, ManifestError, jobspec_from_manifest
 from kinds.adapter import Adapter
+from kinds.base import ANN_JOB as ANN_JOB_ID
 from kinds.base import DOMAIN, LABEL_JOB, LABEL_TOP, POD, Resource
 from kinds.registry import ADAPTERS
-from schemas.api import ApiReply, CancelRequest, JobEvent, JobRef, JobView
+from schemas.api import ApiReply, CancelRequest, JobEvent, JobRef, JobView, SubmitReply
 from schemas.codec import (
     DecodeError,
     decode_job_event,
@@ -51,8 +51,9 @@ from schemas.subjects import Subjects
 
 log = structlog.get_logger("muster.agent.frontdoor")
 
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # as the broker reads it (broker/manifests.py)
 MUSTER_QUEUE_LABEL = f"{DOMAIN}/queue"
-QUEUE_LABELS = (QUEUE_LABEL, MUSTER_QUEUE_LABEL)
+QUEUE_LABELS = (KUEUE_QUEUE_LABEL, MUSTER_QUEUE_LABEL)
 FINALIZER = f"{DOMAIN}/frontdoor"
 ANN_PREFIX = f"{DOMAIN}/frontdoor-"
 ANN_JOB = f"{ANN_PREFIX}job-id"  # the job submitted for the object's current spec
@@ -143,10 +144,14 @@ def queue_of(labels: Mapping[str, Any]) -> str | None:
     return None
 
 
-def submitted_manifest(obj: Mapping[str, Any], suspend: tuple[str, ...]) -> dict[str, Any]:
-    """What the broker gets: the user's object as applied, unsuspended (the copy must run),
-    without server fields, the front door's own annotations and finalizer, or the queue labels
-    (a Kueue beside the copy must leave it alone)."""
+def submitted_manifest(
+    obj: Mapping[str, Any], suspend: tuple[str, ...], job_id: str
+) -> dict[str, Any]:
+    """What the broker gets on the submit subject (it derives the JobSpec, as for `muster
+    submit`): the user's object as applied, unsuspended (the copy must run), named by the job
+    id annotation, without server fields, the front door's own annotations and finalizer, or
+    the queue labels (a Kueue beside the copy must leave it alone; the subject names the
+    queue)."""
     meta = dict(obj.get("metadata") or {})
     labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in QUEUE_LABELS}
     annotations = {
@@ -154,6 +159,7 @@ def submitted_manifest(obj: Mapping[str, Any], suspend: tuple[str, ...]) -> dict
         for k, v in (meta.get("annotations") or {}).items()
         if not k.startswith(ANN_PREFIX) and k != "kubectl.kubernetes.io/last-applied-configuration"
     }
+    annotations[ANN_JOB_ID] = job_id
     out: dict[str, Any] = {
         "apiVersion": obj["apiVersion"],
         "kind": obj["kind"],
@@ -399,12 +405,7 @@ class FrontDoor:
         access: FrontDoorNamespace,
         job_id: str,
     ) -> None:
-        try:
-            spec = jobspec_from_manifest(submitted_manifest(obj, suspend), queue=queue)
-        except ManifestError as exc:
-            await self.refuse(obj, path, "InvalidJob", str(exc), {ANN_SPEC: digest})
-            return
-        spec = msgspec.structs.replace(spec, job_id=job_id)
+        manifest = submitted_manifest(obj, suspend, job_id)
         # The job id and the finalizer are on the object before the broker hears of it: a
         # restart in between finds the id and asks the broker, never making a second job.
         finalizers = [f for f in obj["metadata"].get("finalizers") or [] if f != FINALIZER]
@@ -418,30 +419,33 @@ class FrontDoor:
                 }
             },
         )
-        reply = await self._send_submit(queue, spec)
+        reply = await self._send_submit(queue, job_id, manifest)
         if reply is None:
             return  # no answer: the next pass asks the broker about this id
         if not reply.accepted:
             error = reply.error or "the broker refused the job without a reason"
-            await self.refuse(obj, path, "Rejected", error, {ANN_SPEC: digest, ANN_JOB: None})
+            reason = "InvalidJob" if "invalid manifest" in error else "Rejected"
+            await self.refuse(obj, path, reason, error, {ANN_SPEC: digest, ANN_JOB: None})
             await self._drop_finalizer(path)
             return
         self.log.info("frontdoor.submitted", job_id=job_id, queue=queue, object=path)
         await self.event(obj, "Normal", "Submitted", f"submitted to queue {queue} as {job_id}")
         await self._follow(obj, uid, path, job_id, access.team)
 
-    async def _send_submit(self, queue: str, spec: Any) -> Any:
+    async def _send_submit(
+        self, queue: str, job_id: str, manifest: dict[str, Any]
+    ) -> SubmitReply | None:
         assert self.nc is not None
         self.submits += 1
         try:
             msg = await self.nc.request(
                 self.subjects.submit(queue),
-                encode_json(spec),
+                encode_json(manifest),
                 timeout=self.config.request_timeout_s,
             )
             return decode_submit_reply(msg.data)
         except (NatsTimeoutError, NoRespondersError, DecodeError) as exc:
-            self.log.warning("frontdoor.submit_unanswered", job_id=spec.job_id, error=str(exc))
+            self.log.warning("frontdoor.submit_unanswered", job_id=job_id, error=str(exc))
             return None
 
     # -- following a job -----------------------------------------------------------------

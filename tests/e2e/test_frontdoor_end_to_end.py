@@ -258,6 +258,10 @@ async def test_bad_input_gets_a_condition_and_an_event_and_nothing_else(
     await apply(rest, PYTORCHJOBS, home_job("other-team", queue="research"))
     await apply(rest, PYTORCHJOBS, home_job("no-such-queue", queue="nosuch"))
     await apply(rest, PYTORCHJOBS, home_job("running-already", suspend=False))
+    empty = home_job("no-pods")
+    for replica_spec in empty["spec"]["pytorchReplicaSpecs"].values():
+        replica_spec["replicas"] = 0
+    await apply(rest, PYTORCHJOBS, empty)
     vcjob = {
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",
@@ -283,6 +287,7 @@ async def test_bad_input_gets_a_condition_and_an_event_and_nothing_else(
         (PYTORCHJOBS, "other-team"): ("QueueNotAllowed", "may not use queue 'research'"),
         (PYTORCHJOBS, "no-such-queue"): ("Rejected", "unknown queue 'nosuch'"),
         (PYTORCHJOBS, "running-already"): ("NotSuspended", "runPolicy.suspend: true"),
+        (PYTORCHJOBS, "no-pods"): ("InvalidJob", "asks for no pods"),
         (VCJOBS, "volcano"): ("UnsupportedKind", "has no suspend field"),
     }
 
@@ -305,7 +310,7 @@ async def test_bad_input_gets_a_condition_and_an_event_and_nothing_else(
     assert (await h.api("list"))["result"] == []
     assert not east.workloads() and not clusters["west"].workloads()
     assert len(events_for(east.server, "other-team")) == 1
-    assert door.submits == 1  # the one the broker refused
+    assert door.submits == 2  # the two the broker refused
 
 
 async def test_a_queued_job_shows_why_and_an_edit_is_a_resubmission(

@@ -89,13 +89,14 @@ def test_the_spec_hash_ignores_suspend_and_sees_every_edit(
 
 
 def test_the_broker_gets_the_users_object_unsuspended_without_muster_marks() -> None:
-    out = submitted_manifest(marked(), SUSPEND)
+    out = submitted_manifest(marked(), SUSPEND, "kube-1")
     meta = out["metadata"]
     assert meta["labels"] == {"team": "vision"}  # the queue label goes: no Kueue on the copy
-    assert meta["annotations"] == {"owner": "ana"}
+    assert meta["annotations"] == {"owner": "ana", "muster.dev/job-id": "kube-1"}
     assert set(meta) == {"name", "namespace", "labels", "annotations"}  # no uid, finalizers
     assert out["spec"]["runPolicy"] == {}  # the copy must run
-    spec = jobspec_from_manifest(out, queue="research")
+    spec = jobspec_from_manifest(out, queue="research")  # what the broker derives
+    assert spec.job_id == "kube-1"
     assert [(p.name, p.replicas, p.gpu) for p in spec.gang] == [("master", 1, 2), ("worker", 2, 2)]
 
 
