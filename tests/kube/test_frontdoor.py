@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from kubernetes_asyncio.client import ApiClient
 
 from agents.config import AgentConfig, FrontDoorConfig
+from agents.fleet import _runtime
+from agents.kube.backend import KubeBackend
 from agents.kube.client import KubeRest
 from agents.kube.frontdoor import (
     ANN_JOB,
@@ -33,7 +35,7 @@ from agents.kube.frontdoor import (
 )
 from broker.manifests import jobspec_from_manifest
 from schemas.subjects import Subjects
-from tests.kube.conftest import NS
+from tests.kube.conftest import NS, make_config
 from tests.kube.fake_apiserver import FakeApiServer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "pytorchjob.yaml"
@@ -154,3 +156,30 @@ async def test_an_ended_job_is_never_run_again_after_a_restart(
     await door.sync()
     assert door.submits == 0 and door.tracked == {}
     assert [m for m, _, _ in apiserver.requests if m != "GET"] == []
+
+
+def test_the_shipped_configmaps_frontdoor_example_parses() -> None:
+    configmap = Path(__file__).resolve().parents[2] / "deploy" / "agent" / "configmap.yaml"
+    text = yaml.safe_load(configmap.read_text())["data"]["agent.yaml"]
+    assert "# frontdoor:" in text
+    config = msgspec.convert(
+        yaml.safe_load(text.replace("# frontdoor:", "frontdoor:").replace("#   ", "  ")),
+        AgentConfig,
+    )
+    assert config.frontdoor is not None and "muster-workloads" in config.frontdoor.namespaces
+
+
+async def test_an_agent_config_with_a_front_door_gets_one_beside_its_backend(nc: Any) -> None:
+    raw = {
+        "cluster": "east",
+        "backend": "kube",
+        "kube": {"namespace": NS},
+        "frontdoor": {"namespaces": {NS: {"queues": ["research"]}}},
+    }
+    config = msgspec.convert(raw, AgentConfig)
+    backend = KubeBackend("east", make_config(), api_client=ApiClient())
+    runtime = _runtime(backend, nc, config, Subjects())
+    assert isinstance(runtime.companion, FrontDoor)
+    assert runtime.companion.config == config.frontdoor
+    plain = _runtime(backend, nc, msgspec.structs.replace(config, frontdoor=None), Subjects())
+    assert plain.companion is None
