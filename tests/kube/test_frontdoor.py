@@ -177,9 +177,13 @@ async def test_an_agent_config_with_a_front_door_gets_one_beside_its_backend(nc:
         "frontdoor": {"namespaces": {NS: {"queues": ["research"]}}},
     }
     config = msgspec.convert(raw, AgentConfig)
-    backend = KubeBackend("east", make_config(), api_client=ApiClient())
-    runtime = _runtime(backend, nc, config, Subjects())
-    assert isinstance(runtime.companion, FrontDoor)
-    assert runtime.companion.config == config.frontdoor
-    plain = _runtime(backend, nc, msgspec.structs.replace(config, frontdoor=None), Subjects())
-    assert plain.companion is None
+    api = ApiClient()
+    try:
+        backend = KubeBackend("east", make_config(), api_client=api)
+        runtime = _runtime(backend, nc, config, Subjects())
+        assert isinstance(runtime.companion, FrontDoor)
+        assert runtime.companion.config == config.frontdoor
+        plain = _runtime(backend, nc, msgspec.structs.replace(config, frontdoor=None), Subjects())
+        assert plain.companion is None
+    finally:
+        await api.close()
