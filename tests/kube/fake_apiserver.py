@@ -18,7 +18,9 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
   every `bookmark_interval` seconds); `timeoutSeconds`; a too-old resourceVersion (older than
   `compact()`) gives 410 Gone, as an ERROR event or, with `gone_as_http=True`, an HTTP 410;
 * POST (409 AlreadyExists, 422 Invalid), PATCH (JSON merge patch for merge- and
-  strategic-merge patch; 422 Invalid, immutable fields), DELETE with graceful deletion: a pod
+  strategic-merge patch; 422 Invalid, immutable fields; a `metadata.resourceVersion` in the
+  patch is a precondition, 409 Conflict; `.../<name>/status` writes the status only), DELETE
+  with graceful deletion: a pod
   bound to a node gets `deletionTimestamp` + `deletionGracePeriodSeconds` and stays
   Terminating until its grace runs out (scaled by `termination_s`) or `finish_terminating()`;
   an object with `finalizers` stays until they are removed; `propagationPolicy` Background

@@ -19,7 +19,7 @@ from kubernetes_asyncio.client import ApiClient
 from agents.config import AgentConfig, FrontDoorConfig
 from agents.fleet import _runtime
 from agents.kube.backend import KubeBackend
-from agents.kube.client import KubeRest
+from agents.kube.client import MERGE_PATCH, KubeApiError, KubeRest
 from agents.kube.frontdoor import (
     ANN_JOB,
     ANN_SPEC,
@@ -187,3 +187,42 @@ async def test_an_agent_config_with_a_front_door_gets_one_beside_its_backend(nc:
         assert plain.companion is None
     finally:
         await api.close()
+
+
+async def test_the_stand_in_writes_only_status_through_the_status_subresource(
+    apiserver: FakeApiServer, api_client: ApiClient
+) -> None:
+    collection = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
+    apiserver.put(collection, marked())
+    rest = KubeRest(api_client)
+    body = {"metadata": {"labels": {"sneaked": "in"}}, "status": {"conditions": []}}
+    await rest.request("PATCH", f"{collection}/ddp/status", body=body, content_type=MERGE_PATCH)
+    stored = apiserver.get(f"{collection}/ddp")
+    assert stored is not None
+    assert stored["status"] == {"conditions": []}
+    assert "sneaked" not in stored["metadata"]["labels"]
+
+
+async def test_the_stand_in_refuses_a_patch_on_a_stale_resource_version(
+    apiserver: FakeApiServer, api_client: ApiClient
+) -> None:
+    collection = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
+    stored = apiserver.put(collection, marked())
+    rest = KubeRest(api_client)
+    fresh = stored["metadata"]["resourceVersion"]
+    await rest.request(
+        "PATCH",
+        f"{collection}/ddp",
+        body={"metadata": {"resourceVersion": fresh, "annotations": {"a": "1"}}},
+        content_type=MERGE_PATCH,
+    )
+    with pytest.raises(KubeApiError) as refused:
+        await rest.request(
+            "PATCH",
+            f"{collection}/ddp",
+            body={"metadata": {"resourceVersion": fresh, "annotations": {"a": "2"}}},
+            content_type=MERGE_PATCH,
+        )
+    assert refused.value.status == 409 and refused.value.detail.reason == "Conflict"
+    after = apiserver.get(f"{collection}/ddp")
+    assert after is not None and after["metadata"]["annotations"]["a"] == "1"
