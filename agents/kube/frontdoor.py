@@ -388,7 +388,9 @@ class FrontDoor:
         if annotations.get(ANN_STATE) in REFUSALS and annotations.get(ANN_SPEC) == digest:
             return  # refused before, and nothing changed since
         if job_id:  # the spec was edited: run the new one instead, as Kueue recreates
-            await self._cancel(job_id, access.team, "the spec was edited; running the new one")
+            reason = "the spec was edited; running the new one"
+            if not await self._cancel(job_id, access.team, reason):
+                return  # never two jobs for one object: the next pass tries again
             await self._forget(uid)
         new_id = job_id_for(uid, digest, first=not job_id)
         await self._submit(obj, path, uid, queue, digest, suspend.path, access, new_id)
