@@ -226,3 +226,27 @@ async def test_the_stand_in_refuses_a_patch_on_a_stale_resource_version(
     assert refused.value.status == 409 and refused.value.detail.reason == "Conflict"
     after = apiserver.get(f"{collection}/ddp")
     assert after is not None and after["metadata"]["annotations"]["a"] == "1"
+
+
+async def test_an_edit_waits_for_the_old_job_to_be_cancelled(
+    apiserver: FakeApiServer, api_client: ApiClient, nc: Any
+) -> None:
+    """No broker answers the cancel: nothing new is submitted, the object keeps its job, and
+    a later pass tries again (one object never has two jobs)."""
+    obj = marked()
+    old_id = job_id_for(obj["metadata"]["uid"], "", True)
+    obj["metadata"]["annotations"] = {ANN_JOB: old_id, ANN_SPEC: "spec-before-the-edit"}
+    collection = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
+    apiserver.put(collection, obj)
+    config = msgspec.convert(
+        {"namespaces": {NS: {"queues": ["research"]}}, "request_timeout_s": 0.2},
+        FrontDoorConfig,
+    )
+    rest = KubeRest(api_client)
+    door = FrontDoor("east", lambda: rest, config, Subjects(prefix="nobody-answers"))
+    door.nc = nc
+    await door.sync()
+    await door.sync()
+    assert door.submits == 0
+    stored = apiserver.get(f"{collection}/ddp")
+    assert stored is not None and stored["metadata"]["annotations"][ANN_JOB] == old_id
