@@ -196,8 +196,12 @@ async def test_a_pytorchjob_applied_in_east_runs_in_west_and_the_home_object_sho
     assert "resuming from step 120" in condition(east.server.get(path))["message"]
     reasons = [r for r, _ in events_for(east.server, "ddp")]
     assert "Preempting" in reasons
+    # Placed in the home cluster, the job runs as a copy; the user's object stays suspended.
     copies = [o for _, o in east.workloads()]
     assert len(copies) == 1 and copies[0]["metadata"]["name"] != "ddp"
+    assert copies[0]["metadata"]["annotations"]["muster.dev/original-name"] == "ddp"
+    assert "runPolicy" not in copies[0]["spec"] or not copies[0]["spec"]["runPolicy"].get("suspend")
+    assert (east.server.get(path) or {})["spec"]["runPolicy"]["suspend"] is True
 
     # `kubectl delete` cancels the job everywhere, then the object goes.
     await rest.request("DELETE", path)
