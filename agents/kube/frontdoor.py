@@ -622,25 +622,25 @@ class FrontDoor:
     async def _condition(self, path: str, verdict: Verdict) -> None:
         """The MusterAdmitted condition in the status subresource, every other condition
         kept; the resourceVersion makes a concurrent status write (the operator's) a 409,
-        retried on a fresh read."""
+        retried on a fresh read. Only the fields metav1.Condition (JobSet, TrainJob) and the
+        Kubeflow JobCondition share; the transition time moves only when the status does."""
         for _ in range(3):
             obj = await self._read(path)
             if obj is None:
                 return
-            conditions = [
-                c
-                for c in (obj.get("status") or {}).get("conditions") or []
-                if c.get("type") != CONDITION
-            ]
-            now = _rfc3339(time.time())
+            existing = (obj.get("status") or {}).get("conditions") or []
+            conditions = [c for c in existing if c.get("type") != CONDITION]
+            before: dict[str, Any] = next((c for c in existing if c.get("type") == CONDITION), {})
+            since = (
+                before.get("lastTransitionTime") if before.get("status") == verdict.status else None
+            )
             conditions.append(
                 {
                     "type": CONDITION,
                     "status": verdict.status,
                     "reason": verdict.reason,
                     "message": verdict.message[:1024],
-                    "lastTransitionTime": now,
-                    "lastUpdateTime": now,
+                    "lastTransitionTime": since or _rfc3339(time.time()),
                 }
             )
             body = {

@@ -250,3 +250,37 @@ async def test_an_edit_waits_for_the_old_job_to_be_cancelled(
     assert door.submits == 0
     stored = apiserver.get(f"{collection}/ddp")
     assert stored is not None and stored["metadata"]["annotations"][ANN_JOB] == old_id
+
+
+@pytest.mark.parametrize("example", ["jobset.yaml", "trainjob.yaml", "pytorchjob.yaml"])
+async def test_the_condition_passes_each_kinds_status_schema_and_keeps_the_operators(
+    apiserver: FakeApiServer, api_client: ApiClient, example: str
+) -> None:
+    """metav1.Condition (JobSet, TrainJob) takes no fields beyond its own; the Kubeflow
+    JobCondition differs. The stand-in validates the status write against each CRD."""
+    obj = yaml.safe_load((EXAMPLE.parent / example).read_text())
+    obj["metadata"]["namespace"] = NS
+    resource = next(a.resource for a in WATCHED if a.handles(obj["apiVersion"], obj["kind"]))
+    operator = {
+        "type": "Suspended",
+        "status": "True",
+        "reason": "Suspended",
+        "message": "by the operator",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    obj["status"] = {"conditions": [operator]}
+    apiserver.put(resource.collection(NS), obj)
+    rest = KubeRest(api_client)
+    config = msgspec.convert({"namespaces": {NS: {"queues": ["research"]}}}, FrontDoorConfig)
+    door = FrontDoor("east", lambda: rest, config, Subjects())
+    path = f"{resource.collection(NS)}/{obj['metadata']['name']}"
+    running = verdict_of("running", "west", "a100-spot", 1, None, "")
+    await door._condition(path, running)
+    await door._condition(path, verdict_of("running", "east", "a100-spot", 2, 120, ""))
+    stored = apiserver.get(path)
+    assert stored is not None and not apiserver.rejected
+    conditions = {c["type"]: c for c in stored["status"]["conditions"]}
+    assert conditions["Suspended"] == operator
+    ours = conditions["MusterAdmitted"]
+    assert (ours["status"], ours["reason"]) == ("True", "Running")
+    assert ours["message"].endswith("resuming from step 120")
