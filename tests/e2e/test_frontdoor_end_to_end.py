@@ -379,3 +379,39 @@ async def test_a_team_namespace_submits_and_follows_as_its_team(
     await h.wait_event(job_id, "cancelled", timeout=10)
     await h.wait_for(lambda: east.server.get(path) is None, 10)
     assert {"get", "cancel"} <= set(asked)
+
+
+async def test_a_batch_job_shows_where_it_runs_in_annotations_and_is_cancelled_on_delete(
+    fd_world: tuple[World, dict[str, KubeCluster], FrontDoor, KubeRest],
+) -> None:
+    """A batch/v1 Job's conditions belong to the Job controller: the annotations say it."""
+    world, clusters, _, rest = fd_world
+    h = world.harness
+    east = clusters["east"]
+    job = yaml.safe_load((EXAMPLE.parent / "indexed-job.yaml").read_text())
+    job["metadata"] = {
+        "name": "sweep",
+        "namespace": NS,
+        "labels": {"muster.dev/queue": "default"},
+    }
+    job["spec"]["suspend"] = True
+    collection = f"/apis/batch/v1/namespaces/{NS}/jobs"
+    created = await apply(rest, collection, job)
+    job_id = f"kube-{created['metadata']['uid']}"
+    path = f"{collection}/sweep"
+    running = await h.wait_event(job_id, "running", timeout=20)
+    assert running.cluster == "west"
+
+    def annotations() -> dict[str, str]:
+        return dict(((east.server.get(path) or {})["metadata"].get("annotations")) or {})
+
+    await h.wait_for(lambda: annotations().get(ANN_STATE) == "Running", 10)
+    assert annotations()[ANN_CLUSTER] == "west"
+    home = east.server.get(path)
+    assert home is not None and home["spec"]["suspend"] is True
+    assert condition(home) == {}  # nothing written into the Job controller's conditions
+    assert [r for r, _ in events_for(east.server, "sweep")][:1] == ["Submitted"]
+    await rest.request("DELETE", path)
+    await h.wait_event(job_id, "cancelled", timeout=10)
+    await h.wait_for(lambda: east.server.get(path) is None, 10)
+    assert not east.server.rejected and not clusters["west"].server.rejected
