@@ -212,6 +212,35 @@ class LocalClusterConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaul
             raise ValueError(f"trace.flavor {self.trace.flavor!r} is not one of flavors {names}")
 
 
+Token = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$",
+        description="letters, digits, '-' and '_' (a queue or team name is a NATS subject token)",
+    ),
+]
+NamespaceName = Annotated[str, Meta(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+
+
+class FrontDoorNamespace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A namespace whose marked workloads the agent submits: the queues they may name (as a
+    Kueue LocalQueue lets a namespace reach its ClusterQueue) and the team the agent acts as
+    for them (its API and event subjects; none = the untenanted subjects)."""
+
+    queues: Annotated[list[Token], Meta(min_length=1, max_length=256)]
+    team: Token | None = None
+
+
+class FrontDoorConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The Kubernetes front door (agents/kube/frontdoor.py): which namespaces of the home
+    cluster may submit with `kubectl apply`, and how often the agent looks at them."""
+
+    namespaces: Annotated[dict[NamespaceName, FrontDoorNamespace], Meta(min_length=1)]
+    poll_s: Annotated[float, Meta(gt=0, le=300)] = 2.0
+    # How long one broker request (submit, get, cancel) may take before the next poll retries.
+    request_timeout_s: Annotated[float, Meta(gt=0, le=60)] = 5.0
+
+
 class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One agent: a cluster name, its backend and the runtime's batching/heartbeat knobs."""
 
@@ -228,8 +257,12 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     topology: TopologyConfig | None = None
     # Prometheus /metrics on 127.0.0.1:<port> (`muster-agent --metrics-port` overrides).
     metrics_port: Annotated[int, Meta(ge=1, le=65535)] | None = None
+    # `kubectl apply` submission from this cluster (kube backend only; docs/kubernetes.md).
+    frontdoor: FrontDoorConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.frontdoor is not None and self.backend != "kube":
+            raise ValueError("frontdoor: only the kube backend has one; remove it or use kube")
         if self.backend == "fake" and self.fake is None:
             raise ValueError("fake: required when backend is 'fake' (give at least `fake: {}`)")
         if self.backend == "kube" and self.kube is None:

@@ -43,6 +43,13 @@ def build_backend(config: AgentConfig) -> Backend:
 
 
 def _runtime(backend: Backend, nc: Client, config: AgentConfig, subjects: Subjects) -> AgentRuntime:
+    companion = None
+    if config.frontdoor is not None:
+        from agents.kube.backend import KubeBackend
+        from agents.kube.frontdoor import FrontDoor
+
+        assert isinstance(backend, KubeBackend)  # AgentConfig allows a front door on kube only
+        companion = FrontDoor(config.cluster, lambda: backend.rest, config.frontdoor, subjects)
     return AgentRuntime(
         backend,
         nc,
@@ -50,6 +57,7 @@ def _runtime(backend: Backend, nc: Client, config: AgentConfig, subjects: Subjec
         heartbeat_s=config.heartbeat_s,
         batch_max=config.batch_max,
         batch_interval_s=config.batch_interval_s,
+        companion=companion,
     )
 
 

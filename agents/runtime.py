@@ -17,7 +17,7 @@ import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import structlog
@@ -75,6 +75,15 @@ def _essential(ev: AgentEvent) -> bool:
     return isinstance(ev, WorkloadStatus) and ev.phase in TERMINAL_PHASES
 
 
+class Companion(Protocol):
+    """Something beside the backend that speaks on the runtime's connection (the kube front
+    door): started once the backend is up, stopped before it."""
+
+    async def start(self, nc: Client) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 @dataclass(slots=True)
 class _JobTrack:
     """What this agent knows about one job: the newest attempt it created, the attempts still
@@ -98,10 +107,12 @@ class AgentRuntime:
         heartbeat_s: float = 1.0,
         batch_max: int = 1000,
         batch_interval_s: float = 0.01,
+        companion: Companion | None = None,
     ) -> None:
         if heartbeat_s <= 0 or batch_max < 1 or batch_interval_s < 0:
             raise ValueError("heartbeat_s > 0, batch_max >= 1 and batch_interval_s >= 0 required")
         self.backend = backend
+        self.companion = companion
         self.nc = nc
         self.subjects = subjects
         self.cluster = backend.cluster
@@ -169,6 +180,8 @@ class AgentRuntime:
         self._queue_heartbeat()
         await self._flush()
         self._loop_task = asyncio.create_task(self._loop(), name=f"agent-{self.cluster}")
+        if self.companion is not None:
+            await self.companion.start(self.nc)
         self.log.info("agent started", events=self.events_subject, commands=self.cmd_subject)
 
     async def stop(self) -> None:
@@ -176,6 +189,8 @@ class AgentRuntime:
         if not self._running:
             return
         self._running = False
+        if self.companion is not None:
+            await self.companion.stop()
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()

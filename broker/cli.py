@@ -600,6 +600,14 @@ def nats_config_cmd(
         list[str] | None,
         typer.Option("--hub", help="the control cluster's leafnode URL (tls://HOST:7422)"),
     ] = None,
+    frontdoor: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--frontdoor",
+            help="CLUSTER=TEAM[,TEAM]: that cluster's agent submits for those teams "
+            "(its `frontdoor` config)",
+        ),
+    ] = None,
 ) -> None:
     """Print the nats-server users and permissions (accounts.conf) for the config's teams,
     or with --leafnode-for the nats.conf of a GPU cluster's leaf node."""
@@ -611,11 +619,18 @@ def nats_config_cmd(
         except ValueError as exc:
             fail(str(exc))
         return
+    doors: dict[str, list[str]] = {}
+    for item in frontdoor or []:
+        name, sep, teams = item.partition("=")
+        if not sep or not name or not teams:
+            fail(f"--frontdoor {item!r}: write CLUSTER=TEAM[,TEAM], e.g. east=research")
+        doors.setdefault(name, []).extend(t for t in teams.split(",") if t)
     try:
         loaded = load_broker_config(file)
-    except ConfigError as exc:
+        text = render(loaded.config, cluster or [], loaded.aliases, leaf or [], doors)
+    except (ConfigError, ValueError) as exc:
         fail(str(exc))
-    typer.echo(render(loaded.config, cluster or [], loaded.aliases, leaf or []), nl=False)
+    typer.echo(text, nl=False)
 
 
 BackupConfig = Annotated[

@@ -13,7 +13,7 @@ training pod shares may subscribe to nothing at all: whatever one pod could hear
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import yaml
@@ -97,14 +97,27 @@ def render(
     clusters: Iterable[str],
     aliases: dict[str, str] | None = None,
     leaves: Iterable[str] = (),
+    frontdoor: Mapping[str, Iterable[str]] | None = None,
 ) -> str:
     """The `accounts { MUSTER { ... } }` block nats.conf includes. `leaves`: GPU clusters
     that reach the control cluster through a leaf node (`render_leafnode`); each gets a user
-    for its leaf connection, which carries its agent's and its training pods' traffic."""
+    for its leaf connection, which carries its agent's and its training pods' traffic.
+    `frontdoor` maps a cluster to the teams its agent's front door submits for
+    (agents/kube/frontdoor.py): that agent may also submit to those teams' queues, call their
+    API verbs and hear their job events."""
     s = Subjects(prefix=config.subject_prefix)
     p = s.prefix
     teams = queues_by_team(config, aliases)
-    answers = [inbox_prefix(u) + ".>" for u in (ADMIN, *map(team_user, teams))]
+    doors = {c: sorted(set(ts)) for c, ts in (frontdoor or {}).items()}
+    for cluster, door_teams in doors.items():
+        unknown = [t for t in door_teams if t not in teams]
+        if unknown:
+            raise ValueError(
+                f"frontdoor: cluster {cluster!r} acts for {unknown}, which own no queue in the "
+                f"broker config; give a queue `team: {unknown[0]}` or drop the team"
+            )
+    askers = (ADMIN, *map(team_user, teams), *map(agent_user, sorted(doors)))
+    answers = [inbox_prefix(u) + ".>" for u in askers]
     users = [
         _user(
             BROKER,
@@ -128,18 +141,27 @@ def render(
             comment="operators: submit, cancel and read everything",
         ),
     ]
-    for cluster in sorted(set(clusters)):
+    for cluster in sorted(set(clusters) | set(doors)):
+        acts_for = doors.get(cluster, [])
+        comment = f"cluster {cluster}'s agent: its own events and commands only"
+        if acts_for:
+            comment += f"; its front door submits for team {', '.join(acts_for)}"
         users.append(
             _user(
                 agent_user(cluster),
-                [s.agent_events(cluster)],
+                [
+                    s.agent_events(cluster),
+                    *(s.submit(q) for t in acts_for for q in teams[t]),
+                    *(f"{p}.api.{t}.*" for t in acts_for),
+                ],
                 [
                     s.agent_cmd(cluster),
                     s.agent_logs(cluster),
+                    *(f"{p}.events.team.{t}.*" for t in acts_for),
                     inbox_prefix(agent_user(cluster)) + ".>",
                 ],
                 responses=True,  # answers commands; a log read streams several chunks back
-                comment=f"cluster {cluster}'s agent: its own events and commands only",
+                comment=comment,
             )
         )
     for cluster in sorted(set(leaves)):

@@ -20,4 +20,19 @@ from kinds.registry import CLUSTER_RULES, Rule, namespace_rules
 
 NAMESPACE_RULES = namespace_rules()
 
-__all__ = ["CLUSTER_RULES", "NAMESPACE_RULES", "Rule", "namespace_rules"]
+__all__ = ["CLUSTER_RULES", "NAMESPACE_RULES", "Rule", "frontdoor_rules", "namespace_rules"]
+
+
+def frontdoor_rules() -> frozenset[Rule]:
+    """The front door's Role in each namespace it serves (agents/kube/frontdoor.py): list,
+    get and patch (the finalizer and annotations) on every kind it takes, patch on the status
+    of those that get the condition, and create on Events."""
+    from agents.kube.frontdoor import WATCHED, suspend_of  # the front door imports the broker
+
+    rules = {Rule("", "events", "create")}
+    for adapter in WATCHED:
+        r = adapter.resource
+        rules |= {Rule(r.group, r.plural, v) for v in ("list", "get", "patch")}
+        if suspend_of(r).conditions:
+            rules.add(Rule(r.group, f"{r.plural}/status", "patch"))
+    return frozenset(rules)

@@ -23,7 +23,9 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
   every `bookmark_interval` seconds); `timeoutSeconds`; a too-old resourceVersion (older than
   `compact()`) gives 410 Gone, as an ERROR event or, with `gone_as_http=True`, an HTTP 410;
 * POST (409 AlreadyExists, 422 Invalid), PATCH (JSON merge patch for merge- and
-  strategic-merge patch; 422 Invalid, immutable fields), DELETE with graceful deletion: a pod
+  strategic-merge patch; 422 Invalid, immutable fields; a `metadata.resourceVersion` in the
+  patch is a precondition, 409 Conflict; `.../<name>/status` writes the status only), DELETE
+  with graceful deletion: a pod
   bound to a node gets `deletionTimestamp` + `deletionGracePeriodSeconds` and stays
   Terminating until its grace runs out (scaled by `termination_s`) or `finish_terminating()`;
   an object with `finalizers` stays until they are removed; `propagationPolicy` Background
@@ -86,6 +88,7 @@ KINDS = {
     "tfjobs": "TFJob",
     "mpijobs": "MPIJob",
     "jobsets": "JobSet",
+    "events": "Event",
 }
 # The field selectors the real API server accepts per resource (anything else: 400).
 FIELD_LABELS: dict[str, set[str]] = {
@@ -200,6 +203,7 @@ class Route:
     res: ResKey
     namespace: str | None  # None = all namespaces / cluster scoped
     name: str | None
+    subresource: str = ""  # "status": only the object's status is written
 
     @property
     def group(self) -> str:
@@ -246,6 +250,8 @@ def parse_path(path: str) -> Route | None:
         gv, rest = f"{parts[1]}/{parts[2]}", parts[3:]
     else:
         return None
+    if len(rest) == 5 and rest[0] == "namespaces" and rest[4] == "status":
+        return Route((gv, rest[2]), rest[1], rest[3], "status")
     if len(rest) >= 3 and rest[0] == "namespaces":
         return Route((gv, rest[2]), rest[1], rest[3] if len(rest) > 3 else None)
     if len(rest) in (1, 2):
@@ -771,10 +777,19 @@ class FakeApiServer:
                 return web.json_response(status(415, "UnsupportedMediaType", ctype), status=415)
             body = await request.json()
             self.patches.append((path, ctype, body))
-            collection = path.rsplit("/", 1)[0]
+            collection = path.removesuffix("/status").rsplit("/", 1)[0]
             old = self.store.get(route.res, {}).get((route.namespace or "", route.name))
             if old is None:
                 return web.json_response(status(404, "NotFound", "not found"), status=404)
+            # A resourceVersion in the patch is a precondition, as on a real server.
+            wanted = (body.get("metadata") or {}).get("resourceVersion")
+            if wanted is not None and wanted != old["metadata"]["resourceVersion"]:
+                msg = (
+                    "the object has been modified; please apply your changes to the latest version"
+                )
+                return web.json_response(status(409, "Conflict", msg), status=409)
+            if route.subresource == "status":  # the status subresource writes status only
+                body = {"status": body.get("status")}
             new = merge_patch(old, body)
             refused = self._invalid(new, old)
             if refused is not None:
