@@ -125,6 +125,7 @@ class AgentRuntime:
         self.seq = 0
         self.max_epoch = 0
         self.partitioned = False
+        self._fence_failing = False  # the cluster's fence could not be renewed lately
         self.stats: dict[str, int] = {
             "batches": 0,
             "events": 0,
@@ -300,7 +301,13 @@ class AgentRuntime:
                 await renew(since)
             except Exception as exc:
                 self.stats["fence_failures"] = self.stats.get("fence_failures", 0) + 1
-                self.log.warning("fence renewal failed; retried at the next ack", error=str(exc))
+                if not self._fence_failing:  # one line per outage, not one per ack
+                    self.log.warning("fence renewal failing; retried at every ack", error=str(exc))
+                self._fence_failing = True
+                return
+            if self._fence_failing:
+                self.log.warning("fence renewed again")
+            self._fence_failing = False
             return
         fence = getattr(self.backend, "fence", None)
         if fence is None:

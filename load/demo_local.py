@@ -251,7 +251,12 @@ async def run_demo(workdir: Path, steps: int, say: Callable[[str], None] = print
                     await nc.close()
             await server.stop()
             server.cleanup()
-    final = workdir / "checkpoints" / f"step-{steps}"
+    # Each attempt writes below its own prefix (checkpoints/attempt-<n>/): the last one's.
+    finals = sorted(
+        (workdir / "checkpoints").glob(f"attempt-*/step-{steps}"),
+        key=lambda p: int(p.parent.name.removeprefix("attempt-")),
+    )
+    final = finals[-1] if finals else workdir / "checkpoints" / f"step-{steps}"
     if result.succeeded and final.exists():
         t0 = time.monotonic()
         reference = reference_model(workdir, steps)

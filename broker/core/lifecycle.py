@@ -977,7 +977,12 @@ def checkpoint_doubt(
         )
     ckpt = record.spec.checkpoint
     location = ckpt.uri if ckpt else ""
-    if location and not uri_under(report.uri, location):
+    if not location:
+        return (
+            f"job {record.job_id} has no checkpoint.uri, so no checkpoint of it can be "
+            "trusted; set checkpoint.uri to where its checkpoints are written"
+        )
+    if not uri_under(report.uri, location):
         return (
             f"checkpoint {report.uri!r} is not under the job's checkpoint "
             f"location {location!r}; write checkpoints below it"

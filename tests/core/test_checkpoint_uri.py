@@ -81,3 +81,16 @@ def test_a_traversal_report_is_refused_and_the_next_attempt_does_not_resume_from
         (refused,) = [e.event for e in fx if isinstance(e, Publish)]
         assert refused.reason and LOCATION in refused.reason
     assert w.m.jobs[job].latest_checkpoint is None
+
+
+def test_a_job_without_a_location_accepts_no_checkpoint() -> None:
+    w = World()
+    w.cluster("a")
+    job = w.submit()
+    w.cycle()
+    run(w, job, "a", 1)
+    fx = w.send("a", CheckpointReport(job_id=job, attempt=1, step=5, uri="s3://anywhere/5"))
+    assert events(fx) == ["checkpoint-refused"]
+    (refused,) = [e.event for e in fx if isinstance(e, Publish)]
+    assert refused.reason and "no checkpoint.uri" in refused.reason
+    assert w.m.jobs[job].latest_checkpoint is None

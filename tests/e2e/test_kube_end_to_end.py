@@ -341,8 +341,9 @@ async def test_blips_end_no_attempt_but_not_ready_past_grace_does(
     kube_world: tuple[World, dict[str, KubeCluster]],
 ) -> None:
     """A device-plugin restart (8 -> 0 -> 8 within 30 s) and a NotReady of 10 s take the node
-    out of new placements at most; NotReady past the grace (120 s here) loses the replicas and
-    the job moves on. The agent's clock is driven: no test waits 30 s."""
+    out of new placements at most; NotReady past the grace (120 s here) loses the replicas only
+    once the node is tainted out-of-service, and the job moves on. The agent's clock is
+    driven: no test waits 30 s."""
     world, clusters = kube_world
     h = world.harness
     reply = await h.submit(
@@ -392,10 +393,20 @@ async def test_blips_end_no_attempt_but_not_ready_past_grace_does(
     assert h.kinds("blip-1").count("running") == 1
     assert not {"preempting", "requeued", "failed"} & set(h.kinds("blip-1"))
 
-    # NotReady past the grace period: the replicas are lost, the job runs again.
+    # NotReady past the grace period proves nothing (a partitioned node keeps running its
+    # containers) until the node is declared shut down: then the replicas are lost.
     home.change_node(node_name, lambda n: ready(n, "False"))
     await h.wait_for(lambda: broker_node().no_new_pods, 5)
     home.clock.advance(121)
+    backend.evaluate_timers()
+    assert broker_node().ready and h.kinds("blip-1").count("admitted") == 1
+
+    def out_of_service(n: dict[str, Any]) -> None:
+        n["spec"]["taints"] = [
+            {"key": "node.kubernetes.io/out-of-service", "value": "x", "effect": "NoExecute"}
+        ]
+
+    home.change_node(node_name, out_of_service)
     again = await h.wait_event("blip-1", "admitted", count=2)
     assert again.attempt == 2
     assert "node" in ((await h.wait_event("blip-1", "requeued")).reason or "")

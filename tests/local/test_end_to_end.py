@@ -79,9 +79,10 @@ async def test_spot_notice_moves_real_training_and_it_ends_bit_for_bit_equal(lab
     assert f"checkpoint step {saved} " in lab.log("a", job_id, 1)
     await h.wait_event(job_id, "succeeded", timeout=60)
     resumed = lab.log("b", job_id, 2)
-    assert resumed.startswith(f"resumed from step {saved} ({ckpt}/step-{saved})")
+    # each attempt writes below its own prefix; the second resumes from the first's checkpoint
+    assert resumed.startswith(f"resumed from step {saved} ({ckpt}/attempt-1/step-{saved})")
     assert f"checkpoint step {saved} " not in resumed  # no step before it was redone
-    assert (ckpt / f"step-{STEPS}").read_text() == reference.final
+    assert (ckpt / "attempt-2" / f"step-{STEPS}").read_text() == reference.final
     # The loss curve continues where it left off: every step logged after the move logs
     # the loss the uninterrupted run had at that step.
     after = loss_lines(resumed)
@@ -104,7 +105,7 @@ async def test_a_restarted_agent_adopts_its_replica_and_the_job_finishes_once(la
     await lab.restart_agent("a")  # back well before the broker would declare it lost
     await h.wait_event(job_id, "succeeded", timeout=60)
     assert [e.kind for e in h.events[job_id]].count("admitted") == 1
-    assert (ckpt / f"step-{STEPS}").read_text() == reference.final
+    assert (ckpt / "attempt-1" / f"step-{STEPS}").read_text() == reference.final
 
 
 async def test_an_agent_gone_too_long_has_its_replica_fenced_before_the_job_moves(
@@ -125,7 +126,7 @@ async def test_an_agent_gone_too_long_has_its_replica_fenced_before_the_job_move
     restarted = await lab.restart_agent("a")
     await h.wait_event(job_id, "succeeded", timeout=60)
     assert restarted.live_workloads() == []
-    assert (ckpt / f"step-{STEPS}").read_text() == reference.final
+    assert (ckpt / "attempt-2" / f"step-{STEPS}").read_text() == reference.final
     resumed = lab.log("b", job_id, 2)
     assert second.resume_from_step is not None and second.resume_from_step >= 50
     assert resumed.startswith(f"resumed from step {second.resume_from_step} ")

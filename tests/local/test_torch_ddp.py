@@ -67,6 +67,6 @@ async def test_ddp_gang_moves_on_a_spot_notice_and_ends_with_the_same_loss(lab: 
     resumed = lab.log("b", job_id, 2)
     assert f"rank 0/2: starting at step {saved}" in resumed
     assert final_line in resumed  # the same loss, to the last bit of its repr
-    state = torch.load(ckpt / f"step-{STEPS}", weights_only=False)
+    state = torch.load(ckpt / "attempt-2" / f"step-{STEPS}", weights_only=False)
     for name, tensor in ref_state["model"].items():
         assert torch.equal(state["model"][name], tensor), name

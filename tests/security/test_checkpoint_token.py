@@ -16,8 +16,9 @@ async def test_a_workload_reports_only_with_its_own_attempts_token(harness: Harn
     h = harness
     broker = await h.start_broker()
     agent = await h.agent("c1")
-    victim = (await h.submit(job("victim", replicas=1, gpu=8))).job_id
-    intruder = (await h.submit(job("intruder", replicas=1, gpu=8))).job_id
+    ckpt = {"checkpoint": {"uri": "s3://x"}}
+    victim = (await h.submit(job("victim", replicas=1, gpu=8, **ckpt))).job_id
+    intruder = (await h.submit(job("intruder", replicas=1, gpu=8, **ckpt))).job_id
     sent: dict[str, Dispatch] = {}
     while len(sent) < 2:
         d = await next_item(agent.dispatches)
@@ -29,7 +30,8 @@ async def test_a_workload_reports_only_with_its_own_attempts_token(harness: Harn
     before = broker.refused["checkpoint"]
 
     async def report(step: int, with_token: str) -> None:
-        body = CheckpointReport(job_id=victim, attempt=1, step=step, uri=f"s3://x/{step}")
+        uri = f"s3://x/attempt-1/{step}"
+        body = CheckpointReport(job_id=victim, attempt=1, step=step, uri=uri)
         body.token = with_token
         await h.nc.publish(h.subjects.checkpoint(victim), encode_json(body))
         await flush(h.nc)
