@@ -1021,6 +1021,30 @@ class _Importer:
                 self._koord_parent(p, children.get(p.name, []))
             else:
                 self._koord_leaf(p)
+        self._koord_root([p for p in pending.values() if p.parent is None])
+
+    def _koord_root(self, top: list[_Pending]) -> None:
+        """Koordinator's root quota is the cluster: a quota may use idle capacity beyond its
+        min up to its max. The root cohort gets the top-level quotas' max - min as its own
+        quota, so each may reach its max; the fleet's free capacity bounds the rest."""
+        extra: dict[str, int] = {}
+        for p in top:
+            for r, high in p.high.items():
+                extra[r] = extra.get(r, 0) + max(0, high - p.low.get(r, 0))
+        res: dict[str, Any] = {r: {"nominal": v} for r, v in extra.items() if v}
+        if not res:
+            return
+        cohort: dict[str, Any] = {
+            "name": "elastic-quota",
+            "quotas": [{"flavor": ANY_FLAVOR, "resources": res}],
+        }
+        self._put(self.cohorts, "elastic-quota", cohort, top[0].ctx, "cohort")
+        self.needs_any_flavor = True
+        self.notes.append(
+            "cohort elastic-quota (Koordinator's root quota) lends "
+            + ", ".join(f"{r} {_text(r, extra[r])}" for r in sorted(res))
+            + " beyond the top-level mins: each quota may reach its max while the fleet has room"
+        )
 
     def _koord_leaf(self, p: _Pending) -> None:
         queue: dict[str, Any] = {"name": p.name, "cohort": p.parent or "elastic-quota"}

@@ -540,10 +540,24 @@ def quota_ceiling(q: QueueState, cls: str, r: int) -> int | None:
     if co is None:
         return lim.nominal
     g = lim.guaranteed
-    lendable = co.lendable[cls][r]
+    lendable = cohort_reach(co, cls, r)
     if lim.borrowing is None:
         return g + lendable
     return g + min(lendable, lim.nominal - g + lim.borrowing)
+
+
+def cohort_reach(co: Cohort, cls: str, r: int) -> int:
+    """The most of resource `r` in `cls` a cohort's subtree could hold with nothing else
+    admitted: its own subtree quota plus what it may borrow from its parent's reach, within
+    its borrowing limit (a nested quota may grow into what the levels above lend)."""
+    own = co.lendable[cls][r] if cls in co.lendable else 0
+    if co.parent is None:
+        return own
+    above = max(0, cohort_reach(co.parent, cls, r) - own)
+    lim = co.own(cls, r)
+    if lim is not None and lim.borrowing is not None:
+        above = min(above, lim.borrowing)
+    return own + above
 
 
 def _ceiling_text(q: QueueState, cls: str, r: int, demand: int, ceiling: int) -> str:
@@ -558,7 +572,7 @@ def _ceiling_text(q: QueueState, cls: str, r: int, demand: int, ceiling: int) ->
     if lim.borrowing is None:
         return f"{need} (nominal {_amount(r, lim.nominal)} + all cohort {q.cohort.name} lends)"
     borrow = _amount(r, lim.borrowing)
-    lendable = _amount(r, q.cohort.lendable[cls][r])
+    lendable = _amount(r, cohort_reach(q.cohort, cls, r))
     return (
         f"{need} (nominal {_amount(r, lim.nominal)} + borrowing limit {borrow}, of which "
         f"cohort {q.cohort.name} can lend at most {lendable})"

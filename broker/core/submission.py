@@ -6,7 +6,8 @@ wrong and how to fix it, and changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 
 import msgspec
 
@@ -51,11 +52,18 @@ def choose_queue(
             f"{DEFAULT_QUEUE!r} to take it; name one (--queue, `queue:`); known queues: {known}"
         )
     if queue is None or queue not in queues:
-        known = ", ".join(sorted(queues)) or "(none)"
-        return reject(f"unknown queue {queue!r}; known queues: {known}")
+        return reject(unknown_queue_text(queue, queues))
     if not spec.gang:
         return reject("gang: the job has no podsets; give 'gang' or a supported manifest")
     return queue
+
+
+def unknown_queue_text(queue: str | None, known: Iterable[str]) -> str:
+    """The refusal of a queue name no queue has, with the closest known name."""
+    names = sorted(known)
+    close = difflib.get_close_matches(queue or "", names, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown queue {queue!r}; {hint}known queues: {', '.join(names) or '(none)'}"
 
 
 def queue_full(queue: str, pending: int, cap: int) -> SubmitReply | None:

@@ -248,11 +248,25 @@ def test_koordinator_parent_quota_is_a_cohort_bounding_its_children() -> None:
                         },
                     }
                 ],
-            }
+            },
+            {
+                # Koordinator's root quota is the cluster: it lends max - min of the top level
+                "name": "elastic-quota",
+                "quotas": [
+                    {
+                        "flavor": "any",
+                        "resources": {
+                            "cpu": {"nominal": 30_000},
+                            "memory": {"nominal": 40 * GI - 20 * MI},
+                        },
+                    }
+                ],
+            },
         ],
         "flavors": [{"name": "any"}],
     }
     assert "it runs no jobs" in notes_of(loaded)
+    assert "cohort elastic-quota (Koordinator's root quota) lends cpu 30" in notes_of(loaded)
     # With a sibling quota lending 30 cpu at the top, the parent's max (40) bounds the pair:
     # each child alone could reach its own max of 40, both together stay within 40.
     lender = msgspec.convert(

@@ -124,3 +124,28 @@ def test_the_seeds_volcano_queue_and_kueue_localqueue_import_together() -> None:
     assert any(
         "LocalQueue 'ml-research-queue' has the name of the queue" in n for n in loaded.notes
     )
+
+
+def test_the_seeds_elastic_quota_max_is_usable_on_an_idle_fleet() -> None:
+    """The Koord-Queue guide's ElasticQuota (min 2 GPUs, max 8): a 4-GPU job was refused as
+    "needs 4 > 2"; Koordinator runs it while the cluster has idle GPUs, and so does Muster."""
+    from broker.core.effects import Send
+    from broker.core.machine import Machine
+    from schemas.agent import Dispatch
+    from tests.core.test_machine import OD, World
+
+    loaded = parse_config(fixture_text("koord-elasticquota.yaml"), source="quota.yaml")
+    w = World()
+    w.m = Machine(loaded.config, epoch=3)
+    w.cluster("c1", flavor=OD)  # one idle 8-GPU node
+    from broker.core.effects import split_reply
+    from broker.core.inputs import SubmitJob
+    from schemas.job import JobSpec, PodSet
+
+    spec = JobSpec(name="four", gang=[PodSet(name="w", gpu=4, cpu="1", memory="1Gi")])
+    reply, _ = split_reply(w.m.handle(SubmitJob(spec, subject_queue="pytorch-team-a"), w.now))
+    assert reply.accepted, reply.error
+    job = reply.job_id
+    sent = [e for e in w.cycle() if isinstance(e, Send) and isinstance(e.command, Dispatch)]
+    assert [e.command.job_id for e in sent] == [job]
+    assert any("Koordinator's root quota" in n for n in loaded.notes)

@@ -207,3 +207,13 @@ def test_a_service_account_the_agents_refuse_is_refused_at_submission() -> None:
         queues=[QueueConfig(name="q")], workload_service_accounts=["default", "trainer"]
     )
     assert submit(allowed).accepted
+
+
+def test_an_unknown_queue_gets_the_closest_name() -> None:
+    from broker.core.submission import unknown_queue_text
+
+    text = unknown_queue_text("reserch", ["default", "research"])
+    assert (
+        text == "unknown queue 'reserch'; did you mean 'research'? known queues: default, research"
+    )
+    assert unknown_queue_text("zzz", ["default"]) == "unknown queue 'zzz'; known queues: default"

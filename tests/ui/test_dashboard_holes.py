@@ -107,3 +107,34 @@ async def test_interruptions_count_what_they_list_and_time_the_move(live: Live, 
     assert running != "0.0s", running
     summary = await page.locator("[data-testid=interruptions-summary]").text_content() or ""
     assert "1 interruption of a job" in summary and "spot notices on the fleet" in summary
+
+
+async def test_a_preempted_job_says_who_it_made_room_for(world: Any, page: Any) -> None:
+    """Kueue's "Preempted to accommodate a workload ..." is the bar: the victim's page says
+    which job took its place, with what priority, and by which rule."""
+    import msgspec
+
+    from broker.ui.server import Dashboard
+    from schemas.config import SchedulingConfig
+    from tests.world import flavor
+
+    h = world.harness
+    h.config = msgspec.structs.replace(
+        h.config, scheduling=SchedulingConfig(preemption_min_runtime_s=0.0)
+    )
+    await world.start({"a": [flavor("spot", "spot", nodes=1)]})
+    dashboard = Dashboard(h.broker)
+    await dashboard.start("127.0.0.1", 0)
+    try:
+        low = (await h.submit(sim_job("low", steps=LONG, capacity="spot"))).job_id or ""
+        await h.wait_event(low, "running", timeout=20)
+        high = (await h.submit(sim_job("high", steps=LONG, capacity="spot", priority=100))).job_id
+        await h.wait_event(low, "requeued", timeout=60)
+        await page.goto(dashboard.url + f"/#/job/{low}")
+        reason = page.locator("[data-testid=job-reason]")
+        await reason.wait_for()
+        text = await reason.text_content() or ""
+        assert f"preempted: to accommodate {high} (priority 100)" in text, text
+        assert "LowerPriority" in text
+    finally:
+        await dashboard.stop()
