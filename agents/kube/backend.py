@@ -106,6 +106,7 @@ from agents.kube.nodes import (
     GpuState,
     Notice,
     Rules,
+    counts_for_node,
     detect_provider,
     gfd_memory_mib,
     gpu_product_mismatch,
@@ -225,8 +226,9 @@ class KubeBackend:
         # Muster's own pods of ended attempts that are still terminating.
         self._foreign: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._usage: dict[str, list[int]] = {}  # node -> summed foreign usage
-        # pod uid -> (node, reason, when) while its DisruptionTarget says the node goes away
-        self._pod_disruption: dict[str, tuple[str, str, float | None]] = {}
+        # pod uid -> (node, text, when, reason, Muster's own pod) while its DisruptionTarget
+        # may say the node goes away (nodes.counts_for_node decides)
+        self._pod_disruption: dict[str, tuple[str, str, float | None, str, bool]] = {}
         self.bad_input = BadInput()
         self.tick_s = tick_s
         # Recently deleted nodes: a pod event can arrive after its node's deletion (separate
@@ -583,8 +585,9 @@ class KubeBackend:
         provider = detect_provider(node)
         # Going away: the earliest deadline among the signals, from each signal's own time.
         found = notices(node, rules, provider)
-        for pod_node, text, at in self._pod_disruption.values():
-            if pod_node == name:
+        node_found = list(found)
+        for pod_node, text, at, dis, own in self._pod_disruption.values():
+            if pod_node == name and counts_for_node(dis, own, node, node_found):
                 found.append(Notice(text, at, rules.windows.for_provider(provider)))
         notice: SpotNotice | None = None
         if not found:
@@ -802,7 +805,11 @@ class KubeBackend:
                     ),
                     None,
                 )
-                self._pod_disruption[uid] = (node, f"pod {pod.metadata.name}: {dis}", at)
+                own = LABEL_JOB in pod.metadata.labels and (
+                    pod.metadata.namespace == self.config.namespace
+                )
+                text = f"pod {pod.metadata.name}: {dis}"
+                self._pod_disruption[uid] = (node, text, at, dis, own)
                 entry = self._nodes.get(node)
                 if entry is not None:
                     self._evaluate(entry)

@@ -18,6 +18,7 @@ from agents.kube.signals import (
     BUILTIN_NOTICE_TAINTS,
     CONDITION_TAINTS,
     GPU_PRODUCT_LABELS,
+    POD_LEVEL_DISRUPTION_REASONS,
     NoticeTaint,
 )
 from schemas.agent import MAX_GPUS_PER_NODE, NodeInfo
@@ -131,7 +132,7 @@ class Notice(msgspec.Struct, frozen=True):
 
 def notices(node: KNode, rules: Rules, provider: Provider) -> list[Notice]:
     """Every going-away signal on the node: a deletion in progress, a notice taint, a True
-    condition named like one, a cordon."""
+    condition named like one. A cordon is not one: it only takes no new pods."""
     window = rules.windows.for_provider(provider)
     out: list[Notice] = []
     meta = node.metadata
@@ -152,9 +153,16 @@ def notices(node: KNode, rules: Rules, provider: Provider) -> list[Notice]:
         if c.type in rules.notice_keys and c.status == "True":
             text = f"condition {c.type}" + (f": {c.reason}" if c.reason else "")
             out.append(Notice(text, parse_time(c.lastTransitionTime), window))
-    if node.spec.unschedulable:
-        out.append(Notice("cordoned", None, window))
     return out
+
+
+def counts_for_node(reason: str, own_pod: bool, node: KNode, found: list[Notice]) -> bool:
+    """Whether a pod's node-level `DisruptionTarget` reason is a notice for its node: a
+    pod-level one (an eviction, a kubelet termination) only on Muster's own pod or with a
+    signal on the node itself (a cordon, NotReady, a notice)."""
+    if reason not in POD_LEVEL_DISRUPTION_REASONS or own_pod:
+        return True
+    return bool(found) or node.spec.unschedulable or not_ready_since(node)[0]
 
 
 def spot_signal(node: KNode, rules: Rules) -> str | None:
