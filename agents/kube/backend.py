@@ -78,7 +78,13 @@ from agents.kube.client import (
     item_path,
     sleep_or_stop,
 )
-from agents.kube.config import FlavorConfig, KubeBackendConfig, build_workload, convert_kube_config
+from agents.kube.config import (
+    FlavorConfig,
+    KubeBackendConfig,
+    Provider,
+    build_workload,
+    convert_kube_config,
+)
 from agents.kube.decode import (
     ZERO,
     KJob,
@@ -1085,6 +1091,15 @@ class KubeBackend:
             self.log.info("deleted workload objects", job_id=job_id, count=len(targets), why=why)
         return len(targets)
 
+    def _provider_of(self, cmd: Dispatch) -> Provider:
+        """The provider of the nodes an attempt goes to (its pods' spot grace)."""
+        for a in cmd.assignment:
+            for name in a.nodes:
+                entry = self._nodes.get(name)
+                if entry is not None:
+                    return detect_provider(entry.raw)
+        return "other"
+
     # -- commands --------------------------------------------------------------------------
     async def dispatch(self, cmd: Dispatch) -> None:
         flavor = self.config.flavor(cmd.flavor)
@@ -1093,7 +1108,12 @@ class KubeBackend:
             raise BackendError(f"flavor {cmd.flavor!r} is not configured here (known: {known})")
         try:
             plan = build_workload(
-                cmd, flavor, self.config.namespace, self.rules.resource(flavor), self.config
+                cmd,
+                flavor,
+                self.config.namespace,
+                self.rules.resource(flavor),
+                self.config,
+                self._provider_of(cmd),
             )
         except ManifestError as exc:
             raise BackendError(str(exc)) from None
