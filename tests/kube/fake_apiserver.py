@@ -39,6 +39,9 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
   `users`, and refused with the real 403 Forbidden Status; a create that sets
   `blockOwnerDeletion` needs update on the owner's finalizers (OwnerReferencesPermission-
   Enforcement);
+* Kueue's job webhook, opt-in (`kueue_namespace_selector`, tests/kube/kueue_model.py): a job of
+  a kind Kueue integrates, with a queue-name label or in a namespace its
+  managedJobsNamespaceSelector matches, is created suspended;
 * the Job controller's deadline, opt-in with `run_job_controller(clock)`: a batch/v1 Job
   created through the API gets `status.startTime`, and once `startTime +
   spec.activeDeadlineSeconds` has passed (on the given clock) the Job is marked Failed with
@@ -74,6 +77,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.kube import kueue_model
 from tests.kube.rbac_authz import Attributes, owner_forbidden, request_attributes
 from tests.kube.validation import causes, invalid_status
 
@@ -299,6 +303,9 @@ class FakeApiServer:
         self.users: dict[str, str] = {}
         self.default_user = "system:anonymous"
         self.forbidden: list[Obj] = []  # 403 Status bodies sent
+        # Kueue installed, opt-in (tests/kube/kueue_model.py): with `manageJobsWithoutQueueName`
+        # its managedJobsNamespaceSelector as a label selector; None = no Kueue.
+        self.kueue_namespace_selector: str | None = None
         self.rv = 1
         self.compacted_rv = 0
         self.store: dict[ResKey, dict[tuple[str, str], Obj]] = {}
@@ -781,6 +788,7 @@ class FakeApiServer:
                 body.setdefault("status", {})["startTime"] = time.strftime(
                     "%Y-%m-%dT%H:%M:%SZ", started
                 )
+            self._kueue_default(route, body)
             obj = self.put(path, body)
             return web.json_response(obj, status=201)
         if request.method == "PATCH" and route.name is not None:
@@ -840,6 +848,16 @@ class FakeApiServer:
         body = owner_forbidden(created)
         self.forbidden.append(body)
         return web.json_response(body, status=403)
+
+    def _kueue_default(self, route: Route, obj: Obj) -> None:
+        """Kueue's job webhook: a job it manages is created suspended."""
+        if self.kueue_namespace_selector is None or route.res not in kueue_model.SUSPEND_FIELDS:
+            return
+        namespace = self.store.get(("v1", "namespaces"), {}).get(("", route.namespace or ""))
+        in_scope = matches(namespace or {}, parse_selector(self.kueue_namespace_selector))
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if kueue_model.QUEUE_LABEL in labels or in_scope:
+            kueue_model.suspend(route.res, obj)
 
     def _pod_log(self, path: str, query: dict[str, str]) -> web.Response:
         """`GET /api/v1/namespaces/<ns>/pods/<name>/log`: text/plain, tailLines and
