@@ -56,7 +56,7 @@ import gc
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -215,9 +215,12 @@ class KubeBackend:
         api_client: ApiClient | None = None,
         clock: Callable[[], float] = time.time,
         tick_s: float = 1.0,
+        topology_levels: Sequence[str] = (),
     ) -> None:
         self.cluster = cluster
         self.config = config
+        # The agent's `topology.levels`: node labels reported per node, coarsest first.
+        self.topology_levels = tuple(topology_levels)
         self._api = api_client
         self._owns_api = api_client is None
         self._clock = clock
@@ -265,10 +268,13 @@ class KubeBackend:
         self.log = log.bind(cluster=cluster)
 
     @classmethod
-    def from_config(cls, cluster: str, raw: dict[str, Any]) -> KubeBackend:
-        """Build from the agent config's `kube:` mapping; KubeConfigError names a bad field.
-        The API client is created in `start` (loading a kubeconfig is async)."""
-        return cls(cluster, convert_kube_config(raw))
+    def from_config(
+        cls, cluster: str, raw: dict[str, Any], topology_levels: Sequence[str] = ()
+    ) -> KubeBackend:
+        """Build from the agent config's `kube:` mapping and `topology.levels`;
+        KubeConfigError names a bad field. The API client is created in `start` (loading a
+        kubeconfig is async)."""
+        return cls(cluster, convert_kube_config(raw), topology_levels=topology_levels)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _make_api(self) -> ApiClient:
@@ -725,6 +731,7 @@ class KubeBackend:
             entry.gpu,
             lost=entry.lost,
             no_new_pods=entry.why,
+            topology_levels=self.topology_levels,
         )
         if info != entry.info:
             entry.info = info
@@ -1408,7 +1415,11 @@ class KubeBackend:
                 m = gfd_memory_mib(n.raw)
                 if m:
                     mem[n.flavor.name] = min(mem.get(n.flavor.name, m), m)
-        return [f.info(mem.get(f.name, 0)) for f in self.config.flavors]
+        levels = self.topology_levels
+        return [
+            msgspec.structs.replace(f.info(mem.get(f.name, 0)), topology_levels=levels)
+            for f in self.config.flavors
+        ]
 
     async def snapshot(self) -> ClusterSnapshot:
         nodes = [n.info for n in self._nodes.values() if n.info is not None]

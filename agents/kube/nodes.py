@@ -6,6 +6,7 @@ backend."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import msgspec
 
@@ -341,6 +342,7 @@ def node_info(
     *,
     lost: bool = False,
     no_new_pods: list[str] | None = None,
+    topology_levels: Sequence[str] = (),
 ) -> NodeInfo:
     """The node as the broker sees it. `gpu` is the device count the node should have; when
     an explicit fault says some are unhealthy, `gpu_healthy` says how many still work.
@@ -365,4 +367,12 @@ def node_info(
         other_memory=other.memory,
         no_new_pods=bool(why),
         note="; ".join(why)[:1024],
+        topology=topology_of(node, topology_levels),
     )
+
+
+def topology_of(node: KNode, levels: Sequence[str]) -> tuple[str, ...]:
+    """The node's label value per topology level, in order; "" where the label is missing
+    (the broker keeps such a node out of placements that need that level)."""
+    labels = node.metadata.labels
+    return tuple(labels.get(level, "")[:253] for level in levels)
