@@ -33,9 +33,17 @@ from schemas import healthz
 from schemas.agent import Dispatch, LogRequest, PodSetAssignment
 from schemas.job import JobSpec
 from shell.natsio import flush
-from tests.kube.conftest import NODES, NS, Recorder, make_config, manifest_dispatch, node
+from tests.kube.conftest import (
+    AGENT_TOKEN,
+    NODES,
+    NS,
+    Recorder,
+    make_config,
+    manifest_dispatch,
+    node,
+)
 from tests.kube.fake_apiserver import FakeApiServer, parse_path
-from tests.kube.rbac_authz import AGENT_USER
+from tests.kube.rbac_authz import AGENT_USER, WATCHDOG_USER
 from tests.kube.test_manifests import (
     BATCH_JOB_YAML,
     JOBSET_YAML,
@@ -145,6 +153,8 @@ def test_fence_watchdog_rbac_is_list_and_delete_of_workload_kinds() -> None:
 async def test_fence_watchdog_requests_are_within_its_rbac(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
+    # The client plays the watchdog's service account: the stand-in enforces its own Role.
+    apiserver.users[AGENT_TOKEN] = apiserver.default_user = WATCHDOG_USER
     watchdog = FenceWatchdog(KubeRest(api_client), WatchdogConfig(namespace=NS))
     await watchdog.sweep()  # no Lease: one read, nothing else
     apiserver.put(lease_collection(NS), lease_body(NS, "agent", 1_000.0, 60))  # long lapsed
