@@ -135,6 +135,7 @@ def notices(node: KNode, rules: Rules, provider: Provider) -> list[Notice]:
     """Every going-away signal on the node: a deletion in progress, a notice taint, a True
     condition named like one. A cordon is not one: it only takes no new pods."""
     window = rules.windows.for_provider(provider)
+    spot = detect_capacity_type(node.metadata.labels) == "spot"
     out: list[Notice] = []
     meta = node.metadata
     if meta.deletionTimestamp:
@@ -148,7 +149,10 @@ def notices(node: KNode, rules: Rules, provider: Provider) -> list[Notice]:
                 elif nt.time == "value-unix" and t.value.isdigit():
                     at = float(t.value)
                 text = f"taint {t.key}" + (f"={t.value}" if t.value else "")
-                out.append(Notice(text, at, nt.window_s or window))
+                own = nt.window_s or window
+                if nt.maintenance_window_s is not None and not spot:
+                    text, own = text + " (host maintenance)", nt.maintenance_window_s
+                out.append(Notice(text, at, own))
                 break
     for c in node.status.conditions:
         if c.type in rules.notice_keys and c.status == "True":

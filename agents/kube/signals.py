@@ -34,6 +34,9 @@ class NoticeTaint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     window_s: float | None = None
     time: TimeSource = "seen"
     source: str = ""  # who sets it and where that is documented
+    # The window on a node that is not spot, when the same taint means host maintenance
+    # there (GKE GPU nodes); None = `window_s` on every node.
+    maintenance_window_s: float | None = None
 
     def matches(self, key: str, value: str) -> bool:
         return key == self.key and (not self.value or value == self.value)
@@ -43,6 +46,9 @@ class NoticeTaint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
 # two minutes ahead; GCE preemption gives 30 s; Azure Scheduled Events announce a spot eviction
 # (Preempt) at least 30 s ahead.
 DEFAULT_WINDOWS_S: dict[Provider, float] = {"aws": 120.0, "gcp": 30.0, "azure": 30.0, "other": 30.0}
+
+# GKE's longest graceful termination of a GPU node for host maintenance.
+GKE_GPU_MAINTENANCE_S = 3600.0
 
 BUILTIN_NOTICE_TAINTS: tuple[NoticeTaint, ...] = (
     # Karpenter v1 termination controller: taints before draining a disrupted node (spot
@@ -72,8 +78,13 @@ BUILTIN_NOTICE_TAINTS: tuple[NoticeTaint, ...] = (
     ),
     # GKE node termination / maintenance handler: `cloud.google.com/impending-node-termination
     # :NoSchedule` before a spot VM is preempted or a GPU VM is stopped for maintenance.
+    # On a spot node it is the preemption (the GCP window); on any other GPU node it is a host
+    # maintenance event, whose graceful termination GKE lets run up to 60 minutes
+    # (cloud.google.com/kubernetes-engine/docs/concepts/handle-disruption-gpu-tpu).
     NoticeTaint(
-        "cloud.google.com/impending-node-termination", source="GKE graceful node termination"
+        "cloud.google.com/impending-node-termination",
+        source="GKE graceful node termination",
+        maintenance_window_s=GKE_GPU_MAINTENANCE_S,
     ),
     # AKS node auto-drain acts on the Azure Scheduled Events Preempt (spot pools) and Redeploy
     # only (learn.microsoft.com/azure/aks/node-auto-drain); Reboot and Terminate are not drained.

@@ -1,13 +1,17 @@
 """Each provider's real graceful shutdown on spot pods: set as terminationGracePeriodSeconds
-and told to the workload as MUSTER_SIGTERM_GRACE_S (GKE spot cuts any grace to 15 s)."""
+and told to the workload as MUSTER_SIGTERM_GRACE_S (GKE spot cuts any grace to 15 s); and
+each signal's own window."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
-from tests.kube.conftest import NODES, NS, gang_dispatch, manifest_dispatch, node
+from agents.kube.decode import KNode
+from agents.kube.nodes import Rules, notices
+from tests.kube.conftest import NODES, NS, gang_dispatch, make_config, manifest_dispatch, node
 from tests.kube.fake_apiserver import FakeApiServer
 
 JOB = f"/apis/batch/v1/namespaces/{NS}/jobs/job-1-a1-worker"
@@ -63,3 +67,16 @@ spec:
     spec = job["spec"]["template"]["spec"]
     assert spec["terminationGracePeriodSeconds"] == 300  # the workload's own, kept
     assert _env(spec)["MUSTER_SIGTERM_GRACE_S"] == "15"  # what GKE really gives it
+
+
+def test_the_gke_termination_taint_is_maintenance_on_an_on_demand_gpu_node() -> None:
+    """On a spot node the taint is the preemption (30 s); on an on-demand GPU node it is host
+    maintenance, which GKE lets run up to an hour."""
+    taint = [{"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}]
+    rules = Rules(make_config())
+    spot = node("s", labels={"cloud.google.com/gke-spot": "true"}, taints=taint)
+    held = node("h", labels={"cloud.google.com/gke-provisioning": "standard"}, taints=taint)
+    (preempted,) = notices(msgspec.convert(spot, KNode), rules, "gcp")
+    (maintained,) = notices(msgspec.convert(held, KNode), rules, "gcp")
+    assert preempted.window_s == 30
+    assert maintained.window_s == 3600 and "host maintenance" in maintained.reason
