@@ -74,6 +74,8 @@ class PodPolicy(NamedTuple):
     # The most graceful shutdown the provider gives whatever the pod asks (GKE spot: 15 s);
     # None = the pod's terminationGracePeriodSeconds holds.
     grace_cap_s: int | None = None
+    # priorityClassName from the job's priority (a class the author named is kept)
+    priority_class: str | None = None
     ttl_seconds: int | None = None  # ttlSecondsAfterFinished where the kind has one
     # allowed serviceAccountNames; None: not checked here (the broker, which has no list)
     service_accounts: frozenset[str] | None = frozenset({"default"})
@@ -281,6 +283,8 @@ def prepare_template(
         current = spec.get("terminationGracePeriodSeconds")
         if not isinstance(current, int) or current < policy.grace_seconds:
             spec["terminationGracePeriodSeconds"] = policy.grace_seconds
+    if policy.priority_class is not None and not spec.get("priorityClassName"):
+        spec["priorityClassName"] = policy.priority_class
     grace_env = [{"name": SIGTERM_GRACE_ENV, "value": str(sigterm_grace_s(spec, policy))}]
     for key in ("containers", "initContainers"):
         for c in spec.get(key) or []:
