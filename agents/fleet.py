@@ -38,7 +38,8 @@ def build_backend(config: AgentConfig) -> Backend:
         return LocalBackend(config.cluster, config.local)
     from agents.kube.backend import KubeBackend  # lazy: kubernetes-asyncio is heavy
 
-    backend: Backend = KubeBackend.from_config(config.cluster, config.kube or {})
+    levels = config.topology.levels if config.topology is not None else ()
+    backend: Backend = KubeBackend.from_config(config.cluster, config.kube or {}, levels)
     return backend
 
 

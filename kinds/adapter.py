@@ -7,6 +7,8 @@ from typing import Any
 
 from kinds.base import KindError, PodTemplate, Resource, Verdict
 
+KUEUE_CONTROLLERS = "kueue.x-k8s.io/"  # MultiKueue's managedBy value starts so
+
 
 class Adapter:
     """One job kind. Subclasses set the class attributes and override what differs."""
@@ -25,6 +27,11 @@ class Adapter:
     # Where the author's own retry count lives (`spec.backoffLimit`, ...): Muster turns the
     # kind's retries off and restarts the whole gang that many times instead.
     retry_field: tuple[str, ...] = ()
+    # Where the kind says "do not start yet" (`spec.suspend`, Kueue's admission gate) and
+    # which controller reconciles it (`spec.managedBy`), and the kind's own controller names.
+    suspend_field: tuple[str, ...] = ()
+    managed_by_field: tuple[str, ...] = ()
+    controllers: frozenset[str] = frozenset()
 
     @property
     def created(self) -> Resource:
@@ -46,6 +53,30 @@ class Adapter:
 
     def disable_retries(self, manifest: dict[str, Any]) -> None:
         """Make one failed replica fail the object: Muster's restart budget decides."""
+
+    def take_control(self, manifest: dict[str, Any]) -> None:
+        """Muster admits the object by creating it: a `suspend` a queueing controller (Kueue)
+        set is cleared, and so is a `managedBy` naming Kueue or the kind's own controller; any
+        other `managedBy` is refused, as the author meant another controller to run it."""
+        for path, controller in ((self.suspend_field, False), (self.managed_by_field, True)):
+            if not path:
+                continue
+            parent: Any = manifest
+            for key in path[:-1]:
+                parent = parent.get(key) if isinstance(parent, dict) else None
+            if not isinstance(parent, dict) or path[-1] not in parent:
+                continue
+            value = parent[path[-1]]
+            if controller and isinstance(value, str) and value:
+                theirs = not value.startswith(KUEUE_CONTROLLERS) and value not in self.controllers
+                if theirs:
+                    where = ".".join(path)
+                    raise KindError(
+                        f"{where}: {value!r} hands this {self.resource.kind} to another "
+                        f"controller, which Muster cannot run it with; remove {where} (Muster "
+                        f"places it and {sorted(self.controllers)[0]} runs it)"
+                    )
+            del parent[path[-1]]
 
     def rename(self, manifest: dict[str, Any], old: str, new: str) -> None:
         """The object is created as `new`, not the author's `old`: rewrite what the author

@@ -52,6 +52,9 @@ class BatchJob(Adapter):
     retries_doc = "`backoffLimit: 0`, pod `restartPolicy: Never`"
     verdict_doc = "conditions `Complete`/`SuccessCriteriaMet` vs `Failed`/`FailureTarget`"
     retry_field = ("spec", "backoffLimit")
+    suspend_field = ("spec", "suspend")
+    managed_by_field = ("spec", "managedBy")
+    controllers = frozenset({"kubernetes.io/job-controller"})
 
     def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
         spec = mapping(manifest.get("spec"), "spec", required=True)

@@ -32,6 +32,9 @@ class JobSet(Adapter):
     retries_doc = "`failurePolicy.maxRestarts: 0`, every Job `backoffLimit: 0`, pods `Never`"
     verdict_doc = "conditions `Completed` vs `Failed`"
     retry_field = ("spec", "failurePolicy", "maxRestarts")
+    suspend_field = ("spec", "suspend")
+    managed_by_field = ("spec", "managedBy")
+    controllers = frozenset({"jobset.sigs.k8s.io/jobset-controller"})
 
     def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
         spec = mapping(manifest.get("spec"), "spec", required=True)

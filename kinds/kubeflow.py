@@ -74,6 +74,9 @@ class Training(Adapter):
     retries_doc = "`runPolicy.backoffLimit: 0`, every replica `restartPolicy: Never`"
     verdict_doc = "conditions `Succeeded` vs `Failed`"
     retry_field = ("spec", "runPolicy", "backoffLimit")
+    suspend_field = ("spec", "runPolicy", "suspend")
+    managed_by_field = ("spec", "runPolicy", "managedBy")
+    controllers = frozenset({"kubeflow.org/training-operator", "kubeflow.org/mpi-operator"})
     order = _ORDER
 
     def __init__(self, row: TrainingKind) -> None:

@@ -71,6 +71,11 @@ class PodPolicy(NamedTuple):
     node_labels: Mapping[str, str] = {}
     tolerations: Sequence[Mapping[str, Any]] = ()
     grace_seconds: int | None = None  # terminationGracePeriodSeconds (the notice window)
+    # The most graceful shutdown the provider gives whatever the pod asks (GKE spot: 15 s);
+    # None = the pod's terminationGracePeriodSeconds holds.
+    grace_cap_s: int | None = None
+    # priorityClassName from the job's priority (a class the author named is kept)
+    priority_class: str | None = None
     ttl_seconds: int | None = None  # ttlSecondsAfterFinished where the kind has one
     # allowed serviceAccountNames; None: not checked here (the broker, which has no list)
     service_accounts: frozenset[str] | None = frozenset({"default"})
@@ -229,6 +234,18 @@ def place(
         anti["requiredDuringSchedulingIgnoredDuringExecution"] = terms
 
 
+SIGTERM_GRACE_ENV = "MUSTER_SIGTERM_GRACE_S"
+DEFAULT_GRACE_S = 30  # a pod's terminationGracePeriodSeconds when it names none
+
+
+def sigterm_grace_s(pod_spec: Mapping[str, Any], policy: PodPolicy) -> int:
+    """The seconds between SIGTERM and SIGKILL this pod really gets: its
+    terminationGracePeriodSeconds, cut to what the provider allows (GKE spot: 15 s)."""
+    grace = pod_spec.get("terminationGracePeriodSeconds")
+    seconds = grace if isinstance(grace, int) else DEFAULT_GRACE_S
+    return seconds if policy.grace_cap_s is None else min(seconds, policy.grace_cap_s)
+
+
 def prepare_template(
     template: dict[str, Any],
     cmd: Dispatch,
@@ -266,6 +283,12 @@ def prepare_template(
         current = spec.get("terminationGracePeriodSeconds")
         if not isinstance(current, int) or current < policy.grace_seconds:
             spec["terminationGracePeriodSeconds"] = policy.grace_seconds
+    if policy.priority_class is not None and not spec.get("priorityClassName"):
+        spec["priorityClassName"] = policy.priority_class
+    grace_env = [{"name": SIGTERM_GRACE_ENV, "value": str(sigterm_grace_s(spec, policy))}]
+    for key in ("containers", "initContainers"):
+        for c in spec.get(key) or []:
+            _merge_env(c, grace_env)
     sel = None
     if pin.spread is not None:
         sel = {

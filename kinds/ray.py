@@ -28,6 +28,9 @@ class RayJob(Adapter):
     podsets_doc = "`head` (1 pod) and each worker group's `groupName` (replicas x numOfHosts)"
     retries_doc = "`backoffLimit: 0`, `shutdownAfterJobFinishes: true`, in-tree autoscaling off"
     retry_field = ("spec", "backoffLimit")
+    suspend_field = ("spec", "suspend")
+    managed_by_field = ("spec", "managedBy")
+    controllers = frozenset({"ray.io/kuberay-operator"})
     verdict_doc = (
         "`status.jobStatus` `SUCCEEDED` vs `FAILED`/`STOPPED`, or `jobDeploymentStatus: Failed`"
     )

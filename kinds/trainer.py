@@ -30,6 +30,9 @@ class TrainJob(Adapter):
     podsets_doc = "`node` (`spec.trainer.numNodes` pods of `resourcesPerNode`)"
     retries_doc = "not settable on a TrainJob: a failed pod fails the attempt and Muster deletes it"
     verdict_doc = "conditions `Complete` vs `Failed`"
+    suspend_field = ("spec", "suspend")
+    managed_by_field = ("spec", "managedBy")
+    controllers = frozenset({"trainer.kubeflow.org/trainjob-controller"})
 
     def _nodes(self, manifest: Mapping[str, Any]) -> tuple[int, Mapping[str, Any]]:
         spec = mapping(manifest.get("spec"), "spec", required=True)

@@ -60,6 +60,7 @@ def build_from_manifest(cmd: Dispatch, policy: PodPolicy, namespace: str) -> Wor
         pin = pins.get(t.podset, anywhere)
         prepare_template(t.template, cmd, policy, t.podset, t.role, pin, total, t.leader)
     adapter.disable_retries(manifest)
+    adapter.take_control(manifest)
     if policy.ttl_seconds is not None:
         adapter.set_ttl(manifest, policy.ttl_seconds)
     base = workload_name(cmd.job_id, cmd.attempt)

@@ -56,7 +56,7 @@ import gc
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -78,7 +78,13 @@ from agents.kube.client import (
     item_path,
     sleep_or_stop,
 )
-from agents.kube.config import FlavorConfig, KubeBackendConfig, build_workload, convert_kube_config
+from agents.kube.config import (
+    FlavorConfig,
+    KubeBackendConfig,
+    Provider,
+    build_workload,
+    convert_kube_config,
+)
 from agents.kube.decode import (
     ZERO,
     KJob,
@@ -106,6 +112,7 @@ from agents.kube.nodes import (
     GpuState,
     Notice,
     Rules,
+    counts_for_node,
     detect_provider,
     gfd_memory_mib,
     gpu_product_mismatch,
@@ -208,9 +215,12 @@ class KubeBackend:
         api_client: ApiClient | None = None,
         clock: Callable[[], float] = time.time,
         tick_s: float = 1.0,
+        topology_levels: Sequence[str] = (),
     ) -> None:
         self.cluster = cluster
         self.config = config
+        # The agent's `topology.levels`: node labels reported per node, coarsest first.
+        self.topology_levels = tuple(topology_levels)
         self._api = api_client
         self._owns_api = api_client is None
         self._clock = clock
@@ -225,8 +235,9 @@ class KubeBackend:
         # Muster's own pods of ended attempts that are still terminating.
         self._foreign: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._usage: dict[str, list[int]] = {}  # node -> summed foreign usage
-        # pod uid -> (node, reason, when) while its DisruptionTarget says the node goes away
-        self._pod_disruption: dict[str, tuple[str, str, float | None]] = {}
+        # pod uid -> (node, text, when, reason, Muster's own pod) while its DisruptionTarget
+        # may say the node goes away (nodes.counts_for_node decides)
+        self._pod_disruption: dict[str, tuple[str, str, float | None, str, bool]] = {}
         self.bad_input = BadInput()
         self.tick_s = tick_s
         # Recently deleted nodes: a pod event can arrive after its node's deletion (separate
@@ -257,10 +268,13 @@ class KubeBackend:
         self.log = log.bind(cluster=cluster)
 
     @classmethod
-    def from_config(cls, cluster: str, raw: dict[str, Any]) -> KubeBackend:
-        """Build from the agent config's `kube:` mapping; KubeConfigError names a bad field.
-        The API client is created in `start` (loading a kubeconfig is async)."""
-        return cls(cluster, convert_kube_config(raw))
+    def from_config(
+        cls, cluster: str, raw: dict[str, Any], topology_levels: Sequence[str] = ()
+    ) -> KubeBackend:
+        """Build from the agent config's `kube:` mapping and `topology.levels`;
+        KubeConfigError names a bad field. The API client is created in `start` (loading a
+        kubeconfig is async)."""
+        return cls(cluster, convert_kube_config(raw), topology_levels=topology_levels)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _make_api(self) -> ApiClient:
@@ -583,8 +597,9 @@ class KubeBackend:
         provider = detect_provider(node)
         # Going away: the earliest deadline among the signals, from each signal's own time.
         found = notices(node, rules, provider)
-        for pod_node, text, at in self._pod_disruption.values():
-            if pod_node == name:
+        node_found = list(found)
+        for pod_node, text, at, dis, own in self._pod_disruption.values():
+            if pod_node == name and counts_for_node(dis, own, node, node_found):
                 found.append(Notice(text, at, rules.windows.for_provider(provider)))
         notice: SpotNotice | None = None
         if not found:
@@ -716,6 +731,7 @@ class KubeBackend:
             entry.gpu,
             lost=entry.lost,
             no_new_pods=entry.why,
+            topology_levels=self.topology_levels,
         )
         if info != entry.info:
             entry.info = info
@@ -802,7 +818,11 @@ class KubeBackend:
                     ),
                     None,
                 )
-                self._pod_disruption[uid] = (node, f"pod {pod.metadata.name}: {dis}", at)
+                own = LABEL_JOB in pod.metadata.labels and (
+                    pod.metadata.namespace == self.config.namespace
+                )
+                text = f"pod {pod.metadata.name}: {dis}"
+                self._pod_disruption[uid] = (node, text, at, dis, own)
                 entry = self._nodes.get(node)
                 if entry is not None:
                     self._evaluate(entry)
@@ -1078,6 +1098,15 @@ class KubeBackend:
             self.log.info("deleted workload objects", job_id=job_id, count=len(targets), why=why)
         return len(targets)
 
+    def _provider_of(self, cmd: Dispatch) -> Provider:
+        """The provider of the nodes an attempt goes to (its pods' spot grace)."""
+        for a in cmd.assignment:
+            for name in a.nodes:
+                entry = self._nodes.get(name)
+                if entry is not None:
+                    return detect_provider(entry.raw)
+        return "other"
+
     # -- commands --------------------------------------------------------------------------
     async def dispatch(self, cmd: Dispatch) -> None:
         flavor = self.config.flavor(cmd.flavor)
@@ -1086,7 +1115,12 @@ class KubeBackend:
             raise BackendError(f"flavor {cmd.flavor!r} is not configured here (known: {known})")
         try:
             plan = build_workload(
-                cmd, flavor, self.config.namespace, self.rules.resource(flavor), self.config
+                cmd,
+                flavor,
+                self.config.namespace,
+                self.rules.resource(flavor),
+                self.config,
+                self._provider_of(cmd),
             )
         except ManifestError as exc:
             raise BackendError(str(exc)) from None
@@ -1381,7 +1415,11 @@ class KubeBackend:
                 m = gfd_memory_mib(n.raw)
                 if m:
                     mem[n.flavor.name] = min(mem.get(n.flavor.name, m), m)
-        return [f.info(mem.get(f.name, 0)) for f in self.config.flavors]
+        levels = self.topology_levels
+        return [
+            msgspec.structs.replace(f.info(mem.get(f.name, 0)), topology_levels=levels)
+            for f in self.config.flavors
+        ]
 
     async def snapshot(self) -> ClusterSnapshot:
         nodes = [n.info for n in self._nodes.values() if n.info is not None]

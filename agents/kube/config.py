@@ -125,6 +125,19 @@ class NoticeTaintConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     time: TimeSource = "seen"
 
 
+class PriorityClassRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Jobs of `min_priority` or more run as the PriorityClass `name`."""
+
+    name: DnsLabel
+    min_priority: Annotated[int, Meta(ge=-1_000_000, le=1_000_000)]
+
+
+def priority_class(rules: list[PriorityClassRule], priority: int) -> str | None:
+    """The class of the highest `min_priority` at or below `priority`."""
+    fitting = [r for r in rules if r.min_priority <= priority]
+    return max(fitting, key=lambda r: r.min_priority).name if fitting else None
+
+
 class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Everything the kube backend needs. `kubeconfig` None and `in_cluster` false means the
     default kubeconfig ($KUBECONFIG or ~/.kube/config)."""
@@ -187,6 +200,10 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     )
     # Restrict the node list/watch (e.g. "nvidia.com/gpu.present=true"); "" = every node.
     node_label_selector: Annotated[str, Meta(max_length=1024)] = ""
+    # The PriorityClass of a job's pods by its `priority`: the class of the highest
+    # `min_priority` at or below it (none below every one: no class). Empty: pods carry none.
+    # The classes must exist in the cluster (docs/kubernetes.md "PriorityClass" has a set).
+    priority_classes: Annotated[list[PriorityClassRule], Meta(max_length=64)] = []
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.flavors]
@@ -213,20 +230,37 @@ def convert_kube_config(raw: Any) -> KubeBackendConfig:
         raise KubeConfigError(f"invalid kube backend config: {exc}") from None
 
 
-# Notice window a spot flavor's pods get to checkpoint when none is configured: AWS gives two
-# minutes; GCP and Azure 30 s (a longer grace there is harmless, the node goes first).
-SPOT_GRACE_S = 120
+# Graceful shutdown a spot flavor's pods get when none is configured, per provider:
+# * AWS: the EC2 spot interruption notice comes two minutes ahead (docs.aws.amazon.com
+#   AWSEC2/latest/UserGuide/spot-instance-termination-notices.html): 120 s;
+# * GKE: spot and preemptible nodes give non-system pods 15 s of graceful node shutdown,
+#   whatever terminationGracePeriodSeconds says (cloud.google.com/kubernetes-engine/docs/
+#   concepts/spot-vms, "Termination and graceful shutdown of Spot VMs"): 15 s, also a cap;
+# * Azure: Scheduled Events announce a spot eviction (Preempt) at least 30 s ahead
+#   (learn.microsoft.com/azure/virtual-machines/linux/scheduled-events): 30 s;
+# * unknown: 120 s, the longest notice of the three.
+SPOT_GRACE_S: dict[Provider, int] = {"aws": 120, "gcp": 15, "azure": 30, "other": 120}
+SPOT_GRACE_CAP_S: dict[Provider, int] = {"gcp": 15}
 
 
-def pod_policy(flavor: FlavorConfig, config: KubeBackendConfig | None = None) -> PodPolicy:
-    """What the flavor and the agent's configuration add to every pod template."""
+def pod_policy(
+    flavor: FlavorConfig,
+    config: KubeBackendConfig | None = None,
+    provider: Provider = "other",
+    priority: int = 0,
+) -> PodPolicy:
+    """What the flavor and the agent's configuration add to every pod template; `provider`
+    is that of the nodes the pods go to (their spot grace)."""
     grace = flavor.termination_grace_period_s
-    if grace is None and flavor.capacity_type == "spot":
-        grace = SPOT_GRACE_S
+    spot = flavor.capacity_type == "spot"
+    if grace is None and spot:
+        grace = SPOT_GRACE_S[provider]
     return PodPolicy(
         node_labels=dict(flavor.node_labels),
         tolerations=[t.to_k8s() for t in flavor.tolerations],
         grace_seconds=grace,
+        grace_cap_s=SPOT_GRACE_CAP_S.get(provider) if spot else None,
+        priority_class=priority_class(config.priority_classes, priority) if config else None,
         ttl_seconds=config.ttl_seconds_after_finished if config is not None else None,
         service_accounts=frozenset(
             config.allowed_service_accounts if config is not None else ("default",)
@@ -240,6 +274,8 @@ def build_workload(
     namespace: str,
     gpu_resource: str = "nvidia.com/gpu",
     config: KubeBackendConfig | None = None,
+    provider: Provider = "other",
 ) -> WorkloadPlan:
     """Dispatch -> the objects to create on this flavor, by `spec.workload.kind` (kinds/)."""
-    return kinds_build_workload(cmd, pod_policy(flavor, config), namespace, gpu_resource)
+    policy = pod_policy(flavor, config, provider, cmd.spec.priority)
+    return kinds_build_workload(cmd, policy, namespace, gpu_resource)

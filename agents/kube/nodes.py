@@ -6,6 +6,7 @@ backend."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import msgspec
 
@@ -18,6 +19,7 @@ from agents.kube.signals import (
     BUILTIN_NOTICE_TAINTS,
     CONDITION_TAINTS,
     GPU_PRODUCT_LABELS,
+    POD_LEVEL_DISRUPTION_REASONS,
     NoticeTaint,
 )
 from schemas.agent import MAX_GPUS_PER_NODE, NodeInfo
@@ -131,8 +133,9 @@ class Notice(msgspec.Struct, frozen=True):
 
 def notices(node: KNode, rules: Rules, provider: Provider) -> list[Notice]:
     """Every going-away signal on the node: a deletion in progress, a notice taint, a True
-    condition named like one, a cordon."""
+    condition named like one. A cordon is not one: it only takes no new pods."""
     window = rules.windows.for_provider(provider)
+    spot = detect_capacity_type(node.metadata.labels) == "spot"
     out: list[Notice] = []
     meta = node.metadata
     if meta.deletionTimestamp:
@@ -146,15 +149,25 @@ def notices(node: KNode, rules: Rules, provider: Provider) -> list[Notice]:
                 elif nt.time == "value-unix" and t.value.isdigit():
                     at = float(t.value)
                 text = f"taint {t.key}" + (f"={t.value}" if t.value else "")
-                out.append(Notice(text, at, nt.window_s or window))
+                own = nt.window_s or window
+                if nt.maintenance_window_s is not None and not spot:
+                    text, own = text + " (host maintenance)", nt.maintenance_window_s
+                out.append(Notice(text, at, own))
                 break
     for c in node.status.conditions:
         if c.type in rules.notice_keys and c.status == "True":
             text = f"condition {c.type}" + (f": {c.reason}" if c.reason else "")
             out.append(Notice(text, parse_time(c.lastTransitionTime), window))
-    if node.spec.unschedulable:
-        out.append(Notice("cordoned", None, window))
     return out
+
+
+def counts_for_node(reason: str, own_pod: bool, node: KNode, found: list[Notice]) -> bool:
+    """Whether a pod's node-level `DisruptionTarget` reason is a notice for its node: a
+    pod-level one (an eviction, a kubelet termination) only on Muster's own pod or with a
+    signal on the node itself (a cordon, NotReady, a notice)."""
+    if reason not in POD_LEVEL_DISRUPTION_REASONS or own_pod:
+        return True
+    return bool(found) or node.spec.unschedulable or not_ready_since(node)[0]
 
 
 def spot_signal(node: KNode, rules: Rules) -> str | None:
@@ -333,6 +346,7 @@ def node_info(
     *,
     lost: bool = False,
     no_new_pods: list[str] | None = None,
+    topology_levels: Sequence[str] = (),
 ) -> NodeInfo:
     """The node as the broker sees it. `gpu` is the device count the node should have; when
     an explicit fault says some are unhealthy, `gpu_healthy` says how many still work.
@@ -357,4 +371,12 @@ def node_info(
         other_memory=other.memory,
         no_new_pods=bool(why),
         note="; ".join(why)[:1024],
+        topology=topology_of(node, topology_levels),
     )
+
+
+def topology_of(node: KNode, levels: Sequence[str]) -> tuple[str, ...]:
+    """The node's label value per topology level, in order; "" where the label is missing
+    (the broker keeps such a node out of placements that need that level)."""
+    labels = node.metadata.labels
+    return tuple(labels.get(level, "")[:253] for level in levels)

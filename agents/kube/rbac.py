@@ -2,23 +2,34 @@
 adapters (`kinds.registry`), so a new kind brings its own rules.
 
 `deploy/agent/rbac.yaml` must grant exactly these; `tests/kube/test_deploy.py` checks the YAML
-against this module and this module against the requests the backend really makes.
+against this module and this module against the requests the backend really makes, and the
+API server stand-in enforces the YAML on every request the agent's tests make
+(`tests/kube/rbac_authz.py`).
 
 * cluster-wide: list+watch nodes (inventory) and pods (foreign usage on every node, and the
-  status of Muster's own pods);
+  status of Muster's own pods), and get nodes: with `node_label_selector` set, a node that
+  leaves the watch is read to tell a deleted node from one that stopped matching;
 * in the workload namespace: create/list/delete of every kind Muster creates (list = startup
   scan, cancel and garbage collection by label), watch on those with a status (the operator's
   verdict, e.g. a PyTorchJob Failed while its pods still run), patch on pods (the
-  checkpoint-request annotation), and get/create/patch on Leases (the cluster's one fence
-  Lease, agents/kube/fence.py). `get`, `patch` and `update` on workload objects are not
-  needed. The fence watchdog's own Role is `kinds.registry.watchdog_rules`.
+  checkpoint-request annotation), get on pods/log (`muster logs`), update on jobs/finalizers
+  (the indexed Job owns its Service with `blockOwnerDeletion`, which the
+  OwnerReferencesPermissionEnforcement admission plugin allows only to who may set the
+  owner's finalizers), and get/create/patch on Leases (the cluster's one fence Lease,
+  agents/kube/fence.py). `get`, `patch` and `update` on workload objects are not needed. The
+  fence watchdog's own Role is `kinds.registry.watchdog_rules`.
 """
 
 from __future__ import annotations
 
-from kinds.registry import CLUSTER_RULES, Rule, namespace_rules
+from kinds.registry import CLUSTER_RULES as KIND_CLUSTER_RULES
+from kinds.registry import Rule, namespace_rules
 
-NAMESPACE_RULES = namespace_rules()
+CLUSTER_RULES: frozenset[Rule] = KIND_CLUSTER_RULES | {Rule("", "nodes", "get")}
+NAMESPACE_RULES: frozenset[Rule] = namespace_rules() | {
+    Rule("", "pods/log", "get"),
+    Rule("batch", "jobs/finalizers", "update"),
+}
 
 __all__ = ["CLUSTER_RULES", "NAMESPACE_RULES", "Rule", "frontdoor_rules", "namespace_rules"]
 

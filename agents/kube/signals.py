@@ -4,8 +4,9 @@ A node is in one of three states for Muster (see docs/kubernetes.md):
 * takes no new pods: cordon, an untolerated NoSchedule/NoExecute taint, a deletion in progress,
   a NotReady shorter than the grace period, GPUs not allocatable, a GPU product that disagrees
   with the flavor, a node that left the node selector;
-* going away: a notice with a deadline (the entries below, a cordon, a deletionTimestamp, a pod
-  `DisruptionTarget` for a node-level reason); handled like a spot notice;
+* going away: a notice with a deadline (the entries below, a deletionTimestamp, a pod
+  `DisruptionTarget` for a node-level reason); handled like a spot notice. A plain cordon is
+  not one (an operator's `kubectl cordon` keeps what runs); a cordon plus evictions is a drain;
 * gone: only on proof (the Node deleted, NotReady past the grace period, an explicit GPU
   fault condition or taint; the gang's own pods failing or evicted are read from the pods).
 
@@ -33,6 +34,9 @@ class NoticeTaint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     window_s: float | None = None
     time: TimeSource = "seen"
     source: str = ""  # who sets it and where that is documented
+    # The window on a node that is not spot, when the same taint means host maintenance
+    # there (GKE GPU nodes); None = `window_s` on every node.
+    maintenance_window_s: float | None = None
 
     def matches(self, key: str, value: str) -> bool:
         return key == self.key and (not self.value or value == self.value)
@@ -42,6 +46,9 @@ class NoticeTaint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
 # two minutes ahead; GCE preemption gives 30 s; Azure Scheduled Events announce a spot eviction
 # (Preempt) at least 30 s ahead.
 DEFAULT_WINDOWS_S: dict[Provider, float] = {"aws": 120.0, "gcp": 30.0, "azure": 30.0, "other": 30.0}
+
+# GKE's longest graceful termination of a GPU node for host maintenance.
+GKE_GPU_MAINTENANCE_S = 3600.0
 
 BUILTIN_NOTICE_TAINTS: tuple[NoticeTaint, ...] = (
     # Karpenter v1 termination controller: taints before draining a disrupted node (spot
@@ -71,11 +78,16 @@ BUILTIN_NOTICE_TAINTS: tuple[NoticeTaint, ...] = (
     ),
     # GKE node termination / maintenance handler: `cloud.google.com/impending-node-termination
     # :NoSchedule` before a spot VM is preempted or a GPU VM is stopped for maintenance.
+    # On a spot node it is the preemption (the GCP window); on any other GPU node it is a host
+    # maintenance event, whose graceful termination GKE lets run up to 60 minutes
+    # (cloud.google.com/kubernetes-engine/docs/concepts/handle-disruption-gpu-tpu).
     NoticeTaint(
-        "cloud.google.com/impending-node-termination", source="GKE graceful node termination"
+        "cloud.google.com/impending-node-termination",
+        source="GKE graceful node termination",
+        maintenance_window_s=GKE_GPU_MAINTENANCE_S,
     ),
-    # AKS node auto-drain on Azure Scheduled Events (Preempt on spot pools, Reboot, Redeploy,
-    # Terminate): learn.microsoft.com/azure/aks/node-auto-drain.
+    # AKS node auto-drain acts on the Azure Scheduled Events Preempt (spot pools) and Redeploy
+    # only (learn.microsoft.com/azure/aks/node-auto-drain); Reboot and Terminate are not drained.
     NoticeTaint("remediator.kubernetes.azure.com/unschedulable", source="AKS node auto-drain"),
     # Cluster Autoscaler scale-down, utils/taints/taints.go: value = unix seconds when added.
     NoticeTaint(
@@ -89,13 +101,22 @@ BUILTIN_NOTICE_TAINTS: tuple[NoticeTaint, ...] = (
     ),
 )
 
-# Pod `DisruptionTarget` condition reasons that mean the NODE is going away (graceful node
+# Pod `DisruptionTarget` condition reasons that may mean the NODE is going away (graceful node
 # shutdown, the NoExecute taint manager, drains through the eviction API).
 # `PreemptionByScheduler` is missing on purpose: it evicts one pod and the node stays.
 BUILTIN_NODE_DISRUPTION_REASONS: tuple[str, ...] = (
     "TerminationByKubelet",
     "DeletionByTaintManager",
     "EvictionByEvictionAPI",
+)
+# Of those, the ones that also end single pods on a healthy node: the eviction API (descheduler,
+# VPA, a PDB-aware rollout) and the kubelet (node-pressure eviction, critical-pod preemption
+# as well as graceful node shutdown), per Kubernetes "Pod disruption conditions"
+# (kubernetes.io/docs/concepts/workloads/pods/disruptions). They count for the node only on
+# Muster's own pods, or with a signal on the node itself (a cordon: a drain; NotReady: a
+# shutdown; a notice taint or a deletion).
+POD_LEVEL_DISRUPTION_REASONS: frozenset[str] = frozenset(
+    {"TerminationByKubelet", "EvictionByEvictionAPI"}
 )
 
 # Node conditions (status "True") that prove a GPU failed: NVIDIA NVSentinel's syslog monitor

@@ -18,6 +18,7 @@ from agents.kube.config import KubeBackendConfig, convert_kube_config
 from schemas.agent import AgentEvent, Dispatch, PodSetAssignment
 from schemas.job import JobSpec
 from tests.kube.fake_apiserver import FakeApiServer
+from tests.kube.rbac_authz import AGENT_USER, RbacAuthorizer
 from tests.support import wait_for
 
 NODES = "/api/v1/nodes"
@@ -228,11 +229,22 @@ async def caught_up(server: FakeApiServer, backend: KubeBackend, timeout: float 
 
 # Validate what the agent creates and updates as a real API server would (422 otherwise).
 VALIDATE_WRITES = True
+# The agent's token: the stand-in authorizes it as the shipped muster-agent service account.
+AGENT_TOKEN = "muster-agent-token"
+
+
+def enforce_shipped_rbac(server: FakeApiServer) -> None:
+    """Authorize every request against deploy/agent/'s RBAC as the agent's service account
+    (a test that plays another identity maps its token in `server.users`)."""
+    server.authorizer = RbacAuthorizer.shipped()
+    server.users[AGENT_TOKEN] = AGENT_USER
+    server.default_user = AGENT_USER
 
 
 @pytest_asyncio.fixture
 async def apiserver() -> AsyncIterator[FakeApiServer]:
     server = FakeApiServer(validate=VALIDATE_WRITES)
+    enforce_shipped_rbac(server)
     await server.start()
     yield server
     await server.close()
@@ -241,6 +253,7 @@ async def apiserver() -> AsyncIterator[FakeApiServer]:
 @pytest_asyncio.fixture
 async def api_client(apiserver: FakeApiServer) -> AsyncIterator[ApiClient]:
     cfg = Configuration(host=apiserver.url)
+    cfg.api_key["BearerToken"] = f"Bearer {AGENT_TOKEN}"
     client = ApiClient(configuration=cfg)
     yield client
     await client.close()

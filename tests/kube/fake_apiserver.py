@@ -36,6 +36,14 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
   fields), answered with the real 422 `Status` shape;
 * authentication: with `tokens` set, a request without one of them is a 401 (`revoke()`
   expires a token, as an exec-plugin or OIDC token expires);
+* authorization, opt-in: with `authorizer` set (`tests.kube.rbac_authz.RbacAuthorizer`, the
+  shipped RBAC of deploy/agent/), every request is decided for the user its token maps to in
+  `users`, and refused with the real 403 Forbidden Status; a create that sets
+  `blockOwnerDeletion` needs update on the owner's finalizers (OwnerReferencesPermission-
+  Enforcement);
+* Kueue's job webhook, opt-in (`kueue_namespace_selector`, tests/kube/kueue_model.py): a job of
+  a kind Kueue integrates, with a queue-name label or in a namespace its
+  managedJobsNamespaceSelector matches, is created suspended;
 * the Job controller's deadline, opt-in with `run_job_controller(clock)`: a batch/v1 Job
   created through the API gets `status.startTime`, and once `startTime +
   spec.activeDeadlineSeconds` has passed (on the given clock) the Job is marked Failed with
@@ -71,6 +79,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.kube import kueue_model
+from tests.kube.rbac_authz import Attributes, owner_forbidden, request_attributes
 from tests.kube.validation import causes, invalid_status
 
 Obj = dict[str, Any]
@@ -293,6 +303,15 @@ class FakeApiServer:
         # None = until `finish_terminating()`.
         self.termination_s = termination_s
         self.tokens: set[str] | None = None  # None = no authentication
+        # RBAC, opt-in (tests/kube/rbac_authz.py): token -> user, and the authorizer that
+        # decides every request (403 Forbidden otherwise); other tokens = `default_user`.
+        self.authorizer: Any = None
+        self.users: dict[str, str] = {}
+        self.default_user = "system:anonymous"
+        self.forbidden: list[Obj] = []  # 403 Status bodies sent
+        # Kueue installed, opt-in (tests/kube/kueue_model.py): with `manageJobsWithoutQueueName`
+        # its managedJobsNamespaceSelector as a label selector; None = no Kueue.
+        self.kueue_namespace_selector: str | None = None
         self.rv = 1
         self.compacted_rv = 0
         self.store: dict[ResKey, dict[tuple[str, str], Obj]] = {}
@@ -714,6 +733,9 @@ class FakeApiServer:
             if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
                 self.unauthorized += 1
                 return web.json_response(status(401, "Unauthorized", "Unauthorized"), status=401)
+        refused = self._authorize(request, query)
+        if refused is not None:
+            return refused
         if self.latency_s > 0 and query.get("watch") not in ("1", "true"):
             await asyncio.sleep(self.latency_s)
         if self.down:
@@ -760,6 +782,9 @@ class FakeApiServer:
             refused = self._invalid(body, None)
             if refused is not None:
                 return refused
+            refused = self._admit_owners(request, route, body)
+            if refused is not None:
+                return refused
             if (route.namespace or "", name) in self.store.get(route.res, {}):
                 msg = f"{route.res[1]} {name!r} already exists"
                 return web.json_response(status(409, "AlreadyExists", msg), status=409)
@@ -769,6 +794,7 @@ class FakeApiServer:
                 body.setdefault("status", {})["startTime"] = time.strftime(
                     "%Y-%m-%dT%H:%M:%SZ", started
                 )
+            self._kueue_default(route, body)
             obj = self.put(path, body)
             return web.json_response(obj, status=201)
         if request.method == "PATCH" and route.name is not None:
@@ -806,6 +832,47 @@ class FakeApiServer:
                 return web.json_response(status(404, "NotFound", "not found"), status=404)
             return web.json_response(obj)
         return web.json_response(status(405, "MethodNotAllowed", request.method), status=405)
+
+    def _user(self, request: web.Request) -> str:
+        auth = request.headers.get("Authorization", "")
+        token = auth[7:] if auth.startswith("Bearer ") else ""
+        return self.users.get(token, self.default_user)
+
+    def _authorize(self, request: web.Request, query: dict[str, str]) -> web.Response | None:
+        """RBAC: the real 403 Status for a request the shipped roles do not allow."""
+        if self.authorizer is None:
+            return None
+        attrs = request_attributes(self._user(request), request.method, request.path, query)
+        if self.authorizer.allows(attrs):
+            return None
+        body: Obj = self.authorizer.forbidden(attrs)
+        self.forbidden.append(body)
+        return web.json_response(body, status=403)
+
+    def _admit_owners(self, request: web.Request, route: Route, obj: Obj) -> web.Response | None:
+        """OwnerReferencesPermissionEnforcement (with RBAC on): blockOwnerDeletion needs
+        update on the owner's finalizers."""
+        if self.authorizer is None:
+            return None
+        user = self._user(request)
+        if self.authorizer.owner_refusal(user, route.namespace or "", obj) is None:
+            return None
+        group = route.res[0].rsplit("/", 1)[0] if "/" in route.res[0] else ""
+        name = obj["metadata"]["name"]
+        created = Attributes(user, "create", group, route.res[1], "", route.namespace or "", name)
+        body = owner_forbidden(created)
+        self.forbidden.append(body)
+        return web.json_response(body, status=403)
+
+    def _kueue_default(self, route: Route, obj: Obj) -> None:
+        """Kueue's job webhook: a job it manages is created suspended."""
+        if self.kueue_namespace_selector is None or route.res not in kueue_model.SUSPEND_FIELDS:
+            return
+        namespace = self.store.get(("v1", "namespaces"), {}).get(("", route.namespace or ""))
+        in_scope = matches(namespace or {}, parse_selector(self.kueue_namespace_selector))
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if kueue_model.QUEUE_LABEL in labels or in_scope:
+            kueue_model.suspend(route.res, obj)
 
     def _pod_log(self, path: str, query: dict[str, str]) -> web.Response:
         """`GET /api/v1/namespaces/<ns>/pods/<name>/log`: text/plain, tailLines and

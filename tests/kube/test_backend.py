@@ -180,7 +180,14 @@ async def test_pod_disruption_target_means_node_notice(
     apiserver: FakeApiServer, make_backend: Any
 ) -> None:
     apiserver.put(
-        NODES, node("n1", provider_id="gce://p/z/n1", labels={"cloud.google.com/gke-spot": "true"})
+        NODES,
+        # graceful node shutdown: the kubelet reports the node NotReady while it ends pods
+        node(
+            "n1",
+            provider_id="gce://p/z/n1",
+            labels={"cloud.google.com/gke-spot": "true"},
+            ready=False,
+        ),
     )
     apiserver.put(
         NODES, node("n2", provider_id="gce://p/z/n2", labels={"cloud.google.com/gke-spot": "true"})

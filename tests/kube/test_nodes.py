@@ -196,14 +196,13 @@ def test_notice_values_times_and_configured_additions() -> None:
         ],
     )
     assert notices(knode(oos), rules, "other")[0].at == 1_700_000_000.0
-    # A cordon and a deletion in progress are notices too; the deletion carries its time.
+    # A deletion in progress is a notice, with its time; a cordon is not (no new pods only).
     raw = node("n")
     raw["spec"]["unschedulable"] = True
     raw["metadata"]["deletionTimestamp"] = "2023-11-14T22:13:20Z"
     found = notices(knode(raw), rules, "azure")
     assert [(n.reason, n.at, n.window_s) for n in found] == [
         ("node being deleted", 1_700_000_000.0, 30.0),
-        ("cordoned", None, 30.0),
     ]
     # Configuration adds to the built-in ones, with its own window.
     custom = Rules(make_config(notice_taints=[{"key": "example.com/draining", "window_s": 600}]))

@@ -13,6 +13,7 @@ from tests.kube.conftest import (
     NS,
     Clock,
     Recorder,
+    caught_up,
     gang_dispatch,
     node,
     pod,
@@ -102,21 +103,22 @@ async def test_not_ready_takes_no_new_pods_and_is_lost_only_when_out_of_service(
     await rec.wait_for(lambda: not last(rec, "n1").ready)
 
 
-async def test_cordon_and_deletion_are_notices_that_take_no_new_pods(
+async def test_cordon_takes_no_new_pods_and_deletion_is_a_notice(
     apiserver: FakeApiServer, make_backend: Any
 ) -> None:
     raw = node("n1", provider_id="aws:///us-east-1a/i-1")
     apiserver.put(NODES, raw)
     clock = Clock()
-    _, rec = await make_backend(clock=clock)
+    backend, rec = await make_backend(clock=clock)
     cordoned = copy.deepcopy(raw)
     cordoned["spec"]["unschedulable"] = True
     apiserver.put(NODES, cordoned)
-    await rec.wait_for(lambda: rec.of(SpotNotice))
-    (notice,) = rec.of(SpotNotice)
-    assert notice.deadline == NOW + 120 and "cordoned" in notice.reason
+    # A plain `kubectl cordon` keeps what runs there: no deadline, only no new pods.
+    await rec.wait_for(lambda: last(rec, "n1") is not None and last(rec, "n1").no_new_pods)
+    await caught_up(apiserver, backend)
+    assert rec.of(SpotNotice) == []
     info = last(rec, "n1")
-    assert info.ready and info.no_new_pods and info.spot_deadline == NOW + 120
+    assert info.ready and info.note == "cordoned" and info.spot_deadline is None
     # Karpenter deletes the node (its finalizer keeps it while it drains): the deadline is
     # already armed; the deletion adds a reason, never a loss.
     clock.advance(5)
@@ -125,7 +127,9 @@ async def test_cordon_and_deletion_are_notices_that_take_no_new_pods(
     deleting["metadata"]["deletionTimestamp"] = rfc3339(clock.now)
     apiserver.put(NODES, deleting)
     await rec.wait_for(lambda: "being deleted" in last(rec, "n1").note)
-    assert len(rec.of(SpotNotice)) == 1 and last(rec, "n1").ready
+    (notice,) = rec.of(SpotNotice)
+    assert notice.deadline == clock.now + 120 and "node being deleted" in notice.reason
+    assert last(rec, "n1").ready
     # Only the Node object's removal is proof: its finalizer is removed, it is gone.
     gone = copy.deepcopy(apiserver.get(f"{NODES}/n1"))
     assert gone is not None
