@@ -29,7 +29,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from broker.core.submission import DEFAULT_QUEUE
+from broker.core.submission import DEFAULT_QUEUE, unknown_queue_text
 from schemas.codec import encode_json
 from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
@@ -59,8 +59,7 @@ def unknown_queue_error(config: BrokerConfig, queue: str | None) -> str | None:
     """The refusal for a submission whose subject names no intake queue, else None."""
     if queue is not None and queue in intake_names(config):
         return None
-    known = ", ".join(sorted(q.name for q in config.queues)) or "(none)"
-    return f"unknown queue {queue!r}; known queues: {known}"
+    return unknown_queue_text(queue, (q.name for q in config.queues))
 
 
 async def ensure_intake(

@@ -45,6 +45,7 @@ from kinds.podgroup import group_pods, grouped
 from kinds.pods import PodPolicy, check_safety
 from kinds.registry import adapter_of
 from kinds.schema import check as check_fields
+from kinds.topology import podset_topology
 from schemas.fieldhints import explain
 from schemas.job import MAX_GPU_PER_REPLICA, MAX_PODSETS, MAX_REPLICAS, JobSpec
 
@@ -490,6 +491,7 @@ def jobspec_from_manifest(
             "cpu": _format_cpu(d.demand.cpu),
             "memory": _format_memory(d.demand.memory),
             **({"min_replicas": min_pods[d.name]} if d.name in min_pods else {}),
+            **podset_topology(d.template, d.path),
         }
         for d in drafts
     ]

@@ -303,12 +303,13 @@ def _assign(
             if k > 1:
                 scored.sort()  # by score; the index is unique, so pools are never compared
             if topo:
-                fit = _tightest(req, qs, snap, gang, scored, topo_miss)
-                if fit is not None:
-                    if dead:
-                        _prune(group)
-                    return fit
-                phys = True
+                if scored:  # pools that passed quota and avoidance: did a domain fit?
+                    fit = _tightest(req, qs, snap, gang, scored, topo_miss)
+                    if fit is not None:
+                        if dead:
+                            _prune(group)
+                        return fit
+                    phys = True
                 scored = []
             for _, _, pool, hint in scored:
                 if single:

@@ -74,3 +74,10 @@ async def test_submission_to_an_unknown_queue_is_refused_and_not_stored(harness:
     assert "default, research" in (reply.error or "")
     info = await harness.nc.jetstream().stream_info(harness.subjects.submit_stream)
     assert info.state.messages == 0 and info.state.last_seq == 0
+
+
+async def test_a_misspelt_queue_is_refused_with_the_closest_name(harness: Harness) -> None:
+    await harness.start_broker()
+    reply = await harness.submit(job("typo", replicas=1, gpu=1), queue="reserch")
+    assert not reply.accepted
+    assert "did you mean 'research'?" in (reply.error or ""), reply.error

@@ -13,6 +13,7 @@ from broker.core.records import demands_of
 from broker.core.scheduler import Scheduler
 from broker.core.topology import need_of
 from broker.core.types import GangRequest
+from broker.manifests import jobspec_from_manifest
 from kinds.base import KindError
 from kinds.demand import container_demand
 from kinds.topology import podset_topology
@@ -124,3 +125,40 @@ def test_fabric_resources_pass_through_and_others_are_still_refused() -> None:
     assert container_demand(fabric, "c").gpu == 8
     with pytest.raises(KindError, match="is not a resource any cluster offers"):
         container_demand(container(**{"google.com/tpu": 4}), "c")
+
+
+def test_a_kueue_tas_manifest_submitted_as_is_carries_its_topology() -> None:
+    """The annotations of Kueue's TAS docs on a batch Job reach the JobSpec's podset."""
+    manifest = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "tas-sample"},
+        "spec": {
+            "parallelism": 2,
+            "completions": 2,
+            "completionMode": "Indexed",
+            "template": {
+                "metadata": {
+                    "annotations": {
+                        "kueue.x-k8s.io/podset-required-topology": (
+                            "cloud.google.com/gce-topology-block"
+                        )
+                    }
+                },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "w",
+                            "image": "busybox",
+                            "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    spec = jobspec_from_manifest(manifest)
+    (podset,) = spec.gang
+    assert podset.topology is not None
+    assert podset.topology.required == "cloud.google.com/gce-topology-block"
