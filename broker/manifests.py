@@ -38,6 +38,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from broker.core.records import SPOT_OK_LABEL
 from kinds.adapter import Adapter
 from kinds.base import DOMAIN, LEGACY_DOMAIN, KindError, clip, mapping
 from kinds.demand import pod_demand
@@ -465,6 +466,9 @@ def jobspec_from_manifest(
     labels: dict[str, Any] = dict(fields.get("labels") or {})
     group = str(manifest["apiVersion"]).rpartition("/")[0] or "core"
     labels[SOURCE_KIND_LABEL] = f"{group}/{manifest['kind']}"
+    spot_ok = _mapping(metadata.get("labels"), "metadata.labels").get(SPOT_OK_LABEL)
+    if spot_ok is not None:  # the manifest's word that spot is fine without a checkpoint
+        labels[SPOT_OK_LABEL] = clip(str(spot_ok), 63)
     namespace = metadata.get("namespace")
     if isinstance(namespace, str) and namespace:
         labels[NAMESPACE_LABEL] = namespace

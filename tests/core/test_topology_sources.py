@@ -9,7 +9,7 @@ import pytest
 
 from agents.config import FakeClusterConfig, FakeFlavor, TopologyConfig, topology_from_kueue
 from agents.fake.model import ClusterModel, ManualClock
-from broker.core.records import demands_of
+from broker.core.records import demands_of, spot_ok
 from broker.core.scheduler import Scheduler
 from broker.core.topology import need_of
 from broker.core.types import GangRequest
@@ -162,3 +162,22 @@ def test_a_kueue_tas_manifest_submitted_as_is_carries_its_topology() -> None:
     (podset,) = spec.gang
     assert podset.topology is not None
     assert podset.topology.required == "cloud.google.com/gce-topology-block"
+
+
+def test_a_manifest_says_spot_is_fine_with_its_label() -> None:
+    """`muster.dev/spot-ok` on a manifest's metadata reaches the job, as the refusal text and
+    docs/decisions.md tell users to set it."""
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"muster.dev/spot-ok": "true"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "w", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+            ],
+        },
+    }
+    assert spot_ok(jobspec_from_manifest(manifest))
+    del manifest["metadata"]["labels"]
+    assert not spot_ok(jobspec_from_manifest(manifest))

@@ -58,6 +58,8 @@ def home_job(name: str, queue: str = "default", suspend: bool = True) -> dict[st
         "name": name,
         "namespace": NS,
         "labels": {"kueue.x-k8s.io/queue-name": queue},
+        # it checkpoints, so spot (both clusters here) may take it
+        "annotations": {"muster.dev/checkpoint-uri": "s3://ckpt"},
     }
     job["spec"]["runPolicy"] = {"suspend": suspend}
     return dict(job)
@@ -188,12 +190,13 @@ async def test_a_pytorchjob_applied_in_east_runs_in_west_and_the_home_object_sho
         tainted["spec"]["taints"] = [SPOT_TAINT]
         west.server.put(NODES, tainted)
     await h.wait_event(job_id, "preempting")
+    west.write_checkpoint(job_id, 130)  # the SDK answers the notice's checkpoint request
     moved = await h.wait_event(job_id, "admitted", count=2, timeout=20)
-    assert moved.cluster == "east" and moved.resume_from_step == 120
+    assert moved.cluster == "east" and moved.resume_from_step == 130
     second = await h.wait_event(job_id, "running", count=2, timeout=20)
     assert second.cluster == "east"
     await h.wait_for(lambda: shows("Running", "on cluster east"), 10)
-    assert "resuming from step 120" in condition(east.server.get(path))["message"]
+    assert "resuming from step 130" in condition(east.server.get(path))["message"]
     reasons = [r for r, _ in events_for(east.server, "ddp")]
     assert "Preempting" in reasons
     # Placed in the home cluster, the job runs as a copy; the user's object stays suspended.
@@ -392,7 +395,8 @@ async def test_a_batch_job_shows_where_it_runs_in_annotations_and_is_cancelled_o
     job["metadata"] = {
         "name": "sweep",
         "namespace": NS,
-        "labels": {"muster.dev/queue": "default"},
+        # it writes no checkpoint; spot (both clusters here) is fine for it
+        "labels": {"muster.dev/queue": "default", "muster.dev/spot-ok": "true"},
     }
     job["spec"]["suspend"] = True
     collection = f"/apis/batch/v1/namespaces/{NS}/jobs"
