@@ -26,6 +26,7 @@ CLIENT_QUEUE = 256  # events a client may lag behind before it is skipped ahead
 MAX_CLIENTS = 64
 RECENT_INTERRUPTIONS = 200
 OVERFLOW = b"overflow"  # sentinel: the client missed events and must reload its view
+CLOSING = b"closing"  # sentinel: the dashboard stops; the stream ends now
 
 
 @dataclass(slots=True)
@@ -138,6 +139,12 @@ class Subscriber:
         self.queue: asyncio.Queue[bytes] = asyncio.Queue(size)
         self.skipped = 0  # times this client fell behind and was skipped ahead
 
+    def close(self) -> None:
+        """End the client's stream: whatever it had not read yet is dropped."""
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self.queue.put_nowait(CLOSING)
+
     def offer(self, data: bytes) -> None:
         try:
             self.queue.put_nowait(data)
@@ -172,6 +179,10 @@ class EventHub:
         await flush(self.nc)
 
     async def stop(self) -> None:
+        # Open event streams end at once: a web server shutting down would otherwise wait
+        # for each of them until its own shutdown timeout (a minute per stage in aiohttp).
+        for client in list(self.clients):
+            client.close()
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()

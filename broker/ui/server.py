@@ -20,7 +20,7 @@ from nats.aio.client import Client
 
 from broker.core.machine import Machine
 from broker.ui import views
-from broker.ui.live import OVERFLOW, EventHub
+from broker.ui.live import CLOSING, OVERFLOW, EventHub
 from schemas.subjects import Subjects
 
 log = structlog.get_logger("muster.ui")
@@ -252,6 +252,8 @@ class Dashboard:
                         data = await client.queue.get()
                 except TimeoutError:
                     data = b""
+                if data is CLOSING:
+                    break
                 if not data:
                     chunk = b": keepalive\n\n"
                 elif data is OVERFLOW:

@@ -257,3 +257,15 @@ async def test_a_job_page_loads_in_under_a_second_with_100k_jobs(harness: Harnes
         if "offset=40000" in path:
             assert page["total"] == 50_000 and len(page["jobs"]) == 200
     await dashboard.stop()
+
+
+async def test_stopping_the_dashboard_ends_its_open_event_streams(live: Live) -> None:
+    """A browser tab left open does not hold the dashboard's shutdown: its stream ends."""
+    async with live.http.get(live.dashboard.url + "/api/events") as resp:
+        assert resp.status == 200
+        assert (await resp.content.readuntil(b"\n\n")).startswith(b"event: hello")
+        stopping = asyncio.create_task(live.dashboard.stop())
+        # the stream's end, far sooner than a server's shutdown timeout (60 s in aiohttp)
+        rest = await asyncio.wait_for(resp.content.read(), 20)
+        assert b"data:" not in rest
+        await asyncio.wait_for(stopping, 20)
