@@ -38,6 +38,7 @@ from schemas.agent import (
     EventBatch,
     Heartbeat,
     Resync,
+    WireRefused,
     WorkloadStatus,
 )
 from schemas.codec import DecodeError, decode_command, encode_msgpack
@@ -608,6 +609,17 @@ class AgentRuntime:
         self.max_epoch = cmd.epoch
         if isinstance(cmd, Applied):
             await self._on_applied(cmd)
+            await self._reply(msg, CommandAck(ok=True))
+            return
+        if isinstance(cmd, WireRefused):
+            # Nothing this agent sends is applied until it or the broker is upgraded.
+            self.stats["wire_refused"] = self.stats.get("wire_refused", 0) + 1
+            self.log.error(
+                "broker refuses this agent's wire version",
+                agent_wire=cmd.agent_wire,
+                broker_wire=cmd.broker_wire,
+                reason=cmd.reason,
+            )
             await self._reply(msg, CommandAck(ok=True))
             return
         if isinstance(cmd, Resync):

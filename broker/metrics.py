@@ -124,6 +124,11 @@ class BrokerCollector:
             "muster_leader", "1 while this broker leads", value=1 if b.leading.is_set() else 0
         )
         yield GaugeMetricFamily("muster_epoch", "Leader epoch held", value=b.lease.epoch)
+        yield GaugeMetricFamily(
+            "muster_newer_job_records",
+            "Job records of a newer format than this broker's: it does not lead while any",
+            value=stats.get("newer_records", 0),
+        )
         drops = CounterMetricFamily(
             "muster_agent_batches_dropped",
             "Agent batches not applied: coalesced (a newer snapshot replaced them) or "

@@ -56,6 +56,7 @@ from broker.core.inputs import (
     SubmitJob,
 )
 from broker.core.machine import Machine
+from broker.core.records import RECORD_FORMAT
 from broker.core.submission import derive_job_id
 from broker.embedded import EmbeddedNats, free_port
 from broker.intake import FairPuller, ensure_intake, intake_names, unknown_queue_error
@@ -65,6 +66,7 @@ from broker.pacing import cycle_due, next_cycle_at
 from broker.store import (
     BucketWatch,
     JobStore,
+    NewerRecords,
     RecordMirror,
     placement_of,
     reconcile_replication,
@@ -77,6 +79,7 @@ from schemas.agent import (
     ClusterSnapshot,
     Dispatch,
     EventBatch,
+    WireRefused,
     WorkloadStatus,
 )
 from schemas.api import SubmitReply
@@ -94,6 +97,7 @@ from schemas.config import BrokerConfig, Replication
 from schemas.job import JobSpec
 from schemas.natsopts import NatsOptions
 from schemas.subjects import Subjects
+from schemas.wire import WIRE_VERSION, compatible
 from shell.natsio import Requester, flush, js_api_prefix
 from shell.natsstate import NatsStateLog
 from shell.tasks import cancel_and_wait
@@ -127,11 +131,30 @@ REPLY_TTL_S = 60.0
 REPLY_MAX = 200_000
 RESTORE_LIMIT_S = 60.0  # the longest a new leader waits for its records
 STANDBY_RETRY_S = 0.5  # pause after a failed attempt to acquire the lease
+NEWER_RECORDS_RETRY_S = 10.0  # lease left to a newer broker this long before trying again
 BUCKET_CHECK_S = 1.0  # how often the leader checks the job bucket still holds its records
 # A submission delivered this many times without being acked (the broker died or failed while
 # processing it) is not processed again: it goes to the dead-letter subject.
 MAX_DELIVERIES = 2
 BUDGET_LOG_EVERY_S = 10.0  # per cluster: how often an agent over its budget is logged
+WIRE_REFUSAL_EVERY_S = 10.0  # per cluster: how often an incompatible agent is logged and told
+
+
+class _WireOnly(msgspec.Struct):
+    wire: str = ""
+
+
+_wire_decoder = msgspec.msgpack.Decoder(_WireOnly)
+
+
+def _peek_wire(data: bytes) -> str | None:
+    """The wire version of a batch that did not decode in full; None when unreadable."""
+    try:
+        return _wire_decoder.decode(data).wire
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
 MAX_EXCUSED = 100_000  # excused stream sequences remembered (see Broker._hold_while_persisting)
 LEASE_CHECK_MIN_INTERVAL_S = 1.0  # stale-epoch claims are checked against the lease this rarely
 MAX_SUBMITTERS = 100_000  # token buckets kept at once
@@ -429,6 +452,7 @@ class Broker:
             "stale_epoch_ignored": 0,
             "redispatched": 0,
             "lead_failures": 0,
+            "newer_records": 0,
             "store_records_lost": 0,
             "store_records_repersisted": 0,
         }
@@ -451,6 +475,7 @@ class Broker:
         self._mail: AgentMailboxes | None = None  # per-cluster agent budgets, while leading
         self._mail_wake = asyncio.Event()
         self._budget_logged: dict[str, float] = {}
+        self._wire_refused_at: dict[str, float] = {}  # cluster -> when last logged and told
         self._rendezvous = ReplyRendezvous(
             nc, config.max_payload_bytes, self._storage_error, self._early_reply
         )
@@ -488,6 +513,21 @@ class Broker:
                     await self._lead(mirror)
                 except LeadershipLost as exc:
                     log.warning("broker.leadership_lost", error=str(exc))
+                except NewerRecords as exc:
+                    # Let a broker that understands them lead; try again after a while.
+                    self.stats["newer_records"] = len(exc.jobs)
+                    log.error(
+                        "broker.refused_to_lead",
+                        jobs=exc.jobs[:10],
+                        record_format=exc.newest,
+                        understood=RECORD_FORMAT,
+                        error=str(exc),
+                    )
+                    with contextlib.suppress(Exception):
+                        await self.lease.release()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(NEWER_RECORDS_RETRY_S):
+                            await self.stopped.wait()
                 except Exception:  # never exit: stand by again and retry
                     self.stats["lead_failures"] += 1
                     log.exception("broker.lead_failed")
@@ -593,6 +633,9 @@ class Broker:
         gc.disable()
         try:
             records = await mirror.caught_up(RESTORE_LIMIT_S)
+            self.stats["newer_records"] = len(mirror.too_new)
+            if mirror.too_new:
+                raise NewerRecords(mirror.too_new, mirror.store.prefix)
             stream_seq = mirror.applied
             await mirror.stop()  # the leader does not mirror its own writes
             log.info(
@@ -1252,9 +1295,14 @@ class Broker:
         try:
             batch = decode_event_batch(data)
         except DecodeError as exc:
+            # A batch of another major may not decode here: name its version if it has one.
+            if not self._wire_ok(cluster, _peek_wire(data)):
+                return
             self.stats["bad_batches"] += 1
             self.refused["agent_batch"] += 1
             log.warning("broker.bad_batch", cluster=cluster, error=str(exc)[:500])
+            return
+        if not self._wire_ok(cluster, batch.wire):
             return
         self.stats["batches"] += 1
         self.stats["events"] += len(batch.events)
@@ -1280,6 +1328,37 @@ class Broker:
         else:
             self._push(effects)
         self._wake.set()
+
+    def _wire_ok(self, cluster: str, wire: str | None) -> bool:
+        """False for a batch whose wire major differs from ours (None: no version could be
+        read): it is refused, counted, logged and the agent told why (at most every
+        WIRE_REFUSAL_EVERY_S per cluster). Same major, any minor: accepted."""
+        if wire is None or compatible(wire):
+            return True
+        self.refused["agent_wire"] += 1
+        now = time.monotonic()
+        if now - self._wire_refused_at.get(cluster, -1e18) >= WIRE_REFUSAL_EVERY_S:
+            self._wire_refused_at[cluster] = now
+            reason = (
+                f"wire version {wire!r} of cluster {cluster!r} is not compatible with this "
+                f"broker's {WIRE_VERSION}: run an agent of major version "
+                f"{WIRE_VERSION.split('.')[0]} (or upgrade the broker)"
+            )
+            log.error(
+                "broker.agent_wire_refused",
+                cluster=cluster,
+                agent_wire=wire,
+                broker_wire=WIRE_VERSION,
+            )
+            if self.machine is not None:
+                cmd = WireRefused(
+                    epoch=self.machine.epoch,
+                    broker_wire=WIRE_VERSION,
+                    agent_wire=wire[:16],
+                    reason=reason,
+                )
+                self._spawn(self._send_command(cluster, cmd))
+        return False
 
     async def _acknowledge(
         self, cluster: str, instance: str, seq: int, persisted: asyncio.Future[None] | None

@@ -23,7 +23,13 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from broker.core.records import JobRecord, compact, record_decoder, record_encoder
+from broker.core.records import (
+    RECORD_FORMAT,
+    JobRecord,
+    compact,
+    record_decoder,
+    record_encoder,
+)
 from schemas.config import Replication
 from shell.natsio import js_connection
 
@@ -93,6 +99,20 @@ async def reconcile_replication(
 
 class StoreError(Exception):
     """JetStream refused or did not acknowledge a record."""
+
+
+class NewerRecords(RuntimeError):
+    """The bucket holds job records of a format newer than this broker's: leading on them
+    would drop what it does not understand from them (or forget their jobs)."""
+
+    def __init__(self, too_new: dict[str, int], prefix: str) -> None:
+        self.jobs = sorted(subject[len(prefix) :] for subject in too_new)
+        self.newest = max(too_new.values())
+        super().__init__(
+            f"{len(self.jobs)} job records (e.g. {', '.join(self.jobs[:3])}) are of format "
+            f"{self.newest}, newer than the {RECORD_FORMAT} this broker understands: upgrade "
+            "this broker (a newer one leads meanwhile), or restore a backup it wrote"
+        )
 
 
 class _Acks:
@@ -405,6 +425,9 @@ class RecordMirror:
         self._records: dict[str, JobRecord] = {}  # by KV subject
         self.applied = 0  # highest stream sequence applied
         self.usage = StoreUsage()  # what the records taken so far hold, per queue
+        # KV subject -> format of a newest record newer than RECORD_FORMAT: kept out of
+        # `_records` (never restored, so never rewritten with its unknown fields dropped).
+        self.too_new: dict[str, int] = {}
         self._sub: Any = None
         self._target = 0
         self._reached: asyncio.Future[None] | None = None
@@ -427,6 +450,7 @@ class RecordMirror:
         100,000 times). Records are keyed by their KV subject, which names the job."""
         records, decode = self._records, record_decoder.decode
         prefix = len(self.store.prefix)
+        too_new = self.too_new
 
         async def take(msg: Msg) -> None:
             seq = _stream_seq(msg)
@@ -435,13 +459,20 @@ class RecordMirror:
             if seq <= self.applied:
                 return
             self.applied = seq
+            too_new.pop(msg.subject, None)
             if msg.headers and msg.headers.get(KV_OP):
                 records.pop(msg.subject, None)  # deleted or purged
                 self.usage.forget(msg.subject[prefix:])
             else:
                 try:
-                    record = records[msg.subject] = decode(msg.data)
-                    self.usage.note(record, len(msg.data))
+                    record = decode(msg.data)
+                    if record.format > RECORD_FORMAT:
+                        records.pop(msg.subject, None)
+                        self.usage.forget(msg.subject[prefix:])
+                        too_new[msg.subject] = record.format
+                    else:
+                        records[msg.subject] = record
+                        self.usage.note(record, len(msg.data))
                 except Exception as exc:  # a corrupt record must not stop recovery
                     # Its job is not restored, just as a cold load would not restore it.
                     records.pop(msg.subject, None)

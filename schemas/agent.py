@@ -253,7 +253,19 @@ class Applied(msgspec.Struct, tag="applied", omit_defaults=True):
     seq: Annotated[int, Meta(ge=1, le=MAX_SEQ)]
 
 
-Command = Dispatch | Cancel | CheckpointNow | Resync | Applied
+class WireRefused(msgspec.Struct, tag="wire_refused", omit_defaults=True):
+    """The broker applies none of this agent's batches: their wire major version differs from
+    its own (schemas/wire.py). Only ever sent to an agent of another major, so no peer of the
+    same major has to understand it; the agent logs both versions and carries on sending, so
+    upgrading either side heals the link without a restart."""
+
+    epoch: Epoch
+    broker_wire: Annotated[str, Meta(max_length=16)]
+    agent_wire: Annotated[str, Meta(max_length=16)]
+    reason: Reason = ""
+
+
+Command = Dispatch | Cancel | CheckpointNow | Resync | Applied | WireRefused
 
 
 class CommandAck(msgspec.Struct, omit_defaults=True):

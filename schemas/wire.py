@@ -6,7 +6,9 @@ understand. A new message kind, a new required field or a changed meaning is a m
 So a broker and an agent of the same major, one minor apart in either direction, interoperate;
 `tests/nats/test_wire_versions.py` holds the previous release's messages and schema and checks
 both directions. An agent sends its version in every EventBatch (`wire`); the 0.1.0 release
-sent none, which reads as 1.0.
+sent none, which reads as 1.0. The broker refuses batches of another major and tells their
+agent so (the `wire_refused` command: the one message kind a minor added, as only an agent of
+another major ever receives it).
 """
 
 from __future__ import annotations

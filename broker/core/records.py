@@ -76,6 +76,12 @@ class AvoidPool(msgspec.Struct, array_like=True):
     until: float
 
 
+# The job record's format. A broker decodes records of this format and older; a newer one may
+# hold fields or meanings this broker would drop on its next write, so it does not lead on it
+# (docs/operations.md "Upgrades"). Records without `format` (release 0.1.0) are format 1.
+RECORD_FORMAT = 1
+
+
 class JobRecord(msgspec.Struct, omit_defaults=True):
     job_id: str
     spec: JobSpec
@@ -99,6 +105,8 @@ class JobRecord(msgspec.Struct, omit_defaults=True):
     finished_at: float | None = None
     # The deadline's slack ran out: on-demand from now on (never back to spot).
     deadline_on_demand: bool = False
+    # RECORD_FORMAT of the broker that wrote it; left out while it is the first (1).
+    format: int = 1
 
     @property
     def current(self) -> AttemptRecord | None:

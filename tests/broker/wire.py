@@ -65,6 +65,7 @@ class WireAgent:
         self.auto_run = True  # answer a dispatch with created + running
         self.refuse = ""  # not empty: refuse every dispatch with this error (ok=False)
         self.silent = False  # True: no heartbeats (a cluster that went away)
+        self.wire = ""  # the wire version its batches carry ("": the 0.1.0 release's none)
         self._sub: Any = None
         self._beat: asyncio.Task[None] | None = None
 
@@ -93,6 +94,7 @@ class WireAgent:
             seq=self.seq,
             events=list(events),
             sent_at=time.time(),
+            wire=self.wire,
         )
         await self.nc.publish(self.subjects.agent_events(self.cluster), encode_msgpack(batch))
 

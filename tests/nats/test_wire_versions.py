@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.core.records import record_decoder
+from broker.core.records import RECORD_FORMAT, record_decoder
 from schemas.agent import (
     Cancel,
     ClusterSnapshot,
@@ -57,6 +57,7 @@ def test_the_previous_releases_messages_decode_here() -> None:
     assert decode_command_ack(old["CommandAck"]).ok
     record = record_decoder.decode(old["JobRecord"])
     assert (record.job_id, record.state, record.spec.gang[0].replicas) == ("fx-1", "queued", 2)
+    assert record.format == RECORD_FORMAT == 1  # written before records had a format
 
 
 def _current_messages() -> dict[str, Any]:
