@@ -24,8 +24,8 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from broker.core.records import JobRecord, record_decoder, record_encoder
-from broker.store import JobStore
+from broker.core.records import RECORD_FORMAT, JobRecord, record_decoder, record_encoder
+from broker.store import JobStore, NewerRecords
 from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
 
@@ -54,7 +54,10 @@ async def backup(nc: Client, config: BrokerConfig, path: Path) -> BackupInfo:
             f"no job bucket {subjects.jobs_bucket} on this NATS: check --nats and the subject "
             f"prefix ({config.subject_prefix!r}, from the broker config)"
         ) from None
-    records = await store.load_all()
+    try:
+        records = await store.load_all()
+    except NewerRecords as exc:
+        raise BackupError(f"not backed up: {exc}") from None
     header = {
         "format": FORMAT,
         "bucket": subjects.jobs_bucket,
@@ -91,9 +94,16 @@ def read_backup(path: Path, config: BrokerConfig) -> list[JobRecord]:
     for n, line in enumerate(lines[1:], start=2):
         try:
             entry = json.loads(line)
-            records.append(record_decoder.decode(base64.b64decode(entry["record"])))
+            record = record_decoder.decode(base64.b64decode(entry["record"]))
         except Exception as exc:
             raise BackupError(f"{path}:{n}: not a job record ({exc}); the file is damaged") from exc
+        if record.format > RECORD_FORMAT:
+            raise BackupError(
+                f"{path}:{n}: job {record.job_id} is a record of format {record.format}, newer "
+                f"than the {RECORD_FORMAT} this release of Muster understands: restore it with "
+                "the release that backed it up"
+            )
+        records.append(record)
     if len(records) != header.get("records"):
         raise BackupError(
             f"{path} says it holds {header.get('records')} records but has {len(records)}: "

@@ -520,7 +520,7 @@ def store_compact(
     import time
 
     from broker.service import connect
-    from broker.store import compact_bucket
+    from broker.store import NewerRecords, compact_bucket
     from schemas.subjects import Subjects
 
     try:
@@ -539,6 +539,8 @@ def store_compact(
                 expire_before=cut,
                 dry_run=dry_run,
             )
+        except NewerRecords as exc:
+            raise MusterError(f"nothing compacted: {exc}") from None
         finally:
             await nc.close()
         verb = "would compact" if dry_run else "compacted"

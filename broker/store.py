@@ -110,8 +110,9 @@ class NewerRecords(RuntimeError):
         self.newest = max(too_new.values())
         super().__init__(
             f"{len(self.jobs)} job records (e.g. {', '.join(self.jobs[:3])}) are of format "
-            f"{self.newest}, newer than the {RECORD_FORMAT} this broker understands: upgrade "
-            "this broker (a newer one leads meanwhile), or restore a backup it wrote"
+            f"{self.newest}, newer than the {RECORD_FORMAT} this release of Muster understands: "
+            "upgrade this broker or CLI (a newer broker leads on them meanwhile), or restore a "
+            "backup this release wrote"
         )
 
 
@@ -331,10 +332,14 @@ class JobStore:
 
     async def load_all(self, limit_s: float = 60.0) -> list[JobRecord]:
         """Read the newest record of every job: a mirror that stops once caught up, so a cold
-        start and a hot standby take records through the same code."""
+        start and a hot standby take records through the same code. Raises NewerRecords when
+        some are of a newer format (a backup or a compaction must not rewrite or omit them)."""
         mirror = RecordMirror(self)
         try:
-            return await mirror.caught_up(limit_s)
+            records = await mirror.caught_up(limit_s)
+            if mirror.too_new:  # a copy of them would drop what this release cannot read
+                raise NewerRecords(mirror.too_new, self.prefix)
+            return records
         finally:
             await mirror.stop()
 

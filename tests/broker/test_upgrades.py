@@ -5,16 +5,25 @@ major version differs from its own (their batches are refused, and the agent tol
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
+import uuid
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import nats
+import pytest
 import structlog
 
+from broker.backup import BackupError, backup, read_backup
 from broker.core.records import RECORD_FORMAT, record_decoder
 from broker.service import Broker
+from broker.store import JobStore, NewerRecords, compact_bucket
 from schemas.agent import WireRefused
+from schemas.config import BrokerConfig
+from schemas.subjects import Subjects
 from schemas.wire import WIRE_VERSION
 from tests.broker.conftest import OD_A100, Harness
 from tests.broker.test_submit import job
@@ -121,3 +130,36 @@ async def test_an_agent_of_another_wire_major_is_refused_and_told_why(
     future.wire = WIRE_VERSION
     await future.send(future.snapshot())
     await harness.wait_for(lambda: harness.synced("mars"))
+
+
+async def test_backup_and_compaction_refuse_records_newer_than_they_understand(
+    nc: Any, tmp_path: Path
+) -> None:
+    """An older CLI would write a backup without them, or rewrite them without what it cannot
+    read: it says so instead, and changes nothing."""
+    config = BrokerConfig(subject_prefix=f"u{uuid.uuid4().hex[:10]}")
+    subjects = Subjects(prefix=config.subject_prefix)
+    js = nc.jetstream()
+    store = await JobStore.open(js, subjects.jobs_bucket)
+    old = previous_messages()["JobRecord"]
+    await js.publish(store.prefix + "fx-1", old)
+    newer = newer_record(old, "fx-new")
+    await js.publish(store.prefix + "fx-new", newer)
+    path = tmp_path / "jobs.backup"
+    with pytest.raises(BackupError, match=r"fx-new.*format 2, newer than the 1"):
+        await backup(nc, config, path)
+    assert not path.exists()
+    with pytest.raises(NewerRecords, match="upgrade this broker or CLI"):
+        await compact_bucket(js, subjects.jobs_bucket, expire_before=1e12)
+    entry = await js.get_last_msg(store.stream, store.prefix + "fx-new")
+    assert entry.data == newer
+
+    # A backup file holding a newer record is not restored by this release either.
+    await js.publish(store.prefix + "fx-new", b"", headers={"KV-Operation": "DEL"})
+    await backup(nc, config, path)
+    header, *lines = path.read_text().splitlines()
+    entry_line = {"job_id": "fx-new", "record": base64.b64encode(newer).decode()}
+    path.write_text("\n".join([header, json.dumps(entry_line)]) + "\n")
+    with pytest.raises(BackupError, match=r":2: job fx-new is a record of format 2"):
+        read_backup(path, config)
+    assert len(lines) == 1
