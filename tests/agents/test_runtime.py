@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import msgspec
+import structlog
 from nats.aio.client import Client
 
 from agents.runtime import AgentRuntime
@@ -16,9 +17,11 @@ from schemas.agent import (
     ClusterSnapshot,
     Heartbeat,
     Resync,
+    WireRefused,
 )
 from schemas.codec import encode_msgpack
 from schemas.job import Simulation
+from schemas.wire import WIRE_VERSION
 from shell.natsio import flush
 from tests.agents.conftest import MakeAgent
 from tests.agents.helpers import dispatch, unique
@@ -159,6 +162,20 @@ async def test_resync_sends_snapshot_with_workloads(make_agent: MakeAgent) -> No
     assert wl.nodes == nodes
     seqs = [b.seq for b in a.wire.batches]
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_a_wire_refusal_is_logged_with_both_versions(make_agent: MakeAgent) -> None:
+    """A broker of another major applies nothing this agent sends: the operator reads why."""
+    with structlog.testing.capture_logs() as logs:
+        a = await make_agent()
+        refusal = WireRefused(
+            epoch=1, broker_wire="2.0", agent_wire=WIRE_VERSION, reason="run an agent of 2.x"
+        )
+        ack = await a.wire.send(refusal)
+    assert ack.ok
+    (line,) = [e for e in logs if e["event"] == "broker refuses this agent's wire version"]
+    assert line["log_level"] == "error" and line["reason"] == "run an agent of 2.x"
+    assert (line["agent_wire"], line["broker_wire"]) == (WIRE_VERSION, "2.0")
 
 
 async def test_on_reconnected_resends_snapshot(make_agent: MakeAgent) -> None:
