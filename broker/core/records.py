@@ -7,8 +7,10 @@ latest checkpoint, budgets spent). Cluster state is never persisted: agents rese
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 from broker.core.topology import need_of
 from broker.core.types import GangRequest, PodSetDemand
@@ -106,7 +108,7 @@ class JobRecord(msgspec.Struct, omit_defaults=True):
     # The deadline's slack ran out: on-demand from now on (never back to spot).
     deadline_on_demand: bool = False
     # RECORD_FORMAT of the broker that wrote it; left out while it is the first (1).
-    format: int = 1
+    format: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
 
     @property
     def current(self) -> AttemptRecord | None:

@@ -21,13 +21,14 @@ from broker.backup import BackupError, backup, read_backup
 from broker.core.records import RECORD_FORMAT, record_decoder
 from broker.service import Broker
 from broker.store import JobStore, NewerRecords, compact_bucket
-from schemas.agent import WireRefused
+from schemas.agent import CommandAck, WireRefused
+from schemas.codec import decode_command, encode_msgpack
 from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
 from schemas.wire import WIRE_VERSION
 from tests.broker.conftest import OD_A100, Harness
 from tests.broker.test_submit import job
-from tests.broker.wire import WireAgent, nodes
+from tests.broker.wire import WireAgent, next_item, nodes
 from tests.nats.test_wire_versions import previous_messages
 from tests.support import wait_for
 
@@ -163,3 +164,31 @@ async def test_backup_and_compaction_refuse_records_newer_than_they_understand(
     with pytest.raises(BackupError, match=r":2: job fx-new is a record of format 2"):
         read_backup(path, config)
     assert len(lines) == 1
+
+
+async def test_a_batch_of_another_major_that_does_not_decode_here_is_refused_by_its_version(
+    harness: Harness,
+) -> None:
+    """A newer major may send events this broker has no type for: it is still told why,
+    rather than counted as garbage."""
+    broker = await harness.start_broker()
+    told: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def on_cmd(msg: Any) -> None:
+        told.put_nowait(decode_command(msg.data))
+        await msg.respond(encode_msgpack(CommandAck(ok=True)))
+
+    sub = await harness.nc.subscribe(harness.subjects.agent_cmd("pluto"), cb=on_cmd)
+    batch = {
+        "cluster": "pluto",
+        "instance": "i-3",
+        "seq": 1,
+        "events": [{"type": "quantum_flux", "level": 3}],
+        "wire": "3.2",
+    }
+    await harness.nc.publish(harness.subjects.agent_events("pluto"), msgspec.msgpack.encode(batch))
+    cmd = await next_item(told, 10)
+    assert isinstance(cmd, WireRefused)
+    assert (cmd.agent_wire, cmd.broker_wire) == ("3.2", WIRE_VERSION)
+    assert broker.refused["agent_wire"] == 1 and broker.stats["bad_batches"] == 0
+    await sub.unsubscribe()
