@@ -1336,6 +1336,7 @@ class Broker:
         if wire is None or compatible(wire):
             return True
         self.refused["agent_wire"] += 1
+        wire = wire[:16]  # as the schema bounds it: a batch that did not decode is unbounded
         now = time.monotonic()
         if now - self._wire_refused_at.get(cluster, -1e18) >= WIRE_REFUSAL_EVERY_S:
             self._wire_refused_at[cluster] = now
@@ -1354,7 +1355,7 @@ class Broker:
                 cmd = WireRefused(
                     epoch=self.machine.epoch,
                     broker_wire=WIRE_VERSION,
-                    agent_wire=wire[:16],
+                    agent_wire=wire,
                     reason=reason,
                 )
                 self._spawn(self._send_command(cluster, cmd))

@@ -16,10 +16,12 @@ import msgspec
 import nats
 import pytest
 import structlog
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broker.backup import BackupError, backup, read_backup
 from broker.core.records import RECORD_FORMAT, record_decoder
-from broker.service import Broker
+from broker.service import Broker, _peek_wire
 from broker.store import JobStore, NewerRecords, compact_bucket
 from schemas.agent import CommandAck, WireRefused
 from schemas.codec import decode_command, encode_msgpack
@@ -192,3 +194,28 @@ async def test_a_batch_of_another_major_that_does_not_decode_here_is_refused_by_
     assert (cmd.agent_wire, cmd.broker_wire) == ("3.2", WIRE_VERSION)
     assert broker.refused["agent_wire"] == 1 and broker.stats["bad_batches"] == 0
     await sub.unsubscribe()
+
+
+@given(st.binary(max_size=200))
+def test_reading_the_wire_version_of_any_bytes_never_raises(data: bytes) -> None:
+    """It runs on batches that did not decode: whatever they hold, a version or None."""
+    wire = _peek_wire(data)
+    assert wire is None or isinstance(wire, str)
+
+
+@given(
+    st.text(max_size=40),
+    st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**63 - 1), max_size=3),
+)
+def test_the_version_a_batch_carries_is_read_whatever_else_it_holds(
+    wire: str, extra: dict[str, int]
+) -> None:
+    fields: dict[str, Any] = {**extra, "events": [{"type": "from-the-future"}], "wire": wire}
+    assert _peek_wire(msgspec.msgpack.encode(fields)) == wire
+
+
+@given(st.integers(1, 1_000_000))
+def test_a_records_format_survives_decoding_beside_fields_it_does_not_know(fmt: int) -> None:
+    fields = msgspec.msgpack.decode(previous_messages()["JobRecord"])
+    fields.update(format=fmt, from_the_future=[1, 2])
+    assert record_decoder.decode(msgspec.msgpack.encode(fields)).format == fmt
