@@ -29,6 +29,7 @@ from schemas.agent import (
     PodSetAssignment,
     Resync,
     SpotNotice,
+    WireRefused,
     WorkloadStatus,
 )
 from schemas.api import JobEvent, SubmitReply
@@ -262,6 +263,7 @@ event_batches = st.builds(
     seq=st.integers(1, 2**40),
     events=st.lists(agent_events, max_size=5),
     sent_at=floats(0, 4e9),
+    wire=st.text(max_size=16),
 )
 commands = st.one_of(
     st.builds(
@@ -292,6 +294,13 @@ commands = st.one_of(
         deadline=floats(0, 4e9),
     ),
     st.builds(Resync, epoch=st.integers(0, 2**40), reason=short_text),
+    st.builds(
+        WireRefused,
+        epoch=st.integers(0, 2**40),
+        broker_wire=st.text(max_size=16),
+        agent_wire=st.text(max_size=16),
+        reason=short_text,
+    ),
 )
 command_acks = st.builds(CommandAck, ok=st.booleans(), error=short_text, stale_epoch=st.booleans())
 

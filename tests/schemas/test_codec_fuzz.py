@@ -11,7 +11,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas.agent import Cancel, CheckpointNow, CommandAck, Dispatch, EventBatch, Resync
+from schemas.agent import (
+    Cancel,
+    CheckpointNow,
+    CommandAck,
+    Dispatch,
+    EventBatch,
+    Resync,
+    WireRefused,
+)
 from schemas.api import JobEvent, SubmitReply
 from schemas.codec import (
     MAX_PAYLOAD,
@@ -57,7 +65,12 @@ JSON_DECODERS: list[tuple[Any, Any, Any, Any]] = [
 ]
 MSGPACK_DECODERS: list[tuple[Any, Any, Any, Any]] = [
     (decode_event_batch, EventBatch, encode_msgpack, event_batches),
-    (decode_command, (Dispatch, Cancel, CheckpointNow, Resync), encode_msgpack, commands),
+    (
+        decode_command,
+        (Dispatch, Cancel, CheckpointNow, Resync, WireRefused),
+        encode_msgpack,
+        commands,
+    ),
     (decode_command_ack, CommandAck, encode_msgpack, command_acks),
 ]
 DECODERS = JSON_DECODERS + MSGPACK_DECODERS
