@@ -138,6 +138,14 @@ BUCKET_CHECK_S = 1.0  # how often the leader checks the job bucket still holds i
 MAX_DELIVERIES = 2
 BUDGET_LOG_EVERY_S = 10.0  # per cluster: how often an agent over its budget is logged
 WIRE_REFUSAL_EVERY_S = 10.0  # per cluster: how often an incompatible agent is logged and told
+MAX_EXCUSED = 100_000  # excused stream sequences remembered (see Broker._hold_while_persisting)
+LEASE_CHECK_MIN_INTERVAL_S = 1.0  # stale-epoch claims are checked against the lease this rarely
+MAX_SUBMITTERS = 100_000  # token buckets kept at once
+STORAGE_PROBE_S = 1.0
+APPLIED_EVERY_S = 0.5  # batches without outcomes are acknowledged this often (fence renewal)
+ID_KEY = "muster-id-key"  # submit-stream metadata: the secret behind server-derived job ids
+STORAGE_FULL_MARKERS = ("insufficient", "resources", "maximum bytes", "storage")
+TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
 
 
 class _WireOnly(msgspec.Struct):
@@ -153,16 +161,6 @@ def _peek_wire(data: bytes) -> str | None:
         return _wire_decoder.decode(data).wire
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-
-
-MAX_EXCUSED = 100_000  # excused stream sequences remembered (see Broker._hold_while_persisting)
-LEASE_CHECK_MIN_INTERVAL_S = 1.0  # stale-epoch claims are checked against the lease this rarely
-MAX_SUBMITTERS = 100_000  # token buckets kept at once
-STORAGE_PROBE_S = 1.0
-APPLIED_EVERY_S = 0.5  # batches without outcomes are acknowledged this often (fence renewal)
-ID_KEY = "muster-id-key"  # submit-stream metadata: the secret behind server-derived job ids
-STORAGE_FULL_MARKERS = ("insufficient", "resources", "maximum bytes", "storage")
-TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
 
 
 def _storage_full(error: str) -> bool:
@@ -1330,9 +1328,10 @@ class Broker:
         self._wake.set()
 
     def _wire_ok(self, cluster: str, wire: str | None) -> bool:
-        """False for a batch whose wire major differs from ours (None: no version could be
-        read): it is refused, counted, logged and the agent told why (at most every
-        WIRE_REFUSAL_EVERY_S per cluster). Same major, any minor: accepted."""
+        """False for a batch whose wire major differs from ours: it is refused, counted, logged
+        and the agent told why (at most every WIRE_REFUSAL_EVERY_S per cluster). Same major,
+        any minor, is accepted; so is None (no version could be read: the caller's own
+        checks refuse the batch)."""
         if wire is None or compatible(wire):
             return True
         self.refused["agent_wire"] += 1
