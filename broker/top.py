@@ -1,5 +1,8 @@
 """`muster top`: the dashboard's live view in the terminal (rich Live).
 
+Without a terminal (a pipe, a file, a cron job) a live view would print nothing until Ctrl-C, so
+the command prints one plain-text snapshot of the same view and exits.
+
 Driven by the job event subject: the views are refetched when an event arrives (at most once per
 `min_interval_s`) and every few seconds otherwise, so heartbeats and free GPUs stay fresh. Only
 running jobs are listed, never the whole job table.
@@ -58,7 +61,7 @@ class TopView:
         self.events += 1
         self.interruptions.observe(ev)
 
-    def render(self, now: float | None = None) -> RenderableType:
+    def render(self, now: float | None = None, *, live: bool = True) -> RenderableType:
         from broker.render import clusters_table, jobs_table, queues_table
 
         now = time.time() if now is None else now
@@ -66,7 +69,7 @@ class TopView:
             Text.assemble(
                 ("muster top", "bold"),
                 f"  {time.strftime('%H:%M:%S', time.localtime(now))}  events seen: {self.events}"
-                "  (Ctrl-C to quit)",
+                + ("  (Ctrl-C to quit)" if live else "  (snapshot: no terminal)"),
             )
         ]
         if self.error:
@@ -115,8 +118,16 @@ async def run_top(
     on_ready: Callable[[], None] | None = None,
 ) -> TopView:
     """Until cancelled (Ctrl-C), or after `max_updates` redraws. `on_ready` runs once the
-    first view is on screen."""
+    first view is on screen. A console that is not a terminal gets one snapshot instead."""
     view = view or TopView()
+    if not console.is_terminal:
+        from broker.client import MusterError
+
+        await view.refresh(client)
+        if view.error:
+            raise MusterError(view.error)
+        console.print(view.render(live=False))
+        return view
     changed = asyncio.Event()
 
     async def on_msg(msg: Any) -> None:
