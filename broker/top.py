@@ -108,6 +108,19 @@ def interruptions_table(items: list[dict[str, Any]], now: float) -> Table:
     return table
 
 
+async def snapshot_top(client: MusterClient, console: Console) -> TopView:
+    """The live view's panels once, as plain text, for output that is not a terminal (where a
+    live view would print nothing until Ctrl-C). A broker that does not answer is an error."""
+    from broker.client import MusterError
+
+    view = TopView()
+    await view.refresh(client)
+    if view.error:
+        raise MusterError(view.error)
+    console.print(view.render(live=False))
+    return view
+
+
 async def run_top(
     client: MusterClient,
     console: Console,
@@ -118,16 +131,8 @@ async def run_top(
     on_ready: Callable[[], None] | None = None,
 ) -> TopView:
     """Until cancelled (Ctrl-C), or after `max_updates` redraws. `on_ready` runs once the
-    first view is on screen. A console that is not a terminal gets one snapshot instead."""
+    first view is on screen."""
     view = view or TopView()
-    if not console.is_terminal:
-        from broker.client import MusterError
-
-        await view.refresh(client)
-        if view.error:
-            raise MusterError(view.error)
-        console.print(view.render(live=False))
-        return view
     changed = asyncio.Event()
 
     async def on_msg(msg: Any) -> None:

@@ -29,7 +29,7 @@ async def test_top_follows_a_spot_move_from_the_event_stream(live: Live) -> None
     h, fleet = live.world.harness, live.world.fleet
     assert fleet is not None
     client = await MusterClient(NatsOptions(url=h.url), subjects=h.subjects).connect()
-    screen = Console(file=io.StringIO(), width=200, record=True, force_terminal=True)
+    screen = Console(file=io.StringIO(), width=200, record=True)
     view = TopView()
     task = asyncio.create_task(run_top(client, screen, min_interval_s=0.2, view=view))
     try:
