@@ -1,5 +1,5 @@
 """`muster top` against a real broker and fake clusters: rich's capture for what it shows, and
-the real command for Ctrl-C."""
+the real command for Ctrl-C on a terminal (a pty) and for its snapshot without one."""
 
 from __future__ import annotations
 
@@ -148,3 +148,22 @@ async def test_top_without_a_terminal_prints_one_snapshot_and_exits(
         assert expected in text, text
     assert "Ctrl-C" not in text + err.decode()
     assert len(text.splitlines()) > 5, text
+
+
+async def test_top_without_a_terminal_or_a_broker_exits_1_saying_so(
+    fresh_nats: EmbeddedNats,
+) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker", "top", "--nats", fresh_nats.url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 1, (out, err)
+    assert b"no broker answers" in err and b"muster broker" in err, err
+    assert b"Traceback" not in err and out == b""
