@@ -126,22 +126,28 @@ async def test_top_command_exits_cleanly_on_ctrl_c(fresh_nats: EmbeddedNats) -> 
         os.close(screen)
 
 
+async def top_piped(url: str) -> tuple[int | None, bytes, bytes]:
+    """`muster top` with its output to pipes, as in `muster top | less`: exit status, out, err."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker", "top", "--nats", url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return proc.returncode, out, err
+
+
 async def test_top_without_a_terminal_prints_one_snapshot_and_exits(
     fresh_nats: EmbeddedNats,
 ) -> None:
     async with broker_on(fresh_nats.url):
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "broker", "top", "--nats", fresh_nats.url,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), 30)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-    assert proc.returncode == 0, err
+        status, out, err = await top_piped(fresh_nats.url)
+    assert status == 0, err
     text = out.decode()
     assert "\x1b[" not in text  # plain text, no terminal control codes
     for expected in ("Clusters", "Queues", "Busiest jobs", "Recent interruptions", "research"):
@@ -153,17 +159,7 @@ async def test_top_without_a_terminal_prints_one_snapshot_and_exits(
 async def test_top_without_a_terminal_or_a_broker_exits_1_saying_so(
     fresh_nats: EmbeddedNats,
 ) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "broker", "top", "--nats", fresh_nats.url,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 30)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 1, (out, err)
+    status, out, err = await top_piped(fresh_nats.url)
+    assert status == 1, (out, err)
     assert b"no broker answers" in err and b"muster broker" in err, err
     assert b"Traceback" not in err and out == b""
