@@ -58,17 +58,20 @@ def register_live(app: typer.Typer) -> None:
         *,
         auth: base.NatsAuth,
     ) -> None:
-        """Live view of clusters, queues, the busiest jobs and recent interruptions."""
-        from broker.top import run_top
+        """Live view of clusters, queues, the busiest jobs and recent interruptions; without a
+        terminal (a pipe, a file), one plain-text snapshot of them."""
+        from broker.top import run_top, snapshot_top
 
         opts = base.nats_options(nats, auth)
 
         async def main() -> None:
             async with MusterClient(opts) as client:
-                console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+                if not sys.stdout.isatty():
+                    await snapshot_top(client, Console(highlight=False, width=200))
+                    return
                 await run_top(
                     client,
-                    console,
+                    Console(highlight=False),
                     min_interval_s=interval,
                     on_ready=lambda: base.err.print("muster top: live (Ctrl-C to quit)"),
                 )

@@ -1,5 +1,8 @@
 """`muster top`: the dashboard's live view in the terminal (rich Live).
 
+Without a terminal (a pipe, a file, a cron job) a live view would print nothing until Ctrl-C, so
+the command prints one plain-text snapshot of the same view and exits.
+
 Driven by the job event subject: the views are refetched when an event arrives (at most once per
 `min_interval_s`) and every few seconds otherwise, so heartbeats and free GPUs stay fresh. Only
 running jobs are listed, never the whole job table.
@@ -58,7 +61,7 @@ class TopView:
         self.events += 1
         self.interruptions.observe(ev)
 
-    def render(self, now: float | None = None) -> RenderableType:
+    def render(self, now: float | None = None, *, live: bool = True) -> RenderableType:
         from broker.render import clusters_table, jobs_table, queues_table
 
         now = time.time() if now is None else now
@@ -66,7 +69,7 @@ class TopView:
             Text.assemble(
                 ("muster top", "bold"),
                 f"  {time.strftime('%H:%M:%S', time.localtime(now))}  events seen: {self.events}"
-                "  (Ctrl-C to quit)",
+                + ("  (Ctrl-C to quit)" if live else "  (snapshot: no terminal)"),
             )
         ]
         if self.error:
@@ -103,6 +106,19 @@ def interruptions_table(items: list[dict[str, Any]], now: float) -> Table:
             "-" if latency is None else f"{latency:.2f}s",
         )
     return table
+
+
+async def snapshot_top(client: MusterClient, console: Console) -> TopView:
+    """The live view's panels once, as plain text, for output that is not a terminal (where a
+    live view would print nothing until Ctrl-C). A broker that does not answer is an error."""
+    from broker.client import MusterError
+
+    view = TopView()
+    await view.refresh(client)
+    if view.error:
+        raise MusterError(view.error)
+    console.print(view.render(live=False))
+    return view
 
 
 async def run_top(

@@ -178,8 +178,12 @@ def trouble_line(t: float, text: str) -> Text:
 # -- summary ---------------------------------------------------------------------------------
 
 
-def summary_table(views: list[dict[str, Any]]) -> Table:
-    """Per job, from `muster.api.get`: every attempt, and what the losses cost."""
+def summary_table(views: list[dict[str, Any]]) -> RenderableType:
+    """Per job, from `muster.api.get`: what the losses cost, then every attempt.
+
+    The attempts are lines under the table, not a column of it: a column as wide as
+    "#2 mixed-central/a100-od, from step 237 → succeeded" left no room at 80 columns for the
+    figures, which rich then cut to `pre-emp…` or dropped."""
     table = Table(
         title="Summary (from muster.api.get)",
         title_justify="left",
@@ -188,33 +192,29 @@ def summary_table(views: list[dict[str, Any]]) -> Table:
         show_edge=False,
     )
     table.add_column("job", no_wrap=True)
-    table.add_column("attempts: cluster/flavor → how it ended", no_wrap=True)
-    table.add_column("pre-\nempted", justify="right")
-    table.add_column("GPU-s\nused", justify="right")
-    table.add_column("GPU-s\nlost", justify="right")
-    table.add_column("good-\nput", justify="right")
-    table.add_column("cost $", justify="right")
+    for header in ("pre-\nempted", "GPU-s\nused", "GPU-s\nlost", "good-\nput", "cost $"):
+        table.add_column(header, justify="right", no_wrap=True)
+    attempts = Text()
     totals = [0.0, 0.0, 0.0]
     for v in views:
         acc = v.get("accounting", {})
-        lines = []
+        state = v.get("state", "?")
+        attempts.append(f"\n{v['job_id']}\n", style=STATE_STYLE.get(state, ""))
         for a in v.get("attempts", []):
             resume = a.get("resume_from_step")
             start = f", from step {resume}" if resume else ""
             end = a.get("end_cause") or ("running" if a.get("ended_at") is None else "?")
-            lines.append(f"#{a['attempt']} {a['cluster']}/{a['flavor']}{start} → {end}")
-        if not lines:
-            lines.append(f"never started ({v.get('state', '?')})")
+            attempts.append(f"  #{a['attempt']} {a['cluster']}/{a['flavor']}{start} → {end}\n")
+        if not v.get("attempts"):
+            attempts.append(f"  never started ({state})\n")
         used = float(acc.get("gpu_seconds_used", 0.0))
         lost = float(acc.get("gpu_seconds_lost", 0.0))
         cost = float(acc.get("cost", 0.0))
         totals[0] += used
         totals[1] += lost
         totals[2] += cost
-        state = v.get("state", "?")
         table.add_row(
             Text(v["job_id"], style=STATE_STYLE.get(state, "")),
-            "\n".join(lines),
             str(acc.get("preemptions", 0)),
             f"{used:,.0f}",
             f"{lost:,.0f}",
@@ -227,10 +227,10 @@ def summary_table(views: list[dict[str, Any]]) -> Table:
     table.add_row(
         Text("all jobs", style="bold"),
         "",
-        "",
         f"{used:,.0f}",
         f"{lost:,.0f}",
         f"{100 * goodput:.1f}%",
         f"{cost:.3f}",
     )
-    return table
+    attempts.rstrip()
+    return Group(table, Text("\nAttempts: cluster/flavor → how each ended", style="bold"), attempts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -16,7 +17,7 @@ import typer
 from typer.testing import CliRunner
 
 from load.cli import bench, programs
-from muster.cli import LOAD_COMMANDS, app
+from muster.cli import LOAD_COMMANDS, SUMMARIES, app
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -216,3 +217,23 @@ def test_listing_the_programs_imports_none_of_them() -> None:
     proc = python("-c", probe)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['load.cli']"
+
+
+@pytest.mark.parametrize("cmd", [("muster",), ("muster", "bench")])
+def test_every_summary_in_help_is_whole_on_one_line_at_80_columns(cmd: tuple[str, ...]) -> None:
+    """The listing's summaries are cut with "..." (or wrapped) when they do not fit 80 columns."""
+    env = {**os.environ, "COLUMNS": "80"}
+    proc = subprocess.run(
+        [sys.executable, "-m", *cmd, "--help"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    listing = proc.stdout.split("Commands:\n")[1].splitlines()
+    listed = [line.split()[0] for line in listing if line.strip()]
+    expected = BENCHES if cmd[1:] == ("bench",) else [*LOAD_COMMANDS, *SUMMARIES]
+    assert set(expected) <= set(listed), listing
+    for line in listing:
+        assert len(line) <= 80, line
+        assert not line.startswith("   "), f"a summary wrapped onto a second line: {line!r}"
+        assert not line.rstrip().endswith("..."), line
+        assert len(line.split()) > 1, f"a command without a summary: {line!r}"

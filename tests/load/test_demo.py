@@ -12,8 +12,9 @@ from load.demo import HARD_CAP_S, DemoOptions, run_demo
 
 
 async def test_fast_demo_shows_checkpointed_recovery() -> None:
+    """At 80 columns, the width of a default terminal, so nothing the summary says is cut."""
     out = io.StringIO()
-    console = Console(file=out, width=120, force_terminal=False)
+    console = Console(file=out, width=80, force_terminal=False)
     started = time.monotonic()
     result = await run_demo(DemoOptions(fast=True, live=False), console)
     elapsed = time.monotonic() - started
@@ -38,6 +39,14 @@ async def test_fast_demo_shows_checkpointed_recovery() -> None:
     assert history[notice.attempt].last_checkpoint_step == second["resume_from_step"]
     assert history[second["attempt"]].started_from_step == second["resume_from_step"]
     assert history[second["attempt"]].end_phase == "succeeded"
+    # The whole summary fits 80 columns: every header word and every attempt line whole.
+    summary = text[text.index("Summary (from muster.api.get)") : text.index("What you just saw")]
+    assert "…" not in summary, summary
+    assert all(len(line) <= 80 for line in summary.splitlines()), summary
+    for header in ("pre-", "empted", "GPU-s", "used", "lost", "good-", "put", "cost $"):
+        assert header in summary.split("─")[0], summary
+    moved = f"#{second['attempt']} {second['cluster']}/{second['flavor']}, from step "
+    assert f"{moved}{second['resume_from_step']} → succeeded" in summary, summary
     # "Work lost" is one measure: the paragraph quotes the attempt's GPU-seconds lost, and the
     # summary row of that job (one preemption) shows the same figure.
     lost = f"{float(first['gpu_seconds_lost']):,.0f}"
