@@ -43,7 +43,7 @@ MetricsAddr = Annotated[
 ]
 
 
-@app.command()
+@app.command(short_help="Run one cluster agent, or each agent of a fleet file.")
 @with_nats_auth
 def agent(
     config: Annotated[
@@ -75,7 +75,7 @@ def agent(
     serve(until_signal(run_fleet(configs, opts, metrics_port, metrics_addr)))
 
 
-@app.command("fence-watchdog")
+@app.command("fence-watchdog", short_help="Delete workloads whose fence lapsed (a hung agent's).")
 def fence_watchdog(
     namespace: Annotated[str, typer.Option("--namespace", help="the workload namespace")] = (
         "muster-workloads"
@@ -125,7 +125,9 @@ def fence_watchdog(
 
 # The same command under the name the demos and load tests use for many fake clusters.
 app.command(
-    "fleet", help="Run many (fake) cluster agents in one process, for demos and load tests."
+    "fleet",
+    help="Run many (fake) cluster agents in one process, for demos and load tests.",
+    short_help="Run many (fake) cluster agents in one process.",
 )(agent)
 
 

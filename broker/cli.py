@@ -495,7 +495,7 @@ def broker(
     )
 
 
-@app.command("store-compact")
+@app.command("store-compact", short_help="Free a full job bucket: drop ended jobs' workloads.")
 @with_nats_auth
 def store_compact(
     nats: NatsUrl = None,
@@ -665,7 +665,7 @@ def _load_config(path: Path | None) -> Any:
         fail(str(exc))
 
 
-@app.command("jobs-backup")
+@app.command("jobs-backup", short_help="Back up every job record to FILE; the broker may run.")
 @with_nats_auth
 def jobs_backup(
     file: Annotated[Path, typer.Argument(help="the backup file to write (JSON lines)")],
@@ -682,7 +682,7 @@ def jobs_backup(
     typer.echo(f"backed up {got.records} job records (bucket sequence {got.last_seq}) to {file}")
 
 
-@app.command("jobs-restore")
+@app.command("jobs-restore", short_help="Restore the job bucket from FILE, with no broker leading.")
 @with_nats_auth
 def jobs_restore(
     file: Annotated[Path, typer.Argument(help="a file written by `muster jobs-backup`")],

@@ -47,7 +47,7 @@ def register_live(app: typer.Typer) -> None:
         except MusterError as exc:
             base.fail(str(exc))
 
-    @app.command()
+    @app.command(short_help="Live view: clusters, queues, busiest jobs, interruptions.")
     @base.with_nats_auth
     def top(
         nats: base.NatsUrl = None,
@@ -78,7 +78,7 @@ def register_live(app: typer.Typer) -> None:
 
         run_until_interrupted(main())
 
-    @app.command()
+    @app.command(short_help="Print a job's container logs, read through its agent.")
     @base.with_nats_auth
     def logs(
         job: Annotated[str, typer.Argument(help="job id")],

@@ -17,21 +17,10 @@ from broker import cli as broker_cli
 
 LOAD_COMMANDS = ("bench", "sim", "vopr", "chaos", "demo", "demo-local")
 
+
 # The listing's one-line summaries of the commands whose docstring's first sentence is longer
 # than an 80-column `muster --help` has room for (58 characters), which click would cut with
 # "...". Each command's own --help still shows its whole docstring.
-SUMMARIES = {
-    "store-compact": "Free a full job bucket: drop ended jobs' workloads.",
-    "jobs-backup": "Back up every job record to FILE; the broker may run.",
-    "jobs-restore": "Restore the job bucket from FILE, with no broker leading.",
-    "top": "Live view: clusters, queues, busiest jobs, interruptions.",
-    "logs": "Print a job's container logs, read through its agent.",
-    "agent": "Run one cluster agent, or each agent of a fleet file.",
-    "fence-watchdog": "Delete workloads whose fence lapsed (a hung agent's).",
-    "fleet": "Run many (fake) cluster agents in one process.",
-}
-
-
 class _Group(typer.core.TyperGroup):
     """The `muster` group: the load commands come from load/cli.py on first use."""
 
@@ -42,10 +31,7 @@ class _Group(typer.core.TyperGroup):
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name not in LOAD_COMMANDS:
-            command = super().get_command(ctx, cmd_name)
-            if command is not None and cmd_name in SUMMARIES:
-                command.short_help = SUMMARIES[cmd_name]
-            return command
+            return super().get_command(ctx, cmd_name)
         from load import cli as load_cli
 
         if cmd_name == "bench":

@@ -17,7 +17,7 @@ import typer
 from typer.testing import CliRunner
 
 from load.cli import bench, programs
-from muster.cli import LOAD_COMMANDS, SUMMARIES, app
+from muster.cli import LOAD_COMMANDS, app
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -230,7 +230,10 @@ def test_every_summary_in_help_is_whole_on_one_line_at_80_columns(cmd: tuple[str
     assert proc.returncode == 0, proc.stderr
     listing = proc.stdout.split("Commands:\n")[1].splitlines()
     listed = [line.split()[0] for line in listing if line.strip()]
-    expected = BENCHES if cmd[1:] == ("bench",) else [*LOAD_COMMANDS, *SUMMARIES]
+    # the commands whose docstrings are too long for a listing: each has its own short_help
+    long_docs = ("store-compact", "jobs-backup", "jobs-restore", "top", "logs", "agent")
+    long_docs += ("fence-watchdog",)
+    expected = BENCHES if cmd[1:] == ("bench",) else [*LOAD_COMMANDS, *long_docs, "fleet"]
     assert set(expected) <= set(listed), listing
     for line in listing:
         assert len(line) <= 80, line
