@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 import logging
 import statistics
 import time
-from pathlib import Path
 from typing import Annotated, Any, cast
 
 import msgspec
@@ -39,6 +37,7 @@ from agents.kube.backend import KubeBackend
 from agents.kube.config import convert_kube_config
 from agents.runtime import AgentRuntime
 from load.command import Count, JsonOut, Options, program, summary
+from load.common import emit
 from schemas.agent import Applied, Dispatch
 from schemas.job import JobSpec
 
@@ -175,9 +174,7 @@ def run_bench(args: Options) -> dict[str, Any]:
         for key in ("writes_per_min", "ack_latency_p50_s", "ack_latency_max_s")
     }
     result |= {"attempts": args.attempts, "runs": results}
-    print("RESULT " + json.dumps(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    emit(result, args.json)
     return result
 
 

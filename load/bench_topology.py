@@ -23,11 +23,9 @@ line; keep the fleet small on a shared machine (the defaults run in seconds).
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -35,6 +33,7 @@ import typer
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, Placement
 from load.command import Count, JsonOut, Options, program, summary
+from load.common import emit
 from load.traces import default_traces_dir, gang_demands, philly_gang_sizes
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.config import BrokerConfig, QueueConfig, SchedulingConfig
@@ -212,10 +211,7 @@ def run_bench(args: Options) -> dict[str, Any]:
         )
         result[mode] = {k: round(v, 4) for k, v in med.items()}
         result[mode]["within_block_runs"] = [round(r["within_block"], 4) for r in runs[mode]]
-    line = json.dumps(result, sort_keys=True)
-    print("RESULT " + line)
-    if args.json:
-        Path(args.json).write_text(line + "\n")
+    emit(result, args.json)
     return result
 
 
