@@ -8,7 +8,8 @@ A renewal can still come late (a long synchronous restore, a starved event loop)
 key aged out. The leader then recreates it, keeping its epoch, but only when the recreated
 revision directly follows its own last one: then no other broker wrote the key in between, so
 none led, and the epoch agents fence on is still the newest ever issued. Any gap in the
-revisions means another broker may have led, and the leader steps down.
+revisions means another broker may have led, and the leader steps down. Revision 1 is no gap:
+it is the first write to a bucket that was lost with its server, so ours is the first since.
 
 A full JetStream server store refuses every write to a file-backed stream, the lease bucket's
 included (nats-server checks the server's total use, not the stream's reservation). No other
@@ -171,6 +172,16 @@ class LeaderLease:
             revision = await kv.update(KEY, value, last=0)
         except KeyWrongLastSequenceError:
             return False  # another broker holds it, or released it: it led after us
+        if revision == 1 and self._revision > 1:
+            # Revision 1 is the first message of a new stream: the bucket itself was lost (an
+            # R1 server came back without its store) and ours is the first write since, so no
+            # other broker led in between. Keep leading: our records are the ones to write back.
+            self.recreated += 1
+            log.warning(
+                "lease.bucket_lost", holder=self.holder, epoch=self.epoch, last=self._revision
+            )
+            self._revision = revision
+            return True
         if revision != self._revision + 1:
             # We hold the key again but someone wrote it in between; our state may be stale.
             # Keep the key (a standby round reclaims its own lease at once) and step down.

@@ -43,6 +43,7 @@ ACK_TIMEOUT_S = 10.0  # a put not acknowledged by then is an error: the caller r
 _NO_RESPONDERS = "503"
 _SEQ = b'"seq":'
 REPERSIST_CHUNK = 1000
+REBUILD_AFTER = 5  # write-backs in a row a listed stream leaves unanswered before it is rebuilt
 
 
 def placement_of(replication: Replication) -> api.Placement | None:
@@ -99,6 +100,11 @@ async def reconcile_replication(
 
 class StoreError(Exception):
     """JetStream refused or did not acknowledge a record."""
+
+
+class StreamUnanswered(StoreError):
+    """The bucket's stream exists but nobody serves its subjects (NATS answered "no
+    responders"): its server lost the stream's state and has not brought it back."""
 
 
 class NewerRecords(RuntimeError):
@@ -295,7 +301,9 @@ class JobStore:
         if acks is None or acks.future.done():
             return
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
-            acks.future.set_exception(StoreError(f"no stream answers for bucket {self.bucket}"))
+            acks.future.set_exception(
+                StreamUnanswered(f"no stream answers for bucket {self.bucket}")
+            )
             return
         if b'"error"' in msg.data:
             try:
@@ -362,51 +370,89 @@ class BucketWatch:
         self.records = records
         self.losses = 0  # times a loss was found (a metric)
         self.repersisted = 0  # records written back
+        # A loss found whose write-back has not completed yet (the recreated stream may have
+        # no leader for a few seconds): the next check writes everything back again.
+        self.owed = False
+        self.unanswered = 0  # write-backs in a row the recreated stream did not answer
+        self.rebuilt = 0  # times the bucket was deleted and created again (a metric)
 
     async def check(self) -> bool:
-        """True when a loss was found (and repaired)."""
+        """True when a loss was repaired. A write-back that fails (raises) is owed and tried
+        again at the next check."""
         store = self.store
-        reason = ""
-        # Read before asking: what was acknowledged by now is in the stream it describes.
-        acked = store.acked_seq
-        if store.regressed:
-            reason = "an acknowledgement's sequence went backwards"
-        else:
-            try:
-                info = await store.js.stream_info(store.stream)
-            except NotFoundError:
-                reason = "the bucket's stream is gone"
-                await JobStore.open(
-                    store.js,
-                    store.bucket,
-                    store.replication,
-                    max_bytes=store.max_bytes,
-                    max_value_size=store.max_value_size,
-                )
-            else:
-                if info.state.last_seq < acked:
-                    reason = (
-                        f"the stream's last sequence {info.state.last_seq} is below the "
-                        f"acknowledged {acked}"
-                    )
-        if not reason:
-            return False
-        self.losses += 1
+        if not self.owed:
+            reason = await self._loss()
+            if not reason:
+                return False
+            self.losses += 1
+            log.error(
+                "store.records_lost",
+                bucket=store.bucket,
+                reason=reason,
+                records=len(list(self.records())),
+                hint="a NATS server lost its JetStream store under a bucket with too few "
+                "replicas; writing every record held in memory back. "
+                "Set replication.replicas: 3",
+            )
+            store.acked_seq, store.regressed = 0, False
+            self.owed = True
         records = list(self.records())
-        log.error(
-            "store.records_lost",
-            bucket=store.bucket,
-            reason=reason,
-            records=len(records),
-            hint="a NATS server lost its JetStream store under a bucket with too few "
-            "replicas; writing every record held in memory back. Set replication.replicas: 3",
-        )
-        store.acked_seq, store.regressed = 0, False
-        for at in range(0, len(records), REPERSIST_CHUNK):
-            await store.put_many(records[at : at + REPERSIST_CHUNK])
+        try:
+            for at in range(0, len(records), REPERSIST_CHUNK):
+                await store.put_many(records[at : at + REPERSIST_CHUNK])
+        except StreamUnanswered:
+            self.unanswered += 1
+            if self.unanswered >= REBUILD_AFTER:
+                await self._rebuild()
+            raise
+        self.owed, self.unanswered = False, 0
         self.repersisted += len(records)
         log.warning("store.records_repersisted", bucket=store.bucket, records=len(records))
         return True
+
+    async def _rebuild(self) -> None:
+        """Delete the bucket's stream and create it again. A server that came back without
+        its store can keep an R1 stream listed (empty) yet unserved for minutes; nothing in
+        it is worth keeping, since the leader, the only writer, writes every record back."""
+        store = self.store
+        log.error(
+            "store.bucket_rebuilt",
+            bucket=store.bucket,
+            unanswered=self.unanswered,
+            why="the bucket's stream lost its records and has not answered since",
+        )
+        self.rebuilt += 1
+        self.unanswered = 0
+        with contextlib.suppress(NotFoundError):
+            await store.js.delete_stream(store.stream)
+        await self._reopen()
+
+    async def _reopen(self) -> None:
+        store = self.store
+        await JobStore.open(
+            store.js,
+            store.bucket,
+            store.replication,
+            max_bytes=store.max_bytes,
+            max_value_size=store.max_value_size,
+        )
+
+    async def _loss(self) -> str:
+        """Why the bucket lost acknowledged records, or "" when it did not."""
+        store = self.store
+        # Read before asking: what was acknowledged by now is in the stream it describes.
+        acked = store.acked_seq
+        if store.regressed:
+            return "an acknowledgement's sequence went backwards"
+        try:
+            info = await store.js.stream_info(store.stream)
+        except NotFoundError:
+            await self._reopen()
+            return "the bucket's stream is gone"
+        if info.state.last_seq < acked:
+            last = info.state.last_seq
+            return f"the stream's last sequence {last} is below the acknowledged {acked}"
+        return ""
 
 
 class RecordMirror:

@@ -152,3 +152,35 @@ async def test_a_late_renewal_steps_down_when_a_newer_lease_also_expired(nc: Cli
     # epoch above the other broker's.
     assert await lease.try_acquire()
     assert lease.epoch > other.epoch
+
+
+async def test_a_lease_bucket_lost_with_its_server_is_taken_back_by_its_leader(nc: Client) -> None:
+    """An R1 server came back without its store: the lease bucket is empty and its sequence
+    starts again at 1. The leader's write is the first since, so nobody else led: it keeps
+    leading with its epoch. Any write before it would show as a gap and make it step down."""
+    js = nc.jetstream()
+    bucket = _bucket()
+    lease = LeaderLease(js, bucket, "broker-1", ttl=30.0)
+    assert await lease.try_acquire()
+    for _ in range(3):
+        await lease.renew()
+    epoch = lease.epoch
+
+    async def lose_bucket() -> None:
+        await js.delete_key_value(bucket)
+        await js.create_key_value(bucket=bucket, history=1, ttl=30.0)
+
+    await lose_bucket()
+    await lease.renew()
+    assert (lease.epoch, lease.recreated) == (epoch, 1)
+    assert await lease.current() == "broker-1"
+    for _ in range(3):
+        await lease.renew()  # and the next renewals are ordinary ones
+
+    # Lost again, and this time another broker wrote the key first (then released it).
+    await lose_bucket()
+    other = LeaderLease(js, bucket, "broker-2", ttl=30.0)
+    assert await other.try_acquire()
+    await other.release()
+    with pytest.raises(LeadershipLost):
+        await lease.renew()
