@@ -18,9 +18,6 @@ from broker import cli as broker_cli
 LOAD_COMMANDS = ("bench", "sim", "vopr", "chaos", "demo", "demo-local")
 
 
-# The listing's one-line summaries of the commands whose docstring's first sentence is longer
-# than an 80-column `muster --help` has room for (58 characters), which click would cut with
-# "...". Each command's own --help still shows its whole docstring.
 class _Group(typer.core.TyperGroup):
     """The `muster` group: the load commands come from load/cli.py on first use."""
 
