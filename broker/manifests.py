@@ -506,6 +506,20 @@ def jobspec_from_manifest(
         raise ManifestError(f"the derived JobSpec is invalid: {_readable(exc)}") from None
 
 
+def with_manifest_checked(spec: JobSpec) -> JobSpec:
+    """A JobSpec whose `workload.manifest` is checked as strictly as a manifest sent on its
+    own (kind, fields against the kind's schema, pod safety, limits), so a bad one is refused
+    at submission rather than by the API server at dispatch. A spec naming no `gang` gets the
+    manifest's. Raises ManifestError naming the field path."""
+    manifest = spec.workload.manifest
+    if manifest is None:
+        return spec
+    derived = jobspec_from_manifest(manifest, queue=spec.queue)
+    if spec.gang:
+        return spec
+    return msgspec.structs.replace(spec, gang=derived.gang)
+
+
 def _readable(exc: msgspec.ValidationError) -> str:
     """msgspec's "Expected ... - at `$.gang[0].gpu`" as "gang[0].gpu: Expected ...", with
     "did you mean" for a misspelt JobSpec field."""
@@ -596,9 +610,7 @@ def load_job_document(
                 spec = msgspec.convert(doc, JobSpec)
             except msgspec.ValidationError as exc:
                 raise JobDocumentError(f"invalid JobSpec: {_readable(exc)}") from None
-            if not spec.gang and spec.workload.manifest is not None:
-                derived = jobspec_from_manifest(spec.workload.manifest, queue=spec.queue)
-                spec = msgspec.structs.replace(spec, gang=derived.gang)
+            spec = with_manifest_checked(spec)
             if queue is not None:
                 spec = msgspec.structs.replace(spec, queue=_check_queue(queue, "queue"))
         if job_id is not None:

@@ -223,7 +223,15 @@ def parse_submission(data: bytes, limit: int, queue: str | None) -> JobSpec:
                 return jobspec_from_manifest(obj, queue=queue)
             except ManifestError as exc:
                 raise DecodeError(f"invalid manifest: {exc}") from None
-    return decode_jobspec(data, limit)
+    spec = decode_jobspec(data, limit)
+    if spec.workload.manifest is None:
+        return spec
+    from broker.manifests import ManifestError, with_manifest_checked
+
+    try:
+        return with_manifest_checked(spec)
+    except ManifestError as exc:
+        raise DecodeError(f"invalid workload.manifest: {exc}") from None
 
 
 class _NamedJob(msgspec.Struct):

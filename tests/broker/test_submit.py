@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from schemas.agent import Dispatch, WorkloadStatus
+from schemas.job import PodSet
 from shell.natsio import flush
 from tests.broker.conftest import Harness
 from tests.broker.wire import next_item
@@ -13,6 +16,25 @@ from tests.broker.wire import next_item
 
 def job(name: str, replicas: int = 2, gpu: int = 4, **extra: Any) -> dict[str, Any]:
     return {"name": name, "gang": [{"name": "worker", "replicas": replicas, "gpu": gpu}], **extra}
+
+
+def pytorchjob(name: str, **container: Any) -> dict[str, Any]:
+    """A one-master PyTorchJob asking for 8 GPUs; `container` adds fields to its container."""
+    limits = {"nvidia.com/gpu": 8}
+    pod = {"containers": [{"name": "pytorch", "image": "t:1", "resources": {"limits": limits}}]}
+    pod["containers"][0].update(container)
+    master = {"replicas": 1, "template": {"spec": pod}}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {"pytorchReplicaSpecs": {"Master": master}},
+    }
+
+
+def carrying(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A JobSpec that names no gang and carries a manifest to derive it from."""
+    return {"name": "carried", "workload": {"kind": "manifest", "manifest": manifest}}
 
 
 async def test_plain_json_submit_reply_and_lifecycle_events(harness: Harness) -> None:
@@ -50,6 +72,18 @@ async def test_bad_input_is_answered_and_changes_nothing(harness: Harness) -> No
         (job("huge", replicas=1, gpu=16), "default", "never be placed"),
         (job("many", replicas=9, gpu=8), "default", "never be placed"),
         (b"[]", "default", "object"),
+        # A manifest inside a JobSpec is checked as strictly as one sent on its own.
+        (carrying(pytorchjob("typo", imagePullPolicyy="Always")), "default", "imagePullPolicyy"),
+        (
+            carrying(pytorchjob("priv", securityContext={"privileged": True})),
+            "default",
+            "privileged",
+        ),
+        (
+            carrying({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}),
+            "default",
+            "Secret",
+        ),
     ]
     for payload, queue, needle in cases:
         reply = await harness.submit(payload, queue=queue)
@@ -59,6 +93,11 @@ async def test_bad_input_is_answered_and_changes_nothing(harness: Harness) -> No
     assert listed["ok"] and listed["result"] == []
     good = await harness.submit(job("fine"))
     assert good.accepted
+    carried = await harness.submit(carrying(pytorchjob("ok")))
+    assert carried.accepted, carried.error
+    got = await harness.api("get", {"job_id": carried.job_id})
+    gang = msgspec.convert(got["result"]["spec"]["gang"], list[PodSet])
+    assert [(p.name, p.replicas, p.gpu) for p in gang] == [("master", 1, 8)]
 
 
 async def test_duplicate_job_id_is_acknowledged_never_run_twice(harness: Harness) -> None:
