@@ -1,52 +1,21 @@
-"""What every test folder shares: waiting for a condition instead of sleeping."""
+"""What every test folder shares: waiting for a condition instead of sleeping (`wait_for`
+lives in `load/waiting.py`, which the load programs share), free ports, TCP helpers."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import socket
 import struct
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TypeVar
 
+from load.waiting import POLL_S, wait_for
+
+__all__ = ["POLL_S", "wait_for"]
+
 T = TypeVar("T")
-
-POLL_S = 0.01  # how often a condition is looked at when nothing signals a change
-
-
-async def wait_for(
-    condition: Callable[[], T | None] | Callable[[], Awaitable[T | None]],
-    timeout: float = 5.0,
-    *,
-    changed: asyncio.Event | None = None,
-    what: str = "",
-    interval: float = POLL_S,
-) -> T:
-    """Return the condition's first truthy value (awaited when it is a coroutine), looking
-    again whenever `changed` is set (or every `interval`); fail the test after `timeout` seconds,
-    naming `what` was awaited."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        got = condition()
-        if inspect.isawaitable(got):
-            got = await got
-        if got:
-            return got
-        left = deadline - loop.time()
-        if left <= 0:
-            raise AssertionError(f"{what or 'condition'} not met within {timeout}s")
-        if changed is None:
-            await asyncio.sleep(min(left, interval))
-            continue
-        changed.clear()
-        try:
-            async with asyncio.timeout(min(left, 0.05)):
-                await changed.wait()
-        except TimeoutError:
-            pass
 
 
 async def listening(port: int, timeout: float = 10.0) -> None:

@@ -29,6 +29,7 @@ BENCHES = [
     "flood",
     "ingest",
     "kube-agent",
+    "nats-failover",
     "scale",
     "spot",
     "ui",

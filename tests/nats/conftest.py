@@ -1,4 +1,4 @@
-"""A three-server NATS cluster per test (tests/nats/cluster.py), and the one-server world."""
+"""A three-server NATS cluster per test (load/natscluster.py), and the one-server world."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 
-from tests.nats.cluster import NatsCluster
+from load.natscluster import NatsCluster
 from tests.world import world  # noqa: F401  (fixture re-export: a broker and fake fleet)
 
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from broker.service import Broker
+from load.natscluster import NatsCluster
 from schemas.config import Replication
-from tests.nats.cluster import NatsCluster
 from tests.nats.world import ClusterWorld, cluster_world, connect
 from tests.support import wait_for
 

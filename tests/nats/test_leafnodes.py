@@ -21,8 +21,8 @@ from nats.aio.client import Client
 from agents.fleet import Fleet, start_fake_fleet
 from broker.embedded import free_port, nats_server_binary
 from broker.natsconfig import leaf_user, render, render_leafnode, render_leafnode_listener
+from load.natscluster import NatsCluster
 from schemas.config import Replication
-from tests.nats.cluster import NatsCluster
 from tests.nats.proxy import Link
 from tests.nats.world import ClusterWorld, cluster_config, cluster_world, fake_agent
 from tests.support import listening, wait_for

@@ -8,9 +8,9 @@ import msgspec
 from nats.js import api
 
 from broker.store import JobStore
+from load.natscluster import NatsCluster
 from schemas.config import Replication
 from schemas.subjects import Subjects
-from tests.nats.cluster import NatsCluster
 from tests.nats.world import cluster_world
 from tests.support import wait_for
 

@@ -19,11 +19,11 @@ from nats.aio.client import Client
 from agents.config import AgentConfig, FakeClusterConfig
 from agents.fleet import Fleet, start_fake_fleet
 from broker.service import Broker
+from load.natscluster import NatsCluster
 from schemas.codec import decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, Replication
 from schemas.subjects import Subjects
 from tests.broker.conftest import broker_config
-from tests.nats.cluster import NatsCluster
 from tests.support import wait_for
 from tests.world import TIME_SCALE, flavor, sim_job
 

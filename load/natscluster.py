@@ -20,10 +20,10 @@ from typing import Any
 from nats.js.client import JetStreamContext
 
 from broker.embedded import free_port, nats_server_binary
+from load.waiting import wait_for
 from schemas.natsopts import NatsOptions
-from tests.support import wait_for
 
-CLUSTER_NAME = "muster-test"
+CLUSTER_NAME = "muster-local"
 
 
 class ClusterServer:
@@ -164,7 +164,7 @@ class NatsCluster:
         async def check() -> bool:
             return await asyncio.to_thread(agreed)
 
-        await wait_for(check, timeout, what="the NATS cluster to be healthy", interval=0.1)
+        _ = await wait_for(check, timeout, what="the NATS cluster to be healthy", interval=0.1)
 
     def _meta_leader_of(self, server: ClusterServer) -> str | None:
         jsz = server.monitor("/jsz")
@@ -212,7 +212,7 @@ class NatsCluster:
             peers = cluster.replicas or []
             return len(peers) == size - 1 and all(p.current and not p.offline for p in peers)
 
-        await wait_for(current, 30, what=f"stream {stream} with {size} current replicas")
+        _ = await wait_for(current, 30, what=f"stream {stream} with {size} current replicas")
 
     def cleanup(self) -> None:
         for s in self.servers:
