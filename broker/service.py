@@ -995,14 +995,18 @@ class Broker:
             machine = self.machine
             assert machine is not None
             effects: list[Effect] = []
+            known = False  # a copy of a job already submitted, maybe not persisted yet
             for msg in msgs:
                 reply, more, term = await self._submit_guarded(machine, msg, limit)
                 effects.extend(more)
+                known = known or (reply.accepted and reply.duplicate)
                 replies.append((msg, encode_json(reply), term))
             # One entry for the whole batch: the pipeline keeps effects in order either way.
             # A batch that changed nothing (all refused, e.g. storage full) is answered at
-            # once: it must not wait behind records the store cannot take.
-            persisted = self._push(effects, wait=True) if effects else None
+            # once: it must not wait behind records the store cannot take. A copy of a known
+            # job (a redelivery, a retry under another id) waits for the records ahead of it:
+            # acking it before its job's record is durable could lose the job in a crash.
+            persisted = self._push(effects, wait=True) if effects or known else None
             self._wake.set()
             self._spawn(self._ack_submissions(persisted, replies, inflight))
 

@@ -3,15 +3,20 @@ nats-py clients (no Muster client code)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
+from nats.aio.msg import Msg
 
+from broker.store import JobStore
 from schemas.agent import Dispatch, WorkloadStatus
+from schemas.codec import decode_submit_reply, encode_json
 from schemas.job import PodSet
 from shell.natsio import flush
 from tests.broker.conftest import Harness
 from tests.broker.wire import next_item
+from tests.support import wait_for
 
 
 def job(name: str, replicas: int = 2, gpu: int = 4, **extra: Any) -> dict[str, Any]:
@@ -172,3 +177,41 @@ async def test_prometheus_metrics_follow_the_broker(harness: Harness) -> None:
     assert 'muster_jobs{state="running"} 1.0' in text
     assert 'muster_clusters{health="healthy"} 1.0' in text
     assert "muster_leader 1.0" in text
+
+
+async def test_a_copy_of_a_known_job_is_acked_only_once_the_job_is_durable(
+    harness: Harness,
+) -> None:
+    """A second copy of a job in the submission stream (a retry under another request id, or
+    a redelivery) is acked, and so leaves the stream, only after the job's record is in the
+    bucket: acked earlier, a crash would lose the job. The bucket is away for a while here."""
+    broker = await harness.start_broker()
+    js = harness.nc.jetstream()
+    store = JobStore(js, harness.subjects.jobs_bucket)
+    await js.delete_stream(f"KV_{harness.subjects.jobs_bucket}")  # writes retry until it is back
+    durable_at_ack: list[bool] = []
+
+    async def on_ack(msg: Msg) -> None:  # every ack the broker sends for a submission
+        if msg.data in (b"", b"+ACK"):  # an empty body is an ack too
+            try:
+                ids = {r.job_id for r in await store.load_all(5)}
+            except Exception:
+                ids = set()
+            durable_at_ack.append("copied" in ids)
+
+    await harness.nc.subscribe(f"$JS.ACK.{harness.subjects.submit_stream}.>", cb=on_ack)
+    data = encode_json(job("copied", job_id="copied"))
+    subject = harness.subjects.submit("default")
+
+    def send(msg_id: str) -> asyncio.Task[Msg]:
+        headers = {"Nats-Msg-Id": msg_id}
+        return asyncio.create_task(harness.nc.request(subject, data, timeout=30, headers=headers))
+
+    replies = [send("first")]
+    await wait_for(lambda: broker.stats["submitted"] >= 1, 10, what="the first copy taken in")
+    replies.append(send("second"))  # another batch: nothing of its own to persist
+    await wait_for(lambda: broker.stats["submitted"] >= 2, 10, what="the second copy taken in")
+    for task in replies:
+        assert decode_submit_reply((await task).data).accepted
+    await wait_for(lambda: len(durable_at_ack) >= 2, 30, what="both copies acked")
+    assert durable_at_ack == [True, True]
