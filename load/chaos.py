@@ -14,12 +14,18 @@ at the end. Everything binds 127.0.0.1; counts and time are bounded.
     python -m load.chaos --jobs 60 --seed 1            # about two minutes
     python -m load.chaos --jobs 1000 --faults 40 --duration-s 900   # the long form
     python -m load.chaos --jobs 40 --long-outages 4 --duration-s 900  # outages of minutes
+    python -m load.chaos --nats-cluster --seed 1     # three nats-servers, R3 streams
 
 With `--long-outages N` the broker runs with fence windows of minutes (re-dispatch after
 300 s of silence, a 240 s fence) and N outages of 60 s to `--long-outage-s` (an agent frozen
 or partitioned, the broker or nats-server down) strike among the other faults; jobs run for
 minutes. Every outage is shorter than the fence, so no attempt may end by its fence
 ("nothing healthy fenced"); the result always counts the attempts a fence ended.
+
+With `--nats-cluster` NATS is three servers (`load/natscluster.py`) and every stream R3: the
+`nats` fault kills one member at random with SIGKILL, and one time in three wipes its store
+before the restart (a lost volume, which R3 must survive), as the `nats-wipe` count shows. The
+full-store fault is left out there: each member's store is bounded at 1 GB.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import typer
 from broker.embedded import EmbeddedNats, nats_server_binary
 from load.command import program, summary
 from load.common import BrokerProcess
+from load.natscluster import NatsCluster
 from schemas.agent import (
     ClusterSnapshot,
     CommandAck,
@@ -63,6 +70,7 @@ from schemas.config import (
     FlavorQuota,
     Limits,
     QueueConfig,
+    Replication,
     ResourceQuota,
     SchedulingConfig,
     Timeouts,
@@ -159,6 +167,14 @@ class AgentProc:
 # ---------------------------------------------------------------------------- agent side
 
 
+async def connect(url: str, **options: Any) -> Any:
+    """A connection to one server, or to every member of a cluster (`url` comma-separated),
+    reconnecting for ever."""
+    return await nats.connect(
+        servers=url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2, **options
+    )
+
+
 async def _agent_main(cluster: str, url: str, records: Path, seed: int) -> None:
     """A fake cluster behind the real agent runtime, plus signal hooks for the soak:
     SIGUSR1 toggles a partition, SIGUSR2 gives a spot notice to a busy spot node."""
@@ -185,9 +201,7 @@ async def _agent_main(cluster: str, url: str, records: Path, seed: int) -> None:
         if "fleet" in holder:
             await holder["fleet"].on_reconnected()
 
-    nc = await nats.connect(
-        url, reconnected_cb=reconnected, max_reconnect_attempts=-1, reconnect_time_wait=0.2
-    )
+    nc = await connect(url, reconnected_cb=reconnected)
     fleet = await start_fleet(nc, [cfg])
     holder["fleet"] = fleet
     fake = fleet[cluster]
@@ -247,8 +261,8 @@ def _nodes_of(fake: Any, job_id: str, attempt: int) -> list[str]:
 # ---------------------------------------------------------------------------- the soak
 
 
-def soak_config(long_windows: bool = False) -> BrokerConfig:
-    config = _soak_config()
+def soak_config(long_windows: bool = False, replicas: int = 1) -> BrokerConfig:
+    config = msgspec.structs.replace(_soak_config(), replication=Replication(replicas=replicas))
     if long_windows:
         timeouts = msgspec.structs.replace(
             config.timeouts, lost_after_s=LONG_LOST_AFTER_S, fence_lead_s=LONG_FENCE_LEAD_S
@@ -327,6 +341,7 @@ class Soak:
     verbose: bool = False
     long_outages: int = 0  # outages of minutes, each shorter than the fence window
     long_outage_s: float = 120.0
+    nats_cluster: bool = False  # three servers and R3 streams instead of one server
     out: dict[str, Any] = field(default_factory=dict)
 
     def say(self, *parts: object) -> None:
@@ -339,10 +354,19 @@ class Soak:
         self.rng = rng
         tmp = tempfile.TemporaryDirectory(prefix="muster-chaos-")
         work = Path(tmp.name)
-        self.nats = NatsProc(store_dir=work / "js")
-        self.nats.start_sync()
-        url = self.nats.url
-        self.broker = BrokerProcess(url, soak_config(self.long_outages > 0), state_dir=work)
+        self.nats: NatsProc | None = None
+        self.cluster: NatsCluster | None = None
+        if self.nats_cluster:
+            self.cluster = NatsCluster()
+            self.cluster.start_all()
+            await self.cluster.ready()
+            url = self.cluster.url
+        else:
+            self.nats = NatsProc(store_dir=work / "js")
+            self.nats.start_sync()
+            url = self.nats.url
+        config = soak_config(self.long_outages > 0, replicas=3 if self.nats_cluster else 1)
+        self.broker = BrokerProcess(url, config, state_dir=work)
         self.agents: dict[str, AgentProc] = {}
         self.stats: Counter[str] = Counter()
         self.subjects = Subjects(prefix=PREFIX)
@@ -351,9 +375,7 @@ class Soak:
         t0 = time.monotonic()
         try:
             self.broker.start()
-            self.nc = await nats.connect(
-                url, max_reconnect_attempts=-1, reconnect_time_wait=0.2, allow_reconnect=True
-            )
+            self.nc = await connect(url)
             await self.broker.wait_leading(self.nc)
             self.say("broker leading")
             await self.nc.subscribe(f"{PREFIX}.events.job.>", cb=self._on_event)
@@ -385,7 +407,10 @@ class Soak:
             self.broker.cleanup()
             with contextlib.suppress(Exception):
                 await self.nc.close()
-            self.nats.cleanup()
+            if self.nats is not None:
+                self.nats.cleanup()
+            if self.cluster is not None:
+                self.cluster.cleanup()
             tmp.cleanup()
         self.out["wall_s"] = round(time.monotonic() - t0, 1)
         return self.out
@@ -468,9 +493,25 @@ class Soak:
         self.broker.start()
 
     async def _fault_nats(self, down_s: float | None = None) -> None:
+        if self.cluster is not None:
+            await self._fault_nats_member(down_s)
+            return
+        assert self.nats is not None
         self.nats.kill()
         await asyncio.sleep(down_s or self.rng.uniform(0.2, 3.0))
         self.nats.start_sync()
+
+    async def _fault_nats_member(self, down_s: float | None) -> None:
+        """One member killed, sometimes with its store lost; back once the rest is healthy."""
+        assert self.cluster is not None
+        member = self.rng.choice(self.cluster.servers)
+        member.kill9()
+        if self.rng.random() < 1 / 3:
+            member.wipe()
+            self.stats["nats-wipe"] += 1
+        await asyncio.sleep(down_s or self.rng.uniform(0.2, 3.0))
+        self.cluster.start(member.name)
+        await self.cluster.ready(timeout=60)
 
     async def _fault_freeze(self, down_s: float | None = None) -> None:
         agent = self.agents[self.rng.choice(sorted(self.agents))]
@@ -832,12 +873,15 @@ def chaos(
     only: Annotated[
         str, typer.Option(help=f"fault kinds: {','.join(FAULTS + HOSTILE)}")
     ] = ",".join(FAULTS),
+    nats_cluster: Annotated[
+        bool, typer.Option("--nats-cluster", help="three nats-servers and R3 streams")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     verbose: Annotated[bool, typer.Option("--verbose")] = False,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    kinds = tuple(k for k in only.split(",") if k)
+    kinds = tuple(k for k in only.split(",") if k and not (nats_cluster and k == "store-full"))
     bad = [k for k in kinds if k not in FAULTS + HOSTILE]
     if bad:
         raise typer.BadParameter(
@@ -853,6 +897,7 @@ def chaos(
         verbose=verbose,
         long_outages=long_outages,
         long_outage_s=long_outage_s,
+        nats_cluster=nats_cluster,
     )
     res = asyncio.run(_cancel_on_sigterm(soak.run()))
     if as_json:
