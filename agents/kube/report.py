@@ -94,7 +94,13 @@ class ReportServer:
         """Listen; the base URL pods are to use (the configured one, else the bound one)."""
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_post(REPORT_PATH, self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            keepalive_timeout=self.config.timeout_s,  # idle connections do not pile up
+        )
         await runner.setup()
         site = web.TCPSite(runner, self.config.listen_host, self.config.listen_port)
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 from typing import Any
 
 import aiohttp
@@ -156,6 +157,37 @@ async def test_a_taken_port_leaves_the_agent_running_without_the_endpoint(
     )
     assert second.report_url is None
     await second.dispatch(gang_dispatch("job-2", 1))  # pods then get no MUSTER_REPORT_URL
+
+
+async def test_a_body_that_never_arrives_gets_408_and_garbage_stops_nothing(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    backend, rec = await make_backend(
+        report={"listen_host": "127.0.0.1", "listen_port": 0, "url": "", "timeout_s": 0.3}
+    )
+    await backend.dispatch(
+        msgspec.structs.replace(gang_dispatch("job-1", 1), checkpoint_token=TOKEN)
+    )
+    assert backend.report_server is not None
+    port = backend.report_server.port
+
+    async def exchange(data: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(data)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(4096), 5)
+        writer.close()
+        return answer
+
+    slow = b"POST /v1/checkpoint HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n{"
+    assert (await exchange(slow)).startswith(b"HTTP/1.1 408")
+    junk = [b"\x00\xff" * 64 + b"\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n", b"POST /v1/checkpoint\r\n"]
+    for data in junk:
+        answer = await exchange(data)
+        assert answer == b"" or re.match(rb"HTTP/1\.[01] 4\d\d ", answer), answer  # refused
+    assert backend.report_url is not None
+    assert (await _post(backend.report_url, _report()))[0] == 200
+    await rec.wait_for(lambda: rec.of(CheckpointReport))
 
 
 def test_the_shipped_default_is_the_service_on_its_port() -> None:
