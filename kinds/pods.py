@@ -293,6 +293,7 @@ def prepare_template(
         ANN_LEADER: "true" if leader else "false",
     }
     reporting = report_env(cmd, policy)
+    meta["annotations"].pop(ANN_TOKEN_DIGEST, None)  # only the agent's own value counts
     if reporting:
         meta["annotations"][ANN_TOKEN_DIGEST] = token_digest(cmd.checkpoint_token)
     spec = ensure(template, "spec")

@@ -8,20 +8,33 @@ import asyncio
 import copy
 import json
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import msgspec
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents import sdk
 from agents.kube.backend import KubeBackend
+from agents.kube.config import build_workload
 from agents.kube.report import REPORT_PATH, Refused, ReportBody, decode_report
 from kinds.base import ANN_CHECKPOINT, ANN_TOKEN_DIGEST
+from kinds.pods import token_digest
 from schemas.agent import CheckpointReport
-from tests.kube.conftest import NS, PODS, Recorder, caught_up, gang_dispatch, make_config
+from tests.kube.conftest import (
+    NS,
+    PODS,
+    Recorder,
+    caught_up,
+    gang_dispatch,
+    make_config,
+    manifest_dispatch,
+)
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.scheduling import pods_from_template
 
@@ -188,6 +201,51 @@ async def test_a_body_that_never_arrives_gets_408_and_garbage_stops_nothing(
     assert backend.report_url is not None
     assert (await _post(backend.report_url, _report()))[0] == 200
     await rec.wait_for(lambda: rec.of(CheckpointReport))
+
+
+def _templates(obj: object) -> Iterator[dict[str, Any]]:
+    """Every pod template (or pod) in an object: a mapping whose `spec` has containers."""
+    if isinstance(obj, dict):
+        spec = obj.get("spec")
+        if isinstance(spec, dict) and isinstance(spec.get("containers"), list):
+            yield obj
+        for value in obj.values():
+            yield from _templates(value)
+    elif isinstance(obj, list):
+        for value in obj:
+            yield from _templates(value)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
+
+
+@pytest.mark.parametrize(
+    "example", sorted(p.stem for p in EXAMPLES.glob("*.yaml") if p.stem != "jobspec")
+)
+def test_every_replica_of_every_kind_gets_the_endpoint_with_a_token_only(example: str) -> None:
+    text = (EXAMPLES / f"{example}.yaml").read_text()
+    forged = yaml.safe_load(text)
+    for t in _templates(forged):  # an author cannot choose the digest the agent checks
+        t.setdefault("metadata", {}).setdefault("annotations", {})[ANN_TOKEN_DIGEST] = "f" * 64
+    cmd = manifest_dispatch(yaml.safe_dump(forged))
+    cfg = make_config()
+    url = "http://muster-agent-report.muster-system.svc:8470/v1/checkpoint"
+    for token, expected in ((TOKEN, url), ("", None)):
+        plan = build_workload(
+            msgspec.structs.replace(cmd, checkpoint_token=token),
+            cfg.flavors[0],
+            NS,
+            config=cfg,
+            report_url=url,
+        )
+        templates = [t for o in plan.objects for t in _templates(o.body)]
+        assert templates, example
+        for t in templates:
+            digest = t["metadata"]["annotations"].get(ANN_TOKEN_DIGEST)
+            assert digest == (token_digest(TOKEN) if token else None), example
+            for c in t["spec"]["containers"]:
+                env = {e["name"]: e.get("value") for e in c["env"]}
+                assert env.get("MUSTER_REPORT_URL") == expected, (example, c["name"])
 
 
 def test_the_shipped_default_is_the_service_on_its_port() -> None:
