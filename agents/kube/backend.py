@@ -390,8 +390,8 @@ class KubeBackend:
         # cyclic collector's full passes, which would otherwise walk it every time and hold
         # the loop for tens of milliseconds on a big cluster. Refcounting still frees it.
         gc.freeze()
+        self._live = True  # before the report endpoint: a report it takes is emitted
         await self._start_report_server()
-        self._live = True
         for name, n in self._nodes.items():
             if n.flavor is None:
                 continue
