@@ -18,11 +18,14 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from nats.aio.client import Client
 
 from agents import sdk
 from agents.kube.backend import KubeBackend
 from agents.kube.config import build_workload
 from agents.kube.report import REPORT_PATH, Refused, ReportBody, decode_report
+from agents.metrics import AgentMetrics
+from agents.runtime import AgentRuntime
 from kinds.base import ANN_CHECKPOINT, ANN_TOKEN_DIGEST
 from kinds.pods import token_digest
 from schemas.agent import CheckpointReport
@@ -123,6 +126,22 @@ async def test_pods_get_the_endpoint_and_only_their_own_report_is_taken(
     status, answer = await _post(url, _report(step=200))
     assert status == 409 and "cancelled or moved" in answer["error"]
     assert [r.step for r in rec.of(CheckpointReport)] == [100]
+
+
+async def test_answers_are_counted_in_the_agents_metrics(
+    make_backend: Any, apiserver: FakeApiServer, nc: Client
+) -> None:
+    backend, _, _ = await _started(make_backend, apiserver)
+    assert backend.report_url is not None
+    for body in (_report(), _report(token="guess"), _report(token="guess")):
+        await _post(backend.report_url, body)
+    registry = AgentMetrics(lambda: {"c1": AgentRuntime(backend, nc)}).registry
+
+    def answered(status: str) -> float | None:
+        labels = {"cluster": "c1", "status": status}
+        return registry.get_sample_value("muster_agent_checkpoint_reports_total", labels)
+
+    assert (answered("200"), answered("403"), answered("404")) == (1, 2, None)
 
 
 async def test_the_sdk_posts_with_the_pods_env_and_raises_a_refusal(
