@@ -1447,11 +1447,17 @@ class KubeBackend:
                 "runs with the pod's environment)",
             )
         w = self._workloads.get((job, attempt))
-        if w is None or not w.token_digest:
+        if w is None:
             raise Refused(
                 404,
                 f"job {job} attempt {attempt} does not run on cluster {self.cluster}; report "
                 "from the attempt's own pods with their MUSTER_* environment",
+            )
+        if not w.token_digest:
+            raise Refused(
+                403,
+                f"job {job} attempt {attempt} was dispatched without a checkpoint token, so "
+                "no report for it can be checked here; use the pod annotation route",
             )
         if not hmac.compare_digest(token_digest(report.token), w.token_digest):
             raise Refused(

@@ -191,6 +191,15 @@ async def test_a_taken_port_leaves_the_agent_running_without_the_endpoint(
     await second.dispatch(gang_dispatch("job-2", 1))  # pods then get no MUSTER_REPORT_URL
 
 
+async def test_an_attempt_dispatched_without_a_token_takes_no_report(make_backend: Any) -> None:
+    backend, rec = await make_backend()
+    await backend.dispatch(gang_dispatch("job-1", 1))  # a broker that sends no token
+    assert backend.report_url is not None
+    status, answer = await _post(backend.report_url, _report())
+    assert status == 403 and "dispatched without a checkpoint token" in answer["error"]
+    assert rec.of(CheckpointReport) == []
+
+
 async def test_a_body_that_never_arrives_gets_408_and_garbage_stops_nothing(
     make_backend: Any, apiserver: FakeApiServer
 ) -> None:
