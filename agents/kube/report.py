@@ -70,7 +70,7 @@ def decode_report(body: bytes) -> ReportBody:
     except msgspec.DecodeError as exc:
         raise Refused(
             400,
-            f"bad checkpoint report: not a JSON object ({exc}); send "
+            f"bad checkpoint report: not valid JSON ({exc}); send a JSON object "
             '{"job_id", "attempt", "step", "uri", "token"}',
         ) from None
 

@@ -89,7 +89,7 @@ async def test_pods_get_the_endpoint_and_only_their_own_report_is_taken(
         "no token": (_report(token=""), 401, "MUSTER_CHECKPOINT_TOKEN"),
         "wrong token": (_report(token="guess"), 403, "not the one of job job-1 attempt 1"),
         "attempt not here": (_report(attempt=7), 404, "job-1 attempt 7 does not run"),
-        "not JSON": (b"step=100", 400, "not a JSON object"),
+        "not JSON": (b"step=100", 400, "not valid JSON"),
         "unknown field": (_report(stepp=1), 400, "stepp"),
         "negative step": (_report(step=-1), 400, "step"),
         "empty uri": (_report(uri=""), 400, "uri"),
@@ -305,8 +305,13 @@ _fields = st.fixed_dictionaries(
 
 
 def _json_or_none(body: bytes) -> object:
+    """The body as strict JSON (no NaN or Infinity, which Python's json takes), else None."""
+
+    def no_constant(name: str) -> object:
+        raise ValueError(name)
+
     try:
-        return json.loads(body)
+        return json.loads(body, parse_constant=no_constant)
     except ValueError:
         return None
 
@@ -319,7 +324,7 @@ def test_decoder_answers_any_body_with_a_report_or_a_400(body: bytes) -> None:
     except Refused as exc:
         assert exc.status == 400 and exc.message.startswith("bad checkpoint report")
         if isinstance(_json_or_none(body), dict):  # an object: the answer names the field
-            assert "not a JSON object" not in exc.message, exc.message
+            assert "not valid JSON" not in exc.message, exc.message
         return
     assert isinstance(report, ReportBody)
     assert report.step >= 0 and report.attempt >= 1 and 1 <= len(report.uri) <= 2048
