@@ -333,10 +333,10 @@ def test_decoder_answers_any_body_with_a_report_or_a_400(body: bytes) -> None:
 
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(
-    st.text(min_size=1, max_size=40),
+    st.text(min_size=1, max_size=253) | st.just("j" * 253),
     st.integers(min_value=1, max_value=2**31),
     st.integers(min_value=0, max_value=2**62),
-    st.text(min_size=1, max_size=200),
+    st.text(min_size=1, max_size=2048) | st.just("s3://" + "u" * 2043),
 )
 def test_decoder_takes_every_valid_report(job: str, attempt: int, step: int, uri: str) -> None:
     body = {"job_id": job, "attempt": attempt, "step": step, "uri": uri, "token": TOKEN}
