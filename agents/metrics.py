@@ -70,6 +70,13 @@ class AgentCollector:
             "(0 = fresh)",
             labels=["cluster"],
         )
+        reports = CounterMetricFamily(
+            "muster_agent_checkpoint_reports",
+            "Checkpoint reports pods posted to the kube agent's endpoint, by the HTTP status "
+            "answered (200 taken, 4xx refused: 401 no token, 403 wrong token, 404 attempt not "
+            "here, 409 attempt ended, 400/408/413 bad request)",
+            labels=["cluster", "status"],
+        )
         for name, rt in runtimes:
             stats = dict(rt.stats)
             for key in RUNTIME_COUNTERS:
@@ -81,6 +88,10 @@ class AgentCollector:
             if tally is not None:
                 for (kind, reason), n in sorted(dict(tally).items()):
                     bad.add_metric([name, kind, reason], n)
+            answers = getattr(getattr(backend, "report_server", None), "counts", None)
+            if answers is not None:
+                for status, n in sorted(dict(answers).items()):
+                    reports.add_metric([name, str(status)], n)
             stale_s = getattr(backend, "stale_s", None)
             if callable(stale_s):
                 stale.add_metric([name], float(stale_s()))
@@ -88,6 +99,7 @@ class AgentCollector:
         yield queued
         yield outbox
         yield bad
+        yield reports
         yield stale
 
 

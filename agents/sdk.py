@@ -14,6 +14,12 @@ Environment (set by the agent's backend on every replica):
   `MUSTER_RESUME_STEP` gives the step (without it the step is read from the JSON or from a
   trailing `step-N` in the URI), `MUSTER_RESUME_ATTEMPT` the attempt that wrote it: resume
   from exactly that checkpoint, never from "the highest step under the location".
+- `MUSTER_REPORT_URL`: the kube agent's checkpoint report endpoint (set on every replica the
+  kube backend creates). Reports are POSTed there as JSON `{job_id, attempt, step, uri,
+  token}` with the attempt's `MUSTER_CHECKPOINT_TOKEN`, retried briefly; the pod needs no
+  Kubernetes RBAC and no NATS. A refusal (4xx: wrong token, an attempt that has ended) raises
+  `CheckpointRefused` with the agent's reason; an agent that cannot be reached falls back to
+  the routes below.
 - `MUSTER_NATS_URL`, `MUSTER_SUBJECT_PREFIX` (default `muster`): when set, reports go out as a
   JSON `schemas.agent.CheckpointReport` on `<prefix>.checkpoint.<job_id>`, with the attempt's
   `MUSTER_CHECKPOINT_TOKEN`. Requests never come over NATS: every workload shares one NATS
@@ -101,12 +107,15 @@ ENV_SIGTERM_GRACE = "MUSTER_SIGTERM_GRACE_S"
 ENV_PODINFO_POLL = "MUSTER_PODINFO_POLL_S"
 ENV_CHECKPOINT_TOKEN = "MUSTER_CHECKPOINT_TOKEN"
 ENV_CHECKPOINT_INTERVAL = "MUSTER_CHECKPOINT_INTERVAL_S"
+ENV_REPORT_URL = "MUSTER_REPORT_URL"
+# Pauses between tries of a report the agent did not answer (then the other routes).
+REPORT_RETRY_S = (0.2, 0.5)
 
 _STEP_RE = re.compile(r"step-(\d+)/?$")
 _JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 _T = TypeVar("_T")
-Channel = Literal["nats", "file", "none"]
+Channel = Literal["http", "nats", "file", "none"]
 RequestCallback = Callable[[CheckpointNow], None]
 
 log = logging.getLogger("muster.sdk")
@@ -114,6 +123,16 @@ log = logging.getLogger("muster.sdk")
 
 class SdkConfigError(ValueError):
     """An environment variable Muster set (or you set) is malformed; the text names it."""
+
+
+class CheckpointRefused(RuntimeError):
+    """The agent answered the report with a refusal (4xx); the text is its reason. Sending
+    it again, or by another route, would be refused too."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"checkpoint report refused ({status}): {reason}")
+        self.status = status
+        self.reason = reason
 
 
 def parse_resume_from(text: str | None) -> CheckpointRef | None:
@@ -149,6 +168,7 @@ class SdkEnv:
     podinfo_poll_s: float = PODINFO_POLL_S
     checkpoint_token: str = ""
     checkpoint_interval_s: float | None = None
+    report_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SdkEnv:
@@ -203,6 +223,9 @@ class SdkEnv:
                 raise SdkConfigError(f"{ENV_PODINFO_POLL}={poll} must be between 0.01 and 60")
         iv = get(ENV_CHECKPOINT_INTERVAL)
         interval = None if iv is None else _positive_seconds(ENV_CHECKPOINT_INTERVAL, iv)
+        report_url = get(ENV_REPORT_URL)
+        if report_url is not None and not report_url.startswith(("http://", "https://")):
+            raise SdkConfigError(f"{ENV_REPORT_URL}={report_url!r} is not an http(s) URL")
         return cls(
             job_id=job_id,
             attempt=attempt,
@@ -216,6 +239,7 @@ class SdkEnv:
             podinfo_poll_s=poll,
             checkpoint_token=get(ENV_CHECKPOINT_TOKEN) or "",
             checkpoint_interval_s=interval,
+            report_url=report_url,
         )
 
     @property
@@ -257,6 +281,43 @@ def write_annotation_file(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def post_report(url: str, body: bytes, timeout: float) -> None:
+    """POST one report to the agent, retried (`REPORT_RETRY_S`) while it cannot be reached
+    or answers 5xx, all within `timeout`. Raises CheckpointRefused on a 4xx, OSError when
+    no try got through."""
+    deadline = time.monotonic() + timeout
+    # Straight to the agent: it is in the pod's own cluster, never behind HTTP(S)_PROXY.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    for pause in (*REPORT_RETRY_S, None):
+        left = deadline - time.monotonic()
+        try:
+            with opener.open(request, timeout=max(left, 0.05)) as resp:
+                resp.read()
+                return
+        except urllib.error.HTTPError as exc:
+            if 400 <= exc.code < 500:
+                raise CheckpointRefused(exc.code, _refusal(exc)) from None
+            error: OSError = exc
+        except OSError as exc:  # URLError, timeouts, resets
+            error = exc
+        if pause is None or time.monotonic() + pause >= deadline:
+            raise error
+        time.sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _refusal(exc: urllib.error.HTTPError) -> str:
+    """The agent's reason (`{"error": ...}`), else the status line."""
+    with contextlib.suppress(Exception):
+        reason = json.loads(exc.read(4096)).get("error")
+        if isinstance(reason, str) and reason:
+            return reason
+    return str(exc.reason)
 
 
 def checkpoint_request_line(deadline: float) -> str:
@@ -372,11 +433,31 @@ class Checkpointer:
         return bool(self.env.nats_url and self.env.job_id)
 
     def report_checkpoint(self, step: int, uri: str | None = None, timeout: float = 5.0) -> Channel:
-        """Tell Muster the newest checkpoint; returns the channel used. Raises on NATS errors
-        (the training loop decides whether a failed report matters)."""
+        """Tell Muster the newest checkpoint; returns the channel used. Tries the agent's
+        endpoint first; raises CheckpointRefused when it refuses, and on NATS errors (the
+        training loop decides whether a failed report matters)."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         where = uri if uri is not None else self.checkpoint_uri(step)
+        if self.env.report_url and self.env.job_id:
+            body = json.dumps(
+                {
+                    "job_id": self.env.job_id,
+                    "attempt": self.env.attempt or 1,
+                    "step": step,
+                    "uri": where,
+                    "token": self.env.checkpoint_token,
+                }
+            ).encode()
+            try:
+                post_report(self.env.report_url, body, timeout)
+                return "http"
+            except OSError as exc:
+                log.warning(
+                    "checkpoint report to %s failed (%s); trying the other routes",
+                    self.env.report_url,
+                    exc,
+                )
         if self.nats_enabled:
             assert self.env.job_id is not None
             report = CheckpointReport(
@@ -403,7 +484,10 @@ class Checkpointer:
             )
             return "file"
         log.warning(
-            "no %s or %s set; checkpoint report not delivered", ENV_NATS_URL, ENV_ANNOTATION_FILE
+            "no %s, %s or %s reached; checkpoint report not delivered",
+            ENV_REPORT_URL,
+            ENV_NATS_URL,
+            ENV_ANNOTATION_FILE,
         )
         return "none"
 

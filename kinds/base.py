@@ -29,6 +29,9 @@ ANN_KIND = f"{DOMAIN}/workload-kind"
 ANN_LEADER = f"{DOMAIN}/leader"
 ANN_ORIGINAL_NAME = f"{DOMAIN}/original-name"
 ANN_CHECKPOINT = f"{DOMAIN}/checkpoint"
+# sha256 of the attempt's checkpoint token, on its pods: the report endpoint's check after
+# an agent restart (agents/kube/report.py).
+ANN_TOKEN_DIGEST = f"{DOMAIN}/checkpoint-token-sha256"
 ANN_CHECKPOINT_REQUEST = f"{DOMAIN}/checkpoint-request"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 

@@ -40,6 +40,7 @@ from kinds.base import (
     ANN_JOB,
     ANN_KIND,
     ANN_LEADER,
+    ANN_TOKEN_DIGEST,
     ANN_TOTAL,
     HOSTNAME_KEY,
     LABEL_ATTEMPT,
@@ -79,6 +80,8 @@ class PodPolicy(NamedTuple):
     ttl_seconds: int | None = None  # ttlSecondsAfterFinished where the kind has one
     # allowed serviceAccountNames; None: not checked here (the broker, which has no list)
     service_accounts: frozenset[str] | None = frozenset({"default"})
+    # The agent's checkpoint report endpoint (MUSTER_REPORT_URL); None: not offered.
+    report_url: str | None = None
 
 
 def _hash(text: str, n: int = 6) -> str:
@@ -127,6 +130,22 @@ def muster_env(cmd: Dispatch) -> list[dict[str, Any]]:
         if cmd.checkpoint_token
         else []
     )
+
+
+REPORT_URL_ENV = "MUSTER_REPORT_URL"
+
+
+def token_digest(token: str) -> str:
+    """What the pods' annotation keeps of a checkpoint token: enough for an agent that
+    restarted to check a report again, nothing a reader of the pod could report with."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def report_env(cmd: Dispatch, policy: PodPolicy) -> list[dict[str, Any]]:
+    """Where the SDK posts checkpoint reports: only with a token to post them with."""
+    if not policy.report_url or not cmd.checkpoint_token:
+        return []
+    return [{"name": REPORT_URL_ENV, "value": policy.report_url}]
 
 
 def _merge_env(container: dict[str, Any], env: list[dict[str, Any]]) -> None:
@@ -273,8 +292,12 @@ def prepare_template(
         ANN_KIND: cmd.spec.workload.kind,
         ANN_LEADER: "true" if leader else "false",
     }
+    reporting = report_env(cmd, policy)
+    meta["annotations"].pop(ANN_TOKEN_DIGEST, None)  # only the agent's own value counts
+    if reporting:
+        meta["annotations"][ANN_TOKEN_DIGEST] = token_digest(cmd.checkpoint_token)
     spec = ensure(template, "spec")
-    env = muster_env(cmd) + (extra_env or [])
+    env = muster_env(cmd) + reporting + (extra_env or [])
     for key in ("containers", "initContainers"):
         for c in spec.get(key) or []:
             _merge_env(c, env)

@@ -37,7 +37,9 @@ Checkpoint requests (for the SDK)
 `$MUSTER_PODINFO_DIR/annotations` (a downward-API volume every Muster pod gets; the kubelet
 refreshes it within its sync period, typically under a minute) or by reading their own pod.
 Requests never travel on NATS, where every workload (one shared NATS user) could hear them.
-A workload reports a checkpoint by setting `muster.dev/checkpoint` on its own pod (its
+A workload reports a checkpoint by posting it to the agent's report endpoint
+(`agents/kube/report.py`, `MUSTER_REPORT_URL` on every replica, authenticated by the attempt's
+`MUSTER_CHECKPOINT_TOKEN`; no RBAC), by setting `muster.dev/checkpoint` on its own pod (its
 service account needs `patch` on pods) or by publishing `muster.checkpoint.<job_id>`.
 
 Attempts and cleanup
@@ -53,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import random
 import time
 from collections import OrderedDict
@@ -123,11 +126,13 @@ from agents.kube.nodes import (
     notices,
     untolerated_taints,
 )
+from agents.kube.report import REPORT_PATH, Refused, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
 from kinds.base import (
     ANN_CHECKPOINT_REQUEST,
     ANN_JOB,
     ANN_KIND,
+    ANN_TOKEN_DIGEST,
     ANN_TOTAL,
     LABEL_ATTEMPT,
     LABEL_JOB,
@@ -138,7 +143,7 @@ from kinds.base import (
 )
 from kinds.base import KindError as ManifestError
 from kinds.plan import PlannedObject, owner_reference
-from kinds.pods import selector
+from kinds.pods import selector, token_digest
 from kinds.registry import OWNED_RESOURCES
 from schemas.agent import (
     AgentEvent,
@@ -266,6 +271,9 @@ class KubeBackend:
         self.fence_state = ClusterFence(clock)  # the cluster's fence Lease (agents/kube/fence.py)
         self.bad_objects = 0  # workload objects whose status did not decode
         self.log = log.bind(cluster=cluster)
+        # Checkpoint reports from pods (agents/kube/report.py); the URL pods get, once bound.
+        self.report_server: ReportServer | None = None
+        self.report_url: str | None = None
 
     @classmethod
     def from_config(
@@ -382,7 +390,8 @@ class KubeBackend:
         # cyclic collector's full passes, which would otherwise walk it every time and hold
         # the loop for tens of milliseconds on a big cluster. Refcounting still frees it.
         gc.freeze()
-        self._live = True
+        self._live = True  # before the report endpoint: a report it takes is emitted
+        await self._start_report_server()
         for name, n in self._nodes.items():
             if n.flavor is None:
                 continue
@@ -409,6 +418,25 @@ class KubeBackend:
         self.log.info(
             "kube backend started", nodes=len(self._nodes), workloads=len(self._workloads)
         )
+
+    async def _start_report_server(self) -> None:
+        """Serve checkpoint reports. A port that cannot be bound leaves the agent running
+        without them (pods then get no MUSTER_REPORT_URL and the SDK's other routes)."""
+        if not self.config.report.enabled:
+            return
+        server = ReportServer(self.config.report, self.accept_report, self.cluster)
+        try:
+            base = await server.start()
+        except OSError as exc:
+            self.log.error(
+                "checkpoint report endpoint not started; pods cannot report checkpoints. "
+                "Free the port or set kube.report.listen_port",
+                host=self.config.report.listen_host,
+                port=self.config.report.listen_port,
+                error=str(exc)[:300],
+            )
+            return
+        self.report_server, self.report_url = server, base + REPORT_PATH
 
     async def _initial_lists(self) -> None:
         """The first lists, retried with backoff until the API server answers: an agent
@@ -494,6 +522,9 @@ class KubeBackend:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+        if self.report_server is not None:
+            await self.report_server.stop()
+            self.report_server = self.report_url = None
         for b in list(self._background):
             b.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -920,6 +951,8 @@ class KubeBackend:
             w = self._workloads[key] = Workload(job_id, key[1], kind=kind)
             w.cancelled = self._is_cancelled(key)
         w.update_pod(uid, pod, deleted)
+        if not w.token_digest:  # an agent restarted since the dispatch: the pods keep it
+            w.token_digest = meta.annotations.get(ANN_TOKEN_DIGEST, "")
         if pod.spec.nodeName in self._gone_nodes:
             w.node_gone(pod.spec.nodeName)
         names = self._pod_names.setdefault(key, {})
@@ -1121,6 +1154,7 @@ class KubeBackend:
                 self.rules.resource(flavor),
                 self.config,
                 self._provider_of(cmd),
+                self.report_url,
             )
         except ManifestError as exc:
             raise BackendError(str(exc)) from None
@@ -1131,6 +1165,8 @@ class KubeBackend:
                 cmd.job_id, cmd.attempt, plan.total_replicas, cmd.spec.workload.kind
             )
         w.total = plan.total_replicas
+        if cmd.checkpoint_token:
+            w.token_digest = token_digest(cmd.checkpoint_token)
         w.cancelled = False
         self._cancelled.discard(key)
         if key[0] in self._cancel_upto:
@@ -1399,6 +1435,49 @@ class KubeBackend:
                 failed=len(failed),
                 first=failed[0][:300],
             )
+
+    def accept_report(self, report: ReportBody) -> Verdict:
+        """A checkpoint report a pod posted (agents/kube/report.py): taken only for an
+        attempt running here, with that attempt's token; a refusal changes nothing."""
+        job, attempt = report.job_id, report.attempt
+        if not report.token:
+            raise Refused(
+                401,
+                "no token: send this pod's MUSTER_CHECKPOINT_TOKEN (the SDK does when it "
+                "runs with the pod's environment)",
+            )
+        w = self._workloads.get((job, attempt))
+        if w is None:
+            raise Refused(
+                404,
+                f"job {job} attempt {attempt} does not run on cluster {self.cluster}; report "
+                "from the attempt's own pods with their MUSTER_* environment",
+            )
+        if not w.token_digest:
+            raise Refused(
+                403,
+                f"job {job} attempt {attempt} was dispatched without a checkpoint token, so "
+                "no report for it can be checked here; use the pod annotation route",
+            )
+        if not hmac.compare_digest(token_digest(report.token), w.token_digest):
+            raise Refused(
+                403,
+                f"the token is not the one of job {job} attempt {attempt}; only that "
+                "attempt's own pods (their MUSTER_CHECKPOINT_TOKEN) may report for it",
+            )
+        if w.cancelled or w.terminal:
+            ended = "was cancelled or moved" if w.cancelled else f"has {w.last_phase}"
+            raise Refused(
+                409,
+                f"job {job} attempt {attempt} {ended}; its checkpoints are no longer "
+                "taken (the running attempt reports its own)",
+            )
+        event = w.accept_checkpoint(report.step, report.uri, self._clock)
+        if event is None:
+            return Verdict(200, f"step {report.step} is not newer than step {w.last_step}")
+        self._send(event)
+        self.log.info("checkpoint reported", job_id=job, attempt=attempt, step=report.step)
+        return Verdict(200, f"step {report.step} recorded", recorded=True)
 
     async def read_logs(self, req: LogRequest) -> LogTail:
         """The attempt's container logs (agents/kube/logs.py); ended once its workload is."""

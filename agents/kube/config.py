@@ -138,6 +138,31 @@ def priority_class(rules: list[PriorityClassRule], priority: int) -> str | None:
     return max(fitting, key=lambda r: r.min_priority).name if fitting else None
 
 
+REPORT_PORT = 8470
+# The Service deploy/agent/service.yaml creates in front of the agent.
+REPORT_SERVICE_URL = f"http://muster-agent-report.muster-system.svc:{REPORT_PORT}"
+
+
+class ReportConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The endpoint workloads post checkpoint reports to (agents/kube/report.py). Pods need
+    no Kubernetes RBAC for it: the attempt's MUSTER_CHECKPOINT_TOKEN is the credential."""
+
+    enabled: bool = True
+    # Where the agent listens. Every interface by default: pods reach it through a Service.
+    listen_host: Annotated[str, Meta(max_length=253)] = "0.0.0.0"
+    listen_port: Annotated[int, Meta(ge=0, le=65_535)] = REPORT_PORT
+    # The base URL pods use (MUSTER_REPORT_URL is this plus /v1/checkpoint). "" = the
+    # address the agent bound (one machine: development and tests).
+    url: Annotated[str, Meta(max_length=1024)] = REPORT_SERVICE_URL
+    max_body_bytes: Annotated[int, Meta(ge=512, le=65_536)] = 8192
+    # A request that has not sent its whole body by then is answered 408.
+    timeout_s: Annotated[float, Meta(gt=0, le=300)] = 10.0
+
+    def __post_init__(self) -> None:
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"report.url: {self.url!r} must start with http:// or https://")
+
+
 class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Everything the kube backend needs. `kubeconfig` None and `in_cluster` false means the
     default kubeconfig ($KUBECONFIG or ~/.kube/config)."""
@@ -204,6 +229,8 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     # `min_priority` at or below it (none below every one: no class). Empty: pods carry none.
     # The classes must exist in the cluster (docs/kubernetes.md "PriorityClass" has a set).
     priority_classes: Annotated[list[PriorityClassRule], Meta(max_length=64)] = []
+    # Checkpoint reports from pods (docs/kubernetes.md "Checkpoint reports from pods").
+    report: ReportConfig = msgspec.field(default_factory=ReportConfig)
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.flavors]
@@ -248,6 +275,7 @@ def pod_policy(
     config: KubeBackendConfig | None = None,
     provider: Provider = "other",
     priority: int = 0,
+    report_url: str | None = None,
 ) -> PodPolicy:
     """What the flavor and the agent's configuration add to every pod template; `provider`
     is that of the nodes the pods go to (their spot grace)."""
@@ -265,6 +293,7 @@ def pod_policy(
         service_accounts=frozenset(
             config.allowed_service_accounts if config is not None else ("default",)
         ),
+        report_url=report_url,
     )
 
 
@@ -275,7 +304,9 @@ def build_workload(
     gpu_resource: str = "nvidia.com/gpu",
     config: KubeBackendConfig | None = None,
     provider: Provider = "other",
+    report_url: str | None = None,
 ) -> WorkloadPlan:
-    """Dispatch -> the objects to create on this flavor, by `spec.workload.kind` (kinds/)."""
-    policy = pod_policy(flavor, config, provider, cmd.spec.priority)
+    """Dispatch -> the objects to create on this flavor, by `spec.workload.kind` (kinds/);
+    `report_url` is where the pods post checkpoint reports (None: no such endpoint)."""
+    policy = pod_policy(flavor, config, provider, cmd.spec.priority, report_url)
     return kinds_build_workload(cmd, policy, namespace, gpu_resource)

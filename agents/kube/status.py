@@ -226,6 +226,7 @@ class Workload:
         "reported_restarts",
         "restarted_pods",
         "restarts",
+        "token_digest",
         "total",
     )
 
@@ -254,6 +255,8 @@ class Workload:
         self.last_phase: WorkloadPhase | None = None
         self.last_step: int | None = None
         self.cancelled = False
+        # sha256 of the attempt's checkpoint token (kinds.pods.token_digest); "" = unknown
+        self.token_digest = ""
 
     # -- pods ---------------------------------------------------------------------------
     def update_pod(self, uid: str, pod: KPod, deleted: bool = False) -> None:
@@ -416,11 +419,18 @@ class Workload:
             return None
         if (ck.job_id and ck.job_id != self.job_id) or (ck.attempt and ck.attempt != self.attempt):
             return None  # written for another attempt: not this pod's to report
-        if self.last_step is not None and ck.step <= self.last_step:
+        return self.accept_checkpoint(ck.step, ck.uri, clock)
+
+    def accept_checkpoint(
+        self, step: int, uri: str, clock: Callable[[], float] = time.time
+    ) -> CheckpointReport | None:
+        """The one place a checkpoint of this attempt becomes an event, whichever route it
+        came by (pod annotation, report endpoint): only a step newer than the last one."""
+        if self.last_step is not None and step <= self.last_step:
             return None
-        self.last_step = ck.step
+        self.last_step = step
         return CheckpointReport(
-            job_id=self.job_id, attempt=self.attempt, step=ck.step, uri=ck.uri, at=clock()
+            job_id=self.job_id, attempt=self.attempt, step=step, uri=uri, at=clock()
         )
 
 

@@ -156,6 +156,13 @@ class KubeCluster:
             )
             self.server.put(PODS, p)
 
+    def reclaim_pool(self) -> None:
+        """The cloud reclaims the cluster's whole spot pool: every node gets the notice."""
+        for n in self.server.items("v1", "nodes"):
+            tainted = copy.deepcopy(n)
+            tainted["spec"]["taints"] = [SPOT_TAINT]
+            self.server.put(NODES, tainted)
+
     def succeed(self) -> None:
         for p in self.server.items("v1", "pods"):
             if LABEL_TOP in p["metadata"].get("labels", {}):  # a pod group: the pods end
@@ -174,13 +181,6 @@ async def kube_world(world: World) -> AsyncIterator[tuple[World, dict[str, KubeC
     await asyncio.to_thread(_compile_validators)  # seconds of CPU, never on the event loop
     h: Harness = world.harness
 
-    def spot_nodes(name: str) -> list[dict[str, Any]]:
-        labels = {"karpenter.sh/capacity-type": "spot"}
-        return [
-            node(f"{name}-n{i}", labels={**labels, "kubernetes.io/hostname": f"{name}-n{i}"})
-            for i in range(2)
-        ]
-
     def build(name: str, server: FakeApiServer, api: ApiClient) -> KubeCluster:
         backend = KubeBackend(name, make_config(), api_client=api)
         runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2)
@@ -188,6 +188,34 @@ async def kube_world(world: World) -> AsyncIterator[tuple[World, dict[str, KubeC
 
     async with kube_clusters(world, spot_nodes, build) as clusters:
         yield world, clusters
+
+
+def spot_nodes(name: str) -> list[dict[str, Any]]:
+    """Two Karpenter spot nodes of the cluster `name`."""
+    labels = {"karpenter.sh/capacity-type": "spot"}
+    return [
+        node(f"{name}-n{i}", labels={**labels, "kubernetes.io/hostname": f"{name}-n{i}"})
+        for i in range(2)
+    ]
+
+
+async def run_on_spot(
+    world: World, clusters: dict[str, KubeCluster], manifest: dict[str, Any], job_id: str
+) -> tuple[KubeCluster, KubeCluster]:
+    """Submit the manifest as `job_id` on spot capacity, checkpointing below s3://ckpt, and
+    wait until it runs: (the cluster it runs on, the other one)."""
+    manifest["metadata"].setdefault("annotations", {}).update(
+        {
+            "muster.dev/job-id": job_id,
+            "muster.dev/capacity": "spot",
+            "muster.dev/checkpoint-uri": f"s3://ckpt/{job_id}",
+        }
+    )
+    reply = await world.harness.submit(manifest, queue="default")
+    assert reply.accepted, reply
+    first = await world.harness.wait_event(job_id, "running")
+    home = clusters[first.cluster or ""]
+    return home, clusters["west" if home.name == "east" else "east"]
 
 
 def _compile_validators() -> None:
@@ -216,18 +244,7 @@ async def test_every_kind_runs_is_moved_by_a_spot_notice_and_succeeds(
     h = world.harness
     job_id = f"{path.stem}-1"
     manifest = _first_job(path)
-    manifest["metadata"].setdefault("annotations", {}).update(
-        {
-            "muster.dev/job-id": job_id,
-            "muster.dev/capacity": "spot",
-            "muster.dev/checkpoint-uri": f"s3://ckpt/{job_id}",
-        }
-    )
-    reply = await h.submit(manifest, queue="default")
-    assert reply.accepted, reply
-    first = await h.wait_event(job_id, "running")
-    home = clusters[first.cluster or ""]
-    away = clusters["west" if home.name == "east" else "east"]
+    home, away = await run_on_spot(world, clusters, manifest, job_id)
     if manifest["kind"] != "List":
         ((_, obj),) = home.workloads()
         original = obj["metadata"]["annotations"]["muster.dev/original-name"]
@@ -235,11 +252,7 @@ async def test_every_kind_runs_is_moved_by_a_spot_notice_and_succeeds(
     home.write_checkpoint(job_id, 120)
     await h.wait_event(job_id, "checkpointed")
 
-    # The cloud reclaims the whole spot pool of the home cluster: every node gets the notice.
-    for n in home.server.items("v1", "nodes"):
-        tainted = copy.deepcopy(n)
-        tainted["spec"]["taints"] = [SPOT_TAINT]
-        home.server.put(NODES, tainted)
+    home.reclaim_pool()
     await h.wait_event(job_id, "preempting")
 
     def asked() -> bool:

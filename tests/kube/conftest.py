@@ -50,6 +50,8 @@ BASE_CONFIG: dict[str, Any] = {
     "backoff_initial_s": 0.05,
     "backoff_max_s": 0.2,
     "watch_timeout_s": 30,
+    # The checkpoint report endpoint on loopback, a free port, its own address as the URL.
+    "report": {"listen_host": "127.0.0.1", "listen_port": 0, "url": ""},
 }
 
 

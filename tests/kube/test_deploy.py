@@ -502,7 +502,7 @@ def test_network_policy_limits_routes_to_the_nats_pods() -> None:
     policies = [p for p in _kind("NetworkPolicy") if p["metadata"]["namespace"] == "muster-system"]
     deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")]
     assert deny, "a default-deny ingress policy"
-    (nats_policy,) = [p for p in policies if p["spec"]["podSelector"]]
+    (nats_policy,) = [p for p in policies if p["metadata"]["name"] == "muster-nats"]
     for rule in nats_policy["spec"]["ingress"]:
         ports = {p["port"] for p in rule["ports"]}
         if 6222 in ports:
