@@ -106,6 +106,7 @@ async def one_run(attempts: int, latency_s: float, acks: int) -> dict[str, Any]:
                 "namespace": NS,
                 "fence_watchdog": True,
                 "flavors": [{"name": "a100", "capacity_type": "on-demand", "gpu_type": "a100"}],
+                "report": {"enabled": False},
             }
         )
         backend = KubeBackend("c1", config, api_client=api, clock=clock)

@@ -149,7 +149,9 @@ async def agent_run(
 
     stand = _Channel()
     api = ApiClient(configuration=Configuration(host=url))
-    cfg = convert_kube_config({"namespace": "muster-workloads", "flavors": FLAVORS})
+    cfg = convert_kube_config(
+        {"namespace": "muster-workloads", "flavors": FLAVORS, "report": {"enabled": False}}
+    )
     backend = KubeBackend("bench", cfg, api_client=api)
     stalls = Stalls()
     out: dict[str, Any] = {}

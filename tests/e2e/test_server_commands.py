@@ -203,7 +203,8 @@ users:
         "kube.yaml",
         f"cluster: k1\nbackend: kube\nsubject_prefix: kubeunreach\nkube:\n"
         f"  kubeconfig: {kubeconfig}\n"
-        "  flavors: [{name: a100-od, capacity_type: on-demand, gpu_type: a100}]\n",
+        "  flavors: [{name: a100-od, capacity_type: on-demand, gpu_type: a100}]\n"
+        "  report: {enabled: false}\n",
     )
     agent = Proc(tmp_path, "kube", "agent", "--config", agent_cfg, "--nats", nats_url)
     procs.append(agent)
