@@ -121,6 +121,30 @@ class Training(Adapter):
         raw = self._scheduling(manifest).get("minAvailable")
         return count(raw, "spec.runPolicy.schedulingPolicy.minAvailable", 0) or None
 
+    def elastic(self, manifest: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        """`spec.elasticPolicy` (PyTorchJob, PaddleJob): the Worker replicas run between
+        `minReplicas` and `maxReplicas`; either one left out is the Worker's `replicas`, as
+        the training operator's torchrun `--nnodes=min:max`."""
+        spec = mapping(manifest.get("spec"), "spec")
+        policy = mapping(spec.get("elasticPolicy"), "spec.elasticPolicy")
+        if not policy:
+            return {}
+        workers = [t for t in self.templates(manifest) if t.podset == "worker"]
+        if not workers:
+            raise KindError(
+                "spec.elasticPolicy: elastic training scales the Worker replicas, and this "
+                f"{self.row.kind} has none; add a Worker replica type or drop elasticPolicy"
+            )
+        replicas = sum(t.replicas for t in workers)
+        low = count(policy.get("minReplicas"), "spec.elasticPolicy.minReplicas", replicas)
+        high = count(policy.get("maxReplicas"), "spec.elasticPolicy.maxReplicas", replicas)
+        if not 1 <= low <= replicas <= high:
+            raise KindError(
+                f"spec.elasticPolicy: minReplicas {low}, Worker replicas {replicas} and "
+                f"maxReplicas {high} must satisfy 1 <= minReplicas <= replicas <= maxReplicas"
+            )
+        return {"worker": (low, high)}
+
     def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
         value = self._scheduling(manifest).get("queue")
         return (value, "spec.runPolicy.schedulingPolicy.queue") if value else None

@@ -92,6 +92,22 @@ class VolcanoJob(Adapter):
         spec = mapping(manifest.get("spec"), "spec")
         return count(spec.get("minAvailable"), "spec.minAvailable", 0) or None
 
+    def elastic(self, manifest: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        """`spec.minAvailable` below the job's pods: Volcano starts the job once that many
+        pods run and keeps it running while they do. The pods above it come from one podset
+        (the single task, else `worker`): it runs between what minAvailable leaves it and its
+        `replicas`. With no such podset the minimum stays a label (see broker/manifests.py)."""
+        least = self.min_available(manifest)
+        rows = self.templates(manifest)
+        total = sum(t.replicas for t in rows)
+        if least is None or least >= total:
+            return {}
+        scalable = [t for t in rows if len(rows) == 1 or t.podset == "worker"]
+        if len(scalable) != 1:
+            return {}
+        others = total - scalable[0].replicas
+        return {scalable[0].podset: (max(1, least - others), scalable[0].replicas)}
+
     def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
         spec = mapping(manifest.get("spec"), "spec")
         value = spec.get("queue")
