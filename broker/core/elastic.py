@@ -1,0 +1,55 @@
+"""Elastic gangs: podsets that run with any count between their minimum and maximum.
+
+A podset with `max_replicas` (TorchElastic's `--nnodes=min:max`, Volcano's `minAvailable`,
+Kueue's elastic jobs) is asked for at its maximum; `assign` admits the most that fits, at least
+the minimum (the partial-admission search), and this module words that choice. While the job
+runs, a spot notice or a lost node that leaves every podset at or above its minimum removes
+only the replicas on that node (`shrink`); below it the whole gang moves as before. Growth
+back towards the maximum stays in the same pool: elastic workers share one rendezvous and
+one fabric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from broker.core.inventory import Pool
+from broker.core.types import GangRequest, Placement, PodSetDemand
+from schemas.agent import PodSetAssignment
+from schemas.job import JobSpec
+
+
+def elastic_podsets(spec: JobSpec) -> frozenset[str]:
+    return frozenset(p.name for p in spec.gang if p.elastic)
+
+
+def admission_note(
+    req: GangRequest, admitted: tuple[PodSetDemand, ...], placement: Placement, pool: Pool | None
+) -> str:
+    """ "admitted 4 of 8 worker replicas (min 2): spot-east/a100-spot has room for 4 on 4
+    free A100 nodes", one clause per elastic podset that got fewer than its maximum."""
+    got = {d.podset: d.replicas for d in admitted}
+    parts = [
+        f"{got.get(d.podset, 0)} of {d.replicas} {d.podset} replicas "
+        f"(min {req.min_replicas.get(d.podset, d.replicas)})"
+        for d in req.podsets
+        if d.podset in req.elastic and got.get(d.podset, 0) < d.replicas
+    ]
+    nodes = len({n for ps, ns in placement.assignment if ps in req.elastic for n in ns})
+    gpu = f" {pool.info.gpu_type}" if pool is not None and pool.info.gpu_type else ""
+    took = sum(got.get(ps, 0) for ps in req.elastic)
+    where = f"{placement.cluster}/{placement.flavor} has room for {took} on {nodes} free{gpu} "
+    return f"admitted {', '.join(parts)}: {where}{'node' if nodes == 1 else 'nodes'} now"
+
+
+def size_text(spec: JobSpec, assignment: Iterable[PodSetAssignment]) -> str:
+    """The current and target size of each elastic podset of a placed job, for `muster why`:
+    "elastic: worker runs 4 of 8 replicas (min 2; grows back when capacity returns)"."""
+    now = {a.podset: len(a.nodes) for a in assignment}
+    parts = []
+    for p in spec.gang:
+        if p.elastic:
+            have = now.get(p.name, 0)
+            tail = "; grows back when its pool has room" if have < p.most else ""
+            parts.append(f"{p.name} runs {have} of {p.most} replicas (min {p.least}{tail})")
+    return "elastic: " + ", ".join(parts) if parts else ""
