@@ -32,6 +32,7 @@ _STATE_STYLE = {
     "checkpointed": "blue",
     "requeued": "yellow",
     "restarted": "magenta",
+    "resized": "cyan",
 }
 
 

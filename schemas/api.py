@@ -28,6 +28,7 @@ EventKind = Literal[
     "checkpointed",
     "checkpoint-refused",  # a reported checkpoint outside the job's location (reason says)
     "preempting",
+    "resized",  # an elastic gang lost or gained replicas in place; the attempt goes on
     "requeued",
     "succeeded",
     "failed",

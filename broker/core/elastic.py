@@ -12,6 +12,7 @@ one fabric.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from broker.core.inventory import Pool
 from broker.core.types import GangRequest, Placement, PodSetDemand
@@ -53,3 +54,39 @@ def size_text(spec: JobSpec, assignment: Iterable[PodSetAssignment]) -> str:
             tail = "; grows back when its pool has room" if have < p.most else ""
             parts.append(f"{p.name} runs {have} of {p.most} replicas (min {p.least}{tail})")
     return "elastic: " + ", ".join(parts) if parts else ""
+
+
+def without_node(
+    spec: JobSpec, assignment: Iterable[PodSetAssignment], node: str
+) -> list[PodSetAssignment] | None:
+    """The assignment once the replicas on `node` are gone, when every podset stays at or
+    above its minimum and only elastic podsets lose replicas; None when the gang must move
+    whole (or has nothing on the node)."""
+    podsets = {p.name: p for p in spec.gang}
+    kept: list[PodSetAssignment] = []
+    lost = False
+    for a in assignment:
+        rest = [n for n in a.nodes if n != node]
+        if len(rest) < len(a.nodes):
+            ps = podsets.get(a.podset)
+            if ps is None or not ps.elastic or len(rest) < ps.least:
+                return None
+            lost = True
+        kept.append(PodSetAssignment(podset=a.podset, nodes=rest))
+    return kept if lost else None
+
+
+def shrink_text(before: Iterable[PodSetAssignment], after: Iterable[PodSetAssignment]) -> str:
+    """ "worker 4 -> 3" for each podset whose count changed."""
+    was = {a.podset: len(a.nodes) for a in before}
+    return ", ".join(
+        f"{a.podset} {was.get(a.podset, 0)} -> {len(a.nodes)}"
+        for a in after
+        if was.get(a.podset, 0) != len(a.nodes)
+    )
+
+
+def without_node_placement(placement: Placement, node: str) -> Placement:
+    """The placement without its replicas on `node` (a shrink in place)."""
+    kept = tuple((ps, tuple(n for n in nodes if n != node)) for ps, nodes in placement.assignment)
+    return replace(placement, assignment=kept)

@@ -23,6 +23,7 @@ from broker.core.accounting import accounting_of, backoff_delay, close_attempt, 
 from broker.core.advice import advised_interval_s
 from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.elastic import shrink_text, without_node
 from broker.core.health import PoolHealth
 from broker.core.policy import no_progress_reason, no_progress_verdict
 from broker.core.records import (
@@ -532,6 +533,7 @@ class AttemptLifecycle:
             else "",
             fence_after_s=self._fence_after,
             checkpoint_interval_s=attempt.advised_interval_s or 0.0,
+            revision=attempt.revision,
         )
         return Send(attempt.cluster, cmd, after_cancel_of=previous_attempt(record, attempt))
 
@@ -559,7 +561,31 @@ class AttemptLifecycle:
         current = record.current
         if current is None or current.cluster != cluster:
             return
+        if self.shrink_in_place(record, notice.node, "spot-notice", now, effects):
+            return
         self.begin_preempt(record, "spot-notice", notice.deadline, now, effects, reserve=True)
+
+    def shrink_in_place(
+        self, record: JobRecord, node: str, cause: str, now: float, effects: list[Effect]
+    ) -> bool:
+        """An elastic gang that stays at or above its minimum without `node` loses only the
+        replicas there: the same attempt goes on, told its nodes by a Dispatch revision
+        (elastic.py). False when the whole gang has to move."""
+        current = record.current
+        if current is None or record.preempting is not None:
+            return False
+        if record.state not in ("admitted", "running"):
+            return False
+        kept = without_node(record.spec, current.assignment, node)
+        if kept is None or not self._scheduler.shrink(record.job_id, current.attempt, node):
+            return False
+        what = shrink_text(current.assignment, kept)
+        current.assignment = kept
+        current.revision += 1
+        effects.append(Persist(record))
+        effects.append(self._dispatch_send(record, current))
+        effects.append(self.event(record, "resized", now, reason=f"{cause} on {node}: {what}"))
+        return True
 
     def _reserve_replacement(self, record: JobRecord, now: float) -> None:
         """Make-before-break: hold a placement for the next attempt away from the lost pool."""
@@ -691,6 +717,8 @@ class AttemptLifecycle:
             if current is None or current.cluster != cluster:
                 continue
             if node is not None and node not in _nodes(current):
+                continue
+            if node is not None and self.shrink_in_place(record, node, cause, now, effects):
                 continue
             self._lose(record, cause, now, effects)
 

@@ -40,6 +40,8 @@ class AttemptRecord(msgspec.Struct, omit_defaults=True):
     cost: float = 0.0
     # The checkpoint interval advised to this attempt (Young/Daly for its pool); None: none.
     advised_interval_s: float | None = None
+    # Times its placement changed in place (elastic.py); sent as `Dispatch.revision`.
+    revision: int = 0
 
     @property
     def live(self) -> bool:

@@ -56,6 +56,7 @@ from broker.core.assigner import (
     shape_of,
 )
 from broker.core.diagnose import pool_reasons
+from broker.core.elastic import without_node_placement
 from broker.core.inventory import AllocKey, Cluster, Inventory, Node, Pool
 from broker.core.ledger import Alloc, Ledger, Vec
 from broker.core.placement import Gang, capacity_rank, make_gang
@@ -880,6 +881,30 @@ class Scheduler:
             self._hold(a.doomed_by, a.cluster, a.per_node)
             if not w[0]:
                 del self._waiting[a.doomed_by]
+
+    def shrink(self, job_id: str, attempt: int, node: str) -> bool:
+        """An elastic gang lost its replicas on `node` and runs on: give that node's share
+        back (node capacity and quota) and keep the rest of the allocation. False, changing
+        nothing, when the attempt holds nothing there or is mid-move (a victim, or a
+        make-before-break reservation)."""
+        key = (job_id, attempt)
+        a = self._ledger.allocs.get(key)
+        if a is None or node not in a.per_node or a.doomed_by is not None:
+            return False
+        if job_id in self._reservations:
+            return False
+        taken = a.per_node[node]
+        self._ledger.remove(key)
+        self._inv.remove_usage(a.cluster, key, {node: taken})
+        qs = self._book.queues.get(a.queue)
+        if a.charged and qs is not None:
+            self._book.charge(qs, a.flavor_class, taken, -1)
+        a.per_node = {n: v for n, v in a.per_node.items() if n != node}
+        a.vec = (a.vec[0] - taken[0], a.vec[1] - taken[1], a.vec[2] - taken[2])
+        a.placement = without_node_placement(a.placement, node)
+        self._ledger.add(a)
+        self._inputs_changed()
+        return True
 
     def note_progress(self, job_id: str, attempt: int, work_since: float) -> None:
         a = self._ledger.allocs.get((job_id, attempt))

@@ -6,17 +6,28 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from broker.core.assigner import Assignment
 from broker.core.effects import Publish, Send, split_reply
 from broker.core.inputs import SubmitJob
+from broker.core.invariants import violations
 from broker.core.machine import Machine
 from broker.core.scheduler import Scheduler
 from broker.manifests import jobspec_from_manifest
-from schemas.agent import ClusterSnapshot, Dispatch, FlavorInfo, NodeInfo
+from schemas.agent import (
+    ClusterSnapshot,
+    Dispatch,
+    FlavorInfo,
+    NodeGone,
+    NodeInfo,
+    SpotNotice,
+    WorkloadStatus,
+)
 from schemas.config import BrokerConfig, QueueConfig
 
-from .harness import T0, Sim
+from .harness import T0, Sim, cancels
 from .helpers import NOW, config, flavor, gang, nodes
 
 SEED = Path(__file__).parents[1] / "cli" / "fixtures" / "pytorchjob-elastic-spot.yaml"
@@ -94,3 +105,74 @@ def test_an_elastic_request_asks_for_its_maximum_first() -> None:
     assert isinstance(got, Assignment)
     assert [len(n) for _, n in got.placement.assignment] == [3]
     assert got.placement.note.startswith("admitted 3 of 8 p0 replicas (min 2): c/od")
+
+
+def _running(sim: SpotSim) -> Dispatch:
+    """The seed's job admitted and running."""
+    sim.submit_seed()
+    (cmd,) = dispatches(sim.step(1.0))
+    sim.send("spot-east", WorkloadStatus(job_id=cmd.job_id, attempt=cmd.attempt, phase="running"))
+    return cmd
+
+
+def _free_gpus(sim: SpotSim) -> dict[str, int]:
+    c = sim.m.scheduler.cluster_states()["spot-east"]
+    return {name: n.free_gpu for name, n in c.nodes.items()}
+
+
+def test_a_spot_notice_shrinks_the_gang_in_place_down_to_its_minimum_then_moves_it() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    job = first.job_id
+    for n, left in (("se-0", 3), ("se-1", 2)):
+        out = sim.send("spot-east", SpotNotice(node=n, deadline=sim.now + 120))
+        assert not cancels(out)  # the attempt goes on
+        (rev,) = dispatches(out)
+        assert (rev.attempt, rev.revision) == (first.attempt, 4 - left)
+        assert [len(a.nodes) for a in rev.assignment] == [left] and n not in rev.assignment[0].nodes
+        resized = [e.event for e in out if isinstance(e, Publish) and e.event.kind == "resized"]
+        assert resized[0].reason == f"spot-notice on {n}: worker {left + 1} -> {left}"
+        assert sim.m.jobs[job].state in ("admitted", "running")
+        assert sim.m.jobs[job].attempt == first.attempt
+        assert _free_gpus(sim)[n] == 1  # its node's share given back
+        assert violations(sim.m) == []
+    # 2 -> 1 would go below the minimum of 2: the whole gang moves from its checkpoint
+    out = sim.send("spot-east", SpotNotice(node="se-2", deadline=sim.now + 120))
+    assert not dispatches(out)
+    assert sim.m.jobs[job].state in ("preempting", "queued")  # as any gang on a notice
+    assert violations(sim.m) == []
+
+
+def test_a_lost_node_shrinks_the_gang_and_quota_follows() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    out = sim.send("spot-east", NodeGone(node="se-3"))
+    assert not cancels(out)
+    record = sim.m.jobs[first.job_id]
+    assert [len(a.nodes) for a in record.attempts[-1].assignment] == [3]
+    (alloc,) = sim.m.scheduler.allocations_by_job()[first.job_id].values()
+    assert alloc.vec[0] == 3  # 3 GPUs charged, not 4
+    assert violations(sim.m) == []
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    size=st.integers(2, 10),
+    losses=st.lists(st.tuples(st.integers(0, 9), st.booleans()), min_size=1, max_size=10),
+)
+def test_shrinks_never_leave_a_gang_below_its_minimum_and_keep_accounting_exact(
+    size: int, losses: list[tuple[int, bool]]
+) -> None:
+    sim = SpotSim(size)
+    first = _running(sim)
+    for index, notice in losses:
+        node = f"se-{index % size}"
+        event = SpotNotice(node=node, deadline=sim.now + 60) if notice else NodeGone(node=node)
+        sim.send("spot-east", event)
+        assert violations(sim.m) == []
+        record = sim.m.jobs[first.job_id]
+        current = record.current
+        if current is not None and current.attempt == first.attempt:
+            (a,) = current.assignment
+            assert 2 <= len(a.nodes) <= 8, a.nodes
+        sim.now += 1.0
