@@ -11,10 +11,11 @@ one fabric.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from broker.core.inventory import Pool
+from broker.core.records import JobRecord
 from broker.core.types import GangRequest, Placement, PodSetDemand
 from schemas.agent import PodSetAssignment
 from schemas.job import JobSpec
@@ -90,3 +91,54 @@ def without_node_placement(placement: Placement, node: str) -> Placement:
     """The placement without its replicas on `node` (a shrink in place)."""
     kept = tuple((ps, tuple(n for n in nodes if n != node)) for ps, nodes in placement.assignment)
     return replace(placement, assignment=kept)
+
+
+def with_placement(placement: Placement, more: Placement) -> Placement:
+    """The placement with the replicas of `more` (a growth in the same pool) appended."""
+    extra = dict(more.assignment)
+    kept = tuple((ps, nodes + extra.pop(ps, ())) for ps, nodes in placement.assignment)
+    return replace(placement, assignment=kept + tuple(extra.items()))
+
+
+def growth(
+    req: GangRequest, spec: JobSpec, running: Iterable[PodSetAssignment]
+) -> GangRequest | None:
+    """The request for what an elastic attempt lacks of its maximum: one podset demand per
+    elastic podset below it, each taking at least one replica; None when it is whole."""
+    have = {a.podset: len(a.nodes) for a in running}
+    most = {p.name: p.most for p in spec.gang if p.elastic}
+    lack = tuple(
+        d._replace(replicas=most[d.podset] - have.get(d.podset, 0))
+        for d in req.podsets
+        if d.podset in most and have.get(d.podset, 0) < most[d.podset]
+    )
+    if not lack:
+        return None
+    return replace(
+        req,
+        podsets=lack,
+        min_replicas={d.podset: 1 for d in lack if d.replicas > 1},
+        elastic=frozenset(),
+    )
+
+
+def grown(running: Iterable[PodSetAssignment], more: Placement) -> list[PodSetAssignment]:
+    """The attempt's assignment with the added replicas' nodes appended."""
+    extra = {ps: list(nodes) for ps, nodes in more.assignment}
+    return [
+        PodSetAssignment(podset=a.podset, nodes=[*a.nodes, *extra.get(a.podset, [])])
+        for a in running
+    ]
+
+
+def short(spec: JobSpec, running: Iterable[PodSetAssignment]) -> bool:
+    """Whether some elastic podset runs below its maximum."""
+    have = {a.podset: len(a.nodes) for a in running}
+    return any(p.elastic and have.get(p.name, 0) < p.most for p in spec.gang)
+
+
+def queued_top(pending: Mapping[str, Iterable[str]], jobs: Mapping[str, JobRecord]) -> int | None:
+    """The highest priority of a queued job: each queue iterates in admission order, highest
+    priority first, so its head has its highest."""
+    heads = [h for q in pending.values() if (h := next(iter(q), "")) in jobs]
+    return max((jobs[h].spec.priority for h in heads), default=None)

@@ -23,7 +23,7 @@ from broker.core.accounting import accounting_of, backoff_delay, close_attempt, 
 from broker.core.advice import advised_interval_s
 from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist, Publish, Send
-from broker.core.elastic import shrink_text, without_node
+from broker.core.elastic import grown, growth, short, shrink_text, without_node
 from broker.core.health import PoolHealth
 from broker.core.policy import no_progress_reason, no_progress_verdict
 from broker.core.records import (
@@ -91,6 +91,9 @@ class AttemptLifecycle:
         # must (None until the dispatch is acknowledged). Not persisted: after a restart the
         # agents' snapshots report every attempt, or `missing` loses it.
         self._unreported: dict[str, float | None] = {}
+        # Jobs whose live attempt has an elastic podset below its maximum (elastic.py): the
+        # ones `grow_elastic` looks at. May hold jobs that ended since (they are skipped).
+        self.elastic_short: set[str] = set()
 
     # ------------------------------------------------------------------ which jobs are live
     def live_jobs(self) -> Set[str]:
@@ -341,6 +344,8 @@ class AttemptLifecycle:
         attempt = self.attempt_for(record, placement, now)
         # placement.note: a partial admission says so in the admitted event
         self._dispatch(record, attempt, now, effects, note=placement.note or None)
+        if short(record.spec, attempt.assignment):
+            self.elastic_short.add(record.job_id)
 
     def missing(
         self, cluster: str, reported: set[tuple[str, int]], now: float, effects: list[Effect]
@@ -579,13 +584,52 @@ class AttemptLifecycle:
         kept = without_node(record.spec, current.assignment, node)
         if kept is None or not self._scheduler.shrink(record.job_id, current.attempt, node):
             return False
-        what = shrink_text(current.assignment, kept)
-        current.assignment = kept
+        self._resized(record, current, kept, f"{cause} on {node}", now, effects)
+        self.elastic_short.add(record.job_id)
+        return True
+
+    def grow_elastic(self, now: float, effects: list[Effect], queued_top: int | None) -> None:
+        """Elastic attempts below their maximum take back what their own pool has free
+        (elastic workers share one rendezvous and fabric: never another pool), as much as
+        quota and nodes allow. Never while a queued job of the same or higher priority
+        (`queued_top`, the highest queued priority) waits: growth must not take what it
+        could use."""
+        for job_id in sorted(self.elastic_short):
+            record = self._jobs.get(job_id)
+            current = record.current if record is not None else None
+            if record is None or current is None or not short(record.spec, current.assignment):
+                self.elastic_short.discard(job_id)
+                continue
+            if record.preempting is not None or record.state not in ("admitted", "running"):
+                continue
+            if queued_top is not None and queued_top >= record.spec.priority:
+                continue
+            base = gang_request(record, now, self._registry.demands(job_id))
+            base.attempt = current.attempt
+            extra = growth(base, record.spec, current.assignment)
+            more = self._scheduler.grow(extra, now) if extra is not None else None
+            if more is None:
+                continue
+            self._resized(
+                record, current, grown(current.assignment, more), "capacity returned", now, effects
+            )
+
+    def _resized(
+        self,
+        record: JobRecord,
+        current: AttemptRecord,
+        assignment: list[PodSetAssignment],
+        why: str,
+        now: float,
+        effects: list[Effect],
+    ) -> None:
+        """The live attempt runs on `assignment` now (same attempt, next revision)."""
+        what = shrink_text(current.assignment, assignment)
+        current.assignment = assignment
         current.revision += 1
         effects.append(Persist(record))
         effects.append(self._dispatch_send(record, current))
-        effects.append(self.event(record, "resized", now, reason=f"{cause} on {node}: {what}"))
-        return True
+        effects.append(self.event(record, "resized", now, reason=f"{why}: {what}"))
 
     def _reserve_replacement(self, record: JobRecord, now: float) -> None:
         """Make-before-break: hold a placement for the next attempt away from the lost pool."""

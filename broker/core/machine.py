@@ -29,6 +29,7 @@ from typing import assert_never
 from broker.core.agents import AgentTrack, AgentTracker
 from broker.core.backlog import Backlog
 from broker.core.effects import BatchApplied, Effect, Forget, Persist, Refused, Submitted
+from broker.core.elastic import queued_top
 from broker.core.inputs import (
     AgentBatch,
     CancelJob,
@@ -373,6 +374,9 @@ class Machine:
         if lapsed:
             self.backlog.wake(lapsed)
         self.moves.tick(now, effects)
+        if self.lifecycle.elastic_short:
+            top = queued_top(self.backlog.pending, self._jobs)
+            self.lifecycle.grow_elastic(now, effects, top)
         if self.lifecycle.health.tick(now):
             self.backlog.capacity_dirty = True  # a pool may take a probe
         self._expire_ended(now, effects)

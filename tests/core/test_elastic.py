@@ -22,10 +22,13 @@ from schemas.agent import (
     FlavorInfo,
     NodeGone,
     NodeInfo,
+    NodeUpsert,
     SpotNotice,
     WorkloadStatus,
 )
+from schemas.api import JobEvent
 from schemas.config import BrokerConfig, QueueConfig
+from schemas.job import JobSpec, PodSet
 
 from .harness import T0, Sim, cancels
 from .helpers import NOW, config, flavor, gang, nodes
@@ -158,21 +161,86 @@ def test_a_lost_node_shrinks_the_gang_and_quota_follows() -> None:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     size=st.integers(2, 10),
-    losses=st.lists(st.tuples(st.integers(0, 9), st.booleans()), min_size=1, max_size=10),
+    rival=st.sampled_from([None, -1, 0, 5]),
+    moves=st.lists(
+        st.tuples(st.sampled_from(["notice", "gone", "join", "tick"]), st.integers(0, 11)),
+        min_size=1,
+        max_size=14,
+    ),
 )
-def test_shrinks_never_leave_a_gang_below_its_minimum_and_keep_accounting_exact(
-    size: int, losses: list[tuple[int, bool]]
+def test_elastic_gangs_stay_within_bounds_and_growth_never_passes_a_queued_job(
+    size: int, rival: int | None, moves: list[tuple[str, int]]
 ) -> None:
+    """Shrinks never leave a gang below its minimum, growth never above its maximum or
+    ahead of a queued job of the same or higher priority, and node and quota accounting
+    stay exact (invariants.violations) through every step."""
     sim = SpotSim(size)
     first = _running(sim)
-    for index, notice in losses:
-        node = f"se-{index % size}"
-        event = SpotNotice(node=node, deadline=sim.now + 60) if notice else NodeGone(node=node)
-        sim.send("spot-east", event)
+    if rival is not None:
+        spec = JobSpec(
+            name="r", capacity="spot", priority=rival, gang=[PodSet(name="w", replicas=3, gpu=1)]
+        )
+        split_reply(sim.m.handle(SubmitJob(spec, subject_queue="q"), sim.now))
+    for op, index in moves:
+        node = f"se-{index}"
+        if op == "notice":
+            out = sim.send("spot-east", SpotNotice(node=node, deadline=sim.now + 60))
+        elif op == "gone":
+            out = sim.send("spot-east", NodeGone(node=node))
+        elif op == "join":
+            out = sim.send("spot-east", NodeUpsert(node=SpotSim.nodes([index])[0]))
+        else:
+            waiting = [
+                r.spec.priority
+                for r in sim.m.jobs.values()
+                if r.state == "queued" and r.job_id != first.job_id
+            ]
+            out = sim.step(1.0)
+            grew = [e for e in _resized(out) if (e.reason or "").startswith("capacity returned")]
+            if grew:
+                assert all(p < sim.m.jobs[first.job_id].spec.priority for p in waiting)
         assert violations(sim.m) == []
-        record = sim.m.jobs[first.job_id]
-        current = record.current
+        current = sim.m.jobs[first.job_id].current
         if current is not None and current.attempt == first.attempt:
             (a,) = current.assignment
             assert 2 <= len(a.nodes) <= 8, a.nodes
         sim.now += 1.0
+
+
+def _resized(out: list[Any]) -> list[JobEvent]:
+    return [e.event for e in out if isinstance(e, Publish) and e.event.kind == "resized"]
+
+
+def _join(sim: SpotSim, indices: range) -> list[Any]:
+    out: list[Any] = []
+    for node in SpotSim.nodes(indices):
+        out += sim.send("spot-east", NodeUpsert(node=node))
+    return out + sim.step(1.0)
+
+
+def test_capacity_returning_to_its_pool_grows_the_gang_up_to_its_maximum() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    out = _join(sim, range(4, 10))  # six more nodes; the job wants at most 8
+    (rev,) = [d for d in dispatches(out) if d.job_id == first.job_id]
+    assert (rev.attempt, rev.revision) == (first.attempt, 1)
+    assert [len(a.nodes) for a in rev.assignment] == [8]
+    assert set(first.assignment[0].nodes) <= set(rev.assignment[0].nodes)  # the 4 stay
+    assert _resized(out)[0].reason == "capacity returned: worker 4 -> 8"
+    assert sum(_free_gpus(sim).values()) == 2
+    assert violations(sim.m) == []
+    assert not _resized(sim.step(1.0))  # at its maximum: nothing more
+
+
+def test_growth_waits_while_a_queued_job_of_equal_priority_waits() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    other = JobSpec(name="b", capacity="spot", gang=[PodSet(name="w", replicas=4, gpu=1, cpu="1")])
+    reply, _ = split_reply(sim.m.handle(SubmitJob(other, subject_queue="q"), sim.now))
+    assert reply.job_id is not None
+    out = _join(sim, range(4, 6))  # two free nodes: not enough for b, enough to grow
+    assert not _resized(out) and sim.m.jobs[reply.job_id].state == "queued"
+    out = _join(sim, range(6, 8))  # b fits now and is admitted; the rest is growth's
+    assert sim.m.jobs[reply.job_id].state == "admitted"
+    assert [len(a.nodes) for a in sim.m.jobs[first.job_id].attempts[-1].assignment] == [4]
+    assert violations(sim.m) == []
