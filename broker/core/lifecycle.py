@@ -430,6 +430,8 @@ class AttemptLifecycle:
         self._track_live(record, current.cluster)
         if current.running_at is None:
             self._starting.add(record.job_id)
+        if short(record.spec, current.assignment):
+            self.elastic_short.add(record.job_id)
         if record.preempting is not None:
             self._preempting.add(record.job_id)
         if record.preempting is not None and record.preempting.replacement is not None:

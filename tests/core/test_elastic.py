@@ -5,15 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.core.assigner import Assignment
 from broker.core.effects import Publish, Send, split_reply
-from broker.core.inputs import SubmitJob
+from broker.core.inputs import Restore, SubmitJob
 from broker.core.invariants import violations
 from broker.core.machine import Machine
+from broker.core.records import JobRecord
 from broker.core.scheduler import Scheduler
 from broker.manifests import jobspec_from_manifest
 from schemas.agent import (
@@ -244,3 +246,24 @@ def test_growth_waits_while_a_queued_job_of_equal_priority_waits() -> None:
     assert sim.m.jobs[reply.job_id].state == "admitted"
     assert [len(a.nodes) for a in sim.m.jobs[first.job_id].attempts[-1].assignment] == [4]
     assert violations(sim.m) == []
+
+
+def test_a_new_leader_restores_a_shrunk_gang_exactly_and_grows_it() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    sim.send("spot-east", NodeGone(node="se-0"))
+    records = [
+        msgspec.msgpack.decode(msgspec.msgpack.encode(r), type=JobRecord)
+        for r in sim.m.jobs.values()
+    ]
+    after = SpotSim(0)
+    after.now = sim.now
+    after.m.handle(Restore(records), after.now)
+    after.send("spot-east", ClusterSnapshot(flavors=[SPOT], nodes=SpotSim.nodes(range(1, 4))))
+    (alloc,) = after.m.scheduler.allocations_by_job()[first.job_id].values()
+    assert alloc.vec[0] == 3
+    out = _join(after, range(4, 6))
+    (rev,) = [d for d in dispatches(out) if d.job_id == first.job_id]
+    assert (rev.attempt, rev.revision) == (first.attempt, 2)
+    assert [len(a.nodes) for a in rev.assignment] == [5]
+    assert violations(after.m) == []
