@@ -6,21 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import yaml
 
-from agents.config import FakeFlavor
-from tests.e2e.conftest import World
+from tests.e2e.conftest import World, flavor
 
 SEED = Path(__file__).parents[1] / "cli" / "fixtures" / "pytorchjob-elastic-spot.yaml"
 # One GPU a node, as the seed's workers ask: one worker a node, so a notice takes one worker.
-SPOT = FakeFlavor(
-    name="spot",
-    capacity_type="spot",
-    gpu_type="A100",
-    price_per_gpu_hour=1.0,
-    nodes=4,
-    gpu_per_node=1,
-)
+SPOT = msgspec.structs.replace(flavor("spot", "spot", nodes=4), gpu_per_node=1)
 
 
 async def test_the_seed_elastic_job_shrinks_in_place_and_grows_back(world: World) -> None:
