@@ -94,6 +94,7 @@ class AttemptLifecycle:
         # Jobs whose live attempt has an elastic podset below its maximum (elastic.py): the
         # ones `grow_elastic` looks at. May hold jobs that ended since (they are skipped).
         self.elastic_short: set[str] = set()
+        self.elastic_grown: set[str] = set()  # ... whose live attempt holds nodes growth added
 
     # ------------------------------------------------------------------ which jobs are live
     def live_jobs(self) -> Set[str]:
@@ -432,6 +433,8 @@ class AttemptLifecycle:
             self._starting.add(record.job_id)
         if short(record.spec, current.assignment):
             self.elastic_short.add(record.job_id)
+        if current.grown:
+            self.elastic_grown.add(record.job_id)
         if record.preempting is not None:
             self._preempting.add(record.job_id)
         if record.preempting is not None and record.preempting.replacement is not None:
@@ -586,9 +589,28 @@ class AttemptLifecycle:
         kept = without_node(record.spec, current.assignment, node)
         if kept is None or not self._scheduler.shrink(record.job_id, current.attempt, node):
             return False
+        current.grown = [n for n in current.grown if n != node]
         self._resized(record, current, kept, f"{cause} on {node}", now, effects)
         self.elastic_short.add(record.job_id)
         return True
+
+    def give_back_growth(self, now: float, effects: list[Effect], queued_top: int) -> bool:
+        """Growth is the first thing reclaimed: while a queued job of the same or higher
+        priority waits, elastic attempts give back the nodes growth added (newest first),
+        never what they were admitted with. True when some capacity was given back."""
+        gave = False
+        for job_id in sorted(self.elastic_grown):
+            record = self._jobs.get(job_id)
+            current = record.current if record is not None else None
+            if record is None or current is None or not current.grown:
+                self.elastic_grown.discard(job_id)
+                continue
+            if queued_top < record.spec.priority:
+                continue
+            cause = f"growth given back to a queued job of priority {queued_top}"
+            for node in reversed(current.grown):
+                gave = self.shrink_in_place(record, node, cause, now, effects) or gave
+        return gave
 
     def grow_elastic(self, now: float, effects: list[Effect], queued_top: int | None) -> None:
         """Elastic attempts below their maximum take back what their own pool has free
@@ -612,6 +634,8 @@ class AttemptLifecycle:
             more = self._scheduler.grow(extra, now) if extra is not None else None
             if more is None:
                 continue
+            current.grown = list(dict.fromkeys([*current.grown, *more.nodes]))
+            self.elastic_grown.add(job_id)
             self._resized(
                 record, current, grown(current.assignment, more), "capacity returned", now, effects
             )

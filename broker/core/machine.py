@@ -374,8 +374,11 @@ class Machine:
         if lapsed:
             self.backlog.wake(lapsed)
         self.moves.tick(now, effects)
-        if self.lifecycle.elastic_short:
+        if self.lifecycle.elastic_short or self.lifecycle.elastic_grown:
             top = queued_top(self.backlog.pending, self._jobs)
+            grown = self.lifecycle.elastic_grown
+            if top is not None and grown and self.lifecycle.give_back_growth(now, effects, top):
+                self.backlog.capacity_dirty = True
             self.lifecycle.grow_elastic(now, effects, top)
         if self.lifecycle.health.tick(now):
             self.backlog.capacity_dirty = True  # a pool may take a probe

@@ -42,6 +42,8 @@ class AttemptRecord(msgspec.Struct, omit_defaults=True):
     advised_interval_s: float | None = None
     # Times its placement changed in place (elastic.py); sent as `Dispatch.revision`.
     revision: int = 0
+    # Nodes growth added (elastic.py), in order: what is given back first to a queued job.
+    grown: list[str] = []
 
     @property
     def live(self) -> bool:

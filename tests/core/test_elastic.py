@@ -267,3 +267,23 @@ def test_a_new_leader_restores_a_shrunk_gang_exactly_and_grows_it() -> None:
     assert (rev.attempt, rev.revision) == (first.attempt, 2)
     assert [len(a.nodes) for a in rev.assignment] == [5]
     assert violations(after.m) == []
+
+
+def test_growth_is_given_back_first_to_a_queued_job_of_equal_priority() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    _join(sim, range(4, 8))  # grows to its maximum of 8
+    rival = JobSpec(name="r", capacity="spot", gang=[PodSet(name="w", replicas=3, gpu=1)])
+    reply, _ = split_reply(sim.m.handle(SubmitJob(rival, subject_queue="q"), sim.now))
+    assert reply.job_id is not None
+    out = sim.step(1.0)  # the tick gives the growth back, the cycle admits the rival
+    given = [e.reason for e in _resized(out)]
+    assert len(given) == 4 and all(
+        (r or "").startswith("growth given back to a queued job of priority 0") for r in given
+    )
+    assert sim.m.jobs[reply.job_id].state == "admitted"
+    (a,) = sim.m.jobs[first.job_id].attempts[-1].assignment
+    assert len(a.nodes) == 4  # what it was admitted with stays
+    out = sim.step(1.0)  # nothing queued now: it grows into the one node left
+    assert [e.reason for e in _resized(out)] == ["capacity returned: worker 4 -> 5"]
+    assert violations(sim.m) == []
