@@ -46,7 +46,8 @@ def admission_note(
 
 def size_text(spec: JobSpec, assignment: Iterable[PodSetAssignment]) -> str:
     """The current and target size of each elastic podset of a placed job, for `muster why`:
-    "elastic: worker runs 4 of 8 replicas (min 2; grows back when capacity returns)"."""
+    "worker runs 4 of 8 replicas (min 2; grows back when its pool has room)", shown by
+    `muster why` as the reason `[elastic]`."""
     now = {a.podset: len(a.nodes) for a in assignment}
     parts = []
     for p in spec.gang:
@@ -54,7 +55,7 @@ def size_text(spec: JobSpec, assignment: Iterable[PodSetAssignment]) -> str:
             have = now.get(p.name, 0)
             tail = "; grows back when its pool has room" if have < p.most else ""
             parts.append(f"{p.name} runs {have} of {p.most} replicas (min {p.least}{tail})")
-    return "elastic: " + ", ".join(parts) if parts else ""
+    return ", ".join(parts)
 
 
 def without_node(

@@ -82,7 +82,7 @@ def test_the_seed_elastic_job_is_admitted_at_what_fits_and_says_so() -> None:
     why = sim.m.views.why(job, sim.now)
     assert why is not None
     assert [r.message for r in why.reasons if r.code == "elastic"] == [
-        "elastic: worker runs 4 of 8 replicas (min 2; grows back when its pool has room)"
+        "worker runs 4 of 8 replicas (min 2; grows back when its pool has room)"
     ]
 
 
