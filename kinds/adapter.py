@@ -113,7 +113,8 @@ class Adapter:
         return {}
 
     def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
-        """Run `podset` with `count` pods (fewer than written: a partial admission)."""
+        """Run `podset` with `count` pods (fewer than written: a partial admission; more:
+        an elastic podset admitted towards its maximum)."""
         raise KindError(
             f"{self.resource.kind}: podset {podset!r} was admitted with {count} pods, and this "
             "kind cannot start with fewer pods than it asks for"

@@ -5,7 +5,7 @@ adapter, a table of kinds. `kubeflow.org/v1` from the training operator (v1.9) a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from kinds.adapter import Adapter
 from kinds.base import (
@@ -144,6 +144,15 @@ class Training(Adapter):
                 f"maxReplicas {high} must satisfy 1 <= minReplicas <= replicas <= maxReplicas"
             )
         return {"worker": (low, high)}
+
+    def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
+        """An elastic Worker runs with its admitted count, within elasticPolicy's bounds."""
+        if podset not in self.elastic(manifest):
+            super().scale(manifest, podset, count)
+        key = self.row.replica_specs
+        for row in replica_rows(self._specs(manifest), f"spec.{key}"):
+            if row.name == podset:
+                cast("dict[str, Any]", row.spec)["replicas"] = count
 
     def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
         value = self._scheduling(manifest).get("queue")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from kinds.adapter import Adapter
 from kinds.base import (
@@ -107,6 +107,18 @@ class VolcanoJob(Adapter):
             return {}
         others = total - scalable[0].replicas
         return {scalable[0].podset: (max(1, least - others), scalable[0].replicas)}
+
+    def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
+        """The elastic task runs with its admitted count; minAvailable still holds (the
+        podset's minimum is what minAvailable leaves it)."""
+        if podset not in self.elastic(manifest):
+            super().scale(manifest, podset, count)
+        spec = mapping(manifest.get("spec"), "spec", required=True)
+        tasks = listed(spec.get("tasks"), "spec.tasks")
+        default = "default" if len(tasks) == 1 else None
+        for row in replica_rows(tasks, "spec.tasks", default_name=default):
+            if row.name == podset:
+                cast("dict[str, Any]", row.spec)["replicas"] = count
 
     def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
         spec = mapping(manifest.get("spec"), "spec")
