@@ -105,7 +105,11 @@ def growth(
     req: GangRequest, spec: JobSpec, running: Iterable[PodSetAssignment]
 ) -> GangRequest | None:
     """The request for what an elastic attempt lacks of its maximum: one podset demand per
-    elastic podset below it, each taking at least one replica; None when it is whole."""
+    elastic podset below it, each taking at least one replica; None when it is whole, or
+    when the gang requires a topology domain (added replicas are placed on their own and
+    could leave it)."""
+    if req.topology is not None and req.topology.required:
+        return None
     have = {a.podset: len(a.nodes) for a in running}
     most = {p.name: p.most for p in spec.gang if p.elastic}
     lack = tuple(

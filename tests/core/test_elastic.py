@@ -30,7 +30,7 @@ from schemas.agent import (
 )
 from schemas.api import JobEvent
 from schemas.config import BrokerConfig, QueueConfig
-from schemas.job import JobSpec, PodSet
+from schemas.job import GangTopology, JobSpec, PodSet
 
 from .harness import T0, Sim, cancels
 from .helpers import NOW, config, flavor, gang, nodes
@@ -287,3 +287,13 @@ def test_growth_is_given_back_first_to_a_queued_job_of_equal_priority() -> None:
     out = sim.step(1.0)  # nothing queued now: it grows into the one node left
     assert [e.reason for e in _resized(out)] == ["capacity returned: worker 4 -> 5"]
     assert violations(sim.m) == []
+
+
+def test_a_gang_that_requires_a_topology_domain_does_not_grow() -> None:
+    sim = SpotSim(4)
+    spec = jobspec_from_manifest(yaml.safe_load(SEED.read_text(encoding="utf-8")))
+    spec = msgspec.structs.replace(spec, topology=GangTopology(required="zone"))
+    reply, _ = split_reply(sim.m.handle(SubmitJob(spec, subject_queue="q"), sim.now))
+    assert reply.job_id is not None
+    assert dispatches(sim.step(1.0))
+    assert not _resized(_join(sim, range(4, 8)))
