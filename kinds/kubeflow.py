@@ -123,8 +123,9 @@ class Training(Adapter):
 
     def elastic(self, manifest: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
         """`spec.elasticPolicy` (PyTorchJob, PaddleJob): the Worker replicas run between
-        `minReplicas` and `maxReplicas`; either one left out is the Worker's `replicas`, as
-        the training operator's torchrun `--nnodes=min:max`."""
+        `minReplicas` and `maxReplicas` (torchrun's `--nnodes=min:max`), defaulted as the
+        training operator does: one left out is the other, both left out the Worker's
+        `replicas`."""
         spec = mapping(manifest.get("spec"), "spec")
         policy = mapping(spec.get("elasticPolicy"), "spec.elasticPolicy")
         if not policy:
@@ -136,8 +137,13 @@ class Training(Adapter):
                 f"{self.row.kind} has none; add a Worker replica type or drop elasticPolicy"
             )
         replicas = sum(t.replicas for t in workers)
-        low = count(policy.get("minReplicas"), "spec.elasticPolicy.minReplicas", replicas)
-        high = count(policy.get("maxReplicas"), "spec.elasticPolicy.maxReplicas", replicas)
+        low_raw, high_raw = policy.get("minReplicas"), policy.get("maxReplicas")
+        if low_raw is None:
+            low_raw = replicas if high_raw is None else high_raw
+        if high_raw is None:
+            high_raw = low_raw
+        low = count(low_raw, "spec.elasticPolicy.minReplicas", replicas)
+        high = count(high_raw, "spec.elasticPolicy.maxReplicas", replicas)
         if not 1 <= low <= replicas <= high:
             raise KindError(
                 f"spec.elasticPolicy: minReplicas {low}, Worker replicas {replicas} and "

@@ -105,6 +105,13 @@ def test_volcano_min_available_below_total_makes_the_workers_elastic() -> None:
     assert spec.labels["muster.dev/min-available"] == "3"
 
 
+def test_a_volcano_tasks_own_min_available_makes_it_elastic() -> None:
+    manifest = fixture("volcano-job.yaml")
+    manifest["spec"]["tasks"][1]["minAvailable"] = 1  # the worker task
+    master, worker = jobspec_from_manifest(manifest).gang
+    assert (master.max_replicas, worker.min_replicas, worker.max_replicas) == (None, 1, 4)
+
+
 def test_volcano_min_available_without_one_scalable_task_is_recorded_not_used() -> None:
     manifest = fixture("volcano-job.yaml")
     manifest["spec"]["minAvailable"] = 3
@@ -137,11 +144,26 @@ def test_elastic_pytorchjob_on_spot_nodes() -> None:
     assert spec.capacity == "spot"  # from nodeSelector cloud.google.com/gke-provisioning: spot
 
 
-def test_elastic_policy_defaults_to_the_worker_replicas() -> None:
+@pytest.mark.parametrize(
+    ("drop", "bounds"), [(("minReplicas", "maxReplicas"), (4, 4)), (("maxReplicas",), (2, 2))]
+)
+def test_elastic_policy_defaults_as_the_training_operator(
+    drop: tuple[str, ...], bounds: tuple[int, int]
+) -> None:
+    """One bound left out is the other; both left out, the Worker's replicas."""
     manifest = fixture("pytorchjob-elastic-spot.yaml")
-    del manifest["spec"]["elasticPolicy"]["minReplicas"]
+    manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = bounds[0]
+    for key in drop:
+        del manifest["spec"]["elasticPolicy"][key]
     (worker,) = jobspec_from_manifest(manifest).gang
-    assert (worker.min_replicas, worker.max_replicas) == (4, 8)
+    assert (worker.min_replicas, worker.max_replicas) == bounds
+
+
+def test_elastic_policy_with_only_a_maximum_above_the_replicas_is_refused() -> None:
+    manifest = fixture("pytorchjob-elastic-spot.yaml")
+    del manifest["spec"]["elasticPolicy"]["minReplicas"]  # minReplicas becomes 8 > replicas 4
+    with pytest.raises(ManifestError, match="minReplicas 8, Worker replicas 4 and maxReplicas 8"):
+        jobspec_from_manifest(manifest)
 
 
 @pytest.mark.parametrize(("low", "high"), [(5, 8), (2, 3), (0, 8)])
