@@ -16,6 +16,7 @@ from kinds.base import (
     Resource,
     Verdict,
     condition_verdict,
+    elastic_job,
     ensure,
     job_pods,
     keep_ttl,
@@ -42,8 +43,6 @@ POD_RESOURCE = Resource("v1", "Pod", "pods")
 COMPLETION_INDEX_ANN = "batch.kubernetes.io/job-completion-index"
 # Kueue's partial admission: the Job may start with as few as this many pods.
 MIN_PARALLELISM_ANN = "kueue.x-k8s.io/job-min-parallelism"
-# Kueue's elastic jobs (workload slices): the Job's parallelism may change while it runs.
-ELASTIC_JOB_ANN = "kueue.x-k8s.io/elastic-job"
 # Kueue lowers completions along with parallelism only when this annotation is "true".
 COMPLETIONS_EQUAL_ANN = "kueue.x-k8s.io/job-completions-equal-parallelism"
 
@@ -102,10 +101,10 @@ class BatchJob(Adapter):
     def elastic(self, manifest: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
         """`kueue.x-k8s.io/elastic-job: "true"`: the Job runs with any parallelism up to the
         written one, at least `job-min-parallelism` (1 without it), and grows back to it."""
+        if not elastic_job(manifest):
+            return {}
         meta = mapping(manifest.get("metadata"), "metadata")
         annotations = mapping(meta.get("annotations"), "metadata.annotations")
-        if str(annotations.get(ELASTIC_JOB_ANN, "")).strip().lower() != "true":
-            return {}
         pods = job_pods(mapping(manifest.get("spec"), "spec", required=True), "spec")
         low = 1
         if MIN_PARALLELISM_ANN in annotations:

@@ -52,3 +52,26 @@ def test_a_volcano_job_runs_its_admitted_workers_above_min_available() -> None:
     body = _plan_of(manifest, {"master": 1, "worker": 2})
     tasks = {t["name"]: t["replicas"] for t in body["spec"]["tasks"]}
     assert tasks == {"master": 1, "worker": 2} and body["spec"]["minAvailable"] == 3
+
+
+def _rayjob(elastic: bool) -> dict[str, Any]:
+    root = Path(__file__).parents[2]
+    ray = yaml.safe_load((root / "examples" / "jobs" / "rayjob.yaml").read_text(encoding="utf-8"))
+    (group,) = ray["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    group.update(minReplicas=1, maxReplicas=6)
+    if elastic:
+        ray["metadata"]["annotations"] = {"kueue.x-k8s.io/elastic-job": "true"}
+    return ray
+
+
+def test_a_rayjob_worker_group_is_elastic_only_with_kueues_annotation() -> None:
+    head, workers = jobspec_from_manifest(_rayjob(True)).gang
+    assert (head.max_replicas, workers.min_replicas, workers.max_replicas) == (None, 1, 6)
+    _, fixed = jobspec_from_manifest(_rayjob(False)).gang
+    assert (fixed.replicas, fixed.max_replicas) == (2, None)
+
+
+def test_an_elastic_rayjob_renders_its_admitted_workers() -> None:
+    body = _plan_of(_rayjob(True), {"head": 1, "gpu-workers": 5})
+    (group,) = body["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["replicas"] == 5
