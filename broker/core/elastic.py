@@ -20,9 +20,9 @@ from broker.core.types import GangRequest, Placement, PodSetDemand
 from schemas.agent import PodSetAssignment
 from schemas.job import JobSpec
 
-
-def elastic_podsets(spec: JobSpec) -> frozenset[str]:
-    return frozenset(p.name for p in spec.gang if p.elastic)
+# An elastic attempt whose pool had no room tries to grow again after this (s), or as soon as
+# nodes arrive: each try searches the pool, so a shrunk gang does not search every tick.
+GROW_RETRY_S = 5.0
 
 
 def admission_note(

@@ -23,7 +23,7 @@ from broker.core.accounting import accounting_of, backoff_delay, close_attempt, 
 from broker.core.advice import advised_interval_s
 from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist, Publish, Send
-from broker.core.elastic import grown, growth, short, shrink_text, without_node
+from broker.core.elastic import GROW_RETRY_S, grown, growth, short, shrink_text, without_node
 from broker.core.health import PoolHealth
 from broker.core.policy import no_progress_reason, no_progress_verdict
 from broker.core.records import (
@@ -95,6 +95,7 @@ class AttemptLifecycle:
         # ones `grow_elastic` looks at. May hold jobs that ended since (they are skipped).
         self.elastic_short: set[str] = set()
         self.elastic_grown: set[str] = set()  # ... whose live attempt holds nodes growth added
+        self._grow_retry: dict[str, float] = {}  # job -> when growth that found no room retries
 
     # ------------------------------------------------------------------ which jobs are live
     def live_jobs(self) -> Set[str]:
@@ -628,17 +629,25 @@ class AttemptLifecycle:
                 continue
             if queued_top is not None and queued_top >= record.spec.priority:
                 continue
+            if self._grow_retry.get(job_id, 0.0) > now:
+                continue
             base = gang_request(record, now, self._registry.demands(job_id))
             base.attempt = current.attempt
             extra = growth(base, record.spec, current.assignment)
             more = self._scheduler.grow(extra, now) if extra is not None else None
             if more is None:
+                self._grow_retry[job_id] = now + GROW_RETRY_S
                 continue
+            self._grow_retry.pop(job_id, None)
             current.grown = list(dict.fromkeys([*current.grown, *more.nodes]))
             self.elastic_grown.add(job_id)
             self._resized(
                 record, current, grown(current.assignment, more), "capacity returned", now, effects
             )
+
+    def retry_growth(self) -> None:
+        """Nodes arrived: growth that found no room may find some now."""
+        self._grow_retry.clear()
 
     def _resized(
         self,

@@ -323,6 +323,7 @@ class Machine:
             self.backlog.capacity_dirty = True
         elif isinstance(event, NodeUpsert):
             lost = self.scheduler.upsert_node(cluster, event.node, now)
+            self.lifecycle.retry_growth()
             self.lifecycle.lose_all(
                 lost, "node-unusable", now, effects, cluster=cluster, node=event.node.name
             )
@@ -357,6 +358,7 @@ class Machine:
             reported.add((status.job_id, status.attempt))
             self.lifecycle.workload(cluster, status, now, effects, snapshot=True)
         self.lifecycle.missing(cluster, reported, now, effects)
+        self.lifecycle.retry_growth()
         self.backlog.capacity_dirty = True
 
     # ------------------------------------------------------------------ time

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from broker.core.assigner import Assignment
 from broker.core.effects import Publish, Send, split_reply
+from broker.core.elastic import GROW_RETRY_S
 from broker.core.inputs import Restore, SubmitJob
 from broker.core.invariants import violations
 from broker.core.machine import Machine
@@ -297,3 +298,20 @@ def test_a_gang_that_requires_a_topology_domain_does_not_grow() -> None:
     assert reply.job_id is not None
     assert dispatches(sim.step(1.0))
     assert not _resized(_join(sim, range(4, 8)))
+
+
+def test_capacity_another_job_gives_back_is_grown_into_at_the_next_retry() -> None:
+    sim = SpotSim(6)
+    plain = JobSpec(name="a", capacity="spot", gang=[PodSet(name="w", replicas=2, gpu=1)])
+    reply, _ = split_reply(sim.m.handle(SubmitJob(plain, subject_queue="q"), sim.now))
+    assert reply.job_id is not None and dispatches(sim.step(1.0))
+    first = _running(sim)  # the seed's job takes the 4 nodes left
+    assert [len(a.nodes) for a in first.assignment] == [4]
+    sim.step(1.0)  # no room: the next try is GROW_RETRY_S later
+    done = WorkloadStatus(job_id=reply.job_id, attempt=1, phase="succeeded", exit_codes=[0])
+    sim.send("spot-east", done)
+    assert sim.m.jobs[reply.job_id].state == "succeeded"
+    assert not _resized(sim.step(1.0))  # not searched again yet
+    out = sim.step(GROW_RETRY_S)
+    assert [e.reason for e in _resized(out)] == ["capacity returned: worker 4 -> 6"]
+    assert violations(sim.m) == []
