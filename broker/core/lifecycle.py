@@ -19,7 +19,13 @@ from typing import assert_never
 from urllib.parse import unquote, urlsplit
 
 from broker.core import spotreturn
-from broker.core.accounting import accounting_of, backoff_delay, close_attempt, work_since
+from broker.core.accounting import (
+    accounting_of,
+    backoff_delay,
+    close_attempt,
+    note_resize,
+    work_since,
+)
 from broker.core.advice import advised_interval_s
 from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist, Publish, Send
@@ -659,6 +665,7 @@ class AttemptLifecycle:
         effects: list[Effect],
     ) -> None:
         """The live attempt runs on `assignment` now (same attempt, next revision)."""
+        note_resize(record, current, now)
         what = shrink_text(current.assignment, assignment)
         current.assignment = assignment
         current.revision += 1

@@ -44,6 +44,9 @@ class AttemptRecord(msgspec.Struct, omit_defaults=True):
     revision: int = 0
     # Nodes growth added (elastic.py), in order: what is given back first to a queued job.
     grown: list[str] = []
+    # An elastic attempt's last resize, and the GPU-seconds it used before it (accounting.py).
+    resized_at: float | None = None
+    gpu_seconds_before: float = 0.0
 
     @property
     def live(self) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from broker.core.accounting import accounting, attempt_view
+from broker.core.accounting import accounting, attempt_gpus, attempt_view
 from broker.core.agents import AgentTracker
 from broker.core.backlog import Backlog
 from broker.core.elastic import size_text
@@ -48,7 +48,7 @@ class JobViews:
         record = self._jobs.get(job_id)
         if record is None:
             return None
-        attempts = [attempt_view(a, record.total_gpus, now) for a in record.attempts]
+        attempts = [attempt_view(a, attempt_gpus(record, a), now) for a in record.attempts]
         current = record.current
         ckpt = record.latest_checkpoint
         return JobView(

@@ -315,3 +315,15 @@ def test_capacity_another_job_gives_back_is_grown_into_at_the_next_retry() -> No
     out = sim.step(GROW_RETRY_S)
     assert [e.reason for e in _resized(out)] == ["capacity returned: worker 4 -> 6"]
     assert violations(sim.m) == []
+
+
+def test_gpu_seconds_count_each_size_for_its_time() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    start = sim.m.jobs[first.job_id].attempts[-1].dispatched_at
+    sim.now = start + 10.0
+    sim.send("spot-east", NodeGone(node="se-0"))  # 4 GPUs for 10 s, then 3
+    view = sim.m.views.job_view(first.job_id, start + 30.0)
+    assert view is not None
+    assert view.accounting.gpu_seconds_used == 4 * 10.0 + 3 * 20.0
+    assert view.accounting.cost == (4 * 10.0 + 3 * 20.0) / 3600.0 * SPOT.price_per_gpu_hour
