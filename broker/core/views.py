@@ -64,6 +64,7 @@ class JobViews:
             flavor=current.flavor if current else None,
             reason=record.reason,
             waiting=self._waiting_line(record, now),
+            size=size_text(record.spec, current.assignment) or None if current else None,
             latest_checkpoint=CheckpointView(
                 step=ckpt.step, uri=ckpt.uri, at=ckpt.at, attempt=ckpt.attempt
             )

@@ -37,9 +37,9 @@ async def test_the_seed_elastic_job_shrinks_in_place_and_grows_back(world: World
     assert shrunk.reason == f"spot-notice on {reclaimed}: worker 4 -> 3"
     assert shrunk.attempt == 1
     why = await h.api("why", {"job_id": job})
-    assert "worker runs 3 of 8 replicas (min 2; grows back when its pool has room)" in [
-        r["message"] for r in why["result"]["reasons"]
-    ]
+    size = "worker runs 3 of 8 replicas (min 2; grows back when its pool has room)"
+    assert size in [r["message"] for r in why["result"]["reasons"]]
+    assert (await world.job(job))["size"] == size  # what `muster status` and the dashboard show
 
     fleet["east"].add_node("spot")  # capacity returns to the same pool
     grown = await h.wait_event(job, "resized", count=2, timeout=15)
