@@ -4,9 +4,10 @@ A podset with `max_replicas` (TorchElastic's `--nnodes=min:max`, Volcano's `minA
 Kueue's elastic jobs) is asked for at its maximum; `assign` admits the most that fits, at least
 the minimum (the partial-admission search), and this module words that choice. While the job
 runs, a spot notice or a lost node that leaves every podset at or above its minimum removes
-only the replicas on that node (`shrink`); below it the whole gang moves as before. Growth
-back towards the maximum stays in the same pool: elastic workers share one rendezvous and
-one fabric.
+only the replicas on that node (`without_node`, `Scheduler.shrink`); below it the whole gang
+moves as before. Growth back towards the maximum stays in the same pool (`growth`,
+`Scheduler.grow`): elastic workers share one rendezvous and one fabric. The lifecycle
+(`AttemptLifecycle.shrink_in_place`, `grow_elastic`, `give_back_growth`) drives both.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def admission_note(
 
 
 def size_text(spec: JobSpec, assignment: Iterable[PodSetAssignment]) -> str:
-    """The current and target size of each elastic podset of a placed job, for `muster why`:
-    "worker runs 4 of 8 replicas (min 2; grows back when its pool has room)", shown by
-    `muster why` as the reason `[elastic]`."""
+    """The current and target size of each elastic podset of a placed job: "worker runs 4 of
+    8 replicas (min 2; grows back when its pool has room)" (`muster why`'s reason `[elastic]`,
+    `JobView.size`)."""
     now = {a.podset: len(a.nodes) for a in assignment}
     parts = []
     for p in spec.gang:
