@@ -298,6 +298,10 @@ class AttemptLifecycle:
             if window > 0 and job_id in self._unreported:
                 self._unreported[job_id] = now + window
             return [Persist(record)]
+        if current.acked_at is not None and current.revision > 0:
+            # A resize the agent did not take (or the shell gave up on): the attempt it
+            # acknowledged runs on, and its cluster's health decides what happens to it.
+            return []
         effects: list[Effect] = []
         self._start_failed(
             record,

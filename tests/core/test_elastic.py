@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from broker.core.assigner import Assignment
 from broker.core.effects import Publish, Send, split_reply
 from broker.core.elastic import GROW_RETRY_S
-from broker.core.inputs import Restore, SubmitJob
+from broker.core.inputs import DispatchAcked, Restore, SubmitJob
 from broker.core.invariants import violations
 from broker.core.machine import Machine
 from broker.core.records import JobRecord
@@ -327,3 +327,12 @@ def test_gpu_seconds_count_each_size_for_its_time() -> None:
     assert view is not None
     assert view.accounting.gpu_seconds_used == 4 * 10.0 + 3 * 20.0
     assert view.accounting.cost == (4 * 10.0 + 3 * 20.0) / 3600.0 * SPOT.price_per_gpu_hour
+
+
+def test_a_resize_the_agent_never_acknowledges_does_not_end_the_attempt() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    sim.send("spot-east", NodeGone(node="se-0"))
+    out = sim.m.handle(DispatchAcked(first.job_id, first.attempt, False, "no reply"), sim.now)
+    assert out == [] and sim.m.jobs[first.job_id].current is not None
+    assert sim.m.jobs[first.job_id].attempt == first.attempt
