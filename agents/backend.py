@@ -61,6 +61,18 @@ class Backend(Protocol):
     async def stop(self) -> None: ...
 
 
+class Resizing(Protocol):
+    """What a backend that can change a running attempt's nodes adds to `Backend` (fake; kube
+    and local not yet): optional, so it is not a member of `Backend`."""
+
+    async def resize(self, cmd: Dispatch) -> None:
+        """Attempt `cmd.attempt` now runs on `cmd.assignment` (an elastic gang shrank or grew,
+        `cmd.revision` > 0): stop the replicas on nodes it no longer lists, start the ones on
+        nodes it adds, keep the rest running. The runtime skips backends without it (their
+        replicas on a reclaimed node end with the node)."""
+        ...
+
+
 class Fencing(Protocol):
     """What a backend that the cluster itself can fence adds to `Backend` (fake and local;
     not kube yet): optional, so it is not a member of `Backend`."""

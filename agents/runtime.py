@@ -17,14 +17,14 @@ import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agents.backend import Backend, BackendError
+from agents.backend import Backend, BackendError, Resizing
 from agents.logs import LogServer
 from schemas.agent import (
     AgentEvent,
@@ -94,6 +94,7 @@ class _JobTrack:
     live: set[int] = field(default_factory=set)
     cancelled_upto: int = 0
     fence_after: dict[int, float] = field(default_factory=dict)  # attempt -> seconds (0 = off)
+    revision: dict[int, int] = field(default_factory=dict)  # attempt -> newest placement revision
 
 
 class AgentRuntime:
@@ -686,7 +687,10 @@ class AgentRuntime:
                 ok=False, error=f"attempt {cmd.attempt} of job {cmd.job_id} was cancelled here"
             )
         if cmd.attempt == track.highest:
-            log.debug("duplicate dispatch acknowledged")
+            if cmd.revision > track.revision.get(cmd.attempt, 0):
+                await self._resize(cmd, track, log)
+            else:
+                log.debug("duplicate dispatch acknowledged")
             return CommandAck(ok=True)
         if cmd.attempt < track.highest:
             return CommandAck(
@@ -708,6 +712,22 @@ class AgentRuntime:
         await self._extend_fences(received, cmd.job_id)
         log.debug("dispatched", flavor=cmd.flavor)
         return CommandAck(ok=True)
+
+    async def _resize(self, cmd: Dispatch, track: _JobTrack, log: Any) -> None:
+        """A revision of a running attempt: its nodes changed in place (an elastic gang).
+        Always acknowledged: a refusal would end the attempt, and a backend that cannot
+        resize leaves the replicas on a reclaimed node to end with it."""
+        track.revision[cmd.attempt] = cmd.revision
+        resize = getattr(self.backend, "resize", None)
+        if resize is None:
+            log.info("backend cannot resize in place", revision=cmd.revision)
+            return
+        try:
+            await cast("Resizing", self.backend).resize(cmd)
+        except BackendError as exc:
+            log.warning("resize failed", revision=cmd.revision, error=str(exc))
+            return
+        log.info("attempt resized", revision=cmd.revision, nodes=_node_count(cmd))
 
     def _track(self, job_id: str) -> _JobTrack:
         track = self._jobs.get(job_id)
@@ -740,3 +760,7 @@ class AgentRuntime:
     def live_attempts(self, job_id: str) -> set[int]:
         track = self._jobs.get(job_id)
         return set(track.live) if track else set()
+
+
+def _node_count(cmd: Dispatch) -> int:
+    return sum(len(a.nodes) for a in cmd.assignment)

@@ -4,11 +4,14 @@ Pure functions, no I/O. The kinds, and how each names its podsets, live in the `
 (one adapter per kind, shared with the agent, which pins the templates by the same names); see
 docs/kinds.md. Per replica demand: `kinds.demand` (GPUs from requests/limits only).
 
-Gang semantics: Muster admits the whole gang or nothing. A Volcano `minAvailable` (or a Kubeflow
-`runPolicy.schedulingPolicy.minAvailable`) smaller than the total is therefore NOT used to start
-a partial gang: Muster reserves every replica, which is always enough to satisfy the smaller
-minimum. The declared value is kept in the JobSpec label `muster.dev/min-available` so nothing is
-lost. Elastic PyTorchJobs (`elasticPolicy`) are admitted at their `replicas` count likewise.
+Gang semantics: Muster admits the whole gang or nothing, unless the kind declares elasticity
+(`Adapter.elastic`): a PyTorchJob's `elasticPolicy` (`minReplicas`/`maxReplicas` of the Worker),
+a Volcano `minAvailable` below the job's pods when one podset holds the pods above it, and a batch
+Job annotated `kueue.x-k8s.io/elastic-job: "true"` become a podset's `min_replicas` and
+`max_replicas`. A Kubeflow `runPolicy.schedulingPolicy.minAvailable` (and a Volcano one no single
+podset can take) is not used to start a partial gang: Muster reserves every replica, which is
+always enough to satisfy the smaller minimum. A declared `minAvailable` is kept in the JobSpec
+label `muster.dev/min-available` so nothing is lost.
 
 Queue: the `queue` argument wins; otherwise the `kueue.x-k8s.io/queue-name` label,
 Koordinator's `quota.scheduling.koordinator.sh/name` label, the kind's own queue field
@@ -429,6 +432,7 @@ def jobspec_from_manifest(
     try:
         drafts, min_available, _ = _drafts(manifest)
         min_pods = adapter.min_pods(manifest)
+        elastic = adapter.elastic(manifest)
         # What no agent would run is refused at submission; the service-account allow-list
         # lives in each agent's configuration, so the agent checks that one.
         check_safety(manifest, PodPolicy(service_accounts=None))
@@ -495,6 +499,7 @@ def jobspec_from_manifest(
             "cpu": _format_cpu(d.demand.cpu),
             "memory": _format_memory(d.demand.memory),
             **({"min_replicas": min_pods[d.name]} if d.name in min_pods else {}),
+            **_elastic_fields(elastic.get(d.name)),
             **podset_topology(d.template, d.path),
         }
         for d in drafts
@@ -518,6 +523,13 @@ def with_manifest_checked(spec: JobSpec) -> JobSpec:
     if spec.gang:
         return spec
     return msgspec.structs.replace(spec, gang=derived.gang)
+
+
+def _elastic_fields(bounds: tuple[int, int] | None) -> dict[str, int]:
+    """A podset's `min_replicas`/`max_replicas` from the kind's elasticity (`Adapter.elastic`)."""
+    if bounds is None:
+        return {}
+    return {"min_replicas": bounds[0], "max_replicas": bounds[1]}
 
 
 def _readable(exc: msgspec.ValidationError) -> str:

@@ -32,6 +32,7 @@ _STATE_STYLE = {
     "checkpointed": "blue",
     "requeued": "yellow",
     "restarted": "magenta",
+    "resized": "cyan",
 }
 
 
@@ -135,6 +136,8 @@ def job_detail(job: JobView, now: float | None = None) -> Group:
                 for p in job.spec.gang
             ),
         )
+    if job.size:
+        _row(head, "elastic", job.size)
     parts: list[RenderableType] = [head]
 
     if job.attempts:

@@ -107,8 +107,14 @@ class Adapter:
         capacity is short. Empty: every podset starts whole or not at all."""
         return {}
 
+    def elastic(self, manifest: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        """Elastic podsets: podset -> (fewest, most) replicas it may run with while it runs,
+        shrinking and growing in place. Empty: the kind declares no elasticity."""
+        return {}
+
     def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
-        """Run `podset` with `count` pods (fewer than written: a partial admission)."""
+        """Run `podset` with `count` pods (fewer than written: a partial admission; more:
+        an elastic podset admitted towards its maximum)."""
         raise KindError(
             f"{self.resource.kind}: podset {podset!r} was admitted with {count} pods, and this "
             "kind cannot start with fewer pods than it asks for"

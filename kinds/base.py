@@ -297,3 +297,14 @@ def rename_hosts(
 
     for t in templates:
         rewrite_strings(t.template, host, fix)
+
+
+# Kueue's elastic jobs (workload slices, KEP-77): the job's size may change while it runs.
+ELASTIC_JOB_ANN = "kueue.x-k8s.io/elastic-job"
+
+
+def elastic_job(manifest: Mapping[str, Any]) -> bool:
+    """Whether the manifest carries `kueue.x-k8s.io/elastic-job: "true"`."""
+    meta = mapping(manifest.get("metadata"), "metadata")
+    annotations = mapping(meta.get("annotations"), "metadata.annotations")
+    return str(annotations.get(ELASTIC_JOB_ANN, "")).strip().lower() == "true"

@@ -16,6 +16,7 @@ from kinds.base import (
     Resource,
     Verdict,
     condition_verdict,
+    elastic_job,
     ensure,
     job_pods,
     keep_ttl,
@@ -96,6 +97,19 @@ class BatchJob(Adapter):
                 "and at most parallelism"
             )
         return {"worker": value} if value < pods else {}
+
+    def elastic(self, manifest: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        """`kueue.x-k8s.io/elastic-job: "true"`: the Job runs with any parallelism up to the
+        written one, at least `job-min-parallelism` (1 without it), and grows back to it."""
+        if not elastic_job(manifest):
+            return {}
+        meta = mapping(manifest.get("metadata"), "metadata")
+        annotations = mapping(meta.get("annotations"), "metadata.annotations")
+        pods = job_pods(mapping(manifest.get("spec"), "spec", required=True), "spec")
+        low = 1
+        if MIN_PARALLELISM_ANN in annotations:
+            low = self.min_pods(manifest).get("worker", pods)
+        return {"worker": (low, pods)}
 
     def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
         """Kueue's partial admission: parallelism becomes the admitted count, and completions

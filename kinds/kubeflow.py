@@ -5,7 +5,7 @@ adapter, a table of kinds. `kubeflow.org/v1` from the training operator (v1.9) a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from kinds.adapter import Adapter
 from kinds.base import (
@@ -120,6 +120,45 @@ class Training(Adapter):
     def min_available(self, manifest: Mapping[str, Any]) -> int | None:
         raw = self._scheduling(manifest).get("minAvailable")
         return count(raw, "spec.runPolicy.schedulingPolicy.minAvailable", 0) or None
+
+    def elastic(self, manifest: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        """`spec.elasticPolicy` (PyTorchJob, PaddleJob): the Worker replicas run between
+        `minReplicas` and `maxReplicas` (torchrun's `--nnodes=min:max`), defaulted as the
+        training operator does: one left out is the other, both left out the Worker's
+        `replicas`."""
+        spec = mapping(manifest.get("spec"), "spec")
+        policy = mapping(spec.get("elasticPolicy"), "spec.elasticPolicy")
+        if not policy:
+            return {}
+        workers = [t for t in self.templates(manifest) if t.podset == "worker"]
+        if not workers:
+            raise KindError(
+                "spec.elasticPolicy: elastic training scales the Worker replicas, and this "
+                f"{self.row.kind} has none; add a Worker replica type or drop elasticPolicy"
+            )
+        replicas = sum(t.replicas for t in workers)
+        low_raw, high_raw = policy.get("minReplicas"), policy.get("maxReplicas")
+        if low_raw is None:
+            low_raw = replicas if high_raw is None else high_raw
+        if high_raw is None:
+            high_raw = low_raw
+        low = count(low_raw, "spec.elasticPolicy.minReplicas", replicas)
+        high = count(high_raw, "spec.elasticPolicy.maxReplicas", replicas)
+        if not 1 <= low <= replicas <= high:
+            raise KindError(
+                f"spec.elasticPolicy: minReplicas {low}, Worker replicas {replicas} and "
+                f"maxReplicas {high} must satisfy 1 <= minReplicas <= replicas <= maxReplicas"
+            )
+        return {"worker": (low, high)}
+
+    def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
+        """An elastic Worker runs with its admitted count, within elasticPolicy's bounds."""
+        if podset not in self.elastic(manifest):
+            super().scale(manifest, podset, count)
+        key = self.row.replica_specs
+        for row in replica_rows(self._specs(manifest), f"spec.{key}"):
+            if row.name == podset:
+                cast("dict[str, Any]", row.spec)["replicas"] = count
 
     def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
         value = self._scheduling(manifest).get("queue")

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from kinds.adapter import Adapter
 from kinds.base import (
     KindError,
     PodTemplate,
+    ReplicaRow,
     Resource,
     Verdict,
+    elastic_job,
     ensure,
     keep_ttl,
     listed,
@@ -19,6 +21,7 @@ from kinds.base import (
     template_at,
     verdict_reason,
 )
+from schemas.job import MAX_REPLICAS
 
 _FAILED_JOB = frozenset({"FAILED", "STOPPED"})
 
@@ -59,8 +62,7 @@ class RayJob(Adapter):
                 f"{path}.headGroupSpec",
             )
         ]
-        groups = listed(cluster.get("workerGroupSpecs"), f"{path}.workerGroupSpecs")
-        for row in replica_rows(groups, f"{path}.workerGroupSpecs", name_key="groupName"):
+        for row in self._groups(manifest):
             if row.name == "head":
                 raise KindError(f"{row.path}.groupName: 'head' names the head group; rename it")
             replicas = row.replicas(default=row.replicas("minReplicas"))
@@ -69,6 +71,41 @@ class RayJob(Adapter):
                 PodTemplate(row.name, replicas * hosts, row.template(), False, row.name, row.path)
             )
         return out
+
+    def elastic(self, manifest: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        """With `kueue.x-k8s.io/elastic-job: "true"`, a worker group of one host per replica
+        runs between its `minReplicas` (at least 1) and `maxReplicas` (else its `replicas`):
+        the sizes KubeRay's autoscaler would choose between. Multi-host groups stay whole."""
+        if not elastic_job(manifest):
+            return {}
+        out: dict[str, tuple[int, int]] = {}
+        for row in self._groups(manifest):
+            if row.replicas("numOfHosts") != 1:
+                continue
+            size = row.replicas(default=row.replicas("minReplicas"))
+            low = max(1, row.replicas("minReplicas", default=size))
+            high = min(MAX_REPLICAS, row.replicas("maxReplicas", default=size))
+            if not low <= size <= high:
+                raise KindError(
+                    f"{row.path}: minReplicas {low}, replicas {size} and maxReplicas {high} must "
+                    "satisfy minReplicas <= replicas <= maxReplicas for an elastic job"
+                )
+            if low < high:
+                out[row.name] = (low, high)
+        return out
+
+    def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
+        """An elastic worker group runs with its admitted count (autoscaling is off)."""
+        if podset not in self.elastic(manifest):
+            super().scale(manifest, podset, count)
+        for row in self._groups(manifest):
+            if row.name == podset:
+                cast("dict[str, Any]", row.spec)["replicas"] = count
+
+    def _groups(self, manifest: Mapping[str, Any]) -> list[ReplicaRow]:
+        path = "spec.rayClusterSpec.workerGroupSpecs"
+        groups = listed(self._cluster(manifest).get("workerGroupSpecs"), path)
+        return replica_rows(groups, path, name_key="groupName")
 
     def disable_retries(self, manifest: dict[str, Any]) -> None:
         spec = ensure(manifest, "spec")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from kinds.adapter import Adapter
 from kinds.base import (
     KindError,
     PodTemplate,
+    ReplicaRow,
     Resource,
     Verdict,
     count,
@@ -42,14 +43,12 @@ class VolcanoJob(Adapter):
     retry_field = ("spec", "maxRetry")
 
     def templates(self, manifest: Mapping[str, Any]) -> list[PodTemplate]:
-        spec = mapping(manifest.get("spec"), "spec", required=True)
-        tasks = listed(spec.get("tasks"), "spec.tasks")
-        if not tasks:
+        rows = self._rows(manifest)
+        if not rows:
             raise KindError("spec.tasks: a Volcano Job needs at least one task")
-        default = "default" if len(tasks) == 1 else None  # a single unnamed task
         return [
             PodTemplate(row.name, row.replicas(), row.template(), False, row.name, row.path)
-            for row in replica_rows(tasks, "spec.tasks", default_name=default)
+            for row in rows
         ]
 
     def rename(self, manifest: dict[str, Any], old: str, new: str) -> None:
@@ -91,6 +90,47 @@ class VolcanoJob(Adapter):
     def min_available(self, manifest: Mapping[str, Any]) -> int | None:
         spec = mapping(manifest.get("spec"), "spec")
         return count(spec.get("minAvailable"), "spec.minAvailable", 0) or None
+
+    def elastic(self, manifest: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        """A task's own `minAvailable` below its `replicas` makes it run between the two.
+        `spec.minAvailable` below the job's pods: Volcano starts the job once that many pods
+        run and keeps it running while they do; the pods above it come from one podset (the
+        single task, else `worker`) without a minimum of its own, which runs between what
+        minAvailable leaves it and its `replicas`. Otherwise the job-level minimum stays a
+        label (see broker/manifests.py)."""
+        out: dict[str, tuple[int, int]] = {}
+        for row in self._rows(manifest):
+            raw = row.spec.get("minAvailable")
+            size = row.replicas()
+            if raw is not None and size > 1:
+                low = count(raw, f"{row.path}.minAvailable", size)
+                if low < size:
+                    out[row.name] = (max(1, low), size)
+        least = self.min_available(manifest)
+        rows = self.templates(manifest)
+        total = sum(t.replicas for t in rows)
+        if least is None or least >= total:
+            return out
+        scalable = [t for t in rows if len(rows) == 1 or t.podset == "worker"]
+        if len(scalable) != 1 or scalable[0].podset in out:
+            return out
+        others = total - scalable[0].replicas
+        return {**out, scalable[0].podset: (max(1, least - others), scalable[0].replicas)}
+
+    def _rows(self, manifest: Mapping[str, Any]) -> list[ReplicaRow]:
+        spec = mapping(manifest.get("spec"), "spec", required=True)
+        tasks = listed(spec.get("tasks"), "spec.tasks")
+        default = "default" if len(tasks) == 1 else None  # a single unnamed task
+        return replica_rows(tasks, "spec.tasks", default_name=default)
+
+    def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
+        """The elastic task runs with its admitted count; minAvailable still holds (the
+        podset's minimum is what minAvailable leaves it)."""
+        if podset not in self.elastic(manifest):
+            super().scale(manifest, podset, count)
+        for row in self._rows(manifest):
+            if row.name == podset:
+                cast("dict[str, Any]", row.spec)["replicas"] = count
 
     def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
         spec = mapping(manifest.get("spec"), "spec")

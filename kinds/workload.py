@@ -37,14 +37,15 @@ def build_from_manifest(cmd: Dispatch, policy: PodPolicy, namespace: str) -> Wor
     check_assignment(cmd)
     templates = adapter.patch_templates(manifest)
     by_key = {podset_key(k): list(v) for k, v in assigned(cmd).items()}
-    # A partial admission: the kind runs the podset with the admitted count.
+    # A partial admission (fewer) or an elastic podset admitted towards its maximum (more):
+    # the kind runs the podset with the admitted count.
     written: dict[str, int] = {}
     for t in templates:
         written[t.podset] = written.get(t.podset, 0) + t.replicas
     scaled = False
     for podset, replicas in written.items():
         got = len(by_key.get(podset, ()))
-        if 0 < got < replicas:
+        if got and got != replicas:
             adapter.scale(manifest, podset, got)
             scaled = True
     if scaled:

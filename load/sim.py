@@ -18,6 +18,7 @@ Run `python -m load.sim --help`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import json
@@ -583,6 +584,9 @@ class SimAgent:
         key = (cmd.job_id, cmd.attempt)
         ack = now + sim.cfg.ack_latency_s
         if key in self.live:  # idempotent on (job_id, attempt)
+            if cmd.revision > 0:  # an elastic attempt's new nodes, as the fake agent applies
+                with contextlib.suppress(BackendError):
+                    self.model.resize_workload(cmd)
             sim.push(ack, ACK, (cmd.job_id, cmd.attempt, True, ""))
             return
         if cmd.resume_from is not None and not sim.policy.resume:

@@ -219,6 +219,10 @@ class Dispatch(msgspec.Struct, tag="dispatch", omit_defaults=True):
     # pool's interruption rate and the job's checkpoint cost): MUSTER_CHECKPOINT_INTERVAL_S.
     # 0 = no advice.
     checkpoint_interval_s: Annotated[float, Meta(ge=0, le=7 * 86_400)] = 0.0
+    # The attempt's placement changed in place (an elastic gang shrank or grew): revision n
+    # of the same attempt, with the nodes it runs on now. 0 = the first dispatch. An agent
+    # that predates it takes a revision for a duplicate and acknowledges it (wire 1.2).
+    revision: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
 
 
 class Cancel(msgspec.Struct, tag="cancel", omit_defaults=True):

@@ -28,6 +28,7 @@ EventKind = Literal[
     "checkpointed",
     "checkpoint-refused",  # a reported checkpoint outside the job's location (reason says)
     "preempting",
+    "resized",  # an elastic gang lost or gained replicas in place; the attempt goes on
     "requeued",
     "succeeded",
     "failed",
@@ -132,6 +133,9 @@ class JobView(msgspec.Struct, omit_defaults=True):
     # A queued or preempting job: the short form of `muster why` (code: first message)
     waiting: str | None = None
     latest_checkpoint: CheckpointView | None = None
+    # A placed elastic job: its current and target size ("worker runs 3 of 8 replicas
+    # (min 2; grows back when its pool has room)")
+    size: str | None = None
     attempts: list[AttemptView] = []
     accounting: Accounting = msgspec.field(default_factory=Accounting)
     spec: JobSpec | None = None

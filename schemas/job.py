@@ -76,6 +76,11 @@ class PodSet(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # Partial admission (Kueue's job-min-parallelism): when quota or capacity is short, the
     # podset may start with as few as this many replicas. None = all of them, always.
     min_replicas: Annotated[int, Meta(ge=1, le=MAX_REPLICAS)] | None = None
+    # Elastic (TorchElastic, Volcano minAvailable, Kueue elastic jobs): the podset runs with
+    # any count in [min_replicas, max_replicas], is admitted at the most that fits, loses
+    # replicas in place on a spot notice while at or above the minimum and grows back to
+    # this when capacity returns. None = not elastic (at most `replicas`).
+    max_replicas: Annotated[int, Meta(ge=1, le=MAX_REPLICAS)] | None = None
     # Binds the whole gang's GPU replicas (stricter than Kueue, which binds each podset).
     topology: PodSetTopology | None = None
 
@@ -90,12 +95,33 @@ class PodSet(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
                 f"podset {self.name!r}: min_replicas {self.min_replicas} is more than its "
                 f"{self.replicas} replicas; set min_replicas between 1 and replicas"
             )
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ValueError(
+                f"podset {self.name!r}: max_replicas {self.max_replicas} is less than its "
+                f"{self.replicas} replicas; an elastic podset needs min_replicas <= replicas "
+                "<= max_replicas, so raise max_replicas or lower replicas"
+            )
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the podset may shrink and grow while it runs."""
+        return self.max_replicas is not None
+
+    @property
+    def most(self) -> int:
+        """The most replicas it may run with: `max_replicas` when elastic, else `replicas`."""
+        return self.replicas if self.max_replicas is None else self.max_replicas
+
+    @property
+    def least(self) -> int:
+        """The fewest replicas it may run with."""
+        return self.replicas if self.min_replicas is None else self.min_replicas
 
     def admits(self, count: int) -> bool:
         """Whether a dispatch may run this podset with `count` replicas (fewer than
-        `replicas` only under partial admission, never below `min_replicas`)."""
-        low = self.replicas if self.min_replicas is None else self.min_replicas
-        return low <= count <= self.replicas
+        `replicas` only under partial admission or elasticity, never below `min_replicas`,
+        more only when elastic, up to `max_replicas`)."""
+        return self.least <= count <= self.most
 
 
 class CheckpointSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

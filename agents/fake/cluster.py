@@ -76,6 +76,9 @@ class FakeCluster(ClusterModel):
         """Validate the assignment against real node capacity, then create the workload."""
         self.create(cmd)
 
+    async def resize(self, cmd: Dispatch) -> None:
+        self.resize_workload(cmd)
+
     async def fence(self, job_id: str, attempt: int, until: float) -> None:
         self.set_fence(job_id, attempt, until)
 

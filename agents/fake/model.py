@@ -391,6 +391,7 @@ class ClusterModel:
         self._trace_pos = 0
         self.counters: dict[str, int] = {
             "dispatched": 0,
+            "resized": 0,
             "succeeded": 0,
             "failed": 0,
             "evicted": 0,
@@ -511,6 +512,30 @@ class ClusterModel:
         self.emit(self._status(wl, "created", self.now()))
         delay = timing.start_delay_s + (timing.restore_s if from_step > 0 else 0.0)
         self._schedule(self.now() + delay, "run", wl)
+
+    def resize_workload(self, cmd: Dispatch) -> None:
+        """A running attempt's nodes changed in place (an elastic gang): replicas on nodes the
+        revision drops end and give their capacity back, new ones take theirs; progress and
+        the attempt go on."""
+        wl = self._workloads.get((cmd.job_id, cmd.attempt))
+        if wl is None:
+            raise BackendError(f"attempt {cmd.attempt} of job {cmd.job_id} does not run here")
+        demands = self._demands(cmd)  # refuses nodes this cluster does not have, first
+        for node_name, gpu, cpu, mem in wl.demands:
+            node = self._nodes.get(node_name)
+            if node is not None:
+                node.give_back(gpu, cpu, mem)
+                node.workloads.discard(wl.key)
+        for node_name, gpu, cpu, mem in demands:
+            node = self._nodes[node_name]
+            node.take(gpu, cpu, mem)
+            node.workloads.add(wl.key)
+        wl.demands = demands
+        wl.nodes = list(dict.fromkeys(d[0] for d in demands))
+        wl.total_replicas = len(demands)
+        wl.record.nodes = list(wl.nodes)
+        wl.record.pods = _pods(cmd)
+        self.counters["resized"] += 1
 
     def set_fence(self, job_id: str, attempt: int, until: float) -> None:
         """The attempt must stop by `until` (unix seconds) unless fenced again later; a fence

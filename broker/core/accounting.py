@@ -17,14 +17,36 @@ def work_since(record: JobRecord, attempt: AttemptRecord) -> float:
     return since
 
 
+def attempt_gpus(record: JobRecord, attempt: AttemptRecord) -> int:
+    """The GPUs the attempt holds: the whole gang's, or for an elastic job (whose size
+    changes while it runs) those of the replicas it runs now."""
+    spec = record.spec
+    if not any(p.elastic for p in spec.gang):
+        return record.total_gpus
+    per = {p.name: p.gpu for p in spec.gang}
+    return sum(len(a.nodes) * per.get(a.podset, 0) for a in attempt.assignment)
+
+
+def used_gpu_seconds(attempt: AttemptRecord, gpus: int, now: float) -> float:
+    """GPU-seconds from dispatch to `now`, an elastic attempt's sizes each for its time."""
+    since = attempt.resized_at if attempt.resized_at is not None else attempt.dispatched_at
+    return attempt.gpu_seconds_before + max(0.0, now - since) * gpus
+
+
+def note_resize(record: JobRecord, attempt: AttemptRecord, now: float) -> None:
+    """Before an elastic attempt changes size: bank what it used at the old one."""
+    attempt.gpu_seconds_before = used_gpu_seconds(attempt, attempt_gpus(record, attempt), now)
+    attempt.resized_at = now
+
+
 def close_attempt(
     record: JobRecord, attempt: AttemptRecord, cause: str, now: float, *, lost: bool
 ) -> None:
     """Stamp the attempt's end and what it used, lost and cost."""
     attempt.ended_at = now
     attempt.end_cause = cause
-    gpus = record.total_gpus
-    attempt.gpu_seconds = max(0.0, now - attempt.dispatched_at) * gpus
+    gpus = attempt_gpus(record, attempt)
+    attempt.gpu_seconds = used_gpu_seconds(attempt, gpus, now)
     if lost:
         if attempt.running_at is not None:
             attempt.gpu_seconds_lost = max(0.0, now - work_since(record, attempt)) * gpus
@@ -44,7 +66,7 @@ def attempt_view(attempt: AttemptRecord, gpus: int, now: float) -> AttemptView:
     gpu_seconds = attempt.gpu_seconds
     cost = attempt.cost
     if attempt.ended_at is None:
-        gpu_seconds = max(0.0, now - attempt.dispatched_at) * gpus
+        gpu_seconds = used_gpu_seconds(attempt, gpus, now)
         cost = gpu_seconds / 3600.0 * attempt.price_per_gpu_hour
     return AttemptView(
         attempt=attempt.attempt,
@@ -78,4 +100,6 @@ def accounting(record: JobRecord, attempts: list[AttemptView]) -> Accounting:
 
 
 def accounting_of(record: JobRecord, now: float) -> Accounting:
-    return accounting(record, [attempt_view(a, record.total_gpus, now) for a in record.attempts])
+    return accounting(
+        record, [attempt_view(a, attempt_gpus(record, a), now) for a in record.attempts]
+    )

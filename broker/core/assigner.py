@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from broker.core.elastic import admission_note
 from broker.core.inventory import Inventory, Node, Pool
 from broker.core.placement import (
     TIE_EVAL,
@@ -187,6 +188,10 @@ def _assign_partial(
             hi = mid - 1
     if best is None:
         return whole
+    if req.elastic:
+        pool = snap.inv.clusters[best.placement.cluster].pools.get(best.placement.flavor)
+        note = admission_note(req, best.podsets, best.placement, pool)
+        return replace(best, placement=replace(best.placement, note=note))
     asked = sum(d.replicas for d in req.podsets)
     took = sum(d.replicas for d in best.podsets)
     low = sum(d_min for _, d_min in _mins(req))

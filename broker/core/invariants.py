@@ -115,7 +115,13 @@ def whole_gangs(m: Machine) -> list[str]:
             continue
         placed = {podset: len(nodes) for podset, nodes in a.placement.assignment}
         wanted = {d.podset: d.replicas for d in demands}
-        if placed != wanted:
+        # A podset may run below its size only down to its minimum (partial admission, an
+        # elastic shrink), and never above its maximum (`demands_of` asks for the maximum).
+        record = m.jobs.get(job_id)
+        least = {p.name: p.least for p in record.spec.gang} if record is not None else {}
+        if placed.keys() != wanted.keys() or any(
+            not least.get(ps, n) <= placed[ps] <= n for ps, n in wanted.items()
+        ):
             out.append(f"allocation {job_id}#{attempt}: replicas {placed} != gang {wanted}")
     return out
 

@@ -19,10 +19,17 @@ from typing import assert_never
 from urllib.parse import unquote, urlsplit
 
 from broker.core import spotreturn
-from broker.core.accounting import accounting_of, backoff_delay, close_attempt, work_since
+from broker.core.accounting import (
+    accounting_of,
+    backoff_delay,
+    close_attempt,
+    note_resize,
+    work_since,
+)
 from broker.core.advice import advised_interval_s
 from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.elastic import GROW_RETRY_S, grown, growth, short, shrink_text, without_node
 from broker.core.health import PoolHealth
 from broker.core.policy import no_progress_reason, no_progress_verdict
 from broker.core.records import (
@@ -90,6 +97,11 @@ class AttemptLifecycle:
         # must (None until the dispatch is acknowledged). Not persisted: after a restart the
         # agents' snapshots report every attempt, or `missing` loses it.
         self._unreported: dict[str, float | None] = {}
+        # Jobs whose live attempt has an elastic podset below its maximum (elastic.py): the
+        # ones `grow_elastic` looks at. May hold jobs that ended since (they are skipped).
+        self.elastic_short: set[str] = set()
+        self.elastic_grown: set[str] = set()  # ... whose live attempt holds nodes growth added
+        self._grow_retry: dict[str, float] = {}  # job -> when growth that found no room retries
 
     # ------------------------------------------------------------------ which jobs are live
     def live_jobs(self) -> Set[str]:
@@ -286,6 +298,10 @@ class AttemptLifecycle:
             if window > 0 and job_id in self._unreported:
                 self._unreported[job_id] = now + window
             return [Persist(record)]
+        if current.acked_at is not None and current.revision > 0:
+            # A resize the agent did not take (or the shell gave up on): the attempt it
+            # acknowledged runs on, and its cluster's health decides what happens to it.
+            return []
         effects: list[Effect] = []
         self._start_failed(
             record,
@@ -340,6 +356,8 @@ class AttemptLifecycle:
         attempt = self.attempt_for(record, placement, now)
         # placement.note: a partial admission says so in the admitted event
         self._dispatch(record, attempt, now, effects, note=placement.note or None)
+        if short(record.spec, attempt.assignment):
+            self.elastic_short.add(record.job_id)
 
     def missing(
         self, cluster: str, reported: set[tuple[str, int]], now: float, effects: list[Effect]
@@ -424,6 +442,10 @@ class AttemptLifecycle:
         self._track_live(record, current.cluster)
         if current.running_at is None:
             self._starting.add(record.job_id)
+        if short(record.spec, current.assignment):
+            self.elastic_short.add(record.job_id)
+        if current.grown:
+            self.elastic_grown.add(record.job_id)
         if record.preempting is not None:
             self._preempting.add(record.job_id)
         if record.preempting is not None and record.preempting.replacement is not None:
@@ -532,6 +554,7 @@ class AttemptLifecycle:
             else "",
             fence_after_s=self._fence_after,
             checkpoint_interval_s=attempt.advised_interval_s or 0.0,
+            revision=attempt.revision,
         )
         return Send(attempt.cluster, cmd, after_cancel_of=previous_attempt(record, attempt))
 
@@ -559,7 +582,100 @@ class AttemptLifecycle:
         current = record.current
         if current is None or current.cluster != cluster:
             return
+        if self.shrink_in_place(record, notice.node, "spot-notice", now, effects):
+            return
         self.begin_preempt(record, "spot-notice", notice.deadline, now, effects, reserve=True)
+
+    def shrink_in_place(
+        self, record: JobRecord, node: str, cause: str, now: float, effects: list[Effect]
+    ) -> bool:
+        """An elastic gang that stays at or above its minimum without `node` loses only the
+        replicas there: the same attempt goes on, told its nodes by a Dispatch revision
+        (elastic.py). False when the whole gang has to move."""
+        current = record.current
+        if current is None or record.preempting is not None:
+            return False
+        if record.state not in ("admitted", "running"):
+            return False
+        kept = without_node(record.spec, current.assignment, node)
+        if kept is None or not self._scheduler.shrink(record.job_id, current.attempt, node):
+            return False
+        current.grown = [n for n in current.grown if n != node]
+        self._resized(record, current, kept, f"{cause} on {node}", now, effects)
+        self.elastic_short.add(record.job_id)
+        return True
+
+    def give_back_growth(self, now: float, effects: list[Effect], queued_top: int) -> bool:
+        """Growth is the first thing reclaimed: while a queued job of the same or higher
+        priority waits, elastic attempts give back the nodes growth added (newest first),
+        never what they were admitted with. True when some capacity was given back."""
+        gave = False
+        for job_id in sorted(self.elastic_grown):
+            record = self._jobs.get(job_id)
+            current = record.current if record is not None else None
+            if record is None or current is None or not current.grown:
+                self.elastic_grown.discard(job_id)
+                continue
+            if queued_top < record.spec.priority:
+                continue
+            cause = f"growth given back to a queued job of priority {queued_top}"
+            for node in reversed(current.grown):
+                gave = self.shrink_in_place(record, node, cause, now, effects) or gave
+        return gave
+
+    def grow_elastic(self, now: float, effects: list[Effect], queued_top: int | None) -> None:
+        """Elastic attempts below their maximum take back what their own pool has free
+        (elastic workers share one rendezvous and fabric: never another pool), as much as
+        quota and nodes allow. Never while a queued job of the same or higher priority
+        (`queued_top`, the highest queued priority) waits: growth must not take what it
+        could use."""
+        for job_id in sorted(self.elastic_short):
+            record = self._jobs.get(job_id)
+            current = record.current if record is not None else None
+            if record is None or current is None or not short(record.spec, current.assignment):
+                self.elastic_short.discard(job_id)
+                continue
+            if record.preempting is not None or record.state not in ("admitted", "running"):
+                continue
+            if queued_top is not None and queued_top >= record.spec.priority:
+                continue
+            if self._grow_retry.get(job_id, 0.0) > now:
+                continue
+            base = gang_request(record, now, self._registry.demands(job_id))
+            base.attempt = current.attempt
+            extra = growth(base, record.spec, current.assignment)
+            more = self._scheduler.grow(extra, now) if extra is not None else None
+            if more is None:
+                self._grow_retry[job_id] = now + GROW_RETRY_S
+                continue
+            self._grow_retry.pop(job_id, None)
+            current.grown = list(dict.fromkeys([*current.grown, *more.nodes]))
+            self.elastic_grown.add(job_id)
+            self._resized(
+                record, current, grown(current.assignment, more), "capacity returned", now, effects
+            )
+
+    def retry_growth(self) -> None:
+        """Nodes arrived: growth that found no room may find some now."""
+        self._grow_retry.clear()
+
+    def _resized(
+        self,
+        record: JobRecord,
+        current: AttemptRecord,
+        assignment: list[PodSetAssignment],
+        why: str,
+        now: float,
+        effects: list[Effect],
+    ) -> None:
+        """The live attempt runs on `assignment` now (same attempt, next revision)."""
+        note_resize(record, current, now)
+        what = shrink_text(current.assignment, assignment)
+        current.assignment = assignment
+        current.revision += 1
+        effects.append(Persist(record))
+        effects.append(self._dispatch_send(record, current))
+        effects.append(self.event(record, "resized", now, reason=f"{why}: {what}"))
 
     def _reserve_replacement(self, record: JobRecord, now: float) -> None:
         """Make-before-break: hold a placement for the next attempt away from the lost pool."""
@@ -691,6 +807,8 @@ class AttemptLifecycle:
             if current is None or current.cluster != cluster:
                 continue
             if node is not None and node not in _nodes(current):
+                continue
+            if node is not None and self.shrink_in_place(record, node, cause, now, effects):
                 continue
             self._lose(record, cause, now, effects)
 

@@ -29,6 +29,7 @@ from typing import assert_never
 from broker.core.agents import AgentTrack, AgentTracker
 from broker.core.backlog import Backlog
 from broker.core.effects import BatchApplied, Effect, Forget, Persist, Refused, Submitted
+from broker.core.elastic import queued_top
 from broker.core.inputs import (
     AgentBatch,
     CancelJob,
@@ -322,6 +323,7 @@ class Machine:
             self.backlog.capacity_dirty = True
         elif isinstance(event, NodeUpsert):
             lost = self.scheduler.upsert_node(cluster, event.node, now)
+            self.lifecycle.retry_growth()
             self.lifecycle.lose_all(
                 lost, "node-unusable", now, effects, cluster=cluster, node=event.node.name
             )
@@ -356,6 +358,7 @@ class Machine:
             reported.add((status.job_id, status.attempt))
             self.lifecycle.workload(cluster, status, now, effects, snapshot=True)
         self.lifecycle.missing(cluster, reported, now, effects)
+        self.lifecycle.retry_growth()
         self.backlog.capacity_dirty = True
 
     # ------------------------------------------------------------------ time
@@ -373,6 +376,12 @@ class Machine:
         if lapsed:
             self.backlog.wake(lapsed)
         self.moves.tick(now, effects)
+        if self.lifecycle.elastic_short or self.lifecycle.elastic_grown:
+            top = queued_top(self.backlog.pending, self._jobs)
+            grown = self.lifecycle.elastic_grown
+            if top is not None and grown and self.lifecycle.give_back_growth(now, effects, top):
+                self.backlog.capacity_dirty = True
+            self.lifecycle.grow_elastic(now, effects, top)
         if self.lifecycle.health.tick(now):
             self.backlog.capacity_dirty = True  # a pool may take a probe
         self._expire_ended(now, effects)

@@ -40,6 +40,13 @@ class AttemptRecord(msgspec.Struct, omit_defaults=True):
     cost: float = 0.0
     # The checkpoint interval advised to this attempt (Young/Daly for its pool); None: none.
     advised_interval_s: float | None = None
+    # Times its placement changed in place (elastic.py); sent as `Dispatch.revision`.
+    revision: int = 0
+    # Nodes growth added (elastic.py), in order: what is given back first to a queued job.
+    grown: list[str] = []
+    # An elastic attempt's last resize, and the GPU-seconds it used before it (accounting.py).
+    resized_at: float | None = None
+    gpu_seconds_before: float = 0.0
 
     @property
     def live(self) -> bool:
@@ -136,7 +143,7 @@ def demands_of(spec: JobSpec) -> tuple[PodSetDemand, ...]:
     return tuple(
         PodSetDemand(
             podset=p.name,
-            replicas=p.replicas,
+            replicas=p.most,  # an elastic podset is asked for at its maximum
             gpu=p.gpu,
             cpu_milli=cpu_milli(p.cpu),
             memory=memory_bytes(p.memory),
@@ -164,11 +171,8 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
         spot_exhausted=record.spot_exhausted,
         checkpoint_interval_s=pricing_interval_s(spec),
         spot_ok=spot_ok(spec),
-        min_replicas={
-            p.name: p.min_replicas
-            for p in spec.gang
-            if p.min_replicas is not None and p.min_replicas < p.replicas
-        },
+        min_replicas={p.name: p.least for p in spec.gang if p.least < p.most},
+        elastic=frozenset(p.name for p in spec.gang if p.elastic),
         topology=need_of(spec),
     )
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 
 from broker.core.assigner import (
@@ -56,6 +57,7 @@ from broker.core.assigner import (
     shape_of,
 )
 from broker.core.diagnose import pool_reasons
+from broker.core.elastic import with_placement, without_node_placement
 from broker.core.inventory import AllocKey, Cluster, Inventory, Node, Pool
 from broker.core.ledger import Alloc, Ledger, Vec
 from broker.core.placement import Gang, capacity_rank, make_gang
@@ -880,6 +882,64 @@ class Scheduler:
             self._hold(a.doomed_by, a.cluster, a.per_node)
             if not w[0]:
                 del self._waiting[a.doomed_by]
+
+    def shrink(self, job_id: str, attempt: int, node: str) -> bool:
+        """An elastic gang lost its replicas on `node` and runs on: give that node's share
+        back (node capacity and quota) and keep the rest of the allocation. False, changing
+        nothing, when the attempt holds nothing there or is mid-move (a victim, or a
+        make-before-break reservation)."""
+        key = (job_id, attempt)
+        a = self._ledger.allocs.get(key)
+        if a is None or node not in a.per_node or a.doomed_by is not None:
+            return False
+        if job_id in self._reservations:
+            return False
+        taken = a.per_node[node]
+        self._ledger.remove(key)
+        self._inv.remove_usage(a.cluster, key, {node: taken})
+        qs = self._book.queues.get(a.queue)
+        if a.charged and qs is not None:
+            self._book.charge(qs, a.flavor_class, taken, -1)
+        a.per_node = {n: v for n, v in a.per_node.items() if n != node}
+        a.vec = (a.vec[0] - taken[0], a.vec[1] - taken[1], a.vec[2] - taken[2])
+        a.placement = without_node_placement(a.placement, node)
+        self._ledger.add(a)
+        self._inputs_changed()
+        return True
+
+    def grow(self, extra: GangRequest, now: float) -> Placement | None:
+        """Add the replicas `extra` asks for (the most that fit, at least its minimum) to the
+        running allocation of `(extra.job_id, extra.attempt)`, in the pool it runs in: node
+        capacity and quota are checked as for an admission, and the allocation grows by
+        what they took. The placement of the added replicas, or None (nothing changed)."""
+        key = (extra.job_id, extra.attempt)
+        old = self._ledger.allocs.get(key)
+        if old is None or old.doomed_by is not None or extra.job_id in self._reservations:
+            return None
+        others = frozenset(p.key for p in self._inv.pools() if p.key != old.pool)
+        got = self.assign(replace(extra, avoid_pools=others, topology=None), now)
+        if not isinstance(got, Assignment):
+            return None
+        merged = dict(old.per_node)
+        for name, v in got.per_node.items():
+            have = merged.get(name, (0, 0, 0))
+            merged[name] = (have[0] + v[0], have[1] + v[1], have[2] + v[2])
+        self._ledger.remove(key)
+        self._inv.remove_usage(old.cluster, key, old.per_node)
+        bad = self._inv.add_usage_checked(old.cluster, key, merged)
+        if bad is not None:  # cannot happen: the search counted the old usage as taken
+            self._inv.add_usage_checked(old.cluster, key, old.per_node)
+            self._ledger.add(old)
+            return None
+        qs = self._book.queues.get(old.queue)
+        if old.charged and qs is not None:
+            self._book.charge(qs, old.flavor_class, got.vec, 1)
+        old.per_node = merged
+        old.vec = (old.vec[0] + got.vec[0], old.vec[1] + got.vec[1], old.vec[2] + got.vec[2])
+        old.placement = with_placement(old.placement, got.placement)
+        self._ledger.add(old)
+        self._inputs_changed()
+        return got.placement
 
     def note_progress(self, job_id: str, attempt: int, work_since: float) -> None:
         a = self._ledger.allocs.get((job_id, attempt))

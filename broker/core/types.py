@@ -60,6 +60,8 @@ class GangRequest:
     spot_ok: bool = True
     # Partial admission: podset -> fewest replicas it may start with (absent = all of them)
     min_replicas: dict[str, int] = field(default_factory=dict)
+    # Elastic podsets (elastic.py): asked for at their maximum; the note says how many came.
+    elastic: frozenset[str] = frozenset()
     # Topology levels the gang requires or prefers; None = the default (one zone when
     # the gang spans nodes).
     topology: TopologyNeed | None = None

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from broker.core.accounting import accounting, attempt_view
+from broker.core.accounting import accounting, attempt_gpus, attempt_view
 from broker.core.agents import AgentTracker
 from broker.core.backlog import Backlog
+from broker.core.elastic import size_text
 from broker.core.lifecycle import AttemptLifecycle
 from broker.core.reasons import pending_reason
 from broker.core.records import JobRecord, gang_request, preempting_text, spot_ok
@@ -47,7 +48,7 @@ class JobViews:
         record = self._jobs.get(job_id)
         if record is None:
             return None
-        attempts = [attempt_view(a, record.total_gpus, now) for a in record.attempts]
+        attempts = [attempt_view(a, attempt_gpus(record, a), now) for a in record.attempts]
         current = record.current
         ckpt = record.latest_checkpoint
         return JobView(
@@ -63,6 +64,7 @@ class JobViews:
             flavor=current.flavor if current else None,
             reason=record.reason,
             waiting=self._waiting_line(record, now),
+            size=size_text(record.spec, current.assignment) or None if current else None,
             latest_checkpoint=CheckpointView(
                 step=ckpt.step, uri=ckpt.uri, at=ckpt.at, attempt=ckpt.attempt
             )
@@ -282,12 +284,10 @@ def _placement_reasons(record: JobRecord, order: list[str]) -> list[PendingReaso
         why = "the lowest expected cost per hour among the pools with room (price and spot risk)"
     price = f"${last.price_per_gpu_hour:g}/GPU-h" if last.price_per_gpu_hour else "no price"
     kind = f"{last.capacity_type or 'unknown capacity'}, {last.gpu_type or 'any GPU'}, {price}"
-    return [
-        PendingReason(
-            code="placed",
-            message=f"on {last.cluster}/{last.flavor} ({kind}): {why}",
-        )
-    ]
+    where = f"on {last.cluster}/{last.flavor} ({kind}): {why}"
+    placed = [PendingReason(code="placed", message=where)]
+    size = size_text(spec, last.assignment)
+    return [*placed, PendingReason(code="elastic", message=size)] if size else placed
 
 
 def _fallback_text(record: JobRecord) -> str:

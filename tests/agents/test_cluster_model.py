@@ -16,6 +16,7 @@ from schemas.agent import (
     GpuHealth,
     LogRequest,
     NodeGone,
+    PodSetAssignment,
     SpotNotice,
     WorkloadStatus,
 )
@@ -273,3 +274,25 @@ def test_an_asked_checkpoint_takes_its_write_time_and_is_lost_with_the_node() ->
     run_until(m, clock, 15.0)  # the node went at t=11, before the write finished at t=14
     assert reports(got) == [(20, 7.0)]
     assert statuses(got, "evicted")[0].step == 100
+
+
+def test_a_resized_workload_outlives_the_reclaim_of_the_node_it_left() -> None:
+    m, clock, got = model()
+    a, b = m.nodes_of("spot-a100")
+    sim = Simulation(total_steps=1000, steps_per_second=10.0, checkpoint_every=25)
+    first = dispatch("e", [a, b], sim=sim)
+    worker = msgspec.structs.replace(first.spec.gang[0], min_replicas=1, max_replicas=2)
+    first = msgspec.structs.replace(first, spec=msgspec.structs.replace(first.spec, gang=[worker]))
+    m.create(first)
+    run_until(m, clock, 2.0)
+    m.spot_notice(a)
+    shrunk = msgspec.structs.replace(
+        first, revision=1, assignment=[PodSetAssignment(podset="worker", nodes=[b])]
+    )
+    m.resize_workload(shrunk)
+    assert m.free_gpus(a) == 8 and m.free_gpus(b) == 0
+    run_until(m, clock, 40.0)  # past the 30 s notice: node a is reclaimed
+    wl = m.workload("e", 1)
+    assert wl is not None and wl.step > 300  # the same attempt went on
+    assert not [s for s in got if isinstance(s, WorkloadStatus) and s.phase != "created"][1:]
+    assert m.counters["resized"] == 1

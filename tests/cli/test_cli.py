@@ -224,6 +224,13 @@ def test_job_detail() -> None:
     assert "checkpoint  step 1200 at s3://ckpt/train/1200, 1m ago, attempt 2" in text
 
 
+def test_job_detail_shows_an_elastic_jobs_size() -> None:
+    size = "worker runs 3 of 8 replicas (min 2; grows back when its pool has room)"
+    job = msgspec.structs.replace(sample_job(), size=size)
+    assert f"elastic    {size}" in text_of(job_detail(job, now=NOW))
+    assert "elastic" not in text_of(job_detail(sample_job(), now=NOW))
+
+
 def test_job_detail_without_attempts() -> None:
     job = JobView(
         job_id="j", name="j", queue="q", state="queued", priority=0, submitted_at=NOW, gpus=8

@@ -94,11 +94,31 @@ def test_volcano_job_tasks_and_queue() -> None:
     assert "muster.dev/min-available" not in spec.labels  # minAvailable 5 == all 5 pods
 
 
-def test_volcano_min_available_below_total_is_recorded_not_used() -> None:
+def test_volcano_min_available_below_total_makes_the_workers_elastic() -> None:
     manifest = fixture("volcano-job.yaml")
     manifest["spec"]["minAvailable"] = 3
     spec = jobspec_from_manifest(manifest)
-    assert spec.total_replicas == 5  # the whole gang is reserved
+    master, worker = spec.gang
+    assert (master.min_replicas, master.max_replicas) == (None, None)  # the master stays whole
+    # 3 pods must run: the master and 2 of the 4 workers
+    assert (worker.replicas, worker.min_replicas, worker.max_replicas) == (4, 2, 4)
+    assert spec.labels["muster.dev/min-available"] == "3"
+
+
+def test_a_volcano_tasks_own_min_available_makes_it_elastic() -> None:
+    manifest = fixture("volcano-job.yaml")
+    manifest["spec"]["tasks"][1]["minAvailable"] = 1  # the worker task
+    master, worker = jobspec_from_manifest(manifest).gang
+    assert (master.max_replicas, worker.min_replicas, worker.max_replicas) == (None, 1, 4)
+
+
+def test_volcano_min_available_without_one_scalable_task_is_recorded_not_used() -> None:
+    manifest = fixture("volcano-job.yaml")
+    manifest["spec"]["minAvailable"] = 3
+    for task in manifest["spec"]["tasks"]:
+        task["name"] = "m" + task["name"]  # no task is the worker
+    spec = jobspec_from_manifest(manifest)
+    assert all(p.max_replicas is None and p.min_replicas is None for p in spec.gang)
     assert spec.labels["muster.dev/min-available"] == "3"
 
 
@@ -117,8 +137,60 @@ def test_kueue_queue_label_and_argument_override() -> None:
 
 def test_elastic_pytorchjob_on_spot_nodes() -> None:
     spec = jobspec_from_manifest(fixture("pytorchjob-elastic-spot.yaml"))
-    assert gang(spec) == [("worker", 4, 1, "0", "0")]  # admitted at `replicas`, not min/max
+    assert gang(spec) == [("worker", 4, 1, "0", "0")]
+    # elasticPolicy minReplicas 2, maxReplicas 8: the workers shrink and grow in between
+    (worker,) = spec.gang
+    assert (worker.min_replicas, worker.max_replicas, worker.elastic) == (2, 8, True)
     assert spec.capacity == "spot"  # from nodeSelector cloud.google.com/gke-provisioning: spot
+
+
+@pytest.mark.parametrize(
+    ("drop", "bounds"), [(("minReplicas", "maxReplicas"), (4, 4)), (("maxReplicas",), (2, 2))]
+)
+def test_elastic_policy_defaults_as_the_training_operator(
+    drop: tuple[str, ...], bounds: tuple[int, int]
+) -> None:
+    """One bound left out is the other; both left out, the Worker's replicas."""
+    manifest = fixture("pytorchjob-elastic-spot.yaml")
+    manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = bounds[0]
+    for key in drop:
+        del manifest["spec"]["elasticPolicy"][key]
+    (worker,) = jobspec_from_manifest(manifest).gang
+    assert (worker.min_replicas, worker.max_replicas) == bounds
+
+
+def test_elastic_policy_with_only_a_maximum_above_the_replicas_is_refused() -> None:
+    manifest = fixture("pytorchjob-elastic-spot.yaml")
+    del manifest["spec"]["elasticPolicy"]["minReplicas"]  # minReplicas becomes 8 > replicas 4
+    with pytest.raises(ManifestError, match="minReplicas 8, Worker replicas 4 and maxReplicas 8"):
+        jobspec_from_manifest(manifest)
+
+
+@pytest.mark.parametrize(("low", "high"), [(5, 8), (2, 3), (0, 8)])
+def test_elastic_policy_out_of_order_is_refused(low: int, high: int) -> None:
+    manifest = fixture("pytorchjob-elastic-spot.yaml")
+    manifest["spec"]["elasticPolicy"].update(minReplicas=low, maxReplicas=high)
+    with pytest.raises(ManifestError, match="1 <= minReplicas <= replicas <= maxReplicas"):
+        jobspec_from_manifest(manifest)
+
+
+def test_elastic_policy_without_workers_is_refused() -> None:
+    manifest = fixture("pytorchjob-elastic-spot.yaml")
+    specs = manifest["spec"]["pytorchReplicaSpecs"]
+    specs["Master"] = specs.pop("Worker")
+    with pytest.raises(ManifestError, match="has none; add a Worker replica type"):
+        jobspec_from_manifest(manifest)
+
+
+def test_kueue_elastic_batch_job() -> None:
+    manifest = fixture("batch-job-indexed.yaml")
+    annotations = manifest["metadata"].setdefault("annotations", {})
+    annotations["kueue.x-k8s.io/elastic-job"] = "true"
+    (worker,) = jobspec_from_manifest(manifest).gang
+    assert (worker.replicas, worker.min_replicas, worker.max_replicas) == (4, 1, 4)
+    annotations["kueue.x-k8s.io/job-min-parallelism"] = "3"
+    (worker,) = jobspec_from_manifest(manifest).gang
+    assert (worker.min_replicas, worker.max_replicas) == (3, 4)
 
 
 def test_koordinator_queue_and_priority_annotations() -> None:

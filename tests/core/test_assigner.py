@@ -118,6 +118,8 @@ def worlds(draw: st.DrawFn) -> tuple[Scheduler, list[GangRequest]]:
         if draw(st.booleans()):
             ps = r.podsets[0]
             r.min_replicas = {ps.podset: draw(st.integers(1, ps.replicas))}
+            if draw(st.booleans()):  # elastic: asked for at its maximum, same search
+                r.elastic = frozenset(r.min_replicas)
         reqs.append(r)
     return s, reqs
 
@@ -142,6 +144,8 @@ def test_assign_never_mutates_and_commit_keeps_the_invariants(
         for d in req.podsets:
             low = req.min_replicas.get(d.podset, d.replicas)
             assert low <= counts[d.podset] <= d.replicas, (d, counts)
+        if got.partial and req.elastic:
+            assert got.placement.note.startswith("admitted "), got.placement.note
         assert len({got.placement.cluster}) == 1
         assert not overcommitted(s)
         assert not quota_broken(s._book)

@@ -92,6 +92,7 @@ def _current_messages() -> dict[str, Any]:
             fence_after_s=20.0,
             checkpoint_token="t",
             checkpoint_interval_s=600.0,
+            revision=1,  # wire 1.2: an elastic attempt's nodes changed in place
         ),
         "CommandAck": CommandAck(ok=False, error="stale", stale_epoch=True, epoch=10),
     }

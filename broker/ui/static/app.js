@@ -260,6 +260,7 @@ function jobPage(jobId) {
         h("div", { class: "card" }, h("b", {}, fmt.money(a.cost)), "cost"),
         h("div", { class: "card" }, h("b", {}, ck ? "step " + ck.step : "-"), "latest checkpoint")),
       j.reason ? h("p", { class: "muted", "data-testid": "job-reason" }, "last change: " + j.reason) : null,
+      j.size ? h("p", { "data-testid": "job-size" }, "elastic: " + j.size) : null,
       timeline(j, d.now),
       d.why ? h("div", {}, h("h3", {}, "Why pending"), h("ul", { "data-testid": "why" },
         (d.why.reasons || []).map((r) => h("li", {}, `${r.code}: ${r.message}`)))) : null,

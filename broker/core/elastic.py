@@ -1,0 +1,150 @@
+"""Elastic gangs: podsets that run with any count between their minimum and maximum.
+
+A podset with `max_replicas` (TorchElastic's `--nnodes=min:max`, Volcano's `minAvailable`,
+Kueue's elastic jobs) is asked for at its maximum; `assign` admits the most that fits, at least
+the minimum (the partial-admission search), and this module words that choice. While the job
+runs, a spot notice or a lost node that leaves every podset at or above its minimum removes
+only the replicas on that node (`without_node`, `Scheduler.shrink`); below it the whole gang
+moves as before. Growth back towards the maximum stays in the same pool (`growth`,
+`Scheduler.grow`): elastic workers share one rendezvous and one fabric. The lifecycle
+(`AttemptLifecycle.shrink_in_place`, `grow_elastic`, `give_back_growth`) drives both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from broker.core.inventory import Pool
+from broker.core.records import JobRecord
+from broker.core.types import GangRequest, Placement, PodSetDemand
+from schemas.agent import PodSetAssignment
+from schemas.job import JobSpec
+
+# An elastic attempt whose pool had no room tries to grow again after this (s), or as soon as
+# nodes arrive: each try searches the pool, so a shrunk gang does not search every tick.
+GROW_RETRY_S = 5.0
+
+
+def admission_note(
+    req: GangRequest, admitted: tuple[PodSetDemand, ...], placement: Placement, pool: Pool | None
+) -> str:
+    """ "admitted 4 of 8 worker replicas (min 2): spot-east/a100-spot has room for 4 on 4
+    free A100 nodes", one clause per elastic podset that got fewer than its maximum."""
+    got = {d.podset: d.replicas for d in admitted}
+    parts = [
+        f"{got.get(d.podset, 0)} of {d.replicas} {d.podset} replicas "
+        f"(min {req.min_replicas.get(d.podset, d.replicas)})"
+        for d in req.podsets
+        if d.podset in req.elastic and got.get(d.podset, 0) < d.replicas
+    ]
+    nodes = len({n for ps, ns in placement.assignment if ps in req.elastic for n in ns})
+    gpu = f" {pool.info.gpu_type}" if pool is not None and pool.info.gpu_type else ""
+    took = sum(got.get(ps, 0) for ps in req.elastic)
+    where = f"{placement.cluster}/{placement.flavor} has room for {took} on {nodes} free{gpu} "
+    return f"admitted {', '.join(parts)}: {where}{'node' if nodes == 1 else 'nodes'} now"
+
+
+def size_text(spec: JobSpec, assignment: Iterable[PodSetAssignment]) -> str:
+    """The current and target size of each elastic podset of a placed job: "worker runs 4 of
+    8 replicas (min 2; grows back when its pool has room)" (`muster why`'s reason `[elastic]`,
+    `JobView.size`)."""
+    now = {a.podset: len(a.nodes) for a in assignment}
+    parts = []
+    for p in spec.gang:
+        if p.elastic:
+            have = now.get(p.name, 0)
+            tail = "; grows back when its pool has room" if have < p.most else ""
+            parts.append(f"{p.name} runs {have} of {p.most} replicas (min {p.least}{tail})")
+    return ", ".join(parts)
+
+
+def without_node(
+    spec: JobSpec, assignment: Iterable[PodSetAssignment], node: str
+) -> list[PodSetAssignment] | None:
+    """The assignment once the replicas on `node` are gone, when every podset stays at or
+    above its minimum and only elastic podsets lose replicas; None when the gang must move
+    whole (or has nothing on the node)."""
+    podsets = {p.name: p for p in spec.gang}
+    kept: list[PodSetAssignment] = []
+    lost = False
+    for a in assignment:
+        rest = [n for n in a.nodes if n != node]
+        if len(rest) < len(a.nodes):
+            ps = podsets.get(a.podset)
+            if ps is None or not ps.elastic or len(rest) < ps.least:
+                return None
+            lost = True
+        kept.append(PodSetAssignment(podset=a.podset, nodes=rest))
+    return kept if lost else None
+
+
+def shrink_text(before: Iterable[PodSetAssignment], after: Iterable[PodSetAssignment]) -> str:
+    """ "worker 4 -> 3" for each podset whose count changed."""
+    was = {a.podset: len(a.nodes) for a in before}
+    return ", ".join(
+        f"{a.podset} {was.get(a.podset, 0)} -> {len(a.nodes)}"
+        for a in after
+        if was.get(a.podset, 0) != len(a.nodes)
+    )
+
+
+def without_node_placement(placement: Placement, node: str) -> Placement:
+    """The placement without its replicas on `node` (a shrink in place)."""
+    kept = tuple((ps, tuple(n for n in nodes if n != node)) for ps, nodes in placement.assignment)
+    return replace(placement, assignment=kept)
+
+
+def with_placement(placement: Placement, more: Placement) -> Placement:
+    """The placement with the replicas of `more` (a growth in the same pool) appended."""
+    extra = dict(more.assignment)
+    kept = tuple((ps, nodes + extra.pop(ps, ())) for ps, nodes in placement.assignment)
+    return replace(placement, assignment=kept + tuple(extra.items()))
+
+
+def growth(
+    req: GangRequest, spec: JobSpec, running: Iterable[PodSetAssignment]
+) -> GangRequest | None:
+    """The request for what an elastic attempt lacks of its maximum: one podset demand per
+    elastic podset below it, each taking at least one replica; None when it is whole, or
+    when the gang requires a topology domain (added replicas are placed on their own and
+    could leave it)."""
+    if req.topology is not None and req.topology.required:
+        return None
+    have = {a.podset: len(a.nodes) for a in running}
+    most = {p.name: p.most for p in spec.gang if p.elastic}
+    lack = tuple(
+        d._replace(replicas=most[d.podset] - have.get(d.podset, 0))
+        for d in req.podsets
+        if d.podset in most and have.get(d.podset, 0) < most[d.podset]
+    )
+    if not lack:
+        return None
+    return replace(
+        req,
+        podsets=lack,
+        min_replicas={d.podset: 1 for d in lack if d.replicas > 1},
+        elastic=frozenset(),
+    )
+
+
+def grown(running: Iterable[PodSetAssignment], more: Placement) -> list[PodSetAssignment]:
+    """The attempt's assignment with the added replicas' nodes appended."""
+    extra = {ps: list(nodes) for ps, nodes in more.assignment}
+    return [
+        PodSetAssignment(podset=a.podset, nodes=[*a.nodes, *extra.get(a.podset, [])])
+        for a in running
+    ]
+
+
+def short(spec: JobSpec, running: Iterable[PodSetAssignment]) -> bool:
+    """Whether some elastic podset runs below its maximum."""
+    have = {a.podset: len(a.nodes) for a in running}
+    return any(p.elastic and have.get(p.name, 0) < p.most for p in spec.gang)
+
+
+def queued_top(pending: Mapping[str, Iterable[str]], jobs: Mapping[str, JobRecord]) -> int | None:
+    """The highest priority of a queued job: each queue iterates in admission order, highest
+    priority first, so its head has its highest."""
+    heads = [h for q in pending.values() if (h := next(iter(q), "")) in jobs]
+    return max((jobs[h].spec.priority for h in heads), default=None)
