@@ -7,15 +7,17 @@ So a broker and an agent of the same major, one minor apart in either direction,
 `tests/nats/test_wire_versions.py` holds the previous release's messages and schema and checks
 both directions. An agent sends its version in every EventBatch (`wire`); the 0.1.0 release
 sent none, which reads as 1.0. The broker refuses batches of another major and tells their
-agent so (the `wire_refused` command: the one message kind a minor added, as only an agent of
-another major ever receives it).
+agent so (the `wire_refused` command: a message kind a minor added, as only an agent of
+another major ever receives it). 1.2 added `FlavorInfo.provision` (optional) and the `provision`
+command, which the broker sends only for a flavor whose agent declared `provision`: an agent of
+1.1 or older declares none, so it never receives one.
 """
 
 from __future__ import annotations
 
 import re
 
-WIRE_VERSION = "1.1"
+WIRE_VERSION = "1.2"
 UNVERSIONED = "1.0"  # what a message without `wire` comes from (release 0.1.0)
 _FORM = re.compile(r"^(\d{1,4})\.(\d{1,4})$")
 
