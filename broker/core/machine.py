@@ -28,7 +28,7 @@ from typing import assert_never
 
 from broker.core.agents import AgentTrack, AgentTracker
 from broker.core.backlog import Backlog
-from broker.core.effects import BatchApplied, Effect, Forget, Persist, Refused, Submitted
+from broker.core.effects import BatchApplied, Effect, Forget, Persist, Refused, Send, Submitted
 from broker.core.inputs import (
     AgentBatch,
     CancelJob,
@@ -42,6 +42,7 @@ from broker.core.inputs import (
 )
 from broker.core.lifecycle import LIVE_STATES, TERMINAL, AttemptLifecycle
 from broker.core.moves import PlannedMoves
+from broker.core.provision import provision_command
 from broker.core.records import JobRecord, demands_of, gang_request
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
@@ -231,6 +232,7 @@ class Machine:
             verb = "has already" if record.state == "succeeded" else "is already"
             return f"job {job_id} {verb} {record.state}; nothing to cancel", []
         effects: list[Effect] = []
+        self.scheduler.drop_provision(job_id)
         self.lifecycle.finish(record, "cancelled", now, reason, effects)
         return None, effects
 
@@ -249,6 +251,8 @@ class Machine:
             self.backlog.dequeue(record)
             self.registry.clear_reasons(job_id)
             self.lifecycle.admit(record, placement, now, effects)
+        for ask in result.provisions:
+            effects.append(Send(ask.cluster, provision_command(ask, self.epoch)))
         for pre in result.preemptions:
             for victim_id in pre.victims:
                 victim = self._jobs.get(victim_id)
@@ -369,6 +373,8 @@ class Machine:
             self.backlog.capacity_dirty = True
         self.lifecycle.expire(now, effects)
         self.backlog.due(self._jobs, now)
+        if self.scheduler.provision_claims() and self.scheduler.expire_provisions(now):
+            self.backlog.capacity_dirty = True  # a stockout: plan those jobs elsewhere now
         lapsed = self.scheduler.protection_lapsed(now)
         if lapsed:
             self.backlog.wake(lapsed)

@@ -1,0 +1,248 @@
+"""Autoscaled pools in the core: nodes a pool can still add are capacity that arrives after
+its delay. A gang waits for them only on one pool of one cluster, the wait is priced against
+pools that have nodes now, and a stockout moves the job to the next pool at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from broker.core.effects import Send, split_reply
+from broker.core.inputs import SubmitJob
+from broker.core.scheduler import Scheduler
+from schemas.agent import (
+    ClusterSnapshot,
+    Dispatch,
+    FlavorInfo,
+    NodeInfo,
+    NodeUpsert,
+    Provision,
+    ProvisionPool,
+)
+from schemas.job import JobSpec, PodSet
+from tests.core.harness import Sim
+from tests.core.helpers import NOW, config, gang, queue
+
+GROW = ProvisionPool(max_nodes=4, node_gpu=8, ready_s=300.0, window_s=900.0)
+
+
+def pooled(name: str, price: float, capacity: str = "spot", **grow: Any) -> FlavorInfo:
+    pool = ProvisionPool(**{**{"max_nodes": 4, "node_gpu": 8, "ready_s": 300.0}, **grow})
+    return FlavorInfo(name, capacity, "a100", price, provision=pool)  # type: ignore[arg-type]
+
+
+def node(name: str, flavor: str) -> NodeInfo:
+    return NodeInfo(name=name, flavor=flavor, gpu=8, cpu_milli=64_000, memory=2**40)
+
+
+def submit(s: Sim, replicas: int, capacity: str = "spot", gpu: int = 8) -> str:
+    spec = JobSpec(name="g", capacity=capacity, gang=[PodSet(name="w", replicas=replicas, gpu=gpu)])
+    reply, _ = split_reply(s.m.handle(SubmitJob(spec, subject_queue="q"), s.now))
+    assert reply.accepted and reply.job_id is not None, reply.error
+    return str(reply.job_id)
+
+
+def sent(effects: list[Any], kind: type) -> list[tuple[str, Any]]:
+    return [
+        (e.cluster, e.command)
+        for e in effects
+        if isinstance(e, Send) and isinstance(e.command, kind)
+    ]
+
+
+def fleet(*clusters: tuple[str, list[FlavorInfo], list[NodeInfo]]) -> Sim:
+    s = Sim(())
+    for name, flavors, nodes in clusters:
+        s.send(name, ClusterSnapshot(flavors=flavors, nodes=nodes))
+    return s
+
+
+def test_a_spot_gang_waits_for_a_pool_at_zero_and_runs_on_its_new_nodes() -> None:
+    s = fleet(("east", [pooled("spot", 1.0)], []))
+    job = submit(s, replicas=2)
+    out = s.step(1)
+    (asked,) = sent(out, Provision)
+    assert asked[0] == "east"
+    assert (asked[1].job_id, asked[1].flavor, asked[1].nodes) == (job, "spot", 2)
+    assert asked[1].deadline == s.now + 900.0 and asked[1].epoch == 1
+    why = s.m.reasons[job][0]
+    assert why.code == "waiting-for-nodes"
+    assert why.message.startswith("waits ~300 s for 2 nodes of pool east/spot")
+    assert not sent(s.step(60), Provision)  # asked once, not again every cycle
+    s.send("east", NodeUpsert(node=node("spot-0", "spot")), NodeUpsert(node=node("spot-1", "spot")))
+    (dispatched,) = sent(s.step(1), Dispatch)
+    assert dispatched[0] == "east" and dispatched[1].job_id == job
+    assert sorted(dispatched[1].assignment[0].nodes) == ["spot-0", "spot-1"]
+    assert not s.m.scheduler.provision_claims()
+
+
+def test_only_the_cheapest_cluster_is_asked_to_grow() -> None:
+    s = fleet(
+        ("east", [pooled("spot", 1.2)], []),
+        ("west", [pooled("spot", 1.0)], []),
+        ("north", [pooled("spot", 1.1)], []),
+    )
+    submit(s, replicas=1)
+    asks = sent(s.step(1), Provision) + sent(s.step(30), Provision)
+    assert [c for c, _ in asks] == ["west"]
+
+
+def test_a_stockout_moves_the_job_to_the_next_pool_at_once_and_never_ends_it() -> None:
+    s = fleet(
+        ("east", [pooled("spot", 1.0, window_s=600.0)], []), ("west", [pooled("spot", 2.5)], [])
+    )
+    job = submit(s, replicas=2)
+    assert [c for c, _ in sent(s.step(1), Provision)] == ["east"]
+    assert not sent(s.step(598), Provision)  # within the window: still waits on east
+    (moved,) = sent(s.step(2), Provision)  # the window ran out: west is asked at once
+    assert moved[0] == "west" and moved[1].job_id == job
+    assert s.m.scheduler.pool_stockouts(("east", "spot"), s.now) == 1.0
+    why = s.m.reasons[job][0]
+    assert "pool west/spot" in why.message
+    # west stocks out too: the job goes back to east (its skip has lapsed), still queued
+    again = sent(s.step(900), Provision)
+    assert [c for c, _ in again] == ["east"] and s.m.jobs[job].state == "queued"
+    # the penalty fades with its half-life: nothing is disabled for good
+    later = s.now + 6 * 1800.0
+    assert s.m.scheduler.pool_stockouts(("east", "spot"), later) < 0.1
+
+
+@pytest.mark.parametrize(
+    ("price_now", "waits"),
+    [(1.05, False), (3.0, True)],
+    ids=["starts-now-on-a-slightly-dearer-pool", "waits-minutes-for-a-much-cheaper-pool"],
+)
+def test_the_wait_is_priced_against_a_pool_that_has_nodes_now(
+    price_now: float, waits: bool
+) -> None:
+    ready = ("now", [FlavorInfo("od", "on-demand", "a100", price_now)], [node("od-0", "od")])
+    grow = ("grow", [pooled("od", 1.0, capacity="on-demand")], [])  # 300 s away
+    s = fleet(ready, grow)
+    job = submit(s, replicas=1, capacity="on-demand")
+    out = s.step(1)
+    if waits:
+        assert not sent(out, Dispatch)
+        assert [(c, p.job_id, p.nodes) for c, p in sent(out, Provision)] == [("grow", job, 1)]
+    else:
+        assert not sent(out, Provision)
+        assert [(c, d.job_id) for c, d in sent(out, Dispatch)] == [("now", job)]
+
+
+def test_free_nodes_held_for_a_waiting_gang_are_not_taken_by_a_later_one() -> None:
+    s = fleet(("east", [pooled("spot", 1.0)], [node("spot-0", "spot")]))
+    first = submit(s, replicas=2)  # one free node + one new one
+    (asked,) = sent(s.step(1), Provision)
+    assert (asked[1].job_id, asked[1].nodes) == (first, 1)
+    second = submit(s, replicas=1)
+    out = s.step(1)
+    assert not sent(out, Dispatch)  # spot-0 is held for the first gang
+    assert [p.job_id for _, p in sent(out, Provision)] == [second]
+    s.send("east", NodeUpsert(node=node("spot-1", "spot")))
+    (d,) = sent(s.step(1), Dispatch)
+    assert d[1].job_id == first
+
+
+def test_held_free_gpus_are_not_cut_into_pieces_the_gang_no_longer_fits() -> None:
+    s = fleet(("east", [pooled("spot", 1.0)], [node("spot-0", "spot")]))
+    first = submit(s, replicas=2, gpu=6)  # one replica on spot-0, one on a new node
+    (asked,) = sent(s.step(1), Provision)
+    assert (asked[1].job_id, asked[1].nodes) == (first, 1)
+    submit(s, replicas=1, gpu=2)  # 2 of spot-0's 8 GPUs would leave 6: still fits, but...
+    assert not sent(s.step(1), Dispatch)  # ...the whole free node is held for the gang
+    s.send("east", NodeUpsert(node=node("spot-1", "spot")))
+    placed = {d.job_id: d for _, d in sent(s.step(1), Dispatch)}
+    assert sorted(placed[first].assignment[0].nodes) == ["spot-0", "spot-1"]
+
+
+def test_a_cancelled_waiting_job_frees_its_claim_without_a_stockout() -> None:
+    from broker.core.inputs import CancelJob
+
+    s = fleet(("east", [pooled("spot", 1.0)], []))
+    job = submit(s, replicas=1)
+    s.step(1)
+    s.m.handle(CancelJob(job, "user"), s.now)
+    assert not s.m.scheduler.provision_claims()
+    s.step(2000)
+    assert s.m.scheduler.pool_stockouts(("east", "spot"), s.now) == 0.0
+
+
+# -- properties --------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_claims_are_whole_gangs_within_pool_limits_and_quota(data: st.DataObject) -> None:
+    """Over random fleets of autoscaled pools, gangs and quotas, in rounds where some asked
+    nodes arrive: every claim holds its whole gang (free nodes it may use plus new ones),
+    no pool is promised more than its limit, and each queue's claims with its usage fit its
+    quota; every placed gang is whole."""
+    gpu_quota = data.draw(st.sampled_from([16, 32, 64, 10_000]), "quota")
+    qs = [queue(f"q{i}", quotas={"spot": {"gpu": (gpu_quota, 0, None)}}) for i in range(2)]
+    s = Scheduler(config(qs))
+    now = NOW
+    limits: dict[tuple[str, str], int] = {}
+    for c in range(data.draw(st.integers(1, 3), "clusters")):
+        size = data.draw(st.integers(1, 6))
+        price = data.draw(st.sampled_from([1.0, 1.2, 2.0]))
+        have = data.draw(st.integers(0, min(2, size)))
+        flavors = [
+            pooled("spot", price, max_nodes=size),
+            FlavorInfo("od", "on-demand", "a100", 3.0),
+        ]
+        s.apply_snapshot(f"c{c}", flavors, [node(f"c{c}-s{i}", "spot") for i in range(have)], now)
+        limits[(f"c{c}", "spot")] = size
+    jobs = [
+        gang(
+            f"j{i}",
+            (data.draw(st.integers(1, 4)), data.draw(st.sampled_from([4, 6, 8]))),
+            queue=f"q{data.draw(st.integers(0, 1))}",
+            capacity="spot",
+            order=i + 1,
+        )
+        for i in range(data.draw(st.integers(1, 8), "jobs"))
+    ]
+    added = asked = 0
+    for _ in range(3):
+        pending = [j for j in jobs if not s.allocations_by_job().get(j.job_id)]
+        res = s.schedule(pending, now)
+        for job_id, placement in res.admitted:
+            j = next(j for j in jobs if j.job_id == job_id)
+            assert sum(len(n) for _, n in placement.assignment) == sum(
+                d.replicas for d in j.podsets
+            )
+        claims = s.provision_claims()
+        assert len({a.job_id for a in res.provisions}) == len(res.provisions)
+        for (cluster, flavor), limit in limits.items():
+            pool = s.cluster_states()[cluster].pools[flavor]
+            mine = [c for c in claims.values() if c.pool == (cluster, flavor)]
+            assert len(pool.nodes) + sum(c.pending for c in mine) <= limit
+            fresh = [a.job_id for a in res.provisions if (a.cluster, a.flavor) == (cluster, flavor)]
+            alone = fresh[0] if fresh and len(mine) == len(fresh) else None
+            for c in mine:
+                if c.job_id not in fresh:
+                    continue
+                (d,) = next(j for j in jobs if j.job_id == c.job_id).podsets
+                # whole gang: its new nodes, and the pool's free nodes when it was the first
+                # to wait on that pool
+                room = c.nodes * (c.node_gpu // d.gpu)
+                if c.job_id == alone:
+                    room += sum(n.free_gpu // d.gpu for n in pool.nodes.values() if n.schedulable)
+                assert d.replicas <= room
+        for q in qs:
+            st_ = s.queue_states()[q.name]
+            vec = (0, 0, 0)
+            for c in claims.values():
+                if c.queue == q.name:
+                    vec = (vec[0] + c.vec[0], vec[1] + c.vec[1], vec[2] + c.vec[2])
+            assert s._book.check(st_, "spot", vec) is None
+        asked += len(res.provisions)
+        # some of the asked nodes come up
+        for ask in res.provisions:
+            for _ in range(data.draw(st.integers(0, ask.nodes))):
+                s.upsert_node(ask.cluster, node(f"{ask.cluster}-new{added}", ask.flavor), now)
+                added += 1
+        now += data.draw(st.sampled_from([1.0, 400.0, 1000.0]))
+    event("pools asked to grow", asked > 0)
