@@ -140,6 +140,16 @@ class AttemptRecord:
     log_every: int = 1  # the simulated workload prints a line every this many steps
 
 
+def provider_delays(
+    rng: random.Random, count: int, delay_s: float, spread: float, stockout_p: float
+) -> list[float]:
+    """A provider's answer to an ask for `count` nodes: each one's delay to Ready, log-normal
+    around `delay_s` (sigma `spread`), or none at all when the ask stocks out."""
+    if stockout_p and rng.random() < stockout_p:
+        return []
+    return [delay_s * (math.exp(rng.gauss(0.0, spread)) if spread else 1.0) for _ in range(count)]
+
+
 @dataclass(slots=True, eq=False)
 class _Grow:
     """A node the provider will bring up for an autoscaled flavor (an entry of the heap)."""
@@ -675,14 +685,12 @@ class ClusterModel:
         scale = fl.autoscale or NO_SCALE
         now = self.now()
         self.counters["provision_asks"] += 1
-        if (scale.stockout_p and self._rng.random() < scale.stockout_p) or any(
-            a <= now < b for a, b in scale.stockouts
-        ):
+        delays = provider_delays(self._rng, count, scale.delay_s, scale.spread, scale.stockout_p)
+        if not delays or any(a <= now < b for a, b in scale.stockouts):
             self.counters["stockouts"] += 1
             return 0
-        for _ in range(count):
-            jitter = math.exp(self._rng.gauss(0.0, scale.spread)) if scale.spread else 1.0
-            self._schedule(now + scale.delay_s * jitter, "grow", _Grow(flavor))
+        for delay in delays:
+            self._schedule(now + delay, "grow", _Grow(flavor))
         return count
 
     def remove_node(self, node: str, reason: str = "node-removed") -> bool:
