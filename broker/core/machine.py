@@ -232,7 +232,6 @@ class Machine:
             verb = "has already" if record.state == "succeeded" else "is already"
             return f"job {job_id} {verb} {record.state}; nothing to cancel", []
         effects: list[Effect] = []
-        self.scheduler.drop_provision(job_id)
         self.lifecycle.finish(record, "cancelled", now, reason, effects)
         return None, effects
 

@@ -36,7 +36,6 @@ a pool's existing nodes (only the template's are checked).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from broker.core.assigner import Snapshot, allow_fallback, plus_held
@@ -166,15 +165,15 @@ class Provisions:
         """The earliest claim deadline (None without claims)."""
         return min((c.deadline for c in self.claims.values()), default=None)
 
-    def drop(self, job_id: str) -> None:
-        """The job was placed or left: its claim ends (the nodes stay for the autoscaler)."""
+    def end(self, job_id: str) -> None:
+        """The job's claim ends without a stockout (the nodes stay for the autoscaler)."""
         if self.claims.pop(job_id, None) is not None:
             self._rebuild_held()
-        self._skip.pop(job_id, None)
 
-    def forget(self, job_ids: Iterable[str]) -> None:
-        for job_id in job_ids:
-            self.drop(job_id)
+    def drop(self, job_id: str) -> None:
+        """The job was placed or left: its claim ends, and what it learned of stockouts."""
+        self.end(job_id)
+        self._skip.pop(job_id, None)
 
     # -- planning ---------------------------------------------------------------------
     def plan(

@@ -736,6 +736,9 @@ class Scheduler:
         that fits now waits only when the best plan, its wait priced, beats that placement."""
         prov = self._prov
         rest: Reasons = () if isinstance(got, Assignment) else got
+        if claim is not None and not self._claim_allowed(req, qs, claim):
+            prov.end(req.job_id)  # the job no longer takes that pool (a spot fallback)
+            claim = None
         if claim is not None:
             if isinstance(got, Assignment) and (
                 got.pool.key == claim.pool
@@ -757,6 +760,14 @@ class Scheduler:
         if self._same_fail:
             self._same_fail.clear()  # the held GPUs changed what later requests see
         return (prov.claims[req.job_id].reason, *rest)
+
+    def _claim_allowed(self, req: GangRequest, qs: QueueState, claim: Claim) -> bool:
+        """Whether the request still accepts the pool it waits on."""
+        cluster = self._inv.clusters.get(claim.pool[0])
+        pool = cluster.pools.get(claim.pool[1]) if cluster is not None else None
+        if pool is None or claim.pool in req.avoid_pools:
+            return False
+        return rank_of(req, pool, qs)[0] >= 0
 
     def expire_provisions(self, now: float) -> list[str]:
         """Count arrived nodes, then end claims past their window; returns the jobs whose

@@ -22,7 +22,7 @@ from schemas.agent import (
     Provision,
     ProvisionPool,
 )
-from schemas.job import JobSpec, PodSet
+from schemas.job import JobSpec, PodSet, SpotPolicy
 from tests.core.harness import Sim
 from tests.core.helpers import NOW, config, gang, queue
 
@@ -155,6 +155,23 @@ def test_held_free_gpus_are_not_cut_into_pieces_the_gang_no_longer_fits() -> Non
     s.send("east", NodeUpsert(node=node("spot-1", "spot")))
     placed = {d.job_id: d for _, d in sent(s.step(1), Dispatch)}
     assert sorted(placed[first].assignment[0].nodes) == ["spot-0", "spot-1"]
+
+
+def test_a_gang_that_falls_back_to_on_demand_stops_waiting_for_spot_nodes() -> None:
+    od = FlavorInfo("od", "on-demand", "a100", 3.0)
+    s = fleet(("east", [pooled("spot", 1.0, window_s=3600.0), od], [node("od-0", "od")]))
+    spec = JobSpec(
+        name="g",
+        capacity="spot-then-on-demand",
+        spot=SpotPolicy(fallback_after_wait_s=120.0),
+        gang=[PodSet(name="w", replicas=1, gpu=8)],
+    )
+    reply, _ = split_reply(s.m.handle(SubmitJob(spec, subject_queue="q"), s.now))
+    job = reply.job_id
+    assert [p.job_id for _, p in sent(s.step(1), Provision)] == [job]
+    (d,) = sent(s.step(150), Dispatch)  # the spot wait ran out: on-demand now, at once
+    assert (d[0], d[1].job_id, d[1].flavor) == ("east", job, "od")
+    assert not s.m.scheduler.provision_claims()
 
 
 def test_a_cancelled_waiting_job_frees_its_claim_without_a_stockout() -> None:
