@@ -130,6 +130,8 @@ def test_examples_validate() -> None:
     assert cfg.fake is not None and len(cfg.fake.flavors) == 2
     fleet = load_fleet_config(EXAMPLES / "fleet-fake.yaml")
     assert len(fleet.clusters) == 3
+    grown = load_fleet_config(EXAMPLES / "fleet-autoscale.yaml")
+    assert [len(c.pools) for c in grown.clusters] == [1, 1]
 
 
 def test_make_fleet_configs() -> None:
