@@ -72,6 +72,8 @@ def test_a_spot_gang_waits_for_a_pool_at_zero_and_runs_on_its_new_nodes() -> Non
     assert why.code == "waiting-for-nodes"
     assert why.message.startswith("waits ~300 s for 2 nodes of pool east/spot")
     assert not sent(s.step(60), Provision)  # asked once, not again every cycle
+    (view,) = s.m.scheduler.flavor_views("east", s.now)
+    assert (view.nodes, view.nodes_coming, view.autoscale_max_nodes) == (0, 2, 4)
     s.send("east", NodeUpsert(node=node("spot-0", "spot")), NodeUpsert(node=node("spot-1", "spot")))
     (dispatched,) = sent(s.step(1), Dispatch)
     assert dispatched[0] == "east" and dispatched[1].job_id == job
@@ -100,6 +102,7 @@ def test_a_stockout_moves_the_job_to_the_next_pool_at_once_and_never_ends_it() -
     (moved,) = sent(s.step(2), Provision)  # the window ran out: west is asked at once
     assert moved[0] == "west" and moved[1].job_id == job
     assert s.m.scheduler.pool_stockouts(("east", "spot"), s.now) == 1.0
+    assert s.m.scheduler.flavor_views("east", s.now)[0].stockouts == 1.0
     why = s.m.reasons[job][0]
     assert "pool west/spot" in why.message
     # west stocks out too: the job goes back to east (its skip has lapsed), still queued
