@@ -81,6 +81,14 @@ def test_a_spot_gang_waits_for_a_pool_at_zero_and_runs_on_its_new_nodes() -> Non
     assert not s.m.scheduler.provision_claims()
 
 
+def test_submission_judges_an_autoscaled_pool_by_the_size_it_can_reach() -> None:
+    s = fleet(("east", [pooled("spot", 1.0, max_nodes=3)], [node("spot-0", "spot")]))
+    assert submit(s, replicas=3)  # one node now, three at its limit: accepted
+    spec = JobSpec(name="g", capacity="spot", gang=[PodSet(name="w", replicas=4, gpu=8)])
+    reply, _ = split_reply(s.m.handle(SubmitJob(spec, subject_queue="q"), s.now))
+    assert not reply.accepted and "never be placed" in (reply.error or "")
+
+
 def test_only_the_cheapest_cluster_is_asked_to_grow() -> None:
     s = fleet(
         ("east", [pooled("spot", 1.2)], []),
