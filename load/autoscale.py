@@ -2,6 +2,7 @@
 stockouts, on one scenario (load/scenarios/autoscale.yaml), with queueing delay and cost.
 
     python -m load.autoscale [--jobs 1000] [--seeds 2] [--stockout-p 0.3] [--json out.json]
+    muster autoscale ...   (the same command)
 
 - warm: every autoscaled pool keeps its limit up all the time (no waiting, idle capacity paid);
 - zero: pools start empty and grow when the broker asks (docs/operations.md, "Autoscaled
@@ -14,15 +15,17 @@ present cost, idle or not (the bill of the fleet). Runs use the Muster policy.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
+
+from load.command import Count, JsonOut, program, summary
 from load.report import summarize
 from load.scenario import apply_scenario, load_scenario
 from load.sim import run
@@ -105,32 +108,43 @@ def every_run(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m load.autoscale", description=__doc__)
-    ap.add_argument("--jobs", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument("--stockout-p", type=float, default=0.3)
-    ap.add_argument("--scenario", default=str(SCENARIO))
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--json", default="")
-    args = ap.parse_args(argv)
-    if not 0.0 <= args.stockout_p <= 1.0:
-        ap.error(f"--stockout-p must be between 0 and 1, got {args.stockout_p}")
-    scenario = load_scenario(args.scenario)
-    runs = []
-    for seed in range(args.seed, args.seed + args.seeds):
-        base = apply_scenario(SimConfig(jobs=args.jobs, seed=seed, spot="none"), scenario)
-        runs += [(variant(base, name, args.stockout_p), name) for name in VARIANTS]
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        rows = list(pool.map(one, runs))
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def autoscale(
+    jobs: Count = 1000,
+    seed: int = 1,
+    seeds: Count = 1,
+    stockout_p: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="chance that an ask gets no node")
+    ] = 0.3,
+    scenario: Annotated[str, typer.Option(help="the fleet (a scenario file)")] = str(SCENARIO),
+    workers: Count = 2,
+    json_out: JsonOut = None,
+) -> None:
+    rows = compare(jobs, seed, seeds, stockout_p, scenario, workers)
     print(table(rows))
     print()
     print(every_run(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
-    return 1 if any(r["violations"] for r in rows) else 0
+    if json_out:
+        Path(json_out).write_text(json.dumps(rows, indent=1, default=str))
+    if any(r["violations"] for r in rows):
+        raise typer.Exit(1)
+
+
+def compare(
+    jobs: int, seed: int, seeds: int, stockout_p: float, scenario: str, workers: int
+) -> list[dict[str, Any]]:
+    """Every variant for every seed, as rows (`one`)."""
+    fleet = load_scenario(scenario)
+    runs = []
+    for s in range(seed, seed + seeds):
+        base = apply_scenario(SimConfig(jobs=jobs, seed=s, spot="none"), fleet)
+        runs += [(variant(base, name, stockout_p), name) for name in VARIANTS]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, runs))
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    app(prog_name="python -m load.autoscale")

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from load.autoscale import SCENARIO, VARIANTS, main, one, variant
+from load.autoscale import SCENARIO, VARIANTS, app, one, variant
+from load.command import run
 from load.scenario import apply_scenario, load_scenario
 from load.simconfig import SimConfig
 
@@ -44,7 +45,7 @@ def test_only_pools_scaled_from_zero_grow_and_stockouts_are_moved_past(
 
 
 def test_the_command_prints_medians_and_every_run(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--jobs", "40", "--workers", "1"]) == 0
+    assert run(app, ["--jobs", "40", "--workers", "1"], "muster autoscale") == 0
     out = capsys.readouterr().out
     assert out.startswith("| variant |") and "\n| warm | " in out and "| 1 | stockouts |" in out
     assert "fleet cost ($)" in out
