@@ -11,9 +11,10 @@ from agents.fleet import Fleet
 from tests.e2e.conftest import World, flavor, sim_job
 from tests.world import TIME_SCALE
 
-# The broker's clock is real seconds; the fake clusters' is TIME_SCALE times faster.
+# The broker's clock is real seconds; the fake clusters' is TIME_SCALE times faster. Windows
+# that should not run out are long, so a loaded machine cannot turn a slow node into a stockout.
 READY_S = 1.5
-WINDOW_S = 5.0
+LONG_WINDOW_S = 30.0
 
 
 def pooled(name: str, price: float, **autoscale: object) -> FakeFlavor:
@@ -22,8 +23,8 @@ def pooled(name: str, price: float, **autoscale: object) -> FakeFlavor:
     return msgspec.structs.replace(flavor(name, price=price, nodes=0), autoscale=scale)
 
 
-def pool(name: str) -> PoolConfig:
-    return PoolConfig(flavor=name, max_nodes=4, gpu_per_node=8, ready_s=READY_S, window_s=WINDOW_S)
+def pool(name: str, window_s: float = LONG_WINDOW_S) -> PoolConfig:
+    return PoolConfig(flavor=name, max_nodes=4, gpu_per_node=8, ready_s=READY_S, window_s=window_s)
 
 
 async def run_gang(world: World, fleet: Fleet) -> tuple[str, str]:
@@ -31,7 +32,7 @@ async def run_gang(world: World, fleet: Fleet) -> tuple[str, str]:
     h = world.harness
     reply = await h.submit(sim_job("grown", replicas=2, steps=40, capacity="spot"))
     assert reply.accepted, reply
-    await h.wait_event(reply.job_id, "running", timeout=30)
+    await h.wait_event(reply.job_id, "running", timeout=45)
     (attempt,) = fleet.history(reply.job_id)
     return reply.job_id, attempt.cluster
 
@@ -60,7 +61,7 @@ async def test_a_stockout_moves_the_gang_to_the_next_pool(world: World) -> None:
             "east": [pooled("spot-a", 1.0, stockouts=[(0.0, 1e6)])],  # a drought
             "west": [pooled("spot-b", 1.4)],
         },
-        pools={"east": [pool("spot-a")], "west": [pool("spot-b")]},
+        pools={"east": [pool("spot-a", window_s=4.0)], "west": [pool("spot-b")]},
     )
     job, cluster = await run_gang(world, fleet)
     assert cluster == "west"
