@@ -101,12 +101,13 @@ class Provisions:
     held_quota: dict[tuple[str, str], dict[str, Vec]] = field(default_factory=dict)
     stockouts: dict[PoolKey, tuple[float, float]] = field(default_factory=dict)  # (count, at)
     _seen: dict[PoolKey, int] = field(default_factory=dict)  # nodes last counted per pool
+    _coming: dict[PoolKey, int] = field(default_factory=dict)  # pool -> pending nodes (claims)
     _skip: dict[str, dict[PoolKey, float]] = field(default_factory=dict)  # job -> pool -> until
 
     # -- state ------------------------------------------------------------------------
     def promised(self, key: PoolKey) -> int:
         """New nodes asked of the pool that have not come yet."""
-        return sum(c.pending for c in self.claims.values() if c.pool == key)
+        return self._coming.get(key, 0)
 
     def penalty(self, key: PoolKey, now: float) -> float:
         """The decayed count of the pool's recent stockouts (0 when none)."""
@@ -137,9 +138,12 @@ class Provisions:
         self._rebuild_held()
 
     def _rebuild_held(self) -> None:
+        """The per-pool and per-queue sums every plan reads, from the claims (one pass)."""
         self.held.clear()
         self.held_quota.clear()
+        self._coming.clear()
         for c in self.claims.values():
+            self._coming[c.pool] = self._coming.get(c.pool, 0) + c.pending
             h = c.hold()
             if h:
                 self.held.setdefault(c.pool, {})[c.job_id] = h
@@ -149,21 +153,16 @@ class Provisions:
         """Claims past their window: those still missing nodes are stockouts (returned; the
         pool's penalty grows and the job skips it for a while); the others just end."""
         out: list[Claim] = []
-        for job_id, c in list(self.claims.items()):
-            if now < c.deadline:
-                continue
-            del self.claims[job_id]
+        ended = [c for c in self.claims.values() if now >= c.deadline]
+        for c in ended:
+            del self.claims[c.job_id]
             if c.pending:
                 out.append(c)
                 self.stockouts[c.pool] = (self.penalty(c.pool, now) + 1.0, now)
-                self._skip.setdefault(job_id, {})[c.pool] = now + self.avoid_s
-        if out or self.held or self.held_quota:
+                self._skip.setdefault(c.job_id, {})[c.pool] = now + self.avoid_s
+        if ended:
             self._rebuild_held()
         return out
-
-    def due(self) -> float | None:
-        """The earliest claim deadline (None without claims)."""
-        return min((c.deadline for c in self.claims.values()), default=None)
 
     def end(self, job_id: str) -> None:
         """The job's claim ends without a stockout (the nodes stay for the autoscaler)."""
@@ -226,7 +225,7 @@ class Provisions:
             return None
         # The first gang to wait on a pool may count on its free nodes; later ones only on
         # new nodes (the first holds every free GPU).
-        alone = not any(c.pool == pool.key for c in self.claims.values())
+        alone = pool.key not in self._coming  # every claim is of a pool with a key here
         k = nodes_needed(pool, spec, gang, room, use_free=alone)
         if k is None:
             return None
