@@ -100,6 +100,8 @@ class Provisions:
     # (queue, flavor class) -> job -> quota vector of its claim (Snapshot.held_quota)
     held_quota: dict[tuple[str, str], dict[str, Vec]] = field(default_factory=dict)
     stockouts: dict[PoolKey, tuple[float, float]] = field(default_factory=dict)  # (count, at)
+    asks: int = 0  # pools asked to grow, since start
+    stockouts_total: int = 0  # of those asks, the ones that stocked out
     _seen: dict[PoolKey, int] = field(default_factory=dict)  # nodes last counted per pool
     _coming: dict[PoolKey, int] = field(default_factory=dict)  # pool -> pending nodes (claims)
     _skip: dict[str, dict[PoolKey, float]] = field(default_factory=dict)  # job -> pool -> until
@@ -158,6 +160,7 @@ class Provisions:
             del self.claims[c.job_id]
             if c.pending:
                 out.append(c)
+                self.stockouts_total += 1
                 self.stockouts[c.pool] = (self.penalty(c.pool, now) + 1.0, now)
                 self._skip.setdefault(c.job_id, {})[c.pool] = now + self.avoid_s
         if ended:
@@ -286,6 +289,7 @@ class Provisions:
             reason,
         )
         self.claims[req.job_id] = c
+        self.asks += 1
         self._rebuild_held()
         return Ask(req.job_id, pool.cluster, pool.name, plan.nodes, c.deadline)
 

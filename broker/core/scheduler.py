@@ -786,6 +786,13 @@ class Scheduler:
     def provision_claims(self) -> Mapping[str, Claim]:
         return self._prov.claims
 
+    def provision_counts(self) -> tuple[int, int, dict[PoolKey, int]]:
+        """Pools asked to grow and stockouts since start, and each pool's nodes still coming
+        (for metrics)."""
+        prov = self._prov
+        coming = {key: prov.promised(key) for key in {c.pool for c in prov.claims.values()}}
+        return prov.asks, prov.stockouts_total, coming
+
     def pool_stockouts(self, pool: PoolKey, now: float) -> float:
         """The pool's decayed count of recent stockouts."""
         return self._prov.penalty(pool, now)

@@ -111,6 +111,7 @@ def test_a_stockout_moves_the_job_to_the_next_pool_at_once_and_never_ends_it() -
     assert moved[0] == "west" and moved[1].job_id == job
     assert s.m.scheduler.pool_stockouts(("east", "spot"), s.now) == 1.0
     assert s.m.scheduler.flavor_views("east", s.now)[0].stockouts == 1.0
+    assert s.m.scheduler.provision_counts() == (2, 1, {("west", "spot"): 2})
     why = s.m.reasons[job][0]
     assert "pool west/spot" in why.message
     # west stocks out too: the job goes back to east (its skip has lapsed), still queued
