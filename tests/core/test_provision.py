@@ -11,7 +11,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from broker.core.effects import Send, split_reply
-from broker.core.inputs import SubmitJob
+from broker.core.inputs import CancelJob, SubmitJob
+from broker.core.invariants import violations
 from broker.core.scheduler import Scheduler
 from schemas.agent import (
     ClusterSnapshot,
@@ -187,8 +188,6 @@ def test_a_gang_that_falls_back_to_on_demand_stops_waiting_for_spot_nodes() -> N
 
 
 def test_a_cancelled_waiting_job_frees_its_claim_without_a_stockout() -> None:
-    from broker.core.inputs import CancelJob
-
     s = fleet(("east", [pooled("spot", 1.0)], []))
     job = submit(s, replicas=1)
     s.step(1)
@@ -275,3 +274,75 @@ def test_claims_are_whole_gangs_within_pool_limits_and_quota(data: st.DataObject
                 added += 1
         now += data.draw(st.sampled_from([1.0, 400.0, 1000.0]))
     event("pools asked to grow", asked > 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_the_machine_stays_sound_while_gangs_wait_for_nodes(data: st.DataObject) -> None:
+    """Random submissions, node arrivals for the asks, stockouts, cancellations and time on
+    pools that start empty: the core's invariants hold after every step (whole gangs, no
+    node over-committed, quota charged once), a job is asked for by one cluster at a time,
+    and a gang is dispatched only onto nodes its cluster reported."""
+    clusters = [f"c{i}" for i in range(data.draw(st.integers(1, 2), "clusters"))]
+    s = fleet(
+        *(
+            (c, [pooled("spot", 1.0 + i / 10, max_nodes=data.draw(st.integers(1, 4)))], [])
+            for i, c in enumerate(clusters)
+        )
+    )
+    reported: dict[str, set[str]] = {c: set() for c in clusters}
+    open_asks: dict[str, tuple[str, float]] = {}  # job -> (cluster, deadline)
+    asked_nodes: dict[str, int] = {}
+    jobs: list[str] = []
+    cancelled: set[str] = set()
+    ran: set[str] = set()
+    added = 0
+
+    def new_node(cluster: str) -> None:
+        nonlocal added
+        name = f"{cluster}-new-{added}"
+        added += 1
+        reported[cluster].add(name)
+        s.send(cluster, NodeUpsert(node=node(name, "spot")))
+
+    def step(dt: float) -> None:
+        out = s.step(dt)
+        for cluster, ask in sent(out, Provision):
+            held = open_asks.get(ask.job_id)
+            assert held is None or held[1] <= s.now, f"{ask.job_id} asked twice at once"
+            open_asks[ask.job_id] = (cluster, ask.deadline)
+            asked_nodes[ask.job_id] = ask.nodes
+        for cluster, d in sent(out, Dispatch):
+            assert {n for a in d.assignment for n in a.nodes} <= reported[cluster]
+            open_asks.pop(d.job_id, None)
+            ran.add(d.job_id)
+            event("a gang ran on nodes its pool added")
+        assert violations(s.m) == []
+
+    for _ in range(data.draw(st.integers(3, 10), "steps")):
+        action = data.draw(st.sampled_from(["submit", "nodes", "time", "cancel"]))
+        if action == "submit":
+            gpu = data.draw(st.sampled_from([4, 8]))
+            spec = JobSpec(
+                name="g",
+                capacity="spot",
+                gang=[PodSet(name="w", replicas=data.draw(st.integers(1, 3)), gpu=gpu)],
+            )
+            reply, _ = split_reply(s.m.handle(SubmitJob(spec, subject_queue="q"), s.now))
+            if reply.accepted:
+                jobs.append(str(reply.job_id))
+        elif action == "nodes" and open_asks:
+            new_node(open_asks[data.draw(st.sampled_from(sorted(open_asks)))][0])
+        elif action == "cancel" and jobs:
+            job = data.draw(st.sampled_from(jobs))
+            cancelled.add(job)
+            s.m.handle(CancelJob(job, "user"), s.now)
+        step(data.draw(st.sampled_from([1.0, 400.0, 1000.0])))
+    # Every live ask is met in full: each of those gangs runs (its nodes were held for it).
+    waiting = {j: c for j, (c, due) in open_asks.items() if due > s.now and j not in cancelled}
+    for job, cluster in waiting.items():
+        for _ in range(asked_nodes[job]):
+            new_node(cluster)
+    step(1.0)
+    step(1.0)
+    assert set(waiting) <= ran, sorted(set(waiting) - ran)
