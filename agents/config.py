@@ -272,8 +272,11 @@ class PoolConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     arrives `ready_s` after it asks, and a request unmet after `window_s` as a stockout."""
 
     flavor: FlavorName
-    max_nodes: Annotated[int, Meta(ge=1, le=1_000_000)]
     gpu_per_node: Annotated[int, Meta(ge=1, le=1024)]
+    # The pool's limit in nodes (a node group's max size) and/or in GPUs (a NodePool's
+    # `limits`); give one at least.
+    max_nodes: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    max_gpus: Annotated[int, Meta(ge=0, le=2**31)] = 0
     cpu: Quantity = 0
     memory: Quantity = 0
     labels: Annotated[
@@ -285,6 +288,10 @@ class PoolConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
 
     def __post_init__(self) -> None:
         _check_quantities(f"pools: flavor {self.flavor!r}", self)
+        if not self.max_nodes and not self.max_gpus:
+            raise ValueError(
+                f"pools: flavor {self.flavor!r}: give max_nodes or max_gpus (the pool's limit)"
+            )
         if self.window_s < self.ready_s:
             raise ValueError(
                 f"pools: flavor {self.flavor!r}: window_s ({self.window_s:g}) is shorter than "
@@ -295,6 +302,7 @@ class PoolConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
         """What the agent reports for the flavor."""
         return ProvisionPool(
             max_nodes=self.max_nodes,
+            max_gpus=self.max_gpus,
             node_gpu=self.gpu_per_node,
             node_cpu_milli=cpu_milli(self.cpu),
             node_memory=memory_bytes(self.memory),

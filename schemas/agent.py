@@ -62,10 +62,12 @@ class ProvisionPool(msgspec.Struct, frozen=True, omit_defaults=True):
     those already asked for) as capacity that arrives `ready_s` after it asks, and a request
     not met within `window_s` as a stockout. Its capacity type is the flavor's."""
 
-    # The most nodes the pool may hold at once (NodePool `limits`, a node group's max size).
-    max_nodes: Annotated[int, Meta(ge=1, le=1_000_000)]
     # The node template: what each new node brings.
     node_gpu: Annotated[int, Meta(ge=1, le=MAX_GPUS_PER_NODE)]
+    # The most nodes the pool may hold at once (a node group's max size), and the most GPUs
+    # (a Karpenter NodePool's `limits` on nvidia.com/gpu); 0 = not declared, one at least.
+    max_nodes: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    max_gpus: Annotated[int, Meta(ge=0, le=2**31)] = 0
     node_cpu_milli: CpuMilli = 0  # 0 = not declared (not checked)
     node_memory: Bytes = 0
     labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=MAX_NODE_LABELS)] = {}
@@ -74,6 +76,16 @@ class ProvisionPool(msgspec.Struct, frozen=True, omit_defaults=True):
     # it counts as a stockout (no capacity in the zone, quota spent at the provider).
     ready_s: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
     window_s: Annotated[float, Meta(gt=0, le=86_400)] = 900.0
+
+    def __post_init__(self) -> None:
+        if not self.max_nodes and not self.max_gpus:
+            raise ValueError("an autoscaled pool declares max_nodes or max_gpus (or both)")
+
+    @property
+    def limit(self) -> int:
+        """The most nodes of the template the pool may hold at once."""
+        by_gpus = self.max_gpus // self.node_gpu if self.max_gpus else self.max_nodes
+        return min(self.max_nodes, by_gpus) if self.max_nodes else by_gpus
 
 
 class FlavorInfo(msgspec.Struct, frozen=True, omit_defaults=True):

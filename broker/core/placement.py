@@ -284,7 +284,7 @@ def declared_fit(info: FlavorInfo, gang: Gang) -> bool:
     autoscaled pool (`info.provision`) declares its limit and node template there."""
     grow = info.provision
     if grow is not None:
-        size, node_gpu = grow.max_nodes, grow.node_gpu
+        size, node_gpu = grow.limit, grow.node_gpu
         cpu, mem = grow.node_cpu_milli, grow.node_memory
     else:
         size, node_gpu = info.max_nodes, info.node_gpu

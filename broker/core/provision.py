@@ -1,8 +1,9 @@
 """Autoscaled pools: nodes a pool can still add count as capacity that arrives later.
 
 A flavor whose agent declares `FlavorInfo.provision` (a Karpenter NodePool, a cluster-autoscaler
-node group, a GKE node pool) may grow to `max_nodes` nodes of one template, a new node being
-Ready about `ready_s` after it is asked for. When a gang does not fit the nodes that exist, or
+node group, a GKE node pool) may grow to its limit (`ProvisionPool.limit`: `max_nodes`, or
+`max_gpus` over the GPUs per node) of one template, a new node being Ready about `ready_s`
+after it is asked for. When a gang does not fit the nodes that exist, or
 fits only on a pool that costs more than waiting for a cheaper one, the broker plans it on one
 such pool: its free nodes now (when no other job waits on that pool) plus the fewest new nodes
 that take the whole gang, within the pool's limit less what earlier plans already asked for.
@@ -223,7 +224,7 @@ class Provisions:
         rank: tuple[int, int],
         now: float,
     ) -> Plan | None:
-        room = spec.max_nodes - len(pool.nodes) - self.promised(pool.key)
+        room = spec.limit - len(pool.nodes) - self.promised(pool.key)
         if room <= 0:
             return None
         # The first gang to wait on a pool may count on its free nodes; later ones only on

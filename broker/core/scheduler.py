@@ -290,7 +290,7 @@ class Scheduler:
                     interruptions=risk.total_notices if risk is not None else 0,
                     interruption_rate_per_node_hour=self._inv.rate(p.key, now, self._prior),
                     interruption_prior=self._prior if p.capacity_type == "spot" else None,
-                    autoscale_max_nodes=grow.max_nodes if grow is not None else 0,
+                    autoscale_max_nodes=grow.limit if grow is not None else 0,
                     nodes_coming=self._prov.promised(p.key) if grow is not None else 0,
                     stockouts=round(self._prov.penalty(p.key, now), 3),
                 )

@@ -169,7 +169,8 @@ def test_pools_are_declared_in_the_agent_config(tmp_path: Path) -> None:
     [
         (("flavor: spot-a, max", "flavor: nope, max"), "['nope'] are not flavors of this cluster"),
         (("ready_s: 240", "ready_s: 900"), "window_s (600) is shorter than ready_s (900)"),
-        (("max_nodes: 4", "max_nodes: 0"), "pools[0].max_nodes"),
+        (("max_nodes: 4", "max_nodes: -1"), "pools[0].max_nodes"),
+        (("max_nodes: 4", "max_nodes: 0"), "give max_nodes or max_gpus (the pool's limit)"),
         (("memory: 768Gi,", "memory: lots,"), "pools: flavor 'spot-a': memory"),
     ],
 )

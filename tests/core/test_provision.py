@@ -90,6 +90,17 @@ def test_submission_judges_an_autoscaled_pool_by_the_size_it_can_reach() -> None
     assert not reply.accepted and "never be placed" in (reply.error or "")
 
 
+def test_a_pool_limited_in_gpus_is_never_asked_past_them() -> None:
+    """A Karpenter NodePool's limit is in resources: 24 GPUs are three 8-GPU nodes."""
+    s = fleet(("east", [pooled("spot", 1.0, max_nodes=0, max_gpus=24)], []))
+    assert submit(s, replicas=3) and submit(s, replicas=1)
+    spec = JobSpec(name="g", capacity="spot", gang=[PodSet(name="w", replicas=4, gpu=8)])
+    reply, _ = split_reply(s.m.handle(SubmitJob(spec, subject_queue="q"), s.now))
+    assert not reply.accepted  # 32 GPUs: more than the pool may ever hold
+    asks = sent(s.step(1), Provision)
+    assert sum(p.nodes for _, p in asks) == 3 and len(asks) == 1
+
+
 def test_only_the_cheapest_cluster_is_asked_to_grow() -> None:
     s = fleet(
         ("east", [pooled("spot", 1.2)], []),

@@ -200,6 +200,7 @@ submit_replies = st.from_type(SubmitReply)
 provision_pools = st.builds(
     ProvisionPool,
     max_nodes=st.integers(1, 1_000_000),
+    max_gpus=st.integers(0, 2**31),
     node_gpu=st.integers(1, 1024),
     node_cpu_milli=non_neg,
     node_memory=non_neg,

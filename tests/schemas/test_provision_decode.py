@@ -17,6 +17,7 @@ from .strategies import floats, json_values, provision_pools
 
 FIELDS = [
     "max_nodes",
+    "max_gpus",
     "node_gpu",
     "node_cpu_milli",
     "node_memory",
@@ -71,7 +72,8 @@ def test_a_hostile_pool_decodes_within_bounds_or_is_refused(
     assert isinstance(snap, ClusterSnapshot)
     p = snap.flavors[0].provision
     assert p is not None
-    assert 1 <= p.max_nodes <= 1_000_000 and 1 <= p.node_gpu <= 1024
+    assert 0 <= p.max_nodes <= 1_000_000 and 0 <= p.max_gpus <= 2**31
+    assert p.limit >= 0 and (p.max_nodes or p.max_gpus) and 1 <= p.node_gpu <= 1024
     assert 0 < p.window_s <= 86_400 and 0 <= p.ready_s <= 86_400
     assert len(p.labels) <= 64 and all(len(v) <= 63 for v in p.labels.values())
 
