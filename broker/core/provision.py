@@ -269,7 +269,7 @@ class Provisions:
         reason = Reason(
             "waiting-for-nodes",
             f"waits ~{plan.wait_s:.0f} s for {plan.nodes} node{'s' if plan.nodes != 1 else ''} "
-            f"of pool {pool.cluster}/{pool.name}{note}: {plan.score:.2f}/h with the wait priced",
+            f"of pool {pool.cluster}/{pool.name}{note}: ${plan.score:.2f}/h with the wait priced",
             cluster=pool.cluster,
             flavor=pool.name,
         )
