@@ -134,6 +134,9 @@ class FakeAutoscale(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
     # [start, end) simulated seconds after the cluster starts during which every request
     # stocks out (a spot drought).
     stockouts: Annotated[list[tuple[NonNegFloat, NonNegFloat]], Meta(max_length=1024)] = []
+    # The provider's own limit on the flavor's nodes (a cloud quota), 0 = none: an ask past it
+    # gets only the nodes that fit, the rest never come (the broker counts a stockout).
+    max_nodes: Annotated[int, Meta(ge=0, le=100_000)] = 0
 
 
 class BambooTrace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

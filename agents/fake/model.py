@@ -424,6 +424,7 @@ class ClusterModel:
             "stockouts": 0,
         }
         self._asked: set[tuple[str, str, float]] = set()  # (job, flavor, deadline) asked
+        self._coming: dict[str, int] = {}  # flavor -> nodes the provider is bringing up
         for fl in self.config.flavors:
             for _ in range(fl.nodes):
                 self._new_node(fl.name)
@@ -673,8 +674,9 @@ class ClusterModel:
     def grow(self, job_id: str, flavor: str, count: int, deadline: float = 0.0) -> int:
         """An autoscaler asked for `count` nodes of `flavor` for a job: each comes up after
         the flavor's `autoscale` delay (log-normal, from the seeded generator), or none does
-        when the request stocks out. Returns the nodes that will come; asking again with the
-        same deadline changes nothing (the broker resends until acknowledged)."""
+        when the request stocks out; no more than the provider's own `max_nodes` (nodes there
+        and coming) ever come. Returns the nodes that will come; asking again with the same
+        deadline changes nothing (the broker resends until acknowledged)."""
         fl = self._flavors.get(flavor)
         if fl is None:
             raise BackendError(f"cluster {self.cluster} has no flavor {flavor!r}")
@@ -686,12 +688,16 @@ class ClusterModel:
         now = self.now()
         self.counters["provision_asks"] += 1
         delays = provider_delays(self._rng, count, scale.delay_s, scale.spread, scale.stockout_p)
+        if scale.max_nodes:
+            have = len(self.nodes_of(flavor)) + self._coming.get(flavor, 0)
+            delays = delays[: max(0, scale.max_nodes - have)]
         if not delays or any(a <= now < b for a, b in scale.stockouts):
             self.counters["stockouts"] += 1
             return 0
         for delay in delays:
             self._schedule(now + delay, "grow", _Grow(flavor))
-        return count
+        self._coming[flavor] = self._coming.get(flavor, 0) + len(delays)
+        return len(delays)
 
     def remove_node(self, node: str, reason: str = "node-removed") -> bool:
         """The node disappears now (no notice); its workloads are evicted with `reason`."""
@@ -925,6 +931,7 @@ class ClusterModel:
                     self._reclaim(obj, arg)
                 elif kind == "grow":
                     obj.alive = False
+                    self._coming[obj.flavor] -= 1
                     self.add_node(obj.flavor)
                     self.counters["provisioned_nodes"] += 1
             except Exception as exc:

@@ -63,6 +63,19 @@ def test_a_stockout_brings_no_node_and_an_ask_is_answered_once() -> None:
     assert len(m.nodes_of("spot-a")) == 2 and m.counters["provisioned_nodes"] == 2
 
 
+def test_the_providers_own_limit_caps_what_comes() -> None:
+    """A cloud quota below what the agent declared: only the nodes within it come."""
+    clock = ManualClock()
+    m = ClusterModel("c", grown(FakeAutoscale(delay_s=10.0, spread=0.0, max_nodes=3)), clock)
+    assert m.grow("job-1", "spot-a", 2, deadline=50.0) == 2
+    assert m.grow("job-2", "spot-a", 2, deadline=50.0) == 1  # 2 coming, room for 1 more
+    assert m.grow("job-3", "spot-a", 1, deadline=50.0) == 0
+    assert m.counters["stockouts"] == 1
+    clock.advance(20.0)
+    m.advance()
+    assert len(m.nodes_of("spot-a")) == 3
+
+
 async def test_the_runtime_reports_declared_pools_and_grows_them(make_agent: MakeAgent) -> None:
     a = await make_agent(grown(FakeAutoscale(delay_s=0.05, spread=0.0)), pools={"spot-a": POOL})
     snap = await a.wire.wait_snapshot()
