@@ -72,9 +72,11 @@ def test_a_spot_gang_waits_for_a_pool_at_zero_and_runs_on_its_new_nodes() -> Non
     why = s.m.reasons[job][0]
     assert why.code == "waiting-for-nodes"
     assert why.message.startswith("waits ~300 s for 2 nodes of pool east/spot")
-    assert not sent(s.step(60), Provision)  # asked once, not again every cycle
+    assert not sent(s.step(60), Provision)  # asked once, not again every cycle...
     (view,) = s.m.scheduler.flavor_views("east", s.now)
     assert (view.nodes, view.nodes_coming, view.autoscale_max_nodes) == (0, 2, 4)
+    s.send("east", NodeUpsert(node=node("od-0", "od")))
+    assert not sent(s.step(1), Provision)  # ...nor when capacity changes elsewhere
     s.send("east", NodeUpsert(node=node("spot-0", "spot")), NodeUpsert(node=node("spot-1", "spot")))
     (dispatched,) = sent(s.step(1), Dispatch)
     assert dispatched[0] == "east" and dispatched[1].job_id == job
