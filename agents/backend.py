@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from schemas.agent import AgentEvent, ClusterSnapshot, Dispatch, LogRequest
+from schemas.agent import AgentEvent, ClusterSnapshot, Dispatch, LogRequest, Provision
 
 Emit = Callable[[AgentEvent], None]
 
@@ -83,4 +83,14 @@ class Fencing(Protocol):
         it alive (kube: a pod deadline such as activeDeadlineSeconds, or an in-cluster
         watchdog). Extending a fence that has lapsed must not revive anything. The runtime
         skips backends without it, and then only self-fencing protects the cluster."""
+        ...
+
+
+class Provisioner(Protocol):
+    """What a backend that can grow an autoscaled pool adds to `Backend` (the fake; kube not
+    yet): optional, like `Fencing`. The runtime refuses `provision` for a backend without it."""
+
+    async def provision(self, cmd: Provision) -> None:
+        """Ask the pool behind `cmd.flavor` for `cmd.nodes` more nodes; they are reported as
+        ordinary nodes once Ready. Asking again for the same job changes nothing."""
         ...

@@ -14,7 +14,7 @@ import msgspec
 import yaml
 from msgspec import Meta
 
-from schemas.agent import MAX_BATCH
+from schemas.agent import MAX_BATCH, NodeTaint, ProvisionPool
 from schemas.fieldhints import explain
 from schemas.job import CapacityType
 from schemas.quantity import QuantityError, cpu_milli, memory_bytes
@@ -108,6 +108,8 @@ class FakeFlavor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     zones: Annotated[int, Meta(ge=1, le=64)] = 1
     blocks: Annotated[int, Meta(ge=1, le=1024)] = 1  # per zone
     racks: Annotated[int, Meta(ge=1, le=1024)] = 1  # per block
+    # The provider behind an autoscaled pool (declare the pool in the agent's `pools`).
+    autoscale: FakeAutoscale | None = None
 
     def __post_init__(self) -> None:
         _check_quantities(f"flavor {self.name!r}", self)
@@ -118,6 +120,23 @@ class FakeFlavor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
         zone, rest = divmod(slot, self.blocks * self.racks)
         block, rack = divmod(rest, self.racks)
         return f"zone-{zone}", f"block-{zone}-{block}", f"rack-{zone}-{block}-{rack}"
+
+
+class FakeAutoscale(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """How the simulated provider answers a request to grow the flavor (a `provision`
+    command): each node comes up after a log-normal delay around `delay_s` (seeded by the
+    cluster's `seed`), unless the request falls in a stockout. Simulated seconds."""
+
+    delay_s: NonNegFloat = 120.0  # median seconds to a Ready node
+    spread: Annotated[float, Meta(ge=0, le=3)] = 0.25  # sigma of the log-normal delay
+    # Chance that a request gets no node at all (no capacity in the zone).
+    stockout_p: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    # [start, end) simulated seconds after the cluster starts during which every request
+    # stocks out (a spot drought).
+    stockouts: Annotated[list[tuple[NonNegFloat, NonNegFloat]], Meta(max_length=1024)] = []
+    # The provider's own limit on the flavor's nodes (a cloud quota), 0 = none: an ask past it
+    # gets only the nodes that fit, the rest never come (the broker counts a stockout).
+    max_nodes: Annotated[int, Meta(ge=0, le=100_000)] = 0
 
 
 class BambooTrace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -241,6 +260,62 @@ class FrontDoorConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     request_timeout_s: Annotated[float, Meta(gt=0, le=60)] = 5.0
 
 
+LabelValue = Annotated[str, Meta(max_length=63)]
+
+
+class TaintConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    key: NodeLabel
+    value: LabelValue = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class PoolConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """An autoscaled node pool behind one flavor, as the agent declares it to the broker
+    (`FlavorInfo.provision`): the broker counts the nodes it can still add as capacity that
+    arrives `ready_s` after it asks, and a request unmet after `window_s` as a stockout."""
+
+    flavor: FlavorName
+    gpu_per_node: Annotated[int, Meta(ge=1, le=1024)]
+    # The pool's limit in nodes (a node group's max size) and/or in GPUs (a NodePool's
+    # `limits`); give one at least.
+    max_nodes: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    max_gpus: Annotated[int, Meta(ge=0, le=2**31)] = 0
+    cpu: Quantity = 0
+    memory: Quantity = 0
+    labels: Annotated[
+        dict[NodeLabel, Annotated[str, Meta(max_length=63)]], Meta(max_length=64)
+    ] = {}
+    taints: Annotated[list[TaintConfig], Meta(max_length=64)] = []
+    ready_s: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
+    window_s: Annotated[float, Meta(gt=0, le=86_400)] = 900.0
+
+    def __post_init__(self) -> None:
+        _check_quantities(f"pools: flavor {self.flavor!r}", self)
+        if not self.max_nodes and not self.max_gpus:
+            raise ValueError(
+                f"pools: flavor {self.flavor!r}: give max_nodes or max_gpus (the pool's limit)"
+            )
+        if self.window_s < self.ready_s:
+            raise ValueError(
+                f"pools: flavor {self.flavor!r}: window_s ({self.window_s:g}) is shorter than "
+                f"ready_s ({self.ready_s:g}); every request would count as a stockout"
+            )
+
+    def provision(self) -> ProvisionPool:
+        """What the agent reports for the flavor."""
+        return ProvisionPool(
+            max_nodes=self.max_nodes,
+            max_gpus=self.max_gpus,
+            node_gpu=self.gpu_per_node,
+            node_cpu_milli=cpu_milli(self.cpu),
+            node_memory=memory_bytes(self.memory),
+            labels=dict(self.labels),
+            taints=[NodeTaint(t.key, t.value, t.effect) for t in self.taints],
+            ready_s=self.ready_s,
+            window_s=self.window_s,
+        )
+
+
 class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One agent: a cluster name, its backend and the runtime's batching/heartbeat knobs."""
 
@@ -259,16 +334,38 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     metrics_port: Annotated[int, Meta(ge=1, le=65535)] | None = None
     # `kubectl apply` submission from this cluster (kube backend only; docs/kubernetes.md).
     frontdoor: FrontDoorConfig | None = None
+    # Autoscaled pools behind this cluster's flavors (docs/operations.md, "Autoscaled pools").
+    pools: Annotated[list[PoolConfig], Meta(max_length=256)] = []
 
     def __post_init__(self) -> None:
         if self.frontdoor is not None and self.backend != "kube":
             raise ValueError("frontdoor: only the kube backend has one; remove it or use kube")
+        if self.pools:
+            self._check_pools()
         if self.backend == "fake" and self.fake is None:
             raise ValueError("fake: required when backend is 'fake' (give at least `fake: {}`)")
         if self.backend == "kube" and self.kube is None:
             raise ValueError("kube: required when backend is 'kube'")
         if self.backend == "local" and self.local is None:
             raise ValueError("local: required when backend is 'local' (give at least `local: {}`)")
+
+    def _check_pools(self) -> None:
+        names = [p.flavor for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"pools: flavors {dupes} are declared twice")
+        if self.backend != "fake":
+            raise ValueError(
+                f"pools: the {self.backend} backend cannot grow a pool yet (reading Karpenter "
+                "NodePools or node groups and ProvisioningRequest are not built); remove "
+                "`pools` or use the fake backend"
+            )
+        flavors = {f.name for f in self.fake.flavors} if self.fake is not None else set()
+        unknown = sorted(set(names) - flavors)
+        if unknown:
+            raise ValueError(
+                f"pools: {unknown} are not flavors of this cluster ({sorted(flavors)})"
+            )
 
 
 class FleetConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -59,6 +59,7 @@ def _runtime(backend: Backend, nc: Client, config: AgentConfig, subjects: Subjec
         batch_max=config.batch_max,
         batch_interval_s=config.batch_interval_s,
         companion=companion,
+        pools={p.flavor: p.provision() for p in config.pools},
     )
 
 

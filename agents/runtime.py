@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -36,7 +37,10 @@ from schemas.agent import (
     CommandAck,
     Dispatch,
     EventBatch,
+    FlavorInfo,
     Heartbeat,
+    Provision,
+    ProvisionPool,
     Resync,
     WireRefused,
     WorkloadStatus,
@@ -66,6 +70,15 @@ def _outbox_key(ev: AgentEvent) -> tuple[str, int, bool] | None:
     if isinstance(ev, WorkloadStatus) and ev.phase in TERMINAL_PHASES:
         return (ev.job_id, ev.attempt, False)
     return None
+
+
+def _with_pools(snap: ClusterSnapshot, pools: Mapping[str, ProvisionPool]) -> ClusterSnapshot:
+    """The snapshot with each declared pool on its flavor (`FlavorInfo.provision`)."""
+    flavors: list[FlavorInfo] = [
+        msgspec.structs.replace(f, provision=pools[f.name]) if f.name in pools else f
+        for f in snap.flavors
+    ]
+    return msgspec.structs.replace(snap, flavors=flavors)
 
 
 def _essential(ev: AgentEvent) -> bool:
@@ -110,11 +123,14 @@ class AgentRuntime:
         batch_max: int = 1000,
         batch_interval_s: float = 0.01,
         companion: Companion | None = None,
+        pools: Mapping[str, ProvisionPool] | None = None,
     ) -> None:
         if heartbeat_s <= 0 or batch_max < 1 or batch_interval_s < 0:
             raise ValueError("heartbeat_s > 0, batch_max >= 1 and batch_interval_s >= 0 required")
         self.backend = backend
         self.companion = companion
+        # flavor -> the autoscaled pool behind it, reported in every snapshot's flavors
+        self.pools: dict[str, ProvisionPool] = dict(pools or {})
         self.nc = nc
         self.subjects = subjects
         self.cluster = backend.cluster
@@ -467,6 +483,8 @@ class AgentRuntime:
                     self._retry_at = time.monotonic() + RETRY_S
                     return
                 self._learn(snap)
+                if self.pools:
+                    snap = _with_pools(snap, self.pools)
                 queued = {_outbox_key(e) for e in events} - {None}
                 unacked = [ev for key, (ev, _, _) in self._outbox.items() if key not in queued]
                 events = self._around_snapshot(snap, unacked + events)
@@ -623,6 +641,9 @@ class AgentRuntime:
             )
             await self._reply(msg, CommandAck(ok=True))
             return
+        if isinstance(cmd, Provision):
+            await self._reply(msg, await self._provision(cmd))
+            return
         if isinstance(cmd, Resync):
             self.log.info("resync requested", reason=cmd.reason, epoch=cmd.epoch)
             self.request_snapshot()
@@ -631,6 +652,28 @@ class AgentRuntime:
         task = asyncio.create_task(self._run_job_command(msg, cmd))
         self._cmd_tasks.add(task)
         task.add_done_callback(self._cmd_tasks.discard)
+
+    async def _provision(self, cmd: Provision) -> CommandAck:
+        """Grow a declared pool for one job's gang (refused for an undeclared flavor, or by a
+        backend that cannot grow pools)."""
+        log = self.log.bind(job_id=cmd.job_id, flavor=cmd.flavor, nodes=cmd.nodes)
+        grow = getattr(self.backend, "provision", None)
+        if cmd.flavor not in self.pools:
+            err = f"flavor {cmd.flavor!r} of cluster {self.cluster} declares no autoscaled pool"
+        elif grow is None:
+            err = f"the backend of cluster {self.cluster} cannot grow pools"
+        else:
+            try:
+                await grow(cmd)
+            except BackendError as exc:
+                err = str(exc)
+            else:
+                self.stats["provisions"] = self.stats.get("provisions", 0) + 1
+                log.info("pool asked to grow", deadline=cmd.deadline)
+                return CommandAck(ok=True)
+        self.stats["refused"] += 1
+        log.warning("provision refused", error=err)
+        return CommandAck(ok=False, error=err[:MAX_ERROR_CHARS])
 
     async def _run_job_command(self, msg: Msg, cmd: Dispatch | Cancel | CheckpointNow) -> None:
         job_id = cmd.job_id

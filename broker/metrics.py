@@ -175,6 +175,26 @@ class BrokerCollector:
             "Times a pool's dispatch breaker opened",
             value=breakers.trips(),
         )
+        try:
+            asks, stockouts, coming = machine.scheduler.provision_counts()
+        except RuntimeError:
+            return
+        yield CounterMetricFamily(
+            "muster_pool_provisions", "Autoscaled pools asked to grow for a gang", value=asks
+        )
+        yield CounterMetricFamily(
+            "muster_pool_stockouts",
+            "Asks to grow a pool whose nodes did not all come within its window",
+            value=stockouts,
+        )
+        nodes = GaugeMetricFamily(
+            "muster_pool_nodes_coming",
+            "Nodes asked of an autoscaled pool that have not come yet",
+            labels=["cluster", "flavor"],
+        )
+        for (cluster, flavor), n in sorted(coming.items()):
+            nodes.add_metric([cluster, flavor], n)
+        yield nodes
 
 
 class Metrics:

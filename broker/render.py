@@ -334,13 +334,23 @@ def clusters_table(clusters: Sequence[ClusterView], now: float | None = None) ->
                 f.capacity_type,
                 f.gpu_type or "-",
                 f"{f.price_per_gpu_hour:.2f}",
-                str(f.nodes),
+                _nodes(f),
                 f"{f.gpu_free}/{f.gpu_total}",
                 str(f.draining_nodes),
                 _interruptions(f),
                 _breaker(f),
             )
     return table
+
+
+def _nodes(f: FlavorView) -> str:
+    """Nodes now; for an autoscaled pool also those coming, its limit and recent stockouts."""
+    if not f.autoscale_max_nodes:
+        return str(f.nodes)
+    text = f"{f.nodes} +{f.nodes_coming} of {f.autoscale_max_nodes}"
+    if f.stockouts >= 0.05:
+        text += f", {f.stockouts:.1f} stockouts"
+    return text
 
 
 def _breaker(f: FlavorView) -> Text:

@@ -84,6 +84,7 @@ for _name, _module, _help in (
 programs = typer.Typer(add_completion=False, rich_markup_mode=None)
 for _name, _module, _help in (
     ("sim", "sim", "Trace-driven simulation against other recovery policies."),
+    ("autoscale", "autoscale", "Autoscaled pools: warm, from zero, with stockouts."),
     ("vopr", "vopr", "Deterministic simulation of the protocol with faults."),
     ("chaos", "chaos", "Chaos soak of real processes: kill -9, stops, partitions."),
     ("demo", "demo", "Muster end to end in one process with three fake clusters."),

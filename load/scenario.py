@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from load.simconfig import PoolSpec, SimConfig
+from load.simconfig import AutoscaleSpec, PoolSpec, SimConfig
 
 Positive = Annotated[float, Meta(gt=0)]
 
@@ -29,17 +29,36 @@ class ZoneSpec(msgspec.Struct, forbid_unknown_fields=True):
     phase_h: Annotated[float, Meta(ge=0)] = 0.0
 
 
+class AutoscaleEntry(msgspec.Struct, forbid_unknown_fields=True):
+    """An autoscaled pool (load.simconfig.AutoscaleSpec): its limit, time to a Ready node,
+    stockout chance and the idle time after which empty extra nodes go."""
+
+    max_nodes: Annotated[int, Meta(ge=1, le=100_000)]
+    ready_s: Annotated[float, Meta(ge=0)] = 300.0
+    spread: Annotated[float, Meta(ge=0, le=3)] = 0.3
+    window_s: Annotated[float, Meta(gt=0)] = 900.0
+    stockout_p: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    idle_s: Annotated[float, Meta(ge=0)] = 600.0
+
+
 class PoolEntry(msgspec.Struct, forbid_unknown_fields=True):
     cluster: str
     flavor: str
     capacity: Literal["spot", "on-demand"]
     gpu: str
     price: Annotated[float, Meta(ge=0)]
-    nodes: Annotated[int, Meta(ge=1, le=100_000)]
+    nodes: Annotated[int, Meta(ge=0, le=100_000)]
     trace: str | None = None
     phase_h: Annotated[float, Meta(ge=0)] = 0.0
     provider: Literal["aws", "gcp", "azure"] = "aws"
     zones: list[ZoneSpec] = []
+    autoscale: AutoscaleEntry | None = None
+
+    def __post_init__(self) -> None:
+        if self.nodes == 0 and self.autoscale is None:
+            raise ValueError(f"pool {self.flavor}: nodes 0 needs autoscale (it would stay empty)")
+        if self.autoscale is not None and (self.trace or self.zones):
+            raise ValueError(f"pool {self.flavor}: an autoscaled pool takes no spot trace")
 
 
 class Scenario(msgspec.Struct, forbid_unknown_fields=True):
@@ -76,6 +95,9 @@ def apply_scenario(cfg: SimConfig, scenario: Scenario) -> SimConfig:
             trace_phase_s=e.phase_h * 3600.0,
             provider=e.provider,
             zones=tuple((z.trace, z.phase_h * 3600.0, z.nodes) for z in e.zones),
+            autoscale=None
+            if e.autoscale is None
+            else AutoscaleSpec(**msgspec.structs.asdict(e.autoscale)),
         )
         for e in scenario.pools
     )

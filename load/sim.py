@@ -38,7 +38,7 @@ import typer
 
 from agents.backend import BackendError
 from agents.config import FakeClusterConfig, FakeFlavor
-from agents.fake.model import ClusterModel, ManualClock, WorkloadTiming
+from agents.fake.model import ClusterModel, ManualClock, WorkloadTiming, provider_delays
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
 from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
 from broker.core.invariants import unordered_dispatches, violations
@@ -63,6 +63,8 @@ from schemas.agent import (
     EventBatch,
     Heartbeat,
     NodeGone,
+    Provision,
+    ProvisionPool,
     Resync,
     SpotNotice,
     WorkloadStatus,
@@ -77,6 +79,7 @@ from schemas.job import (
     Simulation,
     Workload,
 )
+from schemas.quantity import cpu_milli, memory_bytes
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 NODE_GPUS = 8
@@ -375,7 +378,7 @@ class AttemptLog:
 # heap event kinds
 ARRIVAL, ACK, CLUSTER_DUE = 0, 1, 2
 SPOT_TRACE, RECLAIM, TICK, CYCLE, HEARTBEAT, SAMPLE, POISSON, SLOT_RETURN = range(6, 14)
-NODE_GONE_SEEN, CANCEL_ARRIVES = 14, 15
+NODE_GONE_SEEN, CANCEL_ARRIVES, NODE_UP = 14, 15, 16
 ENDED = frozenset({"succeeded", "failed", "evicted"})
 RECLAIMED = "spot-reclaimed"
 
@@ -423,6 +426,7 @@ class SimAgent:
         self.snapshot_due = True  # the first batch of an instance is a snapshot
         self.highest_epoch = 0
         self.unreported: set[str] = set()  # gone, but the polling broker does not know yet
+        self.empty_since: dict[str, float] = {}  # autoscaled nodes found empty, since when
 
     def start(self) -> None:
         """From now on the model's events go to the broker (setup is the first snapshot)."""
@@ -431,15 +435,26 @@ class SimAgent:
     # -- agent side -------------------------------------------------------------------
     def _declared(self, snap: ClusterSnapshot) -> ClusterSnapshot:
         """The snapshot with each pool's size declared, as an autoscaler's limits would be:
-        every trace slot of every zone, so a zone that starts empty is not taken for small."""
-        flavors = [
-            msgspec.structs.replace(
-                f,
-                max_nodes=self.pools[f.name].nodes + sum(z[2] for z in self.pools[f.name].zones),
-                node_gpu=NODE_GPUS,
+        every trace slot of every zone, so a zone that starts empty is not taken for small;
+        an autoscaled pool declares what it can grow to (`FlavorInfo.provision`)."""
+        flavors = []
+        for f in snap.flavors:
+            p = self.pools[f.name]
+            grow = None
+            if p.autoscale is not None:
+                a = p.autoscale
+                grow = ProvisionPool(
+                    max_nodes=a.max_nodes,
+                    node_gpu=NODE_GPUS,
+                    node_cpu_milli=cpu_milli(NODE_CPU),
+                    node_memory=memory_bytes(NODE_MEMORY),
+                    ready_s=a.ready_s,
+                    window_s=a.window_s,
+                )
+            size = p.nodes + sum(z[2] for z in p.zones)
+            flavors.append(
+                msgspec.structs.replace(f, max_nodes=size, node_gpu=NODE_GPUS, provision=grow)
             )
-            for f in snap.flavors
-        ]
         return msgspec.structs.replace(snap, flavors=flavors)
 
     def take_batches(self, now: float) -> list[EventBatch]:
@@ -578,6 +593,8 @@ class SimAgent:
             self.model.checkpoint(cmd.job_id, cmd.attempt)
         elif isinstance(cmd, Resync):
             self.snapshot_due = True
+        elif isinstance(cmd, Provision):
+            self.sim.provision(self, cmd, now)
 
     def dispatch(self, cmd: Dispatch, now: float) -> None:
         sim = self.sim
@@ -631,6 +648,27 @@ class SimAgent:
         self.model.add_node(flavor, name)
         self.sim.node_home[name] = (self.name, flavor)
 
+    def consolidate(self, now: float) -> None:
+        """Autoscaled pools drop nodes beyond their minimum that stayed empty `idle_s`."""
+        for p in self.pools.values():
+            a = p.autoscale
+            if a is None:
+                continue
+            names = self.model.nodes_of(p.flavor)
+            extra = len(names) - p.nodes
+            for name in names:
+                if extra <= 0:
+                    break
+                node = self.model.node_state(name)
+                if node is None or node.workloads or node.used_gpu:
+                    self.empty_since.pop(name, None)
+                    continue
+                since = self.empty_since.setdefault(name, now)
+                if now - since >= a.idle_s:
+                    del self.empty_since[name]
+                    self.model.remove_node(name, reason="consolidated")
+                    extra -= 1
+
 
 @dataclass(slots=True)
 class Slot:
@@ -682,6 +720,11 @@ class SimResult:
     spot_notices: int
     batch_errors: list[str]
     first_admit: dict[str, float]
+    # Autoscaled pools: what every present node cost (idle included), asks, nodes, stockouts.
+    capacity_cost_usd: float = 0.0
+    provision_asks: int = 0
+    provisioned: int = 0
+    stockouts: int = 0
 
 
 class Sim:
@@ -725,6 +768,13 @@ class Sim:
         self._claims: dict[str, dict[str, int]] = {}
         self._usage: dict[str, int] = {}
         self.pools = on_demand_pools(cfg.pools) if self.policy.on_demand_only else cfg.pools
+        # autoscaled pools: asks answered, nodes brought up, stockouts, and what every node
+        # present cost (idle or not), summed at each sample
+        self.provision_rng = random.Random(f"provision-{cfg.seed}")
+        self._asked: set[tuple[str, str, str, float]] = set()
+        self.provision_asks = self.provisioned = self.stockouts = 0
+        self.capacity_cost = 0.0
+        self._sampled_at = self.base
         by_cluster: dict[str, list[PoolSpec]] = {}
         for p in self.pools:
             by_cluster.setdefault(p.cluster, []).append(p)
@@ -757,6 +807,7 @@ class Sim:
                 p.capacity_type == "spot"
                 and self.cfg.spot != "none"
                 and not self.policy.on_demand_only
+                and p.autoscale is None
             )
             parts = [(p.trace, p.trace_phase_s, p.nodes), *p.zones]
             if not spot_driven:
@@ -934,6 +985,10 @@ class Sim:
             spot_notices=self.spot_notices,
             batch_errors=self.batch_errors,
             first_admit=self.first_admit,
+            capacity_cost_usd=self.capacity_cost,
+            provision_asks=self.provision_asks,
+            provisioned=self.provisioned,
+            stockouts=self.stockouts,
         )
 
     def _progress(self, started: float, arrived: int) -> None:
@@ -1021,7 +1076,13 @@ class Sim:
             self.push(now + self.cfg.heartbeat_s, HEARTBEAT, cluster)
         elif kind == SAMPLE:
             self._sample()
+            for agent in self.clusters.values():
+                agent.consolidate(now)
             self.push(now + self.cfg.sample_s, SAMPLE, None)
+        elif kind == NODE_UP:
+            agent, flavor = payload
+            self.provisioned += 1
+            agent.add_node(f"{agent.name}-{flavor}-as{self.provisioned}", flavor)
 
     def _pump(self) -> None:
         """Deliver every cluster's outbox to the machine until nothing more is said."""
@@ -1203,10 +1264,30 @@ class Sim:
                 if node.used_gpu > node.usable_gpu:
                     self.violation(self.now, "cluster-over-commit", f"{node.name}: {node.used_gpu}")
 
+    def provision(self, agent: SimAgent, cmd: Provision, now: float) -> None:
+        """The pool's provider: each node comes after a seeded log-normal delay, or none does
+        when the ask stocks out. An ask is answered once (the broker may resend it)."""
+        spec = agent.pools[cmd.flavor].autoscale
+        key = (agent.name, cmd.job_id, cmd.flavor, cmd.deadline)
+        if spec is None or key in self._asked:
+            return
+        self._asked.add(key)
+        self.provision_asks += 1
+        delays = provider_delays(
+            self.provision_rng, cmd.nodes, spec.ready_s, spec.spread, spec.stockout_p
+        )
+        if not delays:
+            self.stockouts += 1
+        for delay in delays:
+            self.push(now + delay, NODE_UP, (agent, cmd.flavor))
+
     def _sample(self) -> None:
         cap = spot = alloc = running = 0
+        dt_h = (self.now - self._sampled_at) / 3600.0
+        self._sampled_at = self.now
         for c in self.clusters.values():
             for node in c.model.node_states():
+                self.capacity_cost += node.gpu * c.pools[node.flavor].price * dt_h
                 cap += node.gpu
                 if c.pools[node.flavor].capacity_type == "spot":
                     spot += node.gpu
@@ -1383,7 +1464,10 @@ def config_from_args(args: Options, seed: int, window: int = 0) -> SimConfig:
         from load.scenario import apply_scenario, load_scenario
 
         cfg = apply_scenario(cfg, load_scenario(args.scenario))
-        scaled = (replace(p, nodes=max(1, round(p.nodes * args.scale))) for p in cfg.pools)
+        scaled = (
+            replace(p, nodes=max(0 if p.autoscale else 1, round(p.nodes * args.scale)))
+            for p in cfg.pools
+        )
         cfg = replace(cfg, pools=tuple(scaled))
     return cfg
 

@@ -17,6 +17,21 @@ SpotMode = Literal["trace", "poisson", "none"]
 
 
 @dataclass(frozen=True, slots=True)
+class AutoscaleSpec:
+    """An autoscaled pool: it grows to `max_nodes` when the broker asks, each node Ready after
+    a log-normal delay around `ready_s` (sigma `spread`), unless the ask stocks out
+    (probability `stockout_p`); nodes beyond the pool's `nodes` that stay empty for
+    `idle_s` are removed (Karpenter's consolidateAfter, cluster-autoscaler's scale-down)."""
+
+    max_nodes: int
+    ready_s: float = 300.0
+    spread: float = 0.3
+    window_s: float = 900.0
+    stockout_p: float = 0.0
+    idle_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSpec:
     """One (cluster, flavor) pool; `trace` names the Bamboo file that drives its spot nodes."""
 
@@ -32,6 +47,8 @@ class PoolSpec:
     # A pool spanning zones: further (trace, phase_s, nodes) parts, each driven by its own
     # trace; `nodes` and `trace` above are the first zone's.
     zones: tuple[tuple[str, float, int], ...] = ()
+    # Autoscaled: `nodes` are kept warm (the pool's minimum); the rest come when asked.
+    autoscale: AutoscaleSpec | None = None
 
 
 # Prices per GPU-hour after AWS list prices (p4d, p3.16xlarge, g4dn.metal) and typical spot

@@ -15,7 +15,7 @@ import typer
 from agents import cli as agents_cli
 from broker import cli as broker_cli
 
-LOAD_COMMANDS = ("bench", "sim", "vopr", "chaos", "demo", "demo-local")
+LOAD_COMMANDS = ("bench", "sim", "autoscale", "vopr", "chaos", "demo", "demo-local")
 
 
 class _Group(typer.core.TyperGroup):

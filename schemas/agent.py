@@ -40,6 +40,52 @@ MAX_TOPOLOGY_LEVELS = 8
 # A topology level: the node label that names it (Kueue's `Topology` levels), and a value.
 TopologyLevel = Annotated[str, Meta(min_length=1, max_length=317)]
 TopologyValue = Annotated[str, Meta(max_length=253)]
+MAX_NODE_LABELS = 64
+LabelKey = Annotated[str, Meta(min_length=1, max_length=317)]
+LabelValue = Annotated[str, Meta(max_length=63)]
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class NodeTaint(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A taint the pool's new nodes carry (a Kubernetes taint: key, value, effect)."""
+
+    key: LabelKey
+    value: LabelValue = ""
+    effect: TaintEffect = "NoSchedule"
+
+
+class ProvisionPool(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Capacity a flavor can still grow by: an autoscaled node pool (a Karpenter NodePool, a
+    cluster-autoscaler node group, a GKE node pool) that adds nodes of one template when asked.
+
+    The broker counts nodes the pool may still add (`max_nodes` less the nodes it has and
+    those already asked for) as capacity that arrives `ready_s` after it asks, and a request
+    not met within `window_s` as a stockout. Its capacity type is the flavor's."""
+
+    # The node template: what each new node brings.
+    node_gpu: Annotated[int, Meta(ge=1, le=MAX_GPUS_PER_NODE)]
+    # The most nodes the pool may hold at once (a node group's max size), and the most GPUs
+    # (a Karpenter NodePool's `limits` on nvidia.com/gpu); 0 = not declared, one at least.
+    max_nodes: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    max_gpus: Annotated[int, Meta(ge=0, le=2**31)] = 0
+    node_cpu_milli: CpuMilli = 0  # 0 = not declared (not checked)
+    node_memory: Bytes = 0
+    labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=MAX_NODE_LABELS)] = {}
+    taints: Annotated[list[NodeTaint], Meta(max_length=MAX_NODE_LABELS)] = []
+    # Expected seconds from asking to a Ready node, and how long a request may take before
+    # it counts as a stockout (no capacity in the zone, quota spent at the provider).
+    ready_s: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
+    window_s: Annotated[float, Meta(gt=0, le=86_400)] = 900.0
+
+    def __post_init__(self) -> None:
+        if not self.max_nodes and not self.max_gpus:
+            raise ValueError("an autoscaled pool declares max_nodes or max_gpus (or both)")
+
+    @property
+    def limit(self) -> int:
+        """The most nodes of the template the pool may hold at once."""
+        by_gpus = self.max_gpus // self.node_gpu if self.max_gpus else self.max_nodes
+        return min(self.max_nodes, by_gpus) if self.max_nodes else by_gpus
 
 
 class FlavorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -61,6 +107,9 @@ class FlavorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     # topology.kubernetes.io/zone, cloud.google.com/gce-topology-block, kubernetes.io/hostname):
     # named once here, so each node sends only its values (`NodeInfo.topology`). Empty = none.
     topology_levels: Annotated[tuple[TopologyLevel, ...], Meta(max_length=MAX_TOPOLOGY_LEVELS)] = ()
+    # Nodes the pool can still add when asked (an autoscaled pool); None = it only has the
+    # nodes it reports (what agents of wire 1.1 and older send).
+    provision: ProvisionPool | None = None
 
 
 class NodeInfo(msgspec.Struct, omit_defaults=True):
@@ -269,7 +318,22 @@ class WireRefused(msgspec.Struct, tag="wire_refused", omit_defaults=True):
     reason: Reason = ""
 
 
-Command = Dispatch | Cancel | CheckpointNow | Resync | Applied | WireRefused
+class Provision(msgspec.Struct, tag="provision", omit_defaults=True):
+    """Grow `flavor` by `nodes` nodes of its pool's template for `job_id`'s gang: the broker
+    asks one cluster, the one it chose, and binds the gang to the nodes once they are
+    reported. Sent only to an agent that declared the flavor's `provision` (wire 1.2 and
+    newer), so no older agent ever receives one. Asking again for the same job is a no-op."""
+
+    job_id: Name
+    epoch: Epoch
+    flavor: Name
+    nodes: Annotated[int, Meta(ge=1, le=MAX_NODES)]
+    # Unix seconds after which the broker counts the request as a stockout and moves on; the
+    # agent may withdraw what has not come up by then.
+    deadline: Timestamp = 0.0
+
+
+Command = Dispatch | Cancel | CheckpointNow | Resync | Applied | WireRefused | Provision
 
 
 class CommandAck(msgspec.Struct, omit_defaults=True):

@@ -222,6 +222,12 @@ class FlavorView(msgspec.Struct, omit_defaults=True):
     breaker: str = ""
     breaker_failures: int = 0
     breaker_reason: str = ""
+    # An autoscaled pool (FlavorInfo.provision): the nodes it may reach (0 = not autoscaled),
+    # the nodes asked for and not come yet, and its recent stockouts (a count that halves
+    # every scheduling.stockout_half_life_s).
+    autoscale_max_nodes: int = 0
+    nodes_coming: int = 0
+    stockouts: float = 0.0
 
 
 ClusterHealth = Literal["healthy", "unreachable", "lost"]

@@ -139,6 +139,13 @@ class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
     # probe decides. 0 = off. See docs/operations.md, "Dispatch breakers".
     breaker_failures: Annotated[int, Meta(ge=0, le=1000)] = 3
     breaker_cool_down_s: Annotated[float, Meta(gt=0, le=86_400)] = 60.0
+    # Autoscaled pools (broker/core/provision.py): waiting w seconds for new nodes is priced
+    # as w / provision_wait_horizon_s of an hour at the pool's cost; a stockout multiplies a
+    # pool's score by 1 + its stockouts, a count halving every stockout_half_life_s, and the
+    # job skips that pool for stockout_avoid_s.
+    provision_wait_horizon_s: Annotated[float, Meta(gt=0, le=30 * 86_400)] = 3600.0
+    stockout_half_life_s: Annotated[float, Meta(gt=0, le=30 * 86_400)] = 1800.0
+    stockout_avoid_s: Annotated[float, Meta(ge=0, le=30 * 86_400)] = 600.0
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

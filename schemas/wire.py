@@ -7,9 +7,12 @@ So a broker and an agent of the same major, one minor apart in either direction,
 `tests/nats/test_wire_versions.py` holds the previous release's messages and schema and checks
 both directions. An agent sends its version in every EventBatch (`wire`); the 0.1.0 release
 sent none, which reads as 1.0. The broker refuses batches of another major and tells their
-agent so (the `wire_refused` command: the one message kind a minor added, as only an agent of
+agent so (the `wire_refused` command: a message kind a minor added, as only an agent of
 another major ever receives it). 1.2 added `Dispatch.revision`: an elastic attempt's new nodes,
-sent as the same attempt again, which a 1.1 agent acknowledges as a duplicate.
+sent as the same attempt again, which a 1.1 agent acknowledges as a duplicate; and
+`FlavorInfo.provision` (optional) with the `provision` command, which the broker sends only for
+a flavor whose agent declared `provision`: an agent of 1.1 or older declares none, so it never
+receives one.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import nats
 import pytest_asyncio
 
-from agents.config import AgentConfig, FakeClusterConfig, FakeFlavor
+from agents.config import AgentConfig, FakeClusterConfig, FakeFlavor, PoolConfig
 from agents.fleet import Fleet, start_fake_fleet
 from schemas.codec import decode_job_event
 from schemas.subjects import Subjects
@@ -68,7 +68,13 @@ class World:
     max_live_copies: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     _watch: asyncio.Task[None] | None = None
 
-    async def start(self, clusters: dict[str, list[FakeFlavor]], **fake: Any) -> Fleet:
+    async def start(
+        self,
+        clusters: dict[str, list[FakeFlavor]],
+        pools: dict[str, list[PoolConfig]] | None = None,
+        **fake: Any,
+    ) -> Fleet:
+        """`pools`: per cluster, the autoscaled pools its agent declares."""
         h = self.harness
         await h.start_broker()
         configs = [
@@ -77,6 +83,7 @@ class World:
                 backend="fake",
                 heartbeat_s=0.2,
                 subject_prefix=h.prefix,
+                pools=(pools or {}).get(name, []),
                 fake=FakeClusterConfig(
                     flavors=flavors,
                     **{

@@ -19,7 +19,7 @@ import structlog
 from agents.backend import Emit, LogTail
 from agents.config import FakeClusterConfig
 from agents.fake.model import AttemptRecord, ClusterModel, ignore_event
-from schemas.agent import ClusterSnapshot, Dispatch, LogRequest
+from schemas.agent import ClusterSnapshot, Dispatch, LogRequest, Provision
 from shell.tasks import cancel_and_wait
 
 __all__ = ["AttemptRecord", "FakeCluster", "RealTimeClock"]
@@ -78,6 +78,10 @@ class FakeCluster(ClusterModel):
 
     async def resize(self, cmd: Dispatch) -> None:
         self.resize_workload(cmd)
+
+    async def provision(self, cmd: Provision) -> None:
+        """Grow an autoscaled flavor (`FakeFlavor.autoscale` models the provider)."""
+        self.grow(cmd.job_id, cmd.flavor, cmd.nodes, cmd.deadline)
 
     async def fence(self, job_id: str, attempt: int, until: float) -> None:
         self.set_fence(job_id, attempt, until)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agents.backend import BackendError, Emit, LogTail
-from agents.config import ZONE_LABEL, FakeClusterConfig, FakeFlavor
+from agents.config import ZONE_LABEL, FakeAutoscale, FakeClusterConfig, FakeFlavor
 from agents.fake.output import simulated_output
 from agents.fake.trace import TraceEvent, load_bamboo
 from schemas.agent import (
@@ -138,6 +138,27 @@ class AttemptRecord:
     ended_at: float | None = None
     pods: list[tuple[str, str]] = field(default_factory=list)  # (podset-replica, node)
     log_every: int = 1  # the simulated workload prints a line every this many steps
+
+
+def provider_delays(
+    rng: random.Random, count: int, delay_s: float, spread: float, stockout_p: float
+) -> list[float]:
+    """A provider's answer to an ask for `count` nodes: each one's delay to Ready, log-normal
+    around `delay_s` (sigma `spread`), or none at all when the ask stocks out."""
+    if stockout_p and rng.random() < stockout_p:
+        return []
+    return [delay_s * (math.exp(rng.gauss(0.0, spread)) if spread else 1.0) for _ in range(count)]
+
+
+@dataclass(slots=True, eq=False)
+class _Grow:
+    """A node the provider will bring up for an autoscaled flavor (an entry of the heap)."""
+
+    flavor: str
+    alive: bool = True
+
+
+NO_SCALE = FakeAutoscale()
 
 
 @dataclass(slots=True, eq=False)
@@ -399,7 +420,12 @@ class ClusterModel:
             "checkpoints": 0,
             "spot_notices": 0,
             "nodes_removed": 0,
+            "provision_asks": 0,
+            "provisioned_nodes": 0,
+            "stockouts": 0,
         }
+        self._asked: set[tuple[str, str, float]] = set()  # (job, flavor, deadline) asked
+        self._coming: dict[str, int] = {}  # flavor -> nodes the provider is bringing up
         for fl in self.config.flavors:
             for _ in range(fl.nodes):
                 self._new_node(fl.name)
@@ -670,6 +696,34 @@ class ClusterModel:
         self._resample_poisson()
         return n.name
 
+    def grow(self, job_id: str, flavor: str, count: int, deadline: float = 0.0) -> int:
+        """An autoscaler asked for `count` nodes of `flavor` for a job: each comes up after
+        the flavor's `autoscale` delay (log-normal, from the seeded generator), or none does
+        when the request stocks out; no more than the provider's own `max_nodes` (nodes there
+        and coming) ever come. Returns the nodes that will come; asking again with the same
+        deadline changes nothing (the broker resends until acknowledged)."""
+        fl = self._flavors.get(flavor)
+        if fl is None:
+            raise BackendError(f"cluster {self.cluster} has no flavor {flavor!r}")
+        key = (job_id, flavor, deadline)
+        if key in self._asked:
+            return 0
+        self._asked.add(key)
+        scale = fl.autoscale or NO_SCALE
+        now = self.now()
+        self.counters["provision_asks"] += 1
+        delays = provider_delays(self._rng, count, scale.delay_s, scale.spread, scale.stockout_p)
+        if scale.max_nodes:
+            have = len(self.nodes_of(flavor)) + self._coming.get(flavor, 0)
+            delays = delays[: max(0, scale.max_nodes - have)]
+        if not delays or any(a <= now < b for a, b in scale.stockouts):
+            self.counters["stockouts"] += 1
+            return 0
+        for delay in delays:
+            self._schedule(now + delay, "grow", _Grow(flavor))
+        self._coming[flavor] = self._coming.get(flavor, 0) + len(delays)
+        return len(delays)
+
     def remove_node(self, node: str, reason: str = "node-removed") -> bool:
         """The node disappears now (no notice); its workloads are evicted with `reason`."""
         n = self._nodes.get(node)
@@ -900,6 +954,11 @@ class ClusterModel:
                     self._write_checkpoint(obj, arg)
                 elif kind == "reclaim":
                     self._reclaim(obj, arg)
+                elif kind == "grow":
+                    obj.alive = False
+                    self._coming[obj.flavor] -= 1
+                    self.add_node(obj.flavor)
+                    self.counters["provisioned_nodes"] += 1
             except Exception as exc:
                 self.on_error(kind, exc)
 

@@ -87,6 +87,12 @@ class Snapshot:
     lone: dict[tuple[Node, str, int, float | None], Placement] = field(default_factory=dict)
     # shape -> its candidates (a shape decides the key of `cands`; saves building that key)
     by_shape: dict[object, Candidates] = field(default_factory=dict)
+    # pool -> job -> GPUs of the pool's nodes held for a job waiting on nodes the pool is
+    # adding (provision.py): other jobs see that much less free there
+    held: Mapping[PoolKey, Mapping[str, int]] = field(default_factory=dict)
+    # (queue, flavor class) -> job -> the quota a gang waiting on new nodes will charge: other
+    # jobs of that queue may not take it meanwhile
+    held_quota: Mapping[tuple[str, str], Mapping[str, Vec]] = field(default_factory=dict)
 
     def gang(self, podsets: tuple[PodSetDemand, ...]) -> Gang:
         g = self.gangs.get(podsets)
@@ -236,6 +242,7 @@ def _assign(
     hint: Node | None = None
     topo = applies(req, gang)
     topo_miss: list[Reason] = []
+    held = snap.held
     for gi, group in enumerate(cands.live):
         if cands.ranks[gi] == 1:
             if fallback is None:
@@ -254,7 +261,11 @@ def _assign(
                 pool = group[j]
                 j += 1
                 if has_gpu:
-                    if pool.free_gpu < need_gpu:
+                    if pool.free_gpu < need_gpu or (
+                        held
+                        and pool.key in held
+                        and _free_for(held[pool.key], pool, req) < need_gpu
+                    ):
                         phys = True
                         if pool.free_gpu == 0:
                             dead = True
@@ -294,7 +305,10 @@ def _assign(
                 if cls in quota_memo:
                     qr = quota_memo[cls]
                 else:
-                    qr = quota_memo[cls] = book.check(qs, cls, gang.total)
+                    need = gang.total
+                    if snap.held_quota:
+                        need = plus_held(snap.held_quota, qs.name, cls, req.job_id, need)
+                    qr = quota_memo[cls] = book.check(qs, cls, need)
                     if qr is None and claimed is not None and snap.claims:
                         qr = quota_memo[cls] = claimed(req.job_id, qs, cls, gang.total)
                 if qr is not None:
@@ -349,6 +363,25 @@ def _assign(
     else:
         snap.cap_fail[shape] = reasons
     return reasons
+
+
+def _free_for(held: Mapping[str, int], pool: Pool, req: GangRequest) -> int:
+    """The pool's free GPUs less what it holds for other jobs waiting on its new nodes."""
+    return pool.free_gpu - sum(g for job_id, g in held.items() if job_id != req.job_id)
+
+
+def plus_held(
+    held: Mapping[tuple[str, str], Mapping[str, Vec]], queue: str, cls: str, job_id: str, need: Vec
+) -> Vec:
+    """`need` plus the quota the queue's other gangs waiting on new nodes will charge."""
+    jobs = held.get((queue, cls))
+    if not jobs:
+        return need
+    g, c, m = need
+    for other, (hg, hc, hm) in jobs.items():
+        if other != job_id:
+            g, c, m = g + hg, c + hc, m + hm
+    return (g, c, m)
 
 
 def _tightest(

@@ -930,6 +930,7 @@ class AttemptLifecycle:
         self._backlog.dequeue(record)
         self._registry.clear_reasons(record.job_id)
         self._backlog.forget(record.job_id)
+        self._scheduler.drop_provision(record.job_id)  # a gang waiting for new nodes ends
         record.state = state
         record.reason = reason
         record.finished_at = now

@@ -28,7 +28,7 @@ from typing import assert_never
 
 from broker.core.agents import AgentTrack, AgentTracker
 from broker.core.backlog import Backlog
-from broker.core.effects import BatchApplied, Effect, Forget, Persist, Refused, Submitted
+from broker.core.effects import BatchApplied, Effect, Forget, Persist, Refused, Send, Submitted
 from broker.core.elastic import queued_top
 from broker.core.inputs import (
     AgentBatch,
@@ -43,6 +43,7 @@ from broker.core.inputs import (
 )
 from broker.core.lifecycle import LIVE_STATES, TERMINAL, AttemptLifecycle
 from broker.core.moves import PlannedMoves
+from broker.core.provision import provision_command
 from broker.core.records import JobRecord, demands_of, gang_request
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
@@ -250,6 +251,8 @@ class Machine:
             self.backlog.dequeue(record)
             self.registry.clear_reasons(job_id)
             self.lifecycle.admit(record, placement, now, effects)
+        for ask in result.provisions:
+            effects.append(Send(ask.cluster, provision_command(ask, self.epoch)))
         for pre in result.preemptions:
             for victim_id in pre.victims:
                 victim = self._jobs.get(victim_id)
@@ -372,6 +375,8 @@ class Machine:
             self.backlog.capacity_dirty = True
         self.lifecycle.expire(now, effects)
         self.backlog.due(self._jobs, now)
+        if self.scheduler.provision_claims() and self.scheduler.expire_provisions(now):
+            self.backlog.capacity_dirty = True  # a stockout: plan those jobs elsewhere now
         lapsed = self.scheduler.protection_lapsed(now)
         if lapsed:
             self.backlog.wake(lapsed)

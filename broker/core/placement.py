@@ -265,6 +265,8 @@ def empty_fit(pool: Pool, gang: Gang) -> bool:
     ceiling = pool.ceiling
     if not any(ceiling.counts):
         return declared_fit(pool.info, gang)
+    if pool.info.provision is not None and declared_fit(pool.info, gang):
+        return True  # an autoscaled pool reaches its declared limit, whatever it held so far
     if not gang.gpu_sets:
         return True
     if estimate_counts(list(ceiling.counts), gang) is None:
@@ -278,14 +280,21 @@ def empty_fit(pool: Pool, gang: Gang) -> bool:
 def declared_fit(info: FlavorInfo, gang: Gang) -> bool:
     """For a pool that has never held a node (a spot zone that starts empty, a node pool at
     zero): could it host the gang at the size its agent declares? A pool that declares no
-    size is not judged: it may come up at any size, so a job is never refused for it."""
-    if not info.max_nodes or not info.node_gpu:
+    size is not judged: it may come up at any size, so a job is never refused for it. An
+    autoscaled pool (`info.provision`) declares its limit and node template there."""
+    grow = info.provision
+    if grow is not None:
+        size, node_gpu = grow.limit, grow.node_gpu
+        cpu, mem = grow.node_cpu_milli, grow.node_memory
+    else:
+        size, node_gpu = info.max_nodes, info.node_gpu
+        cpu, mem = info.node_cpu_milli, info.node_memory
+    if not size or not node_gpu:
         return True
-    counts = [0] * (info.node_gpu + 1)
-    counts[info.node_gpu] = info.max_nodes
+    counts = [0] * (node_gpu + 1)
+    counts[node_gpu] = size
     if gang.gpu_sets and estimate_counts(counts, gang) is None:
         return False
-    cpu, mem = info.node_cpu_milli, info.node_memory
     return all(
         (not cpu or gang.demands[i].cpu_milli <= cpu) and (not mem or gang.demands[i].memory <= mem)
         for i in gang.gpu_sets

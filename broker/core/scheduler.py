@@ -62,6 +62,7 @@ from broker.core.inventory import AllocKey, Cluster, Inventory, Node, Pool
 from broker.core.ledger import Alloc, Ledger, Vec
 from broker.core.placement import Gang, capacity_rank, make_gang
 from broker.core.preemption import plan_preemption, worth_planning
+from broker.core.provision import Claim, Provisions, rank_of
 from broker.core.quota import Cohort, QueueState, QuotaBook, QuotaMiss, never_admissible
 from broker.core.reasons import feasibility
 from broker.core.reservation import Reservation
@@ -164,6 +165,11 @@ class Scheduler:
         # queue): a plan that only protection stopped is tried again at that time, not at
         # the next unrelated capacity change
         self._protection: dict[str, tuple[float, tuple[str, ...], str]] = {}
+        # gangs waiting for nodes autoscaled pools are adding for them (provision.py)
+        self._prov = Provisions(
+            sc.provision_wait_horizon_s, sc.stockout_half_life_s, sc.stockout_avoid_s
+        )
+        self._provisionable = False
 
     # -- inventory --------------------------------------------------------------------
 
@@ -271,6 +277,7 @@ class Scheduler:
         out: list[FlavorView] = []
         for p in c.pools.values():
             risk = self._inv.risk.get(p.key)
+            grow = p.info.provision
             out.append(
                 FlavorView(
                     name=p.name,
@@ -285,6 +292,9 @@ class Scheduler:
                     interruptions=risk.total_notices if risk is not None else 0,
                     interruption_rate_per_node_hour=self._inv.rate(p.key, now, self._prior),
                     interruption_prior=self._prior if p.capacity_type == "spot" else None,
+                    autoscale_max_nodes=grow.limit if grow is not None else 0,
+                    nodes_coming=self._prov.promised(p.key) if grow is not None else 0,
+                    stockouts=round(self._prov.penalty(p.key, now), 3),
                 )
             )
         return out
@@ -311,6 +321,8 @@ class Scheduler:
             self._claimed,
             self._claims,
             gangs=self._gangs,
+            held=self._prov.held,
+            held_quota=self._prov.held_quota,
         )
 
     def assign(self, req: GangRequest, now: float) -> Assignment | Reasons:
@@ -329,6 +341,10 @@ class Scheduler:
         self._plans = 0
         self._expire_plans(now)
         self._note_arrivals(pending)
+        if self._prov.claims:
+            self.expire_provisions(now)
+        # Whether some known pool declares nodes it can add (once per cycle: pools are few).
+        self._provisionable = any(p.info.provision is not None for p in self._inv.pools())
         self._snap = self.snapshot(now)
         try:
             pending = self._holders_first(pending, now, res)
@@ -580,7 +596,11 @@ class Scheduler:
             )
             if out is None:
                 out = self._decide(req, qs, now, res)
-                if not isinstance(out, Placement) and req.job_id not in self._waiting:
+                if (
+                    not isinstance(out, Placement)
+                    and req.job_id not in self._waiting
+                    and req.job_id not in self._prov.claims
+                ):
                     self._same_fail[(name, req.priority, self._shape_of(req))] = out
             if isinstance(out, Placement):
                 admitted.append((req.job_id, out))
@@ -634,7 +654,15 @@ class Scheduler:
         if existing is not None:
             return existing.placement
         snap = self._snap if self._snap is not None else self.snapshot(now)
-        got = assign(req, qs, snap, self._shape_of(req))
+        prov = self._prov
+        claim = prov.claims.get(req.job_id)
+        # A claimant's own hold is not subtracted: its searches are memoised apart.
+        shape = self._shape_of(req) if claim is None else (*self._shape_of(req), req.job_id)
+        got = assign(req, qs, snap, shape)
+        if self._provisionable and req.job_id not in self._waiting:
+            wait = self._provision(req, qs, snap, got, claim, now, res)
+            if wait is not None:
+                return wait
         if isinstance(got, Assignment):
             return self.commit(got, now)
         out = got
@@ -698,6 +726,79 @@ class Scheduler:
         res.preemptions.append(Preemption(req.job_id, victims, plan.pool.key, plan.kind))
         return (reason, *out)
 
+    # -- autoscaled pools (provision.py) ------------------------------------------------
+
+    def _provision(
+        self,
+        req: GangRequest,
+        qs: QueueState,
+        snap: Snapshot,
+        got: Assignment | Reasons,
+        claim: Claim | None,
+        now: float,
+        res: CycleResult,
+    ) -> tuple[Reason, ...] | None:
+        """The reasons the job waits for new nodes, or None to take `got` as it is. A gang
+        that fits now waits only when the best plan, its wait priced, beats that placement."""
+        prov = self._prov
+        rest: Reasons = () if isinstance(got, Assignment) else got
+        if claim is not None and not self._claim_allowed(req, qs, claim):
+            prov.end(req.job_id)  # the job no longer takes that pool (a spot fallback)
+            claim = None
+        if claim is not None:
+            if isinstance(got, Assignment) and (
+                got.pool.key == claim.pool
+                or not prov.still_worth(
+                    claim, got.placement.expected_cost_per_hour, rank_of(req, got.pool, qs), now
+                )
+            ):
+                return None
+            return (claim.reason, *rest)
+        gang = snap.gang(req.podsets)
+        plan = prov.plan(req, gang, qs, snap, now)
+        if plan is None:
+            return None
+        if isinstance(got, Assignment) and not prov.beats(
+            plan, got.placement.expected_cost_per_hour, rank_of(req, got.pool, qs)
+        ):
+            return None
+        res.provisions.append(prov.claim(req, gang, plan, now))
+        if self._same_fail:
+            self._same_fail.clear()  # the held GPUs changed what later requests see
+        return (prov.claims[req.job_id].reason, *rest)
+
+    def _claim_allowed(self, req: GangRequest, qs: QueueState, claim: Claim) -> bool:
+        """Whether the request still accepts the pool it waits on."""
+        cluster = self._inv.clusters.get(claim.pool[0])
+        pool = cluster.pools.get(claim.pool[1]) if cluster is not None else None
+        if pool is None or claim.pool in req.avoid_pools:
+            return False
+        return rank_of(req, pool, qs)[0] >= 0
+
+    def expire_provisions(self, now: float) -> list[str]:
+        """Count arrived nodes, then end claims past their window; returns the jobs whose
+        pool stocked out (their next cycle plans them elsewhere)."""
+        self._prov.observe(self._inv)
+        return [c.job_id for c in self._prov.expire(now)]
+
+    def drop_provision(self, job_id: str) -> None:
+        """The job left the queue without being placed (cancelled, failed): its claim ends."""
+        self._prov.drop(job_id)
+
+    def provision_claims(self) -> Mapping[str, Claim]:
+        return self._prov.claims
+
+    def provision_counts(self) -> tuple[int, int, dict[PoolKey, int]]:
+        """Pools asked to grow and stockouts since start, and each pool's nodes still coming
+        (for metrics)."""
+        prov = self._prov
+        coming = {key: prov.promised(key) for key in {c.pool for c in prov.claims.values()}}
+        return prov.asks, prov.stockouts_total, coming
+
+    def pool_stockouts(self, pool: PoolKey, now: float) -> float:
+        """The pool's decayed count of recent stockouts."""
+        return self._prov.penalty(pool, now)
+
     def _rate_at(self, now: float) -> Callable[[tuple[str, str]], float]:
         """Pool interruption rates at `now`, memoised while `now` and the inventory hold."""
         stamp = (now, self._inv.version)
@@ -751,6 +852,8 @@ class Scheduler:
         if self._waiting or self._holds or self._claims:
             self._waiting.pop(req.job_id, None)
             self._drop_hold(req.job_id)
+        if self._prov.claims:
+            self._prov.drop(req.job_id)
         return a.placement
 
     def _probe_taken(self, pool: Pool) -> None:

@@ -125,6 +125,7 @@ ReasonCode = Literal[
     "spot-first",  # per pool: fits on-demand, but the job waits for spot first
     "fits-now",  # per pool: nothing binds; the next cycle can admit it here
     "topology-unfit",  # fits the pool, but no single domain of the level it needs (topology.py)
+    "waiting-for-nodes",  # an autoscaled pool is adding nodes for this gang (provision.py)
 ]
 
 
@@ -160,8 +161,21 @@ class Preemption:
     kind: Literal["within-queue", "reclaim"]
 
 
+@dataclass(slots=True, frozen=True)
+class Ask:
+    """Grow `flavor` of `cluster` by `nodes` for `job_id`'s gang (the `provision` command,
+    provision.py); `deadline` is when the wait counts as a stockout."""
+
+    job_id: str
+    cluster: str
+    flavor: str
+    nodes: int
+    deadline: float
+
+
 @dataclass(slots=True)
 class CycleResult:
     admitted: list[tuple[str, Placement]] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
     pending: dict[str, tuple[Reason, ...]] = field(default_factory=dict)
+    provisions: list[Ask] = field(default_factory=list)  # pools asked to grow, one per job

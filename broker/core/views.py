@@ -309,6 +309,7 @@ def _fallback_text(record: JobRecord) -> str:
 _WAIT_FOR = {
     "backoff": "backoff",
     "waiting-for-preemption": "capacity (victims are being preempted)",
+    "waiting-for-nodes": "nodes an autoscaled pool is adding",
     "preemption-protected": "the victims' minimum runtime (preemption_min_runtime_s)",
     "strict-fifo-blocked": "the head of its StrictFIFO queue",
     "max-admissions": "the next cycle",

@@ -12,6 +12,7 @@ from nats.aio.client import Client
 from agents.config import FakeClusterConfig, FakeFlavor
 from agents.fake.cluster import FakeCluster
 from agents.runtime import AgentRuntime
+from schemas.agent import ProvisionPool
 from tests.agents.helpers import BrokerWire, unique
 
 
@@ -55,6 +56,7 @@ async def make_agent(nc: Client) -> AsyncIterator[MakeAgent]:
         heartbeat_s: float = 0.2,
         batch_max: int = 1000,
         batch_interval_s: float = 0.005,
+        pools: dict[str, ProvisionPool] | None = None,
     ) -> Agent:
         name = unique("c")
         cluster = FakeCluster(name, config or fast_config())
@@ -65,6 +67,7 @@ async def make_agent(nc: Client) -> AsyncIterator[MakeAgent]:
             heartbeat_s=heartbeat_s,
             batch_max=batch_max,
             batch_interval_s=batch_interval_s,
+            pools=pools,
         )
         cluster.on_outage = rt.set_partitioned
         await rt.start()

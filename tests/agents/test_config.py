@@ -130,6 +130,8 @@ def test_examples_validate() -> None:
     assert cfg.fake is not None and len(cfg.fake.flavors) == 2
     fleet = load_fleet_config(EXAMPLES / "fleet-fake.yaml")
     assert len(fleet.clusters) == 3
+    grown = load_fleet_config(EXAMPLES / "fleet-autoscale.yaml")
+    assert [len(c.pools) for c in grown.clusters] == [1, 1]
 
 
 def test_make_fleet_configs() -> None:
@@ -138,3 +140,50 @@ def test_make_fleet_configs() -> None:
     assert [c.fake.seed for c in cfgs if c.fake] == [10, 11, 12]
     with pytest.raises(ValueError):
         make_fleet_configs(0, FakeClusterConfig())
+
+
+POOLED = (
+    "cluster: east\nbackend: fake\nfake:\n  flavors:\n"
+    "    - {name: spot-a, capacity_type: spot, nodes: 0,"
+    " autoscale: {delay_s: 90, stockout_p: 0.1}}\n"
+    "pools:\n"
+    "  - {flavor: spot-a, max_nodes: 4, gpu_per_node: 8, cpu: '96', memory: 768Gi,"
+    " labels: {karpenter.sh/nodepool: spot-a}, taints: [{key: nvidia.com/gpu}],"
+    " ready_s: 240, window_s: 600}\n"
+)
+
+
+def test_pools_are_declared_in_the_agent_config(tmp_path: Path) -> None:
+    cfg = load_agent_config(write(tmp_path, POOLED))
+    assert cfg.fake is not None and cfg.fake.flavors[0].autoscale is not None
+    assert cfg.fake.flavors[0].autoscale.delay_s == 90
+    got = cfg.pools[0].provision()
+    assert (got.max_nodes, got.node_gpu, got.ready_s, got.window_s) == (4, 8, 240, 600)
+    assert got.node_cpu_milli == 96_000 and got.node_memory == 768 * 2**30
+    assert got.labels == {"karpenter.sh/nodepool": "spot-a"}
+    assert got.taints[0].key == "nvidia.com/gpu" and got.taints[0].effect == "NoSchedule"
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (("flavor: spot-a, max", "flavor: nope, max"), "['nope'] are not flavors of this cluster"),
+        (("ready_s: 240", "ready_s: 900"), "window_s (600) is shorter than ready_s (900)"),
+        (("max_nodes: 4", "max_nodes: -1"), "pools[0].max_nodes"),
+        (("max_nodes: 4", "max_nodes: 0"), "give max_nodes or max_gpus (the pool's limit)"),
+        (("memory: 768Gi,", "memory: lots,"), "pools: flavor 'spot-a': memory"),
+    ],
+)
+def test_pool_errors_say_what_to_fix(tmp_path: Path, edit: tuple[str, str], needle: str) -> None:
+    with pytest.raises(AgentConfigError) as info:
+        load_agent_config(write(tmp_path, POOLED.replace(*edit)))
+    assert needle in str(info.value)
+
+
+def test_backends_that_cannot_grow_pools_refuse_them(tmp_path: Path) -> None:
+    text = (
+        "cluster: k\nbackend: kube\nkube: {}\npools: [{flavor: a, max_nodes: 2, gpu_per_node: 8}]"
+    )
+    with pytest.raises(AgentConfigError) as info:
+        load_agent_config(write(tmp_path, text))
+    assert "the kube backend cannot grow a pool yet" in str(info.value)

@@ -177,6 +177,8 @@ async def test_prometheus_metrics_follow_the_broker(harness: Harness) -> None:
     assert 'muster_jobs{state="running"} 1.0' in text
     assert 'muster_clusters{health="healthy"} 1.0' in text
     assert "muster_leader 1.0" in text
+    assert "muster_pool_provisions_total 0.0" in text  # no autoscaled pool here
+    assert "muster_pool_stockouts_total 0.0" in text
 
 
 async def test_a_copy_of_a_known_job_is_acked_only_once_the_job_is_durable(

@@ -335,6 +335,11 @@ def test_clusters_table() -> None:
     )
     text = text_of(clusters_table([ClusterView("bad", "healthy", flavors=[tripped])], now=NOW))
     assert text.splitlines()[1].rstrip().endswith("open: circuit open after 3")
+    grown = msgspec.structs.replace(
+        fresh, nodes=1, autoscale_max_nodes=8, nodes_coming=2, stockouts=1.4
+    )
+    text = text_of(clusters_table([ClusterView("grow", "healthy", flavors=[grown])], now=NOW))
+    assert "1 +2 of 8, 1.4 stockouts" in text.splitlines()[1]
 
 
 def test_event_line() -> None:

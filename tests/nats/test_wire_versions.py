@@ -27,6 +27,7 @@ from schemas.agent import (
     FlavorInfo,
     Heartbeat,
     PodSetAssignment,
+    ProvisionPool,
 )
 from schemas.codec import decode_command, decode_command_ack, decode_event_batch
 from schemas.job import JobSpec
@@ -73,12 +74,21 @@ def _current_messages() -> dict[str, Any]:
     flavor = FlavorInfo(
         name="od", capacity_type="on-demand", gpu_type="A100", price_per_gpu_hour=3.0
     )
+    # An autoscaled pool (wire 1.2): an optional field a 0.1.0 peer ignores.
+    grown = FlavorInfo(
+        name="spot",
+        capacity_type="spot",
+        provision=ProvisionPool(max_nodes=4, node_gpu=8, labels={"pool": "a"}, ready_s=240.0),
+    )
     return {
         "EventBatch": EventBatch(
             cluster="east",
             instance="i-2",
             seq=3,
-            events=[ClusterSnapshot(flavors=[flavor], nodes=[], workloads=[]), Heartbeat()],
+            events=[
+                ClusterSnapshot(flavors=[flavor, grown], nodes=[], workloads=[]),
+                Heartbeat(),
+            ],
             sent_at=1.0,
             wire=WIRE_VERSION,
         ),

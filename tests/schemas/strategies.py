@@ -25,8 +25,11 @@ from schemas.agent import (
     Heartbeat,
     NodeGone,
     NodeInfo,
+    NodeTaint,
     NodeUpsert,
     PodSetAssignment,
+    Provision,
+    ProvisionPool,
     Resync,
     SpotNotice,
     WireRefused,
@@ -194,6 +197,26 @@ submit_replies = st.from_type(SubmitReply)
 
 # -- agent protocol ----------------------------------------------------------------------
 
+provision_pools = st.builds(
+    ProvisionPool,
+    max_nodes=st.integers(1, 1_000_000),
+    max_gpus=st.integers(0, 2**31),
+    node_gpu=st.integers(1, 1024),
+    node_cpu_milli=non_neg,
+    node_memory=non_neg,
+    labels=st.dictionaries(st.text(min_size=1, max_size=20), st.text(max_size=20), max_size=3),
+    taints=st.lists(
+        st.builds(
+            NodeTaint,
+            key=st.text(min_size=1, max_size=20),
+            value=st.text(max_size=20),
+            effect=st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
+        ),
+        max_size=2,
+    ),
+    ready_s=floats(0, 86_400),
+    window_s=floats(0.001, 86_400),
+)
 flavor_infos = st.builds(
     FlavorInfo,
     name=names,
@@ -201,6 +224,7 @@ flavor_infos = st.builds(
     gpu_type=st.text(max_size=10),
     price_per_gpu_hour=floats(0, 100),
     gpu_memory_mib=st.integers(0, 2**31),
+    provision=opt(provision_pools),
 )
 node_infos = st.builds(
     NodeInfo,
@@ -294,6 +318,14 @@ commands = st.one_of(
         deadline=floats(0, 4e9),
     ),
     st.builds(Resync, epoch=st.integers(0, 2**40), reason=short_text),
+    st.builds(
+        Provision,
+        job_id=names,
+        epoch=st.integers(0, 2**40),
+        flavor=names,
+        nodes=st.integers(1, 100_000),
+        deadline=floats(0, 4e9),
+    ),
     st.builds(
         WireRefused,
         epoch=st.integers(0, 2**40),

@@ -17,6 +17,7 @@ from schemas.agent import (
     CommandAck,
     Dispatch,
     EventBatch,
+    Provision,
     Resync,
     WireRefused,
 )
@@ -67,7 +68,7 @@ MSGPACK_DECODERS: list[tuple[Any, Any, Any, Any]] = [
     (decode_event_batch, EventBatch, encode_msgpack, event_batches),
     (
         decode_command,
-        (Dispatch, Cancel, CheckpointNow, Resync, WireRefused),
+        (Dispatch, Cancel, CheckpointNow, Resync, WireRefused, Provision),
         encode_msgpack,
         commands,
     ),
