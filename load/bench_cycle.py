@@ -27,7 +27,7 @@ from load.common import emit
 from load.traces import gang_shape
 from schemas.agent import ClusterSnapshot, EventBatch, FlavorInfo, NodeInfo, NodeUpsert
 from schemas.config import BrokerConfig, QueueConfig
-from schemas.job import JobSpec, PodSet
+from schemas.job import CheckpointSpec, JobSpec, PodSet
 
 CLUSTERS = 4
 NODES = 50
@@ -51,6 +51,8 @@ def _spec(i: int, gpus: int, queue: str) -> JobSpec:
         queue=queue,
         gang=[PodSet(name="worker", replicas=replicas, gpu=per, cpu="4", memory="16Gi")],
         capacity="any",
+        # Checkpointed, so spot nodes take them too (a job without one stays off spot).
+        checkpoint=CheckpointSpec(uri=f"s3://ckpt/j{i}"),
     )
 
 
