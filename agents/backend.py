@@ -7,10 +7,17 @@ changes through `emit` and carries out commands the runtime has already vetted.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple, Protocol
 
-from schemas.agent import AgentEvent, ClusterSnapshot, Dispatch, LogRequest, Provision
+from schemas.agent import (
+    AgentEvent,
+    ClusterSnapshot,
+    Dispatch,
+    LogRequest,
+    NodeOpName,
+    Provision,
+)
 
 Emit = Callable[[AgentEvent], None]
 
@@ -94,3 +101,35 @@ class Provisioner(Protocol):
         """Ask the pool behind `cmd.flavor` for `cmd.nodes` more nodes; they are reported as
         ordinary nodes once Ready. Asking again for the same job changes nothing."""
         ...
+
+
+class NodeOpResult(NamedTuple):
+    """The nodes an operator's action changed, and the attempts a drain ended (job_id,
+    attempt)."""
+
+    nodes: list[str]
+    attempts: list[tuple[str, int]]
+
+
+class NodeOps(Protocol):
+    """What a backend that lets an operator cordon, uncordon, drain or (simulated clusters)
+    announce a spot notice adds to `Backend`: optional, the agent refuses without it."""
+
+    async def node_op(self, op: NodeOpName, node: str | None, reason: str) -> NodeOpResult:
+        """Carry out `op` on `node` (None: every node). Raise BackendError, changing nothing,
+        when the node is unknown or the cluster cannot do `op`."""
+        ...
+
+
+def pick_nodes(cluster: str, known: Iterable[str], node: str | None) -> list[str]:
+    """The nodes an operator's action is for: `node`, or every known node when None. An
+    unknown name is refused with the names that exist, so a typo changes nothing."""
+    names = list(known)
+    if node is None:
+        return names
+    if node not in names:
+        shown = ", ".join(sorted(names)[:20]) + (" ..." if len(names) > 20 else "")
+        raise BackendError(
+            f"cluster {cluster!r} has no node {node!r}; its nodes: {shown or '(none)'}"
+        )
+    return [node]

@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 
 from agents.backend import Backend, BackendError, Resizing
 from agents.logs import LogServer
+from agents.nodeops import NodeOpServer
 from schemas.agent import (
     AgentEvent,
     Applied,
@@ -192,6 +193,10 @@ class AgentRuntime:
             self.nc, self.subjects.agent_logs(self.cluster), self.cluster, self.backend
         )
         await self._logs.start()
+        self._nodeops = NodeOpServer(
+            self.nc, self.subjects.agent_nodeops(self.cluster), self.cluster, self.backend
+        )
+        await self._nodeops.start()
         with contextlib.suppress(Exception):  # the server knows the subscription before we speak
             await flush(self.nc, timeout=2)
         self._next_heartbeat = time.monotonic()
@@ -215,6 +220,7 @@ class AgentRuntime:
                 await self._sub.unsubscribe()
             self._sub = None
         await self._logs.stop()
+        await self._nodeops.stop()
         task, self._loop_task = self._loop_task, None
         await cancel_and_wait(task)
         if self._cmd_tasks:

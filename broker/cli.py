@@ -22,6 +22,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from broker.cli_live import UiHost, UiPort, register_live
+from broker.cli_nodeops import register_nodeops
 from broker.client import MusterClient, MusterError
 from broker.config import ConfigError, config_to_yaml, load_config_full
 from broker.manifests import JobDocumentError, load_job_documents
@@ -716,6 +717,7 @@ def schema() -> None:
 
 
 register_live(app)
+register_nodeops(app, print_json)
 
 
 tidy_help(app)

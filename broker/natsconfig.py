@@ -157,6 +157,7 @@ def render(
                 [
                     s.agent_cmd(cluster),
                     s.agent_logs(cluster),
+                    s.agent_nodeops(cluster),  # operators' cordon, drain, notice
                     *(f"{p}.events.team.{t}.*" for t in acts_for),
                     inbox_prefix(agent_user(cluster)) + ".>",
                 ],
@@ -180,10 +181,11 @@ def render(
                 [
                     s.agent_cmd(cluster),
                     s.agent_logs(cluster),
+                    s.agent_nodeops(cluster),  # operators' cordon, drain, notice
                     inbox_prefix(agent_user(cluster)) + ".>",
                 ],
                 comment=f"cluster {cluster}'s leaf node (certificate {leaf_user(cluster)}): its "
-                "agent's events, commands and log reads, its pods' checkpoints",
+                "agent's events, commands, log reads and node operations, its pods' checkpoints",
             )
         )
     for team, queues in teams.items():

@@ -371,3 +371,34 @@ class LogChunk(msgspec.Struct, omit_defaults=True):
     ] = []
     eof: bool = False
     error: Reason = ""
+
+
+# -- node operations (JSON on `muster.agent.<cluster>.nodeops`, operators only) ----------------
+NodeOpName = Literal["cordon", "uncordon", "drain", "notice"]
+
+
+class NodeOpRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """An operator's action on a cluster's nodes, carried out by that cluster's agent.
+
+    cordon: the node takes no new gangs (reported as `NodeInfo.no_new_pods`); uncordon
+    reverses it; drain: cordon, then the attempts running there end as `evicted` (an
+    infrastructure loss: the broker moves them from their latest checkpoint); notice: a spot
+    notice, on simulated clusters only. `node` omitted acts on every node, and only with
+    `all_nodes` (as `kubectl drain` needs a selector), so a missing argument never drains a
+    cluster by mistake."""
+
+    op: NodeOpName
+    node: Name | None = None
+    all_nodes: bool = False
+    reason: Reason = ""
+
+
+class NodeOpReply(msgspec.Struct, omit_defaults=True):
+    """What the agent did: the nodes it changed and the attempts a drain ended ("job/n"), or
+    why it changed nothing (`ok` False, `error` says what to fix)."""
+
+    ok: bool
+    op: NodeOpName | None = None
+    nodes: Annotated[list[Name], Meta(max_length=MAX_NODES)] = []
+    attempts: Annotated[list[Name], Meta(max_length=MAX_NODES)] = []
+    error: Reason = ""

@@ -80,6 +80,11 @@ class Subjects(msgspec.Struct, frozen=True):
         """Log reads (schemas.agent.LogRequest as JSON; LogChunks back on the reply subject)."""
         return f"{self.prefix}.agent.{cluster}.logs"
 
+    def agent_nodeops(self, cluster: str) -> str:
+        """Cordon, uncordon, drain, notice (schemas.agent.NodeOpRequest as JSON; a NodeOpReply
+        back on the reply subject). Only operators may publish it."""
+        return f"{self.prefix}.agent.{cluster}.nodeops"
+
     def cluster_of_agent_subject(self, subject: str) -> str | None:
         """`muster.agent.<cluster>.events` -> `<cluster>`; None when the subject is not one."""
         head = f"{self.prefix}.agent."

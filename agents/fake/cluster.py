@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import structlog
 
-from agents.backend import Emit, LogTail
+from agents.backend import Emit, LogTail, NodeOpResult
 from agents.config import FakeClusterConfig
 from agents.fake.model import AttemptRecord, ClusterModel, ignore_event
-from schemas.agent import ClusterSnapshot, Dispatch, LogRequest, Provision
+from schemas.agent import ClusterSnapshot, Dispatch, LogRequest, NodeOpName, Provision
 from shell.tasks import cancel_and_wait
 
 __all__ = ["AttemptRecord", "FakeCluster", "RealTimeClock"]
@@ -95,6 +95,9 @@ class FakeCluster(ClusterModel):
 
     async def read_logs(self, req: LogRequest) -> LogTail:
         return self.logs(req)
+
+    async def node_op(self, op: NodeOpName, node: str | None, reason: str) -> NodeOpResult:
+        return self.apply_node_op(op, node, reason)
 
     # -- the link to NATS ----------------------------------------------------------------
     def outage(self, start: bool) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agents.backend import BackendError, Emit, LogTail
+from agents.backend import BackendError, Emit, LogTail, NodeOpResult, pick_nodes
 from agents.config import ZONE_LABEL, FakeAutoscale, FakeClusterConfig, FakeFlavor
 from agents.fake.output import simulated_output
 from agents.fake.trace import TraceEvent, load_bamboo
@@ -39,6 +39,7 @@ from schemas.agent import (
     LogRequest,
     NodeGone,
     NodeInfo,
+    NodeOpName,
     NodeUpsert,
     SpotNotice,
     WorkloadStatus,
@@ -179,6 +180,7 @@ class NodeState:
     workloads: set[tuple[str, int]] = field(default_factory=set)
     alive: bool = True
     topology: tuple[str, ...] = ()  # its value per topology level of the cluster
+    cordon_note: str = ""  # set while an operator has cordoned it: why, for `muster clusters`
 
     @property
     def usable_gpu(self) -> int:
@@ -194,6 +196,8 @@ class NodeState:
             gpu_healthy=self.gpu_healthy,
             spot_deadline=self.spot_deadline,
             topology=self.topology,
+            no_new_pods=bool(self.cordon_note),
+            note=self.cordon_note,
         )
 
     def take(self, gpu: int, cpu: int, memory: int) -> None:
@@ -209,8 +213,68 @@ class NodeState:
     def clear(self) -> None:
         """Back to empty and unannounced, as a node that rejoins after a reclaim."""
         self.spot_deadline = None
+        self.cordon_note = ""
         self.used_gpu = self.used_cpu = self.used_memory = 0
         self.workloads.clear()
+
+
+def cordon_note(reason: str) -> str:
+    return f"cordoned by an operator: {reason}"[:1000] if reason else "cordoned by an operator"
+
+
+def drain_reason(reason: str) -> str:
+    """The eviction reason of an attempt a drain ends (an infrastructure loss, not a cancel)."""
+    return f"node-drained: {reason}"[:1000] if reason else "node-drained"
+
+
+class _Announcer(Protocol):
+    cluster: str
+
+    def spot_notice(self, node: str, lead_s: float | None = None) -> float | None: ...
+
+    def capacity_of(self, node: str) -> str: ...
+
+    def report(self, event: AgentEvent) -> None: ...
+
+
+def operate(
+    cluster: _Announcer,
+    nodes: Mapping[str, NodeState],
+    op: NodeOpName,
+    node: str | None,
+    reason: str,
+    drain: Callable[[str, str], list[tuple[str, int]]],
+) -> NodeOpResult:
+    """An operator's action on fake or local `nodes` (see NodeOpRequest): cordon and uncordon
+    set the node's note and report it; a drain also ends what runs there through `drain`."""
+    names = pick_nodes(cluster.cluster, nodes, node)
+    if op == "notice":
+        return NodeOpResult(notice_nodes(cluster, names, node), [])
+    ended: list[tuple[str, int]] = []
+    for name in names:
+        n = nodes[name]
+        n.cordon_note = cordon_note(reason) if op != "uncordon" else ""
+        cluster.report(NodeUpsert(node=n.info()))
+        if op == "drain":
+            ended += drain(name, drain_reason(reason))
+    return NodeOpResult(names, ended)
+
+
+def notice_nodes(cluster: _Announcer, names: list[str], node: str | None) -> list[str]:
+    """An operator's spot notice (fake and local clusters): one named spot node only."""
+    if node is None:
+        raise BackendError(
+            f"a spot notice names one node of cluster {cluster.cluster!r}; `--all` is not "
+            "accepted for notices"
+        )
+    kind = cluster.capacity_of(node)
+    if kind != "spot":
+        raise BackendError(
+            f"node {node!r} of cluster {cluster.cluster!r} is {kind} capacity; only spot "
+            "nodes get spot notices (drain it to move what runs there)"
+        )
+    cluster.spot_notice(node)
+    return names
 
 
 HOST_LABELS = frozenset({"kubernetes.io/hostname", "cloud.google.com/gce-topology-host"})
@@ -676,6 +740,17 @@ class ClusterModel:
         self._schedule(due, "reclaim", n, n.notice_id)
         return n.spot_deadline
 
+    def apply_node_op(self, op: NodeOpName, node: str | None, reason: str) -> NodeOpResult:
+        """An operator's cordon, uncordon, drain or spot notice (see NodeOpRequest); a drain
+        evicts what runs on the node, as a reclaim does, so the broker moves it."""
+        return operate(self, self._nodes, op, node, reason, self._drain_node)
+
+    def _drain_node(self, name: str, reason: str) -> list[tuple[str, int]]:
+        n = self._nodes[name]
+        ended = sorted(n.workloads)
+        self._evict_on(n, reason)
+        return ended
+
     def fail_gpu(self, node: str, count: int = 1, xid: int = 79) -> bool:
         """`count` GPUs of `node` fail with an XID; workloads there are evicted."""
         n = self._nodes.get(node)
@@ -741,6 +816,12 @@ class ClusterModel:
     @property
     def nodes(self) -> list[str]:
         return list(self._nodes)
+
+    def capacity_of(self, node: str) -> str:
+        return self._flavors[self._nodes[node].flavor].capacity_type
+
+    def report(self, event: AgentEvent) -> None:
+        self.emit(event)
 
     def node_info(self, node: str) -> NodeInfo | None:
         n = self._nodes.get(node)

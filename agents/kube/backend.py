@@ -68,7 +68,7 @@ import structlog
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from agents.backend import BackendError, Emit, LogTail
+from agents.backend import BackendError, Emit, LogTail, NodeOpResult
 from agents.kube.auth import TokenRefresher
 from agents.kube.client import (
     BadInput,
@@ -111,6 +111,7 @@ from agents.kube.fence import (
     renewal_patch,
 )
 from agents.kube.logs import read_pod_logs
+from agents.kube.nodeops import kube_node_op
 from agents.kube.nodes import (
     GpuState,
     Notice,
@@ -154,6 +155,7 @@ from schemas.agent import (
     LogRequest,
     NodeGone,
     NodeInfo,
+    NodeOpName,
     NodeUpsert,
     SpotNotice,
 )
@@ -1478,6 +1480,13 @@ class KubeBackend:
         self._send(event)
         self.log.info("checkpoint reported", job_id=job, attempt=attempt, step=report.step)
         return Verdict(200, f"step {report.step} recorded", recorded=True)
+
+    async def node_op(self, op: NodeOpName, node: str | None, reason: str) -> NodeOpResult:
+        """An operator's cordon, uncordon or drain (agents/kube/nodeops.py)."""
+        pods = self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
+        ns = self.config.namespace
+        args = (self.rest, self.cluster, ns, list(self._nodes), pods, self._pod_key)
+        return await kube_node_op(*args, op, node, reason)
 
     async def read_logs(self, req: LogRequest) -> LogTail:
         """The attempt's container logs (agents/kube/logs.py); ended once its workload is."""

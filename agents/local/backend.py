@@ -35,9 +35,15 @@ from typing import Any
 
 import structlog
 
-from agents.backend import BackendError, Emit, LogTail
+from agents.backend import BackendError, Emit, LogTail, NodeOpResult
 from agents.config import LocalClusterConfig, LocalFlavor
-from agents.fake.model import Demand, NodeState, check_capacity, gang_demands
+from agents.fake.model import (
+    Demand,
+    NodeState,
+    check_capacity,
+    gang_demands,
+    operate,
+)
 from agents.fake.trace import load_bamboo
 from agents.local import shim
 from agents.sdk import checkpoint_request_line
@@ -50,6 +56,7 @@ from schemas.agent import (
     FlavorInfo,
     LogRequest,
     NodeGone,
+    NodeOpName,
     NodeUpsert,
     SpotNotice,
     WorkloadStatus,
@@ -337,6 +344,30 @@ class LocalBackend:
         self.log.info("spot notice", node=node, lead_s=lead)
         return n.spot_deadline
 
+    async def node_op(self, op: NodeOpName, node: str | None, reason: str) -> NodeOpResult:
+        """Cordon: the node takes no new gangs (this agent refuses dispatches to it, and the
+        broker is told); drain: cordon, then SIGTERM its replicas, which end `evicted` as in
+        a reclaim (SIGKILL after the flavor's `grace_s`), so the broker moves them; notice: a
+        spot notice, as `spot_notice`."""
+        return operate(self, self._nodes, op, node, reason, self._terminate_on)
+
+    def capacity_of(self, node: str) -> str:
+        return self._flavors[self._nodes[node].flavor].capacity_type
+
+    def report(self, event: AgentEvent) -> None:
+        self._emit(event)
+
+    def _terminate_on(self, node: str, reason: str) -> list[tuple[str, int]]:
+        """SIGTERM the attempts with a replica on `node`; they end `evicted` with `reason`."""
+        ended: list[tuple[str, int]] = []
+        for at in list(self._attempts.values()):
+            if node in at.nodes and at.term_at is None and not at.cancelling:
+                at.reclaimed = reason
+                at.term_at = time.monotonic()
+                self._kill_all(at, signal.SIGTERM)
+                ended.append(at.key)
+        return ended
+
     def add_node(self, node: str) -> bool:
         """Bring a declared node back (after a reclaim)."""
         n = self._declared.get(node)
@@ -606,11 +637,7 @@ class LocalBackend:
     def _reclaim(self, node: NodeState) -> None:
         if self._nodes.get(node.name) is not node:
             return
-        for at in list(self._attempts.values()):
-            if node.name in at.nodes and at.term_at is None:
-                at.reclaimed = "spot-reclaimed"
-                at.term_at = time.monotonic()
-                self._kill_all(at, signal.SIGTERM)
+        self._terminate_on(node.name, "spot-reclaimed")
         del self._nodes[node.name]
         self._emit(NodeGone(node=node.name, reason="spot-reclaimed"))
 
@@ -640,6 +667,12 @@ class LocalBackend:
     def _demands(self, cmd: Dispatch) -> list[Demand]:
         out = gang_demands(cmd, self._nodes, self.cluster)
         check_capacity(self._nodes, out)
+        for name in dict.fromkeys(d[0] for d in out):
+            if self._nodes[name].cordon_note:
+                raise BackendError(
+                    f"node {name!r} of cluster {self.cluster} is cordoned; it takes no new "
+                    f"gangs until `muster uncordon {self.cluster} {name}`"
+                )
         return out
 
     def _reserve(self, at: _Attempt) -> None:

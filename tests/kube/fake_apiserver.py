@@ -34,6 +34,9 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
 * validation of what clients create or update (`tests.kube.validation`: the OpenAPI schema of
   a current release, strict, the vendored CRD schemas, the semantic rules and immutable
   fields), answered with the real 422 `Status` shape;
+* the eviction subresource (`POST pods/<name>/eviction`, policy/v1): PodDisruptionBudgets
+  honoured (429 TooManyRequests with a DisruptionBudget cause), the DisruptionTarget
+  condition set, then a graceful delete (`_evict`);
 * authentication: with `tokens` set, a request without one of them is a 401 (`revoke()`
   expires a token, as an exec-plugin or OIDC token expires);
 * authorization, opt-in: with `authorizer` set (`tests.kube.rbac_authz.RbacAuthorizer`, the
@@ -754,6 +757,8 @@ class FakeApiServer:
             )
         if request.method == "GET" and path.endswith("/log") and "/pods/" in path:
             return self._pod_log(path, query)
+        if request.method == "POST" and path.endswith("/eviction") and "/pods/" in path:
+            return self._evict(path, await request.json())
         route = parse_path(path)
         if route is None:
             return web.json_response(status(404, "NotFound", f"no route {path}"), status=404)
@@ -873,6 +878,89 @@ class FakeApiServer:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         if kueue_model.QUEUE_LABEL in labels or in_scope:
             kueue_model.suspend(route.res, obj)
+
+    def _evict(self, path: str, body: Any) -> web.Response:
+        """`POST /api/v1/namespaces/<ns>/pods/<name>/eviction` as the eviction subresource
+        answers it (kubernetes/kubernetes pkg/registry/core/pod/storage/eviction.go): a pod
+        that is not running is deleted at once; otherwise its PodDisruptionBudget (matched by
+        `spec.selector.matchLabels`) must have `status.disruptionsAllowed` left, which is
+        decremented (429 TooManyRequests with a DisruptionBudget cause when none is left, 500
+        for more than one budget). The pod gets the DisruptionTarget condition
+        (EvictionByEvictionAPI) and is deleted gracefully; the answer is 201 with a Success
+        Status."""
+        parts = [p for p in path.split("/") if p]
+        if len(parts) != 7 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
+            return web.json_response(status(404, "NotFound", f"no route {path}"), status=404)
+        namespace, name = parts[3], parts[5]
+        if not isinstance(body, dict) or body.get("kind") != "Eviction":
+            msg = "not a Eviction object"
+            return web.json_response(status(400, "BadRequest", msg), status=400)
+        if (body.get("metadata") or {}).get("name") != name:
+            msg = "name in URL does not match name in Eviction object"
+            return web.json_response(status(400, "BadRequest", msg), status=400)
+        obj = self.store.get(("v1", "pods"), {}).get((namespace, name))
+        if obj is None:
+            msg = f'pods "{name}" not found'
+            return web.json_response(status(404, "NotFound", msg), status=404)
+        phase = (obj.get("status") or {}).get("phase")
+        deleting = bool(obj["metadata"].get("deletionTimestamp"))
+        if phase not in ("Succeeded", "Failed", "Pending") and not deleting:
+            refused = self._take_disruption(namespace, obj)
+            if refused is not None:
+                return refused
+            marked = copy.deepcopy(obj)
+            conditions = marked.setdefault("status", {}).setdefault("conditions", [])
+            conditions.append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "EvictionByEvictionAPI",
+                    "message": "Eviction API: evicting",
+                }
+            )
+            self.put(f"/api/v1/namespaces/{namespace}/pods", marked)
+        self._delete(Route(("v1", "pods"), namespace, name), "Background")
+        done = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+        return web.json_response(done, status=201)
+
+    def _take_disruption(self, namespace: str, pod_obj: Obj) -> web.Response | None:
+        labels = pod_obj["metadata"].get("labels") or {}
+        budgets = []
+        for (ns, _), pdb in self.store.get(("policy/v1", "poddisruptionbudgets"), {}).items():
+            wanted = ((pdb.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+            if ns == namespace and wanted and all(labels.get(k) == v for k, v in wanted.items()):
+                budgets.append(pdb)
+        if len(budgets) > 1:
+            msg = (
+                "This pod has more than one PodDisruptionBudget, which the eviction "
+                "subresource does not support."
+            )
+            return web.json_response(status(500, "", msg), status=500)
+        if not budgets:
+            return None
+        pdb = budgets[0]
+        st = pdb.get("status") or {}
+        if int(st.get("disruptionsAllowed", 0)) <= 0:
+            body = status(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            )
+            body["details"] = {
+                "causes": [
+                    {
+                        "reason": "DisruptionBudget",
+                        "message": f"The disruption budget {pdb['metadata']['name']} needs "
+                        f"{st.get('desiredHealthy', 0)} healthy pods and has "
+                        f"{st.get('currentHealthy', 0)} currently",
+                    }
+                ]
+            }
+            return web.json_response(body, status=429)
+        taken = copy.deepcopy(pdb)
+        taken["status"]["disruptionsAllowed"] = int(st["disruptionsAllowed"]) - 1
+        self.put(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", taken)
+        return None
 
     def _pod_log(self, path: str, query: dict[str, str]) -> web.Response:
         """`GET /api/v1/namespaces/<ns>/pods/<name>/log`: text/plain, tailLines and

@@ -107,6 +107,15 @@ class RbacAuthorizer:
             docs += [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
         return cls(docs)
 
+    @classmethod
+    def with_optional(cls, name: str) -> RbacAuthorizer:
+        """The shipped RBAC plus `deploy/agent/optional/<name>.yaml`, as an operator who
+        applied that optional file has it."""
+        docs = list(cls.shipped().docs)
+        path = DEPLOY_AGENT / "optional" / f"{name}.yaml"
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+        return cls(docs)
+
     def _role(self, kind: str, name: str, namespace: str) -> Mapping[str, Any] | None:
         for d in self.docs:
             meta = d.get("metadata") or {}
