@@ -163,12 +163,26 @@ class ReportConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
             raise ValueError(f"report.url: {self.url!r} must start with http:// or https://")
 
 
+class NamespaceRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The jobs of `queues` run in `namespace`: a team's own namespace, where its
+    ConfigMaps, Secrets and PersistentVolumeClaims already are and no other team's job runs.
+    The agent needs the RoleBinding of deploy/agent/team-namespace.yaml there."""
+
+    namespace: DnsLabel
+    queues: Annotated[list[DnsLabel], Meta(min_length=1, max_length=256)]
+
+
 class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Everything the kube backend needs. `kubeconfig` None and `in_cluster` false means the
     default kubeconfig ($KUBECONFIG or ~/.kube/config)."""
 
     flavors: Annotated[list[FlavorConfig], Meta(min_length=1, max_length=256)]
+    # Where workloads run unless `namespaces` maps their queue elsewhere; the cluster's fence
+    # Lease lives here too.
     namespace: DnsLabel = "muster-workloads"
+    # Per team (or per queue): the namespace a job's workload runs in, by the job's queue.
+    # Empty: every workload runs in `namespace`.
+    namespaces: Annotated[list[NamespaceRule], Meta(max_length=256)] = []
     kubeconfig: Annotated[str, Meta(min_length=1, max_length=4096)] | None = None
     context: ShortStr | None = None
     in_cluster: bool = False
@@ -241,6 +255,24 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
             raise ValueError("in_cluster: set either in_cluster or kubeconfig, not both")
         if self.backoff_max_s < self.backoff_initial_s:
             raise ValueError("backoff_max_s: must be >= backoff_initial_s")
+        queues = [q for rule in self.namespaces for q in rule.queues]
+        twice = sorted({q for q in queues if queues.count(q) > 1})
+        if twice:
+            raise ValueError(
+                f"namespaces: queues {twice} are mapped more than once; give each queue one "
+                "namespace"
+            )
+
+    def namespace_for(self, queue: str | None) -> str:
+        """The namespace the workloads of a job of `queue` run in."""
+        for rule in self.namespaces:
+            if queue in rule.queues:
+                return rule.namespace
+        return self.namespace
+
+    def workload_namespaces(self) -> list[str]:
+        """Every namespace workloads may run in, the default one first."""
+        return list(dict.fromkeys([self.namespace, *(r.namespace for r in self.namespaces)]))
 
     def flavor(self, name: str) -> FlavorConfig | None:
         for f in self.flavors:
