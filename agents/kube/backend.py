@@ -126,6 +126,7 @@ from agents.kube.nodes import (
     notices,
     untolerated_taints,
 )
+from agents.kube.quota import attempt_usage, namespace_refusal, quota_message
 from agents.kube.report import REPORT_PATH, Refused, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
 from kinds.base import (
@@ -1170,6 +1171,11 @@ class KubeBackend:
             )
         except ManifestError as exc:
             raise BackendError(str(exc)) from None
+        over = await namespace_refusal(
+            self.rest, ns, attempt_usage(cmd, self.rules.resource(flavor))
+        )
+        if over is not None:
+            raise BackendError(over)  # before anything exists: the broker places it elsewhere
         key = (cmd.job_id, cmd.attempt)
         w = self._workloads.get(key)
         if w is None:
@@ -1206,7 +1212,9 @@ class KubeBackend:
                 if collection in self._status_kinds:
                     w.expect_object((collection, obj.name))
             except KubeApiError as exc:
-                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None
+                quota = exc.status == 403 and "exceeded quota" in str(exc)
+                why = quota_message(ns, str(exc)) if quota else str(exc)
+                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {why}") from None
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
             bound.info("created", kind=obj.resource.kind, name=obj.name, existed=created is None)
