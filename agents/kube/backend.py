@@ -8,7 +8,7 @@ after a bounded backoff, on any other failure). Nodes that match no configured f
 reported. Pods count as Muster's when they carry `muster.dev/job-id` AND live in a
 configured workload namespace (a label in another namespace cannot fake a status).
 
-Also, in the workload namespace and by Muster's top-level label selector, one Reflector per
+Also, in each workload namespace and by Muster's top-level label selector, one Reflector per
 kind Muster can create that has a status (`status.STATUS_RESOURCES`: batch/v1 Job, the Kubeflow
 jobs, Volcano Job, JobSet). Pods alone miss the operator's verdict: with `restartPolicy:
 OnFailure` a crashing container restarts inside a pod that stays Running until the operator
