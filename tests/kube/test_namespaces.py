@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from agents.backend import BackendError
+from agents.kube.backend import KubeBackend
 from agents.kube.config import REPORT_PORT as BASE_REPORT_PORT
 from agents.kube.config import KubeConfigError, convert_kube_config
 from schemas.agent import WorkloadStatus
@@ -19,7 +20,9 @@ from tests.kube.conftest import (
     BASE_CONFIG,
     NODES,
     NS,
+    Recorder,
     dispatch,
+    make_config,
     node,
     run_job_pod,
 )
@@ -132,3 +135,30 @@ async def test_fence_watchdog_vouches_only_for_its_own_namespace(
         await backend.dispatch(cmd)
     assert backend.fences("shared-1", 1)
     assert not backend.fences("team-1", 1)
+
+
+async def test_a_restarted_agent_finds_and_follows_a_team_attempt(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """Objects and pods in a team's namespace are found again by the next agent (the startup
+    scan and the watches cover every listed namespace), which then reports and cancels there."""
+    apiserver.authorizer = RbacAuthorizer.shipped(*team_docs("team-a"))
+    apiserver.put(NODES, node("n1"))
+    first = KubeBackend("c1", make_config(namespaces=TEAMS), api_client=api_client)
+    await first.start(Recorder())
+    await first.dispatch(dispatch(job("team-1", "research"), {"worker": ["n1"]}, attempt=1))
+    await first.stop()
+    run_job_pod(apiserver, "team-1-a1-worker", "n1", namespace="team-a")
+    second = KubeBackend("c1", make_config(namespaces=TEAMS), api_client=api_client)
+    rec = Recorder()
+    await second.start(rec)
+    try:
+        snap = await second.snapshot()
+        assert [(w.job_id, w.phase) for w in snap.workloads] == [("team-1", "running")]
+        assert second._namespace_of(("team-1", 1)) == "team-a"
+        await second.cancel("team-1", None, "test")
+        gone = apiserver.get("/apis/batch/v1/namespaces/team-a/jobs/team-1-a1-worker")
+        assert gone is None or gone["metadata"].get("deletionTimestamp")
+    finally:
+        await second.stop()
+    assert apiserver.forbidden == []
