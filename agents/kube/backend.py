@@ -1171,13 +1171,13 @@ class KubeBackend:
             )
         except ManifestError as exc:
             raise BackendError(str(exc)) from None
-        over = await namespace_refusal(
-            self.rest, ns, attempt_usage(cmd, self.rules.resource(flavor))
-        )
-        if over is not None:
-            raise BackendError(over)  # before anything exists: the broker places it elsewhere
         key = (cmd.job_id, cmd.attempt)
         w = self._workloads.get(key)
+        if w is None or not w.objects:  # a retried dispatch's own pods are in the quota's usage
+            usage = attempt_usage(cmd, self.rules.resource(flavor))
+            over = await namespace_refusal(self.rest, ns, usage)
+            if over is not None:
+                raise BackendError(over)  # nothing exists yet: the broker places it elsewhere
         if w is None:
             w = self._workloads[key] = Workload(
                 cmd.job_id, cmd.attempt, plan.total_replicas, cmd.spec.workload.kind

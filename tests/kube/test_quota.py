@@ -18,7 +18,16 @@ from agents.kube.client import KubeApiError, KubeRest
 from agents.kube.quota import KResourceQuota, attempt_usage, quota_refusal
 from agents.runtime import AgentRuntime
 from tests.agents.helpers import BrokerWire, unique
-from tests.kube.conftest import NODES, NS, dispatch, gang_dispatch, make_config, node, pod
+from tests.kube.conftest import (
+    NODES,
+    NS,
+    Recorder,
+    dispatch,
+    gang_dispatch,
+    make_config,
+    node,
+    pod,
+)
 from tests.kube.fake_apiserver import FakeApiServer
 
 QUOTAS = f"/api/v1/namespaces/{NS}/resourcequotas"
@@ -165,3 +174,28 @@ async def test_broker_sees_the_dispatch_refused_with_the_quota_reason(
         await runtime.stop()
         await wire.stop()
         await backend.stop()
+
+
+async def test_a_retried_dispatch_is_not_refused_for_its_own_usage(
+    apiserver: FakeApiServer, api_client: ApiClient
+) -> None:
+    """After an agent restart the broker sends the unacknowledged dispatch again; the quota
+    now counts that attempt's own pods, which must not make the agent refuse (and so end)
+    the attempt that runs."""
+    apiserver.put(NODES, node("n1"))
+    apiserver.put(NODES, node("n2"))
+    apiserver.put(QUOTAS, gpu_quota("0"))
+    cmd = gang_dispatch(replicas=2)
+    first = KubeBackend("c1", make_config(), api_client=api_client)
+    await first.start(Recorder())
+    await first.dispatch(cmd)
+    await first.stop()
+    apiserver.put(QUOTAS, gpu_quota("8"))  # the quota controller counted the gang's pods
+    second = KubeBackend("c1", make_config(), api_client=api_client)
+    await second.start(Recorder())
+    try:
+        await second.dispatch(cmd)  # taken as the retry it is
+        with pytest.raises(BackendError, match="exceeded quota"):
+            await second.dispatch(gang_dispatch(job_id="other", replicas=1))
+    finally:
+        await second.stop()
