@@ -28,6 +28,7 @@ from tests.kube.conftest import (
 )
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.rbac_authz import RbacAuthorizer
+from tests.kube.test_manifests import BATCH_JOB_YAML
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "agent" / "team-namespace.yaml"
 TEAMS = [{"namespace": "team-a", "queues": ["research", "research-urgent"]}]
@@ -162,3 +163,22 @@ async def test_a_restarted_agent_finds_and_follows_a_team_attempt(
     finally:
         await second.stop()
     assert apiserver.forbidden == []
+
+
+async def test_the_queue_decides_the_namespace_not_the_manifest(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    """A manifest naming another team's namespace still runs in its own queue's: a job cannot
+    reach team-a's Secrets by writing `metadata.namespace: team-a`."""
+    apiserver.authorizer = RbacAuthorizer.shipped(*team_docs("team-a"))
+    apiserver.put(NODES, node("n1"))
+    backend, _ = await make_backend(namespaces=TEAMS)
+    manifest = yaml.safe_load(BATCH_JOB_YAML)
+    manifest["metadata"]["namespace"] = "team-a"
+    spec = {"name": "m", "job_id": "sneaky", "workload": {"kind": "manifest", "manifest": manifest}}
+    await backend.dispatch(dispatch(spec, {}, attempt=1))
+    jobs = {
+        (j["metadata"]["namespace"], j["metadata"]["name"])
+        for j in apiserver.items("batch/v1", "jobs")
+    }
+    assert {ns for ns, _ in jobs} == {NS}
