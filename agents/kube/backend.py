@@ -5,10 +5,10 @@ What it watches
 Nodes and pods (all namespaces: pods Muster did not place still use node capacity), each with
 a `Reflector` (list, then watch with resourceVersion and bookmarks; re-list on 410 Gone and,
 after a bounded backoff, on any other failure). Nodes that match no configured flavor are not
-reported. Pods count as Muster's when they carry `muster.dev/job-id` AND live in the
+reported. Pods count as Muster's when they carry `muster.dev/job-id` AND live in a
 configured workload namespace (a label in another namespace cannot fake a status).
 
-Also, in the workload namespace and by Muster's top-level label selector, one Reflector per
+Also, in each workload namespace and by Muster's top-level label selector, one Reflector per
 kind Muster can create that has a status (`status.STATUS_RESOURCES`: batch/v1 Job, the Kubeflow
 jobs, Volcano Job, JobSet). Pods alone miss the operator's verdict: with `restartPolicy:
 OnFailure` a crashing container restarts inside a pod that stays Running until the operator
@@ -127,6 +127,7 @@ from agents.kube.nodes import (
     notices,
     untolerated_taints,
 )
+from agents.kube.quota import attempt_usage, namespace_refusal, quota_message
 from agents.kube.report import REPORT_PATH, Refused, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
 from kinds.base import (
@@ -265,9 +266,11 @@ class KubeBackend:
         self.pod_reflector: Reflector[KPod] | None = None  # every unfinished pod
         self.muster_pod_reflector: Reflector[KPod] | None = None  # Muster's pods, any phase
         self.refresher: TokenRefresher | None = None
-        # Workload objects with a status, by collection path (in the workload namespace).
+        # Where workloads run (per team or queue, `KubeBackendConfig.namespaces`).
+        self._namespaces = config.workload_namespaces()
+        # Workload objects with a status, by collection path (in every workload namespace).
         self._status_kinds: dict[str, Resource] = {
-            r.collection(config.namespace): r for r in STATUS_RESOURCES
+            r.collection(ns): r for ns in self._namespaces for r in STATUS_RESOURCES
         }
         self.job_reflectors: dict[str, Reflector[KJob]] = {}  # by collection
         self.fence_state = ClusterFence(clock)  # the cluster's fence Lease (agents/kube/fence.py)
@@ -362,10 +365,14 @@ class KubeBackend:
             name="pods",
             **common,
         )
-        # Muster's own pods, every phase (the exit codes of a failed pod are its verdict).
+        # Muster's own pods, every phase (the exit codes of a failed pod are its verdict):
+        # with several workload namespaces, one watch of every namespace (the ClusterRole's
+        # list/watch on pods), the handler keeping those in a workload namespace.
         self.muster_pod_reflector = Reflector(
             self._rest,
-            f"/api/v1/namespaces/{cfg.namespace}/pods",
+            "/api/v1/pods"
+            if len(self._namespaces) > 1
+            else f"/api/v1/namespaces/{cfg.namespace}/pods",
             KPod,
             self._replace_muster_pods,
             self._muster_pod_event,
@@ -852,7 +859,7 @@ class KubeBackend:
                     None,
                 )
                 own = LABEL_JOB in pod.metadata.labels and (
-                    pod.metadata.namespace == self.config.namespace
+                    pod.metadata.namespace in self._namespaces
                 )
                 text = f"pod {pod.metadata.name}: {dis}"
                 self._pod_disruption[uid] = (node, text, at, dis, own)
@@ -876,7 +883,7 @@ class KubeBackend:
         uid = meta.uid or f"{meta.namespace}/{meta.name}"
         deleted = kind == "DELETED"
         self._note_disruption(uid, pod, deleted)
-        if LABEL_JOB in meta.labels and meta.namespace == self.config.namespace:
+        if LABEL_JOB in meta.labels and meta.namespace in self._namespaces:
             return  # Muster's own: the muster-pods watch accounts for it
         node = pod.spec.nodeName
         active = not deleted and node and pod.status.phase not in ("Succeeded", "Failed")
@@ -885,6 +892,8 @@ class KubeBackend:
 
     def _muster_pod_event(self, kind: str, pod: KPod) -> None:
         meta = pod.metadata
+        if meta.namespace and meta.namespace not in self._namespaces:
+            return  # a label outside the workload namespaces fakes no status
         uid = meta.uid or f"{meta.namespace}/{meta.name}"
         deleted = kind == "DELETED"
         self._note_disruption(uid, pod, deleted)
@@ -952,6 +961,7 @@ class KubeBackend:
             kind = meta.annotations.get(ANN_KIND, "")
             w = self._workloads[key] = Workload(job_id, key[1], kind=kind)
             w.cancelled = self._is_cancelled(key)
+        w.namespace = w.namespace or meta.namespace
         w.update_pod(uid, pod, deleted)
         if not w.token_digest:  # an agent restarted since the dispatch: the pods keep it
             w.token_digest = meta.annotations.get(ANN_TOKEN_DIGEST, "")
@@ -1016,14 +1026,14 @@ class KubeBackend:
         if (
             key is None
             or not meta.name
-            or meta.namespace != self.config.namespace
+            or meta.namespace not in self._namespaces
             or LABEL_TOP not in meta.labels
         ):
             return
         if kind == "DELETED" and key not in self._workloads:
             return  # an attempt already forgotten (finished, collected): nothing to say
         w = self._workload(key, meta)
-        ref = (res.collection(self.config.namespace), meta.name)
+        ref = (res.collection(meta.namespace), meta.name)
         if ref not in w.objects:
             w.objects.append(ref)
         w.expect_object(ref)
@@ -1054,18 +1064,17 @@ class KubeBackend:
                 meta.annotations.get(ANN_KIND, ""),
             )
             w.cancelled = self._is_cancelled(key)
+        w.namespace = w.namespace or meta.namespace
         return w
 
     # -- Muster's objects ------------------------------------------------------------------
     async def _scan_objects(
         self, resources: list[Resource] | tuple[Resource, ...] = OWNED_RESOURCES
     ) -> list[tuple[Key, str, str]]:
-        """List every Muster-owned object of the given kinds in the workload namespace
+        """List every Muster-owned object of the given kinds in the workload namespaces
         (a kind whose CRD is not installed answers 404 and is skipped)."""
         found: list[tuple[Key, str, str]] = []
-        ns = self.config.namespace
-        for res in resources:
-            collection = res.collection(ns)
+        for collection in (r.collection(ns) for ns in self._namespaces for r in resources):
             try:
                 items, _ = await self.rest.list_all(
                     collection, KObject, selector(), self.config.list_page_size
@@ -1104,15 +1113,18 @@ class KubeBackend:
     async def _delete_attempts(self, job_id: str, keep: Callable[[int], bool], why: str) -> int:
         """Delete every object of `job_id` whose attempt is not kept; the count deleted.
         Uses what is known locally plus a fresh list by label (an object created by a
-        previous agent instance may not be known)."""
-        ns = self.config.namespace
+        previous agent instance may not be known). The lists go to the job's namespace
+        when one of its attempts is known here, else to every workload namespace."""
         targets: dict[tuple[str, str], None] = {}  # ordered, O(1) membership
+        known: dict[str, None] = {}
         for (jid, attempt), w in self._workloads.items():
+            if jid == job_id and w.namespace:
+                known[w.namespace] = None
             if jid == job_id and not keep(attempt):
                 w.cancelled = True
                 targets.update(dict.fromkeys(w.objects))
-        for res in OWNED_RESOURCES:
-            collection = res.collection(ns)
+        spaces = list(known) or self._namespaces
+        for collection in (r.collection(ns) for ns in spaces for r in OWNED_RESOURCES):
             try:
                 items, _ = await self.rest.list_all(collection, KObject, selector(job_id))
             except KubeApiError as exc:
@@ -1148,11 +1160,12 @@ class KubeBackend:
         if flavor is None:
             known = [f.name for f in self.config.flavors]
             raise BackendError(f"flavor {cmd.flavor!r} is not configured here (known: {known})")
+        ns = self.config.namespace_for(cmd.spec.queue)
         try:
             plan = build_workload(
                 cmd,
                 flavor,
-                self.config.namespace,
+                ns,
                 self.rules.resource(flavor),
                 self.config,
                 self._provider_of(cmd),
@@ -1162,11 +1175,17 @@ class KubeBackend:
             raise BackendError(str(exc)) from None
         key = (cmd.job_id, cmd.attempt)
         w = self._workloads.get(key)
+        if w is None or not w.objects:  # a retried dispatch's own pods are in the quota's usage
+            usage = attempt_usage(cmd, self.rules.resource(flavor))
+            over = await namespace_refusal(self.rest, ns, usage)
+            if over is not None:
+                raise BackendError(over)  # nothing exists yet: the broker places it elsewhere
         if w is None:
             w = self._workloads[key] = Workload(
                 cmd.job_id, cmd.attempt, plan.total_replicas, cmd.spec.workload.kind
             )
         w.total = plan.total_replicas
+        w.namespace = ns
         if cmd.checkpoint_token:
             w.token_digest = token_digest(cmd.checkpoint_token)
         w.cancelled = False
@@ -1180,7 +1199,7 @@ class KubeBackend:
             await self.renew_fence(self._clock())
         uids: dict[str, str] = {}
         for obj in plan.objects:
-            collection = obj.resource.collection(self.config.namespace)
+            collection = obj.resource.collection(ns)
             fenced = self._fenced(cmd, obj)
             try:
                 body = self._owned(obj, plan.objects, uids, fenced)
@@ -1195,7 +1214,9 @@ class KubeBackend:
                 if collection in self._status_kinds:
                     w.expect_object((collection, obj.name))
             except KubeApiError as exc:
-                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None
+                quota = exc.status == 403 and "exceeded quota" in str(exc)
+                why = quota_message(ns, str(exc)) if quota else str(exc)
+                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {why}") from None
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
             bound.info("created", kind=obj.resource.kind, name=obj.name, existed=created is None)
@@ -1235,7 +1256,7 @@ class KubeBackend:
             )
             raise BackendError(
                 f"{obj.resource.kind} {obj.name} already exists in namespace "
-                f"{self.config.namespace} and is not this attempt's "
+                f"{body['metadata'].get('namespace', '')} and is not this attempt's "
                 f"({'another job' if found and found[0] != key[0] else 'another attempt or owner'}"
                 "); refusing to adopt or delete it. Delete it if it is stale, or resubmit "
                 "under another job id"
@@ -1306,8 +1327,10 @@ class KubeBackend:
     # watchdog and the in-pod self-fence read it (agents/kube/fence.py)
     def fences(self, job_id: str, attempt: int) -> bool:
         """Whether the cluster itself ends this attempt when its fence lapses: with a fence
-        watchdog beside this agent, every kind; without one, the agent's self-fence."""
-        return self.config.fence_watchdog and self.fence_state.window_s > 0
+        watchdog beside this agent, every kind in the namespace it watches (the default one);
+        elsewhere (a team's namespace) and without one, the agent's self-fence."""
+        watched = self._namespace_of((job_id, attempt)) == self.config.namespace
+        return self.config.fence_watchdog and self.fence_state.window_s > 0 and watched
 
     def fence_after(self, job_id: str, attempt: int) -> float:
         """The fence window of an attempt found at startup: the cluster's, which the Lease
@@ -1382,7 +1405,7 @@ class KubeBackend:
         the logs `muster logs` reads; the workload objects stay until their TTL or the next
         attempt's garbage collection."""
         cache = self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
-        base = POD.collection(self.config.namespace)
+        base = POD.collection(self._namespace_of(key))
         running = [
             name
             for uid, name in self._pod_names.get(key, {}).items()
@@ -1417,7 +1440,7 @@ class KubeBackend:
             self.log.warning("checkpoint request: no pods", job_id=job_id, attempt=attempt)
             return
         patch = {"metadata": {"annotations": {ANN_CHECKPOINT_REQUEST: f"{deadline:.3f}"}}}
-        base = f"/api/v1/namespaces/{self.config.namespace}/pods"
+        base = POD.collection(self._namespace_of((job_id, attempt)))
 
         async def one(name: str) -> str | None:
             try:
@@ -1490,10 +1513,16 @@ class KubeBackend:
 
     async def read_logs(self, req: LogRequest) -> LogTail:
         """The attempt's container logs (agents/kube/logs.py); ended once its workload is."""
-        lines = await read_pod_logs(self.rest, self.config.namespace, self.cluster, req)
-        w = self._workloads.get((req.job_id, req.attempt))
+        key = (req.job_id, req.attempt)
+        lines = await read_pod_logs(self.rest, self._namespace_of(key), self.cluster, req)
+        w = self._workloads.get(key)
         ended = w is None or w.cancelled or w.current_phase() in ("succeeded", "failed", "evicted")
         return LogTail(lines=lines, ended=ended)
+
+    def _namespace_of(self, key: Key) -> str:
+        """Where an attempt's pods are: where it was seen, else the default namespace."""
+        w = self._workloads.get(key)
+        return w.namespace if w is not None and w.namespace else self.config.namespace
 
     # -- snapshot and housekeeping ---------------------------------------------------------
     def flavors(self) -> list[FlavorInfo]:

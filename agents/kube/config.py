@@ -65,6 +65,23 @@ class Toleration(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True,
             raise ValueError("tolerations: an empty key needs operator Exists")
 
 
+DEDICATED_TAINT_KEY = "muster.dev/dedicated"
+
+
+class DedicatedTaint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The taint a pool dedicated to Muster carries (`kubectl taint nodes <n>
+    muster.dev/dedicated=muster:NoSchedule`, or the node group's taints): no pod without the
+    matching toleration is scheduled there, so another scheduler cannot fill the nodes the
+    broker chose before Muster's gang binds. Muster's pods of the flavor tolerate it."""
+
+    key: LabelKey = DEDICATED_TAINT_KEY
+    value: LabelValue = "muster"
+    effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
+
+    def toleration(self) -> Toleration:
+        return Toleration(key=self.key, operator="Equal", value=self.value, effect=self.effect)
+
+
 class FlavorConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One pool of identical nodes, like Kueue's ResourceFlavor: `node_labels` select the
     nodes (and become the workload's nodeSelector), `tolerations` are added to its pods.
@@ -88,6 +105,26 @@ class FlavorConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     # terminationGracePeriodSeconds of the flavor's pods: the provider's notice window, so the
     # workload can checkpoint. None: 120 s on spot flavors, the pod's own value otherwise.
     termination_grace_period_s: Annotated[int, Meta(ge=0, le=86_400)] | None = None
+    # The taint that keeps every other pod off the pool's nodes (docs/kubernetes.md "Holding
+    # the chosen nodes"); None: the pool is shared and nothing holds a node until the gang binds.
+    dedicated_taint: DedicatedTaint | None = None
+
+    def __post_init__(self) -> None:
+        taint = self.dedicated_taint
+        if taint is not None and (
+            "/" not in taint.key or taint.key.endswith("/gpu") or taint.key == self.gpu_resource
+        ):
+            raise ValueError(
+                f"flavors[{self.name}].dedicated_taint: key {taint.key!r} must be a prefixed "
+                "key of its own (e.g. muster.dev/dedicated), not an extended resource name: "
+                "the ExtendedResourceToleration admission plugin gives every pod that requests "
+                "that resource the toleration, so other schedulers' GPU pods would pass it"
+            )
+
+    def pod_tolerations(self) -> list[Toleration]:
+        """What the flavor's pods tolerate: its tolerations and its dedicated taint."""
+        extra = [self.dedicated_taint.toleration()] if self.dedicated_taint else []
+        return [*self.tolerations, *extra]
 
     def info(self, gpu_memory_mib: int = 0) -> FlavorInfo:
         return FlavorInfo(
@@ -163,12 +200,26 @@ class ReportConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
             raise ValueError(f"report.url: {self.url!r} must start with http:// or https://")
 
 
+class NamespaceRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The jobs of `queues` run in `namespace`: a team's own namespace, where its
+    ConfigMaps, Secrets and PersistentVolumeClaims already are and no other team's job runs.
+    The agent needs the RoleBinding of deploy/agent/team-namespace.yaml there."""
+
+    namespace: DnsLabel
+    queues: Annotated[list[DnsLabel], Meta(min_length=1, max_length=256)]
+
+
 class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Everything the kube backend needs. `kubeconfig` None and `in_cluster` false means the
     default kubeconfig ($KUBECONFIG or ~/.kube/config)."""
 
     flavors: Annotated[list[FlavorConfig], Meta(min_length=1, max_length=256)]
+    # Where workloads run unless `namespaces` maps their queue elsewhere; the cluster's fence
+    # Lease lives here too.
     namespace: DnsLabel = "muster-workloads"
+    # Per team (or per queue): the namespace a job's workload runs in, by the job's queue.
+    # Empty: every workload runs in `namespace`.
+    namespaces: Annotated[list[NamespaceRule], Meta(max_length=256)] = []
     kubeconfig: Annotated[str, Meta(min_length=1, max_length=4096)] | None = None
     context: ShortStr | None = None
     in_cluster: bool = False
@@ -241,6 +292,24 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
             raise ValueError("in_cluster: set either in_cluster or kubeconfig, not both")
         if self.backoff_max_s < self.backoff_initial_s:
             raise ValueError("backoff_max_s: must be >= backoff_initial_s")
+        queues = [q for rule in self.namespaces for q in rule.queues]
+        twice = sorted({q for q in queues if queues.count(q) > 1})
+        if twice:
+            raise ValueError(
+                f"namespaces: queues {twice} are mapped more than once; give each queue one "
+                "namespace"
+            )
+
+    def namespace_for(self, queue: str | None) -> str:
+        """The namespace the workloads of a job of `queue` run in."""
+        for rule in self.namespaces:
+            if queue in rule.queues:
+                return rule.namespace
+        return self.namespace
+
+    def workload_namespaces(self) -> list[str]:
+        """Every namespace workloads may run in, the default one first."""
+        return list(dict.fromkeys([self.namespace, *(r.namespace for r in self.namespaces)]))
 
     def flavor(self, name: str) -> FlavorConfig | None:
         for f in self.flavors:
@@ -285,7 +354,7 @@ def pod_policy(
         grace = SPOT_GRACE_S[provider]
     return PodPolicy(
         node_labels=dict(flavor.node_labels),
-        tolerations=[t.to_k8s() for t in flavor.tolerations],
+        tolerations=[t.to_k8s() for t in flavor.pod_tolerations()],
         grace_seconds=grace,
         grace_cap_s=SPOT_GRACE_CAP_S.get(provider) if spot else None,
         priority_class=priority_class(config.priority_classes, priority) if config else None,

@@ -203,7 +203,7 @@ def untolerated_taints(node: KNode, flavor: FlavorConfig, rules: Rules) -> list[
             or t.key in rules.gpu_failure_taints
         ):
             continue
-        if not tolerates(flavor.tolerations, t.key, t.value, t.effect):
+        if not tolerates(flavor.pod_tolerations(), t.key, t.value, t.effect):
             out.append(f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}")
     return out
 

@@ -15,9 +15,10 @@ API server stand-in enforces the YAML on every request the agent's tests make
   checkpoint-request annotation), get on pods/log (`muster logs`), update on jobs/finalizers
   (the indexed Job owns its Service with `blockOwnerDeletion`, which the
   OwnerReferencesPermissionEnforcement admission plugin allows only to who may set the
-  owner's finalizers), and get/create/patch on Leases (the cluster's one fence Lease,
-  agents/kube/fence.py). `get`, `patch` and `update` on workload objects are not needed. The
-  fence watchdog's own Role is `kinds.registry.watchdog_rules`.
+  owner's finalizers), list on ResourceQuotas (an attempt over the namespace's quota is
+  refused before it is created, agents/kube/quota.py), and get/create/patch on Leases (the
+  cluster's one fence Lease, agents/kube/fence.py). `get`, `patch` and `update` on workload
+  objects are not needed. The fence watchdog's own Role is `kinds.registry.watchdog_rules`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ CLUSTER_RULES: frozenset[Rule] = KIND_CLUSTER_RULES | {Rule("", "nodes", "get")}
 NAMESPACE_RULES: frozenset[Rule] = namespace_rules() | {
     Rule("", "pods/log", "get"),
     Rule("batch", "jobs/finalizers", "update"),
+    Rule("", "resourcequotas", "list"),
 }
 
 __all__ = ["CLUSTER_RULES", "NAMESPACE_RULES", "Rule", "frontdoor_rules", "namespace_rules"]

@@ -222,6 +222,7 @@ class Workload:
         "last_phase",
         "last_step",
         "leader_succeeded",
+        "namespace",
         "objects",
         "reported_restarts",
         "restarted_pods",
@@ -235,6 +236,7 @@ class Workload:
         self.attempt = attempt
         self.total = total
         self.kind = kind
+        self.namespace = ""  # where its objects and pods are ("" = not yet known)
         self.objects = Refs()  # (collection path, name)
         self._views: dict[str, PodView] = {}
         self.counts: dict[Kind, int] = {

@@ -155,16 +155,24 @@ def job_owner(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_job_pod(server: FakeApiServer, job_name: str, node_name: str, index: int = 0) -> Any:
-    """What the Job controller, scheduler and kubelet make of a Muster Job: a Running pod."""
-    job = server.get(f"/apis/batch/v1/namespaces/{NS}/jobs/{job_name}")
+def run_job_pod(
+    server: FakeApiServer,
+    job_name: str,
+    node_name: str,
+    index: int = 0,
+    namespace: str = NS,
+    phase: str = "Running",
+) -> Any:
+    """What the Job controller, scheduler and kubelet make of a Muster Job: a Running pod
+    (or one in `phase`)."""
+    job = server.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{job_name}")
     assert job is not None
     tmpl = job["spec"]["template"]["metadata"]
-    p = pod(f"{job_name}-{index}-x", node_name, namespace=NS, gpu=4)
+    p = pod(f"{job_name}-{index}-x", node_name, namespace=namespace, gpu=4, phase=phase)
     p["metadata"]["labels"] = copy.deepcopy(tmpl["labels"])
     p["metadata"]["annotations"] = copy.deepcopy(tmpl.get("annotations") or {})
     p["metadata"]["ownerReferences"] = [job_owner(job)]
-    return server.put(PODS, p)
+    return server.put(f"/api/v1/namespaces/{namespace}/pods", p)
 
 
 class Clock:

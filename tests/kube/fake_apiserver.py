@@ -44,6 +44,9 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
   `users`, and refused with the real 403 Forbidden Status; a create that sets
   `blockOwnerDeletion` needs update on the owner's finalizers (OwnerReferencesPermission-
   Enforcement);
+* ResourceQuota admission (tests/kube/quota_admission.py): a create in a namespace with a
+  ResourceQuota that it would exceed is refused with the real 403 (`exceeded quota: ...`),
+  an admitted one is charged to the quota's `status.used`;
 * Kueue's job webhook, opt-in (`kueue_namespace_selector`, tests/kube/kueue_model.py): a job of
   a kind Kueue integrates, with a queue-name label or in a namespace its
   managedJobsNamespaceSelector matches, is created suspended;
@@ -82,8 +85,13 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.kube import kueue_model
-from tests.kube.rbac_authz import Attributes, owner_forbidden, request_attributes
+from tests.kube import kueue_model, quota_admission
+from tests.kube.rbac_authz import (
+    Attributes,
+    forbidden_status,
+    owner_forbidden,
+    request_attributes,
+)
 from tests.kube.validation import causes, invalid_status
 
 Obj = dict[str, Any]
@@ -91,6 +99,7 @@ ResKey = tuple[str, str]  # (group/version, plural), e.g. ("v1", "pods")
 
 CLUSTER_SCOPED = {"nodes", "namespaces"}
 JOBS_RES: ResKey = ("batch/v1", "jobs")
+QUOTAS_RES: ResKey = ("v1", "resourcequotas")
 KINDS = {
     "nodes": "Node",
     "pods": "Pod",
@@ -790,6 +799,9 @@ class FakeApiServer:
             refused = self._admit_owners(request, route, body)
             if refused is not None:
                 return refused
+            refused = self._admit_quota(request, route, body)
+            if refused is not None:
+                return refused
             if (route.namespace or "", name) in self.store.get(route.res, {}):
                 msg = f"{route.res[1]} {name!r} already exists"
                 return web.json_response(status(409, "AlreadyExists", msg), status=409)
@@ -866,6 +878,31 @@ class FakeApiServer:
         name = obj["metadata"]["name"]
         created = Attributes(user, "create", group, route.res[1], "", route.namespace or "", name)
         body = owner_forbidden(created)
+        self.forbidden.append(body)
+        return web.json_response(body, status=403)
+
+    def _admit_quota(self, request: web.Request, route: Route, obj: Obj) -> web.Response | None:
+        """ResourceQuota admission (tests/kube/quota_admission.py): the namespace's quotas
+        refuse a create that would exceed one of them, else are charged with it."""
+        namespace = route.namespace or ""
+        quotas = [
+            copy.deepcopy(q)
+            for (ns, _), q in self.store.get(QUOTAS_RES, {}).items()
+            if namespace and ns == namespace
+        ]
+        if not quotas:
+            return None
+        why, charged = quota_admission.admit(quotas, route.res, obj)
+        if why is None:
+            for quota in charged:
+                self.put(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
+            return None
+        group = route.res[0].rsplit("/", 1)[0] if "/" in route.res[0] else ""
+        name = obj["metadata"]["name"]
+        created = Attributes(
+            self._user(request), "create", group, route.res[1], "", namespace, name
+        )
+        body = forbidden_status(created, why)
         self.forbidden.append(body)
         return web.json_response(body, status=403)
 

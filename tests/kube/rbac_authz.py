@@ -100,11 +100,14 @@ class RbacAuthorizer:
         self.denied: list[Attributes] = []
 
     @classmethod
-    def shipped(cls) -> RbacAuthorizer:
-        """The RBAC of `deploy/agent/` as kustomize would apply it."""
-        docs: list[Mapping[str, Any]] = []
-        for path in sorted(DEPLOY_AGENT.glob("*.yaml")):
-            docs += [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+    def shipped(cls, *extra: Mapping[str, Any]) -> RbacAuthorizer:
+        """The RBAC of `deploy/agent/` as `kubectl apply -k` applies it (the files its
+        kustomization lists, not the templates beside them), plus `extra` documents."""
+        listed = yaml.safe_load((DEPLOY_AGENT / "kustomization.yaml").read_text())["resources"]
+        docs: list[Mapping[str, Any]] = list(extra)
+        for name in listed:
+            text = (DEPLOY_AGENT / name).read_text()
+            docs += [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
         return cls(docs)
 
     @classmethod

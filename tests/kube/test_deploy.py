@@ -92,11 +92,13 @@ def test_every_yaml_parses_and_names_itself() -> None:
         assert d.get("apiVersion") and d.get("kind") and d["metadata"].get("name"), (path, d)
 
 
-def rbac_rules(kind: str, component: str = "agent") -> set[Rule]:
+def rbac_rules(kind: str, component: str = "agent", name: str | None = None) -> set[Rule]:
     rules: set[Rule] = set()
     for _, d in all_docs():
         labels = d.get("metadata", {}).get("labels", {})
         if d.get("kind") != kind or labels.get("app.kubernetes.io/component") != component:
+            continue
+        if name is not None and d["metadata"]["name"] != name:
             continue
         for r in d["rules"]:
             for g in r["apiGroups"]:
@@ -107,14 +109,20 @@ def rbac_rules(kind: str, component: str = "agent") -> set[Rule]:
 
 
 def test_agent_rbac_matches_what_the_backend_needs() -> None:
-    assert rbac_rules("ClusterRole") == CLUSTER_RULES
-    assert rbac_rules("Role") == NAMESPACE_RULES
-    roles = [d for _, d in all_docs() if d.get("kind") == "Role"]
+    assert rbac_rules("ClusterRole", name="muster-agent") == CLUSTER_RULES
+    # Granted per workload namespace by a RoleBinding (rbac.yaml, team-namespace.yaml).
+    assert rbac_rules("ClusterRole", name="muster-agent-workloads") == NAMESPACE_RULES
+    assert rbac_rules("Role") == set()
+    bound = [
+        d
+        for p, d in all_docs()
+        if p.name == "rbac.yaml" and d.get("kind") == "RoleBinding" and "agent" in p.parts[-2]
+    ]
     agent_cfg = convert_agent_config(
         yaml.safe_load(configmap_data("muster-agent-config", "agent.yaml"))
     )
     ns = (agent_cfg.kube or {})["namespace"]
-    assert all(r["metadata"]["namespace"] == ns for r in roles)
+    assert bound and all(b["metadata"]["namespace"] == ns for b in bound)
     for _, d in all_docs():
         if d.get("kind") in ("RoleBinding", "ClusterRoleBinding") and d["roleRef"][
             "name"
