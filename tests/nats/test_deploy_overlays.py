@@ -129,7 +129,12 @@ def test_gpu_overlay_points_its_agent_at_a_leaf_node_with_mtls_out(tmp_path: Pat
     ]
     args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
     (url,) = [a for a in args if a.startswith("--nats=")]
-    (leaf_service,) = [o for o in objs if o["kind"] == "Service"]
+    # The Service clients reach NATS through (the agent's report Service serves pods).
+    (leaf_service,) = [
+        o
+        for o in objs
+        if o["kind"] == "Service" and any(p["port"] == 4222 for p in o["spec"]["ports"])
+    ]
     namespace = leaf_service["metadata"]["namespace"]
     name = leaf_service["metadata"]["name"]
     assert url == f"--nats=nats://{name}.{namespace}.svc:4222"
