@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence, Set
 from typing import assert_never
 from urllib.parse import unquote, urlsplit
 
+import msgspec
+
 from broker.core import spotreturn
 from broker.core.accounting import (
     accounting_of,
@@ -539,8 +541,12 @@ class AttemptLifecycle:
 
     def _dispatch_send(self, record: JobRecord, attempt: AttemptRecord) -> Send:
         """The Dispatch of `attempt`, ordered after the Cancel of the attempt before it (if
-        one is in flight): break before make, never two live copies."""
+        one is in flight): break before make, never two live copies. The spec names the
+        queue the job is in (a job sent to a queue's subject, or by an alias, may not say it):
+        an agent places a team's workloads by it."""
         spec = record.spec
+        if spec.queue != record.queue:
+            spec = msgspec.structs.replace(spec, queue=record.queue)
         cmd = Dispatch(
             job_id=record.job_id,
             attempt=attempt.attempt,

@@ -28,8 +28,17 @@ OD = FlavorInfo(name="od", capacity_type="on-demand", gpu_type="A100", price_per
 class Sim:
     """The machine and its agents, each cluster one 8-GPU node, on a virtual clock."""
 
-    def __init__(self, clusters: tuple[str, ...] = ("a",), **timeouts: Any) -> None:
-        cfg = BrokerConfig(queues=[QueueConfig(name="q")], timeouts=Timeouts(**timeouts))
+    def __init__(
+        self,
+        clusters: tuple[str, ...] = ("a",),
+        aliases: dict[str, str] | None = None,
+        **timeouts: Any,
+    ) -> None:
+        cfg = BrokerConfig(
+            queues=[QueueConfig(name="q")],
+            timeouts=Timeouts(**timeouts),
+            queue_aliases=aliases or {},
+        )
         self.m = Machine(cfg, epoch=1)
         self.now = T0
         self.seq: dict[str, int] = {}
