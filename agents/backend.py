@@ -26,6 +26,11 @@ class BackendError(RuntimeError):
     """A command the backend could not carry out; the text goes back in the CommandAck."""
 
 
+class JobRefused(BackendError):
+    """A dispatch refused for this job alone (its namespace's quota), not for the cluster:
+    acknowledged with `job_only`, so one team cannot open the pool's breaker for everyone."""
+
+
 class LogTail(NamedTuple):
     """The newest lines of an attempt's containers (each prefixed `[podset-replica] `), and
     whether the attempt has ended, so a follow knows when to stop."""

@@ -25,7 +25,7 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agents.backend import Backend, BackendError, Resizing
+from agents.backend import Backend, BackendError, JobRefused, Resizing
 from agents.logs import LogServer
 from agents.nodeops import NodeOpServer
 from schemas.agent import (
@@ -723,7 +723,8 @@ class AgentRuntime:
             return CommandAck(ok=True)
         except BackendError as exc:
             log.warning("backend refused command", error=str(exc))
-            return CommandAck(ok=False, error=str(exc)[:MAX_ERROR_CHARS])
+            job_only = isinstance(exc, JobRefused)
+            return CommandAck(ok=False, error=str(exc)[:MAX_ERROR_CHARS], job_only=job_only)
         except Exception as exc:
             self.stats["errors"] += 1
             log.exception("command failed")

@@ -341,6 +341,9 @@ class CommandAck(msgspec.Struct, omit_defaults=True):
     error: Reason = ""
     stale_epoch: bool = False  # refused because the sender's epoch is older than one seen
     epoch: Epoch = 0  # with stale_epoch: the newer epoch the agent has seen
+    # A refusal about this job alone (its team namespace's ResourceQuota is full), not about
+    # the cluster: the broker places the job elsewhere without holding it against the pool.
+    job_only: bool = False
 
 
 # -- logs (JSON on `muster.agent.<cluster>.logs`) ----------------------------------------------

@@ -68,7 +68,7 @@ import structlog
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from agents.backend import BackendError, Emit, LogTail, NodeOpResult
+from agents.backend import BackendError, Emit, JobRefused, LogTail, NodeOpResult
 from agents.kube.auth import TokenRefresher
 from agents.kube.client import (
     BadInput,
@@ -1179,7 +1179,7 @@ class KubeBackend:
             usage = attempt_usage(cmd, self.rules.resource(flavor))
             over = await namespace_refusal(self.rest, ns, usage)
             if over is not None:
-                raise BackendError(over)  # nothing exists yet: the broker places it elsewhere
+                raise JobRefused(over)  # nothing exists yet: the broker places it elsewhere
         if w is None:
             w = self._workloads[key] = Workload(
                 cmd.job_id, cmd.attempt, plan.total_replicas, cmd.spec.workload.kind
@@ -1214,9 +1214,10 @@ class KubeBackend:
                 if collection in self._status_kinds:
                     w.expect_object((collection, obj.name))
             except KubeApiError as exc:
-                quota = exc.status == 403 and "exceeded quota" in str(exc)
-                why = quota_message(ns, str(exc)) if quota else str(exc)
-                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {why}") from None
+                if exc.status == 403 and "exceeded quota" in str(exc):
+                    why = quota_message(ns, str(exc))
+                    raise JobRefused(f"creating {obj.resource.kind} {obj.name}: {why}") from None
+                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
             bound.info("created", kind=obj.resource.kind, name=obj.name, existed=created is None)

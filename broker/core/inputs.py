@@ -50,6 +50,7 @@ class DispatchAcked:
     attempt: int
     ok: bool
     error: str = ""
+    job_only: bool = False  # refused for this job alone (CommandAck.job_only)
 
 
 @dataclass(frozen=True, slots=True)

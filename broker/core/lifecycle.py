@@ -283,7 +283,7 @@ class AttemptLifecycle:
             self._finish_preempt(record, now, effects)
 
     def on_dispatch_result(
-        self, job_id: str, attempt: int, ok: bool, error: str, now: float
+        self, job_id: str, attempt: int, ok: bool, error: str, now: float, *, job_only: bool = False
     ) -> list[Effect]:
         record = self._jobs.get(job_id)
         if record is None:
@@ -314,6 +314,7 @@ class AttemptLifecycle:
             now,
             effects,
             pool_failed=True,
+            job_only=job_only,
         )
         return effects
 
@@ -328,12 +329,14 @@ class AttemptLifecycle:
         effects: list[Effect],
         *,
         pool_failed: bool = False,
+        job_only: bool = False,
     ) -> None:
         """The attempt never ran: end it, keep its next try off the pool that failed it, and
         fail the job once its start failures in a row pass the cap (starts.py). A pool that
         refused or swallowed the dispatch (`pool_failed`) also counts a failure on its dispatch
-        breaker, and the job's first such failure goes elsewhere at once, without backoff."""
-        if pool_failed:
+        breaker, unless it refused this job alone (`job_only`: its team's quota there), and
+        the job's first such failure goes elsewhere at once, without backoff."""
+        if pool_failed and not job_only:
             pool = (current.cluster, current.flavor)
             self.health.failure(pool, record.job_id, current.attempt, reason, now)
         record.start_failures += 1

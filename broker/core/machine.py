@@ -137,7 +137,7 @@ class Machine:
             return self._tick(now)
         if isinstance(event, DispatchAcked):
             return self.lifecycle.on_dispatch_result(
-                event.job_id, event.attempt, event.ok, event.error, now
+                event.job_id, event.attempt, event.ok, event.error, now, job_only=event.job_only
             )
         if isinstance(event, SubmitJob):
             reply, effects = self._submit(

@@ -29,7 +29,7 @@ from schemas.config import BrokerConfig, QueueConfig, SchedulingConfig, Timeouts
 from schemas.job import JobSpec, PodSet, RestartPolicy
 
 T0 = 1_800_000_000.0
-Behaviour = Literal["honest", "refuse", "swallow", "flaky"]
+Behaviour = Literal["honest", "refuse", "swallow", "flaky", "quota"]
 RUN_S = 5.0  # how long an honest cluster runs each job
 
 
@@ -127,6 +127,12 @@ class Fleet:
             behaviour = self.behaviours[e.cluster]
             if behaviour == "flaky":
                 behaviour = self.rng.choice(["honest", "refuse", "swallow"])
+            if behaviour == "quota":  # this job's namespace is full there: not the pool's fault
+                why = "namespace team-a: exceeded quota: gpu, requested: 8, used: 8, limited: 8"
+                pending += self.m.handle(
+                    DispatchAcked(cmd.job_id, cmd.attempt, False, why, job_only=True), self.now
+                )
+                continue
             if behaviour == "refuse":
                 pending += self.m.handle(
                     DispatchAcked(cmd.job_id, cmd.attempt, False, "webhook denied the request"),
@@ -245,3 +251,23 @@ def test_the_breaker_never_stops_admission_to_an_honest_cluster(
             break
     assert fleet.done(ids)
     assert all(fleet.m.jobs[j].state == "succeeded" for j in ids)
+
+
+def test_a_refusal_for_one_job_alone_never_opens_the_pools_breaker() -> None:
+    """A team namespace's full quota refuses that team's jobs on a cluster: each goes elsewhere
+    at once, and the pool stays open to everyone else (one team cannot close it)."""
+    fleet = Fleet(
+        behaviours={"quota": "quota", "h1": "honest"},
+        prices={"quota": 0.5, "h1": 2.0},
+        rng=random.Random(3),
+        timeouts={"dispatch_report_s": 20.0},
+    )
+    ids = fleet.submit(12)
+    for _ in range(120):
+        fleet.step()
+        assert fleet.blocked("quota") is None
+        if fleet.done(ids):
+            break
+    assert fleet.done(ids)
+    assert all(fleet.m.jobs[j].attempts[-1].cluster == "h1" for j in ids)
+    assert fleet.dispatches["quota"] >= 4  # more refusals than would open a breaker

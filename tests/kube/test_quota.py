@@ -12,7 +12,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from nats.aio.client import Client
 
-from agents.backend import BackendError
+from agents.backend import BackendError, JobRefused
 from agents.kube.backend import KubeBackend
 from agents.kube.client import KubeApiError, KubeRest
 from agents.kube.quota import KResourceQuota, attempt_usage, quota_refusal
@@ -130,7 +130,7 @@ async def test_api_servers_own_quota_refusal_reaches_the_broker_worded(
     apiserver.put(NODES, node("n1"))
     apiserver.put(QUOTAS, quota("objects", {"services": "0"}, {"services": "0"}))
     backend, _ = await make_backend()
-    with pytest.raises(BackendError) as err:
+    with pytest.raises(JobRefused) as err:
         await backend.dispatch(gang_dispatch(replicas=1))
     text = str(err.value)
     assert "HTTP 403" in text and f"namespace {NS}:" in text
@@ -157,6 +157,7 @@ async def test_broker_sees_the_dispatch_refused_with_the_quota_reason(
         ack = await wire.send(gang_dispatch(replicas=2))
         assert not ack.ok
         assert GPU_OVER in ack.error
+        assert ack.job_only  # the team's namespace is full, not the cluster's pool
         ack = await wire.send(
             dispatch(
                 {
