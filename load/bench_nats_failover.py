@@ -1,6 +1,6 @@
 """Serving again after `kill -9` of a NATS server, on a real three-server cluster with R3 streams.
 
-    python -m load.bench_nats_failover [--runs 3] [--json out.json]
+    python -m load.bench_nats_failover [--runs 3] [--replicas 3] [--json out.json]
 
 Setup per run: three nats-server processes on 127.0.0.1 (`load/natscluster.py`), a broker
 with `replication.replicas: 3` (lease TTL 5 s) and two fake clusters in this process, and a
@@ -14,6 +14,10 @@ Measured: the seconds from each kill to the first submission the broker acknowle
 bare R3 stream with a publisher at the same pace, its leader killed the same way, and the
 seconds to the first publish JetStream acknowledges after it (`raw_jetstream_s`): what NATS
 itself needs to elect and serve. Prints every run, the medians, and one `RESULT {...}` line.
+
+With `--replicas 1` every stream has one copy, so nothing serves until the killed server is
+back: it is started again at once, as a supervisor would restart it, and the figures are the
+recovery of a crash and restart with its store.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 import nats
 import structlog
+import typer
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
@@ -89,27 +94,32 @@ async def kill_leader(
     pacer: Pacer,
     leader: Callable[[], Awaitable[str]],
     streams: list[str],
+    replicas: int,
 ) -> float:
     """Kill the server `leader` names; the seconds to the first acknowledgement after; then the
-    server back and every stream current again."""
+    server back and every stream current again. With one replica the server is started again
+    at once: nothing else can serve its streams."""
     victim = await leader()
     killed_at = time.monotonic()
     cluster.server(victim).kill9()
+    if replicas == 1:
+        cluster.start(victim)
     took = await pacer.first_after(killed_at)
-    cluster.start(victim)
+    if replicas > 1:
+        cluster.start(victim)
     await cluster.ready()
     for stream in streams:
-        await cluster.replicas_current(js, stream, 3)
+        await cluster.replicas_current(js, stream, replicas)
     await pacer.first_after(time.monotonic())
     return took
 
 
-async def raw_jetstream(cluster: NatsCluster, nc: Client) -> float:
-    """The baseline: a bare R3 stream's leader killed under a paced publisher."""
+async def raw_jetstream(cluster: NatsCluster, nc: Client, replicas: int) -> float:
+    """The baseline: a bare stream's leader killed under a paced publisher."""
     js = nc.jetstream()
     name = f"BENCH_{uuid.uuid4().hex[:8]}"
-    await js.add_stream(name=name, subjects=[f"bench.{name}.>"], num_replicas=3)
-    await cluster.replicas_current(js, name, 3)
+    await js.add_stream(name=name, subjects=[f"bench.{name}.>"], num_replicas=replicas)
+    await cluster.replicas_current(js, name, replicas)
 
     async def publish(n: int) -> bool:
         try:
@@ -123,7 +133,7 @@ async def raw_jetstream(cluster: NatsCluster, nc: Client) -> float:
     try:
         await pacer.first_after(0.0)
         return await kill_leader(
-            cluster, js, pacer, lambda: cluster.stream_leader(js, name), [name]
+            cluster, js, pacer, lambda: cluster.stream_leader(js, name), [name], replicas
         )
     finally:
         await pacer.stop()
@@ -136,9 +146,9 @@ async def connect(cluster: NatsCluster) -> Client:
     return await nats.connect(**cluster.options().connect_kwargs())
 
 
-def broker_config(prefix: str) -> BrokerConfig:
+def broker_config(prefix: str, replicas: int) -> BrokerConfig:
     """Timeouts that ride out a NATS election (agents reconnect within seconds; a cluster
-    is lost only after 30 s), R3 everywhere."""
+    is lost only after 30 s), `replicas` copies of every stream."""
     return BrokerConfig(
         subject_prefix=prefix,
         queues=[QueueConfig(name="default")],
@@ -152,7 +162,7 @@ def broker_config(prefix: str) -> BrokerConfig:
             lease_ttl_s=5.0,
         ),
         limits=Limits(submit_stream_max_bytes=8 * 2**20, jobs_bucket_max_bytes=32 * 2**20),
-        replication=Replication(replicas=3),
+        replication=Replication(replicas=replicas),
     )
 
 
@@ -187,8 +197,8 @@ def job(n: int) -> bytes:
     )
 
 
-async def muster(cluster: NatsCluster) -> dict[str, float]:
-    config = broker_config(f"b{uuid.uuid4().hex[:10]}")
+async def muster(cluster: NatsCluster, replicas: int) -> dict[str, float]:
+    config = broker_config(f"b{uuid.uuid4().hex[:10]}", replicas)
     subjects = Subjects(prefix=config.subject_prefix)
     conns = [await connect(cluster) for _ in range(3)]
     client, bnc, fnc = conns
@@ -218,7 +228,7 @@ async def muster(cluster: NatsCluster) -> dict[str, float]:
             cluster.meta_leader,
         )
         return {
-            what: await kill_leader(cluster, js, pacer, leader, streams)
+            what: await kill_leader(cluster, js, pacer, leader, streams, replicas)
             for what, leader in zip(FAULTS, leaders, strict=True)
         }
     finally:
@@ -233,17 +243,17 @@ async def muster(cluster: NatsCluster) -> dict[str, float]:
                 await nc.close()
 
 
-async def one_run() -> dict[str, float]:
+async def one_run(replicas: int) -> dict[str, float]:
     cluster = NatsCluster()
     cluster.start_all()
     try:
         await cluster.ready()
         nc = await connect(cluster)
         try:
-            baseline = await raw_jetstream(cluster, nc)
+            baseline = await raw_jetstream(cluster, nc, replicas)
         finally:
             await nc.close()
-        return {"raw_jetstream_s": baseline, **await muster(cluster)}
+        return {"raw_jetstream_s": baseline, **await muster(cluster, replicas)}
     finally:
         cluster.cleanup()
 
@@ -254,22 +264,24 @@ app = program()
 @app.command(help=summary(__doc__))
 def bench_nats_failover(
     runs: Count = 3,
+    replicas: Annotated[int, typer.Option(min=1, max=3, help="copies of every stream")] = 3,
     json_out: JsonOut = None,
 ) -> None:
-    run_bench(runs, json_out)
+    run_bench(runs, replicas, json_out)
 
 
-def run_bench(runs: int, json_out: str | None) -> dict[str, Any]:
+def run_bench(runs: int, replicas: int, json_out: str | None) -> dict[str, Any]:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     logging.getLogger("nats").setLevel(logging.CRITICAL)  # every kill logs reconnects
     results = []
     for r in range(runs):
-        out = asyncio.run(one_run())
+        out = asyncio.run(one_run(replicas))
         results.append(out)
         shown = ", ".join(f"{k} {v:.2f} s" for k, v in out.items())
         print(f"run {r + 1}: {shown}")
     keys = ["raw_jetstream_s", *FAULTS]
     result: dict[str, Any] = {k: statistics.median(r[k] for r in results) for k in keys}
+    result["replicas"] = replicas
     result["runs"] = results
     emit(result, json_out)
     return result
