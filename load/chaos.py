@@ -89,6 +89,7 @@ HOSTILE = ("storm", "tenant-flood", "black-hole")
 QUEUES = ("team-a", "team-b")
 PREFIX = "muster"
 STORE_LIMIT = "256MB"
+WAVE = 6  # jobs submitted while a black hole is up
 
 
 # ---------------------------------------------------------------------------- processes
@@ -383,6 +384,7 @@ class Soak:
                 name = f"c{i}"
                 self.agents[name] = AgentProc(name, url, work, self.seed * 100 + i)
             ids = await self._submit_all()
+            self.ids = ids  # faults may add jobs (a black hole's wave); all are checked
             self.say("submitted", len(ids))
             plan = sorted(
                 (rng.uniform(2.0, self.duration_s * 0.6), rng.choice(self.kinds))
@@ -422,45 +424,47 @@ class Soak:
 
     async def _submit_all(self) -> list[str]:
         """Jobs go through the JetStream stream with client ids, so none is lost or doubled."""
-        subject = self.subjects.submit
         ids = []
         for i in range(self.jobs):
             job_id = f"soak-{self.seed}-{i}"
-            gpu = self.rng.choice([1, 2, 4, 8])
-            spec = {
-                "name": f"soak{i}",
-                "job_id": job_id,
-                "priority": self.rng.choice([0, 0, 5]),
-                "gang": [{"name": "w", "replicas": self.rng.choice([1, 1, 2]), "gpu": gpu}],
-                "capacity": self.rng.choice(["any", "spot-then-on-demand"]),
-                "checkpoint": {"uri": f"mem://{job_id}"},
-                "workload": {
-                    "simulate": {
-                        # with outages of minutes, jobs of minutes, so outages find them running
-                        "total_steps": self.rng.randint(40, 200)
-                        if not self.long_outages
-                        else self.rng.randint(2000, 6000),
-                        "steps_per_second": 20.0,
-                        "checkpoint_every": 20,
-                    }
-                },
-            }
-            queue = QUEUES[i % len(QUEUES)]
-            data = json.dumps(spec).encode()
-            for _ in range(50):  # as clients do: a request; the stream keeps it either way
-                try:
-                    reply = json.loads((await self.nc.request(subject(queue), data, 2)).data)
-                    self.stats[
-                        "submit:accepted" if reply.get("accepted") else "submit:rejected"
-                    ] += 1
-                    break
-                except (TimeoutError, nats.errors.TimeoutError):
-                    self.stats["submit:no-reply"] += 1  # the broker is away; JetStream has it
-                    break
-                except Exception:
-                    await asyncio.sleep(0.2)
+            await self._submit(i, job_id)
             ids.append(job_id)
         return ids
+
+    async def _submit(self, i: int, job_id: str) -> None:
+        """One job with a client id, asked for as clients do."""
+        subject = self.subjects.submit
+        gpu = self.rng.choice([1, 2, 4, 8])
+        spec = {
+            "name": f"soak{i}",
+            "job_id": job_id,
+            "priority": self.rng.choice([0, 0, 5]),
+            "gang": [{"name": "w", "replicas": self.rng.choice([1, 1, 2]), "gpu": gpu}],
+            "capacity": self.rng.choice(["any", "spot-then-on-demand"]),
+            "checkpoint": {"uri": f"mem://{job_id}"},
+            "workload": {
+                "simulate": {
+                    # with outages of minutes, jobs of minutes, so outages find them running
+                    "total_steps": self.rng.randint(40, 200)
+                    if not self.long_outages
+                    else self.rng.randint(2000, 6000),
+                    "steps_per_second": 20.0,
+                    "checkpoint_every": 20,
+                }
+            },
+        }
+        queue = QUEUES[i % len(QUEUES)]
+        data = json.dumps(spec).encode()
+        for _ in range(50):  # as clients do: a request; the stream keeps it either way
+            try:
+                reply = json.loads((await self.nc.request(subject(queue), data, 2)).data)
+                self.stats["submit:accepted" if reply.get("accepted") else "submit:rejected"] += 1
+                break
+            except (TimeoutError, nats.errors.TimeoutError):
+                self.stats["submit:no-reply"] += 1  # the broker is away; JetStream has it
+                break
+            except Exception:
+                await asyncio.sleep(0.2)
 
     async def _inject(self, plan: list[tuple[float, str]], t0: float) -> None:
         for at, kind in plan:
@@ -641,9 +645,17 @@ class Soak:
     async def _fault_black_hole(self) -> None:
         """A cheap cluster that acknowledges every dispatch and runs nothing, for a while;
         then it goes silent (and is declared lost)."""
-        agent = HostileAgent(self.nc, f"blackhole{self.stats['fault:black-hole']}", nodes=4)
+        n = self.stats["fault:black-hole"]
+        agent = HostileAgent(self.nc, f"blackhole{n}", nodes=4)
         async with self._latency("black-hole"):
             await agent.start()
+            await agent.send(Heartbeat(at=time.time()))
+            # A wave of jobs arrives while it is up, so it is offered work whatever the rest
+            # of the soak is doing; they must end on honest clusters like every other job.
+            for k in range(WAVE):
+                job_id = f"soak-{self.seed}-bh{n}-{k}"
+                await self._submit(self.jobs + k, job_id)
+                self.ids.append(job_id)
             for _ in range(int(self.rng.uniform(10.0, 30.0) / 0.5)):
                 await agent.send(Heartbeat(at=time.time()))
                 await asyncio.sleep(0.5)
