@@ -493,7 +493,7 @@ class Broker:
     async def run(self) -> None:
         """Stand by until leading, serve, and go back to standby if leadership is lost.
 
-        The standby is hot: a RecordMirror follows the job bucket while the lease is polled,
+        The standby is hot: a RecordMirror follows the job bucket while the lease is watched,
         so a takeover waits for the last few writes instead of reading every record. Each
         standby round starts a fresh mirror; a broker that leads at once pays a full read."""
         while not self.stopped.is_set():
