@@ -15,7 +15,8 @@ attempt. Three rules now keep a slow moment slow, not worse:
   is never ambiguous, which is why RFC 6298 section 3 would otherwise have to drop it). The agent
   acknowledges a repeated Dispatch of the attempt it already holds without doing it twice
   (`agents/runtime.py`, `_dispatch`), so a retry is a question, "did my Dispatch arrive?",
-  not a second attempt.
+  not a second attempt. The agent runs one job's commands one after the other, so when an
+  early copy is refused while a later one is outstanding, the later one's answer decides.
 """
 
 from __future__ import annotations

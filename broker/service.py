@@ -77,6 +77,7 @@ from schemas.agent import (
     Cancel,
     CheckpointReport,
     ClusterSnapshot,
+    CommandAck,
     Dispatch,
     EventBatch,
     WireRefused,
@@ -828,15 +829,20 @@ class Broker:
         """(ok, error, the newer epoch an agent claims when it refused ours as stale).
 
         Up to `attempts` copies, each waited for as long as the cluster's acks take
-        (broker/ackwait.py); the ack of any copy sent so far counts."""
+        (broker/ackwait.py); the ack of any copy sent so far counts. A refusal is final once
+        no later copy is outstanding: the agent runs a job's commands one after the other,
+        so a later copy may still be carried out, and then its ack is the truth."""
         subject = self.subjects.agent_cmd(cluster)
         waits = self._ack_waits.of(cluster)
         loop = asyncio.get_running_loop()
         asked: list[Asked] = []
         latest: Asked | None = None
+        refused: CommandAck | None = None
         error = ""
         try:
             for i in range(attempts):
+                if refused is not None:
+                    return False, refused.error, None
                 if i:
                     self.stats["ack_retries"] += 1
                 try:
@@ -863,12 +869,14 @@ class Broker:
                         waits.observe(loop.time() - a.sent)
                         if a is not latest:  # the old fixed wait would have dropped it
                             self.stats["late_acks"] += 1
-                        return ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
+                        if ack.ok or ack.stale_epoch or not asked:
+                            return ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
+                        refused = ack
                 if asked:
                     error = f"agent of cluster {cluster!r} did not ack in {wait:.3g}s"
-                elif i + 1 < attempts:
+                elif refused is None and i + 1 < attempts:
                     await asyncio.sleep(min(0.1 * 2**i, 2.0))  # nothing on the wire: pause
-            return False, error, None
+            return False, refused.error if refused is not None else error, None
         finally:
             for a in asked:
                 self._requests.forget(a)

@@ -16,8 +16,12 @@ from hypothesis import strategies as st
 
 from agents.fake.cluster import FakeCluster
 from broker.ackwait import AckWait, AckWaits
-from schemas.agent import Dispatch
+from schemas.agent import CommandAck, Dispatch, WorkloadStatus
+from schemas.codec import decode_command, encode_msgpack
 from schemas.config import Timeouts
+from tests.broker.conftest import Harness
+from tests.broker.test_submit import job
+from tests.broker.wire import next_item
 from tests.support import wait_for
 from tests.world import flavor, open_world
 
@@ -113,3 +117,26 @@ async def test_a_batch_acked_slowly_needs_no_second_attempt(nats_url: str) -> No
             history = fleet.history(job_id)
             assert [r.attempt for r in history] == [1], (job_id, history)
             assert "requeued" not in h.kinds(job_id), (job_id, h.kinds(job_id))
+
+
+async def test_a_refused_copy_does_not_outvote_a_later_copy_carried_out(harness: Harness) -> None:
+    """The agent runs a job's commands one after the other, so when the first copy of a
+    Dispatch failed, the retried copy may still create the attempt: its ack decides, and the
+    job is not sent to a second attempt while the first runs."""
+    await harness.start_broker()
+    agent = await harness.agent("c1", count=1)
+    agent.ack = False
+    job_id = (await harness.submit(job("r", replicas=1, gpu=8))).job_id
+    first: Dispatch = await next_item(agent.dispatches)
+    second: Dispatch = await next_item(agent.dispatches)  # resent after the floor, 0.3 s
+    assert (first.job_id, first.attempt) == (second.job_id, second.attempt) == (job_id, 1)
+    copy1, copy2 = [m for m in agent.unanswered if isinstance(decode_command(m.data), Dispatch)]
+    await copy1.respond(encode_msgpack(CommandAck(ok=False, error="API server busy")))
+    await copy2.respond(encode_msgpack(CommandAck(ok=True)))
+    await agent.send(
+        WorkloadStatus(job_id=job_id, attempt=1, phase="running", running_replicas=1,
+                       total_replicas=1)
+    )  # fmt: skip
+    await harness.wait_event(job_id, "running")
+    assert "requeued" not in harness.kinds(job_id), harness.kinds(job_id)
+    assert harness.broker is not None and harness.broker.stats["dispatch_failed"] == 0
