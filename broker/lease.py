@@ -156,12 +156,15 @@ class LeaderLease:
         The standby watches the lease key instead of polling it. A delete (the leader stepped
         down on a clean exit) is answered at once; each renewal it sees moves the first moment
         the key can expire (a TTL after the renewal was written) and the key is tried again
-        only then, every `poll_s` until it is gone or renewed (the server removes an expired
-        entry without a message a watch could see)."""
+        only then, after `poll_s` and then twice as long each time (up to the old poll, a
+        tenth of the TTL) until it is gone or renewed: the server removes an expired entry
+        without a message a watch could see, and a watch that went quiet costs no more than
+        polling did."""
         retry = poll_s if poll_s is not None else max(0.02, self.ttl / 100)
+        longest = max(retry, 0.2, self.ttl / 10)
         announced = False
         watcher: Any = None
-        first_wait = self.ttl  # until the watch delivers the key's current entry
+        wait = self.ttl  # until the watch delivers the key's current entry
         try:
             while not await self.try_acquire():
                 if not announced:
@@ -169,8 +172,8 @@ class LeaderLease:
                     announced = True
                 if watcher is None:
                     watcher = await (await self._open()).watch(KEY)
-                await self._until_free(watcher, first_wait)
-                first_wait = retry
+                renewed = await self._until_free(watcher, wait)
+                wait = retry if renewed or wait >= self.ttl else min(longest, wait * 2)
         finally:
             if watcher is not None:
                 with contextlib.suppress(Exception):
@@ -178,23 +181,26 @@ class LeaderLease:
         log.info("lease.acquired", holder=self.holder, epoch=self.epoch)
         return self.epoch
 
-    async def _until_free(self, watcher: Any, wait: float) -> None:
+    async def _until_free(self, watcher: Any, wait: float) -> bool:
         """Return when the key may be free: deleted, or no renewal seen for a TTL (or `wait`,
-        whichever the last entry seen allows)."""
+        whichever the last entry seen allows). True when a renewal was seen meanwhile."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
+        renewed = False
         while (left := deadline - loop.time()) > 0:
             try:
                 entry = await watcher.updates(timeout=left)
             except TimeoutError:  # nats' TimeoutError is one too
-                return
+                break
             if entry is None:
                 continue  # the watch has delivered everything there was
             if entry.operation in (KV_DEL, KV_PURGE):
                 self.deletes_seen += 1
-                return
+                break
             self.renewals_seen += 1
+            renewed = True
             deadline = loop.time() + self._left_of(entry.created)
+        return renewed
 
     def _left_of(self, created: datetime.datetime | None) -> float:
         """Seconds until an entry written at `created` (the server's clock) can expire: a TTL

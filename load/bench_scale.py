@@ -1,6 +1,6 @@
 """Broker memory with 100,000 pending jobs, and recovery after `kill -9`.
 
-    python -m load.bench_scale [--jobs 100000] [--runs 3] [--window 1000]
+    python -m load.bench_scale [--jobs 100000] [--runs 3] [--window 1000] [--lease-ttl-s 5]
 
 Jobs are submitted as clients submit them (with client job ids) while no cluster can take
 them, so they all stay pending: a request each, at most `--window` unanswered at once, and the
@@ -39,7 +39,7 @@ from broker.embedded import EmbeddedNats
 from load.command import Count, JsonOut, Options, program, summary
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
 from schemas.codec import decode_submit_reply, encode_json
-from schemas.config import BrokerConfig, QueueConfig
+from schemas.config import BrokerConfig, QueueConfig, Timeouts
 from shell.natsio import Asked, Requester
 
 REPLY_TIMEOUT_S = 60.0  # a submission unanswered this long fails the run
@@ -66,11 +66,13 @@ def job(i: int, rng: random.Random) -> bytes:
 
 
 async def one_run(
-    url: str, jobs: int, queues: int, standby_warmup_s: float, window: int
+    url: str, jobs: int, queues: int, standby_warmup_s: float, window: int, lease_ttl_s: float
 ) -> dict[str, float]:
     prefix = f"s{uuid.uuid4().hex[:8]}"
     config = BrokerConfig(
-        subject_prefix=prefix, queues=[QueueConfig(name=f"q{i}") for i in range(queues)]
+        subject_prefix=prefix,
+        queues=[QueueConfig(name=f"q{i}") for i in range(queues)],
+        timeouts=Timeouts(lease_ttl_s=lease_ttl_s),
     )
     broker = BrokerProcess(url, config)
     broker.start()
@@ -204,13 +206,19 @@ async def main_async(args: Options) -> dict[str, object]:
         for _ in range(args.runs):
             runs.append(
                 await one_run(
-                    server.url, args.jobs, args.queues, args.standby_warmup_s, args.window
+                    server.url,
+                    args.jobs,
+                    args.queues,
+                    args.standby_warmup_s,
+                    args.window,
+                    args.lease_ttl_s,
                 )
             )
             print("  run:", {k: round(v, 3) for k, v in runs[-1].items()})
     result = {
         "figure": "broker memory and restart",
         "jobs": args.jobs,
+        "lease_ttl_s": args.lease_ttl_s,
         "rss_mib_median": round(median([r["rss_mib"] for r in runs]), 1),
         "restart_to_leading_s_median": round(median([r["recovered_s"] for r in runs]), 3),
         "restore_s_median": round(median([r["restore_s"] for r in runs]), 3),
@@ -243,10 +251,16 @@ def bench_scale(
     runs: Count = 3,
     standby_warmup_s: Annotated[float, typer.Option(min=0.0)] = 10.0,
     window: Annotated[int, typer.Option(min=1, max=100_000)] = DEFAULT_WINDOW,
+    lease_ttl_s: Annotated[float, typer.Option(min=1.0)] = Timeouts().lease_ttl_s,
     json_out: JsonOut = None,
 ) -> None:
     options = Options(
-        jobs=jobs, queues=queues, runs=runs, standby_warmup_s=standby_warmup_s, window=window
+        jobs=jobs,
+        queues=queues,
+        runs=runs,
+        standby_warmup_s=standby_warmup_s,
+        window=window,
+        lease_ttl_s=lease_ttl_s,
     )
     emit(asyncio.run(main_async(options)), json_out)
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 
 from agents.fake.cluster import FakeCluster
 from broker.ackwait import AckWait, AckWaits
@@ -113,6 +114,8 @@ async def test_a_batch_acked_slowly_needs_no_second_attempt(nats_url: str) -> No
         stats = broker.stats
         assert stats["dispatch_failed"] == 0, stats
         assert stats["ack_retries"] > 0, "no ack was slower than the floor: nothing was tested"
+        metrics = generate_latest(broker.metrics.registry).decode()
+        assert f'muster_command_resends_total{{kind="resent"}} {stats["ack_retries"]}.0' in metrics
         for job_id in ids:
             history = fleet.history(job_id)
             assert [r.attempt for r in history] == [1], (job_id, history)
