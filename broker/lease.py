@@ -27,7 +27,8 @@ A standby does not poll the key: it watches it (`acquire`). A leader stopping cl
 the key (`release`, after it has stopped writing), and the standby, seeing the delete, takes it
 at once. A leader that dies leaves the key to expire; the server removes it without a message
 a watch could see, so the standby tries the key when a TTL has passed since the last renewal it
-saw, and then every hundredth of the TTL until the entry is gone or renewed.
+saw, and then after a hundredth of the TTL, twice as long each time up to a tenth of it (the
+old poll), until the entry is gone or renewed.
 """
 
 from __future__ import annotations
