@@ -65,25 +65,37 @@ def job(i: int, rng: random.Random) -> bytes:
     )
 
 
-async def one_run(
-    url: str, jobs: int, queues: int, standby_warmup_s: float, window: int, lease_ttl_s: float
-) -> dict[str, float]:
+async def one_run(url: str, args: Options) -> dict[str, float]:
+    jobs, queues, standby_warmup_s = args.jobs, args.queues, args.standby_warmup_s
     prefix = f"s{uuid.uuid4().hex[:8]}"
     config = BrokerConfig(
         subject_prefix=prefix,
         queues=[QueueConfig(name=f"q{i}") for i in range(queues)],
-        timeouts=Timeouts(lease_ttl_s=lease_ttl_s),
+        timeouts=Timeouts(lease_ttl_s=args.lease_ttl_s),
     )
     broker = BrokerProcess(url, config)
     broker.start()
     nc = await nats.connect(url)
     rng = random.Random(7)
     try:
-        await broker.wait_leading(nc)
-        ingest_s = await submit_durably(nc, broker, jobs, queues, rng, window)
+        epoch = (await broker.wait_leading(nc))["epoch"]
+        watching = BrokerProcess(url, config) if args.standby_during_submit else None
+        if watching is not None:
+            watching.start()
+            await asyncio.sleep(standby_warmup_s)  # it mirrors the bucket and watches the lease
+        ingest_s = await submit_durably(nc, broker, jobs, queues, rng, args.window)
         await asyncio.sleep(1.0)
         rss = broker.rss_bytes()
         stats = await broker.stats(nc, timeout=10)
+        if watching is not None:
+            watching.cleanup()
+        if stats["epoch"] != epoch:
+            raise RuntimeError(
+                f"false failover: the leader of epoch {epoch} lost the lease while it took the "
+                f"submissions (now epoch {stats['epoch']}); lease_ttl_s {args.lease_ttl_s:g} "
+                "is too short for this machine's load"
+            )
+        near_misses = float(stats["lease_recreated"])
         assert stats["jobs"] == jobs and stats["pending"] == jobs, stats
         broker.kill9()
         restart_at = time.perf_counter()
@@ -115,6 +127,7 @@ async def one_run(
             "standby_restore_s": float(takeover["restore_s"]),
             "handover_s": handover_s,
             "handover_restore_s": handover_restore_s,
+            "lease_recreated": near_misses,
             "submit_rate": jobs / ingest_s,
         }
     finally:
@@ -204,21 +217,13 @@ async def main_async(args: Options) -> dict[str, object]:
         baseline = await raw_nats_baseline(server.url)
         runs = []
         for _ in range(args.runs):
-            runs.append(
-                await one_run(
-                    server.url,
-                    args.jobs,
-                    args.queues,
-                    args.standby_warmup_s,
-                    args.window,
-                    args.lease_ttl_s,
-                )
-            )
+            runs.append(await one_run(server.url, args))
             print("  run:", {k: round(v, 3) for k, v in runs[-1].items()})
     result = {
         "figure": "broker memory and restart",
         "jobs": args.jobs,
         "lease_ttl_s": args.lease_ttl_s,
+        "standby_during_submit": args.standby_during_submit,
         "rss_mib_median": round(median([r["rss_mib"] for r in runs]), 1),
         "restart_to_leading_s_median": round(median([r["recovered_s"] for r in runs]), 3),
         "restore_s_median": round(median([r["restore_s"] for r in runs]), 3),
@@ -252,6 +257,14 @@ def bench_scale(
     standby_warmup_s: Annotated[float, typer.Option(min=0.0)] = 10.0,
     window: Annotated[int, typer.Option(min=1, max=100_000)] = DEFAULT_WINDOW,
     lease_ttl_s: Annotated[float, typer.Option(min=1.0)] = Timeouts().lease_ttl_s,
+    standby_during_submit: Annotated[
+        bool,
+        typer.Option(
+            "--standby-during-submit",
+            help="a standby watches the lease while the jobs are submitted; a leader that "
+            "loses the lease meanwhile (a false failover) fails the run",
+        ),
+    ] = False,
     json_out: JsonOut = None,
 ) -> None:
     options = Options(
@@ -261,6 +274,7 @@ def bench_scale(
         standby_warmup_s=standby_warmup_s,
         window=window,
         lease_ttl_s=lease_ttl_s,
+        standby_during_submit=standby_during_submit,
     )
     emit(asyncio.run(main_async(options)), json_out)
 
