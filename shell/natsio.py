@@ -119,7 +119,7 @@ class Requester:
         try:
             await self.nc.publish(subject, data, reply=self.prefix + token)
         except BaseException:
-            del self._waiting[token]
+            self._waiting.pop(token, None)
             raise
         return asked
 
