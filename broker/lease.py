@@ -22,20 +22,29 @@ The same holds while the lease bucket has no JetStream leader (a NATS server die
 group is electing, 4-9 s): the server answers "no responders" to every broker alike, so the
 leader suspends rather than stepping down and restoring, and resumes with the same epoch once a
 renewal lands under the same conditions.
+
+A standby does not poll the key: it watches it (`acquire`). A leader stopping cleanly deletes
+the key (`release`, after it has stopped writing), and the standby, seeing the delete, takes it
+at once. A leader that dies leaves the key to expire; the server removes it without a message
+a watch could see, so the standby tries the key when a TTL has passed since the last renewal it
+saw, and then after a hundredth of the TTL, twice as long each time up to a tenth of it (the
+old poll), until the entry is gone or renewed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import time
+from typing import Any
 
 import msgspec
 import structlog
 from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, KeyWrongLastSequenceError, NoStreamResponseError
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from broker.store import placement_of, reconcile_replication
 from schemas.config import Replication
@@ -81,6 +90,9 @@ class LeaderLease:
         self.recreated = 0  # late renewals that recreated the expired key (a metric)
         self.suspensions = 0  # times the lease could not be written by anyone (a metric)
         self.suspended_for = ""  # why the last suspension: "full" or "no-leader"
+        self.attempts = 0  # tries to take the lease (a standby watching makes few)
+        self.deletes_seen = 0  # releases a standby saw on its watch
+        self.renewals_seen = 0  # writes of the key a standby saw on its watch
         # Set while the lease is known to be ours; cleared while suspended by a full store.
         # Writers wait on it: a leader that cannot prove its lease must not change state.
         self.proven = asyncio.Event()
@@ -111,6 +123,7 @@ class LeaderLease:
 
     async def try_acquire(self) -> bool:
         kv = await self._open()
+        self.attempts += 1
         value = msgspec.json.encode(LeaseHolder(holder=self.holder, acquired_at=time.time()))
         revision: int | None
         try:
@@ -139,16 +152,64 @@ class LeaderLease:
             return None
 
     async def acquire(self, poll_s: float | None = None) -> int:
-        """Block until this process leads; returns the epoch."""
-        poll = poll_s if poll_s is not None else max(0.2, self.ttl / 10)
+        """Block until this process leads; returns the epoch.
+
+        The standby watches the lease key instead of polling it. A delete (the leader stepped
+        down on a clean exit) is answered at once; each renewal it sees moves the first moment
+        the key can expire (a TTL after the renewal was written) and the key is tried again
+        only then, after `poll_s` and then twice as long each time (up to the old poll, a
+        tenth of the TTL) until it is gone or renewed: the server removes an expired entry
+        without a message a watch could see, and a watch that went quiet costs no more than
+        polling did."""
+        retry = poll_s if poll_s is not None else max(0.02, self.ttl / 100)
+        longest = max(retry, 0.2, self.ttl / 10)
         announced = False
-        while not await self.try_acquire():
-            if not announced:
-                log.info("lease.standby", holder=self.holder, current=await self.current())
-                announced = True
-            await asyncio.sleep(poll)
+        watcher: Any = None
+        wait = self.ttl  # until the watch delivers the key's current entry
+        try:
+            while not await self.try_acquire():
+                if not announced:
+                    log.info("lease.standby", holder=self.holder, current=await self.current())
+                    announced = True
+                if watcher is None:
+                    watcher = await (await self._open()).watch(KEY)
+                renewed = await self._until_free(watcher, wait)
+                wait = retry if renewed or wait >= self.ttl else min(longest, wait * 2)
+        finally:
+            if watcher is not None:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()
         log.info("lease.acquired", holder=self.holder, epoch=self.epoch)
         return self.epoch
+
+    async def _until_free(self, watcher: Any, wait: float) -> bool:
+        """Return when the key may be free: deleted, or no renewal seen for a TTL (or `wait`,
+        whichever the last entry seen allows). True when a renewal was seen meanwhile."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        renewed = False
+        while (left := deadline - loop.time()) > 0:
+            try:
+                entry = await watcher.updates(timeout=left)
+            except TimeoutError:  # nats' TimeoutError is one too
+                break
+            if entry is None:
+                continue  # the watch has delivered everything there was
+            if entry.operation in (KV_DEL, KV_PURGE):
+                self.deletes_seen += 1
+                break
+            self.renewals_seen += 1
+            renewed = True
+            deadline = loop.time() + self._left_of(entry.created)
+        return renewed
+
+    def _left_of(self, created: datetime.datetime | None) -> float:
+        """Seconds until an entry written at `created` (the server's clock) can expire: a TTL
+        from now at most, so a clock behind the server's never makes a standby late."""
+        if created is None:
+            return self.ttl
+        age = time.time() - created.timestamp()
+        return min(self.ttl, max(0.0, self.ttl - age))
 
     async def renew(self) -> None:
         kv = await self._open()

@@ -62,6 +62,15 @@ class BrokerCollector:
         disp.add_metric(["acked"], stats.get("dispatch_acked", 0))
         disp.add_metric(["failed"], stats.get("dispatch_failed", 0))
         yield disp
+        resent = CounterMetricFamily(
+            "muster_command_resends",
+            "Commands sent again to an agent whose ack took longer than the wait (resent), and "
+            "acks that answered an earlier copy (late_ack)",
+            labels=["kind"],
+        )
+        resent.add_metric(["resent"], stats.get("ack_retries", 0))
+        resent.add_metric(["late_ack"], stats.get("late_acks", 0))
+        yield resent
         yield CounterMetricFamily(
             "muster_agent_events", "Agent events received", value=stats.get("events", 0)
         )

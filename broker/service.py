@@ -29,12 +29,12 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 from nats.js.errors import NotFoundError
 
 from broker import api as broker_api
 from broker import intake, tenancy
+from broker.ackwait import AckWaits
 from broker.agentlink import AgentMailboxes
 from broker.core.effects import (
     Effect,
@@ -77,6 +77,7 @@ from schemas.agent import (
     Cancel,
     CheckpointReport,
     ClusterSnapshot,
+    CommandAck,
     Dispatch,
     EventBatch,
     WireRefused,
@@ -98,7 +99,7 @@ from schemas.job import JobSpec
 from schemas.natsopts import NatsOptions
 from schemas.subjects import Subjects
 from schemas.wire import WIRE_VERSION, compatible
-from shell.natsio import Requester, flush, js_api_prefix
+from shell.natsio import Asked, Requester, flush, js_api_prefix
 from shell.natsstate import NatsStateLog
 from shell.tasks import cancel_and_wait
 
@@ -457,6 +458,8 @@ class Broker:
             "rate_limited": 0,
             "stale_epoch_ignored": 0,
             "redispatched": 0,
+            "ack_retries": 0,
+            "late_acks": 0,
             "lead_failures": 0,
             "newer_records": 0,
             "store_records_lost": 0,
@@ -486,6 +489,7 @@ class Broker:
             nc, config.max_payload_bytes, self._storage_error, self._early_reply
         )
         self._requests = Requester(nc)
+        self._ack_waits = AckWaits(config.timeouts)
         # (job_id, attempt) -> the Cancel of that attempt in flight (see Send.after_cancel_of)
         self._cancels: dict[tuple[str, int | None], asyncio.Task[Any]] = {}
         self.metrics = Metrics(self)
@@ -498,7 +502,7 @@ class Broker:
     async def run(self) -> None:
         """Stand by until leading, serve, and go back to standby if leadership is lost.
 
-        The standby is hot: a RecordMirror follows the job bucket while the lease is polled,
+        The standby is hot: a RecordMirror follows the job bucket while the lease is watched,
         so a takeover waits for the last few writes instead of reading every record. Each
         standby round starts a fresh mirror; a broker that leads at once pays a full read."""
         while not self.stopped.is_set():
@@ -830,25 +834,60 @@ class Broker:
     async def _request(
         self, cluster: str, data: bytes, attempts: int
     ) -> tuple[bool, str, int | None]:
-        """(ok, error, the newer epoch an agent claims when it refused ours as stale)."""
+        """(ok, error, the newer epoch an agent claims when it refused ours as stale).
+
+        Up to `attempts` copies, each waited for as long as the cluster's acks take
+        (broker/ackwait.py); the ack of any copy sent so far counts. A refusal is final once
+        no later copy is outstanding: the agent runs a job's commands one after the other,
+        so a later copy may still be carried out, and then its ack is the truth."""
         subject = self.subjects.agent_cmd(cluster)
-        timeouts = self.config.timeouts
+        waits = self._ack_waits.of(cluster)
+        loop = asyncio.get_running_loop()
+        asked: list[Asked] = []
+        latest: Asked | None = None
+        refused: CommandAck | None = None
         error = ""
-        for i in range(attempts):
-            try:
-                msg = await self._requests.request(subject, data, timeouts.dispatch_ack_s)
-                ack = decode_command_ack(msg.data)
-                return ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
-            except NoRespondersError:
-                error = f"no agent is listening for cluster {cluster!r}"
-            except (NatsTimeoutError, TimeoutError):
-                error = f"agent of cluster {cluster!r} did not ack in {timeouts.dispatch_ack_s}s"
-            except DecodeError as exc:
-                error = f"bad ack from cluster {cluster!r}: {exc}"
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-            await asyncio.sleep(min(0.1 * 2**i, 2.0))
-        return False, error, None
+        try:
+            for i in range(attempts):
+                if refused is not None:
+                    return False, refused.error, None
+                if i:
+                    self.stats["ack_retries"] += 1
+                try:
+                    latest = await self._requests.ask(subject, data)
+                    asked.append(latest)
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                wait = waits.wait(i)
+                deadline = loop.time() + wait
+                while asked and (left := deadline - loop.time()) > 0:
+                    done, _ = await asyncio.wait(
+                        [a.reply for a in asked], timeout=left, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    for a in [a for a in asked if a.reply in done]:
+                        asked.remove(a)
+                        try:
+                            ack = decode_command_ack(a.reply.result().data)
+                        except NoRespondersError:
+                            error = f"no agent is listening for cluster {cluster!r}"
+                            continue
+                        except DecodeError as exc:
+                            error = f"bad ack from cluster {cluster!r}: {exc}"
+                            continue
+                        waits.observe(loop.time() - a.sent)
+                        if a is not latest:  # the old fixed wait would have dropped it
+                            self.stats["late_acks"] += 1
+                        if ack.ok or ack.stale_epoch or not asked:
+                            return ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
+                        refused = ack
+                if asked:
+                    error = f"agent of cluster {cluster!r} did not ack in {wait:.3g}s"
+                elif refused is None and i + 1 < attempts:
+                    await asyncio.sleep(min(0.1 * 2**i, 2.0))  # nothing on the wire: pause
+            return False, refused.error if refused is not None else error, None
+        finally:
+            for a in asked:
+                self._requests.forget(a)
 
     def _track_cancel(self, cluster: str, cmd: Cancel) -> None:
         """Remember the in-flight Cancel of a job's old attempt, so a Dispatch that the core

@@ -1,27 +1,35 @@
 """Broker memory with 100,000 pending jobs, and recovery after `kill -9`.
 
-    python -m load.bench_scale [--jobs 100000] [--runs 3]
+    python -m load.bench_scale [--jobs 100000] [--runs 3] [--window 1000] [--lease-ttl-s 5]
 
-Jobs are published to the submission subject (with client job ids) while no cluster can take
-them, so they all stay pending. Then the broker is killed with SIGKILL and restarted; we time
-from the restart to the broker answering as leader with every job restored, and check that the
-set of job ids is exactly the one submitted (none lost, none duplicated).
+Jobs are submitted as clients submit them (with client job ids) while no cluster can take
+them, so they all stay pending: a request each, at most `--window` unanswered at once, and the
+broker answers once the job's record is stored in JetStream and the submission acknowledged.
+Durable submissions/s = jobs / (last answer - first request); every answer must accept its job.
+Then the broker is killed with SIGKILL and restarted; we time from the restart to the broker
+answering as leader with every job restored, and check that the set of job ids is exactly the
+one submitted (none lost, none duplicated).
 
 Then failover: a second broker process (its own state directory, so another identity) stands
 by for `--standby-warmup-s` while it mirrors the job bucket; the leader is SIGKILLed and we time
 until the standby answers as leader with every job restored. That time is mostly the lease
 running out (`timeouts.lease_ttl_s`, 5 s); the standby's own `restore_s` is what the hot
-standby saves against the cold restart above.
+standby saves against the cold restart above. Last, a clean handover: a third broker stands by
+as long, the leader is stopped with SIGTERM (it deletes its lease key as it exits) and we time
+until the new standby answers as leader with every job restored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
+import signal
 import time
 import uuid
-from typing import Annotated
+from collections import deque
+from typing import Annotated, Any
 
 import nats
 import typer
@@ -30,9 +38,12 @@ from nats.aio.client import Client
 from broker.embedded import EmbeddedNats
 from load.command import Count, JsonOut, Options, program, summary
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
-from schemas.codec import encode_json
-from schemas.config import BrokerConfig, QueueConfig
-from shell.natsio import flush
+from schemas.codec import decode_submit_reply, encode_json
+from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from shell.natsio import Asked, Requester
+
+REPLY_TIMEOUT_S = 60.0  # a submission unanswered this long fails the run
+DEFAULT_WINDOW = 1000  # submissions unanswered at once: clients waiting for their answers
 
 GANGS = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 16]
 
@@ -54,29 +65,37 @@ def job(i: int, rng: random.Random) -> bytes:
     )
 
 
-async def one_run(url: str, jobs: int, queues: int, standby_warmup_s: float) -> dict[str, float]:
+async def one_run(url: str, args: Options) -> dict[str, float]:
+    jobs, queues, standby_warmup_s = args.jobs, args.queues, args.standby_warmup_s
     prefix = f"s{uuid.uuid4().hex[:8]}"
     config = BrokerConfig(
-        subject_prefix=prefix, queues=[QueueConfig(name=f"q{i}") for i in range(queues)]
+        subject_prefix=prefix,
+        queues=[QueueConfig(name=f"q{i}") for i in range(queues)],
+        timeouts=Timeouts(lease_ttl_s=args.lease_ttl_s),
     )
     broker = BrokerProcess(url, config)
     broker.start()
     nc = await nats.connect(url)
     rng = random.Random(7)
     try:
-        await broker.wait_leading(nc)
-        started = time.perf_counter()
-        for i in range(jobs):
-            await nc.publish(broker.subjects.submit(f"q{i % queues}"), job(i, rng))
-            if i % 2000 == 0:
-                await flush(nc)
-        await flush(nc)
-        while (await broker.stats(nc, timeout=10))["jobs"] < jobs:
-            await asyncio.sleep(0.1)
-        ingest_s = time.perf_counter() - started
+        epoch = (await broker.wait_leading(nc))["epoch"]
+        watching = BrokerProcess(url, config) if args.standby_during_submit else None
+        if watching is not None:
+            watching.start()
+            await asyncio.sleep(standby_warmup_s)  # it mirrors the bucket and watches the lease
+        ingest_s = await submit_durably(nc, broker, jobs, queues, rng, args.window)
         await asyncio.sleep(1.0)
         rss = broker.rss_bytes()
         stats = await broker.stats(nc, timeout=10)
+        if watching is not None:
+            watching.cleanup()
+        if stats["epoch"] != epoch:
+            raise RuntimeError(
+                f"false failover: the leader of epoch {epoch} lost the lease while it took the "
+                f"submissions (now epoch {stats['epoch']}); lease_ttl_s {args.lease_ttl_s:g} "
+                "is too short for this machine's load"
+            )
+        near_misses = float(stats["lease_recreated"])
         assert stats["jobs"] == jobs and stats["pending"] == jobs, stats
         broker.kill9()
         restart_at = time.perf_counter()
@@ -95,6 +114,10 @@ async def one_run(url: str, jobs: int, queues: int, standby_warmup_s: float) -> 
         takeover_s = time.perf_counter() - killed_at
         assert takeover["restored_jobs"] == jobs and takeover["jobs"] == jobs, takeover
         await check_sample(nc, standby, jobs)
+        # Handover on a clean exit: the leader (the standby above) is stopped with SIGTERM.
+        handover_s, handover_restore_s = await clean_handover(
+            url, config, nc, standby, jobs, standby_warmup_s
+        )
         standby.cleanup()
         return {
             "rss_mib": rss / 2**20,
@@ -102,11 +125,81 @@ async def one_run(url: str, jobs: int, queues: int, standby_warmup_s: float) -> 
             "restore_s": float(stats["restore_s"]),
             "takeover_s": takeover_s,
             "standby_restore_s": float(takeover["restore_s"]),
+            "handover_s": handover_s,
+            "handover_restore_s": handover_restore_s,
+            "lease_recreated": near_misses,
             "submit_rate": jobs / ingest_s,
         }
     finally:
         await nc.close()
         broker.cleanup()
+
+
+async def submit_durably(
+    nc: Client, broker: BrokerProcess, jobs: int, queues: int, rng: random.Random, window: int
+) -> float:
+    """Submit every job as a client does (request, answer once the record is stored in
+    JetStream and the submission acknowledged), at most `window` unanswered at once; returns
+    the seconds from the first request to the last answer. Every answer must accept its job."""
+    requests = Requester(nc)
+    await requests.start()
+    inflight: deque[Asked] = deque()
+    started = time.perf_counter()
+    for i in range(jobs):
+        if len(inflight) >= window:
+            await accepted(requests, inflight.popleft())
+        inflight.append(await requests.ask(broker.subjects.submit(f"q{i % queues}"), job(i, rng)))
+    while inflight:
+        await accepted(requests, inflight.popleft())
+    return time.perf_counter() - started
+
+
+async def accepted(requests: Requester, asked: Asked) -> None:
+    try:
+        async with asyncio.timeout(REPLY_TIMEOUT_S):
+            reply = decode_submit_reply((await asked.reply).data)
+    finally:
+        requests.forget(asked)
+    assert reply.accepted and not reply.duplicate, reply
+
+
+async def clean_handover(
+    url: str, config: BrokerConfig, nc: Client, leader: BrokerProcess, jobs: int, warmup_s: float
+) -> tuple[float, float]:
+    """Seconds from SIGTERM to the leader until a warm standby leads with every job, and the
+    standby's own restore time."""
+    standby = BrokerProcess(url, config)
+    standby.start()
+    try:
+        await asyncio.sleep(warmup_s)  # it mirrors the job bucket and watches the lease
+        epoch = (await leader.stats(nc, timeout=10))["epoch"]
+        assert leader.proc is not None
+        stopped_at = time.perf_counter()
+        leader.proc.send_signal(signal.SIGTERM)
+        took = await answer_with_newer_epoch(nc, standby, epoch, timeout=120)
+        handover_s = time.perf_counter() - stopped_at
+        leader.stop()
+        assert took["restored_jobs"] == jobs and took["jobs"] == jobs, took
+        await check_sample(nc, standby, jobs)
+        return handover_s, float(took["restore_s"])
+    finally:
+        standby.cleanup()
+
+
+async def answer_with_newer_epoch(
+    nc: Client, broker: BrokerProcess, epoch: int, timeout: float
+) -> dict[str, Any]:
+    """The first stats answer from a leader newer than `epoch`, asked every 10 ms with a
+    short timeout (the stopping leader answers until it has stopped serving, and a
+    subscription that no longer answers costs a whole timeout)."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        with contextlib.suppress(Exception):
+            took = await broker.stats(nc, timeout=0.1)
+            if took["epoch"] > epoch:
+                return took
+        await asyncio.sleep(0.01)
+    raise TimeoutError(f"no leader newer than epoch {epoch} within {timeout:g}s")
 
 
 async def check_sample(nc: Client, broker: BrokerProcess, jobs: int) -> None:
@@ -124,16 +217,19 @@ async def main_async(args: Options) -> dict[str, object]:
         baseline = await raw_nats_baseline(server.url)
         runs = []
         for _ in range(args.runs):
-            runs.append(await one_run(server.url, args.jobs, args.queues, args.standby_warmup_s))
+            runs.append(await one_run(server.url, args))
             print("  run:", {k: round(v, 3) for k, v in runs[-1].items()})
     result = {
         "figure": "broker memory and restart",
         "jobs": args.jobs,
+        "lease_ttl_s": args.lease_ttl_s,
+        "standby_during_submit": args.standby_during_submit,
         "rss_mib_median": round(median([r["rss_mib"] for r in runs]), 1),
         "restart_to_leading_s_median": round(median([r["recovered_s"] for r in runs]), 3),
         "restore_s_median": round(median([r["restore_s"] for r in runs]), 3),
         "takeover_s_median": round(median([r["takeover_s"] for r in runs]), 3),
         "standby_restore_s_median": round(median([r["standby_restore_s"] for r in runs]), 3),
+        "handover_s_median": round(median([r["handover_s"] for r in runs]), 3),
         "durable_submits_per_s_median": round(median([r["submit_rate"] for r in runs])),
         "raw_nats_msgs_per_s": round(baseline),
         "runs": runs,
@@ -143,7 +239,8 @@ async def main_async(args: Options) -> dict[str, object]:
         f"scale: {args.jobs:,} pending jobs, RSS {result['rss_mib_median']} MiB; restart to "
         f"leading {result['restart_to_leading_s_median']} s (restore "
         f"{result['restore_s_median']} s); standby takeover {result['takeover_s_median']} s "
-        f"(restore {result['standby_restore_s_median']} s); durable submits "
+        f"(restore {result['standby_restore_s_median']} s); clean handover "
+        f"{result['handover_s_median']} s; durable submits "
         f"{result['durable_submits_per_s_median']:,}/s"
     )
     return result
@@ -158,9 +255,27 @@ def bench_scale(
     queues: Count = 100,
     runs: Count = 3,
     standby_warmup_s: Annotated[float, typer.Option(min=0.0)] = 10.0,
+    window: Annotated[int, typer.Option(min=1, max=100_000)] = DEFAULT_WINDOW,
+    lease_ttl_s: Annotated[float, typer.Option(min=1.0)] = Timeouts().lease_ttl_s,
+    standby_during_submit: Annotated[
+        bool,
+        typer.Option(
+            "--standby-during-submit",
+            help="a standby watches the lease while the jobs are submitted; a leader that "
+            "loses the lease meanwhile (a false failover) fails the run",
+        ),
+    ] = False,
     json_out: JsonOut = None,
 ) -> None:
-    options = Options(jobs=jobs, queues=queues, runs=runs, standby_warmup_s=standby_warmup_s)
+    options = Options(
+        jobs=jobs,
+        queues=queues,
+        runs=runs,
+        standby_warmup_s=standby_warmup_s,
+        window=window,
+        lease_ttl_s=lease_ttl_s,
+        standby_during_submit=standby_during_submit,
+    )
     emit(asyncio.run(main_async(options)), json_out)
 
 

@@ -97,7 +97,11 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # lost_after_s - fence_lead_s (15 minutes): a control-plane upgrade, an agent rollout,
     # a broker failover or a NATS restart shorter than that costs nothing.
     lost_after_s: Annotated[float, Meta(gt=0)] = 1080.0
+    # The least wait for an agent's ack; the broker waits longer for a cluster whose acks it
+    # has seen take longer, and doubles the wait on each retry, up to dispatch_ack_max_s
+    # (broker/ackwait.py). An ack to an earlier copy of a retried request still counts.
     dispatch_ack_s: Annotated[float, Meta(gt=0)] = 2.0
+    dispatch_ack_max_s: Annotated[float, Meta(gt=0)] = 20.0
     dispatch_retries: Annotated[int, Meta(ge=0, le=100)] = 3
     start_s: Annotated[float, Meta(gt=0)] = 300.0
     # Added to every start timeout for pulling the image on a fresh node (start_s covers

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -100,26 +101,52 @@ class Requester:
     async def _on_reply(self, msg: Msg) -> None:
         fut = self._waiting.pop(msg.subject[len(self.prefix) :], None)
         if fut is not None and not fut.done():
-            fut.set_result(msg)
+            if msg.headers and msg.headers.get("Status") == "503":
+                fut.set_exception(NoRespondersError())
+            else:
+                fut.set_result(msg)
 
-    async def request(self, subject: str, data: bytes, timeout: float) -> Msg:
+    async def ask(self, subject: str, data: bytes) -> Asked:
+        """Publish a request; `Asked.reply` gets the answer (NoRespondersError when nobody
+        listens) for as long as the caller waits: `forget` it when done."""
         if self._sub is None:
             await self.start()
         self._next += 1
         token = str(self._next)
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Msg] = loop.create_future()
-        self._waiting[token] = fut
-        timer = loop.call_later(timeout, _expire, fut)
+        asked = Asked(token, loop.create_future(), loop.time())
+        self._waiting[token] = asked.reply
         try:
             await self.nc.publish(subject, data, reply=self.prefix + token)
-            msg = await fut
+        except BaseException:
+            self._waiting.pop(token, None)
+            raise
+        return asked
+
+    def forget(self, asked: Asked) -> None:
+        """Stop waiting for a request's reply (a late one is then dropped)."""
+        self._waiting.pop(asked.token, None)
+        if not asked.reply.done():
+            asked.reply.cancel()
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> Msg:
+        asked = await self.ask(subject, data)
+        timer = asyncio.get_running_loop().call_later(timeout, _expire, asked.reply)
+        try:
+            return await asked.reply
         finally:
             timer.cancel()
-            self._waiting.pop(token, None)
-        if msg.headers and msg.headers.get("Status") == "503":
-            raise NoRespondersError
-        return msg
+            self.forget(asked)
+
+
+@dataclass(slots=True, eq=False)
+class Asked:
+    """One request on the wire: its reply token, the future of its reply, when it was sent
+    (event loop time)."""
+
+    token: str
+    reply: asyncio.Future[Msg]
+    sent: float
 
 
 def _expire(fut: asyncio.Future[Msg]) -> None:

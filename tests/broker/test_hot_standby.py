@@ -287,3 +287,25 @@ async def test_a_failed_lease_acquire_is_retried_never_led_on(
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(task, 15)
         await broker.nc.close()
+
+
+async def test_a_leader_stopped_cleanly_hands_over_at_once(
+    harness: Harness, brokers: Callable[[str], Awaitable[Broker]]
+) -> None:
+    """A clean exit (SIGTERM: `stop`) releases the lease after the leader has stopped
+    writing; the standby sees the delete on its watch and leads with every job, without
+    waiting out a TTL (two minutes here)."""
+    config = msgspec.structs.replace(
+        harness.config,
+        timeouts=msgspec.structs.replace(harness.config.timeouts, lease_ttl_s=120.0),
+    )
+    harness.config = config
+    await harness.start_broker(config)
+    ids = [(await harness.submit(job(f"h{i}", replicas=1, gpu=8))).job_id for i in range(5)]
+    standby = await brokers("standby")
+    await wait_for(lambda: standby.lease.renewals_seen >= 1, 10, what="the standby's watch")
+    await harness.stop_broker()
+    await asyncio.wait_for(standby.leading.wait(), 10)
+    assert standby.lease.deletes_seen == 1 and standby.lease.attempts == 2
+    assert standby.machine is not None
+    assert all(standby.machine.jobs.get(i) is not None for i in ids)

@@ -184,3 +184,46 @@ async def test_a_lease_bucket_lost_with_its_server_is_taken_back_by_its_leader(n
     await other.release()
     with pytest.raises(LeadershipLost):
         await lease.renew()
+
+
+async def _leader_and_standby(nc: Client, ttl: float) -> tuple[LeaderLease, LeaderLease]:
+    js = nc.jetstream()
+    bucket = _bucket()
+    leader = LeaderLease(js, bucket, "leader", ttl=ttl)
+    assert await leader.try_acquire()
+    return leader, LeaderLease(js, bucket, "standby", ttl=ttl)
+
+
+async def test_a_standby_takes_a_released_lease_at_once(nc: Client) -> None:
+    """A leader that exits cleanly deletes its key; the standby sees the delete on its watch
+    and leads at once, long before the TTL (two minutes here) would have let it."""
+    leader, standby = await _leader_and_standby(nc, ttl=120.0)
+    taking = asyncio.create_task(standby.acquire())
+    try:
+        await wait_for(lambda: standby.renewals_seen >= 1, 10, what="the standby's watch")
+        await leader.release()
+        epoch = await asyncio.wait_for(taking, 10)
+    finally:
+        taking.cancel()
+    assert epoch > leader.epoch and await standby.current() == "standby"
+    assert standby.deletes_seen == 1 and standby.attempts == 2, "it tried once, then at the delete"
+
+
+async def test_a_standby_watches_renewals_and_takes_over_only_after_expiry(nc: Client) -> None:
+    """While the leader renews, the standby only watches (one try, when it started); when the
+    renewals stop, it takes over once the key has expired, not before."""
+    leader, standby = await _leader_and_standby(nc, ttl=1.0)
+    holding = asyncio.create_task(leader.hold())
+    taking = asyncio.create_task(standby.acquire())
+    try:
+        # Eight renewals are two TTLs: a polling standby would have tried about ten times.
+        await wait_for(lambda: standby.renewals_seen >= 8, 20, what="renewals seen by the watch")
+        assert standby.attempts == 1 and not taking.done()
+        holding.cancel()  # the leader dies: no renewal, no release
+        await asyncio.gather(holding, return_exceptions=True)
+        epoch = await asyncio.wait_for(taking, 10)
+    finally:
+        holding.cancel()
+        taking.cancel()
+    assert epoch > leader.epoch and await standby.current() == "standby"
+    assert standby.deletes_seen == 0

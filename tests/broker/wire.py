@@ -58,6 +58,7 @@ class WireAgent:
         self.instance = uuid.uuid4().hex[:8]
         self.seq = 0
         self.ack = True  # False: never answer (an agent that stopped acking)
+        self.unanswered: list[Msg] = []  # commands it did not answer, for the test to answer
         self.commands: list[Any] = []
         self.dispatches: asyncio.Queue[Dispatch] = asyncio.Queue()
         self.cancels: asyncio.Queue[Cancel] = asyncio.Queue()
@@ -106,6 +107,7 @@ class WireAgent:
         elif isinstance(cmd, Cancel):
             self.cancels.put_nowait(cmd)
         if not self.ack:
+            self.unanswered.append(msg)
             return
         if self.refuse and isinstance(cmd, Dispatch):
             await msg.respond(encode_msgpack(CommandAck(ok=False, error=self.refuse)))
