@@ -831,10 +831,9 @@ class Broker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    async def _request(
-        self, cluster: str, data: bytes, attempts: int
-    ) -> tuple[bool, str, int | None]:
-        """(ok, error, the newer epoch an agent claims when it refused ours as stale).
+    async def _request(self, cluster: str, data: bytes, attempts: int) -> CommandAck:
+        """The agent's answer (with a stale epoch: the newer epoch it claims), or the refusal
+        this side makes of its silence.
 
         Up to `attempts` copies, each waited for as long as the cluster's acks take
         (broker/ackwait.py); the ack of any copy sent so far counts. A refusal is final once
@@ -850,7 +849,7 @@ class Broker:
         try:
             for i in range(attempts):
                 if refused is not None:
-                    return False, refused.error, None
+                    return refused
                 if i:
                     self.stats["ack_retries"] += 1
                 try:
@@ -878,13 +877,13 @@ class Broker:
                         if a is not latest:  # the old fixed wait would have dropped it
                             self.stats["late_acks"] += 1
                         if ack.ok or ack.stale_epoch or not asked:
-                            return ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
+                            return ack
                         refused = ack
                 if asked:
                     error = f"agent of cluster {cluster!r} did not ack in {wait:.3g}s"
                 elif refused is None and i + 1 < attempts:
                     await asyncio.sleep(min(0.1 * 2**i, 2.0))  # nothing on the wire: pause
-            return False, refused.error if refused is not None else error, None
+            return refused if refused is not None else CommandAck(ok=False, error=error)
         finally:
             for a in asked:
                 self._requests.forget(a)
@@ -917,9 +916,10 @@ class Broker:
         if cancel is not None:
             # Until the old attempt's agent acknowledged its Cancel or its cluster is lost.
             await asyncio.wait({cancel})
-        ok, error, stale = await self._request(
+        ack = await self._request(
             cluster, encode_msgpack(cmd), self.config.timeouts.dispatch_retries + 1
         )
+        ok, error, stale = ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
         # Bound only when there is something to say: binding costs as much as the request.
         bound = (
             log.bind(job_id=cmd.job_id, cluster=cluster, attempt=cmd.attempt)
@@ -947,7 +947,10 @@ class Broker:
         machine = self.machine
         if machine is not None:
             self._push(
-                machine.handle(DispatchAcked(cmd.job_id, cmd.attempt, ok, error), self.clock())
+                machine.handle(
+                    DispatchAcked(cmd.job_id, cmd.attempt, ok, error, job_only=ack.job_only),
+                    self.clock(),
+                )
             )
 
     async def _cancel_until_heard(self, cluster: str, cmd: Cancel) -> None:
@@ -960,7 +963,8 @@ class Broker:
             await asyncio.sleep(self.config.timeouts.dispatch_ack_s)
 
     async def _send_command(self, cluster: str, cmd: Any) -> bool:
-        ok, error, stale = await self._request(cluster, encode_msgpack(cmd), 3)
+        ack = await self._request(cluster, encode_msgpack(cmd), 3)
+        ok, error, stale = ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
         if not ok:
             log.info(
                 "broker.command_failed",

@@ -72,3 +72,35 @@ async def test_refusing_and_swallowing_clusters_do_not_hold_jobs_that_fit_elsewh
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def test_a_cluster_refusing_each_job_for_its_quota_stays_open(harness: Harness) -> None:
+    """Refusals of one job alone (the team namespace's quota, `job_only`) send each job
+    elsewhere at once and never open the cluster's breaker: other teams may still fit there."""
+    config = broker_config(harness.prefix, start_s=120.0, dispatch_report_s=1.5)
+    config = msgspec.structs.replace(
+        config, scheduling=SchedulingConfig(breaker_failures=3, breaker_cool_down_s=300.0)
+    )
+    await harness.start_broker(config)
+    full = await harness.agent("full", [od(0.5)], count=4)
+    full.refuse = "namespace team-a: exceeded quota: gpu, requested: 8, used: 8, limited: 8"
+    full.job_only = True
+    honest = await harness.agent("h1", [od(3.0)], count=2)
+    worker = asyncio.create_task(finish_what_runs(honest))
+    try:
+        ids = []
+        for i in range(6):
+            reply = await harness.submit(
+                {"name": f"job{i}", "gang": [{"name": "w", "replicas": 1, "gpu": 8}]}
+            )
+            assert reply.accepted, reply.error
+            ids.append(reply.job_id)
+        for job_id in ids:
+            await harness.wait_event(job_id, "succeeded", timeout=60)
+        assert full.dispatches.qsize() >= 4  # more refusals than open a breaker
+        clusters = {c["name"]: c for c in (await harness.api("clusters"))["result"]}
+        assert "breaker" not in clusters["full"]["flavors"][0], clusters["full"]
+    finally:
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker

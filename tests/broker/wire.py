@@ -65,6 +65,7 @@ class WireAgent:
         self.workloads: list[WorkloadStatus] = []
         self.auto_run = True  # answer a dispatch with created + running
         self.refuse = ""  # not empty: refuse every dispatch with this error (ok=False)
+        self.job_only = False  # ... as a refusal of each job alone (a team's quota there)
         self.silent = False  # True: no heartbeats (a cluster that went away)
         self.wire = ""  # the wire version its batches carry ("": the 0.1.0 release's none)
         self._sub: Any = None
@@ -110,7 +111,8 @@ class WireAgent:
             self.unanswered.append(msg)
             return
         if self.refuse and isinstance(cmd, Dispatch):
-            await msg.respond(encode_msgpack(CommandAck(ok=False, error=self.refuse)))
+            ack = CommandAck(ok=False, error=self.refuse, job_only=self.job_only)
+            await msg.respond(encode_msgpack(ack))
             return
         await msg.respond(encode_msgpack(CommandAck(ok=True)))
         if isinstance(cmd, Resync):
