@@ -1,7 +1,7 @@
 """The layering docs/architecture.md describes holds in the code: no import cycles anywhere
 (imports inside functions and under TYPE_CHECKING count too), the core imports only itself and
-the wire contract, the broker never imports the agents, and every function hop the document
-names in its walks still exists."""
+the wire contract, the broker never imports the agents, only the state table (states.py) writes a
+job's state in the core, and every function hop the document names in its walks still exists."""
 
 from __future__ import annotations
 
@@ -124,6 +124,57 @@ def test_the_broker_never_imports_the_agents() -> None:
         for d in ds
         if d.startswith("agents")
     ] == []
+
+
+# `.state` written in the core by anything but the job state table: a pool's circuit breaker
+# (health.py) has a state of its own.
+NOT_JOB_STATE = {("broker.core.health", "b.state")}
+
+
+def _state_writes(name: str, source: str) -> set[tuple[str, str]]:
+    """(module, target) of every assignment to an attribute named `state` in `source`, and of
+    every `setattr(x, "state", ...)`."""
+    found: set[tuple[str, str]] = set()
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value == "state"
+        ):
+            found.add((name, f"setattr({ast.unparse(node.args[0])})"))
+        for target in targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Attribute) and sub.attr == "state":
+                    found.add((name, ast.unparse(sub)))
+    return found
+
+
+def test_only_the_state_table_writes_a_jobs_state() -> None:
+    writes = {
+        write
+        for name, path in MODULES.items()
+        if name.startswith("broker.core") and name != "broker.core.states"
+        for write in _state_writes(name, path.read_text())
+    }
+    assert writes - NOT_JOB_STATE == set()
+
+
+def test_the_state_write_finder_sees_writes() -> None:
+    source = 'r.state = "queued"\na.b.state, x = 1, 2\nsetattr(rec, "state", "failed")\n'
+    assert _state_writes("m", source) == {
+        ("m", "r.state"),
+        ("m", "a.b.state"),
+        ("m", "setattr(rec)"),
+    }
+    assert _state_writes("m", "x = r.state\nf(state=1)\n") == set()
 
 
 SEARCHED = ("broker.core", "broker", "schemas")

@@ -17,7 +17,10 @@ which only these checks read.
   allocations is charged once, and no queue exceeds nominal plus its borrowing limit;
 - at most one live attempt per job, and live jobs hold the allocation of that attempt;
 - every job in exactly one state: queued jobs are pending and nothing else, live jobs are
-  tracked live and not pending, finished jobs are neither.
+  tracked live and not pending, finished jobs are neither;
+- every record as the state table (states.py) leaves it: a state the table knows, a job has
+  ended (`finished_at`) exactly when its state is terminal, a live state was entered by a
+  dispatch (the record names its newest attempt), and a running job's attempt has run.
 
 `unordered_dispatches` checks a step's effects rather than the state: every Dispatch names the
 attempt before it in `after_cancel_of`, so a shell that honours it never runs two copies.
@@ -30,10 +33,12 @@ from weakref import WeakKeyDictionary
 
 from broker.core.effects import Effect, Send
 from broker.core.inventory import Node
-from broker.core.lifecycle import LIVE_STATES, TERMINAL, previous_attempt
+from broker.core.lifecycle import previous_attempt
 from broker.core.machine import Machine
 from broker.core.quota import RESOURCES
+from broker.core.records import JobRecord
 from broker.core.scheduler import Scheduler
+from broker.core.states import LIVE_STATES, STATES, TERMINAL
 from schemas.agent import Dispatch
 
 Vec3 = tuple[int, int, int]
@@ -205,8 +210,26 @@ def one_state(m: Machine) -> list[str]:
             )
         if (s == "preempting") != (record.preempting is not None):
             out.append(f"job {job_id}: state {s} with preempting={record.preempting is not None}")
+        out.extend(f"job {job_id}: {p}" for p in table_problems(record))
     for job_id in pending - set(m.jobs):
         out.append(f"pending job {job_id} has no record")
+    return out
+
+
+def table_problems(record: JobRecord) -> list[str]:
+    """How `record` differs from what the state table's transitions leave behind."""
+    s = record.state
+    if s not in STATES:
+        return [f"state {s!r} is not in the state table"]
+    out: list[str] = []
+    if (s in TERMINAL) != (record.finished_at is not None):
+        out.append(f"state {s} with finished_at={record.finished_at}")
+    newest = record.attempts[-1].attempt if record.attempts else 0
+    if s in LIVE_STATES and (not record.attempts or record.attempt != newest):
+        out.append(f"state {s} but attempt {record.attempt} is not the newest ({newest})")
+    current = record.current
+    if s == "running" and (current is None or current.running_at is None):
+        out.append("state running but the live attempt never ran")
     return out
 
 

@@ -20,7 +20,6 @@ from urllib.parse import unquote, urlsplit
 
 import msgspec
 
-from broker.core import spotreturn
 from broker.core.accounting import (
     accounting_of,
     backoff_delay,
@@ -48,6 +47,15 @@ from broker.core.registry import JobRegistry
 from broker.core.risk import NoticeWindows
 from broker.core.scheduler import Scheduler
 from broker.core.starts import start_failures_exhausted, start_limit_s
+from broker.core.states import (
+    LIVE_STATES,
+    PLANNED_MOVES,
+    TERMINAL,
+    Cause,
+    Event,
+    end_event,
+    move,
+)
 from broker.core.types import Placement
 from schemas.agent import (
     Cancel,
@@ -62,8 +70,6 @@ from schemas.agent import (
 from schemas.api import EventKind, JobEvent, JobState
 from schemas.config import BrokerConfig
 
-LIVE_STATES: frozenset[str] = frozenset({"admitted", "running", "preempting"})
-TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 MISSING_GRACE_S = 5.0  # an acknowledged dispatch a snapshot does not list yet is not missing
 
 
@@ -199,7 +205,7 @@ class AttemptLifecycle:
             current.running_at = now
             record.start_failures = 0
             if record.state == "admitted":
-                record.state = "running"
+                move(record, Event.ALL_RUNNING)
             self._scheduler.note_progress(
                 record.job_id, current.attempt, work_since(record, current)
             )
@@ -524,7 +530,7 @@ class AttemptLifecycle:
         )
         record.attempt = attempt.attempt
         record.attempts.append(attempt)
-        record.state = "admitted"
+        move(record, Event.DISPATCH)
         record.reason = None
         self._track_live(record, attempt.cluster)
         self._starting.add(record.job_id)
@@ -591,9 +597,9 @@ class AttemptLifecycle:
         current = record.current
         if current is None or current.cluster != cluster:
             return
-        if self.shrink_in_place(record, notice.node, "spot-notice", now, effects):
+        if self.shrink_in_place(record, notice.node, Cause.SPOT_NOTICE, now, effects):
             return
-        self.begin_preempt(record, "spot-notice", notice.deadline, now, effects, reserve=True)
+        self.begin_preempt(record, Cause.SPOT_NOTICE, notice.deadline, now, effects, reserve=True)
 
     def shrink_in_place(
         self, record: JobRecord, node: str, cause: str, now: float, effects: list[Effect]
@@ -727,7 +733,7 @@ class AttemptLifecycle:
             replacement=replacement,
             detail=detail,
         )
-        record.state = "preempting"
+        move(record, Event.PREEMPT)
         self._preempting.add(record.job_id)
         if reserve:
             self._reserve_replacement(record, now)
@@ -772,7 +778,7 @@ class AttemptLifecycle:
             effects.append(
                 Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, pre.cause))
             )
-            if pre.cause == "spot-notice":
+            if pre.cause == Cause.SPOT_NOTICE:
                 record.avoid.append(
                     AvoidPool(
                         current.cluster,
@@ -780,7 +786,7 @@ class AttemptLifecycle:
                         now + self._config.scheduling.avoid_lost_pool_s,
                     )
                 )
-        planned = pre.cause in spotreturn.PLANNED_MOVES  # the broker's choice, not a loss
+        planned = pre.cause in PLANNED_MOVES  # the broker's choice, not a loss
         if not planned and self._charge_preemption(record, current, now, pre.cause, effects):
             if pre.replacement is not None:
                 self._scheduler.release(record.job_id, pre.replacement.attempt)
@@ -940,7 +946,7 @@ class AttemptLifecycle:
         self._registry.clear_reasons(record.job_id)
         self._backlog.forget(record.job_id)
         self._scheduler.drop_provision(record.job_id)  # a gang waiting for new nodes ends
-        record.state = state
+        move(record, end_event(state))
         record.reason = reason
         record.finished_at = now
         compact(record)  # an ended job's workload frees its team's storage (docs/operations.md)
@@ -961,7 +967,7 @@ class AttemptLifecycle:
     def _requeue(
         self, record: JobRecord, now: float, delay: float, effects: list[Effect], *, reason: str
     ) -> None:
-        record.state = "queued"
+        move(record, Event.REQUEUE)
         record.reason = reason
         record.preempting = None
         record.queued_at = now
