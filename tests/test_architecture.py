@@ -131,11 +131,14 @@ def test_the_broker_never_imports_the_agents() -> None:
 NOT_JOB_STATE = {("broker.core.health", "b.state")}
 
 
-def _state_writes(name: str, source: str) -> set[tuple[str, str]]:
-    """(module, target) of every assignment to an attribute named `state` in `source`, and of
-    every `setattr(x, "state", ...)`."""
-    found: set[tuple[str, str]] = set()
-    for node in ast.walk(ast.parse(source)):
+def _writes(name: str, source: str, attr: str) -> set[tuple[str, str, str]]:
+    """(module, enclosing function, target) of every assignment to an attribute named `attr`
+    in `source`, and of every `setattr(x, attr, ...)`."""
+    found: set[tuple[str, str, str]] = set()
+
+    def visit(node: ast.AST, func: str) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            func = node.name
         targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):
             targets = list(node.targets)
@@ -147,34 +150,51 @@ def _state_writes(name: str, source: str) -> set[tuple[str, str]]:
             and node.func.id == "setattr"
             and len(node.args) > 1
             and isinstance(node.args[1], ast.Constant)
-            and node.args[1].value == "state"
+            and node.args[1].value == attr
         ):
-            found.add((name, f"setattr({ast.unparse(node.args[0])})"))
+            found.add((name, func, f"setattr({ast.unparse(node.args[0])})"))
         for target in targets:
             for sub in ast.walk(target):
-                if isinstance(sub, ast.Attribute) and sub.attr == "state":
-                    found.add((name, ast.unparse(sub)))
+                if isinstance(sub, ast.Attribute) and sub.attr == attr:
+                    found.add((name, func, ast.unparse(sub)))
+        for child in ast.iter_child_nodes(node):
+            visit(child, func)
+
+    visit(ast.parse(source), "")
     return found
+
+
+def _core_writes(attr: str) -> set[tuple[str, str, str]]:
+    return {
+        write
+        for name, path in MODULES.items()
+        if name.startswith("broker.core")
+        for write in _writes(name, path.read_text(), attr)
+    }
 
 
 def test_only_the_state_table_writes_a_jobs_state() -> None:
     writes = {
-        write
-        for name, path in MODULES.items()
-        if name.startswith("broker.core") and name != "broker.core.states"
-        for write in _state_writes(name, path.read_text())
+        (name, target) for name, _, target in _core_writes("state") if name != "broker.core.states"
     }
     assert writes - NOT_JOB_STATE == set()
 
 
-def test_the_state_write_finder_sees_writes() -> None:
-    source = 'r.state = "queued"\na.b.state, x = 1, 2\nsetattr(rec, "state", "failed")\n'
-    assert _state_writes("m", source) == {
-        ("m", "r.state"),
-        ("m", "a.b.state"),
-        ("m", "setattr(rec)"),
+def test_a_preemption_is_set_in_one_place() -> None:
+    """`record.preempting` is the one source of a job's preemption; the lifecycle's index of
+    preempting jobs is written with it."""
+    assert {(n, f) for n, f, _ in _core_writes("preempting")} == {
+        ("broker.core.lifecycle", "_set_preempting")
     }
-    assert _state_writes("m", "x = r.state\nf(state=1)\n") == set()
+
+
+def test_the_write_finder_sees_writes() -> None:
+    source = (
+        'r.state = "queued"\ndef f():\n    a.b.state, x = 1, 2\nsetattr(rec, "state", "failed")\n'
+    )
+    want = {("m", "", "r.state"), ("m", "f", "a.b.state"), ("m", "", "setattr(rec)")}
+    assert _writes("m", source, "state") == want
+    assert _writes("m", "x = r.state\nf(state=1)\n", "state") == set()
 
 
 SEARCHED = ("broker.core", "broker", "schemas")

@@ -18,6 +18,9 @@ which only these checks read.
 - at most one live attempt per job, and live jobs hold the allocation of that attempt;
 - every job in exactly one state: queued jobs are pending and nothing else, live jobs are
   tracked live and not pending, finished jobs are neither;
+- the preemption a record holds is its one source: its state is `preempting` exactly while it
+  holds one, the lifecycle's index of preempting jobs lists exactly those records, and every
+  make-before-break reservation the scheduler holds is the replacement a record names;
 - every record as the state table (states.py) leaves it: a state the table knows, a job has
   ended (`finished_at`) exactly when its state is terminal, a live state was entered by a
   dispatch (the record names its newest attempt), and a running job's attempt has run.
@@ -191,8 +194,11 @@ def one_live_attempt(m: Machine) -> list[str]:
 def one_state(m: Machine) -> list[str]:
     out: list[str] = []
     pending = {j for q in m.backlog.pending.values() for j in q}
+    preempting: set[str] = set()
     for job_id, record in m.jobs.items():
         s = record.state
+        if record.preempting is not None:
+            preempting.add(job_id)
         is_pending = job_id in pending
         is_live = m.lifecycle.is_live(job_id)
         if s == "queued":
@@ -213,6 +219,22 @@ def one_state(m: Machine) -> list[str]:
         out.extend(f"job {job_id}: {p}" for p in table_problems(record))
     for job_id in pending - set(m.jobs):
         out.append(f"pending job {job_id} has no record")
+    indexed = m.lifecycle.preempting_jobs()
+    if indexed != preempting:
+        out.append(
+            f"preempting jobs {sorted(indexed)} as indexed, {sorted(preempting)} in the records"
+        )
+    for job_id, res in m.scheduler.reservations().items():
+        held = m.jobs.get(job_id)
+        pre = held.preempting if held is not None else None
+        rep = pre.replacement if pre is not None else None
+        current = held.current if held is not None else None
+        named = (rep.attempt if rep is not None else None, current.attempt if current else None)
+        if named != (res.replacement, res.replaced):
+            out.append(
+                f"job {job_id}: scheduler reserves attempt {res.replacement} for "
+                f"{res.replaced}; the record names {named[0]} for {named[1]}"
+            )
     return out
 
 

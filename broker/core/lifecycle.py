@@ -96,6 +96,8 @@ class AttemptLifecycle:
         self._live: set[str] = set()
         self._live_on: dict[str, set[str]] = {}  # cluster -> jobs whose live attempt runs there
         self._starting: set[str] = set()  # dispatched, not every replica running yet
+        # Jobs whose record holds a `Preempting`: an index of the records, written with them
+        # in `_set_preempting` only (invariants.one_state checks it).
         self._preempting: set[str] = set()
         self._windows = NoticeWindows()  # notice windows per pool (advice.py)
         self._fence_after = config.timeouts.fence_window_s
@@ -121,6 +123,19 @@ class AttemptLifecycle:
 
     def live_count(self) -> int:
         return len(self._live)
+
+    def preempting_jobs(self) -> Set[str]:
+        """Jobs being preempted: those whose record holds a `Preempting` (read-only)."""
+        return self._preempting
+
+    def _set_preempting(self, record: JobRecord, pre: Preempting | None) -> None:
+        """The one writer of `record.preempting`, and of the index of the jobs that have one.
+        The job's state follows it through the table: `preempting` exactly while it is set."""
+        record.preempting = pre
+        if pre is None:
+            self._preempting.discard(record.job_id)
+        else:
+            self._preempting.add(record.job_id)
 
     def live_on(self, cluster: str) -> Set[str]:
         """Jobs whose live attempt runs on the cluster (read-only)."""
@@ -394,9 +409,7 @@ class AttemptLifecycle:
         for job_id in list(self._preempting):
             record = self._jobs[job_id]
             pre = record.preempting
-            if pre is None:
-                self._preempting.discard(job_id)
-            elif now >= pre.deadline:
+            if pre is not None and now >= pre.deadline:
                 self._finish_preempt(record, now, effects)
         self._swallowed(now, effects)
         for job_id in list(self._starting):
@@ -457,8 +470,7 @@ class AttemptLifecycle:
             self.elastic_short.add(record.job_id)
         if current.grown:
             self.elastic_grown.add(record.job_id)
-        if record.preempting is not None:
-            self._preempting.add(record.job_id)
+        self._set_preempting(record, record.preempting)
         if record.preempting is not None and record.preempting.replacement is not None:
             rep = record.preempting.replacement
             request.attempt = rep.attempt
@@ -725,7 +737,7 @@ class AttemptLifecycle:
         if current is None or record.preempting is not None:
             return
         latest = record.latest_checkpoint
-        record.preempting = Preempting(
+        pre = Preempting(
             cause=cause,
             deadline=deadline,
             started_at=now,
@@ -733,14 +745,12 @@ class AttemptLifecycle:
             replacement=replacement,
             detail=detail,
         )
+        self._set_preempting(record, pre)
         move(record, Event.PREEMPT)
-        self._preempting.add(record.job_id)
         if reserve:
             self._reserve_replacement(record, now)
         effects.append(Persist(record))
-        effects.append(
-            self.event(record, "preempting", now, reason=preempting_text(record.preempting))
-        )
+        effects.append(self.event(record, "preempting", now, reason=preempting_text(pre)))
         if record.spec.checkpoint is None or current.running_at is None:
             # Nothing to wait for: no checkpoints are written, or the gang never ran.
             self._finish_preempt(record, now, effects)
@@ -770,8 +780,7 @@ class AttemptLifecycle:
         live = record.current
         if not gone and live is not None and not self._heard(live.cluster):
             return
-        record.preempting = None
-        self._preempting.discard(record.job_id)
+        self._set_preempting(record, None)
         current = record.current
         if current is not None:
             self._end_attempt(record, current, pre.cause, now, lost=True)
@@ -941,7 +950,7 @@ class AttemptLifecycle:
         pre = record.preempting
         if pre is not None and pre.replacement is not None:
             self._scheduler.release(record.job_id, pre.replacement.attempt)
-        record.preempting = None
+        self._set_preempting(record, None)
         self._backlog.dequeue(record)
         self._registry.clear_reasons(record.job_id)
         self._backlog.forget(record.job_id)
@@ -969,7 +978,7 @@ class AttemptLifecycle:
     ) -> None:
         move(record, Event.REQUEUE)
         record.reason = reason
-        record.preempting = None
+        self._set_preempting(record, None)
         record.queued_at = now
         record.not_before = now + delay
         self._backlog.enqueue(record)

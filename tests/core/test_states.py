@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.core.invariants import table_problems
+from broker.core.effects import Send
+from broker.core.inputs import CancelJob
+from broker.core.invariants import table_problems, violations
 from broker.core.records import AttemptRecord, JobRecord, Preempting, record_encoder
 from broker.core.states import (
     INITIAL,
@@ -24,8 +26,10 @@ from broker.core.states import (
     move,
     table_markdown,
 )
+from schemas.agent import Dispatch, SpotNotice, WorkloadStatus
 from schemas.api import TERMINAL_STATES
-from schemas.job import JobSpec, PodSet
+from schemas.job import CheckpointSpec, JobSpec, PodSet
+from tests.core.harness import Sim
 
 
 def _record(**fields: object) -> JobRecord:
@@ -114,3 +118,35 @@ def test_the_architecture_doc_shows_the_table_as_it_is() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
     shown = text.split("<!-- state-table -->\n")[1].split("\n<!-- /state-table -->")[0]
     assert shown == table_markdown()
+
+
+def test_a_preemption_lives_in_the_record_and_the_index_follows_it() -> None:
+    """A job cancelled while it is being preempted leaves no preemption behind anywhere."""
+    sim = Sim(clusters=("a", "b"))
+    job = sim.submit(checkpoint=CheckpointSpec(uri="s3://x"))
+    fx = sim.step(1.0)
+    (d,) = [e.command for e in fx if isinstance(e, Send) and isinstance(e.command, Dispatch)]
+    cluster = d.assignment[0].nodes[0].partition("-")[0]
+    running = WorkloadStatus(
+        job_id=job, attempt=1, phase="running", running_replicas=1, total_replicas=1
+    )
+    sim.send(cluster, running)
+    sim.send(cluster, SpotNotice(node=d.assignment[0].nodes[0], deadline=sim.now + 120))
+    record = sim.m.jobs[job]
+    assert record.state == "preempting" and record.preempting is not None
+    assert set(sim.m.lifecycle.preempting_jobs()) == {job}
+    rep = record.preempting.replacement
+    assert rep is not None and rep.cluster != cluster  # reserved elsewhere at once
+    (res,) = sim.m.scheduler.reservations().values()
+    assert (res.replaced, res.replacement) == (1, rep.attempt)
+    assert violations(sim.m) == []
+    # A record that forgot its replacement while the scheduler still reserves it is caught.
+    record.preempting.replacement = None
+    assert [v for v in violations(sim.m) if "scheduler reserves" in v] == [
+        f"job {job}: scheduler reserves attempt {rep.attempt} for 1; the record names None for 1"
+    ]
+    record.preempting.replacement = rep
+    sim.m.handle(CancelJob(job, "not needed"), sim.now)
+    assert record.state == "cancelled" and record.preempting is None
+    assert set(sim.m.lifecycle.preempting_jobs()) == set()
+    assert violations(sim.m) == []
