@@ -38,6 +38,7 @@ from broker.render import (
     why_view,
 )
 from schemas.api import (
+    TERMINAL_STATES,
     JobState,
     JobView,
     SubmitReply,
@@ -401,7 +402,7 @@ def watch(
     def show_current(view: JobView) -> None:
         if output is not Output.json:
             out.print(current_line(view))
-        elif view.state in _ENDED:  # JSON lines are events; an ended job prints its view
+        elif view.state in TERMINAL_STATES:  # JSON lines are events; an ended job prints its view
             print_json(view)
 
     async def follow(client: MusterClient) -> str:
@@ -424,9 +425,6 @@ def watch(
     final = _run(_with_client(opts, follow))
     if exit_status and final != "succeeded":
         raise typer.Exit(1)
-
-
-_ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
 # -- operator commands -------------------------------------------------------------------

@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 from collections import Counter as Tally
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, get_args
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from broker.core.machine import Machine
+from schemas.api import JobState
 
-STATES = ("queued", "admitted", "running", "preempting", "succeeded", "failed", "cancelled")
+STATES: tuple[JobState, ...] = get_args(JobState)  # in the order the wire lists them
 HEALTH = ("healthy", "unreachable", "lost")
 
 

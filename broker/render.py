@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from schemas.api import (
+    TERMINAL_STATES,
     ClusterView,
     FlavorView,
     JobEvent,
@@ -192,7 +193,7 @@ def job_detail(job: JobView, now: float | None = None) -> Group:
 def why_view(why: WhyView) -> Group:
     """`muster why JOB`: position, what it waits for, and per cluster x flavor what binds."""
     lines: list[RenderableType] = []
-    ended = why.state in ("succeeded", "failed", "cancelled")
+    ended = why.state in TERMINAL_STATES
     head = Text.assemble(
         (why.job_id, "bold"), " has ended: " if ended else " is ", state_text(why.state)
     )

@@ -30,6 +30,7 @@ from broker.core.records import (
     record_decoder,
     record_encoder,
 )
+from broker.core.states import TERMINAL
 from schemas.config import Replication
 from shell.natsio import js_connection
 
@@ -132,9 +133,6 @@ class _Acks:
         self.remaining = remaining
 
 
-ENDED = frozenset({"succeeded", "failed", "cancelled"})
-
-
 class StoreUsage:
     """What each queue's jobs hold in the job bucket: bytes of their newest records, and how
     many of them have not ended. The broker sums queues per team and refuses a submission
@@ -149,7 +147,7 @@ class StoreUsage:
     def note(self, record: JobRecord, size: int) -> None:
         """The record as just written (or read back at restore), `size` bytes."""
         self._drop(record.job_id)
-        active = record.state not in ENDED
+        active = record.state not in TERMINAL
         self._jobs[record.job_id] = (record.queue, size, active)
         self.bytes[record.queue] = self.bytes.get(record.queue, 0) + size
         if active:
@@ -615,7 +613,7 @@ async def compact_bucket(
     records = await store.load_all()
     compacted = expired = 0
     for record in records:
-        if record.state not in ENDED:
+        if record.state not in TERMINAL:
             continue
         subject = store.prefix + record.job_id
         if expire_before is not None and (record.finished_at or 0.0) < expire_before:

@@ -38,6 +38,7 @@ from rich.text import Text
 
 from agents.fake.cluster import AttemptRecord
 from agents.fleet import Fleet, start_fake_fleet
+from broker.core.states import LIVE_STATES
 from broker.embedded import EmbeddedNats
 from broker.service import Broker
 from load import demo_scenario as scenario
@@ -55,7 +56,6 @@ from schemas.api import TERMINAL_STATES, JobEvent
 from schemas.codec import DecodeError, decode_job_event
 from schemas.subjects import Subjects
 
-_LIVE_STATES = frozenset({"admitted", "running", "preempting"})
 TIMES = "\N{MULTIPLICATION SIGN}"
 HARD_CAP_S = 90.0  # the whole run, start to exit
 TICK_S = 0.05  # injections and the live-copies check
@@ -403,7 +403,7 @@ class Demo:
         if row.state == "succeeded":
             return row.total_steps
         live = self._live_workload(row.job_id)
-        if live is not None and live[1] == row.attempt and row.state in _LIVE_STATES:
+        if live is not None and live[1] == row.attempt and row.state in LIVE_STATES:
             return live[2]
         ckpt = view.get("latest_checkpoint") or {}
         return int(ckpt.get("step", 0))

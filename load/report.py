@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from broker.core.records import JobRecord
-from broker.core.spotreturn import PLANNED_MOVES, SPOT_RETURN
+from broker.core.spotreturn import SPOT_RETURN
+from broker.core.states import PLANNED_MOVES
 
 # What the report reads of a run, as the simulator's types provide it (load/sim.py AttemptLog,
 # SimJob, Violation, SimResult): stated here so the report does not import the simulator that

@@ -44,6 +44,7 @@ from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
 from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import Machine
 from broker.core.records import JobRecord
+from broker.core.states import TERMINAL
 from load import traces
 from load.command import Options, program
 from load.command import run as run_command
@@ -81,7 +82,6 @@ from schemas.job import (
 )
 from schemas.quantity import cpu_milli, memory_bytes
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 NODE_GPUS = 8
 GOLDEN = (5**0.5 - 1) / 2  # successive multiples mod 1 spread evenly over [0, 1)
 NODE_CPU = "96"

@@ -1,7 +1,7 @@
 """The layering docs/architecture.md describes holds in the code: no import cycles anywhere
 (imports inside functions and under TYPE_CHECKING count too), the core imports only itself and
-the wire contract, the broker never imports the agents, and every function hop the document
-names in its walks still exists."""
+the wire contract, the broker never imports the agents, only the state table (states.py) writes a
+job's state in the core, and every function hop the document names in its walks still exists."""
 
 from __future__ import annotations
 
@@ -124,6 +124,77 @@ def test_the_broker_never_imports_the_agents() -> None:
         for d in ds
         if d.startswith("agents")
     ] == []
+
+
+# `.state` written in the core by anything but the job state table: a pool's circuit breaker
+# (health.py) has a state of its own.
+NOT_JOB_STATE = {("broker.core.health", "b.state")}
+
+
+def _writes(name: str, source: str, attr: str) -> set[tuple[str, str, str]]:
+    """(module, enclosing function, target) of every assignment to an attribute named `attr`
+    in `source`, and of every `setattr(x, attr, ...)`."""
+    found: set[tuple[str, str, str]] = set()
+
+    def visit(node: ast.AST, func: str) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            func = node.name
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value == attr
+        ):
+            found.add((name, func, f"setattr({ast.unparse(node.args[0])})"))
+        for target in targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Attribute) and sub.attr == attr:
+                    found.add((name, func, ast.unparse(sub)))
+        for child in ast.iter_child_nodes(node):
+            visit(child, func)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def _core_writes(attr: str) -> set[tuple[str, str, str]]:
+    return {
+        write
+        for name, path in MODULES.items()
+        if name.startswith("broker.core")
+        for write in _writes(name, path.read_text(), attr)
+    }
+
+
+def test_only_the_state_table_writes_a_jobs_state() -> None:
+    writes = {
+        (name, target) for name, _, target in _core_writes("state") if name != "broker.core.states"
+    }
+    assert writes - NOT_JOB_STATE == set()
+
+
+def test_a_preemption_is_set_in_one_place() -> None:
+    """`record.preempting` is the one source of a job's preemption; the lifecycle's index of
+    preempting jobs is written with it."""
+    assert {(n, f) for n, f, _ in _core_writes("preempting")} == {
+        ("broker.core.lifecycle", "_set_preempting")
+    }
+
+
+def test_the_write_finder_sees_writes() -> None:
+    source = (
+        'r.state = "queued"\ndef f():\n    a.b.state, x = 1, 2\nsetattr(rec, "state", "failed")\n'
+    )
+    want = {("m", "", "r.state"), ("m", "f", "a.b.state"), ("m", "", "setattr(rec)")}
+    assert _writes("m", source, "state") == want
+    assert _writes("m", "x = r.state\nf(state=1)\n", "state") == set()
 
 
 SEARCHED = ("broker.core", "broker", "schemas")

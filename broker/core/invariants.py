@@ -17,7 +17,13 @@ which only these checks read.
   allocations is charged once, and no queue exceeds nominal plus its borrowing limit;
 - at most one live attempt per job, and live jobs hold the allocation of that attempt;
 - every job in exactly one state: queued jobs are pending and nothing else, live jobs are
-  tracked live and not pending, finished jobs are neither.
+  tracked live and not pending, finished jobs are neither;
+- the preemption a record holds is its one source: its state is `preempting` exactly while it
+  holds one, the lifecycle's index of preempting jobs lists exactly those records, and every
+  make-before-break reservation the scheduler holds is the replacement a record names;
+- every record as the state table (states.py) leaves it: a state the table knows, a job has
+  ended (`finished_at`) exactly when its state is terminal, a live state was entered by a
+  dispatch (the record names its newest attempt), and a running job's attempt has run.
 
 `unordered_dispatches` checks a step's effects rather than the state: every Dispatch names the
 attempt before it in `after_cancel_of`, so a shell that honours it never runs two copies.
@@ -30,10 +36,12 @@ from weakref import WeakKeyDictionary
 
 from broker.core.effects import Effect, Send
 from broker.core.inventory import Node
-from broker.core.lifecycle import LIVE_STATES, TERMINAL, previous_attempt
+from broker.core.lifecycle import previous_attempt
 from broker.core.machine import Machine
 from broker.core.quota import RESOURCES
+from broker.core.records import JobRecord
 from broker.core.scheduler import Scheduler
+from broker.core.states import LIVE_STATES, STATES, TERMINAL
 from schemas.agent import Dispatch
 
 Vec3 = tuple[int, int, int]
@@ -186,8 +194,11 @@ def one_live_attempt(m: Machine) -> list[str]:
 def one_state(m: Machine) -> list[str]:
     out: list[str] = []
     pending = {j for q in m.backlog.pending.values() for j in q}
+    preempting: set[str] = set()
     for job_id, record in m.jobs.items():
         s = record.state
+        if record.preempting is not None:
+            preempting.add(job_id)
         is_pending = job_id in pending
         is_live = m.lifecycle.is_live(job_id)
         if s == "queued":
@@ -205,8 +216,42 @@ def one_state(m: Machine) -> list[str]:
             )
         if (s == "preempting") != (record.preempting is not None):
             out.append(f"job {job_id}: state {s} with preempting={record.preempting is not None}")
+        out.extend(f"job {job_id}: {p}" for p in table_problems(record))
     for job_id in pending - set(m.jobs):
         out.append(f"pending job {job_id} has no record")
+    indexed = m.lifecycle.preempting_jobs()
+    if indexed != preempting:
+        out.append(
+            f"preempting jobs {sorted(indexed)} as indexed, {sorted(preempting)} in the records"
+        )
+    for job_id, res in m.scheduler.reservations().items():
+        held = m.jobs.get(job_id)
+        pre = held.preempting if held is not None else None
+        rep = pre.replacement if pre is not None else None
+        current = held.current if held is not None else None
+        named = (rep.attempt if rep is not None else None, current.attempt if current else None)
+        if named != (res.replacement, res.replaced):
+            out.append(
+                f"job {job_id}: scheduler reserves attempt {res.replacement} for "
+                f"{res.replaced}; the record names {named[0]} for {named[1]}"
+            )
+    return out
+
+
+def table_problems(record: JobRecord) -> list[str]:
+    """How `record` differs from what the state table's transitions leave behind."""
+    s = record.state
+    if s not in STATES:
+        return [f"state {s!r} is not in the state table"]
+    out: list[str] = []
+    if (s in TERMINAL) != (record.finished_at is not None):
+        out.append(f"state {s} with finished_at={record.finished_at}")
+    newest = record.attempts[-1].attempt if record.attempts else 0
+    if s in LIVE_STATES and (not record.attempts or record.attempt != newest):
+        out.append(f"state {s} but attempt {record.attempt} is not the newest ({newest})")
+    current = record.current
+    if s == "running" and (current is None or current.running_at is None):
+        out.append("state running but the live attempt never ran")
     return out
 
 

@@ -20,7 +20,6 @@ from urllib.parse import unquote, urlsplit
 
 import msgspec
 
-from broker.core import spotreturn
 from broker.core.accounting import (
     accounting_of,
     backoff_delay,
@@ -48,6 +47,15 @@ from broker.core.registry import JobRegistry
 from broker.core.risk import NoticeWindows
 from broker.core.scheduler import Scheduler
 from broker.core.starts import start_failures_exhausted, start_limit_s
+from broker.core.states import (
+    LIVE_STATES,
+    PLANNED_MOVES,
+    TERMINAL,
+    Cause,
+    Event,
+    end_event,
+    move,
+)
 from broker.core.types import Placement
 from schemas.agent import (
     Cancel,
@@ -62,8 +70,6 @@ from schemas.agent import (
 from schemas.api import EventKind, JobEvent, JobState
 from schemas.config import BrokerConfig
 
-LIVE_STATES: frozenset[str] = frozenset({"admitted", "running", "preempting"})
-TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 MISSING_GRACE_S = 5.0  # an acknowledged dispatch a snapshot does not list yet is not missing
 
 
@@ -90,6 +96,8 @@ class AttemptLifecycle:
         self._live: set[str] = set()
         self._live_on: dict[str, set[str]] = {}  # cluster -> jobs whose live attempt runs there
         self._starting: set[str] = set()  # dispatched, not every replica running yet
+        # Jobs whose record holds a `Preempting`: an index of the records, written with them
+        # in `_set_preempting` only (invariants.one_state checks it).
         self._preempting: set[str] = set()
         self._windows = NoticeWindows()  # notice windows per pool (advice.py)
         self._fence_after = config.timeouts.fence_window_s
@@ -115,6 +123,19 @@ class AttemptLifecycle:
 
     def live_count(self) -> int:
         return len(self._live)
+
+    def preempting_jobs(self) -> Set[str]:
+        """Jobs being preempted: those whose record holds a `Preempting` (read-only)."""
+        return self._preempting
+
+    def _set_preempting(self, record: JobRecord, pre: Preempting | None) -> None:
+        """The one writer of `record.preempting`, and of the index of the jobs that have one.
+        The job's state follows it through the table: `preempting` exactly while it is set."""
+        record.preempting = pre
+        if pre is None:
+            self._preempting.discard(record.job_id)
+        else:
+            self._preempting.add(record.job_id)
 
     def live_on(self, cluster: str) -> Set[str]:
         """Jobs whose live attempt runs on the cluster (read-only)."""
@@ -199,7 +220,7 @@ class AttemptLifecycle:
             current.running_at = now
             record.start_failures = 0
             if record.state == "admitted":
-                record.state = "running"
+                move(record, Event.ALL_RUNNING)
             self._scheduler.note_progress(
                 record.job_id, current.attempt, work_since(record, current)
             )
@@ -388,9 +409,7 @@ class AttemptLifecycle:
         for job_id in list(self._preempting):
             record = self._jobs[job_id]
             pre = record.preempting
-            if pre is None:
-                self._preempting.discard(job_id)
-            elif now >= pre.deadline:
+            if pre is not None and now >= pre.deadline:
                 self._finish_preempt(record, now, effects)
         self._swallowed(now, effects)
         for job_id in list(self._starting):
@@ -451,8 +470,7 @@ class AttemptLifecycle:
             self.elastic_short.add(record.job_id)
         if current.grown:
             self.elastic_grown.add(record.job_id)
-        if record.preempting is not None:
-            self._preempting.add(record.job_id)
+        self._set_preempting(record, record.preempting)
         if record.preempting is not None and record.preempting.replacement is not None:
             rep = record.preempting.replacement
             request.attempt = rep.attempt
@@ -524,7 +542,7 @@ class AttemptLifecycle:
         )
         record.attempt = attempt.attempt
         record.attempts.append(attempt)
-        record.state = "admitted"
+        move(record, Event.DISPATCH)
         record.reason = None
         self._track_live(record, attempt.cluster)
         self._starting.add(record.job_id)
@@ -591,9 +609,9 @@ class AttemptLifecycle:
         current = record.current
         if current is None or current.cluster != cluster:
             return
-        if self.shrink_in_place(record, notice.node, "spot-notice", now, effects):
+        if self.shrink_in_place(record, notice.node, Cause.SPOT_NOTICE, now, effects):
             return
-        self.begin_preempt(record, "spot-notice", notice.deadline, now, effects, reserve=True)
+        self.begin_preempt(record, Cause.SPOT_NOTICE, notice.deadline, now, effects, reserve=True)
 
     def shrink_in_place(
         self, record: JobRecord, node: str, cause: str, now: float, effects: list[Effect]
@@ -719,7 +737,7 @@ class AttemptLifecycle:
         if current is None or record.preempting is not None:
             return
         latest = record.latest_checkpoint
-        record.preempting = Preempting(
+        pre = Preempting(
             cause=cause,
             deadline=deadline,
             started_at=now,
@@ -727,14 +745,12 @@ class AttemptLifecycle:
             replacement=replacement,
             detail=detail,
         )
-        record.state = "preempting"
-        self._preempting.add(record.job_id)
+        self._set_preempting(record, pre)
+        move(record, Event.PREEMPT)
         if reserve:
             self._reserve_replacement(record, now)
         effects.append(Persist(record))
-        effects.append(
-            self.event(record, "preempting", now, reason=preempting_text(record.preempting))
-        )
+        effects.append(self.event(record, "preempting", now, reason=preempting_text(pre)))
         if record.spec.checkpoint is None or current.running_at is None:
             # Nothing to wait for: no checkpoints are written, or the gang never ran.
             self._finish_preempt(record, now, effects)
@@ -764,15 +780,14 @@ class AttemptLifecycle:
         live = record.current
         if not gone and live is not None and not self._heard(live.cluster):
             return
-        record.preempting = None
-        self._preempting.discard(record.job_id)
+        self._set_preempting(record, None)
         current = record.current
         if current is not None:
             self._end_attempt(record, current, pre.cause, now, lost=True)
             effects.append(
                 Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, pre.cause))
             )
-            if pre.cause == "spot-notice":
+            if pre.cause == Cause.SPOT_NOTICE:
                 record.avoid.append(
                     AvoidPool(
                         current.cluster,
@@ -780,7 +795,7 @@ class AttemptLifecycle:
                         now + self._config.scheduling.avoid_lost_pool_s,
                     )
                 )
-        planned = pre.cause in spotreturn.PLANNED_MOVES  # the broker's choice, not a loss
+        planned = pre.cause in PLANNED_MOVES  # the broker's choice, not a loss
         if not planned and self._charge_preemption(record, current, now, pre.cause, effects):
             if pre.replacement is not None:
                 self._scheduler.release(record.job_id, pre.replacement.attempt)
@@ -935,12 +950,12 @@ class AttemptLifecycle:
         pre = record.preempting
         if pre is not None and pre.replacement is not None:
             self._scheduler.release(record.job_id, pre.replacement.attempt)
-        record.preempting = None
+        self._set_preempting(record, None)
         self._backlog.dequeue(record)
         self._registry.clear_reasons(record.job_id)
         self._backlog.forget(record.job_id)
         self._scheduler.drop_provision(record.job_id)  # a gang waiting for new nodes ends
-        record.state = state
+        move(record, end_event(state))
         record.reason = reason
         record.finished_at = now
         compact(record)  # an ended job's workload frees its team's storage (docs/operations.md)
@@ -961,9 +976,9 @@ class AttemptLifecycle:
     def _requeue(
         self, record: JobRecord, now: float, delay: float, effects: list[Effect], *, reason: str
     ) -> None:
-        record.state = "queued"
+        move(record, Event.REQUEUE)
         record.reason = reason
-        record.preempting = None
+        self._set_preempting(record, None)
         record.queued_at = now
         record.not_before = now + delay
         self._backlog.enqueue(record)

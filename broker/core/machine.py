@@ -41,12 +41,13 @@ from broker.core.inputs import (
     SubmitJob,
     Tick,
 )
-from broker.core.lifecycle import LIVE_STATES, TERMINAL, AttemptLifecycle
+from broker.core.lifecycle import AttemptLifecycle
 from broker.core.moves import PlannedMoves
 from broker.core.provision import provision_command
 from broker.core.records import JobRecord, demands_of, gang_request
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
+from broker.core.states import LIVE_STATES, TERMINAL, Event, move
 from broker.core.submission import (
     check_service_accounts,
     choose_queue,
@@ -426,7 +427,7 @@ class Machine:
                 continue
             current = record.current
             if current is None:
-                record.state = "queued"
+                move(record, Event.RESTORE_UNPLACED)
                 self.backlog.enqueue(record)
                 continue
             self.lifecycle.restore(record, current, now)

@@ -15,10 +15,11 @@ from broker.core import deadline as deadlines
 from broker.core import spotreturn
 from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist
-from broker.core.lifecycle import TERMINAL, AttemptLifecycle
+from broker.core.lifecycle import AttemptLifecycle
 from broker.core.records import JobRecord, gang_request
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
+from broker.core.states import TERMINAL
 from broker.core.types import Placement
 
 # Queued jobs read per queue when looking for one that would take spot (spot-return scan).

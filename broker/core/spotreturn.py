@@ -37,15 +37,15 @@ from __future__ import annotations
 
 from broker.core.deadline import SAFETY_S, slack_s, work_left_s
 from broker.core.records import AttemptRecord, JobRecord, restart_overhead_s
+from broker.core.states import Cause
 
 MIN_RUN_S = 600.0
 RECLAIMED_BACKOFF_S = 3600.0
 MAX_RECLAIMED_BACKOFF_S = 24 * 3600.0
 SCAN_EVERY_S = 60.0  # how often live jobs are looked at
 MAX_TRIES_PER_SCAN = 8  # spot placements tried per scan: bounds the scan's cost
-SPOT_RETURN = "spot-return"
-DEADLINE_MOVE = "deadline"
-PLANNED_MOVES = frozenset({SPOT_RETURN, DEADLINE_MOVE})  # broker's choice, not a loss
+SPOT_RETURN = Cause.SPOT_RETURN
+DEADLINE_MOVE = Cause.DEADLINE_MOVE
 
 
 def may_return(record: JobRecord, now: float) -> bool:

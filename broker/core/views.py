@@ -17,6 +17,7 @@ from broker.core.reasons import pending_reason
 from broker.core.records import JobRecord, gang_request, preempting_text, spot_ok
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
+from broker.core.states import TERMINAL
 from schemas.api import (
     CheckpointView,
     ClusterView,
@@ -250,7 +251,7 @@ def _placement_reasons(record: JobRecord, order: list[str]) -> list[PendingReaso
     """Why a job that is placed (or has ended) got its pool, or how it ended. `order`: its
     queue's flavor order (Kueue's), which comes before cost."""
     last = record.attempts[-1] if record.attempts else None
-    if record.state in ("succeeded", "failed", "cancelled"):
+    if record.state in TERMINAL:
         where = (
             f"; its last attempt (#{last.attempt}) ran on {last.cluster}/{last.flavor}"
             if last
