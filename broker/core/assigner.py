@@ -39,9 +39,16 @@ from broker.core.placement import (
 from broker.core.quota import QueueState, QuotaBook, QuotaMiss
 from broker.core.reasons import explain
 from broker.core.topology import Fit, applies, place
-from broker.core.types import GangRequest, Placement, PodSetDemand, PoolKey, Reason, ReasonCode
+from broker.core.types import (
+    GangRequest,
+    Placement,
+    PodSetDemand,
+    PoolKey,
+    Reason,
+    ReasonCode,
+    Vec,
+)
 
-Vec = tuple[int, int, int]
 Shape = tuple[object, ...]
 Reasons = tuple[Reason, ...]
 # (job_id, queue, flavor class, demand) -> a refusal while another job's preemption claims it

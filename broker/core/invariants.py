@@ -34,10 +34,8 @@ from broker.core.lifecycle import LIVE_STATES, TERMINAL, previous_attempt
 from broker.core.machine import Machine
 from broker.core.quota import RESOURCES
 from broker.core.scheduler import Scheduler
+from broker.core.types import Vec
 from schemas.agent import Dispatch
-
-Vec3 = tuple[int, int, int]
-
 
 # A full sweep of every node once in this many calls per scheduler, besides the nodes changed
 # since the previous call: it would catch a change that bypassed the inventory's tracking.
@@ -57,7 +55,7 @@ class _NodeCheck:
 _node_checks: WeakKeyDictionary[Scheduler, _NodeCheck] = WeakKeyDictionary()
 
 
-def _node_problems(cname: str, node: Node, filed: dict[tuple[str, int], Vec3]) -> list[str]:
+def _node_problems(cname: str, node: Node, filed: dict[tuple[str, int], Vec]) -> list[str]:
     out: list[str] = []
     nname = node.name
     sums = [sum(v[r] for v in filed.values()) for r in range(3)]

@@ -30,11 +30,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.core.risk import PoolRisk
+from broker.core.types import Vec
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.config import FlavorClass
 
 AllocKey = tuple[str, int]  # (job_id, attempt)
-Vec = tuple[int, int, int]  # (gpu, cpu_milli, memory bytes)
 
 
 @dataclass(slots=True, eq=False)

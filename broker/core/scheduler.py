@@ -59,7 +59,7 @@ from broker.core.assigner import (
 from broker.core.diagnose import pool_reasons
 from broker.core.elastic import with_placement, without_node_placement
 from broker.core.inventory import AllocKey, Cluster, Inventory, Node, Pool
-from broker.core.ledger import Alloc, Ledger, Vec
+from broker.core.ledger import Alloc, Ledger
 from broker.core.placement import Gang, capacity_rank, make_gang
 from broker.core.preemption import plan_preemption, worth_planning
 from broker.core.provision import Claim, Provisions, rank_of
@@ -74,6 +74,7 @@ from broker.core.types import (
     PoolKey,
     Preemption,
     Reason,
+    Vec,
 )
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.api import FlavorView, QueueView
@@ -910,7 +911,7 @@ class Scheduler:
         if key in self._ledger.allocs:
             return
         demands = {d.podset: d for d in request.podsets}
-        per_node: dict[str, tuple[int, int, int]] = {}
+        per_node: dict[str, Vec] = {}
         for podset, nodes in placement.assignment:
             d = demands.get(podset)
             # A partially admitted podset runs with fewer replicas, never below its minimum.
