@@ -226,6 +226,11 @@ class Scheduler:
         self._inputs_changed()
         self._inv.set_schedulable(cluster, ok)
 
+    @property
+    def inventory_version(self) -> int:
+        """Changes with every node, pool, schedulability or rate change (`Inventory.version`)."""
+        return self._inv.version
+
     def set_cluster_stale(self, cluster: str, stale: bool) -> None:
         self._inv.set_stale(cluster, stale)
 
