@@ -8,7 +8,7 @@ changes through `emit` and carries out commands the runtime has already vetted.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from schemas.agent import (
     AgentEvent,
@@ -85,9 +85,11 @@ class Resizing(Protocol):
         ...
 
 
+@runtime_checkable
 class Fencing(Protocol):
-    """What a backend that the cluster itself can fence adds to `Backend` (fake and local;
-    not kube yet): optional, so it is not a member of `Backend`."""
+    """What a backend that the cluster itself can fence adds to `Backend` (fake, local and
+    kube): optional, so it is not a member of `Backend`. The runtime finds it with
+    `isinstance(backend, Fencing)`, never by probing method names one at a time."""
 
     async def fence(self, job_id: str, attempt: int, until: float) -> None:
         """The attempt's workload must be stopped by `until` (unix seconds) unless fenced
@@ -95,6 +97,26 @@ class Fencing(Protocol):
         it alive (kube: a pod deadline such as activeDeadlineSeconds, or an in-cluster
         watchdog). Extending a fence that has lapsed must not revive anything. The runtime
         skips backends without it, and then only self-fencing protects the cluster."""
+        ...
+
+    def fence_after(self, job_id: str, attempt: int) -> float:
+        """The fence window of an attempt found at startup (0: none), so an agent that
+        restarts keeps extending the fence an earlier one gave it."""
+        ...
+
+
+@runtime_checkable
+class ClusterFencing(Fencing, Protocol):
+    """A `Fencing` backend with one fence for the whole cluster (kube: a Lease) that stops
+    only some attempts by itself (those a fence watchdog watches)."""
+
+    async def renew_fence(self, since: float) -> None:
+        """The broker heard this agent at `since`: move the cluster's one fence on from it.
+        One call, whatever the number of attempts; raises when the fence cannot be moved."""
+        ...
+
+    def fences(self, job_id: str, attempt: int) -> bool:
+        """Whether the cluster itself ends this attempt when its fence lapses."""
         ...
 
 

@@ -25,7 +25,7 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agents.backend import Backend, BackendError, JobRefused, Resizing
+from agents.backend import Backend, BackendError, ClusterFencing, Fencing, JobRefused, Resizing
 from agents.logs import LogServer
 from agents.nodeops import NodeOpServer
 from schemas.agent import (
@@ -319,10 +319,10 @@ class AgentRuntime:
     async def _extend_fences(self, since: float, job_id: str | None = None) -> None:
         """Move the fences forward from `since`. A backend with one fence per cluster
         (`renew_fence`, kube: a Lease) gets one call, whatever the number of attempts."""
-        renew = getattr(self.backend, "renew_fence", None)
-        if renew is not None:
+        backend = self.backend
+        if isinstance(backend, ClusterFencing):
             try:
-                await renew(since)
+                await backend.renew_fence(since)
             except Exception as exc:
                 self.stats["fence_failures"] = self.stats.get("fence_failures", 0) + 1
                 if not self._fence_failing:  # one line per outage, not one per ack
@@ -333,16 +333,32 @@ class AgentRuntime:
                 self.log.warning("fence renewed again")
             self._fence_failing = False
             return
-        fence = getattr(self.backend, "fence", None)
-        if fence is None:
+        if not isinstance(backend, Fencing):
             return
         tracks = [(job_id, self._jobs[job_id])] if job_id in self._jobs else []
+        failed = False
         for jid, track in tracks if job_id is not None else list(self._jobs.items()):
             for attempt in list(track.live):
                 after = track.fence_after.get(attempt, 0.0)
-                if after > 0:
-                    with contextlib.suppress(Exception):
-                        await fence(jid, attempt, since + after)
+                if after <= 0:
+                    continue
+                try:
+                    await backend.fence(jid, attempt, since + after)
+                except Exception as exc:
+                    # the cluster may stop the attempt at its old fence: one line per outage
+                    self.stats["fence_failures"] = self.stats.get("fence_failures", 0) + 1
+                    if not self._fence_failing:
+                        self.log.warning(
+                            "fence extension failing; retried at every ack",
+                            job_id=jid,
+                            attempt=attempt,
+                            until=since + after,
+                            error=str(exc),
+                        )
+                    self._fence_failing = failed = True
+        if self._fence_failing and not failed and job_id is None:
+            self.log.warning("fence extended again")
+            self._fence_failing = False
 
     def outbox_size(self) -> int:
         return len(self._outbox)
@@ -455,10 +471,9 @@ class AgentRuntime:
     def _cluster_fences(self, job_id: str, attempt: int) -> bool:
         """A backend that keeps fences stops the workload itself, agent or not; one that
         does so only for some kinds (kube: batch Jobs) says which (`fences`)."""
-        if getattr(self.backend, "fence", None) is None:
-            return False
-        fences = getattr(self.backend, "fences", None)
-        return fences is None or bool(fences(job_id, attempt))
+        if isinstance(self.backend, ClusterFencing):
+            return self.backend.fences(job_id, attempt)
+        return isinstance(self.backend, Fencing)
 
     async def _probe(self) -> None:
         """A PING/PONG round trip proves the link to the server is alive right now."""
@@ -588,7 +603,7 @@ class AgentRuntime:
 
     def _learn(self, snap: ClusterSnapshot) -> None:
         """After a restart the snapshot tells which attempts already exist here."""
-        fence_after = getattr(self.backend, "fence_after", None)
+        fence_after = self.backend.fence_after if isinstance(self.backend, Fencing) else None
         for w in snap.workloads:
             track = self._track(w.job_id)
             track.highest = max(track.highest, w.attempt)

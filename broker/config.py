@@ -39,7 +39,8 @@ from typing import Any
 import msgspec
 import yaml
 
-from broker.manifests import capacity_type_from_labels, gpu_type_from_labels, is_manifest
+from broker.manifests import gpu_type_from_labels, is_manifest
+from kinds.nodelabels import CAPACITY_LABELS, GPU_TYPE_SELECTOR_LABELS, capacity_type_from_labels
 from schemas.codec import DecodeError, convert_config, every_field
 from schemas.config import BrokerConfig
 from schemas.fieldhints import explain
@@ -92,13 +93,8 @@ _MATCHED_LABELS = frozenset(
     {
         *_SPOT_TAINTS,
         *_GENERIC_CAPACITY_KEYS,
-        "cloud.google.com/gke-provisioning",
-        "node.kubernetes.io/lifecycle",
-        "cloud.google.com/gke-accelerator",
-        "nvidia.com/gpu.product",
-        "karpenter.k8s.aws/instance-gpu-name",
-        "k8s.amazonaws.com/accelerator",
-        "accelerator",
+        *CAPACITY_LABELS,
+        *GPU_TYPE_SELECTOR_LABELS,
     }
 )
 _PRIORITY_KINDS = {

@@ -45,6 +45,7 @@ from broker.core.records import SPOT_OK_LABEL
 from kinds.adapter import Adapter
 from kinds.base import DOMAIN, LEGACY_DOMAIN, KindError, clip, mapping
 from kinds.demand import pod_demand
+from kinds.nodelabels import GPU_TYPE_SELECTOR_LABELS, capacity_type_from_labels
 from kinds.podgroup import group_pods, grouped
 from kinds.pods import PodPolicy, check_safety
 from kinds.registry import adapter_of
@@ -88,25 +89,6 @@ MAX_RESTARTS = 1000  # schemas.job.RestartPolicy.max_restarts_on_error
 _PRIORITY_CLASS = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
-# Node labels that say which capacity type a node (or a selector) means.
-_CAPACITY_LABELS: dict[str, dict[str, str]] = {
-    "cloud.google.com/gke-provisioning": {"spot": "spot", "standard": "on-demand"},
-    "cloud.google.com/gke-spot": {"true": "spot", "false": "on-demand"},
-    "cloud.google.com/gke-preemptible": {"true": "spot", "false": "on-demand"},
-    "karpenter.sh/capacity-type": {"spot": "spot", "on-demand": "on-demand"},
-    "eks.amazonaws.com/capacityType": {"spot": "spot", "on_demand": "on-demand"},
-    "kubernetes.azure.com/scalesetpriority": {"spot": "spot", "regular": "on-demand"},
-    "node.kubernetes.io/lifecycle": {"spot": "spot", "normal": "on-demand"},
-}
-# Node labels that name the GPU model, most specific first.
-_GPU_TYPE_LABELS = (
-    "cloud.google.com/gke-accelerator",
-    "nvidia.com/gpu.product",
-    "karpenter.k8s.aws/instance-gpu-name",
-    "k8s.amazonaws.com/accelerator",
-    "accelerator",
-)
-
 
 class JobDocumentError(ValueError):
     """A job file (JobSpec or manifest) that cannot become a JobSpec; the text says how to fix
@@ -141,21 +123,9 @@ def normalize_gpu_type(value: str) -> str:
     return s
 
 
-def capacity_type_from_labels(labels: Mapping[str, Any]) -> str | None:
-    """'spot' or 'on-demand' when a known provider label says so, else None."""
-    for key, values in _CAPACITY_LABELS.items():
-        value = labels.get(key)
-        if value is None:
-            continue
-        found = values.get(str(value).strip().lower())
-        if found is not None:
-            return found
-    return None
-
-
 def gpu_type_from_labels(labels: Mapping[str, Any]) -> str | None:
     """The normalised GPU model named by a known node label, else None."""
-    for key in _GPU_TYPE_LABELS:
+    for key in GPU_TYPE_SELECTOR_LABELS:
         value = labels.get(key)
         if isinstance(value, str) and value.strip():
             return normalize_gpu_type(value)

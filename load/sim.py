@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 import typer
@@ -39,6 +39,7 @@ import typer
 from agents.backend import BackendError
 from agents.config import FakeClusterConfig, FakeFlavor
 from agents.fake.model import ClusterModel, ManualClock, WorkloadTiming, provider_delays
+from agents.fake.trace import TraceEvent, load_bamboo
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
 from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
 from broker.core.invariants import unordered_dispatches, violations
@@ -211,22 +212,10 @@ def load_philly(path: Path) -> tuple[traces.PhillyJob, ...]:
     return tuple(traces.load_philly(traces.require_trace(path.name, path.parent)))
 
 
-@dataclass(frozen=True, slots=True)
-class SpotTraceEvent:
-    t: float  # seconds from the trace start
-    op: Literal["add", "remove"]
-    node: str
-
-
 @lru_cache(maxsize=4)
-def load_bamboo(path: Path) -> tuple[SpotTraceEvent, ...]:
-    """Bamboo `time_ms,add|remove,node` rows, stably sorted by time."""
-    out = [
-        SpotTraceEvent(ms / 1000.0, "add" if op == "add" else "remove", node)
-        for ms, op, node in traces.load_bamboo(path)
-    ]
-    out.sort(key=lambda e: e.t)
-    return tuple(out)
+def cached_bamboo(path: Path) -> tuple[TraceEvent, ...]:
+    """The Bamboo trace at `path`, parsed once per process (agents/fake/trace.py)."""
+    return tuple(load_bamboo(path))
 
 
 # ------------------------------------------------------------------------------ jobs
@@ -837,11 +826,11 @@ class Sim:
         """Loop the Bamboo trace over the horizon; the state at the phase is the start."""
         assert pool.trace is not None
         path = self._trace_path(pool.trace)
-        events = load_bamboo(traces.require_trace(path.name, path.parent))
+        events = cached_bamboo(traces.require_trace(path.name, path.parent))
         if not events:
             return
         period = traces.trace_period_s(
-            [e.t for e in events], dict(self.cfg.trace_lengths).get(pool.trace)
+            [e.seconds for e in events], dict(self.cfg.trace_lengths).get(pool.trace)
         )
         phase = (
             pool.phase_s + self.cfg.trace_phase_s + self.cfg.trace_phase_frac * period
@@ -850,7 +839,7 @@ class Sim:
         loops = min(1000, int((phase + horizon) / period) + 1)
         for loop in range(loops):
             for e in events:
-                pool_t = loop * period + e.t
+                pool_t = loop * period + e.seconds
                 if pool_t <= phase:
                     self._trace_apply(pool, loop, e, announce=False)
                 elif pool_t - phase <= horizon:
@@ -863,7 +852,7 @@ class Sim:
             return path if path.is_absolute() else self.cfg.traces / path
         return self.cfg.traces / f"bamboo-{trace}.csv"
 
-    def _trace_apply(self, pool: SpotPool, loop: int, e: SpotTraceEvent, *, announce: bool) -> None:
+    def _trace_apply(self, pool: SpotPool, loop: int, e: TraceEvent, *, announce: bool) -> None:
         if loop != pool.loop:
             # A new pass over the trace: nodes still up are re-bound to its first adds.
             pool.loop = loop

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.fake import trace as fake_trace
+# One Bamboo parser for the clusters, the simulator and these scripts.
+from agents.fake.trace import load_bamboo as load_bamboo
 from broker.core.types import PodSetDemand
 
 GPUS_PER_NODE = 8
@@ -80,13 +81,6 @@ def load_philly(path: str | Path | None = None) -> list[PhillyJob]:
 def philly_gang_sizes(path: str | Path | None = None) -> list[int]:
     """GPU count of every Philly job with at least one GPU, in arrival order."""
     return [j.num_gpus for j in load_philly(path) if j.num_gpus > 0]
-
-
-def load_bamboo(path: str | Path) -> list[tuple[int, str, str]]:
-    """(time_ms, "add" | "remove", node_id) rows of a Bamboo spot trace, sorted by time. A row
-    that is not `time_ms,add|remove,node` is an error naming its line, never skipped (the one
-    parser, agents/fake/trace.py, which the fake agents replay with)."""
-    return [(e.time_ms, e.op, e.node) for e in fake_trace.load_bamboo(path)]
 
 
 def trace_period_s(times_s: Sequence[float], declared_s: float | None = None) -> float:

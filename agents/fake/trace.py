@@ -1,13 +1,13 @@
 """Bamboo spot traces (`time_ms,add|remove,node_id`, no header) parsed for replay.
 
-Kept apart from the cluster so load scenarios can read the same files without a cluster.
+The one parser: the fake and local clusters replay with it, and the simulator and the load
+scripts (`load/traces.py`, `load/sim.py`) read the same files through it without a cluster.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 TraceOp = Literal["add", "remove"]
 
@@ -16,11 +16,17 @@ class TraceError(ValueError):
     """A trace line that is not `time_ms,add|remove,node`; the text names the line."""
 
 
-@dataclass(frozen=True, slots=True)
-class TraceEvent:
+class TraceEvent(NamedTuple):
+    """One trace row; a tuple, so it compares equal to `(time_ms, op, node)`."""
+
     time_ms: int
     op: TraceOp
     node: str
+
+    @property
+    def seconds(self) -> float:
+        """Seconds from the trace's start."""
+        return self.time_ms / 1000.0
 
 
 def parse_bamboo(

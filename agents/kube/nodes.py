@@ -18,12 +18,11 @@ from agents.kube.signals import (
     BUILTIN_NODE_DISRUPTION_REASONS,
     BUILTIN_NOTICE_TAINTS,
     CONDITION_TAINTS,
-    GPU_PRODUCT_LABELS,
     POD_LEVEL_DISRUPTION_REASONS,
     NoticeTaint,
 )
+from kinds.nodelabels import GPU_TYPE_LABELS, capacity_type_from_labels
 from schemas.agent import MAX_GPUS_PER_NODE, NodeInfo
-from schemas.job import CapacityType
 
 # GPU Feature Discovery labels (NVIDIA GPU operator / k8s-device-plugin).
 GFD_PRODUCT = "nvidia.com/gpu.product"
@@ -33,38 +32,7 @@ GFD_MIG_STRATEGY = "nvidia.com/mig.strategy"  # none | single | mixed
 MIG_PREFIX = "nvidia.com/mig-"  # mixed strategy: one resource per MIG profile
 NVIDIA_GPU = "nvidia.com/gpu"
 
-# Capacity-type labels, as each provider sets them.
-KARPENTER_CAPACITY = "karpenter.sh/capacity-type"  # spot | on-demand | reserved
-GKE_SPOT = "cloud.google.com/gke-spot"  # "true"
-GKE_PREEMPTIBLE = "cloud.google.com/gke-preemptible"  # "true"
-GKE_PROVISIONING = "cloud.google.com/gke-provisioning"  # spot | preemptible | standard
-AZURE_PRIORITY = "kubernetes.azure.com/scalesetpriority"  # spot | regular
-EKS_CAPACITY = "eks.amazonaws.com/capacityType"  # SPOT | ON_DEMAND | CAPACITY_BLOCK
-
 _XID = re.compile(r"xid\D{0,3}(\d{1,4})", re.IGNORECASE)
-
-
-def detect_capacity_type(labels: dict[str, str]) -> CapacityType | None:
-    """Spot or on-demand from the provider's own node labels; None when no key is present."""
-    v = labels.get(KARPENTER_CAPACITY)
-    if v is not None:
-        return "spot" if v.lower() == "spot" else "on-demand"
-    v = labels.get(EKS_CAPACITY)
-    if v is not None:
-        return "spot" if v.upper() == "SPOT" else "on-demand"
-    if labels.get(GKE_SPOT, "").lower() == "true":
-        return "spot"
-    if labels.get(GKE_PREEMPTIBLE, "").lower() == "true":
-        return "spot"
-    v = labels.get(GKE_PROVISIONING)
-    if v is not None:
-        return "spot" if v.lower() in ("spot", "preemptible") else "on-demand"
-    v = labels.get(AZURE_PRIORITY)
-    if v is not None:
-        return "spot" if v.lower() == "spot" else "on-demand"
-    if GKE_SPOT in labels:  # "false"
-        return "on-demand"
-    return None
 
 
 def detect_provider(node: KNode) -> Provider:
@@ -90,7 +58,7 @@ def match_flavor(node: KNode, flavors: list[FlavorConfig]) -> FlavorConfig | Non
     """The first flavor whose labels all match and whose capacity type agrees with the node's
     detected one (when detectable)."""
     labels = node.metadata.labels
-    detected = detect_capacity_type(labels)
+    detected = capacity_type_from_labels(labels)
     for f in flavors:
         if detected is not None and detected != f.capacity_type:
             continue
@@ -135,7 +103,7 @@ def notices(node: KNode, rules: Rules, provider: Provider) -> list[Notice]:
     """Every going-away signal on the node: a deletion in progress, a notice taint, a True
     condition named like one. A cordon is not one: it only takes no new pods."""
     window = rules.windows.for_provider(provider)
-    spot = detect_capacity_type(node.metadata.labels) == "spot"
+    spot = capacity_type_from_labels(node.metadata.labels) == "spot"
     out: list[Notice] = []
     meta = node.metadata
     if meta.deletionTimestamp:
@@ -229,7 +197,7 @@ def gpu_product_mismatch(labels: dict[str, str], gpu_type: str) -> str | None:
     want = _norm(gpu_type)
     if not want:
         return None
-    for key in GPU_PRODUCT_LABELS:
+    for key in GPU_TYPE_LABELS:
         have = labels.get(key)
         if have and want not in _norm(have):
             return f"{key}={have} is not the flavor's GPU type {gpu_type!r}"

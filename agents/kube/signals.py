@@ -144,10 +144,3 @@ CONDITION_TAINTS = frozenset(
         "node.kubernetes.io/unschedulable",
     }
 )
-
-# Labels naming a node's GPU model, checked against the flavor's `gpu_type`.
-GPU_PRODUCT_LABELS: tuple[str, ...] = (
-    "nvidia.com/gpu.product",  # GPU Feature Discovery: NVIDIA-A100-SXM4-80GB
-    "cloud.google.com/gke-accelerator",  # GKE: nvidia-tesla-a100, nvidia-h100-80gb
-    "karpenter.k8s.aws/instance-gpu-name",  # Karpenter on AWS: a100
-)

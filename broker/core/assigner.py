@@ -39,9 +39,16 @@ from broker.core.placement import (
 from broker.core.quota import QueueState, QuotaBook, QuotaMiss
 from broker.core.reasons import explain
 from broker.core.topology import Fit, applies, place
-from broker.core.types import GangRequest, Placement, PodSetDemand, PoolKey, Reason, ReasonCode
+from broker.core.types import (
+    GangRequest,
+    Placement,
+    PodSetDemand,
+    PoolKey,
+    Reason,
+    ReasonCode,
+    Vec,
+)
 
-Vec = tuple[int, int, int]
 Shape = tuple[object, ...]
 Reasons = tuple[Reason, ...]
 # (job_id, queue, flavor class, demand) -> a refusal while another job's preemption claims it
@@ -103,15 +110,7 @@ class Snapshot:
     def candidates(self, req: GangRequest, gang: Gang) -> Candidates:
         qs = self.book.queues.get(req.queue)
         order = qs.config.flavor_order if qs is not None else []
-        key: Shape = (
-            req.gpu_types,
-            req.capacity,
-            req.spot_exhausted,
-            gang.total[0],
-            req.checkpoint_interval_s,
-            req.spot_ok,
-            req.queue if order else "",
-        )
+        key: Shape = (pool_terms(req), gang.total[0], req.queue if order else "")
         c = self.cands.get(key)
         if c is None:
             c = self.cands[key] = build_candidates(
@@ -120,15 +119,18 @@ class Snapshot:
         return c
 
 
+def pool_terms(req: GangRequest) -> Shape:
+    """The request's terms that decide which pools may host it and in what order (with the
+    gang's GPUs and the queue's flavor order): part of every key a search is memoised by."""
+    return (req.gpu_types, req.capacity, req.spot_exhausted, req.checkpoint_interval_s, req.spot_ok)
+
+
 def shape_of(req: GangRequest) -> Shape:
-    """What decides a search's outcome besides the snapshot (requests alike fail alike)."""
+    """What decides a search's outcome besides the snapshot (requests alike fail alike): the
+    one key the scheduler's and the snapshot's memo tables are built from."""
     return (
         req.podsets,
-        req.gpu_types,
-        req.capacity,
-        req.spot_exhausted,
-        req.checkpoint_interval_s,
-        req.spot_ok,
+        pool_terms(req),
         req.avoid_pools,
         tuple(req.min_replicas.items()) if req.min_replicas else (),
         req.topology,

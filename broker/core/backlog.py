@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from broker.core.pending import PendingQueue
 from broker.core.records import JobRecord, gang_request
@@ -18,11 +18,17 @@ from schemas.config import QueueConfig
 
 
 class Backlog:
-    def __init__(self, queues: Mapping[str, QueueConfig]) -> None:
+    def __init__(
+        self, queues: Mapping[str, QueueConfig], inventory_version: Callable[[], int] = int
+    ) -> None:
         self.queues = queues
+        # Capacity changed since the last cycle when the inventory's version moved (nodes,
+        # pools, schedulability) or a cause the inventory does not see set `capacity_dirty`.
+        self._inventory_version = inventory_version
+        self._seen_version = inventory_version()
         self.pending: dict[str, PendingQueue] = {q: PendingQueue() for q in queues}
         self.fresh: set[str] = set()  # queued since the last cycle: looked at whatever else
-        self.capacity_dirty = True  # capacity grew or moved: every queue's heads again
+        self.capacity_dirty = True  # capacity freed elsewhere: every queue's heads again
         self.lookahead = 256  # parked jobs per queue reconsidered when capacity frees
         self._backoff: list[tuple[float, str]] = []
         self._spot_waiting: set[str] = set()  # queued spot-then-on-demand jobs still on spot
@@ -34,8 +40,21 @@ class Backlog:
         self._recycle: set[str] = set()  # queues to look at again (see `admitted`)
 
     @property
+    def capacity_changed(self) -> bool:
+        return self.capacity_dirty or self._inventory_version() != self._seen_version
+
+    def capacity_seen(self) -> None:
+        """A cycle looked at every change so far (the ones it made itself included)."""
+        self.capacity_dirty = False
+        self._seen_version = self._inventory_version()
+
+    def cycle_done(self) -> None:
+        """The changes a cycle made itself (a probe blocking its pool) give no new chance."""
+        self._seen_version = self._inventory_version()
+
+    @property
     def wants_cycle(self) -> bool:
-        return bool(self.fresh) or self.capacity_dirty or bool(self._recycle)
+        return bool(self.fresh) or self.capacity_changed or bool(self._recycle)
 
     def __len__(self) -> int:
         return sum(len(p) for p in self.pending.values())
@@ -93,7 +112,7 @@ class Backlog:
     ) -> list[GangRequest]:
         """The requests of the jobs that could have become admissible since the last cycle:
         the fresh ones, and the heads of every queue whose chances changed."""
-        touched: set[str] = set(self.queues) if self.capacity_dirty else set()
+        touched: set[str] = set(self.queues) if self.capacity_changed else set()
         touched |= self._recycle
         self._recycle = set()
         fresh_ok: list[str] = []
@@ -111,7 +130,7 @@ class Backlog:
                 touched.add(record.queue)
             fresh_ok.append(job_id)
         self.fresh.clear()
-        self.capacity_dirty = False
+        self.capacity_seen()
         chosen: dict[str, None] = {}
         self._truncated = False
         self._truncated_queues.clear()

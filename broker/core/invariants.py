@@ -42,10 +42,8 @@ from broker.core.quota import RESOURCES
 from broker.core.records import JobRecord
 from broker.core.scheduler import Scheduler
 from broker.core.states import LIVE_STATES, STATES, TERMINAL
+from broker.core.types import Vec
 from schemas.agent import Dispatch
-
-Vec3 = tuple[int, int, int]
-
 
 # A full sweep of every node once in this many calls per scheduler, besides the nodes changed
 # since the previous call: it would catch a change that bypassed the inventory's tracking.
@@ -65,7 +63,7 @@ class _NodeCheck:
 _node_checks: WeakKeyDictionary[Scheduler, _NodeCheck] = WeakKeyDictionary()
 
 
-def _node_problems(cname: str, node: Node, filed: dict[tuple[str, int], Vec3]) -> list[str]:
+def _node_problems(cname: str, node: Node, filed: dict[tuple[str, int], Vec]) -> list[str]:
     out: list[str] = []
     nname = node.name
     sums = [sum(v[r] for v in filed.values()) for r in range(3)]

@@ -30,11 +30,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.core.risk import PoolRisk
+from broker.core.types import Vec
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.config import FlavorClass
 
 AllocKey = tuple[str, int]  # (job_id, attempt)
-Vec = tuple[int, int, int]  # (gpu, cpu_milli, memory bytes)
 
 
 @dataclass(slots=True, eq=False)
@@ -284,7 +284,10 @@ class Inventory:
         self.clusters: dict[str, Cluster] = {}
         self.risk: dict[tuple[str, str], PoolRisk] = {}
         self.totals: list[int] = [0, 0, 0]  # allocatable over known nodes (DRF denominators)
-        self.version = 0  # bumped whenever the set of pools or their schedulability changes
+        # Bumped whenever anything a waiting request's chances depend on changes here: nodes
+        # (added, replaced, removed, healed, noticed), pools, their schedulability and rates.
+        # The backlog reads it to know that capacity changed (`Backlog.capacity_changed`).
+        self.version = 0
         # Nodes changed since `drain_touched` (insertion-ordered set). Every change of a node's
         # usage, capacity or schedulability files it here (`Node.refresh`, `Node.take`), so a
         # check that re-verifies these nodes verifies every node that could have gone wrong.
@@ -442,6 +445,7 @@ class Inventory:
             was_broken = old.broken
             notice = old.spot_deadline if old.notice_counted else None
             self._drop_node(c, old, now)
+        self.version += 1
         return self._add_node(c, info, now, notice), was_broken
 
     def remove_node(self, cluster: str, name: str, now: float) -> bool:
@@ -449,6 +453,7 @@ class Inventory:
         if c is None or name not in c.nodes:
             return False
         self._drop_node(c, c.nodes[name], now)
+        self.version += 1
         return True
 
     def set_gpu_health(self, cluster: str, name: str, healthy: int) -> tuple[Node, int] | None:
@@ -461,6 +466,7 @@ class Inventory:
         node.usable_gpu = min(node.gpu, healthy)
         node.healthy_all = node.usable_gpu >= node.gpu
         node.refresh()
+        self.version += 1
         return node, before
 
     def spot_notice(self, cluster: str, name: str, deadline: float, now: float) -> Node | None:

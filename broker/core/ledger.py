@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.core.types import Placement, PoolKey
+from broker.core.types import Placement, PoolKey, Vec
 
 AllocKey = tuple[str, int]  # (job_id, attempt)
-Vec = tuple[int, int, int]
 
 
 @dataclass(slots=True, eq=False)

@@ -90,7 +90,7 @@ class Machine:
         self.queues = {q.name: q for q in config.queues}
         self.registry = JobRegistry()
         self._jobs = self.registry.records
-        self.backlog = Backlog(self.queues)
+        self.backlog = Backlog(self.queues, lambda: self.scheduler.inventory_version)
         self.tracker = AgentTracker(self.scheduler, epoch)
         self.lifecycle = AttemptLifecycle(
             config, self.scheduler, self.registry, self.backlog, epoch, heard=self.tracker.healthy
@@ -275,6 +275,7 @@ class Machine:
                 # Nothing but the avoided pool fits: widen (SkyPilot's EAGER_NEXT_REGION).
                 pending.avoid = []
                 self.backlog.fresh.add(job_id)
+        self.backlog.cycle_done()
         return effects
 
     # ------------------------------------------------------------------ agents
@@ -313,7 +314,6 @@ class Machine:
         if isinstance(event, Heartbeat):
             if (event.stale_s > 0) != (track.stale_s > 0):
                 self.scheduler.set_cluster_stale(cluster, event.stale_s > 0)
-                self.backlog.capacity_dirty = True
             track.stale_s = event.stale_s
         elif isinstance(event, ClusterSnapshot):
             self._snapshot(cluster, track, event, now, effects)
@@ -324,25 +324,21 @@ class Machine:
         elif isinstance(event, SpotNotice):
             for job_id in self.scheduler.spot_notice(cluster, event.node, event.deadline, now):
                 self.lifecycle.spot_notice(job_id, cluster, event, now, effects)
-            self.backlog.capacity_dirty = True
         elif isinstance(event, NodeUpsert):
             lost = self.scheduler.upsert_node(cluster, event.node, now)
             self.lifecycle.retry_growth()
             self.lifecycle.lose_all(
                 lost, "node-unusable", now, effects, cluster=cluster, node=event.node.name
             )
-            self.backlog.capacity_dirty = True
         elif isinstance(event, NodeGone):
             lost = self.scheduler.remove_node(cluster, event.node, now)
             self.lifecycle.lose_all(
                 lost, "node-lost", now, effects, cluster=cluster, node=event.node
             )
-            self.backlog.capacity_dirty = True
         elif isinstance(event, GpuHealth):
             lost = self.scheduler.set_gpu_health(cluster, event.node, event.healthy, now)
             cause = f"gpu-failure (xid {event.xid})" if event.xid is not None else "gpu-failure"
             self.lifecycle.lose_all(lost, cause, now, effects, cluster=cluster, node=event.node)
-            self.backlog.capacity_dirty = True
         else:
             assert_never(event)  # `_on_batch` refused any other event before this
 
@@ -363,7 +359,6 @@ class Machine:
             self.lifecycle.workload(cluster, status, now, effects, snapshot=True)
         self.lifecycle.missing(cluster, reported, now, effects)
         self.lifecycle.retry_growth()
-        self.backlog.capacity_dirty = True
 
     # ------------------------------------------------------------------ time
     def _tick(self, now: float) -> list[Effect]:
@@ -373,7 +368,6 @@ class Machine:
             lost = self.lifecycle.on_cluster(cluster)
             cause = self.tracker.lost_cause(cluster, now, self.config.timeouts)
             self.lifecycle.lose_all(lost, cause, now, effects, cluster=cluster)
-            self.backlog.capacity_dirty = True
         self.lifecycle.expire(now, effects)
         self.backlog.due(self._jobs, now)
         if self.scheduler.provision_claims() and self.scheduler.expire_provisions(now):

@@ -33,14 +33,13 @@ from typing import Protocol
 
 from broker.core.inventory import Cluster, Inventory, Node, Pool
 from broker.core.risk import expected_cost_per_hour
-from broker.core.types import GangRequest, PodSetDemand, PoolKey
+from broker.core.types import GangRequest, PodSetDemand, PoolKey, Vec
 from schemas.agent import FlavorInfo
 from schemas.job import CapacityPreference
 
 COST_TIE = 0.01  # relative
 TIE_EVAL = 4
 
-Vec = tuple[int, int, int]
 Take = tuple[Node, int, int]  # (node, podset index, replicas)
 
 

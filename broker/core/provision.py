@@ -43,10 +43,9 @@ from broker.core.assigner import Snapshot, allow_fallback, plus_held
 from broker.core.inventory import Inventory, Pool
 from broker.core.placement import Gang, capacity_rank, estimate_counts, pool_cost
 from broker.core.quota import QueueState
-from broker.core.types import Ask, GangRequest, PoolKey, Reason
+from broker.core.types import Ask, GangRequest, PoolKey, Reason, Vec
 from schemas.agent import Provision, ProvisionPool
 
-Vec = tuple[int, int, int]
 # GPUs held per pool for the jobs waiting on it: pool -> job -> GPUs (Snapshot.held).
 Held = dict[PoolKey, dict[str, int]]
 MAX_EXTRA_NODES = 64  # new nodes tried beyond the fewest that could hold the gang's GPUs

@@ -26,14 +26,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from broker.core.types import Bound, ReasonCode
+from broker.core.types import Bound, ReasonCode, Vec
 from schemas.api import FlavorUsage, QueueView, ResourceUsage
 from schemas.config import CohortConfig, FlavorQuota, QueueConfig
 
 RESOURCES: tuple[str, str, str] = ("gpu", "cpu", "memory")
 _INF = 1 << 62
-
-Vec = tuple[int, int, int]  # (gpu, cpu_milli, memory bytes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ from broker.core.assigner import (
 from broker.core.diagnose import pool_reasons
 from broker.core.elastic import with_placement, without_node_placement
 from broker.core.inventory import AllocKey, Cluster, Inventory, Node, Pool
-from broker.core.ledger import Alloc, Ledger, Vec
+from broker.core.ledger import Alloc, Ledger
 from broker.core.placement import Gang, capacity_rank, make_gang
 from broker.core.preemption import plan_preemption, worth_planning
 from broker.core.provision import Claim, Provisions, rank_of
@@ -74,6 +74,7 @@ from broker.core.types import (
     PoolKey,
     Preemption,
     Reason,
+    Vec,
 )
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.api import FlavorView, QueueView
@@ -138,7 +139,7 @@ class Scheduler:
         self._gangs: dict[tuple[PodSetDemand, ...], Gang] = {}
         # The running cycle's snapshot (its memo tables); None between cycles.
         self._snap: Snapshot | None = None
-        self._plan_fail: set[tuple[str, Shape, int]] = set()
+        self._plan_fail: set[tuple[str, int, Shape]] = set()
         self._shapes: dict[Shape, Shape] = {}  # interned shapes (see `_shape_of`)
         # (queue, priority) -> worth_planning, valid until the ledger or the book changes
         self._worth: dict[tuple[str, int], bool] = {}
@@ -224,6 +225,11 @@ class Scheduler:
     def set_cluster_schedulable(self, cluster: str, ok: bool) -> None:
         self._inputs_changed()
         self._inv.set_schedulable(cluster, ok)
+
+    @property
+    def inventory_version(self) -> int:
+        """Changes with every node, pool, schedulability or rate change (`Inventory.version`)."""
+        return self._inv.version
 
     def set_cluster_stale(self, cluster: str, stale: bool) -> None:
         self._inv.set_stale(cluster, stale)
@@ -601,7 +607,7 @@ class Scheduler:
                     and req.job_id not in self._waiting
                     and req.job_id not in self._prov.claims
                 ):
-                    self._same_fail[(name, req.priority, self._shape_of(req))] = out
+                    self._same_fail[self._alike(req, name)] = out
             if isinstance(out, Placement):
                 admitted.append((req.job_id, out))
                 heapq.heapreplace(heap, (book.share(qs, fleet), idx, name))
@@ -634,13 +640,18 @@ class Scheduler:
             req.shape_memo = shape
         return shape
 
+    def _alike(self, req: GangRequest, queue: str) -> tuple[str, int, Shape]:
+        """The requests a search's failure holds for within a cycle: same queue, priority and
+        shape (the key of both the failure and the preemption-plan memo)."""
+        return (queue, req.priority, self._shape_of(req))
+
     def _same_shape_failure(self, req: GangRequest, queue: str) -> tuple[Reason, ...] | None:
         """The reasons an earlier request of the same queue, priority and shape failed with
         in this cycle, when `_decide` would say the same for this one: capacity and quota
         only shrank since, and this job holds no allocation and waits for no plan."""
         if not self._same_fail:
             return None
-        hit = self._same_fail.get((queue, req.priority, self._shape_of(req)))
+        hit = self._same_fail.get(self._alike(req, queue))
         if hit is None or req.job_id in self._waiting:
             return None
         if (req.job_id, req.attempt) in self._ledger.allocs:
@@ -672,7 +683,7 @@ class Scheduler:
             return (waiting[1], *out)
         if self._plans >= MAX_PLANS_PER_CYCLE or not any(r.code in _PREEMPTIBLE for r in out):
             return out
-        pkey = (qs.name, self._shape_of(req), req.priority)
+        pkey = self._alike(req, qs.name)
         if pkey in self._plan_fail:
             return out
         wkey = (qs.name, req.priority)
@@ -910,7 +921,7 @@ class Scheduler:
         if key in self._ledger.allocs:
             return
         demands = {d.podset: d for d in request.podsets}
-        per_node: dict[str, tuple[int, int, int]] = {}
+        per_node: dict[str, Vec] = {}
         for podset, nodes in placement.assignment:
             d = demands.get(podset)
             # A partially admitted podset runs with fewer replicas, never below its minimum.

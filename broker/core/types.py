@@ -12,6 +12,9 @@ from typing import Literal, NamedTuple
 from schemas.job import CapacityPreference
 
 PoolKey = tuple[str, str]  # (cluster, flavor): one pool of identical capacity
+# An amount of capacity: (GPUs, cpu millicores, memory bytes). A plain tuple: summed and
+# compared in the scheduler's innermost loops.
+Vec = tuple[int, int, int]
 
 
 class PodSetDemand(NamedTuple):

@@ -6,11 +6,14 @@ import asyncio
 import time
 
 import msgspec
+import pytest
 import structlog
 from nats.aio.client import Client
 
+from agents.backend import BackendError
 from agents.runtime import AgentRuntime
 from schemas.agent import (
+    Applied,
     Cancel,
     CheckpointNow,
     CheckpointReport,
@@ -176,6 +179,35 @@ async def test_a_wire_refusal_is_logged_with_both_versions(make_agent: MakeAgent
     (line,) = [e for e in logs if e["event"] == "broker refuses this agent's wire version"]
     assert line["log_level"] == "error" and line["reason"] == "run an agent of 2.x"
     assert (line["agent_wire"], line["broker_wire"]) == (WIRE_VERSION, "2.0")
+
+
+async def test_a_failed_fence_extension_is_logged_once_and_its_end(
+    make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cluster stops an attempt at its old fence when the agent cannot extend it: the
+    operator reads that the fence is failing (once per outage) and when it works again."""
+    a = await make_agent()
+    extend = a.cluster.fence
+
+    async def refused(job_id: str, attempt: int, until: float) -> None:
+        raise BackendError("fence store unavailable")
+
+    monkeypatch.setattr(a.cluster, "fence", refused)
+    cmd = msgspec.structs.replace(
+        dispatch("job-f", a.cluster.nodes_of("spot-a100")[:1], sim=SLOW), fence_after_s=60.0
+    )
+    with structlog.testing.capture_logs() as logs:
+        assert (await a.wire.send(cmd)).ok
+        failing = [e for e in logs if e["event"] == "fence extension failing; retried at every ack"]
+        (line,) = failing
+        assert line["log_level"] == "warning" and line["error"] == "fence store unavailable"
+        assert (line["job_id"], line["attempt"]) == ("job-f", 1)
+        assert a.runtime.stats["fence_failures"] >= 1
+        monkeypatch.setattr(a.cluster, "fence", extend)
+        await wait_for(lambda: bool(a.wire.batches))
+        seq = a.wire.batches[-1].seq
+        await a.wire.send(Applied(epoch=1, instance=a.runtime.instance, seq=seq))
+        await wait_for(lambda: any(e["event"] == "fence extended again" for e in logs))
 
 
 async def test_on_reconnected_resends_snapshot(make_agent: MakeAgent) -> None:

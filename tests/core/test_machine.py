@@ -547,3 +547,21 @@ def test_a_job_its_deadline_put_on_on_demand_is_not_later_marked_spot_exhausted(
         assert not sends(w.cycle(600), Dispatch)
     assert record.state == "queued" and record.deadline_on_demand
     assert not record.spot_exhausted
+
+
+def test_capacity_change_is_read_from_the_inventory_version() -> None:
+    """A parked job is looked at again when the inventory changed (a node joined), and not
+    for news that changes nothing there (a node the broker never knew is gone)."""
+    w = World()
+    w.cluster("c1", 1)
+    first, parked = w.submit("a"), w.submit("b")
+    (d,) = sends(w.cycle(), Dispatch)
+    assert d.job_id == first
+    w.cycle()
+    assert not w.m.wants_cycle
+    w.send("c1", NodeGone(node="c1-never-seen"))
+    assert not w.m.wants_cycle
+    w.send("c1", NodeUpsert(node=node("c1", 1)))
+    assert w.m.wants_cycle
+    (d,) = sends(w.m.handle(CYCLE, w.now), Dispatch)
+    assert (d.job_id, d.assignment[0].nodes) == (parked, ["c1-1"])

@@ -10,7 +10,6 @@ from agents.kube.config import Toleration
 from agents.kube.decode import KNode, KPod, Usage, pod_usage
 from agents.kube.nodes import (
     Rules,
-    detect_capacity_type,
     detect_provider,
     gfd_memory_mib,
     gpu_product_mismatch,
@@ -25,6 +24,7 @@ from agents.kube.nodes import (
     untolerated_taints,
 )
 from agents.kube.signals import BUILTIN_NOTICE_TAINTS, NoticeTaint
+from kinds.nodelabels import capacity_type_from_labels
 from schemas.agent import MAX_GPUS_PER_NODE
 from tests.kube.conftest import make_config, node, pod
 
@@ -39,6 +39,7 @@ def knode(obj: dict[str, object]) -> KNode:
         ({"karpenter.sh/capacity-type": "spot"}, "spot"),
         ({"karpenter.sh/capacity-type": "on-demand"}, "on-demand"),
         ({"karpenter.sh/capacity-type": "reserved"}, "on-demand"),
+        ({"karpenter.sh/capacity-type": "spot", "cloud.google.com/gke-spot": "false"}, "spot"),
         ({"cloud.google.com/gke-spot": "true"}, "spot"),
         ({"cloud.google.com/gke-spot": "false"}, "on-demand"),
         ({"cloud.google.com/gke-preemptible": "true"}, "spot"),
@@ -48,11 +49,13 @@ def knode(obj: dict[str, object]) -> KNode:
         ({"kubernetes.azure.com/scalesetpriority": "regular"}, "on-demand"),
         ({"eks.amazonaws.com/capacityType": "SPOT"}, "spot"),
         ({"eks.amazonaws.com/capacityType": "ON_DEMAND"}, "on-demand"),
+        ({"eks.amazonaws.com/capacityType": "CAPACITY_BLOCK"}, "on-demand"),
+        ({"cloud.google.com/gke-provisioning": "preemptible"}, "spot"),
         ({"pool": "a100"}, None),
     ],
 )
 def test_capacity_type_per_provider_key(labels: dict[str, str], expected: str | None) -> None:
-    assert detect_capacity_type(labels) == expected
+    assert capacity_type_from_labels(labels) == expected
 
 
 @pytest.mark.parametrize(
