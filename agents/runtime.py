@@ -29,6 +29,7 @@ from agents.backend import Backend, BackendError, ClusterFencing, Fencing, JobRe
 from agents.logs import LogServer
 from agents.nodeops import NodeOpServer
 from schemas.agent import (
+    TERMINAL_PHASES,
     AgentEvent,
     Applied,
     Cancel,
@@ -52,7 +53,6 @@ from schemas.wire import WIRE_VERSION
 from shell.natsio import flush
 from shell.tasks import cancel_and_wait
 
-TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
 MAX_ERROR_CHARS = 1000  # CommandAck.error is capped at 1024 by the schema
 MAX_TRACKED_JOBS = 500_000  # memory bound on per-job idempotency records
 STOP_TIMEOUT_S = 5.0

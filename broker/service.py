@@ -73,6 +73,7 @@ from broker.store import (
 )
 from schemas import healthz
 from schemas.agent import (
+    TERMINAL_PHASES,
     Applied,
     Cancel,
     CheckpointReport,
@@ -146,7 +147,6 @@ STORAGE_PROBE_S = 1.0
 APPLIED_EVERY_S = 0.5  # batches without outcomes are acknowledged this often (fence renewal)
 ID_KEY = "muster-id-key"  # submit-stream metadata: the secret behind server-derived job ids
 STORAGE_FULL_MARKERS = ("insufficient", "resources", "maximum bytes", "storage")
-TERMINAL_PHASES = frozenset({"succeeded", "failed", "evicted"})
 
 
 class _WireOnly(msgspec.Struct):

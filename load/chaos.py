@@ -64,6 +64,7 @@ from schemas.agent import (
     NodeInfo,
     Resync,
 )
+from schemas.api import TERMINAL_STATES
 from schemas.codec import decode_command, encode_msgpack
 from schemas.config import (
     BrokerConfig,
@@ -679,7 +680,7 @@ class Soak:
             await self._supervise()
             with contextlib.suppress(Exception):
                 states = await self._states()
-                if all(states.get(j) in ("succeeded", "failed", "cancelled") for j in ids):
+                if all(states.get(j) in TERMINAL_STATES for j in ids):
                     return True
             await asyncio.sleep(1.0)
         return False
@@ -721,7 +722,7 @@ class Soak:
             for r in rows
             if r["end_phase"] == "evicted" and "fence" in (r.get("reason") or "")
         ]
-        not_terminal = [j for j in ids if states.get(j) not in ("succeeded", "failed", "cancelled")]
+        not_terminal = [j for j in ids if states.get(j) not in TERMINAL_STATES]
         self.say("states", Counter(states.get(j, "unknown") for j in ids), "records", len(rows))
         if not_terminal and self.verbose:
             with contextlib.suppress(Exception):

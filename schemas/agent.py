@@ -137,6 +137,8 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
 
 
 WorkloadPhase = Literal["created", "running", "succeeded", "failed", "evicted"]
+# The phases a workload ends in: an attempt reported so has ended, whatever comes after.
+TERMINAL_PHASES: frozenset[str] = frozenset({"succeeded", "failed", "evicted"})
 
 
 class WorkloadStatus(msgspec.Struct, tag="workload", omit_defaults=True):
