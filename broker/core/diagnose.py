@@ -58,7 +58,7 @@ def _pool_reason(
         return r(
             "insufficient-capacity",
             f"{p.free_gpu} GPUs free on {len(p.nodes)} nodes; needs {describe(gang)}, "
-            "each replica on one node",
+            f"each replica on one node{_closed(p)}",
             Bound("gpu", total - p.free_gpu, gpus, total),
         )
     if rank == 1:
@@ -67,6 +67,19 @@ def _pool_reason(
             "fits, but the job takes on-demand only after spot fails (spot fallback settings)",
         )
     return r("fits-now", f"fits now ({p.free_gpu} GPUs free); next admission cycle")
+
+
+def _closed(p: Pool) -> str:
+    """Why some of the pool's nodes take nothing now, so a waiting job's reason does not read
+    as a full pool when an operator closed the nodes."""
+    cordoned = sum(1 for n in p.nodes.values() if n.no_new_pods)
+    noticed = sum(1 for n in p.nodes.values() if n.spot_deadline is not None)
+    notes = []
+    if cordoned:
+        notes.append(f"{cordoned} cordoned or draining")
+    if noticed:
+        notes.append(f"{noticed} under a spot notice")
+    return f" ({', '.join(notes)}: no new gangs there)" if notes else ""
 
 
 def pool_reasons(

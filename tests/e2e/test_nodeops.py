@@ -37,10 +37,14 @@ async def test_cordon_holds_a_job_that_only_fits_there_until_uncordon(
 
     async def waits_for_capacity() -> bool:
         why = await h.api("why", {"job_id": job_id})
+        if not why["ok"]:
+            return False
         codes = [r["code"] for r in why["result"]["reasons"]]
-        return bool(why["ok"]) and codes == ["insufficient-capacity"]
+        # ... and its pool's line says the node is closed, not full
+        pools = [c["message"] for c in why["result"].get("candidates", [])]
+        return codes == ["insufficient-capacity"] and any("1 cordoned" in m for m in pools)
 
-    await wait_for(waits_for_capacity, 10, what="`why` saying it waits for capacity")
+    await wait_for(waits_for_capacity, 10, what="`why` saying it waits for the cordoned node")
     assert not fleet.live_copies(job_id)
     assert (await world.job(job_id))["state"] == "queued"
 
