@@ -53,6 +53,7 @@ class AttemptLog(Protocol):
     @property
     def succeeded(self) -> bool: ...
     def held_s(self, now: float) -> float: ...
+    def gpu_s(self, now: float) -> float: ...
 
 
 class _Job(Protocol):
@@ -147,7 +148,8 @@ def attempt_losses(logs: Sequence[AttemptLog], end: float) -> list[float]:
                 if step == target:
                     kept = at - log.running_at
                     break
-        out.append(max(0.0, log.held_s(end) - kept) * log.gpus)
+        held = log.held_s(end)  # an elastic attempt's sizes weigh by their time
+        out.append(log.gpu_s(end) * max(0.0, held - kept) / held if held > 0 else 0.0)
     return out
 
 
@@ -199,7 +201,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         if rec is None or rec.state != "succeeded":
             lost_unfinished += sum(losses)
         for log, gone in zip(logs, losses, strict=True):
-            held = log.held_s(end) * log.gpus
+            held = log.gpu_s(end)
             used += held
             paid_work += held * log.speed
             if rec is not None and rec.state == "succeeded":

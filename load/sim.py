@@ -41,6 +41,7 @@ from agents.config import FakeClusterConfig, FakeFlavor
 from agents.fake.model import ClusterModel, ManualClock, WorkloadTiming, provider_delays
 from agents.fake.trace import TraceEvent, load_bamboo
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
+from broker.core.elastic import speed as elastic_speed
 from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
 from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import Machine
@@ -110,6 +111,9 @@ class Policy:
     # MUSTER_CHECKPOINT_INTERVAL_S) instead of their own.
     follows_advice: bool = False
     spot_return: bool = True  # the broker moves on-demand jobs back to spot when it pays
+    # Multi-replica jobs are elastic (`PodSet.max_replicas`: down to half their replicas):
+    # admitted at what fits, shrunk in place on a reclaim when that beats a move, grown back.
+    elastic: bool = False
 
 
 POLICIES: dict[str, Policy] = {
@@ -184,6 +188,15 @@ POLICIES: dict[str, Policy] = {
         detect_s=15.0,
         spot_return=False,
     ),
+    "elastic": Policy(
+        "elastic",
+        True,
+        True,
+        about="muster, with every multi-replica job elastic between half its replicas and "
+        "all of them (speed: linear scaling at 90% efficiency)",
+        follows_advice=True,
+        elastic=True,
+    ),
     "oracle": Policy(
         "oracle",
         True,
@@ -198,6 +211,7 @@ POLICIES: dict[str, Policy] = {
 BASELINES = ("on-demand-only", "spot-only", "checkpoint-restart", "scratch", "skypilot-like")
 COMPARISON = (*BASELINES, "oracle", "muster")
 ABLATIONS = ("muster-fixed", "muster-no-return")  # muster without one of its policies
+EXTENSIONS = ("elastic",)  # muster with more of the job's cooperation
 
 
 _DEFAULTS = SimConfig()
@@ -285,6 +299,7 @@ def job_spec(job: SimJob, policy: Policy) -> JobSpec:
     # With hindsight every job can write the one checkpoint it needs, just before a reclaim.
     ckpt = (job.ckpt_every is not None or policy.foresight) and policy.checkpoints
     per = job.gpu_per_replica
+    elastic = policy.elastic and job.replicas > 1
     return JobSpec(
         name=f"philly-{job.index}",
         job_id=job.job_id,
@@ -293,6 +308,8 @@ def job_spec(job: SimJob, policy: Policy) -> JobSpec:
             PodSet(
                 name="worker",
                 replicas=job.replicas,
+                min_replicas=max(1, job.replicas // 2) if elastic else None,
+                max_replicas=job.replicas if elastic else None,
                 gpu=per,
                 cpu=str(max(1, 4 * per)),
                 memory=f"{max(1, 16 * per)}Gi",
@@ -354,6 +371,9 @@ class AttemptLog:
     ckpt_times: list[float] = field(default_factory=list)  # when each was written
     speed: float = 1.0  # work per second of one GPU here, relative to a V100
     ckpt_every: float | None = None  # the interval this attempt checkpointed at
+    # An elastic attempt's GPU-seconds before its last resize, and when that was.
+    gpu_s_before: float = 0.0
+    resized_at: float | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -362,6 +382,18 @@ class AttemptLog:
     def held_s(self, now: float) -> float:
         end = self.ended_at if self.ended_at is not None else now
         return max(0.0, end - self.dispatched_at)
+
+    def gpu_s(self, now: float) -> float:
+        """GPU-seconds held: each size of an elastic attempt for its time."""
+        end = self.ended_at if self.ended_at is not None else now
+        since = self.resized_at if self.resized_at is not None else self.dispatched_at
+        return self.gpu_s_before + max(0.0, end - since) * self.gpus
+
+    def resize(self, gpus: int, now: float) -> None:
+        """The attempt runs on `gpus` GPUs from `now` (an elastic shrink or growth)."""
+        self.gpu_s_before = self.gpu_s(now)
+        self.resized_at = now
+        self.gpus = gpus
 
 
 # heap event kinds
@@ -377,6 +409,45 @@ class Violation:
     at: float
     kind: str
     detail: str
+
+
+def size_speed(cmd: Dispatch) -> float:
+    """An elastic gang's speed at its dispatched size, as a share of its speed at its maximum
+    (the broker's own model, `elastic.speed`: linear scaling at 90% efficiency); 1 for a
+    gang that is not elastic."""
+    return elastic_speed(cmd.spec, {a.podset: len(a.nodes) for a in cmd.assignment})
+
+
+class ElasticModel(ClusterModel):
+    """The fake cluster model, with an elastic workload's step rate following its size: the
+    fake backend keeps the rate through a resize (its tests need only the nodes), while the
+    simulator's figures need a shrunk gang to be slower and a grown one faster."""
+
+    def resize_workload(self, cmd: Dispatch) -> None:
+        wl = self._workloads.get((cmd.job_id, cmd.attempt))
+        # The simulator's gangs have one podset: its replicas are the workload's.
+        was = (
+            elastic_speed(cmd.spec, {p.name: wl.total_replicas for p in cmd.spec.gang})
+            if wl is not None
+            else 1.0
+        )
+        super().resize_workload(cmd)
+        if wl is None or was <= 0:
+            return
+        now = self.now()
+        if wl.phase == "running":  # the steps so far at the old rate, the rest at the new one
+            wl.from_step = wl.step_at(now)
+            wl.run_start = now
+        wl.rate *= size_speed(cmd) / was
+        if wl.phase == "running":
+            wl.end_at = wl.done_at()
+            self._schedule(wl.end_at, "end", wl)
+
+    def _on_end(self, wl: Any, now: float) -> None:
+        """An end scheduled before a shrink moved it later is not the end."""
+        if now + 1e-6 < wl.end_at:
+            return
+        super()._on_end(wl, now)
 
 
 class SimAgent:
@@ -403,7 +474,7 @@ class SimAgent:
             )
             for p in pools
         ]
-        self.model = ClusterModel(name, FakeClusterConfig(flavors=flavors), sim.clock)
+        self.model = ElasticModel(name, FakeClusterConfig(flavors=flavors), sim.clock)
         self.model.timing = self._timing
         self.model.on_schedule = self._on_schedule
         self.due_at = math.inf  # the CLUSTER_DUE on the simulator's heap
@@ -550,7 +621,7 @@ class SimAgent:
         return WorkloadTiming(
             start_delay_s=delay + cfg.start_delay_per_replica_s * (job.replicas - 1),
             restore_s=cfg.restore_factor * job.ckpt_cost,  # reading the checkpoint back
-            speed=sim.speed.get(self.pools[cmd.flavor].gpu_type, 1.0),
+            speed=sim.speed.get(self.pools[cmd.flavor].gpu_type, 1.0) * size_speed(cmd),
             checkpoint_every_s=math.inf if every is None else every,
             checkpoint_stall_s=job.ckpt_cost,
             checkpoint_write_s=0.0 if sim.policy.foresight else job.ckpt_cost,
@@ -593,6 +664,9 @@ class SimAgent:
             if cmd.revision > 0:  # an elastic attempt's new nodes, as the fake agent applies
                 with contextlib.suppress(BackendError):
                     self.model.resize_workload(cmd)
+                    job = sim.jobs_by_id[cmd.job_id]
+                    replicas = sum(len(a.nodes) for a in cmd.assignment)
+                    self.live[key].resize(replicas * job.gpu_per_replica, now)
             sim.push(ack, ACK, (cmd.job_id, cmd.attempt, True, ""))
             return
         if cmd.resume_from is not None and not sim.policy.resume:
@@ -620,7 +694,7 @@ class SimAgent:
             flavor=cmd.flavor,
             capacity_type=pool.capacity_type,
             price=pool.price,
-            gpus=job.gpus,
+            gpus=sum(len(a.nodes) for a in cmd.assignment) * job.gpu_per_replica,
             dispatched_at=now,
             start_step=min(cmd.resume_from.step if cmd.resume_from else 0, job.duration),
             speed=sim.speed.get(pool.gpu_type, 1.0),
@@ -1170,9 +1244,9 @@ class Sim:
         if record.preempting is not None and record.preempting.replacement is not None:
             attempts.append(record.preempting.replacement)
         for a in attempts:
-            want = sum(p.replicas for p in record.spec.gang)
-            got = sum(len(ps.nodes) for ps in a.assignment)
-            if want != got:
+            got = {ps.podset: len(ps.nodes) for ps in a.assignment}
+            # Whole, or between an elastic podset's minimum and maximum.
+            if not all(p.admits(got.get(p.name, 0)) for p in record.spec.gang):
                 self.violation(self.now, "partial-gang", f"{record.job_id}#{a.attempt}")
             for ps in a.assignment:
                 for n in ps.nodes:
@@ -1386,7 +1460,8 @@ def sim(
         str,
         typer.Option(
             help="a policy, a comma-separated list, both (muster+scratch), all, or compare "
-            "(the baselines side by side: " + ", ".join(COMPARISON) + ")"
+            "(the baselines side by side: " + ", ".join(COMPARISON) + ", with the ablations "
+            "and elastic)"
         ),
     ] = "both",
     windows: Annotated[
@@ -1474,7 +1549,7 @@ def _run(args: Options) -> int:
     elif args.policy == "all":
         names = list(POLICIES)
     elif args.policy == "compare":
-        names = [*COMPARISON, *ABLATIONS]
+        names = [*COMPARISON, *ABLATIONS, *EXTENSIONS]
     else:
         names = [n.strip() for n in args.policy.split(",")]
     unknown = [n for n in names if n not in POLICIES]

@@ -81,6 +81,12 @@ class PodSet(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # replicas in place on a spot notice while at or above the minimum and grows back to
     # this when capacity returns. None = not elastic (at most `replicas`).
     max_replicas: Annotated[int, Meta(ge=1, le=MAX_REPLICAS)] | None = None
+    # An elastic podset's measured throughput (steps/s, or any unit) at some replica counts,
+    # {"2": 1.9, "4": 3.5}: the broker weighs "shrink and continue" against "move whole" by it
+    # (counts in between are interpolated). None: linear scaling with a stated efficiency.
+    throughput: (
+        dict[Annotated[int, Meta(ge=1, le=MAX_REPLICAS)], Annotated[float, Meta(gt=0)]] | None
+    ) = None
     # Binds the whole gang's GPU replicas (stricter than Kueue, which binds each podset).
     topology: PodSetTopology | None = None
 

@@ -8,22 +8,45 @@ only the replicas on that node (`without_node`, `Scheduler.shrink`); below it th
 moves as before. Growth back towards the maximum stays in the same pool (`growth`,
 `Scheduler.grow`): elastic workers share one rendezvous and one fabric. The lifecycle
 (`AttemptLifecycle.shrink_in_place`, `grow_elastic`, `give_back_growth`) drives both.
+
+A shrink is priced (`shrink_or_move`): over the next `HORIZON_S` the shrunk gang runs at its
+throughput at the smaller size, while a move runs at its new size after a restart and first
+redoes the work since its last checkpoint; the move wins only when a whole-gang placement
+exists now elsewhere and it does more work over the horizon.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from itertools import pairwise
+from typing import NamedTuple
 
 from broker.core.inventory import Pool
 from broker.core.records import JobRecord
 from broker.core.types import GangRequest, Placement, PodSetDemand
 from schemas.agent import PodSetAssignment
-from schemas.job import JobSpec
+from schemas.job import JobSpec, PodSet
 
 # An elastic attempt whose pool had no room tries to grow again after this (s), or as soon as
 # nodes arrive: each try searches the pool, so a shrunk gang does not search every tick.
 GROW_RETRY_S = 5.0
+# Without a declared throughput each replica past the first adds this share of one replica's
+# throughput (linear scaling at 90% efficiency, what data-parallel training typically keeps
+# over a shared fabric).
+SCALING_EFFICIENCY = 0.9
+# How far ahead "shrink and continue" and "move whole" are compared (s): about as long as a
+# shrunk gang runs before its pool has room to grow it back, or the next reclaim.
+HORIZON_S = 3600.0
+# What a move costs beyond restoring the checkpoint (s): dispatch, image pull, rendezvous.
+MOVE_START_S = 120.0
+
+
+class Priced(NamedTuple):
+    """The choice between shrinking in place and moving the whole gang, and why."""
+
+    shrink: bool
+    reason: str
 
 
 def admission_note(
@@ -148,3 +171,59 @@ def queued_top(pending: Mapping[str, Iterable[str]], jobs: Mapping[str, JobRecor
     priority first, so its head has its highest."""
     heads = [h for q in pending.values() if (h := next(iter(q), "")) in jobs]
     return max((jobs[h].spec.priority for h in heads), default=None)
+
+
+def throughput(podset: PodSet, count: int) -> float:
+    """The podset's throughput at `count` replicas: its declared figures (interpolated
+    between declared counts, proportional beyond them), else linear scaling at
+    `SCALING_EFFICIENCY`."""
+    points = sorted((podset.throughput or {}).items())
+    if not points:
+        return 1.0 + (count - 1) * SCALING_EFFICIENCY if count > 0 else 0.0
+    if count <= points[0][0]:
+        return points[0][1] * count / points[0][0]
+    if count >= points[-1][0]:
+        return points[-1][1] * count / points[-1][0]
+    for (lo, at_lo), (hi, at_hi) in pairwise(points):
+        if lo <= count <= hi:
+            return at_lo + (at_hi - at_lo) * (count - lo) / (hi - lo)
+    return 0.0  # unreachable: count lies between the first and last declared counts
+
+
+def speed(spec: JobSpec, counts: Mapping[str, int]) -> float:
+    """The gang's speed at `counts` as a share of its speed at its maximum: the slowest
+    elastic podset sets it (the workers step together)."""
+    shares = [
+        throughput(p, counts.get(p.name, 0)) / throughput(p, p.most) for p in spec.gang if p.elastic
+    ]
+    return min(shares, default=1.0)
+
+
+def shrink_or_move(
+    spec: JobSpec,
+    before: Mapping[str, int],
+    after: Mapping[str, int],
+    elsewhere: Mapping[str, int] | None,
+    lost_s: float,
+    restart_s: float,
+    horizon_s: float = HORIZON_S,
+) -> Priced:
+    """Shrink to `after` and go on, or move whole to the placement found elsewhere
+    (`elsewhere`: its replica counts, None when none exists now), which first restarts
+    (`restart_s`: start and checkpoint restore) and redoes the `lost_s` seconds of work
+    done at `before` since the last checkpoint. Work is counted over `horizon_s`."""
+    kept = speed(spec, after)
+    shrink_work = horizon_s * kept
+    shrunk = f"shrunk to {kept:.0%} of full speed"
+    if elsewhere is None:
+        return Priced(True, f"{shrunk} (no whole-gang placement elsewhere)")
+    moved = speed(spec, elsewhere)
+    move_work = max(0.0, horizon_s - restart_s) * moved - lost_s * speed(spec, before)
+    costs = (
+        f"a move runs at {moved:.0%} after {restart_s:.0f} s of restart and redoes "
+        f"{lost_s:.0f} s since the checkpoint: {max(move_work, 0.0):.0f} s of full-speed work "
+        f"over {horizon_s:.0f} s"
+    )
+    if move_work > shrink_work:
+        return Priced(False, f"moved whole ({costs}, shrunk to {kept:.0%}: {shrink_work:.0f} s)")
+    return Priced(True, f"{shrunk} ({shrink_work:.0f} s of full-speed work; {costs})")

@@ -30,7 +30,17 @@ from broker.core.accounting import (
 from broker.core.advice import advised_interval_s
 from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist, Publish, Send
-from broker.core.elastic import GROW_RETRY_S, grown, growth, short, shrink_text, without_node
+from broker.core.elastic import (
+    GROW_RETRY_S,
+    MOVE_START_S,
+    Priced,
+    grown,
+    growth,
+    short,
+    shrink_or_move,
+    shrink_text,
+    without_node,
+)
 from broker.core.health import PoolHealth
 from broker.core.policy import no_progress_reason, no_progress_verdict
 from broker.core.records import (
@@ -46,7 +56,7 @@ from broker.core.records import (
 from broker.core.registry import JobRegistry
 from broker.core.risk import NoticeWindows
 from broker.core.scheduler import Scheduler
-from broker.core.starts import start_failures_exhausted, start_limit_s
+from broker.core.starts import restore_estimate_s, start_failures_exhausted, start_limit_s
 from broker.core.states import (
     LIVE_STATES,
     PLANNED_MOVES,
@@ -609,28 +619,91 @@ class AttemptLifecycle:
         current = record.current
         if current is None or current.cluster != cluster:
             return
-        if self.shrink_in_place(record, notice.node, Cause.SPOT_NOTICE, now, effects):
+        why: list[str] = []
+        if self.shrink_in_place(
+            record, notice.node, Cause.SPOT_NOTICE, now, effects, notice=notice.deadline, why=why
+        ):
             return
-        self.begin_preempt(record, Cause.SPOT_NOTICE, notice.deadline, now, effects, reserve=True)
+        self.begin_preempt(
+            record,
+            Cause.SPOT_NOTICE,
+            notice.deadline,
+            now,
+            effects,
+            reserve=True,
+            detail="; ".join(why),
+        )
 
     def shrink_in_place(
-        self, record: JobRecord, node: str, cause: str, now: float, effects: list[Effect]
+        self,
+        record: JobRecord,
+        node: str,
+        cause: str,
+        now: float,
+        effects: list[Effect],
+        *,
+        price: bool = True,
+        notice: float | None = None,
+        why: list[str] | None = None,
     ) -> bool:
         """An elastic gang that stays at or above its minimum without `node` loses only the
         replicas there: the same attempt goes on, told its nodes by a Dispatch revision
-        (elastic.py). False when the whole gang has to move."""
+        (elastic.py). False when the whole gang has to move: below its minimum, or (`price`)
+        when a move does more work (`elastic.shrink_or_move`; its reason lands in `why`).
+        `notice`: the reclaim deadline of a spot notice, when there is one."""
         current = record.current
         if current is None or record.preempting is not None:
             return False
         if record.state not in ("admitted", "running"):
             return False
         kept = without_node(record.spec, current.assignment, node)
-        if kept is None or not self._scheduler.shrink(record.job_id, current.attempt, node):
+        if kept is None:
+            return False
+        reason = f"{cause} on {node}"
+        if price:
+            priced = self._price_shrink(record, current, kept, notice, now)
+            if not priced.shrink:
+                if why is not None:
+                    why.append(priced.reason)
+                return False
+            reason = f"{reason}, {priced.reason}"
+        if not self._scheduler.shrink(record.job_id, current.attempt, node):
             return False
         current.grown = [n for n in current.grown if n != node]
-        self._resized(record, current, kept, f"{cause} on {node}", now, effects)
+        self._resized(record, current, kept, reason, now, effects)
         self.elastic_short.add(record.job_id)
         return True
+
+    def _price_shrink(
+        self,
+        record: JobRecord,
+        current: AttemptRecord,
+        kept: list[PodSetAssignment],
+        notice: float | None,
+        now: float,
+    ) -> Priced:
+        """`elastic.shrink_or_move` for this attempt: the whole gang's placement elsewhere
+        (a dry run with the attempt's own quota still charged, so a move that needs that
+        quota is not offered), the work a move redoes (none when a spot notice leaves time to
+        write a checkpoint: the move asks for one) and its restart (`starts.restore_estimate_s`
+        plus `elastic.MOVE_START_S`)."""
+        request = gang_request(record, now, self._registry.demands(record.job_id))
+        request.avoid_pools = request.avoid_pools | {(current.cluster, current.flavor)}
+        got = self._scheduler.assign(request, now)
+        elsewhere = None if isinstance(got, tuple) else {d.podset: d.replicas for d in got.podsets}
+        ckpt = record.spec.checkpoint
+        if notice is not None and ckpt is not None and notice - now >= (ckpt.cost_s or 0.0):
+            lost = 0.0
+        else:
+            lost = max(0.0, now - work_since(record, current))
+        return shrink_or_move(
+            record.spec,
+            {a.podset: len(a.nodes) for a in current.assignment},
+            {a.podset: len(a.nodes) for a in kept},
+            elsewhere,
+            lost,
+            restore_estimate_s(record) + MOVE_START_S,
+        )
 
     def give_back_growth(self, now: float, effects: list[Effect], queued_top: int) -> bool:
         """Growth is the first thing reclaimed: while a queued job of the same or higher
@@ -647,7 +720,7 @@ class AttemptLifecycle:
                 continue
             cause = f"growth given back to a queued job of priority {queued_top}"
             for node in reversed(current.grown):
-                gave = self.shrink_in_place(record, node, cause, now, effects) or gave
+                gave = self.shrink_in_place(record, node, cause, now, effects, price=False) or gave
         return gave
 
     def grow_elastic(self, now: float, effects: list[Effect], queued_top: int | None) -> None:
@@ -832,17 +905,24 @@ class AttemptLifecycle:
                 continue
             if node is not None and node not in _nodes(current):
                 continue
-            if node is not None and self.shrink_in_place(record, node, cause, now, effects):
+            why: list[str] = []
+            shrunk = node is not None and self.shrink_in_place(
+                record, node, cause, now, effects, why=why
+            )
+            if shrunk:
                 continue
-            self._lose(record, cause, now, effects)
+            self._lose(record, cause, now, effects, detail="; ".join(why))
 
     def _avoid_pool(self, record: JobRecord, attempt: AttemptRecord, now: float) -> None:
         """The job's next attempts keep off the pool that just lost or failed to start it."""
         until = now + self._config.scheduling.avoid_lost_pool_s
         record.avoid.append(AvoidPool(attempt.cluster, attempt.flavor, until))
 
-    def _lose(self, record: JobRecord, cause: str, now: float, effects: list[Effect]) -> None:
-        """The live attempt is gone without warning (node, GPU, cluster, eviction)."""
+    def _lose(
+        self, record: JobRecord, cause: str, now: float, effects: list[Effect], detail: str = ""
+    ) -> None:
+        """The live attempt is gone without warning (node, GPU, cluster, eviction). `detail`:
+        why an elastic gang moved whole rather than shrink, for the requeued event."""
         current = record.current
         if current is None:
             return
@@ -856,7 +936,7 @@ class AttemptLifecycle:
         self._avoid_pool(record, current, now)
         if self._charge_preemption(record, current, now, cause, effects):
             return
-        self._requeue(record, now, 0.0, effects, reason=cause)
+        self._requeue(record, now, 0.0, effects, reason=f"{cause}: {detail}" if detail else cause)
 
     def _charge_preemption(
         self,

@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 
 from broker.core.assigner import Assignment
 from broker.core.effects import Publish, Send, split_reply
-from broker.core.elastic import GROW_RETRY_S
+from broker.core.elastic import (
+    GROW_RETRY_S,
+    HORIZON_S,
+    MOVE_START_S,
+    SCALING_EFFICIENCY,
+    shrink_or_move,
+    throughput,
+    without_node,
+)
 from broker.core.inputs import DispatchAcked, Restore, SubmitJob
 from broker.core.invariants import violations
 from broker.core.machine import Machine
@@ -26,6 +34,7 @@ from schemas.agent import (
     NodeGone,
     NodeInfo,
     NodeUpsert,
+    PodSetAssignment,
     SpotNotice,
     WorkloadStatus,
 )
@@ -63,6 +72,11 @@ class SpotSim(Sim):
         reply, _ = split_reply(self.m.handle(SubmitJob(spec, subject_queue="q"), self.now))
         assert reply.job_id is not None, reply.error
         return reply.job_id
+
+
+def speed(count: int, most: int = 8) -> float:
+    """A podset's speed at `count` of `most` replicas without declared throughput."""
+    return (1 + (count - 1) * SCALING_EFFICIENCY) / (1 + (most - 1) * SCALING_EFFICIENCY)
 
 
 def dispatches(effects: list[Any]) -> list[Dispatch]:
@@ -137,7 +151,10 @@ def test_a_spot_notice_shrinks_the_gang_in_place_down_to_its_minimum_then_moves_
         assert (rev.attempt, rev.revision) == (first.attempt, 4 - left)
         assert [len(a.nodes) for a in rev.assignment] == [left] and n not in rev.assignment[0].nodes
         resized = [e.event for e in out if isinstance(e, Publish) and e.event.kind == "resized"]
-        assert resized[0].reason == f"spot-notice on {n}: worker {left + 1} -> {left}"
+        assert resized[0].reason == (
+            f"spot-notice on {n}, shrunk to {speed(left):.0%} of full speed (no whole-gang "
+            f"placement elsewhere): worker {left + 1} -> {left}"
+        )
         assert sim.m.jobs[job].state in ("admitted", "running")
         assert sim.m.jobs[job].attempt == first.attempt
         assert _free_gpus(sim)[n] == 1  # its node's share given back
@@ -336,3 +353,152 @@ def test_a_resize_the_agent_never_acknowledges_does_not_end_the_attempt() -> Non
     out = sim.m.handle(DispatchAcked(first.job_id, first.attempt, False, "no reply"), sim.now)
     assert out == [] and sim.m.jobs[first.job_id].current is not None
     assert sim.m.jobs[first.job_id].attempt == first.attempt
+
+
+def _with_west(sim: SpotSim, count: int) -> None:
+    """A second spot cluster with `count` free one-GPU A100 nodes, after the job ran."""
+    west = [
+        NodeInfo(name=f"sw-{i}", flavor=SPOT.name, gpu=1, cpu_milli=8000, memory=2**36)
+        for i in range(count)
+    ]
+    sim.send("spot-west", ClusterSnapshot(flavors=[SPOT], nodes=west))
+
+
+def _events(out: list[Any], kind: str) -> list[JobEvent]:
+    return [e.event for e in out if isinstance(e, Publish) and e.event.kind == kind]
+
+
+def test_a_notice_moves_the_gang_whole_when_a_full_placement_does_more_work() -> None:
+    """4 of 8 workers, one reclaimed: 3 run at 38% speed, while spot-west has room for all 8
+    now and a move loses nothing (the job just started): the gang moves, and says why."""
+    sim = SpotSim(4)
+    first = _running(sim)
+    _with_west(sim, 8)
+    out = sim.send("spot-east", SpotNotice(node="se-0", deadline=sim.now + 120))
+    assert not _events(out, "resized")
+    moved = sim.m.jobs[first.job_id].current
+    assert moved is not None and moved.attempt > first.attempt  # no checkpoint to wait for
+    assert (moved.cluster, sum(len(a.nodes) for a in moved.assignment)) == ("spot-west", 8)
+    (pre,) = _events(out, "preempting")
+    move_work = HORIZON_S - MOVE_START_S
+    assert pre.reason == (
+        f"spot-notice: moved whole (a move runs at 100% after {MOVE_START_S:.0f} s of restart "
+        f"and redoes 0 s since the checkpoint: {move_work:.0f} s of full-speed work over "
+        f"{HORIZON_S:.0f} s, shrunk to 38%: {HORIZON_S * speed(3):.0f} s)"
+    )
+    assert violations(sim.m) == []
+
+
+def test_a_notice_shrinks_when_the_placement_elsewhere_is_smaller() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    _with_west(sim, 2)
+    out = sim.send("spot-east", SpotNotice(node="se-0", deadline=sim.now + 120))
+    (resized,) = _events(out, "resized")
+    assert resized.reason == (
+        "spot-notice on se-0, shrunk to 38% of full speed (1381 s of full-speed work; a move "
+        "runs at 26% after 120 s of restart and redoes 0 s since the checkpoint: 906 s of "
+        "full-speed work over 3600 s): worker 4 -> 3"
+    )
+    assert sim.m.jobs[first.job_id].attempt == first.attempt
+
+
+def test_a_lost_node_shrinks_when_a_move_would_redo_hours_of_work() -> None:
+    """Three hours without a checkpoint: a move to a full placement redoes them all."""
+    sim = SpotSim(4)
+    first = _running(sim)
+    ran = WorkloadStatus(
+        job_id=first.job_id, attempt=1, phase="running", running_replicas=4, total_replicas=4
+    )
+    sim.send("spot-east", ran)
+    sim.step(3 * 3600.0)
+    _with_west(sim, 8)
+    out = sim.send("spot-east", NodeGone(node="se-1"))
+    (resized,) = _events(out, "resized")
+    assert "redoes 10800 s since the checkpoint" in (resized.reason or "")
+    assert sim.m.jobs[first.job_id].attempt == first.attempt
+    assert violations(sim.m) == []
+
+
+def test_a_lost_node_moves_whole_and_the_requeue_says_why() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    _with_west(sim, 8)
+    out = sim.send("spot-east", NodeGone(node="se-1"))
+    assert not _events(out, "resized")
+    (requeued,) = _events(out, "requeued")
+    assert (requeued.reason or "").startswith("node-lost: moved whole (a move runs at 100%")
+    assert sim.m.jobs[first.job_id].state == "queued"  # placed again by the next cycle
+
+
+_counts = st.integers(1, 6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    least=st.integers(1, 4),
+    extra=st.integers(0, 4),
+    more=st.integers(0, 4),
+    node=st.integers(0, 8),
+    declared=st.none() | st.dictionaries(st.integers(1, 12), st.floats(0.1, 100.0), min_size=1),
+    elsewhere=st.none() | st.integers(1, 12),
+    lost=st.floats(0, 1e5),
+    restart=st.floats(0, 1e4),
+)
+def test_the_priced_choice_never_goes_below_the_minimum_nor_moves_to_nowhere(
+    least: int,
+    extra: int,
+    more: int,
+    node: int,
+    declared: dict[int, float] | None,
+    elsewhere: int | None,
+    lost: float,
+    restart: float,
+) -> None:
+    """Whatever the throughput, lost work and restart: a shrink keeps every podset at or
+    above its minimum, and with no whole-gang placement elsewhere the gang shrinks."""
+    running = least + extra
+    spec = JobSpec(
+        name="e",
+        gang=[
+            PodSet(
+                name="w",
+                replicas=running,
+                gpu=1,
+                min_replicas=least,
+                max_replicas=running + more,
+                throughput=declared,
+            )
+        ],
+    )
+    before = [PodSetAssignment(podset="w", nodes=[f"n{i}" for i in range(running)])]
+    kept = without_node(spec, before, f"n{node}")
+    if kept is None:  # below the minimum, or nothing on that node: not a shrink to price
+        assert node >= running or running - 1 < least
+        return
+    after = {a.podset: len(a.nodes) for a in kept}
+    where = None if elsewhere is None else {"w": min(elsewhere, running + more)}
+    choice = shrink_or_move(spec, {"w": running}, after, where, lost, restart)
+    if where is None:
+        assert choice.shrink
+    if choice.shrink:
+        assert after["w"] >= least
+        assert choice.reason.startswith("shrunk to ")
+    else:
+        assert choice.reason.startswith("moved whole (")
+
+
+def test_declared_throughput_is_interpolated_and_scaled_beyond_its_counts() -> None:
+    ps = PodSet(name="w", replicas=4, max_replicas=8, gpu=1, throughput={2: 2.0, 4: 3.0})
+    assert [throughput(ps, n) for n in (1, 2, 3, 4, 8)] == [1.0, 2.0, 2.5, 3.0, 6.0]
+    plain = PodSet(name="w", replicas=4, max_replicas=8, gpu=1)
+    assert throughput(plain, 3) == 1 + 2 * SCALING_EFFICIENCY
+
+
+def test_a_declared_flat_throughput_makes_a_shrink_cheap() -> None:
+    """Past 2 workers this job gains nothing: losing 1 of 4 costs no speed, so it shrinks
+    even with a full placement elsewhere."""
+    ps = PodSet(name="w", replicas=4, max_replicas=8, gpu=1, throughput={2: 5.0, 8: 5.0})
+    spec = JobSpec(name="e", gang=[ps])
+    choice = shrink_or_move(spec, {"w": 4}, {"w": 3}, {"w": 8}, 0.0, 0.0)
+    assert choice.shrink and choice.reason.startswith("shrunk to 100% of full speed")

@@ -34,7 +34,10 @@ async def test_the_seed_elastic_job_shrinks_in_place_and_grows_back(world: World
     reclaimed = first.nodes[0]
     fleet["east"].spot_notice(reclaimed, lead_s=2)  # reclaimed long before the run ends
     shrunk = await h.wait_event(job, "resized", timeout=15)
-    assert shrunk.reason == f"spot-notice on {reclaimed}: worker 4 -> 3"
+    assert shrunk.reason == (
+        f"spot-notice on {reclaimed}, shrunk to 38% of full speed (no whole-gang placement "
+        "elsewhere): worker 4 -> 3"
+    )
     assert shrunk.attempt == 1
     why = await h.api("why", {"job_id": job})
     size = "worker runs 3 of 8 replicas (min 2; grows back when its pool has room)"

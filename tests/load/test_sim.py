@@ -178,7 +178,7 @@ def test_lost_gpu_time_matches_the_brokers_accounting(
         end = res.base + res.end
         for logs in res.logs.values():
             for log, lost in zip(logs, attempt_losses(logs, end), strict=True):
-                assert 0.0 <= lost <= log.held_s(end) * log.gpus + 1e-6
+                assert 0.0 <= lost <= log.gpu_s(end) + 1e-6
 
 
 def test_correlated_reclaims_stay_correlated(runs: dict[str, tuple[Sim, SimResult]]) -> None:

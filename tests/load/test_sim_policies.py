@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 import pytest
 
-from load.sim import Sim, SimResult
+from agents.fake.model import ManualClock
+from load.sim import ElasticModel, Sim, SimConfig, SimResult
+from schemas.agent import AgentEvent, PodSetAssignment
+from schemas.job import JobSpec, PodSet, Simulation
+from tests.agents.helpers import dispatch
+from tests.agents.test_cluster_model import CONFIG, run_until, statuses
 from tests.load.test_sim import SMALL
 
 
@@ -63,3 +69,49 @@ def test_spot_return_moves_jobs_back_make_before_break(
     assert moves >= 1
     _, off = runs["muster-no-return"]
     assert not any(log.cause == "cancel: spot-return" for v in off.logs.values() for log in v)
+
+
+def _on(*nodes: str) -> PodSetAssignment:
+    return PodSetAssignment(podset="worker", nodes=list(nodes))
+
+
+def test_a_shrunk_elastic_workload_steps_slower_and_ends_later() -> None:
+    """2 of 2 workers at 10 steps/s; shrunk to 1 at t=2 (step 10), it runs at 1/1.9 of that
+    (linear scaling at 90%): the 990 steps left take 188 s, not 99 s."""
+    clock = ManualClock()
+    m = ElasticModel("m", CONFIG, clock)
+    got: list[AgentEvent] = []
+    m.emit = got.append
+    a, b = m.nodes_of("spot-a100")
+    plain = dispatch("e", [a, b], sim=Simulation(total_steps=1000, steps_per_second=10.0))
+    elastic = JobSpec(
+        name="e", gang=[PodSet(name="worker", replicas=2, gpu=8, min_replicas=1, max_replicas=2)]
+    )
+    whole = msgspec.structs.replace(
+        plain, spec=msgspec.structs.replace(elastic, workload=plain.spec.workload)
+    )
+    m.create(whole)
+    run_until(m, clock, 2.0)  # running since t=1
+    m.resize_workload(msgspec.structs.replace(whole, revision=1, assignment=[_on(b)]))
+    run_until(m, clock, 21.0)
+    wl = m.workload("e", 1)
+    assert wl is not None and wl.step == 10 + int(19 * 10 / 1.9)
+    run_until(m, clock, 150.0)  # the unshrunk end (t=101) passed: not the end any more
+    assert statuses(got, "succeeded") == []
+    run_until(m, clock, 191.0)
+    assert len(statuses(got, "succeeded")) == 1
+
+
+def test_the_elastic_policy_resizes_multi_node_jobs_and_keeps_every_invariant() -> None:
+    """The default world's first 1000 jobs hold five multi-node (elastic) jobs; they are
+    shrunk and grown in place, GPU-seconds count each size for its time."""
+    res = Sim(SimConfig(jobs=1000, seed=1), "elastic").run()
+    assert res.violations == [], res.violations[:3]
+    resized = [log for logs in res.logs.values() for log in logs if log.resized_at is not None]
+    assert resized
+    end = res.base + res.end
+    jobs = {j.job_id: j for j in res.jobs}
+    for log in resized:
+        most = jobs[log.job_id].gpus
+        assert 0 < log.gpu_s(end) <= log.held_s(end) * most + 1e-6
+    assert any(log.gpu_s(end) < log.held_s(end) * jobs[log.job_id].gpus for log in resized)
