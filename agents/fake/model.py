@@ -467,6 +467,10 @@ class ClusterModel:
         # the "cluster", not the agent, as a pod's activeDeadlineSeconds is kept by the kubelet:
         # a frozen or dead agent cannot keep its workloads alive past it.
         self._fences: dict[tuple[str, int], float] = {}
+        # (until, attempt) for every fence set, earliest first: `enforce_fences` runs on every
+        # command and looks only at the fences that can be due. An entry whose fence was
+        # extended or whose workload ended is stale and dropped when it comes up.
+        self._fence_due: list[tuple[float, tuple[str, int]]] = []
         self._fence_after: dict[tuple[str, int], float] = {}  # as dispatched
         self._heap: list[tuple[float, int, str, Any, int]] = []
         self._counter = itertools.count()
@@ -632,8 +636,13 @@ class ClusterModel:
         that has already lapsed cannot be extended (the workload is gone)."""
         self.enforce_fences()
         key = (job_id, attempt)
-        if key in self._workloads:
-            self._fences[key] = max(until, self._fences.get(key, 0.0))
+        if key in self._workloads and until > self._fences.get(key, 0.0):
+            self._fences[key] = until
+            due = self._fence_due
+            heapq.heappush(due, (until, key))
+            if len(due) > 2 * len(self._fences) + 64:  # mostly stale: keep it bounded
+                due[:] = [(t, k) for k, t in self._fences.items()]
+                heapq.heapify(due)
 
     def fence_after(self, job_id: str, attempt: int) -> float:
         """The fence window the attempt was dispatched with, for an agent that restarts."""
@@ -642,11 +651,14 @@ class ClusterModel:
     def enforce_fences(self) -> None:
         """End every workload whose fence lapsed, as of the moment it lapsed: whatever was
         frozen since (this process stopped) never ran past it."""
-        if not self._fences:
+        due = self._fence_due
+        if not due:
             return
         unix = self.clock.unix()
-        lapsed = [(k, t) for k, t in self._fences.items() if t <= unix]
-        for key, until in lapsed:
+        while due and due[0][0] <= unix:
+            until, key = heapq.heappop(due)
+            if self._fences.get(key) != until:
+                continue  # extended since, or the workload ended
             del self._fences[key]
             wl = self._workloads.get(key)
             if wl is None:

@@ -141,6 +141,11 @@ class Scheduler:
         self._snap: Snapshot | None = None
         self._plan_fail: set[tuple[str, int, Shape]] = set()
         self._shapes: dict[Shape, Shape] = {}  # interned shapes (see `_shape_of`)
+        # (queue, shape) -> `check_feasible`'s answer, as of inventory version `_feas_at`: the
+        # answer reads only the request's shape and queue, the inventory and the static
+        # config, so alike submissions share one computation until the inventory changes.
+        self._feas: dict[tuple[str, Shape], tuple[Reason, ...]] = {}
+        self._feas_at = -1
         # (queue, priority) -> worth_planning, valid until the ledger or the book changes
         self._worth: dict[tuple[str, int], bool] = {}
         # (queue, priority, shape) -> the reasons its first request failed with this cycle:
@@ -1063,7 +1068,22 @@ class Scheduler:
             self._progress[(job_id, attempt)] = work_since
 
     def check_feasible(self, request: GangRequest) -> tuple[Reason, ...]:
-        """Could the gang ever start? Under partial admission, judged at its minimum."""
+        """Could the gang ever start? Under partial admission, judged at its minimum.
+        Asked once per submission: answered from a memo while the inventory is unchanged."""
+        version = self._inv.version
+        if version != self._feas_at:
+            self._feas.clear()
+            self._feas_at = version
+        key = (request.queue, self._shape_of(request))
+        hit = self._feas.get(key)
+        if hit is None:
+            if len(self._feas) >= _GANG_CACHE_MAX:
+                self._feas.clear()
+            hit = self._feas[key] = self.check_feasible_fresh(request)
+        return hit
+
+    def check_feasible_fresh(self, request: GangRequest) -> tuple[Reason, ...]:
+        """`check_feasible` computed from scratch (what its memo must agree with)."""
         gang = self._gang(least_podsets(request))
         return feasibility(self._inv, request, gang) or self._quota_feasibility(request, gang)
 

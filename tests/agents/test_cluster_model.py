@@ -124,6 +124,42 @@ def test_a_lapsed_fence_stops_the_attempt_as_of_the_fence() -> None:
     assert m.live_workloads() == []
 
 
+def test_fences_end_only_the_attempts_whose_latest_fence_lapsed() -> None:
+    """Eight attempts with fences at different times, some extended (some more than once),
+    one ended by its own removal: each attempt ends exactly when its latest fence lapses, as
+    of that moment, and an extended or removed one is never ended by an old fence."""
+    m, clock, got = model(FakeClusterConfig(flavors=[FakeFlavor(name="od", nodes=4)], seed=7))
+    sim = Simulation(total_steps=100_000, steps_per_second=10.0, checkpoint_every=10_000)
+    nodes = m.nodes_of("od")
+    jobs = [f"j{i}" for i in range(8)]
+    for i, job in enumerate(jobs):
+        m.create(dispatch(job, [nodes[i // 2]], flavor="od", gpu=4, sim=sim))
+    run_until(m, clock, 2.0)
+    t0 = clock.unix()
+    fences = {job: t0 + 1.0 + i for i, job in enumerate(jobs)}  # j0 at +1 ... j7 at +8
+    for job, until in fences.items():
+        m.set_fence(job, 1, until)
+    for job in ("j1", "j4"):  # extended before they lapse, j4 twice
+        fences[job] += 10.0
+        m.set_fence(job, 1, fences[job])
+    fences["j4"] += 5.0
+    m.set_fence("j4", 1, fences["j4"])
+    m.set_fence("j5", 1, t0)  # an earlier fence does not shorten a later one
+    m.remove("j6", 1, "cancelled")
+    del fences["j6"]
+    while clock.unix() < t0 + 20.0:
+        run_until(m, clock, clock.now() + 0.5, step=0.5)
+        live = {job for job, _ in m.live_workloads()}
+        for job, until in fences.items():
+            assert (job in live) == (until > clock.unix()), (job, clock.unix() - t0)
+    assert "j6" not in {s.job_id for s in statuses(got, "evicted")}
+    for s in statuses(got, "evicted"):
+        assert "fence lapsed" in s.reason
+        assert m.history[s.job_id][0].ended_at == pytest.approx(fences[s.job_id])
+    assert sorted(s.job_id for s in statuses(got, "evicted")) == sorted(fences)
+    assert m.counters["fenced"] == len(fences)
+
+
 def test_checkpoint_now_writes_the_current_step_after_the_write_time() -> None:
     m, clock, got = model(msgspec.structs.replace(CONFIG, checkpoint_write_s=2.0))
     sim = Simulation(total_steps=10_000, steps_per_second=10.0, checkpoint_every=1000)
