@@ -1,5 +1,5 @@
-"""`cancel_and_wait` ends its tasks, keeps their errors to them, and never swallows a
-cancellation of the task that calls it."""
+"""`cancel_and_wait` ends its tasks, keeps their errors to them, never swallows a
+cancellation of the task that calls it, and ends a task that lost its first cancel."""
 
 from __future__ import annotations
 
@@ -54,3 +54,19 @@ async def test_a_cancel_of_the_caller_while_a_child_winds_down_is_not_swallowed(
     release.set()
     await asyncio.wait({child})
     assert child.cancelled()
+
+
+async def test_a_task_that_lost_its_first_cancel_is_cancelled_again() -> None:
+    lost = asyncio.Event()
+
+    async def loses_one_cancel() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            lost.set()  # as Python 3.11's asyncio.wait_for can drop a cancel
+        await asyncio.sleep(30)  # runs on (bounded, so a failing run still ends)
+
+    child = asyncio.create_task(loses_one_cancel())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(cancel_and_wait(child, again_s=0.05), 5)
+    assert lost.is_set() and child.cancelled()
