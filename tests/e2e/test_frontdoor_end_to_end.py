@@ -302,7 +302,14 @@ async def test_bad_input_gets_a_condition_and_an_event_and_nothing_else(
         obj = east.server.get(f"{collection}/{name}") or {}
         return str((obj.get("metadata", {}).get("annotations") or {}).get(ANN_STATE, ""))
 
-    await h.wait_for(lambda: all(state(c, n) == r for (c, n), (r, _) in expected.items()), 10)
+    def settled(collection: str, name: str, reason: str) -> bool:
+        """The annotation and, on a Kubeflow job, the condition (a separate status write)."""
+        if state(collection, name) != reason:
+            return False
+        obj = east.server.get(f"{collection}/{name}") or {}
+        return collection != PYTORCHJOBS or "status" in condition(obj)
+
+    await h.wait_for(lambda: all(settled(c, n, r) for (c, n), (r, _) in expected.items()), 10)
     for (collection, name), (reason, text) in expected.items():
         obj = east.server.get(f"{collection}/{name}")
         assert obj is not None
