@@ -134,6 +134,7 @@ class AttemptRecord:
     nodes: list[str] = field(default_factory=list)
     last_checkpoint_step: int | None = None
     checkpoints: int = 0
+    saved: list[int] = field(default_factory=list)  # every step it checkpointed, in order
     created_at: float = 0.0  # unix seconds
     running_at: float | None = None
     ended_at: float | None = None
@@ -934,6 +935,7 @@ class ClusterModel:
         wl.last_ckpt = step
         wl.record.last_checkpoint_step = step
         wl.record.checkpoints += 1
+        wl.record.saved.append(step)
         wl.record.last_step = max(wl.record.last_step, step)
         self.counters["checkpoints"] += 1
         self.emit(
