@@ -17,7 +17,6 @@ import contextlib
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import msgspec
@@ -26,6 +25,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from agents.backend import Backend, BackendError, ClusterFencing, Fencing, JobRefused, Resizing
+from agents.gate import CommandGate, Duplicate, Refuse, Resize
 from agents.logs import LogServer
 from agents.nodeops import NodeOpServer
 from schemas.agent import (
@@ -54,7 +54,6 @@ from shell.natsio import flush
 from shell.tasks import cancel_and_wait
 
 MAX_ERROR_CHARS = 1000  # CommandAck.error is capped at 1024 by the schema
-MAX_TRACKED_JOBS = 500_000  # memory bound on per-job idempotency records
 STOP_TIMEOUT_S = 5.0
 RETRY_S = 0.2  # pause after a failed publish/snapshot so a dead connection cannot spin us
 # Outcomes (endings, checkpoints) kept until the broker says they are persisted. Past the cap
@@ -99,18 +98,6 @@ class Companion(Protocol):
     async def stop(self) -> None: ...
 
 
-@dataclass(slots=True)
-class _JobTrack:
-    """What this agent knows about one job: the newest attempt it created, the attempts still
-    alive here, and attempts the broker cancelled (a late Dispatch for those is refused)."""
-
-    highest: int = 0
-    live: set[int] = field(default_factory=set)
-    cancelled_upto: int = 0
-    fence_after: dict[int, float] = field(default_factory=dict)  # attempt -> seconds (0 = off)
-    revision: dict[int, int] = field(default_factory=dict)  # attempt -> newest placement revision
-
-
 class AgentRuntime:
     """Connects one Backend to the broker over NATS (see module docstring)."""
 
@@ -142,7 +129,6 @@ class AgentRuntime:
         self.cmd_subject = subjects.agent_cmd(self.cluster)
         self.instance = ""
         self.seq = 0
-        self.max_epoch = 0
         self.partitioned = False
         self._fence_failing = False  # the cluster's fence could not be renewed lately
         self.stats: dict[str, int] = {
@@ -154,7 +140,7 @@ class AgentRuntime:
             "errors": 0,
         }
         self.log = structlog.get_logger("muster.agent").bind(cluster=self.cluster)
-        self._jobs: dict[str, _JobTrack] = {}
+        self.gate = CommandGate()
         # seq -> unix time the batch left: an Applied(seq) proves the broker heard from us then.
         self._sent_at: dict[int, float] = {}
         # key -> (event, seq of the batch that last carried it, 0 = not sent yet, sent at)
@@ -265,9 +251,7 @@ class AgentRuntime:
         """Given to the backend; never blocks. Deltas that a pending snapshot will cover are
         dropped at once, which also bounds memory while partitioned."""
         if isinstance(ev, WorkloadStatus) and ev.phase in TERMINAL_PHASES:
-            track = self._jobs.get(ev.job_id)
-            if track is not None:
-                track.live.discard(ev.attempt)
+            self.gate.ended(ev.job_id, ev.attempt)
         key = _outbox_key(ev)
         if key is not None:
             self._keep(key, ev)
@@ -335,9 +319,10 @@ class AgentRuntime:
             return
         if not isinstance(backend, Fencing):
             return
-        tracks = [(job_id, self._jobs[job_id])] if job_id in self._jobs else []
+        one = self.gate.get(job_id) if job_id is not None else None
+        tracks = self.gate.tracks() if job_id is None else [(job_id, one)] if one else []
         failed = False
-        for jid, track in tracks if job_id is not None else list(self._jobs.items()):
+        for jid, track in tracks:
             for attempt in list(track.live):
                 after = track.fence_after.get(attempt, 0.0)
                 if after <= 0:
@@ -455,7 +440,7 @@ class AgentRuntime:
         cut_for = now - self._last_contact
         if cut_for < 1.0:
             return
-        for job_id, track in list(self._jobs.items()):
+        for job_id, track in self.gate.tracks():
             for attempt in sorted(track.live):
                 after = track.fence_after.get(attempt, 0.0)
                 if after <= 0 or cut_for < after or self._cluster_fences(job_id, attempt):
@@ -463,8 +448,7 @@ class AgentRuntime:
                 reason = f"fenced: cut off from the broker for {cut_for:.0f}s"
                 with contextlib.suppress(Exception):
                     await self.backend.cancel(job_id, attempt, reason)
-                track.live.discard(attempt)
-                track.cancelled_upto = max(track.cancelled_upto, attempt)
+                self.gate.fenced(job_id, attempt)
                 self.stats["fenced"] = self.stats.get("fenced", 0) + 1
                 self.log.warning("self-fenced", job_id=job_id, attempt=attempt, cut_for=cut_for)
 
@@ -605,13 +589,10 @@ class AgentRuntime:
         """After a restart the snapshot tells which attempts already exist here."""
         fence_after = self.backend.fence_after if isinstance(self.backend, Fencing) else None
         for w in snap.workloads:
-            track = self._track(w.job_id)
-            track.highest = max(track.highest, w.attempt)
-            if w.phase not in TERMINAL_PHASES:
-                track.live.add(w.attempt)
-                if fence_after is not None and w.attempt not in track.fence_after:
-                    # adopted from an earlier agent: keep extending the fence it was given
-                    track.fence_after[w.attempt] = fence_after(w.job_id, w.attempt)
+            live = w.phase not in TERMINAL_PHASES
+            # adopted from an earlier agent: keep extending the fence it was given
+            after = fence_after(w.job_id, w.attempt) if live and fence_after else None
+            self.gate.adopt(w.job_id, w.attempt, live=live, fence_after=after)
 
     # -- commands ------------------------------------------------------------------------
     async def _on_msg(self, msg: Msg) -> None:
@@ -640,13 +621,11 @@ class AgentRuntime:
         except Exception as exc:  # decode_command promises DecodeError; be safe anyway
             await self._reply(msg, CommandAck(ok=False, error=f"undecodable command: {exc}"))
             return
-        if cmd.epoch < self.max_epoch:
+        stale = self.gate.epoch_refusal(cmd.epoch)
+        if stale is not None:
             self.stats["refused"] += 1
-            err = f"stale epoch {cmd.epoch}: this agent has seen epoch {self.max_epoch}"
-            ack = CommandAck(ok=False, stale_epoch=True, error=err, epoch=self.max_epoch)
-            await self._reply(msg, ack)
+            await self._reply(msg, stale)
             return
-        self.max_epoch = cmd.epoch
         if isinstance(cmd, Applied):
             await self._on_applied(cmd)
             await self._reply(msg, CommandAck(ok=True))
@@ -722,13 +701,7 @@ class AgentRuntime:
                 return await self._dispatch(cmd, log)
             if isinstance(cmd, Cancel):
                 await self.backend.cancel(cmd.job_id, cmd.attempt, cmd.reason or "cancelled")
-                track = self._track(cmd.job_id)
-                if cmd.attempt is None:
-                    track.live.clear()
-                    track.cancelled_upto = max(track.cancelled_upto, track.highest)
-                else:
-                    track.live.discard(cmd.attempt)
-                    track.cancelled_upto = max(track.cancelled_upto, cmd.attempt)
+                self.gate.cancelled(cmd.job_id, cmd.attempt)
                 log.info("cancelled", reason=cmd.reason)
                 return CommandAck(ok=True)
             # CheckpointNow goes only to this attempt's own pods, through the backend's
@@ -746,43 +719,31 @@ class AgentRuntime:
             return CommandAck(ok=False, error=f"agent error: {type(exc).__name__}: {exc}"[:1000])
 
     async def _dispatch(self, cmd: Dispatch, log: Any) -> CommandAck:
-        track = self._track(cmd.job_id)
-        if cmd.attempt <= track.cancelled_upto:
-            return CommandAck(
-                ok=False, error=f"attempt {cmd.attempt} of job {cmd.job_id} was cancelled here"
-            )
-        if cmd.attempt == track.highest:
-            if cmd.revision > track.revision.get(cmd.attempt, 0):
-                await self._resize(cmd, track, log)
-            else:
-                log.debug("duplicate dispatch acknowledged")
+        verdict = self.gate.judge(cmd)
+        if isinstance(verdict, Refuse):
+            return verdict.ack
+        if isinstance(verdict, Resize):
+            await self._resize(cmd, log)
             return CommandAck(ok=True)
-        if cmd.attempt < track.highest:
-            return CommandAck(
-                ok=False,
-                error=(
-                    f"attempt {cmd.attempt} of job {cmd.job_id} is older than attempt "
-                    f"{track.highest} already dispatched here"
-                ),
-            )
-        for old in sorted(a for a in track.live if a < cmd.attempt):
+        if isinstance(verdict, Duplicate):
+            log.debug("duplicate dispatch acknowledged")
+            return CommandAck(ok=True)
+        for old in verdict.supersede:
             await self.backend.cancel(cmd.job_id, old, f"superseded by attempt {cmd.attempt}")
-            track.live.discard(old)
+            self.gate.ended(cmd.job_id, old)
             log.info("cancelled older attempt", old_attempt=old)
         received = time.time()
         await self.backend.dispatch(cmd)
-        track.highest = cmd.attempt
-        track.live.add(cmd.attempt)
-        track.fence_after[cmd.attempt] = cmd.fence_after_s
+        self.gate.ran(cmd)
         await self._extend_fences(received, cmd.job_id)
         log.debug("dispatched", flavor=cmd.flavor)
         return CommandAck(ok=True)
 
-    async def _resize(self, cmd: Dispatch, track: _JobTrack, log: Any) -> None:
+    async def _resize(self, cmd: Dispatch, log: Any) -> None:
         """A revision of a running attempt: its nodes changed in place (an elastic gang).
         Always acknowledged: a refusal would end the attempt, and a backend that cannot
         resize leaves the replicas on a reclaimed node to end with it."""
-        track.revision[cmd.attempt] = cmd.revision
+        self.gate.resized(cmd)
         resize = getattr(self.backend, "resize", None)
         if resize is None:
             log.info("backend cannot resize in place", revision=cmd.revision)
@@ -794,25 +755,6 @@ class AgentRuntime:
             return
         log.info("attempt resized", revision=cmd.revision, nodes=_node_count(cmd))
 
-    def _track(self, job_id: str) -> _JobTrack:
-        track = self._jobs.get(job_id)
-        if track is None:
-            if len(self._jobs) >= MAX_TRACKED_JOBS:
-                self._forget_oldest()
-            track = self._jobs[job_id] = _JobTrack()
-        return track
-
-    def _forget_oldest(self) -> None:
-        """Drop the oldest tenth of finished jobs' records (dicts keep insertion order)."""
-        drop = []
-        for job_id, tr in self._jobs.items():
-            if not tr.live:
-                drop.append(job_id)
-                if len(drop) >= MAX_TRACKED_JOBS // 10:
-                    break
-        for job_id in drop:
-            del self._jobs[job_id]
-
     async def _reply(self, msg: Msg, ack: CommandAck) -> None:
         if not msg.reply:
             return
@@ -822,9 +764,12 @@ class AgentRuntime:
             self.log.warning("could not send ack", error=str(exc))
 
     # -- introspection -------------------------------------------------------------------
+    @property
+    def max_epoch(self) -> int:
+        return self.gate.max_epoch
+
     def live_attempts(self, job_id: str) -> set[int]:
-        track = self._jobs.get(job_id)
-        return set(track.live) if track else set()
+        return self.gate.live(job_id)
 
 
 def _node_count(cmd: Dispatch) -> int:

@@ -33,7 +33,8 @@ from typing import Annotated, Any
 import msgspec
 import typer
 
-from agents.runtime import AgentRuntime, _JobTrack
+from agents.gate import CommandGate, Duplicate, Refuse, Resize
+from agents.runtime import AgentRuntime
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
 from broker.core.inputs import CYCLE, TICK, AgentBatch, DispatchAcked, Restore, SubmitJob
 from broker.core.invariants import unordered_dispatches, violations
@@ -254,8 +255,7 @@ class SimAgent:
         self.nodes = {n.name: n for n in nodes}
         self.instance = ""
         self.seq = 0
-        self.max_epoch = 0
-        self.tracks: dict[str, _JobTrack] = {}
+        self.gate = CommandGate()
         self.work: dict[tuple[str, int], Work] = {}
         self.queue: list[AgentEvent] = []
         self.outcomes: dict[tuple[str, int], tuple[float, WorkloadStatus]] = {}
@@ -276,11 +276,9 @@ class SimAgent:
         self.seq = 0
         self.queue = []
         self.snapshot_pending = True
-        self.tracks = {}
-        for (job_id, attempt), wk in self.work.items():
-            t = self.tracks.setdefault(job_id, _JobTrack())
-            t.highest = max(t.highest, attempt)
-            t.live.add(wk.attempt)
+        self.gate.forget()
+        for job_id, attempt in self.work:
+            self.gate.adopt(job_id, attempt, live=True, fence_after=None)
 
     def linked(self) -> bool:
         return self.w.clock.now >= self.cut_until
@@ -306,10 +304,10 @@ class SimAgent:
             )
             return
         self.last_contact = self.w.clock.now
-        if cmd.epoch < self.max_epoch:
-            reply(CommandAck(ok=False, stale_epoch=True, error="stale epoch"))
+        stale = self.gate.epoch_refusal(cmd.epoch)
+        if stale is not None:
+            reply(stale)
             return
-        self.max_epoch = cmd.epoch
         if isinstance(cmd, Applied):
             self._on_applied(cmd)
             reply(CommandAck(ok=True))
@@ -318,17 +316,10 @@ class SimAgent:
             self.snapshot_pending = True
             reply(CommandAck(ok=True))
             return
-        track = self.tracks.setdefault(cmd.job_id, _JobTrack())
         if isinstance(cmd, Cancel):
-            doomed = [a for a in track.live if cmd.attempt is None or a == cmd.attempt]
-            for a in doomed:
+            for a in self.gate.cancel_targets(cmd.job_id, cmd.attempt):
                 self._end(cmd.job_id, a, None)
-            if cmd.attempt is None:
-                track.live.clear()
-                track.cancelled_upto = max(track.cancelled_upto, track.highest)
-            else:
-                track.live.discard(cmd.attempt)
-                track.cancelled_upto = max(track.cancelled_upto, cmd.attempt)
+            self.gate.cancelled(cmd.job_id, cmd.attempt)
             reply(CommandAck(ok=True))
             return
         if isinstance(cmd, CheckpointNow):
@@ -337,19 +328,19 @@ class SimAgent:
                 self._checkpoint(wk)
             reply(CommandAck(ok=True))
             return
-        # Dispatch, with the runtime's idempotency rules.
-        if cmd.attempt <= track.cancelled_upto:
-            reply(CommandAck(ok=False, error="cancelled here"))
+        # Dispatch, through the agent's own gate.
+        verdict = self.gate.judge(cmd)
+        if isinstance(verdict, Refuse):
+            reply(verdict.ack)
             return
-        if cmd.attempt == track.highest:
+        if isinstance(verdict, Resize | Duplicate):
+            if isinstance(verdict, Resize):
+                self.gate.resized(cmd)  # these simulated workloads cannot resize in place
             reply(CommandAck(ok=True))
             return
-        if cmd.attempt < track.highest:
-            reply(CommandAck(ok=False, error="older than an attempt here"))
-            return
-        for old in sorted(a for a in track.live if a < cmd.attempt):
+        for old in verdict.supersede:
             self._end(cmd.job_id, old, None)
-            track.live.discard(old)
+            self.gate.ended(cmd.job_id, old)
         nodes = [n for a in cmd.assignment for n in a.nodes]
         spec = cmd.spec
         done = self.w.work_of[cmd.job_id]
@@ -368,8 +359,7 @@ class SimAgent:
         self.fence_after[(cmd.job_id, cmd.attempt)] = cmd.fence_after_s
         if cmd.fence_after_s > 0:
             self.work[(cmd.job_id, cmd.attempt)].fence_until = self.w.clock.now + cmd.fence_after_s
-        track.highest = cmd.attempt
-        track.live.add(cmd.attempt)
+        self.gate.ran(cmd)
         self.emit(
             WorkloadStatus(
                 job_id=cmd.job_id, attempt=cmd.attempt, phase="created", total_replicas=len(nodes)
@@ -446,7 +436,7 @@ class SimAgent:
                 self.w.completions[wk.job_id] += 1
                 self.w.completed_by[wk.job_id].append((self.cluster, wk.attempt))
                 self._end(key[0], key[1], "succeeded")
-                self.tracks.setdefault(key[0], _JobTrack()).live.discard(key[1])
+                self.gate.ended(key[0], key[1])
             elif wk.ckpt_every is not None and wk.since_ckpt >= wk.ckpt_every:
                 self._checkpoint(wk)
 
@@ -471,7 +461,7 @@ class SimAgent:
             if wk.fence_until <= now:
                 self._healthy_fenced(job_id, attempt, now)
                 self._end(job_id, attempt, "evicted")
-                self.tracks.setdefault(job_id, _JobTrack()).live.discard(attempt)
+                self.gate.ended(job_id, attempt)
                 self.w.stats["fenced"] += 1
 
     def _healthy_fenced(self, job_id: str, attempt: int, now: float) -> None:
@@ -587,7 +577,7 @@ class SimAgent:
         for (job_id, attempt), wk in list(self.work.items()):
             if name in wk.nodes:
                 self._end(job_id, attempt, "evicted")
-                self.tracks.setdefault(job_id, _JobTrack()).live.discard(attempt)
+                self.gate.ended(job_id, attempt)
         old = self.nodes.pop(name)
         self.emit(NodeGone(node=name, reason="spot reclaimed"))
         fresh = msgspec.structs.replace(old, name=f"{name}r", spot_deadline=None)

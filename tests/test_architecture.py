@@ -235,3 +235,17 @@ def test_the_walks_name_function_hops() -> None:
 @pytest.mark.parametrize("dotted", _walk_references())
 def test_each_hop_of_the_walks_exists(dotted: str) -> None:
     assert callable(_resolve(dotted)), dotted
+
+
+def test_the_simulated_agents_obey_the_real_command_gate() -> None:
+    """The VOPR's agents decide which commands to obey with the runtime's own gate, and no
+    module but the gate keeps the rules' state (a copy would let the simulation pass while
+    the shell broke)."""
+    for user in ("agents.runtime", "load.vopr"):
+        assert "agents.gate" in GRAPH[user], f"{user} does not use agents.gate"
+    keepers = [
+        name
+        for name, path in MODULES.items()
+        if name != "agents.gate" and re.search(r"\bcancelled_upto\b", path.read_text())
+    ]
+    assert keepers == []
