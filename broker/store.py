@@ -509,7 +509,9 @@ class RecordMirror:
                 return
             self.applied = seq
             too_new.pop(msg.subject, None)
-            if msg.headers and msg.headers.get(KV_OP):
+            if msg.subject[prefix] == "_":  # not a job: an attempt marker or the probe
+                pass
+            elif msg.headers and msg.headers.get(KV_OP):
                 records.pop(msg.subject, None)  # deleted or purged
                 self.usage.forget(msg.subject[prefix:])
             else:
