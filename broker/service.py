@@ -61,7 +61,7 @@ from broker.core.records import RECORD_FORMAT
 from broker.core.submission import derive_job_id
 from broker.embedded import EmbeddedNats, free_port
 from broker.intake import FairPuller, ensure_intake, intake_names, unknown_queue_error
-from broker.lease import LeaderLease, LeadershipLost
+from broker.lease import LeaderLease, LeadershipLost, issued_epoch, record_epoch
 from broker.metrics import Metrics
 from broker.pacing import cycle_due, next_cycle_at
 from broker.store import (
@@ -628,6 +628,16 @@ class Broker:
             max_bytes=limits.jobs_bucket_max_bytes,
         )
 
+    async def _issue_epoch(self) -> None:
+        """Take an epoch above every one issued before (the lease bucket may have been lost
+        and its revisions restarted) and record it in the job bucket before any command
+        carries it. A bucket that cannot be read or written fails this leadership."""
+        assert self.store is not None
+        js, bucket = self.store.js, self.store.bucket
+        async with asyncio.timeout(10.0):
+            self.lease.fence_above(await issued_epoch(js, bucket))
+            await record_epoch(js, bucket, self.lease.epoch, self.lease.holder)
+
     async def _lead(self, mirror: RecordMirror) -> None:
         # Renew the lease from the moment it is won: restoring 100,000 records takes longer
         # than the lease TTL, and a lease left to expire meanwhile was lost right after the
@@ -641,6 +651,7 @@ class Broker:
     async def _lead_holding(self, hold: asyncio.Task[None], mirror: RecordMirror) -> None:
         started = time.monotonic()
         self._persist_full = self._probe_full = False  # this leadership's own probe decides
+        await self._issue_epoch()
         machine = Machine(self.config, epoch=self.lease.epoch)
         # Loading builds millions of long-lived objects and no cycles; the cycle collector
         # would walk them again and again (it doubled restore time at 100,000 jobs).
