@@ -486,6 +486,7 @@ class Broker:
         self._applied_busy: set[str] = set()
         self._applied_at: dict[str, float] = {}
         self._lease_check_at = -1e18
+        self._epoch_recorded = 0  # the epoch last written to the job bucket (see _issue_epoch)
         self._mail: AgentMailboxes | None = None  # per-cluster agent budgets, while leading
         self._mail_wake = asyncio.Event()
         self._budget_logged: dict[str, float] = {}
@@ -630,13 +631,29 @@ class Broker:
 
     async def _issue_epoch(self) -> None:
         """Take an epoch above every one issued before (the lease bucket may have been lost
-        and its revisions restarted) and record it in the job bucket before any command
-        carries it. A bucket that cannot be read or written fails this leadership."""
+        and its revisions restarted) and record it in the job bucket, normally before any
+        command carries it. A bucket that cannot be read fails this leadership (the restore
+        needs it anyway); one that refuses writes (full, or refusing everything) must not keep
+        a broker from leading and answering, so the record is then written by the bucket
+        watch once the bucket takes it (`_record_epoch`)."""
         assert self.store is not None
-        js, bucket = self.store.js, self.store.bucket
+        self._epoch_recorded = 0
         async with asyncio.timeout(10.0):
-            self.lease.fence_above(await issued_epoch(js, bucket))
-            await record_epoch(js, bucket, self.lease.epoch, self.lease.holder)
+            self.lease.fence_above(await issued_epoch(self.store.js, self.store.bucket))
+        await self._record_epoch()
+
+    async def _record_epoch(self) -> None:
+        """Write this leadership's epoch into the job bucket unless it is there already."""
+        store, epoch = self.store, self.lease.epoch
+        if store is None or self._epoch_recorded == epoch:
+            return
+        try:
+            async with asyncio.timeout(2.0):
+                await record_epoch(store.js, store.bucket, epoch, self.lease.holder)
+        except Exception as exc:
+            log.warning("broker.epoch_not_recorded", epoch=epoch, error=str(exc)[:200])
+            return
+        self._epoch_recorded = epoch
 
     async def _lead(self, mirror: RecordMirror) -> None:
         # Renew the lease from the moment it is won: restoring 100,000 records takes longer
@@ -744,8 +761,10 @@ class Broker:
                 if await watch.check():
                     self.stats["store_records_lost"] += 1
                     self.stats["store_records_repersisted"] = watch.repersisted
+                    self._epoch_recorded = 0  # lost with the records: written again
             except Exception as exc:
                 log.warning("store.check_failed", error=str(exc))
+            await self._record_epoch()
 
     async def _step_down(self) -> None:
         self.leading.clear()

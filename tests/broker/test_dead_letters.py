@@ -40,8 +40,13 @@ async def test_no_dead_letter_after_two_broker_kills_while_the_bucket_refuses_wr
     first = await harness.start_broker()
     await bucket_takes(harness, writes=False)
     await harness.nc.publish(harness.subjects.submit("default"), encode_json(JOB))
-    # The first delivery is processed; its record waits for the store; the broker dies.
+    # The first delivery is processed; its record waits for the store, the message's ack
+    # deadline kept alive meanwhile (no redelivery in three deadlines); then the broker dies.
     await wait_for(lambda: held(first, "kept-1"), 10, what="the first delivery processed")
+    await wait_for(
+        lambda: first.stats["held_for_storage"] >= 9, 30, what="three ack deadlines held"
+    )
+    assert first.stats["put_back_for_storage"] == 0
     await harness.crash_broker()
     # The next leader's redeliveries find the store away: put back, and it dies too.
     second = await harness.start_broker()
