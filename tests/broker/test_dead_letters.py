@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from broker import intake
 from broker.service import Broker
@@ -64,6 +65,13 @@ async def test_no_dead_letter_after_two_broker_kills_while_the_bucket_refuses_wr
     )
     assert third.stats["dead_lettered"] == 0
     assert not held(third, "kept-1")  # never processed while the store is away
+    metrics = generate_latest(third.metrics.registry).decode()
+    (put_back,) = [
+        float(line.split()[1])
+        for line in metrics.splitlines()
+        if line.startswith("muster_submissions_put_back_total ")
+    ]
+    assert put_back >= 2
     # The bucket takes writes again: the submission goes through, once.
     await bucket_takes(harness, writes=True)
     await wait_for(lambda: held(third, "kept-1"), 20, what="the submission processed")
