@@ -38,10 +38,6 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(AttemptMarker).decode
 
 
-def is_marker(key: str) -> bool:
-    return key.startswith(MARKER_KEY + ".")
-
-
 class AttemptMarkers:
     """The markers of one job bucket."""
 

@@ -510,7 +510,7 @@ class RecordMirror:
                 return
             self.applied = seq
             too_new.pop(msg.subject, None)
-            if msg.subject[prefix] == "_":  # not a job: an attempt marker or the probe
+            if msg.subject[prefix] == "_":  # not a job: the probe, an epoch or attempt marker
                 pass
             elif msg.headers and msg.headers.get(KV_OP):
                 records.pop(msg.subject, None)  # deleted or purged
