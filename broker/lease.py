@@ -78,14 +78,14 @@ class LeaseHolder(msgspec.Struct):
 EPOCH_KEY = "_epoch"  # in the job bucket; no job id starts with "_"
 
 
-class IssuedEpoch(msgspec.Struct, frozen=True):
-    """The highest epoch a leader has issued, kept where the lease bucket cannot lose it."""
+class EpochRecord(msgspec.Struct, frozen=True):
+    """The highest epoch a leader has taken, kept where the lease bucket cannot lose it."""
 
     epoch: Annotated[int, Meta(ge=0)]
     holder: Annotated[str, Meta(max_length=512)] = ""
 
 
-async def issued_epoch(js: JetStreamContext, jobs_bucket: str) -> int:
+async def highest_epoch(js: JetStreamContext, jobs_bucket: str) -> int:
     """The highest epoch recorded in the job bucket, 0 when none is. Raises when the bucket
     cannot be read: a leader must not pick an epoch it cannot check."""
     try:
@@ -94,13 +94,13 @@ async def issued_epoch(js: JetStreamContext, jobs_bucket: str) -> int:
         return 0
     if not msg.data:
         return 0
-    return msgspec.json.decode(msg.data, type=IssuedEpoch).epoch
+    return msgspec.json.decode(msg.data, type=EpochRecord).epoch
 
 
 async def record_epoch(js: JetStreamContext, jobs_bucket: str, epoch: int, holder: str) -> None:
     await js.publish(
         f"$KV.{jobs_bucket}.{EPOCH_KEY}",
-        msgspec.json.encode(IssuedEpoch(epoch=epoch, holder=holder)),
+        msgspec.json.encode(EpochRecord(epoch=epoch, holder=holder)),
     )
 
 
@@ -179,21 +179,21 @@ class LeaderLease:
         self.proven.set()
         return True
 
-    def fence_above(self, issued: int) -> int:
-        """Make this leadership's epoch higher than `issued`, the highest one ever recorded:
+    def fence_above(self, highest: int) -> int:
+        """Make this leadership's epoch higher than `highest`, the highest one ever recorded:
         a lease bucket that was lost restarts its revisions at 1. The next renewal writes it
         into the key (`LeaseHolder.epoch`), where other brokers read it."""
-        if self.epoch <= issued:
+        if self.epoch <= highest:
             log.warning(
                 "lease.epoch_raised",
                 holder=self.holder,
                 revision=self.epoch,
-                issued=issued,
-                epoch=issued + 1,
-                why="the lease bucket's revisions are behind an epoch already issued "
+                recorded=highest,
+                epoch=highest + 1,
+                why="the lease bucket's revisions are behind an epoch already taken "
                 "(the bucket was lost and recreated)",
             )
-            self.epoch = issued + 1
+            self.epoch = highest + 1
         return self.epoch
 
     async def _reclaim_own(self, kv: KeyValue, value: bytes) -> int | None:

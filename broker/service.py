@@ -61,7 +61,7 @@ from broker.core.records import RECORD_FORMAT
 from broker.core.submission import derive_job_id
 from broker.embedded import EmbeddedNats, free_port
 from broker.intake import FairPuller, ensure_intake, intake_names, unknown_queue_error
-from broker.lease import LeaderLease, LeadershipLost, issued_epoch, record_epoch
+from broker.lease import LeaderLease, LeadershipLost, highest_epoch, record_epoch
 from broker.metrics import Metrics
 from broker.pacing import cycle_due, next_cycle_at
 from broker.store import (
@@ -486,7 +486,7 @@ class Broker:
         self._applied_busy: set[str] = set()
         self._applied_at: dict[str, float] = {}
         self._lease_check_at = -1e18
-        self._epoch_recorded = 0  # the epoch last written to the job bucket (see _issue_epoch)
+        self._epoch_recorded = 0  # the epoch last written to the job bucket (see _take_epoch)
         self._mail: AgentMailboxes | None = None  # per-cluster agent budgets, while leading
         self._mail_wake = asyncio.Event()
         self._budget_logged: dict[str, float] = {}
@@ -629,8 +629,8 @@ class Broker:
             max_bytes=limits.jobs_bucket_max_bytes,
         )
 
-    async def _issue_epoch(self) -> None:
-        """Take an epoch above every one issued before (the lease bucket may have been lost
+    async def _take_epoch(self) -> None:
+        """Take an epoch above every one taken before (the lease bucket may have been lost
         and its revisions restarted) and record it in the job bucket, normally before any
         command carries it. A bucket that cannot be read fails this leadership (the restore
         needs it anyway); one that refuses writes (full, or refusing everything) must not keep
@@ -639,7 +639,7 @@ class Broker:
         assert self.store is not None
         self._epoch_recorded = 0
         async with asyncio.timeout(10.0):
-            self.lease.fence_above(await issued_epoch(self.store.js, self.store.bucket))
+            self.lease.fence_above(await highest_epoch(self.store.js, self.store.bucket))
         await self._record_epoch()
 
     async def _record_epoch(self) -> None:
@@ -668,7 +668,7 @@ class Broker:
     async def _lead_holding(self, hold: asyncio.Task[None], mirror: RecordMirror) -> None:
         started = time.monotonic()
         self._persist_full = self._probe_full = False  # this leadership's own probe decides
-        await self._issue_epoch()
+        await self._take_epoch()
         machine = Machine(self.config, epoch=self.lease.epoch)
         # Loading builds millions of long-lived objects and no cycles; the cycle collector
         # would walk them again and again (it doubled restore time at 100,000 jobs).
