@@ -38,6 +38,18 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(AttemptMarker).decode
 
 
+def attempts_of(data: bytes | None, stored_ns: int) -> int:
+    """The attempts a marker counts for the message stored at `stored_ns`: 0 for a marker of
+    another message (a recreated stream reuses sequences) or one that does not decode."""
+    if not data:
+        return 0
+    try:
+        marker = _decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return 0
+    return marker.attempts if marker.stored_ns == stored_ns else 0
+
+
 class AttemptMarkers:
     """The markers of one job bucket."""
 
@@ -65,13 +77,9 @@ class AttemptMarkers:
             last = await self.js.get_last_msg(self.stream, subject)
         except NotFoundError:
             return 0
-        if (last.headers and last.headers.get(KV_OP)) or not last.data:
+        if last.headers and last.headers.get(KV_OP):
             return 0  # cleared
-        try:
-            marker = _decode(last.data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return 0
-        return marker.attempts if marker.stored_ns == stored_ns else 0
+        return attempts_of(last.data, stored_ns)
 
     async def clear(self, seq: int) -> None:
         """Forget the marker once its message is acked or terminated. A delete (not a purge):

@@ -92,9 +92,19 @@ async def highest_epoch(js: JetStreamContext, jobs_bucket: str) -> int:
         msg = await js.get_last_msg(f"KV_{jobs_bucket}", f"$KV.{jobs_bucket}.{EPOCH_KEY}")
     except NotFoundError:
         return 0
-    if not msg.data:
+    return epoch_of(msg.data)
+
+
+def epoch_of(data: bytes | None) -> int:
+    """The epoch an `_epoch` record holds; 0 for one that does not decode (logged): a damaged
+    record must not keep every broker from leading."""
+    if not data:
         return 0
-    return msgspec.json.decode(msg.data, type=EpochRecord).epoch
+    try:
+        return msgspec.json.decode(data, type=EpochRecord).epoch
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.error("lease.epoch_record_unreadable", error=str(exc)[:200])
+        return 0
 
 
 async def record_epoch(js: JetStreamContext, jobs_bucket: str, epoch: int, holder: str) -> None:
