@@ -23,6 +23,13 @@ group is electing, 4-9 s): the server answers "no responders" to every broker al
 leader suspends rather than stepping down and restoring, and resumes with the same epoch once a
 renewal lands under the same conditions.
 
+An R1 lease bucket lost with its server comes back empty, and its revisions start at 1 again:
+a new leader's revision would then be below the epoch agents have already seen, and they
+would refuse it. So every leader records its epoch in the job bucket (`EPOCH_KEY`) before it
+sends anything, and a leader whose revision is not above the recorded one takes the next
+epoch instead (`fence_above`), carried in `LeaseHolder.epoch`. Agents see only the integer
+in each command, as before: the wire is unchanged.
+
 A standby does not poll the key: it watches it (`acquire`). A leader stopping cleanly deletes
 the key (`release`, after it has stopped writing), and the standby, seeing the delete, takes it
 at once. A leader that dies leaves the key to expire; the server removes it without a message
@@ -37,13 +44,19 @@ import asyncio
 import contextlib
 import datetime
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import structlog
+from msgspec import Meta
 from nats.js import api
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError, KeyWrongLastSequenceError, NoStreamResponseError
+from nats.js.errors import (
+    APIError,
+    KeyWrongLastSequenceError,
+    NoStreamResponseError,
+    NotFoundError,
+)
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from broker.store import placement_of, reconcile_replication
@@ -60,6 +73,45 @@ class LeaseHolder(msgspec.Struct):
     holder: str
     acquired_at: float
     epoch: int = 0
+
+
+EPOCH_KEY = "_epoch"  # in the job bucket; no job id starts with "_"
+
+
+class EpochRecord(msgspec.Struct, frozen=True):
+    """The highest epoch a leader has taken, kept where the lease bucket cannot lose it."""
+
+    epoch: Annotated[int, Meta(ge=0)]
+    holder: Annotated[str, Meta(max_length=512)] = ""
+
+
+async def highest_epoch(js: JetStreamContext, jobs_bucket: str) -> int:
+    """The highest epoch recorded in the job bucket, 0 when none is. Raises when the bucket
+    cannot be read: a leader must not pick an epoch it cannot check."""
+    try:
+        msg = await js.get_last_msg(f"KV_{jobs_bucket}", f"$KV.{jobs_bucket}.{EPOCH_KEY}")
+    except NotFoundError:
+        return 0
+    return epoch_of(msg.data)
+
+
+def epoch_of(data: bytes | None) -> int:
+    """The epoch an `_epoch` record holds; 0 for one that does not decode (logged): a damaged
+    record must not keep every broker from leading."""
+    if not data:
+        return 0
+    try:
+        return msgspec.json.decode(data, type=EpochRecord).epoch
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.error("lease.epoch_record_unreadable", error=str(exc)[:200])
+        return 0
+
+
+async def record_epoch(js: JetStreamContext, jobs_bucket: str, epoch: int, holder: str) -> None:
+    await js.publish(
+        f"$KV.{jobs_bucket}.{EPOCH_KEY}",
+        msgspec.json.encode(EpochRecord(epoch=epoch, holder=holder)),
+    )
 
 
 class LeadershipLost(RuntimeError):
@@ -136,6 +188,23 @@ class LeaderLease:
         self.epoch = revision
         self.proven.set()
         return True
+
+    def fence_above(self, highest: int) -> int:
+        """Make this leadership's epoch higher than `highest`, the highest one ever recorded:
+        a lease bucket that was lost restarts its revisions at 1. The next renewal writes it
+        into the key (`LeaseHolder.epoch`), where other brokers read it."""
+        if self.epoch <= highest:
+            log.warning(
+                "lease.epoch_raised",
+                holder=self.holder,
+                revision=self.epoch,
+                recorded=highest,
+                epoch=highest + 1,
+                why="the lease bucket's revisions are behind an epoch already taken "
+                "(the bucket was lost and recreated)",
+            )
+            self.epoch = highest + 1
+        return self.epoch
 
     async def _reclaim_own(self, kv: KeyValue, value: bytes) -> int | None:
         """A broker restarted with the same identity (its state directory, held under an

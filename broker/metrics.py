@@ -94,6 +94,11 @@ class BrokerCollector:
                 "dead_lettered",
                 "Submissions moved to the dead-letter subject",
             ),
+            (
+                "muster_submissions_put_back",
+                "put_back_for_storage",
+                "Redeliveries put back uncounted: the job bucket did not take their attempt marker",
+            ),
             ("muster_rate_limited", "rate_limited", "Submissions refused by a submitter's rate"),
             (
                 "muster_storage_full_rejections",

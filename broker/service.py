@@ -36,6 +36,7 @@ from broker import api as broker_api
 from broker import intake, tenancy
 from broker.ackwait import AckWaits
 from broker.agentlink import AgentMailboxes
+from broker.attempts import AttemptMarkers
 from broker.core.effects import (
     Effect,
     Forget,
@@ -60,7 +61,7 @@ from broker.core.records import RECORD_FORMAT
 from broker.core.submission import derive_job_id
 from broker.embedded import EmbeddedNats, free_port
 from broker.intake import FairPuller, ensure_intake, intake_names, unknown_queue_error
-from broker.lease import LeaderLease, LeadershipLost
+from broker.lease import LeaderLease, LeadershipLost, highest_epoch, record_epoch
 from broker.metrics import Metrics
 from broker.pacing import cycle_due, next_cycle_at
 from broker.store import (
@@ -135,9 +136,12 @@ RESTORE_LIMIT_S = 60.0  # the longest a new leader waits for its records
 STANDBY_RETRY_S = 0.5  # pause after a failed attempt to acquire the lease
 NEWER_RECORDS_RETRY_S = 10.0  # lease left to a newer broker this long before trying again
 BUCKET_CHECK_S = 1.0  # how often the leader checks the job bucket still holds its records
-# A submission delivered this many times without being acked (the broker died or failed while
-# processing it) is not processed again: it goes to the dead-letter subject.
+# A submission whose processing was attempted this many times without an ack (the broker died
+# or failed while processing it) is not processed again: it goes to the dead-letter subject.
+# Attempts are the first delivery and every redelivery whose attempt marker the job bucket
+# took (broker/attempts.py): a redelivery while the store is away is put back uncounted.
 MAX_DELIVERIES = 2
+PUT_BACK_S = 2.0  # a redelivery whose attempt marker the store refused comes back after this
 BUDGET_LOG_EVERY_S = 10.0  # per cluster: how often an agent over its budget is logged
 WIRE_REFUSAL_EVERY_S = 10.0  # per cluster: how often an incompatible agent is logged and told
 MAX_EXCUSED = 100_000  # excused stream sequences remembered (see Broker._hold_while_persisting)
@@ -452,6 +456,7 @@ class Broker:
             "dispatch_failed": 0,
             "dead_lettered": 0,
             "held_for_storage": 0,
+            "put_back_for_storage": 0,
             "storage_full_rejections": 0,
             "store_quota_rejections": 0,
             "agent_dropped": 0,
@@ -481,6 +486,7 @@ class Broker:
         self._applied_busy: set[str] = set()
         self._applied_at: dict[str, float] = {}
         self._lease_check_at = -1e18
+        self._epoch_recorded = 0  # the epoch last written to the job bucket (see _take_epoch)
         self._mail: AgentMailboxes | None = None  # per-cluster agent budgets, while leading
         self._mail_wake = asyncio.Event()
         self._budget_logged: dict[str, float] = {}
@@ -623,6 +629,32 @@ class Broker:
             max_bytes=limits.jobs_bucket_max_bytes,
         )
 
+    async def _take_epoch(self) -> None:
+        """Take an epoch above every one taken before (the lease bucket may have been lost
+        and its revisions restarted) and record it in the job bucket, normally before any
+        command carries it. A bucket that cannot be read fails this leadership (the restore
+        needs it anyway); one that refuses writes (full, or refusing everything) must not keep
+        a broker from leading and answering, so the record is then written by the bucket
+        watch once the bucket takes it (`_record_epoch`)."""
+        assert self.store is not None
+        self._epoch_recorded = 0
+        async with asyncio.timeout(10.0):
+            self.lease.fence_above(await highest_epoch(self.store.js, self.store.bucket))
+        await self._record_epoch()
+
+    async def _record_epoch(self) -> None:
+        """Write this leadership's epoch into the job bucket unless it is there already."""
+        store, epoch = self.store, self.lease.epoch
+        if store is None or self._epoch_recorded == epoch:
+            return
+        try:
+            async with asyncio.timeout(2.0):
+                await record_epoch(store.js, store.bucket, epoch, self.lease.holder)
+        except Exception as exc:
+            log.warning("broker.epoch_not_recorded", epoch=epoch, error=str(exc)[:200])
+            return
+        self._epoch_recorded = epoch
+
     async def _lead(self, mirror: RecordMirror) -> None:
         # Renew the lease from the moment it is won: restoring 100,000 records takes longer
         # than the lease TTL, and a lease left to expire meanwhile was lost right after the
@@ -636,6 +668,7 @@ class Broker:
     async def _lead_holding(self, hold: asyncio.Task[None], mirror: RecordMirror) -> None:
         started = time.monotonic()
         self._persist_full = self._probe_full = False  # this leadership's own probe decides
+        await self._take_epoch()
         machine = Machine(self.config, epoch=self.lease.epoch)
         # Loading builds millions of long-lived objects and no cycles; the cycle collector
         # would walk them again and again (it doubled restore time at 100,000 jobs).
@@ -728,8 +761,10 @@ class Broker:
                 if await watch.check():
                     self.stats["store_records_lost"] += 1
                     self.stats["store_records_repersisted"] = watch.repersisted
+                    self._epoch_recorded = 0  # lost with the records: written again
             except Exception as exc:
                 log.warning("store.check_failed", error=str(exc))
+            await self._record_epoch()
 
     async def _step_down(self) -> None:
         self.leading.clear()
@@ -1039,8 +1074,16 @@ class Broker:
             assert machine is not None
             effects: list[Effect] = []
             known = False  # a copy of a job already submitted, maybe not persisted yet
-            for msg in msgs:
-                reply, more, term = await self._submit_guarded(machine, msg, limit)
+            prior = await self._begin_attempts(msgs)
+            for i, msg in enumerate(msgs):
+                attempts = prior.get(i, 0)
+                if attempts < 0:
+                    continue  # put back: the store is away
+                more: list[Effect] = []
+                if attempts >= MAX_DELIVERIES:
+                    reply, term = await self._dead_letter_reply(msg, attempts), True
+                else:
+                    reply, more, term = await self._submit_guarded(machine, msg, limit)
                 effects.extend(more)
                 known = known or (reply.accepted and reply.duplicate)
                 replies.append((msg, encode_json(reply), term))
@@ -1065,6 +1108,9 @@ class Broker:
             for msg, payload, term in replies:
                 with contextlib.suppress(Exception):  # unacked: redelivered, then dead-lettered
                     await (msg.term() if term else msg.ack())
+                    delivered, seq, _ = _ack_tokens(msg)
+                    if delivered > 1 and self.store is not None:  # it may have a marker
+                        await AttemptMarkers(self.store.js, self.store.bucket).clear(seq)
                 # The original subject is the stream message's subject.
                 await self._rendezvous.on_result(msg.subject, msg.data, msg.headers, payload)
         finally:
@@ -1097,25 +1143,62 @@ class Broker:
                 self._excused.popitem(last=False)
             raise
 
+    async def _begin_attempts(self, msgs: list[Msg]) -> dict[int, int]:
+        """For each redelivered message of a batch (by index), the processing attempts before
+        this one that started with the store present, counting the first delivery (no marker
+        is written for it: the hot path) and not the deliveries this process excused. -1: the
+        store did not take the marker, so the message was put back (nak with a delay) and
+        this delivery counts for nothing."""
+        redelivered: list[tuple[int, Msg, int, int]] = []
+        for i, msg in enumerate(msgs):
+            with contextlib.suppress(Exception):
+                delivered, seq, stored_ns = _ack_tokens(msg)
+                if delivered > 1:
+                    redelivered.append((i, msg, seq, stored_ns))
+        if not redelivered or self.store is None:
+            return {}
+        markers = AttemptMarkers(self.store.js, self.store.bucket)
+
+        async def begin(msg: Msg, seq: int, stored_ns: int) -> int:
+            try:
+                before = 1 + await markers.begin(seq, stored_ns)
+                # Deliveries this process gave up on while their records waited for the store
+                # (it stepped down) are not the message's fault either.
+                return max(0, before - self._excused.get(seq, 0))
+            except Exception as exc:
+                self.stats["put_back_for_storage"] += 1
+                log.warning("broker.submission_put_back", seq=seq, error=str(exc)[:200])
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=PUT_BACK_S)
+                return -1
+
+        counts = await asyncio.gather(*(begin(m, seq, ns) for _, m, seq, ns in redelivered))
+        return {i: n for (i, *_), n in zip(redelivered, counts, strict=True)}
+
+    async def _dead_letter_reply(self, msg: Msg, attempts: int) -> SubmitReply:
+        """Move a submission that failed processing `attempts` times to the dead-letter
+        subject; the reply says so (the message is then terminated, not processed)."""
+        queue = self.subjects.queue_of_submit_subject(msg.subject)
+        seq = _ack_tokens(msg)[1]
+        error = (
+            f"submission failed processing {attempts} times (stream sequence {seq}); "
+            "moved to the dead-letter subject. Check the job against the docs and "
+            "submit a corrected one"
+        )
+        await self._dead_letter(msg, queue, error)
+        return SubmitReply(accepted=False, error=error)
+
     async def _submit_guarded(
         self, machine: Machine, msg: Msg, limit: int
     ) -> tuple[SubmitReply, list[Effect], bool]:
         """The submission boundary: whatever a message holds, it is answered (accepted or
-        rejected with a reason) and acked, or terminated and dead-lettered; it never raises.
-        Returns (reply, effects, terminate)."""
+        rejected with a reason) and acked; it never raises. Returns (reply, effects,
+        terminate)."""
         queue = self.subjects.queue_of_submit_subject(msg.subject)
         try:
-            delivered, seq, stored_ns = _ack_tokens(msg)
+            _, seq, stored_ns = _ack_tokens(msg)
         except Exception:
-            delivered, seq, stored_ns = 1, 0, 0
-        if delivered > MAX_DELIVERIES + self._excused.get(seq, 0):
-            error = (
-                f"submission failed processing {delivered - 1} times (stream sequence {seq}); "
-                "moved to the dead-letter subject. Check the job against the docs and "
-                "submit a corrected one"
-            )
-            await self._dead_letter(msg, queue, error)
-            return SubmitReply(accepted=False, error=error), [], True
+            seq, stored_ns = 0, 0
         full = self._storage_error()
         if full:
             return SubmitReply(accepted=False, error=full), [], False

@@ -23,6 +23,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from broker.attempts import MARKER_KEY
 from broker.core.records import (
     RECORD_FORMAT,
     JobRecord,
@@ -509,7 +510,9 @@ class RecordMirror:
                 return
             self.applied = seq
             too_new.pop(msg.subject, None)
-            if msg.headers and msg.headers.get(KV_OP):
+            if msg.subject[prefix] == "_":  # not a job: the probe, an epoch or attempt marker
+                pass
+            elif msg.headers and msg.headers.get(KV_OP):
                 records.pop(msg.subject, None)  # deleted or purged
                 self.usage.forget(msg.subject[prefix:])
             else:
@@ -631,8 +634,12 @@ async def compact_bucket(
         except StoreError:
             await js.purge_stream(store.stream, subject=subject)
             await store.put_many([record])
-    if not dry_run and (compacted or expired):
-        # The stream's last sequence may be a purged record now, which no reader would ever
+    if not dry_run:
+        # Attempt markers of redelivered submissions (broker/attempts.py) leave a delete
+        # marker each once cleared; purged here. A live one purged only lets its submission
+        # be tried once more before it counts as poison.
+        await js.purge_stream(store.stream, subject=store.prefix + MARKER_KEY + ".>")
+        # The stream's last sequence may be a purged message now, which no reader would ever
         # be handed: a last write gives restores (`RecordMirror.caught_up`) one to reach.
         await store.probe()
     after = (await js.stream_info(store.stream)).state.bytes

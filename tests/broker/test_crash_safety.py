@@ -4,14 +4,12 @@ acknowledged, agents that keep claiming a newer epoch, bare heartbeats, replayed
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 from typing import Any
 
 import msgspec
 
-from broker.intake import consumer_name
 from schemas.agent import (
     Applied,
     CommandAck,
@@ -132,46 +130,6 @@ async def test_poison_manifests_are_rejected_and_the_broker_keeps_serving(
     await harness.wait_for(lambda: broker.stats["submitted"] >= 1)
     info = await js.stream_info(harness.subjects.submit_stream)
     assert info.state.messages == 0
-
-
-async def test_submission_that_failed_processing_twice_is_dead_lettered(
-    harness: Harness,
-) -> None:
-    """Delivered twice without an ack (the broker died on it twice): the third delivery is
-    not processed but moved to the dead-letter subject with its reason, and answered."""
-    await harness.start_broker()
-    await harness.stop_broker()
-    js = harness.nc.jetstream()
-    stream = harness.subjects.submit_stream
-    # The stream does not answer publishers (no_ack): publish plainly and round-trip.
-    await harness.nc.publish(harness.subjects.submit("default"), encode_json(job("poisoned")))
-    await harness.nc.flush()
-    # The broker's durable consumer hands it out twice and never sees an ack.
-    consumer = await js.pull_subscribe_bind(consumer_name("default"), stream=stream)
-    for _ in range(2):
-        (msg,) = await consumer.fetch(1, timeout=5)
-        await msg.nak()
-    await consumer.unsubscribe()
-    dead: asyncio.Queue[Any] = asyncio.Queue()
-
-    async def on_dead(msg: Any) -> None:
-        dead.put_nowait(msg)
-
-    await harness.nc.subscribe(harness.subjects.dead_letter("default"), cb=on_dead)
-    broker = await harness.start_broker()
-    msg = await next_item(dead, 10)
-    assert json.loads(msg.data)["name"] == "poisoned"
-    assert "failed processing" in msg.headers["Muster-Reason"]
-    await harness.wait_for(lambda: broker.stats["dead_lettered"] == 1)
-    assert not any(j.startswith("poisoned") for j in broker.machine.jobs)  # type: ignore[union-attr]
-
-    async def removed() -> bool:  # its termination reaches the stream after the count
-        return (await js.stream_info(stream)).state.messages == 0
-
-    await wait_for(removed, 10, what="the dead-lettered submission gone from the stream")
-    # The broker keeps serving.
-    reply = await harness.submit(job("fine", replicas=1, gpu=1))
-    assert reply.accepted
 
 
 def _snapshot_batch(cluster: str, gpu: int, seq: int = 1, instance: str = "a") -> bytes:
