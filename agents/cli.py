@@ -8,22 +8,20 @@ from typing import Annotated
 
 import typer
 
-from agents.config import load_fleet_config
 from shell.cli import (
+    CONNECTION,
+    CommonOptions,
+    HelpCommand,
     LogFormatFlag,
     LogLevel,
     LogLevelOpt,
-    NatsAuth,
-    NatsUrl,
+    common,
     fail,
     serve,
-    server_nats,
-    tidy_help,
-    with_nats_auth,
 )
 from shell.logs import configure_logging
 
-app = typer.Typer(rich_markup_mode=None)
+app = typer.Typer(rich_markup_mode=None, pretty_exceptions_show_locals=False)
 
 MetricsPort = Annotated[
     int | None,
@@ -43,8 +41,7 @@ MetricsAddr = Annotated[
 ]
 
 
-@app.command(short_help="Run one cluster agent, or each agent of a fleet file.")
-@with_nats_auth
+@app.command(cls=common(*CONNECTION))
 def agent(
     config: Annotated[
         Path,
@@ -52,30 +49,31 @@ def agent(
             "--config", "-c", help="agent YAML (`cluster:`), or a fleet YAML (`clusters:`)"
         ),
     ],
-    nats: NatsUrl = None,
     log_level: LogLevelOpt = LogLevel.info,
     log_format: LogFormatFlag = None,
     metrics_port: MetricsPort = None,
     metrics_addr: MetricsAddr = "127.0.0.1",
     *,
-    auth: NatsAuth,
+    ctx: typer.Context,
 ) -> None:
     """Run one cluster agent (backend kube, fake or local), or each agent of a fleet file,
     over one NATS connection until SIGTERM or Ctrl-C."""
     configure_logging(log_level.value, log_format.value if log_format else None)
+    from agents.config import load_fleet_config
+
     try:
         configs = load_fleet_config(config).clusters
     except (ValueError, OSError) as exc:
         fail(str(exc))
     name = f"muster-agent-{configs[0].cluster}" if len(configs) == 1 else "muster-fleet"
-    opts = server_nats(nats, auth, name=name, resolve=True)
+    opts = CommonOptions.of(ctx).server_nats(name=name, resolve=True)
     assert opts is not None
     from agents.fleet import run_fleet, until_signal  # the agent's imports, only when it runs
 
     serve(until_signal(run_fleet(configs, opts, metrics_port, metrics_addr)))
 
 
-@app.command("fence-watchdog", short_help="Delete workloads whose fence lapsed (a hung agent's).")
+@app.command("fence-watchdog", cls=HelpCommand)
 def fence_watchdog(
     namespace: Annotated[str, typer.Option("--namespace", help="the workload namespace")] = (
         "muster-workloads"
@@ -127,8 +125,5 @@ def fence_watchdog(
 app.command(
     "fleet",
     help="Run many (fake) cluster agents in one process, for demos and load tests.",
-    short_help="Run many (fake) cluster agents in one process.",
+    cls=common(*CONNECTION),
 )(agent)
-
-
-tidy_help(app)

@@ -1,0 +1,90 @@
+"""The `muster` command tree: every command, argument and option name as users and the docs
+know them (a snapshot, `fixtures/commands.json`), and a `muster --help` that imports none of the
+commands' modules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from muster.cli import app
+from shell.cli import LazyCommand
+
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOT = Path(__file__).parent / "fixtures" / "commands.json"
+
+
+def _params(command: Any) -> list[dict[str, Any]]:
+    """What a user types: argument names, option spellings, flags, env vars."""
+    found: list[dict[str, Any]] = []
+    for p in command.params:
+        if p.param_type_name == "argument":
+            found.append({"argument": p.name, "required": p.required, "nargs": p.nargs})
+            continue
+        found.append(
+            {
+                "option": sorted(p.opts),
+                "secondary": sorted(p.secondary_opts),
+                "flag": bool(getattr(p, "is_flag", False)),
+                "required": p.required,
+                "envvar": p.envvar,
+                "multiple": p.multiple,
+            }
+        )
+    return sorted(found, key=json.dumps)
+
+
+def command_tree() -> dict[str, list[dict[str, Any]]]:
+    """Every command path of `muster`, each lazily listed command loaded (as running it does)."""
+    tree: dict[str, list[dict[str, Any]]] = {}
+
+    def walk(command: Any, ctx: Any, path: str) -> None:
+        if isinstance(command, LazyCommand):
+            command = command.load()
+        tree[path] = _params(command)
+        if hasattr(command, "list_commands"):
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                walk(sub, type(ctx)(sub, parent=ctx, info_name=name), f"{path} {name}")
+
+    root = typer.main.get_command(app)
+    walk(root, root.make_context("muster", [], resilient_parsing=True), "muster")
+    return tree
+
+
+def test_every_command_and_option_name_is_unchanged() -> None:
+    expected = json.loads(SNAPSHOT.read_text())
+    tree = command_tree()
+    assert sorted(tree) == sorted(expected), "commands added or gone"
+    for path, params in expected.items():
+        assert tree[path] == params, f"`{path}`: its arguments or options changed"
+
+
+def test_help_imports_no_command_module() -> None:
+    """`muster --help` lists every command from the table of summaries: it imports neither the
+    commands' modules nor what they use (NATS, aiohttp, the broker, torch, rich)."""
+    probe = (
+        "import sys\n"
+        "sys.argv = ['muster', '--help']\n"
+        "from muster.cli import main\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print(sorted(sys.modules), file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "\n  status " in proc.stdout and "\n  bench " in proc.stdout
+    imported = eval(proc.stderr.strip().splitlines()[-1])  # the probe's own repr of a list
+    heavy = ("broker", "agents", "load", "nats", "aiohttp", "torch", "kubernetes_asyncio")
+    heavy += ("matplotlib", "rich", "msgspec", "schemas")
+    assert [m for m in imported if m.split(".")[0] in heavy] == []
+    assert "muster.cli" in imported  # the probe ran the real command
