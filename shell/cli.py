@@ -9,6 +9,7 @@ by the commands that use them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import importlib
 from collections.abc import Awaitable, Sequence
@@ -217,7 +218,10 @@ class _Common(HelpCommand):
         self.params += [p for p in _common_command().params if p.name in self.fields]
 
     def invoke(self, ctx: Any) -> Any:
-        given = {name: ctx.params.pop(name) for name in self.fields if name in ctx.params}
+        # Every field is passed, the ones this command does not take at their defaults: typer's
+        # callback would otherwise reuse the values of the last command that took them.
+        given = {f.name: f.default for f in dataclasses.fields(CommonOptions)}
+        given |= {name: ctx.params.pop(name) for name in self.fields if name in ctx.params}
         ctx.meta[_META_KEY] = _common_command().callback(**given)
         return super().invoke(ctx)
 

@@ -1,6 +1,6 @@
 """The `muster` command tree: every command, argument and option name as users and the docs
 know them (a snapshot, `fixtures/commands.json`), and a `muster --help` that imports none of the
-commands' modules."""
+commands' modules; the shared options reaching a command as one CommonOptions."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from typer.testing import CliRunner
 
 from muster.cli import app
-from shell.cli import LazyCommand
+from shell.cli import CONNECTION, REQUEST, CommonOptions, LazyCommand, Output, common
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT = Path(__file__).parent / "fixtures" / "commands.json"
+runner = CliRunner()
 
 
 def _params(command: Any) -> list[dict[str, Any]]:
@@ -88,3 +90,34 @@ def test_help_imports_no_command_module() -> None:
     heavy += ("matplotlib", "rich", "msgspec", "schemas")
     assert [m for m in imported if m.split(".")[0] in heavy] == []
     assert "muster.cli" in imported  # the probe ran the real command
+
+
+def _options_app() -> typer.Typer:
+    """Two commands that print the CommonOptions they were given."""
+    probe = typer.Typer()
+
+    @probe.command("request", cls=common(*REQUEST))
+    def request(ctx: typer.Context) -> None:
+        typer.echo(repr(CommonOptions.of(ctx)))
+
+    @probe.command("connect", cls=common(*CONNECTION))
+    def connect(ctx: typer.Context) -> None:
+        typer.echo(repr(CommonOptions.of(ctx)))
+
+    return probe
+
+
+def test_a_command_gets_the_shared_options_it_takes_as_one_value() -> None:
+    probe = _options_app()
+    args = ["request", "--nats", "nats://h:4222", "--team", "a", "-o", "json", "--timeout", "9"]
+    result = runner.invoke(probe, args)
+    assert result.exit_code == 0, result.output
+    given = CommonOptions(nats="nats://h:4222", team="a", output=Output.json, timeout=9.0)
+    assert result.stdout.strip() == repr(given)
+    # A command takes only its fields: the others are no options of it, and stay at their
+    # defaults even after another command in the same process set them.
+    result = runner.invoke(probe, ["connect", "--user", "u"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == repr(CommonOptions(user="u"))
+    result = runner.invoke(probe, ["connect", "--output", "json"])
+    assert result.exit_code == 2 and "No such option: --output" in result.stderr
