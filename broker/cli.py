@@ -1,6 +1,6 @@
-"""The broker's part of the `muster` command line: the user commands (submit, status, cancel,
-why, queues, clusters, watch) and the broker's operator commands (broker, config, nats-config,
-schema). The agent's commands are in agents/cli.py; muster/cli.py joins them into `muster`.
+"""The user commands of the `muster` command line (submit, status, cancel, why, queues,
+clusters, watch). The operator's are in broker/cli_operator.py, cli_live.py and
+cli_nodeops.py, the agent's in agents/cli.py; muster/cli.py lists them all as `muster`.
 
 Client commands reach NATS at --nats, else $MUSTER_NATS, else the URL an embedded broker wrote
 to <state dir>/nats.url, else nats://127.0.0.1:4222. `--output json` prints the exact reply
@@ -10,7 +10,6 @@ Structs for scripts. A user error prints one line on stderr and exits 1; usage e
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sys
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
@@ -22,9 +21,8 @@ import typer
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from broker.cli_live import UiHost, UiPort
 from broker.client import MusterClient, MusterError
-from broker.config import ConfigError, config_to_yaml, load_config_full
+from broker.config import ConfigError
 from broker.manifests import JobDocumentError, load_job_documents
 from broker.render import (
     clusters_table,
@@ -45,23 +43,14 @@ from schemas.api import (
 )
 from schemas.natsopts import NatsOptions
 from shell.cli import (
-    AUTH,
     CONNECTION,
     REQUEST,
     CommonOptions,
-    HelpCommand,
-    LogFormatFlag,
-    LogLevel,
-    LogLevelOpt,
     Output,
     as_coroutine,
     common,
-    err,
     fail,
-    serve,
 )
-from shell.logs import configure_logging
-from shell.natsio import default_state_dir
 
 T = TypeVar("T")
 
@@ -123,7 +112,7 @@ def _state(text: str | None) -> str | None:
     return word
 
 
-def _run(coro: Awaitable[T]) -> T:
+def run_request(coro: Awaitable[T]) -> T:
     """Run a coroutine; user-facing errors become one line on stderr and exit 1."""
     try:
         return asyncio.run(as_coroutine(coro))
@@ -144,7 +133,7 @@ def _show(
     render: Callable[[T], RenderableType],
 ) -> None:
     """One request to the broker; its answer as JSON for scripts or rendered for people."""
-    result = _run(_with_client(common.nats_options(), fetch))
+    result = run_request(_with_client(common.nats_options(), fetch))
     if common.output is Output.json:
         print_json(result)
     else:
@@ -251,7 +240,7 @@ def status(
         return jobs_table(jobs) if jobs else Text("no jobs")
 
     if not watch:
-        jobs = _run(_with_client(opts, fetch))
+        jobs = run_request(_with_client(opts, fetch))
         if output is Output.json:
             print_json(jobs)
         else:
@@ -273,7 +262,7 @@ def status(
                     live.update(render(await fetch(c)), refresh=True)
                 await asyncio.sleep(interval)
 
-    _run(_with_client(opts, refresh))
+    run_request(_with_client(opts, refresh))
 
 
 @app.command(cls=common(*REQUEST))
@@ -379,288 +368,6 @@ def watch(
             final = (await client.get(job)).state
         return final
 
-    final = _run(_with_client(opts, follow))
+    final = run_request(_with_client(opts, follow))
     if exit_status and final != "succeeded":
         raise typer.Exit(1)
-
-
-# -- operator commands -------------------------------------------------------------------
-
-
-@app.command(cls=common(*AUTH))
-def broker(
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="broker config YAML (default: built-in)")
-    ] = None,
-    nats: Annotated[
-        str | None,
-        typer.Option(
-            "--nats",
-            envvar="MUSTER_NATS",
-            help="NATS URL of an existing server; without it an embedded nats-server starts and "
-            "its URL is written to <state dir>/nats.url",
-            show_default=False,
-        ),
-    ] = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--state-dir",
-            help="where the embedded NATS keeps its data and nats.url "
-            "(default: $MUSTER_STATE_DIR or ./.muster)",
-            show_default=False,
-        ),
-    ] = None,
-    log_level: LogLevelOpt = LogLevel.info,
-    log_format: LogFormatFlag = None,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (off by default)",
-            show_default=False,
-        ),
-    ] = None,
-    ui_port: UiPort = None,
-    ui_host: UiHost = "127.0.0.1",
-    *,
-    ctx: typer.Context,
-) -> None:
-    """Run the broker (queues, gang admission, dispatch, recovery)."""
-    configure_logging(log_level.value, log_format.value if log_format else None)
-    try:
-        loaded = load_config_full(config)
-    except ConfigError as exc:
-        fail(str(exc))
-    for note in loaded.notes:
-        err.print(Text(f"note: {note}", style="dim"))
-    given = dataclasses.replace(CommonOptions.of(ctx), nats=nats)
-    opts = given.server_nats(name="muster-broker", resolve=False)
-    from broker.service import run_broker  # the server's imports, only when it runs
-
-    serve(
-        run_broker(
-            config=loaded.config,
-            nats=opts,
-            state_dir=state_dir or default_state_dir(),
-            metrics_port=metrics_port,
-            ui_port=ui_port,
-            ui_host=ui_host,
-        ),
-        user_errors=(ConfigError, MusterError, ValueError),  # configs, traces, settings
-    )
-
-
-@app.command("store-compact", cls=common(*CONNECTION))
-def store_compact(
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="broker config YAML (its prefix)")
-    ] = None,
-    expire_ended_days: Annotated[
-        float | None,
-        typer.Option(
-            "--expire-ended-days",
-            help="also delete ended jobs that finished more than this many days ago (their ids "
-            "may then be submitted again)",
-            show_default=False,
-        ),
-    ] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="count, change nothing")] = False,
-    *,
-    ctx: typer.Context,
-) -> None:
-    """Free the job bucket: drop ended jobs' workloads from their records (and delete old ended
-    jobs with --expire-ended-days). Works while the bucket is full and no broker leads."""
-    import time
-
-    from broker.service import connect
-    from broker.store import NewerRecords, compact_bucket
-    from schemas.subjects import Subjects
-
-    try:
-        prefix = load_config_full(config).config.subject_prefix
-    except ConfigError as exc:
-        fail(str(exc))
-    opts = CommonOptions.of(ctx).nats_options(name="muster-store-compact")
-    cut = time.time() - expire_ended_days * 86_400 if expire_ended_days is not None else None
-
-    async def run() -> None:
-        nc = await connect(opts, "muster-store-compact")
-        try:
-            report = await compact_bucket(
-                nc.jetstream(),
-                Subjects(prefix=prefix).jobs_bucket,
-                expire_before=cut,
-                dry_run=dry_run,
-            )
-        except NewerRecords as exc:
-            raise MusterError(f"nothing compacted: {exc}") from None
-        finally:
-            await nc.close()
-        verb = "would compact" if dry_run else "compacted"
-        out.print(
-            f"{report.records} records: {verb} {report.compacted} ended, "
-            f"{'would delete' if dry_run else 'deleted'} {report.expired}; bucket "
-            f"{report.bytes_before:,} -> {report.bytes_after:,} bytes"
-        )
-
-    _run(run())
-
-
-@app.command("config", cls=HelpCommand)
-def config_cmd(
-    file: Annotated[Path, typer.Argument(help="broker config YAML (may import Kueue/Volcano)")],
-    output: Annotated[ConfigOutput, typer.Option("--output", "-o")] = ConfigOutput.yaml,
-) -> None:
-    """Check a broker config and print it resolved (imports applied, quantities normalised)."""
-    try:
-        loaded = load_config_full(file)
-    except ConfigError as exc:
-        fail(str(exc))
-    for note in loaded.notes:
-        err.print(Text(f"note: {note}", style="dim"))
-    if output is ConfigOutput.json:
-        data = msgspec.to_builtins(loaded.config)
-        if loaded.aliases:
-            data["queue_aliases"] = loaded.aliases
-        print_json(data)
-    else:
-        typer.echo(config_to_yaml(loaded.config, loaded.aliases), nl=False)
-
-
-@app.command("nats-config", cls=HelpCommand)
-def nats_config_cmd(
-    file: Annotated[
-        Path | None, typer.Argument(help="broker config YAML, or a ConfigMap holding broker.yaml")
-    ] = None,
-    cluster: Annotated[
-        list[str] | None, typer.Option("--cluster", help="a cluster whose agent gets a user")
-    ] = None,
-    leaf: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--leaf",
-            help="a GPU cluster that reaches NATS through a leaf node: its leaf connection "
-            "gets a user, mapped from its mTLS certificate (muster-leaf-CLUSTER)",
-        ),
-    ] = None,
-    leafnode_for: Annotated[
-        str | None,
-        typer.Option(
-            "--leafnode-for",
-            help="print the nats.conf of CLUSTER's leaf node instead (needs --hub)",
-            show_default=False,
-        ),
-    ] = None,
-    hub: Annotated[
-        list[str] | None,
-        typer.Option("--hub", help="the control cluster's leafnode URL (tls://HOST:7422)"),
-    ] = None,
-    frontdoor: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--frontdoor",
-            help="CLUSTER=TEAM[,TEAM]: that cluster's agent submits for those teams "
-            "(its `frontdoor` config)",
-        ),
-    ] = None,
-) -> None:
-    """Print the nats-server users and permissions (accounts.conf) for the config's teams,
-    or with --leafnode-for the nats.conf of a GPU cluster's leaf node."""
-    from broker.natsconfig import load_broker_config, render, render_leafnode
-
-    if leafnode_for is not None:
-        try:
-            typer.echo(render_leafnode(leafnode_for, hub or []), nl=False)
-        except ValueError as exc:
-            fail(str(exc))
-        return
-    doors: dict[str, list[str]] = {}
-    for item in frontdoor or []:
-        name, sep, teams = item.partition("=")
-        if not sep or not name or not teams:
-            fail(f"--frontdoor {item!r}: write CLUSTER=TEAM[,TEAM], e.g. east=research")
-        doors.setdefault(name, []).extend(t for t in teams.split(",") if t)
-    try:
-        loaded = load_broker_config(file)
-        text = render(loaded.config, cluster or [], loaded.aliases, leaf or [], doors)
-    except (ConfigError, ValueError) as exc:
-        fail(str(exc))
-    typer.echo(text, nl=False)
-
-
-BackupConfig = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="the broker config (its subject prefix and replicas)"),
-]
-
-
-async def _bucket_job(opts: NatsOptions, fn: Callable[[Any], Awaitable[T]]) -> T:
-    import nats as nats_py
-
-    from broker.backup import BackupError
-
-    try:
-        nc = await nats_py.connect(**{**opts.connect_kwargs(), "max_reconnect_attempts": 2})
-    except Exception as exc:
-        raise MusterError(f"cannot reach NATS at {opts.url}: {exc}") from None
-    try:
-        return await fn(nc)
-    except BackupError as exc:
-        raise MusterError(str(exc)) from None
-    finally:
-        await nc.close()
-
-
-def _load_config(path: Path | None) -> Any:
-    try:
-        return load_config_full(path)
-    except ConfigError as exc:
-        fail(str(exc))
-
-
-@app.command("jobs-backup", cls=common(*CONNECTION))
-def jobs_backup(
-    file: Annotated[Path, typer.Argument(help="the backup file to write (JSON lines)")],
-    config: BackupConfig = None,
-    *,
-    ctx: typer.Context,
-) -> None:
-    """Back up every job record of the job bucket to FILE (the broker may keep running)."""
-    from broker.backup import backup
-
-    loaded = _load_config(config)
-    opts = CommonOptions.of(ctx).nats_options()
-    got = _run(_bucket_job(opts, lambda nc: backup(nc, loaded.config, file)))
-    typer.echo(f"backed up {got.records} job records (bucket sequence {got.last_seq}) to {file}")
-
-
-@app.command("jobs-restore", cls=common(*CONNECTION))
-def jobs_restore(
-    file: Annotated[Path, typer.Argument(help="a file written by `muster jobs-backup`")],
-    config: BackupConfig = None,
-    replace: Annotated[
-        bool, typer.Option("--replace", help="overwrite a bucket that already holds records")
-    ] = False,
-    *,
-    ctx: typer.Context,
-) -> None:
-    """Restore the job bucket from FILE; run it with no broker leading, then start them."""
-    from broker.backup import restore
-
-    loaded = _load_config(config)
-    got = _run(
-        _bucket_job(
-            CommonOptions.of(ctx).nats_options(),
-            lambda nc: restore(nc, loaded.config, file, replace=replace),
-        )
-    )
-    typer.echo(f"restored {got.records} job records from {file}")
-
-
-@app.command(cls=HelpCommand)
-def schema() -> None:
-    """Print the JSON Schema of the client-facing messages."""
-    from schemas.jsonschema import render
-
-    typer.echo(render(), nl=False)

@@ -1,9 +1,9 @@
 """`muster`: every Muster command in one CLI.
 
-The commands are defined where they belong (broker/cli.py, broker/cli_live.py,
-broker/cli_nodeops.py, agents/cli.py, and each load program's module) and listed here with
-their summaries; a command's module is imported only when it runs or its own help is asked for,
-so `muster --help` and `muster status` pay only for what they show or run.
+The commands are defined where they belong (broker/cli.py, broker/cli_operator.py,
+broker/cli_live.py, broker/cli_nodeops.py, agents/cli.py, and each load program's module) and
+listed here with their summaries; a command's module is imported only when it runs or its own
+help is asked for, so `muster --help` and `muster status` pay only for what they show or run.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import typer
 
 from shell.cli import LazyGroup
 
-BROKER, LIVE, NODEOPS = "broker.cli.app", "broker.cli_live.app", "broker.cli_nodeops.app"
-AGENTS = "agents.cli.app"
+BROKER, OPERATOR = "broker.cli.app", "broker.cli_operator.app"
+LIVE, NODEOPS, AGENTS = "broker.cli_live.app", "broker.cli_nodeops.app", "agents.cli.app"
 
 # Each command: where it is defined, and its summary in `muster --help` (under 60 characters:
 # it fits an 80-column listing uncut).
@@ -27,13 +27,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "queues": (BROKER, "Queues: jobs, usage against quota."),
     "clusters": (BROKER, "Clusters: health, flavors, free GPUs, prices."),
     "watch": (BROKER, "Follow a job's events until it ends."),
-    "broker": (BROKER, "Run the broker."),
-    "store-compact": (BROKER, "Free a full job bucket: drop ended jobs' workloads."),
-    "config": (BROKER, "Check a broker config; print it resolved."),
-    "nats-config": (BROKER, "Print NATS users and permissions."),
-    "jobs-backup": (BROKER, "Back up every job record to FILE; the broker may run."),
-    "jobs-restore": (BROKER, "Restore the job bucket from FILE, with no broker leading."),
-    "schema": (BROKER, "Print the JSON Schema of the client-facing messages."),
+    "broker": (OPERATOR, "Run the broker."),
+    "store-compact": (OPERATOR, "Free a full job bucket: drop ended jobs' workloads."),
+    "config": (OPERATOR, "Check a broker config; print it resolved."),
+    "nats-config": (OPERATOR, "Print NATS users and permissions."),
+    "jobs-backup": (OPERATOR, "Back up every job record to FILE; the broker may run."),
+    "jobs-restore": (OPERATOR, "Restore the job bucket from FILE, with no broker leading."),
+    "schema": (OPERATOR, "Print the JSON Schema of the client-facing messages."),
     "top": (LIVE, "Live view: clusters, queues, busiest jobs, interruptions."),
     "logs": (LIVE, "Print a job's container logs, read through its agent."),
     "cordon": (NODEOPS, "Stop placing new gangs on a node (or every node)."),
