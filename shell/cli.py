@@ -276,7 +276,10 @@ def _load(import_path: str, name: str) -> Any:
     if isinstance(found, typer.Typer):
         found = typer.main.get_command(found)
         if isinstance(found, typer.core.TyperGroup) and name in found.commands:
-            found = found.commands[name]
+            return found.commands[name]
+        # Otherwise the app is the program itself (a command, or a group with its own callback).
+        if isinstance(found, typer.core.TyperGroup) and found.callback is None:
+            raise ValueError(f"lazy loading of {import_path} found no command {name!r}")
     if not hasattr(found, "make_context"):
         raise ValueError(f"lazy loading of {import_path} found no command {name!r}")
     return found

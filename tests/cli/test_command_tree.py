@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -121,3 +122,12 @@ def test_a_command_gets_the_shared_options_it_takes_as_one_value() -> None:
     assert result.stdout.strip() == repr(CommonOptions(user="u"))
     result = runner.invoke(probe, ["connect", "--output", "json"])
     assert result.exit_code == 2 and "No such option: --output" in result.stderr
+
+
+def test_a_table_entry_naming_no_command_is_an_error() -> None:
+    """A summary whose module holds no command of that name fails when it is loaded (the
+    snapshot test loads every command), not by running another one."""
+    with pytest.raises(ValueError, match=r"broker\.cli\.app found no command 'stauts'"):
+        LazyCommand("stauts", "broker.cli.app", "a misspelt entry").load()
+    with pytest.raises(ValueError, match=r"shell\.cli\.err found no command 'err'"):
+        LazyCommand("err", "shell.cli.err", "not a command").load()
