@@ -1,10 +1,11 @@
-"""The `muster` command tree: every command, argument and option name as users and the docs
-know them (a snapshot, `fixtures/commands.json`), and a `muster --help` that imports none of the
-commands' modules; the shared options reaching a command as one CommonOptions."""
+"""The `muster` command tree: every command, argument and option name as users know them (a
+snapshot, `fixtures/commands.json`) and as the docs write them, a `muster --help` that imports
+none of the commands' modules, and the shared options reaching a command as one CommonOptions."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from muster.cli import app
+from muster.cli import COMMANDS, LOAD_COMMANDS, app
 from shell.cli import CONNECTION, REQUEST, CommonOptions, LazyCommand, Output, common
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,6 +67,32 @@ def test_every_command_and_option_name_is_unchanged() -> None:
     assert sorted(tree) == sorted(expected), "commands added or gone"
     for path, params in expected.items():
         assert tree[path] == params, f"`{path}`: its arguments or options changed"
+
+
+def documented_options() -> list[tuple[str, str, str]]:
+    """(doc, command, option) for every option the docs write after a `muster <command>`
+    (the load programs' command lines are checked in tests/load/test_cli.py)."""
+    docs = [REPO / "README.md", REPO / "deploy" / "README.md", *sorted(REPO.glob("docs/*.md"))]
+    stop = r"[^`#\[\n|;:]*(?:\n\s+--[^`#\[\n|;:]*)?"  # a code span may wrap onto the next line
+    found = []
+    for doc in docs:
+        for m in re.finditer(rf"\bmuster ([a-z][\w-]*)({stop})", doc.read_text()):
+            if m.group(1) in COMMANDS and m.group(1) not in LOAD_COMMANDS:
+                for option in re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", m.group(2)):
+                    found.append((str(doc.relative_to(REPO)), m.group(1), option))
+    return found
+
+
+def test_every_option_the_docs_write_is_an_option_of_its_command() -> None:
+    found = documented_options()
+    assert len(found) > 40, found  # the docs name dozens: the finder still finds them
+    unknown = []
+    for doc, name, option in found:
+        command = LazyCommand(name, COMMANDS[name][0], "").load()
+        known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+        if option not in known:
+            unknown.append(f"{doc}: muster {name} {option}")
+    assert unknown == []
 
 
 def test_help_imports_no_command_module() -> None:
