@@ -8,20 +8,22 @@ from typing import Annotated
 
 import typer
 
+from agents.config import load_fleet_config
 from shell.cli import (
-    CONNECTION,
-    CommonOptions,
-    HelpCommand,
     LogFormatFlag,
     LogLevel,
     LogLevelOpt,
-    common,
+    NatsAuth,
+    NatsUrl,
     fail,
     serve,
+    server_nats,
+    tidy_help,
+    with_nats_auth,
 )
 from shell.logs import configure_logging
 
-app = typer.Typer(rich_markup_mode=None, pretty_exceptions_show_locals=False)
+app = typer.Typer(rich_markup_mode=None)
 
 MetricsPort = Annotated[
     int | None,
@@ -41,7 +43,8 @@ MetricsAddr = Annotated[
 ]
 
 
-@app.command(cls=common(*CONNECTION))
+@app.command(short_help="Run one cluster agent, or each agent of a fleet file.")
+@with_nats_auth
 def agent(
     config: Annotated[
         Path,
@@ -49,31 +52,30 @@ def agent(
             "--config", "-c", help="agent YAML (`cluster:`), or a fleet YAML (`clusters:`)"
         ),
     ],
+    nats: NatsUrl = None,
     log_level: LogLevelOpt = LogLevel.info,
     log_format: LogFormatFlag = None,
     metrics_port: MetricsPort = None,
     metrics_addr: MetricsAddr = "127.0.0.1",
     *,
-    ctx: typer.Context,
+    auth: NatsAuth,
 ) -> None:
     """Run one cluster agent (backend kube, fake or local), or each agent of a fleet file,
     over one NATS connection until SIGTERM or Ctrl-C."""
     configure_logging(log_level.value, log_format.value if log_format else None)
-    from agents.config import load_fleet_config
-
     try:
         configs = load_fleet_config(config).clusters
     except (ValueError, OSError) as exc:
         fail(str(exc))
     name = f"muster-agent-{configs[0].cluster}" if len(configs) == 1 else "muster-fleet"
-    opts = CommonOptions.of(ctx).server_nats(name=name, resolve=True)
+    opts = server_nats(nats, auth, name=name, resolve=True)
     assert opts is not None
     from agents.fleet import run_fleet, until_signal  # the agent's imports, only when it runs
 
     serve(until_signal(run_fleet(configs, opts, metrics_port, metrics_addr)))
 
 
-@app.command("fence-watchdog", cls=HelpCommand)
+@app.command("fence-watchdog", short_help="Delete workloads whose fence lapsed (a hung agent's).")
 def fence_watchdog(
     namespace: Annotated[str, typer.Option("--namespace", help="the workload namespace")] = (
         "muster-workloads"
@@ -125,5 +127,8 @@ def fence_watchdog(
 app.command(
     "fleet",
     help="Run many (fake) cluster agents in one process, for demos and load tests.",
-    cls=common(*CONNECTION),
+    short_help="Run many (fake) cluster agents in one process.",
 )(agent)
+
+
+tidy_help(app)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import sys
 
-from agents.cli import app
+from agents.cli import agent
 from shell.cli import invoke
 
 
 def main(argv: list[str] | None = None) -> int:
-    return invoke(app, "agent", argv, "python -m agents.main")
+    return invoke(agent, argv, "python -m agents.main")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,12 @@ import asyncio
 import dataclasses
 import functools
 import importlib
-from collections.abc import Awaitable, Sequence
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, NoReturn, TypeVar
 
 import typer
 
@@ -191,7 +192,7 @@ class CommonOptions:
 AUTH: tuple[str, ...] = (
     *("creds", "user", "password", "token"),
     *("tls_ca", "tls_cert", "tls_key", "inbox_prefix", "team"),
-)
+)  # NatsAuth's fields too (tests/cli/test_command_tree.py)
 CONNECTION = ("nats", *AUTH)  # what every networked command takes
 REQUEST = (*CONNECTION, "output", "timeout")  # and what a request to the broker takes
 _META_KEY = "muster.common-options"
@@ -333,12 +334,80 @@ def serve(coro: Awaitable[None], user_errors: tuple[type[Exception], ...] = (Val
         fail(f"{type(exc).__name__}: {exc} (run with --log-level debug for the traceback)")
 
 
-def invoke(app: typer.Typer, name: str, argv: Sequence[str] | None, prog: str) -> int:
-    """Run the command `name` of `app` as its own program and return its exit status: what a
+# -- the agent commands' form (agents/cli.py) ------------------------------------------------
+# The same credential and TLS options, given to a command by rewriting its signature and handed
+# to it as one `auth` argument. Only agents/cli.py still uses it; its commands move to
+# CommonOptions like the broker's, and then this goes.
+
+
+class NatsAuth(NamedTuple):
+    """The NATS credential and TLS flags every networked command takes."""
+
+    creds: str | None = None
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    inbox_prefix: str | None = None
+    team: str | None = None
+
+
+_AUTH_PARAMS = [
+    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+    for name, annotation in zip(
+        AUTH,
+        (Creds, User, Password, Token, TlsCa, TlsCert, TlsKey, InboxPrefix, TeamOpt),
+        strict=True,
+    )
+]
+
+
+def with_nats_auth(fn: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the credential, TLS and inbox options, handed to it as one `auth`
+    argument (listed in --help right after its --nats)."""
+    sig = inspect.signature(fn, eval_str=True)
+    own = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in sig.parameters.values()
+        if p.name != "auth"
+    ]
+    at = next((i + 1 for i, p in enumerate(own) if p.name == "nats"), len(own))
+    params = own[:at] + _AUTH_PARAMS + own[at:]
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> None:
+        auth = NatsAuth(*(kwargs.pop(name) for name in AUTH))
+        fn(auth=auth, **kwargs)
+
+    del command.__wrapped__  # typer must see the signature below, not fn's
+    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    return command
+
+
+def server_nats(url: str | None, auth: NatsAuth, *, name: str, resolve: bool) -> NatsOptions | None:
+    """CommonOptions.server_nats for a command given NatsAuth."""
+    return CommonOptions(nats=url, **auth._asdict()).server_nats(name=name, resolve=resolve)
+
+
+def tidy_help(app: typer.Typer) -> None:
+    """Give every command of `app` registered so far the HelpCommand help."""
+    for info in app.registered_commands:
+        if info.cls in (None, typer.core.TyperCommand):
+            info.cls = HelpCommand
+
+
+def invoke(command: Callable[..., Any], argv: Sequence[str] | None, prog: str) -> int:
+    """Run one typer command function as its own program and return its exit status: what a
     `python -m` alias of a `muster` command calls."""
-    command = typer.main.get_group(app).commands[name]
+    app = typer.Typer(
+        add_completion=False, pretty_exceptions_show_locals=False, rich_markup_mode=None
+    )
+    app.command()(command)
     try:
-        command.main(args=None if argv is None else list(argv), prog_name=prog)
+        app(args=None if argv is None else list(argv), prog_name=prog)
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)

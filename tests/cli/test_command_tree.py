@@ -16,7 +16,16 @@ import typer
 from typer.testing import CliRunner
 
 from muster.cli import COMMANDS, LOAD_COMMANDS, app
-from shell.cli import CONNECTION, REQUEST, CommonOptions, LazyCommand, Output, common
+from shell.cli import (
+    AUTH,
+    CONNECTION,
+    REQUEST,
+    CommonOptions,
+    LazyCommand,
+    NatsAuth,
+    Output,
+    common,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT = Path(__file__).parent / "fixtures" / "commands.json"
@@ -158,3 +167,14 @@ def test_a_table_entry_naming_no_command_is_an_error() -> None:
         LazyCommand("stauts", "broker.cli.app", "a misspelt entry").load()
     with pytest.raises(ValueError, match=r"shell\.cli\.err found no command 'err'"):
         LazyCommand("err", "shell.cli.err", "not a command").load()
+
+
+def test_the_agent_commands_take_the_same_credential_options() -> None:
+    """agents/cli.py's commands get them through `with_nats_auth` as NatsAuth: the same
+    fields, so `muster agent` and `muster status` accept the same flags."""
+    assert NatsAuth._fields == AUTH
+    tree = command_tree()
+    connection = [o for o in tree["muster top"] if o.get("option") != ["--interval"]]
+    assert len(connection) == len(CONNECTION)  # top's own option aside, the connection's
+    for name in ("agent", "fleet"):
+        assert all(o in tree[f"muster {name}"] for o in connection), name
