@@ -1,6 +1,6 @@
-"""The broker's part of the `muster` command line: the user commands (submit, status, cancel,
-why, queues, clusters, watch) and the broker's operator commands (broker, config, nats-config,
-schema). The agent's commands are in agents/cli.py; muster/cli.py joins them into `muster`.
+"""The user commands of the `muster` command line (submit, status, cancel, why, queues,
+clusters, watch). The operator's are in broker/cli_operator.py, cli_live.py and
+cli_nodeops.py, the agent's in agents/cli.py; muster/cli.py lists them all as `muster`.
 
 Client commands reach NATS at --nats, else $MUSTER_NATS, else the URL an embedded broker wrote
 to <state dir>/nats.url, else nats://127.0.0.1:4222. `--output json` prints the exact reply
@@ -21,10 +21,8 @@ import typer
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from broker.cli_live import UiHost, UiPort, register_live
-from broker.cli_nodeops import register_nodeops
 from broker.client import MusterClient, MusterError
-from broker.config import ConfigError, config_to_yaml, load_config_full
+from broker.config import ConfigError
 from broker.manifests import JobDocumentError, load_job_documents
 from broker.render import (
     clusters_table,
@@ -45,38 +43,20 @@ from schemas.api import (
 )
 from schemas.natsopts import NatsOptions
 from shell.cli import (
-    LogFormatFlag,
-    LogLevel,
-    LogLevelOpt,
-    NatsAuth,
-    NatsUrl,
+    CONNECTION,
+    REQUEST,
+    CommonOptions,
+    Output,
     as_coroutine,
-    err,
+    common,
     fail,
-    nats_options,
-    serve,
-    server_nats,
-    tidy_help,
-    with_nats_auth,
 )
-from shell.logs import configure_logging
-from shell.natsio import default_state_dir
 
 T = TypeVar("T")
 
-app = typer.Typer(
-    name="muster",
-    help="Muster: gang admission of GPU training jobs across clusters, over NATS.",
-    no_args_is_help=True,
-    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
-    pretty_exceptions_show_locals=False,  # never print a password held in a local
-    rich_markup_mode=None,
-)
-
-
-@app.callback()
-def _root() -> None:
-    """Muster: gang admission of GPU training jobs across clusters, over NATS."""
+# The commands of this module; muster/cli.py lists them in `muster` and loads this module when
+# one of them runs.
+app = typer.Typer(rich_markup_mode=None, pretty_exceptions_show_locals=False)
 
 
 class _Out:
@@ -89,11 +69,6 @@ class _Out:
 
 
 out = _Out()
-
-
-class Output(StrEnum):
-    table = "table"
-    json = "json"
 
 
 class ConfigOutput(StrEnum):
@@ -137,15 +112,7 @@ def _state(text: str | None) -> str | None:
     return word
 
 
-# -- shared options ----------------------------------------------------------------------
-
-OutputOpt = Annotated[
-    Output, typer.Option("--output", "-o", help="table for people, json for scripts")
-]
-Timeout = Annotated[float, typer.Option("--timeout", help="seconds to wait for the broker")]
-
-
-def _run(coro: Awaitable[T]) -> T:
+def run_request(coro: Awaitable[T]) -> T:
     """Run a coroutine; user-facing errors become one line on stderr and exit 1."""
     try:
         return asyncio.run(as_coroutine(coro))
@@ -161,14 +128,13 @@ async def _with_client(opts: NatsOptions, fn: Callable[[MusterClient], Awaitable
 
 
 def _show(
-    opts: NatsOptions,
-    output: Output,
+    common: CommonOptions,
     fetch: Callable[[MusterClient], Awaitable[T]],
     render: Callable[[T], RenderableType],
 ) -> None:
     """One request to the broker; its answer as JSON for scripts or rendered for people."""
-    result = _run(_with_client(opts, fetch))
-    if output is Output.json:
+    result = run_request(_with_client(common.nats_options(), fetch))
+    if common.output is Output.json:
         print_json(result)
     else:
         out.print(render(result))
@@ -179,8 +145,7 @@ def print_json(obj: Any) -> None:
     typer.echo(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode())
 
 
-@app.command(short_help="Submit a JobSpec or a Kubernetes job manifest.")
-@with_nats_auth
+@app.command(cls=common(*REQUEST))
 def submit(
     file: Annotated[
         str, typer.Argument(help="job file (YAML/JSON JobSpec or manifest); - = stdin")
@@ -189,11 +154,8 @@ def submit(
     job_id: Annotated[
         str | None, typer.Option("--job-id", help="idempotency key: a repeat is not run twice")
     ] = None,
-    nats: NatsUrl = None,
-    output: OutputOpt = Output.table,
-    timeout: Timeout = 5.0,
     *,
-    auth: NatsAuth,
+    ctx: typer.Context,
 ) -> None:
     """Submit a job: a Muster JobSpec, or a PyTorchJob/MPIJob/TFJob/Volcano Job/JobSet/Job."""
     try:
@@ -207,12 +169,13 @@ def submit(
         specs = load_job_documents(text, queue=queue, job_id=job_id, source=source)
     except JobDocumentError as exc:
         fail(str(exc))
+    common = CommonOptions.of(ctx)
+    timeout = common.timeout
     # A job naming no queue goes to the broker's `default` queue.
     if len(specs) == 1:
         (spec,) = specs
         _show(
-            nats_options(nats, auth),
-            output,
+            common,
             lambda c: c.submit(spec, timeout=timeout),
             lambda reply: submit_line(reply, spec.queue or "default"),
         )
@@ -223,8 +186,7 @@ def submit(
         return [await c.submit(one, timeout=timeout) for one in specs]
 
     _show(
-        nats_options(nats, auth),
-        output,
+        common,
         submit_all,
         lambda replies: "\n".join(
             submit_line(r, one.queue or "default") for r, one in zip(replies, specs, strict=True)
@@ -232,8 +194,7 @@ def submit(
     )
 
 
-@app.command(short_help="List jobs, or show one job.")
-@with_nats_auth
+@app.command(cls=common(*REQUEST))
 def status(
     job: Annotated[str | None, typer.Argument(help="a job id; omit to list jobs")] = None,
     queue: Annotated[str | None, typer.Option("--queue", "-q", help="only this queue")] = None,
@@ -253,19 +214,18 @@ def status(
     interval: Annotated[
         float, typer.Option("--interval", min=0.2, help="seconds between refreshes (--watch)")
     ] = 2.0,
-    nats: NatsUrl = None,
-    output: OutputOpt = Output.table,
-    timeout: Timeout = 5.0,
     *,
-    auth: NatsAuth,
+    ctx: typer.Context,
 ) -> None:
     """List jobs (REASON says why a queued job waits), or show one job: state, attempts,
     accounting, latest checkpoint. --cluster matches jobs that run or ran there."""
     wanted = cast(JobState | None, state)
-    opts = nats_options(nats, auth)
+    common = CommonOptions.of(ctx)
+    output, timeout = common.output, common.timeout
     if job is not None and not watch:
-        _show(opts, output, lambda c: c.get(job, timeout=timeout), job_detail)
+        _show(common, lambda c: c.get(job, timeout=timeout), job_detail)
         return
+    opts = common.nats_options()
 
     def fetch(c: MusterClient) -> Awaitable[list[JobView]]:
         return c.list(
@@ -280,7 +240,7 @@ def status(
         return jobs_table(jobs) if jobs else Text("no jobs")
 
     if not watch:
-        jobs = _run(_with_client(opts, fetch))
+        jobs = run_request(_with_client(opts, fetch))
         if output is Output.json:
             print_json(jobs)
         else:
@@ -302,23 +262,21 @@ def status(
                     live.update(render(await fetch(c)), refresh=True)
                 await asyncio.sleep(interval)
 
-    _run(_with_client(opts, refresh))
+    run_request(_with_client(opts, refresh))
 
 
-@app.command()
-@with_nats_auth
+@app.command(cls=common(*REQUEST))
 def cancel(
     job: Annotated[str, typer.Argument(help="job id")],
     reason: Annotated[str, typer.Option("--reason", help="recorded with the job")] = (
         "cancelled by user"
     ),
-    nats: NatsUrl = None,
-    output: OutputOpt = Output.table,
-    timeout: Timeout = 5.0,
     *,
-    auth: NatsAuth,
+    ctx: typer.Context,
 ) -> None:
     """Cancel a job (its running attempt is stopped). Cancelling a cancelled job succeeds."""
+    common = CommonOptions.of(ctx)
+    timeout = common.timeout
 
     async def cancel_once(c: MusterClient) -> JobView:
         """Idempotent, as `kubectl delete --ignore-not-found`: a job already cancelled is
@@ -332,55 +290,44 @@ def cancel(
             return view
 
     _show(
-        nats_options(nats, auth),
-        output,
+        common,
         cancel_once,
         lambda view: Text.assemble(f"job {view.job_id} is ", state_text(view.state)),
     )
 
 
-@app.command(short_help="Why a job waits, or where and why it runs.")
-@with_nats_auth
+@app.command(cls=common(*REQUEST))
 def why(
     job: Annotated[str, typer.Argument(help="job id")],
-    nats: NatsUrl = None,
-    output: OutputOpt = Output.table,
-    timeout: Timeout = 5.0,
     *,
-    auth: NatsAuth,
+    ctx: typer.Context,
 ) -> None:
     """Say why a job is not admitted (quota, capacity, GPU type, queue order, ...)."""
-    _show(nats_options(nats, auth), output, lambda c: c.why(job, timeout=timeout), why_view)
+    common = CommonOptions.of(ctx)
+    _show(common, lambda c: c.why(job, timeout=common.timeout), why_view)
 
 
-@app.command(short_help="Queues: jobs, usage against quota.")
-@with_nats_auth
+@app.command(cls=common(*REQUEST))
 def queues(
-    nats: NatsUrl = None,
-    output: OutputOpt = Output.table,
-    timeout: Timeout = 5.0,
     *,
-    auth: NatsAuth,
+    ctx: typer.Context,
 ) -> None:
     """Show queues: pending and admitted jobs, usage against quota, fair share."""
-    _show(nats_options(nats, auth), output, lambda c: c.queues(timeout=timeout), queues_table)
+    common = CommonOptions.of(ctx)
+    _show(common, lambda c: c.queues(timeout=common.timeout), queues_table)
 
 
-@app.command(short_help="Clusters: health, flavors, free GPUs, prices.")
-@with_nats_auth
+@app.command(cls=common(*REQUEST))
 def clusters(
-    nats: NatsUrl = None,
-    output: OutputOpt = Output.table,
-    timeout: Timeout = 5.0,
     *,
-    auth: NatsAuth,
+    ctx: typer.Context,
 ) -> None:
     """Show clusters: health, flavors, free GPUs, prices and spot interruption rates."""
-    _show(nats_options(nats, auth), output, lambda c: c.clusters(timeout=timeout), clusters_table)
+    common = CommonOptions.of(ctx)
+    _show(common, lambda c: c.clusters(timeout=common.timeout), clusters_table)
 
 
-@app.command(short_help="Follow a job's events until it ends.")
-@with_nats_auth
+@app.command(cls=common(*CONNECTION, "output"))
 def watch(
     job: Annotated[str, typer.Argument(help="job id")],
     exit_status: Annotated[
@@ -389,15 +336,14 @@ def watch(
             "--exit-status", help="exit 1 unless the job succeeded (default: 0 once it ended)"
         ),
     ] = False,
-    nats: NatsUrl = None,
-    output: OutputOpt = Output.table,
     *,
-    auth: NatsAuth,
+    ctx: typer.Context,
 ) -> None:
     """Print a job's current state, then its events one per line until it ends.
 
     Exits 0 once the job has ended (with --exit-status: only if it succeeded)."""
-    opts = nats_options(nats, auth)
+    common = CommonOptions.of(ctx)
+    opts, output = common.nats_options(), common.output
 
     def show_current(view: JobView) -> None:
         if output is not Output.json:
@@ -422,309 +368,6 @@ def watch(
             final = (await client.get(job)).state
         return final
 
-    final = _run(_with_client(opts, follow))
+    final = run_request(_with_client(opts, follow))
     if exit_status and final != "succeeded":
         raise typer.Exit(1)
-
-
-# -- operator commands -------------------------------------------------------------------
-
-
-@app.command(short_help="Run the broker.")
-@with_nats_auth
-def broker(
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="broker config YAML (default: built-in)")
-    ] = None,
-    nats: Annotated[
-        str | None,
-        typer.Option(
-            "--nats",
-            envvar="MUSTER_NATS",
-            help="NATS URL of an existing server; without it an embedded nats-server starts and "
-            "its URL is written to <state dir>/nats.url",
-            show_default=False,
-        ),
-    ] = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--state-dir",
-            help="where the embedded NATS keeps its data and nats.url "
-            "(default: $MUSTER_STATE_DIR or ./.muster)",
-            show_default=False,
-        ),
-    ] = None,
-    log_level: LogLevelOpt = LogLevel.info,
-    log_format: LogFormatFlag = None,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (off by default)",
-            show_default=False,
-        ),
-    ] = None,
-    ui_port: UiPort = None,
-    ui_host: UiHost = "127.0.0.1",
-    *,
-    auth: NatsAuth,
-) -> None:
-    """Run the broker (queues, gang admission, dispatch, recovery)."""
-    configure_logging(log_level.value, log_format.value if log_format else None)
-    try:
-        loaded = load_config_full(config)
-    except ConfigError as exc:
-        fail(str(exc))
-    for note in loaded.notes:
-        err.print(Text(f"note: {note}", style="dim"))
-    opts = server_nats(nats, auth, name="muster-broker", resolve=False)
-    from broker.service import run_broker  # the server's imports, only when it runs
-
-    serve(
-        run_broker(
-            config=loaded.config,
-            nats=opts,
-            state_dir=state_dir or default_state_dir(),
-            metrics_port=metrics_port,
-            ui_port=ui_port,
-            ui_host=ui_host,
-        ),
-        user_errors=(ConfigError, MusterError, ValueError),  # configs, traces, settings
-    )
-
-
-@app.command("store-compact", short_help="Free a full job bucket: drop ended jobs' workloads.")
-@with_nats_auth
-def store_compact(
-    nats: NatsUrl = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="broker config YAML (its prefix)")
-    ] = None,
-    expire_ended_days: Annotated[
-        float | None,
-        typer.Option(
-            "--expire-ended-days",
-            help="also delete ended jobs that finished more than this many days ago (their ids "
-            "may then be submitted again)",
-            show_default=False,
-        ),
-    ] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="count, change nothing")] = False,
-    *,
-    auth: NatsAuth,
-) -> None:
-    """Free the job bucket: drop ended jobs' workloads from their records (and delete old ended
-    jobs with --expire-ended-days). Works while the bucket is full and no broker leads."""
-    import time
-
-    from broker.service import connect
-    from broker.store import NewerRecords, compact_bucket
-    from schemas.subjects import Subjects
-
-    try:
-        prefix = load_config_full(config).config.subject_prefix
-    except ConfigError as exc:
-        fail(str(exc))
-    opts = nats_options(nats, auth, name="muster-store-compact")
-    cut = time.time() - expire_ended_days * 86_400 if expire_ended_days is not None else None
-
-    async def run() -> None:
-        nc = await connect(opts, "muster-store-compact")
-        try:
-            report = await compact_bucket(
-                nc.jetstream(),
-                Subjects(prefix=prefix).jobs_bucket,
-                expire_before=cut,
-                dry_run=dry_run,
-            )
-        except NewerRecords as exc:
-            raise MusterError(f"nothing compacted: {exc}") from None
-        finally:
-            await nc.close()
-        verb = "would compact" if dry_run else "compacted"
-        out.print(
-            f"{report.records} records: {verb} {report.compacted} ended, "
-            f"{'would delete' if dry_run else 'deleted'} {report.expired}; bucket "
-            f"{report.bytes_before:,} -> {report.bytes_after:,} bytes"
-        )
-
-    _run(run())
-
-
-@app.command("config", short_help="Check a broker config; print it resolved.")
-def config_cmd(
-    file: Annotated[Path, typer.Argument(help="broker config YAML (may import Kueue/Volcano)")],
-    output: Annotated[ConfigOutput, typer.Option("--output", "-o")] = ConfigOutput.yaml,
-) -> None:
-    """Check a broker config and print it resolved (imports applied, quantities normalised)."""
-    try:
-        loaded = load_config_full(file)
-    except ConfigError as exc:
-        fail(str(exc))
-    for note in loaded.notes:
-        err.print(Text(f"note: {note}", style="dim"))
-    if output is ConfigOutput.json:
-        data = msgspec.to_builtins(loaded.config)
-        if loaded.aliases:
-            data["queue_aliases"] = loaded.aliases
-        print_json(data)
-    else:
-        typer.echo(config_to_yaml(loaded.config, loaded.aliases), nl=False)
-
-
-@app.command("nats-config", short_help="Print NATS users and permissions.")
-def nats_config_cmd(
-    file: Annotated[
-        Path | None, typer.Argument(help="broker config YAML, or a ConfigMap holding broker.yaml")
-    ] = None,
-    cluster: Annotated[
-        list[str] | None, typer.Option("--cluster", help="a cluster whose agent gets a user")
-    ] = None,
-    leaf: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--leaf",
-            help="a GPU cluster that reaches NATS through a leaf node: its leaf connection "
-            "gets a user, mapped from its mTLS certificate (muster-leaf-CLUSTER)",
-        ),
-    ] = None,
-    leafnode_for: Annotated[
-        str | None,
-        typer.Option(
-            "--leafnode-for",
-            help="print the nats.conf of CLUSTER's leaf node instead (needs --hub)",
-            show_default=False,
-        ),
-    ] = None,
-    hub: Annotated[
-        list[str] | None,
-        typer.Option("--hub", help="the control cluster's leafnode URL (tls://HOST:7422)"),
-    ] = None,
-    frontdoor: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--frontdoor",
-            help="CLUSTER=TEAM[,TEAM]: that cluster's agent submits for those teams "
-            "(its `frontdoor` config)",
-        ),
-    ] = None,
-) -> None:
-    """Print the nats-server users and permissions (accounts.conf) for the config's teams,
-    or with --leafnode-for the nats.conf of a GPU cluster's leaf node."""
-    from broker.natsconfig import load_broker_config, render, render_leafnode
-
-    if leafnode_for is not None:
-        try:
-            typer.echo(render_leafnode(leafnode_for, hub or []), nl=False)
-        except ValueError as exc:
-            fail(str(exc))
-        return
-    doors: dict[str, list[str]] = {}
-    for item in frontdoor or []:
-        name, sep, teams = item.partition("=")
-        if not sep or not name or not teams:
-            fail(f"--frontdoor {item!r}: write CLUSTER=TEAM[,TEAM], e.g. east=research")
-        doors.setdefault(name, []).extend(t for t in teams.split(",") if t)
-    try:
-        loaded = load_broker_config(file)
-        text = render(loaded.config, cluster or [], loaded.aliases, leaf or [], doors)
-    except (ConfigError, ValueError) as exc:
-        fail(str(exc))
-    typer.echo(text, nl=False)
-
-
-BackupConfig = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="the broker config (its subject prefix and replicas)"),
-]
-
-
-async def _bucket_job(opts: NatsOptions, fn: Callable[[Any], Awaitable[T]]) -> T:
-    import nats as nats_py
-
-    from broker.backup import BackupError
-
-    try:
-        nc = await nats_py.connect(**{**opts.connect_kwargs(), "max_reconnect_attempts": 2})
-    except Exception as exc:
-        raise MusterError(f"cannot reach NATS at {opts.url}: {exc}") from None
-    try:
-        return await fn(nc)
-    except BackupError as exc:
-        raise MusterError(str(exc)) from None
-    finally:
-        await nc.close()
-
-
-def _load_config(path: Path | None) -> Any:
-    try:
-        return load_config_full(path)
-    except ConfigError as exc:
-        fail(str(exc))
-
-
-@app.command("jobs-backup", short_help="Back up every job record to FILE; the broker may run.")
-@with_nats_auth
-def jobs_backup(
-    file: Annotated[Path, typer.Argument(help="the backup file to write (JSON lines)")],
-    config: BackupConfig = None,
-    nats: NatsUrl = None,
-    *,
-    auth: NatsAuth,
-) -> None:
-    """Back up every job record of the job bucket to FILE (the broker may keep running)."""
-    from broker.backup import backup
-
-    loaded = _load_config(config)
-    got = _run(_bucket_job(nats_options(nats, auth), lambda nc: backup(nc, loaded.config, file)))
-    typer.echo(f"backed up {got.records} job records (bucket sequence {got.last_seq}) to {file}")
-
-
-@app.command("jobs-restore", short_help="Restore the job bucket from FILE, with no broker leading.")
-@with_nats_auth
-def jobs_restore(
-    file: Annotated[Path, typer.Argument(help="a file written by `muster jobs-backup`")],
-    config: BackupConfig = None,
-    replace: Annotated[
-        bool, typer.Option("--replace", help="overwrite a bucket that already holds records")
-    ] = False,
-    nats: NatsUrl = None,
-    *,
-    auth: NatsAuth,
-) -> None:
-    """Restore the job bucket from FILE; run it with no broker leading, then start them."""
-    from broker.backup import restore
-
-    loaded = _load_config(config)
-    got = _run(
-        _bucket_job(
-            nats_options(nats, auth),
-            lambda nc: restore(nc, loaded.config, file, replace=replace),
-        )
-    )
-    typer.echo(f"restored {got.records} job records from {file}")
-
-
-@app.command()
-def schema() -> None:
-    """Print the JSON Schema of the client-facing messages."""
-    from schemas.jsonschema import render
-
-    typer.echo(render(), nl=False)
-
-
-register_live(app)
-register_nodeops(app, print_json)
-
-
-tidy_help(app)
-
-
-def main() -> None:
-    """Console-script entry point of the broker's commands alone (`muster` is muster.cli)."""
-    app()
-
-
-if __name__ == "__main__":
-    main()

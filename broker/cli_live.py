@@ -1,9 +1,7 @@
 """The operator's live commands (`muster top`, `muster logs`) and the dashboard options of
-`muster broker`, kept apart from the request/reply commands in broker.cli.
+`muster broker`, kept apart from the request/reply commands in broker.cli."""
 
-No `from __future__ import annotations` here: the commands are defined inside
-`register_live` and typer must see their annotations as objects, not names to look up.
-"""
+from __future__ import annotations
 
 import asyncio
 import sys
@@ -13,7 +11,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from shell import cli as base
+from broker.client import MusterClient, MusterError
+from shell.cli import CONNECTION, CommonOptions, common, err, fail
 
 UiPort = Annotated[
     int | None,
@@ -34,90 +33,87 @@ UiHost = Annotated[
 ]
 
 
-def register_live(app: typer.Typer) -> None:
-    """Add the live commands to the broker's part of the `muster` CLI."""
-    from broker.client import MusterClient, MusterError
+app = typer.Typer(rich_markup_mode=None, pretty_exceptions_show_locals=False)
 
-    def run_until_interrupted(main: Coroutine[Any, Any, None]) -> None:
-        """Ctrl-C is a normal way to stop a live command: exit 0, no traceback."""
-        try:
-            asyncio.run(main)
-        except KeyboardInterrupt:
-            return
-        except MusterError as exc:
-            base.fail(str(exc))
 
-    @app.command(short_help="Live view: clusters, queues, busiest jobs, interruptions.")
-    @base.with_nats_auth
-    def top(
-        nats: base.NatsUrl = None,
-        interval: Annotated[
-            float,
-            typer.Option("--interval", min=0.2, max=60.0, help="least seconds between redraws"),
-        ] = 1.0,
-        *,
-        auth: base.NatsAuth,
-    ) -> None:
-        """Live view of clusters, queues, the busiest jobs and recent interruptions; without a
-        terminal (a pipe, a file), one plain-text snapshot of them."""
-        from broker.top import run_top, snapshot_top
+def run_until_interrupted(main: Coroutine[Any, Any, None]) -> None:
+    """Ctrl-C is a normal way to stop a live command: exit 0, no traceback."""
+    try:
+        asyncio.run(main)
+    except KeyboardInterrupt:
+        return
+    except MusterError as exc:
+        fail(str(exc))
 
-        opts = base.nats_options(nats, auth)
 
-        async def main() -> None:
-            async with MusterClient(opts) as client:
-                if not sys.stdout.isatty():
-                    await snapshot_top(client, Console(highlight=False, width=200))
-                    return
-                await run_top(
-                    client,
-                    Console(highlight=False),
-                    min_interval_s=interval,
-                    on_ready=lambda: base.err.print("muster top: live (Ctrl-C to quit)"),
-                )
+@app.command(cls=common(*CONNECTION))
+def top(
+    interval: Annotated[
+        float,
+        typer.Option("--interval", min=0.2, max=60.0, help="least seconds between redraws"),
+    ] = 1.0,
+    *,
+    ctx: typer.Context,
+) -> None:
+    """Live view of clusters, queues, the busiest jobs and recent interruptions; without a
+    terminal (a pipe, a file), one plain-text snapshot of them."""
+    from broker.top import run_top, snapshot_top
 
-        run_until_interrupted(main())
+    opts = CommonOptions.of(ctx).nats_options()
 
-    @app.command(short_help="Print a job's container logs, read through its agent.")
-    @base.with_nats_auth
-    def logs(
-        job: Annotated[str, typer.Argument(help="job id")],
-        nats: base.NatsUrl = None,
-        podset: Annotated[
-            str | None, typer.Option("--podset", "-p", help="only this podset (e.g. worker)")
-        ] = None,
-        replica: Annotated[
-            int | None, typer.Option("--replica", "-r", min=0, max=4095, help="only this replica")
-        ] = None,
-        attempt: Annotated[
-            int | None,
-            typer.Option("--attempt", "-a", min=1, help="this attempt (default: the latest)"),
-        ] = None,
-        tail: Annotated[
-            int, typer.Option("--tail", min=1, max=10_000, help="lines per container")
-        ] = 100,
-        follow: Annotated[
-            bool, typer.Option("--follow", "-f", help="keep printing until the attempt ends")
-        ] = False,
-        *,
-        auth: base.NatsAuth,
-    ) -> None:
-        """Print a job's container logs, read through the agent of the cluster running it."""
-        from broker.logs import read_logs
+    async def main() -> None:
+        async with MusterClient(opts) as client:
+            if not sys.stdout.isatty():
+                await snapshot_top(client, Console(highlight=False, width=200))
+                return
+            await run_top(
+                client,
+                Console(highlight=False),
+                min_interval_s=interval,
+                on_ready=lambda: err.print("muster top: live (Ctrl-C to quit)"),
+            )
 
-        opts = base.nats_options(nats, auth)
+    run_until_interrupted(main())
 
-        async def main() -> None:
-            async with MusterClient(opts) as client:
-                async for lines in read_logs(
-                    client,
-                    job,
-                    attempt=attempt,
-                    podset=podset,
-                    replica=replica,
-                    tail_lines=tail,
-                    follow=follow,
-                ):
-                    typer.echo("\n".join(lines))
 
-        run_until_interrupted(main())
+@app.command(cls=common(*CONNECTION))
+def logs(
+    job: Annotated[str, typer.Argument(help="job id")],
+    podset: Annotated[
+        str | None, typer.Option("--podset", "-p", help="only this podset (e.g. worker)")
+    ] = None,
+    replica: Annotated[
+        int | None, typer.Option("--replica", "-r", min=0, max=4095, help="only this replica")
+    ] = None,
+    attempt: Annotated[
+        int | None,
+        typer.Option("--attempt", "-a", min=1, help="this attempt (default: the latest)"),
+    ] = None,
+    tail: Annotated[
+        int, typer.Option("--tail", min=1, max=10_000, help="lines per container")
+    ] = 100,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing until the attempt ends")
+    ] = False,
+    *,
+    ctx: typer.Context,
+) -> None:
+    """Print a job's container logs, read through the agent of the cluster running it."""
+    from broker.logs import read_logs
+
+    opts = CommonOptions.of(ctx).nats_options()
+
+    async def main() -> None:
+        async with MusterClient(opts) as client:
+            async for lines in read_logs(
+                client,
+                job,
+                attempt=attempt,
+                podset=podset,
+                replica=replica,
+                tail_lines=tail,
+                follow=follow,
+            ):
+                typer.echo("\n".join(lines))
+
+    run_until_interrupted(main())

@@ -1,29 +1,49 @@
-"""The command-line pieces every `muster` process command shares (broker, agent, fleet, the
-client commands): NATS credential and TLS options, one-line errors, running a server.
+"""The command-line pieces every `muster` command shares (broker, agent, fleet, the client
+commands): the shared options as one dataclass, one-line errors, running a server.
 
 Here rather than in broker/ so the agent commands can use them without importing the broker.
+Light to import: `muster --help` loads this module, so NATS and the servers are imported only
+by the commands that use them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
-from schemas.natsopts import NatsOptions
-from shell.natsio import resolve_nats_url
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from schemas.natsopts import NatsOptions
 
 T = TypeVar("T")
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # one error = one line
+
+class _Stderr:
+    """stderr through rich, one error = one line; made on first use, so that `muster --help`
+    does not import rich."""
+
+    @functools.cached_property
+    def console(self) -> Console:
+        from rich.console import Console
+
+        return Console(stderr=True, highlight=False, soft_wrap=True)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        self.console.print(*objects, **kwargs)
+
+
+err = _Stderr()
 
 
 class LogFormatOpt(StrEnum):
@@ -82,80 +102,215 @@ LogFormatFlag = Annotated[
 ]
 
 
-class NatsAuth(NamedTuple):
-    """The NATS credential and TLS flags every networked command takes."""
-
-    creds: str | None = None
-    user: str | None = None
-    password: str | None = None
-    token: str | None = None
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    inbox_prefix: str | None = None
-    team: str | None = None
+class Output(StrEnum):
+    table = "table"
+    json = "json"
 
 
-_AUTH_PARAMS = [
-    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
-    for name, annotation in zip(
-        NatsAuth._fields,
-        (Creds, User, Password, Token, TlsCa, TlsCert, TlsKey, InboxPrefix, TeamOpt),
-        strict=True,
-    )
+OutputOpt = Annotated[
+    Output, typer.Option("--output", "-o", help="table for people, json for scripts")
 ]
+Timeout = Annotated[float, typer.Option("--timeout", help="seconds to wait for the broker")]
 
 
-def with_nats_auth(fn: Callable[..., None]) -> Callable[..., None]:
-    """Give a command the credential, TLS and inbox options, handed to it as one `auth` argument
-    (typer has no option groups; this keeps each command's signature about its own flags)."""
-    sig = inspect.signature(fn, eval_str=True)
-    own = [
-        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-        for p in sig.parameters.values()
-        if p.name != "auth"
-    ]
-    at = next((i + 1 for i, p in enumerate(own) if p.name == "nats"), len(own))
-    params = own[:at] + _AUTH_PARAMS + own[at:]  # listed in --help right after --nats
+class HelpCommand(typer.core.TyperCommand):
+    """Help that reads like other CLIs: `--queue QUEUE` and `FILE`, not `<str>` and `{file}`."""
 
-    @functools.wraps(fn)
-    def command(**kwargs: Any) -> None:
-        auth = NatsAuth(*(kwargs.pop(name) for name in NatsAuth._fields))
-        fn(auth=auth, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.metavar is not None or getattr(param, "is_flag", False):
+                continue
+            desc = getattr(param, "type_descriptor", None)
+            choices = getattr(desc, "choices", None) if getattr(desc, "is_choice", False) else None
+            if choices:
+                param.metavar = "[" + "|".join(str(getattr(c, "value", c)) for c in choices) + "]"
+            elif param.name:
+                param.metavar = param.name.upper()
+            if param.param_type_name == "argument":  # `FILE`, `[JOB]`: the name says enough
+                shown = param.metavar if param.required else f"[{param.metavar}]"
+                param.display_type_rich = lambda ctx: None  # type: ignore[attr-defined]
+                param._usage_display_name = lambda shown=shown: shown  # type: ignore[attr-defined]
 
-    del command.__wrapped__  # typer must see the signature below, not fn's
-    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
-    return command
+
+@dataclass(frozen=True)
+class CommonOptions:
+    """The options the networked commands share (server URL, credentials, TLS, output format,
+    timeout), parsed into one value: a command declares the fields it takes with
+    `cls=common(...)` and reads them with `CommonOptions.of(ctx)`."""
+
+    nats: NatsUrl = None
+    creds: Creds = None
+    user: User = None
+    password: Password = None
+    token: Token = None
+    tls_ca: TlsCa = None
+    tls_cert: TlsCert = None
+    tls_key: TlsKey = None
+    inbox_prefix: InboxPrefix = None
+    team: TeamOpt = None
+    output: OutputOpt = Output.table
+    timeout: Timeout = 5.0
+
+    @classmethod
+    def of(cls, ctx: typer.Context) -> CommonOptions:
+        """The shared options the command of `ctx` was given."""
+        found = ctx.meta[_META_KEY]
+        assert isinstance(found, cls)
+        return found
+
+    def auth(self) -> dict[str, str | None]:
+        """The credential, TLS and identity fields, as NatsOptions names them."""
+        return {name: getattr(self, name) for name in AUTH}
+
+    def nats_options(self, *, name: str = "muster-cli") -> NatsOptions:
+        """NatsOptions from the flags; an unset URL is resolved (see --nats)."""
+        from schemas.natsopts import NatsOptions
+        from shell.natsio import resolve_nats_url  # nats-py: only once a command connects
+
+        if self.tls_key and not self.tls_cert:
+            fail("--tls-key needs --tls-cert (the client certificate it belongs to)")
+        for flag, path in (
+            ("--creds", self.creds),
+            ("--tls-ca", self.tls_ca),
+            ("--tls-cert", self.tls_cert),
+        ):
+            if path and not Path(path).is_file():
+                fail(f"{flag} {path}: file not found")
+        return NatsOptions(url=self.nats or resolve_nats_url(None), name=name, **self.auth())
+
+    def server_nats(self, *, name: str, resolve: bool) -> NatsOptions | None:
+        """A server's NATS options; None (embedded NATS) when no URL is given and `resolve`
+        is off."""
+        if self.nats is None and not resolve:
+            if any(self.auth().values()):
+                fail("NATS credentials or TLS options need --nats URL too")
+            return None
+        return self.nats_options(name=name)
+
+
+AUTH: tuple[str, ...] = (
+    *("creds", "user", "password", "token"),
+    *("tls_ca", "tls_cert", "tls_key", "inbox_prefix", "team"),
+)  # NatsAuth's fields too (tests/cli/test_command_tree.py)
+CONNECTION = ("nats", *AUTH)  # what every networked command takes
+REQUEST = (*CONNECTION, "output", "timeout")  # and what a request to the broker takes
+_META_KEY = "muster.common-options"
+
+
+@functools.cache
+def _common_command() -> Any:
+    """CommonOptions as a command of its own: typer declares and converts the options from
+    the dataclass's fields, and the command's callback builds the dataclass."""
+    app = typer.Typer(add_completion=False, rich_markup_mode=None)
+    app.command(cls=HelpCommand)(CommonOptions)
+    return typer.main.get_command(app)
+
+
+class _Common(HelpCommand):
+    """A command that also takes `fields` of CommonOptions, listed after its own options.
+    `invoke` takes their values out of the parsed parameters and hands them to the command
+    as one CommonOptions, in the context's `meta` (click's place for such shared state)."""
+
+    fields: tuple[str, ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params += [p for p in _common_command().params if p.name in self.fields]
+
+    def invoke(self, ctx: Any) -> Any:
+        # Every field is passed, the ones this command does not take at their defaults: typer's
+        # callback would otherwise reuse the values of the last command that took them.
+        given = {f.name: f.default for f in dataclasses.fields(CommonOptions)}
+        given |= {name: ctx.params.pop(name) for name in self.fields if name in ctx.params}
+        ctx.meta[_META_KEY] = _common_command().callback(**given)
+        return super().invoke(ctx)
+
+
+def common(*fields: str) -> type[HelpCommand]:
+    """The command class (`app.command(cls=common(...))`) of a command that takes these
+    fields of CommonOptions as options."""
+    unknown = set(fields) - set(REQUEST)
+    assert not unknown, f"not CommonOptions fields: {sorted(unknown)}"
+    return type("CommonCommand", (_Common,), {"fields": fields})
+
+
+# Unknown options and --help go to the lazily loaded command, which parses them.
+_PASS_THROUGH: dict[str, Any] = {
+    "allow_extra_args": True,
+    "ignore_unknown_options": True,
+    "help_option_names": [],
+}
+
+
+class LazyCommand(typer.core.TyperCommand):
+    """A command listed by name and summary whose module is imported only when it runs or its
+    own help is asked for: click's "Further Deferring Imports" (a Command that provides its
+    short help and defers the import), so that `muster --help` imports none of them."""
+
+    def __init__(self, name: str, import_path: str, summary: str) -> None:
+        super().__init__(
+            name=name,
+            help=summary,
+            short_help=summary,
+            context_settings=_PASS_THROUGH,
+            add_help_option=False,
+        )
+        self.import_path = import_path
+
+    def load(self) -> Any:
+        """The command itself: `import_path` names a Typer app (its command of this name, or
+        its only command) or a click command, as `module.attribute`."""
+        return _load(self.import_path, self.name or "")
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
+    ) -> Any:
+        # The loaded command parses the arguments: the group then invokes `ctx.command`.
+        return self.load().make_context(info_name, args, parent=parent, **extra)
+
+
+@functools.cache
+def _load(import_path: str, name: str) -> Any:
+    module_name, attribute = import_path.rsplit(".", 1)
+    found = getattr(importlib.import_module(module_name), attribute)
+    if isinstance(found, typer.Typer):
+        found = typer.main.get_command(found)
+        if isinstance(found, typer.core.TyperGroup) and name in found.commands:
+            return found.commands[name]
+        # Otherwise the app is the program itself (a command, or a group with its own callback).
+        if isinstance(found, typer.core.TyperGroup) and found.callback is None:
+            raise ValueError(f"lazy loading of {import_path} found no command {name!r}")
+    if not hasattr(found, "make_context"):
+        raise ValueError(f"lazy loading of {import_path} found no command {name!r}")
+    return found
+
+
+class LazyGroup(typer.core.TyperGroup):
+    """click's documented lazy group ("Lazily Loading Subcommands",
+    https://click.palletsprojects.com/en/stable/complex/): `lazy_subcommands` maps a command
+    name to where it is defined, and `get_command` imports it. Kept in the table's order (the
+    listing's order), not sorted; each command's summary is in the table so that the group's
+    `--help` imports none of them."""
+
+    lazy_subcommands: dict[str, tuple[str, str]] = {}  # name -> (module.attribute, summary)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*super().list_commands(ctx), *self.lazy_subcommands]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in self.lazy_subcommands:
+            import_path, summary = self.lazy_subcommands[cmd_name]
+            return LazyCommand(cmd_name, import_path, summary)
+        return super().get_command(ctx, cmd_name)
 
 
 def fail(message: str) -> NoReturn:
     """One clear line on stderr, exit status 1."""
+    from rich.text import Text
+
     err.print(Text(f"error: {message}", style="red"))
     raise typer.Exit(1)
-
-
-def nats_options(url: str | None, auth: NatsAuth, *, name: str = "muster-cli") -> NatsOptions:
-    """NatsOptions from the CLI flags; an unset URL is resolved (see --nats)."""
-    if auth.tls_key and not auth.tls_cert:
-        fail("--tls-key needs --tls-cert (the client certificate it belongs to)")
-    for flag, path in (
-        ("--creds", auth.creds),
-        ("--tls-ca", auth.tls_ca),
-        ("--tls-cert", auth.tls_cert),
-    ):
-        if path and not Path(path).is_file():
-            fail(f"{flag} {path}: file not found")
-    return NatsOptions(url=url or resolve_nats_url(None), name=name, **auth._asdict())
-
-
-def server_nats(url: str | None, auth: NatsAuth, *, name: str, resolve: bool) -> NatsOptions | None:
-    """A server's NATS options; None (embedded NATS) when no URL is given and `resolve` is off."""
-    if url is None and not resolve:
-        if any(auth):
-            fail("NATS credentials or TLS options need --nats URL too")
-        return None
-    return nats_options(url, auth, name=name)
 
 
 async def as_coroutine(aw: Awaitable[T]) -> T:
@@ -179,24 +334,62 @@ def serve(coro: Awaitable[None], user_errors: tuple[type[Exception], ...] = (Val
         fail(f"{type(exc).__name__}: {exc} (run with --log-level debug for the traceback)")
 
 
-class HelpCommand(typer.core.TyperCommand):
-    """Help that reads like other CLIs: `--queue QUEUE` and `FILE`, not `<str>` and `{file}`."""
+# -- the agent commands' form (agents/cli.py) ------------------------------------------------
+# The same credential and TLS options, given to a command by rewriting its signature and handed
+# to it as one `auth` argument. Only agents/cli.py still uses it; its commands move to
+# CommonOptions like the broker's, and then this goes.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        for param in self.params:
-            if param.metavar is not None or getattr(param, "is_flag", False):
-                continue
-            desc = getattr(param, "type_descriptor", None)
-            choices = getattr(desc, "choices", None) if getattr(desc, "is_choice", False) else None
-            if choices:
-                param.metavar = "[" + "|".join(str(getattr(c, "value", c)) for c in choices) + "]"
-            elif param.name:
-                param.metavar = param.name.upper()
-            if param.param_type_name == "argument":  # `FILE`, `[JOB]`: the name says enough
-                shown = param.metavar if param.required else f"[{param.metavar}]"
-                param.display_type_rich = lambda ctx: None  # type: ignore[attr-defined]
-                param._usage_display_name = lambda shown=shown: shown  # type: ignore[attr-defined]
+
+class NatsAuth(NamedTuple):
+    """The NATS credential and TLS flags every networked command takes."""
+
+    creds: str | None = None
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    inbox_prefix: str | None = None
+    team: str | None = None
+
+
+_AUTH_PARAMS = [
+    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+    for name, annotation in zip(
+        AUTH,
+        (Creds, User, Password, Token, TlsCa, TlsCert, TlsKey, InboxPrefix, TeamOpt),
+        strict=True,
+    )
+]
+
+
+def with_nats_auth(fn: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the credential, TLS and inbox options, handed to it as one `auth`
+    argument (listed in --help right after its --nats)."""
+    sig = inspect.signature(fn, eval_str=True)
+    own = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in sig.parameters.values()
+        if p.name != "auth"
+    ]
+    at = next((i + 1 for i, p in enumerate(own) if p.name == "nats"), len(own))
+    params = own[:at] + _AUTH_PARAMS + own[at:]
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> None:
+        auth = NatsAuth(*(kwargs.pop(name) for name in AUTH))
+        fn(auth=auth, **kwargs)
+
+    del command.__wrapped__  # typer must see the signature below, not fn's
+    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    return command
+
+
+def server_nats(url: str | None, auth: NatsAuth, *, name: str, resolve: bool) -> NatsOptions | None:
+    """CommonOptions.server_nats for a command given NatsAuth."""
+    return CommonOptions(nats=url, **auth._asdict()).server_nats(name=name, resolve=resolve)
 
 
 def tidy_help(app: typer.Typer) -> None:

@@ -1,7 +1,8 @@
 """The layering docs/architecture.md describes holds in the code: no import cycles anywhere
 (imports inside functions and under TYPE_CHECKING count too), the core imports only itself and
 the wire contract, the broker never imports the agents, only the state table (states.py) writes a
-job's state in the core, and every function hop the document names in its walks still exists."""
+job's state in the core, every function hop the document names in its walks still exists, and
+the config loader and its importers stay under 600 lines a module."""
 
 from __future__ import annotations
 
@@ -114,6 +115,22 @@ def test_the_core_imports_only_itself_and_the_wire_contract() -> None:
         if not dep.startswith(("broker.core", "schemas"))
     }
     assert outside == set()
+
+
+# Modules split by duty and kept so: the config loader and its importers, one per source system.
+SIZED = ("broker.config", "broker.imports")
+MAX_LINES = 600
+
+
+def test_the_split_modules_stay_under_the_size_limit() -> None:
+    sized = {n: p for n, p in MODULES.items() if n == SIZED[0] or n.startswith(SIZED[1])}
+    assert len(sized) >= 5, sorted(sized)  # the loader, the package, base and three sources
+    too_long = {
+        name: lines
+        for name, path in sized.items()
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert too_long == {}, f"split these by duty (at most {MAX_LINES} lines each)"
 
 
 def test_the_broker_never_imports_the_agents() -> None:

@@ -414,7 +414,7 @@ def test_every_unread_field_is_named() -> None:
 def test_muster_config_prints_every_note() -> None:
     from typer.testing import CliRunner
 
-    from broker.cli import app
+    from broker.cli_operator import app
 
     path = FIXTURES / "queues" / "kueue-admission-fair-sharing.yaml"
     result = CliRunner().invoke(app, ["config", str(path)])

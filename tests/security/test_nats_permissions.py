@@ -13,7 +13,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from typer.testing import CliRunner
 
-from broker.cli import app
+from broker.cli_operator import app
 from broker.embedded import nats_server_binary
 from broker.natsconfig import load_broker_config, render
 from shell.natsio import flush

@@ -60,7 +60,7 @@ async def test_broker_process_serves_the_dashboard_and_stops_cleanly(
 def test_ui_port_out_of_range_is_refused() -> None:
     from typer.testing import CliRunner
 
-    from broker.cli import app
+    from broker.cli_operator import app
 
     result = CliRunner().invoke(app, ["broker", "--ui-port", "70000"])
     assert result.exit_code == 2

@@ -1,0 +1,111 @@
+"""Start-up time of the `muster` command: `muster --help`, and a command's own `--help`.
+
+    python -m load.bench_cli [--runs 5] [--baseline DIR] [--json out.json]
+
+Each run starts a fresh `python -m muster ...` (this interpreter, cwd = the tree)
+and measures its wall time to exit, and with `-X importtime` the modules it imported. With
+`--baseline DIR` (another checkout of the repository, e.g. `git worktree add` or `git
+archive | tar -x` of an older commit) the same commands run there too, interleaved run by run,
+so both see the same machine load. Prints every run, the medians, and one `RESULT {...}` line.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from load.command import Count, JsonOut, Options, program, summary
+from load.common import emit
+
+REPO = Path(__file__).resolve().parents[1]
+COMMANDS = {"help": ["--help"], "status-help": ["status", "--help"]}
+# Imports `muster --help` should never pay for.
+HEAVY = ("broker.service", "broker.client", "nats", "aiohttp", "torch", "kubernetes_asyncio")
+
+
+def one_start(tree: Path, args: list[str]) -> float:
+    """Wall seconds of one `python -m muster ARGS` in `tree`."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "muster", *args], cwd=tree, capture_output=True, timeout=120
+    )
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"muster {' '.join(args)} in {tree} failed: {proc.stderr.decode()}")
+    return elapsed
+
+
+def imported(tree: Path, args: list[str]) -> list[str]:
+    """The modules `python -m muster ARGS` imported, from `-X importtime`."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "muster", *args],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return [
+        line.rsplit("|", 1)[1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line and "cumulative" not in line
+    ]
+
+
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def bench_cli(
+    runs: Count = 5,
+    baseline: Annotated[
+        Path | None,
+        typer.Option("--baseline", help="another checkout to measure alike, interleaved"),
+    ] = None,
+    json_out: JsonOut = None,
+) -> None:
+    run_bench(Options(runs=runs, baseline=baseline, json=json_out))
+
+
+def run_bench(args: Options) -> dict[str, Any]:
+    trees = {"this": REPO} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
+    times: dict[str, dict[str, list[float]]] = {t: {c: [] for c in COMMANDS} for t in trees}
+    for tree in trees.values():  # warm the file cache and the .pyc files once, untimed
+        for argv in COMMANDS.values():
+            one_start(tree, argv)
+    for r in range(args.runs):
+        for name, argv in COMMANDS.items():
+            for label, tree in trees.items():
+                times[label][name].append(one_start(tree, argv))
+        print(
+            f"run {r + 1}: "
+            + ", ".join(
+                f"{label} {name} {times[label][name][-1] * 1000:.0f} ms"
+                for name in COMMANDS
+                for label in trees
+            )
+        )
+    result: dict[str, Any] = {"bench": "cli", "runs": args.runs}
+    for label, tree in trees.items():
+        modules = imported(tree, COMMANDS["help"])
+        result[label] = {
+            **{f"{name}_median_s": statistics.median(ts) for name, ts in times[label].items()},
+            **{f"{name}_runs_s": [round(t, 4) for t in ts] for name, ts in times[label].items()},
+            "help_modules": len(modules),
+            "help_heavy_imports": sorted(m for m in modules if m.startswith(HEAVY)),
+        }
+        print(
+            f"{label}: muster --help median {result[label]['help_median_s'] * 1000:.0f} ms, "
+            f"{len(modules)} modules imported, heavy: {result[label]['help_heavy_imports'][:5]}"
+        )
+    emit(result, args.json)
+    return result
+
+
+if __name__ == "__main__":
+    app()

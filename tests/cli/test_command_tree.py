@@ -1,0 +1,180 @@
+"""The `muster` command tree: every command, argument and option name as users know them (a
+snapshot, `fixtures/commands.json`) and as the docs write them, a `muster --help` that imports
+none of the commands' modules, and the shared options reaching a command as one CommonOptions."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from muster.cli import COMMANDS, LOAD_COMMANDS, app
+from shell.cli import (
+    AUTH,
+    CONNECTION,
+    REQUEST,
+    CommonOptions,
+    LazyCommand,
+    NatsAuth,
+    Output,
+    common,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOT = Path(__file__).parent / "fixtures" / "commands.json"
+runner = CliRunner()
+
+
+def _params(command: Any) -> list[dict[str, Any]]:
+    """What a user types: argument names, option spellings, flags, env vars."""
+    found: list[dict[str, Any]] = []
+    for p in command.params:
+        if p.param_type_name == "argument":
+            found.append({"argument": p.name, "required": p.required, "nargs": p.nargs})
+            continue
+        found.append(
+            {
+                "option": sorted(p.opts),
+                "secondary": sorted(p.secondary_opts),
+                "flag": bool(getattr(p, "is_flag", False)),
+                "required": p.required,
+                "envvar": p.envvar,
+                "multiple": p.multiple,
+            }
+        )
+    return sorted(found, key=json.dumps)
+
+
+def command_tree() -> dict[str, list[dict[str, Any]]]:
+    """Every command path of `muster`, each lazily listed command loaded (as running it does)."""
+    tree: dict[str, list[dict[str, Any]]] = {}
+
+    def walk(command: Any, ctx: Any, path: str) -> None:
+        if isinstance(command, LazyCommand):
+            command = command.load()
+        tree[path] = _params(command)
+        if hasattr(command, "list_commands"):
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                walk(sub, type(ctx)(sub, parent=ctx, info_name=name), f"{path} {name}")
+
+    root = typer.main.get_command(app)
+    walk(root, root.make_context("muster", [], resilient_parsing=True), "muster")
+    return tree
+
+
+def test_every_command_and_option_name_is_unchanged() -> None:
+    expected = json.loads(SNAPSHOT.read_text())
+    tree = command_tree()
+    assert sorted(tree) == sorted(expected), "commands added or gone"
+    for path, params in expected.items():
+        assert tree[path] == params, f"`{path}`: its arguments or options changed"
+
+
+def documented_options() -> list[tuple[str, str, str]]:
+    """(doc, command, option) for every option the docs write after a `muster <command>`
+    (the load programs' command lines are checked in tests/load/test_cli.py)."""
+    docs = [REPO / "README.md", REPO / "deploy" / "README.md", *sorted(REPO.glob("docs/*.md"))]
+    stop = r"[^`#\[\n|;:]*(?:\n\s+--[^`#\[\n|;:]*)?"  # a code span may wrap onto the next line
+    found = []
+    for doc in docs:
+        for m in re.finditer(rf"\bmuster ([a-z][\w-]*)({stop})", doc.read_text()):
+            if m.group(1) in COMMANDS and m.group(1) not in LOAD_COMMANDS:
+                for option in re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", m.group(2)):
+                    found.append((str(doc.relative_to(REPO)), m.group(1), option))
+    return found
+
+
+def test_every_option_the_docs_write_is_an_option_of_its_command() -> None:
+    found = documented_options()
+    assert len(found) > 40, found  # the docs name dozens: the finder still finds them
+    unknown = []
+    for doc, name, option in found:
+        command = LazyCommand(name, COMMANDS[name][0], "").load()
+        known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+        if option not in known:
+            unknown.append(f"{doc}: muster {name} {option}")
+    assert unknown == []
+
+
+def test_help_imports_no_command_module() -> None:
+    """`muster --help` lists every command from the table of summaries: it imports neither the
+    commands' modules nor what they use (NATS, aiohttp, the broker, torch, rich)."""
+    probe = (
+        "import sys\n"
+        "sys.argv = ['muster', '--help']\n"
+        "from muster.cli import main\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print(sorted(sys.modules), file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "\n  status " in proc.stdout and "\n  bench " in proc.stdout
+    imported = eval(proc.stderr.strip().splitlines()[-1])  # the probe's own repr of a list
+    heavy = ("broker", "agents", "load", "nats", "aiohttp", "torch", "kubernetes_asyncio")
+    heavy += ("matplotlib", "rich", "msgspec", "schemas")
+    assert [m for m in imported if m.split(".")[0] in heavy] == []
+    assert "muster.cli" in imported  # the probe ran the real command
+
+
+def _options_app() -> typer.Typer:
+    """Two commands that print the CommonOptions they were given."""
+    probe = typer.Typer()
+
+    @probe.command("request", cls=common(*REQUEST))
+    def request(ctx: typer.Context) -> None:
+        typer.echo(repr(CommonOptions.of(ctx)))
+
+    @probe.command("connect", cls=common(*CONNECTION))
+    def connect(ctx: typer.Context) -> None:
+        typer.echo(repr(CommonOptions.of(ctx)))
+
+    return probe
+
+
+def test_a_command_gets_the_shared_options_it_takes_as_one_value() -> None:
+    probe = _options_app()
+    args = ["request", "--nats", "nats://h:4222", "--team", "a", "-o", "json", "--timeout", "9"]
+    result = runner.invoke(probe, args)
+    assert result.exit_code == 0, result.output
+    given = CommonOptions(nats="nats://h:4222", team="a", output=Output.json, timeout=9.0)
+    assert result.stdout.strip() == repr(given)
+    # A command takes only its fields: the others are no options of it, and stay at their
+    # defaults even after another command in the same process set them.
+    result = runner.invoke(probe, ["connect", "--user", "u"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == repr(CommonOptions(user="u"))
+    result = runner.invoke(probe, ["connect", "--output", "json"])
+    assert result.exit_code == 2 and "No such option: --output" in result.stderr
+
+
+def test_a_table_entry_naming_no_command_is_an_error() -> None:
+    """A summary whose module holds no command of that name fails when it is loaded (the
+    snapshot test loads every command), not by running another one."""
+    with pytest.raises(ValueError, match=r"broker\.cli\.app found no command 'stauts'"):
+        LazyCommand("stauts", "broker.cli.app", "a misspelt entry").load()
+    with pytest.raises(ValueError, match=r"shell\.cli\.err found no command 'err'"):
+        LazyCommand("err", "shell.cli.err", "not a command").load()
+
+
+def test_the_agent_commands_take_the_same_credential_options() -> None:
+    """agents/cli.py's commands get them through `with_nats_auth` as NatsAuth: the same
+    fields, so `muster agent` and `muster status` accept the same flags."""
+    assert NatsAuth._fields == AUTH
+    tree = command_tree()
+    connection = [o for o in tree["muster top"] if o.get("option") != ["--interval"]]
+    assert len(connection) == len(CONNECTION)  # top's own option aside, the connection's
+    for name in ("agent", "fleet"):
+        assert all(o in tree[f"muster {name}"] for o in connection), name
