@@ -10,16 +10,15 @@ import typer
 
 from agents.config import load_fleet_config
 from shell.cli import (
+    CONNECTION,
+    CommonOptions,
     LogFormatFlag,
     LogLevel,
     LogLevelOpt,
-    NatsAuth,
-    NatsUrl,
+    common,
     fail,
     serve,
-    server_nats,
     tidy_help,
-    with_nats_auth,
 )
 from shell.logs import configure_logging
 
@@ -43,8 +42,9 @@ MetricsAddr = Annotated[
 ]
 
 
-@app.command(short_help="Run one cluster agent, or each agent of a fleet file.")
-@with_nats_auth
+@app.command(
+    cls=common(*CONNECTION), short_help="Run one cluster agent, or each agent of a fleet file."
+)
 def agent(
     config: Annotated[
         Path,
@@ -52,13 +52,12 @@ def agent(
             "--config", "-c", help="agent YAML (`cluster:`), or a fleet YAML (`clusters:`)"
         ),
     ],
-    nats: NatsUrl = None,
     log_level: LogLevelOpt = LogLevel.info,
     log_format: LogFormatFlag = None,
     metrics_port: MetricsPort = None,
     metrics_addr: MetricsAddr = "127.0.0.1",
     *,
-    auth: NatsAuth,
+    ctx: typer.Context,
 ) -> None:
     """Run one cluster agent (backend kube, fake or local), or each agent of a fleet file,
     over one NATS connection until SIGTERM or Ctrl-C."""
@@ -68,7 +67,7 @@ def agent(
     except (ValueError, OSError) as exc:
         fail(str(exc))
     name = f"muster-agent-{configs[0].cluster}" if len(configs) == 1 else "muster-fleet"
-    opts = server_nats(nats, auth, name=name, resolve=True)
+    opts = CommonOptions.of(ctx).server_nats(name=name, resolve=True)
     assert opts is not None
     from agents.fleet import run_fleet, until_signal  # the agent's imports, only when it runs
 
@@ -126,6 +125,7 @@ def fence_watchdog(
 # The same command under the name the demos and load tests use for many fake clusters.
 app.command(
     "fleet",
+    cls=common(*CONNECTION),
     help="Run many (fake) cluster agents in one process, for demos and load tests.",
     short_help="Run many (fake) cluster agents in one process.",
 )(agent)

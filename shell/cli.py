@@ -12,12 +12,11 @@ import asyncio
 import dataclasses
 import functools
 import importlib
-import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
@@ -192,7 +191,7 @@ class CommonOptions:
 AUTH: tuple[str, ...] = (
     *("creds", "user", "password", "token"),
     *("tls_ca", "tls_cert", "tls_key", "inbox_prefix", "team"),
-)  # NatsAuth's fields too (tests/cli/test_command_tree.py)
+)
 CONNECTION = ("nats", *AUTH)  # what every networked command takes
 REQUEST = (*CONNECTION, "output", "timeout")  # and what a request to the broker takes
 _META_KEY = "muster.common-options"
@@ -332,64 +331,6 @@ def serve(coro: Awaitable[None], user_errors: tuple[type[Exception], ...] = (Val
 
         structlog.get_logger("muster").debug("server stopped", exc_info=True)
         fail(f"{type(exc).__name__}: {exc} (run with --log-level debug for the traceback)")
-
-
-# -- the agent commands' form (agents/cli.py) ------------------------------------------------
-# The same credential and TLS options, given to a command by rewriting its signature and handed
-# to it as one `auth` argument. Only agents/cli.py still uses it; its commands move to
-# CommonOptions like the broker's, and then this goes.
-
-
-class NatsAuth(NamedTuple):
-    """The NATS credential and TLS flags every networked command takes."""
-
-    creds: str | None = None
-    user: str | None = None
-    password: str | None = None
-    token: str | None = None
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    inbox_prefix: str | None = None
-    team: str | None = None
-
-
-_AUTH_PARAMS = [
-    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
-    for name, annotation in zip(
-        AUTH,
-        (Creds, User, Password, Token, TlsCa, TlsCert, TlsKey, InboxPrefix, TeamOpt),
-        strict=True,
-    )
-]
-
-
-def with_nats_auth(fn: Callable[..., None]) -> Callable[..., None]:
-    """Give a command the credential, TLS and inbox options, handed to it as one `auth`
-    argument (listed in --help right after its --nats)."""
-    sig = inspect.signature(fn, eval_str=True)
-    own = [
-        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-        for p in sig.parameters.values()
-        if p.name != "auth"
-    ]
-    at = next((i + 1 for i, p in enumerate(own) if p.name == "nats"), len(own))
-    params = own[:at] + _AUTH_PARAMS + own[at:]
-
-    @functools.wraps(fn)
-    def command(**kwargs: Any) -> None:
-        auth = NatsAuth(*(kwargs.pop(name) for name in AUTH))
-        fn(auth=auth, **kwargs)
-
-    del command.__wrapped__  # typer must see the signature below, not fn's
-    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
-    return command
-
-
-def server_nats(url: str | None, auth: NatsAuth, *, name: str, resolve: bool) -> NatsOptions | None:
-    """CommonOptions.server_nats for a command given NatsAuth."""
-    return CommonOptions(nats=url, **auth._asdict()).server_nats(name=name, resolve=resolve)
 
 
 def tidy_help(app: typer.Typer) -> None:

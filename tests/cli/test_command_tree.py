@@ -17,12 +17,10 @@ from typer.testing import CliRunner
 
 from muster.cli import COMMANDS, LOAD_COMMANDS, app
 from shell.cli import (
-    AUTH,
     CONNECTION,
     REQUEST,
     CommonOptions,
     LazyCommand,
-    NatsAuth,
     Output,
     common,
 )
@@ -169,12 +167,10 @@ def test_a_table_entry_naming_no_command_is_an_error() -> None:
         LazyCommand("err", "shell.cli.err", "not a command").load()
 
 
-def test_the_agent_commands_take_the_same_credential_options() -> None:
-    """agents/cli.py's commands get them through `with_nats_auth` as NatsAuth: the same
-    fields, so `muster agent` and `muster status` accept the same flags."""
-    assert NatsAuth._fields == AUTH
+def test_the_agent_commands_take_the_same_connection_options() -> None:
+    """`muster agent` takes its connection through CommonOptions like the broker's commands,
+    so it accepts the same flags as `muster status`."""
     tree = command_tree()
     connection = [o for o in tree["muster top"] if o.get("option") != ["--interval"]]
     assert len(connection) == len(CONNECTION)  # top's own option aside, the connection's
-    for name in ("agent", "fleet"):
-        assert all(o in tree[f"muster {name}"] for o in connection), name
+    assert all(o in tree["muster agent"] for o in connection)
