@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, TopologyNeed
+from broker.core.views import _waiting_for
 from schemas.agent import FlavorInfo, NodeInfo
+from schemas.api import PendingReason
 
 from .helpers import GI, NOW, config, gang
 
@@ -172,3 +174,43 @@ def test_a_gang_no_domain_could_ever_hold_is_refused_at_submission() -> None:
     (why,) = s.check_feasible(gang("l", (9, 8)))  # the default: one zone
     assert "in one zone" in why.message and "(the largest holds 64)" in why.message
     assert s.check_feasible(with_need(gang("m", (9, 8)), spread=True)) == ()
+
+
+def test_why_says_the_gang_needs_one_block_when_the_free_gpus_are_spread() -> None:
+    # Two blocks of 8 nodes; others use 3 nodes of b1 and 5 of b2. 64 GPUs are free in the
+    # pool, 40 of them in the largest block: the gang waits, it does not "fit now".
+    free = fleet({("z", "b1", "r1"): 5, ("z", "b2", "r1"): 3})
+    busy = fleet({("z", "b1", "r2"): 3, ("z", "b2", "r2"): 5}, used=8)
+    s = sched(c=free + busy)
+    (why,) = s.pool_reasons(with_need(gang("j", (8, 8)), required=("block",)))
+    assert (why.code, why.cluster, why.flavor) == ("topology-unfit", "c", "od")
+    assert why.message == "needs 64 GPUs in one block; largest free block of c/od has 40"
+    (why,) = s.pool_reasons(with_need(gang("k", (5, 8)), required=("block",)))
+    assert why.code == "fits-now"
+
+
+def test_why_says_never_when_no_domain_could_hold_the_gang_empty() -> None:
+    s = sched(c=fleet({("za", "b1", "r1"): 4, ("zb", "b2", "r1"): 4}))
+    (why,) = s.pool_reasons(gang("j", (6, 8)))  # the default: one zone
+    assert why.code == "topology-unfit"
+    assert why.message.startswith(
+        "needs 48 GPUs in one zone, and no zone here holds that many even when empty "
+        "(the largest holds 32)"
+    )
+    (why,) = s.pool_reasons(with_need(gang("k", (6, 8)), spread=True))
+    assert why.code == "fits-now"
+
+
+def test_why_names_the_level_a_preferred_gang_falls_back_to() -> None:
+    s = sched(c=fleet({("z", "b1", "r1"): 2, ("z", "b1", "r2"): 2}))
+    (why,) = s.pool_reasons(with_need(gang("j", (3, 8)), preferred=("rack",)))
+    assert why.code == "fits-now"
+    assert why.message == (
+        "fits now (32 GPUs free); preferred one rack (largest free rack has 16 GPUs); "
+        "placed within one block; next admission cycle"
+    )
+
+
+def test_a_gang_waiting_for_one_domain_waits_for_capacity() -> None:
+    spread = PendingReason(code="topology-unfit", message="needs 64 GPUs in one block")
+    assert _waiting_for([], [spread]) == "capacity"
