@@ -8,7 +8,9 @@ first d values; depth 0 is the whole pool.
 Rules (Kueue's Topology Aware Scheduling, kubernetes-sigs/kueue KEP-2724 "Computing the
 assignment" and pkg/cache/tas_flavor_snapshot.go, Apache-2.0; the rule is ported, not the code):
 - A gang whose GPU replicas may span nodes stays within ONE zone unless it says `spread`;
-  a required level narrows that to one domain of that level (the finest one named wins).
+  a required level narrows that to one domain of that level (the finest one named wins). A
+  `spread` gang may cross zones, but goes through the same search: one that fits a zone (or a
+  finer domain) is kept there, so at equal price the tighter cluster wins for it too.
 - The search starts at the finest level and goes up to the required one: the first level
   where one domain takes the whole gang is used, and of its domains the one with the least
   free GPUs that still fits (BestFit), so large domains stay free for large gangs.
@@ -24,13 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.core.inventory import Cluster, Node, Pool
+from broker.core.inventory import ZONE, Cluster, Node, Pool
 from broker.core.placement import Gang, Take, estimate_counts, pack
 from broker.core.placement import fits_now as plain_fits_now
 from broker.core.types import GangRequest, Reason, TopologyNeed
 from schemas.job import JobSpec
 
-ZONE = "topology.kubernetes.io/zone"
 SHORT_NAMES = {
     ZONE: "zone",
     "topology.kubernetes.io/region": "region",
@@ -65,12 +66,9 @@ def path_at(node: Node, depth: int) -> tuple[str, ...]:
 
 
 def applies(req: GangRequest, gang: Gang) -> bool:
-    """Whether topology can change where the gang goes (more than one GPU replica, and not
-    told to spread with no level named)."""
-    if gang.single_gpu or not gang.gpu_sets:
-        return False
-    need = req.topology
-    return need is None or bool(need.required or need.preferred or not need.spread)
+    """Whether topology can change where the gang goes: more than one GPU replica. A gang
+    told to spread may cross zones, but one that fits a domain is still kept in the tightest."""
+    return not gang.single_gpu and bool(gang.gpu_sets)
 
 
 @dataclass(slots=True, eq=False)
@@ -233,3 +231,18 @@ def largest_domain(pool: Pool, gang: Gang, req: GangRequest) -> tuple[str, int] 
         return None
     most = max(sum(g * k for g, k in enumerate(row)) for row in counts.values())
     return short_name(pool.levels[required - 1]), most
+
+
+def zone_spread(pool: Pool, names: list[str]) -> list[tuple[int, int]]:
+    """Per zone the gang's named nodes reach: (its nodes there, the pool's nodes there), what
+    `risk.gang_reclaim_rate` prices correlated reclaims by."""
+    mine: dict[str, int] = {}
+    for name in names:
+        zone = pool.zone_of(pool.nodes[name])
+        mine[zone] = mine.get(zone, 0) + 1
+    everyone: dict[str, int] = dict.fromkeys(mine, 0)
+    for node in pool.nodes.values():
+        zone = pool.zone_of(node)
+        if zone in everyone:
+            everyone[zone] += 1
+    return [(k, everyone[zone]) for zone, k in mine.items()]
