@@ -66,6 +66,7 @@ from broker.core.provision import Claim, Provisions, rank_of
 from broker.core.quota import Cohort, QueueState, QuotaBook, QuotaMiss, never_admissible
 from broker.core.reasons import feasibility
 from broker.core.reservation import Reservation
+from broker.core.topology import growth_domains
 from broker.core.types import (
     CycleResult,
     GangRequest,
@@ -74,6 +75,7 @@ from broker.core.types import (
     PoolKey,
     Preemption,
     Reason,
+    TopologyNeed,
     Vec,
 )
 from schemas.agent import FlavorInfo, NodeInfo
@@ -1036,7 +1038,11 @@ class Scheduler:
         if old is None or old.doomed_by is not None or extra.job_id in self._reservations:
             return None
         others = frozenset(p.key for p in self._inv.pools() if p.key != old.pool)
-        got = self.assign(replace(extra, avoid_pools=others, topology=None), now)
+        got = None
+        for need in self._growth_needs(old, extra.topology):
+            got = self.assign(replace(extra, avoid_pools=others, topology=need), now)
+            if isinstance(got, Assignment):
+                break
         if not isinstance(got, Assignment):
             return None
         merged = dict(old.per_node)
@@ -1059,6 +1065,20 @@ class Scheduler:
         self._ledger.add(old)
         self._inputs_changed()
         return got.placement
+
+    def _growth_needs(self, alloc: Alloc, need: TopologyNeed | None) -> list[TopologyNeed | None]:
+        """The topology of each growth search, first to last: within the running gang's own
+        domain, then coarser ones down to the level it must stay within
+        (`topology.growth_domains`), so a lost node is replaced beside the others."""
+        c = self._inv.clusters.get(alloc.cluster)
+        pool = c.pools.get(alloc.pool[1]) if c is not None else None
+        if c is None or pool is None or not pool.levels:
+            return [None]
+        gpu_nodes = [c.nodes[n] for n, v in alloc.per_node.items() if v[0] > 0 and n in c.nodes]
+        return [
+            TopologyNeed(within=path) if path else TopologyNeed(spread=True)
+            for path in growth_domains(pool, gpu_nodes, need)
+        ]
 
     def note_progress(self, job_id: str, attempt: int, work_since: float) -> None:
         a = self._ledger.allocs.get((job_id, attempt))

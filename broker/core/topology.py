@@ -66,8 +66,11 @@ def path_at(node: Node, depth: int) -> tuple[str, ...]:
 
 
 def applies(req: GangRequest, gang: Gang) -> bool:
-    """Whether topology can change where the gang goes: more than one GPU replica. A gang
-    told to spread may cross zones, but one that fits a domain is still kept in the tightest."""
+    """Whether topology can change where the gang goes: more than one GPU replica, or replicas
+    that must join a running gang's domain. A gang told to spread may cross zones, but one
+    that fits a domain is still kept in the tightest."""
+    if req.topology is not None and req.topology.within:
+        return bool(gang.gpu_sets)
     return not gang.single_gpu and bool(gang.gpu_sets)
 
 
@@ -106,7 +109,8 @@ class Fit:
 def _required(pool: Pool, need: TopologyNeed | None) -> int | Reason:
     levels = pool.levels
     if need is None or not need.required:
-        return 0 if need is not None and need.spread else depth_of(levels, "zone")
+        depth = 0 if need is not None and need.spread else depth_of(levels, "zone")
+        return max(depth, len(need.within)) if need is not None else depth
     depth = 0
     for name in need.required:
         d = depth_of(levels, name)
@@ -120,7 +124,7 @@ def _required(pool: Pool, need: TopologyNeed | None) -> int | Reason:
                 flavor=pool.name,
             )
         depth = max(depth, d)
-    return depth
+    return max(depth, len(need.within))
 
 
 def place(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> Fit | Reason | None:
@@ -142,8 +146,11 @@ def place(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> Fit | R
     depths = range(max(required, 1), finest + 1)
     members: dict[int, dict[tuple[str, ...], list[Node]]] = {d: {} for d in depths}
     free: dict[int, dict[tuple[str, ...], int]] = {d: {} for d in depths}
+    within = need.within if need is not None else ()
     for b in range(1, top + 1):
         for n in pool.buckets[b].values():
+            if within and path_at(n, len(within)) != within:
+                continue  # outside the running gang's domain
             for d in depths:
                 key = path_at(n, d)
                 got = members[d].get(key)
@@ -246,3 +253,24 @@ def zone_spread(pool: Pool, names: list[str]) -> list[tuple[int, int]]:
         if zone in everyone:
             everyone[zone] += 1
     return [(k, everyone[zone]) for zone, k in mine.items()]
+
+
+def growth_domains(
+    pool: Pool, nodes: list[Node], need: TopologyNeed | None
+) -> list[tuple[str, ...]]:
+    """Where a running gang on `nodes` grows back (a lost node replaced, capacity returned),
+    first to last: the finest domain all its nodes share (a host level aside), then each
+    coarser one down to the level the gang must stay within (one zone by default, the
+    required level, the pool for `spread`). A `()` at the end: anywhere in the pool. Empty
+    when the pool declares no levels (the pool is one domain)."""
+    levels = pool.levels
+    if not levels or not nodes:
+        return [()] if not levels else []
+    finest = len(levels) - (1 if levels[-1] in HOST_LEVELS else 0)
+    shared = 0
+    first = path_at(nodes[0], finest)
+    while shared < finest and all(path_at(n, shared + 1) == first[: shared + 1] for n in nodes):
+        shared += 1
+    floor = _required(pool, need)
+    floor = 0 if isinstance(floor, Reason) else min(floor, shared)
+    return [first[:d] for d in range(shared, floor - 1, -1)]

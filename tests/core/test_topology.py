@@ -214,3 +214,49 @@ def test_why_names_the_level_a_preferred_gang_falls_back_to() -> None:
 def test_a_gang_waiting_for_one_domain_waits_for_capacity() -> None:
     spread = PendingReason(code="topology-unfit", message="needs 64 GPUs in one block")
     assert _waiting_for([], [spread]) == "capacity"
+
+
+def grow_back(s: Scheduler, req: GangRequest, lost: str, now: float) -> set[tuple[str, ...]]:
+    """The gang loses `lost` (the node goes), then grows back one replica: where it went."""
+    assert s.remove_node("c", lost, now) == [req.job_id]
+    assert s.shrink(req.job_id, req.attempt, lost)
+    extra = gang(req.job_id, (1, 8))
+    extra.topology = req.topology
+    got = s.grow(extra, now)
+    return set() if got is None else paths(s, "c", got.nodes)
+
+
+def test_a_lost_node_is_replaced_inside_the_gangs_block() -> None:
+    # Block b2 is listed first and has more room; the gang fits rack b1/r1 and takes it.
+    s = sched(c=fleet({("z", "b2", "r1"): 6, ("z", "b1", "r1"): 5}))
+    req = gang("j", (4, 8))
+    ((_, p),) = s.schedule([req], NOW).admitted
+    assert {t[1] for t in paths(s, "c", p.nodes)} == {"b1"}
+    lost = sorted(p.nodes)[0]
+    assert grow_back(s, req, lost, NOW + 1) == {("z", "b1", "r1", "z-b1-r1-4")}
+
+
+def test_growth_goes_to_the_next_domain_up_but_never_leaves_the_zone() -> None:
+    # The gang fills block b1 of zone za; b2 of za has room, and so has zone zb (listed first).
+    nodes = fleet({("zb", "b3", "r1"): 3, ("za", "b1", "r1"): 4, ("za", "b2", "r1"): 1})
+    s = sched(c=nodes)
+    req = with_need(gang("j", (4, 8)), preferred=("block",))
+    ((_, p),) = s.schedule([req], NOW).admitted
+    assert {t[:2] for t in paths(s, "c", p.nodes)} == {("za", "b1")}
+    (where,) = grow_back(s, req, sorted(p.nodes)[0], NOW + 1)
+    assert where[:2] == ("za", "b2")  # the next level up: the zone, not zone zb
+    # With zone za full, nothing grows: the gang stays whole in one zone, shrunk.
+    assert grow_back(s, req, sorted(p.nodes)[1], NOW + 2) == set()
+
+
+def test_a_gang_that_requires_a_block_grows_only_inside_it() -> None:
+    s = sched(c=fleet({("z", "b1", "r1"): 4, ("z", "b2", "r1"): 2}))
+    req = with_need(gang("j", (4, 8)), required=("block",))
+    ((_, p),) = s.schedule([req], NOW).admitted
+    assert {t[1] for t in paths(s, "c", p.nodes)} == {"b1"}
+    assert grow_back(s, req, sorted(p.nodes)[0], NOW + 1) == set()  # b2 has room; not its block
+    s.upsert_node("c", tnode("z-b1-r1-new", "z", "b1", "r1"), NOW + 2)
+    extra = gang("j", (1, 8))
+    extra.topology = req.topology
+    got = s.grow(extra, NOW + 2)
+    assert got is not None and got.nodes == frozenset({"z-b1-r1-new"})
