@@ -30,7 +30,6 @@ from broker.core.placement import (
     build_candidates,
     empty_fit,
     estimate,
-    fits_now,
     make_gang,
     pack,
     pack_single,
@@ -39,7 +38,7 @@ from broker.core.placement import (
 from broker.core.quota import QueueState, QuotaBook, QuotaMiss
 from broker.core.reasons import explain
 from broker.core.risk import gang_cost_per_hour, gang_reclaim_rate
-from broker.core.topology import Fit, applies, place, zone_spread
+from broker.core.topology import Fit, applies, fits_now, place, zone_spread
 from broker.core.types import (
     GangRequest,
     Placement,

@@ -260,3 +260,14 @@ def test_a_gang_that_requires_a_block_grows_only_inside_it() -> None:
     extra.topology = req.topology
     got = s.grow(extra, NOW + 2)
     assert got is not None and got.nodes == frozenset({"z-b1-r1-new"})
+
+
+def test_an_avoided_pool_is_not_said_to_fit_when_no_domain_takes_the_gang() -> None:
+    s = sched(c=fleet({("za", "b1", "r1"): 3, ("zb", "b1", "r1"): 1}))
+    req = gang("j", (4, 8), avoid=[("c", "od")])
+    res = s.schedule([req], NOW)
+    assert not res.admitted
+    assert "pool-avoided" not in [r.code for r in res.pending["j"]]
+    s = sched(c=fleet({("za", "b1", "r1"): 4}))
+    res = s.schedule([gang("k", (4, 8), avoid=[("c", "od")])], NOW)
+    assert res.pending["k"][0].code == "pool-avoided"
