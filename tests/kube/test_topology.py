@@ -12,6 +12,7 @@ from broker.core.scheduler import Scheduler
 from broker.core.topology import need_of
 from broker.core.types import GangRequest
 from broker.manifests import jobspec_from_manifest
+from schemas.agent import ClusterSnapshot
 from schemas.job import JobSpec
 from tests.core.helpers import NOW, config
 from tests.kube.conftest import NODES, Recorder, make_config, node
@@ -24,6 +25,16 @@ GPU = "nvidia.com/gpu"
 LEVELS = (ZONE, HOST)
 
 
+async def snapshot(api_client: ApiClient, levels: tuple[str, ...]) -> ClusterSnapshot:
+    """What a kube agent reporting `levels` sends first."""
+    backend = KubeBackend("c1", make_config(), api_client=api_client, topology_levels=levels)
+    await backend.start(Recorder())
+    try:
+        return await backend.snapshot()
+    finally:
+        await backend.stop()
+
+
 async def test_a_4_node_gang_lands_in_one_zone_of_a_kube_cluster(
     apiserver: FakeApiServer, api_client: ApiClient
 ) -> None:
@@ -32,12 +43,7 @@ async def test_a_4_node_gang_lands_in_one_zone_of_a_kube_cluster(
     for name, zone in [("a1", "a"), ("a2", "a"), ("a3", "a"), *((f"b{i}", "b") for i in range(4))]:
         apiserver.put(NODES, node(name, labels={"karpenter.sh/capacity-type": "spot", ZONE: zone}))
     apiserver.put(NODES, node("x1"))
-    backend = KubeBackend("c1", make_config(), api_client=api_client, topology_levels=LEVELS)
-    await backend.start(Recorder())
-    try:
-        snap = await backend.snapshot()
-    finally:
-        await backend.stop()
+    snap = await snapshot(api_client, LEVELS)
     assert {f.topology_levels for f in snap.flavors} == {LEVELS}
     paths = {n.name: n.topology for n in snap.nodes}
     assert paths["a1"] == ("a", "a1") and paths["b3"] == ("b", "b3") and paths["x1"] == ("", "x1")
@@ -63,13 +69,7 @@ async def test_a_kueue_tas_manifest_lands_within_its_required_block(
     for name, block in [("n1", "b1"), ("n2", "b2"), ("n3", "b3"), ("n4", "b3")]:
         labels = {"karpenter.sh/capacity-type": "spot", ZONE: "a", BLOCK: block}
         apiserver.put(NODES, node(name, labels=labels))
-    levels = (ZONE, BLOCK, HOST)
-    backend = KubeBackend("c1", make_config(), api_client=api_client, topology_levels=levels)
-    await backend.start(Recorder())
-    try:
-        snap = await backend.snapshot()
-    finally:
-        await backend.stop()
+    snap = await snapshot(api_client, (ZONE, BLOCK, HOST))
     manifest = {
         "apiVersion": "batch/v1",
         "kind": "Job",
