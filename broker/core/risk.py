@@ -137,9 +137,9 @@ def expected_cost_per_hour(
     """Price plus the expected value of work lost to interruptions, per hour (reclaims of the
     gang's nodes taken as independent: the bound before its nodes are known)."""
     gang_rate = rate_per_node_hour * max(1, nodes)
-    return gang_cost_per_hour(
-        price_per_gpu_hour, gpus, gang_rate, checkpoint_interval_s, risk_weight
-    )
+    # `gang_cost_per_hour` written out: this runs for every candidate pool of every decision.
+    lost = loss_hours(checkpoint_interval_s, gang_rate)
+    return price_per_gpu_hour * gpus * (1.0 + risk_weight * gang_rate * lost)
 
 
 def gang_cost_per_hour(
