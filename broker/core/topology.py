@@ -261,8 +261,8 @@ def growth_domains(
     """Where a running gang on `nodes` grows back (a lost node replaced, capacity returned),
     first to last: the finest domain all its nodes share (a host level aside), then each
     coarser one down to the level the gang must stay within (one zone by default, the
-    required level, the pool for `spread`). A `()` at the end: anywhere in the pool. Empty
-    when the pool declares no levels (the pool is one domain)."""
+    required level, the pool for `spread`). A `()`: anywhere in the pool, which is all there
+    is when the pool declares no levels. Empty when the gang has no GPU node left there."""
     levels = pool.levels
     if not levels or not nodes:
         return [()] if not levels else []
