@@ -23,7 +23,7 @@ request carries already includes twice the job's restart overhead (restore + sta
 checkpoint at the move, records.py), so L is the work since the last checkpoint plus what a
 move costs.
 
-Correlated reclaims. A provider reclaims spot capacity of one zone in waves: one event takes
+Correlated reclaims. A provider reclaims spot capacity of one zone in bursts: one event takes
 several nodes at once. Notices of one pool and zone within `BURST_WINDOW_S` of the event's first
 one count as one event; the pool keeps a decayed event count E beside N, and its burst size is
 
@@ -33,8 +33,8 @@ Events of a zone of n pool nodes come at rate * n / B per hour, each taking B of
 with k of those nodes is hit by one at rate * n / B * (1 - (1 - k / n) ** B): k * rate when
 B = 1, down to rate * n / B when one event takes the whole zone. Zones are reclaimed
 independently, so the gang's rate is the sum over the zones it spans: a gang kept within one
-zone is interrupted once by a wave that takes several of its nodes, one spread over two zones
-by each zone's waves (`gang_reclaim_rate`). Before the nodes are chosen (ranking pools), the
+zone is interrupted once by a burst that takes several of its nodes, one spread over two zones
+by each zone's bursts (`gang_reclaim_rate`). Before the nodes are chosen (ranking pools), the
 gang's rate is the independent bound `rate * k`; the placement's expected cost uses its zones.
 
 Checkpoint advice (Young/Daly): the interval that minimises checkpoint stalls plus lost work
@@ -74,7 +74,7 @@ class PoolRisk:
     nodes: int = 0
     updated: float | None = None
     total_notices: int = 0  # undecayed, for views
-    events: float = 0.0  # decayed count of reclaim events (a zone's wave of notices is one)
+    events: float = 0.0  # decayed count of reclaim events (a zone's burst of notices is one)
     event_start: dict[str, float] = field(default_factory=dict)  # zone -> its last event's start
 
     def _project(self, now: float, half_life_s: float) -> tuple[float, float]:
@@ -108,7 +108,7 @@ class PoolRisk:
             self.event_start[zone] = now
 
     def burst(self) -> float:
-        """Nodes one reclaim event takes, on average (1 until waves are seen; see above)."""
+        """Nodes one reclaim event takes, on average (1 until bursts are seen; see above)."""
         return (self.notices + PRIOR_EVENTS) / (self.events + PRIOR_EVENTS)
 
     def rate(self, now: float, half_life_s: float, spot_prior: float) -> float:

@@ -1,5 +1,5 @@
-"""Correlated reclaims in the spot risk term: a zone's wave of notices is one event, a gang
-kept within one zone is priced for the waves that hit it, and at equal price the cluster that
+"""Correlated reclaims in the spot risk term: a zone's burst of notices is one event, a gang
+kept within one zone is priced for the bursts that hit it, and at equal price the cluster that
 keeps the gang in one zone wins."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def snode(name: str, zone: str) -> NodeInfo:
 def test_notices_of_one_zone_close_together_are_one_event() -> None:
     r = PoolRisk(spot=True)
     assert r.burst() == 1.0  # nothing seen: independent reclaims
-    for i in range(4):  # one wave in zone a
+    for i in range(4):  # one burst in zone a
         r.record_notice(NOW + i, HALF_LIFE, "a")
     assert math.isclose(r.burst(), (4 + 2) / (1 + 2))
     r.record_notice(NOW + 2, HALF_LIFE, "b")  # another zone: its own event
@@ -60,14 +60,14 @@ def test_a_gangs_reclaim_rate_lies_between_its_bounds(
     assert math.isclose(gang_reclaim_rate(rate, zones, 1.0), rate * nodes)
 
 
-def test_a_gang_in_one_zone_is_hit_by_fewer_waves_than_one_spread_over_two() -> None:
+def test_a_gang_in_one_zone_is_hit_by_fewer_bursts_than_one_spread_over_two() -> None:
     one = gang_reclaim_rate(0.1, [(4, 8)], 4.0)
     two = gang_reclaim_rate(0.1, [(2, 8), (2, 8)], 4.0)
     assert one < two < 0.1 * 4
 
 
-def waves(s: Scheduler, zone: str, count: int, size: int, t0: float) -> float:
-    """`count` waves of `size` notices each in `zone`, the noticed nodes then gone."""
+def bursts(s: Scheduler, zone: str, count: int, size: int, t0: float) -> float:
+    """`count` bursts of `size` notices each in `zone`, the noticed nodes then gone."""
     t = t0
     for w in range(count):
         for i in range(size):
@@ -80,20 +80,20 @@ def waves(s: Scheduler, zone: str, count: int, size: int, t0: float) -> float:
     return t
 
 
-def test_the_placement_prices_the_waves_that_hit_a_gang_in_one_zone() -> None:
+def test_the_placement_prices_the_bursts_that_hit_a_gang_in_one_zone() -> None:
     fleet = [snode(f"{z}-{i}", z) for z in ("za", "zb") for i in range(8)]
     calm = Scheduler(config())
     calm.apply_snapshot("c", [SPOT], fleet, NOW)
     rough = Scheduler(config())
     rough.apply_snapshot("c", [SPOT], fleet, NOW)
-    now = waves(rough, "za", 3, 4, NOW)
+    now = bursts(rough, "za", 3, 4, NOW)
     for s, at in ((calm, NOW), (rough, now)):
         ((_, p),) = s.schedule([gang("j", (4, 8), checkpoint_interval_s=1800.0)], at).admitted
         rate = s.pool_interruption_rate(("c", "spot"), at)
         bound = expected_cost_per_hour(1.0, 32, rate, 4, 1800.0, 1.0)
-        if s is calm:  # no waves seen: reclaims count as independent, as before
+        if s is calm:  # no bursts seen: reclaims count as independent, as before
             assert p.expected_cost_per_hour == bound
-        else:  # waves of 4: the 4-node gang is hit by about one wave where 4 notices come
+        else:  # bursts of 4: the 4-node gang is hit by about one burst where 4 notices come
             assert rate > 0.0
             assert 32.0 < p.expected_cost_per_hour < bound
 
