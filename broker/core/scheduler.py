@@ -66,7 +66,8 @@ from broker.core.provision import Claim, Provisions, rank_of
 from broker.core.quota import Cohort, QueueState, QuotaBook, QuotaMiss, never_admissible
 from broker.core.reasons import feasibility
 from broker.core.reservation import Reservation
-from broker.core.topology import growth_domains
+from broker.core.risk import gang_reclaim_rate
+from broker.core.topology import growth_domains, zone_spread
 from broker.core.types import (
     CycleResult,
     GangRequest,
@@ -275,6 +276,20 @@ class Scheduler:
 
     def pool_interruption_rate(self, pool: tuple[str, str], now: float) -> float:
         return self._inv.rate(pool, now, self._prior)
+
+    def gang_reclaims_per_hour(self, placement: Placement, now: float) -> float:
+        """How often some node of `placement`'s gang is reclaimed: the pool's rate per node
+        times its nodes, or fewer when the pool's notices come in bursts within a zone
+        (`risk.gang_reclaim_rate`, what the placement's expected cost priced)."""
+        key = placement.pool
+        rate = self._inv.rate(key, now, self._prior)
+        c = self._inv.clusters.get(key[0])
+        pool = c.pools.get(key[1]) if c is not None else None
+        names = [n for n in placement.nodes if pool is not None and n in pool.nodes]
+        risk = self._inv.risk.get(key)
+        if pool is None or risk is None or risk.burst() <= 1.0 or len(names) < 2:
+            return rate * len(placement.nodes)
+        return gang_reclaim_rate(rate, zone_spread(pool, names), risk.burst())
 
     def queue_views(self, pending_counts: Mapping[str, int]) -> list[QueueView]:
         fleet = self._inv.totals

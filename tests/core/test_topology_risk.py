@@ -14,6 +14,7 @@ from broker.core.risk import (
     BURST_WINDOW_S,
     PoolRisk,
     expected_cost_per_hour,
+    gang_cost_per_hour,
     gang_reclaim_rate,
 )
 from broker.core.scheduler import Scheduler
@@ -91,11 +92,17 @@ def test_the_placement_prices_the_bursts_that_hit_a_gang_in_one_zone() -> None:
         ((_, p),) = s.schedule([gang("j", (4, 8), checkpoint_interval_s=1800.0)], at).admitted
         rate = s.pool_interruption_rate(("c", "spot"), at)
         bound = expected_cost_per_hour(1.0, 32, rate, 4, 1800.0, 1.0)
+        reclaims = s.gang_reclaims_per_hour(p, at)  # what a spot-return weighs (moves.py)
+        assert math.isclose(
+            gang_cost_per_hour(1.0, 32, reclaims, 1800.0, 1.0), p.expected_cost_per_hour
+        )
         if s is calm:  # no bursts seen: reclaims count as independent, as before
             assert p.expected_cost_per_hour == bound
+            assert reclaims == rate * 4
         else:  # bursts of 4: the 4-node gang is hit by about one burst where 4 notices come
             assert rate > 0.0
             assert 32.0 < p.expected_cost_per_hour < bound
+            assert rate < reclaims < rate * 4
 
 
 def test_at_equal_price_the_cluster_that_keeps_the_gang_in_one_zone_wins() -> None:
