@@ -338,10 +338,42 @@ def _pod_specs(obj: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
             yield from _pod_specs(value, f"{path}[{i}]")
 
 
+# Capabilities a container may add: the Pod Security Standards' baseline list
+# (kubernetes/website content/en/docs/concepts/security/pod-security-standards.md, CC BY 4.0)
+# and IPC_LOCK, which EFA and RDMA/InfiniBand need to pin memory for the NIC. IPC_LOCK passes
+# Pod Security Admission only in a namespace at the `privileged` level (the fabric namespace,
+# deploy/agent/optional/fabric-namespace.yaml; the trade-off is in docs/security.md).
+BASELINE_CAPABILITIES = frozenset(
+    {
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "MKNOD",
+        "NET_BIND_SERVICE",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    }
+)
+FABRIC_CAPABILITIES = frozenset({"IPC_LOCK"})
+ADDABLE = BASELINE_CAPABILITIES | FABRIC_CAPABILITIES
+
+
+def _added_capabilities(ctx: Mapping[str, Any]) -> list[str]:
+    caps = ctx.get("capabilities")
+    added = caps.get("add") if isinstance(caps, dict) else None
+    return [str(c) for c in added] if isinstance(added, list) else []
+
+
 def safety_problems(manifest: Mapping[str, Any], policy: PodPolicy) -> list[str]:
     """What the manifest asks for that Muster refuses by default: privileged containers,
-    hostPath volumes, the host's network or PID namespace, or a service account outside the
-    agent's allow-list."""
+    capabilities beyond the baseline ones and IPC_LOCK, hostPath volumes, the host's network
+    or PID namespace, or a service account outside the agent's allow-list."""
     out: list[str] = []
     for path, spec in _pod_specs(manifest.get("spec"), "spec"):
         for flag in ("hostNetwork", "hostPID", "hostIPC"):
@@ -363,10 +395,21 @@ def safety_problems(manifest: Mapping[str, Any], policy: PodPolicy) -> list[str]
         for key in ("initContainers", "containers", "ephemeralContainers"):
             for i, c in enumerate(spec.get(key) or []):
                 ctx = c.get("securityContext") if isinstance(c, dict) else None
-                if isinstance(ctx, dict) and ctx.get("privileged") is True:
+                if not isinstance(ctx, dict):
+                    continue
+                if ctx.get("privileged") is True:
                     out.append(
                         f"{path}.{key}[{i}].securityContext.privileged: privileged containers "
                         "are not allowed; remove it"
+                    )
+                extra = [
+                    c for c in _added_capabilities(ctx) if c.removeprefix("CAP_") not in ADDABLE
+                ]
+                if extra:
+                    out.append(
+                        f"{path}.{key}[{i}].securityContext.capabilities.add: {', '.join(extra)} "
+                        "not allowed; a container may add the Pod Security baseline "
+                        "capabilities and IPC_LOCK (for EFA and RDMA) only"
                     )
     return out
 

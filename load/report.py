@@ -52,6 +52,12 @@ class AttemptLog(Protocol):
     def cause(self) -> str: ...
     @property
     def succeeded(self) -> bool: ...
+    @property
+    def gpu_nodes(self) -> int: ...
+    @property
+    def zones(self) -> int: ...
+    @property
+    def blocks(self) -> int: ...
     def held_s(self, now: float) -> float: ...
     def gpu_s(self, now: float) -> float: ...
 
@@ -114,6 +120,10 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else float("nan")
 
 
 def _median(values: Sequence[float]) -> float:
@@ -237,6 +247,11 @@ def summarize(result: SimResult) -> dict[str, Any]:
     jct_all = jct + [math.inf] * (len(result.jobs) - len(jct))
     qd = queue_delays_s(result)
     returned = returns_reclaimed(result)
+    # Placements whose GPUs span nodes: the share kept within one zone (every pool, declared
+    # topology or not: a pool's zones are its trace parts) and within one block (pools that
+    # declare blocks).
+    multi = [log for logs in result.logs.values() for log in logs if log.gpu_nodes > 1]
+    blocked = [log for log in multi if log.blocks]
     return {
         "policy": result.policy,
         "jobs": len(result.jobs),
@@ -286,6 +301,10 @@ def summarize(result: SimResult) -> dict[str, Any]:
             ],
             90,
         ),
+        "multi_node_placements": len(multi),
+        "multi_node_one_zone": _share(sum(1 for log in multi if log.zones == 1), len(multi)),
+        "multi_node_in_blocks": len(blocked),
+        "multi_node_one_block": _share(sum(1 for log in blocked if log.blocks == 1), len(blocked)),
         "start_timeouts": sum(
             1 for r in result.records.values() for a in r.attempts if a.end_cause == "start-timeout"
         ),
@@ -327,6 +346,9 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("noticed_end_p95_s", "  notice -> old attempt ended, p95 (s)", "{:.1f}"),
     ("make_before_break", "  replacement reserved at notice", "{:.0%}"),
     ("spot_notices", "spot notices (whole run)", "{:.0f}"),
+    ("multi_node_placements", "multi-node placements", "{:.0f}"),
+    ("multi_node_one_zone", "  kept within one zone", "{:.0%}"),
+    ("multi_node_one_block", "  kept within one block (pools with blocks)", "{:.0%}"),
     ("spot_only_queue_p90_s", "spot-only jobs: queueing delay p90 (s)", "{:.0f}"),
     ("returns_reclaimed", "spot-returns reclaimed again", "{:.0%}"),
     ("attempts_max", "most attempts of one job", "{:.0f}"),

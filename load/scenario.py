@@ -41,6 +41,15 @@ class AutoscaleEntry(msgspec.Struct, forbid_unknown_fields=True):
     idle_s: Annotated[float, Meta(ge=0)] = 600.0
 
 
+class TopologyEntry(msgspec.Struct, forbid_unknown_fields=True):
+    """The topology a pool reports: its nodes' zones (the pool's `zones` parts) and, with
+    `block_nodes`, blocks of that many nodes within each zone. `reported: false` keeps the
+    places for the report but the agent reports none (the same fleet, topology-blind)."""
+
+    block_nodes: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+    reported: bool = True
+
+
 class PoolEntry(msgspec.Struct, forbid_unknown_fields=True):
     cluster: str
     flavor: str
@@ -53,12 +62,18 @@ class PoolEntry(msgspec.Struct, forbid_unknown_fields=True):
     provider: Literal["aws", "gcp", "azure"] = "aws"
     zones: list[ZoneSpec] = []
     autoscale: AutoscaleEntry | None = None
+    topology: TopologyEntry | None = None
 
     def __post_init__(self) -> None:
         if self.nodes == 0 and self.autoscale is None:
             raise ValueError(f"pool {self.flavor}: nodes 0 needs autoscale (it would stay empty)")
         if self.autoscale is not None and (self.trace or self.zones):
             raise ValueError(f"pool {self.flavor}: an autoscaled pool takes no spot trace")
+        if self.autoscale is not None and self.topology is not None:
+            raise ValueError(
+                f"pool {self.flavor}: an autoscaled pool's new nodes have no place; "
+                "declare topology on fixed pools only"
+            )
 
 
 class Scenario(msgspec.Struct, forbid_unknown_fields=True):
@@ -98,6 +113,8 @@ def apply_scenario(cfg: SimConfig, scenario: Scenario) -> SimConfig:
             autoscale=None
             if e.autoscale is None
             else AutoscaleSpec(**msgspec.structs.asdict(e.autoscale)),
+            topology=e.topology is not None and e.topology.reported,
+            block_nodes=(e.topology.block_nodes or 0) if e.topology is not None else 0,
         )
         for e in scenario.pools
     )

@@ -37,8 +37,15 @@ import msgspec
 import typer
 
 from agents.backend import BackendError
+from agents.config import ZONE_LABEL as ZONE
 from agents.config import FakeClusterConfig, FakeFlavor
-from agents.fake.model import ClusterModel, ManualClock, WorkloadTiming, provider_delays
+from agents.fake.model import (
+    ClusterModel,
+    ManualClock,
+    NodeState,
+    WorkloadTiming,
+    provider_delays,
+)
 from agents.fake.trace import TraceEvent, load_bamboo
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
 from broker.core.elastic import speed as elastic_speed
@@ -374,6 +381,11 @@ class AttemptLog:
     # An elastic attempt's GPU-seconds before its last resize, and when that was.
     gpu_s_before: float = 0.0
     resized_at: float | None = None
+    # Where its first placement sat: GPU nodes, the zones and the blocks they span (blocks 0
+    # when the pool declares none).
+    gpu_nodes: int = 0
+    zones: int = 0
+    blocks: int = 0
 
     @property
     def succeeded(self) -> bool:
@@ -394,6 +406,17 @@ class AttemptLog:
         self.gpu_s_before = self.gpu_s(now)
         self.resized_at = now
         self.gpus = gpus
+
+
+BLOCK_LEVEL = "cloud.google.com/gce-topology-block"
+HOST_LEVEL = "kubernetes.io/hostname"
+
+
+def pool_levels(p: PoolSpec) -> tuple[str, ...]:
+    """The topology levels a simulated pool reports (none unless its scenario declares them)."""
+    if not p.topology:
+        return ()
+    return (ZONE, BLOCK_LEVEL, HOST_LEVEL) if p.block_nodes else (ZONE, HOST_LEVEL)
 
 
 # heap event kinds
@@ -421,7 +444,19 @@ def size_speed(cmd: Dispatch) -> float:
 class ElasticModel(ClusterModel):
     """The fake cluster model, with an elastic workload's step rate following its size: the
     fake backend keeps the rate through a resize (its tests need only the nodes), while the
-    simulator's figures need a shrunk gang to be slower and a grown one faster."""
+    simulator's figures need a shrunk gang to be slower and a grown one faster. A node of a
+    pool that declares topology reports its zone (and block) where the simulator put it."""
+
+    places: dict[str, tuple[str, str]] | None = None  # node -> (zone, block or "")
+    levelled: frozenset[str] = frozenset()  # flavors that report topology
+
+    def _new_node(self, flavor: str, name: str | None = None) -> NodeState:
+        n = super()._new_node(flavor, name)
+        where = self.places.get(n.name) if self.places is not None else None
+        if where is not None and flavor in self.levelled:
+            zone, block = where
+            n.topology = (zone, block, n.name) if block else (zone, n.name)
+        return n
 
     def resize_workload(self, cmd: Dispatch) -> None:
         wl = self._workloads.get((cmd.job_id, cmd.attempt))
@@ -475,6 +510,8 @@ class SimAgent:
             for p in pools
         ]
         self.model = ElasticModel(name, FakeClusterConfig(flavors=flavors), sim.clock)
+        self.model.places = sim.node_place
+        self.model.levelled = frozenset(p.flavor for p in pools if p.topology)
         self.model.timing = self._timing
         self.model.on_schedule = self._on_schedule
         self.due_at = math.inf  # the CLUSTER_DUE on the simulator's heap
@@ -512,8 +549,11 @@ class SimAgent:
                     window_s=a.window_s,
                 )
             size = p.nodes + sum(z[2] for z in p.zones)
+            levels = pool_levels(p)
             flavors.append(
-                msgspec.structs.replace(f, max_nodes=size, node_gpu=NODE_GPUS, provision=grow)
+                msgspec.structs.replace(
+                    f, max_nodes=size, node_gpu=NODE_GPUS, provision=grow, topology_levels=levels
+                )
             )
         return msgspec.structs.replace(snap, flavors=flavors)
 
@@ -700,6 +740,7 @@ class SimAgent:
             speed=sim.speed.get(pool.gpu_type, 1.0),
             ckpt_every=every,
         )
+        sim.note_span(log, {n for a in cmd.assignment for n in a.nodes})
         self.live[key] = log
         sim.live_copies[cmd.job_id] = key
         sim.logs.setdefault(cmd.job_id, []).append(log)
@@ -814,6 +855,7 @@ class Sim:
         # (job, attempt) of each Cancel on its way -> the dispatches ordered after it
         self._cancelling: dict[tuple[str, int | None], list[tuple[SimAgent, Dispatch]]] = {}
         self.node_home: dict[str, tuple[str, str]] = {}
+        self.node_place: dict[str, tuple[str, str]] = {}  # node -> (zone, block or "")
         self.violations: list[Violation] = []
         self.batch_errors: list[str] = []
         self.state: dict[str, str] = {}
@@ -874,9 +916,13 @@ class Sim:
             )
             parts = [(p.trace, p.trace_phase_s, p.nodes), *p.zones]
             if not spot_driven:
-                total = sum(n for _, _, n in parts)
-                for i in range(total):
-                    cluster.add_node(f"{p.cluster}-{p.flavor}-{i:03d}", p.flavor)
+                i = 0
+                for zone, (_, _, nodes) in enumerate(parts):
+                    for index in range(nodes):
+                        name = f"{p.cluster}-{p.flavor}-{i:03d}"
+                        self._place(p, zone, index, name)
+                        cluster.add_node(name, p.flavor)
+                        i += 1
                 continue
             for zone, (trace, phase, nodes) in enumerate(parts):
                 pool = SpotPool(p, [Slot(i) for i in range(nodes)], zone, trace, phase)
@@ -894,7 +940,21 @@ class Sim:
         zone = f"z{pool.zone}-" if pool.zone else ""
         name = f"{p.cluster}-{p.flavor}-{zone}{slot.index:03d}-g{slot.generation}"
         slot.node = name
+        self._place(p, pool.zone, slot.index, name)
         self.clusters[p.cluster].add_node(name, p.flavor)
+
+    def _place(self, p: PoolSpec, zone: int, index: int, name: str) -> None:
+        """Where a node sits: its pool's zone and, where the pool declares blocks of
+        `block_nodes`, its block (slot `index` of the zone)."""
+        block = f"z{zone}-b{index // p.block_nodes}" if p.block_nodes else ""
+        self.node_place[name] = (f"z{zone}", block)
+
+    def note_span(self, log: AttemptLog, nodes: set[str]) -> None:
+        """The zones and blocks an attempt's GPU nodes span (what the report's shares read)."""
+        places = [self.node_place.get(n, ("", "")) for n in nodes]
+        log.gpu_nodes = len(places)
+        log.zones = len({z for z, _ in places})
+        log.blocks = len({(z, b) for z, b in places}) if all(b for _, b in places) else 0
 
     def _schedule_trace(self, pool: SpotPool) -> None:
         """Loop the Bamboo trace over the horizon; the state at the phase is the start."""

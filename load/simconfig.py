@@ -49,6 +49,10 @@ class PoolSpec:
     zones: tuple[tuple[str, float, int], ...] = ()
     # Autoscaled: `nodes` are kept warm (the pool's minimum); the rest come when asked.
     autoscale: AutoscaleSpec | None = None
+    # Topology the pool reports: each node's zone (the part of `zones` it is in) and, with
+    # `block_nodes`, its block (every `block_nodes` slots of a zone); none unless declared.
+    topology: bool = False
+    block_nodes: int = 0
 
 
 # Prices per GPU-hour after AWS list prices (p4d, p3.16xlarge, g4dn.metal) and typical spot

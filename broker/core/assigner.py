@@ -30,7 +30,6 @@ from broker.core.placement import (
     build_candidates,
     empty_fit,
     estimate,
-    fits_now,
     make_gang,
     pack,
     pack_single,
@@ -38,7 +37,8 @@ from broker.core.placement import (
 )
 from broker.core.quota import QueueState, QuotaBook, QuotaMiss
 from broker.core.reasons import explain
-from broker.core.topology import Fit, applies, place
+from broker.core.risk import gang_cost_per_hour, gang_reclaim_rate
+from broker.core.topology import Fit, applies, fits_now, place, zone_spread
 from broker.core.types import (
     GangRequest,
     Placement,
@@ -462,7 +462,13 @@ def _assignment(
     note: str = "",
 ) -> Assignment:
     assignment, per_node = assignment_of(takes, gang)
-    gpu_nodes = sum(1 for v in per_node.values() if v[0] > 0)
-    cost = pool_cost(pool, req, gang.total[0], gpu_nodes, snap.rate_of, snap.risk_weight)
+    gpu_nodes = [name for name, v in per_node.items() if v[0] > 0]
+    cost = pool_cost(pool, req, gang.total[0], len(gpu_nodes), snap.rate_of, snap.risk_weight)
+    risk = snap.inv.risk.get(pool.key) if len(gpu_nodes) > 1 else None
+    if risk is not None and risk.burst() > 1.0:
+        rate = gang_reclaim_rate(snap.rate_of(pool.key), zone_spread(pool, gpu_nodes), risk.burst())
+        cost = gang_cost_per_hour(
+            pool.price, gang.total[0], rate, req.checkpoint_interval_s, snap.risk_weight
+        )
     placement = Placement(pool.cluster, pool.name, pool.flavor_class, assignment, cost, note)
     return Assignment(req, qs, pool, placement, per_node, gang.total, gang.demands)

@@ -3,7 +3,9 @@
 Computed on demand (`muster why`), never in the admission cycle, so it may look at every pool.
 Each pool gets one Reason, the first that binds in the order admission checks them: GPU type,
 capacity type, cluster health, the pool's dispatch breaker (health.py), avoidance, quota, then
-capacity (ever, then now).
+capacity (ever, then now). On a pool with topology levels, capacity is the gang's one domain
+(topology.py): enough free GPUs spread over several blocks is `topology-unfit` with the
+numbers ("needs 64 GPUs in one block; largest free block has 40"), never `fits-now`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from broker.core.inventory import Cluster, Inventory, Pool
 from broker.core.placement import Gang, capacity_rank, empty_fit, fits_now, gpu_type_ok
 from broker.core.quota import QueueState, QuotaBook, binding_quota
 from broker.core.reasons import describe
+from broker.core.topology import applies, largest_domain, place
 from broker.core.types import Bound, GangRequest, Reason, ReasonCode
 
 
@@ -53,7 +56,16 @@ def _pool_reason(
             "gang-too-large",
             f"{describe(gang)} never fits: {len(p.nodes)} nodes of at most {p.node_gpu} GPUs",
         )
-    if not fits_now(c, p, gang, req):
+    note = ""
+    if p.levels and applies(req, gang):
+        got = place(c, p, gang, req)
+        if isinstance(got, Reason):
+            return _topology_unfit(p, gang, req, got)
+        fits = got is not None
+        note = f"; {got.note}" if got is not None and got.note else ""
+    else:
+        fits = fits_now(c, p, gang, req)
+    if not fits:
         total = sum(n.usable_gpu for n in p.nodes.values())
         return r(
             "insufficient-capacity",
@@ -66,7 +78,23 @@ def _pool_reason(
             "spot-first",
             "fits, but the job takes on-demand only after spot fails (spot fallback settings)",
         )
-    return r("fits-now", f"fits now ({p.free_gpu} GPUs free); next admission cycle")
+    return r("fits-now", f"fits now ({p.free_gpu} GPUs free){note}; next admission cycle")
+
+
+def _topology_unfit(p: Pool, gang: Gang, req: GangRequest, now: Reason) -> Reason:
+    """The pool's topology refusal, said as never when no domain of the level could hold the
+    gang even empty (waiting does not help there)."""
+    never = largest_domain(p, gang, req)
+    if never is None or not never[1]:
+        return now
+    level, most = never
+    return Reason(
+        "topology-unfit",
+        f"needs {gang.total[0]} GPUs in one {level}, and no {level} here holds that many even "
+        f"when empty (the largest holds {most}); require a coarser level or set topology.spread",
+        cluster=p.cluster,
+        flavor=p.name,
+    )
 
 
 def _closed(p: Pool) -> str:

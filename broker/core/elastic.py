@@ -6,7 +6,11 @@ the minimum (the partial-admission search), and this module words that choice. W
 runs, a spot notice or a lost node that leaves every podset at or above its minimum removes
 only the replicas on that node (`without_node`, `Scheduler.shrink`); below it the whole gang
 moves as before. Growth back towards the maximum stays in the same pool (`growth`,
-`Scheduler.grow`): elastic workers share one rendezvous and one fabric. The lifecycle
+`Scheduler.grow`): elastic workers share one rendezvous and one fabric. On a pool with
+topology levels it goes first into the finest domain the running replicas share, then coarser
+ones down to the level the gang must stay within (one zone by default, its required level):
+a lost node is replaced beside the others rather than the gang moved
+(`topology.growth_domains`, Kueue's `nodeToReplace` idea). The lifecycle
 (`AttemptLifecycle.shrink_in_place`, `grow_elastic`, `give_back_growth`) drives both.
 
 A shrink is priced (`shrink_or_move`): over the next `HORIZON_S` the shrunk gang runs at its
@@ -129,11 +133,8 @@ def growth(
     req: GangRequest, spec: JobSpec, running: Iterable[PodSetAssignment]
 ) -> GangRequest | None:
     """The request for what an elastic attempt lacks of its maximum: one podset demand per
-    elastic podset below it, each taking at least one replica; None when it is whole, or
-    when the gang requires a topology domain (added replicas are placed on their own and
-    could leave it)."""
-    if req.topology is not None and req.topology.required:
-        return None
+    elastic podset below it, each taking at least one replica; None when it is whole. Its
+    `topology` is the gang's: `Scheduler.grow` keeps the added replicas in the gang's domain."""
     have = {a.podset: len(a.nodes) for a in running}
     most = {p.name: p.most for p in spec.gang if p.elastic}
     lack = tuple(

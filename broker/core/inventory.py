@@ -34,6 +34,8 @@ from broker.core.types import Vec
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.config import FlavorClass
 
+ZONE = "topology.kubernetes.io/zone"  # the level a pool names first when it knows its zones
+
 AllocKey = tuple[str, int]  # (job_id, attempt)
 
 
@@ -193,6 +195,12 @@ class Pool:
         self.gpu_type = info.gpu_type.lower()  # GPU types match case-insensitively
         self.price = info.price_per_gpu_hour
         self.levels = info.topology_levels
+
+    def zone_of(self, node: Node) -> str:
+        """The node's zone ("" when the pool declares no zone level: one zone for risk.py)."""
+        if self.levels and self.levels[0] == ZONE and node.topology:
+            return node.topology[0]
+        return ""
 
     def owns(self, node: Node) -> bool:
         """Whether `node` is filed here (what packing asks of any node index)."""
@@ -398,8 +406,9 @@ class Inventory:
     def _count_notice(self, node: Node, now: float) -> None:
         if not node.notice_counted:
             node.notice_counted = True
-            self.risk_of(node.pool.key, node.pool.capacity_type == "spot").record_notice(
-                now, self.half_life_s
+            pool = node.pool
+            self.risk_of(pool.key, pool.capacity_type == "spot").record_notice(
+                now, self.half_life_s, pool.zone_of(node)
             )
 
     # -- events ---------------------------------------------------------------------------

@@ -126,7 +126,7 @@ class PlannedMoves:
         got = self._scheduler.reserve(request, now, replacing_attempt=current.attempt)
         if not isinstance(got, Placement):
             return
-        reclaims = self._scheduler.pool_interruption_rate(got.pool, now) * len(got.nodes)
+        reclaims = self._scheduler.gang_reclaims_per_hour(got, now)
         if cause == spotreturn.SPOT_RETURN and not spotreturn.worth_returning(
             record, current, got.expected_cost_per_hour, reclaims, now
         ):

@@ -23,6 +23,20 @@ request carries already includes twice the job's restart overhead (restore + sta
 checkpoint at the move, records.py), so L is the work since the last checkpoint plus what a
 move costs.
 
+Correlated reclaims. A provider reclaims spot capacity of one zone in bursts: one event takes
+several nodes at once. Notices of one pool and zone within `BURST_WINDOW_S` of the event's first
+one count as one event; the pool keeps a decayed event count E beside N, and its burst size is
+
+    B = (N + PRIOR_EVENTS) / (E + PRIOR_EVENTS)    (1 = independent reclaims, the prior)
+
+Events of a zone of n pool nodes come at rate * n / B per hour, each taking B of them, so a gang
+with k of those nodes is hit by one at rate * n / B * (1 - (1 - k / n) ** B): k * rate when
+B = 1, down to rate * n / B when one event takes the whole zone. Zones are reclaimed
+independently, so the gang's rate is the sum over the zones it spans: a gang kept within one
+zone is interrupted once by a burst that takes several of its nodes, one spread over two zones
+by each zone's bursts (`gang_reclaim_rate`). Before the nodes are chosen (ranking pools), the
+gang's rate is the independent bound `rate * k`; the placement's expected cost uses its zones.
+
 Checkpoint advice (Young/Daly): the interval that minimises checkpoint stalls plus lost work
 is sqrt(2 * C * MTBF) for a checkpoint cost C and a mean time between losses MTBF. A notice
 whose window fits the checkpoint loses nothing since the last periodic checkpoint, so the
@@ -34,7 +48,8 @@ or not seen yet, `NOTICE_MISS` when it fits).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 PRIOR_NODE_HOURS = 24.0
 # Share of notices whose checkpoint is lost even though the window fits (a write slower than
@@ -44,6 +59,8 @@ NOTICE_MARGIN_S = 10.0  # a notice checkpoint must fit the window with this much
 MIN_ADVISED_S = 60.0
 MAX_ADVISED_S = 4 * 3600.0
 NO_CHECKPOINT_LOSS_H = 2.0
+BURST_WINDOW_S = 60.0  # notices of one pool and zone this soon after an event's first: same event
+PRIOR_EVENTS = 2.0  # events of one node each that the burst size starts from
 _LN2 = math.log(2.0)
 
 
@@ -57,6 +74,8 @@ class PoolRisk:
     nodes: int = 0
     updated: float | None = None
     total_notices: int = 0  # undecayed, for views
+    events: float = 0.0  # decayed count of reclaim events (a zone's burst of notices is one)
+    event_start: dict[str, float] = field(default_factory=dict)  # zone -> its last event's start
 
     def _project(self, now: float, half_life_s: float) -> tuple[float, float]:
         if self.updated is None or now <= self.updated:
@@ -69,6 +88,8 @@ class PoolRisk:
 
     def advance(self, now: float, half_life_s: float) -> None:
         """Accrue exposure at the current node count up to `now`."""
+        if self.updated is not None and now > self.updated and self.events:
+            self.events *= math.exp(-_LN2 / half_life_s * (now - self.updated))
         self.notices, self.exposure_h = self._project(now, half_life_s)
         if self.updated is None or now > self.updated:
             self.updated = now
@@ -77,10 +98,18 @@ class PoolRisk:
         self.advance(now, half_life_s)
         self.nodes = nodes
 
-    def record_notice(self, now: float, half_life_s: float) -> None:
+    def record_notice(self, now: float, half_life_s: float, zone: str = "") -> None:
         self.advance(now, half_life_s)
         self.notices += 1.0
         self.total_notices += 1
+        start = self.event_start.get(zone)
+        if start is None or not 0.0 <= now - start <= BURST_WINDOW_S:
+            self.events += 1.0
+            self.event_start[zone] = now
+
+    def burst(self) -> float:
+        """Nodes one reclaim event takes, on average (1 until bursts are seen; see above)."""
+        return (self.notices + PRIOR_EVENTS) / (self.events + PRIOR_EVENTS)
 
     def rate(self, now: float, half_life_s: float, spot_prior: float) -> float:
         notices, exposure = self._project(now, half_life_s)
@@ -105,10 +134,39 @@ def expected_cost_per_hour(
     checkpoint_interval_s: float | None,
     risk_weight: float,
 ) -> float:
-    """Price plus the expected value of work lost to interruptions, per hour."""
+    """Price plus the expected value of work lost to interruptions, per hour (reclaims of the
+    gang's nodes taken as independent: the bound before its nodes are known)."""
     gang_rate = rate_per_node_hour * max(1, nodes)
+    # `gang_cost_per_hour` written out: this runs for every candidate pool of every decision.
     lost = loss_hours(checkpoint_interval_s, gang_rate)
     return price_per_gpu_hour * gpus * (1.0 + risk_weight * gang_rate * lost)
+
+
+def gang_cost_per_hour(
+    price_per_gpu_hour: float,
+    gpus: int,
+    gang_rate_per_h: float,
+    checkpoint_interval_s: float | None,
+    risk_weight: float,
+) -> float:
+    """Price plus the expected value of work lost at `gang_rate_per_h` interruptions an hour."""
+    lost = loss_hours(checkpoint_interval_s, gang_rate_per_h)
+    return price_per_gpu_hour * gpus * (1.0 + risk_weight * gang_rate_per_h * lost)
+
+
+def gang_reclaim_rate(
+    rate_per_node_hour: float, zones: Iterable[tuple[int, int]], burst: float
+) -> float:
+    """How often per hour a reclaim event hits some node of a gang that has, per zone, k of
+    the pool's n nodes there (`zones`: (k, n) pairs); see "Correlated reclaims" above."""
+    total = 0.0
+    for k, n in zones:
+        b = min(burst, float(n))
+        if b <= 1.0 or k >= n:
+            total += rate_per_node_hour * (k if b <= 1.0 else n / b)
+        else:
+            total += rate_per_node_hour * n / b * (1.0 - (1.0 - k / n) ** b)
+    return total
 
 
 def unsaved_share(cost_s: float, window_s: float | None) -> float:

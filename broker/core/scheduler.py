@@ -66,6 +66,8 @@ from broker.core.provision import Claim, Provisions, rank_of
 from broker.core.quota import Cohort, QueueState, QuotaBook, QuotaMiss, never_admissible
 from broker.core.reasons import feasibility
 from broker.core.reservation import Reservation
+from broker.core.risk import gang_reclaim_rate
+from broker.core.topology import growth_domains, zone_spread
 from broker.core.types import (
     CycleResult,
     GangRequest,
@@ -74,6 +76,7 @@ from broker.core.types import (
     PoolKey,
     Preemption,
     Reason,
+    TopologyNeed,
     Vec,
 )
 from schemas.agent import FlavorInfo, NodeInfo
@@ -273,6 +276,20 @@ class Scheduler:
 
     def pool_interruption_rate(self, pool: tuple[str, str], now: float) -> float:
         return self._inv.rate(pool, now, self._prior)
+
+    def gang_reclaims_per_hour(self, placement: Placement, now: float) -> float:
+        """How often some node of `placement`'s gang is reclaimed: the pool's rate per node
+        times its nodes, or fewer when the pool's notices come in bursts within a zone
+        (`risk.gang_reclaim_rate`, what the placement's expected cost priced)."""
+        key = placement.pool
+        rate = self._inv.rate(key, now, self._prior)
+        c = self._inv.clusters.get(key[0])
+        pool = c.pools.get(key[1]) if c is not None else None
+        names = [n for n in placement.nodes if pool is not None and n in pool.nodes]
+        risk = self._inv.risk.get(key)
+        if pool is None or risk is None or risk.burst() <= 1.0 or len(names) < 2:
+            return rate * len(placement.nodes)
+        return gang_reclaim_rate(rate, zone_spread(pool, names), risk.burst())
 
     def queue_views(self, pending_counts: Mapping[str, int]) -> list[QueueView]:
         fleet = self._inv.totals
@@ -1036,7 +1053,11 @@ class Scheduler:
         if old is None or old.doomed_by is not None or extra.job_id in self._reservations:
             return None
         others = frozenset(p.key for p in self._inv.pools() if p.key != old.pool)
-        got = self.assign(replace(extra, avoid_pools=others, topology=None), now)
+        got = None
+        for need in self._growth_needs(old, extra.topology):
+            got = self.assign(replace(extra, avoid_pools=others, topology=need), now)
+            if isinstance(got, Assignment):
+                break
         if not isinstance(got, Assignment):
             return None
         merged = dict(old.per_node)
@@ -1059,6 +1080,20 @@ class Scheduler:
         self._ledger.add(old)
         self._inputs_changed()
         return got.placement
+
+    def _growth_needs(self, alloc: Alloc, need: TopologyNeed | None) -> list[TopologyNeed | None]:
+        """The topology of each growth search, first to last: within the running gang's own
+        domain, then coarser ones down to the level it must stay within
+        (`topology.growth_domains`), so a lost node is replaced beside the others."""
+        c = self._inv.clusters.get(alloc.cluster)
+        pool = c.pools.get(alloc.pool[1]) if c is not None else None
+        if c is None or pool is None or not pool.levels:
+            return [None]
+        gpu_nodes = [c.nodes[n] for n, v in alloc.per_node.items() if v[0] > 0 and n in c.nodes]
+        return [
+            TopologyNeed(within=path) if path else TopologyNeed(spread=True)
+            for path in growth_domains(pool, gpu_nodes, need)
+        ]
 
     def note_progress(self, job_id: str, attempt: int, work_since: float) -> None:
         a = self._ledger.allocs.get((job_id, attempt))

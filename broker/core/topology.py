@@ -8,7 +8,9 @@ first d values; depth 0 is the whole pool.
 Rules (Kueue's Topology Aware Scheduling, kubernetes-sigs/kueue KEP-2724 "Computing the
 assignment" and pkg/cache/tas_flavor_snapshot.go, Apache-2.0; the rule is ported, not the code):
 - A gang whose GPU replicas may span nodes stays within ONE zone unless it says `spread`;
-  a required level narrows that to one domain of that level (the finest one named wins).
+  a required level narrows that to one domain of that level (the finest one named wins). A
+  `spread` gang may cross zones, but goes through the same search: one that fits a zone (or a
+  finer domain) is kept there, so at equal price the tighter cluster wins for it too.
 - The search starts at the finest level and goes up to the required one: the first level
   where one domain takes the whole gang is used, and of its domains the one with the least
   free GPUs that still fits (BestFit), so large domains stay free for large gangs.
@@ -24,13 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.core.inventory import Cluster, Node, Pool
+from broker.core.inventory import ZONE, Cluster, Node, Pool
 from broker.core.placement import Gang, Take, estimate_counts, pack
 from broker.core.placement import fits_now as plain_fits_now
 from broker.core.types import GangRequest, Reason, TopologyNeed
 from schemas.job import JobSpec
 
-ZONE = "topology.kubernetes.io/zone"
 SHORT_NAMES = {
     ZONE: "zone",
     "topology.kubernetes.io/region": "region",
@@ -65,12 +66,12 @@ def path_at(node: Node, depth: int) -> tuple[str, ...]:
 
 
 def applies(req: GangRequest, gang: Gang) -> bool:
-    """Whether topology can change where the gang goes (more than one GPU replica, and not
-    told to spread with no level named)."""
-    if gang.single_gpu or not gang.gpu_sets:
-        return False
-    need = req.topology
-    return need is None or bool(need.required or need.preferred or not need.spread)
+    """Whether topology can change where the gang goes: more than one GPU replica, or replicas
+    that must join a running gang's domain. A gang told to spread may cross zones, but one
+    that fits a domain is still kept in the tightest."""
+    if req.topology is not None and req.topology.within:
+        return bool(gang.gpu_sets)
+    return not gang.single_gpu and bool(gang.gpu_sets)
 
 
 @dataclass(slots=True, eq=False)
@@ -108,7 +109,8 @@ class Fit:
 def _required(pool: Pool, need: TopologyNeed | None) -> int | Reason:
     levels = pool.levels
     if need is None or not need.required:
-        return 0 if need is not None and need.spread else depth_of(levels, "zone")
+        depth = 0 if need is not None and need.spread else depth_of(levels, "zone")
+        return max(depth, len(need.within)) if need is not None else depth
     depth = 0
     for name in need.required:
         d = depth_of(levels, name)
@@ -122,7 +124,7 @@ def _required(pool: Pool, need: TopologyNeed | None) -> int | Reason:
                 flavor=pool.name,
             )
         depth = max(depth, d)
-    return depth
+    return max(depth, len(need.within))
 
 
 def place(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> Fit | Reason | None:
@@ -144,8 +146,11 @@ def place(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> Fit | R
     depths = range(max(required, 1), finest + 1)
     members: dict[int, dict[tuple[str, ...], list[Node]]] = {d: {} for d in depths}
     free: dict[int, dict[tuple[str, ...], int]] = {d: {} for d in depths}
+    within = need.within if need is not None else ()
     for b in range(1, top + 1):
         for n in pool.buckets[b].values():
+            if within and path_at(n, len(within)) != within:
+                continue  # outside the running gang's domain
             for d in depths:
                 key = path_at(n, d)
                 got = members[d].get(key)
@@ -233,3 +238,39 @@ def largest_domain(pool: Pool, gang: Gang, req: GangRequest) -> tuple[str, int] 
         return None
     most = max(sum(g * k for g, k in enumerate(row)) for row in counts.values())
     return short_name(pool.levels[required - 1]), most
+
+
+def zone_spread(pool: Pool, names: list[str]) -> list[tuple[int, int]]:
+    """Per zone the gang's named nodes reach: (its nodes there, the pool's nodes there), what
+    `risk.gang_reclaim_rate` prices correlated reclaims by."""
+    mine: dict[str, int] = {}
+    for name in names:
+        zone = pool.zone_of(pool.nodes[name])
+        mine[zone] = mine.get(zone, 0) + 1
+    everyone: dict[str, int] = dict.fromkeys(mine, 0)
+    for node in pool.nodes.values():
+        zone = pool.zone_of(node)
+        if zone in everyone:
+            everyone[zone] += 1
+    return [(k, everyone[zone]) for zone, k in mine.items()]
+
+
+def growth_domains(
+    pool: Pool, nodes: list[Node], need: TopologyNeed | None
+) -> list[tuple[str, ...]]:
+    """Where a running gang on `nodes` grows back (a lost node replaced, capacity returned),
+    first to last: the finest domain all its nodes share (a host level aside), then each
+    coarser one down to the level the gang must stay within (one zone by default, the
+    required level, the pool for `spread`). A `()`: anywhere in the pool, which is all there
+    is when the pool declares no levels. Empty when the gang has no GPU node left there."""
+    levels = pool.levels
+    if not levels or not nodes:
+        return [()] if not levels else []
+    finest = len(levels) - (1 if levels[-1] in HOST_LEVELS else 0)
+    shared = 0
+    first = path_at(nodes[0], finest)
+    while shared < finest and all(path_at(n, shared + 1) == first[: shared + 1] for n in nodes):
+        shared += 1
+    floor = _required(pool, need)
+    floor = 0 if isinstance(floor, Reason) else min(floor, shared)
+    return [first[:d] for d in range(shared, floor - 1, -1)]

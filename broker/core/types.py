@@ -32,11 +32,14 @@ class PodSetDemand(NamedTuple):
 class TopologyNeed(NamedTuple):
     """Where a gang's GPU replicas must (or should) stay: level names, each a node label
     (`cloud.google.com/gce-topology-block`) or its short name (`block`; see topology.py).
-    `spread` lets a multi-node gang span zones (by default it stays within one zone)."""
+    `spread` lets a multi-node gang span zones (by default it stays within one zone).
+    `within`: a domain path (values of the pool's first levels) the replicas must stay in: a
+    running gang's own domain, for the replicas it grows back (Scheduler.grow)."""
 
     required: tuple[str, ...] = ()
     preferred: tuple[str, ...] = ()
     spread: bool = False
+    within: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

@@ -326,7 +326,7 @@ def _waiting_for(reasons: list[PendingReason], candidates: list[PendingReason]) 
     codes = {c.code for c in candidates}
     if "fits-now" in codes:
         return "the next cycle"
-    if "spot-first" in codes or "insufficient-capacity" in codes:
+    if codes & {"spot-first", "insufficient-capacity", "topology-unfit"}:
         return "capacity"
     if "quota-exceeded" in codes:
         return "quota"

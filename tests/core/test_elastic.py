@@ -307,14 +307,38 @@ def test_growth_is_given_back_first_to_a_queued_job_of_equal_priority() -> None:
     assert violations(sim.m) == []
 
 
-def test_a_gang_that_requires_a_topology_domain_does_not_grow() -> None:
-    sim = SpotSim(4)
+ZONED = msgspec.structs.replace(
+    SPOT, topology_levels=("topology.kubernetes.io/zone", "kubernetes.io/hostname")
+)
+
+
+def _zoned(indices: range, zone: str) -> list[NodeInfo]:
+    return [
+        msgspec.structs.replace(n, flavor=ZONED.name, topology=(zone, n.name))
+        for n in SpotSim.nodes(indices)
+    ]
+
+
+def test_a_gang_that_requires_a_zone_grows_only_inside_it() -> None:
+    sim = SpotSim(0)
+    sim.send("spot-east", ClusterSnapshot(flavors=[ZONED], nodes=_zoned(range(4), "za")))
     spec = jobspec_from_manifest(yaml.safe_load(SEED.read_text(encoding="utf-8")))
     spec = msgspec.structs.replace(spec, topology=GangTopology(required="zone"))
     reply, _ = split_reply(sim.m.handle(SubmitJob(spec, subject_queue="q"), sim.now))
     assert reply.job_id is not None
     assert dispatches(sim.step(1.0))
-    assert not _resized(_join(sim, range(4, 8)))
+    out: list[Any] = []
+    for node in _zoned(range(4, 8), "zb"):  # room, but in another zone
+        out += sim.send("spot-east", NodeUpsert(node=node))
+    assert not _resized(out + sim.step(1.0))
+    for node in _zoned(range(8, 10), "za"):  # room in its own zone
+        out += sim.send("spot-east", NodeUpsert(node=node))
+    assert [e.reason for e in _resized(out + sim.step(GROW_RETRY_S))] == [
+        "capacity returned: worker 4 -> 6"
+    ]
+    (a,) = sim.m.jobs[reply.job_id].attempts[-1].assignment
+    assert sorted(a.nodes) == ["se-0", "se-1", "se-2", "se-3", "se-8", "se-9"]
+    assert violations(sim.m) == []
 
 
 def test_capacity_another_job_gives_back_is_grown_into_at_the_next_retry() -> None:

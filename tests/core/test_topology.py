@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, TopologyNeed
+from broker.core.views import _waiting_for
 from schemas.agent import FlavorInfo, NodeInfo
+from schemas.api import PendingReason
 
 from .helpers import GI, NOW, config, gang
 
@@ -172,3 +174,100 @@ def test_a_gang_no_domain_could_ever_hold_is_refused_at_submission() -> None:
     (why,) = s.check_feasible(gang("l", (9, 8)))  # the default: one zone
     assert "in one zone" in why.message and "(the largest holds 64)" in why.message
     assert s.check_feasible(with_need(gang("m", (9, 8)), spread=True)) == ()
+
+
+def test_why_says_the_gang_needs_one_block_when_the_free_gpus_are_spread() -> None:
+    # Two blocks of 8 nodes; others use 3 nodes of b1 and 5 of b2. 64 GPUs are free in the
+    # pool, 40 of them in the largest block: the gang waits, it does not "fit now".
+    free = fleet({("z", "b1", "r1"): 5, ("z", "b2", "r1"): 3})
+    busy = fleet({("z", "b1", "r2"): 3, ("z", "b2", "r2"): 5}, used=8)
+    s = sched(c=free + busy)
+    (why,) = s.pool_reasons(with_need(gang("j", (8, 8)), required=("block",)))
+    assert (why.code, why.cluster, why.flavor) == ("topology-unfit", "c", "od")
+    assert why.message == "needs 64 GPUs in one block; largest free block of c/od has 40"
+    (why,) = s.pool_reasons(with_need(gang("k", (5, 8)), required=("block",)))
+    assert why.code == "fits-now"
+
+
+def test_why_says_never_when_no_domain_could_hold_the_gang_empty() -> None:
+    s = sched(c=fleet({("za", "b1", "r1"): 4, ("zb", "b2", "r1"): 4}))
+    (why,) = s.pool_reasons(gang("j", (6, 8)))  # the default: one zone
+    assert why.code == "topology-unfit"
+    assert why.message.startswith(
+        "needs 48 GPUs in one zone, and no zone here holds that many even when empty "
+        "(the largest holds 32)"
+    )
+    (why,) = s.pool_reasons(with_need(gang("k", (6, 8)), spread=True))
+    assert why.code == "fits-now"
+
+
+def test_why_names_the_level_a_preferred_gang_falls_back_to() -> None:
+    s = sched(c=fleet({("z", "b1", "r1"): 2, ("z", "b1", "r2"): 2}))
+    (why,) = s.pool_reasons(with_need(gang("j", (3, 8)), preferred=("rack",)))
+    assert why.code == "fits-now"
+    assert why.message == (
+        "fits now (32 GPUs free); preferred one rack (largest free rack has 16 GPUs); "
+        "placed within one block; next admission cycle"
+    )
+
+
+def test_a_gang_waiting_for_one_domain_waits_for_capacity() -> None:
+    spread = PendingReason(code="topology-unfit", message="needs 64 GPUs in one block")
+    assert _waiting_for([], [spread]) == "capacity"
+
+
+def grow_back(s: Scheduler, req: GangRequest, lost: str, now: float) -> set[tuple[str, ...]]:
+    """The gang loses `lost` (the node goes), then grows back one replica: where it went."""
+    assert s.remove_node("c", lost, now) == [req.job_id]
+    assert s.shrink(req.job_id, req.attempt, lost)
+    extra = gang(req.job_id, (1, 8))
+    extra.topology = req.topology
+    got = s.grow(extra, now)
+    return set() if got is None else paths(s, "c", got.nodes)
+
+
+def test_a_lost_node_is_replaced_inside_the_gangs_block() -> None:
+    # Block b2 is listed first and has more room; the gang fits rack b1/r1 and takes it.
+    s = sched(c=fleet({("z", "b2", "r1"): 6, ("z", "b1", "r1"): 5}))
+    req = gang("j", (4, 8))
+    ((_, p),) = s.schedule([req], NOW).admitted
+    assert {t[1] for t in paths(s, "c", p.nodes)} == {"b1"}
+    lost = sorted(p.nodes)[0]
+    assert grow_back(s, req, lost, NOW + 1) == {("z", "b1", "r1", "z-b1-r1-4")}
+
+
+def test_growth_goes_to_the_next_domain_up_but_never_leaves_the_zone() -> None:
+    # The gang fills block b1 of zone za; b2 of za has room, and so has zone zb (listed first).
+    nodes = fleet({("zb", "b3", "r1"): 3, ("za", "b1", "r1"): 4, ("za", "b2", "r1"): 1})
+    s = sched(c=nodes)
+    req = with_need(gang("j", (4, 8)), preferred=("block",))
+    ((_, p),) = s.schedule([req], NOW).admitted
+    assert {t[:2] for t in paths(s, "c", p.nodes)} == {("za", "b1")}
+    (where,) = grow_back(s, req, sorted(p.nodes)[0], NOW + 1)
+    assert where[:2] == ("za", "b2")  # the next level up: the zone, not zone zb
+    # With zone za full, nothing grows: the gang stays whole in one zone, shrunk.
+    assert grow_back(s, req, sorted(p.nodes)[1], NOW + 2) == set()
+
+
+def test_a_gang_that_requires_a_block_grows_only_inside_it() -> None:
+    s = sched(c=fleet({("z", "b1", "r1"): 4, ("z", "b2", "r1"): 2}))
+    req = with_need(gang("j", (4, 8)), required=("block",))
+    ((_, p),) = s.schedule([req], NOW).admitted
+    assert {t[1] for t in paths(s, "c", p.nodes)} == {"b1"}
+    assert grow_back(s, req, sorted(p.nodes)[0], NOW + 1) == set()  # b2 has room; not its block
+    s.upsert_node("c", tnode("z-b1-r1-new", "z", "b1", "r1"), NOW + 2)
+    extra = gang("j", (1, 8))
+    extra.topology = req.topology
+    got = s.grow(extra, NOW + 2)
+    assert got is not None and got.nodes == frozenset({"z-b1-r1-new"})
+
+
+def test_an_avoided_pool_is_not_said_to_fit_when_no_domain_takes_the_gang() -> None:
+    s = sched(c=fleet({("za", "b1", "r1"): 3, ("zb", "b1", "r1"): 1}))
+    req = gang("j", (4, 8), avoid=[("c", "od")])
+    res = s.schedule([req], NOW)
+    assert not res.admitted
+    assert "pool-avoided" not in [r.code for r in res.pending["j"]]
+    s = sched(c=fleet({("za", "b1", "r1"): 4}))
+    res = s.schedule([gang("k", (4, 8), avoid=[("c", "od")])], NOW)
+    assert res.pending["k"][0].code == "pool-avoided"

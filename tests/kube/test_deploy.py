@@ -526,6 +526,21 @@ def test_workload_namespace_enforces_pod_security_baseline() -> None:
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
 
 
+def test_the_fabric_namespace_lets_ipc_lock_in_and_still_warns_at_baseline() -> None:
+    """Pod Security has no level between baseline (which refuses IPC_LOCK) and privileged: the
+    optional fabric namespace enforces privileged, warns and audits at baseline, is bound to
+    the agent, and is not applied unless asked for."""
+    (ns,) = [n for n in _kind("Namespace") if n["metadata"]["name"] == "muster-fabric"]
+    labels = ns["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/warn"] == "baseline"
+    assert labels["pod-security.kubernetes.io/audit"] == "baseline"
+    (rb,) = [b for b in _kind("RoleBinding") if b["metadata"]["namespace"] == "muster-fabric"]
+    assert rb["roleRef"]["name"] == "muster-agent-workloads"
+    kustomization = docs(DEPLOY / "agent" / "kustomization.yaml")[0]
+    assert not any("fabric" in r for r in kustomization["resources"])
+
+
 @needs_nats
 async def test_nats_routes_need_the_route_credentials(tmp_path: Path) -> None:
     """Two real nats-servers on 127.0.0.1 with route authorization as in routes.conf: the

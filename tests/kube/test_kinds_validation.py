@@ -203,6 +203,21 @@ def test_unsafe_workloads_are_refused_with_the_field(patch: dict[str, Any], prob
         check_safety(manifest, allowed)
 
 
+def _with_capabilities(*add: str) -> dict[str, Any]:
+    manifest = yaml.safe_load((ROOT / "examples" / "jobs" / "indexed-job.yaml").read_text())
+    spec = manifest["spec"]["template"]["spec"]
+    spec["containers"][0]["securityContext"] = {"capabilities": {"add": list(add)}}
+    return manifest
+
+
+def test_ipc_lock_for_efa_and_rdma_is_allowed_and_other_capabilities_are_refused() -> None:
+    check_safety(_with_capabilities("IPC_LOCK", "NET_BIND_SERVICE"), PodPolicy())
+    check_safety(_with_capabilities("CAP_IPC_LOCK"), PodPolicy())
+    for cap in ("SYS_ADMIN", "NET_ADMIN", "SYS_RESOURCE", "ALL"):
+        with pytest.raises(KindError, match=f"capabilities.add: {cap} not allowed"):
+            check_safety(_with_capabilities("IPC_LOCK", cap), PodPolicy())
+
+
 def test_the_kinds_page_shows_the_adapters_table() -> None:
     from kinds.registry import markdown_table
 
