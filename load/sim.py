@@ -39,7 +39,7 @@ import typer
 from agents.backend import BackendError
 from agents.config import FakeClusterConfig, FakeFlavor
 from agents.fake.model import ClusterModel, ManualClock, WorkloadTiming, provider_delays
-from agents.fake.trace import TraceEvent, load_bamboo
+from agents.fake.trace import SpotTrace, TraceEvent, load_trace
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
 from broker.core.elastic import speed as elastic_speed
 from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
@@ -226,10 +226,11 @@ def load_philly(path: Path) -> tuple[traces.PhillyJob, ...]:
     return tuple(traces.load_philly(traces.require_trace(path.name, path.parent)))
 
 
-@lru_cache(maxsize=4)
-def cached_bamboo(path: Path) -> tuple[TraceEvent, ...]:
-    """The Bamboo trace at `path`, parsed once per process (agents/fake/trace.py)."""
-    return tuple(load_bamboo(path))
+@lru_cache(maxsize=16)
+def cached_trace(path: Path) -> SpotTrace:
+    """The spot trace at `path` (Bamboo CSV or SkyPilot JSON), parsed once per process
+    (agents/fake/trace.py)."""
+    return load_trace(path)
 
 
 # ------------------------------------------------------------------------------ jobs
@@ -897,15 +898,16 @@ class Sim:
         self.clusters[p.cluster].add_node(name, p.flavor)
 
     def _schedule_trace(self, pool: SpotPool) -> None:
-        """Loop the Bamboo trace over the horizon; the state at the phase is the start."""
+        """Loop the spot trace over the horizon; the state at the phase is the start."""
         assert pool.trace is not None
         path = self._trace_path(pool.trace)
-        events = cached_bamboo(traces.require_trace(path.name, path.parent))
+        events, length_ms = cached_trace(traces.require_trace(path.name, path.parent))
         if not events:
             return
-        period = traces.trace_period_s(
-            [e.seconds for e in events], dict(self.cfg.trace_lengths).get(pool.trace)
-        )
+        declared = dict(self.cfg.trace_lengths).get(pool.trace)
+        if declared is None and length_ms is not None:
+            declared = length_ms / 1000.0  # a count per tick: the trace's own length
+        period = traces.trace_period_s([e.seconds for e in events], declared)
         phase = (
             pool.phase_s + self.cfg.trace_phase_s + self.cfg.trace_phase_frac * period
         ) % period
@@ -920,8 +922,9 @@ class Sim:
                     self.push(self.base + pool_t - phase, SPOT_TRACE, (pool, loop, e))
 
     def _trace_path(self, trace: str) -> Path:
-        """A short name (`p3`) is bamboo-p3.csv in the traces folder; else a file path."""
-        if "/" in trace or trace.endswith(".csv"):
+        """A short name (`p3`) is bamboo-p3.csv in the traces folder; else a file path
+        (relative: from the traces folder)."""
+        if "/" in trace or trace.endswith((".csv", ".json")):
             path = Path(trace)
             return path if path.is_absolute() else self.cfg.traces / path
         return self.cfg.traces / f"bamboo-{trace}.csv"
