@@ -197,19 +197,19 @@ POLICIES: dict[str, Policy] = {
         follows_advice=True,
         elastic=True,
     ),
-    "oracle": Policy(
-        "oracle",
+    "foresight": Policy(
+        "foresight",
         True,
         True,
         (("spot", "any"), ("spot-then-on-demand", "any"), ("on-demand", "any")),
-        about="hindsight bound: each workload knew its reclaims in advance, writes no "
-        "periodic checkpoints and has its checkpoint ready at every notice; with no risk "
-        "left, every job may use any pool",
+        about="Muster's placement with foresight: each workload knew its reclaims in advance, "
+        "writes no periodic checkpoints and has its checkpoint ready at every notice; every "
+        "job may use any pool. A policy, not a bound (load/oracle.py computes the bound)",
         foresight=True,
     ),
 }
 BASELINES = ("on-demand-only", "spot-only", "checkpoint-restart", "scratch", "skypilot-like")
-COMPARISON = (*BASELINES, "oracle", "muster")
+COMPARISON = (*BASELINES, "muster")  # each run also gets its hindsight bound (load/oracle.py)
 ABLATIONS = ("muster-fixed", "muster-no-return")  # muster without one of its policies
 EXTENSIONS = ("elastic",)  # muster with more of the job's cooperation
 
@@ -711,6 +711,14 @@ class SimAgent:
         """A node joins (announced once the agent has started)."""
         self.model.add_node(flavor, name)
         self.sim.node_home[name] = (self.name, flavor)
+        self.sim.node_spans[name] = [self.sim.now, math.inf]
+
+    def remove_node(self, name: str, reason: str) -> None:
+        """A node leaves (reclaimed, scaled down); its span in the capacity log ends now."""
+        self.model.remove_node(name, reason=reason)
+        span = self.sim.node_spans.get(name)
+        if span is not None:
+            span[1] = min(span[1], self.sim.now)
 
     def consolidate(self, now: float) -> None:
         """Autoscaled pools drop nodes beyond their minimum that stayed empty `idle_s`."""
@@ -730,7 +738,7 @@ class SimAgent:
                 since = self.empty_since.setdefault(name, now)
                 if now - since >= a.idle_s:
                     del self.empty_since[name]
-                    self.model.remove_node(name, reason="consolidated")
+                    self.remove_node(name, reason="consolidated")
                     extra -= 1
 
 
@@ -815,6 +823,7 @@ class Sim:
         # (job, attempt) of each Cancel on its way -> the dispatches ordered after it
         self._cancelling: dict[tuple[str, int | None], list[tuple[SimAgent, Dispatch]]] = {}
         self.node_home: dict[str, tuple[str, str]] = {}
+        self.node_spans: dict[str, list[float]] = {}  # node -> [up, gone] (unix s): capacity log
         self.violations: list[Violation] = []
         self.batch_errors: list[str] = []
         self.state: dict[str, str] = {}
@@ -889,6 +898,14 @@ class Sim:
                 else:
                     self._schedule_trace(pool)
 
+    def capacity_spans(self) -> list[tuple[tuple[str, str], int, float, float]]:
+        """Every node's ((cluster, flavor), GPUs, up, gone) in seconds from the start: the
+        capacity that was really there, for the hindsight bound (load/oracle.py)."""
+        return [
+            (self.node_home[name], NODE_GPUS, up - self.base, gone - self.base)
+            for name, (up, gone) in self.node_spans.items()
+        ]
+
     def _slot_up(self, pool: SpotPool, slot: Slot) -> None:
         slot.generation += 1
         p = pool.spec
@@ -960,7 +977,7 @@ class Sim:
         if slot.node is None:
             return
         if not announce:  # before the start: the first snapshot will not have it
-            self.clusters[pool.spec.cluster].model.remove_node(slot.node)
+            self.clusters[pool.spec.cluster].remove_node(slot.node, reason="node-removed")
             slot.node = None
             return
         self._notice(pool, slot)
@@ -1100,7 +1117,7 @@ class Sim:
         elif kind == RECLAIM:
             pool, slot, name = payload
             # (The model reclaims the node at its deadline too; whichever comes first.)
-            self.clusters[pool.spec.cluster].model.remove_node(name, reason=RECLAIMED)
+            self.clusters[pool.spec.cluster].remove_node(name, reason=RECLAIMED)
             self.reclaim_log.append((now - self.base, name))
             if slot.node == name:
                 slot.node = None
@@ -1398,10 +1415,15 @@ def run(cfg: SimConfig, policy: str) -> SimResult:
 
 
 def _run_summary(args: tuple[SimConfig, str]) -> dict[str, Any]:
+    """One run's summary row, with the hindsight bound for the jobs it completed."""
+    from load.oracle import bound_for, bound_summary
     from load.report import summarize
 
-    result = run(*args)
-    return {"summary": summarize(result), "series": _series(result)}
+    sim = Sim(*args)
+    result = sim.run()
+    summary = summarize(result)
+    summary.update(bound_summary(bound_for(sim, result), summary))
+    return {"summary": summary, "series": _series(result)}
 
 
 def _series(result: SimResult) -> dict[str, Any]:
@@ -1588,14 +1610,14 @@ def _run(args: Options) -> int:
         for (cfg, n), out in zip(tasks, outputs, strict=True)
     ]
     print(report.format_table(runs))
-    if {"on-demand-only", "oracle"} & set(names):
+    if {"on-demand-only", "checkpoint-restart"} & set(names):
         print()
         print(report.format_comparison(runs))
     print(f"\n{len(tasks)} run(s) in {time.perf_counter() - started:.1f}s wall")
     if args.out:
         for path in report.plot_all(runs, Path(args.out)):
             print(f"wrote {path}")
-        if {"on-demand-only", "oracle"} & set(names):
+        if {"on-demand-only", "checkpoint-restart"} & set(names):
             print(f"wrote {report.plot_comparison(runs, Path(args.out))}")
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": _finite(runs)}, indent=1, default=str))

@@ -1,0 +1,110 @@
+"""The hindsight bound (load/oracle.py): exact on worlds small enough to solve by hand, and
+never beaten by a simulated run, whatever the policy, on small seeded worlds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from load.oracle import (
+    BoundError,
+    BoundJob,
+    BoundPool,
+    bound_for,
+    bound_summary,
+    hindsight_bound,
+    slot_capacity,
+)
+from load.report import summarize
+from load.scenario import apply_scenario, load_scenario
+from load.sim import Sim
+from load.simconfig import DEFAULT_POOLS, SimConfig
+
+SPOT = BoundPool(("c", "spot"), "spot", 1.0, 1.0)
+OD = BoundPool(("c", "od"), "on-demand", 3.0, 1.0)
+FAST_OD = BoundPool(("c", "fast"), "on-demand", 4.0, 2.0)
+HOUR = 3600.0
+
+
+def caps(spot_slots: set[int], slots: int = 8, gpus: int = 8) -> dict[tuple[str, str], list[float]]:
+    """8 GPUs of on-demand all the time; 8 spot GPUs in the given 900 s slots."""
+    return {
+        ("c", "spot"): [gpus * 900.0 if t in spot_slots else 0.0 for t in range(slots)],
+        ("c", "od"): [gpus * 900.0] * slots,
+        ("c", "fast"): [gpus * 900.0] * slots,
+    }
+
+
+def test_the_gang_caps_what_a_short_spot_window_can_take() -> None:
+    # 2 GPUs x 1 h of work; spot only in slot 1: at most 2 GPUs x 900 s there, the rest
+    # on-demand. (Without the gang's cap all of it would fit on spot's 8 GPUs.)
+    job = BoundJob(arrival=0.0, gpus=2, work=2 * HOUR, capacity="spot-then-on-demand")
+    b = hindsight_bound([job], [SPOT, OD], caps({1}), end=8 * 900.0)
+    assert b.cost_usd == pytest.approx(1800 / HOUR * 1.0 + 5400 / HOUR * 3.0)
+    assert b.useful_gpu_h == pytest.approx(2.0)
+
+
+def test_preferences_and_arrivals_are_kept() -> None:
+    # Arriving after the spot window, a flexible job pays on-demand; on-demand-only jobs
+    # never touch spot, even when it is there.
+    late = BoundJob(arrival=2 * 900.0, gpus=1, work=900.0, capacity="any")
+    assert hindsight_bound([late], [SPOT, OD], caps({1}), end=8 * 900.0).cost_usd == (
+        pytest.approx(900 / HOUR * 3.0)
+    )
+    od = BoundJob(arrival=0.0, gpus=1, work=900.0, capacity="on-demand")
+    assert hindsight_bound([od], [SPOT, OD], caps(set(range(8))), end=8 * 900.0).cost_usd == (
+        pytest.approx(900 / HOUR * 3.0)
+    )
+
+
+def test_work_is_priced_at_the_gpus_speed() -> None:
+    # The fast pool does 2 V100-seconds per GPU-second at $4/h: $2 per V100-hour, cheaper
+    # per unit of work than the $3/h plain one.
+    job = BoundJob(arrival=0.0, gpus=1, work=900.0, capacity="on-demand")
+    b = hindsight_bound([job], [OD, FAST_OD], caps(set()), end=8 * 900.0)
+    assert b.cost_usd == pytest.approx(450 / HOUR * 4.0)
+
+
+def test_spot_only_work_beyond_the_spot_there_was_has_no_schedule() -> None:
+    job = BoundJob(arrival=0.0, gpus=8, work=3 * 8 * 900.0, capacity="spot")
+    with pytest.raises(BoundError, match="no schedule"):
+        hindsight_bound([job], [SPOT, OD], caps({1, 2}), end=8 * 900.0)
+
+
+def test_capacity_comes_from_node_spans_split_over_slots() -> None:
+    spans = [(("c", "spot"), 8, 450.0, 1350.0), (("c", "spot"), 8, 2000.0, math.inf)]
+    assert slot_capacity(spans, end=2700.0, slot_s=900.0)[("c", "spot")] == [
+        8 * 450.0,
+        8 * 450.0,
+        8 * 700.0,
+    ]
+
+
+SMALL = SimConfig(
+    jobs=80,
+    max_duration_s=2 * HOUR,
+    drain_s=86_400.0,
+    pools=tuple(replace(p, trace_phase_s=0.0) for p in DEFAULT_POOLS),
+)
+SCENARIOS = Path(__file__).resolve().parents[2] / "load" / "scenarios"
+
+
+@pytest.mark.parametrize(
+    ("world", "seed"),
+    [("default", 1), ("default", 2), ("spot-traces-16node", 1), ("spot-traces-4node", 3)],
+)
+def test_no_run_beats_its_hindsight_bound(world: str, seed: int) -> None:
+    cfg = replace(SMALL, seed=seed, trace_phase_frac=(seed - 1) * 0.618 % 1.0)
+    if world != "default":
+        cfg = replace(apply_scenario(cfg, load_scenario(SCENARIOS / f"{world}.yaml")), jobs=80)
+    for policy in ("muster", "checkpoint-restart", "foresight", "on-demand-only"):
+        sim = Sim(cfg, policy)
+        result = sim.run()
+        summary = summarize(result)
+        assert summary["completed"] > 0, policy
+        figures = bound_summary(bound_for(sim, result), summary)
+        assert figures["bound_cost_usd"] > 0
+        assert figures["vs_bound"] >= 1.0, (world, seed, policy, figures)
