@@ -47,7 +47,7 @@ from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import Machine
 from broker.core.records import JobRecord
 from broker.core.states import TERMINAL
-from load import traces
+from load import skypilot, traces
 from load.command import Options, program
 from load.command import run as run_command
 from load.simconfig import (
@@ -80,6 +80,7 @@ from schemas.job import (
     JobSpec,
     PodSet,
     Simulation,
+    SpotPolicy,
     Workload,
 )
 from schemas.quantity import cpu_milli, memory_bytes
@@ -114,6 +115,9 @@ class Policy:
     # Multi-replica jobs are elastic (`PodSet.max_replicas`: down to half their replicas):
     # admitted at what fits, shrunk in place on a reclaim when that beats a move, grown back.
     elastic: bool = False
+    # SkyPilot's managed-job recovery (load/skypilot.py): the strategy's name; price-ranked
+    # placement, no Muster spot rules, a fresh VM provisioned for every attempt.
+    skypilot: str | None = None
 
 
 POLICIES: dict[str, Policy] = {
@@ -182,11 +186,23 @@ POLICIES: dict[str, Policy] = {
         "skypilot-like",
         True,
         True,
-        about="no notice; the loss is found by polling every 15 s, the job is relaunched "
-        "elsewhere and resumes from its own last checkpoint",
+        about="SkyPilot managed jobs, EAGER_NEXT_REGION (load/skypilot.py): no notice, the loss "
+        "found by a 15 s poll, relaunched on a fresh VM (minutes) away from the lost pool, "
+        "placed by price, resumed from the job's own last checkpoint",
         notices=False,
-        detect_s=15.0,
+        detect_s=skypilot.JOB_STATUS_CHECK_GAP_S,
         spot_return=False,
+        skypilot="EAGER_NEXT_REGION",
+    ),
+    "skypilot-failover": Policy(
+        "skypilot-failover",
+        True,
+        True,
+        about="skypilot-like with SkyPilot's FAILOVER recovery: the lost pool is not avoided",
+        notices=False,
+        detect_s=skypilot.JOB_STATUS_CHECK_GAP_S,
+        spot_return=False,
+        skypilot="FAILOVER",
     ),
     "elastic": Policy(
         "elastic",
@@ -209,6 +225,7 @@ POLICIES: dict[str, Policy] = {
     ),
 }
 BASELINES = ("on-demand-only", "spot-only", "checkpoint-restart", "scratch", "skypilot-like")
+
 COMPARISON = (*BASELINES, "muster")  # each run also gets its hindsight bound (load/oracle.py)
 ABLATIONS = ("muster-fixed", "muster-no-return")  # muster without one of its policies
 EXTENSIONS = ("elastic",)  # muster with more of the job's cooperation
@@ -317,6 +334,7 @@ def job_spec(job: SimJob, policy: Policy) -> JobSpec:
             )
         ],
         capacity=capacity,
+        spot=skypilot.SPOT_POLICY if policy.skypilot else SpotPolicy(),
         checkpoint=CheckpointSpec(
             uri=f"s3://sim-ckpt/{job.job_id}",
             interval_s=job.ckpt_every,
@@ -336,7 +354,15 @@ def job_spec(job: SimJob, policy: Policy) -> JobSpec:
     )
 
 
-def broker_config(cfg: SimConfig) -> BrokerConfig:
+def broker_config(cfg: SimConfig, policy: Policy | None = None) -> BrokerConfig:
+    """The broker's settings for a run; a SkyPilot baseline gets SkyPilot's (load/skypilot.py)."""
+    config = _broker_config(cfg)
+    if policy is not None and policy.skypilot:
+        return skypilot.broker_config(config, policy.skypilot)
+    return config
+
+
+def _broker_config(cfg: SimConfig) -> BrokerConfig:
     return BrokerConfig(
         queues=[QueueConfig(name=q) for q in cfg.queues],
         timeouts=Timeouts(
@@ -618,6 +644,9 @@ class SimAgent:
         job = sim.jobs_by_id[cmd.job_id]
         lo, hi = cfg.start_delay_s
         delay = lo + (hi - lo) * sim.draw(cmd.job_id, cmd.attempt, "start")
+        if sim.policy.skypilot:  # a fresh VM for every attempt: provisioning and setup
+            lo, hi = skypilot.PROVISION_S
+            delay += lo + (hi - lo) * sim.draw(cmd.job_id, cmd.attempt, "provision")
         every = self._every(cmd, job)
         return WorkloadTiming(
             start_delay_s=delay + cfg.start_delay_per_replica_s * (job.replicas - 1),
@@ -814,7 +843,7 @@ class Sim:
         # The clusters' clock: the models count unix seconds too, so due times need no
         # conversion on the way to and from this heap.
         self.clock = ManualClock(t=self.base, unix0=0.0)
-        self.machine = Machine(broker_config(cfg))
+        self.machine = Machine(broker_config(cfg, self.policy))
         self.machine.spot_return = self.policy.spot_return
         self.heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
