@@ -426,6 +426,7 @@ def comparison(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float
         put("preemptions", float(s["preemptions"]))
         put("planned_moves", float(s.get("planned_moves", 0)))
         put("unfinished", float(s["unfinished"]))
+        put("attempts_max", float(s.get("attempts_max", math.nan)))
     return out
 
 
@@ -443,6 +444,7 @@ COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("preemptions", "preemptions", "{:.0f}"),
     ("planned_moves", "moves by choice", "{:.0f}"),
     ("unfinished", "jobs unfinished", "{:.0f}"),
+    ("attempts_max", "most attempts of one job", "{:.0f}"),
 )
 
 

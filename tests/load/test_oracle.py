@@ -8,6 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from load.oracle import (
     BoundError,
@@ -108,3 +110,80 @@ def test_no_run_beats_its_hindsight_bound(world: str, seed: int) -> None:
         figures = bound_summary(bound_for(sim, result), summary)
         assert figures["bound_cost_usd"] > 0
         assert figures["vs_bound"] >= 1.0, (world, seed, policy, figures)
+
+
+def greedy_cost(
+    jobs: list[BoundJob],
+    pools: list[BoundPool],
+    capacity: dict[tuple[str, str], list[float]],
+    end: float,
+) -> tuple[list[BoundJob], float]:
+    """A feasible schedule (jobs in arrival order, cheapest work first): the jobs it finishes
+    and what it paid. The bound for those jobs can be no dearer."""
+    left = {k: list(v) for k, v in capacity.items()}
+    slots = len(next(iter(left.values())))
+    done: list[BoundJob] = []
+    total = 0.0
+    for j in sorted(jobs, key=lambda j: j.arrival):
+        usable = sorted(
+            (p for p in pools if p.capacity_type in allowed(j.capacity)),
+            key=lambda p: p.price / p.speed,
+        )
+        work, cost = j.work, 0.0
+        plan: list[tuple[tuple[str, str], int, float]] = []
+        for t in range(int(j.arrival // 900.0), slots):
+            room = j.gpus * max(0.0, min(end, (t + 1) * 900.0) - max(j.arrival, t * 900.0))
+            for p in usable:
+                take = min(room, left[p.key][t], work / p.speed)
+                if take <= 0:
+                    continue
+                plan.append((p.key, t, take))
+                left[p.key][t] -= take
+                room -= take
+                work -= take * p.speed
+                cost += take * p.price / HOUR
+            if work <= 1e-6:
+                break
+        if work <= 1e-6:
+            done.append(j)
+            total += cost
+        else:  # not finished: give its capacity back
+            for key, t, take in plan:
+                left[key][t] += take
+    return done, total
+
+
+def allowed(pref: str) -> set[str]:
+    return {"spot": {"spot"}, "on-demand": {"on-demand"}}.get(pref, {"spot", "on-demand"})
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 7 * 900),
+            st.sampled_from([1, 2, 4, 8, 16]),
+            st.floats(60.0, 4 * HOUR),
+            st.sampled_from(["spot", "on-demand", "spot-then-on-demand", "any"]),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.lists(st.integers(0, 16), min_size=8, max_size=8),
+)
+def test_the_bound_lies_between_cheapest_work_and_a_feasible_schedule(
+    rows: list[tuple[int, int, float, str]], spot_gpus: list[int]
+) -> None:
+    pools = [SPOT, OD, FAST_OD]
+    capacity = caps(set())
+    capacity[("c", "spot")] = [g * 900.0 for g in spot_gpus]
+    end = 8 * 900.0
+    jobs = [BoundJob(float(a), g, g * d, pref) for a, g, d, pref in rows]
+    done, paid = greedy_cost(jobs, pools, capacity, end)
+    assume(done)
+    bound = hindsight_bound(done, pools, capacity, end)
+    floor = sum(
+        j.work * min(p.price / p.speed for p in pools if p.capacity_type in allowed(j.capacity))
+        for j in done
+    )
+    assert floor / HOUR - 1e-6 <= bound.cost_usd <= paid + 1e-6
