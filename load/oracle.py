@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -62,6 +62,7 @@ class BoundJob:
     gpus: int
     work: float  # V100-GPU-seconds
     capacity: str  # the capacity preference the run's broker saw
+    finish: float | None = None  # done by then (s from the start); None: by the run's end
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,8 @@ class Bound:
     useful_gpu_h: float  # V100-GPU-hours of the jobs it covers
     jobs: int
     slots: int
+    # V100-GPU-hours of work the bound's schedule does on each pool (where the cheap work is).
+    work_by_pool: Mapping[PoolKey, float] = field(default_factory=dict)
 
     @property
     def cost_per_useful_gpu_h(self) -> float:
@@ -121,15 +124,17 @@ def hindsight_bound(
         return Bound(0.0, 0.0, 0, slots)
     # Groups: the jobs of one preference arriving in one slot. Their rate cap per slot is the
     # sum of their gangs' GPUs over the part of the slot after each one's arrival.
-    work: dict[tuple[str, int], float] = defaultdict(float)
-    rate: dict[tuple[str, int], list[float]] = {}
+    work: dict[tuple[str, int, int], float] = defaultdict(float)
+    rate: dict[tuple[str, int, int], list[float]] = {}
     for j in jobs:
         first = min(slots - 1, int(j.arrival // slot_s))
-        g = (j.capacity, first)
+        stop = end if j.finish is None else min(end, j.finish)
+        last = max(first, min(slots, math.ceil(stop / slot_s)) - 1)
+        g = (j.capacity, first, last)
         work[g] += j.work
         caps = rate.setdefault(g, [0.0] * slots)
-        for t in range(first, slots):
-            lo, hi = max(j.arrival, t * slot_s), min(end, (t + 1) * slot_s)
+        for t in range(first, last + 1):
+            lo, hi = max(j.arrival, t * slot_s), min(stop, (t + 1) * slot_s)
             caps[t] += j.gpus * max(0.0, hi - lo)
     pool_index = {p.key: i for i, p in enumerate(pools)}
     cost: list[float] = []
@@ -143,18 +148,20 @@ def hindsight_bound(
     }
     group_base = n_groups + len(pools) * slots
     var = 0
-    for gi, (pref, first) in enumerate(sorted(work)):
-        caps = rate[(pref, first)]
+    var_pool: list[tuple[PoolKey, float]] = []
+    for gi, (pref, first, last) in enumerate(sorted(work)):
+        caps = rate[(pref, first, last)]
         usable = [p for p in pools if allows(pref, p.capacity_type)]
         if not usable:
             raise BoundError(f"no pool accepts capacity preference {pref!r}")
-        for t in range(first, slots):
+        for t in range(first, last + 1):
             if caps[t] <= 0:
                 continue
             for p in usable:
                 if capacity.get(p.key) is None or capacity[p.key][t] <= 0:
                     continue
                 cost.append(p.price / 3600.0)
+                var_pool.append((p.key, p.speed))
                 rows += [gi, cap_row[(p.key, t)], group_base + gi * slots + t]
                 cols += [var, var, var]
                 vals += [p.speed, 1.0, 1.0]
@@ -187,18 +194,29 @@ def hindsight_bound(
             f"the hindsight program found no schedule ({res.message}); the capacity log "
             "cannot hold the work the run completed"
         )
-    return Bound(float(res.fun), useful, len(jobs), slots)
+    by_pool: dict[PoolKey, float] = defaultdict(float)
+    for (key, speed), gpu_s in zip(var_pool, res.x, strict=True):
+        by_pool[key] += gpu_s * speed / 3600.0
+    return Bound(float(res.fun), useful, len(jobs), slots, dict(by_pool))
 
 
-def bound_for(sim: Sim, result: SimResult) -> Bound:
-    """The bound for the jobs a finished run completed, on the capacity that run had."""
+def bound_for(sim: Sim, result: SimResult, *, timed: bool = False) -> Bound:
+    """The bound for the jobs a finished run completed, on the capacity that run had; `timed`:
+    each job also done no later than the run finished it (the cheapest way to match the
+    run's completion times, a tighter bound for that run)."""
     mapped = dict(sim.policy.capacity_map)
     pools = [
         BoundPool((p.cluster, p.flavor), p.capacity_type, p.price, sim.speed.get(p.gpu_type, 1.0))
         for p in sim.pools
     ]
     jobs = [
-        BoundJob(j.arrival, j.gpus, float(j.gpus * j.duration), mapped.get(j.capacity, j.capacity))
+        BoundJob(
+            j.arrival,
+            j.gpus,
+            float(j.gpus * j.duration),
+            mapped.get(j.capacity, j.capacity),
+            r.finished_at - result.base if timed and r.finished_at is not None else None,
+        )
         for j in result.jobs
         if (r := result.records.get(j.job_id)) is not None and r.state == "succeeded"
     ]
@@ -206,12 +224,17 @@ def bound_for(sim: Sim, result: SimResult) -> Bound:
     return hindsight_bound(jobs, pools, capacity, result.end)
 
 
-def bound_summary(bound: Bound, summary: Mapping[str, Any]) -> dict[str, float]:
-    """The bound's figures for a run's summary row, and the run's cost over it."""
-    per = bound.cost_per_useful_gpu_h
+def bound_summary(
+    bound: Bound, summary: Mapping[str, Any], timed: Bound | None = None
+) -> dict[str, float]:
+    """The bounds' figures for a run's summary row, and the run's cost over each."""
     run = float(summary.get("cost_per_useful_gpu_h", math.nan))
-    return {
-        "bound_cost_usd": bound.cost_usd,
-        "bound_cost_per_useful_gpu_h": per,
-        "vs_bound": run / per if per > 0 and math.isfinite(run) else math.nan,
-    }
+    out: dict[str, float] = {}
+    for prefix, b in (("bound", bound), ("bound_timed", timed)):
+        if b is None:
+            continue
+        per = b.cost_per_useful_gpu_h
+        out[f"{prefix}_cost_usd"] = b.cost_usd
+        out[f"{prefix}_cost_per_useful_gpu_h"] = per
+        out[f"vs_{prefix}"] = run / per if per > 0 and math.isfinite(run) else math.nan
+    return out

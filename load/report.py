@@ -417,6 +417,9 @@ def comparison(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float
         if "bound_cost_per_useful_gpu_h" in s:
             put("bound_cost_per_useful", s["bound_cost_per_useful_gpu_h"])
             put("vs_bound", _ratio(s["cost_per_useful_gpu_h"], s["bound_cost_per_useful_gpu_h"]))
+        if "bound_timed_cost_per_useful_gpu_h" in s:
+            timed = s["bound_timed_cost_per_useful_gpu_h"]
+            put("vs_bound_timed", _ratio(s["cost_per_useful_gpu_h"], timed))
         plain = cr.get(key)
         if plain is not None:
             put("cr_vs_this", _ratio(plain["cost_per_useful_gpu_h"], s["cost_per_useful_gpu_h"]))
@@ -435,6 +438,7 @@ COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("saving_vs_od", "saving vs on-demand-only", "{:.1%}"),
     ("bound_cost_per_useful", "hindsight bound: cost per useful V100-h ($)", "{:.3f}"),
     ("vs_bound", "cost ratio to the hindsight bound", "{:.2f}x"),
+    ("vs_bound_timed", "  ... to the bound at this run's finish times", "{:.2f}x"),
     ("cr_vs_this", "checkpoint-restart's cost / this", "{:.2f}x"),
     ("jct_p50_vs_od", "JCT p50 vs on-demand-only", "{:.2f}x"),
     ("jct_p90_vs_od", "JCT p90 vs on-demand-only", "{:.2f}x"),

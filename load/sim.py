@@ -1451,7 +1451,8 @@ def _run_summary(args: tuple[SimConfig, str]) -> dict[str, Any]:
     sim = Sim(*args)
     result = sim.run()
     summary = summarize(result)
-    summary.update(bound_summary(bound_for(sim, result), summary))
+    bound, timed = bound_for(sim, result), bound_for(sim, result, timed=True)
+    summary.update(bound_summary(bound, summary, timed))
     return {"summary": summary, "series": _series(result)}
 
 

@@ -47,6 +47,8 @@ def test_the_gang_caps_what_a_short_spot_window_can_take() -> None:
     b = hindsight_bound([job], [SPOT, OD], caps({1}), end=8 * 900.0)
     assert b.cost_usd == pytest.approx(1800 / HOUR * 1.0 + 5400 / HOUR * 3.0)
     assert b.useful_gpu_h == pytest.approx(2.0)
+    assert b.work_by_pool[("c", "spot")] == pytest.approx(0.5)
+    assert b.work_by_pool[("c", "od")] == pytest.approx(1.5)
 
 
 def test_preferences_and_arrivals_are_kept() -> None:
@@ -60,6 +62,15 @@ def test_preferences_and_arrivals_are_kept() -> None:
     assert hindsight_bound([od], [SPOT, OD], caps(set(range(8))), end=8 * 900.0).cost_usd == (
         pytest.approx(900 / HOUR * 3.0)
     )
+
+
+def test_a_job_due_before_the_spot_window_pays_on_demand() -> None:
+    # Timed to the run's own finish: done by the end of slot 0, so slot 1's spot is too late.
+    free = BoundJob(arrival=0.0, gpus=1, work=900.0, capacity="any")
+    due = BoundJob(arrival=0.0, gpus=1, work=900.0, capacity="any", finish=900.0)
+    world = ([SPOT, OD], caps({1}))
+    assert hindsight_bound([free], *world, end=8 * 900.0).cost_usd == pytest.approx(0.25)
+    assert hindsight_bound([due], *world, end=8 * 900.0).cost_usd == pytest.approx(0.75)
 
 
 def test_work_is_priced_at_the_gpus_speed() -> None:
@@ -107,9 +118,12 @@ def test_no_run_beats_its_hindsight_bound(world: str, seed: int) -> None:
         result = sim.run()
         summary = summarize(result)
         assert summary["completed"] > 0, policy
-        figures = bound_summary(bound_for(sim, result), summary)
+        timed = bound_for(sim, result, timed=True)
+        figures = bound_summary(bound_for(sim, result), summary, timed)
         assert figures["bound_cost_usd"] > 0
-        assert figures["vs_bound"] >= 1.0, (world, seed, policy, figures)
+        # Matching the run's finish times can only cost more than finishing by the end.
+        assert figures["bound_timed_cost_usd"] >= figures["bound_cost_usd"] - 1e-6
+        assert figures["vs_bound_timed"] >= 1.0, (world, seed, policy, figures)
 
 
 def greedy_cost(
