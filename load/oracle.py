@@ -29,7 +29,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 try:
     import numpy as np
@@ -39,9 +39,6 @@ except ImportError as exc:  # the simulator's tools come with the dev extra
     raise ImportError(
         "the hindsight bound (load/oracle.py) needs SciPy: pip install -e '.[dev]'"
     ) from exc
-
-if TYPE_CHECKING:
-    from load.sim import Sim, SimResult
 
 SLOT_S = 900.0  # the program's time step (s); finer is tighter and slower
 
@@ -198,30 +195,6 @@ def hindsight_bound(
     for (key, speed), gpu_s in zip(var_pool, res.x, strict=True):
         by_pool[key] += gpu_s * speed / 3600.0
     return Bound(float(res.fun), useful, len(jobs), slots, dict(by_pool))
-
-
-def bound_for(sim: Sim, result: SimResult, *, timed: bool = False) -> Bound:
-    """The bound for the jobs a finished run completed, on the capacity that run had; `timed`:
-    each job also done no later than the run finished it (the cheapest way to match the
-    run's completion times, a tighter bound for that run)."""
-    mapped = dict(sim.policy.capacity_map)
-    pools = [
-        BoundPool((p.cluster, p.flavor), p.capacity_type, p.price, sim.speed.get(p.gpu_type, 1.0))
-        for p in sim.pools
-    ]
-    jobs = [
-        BoundJob(
-            j.arrival,
-            j.gpus,
-            float(j.gpus * j.duration),
-            mapped.get(j.capacity, j.capacity),
-            r.finished_at - result.base if timed and r.finished_at is not None else None,
-        )
-        for j in result.jobs
-        if (r := result.records.get(j.job_id)) is not None and r.state == "succeeded"
-    ]
-    capacity = slot_capacity(sim.capacity_spans(), result.end)
-    return hindsight_bound(jobs, pools, capacity, result.end)
 
 
 def bound_summary(

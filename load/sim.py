@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import typer
@@ -84,6 +84,9 @@ from schemas.job import (
     Workload,
 )
 from schemas.quantity import cpu_milli, memory_bytes
+
+if TYPE_CHECKING:
+    from load.oracle import Bound
 
 NODE_GPUS = 8
 GOLDEN = (5**0.5 - 1) / 2  # successive multiples mod 1 spread evenly over [0, 1)
@@ -1443,9 +1446,37 @@ def run(cfg: SimConfig, policy: str) -> SimResult:
     return Sim(cfg, policy).run()
 
 
+def bound_for(sim: Sim, result: SimResult, *, timed: bool = False) -> Bound:
+    """The bound for the jobs a finished run completed, on the capacity that run had; `timed`:
+    each job also done no later than the run finished it (the cheapest way to match the
+    run's completion times, a tighter bound for that run)."""
+    from load import oracle  # SciPy: only when a bound is asked for
+
+    mapped = dict(sim.policy.capacity_map)
+    pools = [
+        oracle.BoundPool(
+            (p.cluster, p.flavor), p.capacity_type, p.price, sim.speed.get(p.gpu_type, 1.0)
+        )
+        for p in sim.pools
+    ]
+    jobs = [
+        oracle.BoundJob(
+            j.arrival,
+            j.gpus,
+            float(j.gpus * j.duration),
+            mapped.get(j.capacity, j.capacity),
+            r.finished_at - result.base if timed and r.finished_at is not None else None,
+        )
+        for j in result.jobs
+        if (r := result.records.get(j.job_id)) is not None and r.state == "succeeded"
+    ]
+    capacity = oracle.slot_capacity(sim.capacity_spans(), result.end)
+    return oracle.hindsight_bound(jobs, pools, capacity, result.end)
+
+
 def _run_summary(args: tuple[SimConfig, str]) -> dict[str, Any]:
     """One run's summary row, with the hindsight bound for the jobs it completed."""
-    from load.oracle import bound_for, bound_summary
+    from load.oracle import bound_summary
     from load.report import summarize
 
     sim = Sim(*args)

@@ -15,14 +15,13 @@ from load.oracle import (
     BoundError,
     BoundJob,
     BoundPool,
-    bound_for,
     bound_summary,
     hindsight_bound,
     slot_capacity,
 )
 from load.report import summarize
 from load.scenario import apply_scenario, load_scenario
-from load.sim import Sim
+from load.sim import Sim, bound_for
 from load.simconfig import DEFAULT_POOLS, SimConfig
 
 SPOT = BoundPool(("c", "spot"), "spot", 1.0, 1.0)
