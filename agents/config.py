@@ -140,7 +140,8 @@ class FakeAutoscale(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
 
 
 class BambooTrace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Replay a Bamboo spot trace (`time_ms,add|remove,node`) onto one flavor.
+    """Replay a spot trace onto one flavor: Bamboo's `time_ms,add|remove,node` rows, or
+    SkyPilot's spot-traces JSON counts (`agents/fake/trace.py`).
 
     Trace time `t` becomes simulated second `t / 1000 / speedup` after the cluster starts;
     events at or before `start_ms` are applied before the first snapshot (initial nodes)."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import typer
@@ -46,7 +46,7 @@ from agents.fake.model import (
     WorkloadTiming,
     provider_delays,
 )
-from agents.fake.trace import TraceEvent, load_bamboo
+from agents.fake.trace import SpotTrace, TraceEvent, load_trace
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
 from broker.core.elastic import speed as elastic_speed
 from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
@@ -54,7 +54,7 @@ from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import Machine
 from broker.core.records import JobRecord
 from broker.core.states import TERMINAL
-from load import traces
+from load import skypilot, traces
 from load.command import Options, program
 from load.command import run as run_command
 from load.simconfig import (
@@ -87,9 +87,13 @@ from schemas.job import (
     JobSpec,
     PodSet,
     Simulation,
+    SpotPolicy,
     Workload,
 )
 from schemas.quantity import cpu_milli, memory_bytes
+
+if TYPE_CHECKING:
+    from load.oracle import Bound
 
 NODE_GPUS = 8
 GOLDEN = (5**0.5 - 1) / 2  # successive multiples mod 1 spread evenly over [0, 1)
@@ -121,6 +125,9 @@ class Policy:
     # Multi-replica jobs are elastic (`PodSet.max_replicas`: down to half their replicas):
     # admitted at what fits, shrunk in place on a reclaim when that beats a move, grown back.
     elastic: bool = False
+    # SkyPilot's managed-job recovery (load/skypilot.py): the strategy's name; price-ranked
+    # placement, no Muster spot rules, a fresh VM provisioned for every attempt.
+    skypilot: str | None = None
 
 
 POLICIES: dict[str, Policy] = {
@@ -189,11 +196,23 @@ POLICIES: dict[str, Policy] = {
         "skypilot-like",
         True,
         True,
-        about="no notice; the loss is found by polling every 15 s, the job is relaunched "
-        "elsewhere and resumes from its own last checkpoint",
+        about="SkyPilot managed jobs, EAGER_NEXT_REGION (load/skypilot.py): no notice, the loss "
+        "found by a 15 s poll, relaunched on a fresh VM (minutes) away from the lost pool, "
+        "placed by price, resumed from the job's own last checkpoint",
         notices=False,
-        detect_s=15.0,
+        detect_s=skypilot.JOB_STATUS_CHECK_GAP_S,
         spot_return=False,
+        skypilot="EAGER_NEXT_REGION",
+    ),
+    "skypilot-failover": Policy(
+        "skypilot-failover",
+        True,
+        True,
+        about="skypilot-like with SkyPilot's FAILOVER recovery: the lost pool is not avoided",
+        notices=False,
+        detect_s=skypilot.JOB_STATUS_CHECK_GAP_S,
+        spot_return=False,
+        skypilot="FAILOVER",
     ),
     "elastic": Policy(
         "elastic",
@@ -204,19 +223,20 @@ POLICIES: dict[str, Policy] = {
         follows_advice=True,
         elastic=True,
     ),
-    "oracle": Policy(
-        "oracle",
+    "foresight": Policy(
+        "foresight",
         True,
         True,
         (("spot", "any"), ("spot-then-on-demand", "any"), ("on-demand", "any")),
-        about="hindsight bound: each workload knew its reclaims in advance, writes no "
-        "periodic checkpoints and has its checkpoint ready at every notice; with no risk "
-        "left, every job may use any pool",
+        about="Muster's placement with foresight: each workload knew its reclaims in advance, "
+        "writes no periodic checkpoints and has its checkpoint ready at every notice; every "
+        "job may use any pool. A policy, not a bound (load/oracle.py computes the bound)",
         foresight=True,
     ),
 }
 BASELINES = ("on-demand-only", "spot-only", "checkpoint-restart", "scratch", "skypilot-like")
-COMPARISON = (*BASELINES, "oracle", "muster")
+
+COMPARISON = (*BASELINES, "muster")  # each run also gets its hindsight bound (load/oracle.py)
 ABLATIONS = ("muster-fixed", "muster-no-return")  # muster without one of its policies
 EXTENSIONS = ("elastic",)  # muster with more of the job's cooperation
 
@@ -233,10 +253,11 @@ def load_philly(path: Path) -> tuple[traces.PhillyJob, ...]:
     return tuple(traces.load_philly(traces.require_trace(path.name, path.parent)))
 
 
-@lru_cache(maxsize=4)
-def cached_bamboo(path: Path) -> tuple[TraceEvent, ...]:
-    """The Bamboo trace at `path`, parsed once per process (agents/fake/trace.py)."""
-    return tuple(load_bamboo(path))
+@lru_cache(maxsize=16)
+def cached_trace(path: Path) -> SpotTrace:
+    """The spot trace at `path` (Bamboo CSV or SkyPilot JSON), parsed once per process
+    (agents/fake/trace.py)."""
+    return load_trace(path)
 
 
 # ------------------------------------------------------------------------------ jobs
@@ -323,6 +344,7 @@ def job_spec(job: SimJob, policy: Policy) -> JobSpec:
             )
         ],
         capacity=capacity,
+        spot=skypilot.SPOT_POLICY if policy.skypilot else SpotPolicy(),
         checkpoint=CheckpointSpec(
             uri=f"s3://sim-ckpt/{job.job_id}",
             interval_s=job.ckpt_every,
@@ -342,7 +364,15 @@ def job_spec(job: SimJob, policy: Policy) -> JobSpec:
     )
 
 
-def broker_config(cfg: SimConfig) -> BrokerConfig:
+def broker_config(cfg: SimConfig, policy: Policy | None = None) -> BrokerConfig:
+    """The broker's settings for a run; a SkyPilot baseline gets SkyPilot's (load/skypilot.py)."""
+    config = _broker_config(cfg)
+    if policy is not None and policy.skypilot:
+        return skypilot.broker_config(config, policy.skypilot)
+    return config
+
+
+def _broker_config(cfg: SimConfig) -> BrokerConfig:
     return BrokerConfig(
         queues=[QueueConfig(name=q) for q in cfg.queues],
         timeouts=Timeouts(
@@ -657,6 +687,9 @@ class SimAgent:
         job = sim.jobs_by_id[cmd.job_id]
         lo, hi = cfg.start_delay_s
         delay = lo + (hi - lo) * sim.draw(cmd.job_id, cmd.attempt, "start")
+        if sim.policy.skypilot:  # a fresh VM for every attempt: provisioning and setup
+            lo, hi = skypilot.PROVISION_S
+            delay += lo + (hi - lo) * sim.draw(cmd.job_id, cmd.attempt, "provision")
         every = self._every(cmd, job)
         return WorkloadTiming(
             start_delay_s=delay + cfg.start_delay_per_replica_s * (job.replicas - 1),
@@ -751,6 +784,14 @@ class SimAgent:
         """A node joins (announced once the agent has started)."""
         self.model.add_node(flavor, name)
         self.sim.node_home[name] = (self.name, flavor)
+        self.sim.node_spans[name] = [self.sim.now, math.inf]
+
+    def remove_node(self, name: str, reason: str) -> None:
+        """A node leaves (reclaimed, scaled down); its span in the capacity log ends now."""
+        self.model.remove_node(name, reason=reason)
+        span = self.sim.node_spans.get(name)
+        if span is not None:
+            span[1] = min(span[1], self.sim.now)
 
     def consolidate(self, now: float) -> None:
         """Autoscaled pools drop nodes beyond their minimum that stayed empty `idle_s`."""
@@ -770,7 +811,7 @@ class SimAgent:
                 since = self.empty_since.setdefault(name, now)
                 if now - since >= a.idle_s:
                     del self.empty_since[name]
-                    self.model.remove_node(name, reason="consolidated")
+                    self.remove_node(name, reason="consolidated")
                     extra -= 1
 
 
@@ -846,7 +887,7 @@ class Sim:
         # The clusters' clock: the models count unix seconds too, so due times need no
         # conversion on the way to and from this heap.
         self.clock = ManualClock(t=self.base, unix0=0.0)
-        self.machine = Machine(broker_config(cfg))
+        self.machine = Machine(broker_config(cfg, self.policy))
         self.machine.spot_return = self.policy.spot_return
         self.heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
@@ -856,6 +897,7 @@ class Sim:
         self._cancelling: dict[tuple[str, int | None], list[tuple[SimAgent, Dispatch]]] = {}
         self.node_home: dict[str, tuple[str, str]] = {}
         self.node_place: dict[str, tuple[str, str]] = {}  # node -> (zone, block or "")
+        self.node_spans: dict[str, list[float]] = {}  # node -> [up, gone] (unix s): capacity log
         self.violations: list[Violation] = []
         self.batch_errors: list[str] = []
         self.state: dict[str, str] = {}
@@ -934,6 +976,14 @@ class Sim:
                 else:
                     self._schedule_trace(pool)
 
+    def capacity_spans(self) -> list[tuple[tuple[str, str], int, float, float]]:
+        """Every node's ((cluster, flavor), GPUs, up, gone) in seconds from the start: the
+        capacity that was really there, for the hindsight bound (load/oracle.py)."""
+        return [
+            (self.node_home[name], NODE_GPUS, up - self.base, gone - self.base)
+            for name, (up, gone) in self.node_spans.items()
+        ]
+
     def _slot_up(self, pool: SpotPool, slot: Slot) -> None:
         slot.generation += 1
         p = pool.spec
@@ -957,15 +1007,16 @@ class Sim:
         log.blocks = len({(z, b) for z, b in places}) if all(b for _, b in places) else 0
 
     def _schedule_trace(self, pool: SpotPool) -> None:
-        """Loop the Bamboo trace over the horizon; the state at the phase is the start."""
+        """Loop the spot trace over the horizon; the state at the phase is the start."""
         assert pool.trace is not None
         path = self._trace_path(pool.trace)
-        events = cached_bamboo(traces.require_trace(path.name, path.parent))
+        events, length_ms = cached_trace(traces.require_trace(path.name, path.parent))
         if not events:
             return
-        period = traces.trace_period_s(
-            [e.seconds for e in events], dict(self.cfg.trace_lengths).get(pool.trace)
-        )
+        declared = dict(self.cfg.trace_lengths).get(pool.trace)
+        if declared is None and length_ms is not None:
+            declared = length_ms / 1000.0  # a count per tick: the trace's own length
+        period = traces.trace_period_s([e.seconds for e in events], declared)
         phase = (
             pool.phase_s + self.cfg.trace_phase_s + self.cfg.trace_phase_frac * period
         ) % period
@@ -980,8 +1031,9 @@ class Sim:
                     self.push(self.base + pool_t - phase, SPOT_TRACE, (pool, loop, e))
 
     def _trace_path(self, trace: str) -> Path:
-        """A short name (`p3`) is bamboo-p3.csv in the traces folder; else a file path."""
-        if "/" in trace or trace.endswith(".csv"):
+        """A short name (`p3`) is bamboo-p3.csv in the traces folder; else a file path
+        (relative: from the traces folder)."""
+        if "/" in trace or trace.endswith((".csv", ".json")):
             path = Path(trace)
             return path if path.is_absolute() else self.cfg.traces / path
         return self.cfg.traces / f"bamboo-{trace}.csv"
@@ -1017,7 +1069,7 @@ class Sim:
         if slot.node is None:
             return
         if not announce:  # before the start: the first snapshot will not have it
-            self.clusters[pool.spec.cluster].model.remove_node(slot.node)
+            self.clusters[pool.spec.cluster].remove_node(slot.node, reason="node-removed")
             slot.node = None
             return
         self._notice(pool, slot)
@@ -1157,7 +1209,7 @@ class Sim:
         elif kind == RECLAIM:
             pool, slot, name = payload
             # (The model reclaims the node at its deadline too; whichever comes first.)
-            self.clusters[pool.spec.cluster].model.remove_node(name, reason=RECLAIMED)
+            self.clusters[pool.spec.cluster].remove_node(name, reason=RECLAIMED)
             self.reclaim_log.append((now - self.base, name))
             if slot.node == name:
                 slot.node = None
@@ -1454,11 +1506,45 @@ def run(cfg: SimConfig, policy: str) -> SimResult:
     return Sim(cfg, policy).run()
 
 
+def bound_for(sim: Sim, result: SimResult, *, timed: bool = False) -> Bound:
+    """The bound for the jobs a finished run completed, on the capacity that run had; `timed`:
+    each job also done no later than the run finished it (the cheapest way to match the
+    run's completion times, a tighter bound for that run)."""
+    from load import oracle  # SciPy: only when a bound is asked for
+
+    mapped = dict(sim.policy.capacity_map)
+    pools = [
+        oracle.BoundPool(
+            (p.cluster, p.flavor), p.capacity_type, p.price, sim.speed.get(p.gpu_type, 1.0)
+        )
+        for p in sim.pools
+    ]
+    jobs = [
+        oracle.BoundJob(
+            j.arrival,
+            j.gpus,
+            float(j.gpus * j.duration),
+            mapped.get(j.capacity, j.capacity),
+            r.finished_at - result.base if timed and r.finished_at is not None else None,
+        )
+        for j in result.jobs
+        if (r := result.records.get(j.job_id)) is not None and r.state == "succeeded"
+    ]
+    capacity = oracle.slot_capacity(sim.capacity_spans(), result.end)
+    return oracle.hindsight_bound(jobs, pools, capacity, result.end)
+
+
 def _run_summary(args: tuple[SimConfig, str]) -> dict[str, Any]:
+    """One run's summary row, with the hindsight bound for the jobs it completed."""
+    from load.oracle import bound_summary
     from load.report import summarize
 
-    result = run(*args)
-    return {"summary": summarize(result), "series": _series(result)}
+    sim = Sim(*args)
+    result = sim.run()
+    summary = summarize(result)
+    bound, timed = bound_for(sim, result), bound_for(sim, result, timed=True)
+    summary.update(bound_summary(bound, summary, timed))
+    return {"summary": summary, "series": _series(result)}
 
 
 def _series(result: SimResult) -> dict[str, Any]:
@@ -1645,14 +1731,14 @@ def _run(args: Options) -> int:
         for (cfg, n), out in zip(tasks, outputs, strict=True)
     ]
     print(report.format_table(runs))
-    if {"on-demand-only", "oracle"} & set(names):
+    if {"on-demand-only", "checkpoint-restart"} & set(names):
         print()
         print(report.format_comparison(runs))
     print(f"\n{len(tasks)} run(s) in {time.perf_counter() - started:.1f}s wall")
     if args.out:
         for path in report.plot_all(runs, Path(args.out)):
             print(f"wrote {path}")
-        if {"on-demand-only", "oracle"} & set(names):
+        if {"on-demand-only", "checkpoint-restart"} & set(names):
             print(f"wrote {report.plot_comparison(runs, Path(args.out))}")
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": _finite(runs)}, indent=1, default=str))

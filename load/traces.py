@@ -21,8 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# One Bamboo parser for the clusters, the simulator and these scripts.
+# One trace parser (Bamboo CSV, SkyPilot JSON) for the clusters, the simulator and these scripts.
+from agents.fake.trace import SpotTrace as SpotTrace
 from agents.fake.trace import load_bamboo as load_bamboo
+from agents.fake.trace import load_trace as load_trace
 from broker.core.types import PodSetDemand
 
 GPUS_PER_NODE = 8

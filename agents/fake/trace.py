@@ -1,13 +1,22 @@
-"""Bamboo spot traces (`time_ms,add|remove,node_id`, no header) parsed for replay.
+"""Spot traces parsed for replay, in the two public formats Muster ships.
+
+- Bamboo (`time_ms,add|remove,node_id`, no header; NSDI'23).
+- SkyPilot's spot-traces JSON (`{"metadata": {"gap_seconds": g}, "data": [n0, n1, ...]}`:
+  the number of spot instances available at every tick; "Can't Be Late", NSDI'24). A rise
+  of the count adds nodes, a fall removes the most recently added ones; the trace's length
+  is its ticks x gap, which is where it loops.
 
 The one parser: the fake and local clusters replay with it, and the simulator and the load
 scripts (`load/traces.py`, `load/sim.py`) read the same files through it without a cluster.
+A row (or count) that is not valid is an error naming the file and where; nothing is skipped
+but blank lines and `#` comments in the CSV.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 TraceOp = Literal["add", "remove"]
 
@@ -59,13 +68,64 @@ def parse_bamboo(
     return out
 
 
-def load_bamboo(path: str | Path, max_events: int | None = None) -> list[TraceEvent]:
+class SpotTrace(NamedTuple):
+    """A parsed trace and its own length when the format records one (a count per tick
+    covers ticks x gap, however early its last change)."""
+
+    events: list[TraceEvent]
+    length_ms: int | None = None
+
+
+def parse_counts_json(text: str, source: str = "trace") -> SpotTrace:
+    """SkyPilot spot-traces JSON: available instances per tick, as node add/remove events."""
+    try:
+        doc: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{source}:{exc.lineno}: not JSON: {exc.msg}") from None
+    where = f"{source}: expected {{'metadata': {{'gap_seconds': s}}, 'data': [counts]}}"
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise TraceError(f"{where}; 'data' is missing or not a list")
+    meta = doc.get("metadata")
+    gap = meta.get("gap_seconds") if isinstance(meta, dict) else None
+    if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap > 0:
+        raise TraceError(f"{where}; metadata.gap_seconds must be a positive number, got {gap!r}")
+    gap_ms = round(gap * 1000)
+    live: list[str] = []
+    added = 0
+    out: list[TraceEvent] = []
+    for i, count in enumerate(doc["data"]):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise TraceError(
+                f"{source}: data[{i}] = {count!r} is not a count of instances (an integer >= 0)"
+            )
+        t = i * gap_ms
+        while len(live) < count:
+            added += 1
+            live.append(f"n{added}")
+            out.append(TraceEvent(t, "add", live[-1]))
+        while len(live) > count:
+            out.append(TraceEvent(t, "remove", live.pop()))
+    return SpotTrace(out, len(doc["data"]) * gap_ms)
+
+
+def load_trace(path: str | Path, max_events: int | None = None) -> SpotTrace:
+    """A trace file in either format: `.json` is SkyPilot's counts, anything else Bamboo."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise TraceError(f"{p}: cannot read trace: {exc}") from None
-    return parse_bamboo(text, str(p), max_events)
+    if p.suffix == ".json":
+        trace = parse_counts_json(text, str(p))
+        if max_events is not None:
+            return SpotTrace(trace.events[:max_events], trace.length_ms)
+        return trace
+    return SpotTrace(parse_bamboo(text, str(p), max_events))
+
+
+def load_bamboo(path: str | Path, max_events: int | None = None) -> list[TraceEvent]:
+    """The events of a trace file (either format; see `load_trace`)."""
+    return load_trace(path, max_events).events
 
 
 def removals_per_node_hour(events: list[TraceEvent]) -> float:

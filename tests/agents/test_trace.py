@@ -90,3 +90,27 @@ def test_replay_p3_onto_the_cluster_model() -> None:
     assert sum(isinstance(e, NodeUpsert) for e in got) == 177 - 18
     assert sum(isinstance(e, SpotNotice) for e in got) == 167
     assert sum(isinstance(e, NodeGone) for e in got) == 167
+
+
+def test_a_fake_cluster_replays_skypilots_json_counts(tmp_path: Path) -> None:
+    """The fake agents read SkyPilot's spot-traces JSON through the same parser: each count
+    change is nodes joining or leaving, with the notice ahead of each removal."""
+    path = tmp_path / "zone.json"
+    path.write_text('{"metadata": {"gap_seconds": 300}, "data": [3, 3, 1, 1, 4, 0]}')
+    cfg = FakeClusterConfig(
+        flavors=[FakeFlavor(name="spot-v100", capacity_type="spot", nodes=0, gpu_per_node=8)],
+        spot_notice_s=10.0,
+        trace=BambooTrace(path=str(path), flavor="spot-v100"),
+    )
+    clock = ManualClock()
+    c = ClusterModel(unique("j"), cfg, clock)
+    assert len(c.nodes) == 3  # the first tick's count is the starting fleet
+    got: list[AgentEvent] = []
+    c.emit = got.append
+    while c.next_due() != math.inf:
+        clock.t = max(clock.t + 1.0, c.next_due())
+        c.advance()
+    assert c.nodes == []
+    assert sum(isinstance(e, NodeUpsert) for e in got) == 3  # 1 -> 4 at 1,200 s
+    assert sum(isinstance(e, SpotNotice) for e in got) == 6  # 3 -> 1, then 4 -> 0
+    assert sum(isinstance(e, NodeGone) for e in got) == 6

@@ -369,7 +369,7 @@ def test_slower_gpus_take_longer_and_stalls_cost_time() -> None:
 
 def test_baselines_replay_the_same_jobs_and_differ_as_designed() -> None:
     cfg = replace(SMALL, jobs=120)
-    out = {name: Sim(cfg, name).run() for name in COMPARISON}
+    out = {name: Sim(cfg, name).run() for name in (*COMPARISON, "foresight")}
     for name, res in out.items():
         assert res.violations == [], (name, res.violations[:3])
         assert [j.job_id for j in res.jobs] == [j.job_id for j in out["muster"].jobs]
@@ -382,14 +382,14 @@ def test_baselines_replay_the_same_jobs_and_differ_as_designed() -> None:
     for name in ("checkpoint-restart", "skypilot-like"):
         s = summarize(out[name])
         assert s["make_before_break"] == 0.0 or math.isnan(s["make_before_break"])
-    # The oracle writes no periodic checkpoints and loses the least.
-    assert all(len(log.ckpt_steps) <= 1 for v in out["oracle"].logs.values() for log in v)
+    # Foresight writes no periodic checkpoints and loses the least.
+    assert all(len(log.ckpt_steps) <= 1 for v in out["foresight"].logs.values() for log in v)
     lost = {n: summarize(r)["gpu_h_lost"] for n, r in out.items()}
-    assert lost["oracle"] <= min(lost["muster"], lost["checkpoint-restart"], lost["scratch"])
+    assert lost["foresight"] <= min(lost["muster"], lost["checkpoint-restart"], lost["scratch"])
     assert lost["checkpoint-restart"] >= lost["muster"]
     table = comparison([{"policy": n, "seed": 1, "summary": summarize(r)} for n, r in out.items()])
     assert table["on-demand-only"]["saving_vs_od"] == [0.0]
-    assert table["oracle"]["vs_oracle"] == [1.0]
+    assert table["checkpoint-restart"]["cr_vs_this"] == [1.0]
 
 
 def test_results_do_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
