@@ -25,7 +25,15 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agents.backend import Backend, BackendError, ClusterFencing, Fencing, JobRefused, Resizing
+from agents.backend import (
+    Backend,
+    BackendError,
+    CannotResize,
+    ClusterFencing,
+    Fencing,
+    JobRefused,
+    Resizing,
+)
 from agents.logs import LogServer
 from agents.nodeops import NodeOpServer
 from schemas.agent import (
@@ -789,6 +797,10 @@ class AgentRuntime:
             return
         try:
             await cast("Resizing", self.backend).resize(cmd)
+        except CannotResize as exc:
+            # The replicas on a reclaimed node end with it; the rest run on at their old size.
+            log.warning("workload cannot resize in place", revision=cmd.revision, why=str(exc))
+            return
         except BackendError as exc:
             log.warning("resize failed", revision=cmd.revision, error=str(exc))
             return

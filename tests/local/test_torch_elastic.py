@@ -25,14 +25,14 @@ from tests.support import wait_for
 pytest.importorskip("torch", reason="torch is not installed; `pip install -e '.[torch]'`")
 
 SCRIPT = REPO / "examples" / "elastic_ddp.py"
-STEPS = 400
+STEPS = 240
 SEED = 7
 # Relative difference of the final loss allowed against the fixed-size run: float32 sums in
 # another order (the all-reduce of two or three slices against one process on the whole
 # batch). Measured at 1e-6 or less over seeds 0-2; seed-to-seed spread of the same loss is
 # above 10%, so a run that lost or repeated steps, or trained on other data, does not match.
 TOLERANCE = 1e-4
-HOLD = 200  # the gang at 2 workers waits there for the third (examples/elastic_ddp.py --hold)
+HOLD = 120  # the gang at 2 workers waits there for the third (examples/elastic_ddp.py --hold)
 ARGS = ["--steps", str(STEPS), "--seed", str(SEED), "--checkpoint-every", "10"]
 PACE = ["--step-time", "0.02", "--hold", f"3:{HOLD}"]
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -124,13 +124,13 @@ async def test_the_local_backend_shrinks_and_grows_a_torchrun_gang_in_place(
     await b.dispatch(elastic_dispatch(tmp_path, nodes))
     seen = Progress(b.attempt_dir("el", 1))
     assert await seen.group(3, after=-1) == 0
-    await seen.reach(3, 30)
+    await seen.reach(3, 20)
     leaving = b.pids("el", 1)[2]
 
     await b.resize(elastic_dispatch(tmp_path, nodes[:2], revision=1))
-    assert b.pids("el", 1) == b.pids("el", 1)[:2] and leaving not in b.pids("el", 1)
+    assert len(b.pids("el", 1)) == 2 and leaving not in b.pids("el", 1)
     await wait_for(lambda: not group_alive(leaving), 30, what="the leaving replica gone")
-    shrunk = await seen.group(2, after=29)
+    shrunk = await seen.group(2, after=19)
     await seen.reach(2, shrunk + 20)
 
     await b.resize(elastic_dispatch(tmp_path, nodes, revision=2))
@@ -143,7 +143,7 @@ async def test_the_local_backend_shrinks_and_grows_a_torchrun_gang_in_place(
     # Each group went on from the step the last one reached, from a local snapshot: no
     # Muster checkpoint was read, and no step was redone from an older one.
     assert [(w, o) for w, _, o in starts] == [(3, "scratch"), (2, "snapshot"), (3, "snapshot")]
-    assert [s for _, s, _ in starts] == [0, shrunk, grown] and 30 <= shrunk < grown == HOLD
+    assert [s for _, s, _ in starts] == [0, shrunk, grown] and 20 <= shrunk < grown == HOLD
     assert matches(seen.final(), ref), (seen.final(), ref)
 
 
@@ -195,13 +195,13 @@ async def test_a_spot_notice_shrinks_a_torchrun_gang_and_returning_capacity_grow
     b: LocalBackend = lab.backend("a")
     seen = Progress(b.attempt_dir(job, 1))
     await seen.group(3, after=-1)
-    await seen.reach(3, 30)
+    await seen.reach(3, 20)
 
     node = b.nodes_of("spot")[2]
     b.spot_notice(node, lead_s=3)
     shrunk_event = await h.wait_event(job, "resized", timeout=20)
     assert shrunk_event.attempt == 1 and shrunk_event.reason.endswith("worker 3 -> 2")
-    shrunk = await seen.group(2, after=29)
+    shrunk = await seen.group(2, after=19)
     await seen.reach(2, shrunk + 20)
     await wait_for(lambda: node not in b.nodes, 30, what="the node reclaimed")
 
@@ -213,5 +213,5 @@ async def test_a_spot_notice_shrinks_a_torchrun_gang_and_returning_capacity_grow
     done = await h.wait_event(job, "succeeded", timeout=90)
     assert done.attempt == 1 and h.kinds(job).count("admitted") == 1
     assert [o for _, _, o in seen.starts()] == ["scratch", "snapshot", "snapshot"]
-    assert 30 <= shrunk < grown == HOLD
+    assert 20 <= shrunk < grown == HOLD
     assert matches(seen.final(), ref), (seen.final(), ref)
