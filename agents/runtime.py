@@ -761,7 +761,7 @@ class AgentRuntime:
             )
         if cmd.attempt == track.highest:
             if cmd.revision > track.revision.get(cmd.attempt, 0):
-                await self._resize(cmd, track, log)
+                return await self._resize(cmd, track, log)
             else:
                 log.debug("duplicate dispatch acknowledged")
             return CommandAck(ok=True)
@@ -786,25 +786,27 @@ class AgentRuntime:
         log.debug("dispatched", flavor=cmd.flavor)
         return CommandAck(ok=True)
 
-    async def _resize(self, cmd: Dispatch, track: _JobTrack, log: Any) -> None:
+    async def _resize(self, cmd: Dispatch, track: _JobTrack, log: Any) -> CommandAck:
         """A revision of a running attempt: its nodes changed in place (an elastic gang).
-        Always acknowledged: a refusal would end the attempt, and a backend that cannot
-        resize leaves the replicas on a reclaimed node to end with it."""
+        Acknowledged, unless the workload says it cannot change size (CannotResize): then
+        the broker moves the whole gang. A backend without `resize`, or one that failed for
+        another reason, leaves the replicas on a reclaimed node to end with it."""
         track.revision[cmd.attempt] = cmd.revision
         resize = getattr(self.backend, "resize", None)
         if resize is None:
             log.info("backend cannot resize in place", revision=cmd.revision)
-            return
+            return CommandAck(ok=True)
         try:
             await cast("Resizing", self.backend).resize(cmd)
         except CannotResize as exc:
-            # The replicas on a reclaimed node end with it; the rest run on at their old size.
             log.warning("workload cannot resize in place", revision=cmd.revision, why=str(exc))
-            return
+            error = f"cannot resize in place: {exc}"[:MAX_ERROR_CHARS]
+            return CommandAck(ok=False, error=error, resize_refused=True)
         except BackendError as exc:
             log.warning("resize failed", revision=cmd.revision, error=str(exc))
-            return
+            return CommandAck(ok=True)
         log.info("attempt resized", revision=cmd.revision, nodes=_node_count(cmd))
+        return CommandAck(ok=True)
 
     def _track(self, job_id: str) -> _JobTrack:
         track = self._jobs.get(job_id)

@@ -10,14 +10,14 @@ Without torchrun (no WORLD_SIZE) it trains alone, the fixed-size reference run.
 
 When a node leaves or joins, torchrun stops every worker and starts a new worker group at the
 new size (torchrun elastic semantics: workers are restarted, the agents are not). What is kept
-across that re-rendezvous is what each worker saved in its node's local snapshot
-(`--snapshot`, written after every optimizer step): the step counter, the model weights and the
-optimizer state (SGD momentum). On start every rank loads its snapshot, the ranks agree on the
-newest one, and its owner broadcasts it, so a node that joins with no snapshot gets the gang's
-state and no step is repeated or lost. Nothing else survives (no data-loader position: the
-batch of a step is a function of (seed, step)). Muster's checkpoints (`MUSTER_CHECKPOINT_URI`)
-are separate and only used by a new attempt (a whole-gang move): MUSTER_RESUME_FROM is read
-only when no rank has a snapshot.
+across that re-rendezvous is what each worker saved in its node's local snapshot (`--snapshot`,
+one per local rank, written after every optimizer step): the step counter, the model weights
+and the optimizer state (SGD momentum). On start every rank loads its snapshot, the ranks agree
+on the newest one, and its owner broadcasts it, so a node that joins with no snapshot gets the
+gang's state and no step is repeated or lost. Nothing else survives (no data-loader position:
+the batch of a step is a function of (seed, step)). Muster's checkpoints
+(`MUSTER_CHECKPOINT_URI`) are separate and only used by a new attempt (a whole-gang move):
+MUSTER_RESUME_FROM is read only when no rank has a snapshot.
 
 The global batch is fixed (`--global-batch`, divisible by every size the gang may take); each
 rank trains on its equal slice, so the averaged gradient, and the trajectory, is that of one
@@ -44,7 +44,7 @@ from agents.sdk import Checkpointer
 def save(path: Path, state: dict[str, Any]) -> None:
     """Atomic: a worker killed mid-write leaves the previous snapshot whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save(state, tmp)
     tmp.replace(path)
 
@@ -92,16 +92,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--global-batch", type=int, default=48)
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds to sleep per step")
-    parser.add_argument("--snapshot", type=Path, default=Path("elastic-snapshot.pt"))
+    parser.add_argument(
+        "--snapshot",
+        type=Path,
+        default=Path(f"elastic-snapshot-{os.environ.get('LOCAL_RANK', '0')}.pt"),
+        help="this worker's snapshot (one per local rank: workers of a node share its disk)",
+    )
     parser.add_argument(
         "--hold",
-        default="",
+        action="append",
+        default=[],
         metavar="WORKERS:STEP",
-        help="at STEP, wait until the group has WORKERS workers (a demo of growth: the "
-        "gang pauses there until a node joins and torchrun restarts it at the new size)",
+        help="at STEP, wait until the group has WORKERS workers (a demo of a resize: the gang "
+        "pauses there until a node leaves or joins and torchrun restarts it at the new size)",
     )
     args = parser.parse_args()
-    hold_world, hold_step = (int(v) for v in args.hold.split(":")) if args.hold else (0, -1)
+    holds = dict((int(s), int(w)) for w, s in (h.split(":") for h in args.hold))
 
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
@@ -137,10 +143,14 @@ def main() -> None:
     share = args.global_batch // world
     generator = torch.Generator()
     for step in range(start, args.steps):
-        while step == hold_step and world < hold_world:
+        while holds.get(step, world) != world:
             if os.getppid() != parent:
                 sys.exit("the torchrun agent is gone; stopping")
-            time.sleep(0.1)  # torchrun stops this worker when a node joins
+            # A collective now and then: a peer that left makes it fail, and torchrun then
+            # restarts the group without it; a node that joins makes torchrun stop us.
+            if distributed:
+                dist.barrier()
+            time.sleep(0.1)
         generator.manual_seed(args.seed * 1_000_003 + step)
         batch = torch.randn(args.global_batch, 32, generator=generator)
         x = batch[rank * share : (rank + 1) * share]

@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from agents.backend import BackendError, Emit, LogTail, NodeOpResult
+from agents.backend import BackendError, CannotResize, Emit, LogTail, NodeOpResult
 from agents.config import LocalClusterConfig, LocalFlavor
 from agents.fake.model import (
     Demand,
@@ -316,7 +316,7 @@ class LocalBackend:
                 f"attempt {cmd.attempt} of job {cmd.job_id} does not run on cluster {self.cluster}"
             )
         if not at.elastic or elastic_podset(cmd) is None:
-            raise BackendError(
+            raise CannotResize(
                 f"attempt {cmd.attempt} of job {cmd.job_id} runs with fixed ranks on cluster "
                 f"{self.cluster}: only a gang of one elastic podset (max_replicas) runs under "
                 "torchrun's elastic rendezvous and can change size in place"

@@ -7,34 +7,43 @@ loss matches the fixed-size run (docs/local.md, "Elastic podsets": relative diff
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
-import subprocess
+import runpy
+import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import msgspec
 import pytest
 
+from agents.backend import CannotResize
 from agents.local.backend import LocalBackend
 from schemas.agent import Dispatch, PodSetAssignment
 from schemas.job import JobSpec
 from tests.local.conftest import PY, REPO, Lab, group_alive, local_agent, local_config
 from tests.support import wait_for
 
-pytest.importorskip("torch", reason="torch is not installed; `pip install -e '.[torch]'`")
+torch = pytest.importorskip("torch", reason="torch is not installed; `pip install -e '.[torch]'`")
 
 SCRIPT = REPO / "examples" / "elastic_ddp.py"
 STEPS = 240
 SEED = 7
 # Relative difference of the final loss allowed against the fixed-size run: float32 sums in
 # another order (the all-reduce of two or three slices against one process on the whole
-# batch). Measured at 1e-6 or less over seeds 0-2; seed-to-seed spread of the same loss is
-# above 10%, so a run that lost or repeated steps, or trained on other data, does not match.
-TOLERANCE = 1e-4
-HOLD = 120  # the gang at 2 workers waits there for the third (examples/elastic_ddp.py --hold)
+# batch), which training amplifies. Measured over seeds 0-2 at 240 steps, fixed 2 and 3 workers
+# against one process: at most 7.5e-4 (seed 1), 6e-7 (seed 0), 0 (seed 2). The final losses of
+# those seeds are 15% or more apart, so a run on other data or other weights does not match.
+TOLERANCE = 5e-3
+# The gang waits at SHRINK until it runs at 2 and at GROW until it runs at 3 again
+# (examples/elastic_ddp.py --hold), so each resize lands at a known step however slow the
+# machine is: the test checks the group goes on from exactly there.
+SHRINK, GROW = 40, 120
 ARGS = ["--steps", str(STEPS), "--seed", str(SEED), "--checkpoint-every", "10"]
-PACE = ["--step-time", "0.02", "--hold", f"3:{HOLD}"]
+PACE = ["--hold", f"2:{SHRINK}", "--hold", f"3:{GROW}"]
 ENV = {"OMP_NUM_THREADS": "1"}
 GANG = [{"name": "worker", "replicas": 3, "min_replicas": 2, "max_replicas": 3, "gpu": 1}]
 STARTS = re.compile(r"rank 0/(\d+): group starts at step (\d+) from (\S+)")
@@ -43,17 +52,16 @@ FINAL = re.compile(r"final loss (\S+) at step")
 
 
 def reference(tmp: Path, seed: int = SEED) -> float:
-    """The fixed-size run: one process on the whole global batch, no torchrun."""
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
-    run = tmp / f"reference-{seed}"
-    run.mkdir()
-    out = subprocess.run(
-        [PY, str(SCRIPT), *ARGS[:2], "--seed", str(seed)],
-        cwd=run, env={**env, **ENV}, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    final = FINAL.search(out.stdout)
-    assert final is not None, out.stdout
+    """The fixed-size run: one process on the whole global batch, no torchrun (run in this
+    process, where torch is loaded already)."""
+    assert "WORLD_SIZE" not in os.environ
+    argv = [str(SCRIPT), *ARGS[:2], "--seed", str(seed), "--snapshot", str(tmp / "ref.pt")]
+    out = io.StringIO()
+    torch.set_num_threads(1)  # as each worker (OMP_NUM_THREADS=1)
+    with mock.patch.object(sys, "argv", argv), contextlib.redirect_stdout(out):
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    final = FINAL.search(out.getvalue())
+    assert final is not None, out.getvalue()
     return float(final.group(1))
 
 
@@ -124,17 +132,17 @@ async def test_the_local_backend_shrinks_and_grows_a_torchrun_gang_in_place(
     await b.dispatch(elastic_dispatch(tmp_path, nodes))
     seen = Progress(b.attempt_dir("el", 1))
     assert await seen.group(3, after=-1) == 0
-    await seen.reach(3, 20)
+    await seen.reach(3, SHRINK)
     leaving = b.pids("el", 1)[2]
 
     await b.resize(elastic_dispatch(tmp_path, nodes[:2], revision=1))
     assert len(b.pids("el", 1)) == 2 and leaving not in b.pids("el", 1)
     await wait_for(lambda: not group_alive(leaving), 30, what="the leaving replica gone")
-    shrunk = await seen.group(2, after=19)
-    await seen.reach(2, shrunk + 20)
+    assert await seen.group(2, after=0) == SHRINK
+    await seen.reach(2, GROW)
 
     await b.resize(elastic_dispatch(tmp_path, nodes, revision=2))
-    grown = await seen.group(3, after=shrunk)
+    assert await seen.group(3, after=SHRINK) == GROW
 
     end = await rec.ended("el", timeout=90)
     assert end.phase == "succeeded", end.reason
@@ -143,7 +151,7 @@ async def test_the_local_backend_shrinks_and_grows_a_torchrun_gang_in_place(
     # Each group went on from the step the last one reached, from a local snapshot: no
     # Muster checkpoint was read, and no step was redone from an older one.
     assert [(w, o) for w, _, o in starts] == [(3, "scratch"), (2, "snapshot"), (3, "snapshot")]
-    assert [s for _, s, _ in starts] == [0, shrunk, grown] and 20 <= shrunk < grown == HOLD
+    assert [s for _, s, _ in starts] == [0, SHRINK, GROW]
     assert matches(seen.final(), ref), (seen.final(), ref)
 
 
@@ -159,7 +167,7 @@ async def test_a_gang_with_fixed_ranks_refuses_a_resize(started: Any, tmp_path: 
         ),
     )  # fmt: skip
     await b.dispatch(fixed)
-    with pytest.raises(Exception, match="runs with fixed ranks"):
+    with pytest.raises(CannotResize, match="runs with fixed ranks"):
         await b.resize(msgspec.structs.replace(cmd, revision=1))
 
 
@@ -195,23 +203,26 @@ async def test_a_spot_notice_shrinks_a_torchrun_gang_and_returning_capacity_grow
     b: LocalBackend = lab.backend("a")
     seen = Progress(b.attempt_dir(job, 1))
     await seen.group(3, after=-1)
-    await seen.reach(3, 20)
+    await seen.reach(3, SHRINK)
 
     node = b.nodes_of("spot")[2]
     b.spot_notice(node, lead_s=3)
     shrunk_event = await h.wait_event(job, "resized", timeout=20)
     assert shrunk_event.attempt == 1 and shrunk_event.reason.endswith("worker 3 -> 2")
-    shrunk = await seen.group(2, after=19)
-    await seen.reach(2, shrunk + 20)
+    assert await seen.group(2, after=0) == SHRINK
+    await seen.reach(2, GROW)
     await wait_for(lambda: node not in b.nodes, 30, what="the node reclaimed")
 
     assert b.add_node(node)  # capacity returns to the same pool
     grown_event = await h.wait_event(job, "resized", count=2, timeout=30)
     assert grown_event.reason == "capacity returned: worker 2 -> 3"
-    grown = await seen.group(3, after=shrunk)
+    assert await seen.group(3, after=SHRINK) == GROW
 
     done = await h.wait_event(job, "succeeded", timeout=90)
     assert done.attempt == 1 and h.kinds(job).count("admitted") == 1
-    assert [o for _, _, o in seen.starts()] == ["scratch", "snapshot", "snapshot"]
-    assert 20 <= shrunk < grown == HOLD
+    assert [(w, s, o) for w, s, o in seen.starts()] == [
+        (3, 0, "scratch"),
+        (2, SHRINK, "snapshot"),
+        (3, GROW, "snapshot"),
+    ]
     assert matches(seen.final(), ref), (seen.final(), ref)
