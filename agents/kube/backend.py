@@ -1257,6 +1257,8 @@ class KubeBackend:
             raise BackendError(f"{what}: {exc}") from None
         except KubeApiError as exc:
             raise BackendError(f"resizing {what}: {exc}") from None
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
+            raise BackendError(f"resizing {what}: {exc!r}") from None
         w.total = plan.total_replicas
         self.log.info("resized", job_id=cmd.job_id, attempt=cmd.attempt, kind=main.resource.kind)
         self._report(w)

@@ -298,6 +298,7 @@ class LocalBackend:
                 self._write_state(at)
         except OSError as exc:
             self._kill_all(at, signal.SIGKILL)
+            self._stop_store(at)
             self._release(at)
             del self._attempts[key]
             raise BackendError(f"could not start replicas in {adir}: {exc}") from None
