@@ -73,9 +73,15 @@ class Backend(Protocol):
     async def stop(self) -> None: ...
 
 
+class CannotResize(BackendError):
+    """The attempt's workload cannot change size in place (its kind has no such field, or
+    its pods cannot follow the new nodes); the text says why."""
+
+
 class Resizing(Protocol):
-    """What a backend that can change a running attempt's nodes adds to `Backend` (fake; kube
-    and local not yet): optional, so it is not a member of `Backend`."""
+    """What a backend that can change a running attempt's nodes adds to `Backend` (fake, local
+    for a single elastic podset under torchrun, kube for the kinds whose adapter has
+    `resize_patch`): optional, so it is not a member of `Backend`."""
 
     async def resize(self, cmd: Dispatch) -> None:
         """Attempt `cmd.attempt` now runs on `cmd.assignment` (an elastic gang shrank or grew,

@@ -222,6 +222,9 @@ class LocalClusterConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaul
     cancel_grace_s: Annotated[float, Meta(ge=0, le=600)] = 2.0
     poll_s: Annotated[float, Meta(gt=0, le=10)] = 0.1
     log_tail_lines: Annotated[int, Meta(ge=1, le=200)] = 10
+    # torchrun's --max-restarts for an elastic podset: a node that leaves fails the worker
+    # group once (a restart); a node that joins does not count.
+    elastic_max_restarts: Annotated[int, Meta(ge=0, le=1000)] = 20
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.flavors]

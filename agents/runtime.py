@@ -24,7 +24,15 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agents.backend import Backend, BackendError, ClusterFencing, Fencing, JobRefused, Resizing
+from agents.backend import (
+    Backend,
+    BackendError,
+    CannotResize,
+    ClusterFencing,
+    Fencing,
+    JobRefused,
+    Resizing,
+)
 from agents.gate import CommandGate, Duplicate, Refuse, Resize
 from agents.logs import LogServer
 from agents.nodeops import NodeOpServer
@@ -723,8 +731,7 @@ class AgentRuntime:
         if isinstance(verdict, Refuse):
             return verdict.ack
         if isinstance(verdict, Resize):
-            await self._resize(cmd, log)
-            return CommandAck(ok=True)
+            return await self._resize(cmd, log)
         if isinstance(verdict, Duplicate):
             log.debug("duplicate dispatch acknowledged")
             return CommandAck(ok=True)
@@ -739,21 +746,27 @@ class AgentRuntime:
         log.debug("dispatched", flavor=cmd.flavor)
         return CommandAck(ok=True)
 
-    async def _resize(self, cmd: Dispatch, log: Any) -> None:
+    async def _resize(self, cmd: Dispatch, log: Any) -> CommandAck:
         """A revision of a running attempt: its nodes changed in place (an elastic gang).
-        Always acknowledged: a refusal would end the attempt, and a backend that cannot
-        resize leaves the replicas on a reclaimed node to end with it."""
+        Acknowledged, unless the workload says it cannot change size (CannotResize): then
+        the broker moves the whole gang. A backend without `resize`, or one that failed for
+        another reason, leaves the replicas on a reclaimed node to end with it."""
         self.gate.resized(cmd)
         resize = getattr(self.backend, "resize", None)
         if resize is None:
             log.info("backend cannot resize in place", revision=cmd.revision)
-            return
+            return CommandAck(ok=True)
         try:
             await cast("Resizing", self.backend).resize(cmd)
+        except CannotResize as exc:
+            log.warning("workload cannot resize in place", revision=cmd.revision, why=str(exc))
+            error = f"cannot resize in place: {exc}"[:MAX_ERROR_CHARS]
+            return CommandAck(ok=False, error=error, resize_refused=True)
         except BackendError as exc:
             log.warning("resize failed", revision=cmd.revision, error=str(exc))
-            return
+            return CommandAck(ok=True)
         log.info("attempt resized", revision=cmd.revision, nodes=_node_count(cmd))
+        return CommandAck(ok=True)
 
     async def _reply(self, msg: Msg, ack: CommandAck) -> None:
         if not msg.reply:

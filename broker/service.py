@@ -983,7 +983,14 @@ class Broker:
         if machine is not None:
             self._push(
                 machine.handle(
-                    DispatchAcked(cmd.job_id, cmd.attempt, ok, error, job_only=ack.job_only),
+                    DispatchAcked(
+                        cmd.job_id,
+                        cmd.attempt,
+                        ok,
+                        error,
+                        job_only=ack.job_only,
+                        resize_refused=ack.resize_refused,
+                    ),
                     self.clock(),
                 )
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kinds.base import KindError, PodTemplate, Resource, Verdict
+from kinds.base import KindError, PodTemplate, ResizeRefused, Resource, Verdict
 
 KUEUE_CONTROLLERS = "kueue.x-k8s.io/"  # MultiKueue's managedBy value starts so
 
@@ -32,6 +32,8 @@ class Adapter:
     suspend_field: tuple[str, ...] = ()
     managed_by_field: tuple[str, ...] = ()
     controllers: frozenset[str] = frozenset()
+    # Whether `resize_patch` can change a running object's size (the agent then needs patch).
+    resizable: bool = False
 
     @property
     def created(self) -> Resource:
@@ -118,6 +120,16 @@ class Adapter:
         raise KindError(
             f"{self.resource.kind}: podset {podset!r} was admitted with {count} pods, and this "
             "kind cannot start with fewer pods than it asks for"
+        )
+
+    def resize_patch(self, live: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+        """The JSON merge patch that makes the `live` object run what `new` renders: the same
+        attempt for a Dispatch revision whose elastic podsets shrank or grew. Raises
+        ResizeRefused when the kind cannot change its size while it runs."""
+        raise ResizeRefused(
+            f"{self.resource.kind} has no replica count Muster can change while it runs "
+            "(only elastic podsets of PyTorchJob-style training jobs, Jobs and Volcano Jobs "
+            "resize in place)"
         )
 
     def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:

@@ -42,6 +42,40 @@ class KindError(ValueError):
     """A manifest Muster cannot handle as its kind; the text names the field path and the fix."""
 
 
+class ResizeRefused(KindError):
+    """A running object of this kind cannot take a new replica count in place; the text says
+    why (the kind has no such field, or its pod template cannot follow the new nodes)."""
+
+
+def pinned_nodes(template: Mapping[str, Any]) -> set[str]:
+    """The nodes a pod template's required node affinity admits by `metadata.name` (how
+    kinds/pods.py pins a podset); empty when it pins none."""
+    spec = template.get("spec") if isinstance(template.get("spec"), Mapping) else {}
+    affinity = (spec or {}).get("affinity") or {}
+    required = (affinity.get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    return {
+        value
+        for term in required.get("nodeSelectorTerms") or []
+        for field in term.get("matchFields") or []
+        if field.get("key") == "metadata.name"
+        for value in field.get("values") or []
+    }
+
+
+def keep_pins(kind: str, path: str, live: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """For a kind whose pod templates cannot change once created: refuse a revision whose
+    pods need nodes the live template does not admit (they could never be scheduled)."""
+    before, after = pinned_nodes(live), pinned_nodes(new)
+    if before and not after <= before:
+        raise ResizeRefused(
+            f"{kind} {path}: the pod template cannot change after creation, so its pods stay "
+            f"pinned to the nodes it started on ({', '.join(sorted(before))}) and cannot use "
+            f"{', '.join(sorted(after - before))}"
+        )
+
+
 class Resource(NamedTuple):
     """Where a kind lives in the API: group/version, kind, plural and the REST paths."""
 

@@ -19,6 +19,7 @@ from kinds.base import (
     elastic_job,
     ensure,
     job_pods,
+    keep_pins,
     keep_ttl,
     mapping,
     template_at,
@@ -110,6 +111,19 @@ class BatchJob(Adapter):
         if MIN_PARALLELISM_ANN in annotations:
             low = self.min_pods(manifest).get("worker", pods)
         return {"worker": (low, pods)}
+
+    resizable = True
+
+    def resize_patch(self, live: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+        """`spec.parallelism` (and `completions` when it follows it); a Job's template is
+        immutable, so its pods can only use the nodes it was created pinned to."""
+        was = mapping(live.get("spec"), "spec", required=True)
+        now = mapping(new.get("spec"), "spec", required=True)
+        keep_pins("Job", "spec.template", was.get("template") or {}, now.get("template") or {})
+        patch = {"parallelism": now.get("parallelism")}
+        if now.get("completions") != was.get("completions"):
+            patch["completions"] = now.get("completions")
+        return {"spec": patch}
 
     def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
         """Kueue's partial admission: parallelism becomes the admitted count, and completions

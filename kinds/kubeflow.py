@@ -11,6 +11,7 @@ from kinds.adapter import Adapter
 from kinds.base import (
     KindError,
     PodTemplate,
+    ResizeRefused,
     Resource,
     Verdict,
     condition_verdict,
@@ -82,6 +83,8 @@ class Training(Adapter):
     def __init__(self, row: TrainingKind) -> None:
         self.row = row
         self.resource = Resource(row.api_version, row.kind, row.plural)
+        # torchrun's elastic rendezvous is what lets a running PyTorchJob change size
+        self.resizable = row.kind == "PyTorchJob"
         self.leaders = row.leaders
 
     def _specs(self, manifest: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -150,6 +153,27 @@ class Training(Adapter):
                 f"maxReplicas {high} must satisfy 1 <= minReplicas <= replicas <= maxReplicas"
             )
         return {"worker": (low, high)}
+
+    def resize_patch(self, live: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+        """The replica types whose count changed: `replicas` and the template pinned to the
+        new nodes (the operator creates and deletes pods by index to match), allowed only
+        with `spec.elasticPolicy`, so torchrun's rendezvous expects the change."""
+        if not self.resizable or not mapping(live.get("spec"), "spec").get("elasticPolicy"):
+            raise ResizeRefused(
+                f"{self.row.kind} {live.get('metadata', {}).get('name', '')}: without "
+                "spec.elasticPolicy its workers rendezvous at a fixed size, so its replica "
+                "count cannot change while it runs"
+            )
+        key = self.row.replica_specs
+        before, after = self._specs(live), self._specs(new)
+        changed = {}
+        for name, spec in after.items():
+            old = before.get(name)
+            if not isinstance(old, Mapping) or not isinstance(spec, Mapping):
+                raise ResizeRefused(f"spec.{key}.{name}: not in the running {self.row.kind}")
+            if spec.get("replicas") != old.get("replicas"):
+                changed[name] = {"replicas": spec.get("replicas"), "template": spec.get("template")}
+        return {"spec": {key: changed}}
 
     def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
         """An elastic Worker runs with its admitted count, within elasticPolicy's bounds."""

@@ -14,6 +14,7 @@ from kinds.base import (
     Verdict,
     count,
     ensure,
+    keep_pins,
     keep_ttl,
     listed,
     mapping,
@@ -122,6 +123,25 @@ class VolcanoJob(Adapter):
         tasks = listed(spec.get("tasks"), "spec.tasks")
         default = "default" if len(tasks) == 1 else None  # a single unnamed task
         return replica_rows(tasks, "spec.tasks", default_name=default)
+
+    resizable = True
+
+    def resize_patch(self, live: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+        """`spec.tasks` with each task's new `replicas` (a list: a merge patch replaces it
+        whole, so every other field is the live one). Volcano scales a running job's tasks
+        but keeps their templates, so pods only use the nodes each task was pinned to."""
+        counts = {row.name: row for row in self._rows(new)}
+        tasks = []
+        for row in self._rows(live):
+            task = dict(row.spec)
+            now = counts.get(row.name)
+            if now is not None and now.spec.get("replicas") != row.spec.get("replicas"):
+                where = f"{row.path}.template"
+                keep_pins("Volcano Job", where, row.spec.get("template") or {},
+                          now.spec.get("template") or {})  # fmt: skip
+                task["replicas"] = now.spec.get("replicas")
+            tasks.append(task)
+        return {"spec": {"tasks": tasks}}
 
     def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:
         """The elastic task runs with its admitted count; minAvailable still holds (the

@@ -346,6 +346,9 @@ class CommandAck(msgspec.Struct, omit_defaults=True):
     # A refusal about this job alone (its team namespace's ResourceQuota is full), not about
     # the cluster: the broker places the job elsewhere without holding it against the pool.
     job_only: bool = False
+    # A Dispatch revision the workload cannot take in place (its kind cannot change size, or
+    # its pods cannot follow the new nodes): the broker moves the whole gang instead.
+    resize_refused: bool = False
 
 
 # -- logs (JSON on `muster.agent.<cluster>.logs`) ----------------------------------------------

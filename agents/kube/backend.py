@@ -68,7 +68,7 @@ import structlog
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from agents.backend import BackendError, Emit, JobRefused, LogTail, NodeOpResult
+from agents.backend import BackendError, CannotResize, Emit, JobRefused, LogTail, NodeOpResult
 from agents.kube.auth import TokenRefresher
 from agents.kube.client import (
     BadInput,
@@ -141,12 +141,13 @@ from kinds.base import (
     LABEL_TOP,
     POD,
     SERVICE,
+    ResizeRefused,
     Resource,
 )
 from kinds.base import KindError as ManifestError
-from kinds.plan import PlannedObject, owner_reference
+from kinds.plan import PlannedObject, WorkloadPlan, owner_reference
 from kinds.pods import selector, token_digest
-from kinds.registry import OWNED_RESOURCES
+from kinds.registry import OWNED_RESOURCES, adapter_of
 from schemas.agent import (
     AgentEvent,
     ClusterSnapshot,
@@ -1155,7 +1156,7 @@ class KubeBackend:
         return "other"
 
     # -- commands --------------------------------------------------------------------------
-    async def dispatch(self, cmd: Dispatch) -> None:
+    def _plan(self, cmd: Dispatch) -> tuple[FlavorConfig, str, WorkloadPlan]:
         flavor = self.config.flavor(cmd.flavor)
         if flavor is None:
             known = [f.name for f in self.config.flavors]
@@ -1173,6 +1174,10 @@ class KubeBackend:
             )
         except ManifestError as exc:
             raise BackendError(str(exc)) from None
+        return flavor, ns, plan
+
+    async def dispatch(self, cmd: Dispatch) -> None:
+        flavor, ns, plan = self._plan(cmd)
         key = (cmd.job_id, cmd.attempt)
         w = self._workloads.get(key)
         if w is None or not w.objects:  # a retried dispatch's own pods are in the quota's usage
@@ -1228,6 +1233,35 @@ class KubeBackend:
             task = asyncio.create_task(self._gc_older(cmd.job_id, cmd.attempt))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+
+    async def resize(self, cmd: Dispatch) -> None:
+        """A Dispatch revision of a running attempt (an elastic podset shrank or grew): its
+        object is merge-patched to what the revision renders (`Adapter.resize_patch`: the
+        kind's own replica field). CannotResize when the kind cannot change size in place."""
+        w = self._workloads.get((cmd.job_id, cmd.attempt))
+        if w is None or not w.objects:
+            raise BackendError(f"attempt {cmd.attempt} of job {cmd.job_id} does not run here")
+        _, ns, plan = self._plan(cmd)
+        main = plan.objects[0]
+        collection = main.resource.collection(ns)
+        what = f"{main.resource.kind} {main.name}"
+        try:
+            live = await self.rest.object_of(collection, main.name)
+            if live is None:
+                raise BackendError(f"{what} is gone; attempt {cmd.attempt} cannot be resized")
+            patch = adapter_of(main.body).resize_patch(live, main.body)
+            await self.rest.merge_patch(f"{collection}/{main.name}", patch)
+        except ResizeRefused as exc:
+            raise CannotResize(f"{what}: {exc}") from None
+        except ManifestError as exc:
+            raise BackendError(f"{what}: {exc}") from None
+        except KubeApiError as exc:
+            raise BackendError(f"resizing {what}: {exc}") from None
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
+            raise BackendError(f"resizing {what}: {exc!r}") from None
+        w.total = plan.total_replicas
+        self.log.info("resized", job_id=cmd.job_id, attempt=cmd.attempt, kind=main.resource.kind)
+        self._report(w)
 
     async def _adoptable(
         self, collection: str, obj: PlannedObject, body: dict[str, Any], key: Key

@@ -226,6 +226,14 @@ class KubeRest:
         meta = first.get("metadata") if isinstance(first, dict) else None
         return meta if isinstance(meta, dict) else None
 
+    async def object_of(self, collection: str, name: str) -> dict[str, Any] | None:
+        """An existing object whole (None when it is gone), listed by name as `metadata_of`."""
+        q = [("fieldSelector", f"metadata.name={name}")]
+        out = json.loads(await self.request("GET", collection, query=q) or b"{}")
+        items = out.get("items") if isinstance(out, dict) else None
+        first = items[0] if isinstance(items, list) and items else None
+        return first if isinstance(first, dict) else None
+
     async def delete(self, item: str, propagation: str) -> bool:
         """DELETE with a propagation policy (batch/v1 Jobs orphan their pods by default);
         False when it did not exist."""

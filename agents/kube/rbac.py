@@ -17,8 +17,10 @@ API server stand-in enforces the YAML on every request the agent's tests make
   OwnerReferencesPermissionEnforcement admission plugin allows only to who may set the
   owner's finalizers), list on ResourceQuotas (an attempt over the namespace's quota is
   refused before it is created, agents/kube/quota.py), and get/create/patch on Leases (the
-  cluster's one fence Lease, agents/kube/fence.py). `get`, `patch` and `update` on workload
-  objects are not needed. The fence watchdog's own Role is `kinds.registry.watchdog_rules`.
+  cluster's one fence Lease, agents/kube/fence.py), and patch on the kinds whose running
+  size can change (`Adapter.resizable`: a Dispatch revision of an elastic attempt). `get`
+  and `update` on workload objects are not needed. The fence watchdog's own Role is
+  `kinds.registry.watchdog_rules`.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ directory `<workdir>/<job_id>/attempt-<n>/` holding:
 - `verdict.json`: how the attempt ended, once reported.
 
 Each replica runs in its own session (process group): cancel and spot reclaim signal the group.
+A gang whose only podset is elastic runs each replica as a torchrun agent under one c10d
+rendezvous (`elastic.py`; its store is `store.log`'s process): `resize` stops the replicas a
+Dispatch revision drops and starts the ones it adds, and the rest go on in the same attempt.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from agents.backend import BackendError, Emit, LogTail, NodeOpResult
+from agents.backend import BackendError, CannotResize, Emit, LogTail, NodeOpResult
 from agents.config import LocalClusterConfig, LocalFlavor
 from agents.fake.model import (
     Demand,
@@ -46,8 +49,9 @@ from agents.fake.model import (
 )
 from agents.fake.trace import load_bamboo
 from agents.local import shim
+from agents.local.elastic import elastic_podset, store_argv, torchrun_argv, torchrun_env
 from agents.sdk import checkpoint_request_line
-from agents.workload_env import replica_env
+from agents.workload_env import muster_env, replica_env
 from schemas.agent import (
     AgentEvent,
     CheckpointReport,
@@ -61,7 +65,6 @@ from schemas.agent import (
     SpotNotice,
     WorkloadStatus,
 )
-from schemas.job import Workload
 from schemas.quantity import cpu_milli, memory_bytes
 from shell.tasks import cancel_and_wait
 
@@ -144,6 +147,16 @@ class _Attempt:
     killed: list[int] = field(default_factory=list)  # ranks SIGKILLed after ignoring SIGTERM
     culprit: int | None = None  # the first rank seen failing
     cancelling: bool = False  # being stopped on purpose: its exits are no verdict
+    # Elastic (torchrun) attempts: the podset's minimum, the rendezvous port and store, and
+    # replicas a shrink stopped, each with when it gets SIGKILL if still alive.
+    least: int = 0
+    port: int = 0
+    store: _Replica | None = None
+    retiring: list[tuple[_Replica, float]] = field(default_factory=list)
+
+    @property
+    def elastic(self) -> bool:
+        return self.least > 0
 
     @property
     def key(self) -> tuple[str, int]:
@@ -265,22 +278,88 @@ class LocalBackend:
         names = [[a.podset, i] for a in cmd.assignment for i in range(len(a.nodes))]
         with contextlib.suppress(OSError):
             shim.write_json(at.file("ranks.json"), names)
+        podset = elastic_podset(cmd)
         try:
+            if podset is not None:
+                at.least, at.port = podset.least, port
+                at.store = self._spawn(at, -1, "", {}, store_argv(port))
             for rank, (node, *_rest) in enumerate(demands):
-                local_rank = local_ranks.get(node, 0)
-                local_ranks[node] = local_rank + 1
-                env = replica_env(
-                    cmd, master_addr=MASTER_ADDR, master_port=port, rank=rank, local_rank=local_rank
-                )
-                at.replicas.append(self._spawn(at, rank, node, env, workload))
+                if podset is not None:
+                    at.replicas.append(self._spawn_elastic(at, cmd, rank, node))
+                else:
+                    local_rank = local_ranks.get(node, 0)
+                    local_ranks[node] = local_rank + 1
+                    env = replica_env(
+                        cmd, master_addr=MASTER_ADDR, master_port=port, rank=rank,
+                        local_rank=local_rank,
+                    )  # fmt: skip
+                    argv = [*workload.command, *workload.args]
+                    at.replicas.append(self._spawn(at, rank, node, env, argv))
                 self._write_state(at)
         except OSError as exc:
             self._kill_all(at, signal.SIGKILL)
+            self._stop_store(at)
             self._release(at)
             del self._attempts[key]
             raise BackendError(f"could not start replicas in {adir}: {exc}") from None
-        self.log.info("dispatched", job_id=cmd.job_id, attempt=cmd.attempt, port=port)
+        self.log.info(
+            "dispatched", job_id=cmd.job_id, attempt=cmd.attempt, port=port, elastic=at.elastic
+        )
         self._emit(self._status(at, "created"))
+
+    async def resize(self, cmd: Dispatch) -> None:
+        """A revision of a running elastic attempt: stop the replicas on nodes it no longer
+        lists (their torchrun agents leave the rendezvous, the others re-form the worker
+        group), start a torchrun agent for each node it adds (it joins), keep the rest."""
+        at = self._attempts.get((cmd.job_id, cmd.attempt))
+        if at is None:
+            raise BackendError(
+                f"attempt {cmd.attempt} of job {cmd.job_id} does not run on cluster {self.cluster}"
+            )
+        if not at.elastic or elastic_podset(cmd) is None:
+            raise CannotResize(
+                f"attempt {cmd.attempt} of job {cmd.job_id} runs with fixed ranks on cluster "
+                f"{self.cluster}: only a gang of one elastic podset (max_replicas) runs under "
+                "torchrun's elastic rendezvous and can change size in place"
+            )
+        if at.term_at is not None or at.cancelling:
+            raise BackendError(f"attempt {cmd.attempt} of job {cmd.job_id} is stopping")
+        self._release(at)
+        try:
+            demands = self._demands(cmd)
+        except BackendError:
+            self._reserve(at)
+            raise
+        on: dict[str, list[_Replica]] = {}
+        for r in at.replicas:
+            on.setdefault(r.node, []).append(r)
+        kept: list[_Replica] = []
+        added: list[str] = []
+        for node, *_rest in demands:
+            here = on.get(node)
+            if here:
+                kept.append(here.pop(0))
+            else:
+                added.append(node)
+        at.demands = demands
+        self._reserve(at)
+        for r in (r for rs in on.values() for r in rs):
+            self._retire(at, r)
+        at.replicas = kept
+        names = _read_json(at.file("ranks.json"))
+        names = names if isinstance(names, list) else []
+        podset = cmd.spec.gang[0].name
+        for node in added:
+            rank = max(len(names), 1 + max((r.rank for r in self._every(at)), default=-1))
+            names += [[podset, i] for i in range(len(names), rank + 1)]
+            at.replicas.append(self._spawn_elastic(at, cmd, rank, node))
+        with contextlib.suppress(OSError):
+            shim.write_json(at.file("ranks.json"), names)
+        self._write_state(at)
+        self.log.info(
+            "resized", job_id=cmd.job_id, attempt=cmd.attempt, revision=cmd.revision,
+            replicas=len(at.replicas), added=added,
+        )  # fmt: skip
 
     async def cancel(self, job_id: str, attempt: int | None, reason: str) -> None:
         """SIGTERM each replica's process group, SIGKILL after `cancel_grace_s`; returns
@@ -368,6 +447,44 @@ class LocalBackend:
                 ended.append(at.key)
         return ended
 
+    def _shed(self, node: str) -> None:
+        """Elastic attempts that stay at or above their minimum without `node` lose only its
+        replicas (as pods on a reclaimed node die while the rest of the gang goes on), when
+        the broker's shrink has not reached this agent before the node went."""
+        for at in list(self._attempts.values()):
+            gone = [r for r in at.replicas if r.node == node]
+            if not at.elastic or not gone or at.term_at is not None or at.cancelling:
+                continue
+            if len(at.replicas) - len(gone) < at.least:
+                continue
+            self._release(at)
+            at.demands = [d for d in at.demands if d[0] != node]
+            self._reserve(at)
+            for r in gone:
+                self._retire(at, r)
+            at.replicas = [r for r in at.replicas if r.node != node]
+            self._write_state(at)
+            self.log.info("elastic replicas shed", job_id=at.job_id, node=node)
+
+    def _retire(self, at: _Attempt, r: _Replica) -> None:
+        """SIGTERM a replica that leaves a running elastic gang; SIGKILL after the grace."""
+        if self._alive(r):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(r.pid, signal.SIGTERM)
+        at.retiring.append((r, time.monotonic() + self._flavors[at.flavor].grace_s))
+
+    def _reap(self, at: _Attempt) -> None:
+        """Forget retired replicas that have exited; SIGKILL those past their grace."""
+        now = time.monotonic()
+        still = []
+        for r, kill_at in at.retiring:
+            if self._alive(r):
+                if now >= kill_at:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(r.pid, signal.SIGKILL)
+                still.append((r, kill_at))
+        at.retiring = still
+
     def add_node(self, node: str) -> bool:
         """Bring a declared node back (after a reclaim)."""
         n = self._declared.get(node)
@@ -428,10 +545,21 @@ class LocalBackend:
         return [] if at is None else [r.pid for r in at.replicas]
 
     # -- processes -----------------------------------------------------------------------
+    def _spawn_elastic(self, at: _Attempt, cmd: Dispatch, rank: int, node: str) -> _Replica:
+        """A torchrun agent for one replica (no RANK or WORLD_SIZE: the rendezvous gives
+        them to its worker)."""
+        podset = elastic_podset(cmd)
+        assert podset is not None
+        env = {**cmd.spec.workload.env, **muster_env(cmd), **torchrun_env()}
+        argv = torchrun_argv(cmd, podset, at.port, self.config.elastic_max_restarts)
+        return self._spawn(at, rank, node, env, argv)
+
     def _spawn(
-        self, at: _Attempt, rank: int, node: str, env: dict[str, str], workload: Workload
+        self, at: _Attempt, rank: int, node: str, env: dict[str, str], command: list[str]
     ) -> _Replica:
-        cwd = at.dir / f"rank-{rank}"
+        """Start `command` under the shim; rank -1 is an elastic attempt's rendezvous store."""
+        tag = "store" if rank < 0 else f"rank-{rank}"
+        cwd = at.dir / tag
         cwd.mkdir(exist_ok=True)
         full_env = {
             **os.environ,
@@ -446,14 +574,13 @@ class LocalBackend:
             sys.executable,
             shim.__file__,
             "--exit-file",
-            str(at.file(f"rank-{rank}.exit")),
+            str(at.file(f"{tag}.exit")),
             "--fence-file",
             str(at.file("fence")),
             "--",
-            *workload.command,
-            *workload.args,
+            *command,
         ]
-        with at.file(f"rank-{rank}.log").open("ab") as logf:
+        with at.file(f"{tag}.log").open("ab") as logf:
             proc = subprocess.Popen(
                 argv,
                 cwd=cwd,
@@ -476,6 +603,9 @@ class LocalBackend:
                 "fence_after_s": at.fence_after_s,
                 "step": at.step,
                 "replicas": [r.to_json() for r in at.replicas],
+                "elastic": [at.least, at.port],
+                "store": at.store.to_json() if at.store is not None else None,
+                "retiring": [r.to_json() for r, _ in at.retiring],
             },
         )
 
@@ -496,15 +626,19 @@ class LocalBackend:
         shim's record of the command's."""
         return -1 if r.proc is None else int(r.proc.returncode)
 
+    def _every(self, at: _Attempt) -> list[_Replica]:
+        """The attempt's replicas and those a shrink is still stopping."""
+        return [*at.replicas, *(r for r, _ in at.retiring)]
+
     def _kill_all(self, at: _Attempt, sig: int) -> None:
-        for r in at.replicas:
+        for r in self._every(at):
             if self._alive(r):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(r.pid, sig)
 
     async def _wait_exit(self, at: _Attempt, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while any(self._alive(r) for r in at.replicas):
+        while any(self._alive(r) for r in self._every(at)):
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.02)
@@ -524,6 +658,7 @@ class LocalBackend:
         if at.cancelling:
             return
         self._read_checkpoint(at)
+        self._reap(at)
         alive = [self._alive(r) for r in at.replicas]
         if at.term_at is not None:
             grace = self._flavors[at.flavor].grace_s
@@ -538,9 +673,23 @@ class LocalBackend:
                 at.phase = "running"
                 self._emit(self._status(at, "running"))
             return
-        failed = [r.rank for r in at.replicas if not alive[r.rank] and self._code(at, r) != 0]
+        failed = [
+            r.rank
+            for r, live in zip(at.replicas, alive, strict=True)
+            if not live and self._code(at, r) != 0
+        ]
+        if at.elastic and any(alive) and not failed:
+            # torchrun exits 0 once its worker group completed: the job is done, and a
+            # replica still alive is one that joined too late (waiting in the rendezvous).
+            for r, live in zip(at.replicas, alive, strict=True):
+                if live:
+                    self._retire(at, r)
+            at.replicas = [r for r, live in zip(at.replicas, alive, strict=True) if not live]
+            return
         if any(alive) and not failed:
             return  # some finished cleanly; wait for the rest
+        if at.retiring:
+            return  # reported once the replicas a shrink stopped are gone too
         if at.culprit is None and failed:
             at.culprit = failed[0]  # the one that failed on its own, not those killed after
         self._kill_all(at, signal.SIGKILL)  # one replica failed: the gang is done
@@ -580,18 +729,31 @@ class LocalBackend:
         self._emit(status)
 
     def _failure_reason(self, at: _Attempt, codes: list[int]) -> str:
-        rank = at.culprit if at.culprit is not None else next(i for i, c in enumerate(codes) if c)
+        by_rank = {r.rank: c for r, c in zip(at.replicas, codes, strict=True)}
+        rank = at.culprit if at.culprit is not None else next(r for r, c in by_rank.items() if c)
         lines = tail(at.file(f"rank-{rank}.log"), self.config.log_tail_lines)
-        text = f"rank {rank} exited with code {codes[rank]}; last log lines: " + " | ".join(lines)
+        text = f"rank {rank} exited with code {by_rank[rank]}; last log lines: " + " | ".join(lines)
         return text[-MAX_REASON:] if len(text) > MAX_REASON else text
 
     def _forget(self, at: _Attempt, verdict: dict[str, Any]) -> None:
         if self._attempts.pop(at.key, None) is None:
             return
         self._release(at)
+        self._stop_store(at)
         with contextlib.suppress(OSError):
             shim.write_json(at.file("verdict.json"), verdict)
         self.history.setdefault(at.job_id, []).append({"attempt": at.attempt, **verdict})
+
+    def _stop_store(self, at: _Attempt) -> None:
+        """The rendezvous store holds no state worth a grace period once the attempt ended."""
+        store = at.store
+        if store is None or not self._alive(store):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(store.pid, signal.SIGKILL)
+        if store.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                store.proc.wait(5.0)
 
     def _first_fence(self, at: _Attempt) -> None:
         """The fence an attempt starts with; from then on only the runtime extends it."""
@@ -637,6 +799,7 @@ class LocalBackend:
     def _reclaim(self, node: NodeState) -> None:
         if self._nodes.get(node.name) is not node:
             return
+        self._shed(node.name)
         self._terminate_on(node.name, "spot-reclaimed")
         del self._nodes[node.name]
         self._emit(NodeGone(node=node.name, reason="spot-reclaimed"))
@@ -723,10 +886,11 @@ class LocalBackend:
                     fence_after_s=float(st["fence_after_s"]),
                     step=int(st["step"]),
                     phase="running",
-                    replicas=[
-                        _Replica(int(r["rank"]), str(r["node"]), int(r["pid"]), r["start"], None)
-                        for r in st["replicas"]
-                    ],
+                    replicas=[_adopted(r) for r in st["replicas"]],
+                    least=int(st.get("elastic", [0, 0])[0]),
+                    port=int(st.get("elastic", [0, 0])[1]),
+                    store=_adopted(st["store"]) if st.get("store") else None,
+                    retiring=[(_adopted(r), 0.0) for r in st.get("retiring", [])],
                 )
             except (KeyError, TypeError, ValueError) as exc:
                 self.log.warning(
@@ -740,3 +904,8 @@ class LocalBackend:
             live = sum(self._alive(r) for r in at.replicas)
             self.log.info("adopted attempt", job_id=at.job_id, attempt=at.attempt, live=live)
             self._check(at)  # one that ended while no agent watched is reported now
+
+
+def _adopted(r: dict[str, Any]) -> _Replica:
+    """A replica from the pid file of an earlier agent (not our child: no Popen)."""
+    return _Replica(int(r["rank"]), str(r["node"]), int(r["pid"]), r["start"], None)

@@ -51,6 +51,7 @@ class DispatchAcked:
     ok: bool
     error: str = ""
     job_only: bool = False  # refused for this job alone (CommandAck.job_only)
+    resize_refused: bool = False  # a revision the workload cannot take (CommandAck)
 
 
 @dataclass(frozen=True, slots=True)

@@ -314,7 +314,15 @@ class AttemptLifecycle:
             self._finish_preempt(record, now, effects)
 
     def on_dispatch_result(
-        self, job_id: str, attempt: int, ok: bool, error: str, now: float, *, job_only: bool = False
+        self,
+        job_id: str,
+        attempt: int,
+        ok: bool,
+        error: str,
+        now: float,
+        *,
+        job_only: bool = False,
+        resize_refused: bool = False,
     ) -> list[Effect]:
         record = self._jobs.get(job_id)
         if record is None:
@@ -332,6 +340,12 @@ class AttemptLifecycle:
                 self._unreported[job_id] = now + window
             return [Persist(record)]
         if current.acked_at is not None and current.revision > 0:
+            if resize_refused:
+                # The workload cannot run at the revision's size (its kind cannot resize in
+                # place): the whole gang moves from its checkpoint, as a priced move would.
+                moved: list[Effect] = []
+                self._lose(record, "resize-refused", now, moved, detail=error)
+                return moved
             # A resize the agent did not take (or the shell gave up on): the attempt it
             # acknowledged runs on, and its cluster's health decides what happens to it.
             return []

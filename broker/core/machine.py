@@ -138,7 +138,13 @@ class Machine:
             return self._tick(now)
         if isinstance(event, DispatchAcked):
             return self.lifecycle.on_dispatch_result(
-                event.job_id, event.attempt, event.ok, event.error, now, job_only=event.job_only
+                event.job_id,
+                event.attempt,
+                event.ok,
+                event.error,
+                now,
+                job_only=event.job_only,
+                resize_refused=event.resize_refused,
             )
         if isinstance(event, SubmitJob):
             reply, effects = self._submit(

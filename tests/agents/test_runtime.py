@@ -10,7 +10,7 @@ import pytest
 import structlog
 from nats.aio.client import Client
 
-from agents.backend import BackendError
+from agents.backend import BackendError, CannotResize
 from agents.runtime import AgentRuntime
 from schemas.agent import (
     Applied,
@@ -249,6 +249,38 @@ async def test_backend_errors_are_acked_not_raised(make_agent: MakeAgent) -> Non
     # a failed dispatch can be retried once capacity frees up
     assert (await a.wire.send(Cancel(job_id="job-y", epoch=1))).ok
     assert (await a.wire.send(dispatch("job-z", [node], gpu=4, sim=SLOW))).ok
+
+
+async def test_a_revision_the_workload_cannot_take_is_refused_with_its_reason(
+    make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CannotResize is the one refusal of a revision: the broker then moves the gang whole;
+    any other resize failure is acknowledged (the replicas on a lost node end with it)."""
+    a = await make_agent()
+    nodes = a.cluster.nodes_of("spot-a100")[:2]
+    first = dispatch("job-r", nodes, gpu=1, sim=SLOW)
+    assert (await a.wire.send(first)).ok
+
+    why = "RayJob r-a1: RayJob has no replica count Muster can change"
+
+    async def cannot(cmd: object) -> None:
+        raise CannotResize(why)
+
+    monkeypatch.setattr(a.cluster, "resize", cannot)
+    revised = msgspec.structs.replace(first, revision=1, assignment=first.assignment[:1])
+    ack = await a.wire.send(revised)
+    assert (ack.ok, ack.resize_refused) == (False, True)
+    assert (
+        ack.error
+        == "cannot resize in place: RayJob r-a1: RayJob has no replica count Muster can change"
+    )
+
+    async def broken(cmd: object) -> None:
+        raise BackendError("node gone")
+
+    monkeypatch.setattr(a.cluster, "resize", broken)
+    ack = await a.wire.send(msgspec.structs.replace(revised, revision=2))
+    assert ack.ok and not ack.resize_refused
 
 
 async def test_checkpoint_now_reaches_only_the_attempts_own_pods(

@@ -379,6 +379,23 @@ def test_a_resize_the_agent_never_acknowledges_does_not_end_the_attempt() -> Non
     assert sim.m.jobs[first.job_id].attempt == first.attempt
 
 
+def test_a_resize_the_workload_cannot_take_moves_the_gang_whole() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    (rev,) = dispatches(sim.send("spot-east", NodeGone(node="se-0")))
+    assert rev.revision == 1
+    why = "cannot resize in place: RayJob r-a1: RayJob has no replica count"
+    refused = DispatchAcked(first.job_id, first.attempt, False, why, resize_refused=True)
+    out = sim.m.handle(refused, sim.now)
+    (requeued,) = _events(out, "requeued")
+    assert requeued.reason == f"resize-refused: {why}"
+    assert [c.attempt for c in cancels(out)] == [first.attempt]
+    record = sim.m.jobs[first.job_id]
+    assert record.state == "queued" and record.current is None
+    assert sum(_free_gpus(sim).values()) == 3  # the three nodes left hold nothing of it
+    assert violations(sim.m) == []
+
+
 def _with_west(sim: SpotSim, count: int) -> None:
     """A second spot cluster with `count` free one-GPU A100 nodes, after the job ran."""
     west = [

@@ -52,6 +52,7 @@ from tests.kube.test_manifests import (
     TFJOB_YAML,
     VOLCANO_YAML,
 )
+from tests.kube.test_resize import SHRINKS, elastic_dispatch
 from tests.kube.validation import validate
 from tests.support import listening, wait_for
 
@@ -261,6 +262,12 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
     await backend.checkpoint_now("indexed-job-job", 1, 1.0)
     logs = await backend.read_logs(LogRequest(job_id="indexed-job-job", attempt=1))
     assert logs.lines == []
+    # A running elastic attempt of each resizable kind takes a smaller replica count (patch).
+    for i, (_, manifest, before, after) in enumerate(SHRINKS):
+        grown = elastic_dispatch(manifest(), before, job_id=f"e{i}")
+        await backend.dispatch(grown)
+        await backend.resize(elastic_dispatch(manifest(), after, revision=1, job_id=f"e{i}"))
+        cmds.append(grown)
     for cmd in cmds:
         await backend.cancel(cmd.job_id, None, "test")
     await backend.collect_garbage()

@@ -1,0 +1,188 @@
+"""A Dispatch revision of a running elastic attempt on the kube backend: the workload object
+is merge-patched to the new replica count (PyTorchJob Worker replicas, Job parallelism, Volcano
+task replicas), validated by the stand-in API server against the real schema and shipped RBAC;
+a kind that cannot resize answers with a typed reason and the object is left as it was."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+
+from agents.backend import CannotResize
+from broker.manifests import jobspec_from_manifest
+from schemas.agent import Dispatch, PodSetAssignment
+from tests.kube.fake_apiserver import FakeApiServer
+
+NS = "muster-workloads"
+FIXTURES = Path(__file__).parents[1] / "cli" / "fixtures"
+
+
+def _load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((FIXTURES / name).read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def elastic_job() -> dict[str, Any]:
+    """A batch/v1 Job Kueue may resize (its elastic-job annotation), 4 pods."""
+    manifest = _load("batch-job-indexed.yaml")
+    annotations = manifest.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations["kueue.x-k8s.io/elastic-job"] = "true"
+    manifest["spec"].update(parallelism=4, completions=4)
+    manifest["spec"].pop("completionMode", None)
+    return manifest
+
+
+def elastic_volcano() -> dict[str, Any]:
+    manifest = _load("volcano-job.yaml")
+    manifest["spec"]["minAvailable"] = 3
+    return manifest
+
+
+# What each resizable kind runs before and after a shrink (tests/kube/test_deploy.py uses
+# them too: the agent's RBAC must allow the patches).
+SHRINKS: list[tuple[str, Any, dict[str, int], dict[str, int]]] = [
+    ("kubeflow.org/v1/pytorchjobs", lambda: _load("pytorchjob-elastic-spot.yaml"),
+     {"worker": 4}, {"worker": 3}),
+    ("batch/v1/jobs", elastic_job, {"worker": 4}, {"worker": 3}),
+    ("batch.volcano.sh/v1alpha1/jobs", elastic_volcano, {"master": 1, "worker": 3},
+     {"master": 1, "worker": 2}),
+]  # fmt: skip
+
+
+def elastic_dispatch(
+    manifest: dict[str, Any], counts: dict[str, int], revision: int = 0, job_id: str = "j-1"
+) -> Dispatch:
+    return Dispatch(
+        job_id=job_id,
+        attempt=1,
+        epoch=1,
+        revision=revision,
+        flavor="a100-spot",
+        assignment=[
+            PodSetAssignment(podset=p, nodes=[f"{p}-n{i}" for i in range(n)])
+            for p, n in counts.items()
+        ],
+        spec=jobspec_from_manifest(manifest),
+    )
+
+
+def _stored(apiserver: FakeApiServer, path: str) -> dict[str, Any]:
+    (obj,) = [o for o in apiserver.items(*path.rsplit("/", 1)) if o["metadata"]["name"] == "j-1-a1"]
+    return obj
+
+
+async def _resize(
+    make_backend: Any,
+    apiserver: FakeApiServer,
+    manifest: dict[str, Any],
+    before: dict[str, int],
+    after: dict[str, int],
+    resource: str,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    b, _ = await make_backend()
+    await b.dispatch(elastic_dispatch(manifest, before))
+    was = copy.deepcopy(_stored(apiserver, resource))
+    await b.resize(elastic_dispatch(manifest, after, revision=1))
+    return was, _stored(apiserver, resource)
+
+
+def _pins(template: dict[str, Any]) -> set[str]:
+    terms = template["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    return {f["values"][0] for t in terms for f in t["matchFields"] if f["key"] == "metadata.name"}
+
+
+@pytest.mark.parametrize(("start", "end"), [(4, 3), (3, 4)])
+async def test_an_elastic_pytorchjob_takes_its_new_worker_count_and_nodes(
+    make_backend: Any, apiserver: FakeApiServer, start: int, end: int
+) -> None:
+    manifest = _load("pytorchjob-elastic-spot.yaml")
+    was, now = await _resize(
+        make_backend, apiserver, manifest, {"worker": start}, {"worker": end},
+        "kubeflow.org/v1/pytorchjobs",
+    )  # fmt: skip
+    worker = now["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert was["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == start
+    assert worker["replicas"] == end
+    assert _pins(worker["template"]) == {f"worker-n{i}" for i in range(end)}
+    assert now["spec"]["elasticPolicy"] == was["spec"]["elasticPolicy"]
+    (patch,) = [p for p in apiserver.patches if p[0].endswith("/pytorchjobs/j-1-a1")]
+    assert patch[1] == "application/merge-patch+json"
+    assert set(patch[2]["spec"]) == {"pytorchReplicaSpecs"}  # nothing else is touched
+
+
+async def test_an_elastic_job_shrinks_its_parallelism(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    manifest = elastic_job()
+    was, now = await _resize(
+        make_backend, apiserver, manifest, {"worker": 4}, {"worker": 3}, "batch/v1/jobs"
+    )
+    assert (was["spec"]["parallelism"], now["spec"]["parallelism"]) == (4, 3)
+    assert now["spec"]["template"] == was["spec"]["template"]  # immutable, untouched
+
+
+async def test_a_job_cannot_grow_onto_nodes_its_immutable_template_does_not_pin(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    manifest = elastic_job()
+    b, _ = await make_backend()
+    await b.dispatch(elastic_dispatch(manifest, {"worker": 3}))
+    with pytest.raises(CannotResize, match=r"pinned to the nodes it started on .* worker-n3"):
+        await b.resize(elastic_dispatch(manifest, {"worker": 4}, revision=1))
+    assert _stored(apiserver, "batch/v1/jobs")["spec"]["parallelism"] == 3
+
+
+async def test_a_volcano_job_scales_its_elastic_task(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    manifest = elastic_volcano()
+    was, now = await _resize(
+        make_backend, apiserver, manifest, {"master": 1, "worker": 3}, {"master": 1, "worker": 2},
+        "batch.volcano.sh/v1alpha1/jobs",
+    )  # fmt: skip
+    replicas = {t["name"]: t["replicas"] for t in now["spec"]["tasks"]}
+    assert replicas == {"master": 1, "worker": 2}
+    assert [t["template"] for t in now["spec"]["tasks"]] == [
+        t["template"] for t in was["spec"]["tasks"]
+    ]
+    assert now["spec"]["minAvailable"] == 3
+
+
+async def test_a_kind_that_cannot_resize_says_why_and_is_left_alone(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    """A RayJob's workers live in the RayCluster KubeRay made from it: not patched here."""
+    root = Path(__file__).parents[2]
+    ray = yaml.safe_load((root / "examples" / "jobs" / "rayjob.yaml").read_text(encoding="utf-8"))
+    (group,) = ray["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    group.update(minReplicas=1, maxReplicas=6)
+    ray["metadata"]["annotations"] = {"kueue.x-k8s.io/elastic-job": "true"}
+    b, _ = await make_backend()
+    await b.dispatch(elastic_dispatch(ray, {"head": 1, "gpu-workers": 3}))
+    before = copy.deepcopy(_stored(apiserver, "ray.io/v1/rayjobs"))
+    with pytest.raises(CannotResize, match="RayJob j-1-a1: RayJob has no replica count"):
+        await b.resize(elastic_dispatch(ray, {"head": 1, "gpu-workers": 2}, revision=1))
+    assert _stored(apiserver, "ray.io/v1/rayjobs") == before
+    assert not [p for p in apiserver.patches if "/rayjobs/" in p[0]]
+
+
+def test_a_revision_changes_nothing_but_the_replica_fields() -> None:
+    """The merge patch of a PyTorchJob names only the replica types whose count changed."""
+    from kinds.kubeflow import ADAPTERS
+
+    pt = next(a for a in ADAPTERS if a.resource.kind == "PyTorchJob")
+    live = _load("pytorchjob-elastic-spot.yaml")
+    new = msgspec.json.decode(msgspec.json.encode(live))
+    new["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 5
+    patch = pt.resize_patch(live, new)
+    assert list(patch["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    assert patch["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 5
+    del live["spec"]["elasticPolicy"]
+    with pytest.raises(ValueError, match=r"without spec\.elasticPolicy"):
+        pt.resize_patch(live, new)
