@@ -127,6 +127,7 @@ from agents.kube.nodes import (
     notices,
     untolerated_taints,
 )
+from agents.kube.pools import Autoscaling, is_placeholder
 from agents.kube.quota import attempt_usage, namespace_refusal, quota_message
 from agents.kube.report import REPORT_PATH, Refused, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
@@ -158,6 +159,8 @@ from schemas.agent import (
     NodeInfo,
     NodeOpName,
     NodeUpsert,
+    Provision,
+    ProvisionPool,
     SpotNotice,
 )
 
@@ -279,6 +282,7 @@ class KubeBackend:
         # Checkpoint reports from pods (agents/kube/report.py); the URL pods get, once bound.
         self.report_server: ReportServer | None = None
         self.report_url: str | None = None
+        self.autoscaling: Autoscaling | None = None  # autoscaled pools (agents/kube/pools.py)
 
     @classmethod
     def from_config(
@@ -394,6 +398,9 @@ class KubeBackend:
                 **common,
             )
         await self._initial_lists()
+        if cfg.autoscaling is not None:
+            self.autoscaling = Autoscaling(self._rest, cfg, cfg.autoscaling, common)
+            await self.autoscaling.list_once()
         await self._adopt_lease()
         # What exists now (modules, the node cache) lives as long as the agent: out of the
         # cyclic collector's full passes, which would otherwise walk it every time and hold
@@ -415,6 +422,7 @@ class KubeBackend:
             self.pod_reflector,
             self.muster_pod_reflector,
             *self.job_reflectors.values(),
+            *(self.autoscaling.reflectors if self.autoscaling else ()),
         ]
         self._tasks = [
             *(
@@ -885,6 +893,8 @@ class KubeBackend:
         self._note_disruption(uid, pod, deleted)
         if LABEL_JOB in meta.labels and meta.namespace in self._namespaces:
             return  # Muster's own: the muster-pods watch accounts for it
+        if is_placeholder(meta.labels) and meta.namespace in self._namespaces:
+            return  # holds a new node for the gang the broker will place there
         node = pod.spec.nodeName
         active = not deleted and node and pod.status.phase not in ("Succeeded", "Failed")
         usage = self._demand(pod) if active else ()
@@ -1161,6 +1171,7 @@ class KubeBackend:
             known = [f.name for f in self.config.flavors]
             raise BackendError(f"flavor {cmd.flavor!r} is not configured here (known: {known})")
         ns = self.config.namespace_for(cmd.spec.queue)
+        grown = self.autoscaling.consume(cmd.job_id) if self.autoscaling else {}
         try:
             plan = build_workload(
                 cmd,
@@ -1170,9 +1181,12 @@ class KubeBackend:
                 self.config,
                 self._provider_of(cmd),
                 self.report_url,
+                grown,
             )
         except ManifestError as exc:
             raise BackendError(str(exc)) from None
+        if self.autoscaling is not None:
+            await self.autoscaling.release(cmd.job_id, keep_request=True)
         key = (cmd.job_id, cmd.attempt)
         w = self._workloads.get(key)
         if w is None or not w.objects:  # a retried dispatch's own pods are in the quota's usage
@@ -1323,6 +1337,8 @@ class KubeBackend:
         for key in [k for k in self._workloads if k[0] == job_id and not keep(k[1])]:
             self._workloads[key].cancelled = True
             self._hold_all(key)
+        if self.autoscaling is not None and attempt is None:
+            await self.autoscaling.release(job_id)
 
     # -- fencing: one Lease per cluster, renewed while the broker hears this agent; the fence
     # watchdog and the in-pod self-fence read it (agents/kube/fence.py)
@@ -1534,10 +1550,43 @@ class KubeBackend:
                 if m:
                     mem[n.flavor.name] = min(mem.get(n.flavor.name, m), m)
         levels = self.topology_levels
+        pools: dict[str, ProvisionPool] = {}
+        if self.autoscaling is not None:
+            have: dict[str, int] = {}
+            for n in self._nodes.values():
+                if n.flavor is not None:
+                    have[n.flavor.name] = have.get(n.flavor.name, 0) + 1
+            pools = self.autoscaling.pools_by_flavor(have)
         return [
-            msgspec.structs.replace(f.info(mem.get(f.name, 0)), topology_levels=levels)
+            msgspec.structs.replace(
+                f.info(mem.get(f.name, 0)), topology_levels=levels, provision=pools.get(f.name)
+            )
             for f in self.config.flavors
         ]
+
+    async def provision(self, cmd: Provision) -> None:
+        """Ask the autoscaler behind `cmd.flavor` for the gang's nodes (agents/kube/pools.py);
+        what is still asked for at the broker's deadline is withdrawn."""
+        flavor = self.config.flavor(cmd.flavor)
+        pool = {f.name: f.provision for f in self.flavors()}.get(cmd.flavor)
+        if self.autoscaling is None or flavor is None or pool is None:
+            raise BackendError(
+                f"flavor {cmd.flavor!r} of cluster {self.cluster} has no autoscaled pool "
+                "(no NodePool matches its node labels and capacity type)"
+            )
+        try:
+            await self.autoscaling.provision(cmd, pool, flavor)
+        except KubeApiError as exc:
+            raise BackendError(f"asking pool {cmd.flavor!r} for nodes: {exc}") from None
+        if cmd.deadline:
+            delay = max(0.0, cmd.deadline - self._clock())
+            task = asyncio.create_task(self._withdraw_at(cmd.job_id, delay))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _withdraw_at(self, job_id: str, delay: float) -> None:
+        if not await sleep_or_stop(self._stop, delay) and self.autoscaling is not None:
+            await self.autoscaling.release(job_id)
 
     async def snapshot(self) -> ClusterSnapshot:
         nodes = [n.info for n in self._nodes.values() if n.info is not None]

@@ -83,6 +83,7 @@ class _Claim:
     pod_uid: str = ""
     request: str = ""  # namespace/name of the ProvisioningRequest it is part of
     launched: bool = False
+    node: str = ""  # the node it launched
 
 
 def _cond(type_: str, status: str, reason: str, message: str) -> Obj:
@@ -198,12 +199,17 @@ class Autoscaler:
         return all(held.get(k, 0) <= v for k, v in wanted.items() if k != "pods")
 
     def _cluster(self) -> Cluster:
+        """The Ready nodes and what is on them: bound pods, and pods nominated to the node
+        their NodeClaim launched (Karpenter counts them there until the scheduler binds)."""
         nodes = [n for n in self.server.items("v1", "nodes") if _ready(n)]
-        bound = [
-            (p, p["spec"]["nodeName"])
-            for p in self.server.items("v1", "pods")
-            if p["spec"].get("nodeName") and p.get("status", {}).get("phase") not in _DONE
-        ]
+        nominated = {c.pod_uid: c.node for c in self._claims.values() if c.pod_uid and c.node}
+        bound = []
+        for p in self.server.items("v1", "pods"):
+            if p.get("status", {}).get("phase") in _DONE:
+                continue
+            where = p["spec"].get("nodeName") or nominated.get(p["metadata"].get("uid", ""))
+            if where:
+                bound.append((p, where))
         return Cluster(nodes, bound)
 
     def _pool_for(self, pod: Obj, taken: Counter[str]) -> Obj | None:
@@ -314,7 +320,7 @@ class Autoscaler:
             for t in ("Launched", "Registered", "Initialized", "Ready"):
                 _set_cond(obj, _cond(t, "True", t, ""))
             self.server.put(NODECLAIMS, _checked(obj))
-            c.launched = True
+            c.launched, c.node = True, node_name
             self.launched.append(node_name)
 
     def _stock_out(self, c: _Claim, obj: Obj, now: float) -> None:

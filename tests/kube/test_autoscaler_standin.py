@@ -210,3 +210,17 @@ async def test_an_unconsumed_booking_expires(apiserver: FakeApiServer) -> None:
     assert "BookingExpired" not in conditions(auto, "g")
     auto.reconcile(62.0)
     assert conditions(auto, "g")["BookingExpired"] == ("True", "CapacityReservationTimeExpired")
+
+
+async def test_a_launched_node_is_kept_for_the_pod_it_was_launched_for(
+    apiserver: FakeApiServer,
+) -> None:
+    auto = Autoscaler(apiserver)
+    apiserver.put(NODEPOOLS, spot_pool())
+    apiserver.put(PODS, pending("p0"))
+    auto.reconcile(0.0)
+    auto.reconcile(1.0)
+    assert len(auto.launched) == 1
+    apiserver.put(PODS, pending("p1"))  # p0 is not bound yet: its node is not free for p1
+    auto.reconcile(1.0)
+    assert len(auto.nodeclaims()) == 2
