@@ -266,7 +266,11 @@ class AgentRuntime:
     # -- events --------------------------------------------------------------------------
     def _emit(self, ev: AgentEvent) -> None:
         """Given to the backend; never blocks. Deltas that a pending snapshot will cover are
-        dropped at once, which also bounds memory while partitioned."""
+        dropped at once, which also bounds memory while partitioned. A backend whose flavors
+        changed (kube: a NodePool) emits a ClusterSnapshot: a full one goes in the next batch."""
+        if isinstance(ev, ClusterSnapshot):
+            self.request_snapshot()
+            return
         if isinstance(ev, WorkloadStatus) and ev.phase in TERMINAL_PHASES:
             track = self._jobs.get(ev.job_id)
             if track is not None:

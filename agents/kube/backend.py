@@ -399,7 +399,9 @@ class KubeBackend:
             )
         await self._initial_lists()
         if cfg.autoscaling is not None:
-            self.autoscaling = Autoscaling(self._rest, cfg, cfg.autoscaling, common)
+            self.autoscaling = Autoscaling(
+                self._rest, cfg, cfg.autoscaling, common, self._flavors_changed
+            )
             await self.autoscaling.list_once()
         await self._adopt_lease()
         # What exists now (modules, the node cache) lives as long as the agent: out of the
@@ -1563,6 +1565,11 @@ class KubeBackend:
             )
             for f in self.config.flavors
         ]
+
+    def _flavors_changed(self) -> None:
+        """What a flavor reports changed (a NodePool): the runtime sends a full snapshot."""
+        if self._live:
+            self._send(ClusterSnapshot(flavors=[], nodes=[]))
 
     async def provision(self, cmd: Provision) -> None:
         """Ask the autoscaler behind `cmd.flavor` for the gang's nodes (agents/kube/pools.py);

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -257,6 +257,7 @@ class Autoscaling:
         config: KubeBackendConfig,
         cfg: AutoscalingConfig,
         reflector_args: dict[str, Any],
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.rest = rest
         self.config = config
@@ -266,6 +267,9 @@ class Autoscaling:
         self.reflector_args = reflector_args
         self.failed: list[str] = []  # jobs whose request the autoscaler gave up on
         self._tasks: set[asyncio.Task[None]] = set()
+        self.on_change = on_change  # the pools reported would change: a snapshot is due
+        self._reported: dict[str, ProvisionPool] = {}
+        self._flavor_nodes: dict[str, int] = {}
         self.asks: dict[str, tuple[str, str]] = {}  # job_id -> (namespace, ask name)
         self.use_requests: bool | None = {"on": True, "off": False}.get(cfg.provisioning_request)
         if cfg.nodepools:
@@ -274,7 +278,7 @@ class Autoscaling:
                 NODEPOOLS,
                 KNodePool,
                 _keep,
-                _ignore,
+                self._pool_event,
                 name="nodepools",
                 absent_retry_s=config.resync_period_s,
                 **reflector_args,
@@ -353,15 +357,35 @@ class Autoscaling:
         return True
 
     def pools_by_flavor(self, flavor_nodes: Mapping[str, int]) -> dict[str, ProvisionPool]:
+        """What to report now (and remembered, to tell when a NodePool changes it)."""
         if not self.reflectors:
             return {}
-        return read_pools(
+        self._flavor_nodes = dict(flavor_nodes)
+        self._reported = read_pools(
             list(self.pools.cache.values()),
             list(self.claims.cache.values()),
             self.config,
             self.cfg,
             flavor_nodes,
         )
+        return self._reported
+
+    def _pool_event(self, kind: str, pool: KNodePool) -> None:
+        """A NodePool added, edited or removed: the broker learns its new limit or template
+        with a snapshot, asked for only when what would be reported differs. NodeClaims
+        coming and going while a pool grows wait for the next snapshot."""
+        if self.on_change is None:
+            return
+        now = read_pools(
+            list(self.pools.cache.values()),
+            list(self.claims.cache.values()),
+            self.config,
+            self.cfg,
+            self._flavor_nodes,
+        )
+        if now != self._reported:
+            self._reported = now
+            self.on_change()
 
     async def provision(self, cmd: Provision, pool: ProvisionPool, flavor: FlavorConfig) -> None:
         """Ask for `cmd.nodes` nodes of the pool for the job (once per job)."""

@@ -21,7 +21,7 @@ from agents.kube.pools import (
     read_pools,
     room_nodes,
 )
-from schemas.agent import Provision
+from schemas.agent import ClusterSnapshot, Provision
 from tests.kube.autoscaler import NODEPOOLS, Autoscaler, nodepool
 from tests.kube.conftest import PODS, caught_up, gang_dispatch, make_config
 from tests.kube.fake_apiserver import FakeApiServer
@@ -252,3 +252,20 @@ async def test_what_is_still_asked_at_the_deadline_is_withdrawn(
 
     assert not gone()
     await wait_for(gone, what="the ask withdrawn")
+
+
+async def test_a_nodepool_edit_asks_for_a_snapshot_with_the_new_limit(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    allow_autoscaling(apiserver)
+    apiserver.put(NODEPOOLS, spot_pool(gpus="16"))
+    backend, rec = await make_backend(autoscaling={"provisioning_request": "off"})
+    assert spot_flavor(await backend.snapshot()).provision.max_nodes == 2
+    apiserver.put(
+        NODEPOOLS, {**spot_pool(gpus="16"), "metadata": {"name": "gpu-spot", "labels": {"x": "y"}}}
+    )
+    await caught_up(apiserver, backend)
+    assert not rec.of(ClusterSnapshot)  # nothing the broker sees changed: no snapshot
+    apiserver.put(NODEPOOLS, spot_pool(gpus="64"))
+    await rec.wait_for(lambda: rec.of(ClusterSnapshot))
+    assert spot_flavor(await backend.snapshot()).provision.max_nodes == 8
