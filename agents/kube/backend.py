@@ -403,6 +403,8 @@ class KubeBackend:
                 self._rest, cfg, cfg.autoscaling, common, self._flavors_changed
             )
             await self.autoscaling.list_once()
+            for job_id in await self.autoscaling.adopt():  # withdrawn a window from now
+                self._withdraw_later(job_id, cfg.autoscaling.window_s)
         await self._adopt_lease()
         # What exists now (modules, the node cache) lives as long as the agent: out of the
         # cyclic collector's full passes, which would otherwise walk it every time and hold
@@ -1586,10 +1588,12 @@ class KubeBackend:
         except KubeApiError as exc:
             raise BackendError(f"asking pool {cmd.flavor!r} for nodes: {exc}") from None
         if cmd.deadline:
-            delay = max(0.0, cmd.deadline - self._clock())
-            task = asyncio.create_task(self._withdraw_at(cmd.job_id, delay))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._withdraw_later(cmd.job_id, max(0.0, cmd.deadline - self._clock()))
+
+    def _withdraw_later(self, job_id: str, delay: float) -> None:
+        task = asyncio.create_task(self._withdraw_at(job_id, delay))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _withdraw_at(self, job_id: str, delay: float) -> None:
         if not await sleep_or_stop(self._stop, delay) and self.autoscaling is not None:

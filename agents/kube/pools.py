@@ -39,6 +39,7 @@ from agents.kube.config import AutoscalingConfig, FlavorConfig, KubeBackendConfi
 from agents.kube.decode import (
     KNodeClaim,
     KNodePool,
+    KObject,
     KProvisioningRequest,
     Resources,
 )
@@ -320,6 +321,25 @@ class Autoscaling:
             )
             await self.requests.list_once()
             self.reflectors.append(self.requests)
+
+    async def adopt(self) -> list[str]:
+        """Asks an earlier agent made (its placeholder pods or its ProvisioningRequests) are
+        this one's: the gang's dispatch or a cancel releases them. Returns their jobs."""
+        ns = self.config.namespace
+        found: list[KObject | KProvisioningRequest] = []
+        if self.use_requests:
+            found.extend(self.requests.cache.values())
+        else:
+            pods, _ = await self.rest.list_all(f"/api/v1/namespaces/{ns}/pods", KObject, LABEL_ASK)
+            found.extend(pods)
+        for obj in found:
+            job_id = obj.metadata.annotations.get(ANN_ASK_JOB, "")
+            name = obj.metadata.labels.get(LABEL_ASK, "")
+            if job_id and name and job_id not in self.asks:
+                self.asks[job_id] = (ns, name)
+        if self.asks:
+            self.log.info("asks of an earlier agent adopted", jobs=sorted(self.asks))
+        return sorted(self.asks)
 
     def _request_event(self, kind: str, pr: KProvisioningRequest) -> None:
         """A request the autoscaler gave up on (`Failed`, or its booking expired before the

@@ -269,3 +269,27 @@ async def test_a_nodepool_edit_asks_for_a_snapshot_with_the_new_limit(
     apiserver.put(NODEPOOLS, spot_pool(gpus="64"))
     await rec.wait_for(lambda: rec.of(ClusterSnapshot))
     assert spot_flavor(await backend.snapshot()).provision.max_nodes == 8
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+async def test_a_restarted_agent_adopts_the_asks_it_made_and_cancel_releases_them(
+    apiserver: FakeApiServer, make_backend: Any, mode: str
+) -> None:
+    allow_autoscaling(apiserver)
+    Autoscaler(apiserver, provisioning_requests=True)
+    apiserver.put(NODEPOOLS, spot_pool())
+    first, _ = await make_backend(autoscaling={"provisioning_request": mode})
+    await first.provision(provision())
+    await first.stop()
+
+    def asked() -> int:
+        pods = [
+            p for p in apiserver.items("v1", "pods") if not p["metadata"].get("deletionTimestamp")
+        ]
+        return len(pods) + len(apiserver.items("autoscaling.x-k8s.io/v1", "provisioningrequests"))
+
+    assert asked() in (1, 2)  # a request, or two placeholders
+    second, _ = await make_backend(autoscaling={"provisioning_request": mode})
+    assert second.autoscaling is not None and list(second.autoscaling.asks) == ["job-1"]
+    await second.cancel("job-1", None, "cancelled")
+    assert asked() == 0
