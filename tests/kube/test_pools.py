@@ -234,24 +234,33 @@ async def test_a_failed_request_is_withdrawn(apiserver: FakeApiServer, make_back
     assert not apiserver.items("v1", "nodes")
 
 
+def still_asked(server: FakeApiServer) -> int:
+    """Placeholder pods not being deleted, and ProvisioningRequests."""
+    pods = [p for p in server.items("v1", "pods") if not p["metadata"].get("deletionTimestamp")]
+    return len(pods) + len(server.items("autoscaling.x-k8s.io/v1", "provisioningrequests"))
+
+
+async def asked_backend(
+    server: FakeApiServer, make_backend: Any, mode: str, deadline: float = 0.0
+) -> Any:
+    """A backend that asked for job-1's two nodes (placeholders, or a request when `mode` is
+    "on"), with the optional role and a cluster that serves ProvisioningRequest."""
+    allow_autoscaling(server)
+    Autoscaler(server, provisioning_requests=True)
+    server.put(NODEPOOLS, spot_pool())
+    backend, _ = await make_backend(autoscaling={"provisioning_request": mode})
+    await backend.provision(provision(deadline=deadline))
+    return backend
+
+
 @pytest.mark.parametrize("mode", ["off", "on"])
 async def test_what_is_still_asked_at_the_deadline_is_withdrawn(
     apiserver: FakeApiServer, make_backend: Any, mode: str
 ) -> None:
-    allow_autoscaling(apiserver)
-    Autoscaler(apiserver, provisioning_requests=True)
-    apiserver.put(NODEPOOLS, spot_pool())
-    backend, _ = await make_backend(autoscaling={"provisioning_request": mode})
-    await backend.provision(provision(deadline=1_000_000.2))  # the clock says 1,000,000
-
-    def gone() -> bool:
-        pods = [
-            p for p in apiserver.items("v1", "pods") if not p["metadata"].get("deletionTimestamp")
-        ]
-        return not pods and not apiserver.items("autoscaling.x-k8s.io/v1", "provisioningrequests")
-
-    assert not gone()
-    await wait_for(gone, what="the ask withdrawn")
+    backend = await asked_backend(apiserver, make_backend, mode, deadline=1_000_000.2)
+    assert still_asked(apiserver)  # the clock says 1,000,000: withdrawn 0.2 s later
+    await wait_for(lambda: not still_asked(apiserver), what="the ask withdrawn")
+    assert backend.autoscaling is not None and not backend.autoscaling.asks
 
 
 async def test_a_nodepool_edit_asks_for_a_snapshot_with_the_new_limit(
@@ -275,21 +284,10 @@ async def test_a_nodepool_edit_asks_for_a_snapshot_with_the_new_limit(
 async def test_a_restarted_agent_adopts_the_asks_it_made_and_cancel_releases_them(
     apiserver: FakeApiServer, make_backend: Any, mode: str
 ) -> None:
-    allow_autoscaling(apiserver)
-    Autoscaler(apiserver, provisioning_requests=True)
-    apiserver.put(NODEPOOLS, spot_pool())
-    first, _ = await make_backend(autoscaling={"provisioning_request": mode})
-    await first.provision(provision())
+    first = await asked_backend(apiserver, make_backend, mode)
     await first.stop()
-
-    def asked() -> int:
-        pods = [
-            p for p in apiserver.items("v1", "pods") if not p["metadata"].get("deletionTimestamp")
-        ]
-        return len(pods) + len(apiserver.items("autoscaling.x-k8s.io/v1", "provisioningrequests"))
-
-    assert asked() in (1, 2)  # a request, or two placeholders
+    assert still_asked(apiserver) in (1, 2)  # a request, or two placeholders
     second, _ = await make_backend(autoscaling={"provisioning_request": mode})
     assert second.autoscaling is not None and list(second.autoscaling.asks) == ["job-1"]
     await second.cancel("job-1", None, "cancelled")
-    assert asked() == 0
+    assert still_asked(apiserver) == 0
