@@ -6,8 +6,9 @@ the first flavor (config order) whose node labels its nodes would carry (the tem
 or a requirement `In` that admits the value) and whose capacity type it may launch
 (`karpenter.sh/capacity-type`; Karpenter's default is on-demand). Per flavor the NodePool of
 highest `weight` (then name) is reported as `FlavorInfo.provision`: one node's GPUs, CPU and
-memory (the single-valued `karpenter.k8s.aws/instance-gpu-count`, `-instance-cpu`,
-`-instance-memory` requirements, else `autoscaling.node_figures`), its taints, and its limit:
+memory (`autoscaling.node_figures`, else its `node.kubernetes.io/instance-type` requirement
+looked up in instance_types.json, else the single-valued `karpenter.k8s.aws/instance-gpu-count`,
+`-instance-cpu`, `-instance-memory` requirements), its taints, and its limit:
 the nodes the flavor has now plus what `spec.limits` (the GPU resource, or `cpu`) leaves
 beside the pool's NodeClaims. A NodePool whose node figures are unknown is skipped (logged).
 A pool declared in the agent config's `pools:` wins over a read one (agents/runtime.py).
@@ -28,10 +29,14 @@ when the request's window passes without the nodes, as with any pool.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 
 from agents.kube.client import KubeApiError, KubeRest, Reflector
@@ -53,6 +58,8 @@ CAPACITY_TYPE = "karpenter.sh/capacity-type"
 GPU_COUNT = "karpenter.k8s.aws/instance-gpu-count"
 CPU_COUNT = "karpenter.k8s.aws/instance-cpu"
 MEMORY_MIB = "karpenter.k8s.aws/instance-memory"
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+INSTANCE_TYPES = Path(__file__).with_name("instance_types.json")
 PROVREQ_API = "autoscaling.x-k8s.io/v1"
 ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
@@ -109,11 +116,50 @@ def _single(pool: KNodePool, key: str) -> str | None:
     return None
 
 
+class InstanceType(msgspec.Struct, frozen=True):
+    gpu: int
+    cpu: str
+    memory: str
+    gpu_name: str = ""
+    gpu_memory_mib: int = 0
+
+
+@functools.cache
+def instance_types() -> dict[str, InstanceType]:
+    """GPU instance types as Karpenter's AWS provider documents them (instance_types.json:
+    its source, commit and licence inside): GPUs and allocatable cpu and memory."""
+    raw = json.loads(INSTANCE_TYPES.read_text())
+    return msgspec.convert(raw["types"], dict[str, InstanceType])
+
+
+def _instance_figures(pool: KNodePool) -> tuple[int, int, int] | None:
+    """From a `node.kubernetes.io/instance-type In [...]` requirement whose every type is
+    known: the smallest of each figure (whichever type Karpenter launches)."""
+    for req in pool.spec.template.spec.requirements:
+        if req.key != INSTANCE_TYPE or req.operator != "In" or not req.values:
+            continue
+        known = [instance_types().get(v) for v in req.values]
+        if any(t is None for t in known):
+            return None
+        types = [t for t in known if t is not None]
+        return (
+            min(t.gpu for t in types),
+            min(cpu_milli(t.cpu) for t in types),
+            min(memory_bytes(t.memory) for t in types),
+        )
+    return None
+
+
 def node_figures(pool: KNodePool, cfg: AutoscalingConfig) -> tuple[int, int, int] | None:
-    """(GPUs, CPU millicores, memory bytes) of one node of the pool; None when unknown."""
+    """(GPUs, CPU millicores, memory bytes) of one node of the pool: declared, else from its
+    instance-type requirement, else from its instance-gpu-count (and -cpu, -memory)
+    requirements; None when unknown."""
     declared = cfg.node_figures.get(pool.metadata.name)
     if declared is not None:
         return declared.gpu, cpu_milli(declared.cpu), memory_bytes(declared.memory)
+    by_type = _instance_figures(pool)
+    if by_type is not None:
+        return by_type
     gpu = _single(pool, GPU_COUNT)
     if gpu is None or not gpu.isdigit() or int(gpu) < 1:
         return None

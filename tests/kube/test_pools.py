@@ -83,6 +83,21 @@ def test_a_nodepool_is_the_pool_of_the_flavor_whose_nodes_it_makes() -> None:
     assert got["a100-spot"].node_gpu == 4 and got["a100-spot"].max_nodes == 4
 
 
+def test_an_instance_type_requirement_gives_the_node_figures_of_the_smallest_type() -> None:
+    config = make_config()
+    pool = spot_pool()
+    itype = {"key": "node.kubernetes.io/instance-type", "operator": "In"}
+    reqs = pool["spec"]["template"]["spec"]["requirements"] = [
+        SPOT,
+        {**itype, "values": ["p5.48xlarge", "p4d.24xlarge"]},
+    ]
+    got = read_pools([decoded(pool, KNodePool)], [], config, CFG, {})["a100-spot"]
+    # Karpenter's documented allocatable: p4d 95690m / 1082712Mi, p5 191450m / 1938410Mi
+    assert (got.node_gpu, got.node_cpu_milli, got.node_memory) == (8, 95_690, 1082712 * 2**20)
+    reqs[1]["values"] = ["p4d.24xlarge", "x9.unknown"]  # one type not known: not guessed
+    assert read_pools([decoded(pool, KNodePool)], [], config, CFG, {}) == {}
+
+
 def test_the_limit_is_the_nodes_there_plus_what_the_nodeclaims_leave() -> None:
     config = make_config()
     claim = {
