@@ -59,7 +59,7 @@ import hmac
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -82,6 +82,7 @@ from agents.kube.client import (
     sleep_or_stop,
 )
 from agents.kube.config import (
+    AutoscalingConfig,
     FlavorConfig,
     KubeBackendConfig,
     Provider,
@@ -227,9 +228,13 @@ class KubeBackend:
         clock: Callable[[], float] = time.time,
         tick_s: float = 1.0,
         topology_levels: Sequence[str] = (),
+        declared_pools: Mapping[str, ProvisionPool] | None = None,
     ) -> None:
         self.cluster = cluster
         self.config = config
+        # The agent config's `pools:` (node groups, GKE NAP): asked for like read ones, and
+        # they win over a NodePool read for the same flavor.
+        self.declared_pools = dict(declared_pools or {})
         # The agent's `topology.levels`: node labels reported per node, coarsest first.
         self.topology_levels = tuple(topology_levels)
         self._api = api_client
@@ -286,12 +291,21 @@ class KubeBackend:
 
     @classmethod
     def from_config(
-        cls, cluster: str, raw: dict[str, Any], topology_levels: Sequence[str] = ()
+        cls,
+        cluster: str,
+        raw: dict[str, Any],
+        topology_levels: Sequence[str] = (),
+        declared_pools: Mapping[str, ProvisionPool] | None = None,
     ) -> KubeBackend:
-        """Build from the agent config's `kube:` mapping and `topology.levels`;
+        """Build from the agent config's `kube:` mapping, `topology.levels` and `pools:`;
         KubeConfigError names a bad field. The API client is created in `start` (loading a
         kubeconfig is async)."""
-        return cls(cluster, convert_kube_config(raw), topology_levels=topology_levels)
+        return cls(
+            cluster,
+            convert_kube_config(raw),
+            topology_levels=topology_levels,
+            declared_pools=declared_pools,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _make_api(self) -> ApiClient:
@@ -398,13 +412,14 @@ class KubeBackend:
                 **common,
             )
         await self._initial_lists()
-        if cfg.autoscaling is not None:
-            self.autoscaling = Autoscaling(
-                self._rest, cfg, cfg.autoscaling, common, self._flavors_changed
-            )
+        scaling = cfg.autoscaling
+        if scaling is None and self.declared_pools:
+            scaling = AutoscalingConfig(nodepools=False)  # ask declared pools, read none
+        if scaling is not None:
+            self.autoscaling = Autoscaling(self._rest, cfg, scaling, common, self._flavors_changed)
             await self.autoscaling.list_once()
             for job_id in await self.autoscaling.adopt():  # withdrawn a window from now
-                self._withdraw_later(job_id, cfg.autoscaling.window_s)
+                self._withdraw_later(job_id, scaling.window_s)
         await self._adopt_lease()
         # What exists now (modules, the node cache) lives as long as the agent: out of the
         # cyclic collector's full passes, which would otherwise walk it every time and hold
@@ -1577,11 +1592,14 @@ class KubeBackend:
         """Ask the autoscaler behind `cmd.flavor` for the gang's nodes (agents/kube/pools.py);
         what is still asked for at the broker's deadline is withdrawn."""
         flavor = self.config.flavor(cmd.flavor)
-        pool = {f.name: f.provision for f in self.flavors()}.get(cmd.flavor)
+        pool = self.declared_pools.get(cmd.flavor) or next(
+            (f.provision for f in self.flavors() if f.name == cmd.flavor), None
+        )
         if self.autoscaling is None or flavor is None or pool is None:
             raise BackendError(
-                f"flavor {cmd.flavor!r} of cluster {self.cluster} has no autoscaled pool "
-                "(no NodePool matches its node labels and capacity type)"
+                f"flavor {cmd.flavor!r} of cluster {self.cluster} has no autoscaled pool (no "
+                "NodePool matches its node labels and capacity type, and the agent's `pools:` "
+                "declares none)"
             )
         try:
             await self.autoscaling.provision(cmd, pool, flavor)

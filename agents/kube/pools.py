@@ -282,7 +282,7 @@ def node_pod_spec(pool: ProvisionPool, flavor: FlavorConfig, gpu_resource: str) 
     ]
     requests: dict[str, str] = {gpu_resource: str(pool.node_gpu)}
     return {
-        "nodeSelector": dict(pool.labels),
+        "nodeSelector": {**flavor.node_labels, **pool.labels},
         "tolerations": tolerations,
         "terminationGracePeriodSeconds": 0,
         "containers": [

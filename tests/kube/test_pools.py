@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agents.backend import BackendError
+from agents.kube.backend import KubeBackend
 from agents.kube.config import AutoscalingConfig
 from agents.kube.decode import KNodeClaim, KNodePool
 from agents.kube.pools import (
@@ -21,9 +23,9 @@ from agents.kube.pools import (
     read_pools,
     room_nodes,
 )
-from schemas.agent import ClusterSnapshot, Provision
+from schemas.agent import ClusterSnapshot, Provision, ProvisionPool
 from tests.kube.autoscaler import NODEPOOLS, Autoscaler, nodepool
-from tests.kube.conftest import PODS, caught_up, gang_dispatch, make_config
+from tests.kube.conftest import PODS, Recorder, caught_up, gang_dispatch, make_config
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.rbac_authz import RbacAuthorizer
 from tests.kube.scheduling import schedule
@@ -306,3 +308,29 @@ async def test_a_restarted_agent_adopts_the_asks_it_made_and_cancel_releases_the
     assert second.autoscaling is not None and list(second.autoscaling.asks) == ["job-1"]
     await second.cancel("job-1", None, "cancelled")
     assert still_asked(apiserver) == 0
+
+
+async def test_a_pool_declared_in_the_agent_config_is_asked_without_reading_nodepools(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """A cluster-autoscaler node group from 0: declared, not read; the shipped RBAC only."""
+    declared = ProvisionPool(
+        node_gpu=8, max_nodes=3, labels={"eks.amazonaws.com/nodegroup": "gpu-spot"}
+    )
+    backend = KubeBackend(
+        "c1", make_config(), api_client=api_client, declared_pools={"a100-spot": declared}
+    )
+    await backend.start(Recorder())
+    try:
+        assert backend.autoscaling is not None and not backend.autoscaling.reflectors
+        await backend.provision(provision(nodes=3))
+        holders = [p for p in apiserver.items("v1", "pods") if LABEL_ASK in p["metadata"]["labels"]]
+        assert len(holders) == 3
+        assert holders[0]["spec"]["nodeSelector"] == {
+            "pool": "a100",
+            "eks.amazonaws.com/nodegroup": "gpu-spot",
+        }
+        with pytest.raises(BackendError, match="declares none"):
+            await backend.provision(msgspec.structs.replace(provision(), flavor="a100-od"))
+    finally:
+        await backend.stop()
