@@ -1026,6 +1026,8 @@ class KubeBackend:
             self._send(st)
             if w.terminal:
                 self._hold_all((w.job_id, w.attempt))
+                if self.autoscaling is not None and w.job_id in self.autoscaling.asks:
+                    self._withdraw_later(w.job_id, 0.0)  # the request it consumed is done
                 if st.phase in ("succeeded", "failed") and self.config.release_finished_pods:
                     task = asyncio.create_task(self._release_finished((w.job_id, w.attempt)))
                     self._background.add(task)

@@ -424,7 +424,7 @@ class Autoscaling:
 
     def pools_by_flavor(self, flavor_nodes: Mapping[str, int]) -> dict[str, ProvisionPool]:
         """What to report now (and remembered, to tell when a NodePool changes it)."""
-        if not self.reflectors:
+        if not self.cfg.nodepools:
             return {}
         self._flavor_nodes = dict(flavor_nodes)
         self._reported = read_pools(
@@ -461,8 +461,19 @@ class Autoscaling:
         name = ask_name(cmd.job_id, cmd.flavor)
         resource = flavor.gpu_resource or self.config.gpu_resource
         spec = node_pod_spec(pool, flavor, resource)
-        meta = {"labels": {LABEL_ASK: name}, "annotations": {ANN_ASK_JOB: cmd.job_id}}
         bound = self.log.bind(job_id=cmd.job_id, flavor=cmd.flavor, nodes=cmd.nodes, ask=name)
+        self.asks[cmd.job_id] = (ns, name)
+        try:
+            await self._ask(cmd, pool, spec, ns, name)
+        except BaseException:
+            await self.release(cmd.job_id)  # nothing half-asked stays; a resent ask starts over
+            raise
+        bound.info("provisioning request created" if self.use_requests else "placeholders created")
+
+    async def _ask(
+        self, cmd: Provision, pool: ProvisionPool, spec: dict[str, Any], ns: str, name: str
+    ) -> None:
+        meta = {"labels": {LABEL_ASK: name}, "annotations": {ANN_ASK_JOB: cmd.job_id}}
         if self.use_requests:
             await self._create(
                 f"/api/v1/namespaces/{ns}/podtemplates",
@@ -486,7 +497,6 @@ class Autoscaling:
                     },
                 },
             )
-            bound.info("provisioning request created")
         else:
             for i in range(cmd.nodes):
                 await self._create(
@@ -506,8 +516,6 @@ class Autoscaling:
                         "spec": spec,
                     },
                 )
-            bound.info("placeholder pods created")
-        self.asks[cmd.job_id] = (ns, name)
 
     async def _create(self, collection: str, body: dict[str, Any]) -> None:
         await self.rest.create(collection, body)  # None: it exists (a resent ask)

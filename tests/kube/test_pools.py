@@ -23,9 +23,9 @@ from agents.kube.pools import (
     read_pools,
     room_nodes,
 )
-from schemas.agent import ClusterSnapshot, Provision, ProvisionPool
+from schemas.agent import ClusterSnapshot, Provision, ProvisionPool, WorkloadStatus
 from tests.kube.autoscaler import NODEPOOLS, Autoscaler, nodepool
-from tests.kube.conftest import PODS, Recorder, caught_up, gang_dispatch, make_config
+from tests.kube.conftest import NS, PODS, Recorder, caught_up, gang_dispatch, make_config
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.rbac_authz import RbacAuthorizer
 from tests.kube.scheduling import schedule
@@ -310,10 +310,15 @@ async def test_a_restarted_agent_adopts_the_asks_it_made_and_cancel_releases_the
     assert still_asked(apiserver) == 0
 
 
+@pytest.mark.parametrize("served", [False, True])
 async def test_a_pool_declared_in_the_agent_config_is_asked_without_reading_nodepools(
-    apiserver: FakeApiServer, api_client: Any
+    apiserver: FakeApiServer, api_client: Any, served: bool
 ) -> None:
-    """A cluster-autoscaler node group from 0: declared, not read; the shipped RBAC only."""
+    """A cluster-autoscaler node group from 0: declared, not read; with the shipped RBAC
+    only (placeholders), or with the optional role where ProvisioningRequest is served."""
+    if served:
+        allow_autoscaling(apiserver)
+        Autoscaler(apiserver, provisioning_requests=True)
     declared = ProvisionPool(
         node_gpu=8, max_nodes=3, labels={"eks.amazonaws.com/nodegroup": "gpu-spot"}
     )
@@ -322,10 +327,20 @@ async def test_a_pool_declared_in_the_agent_config_is_asked_without_reading_node
     )
     await backend.start(Recorder())
     try:
-        assert backend.autoscaling is not None and not backend.autoscaling.reflectors
+        assert backend.autoscaling is not None
+        watched = {r.name for r in backend.autoscaling.reflectors}
+        assert watched == ({"provisioningrequests"} if served else set())  # no NodePool read
+        assert spot_flavor(await backend.snapshot()).provision is None  # the runtime adds it
         await backend.provision(provision(nodes=3))
-        holders = [p for p in apiserver.items("v1", "pods") if LABEL_ASK in p["metadata"]["labels"]]
-        assert len(holders) == 3
+        if served:
+            (tmpl,) = apiserver.items("v1", "podtemplates")
+            holders = [{"spec": tmpl["template"]["spec"]}]
+            assert still_asked(apiserver) == 1
+        else:
+            holders = [
+                p for p in apiserver.items("v1", "pods") if LABEL_ASK in p["metadata"]["labels"]
+            ]
+            assert len(holders) == 3
         assert holders[0]["spec"]["nodeSelector"] == {
             "pool": "a100",
             "eks.amazonaws.com/nodegroup": "gpu-spot",
@@ -334,3 +349,46 @@ async def test_a_pool_declared_in_the_agent_config_is_asked_without_reading_node
             await backend.provision(msgspec.structs.replace(provision(), flavor="a100-od"))
     finally:
         await backend.stop()
+
+
+async def test_a_half_made_ask_is_undone_so_the_resent_ask_makes_it_whole(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    allow_autoscaling(apiserver)
+    Autoscaler(apiserver, provisioning_requests=True)
+    apiserver.put(NODEPOOLS, spot_pool())
+    backend, _ = await make_backend(autoscaling={"provisioning_request": "on"})
+    apiserver.fail_next("POST", f"/apis/autoscaling.x-k8s.io/v1/namespaces/{NS}/", 500)
+    with pytest.raises(BackendError):
+        await backend.provision(provision())
+    assert not apiserver.items("v1", "podtemplates")  # the template made first is gone
+    await backend.provision(provision())
+    assert still_asked(apiserver) == 1 and len(apiserver.items("v1", "podtemplates")) == 1
+
+
+async def test_the_request_goes_when_the_gang_that_consumed_it_finishes(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    allow_autoscaling(apiserver)
+    auto = Autoscaler(apiserver, provisioning_requests=True)
+    apiserver.put(NODEPOOLS, spot_pool())
+    backend, rec = await make_backend(autoscaling={})
+    await backend.provision(provision())
+    for t in (0.0, 1.0, 1.0):
+        auto.reconcile(t)
+    await wait_for(lambda: len(backend._nodes) == 2, what="the request's nodes")
+    cmd = gang_dispatch()
+    nodes = sorted(backend._nodes)
+    cmd = msgspec.structs.replace(
+        cmd, assignment=[msgspec.structs.replace(cmd.assignment[0], nodes=nodes)]
+    )
+    await backend.dispatch(cmd)
+    assert still_asked(apiserver) == 1  # kept while the gang's pods consume it
+    (job,) = apiserver.items("batch/v1", "jobs")
+    job = {
+        **job,
+        "status": {"succeeded": 2, "conditions": [{"type": "Complete", "status": "True"}]},
+    }
+    apiserver.put(f"/apis/batch/v1/namespaces/{NS}/jobs", job)
+    await rec.wait_for(lambda: any(s.phase == "succeeded" for s in rec.of(WorkloadStatus)))
+    await wait_for(lambda: not still_asked(apiserver), what="the request deleted")
