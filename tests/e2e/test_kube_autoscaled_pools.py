@@ -61,9 +61,13 @@ async def pooled_world(
     world: World, stockouts: set[str], window_s: float
 ) -> AsyncIterator[dict[str, PooledCluster]]:
     h = world.harness
-    h.config = msgspec.structs.replace(
-        h.config, timeouts=msgspec.structs.replace(h.config.timeouts, dispatch_ack_s=5.0)
+    # Kube acks are real HTTP, and one loaded process runs broker, agents and API servers: a
+    # stall of a second must not make the asked cluster unreachable (its gang would then be
+    # planned on the other cluster's pool, a path this test is not about).
+    timeouts = msgspec.structs.replace(
+        h.config.timeouts, dispatch_ack_s=5.0, unreachable_after_s=15.0, lost_after_s=30.0
     )
+    h.config = msgspec.structs.replace(h.config, timeouts=timeouts)
 
     def build(name: str, server: FakeApiServer, api: ApiClient) -> PooledCluster:
         server.put(NODEPOOLS, spot_nodepool())
