@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.kube.autoscaler import (
     ATOMIC,
@@ -224,3 +226,30 @@ async def test_a_launched_node_is_kept_for_the_pod_it_was_launched_for(
     apiserver.put(PODS, pending("p1"))  # p0 is not bound yet: its node is not free for p1
     auto.reconcile(1.0)
     assert len(auto.nodeclaims()) == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    limit=st.integers(0, 48),
+    pods=st.lists(st.tuples(st.integers(1, 8), st.booleans()), max_size=8),
+    stocked_out=st.booleans(),
+)
+def test_the_provisioner_keeps_every_pool_within_its_limits(
+    limit: int, pods: list[tuple[int, bool]], stocked_out: bool
+) -> None:
+    """Whatever pods arrive, the NodeClaims of a pool never hold more GPUs than its limits,
+    each node launched fits its pod's template, and a stocked-out pool launches nothing."""
+    server = FakeApiServer()
+    auto = Autoscaler(server, seed=limit, stockouts={"gpu-spot"} if stocked_out else set())
+    server.put(NODEPOOLS, spot_pool(limits={"nvidia.com/gpu": str(limit)}))
+    for i, (gpu, tolerate) in enumerate(pods):
+        server.put(PODS, pending(f"p{i}", gpu=gpu, tolerate=tolerate))
+    for t in (0.0, 0.5, 1.0, 3.0):
+        auto.reconcile(t)
+        held = sum(
+            int(c["spec"]["resources"]["requests"]["nvidia.com/gpu"]) for c in auto.nodeclaims()
+        )
+        assert held <= limit
+    assert len(auto.launched) <= sum(1 for _, tolerate in pods if tolerate)
+    if stocked_out:
+        assert not auto.launched and not server.items("v1", "nodes")
