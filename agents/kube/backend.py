@@ -82,7 +82,6 @@ from agents.kube.client import (
     sleep_or_stop,
 )
 from agents.kube.config import (
-    AutoscalingConfig,
     FlavorConfig,
     KubeBackendConfig,
     Provider,
@@ -412,14 +411,9 @@ class KubeBackend:
                 **common,
             )
         await self._initial_lists()
-        scaling = cfg.autoscaling
-        if scaling is None and self.declared_pools:
-            scaling = AutoscalingConfig(nodepools=False)  # ask declared pools, read none
-        if scaling is not None:
-            self.autoscaling = Autoscaling(self._rest, cfg, scaling, common, self._flavors_changed)
-            await self.autoscaling.list_once()
-            for job_id in await self.autoscaling.adopt():  # withdrawn a window from now
-                self._withdraw_later(job_id, scaling.window_s)
+        self.autoscaling = await Autoscaling.start(
+            self._rest, cfg, self.declared_pools, common, self._flavors_changed
+        )
         await self._adopt_lease()
         # What exists now (modules, the node cache) lives as long as the agent: out of the
         # cyclic collector's full passes, which would otherwise walk it every time and hold
@@ -561,6 +555,8 @@ class KubeBackend:
         if self.report_server is not None:
             await self.report_server.stop()
             self.report_server = self.report_url = None
+        if self.autoscaling is not None:
+            await self.autoscaling.stop()
         for b in list(self._background):
             b.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -1027,7 +1023,7 @@ class KubeBackend:
             if w.terminal:
                 self._hold_all((w.job_id, w.attempt))
                 if self.autoscaling is not None and w.job_id in self.autoscaling.asks:
-                    self._withdraw_later(w.job_id, 0.0)  # the request it consumed is done
+                    self.autoscaling.withdraw_later(w.job_id, 0.0)  # the request it consumed
                 if st.phase in ("succeeded", "failed") and self.config.release_finished_pods:
                     task = asyncio.create_task(self._release_finished((w.job_id, w.attempt)))
                     self._background.add(task)
@@ -1591,33 +1587,14 @@ class KubeBackend:
             self._send(ClusterSnapshot(flavors=[], nodes=[]))
 
     async def provision(self, cmd: Provision) -> None:
-        """Ask the autoscaler behind `cmd.flavor` for the gang's nodes (agents/kube/pools.py);
-        what is still asked for at the broker's deadline is withdrawn."""
-        flavor = self.config.flavor(cmd.flavor)
-        pool = self.declared_pools.get(cmd.flavor) or next(
-            (f.provision for f in self.flavors() if f.name == cmd.flavor), None
-        )
-        if self.autoscaling is None or flavor is None or pool is None:
+        """Ask the autoscaler behind `cmd.flavor` for the gang's nodes (agents/kube/pools.py)."""
+        if self.autoscaling is None:
             raise BackendError(
-                f"flavor {cmd.flavor!r} of cluster {self.cluster} has no autoscaled pool (no "
-                "NodePool matches its node labels and capacity type, and the agent's `pools:` "
-                "declares none)"
+                f"cluster {self.cluster} reads and declares no autoscaled pool (set "
+                "kube.autoscaling, or declare the pool in the agent's `pools:`)"
             )
-        try:
-            await self.autoscaling.provision(cmd, pool, flavor)
-        except KubeApiError as exc:
-            raise BackendError(f"asking pool {cmd.flavor!r} for nodes: {exc}") from None
-        if cmd.deadline:
-            self._withdraw_later(cmd.job_id, max(0.0, cmd.deadline - self._clock()))
-
-    def _withdraw_later(self, job_id: str, delay: float) -> None:
-        task = asyncio.create_task(self._withdraw_at(job_id, delay))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _withdraw_at(self, job_id: str, delay: float) -> None:
-        if not await sleep_or_stop(self._stop, delay) and self.autoscaling is not None:
-            await self.autoscaling.release(job_id)
+        read = {f.name: f.provision for f in self.flavors() if f.provision is not None}
+        await self.autoscaling.ask(cmd, read, self._clock(), self.cluster)
 
     async def snapshot(self) -> ClusterSnapshot:
         nodes = [n.info for n in self._nodes.values() if n.info is not None]

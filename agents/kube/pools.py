@@ -29,6 +29,7 @@ when the request's window passes without the nodes, as with any pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
@@ -39,6 +40,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from agents.backend import BackendError
 from agents.kube.client import KubeApiError, KubeRest, Reflector
 from agents.kube.config import AutoscalingConfig, FlavorConfig, KubeBackendConfig
 from agents.kube.decode import (
@@ -305,8 +307,12 @@ class Autoscaling:
         cfg: AutoscalingConfig,
         reflector_args: dict[str, Any],
         on_change: Callable[[], None] | None = None,
+        declared: Mapping[str, ProvisionPool] | None = None,
     ) -> None:
         self.rest = rest
+        # The agent config's `pools:` (node groups, GKE NAP): asked like read ones, and they
+        # win over a NodePool read for the same flavor.
+        self.declared = dict(declared or {})
         self.config = config
         self.cfg = cfg
         self.log = log.bind(component="autoscaling")
@@ -367,6 +373,64 @@ class Autoscaling:
             )
             await self.requests.list_once()
             self.reflectors.append(self.requests)
+
+    @classmethod
+    async def start(
+        cls,
+        rest: KubeRest,
+        config: KubeBackendConfig,
+        declared: Mapping[str, ProvisionPool],
+        reflector_args: dict[str, Any],
+        on_change: Callable[[], None],
+    ) -> Autoscaling | None:
+        """Listed, with an earlier agent's asks adopted (withdrawn a window from now unless
+        their gang comes); None when the agent neither reads nor declares a pool."""
+        cfg = config.autoscaling
+        if cfg is None and declared:
+            cfg = AutoscalingConfig(nodepools=False)  # ask declared pools, read none
+        if cfg is None:
+            return None
+        self = cls(rest, config, cfg, reflector_args, on_change, declared)
+        await self.list_once()
+        for job_id in await self.adopt():
+            self.withdraw_later(job_id, cfg.window_s)
+        return self
+
+    async def ask(
+        self, cmd: Provision, read: Mapping[str, ProvisionPool], now: float, cluster: str
+    ) -> None:
+        """The broker's `provision`: the declared pool of the flavor, else the one read;
+        what is still asked for at the broker's deadline is withdrawn."""
+        flavor = self.config.flavor(cmd.flavor)
+        pool = self.declared.get(cmd.flavor) or read.get(cmd.flavor)
+        if flavor is None or pool is None:
+            raise BackendError(
+                f"flavor {cmd.flavor!r} of cluster {cluster} has no autoscaled pool (no "
+                "NodePool matches its node labels and capacity type, and the agent's `pools:` "
+                "declares none)"
+            )
+        try:
+            await self.provision(cmd, pool, flavor)
+        except KubeApiError as exc:
+            raise BackendError(f"asking pool {cmd.flavor!r} for nodes: {exc}") from None
+        if cmd.deadline:
+            self.withdraw_later(cmd.job_id, max(0.0, cmd.deadline - now))
+
+    def withdraw_later(self, job_id: str, delay: float) -> None:
+        """Release the job's ask after `delay` seconds (at once with 0)."""
+        task = asyncio.create_task(self._withdraw_after(job_id, delay))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _withdraw_after(self, job_id: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self.release(job_id)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def adopt(self) -> list[str]:
         """Asks an earlier agent made (its placeholder pods or its ProvisioningRequests) are

@@ -392,3 +392,15 @@ async def test_the_request_goes_when_the_gang_that_consumed_it_finishes(
     apiserver.put(f"/apis/batch/v1/namespaces/{NS}/jobs", job)
     await rec.wait_for(lambda: any(s.phase == "succeeded" for s in rec.of(WorkloadStatus)))
     await wait_for(lambda: not still_asked(apiserver), what="the request deleted")
+
+
+async def test_an_adopted_ask_whose_gang_never_comes_is_withdrawn_a_window_later(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    first = await asked_backend(apiserver, make_backend, "off")
+    await first.stop()
+    assert still_asked(apiserver) == 2
+    scaling = {"provisioning_request": "off", "ready_s": 0.1, "window_s": 0.3}
+    second, _ = await make_backend(autoscaling=scaling)
+    assert second.autoscaling is not None and list(second.autoscaling.asks) == ["job-1"]
+    await wait_for(lambda: not still_asked(apiserver), what="the adopted ask withdrawn")
