@@ -127,8 +127,9 @@ class ClusterFencing(Fencing, Protocol):
 
 
 class Provisioner(Protocol):
-    """What a backend that can grow an autoscaled pool adds to `Backend` (the fake; kube not
-    yet): optional, like `Fencing`. The runtime refuses `provision` for a backend without it."""
+    """What a backend that can grow an autoscaled pool adds to `Backend` (the fake, and kube
+    through agents/kube/pools.py): optional, like `Fencing`. The runtime refuses `provision`
+    for a backend without it."""
 
     async def provision(self, cmd: Provision) -> None:
         """Ask the pool behind `cmd.flavor` for `cmd.nodes` more nodes; they are reported as

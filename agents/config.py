@@ -358,13 +358,16 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"pools: flavors {dupes} are declared twice")
-        if self.backend != "fake":
+        if self.backend == "local":
             raise ValueError(
-                f"pools: the {self.backend} backend cannot grow a pool yet (reading Karpenter "
-                "NodePools or node groups and ProvisioningRequest are not built); remove "
-                "`pools` or use the fake backend"
+                "pools: the local backend has no autoscaler to grow a pool; remove `pools` or "
+                "use the fake or kube backend"
             )
-        flavors = {f.name for f in self.fake.flavors} if self.fake is not None else set()
+        if self.backend == "kube":
+            raw = (self.kube or {}).get("flavors") or []
+            flavors = {str(f.get("name")) for f in raw if isinstance(f, dict)}
+        else:
+            flavors = {f.name for f in self.fake.flavors} if self.fake is not None else set()
         unknown = sorted(set(names) - flavors)
         if unknown:
             raise ValueError(

@@ -39,7 +39,8 @@ def build_backend(config: AgentConfig) -> Backend:
     from agents.kube.backend import KubeBackend  # lazy: kubernetes-asyncio is heavy
 
     levels = config.topology.levels if config.topology is not None else ()
-    backend: Backend = KubeBackend.from_config(config.cluster, config.kube or {}, levels)
+    declared = {p.flavor: p.provision() for p in config.pools}
+    backend: Backend = KubeBackend.from_config(config.cluster, config.kube or {}, levels, declared)
     return backend
 
 

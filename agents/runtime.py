@@ -127,6 +127,9 @@ class AgentRuntime:
         self.companion = companion
         # flavor -> the autoscaled pool behind it, reported in every snapshot's flavors
         self.pools: dict[str, ProvisionPool] = dict(pools or {})
+        # Flavors whose pool the backend reads from the cluster (kube: Karpenter NodePools),
+        # as its last snapshot reported them.
+        self.read_pools: set[str] = set()
         self.nc = nc
         self.subjects = subjects
         self.cluster = backend.cluster
@@ -257,7 +260,11 @@ class AgentRuntime:
     # -- events --------------------------------------------------------------------------
     def _emit(self, ev: AgentEvent) -> None:
         """Given to the backend; never blocks. Deltas that a pending snapshot will cover are
-        dropped at once, which also bounds memory while partitioned."""
+        dropped at once, which also bounds memory while partitioned. A backend whose flavors
+        changed (kube: a NodePool) emits a ClusterSnapshot: a full one goes in the next batch."""
+        if isinstance(ev, ClusterSnapshot):
+            self.request_snapshot()
+            return
         if isinstance(ev, WorkloadStatus) and ev.phase in TERMINAL_PHASES:
             self.gate.ended(ev.job_id, ev.attempt)
         key = _outbox_key(ev)
@@ -594,7 +601,9 @@ class AgentRuntime:
                             outbox[key] = (w, seq, now)  # type: ignore[index]
 
     def _learn(self, snap: ClusterSnapshot) -> None:
-        """After a restart the snapshot tells which attempts already exist here."""
+        """After a restart the snapshot tells which attempts already exist here; and which
+        flavors the backend reads an autoscaled pool for."""
+        self.read_pools = {f.name for f in snap.flavors if f.provision is not None}
         fence_after = self.backend.fence_after if isinstance(self.backend, Fencing) else None
         for w in snap.workloads:
             live = w.phase not in TERMINAL_PHASES
@@ -666,7 +675,7 @@ class AgentRuntime:
         backend that cannot grow pools)."""
         log = self.log.bind(job_id=cmd.job_id, flavor=cmd.flavor, nodes=cmd.nodes)
         grow = getattr(self.backend, "provision", None)
-        if cmd.flavor not in self.pools:
+        if cmd.flavor not in self.pools and cmd.flavor not in self.read_pools:
             err = f"flavor {cmd.flavor!r} of cluster {self.cluster} declares no autoscaled pool"
         elif grow is None:
             err = f"the backend of cluster {self.cluster} cannot grow pools"

@@ -82,6 +82,8 @@ class PodPolicy(NamedTuple):
     service_accounts: frozenset[str] | None = frozenset({"default"})
     # The agent's checkpoint report endpoint (MUSTER_REPORT_URL); None: not offered.
     report_url: str | None = None
+    # Added to every pod (the ProvisioningRequest a gang consumes, agents/kube/pools.py).
+    annotations: Mapping[str, str] = {}
 
 
 def _hash(text: str, n: int = 6) -> str:
@@ -287,6 +289,7 @@ def prepare_template(
     meta["annotations"] = {
         **(meta.get("annotations") or {}),
         **DO_NOT_DISRUPT,
+        **policy.annotations,
         ANN_JOB: cmd.job_id,
         ANN_TOTAL: str(total),
         ANN_KIND: cmd.spec.workload.kind,

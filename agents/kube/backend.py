@@ -59,7 +59,7 @@ import hmac
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -127,6 +127,7 @@ from agents.kube.nodes import (
     notices,
     untolerated_taints,
 )
+from agents.kube.pools import Autoscaling, is_placeholder
 from agents.kube.quota import attempt_usage, namespace_refusal, quota_message
 from agents.kube.report import REPORT_PATH, Refused, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
@@ -159,6 +160,8 @@ from schemas.agent import (
     NodeInfo,
     NodeOpName,
     NodeUpsert,
+    Provision,
+    ProvisionPool,
     SpotNotice,
 )
 
@@ -225,9 +228,13 @@ class KubeBackend:
         clock: Callable[[], float] = time.time,
         tick_s: float = 1.0,
         topology_levels: Sequence[str] = (),
+        declared_pools: Mapping[str, ProvisionPool] | None = None,
     ) -> None:
         self.cluster = cluster
         self.config = config
+        # The agent config's `pools:` (node groups, GKE NAP): asked for like read ones, and
+        # they win over a NodePool read for the same flavor.
+        self.declared_pools = dict(declared_pools or {})
         # The agent's `topology.levels`: node labels reported per node, coarsest first.
         self.topology_levels = tuple(topology_levels)
         self._api = api_client
@@ -280,15 +287,25 @@ class KubeBackend:
         # Checkpoint reports from pods (agents/kube/report.py); the URL pods get, once bound.
         self.report_server: ReportServer | None = None
         self.report_url: str | None = None
+        self.autoscaling: Autoscaling | None = None  # autoscaled pools (agents/kube/pools.py)
 
     @classmethod
     def from_config(
-        cls, cluster: str, raw: dict[str, Any], topology_levels: Sequence[str] = ()
+        cls,
+        cluster: str,
+        raw: dict[str, Any],
+        topology_levels: Sequence[str] = (),
+        declared_pools: Mapping[str, ProvisionPool] | None = None,
     ) -> KubeBackend:
-        """Build from the agent config's `kube:` mapping and `topology.levels`;
+        """Build from the agent config's `kube:` mapping, `topology.levels` and `pools:`;
         KubeConfigError names a bad field. The API client is created in `start` (loading a
         kubeconfig is async)."""
-        return cls(cluster, convert_kube_config(raw), topology_levels=topology_levels)
+        return cls(
+            cluster,
+            convert_kube_config(raw),
+            topology_levels=topology_levels,
+            declared_pools=declared_pools,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _make_api(self) -> ApiClient:
@@ -395,6 +412,9 @@ class KubeBackend:
                 **common,
             )
         await self._initial_lists()
+        self.autoscaling = await Autoscaling.start(
+            self._rest, cfg, self.declared_pools, common, self._flavors_changed
+        )
         await self._adopt_lease()
         # What exists now (modules, the node cache) lives as long as the agent: out of the
         # cyclic collector's full passes, which would otherwise walk it every time and hold
@@ -416,6 +436,7 @@ class KubeBackend:
             self.pod_reflector,
             self.muster_pod_reflector,
             *self.job_reflectors.values(),
+            *(self.autoscaling.reflectors if self.autoscaling else ()),
         ]
         self._tasks = [
             *(
@@ -535,6 +556,8 @@ class KubeBackend:
         if self.report_server is not None:
             await self.report_server.stop()
             self.report_server = self.report_url = None
+        if self.autoscaling is not None:
+            await self.autoscaling.stop()
         for b in list(self._background):
             b.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -886,6 +909,8 @@ class KubeBackend:
         self._note_disruption(uid, pod, deleted)
         if LABEL_JOB in meta.labels and meta.namespace in self._namespaces:
             return  # Muster's own: the muster-pods watch accounts for it
+        if is_placeholder(meta.labels) and meta.namespace in self._namespaces:
+            return  # holds a new node for the gang the broker will place there
         node = pod.spec.nodeName
         active = not deleted and node and pod.status.phase not in ("Succeeded", "Failed")
         usage = self._demand(pod) if active else ()
@@ -998,6 +1023,8 @@ class KubeBackend:
             self._send(st)
             if w.terminal:
                 self._hold_all((w.job_id, w.attempt))
+                if self.autoscaling is not None and w.job_id in self.autoscaling.asks:
+                    self.autoscaling.withdraw_later(w.job_id, 0.0)  # the request it consumed
                 if st.phase in ("succeeded", "failed") and self.config.release_finished_pods:
                     task = asyncio.create_task(self._release_finished((w.job_id, w.attempt)))
                     self._background.add(task)
@@ -1162,6 +1189,7 @@ class KubeBackend:
             known = [f.name for f in self.config.flavors]
             raise BackendError(f"flavor {cmd.flavor!r} is not configured here (known: {known})")
         ns = self.config.namespace_for(cmd.spec.queue)
+        grown = self.autoscaling.consume(cmd.job_id) if self.autoscaling else {}
         try:
             plan = build_workload(
                 cmd,
@@ -1171,6 +1199,7 @@ class KubeBackend:
                 self.config,
                 self._provider_of(cmd),
                 self.report_url,
+                grown,
             )
         except ManifestError as exc:
             raise BackendError(str(exc)) from None
@@ -1178,6 +1207,8 @@ class KubeBackend:
 
     async def dispatch(self, cmd: Dispatch) -> None:
         flavor, ns, plan = self._plan(cmd)
+        if self.autoscaling is not None:
+            await self.autoscaling.release(cmd.job_id, keep_request=True)
         key = (cmd.job_id, cmd.attempt)
         w = self._workloads.get(key)
         if w is None or not w.objects:  # a retried dispatch's own pods are in the quota's usage
@@ -1357,6 +1388,8 @@ class KubeBackend:
         for key in [k for k in self._workloads if k[0] == job_id and not keep(k[1])]:
             self._workloads[key].cancelled = True
             self._hold_all(key)
+        if self.autoscaling is not None and attempt is None:
+            await self.autoscaling.release(job_id)
 
     # -- fencing: one Lease per cluster, renewed while the broker hears this agent; the fence
     # watchdog and the in-pod self-fence read it (agents/kube/fence.py)
@@ -1568,10 +1601,34 @@ class KubeBackend:
                 if m:
                     mem[n.flavor.name] = min(mem.get(n.flavor.name, m), m)
         levels = self.topology_levels
+        pools: dict[str, ProvisionPool] = {}
+        if self.autoscaling is not None:
+            have: dict[str, int] = {}
+            for n in self._nodes.values():
+                if n.flavor is not None:
+                    have[n.flavor.name] = have.get(n.flavor.name, 0) + 1
+            pools = self.autoscaling.pools_by_flavor(have)
         return [
-            msgspec.structs.replace(f.info(mem.get(f.name, 0)), topology_levels=levels)
+            msgspec.structs.replace(
+                f.info(mem.get(f.name, 0)), topology_levels=levels, provision=pools.get(f.name)
+            )
             for f in self.config.flavors
         ]
+
+    def _flavors_changed(self) -> None:
+        """What a flavor reports changed (a NodePool): the runtime sends a full snapshot."""
+        if self._live:
+            self._send(ClusterSnapshot(flavors=[], nodes=[]))
+
+    async def provision(self, cmd: Provision) -> None:
+        """Ask the autoscaler behind `cmd.flavor` for the gang's nodes (agents/kube/pools.py)."""
+        if self.autoscaling is None:
+            raise BackendError(
+                f"cluster {self.cluster} reads and declares no autoscaled pool (set "
+                "kube.autoscaling, or declare the pool in the agent's `pools:`)"
+            )
+        read = {f.name: f.provision for f in self.flavors() if f.provision is not None}
+        await self.autoscaling.ask(cmd, read, self._clock(), self.cluster)
 
     async def snapshot(self) -> ClusterSnapshot:
         nodes = [n.info for n in self._nodes.values() if n.info is not None]

@@ -209,6 +209,42 @@ class NamespaceRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     queues: Annotated[list[DnsLabel], Meta(min_length=1, max_length=256)]
 
 
+class NodeFigures(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What one node of a NodePool brings, declared where its requirements do not say (no
+    single `karpenter.k8s.aws/instance-gpu-count` value, say)."""
+
+    gpu: Annotated[int, Meta(ge=1, le=1024)]
+    cpu: str | int | float = 0
+    memory: str | int | float = 0
+
+
+class AutoscalingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Autoscaled pools read from the cluster and how the agent asks them to grow
+    (agents/kube/pools.py, docs/kubernetes.md "Autoscaled pools")."""
+
+    # Read Karpenter `karpenter.sh/v1` NodePools (and their NodeClaims) as autoscaled pools.
+    nodepools: bool = True
+    # Ask for a gang's nodes with a ProvisioningRequest (best-effort-atomic-scale-up): "auto"
+    # when the cluster serves autoscaling.x-k8s.io/v1 provisioningrequests, else placeholder
+    # pods that an autoscaler acts on; "on" / "off" force either.
+    provisioning_request: Literal["auto", "on", "off"] = "auto"
+    # Expected seconds from asking to a Ready node, and how long before a request counts as
+    # a stockout, reported for every NodePool (ProvisionPool.ready_s / window_s).
+    ready_s: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
+    window_s: Annotated[float, Meta(gt=0, le=86_400)] = 900.0
+    # The nodes a NodePool without `spec.limits` may add.
+    unlimited_nodes: Annotated[int, Meta(ge=1, le=100_000)] = 100
+    # Per NodePool name: its node figures when the requirements do not give them.
+    node_figures: Annotated[dict[LabelValue, NodeFigures], Meta(max_length=256)] = {}
+
+    def __post_init__(self) -> None:
+        if self.window_s < self.ready_s:
+            raise ValueError(
+                f"autoscaling: window_s ({self.window_s:g}) is shorter than ready_s "
+                f"({self.ready_s:g}); every request would count as a stockout"
+            )
+
+
 class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Everything the kube backend needs. `kubeconfig` None and `in_cluster` false means the
     default kubeconfig ($KUBECONFIG or ~/.kube/config)."""
@@ -282,6 +318,8 @@ class KubeBackendConfig(msgspec.Struct, forbid_unknown_fields=True, omit_default
     priority_classes: Annotated[list[PriorityClassRule], Meta(max_length=64)] = []
     # Checkpoint reports from pods (docs/kubernetes.md "Checkpoint reports from pods").
     report: ReportConfig = msgspec.field(default_factory=ReportConfig)
+    # Autoscaled pools (Karpenter NodePools, ProvisioningRequest); None: not read.
+    autoscaling: AutoscalingConfig | None = None
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.flavors]
@@ -345,6 +383,7 @@ def pod_policy(
     provider: Provider = "other",
     priority: int = 0,
     report_url: str | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> PodPolicy:
     """What the flavor and the agent's configuration add to every pod template; `provider`
     is that of the nodes the pods go to (their spot grace)."""
@@ -363,6 +402,7 @@ def pod_policy(
             config.allowed_service_accounts if config is not None else ("default",)
         ),
         report_url=report_url,
+        annotations=dict(annotations or {}),
     )
 
 
@@ -374,8 +414,9 @@ def build_workload(
     config: KubeBackendConfig | None = None,
     provider: Provider = "other",
     report_url: str | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> WorkloadPlan:
     """Dispatch -> the objects to create on this flavor, by `spec.workload.kind` (kinds/);
     `report_url` is where the pods post checkpoint reports (None: no such endpoint)."""
-    policy = pod_policy(flavor, config, provider, cmd.spec.priority, report_url)
+    policy = pod_policy(flavor, config, provider, cmd.spec.priority, report_url, annotations)
     return kinds_build_workload(cmd, policy, namespace, gpu_resource)

@@ -209,7 +209,69 @@ class KListMeta(msgspec.Struct, gc=False):
     continue_: str = msgspec.field(default="", name="continue")
 
 
-T = TypeVar("T", KNode, KPod, KObject, KJob)
+# -- autoscalers: Karpenter NodePools and NodeClaims, ProvisioningRequests (agents/kube/pools.py)
+
+
+class KRequirement(msgspec.Struct, gc=False):
+    key: str = ""
+    operator: str = ""
+    values: list[str] = []
+
+
+class KTemplateMeta(msgspec.Struct, gc=False):
+    labels: dict[str, str] = {}
+
+
+class KTemplateSpec(msgspec.Struct, gc=False):
+    requirements: list[KRequirement] = []
+    taints: list[KTaint] = []
+
+
+class KTemplate(msgspec.Struct, gc=False):
+    metadata: KTemplateMeta = msgspec.field(default_factory=KTemplateMeta)
+    spec: KTemplateSpec = msgspec.field(default_factory=KTemplateSpec)
+
+
+class KNodePoolSpec(msgspec.Struct, gc=False):
+    template: KTemplate = msgspec.field(default_factory=KTemplate)
+    limits: Resources = {}
+    weight: int = 0
+
+
+class KNodePool(msgspec.Struct, gc=False):
+    metadata: KMeta = msgspec.field(default_factory=KMeta)
+    spec: KNodePoolSpec = msgspec.field(default_factory=KNodePoolSpec)
+
+
+class KClaimResources(msgspec.Struct, gc=False):
+    requests: Resources = {}
+
+
+class KNodeClaimSpec(msgspec.Struct, gc=False):
+    resources: KClaimResources = msgspec.field(default_factory=KClaimResources)
+
+
+class KNodeClaimStatus(msgspec.Struct, gc=False):
+    nodeName: str = ""
+    capacity: Resources = {}
+
+
+class KNodeClaim(msgspec.Struct, gc=False):
+    metadata: KMeta = msgspec.field(default_factory=KMeta)
+    spec: KNodeClaimSpec = msgspec.field(default_factory=KNodeClaimSpec)
+    status: KNodeClaimStatus = msgspec.field(default_factory=KNodeClaimStatus)
+
+
+class KProvStatus(msgspec.Struct, gc=False):
+    conditions: list[KCondition] = []
+
+
+class KProvisioningRequest(msgspec.Struct, gc=False):
+    metadata: KMeta = msgspec.field(default_factory=KMeta)
+    status: KProvStatus = msgspec.field(default_factory=KProvStatus)
+
+
+T = TypeVar("T", KNode, KPod, KObject, KJob, KNodePool, KNodeClaim, KProvisioningRequest)
 
 
 class KList(msgspec.Struct, Generic[T], gc=False):

@@ -21,6 +21,12 @@ API server stand-in enforces the YAML on every request the agent's tests make
   size can change (`Adapter.resizable`: a Dispatch revision of an elastic attempt). `get`
   and `update` on workload objects are not needed. The fence watchdog's own Role is
   `kinds.registry.watchdog_rules`.
+
+Optional, with `kube.autoscaling` (agents/kube/pools.py; deploy/agent/optional/
+autoscaling-rbac.yaml grants exactly `AUTOSCALING_CLUSTER_RULES` and
+`AUTOSCALING_NAMESPACE_RULES`): list+watch Karpenter NodePools and NodeClaims cluster-wide, and
+in the workload namespace create/delete/list/watch ProvisioningRequests and create/delete the
+PodTemplates they reference (placeholder pods use the pods verbs above).
 """
 
 from __future__ import annotations
@@ -35,7 +41,31 @@ NAMESPACE_RULES: frozenset[Rule] = namespace_rules() | {
     Rule("", "resourcequotas", "list"),
 }
 
-__all__ = ["CLUSTER_RULES", "NAMESPACE_RULES", "Rule", "frontdoor_rules", "namespace_rules"]
+AUTOSCALING_CLUSTER_RULES: frozenset[Rule] = frozenset(
+    Rule("karpenter.sh", res, verb)
+    for res in ("nodepools", "nodeclaims")
+    for verb in ("list", "watch")
+)
+AUTOSCALING_NAMESPACE_RULES: frozenset[Rule] = frozenset(
+    {
+        *(
+            Rule("autoscaling.x-k8s.io", "provisioningrequests", v)
+            for v in ("create", "delete", "list", "watch")
+        ),
+        Rule("", "podtemplates", "create"),
+        Rule("", "podtemplates", "delete"),
+    }
+)
+
+__all__ = [
+    "AUTOSCALING_CLUSTER_RULES",
+    "AUTOSCALING_NAMESPACE_RULES",
+    "CLUSTER_RULES",
+    "NAMESPACE_RULES",
+    "Rule",
+    "frontdoor_rules",
+    "namespace_rules",
+]
 
 
 def frontdoor_rules() -> frozenset[Rule]:

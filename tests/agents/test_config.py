@@ -182,8 +182,17 @@ def test_pool_errors_say_what_to_fix(tmp_path: Path, edit: tuple[str, str], need
 
 def test_backends_that_cannot_grow_pools_refuse_them(tmp_path: Path) -> None:
     text = (
-        "cluster: k\nbackend: kube\nkube: {}\npools: [{flavor: a, max_nodes: 2, gpu_per_node: 8}]"
+        "cluster: k\nbackend: local\nlocal: {}\npools: [{flavor: a, max_nodes: 2, gpu_per_node: 8}]"
     )
     with pytest.raises(AgentConfigError) as info:
         load_agent_config(write(tmp_path, text))
-    assert "the kube backend cannot grow a pool yet" in str(info.value)
+    assert "the local backend has no autoscaler to grow a pool" in str(info.value)
+
+
+def test_a_kube_agent_declares_pools_of_its_own_flavors(tmp_path: Path) -> None:
+    pools = "pools: [{flavor: a, max_nodes: 2, gpu_per_node: 8}]"
+    text = f"cluster: k\nbackend: kube\nkube: {{flavors: [{{name: a}}]}}\n{pools}"
+    assert load_agent_config(write(tmp_path, text)).pools[0].flavor == "a"
+    with pytest.raises(AgentConfigError) as info:
+        load_agent_config(write(tmp_path, text.replace("{name: a}", "{name: b}")))
+    assert "['a'] are not flavors of this cluster (['b'])" in str(info.value)

@@ -4,9 +4,12 @@ delay, or none in a stockout."""
 
 from __future__ import annotations
 
+import msgspec
+import pytest
+
 from agents.config import FakeAutoscale, FakeClusterConfig, FakeFlavor
 from agents.fake.model import ClusterModel, ManualClock
-from schemas.agent import AgentEvent, NodeUpsert, Provision, ProvisionPool
+from schemas.agent import AgentEvent, ClusterSnapshot, NodeUpsert, Provision, ProvisionPool
 from tests.agents.conftest import MakeAgent
 
 POOL = ProvisionPool(max_nodes=4, node_gpu=8, ready_s=60.0, window_s=300.0)
@@ -98,3 +101,37 @@ async def test_a_flavor_without_a_declared_pool_is_not_grown(make_agent: MakeAge
     assert not ack.ok
     assert f"flavor 'od-a' of cluster {a.name} declares no autoscaled pool" in ack.error
     assert a.cluster.counters["provision_asks"] == 0
+
+
+async def test_a_backend_asks_for_a_full_snapshot_by_emitting_one(make_agent: MakeAgent) -> None:
+    a = await make_agent(grown(FakeAutoscale(delay_s=0.05)), pools={"spot-a": POOL})
+    await a.wire.wait_snapshot()
+    seen = len(a.wire.batches)
+    assert a.cluster.emit is not None
+    a.cluster.emit(ClusterSnapshot(flavors=[], nodes=[]))  # what the kube backend sends
+    snap = await a.wire.wait_snapshot(since=seen)
+    by_name = {f.name: f for f in snap.flavors}  # the backend's full view, pools applied
+    assert by_name["spot-a"].provision == POOL and "od-a" in by_name
+
+
+async def test_a_pool_the_backend_reads_is_grown_and_a_declared_one_wins(
+    make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read = msgspec.structs.replace(POOL, max_nodes=2)
+    a = await make_agent(grown(FakeAutoscale(delay_s=0.05)), pools={"od-a": POOL})
+    await a.wire.wait_snapshot()
+    view = a.cluster.view
+
+    def with_read_pools() -> ClusterSnapshot:
+        snap = view()
+        flavors = [msgspec.structs.replace(f, provision=read) for f in snap.flavors]
+        return msgspec.structs.replace(snap, flavors=flavors)
+
+    monkeypatch.setattr(a.cluster, "view", with_read_pools)
+    seen = len(a.wire.batches)
+    a.runtime.request_snapshot()
+    snap = await a.wire.wait_snapshot(since=seen)
+    by_name = {f.name: f for f in snap.flavors}
+    assert by_name["spot-a"].provision == read and by_name["od-a"].provision == POOL
+    ack = await a.wire.send(Provision(job_id="j1", epoch=1, flavor="spot-a", nodes=1))
+    assert ack.ok, ack.error

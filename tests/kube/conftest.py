@@ -224,6 +224,7 @@ async def caught_up(server: FakeApiServer, backend: KubeBackend, timeout: float 
             backend.pod_reflector,
             backend.muster_pod_reflector,
             *backend.job_reflectors.values(),
+            *(backend.autoscaling.reflectors if backend.autoscaling else ()),
         )
         if r is not None and not r.absent
     ]

@@ -97,7 +97,7 @@ from tests.kube.validation import causes, invalid_status
 Obj = dict[str, Any]
 ResKey = tuple[str, str]  # (group/version, plural), e.g. ("v1", "pods")
 
-CLUSTER_SCOPED = {"nodes", "namespaces"}
+CLUSTER_SCOPED = {"nodes", "namespaces", "nodepools", "nodeclaims"}
 JOBS_RES: ResKey = ("batch/v1", "jobs")
 QUOTAS_RES: ResKey = ("v1", "resourcequotas")
 KINDS = {
@@ -111,6 +111,10 @@ KINDS = {
     "mpijobs": "MPIJob",
     "jobsets": "JobSet",
     "events": "Event",
+    "nodepools": "NodePool",
+    "nodeclaims": "NodeClaim",
+    "provisioningrequests": "ProvisioningRequest",
+    "podtemplates": "PodTemplate",
 }
 # The field selectors the real API server accepts per resource (anything else: 400).
 FIELD_LABELS: dict[str, set[str]] = {

@@ -24,7 +24,13 @@ from agents.config import convert_agent_config
 from agents.kube.backend import KubeBackend
 from agents.kube.client import KubeRest
 from agents.kube.fence import lease_body, lease_collection
-from agents.kube.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule
+from agents.kube.rbac import (
+    AUTOSCALING_CLUSTER_RULES,
+    AUTOSCALING_NAMESPACE_RULES,
+    CLUSTER_RULES,
+    NAMESPACE_RULES,
+    Rule,
+)
 from agents.kube.watchdog import FenceWatchdog, WatchdogConfig
 from broker.config import parse_config
 from broker.embedded import free_port
@@ -107,6 +113,11 @@ def rbac_rules(kind: str, component: str = "agent", name: str | None = None) -> 
                     for v in r["verbs"]:
                         rules.add(Rule(g, res, v))
     return rules
+
+
+def test_optional_autoscaling_rbac_grants_what_the_pools_module_needs() -> None:
+    assert rbac_rules("ClusterRole", "autoscaling") == AUTOSCALING_CLUSTER_RULES
+    assert rbac_rules("Role", "autoscaling") == AUTOSCALING_NAMESPACE_RULES
 
 
 def test_agent_rbac_matches_what_the_backend_needs() -> None:

@@ -38,6 +38,9 @@ from referencing import Registry, Resource
 
 KUBE_VERSION = "1.33"
 CRD_DIR = Path(__file__).resolve().parents[2] / "kinds" / "crds"
+# CRDs of cluster components the stand-in models (autoscalers: tests/kube/autoscaler.py),
+# vendored unmodified; their provenance is in docs/kubernetes.md.
+STAND_IN_CRD_DIR = Path(__file__).resolve().parent / "crds"
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(
@@ -213,7 +216,7 @@ def _load_yaml(path: Path) -> Any:
 def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
     """(apiVersion, kind) -> openAPIV3Schema of every served version of the vendored CRDs."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    for path in sorted(CRD_DIR.glob("*.yaml")):
+    for path in [*sorted(CRD_DIR.glob("*.yaml")), *sorted(STAND_IN_CRD_DIR.glob("*.yaml"))]:
         crd = _load_yaml(path)
         spec = crd["spec"]
         for version in spec["versions"]:
