@@ -21,7 +21,7 @@ from broker.core.speed import (
     speed_of,
     work_price_text,
 )
-from schemas.agent import CheckpointReport, FlavorInfo, NodeInfo
+from schemas.agent import CheckpointReport, FlavorInfo, NodeInfo, WorkloadStatus
 from schemas.job import CheckpointSpec
 from tests.core.test_machine import World, run
 from tests.core.test_properties import (
@@ -81,6 +81,31 @@ def test_one_measured_type_says_nothing_and_two_set_the_ratio() -> None:
     assert job_figures({}, _rates(a100=(4000, 1000.0), t4=(10, 60.0))) == ()
 
 
+@given(
+    rates=st.dictionaries(
+        st.sampled_from(["a100", "v100", "t4", "h100"]),
+        st.floats(0.01, 1000.0),
+        min_size=2,
+    ),
+    k=st.floats(0.01, 100.0),
+)
+def test_own_figures_are_ratios_on_the_priors_scale(rates: dict[str, float], k: float) -> None:
+    """Only ratios count: scaling every rate leaves the speeds alone; the speeds of the types
+    the job ran on sum to their priors' sum, and every speed is positive."""
+
+    def measured(scale: float) -> list[GpuRate]:
+        return [GpuRate(t, r * scale * 1000.0, 1000.0) for t, r in rates.items()]
+
+    speed = speed_of(job_figures({}, measured(1.0)), PRIORS)
+    scaled = speed_of(job_figures({}, measured(k)), PRIORS)
+    assert all(abs(scaled(t) / speed(t) - 1.0) < 0.051 for t in rates)  # at most one 5 % step
+    own = sum(speed(t) for t in rates)
+    assert abs(own - sum(PRIORS.get(t, 1.0) for t in rates)) < 1e-6 * own
+    assert all(speed(t) > 0 for t in ("a100", "v100", "t4", "h100", "x"))
+    fastest = max(rates, key=lambda t: rates[t])
+    assert all(speed(fastest) >= speed(t) * 0.95 for t in rates)  # rounding: 5 % steps
+
+
 def test_a_declared_figure_wins_over_measurement() -> None:
     measured = _rates(a100=(4000, 1000.0), t4=(1000, 1000.0))
     figures = job_figures({"A100": 1.0, "T4": 1.0}, measured)
@@ -98,6 +123,17 @@ def test_the_record_learns_from_its_checkpoints_and_drops_it_when_it_ends() -> N
         w.send("a", CheckpointReport(job_id=job, attempt=1, step=step, uri=f"s3://ckpt/j/{step}"))
     record = w.m.jobs[job]
     assert record.speeds == [GpuRate("t4", 300.0, 300.0)]
+    w.cluster("b", flavor=FlavorInfo("t4", "on-demand", "T4", 1.0))
+    w.send("a", WorkloadStatus(job_id=job, attempt=1, phase="evicted", reason="node drained"))
+    w.cycle()
+    assert record.current is not None and record.current.cluster == "b"
+    run(w, job, "b", 2)
+    w.now += 900.0  # restore and start-up, then 300 steps: only anchors attempt 2
+    w.send("b", CheckpointReport(job_id=job, attempt=2, step=700, uri="s3://ckpt/j/attempt-2/7"))
+    assert record.speeds == [GpuRate("t4", 300.0, 300.0)]
+    w.now += 100.0
+    w.send("b", CheckpointReport(job_id=job, attempt=2, step=800, uri="s3://ckpt/j/attempt-2/8"))
+    assert record.speeds == [GpuRate("t4", 400.0, 400.0)]
     assert compact(record) and record.speeds == []
 
 
