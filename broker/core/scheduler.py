@@ -761,15 +761,17 @@ class Scheduler:
         that fits now waits only when the best plan, its wait priced, beats that placement."""
         prov = self._prov
         rest: Reasons = () if isinstance(got, Assignment) else got
+        cost_now = 0.0  # of `got`, per unit of work
+        if isinstance(got, Assignment):
+            speed = speed_of(req.speeds, self._gpu_speeds)(got.pool.gpu_type)
+            cost_now = got.placement.expected_cost_per_hour / speed
         if claim is not None and not self._claim_allowed(req, qs, claim):
             prov.end(req.job_id)  # the job no longer takes that pool (a spot fallback)
             claim = None
         if claim is not None:
             if isinstance(got, Assignment) and (
                 got.pool.key == claim.pool
-                or not prov.still_worth(
-                    claim, got.placement.expected_cost_per_hour, rank_of(req, got.pool, qs), now
-                )
+                or not prov.still_worth(claim, cost_now, rank_of(req, got.pool, qs), now)
             ):
                 return None
             return (claim.reason, *rest)
@@ -778,7 +780,7 @@ class Scheduler:
         if plan is None:
             return None
         if isinstance(got, Assignment) and not prov.beats(
-            plan, got.placement.expected_cost_per_hour, rank_of(req, got.pool, qs)
+            plan, cost_now, rank_of(req, got.pool, qs)
         ):
             return None
         res.provisions.append(prov.claim(req, gang, plan, now))
