@@ -204,6 +204,8 @@ def why_view(why: WhyView) -> Group:
     lines.append(head)
     if why.waiting_for:
         lines.append(Text(f"waiting for: {why.waiting_for}"))
+    if why.work_price:
+        lines.append(Text(why.work_price))
     if not why.reasons and not why.candidates:
         if why.state == "queued":
             lines.append(Text("no reason recorded yet; the next scheduling cycle will say"))

@@ -171,6 +171,8 @@ class WhyView(msgspec.Struct, omit_defaults=True):
     waiting_for: str | None = None
     # One entry per known cluster x flavor: the binding constraint there, with numbers
     candidates: list[PendingReason] = []
+    # The expected cost per unit of work of its pool (or the best) and of the next-best one
+    work_price: str | None = None
 
 
 class ResourceUsage(msgspec.Struct, omit_defaults=True):

@@ -125,6 +125,12 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
         return lost - lead if lead > 0 and lost > lead else 0.0
 
 
+# Relative training speeds of common GPUs (V100 = 1), as docs/simulation.md cites them:
+# Lambda Labs' PyTorch training benchmarks for A100 vs V100; NVIDIA data sheets' FP16 tensor
+# throughput and memory bandwidth for T4 vs V100.
+DEFAULT_GPU_SPEEDS: dict[str, float] = {"v100": 1.0, "a100": 2.2, "t4": 0.3}
+
+
 class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # Expected-cost weighting: dollars charged per GPU-hour of work at risk of being lost.
     risk_weight: Annotated[float, Meta(ge=0)] = 1.0
@@ -150,6 +156,14 @@ class SchedulingConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
     provision_wait_horizon_s: Annotated[float, Meta(gt=0, le=30 * 86_400)] = 3600.0
     stockout_half_life_s: Annotated[float, Meta(gt=0, le=30 * 86_400)] = 1800.0
     stockout_avoid_s: Annotated[float, Meta(ge=0, le=30 * 86_400)] = 600.0
+    # Relative training speed per GPU type (broker/core/speed.py's prior): placement ranks
+    # pools by expected cost per unit of work, price / speed. A type not listed counts as 1.
+    gpu_speeds: Annotated[
+        dict[
+            Annotated[str, Meta(min_length=1, max_length=64)], Annotated[float, Meta(gt=0, le=1e6)]
+        ],
+        Meta(max_length=256),
+    ] = msgspec.field(default_factory=lambda: dict(DEFAULT_GPU_SPEEDS))
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -232,6 +232,13 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     job_id: JobId | None = None
     priority: Annotated[int, Meta(ge=-1_000_000, le=1_000_000)] = 0
     gpu_types: Annotated[list[Annotated[str, Meta(max_length=64)]], Meta(max_length=16)] = []
+    # This job's relative speed per GPU type (e.g. {"a100": 3, "t4": 1}; only ratios matter, so
+    # give two types at least): wins over its measured step rates and the broker's
+    # `scheduling.gpu_speeds` (broker/core/speed.py).
+    gpu_speeds: Annotated[
+        dict[Annotated[str, Meta(max_length=64)], Annotated[float, Meta(gt=0, le=1e6)]],
+        Meta(max_length=16),
+    ] = {}
     capacity: CapacityPreference = "any"
     spot: SpotPolicy = msgspec.field(default_factory=SpotPolicy)
     checkpoint: CheckpointSpec | None = None

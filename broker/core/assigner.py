@@ -38,6 +38,7 @@ from broker.core.placement import (
 from broker.core.quota import QueueState, QuotaBook, QuotaMiss
 from broker.core.reasons import explain
 from broker.core.risk import gang_cost_per_hour, gang_reclaim_rate
+from broker.core.speed import speed_of
 from broker.core.topology import Fit, applies, fits_now, place, zone_spread
 from broker.core.types import (
     GangRequest,
@@ -100,6 +101,8 @@ class Snapshot:
     # (queue, flavor class) -> job -> the quota a gang waiting on new nodes will charge: other
     # jobs of that queue may not take it meanwhile
     held_quota: Mapping[tuple[str, str], Mapping[str, Vec]] = field(default_factory=dict)
+    # GPU type -> relative speed (`scheduling.gpu_speeds`): the priors of speed.py
+    gpu_speeds: Mapping[str, float] = field(default_factory=dict)
 
     def gang(self, podsets: tuple[PodSetDemand, ...]) -> Gang:
         g = self.gangs.get(podsets)
@@ -114,7 +117,13 @@ class Snapshot:
         c = self.cands.get(key)
         if c is None:
             c = self.cands[key] = build_candidates(
-                self.inv, req, gang.total[0], self.rate_of, self.risk_weight, order
+                self.inv,
+                req,
+                gang.total[0],
+                self.rate_of,
+                self.risk_weight,
+                order,
+                speed_of(req.speeds, self.gpu_speeds),
             )
         return c
 
@@ -122,7 +131,14 @@ class Snapshot:
 def pool_terms(req: GangRequest) -> Shape:
     """The request's terms that decide which pools may host it and in what order (with the
     gang's GPUs and the queue's flavor order): part of every key a search is memoised by."""
-    return (req.gpu_types, req.capacity, req.spot_exhausted, req.checkpoint_interval_s, req.spot_ok)
+    return (
+        req.gpu_types,
+        req.capacity,
+        req.spot_exhausted,
+        req.checkpoint_interval_s,
+        req.spot_ok,
+        req.speeds,
+    )
 
 
 def shape_of(req: GangRequest) -> Shape:

@@ -56,6 +56,7 @@ from broker.core.records import (
 from broker.core.registry import JobRegistry
 from broker.core.risk import NoticeWindows
 from broker.core.scheduler import Scheduler
+from broker.core.speed import observe
 from broker.core.starts import restore_estimate_s, start_failures_exhausted, start_limit_s
 from broker.core.states import (
     LIVE_STATES,
@@ -301,6 +302,8 @@ class AttemptLifecycle:
             return
         latest = record.latest_checkpoint
         if latest is None or report.step > latest.step:
+            anchor = None if latest is None else (latest.attempt, latest.step, latest.at)
+            observe(record.speeds, anchor, current.attempt, current.gpu_type, report.step, now)
             record.latest_checkpoint = LatestCheckpoint(
                 step=report.step, uri=report.uri, at=now, attempt=report.attempt
             )

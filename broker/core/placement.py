@@ -16,9 +16,11 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
   lifecycle machine's fallback after preemptions or waiting) or when no spot pool could host
   the gang even empty (no spot pool fits, ever). While spot is merely full the job waits for
   spot; the machine's `fallback_after_wait_s` bounds that wait.
-- Order among feasible pools: capacity rank, then expected cost per hour (risk.py); costs
-  within `COST_TIE` of each other count as equal, and then packing decides: fewer nodes, then
-  fuller nodes (less GPU left over on the nodes used). Packing compares at most `TIE_EVAL`
+- Order among feasible pools: capacity rank, then expected cost per unit of work: the
+  expected cost per hour (risk.py) divided by the job's relative speed on the pool's GPU type
+  (speed.py); costs within `COST_TIE` of each other count as equal, then the faster GPU type
+  comes first (sooner finished), and then packing decides: fewer nodes, then fuller nodes
+  (less GPU left over on the nodes used). Packing compares at most `TIE_EVAL`
   feasible pools of one cost tier and stops early at a perfect fit.
 - Packing one podset of R replicas x g GPUs: the fullest node that takes all remaining replicas
   at once; when none does, the node taking the most replicas, then repeat. GPU podsets go
@@ -129,11 +131,15 @@ def build_candidates(
     rate_of: Callable[[PoolKey], float],
     risk_weight: float,
     flavor_order: Sequence[str] = (),
+    speed: Callable[[str], float] | None = None,
 ) -> Candidates:
     """`flavor_order`: the queue's preferred flavor classes, first to last (a Kueue
-    ClusterQueue's flavor list); within a capacity rank it comes before cost."""
+    ClusterQueue's flavor list); within a capacity rank it comes before cost. `speed`: the
+    job's relative speed on a GPU type (speed.py); cost is then per unit of work, and among
+    pools of one cost tier the faster GPU type comes first (it finishes sooner)."""
     prefer = {cls: i for i, cls in enumerate(flavor_order)}
     scored: list[tuple[int, float, str, str, Pool]] = []
+    speeds: dict[str, float] = {}
     matching = unhealthy = 0
     spot_pools: list[Pool] = []
     blocked: list[Pool] = []
@@ -160,6 +166,11 @@ def build_candidates(
             cost = expected_cost_per_hour(
                 p.price, gpus, rate, nodes, req.checkpoint_interval_s, risk_weight
             )
+            if speed is not None and gpus:
+                s = speeds.get(p.gpu_type)
+                if s is None:
+                    s = speeds[p.gpu_type] = speed(p.gpu_type)
+                cost /= s
             scored.append((rank, cost, p.cluster, p.name, p))
     last = len(prefer)
     scored.sort(key=lambda t: (t[0], prefer.get(t[4].flavor_class, last), t[1], t[2], t[3]))
@@ -181,9 +192,28 @@ def build_candidates(
             ranks.append(rank)
             base = cost
             tier = here
+    if len(speeds) > 1:
+        groups, ranks = _faster_first(groups, ranks, speeds)
     return Candidates(
         groups, ranks, [list(g) for g in groups], matching, unhealthy, blocked, spot_pools
     )
+
+
+def _faster_first(
+    groups: list[list[Pool]], ranks: list[int], speeds: dict[str, float]
+) -> tuple[list[list[Pool]], list[int]]:
+    """Split each cost tier by GPU speed, fastest first: at equal cost per unit of work the
+    job finishes sooner there."""
+    out: list[list[Pool]] = []
+    out_ranks: list[int] = []
+    for group, rank in zip(groups, ranks, strict=True):
+        by_speed: dict[float, list[Pool]] = {}
+        for p in group:
+            by_speed.setdefault(speeds.get(p.gpu_type, 1.0), []).append(p)
+        for s in sorted(by_speed, reverse=True):
+            out.append(by_speed[s])
+            out_ranks.append(rank)
+    return out, out_ranks
 
 
 def pool_cost(

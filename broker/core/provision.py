@@ -43,6 +43,7 @@ from broker.core.assigner import Snapshot, allow_fallback, plus_held
 from broker.core.inventory import Inventory, Pool
 from broker.core.placement import Gang, capacity_rank, estimate_counts, pool_cost
 from broker.core.quota import QueueState
+from broker.core.speed import speed_of
 from broker.core.types import Ask, GangRequest, PoolKey, Reason, Vec
 from schemas.agent import Provision, ProvisionPool
 
@@ -69,6 +70,7 @@ class Claim:
     cost: float  # expected cost per hour there, stockout penalty included
     rank: tuple[int, int]  # (capacity rank, flavor-order index)
     reason: Reason
+    speed: float = 1.0  # the job's relative speed on the pool's GPU type (speed.py)
 
     def hold(self) -> int:
         """GPUs of the pool held for this gang: every free GPU the plan counted on and the
@@ -86,6 +88,12 @@ class Plan:
     cost: float  # per hour, stockout penalty included
     score: float  # cost with the wait priced
     rank: tuple[int, int]
+    speed: float = 1.0  # the job's relative speed on the pool's GPU type (speed.py)
+
+    @property
+    def per_work(self) -> float:
+        """The score per unit of work: what plans and placements are compared by."""
+        return self.score / self.speed
 
 
 @dataclass(slots=True)
@@ -207,7 +215,7 @@ class Provisions:
                     continue
                 got = self._plan_pool(req, gang, qs, snap, pool, spec, rank, now)
                 if got is not None and (
-                    best is None or (got.rank, got.score) < (best.rank, best.score)
+                    best is None or (got.rank, got.per_work) < (best.rank, best.per_work)
                 ):
                     best = got
         return best
@@ -240,21 +248,25 @@ class Provisions:
         cost = pool_cost(pool, req, gang.total[0], nodes, snap.rate_of, snap.risk_weight)
         cost *= 1.0 + self.penalty(pool.key, now)
         free = pool.free_gpu if alone else 0
-        return Plan(pool, k, free, spec.ready_s, cost, self.score(cost, spec.ready_s), rank)
+        speed = speed_of(req.speeds, snap.gpu_speeds)(pool.gpu_type)
+        score = self.score(cost, spec.ready_s)
+        return Plan(pool, k, free, spec.ready_s, cost, score, rank, speed)
 
     def score(self, cost: float, wait_s: float) -> float:
         """A cost per hour with a wait of `wait_s` priced in."""
         return cost * (1.0 + max(0.0, wait_s) / self.wait_horizon_s)
 
     def beats(self, plan: Plan, cost_now: float, rank_now: tuple[int, int]) -> bool:
-        """Is waiting for `plan` better than starting now at `cost_now` (rank `rank_now`)?"""
-        return (plan.rank, plan.score) < (rank_now, cost_now)
+        """Is waiting for `plan` better than starting now at `cost_now` per unit of work
+        (rank `rank_now`)?"""
+        return (plan.rank, plan.per_work) < (rank_now, cost_now)
 
     def still_worth(
         self, claim: Claim, cost_now: float, rank_now: tuple[int, int], now: float
     ) -> bool:
-        """Is the rest of a claim's wait better than starting now elsewhere?"""
-        rest = self.score(claim.cost, claim.ready_at - now)
+        """Is the rest of a claim's wait better than starting now elsewhere (`cost_now`: per
+        unit of work)?"""
+        rest = self.score(claim.cost, claim.ready_at - now) / claim.speed
         return (claim.rank, rest) <= (rank_now, cost_now)
 
     def claim(self, req: GangRequest, gang: Gang, plan: Plan, now: float) -> Ask:
@@ -287,6 +299,7 @@ class Provisions:
             plan.cost,
             plan.rank,
             reason,
+            plan.speed,
         )
         self.claims[req.job_id] = c
         self.asks += 1

@@ -12,6 +12,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from broker.core.speed import GpuRate, job_figures
 from broker.core.topology import need_of
 from broker.core.types import GangRequest, PodSetDemand
 from schemas.agent import CheckpointRef, PodSetAssignment
@@ -114,6 +115,8 @@ class JobRecord(msgspec.Struct, omit_defaults=True):
     finished_at: float | None = None
     # The deadline's slack ran out: on-demand from now on (never back to spot).
     deadline_on_demand: bool = False
+    # Steps per GPU type it ran on, from its checkpoints (speed.py); dropped when it ends.
+    speeds: list[GpuRate] = []
     # RECORD_FORMAT of the broker that wrote it; left out while it is the first (1).
     format: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
 
@@ -174,6 +177,7 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
         min_replicas={p.name: p.least for p in spec.gang if p.least < p.most},
         elastic=frozenset(p.name for p in spec.gang if p.elastic),
         topology=need_of(spec),
+        speeds=job_figures(spec.gpu_speeds, record.speeds),
     )
 
 
@@ -214,10 +218,13 @@ def pricing_interval_s(spec: JobSpec) -> float | None:
 def compact(record: JobRecord) -> bool:
     """Drop what an ended job no longer needs from its record: the workload (image, command,
     env, manifest), the bulk of a large spec. What idempotency (the job id), `muster status`,
-    `why` and accounting read stays. True when the record changed (it must be persisted)."""
+    `why` and accounting read stays; so do not its learned GPU speeds (speed.py). True when
+    the record changed (it must be persisted)."""
     spec = record.spec
+    dropped = bool(record.speeds)
+    record.speeds = []
     if spec.workload == _BARE.get(spec.workload.kind) or not spec.gang:
-        return False  # already compact; or a manifest job, whose manifest holds its gang
+        return dropped  # already compact; or a manifest job, whose manifest holds its gang
     bare = _BARE.setdefault(spec.workload.kind, Workload(kind=spec.workload.kind))
     record.spec = msgspec.structs.replace(spec, workload=bare)
     return True

@@ -60,13 +60,14 @@ from broker.core.diagnose import pool_reasons
 from broker.core.elastic import with_placement, without_node_placement
 from broker.core.inventory import AllocKey, Cluster, Inventory, Node, Pool
 from broker.core.ledger import Alloc, Ledger
-from broker.core.placement import Gang, capacity_rank, make_gang
+from broker.core.placement import Gang, build_candidates, capacity_rank, make_gang, pool_cost
 from broker.core.preemption import plan_preemption, worth_planning
 from broker.core.provision import Claim, Provisions, rank_of
 from broker.core.quota import Cohort, QueueState, QuotaBook, QuotaMiss, never_admissible
 from broker.core.reasons import feasibility
 from broker.core.reservation import Reservation
 from broker.core.risk import gang_reclaim_rate
+from broker.core.speed import WorkPrice, speed_of
 from broker.core.topology import growth_domains, zone_spread
 from broker.core.types import (
     CycleResult,
@@ -131,6 +132,7 @@ class Scheduler:
         sc = config.scheduling
         self._prior = sc.spot_prior_rate
         self._risk_weight = sc.risk_weight
+        self._gpu_speeds = {t.lower(): v for t, v in sc.gpu_speeds.items()}
         self._inv = Inventory(config.flavors, sc.rate_half_life_s)
         self._book = QuotaBook(config.queues, config.cohorts)
         self._ledger = Ledger()
@@ -351,6 +353,7 @@ class Scheduler:
             gangs=self._gangs,
             held=self._prov.held,
             held_quota=self._prov.held_quota,
+            gpu_speeds=self._gpu_speeds,
         )
 
     def assign(self, req: GangRequest, now: float) -> Assignment | Reasons:
@@ -775,15 +778,17 @@ class Scheduler:
         that fits now waits only when the best plan, its wait priced, beats that placement."""
         prov = self._prov
         rest: Reasons = () if isinstance(got, Assignment) else got
+        cost_now = 0.0  # of `got`, per unit of work
+        if isinstance(got, Assignment):
+            speed = speed_of(req.speeds, self._gpu_speeds)(got.pool.gpu_type)
+            cost_now = got.placement.expected_cost_per_hour / speed
         if claim is not None and not self._claim_allowed(req, qs, claim):
             prov.end(req.job_id)  # the job no longer takes that pool (a spot fallback)
             claim = None
         if claim is not None:
             if isinstance(got, Assignment) and (
                 got.pool.key == claim.pool
-                or not prov.still_worth(
-                    claim, got.placement.expected_cost_per_hour, rank_of(req, got.pool, qs), now
-                )
+                or not prov.still_worth(claim, cost_now, rank_of(req, got.pool, qs), now)
             ):
                 return None
             return (claim.reason, *rest)
@@ -792,7 +797,7 @@ class Scheduler:
         if plan is None:
             return None
         if isinstance(got, Assignment) and not prov.beats(
-            plan, got.placement.expected_cost_per_hour, rank_of(req, got.pool, qs)
+            plan, cost_now, rank_of(req, got.pool, qs)
         ):
             return None
         res.provisions.append(prov.claim(req, gang, plan, now))
@@ -1144,6 +1149,21 @@ class Scheduler:
             accepted.append(cls)
         text = never_admissible(qs, accepted, gang.total)
         return () if text is None else (Reason("quota-exceeded", text),)
+
+    def work_prices(self, request: GangRequest, now: float) -> list[WorkPrice]:
+        """The pools that may host the job, best first, with their expected cost per hour
+        and the job's relative speed there (`muster why`: $ per unit of work)."""
+        gpus = self._gang(request.podsets).total[0]
+        speed = speed_of(request.speeds, self._gpu_speeds)
+        rate_of = self._rate_at(now)
+        cands = build_candidates(self._inv, request, gpus, rate_of, self._risk_weight, (), speed)
+        out: list[WorkPrice] = []
+        for group in cands.groups:
+            for p in group:
+                nodes = max(1, -(-gpus // (p.node_gpu or 1)))
+                cost = pool_cost(p, request, gpus, nodes, rate_of, self._risk_weight)
+                out.append(WorkPrice(p.cluster, p.name, p.gpu_type, cost, speed(p.gpu_type)))
+        return out
 
     def pool_reasons(self, request: GangRequest) -> tuple[Reason, ...]:
         """Per cluster x flavor, what keeps this job off it now (`muster why`)."""

@@ -71,6 +71,9 @@ class GangRequest:
     # Topology levels the gang requires or prefers; None = the default (one zone when
     # the gang spans nodes).
     topology: TopologyNeed | None = None
+    # The job's own relative speeds by GPU type (speed.job_figures); empty = the broker's
+    # priors. Placement divides a pool's cost by the speed: it ranks by cost per unit of work.
+    speeds: tuple[tuple[str, float], ...] = ()
     # `assigner.shape_of(self)`, kept by the scheduler the first time it needs it (a request
     # is asked about in every cycle while it waits). Not an input: `replace` starts it afresh.
     shape_memo: tuple[object, ...] | None = field(

@@ -17,6 +17,7 @@ from broker.core.reasons import pending_reason
 from broker.core.records import JobRecord, gang_request, preempting_text, spot_ok
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
+from broker.core.speed import work_price_text
 from broker.core.states import TERMINAL
 from schemas.api import (
     CheckpointView,
@@ -207,7 +208,17 @@ class JobViews:
             queue=record.queue,
             waiting_for=waiting_for,
             candidates=candidates,
+            work_price=self._work_price(record, now),
         )
+
+    def _work_price(self, record: JobRecord, now: float) -> str | None:
+        """The expected $ per unit of work of the job's pool (or the best) and the next best."""
+        current = record.current
+        if record.state in TERMINAL or record.state == "preempting":
+            return None
+        request = gang_request(record, now, self._registry.demands(record.job_id))
+        chosen = (current.cluster, current.flavor) if current is not None else None
+        return work_price_text(self._scheduler.work_prices(request, now), chosen, record.speeds)
 
     def queue_views(self) -> list[QueueView]:
         counts = {q: len(p) for q, p in self._backlog.pending.items()}

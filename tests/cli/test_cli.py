@@ -298,6 +298,13 @@ def test_why_view() -> None:
         ["east/a100-od", "quota-exceeded", "gpu"]
     ]
     assert "gpu 8+16>12" in next(line for line in lines if line.startswith("east"))
+
+
+def test_why_view_prints_the_cost_of_work() -> None:
+    price = "expected cost of work: best c/a $8 per unit of work (A100 at 2.2x, $17.6/h)"
+    why = WhyView(job_id="j", state="queued", position=0, waiting_for="capacity", work_price=price)
+    lines = text_of(why_view(why)).splitlines()
+    assert lines[1:3] == ["waiting for: capacity", price]
     running = text_of(why_view(WhyView(job_id="j", state="running")))
     assert "nothing holds it back" in running
 

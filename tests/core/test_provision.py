@@ -149,6 +149,11 @@ def test_the_wait_is_priced_against_a_pool_that_has_nodes_now(
     s = fleet(ready, grow)
     job = submit(s, replicas=1, capacity="on-demand")
     out = s.step(1)
+    _waits_or_starts(out, job, waits)
+
+
+def _waits_or_starts(out: list[Any], job: str, waits: bool) -> None:
+    """The job waits for one node of cluster `grow`, or starts now on cluster `now`."""
     if waits:
         assert not sent(out, Dispatch)
         assert [(c, p.job_id, p.nodes) for c, p in sent(out, Provision)] == [("grow", job, 1)]
@@ -359,3 +364,29 @@ def test_the_machine_stays_sound_while_gangs_wait_for_nodes(data: st.DataObject)
     step(1.0)
     step(1.0)
     assert set(waiting) <= ran, sorted(set(waiting) - ran)
+
+
+@pytest.mark.parametrize(
+    ("gpu_now", "waits"),
+    [("t4", True), ("a100", False)],
+    ids=["waits-for-a100s-over-t4s-cheaper-per-hour", "starts-now-on-a-cheaper-a100"],
+)
+def test_the_wait_is_priced_per_unit_of_work(gpu_now: str, waits: bool) -> None:
+    """A T4 node now at a sixth of the growing A100 pool's hourly price is still dearer per
+    unit of work (T4 0.3, A100 2.2): the gang waits 300 s for A100 nodes."""
+    ready = ("now", [FlavorInfo("od", "on-demand", gpu_now, 1.0)], [node("od-0", "od")])
+    grow = ("grow", [pooled("od", 6.0, capacity="on-demand")], [])  # A100, 300 s away
+    s = fleet(ready, grow)
+    job = submit(s, replicas=1, capacity="on-demand")
+    out = s.step(1)
+    _waits_or_starts(out, job, waits)
+
+
+def test_a_waiting_gang_keeps_its_claim_when_a_node_dearer_per_work_appears() -> None:
+    s = fleet(("grow", [pooled("od", 6.0, capacity="on-demand")], []))  # A100, 300 s away
+    job = submit(s, replicas=1, capacity="on-demand")
+    assert [(c, p.job_id) for c, p in sent(s.step(1), Provision)] == [("grow", job)]
+    t4 = FlavorInfo("od", "on-demand", "t4", 1.0)  # a sixth of the price, 0.3 / 2.2 the speed
+    s.send("now", ClusterSnapshot(flavors=[t4], nodes=[node("od-0", "od")]))
+    assert not sent(s.step(1), Dispatch)
+    assert s.m.reasons[job][0].code == "waiting-for-nodes"

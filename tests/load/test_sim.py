@@ -351,7 +351,10 @@ def test_a_checkpoint_longer_than_the_notice_window_is_lost_with_the_node() -> N
 
 
 def test_slower_gpus_take_longer_and_stalls_cost_time() -> None:
-    sim = Sim(replace(SMALL, jobs=60, gpu_speed=(("V100", 1.0), ("A100", 2.0), ("T4", 0.5))))
+    # One node per A100 pool: priced by work, the A100s would otherwise take every job.
+    pools = tuple(replace(p, nodes=1) if p.gpu_type == "A100" else p for p in SMALL.pools)
+    speeds = (("V100", 1.0), ("A100", 2.0), ("T4", 0.5))
+    sim = Sim(replace(SMALL, jobs=60, pools=pools, gpu_speed=speeds))
     res = sim.run()
     assert res.violations == []
     seen = set()

@@ -103,9 +103,10 @@ def test_a_shrunk_elastic_workload_steps_slower_and_ends_later() -> None:
 
 
 def test_the_elastic_policy_resizes_multi_node_jobs_and_keeps_every_invariant() -> None:
-    """The default world's first 1000 jobs hold five multi-node (elastic) jobs; they are
-    shrunk and grown in place, GPU-seconds count each size for its time."""
-    res = Sim(SimConfig(jobs=1000, seed=1), "elastic").run()
+    """The default world's first 2000 jobs hold multi-node (elastic) jobs; they are shrunk
+    and grown in place, GPU-seconds count each size for its time. (Placed by cost per unit of
+    work, few of the first 1000's multi-node jobs land on spot, so few are shrunk.)"""
+    res = Sim(SimConfig(jobs=2000, seed=1), "elastic").run()
     assert res.violations == [], res.violations[:3]
     resized = [log for logs in res.logs.values() for log in logs if log.resized_at is not None]
     assert resized
