@@ -72,6 +72,7 @@ for _name, _module, _help in (
     ("flood", "bench_flood", "Another queue's submission latency while one queue floods."),
     ("ingest", "bench_ingest", "Agent events/s applied by the broker."),
     ("kube-agent", "bench_kube_agent", "The kube agent at 5,000 nodes x 150,000 pods."),
+    ("memory", "bench_memory", "Broker bytes per pending job and its top allocators."),
     ("nats-failover", "bench_nats_failover", "Serving again after kill -9 of each NATS leader."),
     ("scale", "bench_scale", "Broker RSS with 100,000 pending; kill -9 and recovery time."),
     ("spot", "bench_spot", "Spot notice -> new attempt acked elsewhere, p50/p99."),
