@@ -45,6 +45,8 @@ from schemas.api import (
 )
 from schemas.natsopts import NatsOptions
 from shell.cli import (
+    EventLoopFlag,
+    EventLoopOpt,
     LogFormatFlag,
     LogLevel,
     LogLevelOpt,
@@ -467,6 +469,7 @@ def broker(
     ] = None,
     ui_port: UiPort = None,
     ui_host: UiHost = "127.0.0.1",
+    event_loop: EventLoopFlag = EventLoopOpt.asyncio,
     *,
     auth: NatsAuth,
 ) -> None:
@@ -491,6 +494,7 @@ def broker(
             ui_host=ui_host,
         ),
         user_errors=(ConfigError, MusterError, ValueError),  # configs, traces, settings
+        loop=event_loop,
     )
 
 
