@@ -23,6 +23,8 @@ from shell.cli import (
     AUTH,
     CONNECTION,
     CommonOptions,
+    EventLoopFlag,
+    EventLoopOpt,
     HelpCommand,
     LogFormatFlag,
     LogLevel,
@@ -81,6 +83,7 @@ def broker(
     ] = None,
     ui_port: UiPort = None,
     ui_host: UiHost = "127.0.0.1",
+    event_loop: EventLoopFlag = EventLoopOpt.asyncio,
     *,
     ctx: typer.Context,
 ) -> None:
@@ -106,6 +109,7 @@ def broker(
             ui_host=ui_host,
         ),
         user_errors=(ConfigError, MusterError, ValueError),  # configs, traces, settings
+        loop=event_loop,
     )
 
 

@@ -1610,6 +1610,8 @@ class Broker:
             "pending": machine.views.pending_count() if machine else 0,
             "live": machine.views.live_count() if machine else 0,
             "clusters": len(machine.agents) if machine else 0,
+            # asyncio or uvloop (`--event-loop`): which one a benchmark measured
+            "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
         }
 
     async def _clock_loop(self) -> None:

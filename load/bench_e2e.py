@@ -35,6 +35,7 @@ Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Annotated, Any
 
@@ -56,6 +57,7 @@ from load.fleetbench import (
     start_setup,
 )
 from schemas.codec import encode_json
+from shell.cli import EventLoopFlag, EventLoopOpt, loop_factory
 from shell.natsio import flush
 
 SIMULATE = {"total_steps": 10**9, "steps_per_second": 1.0, "checkpoint_every": 10**9}
@@ -260,12 +262,14 @@ async def main_async(args: Options) -> dict[str, Any]:
         "all_dispatched": all(
             r["burst"]["complete"] and r["paced"]["dispatched"] == r["paced"]["jobs"] for r in runs
         ),
+        "event_loop": sorted({r["broker"]["event_loop"] for r in runs}),
         "target_admissions_per_s": TARGET_RATE,
         "target_p99_ms": TARGET_P99_MS,
         "detail": runs,
     }
     print(
-        f"e2e: median {result['admissions_per_s_median']:,} admissions/s (target 2,000; raw NATS "
+        f"e2e ({args.event_loop.value}): median {result['admissions_per_s_median']:,} "
+        f"admissions/s (target 2,000; raw NATS "
         f"{base:,.0f} msgs/s, ratio {result['ratio_admissions_vs_raw_nats']}); latency at "
         f"{args.rate:g}/s p99 {result['latency_p99_ms_median']} ms (target 50; raw request "
         f"p99 {rr_p99:.2f} ms)"
@@ -294,9 +298,12 @@ def bench_e2e(
     runs: Count = 3,
     seed: int = 20171009,
     baseline_msgs: Count = 200_000,
+    event_loop: EventLoopFlag = EventLoopOpt.asyncio,
     json_out: JsonOut = None,
 ) -> None:
     options = Options(**{k: v for k, v in locals().items() if k != "json_out"})
+    loop_factory(event_loop)  # uvloop asked for but not installed: say so before any run
+    os.environ["MUSTER_EVENT_LOOP"] = event_loop.value  # the broker process runs on it
     emit_with_detail(asyncio.run(main_async(options)), json_out)
 
 

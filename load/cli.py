@@ -24,6 +24,7 @@ class Benchmarks(LazyGroup):
             ("flood", "bench_flood", "Another queue's submission latency while one queue floods."),
             ("ingest", "bench_ingest", "Agent events/s applied by the broker."),
             ("kube-agent", "bench_kube_agent", "The kube agent at 5,000 nodes x 150,000 pods."),
+            ("memory", "bench_memory", "Broker bytes per pending job and its top allocators."),
             (
                 "nats-failover",
                 "bench_nats_failover",

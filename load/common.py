@@ -42,6 +42,9 @@ def median(values: list[float]) -> float:
 class BrokerProcess:
     """`muster broker` as a child process (so it can be SIGKILLed and measured alone)."""
 
+    # What runs the `muster` command line in the child (bench_memory puts a probe in front).
+    program: tuple[str, ...] = ("-m", "broker")
+
     def __init__(self, url: str, config: BrokerConfig, state_dir: Path | None = None) -> None:
         self.url = url
         self.config = config
@@ -56,7 +59,7 @@ class BrokerProcess:
         env = {**os.environ, "MUSTER_LOG_LEVEL": "warning"}
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "broker", "broker",
+                sys.executable, *self.program, "broker",
                 "--nats", self.url,
                 "--config", str(self.config_path),
                 "--state-dir", str(self.state_dir),

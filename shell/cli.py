@@ -45,6 +45,36 @@ class _Stderr:
 err = _Stderr()
 
 
+class EventLoopOpt(StrEnum):
+    asyncio = "asyncio"
+    uvloop = "uvloop"
+
+
+EventLoopFlag = Annotated[
+    EventLoopOpt,
+    typer.Option(
+        "--event-loop",
+        envvar="MUSTER_EVENT_LOOP",
+        help="asyncio, or uvloop (installed by `pip install muster[uvloop]`)",
+    ),
+]
+
+
+def loop_factory(loop: EventLoopOpt) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop a server runs on: None for asyncio's own. uvloop is an optional extra,
+    so asking for it without it installed is a one-line error that says how to get it."""
+    if loop is EventLoopOpt.asyncio:
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        fail(
+            "--event-loop uvloop: uvloop is not installed; install it with "
+            "`pip install 'muster[uvloop]'`, or run on asyncio (--event-loop asyncio)"
+        )
+    return uvloop.new_event_loop
+
+
 class LogFormatOpt(StrEnum):
     json = "json"
     console = "console"
@@ -316,12 +346,17 @@ async def as_coroutine(aw: Awaitable[T]) -> T:
     return await aw
 
 
-def serve(coro: Awaitable[None], user_errors: tuple[type[Exception], ...] = (ValueError,)) -> None:
+def serve(
+    coro: Awaitable[None],
+    user_errors: tuple[type[Exception], ...] = (ValueError,),
+    loop: EventLoopOpt = EventLoopOpt.asyncio,
+) -> None:
     """Run a server until it ends; whatever stops it is one line on stderr, never a traceback
     (`--log-level debug` logs the traceback for a bug report). `user_errors` are the bad
     configs and settings whose message says what to fix."""
     try:
-        asyncio.run(as_coroutine(coro))
+        with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+            runner.run(as_coroutine(coro))
     except KeyboardInterrupt:
         pass
     except user_errors as exc:

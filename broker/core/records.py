@@ -12,6 +12,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from broker.core.sharing import EMPTY, frozen
 from broker.core.speed import GpuRate, job_figures
 from broker.core.topology import need_of
 from broker.core.types import GangRequest, PodSetDemand
@@ -168,17 +169,29 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
         priority=spec.priority,
         order=record.order,
         podsets=demands,
-        gpu_types=frozenset(t.lower() for t in spec.gpu_types),
+        gpu_types=frozen(frozenset(t.lower() for t in spec.gpu_types)),
         capacity=capacity,
-        avoid_pools=frozenset((a.cluster, a.flavor) for a in record.avoid if a.until > now),
+        avoid_pools=(
+            frozenset((a.cluster, a.flavor) for a in record.avoid if a.until > now)
+            if record.avoid
+            else EMPTY
+        ),
         spot_exhausted=record.spot_exhausted,
         checkpoint_interval_s=pricing_interval_s(spec),
         spot_ok=spot_ok(spec),
-        min_replicas={p.name: p.least for p in spec.gang if p.least < p.most},
-        elastic=frozenset(p.name for p in spec.gang if p.elastic),
+        min_replicas=_min_replicas(spec),
+        elastic=frozen(frozenset(p.name for p in spec.gang if p.elastic)),
         topology=need_of(spec),
         speeds=job_figures(spec.gpu_speeds, record.speeds),
     )
+
+
+_NO_MINIMUM: dict[str, int] = {}  # shared: a request's dict is read, never changed
+
+
+def _min_replicas(spec: JobSpec) -> dict[str, int]:
+    least = {p.name: p.least for p in spec.gang if p.least < p.most}
+    return least or _NO_MINIMUM
 
 
 # On a job's labels: spot is fine without checkpoints (its queue says so, or the job does).

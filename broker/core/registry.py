@@ -7,9 +7,11 @@ the records themselves (their state is the record's), never which records there 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 from broker.core.records import JobRecord, demands_of
+from broker.core.sharing import interned_tuple, share_spec
 from broker.core.types import PodSetDemand, Reason
 
 
@@ -24,9 +26,13 @@ class JobRegistry:
         return job_id in self.records
 
     def add(self, record: JobRecord, demands: tuple[PodSetDemand, ...] | None = None) -> None:
-        """Register a submitted or restored job (`demands`: its spec's, if already computed)."""
+        """Register a submitted or restored job (`demands`: its spec's, if already computed).
+        What it holds alike with other jobs becomes the shared copy (sharing.py)."""
+        share_record(record)
         self.records[record.job_id] = record
-        self._demands[record.job_id] = demands if demands is not None else demands_of(record.spec)
+        if demands is None:
+            demands = demands_of(record.spec)
+        self._demands[record.job_id] = interned_tuple(demands)
 
     def remove(self, job_id: str) -> None:
         """Forget an ended job (its retention ran out): its id may be submitted again."""
@@ -54,3 +60,16 @@ class JobRegistry:
     def clear_reasons(self, job_id: str) -> None:
         """The job was admitted or finished: it no longer waits."""
         self._reasons.pop(job_id, None)
+
+
+def share_record(record: JobRecord) -> None:
+    """Share the record's spec parts and intern the names its attempts repeat (a restored
+    record's strings are each its own copy)."""
+    share_spec(record.spec)
+    record.queue = sys.intern(record.queue)
+    for a in record.attempts:
+        a.cluster = sys.intern(a.cluster)
+        a.flavor = sys.intern(a.flavor)
+        a.flavor_class = sys.intern(a.flavor_class)
+        a.capacity_type = sys.intern(a.capacity_type)
+        a.gpu_type = sys.intern(a.gpu_type)

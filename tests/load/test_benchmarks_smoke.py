@@ -61,3 +61,16 @@ def test_bench_spot_tiny() -> None:
     assert r["two_live_copies"] == 0, r["two_live_copies_examples"]
     assert r["two_live_copies_max_ms"] == 0
     assert 0 < r["p50_ms_median"] <= r["p99_ms_median"] < 10_000
+
+
+def test_bench_memory_tiny() -> None:
+    """The broker's own process is measured: its RSS grows with the jobs, and the allocators
+    tracemalloc names include the core's records."""
+    r = run_bench("load.bench_memory", "--jobs", "300", "--queues", "3", timeout=120.0)
+    (run,) = r["runs"]
+    assert 0 < run["rss_empty_mib"] <= run["rss_mib"] == r["rss_mib_median"]
+    assert r["traced_mib"] > 0 and len(r["top_lines"]) == 25
+    assert any(row["where"].startswith("broker/") for row in r["top_files"]), r["top_files"]
+    # One registered record: its own bytes only, the parts alike jobs share counted once.
+    assert 300 < r["record"]["bytes_per_record"] < 1000  # 1,779 with no part shared
+    assert r["record"]["fields"]["job_id"] > 0

@@ -29,6 +29,7 @@ BENCHES = [
     "flood",
     "ingest",
     "kube-agent",
+    "memory",
     "nats-failover",
     "scale",
     "spot",
