@@ -472,6 +472,7 @@ def jobspec_from_manifest(
             "memory": _format_memory(d.demand.memory),
             **({"min_replicas": min_pods[d.name]} if d.name in min_pods else {}),
             **_elastic_fields(elastic.get(d.name)),
+            **({"extended": d.demand.extended} if d.demand.extended else {}),
             **_podset_levels(podset_levels.get(d.name), podset_topology(d.template, d.path)),
         }
         for d in drafts

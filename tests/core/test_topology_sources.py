@@ -121,12 +121,16 @@ def test_a_required_block_from_a_manifest_holds_on_the_fake_fleet() -> None:
     assert p.nodes == {"c-od-0", "c-od-1"}  # block-0-0, the one block that fits
 
 
-def test_fabric_resources_pass_through_and_others_are_still_refused() -> None:
+def test_fabric_resources_are_counted_and_others_are_still_refused() -> None:
     def container(**limits: object) -> dict[str, object]:
         return {"resources": {"limits": {"nvidia.com/gpu": 8, **limits}}}
 
     fabric = container(**{"vpc.amazonaws.com/efa": 32, "rdma/ib": 1, "hugepages-2Mi": "1Gi"})
-    assert container_demand(fabric, "c").gpu == 8
+    demand = container_demand(fabric, "c")
+    assert demand.gpu == 8
+    assert demand.extended == {"vpc.amazonaws.com/efa": 32, "rdma/ib": 1, "hugepages-2Mi": 2**30}
+    with pytest.raises(KindError, match=r"not a whole count of vpc\.amazonaws\.com/efa"):
+        container_demand(container(**{"vpc.amazonaws.com/efa": "0.5"}), "c")
     with pytest.raises(KindError, match="is not a resource any cluster offers"):
         container_demand(container(**{"google.com/tpu": 4}), "c")
 
@@ -299,3 +303,15 @@ def test_a_replicated_job_annotation_binds_its_podset() -> None:
     worker = {p.name: p.topology for p in jobspec_from_manifest(manifest).gang}["workers"]
     assert worker is not None
     assert worker.required == "rack"
+
+
+def test_a_manifest_carries_its_fabric_resources_per_replica() -> None:
+    manifest = jobset(None)
+    trainer = manifest["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]
+    limits = trainer["containers"][0]["resources"]["limits"]
+    limits.update({"vpc.amazonaws.com/efa": 4, "hugepages-2Mi": "512Mi"})
+    by_name = {p.name: p.extended for p in jobspec_from_manifest(manifest).gang}
+    assert by_name == {
+        "driver": {},
+        "workers": {"vpc.amazonaws.com/efa": 4, "hugepages-2Mi": 512 * 2**20},
+    }
