@@ -240,6 +240,7 @@ def _assign(
     if single:
         d0 = gang.demands[gang.gpu_sets[0]]
         need_cpu, need_mem = d0.cpu_milli, d0.memory
+        hint_ok = not d0.extended  # fabric resources: `pack_single` checks them
     phys = False  # some pool failed on capacity (not only on quota or avoidance)
     hint: Node | None = None
     topo = applies(req, gang)
@@ -288,7 +289,7 @@ def _assign(
                             est = (1, b - need_gpu)
                             hint = None
                             for hn in buckets[b].values():
-                                if hn.free_cpu >= need_cpu and hn.free_mem >= need_mem:
+                                if hint_ok and hn.free_cpu >= need_cpu and hn.free_mem >= need_mem:
                                     hint = hn
                                     break
                         else:

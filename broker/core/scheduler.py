@@ -60,7 +60,7 @@ from broker.core.diagnose import pool_reasons
 from broker.core.elastic import with_placement, without_node_placement
 from broker.core.inventory import AllocKey, Cluster, Inventory, Node, Pool
 from broker.core.ledger import Alloc, Ledger
-from broker.core.placement import Gang, capacity_rank, make_gang
+from broker.core.placement import Gang, capacity_rank, ext_per_node, make_gang
 from broker.core.preemption import plan_preemption, worth_planning
 from broker.core.provision import Claim, Provisions, rank_of
 from broker.core.quota import Cohort, QueueState, QuotaBook, QuotaMiss, never_admissible
@@ -856,9 +856,14 @@ class Scheduler:
         req = a.request
         pool = a.pool
         key = (req.job_id, req.attempt)
-        bad = self._inv.add_usage_checked(pool.cluster, key, a.per_node)
+        ext = ext_per_node(a.podsets, a.placement.assignment)
+        bad = self._inv.ext_short(pool.cluster, ext) if ext else None
+        if bad is None:
+            bad = self._inv.add_usage_checked(pool.cluster, key, a.per_node)
         if bad is not None:
             raise ValueError(f"stale assignment of {req.job_id}: node {bad} cannot take it")
+        if ext:
+            self._inv.add_ext(pool.cluster, key, ext)
         fresh = self._snap is not None
         alloc = Alloc(
             key,
@@ -962,6 +967,9 @@ class Scheduler:
             sum(v[2] for v in per_node.values()),
         )
         self._inv.add_usage(placement.cluster, key, per_node)
+        ext = ext_per_node(request.podsets, placement.assignment)
+        if ext:
+            self._inv.add_ext(placement.cluster, key, ext)
         qs = self._book.queues.get(request.queue)
         # A job holds quota once: a restored make-before-break pair is a reservation, and
         # the newer attempt holds the charge.
@@ -996,6 +1004,7 @@ class Scheduler:
         a = self._ledger.remove(key)
         if a is None:
             return
+        self._inv.remove_ext(a.cluster, key, a.per_node)
         self._inv.remove_usage(a.cluster, key, a.per_node)
         if a.charged:
             qs = self._book.queues.get(a.queue)
@@ -1032,6 +1041,7 @@ class Scheduler:
             return False
         taken = a.per_node[node]
         self._ledger.remove(key)
+        self._inv.remove_ext(a.cluster, key, (node,))
         self._inv.remove_usage(a.cluster, key, {node: taken})
         qs = self._book.queues.get(a.queue)
         if a.charged and qs is not None:
@@ -1071,6 +1081,9 @@ class Scheduler:
             self._inv.add_usage_checked(old.cluster, key, old.per_node)
             self._ledger.add(old)
             return None
+        ext = ext_per_node(got.podsets, got.placement.assignment)
+        if ext:
+            self._inv.add_ext(old.cluster, key, ext)
         qs = self._book.queues.get(old.queue)
         if old.charged and qs is not None:
             self._book.charge(qs, old.flavor_class, got.vec, 1)

@@ -27,6 +27,8 @@ class PodSetDemand(NamedTuple):
     gpu: int
     cpu_milli: int
     memory: int
+    # Fabric resources per replica, (name, amount) sorted by name (hugepages in bytes).
+    extended: tuple[tuple[str, int], ...] = ()
 
 
 class TopologyNeed(NamedTuple):

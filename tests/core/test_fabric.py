@@ -1,0 +1,146 @@
+"""Fabric resources (EFA, rdma/..., hugepages) counted per node: a node without enough free
+takes fewer replicas or none, what Muster placed is given back when a gang ends or shrinks, and
+no node is ever over-committed on one, through admissions, releases, shrinks and snapshots."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.core.scheduler import Scheduler
+from broker.core.types import GangRequest, PodSetDemand
+from schemas.agent import FlavorInfo, NodeInfo
+
+from .helpers import GI, NOW, config, queue
+
+EFA = "vpc.amazonaws.com/efa"
+IB = "rdma/ib"
+
+
+def od(**extended: int) -> FlavorInfo:
+    return FlavorInfo("od", "on-demand", "h100", 3.0, node_extended=extended)
+
+
+def node(name: str, gpu: int = 8, **extended: int) -> NodeInfo:
+    ext = {EFA if k == "efa" else IB: v for k, v in extended.items()}
+    return NodeInfo(name, "od", gpu, 96_000, 1024 * GI, extended=ext)
+
+
+def request(
+    job: str, replicas: int, gpu: int, efa: int = 0, ib: int = 0, order: int = 1
+) -> GangRequest:
+    ext = tuple((r, v) for r, v in ((EFA, efa), (IB, ib)) if v)
+    demand = PodSetDemand("w", replicas, gpu, 1000, GI, ext)
+    return GangRequest(job, 1, "default", 0, order, (demand,))
+
+
+def test_a_node_without_the_resource_or_with_too_little_free_takes_no_replica() -> None:
+    s = Scheduler(config())
+    # n0 has GPUs but no EFA; n1 has EFA for one replica only; n2 for two.
+    s.apply_snapshot("c", [od()], [node("n0", 16), node("n1", 16, efa=32), node("n2", efa=64)], NOW)
+    res = s.schedule([request("j", 3, 4, efa=32)], NOW)
+    ((_, p),) = res.admitted
+    ((_, placed),) = p.assignment
+    assert sorted(placed) == ["n1", "n2", "n2"]
+    # Every EFA is taken now: a second gang asking for it waits, with the numbers.
+    res = s.schedule([request("k", 1, 1, efa=1, order=2)], NOW)
+    assert not res.admitted
+    (reason,) = res.pending["k"]
+    assert reason.code == "insufficient-capacity"
+    assert f"w needs 1 {EFA} per replica, and the most free on one node is 0" in reason.message
+    # The gang ends: its EFA is free again.
+    s.release("j", 1)
+    ((_, p),) = s.schedule([request("k", 1, 1, efa=1, order=2)], NOW).admitted
+    assert p.nodes <= {"n1", "n2"}
+
+
+def test_a_flavor_declares_capacity_for_its_nodes_and_a_node_report_wins() -> None:
+    s = Scheduler(config())
+    s.apply_snapshot("c", [od(**{EFA: 4})], [node("a"), node("b", ib=1)], NOW)
+    ((_, p),) = s.schedule([request("j", 2, 4, efa=2)], NOW).admitted
+    assert p.nodes == {"a"}  # b reports its own fabric (rdma only), so it has no EFA
+    assert not s.schedule([request("k", 1, 1, efa=1, order=2)], NOW).admitted
+
+
+def test_usage_survives_a_snapshot_and_a_shrink_gives_it_back() -> None:
+    s = Scheduler(config())
+    fleet = [node("a", efa=1), node("b", efa=1)]
+    s.apply_snapshot("c", [od()], fleet, NOW)
+    assert len(s.schedule([request("j", 2, 8, efa=1)], NOW).admitted) == 1
+    s.apply_snapshot("c", [od()], fleet, NOW)  # the agent reconnects: nodes re-reported
+    extra = request("k", 1, 0, efa=1, order=2)
+    assert not s.schedule([extra], NOW).admitted
+    assert s.shrink("j", 1, "a")
+    ((_, p),) = s.schedule([extra], NOW).admitted
+    assert p.nodes == {"a"}
+
+
+EXT_PROPS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> list[NodeInfo]:
+    return [
+        node(
+            f"n{i}",
+            draw(st.sampled_from([4, 8])),
+            efa=draw(st.sampled_from([0, 0, 1, 4, 32])),
+            ib=draw(st.sampled_from([0, 1, 2])),
+        )
+        for i in range(draw(st.integers(1, 6)))
+    ]
+
+
+gangs = st.tuples(
+    st.integers(1, 4),  # replicas
+    st.sampled_from([0, 1, 2, 4, 8]),  # GPUs per replica
+    st.sampled_from([0, 0, 1, 2, 4, 32]),  # EFA per replica
+    st.sampled_from([0, 0, 1]),  # rdma/ib per replica
+)
+
+
+@EXT_PROPS
+@given(
+    fleets(),
+    st.lists(gangs, min_size=1, max_size=8),
+    st.lists(st.integers(0, 20), max_size=6),
+    st.integers(4, 48),
+)
+def test_no_node_is_over_committed_on_a_fabric_resource(
+    fleet: list[NodeInfo],
+    shapes: list[tuple[int, int, int, int]],
+    ends: list[int],
+    gpu_quota: int,
+) -> None:
+    """The held fabric resources are recomputed here from the placements and the requests
+    alone, and the GPU quota from the admitted gangs alone."""
+    s = Scheduler(config([queue("default", quotas={"od": {"gpu": (gpu_quota, None, None)}})]))
+    s.apply_snapshot("c", [od()], fleet, NOW)
+    cap = {(n.name, r): n.extended.get(r, 0) for n in fleet for r in (EFA, IB)}
+    reqs = {f"j{i}": request(f"j{i}", *shape, order=i) for i, shape in enumerate(shapes)}
+    held: dict[str, tuple[str, ...]] = {}  # job -> node per replica
+    pending = dict(reqs)
+    for step in range(4):
+        res = s.schedule(list(pending.values()), NOW + step)
+        for job, p in res.admitted:
+            ((_, placed),) = p.assignment
+            held[job] = placed
+            pending.pop(job)
+        used: dict[tuple[str, str], int] = {}
+        for job, placed in held.items():
+            for name in placed:
+                for r, v in reqs[job].podsets[0].extended:
+                    used[name, r] = used.get((name, r), 0) + v
+        for key, amount in used.items():
+            assert amount <= cap[key], (key, amount, cap[key], held)
+        assert sum(len(p) * reqs[j].podsets[0].gpu for j, p in held.items()) <= gpu_quota
+        if held and step < len(ends):  # a gang ends, or shrinks off one node
+            job = sorted(held)[ends[step] % len(held)]
+            placed = held[job]
+            if ends[step] % 2 and len(set(placed)) > 1 and s.shrink(job, 1, placed[0]):
+                held[job] = tuple(n for n in placed if n != placed[0])
+            else:
+                s.release(job, 1)
+                del held[job]
