@@ -56,6 +56,7 @@ class Gang:
     total: Vec
     max_gpu: int
     single_gpu: int  # g when the gang is one replica of g GPUs and nothing else, else 0
+    fabric: bool = False  # some podset asks for fabric resources (`PodSetDemand.extended`)
 
 
 def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
@@ -77,6 +78,7 @@ def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
         total=(g, c, m),
         max_gpu=max((p.gpu for p in podsets if p.replicas > 0), default=0),
         single_gpu=single,
+        fabric=any(p.extended for p in podsets),
     )
 
 
@@ -336,6 +338,7 @@ def cluster_empty_fit_cpu(cluster: Cluster, gang: Gang) -> bool:
 Tentative = dict[Node, Vec]
 ExtTentative = dict[Node, dict[str, int]]  # fabric resources taken so far, same overlay
 NO_LIMIT = 1 << 30
+_NO_EXT: ExtTentative = {}  # the overlay of a gang that asks none: never written
 
 
 def ext_room(node: Node, ext: tuple[tuple[str, int], ...], taken: ExtTentative) -> int:
@@ -527,7 +530,7 @@ def pack(
     """
     takes: list[Take] = []
     touched: Tentative = {}
-    ext_taken: ExtTentative = {}
+    ext_taken: ExtTentative = {} if gang.fabric else _NO_EXT
     demands = gang.demands
     index: NodeIndex = pool if within is None else within
     for i in gang.gpu_sets:
@@ -545,10 +548,10 @@ def ext_per_node(
     podsets: Sequence[PodSetDemand], assignment: Sequence[tuple[str, Sequence[str]]]
 ) -> dict[str, dict[str, int]]:
     """The fabric resources a placement takes per node (empty when no podset asks any)."""
-    asks = {d.podset: d.extended for d in podsets if d.extended}
     out: dict[str, dict[str, int]] = {}
-    if not asks:
+    if not any(d.extended for d in podsets):
         return out
+    asks = {d.podset: d.extended for d in podsets if d.extended}
     for podset, nodes in assignment:
         x = asks.get(podset)
         if x is None:
