@@ -312,6 +312,8 @@ def _assign(
                     if snap.held_quota:
                         need = plus_held(snap.held_quota, qs.name, cls, req.job_id, need)
                     qr = quota_memo[cls] = book.check(qs, cls, need)
+                    if qr is None and gang.ext_total:
+                        qr = quota_memo[cls] = book.check_ext(qs, cls, gang.ext_total)
                     if qr is None and claimed is not None and snap.claims:
                         qr = quota_memo[cls] = claimed(req.job_id, qs, cls, gang.total)
                 if qr is not None:
@@ -425,6 +427,8 @@ def _prune(group: list[Pool]) -> None:
 
 def _fits_quota(req: GangRequest, gang: Gang, qs: QueueState, snap: Snapshot, pool: Pool) -> bool:
     if snap.book.check(qs, pool.flavor_class, gang.total) is not None:
+        return False
+    if gang.ext_total and snap.book.check_ext(qs, pool.flavor_class, gang.ext_total):
         return False
     cluster = snap.inv.clusters.get(pool.cluster)
     return cluster is not None and fits_now(cluster, pool, gang, req)

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.core.risk import PoolRisk
-from broker.core.types import Vec
+from broker.core.types import Vec, add_amounts
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.config import FlavorClass
 
@@ -394,7 +394,7 @@ class Inventory:
             node.used_cpu += cp
             node.used_mem += m
         for amounts in c.node_ext.get(info.name, {}).values():
-            _add_amounts(node.ext_used, amounts, 1)
+            add_amounts(node.ext_used, amounts, 1)
         # A known notice that was not withdrawn is the same interruption (counted once).
         node.notice_counted = notice is not None
         c.nodes[info.name] = node
@@ -599,6 +599,18 @@ class Inventory:
                 return name
         return None
 
+    def ext_held(self, cluster: str, key: AllocKey, nodes: Iterable[str]) -> dict[str, int]:
+        """The fabric resources the allocation holds on `nodes`, summed."""
+        out: dict[str, int] = {}
+        c = self.clusters.get(cluster)
+        if c is None or not c.node_ext:
+            return out
+        for name in nodes:
+            mine = c.node_ext.get(name, {}).get(key)
+            if mine:
+                add_amounts(out, mine, 1)
+        return out
+
     def add_ext(
         self, cluster: str, key: AllocKey, per_node: Mapping[str, Mapping[str, int]]
     ) -> None:
@@ -607,10 +619,10 @@ class Inventory:
         for name, amounts in per_node.items():
             here = c.node_ext.setdefault(name, {})
             mine = here.setdefault(key, {})
-            _add_amounts(mine, amounts, 1)
+            add_amounts(mine, amounts, 1)
             node = c.nodes.get(name)
             if node is not None:
-                _add_amounts(node.ext_used, amounts, 1)
+                add_amounts(node.ext_used, amounts, 1)
                 node.pool.touched[node] = None
 
     def remove_ext(self, cluster: str, key: AllocKey, nodes: Iterable[str]) -> None:
@@ -625,7 +637,7 @@ class Inventory:
                 del c.node_ext[name]
             node = c.nodes.get(name)
             if amounts and node is not None:
-                _add_amounts(node.ext_used, amounts, -1)
+                add_amounts(node.ext_used, amounts, -1)
                 node.pool.touched[node] = None
 
     def suspend_usage(self, cluster: str, per_node: Mapping[str, Vec], sign: int) -> None:
@@ -643,12 +655,3 @@ class Inventory:
         if c is None:
             return []
         return list(c.node_allocs.get(name, {}))
-
-
-def _add_amounts(into: dict[str, int], amounts: Mapping[str, int], sign: int) -> None:
-    for res, amount in amounts.items():
-        left = into.get(res, 0) + sign * amount
-        if left:
-            into[res] = left
-        else:
-            into.pop(res, None)

@@ -30,7 +30,7 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,6 +57,7 @@ class Gang:
     max_gpu: int
     single_gpu: int  # g when the gang is one replica of g GPUs and nothing else, else 0
     fabric: bool = False  # some podset asks for fabric resources (`PodSetDemand.extended`)
+    ext_total: Mapping[str, int] | None = None  # the whole gang's, when `fabric`
 
 
 def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
@@ -68,6 +69,10 @@ def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
     g = sum(p.replicas * p.gpu for p in podsets)
     c = sum(p.replicas * p.cpu_milli for p in podsets)
     m = sum(p.replicas * p.memory for p in podsets)
+    ext: dict[str, int] = {}
+    for p in podsets:
+        for res, amount in p.extended:
+            ext[res] = ext.get(res, 0) + p.replicas * amount
     single = 0
     if len(gpu_sets) == 1 and not cpu_sets and podsets[gpu_sets[0]].replicas == 1:
         single = podsets[gpu_sets[0]].gpu
@@ -78,7 +83,8 @@ def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
         total=(g, c, m),
         max_gpu=max((p.gpu for p in podsets if p.replicas > 0), default=0),
         single_gpu=single,
-        fabric=any(p.extended for p in podsets),
+        fabric=bool(ext),
+        ext_total=ext or None,
     )
 
 
@@ -589,3 +595,12 @@ def assignment_of(
         (d.podset, tuple(per_set[i])) for i, d in enumerate(demands) if d.replicas > 0
     )
     return assignment, per_node
+
+
+def summed(per_node: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """`ext_per_node` over all its nodes."""
+    out: dict[str, int] = {}
+    for amounts in per_node.values():
+        for res, amount in amounts.items():
+            out[res] = out.get(res, 0) + amount
+    return out

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, PodSetDemand
 from schemas.agent import FlavorInfo, NodeInfo
+from schemas.config import FlavorQuota, QueueConfig, ResourceQuota
 
-from .helpers import GI, NOW, config, queue
+from .helpers import GI, NOW, config
 
 EFA = "vpc.amazonaws.com/efa"
 IB = "rdma/ib"
@@ -75,6 +76,24 @@ def test_usage_survives_a_snapshot_and_a_shrink_gives_it_back() -> None:
     assert p.nodes == {"a"}
 
 
+def capped(gpu: int, efa: int) -> QueueConfig:
+    quota = FlavorQuota("od", {"gpu": ResourceQuota(gpu)}, extended={EFA: efa})
+    return QueueConfig(name="default", quotas=[quota])
+
+
+def test_a_queue_caps_a_fabric_resource_in_a_flavor_class() -> None:
+    s = Scheduler(config([capped(64, 40)]))
+    s.apply_snapshot("c", [od()], [node("a", efa=32), node("b", efa=32)], NOW)
+    assert len(s.schedule([request("j", 1, 8, efa=32)], NOW).admitted) == 1
+    res = s.schedule([request("k", 1, 8, efa=16, order=2)], NOW)
+    (reason,) = res.pending["k"]
+    assert reason.code == "quota-exceeded"
+    assert reason.message == f"queue default needs 16 {EFA} of od; its cap of 40 leaves 8"
+    assert len(s.schedule([request("m", 1, 8, efa=8, order=3)], NOW).admitted) == 1
+    s.release("j", 1)
+    assert len(s.schedule([request("k", 1, 8, efa=16, order=2)], NOW).admitted) == 1
+
+
 EXT_PROPS = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
@@ -107,16 +126,18 @@ gangs = st.tuples(
     st.lists(gangs, min_size=1, max_size=8),
     st.lists(st.integers(0, 20), max_size=6),
     st.integers(4, 48),
+    st.integers(0, 64),
 )
 def test_no_node_is_over_committed_on_a_fabric_resource(
     fleet: list[NodeInfo],
     shapes: list[tuple[int, int, int, int]],
     ends: list[int],
     gpu_quota: int,
+    efa_cap: int,
 ) -> None:
     """The held fabric resources are recomputed here from the placements and the requests
-    alone, and the GPU quota from the admitted gangs alone."""
-    s = Scheduler(config([queue("default", quotas={"od": {"gpu": (gpu_quota, None, None)}})]))
+    alone, and the GPU quota and the queue's EFA cap from the admitted gangs alone."""
+    s = Scheduler(config([capped(gpu_quota, efa_cap)]))
     s.apply_snapshot("c", [od()], fleet, NOW)
     cap = {(n.name, r): n.extended.get(r, 0) for n in fleet for r in (EFA, IB)}
     reqs = {f"j{i}": request(f"j{i}", *shape, order=i) for i, shape in enumerate(shapes)}
@@ -136,6 +157,7 @@ def test_no_node_is_over_committed_on_a_fabric_resource(
         for key, amount in used.items():
             assert amount <= cap[key], (key, amount, cap[key], held)
         assert sum(len(p) * reqs[j].podsets[0].gpu for j, p in held.items()) <= gpu_quota
+        assert sum(v for (_, r), v in used.items() if r == EFA) <= efa_cap
         if held and step < len(ends):  # a gang ends, or shrinks off one node
             job = sorted(held)[ends[step] % len(held)]
             placed = held[job]
