@@ -305,3 +305,14 @@ def test_node_info_reports_allocatable_fabric_resources() -> None:
     # rdma/ib at 0 is not offered; example.com/x is no fabric resource.
     assert info.extended == {"vpc.amazonaws.com/efa": 32, "hugepages-1Gi": 8 * 2**30}
     assert node_info(knode(node("m")), cfg.flavors[0], cfg, Usage(), None).extended == {}
+
+
+def test_a_flavor_declares_fabric_resources_for_its_nodes() -> None:
+    cfg = make_config()
+    flavor = msgspec.structs.replace(cfg.flavors[0], node_extended={"vpc.amazonaws.com/efa": 32})
+    assert flavor.info().node_extended == {"vpc.amazonaws.com/efa": 32}
+    with pytest.raises(msgspec.ValidationError, match="extended"):
+        msgspec.convert(
+            {"name": "x", "capacity_type": "spot", "node_extended": {"google.com/tpu": 4}},
+            type(flavor),
+        )
