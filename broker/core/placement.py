@@ -555,7 +555,10 @@ def ext_per_node(
 ) -> dict[str, dict[str, int]]:
     """The fabric resources a placement takes per node (empty when no podset asks any)."""
     out: dict[str, dict[str, int]] = {}
-    if not any(d.extended for d in podsets):
+    for d in podsets:  # a loop, not any(): this runs once per admission
+        if d.extended:
+            break
+    else:
         return out
     asks = {d.podset: d.extended for d in podsets if d.extended}
     for podset, nodes in assignment:
