@@ -7,11 +7,16 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.core.inputs import SubmitJob
+from broker.core.invariants import violations
+from broker.core.machine import Machine
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, PodSetDemand
-from schemas.agent import FlavorInfo, NodeInfo
+from schemas.agent import ClusterSnapshot, FlavorInfo, NodeGone, NodeInfo
 from schemas.config import FlavorQuota, QueueConfig, ResourceQuota
+from schemas.job import JobSpec, PodSet
 
+from .harness import T0, Sim
 from .helpers import GI, NOW, config
 
 EFA = "vpc.amazonaws.com/efa"
@@ -76,9 +81,9 @@ def test_usage_survives_a_snapshot_and_a_shrink_gives_it_back() -> None:
     assert p.nodes == {"a"}
 
 
-def capped(gpu: int, efa: int) -> QueueConfig:
+def capped(gpu: int, efa: int, name: str = "default") -> QueueConfig:
     quota = FlavorQuota("od", {"gpu": ResourceQuota(gpu)}, extended={EFA: efa})
-    return QueueConfig(name="default", quotas=[quota])
+    return QueueConfig(name=name, quotas=[quota])
 
 
 def test_a_queue_caps_a_fabric_resource_in_a_flavor_class() -> None:
@@ -166,3 +171,38 @@ def test_no_node_is_over_committed_on_a_fabric_resource(
             else:
                 s.release(job, 1)
                 del held[job]
+
+
+class FabricSim(Sim):
+    """The machine with one fleet of nodes offering EFA, a queue capping it."""
+
+    def __init__(self, fleet: list[NodeInfo], efa_cap: int) -> None:
+        self.m = Machine(config([capped(1024, efa_cap, "q")]), epoch=1)
+        self.now = T0
+        self.seq = {}
+        self.send("c", ClusterSnapshot(flavors=[od()], nodes=fleet))
+
+
+@EXT_PROPS
+@given(
+    fleets(),
+    st.lists(gangs, min_size=1, max_size=6),
+    st.integers(0, 64),
+    st.integers(0, 5),
+)
+def test_the_machines_checks_hold_with_fabric_resources(
+    fleet: list[NodeInfo], shapes: list[tuple[int, int, int, int]], efa_cap: int, lost: int
+) -> None:
+    """Through submissions, dispatches, a lost node and re-placements, the machine's safety
+    checks pass (`fabric_not_overcommitted` among them: the fabric resources recomputed from
+    the placements and the podsets' demands, within every node's)."""
+    sim = FabricSim(fleet, efa_cap)
+    for replicas, gpu, efa, ib in shapes:
+        extended = {k: v for k, v in ((EFA, efa), (IB, ib)) if v}
+        podset = PodSet(name="w", replicas=replicas, gpu=gpu, cpu="1", extended=extended)
+        sim.m.handle(SubmitJob(JobSpec(name="j", gang=[podset]), subject_queue="q"), sim.now)
+    for step in range(3):
+        sim.step(5.0)
+        assert violations(sim.m) == []
+        if step == 0:
+            sim.send("c", NodeGone(node=fleet[lost % len(fleet)].name))
