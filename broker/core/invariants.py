@@ -113,8 +113,9 @@ def nodes_not_overcommitted(m: Machine) -> list[str]:
 
 
 def fabric_not_overcommitted(m: Machine) -> list[str]:
-    """Fabric resources per node, recomputed from the allocations' placements and their
-    podsets' demands, within what each node offers, and equal to what the node counts."""
+    """Fabric resources per node and per queue, recomputed from the allocations' placements
+    and their podsets' demands: equal to what each node and queue counts, within what each
+    node offers and each queue's cap."""
     sched = m.scheduler
     clusters = sched.cluster_states()
     if not any(c.node_ext for c in clusters.values()) and not any(
@@ -122,12 +123,25 @@ def fabric_not_overcommitted(m: Machine) -> list[str]:
     ):
         return []
     held: dict[tuple[str, str], dict[str, int]] = {}
+    charged: dict[tuple[str, str], dict[str, int]] = {}  # (queue, class) -> what it holds
     for (job_id, _), a in sched.allocations().items():
         asks = {d.podset: d.extended for d in m.registry.all_demands.get(job_id, ())}
         for podset, nodes in a.placement.assignment:
             for name in nodes:
-                add_amounts(held.setdefault((a.cluster, name), {}), dict(asks.get(podset, ())), 1)
+                ask = dict(asks.get(podset, ()))
+                add_amounts(held.setdefault((a.cluster, name), {}), ask, 1)
+                if a.charged:
+                    add_amounts(charged.setdefault((a.queue, a.flavor_class), {}), ask, 1)
     out: list[str] = []
+    for name, qs in sched.queue_states().items():
+        for cls in set(qs.ext_used) | {c for q, c in charged if q == name}:
+            want = {k: v for k, v in charged.get((name, cls), {}).items() if v}
+            if qs.ext_used.get(cls, {}) != want:
+                out.append(f"queue {name}/{cls}: fabric used {qs.ext_used.get(cls)} != {want}")
+            for res, amount in want.items():
+                cap = qs.ext_caps.get(cls, {}).get(res)
+                if cap is not None and amount > cap:
+                    out.append(f"queue {name}/{cls}: {res} used {amount} > cap {cap}")
     for cname, c in clusters.items():
         for name, node in c.nodes.items():
             mine = {k: v for k, v in held.get((cname, name), {}).items() if v}
