@@ -7,12 +7,20 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.core.effects import Send
 from broker.core.inputs import SubmitJob
 from broker.core.invariants import violations
 from broker.core.machine import Machine
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, PodSetDemand
-from schemas.agent import ClusterSnapshot, FlavorInfo, NodeGone, NodeInfo
+from schemas.agent import (
+    ClusterSnapshot,
+    Dispatch,
+    FlavorInfo,
+    NodeGone,
+    NodeInfo,
+    WorkloadStatus,
+)
 from schemas.config import FlavorQuota, QueueConfig, ResourceQuota
 from schemas.job import JobSpec, PodSet
 
@@ -201,8 +209,18 @@ def test_the_machines_checks_hold_with_fabric_resources(
         extended = {k: v for k, v in ((EFA, efa), (IB, ib)) if v}
         podset = PodSet(name="w", replicas=replicas, gpu=gpu, cpu="1", extended=extended)
         sim.m.handle(SubmitJob(JobSpec(name="j", gang=[podset]), subject_queue="q"), sim.now)
-    for step in range(3):
-        sim.step(5.0)
+    dispatched: list[Dispatch] = []
+    for step in range(4):
+        effects = sim.step(5.0)
+        dispatched += [
+            e.command for e in effects if isinstance(e, Send) and isinstance(e.command, Dispatch)
+        ]
         assert violations(sim.m) == []
         if step == 0:
             sim.send("c", NodeGone(node=fleet[lost % len(fleet)].name))
+        elif dispatched:  # a gang ends: what it held is given back
+            done = dispatched.pop(lost % len(dispatched))
+            sim.send(
+                "c", WorkloadStatus(job_id=done.job_id, attempt=done.attempt, phase="succeeded")
+            )
+            assert violations(sim.m) == []
