@@ -403,6 +403,8 @@ def jobspec_from_manifest(
         drafts, min_available, _ = _drafts(manifest)
         min_pods = adapter.min_pods(manifest)
         elastic = adapter.elastic(manifest)
+        kind_topology = adapter.topology(manifest)
+        podset_levels = adapter.podset_topologies(manifest)
         # What no agent would run is refused at submission; the service-account allow-list
         # lives in each agent's configuration, so the agent checks that one.
         check_safety(manifest, PodPolicy(service_accounts=None))
@@ -470,10 +472,13 @@ def jobspec_from_manifest(
             "memory": _format_memory(d.demand.memory),
             **({"min_replicas": min_pods[d.name]} if d.name in min_pods else {}),
             **_elastic_fields(elastic.get(d.name)),
-            **podset_topology(d.template, d.path),
+            **({"extended": d.demand.extended} if d.demand.extended else {}),
+            **_podset_levels(podset_levels.get(d.name), podset_topology(d.template, d.path)),
         }
         for d in drafts
     ]
+    if kind_topology:  # the manifest's own level wins over a default's
+        fields["topology"] = {**(fields.get("topology") or {}), **kind_topology}
     fields["workload"] = {"kind": "manifest", "manifest": manifest}
     try:
         return msgspec.convert(fields, JobSpec)
@@ -493,6 +498,13 @@ def with_manifest_checked(spec: JobSpec) -> JobSpec:
     if spec.gang:
         return spec
     return msgspec.structs.replace(spec, gang=derived.gang)
+
+
+def _podset_levels(kind: dict[str, str] | None, kueue: dict[str, Any]) -> dict[str, Any]:
+    """A podset's `topology`: its kind's field (a JobSet replicatedJob's annotation), with
+    Kueue's TAS annotations on the pod template winning where both name a level."""
+    merged = {**(kind or {}), **kueue.get("topology", {})}
+    return {"topology": merged} if merged else {}
 
 
 def _elastic_fields(bounds: tuple[int, int] | None) -> dict[str, int]:

@@ -135,3 +135,12 @@ class Adapter:
     def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
         """A queue the kind's own scheduling fields name, with its field path."""
         return None
+
+    def topology(self, manifest: Mapping[str, Any]) -> dict[str, str]:
+        """The gang's topology level from the kind's own fields (`required`/`preferred`, as
+        `kinds.topology` maps them). Empty: the kind names none."""
+        return {}
+
+    def podset_topologies(self, manifest: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+        """Podset -> its topology level from the kind's own per-podset fields."""
+        return {}

@@ -3,9 +3,10 @@
 Per replica: GPUs from `resources.limits` (else `requests`) of every resource named
 `<vendor>/gpu` (`nvidia.com/gpu`, `amd.com/gpu`), never from kind-specific fields such as an
 MPIJob's `slotsPerWorker`; hugepages and the fabric of multi-node training (EFA
-`vpc.amazonaws.com/efa`, RDMA/InfiniBand device-plugin resources `rdma/...`) pass through
-uncounted; any other extended resource (`google.com/tpu`, ...) is refused, as no cluster offers
-it to Muster; cpu and memory from `requests` (else
+`vpc.amazonaws.com/efa`, RDMA/InfiniBand device-plugin resources `rdma/...`) from `requests`
+(else `limits`) into `extended` (hugepages in bytes), which the broker counts against each
+node's capacity; any other extended resource (`google.com/tpu`, ...) is refused, as no cluster
+offers it to Muster; cpu and memory from `requests` (else
 `limits`, which is what Kubernetes defaults a missing request to). Containers of a pod are
 summed, then init containers, native sidecars, pod-level `spec.resources.requests` and
 `spec.overhead` count as kube-scheduler counts them (`kinds.requests`, the one function the
@@ -20,34 +21,41 @@ from collections.abc import Mapping
 from typing import Any
 
 from kinds.base import KindError, listed, mapping
-from kinds.requests import ContainerRequest, pod_requests
+from kinds.requests import ContainerRequest, is_fabric, pod_requests
 from schemas.quantity import QuantityError, cpu_milli, memory_bytes, parse_quantity
 
 
 class Demand:
-    __slots__ = ("cpu", "gpu", "memory")
+    __slots__ = ("cpu", "extended", "gpu", "memory")
 
-    def __init__(self, gpu: int = 0, cpu: int = 0, memory: int = 0) -> None:
+    def __init__(
+        self, gpu: int = 0, cpu: int = 0, memory: int = 0, extended: dict[str, int] | None = None
+    ) -> None:
         self.gpu = gpu
         self.cpu = cpu
         self.memory = memory
+        self.extended = extended or {}
 
 
 _NATIVE = frozenset({"cpu", "memory", "ephemeral-storage", "storage", "pods"})
-# The interconnect of multi-node training nodes (EFA on p4d/p5, RDMA/InfiniBand device plugins):
-# passed to the pod as written; the kubelet enforces them per node, Muster does not count them.
-_FABRIC = frozenset({"vpc.amazonaws.com/efa"})
 
 
 def _scheduled(resource: str) -> bool:
     """A resource Muster accounts for or the kubelet always has (never silently dropped), or a
-    fabric resource that training nodes offer beside their GPUs."""
-    return (
-        resource in _NATIVE
-        or resource.startswith(("hugepages-", "rdma/"))
-        or resource.endswith("/gpu")
-        or resource in _FABRIC
-    )
+    fabric resource that training nodes offer beside their GPUs (`is_fabric`, counted)."""
+    return resource in _NATIVE or resource.endswith("/gpu") or is_fabric(resource)
+
+
+def _fabric_amount(raw: Any, resource: str, path: str) -> int:
+    try:
+        if resource.startswith("hugepages-"):
+            return memory_bytes(raw)
+        amount = parse_quantity(raw)
+    except QuantityError as exc:
+        raise KindError(f"{path}: {exc}") from None
+    if amount != amount.to_integral_value() or amount < 0:
+        raise KindError(f"{path}: {raw!r} is not a whole count of {resource}, e.g. 1 or 32")
+    return int(amount)
 
 
 def _gpu_amount(value: Any, path: str) -> int:
@@ -95,11 +103,17 @@ def container_demand(container: Any, path: str) -> Demand:
                 except QuantityError as exc:
                     raise KindError(f"{path}.resources.{where}.{name}: {exc}") from None
                 break
+    for source, where in ((limits, "limits"), (requests, "requests")):
+        for key in source:  # requests win: for these the API server wants requests == limits
+            if is_fabric(str(key)) and source[key] is not None:
+                demand.extended[str(key)] = _fabric_amount(
+                    source[key], str(key), f"{path}.resources.{where}[{key}]"
+                )
     return demand
 
 
 def _amounts(d: Demand) -> dict[str, int]:
-    return {"gpu": d.gpu, "cpu": d.cpu, "memory": d.memory}
+    return {"gpu": d.gpu, "cpu": d.cpu, "memory": d.memory, **d.extended}
 
 
 def _cpu_memory(raw: Any, path: str) -> dict[str, int]:
@@ -141,4 +155,5 @@ def pod_demand(template: Any, path: str) -> Demand:
         _cpu_memory(level.get("requests"), f"{path}.spec.resources.requests"),
         _cpu_memory(spec.get("overhead"), f"{path}.spec.overhead"),
     )
-    return Demand(total.get("gpu", 0), total.get("cpu", 0), total.get("memory", 0))
+    extended = {k: v for k, v in total.items() if is_fabric(k) and v > 0}
+    return Demand(total.get("gpu", 0), total.get("cpu", 0), total.get("memory", 0), extended)

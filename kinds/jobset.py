@@ -9,6 +9,7 @@ from kinds.adapter import Adapter
 from kinds.base import (
     KindError,
     PodTemplate,
+    ReplicaRow,
     Resource,
     Verdict,
     condition_verdict,
@@ -21,6 +22,7 @@ from kinds.base import (
     replica_rows,
     template_at,
 )
+from kinds.topology import exclusive_topology
 
 
 class JobSet(Adapter):
@@ -81,3 +83,27 @@ class JobSet(Adapter):
 
     def verdict(self, name: str, status: Mapping[str, Any]) -> Verdict | None:
         return condition_verdict(f"JobSet {name}", status, ("Completed",), ("Failed",))
+
+    def topology(self, manifest: Mapping[str, Any]) -> dict[str, str]:
+        meta = mapping(manifest.get("metadata"), "metadata")
+        children = sum(row.replicas() for row in self._rows(manifest))
+        return exclusive_topology(meta.get("annotations"), children, "metadata.annotations")
+
+    def podset_topologies(self, manifest: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+        """A replicatedJob's own annotation binds its child Jobs (`template.metadata`)."""
+        out: dict[str, dict[str, str]] = {}
+        for row in self._rows(manifest):
+            at = f"{row.path}.template.metadata"
+            meta = mapping(
+                mapping(row.spec.get("template"), f"{row.path}.template").get("metadata"), at
+            )
+            found = exclusive_topology(meta.get("annotations"), row.replicas(), f"{at}.annotations")
+            if found:
+                out[row.name] = found
+        return out
+
+    def _rows(self, manifest: Mapping[str, Any]) -> list[ReplicaRow]:
+        spec = mapping(manifest.get("spec"), "spec", required=True)
+        return replica_rows(
+            listed(spec.get("replicatedJobs"), "spec.replicatedJobs"), "spec.replicatedJobs"
+        )

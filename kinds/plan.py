@@ -111,9 +111,14 @@ def container(cmd: Dispatch, name: str, ps: PodSet, gpu_resource: str) -> dict[s
         raise KindError(f"workload.image: required for kind {w.kind!r}")
     requests: dict[str, Any] = {"cpu": str(ps.cpu), "memory": str(ps.memory)}
     resources: dict[str, Any] = {"requests": requests}
+    limits: dict[str, Any] = {}
     if ps.gpu:
         requests[gpu_resource] = str(ps.gpu)
-        resources["limits"] = {gpu_resource: str(ps.gpu)}
+        limits[gpu_resource] = str(ps.gpu)
+    for res, amount in sorted(ps.extended.items()):  # fabric: requests equal limits, as required
+        requests[res] = limits[res] = str(amount)
+    if limits:
+        resources["limits"] = limits
     c: dict[str, Any] = {
         "name": name,
         "image": w.image,

@@ -34,6 +34,15 @@ class ContainerRequest(NamedTuple):
     sidecar: bool = False  # an init container with restartPolicy Always
 
 
+EFA = "vpc.amazonaws.com/efa"
+
+
+def is_fabric(resource: str) -> bool:
+    """A fabric resource of multi-node training that Muster counts per node: EFA, RDMA
+    device plugins (`rdma/...`), hugepages (`hugepages-<size>`, in bytes)."""
+    return resource == EFA or resource.startswith(("rdma/", "hugepages-"))
+
+
 def pod_level(resource: str) -> bool:
     """A resource `spec.resources` may set (component-helpers `IsSupportedPodLevelResource`)."""
     return resource in ("cpu", "memory") or resource.startswith("hugepages-")

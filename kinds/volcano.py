@@ -22,6 +22,7 @@ from kinds.base import (
     replica_rows,
     verdict_reason,
 )
+from kinds.topology import volcano_topology
 
 # Volcano's webhook rewrites `maxRetry: 0` to its default 3, so retries are turned off with
 # policies: a failed or evicted pod aborts the job, and Muster's restart budget decides.
@@ -156,3 +157,6 @@ class VolcanoJob(Adapter):
         spec = mapping(manifest.get("spec"), "spec")
         value = spec.get("queue")
         return (value, "spec.queue") if value else None
+
+    def topology(self, manifest: Mapping[str, Any]) -> dict[str, str]:
+        return volcano_topology(mapping(manifest.get("spec"), "spec"))

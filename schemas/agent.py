@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from schemas.job import CapacityType, JobSpec
+from schemas.job import CapacityType, ExtendedAmounts, JobSpec
 
 Name = Annotated[str, Meta(min_length=1, max_length=253)]
 ClusterName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
@@ -107,6 +107,9 @@ class FlavorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     # topology.kubernetes.io/zone, cloud.google.com/gce-topology-block, kubernetes.io/hostname):
     # named once here, so each node sends only its values (`NodeInfo.topology`). Empty = none.
     topology_levels: Annotated[tuple[TopologyLevel, ...], Meta(max_length=MAX_TOPOLOGY_LEVELS)] = ()
+    # Fabric resources every node of the pool has (EFA, rdma/..., hugepages-... in bytes), as
+    # the operator declares them; a node's own report (`NodeInfo.extended`) wins.
+    node_extended: ExtendedAmounts = {}
     # Nodes the pool can still add when asked (an autoscaled pool); None = it only has the
     # nodes it reports (what agents of wire 1.1 and older send).
     provision: ProvisionPool | None = None
@@ -134,6 +137,9 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     # The node's value for each of its flavor's `topology_levels`, in that order ("" when the
     # label is missing; trailing missing values may be left out). Empty = not reported.
     topology: Annotated[tuple[TopologyValue, ...], Meta(max_length=MAX_TOPOLOGY_LEVELS)] = ()
+    # Allocatable fabric resources (`status.allocatable`), hugepages in bytes. Empty = not
+    # reported (an older agent reports none): the flavor's `node_extended` holds.
+    extended: ExtendedAmounts = {}
 
 
 WorkloadPhase = Literal["created", "running", "succeeded", "failed", "evicted"]

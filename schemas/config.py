@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from schemas.job import CapacityType, DnsLabel
+from schemas.job import CapacityType, DnsLabel, ExtendedAmounts
 
 Resource = Literal["gpu", "cpu", "memory"]
 # A PriorityClass / WorkloadPriorityClass name (a DNS subdomain) and the job priority it means.
@@ -35,6 +35,10 @@ class ResourceQuota(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
 class FlavorQuota(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     flavor: DnsLabel
     resources: dict[Resource, ResourceQuota]
+    # The most of each fabric resource (vpc.amazonaws.com/efa, rdma/..., hugepages-... in
+    # bytes) the queue's admitted gangs may hold in this flavor class: the queue's own cap, not
+    # lent or borrowed in a cohort. An unlisted one is not limited.
+    extended: ExtendedAmounts = {}
 
 
 class PreemptionPolicy(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

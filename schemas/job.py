@@ -38,6 +38,21 @@ MAX_REPLICAS = 4096
 MAX_GPU_PER_REPLICA = 64
 
 
+# Fabric resources of multi-node training counted per node (EFA `vpc.amazonaws.com/efa`,
+# RDMA device plugins `rdma/...`, `hugepages-<size>` in bytes): name -> amount.
+MAX_EXTENDED = 16
+ExtendedResource = Annotated[
+    str,
+    Meta(
+        pattern=r"^(vpc\.amazonaws\.com/efa|rdma/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?|hugepages-[0-9]+[KMGT]i?)$",
+        max_length=253,
+        description="a fabric resource: vpc.amazonaws.com/efa, rdma/<name>, hugepages-<size>",
+    ),
+]
+ExtendedAmounts = Annotated[
+    dict[ExtendedResource, Annotated[int, Meta(ge=0, le=2**53)]], Meta(max_length=MAX_EXTENDED)
+]
+
 TopologyLevelName = Annotated[
     str,
     Meta(
@@ -89,6 +104,8 @@ class PodSet(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     ) = None
     # Binds the whole gang's GPU replicas (stricter than Kueue, which binds each podset).
     topology: PodSetTopology | None = None
+    # Fabric resources per replica (hugepages in bytes): a node must have them free to take it.
+    extended: ExtendedAmounts = {}
 
     def __post_init__(self) -> None:
         try:

@@ -24,7 +24,7 @@ from kinds.plan import WorkloadPlan
 from kinds.pods import PodPolicy
 from kinds.workload import build_workload as kinds_build_workload
 from schemas.agent import Dispatch, FlavorInfo
-from schemas.job import CapacityType, DnsLabel
+from schemas.job import CapacityType, DnsLabel, ExtendedAmounts
 
 __all__ = ["Provider"]
 ShortStr = Annotated[str, Meta(max_length=253)]
@@ -108,6 +108,10 @@ class FlavorConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     # The taint that keeps every other pod off the pool's nodes (docs/kubernetes.md "Holding
     # the chosen nodes"); None: the pool is shared and nothing holds a node until the gang binds.
     dedicated_taint: DedicatedTaint | None = None
+    # Fabric resources every node of the pool has (vpc.amazonaws.com/efa, rdma/...,
+    # hugepages-... in bytes), for nodes whose allocatable does not list them; what a node's
+    # `status.allocatable` lists wins.
+    node_extended: ExtendedAmounts = {}
 
     def __post_init__(self) -> None:
         taint = self.dedicated_taint
@@ -133,6 +137,7 @@ class FlavorConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
             gpu_type=self.gpu_type,
             price_per_gpu_hour=self.price_per_gpu_hour,
             gpu_memory_mib=self.gpu_memory_mib or gpu_memory_mib,
+            node_extended=self.node_extended,
         )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import msgspec
 
 from agents.kube.config import FlavorConfig, KubeBackendConfig, Provider, Toleration
-from agents.kube.decode import KNode, Usage, count_of, cpu_of, mem_of, parse_time
+from agents.kube.decode import KNode, Resources, Usage, count_of, cpu_of, mem_of, parse_time
 from agents.kube.signals import (
     BUILTIN_GPU_FAILURE_CONDITIONS,
     BUILTIN_GPU_FAILURE_TAINTS,
@@ -22,7 +22,9 @@ from agents.kube.signals import (
     NoticeTaint,
 )
 from kinds.nodelabels import GPU_TYPE_LABELS, capacity_type_from_labels
+from kinds.requests import is_fabric
 from schemas.agent import MAX_GPUS_PER_NODE, NodeInfo
+from schemas.job import MAX_EXTENDED
 
 # GPU Feature Discovery labels (NVIDIA GPU operator / k8s-device-plugin).
 GFD_PRODUCT = "nvidia.com/gpu.product"
@@ -340,7 +342,19 @@ def node_info(
         no_new_pods=bool(why),
         note="; ".join(why)[:1024],
         topology=topology_of(node, topology_levels),
+        extended=fabric_of(alloc),
     )
+
+
+def fabric_of(alloc: Resources) -> dict[str, int]:
+    """The node's allocatable fabric resources (EFA, rdma/..., hugepages-... in bytes), the
+    first MAX_EXTENDED by name; what the node does not offer is left out."""
+    names = sorted(k for k in alloc if is_fabric(k))[:MAX_EXTENDED]
+    out = {
+        k: mem_of({"memory": alloc[k]}) if k.startswith("hugepages-") else count_of(alloc, k)
+        for k in names
+    }
+    return {k: v for k, v in out.items() if v > 0}
 
 
 def topology_of(node: KNode, levels: Sequence[str]) -> tuple[str, ...]:

@@ -256,6 +256,7 @@ def _assign(
     if single:
         d0 = gang.demands[gang.gpu_sets[0]]
         need_cpu, need_mem = d0.cpu_milli, d0.memory
+        hint_ok = not d0.extended  # fabric resources: `pack_single` checks them
     phys = False  # some pool failed on capacity (not only on quota or avoidance)
     hint: Node | None = None
     topo = applies(req, gang)
@@ -304,7 +305,7 @@ def _assign(
                             est = (1, b - need_gpu)
                             hint = None
                             for hn in buckets[b].values():
-                                if hn.free_cpu >= need_cpu and hn.free_mem >= need_mem:
+                                if hint_ok and hn.free_cpu >= need_cpu and hn.free_mem >= need_mem:
                                     hint = hn
                                     break
                         else:
@@ -327,6 +328,8 @@ def _assign(
                     if snap.held_quota:
                         need = plus_held(snap.held_quota, qs.name, cls, req.job_id, need)
                     qr = quota_memo[cls] = book.check(qs, cls, need)
+                    if qr is None and gang.ext_total:
+                        qr = quota_memo[cls] = book.check_ext(qs, cls, gang.ext_total)
                     if qr is None and claimed is not None and snap.claims:
                         qr = quota_memo[cls] = claimed(req.job_id, qs, cls, gang.total)
                 if qr is not None:
@@ -440,6 +443,8 @@ def _prune(group: list[Pool]) -> None:
 
 def _fits_quota(req: GangRequest, gang: Gang, qs: QueueState, snap: Snapshot, pool: Pool) -> bool:
     if snap.book.check(qs, pool.flavor_class, gang.total) is not None:
+        return False
+    if gang.ext_total and snap.book.check_ext(qs, pool.flavor_class, gang.ext_total):
         return False
     cluster = snap.inv.clusters.get(pool.cluster)
     return cluster is not None and fits_now(cluster, pool, gang, req)

@@ -42,7 +42,7 @@ from broker.core.quota import RESOURCES
 from broker.core.records import JobRecord
 from broker.core.scheduler import Scheduler
 from broker.core.states import LIVE_STATES, STATES, TERMINAL
-from broker.core.types import Vec
+from broker.core.types import Vec, add_amounts
 from schemas.agent import Dispatch
 
 # A full sweep of every node once in this many calls per scheduler, besides the nodes changed
@@ -109,6 +109,52 @@ def nodes_not_overcommitted(m: Machine) -> list[str]:
             failing[node] = None
             out.extend(problems)
     state.failing = failing
+    return out
+
+
+def fabric_not_overcommitted(m: Machine) -> list[str]:
+    """Fabric resources per node and per queue, recomputed from the allocations' placements
+    and their podsets' demands: equal to what each node and queue counts, within what each
+    node offers and each queue's cap."""
+    sched = m.scheduler
+    clusters = sched.cluster_states()
+    if not any(c.node_ext for c in clusters.values()) and not any(
+        d.extended for ds in m.registry.all_demands.values() for d in ds
+    ):
+        return []
+    held: dict[tuple[str, str], dict[str, int]] = {}
+    charged: dict[tuple[str, str], dict[str, int]] = {}  # (queue, class) -> what it holds
+    for (job_id, _), a in sched.allocations().items():
+        asks = {d.podset: d.extended for d in m.registry.all_demands.get(job_id, ())}
+        for podset, nodes in a.placement.assignment:
+            for name in nodes:
+                ask = dict(asks.get(podset, ()))
+                add_amounts(held.setdefault((a.cluster, name), {}), ask, 1)
+                if a.charged:
+                    add_amounts(charged.setdefault((a.queue, a.flavor_class), {}), ask, 1)
+    out: list[str] = []
+    for name, qs in sched.queue_states().items():
+        for cls in set(qs.ext_used) | {c for q, c in charged if q == name}:
+            want = {k: v for k, v in charged.get((name, cls), {}).items() if v}
+            if qs.ext_used.get(cls, {}) != want:
+                out.append(f"queue {name}/{cls}: fabric used {qs.ext_used.get(cls)} != {want}")
+            for res, amount in want.items():
+                cap = qs.ext_caps.get(cls, {}).get(res)
+                if cap is not None and amount > cap:
+                    out.append(f"queue {name}/{cls}: {res} used {amount} > cap {cap}")
+    for cname, c in clusters.items():
+        for name, node in c.nodes.items():
+            mine = {k: v for k, v in held.get((cname, name), {}).items() if v}
+            if mine != node.ext_used:
+                out.append(
+                    f"node {cname}/{name}: fabric used {node.ext_used} != its allocations {mine}"
+                )
+            for res, amount in mine.items():
+                if amount > node.ext_cap.get(res, 0):
+                    out.append(
+                        f"node {cname}/{name}: {res} used {amount} > capacity "
+                        f"{node.ext_cap.get(res, 0)}"
+                    )
     return out
 
 
@@ -253,7 +299,14 @@ def table_problems(record: JobRecord) -> list[str]:
     return out
 
 
-CHECKS = (nodes_not_overcommitted, whole_gangs, quota_held, one_live_attempt, one_state)
+CHECKS = (
+    nodes_not_overcommitted,
+    fabric_not_overcommitted,
+    whole_gangs,
+    quota_held,
+    one_live_attempt,
+    one_state,
+)
 
 
 def violations(m: Machine) -> list[str]:

@@ -15,6 +15,10 @@ Node rules:
   snapshots and can be restored (`assume`) before the agent has reported the node at all.
 - A node carries its topology path (`NodeInfo.topology`: zone, then the levels its flavor
   declares in `FlavorInfo.topology_levels`); topology.py groups nodes into domains by it.
+- Fabric resources (EFA, rdma/..., hugepages-...; `NodeInfo.extended`, else the flavor's
+  `FlavorInfo.node_extended`) are counted per node like GPUs: `Node.ext_cap` minus what Muster
+  placed there (`Cluster.node_ext`, per allocation, so it survives snapshots too). A node
+  without a resource has none of it.
 - A node that names a flavor the agent did not list gets an implicit on-demand flavor of that
   name with no GPU type and price 0, so its capacity and allocations are still tracked.
 - A notice sticks (across upserts and snapshots that omit the deadline) while the node still
@@ -26,11 +30,11 @@ Node rules:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.core.risk import PoolRisk
-from broker.core.types import Vec
+from broker.core.types import Vec, add_amounts
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.config import FlavorClass
 
@@ -66,6 +70,11 @@ class Node:
     # Its place in the cluster, one value per level its pool declares (`Pool.levels`): zone
     # first, then e.g. block, rack, host. Shorter when a label is missing (topology.py).
     topology: tuple[str, ...] = ()
+    ext_cap: Mapping[str, int] = field(default_factory=dict)  # fabric resources it offers
+    ext_used: dict[str, int] = field(default_factory=dict)  # of those, what Muster placed
+
+    def ext_free(self, resource: str) -> int:
+        return self.ext_cap.get(resource, 0) - self.ext_used.get(resource, 0)
 
     def refresh(self) -> None:
         """Recompute free capacity and schedulability, then re-file the node in its pool."""
@@ -261,6 +270,7 @@ class Cluster:
     pools: dict[str, Pool] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)
     node_allocs: dict[str, dict[AllocKey, Vec]] = field(default_factory=dict)
+    node_ext: dict[str, dict[AllocKey, dict[str, int]]] = field(default_factory=dict)
     schedulable: bool = True
     seen: bool = False  # an agent reported inventory for it
     reachable: bool = True  # its agent is heard from
@@ -377,11 +387,14 @@ class Inventory:
             healthy_all=usable >= info.gpu,
             no_new_pods=info.no_new_pods,
             topology=info.topology,
+            ext_cap=info.extended or pool.info.node_extended,
         )
         for g, cp, m in c.node_allocs.get(info.name, {}).values():
             node.used_gpu += g
             node.used_cpu += cp
             node.used_mem += m
+        for amounts in c.node_ext.get(info.name, {}).values():
+            add_amounts(node.ext_used, amounts, 1)
         # A known notice that was not withdrawn is the same interruption (counted once).
         node.notice_counted = notice is not None
         c.nodes[info.name] = node
@@ -576,6 +589,56 @@ class Inventory:
                 node.take(-vec[0], -vec[1], -vec[2])
         if not c.node_allocs and not c.seen:
             del self.clusters[cluster]
+
+    def ext_short(self, cluster: str, per_node: Mapping[str, Mapping[str, int]]) -> str | None:
+        """The first node without enough free fabric resources for its share, else None."""
+        nodes = self.clusters[cluster].nodes if cluster in self.clusters else {}
+        for name, amounts in per_node.items():
+            n = nodes.get(name)
+            if n is None or any(n.ext_free(r) < v for r, v in amounts.items()):
+                return name
+        return None
+
+    def ext_held(self, cluster: str, key: AllocKey, nodes: Iterable[str]) -> dict[str, int]:
+        """The fabric resources the allocation holds on `nodes`, summed."""
+        out: dict[str, int] = {}
+        c = self.clusters.get(cluster)
+        if c is None or not c.node_ext:
+            return out
+        for name in nodes:
+            mine = c.node_ext.get(name, {}).get(key)
+            if mine:
+                add_amounts(out, mine, 1)
+        return out
+
+    def add_ext(
+        self, cluster: str, key: AllocKey, per_node: Mapping[str, Mapping[str, int]]
+    ) -> None:
+        """Count an allocation's fabric resources on its nodes (`add_usage` for them)."""
+        c = self.cluster(cluster)
+        for name, amounts in per_node.items():
+            here = c.node_ext.setdefault(name, {})
+            mine = here.setdefault(key, {})
+            add_amounts(mine, amounts, 1)
+            node = c.nodes.get(name)
+            if node is not None:
+                add_amounts(node.ext_used, amounts, 1)
+                node.pool.touched[node] = None
+
+    def remove_ext(self, cluster: str, key: AllocKey, nodes: Iterable[str]) -> None:
+        """Give back what the allocation holds of fabric resources on `nodes`."""
+        c = self.clusters.get(cluster)
+        if c is None:
+            return
+        for name in nodes:
+            here = c.node_ext.get(name)
+            amounts = here.pop(key, None) if here is not None else None
+            if here is not None and not here:
+                del c.node_ext[name]
+            node = c.nodes.get(name)
+            if amounts and node is not None:
+                add_amounts(node.ext_used, amounts, -1)
+                node.pool.touched[node] = None
 
     def suspend_usage(self, cluster: str, per_node: Mapping[str, Vec], sign: int) -> None:
         """Take (sign=1) or give back (sign=-1) node capacity without touching the records."""

@@ -25,11 +25,14 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
 - Packing one podset of R replicas x g GPUs: the fullest node that takes all remaining replicas
   at once; when none does, the node taking the most replicas, then repeat. GPU podsets go
   biggest per-replica first. cpu and memory are checked per node; nothing is over-committed.
+- Fabric resources a podset asks per replica (EFA, rdma/..., hugepages; `PodSetDemand.extended`)
+  are checked per node the same way: a node without one, or with too little of it free, takes
+  fewer replicas or none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +58,8 @@ class Gang:
     total: Vec
     max_gpu: int
     single_gpu: int  # g when the gang is one replica of g GPUs and nothing else, else 0
+    fabric: bool = False  # some podset asks for fabric resources (`PodSetDemand.extended`)
+    ext_total: Mapping[str, int] | None = None  # the whole gang's, when `fabric`
 
 
 def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
@@ -66,6 +71,10 @@ def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
     g = sum(p.replicas * p.gpu for p in podsets)
     c = sum(p.replicas * p.cpu_milli for p in podsets)
     m = sum(p.replicas * p.memory for p in podsets)
+    ext: dict[str, int] = {}
+    for p in podsets:
+        for res, amount in p.extended:
+            ext[res] = ext.get(res, 0) + p.replicas * amount
     single = 0
     if len(gpu_sets) == 1 and not cpu_sets and podsets[gpu_sets[0]].replicas == 1:
         single = podsets[gpu_sets[0]].gpu
@@ -76,6 +85,8 @@ def make_gang(podsets: tuple[PodSetDemand, ...]) -> Gang:
         total=(g, c, m),
         max_gpu=max((p.gpu for p in podsets if p.replicas > 0), default=0),
         single_gpu=single,
+        fabric=bool(ext),
+        ext_total=ext or None,
     )
 
 
@@ -361,6 +372,29 @@ def cluster_empty_fit_cpu(cluster: Cluster, gang: Gang) -> bool:
 # a node taken for real would have been re-filed in).
 
 Tentative = dict[Node, Vec]
+ExtTentative = dict[Node, dict[str, int]]  # fabric resources taken so far, same overlay
+NO_LIMIT = 1 << 30
+_NO_EXT: ExtTentative = {}  # the overlay of a gang that asks none: never written
+
+
+def ext_room(node: Node, ext: tuple[tuple[str, int], ...], taken: ExtTentative) -> int:
+    """How many replicas asking `ext` each the node's free fabric resources still take."""
+    room = NO_LIMIT
+    t = taken.get(node)
+    for res, amount in ext:
+        if amount <= 0:
+            continue
+        free = node.ext_free(res) - (t.get(res, 0) if t is not None else 0)
+        k = free // amount if free > 0 else 0
+        if k < room:
+            room = k
+    return room
+
+
+def _ext_take(taken: ExtTentative, node: Node, ext: tuple[tuple[str, int], ...], k: int) -> None:
+    mine = taken.setdefault(node, {})
+    for res, amount in ext:
+        mine[res] = mine.get(res, 0) + k * amount
 
 
 class NodeIndex(Protocol):
@@ -388,9 +422,15 @@ def _tentative_take(touched: Tentative, node: Node, g: int, c: int, m: int) -> N
 
 
 def _pack_gpu(
-    pool: NodeIndex, i: int, d: PodSetDemand, takes: list[Take], touched: Tentative
+    pool: NodeIndex,
+    i: int,
+    d: PodSetDemand,
+    takes: list[Take],
+    touched: Tentative,
+    ext_taken: ExtTentative,
 ) -> bool:
     g, c, m = d.gpu, d.cpu_milli, d.memory
+    x = d.extended
     rem = d.replicas
     buckets = pool.buckets
     top = pool.top_bucket()
@@ -401,16 +441,22 @@ def _pack_gpu(
         while b <= top and found is None:
             for n in buckets[b].values():
                 if n.free_cpu >= rem * c and n.free_mem >= rem * m and n not in touched:
+                    if x and ext_room(n, x, ext_taken) < rem:
+                        continue
                     found = n
                     break
             if found is None and touched:
                 for n, fc, fm in _touched_at(touched, pool, b):
                     if fc >= rem * c and fm >= rem * m:
+                        if x and ext_room(n, x, ext_taken) < rem:
+                            continue
                         found = n
                         break
             b += 1
         if found is not None:
             _tentative_take(touched, found, want, rem * c, rem * m)
+            if x:
+                _ext_take(ext_taken, found, x, rem)
             takes.append((found, i, rem))
             return True
         best: Node | None = None
@@ -429,6 +475,8 @@ def _pack_gpu(
                     k = min(k, fc // c)
                 if m and fm < k * m:
                     k = min(k, fm // m)
+                if x:
+                    k = min(k, ext_room(n, x, ext_taken))
                 if k > best_k:
                     best, best_k = n, k
                     if k == cap:
@@ -437,6 +485,8 @@ def _pack_gpu(
         if best is None:
             return False
         _tentative_take(touched, best, best_k * g, best_k * c, best_k * m)
+        if x:
+            _ext_take(ext_taken, best, x, best_k)
         takes.append((best, i, best_k))
         rem -= best_k
     return True
@@ -446,11 +496,11 @@ def pack_single(pool: Pool, gang: Gang) -> Node | None:
     """`pack` for a gang of one replica of `gang.single_gpu` GPUs: the fullest node that takes
     it (cpu and memory included), found straight from the free-GPU index."""
     d = gang.demands[gang.gpu_sets[0]]
-    c, m = d.cpu_milli, d.memory
+    c, m, x = d.cpu_milli, d.memory, d.extended
     buckets = pool.buckets
     for b in range(gang.single_gpu, pool.top_bucket() + 1):
         for n in buckets[b].values():
-            if n.free_cpu >= c and n.free_mem >= m:
+            if n.free_cpu >= c and n.free_mem >= m and (not x or ext_room(n, x, {}) >= 1):
                 return n
     return None
 
@@ -470,9 +520,14 @@ def cpu_pools(cluster: Cluster, primary: Pool, req: GangRequest) -> list[Pool]:
 
 
 def _pack_cpu(
-    pools: Sequence[Pool], i: int, d: PodSetDemand, takes: list[Take], touched: Tentative
+    pools: Sequence[Pool],
+    i: int,
+    d: PodSetDemand,
+    takes: list[Take],
+    touched: Tentative,
+    ext_taken: ExtTentative,
 ) -> bool:
-    c, m = d.cpu_milli, d.memory
+    c, m, x = d.cpu_milli, d.memory, d.extended
     rem = d.replicas
     for pool in pools:
         for bucket in pool.buckets:
@@ -487,9 +542,13 @@ def _pack_cpu(
                     k = min(k, fc // c)
                 if m:
                     k = min(k, fm // m)
+                if x:
+                    k = min(k, ext_room(n, x, ext_taken))
                 if k <= 0:
                     continue
                 _tentative_take(touched, n, 0, k * c, k * m)
+                if x:
+                    _ext_take(ext_taken, n, x, k)
                 takes.append((n, i, k))
                 rem -= k
                 if not rem:
@@ -507,17 +566,40 @@ def pack(
     """
     takes: list[Take] = []
     touched: Tentative = {}
+    ext_taken: ExtTentative = {} if gang.fabric else _NO_EXT
     demands = gang.demands
     index: NodeIndex = pool if within is None else within
     for i in gang.gpu_sets:
-        if not _pack_gpu(index, i, demands[i], takes, touched):
+        if not _pack_gpu(index, i, demands[i], takes, touched, ext_taken):
             return None
     if gang.cpu_sets:
         pools = cpu_pools(cluster, pool, req)
         for i in gang.cpu_sets:
-            if not _pack_cpu(pools, i, demands[i], takes, touched):
+            if not _pack_cpu(pools, i, demands[i], takes, touched, ext_taken):
                 return None
     return takes
+
+
+def ext_per_node(
+    podsets: Sequence[PodSetDemand], assignment: Sequence[tuple[str, Sequence[str]]]
+) -> dict[str, dict[str, int]]:
+    """The fabric resources a placement takes per node (empty when no podset asks any)."""
+    out: dict[str, dict[str, int]] = {}
+    for d in podsets:  # a loop, not any(): this runs once per admission
+        if d.extended:
+            break
+    else:
+        return out
+    asks = {d.podset: d.extended for d in podsets if d.extended}
+    for podset, nodes in assignment:
+        x = asks.get(podset)
+        if x is None:
+            continue
+        for name in nodes:
+            mine = out.setdefault(name, {})
+            for res, amount in x:
+                mine[res] = mine.get(res, 0) + amount
+    return out
 
 
 def fits_now(cluster: Cluster, pool: Pool, gang: Gang, req: GangRequest) -> bool:
@@ -546,3 +628,12 @@ def assignment_of(
         (d.podset, tuple(per_set[i])) for i, d in enumerate(demands) if d.replicas > 0
     )
     return assignment, per_node
+
+
+def summed(per_node: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """`ext_per_node` over all its nodes."""
+    out: dict[str, int] = {}
+    for amounts in per_node.values():
+        for res, amount in amounts.items():
+            out[res] = out.get(res, 0) + amount
+    return out

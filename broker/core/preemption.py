@@ -81,6 +81,8 @@ class _Trial:
     def fits(self) -> bool:
         if self.book.check(self.qs, self.cls, self.gang.total) is not None:
             return False
+        if self.gang.ext_total and self.book.check_ext(self.qs, self.cls, self.gang.ext_total):
+            return False
         cluster = self.inv.clusters[self.pool.cluster]
         return fits_now(cluster, self.pool, self.gang, self.req)
 

@@ -22,11 +22,11 @@ Quota rules (Kueue v1beta1, hierarchical cohorts):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from broker.core.types import Bound, ReasonCode, Vec
+from broker.core.types import Bound, ReasonCode, Vec, add_amounts
 from schemas.api import FlavorUsage, QueueView, ResourceUsage
 from schemas.config import CohortConfig, FlavorQuota, QueueConfig
 
@@ -73,6 +73,9 @@ class QueueState:
     usage: dict[str, list[int]] = field(default_factory=dict)
     total: list[int] = field(default_factory=lambda: [0, 0, 0])
     admitted: int = 0
+    # Fabric resources: class -> resource -> cap (`FlavorQuota.extended`), and what is held.
+    ext_caps: dict[str, Mapping[str, int]] = field(default_factory=dict)
+    ext_used: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def strict(self) -> bool:
@@ -156,6 +159,7 @@ class QuotaBook:
                 co.parent.children.append(co)
         for i, qc in enumerate(queues):
             qs = QueueState(config=qc, name=qc.name, index=i, limits=_limits_of(qc))
+            qs.ext_caps = {fq.flavor: fq.extended for fq in qc.quotas or () if fq.extended}
             self.queues[qc.name] = qs
             if qc.cohort is not None and qs.limits is not None:
                 co = self._cohort(qc.cohort)
@@ -278,6 +282,27 @@ class QuotaBook:
                     Bound(res, used, d, used + max(0, avail)),
                 )
         return None
+
+    @staticmethod
+    def check_ext(q: QueueState, cls: str, ext: Mapping[str, int]) -> QuotaMiss | None:
+        """None when the fabric resources `ext` fit the queue's caps in `cls`."""
+        caps = q.ext_caps.get(cls)
+        if not caps or not ext:
+            return None
+        used = q.ext_used.get(cls, {})
+        for res, amount in ext.items():
+            cap = caps.get(res)
+            if cap is not None and used.get(res, 0) + amount > cap:
+                return QuotaMiss(
+                    "quota-exceeded",
+                    f"queue {q.name} needs {amount} {res} of {cls}; its cap of {cap} leaves "
+                    f"{max(0, cap - used.get(res, 0))}",
+                )
+        return None
+
+    @staticmethod
+    def charge_ext(q: QueueState, cls: str, ext: Mapping[str, int], sign: int) -> None:
+        add_amounts(q.ext_used.setdefault(cls, {}), ext, sign)
 
     def charge(self, q: QueueState, cls: str, vec: Vec, sign: int) -> None:
         """Add (sign=1) or remove (sign=-1) usage, keeping the cohorts' usage up the tree."""

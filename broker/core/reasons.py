@@ -8,7 +8,8 @@ pool would fit now; `quota-exceeded` / `cohort-exhausted` per failing code (flav
 flavor class); then up to `MAX_TOPOLOGY_REASONS` `topology-unfit` (a pool whose free GPUs
 would take the gang, but no single domain of the level it needs, with the numbers: "needs 64
 GPUs in one block; largest free block has 40"); then, when capacity was the problem
-somewhere, `insufficient-capacity` if some considered pool could host the gang when empty, else
+somewhere, `insufficient-capacity` if some considered pool could host the gang when empty
+(naming a fabric resource no node has enough of free, with the numbers), else
 `gang-too-large`; and a trailing `cluster-unhealthy` when some matching pools sit in
 unschedulable clusters, and one `circuit-open` per matching pool whose dispatch breaker is
 open (health.py).
@@ -122,7 +123,8 @@ def explain(
                         "checkpoint, capacity spot-then-on-demand, or label muster.dev/spot-ok)"
                         if waits and kind == "on-demand"
                         else ""
-                    ),
+                    )
+                    + _fabric_short(considered or avoided, gang),
                 )
             )
         else:
@@ -136,6 +138,23 @@ def explain(
         )
     reasons.extend(_circuit_open(inv, cands))
     return tuple(reasons)
+
+
+def _fabric_short(pools: Sequence[Pool], gang: Gang) -> str:
+    """The first fabric resource a replica asks for that no schedulable node of `pools` has
+    free, with the numbers; "" when each is free somewhere (the packing as a whole failed)."""
+    for d in gang.demands:
+        for res, amount in d.extended if d.replicas else ():
+            most = max(
+                (n.ext_free(res) for p in pools for n in p.nodes.values() if n.schedulable),
+                default=0,
+            )
+            if most < amount:
+                return (
+                    f"; {d.podset} needs {amount} {res} per replica, and the most free on one "
+                    f"node is {max(most, 0)}"
+                )
+    return ""
 
 
 def _circuit_open(inv: Inventory, cands: Candidates) -> list[Reason]:

@@ -151,6 +151,7 @@ def demands_of(spec: JobSpec) -> tuple[PodSetDemand, ...]:
             gpu=p.gpu,
             cpu_milli=cpu_milli(p.cpu),
             memory=memory_bytes(p.memory),
+            extended=tuple(sorted(p.extended.items())),
         )
         for p in spec.gang
     )

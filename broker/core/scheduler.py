@@ -60,7 +60,15 @@ from broker.core.diagnose import pool_reasons
 from broker.core.elastic import with_placement, without_node_placement
 from broker.core.inventory import AllocKey, Cluster, Inventory, Node, Pool
 from broker.core.ledger import Alloc, Ledger
-from broker.core.placement import Gang, build_candidates, capacity_rank, make_gang, pool_cost
+from broker.core.placement import (
+    Gang,
+    build_candidates,
+    capacity_rank,
+    ext_per_node,
+    make_gang,
+    pool_cost,
+    summed,
+)
 from broker.core.preemption import plan_preemption, worth_planning
 from broker.core.provision import Claim, Provisions, rank_of
 from broker.core.quota import Cohort, QueueState, QuotaBook, QuotaMiss, never_admissible
@@ -861,9 +869,14 @@ class Scheduler:
         req = a.request
         pool = a.pool
         key = (req.job_id, req.attempt)
-        bad = self._inv.add_usage_checked(pool.cluster, key, a.per_node)
+        ext = ext_per_node(a.podsets, a.placement.assignment)
+        bad = self._inv.ext_short(pool.cluster, ext) if ext else None
+        if bad is None:
+            bad = self._inv.add_usage_checked(pool.cluster, key, a.per_node)
         if bad is not None:
             raise ValueError(f"stale assignment of {req.job_id}: node {bad} cannot take it")
+        if ext:
+            self._inv.add_ext(pool.cluster, key, ext)
         fresh = self._snap is not None
         alloc = Alloc(
             key,
@@ -887,6 +900,8 @@ class Scheduler:
             self._same_fail.clear()
         self._ledger.add(alloc)
         self._book.charge(a.queue, pool.flavor_class, a.vec, 1)
+        if ext:
+            self._book.charge_ext(a.queue, pool.flavor_class, summed(ext), 1)
         if self._waiting or self._holds or self._claims:
             self._waiting.pop(req.job_id, None)
             self._drop_hold(req.job_id)
@@ -937,6 +952,9 @@ class Scheduler:
         qs = self._book.queues.get(a.queue)
         if qs is not None:
             self._book.charge(qs, a.flavor_class, a.vec, 1 if charged else -1)
+            ext = self._inv.ext_held(a.cluster, a.key, a.per_node)
+            if ext:
+                self._book.charge_ext(qs, a.flavor_class, ext, 1 if charged else -1)
         self._ledger.set_state(a, charged, a.doomed_by)
 
     def reservations(self) -> dict[str, Reservation]:
@@ -967,6 +985,9 @@ class Scheduler:
             sum(v[2] for v in per_node.values()),
         )
         self._inv.add_usage(placement.cluster, key, per_node)
+        ext = ext_per_node(request.podsets, placement.assignment)
+        if ext:
+            self._inv.add_ext(placement.cluster, key, ext)
         qs = self._book.queues.get(request.queue)
         # A job holds quota once: a restored make-before-break pair is a reservation, and
         # the newer attempt holds the charge.
@@ -994,6 +1015,8 @@ class Scheduler:
         self._ledger.add(alloc)
         if charged and qs is not None:
             self._book.charge(qs, placement.flavor_class, vec, 1)
+            if ext:
+                self._book.charge_ext(qs, placement.flavor_class, summed(ext), 1)
 
     def release(self, job_id: str, attempt: int) -> None:
         key = (job_id, attempt)
@@ -1001,11 +1024,15 @@ class Scheduler:
         a = self._ledger.remove(key)
         if a is None:
             return
+        ext = self._inv.ext_held(a.cluster, key, a.per_node)
+        self._inv.remove_ext(a.cluster, key, a.per_node)
         self._inv.remove_usage(a.cluster, key, a.per_node)
         if a.charged:
             qs = self._book.queues.get(a.queue)
             if qs is not None:
                 self._book.charge(qs, a.flavor_class, a.vec, -1)
+                if ext:
+                    self._book.charge_ext(qs, a.flavor_class, ext, -1)
         res = self._reservations.get(job_id)
         if res is not None and attempt in (res.replaced, res.replacement):
             del self._reservations[job_id]
@@ -1037,10 +1064,14 @@ class Scheduler:
             return False
         taken = a.per_node[node]
         self._ledger.remove(key)
+        ext = self._inv.ext_held(a.cluster, key, (node,))
+        self._inv.remove_ext(a.cluster, key, (node,))
         self._inv.remove_usage(a.cluster, key, {node: taken})
         qs = self._book.queues.get(a.queue)
         if a.charged and qs is not None:
             self._book.charge(qs, a.flavor_class, taken, -1)
+            if ext:
+                self._book.charge_ext(qs, a.flavor_class, ext, -1)
         a.per_node = {n: v for n, v in a.per_node.items() if n != node}
         a.vec = (a.vec[0] - taken[0], a.vec[1] - taken[1], a.vec[2] - taken[2])
         a.placement = without_node_placement(a.placement, node)
@@ -1076,9 +1107,14 @@ class Scheduler:
             self._inv.add_usage_checked(old.cluster, key, old.per_node)
             self._ledger.add(old)
             return None
+        ext = ext_per_node(got.podsets, got.placement.assignment)
+        if ext:
+            self._inv.add_ext(old.cluster, key, ext)
         qs = self._book.queues.get(old.queue)
         if old.charged and qs is not None:
             self._book.charge(qs, old.flavor_class, got.vec, 1)
+            if ext:
+                self._book.charge_ext(qs, old.flavor_class, summed(ext), 1)
         old.per_node = merged
         old.vec = (old.vec[0] + got.vec[0], old.vec[1] + got.vec[1], old.vec[2] + got.vec[2])
         old.placement = with_placement(old.placement, got.placement)

@@ -17,7 +17,10 @@ assignment" and pkg/cache/tas_flavor_snapshot.go, Apache-2.0; the rule is ported
 - A preferred level is a wish: when no domain of it fits, the gang goes to the next level up
   that fits (up to the required one, or the whole pool), and the placement says so.
 - A level is named by its node label or by its short name (`short_name`): `zone`, `block`,
-  `subblock`, `host`, or the label's last path segment (`example.com/rack` is `rack`).
+  `subblock`, `host`, or the label's last path segment (`example.com/rack` is `rack`). Or by a
+  tier counted from below, as Volcano's `networkTopology.highestTierAllowed` counts HyperNode
+  tiers: `tier-1` is the pool's finest level above the host, `tier-2` the one above it, and a
+  tier above the zone is the zone (volcano-sh/apis pkg/apis/batch/v1alpha1/job.go, Apache-2.0).
 - Pools that declare no levels have no topology: the whole pool is one domain. Only GPU
   podsets are constrained; CPU-only podsets (a launcher) go anywhere in the cluster.
 """
@@ -41,6 +44,7 @@ SHORT_NAMES = {
     "cloud.google.com/gce-topology-host": "host",
 }
 HOST_LEVELS = frozenset({"kubernetes.io/hostname", "cloud.google.com/gce-topology-host"})
+TIER_PREFIX = "tier-"  # a level counted from below (Volcano HyperNode tiers)
 MAX_TRIES = 16  # domains packed per level before the search moves up (fitting ones come first)
 
 
@@ -50,10 +54,15 @@ def short_name(level: str) -> str:
 
 
 def depth_of(levels: tuple[str, ...], name: str) -> int:
-    """Depth of the level called `name` (its label or short name) in `levels`; 0 = none."""
+    """Depth of the level called `name` (its label, short name or `tier-N`) in `levels`;
+    0 = none."""
     for i, level in enumerate(levels):
         if name == level or name == short_name(level):
             return i + 1
+    tier = name.removeprefix(TIER_PREFIX)
+    if tier != name and tier.isdigit() and int(tier) >= 1:
+        above_host = sum(1 for level in levels if level not in HOST_LEVELS)
+        return max(above_host - int(tier) + 1, 1) if above_host else 0
     return 0
 
 

@@ -6,6 +6,7 @@ logging. Time always arrives as an argument (`now`, unix seconds).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -27,6 +28,8 @@ class PodSetDemand(NamedTuple):
     gpu: int
     cpu_milli: int
     memory: int
+    # Fabric resources per replica, (name, amount) sorted by name (hugepages in bytes).
+    extended: tuple[tuple[str, int], ...] = ()
 
 
 class TopologyNeed(NamedTuple):
@@ -188,3 +191,13 @@ class CycleResult:
     preemptions: list[Preemption] = field(default_factory=list)
     pending: dict[str, tuple[Reason, ...]] = field(default_factory=dict)
     provisions: list[Ask] = field(default_factory=list)  # pools asked to grow, one per job
+
+
+def add_amounts(into: dict[str, int], amounts: Mapping[str, int], sign: int) -> None:
+    """Add (sign 1) or take away (sign -1) named amounts; a name at zero is dropped."""
+    for res, amount in amounts.items():
+        left = into.get(res, 0) + sign * amount
+        if left:
+            into[res] = left
+        else:
+            into.pop(res, None)

@@ -9,6 +9,7 @@ from typing import Any
 from broker.imports.base import ConfigError, SourceImporter, kube_resource, resource_amount
 from broker.manifests import gpu_type_from_labels
 from kinds.nodelabels import CAPACITY_LABELS, GPU_TYPE_SELECTOR_LABELS, capacity_type_from_labels
+from kinds.requests import is_fabric
 from schemas.quantity import QuantityError, parse_quantity
 
 # Taints (and the values) that mark spot nodes: a flavor whose nodeTaints carry one is spot; one
@@ -188,7 +189,7 @@ class KueueImporter(SourceImporter):
             )
         if spec.get("stopPolicy") not in (None, "None"):
             self.out.notes.append(f"{ctx}: spec.stopPolicy ignored; the queue is active in Muster")
-        queue["quotas"] = self._resource_groups(spec, ctx)
+        queue["quotas"] = self._resource_groups(spec, ctx, fabric=True)
         order = list(dict.fromkeys(q["flavor"] for q in queue["quotas"]))
         if len(order) > 1:  # Kueue tries a ClusterQueue's flavors in the order listed
             queue["flavor_order"] = order
@@ -212,8 +213,14 @@ class KueueImporter(SourceImporter):
             cohort["quotas"] = quotas
         self._put(self.out.cohorts, name, cohort, ctx, "cohort")
 
-    def _resource_groups(self, spec: Mapping[str, Any], ctx: str) -> list[dict[str, Any]]:
+    def _resource_groups(
+        self, spec: Mapping[str, Any], ctx: str, fabric: bool = False
+    ) -> list[dict[str, Any]]:
+        """Quotas per flavor. With `fabric` (a ClusterQueue), a fabric resource's nominalQuota
+        becomes the queue's cap of it (`FlavorQuota.extended`); its borrowing and lending
+        limits have no equivalent and are noted."""
         quotas: dict[str, dict[str, Any]] = {}
+        caps: dict[str, dict[str, int]] = {}
         for gi, group in enumerate(spec.get("resourceGroups") or []):
             gpath = f"spec.resourceGroups[{gi}]"
             if not isinstance(group, Mapping):
@@ -230,6 +237,18 @@ class KueueImporter(SourceImporter):
                         raise ConfigError(f"{rpath}: expected a mapping")
                     rname = str(res.get("name"))
                     ours = kube_resource(rname)
+                    if fabric and ours is None and is_fabric(rname):
+                        unit = "memory" if rname.startswith("hugepages-") else "gpu"
+                        mine = caps.setdefault(fname, {})
+                        mine[rname] = resource_amount(
+                            unit, res.get("nominalQuota"), f"{rpath}.nominalQuota"
+                        )
+                        if res.get("borrowingLimit") is not None or res.get("lendingLimit"):
+                            self.out.notes.append(
+                                f"{rpath}: {rname} borrowingLimit/lendingLimit ignored (a "
+                                "fabric resource's quota is the queue's own cap)"
+                            )
+                        continue
                     if ours is None:
                         self.out.notes.append(
                             f"{rpath}: resource {rname!r} ignored (Muster "
@@ -252,7 +271,10 @@ class KueueImporter(SourceImporter):
                                 ours, res[kube_key], f"{rpath}.{kube_key}"
                             )
                     resources[ours] = quota
-        return [{"flavor": f, "resources": r} for f, r in quotas.items()]
+        return [
+            {"flavor": f, "resources": r, **({"extended": caps[f]} if f in caps else {})}
+            for f, r in quotas.items()
+        ]
 
     def local_queue(
         self, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], ctx: str, src: str

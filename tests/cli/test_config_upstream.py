@@ -466,3 +466,45 @@ def test_volcano_guarantee_is_never_lent() -> None:
     docs[1]["spec"]["guarantee"] = {"resource": {"cpu": 65}}
     with pytest.raises(ConfigError, match="guarantee <= deserved"):
         import_documents(docs)
+
+
+def test_kueue_fabric_quotas_become_the_queue_caps() -> None:
+    """A ClusterQueue covering EFA and hugepages (as on p5 pools) caps them per flavor."""
+    docs = [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "ClusterQueue",
+            "metadata": {"name": "p5"},
+            "spec": {
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["nvidia.com/gpu", "vpc.amazonaws.com/efa"],
+                        "flavors": [
+                            {
+                                "name": "p5",
+                                "resources": [
+                                    {"name": "nvidia.com/gpu", "nominalQuota": 64},
+                                    {
+                                        "name": "vpc.amazonaws.com/efa",
+                                        "nominalQuota": 256,
+                                        "borrowingLimit": 32,
+                                    },
+                                    {"name": "hugepages-2Mi", "nominalQuota": "4Gi"},
+                                ],
+                            }
+                        ],
+                    }
+                ]
+            },
+        }
+    ]
+    loaded = import_documents(docs, source="p5.yaml")
+    (queue,) = loaded.config.queues
+    (quota,) = queue.quotas or []
+    assert quota.resources["gpu"].nominal == 64
+    assert quota.extended == {"vpc.amazonaws.com/efa": 256, "hugepages-2Mi": 4 * GI}
+    assert "borrowingLimit/lendingLimit ignored" in notes_of(loaded)
+    book = QuotaBook(loaded.config.queues)
+    qs = book.queues["p5"]
+    miss = book.check_ext(qs, "p5", {"vpc.amazonaws.com/efa": 257})
+    assert miss is not None and "its cap of 256 leaves 256" in miss.message

@@ -657,3 +657,25 @@ def test_one_pod_of_a_pod_group_on_its_own_is_refused() -> None:
         load_job_documents(yaml.safe_dump(pod), source="pod.yaml")
     with pytest.raises(DecodeError, match=r"says \d+ pods but the file holds 1"):
         parse_submission(json.dumps(pod).encode(), 1 << 20, None)
+
+
+def test_a_muster_built_pod_asks_for_its_fabric_resources() -> None:
+    spec = {
+        "name": "efa",
+        "job_id": "job-1",
+        "gang": [
+            {
+                "name": "worker",
+                "replicas": 2,
+                "gpu": 8,
+                "extended": {"vpc.amazonaws.com/efa": 32, "hugepages-2Mi": 2**30},
+            }
+        ],
+        "workload": {"image": "trainer:1"},
+    }
+    plan = build_workload(dispatch(spec, {"worker": ["n0", "n1"]}), FLAVOR, NS)
+    (job,) = [o.body for o in plan.objects if o.resource == BATCH_JOB]
+    resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
+    fabric = {"vpc.amazonaws.com/efa": "32", "hugepages-2Mi": "1073741824"}
+    assert resources["limits"] == {"nvidia.com/gpu": "8", **fabric}
+    assert resources["requests"].items() >= fabric.items()

@@ -288,3 +288,31 @@ def test_pod_usage_counts_limits_init_and_overhead() -> None:
     assert u.gpu == 2  # GPU request defaults to its limit
     assert u.cpu_milli == 4000 + 250  # the init container's 4 CPUs dominate, plus overhead
     assert u.memory == 2 * 2**30 + 64 * 2**20
+
+
+def test_node_info_reports_allocatable_fabric_resources() -> None:
+    cfg = make_config()
+    raw = node("n")
+    raw["status"]["allocatable"].update(
+        {
+            "vpc.amazonaws.com/efa": "32",
+            "rdma/ib": "0",
+            "hugepages-1Gi": "8Gi",
+            "example.com/x": "1",
+        }
+    )
+    info = node_info(knode(raw), cfg.flavors[0], cfg, Usage(), None)
+    # rdma/ib at 0 is not offered; example.com/x is no fabric resource.
+    assert info.extended == {"vpc.amazonaws.com/efa": 32, "hugepages-1Gi": 8 * 2**30}
+    assert node_info(knode(node("m")), cfg.flavors[0], cfg, Usage(), None).extended == {}
+
+
+def test_a_flavor_declares_fabric_resources_for_its_nodes() -> None:
+    cfg = make_config()
+    flavor = msgspec.structs.replace(cfg.flavors[0], node_extended={"vpc.amazonaws.com/efa": 32})
+    assert flavor.info().node_extended == {"vpc.amazonaws.com/efa": 32}
+    with pytest.raises(msgspec.ValidationError, match="extended"):
+        msgspec.convert(
+            {"name": "x", "capacity_type": "spot", "node_extended": {"google.com/tpu": 4}},
+            type(flavor),
+        )
