@@ -24,7 +24,6 @@ from schemas.agent import (
 )
 
 NODE_GPUS = 8
-GOLDEN = (5**0.5 - 1) / 2  # successive multiples mod 1 spread evenly over [0, 1)
 NODE_CPU = "96"
 NODE_MEMORY = "1152Gi"
 
