@@ -18,7 +18,7 @@ from broker.core.records import JobRecord
 from broker.core.spotreturn import SPOT_RETURN
 from broker.core.states import PLANNED_MOVES
 
-# What the report reads of a run, as the simulator's types provide it (load/sim.py AttemptLog,
+# What the report reads of a run, as the simulator's types provide it (load/sim/ AttemptLog,
 # SimJob, Violation, SimResult): stated here so the report does not import the simulator that
 # imports it.
 

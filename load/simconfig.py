@@ -1,6 +1,6 @@
 """The simulator's configuration: the fleet's pools, prices, GPU speeds, the capacity mix and
 every knob of one run (`SimConfig`). Scenario files (load/scenario.py) and the simulator
-(load/sim.py) both build on it."""
+(load/sim/) both build on it."""
 
 from __future__ import annotations
 

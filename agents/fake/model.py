@@ -10,7 +10,7 @@ is computed from the clock only when something is due. Every duration in the con
 the injection API is in simulated seconds; deadlines on the wire (SpotNotice.deadline,
 NodeInfo.spot_deadline) are unix seconds, converted through the clock's `scale`.
 
-The same model is the simulator's cluster (load/sim.py, on a virtual clock): how fast an
+The same model is the simulator's cluster (load/sim/, on a virtual clock): how fast an
 attempt steps, what its checkpoints cost and how long it takes to start are a
 `WorkloadTiming` per dispatch, the fake backend's fixed config being the default.
 """

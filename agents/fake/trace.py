@@ -7,7 +7,7 @@
   is its ticks x gap, which is where it loops.
 
 The one parser: the fake and local clusters replay with it, and the simulator and the load
-scripts (`load/traces.py`, `load/sim.py`) read the same files through it without a cluster.
+scripts (`load/traces.py`, `load/sim/`) read the same files through it without a cluster.
 A row (or count) that is not valid is an error naming the file and where; nothing is skipped
 but blank lines and `#` comments in the CSV.
 """

@@ -42,7 +42,7 @@ class PlannedMoves:
         self._deadline_jobs: set[str] = set()  # not finished, with a deadline
         self._next_return_scan = 0.0
         self._return_cursor = ""  # the last job a spot-return scan tried
-        self.spot_return = True  # off only to measure what it earns (load/sim.py)
+        self.spot_return = True  # off only to measure what it earns (load/sim/)
 
     def watch(self, record: JobRecord) -> None:
         """A job submitted or restored: follow its deadline, if it has one."""
