@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 
 from agents.cli import agent
-from shell.cli import invoke
+from shell.cli import CONNECTION, common, invoke
 
 
 def main(argv: list[str] | None = None) -> int:
-    return invoke(agent, argv, "python -m agents.main")
+    return invoke(agent, argv, "python -m agents.main", cls=common(*CONNECTION))
 
 
 if __name__ == "__main__":

@@ -375,13 +375,19 @@ def tidy_help(app: typer.Typer) -> None:
             info.cls = HelpCommand
 
 
-def invoke(command: Callable[..., Any], argv: Sequence[str] | None, prog: str) -> int:
+def invoke(
+    command: Callable[..., Any],
+    argv: Sequence[str] | None,
+    prog: str,
+    cls: type[typer.core.TyperCommand] | None = None,
+) -> int:
     """Run one typer command function as its own program and return its exit status: what a
-    `python -m` alias of a `muster` command calls."""
+    `python -m` alias of a `muster` command calls (`cls`: the command class it is registered
+    with, e.g. `common(...)` for the shared options)."""
     app = typer.Typer(
         add_completion=False, pretty_exceptions_show_locals=False, rich_markup_mode=None
     )
-    app.command()(command)
+    app.command(cls=cls)(command)
     try:
         app(args=None if argv is None else list(argv), prog_name=prog)
     except SystemExit as exc:

@@ -174,3 +174,16 @@ def test_the_agent_commands_take_the_same_connection_options() -> None:
     connection = [o for o in tree["muster top"] if o.get("option") != ["--interval"]]
     assert len(connection) == len(CONNECTION)  # top's own option aside, the connection's
     assert all(o in tree["muster agent"] for o in connection)
+
+
+def test_python_m_agents_main_takes_the_options_of_muster_agent(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The module alias the deploy manifests and tests start is the same command: every
+    option of `muster agent`, the connection's included, is in its --help."""
+    from agents.main import main
+
+    assert main(["--help"]) == 0
+    shown = capsys.readouterr().out
+    options = [o["option"][0] for o in command_tree()["muster agent"] if "option" in o]
+    assert options and [o for o in options if o not in shown] == []
