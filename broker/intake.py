@@ -12,13 +12,16 @@ per-queue pending cap apply per message as before.
 The stream is a work queue, whose consumers may not overlap, so the stream takes only the
 configured queues' subjects; a submission to any other subject is answered by the broker at
 once (see `unknown_queue_reply`) and never stored.
+
+What a submission must pass before the machine sees it lives here too: its submitter's rate
+(`TokenBuckets`) and its parsing, as a JobSpec or a Kubernetes manifest (`parse_submission`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,8 +33,9 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from broker.core.submission import DEFAULT_QUEUE, unknown_queue_text
-from schemas.codec import encode_json
+from schemas.codec import DecodeError, decode_jobspec, decode_json_object, encode_json
 from schemas.config import BrokerConfig
+from schemas.job import JobSpec
 from schemas.subjects import Subjects
 
 log = structlog.get_logger("muster.intake")
@@ -205,3 +209,48 @@ class FairPuller:
             if not took:
                 break
         return out
+
+
+MAX_SUBMITTERS = 100_000  # token buckets kept at once
+
+
+class TokenBuckets:
+    """Submission rate per submitter: `rate` per second sustained, `burst` at once."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def take(self, key: str, now: float) -> bool:
+        if self.rate <= 0:
+            return True
+        tokens, at = self._buckets.pop(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        ok = tokens >= 1.0
+        self._buckets[key] = (tokens - 1.0 if ok else tokens, now)
+        while len(self._buckets) > MAX_SUBMITTERS:
+            self._buckets.popitem(last=False)
+        return ok
+
+
+def parse_submission(data: bytes, limit: int, queue: str | None) -> JobSpec:
+    """A JSON JobSpec, or a Kubernetes manifest (PyTorchJob, MPIJob, ...) to derive one from."""
+    if b'"apiVersion"' in data[:4096] and b'"kind"' in data:
+        from broker.manifests import ManifestError, is_manifest, jobspec_from_manifest
+
+        obj = decode_json_object(data, limit)
+        if is_manifest(obj):
+            try:
+                return jobspec_from_manifest(obj, queue=queue)
+            except ManifestError as exc:
+                raise DecodeError(f"invalid manifest: {exc}") from None
+    spec = decode_jobspec(data, limit)
+    if spec.workload.manifest is None:
+        return spec
+    from broker.manifests import ManifestError, with_manifest_checked
+
+    try:
+        return with_manifest_checked(spec)
+    except ManifestError as exc:
+        raise DecodeError(f"invalid workload.manifest: {exc}") from None

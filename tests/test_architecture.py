@@ -121,12 +121,35 @@ def test_the_core_imports_only_itself_and_the_wire_contract() -> None:
 SIZED = ("broker.config", "broker.imports")
 # Packages split by duty, every module of them: the simulator (its parts and the package).
 SIZED_PACKAGES = ("load.sim",)
+# The broker shell, split by duty (docs/architecture.md, "The broker shell by duty").
+BROKER_SHELL = {
+    f"broker.{name}"
+    for name in [
+        "service",
+        "fields",
+        "process",
+        "executor",
+        "intakeloop",
+        "intake",
+        "rendezvous",
+        "agentio",
+        "agentlink",
+        "ackwait",
+        "pacing",
+        "lease",
+    ]
+}
 MAX_LINES = 600
 
 
 def test_the_split_modules_stay_under_the_size_limit() -> None:
-    sized = {n: p for n, p in MODULES.items() if n == SIZED[0] or n.startswith(SIZED[1])}
-    assert len(sized) >= 5, sorted(sized)  # the loader, the package, base and three sources
+    sized = {
+        n: p
+        for n, p in MODULES.items()
+        if n == SIZED[0] or n.startswith(SIZED[1]) or n in BROKER_SHELL
+    }
+    # the loader, the package, base and three sources; every module of the broker shell
+    assert len(sized) >= 5 + len(BROKER_SHELL), sorted(sized)
     for package in SIZED_PACKAGES:
         split = {n: p for n, p in MODULES.items() if n == package or n.startswith(package + ".")}
         assert len(split) >= 5, sorted(split)  # not one module any more

@@ -19,9 +19,10 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker.agentio import _peek_wire
 from broker.backup import BackupError, backup, read_backup
 from broker.core.records import RECORD_FORMAT, record_decoder
-from broker.service import Broker, _peek_wire
+from broker.service import Broker
 from broker.store import JobStore, NewerRecords, compact_bucket
 from schemas.agent import CommandAck, WireRefused
 from schemas.codec import decode_command, encode_msgpack

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from broker.intake import parse_submission
 from broker.manifests import ManifestError, jobspec_from_manifest, load_job_document
-from broker.service import parse_submission
 from kinds.registry import adapter_of
 from kinds.schema import FIELD_VALIDATION
 from muster.cli import app

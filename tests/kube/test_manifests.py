@@ -643,8 +643,8 @@ def test_one_pod_of_a_pod_group_on_its_own_is_refused() -> None:
 
     import yaml
 
+    from broker.intake import parse_submission
     from broker.manifests import ManifestError, load_job_documents
-    from broker.service import parse_submission
     from schemas.codec import DecodeError
 
     docs = list(

@@ -1,0 +1,314 @@
+"""The effect executor: carries out what the core decided, in order.
+
+Effects leave through one ordered pipeline: records persist first, then commands and events
+go out in the order the machine produced them. A Dispatch waits for the Cancel of the attempt
+before it (the Cancel-before-Dispatch barrier); commands are retried with a wait learnt per
+cluster (`broker/ackwait.py`) and carry a token per attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any
+
+import msgspec
+import structlog
+from nats.errors import NoRespondersError
+
+from broker.core.effects import Effect, Forget, Persist, Publish, Send
+from broker.core.inputs import DispatchAcked
+from broker.fields import BrokerFields
+from schemas.agent import Cancel, CommandAck, Dispatch
+from schemas.codec import DecodeError, decode_command_ack, encode_json, encode_msgpack
+from shell.natsio import Asked
+
+log = structlog.get_logger("muster.broker")
+
+# Lifecycle steps an operator follows at info level (queued and checkpointed are debug-worthy
+# at load; `muster watch` shows them). "dispatched" is logged when the agent acks.
+LIFECYCLE_LOGGED = frozenset(
+    {"admitted", "running", "preempting", "requeued", "succeeded", "failed", "cancelled"}
+)
+
+
+def log_lifecycle(event: Any) -> None:
+    """One info line per lifecycle step, with the job, cluster and attempt it concerns."""
+    log.info(
+        f"job {event.kind}",
+        job_id=event.job_id,
+        cluster=event.cluster,
+        flavor=event.flavor,
+        attempt=event.attempt,
+        reason=event.reason,
+    )
+
+
+LEASE_CHECK_MIN_INTERVAL_S = 1.0  # stale-epoch claims are checked against the lease this rarely
+STORAGE_FULL_MARKERS = ("insufficient", "resources", "maximum bytes", "storage")
+
+
+def _storage_full(error: str) -> bool:
+    text = error.lower()
+    return any(marker in text for marker in STORAGE_FULL_MARKERS)
+
+
+class EffectExecutor(BrokerFields):
+    """Carries out the machine's effects in order: persist, then send and publish."""
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _push(self, effects: list[Effect], *, wait: bool = False) -> asyncio.Future[None] | None:
+        if not effects and not wait:
+            return None
+        fut: asyncio.Future[None] | None = (
+            asyncio.get_running_loop().create_future() if wait else None
+        )
+        self._queue.put_nowait((effects, fut))
+        return fut
+
+    async def _pipeline(self) -> None:
+        assert self.store is not None
+        while True:
+            batch = [await self._queue.get()]
+            # Let tasks that are already runnable (the admission cycle woken by the same
+            # submissions) add their effects, so one put persists a job submitted and admitted
+            # together instead of two.
+            await asyncio.sleep(0)
+            while not self._queue.empty() and len(batch) < 4096:
+                batch.append(self._queue.get_nowait())
+            # A lease suspended by a full server store is not proven ours: change nothing
+            # (write, dispatch, cancel) until a renewal proves it again (broker/lease.py).
+            await self.lease.proven.wait()
+            records = {}
+            for effects, _ in batch:
+                for eff in effects:
+                    if isinstance(eff, Persist):
+                        records[eff.record.job_id] = eff.record
+            await self._persist(list(records.values()))
+            for effects, fut in batch:
+                for eff in effects:
+                    if isinstance(eff, Send):
+                        if isinstance(eff.command, Dispatch):
+                            self._spawn(
+                                self._send_dispatch(eff.cluster, eff.command, eff.after_cancel_of)
+                            )
+                        elif isinstance(eff.command, Cancel):
+                            self._track_cancel(eff.cluster, eff.command)
+                        else:
+                            self._spawn(self._send_command(eff.cluster, eff.command))
+                    elif isinstance(eff, Forget):
+                        self._spawn(self._forget(eff.job_id))
+                    elif isinstance(eff, Publish):
+                        event = eff.event
+                        if event.kind in LIFECYCLE_LOGGED:
+                            log_lifecycle(event)
+                        body = encode_json(event)
+                        await self.nc.publish(self.subjects.job_events(event.job_id), body)
+                        team = self._team_of_job(event.job_id)
+                        if team:
+                            await self.nc.publish(
+                                self.subjects.team_events(team, event.job_id), body
+                            )
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+
+    async def _forget(self, job_id: str) -> None:
+        """Delete an expired job's record; a failure leaves it to the next leader's pass."""
+        assert self.store is not None
+        try:
+            await self.store.delete(job_id)
+        except Exception as exc:
+            log.warning("broker.forget_failed", job_id=job_id, error=str(exc))
+
+    async def _persist(self, records: list[Any]) -> None:
+        assert self.store is not None
+        delay = 0.05
+        while records:
+            try:
+                await self.store.put_many(records)
+                if self._persist_full:
+                    log.warning("broker.storage_available", records=len(records))
+                self._persist_full = False
+                return
+            except Exception as exc:  # NATS down: durability first, so wait and retry
+                if _storage_full(str(exc)):
+                    if not self._persist_full:
+                        log.error("broker.storage_full", error=str(exc), records=len(records))
+                    self._persist_full = True
+                log.warning("broker.persist_retry", error=str(exc), records=len(records))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _request(self, cluster: str, data: bytes, attempts: int) -> CommandAck:
+        """The agent's answer (with a stale epoch: the newer epoch it claims), or the refusal
+        this side makes of its silence.
+
+        Up to `attempts` copies, each waited for as long as the cluster's acks take
+        (broker/ackwait.py); the ack of any copy sent so far counts. A refusal is final once
+        no later copy is outstanding: the agent runs a job's commands one after the other,
+        so a later copy may still be carried out, and then its ack is the truth."""
+        subject = self.subjects.agent_cmd(cluster)
+        waits = self._ack_waits.of(cluster)
+        loop = asyncio.get_running_loop()
+        asked: list[Asked] = []
+        latest: Asked | None = None
+        refused: CommandAck | None = None
+        error = ""
+        try:
+            for i in range(attempts):
+                if refused is not None:
+                    return refused
+                if i:
+                    self.stats["ack_retries"] += 1
+                try:
+                    latest = await self._requests.ask(subject, data)
+                    asked.append(latest)
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                wait = waits.wait(i)
+                deadline = loop.time() + wait
+                while asked and (left := deadline - loop.time()) > 0:
+                    done, _ = await asyncio.wait(
+                        [a.reply for a in asked], timeout=left, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    for a in [a for a in asked if a.reply in done]:
+                        asked.remove(a)
+                        try:
+                            ack = decode_command_ack(a.reply.result().data)
+                        except NoRespondersError:
+                            error = f"no agent is listening for cluster {cluster!r}"
+                            continue
+                        except DecodeError as exc:
+                            error = f"bad ack from cluster {cluster!r}: {exc}"
+                            continue
+                        waits.observe(loop.time() - a.sent)
+                        if a is not latest:  # the old fixed wait would have dropped it
+                            self.stats["late_acks"] += 1
+                        if ack.ok or ack.stale_epoch or not asked:
+                            return ack
+                        refused = ack
+                if asked:
+                    error = f"agent of cluster {cluster!r} did not ack in {wait:.3g}s"
+                elif refused is None and i + 1 < attempts:
+                    await asyncio.sleep(min(0.1 * 2**i, 2.0))  # nothing on the wire: pause
+            return refused if refused is not None else CommandAck(ok=False, error=error)
+        finally:
+            for a in asked:
+                self._requests.forget(a)
+
+    def _track_cancel(self, cluster: str, cmd: Cancel) -> None:
+        """Remember the in-flight Cancel of a job's old attempt, so a Dispatch that the core
+        ordered after it (`Send.after_cancel_of`) waits for it."""
+        task = asyncio.create_task(self._cancel_until_heard(cluster, cmd))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        key = (cmd.job_id, cmd.attempt)
+        self._cancels[key] = task
+
+        def forget(done: asyncio.Task[Any]) -> None:
+            if self._cancels.get(key) is done:
+                del self._cancels[key]
+
+        task.add_done_callback(forget)
+
+    def _attempt_token(self, job_id: str, attempt: int) -> str:
+        """The secret that lets one attempt's workload report its own checkpoints."""
+        basis = f"checkpoint:{job_id}:{attempt}".encode()
+        return hashlib.blake2b(basis, key=self._id_key, digest_size=16).hexdigest()
+
+    async def _send_dispatch(self, cluster: str, cmd: Dispatch, after: int | None) -> None:
+        cmd = msgspec.structs.replace(
+            cmd, checkpoint_token=self._attempt_token(cmd.job_id, cmd.attempt)
+        )
+        cancel = self._cancels.get((cmd.job_id, after)) if after is not None else None
+        if cancel is not None:
+            # Until the old attempt's agent acknowledged its Cancel or its cluster is lost.
+            await asyncio.wait({cancel})
+        ack = await self._request(
+            cluster, encode_msgpack(cmd), self.config.timeouts.dispatch_retries + 1
+        )
+        ok, error, stale = ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
+        # Bound only when there is something to say: binding costs as much as the request.
+        bound = (
+            log.bind(job_id=cmd.job_id, cluster=cluster, attempt=cmd.attempt)
+            if stale is not None or not ok
+            else log
+        )
+        if stale is not None:
+            bound.warning("broker.stale_epoch", error=error, claimed=stale)
+            await self._on_stale_epoch(cluster, stale, error)
+            if not self.leading.is_set():
+                return
+        if not ok:
+            self.stats["dispatch_failed"] += 1
+            bound.warning("broker.dispatch_failed", error=error)
+        else:
+            self.stats["dispatch_acked"] += 1
+            log.info(
+                "job dispatched",
+                job_id=cmd.job_id,
+                cluster=cluster,
+                attempt=cmd.attempt,
+                flavor=cmd.flavor,
+                resume_from_step=cmd.resume_from.step if cmd.resume_from else None,
+            )
+        machine = self.machine
+        if machine is not None:
+            self._push(
+                machine.handle(
+                    DispatchAcked(
+                        cmd.job_id,
+                        cmd.attempt,
+                        ok,
+                        error,
+                        job_only=ack.job_only,
+                        resize_refused=ack.resize_refused,
+                    ),
+                    self.clock(),
+                )
+            )
+
+    async def _cancel_until_heard(self, cluster: str, cmd: Cancel) -> None:
+        """A Cancel that a dispatch waits on is resent until its agent acknowledges it or the
+        broker declares the cluster lost (its fence, minutes long, has lapsed by then)."""
+        while not await self._send_command(cluster, cmd) and self.leading.is_set():
+            track = self.machine.agents.get(cluster) if self.machine is not None else None
+            if track is None or track.health == "lost":
+                return
+            await asyncio.sleep(self.config.timeouts.dispatch_ack_s)
+
+    async def _send_command(self, cluster: str, cmd: Any) -> bool:
+        ack = await self._request(cluster, encode_msgpack(cmd), 3)
+        ok, error, stale = ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
+        if not ok:
+            log.info(
+                "broker.command_failed",
+                cluster=cluster,
+                command=type(cmd).__name__,
+                job_id=getattr(cmd, "job_id", None),
+                error=error,
+            )
+        if stale is not None:
+            await self._on_stale_epoch(cluster, stale, error)
+        return ok or stale is not None
+
+    async def _on_stale_epoch(self, cluster: str, claimed: int, error: str) -> None:
+        """An agent refused our epoch. Believed only when it claims a higher epoch than ours
+        and the lease confirms a newer leader; checked at most once per
+        LEASE_CHECK_MIN_INTERVAL_S, so a storm of such answers costs nothing."""
+        epoch = self.lease.epoch
+        now = time.monotonic()
+        if claimed <= epoch or now - self._lease_check_at < LEASE_CHECK_MIN_INTERVAL_S:
+            self.stats["stale_epoch_ignored"] += 1
+            return
+        self._lease_check_at = now
+        if not await self.lease.confirm_newer(epoch):
+            self.stats["stale_epoch_ignored"] += 1
+            log.warning("broker.stale_epoch_unconfirmed", cluster=cluster, claimed=claimed)
+            return
+        await self._lose_leadership(f"agent of {cluster!r} saw epoch {claimed}: {error}")

@@ -1,0 +1,182 @@
+"""The state every duty of the broker shares, set up in one place.
+
+The broker's duties (process, executor, intake, agent link) are classes of their own that
+`broker.service.Broker` composes; each reads and writes the fields made here, and calls
+another duty's methods only through the declarations at the end of `BrokerFields`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from broker import tenancy
+from broker.ackwait import AckWaits
+from broker.agentlink import AgentMailboxes
+from broker.core.effects import Effect
+from broker.core.machine import Machine
+from broker.intake import TokenBuckets
+from broker.lease import LeaderLease
+from broker.metrics import Metrics
+from broker.pacing import GcPacer
+from broker.rendezvous import ReplyRendezvous
+from broker.store import JobStore, RecordMirror
+from schemas.config import BrokerConfig
+from schemas.subjects import Subjects
+from shell.natsio import Requester
+
+
+class BrokerFields:
+    """The broker's shared state; `broker.service.Broker` adds its duties."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        nc: Client,
+        *,
+        holder: str | None = None,
+        clock: Callable[[], float] = time.time,
+        pace_gc: bool = False,
+        agent_nc: Client | None = None,
+    ) -> None:
+        """`pace_gc`: manage the process's cycle collector (GcPacer); the `muster broker`
+        process turns it on, an in-process broker (tests) leaves the host's GC alone.
+        `agent_nc`: a connection of its own for the agents' event subjects, so that however
+        much agents send, nats-server can only cut that one as a slow consumer, never the
+        connection that holds the lease, the store, the API and the submissions."""
+        self.config = config
+        self.nc = nc
+        self.agent_nc = agent_nc or nc
+        self.js = nc.jetstream(timeout=10)
+        self.subjects = Subjects(prefix=config.subject_prefix)
+        self._team_queues = tenancy.team_queues(config)
+        self._team_of_queue = tenancy.team_of_queue(config)
+        self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.clock = clock
+        self.machine: Machine | None = None
+        self.store: JobStore | None = None
+        self.mirror: RecordMirror | None = None  # while standing by (see run)
+        self.lease = LeaderLease(
+            self.js,
+            self.subjects.leader_bucket,
+            self.holder,
+            config.timeouts.lease_ttl_s,
+            max_bytes=config.limits.lease_bucket_max_bytes,
+            replication=config.replication,
+        )
+        self.leading = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._queue: asyncio.Queue[tuple[list[Effect], asyncio.Future[None] | None]] = (
+            asyncio.Queue()
+        )
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._subs: list[Any] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self.stats = {
+            "submitted": 0,
+            "rejected": 0,
+            "batches": 0,
+            "events": 0,
+            "bad_batches": 0,
+            "dispatch_acked": 0,
+            "dispatch_failed": 0,
+            "dead_lettered": 0,
+            "held_for_storage": 0,
+            "put_back_for_storage": 0,
+            "storage_full_rejections": 0,
+            "store_quota_rejections": 0,
+            "agent_dropped": 0,
+            "rate_limited": 0,
+            "stale_epoch_ignored": 0,
+            "redispatched": 0,
+            "ack_retries": 0,
+            "late_acks": 0,
+            "lead_failures": 0,
+            "newer_records": 0,
+            "store_records_lost": 0,
+            "store_records_repersisted": 0,
+        }
+        # Messages refused by a handler's boundary (bad input or a failure processing it),
+        # by handler: the broker answers or drops them with a reason and carries on.
+        self.refused: Counter[str] = Counter()
+        # stream sequence -> deliveries this process gave up on while their records waited
+        # for the store (it stepped down): not the message's fault, so not counted as poison
+        self._excused: OrderedDict[int, int] = OrderedDict()
+        # The store refused a write for lack of space: a record (until one persists) or the
+        # probe (until one lands). Either refuses new submissions.
+        self._persist_full = False
+        self._probe_full = False
+        self._buckets = TokenBuckets(config.limits.submit_rate_per_s, config.limits.submit_burst)
+        self._id_key = b""
+        self._applied_sent: dict[str, tuple[str, int]] = {}
+        self._applied_busy: set[str] = set()
+        self._applied_at: dict[str, float] = {}
+        self._lease_check_at = -1e18
+        self._epoch_recorded = 0  # the epoch last written to the job bucket (see _take_epoch)
+        self._mail: AgentMailboxes | None = None  # per-cluster agent budgets, while leading
+        self._mail_wake = asyncio.Event()
+        self._budget_logged: dict[str, float] = {}
+        self._wire_refused_at: dict[str, float] = {}  # cluster -> when last logged and told
+        self._rendezvous = ReplyRendezvous(
+            nc, config.max_payload_bytes, self._storage_error, self._early_reply
+        )
+        self._requests = Requester(nc)
+        self._ack_waits = AckWaits(config.timeouts)
+        # (job_id, attempt) -> the Cancel of that attempt in flight (see Send.after_cancel_of)
+        self._cancels: dict[tuple[str, int | None], asyncio.Task[Any]] = {}
+        self.metrics = Metrics(self)
+        self._gc = GcPacer() if pace_gc else None
+        self._next_cycle = 0.0  # event-loop time before which no admission cycle starts
+        self.restore_s = 0.0
+        self.restored_jobs = 0
+
+    if TYPE_CHECKING:  # one duty's methods that another calls (defined by the duties)
+
+        @property
+        def storage_full(self) -> bool: ...
+
+        def agent_drops(self) -> dict[tuple[str, str], int]: ...
+
+        def _spawn(self, coro: Any) -> None: ...
+
+        def _push(
+            self, effects: list[Effect], *, wait: bool = False
+        ) -> asyncio.Future[None] | None: ...
+
+        async def _pipeline(self) -> None: ...
+
+        def _attempt_token(self, job_id: str, attempt: int) -> str: ...
+
+        async def _send_command(self, cluster: str, cmd: Any) -> bool: ...
+
+        async def _lose_leadership(self, why: str) -> None: ...
+
+        async def _submissions(self) -> None: ...
+
+        def _storage_error(self) -> str | None: ...
+
+        async def _probe_storage(self) -> None: ...
+
+        def _early_reply(self, msg: Msg) -> bytes | None: ...
+
+        async def _on_agent_batch(self, msg: Msg) -> None: ...
+
+        async def _agent_worker(self) -> None: ...
+
+        async def _on_sdk_checkpoint(self, msg: Msg) -> None: ...
+
+        async def _on_api(self, msg: Msg) -> None: ...
+
+        def _team_of_job(self, job_id: str) -> str | None: ...
+
+        async def _clock_loop(self) -> None: ...
