@@ -113,20 +113,13 @@ from agents.kube.fence import (
 from agents.kube.logs import read_pod_logs
 from agents.kube.nodeops import kube_node_op
 from agents.kube.nodes import (
-    GpuState,
-    Notice,
     Rules,
-    counts_for_node,
     detect_provider,
     gfd_memory_mib,
-    gpu_product_mismatch,
-    gpu_state,
     match_flavor,
     node_info,
-    not_ready_since,
-    notices,
-    untolerated_taints,
 )
+from agents.kube.nodewatch import NodeEntry, PodDisruption, assess_node
 from agents.kube.pools import Autoscaling, is_placeholder
 from agents.kube.quota import attempt_usage, namespace_refusal, quota_message
 from agents.kube.report import REPORT_PATH, Refused, ReportBody, ReportServer, Verdict
@@ -157,7 +150,6 @@ from schemas.agent import (
     GpuHealth,
     LogRequest,
     NodeGone,
-    NodeInfo,
     NodeOpName,
     NodeUpsert,
     Provision,
@@ -167,54 +159,10 @@ from schemas.agent import (
 
 log = structlog.get_logger("muster.agent.kube")
 
-# Non-graceful node shutdown (kubernetes.io/docs/reference/labels-annotations-taints): an
-# operator's statement that the node is off, so its containers no longer run.
-OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
-
 # Finished pods hold no capacity; a busy cluster has far more of them than of live ones.
 UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 Key = tuple[str, int]  # (job_id, attempt)
-
-
-class _Node:
-    """What the backend keeps per node: the raw object, its flavor, what was reported, and
-    the timers of its signals (clock seconds when first seen)."""
-
-    __slots__ = (
-        "dip_since",
-        "flavor",
-        "gpu",
-        "info",
-        "known_gpu",
-        "left_flavor",
-        "lost",
-        "mismatch",
-        "not_ready_seen",
-        "notice_seen",
-        "raw",
-        "spot_deadline",
-        "spot_reason",
-        "unselected",
-        "why",
-    )
-
-    def __init__(self, raw: KNode, flavor: FlavorConfig | None) -> None:
-        self.raw = raw
-        self.flavor = flavor
-        self.info: NodeInfo | None = None  # last NodeInfo emitted
-        self.gpu: GpuState | None = None  # last GPU state
-        self.known_gpu = 0  # most GPUs seen: a capacity that drops is a dip, not a new size
-        self.spot_deadline: float | None = None
-        self.spot_reason = ""
-        self.notice_seen: float | None = None
-        self.dip_since: float | None = None
-        self.not_ready_seen: float | None = None
-        self.unselected = False  # left the node label selector (a DELETED that is no deletion)
-        self.left_flavor = False  # its labels match no flavor any more
-        self.mismatch = ""  # GPU product disagreeing with the flavor, once logged
-        self.lost = False  # NotReady past the grace period
-        self.why: list[str] = []  # why it takes no new pods
 
 
 class KubeBackend:
@@ -242,7 +190,7 @@ class KubeBackend:
         self._clock = clock
         self._emit: Emit | None = None
         self._rest: KubeRest | None = None
-        self._nodes: dict[str, _Node] = {}
+        self._nodes: dict[str, NodeEntry] = {}
         self.rules = Rules(config)
         # GPU resources of every flavor; usage is kept per resource, so a pod requesting a MIG
         # slice is never counted against a node's whole GPUs.
@@ -253,7 +201,7 @@ class KubeBackend:
         self._usage: dict[str, list[int]] = {}  # node -> summed foreign usage
         # pod uid -> (node, text, when, reason, Muster's own pod) while its DisruptionTarget
         # may say the node goes away (nodes.counts_for_node decides)
-        self._pod_disruption: dict[str, tuple[str, str, float | None, str, bool]] = {}
+        self._pod_disruption: dict[str, PodDisruption] = {}
         self.bad_input = BadInput()
         self.tick_s = tick_s
         # Recently deleted nodes: a pod event can arrive after its node's deletion (separate
@@ -636,7 +584,7 @@ class KubeBackend:
         flavor = match_flavor(node, self.config.flavors)
         entry = self._nodes.get(name)
         if entry is None:
-            entry = self._nodes[name] = _Node(node, flavor)
+            entry = self._nodes[name] = NodeEntry(node, flavor)
         entry.raw = node
         entry.unselected = False
         if flavor is None:
@@ -649,119 +597,35 @@ class KubeBackend:
             entry.flavor, entry.left_flavor = flavor, False
         self._evaluate(entry)
 
-    def _evaluate(self, entry: _Node) -> None:
-        """Every signal of one node: going away (a notice with a deadline), takes no new pods
-        (with the reasons), lost (NotReady past the grace period), explicit GPU faults."""
+    def _evaluate(self, entry: NodeEntry) -> None:
+        """Assess one node (`nodewatch.assess_node`), log and count what it found, refresh
+        its NodeInfo, then send what is news."""
         flavor = entry.flavor
         if flavor is None:
             return
-        node, cfg, rules = entry.raw, self.config, self.rules
-        name = node.metadata.name
-        now = self._clock()
-        provider = detect_provider(node)
-        # Going away: the earliest deadline among the signals, from each signal's own time.
-        found = notices(node, rules, provider)
-        node_found = list(found)
-        for pod_node, text, at, dis, own in self._pod_disruption.values():
-            if pod_node == name and counts_for_node(dis, own, node, node_found):
-                found.append(Notice(text, at, rules.windows.for_provider(provider)))
-        notice: SpotNotice | None = None
-        if not found:
-            entry.notice_seen, entry.spot_deadline, entry.spot_reason = None, None, ""
-        elif entry.spot_deadline is None:
-            seen = entry.notice_seen = entry.notice_seen or now
-            deadline = min((n.at if n.at is not None else seen) + n.window_s for n in found)
-            entry.spot_deadline = deadline
-            entry.spot_reason = f"{provider}: " + ", ".join(n.reason for n in found)[:900]
-            notice = SpotNotice(node=name, deadline=deadline, reason=entry.spot_reason)
+        name = entry.raw.metadata.name
+        disruptions = self._pod_disruption.values()
+        found = assess_node(entry, flavor, disruptions, self.config, self.rules, self._clock())
+        if found.going_away_in_s is not None:
             self.log.info(
                 "node going away",
                 node=name,
                 reason=entry.spot_reason,
-                deadline_in_s=round(deadline - now, 1),
+                deadline_in_s=found.going_away_in_s,
             )
-        # Takes no new pods.
-        why: list[str] = []
-        if node.spec.unschedulable:
-            why.append("cordoned")
-        if node.metadata.deletionTimestamp:
-            why.append("being deleted")
-        why += [f"taint {t} not tolerated" for t in untolerated_taints(node, flavor, rules)]
-        not_ready, since = not_ready_since(node)
-        was_lost, entry.lost = entry.lost, False
-        if not_ready:
-            entry.not_ready_seen = entry.not_ready_seen or now
-            start = since if since is not None else entry.not_ready_seen
-            shut_down = any(t.key == OUT_OF_SERVICE for t in node.spec.taints)
-            if now - start >= cfg.not_ready_grace_s and shut_down:
-                # Proof the containers are gone: an operator declared the node shut down.
-                entry.lost = True
-                if not was_lost:
-                    self.log.warning(
-                        "node NotReady and out of service: replicas lost",
-                        node=name,
-                        grace_s=cfg.not_ready_grace_s,
-                    )
-            else:
-                # A partitioned node or a hung kubelet keeps its containers running, and
-                # taint-based eviction only marks the pods: NotReady alone proves nothing.
-                why.append(
-                    f"NotReady; its replicas count as lost once it is deleted or tainted "
-                    f"{OUT_OF_SERVICE} (and {cfg.not_ready_grace_s:g}s NotReady)"
-                )
-        else:
-            entry.not_ready_seen = None
-        gpu = gpu_state(node, rules, rules.resource(flavor))
-        if gpu.clamped:
-            self.bad_input.note(
-                "Node", "GPU count above the schema bound", node=name, detail=gpu.clamped
-            )
-        if gpu.healthy is None and gpu.total < entry.known_gpu:
-            # Capacity shrank (the device plugin went away): a dip of the GPUs known.
-            gone = entry.known_gpu - gpu.total + gpu.missing
-            res = rules.resource(flavor)
-            gpu = GpuState(
-                entry.known_gpu,
-                missing=gone,
-                missing_reason=f"{gone} of {entry.known_gpu} {res} not allocatable",
-            )
-        elif gpu.healthy is None and not gpu.missing:
-            entry.known_gpu = gpu.total
-        if gpu.missing:
-            entry.dip_since = entry.dip_since or now
-            if now - entry.dip_since >= cfg.allocatable_debounce_s:
-                why.append(gpu.missing_reason)
-        else:
-            entry.dip_since = None
-        mismatch = gpu_product_mismatch(node.metadata.labels, flavor.gpu_type)
-        if mismatch:
-            why.append(mismatch)
-            if entry.mismatch != mismatch:
-                self.bad_input.note(
-                    "Node", "GPU product disagrees with its flavor", node=name, detail=mismatch
-                )
-        entry.mismatch = mismatch or ""
-        if entry.unselected:
-            why.append("left the node selector")
-        if entry.left_flavor:
-            why.append("matches no flavor any more")
-        entry.why = why
-        # GPU health: only explicit faults and their recovery are news.
-        health: GpuHealth | None = None
-        prev = entry.gpu
-        if (prev.healthy if prev else None) != gpu.healthy:
-            health = GpuHealth(
+        if found.newly_lost:
+            self.log.warning(
+                "node NotReady and out of service: replicas lost",
                 node=name,
-                healthy=gpu.total if gpu.healthy is None else gpu.healthy,
-                xid=gpu.xid,
-                reason=gpu.reason or "GPUs healthy again",
+                grace_s=self.config.not_ready_grace_s,
             )
-        entry.gpu = gpu
+        for reason, detail in found.bad_input:
+            self.bad_input.note("Node", reason, **detail)
         self._refresh(entry)
-        if notice is not None:
-            self._send(notice)
-        if health is not None:
-            self._send(health)
+        if found.notice is not None:
+            self._send(found.notice)
+        if found.health is not None:
+            self._send(found.health)
 
     def evaluate_timers(self) -> None:
         """Re-read the nodes whose verdict depends on time (a dip being debounced, a NotReady
@@ -781,7 +645,7 @@ class KubeBackend:
                     "Node", f"evaluation failed: {type(exc).__name__}", error=str(exc)[:200]
                 )
 
-    def _refresh(self, entry: _Node) -> None:
+    def _refresh(self, entry: NodeEntry) -> None:
         """Recompute the node's NodeInfo and emit NodeUpsert when it changed."""
         if entry.flavor is None:
             return
