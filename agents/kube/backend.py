@@ -89,16 +89,13 @@ from agents.kube.config import (
     convert_kube_config,
 )
 from agents.kube.decode import (
-    ZERO,
     KJob,
     KMeta,
     KNode,
     KObject,
     KPod,
-    Usage,
     decode_job_status,
     parse_time,
-    pod_usage,
 )
 from agents.kube.fence import (
     ANN_FENCED,
@@ -124,6 +121,7 @@ from agents.kube.pools import Autoscaling, is_placeholder
 from agents.kube.quota import attempt_usage, namespace_refusal, quota_message
 from agents.kube.report import REPORT_PATH, Refused, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
+from agents.kube.usage import ForeignUsage
 from kinds.base import (
     ANN_CHECKPOINT_REQUEST,
     ANN_JOB,
@@ -192,13 +190,10 @@ class KubeBackend:
         self._rest: KubeRest | None = None
         self._nodes: dict[str, NodeEntry] = {}
         self.rules = Rules(config)
-        # GPU resources of every flavor; usage is kept per resource, so a pod requesting a MIG
-        # slice is never counted against a node's whole GPUs.
-        self._resources = tuple(sorted({self.rules.resource(f) for f in config.flavors}))
-        # pod uid -> (node, (cpu, memory, gpus per resource)): pods Muster did not place, and
-        # Muster's own pods of ended attempts that are still terminating.
-        self._foreign: dict[str, tuple[str, tuple[int, ...]]] = {}
-        self._usage: dict[str, list[int]] = {}  # node -> summed foreign usage
+        # What pods Muster did not place (and its own of ended attempts, still terminating)
+        # hold on each node, per GPU resource of every flavor.
+        self.usage = ForeignUsage(self.rules.resource(f) for f in config.flavors)
+        self._foreign = self.usage.pods  # by pod uid
         # pod uid -> (node, text, when, reason, Muster's own pod) while its DisruptionTarget
         # may say the node goes away (nodes.counts_for_node decides)
         self._pod_disruption: dict[str, PodDisruption] = {}
@@ -654,7 +649,7 @@ class KubeBackend:
             entry.raw,
             entry.flavor,
             self.rules,
-            self._other(name, self.rules.resource(entry.flavor)),
+            self.usage.other(name, self.rules.resource(entry.flavor)),
             entry.spot_deadline,
             entry.gpu,
             lost=entry.lost,
@@ -666,18 +661,6 @@ class KubeBackend:
             self._send(NodeUpsert(node=info))
 
     # -- pods ------------------------------------------------------------------------------
-    def _other(self, node: str, resource: str) -> Usage:
-        vec = self._usage.get(node)
-        if vec is None:
-            return ZERO
-        return Usage(vec[2 + self._resources.index(resource)], vec[0], vec[1])
-
-    def _demand(self, pod: KPod) -> tuple[int, ...]:
-        """(cpu, memory, GPUs of each configured resource) that a pod holds on its node."""
-        first = pod_usage(pod, self._resources[0])
-        gpus = [first.gpu] + [pod_usage(pod, r).gpu for r in self._resources[1:]]
-        return (first.cpu_milli, first.memory, *gpus)
-
     async def _pods_page(self, items: list[KPod]) -> None:
         """One page of a (re-)list of every unfinished pod. Nodes are refreshed once per
         page, not once per pod."""
@@ -777,7 +760,7 @@ class KubeBackend:
             return  # holds a new node for the gang the broker will place there
         node = pod.spec.nodeName
         active = not deleted and node and pod.status.phase not in ("Succeeded", "Failed")
-        usage = self._demand(pod) if active else ()
+        usage = self.usage.demand(pod) if active else ()
         self._set_foreign(uid, node if active else None, usage, touched)
 
     def _muster_pod_event(self, kind: str, pod: KPod) -> None:
@@ -803,7 +786,7 @@ class KubeBackend:
             and bool(node)
             and pod.status.phase not in ("Succeeded", "Failed")
         )
-        self._set_foreign(uid, node if held else None, self._demand(pod) if held else ())
+        self._set_foreign(uid, node if held else None, self.usage.demand(pod) if held else ())
 
     def _set_foreign(
         self,
@@ -812,29 +795,12 @@ class KubeBackend:
         usage: tuple[int, ...],
         touched: set[str] | None = None,
     ) -> None:
-        old = self._foreign.pop(uid, None)
-        if old is not None and node == old[0] and usage == old[1]:
-            self._foreign[uid] = old  # unchanged (a re-list, a status-only change)
+        """Record what a pod holds; refresh the nodes it changed, or with `touched`, collect
+        them there."""
+        changed: set[str] = set() if touched is None else touched
+        if not self.usage.set(uid, node, usage, changed) or touched is not None:
             return
-        defer = touched is not None
-        touched = set() if touched is None else touched
-        if old is not None:
-            vec = self._usage[old[0]]
-            for i, v in enumerate(old[1]):
-                vec[i] -= v
-            touched.add(old[0])
-        if node and any(usage):
-            self._foreign[uid] = (node, usage)
-            vec = self._usage.setdefault(node, [0] * (2 + len(self._resources)))
-            for i, v in enumerate(usage):
-                vec[i] += v
-            touched.add(node)
-        for n in (old[0],) if old is not None else ():
-            if not any(self._usage.get(n, ())):
-                self._usage.pop(n, None)
-        if defer:
-            return
-        for n in touched:
+        for n in changed:
             entry = self._nodes.get(n)
             if entry is not None:
                 self._refresh(entry)
