@@ -100,13 +100,8 @@ from agents.kube.decode import (
 from agents.kube.fence import (
     ANN_FENCED,
     FENCED_VALUE,
-    ClusterFence,
-    decode_lease,
-    lease_body,
-    lease_collection,
-    lease_path,
-    renewal_patch,
 )
+from agents.kube.fencing import LeaseKeeper
 from agents.kube.logs import read_pod_logs
 from agents.kube.nodeops import kube_node_op
 from agents.kube.nodes import (
@@ -224,9 +219,11 @@ class KubeBackend:
             r.collection(ns): r for ns in self._namespaces for r in STATUS_RESOURCES
         }
         self.job_reflectors: dict[str, Reflector[KJob]] = {}  # by collection
-        self.fence_state = ClusterFence(clock)  # the cluster's fence Lease (agents/kube/fence.py)
         self.bad_objects = 0  # workload objects whose status did not decode
         self.log = log.bind(cluster=cluster)
+        # The cluster's fence Lease (agents/kube/fencing.py, fence.py).
+        self.lease = LeaseKeeper(cluster, config.namespace, lambda: self.rest, clock, self.log)
+        self.fence_state = self.lease.state
         # Checkpoint reports from pods (agents/kube/report.py); the URL pods get, once bound.
         self.report_server: ReportServer | None = None
         self.report_url: str | None = None
@@ -358,7 +355,7 @@ class KubeBackend:
         self.autoscaling = await Autoscaling.start(
             self._rest, cfg, self.declared_pools, common, self._flavors_changed
         )
-        await self._adopt_lease()
+        await self.lease.adopt()
         # What exists now (modules, the node cache) lives as long as the agent: out of the
         # cyclic collector's full passes, which would otherwise walk it every time and hold
         # the loop for tens of milliseconds on a big cluster. Refcounting still frees it.
@@ -1242,52 +1239,8 @@ class KubeBackend:
             await self.renew_fence(until - window)
 
     async def renew_fence(self, since: float) -> None:
-        """The broker heard this agent at `since`: move the cluster's Lease to `since` + the
-        window, when it grew a step. One request, whatever the number of attempts."""
-        until = self.fence_state.due(since)
-        if until is None:
-            return
-        fence = self.fence_state
-        ns = self.config.namespace
-        try:
-            if fence.until is None:
-                body = lease_body(ns, self._holder(), since, fence.window_s)
-                if await self.rest.create(lease_collection(ns), body) is None:
-                    await self.rest.merge_patch(
-                        lease_path(ns), renewal_patch(self._holder(), since, fence.window_s)
-                    )
-            elif not await self.rest.merge_patch(
-                lease_path(ns), renewal_patch(self._holder(), since, fence.window_s)
-            ):
-                fence.until = None  # deleted under us: create it on the next renewal
-                return
-        except KubeApiError as exc:
-            raise BackendError(f"fence lease renewal: {exc}") from None
-        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-            raise BackendError(f"fence lease renewal: {exc!r}") from None
-        fence.written(until)
-
-    def _holder(self) -> str:
-        return f"muster-agent/{self.cluster}"
-
-    async def _adopt_lease(self) -> None:
-        """Take up the Lease an earlier agent of this cluster kept: its window covers every
-        attempt found here, whatever its kind."""
-        try:
-            data = await self.rest.request(
-                "GET", lease_path(self.config.namespace), ok_missing=True
-            )
-        except KubeApiError as exc:
-            self.log.warning("fence lease unreadable; renewed at the next dispatch", error=str(exc))
-            return
-        lease = decode_lease(data) if data is not None else None
-        if lease is not None:
-            self.fence_state.adopt(lease)
-            self.log.info(
-                "fence lease taken up",
-                window_s=self.fence_state.window_s,
-                until=self.fence_state.until,
-            )
+        """The broker heard this agent at `since`: move the cluster's Lease (`LeaseKeeper`)."""
+        await self.lease.renew(since)
 
     def _hold_all(self, key: Key) -> None:
         """The attempt ended here: its pods still running or terminating keep their GPUs."""
