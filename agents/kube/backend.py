@@ -55,7 +55,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
 import random
 import time
 from collections import OrderedDict
@@ -69,6 +68,7 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from agents.backend import BackendError, CannotResize, Emit, JobRefused, LogTail, NodeOpResult
+from agents.kube.attempts import Attempts, Key, owned_key
 from agents.kube.auth import TokenRefresher
 from agents.kube.client import (
     BadInput,
@@ -94,7 +94,6 @@ from agents.kube.decode import (
     KNode,
     KObject,
     KPod,
-    decode_job_status,
     parse_time,
 )
 from agents.kube.fence import (
@@ -114,16 +113,12 @@ from agents.kube.nodes import (
 from agents.kube.nodewatch import NodeEntry, PodDisruption, assess_node
 from agents.kube.pools import Autoscaling, is_placeholder
 from agents.kube.quota import attempt_usage, namespace_refusal, quota_message
-from agents.kube.report import REPORT_PATH, Refused, ReportBody, ReportServer, Verdict
-from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
+from agents.kube.report import REPORT_PATH, ReportBody, ReportServer, Verdict
+from agents.kube.status import STATUS_RESOURCES, Workload, disruption
 from agents.kube.usage import ForeignUsage
 from kinds.base import (
     ANN_CHECKPOINT_REQUEST,
     ANN_JOB,
-    ANN_KIND,
-    ANN_TOKEN_DIGEST,
-    ANN_TOTAL,
-    LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_TOP,
     POD,
@@ -154,8 +149,6 @@ log = structlog.get_logger("muster.agent.kube")
 
 # Finished pods hold no capacity; a busy cluster has far more of them than of live ones.
 UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
-
-Key = tuple[str, int]  # (job_id, attempt)
 
 
 class KubeBackend:
@@ -197,14 +190,8 @@ class KubeBackend:
         # Recently deleted nodes: a pod event can arrive after its node's deletion (separate
         # watches), and its replica is lost all the same.
         self._gone_nodes: OrderedDict[str, None] = OrderedDict()
-        self._workloads: dict[Key, Workload] = {}
-        self._pod_key: dict[str, Key] = {}  # Muster pod uid -> workload
-        self._pod_names: dict[Key, dict[str, str]] = {}  # workload -> {uid: pod name}
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
-        # Cancelled attempts, so pods seen after the cancel never report a status.
-        self._cancelled: set[Key] = set()
-        self._cancel_upto: dict[str, float] = {}  # job -> every attempt <= this is cancelled
         self._stop = asyncio.Event()
         self._started = False
         self._live = False  # emit deltas only after the initial lists
@@ -219,8 +206,11 @@ class KubeBackend:
             r.collection(ns): r for ns in self._namespaces for r in STATUS_RESOURCES
         }
         self.job_reflectors: dict[str, Reflector[KJob]] = {}  # by collection
-        self.bad_objects = 0  # workload objects whose status did not decode
         self.log = log.bind(cluster=cluster)
+        # Each attempt's status from its pods and objects (agents/kube/attempts.py).
+        self.attempts = Attempts(self._namespaces, self._status_kinds, clock, self.log)
+        self._workloads = self.attempts.workloads
+        self._pod_names = self.attempts.pod_names
         # The cluster's fence Lease (agents/kube/fencing.py, fence.py).
         self.lease = LeaseKeeper(cluster, config.namespace, lambda: self.rest, clock, self.log)
         self.fence_state = self.lease.state
@@ -228,6 +218,11 @@ class KubeBackend:
         self.report_server: ReportServer | None = None
         self.report_url: str | None = None
         self.autoscaling: Autoscaling | None = None  # autoscaled pools (agents/kube/pools.py)
+
+    @property
+    def bad_objects(self) -> int:
+        """Workload objects whose status did not decode."""
+        return self.attempts.bad_objects
 
     @classmethod
     def from_config(
@@ -676,7 +671,7 @@ class KubeBackend:
         the backend holds, set lookups only, yielding as it goes."""
         if not complete:
             return  # an undecodable pod may be one of them: nothing is taken as gone
-        owned = self._pod_key  # Muster's own pods are the muster-pods watch's to forget
+        owned = self.attempts.pod_key  # Muster's own pods are the muster-pods watch's to forget
         pacer = Pacer()
         gone: set[str] = set()
         for held in (self._foreign, self._pod_disruption):
@@ -694,23 +689,16 @@ class KubeBackend:
             if pod.metadata.uid:
                 seen.add(pod.metadata.uid)
                 self._muster_pod_event("MODIFIED", pod)
-        async for uid in pacer.each([u for u in self._pod_key if u not in seen]):
+        async for uid in pacer.each([u for u in self.attempts.pod_key if u not in seen]):
             self._forget_pod(uid)
 
     def _forget_pod(self, uid: str) -> None:
         """A Muster pod vanished between lists: drop what it held; it counts as deleted."""
         self._set_foreign(uid, None, ())
         self._drop_disruption(uid)
-        key = self._pod_key.pop(uid, None)
-        if key is not None:
-            w = self._workloads.get(key)
-            names = self._pod_names.get(key, {})
-            name = names.pop(uid, "")
-            if w is not None:
-                stub = KPod()
-                stub.metadata.name = name
-                w.update_pod(uid, stub, deleted=True)
-                self._report(w)
+        w = self.attempts.forget_pod(uid)
+        if w is not None:
+            self._report(w)
 
     def _note_disruption(self, uid: str, pod: KPod, deleted: bool) -> None:
         """A node-level DisruptionTarget on any pod is a notice for its node."""
@@ -773,7 +761,7 @@ class KubeBackend:
         """A Muster pod of an attempt that ended (cancelled, or reported finished) but still
         terminating holds its GPUs: the broker has released them, so count them as foreign
         until the pod is gone."""
-        key = self._pod_key.get(uid)
+        key = self.attempts.pod_key.get(uid)
         w = self._workloads.get(key) if key is not None else None
         node = pod.spec.nodeName
         held = (
@@ -803,38 +791,14 @@ class KubeBackend:
                 self._refresh(entry)
 
     def _muster_pod(self, uid: str, pod: KPod, deleted: bool) -> None:
-        meta = pod.metadata
-        job_id = pod_job(pod)
-        raw_attempt = meta.labels.get(LABEL_ATTEMPT, "")
-        if not job_id or not raw_attempt.isdigit() or int(raw_attempt) < 1:
+        found = self.attempts.muster_pod(uid, pod, deleted, self._gone_nodes)
+        if found is None:
             return
-        key = (job_id, int(raw_attempt))
-        w = self._workloads.get(key)
-        if w is None:
-            kind = meta.annotations.get(ANN_KIND, "")
-            w = self._workloads[key] = Workload(job_id, key[1], kind=kind)
-            w.cancelled = self._is_cancelled(key)
-        w.namespace = w.namespace or meta.namespace
-        w.update_pod(uid, pod, deleted)
-        if not w.token_digest:  # an agent restarted since the dispatch: the pods keep it
-            w.token_digest = meta.annotations.get(ANN_TOKEN_DIGEST, "")
-        if pod.spec.nodeName in self._gone_nodes:
-            w.node_gone(pod.spec.nodeName)
-        names = self._pod_names.setdefault(key, {})
-        if deleted:
-            self._pod_key.pop(uid, None)
-            names.pop(uid, None)
-        else:
-            self._pod_key[uid] = key
-            names[uid] = meta.name
-        report = w.checkpoint(pod, self._clock) if not w.cancelled else None
+        w, report = found
         if report is not None:
             self._send(report)
         self._report(w)
         self._hold(uid, pod, deleted)
-
-    def _is_cancelled(self, key: Key) -> bool:
-        return key in self._cancelled or key[1] <= self._cancel_upto.get(key[0], 0)
 
     def _report(self, w: Workload) -> None:
         if not self._live:
@@ -874,53 +838,10 @@ class KubeBackend:
         return handle
 
     def _job_event(self, res: Resource, kind: str, obj: KJob) -> None:
-        """One of Muster's workload objects changed: record its verdict for the attempt.
-        Same ownership rules as pods (workload namespace, Muster's labels)."""
-        meta = obj.metadata
-        key = _owned_key(meta)
-        if (
-            key is None
-            or not meta.name
-            or meta.namespace not in self._namespaces
-            or LABEL_TOP not in meta.labels
-        ):
-            return
-        if kind == "DELETED" and key not in self._workloads:
-            return  # an attempt already forgotten (finished, collected): nothing to say
-        w = self._workload(key, meta)
-        ref = (res.collection(meta.namespace), meta.name)
-        if ref not in w.objects:
-            w.objects.append(ref)
-        w.expect_object(ref)
-        status = decode_job_status(obj.status)
-        if status is None:
-            self.bad_objects += 1
-            if self.bad_objects & (self.bad_objects - 1) == 0:  # 1st, 2nd, 4th, ...: no flood
-                self.log.warning(
-                    "workload object with an undecodable status ignored",
-                    kind=res.kind,
-                    name=meta.name,
-                    status=bytes(obj.status)[:200],
-                    count=self.bad_objects,
-                )
-            return
-        w.update_object(ref, job_verdict(res.api_version, res.kind, meta.name, status))
-        self._report(w)
-
-    def _workload(self, key: Key, meta: KMeta) -> Workload:
-        """The attempt's Workload, created from a top-level object's annotations if new."""
-        w = self._workloads.get(key)
-        if w is None:
-            total = meta.annotations.get(ANN_TOTAL, "")
-            w = self._workloads[key] = Workload(
-                key[0],
-                key[1],
-                int(total) if total.isdigit() else 0,
-                meta.annotations.get(ANN_KIND, ""),
-            )
-            w.cancelled = self._is_cancelled(key)
-        w.namespace = w.namespace or meta.namespace
-        return w
+        """One of Muster's workload objects changed (`Attempts.job_event`): report it."""
+        w = self.attempts.job_event(res, kind, obj)
+        if w is not None:
+            self._report(w)
 
     # -- Muster's objects ------------------------------------------------------------------
     async def _scan_objects(
@@ -940,15 +861,11 @@ class KubeBackend:
                 raise
             for obj in items:
                 meta = obj.metadata
-                key = _owned_key(meta)
+                key = owned_key(meta)
                 if key is None:
                     continue
                 found.append((key, collection, meta.name))
-                w = self._workload(key, meta)
-                if (collection, meta.name) not in w.objects:
-                    w.objects.append((collection, meta.name))
-                if collection in self._status_kinds:
-                    w.expect_object((collection, meta.name))
+                self.attempts.found_object(key, collection, meta)
         return found
 
     async def _delete_objects(self, objects: list[tuple[str, str]]) -> None:
@@ -989,7 +906,7 @@ class KubeBackend:
             for obj in items:
                 # The label may be a shortened form that another id shares: only the exact
                 # id in the annotation makes an object this job's to delete.
-                found = _owned_key(obj.metadata)
+                found = owned_key(obj.metadata)
                 if obj.metadata.annotations.get(ANN_JOB) != job_id or found is None:
                     continue
                 if keep(found[1]):
@@ -1052,9 +969,11 @@ class KubeBackend:
         if cmd.checkpoint_token:
             w.token_digest = token_digest(cmd.checkpoint_token)
         w.cancelled = False
-        self._cancelled.discard(key)
-        if key[0] in self._cancel_upto:
-            self._cancel_upto[key[0]] = min(self._cancel_upto[key[0]], cmd.attempt - 1)
+        self.attempts.cancelled.discard(key)
+        if key[0] in self.attempts.cancel_upto:
+            self.attempts.cancel_upto[key[0]] = min(
+                self.attempts.cancel_upto[key[0]], cmd.attempt - 1
+            )
         bound = self.log.bind(job_id=cmd.job_id, attempt=cmd.attempt, flavor=cmd.flavor)
         if cmd.fence_after_s > 0:
             # The Lease covers the attempt before anything of it exists.
@@ -1135,7 +1054,7 @@ class KubeBackend:
                 f"{obj.resource.kind} {obj.name} was reported to exist but is gone; "
                 "the dispatch is retried"
             )
-        found = _owned_key(msgspec.convert(meta, KMeta, strict=False))
+        found = owned_key(msgspec.convert(meta, KMeta, strict=False))
         owners = {str(r.get("uid", "")) for r in meta.get("ownerReferences") or []}
         wanted = {str(r.get("uid")) for r in body["metadata"].get("ownerReferences") or []}
         if found != key or not wanted <= owners:
@@ -1199,9 +1118,9 @@ class KubeBackend:
 
     async def cancel(self, job_id: str, attempt: int | None, reason: str) -> None:
         if attempt is None:
-            self._cancel_upto[job_id] = float("inf")
+            self.attempts.cancel_upto[job_id] = float("inf")
         else:
-            self._cancelled.add((job_id, attempt))
+            self.attempts.cancelled.add((job_id, attempt))
 
         def keep(a: int) -> bool:
             return attempt is not None and a != attempt
@@ -1313,53 +1232,23 @@ class KubeBackend:
             )
 
     def accept_report(self, report: ReportBody) -> Verdict:
-        """A checkpoint report a pod posted (agents/kube/report.py): taken only for an
-        attempt running here, with that attempt's token; a refusal changes nothing."""
-        job, attempt = report.job_id, report.attempt
-        if not report.token:
-            raise Refused(
-                401,
-                "no token: send this pod's MUSTER_CHECKPOINT_TOKEN (the SDK does when it "
-                "runs with the pod's environment)",
+        """A checkpoint report a pod posted (`Attempts.accept_report`); a taken one is sent."""
+        verdict, event = self.attempts.accept_report(report, self.cluster)
+        if event is not None:
+            self._send(event)
+            self.log.info(
+                "checkpoint reported",
+                job_id=report.job_id,
+                attempt=report.attempt,
+                step=report.step,
             )
-        w = self._workloads.get((job, attempt))
-        if w is None:
-            raise Refused(
-                404,
-                f"job {job} attempt {attempt} does not run on cluster {self.cluster}; report "
-                "from the attempt's own pods with their MUSTER_* environment",
-            )
-        if not w.token_digest:
-            raise Refused(
-                403,
-                f"job {job} attempt {attempt} was dispatched without a checkpoint token, so "
-                "no report for it can be checked here; use the pod annotation route",
-            )
-        if not hmac.compare_digest(token_digest(report.token), w.token_digest):
-            raise Refused(
-                403,
-                f"the token is not the one of job {job} attempt {attempt}; only that "
-                "attempt's own pods (their MUSTER_CHECKPOINT_TOKEN) may report for it",
-            )
-        if w.cancelled or w.terminal:
-            ended = "was cancelled or moved" if w.cancelled else f"has {w.last_phase}"
-            raise Refused(
-                409,
-                f"job {job} attempt {attempt} {ended}; its checkpoints are no longer "
-                "taken (the running attempt reports its own)",
-            )
-        event = w.accept_checkpoint(report.step, report.uri, self._clock)
-        if event is None:
-            return Verdict(200, f"step {report.step} is not newer than step {w.last_step}")
-        self._send(event)
-        self.log.info("checkpoint reported", job_id=job, attempt=attempt, step=report.step)
-        return Verdict(200, f"step {report.step} recorded", recorded=True)
+        return verdict
 
     async def node_op(self, op: NodeOpName, node: str | None, reason: str) -> NodeOpResult:
         """An operator's cordon, uncordon or drain (agents/kube/nodeops.py)."""
         pods = self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
         ns = self.config.namespace
-        args = (self.rest, self.cluster, ns, list(self._nodes), pods, self._pod_key)
+        args = (self.rest, self.cluster, ns, list(self._nodes), pods, self.attempts.pod_key)
         return await kube_node_op(*args, op, node, reason)
 
     async def read_logs(self, req: LogRequest) -> LogTail:
@@ -1372,8 +1261,7 @@ class KubeBackend:
 
     def _namespace_of(self, key: Key) -> str:
         """Where an attempt's pods are: where it was seen, else the default namespace."""
-        w = self._workloads.get(key)
-        return w.namespace if w is not None and w.namespace else self.config.namespace
+        return self.attempts.namespace_of(key, self.config.namespace)
 
     # -- snapshot and housekeeping ---------------------------------------------------------
     def flavors(self) -> list[FlavorInfo]:
@@ -1447,13 +1335,3 @@ class KubeBackend:
                 del self._workloads[key]
                 self._pod_names.pop(key, None)
         return len(stale)
-
-
-def _owned_key(meta: KMeta) -> Key | None:
-    """(job_id, attempt) of an object Muster created: the exact id from the annotation (the
-    label may be a sanitised form), the attempt from its label; None when not Muster's."""
-    job_id = meta.annotations.get(ANN_JOB) or meta.labels.get(LABEL_JOB, "")
-    raw = meta.labels.get(LABEL_ATTEMPT, "")
-    if not job_id or LABEL_JOB not in meta.labels or not raw.isdigit() or int(raw) < 1:
-        return None
-    return (job_id, int(raw))

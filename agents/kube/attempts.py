@@ -1,0 +1,221 @@
+"""Attempt status from what the watches see: Muster's pods and its workload objects.
+
+Each attempt Muster runs here has one `status.Workload`, found by (job id, attempt) from its
+pods' labels or its objects' annotation and labels, in a workload namespace only (a label in
+another namespace cannot fake a status). `Attempts` keeps them, with which pods belong to
+which attempt and which attempts were cancelled; it does no I/O and sends nothing: the
+backend sends the transitions it returns.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Container, Mapping
+from typing import Any
+
+from agents.kube.decode import KJob, KMeta, KPod, decode_job_status
+from agents.kube.report import Refused, ReportBody, Verdict
+from agents.kube.status import Workload, job_verdict, pod_job
+from kinds.base import (
+    ANN_JOB,
+    ANN_KIND,
+    ANN_TOKEN_DIGEST,
+    ANN_TOTAL,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_TOP,
+    Resource,
+)
+from kinds.pods import token_digest
+from schemas.agent import CheckpointReport
+
+Key = tuple[str, int]  # (job_id, attempt)
+
+
+def owned_key(meta: KMeta) -> Key | None:
+    """(job_id, attempt) of an object Muster created: the exact id from the annotation (the
+    label may be a sanitised form), the attempt from its label; None when not Muster's."""
+    job_id = meta.annotations.get(ANN_JOB) or meta.labels.get(LABEL_JOB, "")
+    raw = meta.labels.get(LABEL_ATTEMPT, "")
+    if not job_id or LABEL_JOB not in meta.labels or not raw.isdigit() or int(raw) < 1:
+        return None
+    return (job_id, int(raw))
+
+
+class Attempts:
+    """The attempts known here, by (job id, attempt), and their pods."""
+
+    def __init__(
+        self,
+        namespaces: Container[str],
+        status_kinds: Mapping[str, Resource],
+        clock: Callable[[], float],
+        log: Any,
+    ) -> None:
+        self.namespaces = namespaces
+        self.status_kinds = status_kinds  # workload objects with a status, by collection
+        self.clock = clock
+        self.log = log
+        self.workloads: dict[Key, Workload] = {}
+        self.pod_key: dict[str, Key] = {}  # Muster pod uid -> workload
+        self.pod_names: dict[Key, dict[str, str]] = {}  # workload -> {uid: pod name}
+        # Cancelled attempts, so pods seen after the cancel never report a status.
+        self.cancelled: set[Key] = set()
+        self.cancel_upto: dict[str, float] = {}  # job -> every attempt <= this is cancelled
+        self.bad_objects = 0  # workload objects whose status did not decode
+
+    def is_cancelled(self, key: Key) -> bool:
+        return key in self.cancelled or key[1] <= self.cancel_upto.get(key[0], 0)
+
+    def namespace_of(self, key: Key, default: str) -> str:
+        """Where an attempt's pods are: where it was seen, else `default`."""
+        w = self.workloads.get(key)
+        return w.namespace if w is not None and w.namespace else default
+
+    def workload(self, key: Key, meta: KMeta) -> Workload:
+        """The attempt's Workload, created from a top-level object's annotations if new."""
+        w = self.workloads.get(key)
+        if w is None:
+            total = meta.annotations.get(ANN_TOTAL, "")
+            w = self.workloads[key] = Workload(
+                key[0],
+                key[1],
+                int(total) if total.isdigit() else 0,
+                meta.annotations.get(ANN_KIND, ""),
+            )
+            w.cancelled = self.is_cancelled(key)
+        w.namespace = w.namespace or meta.namespace
+        return w
+
+    def found_object(self, key: Key, collection: str, meta: KMeta) -> None:
+        """An object of the attempt exists (a scan found it)."""
+        w = self.workload(key, meta)
+        if (collection, meta.name) not in w.objects:
+            w.objects.append((collection, meta.name))
+        if collection in self.status_kinds:
+            w.expect_object((collection, meta.name))
+
+    def job_event(self, res: Resource, kind: str, obj: KJob) -> Workload | None:
+        """One of Muster's workload objects changed: record its verdict for the attempt, whose
+        Workload is returned to report. Same ownership rules as pods (workload namespace,
+        Muster's labels)."""
+        meta = obj.metadata
+        key = owned_key(meta)
+        if (
+            key is None
+            or not meta.name
+            or meta.namespace not in self.namespaces
+            or LABEL_TOP not in meta.labels
+        ):
+            return None
+        if kind == "DELETED" and key not in self.workloads:
+            return None  # an attempt already forgotten (finished, collected): nothing to say
+        w = self.workload(key, meta)
+        ref = (res.collection(meta.namespace), meta.name)
+        if ref not in w.objects:
+            w.objects.append(ref)
+        w.expect_object(ref)
+        status = decode_job_status(obj.status)
+        if status is None:
+            self.bad_objects += 1
+            if self.bad_objects & (self.bad_objects - 1) == 0:  # 1st, 2nd, 4th, ...: no flood
+                self.log.warning(
+                    "workload object with an undecodable status ignored",
+                    kind=res.kind,
+                    name=meta.name,
+                    status=bytes(obj.status)[:200],
+                    count=self.bad_objects,
+                )
+            return None
+        w.update_object(ref, job_verdict(res.api_version, res.kind, meta.name, status))
+        return w
+
+    def muster_pod(
+        self, uid: str, pod: KPod, deleted: bool, gone_nodes: Container[str]
+    ) -> tuple[Workload, CheckpointReport | None] | None:
+        """One of Muster's pods changed: the attempt's Workload to report, and a checkpoint
+        its annotation reports, if new. None for a pod without a valid attempt label."""
+        meta = pod.metadata
+        job_id = pod_job(pod)
+        raw_attempt = meta.labels.get(LABEL_ATTEMPT, "")
+        if not job_id or not raw_attempt.isdigit() or int(raw_attempt) < 1:
+            return None
+        key = (job_id, int(raw_attempt))
+        w = self.workloads.get(key)
+        if w is None:
+            kind = meta.annotations.get(ANN_KIND, "")
+            w = self.workloads[key] = Workload(job_id, key[1], kind=kind)
+            w.cancelled = self.is_cancelled(key)
+        w.namespace = w.namespace or meta.namespace
+        w.update_pod(uid, pod, deleted)
+        if not w.token_digest:  # an agent restarted since the dispatch: the pods keep it
+            w.token_digest = meta.annotations.get(ANN_TOKEN_DIGEST, "")
+        if pod.spec.nodeName in gone_nodes:
+            w.node_gone(pod.spec.nodeName)
+        names = self.pod_names.setdefault(key, {})
+        if deleted:
+            self.pod_key.pop(uid, None)
+            names.pop(uid, None)
+        else:
+            self.pod_key[uid] = key
+            names[uid] = meta.name
+        return w, w.checkpoint(pod, self.clock) if not w.cancelled else None
+
+    def forget_pod(self, uid: str) -> Workload | None:
+        """A Muster pod vanished between lists: it counts as deleted; its Workload, if any,
+        is returned to report."""
+        key = self.pod_key.pop(uid, None)
+        if key is None:
+            return None
+        w = self.workloads.get(key)
+        names = self.pod_names.get(key, {})
+        name = names.pop(uid, "")
+        if w is None:
+            return None
+        stub = KPod()
+        stub.metadata.name = name
+        w.update_pod(uid, stub, deleted=True)
+        return w
+
+    def accept_report(
+        self, report: ReportBody, cluster: str
+    ) -> tuple[Verdict, CheckpointReport | None]:
+        """A checkpoint report a pod posted (agents/kube/report.py): taken only for an
+        attempt running here, with that attempt's token; a refusal changes nothing."""
+        job, attempt = report.job_id, report.attempt
+        if not report.token:
+            raise Refused(
+                401,
+                "no token: send this pod's MUSTER_CHECKPOINT_TOKEN (the SDK does when it "
+                "runs with the pod's environment)",
+            )
+        w = self.workloads.get((job, attempt))
+        if w is None:
+            raise Refused(
+                404,
+                f"job {job} attempt {attempt} does not run on cluster {cluster}; report "
+                "from the attempt's own pods with their MUSTER_* environment",
+            )
+        if not w.token_digest:
+            raise Refused(
+                403,
+                f"job {job} attempt {attempt} was dispatched without a checkpoint token, so "
+                "no report for it can be checked here; use the pod annotation route",
+            )
+        if not hmac.compare_digest(token_digest(report.token), w.token_digest):
+            raise Refused(
+                403,
+                f"the token is not the one of job {job} attempt {attempt}; only that "
+                "attempt's own pods (their MUSTER_CHECKPOINT_TOKEN) may report for it",
+            )
+        if w.cancelled or w.terminal:
+            ended = "was cancelled or moved" if w.cancelled else f"has {w.last_phase}"
+            raise Refused(
+                409,
+                f"job {job} attempt {attempt} {ended}; its checkpoints are no longer "
+                "taken (the running attempt reports its own)",
+            )
+        event = w.accept_checkpoint(report.step, report.uri, self.clock)
+        if event is None:
+            return Verdict(200, f"step {report.step} is not newer than step {w.last_step}"), None
+        return Verdict(200, f"step {report.step} recorded", recorded=True), event
