@@ -68,7 +68,7 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from agents.backend import BackendError, CannotResize, Emit, JobRefused, LogTail, NodeOpResult
-from agents.kube.attempts import Attempts, Key, owned_key
+from agents.kube.attempts import Attempts, Key
 from agents.kube.auth import TokenRefresher
 from agents.kube.client import (
     BadInput,
@@ -78,7 +78,6 @@ from agents.kube.client import (
     Pacer,
     RateLimit,
     Reflector,
-    item_path,
     sleep_or_stop,
 )
 from agents.kube.config import (
@@ -90,15 +89,9 @@ from agents.kube.config import (
 )
 from agents.kube.decode import (
     KJob,
-    KMeta,
     KNode,
-    KObject,
     KPod,
     parse_time,
-)
-from agents.kube.fence import (
-    ANN_FENCED,
-    FENCED_VALUE,
 )
 from agents.kube.fencing import LeaseKeeper
 from agents.kube.logs import read_pod_logs
@@ -111,23 +104,19 @@ from agents.kube.nodes import (
     node_info,
 )
 from agents.kube.nodewatch import NodeEntry, PodDisruption, assess_node
+from agents.kube.objects import WorkloadObjects
 from agents.kube.pools import Autoscaling, is_placeholder
-from agents.kube.quota import attempt_usage, namespace_refusal, quota_message
+from agents.kube.quota import attempt_usage, namespace_refusal
 from agents.kube.report import REPORT_PATH, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload, disruption
 from agents.kube.usage import ForeignUsage
 from kinds.base import (
-    ANN_CHECKPOINT_REQUEST,
-    ANN_JOB,
     LABEL_JOB,
-    LABEL_TOP,
-    POD,
-    SERVICE,
     ResizeRefused,
     Resource,
 )
 from kinds.base import KindError as ManifestError
-from kinds.plan import PlannedObject, WorkloadPlan, owner_reference
+from kinds.plan import WorkloadPlan
 from kinds.pods import selector, token_digest
 from kinds.registry import OWNED_RESOURCES, adapter_of
 from schemas.agent import (
@@ -210,6 +199,14 @@ class KubeBackend:
         # Each attempt's status from its pods and objects (agents/kube/attempts.py).
         self.attempts = Attempts(self._namespaces, self._status_kinds, clock, self.log)
         self._workloads = self.attempts.workloads
+        self.objects = WorkloadObjects(
+            config,
+            self._namespaces,
+            self.attempts,
+            lambda: self.rest,
+            lambda: self.muster_pod_reflector.cache if self.muster_pod_reflector else {},
+            self.log,
+        )
         self._pod_names = self.attempts.pod_names
         # The cluster's fence Lease (agents/kube/fencing.py, fence.py).
         self.lease = LeaseKeeper(cluster, config.namespace, lambda: self.rest, clock, self.log)
@@ -415,7 +412,7 @@ class KubeBackend:
             try:
                 # Kinds without a status (Services, Pods) are found by a scan; the others by
                 # their reflector's list, which must not stop the agent (a CRD can be absent).
-                await self._scan_objects(
+                await self.objects.scan(
                     [
                         r
                         for r in OWNED_RESOURCES
@@ -817,7 +814,7 @@ class KubeBackend:
                 if self.autoscaling is not None and w.job_id in self.autoscaling.asks:
                     self.autoscaling.withdraw_later(w.job_id, 0.0)  # the request it consumed
                 if st.phase in ("succeeded", "failed") and self.config.release_finished_pods:
-                    task = asyncio.create_task(self._release_finished((w.job_id, w.attempt)))
+                    task = asyncio.create_task(self.objects.release_finished((w.job_id, w.attempt)))
                     self._background.add(task)
                     task.add_done_callback(self._background.discard)
 
@@ -844,78 +841,9 @@ class KubeBackend:
             self._report(w)
 
     # -- Muster's objects ------------------------------------------------------------------
-    async def _scan_objects(
-        self, resources: list[Resource] | tuple[Resource, ...] = OWNED_RESOURCES
-    ) -> list[tuple[Key, str, str]]:
-        """List every Muster-owned object of the given kinds in the workload namespaces
-        (a kind whose CRD is not installed answers 404 and is skipped)."""
-        found: list[tuple[Key, str, str]] = []
-        for collection in (r.collection(ns) for ns in self._namespaces for r in resources):
-            try:
-                items, _ = await self.rest.list_all(
-                    collection, KObject, selector(), self.config.list_page_size
-                )
-            except KubeApiError as exc:
-                if exc.status in (404, 403):
-                    continue
-                raise
-            for obj in items:
-                meta = obj.metadata
-                key = owned_key(meta)
-                if key is None:
-                    continue
-                found.append((key, collection, meta.name))
-                self.attempts.found_object(key, collection, meta)
-        return found
-
     async def _delete_objects(self, objects: list[tuple[str, str]]) -> None:
-        """All at once within the API budget (a Pod-kind gang is one object per pod); the
-        first failure is raised once every delete has been tried."""
-        results = await asyncio.gather(
-            *(
-                self.rest.delete(item_path(c, n), self.config.delete_propagation)
-                for c, n in objects
-            ),
-            return_exceptions=True,
-        )
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-
-    async def _delete_attempts(self, job_id: str, keep: Callable[[int], bool], why: str) -> int:
-        """Delete every object of `job_id` whose attempt is not kept; the count deleted.
-        Uses what is known locally plus a fresh list by label (an object created by a
-        previous agent instance may not be known). The lists go to the job's namespace
-        when one of its attempts is known here, else to every workload namespace."""
-        targets: dict[tuple[str, str], None] = {}  # ordered, O(1) membership
-        known: dict[str, None] = {}
-        for (jid, attempt), w in self._workloads.items():
-            if jid == job_id and w.namespace:
-                known[w.namespace] = None
-            if jid == job_id and not keep(attempt):
-                w.cancelled = True
-                targets.update(dict.fromkeys(w.objects))
-        spaces = list(known) or self._namespaces
-        for collection in (r.collection(ns) for ns in spaces for r in OWNED_RESOURCES):
-            try:
-                items, _ = await self.rest.list_all(collection, KObject, selector(job_id))
-            except KubeApiError as exc:
-                if exc.status in (404, 403):
-                    continue
-                raise
-            for obj in items:
-                # The label may be a shortened form that another id shares: only the exact
-                # id in the annotation makes an object this job's to delete.
-                found = owned_key(obj.metadata)
-                if obj.metadata.annotations.get(ANN_JOB) != job_id or found is None:
-                    continue
-                if keep(found[1]):
-                    continue
-                targets[(collection, obj.metadata.name)] = None
-        await self._delete_objects(list(targets))
-        if targets:
-            self.log.info("deleted workload objects", job_id=job_id, count=len(targets), why=why)
-        return len(targets)
+        """Delete these objects (`WorkloadObjects.delete`)."""
+        await self.objects.delete(objects)
 
     def _provider_of(self, cmd: Dispatch) -> Provider:
         """The provider of the nodes an attempt goes to (its pods' spot grace)."""
@@ -974,40 +902,16 @@ class KubeBackend:
             self.attempts.cancel_upto[key[0]] = min(
                 self.attempts.cancel_upto[key[0]], cmd.attempt - 1
             )
-        bound = self.log.bind(job_id=cmd.job_id, attempt=cmd.attempt, flavor=cmd.flavor)
         if cmd.fence_after_s > 0:
             # The Lease covers the attempt before anything of it exists.
             self.fence_state.granted(cmd.fence_after_s)
             await self.renew_fence(self._clock())
-        uids: dict[str, str] = {}
-        for obj in plan.objects:
-            collection = obj.resource.collection(ns)
-            fenced = self._fenced(cmd, obj)
-            try:
-                body = self._owned(obj, plan.objects, uids, fenced)
-                created = await self.rest.create(collection, body)
-                uid = (created or {}).get("metadata", {}).get("uid")
-                if created is None:
-                    # It exists: a retried dispatch, or a name that is not ours to take.
-                    uid = await self._adoptable(collection, obj, body, key)
-                uids[obj.name] = str(uid or "")
-                if (collection, obj.name) not in w.objects:
-                    w.objects.append((collection, obj.name))
-                if collection in self._status_kinds:
-                    w.expect_object((collection, obj.name))
-            except KubeApiError as exc:
-                if exc.status == 403 and "exceeded quota" in str(exc):
-                    why = quota_message(ns, str(exc))
-                    raise JobRefused(f"creating {obj.resource.kind} {obj.name}: {why}") from None
-                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None
-            except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
-            bound.info("created", kind=obj.resource.kind, name=obj.name, existed=created is None)
+        await self.objects.create(cmd, ns, plan, w)
         self._report(w)
         if cmd.attempt > 1:
             # Older attempts go in the background: the ack (and so the new attempt's start)
             # must not wait for a list of every workload kind.
-            task = asyncio.create_task(self._gc_older(cmd.job_id, cmd.attempt))
+            task = asyncio.create_task(self.objects.gc_older(cmd.job_id, cmd.attempt))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
@@ -1040,82 +944,6 @@ class KubeBackend:
         self.log.info("resized", job_id=cmd.job_id, attempt=cmd.attempt, kind=main.resource.kind)
         self._report(w)
 
-    async def _adoptable(
-        self, collection: str, obj: PlannedObject, body: dict[str, Any], key: Key
-    ) -> str:
-        """The uid of an object that already exists under a planned name, when it is this
-        attempt's own (a retried dispatch): the same job id and attempt in its annotation and
-        labels and, for a controlled object, the same owner. Anything else is refused, never
-        adopted (and so never deleted with this attempt): another job's object under a
-        colliding name, or one from an earlier agent of another attempt."""
-        meta = await self.rest.metadata_of(collection, obj.name)
-        if meta is None:
-            raise BackendError(
-                f"{obj.resource.kind} {obj.name} was reported to exist but is gone; "
-                "the dispatch is retried"
-            )
-        found = owned_key(msgspec.convert(meta, KMeta, strict=False))
-        owners = {str(r.get("uid", "")) for r in meta.get("ownerReferences") or []}
-        wanted = {str(r.get("uid")) for r in body["metadata"].get("ownerReferences") or []}
-        if found != key or not wanted <= owners:
-            self.log.error(
-                "object name taken by another job; refusing to adopt it",
-                kind=obj.resource.kind,
-                name=obj.name,
-                job_id=key[0],
-                attempt=key[1],
-                holder=f"{found[0]} attempt {found[1]}" if found else "not Muster's",
-            )
-            raise BackendError(
-                f"{obj.resource.kind} {obj.name} already exists in namespace "
-                f"{body['metadata'].get('namespace', '')} and is not this attempt's "
-                f"({'another job' if found and found[0] != key[0] else 'another attempt or owner'}"
-                "); refusing to adopt or delete it. Delete it if it is stale, or resubmit "
-                "under another job id"
-            )
-        return str(meta.get("uid", ""))
-
-    @staticmethod
-    def _fenced(cmd: Dispatch, obj: PlannedObject) -> bool:
-        """Whether the object is marked for the fence watchdog: top-level workload objects of
-        a fenced attempt (Services run nothing)."""
-        labels = obj.body.get("metadata", {}).get("labels", {})
-        return cmd.fence_after_s > 0 and obj.resource != SERVICE and LABEL_TOP in labels
-
-    @staticmethod
-    def _owned(
-        obj: PlannedObject,
-        objects: list[PlannedObject],
-        uids: dict[str, str],
-        fenced: bool = False,
-    ) -> dict[str, Any]:
-        """The body with its controller reference, when the plan names an owner, and its
-        fence mark, when the attempt is fenced."""
-        if fenced:
-            meta = obj.body["metadata"]
-            annotations = {**meta.get("annotations", {}), ANN_FENCED: FENCED_VALUE}
-            obj = obj._replace(body={**obj.body, "metadata": {**meta, "annotations": annotations}})
-        if not obj.owner:
-            return obj.body
-        owner = next(o for o in objects if o.name == obj.owner)
-        uid = uids.get(obj.owner)
-        if not uid:
-            raise BackendError(f"{owner.resource.kind} {obj.owner} has no uid to own {obj.name}")
-        body = dict(obj.body)
-        body["metadata"] = {
-            **obj.body["metadata"],
-            "ownerReferences": [owner_reference(owner.resource, obj.owner, uid)],
-        }
-        return body
-
-    async def _gc_older(self, job_id: str, attempt: int) -> None:
-        try:
-            await self._delete_attempts(job_id, lambda a: a >= attempt, "older attempt")
-        except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
-            self.log.warning(
-                "garbage collection of older attempts failed", job_id=job_id, error=str(exc)
-            )
-
     async def cancel(self, job_id: str, attempt: int | None, reason: str) -> None:
         if attempt is None:
             self.attempts.cancel_upto[job_id] = float("inf")
@@ -1126,7 +954,7 @@ class KubeBackend:
             return attempt is not None and a != attempt
 
         try:
-            await self._delete_attempts(job_id, keep, reason or "cancel")
+            await self.objects.delete_attempts(job_id, keep, reason or "cancel")
         except KubeApiError as exc:
             raise BackendError(f"cancel {job_id}: {exc}") from None
         except (TimeoutError, OSError, aiohttp.ClientError) as exc:
@@ -1169,67 +997,9 @@ class KubeBackend:
             if pod is not None:
                 self._hold(uid, pod, False)
 
-    async def _release_finished(self, key: Key) -> None:
-        """An attempt finished: delete its pods that still run (or wait), so their GPUs are
-        free at once instead of at ttlSecondsAfterFinished. Pods that finished stay, with
-        the logs `muster logs` reads; the workload objects stay until their TTL or the next
-        attempt's garbage collection."""
-        cache = self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
-        base = POD.collection(self._namespace_of(key))
-        running = [
-            name
-            for uid, name in self._pod_names.get(key, {}).items()
-            if (pod := cache.get(uid)) is not None
-            and pod.status.phase not in ("Succeeded", "Failed")
-            and pod.metadata.deletionTimestamp is None
-        ]
-        if not running:
-            return
-
-        async def one(name: str) -> None:
-            try:
-                await self.rest.delete(item_path(base, name), self.config.delete_propagation)
-            except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
-                self.log.warning("releasing a finished pod failed", pod=name, error=str(exc)[:200])
-
-        await asyncio.gather(*(one(n) for n in running))
-        self.log.info(
-            "finished attempt: running pods deleted to free their GPUs",
-            job_id=key[0],
-            attempt=key[1],
-            pods=len(running),
-        )
-
     async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
-        """One merge PATCH per pod, all at once within the API budget (`RateLimit`: requests
-        in flight, qps and burst, 429s): the last rank of a 1,000-pod gang hears the request
-        within a second or two, not after 1,000 sequential round trips."""
-        names = list(self._pod_names.get((job_id, attempt), {}).values())
-        if not names:
-            # Nothing runs yet, so nothing can checkpoint; the broker's deadline still holds.
-            self.log.warning("checkpoint request: no pods", job_id=job_id, attempt=attempt)
-            return
-        patch = {"metadata": {"annotations": {ANN_CHECKPOINT_REQUEST: f"{deadline:.3f}"}}}
-        base = POD.collection(self._namespace_of((job_id, attempt)))
-
-        async def one(name: str) -> str | None:
-            try:
-                await self.rest.merge_patch(item_path(base, name), patch)
-            except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
-                return f"{name}: {exc}"
-            return None
-
-        failed = [f for f in await asyncio.gather(*(one(n) for n in names)) if f is not None]
-        if failed and len(failed) == len(names):
-            raise BackendError("checkpoint request failed: " + "; ".join(failed)[:900])
-        if failed:
-            self.log.warning(
-                "checkpoint request missed some pods",
-                job_id=job_id,
-                attempt=attempt,
-                failed=len(failed),
-                first=failed[0][:300],
-            )
+        """Ask every pod of the attempt for a checkpoint (`WorkloadObjects.checkpoint_now`)."""
+        await self.objects.checkpoint_now(job_id, attempt, deadline)
 
     def accept_report(self, report: ReportBody) -> Verdict:
         """A checkpoint report a pod posted (`Attempts.accept_report`); a taken one is sent."""
@@ -1316,22 +1086,6 @@ class KubeBackend:
                 self.log.warning("garbage collection failed", error=str(exc)[:300])
 
     async def collect_garbage(self) -> int:
-        found = await self._scan_objects()
-        newest: dict[str, int] = {}
-        for (job_id, attempt), _, _ in found:
-            newest[job_id] = max(newest.get(job_id, 0), attempt)
-        for job_id, attempt in self._workloads:
-            newest[job_id] = max(newest.get(job_id, 0), attempt)
-        stale = [(c, n) for (jid, a), c, n in found if a < newest[jid]]
-        await self._delete_objects(stale)
-        live_objects = {key for key, _, _ in found}
-        for key in list(self._workloads):
-            w = self._workloads[key]
-            if (
-                (w.cancelled or w.terminal)
-                and key not in live_objects
-                and not self._pod_names.get(key)
-            ):
-                del self._workloads[key]
-                self._pod_names.pop(key, None)
-        return len(stale)
+        """Delete objects of attempts older than the newest known for the same job; forget
+        finished, object-less workloads. The count deleted."""
+        return await self.objects.collect_garbage()
