@@ -57,8 +57,7 @@ import contextlib
 import gc
 import random
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -91,7 +90,6 @@ from agents.kube.decode import (
     KJob,
     KNode,
     KPod,
-    parse_time,
 )
 from agents.kube.fencing import LeaseKeeper
 from agents.kube.logs import read_pod_logs
@@ -100,15 +98,13 @@ from agents.kube.nodes import (
     Rules,
     detect_provider,
     gfd_memory_mib,
-    match_flavor,
-    node_info,
 )
-from agents.kube.nodewatch import NodeEntry, PodDisruption, assess_node
+from agents.kube.nodewatch import NodeWatch
 from agents.kube.objects import WorkloadObjects
 from agents.kube.pools import Autoscaling, is_placeholder
 from agents.kube.quota import attempt_usage, namespace_refusal
 from agents.kube.report import REPORT_PATH, ReportBody, ReportServer, Verdict
-from agents.kube.status import STATUS_RESOURCES, Workload, disruption
+from agents.kube.status import STATUS_RESOURCES, Workload
 from agents.kube.usage import ForeignUsage
 from kinds.base import (
     LABEL_JOB,
@@ -126,9 +122,7 @@ from schemas.agent import (
     FlavorInfo,
     GpuHealth,
     LogRequest,
-    NodeGone,
     NodeOpName,
-    NodeUpsert,
     Provision,
     ProvisionPool,
     SpotNotice,
@@ -165,20 +159,13 @@ class KubeBackend:
         self._clock = clock
         self._emit: Emit | None = None
         self._rest: KubeRest | None = None
-        self._nodes: dict[str, NodeEntry] = {}
         self.rules = Rules(config)
         # What pods Muster did not place (and its own of ended attempts, still terminating)
         # hold on each node, per GPU resource of every flavor.
         self.usage = ForeignUsage(self.rules.resource(f) for f in config.flavors)
         self._foreign = self.usage.pods  # by pod uid
-        # pod uid -> (node, text, when, reason, Muster's own pod) while its DisruptionTarget
-        # may say the node goes away (nodes.counts_for_node decides)
-        self._pod_disruption: dict[str, PodDisruption] = {}
         self.bad_input = BadInput()
         self.tick_s = tick_s
-        # Recently deleted nodes: a pod event can arrive after its node's deletion (separate
-        # watches), and its replica is lost all the same.
-        self._gone_nodes: OrderedDict[str, None] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
@@ -199,6 +186,21 @@ class KubeBackend:
         # Each attempt's status from its pods and objects (agents/kube/attempts.py).
         self.attempts = Attempts(self._namespaces, self._status_kinds, clock, self.log)
         self._workloads = self.attempts.workloads
+        self.node_watch = NodeWatch(
+            config,
+            self.rules,
+            self.usage,
+            self._namespaces,
+            self.topology_levels,
+            clock,
+            self.bad_input,
+            self.log,
+            self._send,
+            lambda: self.rest,
+            self._spawn,
+            self._node_gone,
+        )
+        self._nodes = self.node_watch.nodes
         self.objects = WorkloadObjects(
             config,
             self._namespaces,
@@ -293,8 +295,8 @@ class KubeBackend:
             self._rest,
             "/api/v1/nodes",
             KNode,
-            self._replace_nodes,
-            self._node_event,
+            self.node_watch.replace_nodes,
+            self.node_watch.node_event,
             label_selector=cfg.node_label_selector,
             name="nodes",
             **common,
@@ -502,123 +504,22 @@ class KubeBackend:
         if self._live and self._emit is not None:
             self._emit(event)
 
-    # -- nodes -----------------------------------------------------------------------------
-    async def _replace_nodes(self, items: list[KNode]) -> None:
-        seen = set()
-        async for node in Pacer().each(items):
-            if node.metadata.name:
-                seen.add(node.metadata.name)
-                self._upsert_node(node)
-        for name in [n for n in self._nodes if n not in seen]:
-            self._node_missing(name, "node gone (not in re-list)")
-
-    def _node_event(self, kind: str, node: KNode) -> None:
-        if not node.metadata.name:
-            self.bad_input.note("Node", "no name")
-            return
-        if kind == "DELETED":
-            self._node_missing(node.metadata.name, "node deleted")
-        else:
-            self._upsert_node(node)
-
-    def _node_missing(self, name: str, reason: str) -> None:
-        """A node left the watch. Without a label selector that is a deletion. With one, it
-        may only have stopped matching (the API server says DELETED for both): ask."""
-        entry = self._nodes.get(name)
-        if entry is not None and entry.unselected:
-            return
-        if not self.config.node_label_selector:
-            self._remove_node(name, reason)
-            return
-        task = asyncio.create_task(self._confirm_gone(name, reason))
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in the background; `stop` cancels it."""
+        task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _confirm_gone(self, name: str, reason: str) -> None:
-        try:
-            data = await self.rest.request("GET", f"/api/v1/nodes/{name}", ok_missing=True)
-        except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
-            self.log.warning(
-                "could not tell a deleted node from an unselected one",
-                node=name,
-                error=str(exc)[:200],
-            )
-            return  # the next resync asks again
-        entry = self._nodes.get(name)
-        if data is None:
-            self._remove_node(name, reason)
-        elif entry is not None:
-            entry.unselected = True
-            self._evaluate(entry)
-
-    def _remove_node(self, name: str, reason: str) -> None:
-        self._gone_nodes[name] = None
-        while len(self._gone_nodes) > 4096:
-            self._gone_nodes.popitem(last=False)
-        entry = self._nodes.pop(name, None)
-        if entry is not None and entry.info is not None:
-            self._send(NodeGone(node=name, reason=reason))
+    def _node_gone(self, name: str) -> None:
+        """A node was deleted: the replicas there are lost."""
         for w in self._workloads.values():
             if w.node_gone(name):
                 self._report(w)
 
-    def _upsert_node(self, node: KNode) -> None:
-        name = node.metadata.name
-        self._gone_nodes.pop(name, None)
-        flavor = match_flavor(node, self.config.flavors)
-        entry = self._nodes.get(name)
-        if entry is None:
-            entry = self._nodes[name] = NodeEntry(node, flavor)
-        entry.raw = node
-        entry.unselected = False
-        if flavor is None:
-            if entry.info is None:
-                entry.flavor = None
-                return
-            # Its labels changed under it: it takes no new pods; what runs there stays.
-            entry.left_flavor = True
-        else:
-            entry.flavor, entry.left_flavor = flavor, False
-        self._evaluate(entry)
-
-    def _evaluate(self, entry: NodeEntry) -> None:
-        """Assess one node (`nodewatch.assess_node`), log and count what it found, refresh
-        its NodeInfo, then send what is news."""
-        flavor = entry.flavor
-        if flavor is None:
-            return
-        name = entry.raw.metadata.name
-        disruptions = self._pod_disruption.values()
-        found = assess_node(entry, flavor, disruptions, self.config, self.rules, self._clock())
-        if found.going_away_in_s is not None:
-            self.log.info(
-                "node going away",
-                node=name,
-                reason=entry.spot_reason,
-                deadline_in_s=found.going_away_in_s,
-            )
-        if found.newly_lost:
-            self.log.warning(
-                "node NotReady and out of service: replicas lost",
-                node=name,
-                grace_s=self.config.not_ready_grace_s,
-            )
-        for reason, detail in found.bad_input:
-            self.bad_input.note("Node", reason, **detail)
-        self._refresh(entry)
-        if found.notice is not None:
-            self._send(found.notice)
-        if found.health is not None:
-            self._send(found.health)
-
+    # -- nodes -----------------------------------------------------------------------------
     def evaluate_timers(self) -> None:
-        """Re-read the nodes whose verdict depends on time (a dip being debounced, a NotReady
-        within its grace): the clock alone can change their state."""
-        for entry in list(self._nodes.values()):
-            if entry.flavor is not None and (
-                entry.dip_since is not None or entry.not_ready_seen is not None
-            ):
-                self._evaluate(entry)
+        """Re-read the nodes whose verdict depends on time (`NodeWatch.evaluate_timers`)."""
+        self.node_watch.evaluate_timers()
 
     async def _timers(self) -> None:
         while not await sleep_or_stop(self._stop, self.tick_s):
@@ -628,26 +529,6 @@ class KubeBackend:
                 self.bad_input.note(
                     "Node", f"evaluation failed: {type(exc).__name__}", error=str(exc)[:200]
                 )
-
-    def _refresh(self, entry: NodeEntry) -> None:
-        """Recompute the node's NodeInfo and emit NodeUpsert when it changed."""
-        if entry.flavor is None:
-            return
-        name = entry.raw.metadata.name
-        info = node_info(
-            entry.raw,
-            entry.flavor,
-            self.rules,
-            self.usage.other(name, self.rules.resource(entry.flavor)),
-            entry.spot_deadline,
-            entry.gpu,
-            lost=entry.lost,
-            no_new_pods=entry.why,
-            topology_levels=self.topology_levels,
-        )
-        if info != entry.info:
-            entry.info = info
-            self._send(NodeUpsert(node=info))
 
     # -- pods ------------------------------------------------------------------------------
     async def _pods_page(self, items: list[KPod]) -> None:
@@ -661,7 +542,7 @@ class KubeBackend:
         async for name in pacer.each(touched):
             entry = self._nodes.get(name)
             if entry is not None:
-                self._refresh(entry)
+                self.node_watch.refresh(entry)
 
     async def _pods_listed(self, seen: set[str], complete: bool) -> None:
         """The list is complete: pods it did not hold are gone. Linear: one pass over what
@@ -671,13 +552,13 @@ class KubeBackend:
         owned = self.attempts.pod_key  # Muster's own pods are the muster-pods watch's to forget
         pacer = Pacer()
         gone: set[str] = set()
-        for held in (self._foreign, self._pod_disruption):
+        for held in (self._foreign, self.node_watch.disruptions):
             async for uid in pacer.each(list(held)):
                 if uid not in seen and uid not in owned:
                     gone.add(uid)
         async for uid in pacer.each(gone):
             self._set_foreign(uid, None, ())
-            self._drop_disruption(uid)
+            self.node_watch.drop_disruption(uid)
 
     async def _replace_muster_pods(self, items: list[KPod]) -> None:
         pacer = Pacer()
@@ -692,42 +573,10 @@ class KubeBackend:
     def _forget_pod(self, uid: str) -> None:
         """A Muster pod vanished between lists: drop what it held; it counts as deleted."""
         self._set_foreign(uid, None, ())
-        self._drop_disruption(uid)
+        self.node_watch.drop_disruption(uid)
         w = self.attempts.forget_pod(uid)
         if w is not None:
             self._report(w)
-
-    def _note_disruption(self, uid: str, pod: KPod, deleted: bool) -> None:
-        """A node-level DisruptionTarget on any pod is a notice for its node."""
-        node = pod.spec.nodeName
-        dis = disruption(pod)
-        if dis in self.rules.disruption_reasons and node and not deleted:
-            if uid not in self._pod_disruption:
-                at = next(
-                    (
-                        parse_time(c.lastTransitionTime)
-                        for c in pod.status.conditions
-                        if c.type == "DisruptionTarget"
-                    ),
-                    None,
-                )
-                own = LABEL_JOB in pod.metadata.labels and (
-                    pod.metadata.namespace in self._namespaces
-                )
-                text = f"pod {pod.metadata.name}: {dis}"
-                self._pod_disruption[uid] = (node, text, at, dis, own)
-                entry = self._nodes.get(node)
-                if entry is not None:
-                    self._evaluate(entry)
-        else:
-            self._drop_disruption(uid)
-
-    def _drop_disruption(self, uid: str) -> None:
-        old = self._pod_disruption.pop(uid, None)
-        if old is not None:
-            entry = self._nodes.get(old[0])
-            if entry is not None:
-                self._evaluate(entry)
 
     def _pod_event(self, kind: str, pod: KPod, touched: set[str] | None = None) -> None:
         """Every unfinished pod of the cluster (field selector): capacity and signals.
@@ -735,7 +584,7 @@ class KubeBackend:
         meta = pod.metadata
         uid = meta.uid or f"{meta.namespace}/{meta.name}"
         deleted = kind == "DELETED"
-        self._note_disruption(uid, pod, deleted)
+        self.node_watch.note_disruption(uid, pod, deleted)
         if LABEL_JOB in meta.labels and meta.namespace in self._namespaces:
             return  # Muster's own: the muster-pods watch accounts for it
         if is_placeholder(meta.labels) and meta.namespace in self._namespaces:
@@ -751,7 +600,7 @@ class KubeBackend:
             return  # a label outside the workload namespaces fakes no status
         uid = meta.uid or f"{meta.namespace}/{meta.name}"
         deleted = kind == "DELETED"
-        self._note_disruption(uid, pod, deleted)
+        self.node_watch.note_disruption(uid, pod, deleted)
         self._muster_pod(uid, pod, deleted)
 
     def _hold(self, uid: str, pod: KPod, deleted: bool) -> None:
@@ -785,10 +634,10 @@ class KubeBackend:
         for n in changed:
             entry = self._nodes.get(n)
             if entry is not None:
-                self._refresh(entry)
+                self.node_watch.refresh(entry)
 
     def _muster_pod(self, uid: str, pod: KPod, deleted: bool) -> None:
-        found = self.attempts.muster_pod(uid, pod, deleted, self._gone_nodes)
+        found = self.attempts.muster_pod(uid, pod, deleted, self.node_watch.gone)
         if found is None:
             return
         w, report = found
@@ -814,9 +663,7 @@ class KubeBackend:
                 if self.autoscaling is not None and w.job_id in self.autoscaling.asks:
                     self.autoscaling.withdraw_later(w.job_id, 0.0)  # the request it consumed
                 if st.phase in ("succeeded", "failed") and self.config.release_finished_pods:
-                    task = asyncio.create_task(self.objects.release_finished((w.job_id, w.attempt)))
-                    self._background.add(task)
-                    task.add_done_callback(self._background.discard)
+                    self._spawn(self.objects.release_finished((w.job_id, w.attempt)))
 
     # -- workload objects with a status -----------------------------------------------------
     def _job_replacer(self, res: Resource) -> Callable[[list[KJob]], Awaitable[None]]:
@@ -911,9 +758,7 @@ class KubeBackend:
         if cmd.attempt > 1:
             # Older attempts go in the background: the ack (and so the new attempt's start)
             # must not wait for a list of every workload kind.
-            task = asyncio.create_task(self.objects.gc_older(cmd.job_id, cmd.attempt))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(self.objects.gc_older(cmd.job_id, cmd.attempt))
 
     async def resize(self, cmd: Dispatch) -> None:
         """A Dispatch revision of a running attempt (an elastic podset shrank or grew): its

@@ -1,18 +1,25 @@
-"""What the kube backend keeps per node, and `assess_node`: one node's signals judged.
+"""The kube backend's node watch: what it keeps per node, and `assess_node`, one node's
+signals judged.
 
-The backend's node watch feeds every Node object here; the verdict (going away, takes no new
-pods and why, lost, GPU health) is computed without I/O, so the rules can be read and tested
-apart from the watches that deliver the input and the events that carry the result.
+`NodeWatch` takes the Node objects of the node watch and the DisruptionTargets of the pod
+watches, and sends `NodeUpsert`, `NodeGone`, `SpotNotice` and `GpuHealth`. The verdict
+(going away, takes no new pods and why, lost, GPU health) is computed without I/O in
+`assess_node`, so the rules can be read and tested apart from the watches that deliver the
+input and the events that carry the result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
+
+from agents.kube.client import BadInput, KubeApiError, KubeRest, Pacer
 from agents.kube.config import FlavorConfig, KubeBackendConfig
-from agents.kube.decode import KNode
+from agents.kube.decode import KNode, KPod, parse_time
 from agents.kube.nodes import (
     GpuState,
     Notice,
@@ -21,11 +28,16 @@ from agents.kube.nodes import (
     detect_provider,
     gpu_product_mismatch,
     gpu_state,
+    match_flavor,
+    node_info,
     not_ready_since,
     notices,
     untolerated_taints,
 )
-from schemas.agent import GpuHealth, NodeInfo, SpotNotice
+from agents.kube.status import disruption
+from agents.kube.usage import ForeignUsage
+from kinds.base import LABEL_JOB
+from schemas.agent import AgentEvent, GpuHealth, NodeGone, NodeInfo, NodeUpsert, SpotNotice
 
 # Non-graceful node shutdown (kubernetes.io/docs/reference/labels-annotations-taints): an
 # operator's statement that the node is off, so its containers no longer run.
@@ -190,3 +202,212 @@ def assess_node(
         )
     entry.gpu = gpu
     return out
+
+
+class NodeWatch:
+    """Every node of a configured flavor, judged on each change of the node or of a pod's
+    DisruptionTarget, and re-judged on the clock while a signal is being timed."""
+
+    def __init__(
+        self,
+        config: KubeBackendConfig,
+        rules: Rules,
+        usage: ForeignUsage,
+        namespaces: Collection[str],
+        topology_levels: Sequence[str],
+        clock: Callable[[], float],
+        bad_input: BadInput,
+        log: Any,
+        send: Callable[[AgentEvent], None],
+        rest: Callable[[], KubeRest],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+        on_gone: Callable[[str], None],
+    ) -> None:
+        self.config = config
+        self.rules = rules
+        self.usage = usage
+        self.namespaces = namespaces
+        self.topology_levels = tuple(topology_levels)
+        self._clock = clock
+        self.bad_input = bad_input
+        self.log = log
+        self._send = send
+        self._rest = rest
+        self._spawn = spawn  # runs a check in the background
+        self._on_gone = on_gone  # a node was deleted: its replicas are lost
+        self.nodes: dict[str, NodeEntry] = {}
+        # Recently deleted nodes: a pod event can arrive after its node's deletion (separate
+        # watches), and its replica is lost all the same.
+        self.gone: OrderedDict[str, None] = OrderedDict()
+        # pod uid -> (node, text, when, reason, Muster's own pod) while its DisruptionTarget
+        # may say the node goes away (nodes.counts_for_node decides)
+        self.disruptions: dict[str, PodDisruption] = {}
+
+    @property
+    def rest(self) -> KubeRest:
+        return self._rest()
+
+    async def replace_nodes(self, items: list[KNode]) -> None:
+        seen = set()
+        async for node in Pacer().each(items):
+            if node.metadata.name:
+                seen.add(node.metadata.name)
+                self._upsert_node(node)
+        for name in [n for n in self.nodes if n not in seen]:
+            self._node_missing(name, "node gone (not in re-list)")
+
+    def node_event(self, kind: str, node: KNode) -> None:
+        if not node.metadata.name:
+            self.bad_input.note("Node", "no name")
+            return
+        if kind == "DELETED":
+            self._node_missing(node.metadata.name, "node deleted")
+        else:
+            self._upsert_node(node)
+
+    def _node_missing(self, name: str, reason: str) -> None:
+        """A node left the watch. Without a label selector that is a deletion. With one, it
+        may only have stopped matching (the API server says DELETED for both): ask."""
+        entry = self.nodes.get(name)
+        if entry is not None and entry.unselected:
+            return
+        if not self.config.node_label_selector:
+            self._remove_node(name, reason)
+            return
+        self._spawn(self._confirm_gone(name, reason))
+
+    async def _confirm_gone(self, name: str, reason: str) -> None:
+        try:
+            data = await self.rest.request("GET", f"/api/v1/nodes/{name}", ok_missing=True)
+        except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
+            self.log.warning(
+                "could not tell a deleted node from an unselected one",
+                node=name,
+                error=str(exc)[:200],
+            )
+            return  # the next resync asks again
+        entry = self.nodes.get(name)
+        if data is None:
+            self._remove_node(name, reason)
+        elif entry is not None:
+            entry.unselected = True
+            self.evaluate(entry)
+
+    def _remove_node(self, name: str, reason: str) -> None:
+        self.gone[name] = None
+        while len(self.gone) > 4096:
+            self.gone.popitem(last=False)
+        entry = self.nodes.pop(name, None)
+        if entry is not None and entry.info is not None:
+            self._send(NodeGone(node=name, reason=reason))
+        self._on_gone(name)
+
+    def _upsert_node(self, node: KNode) -> None:
+        name = node.metadata.name
+        self.gone.pop(name, None)
+        flavor = match_flavor(node, self.config.flavors)
+        entry = self.nodes.get(name)
+        if entry is None:
+            entry = self.nodes[name] = NodeEntry(node, flavor)
+        entry.raw = node
+        entry.unselected = False
+        if flavor is None:
+            if entry.info is None:
+                entry.flavor = None
+                return
+            # Its labels changed under it: it takes no new pods; what runs there stays.
+            entry.left_flavor = True
+        else:
+            entry.flavor, entry.left_flavor = flavor, False
+        self.evaluate(entry)
+
+    def evaluate(self, entry: NodeEntry) -> None:
+        """Assess one node (`nodewatch.assess_node`), log and count what it found, refresh
+        its NodeInfo, then send what is news."""
+        flavor = entry.flavor
+        if flavor is None:
+            return
+        name = entry.raw.metadata.name
+        disruptions = self.disruptions.values()
+        found = assess_node(entry, flavor, disruptions, self.config, self.rules, self._clock())
+        if found.going_away_in_s is not None:
+            self.log.info(
+                "node going away",
+                node=name,
+                reason=entry.spot_reason,
+                deadline_in_s=found.going_away_in_s,
+            )
+        if found.newly_lost:
+            self.log.warning(
+                "node NotReady and out of service: replicas lost",
+                node=name,
+                grace_s=self.config.not_ready_grace_s,
+            )
+        for reason, detail in found.bad_input:
+            self.bad_input.note("Node", reason, **detail)
+        self.refresh(entry)
+        if found.notice is not None:
+            self._send(found.notice)
+        if found.health is not None:
+            self._send(found.health)
+
+    def evaluate_timers(self) -> None:
+        """Re-read the nodes whose verdict depends on time (a dip being debounced, a NotReady
+        within its grace): the clock alone can change their state."""
+        for entry in list(self.nodes.values()):
+            if entry.flavor is not None and (
+                entry.dip_since is not None or entry.not_ready_seen is not None
+            ):
+                self.evaluate(entry)
+
+    def refresh(self, entry: NodeEntry) -> None:
+        """Recompute the node's NodeInfo and emit NodeUpsert when it changed."""
+        if entry.flavor is None:
+            return
+        name = entry.raw.metadata.name
+        info = node_info(
+            entry.raw,
+            entry.flavor,
+            self.rules,
+            self.usage.other(name, self.rules.resource(entry.flavor)),
+            entry.spot_deadline,
+            entry.gpu,
+            lost=entry.lost,
+            no_new_pods=entry.why,
+            topology_levels=self.topology_levels,
+        )
+        if info != entry.info:
+            entry.info = info
+            self._send(NodeUpsert(node=info))
+
+    def note_disruption(self, uid: str, pod: KPod, deleted: bool) -> None:
+        """A node-level DisruptionTarget on any pod is a notice for its node."""
+        node = pod.spec.nodeName
+        dis = disruption(pod)
+        if dis in self.rules.disruption_reasons and node and not deleted:
+            if uid not in self.disruptions:
+                at = next(
+                    (
+                        parse_time(c.lastTransitionTime)
+                        for c in pod.status.conditions
+                        if c.type == "DisruptionTarget"
+                    ),
+                    None,
+                )
+                own = LABEL_JOB in pod.metadata.labels and (
+                    pod.metadata.namespace in self.namespaces
+                )
+                text = f"pod {pod.metadata.name}: {dis}"
+                self.disruptions[uid] = (node, text, at, dis, own)
+                entry = self.nodes.get(node)
+                if entry is not None:
+                    self.evaluate(entry)
+        else:
+            self.drop_disruption(uid)
+
+    def drop_disruption(self, uid: str) -> None:
+        old = self.disruptions.pop(uid, None)
+        if old is not None:
+            entry = self.nodes.get(old[0])
+            if entry is not None:
+                self.evaluate(entry)
