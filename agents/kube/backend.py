@@ -101,11 +101,11 @@ from agents.kube.nodes import (
 )
 from agents.kube.nodewatch import NodeWatch
 from agents.kube.objects import WorkloadObjects
-from agents.kube.pools import Autoscaling, is_placeholder
+from agents.kube.pools import Autoscaling
 from agents.kube.quota import attempt_usage, namespace_refusal
 from agents.kube.report import REPORT_PATH, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload
-from agents.kube.usage import ForeignUsage
+from agents.kube.usage import ForeignPods, ForeignUsage
 from kinds.base import (
     LABEL_JOB,
     ResizeRefused,
@@ -189,7 +189,7 @@ class KubeBackend:
         self.node_watch = NodeWatch(
             config,
             self.rules,
-            self.usage,
+            self.usage.other,
             self._namespaces,
             self.topology_levels,
             clock,
@@ -201,6 +201,9 @@ class KubeBackend:
             self._node_gone,
         )
         self._nodes = self.node_watch.nodes
+        self.foreign_pods = ForeignPods(
+            self.usage, self.node_watch, self.attempts, self._namespaces
+        )
         self.objects = WorkloadObjects(
             config,
             self._namespaces,
@@ -310,9 +313,9 @@ class KubeBackend:
             "/api/v1/pods",
             KPod,
             None,
-            self._pod_event,
-            on_page=self._pods_page,
-            on_listed=self._pods_listed,
+            self.foreign_pods.event,
+            on_page=self.foreign_pods.page,
+            on_listed=self.foreign_pods.listed,
             field_selector=UNFINISHED_PODS,
             name="pods",
             **common,
@@ -531,35 +534,6 @@ class KubeBackend:
                 )
 
     # -- pods ------------------------------------------------------------------------------
-    async def _pods_page(self, items: list[KPod]) -> None:
-        """One page of a (re-)list of every unfinished pod. Nodes are refreshed once per
-        page, not once per pod."""
-        touched: set[str] = set()
-        pacer = Pacer()
-        async for pod in pacer.each(items):
-            if pod.metadata.uid:
-                self._pod_event("MODIFIED", pod, touched)
-        async for name in pacer.each(touched):
-            entry = self._nodes.get(name)
-            if entry is not None:
-                self.node_watch.refresh(entry)
-
-    async def _pods_listed(self, seen: set[str], complete: bool) -> None:
-        """The list is complete: pods it did not hold are gone. Linear: one pass over what
-        the backend holds, set lookups only, yielding as it goes."""
-        if not complete:
-            return  # an undecodable pod may be one of them: nothing is taken as gone
-        owned = self.attempts.pod_key  # Muster's own pods are the muster-pods watch's to forget
-        pacer = Pacer()
-        gone: set[str] = set()
-        for held in (self._foreign, self.node_watch.disruptions):
-            async for uid in pacer.each(list(held)):
-                if uid not in seen and uid not in owned:
-                    gone.add(uid)
-        async for uid in pacer.each(gone):
-            self._set_foreign(uid, None, ())
-            self.node_watch.drop_disruption(uid)
-
     async def _replace_muster_pods(self, items: list[KPod]) -> None:
         pacer = Pacer()
         seen = set()
@@ -572,27 +546,11 @@ class KubeBackend:
 
     def _forget_pod(self, uid: str) -> None:
         """A Muster pod vanished between lists: drop what it held; it counts as deleted."""
-        self._set_foreign(uid, None, ())
+        self.foreign_pods.set(uid, None, ())
         self.node_watch.drop_disruption(uid)
         w = self.attempts.forget_pod(uid)
         if w is not None:
             self._report(w)
-
-    def _pod_event(self, kind: str, pod: KPod, touched: set[str] | None = None) -> None:
-        """Every unfinished pod of the cluster (field selector): capacity and signals.
-        With `touched`, the nodes whose usage changed are collected there, not refreshed."""
-        meta = pod.metadata
-        uid = meta.uid or f"{meta.namespace}/{meta.name}"
-        deleted = kind == "DELETED"
-        self.node_watch.note_disruption(uid, pod, deleted)
-        if LABEL_JOB in meta.labels and meta.namespace in self._namespaces:
-            return  # Muster's own: the muster-pods watch accounts for it
-        if is_placeholder(meta.labels) and meta.namespace in self._namespaces:
-            return  # holds a new node for the gang the broker will place there
-        node = pod.spec.nodeName
-        active = not deleted and node and pod.status.phase not in ("Succeeded", "Failed")
-        usage = self.usage.demand(pod) if active else ()
-        self._set_foreign(uid, node if active else None, usage, touched)
 
     def _muster_pod_event(self, kind: str, pod: KPod) -> None:
         meta = pod.metadata
@@ -603,39 +561,6 @@ class KubeBackend:
         self.node_watch.note_disruption(uid, pod, deleted)
         self._muster_pod(uid, pod, deleted)
 
-    def _hold(self, uid: str, pod: KPod, deleted: bool) -> None:
-        """A Muster pod of an attempt that ended (cancelled, or reported finished) but still
-        terminating holds its GPUs: the broker has released them, so count them as foreign
-        until the pod is gone."""
-        key = self.attempts.pod_key.get(uid)
-        w = self._workloads.get(key) if key is not None else None
-        node = pod.spec.nodeName
-        held = (
-            w is not None
-            and (w.cancelled or w.terminal)
-            and not deleted
-            and bool(node)
-            and pod.status.phase not in ("Succeeded", "Failed")
-        )
-        self._set_foreign(uid, node if held else None, self.usage.demand(pod) if held else ())
-
-    def _set_foreign(
-        self,
-        uid: str,
-        node: str | None,
-        usage: tuple[int, ...],
-        touched: set[str] | None = None,
-    ) -> None:
-        """Record what a pod holds; refresh the nodes it changed, or with `touched`, collect
-        them there."""
-        changed: set[str] = set() if touched is None else touched
-        if not self.usage.set(uid, node, usage, changed) or touched is not None:
-            return
-        for n in changed:
-            entry = self._nodes.get(n)
-            if entry is not None:
-                self.node_watch.refresh(entry)
-
     def _muster_pod(self, uid: str, pod: KPod, deleted: bool) -> None:
         found = self.attempts.muster_pod(uid, pod, deleted, self.node_watch.gone)
         if found is None:
@@ -644,7 +569,7 @@ class KubeBackend:
         if report is not None:
             self._send(report)
         self._report(w)
-        self._hold(uid, pod, deleted)
+        self.foreign_pods.hold(uid, pod, deleted)
 
     def _report(self, w: Workload) -> None:
         if not self._live:
@@ -840,7 +765,7 @@ class KubeBackend:
         for uid in list(self._pod_names.get(key, {})):
             pod = cache.get(uid)
             if pod is not None:
-                self._hold(uid, pod, False)
+                self.foreign_pods.hold(uid, pod, False)
 
     async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
         """Ask every pod of the attempt for a checkpoint (`WorkloadObjects.checkpoint_now`)."""

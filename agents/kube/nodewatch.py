@@ -19,7 +19,7 @@ import aiohttp
 
 from agents.kube.client import BadInput, KubeApiError, KubeRest, Pacer
 from agents.kube.config import FlavorConfig, KubeBackendConfig
-from agents.kube.decode import KNode, KPod, parse_time
+from agents.kube.decode import KNode, KPod, Usage, parse_time
 from agents.kube.nodes import (
     GpuState,
     Notice,
@@ -35,7 +35,6 @@ from agents.kube.nodes import (
     untolerated_taints,
 )
 from agents.kube.status import disruption
-from agents.kube.usage import ForeignUsage
 from kinds.base import LABEL_JOB
 from schemas.agent import AgentEvent, GpuHealth, NodeGone, NodeInfo, NodeUpsert, SpotNotice
 
@@ -212,7 +211,7 @@ class NodeWatch:
         self,
         config: KubeBackendConfig,
         rules: Rules,
-        usage: ForeignUsage,
+        other: Callable[[str, str], Usage],
         namespaces: Collection[str],
         topology_levels: Sequence[str],
         clock: Callable[[], float],
@@ -225,7 +224,7 @@ class NodeWatch:
     ) -> None:
         self.config = config
         self.rules = rules
-        self.usage = usage
+        self.other = other  # what pods not of running attempts use: (node, resource)
         self.namespaces = namespaces
         self.topology_levels = tuple(topology_levels)
         self._clock = clock
@@ -369,7 +368,7 @@ class NodeWatch:
             entry.raw,
             entry.flavor,
             self.rules,
-            self.usage.other(name, self.rules.resource(entry.flavor)),
+            self.other(name, self.rules.resource(entry.flavor)),
             entry.spot_deadline,
             entry.gpu,
             lost=entry.lost,
