@@ -5,6 +5,13 @@ pods' labels or its objects' annotation and labels, in a workload namespace only
 another namespace cannot fake a status). `Attempts` keeps them, with which pods belong to
 which attempt and which attempts were cancelled; it does no I/O and sends nothing: the
 backend sends the transitions it returns.
+
+What is sent: `WorkloadStatus` on each phase transition of an attempt (see `status.py`: pods,
+object verdicts, in-place container restarts), and `CheckpointReport` when a pod's
+`muster.dev/checkpoint` annotation (JSON `{"step": int, "uri": str}`) names a newer step. A
+workload may also post a checkpoint to the agent's report endpoint (`report.py`,
+`MUSTER_REPORT_URL` on every replica, authenticated by the attempt's `MUSTER_CHECKPOINT_TOKEN`;
+no RBAC; `accept_report`), or publish `muster.checkpoint.<job_id>`.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from kinds.base import (
     Resource,
 )
 from kinds.pods import token_digest
-from schemas.agent import CheckpointReport
+from schemas.agent import CheckpointReport, Dispatch
 
 Key = tuple[str, int]  # (job_id, attempt)
 
@@ -66,6 +73,25 @@ class Attempts:
 
     def is_cancelled(self, key: Key) -> bool:
         return key in self.cancelled or key[1] <= self.cancel_upto.get(key[0], 0)
+
+    def dispatched(self, cmd: Dispatch, total: int, ns: str) -> Workload:
+        """The attempt is being created in `ns` with `total` replicas: its Workload, no longer
+        cancelled (a cancel of a whole job covers its attempts up to this one's)."""
+        key = (cmd.job_id, cmd.attempt)
+        w = self.workloads.get(key)
+        if w is None:
+            w = self.workloads[key] = Workload(
+                cmd.job_id, cmd.attempt, total, cmd.spec.workload.kind
+            )
+        w.total = total
+        w.namespace = ns
+        if cmd.checkpoint_token:
+            w.token_digest = token_digest(cmd.checkpoint_token)
+        w.cancelled = False
+        self.cancelled.discard(key)
+        if key[0] in self.cancel_upto:
+            self.cancel_upto[key[0]] = min(self.cancel_upto[key[0]], cmd.attempt - 1)
+        return w
 
     def namespace_of(self, key: Key, default: str) -> str:
         """Where an attempt's pods are: where it was seen, else `default`."""

@@ -16,38 +16,12 @@ marks the job Failed, and an operator may delete pods once the job Succeeded. A 
 is not installed (404) or not granted (403) is logged once and re-tried every resync period;
 an object whose status does not decode is counted (`bad_objects`), logged and ignored.
 
-What it emits
--------------
-* `NodeUpsert` whenever a node's `NodeInfo` changes (capacity, readiness, foreign usage,
-  GPU health, spot deadline), `NodeGone` when a node is deleted or stops matching a flavor.
-* `SpotNotice(node, deadline = now + provider deadline)` once per node when a reclaim taint
-  or condition appears (`config.DEFAULT_SPOT_TAINTS`) or when any pod on the node gets a
-  `DisruptionTarget` condition whose reason means the node is going away. The notice is
-  re-armed when the signal clears.
-* `GpuHealth(node, healthy, xid, reason)` whenever the healthy GPU count changes.
-* `WorkloadStatus` on each phase transition of an attempt (see `status.py`: pods, object
-  verdicts, in-place container restarts), and
-  `CheckpointReport` when a pod's `muster.dev/checkpoint` annotation (JSON
-  `{"step": int, "uri": str}`) names a newer step.
-
-Checkpoint requests (for the SDK)
----------------------------------
-`checkpoint_now` merge-patches every pod of the attempt with the annotation
-`muster.dev/checkpoint-request: "<deadline as unix seconds>"`. Workloads see it in the file
-`$MUSTER_PODINFO_DIR/annotations` (a downward-API volume every Muster pod gets; the kubelet
-refreshes it within its sync period, typically under a minute) or by reading their own pod.
-Requests never travel on NATS, where every workload (one shared NATS user) could hear them.
-A workload reports a checkpoint by posting it to the agent's report endpoint
-(`agents/kube/report.py`, `MUSTER_REPORT_URL` on every replica, authenticated by the attempt's
-`MUSTER_CHECKPOINT_TOKEN`; no RBAC), by setting `muster.dev/checkpoint` on its own pod (its
-service account needs `patch` on pods) or by publishing `muster.checkpoint.<job_id>`.
-
-Attempts and cleanup
---------------------
-`dispatch` creates the objects of `manifests.build_workload` (a 409 counts as created, so a
-retried dispatch is safe) and then deletes every object of an older attempt of the same job;
-the periodic resync does the same for anything left over. `cancel` deletes with the configured
-propagation policy (Background by default; Jobs would otherwise orphan their pods).
+What it emits, and where
+------------------------
+Node events (`NodeUpsert`, `NodeGone`, `SpotNotice`, `GpuHealth`): `nodewatch.py`. Attempt
+status (`WorkloadStatus`, `CheckpointReport`): `attempts.py`, from pods and object verdicts
+(`status.py`). Objects created, deleted and patched: `objects.py`. The fence Lease:
+`fencing.py`. Foreign usage of nodes: `usage.py`.
 """
 
 from __future__ import annotations
@@ -66,7 +40,7 @@ import structlog
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from agents.backend import BackendError, CannotResize, Emit, JobRefused, LogTail, NodeOpResult
+from agents.backend import BackendError, Emit, JobRefused, LogTail, NodeOpResult
 from agents.kube.attempts import Attempts, Key
 from agents.kube.auth import TokenRefresher
 from agents.kube.client import (
@@ -108,13 +82,12 @@ from agents.kube.status import STATUS_RESOURCES, Workload
 from agents.kube.usage import ForeignPods, ForeignUsage
 from kinds.base import (
     LABEL_JOB,
-    ResizeRefused,
     Resource,
 )
 from kinds.base import KindError as ManifestError
 from kinds.plan import WorkloadPlan
-from kinds.pods import selector, token_digest
-from kinds.registry import OWNED_RESOURCES, adapter_of
+from kinds.pods import selector
+from kinds.registry import OWNED_RESOURCES
 from schemas.agent import (
     AgentEvent,
     ClusterSnapshot,
@@ -660,20 +633,7 @@ class KubeBackend:
             over = await namespace_refusal(self.rest, ns, usage)
             if over is not None:
                 raise JobRefused(over)  # nothing exists yet: the broker places it elsewhere
-        if w is None:
-            w = self._workloads[key] = Workload(
-                cmd.job_id, cmd.attempt, plan.total_replicas, cmd.spec.workload.kind
-            )
-        w.total = plan.total_replicas
-        w.namespace = ns
-        if cmd.checkpoint_token:
-            w.token_digest = token_digest(cmd.checkpoint_token)
-        w.cancelled = False
-        self.attempts.cancelled.discard(key)
-        if key[0] in self.attempts.cancel_upto:
-            self.attempts.cancel_upto[key[0]] = min(
-                self.attempts.cancel_upto[key[0]], cmd.attempt - 1
-            )
+        w = self.attempts.dispatched(cmd, plan.total_replicas, ns)
         if cmd.fence_after_s > 0:
             # The Lease covers the attempt before anything of it exists.
             self.fence_state.granted(cmd.fence_after_s)
@@ -693,25 +653,8 @@ class KubeBackend:
         if w is None or not w.objects:
             raise BackendError(f"attempt {cmd.attempt} of job {cmd.job_id} does not run here")
         _, ns, plan = self._plan(cmd)
-        main = plan.objects[0]
-        collection = main.resource.collection(ns)
-        what = f"{main.resource.kind} {main.name}"
-        try:
-            live = await self.rest.object_of(collection, main.name)
-            if live is None:
-                raise BackendError(f"{what} is gone; attempt {cmd.attempt} cannot be resized")
-            patch = adapter_of(main.body).resize_patch(live, main.body)
-            await self.rest.merge_patch(f"{collection}/{main.name}", patch)
-        except ResizeRefused as exc:
-            raise CannotResize(f"{what}: {exc}") from None
-        except ManifestError as exc:
-            raise BackendError(f"{what}: {exc}") from None
-        except KubeApiError as exc:
-            raise BackendError(f"resizing {what}: {exc}") from None
-        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-            raise BackendError(f"resizing {what}: {exc!r}") from None
+        await self.objects.resize(cmd, ns, plan)
         w.total = plan.total_replicas
-        self.log.info("resized", job_id=cmd.job_id, attempt=cmd.attempt, kind=main.resource.kind)
         self._report(w)
 
     async def cancel(self, job_id: str, attempt: int | None, reason: str) -> None:

@@ -6,6 +6,14 @@ watches, and sends `NodeUpsert`, `NodeGone`, `SpotNotice` and `GpuHealth`. The v
 (going away, takes no new pods and why, lost, GPU health) is computed without I/O in
 `assess_node`, so the rules can be read and tested apart from the watches that deliver the
 input and the events that carry the result.
+
+What is sent: `NodeUpsert` whenever a node's `NodeInfo` changes (capacity, readiness, foreign
+usage, GPU health, spot deadline), `NodeGone` when a node is deleted or stops matching a
+flavor (nodes that match no configured flavor are not reported). `SpotNotice(node, deadline =
+now + provider deadline)` once per node when a reclaim taint or condition appears
+(`config.DEFAULT_SPOT_TAINTS`) or when any pod on the node gets a `DisruptionTarget` condition
+whose reason means the node is going away; re-armed when the signal clears. `GpuHealth(node,
+healthy, xid, reason)` whenever the healthy GPU count changes.
 """
 
 from __future__ import annotations

@@ -3,6 +3,20 @@ cancel, an older attempt or as garbage, and the pods patched or deleted for an a
 
 Everything here writes to the API server; what the objects and pods say about an attempt is
 `attempts.py`'s, and when to write is the backend's.
+
+Attempts and cleanup: `create` makes the objects of `manifests.build_workload` (a 409 counts
+as created when the object is the attempt's own, so a retried dispatch is safe); the backend
+then deletes every object of an older attempt of the same job in the background, and the
+periodic resync (`collect_garbage`) does the same for anything left over. A cancel deletes with
+the configured propagation policy (Background by default; Jobs would otherwise orphan their
+pods).
+
+Checkpoint requests (for the SDK): `checkpoint_now` merge-patches every pod of the attempt
+with the annotation `muster.dev/checkpoint-request: "<deadline as unix seconds>"`. Workloads
+see it in the file `$MUSTER_PODINFO_DIR/annotations` (a downward-API volume every Muster pod
+gets; the kubelet refreshes it within its sync period, typically under a minute) or by reading
+their own pod. Requests never travel on NATS, where every workload (one shared NATS user)
+could hear them.
 """
 
 from __future__ import annotations
@@ -14,7 +28,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from agents.backend import BackendError, JobRefused
+from agents.backend import BackendError, CannotResize, JobRefused
 from agents.kube.attempts import Attempts, Key, owned_key
 from agents.kube.client import KubeApiError, KubeRest, item_path
 from agents.kube.config import KubeBackendConfig
@@ -22,10 +36,19 @@ from agents.kube.decode import KMeta, KObject, KPod
 from agents.kube.fence import ANN_FENCED, FENCED_VALUE
 from agents.kube.quota import quota_message
 from agents.kube.status import Workload
-from kinds.base import ANN_CHECKPOINT_REQUEST, ANN_JOB, LABEL_TOP, POD, SERVICE, Resource
+from kinds.base import (
+    ANN_CHECKPOINT_REQUEST,
+    ANN_JOB,
+    LABEL_TOP,
+    POD,
+    SERVICE,
+    ResizeRefused,
+    Resource,
+)
+from kinds.base import KindError as ManifestError
 from kinds.plan import PlannedObject, WorkloadPlan, owner_reference
 from kinds.pods import selector
-from kinds.registry import OWNED_RESOURCES
+from kinds.registry import OWNED_RESOURCES, adapter_of
 from schemas.agent import Dispatch
 
 
@@ -84,6 +107,29 @@ class WorkloadObjects:
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
             bound.info("created", kind=obj.resource.kind, name=obj.name, existed=created is None)
+
+    async def resize(self, cmd: Dispatch, ns: str, plan: WorkloadPlan) -> None:
+        """Merge-patch the attempt's main object to what the revision renders
+        (`Adapter.resize_patch`: the kind's own replica field). CannotResize when the kind
+        cannot change size in place."""
+        main = plan.objects[0]
+        collection = main.resource.collection(ns)
+        what = f"{main.resource.kind} {main.name}"
+        try:
+            live = await self.rest.object_of(collection, main.name)
+            if live is None:
+                raise BackendError(f"{what} is gone; attempt {cmd.attempt} cannot be resized")
+            patch = adapter_of(main.body).resize_patch(live, main.body)
+            await self.rest.merge_patch(f"{collection}/{main.name}", patch)
+        except ResizeRefused as exc:
+            raise CannotResize(f"{what}: {exc}") from None
+        except ManifestError as exc:
+            raise BackendError(f"{what}: {exc}") from None
+        except KubeApiError as exc:
+            raise BackendError(f"resizing {what}: {exc}") from None
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
+            raise BackendError(f"resizing {what}: {exc!r}") from None
+        self.log.info("resized", job_id=cmd.job_id, attempt=cmd.attempt, kind=main.resource.kind)
 
     async def scan(
         self, resources: list[Resource] | tuple[Resource, ...] = OWNED_RESOURCES
