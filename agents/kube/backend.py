@@ -2,19 +2,8 @@
 
 What it watches
 ---------------
-Nodes and pods (all namespaces: pods Muster did not place still use node capacity), each with
-a `Reflector` (list, then watch with resourceVersion and bookmarks; re-list on 410 Gone and,
-after a bounded backoff, on any other failure). Nodes that match no configured flavor are not
-reported. Pods count as Muster's when they carry `muster.dev/job-id` AND live in a
-configured workload namespace (a label in another namespace cannot fake a status).
-
-Also, in each workload namespace and by Muster's top-level label selector, one Reflector per
-kind Muster can create that has a status (`status.STATUS_RESOURCES`: batch/v1 Job, the Kubeflow
-jobs, Volcano Job, JobSet). Pods alone miss the operator's verdict: with `restartPolicy:
-OnFailure` a crashing container restarts inside a pod that stays Running until the operator
-marks the job Failed, and an operator may delete pods once the job Succeeded. A kind whose CRD
-is not installed (404) or not granted (403) is logged once and re-tried every resync period;
-an object whose status does not decode is counted (`bad_objects`), logged and ignored.
+Nodes, every unfinished pod, Muster's pods and its workload objects with a status, each with a
+`Reflector` (`watches.py`).
 
 What it emits, and where
 ------------------------
@@ -29,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
@@ -47,7 +35,6 @@ from agents.kube.client import (
     BadInput,
     KubeApiError,
     KubeRest,
-    Outage,
     Pacer,
     RateLimit,
     Reflector,
@@ -80,14 +67,12 @@ from agents.kube.quota import attempt_usage, namespace_refusal
 from agents.kube.report import REPORT_PATH, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload
 from agents.kube.usage import ForeignPods, ForeignUsage
+from agents.kube.watches import Watches
+from kinds.base import KindError as ManifestError
 from kinds.base import (
-    LABEL_JOB,
     Resource,
 )
-from kinds.base import KindError as ManifestError
 from kinds.plan import WorkloadPlan
-from kinds.pods import selector
-from kinds.registry import OWNED_RESOURCES
 from schemas.agent import (
     AgentEvent,
     ClusterSnapshot,
@@ -102,9 +87,6 @@ from schemas.agent import (
 )
 
 log = structlog.get_logger("muster.agent.kube")
-
-# Finished pods hold no capacity; a busy cluster has far more of them than of live ones.
-UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class KubeBackend:
@@ -144,9 +126,6 @@ class KubeBackend:
         self._stop = asyncio.Event()
         self._started = False
         self._live = False  # emit deltas only after the initial lists
-        self.node_reflector: Reflector[KNode] | None = None
-        self.pod_reflector: Reflector[KPod] | None = None  # every unfinished pod
-        self.muster_pod_reflector: Reflector[KPod] | None = None  # Muster's pods, any phase
         self.refresher: TokenRefresher | None = None
         # Where workloads run (per team or queue, `KubeBackendConfig.namespaces`).
         self._namespaces = config.workload_namespaces()
@@ -154,7 +133,6 @@ class KubeBackend:
         self._status_kinds: dict[str, Resource] = {
             r.collection(ns): r for ns in self._namespaces for r in STATUS_RESOURCES
         }
-        self.job_reflectors: dict[str, Reflector[KJob]] = {}  # by collection
         self.log = log.bind(cluster=cluster)
         # Each attempt's status from its pods and objects (agents/kube/attempts.py).
         self.attempts = Attempts(self._namespaces, self._status_kinds, clock, self.log)
@@ -185,6 +163,19 @@ class KubeBackend:
             lambda: self.muster_pod_reflector.cache if self.muster_pod_reflector else {},
             self.log,
         )
+        self.watches = Watches(
+            config,
+            self._namespaces,
+            self._status_kinds,
+            self.bad_input,
+            self.node_watch,
+            self.foreign_pods,
+            (self._replace_muster_pods, self._muster_pod_event),
+            lambda res: (self._job_replacer(res), self._job_handler(res)),
+            self.objects.scan,
+            self._stop,
+            self.log,
+        )
         self._pod_names = self.attempts.pod_names
         # The cluster's fence Lease (agents/kube/fencing.py, fence.py).
         self.lease = LeaseKeeper(cluster, config.namespace, lambda: self.rest, clock, self.log)
@@ -193,6 +184,25 @@ class KubeBackend:
         self.report_server: ReportServer | None = None
         self.report_url: str | None = None
         self.autoscaling: Autoscaling | None = None  # autoscaled pools (agents/kube/pools.py)
+
+    @property
+    def node_reflector(self) -> Reflector[KNode] | None:
+        return self.watches.node
+
+    @property
+    def pod_reflector(self) -> Reflector[KPod] | None:
+        """Every unfinished pod."""
+        return self.watches.pod
+
+    @property
+    def muster_pod_reflector(self) -> Reflector[KPod] | None:
+        """Muster's pods, any phase."""
+        return self.watches.muster_pod
+
+    @property
+    def job_reflectors(self) -> dict[str, Reflector[KJob]]:
+        """Muster's workload objects with a status, by collection."""
+        return self.watches.jobs
 
     @property
     def bad_objects(self) -> int:
@@ -257,71 +267,8 @@ class KubeBackend:
         cfg = self.config
         limit = RateLimit(cfg.api_qps, cfg.api_burst, cfg.api_inflight)
         self._rest = KubeRest(self._api, cfg.request_timeout_s, self._refresh_credentials, limit)
-        outage = Outage(self._rest.url)
-        common: dict[str, Any] = {
-            "page_size": cfg.list_page_size,
-            "watch_timeout_s": cfg.watch_timeout_s,
-            "resync_s": cfg.resync_period_s,
-            "backoff_initial_s": cfg.backoff_initial_s,
-            "backoff_max_s": cfg.backoff_max_s,
-            "outage": outage,
-            "bad_input": self.bad_input,
-        }
-        self.node_reflector = Reflector(
-            self._rest,
-            "/api/v1/nodes",
-            KNode,
-            self.node_watch.replace_nodes,
-            self.node_watch.node_event,
-            label_selector=cfg.node_label_selector,
-            name="nodes",
-            **common,
-        )
-        # Pods of every namespace use node capacity, but finished ones do not: the field
-        # selector keeps them (most pods of a busy cluster) out of lists and watches. A pod
-        # that finishes then arrives as DELETED, which is what it is to capacity.
-        # Streamed (no cache of 150,000 pods): the backend keeps a few integers per pod.
-        self.pod_reflector = Reflector(
-            self._rest,
-            "/api/v1/pods",
-            KPod,
-            None,
-            self.foreign_pods.event,
-            on_page=self.foreign_pods.page,
-            on_listed=self.foreign_pods.listed,
-            field_selector=UNFINISHED_PODS,
-            name="pods",
-            **common,
-        )
-        # Muster's own pods, every phase (the exit codes of a failed pod are its verdict):
-        # with several workload namespaces, one watch of every namespace (the ClusterRole's
-        # list/watch on pods), the handler keeping those in a workload namespace.
-        self.muster_pod_reflector = Reflector(
-            self._rest,
-            "/api/v1/pods"
-            if len(self._namespaces) > 1
-            else f"/api/v1/namespaces/{cfg.namespace}/pods",
-            KPod,
-            self._replace_muster_pods,
-            self._muster_pod_event,
-            label_selector=LABEL_JOB,
-            name="muster-pods",
-            **common,
-        )
-        for collection, res in self._status_kinds.items():
-            group = res.api_version.rsplit("/", 1)[0]
-            self.job_reflectors[collection] = Reflector(
-                self._rest,
-                collection,
-                KJob,
-                self._job_replacer(res),
-                self._job_handler(res),
-                label_selector=selector(),
-                absent_retry_s=cfg.resync_period_s,
-                name=f"{res.plural}.{group}",
-                **common,
-            )
-        await self._initial_lists()
+        common = self.watches.build(self._rest)
+        await self.watches.initial_lists()
         self.autoscaling = await Autoscaling.start(
             self._rest, cfg, self.declared_pools, common, self._flavors_changed
         )
@@ -342,10 +289,7 @@ class KubeBackend:
                     GpuHealth(node=name, healthy=n.gpu.healthy, xid=n.gpu.xid, reason=n.gpu.reason)
                 )
         reflectors: list[Reflector[Any]] = [
-            self.node_reflector,
-            self.pod_reflector,
-            self.muster_pod_reflector,
-            *self.job_reflectors.values(),
+            *self.watches.all(),
             *(self.autoscaling.reflectors if self.autoscaling else ()),
         ]
         self._tasks = [
@@ -379,74 +323,15 @@ class KubeBackend:
             return
         self.report_server, self.report_url = server, base + REPORT_PATH
 
-    async def _initial_lists(self) -> None:
-        """The first lists, retried with backoff until the API server answers: an agent
-        started before its API server is reachable waits (one log line with the URL) instead
-        of exiting with a traceback."""
-        assert self.node_reflector and self.pod_reflector and self.muster_pod_reflector
-        backoff = self.config.backoff_initial_s
-        outage = self.node_reflector.outage
-        while True:
-            try:
-                # Kinds without a status (Services, Pods) are found by a scan; the others by
-                # their reflector's list, which must not stop the agent (a CRD can be absent).
-                await self.objects.scan(
-                    [
-                        r
-                        for r in OWNED_RESOURCES
-                        if r.collection(self.config.namespace) not in self._status_kinds
-                    ]
-                )
-                for jr in self.job_reflectors.values():
-                    try:
-                        await jr.list_once()
-                    except Exception as exc:
-                        if not jr.note_absent(exc):
-                            self.log.warning(
-                                "listing workload objects failed; the watch retries",
-                                collection=jr.name,
-                                error=str(exc)[:300],
-                            )
-                await self.muster_pod_reflector.list_once()
-                await self.pod_reflector.list_once()
-                await self.node_reflector.list_once()
-                outage.ok()
-                return
-            except (OSError, TimeoutError, aiohttp.ClientError, KubeApiError) as exc:
-                if isinstance(exc, KubeApiError) and exc.status in (401, 403):
-                    self.log.error(
-                        "the API server refuses the agent's credentials; retrying",
-                        url=self.rest.url,
-                        error=str(exc)[:300],
-                    )
-                else:
-                    outage.failed(exc, self.config.backoff_max_s)
-                if await sleep_or_stop(self._stop, backoff * (0.5 + random.random() / 2)):
-                    raise BackendError("stopped before the API server answered") from None
-                backoff = min(self.config.backoff_max_s, backoff * 2)
-
     def stale_s(self) -> float:
         """Seconds the node or pod watches have been failing, once past `stale_after_s`
         (0 = fresh): the heartbeat carries it and the broker stops placing work here."""
-        now = time.monotonic()
-        worst = max(
-            (
-                r.stale_for(now)
-                for r in (self.node_reflector, self.pod_reflector, self.muster_pod_reflector)
-                if r
-            ),
-            default=0.0,
-        )
-        return worst if worst > self.config.stale_after_s else 0.0
+        return self.watches.stale_s(self.config.stale_after_s)
 
     @property
     def counters(self) -> dict[str, int]:
         """What the agent exports as metrics: watch health and bad input per kind/reason."""
-        out: dict[str, int] = {}
-        for r in (self.node_reflector, self.pod_reflector, self.muster_pod_reflector):
-            if r is not None:
-                for k in ("lists", "resyncs", "gone", "errors", "resumes", "events"):
-                    out[f"{r.name}_{k}"] = getattr(r, k)
+        out = self.watches.counters()
         if self._rest is not None:
             out["credential_refreshes"] = self._rest.refreshes
             out["throttled"] = self._rest.throttled
