@@ -3,8 +3,8 @@
 Each attempt Muster runs here has one `status.Workload`, found by (job id, attempt) from its
 pods' labels or its objects' annotation and labels, in a workload namespace only (a label in
 another namespace cannot fake a status). `Attempts` keeps them, with which pods belong to
-which attempt and which attempts were cancelled; it does no I/O and sends nothing: the
-backend sends the transitions it returns.
+which attempt and which attempts were cancelled, and does no I/O. `AttemptWatch` takes what
+the watches of Muster's pods and objects deliver, records it there and sends each transition.
 
 What is sent: `WorkloadStatus` on each phase transition of an attempt (see `status.py`: pods,
 object verdicts, in-place container restarts), and `CheckpointReport` when a pod's
@@ -17,9 +17,10 @@ no RBAC; `accept_report`), or publish `muster.checkpoint.<job_id>`.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Awaitable, Callable, Collection, Container, Mapping
 from typing import Any
 
+from agents.kube.client import Pacer
 from agents.kube.decode import KJob, KMeta, KPod, decode_job_status
 from agents.kube.report import Refused, ReportBody, Verdict
 from agents.kube.status import Workload, job_verdict, pod_job
@@ -34,7 +35,7 @@ from kinds.base import (
     Resource,
 )
 from kinds.pods import token_digest
-from schemas.agent import CheckpointReport, Dispatch
+from schemas.agent import AgentEvent, CheckpointReport, Dispatch, WorkloadStatus
 
 Key = tuple[str, int]  # (job_id, attempt)
 
@@ -245,3 +246,122 @@ class Attempts:
         if event is None:
             return Verdict(200, f"step {report.step} is not newer than step {w.last_step}"), None
         return Verdict(200, f"step {report.step} recorded", recorded=True), event
+
+
+class AttemptWatch:
+    """Muster's pods and workload objects as their watches deliver them: each change is
+    recorded in `attempts` and the attempt's transition, if any, sent. Before the first
+    snapshot (not `live`) a phase is remembered as reported, not sent."""
+
+    def __init__(
+        self,
+        attempts: Attempts,
+        namespaces: Collection[str],
+        gone_nodes: Container[str],
+        log: Any,
+        send: Callable[[AgentEvent], None],
+        live: Callable[[], bool],
+        pods: Callable[[], Mapping[str, KPod]],
+        note_disruption: Callable[[str, KPod, bool], None],
+        hold: Callable[[str, KPod, bool], None],
+        forget_held: Callable[[str], None],
+        ended: Callable[[Workload, WorkloadStatus], None],
+    ) -> None:
+        self.attempts = attempts
+        self.namespaces = namespaces
+        self.gone_nodes = gone_nodes  # recently deleted nodes
+        self.log = log
+        self._send = send
+        self._live = live
+        self._pods = pods  # Muster's pods as last seen, by uid
+        self._note_disruption = note_disruption  # a pod's DisruptionTarget, for its node
+        self._hold = hold  # what a pod of an ended attempt still holds on its node
+        self._forget_held = forget_held  # a pod is gone: it holds nothing, disrupts nothing
+        self._ended = ended  # an attempt reached a terminal phase
+
+    def node_gone(self, name: str) -> None:
+        """A node was deleted: the replicas there are lost."""
+        for w in self.attempts.workloads.values():
+            if w.node_gone(name):
+                self.report(w)
+
+    async def replace_pods(self, items: list[KPod]) -> None:
+        pacer = Pacer()
+        seen = set()
+        async for pod in pacer.each(items):
+            if pod.metadata.uid:
+                seen.add(pod.metadata.uid)
+                self.pod_event("MODIFIED", pod)
+        async for uid in pacer.each([u for u in self.attempts.pod_key if u not in seen]):
+            self.forget_pod(uid)
+
+    def forget_pod(self, uid: str) -> None:
+        """A Muster pod vanished between lists: drop what it held; it counts as deleted."""
+        self._forget_held(uid)
+        w = self.attempts.forget_pod(uid)
+        if w is not None:
+            self.report(w)
+
+    def pod_event(self, kind: str, pod: KPod) -> None:
+        meta = pod.metadata
+        if meta.namespace and meta.namespace not in self.namespaces:
+            return  # a label outside the workload namespaces fakes no status
+        uid = meta.uid or f"{meta.namespace}/{meta.name}"
+        deleted = kind == "DELETED"
+        self._note_disruption(uid, pod, deleted)
+        self._muster_pod(uid, pod, deleted)
+
+    def _muster_pod(self, uid: str, pod: KPod, deleted: bool) -> None:
+        found = self.attempts.muster_pod(uid, pod, deleted, self.gone_nodes)
+        if found is None:
+            return
+        w, report = found
+        if report is not None:
+            self._send(report)
+        self.report(w)
+        self._hold(uid, pod, deleted)
+
+    def report(self, w: Workload) -> None:
+        if not self._live():
+            # Before the first snapshot the phase is not "news"; remember it as reported.
+            if not w.cancelled and not w.terminal:
+                w.last_phase = w.current_phase()
+            return
+        st = w.transition()
+        if st is not None:
+            self.log.info(
+                "workload", job_id=w.job_id, attempt=w.attempt, phase=st.phase, reason=st.reason
+            )
+            self._send(st)
+            if w.terminal:
+                self.hold_all((w.job_id, w.attempt))
+                self._ended(w, st)
+
+    def job_replacer(self, res: Resource) -> Callable[[list[KJob]], Awaitable[None]]:
+        async def replace(items: list[KJob]) -> None:
+            # Objects gone between lists keep the verdict last seen: a finished attempt's
+            # object may be deleted, and a live one's deletion shows in its pods.
+            async for obj in Pacer().each(items):
+                self.job_event(res, "MODIFIED", obj)
+
+        return replace
+
+    def job_handler(self, res: Resource) -> Callable[[str, KJob], None]:
+        def handle(kind: str, obj: KJob) -> None:
+            self.job_event(res, kind, obj)
+
+        return handle
+
+    def job_event(self, res: Resource, kind: str, obj: KJob) -> None:
+        """One of Muster's workload objects changed (`Attempts.job_event`): report it."""
+        w = self.attempts.job_event(res, kind, obj)
+        if w is not None:
+            self.report(w)
+
+    def hold_all(self, key: Key) -> None:
+        """The attempt ended here: its pods still running or terminating keep their GPUs."""
+        cache = self._pods()
+        for uid in list(self.attempts.pod_names.get(key, {})):
+            pod = cache.get(uid)
+            if pod is not None:
+                self._hold(uid, pod, False)

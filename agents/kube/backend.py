@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -29,13 +29,12 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from agents.backend import BackendError, Emit, JobRefused, LogTail, NodeOpResult
-from agents.kube.attempts import Attempts, Key
+from agents.kube.attempts import Attempts, AttemptWatch, Key
 from agents.kube.auth import TokenRefresher
 from agents.kube.client import (
     BadInput,
     KubeApiError,
     KubeRest,
-    Pacer,
     RateLimit,
     Reflector,
     sleep_or_stop,
@@ -84,6 +83,7 @@ from schemas.agent import (
     Provision,
     ProvisionPool,
     SpotNotice,
+    WorkloadStatus,
 )
 
 log = structlog.get_logger("muster.agent.kube")
@@ -149,7 +149,7 @@ class KubeBackend:
             self._send,
             lambda: self.rest,
             self._spawn,
-            self._node_gone,
+            lambda name: self.attempt_watch.node_gone(name),
         )
         self._nodes = self.node_watch.nodes
         self.foreign_pods = ForeignPods(
@@ -163,6 +163,19 @@ class KubeBackend:
             lambda: self.muster_pod_reflector.cache if self.muster_pod_reflector else {},
             self.log,
         )
+        self.attempt_watch = AttemptWatch(
+            self.attempts,
+            self._namespaces,
+            self.node_watch.gone,
+            self.log,
+            self._send,
+            lambda: self._live,
+            lambda: self.muster_pod_reflector.cache if self.muster_pod_reflector else {},
+            self.node_watch.note_disruption,
+            self.foreign_pods.hold,
+            self._forget_held,
+            self._ended,
+        )
         self.watches = Watches(
             config,
             self._namespaces,
@@ -170,8 +183,8 @@ class KubeBackend:
             self.bad_input,
             self.node_watch,
             self.foreign_pods,
-            (self._replace_muster_pods, self._muster_pod_event),
-            lambda res: (self._job_replacer(res), self._job_handler(res)),
+            (self.attempt_watch.replace_pods, self.attempt_watch.pod_event),
+            lambda res: (self.attempt_watch.job_replacer(res), self.attempt_watch.job_handler(res)),
             self.objects.scan,
             self._stop,
             self.log,
@@ -371,11 +384,18 @@ class KubeBackend:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _node_gone(self, name: str) -> None:
-        """A node was deleted: the replicas there are lost."""
-        for w in self._workloads.values():
-            if w.node_gone(name):
-                self._report(w)
+    def _forget_held(self, uid: str) -> None:
+        """A Muster pod is gone: it holds nothing and disrupts no node any more."""
+        self.foreign_pods.set(uid, None, ())
+        self.node_watch.drop_disruption(uid)
+
+    def _ended(self, w: Workload, st: WorkloadStatus) -> None:
+        """An attempt reached a terminal phase: withdraw the autoscaler request it consumed
+        and, when it finished, free the GPUs of its pods that still run."""
+        if self.autoscaling is not None and w.job_id in self.autoscaling.asks:
+            self.autoscaling.withdraw_later(w.job_id, 0.0)  # the request it consumed
+        if st.phase in ("succeeded", "failed") and self.config.release_finished_pods:
+            self._spawn(self.objects.release_finished((w.job_id, w.attempt)))
 
     # -- nodes -----------------------------------------------------------------------------
     def evaluate_timers(self) -> None:
@@ -392,84 +412,6 @@ class KubeBackend:
                 )
 
     # -- pods ------------------------------------------------------------------------------
-    async def _replace_muster_pods(self, items: list[KPod]) -> None:
-        pacer = Pacer()
-        seen = set()
-        async for pod in pacer.each(items):
-            if pod.metadata.uid:
-                seen.add(pod.metadata.uid)
-                self._muster_pod_event("MODIFIED", pod)
-        async for uid in pacer.each([u for u in self.attempts.pod_key if u not in seen]):
-            self._forget_pod(uid)
-
-    def _forget_pod(self, uid: str) -> None:
-        """A Muster pod vanished between lists: drop what it held; it counts as deleted."""
-        self.foreign_pods.set(uid, None, ())
-        self.node_watch.drop_disruption(uid)
-        w = self.attempts.forget_pod(uid)
-        if w is not None:
-            self._report(w)
-
-    def _muster_pod_event(self, kind: str, pod: KPod) -> None:
-        meta = pod.metadata
-        if meta.namespace and meta.namespace not in self._namespaces:
-            return  # a label outside the workload namespaces fakes no status
-        uid = meta.uid or f"{meta.namespace}/{meta.name}"
-        deleted = kind == "DELETED"
-        self.node_watch.note_disruption(uid, pod, deleted)
-        self._muster_pod(uid, pod, deleted)
-
-    def _muster_pod(self, uid: str, pod: KPod, deleted: bool) -> None:
-        found = self.attempts.muster_pod(uid, pod, deleted, self.node_watch.gone)
-        if found is None:
-            return
-        w, report = found
-        if report is not None:
-            self._send(report)
-        self._report(w)
-        self.foreign_pods.hold(uid, pod, deleted)
-
-    def _report(self, w: Workload) -> None:
-        if not self._live:
-            # Before the first snapshot the phase is not "news"; remember it as reported.
-            if not w.cancelled and not w.terminal:
-                w.last_phase = w.current_phase()
-            return
-        st = w.transition()
-        if st is not None:
-            self.log.info(
-                "workload", job_id=w.job_id, attempt=w.attempt, phase=st.phase, reason=st.reason
-            )
-            self._send(st)
-            if w.terminal:
-                self._hold_all((w.job_id, w.attempt))
-                if self.autoscaling is not None and w.job_id in self.autoscaling.asks:
-                    self.autoscaling.withdraw_later(w.job_id, 0.0)  # the request it consumed
-                if st.phase in ("succeeded", "failed") and self.config.release_finished_pods:
-                    self._spawn(self.objects.release_finished((w.job_id, w.attempt)))
-
-    # -- workload objects with a status -----------------------------------------------------
-    def _job_replacer(self, res: Resource) -> Callable[[list[KJob]], Awaitable[None]]:
-        async def replace(items: list[KJob]) -> None:
-            # Objects gone between lists keep the verdict last seen: a finished attempt's
-            # object may be deleted, and a live one's deletion shows in its pods.
-            async for obj in Pacer().each(items):
-                self._job_event(res, "MODIFIED", obj)
-
-        return replace
-
-    def _job_handler(self, res: Resource) -> Callable[[str, KJob], None]:
-        def handle(kind: str, obj: KJob) -> None:
-            self._job_event(res, kind, obj)
-
-        return handle
-
-    def _job_event(self, res: Resource, kind: str, obj: KJob) -> None:
-        """One of Muster's workload objects changed (`Attempts.job_event`): report it."""
-        w = self.attempts.job_event(res, kind, obj)
-        if w is not None:
-            self._report(w)
-
     # -- Muster's objects ------------------------------------------------------------------
     async def _delete_objects(self, objects: list[tuple[str, str]]) -> None:
         """Delete these objects (`WorkloadObjects.delete`)."""
@@ -524,7 +466,7 @@ class KubeBackend:
             self.fence_state.granted(cmd.fence_after_s)
             await self.renew_fence(self._clock())
         await self.objects.create(cmd, ns, plan, w)
-        self._report(w)
+        self.attempt_watch.report(w)
         if cmd.attempt > 1:
             # Older attempts go in the background: the ack (and so the new attempt's start)
             # must not wait for a list of every workload kind.
@@ -540,7 +482,7 @@ class KubeBackend:
         _, ns, plan = self._plan(cmd)
         await self.objects.resize(cmd, ns, plan)
         w.total = plan.total_replicas
-        self._report(w)
+        self.attempt_watch.report(w)
 
     async def cancel(self, job_id: str, attempt: int | None, reason: str) -> None:
         if attempt is None:
@@ -559,7 +501,7 @@ class KubeBackend:
             raise BackendError(f"cancel {job_id}: {exc!r}") from None
         for key in [k for k in self._workloads if k[0] == job_id and not keep(k[1])]:
             self._workloads[key].cancelled = True
-            self._hold_all(key)
+            self.attempt_watch.hold_all(key)
         if self.autoscaling is not None and attempt is None:
             await self.autoscaling.release(job_id)
 
@@ -586,14 +528,6 @@ class KubeBackend:
     async def renew_fence(self, since: float) -> None:
         """The broker heard this agent at `since`: move the cluster's Lease (`LeaseKeeper`)."""
         await self.lease.renew(since)
-
-    def _hold_all(self, key: Key) -> None:
-        """The attempt ended here: its pods still running or terminating keep their GPUs."""
-        cache = self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
-        for uid in list(self._pod_names.get(key, {})):
-            pod = cache.get(uid)
-            if pod is not None:
-                self.foreign_pods.hold(uid, pod, False)
 
     async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
         """Ask every pod of the attempt for a checkpoint (`WorkloadObjects.checkpoint_now`)."""
