@@ -42,7 +42,6 @@ from agents.kube.client import (
 from agents.kube.config import (
     FlavorConfig,
     KubeBackendConfig,
-    Provider,
     build_workload,
     convert_kube_config,
 )
@@ -56,8 +55,6 @@ from agents.kube.logs import read_pod_logs
 from agents.kube.nodeops import kube_node_op
 from agents.kube.nodes import (
     Rules,
-    detect_provider,
-    gfd_memory_mib,
 )
 from agents.kube.nodewatch import NodeWatch
 from agents.kube.objects import WorkloadObjects
@@ -77,12 +74,10 @@ from schemas.agent import (
     ClusterSnapshot,
     Dispatch,
     FlavorInfo,
-    GpuHealth,
     LogRequest,
     NodeOpName,
     Provision,
     ProvisionPool,
-    SpotNotice,
     WorkloadStatus,
 )
 
@@ -292,15 +287,7 @@ class KubeBackend:
         gc.freeze()
         self._live = True  # before the report endpoint: a report it takes is emitted
         await self._start_report_server()
-        for name, n in self._nodes.items():
-            if n.flavor is None:
-                continue
-            if n.spot_deadline is not None:
-                self._send(SpotNotice(node=name, deadline=n.spot_deadline, reason=n.spot_reason))
-            if n.gpu is not None and n.gpu.healthy is not None:
-                self._send(
-                    GpuHealth(node=name, healthy=n.gpu.healthy, xid=n.gpu.xid, reason=n.gpu.reason)
-                )
+        self.node_watch.send_outstanding()
         reflectors: list[Reflector[Any]] = [
             *self.watches.all(),
             *(self.autoscaling.reflectors if self.autoscaling else ()),
@@ -417,15 +404,6 @@ class KubeBackend:
         """Delete these objects (`WorkloadObjects.delete`)."""
         await self.objects.delete(objects)
 
-    def _provider_of(self, cmd: Dispatch) -> Provider:
-        """The provider of the nodes an attempt goes to (its pods' spot grace)."""
-        for a in cmd.assignment:
-            for name in a.nodes:
-                entry = self._nodes.get(name)
-                if entry is not None:
-                    return detect_provider(entry.raw)
-        return "other"
-
     # -- commands --------------------------------------------------------------------------
     def _plan(self, cmd: Dispatch) -> tuple[FlavorConfig, str, WorkloadPlan]:
         flavor = self.config.flavor(cmd.flavor)
@@ -441,7 +419,7 @@ class KubeBackend:
                 ns,
                 self.rules.resource(flavor),
                 self.config,
-                self._provider_of(cmd),
+                self.node_watch.provider_of(cmd),
                 self.report_url,
                 grown,
             )
@@ -567,12 +545,7 @@ class KubeBackend:
 
     # -- snapshot and housekeeping ---------------------------------------------------------
     def flavors(self) -> list[FlavorInfo]:
-        mem: dict[str, int] = {}
-        for n in self._nodes.values():
-            if n.flavor is not None:
-                m = gfd_memory_mib(n.raw)
-                if m:
-                    mem[n.flavor.name] = min(mem.get(n.flavor.name, m), m)
+        mem = self.node_watch.gpu_memory_mib()
         levels = self.topology_levels
         pools: dict[str, ProvisionPool] = {}
         if self.autoscaling is not None:

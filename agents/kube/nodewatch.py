@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from agents.kube.client import BadInput, KubeApiError, KubeRest, Pacer
-from agents.kube.config import FlavorConfig, KubeBackendConfig
+from agents.kube.config import FlavorConfig, KubeBackendConfig, Provider
 from agents.kube.decode import KNode, KPod, Usage, parse_time
 from agents.kube.nodes import (
     GpuState,
@@ -34,6 +34,7 @@ from agents.kube.nodes import (
     Rules,
     counts_for_node,
     detect_provider,
+    gfd_memory_mib,
     gpu_product_mismatch,
     gpu_state,
     match_flavor,
@@ -44,7 +45,15 @@ from agents.kube.nodes import (
 )
 from agents.kube.status import disruption
 from kinds.base import LABEL_JOB
-from schemas.agent import AgentEvent, GpuHealth, NodeGone, NodeInfo, NodeUpsert, SpotNotice
+from schemas.agent import (
+    AgentEvent,
+    Dispatch,
+    GpuHealth,
+    NodeGone,
+    NodeInfo,
+    NodeUpsert,
+    SpotNotice,
+)
 
 # Non-graceful node shutdown (kubernetes.io/docs/reference/labels-annotations-taints): an
 # operator's statement that the node is off, so its containers no longer run.
@@ -253,6 +262,38 @@ class NodeWatch:
     @property
     def rest(self) -> KubeRest:
         return self._rest()
+
+    def send_outstanding(self) -> None:
+        """Send the spot notices and GPU faults the first lists found (before the backend
+        was live, nothing was sent)."""
+        for name, n in self.nodes.items():
+            if n.flavor is None:
+                continue
+            if n.spot_deadline is not None:
+                self._send(SpotNotice(node=name, deadline=n.spot_deadline, reason=n.spot_reason))
+            if n.gpu is not None and n.gpu.healthy is not None:
+                self._send(
+                    GpuHealth(node=name, healthy=n.gpu.healthy, xid=n.gpu.xid, reason=n.gpu.reason)
+                )
+
+    def provider_of(self, cmd: Dispatch) -> Provider:
+        """The provider of the nodes an attempt goes to (its pods' spot grace)."""
+        for a in cmd.assignment:
+            for name in a.nodes:
+                entry = self.nodes.get(name)
+                if entry is not None:
+                    return detect_provider(entry.raw)
+        return "other"
+
+    def gpu_memory_mib(self) -> dict[str, int]:
+        """Per flavor, the least GPU memory its nodes report (GPU feature discovery)."""
+        mem: dict[str, int] = {}
+        for n in self.nodes.values():
+            if n.flavor is not None:
+                m = gfd_memory_mib(n.raw)
+                if m:
+                    mem[n.flavor.name] = min(mem.get(n.flavor.name, m), m)
+        return mem
 
     async def replace_nodes(self, items: list[KNode]) -> None:
         seen = set()
