@@ -45,17 +45,11 @@ from agents.kube.config import (
     build_workload,
     convert_kube_config,
 )
-from agents.kube.decode import (
-    KJob,
-    KNode,
-    KPod,
-)
+from agents.kube.decode import KJob, KNode, KPod
 from agents.kube.fencing import LeaseKeeper
 from agents.kube.logs import read_pod_logs
 from agents.kube.nodeops import kube_node_op
-from agents.kube.nodes import (
-    Rules,
-)
+from agents.kube.nodes import Rules
 from agents.kube.nodewatch import NodeWatch
 from agents.kube.objects import WorkloadObjects
 from agents.kube.pools import Autoscaling
@@ -65,9 +59,7 @@ from agents.kube.status import STATUS_RESOURCES, Workload
 from agents.kube.usage import ForeignPods, ForeignUsage
 from agents.kube.watches import Watches
 from kinds.base import KindError as ManifestError
-from kinds.base import (
-    Resource,
-)
+from kinds.base import Resource
 from kinds.plan import WorkloadPlan
 from schemas.agent import (
     AgentEvent,
@@ -113,7 +105,6 @@ class KubeBackend:
         # What pods Muster did not place (and its own of ended attempts, still terminating)
         # hold on each node, per GPU resource of every flavor.
         self.usage = ForeignUsage(self.rules.resource(f) for f in config.flavors)
-        self._foreign = self.usage.pods  # by pod uid
         self.bad_input = BadInput()
         self.tick_s = tick_s
         self._tasks: list[asyncio.Task[None]] = []
@@ -131,7 +122,6 @@ class KubeBackend:
         self.log = log.bind(cluster=cluster)
         # Each attempt's status from its pods and objects (agents/kube/attempts.py).
         self.attempts = Attempts(self._namespaces, self._status_kinds, clock, self.log)
-        self._workloads = self.attempts.workloads
         self.node_watch = NodeWatch(
             config,
             self.rules,
@@ -146,7 +136,6 @@ class KubeBackend:
             self._spawn,
             lambda name: self.attempt_watch.node_gone(name),
         )
-        self._nodes = self.node_watch.nodes
         self.foreign_pods = ForeignPods(
             self.usage, self.node_watch, self.attempts, self._namespaces
         )
@@ -155,7 +144,7 @@ class KubeBackend:
             self._namespaces,
             self.attempts,
             lambda: self.rest,
-            lambda: self.muster_pod_reflector.cache if self.muster_pod_reflector else {},
+            self._muster_pods,
             self.log,
         )
         self.attempt_watch = AttemptWatch(
@@ -165,7 +154,7 @@ class KubeBackend:
             self.log,
             self._send,
             lambda: self._live,
-            lambda: self.muster_pod_reflector.cache if self.muster_pod_reflector else {},
+            self._muster_pods,
             self.node_watch.note_disruption,
             self.foreign_pods.hold,
             self._forget_held,
@@ -184,7 +173,6 @@ class KubeBackend:
             self._stop,
             self.log,
         )
-        self._pod_names = self.attempts.pod_names
         # The cluster's fence Lease (agents/kube/fencing.py, fence.py).
         self.lease = LeaseKeeper(cluster, config.namespace, lambda: self.rest, clock, self.log)
         self.fence_state = self.lease.state
@@ -192,6 +180,11 @@ class KubeBackend:
         self.report_server: ReportServer | None = None
         self.report_url: str | None = None
         self.autoscaling: Autoscaling | None = None  # autoscaled pools (agents/kube/pools.py)
+        # The parts' state by the names the tests and benchmarks read.
+        self._nodes = self.node_watch.nodes
+        self._foreign = self.usage.pods  # by pod uid
+        self._workloads = self.attempts.workloads
+        self._pod_names = self.attempts.pod_names
 
     @property
     def node_reflector(self) -> Reflector[KNode] | None:
@@ -211,6 +204,10 @@ class KubeBackend:
     def job_reflectors(self) -> dict[str, Reflector[KJob]]:
         """Muster's workload objects with a status, by collection."""
         return self.watches.jobs
+
+    def _muster_pods(self) -> dict[str, KPod]:
+        """Muster's pods as last seen, by uid."""
+        return self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
 
     @property
     def bad_objects(self) -> int:
@@ -526,7 +523,7 @@ class KubeBackend:
 
     async def node_op(self, op: NodeOpName, node: str | None, reason: str) -> NodeOpResult:
         """An operator's cordon, uncordon or drain (agents/kube/nodeops.py)."""
-        pods = self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
+        pods = self._muster_pods()
         ns = self.config.namespace
         args = (self.rest, self.cluster, ns, list(self._nodes), pods, self.attempts.pod_key)
         return await kube_node_op(*args, op, node, reason)
