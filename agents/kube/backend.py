@@ -297,9 +297,8 @@ class KubeBackend:
             asyncio.create_task(self._housekeeping(), name=f"kube-gc-{self.cluster}"),
             asyncio.create_task(self._timers(), name=f"kube-timers-{self.cluster}"),
         ]
-        self.log.info(
-            "kube backend started", nodes=len(self._nodes), workloads=len(self._workloads)
-        )
+        nodes, workloads = len(self.node_watch.nodes), len(self.attempts.workloads)
+        self.log.info("kube backend started", nodes=nodes, workloads=workloads)
 
     async def _start_report_server(self) -> None:
         """Serve checkpoint reports. A port that cannot be bound leaves the agent running
@@ -395,7 +394,6 @@ class KubeBackend:
                     "Node", f"evaluation failed: {type(exc).__name__}", error=str(exc)[:200]
                 )
 
-    # -- pods ------------------------------------------------------------------------------
     # -- Muster's objects ------------------------------------------------------------------
     async def _delete_objects(self, objects: list[tuple[str, str]]) -> None:
         """Delete these objects (`WorkloadObjects.delete`)."""
@@ -429,7 +427,7 @@ class KubeBackend:
         if self.autoscaling is not None:
             await self.autoscaling.release(cmd.job_id, keep_request=True)
         key = (cmd.job_id, cmd.attempt)
-        w = self._workloads.get(key)
+        w = self.attempts.workloads.get(key)
         if w is None or not w.objects:  # a retried dispatch's own pods are in the quota's usage
             usage = attempt_usage(cmd, self.rules.resource(flavor))
             over = await namespace_refusal(self.rest, ns, usage)
@@ -451,7 +449,7 @@ class KubeBackend:
         """A Dispatch revision of a running attempt (an elastic podset shrank or grew): its
         object is merge-patched to what the revision renders (`Adapter.resize_patch`: the
         kind's own replica field). CannotResize when the kind cannot change size in place."""
-        w = self._workloads.get((cmd.job_id, cmd.attempt))
+        w = self.attempts.workloads.get((cmd.job_id, cmd.attempt))
         if w is None or not w.objects:
             raise BackendError(f"attempt {cmd.attempt} of job {cmd.job_id} does not run here")
         _, ns, plan = self._plan(cmd)
@@ -474,8 +472,8 @@ class KubeBackend:
             raise BackendError(f"cancel {job_id}: {exc}") from None
         except (TimeoutError, OSError, aiohttp.ClientError) as exc:
             raise BackendError(f"cancel {job_id}: {exc!r}") from None
-        for key in [k for k in self._workloads if k[0] == job_id and not keep(k[1])]:
-            self._workloads[key].cancelled = True
+        for key in [k for k in self.attempts.workloads if k[0] == job_id and not keep(k[1])]:
+            self.attempts.workloads[key].cancelled = True
             self.attempt_watch.hold_all(key)
         if self.autoscaling is not None and attempt is None:
             await self.autoscaling.release(job_id)
@@ -523,16 +521,15 @@ class KubeBackend:
 
     async def node_op(self, op: NodeOpName, node: str | None, reason: str) -> NodeOpResult:
         """An operator's cordon, uncordon or drain (agents/kube/nodeops.py)."""
-        pods = self._muster_pods()
-        ns = self.config.namespace
-        args = (self.rest, self.cluster, ns, list(self._nodes), pods, self.attempts.pod_key)
+        nodes, ns = list(self.node_watch.nodes), self.config.namespace
+        args = (self.rest, self.cluster, ns, nodes, self._muster_pods(), self.attempts.pod_key)
         return await kube_node_op(*args, op, node, reason)
 
     async def read_logs(self, req: LogRequest) -> LogTail:
         """The attempt's container logs (agents/kube/logs.py); ended once its workload is."""
         key = (req.job_id, req.attempt)
         lines = await read_pod_logs(self.rest, self._namespace_of(key), self.cluster, req)
-        w = self._workloads.get(key)
+        w = self.attempts.workloads.get(key)
         ended = w is None or w.cancelled or w.current_phase() in ("succeeded", "failed", "evicted")
         return LogTail(lines=lines, ended=ended)
 
@@ -547,7 +544,7 @@ class KubeBackend:
         pools: dict[str, ProvisionPool] = {}
         if self.autoscaling is not None:
             have: dict[str, int] = {}
-            for n in self._nodes.values():
+            for n in self.node_watch.nodes.values():
                 if n.flavor is not None:
                     have[n.flavor.name] = have.get(n.flavor.name, 0) + 1
             pools = self.autoscaling.pools_by_flavor(have)
@@ -574,8 +571,8 @@ class KubeBackend:
         await self.autoscaling.ask(cmd, read, self._clock(), self.cluster)
 
     async def snapshot(self) -> ClusterSnapshot:
-        nodes = [n.info for n in self._nodes.values() if n.info is not None]
-        workloads = [w.status() for w in self._workloads.values() if not w.cancelled]
+        nodes = [n.info for n in self.node_watch.nodes.values() if n.info is not None]
+        workloads = [w.status() for w in self.attempts.workloads.values() if not w.cancelled]
         return ClusterSnapshot(flavors=self.flavors(), nodes=nodes, workloads=workloads)
 
     async def _housekeeping(self) -> None:
