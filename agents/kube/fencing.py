@@ -16,6 +16,8 @@ import aiohttp
 from agents.backend import BackendError
 from agents.kube.client import KubeApiError, KubeRest
 from agents.kube.fence import (
+    ANN_FENCED,
+    FENCED_VALUE,
     ClusterFence,
     decode_lease,
     lease_body,
@@ -23,6 +25,20 @@ from agents.kube.fence import (
     lease_path,
     renewal_patch,
 )
+from kinds.base import LABEL_TOP, SERVICE
+from kinds.plan import PlannedObject
+from schemas.agent import Dispatch
+
+
+def fence_marked(cmd: Dispatch, obj: PlannedObject) -> PlannedObject:
+    """The object with the fence watchdog's mark when it is a top-level workload object of a
+    fenced attempt (Services run nothing); otherwise unchanged."""
+    labels = obj.body.get("metadata", {}).get("labels", {})
+    if not (cmd.fence_after_s > 0 and obj.resource != SERVICE and LABEL_TOP in labels):
+        return obj
+    meta = obj.body["metadata"]
+    annotations = {**meta.get("annotations", {}), ANN_FENCED: FENCED_VALUE}
+    return obj._replace(body={**obj.body, "metadata": {**meta, "annotations": annotations}})
 
 
 class LeaseKeeper:

@@ -33,15 +33,13 @@ from agents.kube.attempts import Attempts, Key, owned_key
 from agents.kube.client import KubeApiError, KubeRest, item_path
 from agents.kube.config import KubeBackendConfig
 from agents.kube.decode import KMeta, KObject, KPod
-from agents.kube.fence import ANN_FENCED, FENCED_VALUE
+from agents.kube.fencing import fence_marked
 from agents.kube.quota import quota_message
 from agents.kube.status import Workload
 from kinds.base import (
     ANN_CHECKPOINT_REQUEST,
     ANN_JOB,
-    LABEL_TOP,
     POD,
-    SERVICE,
     ResizeRefused,
     Resource,
 )
@@ -86,9 +84,9 @@ class WorkloadObjects:
         uids: dict[str, str] = {}
         for obj in plan.objects:
             collection = obj.resource.collection(ns)
-            fenced = self.fenced(cmd, obj)
+            marked = fence_marked(cmd, obj)
             try:
-                body = self._owned(obj, plan.objects, uids, fenced)
+                body = self._owned(marked, plan.objects, uids)
                 created = await self.rest.create(collection, body)
                 uid = (created or {}).get("metadata", {}).get("uid")
                 if created is None:
@@ -240,25 +238,12 @@ class WorkloadObjects:
         return str(meta.get("uid", ""))
 
     @staticmethod
-    def fenced(cmd: Dispatch, obj: PlannedObject) -> bool:
-        """Whether the object is marked for the fence watchdog: top-level workload objects of
-        a fenced attempt (Services run nothing)."""
-        labels = obj.body.get("metadata", {}).get("labels", {})
-        return cmd.fence_after_s > 0 and obj.resource != SERVICE and LABEL_TOP in labels
-
-    @staticmethod
     def _owned(
         obj: PlannedObject,
         objects: list[PlannedObject],
         uids: dict[str, str],
-        fenced: bool = False,
     ) -> dict[str, Any]:
-        """The body with its controller reference, when the plan names an owner, and its
-        fence mark, when the attempt is fenced."""
-        if fenced:
-            meta = obj.body["metadata"]
-            annotations = {**meta.get("annotations", {}), ANN_FENCED: FENCED_VALUE}
-            obj = obj._replace(body={**obj.body, "metadata": {**meta, "annotations": annotations}})
+        """The body with its controller reference, when the plan names an owner."""
         if not obj.owner:
             return obj.body
         owner = next(o for o in objects if o.name == obj.owner)
