@@ -286,6 +286,7 @@ class AttemptWatch:
                 self.report(w)
 
     async def replace_pods(self, items: list[KPod]) -> None:
+        """A (re-)list of Muster's pods: each recorded, and those it lacks forgotten."""
         pacer = Pacer()
         seen = set()
         async for pod in pacer.each(items):
@@ -303,6 +304,8 @@ class AttemptWatch:
             self.report(w)
 
     def pod_event(self, kind: str, pod: KPod) -> None:
+        """One of Muster's pods changed, in any phase (a failed pod's exit codes are its
+        verdict)."""
         meta = pod.metadata
         if meta.namespace and meta.namespace not in self.namespaces:
             return  # a label outside the workload namespaces fakes no status
@@ -322,6 +325,7 @@ class AttemptWatch:
         self._hold(uid, pod, deleted)
 
     def report(self, w: Workload) -> None:
+        """Send the attempt's transition, if its phase changed since the last one sent."""
         if not self._live():
             # Before the first snapshot the phase is not "news"; remember it as reported.
             if not w.cancelled and not w.terminal:
