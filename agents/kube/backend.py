@@ -2,52 +2,15 @@
 
 What it watches
 ---------------
-Nodes and pods (all namespaces: pods Muster did not place still use node capacity), each with
-a `Reflector` (list, then watch with resourceVersion and bookmarks; re-list on 410 Gone and,
-after a bounded backoff, on any other failure). Nodes that match no configured flavor are not
-reported. Pods count as Muster's when they carry `muster.dev/job-id` AND live in a
-configured workload namespace (a label in another namespace cannot fake a status).
+Nodes, every unfinished pod, Muster's pods and its workload objects with a status, each with a
+`Reflector` (`watches.py`).
 
-Also, in each workload namespace and by Muster's top-level label selector, one Reflector per
-kind Muster can create that has a status (`status.STATUS_RESOURCES`: batch/v1 Job, the Kubeflow
-jobs, Volcano Job, JobSet). Pods alone miss the operator's verdict: with `restartPolicy:
-OnFailure` a crashing container restarts inside a pod that stays Running until the operator
-marks the job Failed, and an operator may delete pods once the job Succeeded. A kind whose CRD
-is not installed (404) or not granted (403) is logged once and re-tried every resync period;
-an object whose status does not decode is counted (`bad_objects`), logged and ignored.
-
-What it emits
--------------
-* `NodeUpsert` whenever a node's `NodeInfo` changes (capacity, readiness, foreign usage,
-  GPU health, spot deadline), `NodeGone` when a node is deleted or stops matching a flavor.
-* `SpotNotice(node, deadline = now + provider deadline)` once per node when a reclaim taint
-  or condition appears (`config.DEFAULT_SPOT_TAINTS`) or when any pod on the node gets a
-  `DisruptionTarget` condition whose reason means the node is going away. The notice is
-  re-armed when the signal clears.
-* `GpuHealth(node, healthy, xid, reason)` whenever the healthy GPU count changes.
-* `WorkloadStatus` on each phase transition of an attempt (see `status.py`: pods, object
-  verdicts, in-place container restarts), and
-  `CheckpointReport` when a pod's `muster.dev/checkpoint` annotation (JSON
-  `{"step": int, "uri": str}`) names a newer step.
-
-Checkpoint requests (for the SDK)
----------------------------------
-`checkpoint_now` merge-patches every pod of the attempt with the annotation
-`muster.dev/checkpoint-request: "<deadline as unix seconds>"`. Workloads see it in the file
-`$MUSTER_PODINFO_DIR/annotations` (a downward-API volume every Muster pod gets; the kubelet
-refreshes it within its sync period, typically under a minute) or by reading their own pod.
-Requests never travel on NATS, where every workload (one shared NATS user) could hear them.
-A workload reports a checkpoint by posting it to the agent's report endpoint
-(`agents/kube/report.py`, `MUSTER_REPORT_URL` on every replica, authenticated by the attempt's
-`MUSTER_CHECKPOINT_TOKEN`; no RBAC), by setting `muster.dev/checkpoint` on its own pod (its
-service account needs `patch` on pods) or by publishing `muster.checkpoint.<job_id>`.
-
-Attempts and cleanup
---------------------
-`dispatch` creates the objects of `manifests.build_workload` (a 409 counts as created, so a
-retried dispatch is safe) and then deletes every object of an older attempt of the same job;
-the periodic resync does the same for anything left over. `cancel` deletes with the configured
-propagation policy (Background by default; Jobs would otherwise orphan their pods).
+What it emits, and where
+------------------------
+Node events (`NodeUpsert`, `NodeGone`, `SpotNotice`, `GpuHealth`): `nodewatch.py`. Attempt
+status (`WorkloadStatus`, `CheckpointReport`): `attempts.py`, from pods and object verdicts
+(`status.py`). Objects created, deleted and patched: `objects.py`. The fence Lease:
+`fencing.py`. Foreign usage of nodes: `usage.py`.
 """
 
 from __future__ import annotations
@@ -55,11 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
-import random
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -68,153 +28,52 @@ import structlog
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from agents.backend import BackendError, CannotResize, Emit, JobRefused, LogTail, NodeOpResult
+from agents.backend import BackendError, Emit, JobRefused, LogTail, NodeOpResult
+from agents.kube.attempts import Attempts, AttemptWatch, Key
 from agents.kube.auth import TokenRefresher
 from agents.kube.client import (
     BadInput,
     KubeApiError,
     KubeRest,
-    Outage,
-    Pacer,
     RateLimit,
     Reflector,
-    item_path,
     sleep_or_stop,
 )
 from agents.kube.config import (
     FlavorConfig,
     KubeBackendConfig,
-    Provider,
     build_workload,
     convert_kube_config,
 )
-from agents.kube.decode import (
-    ZERO,
-    KJob,
-    KMeta,
-    KNode,
-    KObject,
-    KPod,
-    Usage,
-    decode_job_status,
-    parse_time,
-    pod_usage,
-)
-from agents.kube.fence import (
-    ANN_FENCED,
-    FENCED_VALUE,
-    ClusterFence,
-    decode_lease,
-    lease_body,
-    lease_collection,
-    lease_path,
-    renewal_patch,
-)
+from agents.kube.decode import KJob, KNode, KPod
+from agents.kube.fencing import LeaseKeeper
 from agents.kube.logs import read_pod_logs
 from agents.kube.nodeops import kube_node_op
-from agents.kube.nodes import (
-    GpuState,
-    Notice,
-    Rules,
-    counts_for_node,
-    detect_provider,
-    gfd_memory_mib,
-    gpu_product_mismatch,
-    gpu_state,
-    match_flavor,
-    node_info,
-    not_ready_since,
-    notices,
-    untolerated_taints,
-)
-from agents.kube.pools import Autoscaling, is_placeholder
-from agents.kube.quota import attempt_usage, namespace_refusal, quota_message
-from agents.kube.report import REPORT_PATH, Refused, ReportBody, ReportServer, Verdict
-from agents.kube.status import STATUS_RESOURCES, Workload, disruption, job_verdict, pod_job
-from kinds.base import (
-    ANN_CHECKPOINT_REQUEST,
-    ANN_JOB,
-    ANN_KIND,
-    ANN_TOKEN_DIGEST,
-    ANN_TOTAL,
-    LABEL_ATTEMPT,
-    LABEL_JOB,
-    LABEL_TOP,
-    POD,
-    SERVICE,
-    ResizeRefused,
-    Resource,
-)
+from agents.kube.nodes import Rules
+from agents.kube.nodewatch import NodeWatch
+from agents.kube.objects import WorkloadObjects
+from agents.kube.pools import Autoscaling
+from agents.kube.quota import attempt_usage, namespace_refusal
+from agents.kube.report import REPORT_PATH, ReportBody, ReportServer, Verdict
+from agents.kube.status import STATUS_RESOURCES, Workload
+from agents.kube.usage import ForeignPods, ForeignUsage
+from agents.kube.watches import Watches
 from kinds.base import KindError as ManifestError
-from kinds.plan import PlannedObject, WorkloadPlan, owner_reference
-from kinds.pods import selector, token_digest
-from kinds.registry import OWNED_RESOURCES, adapter_of
+from kinds.base import Resource
+from kinds.plan import WorkloadPlan
 from schemas.agent import (
     AgentEvent,
     ClusterSnapshot,
     Dispatch,
     FlavorInfo,
-    GpuHealth,
     LogRequest,
-    NodeGone,
-    NodeInfo,
     NodeOpName,
-    NodeUpsert,
     Provision,
     ProvisionPool,
-    SpotNotice,
+    WorkloadStatus,
 )
 
 log = structlog.get_logger("muster.agent.kube")
-
-# Non-graceful node shutdown (kubernetes.io/docs/reference/labels-annotations-taints): an
-# operator's statement that the node is off, so its containers no longer run.
-OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
-
-# Finished pods hold no capacity; a busy cluster has far more of them than of live ones.
-UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
-
-Key = tuple[str, int]  # (job_id, attempt)
-
-
-class _Node:
-    """What the backend keeps per node: the raw object, its flavor, what was reported, and
-    the timers of its signals (clock seconds when first seen)."""
-
-    __slots__ = (
-        "dip_since",
-        "flavor",
-        "gpu",
-        "info",
-        "known_gpu",
-        "left_flavor",
-        "lost",
-        "mismatch",
-        "not_ready_seen",
-        "notice_seen",
-        "raw",
-        "spot_deadline",
-        "spot_reason",
-        "unselected",
-        "why",
-    )
-
-    def __init__(self, raw: KNode, flavor: FlavorConfig | None) -> None:
-        self.raw = raw
-        self.flavor = flavor
-        self.info: NodeInfo | None = None  # last NodeInfo emitted
-        self.gpu: GpuState | None = None  # last GPU state
-        self.known_gpu = 0  # most GPUs seen: a capacity that drops is a dip, not a new size
-        self.spot_deadline: float | None = None
-        self.spot_reason = ""
-        self.notice_seen: float | None = None
-        self.dip_since: float | None = None
-        self.not_ready_seen: float | None = None
-        self.unselected = False  # left the node label selector (a DELETED that is no deletion)
-        self.left_flavor = False  # its labels match no flavor any more
-        self.mismatch = ""  # GPU product disagreeing with the flavor, once logged
-        self.lost = False  # NotReady past the grace period
-        self.why: list[str] = []  # why it takes no new pods
 
 
 class KubeBackend:
@@ -242,37 +101,17 @@ class KubeBackend:
         self._clock = clock
         self._emit: Emit | None = None
         self._rest: KubeRest | None = None
-        self._nodes: dict[str, _Node] = {}
         self.rules = Rules(config)
-        # GPU resources of every flavor; usage is kept per resource, so a pod requesting a MIG
-        # slice is never counted against a node's whole GPUs.
-        self._resources = tuple(sorted({self.rules.resource(f) for f in config.flavors}))
-        # pod uid -> (node, (cpu, memory, gpus per resource)): pods Muster did not place, and
-        # Muster's own pods of ended attempts that are still terminating.
-        self._foreign: dict[str, tuple[str, tuple[int, ...]]] = {}
-        self._usage: dict[str, list[int]] = {}  # node -> summed foreign usage
-        # pod uid -> (node, text, when, reason, Muster's own pod) while its DisruptionTarget
-        # may say the node goes away (nodes.counts_for_node decides)
-        self._pod_disruption: dict[str, tuple[str, str, float | None, str, bool]] = {}
+        # What pods Muster did not place (and its own of ended attempts, still terminating)
+        # hold on each node, per GPU resource of every flavor.
+        self.usage = ForeignUsage(self.rules.resource(f) for f in config.flavors)
         self.bad_input = BadInput()
         self.tick_s = tick_s
-        # Recently deleted nodes: a pod event can arrive after its node's deletion (separate
-        # watches), and its replica is lost all the same.
-        self._gone_nodes: OrderedDict[str, None] = OrderedDict()
-        self._workloads: dict[Key, Workload] = {}
-        self._pod_key: dict[str, Key] = {}  # Muster pod uid -> workload
-        self._pod_names: dict[Key, dict[str, str]] = {}  # workload -> {uid: pod name}
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
-        # Cancelled attempts, so pods seen after the cancel never report a status.
-        self._cancelled: set[Key] = set()
-        self._cancel_upto: dict[str, float] = {}  # job -> every attempt <= this is cancelled
         self._stop = asyncio.Event()
         self._started = False
         self._live = False  # emit deltas only after the initial lists
-        self.node_reflector: Reflector[KNode] | None = None
-        self.pod_reflector: Reflector[KPod] | None = None  # every unfinished pod
-        self.muster_pod_reflector: Reflector[KPod] | None = None  # Muster's pods, any phase
         self.refresher: TokenRefresher | None = None
         # Where workloads run (per team or queue, `KubeBackendConfig.namespaces`).
         self._namespaces = config.workload_namespaces()
@@ -280,14 +119,100 @@ class KubeBackend:
         self._status_kinds: dict[str, Resource] = {
             r.collection(ns): r for ns in self._namespaces for r in STATUS_RESOURCES
         }
-        self.job_reflectors: dict[str, Reflector[KJob]] = {}  # by collection
-        self.fence_state = ClusterFence(clock)  # the cluster's fence Lease (agents/kube/fence.py)
-        self.bad_objects = 0  # workload objects whose status did not decode
         self.log = log.bind(cluster=cluster)
+        # Each attempt's status from its pods and objects (agents/kube/attempts.py).
+        self.attempts = Attempts(self._namespaces, self._status_kinds, clock, self.log)
+        self.node_watch = NodeWatch(
+            config,
+            self.rules,
+            self.usage.other,
+            self._namespaces,
+            self.topology_levels,
+            clock,
+            self.bad_input,
+            self.log,
+            self._send,
+            lambda: self.rest,
+            self._spawn,
+            lambda name: self.attempt_watch.node_gone(name),
+        )
+        self.foreign_pods = ForeignPods(
+            self.usage, self.node_watch, self.attempts, self._namespaces
+        )
+        self.objects = WorkloadObjects(
+            config,
+            self._namespaces,
+            self.attempts,
+            lambda: self.rest,
+            self._muster_pods,
+            self.log,
+        )
+        self.attempt_watch = AttemptWatch(
+            self.attempts,
+            self._namespaces,
+            self.node_watch.gone,
+            self.log,
+            self._send,
+            lambda: self._live,
+            self._muster_pods,
+            self.node_watch.note_disruption,
+            self.foreign_pods.hold,
+            self._forget_held,
+            self._ended,
+        )
+        self.watches = Watches(
+            config,
+            self._namespaces,
+            self._status_kinds,
+            self.bad_input,
+            self.node_watch,
+            self.foreign_pods,
+            (self.attempt_watch.replace_pods, self.attempt_watch.pod_event),
+            lambda res: (self.attempt_watch.job_replacer(res), self.attempt_watch.job_handler(res)),
+            self.objects.scan,
+            self._stop,
+            self.log,
+        )
+        # The cluster's fence Lease (agents/kube/fencing.py, fence.py).
+        self.lease = LeaseKeeper(cluster, config.namespace, lambda: self.rest, clock, self.log)
+        self.fence_state = self.lease.state
         # Checkpoint reports from pods (agents/kube/report.py); the URL pods get, once bound.
         self.report_server: ReportServer | None = None
         self.report_url: str | None = None
         self.autoscaling: Autoscaling | None = None  # autoscaled pools (agents/kube/pools.py)
+        # The parts' state by the names the tests and benchmarks read.
+        self._nodes = self.node_watch.nodes
+        self._foreign = self.usage.pods  # by pod uid
+        self._workloads = self.attempts.workloads
+        self._pod_names = self.attempts.pod_names
+
+    @property
+    def node_reflector(self) -> Reflector[KNode] | None:
+        return self.watches.node
+
+    @property
+    def pod_reflector(self) -> Reflector[KPod] | None:
+        """Every unfinished pod."""
+        return self.watches.pod
+
+    @property
+    def muster_pod_reflector(self) -> Reflector[KPod] | None:
+        """Muster's pods, any phase."""
+        return self.watches.muster_pod
+
+    @property
+    def job_reflectors(self) -> dict[str, Reflector[KJob]]:
+        """Muster's workload objects with a status, by collection."""
+        return self.watches.jobs
+
+    def _muster_pods(self) -> dict[str, KPod]:
+        """Muster's pods as last seen, by uid."""
+        return self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
+
+    @property
+    def bad_objects(self) -> int:
+        """Workload objects whose status did not decode."""
+        return self.attempts.bad_objects
 
     @classmethod
     def from_config(
@@ -347,95 +272,21 @@ class KubeBackend:
         cfg = self.config
         limit = RateLimit(cfg.api_qps, cfg.api_burst, cfg.api_inflight)
         self._rest = KubeRest(self._api, cfg.request_timeout_s, self._refresh_credentials, limit)
-        outage = Outage(self._rest.url)
-        common: dict[str, Any] = {
-            "page_size": cfg.list_page_size,
-            "watch_timeout_s": cfg.watch_timeout_s,
-            "resync_s": cfg.resync_period_s,
-            "backoff_initial_s": cfg.backoff_initial_s,
-            "backoff_max_s": cfg.backoff_max_s,
-            "outage": outage,
-            "bad_input": self.bad_input,
-        }
-        self.node_reflector = Reflector(
-            self._rest,
-            "/api/v1/nodes",
-            KNode,
-            self._replace_nodes,
-            self._node_event,
-            label_selector=cfg.node_label_selector,
-            name="nodes",
-            **common,
-        )
-        # Pods of every namespace use node capacity, but finished ones do not: the field
-        # selector keeps them (most pods of a busy cluster) out of lists and watches. A pod
-        # that finishes then arrives as DELETED, which is what it is to capacity.
-        # Streamed (no cache of 150,000 pods): the backend keeps a few integers per pod.
-        self.pod_reflector = Reflector(
-            self._rest,
-            "/api/v1/pods",
-            KPod,
-            None,
-            self._pod_event,
-            on_page=self._pods_page,
-            on_listed=self._pods_listed,
-            field_selector=UNFINISHED_PODS,
-            name="pods",
-            **common,
-        )
-        # Muster's own pods, every phase (the exit codes of a failed pod are its verdict):
-        # with several workload namespaces, one watch of every namespace (the ClusterRole's
-        # list/watch on pods), the handler keeping those in a workload namespace.
-        self.muster_pod_reflector = Reflector(
-            self._rest,
-            "/api/v1/pods"
-            if len(self._namespaces) > 1
-            else f"/api/v1/namespaces/{cfg.namespace}/pods",
-            KPod,
-            self._replace_muster_pods,
-            self._muster_pod_event,
-            label_selector=LABEL_JOB,
-            name="muster-pods",
-            **common,
-        )
-        for collection, res in self._status_kinds.items():
-            group = res.api_version.rsplit("/", 1)[0]
-            self.job_reflectors[collection] = Reflector(
-                self._rest,
-                collection,
-                KJob,
-                self._job_replacer(res),
-                self._job_handler(res),
-                label_selector=selector(),
-                absent_retry_s=cfg.resync_period_s,
-                name=f"{res.plural}.{group}",
-                **common,
-            )
-        await self._initial_lists()
+        common = self.watches.build(self._rest)
+        await self.watches.initial_lists()
         self.autoscaling = await Autoscaling.start(
             self._rest, cfg, self.declared_pools, common, self._flavors_changed
         )
-        await self._adopt_lease()
+        await self.lease.adopt()
         # What exists now (modules, the node cache) lives as long as the agent: out of the
         # cyclic collector's full passes, which would otherwise walk it every time and hold
         # the loop for tens of milliseconds on a big cluster. Refcounting still frees it.
         gc.freeze()
         self._live = True  # before the report endpoint: a report it takes is emitted
         await self._start_report_server()
-        for name, n in self._nodes.items():
-            if n.flavor is None:
-                continue
-            if n.spot_deadline is not None:
-                self._send(SpotNotice(node=name, deadline=n.spot_deadline, reason=n.spot_reason))
-            if n.gpu is not None and n.gpu.healthy is not None:
-                self._send(
-                    GpuHealth(node=name, healthy=n.gpu.healthy, xid=n.gpu.xid, reason=n.gpu.reason)
-                )
+        self.node_watch.send_outstanding()
         reflectors: list[Reflector[Any]] = [
-            self.node_reflector,
-            self.pod_reflector,
-            self.muster_pod_reflector,
-            *self.job_reflectors.values(),
+            *self.watches.all(),
             *(self.autoscaling.reflectors if self.autoscaling else ()),
         ]
         self._tasks = [
@@ -446,9 +297,8 @@ class KubeBackend:
             asyncio.create_task(self._housekeeping(), name=f"kube-gc-{self.cluster}"),
             asyncio.create_task(self._timers(), name=f"kube-timers-{self.cluster}"),
         ]
-        self.log.info(
-            "kube backend started", nodes=len(self._nodes), workloads=len(self._workloads)
-        )
+        nodes, workloads = len(self.node_watch.nodes), len(self.attempts.workloads)
+        self.log.info("kube backend started", nodes=nodes, workloads=workloads)
 
     async def _start_report_server(self) -> None:
         """Serve checkpoint reports. A port that cannot be bound leaves the agent running
@@ -469,74 +319,15 @@ class KubeBackend:
             return
         self.report_server, self.report_url = server, base + REPORT_PATH
 
-    async def _initial_lists(self) -> None:
-        """The first lists, retried with backoff until the API server answers: an agent
-        started before its API server is reachable waits (one log line with the URL) instead
-        of exiting with a traceback."""
-        assert self.node_reflector and self.pod_reflector and self.muster_pod_reflector
-        backoff = self.config.backoff_initial_s
-        outage = self.node_reflector.outage
-        while True:
-            try:
-                # Kinds without a status (Services, Pods) are found by a scan; the others by
-                # their reflector's list, which must not stop the agent (a CRD can be absent).
-                await self._scan_objects(
-                    [
-                        r
-                        for r in OWNED_RESOURCES
-                        if r.collection(self.config.namespace) not in self._status_kinds
-                    ]
-                )
-                for jr in self.job_reflectors.values():
-                    try:
-                        await jr.list_once()
-                    except Exception as exc:
-                        if not jr.note_absent(exc):
-                            self.log.warning(
-                                "listing workload objects failed; the watch retries",
-                                collection=jr.name,
-                                error=str(exc)[:300],
-                            )
-                await self.muster_pod_reflector.list_once()
-                await self.pod_reflector.list_once()
-                await self.node_reflector.list_once()
-                outage.ok()
-                return
-            except (OSError, TimeoutError, aiohttp.ClientError, KubeApiError) as exc:
-                if isinstance(exc, KubeApiError) and exc.status in (401, 403):
-                    self.log.error(
-                        "the API server refuses the agent's credentials; retrying",
-                        url=self.rest.url,
-                        error=str(exc)[:300],
-                    )
-                else:
-                    outage.failed(exc, self.config.backoff_max_s)
-                if await sleep_or_stop(self._stop, backoff * (0.5 + random.random() / 2)):
-                    raise BackendError("stopped before the API server answered") from None
-                backoff = min(self.config.backoff_max_s, backoff * 2)
-
     def stale_s(self) -> float:
         """Seconds the node or pod watches have been failing, once past `stale_after_s`
         (0 = fresh): the heartbeat carries it and the broker stops placing work here."""
-        now = time.monotonic()
-        worst = max(
-            (
-                r.stale_for(now)
-                for r in (self.node_reflector, self.pod_reflector, self.muster_pod_reflector)
-                if r
-            ),
-            default=0.0,
-        )
-        return worst if worst > self.config.stale_after_s else 0.0
+        return self.watches.stale_s(self.config.stale_after_s)
 
     @property
     def counters(self) -> dict[str, int]:
         """What the agent exports as metrics: watch health and bad input per kind/reason."""
-        out: dict[str, int] = {}
-        for r in (self.node_reflector, self.pod_reflector, self.muster_pod_reflector):
-            if r is not None:
-                for k in ("lists", "resyncs", "gone", "errors", "resumes", "events"):
-                    out[f"{r.name}_{k}"] = getattr(r, k)
+        out = self.watches.counters()
         if self._rest is not None:
             out["credential_refreshes"] = self._rest.refreshes
             out["throttled"] = self._rest.throttled
@@ -570,207 +361,29 @@ class KubeBackend:
         if self._live and self._emit is not None:
             self._emit(event)
 
-    # -- nodes -----------------------------------------------------------------------------
-    async def _replace_nodes(self, items: list[KNode]) -> None:
-        seen = set()
-        async for node in Pacer().each(items):
-            if node.metadata.name:
-                seen.add(node.metadata.name)
-                self._upsert_node(node)
-        for name in [n for n in self._nodes if n not in seen]:
-            self._node_missing(name, "node gone (not in re-list)")
-
-    def _node_event(self, kind: str, node: KNode) -> None:
-        if not node.metadata.name:
-            self.bad_input.note("Node", "no name")
-            return
-        if kind == "DELETED":
-            self._node_missing(node.metadata.name, "node deleted")
-        else:
-            self._upsert_node(node)
-
-    def _node_missing(self, name: str, reason: str) -> None:
-        """A node left the watch. Without a label selector that is a deletion. With one, it
-        may only have stopped matching (the API server says DELETED for both): ask."""
-        entry = self._nodes.get(name)
-        if entry is not None and entry.unselected:
-            return
-        if not self.config.node_label_selector:
-            self._remove_node(name, reason)
-            return
-        task = asyncio.create_task(self._confirm_gone(name, reason))
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in the background; `stop` cancels it."""
+        task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _confirm_gone(self, name: str, reason: str) -> None:
-        try:
-            data = await self.rest.request("GET", f"/api/v1/nodes/{name}", ok_missing=True)
-        except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
-            self.log.warning(
-                "could not tell a deleted node from an unselected one",
-                node=name,
-                error=str(exc)[:200],
-            )
-            return  # the next resync asks again
-        entry = self._nodes.get(name)
-        if data is None:
-            self._remove_node(name, reason)
-        elif entry is not None:
-            entry.unselected = True
-            self._evaluate(entry)
+    def _forget_held(self, uid: str) -> None:
+        """A Muster pod is gone: it holds nothing and disrupts no node any more."""
+        self.foreign_pods.set(uid, None, ())
+        self.node_watch.drop_disruption(uid)
 
-    def _remove_node(self, name: str, reason: str) -> None:
-        self._gone_nodes[name] = None
-        while len(self._gone_nodes) > 4096:
-            self._gone_nodes.popitem(last=False)
-        entry = self._nodes.pop(name, None)
-        if entry is not None and entry.info is not None:
-            self._send(NodeGone(node=name, reason=reason))
-        for w in self._workloads.values():
-            if w.node_gone(name):
-                self._report(w)
+    def _ended(self, w: Workload, st: WorkloadStatus) -> None:
+        """An attempt reached a terminal phase: withdraw the autoscaler request it consumed
+        and, when it finished, free the GPUs of its pods that still run."""
+        if self.autoscaling is not None and w.job_id in self.autoscaling.asks:
+            self.autoscaling.withdraw_later(w.job_id, 0.0)  # the request it consumed
+        if st.phase in ("succeeded", "failed") and self.config.release_finished_pods:
+            self._spawn(self.objects.release_finished((w.job_id, w.attempt)))
 
-    def _upsert_node(self, node: KNode) -> None:
-        name = node.metadata.name
-        self._gone_nodes.pop(name, None)
-        flavor = match_flavor(node, self.config.flavors)
-        entry = self._nodes.get(name)
-        if entry is None:
-            entry = self._nodes[name] = _Node(node, flavor)
-        entry.raw = node
-        entry.unselected = False
-        if flavor is None:
-            if entry.info is None:
-                entry.flavor = None
-                return
-            # Its labels changed under it: it takes no new pods; what runs there stays.
-            entry.left_flavor = True
-        else:
-            entry.flavor, entry.left_flavor = flavor, False
-        self._evaluate(entry)
-
-    def _evaluate(self, entry: _Node) -> None:
-        """Every signal of one node: going away (a notice with a deadline), takes no new pods
-        (with the reasons), lost (NotReady past the grace period), explicit GPU faults."""
-        flavor = entry.flavor
-        if flavor is None:
-            return
-        node, cfg, rules = entry.raw, self.config, self.rules
-        name = node.metadata.name
-        now = self._clock()
-        provider = detect_provider(node)
-        # Going away: the earliest deadline among the signals, from each signal's own time.
-        found = notices(node, rules, provider)
-        node_found = list(found)
-        for pod_node, text, at, dis, own in self._pod_disruption.values():
-            if pod_node == name and counts_for_node(dis, own, node, node_found):
-                found.append(Notice(text, at, rules.windows.for_provider(provider)))
-        notice: SpotNotice | None = None
-        if not found:
-            entry.notice_seen, entry.spot_deadline, entry.spot_reason = None, None, ""
-        elif entry.spot_deadline is None:
-            seen = entry.notice_seen = entry.notice_seen or now
-            deadline = min((n.at if n.at is not None else seen) + n.window_s for n in found)
-            entry.spot_deadline = deadline
-            entry.spot_reason = f"{provider}: " + ", ".join(n.reason for n in found)[:900]
-            notice = SpotNotice(node=name, deadline=deadline, reason=entry.spot_reason)
-            self.log.info(
-                "node going away",
-                node=name,
-                reason=entry.spot_reason,
-                deadline_in_s=round(deadline - now, 1),
-            )
-        # Takes no new pods.
-        why: list[str] = []
-        if node.spec.unschedulable:
-            why.append("cordoned")
-        if node.metadata.deletionTimestamp:
-            why.append("being deleted")
-        why += [f"taint {t} not tolerated" for t in untolerated_taints(node, flavor, rules)]
-        not_ready, since = not_ready_since(node)
-        was_lost, entry.lost = entry.lost, False
-        if not_ready:
-            entry.not_ready_seen = entry.not_ready_seen or now
-            start = since if since is not None else entry.not_ready_seen
-            shut_down = any(t.key == OUT_OF_SERVICE for t in node.spec.taints)
-            if now - start >= cfg.not_ready_grace_s and shut_down:
-                # Proof the containers are gone: an operator declared the node shut down.
-                entry.lost = True
-                if not was_lost:
-                    self.log.warning(
-                        "node NotReady and out of service: replicas lost",
-                        node=name,
-                        grace_s=cfg.not_ready_grace_s,
-                    )
-            else:
-                # A partitioned node or a hung kubelet keeps its containers running, and
-                # taint-based eviction only marks the pods: NotReady alone proves nothing.
-                why.append(
-                    f"NotReady; its replicas count as lost once it is deleted or tainted "
-                    f"{OUT_OF_SERVICE} (and {cfg.not_ready_grace_s:g}s NotReady)"
-                )
-        else:
-            entry.not_ready_seen = None
-        gpu = gpu_state(node, rules, rules.resource(flavor))
-        if gpu.clamped:
-            self.bad_input.note(
-                "Node", "GPU count above the schema bound", node=name, detail=gpu.clamped
-            )
-        if gpu.healthy is None and gpu.total < entry.known_gpu:
-            # Capacity shrank (the device plugin went away): a dip of the GPUs known.
-            gone = entry.known_gpu - gpu.total + gpu.missing
-            res = rules.resource(flavor)
-            gpu = GpuState(
-                entry.known_gpu,
-                missing=gone,
-                missing_reason=f"{gone} of {entry.known_gpu} {res} not allocatable",
-            )
-        elif gpu.healthy is None and not gpu.missing:
-            entry.known_gpu = gpu.total
-        if gpu.missing:
-            entry.dip_since = entry.dip_since or now
-            if now - entry.dip_since >= cfg.allocatable_debounce_s:
-                why.append(gpu.missing_reason)
-        else:
-            entry.dip_since = None
-        mismatch = gpu_product_mismatch(node.metadata.labels, flavor.gpu_type)
-        if mismatch:
-            why.append(mismatch)
-            if entry.mismatch != mismatch:
-                self.bad_input.note(
-                    "Node", "GPU product disagrees with its flavor", node=name, detail=mismatch
-                )
-        entry.mismatch = mismatch or ""
-        if entry.unselected:
-            why.append("left the node selector")
-        if entry.left_flavor:
-            why.append("matches no flavor any more")
-        entry.why = why
-        # GPU health: only explicit faults and their recovery are news.
-        health: GpuHealth | None = None
-        prev = entry.gpu
-        if (prev.healthy if prev else None) != gpu.healthy:
-            health = GpuHealth(
-                node=name,
-                healthy=gpu.total if gpu.healthy is None else gpu.healthy,
-                xid=gpu.xid,
-                reason=gpu.reason or "GPUs healthy again",
-            )
-        entry.gpu = gpu
-        self._refresh(entry)
-        if notice is not None:
-            self._send(notice)
-        if health is not None:
-            self._send(health)
-
+    # -- nodes -----------------------------------------------------------------------------
     def evaluate_timers(self) -> None:
-        """Re-read the nodes whose verdict depends on time (a dip being debounced, a NotReady
-        within its grace): the clock alone can change their state."""
-        for entry in list(self._nodes.values()):
-            if entry.flavor is not None and (
-                entry.dip_since is not None or entry.not_ready_seen is not None
-            ):
-                self._evaluate(entry)
+        """Re-read the nodes whose verdict depends on time (`NodeWatch.evaluate_timers`)."""
+        self.node_watch.evaluate_timers()
 
     async def _timers(self) -> None:
         while not await sleep_or_stop(self._stop, self.tick_s):
@@ -781,406 +394,10 @@ class KubeBackend:
                     "Node", f"evaluation failed: {type(exc).__name__}", error=str(exc)[:200]
                 )
 
-    def _refresh(self, entry: _Node) -> None:
-        """Recompute the node's NodeInfo and emit NodeUpsert when it changed."""
-        if entry.flavor is None:
-            return
-        name = entry.raw.metadata.name
-        info = node_info(
-            entry.raw,
-            entry.flavor,
-            self.rules,
-            self._other(name, self.rules.resource(entry.flavor)),
-            entry.spot_deadline,
-            entry.gpu,
-            lost=entry.lost,
-            no_new_pods=entry.why,
-            topology_levels=self.topology_levels,
-        )
-        if info != entry.info:
-            entry.info = info
-            self._send(NodeUpsert(node=info))
-
-    # -- pods ------------------------------------------------------------------------------
-    def _other(self, node: str, resource: str) -> Usage:
-        vec = self._usage.get(node)
-        if vec is None:
-            return ZERO
-        return Usage(vec[2 + self._resources.index(resource)], vec[0], vec[1])
-
-    def _demand(self, pod: KPod) -> tuple[int, ...]:
-        """(cpu, memory, GPUs of each configured resource) that a pod holds on its node."""
-        first = pod_usage(pod, self._resources[0])
-        gpus = [first.gpu] + [pod_usage(pod, r).gpu for r in self._resources[1:]]
-        return (first.cpu_milli, first.memory, *gpus)
-
-    async def _pods_page(self, items: list[KPod]) -> None:
-        """One page of a (re-)list of every unfinished pod. Nodes are refreshed once per
-        page, not once per pod."""
-        touched: set[str] = set()
-        pacer = Pacer()
-        async for pod in pacer.each(items):
-            if pod.metadata.uid:
-                self._pod_event("MODIFIED", pod, touched)
-        async for name in pacer.each(touched):
-            entry = self._nodes.get(name)
-            if entry is not None:
-                self._refresh(entry)
-
-    async def _pods_listed(self, seen: set[str], complete: bool) -> None:
-        """The list is complete: pods it did not hold are gone. Linear: one pass over what
-        the backend holds, set lookups only, yielding as it goes."""
-        if not complete:
-            return  # an undecodable pod may be one of them: nothing is taken as gone
-        owned = self._pod_key  # Muster's own pods are the muster-pods watch's to forget
-        pacer = Pacer()
-        gone: set[str] = set()
-        for held in (self._foreign, self._pod_disruption):
-            async for uid in pacer.each(list(held)):
-                if uid not in seen and uid not in owned:
-                    gone.add(uid)
-        async for uid in pacer.each(gone):
-            self._set_foreign(uid, None, ())
-            self._drop_disruption(uid)
-
-    async def _replace_muster_pods(self, items: list[KPod]) -> None:
-        pacer = Pacer()
-        seen = set()
-        async for pod in pacer.each(items):
-            if pod.metadata.uid:
-                seen.add(pod.metadata.uid)
-                self._muster_pod_event("MODIFIED", pod)
-        async for uid in pacer.each([u for u in self._pod_key if u not in seen]):
-            self._forget_pod(uid)
-
-    def _forget_pod(self, uid: str) -> None:
-        """A Muster pod vanished between lists: drop what it held; it counts as deleted."""
-        self._set_foreign(uid, None, ())
-        self._drop_disruption(uid)
-        key = self._pod_key.pop(uid, None)
-        if key is not None:
-            w = self._workloads.get(key)
-            names = self._pod_names.get(key, {})
-            name = names.pop(uid, "")
-            if w is not None:
-                stub = KPod()
-                stub.metadata.name = name
-                w.update_pod(uid, stub, deleted=True)
-                self._report(w)
-
-    def _note_disruption(self, uid: str, pod: KPod, deleted: bool) -> None:
-        """A node-level DisruptionTarget on any pod is a notice for its node."""
-        node = pod.spec.nodeName
-        dis = disruption(pod)
-        if dis in self.rules.disruption_reasons and node and not deleted:
-            if uid not in self._pod_disruption:
-                at = next(
-                    (
-                        parse_time(c.lastTransitionTime)
-                        for c in pod.status.conditions
-                        if c.type == "DisruptionTarget"
-                    ),
-                    None,
-                )
-                own = LABEL_JOB in pod.metadata.labels and (
-                    pod.metadata.namespace in self._namespaces
-                )
-                text = f"pod {pod.metadata.name}: {dis}"
-                self._pod_disruption[uid] = (node, text, at, dis, own)
-                entry = self._nodes.get(node)
-                if entry is not None:
-                    self._evaluate(entry)
-        else:
-            self._drop_disruption(uid)
-
-    def _drop_disruption(self, uid: str) -> None:
-        old = self._pod_disruption.pop(uid, None)
-        if old is not None:
-            entry = self._nodes.get(old[0])
-            if entry is not None:
-                self._evaluate(entry)
-
-    def _pod_event(self, kind: str, pod: KPod, touched: set[str] | None = None) -> None:
-        """Every unfinished pod of the cluster (field selector): capacity and signals.
-        With `touched`, the nodes whose usage changed are collected there, not refreshed."""
-        meta = pod.metadata
-        uid = meta.uid or f"{meta.namespace}/{meta.name}"
-        deleted = kind == "DELETED"
-        self._note_disruption(uid, pod, deleted)
-        if LABEL_JOB in meta.labels and meta.namespace in self._namespaces:
-            return  # Muster's own: the muster-pods watch accounts for it
-        if is_placeholder(meta.labels) and meta.namespace in self._namespaces:
-            return  # holds a new node for the gang the broker will place there
-        node = pod.spec.nodeName
-        active = not deleted and node and pod.status.phase not in ("Succeeded", "Failed")
-        usage = self._demand(pod) if active else ()
-        self._set_foreign(uid, node if active else None, usage, touched)
-
-    def _muster_pod_event(self, kind: str, pod: KPod) -> None:
-        meta = pod.metadata
-        if meta.namespace and meta.namespace not in self._namespaces:
-            return  # a label outside the workload namespaces fakes no status
-        uid = meta.uid or f"{meta.namespace}/{meta.name}"
-        deleted = kind == "DELETED"
-        self._note_disruption(uid, pod, deleted)
-        self._muster_pod(uid, pod, deleted)
-
-    def _hold(self, uid: str, pod: KPod, deleted: bool) -> None:
-        """A Muster pod of an attempt that ended (cancelled, or reported finished) but still
-        terminating holds its GPUs: the broker has released them, so count them as foreign
-        until the pod is gone."""
-        key = self._pod_key.get(uid)
-        w = self._workloads.get(key) if key is not None else None
-        node = pod.spec.nodeName
-        held = (
-            w is not None
-            and (w.cancelled or w.terminal)
-            and not deleted
-            and bool(node)
-            and pod.status.phase not in ("Succeeded", "Failed")
-        )
-        self._set_foreign(uid, node if held else None, self._demand(pod) if held else ())
-
-    def _set_foreign(
-        self,
-        uid: str,
-        node: str | None,
-        usage: tuple[int, ...],
-        touched: set[str] | None = None,
-    ) -> None:
-        old = self._foreign.pop(uid, None)
-        if old is not None and node == old[0] and usage == old[1]:
-            self._foreign[uid] = old  # unchanged (a re-list, a status-only change)
-            return
-        defer = touched is not None
-        touched = set() if touched is None else touched
-        if old is not None:
-            vec = self._usage[old[0]]
-            for i, v in enumerate(old[1]):
-                vec[i] -= v
-            touched.add(old[0])
-        if node and any(usage):
-            self._foreign[uid] = (node, usage)
-            vec = self._usage.setdefault(node, [0] * (2 + len(self._resources)))
-            for i, v in enumerate(usage):
-                vec[i] += v
-            touched.add(node)
-        for n in (old[0],) if old is not None else ():
-            if not any(self._usage.get(n, ())):
-                self._usage.pop(n, None)
-        if defer:
-            return
-        for n in touched:
-            entry = self._nodes.get(n)
-            if entry is not None:
-                self._refresh(entry)
-
-    def _muster_pod(self, uid: str, pod: KPod, deleted: bool) -> None:
-        meta = pod.metadata
-        job_id = pod_job(pod)
-        raw_attempt = meta.labels.get(LABEL_ATTEMPT, "")
-        if not job_id or not raw_attempt.isdigit() or int(raw_attempt) < 1:
-            return
-        key = (job_id, int(raw_attempt))
-        w = self._workloads.get(key)
-        if w is None:
-            kind = meta.annotations.get(ANN_KIND, "")
-            w = self._workloads[key] = Workload(job_id, key[1], kind=kind)
-            w.cancelled = self._is_cancelled(key)
-        w.namespace = w.namespace or meta.namespace
-        w.update_pod(uid, pod, deleted)
-        if not w.token_digest:  # an agent restarted since the dispatch: the pods keep it
-            w.token_digest = meta.annotations.get(ANN_TOKEN_DIGEST, "")
-        if pod.spec.nodeName in self._gone_nodes:
-            w.node_gone(pod.spec.nodeName)
-        names = self._pod_names.setdefault(key, {})
-        if deleted:
-            self._pod_key.pop(uid, None)
-            names.pop(uid, None)
-        else:
-            self._pod_key[uid] = key
-            names[uid] = meta.name
-        report = w.checkpoint(pod, self._clock) if not w.cancelled else None
-        if report is not None:
-            self._send(report)
-        self._report(w)
-        self._hold(uid, pod, deleted)
-
-    def _is_cancelled(self, key: Key) -> bool:
-        return key in self._cancelled or key[1] <= self._cancel_upto.get(key[0], 0)
-
-    def _report(self, w: Workload) -> None:
-        if not self._live:
-            # Before the first snapshot the phase is not "news"; remember it as reported.
-            if not w.cancelled and not w.terminal:
-                w.last_phase = w.current_phase()
-            return
-        st = w.transition()
-        if st is not None:
-            self.log.info(
-                "workload", job_id=w.job_id, attempt=w.attempt, phase=st.phase, reason=st.reason
-            )
-            self._send(st)
-            if w.terminal:
-                self._hold_all((w.job_id, w.attempt))
-                if self.autoscaling is not None and w.job_id in self.autoscaling.asks:
-                    self.autoscaling.withdraw_later(w.job_id, 0.0)  # the request it consumed
-                if st.phase in ("succeeded", "failed") and self.config.release_finished_pods:
-                    task = asyncio.create_task(self._release_finished((w.job_id, w.attempt)))
-                    self._background.add(task)
-                    task.add_done_callback(self._background.discard)
-
-    # -- workload objects with a status -----------------------------------------------------
-    def _job_replacer(self, res: Resource) -> Callable[[list[KJob]], Awaitable[None]]:
-        async def replace(items: list[KJob]) -> None:
-            # Objects gone between lists keep the verdict last seen: a finished attempt's
-            # object may be deleted, and a live one's deletion shows in its pods.
-            async for obj in Pacer().each(items):
-                self._job_event(res, "MODIFIED", obj)
-
-        return replace
-
-    def _job_handler(self, res: Resource) -> Callable[[str, KJob], None]:
-        def handle(kind: str, obj: KJob) -> None:
-            self._job_event(res, kind, obj)
-
-        return handle
-
-    def _job_event(self, res: Resource, kind: str, obj: KJob) -> None:
-        """One of Muster's workload objects changed: record its verdict for the attempt.
-        Same ownership rules as pods (workload namespace, Muster's labels)."""
-        meta = obj.metadata
-        key = _owned_key(meta)
-        if (
-            key is None
-            or not meta.name
-            or meta.namespace not in self._namespaces
-            or LABEL_TOP not in meta.labels
-        ):
-            return
-        if kind == "DELETED" and key not in self._workloads:
-            return  # an attempt already forgotten (finished, collected): nothing to say
-        w = self._workload(key, meta)
-        ref = (res.collection(meta.namespace), meta.name)
-        if ref not in w.objects:
-            w.objects.append(ref)
-        w.expect_object(ref)
-        status = decode_job_status(obj.status)
-        if status is None:
-            self.bad_objects += 1
-            if self.bad_objects & (self.bad_objects - 1) == 0:  # 1st, 2nd, 4th, ...: no flood
-                self.log.warning(
-                    "workload object with an undecodable status ignored",
-                    kind=res.kind,
-                    name=meta.name,
-                    status=bytes(obj.status)[:200],
-                    count=self.bad_objects,
-                )
-            return
-        w.update_object(ref, job_verdict(res.api_version, res.kind, meta.name, status))
-        self._report(w)
-
-    def _workload(self, key: Key, meta: KMeta) -> Workload:
-        """The attempt's Workload, created from a top-level object's annotations if new."""
-        w = self._workloads.get(key)
-        if w is None:
-            total = meta.annotations.get(ANN_TOTAL, "")
-            w = self._workloads[key] = Workload(
-                key[0],
-                key[1],
-                int(total) if total.isdigit() else 0,
-                meta.annotations.get(ANN_KIND, ""),
-            )
-            w.cancelled = self._is_cancelled(key)
-        w.namespace = w.namespace or meta.namespace
-        return w
-
     # -- Muster's objects ------------------------------------------------------------------
-    async def _scan_objects(
-        self, resources: list[Resource] | tuple[Resource, ...] = OWNED_RESOURCES
-    ) -> list[tuple[Key, str, str]]:
-        """List every Muster-owned object of the given kinds in the workload namespaces
-        (a kind whose CRD is not installed answers 404 and is skipped)."""
-        found: list[tuple[Key, str, str]] = []
-        for collection in (r.collection(ns) for ns in self._namespaces for r in resources):
-            try:
-                items, _ = await self.rest.list_all(
-                    collection, KObject, selector(), self.config.list_page_size
-                )
-            except KubeApiError as exc:
-                if exc.status in (404, 403):
-                    continue
-                raise
-            for obj in items:
-                meta = obj.metadata
-                key = _owned_key(meta)
-                if key is None:
-                    continue
-                found.append((key, collection, meta.name))
-                w = self._workload(key, meta)
-                if (collection, meta.name) not in w.objects:
-                    w.objects.append((collection, meta.name))
-                if collection in self._status_kinds:
-                    w.expect_object((collection, meta.name))
-        return found
-
     async def _delete_objects(self, objects: list[tuple[str, str]]) -> None:
-        """All at once within the API budget (a Pod-kind gang is one object per pod); the
-        first failure is raised once every delete has been tried."""
-        results = await asyncio.gather(
-            *(
-                self.rest.delete(item_path(c, n), self.config.delete_propagation)
-                for c, n in objects
-            ),
-            return_exceptions=True,
-        )
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-
-    async def _delete_attempts(self, job_id: str, keep: Callable[[int], bool], why: str) -> int:
-        """Delete every object of `job_id` whose attempt is not kept; the count deleted.
-        Uses what is known locally plus a fresh list by label (an object created by a
-        previous agent instance may not be known). The lists go to the job's namespace
-        when one of its attempts is known here, else to every workload namespace."""
-        targets: dict[tuple[str, str], None] = {}  # ordered, O(1) membership
-        known: dict[str, None] = {}
-        for (jid, attempt), w in self._workloads.items():
-            if jid == job_id and w.namespace:
-                known[w.namespace] = None
-            if jid == job_id and not keep(attempt):
-                w.cancelled = True
-                targets.update(dict.fromkeys(w.objects))
-        spaces = list(known) or self._namespaces
-        for collection in (r.collection(ns) for ns in spaces for r in OWNED_RESOURCES):
-            try:
-                items, _ = await self.rest.list_all(collection, KObject, selector(job_id))
-            except KubeApiError as exc:
-                if exc.status in (404, 403):
-                    continue
-                raise
-            for obj in items:
-                # The label may be a shortened form that another id shares: only the exact
-                # id in the annotation makes an object this job's to delete.
-                found = _owned_key(obj.metadata)
-                if obj.metadata.annotations.get(ANN_JOB) != job_id or found is None:
-                    continue
-                if keep(found[1]):
-                    continue
-                targets[(collection, obj.metadata.name)] = None
-        await self._delete_objects(list(targets))
-        if targets:
-            self.log.info("deleted workload objects", job_id=job_id, count=len(targets), why=why)
-        return len(targets)
-
-    def _provider_of(self, cmd: Dispatch) -> Provider:
-        """The provider of the nodes an attempt goes to (its pods' spot grace)."""
-        for a in cmd.assignment:
-            for name in a.nodes:
-                entry = self._nodes.get(name)
-                if entry is not None:
-                    return detect_provider(entry.raw)
-        return "other"
+        """Delete these objects (`WorkloadObjects.delete`)."""
+        await self.objects.delete(objects)
 
     # -- commands --------------------------------------------------------------------------
     def _plan(self, cmd: Dispatch) -> tuple[FlavorConfig, str, WorkloadPlan]:
@@ -1197,7 +414,7 @@ class KubeBackend:
                 ns,
                 self.rules.resource(flavor),
                 self.config,
-                self._provider_of(cmd),
+                self.node_watch.provider_of(cmd),
                 self.report_url,
                 grown,
             )
@@ -1210,184 +427,54 @@ class KubeBackend:
         if self.autoscaling is not None:
             await self.autoscaling.release(cmd.job_id, keep_request=True)
         key = (cmd.job_id, cmd.attempt)
-        w = self._workloads.get(key)
+        w = self.attempts.workloads.get(key)
         if w is None or not w.objects:  # a retried dispatch's own pods are in the quota's usage
             usage = attempt_usage(cmd, self.rules.resource(flavor))
             over = await namespace_refusal(self.rest, ns, usage)
             if over is not None:
                 raise JobRefused(over)  # nothing exists yet: the broker places it elsewhere
-        if w is None:
-            w = self._workloads[key] = Workload(
-                cmd.job_id, cmd.attempt, plan.total_replicas, cmd.spec.workload.kind
-            )
-        w.total = plan.total_replicas
-        w.namespace = ns
-        if cmd.checkpoint_token:
-            w.token_digest = token_digest(cmd.checkpoint_token)
-        w.cancelled = False
-        self._cancelled.discard(key)
-        if key[0] in self._cancel_upto:
-            self._cancel_upto[key[0]] = min(self._cancel_upto[key[0]], cmd.attempt - 1)
-        bound = self.log.bind(job_id=cmd.job_id, attempt=cmd.attempt, flavor=cmd.flavor)
+        w = self.attempts.dispatched(cmd, plan.total_replicas, ns)
         if cmd.fence_after_s > 0:
             # The Lease covers the attempt before anything of it exists.
             self.fence_state.granted(cmd.fence_after_s)
             await self.renew_fence(self._clock())
-        uids: dict[str, str] = {}
-        for obj in plan.objects:
-            collection = obj.resource.collection(ns)
-            fenced = self._fenced(cmd, obj)
-            try:
-                body = self._owned(obj, plan.objects, uids, fenced)
-                created = await self.rest.create(collection, body)
-                uid = (created or {}).get("metadata", {}).get("uid")
-                if created is None:
-                    # It exists: a retried dispatch, or a name that is not ours to take.
-                    uid = await self._adoptable(collection, obj, body, key)
-                uids[obj.name] = str(uid or "")
-                if (collection, obj.name) not in w.objects:
-                    w.objects.append((collection, obj.name))
-                if collection in self._status_kinds:
-                    w.expect_object((collection, obj.name))
-            except KubeApiError as exc:
-                if exc.status == 403 and "exceeded quota" in str(exc):
-                    why = quota_message(ns, str(exc))
-                    raise JobRefused(f"creating {obj.resource.kind} {obj.name}: {why}") from None
-                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc}") from None
-            except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-                raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
-            bound.info("created", kind=obj.resource.kind, name=obj.name, existed=created is None)
-        self._report(w)
+        await self.objects.create(cmd, ns, plan, w)
+        self.attempt_watch.report(w)
         if cmd.attempt > 1:
             # Older attempts go in the background: the ack (and so the new attempt's start)
             # must not wait for a list of every workload kind.
-            task = asyncio.create_task(self._gc_older(cmd.job_id, cmd.attempt))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(self.objects.gc_older(cmd.job_id, cmd.attempt))
 
     async def resize(self, cmd: Dispatch) -> None:
         """A Dispatch revision of a running attempt (an elastic podset shrank or grew): its
         object is merge-patched to what the revision renders (`Adapter.resize_patch`: the
         kind's own replica field). CannotResize when the kind cannot change size in place."""
-        w = self._workloads.get((cmd.job_id, cmd.attempt))
+        w = self.attempts.workloads.get((cmd.job_id, cmd.attempt))
         if w is None or not w.objects:
             raise BackendError(f"attempt {cmd.attempt} of job {cmd.job_id} does not run here")
         _, ns, plan = self._plan(cmd)
-        main = plan.objects[0]
-        collection = main.resource.collection(ns)
-        what = f"{main.resource.kind} {main.name}"
-        try:
-            live = await self.rest.object_of(collection, main.name)
-            if live is None:
-                raise BackendError(f"{what} is gone; attempt {cmd.attempt} cannot be resized")
-            patch = adapter_of(main.body).resize_patch(live, main.body)
-            await self.rest.merge_patch(f"{collection}/{main.name}", patch)
-        except ResizeRefused as exc:
-            raise CannotResize(f"{what}: {exc}") from None
-        except ManifestError as exc:
-            raise BackendError(f"{what}: {exc}") from None
-        except KubeApiError as exc:
-            raise BackendError(f"resizing {what}: {exc}") from None
-        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-            raise BackendError(f"resizing {what}: {exc!r}") from None
+        await self.objects.resize(cmd, ns, plan)
         w.total = plan.total_replicas
-        self.log.info("resized", job_id=cmd.job_id, attempt=cmd.attempt, kind=main.resource.kind)
-        self._report(w)
-
-    async def _adoptable(
-        self, collection: str, obj: PlannedObject, body: dict[str, Any], key: Key
-    ) -> str:
-        """The uid of an object that already exists under a planned name, when it is this
-        attempt's own (a retried dispatch): the same job id and attempt in its annotation and
-        labels and, for a controlled object, the same owner. Anything else is refused, never
-        adopted (and so never deleted with this attempt): another job's object under a
-        colliding name, or one from an earlier agent of another attempt."""
-        meta = await self.rest.metadata_of(collection, obj.name)
-        if meta is None:
-            raise BackendError(
-                f"{obj.resource.kind} {obj.name} was reported to exist but is gone; "
-                "the dispatch is retried"
-            )
-        found = _owned_key(msgspec.convert(meta, KMeta, strict=False))
-        owners = {str(r.get("uid", "")) for r in meta.get("ownerReferences") or []}
-        wanted = {str(r.get("uid")) for r in body["metadata"].get("ownerReferences") or []}
-        if found != key or not wanted <= owners:
-            self.log.error(
-                "object name taken by another job; refusing to adopt it",
-                kind=obj.resource.kind,
-                name=obj.name,
-                job_id=key[0],
-                attempt=key[1],
-                holder=f"{found[0]} attempt {found[1]}" if found else "not Muster's",
-            )
-            raise BackendError(
-                f"{obj.resource.kind} {obj.name} already exists in namespace "
-                f"{body['metadata'].get('namespace', '')} and is not this attempt's "
-                f"({'another job' if found and found[0] != key[0] else 'another attempt or owner'}"
-                "); refusing to adopt or delete it. Delete it if it is stale, or resubmit "
-                "under another job id"
-            )
-        return str(meta.get("uid", ""))
-
-    @staticmethod
-    def _fenced(cmd: Dispatch, obj: PlannedObject) -> bool:
-        """Whether the object is marked for the fence watchdog: top-level workload objects of
-        a fenced attempt (Services run nothing)."""
-        labels = obj.body.get("metadata", {}).get("labels", {})
-        return cmd.fence_after_s > 0 and obj.resource != SERVICE and LABEL_TOP in labels
-
-    @staticmethod
-    def _owned(
-        obj: PlannedObject,
-        objects: list[PlannedObject],
-        uids: dict[str, str],
-        fenced: bool = False,
-    ) -> dict[str, Any]:
-        """The body with its controller reference, when the plan names an owner, and its
-        fence mark, when the attempt is fenced."""
-        if fenced:
-            meta = obj.body["metadata"]
-            annotations = {**meta.get("annotations", {}), ANN_FENCED: FENCED_VALUE}
-            obj = obj._replace(body={**obj.body, "metadata": {**meta, "annotations": annotations}})
-        if not obj.owner:
-            return obj.body
-        owner = next(o for o in objects if o.name == obj.owner)
-        uid = uids.get(obj.owner)
-        if not uid:
-            raise BackendError(f"{owner.resource.kind} {obj.owner} has no uid to own {obj.name}")
-        body = dict(obj.body)
-        body["metadata"] = {
-            **obj.body["metadata"],
-            "ownerReferences": [owner_reference(owner.resource, obj.owner, uid)],
-        }
-        return body
-
-    async def _gc_older(self, job_id: str, attempt: int) -> None:
-        try:
-            await self._delete_attempts(job_id, lambda a: a >= attempt, "older attempt")
-        except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
-            self.log.warning(
-                "garbage collection of older attempts failed", job_id=job_id, error=str(exc)
-            )
+        self.attempt_watch.report(w)
 
     async def cancel(self, job_id: str, attempt: int | None, reason: str) -> None:
         if attempt is None:
-            self._cancel_upto[job_id] = float("inf")
+            self.attempts.cancel_upto[job_id] = float("inf")
         else:
-            self._cancelled.add((job_id, attempt))
+            self.attempts.cancelled.add((job_id, attempt))
 
         def keep(a: int) -> bool:
             return attempt is not None and a != attempt
 
         try:
-            await self._delete_attempts(job_id, keep, reason or "cancel")
+            await self.objects.delete_attempts(job_id, keep, reason or "cancel")
         except KubeApiError as exc:
             raise BackendError(f"cancel {job_id}: {exc}") from None
         except (TimeoutError, OSError, aiohttp.ClientError) as exc:
             raise BackendError(f"cancel {job_id}: {exc!r}") from None
-        for key in [k for k in self._workloads if k[0] == job_id and not keep(k[1])]:
-            self._workloads[key].cancelled = True
-            self._hold_all(key)
+        for key in [k for k in self.attempts.workloads if k[0] == job_id and not keep(k[1])]:
+            self.attempts.workloads[key].cancelled = True
+            self.attempt_watch.hold_all(key)
         if self.autoscaling is not None and attempt is None:
             await self.autoscaling.release(job_id)
 
@@ -1412,199 +499,52 @@ class KubeBackend:
             await self.renew_fence(until - window)
 
     async def renew_fence(self, since: float) -> None:
-        """The broker heard this agent at `since`: move the cluster's Lease to `since` + the
-        window, when it grew a step. One request, whatever the number of attempts."""
-        until = self.fence_state.due(since)
-        if until is None:
-            return
-        fence = self.fence_state
-        ns = self.config.namespace
-        try:
-            if fence.until is None:
-                body = lease_body(ns, self._holder(), since, fence.window_s)
-                if await self.rest.create(lease_collection(ns), body) is None:
-                    await self.rest.merge_patch(
-                        lease_path(ns), renewal_patch(self._holder(), since, fence.window_s)
-                    )
-            elif not await self.rest.merge_patch(
-                lease_path(ns), renewal_patch(self._holder(), since, fence.window_s)
-            ):
-                fence.until = None  # deleted under us: create it on the next renewal
-                return
-        except KubeApiError as exc:
-            raise BackendError(f"fence lease renewal: {exc}") from None
-        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-            raise BackendError(f"fence lease renewal: {exc!r}") from None
-        fence.written(until)
-
-    def _holder(self) -> str:
-        return f"muster-agent/{self.cluster}"
-
-    async def _adopt_lease(self) -> None:
-        """Take up the Lease an earlier agent of this cluster kept: its window covers every
-        attempt found here, whatever its kind."""
-        try:
-            data = await self.rest.request(
-                "GET", lease_path(self.config.namespace), ok_missing=True
-            )
-        except KubeApiError as exc:
-            self.log.warning("fence lease unreadable; renewed at the next dispatch", error=str(exc))
-            return
-        lease = decode_lease(data) if data is not None else None
-        if lease is not None:
-            self.fence_state.adopt(lease)
-            self.log.info(
-                "fence lease taken up",
-                window_s=self.fence_state.window_s,
-                until=self.fence_state.until,
-            )
-
-    def _hold_all(self, key: Key) -> None:
-        """The attempt ended here: its pods still running or terminating keep their GPUs."""
-        cache = self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
-        for uid in list(self._pod_names.get(key, {})):
-            pod = cache.get(uid)
-            if pod is not None:
-                self._hold(uid, pod, False)
-
-    async def _release_finished(self, key: Key) -> None:
-        """An attempt finished: delete its pods that still run (or wait), so their GPUs are
-        free at once instead of at ttlSecondsAfterFinished. Pods that finished stay, with
-        the logs `muster logs` reads; the workload objects stay until their TTL or the next
-        attempt's garbage collection."""
-        cache = self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
-        base = POD.collection(self._namespace_of(key))
-        running = [
-            name
-            for uid, name in self._pod_names.get(key, {}).items()
-            if (pod := cache.get(uid)) is not None
-            and pod.status.phase not in ("Succeeded", "Failed")
-            and pod.metadata.deletionTimestamp is None
-        ]
-        if not running:
-            return
-
-        async def one(name: str) -> None:
-            try:
-                await self.rest.delete(item_path(base, name), self.config.delete_propagation)
-            except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
-                self.log.warning("releasing a finished pod failed", pod=name, error=str(exc)[:200])
-
-        await asyncio.gather(*(one(n) for n in running))
-        self.log.info(
-            "finished attempt: running pods deleted to free their GPUs",
-            job_id=key[0],
-            attempt=key[1],
-            pods=len(running),
-        )
+        """The broker heard this agent at `since`: move the cluster's Lease (`LeaseKeeper`)."""
+        await self.lease.renew(since)
 
     async def checkpoint_now(self, job_id: str, attempt: int, deadline: float) -> None:
-        """One merge PATCH per pod, all at once within the API budget (`RateLimit`: requests
-        in flight, qps and burst, 429s): the last rank of a 1,000-pod gang hears the request
-        within a second or two, not after 1,000 sequential round trips."""
-        names = list(self._pod_names.get((job_id, attempt), {}).values())
-        if not names:
-            # Nothing runs yet, so nothing can checkpoint; the broker's deadline still holds.
-            self.log.warning("checkpoint request: no pods", job_id=job_id, attempt=attempt)
-            return
-        patch = {"metadata": {"annotations": {ANN_CHECKPOINT_REQUEST: f"{deadline:.3f}"}}}
-        base = POD.collection(self._namespace_of((job_id, attempt)))
-
-        async def one(name: str) -> str | None:
-            try:
-                await self.rest.merge_patch(item_path(base, name), patch)
-            except (TimeoutError, KubeApiError, OSError, aiohttp.ClientError) as exc:
-                return f"{name}: {exc}"
-            return None
-
-        failed = [f for f in await asyncio.gather(*(one(n) for n in names)) if f is not None]
-        if failed and len(failed) == len(names):
-            raise BackendError("checkpoint request failed: " + "; ".join(failed)[:900])
-        if failed:
-            self.log.warning(
-                "checkpoint request missed some pods",
-                job_id=job_id,
-                attempt=attempt,
-                failed=len(failed),
-                first=failed[0][:300],
-            )
+        """Ask every pod of the attempt for a checkpoint (`WorkloadObjects.checkpoint_now`)."""
+        await self.objects.checkpoint_now(job_id, attempt, deadline)
 
     def accept_report(self, report: ReportBody) -> Verdict:
-        """A checkpoint report a pod posted (agents/kube/report.py): taken only for an
-        attempt running here, with that attempt's token; a refusal changes nothing."""
-        job, attempt = report.job_id, report.attempt
-        if not report.token:
-            raise Refused(
-                401,
-                "no token: send this pod's MUSTER_CHECKPOINT_TOKEN (the SDK does when it "
-                "runs with the pod's environment)",
+        """A checkpoint report a pod posted (`Attempts.accept_report`); a taken one is sent."""
+        verdict, event = self.attempts.accept_report(report, self.cluster)
+        if event is not None:
+            self._send(event)
+            self.log.info(
+                "checkpoint reported",
+                job_id=report.job_id,
+                attempt=report.attempt,
+                step=report.step,
             )
-        w = self._workloads.get((job, attempt))
-        if w is None:
-            raise Refused(
-                404,
-                f"job {job} attempt {attempt} does not run on cluster {self.cluster}; report "
-                "from the attempt's own pods with their MUSTER_* environment",
-            )
-        if not w.token_digest:
-            raise Refused(
-                403,
-                f"job {job} attempt {attempt} was dispatched without a checkpoint token, so "
-                "no report for it can be checked here; use the pod annotation route",
-            )
-        if not hmac.compare_digest(token_digest(report.token), w.token_digest):
-            raise Refused(
-                403,
-                f"the token is not the one of job {job} attempt {attempt}; only that "
-                "attempt's own pods (their MUSTER_CHECKPOINT_TOKEN) may report for it",
-            )
-        if w.cancelled or w.terminal:
-            ended = "was cancelled or moved" if w.cancelled else f"has {w.last_phase}"
-            raise Refused(
-                409,
-                f"job {job} attempt {attempt} {ended}; its checkpoints are no longer "
-                "taken (the running attempt reports its own)",
-            )
-        event = w.accept_checkpoint(report.step, report.uri, self._clock)
-        if event is None:
-            return Verdict(200, f"step {report.step} is not newer than step {w.last_step}")
-        self._send(event)
-        self.log.info("checkpoint reported", job_id=job, attempt=attempt, step=report.step)
-        return Verdict(200, f"step {report.step} recorded", recorded=True)
+        return verdict
 
     async def node_op(self, op: NodeOpName, node: str | None, reason: str) -> NodeOpResult:
         """An operator's cordon, uncordon or drain (agents/kube/nodeops.py)."""
-        pods = self.muster_pod_reflector.cache if self.muster_pod_reflector else {}
-        ns = self.config.namespace
-        args = (self.rest, self.cluster, ns, list(self._nodes), pods, self._pod_key)
+        nodes, ns = list(self.node_watch.nodes), self.config.namespace
+        args = (self.rest, self.cluster, ns, nodes, self._muster_pods(), self.attempts.pod_key)
         return await kube_node_op(*args, op, node, reason)
 
     async def read_logs(self, req: LogRequest) -> LogTail:
         """The attempt's container logs (agents/kube/logs.py); ended once its workload is."""
         key = (req.job_id, req.attempt)
         lines = await read_pod_logs(self.rest, self._namespace_of(key), self.cluster, req)
-        w = self._workloads.get(key)
+        w = self.attempts.workloads.get(key)
         ended = w is None or w.cancelled or w.current_phase() in ("succeeded", "failed", "evicted")
         return LogTail(lines=lines, ended=ended)
 
     def _namespace_of(self, key: Key) -> str:
         """Where an attempt's pods are: where it was seen, else the default namespace."""
-        w = self._workloads.get(key)
-        return w.namespace if w is not None and w.namespace else self.config.namespace
+        return self.attempts.namespace_of(key, self.config.namespace)
 
     # -- snapshot and housekeeping ---------------------------------------------------------
     def flavors(self) -> list[FlavorInfo]:
-        mem: dict[str, int] = {}
-        for n in self._nodes.values():
-            if n.flavor is not None:
-                m = gfd_memory_mib(n.raw)
-                if m:
-                    mem[n.flavor.name] = min(mem.get(n.flavor.name, m), m)
+        mem = self.node_watch.gpu_memory_mib()
         levels = self.topology_levels
         pools: dict[str, ProvisionPool] = {}
         if self.autoscaling is not None:
             have: dict[str, int] = {}
-            for n in self._nodes.values():
+            for n in self.node_watch.nodes.values():
                 if n.flavor is not None:
                     have[n.flavor.name] = have.get(n.flavor.name, 0) + 1
             pools = self.autoscaling.pools_by_flavor(have)
@@ -1631,8 +571,8 @@ class KubeBackend:
         await self.autoscaling.ask(cmd, read, self._clock(), self.cluster)
 
     async def snapshot(self) -> ClusterSnapshot:
-        nodes = [n.info for n in self._nodes.values() if n.info is not None]
-        workloads = [w.status() for w in self._workloads.values() if not w.cancelled]
+        nodes = [n.info for n in self.node_watch.nodes.values() if n.info is not None]
+        workloads = [w.status() for w in self.attempts.workloads.values() if not w.cancelled]
         return ClusterSnapshot(flavors=self.flavors(), nodes=nodes, workloads=workloads)
 
     async def _housekeeping(self) -> None:
@@ -1645,32 +585,6 @@ class KubeBackend:
                 self.log.warning("garbage collection failed", error=str(exc)[:300])
 
     async def collect_garbage(self) -> int:
-        found = await self._scan_objects()
-        newest: dict[str, int] = {}
-        for (job_id, attempt), _, _ in found:
-            newest[job_id] = max(newest.get(job_id, 0), attempt)
-        for job_id, attempt in self._workloads:
-            newest[job_id] = max(newest.get(job_id, 0), attempt)
-        stale = [(c, n) for (jid, a), c, n in found if a < newest[jid]]
-        await self._delete_objects(stale)
-        live_objects = {key for key, _, _ in found}
-        for key in list(self._workloads):
-            w = self._workloads[key]
-            if (
-                (w.cancelled or w.terminal)
-                and key not in live_objects
-                and not self._pod_names.get(key)
-            ):
-                del self._workloads[key]
-                self._pod_names.pop(key, None)
-        return len(stale)
-
-
-def _owned_key(meta: KMeta) -> Key | None:
-    """(job_id, attempt) of an object Muster created: the exact id from the annotation (the
-    label may be a sanitised form), the attempt from its label; None when not Muster's."""
-    job_id = meta.annotations.get(ANN_JOB) or meta.labels.get(LABEL_JOB, "")
-    raw = meta.labels.get(LABEL_ATTEMPT, "")
-    if not job_id or LABEL_JOB not in meta.labels or not raw.isdigit() or int(raw) < 1:
-        return None
-    return (job_id, int(raw))
+        """Delete objects of attempts older than the newest known for the same job; forget
+        finished, object-less workloads. The count deleted."""
+        return await self.objects.collect_garbage()

@@ -17,7 +17,8 @@ import structlog
 import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from agents.kube.backend import UNFINISHED_PODS, KubeBackend
+from agents.kube.backend import KubeBackend
+from agents.kube.watches import UNFINISHED_PODS
 from schemas.agent import NodeUpsert, WorkloadStatus
 from tests.kube.conftest import (
     NODES,
