@@ -468,6 +468,16 @@ class Scheduler:
         """Each configured queue's quota and usage as the book keeps it."""
         return MappingProxyType(self._book.queues)
 
+    def cohort_states(self) -> Mapping[str, Cohort]:
+        """Each cohort's limits, members and borrowed usage as the book keeps it (for checks
+        that verify a cohort never lends more than its subtree holds)."""
+        return MappingProxyType(self._book.cohorts)
+
+    def quota_check(self, queue: str, flavor_class: str, demand: Vec) -> QuotaMiss | None:
+        """Whether `demand` more would fit `queue`'s quota in `flavor_class` now: None, or the
+        binding limit. A read for checks; admission asks the book itself inside the cycle."""
+        return self._book.check(self._book.queues[queue], flavor_class, demand)
+
     def cluster_states(self) -> Mapping[str, Cluster]:
         """Every cluster's nodes and the Muster usage filed under each node."""
         return MappingProxyType(self._inv.clusters)

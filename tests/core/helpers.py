@@ -6,7 +6,6 @@ from collections.abc import Iterable
 
 from hypothesis import strategies as st
 
-from broker.core.quota import QuotaBook
 from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, PodSetDemand, PoolKey
 from schemas.agent import FlavorInfo, NodeInfo
@@ -134,7 +133,7 @@ def gang(
 def used_per_node(s: Scheduler) -> dict[tuple[str, str], tuple[int, int, int]]:
     """Recompute every node's Muster usage from the admitted placements (independent check)."""
     out: dict[tuple[str, str], tuple[int, int, int]] = {}
-    for a in s._ledger.allocs.values():
+    for a in s.allocations().values():
         for name, vec in a.per_node.items():
             g, c, m = out.get((a.cluster, name), (0, 0, 0))
             out[(a.cluster, name)] = (g + vec[0], c + vec[1], m + vec[2])
@@ -146,9 +145,9 @@ def codes(reasons: object) -> list[str]:
     return [r.code for r in reasons]
 
 
-def quota_broken(book: QuotaBook) -> list[str]:
+def quota_broken(s: Scheduler) -> list[str]:
     bad = []
-    for q in book.queues.values():
+    for q in s.queue_states().values():
         if q.limits is None:
             continue
         for cls, used in q.usage.items():
@@ -161,7 +160,7 @@ def quota_broken(book: QuotaBook) -> list[str]:
                     continue
                 if used[r] > lim.nominal + lim.borrowing:
                     bad.append(f"{q.name} {cls}[{r}] {used[r]} over nominal + borrowing")
-    for co in book.cohorts.values():
+    for co in s.cohort_states().values():
         for cls, used in co.borrowed.items():
             for r in range(3):
                 # The root has only its subtree's quota; an inner cohort may borrow from its

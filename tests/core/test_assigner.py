@@ -26,9 +26,8 @@ from .helpers import GI, NOW, config, flavor, gang, nodes, queue, quota_broken
 
 
 def fingerprint(s: Scheduler) -> Any:
-    inv = s._inv
     out: list[Any] = []
-    for cname, c in sorted(inv.clusters.items()):
+    for cname, c in sorted(s.cluster_states().items()):
         for pname, p in sorted(c.pools.items()):
             out.append(
                 (
@@ -43,26 +42,25 @@ def fingerprint(s: Scheduler) -> Any:
                 )
             )
         out.append(sorted((k, sorted(v.items())) for k, v in c.node_allocs.items()))
-    book = s._book
     out.append(
         [
             (q.name, sorted((k, tuple(v)) for k, v in q.usage.items()), tuple(q.total), q.admitted)
-            for q in book.queues.values()
+            for q in s.queue_states().values()
         ]
     )
     out.append(
         [
             (co.name, sorted((k, tuple(v)) for k, v in co.borrowed.items()))
-            for co in book.cohorts.values()
+            for co in s.cohort_states().values()
         ]
     )
-    out.append(sorted((k, a.charged, a.doomed_by) for k, a in s._ledger.allocs.items()))
+    out.append(sorted((k, a.charged, a.doomed_by) for k, a in s.allocations().items()))
     return out
 
 
 def overcommitted(s: Scheduler) -> list[str]:
     bad = []
-    for c in s._inv.clusters.values():
+    for c in s.cluster_states().values():
         for n in c.nodes.values():
             if n.used_gpu > n.usable_gpu - n.other_gpu and n.used_gpu > 0 and not n.broken:
                 bad.append(f"{c.name}/{n.name} gpu {n.used_gpu}")
@@ -148,7 +146,7 @@ def test_assign_never_mutates_and_commit_keeps_the_invariants(
             assert got.placement.note.startswith("admitted "), got.placement.note
         assert len({got.placement.cluster}) == 1
         assert not overcommitted(s)
-        assert not quota_broken(s._book)
+        assert not quota_broken(s)
 
 
 def test_a_stale_assignment_is_refused_by_commit() -> None:
@@ -160,7 +158,7 @@ def test_a_stale_assignment_is_refused_by_commit() -> None:
     s.commit(a, NOW)
     with pytest.raises(ValueError, match="stale assignment of b"):
         s.commit(b, NOW)
-    assert sorted(s._ledger.allocs) == [("a", 1)]
+    assert sorted(s.allocations()) == [("a", 1)]
 
 
 def _quota_world() -> Scheduler:
@@ -203,7 +201,7 @@ def test_partial_admission_takes_the_most_that_fits_quota() -> None:
     assert job_id == "j"
     assert [len(n) for _, n in placement.assignment] == [9]
     assert placement.note.startswith("admitted 9 of 20 pods (min 5): queue q needs 20 cpu")
-    assert s._book.queues["q"].usage["od"][1] == 9000
+    assert s.queue_states()["q"].usage["od"][1] == 9000
 
 
 def test_partial_admission_never_goes_below_the_minimum() -> None:
@@ -221,7 +219,7 @@ def test_a_whole_gang_that_fits_is_never_cut() -> None:
 
 
 def _charged(s: Scheduler) -> dict[tuple[str, int], bool]:
-    return {k: a.charged for k, a in s._ledger.allocs.items()}
+    return {k: a.charged for k, a in s.allocations().items()}
 
 
 @pytest.mark.parametrize("first", ["replacement", "replaced"])
@@ -235,14 +233,14 @@ def test_make_before_break_reservation_holds_quota_once(first: str) -> None:
     assert not isinstance(got, tuple), got
     assert _charged(s) == {("j", 1): False, ("j", 2): True}
     assert s.reservations()["j"].replaced == 1
-    assert s._book.queues["q"].usage["od"][0] == 8
+    assert s.queue_states()["q"].usage["od"][0] == 8
     if first == "replacement":
         s.release("j", 2)
         assert _charged(s) == {("j", 1): True}
     else:
         s.release("j", 1)
         assert _charged(s) == {("j", 2): True}
-    assert s._book.queues["q"].usage["od"][0] == 8
+    assert s.queue_states()["q"].usage["od"][0] == 8
     assert s.reservations() == {}
 
 
@@ -253,5 +251,5 @@ def test_a_failed_replacement_leaves_the_charge_where_it_was() -> None:
     got = s.reserve(gang("j", (1, 8), queue="q", attempt=2), NOW, replacing_attempt=1)
     assert isinstance(got, tuple)
     assert _charged(s) == {("j", 1): True}
-    assert s._book.queues["q"].usage["od"][0] == 8
+    assert s.queue_states()["q"].usage["od"][0] == 8
     assert s.reservations() == {}

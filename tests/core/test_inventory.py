@@ -223,7 +223,7 @@ def test_a_spot_pool_at_zero_nodes_still_takes_cpu_only_gangs_its_ceiling_allows
     assert s.check_feasible(wide) == ()
     for i in range(2):
         s.remove_node("c", f"n-{i}", NOW + 1)
-    pool = s._inv.clusters["c"].pools["sp"]
+    pool = s.cluster_states()["c"].pools["sp"]
     assert not pool.nodes
     assert (pool.ceiling.now_cpu, pool.ceiling.total_cpu) == (0, 192_000)
     assert s.check_feasible(wide) == ()

@@ -49,7 +49,7 @@ def test_best_fit_prefers_fuller_nodes_and_fewer_nodes() -> None:
     s = one_cluster(("od", "on-demand", "a100", 3.0, 3, 8))
     s.schedule([gang("six", (1, 6))], NOW)  # one node has 2 free now
     res = s.schedule([gang("two", (1, 2))], NOW)
-    six_node = s._ledger.allocs[("six", 1)].placement.assignment[0][1][0]
+    six_node = s.allocations()[("six", 1)].placement.assignment[0][1][0]
     assert res.admitted[0][1].assignment[0][1] == (six_node,)
     # 4 x 1 GPU goes onto one node, not four
     res = s.schedule([gang("four", (4, 1))], NOW)

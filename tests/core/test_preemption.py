@@ -15,7 +15,7 @@ def fleet(s: Scheduler, count: int = 1, gpu: int = 8) -> Scheduler:
 
 
 def node_of(s: Scheduler, job: str) -> str:
-    return s._ledger.allocs[(job, 1)].placement.assignment[0][1][0]
+    return s.allocations()[(job, 1)].placement.assignment[0][1][0]
 
 
 def test_within_queue_picks_the_victim_losing_least_work() -> None:

@@ -211,7 +211,7 @@ def check_state(s: Scheduler, m: Model) -> None:
                 u = usage.setdefault((cname, name), [0, 0, 0])
                 for r in range(3):
                     u[r] += vec[r]
-    for cname, c in s._inv.clusters.items():
+    for cname, c in s.cluster_states().items():
         for name, node in c.nodes.items():
             u = usage.get((cname, name), [0, 0, 0])
             assert [node.used_gpu, node.used_cpu, node.used_mem] == u, (cname, name)
@@ -233,10 +233,10 @@ def check_state(s: Scheduler, m: Model) -> None:
         u[0] += req.total_gpu
         u[1] += req.total_cpu_milli
         u[2] += req.total_memory
-    book = s._book
+    queues = s.queue_states()
     for (q, cls), u in used.items():
-        assert book.queues[q].used(cls) == u
-    for qs in book.queues.values():
+        assert queues[q].used(cls) == u
+    for qs in queues.values():
         if qs.limits is None:
             continue
         for cls in qs.usage:
@@ -250,7 +250,7 @@ def check_state(s: Scheduler, m: Model) -> None:
                     assert u_r <= lim.nominal
                 elif lim.borrowing is not None:
                     assert u_r <= lim.nominal + lim.borrowing
-    for co in book.cohorts.values():
+    for co in s.cohort_states().values():
         for cls, lend in co.lendable.items():
             for r in range(3):
                 borrowed = 0
@@ -385,6 +385,6 @@ def test_random_event_sequences_keep_every_invariant(
     check_state(s, m)
     s.schedule([], now)  # nobody left to place: holds go back
     assert s.held() == {}
-    for c in s._inv.clusters.values():
+    for c in s.cluster_states().values():
         for node in c.nodes.values():
             assert (node.used_gpu, node.used_cpu, node.used_mem) == (0, 0, 0)

@@ -278,12 +278,11 @@ def test_claims_are_whole_gangs_within_pool_limits_and_quota(data: st.DataObject
                     room += sum(n.free_gpu // d.gpu for n in pool.nodes.values() if n.schedulable)
                 assert d.replicas <= room
         for q in qs:
-            st_ = s.queue_states()[q.name]
             vec = (0, 0, 0)
             for c in claims.values():
                 if c.queue == q.name:
                     vec = (vec[0] + c.vec[0], vec[1] + c.vec[1], vec[2] + c.vec[2])
-            assert s._book.check(st_, "spot", vec) is None
+            assert s.quota_check(q.name, "spot", vec) is None
         asked += len(res.provisions)
         # some of the asked nodes come up
         for ask in res.provisions:

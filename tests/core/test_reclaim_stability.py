@@ -48,7 +48,7 @@ def test_no_job_is_reclaimed_twice_without_a_change_in_the_inputs(
 ) -> None:
     s, rounds, gaps, _ = setup
     note(repr(s.config.queues))
-    note(repr({n: len(c.nodes) for n, c in s._inv.clusters.items()}))
+    note(repr({n: len(c.nodes) for n, c in s.cluster_states().items()}))
     now = NOW
     pending: dict[str, GangRequest] = {}
     live: dict[str, int] = {}  # job -> admitted attempt

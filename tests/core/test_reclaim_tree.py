@@ -54,7 +54,7 @@ def test_a_queue_reclaims_what_it_lent_to_another_branch() -> None:
         [gang("b", (1, 8), queue="b1"), gang("x", (1, 8), queue="a1", attempt=2)], NOW + 2
     )
     assert [j for j, _ in res.admitted] == ["b"]
-    assert not quota_broken(s._book)
+    assert not quota_broken(s)
 
 
 def test_nothing_is_reclaimed_inside_the_victims_own_quota() -> None:
@@ -141,7 +141,7 @@ def test_tree_reclaim_never_bounces_and_quota_holds_at_every_level(
             note(f"admitted={[j for j, _ in res.admitted]} preemptions={res.preemptions}")
             for job_id, _ in res.admitted:
                 live[job_id] = pending.pop(job_id).attempt
-            assert not quota_broken(s._book)
+            assert not quota_broken(s)
             for pre in res.preemptions:
                 for victim in pre.victims:
                     attempt = live.pop(victim)
@@ -157,7 +157,7 @@ def test_tree_reclaim_never_bounces_and_quota_holds_at_every_level(
                     )
                     if pre.kind == "reclaim":
                         reclaimed[victim] += 1
-            assert not quota_broken(s._book)
+            assert not quota_broken(s)
             twice = {j: n for j, n in reclaimed.items() if n > 1}
             assert not twice, twice
             if not res.admitted and not res.preemptions:

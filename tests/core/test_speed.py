@@ -189,7 +189,7 @@ def test_equal_speeds_rank_pools_exactly_as_price_alone(
     s = Scheduler(config())
     for cname, (flavors, ns) in fleet.items():
         s.apply_snapshot(cname, flavors, ns, NOW)
-    inv = s._inv
+    inv = s.snapshot(NOW).inv  # what `assign` places against
     req = data.draw(requests("j", ["q0"]))
     risk = data.draw(st.sampled_from([0.0, 1.0, 5.0]))
 

@@ -57,7 +57,7 @@ def with_need(req: GangRequest, **need: object) -> GangRequest:
 
 
 def paths(s: Scheduler, cluster: str, names: frozenset[str]) -> set[tuple[str, ...]]:
-    c = s._inv.clusters[cluster]
+    c = s.cluster_states()[cluster]
     return {c.nodes[n].topology for n in names}
 
 
