@@ -10,75 +10,55 @@ requests are served at once per agent; more are refused with a reason.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import Any
+from typing import ClassVar
 
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from agents.backend import Backend, BackendError
+from agents.service import Replier
 from schemas.agent import MAX_LOG_CHUNK_BYTES, MAX_LOG_LINE, LogChunk, LogRequest
-from schemas.codec import DecodeError, encode_json, json_decoder
+from schemas.codec import json_decoder
 
 log = structlog.get_logger("muster.agent.logs")
 _decode = json_decoder(LogRequest, "LogRequest")
 MAX_STREAMS = 16
-MAX_REQUEST_BYTES = 4096
 FOLLOW_POLL_S = 0.5
 
 
-class LogServer:
-    def __init__(self, nc: Client, subject: str, cluster: str, backend: Backend) -> None:
-        self.nc = nc
-        self.backend = backend
-        self.cluster = cluster
-        self.subject = subject
-        self.streams: set[asyncio.Task[None]] = set()
-        self._sub: Any = None
+class LogServer(Replier[LogRequest]):
+    too_large: ClassVar[str] = "log request too large"
 
-    async def start(self) -> None:
-        self._sub = await self.nc.subscribe(self.subject, cb=self._on_request)
+    def __init__(self, nc: Client, subject: str, cluster: str, backend: Backend) -> None:
+        super().__init__(nc, subject, cluster, backend, _decode)
+        self.streams: set[asyncio.Task[None]] = set()
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+        await super().stop()
         for task in list(self.streams):
             task.cancel()
         if self.streams:
             await asyncio.wait(set(self.streams), timeout=2)
 
-    async def _on_request(self, msg: Msg) -> None:
-        if not msg.reply:
-            return
-        if len(msg.data) > MAX_REQUEST_BYTES:
-            await self._send(msg.reply, LogChunk(seq=0, eof=True, error="log request too large"))
-            return
-        try:
-            req = _decode(msg.data)
-        except DecodeError as exc:
-            await self._send(msg.reply, LogChunk(seq=0, eof=True, error=str(exc)[:1000]))
+    async def serve(self, data: bytes, reply: str) -> None:
+        req = self.read(data)
+        if isinstance(req, str):
+            await self.send(reply, LogChunk(seq=0, eof=True, error=req))
             return
         if len(self.streams) >= MAX_STREAMS:
             error = f"cluster {self.cluster!r} is serving {MAX_STREAMS} log streams; retry soon"
-            await self._send(msg.reply, LogChunk(seq=0, eof=True, error=error))
+            await self.send(reply, LogChunk(seq=0, eof=True, error=error))
             return
-        task = asyncio.create_task(self._stream(req, msg.reply))
+        task = asyncio.create_task(self._stream(req, reply))
         self.streams.add(task)
         task.add_done_callback(self.streams.discard)
-
-    async def _send(self, reply: str, chunk: LogChunk) -> None:
-        with contextlib.suppress(Exception):
-            await self.nc.publish(reply, encode_json(chunk))
 
     async def _stream(self, req: LogRequest, reply: str) -> None:
         seq = 0
         reader = getattr(self.backend, "read_logs", None)
         if reader is None:
             error = f"the agent of cluster {self.cluster!r} cannot read logs"
-            await self._send(reply, LogChunk(seq=0, eof=True, error=error))
+            await self.send(reply, LogChunk(seq=0, eof=True, error=error))
             return
         loop = asyncio.get_running_loop()
         until = loop.time() + req.follow_s
@@ -89,22 +69,22 @@ class LogServer:
                 try:
                     tail = await reader(req)
                 except BackendError as exc:
-                    await self._send(reply, LogChunk(seq=seq, eof=True, error=str(exc)[:1000]))
+                    await self.send(reply, LogChunk(seq=seq, eof=True, error=str(exc)[:1000]))
                     return
                 fresh = _after(sent, tail.lines)
                 sent = (sent + fresh)[-req.tail_lines :]
                 fresh, budget = _within(fresh, budget)
                 for lines in _chunks(fresh):
-                    await self._send(reply, LogChunk(seq=seq, lines=lines))
+                    await self.send(reply, LogChunk(seq=seq, lines=lines))
                     seq += 1
                 if not req.follow or tail.ended or budget <= 0 or loop.time() >= until:
                     break
                 await asyncio.sleep(FOLLOW_POLL_S)
         except Exception as exc:  # a backend bug must not leave the reader waiting
             log.exception("logs.failed", job_id=req.job_id, attempt=req.attempt)
-            await self._send(reply, LogChunk(seq=seq, eof=True, error=f"log read failed: {exc}"))
+            await self.send(reply, LogChunk(seq=seq, eof=True, error=f"log read failed: {exc}"))
             return
-        await self._send(reply, LogChunk(seq=seq, eof=True))
+        await self.send(reply, LogChunk(seq=seq, eof=True))
 
 
 def _after(sent: list[str], lines: list[str]) -> list[str]:

@@ -10,56 +10,37 @@ carried out one at a time, so two drains of one node cannot interleave.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import Any, cast
+from typing import ClassVar, cast
 
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from agents.backend import Backend, BackendError, NodeOps
+from agents.service import MAX_REQUEST_BYTES, Replier
 from schemas.agent import NodeOpReply, NodeOpRequest
-from schemas.codec import DecodeError, encode_json, json_decoder
+from schemas.codec import json_decoder
 
 log = structlog.get_logger("muster.agent.nodeops")
 _decode = json_decoder(NodeOpRequest, "NodeOpRequest")
-MAX_REQUEST_BYTES = 4096
 
 
-class NodeOpServer:
+class NodeOpServer(Replier[NodeOpRequest]):
+    too_large: ClassVar[str] = f"node operation request over {MAX_REQUEST_BYTES} B"
+    unreadable: ClassVar[str] = "bad node operation request: "
+
     def __init__(self, nc: Client, subject: str, cluster: str, backend: Backend) -> None:
-        self.nc = nc
-        self.backend = backend
-        self.cluster = cluster
-        self.subject = subject
+        super().__init__(nc, subject, cluster, backend, _decode)
         self.log = log.bind(cluster=cluster)
         self._lock = asyncio.Lock()
-        self._sub: Any = None
 
-    async def start(self) -> None:
-        self._sub = await self.nc.subscribe(self.subject, cb=self._on_request)
-
-    async def stop(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
-
-    async def _on_request(self, msg: Msg) -> None:
-        if not msg.reply:
-            return
-        reply = await self.answer(msg.data)
-        with contextlib.suppress(Exception):
-            await self.nc.publish(msg.reply, encode_json(reply))
+    async def serve(self, data: bytes, reply: str) -> None:
+        await self.send(reply, await self.answer(data))
 
     async def answer(self, data: bytes) -> NodeOpReply:
         """The reply to one request; nothing changes unless `ok` is True."""
-        if len(data) > MAX_REQUEST_BYTES:
-            return NodeOpReply(ok=False, error=f"node operation request over {MAX_REQUEST_BYTES} B")
-        try:
-            req = _decode(data)
-        except DecodeError as exc:
-            return NodeOpReply(ok=False, error=f"bad node operation request: {exc}"[:1000])
+        req = self.read(data)
+        if isinstance(req, str):
+            return NodeOpReply(ok=False, error=req)
         refused = self._refusal(req)
         if refused:
             return NodeOpReply(ok=False, op=req.op, error=refused)

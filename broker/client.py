@@ -19,12 +19,11 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import nats
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -66,6 +65,7 @@ __all__ = [
 ]
 
 START_HINT = "is the broker running? start it with `muster broker`"
+R = TypeVar("R")
 DEFAULT_QUEUE = "default"  # a job that names no queue is published here (Kueue-style default)
 
 # Reply decoders, built once (msgspec is fastest that way).
@@ -215,32 +215,56 @@ class MusterClient:
         if job.job_id is None and assign_id:
             job = msgspec.structs.replace(job, job_id=new_job_id(job.name))
         subject = self.subjects.submit(queue or DEFAULT_QUEUE)  # the spec still names none
-        try:
-            msg = await self._request(subject, encode_json(job), timeout)
-        except NoRespondersError:
-            raise MusterError(f"nothing listens on {subject}; {START_HINT}") from None
-        except NatsTimeoutError:
-            stored = f" as job {job.job_id}" if job.job_id else ""
-            raise MusterError(
+        stored = f" as job {job.job_id}" if job.job_id else ""
+        reply = await self.ask(
+            subject,
+            encode_json(job),
+            decode_submit_reply,
+            timeout,
+            silent=f"nothing listens on {subject}; {START_HINT}",
+            late=(
                 f"no answer on {subject} within {timeout:g}s; {START_HINT}. If a broker ran "
                 f"here before, the submission may be kept{stored} and run when it restarts"
-            ) from None
-        try:
-            reply = decode_submit_reply(msg.data)
-        except DecodeError as exc:
-            raise MusterError(f"the broker sent an unreadable submit reply: {exc}") from None
+            ),
+            unreadable="the broker sent an unreadable submit reply",
+        )
         if not reply.accepted:
             raise MusterError(reply.error or "the broker rejected the job (no reason given)")
         return reply
 
-    async def _request(self, subject: str, payload: bytes, timeout: float) -> Msg:
-        """A NATS request; a "no responders" answer is retried once after a moment, since it
-        can also mean a responder that is just reconnecting (nobody got the first copy)."""
+    async def ask(
+        self,
+        subject: str,
+        payload: bytes,
+        decode: Callable[[bytes], R],
+        timeout: float,
+        *,
+        silent: str,
+        late: str,
+        unreadable: str,
+    ) -> R:
+        """One request and its decoded reply, for every request/reply this client and the
+        operator's commands make. Each failure is a MusterError with the caller's text:
+        `silent` when nothing listens, `late` when no answer comes within `timeout`,
+        `unreadable` (then the decoder's reason) when the reply does not decode.
+
+        A "no responders" answer is retried once after a moment, since it can also mean a
+        responder that is just reconnecting (nobody got the first copy, so nothing is done
+        twice)."""
         try:
-            return await self.nc.request(subject, payload, timeout=timeout)
+            try:
+                msg = await self.nc.request(subject, payload, timeout=timeout)
+            except NoRespondersError:
+                await asyncio.sleep(0.2)
+                msg = await self.nc.request(subject, payload, timeout=timeout)
         except NoRespondersError:
-            await asyncio.sleep(0.2)
-            return await self.nc.request(subject, payload, timeout=timeout)
+            raise MusterError(silent) from None
+        except NatsTimeoutError:
+            raise MusterError(late) from None
+        try:
+            return decode(msg.data)
+        except DecodeError as exc:
+            raise MusterError(f"{unreadable}: {exc}") from None
 
     @staticmethod
     def _as_spec(spec: JobSpec | dict[str, Any]) -> JobSpec:
@@ -256,16 +280,15 @@ class MusterClient:
     async def _call(self, verb: str, body: msgspec.Struct, decoder: Any, timeout: float) -> Any:
         team = self._opts.team if self._opts else None
         subject = self.subjects.api_as(team, verb) if team else self.subjects.api(verb)
-        try:
-            msg = await self._request(subject, encode_json(body), timeout)
-        except NoRespondersError:
-            raise MusterError(f"no broker answers on {subject}; {START_HINT}") from None
-        except NatsTimeoutError:
-            raise MusterError(f"no answer on {subject} within {timeout:g}s; {START_HINT}") from None
-        try:
-            reply: ApiReply[Any] = decoder(msg.data)
-        except DecodeError as exc:
-            raise MusterError(f"the broker sent an unreadable {verb} reply: {exc}") from None
+        reply: ApiReply[Any] = await self.ask(
+            subject,
+            encode_json(body),
+            decoder,
+            timeout,
+            silent=f"no broker answers on {subject}; {START_HINT}",
+            late=f"no answer on {subject} within {timeout:g}s; {START_HINT}",
+            unreadable=f"the broker sent an unreadable {verb} reply",
+        )
         if not reply.ok:
             raise MusterError(reply.error or f"{verb} failed (the broker gave no reason)")
         if reply.result is None:

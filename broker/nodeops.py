@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import re
 
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
-
 from broker.client import MusterClient, MusterError
 from schemas.agent import NodeOpName, NodeOpReply, NodeOpRequest
 from schemas.codec import DecodeError, encode_json, json_decoder
@@ -47,22 +44,21 @@ async def node_op(
     except DecodeError as exc:
         raise MusterError(str(exc)) from None
     subject = client.subjects.agent_nodeops(cluster)
-    try:
-        msg = await client.nc.request(subject, data, timeout=timeout)
-    except NoRespondersError:
-        raise MusterError(
+    reply = await client.ask(
+        subject,
+        data,
+        _reply,
+        timeout,
+        silent=(
             f"no agent of cluster {cluster!r} answers: the name is wrong or its agent is down "
             "(`muster clusters` lists the clusters the broker knows)"
-        ) from None
-    except NatsTimeoutError:
-        raise MusterError(
+        ),
+        late=(
             f"the agent of cluster {cluster!r} did not answer within {timeout:g}s; what it "
-            f"was doing may still complete: check with `muster clusters`"
-        ) from None
-    try:
-        reply = _reply(msg.data)
-    except DecodeError as exc:
-        raise MusterError(f"cluster {cluster!r} sent an unreadable reply: {exc}") from None
+            "was doing may still complete: check with `muster clusters`"
+        ),
+        unreadable=f"cluster {cluster!r} sent an unreadable reply",
+    )
     if not reply.ok:
         raise MusterError(reply.error or f"{op} failed on cluster {cluster!r} (no reason given)")
     return reply

@@ -21,6 +21,7 @@ from broker.client import (
     resolve_nats_url,
 )
 from broker.embedded import free_port
+from broker.nodeops import node_op
 from schemas.api import ClusterView, JobEvent, QueueView, WhyView
 from schemas.config import FlavorQuota, QueueConfig, ResourceQuota
 from schemas.job import JobSpec, PodSet, Simulation, Workload
@@ -206,6 +207,31 @@ async def test_unreadable_reply(idle_client: MusterClient, nats_url: str) -> Non
             await idle_client.get("x")
     finally:
         await liar.drain()
+
+
+async def test_a_node_operation_names_the_cluster_when_its_agent_is_late_or_garbled(
+    idle_client: MusterClient, nats_url: str
+) -> None:
+    """`muster drain` shares the client's request path but keeps its own texts: a slow agent
+    may still be draining, and an unreadable reply names the cluster that sent it."""
+    agent = await nats.connect(nats_url)
+    subject = idle_client.subjects.agent_nodeops
+
+    async def garble(msg: nats.aio.msg.Msg) -> None:
+        await msg.respond(b'{"ok": "yes"}')
+
+    try:
+        await agent.subscribe(subject("slow"))  # listens, never answers
+        await agent.subscribe(subject("odd"), cb=garble)
+        await flush(agent)
+        with pytest.raises(
+            MusterError, match=r"^the agent of cluster 'slow' did not answer within 0\.2s; what"
+        ):
+            await node_op(idle_client, "slow", "drain", "n1", timeout=0.2)
+        with pytest.raises(MusterError, match=r"^cluster 'odd' sent an unreadable reply: "):
+            await node_op(idle_client, "odd", "cordon", "n1")
+    finally:
+        await agent.close()  # drain would wait for the unanswered request
 
 
 # -- connection --------------------------------------------------------------------------
