@@ -971,9 +971,9 @@ class World:
             if rec.state == "succeeded" and self.completions[j] == 0:
                 self.fail(f"job {j} marked succeeded but no agent ran it to the end")
         sched = self.machine.scheduler
-        if sched._ledger.allocs:
-            self.fail(f"allocations left at the end: {sorted(sched._ledger.allocs)[:5]}")
-        for name, qs in sched._book.queues.items():
+        if sched.allocations():
+            self.fail(f"allocations left at the end: {sorted(sched.allocations())[:5]}")
+        for name, qs in sched.queue_states().items():
             if any(any(v) for v in qs.usage.values()) or qs.admitted:
                 self.fail(f"queue {name} usage not back to zero: {qs.usage} admitted={qs.admitted}")
         for agent in self.agents.values():

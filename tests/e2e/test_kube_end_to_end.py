@@ -362,10 +362,10 @@ async def test_blips_end_no_attempt_but_not_ready_past_grace_does(
     assert isinstance(backend, KubeBackend)
     node_name = home.pods_of("blip-1-a1-worker")[0]["spec"]["nodeName"]
     assert h.broker is not None
-    inventory = h.broker.machine.scheduler._inv
+    scheduler = h.broker.machine.scheduler
 
     def broker_node() -> Any:
-        return inventory.clusters[home.name].nodes[node_name]
+        return scheduler.cluster_states()[home.name].nodes[node_name]
 
     def set_gpus(n: dict[str, Any], count: int) -> None:
         n["status"]["allocatable"]["nvidia.com/gpu"] = str(count)

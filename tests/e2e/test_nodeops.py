@@ -141,5 +141,5 @@ def _broker_sees_cordon(world: World, cluster: str, node: str) -> bool:
     broker = world.harness.broker
     if broker is None or broker.machine is None:
         return False
-    known = broker.machine.scheduler._inv.clusters.get(cluster)
+    known = broker.machine.scheduler.cluster_states().get(cluster)
     return known is not None and node in known.nodes and known.nodes[node].no_new_pods
