@@ -43,15 +43,6 @@ def _test_imports(source: str, package: str) -> Iterator[tuple[int, str]]:
 # shrinks: a new pair fails the test below, and so does a pair that no longer occurs.
 NOT_YET_MOVED: frozenset[tuple[str, str]] = frozenset(
     {
-        ("tests/broker/test_ack_wait.py", "tests.broker.test_submit"),
-        ("tests/broker/test_crash_safety.py", "tests.broker.test_submit"),
-        ("tests/broker/test_failures.py", "tests.broker.test_submit"),
-        ("tests/broker/test_hostile_wire.py", "tests.broker.test_submit"),
-        ("tests/broker/test_hot_standby.py", "tests.broker.test_submit"),
-        ("tests/broker/test_intake.py", "tests.broker.test_submit"),
-        ("tests/broker/test_kill9.py", "tests.broker.test_submit"),
-        ("tests/broker/test_storage_full.py", "tests.broker.test_submit"),
-        ("tests/broker/test_upgrades.py", "tests.broker.test_submit"),
         ("tests/broker/test_upgrades.py", "tests.nats.test_wire_versions"),
         ("tests/cli/test_seed_fixtures.py", "tests.core.test_machine"),
         ("tests/cli/test_status_watch.py", "tests.cli.test_cli"),
@@ -92,10 +83,8 @@ NOT_YET_MOVED: frozenset[tuple[str, str]] = frozenset(
         ("tests/load/test_sim_topology.py", "tests.load.test_sim"),
         ("tests/load/test_skypilot.py", "tests.load.test_sim"),
         ("tests/nats/test_deploy_overlays.py", "tests.kube.test_deploy"),
-        ("tests/security/test_checkpoint_token.py", "tests.broker.test_submit"),
         ("tests/security/test_checkpoint_trust.py", "tests.core.test_machine"),
         ("tests/security/test_secret_env.py", "tests.kube.test_manifests"),
-        ("tests/security/test_standby_mirror.py", "tests.broker.test_hot_standby"),
         ("tests/ui/test_dashboard_holes.py", "tests.ui.test_browser"),
     }
 )
