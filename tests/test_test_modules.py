@@ -44,19 +44,9 @@ def _test_imports(source: str, package: str) -> Iterator[tuple[int, str]]:
 NOT_YET_MOVED: frozenset[tuple[str, str]] = frozenset(
     {
         ("tests/broker/test_upgrades.py", "tests.nats.test_wire_versions"),
-        ("tests/cli/test_seed_fixtures.py", "tests.core.test_machine"),
         ("tests/cli/test_status_watch.py", "tests.cli.test_cli"),
-        ("tests/core/test_attempt_prefixes.py", "tests.core.test_checkpoint_uri"),
-        ("tests/core/test_attempt_prefixes.py", "tests.core.test_machine"),
         ("tests/core/test_changed_nodes.py", "tests.core.test_properties"),
-        ("tests/core/test_checkpoint_location.py", "tests.core.test_machine"),
-        ("tests/core/test_checkpoint_uri.py", "tests.core.test_machine"),
-        ("tests/core/test_fence_windows.py", "tests.core.test_machine"),
-        ("tests/core/test_flavor_order.py", "tests.core.test_machine"),
-        ("tests/core/test_preemption_lapse.py", "tests.core.test_machine"),
-        ("tests/core/test_speed.py", "tests.core.test_machine"),
         ("tests/core/test_speed.py", "tests.core.test_properties"),
-        ("tests/core/test_spot_default.py", "tests.core.test_machine"),
         ("tests/core/test_spot_moves.py", "tests.core.test_spot_capacity"),
         ("tests/core/test_topology_properties.py", "tests.core.test_topology"),
         ("tests/e2e/test_frontdoor_end_to_end.py", "tests.e2e.test_kinds_end_to_end"),
@@ -83,7 +73,6 @@ NOT_YET_MOVED: frozenset[tuple[str, str]] = frozenset(
         ("tests/load/test_sim_topology.py", "tests.load.test_sim"),
         ("tests/load/test_skypilot.py", "tests.load.test_sim"),
         ("tests/nats/test_deploy_overlays.py", "tests.kube.test_deploy"),
-        ("tests/security/test_checkpoint_trust.py", "tests.core.test_machine"),
         ("tests/security/test_secret_env.py", "tests.kube.test_manifests"),
         ("tests/ui/test_dashboard_holes.py", "tests.ui.test_browser"),
     }

@@ -23,7 +23,7 @@ from broker.core.speed import (
 )
 from schemas.agent import CheckpointReport, FlavorInfo, NodeInfo, WorkloadStatus
 from schemas.job import CheckpointSpec
-from tests.core.test_machine import World, run
+from tests.core.machine_world import World, run
 from tests.core.test_properties import (
     CLASSES,
     Model,
