@@ -45,15 +45,6 @@ NOT_YET_MOVED: frozenset[tuple[str, str]] = frozenset(
     {
         # Model and check_state read the scheduler past its views; they move once those reads do.
         ("tests/core/test_speed.py", "tests.core.test_properties"),
-        ("tests/e2e/test_frontdoor_end_to_end.py", "tests.e2e.test_kinds_end_to_end"),
-        ("tests/e2e/test_kube_autoscaled_pools.py", "tests.e2e.test_kube_end_to_end"),
-        ("tests/e2e/test_kube_checkpoint_report.py", "tests.e2e.test_kinds_end_to_end"),
-        ("tests/e2e/test_kube_nodeops.py", "tests.e2e.test_kube_end_to_end"),
-        ("tests/load/test_sim_policies.py", "tests.agents.test_cluster_model"),
-        ("tests/load/test_sim_policies.py", "tests.load.test_sim"),
-        ("tests/load/test_sim_topology.py", "tests.load.test_sim"),
-        ("tests/load/test_skypilot.py", "tests.load.test_sim"),
-        ("tests/ui/test_dashboard_holes.py", "tests.ui.test_browser"),
     }
 )
 
