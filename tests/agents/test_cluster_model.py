@@ -21,38 +21,8 @@ from schemas.agent import (
     WorkloadStatus,
 )
 from schemas.job import Simulation
+from tests.agents.cluster_model import CONFIG, model, run_until, statuses
 from tests.agents.helpers import dispatch
-
-CONFIG = FakeClusterConfig(
-    flavors=[
-        FakeFlavor(name="spot-a100", capacity_type="spot", nodes=2),
-        FakeFlavor(name="od-a100", nodes=2),
-    ],
-    start_delay_s=1.0,
-    spot_notice_s=30.0,
-    seed=7,
-)
-
-
-def model(
-    config: FakeClusterConfig = CONFIG, scale: float = 1.0
-) -> tuple[ClusterModel, ManualClock, list[AgentEvent]]:
-    clock = ManualClock(scale=scale)
-    m = ClusterModel("m", config, clock)
-    got: list[AgentEvent] = []
-    m.emit = got.append
-    return m, clock, got
-
-
-def run_until(m: ClusterModel, clock: ManualClock, t: float, step: float = 0.25) -> None:
-    """Move the clock to `t` in steps, running what falls due at each."""
-    while clock.now() < t:
-        clock.advance(min(step, t - clock.now()))
-        m.advance()
-
-
-def statuses(got: list[AgentEvent], phase: str) -> list[WorkloadStatus]:
-    return [e for e in got if isinstance(e, WorkloadStatus) and e.phase == phase]
 
 
 def test_a_workload_starts_steps_checkpoints_and_succeeds_on_time() -> None:

@@ -21,7 +21,7 @@ from schemas.agent import CommandAck, Dispatch, WorkloadStatus
 from schemas.codec import decode_command, encode_msgpack
 from schemas.config import Timeouts
 from tests.broker.conftest import Harness
-from tests.broker.test_submit import job
+from tests.broker.jobs import job
 from tests.broker.wire import next_item
 from tests.support import wait_for
 from tests.world import flavor, open_world

@@ -21,7 +21,7 @@ from schemas.agent import (
 from schemas.codec import decode_command, decode_submit_reply, encode_json, encode_msgpack
 from schemas.config import SchedulingConfig
 from tests.broker.conftest import OD_A100, Harness
-from tests.broker.test_submit import job
+from tests.broker.jobs import job
 from tests.broker.wire import next_item
 from tests.support import wait_for
 

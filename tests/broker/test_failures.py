@@ -10,7 +10,7 @@ from typing import Any
 from schemas.agent import Cancel, Dispatch, EventBatch, Heartbeat, Resync, WorkloadStatus
 from schemas.codec import encode_msgpack
 from tests.broker.conftest import Harness
-from tests.broker.test_submit import job
+from tests.broker.jobs import job
 from tests.broker.wire import next_item
 from tests.support import wait_for
 

@@ -22,7 +22,7 @@ from schemas.agent import (
 from schemas.codec import encode_msgpack
 from shell.natsio import flush
 from tests.broker.conftest import Harness
-from tests.broker.test_submit import job
+from tests.broker.jobs import job
 
 
 def _random_payloads(rng: random.Random, n: int) -> list[bytes]:

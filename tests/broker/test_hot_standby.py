@@ -18,14 +18,12 @@ import pytest_asyncio
 from broker.core.effects import Effect
 from broker.core.inputs import Input, Restore
 from broker.core.machine import Machine
-from broker.core.records import JobRecord, record_encoder
+from broker.core.records import record_encoder
 from broker.lease import KEY, LeaseHolder
 from broker.service import Broker
 from broker.store import JobStore, RecordMirror
-from schemas.api import JobState
-from schemas.codec import decode_jobspec, encode_json
 from tests.broker.conftest import Harness
-from tests.broker.test_submit import job
+from tests.broker.jobs import job, stored_record
 from tests.support import wait_for
 
 
@@ -62,13 +60,6 @@ def restored(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, bytes]]:
 
     monkeypatch.setattr(Machine, "handle", spy)
     return seen
-
-
-def _record(i: int, state: JobState = "queued") -> JobRecord:
-    spec = decode_jobspec(encode_json(job("x", replicas=1, gpu=8)))
-    return JobRecord(
-        job_id=f"j{i}", spec=spec, queue="default", order=i, submitted_at=1.0, state=state
-    )
 
 
 def mirror_of(broker: Broker) -> RecordMirror:
@@ -208,15 +199,15 @@ async def test_a_mirror_that_lost_its_consumer_catches_up_before_it_answers(nc: 
     """The mirror's consumer vanishes (as in a NATS restart) while records keep changing:
     `caught_up` waits until nats-py has recreated it and the mirror has every newest record."""
     store = await JobStore.open(nc.jetstream(), f"hot{uuid.uuid4().hex[:10]}")
-    await store.put_many([_record(i) for i in range(50)])
+    await store.put_many([stored_record(i) for i in range(50)])
     mirror = RecordMirror(store)
     try:
         assert len(await mirror.caught_up(10)) == 50
         jsm = nc.jetstream()
         for consumer in await jsm.consumers_info(store.stream):
             await jsm.delete_consumer(store.stream, consumer.name)
-        await store.put_many([_record(i, "cancelled") for i in range(0, 50, 2)])
-        await store.put_many([_record(i) for i in range(50, 60)])
+        await store.put_many([stored_record(i, "cancelled") for i in range(0, 50, 2)])
+        await store.put_many([stored_record(i) for i in range(50, 60)])
         for i in range(1, 50, 10):
             await store.delete(f"j{i}")
         records = await mirror.caught_up(30)
@@ -235,7 +226,7 @@ async def test_a_mirror_rides_out_a_nats_restart(fresh_nats: Any) -> None:
     store = await JobStore.open(nc.jetstream(), "hotrestart")
     mirror = RecordMirror(store)
     try:
-        await store.put_many([_record(i) for i in range(20)])
+        await store.put_many([stored_record(i) for i in range(20)])
         assert len(await mirror.caught_up(10)) == 20
         fresh_nats.stop_sync()
         await wait_for(lambda: not nc.is_connected, 5, what="the client to notice")
@@ -243,13 +234,13 @@ async def test_a_mirror_rides_out_a_nats_restart(fresh_nats: Any) -> None:
 
         async def written() -> bool:
             try:
-                await store.put_many([_record(i, "cancelled") for i in range(0, 20, 3)], 2)
+                await store.put_many([stored_record(i, "cancelled") for i in range(0, 20, 3)], 2)
             except Exception:
                 return False  # the client has not reconnected yet
             return True
 
         await wait_for(written, 30, what="a write after the restart", interval=0.1)
-        await store.put_many([_record(i) for i in range(20, 25)])
+        await store.put_many([stored_record(i) for i in range(20, 25)])
         await store.delete("j1")
         records = await mirror.caught_up(30)
         cold = await store.load_all()

@@ -8,7 +8,7 @@ from nats.aio.msg import Msg
 
 from broker.intake import consumer_name
 from tests.broker.conftest import Harness
-from tests.broker.test_submit import job
+from tests.broker.jobs import job
 from tests.support import wait_for
 
 FLOOD = 20_000

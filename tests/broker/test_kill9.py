@@ -15,7 +15,7 @@ from broker.store import JobStore
 from load.common import BrokerProcess
 from schemas.agent import Dispatch, SpotNotice
 from tests.broker.conftest import Harness, broker_config
-from tests.broker.test_submit import job
+from tests.broker.jobs import job
 from tests.support import wait_for
 
 

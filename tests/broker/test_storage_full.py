@@ -22,7 +22,7 @@ from schemas.codec import decode_submit_reply, encode_json
 from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
 from tests.broker.conftest import broker_config
-from tests.broker.test_submit import job
+from tests.broker.jobs import job
 from tests.support import listening, wait_for
 
 STORE_BYTES = 2 * 1024 * 1024

@@ -15,12 +15,9 @@ from schemas.codec import decode_submit_reply, encode_json
 from schemas.job import PodSet
 from shell.natsio import flush
 from tests.broker.conftest import Harness
+from tests.broker.jobs import job
 from tests.broker.wire import next_item
 from tests.support import wait_for
-
-
-def job(name: str, replicas: int = 2, gpu: int = 4, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "gang": [{"name": "worker", "replicas": replicas, "gpu": gpu}], **extra}
 
 
 def pytorchjob(name: str, **container: Any) -> dict[str, Any]:

@@ -30,9 +30,9 @@ from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
 from schemas.wire import WIRE_VERSION
 from tests.broker.conftest import OD_A100, Harness
-from tests.broker.test_submit import job
+from tests.broker.jobs import job
 from tests.broker.wire import WireAgent, next_item, nodes
-from tests.nats.test_wire_versions import previous_messages
+from tests.nats.previous_release import previous_messages
 from tests.support import wait_for
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from tests.cli.live_broker import live  # noqa: F401  (the fixture the end-to-end CLI tests share)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
-from broker.embedded import EmbeddedNats, free_port
+from broker.embedded import free_port
 from broker.render import (
     clusters_table,
     event_line,
@@ -35,16 +34,15 @@ from schemas.api import (
     SubmitReply,
     WhyView,
 )
-from schemas.config import FlavorQuota, QueueConfig, ResourceQuota
 from schemas.jsonschema import render
+from tests.cli.live_broker import BLOCKER, runner
 from tests.support import wait_for
-from tests.world import ThreadedWorld, World, flavor
+from tests.world import ThreadedWorld, World
 
 from .conftest import FIXTURES
 from .samples import NOW, sample_cluster, sample_job, sample_queue
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-runner = CliRunner()
 
 
 def text_of(renderable: object) -> str:
@@ -379,36 +377,6 @@ def test_submit_line_and_ages() -> None:
 
 
 # -- end to end against the real broker ---------------------------------------------------
-
-# One cluster of two 8-GPU on-demand nodes; queue "ml" may use 8 of them.
-QUEUES = [
-    QueueConfig(name="default"),
-    QueueConfig(
-        name="ml",
-        quotas=[FlavorQuota(flavor="a100-od", resources={"gpu": ResourceQuota(nominal=8)})],
-    ),
-]
-BLOCKER = {
-    "name": "blocker",
-    "job_id": "blocker",
-    "queue": "ml",
-    "gang": [{"name": "w", "gpu": 8}],
-    "workload": {"simulate": {"total_steps": 1_000_000, "steps_per_second": 10.0}},
-}
-
-
-async def _start(w: World) -> None:
-    w.harness.config = msgspec.structs.replace(w.harness.config, queues=QUEUES)
-    await w.start({"c1": [flavor("a100-od", capacity="on-demand", nodes=2)]}, start_delay_s=0.1)
-
-
-@pytest.fixture
-def live(fresh_nats: EmbeddedNats) -> Iterator[tuple[ThreadedWorld, World]]:
-    """The real broker and one fake cluster under the default subject prefix the CLI uses,
-    on a nats-server of their own."""
-    threaded = ThreadedWorld(fresh_nats.url, _start)
-    with threaded as world:
-        yield threaded, world
 
 
 def cli(world: World, *args: str) -> Result:

@@ -132,7 +132,7 @@ def test_the_seeds_elastic_quota_max_is_usable_on_an_idle_fleet() -> None:
     from broker.core.effects import Send
     from broker.core.machine import Machine
     from schemas.agent import Dispatch
-    from tests.core.test_machine import OD, World
+    from tests.core.machine_world import OD, World
 
     loaded = parse_config(fixture_text("koord-elasticquota.yaml"), source="quota.yaml")
     w = World()

@@ -18,7 +18,7 @@ import msgspec
 
 from muster.cli import app
 from schemas.api import JobView
-from tests.cli.test_cli import BLOCKER, live, runner  # noqa: F401  (the `live` fixture)
+from tests.cli.live_broker import BLOCKER, runner
 from tests.world import ThreadedWorld, World
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
             proc.wait()
 
 
-def test_watch_refreshes_the_table_on_a_terminal(live: tuple[ThreadedWorld, World]) -> None:  # noqa: F811
+def test_watch_refreshes_the_table_on_a_terminal(live: tuple[ThreadedWorld, World]) -> None:
     threaded, world = live
     _start_blocker(threaded, world)
     master, slave = pty.openpty()
@@ -97,7 +97,7 @@ def test_watch_refreshes_the_table_on_a_terminal(live: tuple[ThreadedWorld, Worl
     assert code == 130, proc.stderr.read().decode() if proc.stderr else ""
 
 
-def test_watch_prints_one_json_array_per_refresh(live: tuple[ThreadedWorld, World]) -> None:  # noqa: F811
+def test_watch_prints_one_json_array_per_refresh(live: tuple[ThreadedWorld, World]) -> None:
     threaded, world = live
     _start_blocker(threaded, world)
     proc = _watch(world.harness.url, "--output", "json", stdout=subprocess.PIPE)

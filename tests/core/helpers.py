@@ -23,6 +23,13 @@ from schemas.job import CapacityPreference
 
 GI = 2**30
 NOW = 1_700_000_000.0
+# The node labels of a four-level topology, widest first, as a topology-aware flavor lists them.
+LEVELS = (
+    "topology.kubernetes.io/zone",
+    "cloud.google.com/gce-topology-block",
+    "example.com/rack",
+    "kubernetes.io/hostname",
+)
 
 
 def flavor(
@@ -201,3 +208,8 @@ def random_fleet_and_rounds(
     cuts = sorted(draw(st.lists(st.integers(1, count), max_size=3)))
     rounds = [arrival[a:b] for a, b in zip([0, *cuts], [*cuts, count], strict=True)]
     return [r for r in rounds if r]
+
+
+def tflavor(name: str = "od", price: float = 3.0) -> FlavorInfo:
+    """An on-demand a100 flavor whose nodes carry the four `LEVELS` of topology labels."""
+    return FlavorInfo(name, "on-demand", "a100", price, topology_levels=LEVELS)

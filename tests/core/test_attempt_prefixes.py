@@ -6,8 +6,7 @@ from __future__ import annotations
 from broker.core.inputs import TICK
 from schemas.agent import CheckpointReport, Dispatch, WorkloadStatus
 from schemas.job import CheckpointSpec
-from tests.core.test_checkpoint_uri import running_on_a
-from tests.core.test_machine import World, events, run, sends
+from tests.core.machine_world import World, events, run, running_on_a, sends
 
 LOCATION = "s3://ckpt/team-a/job1"
 

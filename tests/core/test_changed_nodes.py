@@ -24,7 +24,7 @@ from broker.core.types import Placement
 from schemas.agent import FlavorInfo, NodeInfo
 
 from .helpers import NOW, config, flavor, gang, nodes
-from .test_properties import CLASSES, fleets, ops, queue_sets, requests
+from .strategies import CLASSES, fleets, ops, queue_sets, requests
 
 State = tuple[object, ...]
 

@@ -7,7 +7,7 @@ from broker.core.effects import Publish
 from broker.core.lifecycle import uri_under
 from schemas.agent import CheckpointReport
 from schemas.job import CheckpointSpec
-from tests.core.test_machine import World, events, run
+from tests.core.machine_world import World, events, run
 
 
 def test_uri_under_respects_path_segments() -> None:

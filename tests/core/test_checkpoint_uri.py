@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from broker.core.effects import Publish
 from broker.core.lifecycle import uri_under
 from schemas.agent import CheckpointReport
-from schemas.job import CheckpointSpec
-from tests.core.test_machine import World, events, run
+from tests.core.machine_world import World, events, run, running_on_a
 
 LOCATION = "s3://ckpt/team-a/job1"
 
@@ -58,16 +57,6 @@ def test_whatever_the_spelling_an_accepted_uri_stays_inside(segments: list[str])
     uri = LOCATION + "/" + "/".join(segments)
     if uri_under(uri, LOCATION):
         assert not any(s in ("..", ".", "%2e%2e", "%2E.") for s in segments)
-
-
-def running_on_a(location: str) -> tuple[World, str]:
-    """A job with a checkpoint location, its first attempt running on cluster "a"."""
-    w = World()
-    w.cluster("a")
-    job = w.submit(checkpoint=CheckpointSpec(uri=location))  # type: ignore[arg-type]
-    w.cycle()
-    run(w, job, "a", 1)
-    return w, job
 
 
 def test_a_traversal_report_is_refused_and_the_next_attempt_does_not_resume_from_it() -> None:

@@ -8,7 +8,7 @@ from broker.core.inputs import CYCLE, TICK
 from schemas.agent import Dispatch, Heartbeat, SpotNotice
 from schemas.config import Timeouts
 from schemas.job import CheckpointSpec, RestartPolicy
-from tests.core.test_machine import T0, World, events, run, sends
+from tests.core.machine_world import T0, World, events, run, sends
 
 DEFAULTS = Timeouts()
 

@@ -97,8 +97,7 @@ def test_why_says_the_queues_flavor_order_chose_the_pool() -> None:
     from schemas.agent import Dispatch
     from schemas.config import BrokerConfig, QueueConfig
     from schemas.job import CheckpointSpec
-
-    from .test_machine import OD, SPOT, World
+    from tests.core.machine_world import OD, SPOT, World
 
     w = World()
     w.m = Machine(

@@ -12,8 +12,7 @@ from broker.core.machine import Machine
 from schemas.agent import CheckpointNow, Heartbeat
 from schemas.config import BrokerConfig, PreemptionPolicy, QueueConfig, SchedulingConfig
 from schemas.job import CheckpointSpec
-
-from .test_machine import OD, World, run
+from tests.core.machine_world import OD, World, run
 
 MIN_RUNTIME = 60.0
 

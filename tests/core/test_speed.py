@@ -23,16 +23,9 @@ from broker.core.speed import (
 )
 from schemas.agent import CheckpointReport, FlavorInfo, NodeInfo, WorkloadStatus
 from schemas.job import CheckpointSpec
-from tests.core.test_machine import World, run
-from tests.core.test_properties import (
-    CLASSES,
-    Model,
-    check_admission,
-    check_state,
-    fleets,
-    queue_sets,
-    requests,
-)
+from tests.core.machine_world import World, run
+from tests.core.strategies import CLASSES, fleets, queue_sets, requests
+from tests.core.test_properties import Model, check_admission, check_state
 
 from .helpers import NOW, config, flavor, gang, nodes
 

@@ -4,78 +4,18 @@ return."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from broker.core.effects import Send, refusal, split_reply
-from broker.core.inputs import CYCLE, AgentBatch, SubmitJob
+from broker.core.effects import split_reply
+from broker.core.inputs import CYCLE, SubmitJob
 from broker.core.machine import Machine
 from schemas.agent import (
     CheckpointReport,
-    ClusterSnapshot,
-    Dispatch,
-    EventBatch,
     NodeGone,
     NodeUpsert,
     WorkloadStatus,
 )
-from schemas.config import BrokerConfig, QueueConfig
-from schemas.job import CapacityPreference, CheckpointSpec, JobSpec, PodSet, SpotPolicy
-from tests.core.helpers import NOW, flavor, nodes
-
-
-class Agent:
-    """Numbers the batches of one cluster as a real agent does."""
-
-    def __init__(self, machine: Machine, cluster: str) -> None:
-        self.m = machine
-        self.cluster = cluster
-        self.seq = 0
-
-    def send(self, *events: object, now: float = NOW) -> None:
-        self.seq += 1
-        batch = EventBatch(
-            cluster=self.cluster,
-            instance="a-1",
-            seq=self.seq,
-            events=list(events),  # type: ignore[arg-type]
-        )
-        out = self.m.handle(AgentBatch(self.cluster, batch), now)
-        assert refusal(out) is None, refusal(out)
-
-
-def spot_job(
-    name: str,
-    gpu: int = 8,
-    replicas: int = 1,
-    capacity: CapacityPreference = "spot",
-    **extra: Any,
-) -> JobSpec:
-    return JobSpec(
-        name=name,
-        job_id=name,
-        queue="default",
-        capacity=capacity,
-        gang=[PodSet(name="worker", replicas=replicas, gpu=gpu)],
-        **extra,
-    )
-
-
-def setup() -> tuple[Machine, Agent]:
-    m = Machine(BrokerConfig(queues=[QueueConfig(name="default")]))
-    agent = Agent(m, "east")
-    agent.send(
-        ClusterSnapshot(
-            flavors=[flavor("v100-spot", "spot", "v100", 0.9), flavor("v100-od", price=3.0)],
-            nodes=nodes("spot", "v100-spot", 2) + nodes("od", "v100-od", 1),
-        )
-    )
-    # The provider takes every spot node away.
-    agent.send(NodeGone(node="spot-0"), NodeGone(node="spot-1"), now=NOW + 1)
-    return m, agent
-
-
-def dispatches(effects: list[object]) -> list[Dispatch]:
-    return [e.command for e in effects if isinstance(e, Send) and isinstance(e.command, Dispatch)]
+from schemas.job import CheckpointSpec, SpotPolicy
+from tests.core.helpers import NOW, nodes
+from tests.core.spot_pools import Agent, dispatches, setup, spot_job
 
 
 def test_spot_only_job_waits_for_an_empty_spot_pool_and_runs_when_nodes_return() -> None:

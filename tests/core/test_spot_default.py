@@ -11,8 +11,7 @@ from broker.core.machine import Machine
 from schemas.agent import Dispatch
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import CheckpointSpec
-
-from .test_machine import OD, SPOT, World, node, sends
+from tests.core.machine_world import OD, SPOT, World, node, sends
 
 
 def _world(**queue: Any) -> World:
@@ -123,8 +122,7 @@ def test_why_says_why_a_running_job_got_its_pool_and_how_an_ended_one_ended() ->
 def test_why_names_the_spot_fallback_rule_that_moved_a_job_to_on_demand() -> None:
     from schemas.agent import SpotNotice, WorkloadStatus
     from schemas.job import SpotPolicy
-
-    from .test_machine import run
+    from tests.core.machine_world import run
 
     w = _world()
     _mixed(w)

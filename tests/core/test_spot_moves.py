@@ -30,7 +30,7 @@ from schemas.agent import (
 )
 from schemas.job import CheckpointSpec, Deadline, JobSpec, SpotPolicy
 from tests.core.helpers import NOW, flavor, nodes
-from tests.core.test_spot_capacity import Agent, dispatches, setup, spot_job
+from tests.core.spot_pools import Agent, dispatches, setup, spot_job
 
 SPOT = ("east", "v100-spot")
 

@@ -9,18 +9,7 @@ from broker.core.views import _waiting_for
 from schemas.agent import FlavorInfo, NodeInfo
 from schemas.api import PendingReason
 
-from .helpers import GI, NOW, config, gang
-
-LEVELS = (
-    "topology.kubernetes.io/zone",
-    "cloud.google.com/gce-topology-block",
-    "example.com/rack",
-    "kubernetes.io/hostname",
-)
-
-
-def tflavor(name: str = "od", price: float = 3.0) -> FlavorInfo:
-    return FlavorInfo(name, "on-demand", "a100", price, topology_levels=LEVELS)
+from .helpers import GI, NOW, config, gang, tflavor
 
 
 def tnode(name: str, zone: str, block: str, rack: str, gpu: int = 8, used: int = 0) -> NodeInfo:

@@ -24,8 +24,7 @@ from schemas.agent import ClusterSnapshot, Dispatch, NodeGone, NodeInfo
 from schemas.job import GangTopology, JobSpec, PodSet
 
 from .harness import T0, Sim
-from .helpers import config, gang, queue
-from .test_topology import LEVELS, tflavor
+from .helpers import LEVELS, config, gang, queue, tflavor
 
 PROPS = settings(
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True

@@ -35,7 +35,7 @@ from agents.kube.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, frontdoor_rul
 from agents.runtime import AgentRuntime
 from schemas.config import QueueConfig
 from tests.e2e.conftest import kube_clusters
-from tests.e2e.test_kinds_end_to_end import KubeCluster
+from tests.e2e.kinds_world import KubeCluster
 from tests.kube.conftest import NODES, NS, make_config, node
 from tests.kube.fake_apiserver import FakeApiServer, parse_path
 from tests.world import World

@@ -22,7 +22,7 @@ from agents.kube.backend import KubeBackend
 from agents.kube.pools import LABEL_ASK
 from agents.runtime import AgentRuntime
 from tests.e2e.conftest import World, kube_clusters
-from tests.e2e.test_kube_end_to_end import KubeCluster
+from tests.e2e.kube_providers import KubeCluster
 from tests.kube.autoscaler import NODEPOOLS, Autoscaler, nodepool
 from tests.kube.conftest import BASE_CONFIG, Clock, make_config
 from tests.kube.fake_apiserver import FakeApiServer

@@ -19,8 +19,8 @@ import yaml
 from agents import sdk
 from agents.kube.backend import KubeBackend
 from kinds.base import ANN_CHECKPOINT, ANN_CHECKPOINT_REQUEST
-from tests.e2e.test_kinds_end_to_end import EXAMPLES, KubeCluster, run_on_spot
-from tests.e2e.test_kinds_end_to_end import kube_world as kube_world  # the fixture, shared
+from tests.e2e.kinds_world import EXAMPLES, KubeCluster, run_on_spot
+from tests.e2e.kinds_world import kube_world as kube_world  # the fixture, shared
 from tests.world import World
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from broker.client import MusterClient
 from broker.nodeops import node_op
 from schemas.natsopts import NatsOptions
-from tests.e2e.test_kube_end_to_end import KubeCluster, kube_world
+from tests.e2e.kube_providers import KubeCluster, kube_world
 from tests.world import World
 
 __all__ = ["kube_world"]  # the fixture, used by name

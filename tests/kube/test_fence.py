@@ -27,7 +27,7 @@ from agents.runtime import AgentRuntime
 from schemas.agent import Dispatch
 from tests.kube.conftest import NOW, NS, PODS, Clock, gang_dispatch, manifest_dispatch, run_job_pod
 from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.test_manifests import PYTORCHJOB_YAML
+from tests.kube.manifests import PYTORCHJOB_YAML
 
 JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
 JOB = f"{JOBS}/job-1-a1-worker"

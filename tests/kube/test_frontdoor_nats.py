@@ -16,7 +16,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from broker.natsconfig import render
 from schemas.config import BrokerConfig, QueueConfig
 from shell.natsio import flush
-from tests.kube.test_deploy import needs_nats
+from tests.kube.deploy_tree import needs_nats
 from tests.security.conftest import start_auth_nats
 from tests.support import wait_for
 

@@ -4,7 +4,7 @@ end-to-end test checks the requests it makes stay within it)."""
 from __future__ import annotations
 
 from agents.kube.rbac import NAMESPACE_RULES, frontdoor_rules
-from tests.kube.test_deploy import all_docs, rbac_rules
+from tests.kube.deploy_tree import all_docs, rbac_rules
 
 
 def test_the_shipped_frontdoor_role_is_frontdoor_rules_bound_to_the_agent() -> None:

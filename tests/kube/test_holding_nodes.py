@@ -28,9 +28,9 @@ from tests.kube.conftest import (
     node,
     run_job_pod,
 )
+from tests.kube.deploy_tree import configmap_data
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.scheduling import make_node, pods_from_template, schedule
-from tests.kube.test_deploy import configmap_data
 
 TAINT = {"key": "muster.dev/dedicated", "value": "muster", "effect": "NoSchedule"}
 

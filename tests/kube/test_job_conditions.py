@@ -49,7 +49,7 @@ from tests.kube.conftest import (
     pod,
 )
 from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.test_manifests import (
+from tests.kube.manifests import (
     JOBSET_YAML,
     MPIJOB_YAML,
     PYTORCHJOB_YAML,

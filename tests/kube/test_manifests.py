@@ -18,203 +18,28 @@ from kinds.base import (
     LABEL_PODSET,
     LABEL_SPREAD,
     SERVICE,
-    PodTemplate,
 )
 from kinds.base import KindError as ManifestError
 from kinds.batch import BATCH_JOB
 from kinds.plan import child_name, workload_name
 from kinds.pods import label_value
-from kinds.registry import adapter_of
 from schemas.agent import CheckpointRef
 from tests.kube.conftest import dispatch, make_config, manifest_dispatch
-
-
-def manifest_templates(manifest: dict[str, Any]) -> list[PodTemplate]:
-    """The pod templates of a supported manifest with their podset names."""
-    return adapter_of(manifest).templates(manifest)
-
-
-NS = "muster-workloads"
-FLAVOR = make_config().flavors[0]  # a100-spot, pool=a100, toleration nvidia.com/gpu
-
-PYTORCHJOB_YAML = """
-apiVersion: kubeflow.org/v1
-kind: PyTorchJob
-metadata:
-  name: pytorch-ddp-mnist
-  namespace: ml-training
-spec:
-  pytorchReplicaSpecs:
-    Master:
-      replicas: 1
-      restartPolicy: OnFailure
-      template:
-        metadata:
-          annotations:
-            sidecar.istio.io/inject: 'false'
-        spec:
-          containers:
-            - name: pytorch
-              image: my-registry/pytorch-training:latest
-              command: ['torchrun', '--nproc_per_node=2', '--nnodes=3', 'train.py']
-              env:
-                - name: NCCL_DEBUG
-                  value: 'INFO'
-              resources:
-                limits:
-                  nvidia.com/gpu: 2
-    Worker:
-      replicas: 2
-      restartPolicy: OnFailure
-      template:
-        spec:
-          affinity:
-            nodeAffinity:
-              requiredDuringSchedulingIgnoredDuringExecution:
-                nodeSelectorTerms:
-                  - matchExpressions:
-                      - {key: topology.kubernetes.io/zone, operator: In, values: [us-east-1a]}
-          containers:
-            - name: pytorch
-              image: my-registry/pytorch-training:latest
-              resources:
-                limits:
-                  nvidia.com/gpu: 2
-"""
-
-MPIJOB_YAML = """
-apiVersion: kubeflow.org/v2beta1
-kind: MPIJob
-metadata:
-  name: horovod-training
-spec:
-  slotsPerWorker: 2
-  mpiReplicaSpecs:
-    Launcher:
-      replicas: 1
-      template:
-        spec:
-          containers:
-            - name: mpi-launcher
-              image: horovod/horovod:latest
-              command: [mpirun, --allow-run-as-root, -np, '8', python, train.py]
-    Worker:
-      replicas: 4
-      template:
-        spec:
-          containers:
-            - name: mpi-worker
-              image: horovod/horovod:latest
-              resources:
-                limits:
-                  nvidia.com/gpu: 2
-"""
-
-TFJOB_YAML = """
-apiVersion: kubeflow.org/v1
-kind: TFJob
-metadata:
-  name: tf-ps-training
-spec:
-  tfReplicaSpecs:
-    PS:
-      replicas: 2
-      template:
-        spec:
-          containers:
-            - name: tensorflow
-              image: tensorflow/tensorflow:2.14.0-gpu
-    Worker:
-      replicas: 4
-      template:
-        spec:
-          containers:
-            - name: tensorflow
-              image: tensorflow/tensorflow:2.14.0-gpu
-              resources:
-                limits:
-                  nvidia.com/gpu: 1
-"""
-
-VOLCANO_YAML = """
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: pytorch-ddp-training
-spec:
-  minAvailable: 5
-  schedulerName: volcano
-  queue: ml-research-queue
-  policies:
-    - event: PodEvicted
-      action: RestartJob
-  tasks:
-    - replicas: 1
-      name: master
-      template:
-        spec:
-          containers:
-            - image: pytorch/pytorch:2.1.0-cuda12.1-cudnn8-runtime
-              name: master
-              resources:
-                limits:
-                  nvidia.com/gpu: 1
-          restartPolicy: OnFailure
-    - replicas: 4
-      name: worker
-      template:
-        spec:
-          containers:
-            - image: pytorch/pytorch:2.1.0-cuda12.1-cudnn8-runtime
-              name: worker
-              resources:
-                limits:
-                  nvidia.com/gpu: 1
-          restartPolicy: OnFailure
-"""
-
-JOBSET_YAML = """
-apiVersion: jobset.x-k8s.io/v1alpha2
-kind: JobSet
-metadata:
-  name: js
-spec:
-  replicatedJobs:
-    - name: workers
-      replicas: 2
-      template:
-        spec:
-          parallelism: 2
-          completions: 2
-          template:
-            spec:
-              containers:
-                - name: trainer
-                  image: trainer:1
-"""
-
-BATCH_JOB_YAML = """
-apiVersion: batch/v1
-kind: Job
-metadata:
-  name: single
-spec:
-  backoffLimit: 6
-  template:
-    spec:
-      restartPolicy: Never
-      containers:
-        - name: main
-          image: busybox
-"""
+from tests.kube.manifests import (
+    BATCH_JOB_YAML,
+    FLAVOR,
+    JOBSET_YAML,
+    MPIJOB_YAML,
+    NS,
+    PYTORCHJOB_YAML,
+    TFJOB_YAML,
+    VOLCANO_YAML,
+    templates_of,
+)
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
-
-
-def templates_of(body: dict[str, Any]) -> list[dict[str, Any]]:
-    return [t.template for t in manifest_templates(body)]
 
 
 def assert_muster_pod(template: dict[str, Any], job_id: str, attempt: int, podset: str) -> None:

@@ -27,8 +27,8 @@ from tests.kube.conftest import (
     run_job_pod,
 )
 from tests.kube.fake_apiserver import FakeApiServer
+from tests.kube.manifests import BATCH_JOB_YAML
 from tests.kube.rbac_authz import RbacAuthorizer
-from tests.kube.test_manifests import BATCH_JOB_YAML
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "agent" / "team-namespace.yaml"
 TEAMS = [{"namespace": "team-a", "queues": ["research", "research-urgent"]}]

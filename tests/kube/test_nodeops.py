@@ -15,8 +15,8 @@ from kinds.base import LABEL_JOB
 from schemas.agent import WorkloadStatus
 from tests.kube.conftest import NODES, NS, PODS, caught_up, gang_dispatch, node
 from tests.kube.fake_apiserver import FakeApiServer
+from tests.kube.helpers import job_pods, upserts
 from tests.kube.rbac_authz import RbacAuthorizer
-from tests.kube.test_backend import job_pods, upserts
 
 PDBS = f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets"
 

@@ -10,7 +10,7 @@ from agents.kube.backend import KubeBackend
 from schemas.agent import WorkloadStatus
 from tests.kube.conftest import NS, PODS, Recorder, gang_dispatch, node
 from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.test_backend import JOBS, job_pods, set_pod
+from tests.kube.helpers import JOBS, job_pods, set_pod
 from tests.support import wait_for
 
 

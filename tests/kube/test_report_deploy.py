@@ -11,7 +11,7 @@ import yaml
 
 from agents.config import convert_agent_config
 from agents.kube.backend import KubeBackend
-from tests.kube.test_deploy import all_docs, configmap_data
+from tests.kube.deploy_tree import all_docs, configmap_data
 
 
 def _one(kind: str, name: str) -> dict[str, Any]:

@@ -14,60 +14,10 @@ import pytest
 import yaml
 
 from agents.backend import CannotResize
-from broker.manifests import jobspec_from_manifest
-from schemas.agent import Dispatch, PodSetAssignment
+from tests.kube.elastic import elastic_dispatch, elastic_job, elastic_volcano, load_fixture
 from tests.kube.fake_apiserver import FakeApiServer
 
 NS = "muster-workloads"
-FIXTURES = Path(__file__).parents[1] / "cli" / "fixtures"
-
-
-def _load(name: str) -> dict[str, Any]:
-    return yaml.safe_load((FIXTURES / name).read_text(encoding="utf-8"))  # type: ignore[no-any-return]
-
-
-def elastic_job() -> dict[str, Any]:
-    """A batch/v1 Job Kueue may resize (its elastic-job annotation), 4 pods."""
-    manifest = _load("batch-job-indexed.yaml")
-    annotations = manifest.setdefault("metadata", {}).setdefault("annotations", {})
-    annotations["kueue.x-k8s.io/elastic-job"] = "true"
-    manifest["spec"].update(parallelism=4, completions=4)
-    manifest["spec"].pop("completionMode", None)
-    return manifest
-
-
-def elastic_volcano() -> dict[str, Any]:
-    manifest = _load("volcano-job.yaml")
-    manifest["spec"]["minAvailable"] = 3
-    return manifest
-
-
-# What each resizable kind runs before and after a shrink (tests/kube/test_deploy.py uses
-# them too: the agent's RBAC must allow the patches).
-SHRINKS: list[tuple[str, Any, dict[str, int], dict[str, int]]] = [
-    ("kubeflow.org/v1/pytorchjobs", lambda: _load("pytorchjob-elastic-spot.yaml"),
-     {"worker": 4}, {"worker": 3}),
-    ("batch/v1/jobs", elastic_job, {"worker": 4}, {"worker": 3}),
-    ("batch.volcano.sh/v1alpha1/jobs", elastic_volcano, {"master": 1, "worker": 3},
-     {"master": 1, "worker": 2}),
-]  # fmt: skip
-
-
-def elastic_dispatch(
-    manifest: dict[str, Any], counts: dict[str, int], revision: int = 0, job_id: str = "j-1"
-) -> Dispatch:
-    return Dispatch(
-        job_id=job_id,
-        attempt=1,
-        epoch=1,
-        revision=revision,
-        flavor="a100-spot",
-        assignment=[
-            PodSetAssignment(podset=p, nodes=[f"{p}-n{i}" for i in range(n)])
-            for p, n in counts.items()
-        ],
-        spec=jobspec_from_manifest(manifest),
-    )
 
 
 def _stored(apiserver: FakeApiServer, path: str) -> dict[str, Any]:
@@ -101,7 +51,7 @@ def _pins(template: dict[str, Any]) -> set[str]:
 async def test_an_elastic_pytorchjob_takes_its_new_worker_count_and_nodes(
     make_backend: Any, apiserver: FakeApiServer, start: int, end: int
 ) -> None:
-    manifest = _load("pytorchjob-elastic-spot.yaml")
+    manifest = load_fixture("pytorchjob-elastic-spot.yaml")
     was, now = await _resize(
         make_backend, apiserver, manifest, {"worker": start}, {"worker": end},
         "kubeflow.org/v1/pytorchjobs",
@@ -177,7 +127,7 @@ def test_a_revision_changes_nothing_but_the_replica_fields() -> None:
     from kinds.kubeflow import ADAPTERS
 
     pt = next(a for a in ADAPTERS if a.resource.kind == "PyTorchJob")
-    live = _load("pytorchjob-elastic-spot.yaml")
+    live = load_fixture("pytorchjob-elastic-spot.yaml")
     new = msgspec.json.decode(msgspec.json.encode(live))
     new["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 5
     patch = pt.resize_patch(live, new)

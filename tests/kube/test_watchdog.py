@@ -21,9 +21,9 @@ from kinds.kubeflow import PYTORCHJOB
 from kinds.plan import owner_reference
 from schemas.agent import Dispatch
 from tests.kube.conftest import NOW, NS, PODS, Clock, Recorder, manifest_dispatch, pod
+from tests.kube.exec_auth import expiry, write_kubeconfig
 from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.test_manifests import PYTORCHJOB_YAML
-from tests.kube.test_watches import expiry, write_kubeconfig
+from tests.kube.manifests import PYTORCHJOB_YAML
 
 PYTORCHJOBS = PYTORCHJOB.collection(NS)
 FENCE_AFTER_S = 20.0

@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import structlog
-import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from agents.kube.backend import KubeBackend
@@ -29,6 +27,7 @@ from tests.kube.conftest import (
     node,
     run_job_pod,
 )
+from tests.kube.exec_auth import expiry, write_kubeconfig
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.support import ResettingPort, wait_for
 
@@ -116,50 +115,6 @@ async def test_failing_watches_make_the_heartbeat_stale_until_they_recover(
     await rec.wait_for(lambda: backend.stale_s() > 0.3)
     apiserver._failures.clear()
     await rec.wait_for(lambda: backend.stale_s() == 0.0)
-
-
-EXEC_PLUGIN = """
-import json, sys
-token, expiry = open(sys.argv[1]).read().split()
-print(json.dumps({
-    "apiVersion": "client.authentication.k8s.io/v1beta1",
-    "kind": "ExecCredential",
-    "status": {"token": token, "expirationTimestamp": expiry},
-}))
-"""
-
-
-def write_kubeconfig(tmp: Path, server: str) -> tuple[Path, Path]:
-    plugin = tmp / "plugin.py"
-    plugin.write_text(EXEC_PLUGIN)
-    token_file = tmp / "token"
-    cfg = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": server}}],
-        "users": [
-            {
-                "name": "u",
-                "user": {
-                    "exec": {
-                        "apiVersion": "client.authentication.k8s.io/v1beta1",
-                        "command": sys.executable,
-                        "args": [str(plugin), str(token_file)],
-                        "interactiveMode": "Never",
-                    }
-                },
-            }
-        ],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    }
-    path = tmp / "kubeconfig"
-    path.write_text(yaml.safe_dump(cfg))
-    return path, token_file
-
-
-def expiry(in_s: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + in_s))
 
 
 async def test_expired_token_is_refreshed_with_no_lost_watch_events(

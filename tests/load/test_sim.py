@@ -38,19 +38,9 @@ from schemas.agent import (
 )
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import CheckpointSpec, JobSpec, PodSet
+from tests.load.small_sim import SMALL
 
 TRACE_PASS_H = 11.4  # one pass of bamboo-p3 (g4dn is shorter, 10.6 h)
-
-# Every spot pool starts at the beginning of its trace, so the run stays inside one pass.
-SMALL = SimConfig(
-    jobs=200,
-    max_duration_s=2 * 3600.0,
-    drain_s=2 * 86_400.0,
-    pools=tuple(replace(p, trace_phase_s=0.0) for p in DEFAULT_POOLS),
-    # Every GPU at one speed and cheap checkpoints keep the run inside one trace pass.
-    gpu_speed=(("V100", 1.0), ("A100", 1.0), ("T4", 1.0)),
-    ckpt_cost_s=(2.0, 6.0),
-)
 
 
 @pytest.fixture(scope="module")
@@ -402,7 +392,7 @@ def test_results_do_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
         "from dataclasses import replace\n"
         "from load.sim import Sim\n"
         "from load.report import summarize\n"
-        "from tests.load.test_sim import SMALL\n"
+        "from tests.load.small_sim import SMALL\n"
         "s = summarize(Sim(replace(SMALL, jobs=60), 'muster').run())\n"
         "s.pop('wall_s')\n"
         "print(json.dumps(s, sort_keys=True, default=str))\n"

@@ -13,9 +13,9 @@ from agents.fake.model import ManualClock
 from load.sim import ElasticModel, Sim, SimConfig, SimResult
 from schemas.agent import AgentEvent, PodSetAssignment
 from schemas.job import JobSpec, PodSet, Simulation
+from tests.agents.cluster_model import CONFIG, run_until, statuses
 from tests.agents.helpers import dispatch
-from tests.agents.test_cluster_model import CONFIG, run_until, statuses
-from tests.load.test_sim import SMALL
+from tests.load.small_sim import SMALL
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from load.scenario import apply_scenario, load_scenario
 from load.sim import Sim
 from load.simconfig import SimConfig
 
-from .test_sim import SMALL
+from .small_sim import SMALL
 
 SCENARIO = Path(__file__).resolve().parents[2] / "load" / "scenarios" / "topology.yaml"
 

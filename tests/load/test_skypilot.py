@@ -11,7 +11,7 @@ import pytest
 
 from load import skypilot
 from load.sim import POLICIES, Sim, SimResult, broker_config, job_spec
-from tests.load.test_sim import SMALL
+from tests.load.small_sim import SMALL
 
 CFG = replace(SMALL, jobs=150)
 

@@ -17,7 +17,7 @@ import yaml
 
 from broker.natsconfig import load_broker_config, render, render_leafnode
 from broker.natsconfig import render_leafnode_listener as listener
-from tests.kube.test_deploy import PASSWORDS, _routes_conf, nats_accepts
+from tests.kube.deploy_tree import PASSWORDS, nats_accepts, routes_conf
 from tests.kube.validation import validate
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -111,7 +111,7 @@ def test_control_overlay_serves_mtls_leafnodes_with_generated_users(tmp_path: Pa
     tls_files(trustme.CA(), tls, "nats.control.example.com")
     for name, text in data.items():
         (tmp_path / name).write_text(text.replace("/etc/nats/tls", str(tls)))
-    _routes_conf(tmp_path)
+    routes_conf(tmp_path)
     nats_accepts(tmp_path / "nats.conf", {**PASSWORDS, "POD_NAME": "muster-nats-0"})
 
 

@@ -6,9 +6,6 @@ restores an old broker's bucket (a rolling upgrade of the brokers, standby first
 
 from __future__ import annotations
 
-import base64
-import json
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -32,17 +29,7 @@ from schemas.agent import (
 from schemas.codec import decode_command, decode_command_ack, decode_event_batch
 from schemas.job import JobSpec
 from schemas.wire import UNVERSIONED, WIRE_VERSION, compatible, parse
-
-PREVIOUS = Path(__file__).parent / "fixtures" / "release-0.1.0"
-
-
-def previous_messages() -> dict[str, bytes]:
-    raw = json.loads((PREVIOUS / "messages.json").read_text())
-    return {name: base64.b64decode(value) for name, value in raw.items()}
-
-
-def previous_schema(name: str) -> dict[str, Any]:
-    return json.loads((PREVIOUS / "agent-schema.json").read_text())[name]  # type: ignore[no-any-return]
+from tests.nats.previous_release import previous_messages, previous_schema
 
 
 def test_the_previous_releases_messages_decode_here() -> None:

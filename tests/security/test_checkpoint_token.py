@@ -8,7 +8,7 @@ from schemas.agent import CheckpointReport, Dispatch
 from schemas.codec import encode_json
 from shell.natsio import flush
 from tests.broker.conftest import Harness
-from tests.broker.test_submit import job
+from tests.broker.jobs import job
 from tests.broker.wire import next_item
 
 

@@ -8,7 +8,7 @@ from broker.core.effects import Publish
 from broker.core.inputs import Checkpoint
 from schemas.agent import CheckpointReport
 from schemas.job import CheckpointSpec
-from tests.core.test_machine import World, events, run
+from tests.core.machine_world import World, events, run
 
 LOCATION = "s3://ckpt/job"
 

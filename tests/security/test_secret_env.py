@@ -14,7 +14,7 @@ from agents.kube.config import build_workload
 from schemas.codec import DecodeError, json_decoder
 from schemas.job import JobSpec
 from tests.kube.conftest import dispatch
-from tests.kube.test_manifests import FLAVOR, NS, templates_of
+from tests.kube.manifests import FLAVOR, NS, templates_of
 from tests.kube.validation import validate
 from tests.local.conftest import PY, Lab
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from broker.store import JobStore, RecordMirror
 from schemas.subjects import Subjects
-from tests.broker.test_hot_standby import _record
+from tests.broker.jobs import stored_record
 from tests.security.conftest import CONFIG, AuthNats
 
 RECORDS = 20_000  # ~20 MB: far past the point where the server asks for flow control
@@ -20,7 +20,7 @@ async def test_the_standby_mirror_reads_the_whole_bucket_within_its_permissions(
     bucket = Subjects(prefix=CONFIG.subject_prefix).jobs_bucket
     store = await JobStore.open(writer.jetstream(), bucket, nc=writer)
     for start in range(0, RECORDS, 2_000):
-        await store.put_many([_record(i) for i in range(start, start + 2_000)])
+        await store.put_many([stored_record(i) for i in range(start, start + 2_000)])
     mirror = RecordMirror(JobStore(reader.jetstream(), bucket, reader))
     try:
         records = await mirror.caught_up(60)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.ui import test_browser as browser
+from tests.ui.chromium import BROWSER_MARKS
+from tests.ui.chromium import page as page  # the fixture, shared
 from tests.ui.conftest import Live
 from tests.world import sim_job
 
 # Debian's chromium through Playwright, as the other browser tests (skipped without it).
-page = browser.page
-pytestmark = browser.pytestmark
+pytestmark = BROWSER_MARKS
 
 LONG = 1_000_000  # steps: runs for the whole test
 
