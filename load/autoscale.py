@@ -1,5 +1,6 @@
 """Autoscaled pools in the simulator: warm pools, scale from zero, and scale from zero with
-stockouts, on one scenario (load/scenarios/autoscale.yaml), with queueing delay and cost.
+stockouts (drawn, or from a public availability trace), on one scenario
+(load/scenarios/autoscale.yaml), with queueing delay and cost.
 
     python -m load.autoscale [--jobs 1000] [--seeds 2] [--stockout-p 0.3] [--json out.json]
     muster autoscale ...   (the same command)
@@ -7,7 +8,10 @@ stockouts, on one scenario (load/scenarios/autoscale.yaml), with queueing delay 
 - warm: every autoscaled pool keeps its limit up all the time (no waiting, idle capacity paid);
 - zero: pools start empty and grow when the broker asks (docs/operations.md, "Autoscaled
   pools"); nodes that stay empty `idle_s` go again;
-- stockouts: as zero, but each ask gets no node with probability `--stockout-p`.
+- stockouts: as zero, but each ask gets no node with probability `--stockout-p`;
+- trace: as zero, but each spot pool gets at most what one of SkyPilot's 16-node V100
+  availability traces grants at the moment of the ask (`AVAILABILITY`, one per pool, looped),
+  and nothing while it grants none.
 
 Two costs: what the jobs' own GPU-hours cost (price x GPU-hours held), and what every node
 present cost, idle or not (the bill of the fleet). Runs use the Muster policy.
@@ -29,10 +33,17 @@ from load.command import Count, JsonOut, program, summary
 from load.report import summarize
 from load.scenario import apply_scenario, load_scenario
 from load.sim import run
+from load.sim.cli import GOLDEN
 from load.simconfig import SimConfig
 
 SCENARIO = Path(__file__).with_name("scenarios") / "autoscale.yaml"
-VARIANTS = ("warm", "zero", "stockouts")
+VARIANTS = ("warm", "zero", "stockouts", "trace")
+# Three AWS zones' spot availability from 2023-08-27 ("Can't Be Late", NSDI'24;
+# data/traces/README.md), handed to the autoscaled spot pools in order.
+AVAILABILITY = tuple(
+    f"spot-traces/availability/16-node/aws-08-27-2023/{zone}_v100_1.json"
+    for zone in ("us-east-2b", "us-west-2a", "us-west-2c")
+)
 COLUMNS = (
     ("queue_median_s", "queue median (s)", "{:.0f}"),
     ("queue_p90_s", "queue p90 (s)", "{:.0f}"),
@@ -50,6 +61,7 @@ COLUMNS = (
 def variant(cfg: SimConfig, name: str, stockout_p: float) -> SimConfig:
     """The scenario's fleet as `name` runs it."""
     pools = []
+    zones = iter(AVAILABILITY)
     for p in cfg.pools:
         a = p.autoscale
         if a is not None:
@@ -57,6 +69,9 @@ def variant(cfg: SimConfig, name: str, stockout_p: float) -> SimConfig:
                 p = replace(p, nodes=a.max_nodes, autoscale=replace(a, stockout_p=0.0))
             elif name == "zero":
                 p = replace(p, autoscale=replace(a, stockout_p=0.0))
+            elif name == "trace":
+                trace = next(zones, None) if p.capacity_type == "spot" else None
+                p = replace(p, autoscale=replace(a, stockout_p=0.0, trace=trace))
             else:
                 p = replace(p, autoscale=replace(a, stockout_p=stockout_p))
         pools.append(p)
@@ -140,7 +155,10 @@ def compare(
     fleet = load_scenario(scenario)
     runs = []
     for s in range(seed, seed + seeds):
-        base = apply_scenario(SimConfig(jobs=jobs, seed=s, spot="none"), fleet)
+        # each further seed starts the availability traces elsewhere (as `python -m load.sim`)
+        phase = ((s - seed) * GOLDEN) % 1.0
+        cfg = SimConfig(jobs=jobs, seed=s, spot="none", trace_phase_frac=phase)
+        base = apply_scenario(cfg, fleet)
         runs += [(variant(base, name, stockout_p), name) for name in VARIANTS]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(one, runs))

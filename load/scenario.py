@@ -31,7 +31,8 @@ class ZoneSpec(msgspec.Struct, forbid_unknown_fields=True):
 
 class AutoscaleEntry(msgspec.Struct, forbid_unknown_fields=True):
     """An autoscaled pool (load.simconfig.AutoscaleSpec): its limit, time to a Ready node,
-    stockout chance and the idle time after which empty extra nodes go."""
+    stockout chance and the idle time after which empty extra nodes go; `trace` an
+    availability trace capping what each ask gets (started `phase_h` in)."""
 
     max_nodes: Annotated[int, Meta(ge=1, le=100_000)]
     ready_s: Annotated[float, Meta(ge=0)] = 300.0
@@ -39,6 +40,8 @@ class AutoscaleEntry(msgspec.Struct, forbid_unknown_fields=True):
     window_s: Annotated[float, Meta(gt=0)] = 900.0
     stockout_p: Annotated[float, Meta(ge=0, le=1)] = 0.0
     idle_s: Annotated[float, Meta(ge=0)] = 600.0
+    trace: str | None = None
+    phase_h: Annotated[float, Meta(ge=0)] = 0.0
 
 
 class TopologyEntry(msgspec.Struct, forbid_unknown_fields=True):
@@ -97,6 +100,12 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ValueError(f"scenario {p}: {exc}") from None
 
 
+def _autoscale(e: AutoscaleEntry) -> AutoscaleSpec:
+    fields = msgspec.structs.asdict(e)
+    fields["trace_phase_s"] = fields.pop("phase_h") * 3600.0
+    return AutoscaleSpec(**fields)
+
+
 def apply_scenario(cfg: SimConfig, scenario: Scenario) -> SimConfig:
     pools = tuple(
         PoolSpec(
@@ -110,9 +119,7 @@ def apply_scenario(cfg: SimConfig, scenario: Scenario) -> SimConfig:
             trace_phase_s=e.phase_h * 3600.0,
             provider=e.provider,
             zones=tuple((z.trace, z.phase_h * 3600.0, z.nodes) for z in e.zones),
-            autoscale=None
-            if e.autoscale is None
-            else AutoscaleSpec(**msgspec.structs.asdict(e.autoscale)),
+            autoscale=None if e.autoscale is None else _autoscale(e.autoscale),
             topology=e.topology is not None and e.topology.reported,
             block_nodes=(e.topology.block_nodes or 0) if e.topology is not None else 0,
         )

@@ -21,7 +21,10 @@ class AutoscaleSpec:
     """An autoscaled pool: it grows to `max_nodes` when the broker asks, each node Ready after
     a log-normal delay around `ready_s` (sigma `spread`), unless the ask stocks out
     (probability `stockout_p`); nodes beyond the pool's `nodes` that stay empty for
-    `idle_s` are removed (Karpenter's consolidateAfter, cluster-autoscaler's scale-down)."""
+    `idle_s` are removed (Karpenter's consolidateAfter, cluster-autoscaler's scale-down).
+    With an availability `trace` (a SkyPilot count per tick, looped, started `trace_phase_s`
+    in like the spot traces) an ask gets at most the count the trace grants at that moment,
+    and nothing (a stockout) while it grants none."""
 
     max_nodes: int
     ready_s: float = 300.0
@@ -29,6 +32,8 @@ class AutoscaleSpec:
     window_s: float = 900.0
     stockout_p: float = 0.0
     idle_s: float = 600.0
+    trace: str | None = None  # a path to a trace file, as PoolSpec.trace
+    trace_phase_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

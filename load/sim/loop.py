@@ -369,15 +369,19 @@ class Sim(SpotWorld, Checks):
 
     def provision(self, agent: SimAgent, cmd: Provision, now: float) -> None:
         """The pool's provider: each node comes after a seeded log-normal delay, or none does
-        when the ask stocks out. An ask is answered once (the broker may resend it)."""
+        when the ask stocks out; a pool with an availability trace gets at most what the
+        trace grants now (none: a stockout). An ask is answered once (the broker may resend
+        it)."""
         spec = agent.pools[cmd.flavor].autoscale
         key = (agent.name, cmd.job_id, cmd.flavor, cmd.deadline)
         if spec is None or key in self._asked:
             return
         self._asked.add(key)
         self.provision_asks += 1
+        granted = self.available(spec, now)
+        count = cmd.nodes if granted is None else min(cmd.nodes, granted)
         delays = provider_delays(
-            self.provision_rng, cmd.nodes, spec.ready_s, spec.spread, spec.stockout_p
+            self.provision_rng, count, spec.ready_s, spec.spread, spec.stockout_p
         )
         if not delays:
             self.stockouts += 1

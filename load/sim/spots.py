@@ -3,7 +3,9 @@ nodes, and reclaims from a looped trace or a Poisson process."""
 
 from __future__ import annotations
 
+import bisect
 import random
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +28,27 @@ from load.sim.world import (
 )
 from load.simconfig import (
     NOTICE_S,
+    AutoscaleSpec,
     PoolSpec,
     SimConfig,
 )
+
+
+@lru_cache(maxsize=16)
+def availability(path: Path) -> tuple[list[float], list[int]]:
+    """A trace as a step function: the instants (s) its node count changes and the count from
+    each on (SkyPilot's counts per tick; a Bamboo trace's live nodes)."""
+    times: list[float] = []
+    counts: list[int] = []
+    live = 0
+    for e in cached_trace(path).events:
+        live = live + 1 if e.op == "add" else max(0, live - 1)
+        if times and times[-1] == e.seconds:
+            counts[-1] = live  # every change of one tick: the count after all of them
+        else:
+            times.append(e.seconds)
+            counts.append(live)
+    return times, counts
 
 
 class SpotWorld:
@@ -120,13 +140,7 @@ class SpotWorld:
         events, length_ms = cached_trace(traces.require_trace(path.name, path.parent))
         if not events:
             return
-        declared = dict(self.cfg.trace_lengths).get(pool.trace)
-        if declared is None and length_ms is not None:
-            declared = length_ms / 1000.0  # a count per tick: the trace's own length
-        period = traces.trace_period_s([e.seconds for e in events], declared)
-        phase = (
-            pool.phase_s + self.cfg.trace_phase_s + self.cfg.trace_phase_frac * period
-        ) % period
+        period, phase = self._trace_loop(pool.trace, events, length_ms, pool.phase_s)
         horizon = (self.jobs[-1].arrival if self.jobs else 0.0) + self.cfg.drain_s
         loops = min(1000, int((phase + horizon) / period) + 1)
         for loop in range(loops):
@@ -136,6 +150,34 @@ class SpotWorld:
                     self._trace_apply(pool, loop, e, announce=False)
                 elif pool_t - phase <= horizon:
                     self.push(self.base + pool_t - phase, SPOT_TRACE, (pool, loop, e))
+
+    def _trace_loop(
+        self, name: str, events: list[TraceEvent], length_ms: int | None, phase_s: float
+    ) -> tuple[float, float]:
+        """(period, phase) of a looped trace: its own length when it records one, and the
+        pool's phase plus the run's (`trace_phase_s`, `trace_phase_frac`)."""
+        declared = dict(self.cfg.trace_lengths).get(name)
+        if declared is None and length_ms is not None:
+            declared = length_ms / 1000.0  # a count per tick: the trace's own length
+        period = traces.trace_period_s([e.seconds for e in events], declared)
+        phase = (phase_s + self.cfg.trace_phase_s + self.cfg.trace_phase_frac * period) % period
+        return period, phase
+
+    def available(self, spec: AutoscaleSpec, now: float) -> int | None:
+        """How many nodes the pool's availability trace grants at `now` (looped, from its
+        phase), or None when the pool has no trace (no cap)."""
+        if spec.trace is None:
+            return None
+        path = self._trace_path(spec.trace)
+        path = traces.require_trace(path.name, path.parent)
+        events, length_ms = cached_trace(path)
+        if not events:
+            return 0
+        period, phase = self._trace_loop(spec.trace, events, length_ms, spec.trace_phase_s)
+        times, counts = availability(path)
+        at = (phase + now - self.base) % period
+        i = bisect.bisect_right(times, at) - 1
+        return counts[i] if i >= 0 else 0
 
     def _trace_path(self, trace: str) -> Path:
         """A short name (`p3`) is bamboo-p3.csv in the traces folder; else a file path

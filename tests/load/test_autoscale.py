@@ -44,8 +44,20 @@ def test_only_pools_scaled_from_zero_grow_and_stockouts_are_moved_past(
     assert warm["capacity_cost_usd"] > zero["capacity_cost_usd"]
 
 
+def test_availability_traces_stock_out_the_spot_pools_asks(
+    rows: dict[str, dict[str, Any]],
+) -> None:
+    """The zones of the public traces grant nothing for long stretches: asks there stock out,
+    and what does come is never more than was asked for."""
+    zero, dry = rows["zero"], rows["trace"]
+    assert dry["stockouts"] > 0 and dry["provision_asks"] > 0
+    assert dry["provisioned"] > 0
+    assert dry["queue_p90_s"] >= zero["queue_p90_s"]
+
+
 def test_the_command_prints_medians_and_every_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(app, ["--jobs", "40", "--workers", "1"], "muster autoscale") == 0
     out = capsys.readouterr().out
     assert out.startswith("| variant |") and "\n| warm | " in out and "| 1 | stockouts |" in out
+    assert "\n| trace | " in out
     assert "fleet cost ($)" in out
