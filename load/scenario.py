@@ -71,7 +71,10 @@ class PoolEntry(msgspec.Struct, forbid_unknown_fields=True):
         if self.nodes == 0 and self.autoscale is None:
             raise ValueError(f"pool {self.flavor}: nodes 0 needs autoscale (it would stay empty)")
         if self.autoscale is not None and (self.trace or self.zones):
-            raise ValueError(f"pool {self.flavor}: an autoscaled pool takes no spot trace")
+            raise ValueError(
+                f"pool {self.flavor}: an autoscaled pool takes no spot trace or zones; "
+                "name an availability trace under its autoscale: (trace:, phase_h:)"
+            )
         if self.autoscale is not None and self.topology is not None:
             raise ValueError(
                 f"pool {self.flavor}: an autoscaled pool's new nodes have no place; "

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from load.scenario import apply_scenario, load_scenario
 from load.sim import Sim
 from load.sim.world import NODE_UP
@@ -80,3 +82,14 @@ def test_a_scenario_names_the_trace_and_its_phase_in_hours(tmp_path: Path) -> No
     (pool,) = apply_scenario(SimConfig(), load_scenario(path)).pools
     assert pool.autoscale is not None
     assert (pool.autoscale.trace, pool.autoscale.trace_phase_s) == ("zones/a.json", 2 * HOUR)
+
+
+def test_a_trace_beside_autoscale_is_refused_with_where_it_goes(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "pools:\n"
+        "  - {cluster: c1, flavor: v100-spot, capacity: spot, gpu: V100, price: 0.92, nodes: 0,\n"
+        "     trace: zones/a.json, autoscale: {max_nodes: 8}}\n"
+    )
+    with pytest.raises(ValueError, match="under its autoscale:"):
+        load_scenario(path)
