@@ -134,7 +134,13 @@ def autoscale(
     stockout_p: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="chance that an ask gets no node")
     ] = 0.3,
-    scenario: Annotated[str, typer.Option(help="the fleet (a scenario file)")] = str(SCENARIO),
+    scenario: Annotated[
+        str,
+        typer.Option(
+            help="the fleet (a scenario file; default: the shipped load/scenarios/autoscale.yaml)",
+            show_default=False,
+        ),
+    ] = str(SCENARIO),
     workers: Count = 2,
     json_out: JsonOut = None,
 ) -> None:
