@@ -20,6 +20,7 @@ import contextlib
 import gc
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import aiohttp
@@ -50,7 +51,7 @@ from agents.kube.fencing import LeaseKeeper
 from agents.kube.logs import read_pod_logs
 from agents.kube.nodeops import kube_node_op
 from agents.kube.nodes import Rules
-from agents.kube.nodewatch import NodeWatch
+from agents.kube.nodewatch import NodeSignals, NodeWatch
 from agents.kube.objects import WorkloadObjects
 from agents.kube.pools import Autoscaling
 from agents.kube.quota import attempt_usage, namespace_refusal
@@ -180,11 +181,30 @@ class KubeBackend:
         self.report_server: ReportServer | None = None
         self.report_url: str | None = None
         self.autoscaling: Autoscaling | None = None  # autoscaled pools (agents/kube/pools.py)
-        # The parts' state by the names the tests and benchmarks read.
-        self._nodes = self.node_watch.nodes
-        self._foreign = self.usage.pods  # by pod uid
-        self._workloads = self.attempts.workloads
-        self._pod_names = self.attempts.pod_names
+
+    # -- read-only views of the parts' state (copies: a reader cannot edit what it sees) ----
+    def node_signals(self) -> Mapping[str, NodeSignals]:
+        """Each node of a configured flavor or once reported: its latest judged signals."""
+        return self.node_watch.node_signals()
+
+    def attempt_pods(self, job_id: str, attempt: int) -> Mapping[str, str]:
+        """The pods seen of one attempt: pod uid -> pod name."""
+        return MappingProxyType(dict(self.attempts.pod_names.get((job_id, attempt), {})))
+
+    def attempt_objects(self, job_id: str, attempt: int) -> tuple[tuple[str, str], ...]:
+        """The objects created or seen for one attempt: (collection path, name)."""
+        w = self.attempts.workloads.get((job_id, attempt))
+        return tuple(w.objects) if w is not None else ()
+
+    @property
+    def foreign_pod_count(self) -> int:
+        """Pods not of a running attempt that hold usage on some node."""
+        return len(self.usage.pods)
+
+    @property
+    def background_work(self) -> int:
+        """Background tasks still running (node checks, releases of finished pods)."""
+        return len(self._background)
 
     @property
     def node_reflector(self) -> Reflector[KNode] | None:
@@ -484,7 +504,7 @@ class KubeBackend:
         """Whether the cluster itself ends this attempt when its fence lapses: with a fence
         watchdog beside this agent, every kind in the namespace it watches (the default one);
         elsewhere (a team's namespace) and without one, the agent's self-fence."""
-        watched = self._namespace_of((job_id, attempt)) == self.config.namespace
+        watched = self.namespace_of((job_id, attempt)) == self.config.namespace
         return self.config.fence_watchdog and self.fence_state.window_s > 0 and watched
 
     def fence_after(self, job_id: str, attempt: int) -> float:
@@ -528,12 +548,12 @@ class KubeBackend:
     async def read_logs(self, req: LogRequest) -> LogTail:
         """The attempt's container logs (agents/kube/logs.py); ended once its workload is."""
         key = (req.job_id, req.attempt)
-        lines = await read_pod_logs(self.rest, self._namespace_of(key), self.cluster, req)
+        lines = await read_pod_logs(self.rest, self.namespace_of(key), self.cluster, req)
         w = self.attempts.workloads.get(key)
         ended = w is None or w.cancelled or w.current_phase() in ("succeeded", "failed", "evicted")
         return LogTail(lines=lines, ended=ended)
 
-    def _namespace_of(self, key: Key) -> str:
+    def namespace_of(self, key: Key) -> str:
         """Where an attempt's pods are: where it was seen, else the default namespace."""
         return self.attempts.namespace_of(key, self.config.namespace)
 

@@ -243,7 +243,7 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
             "status": {"phase": "Running"},
         },
     )
-    await Recorder().wait_for(lambda: backend._pod_names.get(("indexed-job-job", 1)))
+    await Recorder().wait_for(lambda: backend.attempt_pods("indexed-job-job", 1))
     await backend.checkpoint_now("indexed-job-job", 1, 1.0)
     logs = await backend.read_logs(LogRequest(job_id="indexed-job-job", attempt=1))
     assert logs.lines == []

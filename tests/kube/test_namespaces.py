@@ -156,7 +156,7 @@ async def test_a_restarted_agent_finds_and_follows_a_team_attempt(
     try:
         snap = await second.snapshot()
         assert [(w.job_id, w.phase) for w in snap.workloads] == [("team-1", "running")]
-        assert second._namespace_of(("team-1", 1)) == "team-a"
+        assert second.namespace_of(("team-1", 1)) == "team-a"
         await second.cancel("team-1", None, "test")
         gone = apiserver.get("/apis/batch/v1/namespaces/team-a/jobs/team-1-a1-worker")
         assert gone is None or gone["metadata"].get("deletionTimestamp")
