@@ -25,9 +25,9 @@ from schemas.agent import CheckpointReport, FlavorInfo, NodeInfo, WorkloadStatus
 from schemas.job import CheckpointSpec
 from tests.core.machine_world import World, run
 from tests.core.strategies import CLASSES, fleets, queue_sets, requests
-from tests.core.test_properties import Model, check_admission, check_state
 
 from .helpers import NOW, config, flavor, gang, nodes
+from .scheduler_model import Model, check_admission, check_state
 
 PRIORS = {"v100": 1.0, "a100": 2.2, "t4": 0.3}
 
