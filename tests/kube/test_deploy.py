@@ -48,7 +48,6 @@ from tests.kube.conftest import (
     node,
 )
 from tests.kube.deploy_tree import (
-    DEPLOY,
     NATS_BIN,
     PASSWORDS,
     all_docs,
@@ -71,7 +70,7 @@ from tests.kube.manifests import (
 )
 from tests.kube.rbac_authz import AGENT_USER, WATCHDOG_USER
 from tests.kube.validation import validate
-from tests.support import listening, wait_for
+from tests.support import DEPLOY, listening, wait_for
 
 
 def test_every_yaml_parses_and_names_itself() -> None:

@@ -4,7 +4,6 @@ RoleBinding of the shipped deploy grants it (deploy/agent/team-namespace.yaml)."
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -29,8 +28,9 @@ from tests.kube.conftest import (
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.manifests import BATCH_JOB_YAML
 from tests.kube.rbac_authz import RbacAuthorizer
+from tests.support import DEPLOY
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "agent" / "team-namespace.yaml"
+TEMPLATE = DEPLOY / "agent" / "team-namespace.yaml"
 TEAMS = [{"namespace": "team-a", "queues": ["research", "research-urgent"]}]
 
 
