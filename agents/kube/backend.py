@@ -20,7 +20,6 @@ import contextlib
 import gc
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import aiohttp
@@ -51,13 +50,14 @@ from agents.kube.fencing import LeaseKeeper
 from agents.kube.logs import read_pod_logs
 from agents.kube.nodeops import kube_node_op
 from agents.kube.nodes import Rules
-from agents.kube.nodewatch import NodeSignals, NodeWatch
+from agents.kube.nodewatch import NodeWatch
 from agents.kube.objects import WorkloadObjects
 from agents.kube.pools import Autoscaling
 from agents.kube.quota import attempt_usage, namespace_refusal
 from agents.kube.report import REPORT_PATH, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload
 from agents.kube.usage import ForeignPods, ForeignUsage
+from agents.kube.views import KubeViews
 from agents.kube.watches import Watches
 from kinds.base import KindError as ManifestError
 from kinds.base import Resource
@@ -77,7 +77,7 @@ from schemas.agent import (
 log = structlog.get_logger("muster.agent.kube")
 
 
-class KubeBackend:
+class KubeBackend(KubeViews):
     """Kubernetes cluster side of the agent: watches nodes and pods, creates workloads."""
 
     def __init__(
@@ -181,30 +181,6 @@ class KubeBackend:
         self.report_server: ReportServer | None = None
         self.report_url: str | None = None
         self.autoscaling: Autoscaling | None = None  # autoscaled pools (agents/kube/pools.py)
-
-    # -- read-only views of the parts' state (copies: a reader cannot edit what it sees) ----
-    def node_signals(self) -> Mapping[str, NodeSignals]:
-        """Each node of a configured flavor or once reported: its latest judged signals."""
-        return self.node_watch.node_signals()
-
-    def attempt_pods(self, job_id: str, attempt: int) -> Mapping[str, str]:
-        """The pods seen of one attempt: pod uid -> pod name."""
-        return MappingProxyType(dict(self.attempts.pod_names.get((job_id, attempt), {})))
-
-    def attempt_objects(self, job_id: str, attempt: int) -> tuple[tuple[str, str], ...]:
-        """The objects created or seen for one attempt: (collection path, name)."""
-        w = self.attempts.workloads.get((job_id, attempt))
-        return tuple(w.objects) if w is not None else ()
-
-    @property
-    def foreign_pod_count(self) -> int:
-        """Pods not of a running attempt that hold usage on some node."""
-        return len(self.usage.pods)
-
-    @property
-    def background_work(self) -> int:
-        """Background tasks still running (node checks, releases of finished pods)."""
-        return len(self._background)
 
     @property
     def node_reflector(self) -> Reflector[KNode] | None:
