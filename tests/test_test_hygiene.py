@@ -11,12 +11,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The test directories scanned (the others still read past views of their shells).
-SCANNED = ("chaos", "cli", "core", "kube", "load", "nats")
+SCANNED = ("agents", "chaos", "cli", "core", "e2e", "kube", "load", "nats", "schemas")
 
 # Reads into code whose owner has no public view for it yet, each to become one. The set only
 # shrinks: a new private read fails the test below, and so does an entry that no longer occurs.
 NOT_YET_PUBLIC: frozenset[tuple[str, str]] = frozenset(
     {
+        ("tests/agents/test_runtime.py", "rt._loop_task"),
+        ("tests/e2e/test_frontdoor_end_to_end.py", "door._rest"),
         ("tests/kube/test_api_budget.py", "backend._delete_objects"),  # an action, not a read
         ("tests/kube/test_cluster_fence.py", "runtime._learn"),
         ("tests/kube/test_cluster_fence.py", "self.runtime._sent_at"),
@@ -24,6 +26,7 @@ NOT_YET_PUBLIC: frozenset[tuple[str, str]] = frozenset(
         ("tests/kube/test_fence.py", "AgentRuntime._cluster_fences"),
         ("tests/kube/test_frontdoor.py", "door._condition"),
         ("tests/kube/test_watches.py", "apiserver._failures"),
+        ("tests/schemas/test_codec_fuzz.py", "d[0]._label"),  # a test id: the decoder.s name
     }
 )
 
