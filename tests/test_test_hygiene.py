@@ -26,7 +26,7 @@ NOT_YET_PUBLIC: frozenset[tuple[str, str]] = frozenset(
         ("tests/kube/test_fence.py", "AgentRuntime._cluster_fences"),
         ("tests/kube/test_frontdoor.py", "door._condition"),
         ("tests/kube/test_watches.py", "apiserver._failures"),
-        ("tests/schemas/test_codec_fuzz.py", "d[0]._label"),  # a test id: the decoder.s name
+        ("tests/schemas/test_codec_fuzz.py", "d[0]._label"),  # a test id: the decoder's name
     }
 )
 
