@@ -162,7 +162,7 @@ async def agent_run(
         out["stall_list_ms"], out["stall_cpu_list_ms"] = stalls.reset()
         pr, nr = backend.pod_reflector, backend.node_reflector
         assert pr is not None and nr is not None
-        out["pods_seen"] = len(backend._foreign)
+        out["pods_seen"] = backend.foreign_pod_count
         out["nodes_seen"] = len(nr.cache)
         t0 = time.perf_counter()
         await pr.resync()
@@ -178,7 +178,7 @@ async def agent_run(
         out["peak_rss_mib"] = peak_rss_mib()
         # A running gang, then the checkpoint request to every one of its pods.
         await stand.command(f"gang ck {gang}")
-        await until(lambda: len(backend._pod_names.get(("ck", 1), {})) >= gang, 120, "gang")
+        await until(lambda: len(backend.attempt_pods("ck", 1)) >= gang, 120, "gang")
         await stand.command(f"latency {latency}")
         before = await stand.command(f"inflight {inflight}")
         t0 = time.perf_counter()

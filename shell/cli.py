@@ -299,20 +299,26 @@ class LazyCommand(typer.core.TyperCommand):
         return self.load().make_context(info_name, args, parent=parent, **extra)
 
 
-@functools.cache
 def _load(import_path: str, name: str) -> Any:
     module_name, attribute = import_path.rsplit(".", 1)
-    found = getattr(importlib.import_module(module_name), attribute)
+    found = _command_in(getattr(importlib.import_module(module_name), attribute), name)
+    if found is None:
+        raise ValueError(f"lazy loading of {import_path} found no command {name!r}")
+    return found
+
+
+@functools.cache
+def _command_in(found: Any, name: str) -> Any | None:
+    """Command `name` of a Typer app (or the app itself as a program, or a click command),
+    None if it has none: one object per app and name, whoever asks."""
     if isinstance(found, typer.Typer):
         found = typer.main.get_command(found)
         if isinstance(found, typer.core.TyperGroup) and name in found.commands:
             return found.commands[name]
         # Otherwise the app is the program itself (a command, or a group with its own callback).
         if isinstance(found, typer.core.TyperGroup) and found.callback is None:
-            raise ValueError(f"lazy loading of {import_path} found no command {name!r}")
-    if not hasattr(found, "make_context"):
-        raise ValueError(f"lazy loading of {import_path} found no command {name!r}")
-    return found
+            return None
+    return found if hasattr(found, "make_context") else None
 
 
 class LazyGroup(typer.core.TyperGroup):
@@ -375,21 +381,15 @@ def tidy_help(app: typer.Typer) -> None:
             info.cls = HelpCommand
 
 
-def invoke(
-    command: Callable[..., Any],
-    argv: Sequence[str] | None,
-    prog: str,
-    cls: type[typer.core.TyperCommand] | None = None,
-) -> int:
-    """Run one typer command function as its own program and return its exit status: what a
-    `python -m` alias of a `muster` command calls (`cls`: the command class it is registered
-    with, e.g. `common(...)` for the shared options)."""
-    app = typer.Typer(
-        add_completion=False, pretty_exceptions_show_locals=False, rich_markup_mode=None
-    )
-    app.command(cls=cls)(command)
+def run_alias(app: typer.Typer, name: str, argv: Sequence[str] | None, prog: str) -> int:
+    """Run command `name` of `app` as its own program and return its exit status: what a
+    `python -m` alias of a `muster` command calls. It is the object the `muster` group loads
+    for that command, so the alias takes exactly the options `muster NAME` takes."""
+    command = _command_in(app, name)
+    if command is None:
+        raise ValueError(f"{prog}: its app has no command {name!r}")
     try:
-        app(args=None if argv is None else list(argv), prog_name=prog)
+        command.main(args=None if argv is None else list(argv), prog_name=prog)
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)

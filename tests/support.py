@@ -1,5 +1,6 @@
 """What every test folder shares: waiting for a condition instead of sleeping (`wait_for`
-lives in `load/waiting.py`, which the load programs share), free ports, TCP helpers."""
+lives in `load/waiting.py`, which the load programs share), free ports, TCP helpers, where the
+repository's deploy tree and shared fixtures are."""
 
 from __future__ import annotations
 
@@ -9,13 +10,26 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
 
 from load.waiting import POLL_S, wait_for
 
 __all__ = ["POLL_S", "wait_for"]
 
 T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"  # the shipped manifests, configs and Dockerfile
+FIXTURES = REPO / "tests" / "fixtures"  # inputs shared across test folders (README there)
+
+
+def fixture_doc(name: str) -> dict[str, Any]:
+    """The one YAML document of a shared fixture, a fresh copy on every call."""
+    doc: dict[str, Any] = yaml.safe_load((FIXTURES / name).read_text(encoding="utf-8"))
+    return doc
 
 
 async def listening(port: int, timeout: float = 10.0) -> None:

@@ -1,7 +1,8 @@
-"""The core's tests read it through its public read-only views (`Scheduler.allocations`,
-`queue_states`, `cohort_states`, `cluster_states`, `machine.views`, ...), never through private
-attributes: a test that reaches into `_inv` or `_ledger` keeps passing after the views it should
-be checking break, and pins internals that a refactor must be free to change."""
+"""Tests read the code through its public read-only views (`Scheduler.allocations`,
+`queue_states`, `machine.views`, `KubeBackend.node_signals`, `attempt_pods`, ...), never through
+private attributes: a test that reaches into `_inv` or `_nodes` keeps passing after the views it
+should be checking break, and pins internals that a refactor must be free to change. A test
+helper's own state (`self._x` inside its class) is its business."""
 
 from __future__ import annotations
 
@@ -9,43 +10,88 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE_TESTS = ROOT / "tests" / "core"
+# The test directories scanned (the others still read past views of their shells).
+SCANNED = ("agents", "chaos", "cli", "core", "e2e", "kube", "load", "nats", "schemas")
+
+# Reads into code whose owner has no public view for it yet, each to become one. The set only
+# shrinks: a new private read fails the test below, and so does an entry that no longer occurs.
+NOT_YET_PUBLIC: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("tests/agents/test_runtime.py", "rt._loop_task"),
+        ("tests/e2e/test_frontdoor_end_to_end.py", "door._rest"),
+        ("tests/kube/test_api_budget.py", "backend._delete_objects"),  # an action, not a read
+        ("tests/kube/test_cluster_fence.py", "runtime._learn"),
+        ("tests/kube/test_cluster_fence.py", "self.runtime._sent_at"),
+        ("tests/kube/test_cluster_fence.py", "self.runtime._on_applied"),
+        ("tests/kube/test_fence.py", "AgentRuntime._cluster_fences"),
+        ("tests/kube/test_frontdoor.py", "door._condition"),
+        ("tests/kube/test_watches.py", "apiserver._failures"),
+        ("tests/schemas/test_codec_fuzz.py", "d[0]._label"),  # a test id: the decoder's name
+    }
+)
 
 
 def _is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
+def _own(node: ast.Attribute) -> bool:
+    """`self._x` or `cls._x`: a helper class using its own state."""
+    return isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+
+
 def private_attributes(source: str) -> list[tuple[int, str]]:
-    """(line, expression) of every use of an underscore attribute (dunders excepted)."""
+    """(line, expression) of every use of another object's underscore attribute (dunders
+    and a class's own `self._x` excepted)."""
     found = [
         (node.lineno, ast.unparse(node))
         for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Attribute) and _is_private(node.attr)
+        if isinstance(node, ast.Attribute) and _is_private(node.attr) and not _own(node)
     ]
     return sorted(found)
 
 
 def test_the_scan_finds_private_attributes_and_passes_public_ones() -> None:
-    """A control: the scan would catch the reads the core tests used to make."""
+    """A control: the scan would catch the reads the core and kube tests used to make, and
+    passes a helper's own state and the public views."""
     source = (
         "pool = s._inv.clusters['c'].pools['sp']\n"
         "assert not quota_broken(s.queue_states(), s._book)\n"
         "name = type(s).__name__\n"
         "allocs = s.allocations()\n"
         "s._ledger = None\n"
+        "wait_for(lambda: backend._nodes['g1'].dip_since is None)\n"
+        "self._rng.random() + self.runtime._sent_at[1]\n"
+        "pods = backend.attempt_pods('j', 1)\n"
     )
-    assert private_attributes(source) == [(1, "s._inv"), (2, "s._book"), (5, "s._ledger")]
+    assert private_attributes(source) == [
+        (1, "s._inv"),
+        (2, "s._book"),
+        (5, "s._ledger"),
+        (6, "backend._nodes"),
+        (7, "self.runtime._sent_at"),
+    ]
 
 
-def test_core_tests_read_the_core_through_public_views_only() -> None:
-    found = [
-        f"{path.relative_to(ROOT)}:{line}: {expr}"
-        for path in sorted(CORE_TESTS.rglob("*.py"))
+def _reads() -> list[tuple[str, int, str]]:
+    return [
+        (path.relative_to(ROOT).as_posix(), line, expr)
+        for name in SCANNED
+        for path in sorted((ROOT / "tests" / name).rglob("*.py"))
         for line, expr in private_attributes(path.read_text())
     ]
-    assert not found, (
-        "tests/core reads private attributes; use the owner's read-only view (Scheduler "
-        "allocations(), queue_states(), cohort_states(), cluster_states(), machine.views) or "
-        "add a small public query to the owning class in broker/core:\n" + "\n".join(found)
+
+
+def test_tests_read_the_code_through_public_views_only() -> None:
+    found = _reads()
+    offences = [
+        f"{rel}:{line}: {expr}" for rel, line, expr in found if (rel, expr) not in NOT_YET_PUBLIC
+    ]
+    assert not offences, (
+        "tests read private attributes; use the owner's read-only view (Scheduler "
+        "allocations(), queue_states(), machine.views, KubeBackend node_signals(), "
+        "attempt_pods(), ...) or add a small public query to the owning class:\n"
+        + "\n".join(offences)
     )
+    stale = NOT_YET_PUBLIC - {(rel, expr) for rel, _, expr in found}
+    assert not stale, f"these reads are gone; drop them from NOT_YET_PUBLIC: {sorted(stale)}"

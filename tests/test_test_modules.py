@@ -39,16 +39,6 @@ def _test_imports(source: str, package: str) -> Iterator[tuple[int, str]]:
                     yield node.lineno, f"{module}.{alias.name}"
 
 
-# Imports that predate this check, each still to be moved into a helpers module. The set only
-# shrinks: a new pair fails the test below, and so does a pair that no longer occurs.
-NOT_YET_MOVED: frozenset[tuple[str, str]] = frozenset(
-    {
-        # Model and check_state read the scheduler past its views; they move once those reads do.
-        ("tests/core/test_speed.py", "tests.core.test_properties"),
-    }
-)
-
-
 def _offences() -> list[tuple[str, int, str]]:
     found = []
     for path in sorted(TESTS.rglob("*.py")):
@@ -60,19 +50,12 @@ def _offences() -> list[tuple[str, int, str]]:
 
 
 def test_no_test_module_imports_another() -> None:
-    found = _offences()
-    offences = [
-        f"{rel}:{line} imports {module}"
-        for rel, line, module in found
-        if (rel, module) not in NOT_YET_MOVED
-    ]
+    offences = [f"{rel}:{line} imports {module}" for rel, line, module in _offences()]
     assert not offences, (
         "test modules import other test modules; move the shared helper into a helpers "
         "module (tests/<dir>/helpers.py, tests/support.py or tests/world.py) and import it "
         "from there:\n" + "\n".join(offences)
     )
-    stale = NOT_YET_MOVED - {(rel, module) for rel, _, module in found}
-    assert not stale, f"these imports are gone; drop them from NOT_YET_MOVED: {sorted(stale)}"
 
 
 def test_the_finder_sees_every_form_of_import() -> None:

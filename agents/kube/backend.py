@@ -57,6 +57,7 @@ from agents.kube.quota import attempt_usage, namespace_refusal
 from agents.kube.report import REPORT_PATH, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload
 from agents.kube.usage import ForeignPods, ForeignUsage
+from agents.kube.views import KubeViews
 from agents.kube.watches import Watches
 from kinds.base import KindError as ManifestError
 from kinds.base import Resource
@@ -76,7 +77,7 @@ from schemas.agent import (
 log = structlog.get_logger("muster.agent.kube")
 
 
-class KubeBackend:
+class KubeBackend(KubeViews):
     """Kubernetes cluster side of the agent: watches nodes and pods, creates workloads."""
 
     def __init__(
@@ -180,11 +181,6 @@ class KubeBackend:
         self.report_server: ReportServer | None = None
         self.report_url: str | None = None
         self.autoscaling: Autoscaling | None = None  # autoscaled pools (agents/kube/pools.py)
-        # The parts' state by the names the tests and benchmarks read.
-        self._nodes = self.node_watch.nodes
-        self._foreign = self.usage.pods  # by pod uid
-        self._workloads = self.attempts.workloads
-        self._pod_names = self.attempts.pod_names
 
     @property
     def node_reflector(self) -> Reflector[KNode] | None:
@@ -484,7 +480,7 @@ class KubeBackend:
         """Whether the cluster itself ends this attempt when its fence lapses: with a fence
         watchdog beside this agent, every kind in the namespace it watches (the default one);
         elsewhere (a team's namespace) and without one, the agent's self-fence."""
-        watched = self._namespace_of((job_id, attempt)) == self.config.namespace
+        watched = self.namespace_of((job_id, attempt)) == self.config.namespace
         return self.config.fence_watchdog and self.fence_state.window_s > 0 and watched
 
     def fence_after(self, job_id: str, attempt: int) -> float:
@@ -528,12 +524,12 @@ class KubeBackend:
     async def read_logs(self, req: LogRequest) -> LogTail:
         """The attempt's container logs (agents/kube/logs.py); ended once its workload is."""
         key = (req.job_id, req.attempt)
-        lines = await read_pod_logs(self.rest, self._namespace_of(key), self.cluster, req)
+        lines = await read_pod_logs(self.rest, self.namespace_of(key), self.cluster, req)
         w = self.attempts.workloads.get(key)
         ended = w is None or w.cancelled or w.current_phase() in ("succeeded", "failed", "evicted")
         return LogTail(lines=lines, ended=ended)
 
-    def _namespace_of(self, key: Key) -> str:
+    def namespace_of(self, key: Key) -> str:
         """Where an attempt's pods are: where it was seen, else the default namespace."""
         return self.attempts.namespace_of(key, self.config.namespace)
 

@@ -19,8 +19,9 @@ healthy, xid, reason)` whenever the healthy GPU count changes.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import aiohttp
@@ -64,44 +65,55 @@ OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 PodDisruption = tuple[str, str, float | None, str, bool]
 
 
+@dataclass(frozen=True, slots=True)
+class NodeSignals:
+    """What the watch has judged of one node so far: the timers of its signals (clock seconds
+    when first seen) and the verdict. Frozen: `assess_node` returns a new one, so a judgement
+    can be replayed and compared without the watch."""
+
+    gpu: GpuState | None = None  # last GPU state
+    known_gpu: int = 0  # most GPUs seen: a capacity that drops is a dip, not a new size
+    spot_deadline: float | None = None
+    spot_reason: str = ""
+    notice_seen: float | None = None
+    dip_since: float | None = None
+    not_ready_seen: float | None = None
+    mismatch: str = ""  # GPU product disagreeing with the flavor, once logged
+    lost: bool = False  # NotReady past the grace period
+    why: tuple[str, ...] = ()  # why it takes no new pods
+
+    @property
+    def timed(self) -> bool:
+        """A signal is being timed (a dip debounced, a NotReady within its grace): the clock
+        alone can change the verdict."""
+        return self.dip_since is not None or self.not_ready_seen is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One node as seen now: its object and flavor, the pods' DisruptionTargets, and whether
+    it left the node selector or its flavor."""
+
+    node: KNode
+    flavor: FlavorConfig
+    disruptions: tuple[PodDisruption, ...] = ()
+    unselected: bool = False
+    left_flavor: bool = False
+
+
 class NodeEntry:
     """What the backend keeps per node: the raw object, its flavor, what was reported, and
-    the timers of its signals (clock seconds when first seen)."""
+    the latest judgement of its signals."""
 
-    __slots__ = (
-        "dip_since",
-        "flavor",
-        "gpu",
-        "info",
-        "known_gpu",
-        "left_flavor",
-        "lost",
-        "mismatch",
-        "not_ready_seen",
-        "notice_seen",
-        "raw",
-        "spot_deadline",
-        "spot_reason",
-        "unselected",
-        "why",
-    )
+    __slots__ = ("flavor", "info", "left_flavor", "raw", "signals", "unselected")
 
     def __init__(self, raw: KNode, flavor: FlavorConfig | None) -> None:
         self.raw = raw
         self.flavor = flavor
         self.info: NodeInfo | None = None  # last NodeInfo emitted
-        self.gpu: GpuState | None = None  # last GPU state
-        self.known_gpu = 0  # most GPUs seen: a capacity that drops is a dip, not a new size
-        self.spot_deadline: float | None = None
-        self.spot_reason = ""
-        self.notice_seen: float | None = None
-        self.dip_since: float | None = None
-        self.not_ready_seen: float | None = None
+        self.signals = NodeSignals()
         self.unselected = False  # left the node label selector (a DELETED that is no deletion)
         self.left_flavor = False  # its labels match no flavor any more
-        self.mismatch = ""  # GPU product disagreeing with the flavor, once logged
-        self.lost = False  # NotReady past the grace period
-        self.why: list[str] = []  # why it takes no new pods
 
 
 @dataclass
@@ -117,35 +129,34 @@ class Assessment:
 
 
 def assess_node(
-    entry: NodeEntry,
-    flavor: FlavorConfig,
-    disruptions: Iterable[PodDisruption],
+    old: NodeSignals,
+    seen: Observation,
     cfg: KubeBackendConfig,
     rules: Rules,
     now: float,
-) -> Assessment:
+) -> tuple[NodeSignals, Assessment]:
     """Every signal of one node: going away (a notice with a deadline), takes no new pods
-    (with the reasons), lost (NotReady past the grace period), explicit GPU faults. Updates
-    the entry's signal timers and verdict; returns what is news."""
+    (with the reasons), lost (NotReady past the grace period), explicit GPU faults. Pure:
+    returns the node's new signals and what is news; `old` is left as it was."""
     out = Assessment()
-    node = entry.raw
+    node, flavor = seen.node, seen.flavor
     name = node.metadata.name
     provider = detect_provider(node)
     # Going away: the earliest deadline among the signals, from each signal's own time.
     found = notices(node, rules, provider)
     node_found = list(found)
-    for pod_node, text, at, dis, own in disruptions:
+    for pod_node, text, at, dis, own in seen.disruptions:
         if pod_node == name and counts_for_node(dis, own, node, node_found):
             found.append(Notice(text, at, rules.windows.for_provider(provider)))
+    notice_seen, spot_deadline, spot_reason = old.notice_seen, old.spot_deadline, old.spot_reason
     if not found:
-        entry.notice_seen, entry.spot_deadline, entry.spot_reason = None, None, ""
-    elif entry.spot_deadline is None:
-        seen = entry.notice_seen = entry.notice_seen or now
-        deadline = min((n.at if n.at is not None else seen) + n.window_s for n in found)
-        entry.spot_deadline = deadline
-        entry.spot_reason = f"{provider}: " + ", ".join(n.reason for n in found)[:900]
-        out.notice = SpotNotice(node=name, deadline=deadline, reason=entry.spot_reason)
-        out.going_away_in_s = round(deadline - now, 1)
+        notice_seen, spot_deadline, spot_reason = None, None, ""
+    elif spot_deadline is None:
+        notice_seen = notice_seen or now
+        spot_deadline = min((n.at if n.at is not None else notice_seen) + n.window_s for n in found)
+        spot_reason = f"{provider}: " + ", ".join(n.reason for n in found)[:900]
+        out.notice = SpotNotice(node=name, deadline=spot_deadline, reason=spot_reason)
+        out.going_away_in_s = round(spot_deadline - now, 1)
     # Takes no new pods.
     why: list[str] = []
     if node.spec.unschedulable:
@@ -154,15 +165,16 @@ def assess_node(
         why.append("being deleted")
     why += [f"taint {t} not tolerated" for t in untolerated_taints(node, flavor, rules)]
     not_ready, since = not_ready_since(node)
-    was_lost, entry.lost = entry.lost, False
+    lost = False
+    not_ready_seen: float | None = None
     if not_ready:
-        entry.not_ready_seen = entry.not_ready_seen or now
-        start = since if since is not None else entry.not_ready_seen
+        not_ready_seen = old.not_ready_seen or now
+        start = since if since is not None else not_ready_seen
         shut_down = any(t.key == OUT_OF_SERVICE for t in node.spec.taints)
         if now - start >= cfg.not_ready_grace_s and shut_down:
             # Proof the containers are gone: an operator declared the node shut down.
-            entry.lost = True
-            out.newly_lost = not was_lost
+            lost = True
+            out.newly_lost = not old.lost
         else:
             # A partitioned node or a hung kubelet keeps its containers running, and
             # taint-based eviction only marks the pods: NotReady alone proves nothing.
@@ -170,54 +182,58 @@ def assess_node(
                 f"NotReady; its replicas count as lost once it is deleted or tainted "
                 f"{OUT_OF_SERVICE} (and {cfg.not_ready_grace_s:g}s NotReady)"
             )
-    else:
-        entry.not_ready_seen = None
     gpu = gpu_state(node, rules, rules.resource(flavor))
     if gpu.clamped:
         out.bad_input.append(
             ("GPU count above the schema bound", {"node": name, "detail": gpu.clamped})
         )
-    if gpu.healthy is None and gpu.total < entry.known_gpu:
+    known_gpu = old.known_gpu
+    if gpu.healthy is None and gpu.total < known_gpu:
         # Capacity shrank (the device plugin went away): a dip of the GPUs known.
-        gone = entry.known_gpu - gpu.total + gpu.missing
+        gone = known_gpu - gpu.total + gpu.missing
         res = rules.resource(flavor)
         gpu = GpuState(
-            entry.known_gpu,
-            missing=gone,
-            missing_reason=f"{gone} of {entry.known_gpu} {res} not allocatable",
+            known_gpu, missing=gone, missing_reason=f"{gone} of {known_gpu} {res} not allocatable"
         )
     elif gpu.healthy is None and not gpu.missing:
-        entry.known_gpu = gpu.total
+        known_gpu = gpu.total
+    dip_since: float | None = None
     if gpu.missing:
-        entry.dip_since = entry.dip_since or now
-        if now - entry.dip_since >= cfg.allocatable_debounce_s:
+        dip_since = old.dip_since or now
+        if now - dip_since >= cfg.allocatable_debounce_s:
             why.append(gpu.missing_reason)
-    else:
-        entry.dip_since = None
     mismatch = gpu_product_mismatch(node.metadata.labels, flavor.gpu_type)
     if mismatch:
         why.append(mismatch)
-        if entry.mismatch != mismatch:
+        if old.mismatch != mismatch:
             out.bad_input.append(
                 ("GPU product disagrees with its flavor", {"node": name, "detail": mismatch})
             )
-    entry.mismatch = mismatch or ""
-    if entry.unselected:
+    if seen.unselected:
         why.append("left the node selector")
-    if entry.left_flavor:
+    if seen.left_flavor:
         why.append("matches no flavor any more")
-    entry.why = why
     # GPU health: only explicit faults and their recovery are news.
-    prev = entry.gpu
-    if (prev.healthy if prev else None) != gpu.healthy:
+    if (old.gpu.healthy if old.gpu else None) != gpu.healthy:
         out.health = GpuHealth(
             node=name,
             healthy=gpu.total if gpu.healthy is None else gpu.healthy,
             xid=gpu.xid,
             reason=gpu.reason or "GPUs healthy again",
         )
-    entry.gpu = gpu
-    return out
+    new = NodeSignals(
+        gpu=gpu,
+        known_gpu=known_gpu,
+        spot_deadline=spot_deadline,
+        spot_reason=spot_reason,
+        notice_seen=notice_seen,
+        dip_since=dip_since,
+        not_ready_seen=not_ready_seen,
+        mismatch=mismatch or "",
+        lost=lost,
+        why=tuple(why),
+    )
+    return new, out
 
 
 class NodeWatch:
@@ -263,17 +279,25 @@ class NodeWatch:
     def rest(self) -> KubeRest:
         return self._rest()
 
+    def node_signals(self) -> Mapping[str, NodeSignals]:
+        """Each node's latest judged signals, by name (a copy; the signals are frozen)."""
+        return MappingProxyType({name: n.signals for name, n in self.nodes.items()})
+
     def send_outstanding(self) -> None:
         """Send the spot notices and GPU faults the first lists found (before the backend
         was live, nothing was sent)."""
         for name, n in self.nodes.items():
             if n.flavor is None:
                 continue
-            if n.spot_deadline is not None:
-                self._send(SpotNotice(node=name, deadline=n.spot_deadline, reason=n.spot_reason))
-            if n.gpu is not None and n.gpu.healthy is not None:
+            sig = n.signals
+            if sig.spot_deadline is not None:
                 self._send(
-                    GpuHealth(node=name, healthy=n.gpu.healthy, xid=n.gpu.xid, reason=n.gpu.reason)
+                    SpotNotice(node=name, deadline=sig.spot_deadline, reason=sig.spot_reason)
+                )
+            gpu = sig.gpu
+            if gpu is not None and gpu.healthy is not None:
+                self._send(
+                    GpuHealth(node=name, healthy=gpu.healthy, xid=gpu.xid, reason=gpu.reason)
                 )
 
     def provider_of(self, cmd: Dispatch) -> Provider:
@@ -376,13 +400,21 @@ class NodeWatch:
         if flavor is None:
             return
         name = entry.raw.metadata.name
-        disruptions = self.disruptions.values()
-        found = assess_node(entry, flavor, disruptions, self.config, self.rules, self._clock())
+        seen = Observation(
+            entry.raw,
+            flavor,
+            tuple(self.disruptions.values()),
+            unselected=entry.unselected,
+            left_flavor=entry.left_flavor,
+        )
+        entry.signals, found = assess_node(
+            entry.signals, seen, self.config, self.rules, self._clock()
+        )
         if found.going_away_in_s is not None:
             self.log.info(
                 "node going away",
                 node=name,
-                reason=entry.spot_reason,
+                reason=entry.signals.spot_reason,
                 deadline_in_s=found.going_away_in_s,
             )
         if found.newly_lost:
@@ -403,9 +435,7 @@ class NodeWatch:
         """Re-read the nodes whose verdict depends on time (a dip being debounced, a NotReady
         within its grace): the clock alone can change their state."""
         for entry in list(self.nodes.values()):
-            if entry.flavor is not None and (
-                entry.dip_since is not None or entry.not_ready_seen is not None
-            ):
+            if entry.flavor is not None and entry.signals.timed:
                 self.evaluate(entry)
 
     def refresh(self, entry: NodeEntry) -> None:
@@ -413,15 +443,16 @@ class NodeWatch:
         if entry.flavor is None:
             return
         name = entry.raw.metadata.name
+        signals = entry.signals
         info = node_info(
             entry.raw,
             entry.flavor,
             self.rules,
             self.other(name, self.rules.resource(entry.flavor)),
-            entry.spot_deadline,
-            entry.gpu,
-            lost=entry.lost,
-            no_new_pods=entry.why,
+            signals.spot_deadline,
+            signals.gpu,
+            lost=signals.lost,
+            no_new_pods=list(signals.why),
             topology_levels=self.topology_levels,
         )
         if info != entry.info:

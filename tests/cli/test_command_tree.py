@@ -187,3 +187,19 @@ def test_python_m_agents_main_takes_the_options_of_muster_agent(
     shown = capsys.readouterr().out
     options = [o["option"][0] for o in command_tree()["muster agent"] if "option" in o]
     assert options and [o for o in options if o not in shown] == []
+
+
+def test_python_m_agents_main_runs_the_command_muster_agent_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not a copy registered by hand: the alias runs the very command object the `muster`
+    group resolves for `agent`, so an option added there cannot be missing from the alias."""
+    from agents.main import main
+
+    group = typer.main.get_command(app)
+    with group.make_context("muster", ["agent", "--help"], resilient_parsing=True) as ctx:
+        command = group.get_command(ctx, "agent").load()  # type: ignore[union-attr]
+    ran: list[tuple[list[str] | None, str]] = []
+    monkeypatch.setattr(command, "main", lambda args, prog_name: ran.append((args, prog_name)))
+    assert main(["--config", "a.yaml"]) == 0
+    assert ran == [(["--config", "a.yaml"], "python -m agents.main")]

@@ -132,10 +132,10 @@ def test_the_seeds_elastic_quota_max_is_usable_on_an_idle_fleet() -> None:
     from broker.core.effects import Send
     from broker.core.machine import Machine
     from schemas.agent import Dispatch
-    from tests.core.machine_world import OD, World
+    from tests.core.harness import OD, Sim
 
     loaded = parse_config(fixture_text("koord-elasticquota.yaml"), source="quota.yaml")
-    w = World()
+    w = Sim.empty()
     w.m = Machine(loaded.config, epoch=3)
     w.cluster("c1", flavor=OD)  # one idle 8-GPU node
     from broker.core.effects import split_reply

@@ -6,13 +6,13 @@ from __future__ import annotations
 from broker.core.inputs import TICK
 from schemas.agent import CheckpointReport, Dispatch, WorkloadStatus
 from schemas.job import CheckpointSpec
-from tests.core.machine_world import World, events, run, running_on_a, sends
+from tests.core.harness import Sim, events, run, running_on_a, sends
 
 LOCATION = "s3://ckpt/team-a/job1"
 
 
 def test_each_attempt_writes_below_its_own_prefix_and_resumes_by_attempt_and_step() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     w.cluster("b")
     job = w.submit(checkpoint=CheckpointSpec(uri=LOCATION + "/"))  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ from broker.core.effects import Publish
 from broker.core.lifecycle import uri_under
 from schemas.agent import CheckpointReport
 from schemas.job import CheckpointSpec
-from tests.core.machine_world import World, events, run
+from tests.core.harness import Sim, events, run
 
 
 def test_uri_under_respects_path_segments() -> None:
@@ -19,7 +19,7 @@ def test_uri_under_respects_path_segments() -> None:
 
 
 def test_a_checkpoint_outside_the_location_is_refused_with_a_reason() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     job = w.submit(checkpoint=CheckpointSpec(uri="s3://ckpt/mine"))  # type: ignore[arg-type]
     w.cycle()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from broker.core.effects import Publish
 from broker.core.lifecycle import uri_under
 from schemas.agent import CheckpointReport
-from tests.core.machine_world import World, events, run, running_on_a
+from tests.core.harness import Sim, events, run, running_on_a
 
 LOCATION = "s3://ckpt/team-a/job1"
 
@@ -73,7 +73,7 @@ def test_a_traversal_report_is_refused_and_the_next_attempt_does_not_resume_from
 
 
 def test_a_job_without_a_location_accepts_no_checkpoint() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     job = w.submit()
     w.cycle()

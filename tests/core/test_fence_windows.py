@@ -8,13 +8,13 @@ from broker.core.inputs import CYCLE, TICK
 from schemas.agent import Dispatch, Heartbeat, SpotNotice
 from schemas.config import Timeouts
 from schemas.job import CheckpointSpec, RestartPolicy
-from tests.core.machine_world import T0, World, events, run, sends
+from tests.core.harness import T0, Sim, events, run, sends
 
 DEFAULTS = Timeouts()
 
 
 def test_dispatches_grant_the_window_between_detection_and_redispatch() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     w.submit()
     (dispatch,) = sends(w.cycle(), Dispatch)
@@ -23,7 +23,7 @@ def test_dispatches_grant_the_window_between_detection_and_redispatch() -> None:
 
 
 def test_ten_silent_minutes_cost_nothing() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     w.cluster("b")
     job = w.submit()
@@ -44,7 +44,7 @@ def test_ten_silent_minutes_cost_nothing() -> None:
 
 
 def test_a_fence_kill_is_an_infrastructure_loss_that_names_the_cluster() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     w.cluster("b")
     job = w.submit(restart=RestartPolicy(max_restarts_on_error=0))
@@ -73,7 +73,7 @@ def test_a_replacement_waits_while_the_old_copy_runs_on_a_silent_cluster() -> No
     """A preemption whose grace runs out while the old attempt's cluster is silent: a Cancel
     would not be heard and the old copy runs until its fence lapses, minutes later. The
     replacement starts once the cluster speaks again, or once it is declared lost."""
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     w.cluster("b")
     job = w.submit(checkpoint=CheckpointSpec(uri="s3://x"), capacity="spot")  # type: ignore[arg-type]

@@ -97,9 +97,9 @@ def test_why_says_the_queues_flavor_order_chose_the_pool() -> None:
     from schemas.agent import Dispatch
     from schemas.config import BrokerConfig, QueueConfig
     from schemas.job import CheckpointSpec
-    from tests.core.machine_world import OD, SPOT, World
+    from tests.core.harness import OD, SPOT, Sim
 
-    w = World()
+    w = Sim.empty()
     w.m = Machine(
         BrokerConfig(
             queues=[QueueConfig(name="q", flavor_order=["od-a100", "spot-a100"])],

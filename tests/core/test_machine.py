@@ -28,11 +28,11 @@ from schemas.agent import (
     WorkloadStatus,
 )
 from schemas.job import CheckpointSpec, Deadline, RestartPolicy, SpotPolicy
-from tests.core.machine_world import OD, SPOT, World, events, node, run, sends
+from tests.core.harness import OD, SPOT, Sim, events, node, run, sends
 
 
 def test_dispatch_is_persisted_before_it_is_sent() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     job = w.submit()
     effects = w.cycle()
@@ -43,7 +43,7 @@ def test_dispatch_is_persisted_before_it_is_sent() -> None:
 
 
 def test_error_budget_then_clear_failure() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     job = w.submit(restart=RestartPolicy(max_restarts_on_error=1, backoff_s=10))
     w.cycle()
@@ -63,7 +63,7 @@ def test_error_budget_then_clear_failure() -> None:
 
 
 def test_non_retriable_exit_code_fails_at_once() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     job = w.submit(restart=RestartPolicy(retriable_exit_codes=[137]))
     w.cycle()
@@ -74,7 +74,7 @@ def test_non_retriable_exit_code_fails_at_once() -> None:
 
 
 def test_preemption_budget_is_separate_and_enforced() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a", count=2)
     job = w.submit(restart=RestartPolicy(max_preemptions=1, max_restarts_on_error=0))
     (d,) = sends(w.cycle(), Dispatch)
@@ -89,7 +89,7 @@ def test_preemption_budget_is_separate_and_enforced() -> None:
 
 
 def test_start_timeout_requeues_with_exponential_backoff() -> None:
-    w = World(start_s=30, dispatch_report_s=0)
+    w = Sim.empty(start_s=30, dispatch_report_s=0)
     for c in ("a", "b", "c"):  # each failed start keeps the next try off its pool
         w.cluster(c)
     job = w.submit(restart=RestartPolicy(backoff_s=4, max_backoff_s=100))
@@ -108,7 +108,7 @@ def test_start_timeout_requeues_with_exponential_backoff() -> None:
 
 
 def test_sequence_gap_drops_deltas_until_a_snapshot() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a", count=1)
     job = w.submit()
     w.cycle()
@@ -138,7 +138,7 @@ def test_sequence_gap_drops_deltas_until_a_snapshot() -> None:
 
 
 def test_foreign_cluster_claim_is_rejected() -> None:
-    w = World()
+    w = Sim.empty()
     batch = EventBatch(
         cluster="b",
         instance="x",
@@ -152,7 +152,7 @@ def test_foreign_cluster_claim_is_rejected() -> None:
 
 
 def test_lost_pool_is_avoided_then_widened_when_nothing_else_fits() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a", count=2)
     job = w.submit(checkpoint=CheckpointSpec(uri="s3://x"))  # type: ignore[arg-type]
     (d,) = sends(w.cycle(), Dispatch)
@@ -167,7 +167,7 @@ def test_lost_pool_is_avoided_then_widened_when_nothing_else_fits() -> None:
 
 
 def test_spot_notice_reserves_then_dispatches_on_checkpoint() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     w.cluster("b")
     job = w.submit(checkpoint=CheckpointSpec(uri="s3://x"), capacity="spot")  # type: ignore[arg-type]
@@ -225,7 +225,7 @@ OPS = st.lists(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(OPS)
 def test_random_sequences_keep_the_invariants(ops: list[tuple[str, int, int]]) -> None:
-    w = World(start_s=50, checkpoint_grace_s=5)
+    w = Sim.empty(start_s=50, checkpoint_grace_s=5)
     for c in ("a", "b"):
         w.cluster(c, count=2, flavor=SPOT if c == "a" else OD)
     jobs: list[str] = []
@@ -316,10 +316,10 @@ def test_backlog_deeper_than_lookahead_drains_without_further_input(restored: bo
     """Parked jobs (all of a queue after a restore, or ones tried before any capacity came)
     are reconsidered by their queue's `lookahead` heads; a deeper backlog must still drain
     once capacity appears, with no other input than heartbeats."""
-    before = World()
+    before = Sim.empty()
     jobs = [before.submit(f"j{i}", gpu=1) for i in range(600)]
     if restored:
-        w = World()
+        w = Sim.empty()
         w.m.handle(Restore(list(before.m.jobs.values())), w.now)
     else:
         w = before
@@ -332,7 +332,7 @@ def test_backlog_deeper_than_lookahead_drains_without_further_input(restored: bo
 
 
 def test_in_place_restarts_are_told_once_and_not_repeated_by_snapshots() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     job = w.submit()
     w.cycle()
@@ -375,7 +375,7 @@ def test_in_place_restarts_are_told_once_and_not_repeated_by_snapshots() -> None
 
 
 def test_a_stale_heartbeat_stops_placements_there_and_shows_in_the_view() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     w.send("a", Heartbeat(at=w.now, stale_s=75.0))
     job = w.submit()
@@ -388,7 +388,7 @@ def test_a_stale_heartbeat_stops_placements_there_and_shows_in_the_view() -> Non
 
 
 def test_an_uncordon_withdraws_the_notice_but_the_move_it_started_completes() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a")
     w.cluster("b")
     job = w.submit(checkpoint=CheckpointSpec(uri="s3://x"), capacity="spot")  # type: ignore[arg-type]
@@ -421,7 +421,7 @@ def test_an_uncordon_withdraws_the_notice_but_the_move_it_started_completes() ->
     assert d3.job_id == other and d3.assignment[0].nodes[0] == name
 
 
-def submit_due(w: World, fallback_after_wait_s: float) -> str:
+def submit_due(w: Sim, fallback_after_wait_s: float) -> str:
     """An hour to do 30 minutes of work, checkpointed, spot first."""
     return w.submit(
         "due",
@@ -437,7 +437,7 @@ def submit_due(w: World, fallback_after_wait_s: float) -> str:
 def test_a_queued_job_whose_deadline_slack_ran_out_asks_for_on_demand_at_once() -> None:
     """The switch renews the request a parked job keeps between cycles (it asked for spot
     first), and leaves `spot_exhausted` alone: spot was never short, the deadline was."""
-    w = World()
+    w = Sim.empty()
     w.send(
         "a",
         ClusterSnapshot(flavors=[SPOT, OD], nodes=[node("a", 0, "spot"), node("a", 1, "od")]),
@@ -458,7 +458,7 @@ def test_a_queued_job_whose_deadline_slack_ran_out_asks_for_on_demand_at_once() 
 def test_a_job_its_deadline_put_on_on_demand_is_not_later_marked_spot_exhausted() -> None:
     """Still queued after the switch (on-demand is full too): the spot-fallback timer, which
     would run out later, leaves the job alone."""
-    w = World()
+    w = Sim.empty()
     w.send(
         "a",
         ClusterSnapshot(flavors=[SPOT, OD], nodes=[node("a", 0, "spot"), node("a", 1, "od")]),
@@ -478,7 +478,7 @@ def test_a_job_its_deadline_put_on_on_demand_is_not_later_marked_spot_exhausted(
 def test_capacity_change_is_read_from_the_inventory_version() -> None:
     """A parked job is looked at again when the inventory changed (a node joined), and not
     for news that changes nothing there (a node the broker never knew is gone)."""
-    w = World()
+    w = Sim.empty()
     w.cluster("c1", 1)
     first, parked = w.submit("a"), w.submit("b")
     (d,) = sends(w.cycle(), Dispatch)

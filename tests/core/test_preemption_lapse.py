@@ -12,13 +12,13 @@ from broker.core.machine import Machine
 from schemas.agent import CheckpointNow, Heartbeat
 from schemas.config import BrokerConfig, PreemptionPolicy, QueueConfig, SchedulingConfig
 from schemas.job import CheckpointSpec
-from tests.core.machine_world import OD, World, run
+from tests.core.harness import OD, Sim, run
 
 MIN_RUNTIME = 60.0
 
 
-def _world() -> World:
-    w = World()
+def _world() -> Sim:
+    w = Sim.empty()
     w.m = Machine(
         BrokerConfig(
             queues=[
@@ -36,7 +36,7 @@ def _world() -> World:
     return w
 
 
-def _quiet_step(w: World, dt: float) -> list[Any]:
+def _quiet_step(w: Sim, dt: float) -> list[Any]:
     """Time passes; the agent only heartbeats: no job ends, no capacity changes."""
     w.now += dt
     out = w.send("a", Heartbeat(at=w.now))

@@ -23,11 +23,11 @@ from broker.core.speed import (
 )
 from schemas.agent import CheckpointReport, FlavorInfo, NodeInfo, WorkloadStatus
 from schemas.job import CheckpointSpec
-from tests.core.machine_world import World, run
+from tests.core.harness import Sim, run
 from tests.core.strategies import CLASSES, fleets, queue_sets, requests
-from tests.core.test_properties import Model, check_admission, check_state
 
 from .helpers import NOW, config, flavor, gang, nodes
+from .scheduler_model import Model, check_admission, check_state
 
 PRIORS = {"v100": 1.0, "a100": 2.2, "t4": 0.3}
 
@@ -106,7 +106,7 @@ def test_a_declared_figure_wins_over_measurement() -> None:
 
 
 def test_the_record_learns_from_its_checkpoints_and_drops_it_when_it_ends() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a", flavor=FlavorInfo("t4", "on-demand", "T4", 1.0))
     job = w.submit(checkpoint=CheckpointSpec(uri="s3://ckpt/j"))
     w.cycle()
@@ -248,7 +248,7 @@ def test_why_names_the_cost_of_work_of_the_pool_and_the_next_best() -> None:
 
 
 def test_why_shows_the_cost_of_work_of_a_placed_and_of_a_queued_job() -> None:
-    w = World()
+    w = Sim.empty()
     w.cluster("a", flavor=FlavorInfo("a100", "on-demand", "A100", 4.4))
     w.cluster("t", flavor=FlavorInfo("t4", "on-demand", "T4", 0.9))
     placed = w.submit("placed")

@@ -11,22 +11,22 @@ from broker.core.machine import Machine
 from schemas.agent import Dispatch
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import CheckpointSpec
-from tests.core.machine_world import OD, SPOT, World, node, sends
+from tests.core.harness import OD, SPOT, Sim, node, sends
 
 
-def _world(**queue: Any) -> World:
-    w = World()
+def _world(**queue: Any) -> Sim:
+    w = Sim.empty()
     w.m = Machine(BrokerConfig(queues=[QueueConfig(name="q", **queue)]), epoch=3)
     return w
 
 
-def _mixed(w: World) -> None:
+def _mixed(w: Sim) -> None:
     """Cluster `s` has cheap spot, cluster `o` dearer on-demand, one 8-GPU node each."""
     w.cluster("s", flavor=SPOT)
     w.cluster("o", flavor=OD)
 
 
-def _placed(w: World, job_id: str) -> str:
+def _placed(w: Sim, job_id: str) -> str:
     (where,) = [
         f"{e.cluster}/{e.command.flavor}"
         for e in w.cycle()
@@ -122,7 +122,7 @@ def test_why_says_why_a_running_job_got_its_pool_and_how_an_ended_one_ended() ->
 def test_why_names_the_spot_fallback_rule_that_moved_a_job_to_on_demand() -> None:
     from schemas.agent import SpotNotice, WorkloadStatus
     from schemas.job import SpotPolicy
-    from tests.core.machine_world import run
+    from tests.core.harness import run
 
     w = _world()
     _mixed(w)

@@ -22,6 +22,7 @@ from kinds.base import KindError
 from kinds.demand import container_demand
 from kinds.topology import JOBSET_EXCLUSIVE, podset_topology
 from schemas.job import JobSpec
+from tests.support import fixture_doc
 
 from .helpers import NOW, config
 
@@ -137,35 +138,7 @@ def test_fabric_resources_are_counted_and_others_are_still_refused() -> None:
 
 def test_a_kueue_tas_manifest_submitted_as_is_carries_its_topology() -> None:
     """The annotations of Kueue's TAS docs on a batch Job reach the JobSpec's podset."""
-    manifest = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "tas-sample"},
-        "spec": {
-            "parallelism": 2,
-            "completions": 2,
-            "completionMode": "Indexed",
-            "template": {
-                "metadata": {
-                    "annotations": {
-                        "kueue.x-k8s.io/podset-required-topology": (
-                            "cloud.google.com/gce-topology-block"
-                        )
-                    }
-                },
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "w",
-                            "image": "busybox",
-                            "resources": {"limits": {"nvidia.com/gpu": "8"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    manifest = fixture_doc("kueue-tas-sample-job.yaml")
     spec = jobspec_from_manifest(manifest)
     (podset,) = spec.gang
     assert podset.topology is not None

@@ -149,11 +149,11 @@ async def test_blips_end_no_attempt_but_not_ready_past_grace_does(
 
     # GPU Operator upgrade: the device plugin restarts, allocatable 8 -> 0 -> 8 in 29 s.
     home.change_node(node_name, lambda n: set_gpus(n, 0))
-    await h.wait_for(lambda: backend._nodes[node_name].dip_since is not None)
+    await h.wait_for(lambda: backend.node_signals()[node_name].dip_since is not None)
     home.clock.advance(29)
     backend.evaluate_timers()
     home.change_node(node_name, lambda n: set_gpus(n, 8))
-    await h.wait_for(lambda: backend._nodes[node_name].dip_since is None)
+    await h.wait_for(lambda: backend.node_signals()[node_name].dip_since is None)
 
     # NotReady for 10 s: the node takes no new pods meanwhile, then is back.
     def ready(n: dict[str, Any], status: str) -> None:

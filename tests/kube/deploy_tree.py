@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from agents.kube.rbac import Rule
-
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+from tests.support import DEPLOY
 
 
 def docs(path: Path) -> list[dict[str, Any]]:

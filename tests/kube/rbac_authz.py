@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from kinds.registry import known_kinds
+from tests.support import DEPLOY
 
-DEPLOY_AGENT = Path(__file__).resolve().parents[2] / "deploy" / "agent"
+DEPLOY_AGENT = DEPLOY / "agent"
 AGENT_USER = "system:serviceaccount:muster-system:muster-agent"
 WATCHDOG_USER = "system:serviceaccount:muster-system:muster-fence-watchdog"
 ANONYMOUS = "system:anonymous"

@@ -116,7 +116,7 @@ async def test_checkpoint_requests_fan_out_concurrently_within_the_bound(
 ) -> None:
     gang(apiserver, "big", 200)
     backend, rec = await make_backend(api_inflight=16)
-    await rec.wait_for(lambda: len(backend._pod_names.get(("big", 1), {})) == 200)
+    await rec.wait_for(lambda: len(backend.attempt_pods("big", 1)) == 200)
     apiserver.latency_s = 0.02  # a real API server is milliseconds away
     await backend.checkpoint_now("big", 1, NOW + 30)
     # One merged PATCH per pod, many in flight at once, never more than the agent's bound.
@@ -133,7 +133,7 @@ async def test_an_apf_429_holds_every_request_for_its_retry_after(
 ) -> None:
     gang(apiserver, "big", 12)
     backend, rec = await make_backend(api_inflight=8)
-    await rec.wait_for(lambda: len(backend._pod_names.get(("big", 1), {})) == 12)
+    await rec.wait_for(lambda: len(backend.attempt_pods("big", 1)) == 12)
     # The priority level admits 4 at once; beyond that the real APF 429, Retry-After 1 s.
     apiserver.max_inflight = 4
     apiserver.latency_s = 0.05

@@ -226,7 +226,7 @@ async def test_dispatch_creates_and_cancel_deletes(
     # A retried dispatch (e.g. after an agent restart) finds the objects and succeeds.
     await backend.dispatch(cmd)
     pods = job_pods(apiserver, "job-1-a1-worker")
-    await rec.wait_for(lambda: len(backend._pod_names.get(("job-1", 1), {})) == 2)
+    await rec.wait_for(lambda: len(backend.attempt_pods("job-1", 1)) == 2)
     await backend.cancel("job-1", 1, "user asked")
     assert apiserver.get(f"{JOBS}/job-1-a1-worker") is None
     assert apiserver.get(f"/api/v1/namespaces/{NS}/services/job-1-a1") is None

@@ -53,7 +53,8 @@ class Acks:
 
 
 def objects_of(backend: Any, key: tuple[str, int]) -> list[str]:
-    return [f"{c}/{n}" for c, n in backend._workloads[key].objects if not c.endswith("/services")]
+    objects = backend.attempt_objects(*key)
+    return [f"{c}/{n}" for c, n in objects if not c.endswith("/services")]
 
 
 def alive(server: FakeApiServer, path: str) -> bool:

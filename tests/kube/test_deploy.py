@@ -48,7 +48,6 @@ from tests.kube.conftest import (
     node,
 )
 from tests.kube.deploy_tree import (
-    DEPLOY,
     NATS_BIN,
     PASSWORDS,
     all_docs,
@@ -71,7 +70,7 @@ from tests.kube.manifests import (
 )
 from tests.kube.rbac_authz import AGENT_USER, WATCHDOG_USER
 from tests.kube.validation import validate
-from tests.support import listening, wait_for
+from tests.support import DEPLOY, listening, wait_for
 
 
 def test_every_yaml_parses_and_names_itself() -> None:
@@ -243,7 +242,7 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
             "status": {"phase": "Running"},
         },
     )
-    await Recorder().wait_for(lambda: backend._pod_names.get(("indexed-job-job", 1)))
+    await Recorder().wait_for(lambda: backend.attempt_pods("indexed-job-job", 1))
     await backend.checkpoint_now("indexed-job-job", 1, 1.0)
     logs = await backend.read_logs(LogRequest(job_id="indexed-job-job", attempt=1))
     assert logs.lines == []

@@ -37,6 +37,7 @@ from broker.manifests import jobspec_from_manifest
 from schemas.subjects import Subjects
 from tests.kube.conftest import NS, make_config
 from tests.kube.fake_apiserver import FakeApiServer
+from tests.support import DEPLOY
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "pytorchjob.yaml"
 SUSPEND = ("spec", "runPolicy", "suspend")
@@ -159,7 +160,7 @@ async def test_an_ended_job_is_never_run_again_after_a_restart(
 
 
 def test_the_shipped_configmaps_frontdoor_example_parses() -> None:
-    configmap = Path(__file__).resolve().parents[2] / "deploy" / "agent" / "configmap.yaml"
+    configmap = DEPLOY / "agent" / "configmap.yaml"
     text = yaml.safe_load(configmap.read_text())["data"]["agent.yaml"]
     assert "# frontdoor:" in text
     config = msgspec.convert(

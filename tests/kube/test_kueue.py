@@ -3,7 +3,6 @@ handed to another controller; the shipped namespace label keeps Kueue's webhook 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +15,8 @@ from schemas.agent import WorkloadStatus
 from tests.kube.conftest import NODES, NS, manifest_dispatch, node, run_job_pod
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.kueue_model import suspended
+from tests.support import DEPLOY
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # Kueue's own sample, kubernetes-sigs/kueue site/static/examples/jobs/sample-job.yaml
 # (Apache-2.0), as published.
 KUEUE_SAMPLE_JOB = """

@@ -4,7 +4,6 @@ RoleBinding of the shipped deploy grants it (deploy/agent/team-namespace.yaml)."
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -29,8 +28,9 @@ from tests.kube.conftest import (
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.manifests import BATCH_JOB_YAML
 from tests.kube.rbac_authz import RbacAuthorizer
+from tests.support import DEPLOY
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "agent" / "team-namespace.yaml"
+TEMPLATE = DEPLOY / "agent" / "team-namespace.yaml"
 TEAMS = [{"namespace": "team-a", "queues": ["research", "research-urgent"]}]
 
 
@@ -156,7 +156,7 @@ async def test_a_restarted_agent_finds_and_follows_a_team_attempt(
     try:
         snap = await second.snapshot()
         assert [(w.job_id, w.phase) for w in snap.workloads] == [("team-1", "running")]
-        assert second._namespace_of(("team-1", 1)) == "team-a"
+        assert second.namespace_of(("team-1", 1)) == "team-a"
         await second.cancel("team-1", None, "test")
         gone = apiserver.get("/apis/batch/v1/namespaces/team-a/jobs/team-1-a1-worker")
         assert gone is None or gone["metadata"].get("deletionTimestamp")

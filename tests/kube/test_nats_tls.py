@@ -20,9 +20,9 @@ from broker.client import MusterClient, MusterError
 from broker.embedded import free_port, nats_server_binary
 from schemas.natsopts import NatsOptions
 from shell.natsio import flush
-from tests.support import listening
+from tests.support import DEPLOY, listening
 
-DEPLOY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats.conf"
+DEPLOY_CONF = DEPLOY / "nats" / "nats.conf"
 
 
 def deploy_tls_block(certs: Path) -> str:

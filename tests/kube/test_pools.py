@@ -180,7 +180,7 @@ async def grows_on_the_ask(apiserver: FakeApiServer, backend: Any) -> None:
         assert p["spec"]["nodeSelector"]["karpenter.sh/nodepool"] == "gpu-spot"
         assert any(t["key"] == "nvidia.com/gpu" for t in p["spec"]["tolerations"])
         assert p["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
-    await wait_for(lambda: len(backend._nodes) == 2, what="two nodes from the NodePool")
+    await wait_for(lambda: len(backend.node_signals()) == 2, what="two nodes from the NodePool")
     snap = await backend.snapshot()
     assert {n.flavor for n in snap.nodes} == {"a100-spot"}
     # the scheduler binds the placeholders there: they hold nothing the broker must not use
@@ -224,8 +224,8 @@ async def test_with_provisioning_request_the_whole_gang_is_asked_at_once(
     for t in (0.0, 1.0, 1.0):
         auto.reconcile(t)
     assert any(c["type"] == "Provisioned" for c in auto.requests()[0]["status"]["conditions"])
-    await wait_for(lambda: len(backend._nodes) == 2, what="the request's two nodes")
-    nodes = sorted(backend._nodes)
+    await wait_for(lambda: len(backend.node_signals()) == 2, what="the request's two nodes")
+    nodes = sorted(backend.node_signals())
     cmd = gang_dispatch()
     cmd = msgspec.structs.replace(
         cmd, assignment=[msgspec.structs.replace(cmd.assignment[0], nodes=nodes)]
@@ -376,9 +376,9 @@ async def test_the_request_goes_when_the_gang_that_consumed_it_finishes(
     await backend.provision(provision())
     for t in (0.0, 1.0, 1.0):
         auto.reconcile(t)
-    await wait_for(lambda: len(backend._nodes) == 2, what="the request's nodes")
+    await wait_for(lambda: len(backend.node_signals()) == 2, what="the request's nodes")
     cmd = gang_dispatch()
-    nodes = sorted(backend._nodes)
+    nodes = sorted(backend.node_signals())
     cmd = msgspec.structs.replace(
         cmd, assignment=[msgspec.structs.replace(cmd.assignment[0], nodes=nodes)]
     )

@@ -56,5 +56,5 @@ async def test_a_succeeded_attempt_deletes_its_running_pods_and_keeps_finished_o
 
 async def test_releasing_can_be_turned_off(apiserver: FakeApiServer, make_backend: Any) -> None:
     backend, _, _, _ = await finish(apiserver, make_backend, "keep", release_finished_pods=False)
-    await wait_for(lambda: not backend._background, 5, what="background work done")
+    await wait_for(lambda: not backend.background_work, 5, what="background work done")
     assert not [p for p, _ in apiserver.deletes if "/pods/" in p]

@@ -46,17 +46,17 @@ async def test_device_plugin_restart_8_0_8_ends_nothing(
     clock = Clock()
     backend, rec = await make_backend(clock=clock, allocatable_debounce_s=60)
     apiserver.put(NODES, with_gpus(raw, 0))
-    await rec.wait_for(lambda: backend._nodes["g1"].dip_since == NOW)
+    await rec.wait_for(lambda: backend.node_signals()["g1"].dip_since == NOW)
     clock.advance(29)
     backend.evaluate_timers()
     apiserver.put(NODES, raw)
-    await rec.wait_for(lambda: backend._nodes["g1"].dip_since is None)
+    await rec.wait_for(lambda: backend.node_signals()["g1"].dip_since is None)
     assert rec.events == []  # no NodeUpsert, no GpuHealth: the broker never saw the dip
 
     # The plugin goes away for longer, and the kubelet drops the resource from capacity too:
     # past the window the node takes no new pods; it is never "failed" nor "not ready".
     apiserver.put(NODES, with_gpus(raw, 0, capacity=0))
-    await rec.wait_for(lambda: backend._nodes["g1"].dip_since is not None)
+    await rec.wait_for(lambda: backend.node_signals()["g1"].dip_since is not None)
     clock.advance(61)
     backend.evaluate_timers()
     await rec.wait_for(lambda: last(rec, "g1") is not None)

@@ -17,11 +17,11 @@ from schemas.job import JobSpec
 from tests.core.helpers import NOW, config
 from tests.kube.conftest import NODES, Recorder, make_config, node
 from tests.kube.fake_apiserver import FakeApiServer
+from tests.support import fixture_doc
 
 ZONE = "topology.kubernetes.io/zone"
 BLOCK = "cloud.google.com/gce-topology-block"
 HOST = "kubernetes.io/hostname"
-GPU = "nvidia.com/gpu"
 LEVELS = (ZONE, HOST)
 
 
@@ -63,32 +63,14 @@ async def test_a_4_node_gang_lands_in_one_zone_of_a_kube_cluster(
 async def test_a_kueue_tas_manifest_lands_within_its_required_block(
     apiserver: FakeApiServer, api_client: ApiClient
 ) -> None:
-    """The batch Job of Kueue's TAS docs (`podset-required-topology` on the template), on a
+    """The batch Job of Kueue's TAS sample (`podset-required-topology` on the template), on a
     kube cluster whose nodes carry GKE's block label: its two pods share one block, and with
     no block large enough it waits with the numbers instead of spanning two."""
     for name, block in [("n1", "b1"), ("n2", "b2"), ("n3", "b3"), ("n4", "b3")]:
         labels = {"karpenter.sh/capacity-type": "spot", ZONE: "a", BLOCK: block}
         apiserver.put(NODES, node(name, labels=labels))
     snap = await snapshot(api_client, (ZONE, BLOCK, HOST))
-    manifest = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "tas-sample"},
-        "spec": {
-            "parallelism": 2,
-            "completions": 2,
-            "completionMode": "Indexed",
-            "template": {
-                "metadata": {"annotations": {"kueue.x-k8s.io/podset-required-topology": BLOCK}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {"name": "w", "image": "i", "resources": {"limits": {GPU: "8"}}}
-                    ],
-                },
-            },
-        },
-    }
+    manifest = fixture_doc("kueue-tas-sample-job.yaml")
     spec = jobspec_from_manifest(manifest)
     req = GangRequest("j", 1, "default", 0, 1, demands_of(spec), topology=need_of(spec))
     spot = [f for f in snap.flavors if f.capacity_type == "spot"]

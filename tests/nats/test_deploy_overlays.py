@@ -19,8 +19,8 @@ from broker.natsconfig import load_broker_config, render, render_leafnode
 from broker.natsconfig import render_leafnode_listener as listener
 from tests.kube.deploy_tree import PASSWORDS, nats_accepts, routes_conf
 from tests.kube.validation import validate
+from tests.support import DEPLOY
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 TARGETS = ["", "agent", "overlays/control", "overlays/gpu-cluster"]
 OVERLAY_IMAGE = "registry.example.com/muster:0.1.0"
 KUBECTL = shutil.which("kubectl")

@@ -8,13 +8,13 @@ from broker.core.effects import Publish
 from broker.core.inputs import Checkpoint
 from schemas.agent import CheckpointReport
 from schemas.job import CheckpointSpec
-from tests.core.machine_world import World, events, run
+from tests.core.harness import Sim, events, run
 
 LOCATION = "s3://ckpt/job"
 
 
-def _running(pace: float | None = None) -> tuple[World, str, str]:
-    w = World()
+def _running(pace: float | None = None) -> tuple[Sim, str, str]:
+    w = Sim.empty()
     w.cluster("east")
     w.cluster("west")
     ckpt = CheckpointSpec(uri=LOCATION, max_steps_per_s=pace)
