@@ -10,12 +10,41 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The test directories scanned (the others still read past views of their shells).
-SCANNED = ("agents", "chaos", "cli", "core", "e2e", "kube", "load", "nats", "schemas")
+# The test directories scanned (every one).
+SCANNED = (
+    "agents",
+    "broker",
+    "chaos",
+    "cli",
+    "core",
+    "e2e",
+    "kube",
+    "load",
+    "local",
+    "nats",
+    "schemas",
+    "security",
+    "shell",
+    "ui",
+)
 
 # Reads into code whose owner has no public view for it yet, each to become one. The set only
 # shrinks: a new private read fails the test below, and so does an entry that no longer occurs.
 NOT_YET_PUBLIC: frozenset[tuple[str, str]] = frozenset()
+
+# Deliberate reads past a public surface, each with its reason; an entry that no longer occurs
+# fails too.
+DELIBERATE: dict[tuple[str, str], str] = {
+    # shell/natsio.py reads these nats-py internals (nats-py has no public form of them); this
+    # test pins them for each nats-py release it allows.
+    ("tests/shell/test_natsio.py", "nc._flush_pending"): "nats-py internal the shims call",
+    ("tests/shell/test_natsio.py", "js._prefix"): "nats-py internal the shims read",
+    ("tests/shell/test_natsio.py", "js._nc"): "nats-py internal the shims read",
+    # A processing step that never returns (the broker stuck on a poison message until
+    # killed) can only be injected at the submission boundary itself; a public hook in the
+    # broker for it would exist for this test alone.
+    ("tests/broker/test_dead_letters.py", "Broker._submit_guarded"): "fault injection",
+}
 
 
 def _is_private(name: str) -> bool:
@@ -71,14 +100,13 @@ def _reads() -> list[tuple[str, int, str]]:
 
 def test_tests_read_the_code_through_public_views_only() -> None:
     found = _reads()
-    offences = [
-        f"{rel}:{line}: {expr}" for rel, line, expr in found if (rel, expr) not in NOT_YET_PUBLIC
-    ]
+    allowed = NOT_YET_PUBLIC | DELIBERATE.keys()
+    offences = [f"{rel}:{line}: {expr}" for rel, line, expr in found if (rel, expr) not in allowed]
     assert not offences, (
         "tests read private attributes; use the owner's read-only view (Scheduler "
         "allocations(), queue_states(), machine.views, KubeBackend node_signals(), "
         "attempt_pods(), ...) or add a small public query to the owning class:\n"
         + "\n".join(offences)
     )
-    stale = NOT_YET_PUBLIC - {(rel, expr) for rel, _, expr in found}
-    assert not stale, f"these reads are gone; drop them from NOT_YET_PUBLIC: {sorted(stale)}"
+    stale = allowed - {(rel, expr) for rel, _, expr in found}
+    assert not stale, f"these reads are gone; drop them from the allow-lists: {sorted(stale)}"
