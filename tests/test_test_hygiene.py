@@ -110,3 +110,29 @@ def test_tests_read_the_code_through_public_views_only() -> None:
     )
     stale = allowed - {(rel, expr) for rel, _, expr in found}
     assert not stale, f"these reads are gone; drop them from the allow-lists: {sorted(stale)}"
+
+
+def _deploy_paths(source: str) -> list[int]:
+    """Lines that build a path into deploy/ by hand (`... / "deploy"`)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Div)
+        and isinstance(node.right, ast.Constant)
+        and node.right.value == "deploy"
+    ]
+
+
+def test_paths_into_deploy_start_from_support_deploy() -> None:
+    """One definition of where the shipped manifests live (`tests.support.DEPLOY`), so a move
+    of deploy/ is one edit, not a hunt."""
+    assert _deploy_paths('DOCKERFILE = ROOT / "deploy" / "Dockerfile"\n') == [1]
+    support = ROOT / "tests" / "support.py"
+    found = [
+        f"{path.relative_to(ROOT).as_posix()}:{line}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if path != support
+        for line in _deploy_paths(path.read_text())
+    ]
+    assert not found, f"use tests.support.DEPLOY for these paths into deploy/: {found}"
