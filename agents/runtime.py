@@ -793,6 +793,27 @@ class AgentRuntime:
     def live_attempts(self, job_id: str) -> set[int]:
         return self.gate.live(job_id)
 
+    @property
+    def looping(self) -> bool:
+        """The background loop (batches, heartbeats, retries, self-fencing) is running."""
+        return self._loop_task is not None and not self._loop_task.done()
+
+    def cluster_fences(self, job_id: str, attempt: int) -> bool:
+        """The cluster ends this attempt by its own hand once its fence lapses, so the
+        runtime does not self-fence it."""
+        return self._cluster_fences(job_id, attempt)
+
+    def adopt(self, snap: ClusterSnapshot) -> None:
+        """Take in a backend snapshot without publishing it (the attempts it holds, as after a
+        restart), for a caller that drives the runtime by hand."""
+        self._learn(snap)
+
+    async def acknowledged(self, cmd: Applied, sent_at: float) -> None:
+        """The broker's Applied for batch `cmd.seq`, which left at `sent_at` (unix time):
+        handled as when it arrives on the command subject, for a caller with its own clock."""
+        self._sent_at[cmd.seq] = sent_at
+        await self._on_applied(cmd)
+
 
 def _node_count(cmd: Dispatch) -> int:
     return sum(len(a.nodes) for a in cmd.assignment)

@@ -140,6 +140,26 @@ class BrokerFields:
         self.restore_s = 0.0
         self.restored_jobs = 0
 
+    # -- views and nudges for callers beside the duties (tests, the dashboard) -------------
+    @property
+    def rendezvous(self) -> ReplyRendezvous:
+        """Answers retries of a submission whose first copy the stream never stored."""
+        return self._rendezvous
+
+    def attempt_token(self, job_id: str, attempt: int) -> str:
+        """The secret this attempt's workload is dispatched with to report its checkpoints."""
+        return self._attempt_token(job_id, attempt)
+
+    def wake(self) -> None:
+        """Run the machine loop now, for a caller that changed the machine directly."""
+        self._wake.set()
+
+    def drained(self) -> asyncio.Future[None]:
+        """Done once every effect pushed so far has run (a marker queued behind them)."""
+        marker = self._push([], wait=True)
+        assert marker is not None  # wait=True always queues one
+        return marker
+
     if TYPE_CHECKING:  # one duty's methods that another calls (defined by the duties)
 
         @property

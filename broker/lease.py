@@ -433,6 +433,11 @@ class LeaderLease:
         held = await self._held()
         return None if held is None else held.holder
 
+    @property
+    def revision(self) -> int:
+        """The key's revision at this holder's last write (each renewal adds one; 0: none)."""
+        return self._revision
+
 
 def no_stream_leader(exc: BaseException) -> bool:
     """True when the server answered that no stream takes the lease's subject (503, no

@@ -69,6 +69,11 @@ class _Decoder(Generic[T]):
         self._limit = limit
         self._hint_root = hint_root  # a Struct type: name the field, "did you mean" typos
 
+    @property
+    def label(self) -> str:
+        """What the decoder reads, as its error messages name it."""
+        return self._label
+
     def __call__(self, data: bytes | bytearray | memoryview | str, limit: int | None = None) -> T:
         cap = self._limit if limit is None else limit
         if len(data) > cap:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+from tests.support import DEPLOY, REPO
+
+DOCKERFILE = DEPLOY / "Dockerfile"
 STEP_TIMEOUT_S = 120  # a pip step; the whole replay takes about 20 s on a quiet machine
 
 
@@ -75,10 +76,10 @@ def replay(dockerfile: str, tmp: Path) -> Path:
     """Build the image's Python environment; returns its `muster` entrypoint."""
     src = tmp / "src"
     src.mkdir()
-    flags = pip_flags(copy_context(dockerfile, ROOT, src))
+    flags = pip_flags(copy_context(dockerfile, REPO, src))
     # The build backend pyproject.toml names (and what it needs), fetched once; nothing else
     # is downloaded.
-    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
     backend = tmp / "backend"
     got = pip("download", "--dest", backend, *requires)
     if got.returncode != 0:
@@ -123,7 +124,7 @@ def test_the_image_replayed_from_its_dockerfile_runs_its_entrypoint(tmp_path: Pa
     where = run(python, "-c", probe, *packages, cwd=tmp_path)
     assert where.returncode == 0, where.stderr
     path, files = json.loads(where.stdout)
-    assert str(ROOT) not in path and "" not in path[1:], path
+    assert str(REPO) not in path and "" not in path[1:], path
     for name, file in zip(packages, files, strict=True):
         assert Path(file).is_relative_to(tmp_path / "venv"), (name, file)
     # Package data the broker and the manifests need is in the wheel.

@@ -10,25 +10,20 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The test directories scanned (the others still read past views of their shells).
-SCANNED = ("agents", "chaos", "cli", "core", "e2e", "kube", "load", "nats", "schemas")
 
-# Reads into code whose owner has no public view for it yet, each to become one. The set only
-# shrinks: a new private read fails the test below, and so does an entry that no longer occurs.
-NOT_YET_PUBLIC: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("tests/agents/test_runtime.py", "rt._loop_task"),
-        ("tests/e2e/test_frontdoor_end_to_end.py", "door._rest"),
-        ("tests/kube/test_api_budget.py", "backend._delete_objects"),  # an action, not a read
-        ("tests/kube/test_cluster_fence.py", "runtime._learn"),
-        ("tests/kube/test_cluster_fence.py", "self.runtime._sent_at"),
-        ("tests/kube/test_cluster_fence.py", "self.runtime._on_applied"),
-        ("tests/kube/test_fence.py", "AgentRuntime._cluster_fences"),
-        ("tests/kube/test_frontdoor.py", "door._condition"),
-        ("tests/kube/test_watches.py", "apiserver._failures"),
-        ("tests/schemas/test_codec_fuzz.py", "d[0]._label"),  # a test id: the decoder's name
-    }
-)
+# The only reads past a public surface, each on purpose and with its reason. Any other private
+# read fails the test below, and so does an entry here that no longer occurs.
+DELIBERATE: dict[tuple[str, str], str] = {
+    # shell/natsio.py reads these nats-py internals (nats-py has no public form of them); this
+    # test pins them for each nats-py release it allows.
+    ("tests/shell/test_natsio.py", "nc._flush_pending"): "nats-py internal the shims call",
+    ("tests/shell/test_natsio.py", "js._prefix"): "nats-py internal the shims read",
+    ("tests/shell/test_natsio.py", "js._nc"): "nats-py internal the shims read",
+    # A processing step that never returns (the broker stuck on a poison message until
+    # killed) can only be injected at the submission boundary itself; a public hook in the
+    # broker for it would exist for this test alone.
+    ("tests/broker/test_dead_letters.py", "Broker._submit_guarded"): "fault injection",
+}
 
 
 def _is_private(name: str) -> bool:
@@ -76,22 +71,46 @@ def test_the_scan_finds_private_attributes_and_passes_public_ones() -> None:
 def _reads() -> list[tuple[str, int, str]]:
     return [
         (path.relative_to(ROOT).as_posix(), line, expr)
-        for name in SCANNED
-        for path in sorted((ROOT / "tests" / name).rglob("*.py"))
+        for path in sorted((ROOT / "tests").rglob("*.py"))
         for line, expr in private_attributes(path.read_text())
     ]
 
 
 def test_tests_read_the_code_through_public_views_only() -> None:
     found = _reads()
-    offences = [
-        f"{rel}:{line}: {expr}" for rel, line, expr in found if (rel, expr) not in NOT_YET_PUBLIC
-    ]
+    allowed = DELIBERATE.keys()
+    offences = [f"{rel}:{line}: {expr}" for rel, line, expr in found if (rel, expr) not in allowed]
     assert not offences, (
         "tests read private attributes; use the owner's read-only view (Scheduler "
         "allocations(), queue_states(), machine.views, KubeBackend node_signals(), "
         "attempt_pods(), ...) or add a small public query to the owning class:\n"
         + "\n".join(offences)
     )
-    stale = NOT_YET_PUBLIC - {(rel, expr) for rel, _, expr in found}
-    assert not stale, f"these reads are gone; drop them from NOT_YET_PUBLIC: {sorted(stale)}"
+    stale = allowed - {(rel, expr) for rel, _, expr in found}
+    assert not stale, f"these reads are gone; drop them from DELIBERATE: {sorted(stale)}"
+
+
+def _deploy_paths(source: str) -> list[int]:
+    """Lines that build a path into deploy/ by hand (`... / "deploy"`)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Div)
+        and isinstance(node.right, ast.Constant)
+        and node.right.value == "deploy"
+    ]
+
+
+def test_paths_into_deploy_start_from_support_deploy() -> None:
+    """One definition of where the shipped manifests live (`tests.support.DEPLOY`), so a move
+    of deploy/ is one edit, not a hunt."""
+    assert _deploy_paths('DOCKERFILE = ROOT / "deploy" / "Dockerfile"\n') == [1]
+    support = ROOT / "tests" / "support.py"
+    found = [
+        f"{path.relative_to(ROOT).as_posix()}:{line}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if path != support
+        for line in _deploy_paths(path.read_text())
+    ]
+    assert not found, f"use tests.support.DEPLOY for these paths into deploy/: {found}"

@@ -18,7 +18,6 @@ import pytest_asyncio
 
 from agents.config import AgentConfig, FakeClusterConfig, FakeFlavor, PoolConfig
 from agents.fleet import Fleet, start_fake_fleet
-from schemas.codec import decode_job_event
 from schemas.subjects import Subjects
 from tests.broker.conftest import Harness, broker_config
 
@@ -146,13 +145,7 @@ async def open_world(
     nc = await nats.connect(nats_url)
     timeouts = {"lost_after_s": 3.0, **timeouts}
     h = Harness(nats_url, prefix, Subjects(prefix=prefix), broker_config(prefix, **timeouts), nc)
-
-    async def on_event(msg: Any) -> None:
-        event = decode_job_event(msg.data)
-        h.events[event.job_id].append(event)
-        h._changed.set()
-
-    await nc.subscribe(h.subjects.job_events_all, cb=on_event)
+    await h.follow_events()
     w = World(h)
     try:
         yield w

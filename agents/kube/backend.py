@@ -390,11 +390,6 @@ class KubeBackend(KubeViews):
                     "Node", f"evaluation failed: {type(exc).__name__}", error=str(exc)[:200]
                 )
 
-    # -- Muster's objects ------------------------------------------------------------------
-    async def _delete_objects(self, objects: list[tuple[str, str]]) -> None:
-        """Delete these objects (`WorkloadObjects.delete`)."""
-        await self.objects.delete(objects)
-
     # -- commands --------------------------------------------------------------------------
     def _plan(self, cmd: Dispatch) -> tuple[FlavorConfig, str, WorkloadPlan]:
         flavor = self.config.flavor(cmd.flavor)

@@ -613,13 +613,13 @@ class FrontDoor:
                 }
                 await self._patch(path, {"metadata": {"annotations": patch}})
                 if suspend_of(_resource_of(obj)).conditions:
-                    await self._condition(path, verdict)
+                    await self.write_condition(path, verdict)
                 kind = "Warning" if verdict.reason in WARNINGS else "Normal"
                 await self.event(obj, kind, verdict.reason, verdict.message)
             if tracked is not None:
                 tracked.shown = verdict
 
-    async def _condition(self, path: str, verdict: Verdict) -> None:
+    async def write_condition(self, path: str, verdict: Verdict) -> None:
         """The MusterAdmitted condition in the status subresource, every other condition
         kept; the resourceVersion makes a concurrent status write (the operator's) a 409,
         retried on a fresh read. Only the fields metav1.Condition (JobSet, TrainJob) and the

@@ -402,5 +402,5 @@ async def test_closed_connection_does_not_crash_or_spin(nats_url: str) -> None:
     # Retried every 0.2 s (RETRY_S), not in a busy loop: at most one failure per pause since
     # the close, however long the wait took.
     assert rt.stats["errors"] <= 1 + (time.monotonic() - closed) / 0.2, rt.stats
-    assert rt._loop_task is not None and not rt._loop_task.done()
+    assert rt.looping
     await rt.stop()

@@ -136,6 +136,16 @@ class Harness:
 
         return msgspec.json.decode(msg.data)
 
+    async def follow_events(self) -> None:
+        """Record every job event the broker publishes, in `events`, from now on."""
+
+        async def on_event(msg: Any) -> None:
+            event = decode_job_event(msg.data)
+            self.events[event.job_id].append(event)
+            self._changed.set()
+
+        await self.nc.subscribe(self.subjects.job_events_all, cb=on_event)
+
     async def wait_for(self, pred: Callable[[], bool], timeout: float = 10.0) -> None:
         """Look at `pred` whenever a job event arrives (bounded by `timeout`)."""
         await wait_for(pred, timeout, changed=self._changed)
@@ -157,13 +167,7 @@ async def harness(nats_url: str) -> AsyncIterator[Harness]:
     prefix = f"t{uuid.uuid4().hex[:10]}"
     nc = await nats.connect(nats_url)
     h = Harness(nats_url, prefix, Subjects(prefix=prefix), broker_config(prefix), nc)
-
-    async def on_event(msg: Any) -> None:
-        event = decode_job_event(msg.data)
-        h.events[event.job_id].append(event)
-        h._changed.set()
-
-    await nc.subscribe(h.subjects.job_events_all, cb=on_event)
+    await h.follow_events()
     yield h
     for agent in h.agents:
         await agent.stop()

@@ -253,8 +253,7 @@ async def test_stale_epoch_storm_leaves_the_broker_leading(harness: Harness) -> 
     )
     epoch = broker.lease.epoch
     agent = await harness.agent("c1")
-    await agent._sub.unsubscribe()
-    agent._sub = None  # replaced below
+    await agent.stop_answering()  # the test answers below
     answered = 0
 
     async def liar(msg: Any) -> None:
@@ -283,8 +282,7 @@ async def test_stale_epoch_confirmed_by_the_lease_steps_down(harness: Harness) -
     """The same answer is believed once the lease shows another holder."""
     broker = await harness.start_broker()
     agent = await harness.agent("c1")
-    await agent._sub.unsubscribe()
-    agent._sub = None  # replaced below
+    await agent.stop_answering()  # the test answers below
     js = harness.nc.jetstream()
     kv = await js.key_value(harness.subjects.leader_bucket)
     await kv.put(

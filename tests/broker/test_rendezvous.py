@@ -27,7 +27,7 @@ async def test_retries_after_a_lost_stream_copy_are_all_answered(
     lost = Msg(
         harness.nc, subject=subject, reply=harness.nc.new_inbox(), data=data, headers=headers
     )
-    await broker._rendezvous.on_request(lost)
+    await broker.rendezvous.on_request(lost)
     job_ids = set()
     for _ in range(8):
         msg = await harness.nc.request(subject, data, timeout=3, headers=headers)
@@ -37,7 +37,7 @@ async def test_retries_after_a_lost_stream_copy_are_all_answered(
     assert len(job_ids) == 1  # every retry is the same job
     if identity == "job_id":
         assert job_ids == {"keep-1"}
-    assert not broker._rendezvous.waiting  # nobody is left waiting, the lost copy included
+    assert not broker.rendezvous.waiting  # nobody is left waiting, the lost copy included
 
 
 async def test_equal_bodies_without_identity_are_different_jobs_each_answered(

@@ -98,9 +98,9 @@ async def test_full_job_bucket_keeps_the_lease_and_refuses_submissions(tiny_nats
         reply = decode_submit_reply(msg.data)
         assert not reply.accepted and reply.error and reply.error.startswith("storage full")
         # Three lease renewals later the broker still leads with the same epoch.
-        renewed = broker.lease._revision
+        renewed = broker.lease.revision
         await wait_for(
-            lambda: broker.lease._revision >= renewed + 3,
+            lambda: broker.lease.revision >= renewed + 3,
             10 * config.timeouts.lease_ttl_s,
             what="three lease renewals",
         )

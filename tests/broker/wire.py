@@ -77,6 +77,12 @@ class WireAgent:
         self._beat = asyncio.create_task(self._heartbeats())
         return self
 
+    async def stop_answering(self) -> None:
+        """Leave the command subject (heartbeats go on), for a test's own answers there."""
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
     async def _heartbeats(self) -> None:
         for _ in range(10_000):  # bounded: ~33 minutes at most
             # The protocol's heartbeat period, a rhythm and not a wait: tests wait for what

@@ -24,8 +24,8 @@ from shell.cli import (
     Output,
     common,
 )
+from tests.support import DEPLOY, REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT = Path(__file__).parent / "fixtures" / "commands.json"
 runner = CliRunner()
 
@@ -79,7 +79,7 @@ def test_every_command_and_option_name_is_unchanged() -> None:
 def documented_options() -> list[tuple[str, str, str]]:
     """(doc, command, option) for every option the docs write after a `muster <command>`
     (the load programs' command lines are checked in tests/load/test_cli.py)."""
-    docs = [REPO / "README.md", REPO / "deploy" / "README.md", *sorted(REPO.glob("docs/*.md"))]
+    docs = [REPO / "README.md", DEPLOY / "README.md", *sorted(REPO.glob("docs/*.md"))]
     stop = r"[^`#\[\n|;:]*(?:\n\s+--[^`#\[\n|;:]*)?"  # a code span may wrap onto the next line
     found = []
     for doc in docs:

@@ -34,6 +34,7 @@ from agents.kube.frontdoor import (
 from agents.kube.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, frontdoor_rules
 from agents.runtime import AgentRuntime
 from schemas.config import QueueConfig
+from schemas.subjects import Subjects
 from tests.e2e.conftest import kube_clusters
 from tests.e2e.kinds_world import KubeCluster
 from tests.kube.conftest import NODES, NS, make_config, node
@@ -107,6 +108,12 @@ async def fd_world(
         yield world, clusters, doors["east"], KubeRest(clusters["east"].api)
 
 
+def door_after_restart(door: FrontDoor, subjects: Subjects) -> FrontDoor:
+    """A new front door of the same agent (the backend's REST client), nothing in memory."""
+    rest = door.rest
+    return FrontDoor(door.cluster, lambda: rest, DOOR_CONFIG, subjects)
+
+
 def condition(obj: dict[str, Any] | None) -> dict[str, Any]:
     for c in ((obj or {}).get("status") or {}).get("conditions") or []:
         if c["type"] == CONDITION:
@@ -170,7 +177,7 @@ async def test_a_pytorchjob_applied_in_east_runs_in_west_and_the_home_object_sho
     # The agent restarts: a new front door (nothing kept in memory) finds the job by the
     # object's annotations.
     await door.stop()
-    restarted = FrontDoor("east", door._rest, DOOR_CONFIG, h.subjects)
+    restarted = door_after_restart(door, h.subjects)
     east.runtime.companion = restarted
     await restarted.start(h.nc)
     await restarted.sync()
@@ -244,7 +251,7 @@ async def test_a_restart_between_marking_and_submitting_submits_once(
     marks = {ANN_JOB: job_id, ANN_SPEC: digest}
     patch = {"metadata": {"annotations": marks, "finalizers": [FINALIZER]}}
     await rest.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
-    fresh = FrontDoor("east", door._rest, DOOR_CONFIG, h.subjects)
+    fresh = door_after_restart(door, h.subjects)
     await fresh.start(h.nc)
     try:
         await h.wait_event(job_id, "running", timeout=20)

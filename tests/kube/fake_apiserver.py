@@ -566,6 +566,10 @@ class FakeApiServer:
         """The next matching request answers `status_code` (429 may carry Retry-After)."""
         self._failures.append((method, path_prefix, status_code, retry_after))
 
+    def clear_failures(self) -> None:
+        """Forget the failures `fail_next` queued that no request has taken yet."""
+        self._failures.clear()
+
     def revoke(self, token: str) -> None:
         """The token expires: every later request carrying it is a 401."""
         if self.tokens is not None:

@@ -163,7 +163,7 @@ async def test_deletes_of_many_objects_go_out_concurrently(
     backend, _ = await make_backend(api_inflight=8)
     apiserver.latency_s = 0.02
     refs = [(PODS, f"many-w{i}") for i in range(60)]
-    await backend._delete_objects(refs)
+    await backend.objects.delete(refs)
     deleted = [path for path, _ in apiserver.deletes]
     assert sorted(deleted) == sorted(f"{PODS}/many-w{i}" for i in range(60))
     assert 1 < apiserver.peak_inflight <= 8

@@ -1,8 +1,9 @@
 """Fences that never kill healthy work, on Kubernetes with the fence watchdog on and the
 shipped timeouts: a restarted agent adopts every kind, an API-server outage of ten minutes
 and an agent restart of minutes end nothing, and a hung agent's attempts still end by the
-cluster's own hand. The agent side runs through the runtime's own paths (`_learn` after a
-restart, `_on_applied` for each broker acknowledgement); time is the injected clock."""
+cluster's own hand. The agent side runs through the runtime's own paths (`adopt` of a
+snapshot after a restart, `acknowledged` for each broker acknowledgement); time is the
+injected clock."""
 
 from __future__ import annotations
 
@@ -48,8 +49,7 @@ class Acks:
 
     async def ack(self, now: float) -> None:
         self.seq += 1
-        self.runtime._sent_at[self.seq] = now
-        await self.runtime._on_applied(Applied(epoch=1, instance="agent-1", seq=self.seq))
+        await self.runtime.acknowledged(Applied(epoch=1, instance="agent-1", seq=self.seq), now)
 
 
 def objects_of(backend: Any, key: tuple[str, int]) -> list[str]:
@@ -95,7 +95,7 @@ async def test_a_restarted_agent_keeps_every_kind_alive(
     clock.advance(300)  # the agent is away five minutes (a rollout with its initial lists)
     backend, _ = await make_backend(clock=clock, fence_watchdog=True)
     runtime = AgentRuntime(backend, nc)
-    runtime._learn(await backend.snapshot())
+    runtime.adopt(await backend.snapshot())
     assert runtime.live_attempts("j1") == {1}
     acks = Acks(runtime)
     watchdog = watchdog_of(api_client, clock)
@@ -124,7 +124,7 @@ async def test_an_api_server_outage_of_ten_minutes_ends_no_attempt(
         gang_dispatch("gang", 1),
     ):
         await backend.dispatch(msgspec.structs.replace(cmd, fence_after_s=WINDOW_S))
-        runtime._learn(await backend.snapshot())
+        runtime.adopt(await backend.snapshot())
     paths = objects_of(backend, ("pt", 1)) + objects_of(backend, ("gang", 1))
     acks = Acks(runtime)
     watchdog = watchdog_of(api_client, clock)
@@ -157,7 +157,7 @@ async def test_fence_writes_do_not_grow_with_the_attempts(
     for i in range(20):
         cmd = manifest_dispatch(PYTORCHJOB_YAML, job_id=f"pt-{i}", attempt=1)
         await backend.dispatch(msgspec.structs.replace(cmd, fence_after_s=WINDOW_S))
-    runtime._learn(await backend.snapshot())
+    runtime.adopt(await backend.snapshot())
     acks = Acks(runtime)
     before = len(apiserver.patches)
     minutes = 5

@@ -4,13 +4,13 @@ of an attempt is ever patched for the fence."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from nats.aio.client import Client
 
 from agents.kube.fence import (
     ANN_FENCE_UNTIL,
@@ -117,15 +117,14 @@ async def test_a_restarted_agent_adopts_the_window_from_the_lease(
 
 
 async def test_without_the_watchdog_the_agent_keeps_its_self_fence(
-    apiserver: FakeApiServer, make_backend: Any
+    apiserver: FakeApiServer, make_backend: Any, nc: Client
 ) -> None:
     """The Lease alone stops nothing: without a watchdog the runtime self-fences."""
     backend, _ = await make_backend()
     cmd = msgspec.structs.replace(manifest_dispatch(PYTORCHJOB_YAML), fence_after_s=WINDOW_S)
     await backend.dispatch(cmd)
     assert not backend.fences(cmd.job_id, cmd.attempt)
-    runtime = SimpleNamespace(backend=backend)
-    assert not AgentRuntime._cluster_fences(runtime, cmd.job_id, cmd.attempt)  # type: ignore[arg-type]
+    assert not AgentRuntime(backend, nc).cluster_fences(cmd.job_id, cmd.attempt)
 
 
 async def test_an_unfenced_dispatch_writes_no_lease(

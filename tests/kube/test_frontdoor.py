@@ -276,8 +276,8 @@ async def test_the_condition_passes_each_kinds_status_schema_and_keeps_the_opera
     door = FrontDoor("east", lambda: rest, config, Subjects())
     path = f"{resource.collection(NS)}/{obj['metadata']['name']}"
     running = verdict_of("running", "west", "a100-spot", 1, None, "")
-    await door._condition(path, running)
-    await door._condition(path, verdict_of("running", "east", "a100-spot", 2, 120, ""))
+    await door.write_condition(path, running)
+    await door.write_condition(path, verdict_of("running", "east", "a100-spot", 2, 120, ""))
     stored = apiserver.get(path)
     assert stored is not None and not apiserver.rejected
     conditions = {c["type"]: c for c in stored["status"]["conditions"]}

@@ -113,7 +113,7 @@ async def test_failing_watches_make_the_heartbeat_stale_until_they_recover(
         apiserver.fail_next("GET", "/api/v1/nodes", 503)
     apiserver.close_watches("nodes")
     await rec.wait_for(lambda: backend.stale_s() > 0.3)
-    apiserver._failures.clear()
+    apiserver.clear_failures()
     await rec.wait_for(lambda: backend.stale_s() == 0.0)
 
 

@@ -21,7 +21,6 @@ from agents.fleet import Fleet, start_fleet
 from agents.local.backend import LocalBackend
 from agents.runtime import AgentRuntime
 from schemas.agent import AgentEvent, CheckpointRef, Dispatch, PodSetAssignment, WorkloadStatus
-from schemas.codec import decode_job_event
 from schemas.job import JobSpec
 from schemas.subjects import Subjects
 from tests.broker.conftest import Harness, broker_config
@@ -225,9 +224,10 @@ class Lab:
             await self.fleet.stop()
         for d in (self.tmp / "agents").glob("*"):  # leave no replica behind
             b = LocalBackend(d.name, self.configs[d.name].local)
-            b._adopt_orphans()
+            await b.start(lambda _event: None)  # adopts what the agents left
             for job_id, attempt in b.live_workloads():
                 await b.cancel(job_id, attempt, "test over")
+            await b.stop()
 
 
 @pytest_asyncio.fixture
@@ -236,13 +236,7 @@ async def lab(nats_url: str, tmp_path: Path) -> AsyncIterator[Lab]:
     nc = await nats.connect(nats_url)
     config = broker_config(prefix, lost_after_s=4.0, fence_lead_s=2.0, checkpoint_grace_s=10.0)
     h = Harness(nats_url, prefix, Subjects(prefix=prefix), config, nc)
-
-    async def on_event(msg: Any) -> None:
-        event = decode_job_event(msg.data)
-        h.events[event.job_id].append(event)
-        h._changed.set()
-
-    await nc.subscribe(h.subjects.job_events_all, cb=on_event)
+    await h.follow_events()
     world = Lab(h, tmp_path)
     yield world
     await world.stop()

@@ -75,7 +75,7 @@ MSGPACK_DECODERS: list[tuple[Any, Any, Any, Any]] = [
     (decode_command_ack, CommandAck, encode_msgpack, command_acks),
 ]
 DECODERS = JSON_DECODERS + MSGPACK_DECODERS
-IDS = [d[0]._label for d in DECODERS]
+IDS = [d[0].label for d in DECODERS]
 
 
 def check(decoder: Any, kind: Any, data: bytes) -> None:

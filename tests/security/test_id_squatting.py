@@ -4,8 +4,9 @@ are keyed with the submit stream's secret, which no client can read, so the vict
 known only once the broker answers.
 
 Each test computes the guess exactly as the broker builds the id, from the same basis, and
-runs once more with the key emptied: that control proves the guess WOULD match without the
-key, so the keyed run is what stops it (and the test fails if the key is dropped)."""
+runs once more as a squatter who has the key (read from the stream's metadata, as if it had
+leaked): that control proves the guess WOULD match with the key, so the key's secrecy is what
+stops it (and the test fails if the broker drops the key)."""
 
 from __future__ import annotations
 
@@ -15,26 +16,30 @@ from typing import Any
 import pytest
 
 from broker.core.submission import derive_job_id
+from broker.process import ID_KEY
 from schemas.codec import decode_submit_reply, encode_json
 from tests.broker.conftest import Harness
 from tests.support import wait_for
 
-KEYED = pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "control-unkeyed"])
+KEYED = pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "control-key-leaked"])
 
 
-def _unkeyed(basis: str) -> str:
-    return hashlib.blake2b(basis.encode(), digest_size=6).hexdigest()
+def _token(basis: str, key: bytes) -> str:
+    return hashlib.blake2b(basis.encode(), key=key, digest_size=6).hexdigest()
 
 
 def _job(name: str, **extra: Any) -> dict[str, Any]:
     return {"name": name, "gang": [{"name": "worker", "replicas": 1, "gpu": 1}], **extra}
 
 
-async def _start(h: Harness, keyed: bool) -> Any:
+async def _start(h: Harness, keyed: bool) -> tuple[Any, bytes]:
+    """The broker, and the key the squatter guesses with: none, or (the control) the stream's
+    own secret."""
     broker = await h.start_broker()
-    if not keyed:
-        broker._id_key = b""  # the control: the same broker without the stream's secret
-    return broker
+    if keyed:
+        return broker, b""
+    info = await h.nc.jetstream().stream_info(h.subjects.submit_stream)
+    return broker, (info.config.metadata or {})[ID_KEY].encode()
 
 
 @KEYED
@@ -44,10 +49,10 @@ async def test_a_squatter_cannot_take_the_id_a_known_msg_id_would_get(
     """The id of a submission with a Nats-Msg-Id comes from the subject and that header, both
     of which a squatter may know (a client that derives its Msg-Id from the job, a log)."""
     h = harness
-    broker = await _start(h, keyed)
+    broker, key = await _start(h, keyed)
     subject = h.subjects.submit("default")
     msg_id = "victim-nightly-2026-12-01"
-    guess = derive_job_id("victim", _unkeyed(f"id:{subject}:{msg_id}"))
+    guess = derive_job_id("victim", _token(f"id:{subject}:{msg_id}", key))
     assert (await h.submit(_job("squat", job_id=guess))).accepted
 
     msg = await h.nc.request(
@@ -60,7 +65,7 @@ async def test_a_squatter_cannot_take_the_id_a_known_msg_id_would_get(
         assert reply.job_id != guess
         assert jobs[reply.job_id].spec.name == "victim"
     else:
-        # Without the key the squatter's guess is the victim's id: the victim is told
+        # With the key the squatter's guess is the victim's id: the victim is told
         # "duplicate" and its job never exists.
         assert reply.job_id == guess and reply.duplicate, reply
         assert not any(r.spec.name == "victim" for r in jobs.values())
@@ -75,7 +80,7 @@ async def test_the_stream_sequence_and_stored_time_do_not_give_the_id_away(
     squatter can predict the sequence and may learn the time (the broker's acks carry both, on
     the wire, as seen here); the id must still not follow from them."""
     h = harness
-    broker = await _start(h, keyed)
+    broker, key = await _start(h, keyed)
     stream = h.subjects.submit_stream
     acked: dict[int, int] = {}  # stream sequence -> stored-at ns, read from the broker's acks
 
@@ -93,7 +98,7 @@ async def test_the_stream_sequence_and_stored_time_do_not_give_the_id_away(
     assert all(r.accepted and not r.duplicate for r in replies), replies
     predicted = [nxt + squats + i for i in range(3)]
     await wait_for(lambda: all(s in acked for s in predicted), 10, what="the broker's acks")
-    guesses = [derive_job_id("victim", _unkeyed(f"seq:{s}:{acked[s]}")) for s in predicted]
+    guesses = [derive_job_id("victim", _token(f"seq:{s}:{acked[s]}", key)) for s in predicted]
     ids = [r.job_id for r in replies]
     assert all(broker.machine.jobs[i].spec.name == "victim" for i in ids)
     if keyed:

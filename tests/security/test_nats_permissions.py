@@ -18,6 +18,7 @@ from broker.embedded import nats_server_binary
 from broker.natsconfig import load_broker_config, render
 from shell.natsio import flush
 from tests.security.conftest import CLUSTERS, CONFIG, AuthNats, passwords, users_in
+from tests.support import DEPLOY
 
 
 async def _settled(*conns: Any) -> None:
@@ -55,7 +56,7 @@ def test_generated_config_passes_nats_server_check(tmp_path: Path) -> None:
 
 
 def test_deploy_ships_what_the_generator_prints() -> None:
-    configmap = Path(__file__).parents[2] / "deploy" / "broker" / "configmap.yaml"
+    configmap = DEPLOY / "broker" / "configmap.yaml"
     loaded = load_broker_config(configmap)
     shipped = configmap.parents[1] / "nats" / "accounts.conf"
     assert shipped.read_text() == render(loaded.config, ["east", "west"], loaded.aliases), (

@@ -107,8 +107,8 @@ def _workload(r: Running, token: str) -> Checkpointer:
 
 async def test_only_the_attempts_own_workload_moves_its_progress(running: Running) -> None:
     r = running
-    own = r.broker._attempt_token(r.job_id, 1)
-    stolen = r.broker._attempt_token("another-job", 1)  # what another job's pods hold
+    own = r.broker.attempt_token(r.job_id, 1)
+    stolen = r.broker.attempt_token("another-job", 1)  # what another job's pods hold
     liar = next(c for name, c in r.clusters.items() if name != r.cluster)
     before = r.broker.refused["checkpoint"]
     # Another job's workload, and one with no token: refused by the broker.

@@ -234,13 +234,11 @@ async def test_a_job_page_loads_in_under_a_second_with_100k_jobs(harness: Harnes
         if i % 5000 == 0:
             await asyncio.sleep(0)
     assert broker.machine is machine
-    broker._wake.set()
+    broker.wake()
     # The admission cycle over the new jobs runs first; the pages are timed after it.
     await harness.wait_for(lambda: not machine.wants_cycle, timeout=60)
     # and what it produced has left the effects pipeline (a marker queued behind it).
-    drained = broker._push([], wait=True)
-    assert drained is not None
-    await asyncio.wait_for(drained, 60)
+    await asyncio.wait_for(broker.drained(), 60)
     loop = asyncio.get_running_loop()
     for path in (
         "/api/jobs?limit=50",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +16,9 @@ from agents.metrics import AgentMetrics
 from agents.runtime import AgentRuntime
 from tests.broker.conftest import Harness
 from tests.kube.conftest import make_config
+from tests.support import DEPLOY
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "muster.json"
+DASHBOARD = DEPLOY / "grafana" / "muster.json"
 FUNCTIONS = frozenset(
     {"sum", "max", "min", "avg", "count", "rate", "increase", "irate", "clamp_min", "topk"}
 )
