@@ -2,12 +2,13 @@
 FoundationDB's simulation testing and TigerBeetle's VOPR).
 
 One process, one seeded random generator, one virtual clock. The pure lifecycle machine runs
-behind a model of the broker shell (persist before send, request/ack with retries, restart = a
-new epoch restored from the persisted records). The shell honours the ordering the core emits:
-a Dispatch whose `after_cancel_of` names an attempt with a Cancel in flight waits for that
-Cancel. Model agents speak the agent protocol: act idempotently on (job_id, attempt), refuse
-older epochs, resend a snapshot after a resync or reconnect (carrying terminal outcomes the
-broker may have missed), fence their workloads when cut off, and report terminal outcomes.
+behind the broker shell's own effect rules (`broker/sequencer.py`: persist before send, the
+Cancel-before-Dispatch barrier, retries with the ack wait learnt per cluster, Cancels resent
+until heard), driven here from the virtual clock over a modelled network; a restart is a new
+epoch restored from the persisted records. Model agents speak the agent protocol: act
+idempotently on (job_id, attempt), refuse older epochs, resend a snapshot after a resync or
+reconnect (carrying terminal outcomes the broker may have missed), fence their workloads when
+cut off, and report terminal outcomes.
 The network between them loses, duplicates, delays and reorders messages;
 faults (broker crashes between any two effects, agent restarts and freezes, partitions, spot
 notices) strike at seeded random points. The invariants of `broker.core.invariants` are
@@ -40,6 +41,7 @@ from broker.core.inputs import CYCLE, TICK, AgentBatch, DispatchAcked, Restore, 
 from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import record_decoder, record_encoder
+from broker.sequencer import Sequencer
 from load.command import program, summary
 from schemas.agent import (
     AgentEvent,
@@ -598,10 +600,15 @@ class Scenario:
 
 @dataclass(slots=True)
 class _Request:
+    """One command asked of an agent: copies left, the copy number, and (for a Cancel) its
+    ticket at the sequencer's barrier."""
+
     cluster: str
     cmd: Any
     tries: int
     incarnation: int
+    ticket: int = 0
+    copy: int = 0
     done: bool = False
 
 
@@ -660,10 +667,7 @@ class World:
         self.machine = Machine(self.config, epoch=self.epoch)
         self.requests: dict[int, _Request] = {}
         self._req_ids = 0
-        # (job, attempt) -> request id of that attempt's Cancel in flight, and the
-        # dispatches the core ordered after it
-        self.cancels: dict[tuple[str, int | None], int] = {}
-        self.held: dict[tuple[str, int | None], list[tuple[str, Dispatch]]] = {}
+        self.sequencer = Sequencer(self.config.timeouts)  # the shell's barrier and retries
         self.stream: dict[str, JobSpec] = {}  # submissions not yet persisted (JetStream)
         self.agents: dict[str, SimAgent] = {}
         if scenario is None:
@@ -783,9 +787,17 @@ class World:
             if isinstance(eff, Persist):
                 self.store[eff.record.job_id] = record_encoder.encode(eff.record)
             elif isinstance(eff, Send):
-                if isinstance(eff.command, Cancel):
-                    self.stats[f"cancel:{eff.command.reason}"] += 1
-                self._send(eff.cluster, eff.command, eff.after_cancel_of)
+                cmd = eff.command
+                if isinstance(cmd, Cancel):
+                    self.stats[f"cancel:{cmd.reason}"] += 1
+                if (
+                    isinstance(cmd, Dispatch)
+                    and not self.ignore_order
+                    and not self.sequencer.dispatch(eff.cluster, cmd, eff.after_cancel_of)
+                ):
+                    self._log_send(eff.cluster, cmd)  # held behind the Cancel it follows
+                else:
+                    self._send(eff.cluster, cmd)
             elif isinstance(eff, Publish):
                 ev = eff.event
                 if ev.kind == "preempting" and ev.reason == "reclaimed":
@@ -795,7 +807,7 @@ class World:
                 return False
         return True
 
-    def _send(self, cluster: str, cmd: Any, after: int | None = None) -> None:
+    def _log_send(self, cluster: str, cmd: Any) -> None:
         self.log(
             "send",
             cluster,
@@ -803,16 +815,14 @@ class World:
             getattr(cmd, "job_id", ""),
             getattr(cmd, "attempt", ""),
         )
-        waits = (cmd.job_id, after) if isinstance(cmd, Dispatch) and after is not None else None
-        if waits in self.cancels and not self.ignore_order:
-            self.held.setdefault(waits, []).append((cluster, cmd))
-            return
+
+    def _send(self, cluster: str, cmd: Any) -> None:
+        self._log_send(cluster, cmd)
+        seq = self.sequencer
         self._req_ids += 1
         rid = self._req_ids
-        tries = self.config.timeouts.dispatch_retries + 1 if isinstance(cmd, Dispatch) else 3
-        self.requests[rid] = _Request(cluster, cmd, tries, self.broker_inc)
-        if isinstance(cmd, Cancel):
-            self.cancels[(cmd.job_id, cmd.attempt)] = rid
+        ticket = seq.cancel(cmd) if isinstance(cmd, Cancel) else 0
+        self.requests[rid] = _Request(cluster, cmd, seq.attempts(cmd), self.broker_inc, ticket)
         self._try(rid)
 
     def _try(self, rid: int) -> None:
@@ -820,12 +830,13 @@ class World:
         if req is None or req.done or req.incarnation != self.broker_inc:
             return
         if req.tries <= 0:
-            track = self.machine.agents.get(req.cluster)
-            if isinstance(req.cmd, Cancel) and track is not None and track.health != "lost":
-                # As the broker shell: a Cancel is resent until heard or its cluster is lost.
-                req.tries = 3
-                self.clock.at(self.config.timeouts.dispatch_ack_s, lambda: self._retry(rid))
-                return
+            if isinstance(req.cmd, Cancel):
+                track = self.machine.agents.get(req.cluster)
+                pause = self.sequencer.cancel_again(track.health if track is not None else None)
+                if pause is not None:
+                    req.tries, req.copy = self.sequencer.attempts(req.cmd), 0
+                    self.clock.at(pause, lambda: self._retry(rid))
+                    return
             self._resolve(rid, False, f"agent of cluster {req.cluster!r} did not ack")
             return
         req.tries -= 1
@@ -864,11 +875,9 @@ class World:
                     DispatchAcked(cmd.job_id, cmd.attempt, ok, error), self.clock.now
                 )
             )
-        elif isinstance(cmd, Cancel) and self.cancels.get((cmd.job_id, cmd.attempt)) == rid:
-            key = (cmd.job_id, cmd.attempt)
-            del self.cancels[key]
-            for cluster, d in self.held.pop(key, []):
-                self._send(cluster, d)
+        elif isinstance(cmd, Cancel):
+            for held in self.sequencer.settled(cmd, req.ticket):
+                self._send(held.cluster, held.command)
 
     def broker_batch(self, cluster: str, batch: EventBatch) -> None:
         if not self.broker_up:
@@ -909,8 +918,7 @@ class World:
         self.broker_up = False
         self.broker_inc += 1
         self.requests.clear()
-        self.cancels.clear()
-        self.held.clear()
+        self.sequencer.reset()
         if down_s is None:
             down_s = self.clock.rng.uniform(0.5, self.faults.broker_down_s)
         self.clock.at(down_s, self.recover)
