@@ -185,11 +185,11 @@ class EffectExecutor(BrokerFields):
                         seq.acked(cluster, loop.time() - a.sent)
                         if a is not latest:  # the old fixed wait would have dropped it
                             self.stats["late_acks"] += 1
-                        if ack.ok or ack.stale_epoch or not asked:
+                        if seq.decides(ack, outstanding=bool(asked)):
                             return ack
                         refused = ack
                 if asked:
-                    error = f"agent of cluster {cluster!r} did not ack in {wait:.3g}s"
+                    error = seq.silence(cluster, wait).error
                 elif refused is None and i + 1 < attempts:
                     await asyncio.sleep(seq.empty_pause(i))  # nothing on the wire
             return refused if refused is not None else CommandAck(ok=False, error=error)

@@ -16,6 +16,7 @@ their virtual clocks. The rules:
 - **Cancels are resent** until heard or their cluster is lost;
 - **retries**: a command is asked `attempts` times, each copy waited for as long as the
   cluster's acks take (`broker/ackwait.py`), with a short pause when nothing reached the wire;
+  the ack of any copy counts, and a refusal does not outvote a later copy still unanswered;
 - **the token**: a keyed hash of (job, attempt), pure, so the core stamps it on the Dispatch it
   builds (`Machine(dispatch_token=...)`) and nobody edits the command afterwards.
 """
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from broker.ackwait import AckWaits
 from broker.core.effects import Effect, Persist
 from broker.core.records import JobRecord
-from schemas.agent import Cancel, Dispatch
+from schemas.agent import Cancel, CommandAck, Dispatch
 from schemas.config import Timeouts
 
 COMMAND_ATTEMPTS = 3  # copies of a command other than a Dispatch (dispatch_retries + 1 for it)
@@ -133,6 +134,21 @@ class Sequencer:
     def acked(self, cluster: str, rtt: float) -> None:
         """An ack came `rtt` seconds after the copy it answers left."""
         self.waits.of(cluster).observe(rtt)
+
+    @staticmethod
+    def decides(ack: CommandAck, outstanding: bool) -> bool:
+        """Whether this ack is the command's answer. A refusal is not while another copy is
+        still unanswered: the agent runs a job's commands one after the other, so a later
+        copy may yet be carried out, and then its ack is the truth. (A refusal kept is the
+        answer once the wait for the copy then in flight ends.)"""
+        return ack.ok or ack.stale_epoch or not outstanding
+
+    @staticmethod
+    def silence(cluster: str, wait: float) -> CommandAck:
+        """The refusal this side makes of an agent's silence."""
+        return CommandAck(
+            ok=False, error=f"agent of cluster {cluster!r} did not ack in {wait:.3g}s"
+        )
 
     @staticmethod
     def empty_pause(copy: int) -> float:

@@ -41,7 +41,7 @@ from broker.core.inputs import CYCLE, TICK, AgentBatch, DispatchAcked, Restore, 
 from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import record_decoder, record_encoder
-from broker.sequencer import Sequencer
+from broker.sequencer import Sequencer, persist_first
 from load.command import program, summary
 from schemas.agent import (
     AgentEvent,
@@ -91,7 +91,7 @@ class Faults:
     drop: float = 0.03  # a message is lost
     dup: float = 0.03  # a message is delivered twice
     max_delay_s: float = 1.5  # uniform extra latency; reorders messages
-    broker_crash: float = 0.004  # per effect executed: the broker dies right after it
+    broker_crash: float = 0.004  # per record written or effect executed: dies right after it
     broker_down_s: float = 8.0  # at most this long before the new leader restores
     agent_restart: float = 0.002  # per agent tick: the agent process restarts
     agent_freeze: float = 0.001  # per agent tick: SIGSTOP for a while
@@ -600,8 +600,9 @@ class Scenario:
 
 @dataclass(slots=True)
 class _Request:
-    """One command asked of an agent: copies left, the copy number, and (for a Cancel) its
-    ticket at the sequencer's barrier."""
+    """One command asked of an agent, as the shell's request loop holds it: copies left, the
+    number of the next copy (its ack wait), the copies unanswered (by id), a refusal kept while
+    a later copy may still be carried out, and (for a Cancel) its ticket at the barrier."""
 
     cluster: str
     cmd: Any
@@ -609,6 +610,10 @@ class _Request:
     incarnation: int
     ticket: int = 0
     copy: int = 0
+    sent: int = 0  # copies sent in all: the id of the next one
+    round: int = 0  # a Cancel asked again starts a new round; older timers are ignored
+    out: set[int] = field(default_factory=set)
+    refused: CommandAck | None = None
     done: bool = False
 
 
@@ -781,12 +786,18 @@ class World:
         if unordered:
             self.fail("; ".join(unordered[:3]))
         inc = self.broker_inc
+        # The shell's order (broker/sequencer.py): the records first, then the rest in order.
+        # A crash may strike after any record written or any effect carried out.
+        for record in persist_first((effects,)):
+            self.store[record.job_id] = record_encoder.encode(record)
+            if self._crashes():
+                return False
         for eff in effects:
             if not self.broker_up or self.broker_inc != inc:
                 return False
             if isinstance(eff, Persist):
-                self.store[eff.record.job_id] = record_encoder.encode(eff.record)
-            elif isinstance(eff, Send):
+                continue  # written above
+            if isinstance(eff, Send):
                 cmd = eff.command
                 if isinstance(cmd, Cancel):
                     self.stats[f"cancel:{cmd.reason}"] += 1
@@ -802,10 +813,16 @@ class World:
                 ev = eff.event
                 if ev.kind == "preempting" and ev.reason == "reclaimed":
                     self.reclaims[ev.job_id] += 1
-            if self.faulty(self.clock.now) and self.clock.rng.random() < self.faults.broker_crash:
-                self.crash()
+            if self._crashes():
                 return False
         return True
+
+    def _crashes(self) -> bool:
+        """The broker dies right after the step it just took (a seeded draw per step)."""
+        if self.faulty(self.clock.now) and self.clock.rng.random() < self.faults.broker_crash:
+            self.crash()
+            return True
+        return False
 
     def _log_send(self, cluster: str, cmd: Any) -> None:
         self.log(
@@ -826,53 +843,92 @@ class World:
         self._try(rid)
 
     def _try(self, rid: int) -> None:
+        """Send the request's next copy and wait for it as long as the sequencer says."""
         req = self.requests.get(rid)
         if req is None or req.done or req.incarnation != self.broker_inc:
             return
+        if req.refused is not None:  # refused, and no later copy answered within its wait
+            self._answered(rid, req.refused)
+            return
         if req.tries <= 0:
-            if isinstance(req.cmd, Cancel):
-                track = self.machine.agents.get(req.cluster)
-                pause = self.sequencer.cancel_again(track.health if track is not None else None)
-                if pause is not None:
-                    req.tries, req.copy = self.sequencer.attempts(req.cmd), 0
-                    self.clock.at(pause, lambda: self._retry(rid))
-                    return
-            self._resolve(rid, False, f"agent of cluster {req.cluster!r} did not ack")
+            wait = self.sequencer.ack_wait(req.cluster, max(req.copy - 1, 0))
+            self._answered(rid, self.sequencer.silence(req.cluster, wait))
             return
         req.tries -= 1
+        copy, cid = req.copy, req.sent
+        req.copy += 1
+        req.sent += 1
         agent = self.agents.get(req.cluster)
         if agent is not None:
+            sent = self.clock.now
+            req.out.add(cid)
 
             def deliver(a: SimAgent = agent) -> None:
                 a.on_command(
                     req.cmd,
-                    lambda ack: self.net.send(f"ack.{a.cluster}", lambda: self._on_ack(rid, ack)),
+                    lambda ack: self.net.send(
+                        f"ack.{a.cluster}", lambda: self._on_ack(rid, cid, sent, ack)
+                    ),
                 )
 
             self.net.send(f"cmd.{req.cluster}", deliver)
-        self.clock.at(self.config.timeouts.dispatch_ack_s, lambda: self._retry(rid))
+        self._later(rid, self.sequencer.ack_wait(req.cluster, copy))
 
-    def _retry(self, rid: int) -> None:
+    def _later(self, rid: int, delay: float) -> None:
+        rnd = self.requests[rid].round
+        self.clock.at(delay, lambda: self._retry(rid, rnd))
+
+    def _retry(self, rid: int, rnd: int) -> None:
         req = self.requests.get(rid)
-        if req is not None and not req.done:
+        if req is not None and not req.done and req.round == rnd:
             self._try(rid)
 
-    def _on_ack(self, rid: int, ack: CommandAck) -> None:
+    def _on_ack(self, rid: int, cid: int, sent: float, ack: CommandAck) -> None:
         req = self.requests.get(rid)
         if req is None or req.done or req.incarnation != self.broker_inc or not self.broker_up:
             return
+        if cid not in req.out:
+            return  # a second reply to one copy (NATS delivered the copy twice): taken once
+        req.out.discard(cid)
+        self.sequencer.acked(req.cluster, self.clock.now - sent)
         if ack.stale_epoch:
             self.fail(f"an agent refused the leader's epoch {self.epoch}: {ack.error}")
-        self._resolve(rid, ack.ok, ack.error)
+        if self.sequencer.decides(ack, outstanding=bool(req.out)):
+            self._answered(rid, ack)
+        else:
+            req.refused = ack
 
-    def _resolve(self, rid: int, ok: bool, error: str) -> None:
+    def _answered(self, rid: int, ack: CommandAck) -> None:
+        """The request's answer (a refusal for silence). A Cancel not heard is asked again
+        until heard or its cluster is lost, as the shell does."""
+        req = self.requests[rid]
+        if isinstance(req.cmd, Cancel) and not ack.ok:
+            track = self.machine.agents.get(req.cluster)
+            pause = self.sequencer.cancel_again(track.health if track is not None else None)
+            if pause is not None:
+                req.tries, req.copy, req.refused = self.sequencer.attempts(req.cmd), 0, None
+                req.out.clear()
+                req.round += 1
+                self._later(rid, pause)
+                return
+        self._resolve(rid, ack)
+
+    def _resolve(self, rid: int, ack: CommandAck) -> None:
         req = self.requests.pop(rid)
         req.done = True
         cmd = req.cmd
         if isinstance(cmd, Dispatch):
             self.run_effects(
                 self.machine.handle(
-                    DispatchAcked(cmd.job_id, cmd.attempt, ok, error), self.clock.now
+                    DispatchAcked(
+                        cmd.job_id,
+                        cmd.attempt,
+                        ack.ok,
+                        ack.error,
+                        job_only=ack.job_only,
+                        resize_refused=ack.resize_refused,
+                    ),
+                    self.clock.now,
                 )
             )
         elif isinstance(cmd, Cancel):
@@ -928,6 +984,7 @@ class World:
         self.epoch += 1
         self.broker_inc += 1
         self.machine = Machine(self.config, epoch=self.epoch)
+        self.sequencer = Sequencer(self.config.timeouts)  # a new process learns waits anew
         records = [record_decoder.decode(b) for b in self.store.values()]
         resend = self.machine.handle(Restore(records), self.clock.now)
         self.broker_up = True
@@ -959,8 +1016,11 @@ class World:
     def _settled(self) -> bool:
         if self.stream:
             return False
-        if any(r.incarnation == self.broker_inc for r in self.requests.values()):
-            return False  # a command (a Cancel, say) is still on its way to an agent
+        if any(
+            r.incarnation == self.broker_inc and hasattr(r.cmd, "job_id")
+            for r in self.requests.values()
+        ):
+            return False  # a job's command (a Cancel, say) is still on its way to an agent
         jobs = self.machine.jobs
         return all(j in jobs and jobs[j].state in TERMINAL for j in self.accepted)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from broker.core.effects import Effect, Persist, Publish, Send
 from broker.core.records import JobRecord
 from broker.sequencer import Sequencer, attempt_token, persist_first, token_of
-from schemas.agent import Cancel, CheckpointNow, Dispatch
+from schemas.agent import Cancel, CheckpointNow, CommandAck, Dispatch
 from schemas.api import JobEvent
 from schemas.config import Timeouts
 from schemas.job import JobSpec, PodSet
@@ -188,3 +188,12 @@ def test_the_dispatch_token_is_keyed_and_per_attempt() -> None:
     token = token_of(b"k1")
     assert token("j", 1) == attempt_token(b"k1", "j", 1)
     assert len({token("j", 1), token("j", 2), token("i", 1), attempt_token(b"k2", "j", 1)}) == 4
+
+
+def test_a_refusal_does_not_outvote_a_later_copy_still_unanswered() -> None:
+    refused = CommandAck(ok=False, error="API server busy")
+    assert not Sequencer.decides(refused, outstanding=True)
+    assert Sequencer.decides(refused, outstanding=False)
+    assert Sequencer.decides(CommandAck(ok=True), outstanding=True)
+    assert Sequencer.decides(CommandAck(ok=False, stale_epoch=True, epoch=9), outstanding=True)
+    assert "did not ack in 2s" in Sequencer.silence("c1", 2.0).error
