@@ -249,14 +249,14 @@ class EffectExecutor(BrokerFields):
         cluster lost), then send the Dispatches it held. A deposed leader sends nothing: its
         step-down cancels this task and resets the sequencer."""
         seq = self._sequencer
-        while not await self._send_command(cluster, cmd):
-            if not self.leading.is_set():
-                return
+        while not await self._send_command(cluster, cmd) and self.leading.is_set():
             track = self.machine.agents.get(cluster) if self.machine is not None else None
             pause = seq.cancel_again(track.health if track is not None else None)
             if pause is None:
                 break
             await asyncio.sleep(pause)
+        if not self.leading.is_set():
+            return  # deposed meanwhile: what it held is not its to send
         for held in seq.settled(cmd, ticket):
             self._spawn(self._send_dispatch(held.cluster, held.command))
 

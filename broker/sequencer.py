@@ -24,7 +24,7 @@ their virtual clocks. The rules:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from broker.ackwait import AckWaits
@@ -44,11 +44,6 @@ def attempt_token(key: bytes, job_id: str, attempt: int) -> str:
     """The secret that lets one attempt's workload report its own checkpoints."""
     basis = f"checkpoint:{job_id}:{attempt}".encode()
     return hashlib.blake2b(basis, key=key, digest_size=16).hexdigest()
-
-
-def token_of(key: bytes) -> Callable[[str, int], str]:
-    """The dispatch token function for `Machine(dispatch_token=...)`."""
-    return lambda job_id, attempt: attempt_token(key, job_id, attempt)
 
 
 def persist_first(batches: Iterable[Sequence[Effect]]) -> list[JobRecord]:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from broker.core.effects import Effect, Persist, Publish, Send
 from broker.core.records import JobRecord
-from broker.sequencer import Sequencer, attempt_token, persist_first, token_of
+from broker.sequencer import Sequencer, attempt_token, persist_first
 from schemas.agent import Cancel, CheckpointNow, CommandAck, Dispatch
 from schemas.api import JobEvent
 from schemas.config import Timeouts
@@ -185,9 +185,14 @@ def test_copies_and_their_waits_follow_the_cluster() -> None:
 
 
 def test_the_dispatch_token_is_keyed_and_per_attempt() -> None:
-    token = token_of(b"k1")
-    assert token("j", 1) == attempt_token(b"k1", "j", 1)
-    assert len({token("j", 1), token("j", 2), token("i", 1), attempt_token(b"k2", "j", 1)}) == 4
+    token = attempt_token(b"k1", "j", 1)
+    assert token == attempt_token(b"k1", "j", 1) and len(token) == 32
+    others = {
+        attempt_token(b"k1", "j", 2),
+        attempt_token(b"k1", "i", 1),
+        attempt_token(b"k2", "j", 1),
+    }
+    assert token not in others and len(others) == 3
 
 
 def test_a_refusal_does_not_outvote_a_later_copy_still_unanswered() -> None:
