@@ -51,11 +51,14 @@ class Model:
 JOBS = st.sampled_from(["a", "b"])
 ATTEMPTS = st.integers(1, 3)
 Op = tuple[str, object, object]
+ANSWERS = ["ack", "healthy", "unreachable", "lost", None]
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("cancel"), JOBS, ATTEMPTS),
         st.tuples(st.just("dispatch"), JOBS, ATTEMPTS),
-        st.tuples(st.just("heard"), st.integers(0, 30), st.booleans()),
+        # a Cancel's round ends: acknowledged, or unheard from a cluster in that health
+        # (None: gone from the fleet)
+        st.tuples(st.just("answer"), st.integers(0, 30), st.sampled_from(ANSWERS)),
         st.tuples(st.just("reset"), st.just(""), st.just(0)),
     ),
     max_size=60,
@@ -92,9 +95,15 @@ def test_a_dispatch_never_leaves_before_the_cancel_it_waits_on(ops: list[Op]) ->
             else:
                 assert model.unsettled(a, b), "held though no Cancel of its attempt is out"
                 model.waiting.append(("c2", d, b))
-        elif op == "heard" and tickets:
-            assert isinstance(a, int)
+        elif op == "answer" and tickets:
+            assert isinstance(a, int) and (b is None or isinstance(b, str))
             cmd, ticket = tickets[a % len(tickets)]
+            # The drivers' rule: a Cancel unheard is asked again unless the sequencer gives
+            # up on it; only an ack or giving up settles it.
+            if b != "ack" and seq.cancel_again(b) is not None:
+                assert b in ("healthy", "unreachable"), f"asked again of a {b} cluster"
+                continue
+            assert b in ("ack", "lost", None), f"gave up on a Cancel to a {b} cluster"
             key = (cmd.job_id, cmd.attempt or 0)
             model.out[key] = [(t, done or t == ticket) for t, done in model.out.get(key, [])]
             for held in seq.settled(cmd, ticket):
