@@ -1,8 +1,10 @@
 """The layering docs/architecture.md describes holds in the code: no import cycles anywhere
 (imports inside functions and under TYPE_CHECKING count too), the core imports only itself and
 the wire contract, the broker never imports the agents, only the state table (states.py) writes a
-job's state in the core, every function hop the document names in its walks still exists, and
-the config loader, its importers and the simulator's modules stay under 600 lines each."""
+job's state in the core, every function hop the document names in its walks still exists, the
+broker's executor and both simulators share one effect sequencer (and no other module keeps a
+Cancel-before-Dispatch barrier), and the config loader, its importers and the simulator's
+modules stay under 600 lines each."""
 
 from __future__ import annotations
 
