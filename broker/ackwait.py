@@ -17,6 +17,9 @@ attempt. Three rules now keep a slow moment slow, not worse:
   (`agents/runtime.py`, `_dispatch`), so a retry is a question, "did my Dispatch arrive?",
   not a second attempt. The agent runs one job's commands one after the other, so when an
   early copy is refused while a later one is outstanding, the later one's answer decides.
+
+`broker/sequencer.py` hands these waits to the executor and to the deterministic simulation
+(`load/vopr.py`), so both wait the same way.
 """
 
 from __future__ import annotations

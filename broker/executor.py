@@ -1,25 +1,25 @@
 """The effect executor: carries out what the core decided, in order.
 
-Effects leave through one ordered pipeline: records persist first, then commands and events
-go out in the order the machine produced them. A Dispatch waits for the Cancel of the attempt
-before it (the Cancel-before-Dispatch barrier); commands are retried with a wait learnt per
-cluster (`broker/ackwait.py`) and carry a token per attempt.
+The asyncio driver of `broker/sequencer.py`, which holds the rules (persist first, the
+Cancel-before-Dispatch barrier, retries with a wait learnt per cluster, the dispatch token);
+the deterministic simulations drive the same object from their virtual clocks. Here are the
+I/O: one ordered pipeline to the store and NATS, requests and their replies, and the leader's
+reaction to an agent that claims a newer epoch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from typing import Any
 
-import msgspec
 import structlog
 from nats.errors import NoRespondersError
 
-from broker.core.effects import Effect, Forget, Persist, Publish, Send
+from broker.core.effects import Effect, Forget, Publish, Send
 from broker.core.inputs import DispatchAcked
 from broker.fields import BrokerFields
+from broker.sequencer import attempt_token, persist_first
 from schemas.agent import Cancel, CommandAck, Dispatch
 from schemas.codec import DecodeError, decode_command_ack, encode_json, encode_msgpack
 from shell.natsio import Asked
@@ -84,21 +84,17 @@ class EffectExecutor(BrokerFields):
             # A lease suspended by a full server store is not proven ours: change nothing
             # (write, dispatch, cancel) until a renewal proves it again (broker/lease.py).
             await self.lease.proven.wait()
-            records = {}
-            for effects, _ in batch:
-                for eff in effects:
-                    if isinstance(eff, Persist):
-                        records[eff.record.job_id] = eff.record
-            await self._persist(list(records.values()))
+            await self._persist(persist_first(effects for effects, _ in batch))
             for effects, fut in batch:
                 for eff in effects:
                     if isinstance(eff, Send):
-                        if isinstance(eff.command, Dispatch):
-                            self._spawn(
-                                self._send_dispatch(eff.cluster, eff.command, eff.after_cancel_of)
-                            )
-                        elif isinstance(eff.command, Cancel):
-                            self._track_cancel(eff.cluster, eff.command)
+                        cmd = eff.command
+                        if isinstance(cmd, Dispatch):
+                            if self._sequencer.dispatch(eff.cluster, cmd, eff.after_cancel_of):
+                                self._spawn(self._send_dispatch(eff.cluster, cmd))
+                        elif isinstance(cmd, Cancel):
+                            ticket = self._sequencer.cancel(cmd)
+                            self._spawn(self._cancel_until_heard(eff.cluster, cmd, ticket))
                         else:
                             self._spawn(self._send_command(eff.cluster, eff.command))
                     elif isinstance(eff, Forget):
@@ -153,7 +149,7 @@ class EffectExecutor(BrokerFields):
         no later copy is outstanding: the agent runs a job's commands one after the other,
         so a later copy may still be carried out, and then its ack is the truth."""
         subject = self.subjects.agent_cmd(cluster)
-        waits = self._ack_waits.of(cluster)
+        seq = self._sequencer
         loop = asyncio.get_running_loop()
         asked: list[Asked] = []
         latest: Asked | None = None
@@ -170,7 +166,7 @@ class EffectExecutor(BrokerFields):
                     asked.append(latest)
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
-                wait = waits.wait(i)
+                wait = seq.ack_wait(cluster, i)
                 deadline = loop.time() + wait
                 while asked and (left := deadline - loop.time()) > 0:
                     done, _ = await asyncio.wait(
@@ -186,52 +182,27 @@ class EffectExecutor(BrokerFields):
                         except DecodeError as exc:
                             error = f"bad ack from cluster {cluster!r}: {exc}"
                             continue
-                        waits.observe(loop.time() - a.sent)
+                        seq.acked(cluster, loop.time() - a.sent)
                         if a is not latest:  # the old fixed wait would have dropped it
                             self.stats["late_acks"] += 1
-                        if ack.ok or ack.stale_epoch or not asked:
+                        if seq.decides(ack, outstanding=bool(asked)):
                             return ack
                         refused = ack
                 if asked:
-                    error = f"agent of cluster {cluster!r} did not ack in {wait:.3g}s"
+                    error = seq.silence(cluster, wait).error
                 elif refused is None and i + 1 < attempts:
-                    await asyncio.sleep(min(0.1 * 2**i, 2.0))  # nothing on the wire: pause
+                    await asyncio.sleep(seq.empty_pause(i))  # nothing on the wire
             return refused if refused is not None else CommandAck(ok=False, error=error)
         finally:
             for a in asked:
                 self._requests.forget(a)
 
-    def _track_cancel(self, cluster: str, cmd: Cancel) -> None:
-        """Remember the in-flight Cancel of a job's old attempt, so a Dispatch that the core
-        ordered after it (`Send.after_cancel_of`) waits for it."""
-        task = asyncio.create_task(self._cancel_until_heard(cluster, cmd))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        key = (cmd.job_id, cmd.attempt)
-        self._cancels[key] = task
-
-        def forget(done: asyncio.Task[Any]) -> None:
-            if self._cancels.get(key) is done:
-                del self._cancels[key]
-
-        task.add_done_callback(forget)
-
     def _attempt_token(self, job_id: str, attempt: int) -> str:
         """The secret that lets one attempt's workload report its own checkpoints."""
-        basis = f"checkpoint:{job_id}:{attempt}".encode()
-        return hashlib.blake2b(basis, key=self._id_key, digest_size=16).hexdigest()
+        return attempt_token(self._id_key, job_id, attempt)
 
-    async def _send_dispatch(self, cluster: str, cmd: Dispatch, after: int | None) -> None:
-        cmd = msgspec.structs.replace(
-            cmd, checkpoint_token=self._attempt_token(cmd.job_id, cmd.attempt)
-        )
-        cancel = self._cancels.get((cmd.job_id, after)) if after is not None else None
-        if cancel is not None:
-            # Until the old attempt's agent acknowledged its Cancel or its cluster is lost.
-            await asyncio.wait({cancel})
-        ack = await self._request(
-            cluster, encode_msgpack(cmd), self.config.timeouts.dispatch_retries + 1
-        )
+    async def _send_dispatch(self, cluster: str, cmd: Dispatch) -> None:
+        ack = await self._request(cluster, encode_msgpack(cmd), self._sequencer.attempts(cmd))
         ok, error, stale = ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
         # Bound only when there is something to say: binding costs as much as the request.
         bound = (
@@ -273,17 +244,24 @@ class EffectExecutor(BrokerFields):
                 )
             )
 
-    async def _cancel_until_heard(self, cluster: str, cmd: Cancel) -> None:
-        """A Cancel that a dispatch waits on is resent until its agent acknowledges it or the
-        broker declares the cluster lost (its fence, minutes long, has lapsed by then)."""
+    async def _cancel_until_heard(self, cluster: str, cmd: Cancel, ticket: int) -> None:
+        """Ask until the agent acknowledges the Cancel or the sequencer gives up on it (its
+        cluster lost), then send the Dispatches it held. A deposed leader sends nothing: its
+        step-down cancels this task and resets the sequencer."""
+        seq = self._sequencer
         while not await self._send_command(cluster, cmd) and self.leading.is_set():
             track = self.machine.agents.get(cluster) if self.machine is not None else None
-            if track is None or track.health == "lost":
-                return
-            await asyncio.sleep(self.config.timeouts.dispatch_ack_s)
+            pause = seq.cancel_again(track.health if track is not None else None)
+            if pause is None:
+                break
+            await asyncio.sleep(pause)
+        if not self.leading.is_set():
+            return  # deposed meanwhile: what it held is not its to send
+        for held in seq.settled(cmd, ticket):
+            self._spawn(self._send_dispatch(held.cluster, held.command))
 
     async def _send_command(self, cluster: str, cmd: Any) -> bool:
-        ack = await self._request(cluster, encode_msgpack(cmd), 3)
+        ack = await self._request(cluster, encode_msgpack(cmd), self._sequencer.attempts(cmd))
         ok, error, stale = ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
         if not ok:
             log.info(

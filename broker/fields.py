@@ -20,7 +20,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker import tenancy
-from broker.ackwait import AckWaits
 from broker.agentlink import AgentMailboxes
 from broker.core.effects import Effect
 from broker.core.machine import Machine
@@ -29,6 +28,7 @@ from broker.lease import LeaderLease
 from broker.metrics import Metrics
 from broker.pacing import GcPacer
 from broker.rendezvous import ReplyRendezvous
+from broker.sequencer import Sequencer
 from broker.store import JobStore, RecordMirror
 from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
@@ -131,9 +131,8 @@ class BrokerFields:
             nc, config.max_payload_bytes, self._storage_error, self._early_reply
         )
         self._requests = Requester(nc)
-        self._ack_waits = AckWaits(config.timeouts)
-        # (job_id, attempt) -> the Cancel of that attempt in flight (see Send.after_cancel_of)
-        self._cancels: dict[tuple[str, int | None], asyncio.Task[Any]] = {}
+        # The effect rules (barrier, retries, learnt ack waits), driven by broker/executor.py
+        self._sequencer = Sequencer(config.timeouts)
         self.metrics = Metrics(self)
         self._gc = GcPacer() if pace_gc else None
         self._next_cycle = 0.0  # event-loop time before which no admission cycle starts

@@ -217,7 +217,7 @@ class BrokerProcess(BrokerFields):
         started = time.monotonic()
         self._persist_full = self._probe_full = False  # this leadership's own probe decides
         await self._take_epoch()
-        machine = Machine(self.config, epoch=self.lease.epoch)
+        machine = Machine(self.config, epoch=self.lease.epoch, dispatch_token=self._attempt_token)
         # Loading builds millions of long-lived objects and no cycles; the cycle collector
         # would walk them again and again (it doubled restore time at 100,000 jobs).
         collecting = gc.isenabled()
@@ -324,6 +324,7 @@ class BrokerProcess(BrokerFields):
         self._tasks = []
         self._background = set()
         self._queue = asyncio.Queue()
+        self._sequencer.reset()
         self.machine = None
 
     async def _lose_leadership(self, why: str) -> None:

@@ -2,12 +2,13 @@
 FoundationDB's simulation testing and TigerBeetle's VOPR).
 
 One process, one seeded random generator, one virtual clock. The pure lifecycle machine runs
-behind a model of the broker shell (persist before send, request/ack with retries, restart = a
-new epoch restored from the persisted records). The shell honours the ordering the core emits:
-a Dispatch whose `after_cancel_of` names an attempt with a Cancel in flight waits for that
-Cancel. Model agents speak the agent protocol: act idempotently on (job_id, attempt), refuse
-older epochs, resend a snapshot after a resync or reconnect (carrying terminal outcomes the
-broker may have missed), fence their workloads when cut off, and report terminal outcomes.
+behind the broker shell's own effect rules (`broker/sequencer.py`: persist before send, the
+Cancel-before-Dispatch barrier, retries with the ack wait learnt per cluster, Cancels resent
+until heard), driven here from the virtual clock over a modelled network; a restart is a new
+epoch restored from the persisted records. Model agents speak the agent protocol: act
+idempotently on (job_id, attempt), refuse older epochs, resend a snapshot after a resync or
+reconnect (carrying terminal outcomes the broker may have missed), fence their workloads when
+cut off, and report terminal outcomes.
 The network between them loses, duplicates, delays and reorders messages;
 faults (broker crashes between any two effects, agent restarts and freezes, partitions, spot
 notices) strike at seeded random points. The invariants of `broker.core.invariants` are
@@ -40,6 +41,7 @@ from broker.core.inputs import CYCLE, TICK, AgentBatch, DispatchAcked, Restore, 
 from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import record_decoder, record_encoder
+from broker.sequencer import Sequencer, persist_first
 from load.command import program, summary
 from schemas.agent import (
     AgentEvent,
@@ -89,7 +91,7 @@ class Faults:
     drop: float = 0.03  # a message is lost
     dup: float = 0.03  # a message is delivered twice
     max_delay_s: float = 1.5  # uniform extra latency; reorders messages
-    broker_crash: float = 0.004  # per effect executed: the broker dies right after it
+    broker_crash: float = 0.004  # per record written or effect executed: dies right after it
     broker_down_s: float = 8.0  # at most this long before the new leader restores
     agent_restart: float = 0.002  # per agent tick: the agent process restarts
     agent_freeze: float = 0.001  # per agent tick: SIGSTOP for a while
@@ -598,10 +600,20 @@ class Scenario:
 
 @dataclass(slots=True)
 class _Request:
+    """One command asked of an agent, as the shell's request loop holds it: copies left, the
+    number of the next copy (its ack wait), the copies unanswered (by id), a refusal kept while
+    a later copy may still be carried out, and (for a Cancel) its ticket at the barrier."""
+
     cluster: str
     cmd: Any
     tries: int
     incarnation: int
+    ticket: int = 0
+    copy: int = 0
+    sent: int = 0  # copies sent in all: the id of the next one
+    round: int = 0  # a Cancel asked again starts a new round; older timers are ignored
+    out: set[int] = field(default_factory=set)
+    refused: CommandAck | None = None
     done: bool = False
 
 
@@ -660,10 +672,7 @@ class World:
         self.machine = Machine(self.config, epoch=self.epoch)
         self.requests: dict[int, _Request] = {}
         self._req_ids = 0
-        # (job, attempt) -> request id of that attempt's Cancel in flight, and the
-        # dispatches the core ordered after it
-        self.cancels: dict[tuple[str, int | None], int] = {}
-        self.held: dict[tuple[str, int | None], list[tuple[str, Dispatch]]] = {}
+        self.sequencer = Sequencer(self.config.timeouts)  # the shell's barrier and retries
         self.stream: dict[str, JobSpec] = {}  # submissions not yet persisted (JetStream)
         self.agents: dict[str, SimAgent] = {}
         if scenario is None:
@@ -777,25 +786,45 @@ class World:
         if unordered:
             self.fail("; ".join(unordered[:3]))
         inc = self.broker_inc
+        # The shell's order (broker/sequencer.py): the records first, then the rest in order.
+        # A crash may strike after any record written or any effect carried out.
+        for record in persist_first((effects,)):
+            self.store[record.job_id] = record_encoder.encode(record)
+            if self._crashes():
+                return False
         for eff in effects:
             if not self.broker_up or self.broker_inc != inc:
                 return False
             if isinstance(eff, Persist):
-                self.store[eff.record.job_id] = record_encoder.encode(eff.record)
-            elif isinstance(eff, Send):
-                if isinstance(eff.command, Cancel):
-                    self.stats[f"cancel:{eff.command.reason}"] += 1
-                self._send(eff.cluster, eff.command, eff.after_cancel_of)
+                continue  # written above
+            if isinstance(eff, Send):
+                cmd = eff.command
+                if isinstance(cmd, Cancel):
+                    self.stats[f"cancel:{cmd.reason}"] += 1
+                if (
+                    isinstance(cmd, Dispatch)
+                    and not self.ignore_order
+                    and not self.sequencer.dispatch(eff.cluster, cmd, eff.after_cancel_of)
+                ):
+                    self._log_send(eff.cluster, cmd)  # held behind the Cancel it follows
+                else:
+                    self._send(eff.cluster, cmd)
             elif isinstance(eff, Publish):
                 ev = eff.event
                 if ev.kind == "preempting" and ev.reason == "reclaimed":
                     self.reclaims[ev.job_id] += 1
-            if self.faulty(self.clock.now) and self.clock.rng.random() < self.faults.broker_crash:
-                self.crash()
+            if self._crashes():
                 return False
         return True
 
-    def _send(self, cluster: str, cmd: Any, after: int | None = None) -> None:
+    def _crashes(self) -> bool:
+        """The broker dies right after the step it just took (a seeded draw per step)."""
+        if self.faulty(self.clock.now) and self.clock.rng.random() < self.faults.broker_crash:
+            self.crash()
+            return True
+        return False
+
+    def _log_send(self, cluster: str, cmd: Any) -> None:
         self.log(
             "send",
             cluster,
@@ -803,72 +832,108 @@ class World:
             getattr(cmd, "job_id", ""),
             getattr(cmd, "attempt", ""),
         )
-        waits = (cmd.job_id, after) if isinstance(cmd, Dispatch) and after is not None else None
-        if waits in self.cancels and not self.ignore_order:
-            self.held.setdefault(waits, []).append((cluster, cmd))
-            return
+
+    def _send(self, cluster: str, cmd: Any) -> None:
+        self._log_send(cluster, cmd)
+        seq = self.sequencer
         self._req_ids += 1
         rid = self._req_ids
-        tries = self.config.timeouts.dispatch_retries + 1 if isinstance(cmd, Dispatch) else 3
-        self.requests[rid] = _Request(cluster, cmd, tries, self.broker_inc)
-        if isinstance(cmd, Cancel):
-            self.cancels[(cmd.job_id, cmd.attempt)] = rid
+        ticket = seq.cancel(cmd) if isinstance(cmd, Cancel) else 0
+        self.requests[rid] = _Request(cluster, cmd, seq.attempts(cmd), self.broker_inc, ticket)
         self._try(rid)
 
     def _try(self, rid: int) -> None:
+        """Send the request's next copy and wait for it as long as the sequencer says."""
         req = self.requests.get(rid)
         if req is None or req.done or req.incarnation != self.broker_inc:
             return
+        if req.refused is not None:  # refused, and no later copy answered within its wait
+            self._answered(rid, req.refused)
+            return
         if req.tries <= 0:
-            track = self.machine.agents.get(req.cluster)
-            if isinstance(req.cmd, Cancel) and track is not None and track.health != "lost":
-                # As the broker shell: a Cancel is resent until heard or its cluster is lost.
-                req.tries = 3
-                self.clock.at(self.config.timeouts.dispatch_ack_s, lambda: self._retry(rid))
-                return
-            self._resolve(rid, False, f"agent of cluster {req.cluster!r} did not ack")
+            wait = self.sequencer.ack_wait(req.cluster, max(req.copy - 1, 0))
+            self._answered(rid, self.sequencer.silence(req.cluster, wait))
             return
         req.tries -= 1
+        copy, cid = req.copy, req.sent
+        req.copy += 1
+        req.sent += 1
         agent = self.agents.get(req.cluster)
         if agent is not None:
+            sent = self.clock.now
+            req.out.add(cid)
 
             def deliver(a: SimAgent = agent) -> None:
                 a.on_command(
                     req.cmd,
-                    lambda ack: self.net.send(f"ack.{a.cluster}", lambda: self._on_ack(rid, ack)),
+                    lambda ack: self.net.send(
+                        f"ack.{a.cluster}", lambda: self._on_ack(rid, cid, sent, ack)
+                    ),
                 )
 
             self.net.send(f"cmd.{req.cluster}", deliver)
-        self.clock.at(self.config.timeouts.dispatch_ack_s, lambda: self._retry(rid))
+        self._later(rid, self.sequencer.ack_wait(req.cluster, copy))
 
-    def _retry(self, rid: int) -> None:
+    def _later(self, rid: int, delay: float) -> None:
+        rnd = self.requests[rid].round
+        self.clock.at(delay, lambda: self._retry(rid, rnd))
+
+    def _retry(self, rid: int, rnd: int) -> None:
         req = self.requests.get(rid)
-        if req is not None and not req.done:
+        if req is not None and not req.done and req.round == rnd:
             self._try(rid)
 
-    def _on_ack(self, rid: int, ack: CommandAck) -> None:
+    def _on_ack(self, rid: int, cid: int, sent: float, ack: CommandAck) -> None:
         req = self.requests.get(rid)
         if req is None or req.done or req.incarnation != self.broker_inc or not self.broker_up:
             return
+        if cid not in req.out:
+            return  # a second reply to one copy (NATS delivered the copy twice): taken once
+        req.out.discard(cid)
+        self.sequencer.acked(req.cluster, self.clock.now - sent)
         if ack.stale_epoch:
             self.fail(f"an agent refused the leader's epoch {self.epoch}: {ack.error}")
-        self._resolve(rid, ack.ok, ack.error)
+        if self.sequencer.decides(ack, outstanding=bool(req.out)):
+            self._answered(rid, ack)
+        else:
+            req.refused = ack
 
-    def _resolve(self, rid: int, ok: bool, error: str) -> None:
+    def _answered(self, rid: int, ack: CommandAck) -> None:
+        """The request's answer (a refusal for silence). A Cancel not heard is asked again
+        until heard or its cluster is lost, as the shell does."""
+        req = self.requests[rid]
+        if isinstance(req.cmd, Cancel) and not ack.ok:
+            track = self.machine.agents.get(req.cluster)
+            pause = self.sequencer.cancel_again(track.health if track is not None else None)
+            if pause is not None:
+                req.tries, req.copy, req.refused = self.sequencer.attempts(req.cmd), 0, None
+                req.out.clear()
+                req.round += 1
+                self._later(rid, pause)
+                return
+        self._resolve(rid, ack)
+
+    def _resolve(self, rid: int, ack: CommandAck) -> None:
         req = self.requests.pop(rid)
         req.done = True
         cmd = req.cmd
         if isinstance(cmd, Dispatch):
             self.run_effects(
                 self.machine.handle(
-                    DispatchAcked(cmd.job_id, cmd.attempt, ok, error), self.clock.now
+                    DispatchAcked(
+                        cmd.job_id,
+                        cmd.attempt,
+                        ack.ok,
+                        ack.error,
+                        job_only=ack.job_only,
+                        resize_refused=ack.resize_refused,
+                    ),
+                    self.clock.now,
                 )
             )
-        elif isinstance(cmd, Cancel) and self.cancels.get((cmd.job_id, cmd.attempt)) == rid:
-            key = (cmd.job_id, cmd.attempt)
-            del self.cancels[key]
-            for cluster, d in self.held.pop(key, []):
-                self._send(cluster, d)
+        elif isinstance(cmd, Cancel):
+            for held in self.sequencer.settled(cmd, req.ticket):
+                self._send(held.cluster, held.command)
 
     def broker_batch(self, cluster: str, batch: EventBatch) -> None:
         if not self.broker_up:
@@ -909,8 +974,7 @@ class World:
         self.broker_up = False
         self.broker_inc += 1
         self.requests.clear()
-        self.cancels.clear()
-        self.held.clear()
+        self.sequencer.reset()
         if down_s is None:
             down_s = self.clock.rng.uniform(0.5, self.faults.broker_down_s)
         self.clock.at(down_s, self.recover)
@@ -920,6 +984,7 @@ class World:
         self.epoch += 1
         self.broker_inc += 1
         self.machine = Machine(self.config, epoch=self.epoch)
+        self.sequencer = Sequencer(self.config.timeouts)  # a new process learns waits anew
         records = [record_decoder.decode(b) for b in self.store.values()]
         resend = self.machine.handle(Restore(records), self.clock.now)
         self.broker_up = True
@@ -951,8 +1016,11 @@ class World:
     def _settled(self) -> bool:
         if self.stream:
             return False
-        if any(r.incarnation == self.broker_inc for r in self.requests.values()):
-            return False  # a command (a Cancel, say) is still on its way to an agent
+        if any(
+            r.incarnation == self.broker_inc and hasattr(r.cmd, "job_id")
+            for r in self.requests.values()
+        ):
+            return False  # a job's command (a Cancel, say) is still on its way to an agent
         jobs = self.machine.jobs
         return all(j in jobs and jobs[j].state in TERMINAL for j in self.accepted)
 

@@ -1,8 +1,10 @@
 """The layering docs/architecture.md describes holds in the code: no import cycles anywhere
 (imports inside functions and under TYPE_CHECKING count too), the core imports only itself and
 the wire contract, the broker never imports the agents, only the state table (states.py) writes a
-job's state in the core, every function hop the document names in its walks still exists, and
-the config loader, its importers and the simulator's modules stay under 600 lines each."""
+job's state in the core, every function hop the document names in its walks still exists, the
+broker's executor and both simulators share one effect sequencer (and no other module keeps a
+Cancel-before-Dispatch barrier), and the config loader, its importers and the simulator's
+modules stay under 600 lines each."""
 
 from __future__ import annotations
 
@@ -302,3 +304,43 @@ def test_the_simulated_agents_obey_the_real_command_gate() -> None:
         if name != "agents.gate" and re.search(r"\bcancelled_upto\b", path.read_text())
     ]
     assert keepers == []
+
+
+def _barrier_reads(path: Path) -> list[int]:
+    """Lines reading `Send.after_cancel_of` other than to hand it to a `.dispatch(...)` call
+    (the sequencer's barrier): a module that looks at it otherwise keeps its own barrier."""
+    tree = ast.parse(path.read_text())
+    handed: set[int] = set()
+    for node in ast.walk(tree):
+        call = node if isinstance(node, ast.Call) else None
+        if call and isinstance(call.func, ast.Attribute) and call.func.attr == "dispatch":
+            handed.update(id(a) for a in [*call.args, *(k.value for k in call.keywords)])
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr == "after_cancel_of"
+        and id(node) not in handed
+    ]
+
+
+def test_the_shell_and_both_simulators_carry_out_effects_with_one_sequencer() -> None:
+    """The broker's executor and both simulators order effects with the same sans-IO
+    `broker.sequencer`, and no other module outside the core keeps a Cancel-before-Dispatch
+    barrier (a copy would let the simulations pass while the shell broke), nor edits the
+    checkpoint token the core stamped on a Dispatch."""
+    for user in ("broker.executor", "load.vopr", "load.sim.loop"):
+        assert "broker.sequencer" in GRAPH[user], f"{user} does not use broker.sequencer"
+    outside = {
+        name: path
+        for name, path in MODULES.items()
+        if not name.startswith("broker.core") and name != "broker.sequencer"
+    }
+    keepers = {name: lines for name, path in outside.items() if (lines := _barrier_reads(path))}
+    assert keepers == {}
+    stampers = [
+        name
+        for name, path in outside.items()
+        if name.startswith("broker") and re.search(r"\bcheckpoint_token=", path.read_text())
+    ]
+    assert stampers == []

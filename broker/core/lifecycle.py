@@ -94,8 +94,10 @@ class AttemptLifecycle:
         epoch: int,
         health: PoolHealth | None = None,
         heard: Callable[[str], bool] = lambda _: True,
+        dispatch_token: Callable[[str, int], str] | None = None,
     ) -> None:
         self._config = config
+        self._token = dispatch_token
         # Whether a cluster's agent is heard now: a replacement waits while the attempt it
         # replaces runs on a silent cluster (its fence, minutes long, has not lapsed).
         self._heard = heard
@@ -609,6 +611,7 @@ class AttemptLifecycle:
             fence_after_s=self._fence_after,
             checkpoint_interval_s=attempt.advised_interval_s or 0.0,
             revision=attempt.revision,
+            checkpoint_token=self._token(record.job_id, attempt.attempt) if self._token else "",
         )
         return Send(attempt.cluster, cmd, after_cancel_of=previous_attempt(record, attempt))
 

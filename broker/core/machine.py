@@ -23,7 +23,7 @@ keeps only the submission order and routes each input to the components.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import assert_never
 
 from broker.core.agents import AgentTrack, AgentTracker
@@ -82,8 +82,14 @@ __all__ = ["LIVE_STATES", "TERMINAL", "AgentTrack", "Machine", "derive_job_id"]
 
 class Machine:
     def __init__(
-        self, config: BrokerConfig, scheduler: Scheduler | None = None, epoch: int = 0
+        self,
+        config: BrokerConfig,
+        scheduler: Scheduler | None = None,
+        epoch: int = 0,
+        dispatch_token: Callable[[str, int], str] | None = None,
     ) -> None:
+        """`dispatch_token`: the checkpoint token of (job, attempt) each Dispatch carries, a
+        keyed hash the shell supplies (broker/sequencer.py); none: no token."""
         self.config = config
         self.scheduler = scheduler if scheduler is not None else Scheduler(config)
         self.epoch = epoch
@@ -93,7 +99,13 @@ class Machine:
         self.backlog = Backlog(self.queues, lambda: self.scheduler.inventory_version)
         self.tracker = AgentTracker(self.scheduler, epoch)
         self.lifecycle = AttemptLifecycle(
-            config, self.scheduler, self.registry, self.backlog, epoch, heard=self.tracker.healthy
+            config,
+            self.scheduler,
+            self.registry,
+            self.backlog,
+            epoch,
+            heard=self.tracker.healthy,
+            dispatch_token=dispatch_token,
         )
         self.moves = PlannedMoves(self.registry, self.lifecycle, self.scheduler, self.backlog)
         self.views = JobViews(

@@ -1,5 +1,7 @@
 """The discrete-event loop: one heap and one virtual clock feeding the pure `Machine` and
-carrying out its effects on the simulated clusters at once."""
+carrying out its effects on the simulated clusters, in the order the broker shell's own
+sequencer (`broker/sequencer.py`) gives: persist first, a Dispatch held behind the Cancel it
+is ordered after."""
 
 from __future__ import annotations
 
@@ -15,11 +17,12 @@ from agents.fake.model import (
     ManualClock,
     provider_delays,
 )
-from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
+from broker.core.effects import Effect, Publish, Send, refusal, split_reply
 from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
 from broker.core.invariants import unordered_dispatches
 from broker.core.machine import Machine
 from broker.core.states import TERMINAL
+from broker.sequencer import Sequencer, persist_first
 from load.sim.agent import (
     SimAgent,
 )
@@ -88,14 +91,15 @@ class Sim(SpotWorld, Checks):
         # The clusters' clock: the models count unix seconds too, so due times need no
         # conversion on the way to and from this heap.
         self.clock = ManualClock(t=self.base, unix0=0.0)
-        self.machine = Machine(broker_config(cfg, self.policy))
+        config = broker_config(cfg, self.policy)
+        self.machine = Machine(config)
         self.machine.spot_return = self.policy.spot_return
         self.heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self.logs: dict[str, list[AttemptLog]] = {}
         self.live_copies: dict[str, tuple[str, int]] = {}
-        # (job, attempt) of each Cancel on its way -> the dispatches ordered after it
-        self._cancelling: dict[tuple[str, int | None], list[tuple[SimAgent, Dispatch]]] = {}
+        # The shell's barrier: Cancels on their way and the dispatches ordered after them
+        self.sequencer = Sequencer(config.timeouts)
         self.node_home: dict[str, tuple[str, str]] = {}
         self.node_place: dict[str, tuple[str, str]] = {}  # node -> (zone, block or "")
         self.node_spans: dict[str, list[float]] = {}  # node -> [up, gone] (unix s): capacity log
@@ -262,10 +266,10 @@ class Sim(SpotWorld, Checks):
         elif kind == POISSON:
             self._poisson(payload)
         elif kind == CANCEL_ARRIVES:
-            target, cmd = payload
+            target, cmd, ticket = payload
             target.command(cmd, now)
-            for waiting, dispatch in self._cancelling.pop((cmd.job_id, cmd.attempt), []):
-                waiting.command(dispatch, now)
+            for held in self.sequencer.settled(cmd, ticket):
+                self.clusters[held.cluster].command(held.command, now)
         elif kind == NODE_GONE_SEEN:
             gone_from, name, found = payload
             gone_from.unreported.discard(name)
@@ -328,6 +332,8 @@ class Sim(SpotWorld, Checks):
     def _execute(self, effects: list[Effect]) -> None:
         for problem in unordered_dispatches(self.machine, effects):
             self.violation(self.now, "unordered-dispatch", problem)
+        for record in persist_first((effects,)):
+            self._touched.add(record.job_id)
         for eff in effects:
             if isinstance(eff, Send):
                 cluster = self.clusters.get(eff.cluster)
@@ -339,20 +345,19 @@ class Sim(SpotWorld, Checks):
                     self.violation(self.now, "unknown-cluster", eff.cluster)
                     continue
                 if isinstance(cmd, Cancel) and self.cfg.cancel_latency_s > 0:
-                    self._cancelling.setdefault((cmd.job_id, cmd.attempt), [])
-                    self.push(self.now + self.cfg.cancel_latency_s, CANCEL_ARRIVES, (cluster, cmd))
+                    ticket = self.sequencer.cancel(cmd)
+                    arrives = self.now + self.cfg.cancel_latency_s
+                    self.push(arrives, CANCEL_ARRIVES, (cluster, cmd, ticket))
                     continue
-                after = eff.after_cancel_of
-                if isinstance(cmd, Dispatch) and after is not None and self.cfg.keep_order:
-                    held = self._cancelling.get((cmd.job_id, after))
-                    if held is not None:
-                        held.append((cluster, cmd))
-                        continue
+                if (
+                    isinstance(cmd, Dispatch)
+                    and self.cfg.keep_order
+                    and not self.sequencer.dispatch(eff.cluster, cmd, eff.after_cancel_of)
+                ):
+                    continue  # held behind the Cancel it is ordered after
                 cluster.command(cmd, self.now)
             elif isinstance(eff, Publish):
                 self._on_event(eff.event)
-            elif isinstance(eff, Persist):
-                self._touched.add(eff.record.job_id)
 
     def _on_event(self, event: JobEvent) -> None:
         jid = event.job_id

@@ -1,0 +1,158 @@
+"""The broker's effect rules, sans-IO: in which order a batch of the core's effects is carried
+out, which Dispatch waits behind which Cancel, when a command is asked again and how long its
+ack is waited for, and the token each Dispatch carries.
+
+Synchronous and clock-free (times come in as arguments, as in `agents/gate.py`), so the rules
+exist once: `broker/executor.py` drives a `Sequencer` from asyncio and NATS, and both
+deterministic simulations (`load/vopr.py`, `load/sim/loop.py`) drive the same object from
+their virtual clocks. The rules:
+
+- **persist first**: the records of a batch are written before any of its commands or events
+  leave; those then go out in the order the machine produced them;
+- **Cancel before Dispatch**: a Dispatch whose `Send.after_cancel_of` names an attempt with a
+  Cancel in flight is held until that Cancel is acknowledged or given up on (its cluster
+  declared lost: the fence, minutes long, has lapsed by then). When one attempt's Cancel is
+  sent again while an older copy is in flight, the newest one decides;
+- **Cancels are resent** until heard or their cluster is lost;
+- **retries**: a command is asked `attempts` times, each copy waited for as long as the
+  cluster's acks take (`broker/ackwait.py`), with a short pause when nothing reached the wire;
+  the ack of any copy counts, and a refusal does not outvote a later copy still unanswered;
+- **the token**: a keyed hash of (job, attempt), pure, so the core stamps it on the Dispatch it
+  builds (`Machine(dispatch_token=...)`) and nobody edits the command afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from broker.ackwait import AckWaits
+from broker.core.effects import Effect, Persist
+from broker.core.records import JobRecord
+from schemas.agent import Cancel, CommandAck, Dispatch
+from schemas.config import Timeouts
+
+COMMAND_ATTEMPTS = 3  # copies of a command other than a Dispatch (dispatch_retries + 1 for it)
+EMPTY_PAUSE_S = 0.1  # first pause when a copy could not be sent at all; doubles per copy
+EMPTY_PAUSE_MAX_S = 2.0
+
+CancelKey = tuple[str, int | None]  # (job, attempt) of a Cancel (None: every attempt)
+
+
+def attempt_token(key: bytes, job_id: str, attempt: int) -> str:
+    """The secret that lets one attempt's workload report its own checkpoints."""
+    basis = f"checkpoint:{job_id}:{attempt}".encode()
+    return hashlib.blake2b(basis, key=key, digest_size=16).hexdigest()
+
+
+def persist_first(batches: Iterable[Sequence[Effect]]) -> list[JobRecord]:
+    """The newest record of each job the batches persist: written (in one put) before any
+    other effect of these batches is carried out."""
+    records: dict[str, JobRecord] = {}
+    for effects in batches:
+        for eff in effects:
+            if isinstance(eff, Persist):
+                records[eff.record.job_id] = eff.record
+    return list(records.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A Dispatch waiting for the Cancel of the attempt before it."""
+
+    cluster: str
+    command: Dispatch
+
+
+class Sequencer:
+    """The barrier and the retry decisions of one leadership (`reset` when it ends); the
+    learnt ack waits outlive it (they describe the clusters, not the leader)."""
+
+    def __init__(self, timeouts: Timeouts, waits: AckWaits | None = None) -> None:
+        self.timeouts = timeouts
+        self.waits = waits if waits is not None else AckWaits(timeouts)
+        self._ticket = 0
+        self._cancels: dict[CancelKey, int] = {}  # (job, attempt) -> newest Cancel's ticket
+        self._held: dict[CancelKey, list[Held]] = {}
+
+    # -- the barrier ---------------------------------------------------------------------
+    def cancel(self, cmd: Cancel) -> int:
+        """A Cancel goes out: Dispatches ordered after it wait until `settled(ticket)`."""
+        self._ticket += 1
+        self._cancels[(cmd.job_id, cmd.attempt)] = self._ticket
+        return self._ticket
+
+    def dispatch(self, cluster: str, cmd: Dispatch, after: int | None) -> bool:
+        """True: send now. False: held behind the Cancel of attempt `after` in flight."""
+        if after is None:
+            return True
+        key = (cmd.job_id, after)
+        if key not in self._cancels:
+            return True
+        self._held.setdefault(key, []).append(Held(cluster, cmd))
+        return False
+
+    def settled(self, cmd: Cancel, ticket: int) -> list[Held]:
+        """The Cancel with `ticket` was acknowledged or given up on (its cluster lost): the
+        Dispatches it held, to send now. An older copy settling releases nothing while a
+        newer Cancel of the same attempt is in flight."""
+        key = (cmd.job_id, cmd.attempt)
+        if self._cancels.get(key) != ticket:
+            return []
+        del self._cancels[key]
+        return self._held.pop(key, [])
+
+    def in_flight(self) -> int:
+        """Cancels still waited on."""
+        return len(self._cancels)
+
+    def held(self) -> list[Held]:
+        return [h for hs in self._held.values() for h in hs]
+
+    def reset(self) -> None:
+        """The leadership ended (or the broker crashed): nothing held is sent by this one."""
+        self._cancels.clear()
+        self._held.clear()
+
+    # -- retries -------------------------------------------------------------------------
+    def attempts(self, cmd: object) -> int:
+        """How many copies of `cmd` are asked before its silence counts as a refusal."""
+        if isinstance(cmd, Dispatch):
+            return self.timeouts.dispatch_retries + 1
+        return COMMAND_ATTEMPTS
+
+    def ack_wait(self, cluster: str, copy: int) -> float:
+        """How long the ack of copy number `copy` (0 = the first send) is waited for."""
+        return self.waits.of(cluster).wait(copy)
+
+    def acked(self, cluster: str, rtt: float) -> None:
+        """An ack came `rtt` seconds after the copy it answers left."""
+        self.waits.of(cluster).observe(rtt)
+
+    @staticmethod
+    def decides(ack: CommandAck, outstanding: bool) -> bool:
+        """Whether this ack is the command's answer. A refusal is not while another copy is
+        still unanswered: the agent runs a job's commands one after the other, so a later
+        copy may yet be carried out, and then its ack is the truth. (A refusal kept is the
+        answer once the wait for the copy then in flight ends.)"""
+        return ack.ok or ack.stale_epoch or not outstanding
+
+    @staticmethod
+    def silence(cluster: str, wait: float) -> CommandAck:
+        """The refusal this side makes of an agent's silence."""
+        return CommandAck(
+            ok=False, error=f"agent of cluster {cluster!r} did not ack in {wait:.3g}s"
+        )
+
+    @staticmethod
+    def empty_pause(copy: int) -> float:
+        """Nothing reached the wire (no connection): pause this long before the next copy."""
+        return min(EMPTY_PAUSE_S * (1 << min(copy, 30)), EMPTY_PAUSE_MAX_S)
+
+    def cancel_again(self, health: str | None) -> float | None:
+        """Every copy of a Cancel went unheard: ask again after this many seconds, or None
+        to give up (the cluster is lost or gone: its fence has ended the attempt)."""
+        if health is None or health == "lost":
+            return None
+        return self.timeouts.dispatch_ack_s

@@ -1,0 +1,48 @@
+"""The running broker honours the sequencer's Cancel-before-Dispatch barrier over NATS: the
+replacement of a noticed attempt is not sent to the other cluster while the old attempt's agent
+leaves its Cancel unanswered (the Cancel is asked again meanwhile), and goes out once that
+Cancel is acknowledged."""
+
+from __future__ import annotations
+
+import time
+
+from schemas.agent import Cancel, CommandAck, Dispatch, SpotNotice
+from schemas.codec import decode_command, encode_msgpack
+from tests.broker.conftest import OD_A100, SPOT_A100, Harness
+from tests.broker.jobs import job
+from tests.broker.wire import next_item
+from tests.support import wait_for
+
+
+async def test_a_replacement_waits_until_the_old_attempts_cancel_is_heard(
+    harness: Harness,
+) -> None:
+    h = harness
+    await h.start_broker()
+    old = await h.agent("c1", [SPOT_A100], count=1)
+    reply = await h.submit(job("b", replicas=1, gpu=8))
+    assert reply.accepted, reply.error
+    first: Dispatch = await next_item(old.dispatches)
+    assert first.attempt == 1
+    await h.wait_event(reply.job_id, "running")
+    new = await h.agent("c2", [OD_A100], count=1)
+    old.ack = False  # the old attempt's agent hears commands but answers none
+    node = first.assignment[0].nodes[0]
+    await old.send(SpotNotice(node=node, deadline=time.time() + 0.5))
+
+    def cancels() -> list[Cancel]:
+        return [c for c in old.commands if isinstance(c, Cancel) and c.attempt == 1]
+
+    # The Cancel is asked again (copies, then a new round) while nobody answers it ...
+    await wait_for(lambda: len(cancels()) > 3, 20, what="a second round of the Cancel")
+    # ... and all that time the replacement is held back.
+    assert new.dispatches.empty(), "the replacement left before the Cancel was heard"
+    assert h.broker is not None
+    assert [h.command.attempt for h in h.broker._sequencer.held()] == [2]
+    old.ack = True
+    for msg in list(old.unanswered):
+        if isinstance(decode_command(msg.data), Cancel):
+            await msg.respond(encode_msgpack(CommandAck(ok=True)))
+    second: Dispatch = await next_item(new.dispatches, timeout=10)
+    assert (second.job_id, second.attempt) == (reply.job_id, 2)

@@ -1,0 +1,213 @@
+"""The broker's sans-IO effect rules (`broker/sequencer.py`): over any interleaving of Cancels,
+Dispatches ordered after them, acks, lost clusters and step-downs, no Dispatch leaves before
+the Cancel it waits on is settled, and every held Dispatch leaves once it is; records persist
+first, newest per job; Cancels are resent until heard or their cluster is lost; each copy's
+ack wait follows the cluster's round trips."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.records import JobRecord
+from broker.sequencer import Sequencer, attempt_token, persist_first
+from schemas.agent import Cancel, CheckpointNow, CommandAck, Dispatch
+from schemas.api import JobEvent
+from schemas.config import Timeouts
+from schemas.job import JobSpec, PodSet
+
+SPEC = JobSpec(name="j", gang=[PodSet(name="worker", replicas=1, gpu=1)])
+TIMEOUTS = Timeouts(dispatch_ack_s=2.0, dispatch_ack_max_s=20.0, dispatch_retries=2)
+
+
+def dispatch(job_id: str, attempt: int) -> Dispatch:
+    return Dispatch(job_id=job_id, attempt=attempt, epoch=1, spec=SPEC, flavor="f", assignment=[])
+
+
+def cancel(job_id: str, attempt: int) -> Cancel:
+    return Cancel(job_id=job_id, epoch=1, attempt=attempt)
+
+
+def record(job_id: str, order: int) -> JobRecord:
+    return JobRecord(job_id=job_id, spec=SPEC, queue="q", order=order, submitted_at=0.0)
+
+
+@dataclass
+class Model:
+    """What the test knows: the Cancels on their way (per attempt, in send order), each one
+    settled or not, and the Dispatches waiting or sent."""
+
+    out: dict[tuple[str, int], list[tuple[int, bool]]] = field(default_factory=dict)
+    waiting: list[tuple[str, Dispatch, int]] = field(default_factory=list)
+    sent: list[Dispatch] = field(default_factory=list)
+
+    def unsettled(self, job_id: str, attempt: int) -> bool:
+        return any(not done for _, done in self.out.get((job_id, attempt), []))
+
+
+JOBS = st.sampled_from(["a", "b"])
+ATTEMPTS = st.integers(1, 3)
+Op = tuple[str, object, object]
+ANSWERS = ["ack", "healthy", "unreachable", "lost", None]
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("cancel"), JOBS, ATTEMPTS),
+        st.tuples(st.just("dispatch"), JOBS, ATTEMPTS),
+        # a Cancel's round ends: acknowledged, or unheard from a cluster in that health
+        # (None: gone from the fleet)
+        st.tuples(st.just("answer"), st.integers(0, 30), st.sampled_from(ANSWERS)),
+        st.tuples(st.just("reset"), st.just(""), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_a_dispatch_never_leaves_before_the_cancel_it_waits_on(ops: list[Op]) -> None:
+    seq = Sequencer(TIMEOUTS)
+    model = Model()
+    tickets: list[tuple[Cancel, int]] = []
+
+    def leaves(d: Dispatch) -> None:
+        after = d.attempt - 1
+        # The newest Cancel of the attempt before it is acknowledged or given up on; an
+        # older copy still in flight is not waited for (the newest one decides).
+        newest = model.out.get((d.job_id, after), [])
+        assert not newest or newest[-1][1], (d.job_id, d.attempt, newest)
+        model.sent.append(d)
+
+    for op, a, b in ops:
+        if op == "cancel":
+            assert isinstance(a, str) and isinstance(b, int)
+            cmd = cancel(a, b)
+            ticket = seq.cancel(cmd)
+            tickets.append((cmd, ticket))
+            model.out.setdefault((a, b), []).append((ticket, False))
+        elif op == "dispatch":
+            assert isinstance(a, str) and isinstance(b, int)
+            d = dispatch(a, b + 1)
+            if seq.dispatch("c2", d, b):
+                leaves(d)
+            else:
+                assert model.unsettled(a, b), "held though no Cancel of its attempt is out"
+                model.waiting.append(("c2", d, b))
+        elif op == "answer" and tickets:
+            assert isinstance(a, int) and (b is None or isinstance(b, str))
+            cmd, ticket = tickets[a % len(tickets)]
+            # The drivers' rule: a Cancel unheard is asked again unless the sequencer gives
+            # up on it; only an ack or giving up settles it.
+            if b != "ack" and seq.cancel_again(b) is not None:
+                assert b in ("healthy", "unreachable"), f"asked again of a {b} cluster"
+                continue
+            assert b in ("ack", "lost", None), f"gave up on a Cancel to a {b} cluster"
+            key = (cmd.job_id, cmd.attempt or 0)
+            model.out[key] = [(t, done or t == ticket) for t, done in model.out.get(key, [])]
+            for held in seq.settled(cmd, ticket):
+                assert held.cluster == "c2"
+                leaves(held.command)
+                model.waiting.remove(("c2", held.command, cmd.attempt or 0))
+        elif op == "reset":
+            seq.reset()
+            tickets.clear()
+            model = Model(sent=model.sent)
+    # Once every Cancel still tracked settles, nothing stays held.
+    for cmd, ticket in list(tickets):
+        key = (cmd.job_id, cmd.attempt or 0)
+        model.out[key] = [(t, done or t == ticket) for t, done in model.out.get(key, [])]
+        for held in seq.settled(cmd, ticket):
+            leaves(held.command)
+            model.waiting.remove((held.cluster, held.command, cmd.attempt or 0))
+    assert model.waiting == [] and seq.held() == [] and seq.in_flight() == 0
+
+
+def test_an_older_copy_of_a_cancel_releases_nothing_while_a_newer_one_is_out() -> None:
+    seq = Sequencer(TIMEOUTS)
+    first = seq.cancel(cancel("j", 1))
+    second = seq.cancel(cancel("j", 1))
+    assert not seq.dispatch("c2", dispatch("j", 2), 1)
+    assert seq.settled(cancel("j", 1), first) == []
+    released = seq.settled(cancel("j", 1), second)
+    assert [h.command.attempt for h in released] == [2]
+    assert seq.dispatch("c2", dispatch("j", 3), 2)  # nothing of attempt 2 is being cancelled
+
+
+def test_a_step_down_sends_nothing_it_held() -> None:
+    seq = Sequencer(TIMEOUTS)
+    ticket = seq.cancel(cancel("j", 1))
+    assert not seq.dispatch("c2", dispatch("j", 2), 1)
+    seq.reset()
+    assert seq.settled(cancel("j", 1), ticket) == [] and seq.held() == []
+
+
+# p: persist a record of the job, P: publish its event, s: send it a command
+BATCHES = st.lists(
+    st.lists(st.tuples(st.sampled_from("pPs"), st.sampled_from("xyz")), max_size=8), max_size=5
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(BATCHES)
+def test_records_persist_first_the_newest_of_each_job(batches: list[list[tuple[str, str]]]) -> None:
+    n = 0
+    effects: list[list[Effect]] = []
+    newest: dict[str, JobRecord] = {}
+    for batch in batches:
+        made: list[Effect] = []
+        for kind, job_id in batch:
+            n += 1
+            if kind == "p":
+                rec = record(job_id, n)
+                newest[job_id] = rec
+                made.append(Persist(rec))
+            elif kind == "P":
+                made.append(Publish(JobEvent(job_id=job_id, kind="queued", state="queued", at=n)))
+            else:
+                made.append(Send("c1", CheckpointNow(job_id=job_id, attempt=1, epoch=1)))
+        effects.append(made)
+    records = persist_first(effects)
+    assert {r.job_id: r.order for r in records} == {j: r.order for j, r in newest.items()}
+    assert len(records) == len(newest)
+
+
+def test_a_cancel_is_asked_again_until_heard_or_its_cluster_is_lost() -> None:
+    seq = Sequencer(TIMEOUTS)
+    assert seq.cancel_again("healthy") == TIMEOUTS.dispatch_ack_s
+    assert seq.cancel_again("unreachable") == TIMEOUTS.dispatch_ack_s
+    assert seq.cancel_again("lost") is None
+    assert seq.cancel_again(None) is None  # a cluster gone from the fleet
+
+
+def test_copies_and_their_waits_follow_the_cluster() -> None:
+    seq = Sequencer(TIMEOUTS)
+    assert seq.attempts(dispatch("j", 1)) == TIMEOUTS.dispatch_retries + 1
+    assert seq.attempts(cancel("j", 1)) == 3
+    assert [seq.ack_wait("c1", i) for i in range(4)] == [2.0, 4.0, 8.0, 16.0]
+    for _ in range(20):
+        seq.acked("slow", 5.0)
+    assert seq.ack_wait("slow", 0) > 5.0 and seq.ack_wait("c1", 0) == 2.0
+    assert seq.ack_wait("slow", 5) == TIMEOUTS.dispatch_ack_max_s
+    assert [seq.empty_pause(i) for i in (0, 1, 10)] == [0.1, 0.2, 2.0]
+
+
+def test_the_dispatch_token_is_keyed_and_per_attempt() -> None:
+    token = attempt_token(b"k1", "j", 1)
+    assert token == attempt_token(b"k1", "j", 1) and len(token) == 32
+    others = {
+        attempt_token(b"k1", "j", 2),
+        attempt_token(b"k1", "i", 1),
+        attempt_token(b"k2", "j", 1),
+    }
+    assert token not in others and len(others) == 3
+
+
+def test_a_refusal_does_not_outvote_a_later_copy_still_unanswered() -> None:
+    refused = CommandAck(ok=False, error="API server busy")
+    assert not Sequencer.decides(refused, outstanding=True)
+    assert Sequencer.decides(refused, outstanding=False)
+    assert Sequencer.decides(CommandAck(ok=True), outstanding=True)
+    assert Sequencer.decides(CommandAck(ok=False, stale_epoch=True, epoch=9), outstanding=True)
+    assert "did not ack in 2s" in Sequencer.silence("c1", 2.0).error
