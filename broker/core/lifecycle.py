@@ -446,7 +446,7 @@ class AttemptLifecycle:
         self._swallowed(now, effects)
         if now < self._starting_due:
             return
-        due = math.inf
+        self._starting_due = math.inf  # lowered below, and by any dispatch meanwhile
         for job_id in list(self._starting):
             record = self._jobs[job_id]
             current = record.current
@@ -460,8 +460,7 @@ class AttemptLifecycle:
                     record, current, "start-timeout", "start timeout", reason, now, effects
                 )
             else:
-                due = min(due, self._start_due(record, current))
-        self._starting_due = due
+                self._starting_due = min(self._starting_due, self._start_due(record, current))
 
     def _start_due(self, record: JobRecord, current: AttemptRecord) -> float:
         """A time before which the attempt's start timeout cannot lapse (a hair early, so

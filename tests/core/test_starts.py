@@ -114,3 +114,6 @@ def test_a_short_start_timeout_dispatched_later_still_lapses_on_time() -> None:
     (cancel,) = cancels(s.step(1))  # 12.5 s: more than 10 s since its dispatch
     assert cancel.job_id == quick and cancel.reason == "start timeout"
     assert s.m.jobs[slow].current is not None
+    # That scan left the slow job starting: its own timeout, at 300 s, is still watched.
+    assert not any(c.job_id == slow for c in cancels(s.step(280)))
+    assert slow in [c.job_id for c in cancels(s.step(10)) if c.reason == "start timeout"]
