@@ -109,7 +109,7 @@ class AttemptLifecycle:
         self._live_on: dict[str, set[str]] = {}  # cluster -> jobs whose live attempt runs there
         self._starting: set[str] = set()  # dispatched, not every replica running yet
         # No start timeout of `_starting` falls due before this (a lower bound, kept on every
-        # add): most ticks skip the scan, which cost a quarter of the broker's CPU under load.
+        # add): most ticks skip the scan, which took a quarter to half of a busy broker's time.
         self._starting_due = -math.inf
         # Jobs whose record holds a `Preempting`: an index of the records, written with them
         # in `_set_preempting` only (invariants.one_state checks it).
