@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from typing import NamedTuple
 
 import structlog
 from nats.aio.msg import Msg
@@ -46,7 +47,9 @@ MAX_EXCUSED = 100_000  # excused stream sequences remembered (see Broker._hold_w
 def _ack_tokens(msg: Msg) -> tuple[int, int, int]:
     """(times delivered, stream sequence, stored-at ns) from a JetStream message's ack subject,
     `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>` or the longer form
-    with domain and account hash."""
+    with domain and account hash. A deliberate fast path of nats-py's `Msg.metadata` (which
+    builds a dataclass and a datetime per message), with it as the fallback for any other
+    form."""
     tokens = (msg.reply or "").split(".")
     if tokens[:2] == ["$JS", "ACK"]:
         if len(tokens) == 9:
@@ -55,6 +58,25 @@ def _ack_tokens(msg: Msg) -> tuple[int, int, int]:
             return int(tokens[6]), int(tokens[7]), int(tokens[9])
     meta = msg.metadata
     return meta.num_delivered, meta.sequence.stream, int(meta.timestamp.timestamp() * 1e9)
+
+
+class Delivery(NamedTuple):
+    """A fetched message with its ack subject parsed once, when the batch arrives, rather
+    than at each step that needs it (attempt markers, job ids, acks, dead letters).
+    `delivered` is 0 when the ack subject could not be read: such a message counts as a
+    first delivery with no stream sequence."""
+
+    msg: Msg
+    delivered: int
+    seq: int
+    stored_ns: int
+
+    @classmethod
+    def of(cls, msg: Msg) -> Delivery:
+        try:
+            return cls(msg, *_ack_tokens(msg))
+        except Exception:
+            return cls(msg, 0, 0, 0)
 
 
 class SubmissionIntake(BrokerFields):
@@ -94,24 +116,25 @@ class SubmissionIntake(BrokerFields):
             if not msgs:
                 inflight.release()
                 continue
-            replies: list[tuple[Msg, bytes, bool]] = []
+            replies: list[tuple[Delivery, bytes, bool]] = []
             machine = self.machine
             assert machine is not None
             effects: list[Effect] = []
             known = False  # a copy of a job already submitted, maybe not persisted yet
-            prior = await self._begin_attempts(msgs)
-            for i, msg in enumerate(msgs):
+            batch = [Delivery.of(msg) for msg in msgs]
+            prior = await self._begin_attempts(batch)
+            for i, d in enumerate(batch):
                 attempts = prior.get(i, 0)
                 if attempts < 0:
                     continue  # put back: the store is away
                 more: list[Effect] = []
                 if attempts >= MAX_DELIVERIES:
-                    reply, term = await self._dead_letter_reply(msg, attempts), True
+                    reply, term = await self._dead_letter_reply(d, attempts), True
                 else:
-                    reply, more, term = await self._submit_guarded(machine, msg, limit)
+                    reply, more, term = await self._submit_guarded(machine, d, limit)
                 effects.extend(more)
                 known = known or (reply.accepted and reply.duplicate)
-                replies.append((msg, encode_json(reply), term))
+                replies.append((d, encode_json(reply), term))
             # One entry for the whole batch: the pipeline keeps effects in order either way.
             # A batch that changed nothing (all refused, e.g. storage full) is answered at
             # once: it must not wait behind records the store cannot take. A copy of a known
@@ -124,25 +147,25 @@ class SubmissionIntake(BrokerFields):
     async def _ack_submissions(
         self,
         persisted: asyncio.Future[None] | None,
-        replies: list[tuple[Msg, bytes, bool]],
+        replies: list[tuple[Delivery, bytes, bool]],
         inflight: asyncio.Semaphore,
     ) -> None:
         try:
             if persisted is not None:
                 await self._hold_while_persisting(persisted, [r[0] for r in replies])
-            for msg, payload, term in replies:
+            for d, payload, term in replies:
+                msg = d.msg
                 with contextlib.suppress(Exception):  # unacked: redelivered, then dead-lettered
                     await (msg.term() if term else msg.ack())
-                    delivered, seq, _ = _ack_tokens(msg)
-                    if delivered > 1 and self.store is not None:  # it may have a marker
-                        await AttemptMarkers(self.store.js, self.store.bucket).clear(seq)
+                    if d.delivered > 1 and self.store is not None:  # it may have a marker
+                        await AttemptMarkers(self.store.js, self.store.bucket).clear(d.seq)
                 # The original subject is the stream message's subject.
                 await self._rendezvous.on_result(msg.subject, msg.data, msg.headers, payload)
         finally:
             inflight.release()
 
     async def _hold_while_persisting(
-        self, persisted: asyncio.Future[None], msgs: list[Msg]
+        self, persisted: asyncio.Future[None], batch: list[Delivery]
     ) -> None:
         """Wait for the batch's records to persist, keeping each message's ack deadline alive
         meanwhile (`+WPI`): a store that is away or slow must not get the messages redelivered,
@@ -155,31 +178,27 @@ class SubmissionIntake(BrokerFields):
                 if persisted.done():
                     break
                 self.stats["held_for_storage"] += 1
-                for msg in msgs:
+                for d in batch:
                     with contextlib.suppress(Exception):
-                        await msg.in_progress()
+                        await d.msg.in_progress()
             persisted.result()
         except asyncio.CancelledError:
-            for msg in msgs:
-                with contextlib.suppress(Exception):
-                    seq = _ack_tokens(msg)[1]
-                    self._excused[seq] = self._excused.get(seq, 0) + 1
+            for d in batch:
+                if d.delivered:  # its ack subject was read
+                    self._excused[d.seq] = self._excused.get(d.seq, 0) + 1
             while len(self._excused) > MAX_EXCUSED:
                 self._excused.popitem(last=False)
             raise
 
-    async def _begin_attempts(self, msgs: list[Msg]) -> dict[int, int]:
+    async def _begin_attempts(self, batch: list[Delivery]) -> dict[int, int]:
         """For each redelivered message of a batch (by index), the processing attempts before
         this one that started with the store present, counting the first delivery (no marker
         is written for it: the hot path) and not the deliveries this process excused. -1: the
         store did not take the marker, so the message was put back (nak with a delay) and
         this delivery counts for nothing."""
-        redelivered: list[tuple[int, Msg, int, int]] = []
-        for i, msg in enumerate(msgs):
-            with contextlib.suppress(Exception):
-                delivered, seq, stored_ns = _ack_tokens(msg)
-                if delivered > 1:
-                    redelivered.append((i, msg, seq, stored_ns))
+        redelivered = [
+            (i, d.msg, d.seq, d.stored_ns) for i, d in enumerate(batch) if d.delivered > 1
+        ]
         if not redelivered or self.store is None:
             return {}
         markers = AttemptMarkers(self.store.js, self.store.bucket)
@@ -200,13 +219,13 @@ class SubmissionIntake(BrokerFields):
         counts = await asyncio.gather(*(begin(m, seq, ns) for _, m, seq, ns in redelivered))
         return {i: n for (i, *_), n in zip(redelivered, counts, strict=True)}
 
-    async def _dead_letter_reply(self, msg: Msg, attempts: int) -> SubmitReply:
+    async def _dead_letter_reply(self, d: Delivery, attempts: int) -> SubmitReply:
         """Move a submission that failed processing `attempts` times to the dead-letter
         subject; the reply says so (the message is then terminated, not processed)."""
+        msg = d.msg
         queue = self.subjects.queue_of_submit_subject(msg.subject)
-        seq = _ack_tokens(msg)[1]
         error = (
-            f"submission failed processing {attempts} times (stream sequence {seq}); "
+            f"submission failed processing {attempts} times (stream sequence {d.seq}); "
             "moved to the dead-letter subject. Check the job against the docs and "
             "submit a corrected one"
         )
@@ -214,16 +233,13 @@ class SubmissionIntake(BrokerFields):
         return SubmitReply(accepted=False, error=error)
 
     async def _submit_guarded(
-        self, machine: Machine, msg: Msg, limit: int
+        self, machine: Machine, d: Delivery, limit: int
     ) -> tuple[SubmitReply, list[Effect], bool]:
         """The submission boundary: whatever a message holds, it is answered (accepted or
         rejected with a reason) and acked; it never raises. Returns (reply, effects,
         terminate)."""
+        msg, seq, stored_ns = d.msg, d.seq, d.stored_ns
         queue = self.subjects.queue_of_submit_subject(msg.subject)
-        try:
-            _, seq, stored_ns = _ack_tokens(msg)
-        except Exception:
-            seq, stored_ns = 0, 0
         full = self._storage_error()
         if full:
             return SubmitReply(accepted=False, error=full), [], False

@@ -28,6 +28,10 @@ measured window (`fleetbench.GcWatch`): a 150 ms full collection here would stal
 at once and be charged to the broker. `--trace` also splits figure B into stages (publish ->
 `queued` event -> `admitted` event -> agent dispatch) from the broker's job events.
 
+Both figures also give the broker's CPU per job (`broker_cpu_ms_per_job`: its CPU seconds over
+the window divided by the jobs dispatched in it): on a shared machine the wall-clock figures
+mostly measure how long the broker waited for a core, its CPU per job what it cost.
+
 Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s
 (`load.common.raw_nats_baseline`) and one-at-a-time NATS request/reply round trip.
 """
@@ -95,7 +99,7 @@ async def burst(setup: Setup, jobs: list[tuple[str, str, bytes]], timeout: float
     await flush(nc)
     published = time.perf_counter()
     complete = await log.wait_count(base + len(jobs), timeout)
-    shares = cpu.shares()
+    shares, used = cpu.shares(), cpu.used()
     ids = {job_id for job_id, _, _ in jobs}
     times = sorted(a.at for a in log.acked[base:] if a.job_id in ids and a.attempt == 1)
     n = len(times)
@@ -113,6 +117,7 @@ async def burst(setup: Setup, jobs: list[tuple[str, str, bytes]], timeout: float
         "admissions_per_s": n / elapsed,
         "steady_per_s": steady,
         "cpu": shares,
+        "broker_cpu_ms_per_job": used["broker"] * 1000 / n,
     }
 
 
@@ -146,7 +151,7 @@ async def paced(
     while waiting and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
         waiting = [j for j in waiting if j not in log.first]
-    shares = cpu.shares()
+    shares, used = cpu.shares(), cpu.used()
     stages = trace.breakdown(sent_at, log) if trace is not None else {}
     lat = [(log.first[j].at - t) * 1000 for j, t in sent_at.items() if j in log.first]
     # Worst latency per 250 ms of publishing: tells a stall (a few bad windows) from overload.
@@ -165,6 +170,7 @@ async def paced(
         "p99_ms": percentile(lat, 99),
         "max_ms": max(lat) if lat else float("nan"),
         "cpu": shares,
+        "broker_cpu_ms_per_job": used["broker"] * 1000 / max(len(lat), 1),
         "stages_ms": stages,
         "worst_ms_per_250ms": [round(windows[w], 1) for w in sorted(windows)],
     }
@@ -203,9 +209,11 @@ def _fmt_run(r: dict[str, Any]) -> str:
     return (
         f"admissions {a['admissions_per_s']:,.0f}/s ({a['admitted']}/{a['jobs']} in "
         f"{a['elapsed_s']:.2f} s, steady {a['steady_per_s']:,.0f}/s, CPU "
-        f"{_cpu(a['cpu'])}); latency at {b['offered_per_s']:,.0f}/s: p50 "
+        f"{_cpu(a['cpu'])}, broker {a['broker_cpu_ms_per_job']:.3f} ms CPU/job); latency at "
+        f"{b['offered_per_s']:,.0f}/s: p50 "
         f"{b['p50_ms']:.1f} p90 {b['p90_ms']:.1f} p99 {b['p99_ms']:.1f} max {b['max_ms']:.1f} ms "
-        f"({b['dispatched']}/{b['jobs']} dispatched, CPU {_cpu(b['cpu'])}, bench GC "
+        f"({b['dispatched']}/{b['jobs']} dispatched, CPU {_cpu(b['cpu'])}, broker "
+        f"{b['broker_cpu_ms_per_job']:.3f} ms CPU/job, bench GC "
         f"{b['bench_gc']})" + (f"; stages p50/p99 ms {b['stages_ms']}" if b["stages_ms"] else "")
     )
 
@@ -253,6 +261,12 @@ async def main_async(args: Options) -> dict[str, Any]:
         "latency_p99_ms_median": round(median(p99s), 2),
         "latency_max_ms_median": round(median([r["paced"]["max_ms"] for r in runs]), 2),
         "latency_p99_ms": [round(x, 2) for x in p99s],
+        "broker_cpu_ms_per_job_burst_median": round(
+            median([r["burst"]["broker_cpu_ms_per_job"] for r in runs]), 4
+        ),
+        "broker_cpu_ms_per_job_paced_median": round(
+            median([r["paced"]["broker_cpu_ms_per_job"] for r in runs]), 4
+        ),
         "raw_nats_msgs_per_s": round(base),
         "raw_nats_msgs_per_s_runs": [round(x) for x in baselines],
         "ratio_admissions_vs_raw_nats": round(median(rates) / base, 4),

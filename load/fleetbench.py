@@ -279,8 +279,14 @@ class CpuMeter:
         `machine` is every process on the machine (2.0 = both cores busy): what is left
         after broker, nats and bench is other people's load."""
         wall = time.perf_counter() - self._t0
+        return {k: round(v / wall, 3) for k, v in self.used().items()}
+
+    def used(self) -> dict[str, float]:
+        """CPU seconds of each process since start(): divided by the jobs handled meanwhile,
+        the CPU per job, which a shared machine's contention does not inflate as it does
+        wall-clock figures."""
         now = self._read()
-        return {k: round((now[k] - self._c0[k]) / wall, 3) for k in now}
+        return {k: now[k] - self._c0[k] for k in now}
 
 
 async def raw_request_latency(url: str, count: int = 2000) -> dict[str, float]:

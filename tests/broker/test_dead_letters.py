@@ -112,11 +112,11 @@ async def test_submission_that_killed_the_broker_twice_is_dead_lettered(
     reached: list[int] = []
     guarded = Broker._submit_guarded
 
-    async def dies_on_poison(self: Broker, machine: Any, msg: Any, *args: Any) -> Any:
-        if json.loads(msg.data).get("name") == "poisoned":
-            reached.append(msg.metadata.num_delivered)
+    async def dies_on_poison(self: Broker, machine: Any, delivery: Any, *args: Any) -> Any:
+        if json.loads(delivery.msg.data).get("name") == "poisoned":
+            reached.append(delivery.msg.metadata.num_delivered)
             await asyncio.Event().wait()  # the broker is stuck on it until killed
-        return await guarded(self, machine, msg, *args)
+        return await guarded(self, machine, delivery, *args)
 
     monkeypatch.setattr(Broker, "_submit_guarded", dies_on_poison)
     dead: asyncio.Queue[Any] = asyncio.Queue()

@@ -98,3 +98,22 @@ def test_a_resumed_attempt_never_gets_less_time_than_a_fresh_one(
     assert start_limit_s(record, fresh, timeouts) == base + pull
     expected = restore if restore is not None else (cost or 0.0)
     assert start_limit_s(record, resumed, timeouts) == base + pull + expected
+
+
+def test_a_short_start_timeout_dispatched_later_still_lapses_on_time() -> None:
+    # Ticks skip the scan of starting attempts until the earliest timeout can lapse: a job
+    # dispatched after a scan, with a shorter timeout than the others, must move that time up.
+    s = Sim(("a", "b"), start_s=300, image_pull_s=0)
+    slow = s.submit()
+    s.step(0)
+    s.step(1)  # a scan: the only starting attempt lapses at 300 s
+    quick = s.submit(start_timeout_s=10)
+    s.step(1)  # dispatched at 2 s
+    assert s.m.jobs[quick].current is not None
+    assert not cancels(s.step(9.5))
+    (cancel,) = cancels(s.step(1))  # 12.5 s: more than 10 s since its dispatch
+    assert cancel.job_id == quick and cancel.reason == "start timeout"
+    assert s.m.jobs[slow].current is not None
+    # That scan left the slow job starting: its own timeout, at 300 s, is still watched.
+    assert not any(c.job_id == slow for c in cancels(s.step(280)))
+    assert slow in [c.job_id for c in cancels(s.step(10)) if c.reason == "start timeout"]

@@ -44,6 +44,8 @@ def test_bench_e2e_tiny() -> None:
     assert finite_positive(r["raw_nats_msgs_per_s"])
     assert 0 < r["latency_p50_ms_median"] <= r["latency_p99_ms_median"]
     assert r["latency_p99_ms_median"] <= r["latency_max_ms_median"] < 30_000
+    for figure in ("broker_cpu_ms_per_job_burst_median", "broker_cpu_ms_per_job_paced_median"):
+        assert 0 <= r[figure] < 1_000, figure  # the broker's CPU seconds per job, in ms
 
 
 def test_bench_spot_tiny() -> None:
