@@ -16,7 +16,7 @@ one submitted (none lost, none duplicated).
 Then failover: a second broker process (its own state directory, so another identity) stands
 by for `--standby-warmup-s` while it mirrors the job bucket; the leader is SIGKILLed and we time
 until the standby answers as leader with every job restored. That time is mostly the lease
-running out (`timeouts.lease_ttl_s`, 5 s); the standby's own `restore_s` is what the hot
+running out (`timeouts.lease_ttl_s`, 2.5 s); the standby's own `restore_s` is what the hot
 standby saves against the cold restart above. Last, a clean handover: a third broker stands by
 as long, the leader is stopped with SIGTERM (it deletes its lease key as it exits) and we time
 until the new standby answers as leader with every job restored.
