@@ -58,7 +58,8 @@ class BrokerProcess(BrokerFields):
 
         The standby is hot: a RecordMirror follows the job bucket while the lease is watched,
         so a takeover waits for the last few writes instead of reading every record. Each
-        standby round starts a fresh mirror; a broker that leads at once pays a full read."""
+        standby round starts a fresh mirror; a broker that leads at once (`_won_at_once`)
+        pays a full read, after the lease is won."""
         while not self.stopped.is_set():
             try:
                 await self._ensure_streams()
