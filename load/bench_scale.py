@@ -1,6 +1,6 @@
 """Broker memory with 100,000 pending jobs, and recovery after `kill -9`.
 
-    python -m load.bench_scale [--jobs 100000] [--runs 3] [--window 1000] [--lease-ttl-s 5]
+    python -m load.bench_scale [--jobs 100000] [--runs 3] [--window 1000] [--lease-ttl-s 2.5]
 
 The broker processes cache their bytecode as an installed broker does (`--compile-each-start`
 keeps an environment's PYTHONDONTWRITEBYTECODE, under which every restart compiles the broker).
