@@ -75,7 +75,7 @@ class BrokerProcess(BrokerFields):
             try:
                 if not await self._won_at_once():
                     await self._start_mirror(mirror)
-                    if not await self._stand_by():
+                    if not await self._stand_by_reading(mirror):
                         break
                 try:
                     await self._lead(mirror)
@@ -131,6 +131,29 @@ class BrokerProcess(BrokerFields):
             await mirror.start()
         except Exception as exc:  # NATS away: the mirror starts when the lease is won
             log.warning("broker.mirror_not_started", error=str(exc))
+
+    async def _stand_by_reading(self, mirror: RecordMirror) -> bool:
+        """Stand by (`_stand_by`) with the cycle collector paused while the mirror reads the
+        bucket the first time: it walked the records again and again as they were built, and
+        the first read of 100,000 cost 2.3-3.2 CPU-s instead of 1.1. Once read, they are
+        frozen (never walked by a collection again) and the collector runs again."""
+        collecting = gc.isenabled()
+        gc.disable()
+
+        async def first_read() -> None:
+            with contextlib.suppress(Exception):
+                await mirror.caught_up(RESTORE_LIMIT_S)
+            gc.freeze()
+            if collecting:
+                gc.enable()
+
+        reading = asyncio.create_task(first_read())
+        try:
+            return await self._stand_by()
+        finally:
+            await cancel_and_wait(reading)
+            if collecting:
+                gc.enable()
 
     async def _stand_by(self) -> bool:
         """Wait for the lease; False when the broker is stopped first. An acquire that fails

@@ -116,6 +116,7 @@ async def one_run(url: str, args: Options) -> dict[str, float]:
         standby = BrokerProcess(url, config)
         standby.start()
         await asyncio.sleep(standby_warmup_s)
+        standby_cpu_s = cpu_seconds(standby)  # its start and first read of every record
         broker.kill9()
         killed_at = time.perf_counter()
         takeover = await standby.wait_leading(nc, timeout=120)
@@ -134,6 +135,7 @@ async def one_run(url: str, args: Options) -> dict[str, float]:
             "restore_s": float(stats["restore_s"]),
             "takeover_s": takeover_s,
             "standby_restore_s": float(takeover["restore_s"]),
+            "standby_warmup_cpu_s": standby_cpu_s,
             "handover_s": handover_s,
             "handover_restore_s": handover_restore_s,
             "lease_recreated": near_misses,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -349,3 +350,37 @@ async def test_a_broker_that_can_lead_at_once_reads_its_records_after_winning(
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(task, 15)
         await restarted.nc.close()
+
+
+async def test_a_standby_reads_the_bucket_with_the_cycle_collector_paused(
+    harness: Harness, brokers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first read of the bucket by a standby runs with the cycle collector paused (it
+    more than doubled the read's CPU at 100,000 records), and the collector runs again once
+    the records are read, while the standby goes on standing by."""
+    await harness.start_broker()
+    for i in range(6):
+        await harness.submit(job(f"g{i}", replicas=1, gpu=8))
+    taken: dict[int, list[bool]] = {}  # per mirror: was the collector on at each record
+    real = RecordMirror._taker
+
+    def taker(self: RecordMirror) -> Callable[[Any], Awaitable[None]]:
+        take = real(self)
+
+        async def spy(msg: Any) -> None:
+            taken.setdefault(id(self), []).append(gc.isenabled())
+            await take(msg)
+
+        return spy
+
+    monkeypatch.setattr(RecordMirror, "_taker", taker)
+    assert gc.isenabled()
+    standby = await brokers("standby")
+    await harness.wait_for(lambda: len(mirror_of(standby)) == 6)
+    await harness.wait_for(gc.isenabled)
+    first = taken[id(mirror_of(standby))]
+    assert len(first) >= 6 and not any(first[:6])
+    assert not standby.leading.is_set()
+    await harness.submit(job("after", replicas=1, gpu=8))
+    await harness.wait_for(lambda: len(mirror_of(standby)) == 7)
+    assert taken[id(mirror_of(standby))][-1] is True
