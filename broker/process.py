@@ -58,7 +58,8 @@ class BrokerProcess(BrokerFields):
 
         The standby is hot: a RecordMirror follows the job bucket while the lease is watched,
         so a takeover waits for the last few writes instead of reading every record. Each
-        standby round starts a fresh mirror; a broker that leads at once pays a full read."""
+        standby round starts a fresh mirror; a broker that leads at once (`_won_at_once`)
+        pays a full read, after the lease is won."""
         while not self.stopped.is_set():
             try:
                 await self._ensure_streams()
@@ -69,10 +70,13 @@ class BrokerProcess(BrokerFields):
                     async with asyncio.timeout(STANDBY_RETRY_S):
                         await self.stopped.wait()
         while not self.stopped.is_set():
-            mirror = self.mirror = await self._start_mirror()
+            assert self.store is not None  # opened by _ensure_streams
+            mirror = self.mirror = RecordMirror(self.store)
             try:
-                if not await self._stand_by():
-                    break
+                if not await self._won_at_once():
+                    await self._start_mirror(mirror)
+                    if not await self._stand_by_reading(mirror):
+                        break
                 try:
                     await self._lead(mirror)
                 except LeadershipLost as exc:
@@ -106,14 +110,50 @@ class BrokerProcess(BrokerFields):
         with contextlib.suppress(Exception):
             await self.lease.release()
 
-    async def _start_mirror(self) -> RecordMirror:
-        assert self.store is not None
-        mirror = RecordMirror(self.store)
+    async def _won_at_once(self) -> bool:
+        """Try the lease once before mirroring: a broker restarted with its own identity, or
+        the first one, leads at once and reads its records after, with nothing else running.
+        A mirror started first floods the event loop with 100,000 records while the lease is
+        asked for; the lease's own requests then came too late, the broker took its own
+        lease for another's and waited a whole TTL for it (9 s of a 13 s restart)."""
+        try:
+            won = await self.lease.try_acquire()
+        except Exception as exc:  # NATS away: stand by, which retries
+            log.warning("lease.acquire_failed", error=str(exc))
+            return False
+        if won:
+            log.info("lease.acquired", holder=self.lease.holder, epoch=self.lease.epoch)
+        return won
+
+    @staticmethod
+    async def _start_mirror(mirror: RecordMirror) -> None:
         try:
             await mirror.start()
         except Exception as exc:  # NATS away: the mirror starts when the lease is won
             log.warning("broker.mirror_not_started", error=str(exc))
-        return mirror
+
+    async def _stand_by_reading(self, mirror: RecordMirror) -> bool:
+        """Stand by (`_stand_by`) with the cycle collector paused while the mirror reads the
+        bucket the first time: it walked the records again and again as they were built, and
+        the first read of 100,000 cost 2.3-3.2 CPU-s instead of 1.1. Once read, they are
+        frozen (never walked by a collection again) and the collector runs again."""
+        collecting = gc.isenabled()
+        gc.disable()
+
+        async def first_read() -> None:
+            with contextlib.suppress(Exception):
+                await mirror.caught_up(RESTORE_LIMIT_S)
+            gc.freeze()
+            if collecting:
+                gc.enable()
+
+        reading = asyncio.create_task(first_read())
+        try:
+            return await self._stand_by()
+        finally:
+            await cancel_and_wait(reading)
+            if collecting:
+                gc.enable()
 
     async def _stand_by(self) -> bool:
         """Wait for the lease; False when the broker is stopped first. An acquire that fails

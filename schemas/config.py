@@ -112,7 +112,9 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # scheduling and start-up); a resumed attempt also gets its checkpoint's restore time.
     image_pull_s: Annotated[float, Meta(ge=0)] = 0.0
     checkpoint_grace_s: Annotated[float, Meta(ge=0)] = 30.0
-    lease_ttl_s: Annotated[float, Meta(ge=1)] = 5.0
+    # Failover after a crash takes about this long; renewed every quarter of it. 2.5 s kept
+    # every renewal in time beside two CPU burners (docs/operations.md, "Tuning").
+    lease_ttl_s: Annotated[float, Meta(ge=1)] = 2.5
     # A fence lapses this long before the broker would re-dispatch: it must cover the pods'
     # termination grace (spot: 120 s) plus the fence watchdog's period and clock skew, so the
     # old copy has stopped before a new one starts (docs/kubernetes.md, "Fencing"). 0 = off.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from broker.core.pending import PendingQueue
 from broker.core.records import JobRecord, gang_request
@@ -64,6 +64,22 @@ class Backlog:
             record.job_id, record.spec.priority, record.order
         )
         self.fresh.add(record.job_id)
+        self._waits(record)
+
+    def enqueue_many(self, records: Iterable[JobRecord]) -> None:
+        """Enqueue restored jobs, not fresh (each was tried before the restart, or is as good
+        as a parked one); each queue sorted once."""
+        by_queue: dict[str, list[tuple[str, int, int]]] = {}
+        for record in records:
+            by_queue.setdefault(record.queue, []).append(
+                (record.job_id, record.spec.priority, record.order)
+            )
+            self._waits(record)
+        for queue, items in by_queue.items():
+            self.pending.setdefault(queue, PendingQueue()).add_many(items)
+
+    def _waits(self, record: JobRecord) -> None:
+        """Note what a queued job waits for besides capacity: its backoff, spot's fallback."""
         if record.not_before > record.queued_at:
             heapq.heappush(self._backoff, (record.not_before, record.job_id))
         if waits_for_spot(record):

@@ -428,25 +428,30 @@ class Machine:
     def _restore(self, records: Iterable[JobRecord], now: float) -> None:
         """Rebuild from persisted records. Live attempts are assumed to hold their placement
         until their agents resend snapshots (or their clusters are declared lost)."""
+        queued: list[JobRecord] = []
+        add, watch = self.registry.add, self.moves.watch
+        order = self._order
         for record in records:
-            self.registry.add(record)
-            self._order = max(self._order, record.order)
+            add(record)
+            if record.order > order:
+                order = record.order
             if record.state in TERMINAL:
                 continue
-            self.moves.watch(record)  # live ones too
+            watch(record)  # live ones too
             if record.state == "queued":
-                self.backlog.enqueue(record)
+                queued.append(record)
                 continue
             current = record.current
             if current is None:
                 move(record, Event.RESTORE_UNPLACED)
-                self.backlog.enqueue(record)
+                queued.append(record)
                 continue
             self.lifecycle.restore(record, current, now)
             self.tracker.assume(current.cluster, now)
+        self._order = order
         # Restored queued jobs count as parked, not fresh: each was tried before the restart
         # (or is as good as a parked one), and no cluster has reported yet. The first cycle then
         # takes the `lookahead` heads of each queue, not all 100,000 jobs at once, which would
-        # keep a just-restarted broker deaf for seconds.
-        self.backlog.fresh.clear()
+        # keep a just-restarted broker deaf for seconds. Each queue is sorted once.
+        self.backlog.enqueue_many(queued)
         self.backlog.capacity_dirty = True

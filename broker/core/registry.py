@@ -11,8 +11,9 @@ import sys
 from collections.abc import Mapping
 
 from broker.core.records import JobRecord, demands_of
-from broker.core.sharing import interned_tuple, share_spec
+from broker.core.sharing import ByIdentity, interned_tuple, share_spec
 from broker.core.types import PodSetDemand, Reason
+from schemas.job import PodSet
 
 
 class JobRegistry:
@@ -21,6 +22,7 @@ class JobRegistry:
         self.records: dict[str, JobRecord] = {}
         self._demands: dict[str, tuple[PodSetDemand, ...]] = {}
         self._reasons: dict[str, tuple[Reason, ...]] = {}
+        self._by_gang: ByIdentity[list[PodSet], tuple[PodSetDemand, ...]] = ByIdentity()
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self.records
@@ -31,7 +33,11 @@ class JobRegistry:
         share_record(record)
         self.records[record.job_id] = record
         if demands is None:
-            demands = demands_of(record.spec)
+            # A restore registers 100,000 jobs whose gangs are a few shared lists.
+            gang = record.spec.gang
+            demands = self._by_gang.get(gang)
+            if demands is None:
+                demands = self._by_gang.put(gang, interned_tuple(demands_of(record.spec)))
         self._demands[record.job_id] = interned_tuple(demands)
 
     def remove(self, job_id: str) -> None:

@@ -75,6 +75,26 @@ def interned_tuple(value: tuple[V, ...]) -> tuple[V, ...]:
     return _tuples.share(value, value)
 
 
+class ByIdentity(Generic[K, V]):
+    """What was derived from a value, by the value's identity: for values shared by
+    `shared`, which many jobs hold as one object, the derivation runs once for them all. Each
+    entry keeps its value alive (so its id cannot be reused), at most `POOL_LIMIT` of them."""
+
+    __slots__ = ("_derived",)
+
+    def __init__(self) -> None:
+        self._derived: dict[int, tuple[K, V]] = {}
+
+    def get(self, value: K) -> V | None:
+        hit = self._derived.get(id(value))
+        return hit[1] if hit is not None and hit[0] is value else None
+
+    def put(self, value: K, derived: V) -> V:
+        if len(self._derived) < POOL_LIMIT:
+            self._derived[id(value)] = (value, derived)
+        return derived
+
+
 def share_spec(spec: JobSpec) -> None:
     """Replace the parts of `spec` that other jobs hold alike with the shared copies. What is
     each job's own (its id, its checkpoint URI, a submitted manifest) stays as it is."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -255,23 +256,24 @@ async def test_a_failed_lease_acquire_is_retried_never_led_on(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An acquire that raises (NATS away mid-request) must not make the broker lead: it stands
-    by, tries again, and leads only with a lease it actually won."""
+    by, tries again, and leads only with a lease it actually won. Both tries fail here: the
+    one before mirroring and the standby's first."""
     broker = Broker(harness.config, await nats.connect(harness.url), holder="flaky")
-    real = broker.lease.acquire
+    real = broker.lease.try_acquire
     calls = 0
 
-    async def flaky_acquire(poll_s: float | None = None) -> int:
+    async def flaky_try() -> bool:
         nonlocal calls
         calls += 1
-        if calls == 1:
+        if calls <= 2:
             raise ConnectionError("nats: connection closed")
-        return await real(poll_s)
+        return await real()
 
-    monkeypatch.setattr(broker.lease, "acquire", flaky_acquire)
+    monkeypatch.setattr(broker.lease, "try_acquire", flaky_try)
     task = asyncio.create_task(broker.run())
     try:
         await asyncio.wait_for(broker.leading.wait(), 15)
-        assert calls == 2
+        assert calls == 3
         assert await broker.lease.current() == "flaky"
     finally:
         await broker.stop()
@@ -297,6 +299,88 @@ async def test_a_leader_stopped_cleanly_hands_over_at_once(
     await wait_for(lambda: standby.lease.renewals_seen >= 1, 10, what="the standby's watch")
     await harness.stop_broker()
     await asyncio.wait_for(standby.leading.wait(), 10)
-    assert standby.lease.deletes_seen == 1 and standby.lease.attempts == 2
+    # Tries: before mirroring, the watch's first, after the delete.
+    assert standby.lease.deletes_seen == 1 and standby.lease.attempts == 3
     assert standby.machine is not None
     assert all(standby.machine.jobs.get(i) is not None for i in ids)
+
+
+async def test_a_broker_that_can_lead_at_once_reads_its_records_after_winning(
+    harness: Harness, brokers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted broker (its own identity) takes its lease back before it reads a record: a
+    mirror reading 100,000 records first starved the lease's own requests, and the broker then
+    waited a whole TTL for its own lease. A broker that cannot lead mirrors while it stands
+    by."""
+    seen: list[bool] = []  # per mirror started: whether its broker held the lease then
+    # (a standby from `brokers` is not among `running`: False)
+    real = RecordMirror.start
+    running: list[Broker] = []
+
+    async def start(self: RecordMirror) -> None:
+        if self._sub is None:
+            owner = [b for b in running if b.store is self.store]
+            seen.append(bool(owner) and owner[0].lease.proven.is_set())
+        await real(self)
+
+    monkeypatch.setattr(RecordMirror, "start", start)
+
+    async def run(holder: str) -> tuple[Broker, asyncio.Task[None]]:
+        broker = Broker(harness.config, await nats.connect(harness.url), holder=holder)
+        running.append(broker)
+        task = asyncio.create_task(broker.run())
+        await asyncio.wait_for(broker.leading.wait(), 15)
+        return broker, task
+
+    first, task = await run("same")
+    for i in range(5):
+        await harness.submit(job(f"r{i}", replicas=1, gpu=8))
+    await first.nc.close()  # like kill -9: no release
+    task.cancel()
+    await asyncio.wait({task}, timeout=15)
+    restarted, task = await run("same")
+    try:
+        assert restarted.restored_jobs == 5
+        assert seen == [True, True]
+        standby = await brokers("standby")
+        await harness.wait_for(lambda: len(mirror_of(standby)) == 5)
+        assert seen == [True, True, False] and not standby.leading.is_set()
+    finally:
+        await restarted.stop()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(task, 15)
+        await restarted.nc.close()
+
+
+async def test_a_standby_reads_the_bucket_with_the_cycle_collector_paused(
+    harness: Harness, brokers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first read of the bucket by a standby runs with the cycle collector paused (it
+    more than doubled the read's CPU at 100,000 records), and the collector runs again once
+    the records are read, while the standby goes on standing by."""
+    await harness.start_broker()
+    for i in range(6):
+        await harness.submit(job(f"g{i}", replicas=1, gpu=8))
+    taken: dict[int, list[bool]] = {}  # per mirror: was the collector on at each record
+    real = RecordMirror._taker
+
+    def taker(self: RecordMirror) -> Callable[[Any], Awaitable[None]]:
+        take = real(self)
+
+        async def spy(msg: Any) -> None:
+            taken.setdefault(id(self), []).append(gc.isenabled())
+            await take(msg)
+
+        return spy
+
+    monkeypatch.setattr(RecordMirror, "_taker", taker)
+    assert gc.isenabled()
+    standby = await brokers("standby")
+    await harness.wait_for(lambda: len(mirror_of(standby)) == 6)
+    await harness.wait_for(gc.isenabled)
+    first = taken[id(mirror_of(standby))]
+    assert len(first) >= 6 and not any(first[:6])
+    assert not standby.leading.is_set()
+    await harness.submit(job("after", replicas=1, gpu=8))
+    await harness.wait_for(lambda: len(mirror_of(standby)) == 7)
+    assert taken[id(mirror_of(standby))][-1] is True

@@ -8,6 +8,7 @@ import sys
 
 import msgspec
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.core.effects import split_reply
 from broker.core.inputs import Restore, SubmitJob
@@ -16,12 +17,13 @@ from broker.core.records import (
     AttemptRecord,
     JobRecord,
     compact,
+    demands_of,
     gang_request,
     record_decoder,
     record_encoder,
 )
 from broker.core.registry import JobRegistry
-from broker.core.sharing import EMPTY, POOL_LIMIT, Pool
+from broker.core.sharing import EMPTY, POOL_LIMIT, ByIdentity, Pool
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import JobSpec, PodSet, Workload
 from tests.schemas.strategies import jobspecs
@@ -120,3 +122,32 @@ def test_a_pool_keeps_at_most_its_limit_of_values() -> None:
     assert len(pool) == POOL_LIMIT
     early = "0"
     assert pool.share(0, early) is not early and pool.share(0, early) == "0"
+
+
+@settings(max_examples=100, deadline=None)
+@given(specs=st.lists(jobspecs, min_size=1, max_size=6), picks=st.lists(st.integers(0, 5)))
+def test_every_job_gets_the_demands_of_its_own_gang(specs: list[JobSpec], picks: list[int]) -> None:
+    """Demands are derived once per shared gang object: jobs of equal gangs get the same
+    tuple, and no job ever gets another gang's."""
+    registry = JobRegistry()
+    chosen = [specs[i % len(specs)] for i in [*range(len(specs)), *picks]]
+    for n, spec in enumerate(chosen):
+        registry.add(record_of(copy(spec), f"j{n}"))
+    for n, spec in enumerate(chosen):
+        assert registry.demands(f"j{n}") == demands_of(spec)
+    by_gang: dict[bytes, tuple[object, ...]] = {}
+    for n, spec in enumerate(chosen):
+        got = by_gang.setdefault(msgspec.msgpack.encode(spec.gang), registry.demands(f"j{n}"))
+        assert got is registry.demands(f"j{n}")
+
+
+def test_derived_by_identity_never_answers_for_an_equal_but_other_value() -> None:
+    derived: ByIdentity[list[int], str] = ByIdentity()
+    one, other = [1], [1]
+    derived.put(one, "one's")
+    assert derived.get(one) == "one's" and derived.get(other) is None
+    for n in range(POOL_LIMIT + 10):
+        derived.put([n], str(n))
+    kept = [n, "x"]
+    assert derived.put(kept, "past the limit") == "past the limit"
+    assert derived.get(kept) is None  # not kept: bounded
