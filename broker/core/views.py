@@ -66,7 +66,9 @@ class JobViews:
             flavor=current.flavor if current else None,
             reason=record.reason,
             waiting=self._waiting_line(record, now),
-            size=size_text(record.spec, current.assignment) or None if current else None,
+            size=size_text(record.spec, current.assignment, current.grow_refused) or None
+            if current
+            else None,
             latest_checkpoint=CheckpointView(
                 step=ckpt.step, uri=ckpt.uri, at=ckpt.at, attempt=ckpt.attempt
             )
@@ -298,7 +300,7 @@ def _placement_reasons(record: JobRecord, order: list[str]) -> list[PendingReaso
     kind = f"{last.capacity_type or 'unknown capacity'}, {last.gpu_type or 'any GPU'}, {price}"
     where = f"on {last.cluster}/{last.flavor} ({kind}): {why}"
     placed = [PendingReason(code="placed", message=where)]
-    size = size_text(spec, last.assignment)
+    size = size_text(spec, last.assignment, last.grow_refused)
     return [*placed, PendingReason(code="elastic", message=size)] if size else placed
 
 
