@@ -1,8 +1,23 @@
-"""KubeRay RayJob (ray.io/v1, KubeRay v1.7): a RayCluster made for one job, then torn down."""
+"""KubeRay RayJob (ray.io/v1, KubeRay v1.7): a RayCluster made for one job, then torn down.
+
+An elastic worker group of a running RayJob is resized in the RayCluster KubeRay made from
+it, named in the RayJob's `status.rayClusterName`: KubeRay copies `spec.rayClusterSpec` into
+that RayCluster once and disregards later changes to the RayJob's copy
+(ray-project/kuberay v1.7.0, `ray-operator/controllers/ray/rayjob_controller.go`
+`getOrCreateRayClusterInstance`, Apache-2.0), so the groups' order, names and bounds are the
+RayJob's. The patch is a JSON patch (RFC 6902) on the group's index, guarded by a `test` of its
+name: a CRD takes no strategic merge patch, and a JSON merge patch would have to replace the
+whole `workerGroupSpecs` list, which the agent does not read (it may only patch RayClusters).
+KubeRay runs a group with `replicas` clamped to `[minReplicas, maxReplicas]`
+(`controllers/ray/utils/util.go` `GetWorkerGroupDesiredReplicas`) and, with autoscaling off,
+removes the pods named in `scaleStrategy.workersToDelete` first, else arbitrary ones
+(`raycluster_controller.go` `reconcilePods`): a count outside the bounds is refused here, as
+KubeRay would silently run another, and a shrink names the pods on the nodes it drops.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from kinds.adapter import Adapter
@@ -10,6 +25,7 @@ from kinds.base import (
     KindError,
     PodTemplate,
     ReplicaRow,
+    ResizeRefused,
     Resource,
     Verdict,
     elastic_job,
@@ -17,6 +33,7 @@ from kinds.base import (
     keep_ttl,
     listed,
     mapping,
+    pinned_nodes,
     replica_rows,
     template_at,
     verdict_reason,
@@ -24,6 +41,49 @@ from kinds.base import (
 from schemas.job import MAX_REPLICAS
 
 _FAILED_JOB = frozenset({"FAILED", "STOPPED"})
+RAYCLUSTER = Resource("ray.io/v1", "RayCluster", "rayclusters")
+INT32_MAX = 2**31 - 1  # maxReplicas's default in the RayCluster CRD
+
+
+def group_ops(
+    live: Sequence[Any],
+    new: Sequence[Any],
+    path: str,
+    leaving: Mapping[str, Sequence[str]],
+) -> list[dict[str, Any]]:
+    """The JSON patch that takes a RayCluster's `spec.workerGroupSpecs` from `live` to the
+    counts (and pod templates) of `new`: per changed group a `test` of its name at its index,
+    its `replicas`, its template when its pods need other nodes, and on a shrink the pods
+    leaving (`leaving`, by group) as `scaleStrategy.workersToDelete`."""
+    wanted = {row.name: row for row in replica_rows(list(new), path, name_key="groupName")}
+    ops: list[dict[str, Any]] = []
+    for i, row in enumerate(replica_rows(list(live), path, name_key="groupName")):
+        now = wanted.get(row.name)
+        if now is None:
+            continue
+        low = row.replicas("minReplicas", default=0)
+        was, size = row.replicas(default=low), now.replicas(default=low)
+        if size == was:
+            continue
+        high = row.replicas("maxReplicas", default=INT32_MAX)
+        if not low <= size <= high:
+            raise ResizeRefused(
+                f"{row.path}: KubeRay runs worker group {row.name!r} between its minReplicas "
+                f"{low} and maxReplicas {high}, so it would not run {size} replicas"
+            )
+        at = f"/spec/workerGroupSpecs/{i}"
+        ops += [
+            {"op": "test", "path": f"{at}/groupName", "value": row.name},
+            {"op": "add", "path": f"{at}/replicas", "value": size},
+        ]
+        template = now.spec.get("template") or {}
+        if pinned_nodes(template) != pinned_nodes(row.spec.get("template") or {}):
+            ops.append({"op": "add", "path": f"{at}/template", "value": template})
+        gone = sorted(leaving.get(row.name) or ())
+        if size < was and gone:
+            strategy = {"workersToDelete": gone}
+            ops.append({"op": "add", "path": f"{at}/scaleStrategy", "value": strategy})
+    return ops
 
 
 class RayJob(Adapter):
@@ -38,6 +98,30 @@ class RayJob(Adapter):
         "`status.jobStatus` `SUCCEEDED` vs `FAILED`/`STOPPED`, or `jobDeploymentStatus: Failed`"
     )
     order = ("head",)
+    resizable = True
+    resized = RAYCLUSTER
+
+    def resize_target(self, live: Mapping[str, Any]) -> str | None:
+        """The RayCluster KubeRay created for the RayJob (`status.rayClusterName`)."""
+        name = (live.get("status") or {}).get("rayClusterName")
+        if not isinstance(name, str) or not name:
+            what = (live.get("metadata") or {}).get("name", "")
+            raise ResizeRefused(
+                f"KubeRay has not named the RayCluster of RayJob {what} yet "
+                "(status.rayClusterName is empty), so its workers cannot be resized now"
+            )
+        return name
+
+    def resize_body(
+        self, live: Mapping[str, Any], new: Mapping[str, Any], leaving: Mapping[str, Sequence[str]]
+    ) -> list[dict[str, Any]]:
+        """The JSON patch of the RayJob's RayCluster: each elastic worker group's new
+        `replicas` (module docstring)."""
+        path = "spec.rayClusterSpec.workerGroupSpecs"
+        was = listed(self._cluster(live).get("workerGroupSpecs"), path)
+        return group_ops(
+            was, listed(self._cluster(new).get("workerGroupSpecs"), path), path, leaving
+        )
 
     def _cluster(self, manifest: Mapping[str, Any]) -> Mapping[str, Any]:
         spec = mapping(manifest.get("spec"), "spec", required=True)

@@ -61,6 +61,7 @@ from tests.kube.deploy_tree import (
 )
 from tests.kube.elastic import SHRINKS, elastic_dispatch
 from tests.kube.fake_apiserver import FakeApiServer, parse_path
+from tests.kube.kuberay_model import KubeRay
 from tests.kube.manifests import (
     BATCH_JOB_YAML,
     JOBSET_YAML,
@@ -174,6 +175,7 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
     apiserver.put(NODES, node("n1"))
+    apiserver.kuberay = KubeRay()  # a RayJob is resized in the RayCluster KubeRay makes
     backend = KubeBackend("c1", make_config(fence_watchdog=True), api_client=api_client)
     await backend.start(Recorder())
     gang = {

@@ -107,7 +107,8 @@ async def test_a_volcano_job_scales_its_elastic_task(
 async def test_a_kind_that_cannot_resize_says_why_and_is_left_alone(
     make_backend: Any, apiserver: FakeApiServer
 ) -> None:
-    """A RayJob's workers live in the RayCluster KubeRay made from it: not patched here."""
+    """A RayJob's workers live in the RayCluster KubeRay made from it (tests/kube/
+    test_ray_resize.py): before KubeRay names it, nothing can be patched."""
     root = Path(__file__).parents[2]
     ray = yaml.safe_load((root / "examples" / "jobs" / "rayjob.yaml").read_text(encoding="utf-8"))
     (group,) = ray["spec"]["rayClusterSpec"]["workerGroupSpecs"]
@@ -116,10 +117,10 @@ async def test_a_kind_that_cannot_resize_says_why_and_is_left_alone(
     b, _ = await make_backend()
     await b.dispatch(elastic_dispatch(ray, {"head": 1, "gpu-workers": 3}))
     before = copy.deepcopy(_stored(apiserver, "ray.io/v1/rayjobs"))
-    with pytest.raises(CannotResize, match="RayJob j-1-a1: RayJob has no replica count"):
+    with pytest.raises(CannotResize, match="RayJob j-1-a1: KubeRay has not named the RayCluster"):
         await b.resize(elastic_dispatch(ray, {"head": 1, "gpu-workers": 2}, revision=1))
     assert _stored(apiserver, "ray.io/v1/rayjobs") == before
-    assert not [p for p in apiserver.patches if "/rayjobs/" in p[0]]
+    assert not [p for p in apiserver.patches if "/ray" in p[0]]
 
 
 def test_a_revision_changes_nothing_but_the_replica_fields() -> None:

@@ -1,0 +1,187 @@
+"""An elastic RayJob resized in place: its worker group's `replicas` change in the RayCluster
+KubeRay made from it (named in the RayJob's `status.rayClusterName`), by a JSON patch on the
+group's index, within the group's bounds and the shipped RBAC. The stand-in API server runs a
+model of KubeRay (tests/kube/kuberay_model.py) that creates that RayCluster and scales its
+pods, validates the RayCluster against KubeRay's CRD, and enforces deploy/agent's RBAC."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from agents.backend import CannotResize
+from tests.kube.elastic import elastic_dispatch, elastic_rayjob
+from tests.kube.fake_apiserver import FakeApiServer
+from tests.kube.kuberay_model import KubeRay
+from tests.kube.rbac_authz import RbacAuthorizer
+from tests.support import wait_for
+
+NS = "muster-workloads"
+GROUP = "gpu-workers"
+
+
+def _counts(workers: int) -> dict[str, int]:
+    return {"head": 1, GROUP: workers}
+
+
+def _cluster(apiserver: FakeApiServer) -> dict[str, Any]:
+    (job,) = apiserver.items("ray.io/v1", "rayjobs")
+    name = job["status"]["rayClusterName"]
+    (cluster,) = [c for c in apiserver.items("ray.io/v1", "rayclusters")]
+    assert cluster["metadata"]["name"] == name
+    return cluster
+
+
+def _group(apiserver: FakeApiServer) -> dict[str, Any]:
+    (group,) = _cluster(apiserver)["spec"]["workerGroupSpecs"]
+    return group  # type: ignore[no-any-return]
+
+
+def _pins(template: dict[str, Any]) -> set[str]:
+    terms = template["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    return {f["values"][0] for t in terms for f in t["matchFields"] if f["key"] == "metadata.name"}
+
+
+def _workers(apiserver: FakeApiServer) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in apiserver.items("v1", "pods")
+        if p["metadata"]["labels"].get("ray.io/group") == GROUP
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def _bind(apiserver: FakeApiServer) -> None:
+    """What the scheduler does: each unbound worker to a free node its template admits."""
+    pods = _workers(apiserver)
+    taken = {p["spec"].get("nodeName") for p in pods}
+    for pod in pods:
+        if pod["spec"].get("nodeName"):
+            continue
+        node = min(n for n in _pins({"spec": pod["spec"]}) if n not in taken)
+        taken.add(node)
+        bound = copy.deepcopy(pod)
+        bound["spec"]["nodeName"] = node
+        bound["status"] = {"phase": "Running"}
+        apiserver.put(f"/api/v1/namespaces/{NS}/pods", bound)
+
+
+async def _running(make_backend: Any, apiserver: FakeApiServer, workers: int) -> Any:
+    """The elastic RayJob dispatched with `workers` workers, its pods bound and seen."""
+    apiserver.kuberay = KubeRay(seed=11)
+    b, _ = await make_backend()
+    await b.dispatch(elastic_dispatch(elastic_rayjob(), _counts(workers)))
+    apiserver.kuberay.reconcile(apiserver)
+    _bind(apiserver)
+    await wait_for(lambda: len(b.attempts.pod_names.get(("j-1", 1), {})) == workers)
+    return b
+
+
+async def test_a_rayjob_grows_in_the_raycluster_kuberay_made_for_it(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    b = await _running(make_backend, apiserver, 3)
+    (job_before,) = copy.deepcopy(apiserver.items("ray.io/v1", "rayjobs"))
+    await b.resize(elastic_dispatch(elastic_rayjob(), _counts(5), revision=1))
+    group = _group(apiserver)
+    assert group["replicas"] == 5
+    assert _pins(group["template"]) == {f"{GROUP}-n{i}" for i in range(5)}
+    (job_after,) = apiserver.items("ray.io/v1", "rayjobs")
+    assert job_after["spec"] == job_before["spec"]  # KubeRay disregards the RayJob's copy
+    (patch,) = [p for p in apiserver.patches if "/rayclusters/" in p[0]]
+    assert patch[1] == "application/json-patch+json"
+    assert patch[2][0] == {
+        "op": "test",
+        "path": "/spec/workerGroupSpecs/0/groupName",
+        "value": GROUP,
+    }
+    assert apiserver.kuberay is not None
+    apiserver.kuberay.reconcile(apiserver)
+    assert len(_workers(apiserver)) == 5
+
+
+async def test_a_rayjob_shrinks_and_kuberay_deletes_the_pod_on_the_dropped_node(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    """Without `workersToDelete` KubeRay would delete whichever pods it lists first."""
+    b = await _running(make_backend, apiserver, 4)
+    gone = next(p for p in _workers(apiserver) if p["spec"]["nodeName"] == f"{GROUP}-n3")
+    await b.resize(elastic_dispatch(elastic_rayjob(), _counts(3), revision=1))
+    group = _group(apiserver)
+    assert group["replicas"] == 3
+    assert group["scaleStrategy"]["workersToDelete"] == [gone["metadata"]["name"]]
+    assert apiserver.kuberay is not None
+    apiserver.kuberay.reconcile(apiserver)
+    left = {p["spec"]["nodeName"] for p in _workers(apiserver)}
+    assert left == {f"{GROUP}-n{i}" for i in range(3)}
+    assert _group(apiserver)["scaleStrategy"]["workersToDelete"] == []
+
+
+async def test_a_count_outside_the_groups_bounds_is_refused_before_any_patch(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    """KubeRay would run the group clamped to [minReplicas, maxReplicas] without a word."""
+    b = await _running(make_backend, apiserver, 3)
+    with pytest.raises(CannotResize, match=r"between its minReplicas 1 and maxReplicas 6, so it"):
+        await b.resize(elastic_dispatch(elastic_rayjob(high=8), _counts(7), revision=1))
+    assert _group(apiserver)["replicas"] == 3
+    assert not [p for p in apiserver.patches if "/rayclusters/" in p[0]]
+
+
+async def test_a_raycluster_whose_groups_changed_refuses_the_patch_with_the_real_422(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    """Someone renamed the group in the RayCluster: the JSON patch's `test` fails, and the
+    API server answers as a real one does, without naming the operation."""
+    b = await _running(make_backend, apiserver, 3)
+    cluster = _cluster(apiserver)
+    cluster["spec"]["workerGroupSpecs"][0]["groupName"] = "renamed"
+    apiserver.put(f"/apis/ray.io/v1/namespaces/{NS}/rayclusters", cluster)
+    with pytest.raises(CannotResize, match="the API server refused the resize") as got:
+        await b.resize(elastic_dispatch(elastic_rayjob(), _counts(4), revision=1))
+    assert "the server rejected our request due to an error in our request" in str(got.value)
+    assert apiserver.patch_failures == [
+        "testing value /spec/workerGroupSpecs/0/groupName failed: test failed"
+    ]
+    assert _group(apiserver)["replicas"] == 3
+
+
+async def test_without_patch_on_rayclusters_the_resize_is_a_typed_refusal(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    b = await _running(make_backend, apiserver, 3)
+    docs = copy.deepcopy(RbacAuthorizer.shipped().docs)
+    for doc in docs:
+        rules = doc.get("rules") or []
+        doc["rules"] = [r for r in rules if "rayclusters" not in r.get("resources", [])]
+    apiserver.authorizer = RbacAuthorizer(docs)
+    with pytest.raises(CannotResize, match=r"may not patch rayclusters\.ray\.io in namespace"):
+        await b.resize(elastic_dispatch(elastic_rayjob(), _counts(4), revision=1))
+    assert apiserver.forbidden[-1]["reason"] == "Forbidden"
+    assert _group(apiserver)["replicas"] == 3
+
+
+async def test_a_custom_resource_refuses_a_strategic_merge_patch_as_a_real_server_does(
+    api_client: Any, apiserver: FakeApiServer
+) -> None:
+    from agents.kube.client import KubeApiError, KubeRest
+
+    apiserver.kuberay = KubeRay(seed=11)
+    job = elastic_rayjob()
+    job["metadata"]["name"] = "r"
+    rest = KubeRest(api_client)
+    await rest.create(f"/apis/ray.io/v1/namespaces/{NS}/rayjobs", job)
+    name = _cluster(apiserver)["metadata"]["name"]
+    with pytest.raises(KubeApiError) as got:
+        await rest.request(
+            "PATCH",
+            f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{name}",
+            body={"spec": {}},
+            content_type="application/strategic-merge-patch+json",
+        )
+    assert got.value.status == 415
+    assert "accepted media types include: application/json-patch+json, " in str(got.value)
