@@ -34,6 +34,8 @@ class Adapter:
     controllers: frozenset[str] = frozenset()
     # Whether `resize_patch` can change a running object's size (the agent then needs patch).
     resizable: bool = False
+    # Whether `kubectl apply` of a marked object of the kind submits it (agents/kube/frontdoor.py).
+    front_door: bool = True
     # The kind whose object a resize patches when it is not the created one (a RayJob's
     # workers run in the RayCluster KubeRay made from it): the agent needs patch on it only.
     resized: Resource | None = None

@@ -11,7 +11,7 @@ from kinds.batch import BatchJob, Pod
 from kinds.jobset import JobSet
 from kinds.kubeflow import ADAPTERS as TRAINING
 from kinds.podgroup import PodGroup
-from kinds.ray import RayJob
+from kinds.ray import RayCluster, RayJob
 from kinds.trainer import TrainJob
 from kinds.volcano import VolcanoJob
 
@@ -21,6 +21,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     JobSet(),
     VolcanoJob(),
     RayJob(),
+    RayCluster(),
     TrainJob(),
     Pod(),
     PodGroup(),

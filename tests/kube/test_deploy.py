@@ -207,7 +207,9 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
         pod_manifest,
     ]
     examples = DEPLOY.parent / "examples" / "jobs"
-    texts += [(examples / f).read_text() for f in ("rayjob.yaml", "trainjob.yaml")]
+    texts += [
+        (examples / f).read_text() for f in ("rayjob.yaml", "raycluster.yaml", "trainjob.yaml")
+    ]
     for other in ("XGBoostJob", "PaddleJob", "JAXJob"):
         texts.append(
             TFJOB_YAML.replace("TFJob", other).replace(

@@ -10,9 +10,10 @@ import copy
 from typing import Any
 
 import pytest
+import yaml
 
 from agents.backend import CannotResize
-from tests.kube.elastic import elastic_dispatch, elastic_rayjob
+from tests.kube.elastic import EXAMPLES, elastic_dispatch, elastic_rayjob
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.kuberay_model import KubeRay
 from tests.kube.rbac_authz import RbacAuthorizer
@@ -27,11 +28,11 @@ def _counts(workers: int) -> dict[str, int]:
 
 
 def _cluster(apiserver: FakeApiServer) -> dict[str, Any]:
-    (job,) = apiserver.items("ray.io/v1", "rayjobs")
-    name = job["status"]["rayClusterName"]
-    (cluster,) = [c for c in apiserver.items("ray.io/v1", "rayclusters")]
-    assert cluster["metadata"]["name"] == name
-    return cluster
+    """The one RayCluster: a RayJob's (the one its status names) or a bare one."""
+    (cluster,) = apiserver.items("ray.io/v1", "rayclusters")
+    for job in apiserver.items("ray.io/v1", "rayjobs"):
+        assert cluster["metadata"]["name"] == job["status"]["rayClusterName"]
+    return cluster  # type: ignore[no-any-return]
 
 
 def _group(apiserver: FakeApiServer) -> dict[str, Any]:
@@ -185,3 +186,58 @@ async def test_a_custom_resource_refuses_a_strategic_merge_patch_as_a_real_serve
         )
     assert got.value.status == 415
     assert "accepted media types include: application/json-patch+json, " in str(got.value)
+
+
+def bare_raycluster(**spec: Any) -> dict[str, Any]:
+    """The example RayCluster (elastic workers, 2 to 8), with `spec` fields added."""
+    text = (EXAMPLES / "raycluster.yaml").read_text(encoding="utf-8")
+    cluster: dict[str, Any] = yaml.safe_load(text)
+    cluster["spec"].update(spec)
+    return cluster
+
+
+async def test_a_bare_raycluster_grows_and_shrinks_its_own_worker_group(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    manifest = bare_raycluster()
+    apiserver.kuberay = KubeRay(seed=5)
+    b, _ = await make_backend()
+    await b.dispatch(elastic_dispatch(manifest, _counts(4)))
+    apiserver.kuberay.reconcile(apiserver)
+    _bind(apiserver)
+    await wait_for(lambda: len(b.attempts.pod_names.get(("j-1", 1), {})) == 4)
+    await b.resize(elastic_dispatch(manifest, _counts(6), revision=1))
+    assert _group(apiserver)["replicas"] == 6
+    assert _pins(_group(apiserver)["template"]) == {f"{GROUP}-n{i}" for i in range(6)}
+    apiserver.kuberay.reconcile(apiserver)
+    _bind(apiserver)
+    await wait_for(lambda: len(b.attempts.pod_names.get(("j-1", 1), {})) == 6)
+    leaving = {
+        p["metadata"]["name"] for p in _workers(apiserver) if p["spec"]["nodeName"] >= f"{GROUP}-n3"
+    }
+    await b.resize(elastic_dispatch(manifest, _counts(3), revision=2))
+    group = _group(apiserver)
+    assert group["replicas"] == 3 and set(group["scaleStrategy"]["workersToDelete"]) == leaving
+    apiserver.kuberay.reconcile(apiserver)
+    assert {p["spec"]["nodeName"] for p in _workers(apiserver)} == {
+        f"{GROUP}-n{i}" for i in range(3)
+    }
+    assert [p[0].rsplit("/", 2)[1:] for p in apiserver.patches if "/rayclusters/" in p[0]] == [
+        ["rayclusters", "j-1-a1"]
+    ] * 2
+    assert apiserver.rejected == []
+
+
+async def test_a_recreate_upgrade_strategy_keeps_the_templates_and_refuses_growth_elsewhere(
+    make_backend: Any, apiserver: FakeApiServer
+) -> None:
+    """KubeRay recreates every pod of a RayCluster whose template changes under Recreate."""
+    manifest = bare_raycluster(upgradeStrategy={"type": "Recreate"})
+    b, _ = await make_backend()
+    await b.dispatch(elastic_dispatch(manifest, _counts(4)))
+    template = copy.deepcopy(_group(apiserver)["template"])
+    await b.resize(elastic_dispatch(manifest, _counts(3), revision=1))
+    assert _group(apiserver)["replicas"] == 3 and _group(apiserver)["template"] == template
+    with pytest.raises(CannotResize, match=r"Recreate .* cannot grow onto gpu-workers-n4"):
+        await b.resize(elastic_dispatch(manifest, _counts(5), revision=2))
+    assert _group(apiserver)["replicas"] == 3
