@@ -216,7 +216,7 @@ def test_elastic_gangs_stay_within_bounds_and_growth_never_passes_a_queued_job(
         elif op == "grow":
             out = _grow_unanswered(sim, range(index, index + 1))
         elif op in ("ack", "refuse"):
-            error = RAY_REFUSAL if op == "refuse" else ""
+            error = REFUSAL if op == "refuse" else ""
             answer = DispatchAcked(
                 first.job_id, first.attempt, op == "ack", error, resize_refused=op == "refuse"
             )
@@ -412,12 +412,12 @@ def test_a_resize_the_workload_cannot_take_moves_the_gang_whole() -> None:
     assert violations(sim.m) == []
 
 
-RAY_REFUSAL = (
-    "cannot resize in place: RayJob r-a1: RayJob has no replica count Muster can change while "
+REFUSAL = (
+    "cannot resize in place: JobSet r-a1: JobSet has no replica count Muster can change while "
     "it runs"
 )
-RAY_STAYS = (
-    "cluster spot-east cannot grow RayJob r-a1 in place: RayJob has no replica count Muster "
+STAYS = (
+    "cluster spot-east cannot grow JobSet r-a1 in place: JobSet has no replica count Muster "
     "can change while it runs"
 )
 
@@ -430,7 +430,7 @@ def _grow_unanswered(sim: SpotSim, indices: range) -> list[Any]:
     return sim.m.handle(TICK, sim.now) + sim.m.handle(CYCLE, sim.now)
 
 
-def _refuse(sim: SpotSim, cmd: Dispatch, error: str = RAY_REFUSAL) -> list[Any]:
+def _refuse(sim: SpotSim, cmd: Dispatch, error: str = REFUSAL) -> list[Any]:
     return sim.m.handle(
         DispatchAcked(cmd.job_id, cmd.attempt, False, error, resize_refused=True), sim.now
     )
@@ -457,11 +457,11 @@ def test_a_refused_growth_is_given_back_and_the_attempt_runs_on_at_its_size() ->
     assert current.assignment == first.assignment and current.grown == []
     assert _held(sim, job) == 4  # quota charged for the four it runs
     assert _free_gpus(sim) == {f"se-{i}": int(i >= 4) for i in range(8)}
-    assert [e.reason for e in _resized(out)] == [f"growth given back, {RAY_STAYS}: worker 8 -> 4"]
+    assert [e.reason for e in _resized(out)] == [f"growth given back, {STAYS}: worker 8 -> 4"]
     why = sim.m.views.why(job, sim.now)
     assert why is not None
     assert [r.message for r in why.reasons if r.code == "elastic"] == [
-        f"worker runs 4 of 8 replicas (min 2; stays: {RAY_STAYS})"
+        f"worker runs 4 of 8 replicas (min 2; stays: {STAYS})"
     ]
     assert violations(sim.m) == []
     # growth is not offered to this attempt again, even when more capacity arrives
