@@ -338,9 +338,10 @@ class AttemptLifecycle:
             return []
         if ok:
             if current.acked_at is not None:
-                if current.settled is None:
+                if current.settled is None and not current.unsettled:
                     return []
                 current.settled = None  # the agent took the newest revision
+                current.unsettled = False
                 return [Persist(record)]
             # Persisted: after a restart, a dispatch without it is sent again.
             current.acked_at = now
@@ -359,8 +360,13 @@ class AttemptLifecycle:
                 self._lose(record, "resize-refused", now, moved, detail=error)
                 return moved
             # A resize the agent did not take (or the shell gave up on): the attempt it
-            # acknowledged runs on, and its cluster's health decides what happens to it.
-            return []
+            # acknowledged runs on, and its cluster's health decides what happens to it. What
+            # it runs is unknown now, so a later refusal is not given back but moved whole.
+            if current.unsettled:
+                return []
+            current.settled = None
+            current.unsettled = True
+            return [Persist(record)]
         effects: list[Effect] = []
         self._start_failed(
             record,
@@ -836,7 +842,7 @@ class AttemptLifecycle:
     ) -> None:
         """The live attempt runs on `assignment` now (same attempt, next revision)."""
         note_resize(record, current, now)
-        if current.settled is None:
+        if current.settled is None and not current.unsettled:
             current.settled = list(current.assignment)
         what = shrink_text(current.assignment, assignment)
         current.assignment = assignment

@@ -52,6 +52,8 @@ class AttemptRecord(msgspec.Struct, omit_defaults=True):
     # What the agent last took while a resize is unacknowledged (None: it took the newest): a
     # refused revision that only grew goes back to it (`AttemptLifecycle.give_back_refused`).
     settled: list[PodSetAssignment] | None = None
+    # A revision went unanswered since the agent last took one: what it runs is unknown.
+    unsettled: bool = False
     # Why the workload cannot grow in place (its cluster refused a growth): it is not grown again.
     grow_refused: str = ""
 

@@ -391,7 +391,8 @@ def test_a_resize_the_agent_never_acknowledges_does_not_end_the_attempt() -> Non
     first = _running(sim)
     sim.send("spot-east", NodeGone(node="se-0"))
     out = sim.m.handle(DispatchAcked(first.job_id, first.attempt, False, "no reply"), sim.now)
-    assert out == [] and sim.m.jobs[first.job_id].current is not None
+    assert not cancels(out) and not dispatches(out)
+    assert sim.m.jobs[first.job_id].current is not None
     assert sim.m.jobs[first.job_id].attempt == first.attempt
 
 
@@ -495,6 +496,20 @@ def test_a_refused_growth_goes_back_to_the_size_the_agent_last_took() -> None:
     assert [len(a.nodes) for a in shrunk.assignment] == [5]
     assert not _resized(_join(sim, range(8, 10)) + sim.step(GROW_RETRY_S))
     assert _held(sim, job) == 5 and violations(sim.m) == []
+
+
+def test_a_refusal_after_a_revision_went_unanswered_moves_the_gang_whole() -> None:
+    """The shell gave up on a growth: the agent may run it, so what it last took is unknown,
+    and a later refusal cannot be given back to a size the broker can vouch for."""
+    sim = SpotSim(4)
+    first = _running(sim)
+    _grow_unanswered(sim, range(4, 6))
+    sim.m.handle(DispatchAcked(first.job_id, first.attempt, False, "no reply"), sim.now)
+    (rev,) = dispatches(_grow_unanswered(sim, range(6, 8)))
+    out = _refuse(sim, rev)
+    assert [c.attempt for c in cancels(out)] == [first.attempt]
+    assert sim.m.jobs[first.job_id].state == "queued"
+    assert violations(sim.m) == []
 
 
 def test_a_refusal_after_a_shrink_moves_the_gang_whole() -> None:
