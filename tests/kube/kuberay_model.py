@@ -26,6 +26,8 @@ import copy
 import random
 from typing import TYPE_CHECKING, Any
 
+from tests.kube.validation import validate
+
 if TYPE_CHECKING:
     from tests.kube.fake_apiserver import FakeApiServer
 
@@ -80,6 +82,10 @@ class KubeRay:
             },
             "spec": copy.deepcopy(job["spec"]["rayClusterSpec"]),
         }
+        # KubeRay creates it through the API: the RayCluster CRD must take it.
+        problems = validate(cluster)
+        if problems:
+            raise AssertionError(f"the API server would refuse KubeRay's RayCluster: {problems}")
         server.put(f"/apis/ray.io/v1/namespaces/{ns}/rayclusters", cluster)
 
     def reconcile(self, server: FakeApiServer) -> None:
