@@ -11,10 +11,14 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.backend import CannotResize
+from kinds.base import ResizeRefused
+from kinds.ray import group_ops
 from tests.kube.elastic import EXAMPLES, elastic_dispatch, elastic_rayjob
-from tests.kube.fake_apiserver import FakeApiServer
+from tests.kube.fake_apiserver import FakeApiServer, json_patch
 from tests.kube.kuberay_model import KubeRay
 from tests.kube.rbac_authz import RbacAuthorizer
 from tests.support import wait_for
@@ -241,3 +245,46 @@ async def test_a_recreate_upgrade_strategy_keeps_the_templates_and_refuses_growt
     with pytest.raises(CannotResize, match=r"Recreate .* cannot grow onto gpu-workers-n4"):
         await b.resize(elastic_dispatch(manifest, _counts(5), revision=2))
     assert _group(apiserver)["replicas"] == 3
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sizes=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6)), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_the_worker_group_patch_sets_every_changed_count_and_nothing_else(
+    sizes: list[tuple[int, int]], data: st.DataObject
+) -> None:
+    """Any groups with any bounds, any new counts: applied by the stand-in as RFC 6902, the
+    patch leaves each group at its new count (or is refused, outside its bounds, naming it),
+    names the pods leaving a shrunk group, and touches no other field."""
+    groups = [
+        {"groupName": f"g{i}", "minReplicas": low, "maxReplicas": low + span, "replicas": low,
+         "numOfHosts": 1, "template": {"spec": {"containers": [{"name": "w", "image": "i"}]}}}
+        for i, (low, span) in enumerate(sizes)
+    ]  # fmt: skip
+    live = {"spec": {"workerGroupSpecs": groups}}
+    new = copy.deepcopy(live)
+    for g in new["spec"]["workerGroupSpecs"]:
+        g["replicas"] = data.draw(st.integers(0, 12), label=g["groupName"])
+    leaving = {g["groupName"]: [f"{g['groupName']}-p"] for g in groups}
+    inside = all(
+        g["minReplicas"] <= n["replicas"] <= g["maxReplicas"]
+        for g, n in zip(groups, new["spec"]["workerGroupSpecs"], strict=True)
+    )
+    try:
+        ops = group_ops(groups, new["spec"]["workerGroupSpecs"], "spec.workerGroupSpecs", leaving)
+    except ResizeRefused as exc:
+        assert not inside and "KubeRay runs worker group" in str(exc)
+        return
+    assert inside
+    patched = json_patch(live, ops)
+    for was, now, want in zip(
+        groups, patched["spec"]["workerGroupSpecs"], new["spec"]["workerGroupSpecs"], strict=True
+    ):
+        assert now["replicas"] == want["replicas"]
+        shrunk = want["replicas"] < was["replicas"]
+        gone = (now.get("scaleStrategy") or {}).get("workersToDelete")
+        assert gone == ([f"{was['groupName']}-p"] if shrunk else None)
+        rest = {k: v for k, v in now.items() if k not in ("replicas", "scaleStrategy")}
+        assert rest == {k: v for k, v in was.items() if k != "replicas"}
