@@ -73,12 +73,19 @@ def admission_note(
     return f"admitted {', '.join(parts)}: {where}{'node' if nodes == 1 else 'nodes'} now"
 
 
-def size_text(spec: JobSpec, assignment: Iterable[PodSetAssignment], grow_refused: str = "") -> str:
+def size_text(
+    spec: JobSpec, assignment: Iterable[PodSetAssignment], grow_refused: bool = False
+) -> str:
     """The current and target size of each elastic podset of a placed job: "worker runs 4 of
     8 replicas (min 2; grows back when its pool has room)" (`muster why`'s reason `[elastic]`,
-    `JobView.size`); with `grow_refused`, why it stays at its size instead."""
+    `JobView.size`); with `grow_refused`, that it stays at its size (the reason
+    `[grow-refused]` says why)."""
     now = {a.podset: len(a.nodes) for a in assignment}
-    grows = f"; stays: {grow_refused}" if grow_refused else "; grows back when its pool has room"
+    grows = (
+        "; stays: its cluster cannot grow it in place"
+        if grow_refused
+        else "; grows back when its pool has room"
+    )
     parts = []
     for p in spec.gang:
         if p.elastic:

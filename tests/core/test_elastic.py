@@ -462,8 +462,10 @@ def test_a_refused_growth_is_given_back_and_the_attempt_runs_on_at_its_size() ->
     why = sim.m.views.why(job, sim.now)
     assert why is not None
     assert [r.message for r in why.reasons if r.code == "elastic"] == [
-        f"worker runs 4 of 8 replicas (min 2; stays: {STAYS})"
+        "worker runs 4 of 8 replicas (min 2; stays: its cluster cannot grow it in place)"
     ]
+    (refused,) = [r for r in why.reasons if r.code == "grow-refused"]
+    assert (refused.message, refused.cluster, refused.flavor) == (STAYS, "spot-east", SPOT.name)
     assert violations(sim.m) == []
     # growth is not offered to this attempt again, even when more capacity arrives
     assert not _resized(_join(sim, range(8, 10)) + sim.step(GROW_RETRY_S))

@@ -88,8 +88,11 @@ async def test_a_growth_the_workload_refuses_is_given_back_and_the_job_runs_on(
     stays = f"cluster east cannot grow PyTorchJob {job}-a1 in place: its pods cannot use new nodes"
     assert given.reason == f"growth given back, {stays}: worker 6 -> 4"
     why = await h.api("why", {"job_id": job})
-    size = f"worker runs 4 of 8 replicas (min 2; stays: {stays})"
-    assert size in [r["message"] for r in why["result"]["reasons"]]
+    reasons = {r["code"]: r["message"] for r in why["result"]["reasons"]}
+    assert reasons["elastic"] == (
+        "worker runs 4 of 8 replicas (min 2; stays: its cluster cannot grow it in place)"
+    )
+    assert reasons["grow-refused"] == stays
     east.add_node("spot")  # more room: not offered to this attempt again
     done = await h.wait_event(job, "succeeded", timeout=60)
     assert done.attempt == 1 and h.kinds(job).count("resized") == 2
