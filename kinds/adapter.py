@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kinds.base import KindError, PodTemplate, ResizeRefused, Resource, Verdict
@@ -34,6 +34,11 @@ class Adapter:
     controllers: frozenset[str] = frozenset()
     # Whether `resize_patch` can change a running object's size (the agent then needs patch).
     resizable: bool = False
+    # Whether `kubectl apply` of a marked object of the kind submits it (agents/kube/frontdoor.py).
+    front_door: bool = True
+    # The kind whose object a resize patches when it is not the created one (a RayJob's
+    # workers run in the RayCluster KubeRay made from it): the agent needs patch on it only.
+    resized: Resource | None = None
 
     @property
     def created(self) -> Resource:
@@ -122,15 +127,28 @@ class Adapter:
             "kind cannot start with fewer pods than it asks for"
         )
 
+    def resize_target(self, live: Mapping[str, Any]) -> str | None:
+        """The name of the `resized` object that runs the `live` object's pods; None: the
+        live object itself is patched."""
+        return None
+
     def resize_patch(self, live: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
         """The JSON merge patch that makes the `live` object run what `new` renders: the same
         attempt for a Dispatch revision whose elastic podsets shrank or grew. Raises
         ResizeRefused when the kind cannot change its size while it runs."""
         raise ResizeRefused(
             f"{self.resource.kind} has no replica count Muster can change while it runs "
-            "(only elastic podsets of PyTorchJob-style training jobs, Jobs and Volcano Jobs "
-            "resize in place)"
+            "(only elastic podsets of PyTorchJob-style training jobs, Jobs, Volcano Jobs and "
+            "the worker groups of RayJobs resize in place)"
         )
+
+    def resize_body(
+        self, live: Mapping[str, Any], new: Mapping[str, Any], leaving: Mapping[str, Sequence[str]]
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """The patch of the `live` object (or of its `resize_target`): a mapping is a JSON
+        merge patch (`resize_patch`), a list a JSON patch (RFC 6902). `leaving`: the pods of
+        each podset on the nodes the revision drops, for a kind that picks which to delete."""
+        return self.resize_patch(live, new)
 
     def queue(self, manifest: Mapping[str, Any]) -> tuple[Any, str] | None:
         """A queue the kind's own scheduling fields name, with its field path."""

@@ -13,6 +13,7 @@ from kinds.base import (
     SERVICE,
     KindError,
     PodTemplate,
+    ResizeRefused,
     Resource,
     Verdict,
     condition_verdict,
@@ -115,14 +116,23 @@ class BatchJob(Adapter):
     resizable = True
 
     def resize_patch(self, live: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-        """`spec.parallelism` (and `completions` when it follows it); a Job's template is
-        immutable, so its pods can only use the nodes it was created pinned to."""
+        """`spec.parallelism`; an Indexed Job whose completions equal its parallelism (one
+        index per worker) changes both together, as elastic Indexed Jobs may (KEP-3715,
+        Kubernetes 1.27+; GA in 1.31). Any other Job's completions are immutable, and its
+        template too, so its pods can only use the nodes it was created pinned to."""
         was = mapping(live.get("spec"), "spec", required=True)
         now = mapping(new.get("spec"), "spec", required=True)
         keep_pins("Job", "spec.template", was.get("template") or {}, now.get("template") or {})
         patch = {"parallelism": now.get("parallelism")}
-        if now.get("completions") != was.get("completions"):
-            patch["completions"] = now.get("completions")
+        indexed = was.get("completionMode") == "Indexed"
+        if indexed and was.get("completions") == was.get("parallelism"):
+            patch["completions"] = now.get("parallelism")
+        elif now.get("completions") != was.get("completions"):
+            raise ResizeRefused(
+                f"Job spec.completions: {was.get('completions')} cannot change while the Job "
+                "runs (only an Indexed Job whose completions equal its parallelism changes "
+                "both together)"
+            )
         return {"spec": patch}
 
     def scale(self, manifest: dict[str, Any], podset: str, count: int) -> None:

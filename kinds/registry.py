@@ -11,7 +11,7 @@ from kinds.batch import BatchJob, Pod
 from kinds.jobset import JobSet
 from kinds.kubeflow import ADAPTERS as TRAINING
 from kinds.podgroup import PodGroup
-from kinds.ray import RayJob
+from kinds.ray import RayCluster, RayJob
 from kinds.trainer import TrainJob
 from kinds.volcano import VolcanoJob
 
@@ -21,6 +21,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     JobSet(),
     VolcanoJob(),
     RayJob(),
+    RayCluster(),
     TrainJob(),
     Pod(),
     PodGroup(),
@@ -84,7 +85,11 @@ def namespace_rules() -> frozenset[Rule]:
     rules |= {Rule(r.group, r.plural, "watch") for r in STATUS_RESOURCES}
     rules.add(Rule("", "pods", "patch"))
     # a running elastic attempt's replica count (Adapter.resize_patch)
-    rules |= {Rule(a.created.group, a.created.plural, "patch") for a in ADAPTERS if a.resizable}
+    rules |= {
+        Rule((a.resized or a.created).group, (a.resized or a.created).plural, "patch")
+        for a in ADAPTERS
+        if a.resizable
+    }
     # one Lease per cluster carries the broker-granted fence (agents/kube/fence.py)
     rules |= {Rule("coordination.k8s.io", "leases", v) for v in ("get", "create", "patch")}
     return frozenset(rules - CLUSTER_RULES)

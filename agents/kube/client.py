@@ -36,6 +36,7 @@ log = structlog.get_logger("muster.agent.kube")
 Item = TypeVar("Item")
 MAX_LINE = 16 * 2**20  # one watch event; etcd's request limit is 1.5 MiB, CRDs can be large
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"  # RFC 6902: a list of operations
 
 
 class KubeApiError(RuntimeError):
@@ -144,7 +145,7 @@ class KubeRest:
         method: str,
         path: str,
         query: list[tuple[str, str]] | None = None,
-        body: dict[str, Any] | None = None,
+        body: dict[str, Any] | list[Any] | None = None,
         content_type: str = "application/json",
         timeout: aiohttp.ClientTimeout | float | None = None,
     ) -> aiohttp.ClientResponse:
@@ -174,7 +175,7 @@ class KubeRest:
         method: str,
         path: str,
         query: list[tuple[str, str]] | None = None,
-        body: dict[str, Any] | None = None,
+        body: dict[str, Any] | list[Any] | None = None,
         content_type: str = "application/json",
         ok_missing: bool = False,
     ) -> bytes | None:
@@ -240,9 +241,12 @@ class KubeRest:
         q = [("propagationPolicy", propagation)]
         return await self.request("DELETE", item, query=q, ok_missing=True) is not None
 
-    async def merge_patch(self, item: str, patch: dict[str, Any]) -> bool:
+    async def merge_patch(self, item: str, patch: dict[str, Any] | list[Any]) -> bool:
+        """A JSON merge patch (a mapping) or a JSON patch (a list of operations); False when
+        the object is gone. Custom resources take no strategic merge patch."""
+        kind = JSON_PATCH if isinstance(patch, list) else MERGE_PATCH
         return (
-            await self.request("PATCH", item, body=patch, content_type=MERGE_PATCH, ok_missing=True)
+            await self.request("PATCH", item, body=patch, content_type=kind, ok_missing=True)
             is not None
         )
 

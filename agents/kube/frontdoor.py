@@ -91,7 +91,7 @@ def suspend_of(resource: Resource) -> Suspend:
 # Every kind Muster runs but Pods (a Pod is gated, not suspended, and a pod group is no single
 # object to hold): what the front door lists.
 WATCHED: tuple[Adapter, ...] = tuple(
-    a for a in ADAPTERS if a.resource == a.created and a.resource != POD
+    a for a in ADAPTERS if a.resource == a.created and a.resource != POD and a.front_door
 )
 
 

@@ -39,6 +39,7 @@ from agents.kube.status import Workload
 from kinds.base import (
     ANN_CHECKPOINT_REQUEST,
     ANN_JOB,
+    LABEL_PODSET,
     POD,
     ResizeRefused,
     Resource,
@@ -107,27 +108,61 @@ class WorkloadObjects:
             bound.info("created", kind=obj.resource.kind, name=obj.name, existed=created is None)
 
     async def resize(self, cmd: Dispatch, ns: str, plan: WorkloadPlan) -> None:
-        """Merge-patch the attempt's main object to what the revision renders
-        (`Adapter.resize_patch`: the kind's own replica field). CannotResize when the kind
-        cannot change size in place."""
+        """Patch the attempt's main object, or the object that runs its pods (a RayJob's
+        RayCluster: `Adapter.resize_target`), to what the revision renders
+        (`Adapter.resize_body`: the kind's own replica field). CannotResize when the kind
+        cannot change size in place, or the API server refuses the patch (403: the agent's
+        Role lacks patch on that kind; 422: the object does not take it)."""
         main = plan.objects[0]
         collection = main.resource.collection(ns)
         what = f"{main.resource.kind} {main.name}"
+        adapter = adapter_of(main.body)
         try:
             live = await self.rest.object_of(collection, main.name)
             if live is None:
                 raise BackendError(f"{what} is gone; attempt {cmd.attempt} cannot be resized")
-            patch = adapter_of(main.body).resize_patch(live, main.body)
-            await self.rest.merge_patch(f"{collection}/{main.name}", patch)
+            target = adapter.resize_target(live)
+            patch = adapter.resize_body(live, main.body, self._leaving(cmd, ns))
+            path = f"{collection}/{main.name}"
+            if target is not None and adapter.resized is not None:
+                path = adapter.resized.item(ns, target)
+                what = f"{what} ({adapter.resized.kind} {target})"
+            if not await self.rest.merge_patch(path, patch):
+                raise BackendError(f"{what} is gone; attempt {cmd.attempt} cannot be resized")
         except ResizeRefused as exc:
             raise CannotResize(f"{what}: {exc}") from None
         except ManifestError as exc:
             raise BackendError(f"{what}: {exc}") from None
         except KubeApiError as exc:
+            if exc.status == 403:
+                kind = adapter.resized or main.resource
+                raise CannotResize(
+                    f"{what}: the agent may not patch {kind.plural}.{kind.group} in namespace "
+                    f"{ns} ({exc}); grant it patch there, as deploy/agent/rbac.yaml of this "
+                    "release does"
+                ) from None
+            if exc.status == 422:
+                raise CannotResize(f"{what}: the API server refused the resize: {exc}") from None
             raise BackendError(f"resizing {what}: {exc}") from None
         except (TimeoutError, OSError, aiohttp.ClientError) as exc:
             raise BackendError(f"resizing {what}: {exc!r}") from None
         self.log.info("resized", job_id=cmd.job_id, attempt=cmd.attempt, kind=main.resource.kind)
+
+    def _leaving(self, cmd: Dispatch, ns: str) -> dict[str, list[str]]:
+        """The attempt's pods, by podset, on nodes the revision no longer assigns that podset
+        (a shrink): the ones a kind that picks which pods to delete should delete."""
+        keep = {a.podset: set(a.nodes) for a in cmd.assignment}
+        cache = self._pods()
+        out: dict[str, list[str]] = {}
+        for uid, name in self.attempts.pod_names.get((cmd.job_id, cmd.attempt), {}).items():
+            pod = cache.get(uid)
+            if pod is None or pod.metadata.namespace not in ("", ns):
+                continue
+            podset = pod.metadata.labels.get(LABEL_PODSET, "")
+            node = pod.spec.nodeName
+            if podset in keep and node and node not in keep[podset]:
+                out.setdefault(podset, []).append(name)
+        return out
 
     async def scan(
         self, resources: list[Resource] | tuple[Resource, ...] = OWNED_RESOURCES

@@ -21,6 +21,7 @@ exists now elsewhere and it does more work over the horizon.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from itertools import pairwise
@@ -72,16 +73,24 @@ def admission_note(
     return f"admitted {', '.join(parts)}: {where}{'node' if nodes == 1 else 'nodes'} now"
 
 
-def size_text(spec: JobSpec, assignment: Iterable[PodSetAssignment]) -> str:
+def size_text(
+    spec: JobSpec, assignment: Iterable[PodSetAssignment], grow_refused: bool = False
+) -> str:
     """The current and target size of each elastic podset of a placed job: "worker runs 4 of
     8 replicas (min 2; grows back when its pool has room)" (`muster why`'s reason `[elastic]`,
-    `JobView.size`)."""
+    `JobView.size`); with `grow_refused`, that it stays at its size (the reason
+    `[grow-refused]` says why)."""
     now = {a.podset: len(a.nodes) for a in assignment}
+    grows = (
+        "; stays: its cluster cannot grow it in place"
+        if grow_refused
+        else "; grows back when its pool has room"
+    )
     parts = []
     for p in spec.gang:
         if p.elastic:
             have = now.get(p.name, 0)
-            tail = "; grows back when its pool has room" if have < p.most else ""
+            tail = grows if have < p.most else ""
             parts.append(f"{p.name} runs {have} of {p.most} replicas (min {p.least}{tail})")
     return ", ".join(parts)
 
@@ -150,6 +159,25 @@ def growth(
         min_replicas={d.podset: 1 for d in lack if d.replicas > 1},
         elastic=frozenset(),
     )
+
+
+def only_grew(before: Iterable[PodSetAssignment], after: Iterable[PodSetAssignment]) -> bool:
+    """Whether `after` holds every replica of `before` (the same node, as often), and more:
+    a revision from `before` to `after` only added replicas, so refusing it leaves the
+    workload running whole at `before`."""
+    had = Counter((a.podset, n) for a in before for n in a.nodes)
+    has = Counter((a.podset, n) for a in after for n in a.nodes)
+    return had < has
+
+
+def refused_growth_text(cluster: str, error: str) -> str:
+    """ "cluster spot-east cannot grow RayJob r-a1 in place: <why>", from the agent's refusal
+    ("cannot resize in place: RayJob r-a1: <why>")."""
+    detail = error.removeprefix("cannot resize in place: ")
+    what, sep, why = detail.partition(": ")
+    if not sep:
+        return f"cluster {cluster} cannot grow the workload in place: {detail}"
+    return f"cluster {cluster} cannot grow {what} in place: {why}"
 
 
 def grown(running: Iterable[PodSetAssignment], more: Placement) -> list[PodSetAssignment]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence, Set
+from dataclasses import replace
 from typing import assert_never
 from urllib.parse import unquote, urlsplit
 
@@ -37,6 +38,8 @@ from broker.core.elastic import (
     Priced,
     grown,
     growth,
+    only_grew,
+    refused_growth_text,
     short,
     shrink_or_move,
     shrink_text,
@@ -342,7 +345,11 @@ class AttemptLifecycle:
             return []
         if ok:
             if current.acked_at is not None:
-                return []
+                if current.settled is None and not current.unsettled:
+                    return []
+                current.settled = None  # the agent took the newest revision
+                current.unsettled = False
+                return [Persist(record)]
             # Persisted: after a restart, a dispatch without it is sent again.
             current.acked_at = now
             window = self._config.timeouts.dispatch_report_s
@@ -352,13 +359,21 @@ class AttemptLifecycle:
         if current.acked_at is not None and current.revision > 0:
             if resize_refused:
                 # The workload cannot run at the revision's size (its kind cannot resize in
-                # place): the whole gang moves from its checkpoint, as a priced move would.
+                # place): a growth is given back and the attempt runs on at the size it has;
+                # a shrink (its node is going) moves the whole gang from its checkpoint.
                 moved: list[Effect] = []
+                if self.give_back_refused(record, current, error, now, moved):
+                    return moved
                 self._lose(record, "resize-refused", now, moved, detail=error)
                 return moved
             # A resize the agent did not take (or the shell gave up on): the attempt it
-            # acknowledged runs on, and its cluster's health decides what happens to it.
-            return []
+            # acknowledged runs on, and its cluster's health decides what happens to it. What
+            # it runs is unknown now, so a later refusal is not given back but moved whole.
+            if current.unsettled:
+                return []
+            current.settled = None
+            current.unsettled = True
+            return [Persist(record)]
         effects: list[Effect] = []
         self._start_failed(
             record,
@@ -745,6 +760,43 @@ class AttemptLifecycle:
             restore_estimate_s(record) + MOVE_START_S,
         )
 
+    def give_back_refused(
+        self,
+        record: JobRecord,
+        current: AttemptRecord,
+        error: str,
+        now: float,
+        effects: list[Effect],
+    ) -> bool:
+        """The agent refused a revision that only grew the attempt: the workload runs whole
+        at the size it last took (`settled`), so the growth's nodes and quota go back, the
+        attempt goes on at that size and is not grown again (`grow_refused`, in `why`).
+        False when a refused revision also shrank it (its node is going: it must move)."""
+        settled = current.settled
+        if settled is None or record.preempting is not None:
+            return False
+        if not only_grew(settled, current.assignment):
+            return False
+        request = gang_request(record, now, self._registry.demands(record.job_id))
+        request.attempt = current.attempt
+        running = replace(placement_of(current), assignment=placement_of_nodes(settled))
+        if not self._scheduler.settle(request, running):
+            return False
+        why = refused_growth_text(current.cluster, error)
+        what = shrink_text(current.assignment, settled)
+        kept = {n for a in settled for n in a.nodes}
+        current.grown = [n for n in current.grown if n in kept]
+        current.assignment = list(settled)
+        current.settled = None
+        current.grow_refused = why
+        self.elastic_short.discard(record.job_id)
+        if not current.grown:
+            self.elastic_grown.discard(record.job_id)
+        effects.append(Persist(record))
+        reason = f"growth given back, {why}: {what}"
+        effects.append(self.event(record, "resized", now, reason=reason))
+        return True
+
     def give_back_growth(self, now: float, effects: list[Effect], queued_top: int) -> bool:
         """Growth is the first thing reclaimed: while a queued job of the same or higher
         priority waits, elastic attempts give back the nodes growth added (newest first),
@@ -776,6 +828,9 @@ class AttemptLifecycle:
                 self.elastic_short.discard(job_id)
                 continue
             if record.preempting is not None or record.state not in ("admitted", "running"):
+                continue
+            if current.grow_refused:
+                self.elastic_short.discard(job_id)
                 continue
             if queued_top is not None and queued_top >= record.spec.priority:
                 continue
@@ -810,6 +865,8 @@ class AttemptLifecycle:
     ) -> None:
         """The live attempt runs on `assignment` now (same attempt, next revision)."""
         note_resize(record, current, now)
+        if current.settled is None and not current.unsettled:
+            current.settled = list(current.assignment)
         what = shrink_text(current.assignment, assignment)
         current.assignment = assignment
         current.revision += 1
@@ -1164,12 +1221,18 @@ def _nodes(attempt: AttemptRecord) -> set[str]:
     return {n for a in attempt.assignment for n in a.nodes}
 
 
+def placement_of_nodes(
+    assignment: Sequence[PodSetAssignment],
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return tuple((a.podset, tuple(a.nodes)) for a in assignment)
+
+
 def placement_of(attempt: AttemptRecord) -> Placement:
     return Placement(
         cluster=attempt.cluster,
         flavor=attempt.flavor,
         flavor_class=attempt.flavor_class,
-        assignment=tuple((a.podset, tuple(a.nodes)) for a in attempt.assignment),
+        assignment=placement_of_nodes(attempt.assignment),
     )
 
 

@@ -49,6 +49,13 @@ class AttemptRecord(msgspec.Struct, omit_defaults=True):
     # An elastic attempt's last resize, and the GPU-seconds it used before it (accounting.py).
     resized_at: float | None = None
     gpu_seconds_before: float = 0.0
+    # What the agent last took while a resize is unacknowledged (None: it took the newest): a
+    # refused revision that only grew goes back to it (`AttemptLifecycle.give_back_refused`).
+    settled: list[PodSetAssignment] | None = None
+    # A revision went unanswered since the agent last took one: what it runs is unknown.
+    unsettled: bool = False
+    # Why the workload cannot grow in place (its cluster refused a growth): it is not grown again.
+    grow_refused: str = ""
 
     @property
     def live(self) -> bool:

@@ -976,7 +976,6 @@ class Scheduler:
         if key in self._ledger.allocs:
             return
         demands = {d.podset: d for d in request.podsets}
-        per_node: dict[str, Vec] = {}
         for podset, nodes in placement.assignment:
             d = demands.get(podset)
             # A partially admitted podset runs with fewer replicas, never below its minimum.
@@ -986,14 +985,7 @@ class Scheduler:
                 raise ValueError(
                     f"placement of {request.job_id} does not match its podsets at {podset!r}"
                 )
-            for name in nodes:
-                g, c, m = per_node.get(name, (0, 0, 0))
-                per_node[name] = (g + d.gpu, c + d.cpu_milli, m + d.memory)
-        vec = (
-            sum(v[0] for v in per_node.values()),
-            sum(v[1] for v in per_node.values()),
-            sum(v[2] for v in per_node.values()),
-        )
+        per_node, vec = _usage(demands, placement.assignment)
         self._inv.add_usage(placement.cluster, key, per_node)
         ext = ext_per_node(request.podsets, placement.assignment)
         if ext:
@@ -1086,6 +1078,38 @@ class Scheduler:
         a.vec = (a.vec[0] - taken[0], a.vec[1] - taken[1], a.vec[2] - taken[2])
         a.placement = without_node_placement(a.placement, node)
         self._ledger.add(a)
+        self._inputs_changed()
+        return True
+
+    def settle(self, request: GangRequest, running: Placement) -> bool:
+        """The attempt runs on `running` (a part of what it holds: a growth its workload
+        refused): its allocation, node usage and quota charge become exactly those of
+        `running`. False, changing nothing, when it is not held or is mid-move."""
+        key = (request.job_id, request.attempt)
+        old = self._ledger.allocs.get(key)
+        if old is None or old.doomed_by is not None or request.job_id in self._reservations:
+            return False
+        per_node, vec = _usage({d.podset: d for d in request.podsets}, running.assignment)
+        ext = ext_per_node(request.podsets, running.assignment)
+        held = self._inv.ext_held(old.cluster, key, old.per_node)
+        self._ledger.remove(key)
+        self._inv.remove_ext(old.cluster, key, old.per_node)
+        self._inv.remove_usage(old.cluster, key, old.per_node)
+        self._inv.add_usage(old.cluster, key, per_node)
+        if ext:
+            self._inv.add_ext(old.cluster, key, ext)
+        qs = self._book.queues.get(old.queue)
+        if old.charged and qs is not None:
+            self._book.charge(qs, old.flavor_class, old.vec, -1)
+            self._book.charge(qs, old.flavor_class, vec, 1)
+            if held:
+                self._book.charge_ext(qs, old.flavor_class, held, -1)
+            if ext:
+                self._book.charge_ext(qs, old.flavor_class, summed(ext), 1)
+        old.per_node = per_node
+        old.vec = vec
+        old.placement = replace(old.placement, assignment=running.assignment)
+        self._ledger.add(old)
         self._inputs_changed()
         return True
 
@@ -1214,3 +1238,21 @@ class Scheduler:
     def pool_reasons(self, request: GangRequest) -> tuple[Reason, ...]:
         """Per cluster x flavor, what keeps this job off it now (`muster why`)."""
         return pool_reasons(self._inv, self._book, request, self._gang(request.podsets))
+
+
+def _usage(
+    demands: Mapping[str, PodSetDemand], assignment: Iterable[tuple[str, Sequence[str]]]
+) -> tuple[dict[str, Vec], Vec]:
+    """What a placement's replicas take on each node, and in all."""
+    per_node: dict[str, Vec] = {}
+    for podset, nodes in assignment:
+        d = demands[podset]
+        for name in nodes:
+            g, c, m = per_node.get(name, (0, 0, 0))
+            per_node[name] = (g + d.gpu, c + d.cpu_milli, m + d.memory)
+    vec = (
+        sum(v[0] for v in per_node.values()),
+        sum(v[1] for v in per_node.values()),
+        sum(v[2] for v in per_node.values()),
+    )
+    return per_node, vec

@@ -66,7 +66,9 @@ class JobViews:
             flavor=current.flavor if current else None,
             reason=record.reason,
             waiting=self._waiting_line(record, now),
-            size=size_text(record.spec, current.assignment) or None if current else None,
+            size=size_text(record.spec, current.assignment, bool(current.grow_refused)) or None
+            if current
+            else None,
             latest_checkpoint=CheckpointView(
                 step=ckpt.step, uri=ckpt.uri, at=ckpt.at, attempt=ckpt.attempt
             )
@@ -298,8 +300,15 @@ def _placement_reasons(record: JobRecord, order: list[str]) -> list[PendingReaso
     kind = f"{last.capacity_type or 'unknown capacity'}, {last.gpu_type or 'any GPU'}, {price}"
     where = f"on {last.cluster}/{last.flavor} ({kind}): {why}"
     placed = [PendingReason(code="placed", message=where)]
-    size = size_text(spec, last.assignment)
-    return [*placed, PendingReason(code="elastic", message=size)] if size else placed
+    size = size_text(spec, last.assignment, bool(last.grow_refused))
+    if size:
+        placed.append(PendingReason(code="elastic", message=size))
+    if last.grow_refused:  # typed: the cluster refused a growth of this attempt, and why
+        refused = PendingReason(
+            code="grow-refused", message=last.grow_refused, cluster=last.cluster, flavor=last.flavor
+        )
+        placed.append(refused)
+    return placed
 
 
 def _fallback_text(record: JobRecord) -> str:

@@ -21,7 +21,7 @@ from broker.core.elastic import (
     throughput,
     without_node,
 )
-from broker.core.inputs import DispatchAcked, Restore, SubmitJob
+from broker.core.inputs import CYCLE, TICK, DispatchAcked, Restore, SubmitJob
 from broker.core.invariants import violations
 from broker.core.machine import Machine
 from broker.core.records import JobRecord
@@ -183,7 +183,10 @@ def test_a_lost_node_shrinks_the_gang_and_quota_follows() -> None:
     size=st.integers(2, 10),
     rival=st.sampled_from([None, -1, 0, 5]),
     moves=st.lists(
-        st.tuples(st.sampled_from(["notice", "gone", "join", "tick"]), st.integers(0, 11)),
+        st.tuples(
+            st.sampled_from(["notice", "gone", "join", "tick", "grow", "ack", "refuse"]),
+            st.integers(0, 11),
+        ),
         min_size=1,
         max_size=14,
     ),
@@ -193,7 +196,8 @@ def test_elastic_gangs_stay_within_bounds_and_growth_never_passes_a_queued_job(
 ) -> None:
     """Shrinks never leave a gang below its minimum, growth never above its maximum or
     ahead of a queued job of the same or higher priority, and node and quota accounting
-    stay exact (invariants.violations) through every step."""
+    stay exact (invariants.violations) through every step, also when the agent takes
+    ("ack") or refuses ("refuse") the revisions a join and tick ("grow") or a shrink send."""
     sim = SpotSim(size)
     first = _running(sim)
     if rival is not None:
@@ -209,6 +213,18 @@ def test_elastic_gangs_stay_within_bounds_and_growth_never_passes_a_queued_job(
             out = sim.send("spot-east", NodeGone(node=node))
         elif op == "join":
             out = sim.send("spot-east", NodeUpsert(node=SpotSim.nodes([index])[0]))
+        elif op == "grow":
+            out = _grow_unanswered(sim, range(index, index + 1))
+        elif op in ("ack", "refuse"):
+            error = REFUSAL if op == "refuse" else ""
+            answer = DispatchAcked(
+                first.job_id, first.attempt, op == "ack", error, resize_refused=op == "refuse"
+            )
+            out = sim.m.handle(answer, sim.now)
+            current = sim.m.jobs[first.job_id].current
+            if op == "refuse" and _resized(out):  # given back: charged for what it runs
+                assert current is not None and current.settled is None
+                assert _held(sim, first.job_id) == sum(len(a.nodes) for a in current.assignment)
         else:
             waiting = [
                 r.spec.priority
@@ -375,7 +391,8 @@ def test_a_resize_the_agent_never_acknowledges_does_not_end_the_attempt() -> Non
     first = _running(sim)
     sim.send("spot-east", NodeGone(node="se-0"))
     out = sim.m.handle(DispatchAcked(first.job_id, first.attempt, False, "no reply"), sim.now)
-    assert out == [] and sim.m.jobs[first.job_id].current is not None
+    assert not cancels(out) and not dispatches(out)
+    assert sim.m.jobs[first.job_id].current is not None
     assert sim.m.jobs[first.job_id].attempt == first.attempt
 
 
@@ -393,6 +410,122 @@ def test_a_resize_the_workload_cannot_take_moves_the_gang_whole() -> None:
     record = sim.m.jobs[first.job_id]
     assert record.state == "queued" and record.current is None
     assert sum(_free_gpus(sim).values()) == 3  # the three nodes left hold nothing of it
+    assert violations(sim.m) == []
+
+
+REFUSAL = (
+    "cannot resize in place: JobSet r-a1: JobSet has no replica count Muster can change while "
+    "it runs"
+)
+STAYS = (
+    "cluster spot-east cannot grow JobSet r-a1 in place: JobSet has no replica count Muster "
+    "can change while it runs"
+)
+
+
+def _grow_unanswered(sim: SpotSim, indices: range) -> list[Any]:
+    """Nodes join and the broker ticks, its growth revision not yet answered by the agent."""
+    for node in SpotSim.nodes(indices):
+        sim.send("spot-east", NodeUpsert(node=node))
+    sim.now += 1.0
+    return sim.m.handle(TICK, sim.now) + sim.m.handle(CYCLE, sim.now)
+
+
+def _refuse(sim: SpotSim, cmd: Dispatch, error: str = REFUSAL) -> list[Any]:
+    return sim.m.handle(
+        DispatchAcked(cmd.job_id, cmd.attempt, False, error, resize_refused=True), sim.now
+    )
+
+
+def _held(sim: SpotSim, job_id: str) -> int:
+    """GPUs the job's allocation holds (what its queue's quota is charged)."""
+    (alloc,) = sim.m.scheduler.allocations_by_job()[job_id].values()
+    return alloc.vec[0]
+
+
+def test_a_refused_growth_is_given_back_and_the_attempt_runs_on_at_its_size() -> None:
+    sim = SpotSim(4)
+    first = _running(sim)
+    job = first.job_id
+    (rev,) = [d for d in dispatches(_grow_unanswered(sim, range(4, 8))) if d.job_id == job]
+    assert [len(a.nodes) for a in rev.assignment] == [8] and _held(sim, job) == 8
+    out = _refuse(sim, rev)
+    assert not cancels(out) and not dispatches(out)  # the attempt runs on, nothing resent
+    record = sim.m.jobs[job]
+    current = record.current
+    assert current is not None and current.attempt == first.attempt
+    assert record.state in ("admitted", "running")
+    assert current.assignment == first.assignment and current.grown == []
+    assert _held(sim, job) == 4  # quota charged for the four it runs
+    assert _free_gpus(sim) == {f"se-{i}": int(i >= 4) for i in range(8)}
+    assert [e.reason for e in _resized(out)] == [f"growth given back, {STAYS}: worker 8 -> 4"]
+    why = sim.m.views.why(job, sim.now)
+    assert why is not None
+    assert [r.message for r in why.reasons if r.code == "elastic"] == [
+        "worker runs 4 of 8 replicas (min 2; stays: its cluster cannot grow it in place)"
+    ]
+    (refused,) = [r for r in why.reasons if r.code == "grow-refused"]
+    assert (refused.message, refused.cluster, refused.flavor) == (STAYS, "spot-east", SPOT.name)
+    assert violations(sim.m) == []
+    # growth is not offered to this attempt again, even when more capacity arrives
+    assert not _resized(_join(sim, range(8, 10)) + sim.step(GROW_RETRY_S))
+    assert _held(sim, job) == 4 and violations(sim.m) == []
+
+
+def test_a_refused_growth_goes_back_to_the_size_the_agent_last_took() -> None:
+    """4 -> 6 taken by the agent, 6 -> 8 refused: it runs on at 6, charged for 6."""
+    sim = SpotSim(4)
+    first = _running(sim)
+    job = first.job_id
+    (took,) = [d for d in dispatches(_grow_unanswered(sim, range(4, 6))) if d.job_id == job]
+    sim.m.handle(DispatchAcked(job, first.attempt, True, ""), sim.now)
+    (rev,) = [d for d in dispatches(_grow_unanswered(sim, range(6, 8))) if d.job_id == job]
+    assert [len(a.nodes) for a in rev.assignment] == [8]
+    out = _refuse(sim, rev, "cannot resize in place: PyTorchJob p-a1: spec.template pins")
+    assert not cancels(out)
+    current = sim.m.jobs[job].current
+    assert current is not None and current.assignment == took.assignment
+    assert sorted(current.grown) == ["se-4", "se-5"]  # what growth added and it runs
+    assert _held(sim, job) == 6
+    assert [e.reason for e in _resized(out)] == [
+        "growth given back, cluster spot-east cannot grow PyTorchJob p-a1 in place: "
+        "spec.template pins: worker 8 -> 6"
+    ]
+    assert violations(sim.m) == []
+    # it still shrinks in place, but is not grown again when room returns
+    (shrunk,) = dispatches(sim.send("spot-east", NodeGone(node="se-0")))
+    sim.m.handle(DispatchAcked(job, first.attempt, True, ""), sim.now)
+    assert [len(a.nodes) for a in shrunk.assignment] == [5]
+    assert not _resized(_join(sim, range(8, 10)) + sim.step(GROW_RETRY_S))
+    assert _held(sim, job) == 5 and violations(sim.m) == []
+
+
+def test_a_refusal_after_a_revision_went_unanswered_moves_the_gang_whole() -> None:
+    """The shell gave up on a growth: the agent may run it, so what it last took is unknown,
+    and a later refusal cannot be given back to a size the broker can vouch for."""
+    sim = SpotSim(4)
+    first = _running(sim)
+    _grow_unanswered(sim, range(4, 6))
+    sim.m.handle(DispatchAcked(first.job_id, first.attempt, False, "no reply"), sim.now)
+    (rev,) = dispatches(_grow_unanswered(sim, range(6, 8)))
+    out = _refuse(sim, rev)
+    assert [c.attempt for c in cancels(out)] == [first.attempt]
+    assert sim.m.jobs[first.job_id].state == "queued"
+    assert violations(sim.m) == []
+
+
+def test_a_refusal_after_a_shrink_moves_the_gang_whole() -> None:
+    """A growth then a shrink both unanswered: the refused workload still has replicas on
+    the node that is going, so the whole gang moves from its checkpoint."""
+    sim = SpotSim(4)
+    first = _running(sim)
+    job = first.job_id
+    _grow_unanswered(sim, range(4, 6))
+    (rev,) = dispatches(sim.send("spot-east", NodeGone(node="se-0")))
+    assert [len(a.nodes) for a in rev.assignment] == [5]
+    out = _refuse(sim, rev)
+    assert [c.attempt for c in cancels(out)] == [first.attempt]
+    assert sim.m.jobs[job].state == "queued"
     assert violations(sim.m) == []
 
 

@@ -12,6 +12,7 @@ from broker.manifests import jobspec_from_manifest
 from schemas.agent import Dispatch, PodSetAssignment
 
 FIXTURES = Path(__file__).parents[1] / "cli" / "fixtures"
+EXAMPLES = Path(__file__).parents[2] / "examples" / "jobs"
 
 
 def load_fixture(name: str) -> dict[str, Any]:
@@ -34,6 +35,15 @@ def elastic_volcano() -> dict[str, Any]:
     return manifest
 
 
+def elastic_rayjob(low: int = 1, high: int = 6) -> dict[str, Any]:
+    """The example RayJob with its worker group elastic between `low` and `high`."""
+    ray = yaml.safe_load((EXAMPLES / "rayjob.yaml").read_text(encoding="utf-8"))
+    (group,) = ray["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    group.update(minReplicas=low, maxReplicas=high)
+    ray["metadata"]["annotations"] = {"kueue.x-k8s.io/elastic-job": "true"}
+    return ray  # type: ignore[no-any-return]
+
+
 # What each resizable kind runs before and after a shrink (tests/kube/test_deploy.py checks
 # that the agent's RBAC allows the patches).
 SHRINKS: list[tuple[str, Any, dict[str, int], dict[str, int]]] = [
@@ -42,6 +52,9 @@ SHRINKS: list[tuple[str, Any, dict[str, int], dict[str, int]]] = [
     ("batch/v1/jobs", elastic_job, {"worker": 4}, {"worker": 3}),
     ("batch.volcano.sh/v1alpha1/jobs", elastic_volcano, {"master": 1, "worker": 3},
      {"master": 1, "worker": 2}),
+    # with KubeRay running (`FakeApiServer.kuberay`): the RayJob's RayCluster is patched
+    ("ray.io/v1/rayclusters", elastic_rayjob, {"head": 1, "gpu-workers": 4},
+     {"head": 1, "gpu-workers": 3}),
 ]  # fmt: skip
 
 

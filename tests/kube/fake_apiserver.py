@@ -22,8 +22,10 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
   previous content. `allowWatchBookmarks` -> BOOKMARK events (on demand with `bookmark()`, or
   every `bookmark_interval` seconds); `timeoutSeconds`; a too-old resourceVersion (older than
   `compact()`) gives 410 Gone, as an ERROR event or, with `gone_as_http=True`, an HTTP 410;
-* POST (409 AlreadyExists, 422 Invalid), PATCH (JSON merge patch for merge- and
-  strategic-merge patch; 422 Invalid, immutable fields; a `metadata.resourceVersion` in the
+* POST (409 AlreadyExists, 422 Invalid), PATCH (JSON merge patch for merge- and, on built-in
+  kinds, strategic-merge patch; a custom resource refuses a strategic merge patch with the real
+  415 as the apiextensions server does; JSON patch (RFC 6902) whose failed operation is the
+  real generic 422; 422 Invalid, immutable fields; a `metadata.resourceVersion` in the
   patch is a precondition, 409 Conflict; `.../<name>/status` writes the status only), DELETE
   with graceful deletion: a pod
   bound to a node gets `deletionTimestamp` + `deletionGracePeriodSeconds` and stays
@@ -47,6 +49,9 @@ and fails as a real API server does (docs/kubernetes.md lists what it does not m
 * ResourceQuota admission (tests/kube/quota_admission.py): a create in a namespace with a
   ResourceQuota that it would exceed is refused with the real 403 (`exceeded quota: ...`),
   an admitted one is charged to the quota's `status.used`;
+* KubeRay's RayJob and RayCluster controllers, opt-in (`kuberay`, tests/kube/kuberay_model.py):
+  a RayJob gets its RayCluster named in `status.rayClusterName`; `kuberay.reconcile(server)`
+  scales each worker group's pods as KubeRay does;
 * Kueue's job webhook, opt-in (`kueue_namespace_selector`, tests/kube/kueue_model.py): a job of
   a kind Kueue integrates, with a queue-name label or in a namespace its
   managedJobsNamespaceSelector matches, is created suspended;
@@ -85,7 +90,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.kube import kueue_model, quota_admission
+from tests.kube import kuberay_model, kueue_model, quota_admission
 from tests.kube.rbac_authz import (
     Attributes,
     forbidden_status,
@@ -115,7 +120,24 @@ KINDS = {
     "nodeclaims": "NodeClaim",
     "provisioningrequests": "ProvisioningRequest",
     "podtemplates": "PodTemplate",
+    "rayclusters": "RayCluster",
 }
+MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+# API groups served by the API server itself (the rest are custom resources, which take JSON
+# patch, merge patch and apply, never a strategic merge patch).
+BUILT_IN = frozenset(
+    {"v1", "batch/v1", "coordination.k8s.io/v1", "policy/v1", "apps/v1", "events.k8s.io/v1"}
+)
+# apiextensions-apiserver `customresource_handler.go` (the patch types a CRD serves) and
+# apiserver `endpoints/handlers/negotiation` (the 415 text), kubernetes/kubernetes, Apache-2.0.
+CRD_PATCH_TYPES = (JSON_PATCH, MERGE, "application/apply-patch+yaml")
+BUILT_IN_PATCH_TYPES = (JSON_PATCH, MERGE, STRATEGIC, "application/apply-patch+yaml")
+UNKNOWN_FORMAT = "the body of the request was in an unknown format - accepted media types include: "
+# apimachinery `errors.NewGenericServerResponse` for 422: what a JSON patch whose operation
+# fails (a `test`, a missing path) is answered with, the operation not named.
+JSON_PATCH_FAILED = "the server rejected our request due to an error in our request"
 # The field selectors the real API server accepts per resource (anything else: 400).
 FIELD_LABELS: dict[str, set[str]] = {
     "pods": {
@@ -143,6 +165,84 @@ EXPIRED = (
     "results in an inconsistent list - objects that were created, modified, or deleted "
     "between the time the first chunk was returned and now may show up in the list."
 )  # queue marker: drop the connection without ending the stream
+
+
+def _pointer(path: str) -> list[str]:
+    """RFC 6901: "/a/b~1c" -> ["a", "b/c"]."""
+    if path and not path.startswith("/"):
+        raise ValueError(f"JSON pointer {path!r} does not start with /")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
+
+
+def _parent(doc: Any, path: str) -> tuple[Any, str]:
+    parts = _pointer(path)
+    if not parts:
+        raise ValueError("the whole document cannot be patched")
+    cur = doc
+    for key in parts[:-1]:
+        if isinstance(cur, list) and key.isdigit() and int(key) < len(cur):
+            cur = cur[int(key)]
+        elif isinstance(cur, dict) and key in cur:
+            cur = cur[key]
+        else:
+            raise ValueError(f"path {path!r} does not exist")
+    return cur, parts[-1]
+
+
+def _get(doc: Any, path: str) -> Any:
+    parent, key = _parent(doc, path)
+    if isinstance(parent, list) and key.isdigit() and int(key) < len(parent):
+        return parent[int(key)]
+    if isinstance(parent, dict) and key in parent:
+        return parent[key]
+    raise ValueError(f"path {path!r} does not exist")
+
+
+def _remove(doc: Any, path: str) -> Any:
+    parent, key = _parent(doc, path)
+    value = _get(doc, path)
+    if isinstance(parent, list):
+        del parent[int(key)]
+    else:
+        del parent[key]
+    return value
+
+
+def _add(doc: Any, path: str, value: Any) -> None:
+    parent, key = _parent(doc, path)
+    if isinstance(parent, dict):
+        parent[key] = copy.deepcopy(value)
+    elif isinstance(parent, list) and (key == "-" or (key.isdigit() and int(key) <= len(parent))):
+        parent.insert(len(parent) if key == "-" else int(key), copy.deepcopy(value))
+    else:
+        raise ValueError(f"path {path!r} cannot take a value")
+
+
+def json_patch(target: Obj, ops: Any) -> Obj:
+    """RFC 6902 JSON patch: every operation or none; ValueError names the one that failed."""
+    if not isinstance(ops, list):
+        raise ValueError("a JSON patch is a list of operations")
+    doc = copy.deepcopy(target)
+    for op in ops:
+        kind, path = op.get("op"), op.get("path", "")
+        if kind == "add":
+            _add(doc, path, op.get("value"))
+        elif kind == "remove":
+            _remove(doc, path)
+        elif kind == "replace":
+            _remove(doc, path)
+            _add(doc, path, op.get("value"))
+        elif kind == "test":
+            if _get(doc, path) != op.get("value"):
+                raise ValueError(f"testing value {path} failed: test failed")
+        elif kind in ("move", "copy"):
+            value = _get(doc, op.get("from", ""))
+            if kind == "move":
+                _remove(doc, op.get("from", ""))
+            _add(doc, path, value)
+        else:
+            raise ValueError(f"unknown JSON patch operation {kind!r}")
+    return doc
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -335,7 +435,10 @@ class FakeApiServer:
         self.watchers: list[Watcher] = []
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.deletes: list[tuple[str, str]] = []  # (path, propagationPolicy)
-        self.patches: list[tuple[str, str, Obj]] = []  # (path, content type, body)
+        self.patches: list[tuple[str, str, Any]] = []  # (path, content type, body)
+        self.patch_failures: list[str] = []  # why each refused JSON patch failed
+        # KubeRay installed, opt-in (tests/kube/kuberay_model.py); None = no KubeRay.
+        self.kuberay: kuberay_model.KubeRay | None = None
         self.rejected: list[Obj] = []  # 422 Status bodies sent
         self.unauthorized = 0
         self.missing_groups: set[str] = set()
@@ -821,11 +924,16 @@ class FakeApiServer:
                 )
             self._kueue_default(route, body)
             obj = self.put(path, body)
+            if self.kuberay is not None and route.res == kuberay_model.RAYJOBS:
+                self.kuberay.rayjob_created(self, copy.deepcopy(obj))
             return web.json_response(obj, status=201)
         if request.method == "PATCH" and route.name is not None:
-            ctype = request.headers.get("Content-Type", "")
-            if "merge-patch" not in ctype:
-                return web.json_response(status(415, "UnsupportedMediaType", ctype), status=415)
+            ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
+            custom = route.res[0] not in BUILT_IN
+            if ctype not in (MERGE, JSON_PATCH) and (custom or ctype != STRATEGIC):
+                accepted = CRD_PATCH_TYPES if custom else BUILT_IN_PATCH_TYPES
+                msg = f"{UNKNOWN_FORMAT}{', '.join(accepted)}"
+                return web.json_response(status(415, "UnsupportedMediaType", msg), status=415)
             body = await request.json()
             self.patches.append((path, ctype, body))
             collection = path.removesuffix("/status").rsplit("/", 1)[0]
@@ -833,15 +941,27 @@ class FakeApiServer:
             if old is None:
                 return web.json_response(status(404, "NotFound", "not found"), status=404)
             # A resourceVersion in the patch is a precondition, as on a real server.
-            wanted = (body.get("metadata") or {}).get("resourceVersion")
+            meta = body.get("metadata") if isinstance(body, dict) else None
+            wanted = (meta or {}).get("resourceVersion")
             if wanted is not None and wanted != old["metadata"]["resourceVersion"]:
                 msg = (
                     "the object has been modified; please apply your changes to the latest version"
                 )
                 return web.json_response(status(409, "Conflict", msg), status=409)
-            if route.subresource == "status":  # the status subresource writes status only
-                body = {"status": body.get("status")}
-            new = merge_patch(old, body)
+            if ctype == JSON_PATCH:
+                try:
+                    new = json_patch(old, body)
+                except (ValueError, TypeError, AttributeError) as exc:
+                    self.patch_failures.append(str(exc))
+                    failed = status(422, "Invalid", JSON_PATCH_FAILED)
+                    failed["details"] = {}
+                    return web.json_response(failed, status=422)
+                if route.subresource == "status":
+                    new = {**old, "status": new.get("status")}
+            else:
+                if route.subresource == "status":  # the status subresource writes status only
+                    body = {"status": body.get("status")}
+                new = merge_patch(old, body)
             refused = self._invalid(new, old)
             if refused is not None:
                 return refused

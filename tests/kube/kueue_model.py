@@ -18,6 +18,7 @@ SUSPEND_FIELDS: dict[tuple[str, str], tuple[str, ...]] = {
     ("batch/v1", "jobs"): ("spec", "suspend"),
     ("jobset.x-k8s.io/v1alpha2", "jobsets"): ("spec", "suspend"),
     ("ray.io/v1", "rayjobs"): ("spec", "suspend"),
+    ("ray.io/v1", "rayclusters"): ("spec", "suspend"),
     ("trainer.kubeflow.org/v1alpha1", "trainjobs"): ("spec", "suspend"),
     **{
         ("kubeflow.org/v1", p): ("spec", "runPolicy", "suspend")

@@ -164,6 +164,43 @@ async def test_immutable_fields_stay(apiserver: FakeApiServer, rest: KubeRest) -
     assert await rest.merge_patch(f"{JOBS}/j", {"metadata": {"annotations": {"a": "b"}}})
 
 
+@pytest.mark.parametrize(
+    ("mode", "patch", "refusal"),
+    [
+        (
+            "NonIndexed",
+            {"completions": 3, "parallelism": 3},
+            "spec.completions: field is immutable",
+        ),
+        ("Indexed", {"completions": 3}, "can only be modified in tandem with spec.parallelism"),
+        ("Indexed", {"completions": 3, "parallelism": 3}, None),
+        ("Indexed", {"completions": 1, "parallelism": 1}, None),
+    ],
+)
+async def test_a_jobs_completions_change_only_with_parallelism_when_indexed(
+    apiserver: FakeApiServer, rest: KubeRest, mode: str, patch: dict[str, int], refusal: str | None
+) -> None:
+    """Elastic Indexed Jobs (KEP-3715): `completions` may change together with, and equal to,
+    `parallelism`; any other Job's completions are immutable."""
+    apiserver.authorizer = None  # a client allowed to patch Jobs
+    job = copy.deepcopy(JOB)
+    job["spec"]["completionMode"] = mode
+    await rest.create(JOBS, job)
+    if refusal is None:
+        assert await rest.merge_patch(f"{JOBS}/j", {"spec": patch})
+        (stored,) = apiserver.items("batch/v1", "jobs")
+        assert (stored["spec"]["completions"], stored["spec"]["parallelism"]) == (
+            patch["completions"],
+            patch["parallelism"],
+        )
+        return
+    with pytest.raises(KubeApiError) as err:
+        await rest.merge_patch(f"{JOBS}/j", {"spec": patch})
+    assert err.value.status == 422 and refusal in err.value.detail.message
+    (stored,) = apiserver.items("batch/v1", "jobs")
+    assert stored["spec"]["completions"] == 2
+
+
 async def test_unknown_field_selector_is_a_400(apiserver: FakeApiServer, rest: KubeRest) -> None:
     with pytest.raises(KubeApiError) as err:
         await rest.list_all("/api/v1/pods", dict, field_selector="spec.gpu=1")  # type: ignore[type-var]

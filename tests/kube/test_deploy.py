@@ -60,6 +60,7 @@ from tests.kube.deploy_tree import (
 )
 from tests.kube.elastic import SHRINKS, elastic_dispatch
 from tests.kube.fake_apiserver import FakeApiServer, parse_path
+from tests.kube.kuberay_model import KubeRay
 from tests.kube.manifests import (
     BATCH_JOB_YAML,
     JOBSET_YAML,
@@ -173,6 +174,7 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
     apiserver.put(NODES, node("n1"))
+    apiserver.kuberay = KubeRay()  # a RayJob is resized in the RayCluster KubeRay makes
     backend = KubeBackend("c1", make_config(fence_watchdog=True), api_client=api_client)
     await backend.start(Recorder())
     gang = {
@@ -204,7 +206,9 @@ async def test_backend_requests_are_exactly_the_rbac_rules(
         pod_manifest,
     ]
     examples = DEPLOY.parent / "examples" / "jobs"
-    texts += [(examples / f).read_text() for f in ("rayjob.yaml", "trainjob.yaml")]
+    texts += [
+        (examples / f).read_text() for f in ("rayjob.yaml", "raycluster.yaml", "trainjob.yaml")
+    ]
     for other in ("XGBoostJob", "PaddleJob", "JAXJob"):
         texts.append(
             TFJOB_YAML.replace("TFJob", other).replace(

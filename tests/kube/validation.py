@@ -12,8 +12,9 @@ Three layers, as the API server applies them:
   requirements (a `matchFields` requirement takes exactly one value), pod affinity topology
   keys, tolerations, container and volume names, restart policies of Job pods, Indexed Job
   completions;
-* immutability on update (`old` given): name, namespace, uid, a Job's selector, template and
-  completion mode, a Pod's spec (but the mutable fields), a Service's clusterIP.
+* immutability on update (`old` given): name, namespace, uid, a Job's selector, template,
+  completion mode and completions (an Indexed Job's may follow its parallelism, KEP-3715), a
+  Pod's spec (but the mutable fields), a Service's clusterIP.
 
 CEL rules of CRDs (`x-kubernetes-validations`) are not evaluated.
 
@@ -734,6 +735,28 @@ def _kind_causes(obj: dict[str, Any]) -> list[Cause]:
 _POD_MUTABLE = {"activeDeadlineSeconds", "tolerations", "schedulingGates", "containers"}
 
 
+def _completions_causes(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
+    """`validateCompletions` (kubernetes/kubernetes `pkg/apis/batch/validation/validation.go`,
+    Apache-2.0) with elastic Indexed Jobs allowed (KEP-3715, ElasticIndexedJob, GA in 1.31):
+    a Job's completions are immutable, except an Indexed Job's, which may change only to
+    equal the new parallelism."""
+    if old.get("completions") == new.get("completions"):
+        return []
+    if new.get("completionMode") != "Indexed":
+        return [Cause("spec.completions", "FieldValueInvalid", "field is immutable")]
+    completions = new.get("completions")
+    if completions is not None and completions != new.get("parallelism"):
+        return [
+            Cause(
+                "spec.completions",
+                "FieldValueInvalid",
+                f"Invalid value: {completions}: can only be modified in tandem with "
+                "spec.parallelism",
+            )
+        ]
+    return []
+
+
 def _immutable_causes(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
     out: list[Cause] = []
     om, nm = old.get("metadata") or {}, new.get("metadata") or {}
@@ -751,6 +774,7 @@ def _immutable_causes(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
                 out.append(Cause(f"spec.{key}", "FieldValueInvalid", "field is immutable"))
         if os_.get("template") != ns.get("template"):
             out.append(Cause("spec.template", "FieldValueInvalid", "field is immutable"))
+        out += _completions_causes(os_, ns)
     elif (api_version, kind) == ("v1", "Pod"):
         for key in set(os_) | set(ns):
             if key not in _POD_MUTABLE and os_.get(key) != ns.get(key):
