@@ -117,6 +117,13 @@ def sim(
             " every job declares the prior, so placement uses the prior alone)"
         ),
     ] = True,
+    breakdown: Annotated[
+        bool,
+        typer.Option(
+            help="also print where each run's cost and time went: paid per pool, what the "
+            "GPU-time did, lost work, first-dispatch waits, the job with most attempts"
+        ),
+    ] = False,
     progress: Annotated[
         float,
         typer.Option(
@@ -247,6 +254,13 @@ def _run(args: Options) -> int:
     if {"on-demand-only", "checkpoint-restart"} & set(names):
         print()
         print(report.format_comparison(runs))
+    if args.breakdown:
+        from load.sim.breakdown import format_breakdown
+
+        for r in runs:
+            parts, share = r["breakdown"]
+            head = f"\n{r['policy']} seed {r['seed']} row {r['offset']:,}"
+            print(format_breakdown(parts, head, share))
     print(f"\n{len(tasks)} run(s) in {time.perf_counter() - started:.1f}s wall")
     if args.out:
         for path in report.plot_all(runs, Path(args.out)):
@@ -254,7 +268,8 @@ def _run(args: Options) -> int:
         if {"on-demand-only", "checkpoint-restart"} & set(names):
             print(f"wrote {report.plot_comparison(runs, Path(args.out))}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": _finite(runs)}, indent=1, default=str))
+        kept = [{k: v for k, v in r.items() if k != "breakdown"} for r in runs]
+        Path(args.json).write_text(json.dumps({"runs": _finite(kept)}, indent=1, default=str))
         print(f"wrote {args.json}")
     bad = sum(r["summary"]["violations"] for r in runs)
     return 1 if bad else 0
