@@ -35,6 +35,8 @@ class AttemptLog(Protocol):
     @property
     def speed(self) -> float: ...
     @property
+    def gpu_type(self) -> str: ...
+    @property
     def dispatched_at(self) -> float: ...
     @property
     def running_at(self) -> float | None: ...
@@ -205,6 +207,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
     used = lost = lost_unfinished = cost = paid_work = paid_work_done = 0.0
     preemptions = resumed = moves = 0
     by_type: dict[str, float] = {"spot": 0.0, "on-demand": 0.0}
+    by_gpu: dict[str, float] = {}  # GPU-seconds held per GPU type
     for job_id, logs in result.logs.items():
         losses = attempt_losses(logs, end)
         rec = result.records.get(job_id)
@@ -219,6 +222,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
             lost += gone
             cost += held / 3600.0 * log.price
             by_type[log.capacity_type] = by_type.get(log.capacity_type, 0.0) + held
+            by_gpu[log.gpu_type.upper()] = by_gpu.get(log.gpu_type.upper(), 0.0) + held
             if log.cause in PLANNED_CAUSES:
                 moves += 1
             elif log.ended_at is not None and not log.succeeded:
@@ -267,6 +271,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "jct_p99_h": percentile(jct_all, 99),
         "gpu_h_used": used / 3600.0,
         "gpu_h_spot": by_type.get("spot", 0.0) / 3600.0,
+        # T4s run these jobs at a fraction of a V100's pace: the share of GPU-hours they
+        # carry shows whether placement prices work or GPU-hours.
+        "t4_share": by_gpu.get("T4", 0.0) / used if used > 0 else float("nan"),
         "gpu_h_lost": lost / 3600.0,
         "gpu_h_lost_completed": (lost - lost_unfinished) / 3600.0,
         "gpu_h_lost_unfinished": lost_unfinished / 3600.0,
@@ -330,6 +337,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("jct_p90_h", "JCT p90, all jobs (h)", "{:.2f}"),
     ("jct_p99_h", "JCT p99, all jobs (h; inf = unfinished)", "{:.1f}"),
     ("gpu_h_used", "GPU-hours used", "{:.0f}"),
+    ("t4_share", "  T4 share of GPU-hours", "{:.1%}"),
     ("gpu_h_lost", "GPU-hours lost to preemption", "{:.0f}"),
     ("gpu_h_lost_completed", "  of it by jobs that completed", "{:.0f}"),
     ("gpu_h_lost_unfinished", "  of it by jobs still retrying", "{:.0f}"),
@@ -447,6 +455,7 @@ def comparison(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float
             put("cr_vs_this", _ratio(plain["cost_per_useful_gpu_h"], s["cost_per_useful_gpu_h"]))
         put("goodput", s["goodput"])
         put("goodput_completed", s.get("goodput_completed", float("nan")))
+        put("t4_share", s.get("t4_share", float("nan")))
         put("gpu_h_lost", s["gpu_h_lost"])
         put("preemptions", float(s["preemptions"]))
         put("planned_moves", float(s.get("planned_moves", 0)))
@@ -466,6 +475,7 @@ COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("jct_p90_vs_od", "JCT p90 vs on-demand-only", "{:.2f}x"),
     ("goodput", "goodput (useful / paid GPU-time)", "{:.3f}"),
     ("goodput_completed", "  the same, completed jobs only", "{:.3f}"),
+    ("t4_share", "T4 share of GPU-hours", "{:.1%}"),
     ("gpu_h_lost", "GPU-hours lost", "{:.0f}"),
     ("preemptions", "preemptions", "{:.0f}"),
     ("planned_moves", "moves by choice", "{:.0f}"),

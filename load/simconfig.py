@@ -133,6 +133,12 @@ class SimConfig:
     poisson_rate: float = 0.6  # reclaims per node-hour (Bamboo shows ~0.6)
     poisson_down_s: float = 1800.0  # mean time before a reclaimed slot returns
     gpu_speed: tuple[tuple[str, float], ...] = tuple(GPU_SPEED.items())
+    # The broker's prior per GPU type (`scheduling.gpu_speeds`; () = its defaults), which may
+    # differ from the world's `gpu_speed` above: how placement fares on a wrong prior.
+    prior_speed: tuple[tuple[str, float], ...] = ()
+    # False: every job declares the prior as its own speeds, so its measured step rates never
+    # count (placement on the prior alone).
+    learn_speeds: bool = True
     # Checkpoint write cost: each job draws a stall (s) uniformly from this range; periodic
     # checkpoints stall the job that long, and a checkpoint asked for at a notice takes as
     # long (and is lost if the node goes first). Restoring takes `restore_factor` times it.

@@ -43,6 +43,7 @@ from broker.core.inputs import (
 )
 from broker.core.lifecycle import AttemptLifecycle
 from broker.core.moves import PlannedMoves
+from broker.core.placement import futile_spot_waits, wants_spot_first
 from broker.core.provision import provision_command
 from broker.core.records import JobRecord, demands_of, gang_request
 from broker.core.registry import JobRegistry
@@ -57,7 +58,7 @@ from broker.core.submission import (
     reject,
     resolve_priority,
 )
-from broker.core.types import Preemption, Reason
+from broker.core.types import GangRequest, Preemption, Reason
 from broker.core.views import JobViews
 from schemas.agent import (
     AgentEvent,
@@ -293,8 +294,38 @@ class Machine:
                 # Nothing but the avoided pool fits: widen (SkyPilot's EAGER_NEXT_REGION).
                 pending.avoid = []
                 self.backlog.fresh.add(job_id)
+        for job_id, ahead in self._futile_spot_waits(candidates, result.pending, now).items():
+            record = self._jobs[job_id]
+            record.spot_exhausted = True
+            record.spot_fallback = (
+                f"stopped waiting for spot: {ahead}, queued earlier with no bigger gang, was "
+                "already waiting for it, so spot that frees goes there first"
+            )
+            effects.append(Persist(record))
+            self.backlog.fresh.add(job_id)
         self.backlog.cycle_done()
         return effects
+
+    def _futile_spot_waits(
+        self, tried: list[GangRequest], unplaced: Mapping[str, object], now: float
+    ) -> dict[str, str]:
+        """The spot-then-on-demand jobs this cycle could not place that wait for spot behind
+        an earlier queued job (placement.futile_spot_waits): job id -> that job. The earlier
+        ones are this cycle's unplaced jobs and the queues' heads an earlier cycle left."""
+        stuck = {r.job_id: r for r in tried if r.job_id in unplaced}
+        if not any(wants_spot_first(r) for r in stuck.values()):
+            return {}
+        waiting = dict(stuck)
+        reasons = self.registry.reasons
+        for pending in self.backlog.pending.values():
+            for job_id in pending.heads(self.backlog.lookahead, lambda _: True):
+                record = self._jobs[job_id]
+                if job_id in waiting or job_id not in reasons or record.not_before > now:
+                    continue  # not yet tried, or backing off: not waiting for capacity
+                demands = self.registry.demands(job_id)
+                waiting[job_id] = self.backlog.request(record, now, demands)
+        futile = futile_spot_waits(list(waiting.values()))
+        return {job_id: ahead for job_id, ahead in futile.items() if job_id in stuck}
 
     # ------------------------------------------------------------------ agents
     def _on_batch(self, cluster: str, batch: EventBatch, now: float) -> list[Effect]:

@@ -139,3 +139,4 @@ class PlannedMoves:
         )
         if cause == spotreturn.SPOT_RETURN:
             record.spot_exhausted = False
+            record.spot_fallback = None

@@ -15,7 +15,10 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
   `spot-then-on-demand` takes spot; on-demand only when the job is `spot_exhausted` (the
   lifecycle machine's fallback after preemptions or waiting) or when no spot pool could host
   the gang even empty (no spot pool fits, ever). While spot is merely full the job waits for
-  spot; the machine's `fallback_after_wait_s` bounds that wait.
+  spot; the machine's `fallback_after_wait_s` bounds that wait. It stops waiting at once when
+  an earlier job of equal or higher priority, no bigger and accepting every GPU type it does,
+  already waits for spot too (`futile_spot_waits`): whatever spot frees up goes to that job
+  first, so the wait would only delay the job and save nothing.
 - Order among feasible pools: capacity rank, then expected cost per unit of work: the
   expected cost per hour (risk.py) divided by the job's relative speed on the pool's GPU type
   (speed.py); costs within `COST_TIE` of each other count as equal, then the faster GPU type
@@ -114,6 +117,40 @@ def wants_on_demand(req: GangRequest) -> bool:
     return req.capacity == "on-demand" or (
         req.capacity == "spot-then-on-demand" and req.spot_exhausted
     )
+
+
+def futile_spot_waits(waiting: Sequence[GangRequest]) -> dict[str, str]:
+    """Spot-then-on-demand jobs among `waiting` (requests a cycle could not place) that would
+    wait for spot behind another: job id -> the earlier job (higher priority, or equal and
+    submitted first) that also wants spot, needs no more GPUs and accepts every GPU type this
+    one does. Spot that frees goes to that job first (queue order), so waiting is futile."""
+    spot = sorted(
+        (r for r in waiting if r.capacity == "spot" or wants_spot_first(r)),
+        key=lambda r: (-r.priority, r.order),
+    )
+    out: dict[str, str] = {}
+    smallest: GangRequest | None = None  # the smallest earlier waiter of any GPU type
+    typed: list[GangRequest] = []  # earlier waiters limited to some GPU types
+    for r in spot:
+        if wants_spot_first(r):
+            if smallest is not None and smallest.total_gpu <= r.total_gpu:
+                out[r.job_id] = smallest.job_id
+            elif r.gpu_types:
+                ahead = next(
+                    (a for a in typed if a.total_gpu <= r.total_gpu and r.gpu_types <= a.gpu_types),
+                    None,
+                )
+                if ahead is not None:
+                    out[r.job_id] = ahead.job_id
+        if r.gpu_types:
+            typed.append(r)
+        elif smallest is None or r.total_gpu < smallest.total_gpu:
+            smallest = r
+    return out
+
+
+def wants_spot_first(req: GangRequest) -> bool:
+    return req.capacity == "spot-then-on-demand" and not req.spot_exhausted
 
 
 @dataclass(slots=True)

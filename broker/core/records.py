@@ -118,6 +118,8 @@ class JobRecord(msgspec.Struct, omit_defaults=True):
     not_before: float = 0.0  # backoff: not admitted before this time
     queued_at: float = 0.0
     spot_exhausted: bool = False
+    # Why it fell back, when no setting says so (views.py); None: its settings say why.
+    spot_fallback: str | None = None
     avoid: list[AvoidPool] = []
     preempting: Preempting | None = None
     finished_at: float | None = None

@@ -321,6 +321,8 @@ def _fallback_text(record: JobRecord) -> str:
             f"fell back to on-demand after {record.spot_preemptions} spot preemptions "
             f"(spot.fallback_after_preemptions: {policy.fallback_after_preemptions})"
         )
+    if record.spot_fallback:
+        return record.spot_fallback
     return (
         "fell back to on-demand after waiting for spot (spot.fallback_after_wait_s: "
         f"{policy.fallback_after_wait_s:g}s), or as spot attempts made no progress"

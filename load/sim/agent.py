@@ -340,6 +340,7 @@ class SimAgent:
             dispatched_at=now,
             start_step=min(cmd.resume_from.step if cmd.resume_from else 0, job.duration),
             speed=sim.speed.get(pool.gpu_type, 1.0),
+            gpu_type=pool.gpu_type,
             ckpt_every=every,
         )
         sim.note_span(log, {n for a in cmd.assignment for n in a.nodes})

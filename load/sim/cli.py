@@ -96,6 +96,34 @@ def sim(
         str | None,
         typer.Option(help="folder holding philly.csv and the bamboo-*.csv spot traces"),
     ] = None,
+    gpu_speeds: Annotated[
+        str | None,
+        typer.Option(
+            help="the world's training speed per GPU type relative to a V100, e.g. "
+            "'A100=1.3,T4=0.6' (types not named keep the scenario's or built-in speed)"
+        ),
+    ] = None,
+    prior_speeds: Annotated[
+        str | None,
+        typer.Option(
+            help="the broker's prior speed per GPU type (scheduling.gpu_speeds), e.g. "
+            "'V100=1,A100=1,T4=1'; default: the broker's defaults"
+        ),
+    ] = None,
+    learn_speeds: Annotated[
+        bool,
+        typer.Option(
+            help="let the broker learn each job's speeds from its step rates (--no-learn-speeds:"
+            " every job declares the prior, so placement uses the prior alone)"
+        ),
+    ] = True,
+    breakdown: Annotated[
+        bool,
+        typer.Option(
+            help="also print where each run's cost and time went: paid per pool, what the "
+            "GPU-time did, lost work, first-dispatch waits, the job with most attempts"
+        ),
+    ] = False,
     progress: Annotated[
         float,
         typer.Option(
@@ -140,7 +168,38 @@ def config_from_args(args: Options, seed: int, window: int = 0) -> SimConfig:
             for p in cfg.pools
         )
         cfg = replace(cfg, pools=tuple(scaled))
-    return cfg
+    # Callers that build their own options may leave out the speed options.
+    gpu_speeds, prior_speeds = (
+        getattr(args, "gpu_speeds", None),
+        getattr(args, "prior_speeds", None),
+    )
+    if gpu_speeds:
+        world = {t.lower(): (t, v) for t, v in cfg.gpu_speed}
+        for t, v in parse_speeds(gpu_speeds, "--gpu-speeds"):
+            world[t.lower()] = (world.get(t.lower(), (t, v))[0], v)
+        cfg = replace(cfg, gpu_speed=tuple(world.values()))
+    if prior_speeds:
+        cfg = replace(cfg, prior_speed=parse_speeds(prior_speeds, "--prior-speeds"))
+    return replace(cfg, learn_speeds=getattr(args, "learn_speeds", True))
+
+
+def parse_speeds(text: str, option: str) -> tuple[tuple[str, float], ...]:
+    """'A100=2.2,T4=0.3' as (type, speed) pairs; a malformed one is a ValueError that
+    names the option and the expected form."""
+    out: list[tuple[str, float]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        try:
+            speed = float(value) if sep and name.strip() else -1.0
+        except ValueError:
+            speed = -1.0
+        if not speed > 0 or speed == float("inf"):
+            raise ValueError(
+                f"{option}: {part!r} is not TYPE=SPEED with a speed > 0; write e.g. "
+                f"{option} 'A100=2.2,T4=0.3'"
+            )
+        out.append((name.strip(), speed))
+    return tuple(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,7 +223,7 @@ def _run(args: Options) -> int:
         print(f"unknown policy {unknown}; choose from {sorted(POLICIES)}", file=sys.stderr)
         return 2
     seeds = list(range(args.seed, args.seed + max(1, args.seeds)))
-    if args.scenario:
+    if args.scenario or args.gpu_speeds or args.prior_speeds:
         try:
             config_from_args(args, args.seed)
         except ValueError as exc:
@@ -195,6 +254,13 @@ def _run(args: Options) -> int:
     if {"on-demand-only", "checkpoint-restart"} & set(names):
         print()
         print(report.format_comparison(runs))
+    if args.breakdown:
+        from load.sim.breakdown import format_breakdown
+
+        for r in runs:
+            parts, share = r["breakdown"]
+            head = f"\n{r['policy']} seed {r['seed']} row {r['offset']:,}"
+            print(format_breakdown(parts, head, share))
     print(f"\n{len(tasks)} run(s) in {time.perf_counter() - started:.1f}s wall")
     if args.out:
         for path in report.plot_all(runs, Path(args.out)):
@@ -202,7 +268,8 @@ def _run(args: Options) -> int:
         if {"on-demand-only", "checkpoint-restart"} & set(names):
             print(f"wrote {report.plot_comparison(runs, Path(args.out))}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": _finite(runs)}, indent=1, default=str))
+        kept = [{k: v for k, v in r.items() if k != "breakdown"} for r in runs]
+        Path(args.json).write_text(json.dumps({"runs": _finite(kept)}, indent=1, default=str))
         print(f"wrote {args.json}")
     bad = sum(r["summary"]["violations"] for r in runs)
     return 1 if bad else 0

@@ -16,7 +16,13 @@ from load.sim.policies import (
 from load.simconfig import (
     SimConfig,
 )
-from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from schemas.config import (
+    DEFAULT_GPU_SPEEDS,
+    BrokerConfig,
+    QueueConfig,
+    SchedulingConfig,
+    Timeouts,
+)
 from schemas.job import (
     CapacityPreference,
     CheckpointSpec,
@@ -58,6 +64,8 @@ class SimJob:
     ckpt_every: float | None  # None: the job never checkpoints
     vc: str
     ckpt_cost: float = 0.0  # seconds to write one checkpoint (restore: x restore_factor)
+    # Declared relative speeds per GPU type (JobSpec.gpu_speeds); () = learned from its steps.
+    gpu_speeds: tuple[tuple[str, float], ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -84,6 +92,7 @@ def make_jobs(cfg: SimConfig) -> list[SimJob]:
     t0 = window[0].arrival
     cost_rng = random.Random(f"ckpt-cost-{cfg.seed}")  # its own stream: the mix stays put
     lo, hi = cfg.ckpt_cost_s
+    declared = () if cfg.learn_speeds else tuple(broker_speeds(cfg).items())
     jobs: list[SimJob] = []
     for i, r in enumerate(window):
         replicas, per = traces.gang_shape(max(1, r.num_gpus))
@@ -101,6 +110,7 @@ def make_jobs(cfg: SimConfig) -> list[SimJob]:
                 ckpt_every=ckpt,
                 vc=r.cluster,
                 ckpt_cost=lo + (hi - lo) * cost_rng.random(),
+                gpu_speeds=declared,
             )
         )
     return jobs
@@ -128,6 +138,7 @@ def job_spec(job: SimJob, policy: Policy) -> JobSpec:
             )
         ],
         capacity=capacity,
+        gpu_speeds=dict(job.gpu_speeds),
         spot=skypilot.SPOT_POLICY if policy.skypilot else SpotPolicy(),
         checkpoint=CheckpointSpec(
             uri=f"s3://sim-ckpt/{job.job_id}",
@@ -156,9 +167,15 @@ def broker_config(cfg: SimConfig, policy: Policy | None = None) -> BrokerConfig:
     return config
 
 
+def broker_speeds(cfg: SimConfig) -> dict[str, float]:
+    """The broker's prior speed per GPU type: the run's `prior_speed`, else the defaults."""
+    return {t.lower(): v for t, v in cfg.prior_speed} or dict(DEFAULT_GPU_SPEEDS)
+
+
 def _broker_config(cfg: SimConfig) -> BrokerConfig:
     return BrokerConfig(
         queues=[QueueConfig(name=q) for q in cfg.queues],
+        scheduling=SchedulingConfig(gpu_speeds=broker_speeds(cfg)),
         timeouts=Timeouts(
             heartbeat_s=cfg.heartbeat_s,
             unreachable_after_s=3 * cfg.heartbeat_s,

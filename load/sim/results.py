@@ -56,13 +56,17 @@ def _run_summary(args: tuple[SimConfig, str]) -> dict[str, Any]:
     """One run's summary row, with the hindsight bound for the jobs it completed."""
     from load.oracle import bound_summary
     from load.report import summarize
+    from load.sim.breakdown import breakdown
 
     sim = Sim(*args)
     result = sim.run()
     summary = summarize(result)
     bound, timed = bound_for(sim, result), bound_for(sim, result, timed=True)
     summary.update(bound_summary(bound, summary, timed))
-    return {"summary": summary, "series": _series(result)}
+    work = sum(bound.work_by_pool.values())
+    share = {k[1]: float(v) / work for k, v in bound.work_by_pool.items() if v > 0} if work else {}
+    parts = breakdown(result, sim.jobs_by_id)
+    return {"summary": summary, "series": _series(result), "breakdown": (parts, share)}
 
 
 def _series(result: SimResult) -> dict[str, Any]:

@@ -50,6 +50,7 @@ class AttemptLog:
     ckpt_steps: list[int] = field(default_factory=list)
     ckpt_times: list[float] = field(default_factory=list)  # when each was written
     speed: float = 1.0  # work per second of one GPU here, relative to a V100
+    gpu_type: str = ""  # the pool's GPU type (V100, A100, T4, ...)
     ckpt_every: float | None = None  # the interval this attempt checkpointed at
     # An elastic attempt's GPU-seconds before its last resize, and when that was.
     gpu_s_before: float = 0.0
