@@ -808,6 +808,11 @@ class AgentRuntime:
         restart), for a caller that drives the runtime by hand."""
         self._learn(snap)
 
+    async def carry_out(self, cmd: Dispatch | Cancel | CheckpointNow) -> CommandAck:
+        """Run one broker command through the gate and the backend, as when it arrives on the
+        command subject, for a caller that drives the runtime by hand; returns its ack."""
+        return await self._execute(cmd)
+
     async def acknowledged(self, cmd: Applied, sent_at: float) -> None:
         """The broker's Applied for batch `cmd.seq`, which left at `sent_at` (unix time):
         handled as when it arrives on the command subject, for a caller with its own clock."""

@@ -28,7 +28,7 @@ from broker.lease import LeaderLease
 from broker.metrics import Metrics
 from broker.pacing import GcPacer
 from broker.rendezvous import ReplyRendezvous
-from broker.sequencer import Sequencer
+from broker.sequencer import Held, Sequencer
 from broker.store import JobStore, RecordMirror
 from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
@@ -148,6 +148,10 @@ class BrokerFields:
     def attempt_token(self, job_id: str, attempt: int) -> str:
         """The secret this attempt's workload is dispatched with to report its checkpoints."""
         return self._attempt_token(job_id, attempt)
+
+    def held_dispatches(self) -> list[Held]:
+        """Dispatches waiting behind the Cancel of the attempt before them."""
+        return self._sequencer.held()
 
     def wake(self) -> None:
         """Run the machine loop now, for a caller that changed the machine directly."""

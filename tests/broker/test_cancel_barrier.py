@@ -39,7 +39,7 @@ async def test_a_replacement_waits_until_the_old_attempts_cancel_is_heard(
     # ... and all that time the replacement is held back.
     assert new.dispatches.empty(), "the replacement left before the Cancel was heard"
     assert h.broker is not None
-    assert [h.command.attempt for h in h.broker._sequencer.held()] == [2]
+    assert [h.command.attempt for h in h.broker.held_dispatches()] == [2]
     old.ack = True
     for msg in list(old.unanswered):
         if isinstance(decode_command(msg.data), Cancel):

@@ -190,9 +190,9 @@ async def test_an_adopted_elastic_pytorchjob_takes_a_resize_after_the_agent_rest
     await first.stop()
     backend, _ = await make_backend()
     runtime = AgentRuntime(backend, nc)
-    runtime._learn(await backend.snapshot())
+    runtime.adopt(await backend.snapshot())
     assert runtime.live_attempts("j-1") == {1}
-    ack = await runtime._execute(elastic_dispatch(manifest, {"worker": 3}, revision=1))
+    ack = await runtime.carry_out(elastic_dispatch(manifest, {"worker": 3}, revision=1))
     assert ack == CommandAck(ok=True)
     (job,) = apiserver.items("kubeflow.org/v1", "pytorchjobs")
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
