@@ -6,37 +6,19 @@ command whose wait outlasts the broker's ack wait is refused, not left unanswere
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from nats.aio.client import Client
 
 from agents.kube.backend import KubeBackend
 from agents.runtime import HOLD_MAX_S, AgentRuntime
-from schemas.agent import Cancel, ClusterSnapshot, CommandAck, Dispatch
-from schemas.codec import decode_command_ack, encode_msgpack
+from schemas.agent import Cancel, CommandAck, Dispatch
+from tests.agents.helpers import HeldFirstSnapshot, sent_while_starting
 from tests.kube.conftest import NOW, Recorder, make_config
 from tests.kube.elastic import elastic_dispatch, load_fixture
 from tests.kube.fake_apiserver import FakeApiServer
-from tests.support import wait_for
 
 PYTORCHJOBS = ("kubeflow.org/v1", "pytorchjobs")
-
-
-class SlowFirstSnapshot(KubeBackend):
-    """A kube backend whose first snapshot lasts until the test lets it end (a big cluster's
-    first read), so that a command lands inside that window every time."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.reading = asyncio.Event()
-        self.finish = asyncio.Event()
-
-    async def snapshot(self) -> ClusterSnapshot:
-        if not self.finish.is_set():
-            self.reading.set()
-            await self.finish.wait()
-        return await super().snapshot()
 
 
 async def _four_workers(api_client: Any) -> dict[str, Any]:
@@ -52,29 +34,10 @@ async def _four_workers(api_client: Any) -> dict[str, Any]:
 async def _sent_in_the_window(
     api_client: Any, nc: Client, cmd: Dispatch | Cancel, *, release: bool = True
 ) -> tuple[CommandAck, AgentRuntime]:
-    """Restart an agent, send `cmd` as the broker does once the agent listens but has not
-    learnt its first snapshot, then let the snapshot end (unless `release` is False: the
-    snapshot then lasts until the command is answered). Returns the ack and the runtime."""
-    backend = SlowFirstSnapshot("c1", make_config(), api_client=api_client, clock=lambda: NOW)
+    """A restarted agent on the stand-in, `cmd` sent while it reads its cluster."""
+    backend = KubeBackend("c1", make_config(), api_client=api_client, clock=lambda: NOW)
     runtime = AgentRuntime(backend, nc)
-    starting = asyncio.create_task(runtime.start())
-    try:
-        await asyncio.wait_for(backend.reading.wait(), timeout=5)
-        asked = asyncio.create_task(
-            nc.request(runtime.cmd_subject, encode_msgpack(cmd), timeout=HOLD_MAX_S + 5)
-        )
-        await wait_for(lambda: runtime.stats["commands"] == 1, what="the command at the agent")
-        if not release:
-            await asyncio.wait_for(asyncio.shield(asked), timeout=HOLD_MAX_S + 5)
-        backend.finish.set()
-        await starting
-        ack = decode_command_ack((await asked).data)
-    except BaseException:
-        backend.finish.set()
-        await asyncio.gather(starting, return_exceptions=True)
-        await runtime.stop()
-        raise
-    await runtime.stop()
+    ack = await sent_while_starting(runtime, HeldFirstSnapshot(backend), cmd, release=release)
     return ack, runtime
 
 
