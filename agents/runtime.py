@@ -703,13 +703,14 @@ class AgentRuntime:
 
     async def _run_job_command(self, msg: Msg, cmd: Dispatch | Cancel | CheckpointNow) -> None:
         job_id = cmd.job_id
+        hold_until = asyncio.get_running_loop().time() + HOLD_MAX_S  # from arrival, not the lock
         lock, users = self._locks.get(job_id, (None, 0))
         if lock is None:
             lock = asyncio.Lock()
         self._locks[job_id] = (lock, users + 1)
         try:
             async with lock:
-                ack = await self._when_learnt(cmd)
+                ack = await self._when_learnt(cmd, hold_until)
         finally:
             lk, n = self._locks[job_id]
             if n <= 1:
@@ -720,14 +721,16 @@ class AgentRuntime:
             self.stats["refused"] += 1
         await self._reply(msg, ack)
 
-    async def _when_learnt(self, cmd: Dispatch | Cancel | CheckpointNow) -> CommandAck:
+    async def _when_learnt(
+        self, cmd: Dispatch | Cancel | CheckpointNow, hold_until: float
+    ) -> CommandAck:
         """Carry out `cmd` once the attempts already in the cluster are known. Held behind the
         first snapshot of a start (the subscription comes first so that no command meets an
         empty subject; the hold costs no more than that snapshot), so that a revision of an
         adopted attempt is a resize and a Cancel is not undone by an older snapshot."""
         if not self._learnt.is_set():
             try:
-                async with asyncio.timeout(HOLD_MAX_S):
+                async with asyncio.timeout_at(hold_until):
                     await self._learnt.wait()
             except TimeoutError:
                 self.log.warning("command refused: cluster not read yet", job_id=cmd.job_id)
