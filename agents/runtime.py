@@ -64,6 +64,9 @@ from shell.tasks import cancel_and_wait
 MAX_ERROR_CHARS = 1000  # CommandAck.error is capped at 1024 by the schema
 STOP_TIMEOUT_S = 5.0
 RETRY_S = 0.2  # pause after a failed publish/snapshot so a dead connection cannot spin us
+# A job command that arrives before the first snapshot is learnt waits at most this long (under
+# the broker's first ack wait, `timeouts.dispatch_ack_s`, 2 s by default), then is refused.
+HOLD_MAX_S = 1.5
 # Outcomes (endings, checkpoints) kept until the broker says they are persisted. Past the cap
 # the oldest are dropped, loudly: a broker away that long has bigger problems.
 MAX_OUTBOX = 100_000
@@ -163,6 +166,9 @@ class AgentRuntime:
         self._next_heartbeat = 0.0
         self._retry_at = 0.0  # after a failed publish or snapshot, wait before retrying
         self._wake = asyncio.Event()
+        # Set once a snapshot of this start has been learnt: until then the gate does not know
+        # the attempts already in the cluster, and a revision would look like a new dispatch.
+        self._learnt = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._sub: Any = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -175,13 +181,15 @@ class AgentRuntime:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         """New instance id, seq from 1; starts the backend, subscribes to commands, then
-        publishes the first batch (a full snapshot) before returning."""
+        publishes the first batch (a full snapshot) before returning. Job commands that
+        arrive before that snapshot is learnt are held until it is (`_when_learnt`)."""
         if self._running:
             return
         self.instance = uuid.uuid4().hex[:16]
         self.seq = 0
         self._queue = []
         self._snapshot_pending = True
+        self._learnt.clear()
         self._running = True
         self.log = self.log.bind(instance=self.instance)
         await self.backend.start(self._emit)
@@ -610,6 +618,7 @@ class AgentRuntime:
             # adopted from an earlier agent: keep extending the fence it was given
             after = fence_after(w.job_id, w.attempt) if live and fence_after else None
             self.gate.adopt(w.job_id, w.attempt, live=live, fence_after=after)
+        self._learnt.set()
 
     # -- commands ------------------------------------------------------------------------
     async def _on_msg(self, msg: Msg) -> None:
@@ -694,13 +703,14 @@ class AgentRuntime:
 
     async def _run_job_command(self, msg: Msg, cmd: Dispatch | Cancel | CheckpointNow) -> None:
         job_id = cmd.job_id
+        hold_until = asyncio.get_running_loop().time() + HOLD_MAX_S  # from arrival, not the lock
         lock, users = self._locks.get(job_id, (None, 0))
         if lock is None:
             lock = asyncio.Lock()
         self._locks[job_id] = (lock, users + 1)
         try:
             async with lock:
-                ack = await self._execute(cmd)
+                ack = await self._when_learnt(cmd, hold_until)
         finally:
             lk, n = self._locks[job_id]
             if n <= 1:
@@ -710,6 +720,28 @@ class AgentRuntime:
         if not ack.ok:
             self.stats["refused"] += 1
         await self._reply(msg, ack)
+
+    async def _when_learnt(
+        self, cmd: Dispatch | Cancel | CheckpointNow, hold_until: float
+    ) -> CommandAck:
+        """Carry out `cmd` once the attempts already in the cluster are known. Held behind the
+        first snapshot of a start (the subscription comes first so that no command meets an
+        empty subject; the hold costs no more than that snapshot), so that a revision of an
+        adopted attempt is a resize and a Cancel is not undone by an older snapshot."""
+        if not self._learnt.is_set():
+            try:
+                async with asyncio.timeout_at(hold_until):
+                    await self._learnt.wait()
+            except TimeoutError:
+                self.log.warning("command refused: cluster not read yet", job_id=cmd.job_id)
+                err = (
+                    f"the agent of cluster {self.cluster} has not read its cluster yet (its "
+                    f"first snapshot took over {HOLD_MAX_S} s), so the command was not carried "
+                    "out; if this repeats, look for 'snapshot failed' in the agent's log and "
+                    "fix its access to the cluster"
+                )
+                return CommandAck(ok=False, error=err)
+        return await self._execute(cmd)
 
     async def _execute(self, cmd: Dispatch | Cancel | CheckpointNow) -> CommandAck:
         log = self.log.bind(job_id=cmd.job_id, attempt=cmd.attempt, epoch=cmd.epoch)

@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 
+from agents.backend import Backend
+from agents.runtime import HOLD_MAX_S, AgentRuntime
 from schemas.agent import (
     CheckpointRef,
     ClusterSnapshot,
@@ -154,3 +156,43 @@ def dispatch(
         resume_from=resume_from,
         checkpoint_uri=checkpoint_uri or f"s3://ckpt/{job_id}",
     )
+
+
+class HeldFirstSnapshot:
+    """Holds a backend's first snapshot until `finish` is set (a big cluster's first read), so
+    that a test lands a command between the agent's subscription and that read every time."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.reading = asyncio.Event()
+        self.finish = asyncio.Event()
+        self._read = backend.snapshot
+        backend.snapshot = self._snapshot  # type: ignore[method-assign]
+
+    async def _snapshot(self) -> ClusterSnapshot:
+        if not self.finish.is_set():
+            self.reading.set()
+            await self.finish.wait()
+        return await self._read()
+
+
+async def sent_while_starting(
+    runtime: AgentRuntime, held: HeldFirstSnapshot, cmd: Command, *, release: bool = True
+) -> CommandAck:
+    """Start `runtime` and send `cmd` as the broker does once the agent listens but has not
+    learnt its first snapshot, then let the snapshot end (with `release` False, only once the
+    command is answered). Stops the runtime; returns the command's ack."""
+    wire = BrokerWire(runtime.nc, runtime.cluster, runtime.subjects)
+    starting = asyncio.create_task(runtime.start())
+    try:
+        await asyncio.wait_for(held.reading.wait(), timeout=5)
+        asked = asyncio.create_task(wire.send(cmd, timeout=HOLD_MAX_S + 2))
+        await wait_for(lambda: runtime.stats["commands"] == 1, what="the command at the agent")
+        if not release:
+            await asyncio.wait_for(asyncio.shield(asked), timeout=HOLD_MAX_S + 2)
+        held.finish.set()
+        await starting
+        return await asked
+    finally:
+        held.finish.set()
+        await asyncio.gather(starting, return_exceptions=True)
+        await runtime.stop()
