@@ -332,3 +332,37 @@ def test_why_says_how_often_a_gang_reaches_its_next_checkpoint_on_spot() -> None
     assert "best c/spot $89.8 per unit of work (A at 1x, $89.8/h, " in text
     assert "reaches its next checkpoint 17% of the time, redo priced in)" in text
     assert text.endswith("next best c/od $96 per unit of work (A at 1x, $96/h)")
+
+
+def _two_spot_pools(cheap_nodes: int) -> Scheduler:
+    s = Scheduler(config(spot_prior_rate=0.0))
+    s.apply_snapshot(
+        "c",
+        [flavor("cheap", "spot", "a", 1.0), flavor("dear", "spot", "a", 1.6)],
+        nodes("ch", "cheap", cheap_nodes) + nodes("de", "dear", 8),
+        NOW,
+    )
+    return s
+
+
+def test_a_spot_only_gang_waits_for_the_pool_where_work_costs_less() -> None:
+    """The cheap pool is full: a 4-node spot-only gang waits for it rather than pay 1.6x per
+    unit of work; a 1-node one, and a gang that may fall back, take the dear pool now."""
+    s = _two_spot_pools(8)
+    ((_, filler),) = s.schedule([gang("fill", (8, 8), capacity="spot")], NOW).admitted
+    assert filler.flavor == "cheap"
+    res = s.schedule(
+        [
+            gang("big", (4, 8), capacity="spot"),
+            gang("one", (1, 8), capacity="spot"),
+            gang("flex", (4, 8), capacity="spot-then-on-demand"),
+        ],
+        NOW,
+    )
+    assert sorted((j, p.flavor) for j, p in res.admitted) == [("flex", "dear"), ("one", "dear")]
+
+
+def test_a_spot_only_gang_takes_the_dear_pool_when_the_cheap_one_can_never_host_it() -> None:
+    s = _two_spot_pools(2)
+    ((_, p),) = s.schedule([gang("big", (4, 8), capacity="spot")], NOW).admitted
+    assert p.flavor == "dear"
