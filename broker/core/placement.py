@@ -19,6 +19,10 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
   an earlier job of equal or higher priority, no bigger and accepting every GPU type it does,
   already waits for spot too (`futile_spot_waits`): whatever spot frees up goes to that job
   first, so the wait would only delay the job and save nothing.
+- A `spot` (spot-only) gang that spans more than one node skips a pool whose expected cost per
+  unit of work is over `WAIT_RATIO` times that of the cheapest pool that could host it empty,
+  and waits for that pool: on a slow or reclaim-heavy pool the run is longer and every reclaim
+  ends the whole gang's attempt. Jobs with an on-demand fallback keep their fallback rules.
 - Order among feasible pools: capacity rank, then expected cost per unit of work: the
   expected cost per hour (risk.py) divided by the job's relative speed on the pool's GPU type
   (speed.py); costs within `COST_TIE` of each other count as equal, then the faster GPU type
@@ -46,6 +50,7 @@ from schemas.agent import FlavorInfo
 from schemas.job import CapacityPreference
 
 COST_TIE = 0.01  # relative
+WAIT_RATIO = 1.5  # a multi-node spot-only gang waits rather than pay more per unit of work
 TIE_EVAL = 4
 
 Take = tuple[Node, int, int]  # (node, podset index, replicas)
@@ -220,6 +225,8 @@ def build_candidates(
                     s = speeds[p.gpu_type] = speed(p.gpu_type)
                 cost /= s
             scored.append((rank, cost, p.cluster, p.name, p))
+    if req.capacity == "spot" and len(scored) > 1:
+        scored = _wait_for_cheaper_work(scored, req, gpus)
     last = len(prefer)
     scored.sort(key=lambda t: (t[0], prefer.get(t[4].flavor_class, last), t[1], t[2], t[3]))
     groups: list[list[Pool]] = []
@@ -245,6 +252,22 @@ def build_candidates(
     return Candidates(
         groups, ranks, [list(g) for g in groups], matching, unhealthy, blocked, spot_pools
     )
+
+
+def _wait_for_cheaper_work(
+    scored: list[tuple[int, float, str, str, Pool]], req: GangRequest, gpus: int
+) -> list[tuple[int, float, str, str, Pool]]:
+    """A spot-only gang that spans nodes skips pools whose expected cost per unit of work is
+    over `WAIT_RATIO` times that of the cheapest pool that could host it empty: it waits for
+    that one. A slow or reclaim-heavy pool multiplies the run's length and so its reclaims,
+    each of which ends the whole gang's attempt. Only gangs with no on-demand fallback wait
+    this way; the others keep their fallback rules."""
+    gang = make_gang(req.podsets)
+    hosts = [t[1] for t in scored if empty_fit(t[4], gang)]
+    if not hosts:
+        return scored
+    bar = WAIT_RATIO * min(hosts)
+    return [t for t in scored if t[1] <= bar or gpus <= (t[4].node_gpu or 1)]
 
 
 def _faster_first(

@@ -10,18 +10,32 @@ prior rate (`scheduling.spot_prior_rate` for spot pools, 0 for on-demand ones):
 so a new pool reports the prior and a pool with long history reports what it observed. Old
 events fade, so a pool that calmed down is trusted again.
 
-Cost model (dollars per hour), for a gang of G GPUs spread over k nodes of a pool:
+Cost model (dollars per hour of useful progress), for a gang of G GPUs spread over k nodes of a
+pool, reclaimed at `lam = rate * k` per hour (how often some node of the gang is reclaimed):
 
-    cost = price * G * (1 + risk_weight * rate * k * L)
+    cost = price * G * (1 + risk_weight * (redo - 1))
 
-`rate * k` is how often per hour some node of the gang is reclaimed, and each reclaim loses about
-L hours of all G GPUs' work, valued at the pool's price. L is half the checkpoint interval when
-the job checkpoints. Without checkpoints a reclaim loses the whole run so far; under a
-memoryless reclaim process that is about 1 / (rate * k) hours, capped at
-`NO_CHECKPOINT_LOSS_H` (the run so far of a typical un-checkpointed job). The interval a
-request carries already includes twice the job's restart overhead (restore + start-up +
-checkpoint at the move, records.py), so L is the work since the last checkpoint plus what a
-move costs.
+`redo` is the hours a gang runs per hour of progress it keeps. A job that checkpoints every I
+hours keeps a segment's work only when the whole gang survives to the segment's checkpoint:
+each node survives I hours with chance exp(-rate * I), the gang with (exp(-rate * I)) ** k =
+exp(-x), x = lam * I, and a lost segment is run again from its start. The expected time to get
+one segment through is then (exp(x) - 1) / lam (the renewal argument of Daly, "A higher
+order estimate of the optimum checkpoint interval for restart dumps", FGCS 2006: a segment's
+expected wall time M * exp(R / M) * (exp((tau + delta) / M) - 1), here with the restart R and
+the dump delta folded into the interval), so
+
+    redo = (exp(x) - 1) / x  =  1 + x / 2 + x**2 / 6 + ...
+
+To first order that is 1 + lam * I / 2, a loss of half an interval per reclaim, the linear
+model this replaced; the higher terms price a big gang on a pool where it rarely reaches a
+checkpoint (x = 1: 1.72 against 1.5; x = 3: 6.4 against 2.5), so it prefers a pool where it
+does, or a cheaper-looking pool loses to one with fewer reclaims. Pools of equal gang rate
+keep the same factor, so their order is price (per unit of work) alone, as before. The
+interval a request carries already includes twice the job's restart overhead (restore +
+start-up + checkpoint at the move, records.py), so a segment covers what a restart costs
+too. Without checkpoints a reclaim loses the whole run so far; under a memoryless reclaim
+process that is about 1 / lam hours, capped at `NO_CHECKPOINT_LOSS_H` (the run so far of a
+typical un-checkpointed job): redo = 1 + lam * min(NO_CHECKPOINT_LOSS_H, 1 / lam).
 
 Correlated reclaims. A provider reclaims spot capacity of one zone in bursts: one event takes
 several nodes at once. Notices of one pool and zone within `BURST_WINDOW_S` of the event's first
@@ -61,6 +75,7 @@ MAX_ADVISED_S = 4 * 3600.0
 NO_CHECKPOINT_LOSS_H = 2.0
 BURST_WINDOW_S = 60.0  # notices of one pool and zone this soon after an event's first: same event
 PRIOR_EVENTS = 2.0  # events of one node each that the burst size starts from
+MAX_EXPONENT = 30.0  # lam * I beyond this prices the same (a segment that never lands)
 _LN2 = math.log(2.0)
 
 
@@ -118,12 +133,31 @@ class PoolRisk:
 
 
 def loss_hours(checkpoint_interval_s: float | None, gang_rate_per_h: float) -> float:
-    """Expected hours of work lost per interruption (see module docstring)."""
+    """Expected hours of work lost per interruption, to first order (see module docstring)."""
     if checkpoint_interval_s is not None and checkpoint_interval_s > 0:
         return checkpoint_interval_s / 2.0 / 3600.0
     if gang_rate_per_h <= 0.0:
         return NO_CHECKPOINT_LOSS_H
     return min(NO_CHECKPOINT_LOSS_H, 1.0 / gang_rate_per_h)
+
+
+def checkpoint_survival(checkpoint_interval_s: float | None, gang_rate_per_h: float) -> float:
+    """Chance that no node of the gang is reclaimed before its next checkpoint (a segment of
+    the priced interval): the per-node survival to the power of its nodes. 0 without
+    checkpoints and a positive rate (no segment is ever kept)."""
+    if checkpoint_interval_s is None or checkpoint_interval_s <= 0:
+        return 1.0 if gang_rate_per_h <= 0.0 else 0.0
+    return math.exp(-gang_rate_per_h * checkpoint_interval_s / 3600.0)
+
+
+def redo_factor(checkpoint_interval_s: float | None, gang_rate_per_h: float) -> float:
+    """Hours run per hour of progress kept, redone segments included (module docstring)."""
+    if gang_rate_per_h <= 0.0:
+        return 1.0
+    if checkpoint_interval_s is None or checkpoint_interval_s <= 0:
+        return 1.0 + gang_rate_per_h * loss_hours(None, gang_rate_per_h)
+    x = min(gang_rate_per_h * checkpoint_interval_s / 3600.0, MAX_EXPONENT)
+    return math.expm1(x) / x
 
 
 def expected_cost_per_hour(
@@ -134,12 +168,15 @@ def expected_cost_per_hour(
     checkpoint_interval_s: float | None,
     risk_weight: float,
 ) -> float:
-    """Price plus the expected value of work lost to interruptions, per hour (reclaims of the
-    gang's nodes taken as independent: the bound before its nodes are known)."""
-    gang_rate = rate_per_node_hour * max(1, nodes)
-    # `gang_cost_per_hour` written out: this runs for every candidate pool of every decision.
-    lost = loss_hours(checkpoint_interval_s, gang_rate)
-    return price_per_gpu_hour * gpus * (1.0 + risk_weight * gang_rate * lost)
+    """Price plus the expected value of work redone after interruptions, per hour of progress
+    (reclaims of the gang's nodes taken as independent: the bound before its nodes are known)."""
+    return gang_cost_per_hour(
+        price_per_gpu_hour,
+        gpus,
+        rate_per_node_hour * max(1, nodes),
+        checkpoint_interval_s,
+        risk_weight,
+    )
 
 
 def gang_cost_per_hour(
@@ -149,9 +186,9 @@ def gang_cost_per_hour(
     checkpoint_interval_s: float | None,
     risk_weight: float,
 ) -> float:
-    """Price plus the expected value of work lost at `gang_rate_per_h` interruptions an hour."""
-    lost = loss_hours(checkpoint_interval_s, gang_rate_per_h)
-    return price_per_gpu_hour * gpus * (1.0 + risk_weight * gang_rate_per_h * lost)
+    """Price plus the expected value of work redone at `gang_rate_per_h` interruptions an hour."""
+    redo = redo_factor(checkpoint_interval_s, gang_rate_per_h)
+    return price_per_gpu_hour * gpus * (1.0 + risk_weight * (redo - 1.0))
 
 
 def gang_reclaim_rate(

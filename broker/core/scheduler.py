@@ -74,7 +74,7 @@ from broker.core.provision import Claim, Provisions, rank_of
 from broker.core.quota import Cohort, QueueState, QuotaBook, QuotaMiss, never_admissible
 from broker.core.reasons import feasibility
 from broker.core.reservation import Reservation
-from broker.core.risk import gang_reclaim_rate
+from broker.core.risk import checkpoint_survival, gang_reclaim_rate
 from broker.core.speed import WorkPrice, speed_of
 from broker.core.topology import growth_domains, zone_spread
 from broker.core.types import (
@@ -1232,7 +1232,12 @@ class Scheduler:
             for p in group:
                 nodes = max(1, -(-gpus // (p.node_gpu or 1)))
                 cost = pool_cost(p, request, gpus, nodes, rate_of, self._risk_weight)
-                out.append(WorkPrice(p.cluster, p.name, p.gpu_type, cost, speed(p.gpu_type)))
+                survives = checkpoint_survival(
+                    request.checkpoint_interval_s, rate_of(p.key) * nodes
+                )
+                out.append(
+                    WorkPrice(p.cluster, p.name, p.gpu_type, cost, speed(p.gpu_type), survives)
+                )
         return out
 
     def pool_reasons(self, request: GangRequest) -> tuple[Reason, ...]:

@@ -106,6 +106,8 @@ class WorkPrice(NamedTuple):
     gpu_type: str
     cost_per_hour: float  # expected, spot risk included (risk.py)
     speed: float  # the job's relative speed there (V100 = 1 with the default priors)
+    # chance the whole gang reaches its next checkpoint there (risk.checkpoint_survival)
+    survival: float = 1.0
 
     @property
     def per_work(self) -> float:
@@ -117,7 +119,8 @@ def work_price_text(
 ) -> str | None:
     """The expected cost per unit of work of the chosen pool (the job's current one, else
     the best) and of the next-best one; per step too where the job's step rate there is
-    measured. None when no pool may host the job."""
+    measured, and the chance the gang reaches its next checkpoint where reclaims put it below
+    one. None when no pool may host the job."""
     if not prices:
         return None
     found = next((w for w in prices if (w.cluster, w.flavor) == chosen), None)
@@ -133,6 +136,8 @@ def work_price_text(
         rate = steps.get(w.gpu_type)
         if rate:
             text += f", ${w.cost_per_hour / 3600.0 / rate * 1000.0:.3g} per 1000 steps"
+        if w.survival < 1.0:
+            text += f", reaches its next checkpoint {w.survival:.0%} of the time, redo priced in"
         return text + ")"
 
     label = "its pool" if found is not None else "best"

@@ -21,6 +21,7 @@ from broker.core.speed import (
     speed_of,
     work_price_text,
 )
+from broker.core.types import GangRequest
 from schemas.agent import CheckpointReport, FlavorInfo, NodeInfo, WorkloadStatus
 from schemas.job import CheckpointSpec
 from tests.core.harness import Sim, run
@@ -195,6 +196,55 @@ def test_equal_speeds_rank_pools_exactly_as_price_alone(
     assert new.ranks == old.ranks
 
 
+@settings(max_examples=150, deadline=None)
+@given(fleet=fleets(), data=st.data(), gang_rate=st.sampled_from([0.05, 0.6, 2.4, 9.0]))
+def test_pools_of_equal_gang_risk_rank_exactly_as_without_risk(
+    fleet: dict[str, tuple[list[FlavorInfo], list[NodeInfo]]],
+    data: st.DataObject,
+    gang_rate: float,
+) -> None:
+    """Every pool reclaims the gang equally often (its per-node rate times the gang's nodes
+    there): the redo factor is common, so the order is price per unit of work alone."""
+    s = Scheduler(config())
+    for cname, (flavors, ns) in fleet.items():
+        s.apply_snapshot(cname, flavors, ns, NOW)
+    inv = s.snapshot(NOW).inv
+    req = data.draw(requests("j", ["q0"]))
+    risk = data.draw(st.sampled_from([1.0, 5.0]))
+    speed = data.draw(st.sampled_from([None, lambda t: {"a": 2.2, "b": 0.3}.get(t, 1.0)]))
+    gpus = req.total_gpu
+
+    def equal_risk(key: tuple[str, str]) -> float:
+        node_gpu = inv.clusters[key[0]].pools[key[1]].node_gpu or 1
+        return gang_rate / max(1, -(-gpus // node_gpu))
+
+    old = build_candidates(inv, req, gpus, lambda _k: 0.0, risk, (), speed)
+    new = build_candidates(inv, req, gpus, equal_risk, risk, (), speed)
+    assert _names(new.groups) == _names(old.groups)  # type: ignore[arg-type]
+    assert new.ranks == old.ranks
+
+
+def test_a_big_gang_takes_the_dearer_pool_where_it_reaches_its_checkpoints() -> None:
+    """Two spot pools, one 55 % cheaper but reclaiming 0.6 nodes per node-hour: per-node
+    survival to the 4th power makes it dearer for a 4-node gang (a half-interval loss per
+    reclaim would not: 0.45 x 1.9 < 1), not for a 1-node one."""
+    s = Scheduler(config(spot_prior_rate=0.0))
+    cheap = flavor("cheap", "spot", "a", 0.45)
+    calm = flavor("calm", "spot", "a", 1.0)
+    s.apply_snapshot("c", [cheap, calm], nodes("ch", "cheap", 8) + nodes("ca", "calm", 8), NOW)
+    rates = {("c", "cheap"): 0.6, ("c", "calm"): 0.0}
+    inv = s.snapshot(NOW).inv
+
+    def order(req: GangRequest) -> list[str]:
+        c = build_candidates(inv, req, req.total_gpu, rates.__getitem__, 1.0)
+        return [p.name for g in c.groups for p in g]
+
+    big = gang("big", (4, 8), checkpoint_interval_s=2700.0)
+    small = gang("small", (1, 8), checkpoint_interval_s=2700.0)
+    assert order(big) == ["calm", "cheap"]  # 0.45 x (e^1.8 - 1) / 1.8 = 1.26 > 1
+    assert order(small) == ["cheap", "calm"]  # 0.45 x 1.26 = 0.57 < 1
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     fleet=fleets(),
@@ -264,3 +314,55 @@ def test_why_shows_the_cost_of_work_of_a_placed_and_of_a_queued_job() -> None:
     why = w.m.views.why(queued, w.now)
     assert why is not None and why.state == "queued" and why.work_price is not None
     assert why.work_price.startswith("expected cost of work: best a/a100 $16 per unit")
+
+
+def test_why_says_how_often_a_gang_reaches_its_next_checkpoint_on_spot() -> None:
+    s = Scheduler(config(spot_prior_rate=0.6))
+    s.apply_snapshot(
+        "c",
+        [flavor("spot", "spot", "a", 1.0), flavor("od", "on-demand", "a", 3.0)],
+        nodes("s", "spot", 8) + nodes("o", "od", 8),
+        NOW,
+    )
+    req = gang("big", (4, 8), checkpoint_interval_s=2700.0)
+    prices = s.work_prices(req, NOW)
+    assert [(w.flavor, round(w.survival, 3)) for w in prices] == [("spot", 0.165), ("od", 1.0)]
+    text = work_price_text(prices, None, [])
+    assert text is not None
+    assert "best c/spot $89.8 per unit of work (A at 1x, $89.8/h, " in text
+    assert "reaches its next checkpoint 17% of the time, redo priced in)" in text
+    assert text.endswith("next best c/od $96 per unit of work (A at 1x, $96/h)")
+
+
+def _two_spot_pools(cheap_nodes: int) -> Scheduler:
+    s = Scheduler(config(spot_prior_rate=0.0))
+    s.apply_snapshot(
+        "c",
+        [flavor("cheap", "spot", "a", 1.0), flavor("dear", "spot", "a", 1.6)],
+        nodes("ch", "cheap", cheap_nodes) + nodes("de", "dear", 8),
+        NOW,
+    )
+    return s
+
+
+def test_a_spot_only_gang_waits_for_the_pool_where_work_costs_less() -> None:
+    """The cheap pool is full: a 4-node spot-only gang waits for it rather than pay 1.6x per
+    unit of work; a 1-node one, and a gang that may fall back, take the dear pool now."""
+    s = _two_spot_pools(8)
+    ((_, filler),) = s.schedule([gang("fill", (8, 8), capacity="spot")], NOW).admitted
+    assert filler.flavor == "cheap"
+    res = s.schedule(
+        [
+            gang("big", (4, 8), capacity="spot"),
+            gang("one", (1, 8), capacity="spot"),
+            gang("flex", (4, 8), capacity="spot-then-on-demand"),
+        ],
+        NOW,
+    )
+    assert sorted((j, p.flavor) for j, p in res.admitted) == [("flex", "dear"), ("one", "dear")]
+
+
+def test_a_spot_only_gang_takes_the_dear_pool_when_the_cheap_one_can_never_host_it() -> None:
+    s = _two_spot_pools(2)
+    ((_, p),) = s.schedule([gang("big", (4, 8), capacity="spot")], NOW).admitted
+    assert p.flavor == "dear"

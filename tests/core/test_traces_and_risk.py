@@ -7,8 +7,17 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from broker.core.risk import NO_CHECKPOINT_LOSS_H, expected_cost_per_hour, loss_hours
+from broker.core.risk import (
+    MAX_EXPONENT,
+    NO_CHECKPOINT_LOSS_H,
+    checkpoint_survival,
+    expected_cost_per_hour,
+    loss_hours,
+    redo_factor,
+)
 from load.traces import (
     default_traces_dir,
     gang_demands,
@@ -66,4 +75,35 @@ def test_loss_and_cost_formulas() -> None:
     assert loss_hours(None, 2.0) == pytest.approx(0.5)  # memoryless: 1 / rate
     assert expected_cost_per_hour(2.0, 4, 0.0, 1, None, 1.0) == 8.0
     cost = expected_cost_per_hour(1.0, 8, 0.1, 2, 3600.0, 1.0)
-    assert math.isclose(cost, 8.0 * (1 + 0.2 * 0.5))
+    assert math.isclose(cost, 8.0 * math.expm1(0.2) / 0.2)  # 2 nodes x 0.1/h x 1 h segments
+    assert expected_cost_per_hour(1.0, 8, 2.0, 1, None, 1.0) == 16.0  # loses 1 / rate per reclaim
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rate=st.floats(1e-4, 5.0),
+    nodes=st.integers(1, 64),
+    interval_s=st.sampled_from([300.0, 600.0, 1800.0, 3600.0, 7200.0]),
+)
+def test_redo_grows_with_the_chance_a_gang_misses_its_checkpoint(
+    rate: float, nodes: int, interval_s: float
+) -> None:
+    """Per-node survival to the power of the nodes; first order the old half-interval loss,
+    above it once a gang often misses its checkpoint."""
+    alone = checkpoint_survival(interval_s, rate)
+    assert math.isclose(checkpoint_survival(interval_s, rate * nodes), alone**nodes, rel_tol=1e-9)
+    redo = redo_factor(interval_s, rate * nodes)
+    linear = 1.0 + rate * nodes * loss_hours(interval_s, rate * nodes)
+    assert redo >= linear * (1.0 - 1e-12)
+    x = rate * nodes * interval_s / 3600.0
+    fewer = redo_factor(interval_s, rate * (nodes - 1))
+    assert redo > fewer or nodes == 1 or (x >= MAX_EXPONENT and redo == fewer)
+    if x < 1e-3:
+        assert math.isclose(redo, linear, rel_tol=1e-6)
+
+
+def test_a_gang_that_rarely_reaches_a_checkpoint_costs_more_than_linear() -> None:
+    # 4 nodes, 0.6 reclaims per node-hour, 45 min segments: survives 16.5 % of segments
+    assert math.isclose(checkpoint_survival(2700.0, 2.4), math.exp(-1.8))
+    assert math.isclose(redo_factor(2700.0, 2.4), math.expm1(1.8) / 1.8)  # 2.81, linear 1.9
+    assert redo_factor(2700.0, 0.0) == 1.0
