@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from shell.cli import LazyGroup
+from shell.lazyimport import defer_unused
 
 BROKER, OPERATOR = "broker.cli.app", "broker.cli_operator.app"
 LIVE, NODEOPS, AGENTS = "broker.cli_live.app", "broker.cli_nodeops.app", "agents.cli.app"
@@ -96,4 +97,5 @@ def _root(
 
 def main(*args: Any) -> None:
     """Console-script entry point."""
+    defer_unused()  # before any command imports nats-py
     app(*args)

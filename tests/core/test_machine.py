@@ -331,6 +331,25 @@ def test_backlog_deeper_than_lookahead_drains_without_further_input(restored: bo
     assert sorted(dispatched) == sorted(jobs)
 
 
+def test_restored_backlog_waits_for_an_agent_before_its_first_cycle() -> None:
+    """A restored backlog wants no cycle until an agent has reported (with no capacity known
+    it could admit nothing, and it held a restarted broker's first answer); the first report
+    asks for one and it dispatches; a job submitted meanwhile still gets its cycle."""
+    before = Sim.empty()
+    jobs = [before.submit(f"j{i}", gpu=8) for i in range(3)]
+    w = Sim.empty()
+    w.m.handle(Restore(list(before.m.jobs.values())), w.now)
+    assert not w.m.wants_cycle
+    w.cluster("a", count=1)
+    assert w.m.wants_cycle
+    (d,) = sends(w.m.handle(CYCLE, w.now), Dispatch)
+    assert d.job_id == jobs[0]
+    fresh = Sim.empty()
+    fresh.m.handle(Restore(list(before.m.jobs.values())), fresh.now)
+    fresh.submit("late", gpu=8)
+    assert fresh.m.wants_cycle
+
+
 def test_in_place_restarts_are_told_once_and_not_repeated_by_snapshots() -> None:
     w = Sim.empty()
     w.cluster("a")
