@@ -216,7 +216,7 @@ async def test_clients_beyond_the_limit_are_refused(live: Live) -> None:
                 hub.leave(c)
 
 
-async def test_the_pages_of_100k_queued_jobs_page_filter_and_count_them_all(harness: Harness) -> None:
+async def test_pages_of_100k_queued_jobs_page_filter_and_count_them(harness: Harness) -> None:
     """No cluster, so every job stays queued. The jobs are put straight into the leader's
     machine (the wire path, and how long each page takes, is what load/bench_ui.py
     measures); every page pages, filters and counts all of them."""
