@@ -22,7 +22,8 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
 - A `spot` (spot-only) gang that spans more than one node skips a pool whose expected cost per
   unit of work is over `WAIT_RATIO` times that of the cheapest pool that could host it empty,
   and waits for that pool: on a slow or reclaim-heavy pool the run is longer and every reclaim
-  ends the whole gang's attempt. Jobs with an on-demand fallback keep their fallback rules.
+  ends the whole gang's attempt. Jobs with an on-demand fallback keep their fallback rules;
+  autoscaled pools keep the provisioning rules (provision.py).
 - Order among feasible pools: capacity rank, then expected cost per unit of work: the
   expected cost per hour (risk.py) divided by the job's relative speed on the pool's GPU type
   (speed.py); costs within `COST_TIE` of each other count as equal, then the faster GPU type
@@ -261,13 +262,19 @@ def _wait_for_cheaper_work(
     over `WAIT_RATIO` times that of the cheapest pool that could host it empty: it waits for
     that one. A slow or reclaim-heavy pool multiplies the run's length and so its reclaims,
     each of which ends the whole gang's attempt. Only gangs with no on-demand fallback wait
-    this way; the others keep their fallback rules."""
+    this way; the others keep their fallback rules. Autoscaled pools neither set the bar nor
+    are skipped: whether they can grow is the provisioning rules' to judge (a pool that stocked
+    out is avoided for a while, and waiting for it would wait on nothing)."""
     gang = make_gang(req.podsets)
-    hosts = [t[1] for t in scored if empty_fit(t[4], gang)]
+    hosts = [t[1] for t in scored if t[4].info.provision is None and empty_fit(t[4], gang)]
     if not hosts:
         return scored
     bar = WAIT_RATIO * min(hosts)
-    return [t for t in scored if t[1] <= bar or gpus <= (t[4].node_gpu or 1)]
+    return [
+        t
+        for t in scored
+        if t[1] <= bar or gpus <= (t[4].node_gpu or 1) or t[4].info.provision is not None
+    ]
 
 
 def _faster_first(
