@@ -116,6 +116,10 @@ def main() -> None:
         if rank == 0:
             print(f"final loss {loss.item()!r} at step {args.steps}", flush=True)
     ck.close()
+    # Every rank reaches the same point before gloo's pairs are torn down: a rank destroying its
+    # group while its peer still has work in flight on the pair can abort at exit ("terminate
+    # called without an active exception"; mosaicml/streaming#186 synchronizes the same way).
+    dist.barrier()
     dist.destroy_process_group()
 
 
