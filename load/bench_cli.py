@@ -1,8 +1,11 @@
-"""Start-up time of the `muster` command: `muster --help`, and a command's own `--help`.
+"""Start-up time of the `muster` command (`muster --help`, a command's own `--help`) and of a
+broker process's imports (`import broker.service, broker.cli_operator`, what `muster broker`
+loads before it connects).
 
     python -m load.bench_cli [--runs 5] [--baseline DIR] [--json out.json]
 
-Each run starts a fresh `python -m muster ...` (this interpreter, cwd = the tree)
+Each run starts a fresh `python -m muster ...` or `python -c "import ..."` (this interpreter,
+cwd = the tree)
 and measures its wall time to exit, and with `-X importtime` the modules it imported. With
 `--baseline DIR` (another checkout of the repository, e.g. `git worktree add` or `git
 archive | tar -x` of an older commit) the same commands run there too, interleaved run by run,
@@ -24,27 +27,30 @@ from load.command import Count, JsonOut, Options, program, summary
 from load.common import emit
 
 REPO = Path(__file__).resolve().parents[1]
-COMMANDS = {"help": ["--help"], "status-help": ["status", "--help"]}
+HELP = ["-m", "muster", "--help"]
+COMMANDS = {
+    "help": HELP,
+    "status-help": ["-m", "muster", "status", "--help"],
+    "broker-import": ["-c", "import broker.service, broker.cli_operator"],
+}
 # Imports `muster --help` should never pay for.
 HEAVY = ("broker.service", "broker.client", "nats", "aiohttp", "torch", "kubernetes_asyncio")
 
 
 def one_start(tree: Path, args: list[str]) -> float:
-    """Wall seconds of one `python -m muster ARGS` in `tree`."""
+    """Wall seconds of one `python ARGS` in `tree`."""
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "muster", *args], cwd=tree, capture_output=True, timeout=120
-    )
+    proc = subprocess.run([sys.executable, *args], cwd=tree, capture_output=True, timeout=120)
     elapsed = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"muster {' '.join(args)} in {tree} failed: {proc.stderr.decode()}")
+        raise SystemExit(f"python {' '.join(args)} in {tree} failed: {proc.stderr.decode()}")
     return elapsed
 
 
 def imported(tree: Path, args: list[str]) -> list[str]:
-    """The modules `python -m muster ARGS` imported, from `-X importtime`."""
+    """The modules `python ARGS` imported, from `-X importtime`."""
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "muster", *args],
+        [sys.executable, "-X", "importtime", *args],
         cwd=tree,
         capture_output=True,
         text=True,
@@ -92,7 +98,7 @@ def run_bench(args: Options) -> dict[str, Any]:
         )
     result: dict[str, Any] = {"bench": "cli", "runs": args.runs}
     for label, tree in trees.items():
-        modules = imported(tree, COMMANDS["help"])
+        modules = imported(tree, HELP)
         result[label] = {
             **{f"{name}_median_s": statistics.median(ts) for name, ts in times[label].items()},
             **{f"{name}_runs_s": [round(t, 4) for t in ts] for name, ts in times[label].items()},
@@ -101,6 +107,7 @@ def run_bench(args: Options) -> dict[str, Any]:
         }
         print(
             f"{label}: muster --help median {result[label]['help_median_s'] * 1000:.0f} ms, "
+            f"broker imports {result[label]['broker-import_median_s'] * 1000:.0f} ms, "
             f"{len(modules)} modules imported, heavy: {result[label]['help_heavy_imports'][:5]}"
         )
     emit(result, args.json)
