@@ -30,6 +30,7 @@ class Benchmarks(LazyGroup):
                 "bench_nats_failover",
                 "Serving again after kill -9 of each NATS leader.",
             ),
+            ("restore", "bench_restore", "Restore of 100,000 records in process: CPU-s."),
             ("scale", "bench_scale", "Broker RSS with 100,000 pending; kill -9 and recovery time."),
             ("spot", "bench_spot", "Spot notice -> new attempt acked elsewhere, p50/p99."),
             ("ui", "bench_ui", "Dashboard page loads with 100,000 jobs in the broker."),

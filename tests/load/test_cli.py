@@ -31,6 +31,7 @@ BENCHES = [
     "kube-agent",
     "memory",
     "nats-failover",
+    "restore",
     "scale",
     "spot",
     "ui",

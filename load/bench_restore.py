@@ -1,0 +1,128 @@
+"""A leader's restore, in process: decoding the persisted records and rebuilding the core from
+them (`Machine.handle(Restore)`), the two parts of a restart `load.bench_scale` times only as a
+whole with NATS and a process start around them.
+
+    python -m load.bench_restore [--jobs 100000] [--runs 3] [--baseline DIR] [--json out.json]
+
+The records are the jobs `load.bench_scale` submits (pending, spread over 100 queues), built as
+the broker builds them and encoded as the store writes them. Each run is a fresh process with
+the cycle collector off, as the broker runs its restore, and reports CPU seconds. With
+`--baseline DIR` (another checkout, e.g. `git worktree add` of an older commit) every run is
+repeated there, interleaved, its own code doing the work. Prints every run, the medians and
+one `RESULT {...}` line.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from load.command import Count, JsonOut, Options, program, summary
+from load.common import emit, median
+
+REPO = Path(__file__).resolve().parents[1]
+QUEUES = 100
+PARTS = ("decode_cpu_s", "restore_cpu_s")
+
+
+def one_run(jobs: int) -> dict[str, float]:
+    """CPU seconds to decode `jobs` encoded records and to restore a Machine from them, in the
+    tree this process imports from."""
+    from broker.core.inputs import Restore
+    from broker.core.machine import Machine
+    from broker.core.records import JobRecord, record_decoder, record_encoder
+    from load.bench_scale import job
+    from schemas.codec import decode_jobspec
+    from schemas.config import BrokerConfig, QueueConfig
+
+    config = BrokerConfig(queues=[QueueConfig(name=f"q{i}") for i in range(QUEUES)])
+    rng = random.Random(7)
+    blobs = []
+    for i in range(jobs):
+        spec = decode_jobspec(job(i, rng))
+        record = JobRecord(
+            job_id=spec.job_id or "", spec=spec, queue=f"q{i % QUEUES}", order=i, submitted_at=0.0
+        )
+        blobs.append(record_encoder.encode(record))
+    gc.collect()
+    gc.disable()
+    t0 = time.process_time()
+    records = [record_decoder.decode(b) for b in blobs]
+    t1 = time.process_time()
+    Machine(config, epoch=1).handle(Restore(records), 1.0)
+    t2 = time.process_time()
+    return {"decode_cpu_s": t1 - t0, "restore_cpu_s": t2 - t1}
+
+
+def run_in(tree: Path, jobs: int) -> dict[str, float]:
+    """One run in a fresh process that imports `tree`'s code first (this file runs there)."""
+    proc = subprocess.run(
+        [sys.executable, __file__, "--one", str(jobs)],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"restore run in {tree} failed: {proc.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+app = program()
+
+
+@app.command(help=summary(__doc__))
+def bench_restore(
+    jobs: Annotated[int, typer.Option(min=1, help="records to restore")] = 100_000,
+    runs: Count = 3,
+    baseline: Annotated[
+        Path | None,
+        typer.Option("--baseline", help="another checkout to measure alike, interleaved"),
+    ] = None,
+    json_out: JsonOut = None,
+) -> None:
+    run_bench(Options(jobs=jobs, runs=runs, baseline=baseline, json=json_out))
+
+
+def run_bench(args: Options) -> dict[str, Any]:
+    trees = {"this": REPO} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
+    seen: dict[str, dict[str, list[float]]] = {t: {p: [] for p in PARTS} for t in trees}
+    for r in range(args.runs):
+        for label, tree in trees.items():
+            one = run_in(tree, args.jobs)
+            for part in PARTS:
+                seen[label][part].append(round(one[part], 3))
+            print(
+                f"run {r + 1} {label}: decode {one['decode_cpu_s']:.3f} CPU-s, "
+                f"restore {one['restore_cpu_s']:.3f} CPU-s"
+            )
+    result: dict[str, Any] = {"bench": "restore", "jobs": args.jobs, "runs": args.runs}
+    for label, parts in seen.items():
+        result[label] = {
+            **{f"{p}_median": median(v) for p, v in parts.items()},
+            **{f"{p}_runs": v for p, v in parts.items()},
+        }
+        print(
+            f"{label}: decode {median(parts['decode_cpu_s']):.3f} CPU-s, "
+            f"restore {median(parts['restore_cpu_s']):.3f} CPU-s (medians of {args.runs})"
+        )
+    emit(result, args.json)
+    return result
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:  # one run, in the process `run_in` started
+        print(json.dumps(one_run(int(sys.argv[2]))))
+    else:
+        app()
