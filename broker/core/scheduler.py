@@ -7,10 +7,12 @@ allocations keyed by (job_id, attempt), the quota book and the pools' interrupti
 Cycle (`schedule`): queues take turns by weighted dominant-resource fairness (lowest share of
 admitted gpu/cpu/memory ÷ weight first; ties by config order); inside a queue, higher priority
 first, then lower `order`. StrictFIFO stops a queue at its first blocked job; BestEffortFIFO lets
-later jobs pass. Each decision is `assigner.assign` (a pure search over the cycle's `Snapshot`)
-then `commit` (node capacity, the allocation, the quota charge). Capacity and quota only shrink
-during a cycle, so the snapshot remembers a failure per gang shape (and per queue when quota was
-involved) and repeated shapes are rejected in O(1).
+later jobs pass. Each decision is `assigner.assign` (a pure search over the cycle's `Snapshot`),
+checked against the spot-only jobs that wait for spot (`placement.spot_kept_for`: a job that
+may run on on-demand leaves them that spot and takes on-demand), then `commit` (node capacity,
+the allocation, the quota charge). Capacity and quota only shrink during a cycle, so the
+snapshot remembers a failure per gang shape (and per queue when quota was involved) and
+repeated shapes are rejected in O(1).
 
 Node events return the job_ids the lifecycle machine must act on:
 - `upsert_node`: the node turned broken under Muster replicas (not ready, or fewer healthy
