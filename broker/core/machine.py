@@ -114,6 +114,8 @@ class Machine:
         )
         self._order = 0  # the newest submission order handed out or restored
         self._next_expiry = 0.0  # when ended jobs past their retention are looked for next
+        # queued spot-only jobs a cycle left waiting for capacity (Scheduler.schedule)
+        self._spot_waiters: dict[str, None] = {}
 
     @property
     def jobs(self) -> dict[str, JobRecord]:
@@ -266,7 +268,7 @@ class Machine:
         candidates = self.backlog.candidates(self._jobs, self.registry.all_demands, now)
         if not candidates:
             return []
-        result = self.scheduler.schedule(candidates, now)
+        result = self.scheduler.schedule(candidates, now, self._waiting_for_spot(now))
         if result.admitted:
             self.backlog.admitted({self._jobs[job_id].queue for job_id, _ in result.admitted})
         effects: list[Effect] = []
@@ -274,6 +276,8 @@ class Machine:
             record = self._jobs[job_id]
             self.backlog.dequeue(record)
             self.registry.clear_reasons(job_id)
+            self._spot_waiters.pop(job_id, None)
+            self._note_spot_held(record, result.spot_held.get(job_id))
             self.lifecycle.admit(record, placement, now, effects)
         for ask in result.provisions:
             effects.append(Send(ask.cluster, provision_command(ask, self.epoch)))
@@ -290,6 +294,20 @@ class Machine:
         for job_id, reasons in result.pending.items():
             self.registry.set_reasons(job_id, reasons)
             pending = self._jobs.get(job_id)
+            if pending is not None and pending.spec.capacity == "spot":
+                if any(r.code == "insufficient-capacity" for r in reasons):
+                    self._spot_waiters[job_id] = None
+                else:
+                    self._spot_waiters.pop(job_id, None)
+            elif (
+                pending is not None
+                and job_id in result.spot_held
+                and pending.spec.capacity == "spot-then-on-demand"
+            ):
+                # it waits for on-demand now: the spot it fits is kept for a spot-only job
+                self._note_spot_held(pending, result.spot_held[job_id])
+                effects.append(Persist(pending))
+                self.backlog.fresh.add(job_id)
             if (
                 pending is not None
                 and pending.avoid
@@ -299,6 +317,8 @@ class Machine:
                 pending.avoid = []
                 self.backlog.fresh.add(job_id)
         for job_id, ahead in self._futile_spot_waits(candidates, result.pending, now).items():
+            if job_id in result.spot_held:
+                continue  # it stopped waiting for spot already
             record = self._jobs[job_id]
             record.spot_exhausted = True
             record.spot_fallback = (
@@ -309,6 +329,28 @@ class Machine:
             self.backlog.fresh.add(job_id)
         self.backlog.cycle_done()
         return effects
+
+    def _waiting_for_spot(self, now: float) -> list[GangRequest]:
+        """The queued spot-only jobs an earlier cycle left waiting for capacity (not backing
+        off); the ones that left the queue since are dropped here."""
+        out: list[GangRequest] = []
+        for job_id in list(self._spot_waiters):
+            record = self._jobs.get(job_id)
+            if record is None or record.state != "queued":
+                del self._spot_waiters[job_id]
+            elif record.not_before <= now:
+                out.append(self.backlog.request(record, now, self.registry.demands(job_id)))
+        return out
+
+    @staticmethod
+    def _note_spot_held(record: JobRecord, why: str | None) -> None:
+        """Record why a job left spot to an earlier spot-only job (`muster why` shows it): a
+        spot-then-on-demand job falls back to on-demand as after a futile wait."""
+        if record.spec.capacity == "spot-then-on-demand" and why is not None:
+            record.spot_exhausted = True
+            record.spot_fallback = why
+        elif record.spec.capacity == "any":
+            record.spot_fallback = why
 
     def _futile_spot_waits(
         self, tried: list[GangRequest], unplaced: Mapping[str, object], now: float

@@ -19,6 +19,13 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
   an earlier job of equal or higher priority, no bigger and accepting every GPU type it does,
   already waits for spot too (`futile_spot_waits`): whatever spot frees up goes to that job
   first, so the wait would only delay the job and save nothing.
+- A job that may run on on-demand (`any`, `spot-then-on-demand` still on spot) does not take
+  a spot pool that an earlier (higher priority, or equal and submitted first) queued spot-only
+  job waits for: one that asks for the pool's GPU type, does not avoid it, could fit it empty
+  and last failed for capacity (`spot_kept_for`). The flexible job takes on-demand instead,
+  or waits for it when on-demand is full now; it takes the spot only when no on-demand pool
+  could host it (its own fallback rules). Spot-only jobs have nowhere else to go, so spot is
+  theirs first (spot-return keeps the same order for running jobs, spotreturn.py).
 - A `spot` (spot-only) gang that spans more than one node skips a pool whose expected cost per
   unit of work is over `WAIT_RATIO` times that of the cheapest pool that could host it empty,
   and waits for that pool: on a slow or reclaim-heavy pool the run is longer and every reclaim
@@ -153,6 +160,34 @@ def futile_spot_waits(waiting: Sequence[GangRequest]) -> dict[str, str]:
         elif smallest is None or r.total_gpu < smallest.total_gpu:
             smallest = r
     return out
+
+
+def spot_kept_for(
+    req: GangRequest, pool: Pool, waiters: Sequence[tuple[GangRequest, Gang]]
+) -> GangRequest | None:
+    """The queued spot-only job that `pool`'s spot is kept for against `req`, or None.
+
+    `waiters`: spot-only jobs that last failed for capacity, with their gangs, earliest first
+    (higher priority, then submitted first). Only a job that could run on on-demand yields
+    (`any`, or `spot-then-on-demand` still on spot), only on a spot pool, and only to an
+    earlier waiter that accepts the pool and could fit it empty: spot that frees there is
+    what that job waits for, and it has no other capacity to go to."""
+    if pool.capacity_type != "spot" or req.capacity not in ("any", "spot-then-on-demand"):
+        return None
+    if req.spot_exhausted:
+        return None
+    mine = (-req.priority, req.order)
+    for waiter, gang in waiters:
+        if (-waiter.priority, waiter.order) >= mine:
+            return None
+        if (
+            waiter.job_id != req.job_id
+            and pool.key not in waiter.avoid_pools
+            and gpu_type_ok(pool, waiter.gpu_types, gang.total[0])
+            and empty_fit(pool, gang)
+        ):
+            return waiter
+    return None
 
 
 def wants_spot_first(req: GangRequest) -> bool:

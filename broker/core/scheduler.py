@@ -7,10 +7,12 @@ allocations keyed by (job_id, attempt), the quota book and the pools' interrupti
 Cycle (`schedule`): queues take turns by weighted dominant-resource fairness (lowest share of
 admitted gpu/cpu/memory ÷ weight first; ties by config order); inside a queue, higher priority
 first, then lower `order`. StrictFIFO stops a queue at its first blocked job; BestEffortFIFO lets
-later jobs pass. Each decision is `assigner.assign` (a pure search over the cycle's `Snapshot`)
-then `commit` (node capacity, the allocation, the quota charge). Capacity and quota only shrink
-during a cycle, so the snapshot remembers a failure per gang shape (and per queue when quota was
-involved) and repeated shapes are rejected in O(1).
+later jobs pass. Each decision is `assigner.assign` (a pure search over the cycle's `Snapshot`),
+checked against the spot-only jobs that wait for spot (`placement.spot_kept_for`: a job that
+may run on on-demand leaves them that spot and takes on-demand), then `commit` (node capacity,
+the allocation, the quota charge). Capacity and quota only shrink during a cycle, so the
+snapshot remembers a failure per gang shape (and per queue when quota was involved) and
+repeated shapes are rejected in O(1).
 
 Node events return the job_ids the lifecycle machine must act on:
 - `upsert_node`: the node turned broken under Muster replicas (not ready, or fewer healthy
@@ -67,6 +69,7 @@ from broker.core.placement import (
     ext_per_node,
     make_gang,
     pool_cost,
+    spot_kept_for,
     summed,
 )
 from broker.core.preemption import plan_preemption, worth_planning
@@ -189,6 +192,9 @@ class Scheduler:
             sc.provision_wait_horizon_s, sc.stockout_half_life_s, sc.stockout_avoid_s
         )
         self._provisionable = False
+        # The running cycle's queued spot-only jobs that wait for spot capacity, earliest
+        # first, with their gangs: flexible jobs leave them the spot (placement.spot_kept_for)
+        self._spot_waiters: list[tuple[GangRequest, Gang]] = []
 
     # -- inventory --------------------------------------------------------------------
 
@@ -372,7 +378,15 @@ class Scheduler:
         snap = self._snap if self._snap is not None else self.snapshot(now)
         return assign(req, qs, snap)
 
-    def schedule(self, pending: Sequence[GangRequest], now: float) -> CycleResult:
+    def schedule(
+        self,
+        pending: Sequence[GangRequest],
+        now: float,
+        spot_waiters: Sequence[GangRequest] = (),
+    ) -> CycleResult:
+        """One admission cycle. `spot_waiters`: queued spot-only jobs that an earlier cycle
+        left waiting for capacity; until one is admitted, a job that could run on on-demand
+        does not take the spot it waits for."""
         res = CycleResult()
         self._plan_fail.clear()
         self._worth.clear()
@@ -385,11 +399,15 @@ class Scheduler:
         # Whether some known pool declares nodes it can add (once per cycle: pools are few).
         self._provisionable = any(p.info.provision is not None for p in self._inv.pools())
         self._snap = self.snapshot(now)
+        self._spot_waiters = sorted(
+            ((w, self._gang(w.podsets)) for w in spot_waiters), key=lambda wg: _order_key(wg[0])
+        )
         try:
             pending = self._holders_first(pending, now, res)
             self._cycle(pending, now, res)
         finally:
             self._snap = None
+            self._spot_waiters = []
             self._ledger.settle(self._fresh)
             self._fresh.clear()
         return res
@@ -653,9 +671,14 @@ class Scheduler:
                     self._same_fail[self._alike(req, name)] = out
             if isinstance(out, Placement):
                 admitted.append((req.job_id, out))
+                if req.capacity == "spot" and self._spot_waiters:
+                    waiters = self._spot_waiters
+                    self._spot_waiters = [w for w in waiters if w[0].job_id != req.job_id]
                 heapq.heapreplace(heap, (book.share(qs, fleet), idx, name))
                 continue
             out_pending[req.job_id] = out
+            if req.capacity == "spot" and any(r.code == "insufficient-capacity" for r in out):
+                self._wait_for_spot(req)
             if qs.strict:
                 blocked = (
                     Reason(
@@ -713,6 +736,10 @@ class Scheduler:
         # A claimant's own hold is not subtracted: its searches are memoised apart.
         shape = self._shape_of(req) if claim is None else (*self._shape_of(req), req.job_id)
         got = assign(req, qs, snap, shape)
+        if self._spot_waiters and isinstance(got, Assignment):
+            holder = spot_kept_for(req, got.pool, self._spot_waiters)
+            if holder is not None:
+                got = self._leave_spot(req, qs, snap, got, holder, res)
         if self._provisionable and req.job_id not in self._waiting:
             wait = self._provision(req, qs, snap, got, claim, now, res)
             if wait is not None:
@@ -779,6 +806,42 @@ class Scheduler:
         self._waiting[req.job_id] = (keys, reason, now + self._wait_s)
         res.preemptions.append(Preemption(req.job_id, victims, plan.pool.key, plan.kind))
         return (reason, *out)
+
+    def _wait_for_spot(self, req: GangRequest) -> None:
+        """A spot-only job this cycle could not place for capacity waits for spot."""
+        waiters = self._spot_waiters
+        if any(w.job_id == req.job_id for w, _ in waiters):
+            return
+        key = _order_key(req)
+        at = next((i for i, (w, _) in enumerate(waiters) if _order_key(w) > key), len(waiters))
+        waiters.insert(at, (req, self._gang(req.podsets)))
+
+    def _leave_spot(
+        self,
+        req: GangRequest,
+        qs: QueueState,
+        snap: Snapshot,
+        got: Assignment,
+        holder: GangRequest,
+        res: CycleResult,
+    ) -> Assignment | tuple[Reason, ...]:
+        """`got` takes spot that `holder`, an earlier spot-only job, waits for: the best
+        on-demand placement instead, or why the job waits for one. The spot stays the job's
+        when no on-demand pool could host it (or quota refuses it there)."""
+        pool = got.pool
+        why = (
+            f"skipped spot on {pool.cluster}/{pool.name}: {holder.job_id}, a spot-only job "
+            "queued earlier, waits for that capacity"
+        )
+        on_demand = assign(replace(req, capacity="on-demand"), qs, snap)
+        if isinstance(on_demand, Assignment):
+            res.spot_held[req.job_id] = f"{why}; took on-demand instead"
+            return replace(on_demand, request=req)
+        if not any(r.code == "insufficient-capacity" for r in on_demand):
+            return got
+        res.spot_held[req.job_id] = f"{why}; waits for on-demand"
+        held = Reason("spot-held", why, cluster=pool.cluster, flavor=pool.name)
+        return (held, *on_demand)
 
     # -- autoscaled pools (provision.py) ------------------------------------------------
 

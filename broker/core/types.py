@@ -135,6 +135,7 @@ ReasonCode = Literal[
     "preemption-protected",  # victims exist but ran less than the minimum runtime: wait for it
     "max-admissions",  # the cycle's admission budget ran out
     "spot-first",  # per pool: fits on-demand, but the job waits for spot first
+    "spot-held",  # spot fits, but an earlier spot-only job waits for it (placement.py)
     "fits-now",  # per pool: nothing binds; the next cycle can admit it here
     "topology-unfit",  # fits the pool, but no single domain of the level it needs (topology.py)
     "waiting-for-nodes",  # an autoscaled pool is adding nodes for this gang (provision.py)
@@ -191,6 +192,8 @@ class CycleResult:
     preemptions: list[Preemption] = field(default_factory=list)
     pending: dict[str, tuple[Reason, ...]] = field(default_factory=dict)
     provisions: list[Ask] = field(default_factory=list)  # pools asked to grow, one per job
+    # job -> why it skipped spot an earlier spot-only job waits for (placement.spot_kept_for)
+    spot_held: dict[str, str] = field(default_factory=dict)
 
 
 def add_amounts(into: dict[str, int], amounts: Mapping[str, int], sign: int) -> None:

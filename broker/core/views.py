@@ -282,6 +282,8 @@ def _placement_reasons(record: JobRecord, order: list[str]) -> list[PendingReaso
         why = f"the job asks for {spec.capacity} capacity"
     elif spec.capacity == "spot-then-on-demand":
         why = "spot first (capacity spot-then-on-demand)" if spot else _fallback_text(record)
+    elif not spot and record.spot_fallback:
+        why = record.spot_fallback  # it left spot to an earlier spot-only job
     elif not spot and not spot_ok(spec):
         why = (
             "the job writes no checkpoint, so it takes on-demand before spot (give it a "
@@ -337,6 +339,7 @@ _WAIT_FOR = {
     "strict-fifo-blocked": "the head of its StrictFIFO queue",
     "max-admissions": "the next cycle",
     "no-clusters": "a cluster to report",
+    "spot-held": "on-demand capacity (the spot that fits is kept for an earlier spot-only job)",
 }
 
 
