@@ -49,6 +49,7 @@ from typing import Annotated, Any
 import msgspec
 import structlog
 from msgspec import Meta
+from nats.aio.client import Client
 from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
@@ -59,6 +60,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from broker.liveness import Alive, DeathWatch, LivenessAnswer
 from broker.store import placement_of, reconcile_replication
 from schemas.config import Replication
 
@@ -128,6 +130,8 @@ class LeaderLease:
         *,
         max_bytes: int = 64 * 1024,
         replication: Replication | None = None,
+        nc: Client | None = None,
+        alive_subject: str = "",
     ) -> None:
         self.js = js
         # Replicated like the job bucket: an R1 lease bucket on a lost server stops every
@@ -150,6 +154,15 @@ class LeaderLease:
         self.proven = asyncio.Event()
         self._revision = 0
         self._kv: KeyValue | None = None
+        # A dead leader found by its dropped subscription (broker/liveness.py), when given
+        # a connection and the subject: the leader answers on it, a standby probes it.
+        self._answer: LivenessAnswer | None = None
+        self._death: DeathWatch | None = None
+        if nc is not None and alive_subject:
+            self._answer = LivenessAnswer(nc, alive_subject, self._alive)
+            self._death = DeathWatch(nc, alive_subject, ttl)
+        self.taken_from_dead = 0  # leases taken from a leader found dead (a metric)
+        self._dead_at = 0  # the revision a dead leader left, found by `_until_free`
 
     async def _open(self) -> KeyValue:
         if self._kv is None:
@@ -184,10 +197,18 @@ class LeaderLease:
             revision = await self._reclaim_own(kv, value)
             if revision is None:
                 return False
+        await self._won(revision)
+        return True
+
+    async def _won(self, revision: int) -> None:
         self._revision = revision
         self.epoch = revision
         self.proven.set()
-        return True
+        if self._answer is not None:
+            await self._answer.start()
+
+    def _alive(self) -> Alive:
+        return Alive(holder=self.holder, epoch=self.epoch)
 
     def fence_above(self, highest: int) -> int:
         """Make this leadership's epoch higher than `highest`, the highest one ever recorded:
@@ -243,6 +264,8 @@ class LeaderLease:
                 if watcher is None:
                     watcher = await (await self._open()).watch(KEY)
                 renewed = await self._until_free(watcher, wait)
+                if await self._take_from_dead():
+                    break
                 wait = retry if renewed or wait >= self.ttl else min(longest, wait * 2)
         finally:
             if watcher is not None:
@@ -257,20 +280,55 @@ class LeaderLease:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         renewed = False
+        death = self._death
+        self._dead_at = 0
         while (left := deadline - loop.time()) > 0:
+            if death is not None:  # wake for the next probe; writes delivered are read first
+                left = max(0.001, min(left, death.next_probe_in()))
             try:
                 entry = await watcher.updates(timeout=left)
             except TimeoutError:  # nats' TimeoutError is one too
-                break
+                if loop.time() >= deadline:
+                    break
+                entry = None
             if entry is None:
-                continue  # the watch has delivered everything there was
+                # The watch has delivered everything there was, or is quiet: probe the leader
+                # when due, never with a delivered write left unread.
+                if death is not None and not death.next_probe_in():
+                    self._dead_at = await death.probe()
+                    if self._dead_at:
+                        break
+                continue
             if entry.operation in (KV_DEL, KV_PURGE):
                 self.deletes_seen += 1
+                if death is not None:
+                    death.saw(0)
                 break
             self.renewals_seen += 1
             renewed = True
+            if death is not None:
+                death.saw(entry.revision or 0)
             deadline = loop.time() + self._left_of(entry.created)
         return renewed
+
+    async def _take_from_dead(self) -> bool:
+        """Take the key from a leader found dead (broker/liveness.py), if nobody wrote it
+        since the revision seen last: the compare-and-set fails otherwise."""
+        revision, self._dead_at = self._dead_at, 0
+        if not revision:
+            return False
+        kv = await self._open()
+        self.attempts += 1
+        value = msgspec.json.encode(LeaseHolder(holder=self.holder, acquired_at=time.time()))
+        try:
+            taken = await kv.update(KEY, value, last=revision)
+        except Exception as exc:  # written since (alive after all), or NATS away
+            log.info("lease.leader_not_taken", revision=revision, error=str(exc)[:200])
+            return False
+        self.taken_from_dead += 1
+        log.warning("lease.taken_from_dead_leader", holder=self.holder, last=revision)
+        await self._won(taken)
+        return True
 
     def _left_of(self, created: datetime.datetime | None) -> float:
         """Seconds until an entry written at `created` (the server's clock) can expire: a TTL
@@ -353,6 +411,13 @@ class LeaderLease:
         (NATS away, a timeout) is retried with backoff for as long as the lease can still be
         ours: until a TTL has passed since the last renewal. "Insufficient resources" (a full
         server store) suspends the lease instead, for as long as it lasts."""
+        try:
+            await self._hold()
+        finally:
+            if self._answer is not None:
+                await self._answer.stop()
+
+    async def _hold(self) -> None:
         interval = self.ttl / RENEWALS_PER_TTL
         last_ok = time.monotonic()
         delay = interval
@@ -423,6 +488,8 @@ class LeaderLease:
         a delete without one (`last=0`) is unconditional in nats-py: a standby shutting down
         deleted the leader's lease, another broker took it, and the old leader acknowledged
         submissions the new one never saw until its next renewal."""
+        if self._answer is not None:
+            await self._answer.stop()
         if self._revision <= 0:
             return
         kv = await self._open()
