@@ -157,10 +157,10 @@ class LeaderLease:
         # A dead leader found by its dropped subscription (broker/liveness.py), when given
         # a connection and the subject: the leader answers on it, a standby probes it.
         self._answer: LivenessAnswer | None = None
-        self._death: DeathWatch | None = None
+        self.death: DeathWatch | None = None  # a standby's probes (and their metrics)
         if nc is not None and alive_subject:
             self._answer = LivenessAnswer(nc, alive_subject, self._alive)
-            self._death = DeathWatch(nc, alive_subject, ttl)
+            self.death = DeathWatch(nc, alive_subject, ttl)
         self.taken_from_dead = 0  # leases taken from a leader found dead (a metric)
         self._dead_at = 0  # the revision a dead leader left, found by `_until_free`
 
@@ -280,7 +280,7 @@ class LeaderLease:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         renewed = False
-        death = self._death
+        death = self.death
         self._dead_at = 0
         while (left := deadline - loop.time()) > 0:
             if death is not None:  # wake for the next probe; writes delivered are read first

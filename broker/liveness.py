@@ -86,12 +86,17 @@ class DeathWatch:
         self._probed_at = 0.0
         self.probes = 0  # probes sent (a metric)
         self.no_responders = 0  # probes answered "no responders" (a metric)
+        self.timeouts = 0  # probes unanswered in time: a slow or stopped leader (a metric)
 
     def saw(self, revision: int) -> None:
         """A write of the key (revision > 0) or its delete (0): the leader was alive then."""
         self.revision = revision
         self._seen_at = asyncio.get_running_loop().time()
         self._gone_since = None
+
+    def quiet_for(self) -> float:
+        """Seconds since the last write of the key seen."""
+        return asyncio.get_running_loop().time() - self._seen_at
 
     def next_probe_in(self) -> float:
         return max(0.0, self._probed_at + PROBE_EVERY_S - asyncio.get_running_loop().time())
@@ -107,7 +112,11 @@ class DeathWatch:
             await self.nc.request(self.subject, b"", timeout=PROBE_TIMEOUT_S)
         except NoRespondersError:
             self.no_responders += 1
-        except Exception:  # a timeout (slow, stopped) or NATS away: maybe alive
+        except TimeoutError:  # nats' TimeoutError is one too: slow or stopped, alive
+            self.timeouts += 1
+            self._gone_since = None
+            return 0
+        except Exception:  # NATS away: we cannot tell
             self._gone_since = None
             return 0
         else:
@@ -117,12 +126,12 @@ class DeathWatch:
         if self._gone_since is None:
             self._gone_since = now
             return 0
-        if now - self._gone_since < CONFIRM_S or now - self._seen_at < self.quiet_s:
+        if now - self._gone_since < CONFIRM_S or self.quiet_for() < self.quiet_s:
             return 0
         log.warning(
             "lease.leader_gone",
             revision=self.revision,
             no_responders_for_s=round(now - self._gone_since, 3),
-            quiet_for_s=round(now - self._seen_at, 3),
+            quiet_for_s=round(self.quiet_for(), 3),
         )
         return self.revision
