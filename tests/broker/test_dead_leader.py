@@ -132,15 +132,16 @@ async def test_a_renewing_leader_nobody_answers_for_is_not_taken(nc: Client) -> 
     lease. Here the leader answers no probes at all, and renews."""
     js = nc.jetstream()
     bucket = f"LEASE_{os.urandom(4).hex()}"
-    leader = LeaderLease(js, bucket, "leader", ttl=1.0)  # no liveness subject: never answers
+    # Renewals a second apart: runs of "no responders" long enough to count fit between them.
+    leader = LeaderLease(js, bucket, "leader", ttl=4.0)  # no liveness subject: never answers
     assert await leader.try_acquire()
-    other = LeaderLease(js, bucket, "standby", ttl=1.0, nc=nc, alive_subject=f"_{bucket}.alive")
+    other = LeaderLease(js, bucket, "standby", ttl=4.0, nc=nc, alive_subject=f"_{bucket}.alive")
     holding = asyncio.create_task(leader.hold())
     taking = asyncio.create_task(other.acquire())
     try:
-        await wait_for(lambda: other.renewals_seen >= 12, 20, what="three TTLs of renewals")
+        await wait_for(lambda: other.renewals_seen >= 8, 30, what="two TTLs of renewals")
         death = other.death
-        assert death is not None and death.no_responders >= 3
+        assert death is not None and death.no_responders >= 10
         assert not taking.done() and other.taken_from_dead == 0
         holding.cancel()  # now it dies: no renewal, and still nobody answers
         await asyncio.gather(holding, return_exceptions=True)
