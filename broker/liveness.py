@@ -60,7 +60,9 @@ class LivenessAnswer:
             self._sub = await self.nc.subscribe(self.subject, cb=self._on_probe)
 
     async def _on_probe(self, msg: Msg) -> None:
-        if msg.reply:
+        # Answers go to inboxes only: a reply subject is the asker's choice, and the broker may
+        # publish on its KV subjects (only brokers may probe, where NATS permissions are set).
+        if msg.reply.split(".", 1)[0].startswith("_INBOX") and "." in msg.reply:
             await self.nc.publish(msg.reply, msgspec.json.encode(self.alive()))
 
     async def stop(self) -> None:
