@@ -36,6 +36,33 @@ at once. A leader that dies leaves the key to expire; the server removes it with
 a watch could see, so the standby tries the key when a TTL has passed since the last renewal it
 saw, and then after a hundredth of the TTL, twice as long each time up to a tenth of it (the
 old poll), until the entry is gone or renewed.
+
+A leader that died is found sooner, by its dropped subscription (broker/liveness.py): a
+standby whose probes of the leader get "no responders" for 0.2 s, having seen no write of the
+key for half a TTL and an answer from its holder before, takes the key with a
+compare-and-set on the last revision it saw (`_take_from_dead`). Why this keeps the rules above:
+
+- One holder, growing epochs. The compare-and-set succeeds only if nobody wrote the key since
+  that revision, and its result is a new revision, so a new, higher epoch, as with a create.
+  Two standbys racing for it: one write wins, the other's fails.
+- A leader wrongly taken for dead (alive, but its subscription invisible to the standby's
+  server for a moment: a reconnect, a route between servers re-forming) is the case the expiry
+  path already has for a leader starved past its TTL: at its next renewal the revision is not
+  its own (`renew` fails), `_recreate_expired` cannot apply (the key is live) and it steps
+  down; meanwhile agents that saw the new epoch refuse its commands. What the takeover adds is
+  only how early it can happen, and both guards bound that: "no responders" is the server's
+  word that no subscription exists (a slow, starved or stopped leader still has one and is
+  answered for late: a timeout, which starts the count over), and half a TTL without a
+  renewal is two renewals missed, which a leader whose connection merely blinked does not
+  miss (one renewal seen starts the count over). A leader that both misses two renewals and
+  loses its subscription for that long is one the expiry path would also take over from,
+  at most half a TTL later.
+- A stopped leader (SIGSTOP) keeps its sockets, so its subscription: probes time out, and only
+  the expiry path applies, as before.
+- A renewal the standby has not read yet is no risk: the compare-and-set fails on it.
+- The expiry and delete paths are unchanged. A leader of an earlier release answers no probes,
+  so its standby never judges it by them (a late renewal of its would otherwise look like
+  death): only a holder that has answered before can be found dead.
 """
 
 from __future__ import annotations
@@ -307,7 +334,7 @@ class LeaderLease:
             self.renewals_seen += 1
             renewed = True
             if death is not None:
-                death.saw(entry.revision or 0)
+                death.saw(entry.revision or 0, holder_of(entry.value))
             deadline = loop.time() + self._left_of(entry.created)
         return renewed
 
@@ -504,6 +531,14 @@ class LeaderLease:
     def revision(self) -> int:
         """The key's revision at this holder's last write (each renewal adds one; 0: none)."""
         return self._revision
+
+
+def holder_of(value: bytes | None) -> str:
+    """The holder a lease value names; "" for one that does not decode."""
+    try:
+        return msgspec.json.decode(value or b"", type=LeaseHolder).holder
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""
 
 
 def no_stream_leader(exc: BaseException) -> bool:

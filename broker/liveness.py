@@ -12,7 +12,9 @@ all of:
   other error in between starts over);
 - no write of the lease key seen on the standby's watch for half a TTL (two renewals missed):
   a leader whose connection blinks (a reconnect, a route between NATS servers re-forming)
-  has stopped answering but still renews, and one renewal seen starts over.
+  has stopped answering but still renews, and one renewal seen starts over;
+- the key's holder has answered a probe before: a leader of an earlier release answers none,
+  and one of its late renewals must not read as death (during a rolling upgrade).
 
 The standby then takes the key with a compare-and-set on the revision it saw last
 (`LeaderLease._take_from_dead`): it fails if anyone wrote the key since. Why that is safe is
@@ -83,6 +85,8 @@ class DeathWatch:
         self.subject = subject
         self.quiet_s = ttl / 2  # two renewals missed (RENEWALS_PER_TTL is 4)
         self.revision = 0  # the key's revision last seen written; 0: none, or deleted
+        self.holder = ""  # who wrote it
+        self._answered_by = ""  # the holder named by the last answer to a probe
         self._seen_at = 0.0  # loop time it was seen
         self._gone_since: float | None = None  # first "no responders" of the current run
         self._probed_at = 0.0
@@ -90,9 +94,11 @@ class DeathWatch:
         self.no_responders = 0  # probes answered "no responders" (a metric)
         self.timeouts = 0  # probes unanswered in time: a slow or stopped leader (a metric)
 
-    def saw(self, revision: int) -> None:
-        """A write of the key (revision > 0) or its delete (0): the leader was alive then."""
+    def saw(self, revision: int, holder: str = "") -> None:
+        """A write of the key by `holder` (revision > 0) or its delete (0): the leader was
+        alive then."""
         self.revision = revision
+        self.holder = holder
         self._seen_at = asyncio.get_running_loop().time()
         self._gone_since = None
 
@@ -111,7 +117,7 @@ class DeathWatch:
             return 0  # no live key seen: the watch's delete or the TTL path applies
         self.probes += 1
         try:
-            await self.nc.request(self.subject, b"", timeout=PROBE_TIMEOUT_S)
+            reply = await self.nc.request(self.subject, b"", timeout=PROBE_TIMEOUT_S)
         except NoRespondersError:
             self.no_responders += 1
         except TimeoutError:  # nats' TimeoutError is one too: slow or stopped, alive
@@ -123,6 +129,7 @@ class DeathWatch:
             return 0
         else:
             self._gone_since = None
+            self._answered_by = answered_by(reply.data)
             return 0
         now = loop.time()
         if self._gone_since is None:
@@ -130,6 +137,8 @@ class DeathWatch:
             return 0
         if now - self._gone_since < CONFIRM_S or self.quiet_for() < self.quiet_s:
             return 0
+        if not self.holder or self._answered_by != self.holder:
+            return 0  # a holder that never answered: the expiry path applies
         log.warning(
             "lease.leader_gone",
             revision=self.revision,
@@ -137,3 +146,11 @@ class DeathWatch:
             quiet_for_s=round(self.quiet_for(), 3),
         )
         return self.revision
+
+
+def answered_by(data: bytes) -> str:
+    """The holder an answer names; "" for one that does not decode."""
+    try:
+        return msgspec.json.decode(data, type=Alive).holder
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""

@@ -17,7 +17,7 @@ import pytest_asyncio
 from nats.aio.client import Client
 
 from broker.lease import LeaderLease
-from broker.liveness import DeathWatch
+from broker.liveness import Alive, DeathWatch, LivenessAnswer
 from broker.service import Broker
 from load.common import BrokerProcess
 from schemas.config import BrokerConfig
@@ -127,21 +127,28 @@ async def test_a_leader_starved_of_cpu_is_not_taken_for_dead(
 
 
 async def test_a_renewing_leader_nobody_answers_for_is_not_taken(nc: Client) -> None:
-    """ "No responders" alone is not enough: a leader whose subscription a standby's server
-    does not see (a route between NATS servers re-forming) but whose renewals arrive keeps the
-    lease. Here the leader answers no probes at all, and renews."""
+    """ "No responders" alone is not enough: a leader whose subscription the standby's server
+    stops seeing (a route between NATS servers re-forming) but whose renewals arrive keeps the
+    lease. Here it answers at first, then its subscription goes, and it renews on."""
     js = nc.jetstream()
     bucket = f"LEASE_{os.urandom(4).hex()}"
+    subject = f"_{bucket}.alive"
     # Renewals a second apart: runs of "no responders" long enough to count fit between them.
-    leader = LeaderLease(js, bucket, "leader", ttl=4.0)  # no liveness subject: never answers
+    leader = LeaderLease(js, bucket, "leader", ttl=4.0)
     assert await leader.try_acquire()
-    other = LeaderLease(js, bucket, "standby", ttl=4.0, nc=nc, alive_subject=f"_{bucket}.alive")
+    answer = LivenessAnswer(nc, subject, lambda: Alive(holder="leader", epoch=leader.epoch))
+    await answer.start()
+    other = LeaderLease(js, bucket, "standby", ttl=4.0, nc=nc, alive_subject=subject)
+    death = other.death
+    assert death is not None
     holding = asyncio.create_task(leader.hold())
     taking = asyncio.create_task(other.acquire())
     try:
-        await wait_for(lambda: other.renewals_seen >= 8, 30, what="two TTLs of renewals")
-        death = other.death
-        assert death is not None and death.no_responders >= 10
+        await wait_for(lambda: death.probes >= 3, 10, what="probes answered by the leader")
+        await answer.stop()  # the standby no longer sees it; it renews on
+        seen = other.renewals_seen
+        await wait_for(lambda: other.renewals_seen >= seen + 8, 30, what="two TTLs of renewals")
+        assert death.no_responders >= 10
         assert not taking.done() and other.taken_from_dead == 0
         holding.cancel()  # now it dies: no renewal, and still nobody answers
         await asyncio.gather(holding, return_exceptions=True)
@@ -150,3 +157,17 @@ async def test_a_renewing_leader_nobody_answers_for_is_not_taken(nc: Client) -> 
         holding.cancel()
         taking.cancel()
     assert epoch > leader.epoch and other.taken_from_dead == 1
+
+
+async def test_a_leader_that_never_answered_is_left_to_expire(nc: Client) -> None:
+    """A leader of an earlier release answers no probes: its standby takes over only once the
+    lease expires, however long "no responders" has lasted (a late renewal of such a leader
+    must not read as its death)."""
+    js = nc.jetstream()
+    bucket = f"LEASE_{os.urandom(4).hex()}"
+    leader = LeaderLease(js, bucket, "leader", ttl=1.0)  # no liveness subject: answers nothing
+    assert await leader.try_acquire()
+    other = LeaderLease(js, bucket, "standby", ttl=1.0, nc=nc, alive_subject=f"_{bucket}.alive")
+    epoch = await asyncio.wait_for(other.acquire(), 10)
+    assert epoch > leader.epoch and other.taken_from_dead == 0
+    assert other.death is not None and other.death.no_responders >= 3
