@@ -72,6 +72,8 @@ class BrokerFields:
             config.timeouts.lease_ttl_s,
             max_bytes=config.limits.lease_bucket_max_bytes,
             replication=config.replication,
+            nc=nc,
+            alive_subject=self.subjects.lease_alive,
         )
         self.leading = asyncio.Event()
         self.stopped = asyncio.Event()

@@ -36,6 +36,33 @@ at once. A leader that dies leaves the key to expire; the server removes it with
 a watch could see, so the standby tries the key when a TTL has passed since the last renewal it
 saw, and then after a hundredth of the TTL, twice as long each time up to a tenth of it (the
 old poll), until the entry is gone or renewed.
+
+A leader that died is found sooner, by its dropped subscription (broker/liveness.py): a
+standby whose probes of the leader get "no responders" for 0.2 s, having seen no write of the
+key for half a TTL and an answer from its holder before, takes the key with a
+compare-and-set on the last revision it saw (`_take_from_dead`). Why this keeps the rules above:
+
+- One holder, growing epochs. The compare-and-set succeeds only if nobody wrote the key since
+  that revision, and its result is a new revision, so a new, higher epoch, as with a create.
+  Two standbys racing for it: one write wins, the other's fails.
+- A leader wrongly taken for dead (alive, but its subscription invisible to the standby's
+  server for a moment: a reconnect, a route between servers re-forming) is the case the expiry
+  path already has for a leader starved past its TTL: at its next renewal the revision is not
+  its own (`renew` fails), `_recreate_expired` cannot apply (the key is live) and it steps
+  down; meanwhile agents that saw the new epoch refuse its commands. What the takeover adds is
+  only how early it can happen, and both guards bound that: "no responders" is the server's
+  word that no subscription exists (a slow, starved or stopped leader still has one and is
+  answered for late: a timeout, which starts the count over), and half a TTL without a
+  renewal is two renewals missed, which a leader whose connection merely blinked does not
+  miss (one renewal seen starts the count over). A leader that both misses two renewals and
+  loses its subscription for that long is one the expiry path would also take over from,
+  at most half a TTL later.
+- A stopped leader (SIGSTOP) keeps its sockets, so its subscription: probes time out, and only
+  the expiry path applies, as before.
+- A renewal the standby has not read yet is no risk: the compare-and-set fails on it.
+- The expiry and delete paths are unchanged. A leader of an earlier release answers no probes,
+  so its standby never judges it by them (a late renewal of its would otherwise look like
+  death): only a holder that has answered before can be found dead.
 """
 
 from __future__ import annotations
@@ -49,6 +76,7 @@ from typing import Annotated, Any
 import msgspec
 import structlog
 from msgspec import Meta
+from nats.aio.client import Client
 from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
@@ -59,6 +87,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from broker.liveness import Alive, DeathWatch, LivenessAnswer
 from broker.store import placement_of, reconcile_replication
 from schemas.config import Replication
 
@@ -128,6 +157,8 @@ class LeaderLease:
         *,
         max_bytes: int = 64 * 1024,
         replication: Replication | None = None,
+        nc: Client | None = None,
+        alive_subject: str = "",
     ) -> None:
         self.js = js
         # Replicated like the job bucket: an R1 lease bucket on a lost server stops every
@@ -150,6 +181,15 @@ class LeaderLease:
         self.proven = asyncio.Event()
         self._revision = 0
         self._kv: KeyValue | None = None
+        # A dead leader found by its dropped subscription (broker/liveness.py), when given
+        # a connection and the subject: the leader answers on it, a standby probes it.
+        self._answer: LivenessAnswer | None = None
+        self.death: DeathWatch | None = None  # a standby's probes (and their metrics)
+        if nc is not None and alive_subject:
+            self._answer = LivenessAnswer(nc, alive_subject, self._alive)
+            self.death = DeathWatch(nc, alive_subject, ttl)
+        self.taken_from_dead = 0  # leases taken from a leader found dead (a metric)
+        self._dead_at = 0  # the revision a dead leader left, found by `_until_free`
 
     async def _open(self) -> KeyValue:
         if self._kv is None:
@@ -184,10 +224,18 @@ class LeaderLease:
             revision = await self._reclaim_own(kv, value)
             if revision is None:
                 return False
+        await self._won(revision)
+        return True
+
+    async def _won(self, revision: int) -> None:
         self._revision = revision
         self.epoch = revision
         self.proven.set()
-        return True
+        if self._answer is not None:
+            await self._answer.start()
+
+    def _alive(self) -> Alive:
+        return Alive(holder=self.holder, epoch=self.epoch)
 
     def fence_above(self, highest: int) -> int:
         """Make this leadership's epoch higher than `highest`, the highest one ever recorded:
@@ -243,6 +291,8 @@ class LeaderLease:
                 if watcher is None:
                     watcher = await (await self._open()).watch(KEY)
                 renewed = await self._until_free(watcher, wait)
+                if await self._take_from_dead():
+                    break
                 wait = retry if renewed or wait >= self.ttl else min(longest, wait * 2)
         finally:
             if watcher is not None:
@@ -257,20 +307,55 @@ class LeaderLease:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         renewed = False
+        death = self.death
+        self._dead_at = 0
         while (left := deadline - loop.time()) > 0:
+            if death is not None:  # wake for the next probe; writes delivered are read first
+                left = max(0.001, min(left, death.next_probe_in()))
             try:
                 entry = await watcher.updates(timeout=left)
             except TimeoutError:  # nats' TimeoutError is one too
-                break
+                if loop.time() >= deadline:
+                    break
+                entry = None
             if entry is None:
-                continue  # the watch has delivered everything there was
+                # The watch has delivered everything there was, or is quiet: probe the leader
+                # when due, never with a delivered write left unread.
+                if death is not None and not death.next_probe_in():
+                    self._dead_at = await death.probe()
+                    if self._dead_at:
+                        break
+                continue
             if entry.operation in (KV_DEL, KV_PURGE):
                 self.deletes_seen += 1
+                if death is not None:
+                    death.saw(0)
                 break
             self.renewals_seen += 1
             renewed = True
+            if death is not None:
+                death.saw(entry.revision or 0, holder_of(entry.value))
             deadline = loop.time() + self._left_of(entry.created)
         return renewed
+
+    async def _take_from_dead(self) -> bool:
+        """Take the key from a leader found dead (broker/liveness.py), if nobody wrote it
+        since the revision seen last: the compare-and-set fails otherwise."""
+        revision, self._dead_at = self._dead_at, 0
+        if not revision:
+            return False
+        kv = await self._open()
+        self.attempts += 1
+        value = msgspec.json.encode(LeaseHolder(holder=self.holder, acquired_at=time.time()))
+        try:
+            taken = await kv.update(KEY, value, last=revision)
+        except Exception as exc:  # written since (alive after all), or NATS away
+            log.info("lease.leader_not_taken", revision=revision, error=str(exc)[:200])
+            return False
+        self.taken_from_dead += 1
+        log.warning("lease.taken_from_dead_leader", holder=self.holder, last=revision)
+        await self._won(taken)
+        return True
 
     def _left_of(self, created: datetime.datetime | None) -> float:
         """Seconds until an entry written at `created` (the server's clock) can expire: a TTL
@@ -353,6 +438,13 @@ class LeaderLease:
         (NATS away, a timeout) is retried with backoff for as long as the lease can still be
         ours: until a TTL has passed since the last renewal. "Insufficient resources" (a full
         server store) suspends the lease instead, for as long as it lasts."""
+        try:
+            await self._hold()
+        finally:
+            if self._answer is not None:
+                await self._answer.stop()
+
+    async def _hold(self) -> None:
         interval = self.ttl / RENEWALS_PER_TTL
         last_ok = time.monotonic()
         delay = interval
@@ -423,6 +515,8 @@ class LeaderLease:
         a delete without one (`last=0`) is unconditional in nats-py: a standby shutting down
         deleted the leader's lease, another broker took it, and the old leader acknowledged
         submissions the new one never saw until its next renewal."""
+        if self._answer is not None:
+            await self._answer.stop()
         if self._revision <= 0:
             return
         kv = await self._open()
@@ -437,6 +531,14 @@ class LeaderLease:
     def revision(self) -> int:
         """The key's revision at this holder's last write (each renewal adds one; 0: none)."""
         return self._revision
+
+
+def holder_of(value: bytes | None) -> str:
+    """The holder a lease value names; "" for one that does not decode."""
+    try:
+        return msgspec.json.decode(value or b"", type=LeaseHolder).holder
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""
 
 
 def no_stream_leader(exc: BaseException) -> bool:

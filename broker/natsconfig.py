@@ -128,9 +128,11 @@ def render(
                 "$JS.FC.>",  # flow control of the standby's mirror (an ordered push consumer)
                 f"$KV.{s.jobs_bucket}.>",
                 f"$KV.{s.leader_bucket}.>",
+                s.lease_alive,  # a standby's probes of the leader (broker/liveness.py)
+                inbox_prefix(BROKER) + ".>",  # the leader's answers to those probes
                 *answers,  # replies to the admin's and each team's requests
             ],
-            [f"{p}.>", inbox_prefix(BROKER) + ".>"],
+            [f"{p}.>", s.lease_alive, inbox_prefix(BROKER) + ".>"],
             comment="the broker: Muster's subjects, its JetStream and KV, and the inboxes it "
             "answers; its own inbox for JetStream deliveries",
         ),

@@ -146,6 +146,7 @@ class Broker(BrokerProcess, EffectExecutor, SubmissionIntake, AgentLink):
             "storage_full": self.storage_full,
             "lease_renew_failures": self.lease.renew_failures,
             "lease_recreated": self.lease.recreated,
+            "lease_taken_from_dead": self.lease.taken_from_dead,
             "lease_suspended": not self.lease.proven.is_set(),
             "epoch": self.lease.epoch,
             "restore_s": round(self.restore_s, 4),

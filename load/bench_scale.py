@@ -15,11 +15,13 @@ one submitted (none lost, none duplicated).
 
 Then failover: a second broker process (its own state directory, so another identity) stands
 by for `--standby-warmup-s` while it mirrors the job bucket; the leader is SIGKILLed and we time
-until the standby answers as leader with every job restored. That time is mostly the lease
-running out (`timeouts.lease_ttl_s`, 2.5 s); the standby's own `restore_s` is what the hot
-standby saves against the cold restart above. Last, a clean handover: a third broker stands by
-as long, the leader is stopped with SIGTERM (it deletes its lease key as it exits) and we time
-until the new standby answers as leader with every job restored.
+until the standby answers as leader with every job restored. The standby finds the leader
+dead by its dropped subscription (half a lease TTL without a renewal at most, instead of the
+whole TTL: broker/liveness.py; `taken_from_dead` is 1 when it did); the standby's own
+`restore_s` is what the hot standby saves against the cold restart above. Last, a clean
+handover: a third broker stands by as long, the leader is stopped with SIGTERM (it deletes its
+lease key as it exits) and we time until the new standby answers as leader with every job
+restored.
 """
 
 from __future__ import annotations
@@ -135,6 +137,9 @@ async def one_run(url: str, args: Options) -> dict[str, float]:
             "restore_s": float(stats["restore_s"]),
             "takeover_s": takeover_s,
             "standby_restore_s": float(takeover["restore_s"]),
+            # 1 when the standby found the killed leader by its dropped subscription, 0 when
+            # it waited for the lease to expire (broker/liveness.py)
+            "taken_from_dead": float(takeover.get("lease_taken_from_dead", 0)),
             "standby_warmup_cpu_s": standby_cpu_s,
             "handover_s": handover_s,
             "handover_restore_s": handover_restore_s,

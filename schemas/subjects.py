@@ -117,5 +117,12 @@ class Subjects(msgspec.Struct, frozen=True):
     def leader_bucket(self) -> str:
         return f"{self._stem}_LEADER"
 
+    @property
+    def lease_alive(self) -> str:
+        """The leader answers probes here while it holds the lease (broker/liveness.py).
+        Outside the prefix on purpose: only the broker's NATS user may use it, since anyone
+        subscribed to it would keep a dead leader looking alive."""
+        return f"_{self._stem}_LEASE.alive"
+
 
 DEFAULT_SUBJECTS = Subjects()

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import nats
+import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
@@ -173,3 +176,19 @@ async def harness(nats_url: str) -> AsyncIterator[Harness]:
         await agent.stop()
     await h.stop_broker()
     await nc.close()
+
+
+BURNER_S = 120  # a burner ends itself after this even if the test never stops it
+
+
+@pytest.fixture
+def two_burners() -> Iterator[None]:
+    """Two processes that keep both cores busy while the test runs."""
+    code = f"import time\nend = time.monotonic() + {BURNER_S}\nwhile time.monotonic() < end: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)

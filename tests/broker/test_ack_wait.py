@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,7 +29,6 @@ JOBS = 150
 # is acked about 3 s after the first, far beyond a 0.3 s floor and the old fixed retries (four
 # copies 0.3 s each, about 1.9 s in all).
 API_REQUEST_S = 0.02
-BURNER_S = 120  # a burner ends itself after this even if the test never stops it
 
 rtts = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
 
@@ -59,19 +55,6 @@ def test_wait_follows_the_observed_round_trips() -> None:
     assert w.wait() > 3.0
     waits = AckWaits(Timeouts(dispatch_ack_s=2.0, dispatch_ack_max_s=1.0))
     assert waits.of("c1").wait(3) == 2.0, "a ceiling below the floor means the floor"
-
-
-@pytest.fixture
-def two_burners() -> Iterator[None]:
-    """Two processes that keep both cores busy while the test runs."""
-    code = f"import time\nend = time.monotonic() + {BURNER_S}\nwhile time.monotonic() < end: pass"
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(10)
 
 
 def slow_api(cluster: FakeCluster, per_request_s: float) -> None:

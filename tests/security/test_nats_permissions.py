@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
@@ -15,7 +16,9 @@ from typer.testing import CliRunner
 
 from broker.cli_operator import app
 from broker.embedded import nats_server_binary
+from broker.liveness import Alive, LivenessAnswer
 from broker.natsconfig import load_broker_config, render
+from schemas.subjects import Subjects
 from shell.natsio import flush
 from tests.security.conftest import CLUSTERS, CONFIG, AuthNats, passwords, users_in
 from tests.support import DEPLOY
@@ -202,3 +205,33 @@ async def test_agent_speaks_only_for_its_cluster(auth_nats: AuthNats) -> None:
     await _settled(broker)
     assert at_broker == ["muster.agent.east.events"]
     assert at_east == []
+
+
+async def test_only_brokers_probe_and_answer_on_the_liveness_subject(auth_nats: AuthNats) -> None:
+    """A standby's probe reaches the leader and its answer comes back; the admin can neither
+    answer for a leader (it would keep a dead one looking alive) nor probe."""
+    alive = Subjects(prefix=CONFIG.subject_prefix).lease_alive
+    leader = await auth_nats.connect("broker")
+    standby = await auth_nats.connect("broker")
+    admin = await auth_nats.connect("admin")
+    impostor: list[str] = []
+
+    async def hear(msg: Any) -> None:
+        impostor.append(msg.subject)
+        await msg.respond(b"{}")
+
+    await admin.subscribe(alive, cb=hear)
+    await _settled(admin)
+    with pytest.raises(NoRespondersError):
+        await standby.request(alive, b"", timeout=2)
+    answer = LivenessAnswer(leader, alive, lambda: Alive(holder="leader", epoch=7))
+    await answer.start()
+    await _settled(leader)
+    reply = await standby.request(alive, b"", timeout=2)
+    assert msgspec.json.decode(reply.data, type=Alive) == Alive(holder="leader", epoch=7)
+    await admin.publish(alive, b"")
+    await _settled(admin)
+    assert not impostor
+    refused = _violations(auth_nats, "admin")  # nats-py lowercases the server's message
+    assert any(f'subscription to "{alive.lower()}"' in e for e in refused)
+    assert any(f'publish to "{alive.lower()}"' in e for e in refused)
