@@ -9,10 +9,14 @@ their virtual clocks. The rules:
 
 - **persist first**: the records of a batch are written before any of its commands or events
   leave; those then go out in the order the machine produced them;
-- **Cancel before Dispatch**: a Dispatch whose `Send.after_cancel_of` names an attempt with a
-  Cancel in flight is held until that Cancel is acknowledged or given up on (its cluster
-  declared lost: the fence, minutes long, has lapsed by then). When one attempt's Cancel is
-  sent again while an older copy is in flight, the newest one decides;
+- **Cancel before Dispatch**: a Dispatch whose `Send.after_cancel_of` names attempts with a
+  Cancel in flight is held until every one of those Cancels is acknowledged or given up on
+  (its cluster declared lost: the fence, minutes long, has lapsed by then). When one
+  attempt's Cancel is sent again while an older copy is in flight, the newest one decides.
+  Which attempts may still run is the job record's fact (`AttemptRecord.cancel_unacked`);
+  this object only knows the Cancels this leader has in flight, and a new leader's core
+  sends every unacknowledged one again before any Dispatch, so the two cannot disagree
+  across a restart. The driver feeds `CancelSettled` to the core when a Cancel settles;
 - **Cancels are resent** until heard or their cluster is lost;
 - **retries**: a command is asked `attempts` times, each copy waited for as long as the
   cluster's acks take (`broker/ackwait.py`), with a short pause when nothing reached the wire;
@@ -59,10 +63,11 @@ def persist_first(batches: Iterable[Sequence[Effect]]) -> list[JobRecord]:
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """A Dispatch waiting for the Cancel of the attempt before it."""
+    """A Dispatch waiting for the Cancels of the earlier attempts it is ordered after."""
 
     cluster: str
     command: Dispatch
+    after: tuple[int, ...] = ()
 
 
 class Sequencer:
@@ -83,25 +88,28 @@ class Sequencer:
         self._cancels[(cmd.job_id, cmd.attempt)] = self._ticket
         return self._ticket
 
-    def dispatch(self, cluster: str, cmd: Dispatch, after: int | None) -> bool:
-        """True: send now. False: held behind the Cancel of attempt `after` in flight."""
-        if after is None:
+    def dispatch(self, cluster: str, cmd: Dispatch, after: tuple[int, ...]) -> bool:
+        """True: send now. False: held behind a Cancel in flight of an attempt in `after`."""
+        return self._hold(Held(cluster, cmd, after))
+
+    def _hold(self, held: Held) -> bool:
+        """File `held` under the first Cancel in flight it waits for; True when there is none."""
+        job = held.command.job_id
+        key = next(((job, a) for a in held.after if (job, a) in self._cancels), None)
+        if key is None:
             return True
-        key = (cmd.job_id, after)
-        if key not in self._cancels:
-            return True
-        self._held.setdefault(key, []).append(Held(cluster, cmd))
+        self._held.setdefault(key, []).append(held)
         return False
 
     def settled(self, cmd: Cancel, ticket: int) -> list[Held]:
         """The Cancel with `ticket` was acknowledged or given up on (its cluster lost): the
-        Dispatches it held, to send now. An older copy settling releases nothing while a
-        newer Cancel of the same attempt is in flight."""
+        Dispatches it held that wait for no other Cancel in flight, to send now. An older
+        copy settling releases nothing while a newer Cancel of the same attempt is in flight."""
         key = (cmd.job_id, cmd.attempt)
         if self._cancels.get(key) != ticket:
             return []
         del self._cancels[key]
-        return self._held.pop(key, [])
+        return [h for h in self._held.pop(key, []) if self._hold(h)]
 
     def in_flight(self) -> int:
         """Cancels still waited on."""

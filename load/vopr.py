@@ -37,7 +37,15 @@ import typer
 from agents.gate import CommandGate, Duplicate, Refuse, Resize
 from agents.runtime import AgentRuntime
 from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
-from broker.core.inputs import CYCLE, TICK, AgentBatch, DispatchAcked, Restore, SubmitJob
+from broker.core.inputs import (
+    CYCLE,
+    TICK,
+    AgentBatch,
+    CancelSettled,
+    DispatchAcked,
+    Restore,
+    SubmitJob,
+)
 from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import record_decoder, record_encoder
@@ -955,6 +963,10 @@ class World:
                 )
             )
         elif isinstance(cmd, Cancel):
+            if cmd.attempt is not None:  # as the shell: the core hears of it, then the held go
+                settled = CancelSettled(cmd.job_id, cmd.attempt)
+                if not self.run_effects(self.machine.handle(settled, self.clock.now)):
+                    return
             for held in self.sequencer.settled(cmd, req.ticket):
                 self._send(held.cluster, held.command)
 
