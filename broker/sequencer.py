@@ -70,6 +70,11 @@ class Held:
     after: tuple[int, ...] = ()
 
 
+def _cancels(cancel: Cancel, dispatch: Dispatch) -> bool:
+    """Whether `cancel` ends the attempt `dispatch` would start."""
+    return cancel.job_id == dispatch.job_id and cancel.attempt in (None, dispatch.attempt)
+
+
 class Sequencer:
     """The barrier and the retry decisions of one leadership (`reset` when it ends); the
     learnt ack waits outlive it (they describe the clusters, not the leader)."""
@@ -83,7 +88,15 @@ class Sequencer:
 
     # -- the barrier ---------------------------------------------------------------------
     def cancel(self, cmd: Cancel) -> int:
-        """A Cancel goes out: Dispatches ordered after it wait until `settled(ticket)`."""
+        """A Cancel goes out: Dispatches ordered after it wait until `settled(ticket)`, and a
+        Dispatch of the attempt it cancels still held never leaves (the core gave it up)."""
+        for key, held in list(self._held.items()):
+            kept = [h for h in held if not _cancels(cmd, h.command)]
+            if len(kept) < len(held):
+                if kept:
+                    self._held[key] = kept
+                else:
+                    del self._held[key]
         self._ticket += 1
         self._cancels[(cmd.job_id, cmd.attempt)] = self._ticket
         return self._ticket

@@ -86,6 +86,11 @@ def test_a_dispatch_never_leaves_before_the_cancel_it_waits_on(ops: list[Op]) ->
             cmd = cancel(a, b)
             ticket = seq.cancel(cmd)
             tickets.append((cmd, ticket))
+            # A Dispatch of the attempt cancelled, still held, is dropped: the core gave it up.
+            model.waiting = [(c, d) for c, d in model.waiting if (d.job_id, d.attempt) != (a, b)]
+            assert sorted(h.command.attempt for h in seq.held() if h.command.job_id == a) == (
+                sorted(d.attempt for _, d in model.waiting if d.job_id == a)
+            )
             model.out.setdefault((a, b), []).append((ticket, False))
         elif op == "dispatch":
             assert isinstance(a, str) and isinstance(b, int)

@@ -212,21 +212,11 @@ def test_second_windows_end_healthy_work_in_a_long_api_outage_seed_5() -> None:
         long_outage_world(5, config=sim_config())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=SimFailure,
-    reason="two live copies: a Dispatch given up behind an unheard Cancel releases the next "
-    "Dispatch after its own Cancel only",
-)
 def test_a_given_up_dispatch_keeps_the_next_one_behind_the_unheard_cancel_seed_344() -> None:
     """Long-outage seed 344: the broker, restored while the agent of c0 is cut off, moves j2
     back to spot (`spot-return`). The Cancel of attempt 1 on c0 goes unheard, the Dispatch of
     attempt 2 waits behind it, the start timeout gives attempt 2 up, and the Dispatch of
-    attempt 3 is ordered only after the Cancel of attempt 2 (heard at once): it runs on c1
-    while attempt 1 still runs on c0, its fence minutes from lapsing."""
-    try:
-        long_outage_world(344)
-    except SimFailure as exc:
-        if "two live copies of j2" not in str(exc):
-            raise RuntimeError(f"seed 344 now fails another way: {exc}") from exc
-        raise
+    attempt 3 was ordered only after the Cancel of attempt 2 (heard at once) and ran on c1
+    while attempt 1 still ran on c0, its fence minutes from lapsing. It now waits for every
+    earlier attempt whose Cancel is unacknowledged, a fact the record keeps across restarts."""
+    long_outage_world(344)
