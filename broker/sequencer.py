@@ -18,6 +18,9 @@ their virtual clocks. The rules:
   sends every unacknowledged one again before any Dispatch, so the two cannot disagree
   across a restart. The driver feeds `CancelSettled` to the core when a Cancel settles;
 - **Cancels are resent** until heard or their cluster is lost;
+- **Applied**: an agent's batch is acknowledged only when the core applied it in full (not a
+  replay it refused, nor a batch out of sequence it answered with a resync), once its records
+  are written; one without outcomes at most every `APPLIED_EVERY_S` per cluster;
 - **retries**: a command is asked `attempts` times, each copy waited for as long as the
   cluster's acks take (`broker/ackwait.py`), with a short pause when nothing reached the wire;
   the ack of any copy counts, and a refusal does not outvote a later copy still unanswered;
@@ -32,14 +35,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from broker.ackwait import AckWaits
-from broker.core.effects import Effect, Persist
+from broker.core.effects import Effect, Persist, applied
 from broker.core.records import JobRecord
-from schemas.agent import Cancel, CommandAck, Dispatch
+from schemas.agent import (
+    TERMINAL_PHASES,
+    Cancel,
+    CheckpointReport,
+    ClusterSnapshot,
+    CommandAck,
+    Dispatch,
+    EventBatch,
+    WorkloadStatus,
+)
 from schemas.config import Timeouts
 
 COMMAND_ATTEMPTS = 3  # copies of a command other than a Dispatch (dispatch_retries + 1 for it)
 EMPTY_PAUSE_S = 0.1  # first pause when a copy could not be sent at all; doubles per copy
 EMPTY_PAUSE_MAX_S = 2.0
+APPLIED_EVERY_S = 0.5  # batches without outcomes are acknowledged this often (fence renewal)
 
 CancelKey = tuple[str, int | None]  # (job, attempt) of a Cancel (None: every attempt)
 
@@ -59,6 +72,27 @@ def persist_first(batches: Iterable[Sequence[Effect]]) -> list[JobRecord]:
             if isinstance(eff, Persist):
                 records[eff.record.job_id] = eff.record
     return list(records.values())
+
+
+def outcomes(batch: EventBatch) -> bool:
+    """Whether the batch carries what an agent keeps until the broker acknowledges it."""
+    for event in batch.events:
+        if isinstance(event, CheckpointReport | ClusterSnapshot):
+            return True
+        if isinstance(event, WorkloadStatus) and event.phase in TERMINAL_PHASES:
+            return True
+    return False
+
+
+def acknowledges(
+    effects: Sequence[Effect], batch: EventBatch, now: float, last: float | None
+) -> bool:
+    """Whether an Applied for `batch` goes to its agent, given the core's `effects` for it and
+    when this cluster's last batch was acknowledged (`last`, None: never). The agent drops
+    what it kept and renews its fences from it, so only a batch applied in full counts."""
+    if applied(effects) is None:
+        return False
+    return last is None or now - last >= APPLIED_EVERY_S or outcomes(batch)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 Dispatches ordered after them, acks, lost clusters and step-downs, no Dispatch leaves before
 every Cancel it waits on is settled, and every held Dispatch leaves once they are; records persist
 first, newest per job; Cancels are resent until heard or their cluster is lost; each copy's
-ack wait follows the cluster's round trips."""
+ack wait follows the cluster's round trips; only a batch applied in full is acknowledged."""
 
 from __future__ import annotations
 
@@ -11,13 +11,28 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.effects import Effect, Persist, Publish, Send, refusal
 from broker.core.records import JobRecord
-from broker.sequencer import Sequencer, attempt_token, persist_first
-from schemas.agent import Cancel, CheckpointNow, CommandAck, Dispatch
+from broker.sequencer import (
+    APPLIED_EVERY_S,
+    Sequencer,
+    acknowledges,
+    attempt_token,
+    persist_first,
+)
+from schemas.agent import (
+    Cancel,
+    CheckpointNow,
+    CommandAck,
+    Dispatch,
+    Heartbeat,
+    Resync,
+    WorkloadStatus,
+)
 from schemas.api import JobEvent
 from schemas.config import Timeouts
 from schemas.job import JobSpec, PodSet
+from tests.core.harness import Sim
 
 SPEC = JobSpec(name="j", gang=[PodSet(name="worker", replicas=1, gpu=1)])
 TIMEOUTS = Timeouts(dispatch_ack_s=2.0, dispatch_ack_max_s=20.0, dispatch_retries=2)
@@ -233,3 +248,27 @@ def test_a_refusal_does_not_outvote_a_later_copy_still_unanswered() -> None:
     assert Sequencer.decides(CommandAck(ok=True), outstanding=True)
     assert Sequencer.decides(CommandAck(ok=False, stale_epoch=True, epoch=9), outstanding=True)
     assert "did not ack in 2s" in Sequencer.silence("c1", 2.0).error
+
+
+def test_only_a_batch_applied_in_full_is_acknowledged_and_heartbeats_are_paced() -> None:
+    """The agent drops what it kept and renews its fences on Applied: a replay the core
+    refused or a batch out of sequence it answered with a resync gets none; one without
+    outcomes is acknowledged at most every APPLIED_EVERY_S, one with outcomes always."""
+    w = Sim(("a",))
+    now = w.now
+    beat = w.batch("a", Heartbeat(at=now))
+    fx = w.m.handle(beat, now)
+    assert acknowledges(fx, beat.batch, now, None)
+    assert not acknowledges(fx, beat.batch, now, now - APPLIED_EVERY_S / 2)
+    assert acknowledges(fx, beat.batch, now, now - APPLIED_EVERY_S)
+    replay = w.batch("a", Heartbeat(at=now), seq=beat.batch.seq)
+    fx = w.m.handle(replay, now)
+    assert refusal(fx) is not None and not acknowledges(fx, replay.batch, now, None)
+    gap = w.batch("a", Heartbeat(at=now), seq=beat.batch.seq + 5)
+    fx = w.m.handle(gap, now)
+    assert any(isinstance(e, Send) and isinstance(e.command, Resync) for e in fx)
+    assert not acknowledges(fx, gap.batch, now, None)
+    w.cluster("a")  # a snapshot puts the cluster back in sequence
+    ended = w.batch("a", WorkloadStatus(job_id="gone", attempt=1, phase="failed"))
+    fx = w.m.handle(ended, now)
+    assert acknowledges(fx, ended.batch, now, now)  # an outcome: at once
