@@ -220,3 +220,10 @@ def test_a_given_up_dispatch_keeps_the_next_one_behind_the_unheard_cancel_seed_3
     while attempt 1 still ran on c0, its fence minutes from lapsing. It now waits for every
     earlier attempt whose Cancel is unacknowledged, a fact the record keeps across restarts."""
     long_outage_world(344)
+
+
+def test_a_restored_leader_orders_a_dispatch_after_every_unheard_cancel_seed_50() -> None:
+    """Long-outage seed 50: after a restore re-sent the Cancel of an attempt on a cluster
+    still cut off, a later attempt was ordered after its predecessor's Cancel only and ran
+    beside the old copy (two live copies of j1)."""
+    long_outage_world(50)

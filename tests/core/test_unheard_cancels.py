@@ -54,6 +54,10 @@ def test_the_third_dispatch_waits_for_the_first_cancel_across_a_restart() -> Non
     (again,) = cancels(restored)
     assert (again.job_id, again.attempt, again.epoch) == (job, 1, 2)
     first = seq.cancel(again)  # "a" stays cut off: this Cancel goes unheard
+    # The new leader tracks "a" though it has not spoken: the shell asks again until "a" is
+    # heard or declared lost, rather than giving up on a cluster it does not know.
+    track = w.m.agents.get("a")
+    assert track is not None and seq.cancel_again(track.health) is not None
     w.cluster("b")
     w.cluster("c")
     two = dispatch_send(w.cycle())
