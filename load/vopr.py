@@ -36,7 +36,7 @@ import typer
 
 from agents.gate import CommandGate, Duplicate, Refuse, Resize
 from agents.runtime import AgentRuntime
-from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
+from broker.core.effects import Effect, Persist, Publish, Send, applied, refusal, split_reply
 from broker.core.inputs import (
     CYCLE,
     TICK,
@@ -981,7 +981,7 @@ class World:
         if not error:
             for st in successes(batch):
                 self.success_heard.setdefault((st.job_id, st.attempt), self.clock.now)
-        if not error and sent is not None:
+        if applied(out) is not None and sent is not None:  # not one answered with a resync
             self.heard_at.setdefault(cluster, deque(maxlen=64)).append((self.clock.now, sent))
         if error:
             self.stats["batches_refused"] += 1  # a duplicate is a replay: refused, harmless
