@@ -170,6 +170,11 @@ def test_a_dispatch_waits_for_every_cancel_it_names_not_only_the_last() -> None:
     released = seq.settled(cancel("j", 1), one)
     assert [(h.cluster, h.command.attempt) for h in released] == [("c1", 3)]
     assert seq.held() == [] and seq.in_flight() == 0
+    # The other order: the first Cancel heard while the second is still out keeps it held.
+    one, two = seq.cancel(cancel("j", 1)), seq.cancel(cancel("j", 2))
+    assert not seq.dispatch("c1", dispatch("j", 3), (1, 2))
+    assert seq.settled(cancel("j", 1), one) == []
+    assert [h.command.attempt for h in seq.settled(cancel("j", 2), two)] == [3]
 
 
 def test_a_step_down_sends_nothing_it_held() -> None:
