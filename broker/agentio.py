@@ -16,17 +16,14 @@ import msgspec
 import structlog
 from nats.aio.msg import Msg
 
-from broker.core.effects import applied, refusal
+from broker.core.effects import refusal
 from broker.core.inputs import AgentBatch, Checkpoint
 from broker.fields import BrokerFields
+from broker.sequencer import acknowledges
 from schemas.agent import (
-    TERMINAL_PHASES,
     Applied,
     CheckpointReport,
-    ClusterSnapshot,
-    EventBatch,
     WireRefused,
-    WorkloadStatus,
 )
 from schemas.codec import DecodeError, decode_event_batch, json_decoder
 from schemas.wire import WIRE_VERSION, compatible
@@ -37,7 +34,6 @@ _checkpoint_decoder = json_decoder(CheckpointReport, "CheckpointReport")
 
 BUDGET_LOG_EVERY_S = 10.0  # per cluster: how often an agent over its budget is logged
 WIRE_REFUSAL_EVERY_S = 10.0  # per cluster: how often an incompatible agent is logged and told
-APPLIED_EVERY_S = 0.5  # batches without outcomes are acknowledged this often (fence renewal)
 
 
 class _WireOnly(msgspec.Struct):
@@ -53,16 +49,6 @@ def _peek_wire(data: bytes) -> str | None:
         return _wire_decoder.decode(data).wire
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-
-
-def _outcomes(batch: EventBatch) -> bool:
-    """Whether the batch carries what an agent keeps until the broker acknowledges it."""
-    for event in batch.events:
-        if isinstance(event, CheckpointReport | ClusterSnapshot):
-            return True
-        if isinstance(event, WorkloadStatus) and event.phase in TERMINAL_PHASES:
-            return True
-    return False
 
 
 class AgentLink(BrokerFields):
@@ -146,9 +132,7 @@ class AgentLink(BrokerFields):
             self.stats["bad_batches"] += 1
             log.warning("broker.rejected_batch", cluster=cluster, error=error)
         now = time.monotonic()
-        if applied(effects) is not None and (
-            now - self._applied_at.get(cluster, -1e18) >= APPLIED_EVERY_S or _outcomes(batch)
-        ):
+        if acknowledges(effects, batch, now, self._applied_at.get(cluster)):
             # The agent keeps endings and checkpoints until told they are persisted, and
             # extends its workloads' fences from the time the acknowledged batch left.
             self._applied_at[cluster] = now

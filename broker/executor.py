@@ -17,7 +17,7 @@ import structlog
 from nats.errors import NoRespondersError
 
 from broker.core.effects import Effect, Forget, Publish, Send
-from broker.core.inputs import DispatchAcked
+from broker.core.inputs import CancelSettled, DispatchAcked
 from broker.fields import BrokerFields
 from broker.sequencer import attempt_token, persist_first
 from schemas.agent import Cancel, CommandAck, Dispatch
@@ -246,8 +246,9 @@ class EffectExecutor(BrokerFields):
 
     async def _cancel_until_heard(self, cluster: str, cmd: Cancel, ticket: int) -> None:
         """Ask until the agent acknowledges the Cancel or the sequencer gives up on it (its
-        cluster lost), then send the Dispatches it held. A deposed leader sends nothing: its
-        step-down cancels this task and resets the sequencer."""
+        cluster lost), then tell the core (the record stops waiting for it) and send the
+        Dispatches it held. A deposed leader sends nothing: its step-down cancels this task
+        and resets the sequencer."""
         seq = self._sequencer
         while not await self._send_command(cluster, cmd) and self.leading.is_set():
             track = self.machine.agents.get(cluster) if self.machine is not None else None
@@ -257,6 +258,9 @@ class EffectExecutor(BrokerFields):
             await asyncio.sleep(pause)
         if not self.leading.is_set():
             return  # deposed meanwhile: what it held is not its to send
+        machine = self.machine
+        if machine is not None and cmd.attempt is not None:
+            self._push(machine.handle(CancelSettled(cmd.job_id, cmd.attempt), self.clock()))
         for held in seq.settled(cmd, ticket):
             self._spawn(self._send_dispatch(held.cluster, held.command))
 

@@ -18,6 +18,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from broker.agentlink import AgentMailboxes
+from broker.core.effects import Send
 from broker.core.inputs import Restore
 from broker.core.machine import Machine
 from broker.core.records import RECORD_FORMAT
@@ -32,6 +33,7 @@ from broker.store import (
     placement_of,
     reconcile_replication,
 )
+from schemas.agent import Dispatch
 from shell.natsio import flush
 from shell.tasks import cancel_and_wait
 
@@ -314,9 +316,15 @@ class BrokerProcess(BrokerFields):
         # Agents that were already talking to the previous leader resync with us.
         for cluster in list(machine.agents):
             self._spawn(self._send_command(cluster, machine_resync(machine)))
-        self.stats["redispatched"] += len(resend)
+        sent = [e.command for e in resend if isinstance(e, Send)]
+        dispatches = sum(isinstance(cmd, Dispatch) for cmd in sent)
+        self.stats["redispatched"] += dispatches
         if resend:
-            log.info("broker.redispatching_unacknowledged", dispatches=len(resend))
+            log.info(
+                "broker.redispatching_unacknowledged",
+                dispatches=dispatches,
+                cancels=len(sent) - dispatches,
+            )
             self._push(resend)
         self._tasks = [
             asyncio.create_task(self._pipeline()),

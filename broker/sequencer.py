@@ -9,11 +9,18 @@ their virtual clocks. The rules:
 
 - **persist first**: the records of a batch are written before any of its commands or events
   leave; those then go out in the order the machine produced them;
-- **Cancel before Dispatch**: a Dispatch whose `Send.after_cancel_of` names an attempt with a
-  Cancel in flight is held until that Cancel is acknowledged or given up on (its cluster
-  declared lost: the fence, minutes long, has lapsed by then). When one attempt's Cancel is
-  sent again while an older copy is in flight, the newest one decides;
+- **Cancel before Dispatch**: a Dispatch whose `Send.after_cancel_of` names attempts with a
+  Cancel in flight is held until every one of those Cancels is acknowledged or given up on
+  (its cluster declared lost: the fence, minutes long, has lapsed by then). When one
+  attempt's Cancel is sent again while an older copy is in flight, the newest one decides.
+  Which attempts may still run is the job record's fact (`AttemptRecord.cancel_unacked`);
+  this object only knows the Cancels this leader has in flight, and a new leader's core
+  sends every unacknowledged one again before any Dispatch, so the two cannot disagree
+  across a restart. The driver feeds `CancelSettled` to the core when a Cancel settles;
 - **Cancels are resent** until heard or their cluster is lost;
+- **Applied**: an agent's batch is acknowledged only when the core applied it in full (not a
+  replay it refused, nor a batch out of sequence it answered with a resync), once its records
+  are written; one without outcomes at most every `APPLIED_EVERY_S` per cluster;
 - **retries**: a command is asked `attempts` times, each copy waited for as long as the
   cluster's acks take (`broker/ackwait.py`), with a short pause when nothing reached the wire;
   the ack of any copy counts, and a refusal does not outvote a later copy still unanswered;
@@ -28,14 +35,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from broker.ackwait import AckWaits
-from broker.core.effects import Effect, Persist
+from broker.core.effects import Effect, Persist, applied
 from broker.core.records import JobRecord
-from schemas.agent import Cancel, CommandAck, Dispatch
+from schemas.agent import (
+    TERMINAL_PHASES,
+    Cancel,
+    CheckpointReport,
+    ClusterSnapshot,
+    CommandAck,
+    Dispatch,
+    EventBatch,
+    WorkloadStatus,
+)
 from schemas.config import Timeouts
 
 COMMAND_ATTEMPTS = 3  # copies of a command other than a Dispatch (dispatch_retries + 1 for it)
 EMPTY_PAUSE_S = 0.1  # first pause when a copy could not be sent at all; doubles per copy
 EMPTY_PAUSE_MAX_S = 2.0
+APPLIED_EVERY_S = 0.5  # batches without outcomes are acknowledged this often (fence renewal)
 
 CancelKey = tuple[str, int | None]  # (job, attempt) of a Cancel (None: every attempt)
 
@@ -57,12 +74,39 @@ def persist_first(batches: Iterable[Sequence[Effect]]) -> list[JobRecord]:
     return list(records.values())
 
 
+def outcomes(batch: EventBatch) -> bool:
+    """Whether the batch carries what an agent keeps until the broker acknowledges it."""
+    for event in batch.events:
+        if isinstance(event, CheckpointReport | ClusterSnapshot):
+            return True
+        if isinstance(event, WorkloadStatus) and event.phase in TERMINAL_PHASES:
+            return True
+    return False
+
+
+def acknowledges(
+    effects: Sequence[Effect], batch: EventBatch, now: float, last: float | None
+) -> bool:
+    """Whether an Applied for `batch` goes to its agent, given the core's `effects` for it and
+    when this cluster's last batch was acknowledged (`last`, None: never). The agent drops
+    what it kept and renews its fences from it, so only a batch applied in full counts."""
+    if applied(effects) is None:
+        return False
+    return last is None or now - last >= APPLIED_EVERY_S or outcomes(batch)
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
-    """A Dispatch waiting for the Cancel of the attempt before it."""
+    """A Dispatch waiting for the Cancels of the earlier attempts it is ordered after."""
 
     cluster: str
     command: Dispatch
+    after: tuple[int, ...] = ()
+
+
+def _cancels(cancel: Cancel, dispatch: Dispatch) -> bool:
+    """Whether `cancel` ends the attempt `dispatch` would start."""
+    return cancel.job_id == dispatch.job_id and cancel.attempt in (None, dispatch.attempt)
 
 
 class Sequencer:
@@ -78,30 +122,41 @@ class Sequencer:
 
     # -- the barrier ---------------------------------------------------------------------
     def cancel(self, cmd: Cancel) -> int:
-        """A Cancel goes out: Dispatches ordered after it wait until `settled(ticket)`."""
+        """A Cancel goes out: Dispatches ordered after it wait until `settled(ticket)`, and a
+        Dispatch of the attempt it cancels still held never leaves (the core gave it up)."""
+        for key, held in list(self._held.items()):
+            kept = [h for h in held if not _cancels(cmd, h.command)]
+            if len(kept) < len(held):
+                if kept:
+                    self._held[key] = kept
+                else:
+                    del self._held[key]
         self._ticket += 1
         self._cancels[(cmd.job_id, cmd.attempt)] = self._ticket
         return self._ticket
 
-    def dispatch(self, cluster: str, cmd: Dispatch, after: int | None) -> bool:
-        """True: send now. False: held behind the Cancel of attempt `after` in flight."""
-        if after is None:
+    def dispatch(self, cluster: str, cmd: Dispatch, after: tuple[int, ...]) -> bool:
+        """True: send now. False: held behind a Cancel in flight of an attempt in `after`."""
+        return self._hold(Held(cluster, cmd, after))
+
+    def _hold(self, held: Held) -> bool:
+        """File `held` under the first Cancel in flight it waits for; True when there is none."""
+        job = held.command.job_id
+        key = next(((job, a) for a in held.after if (job, a) in self._cancels), None)
+        if key is None:
             return True
-        key = (cmd.job_id, after)
-        if key not in self._cancels:
-            return True
-        self._held.setdefault(key, []).append(Held(cluster, cmd))
+        self._held.setdefault(key, []).append(held)
         return False
 
     def settled(self, cmd: Cancel, ticket: int) -> list[Held]:
         """The Cancel with `ticket` was acknowledged or given up on (its cluster lost): the
-        Dispatches it held, to send now. An older copy settling releases nothing while a
-        newer Cancel of the same attempt is in flight."""
+        Dispatches it held that wait for no other Cancel in flight, to send now. An older
+        copy settling releases nothing while a newer Cancel of the same attempt is in flight."""
         key = (cmd.job_id, cmd.attempt)
         if self._cancels.get(key) != ticket:
             return []
         del self._cancels[key]
-        return self._held.pop(key, [])
+        return [h for h in self._held.pop(key, []) if self._hold(h)]
 
     def in_flight(self) -> int:
         """Cancels still waited on."""

@@ -36,12 +36,20 @@ import typer
 
 from agents.gate import CommandGate, Duplicate, Refuse, Resize
 from agents.runtime import AgentRuntime
-from broker.core.effects import Effect, Persist, Publish, Send, refusal, split_reply
-from broker.core.inputs import CYCLE, TICK, AgentBatch, DispatchAcked, Restore, SubmitJob
+from broker.core.effects import Effect, Persist, Publish, Send, applied, refusal, split_reply
+from broker.core.inputs import (
+    CYCLE,
+    TICK,
+    AgentBatch,
+    CancelSettled,
+    DispatchAcked,
+    Restore,
+    SubmitJob,
+)
 from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import record_decoder, record_encoder
-from broker.sequencer import Sequencer, persist_first
+from broker.sequencer import Sequencer, acknowledges, persist_first
 from load.command import program, summary
 from schemas.agent import (
     AgentEvent,
@@ -694,6 +702,7 @@ class World:
         self.requests: dict[int, _Request] = {}
         self._req_ids = 0
         self.sequencer = Sequencer(self.config.timeouts)  # the shell's barrier and retries
+        self.applied_at: dict[str, float] = {}  # cluster -> when its last batch was acknowledged
         self.stream: dict[str, JobSpec] = {}  # submissions not yet persisted (JetStream)
         self.agents: dict[str, SimAgent] = {}
         if scenario is None:
@@ -955,6 +964,10 @@ class World:
                 )
             )
         elif isinstance(cmd, Cancel):
+            if cmd.attempt is not None:  # as the shell: the core hears of it, then the held go
+                settled = CancelSettled(cmd.job_id, cmd.attempt)
+                if not self.run_effects(self.machine.handle(settled, self.clock.now)):
+                    return
             for held in self.sequencer.settled(cmd, req.ticket):
                 self._send(held.cluster, held.command)
 
@@ -968,11 +981,16 @@ class World:
         if not error:
             for st in successes(batch):
                 self.success_heard.setdefault((st.job_id, st.attempt), self.clock.now)
-        if not error and sent is not None:
+        if applied(out) is not None and sent is not None:  # not one answered with a resync
             self.heard_at.setdefault(cluster, deque(maxlen=64)).append((self.clock.now, sent))
         if error:
             self.stats["batches_refused"] += 1  # a duplicate is a replay: refused, harmless
-        if self.run_effects(out) and not error:
+        # Acknowledged as the shell does (broker/agentio.py): only a batch the core applied in
+        # full, and one without outcomes at most every APPLIED_EVERY_S, once it is persisted.
+        now = self.clock.now
+        ack = acknowledges(out, batch, now, self.applied_at.get(cluster))
+        if self.run_effects(out) and ack:
+            self.applied_at[cluster] = now
             self._send(cluster, Applied(epoch=self.epoch, instance=batch.instance, seq=batch.seq))
         # A batch of heartbeats that asked for nothing changed no job: skip the checks.
         self.after_step(bool(out) or any(not isinstance(e, Heartbeat) for e in batch.events))
@@ -1011,6 +1029,7 @@ class World:
         self.broker_inc += 1
         self.machine = Machine(self.config, epoch=self.epoch)
         self.sequencer = Sequencer(self.config.timeouts)  # a new process learns waits anew
+        self.applied_at = {}
         records = [record_decoder.decode(b) for b in self.store.values()]
         resend = self.machine.handle(Restore(records), self.clock.now)
         self.broker_up = True
@@ -1120,9 +1139,11 @@ def long_outage_world(seed: int, **kw: Any) -> World:
 
 
 def run_many(
-    seeds: range, *, budget_s: float | None = None, **kw: Any
+    seeds: range, *, budget_s: float | None = None, long_outages: bool = False, **kw: Any
 ) -> tuple[int, list[tuple[int, str]], Counter[str]]:
-    """Run seeds in order (stopping at the time budget); returns (seeds run, failures, stats)."""
+    """Run seeds in order (stopping at the time budget); returns (seeds run, failures, stats).
+    `long_outages`: each seed as `long_outage_world` runs it."""
+    run = long_outage_world if long_outages else run_seed
     failures: list[tuple[int, str]] = []
     totals: Counter[str] = Counter()
     start = time.monotonic()
@@ -1132,7 +1153,7 @@ def run_many(
             break
         n += 1
         try:
-            w = run_seed(seed, **kw)
+            w = run(seed, **kw)
             totals.update(w.stats)
             totals["steps"] += w.steps
         except SimFailure as exc:
@@ -1153,17 +1174,23 @@ def vopr(
         float | None, typer.Option(min=0.0, help="stop starting seeds after this")
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose")] = False,
+    long_outages: Annotated[
+        bool, typer.Option("--long-outages", help="outages of minutes, the shipped windows")
+    ] = False,
 ) -> None:
+    run = long_outage_world if long_outages else run_seed
     if seed is not None:
         try:
-            w = run_seed(seed, jobs=jobs, verbose=verbose)
+            w = run(seed, jobs=jobs, verbose=verbose)
         except SimFailure as exc:
             print(exc)
             raise typer.Exit(1) from None
         print(f"seed {seed}: ok, {w.steps} steps, {dict(w.stats)}")
         return
     t0 = time.monotonic()
-    n, failures, totals = run_many(range(first, first + seeds), budget_s=budget_s, jobs=jobs)
+    n, failures, totals = run_many(
+        range(first, first + seeds), budget_s=budget_s, long_outages=long_outages, jobs=jobs
+    )
     for _, msg in failures[:20]:
         print(msg)
     print(

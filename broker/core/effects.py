@@ -21,13 +21,14 @@ class Persist:
 class Send:
     """Send a command to a cluster's agent (request/reply with ack).
 
-    `after_cancel_of`: for a Dispatch, the attempt of the same job whose Cancel must be
-    acknowledged (or given up on) before this is sent, so two copies of a job never run at
-    once, even for the milliseconds two agents would otherwise race."""
+    `after_cancel_of`: for a Dispatch, the earlier attempts of the same job whose Cancels must
+    all be acknowledged (or given up on) before this is sent: the attempt just before it and
+    every older one whose Cancel is unacknowledged, so two copies of a job never run at once,
+    even for the milliseconds two agents would otherwise race."""
 
     cluster: str
     command: Command
-    after_cancel_of: int | None = None
+    after_cancel_of: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,15 @@ class DispatchAcked:
 
 
 @dataclass(frozen=True, slots=True)
+class CancelSettled:
+    """The Cancel of an attempt was acknowledged by its agent, or given up on because its
+    cluster was declared lost (its fence has ended the attempt): it no longer runs."""
+
+    job_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     """A checkpoint reported by the workload's SDK (the shell has checked its token)."""
 
@@ -73,13 +82,23 @@ class Cycle:
 
 @dataclass(frozen=True, slots=True)
 class Restore:
-    """A new leader's state: the persisted records. The effects resend every dispatch that
-    was persisted without an acknowledgement."""
+    """A new leader's state: the persisted records. The effects resend every Cancel not yet
+    acknowledged and every dispatch that was persisted without an acknowledgement."""
 
     records: Sequence[JobRecord]
 
 
-Input = SubmitJob | CancelJob | AgentBatch | DispatchAcked | Checkpoint | Tick | Cycle | Restore
+Input = (
+    SubmitJob
+    | CancelJob
+    | AgentBatch
+    | DispatchAcked
+    | CancelSettled
+    | Checkpoint
+    | Tick
+    | Cycle
+    | Restore
+)
 
 TICK = Tick()
 CYCLE = Cycle()

@@ -25,8 +25,9 @@ which only these checks read.
   ended (`finished_at`) exactly when its state is terminal, a live state was entered by a
   dispatch (the record names its newest attempt), and a running job's attempt has run.
 
-`unordered_dispatches` checks a step's effects rather than the state: every Dispatch names the
-attempt before it in `after_cancel_of`, so a shell that honours it never runs two copies.
+`unordered_dispatches` checks a step's effects rather than the state: every Dispatch names in
+`after_cancel_of` the attempt before it and every older one whose Cancel is unacknowledged, so
+a shell that honours it never runs two copies.
 """
 
 from __future__ import annotations
@@ -318,7 +319,8 @@ def violations(m: Machine) -> list[str]:
 
 
 def unordered_dispatches(m: Machine, effects: Iterable[Effect]) -> list[str]:
-    """Dispatches that do not wait for the Cancel of the job's previous attempt."""
+    """Dispatches that do not wait for the Cancels of the job's previous attempt and of every
+    older one whose Cancel is unacknowledged."""
     out: list[str] = []
     for eff in effects:
         if not isinstance(eff, Send) or not isinstance(eff.command, Dispatch):
@@ -331,10 +333,16 @@ def unordered_dispatches(m: Machine, effects: Iterable[Effect]) -> list[str]:
         if record is None or attempt is None:
             out.append(f"dispatch {cmd.job_id}#{cmd.attempt} of an unknown attempt")
             continue
-        want = previous_attempt(record, attempt)
-        if eff.after_cancel_of != want:
+        before = previous_attempt(record, attempt)
+        want = {
+            a.attempt
+            for a in record.attempts
+            if a.attempt < cmd.attempt and (a.cancel_unacked or a.attempt == before)
+        }
+        missing = sorted(want - set(eff.after_cancel_of))
+        if missing:
             out.append(
-                f"dispatch {cmd.job_id}#{cmd.attempt} ordered after {eff.after_cancel_of}, "
-                f"not after the Cancel of attempt {want}"
+                f"dispatch {cmd.job_id}#{cmd.attempt} ordered after {list(eff.after_cancel_of)}, "
+                f"not after the Cancels of attempts {missing}"
             )
     return out

@@ -4,7 +4,10 @@
 machine's inputs. It keeps:
 - a job has at most one live attempt, and every command carries (job_id, attempt, epoch);
 - a record is persisted before the dispatch it describes is sent, and a dispatch names the
-  attempt whose Cancel it must follow (`Send.after_cancel_of`);
+  attempts whose Cancels it must follow (`Send.after_cancel_of`, `cancels_before`): the one
+  before it and every older one whose Cancel no agent has acknowledged yet;
+- an attempt ended while it may still run carries `cancel_unacked` until its Cancel is
+  acknowledged, it reports an end, or its cluster is declared lost; a new leader asks again;
 - anything an agent reports about an attempt that is not the job's live one is cancelled.
 
 It owns which jobs are live and where (live, starting, preempting; `live_jobs`, `live_on`,
@@ -15,7 +18,7 @@ allocations follow from it (`Scheduler.assume`/`release`), and no one reads the 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import replace
 from typing import assert_never
 from urllib.parse import unquote, urlsplit
@@ -189,22 +192,28 @@ class AttemptLifecycle:
             or current.attempt != status.attempt
             or current.cluster != cluster
         ):
-            if record is not None and status.phase == "succeeded":
-                self._late_success(record, cluster, status, now, effects)
-                return
+            old = _ended_attempt(record, cluster, status.attempt)
             if status.phase in ("created", "running"):
                 # A copy the broker does not consider live: fence it off.
-                effects.append(
-                    Send(
-                        cluster,
-                        Cancel(
-                            job_id=status.job_id,
-                            epoch=self.epoch,
-                            attempt=status.attempt,
-                            reason="stale attempt: not the job's live attempt",
-                        ),
+                reason = "stale attempt: not the job's live attempt"
+                if record is not None and old is not None:
+                    if not old.cancel_unacked:
+                        effects.append(Persist(record))
+                    effects.append(self._cancel(record, old, reason))
+                else:
+                    cmd = Cancel(
+                        job_id=status.job_id,
+                        epoch=self.epoch,
+                        attempt=status.attempt,
+                        reason=reason,
                     )
-                )
+                    effects.append(Send(cluster, cmd))
+                return
+            if record is not None and old is not None and old.cancel_unacked:
+                old.cancel_unacked = False  # it reported its end: it no longer runs
+                effects.append(Persist(record))
+            if record is not None and status.phase == "succeeded":
+                self._late_success(record, cluster, status, now, effects)
             return
         if record.job_id in self._unreported:  # the cluster took the dispatch
             del self._unreported[record.job_id]
@@ -277,12 +286,7 @@ class AttemptLifecycle:
             self._end_attempt(
                 record, newer, "superseded: an earlier attempt succeeded", now, lost=True
             )
-            effects.append(
-                Send(
-                    newer.cluster,
-                    self._cancel_cmd(record.job_id, newer.attempt, "an earlier attempt succeeded"),
-                )
-            )
+            effects.append(self._cancel(record, newer, "an earlier attempt succeeded"))
         old.end_cause = "succeeded"
         old.gpu_seconds_lost = 0.0  # its work was not lost after all
         reason = f"attempt {old.attempt} on {cluster} succeeded after it was given up"
@@ -411,9 +415,7 @@ class AttemptLifecycle:
             self.health.failure(pool, record.job_id, current.attempt, reason, now)
         record.start_failures += 1
         self._end_attempt(record, current, cause, now, lost=True)
-        effects.append(
-            Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, cancel_reason))
-        )
+        effects.append(self._cancel(record, current, cancel_reason))
         self._avoid_pool(record, current, now)
         exhausted = start_failures_exhausted(record)
         if exhausted is not None:
@@ -542,12 +544,19 @@ class AttemptLifecycle:
         since = work_since(record, current)
         self._scheduler.note_progress(record.job_id, current.attempt, since)
 
-    def resend_unacknowledged(self, now: float) -> list[Effect]:
-        """After a restart: send again every dispatch persisted without an acknowledgement.
-        The previous leader may have died before or while sending it; agents acknowledge a
-        duplicate (job_id, attempt) without starting a second copy. The start timeout counts
-        from this send."""
-        effects: list[Effect] = []
+    def resend_unacknowledged(self, records: Iterable[JobRecord], now: float) -> list[Effect]:
+        """After a restart: send again every Cancel no agent acknowledged (the attempt may
+        still run, and the shell's barrier for it died with the previous leader), then every
+        dispatch persisted without an acknowledgement, ordered after them. The previous
+        leader may have died before or while sending it; agents acknowledge a duplicate
+        (job_id, attempt) without starting a second copy. The start timeout counts from this
+        send."""
+        effects: list[Effect] = [
+            self._cancel(record, a, "cancel unacknowledged before a restart")
+            for record in records
+            for a in record.attempts
+            if a.cancel_unacked
+        ]
         for job_id in sorted(self._starting):
             record = self._jobs[job_id]
             current = record.current
@@ -561,10 +570,12 @@ class AttemptLifecycle:
             current.dispatched_at = now
             before = previous_attempt(record, current)
             old = next((a for a in record.attempts if a.attempt == before), None)
-            if old is not None:
-                # The Cancel the previous leader owed the replaced attempt may have died with
-                # it: send it again, so the shell orders the dispatch after it.
-                effects.append(Send(old.cluster, self._cancel_cmd(job_id, old.attempt, "replaced")))
+            if old is not None and not old.cancel_unacked:
+                # A record of a broker that did not mark unacknowledged Cancels: the Cancel the
+                # previous leader owed the replaced attempt may have died with it. Send it
+                # again, so the shell orders the dispatch after it.
+                effects.append(self._cancel(record, old, "replaced"))
+                effects.append(Persist(record))
             effects.append(self._dispatch_send(record, current))
         return effects
 
@@ -625,10 +636,10 @@ class AttemptLifecycle:
         )
 
     def _dispatch_send(self, record: JobRecord, attempt: AttemptRecord) -> Send:
-        """The Dispatch of `attempt`, ordered after the Cancel of the attempt before it (if
-        one is in flight): break before make, never two live copies. The spec names the
-        queue the job is in (a job sent to a queue's subject, or by an alias, may not say it):
-        an agent places a team's workloads by it."""
+        """The Dispatch of `attempt`, ordered after the Cancels of the attempts before it that
+        may still run (those in flight): break before make, never two live copies. The spec
+        names the queue the job is in (a job sent to a queue's subject, or by an alias, may
+        not say it): an agent places a team's workloads by it."""
         spec = record.spec
         if spec.queue != record.queue:
             spec = msgspec.structs.replace(spec, queue=record.queue)
@@ -648,7 +659,7 @@ class AttemptLifecycle:
             revision=attempt.revision,
             checkpoint_token=self._token(record.job_id, attempt.attempt) if self._token else "",
         )
-        return Send(attempt.cluster, cmd, after_cancel_of=previous_attempt(record, attempt))
+        return Send(attempt.cluster, cmd, after_cancel_of=cancels_before(record, attempt))
 
     def spot_notice(
         self, job_id: str, cluster: str, notice: SpotNotice, now: float, effects: list[Effect]
@@ -954,9 +965,7 @@ class AttemptLifecycle:
         current = record.current
         if current is not None:
             self._end_attempt(record, current, pre.cause, now, lost=True)
-            effects.append(
-                Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, pre.cause))
-            )
+            effects.append(self._cancel(record, current, pre.cause))
             if pre.cause == Cause.SPOT_NOTICE:
                 record.avoid.append(
                     AvoidPool(
@@ -1027,9 +1036,7 @@ class AttemptLifecycle:
             self._finish_preempt(record, now, effects, gone=True)
             return
         self._end_attempt(record, current, cause, now, lost=True)
-        effects.append(
-            Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, cause))
-        )
+        effects.append(self._cancel(record, current, cause))
         self._avoid_pool(record, current, now)
         if self._charge_preemption(record, current, now, cause, effects):
             return
@@ -1121,9 +1128,7 @@ class AttemptLifecycle:
         if current is not None:
             self._end_attempt(record, current, state, now, lost=state != "succeeded")
             if state != "succeeded":
-                effects.append(
-                    Send(current.cluster, self._cancel_cmd(record.job_id, current.attempt, state))
-                )
+                effects.append(self._cancel(record, current, state))
         pre = record.preempting
         if pre is not None and pre.replacement is not None:
             self._scheduler.release(record.job_id, pre.replacement.attempt)
@@ -1174,8 +1179,21 @@ class AttemptLifecycle:
         if jobs is not None:
             jobs.discard(record.job_id)
 
-    def _cancel_cmd(self, job_id: str, attempt: int, reason: str) -> Cancel:
-        return Cancel(job_id=job_id, epoch=self.epoch, attempt=attempt, reason=reason)
+    def _cancel(self, record: JobRecord, attempt: AttemptRecord, reason: str) -> Send:
+        """The Cancel of an attempt that may still run; the record (persisted by the caller's
+        batch) says so until the Cancel is heard (`cancel_settled`)."""
+        attempt.cancel_unacked = True
+        cmd = Cancel(job_id=record.job_id, epoch=self.epoch, attempt=attempt.attempt, reason=reason)
+        return Send(attempt.cluster, cmd)
+
+    def cancel_settled(self, job_id: str, attempt: int) -> list[Effect]:
+        """The Cancel of `attempt` was acknowledged, or given up on with its cluster lost."""
+        record = self._jobs.get(job_id)
+        old = next((a for a in record.attempts if a.attempt == attempt), None) if record else None
+        if record is None or old is None or not old.cancel_unacked:
+            return []
+        old.cancel_unacked = False
+        return [Persist(record)]
 
     def event(
         self,
@@ -1212,6 +1230,33 @@ def previous_attempt(record: JobRecord, attempt: AttemptRecord) -> int | None:
             break
         before = a.attempt
     return before
+
+
+def cancels_before(record: JobRecord, attempt: AttemptRecord) -> tuple[int, ...]:
+    """The attempts whose Cancels the Dispatch of `attempt` waits for: the one before it, and
+    every older one whose Cancel is unacknowledged. Any of them may still run; only the one
+    just before would leave an older copy running beside the new one when a dispatch in
+    between was given up (its own Cancel heard at once) while the oldest is still unheard."""
+    before = previous_attempt(record, attempt)
+    return tuple(
+        a.attempt
+        for a in record.attempts
+        if a.attempt < attempt.attempt and (a.cancel_unacked or a.attempt == before)
+    )
+
+
+def _ended_attempt(record: JobRecord | None, cluster: str, attempt: int) -> AttemptRecord | None:
+    """The job's ended attempt `attempt` on `cluster`, if the record holds it."""
+    if record is None:
+        return None
+    return next(
+        (
+            a
+            for a in record.attempts
+            if a.attempt == attempt and a.cluster == cluster and not a.live
+        ),
+        None,
+    )
 
 
 _NONE: frozenset[str] = frozenset()

@@ -33,6 +33,7 @@ from broker.core.elastic import queued_top
 from broker.core.inputs import (
     AgentBatch,
     CancelJob,
+    CancelSettled,
     Checkpoint,
     Cycle,
     DispatchAcked,
@@ -165,6 +166,8 @@ class Machine:
                 job_only=event.job_only,
                 resize_refused=event.resize_refused,
             )
+        if isinstance(event, CancelSettled):
+            return self.lifecycle.cancel_settled(event.job_id, event.attempt)
         if isinstance(event, SubmitJob):
             reply, effects = self._submit(
                 event.spec,
@@ -184,7 +187,7 @@ class Machine:
             return [Refused(error)] if error is not None else effects
         if isinstance(event, Restore):
             self._restore(event.records, now)
-            return self.lifecycle.resend_unacknowledged(now)
+            return self.lifecycle.resend_unacknowledged(event.records, now)
         assert_never(event)  # every Input is handled above (mypy checks; raises otherwise)
 
     # ------------------------------------------------------------------ submission
@@ -512,6 +515,9 @@ class Machine:
             add(record)
             if record.order > order:
                 order = record.order
+            for a in record.attempts:
+                if a.cancel_unacked:  # its Cancel is asked again: given up once the cluster is lost
+                    self.tracker.assume(a.cluster, now)
             if record.state in TERMINAL:
                 continue
             watch(record)  # live ones too

@@ -56,6 +56,10 @@ class AttemptRecord(msgspec.Struct, omit_defaults=True):
     unsettled: bool = False
     # Why the workload cannot grow in place (its cluster refused a growth): it is not grown again.
     grow_refused: str = ""
+    # The broker ended this attempt and sent its Cancel, which no agent has acknowledged yet
+    # (nor was its cluster declared lost): it may still run, so no later attempt of the job
+    # is dispatched before it is heard (`cancels_before`), and a new leader asks again.
+    cancel_unacked: bool = False
 
     @property
     def live(self) -> bool:

@@ -1,7 +1,7 @@
 """The discrete-event loop: one heap and one virtual clock feeding the pure `Machine` and
 carrying out its effects on the simulated clusters, in the order the broker shell's own
-sequencer (`broker/sequencer.py`) gives: persist first, a Dispatch held behind the Cancel it
-is ordered after."""
+sequencer (`broker/sequencer.py`) gives: persist first, a Dispatch held behind the Cancels it
+is ordered after, the core told of each Cancel heard (`CancelSettled`) as the shell tells it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from agents.fake.model import (
     provider_delays,
 )
 from broker.core.effects import Effect, Publish, Send, refusal, split_reply
-from broker.core.inputs import AgentBatch, Cycle, DispatchAcked, SubmitJob, Tick
+from broker.core.inputs import AgentBatch, CancelSettled, Cycle, DispatchAcked, SubmitJob, Tick
 from broker.core.invariants import unordered_dispatches
 from broker.core.machine import Machine
 from broker.core.states import TERMINAL
@@ -268,6 +268,7 @@ class Sim(SpotWorld, Checks):
         elif kind == CANCEL_ARRIVES:
             target, cmd, ticket = payload
             target.command(cmd, now)
+            self._cancel_heard([cmd])
             for held in self.sequencer.settled(cmd, ticket):
                 self.clusters[held.cluster].command(held.command, now)
         elif kind == NODE_GONE_SEEN:
@@ -329,7 +330,14 @@ class Sim(SpotWorld, Checks):
             self._cycle_pending = True
             self.push(self.now + self.cfg.cycle_delay_s, CYCLE, None)
 
+    def _cancel_heard(self, cancels: list[Cancel]) -> None:
+        """The agents took these Cancels: the core hears it, as from the shell."""
+        for cmd in cancels:
+            if cmd.attempt is not None:
+                self._execute(self.machine.handle(CancelSettled(cmd.job_id, cmd.attempt), self.now))
+
     def _execute(self, effects: list[Effect]) -> None:
+        heard: list[Cancel] = []
         for problem in unordered_dispatches(self.machine, effects):
             self.violation(self.now, "unordered-dispatch", problem)
         for record in persist_first((effects,)):
@@ -356,8 +364,11 @@ class Sim(SpotWorld, Checks):
                 ):
                     continue  # held behind the Cancel it is ordered after
                 cluster.command(cmd, self.now)
+                if isinstance(cmd, Cancel):
+                    heard.append(cmd)
             elif isinstance(eff, Publish):
                 self._on_event(eff.event)
+        self._cancel_heard(heard)
 
     def _on_event(self, event: JobEvent) -> None:
         jid = event.job_id

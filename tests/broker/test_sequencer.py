@@ -1,8 +1,8 @@
 """The broker's sans-IO effect rules (`broker/sequencer.py`): over any interleaving of Cancels,
 Dispatches ordered after them, acks, lost clusters and step-downs, no Dispatch leaves before
-the Cancel it waits on is settled, and every held Dispatch leaves once it is; records persist
+every Cancel it waits on is settled, and every held Dispatch leaves once they are; records persist
 first, newest per job; Cancels are resent until heard or their cluster is lost; each copy's
-ack wait follows the cluster's round trips."""
+ack wait follows the cluster's round trips; only a batch applied in full is acknowledged."""
 
 from __future__ import annotations
 
@@ -11,13 +11,28 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core.effects import Effect, Persist, Publish, Send
+from broker.core.effects import Effect, Persist, Publish, Send, refusal
 from broker.core.records import JobRecord
-from broker.sequencer import Sequencer, attempt_token, persist_first
-from schemas.agent import Cancel, CheckpointNow, CommandAck, Dispatch
+from broker.sequencer import (
+    APPLIED_EVERY_S,
+    Sequencer,
+    acknowledges,
+    attempt_token,
+    persist_first,
+)
+from schemas.agent import (
+    Cancel,
+    CheckpointNow,
+    CommandAck,
+    Dispatch,
+    Heartbeat,
+    Resync,
+    WorkloadStatus,
+)
 from schemas.api import JobEvent
 from schemas.config import Timeouts
 from schemas.job import JobSpec, PodSet
+from tests.core.harness import Sim
 
 SPEC = JobSpec(name="j", gang=[PodSet(name="worker", replicas=1, gpu=1)])
 TIMEOUTS = Timeouts(dispatch_ack_s=2.0, dispatch_ack_max_s=20.0, dispatch_retries=2)
@@ -41,7 +56,7 @@ class Model:
     settled or not, and the Dispatches waiting or sent."""
 
     out: dict[tuple[str, int], list[tuple[int, bool]]] = field(default_factory=dict)
-    waiting: list[tuple[str, Dispatch, int]] = field(default_factory=list)
+    waiting: list[tuple[str, Dispatch]] = field(default_factory=list)
     sent: list[Dispatch] = field(default_factory=list)
 
     def unsettled(self, job_id: str, attempt: int) -> bool:
@@ -73,11 +88,11 @@ def test_a_dispatch_never_leaves_before_the_cancel_it_waits_on(ops: list[Op]) ->
     tickets: list[tuple[Cancel, int]] = []
 
     def leaves(d: Dispatch) -> None:
-        after = d.attempt - 1
-        # The newest Cancel of the attempt before it is acknowledged or given up on; an
+        # The newest Cancel of every attempt before it is acknowledged or given up on; an
         # older copy still in flight is not waited for (the newest one decides).
-        newest = model.out.get((d.job_id, after), [])
-        assert not newest or newest[-1][1], (d.job_id, d.attempt, newest)
+        for after in range(1, d.attempt):
+            newest = model.out.get((d.job_id, after), [])
+            assert not newest or newest[-1][1], (d.job_id, d.attempt, after, newest)
         model.sent.append(d)
 
     for op, a, b in ops:
@@ -86,15 +101,23 @@ def test_a_dispatch_never_leaves_before_the_cancel_it_waits_on(ops: list[Op]) ->
             cmd = cancel(a, b)
             ticket = seq.cancel(cmd)
             tickets.append((cmd, ticket))
+            # A Dispatch of the attempt cancelled, still held, is dropped: the core gave it up.
+            model.waiting = [(c, d) for c, d in model.waiting if (d.job_id, d.attempt) != (a, b)]
+            assert sorted(h.command.attempt for h in seq.held() if h.command.job_id == a) == (
+                sorted(d.attempt for _, d in model.waiting if d.job_id == a)
+            )
             model.out.setdefault((a, b), []).append((ticket, False))
         elif op == "dispatch":
             assert isinstance(a, str) and isinstance(b, int)
             d = dispatch(a, b + 1)
-            if seq.dispatch("c2", d, b):
+            # Ordered after every earlier attempt, as the core orders one after each that may
+            # still run (the one before it and any whose Cancel is unacknowledged).
+            if seq.dispatch("c2", d, tuple(range(1, b + 1))):
                 leaves(d)
             else:
-                assert model.unsettled(a, b), "held though no Cancel of its attempt is out"
-                model.waiting.append(("c2", d, b))
+                held = any(model.unsettled(a, n) for n in range(1, b + 1))
+                assert held, "held though no Cancel of an earlier attempt is out"
+                model.waiting.append(("c2", d))
         elif op == "answer" and tickets:
             assert isinstance(a, int) and (b is None or isinstance(b, str))
             cmd, ticket = tickets[a % len(tickets)]
@@ -109,7 +132,7 @@ def test_a_dispatch_never_leaves_before_the_cancel_it_waits_on(ops: list[Op]) ->
             for held in seq.settled(cmd, ticket):
                 assert held.cluster == "c2"
                 leaves(held.command)
-                model.waiting.remove(("c2", held.command, cmd.attempt or 0))
+                model.waiting.remove(("c2", held.command))
         elif op == "reset":
             seq.reset()
             tickets.clear()
@@ -120,7 +143,7 @@ def test_a_dispatch_never_leaves_before_the_cancel_it_waits_on(ops: list[Op]) ->
         model.out[key] = [(t, done or t == ticket) for t, done in model.out.get(key, [])]
         for held in seq.settled(cmd, ticket):
             leaves(held.command)
-            model.waiting.remove((held.cluster, held.command, cmd.attempt or 0))
+            model.waiting.remove((held.cluster, held.command))
     assert model.waiting == [] and seq.held() == [] and seq.in_flight() == 0
 
 
@@ -128,17 +151,36 @@ def test_an_older_copy_of_a_cancel_releases_nothing_while_a_newer_one_is_out() -
     seq = Sequencer(TIMEOUTS)
     first = seq.cancel(cancel("j", 1))
     second = seq.cancel(cancel("j", 1))
-    assert not seq.dispatch("c2", dispatch("j", 2), 1)
+    assert not seq.dispatch("c2", dispatch("j", 2), (1,))
     assert seq.settled(cancel("j", 1), first) == []
     released = seq.settled(cancel("j", 1), second)
     assert [h.command.attempt for h in released] == [2]
-    assert seq.dispatch("c2", dispatch("j", 3), 2)  # nothing of attempt 2 is being cancelled
+    assert seq.dispatch("c2", dispatch("j", 3), (1, 2))  # nothing of 1 or 2 is being cancelled
+
+
+def test_a_dispatch_waits_for_every_cancel_it_names_not_only_the_last() -> None:
+    """Attempt 1's Cancel is unheard, attempt 2 was given up (its Cancel heard at once):
+    attempt 3 leaves only once attempt 1's Cancel settles too."""
+    seq = Sequencer(TIMEOUTS)
+    one = seq.cancel(cancel("j", 1))
+    two = seq.cancel(cancel("j", 2))
+    assert not seq.dispatch("c1", dispatch("j", 3), (1, 2))
+    assert seq.settled(cancel("j", 2), two) == []
+    assert [h.command.attempt for h in seq.held()] == [3]
+    released = seq.settled(cancel("j", 1), one)
+    assert [(h.cluster, h.command.attempt) for h in released] == [("c1", 3)]
+    assert seq.held() == [] and seq.in_flight() == 0
+    # The other order: the first Cancel heard while the second is still out keeps it held.
+    one, two = seq.cancel(cancel("j", 1)), seq.cancel(cancel("j", 2))
+    assert not seq.dispatch("c1", dispatch("j", 3), (1, 2))
+    assert seq.settled(cancel("j", 1), one) == []
+    assert [h.command.attempt for h in seq.settled(cancel("j", 2), two)] == [3]
 
 
 def test_a_step_down_sends_nothing_it_held() -> None:
     seq = Sequencer(TIMEOUTS)
     ticket = seq.cancel(cancel("j", 1))
-    assert not seq.dispatch("c2", dispatch("j", 2), 1)
+    assert not seq.dispatch("c2", dispatch("j", 2), (1,))
     seq.reset()
     assert seq.settled(cancel("j", 1), ticket) == [] and seq.held() == []
 
@@ -211,3 +253,27 @@ def test_a_refusal_does_not_outvote_a_later_copy_still_unanswered() -> None:
     assert Sequencer.decides(CommandAck(ok=True), outstanding=True)
     assert Sequencer.decides(CommandAck(ok=False, stale_epoch=True, epoch=9), outstanding=True)
     assert "did not ack in 2s" in Sequencer.silence("c1", 2.0).error
+
+
+def test_only_a_batch_applied_in_full_is_acknowledged_and_heartbeats_are_paced() -> None:
+    """The agent drops what it kept and renews its fences on Applied: a replay the core
+    refused or a batch out of sequence it answered with a resync gets none; one without
+    outcomes is acknowledged at most every APPLIED_EVERY_S, one with outcomes always."""
+    w = Sim(("a",))
+    now = w.now
+    beat = w.batch("a", Heartbeat(at=now))
+    fx = w.m.handle(beat, now)
+    assert acknowledges(fx, beat.batch, now, None)
+    assert not acknowledges(fx, beat.batch, now, now - APPLIED_EVERY_S / 2)
+    assert acknowledges(fx, beat.batch, now, now - APPLIED_EVERY_S)
+    replay = w.batch("a", Heartbeat(at=now), seq=beat.batch.seq)
+    fx = w.m.handle(replay, now)
+    assert refusal(fx) is not None and not acknowledges(fx, replay.batch, now, None)
+    gap = w.batch("a", Heartbeat(at=now), seq=beat.batch.seq + 5)
+    fx = w.m.handle(gap, now)
+    assert any(isinstance(e, Send) and isinstance(e.command, Resync) for e in fx)
+    assert not acknowledges(fx, gap.batch, now, None)
+    w.cluster("a")  # a snapshot puts the cluster back in sequence
+    ended = w.batch("a", WorkloadStatus(job_id="gone", attempt=1, phase="failed"))
+    fx = w.m.handle(ended, now)
+    assert acknowledges(fx, ended.batch, now, now)  # an outcome: at once

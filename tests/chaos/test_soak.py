@@ -24,5 +24,5 @@ async def test_chaos_soak_short_form() -> None:
     # A job completing twice fails the run, naming the jobs. The one documented way there (a
     # success inside a cut longer than `lost_after_s` that reaches the broker only after the
     # rerun finished, docs/operations.md) is what fences and the late-success rule keep out;
-    # `python -m load.vopr --seed 56` replays the late-success rule.
+    # `python -m load.vopr --seed 22` replays the late-success rule.
     assert res["completed_twice"] == 0, res["examples"]["completed_twice"]
