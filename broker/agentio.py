@@ -156,7 +156,8 @@ class AgentLink(BrokerFields):
             self._spawn(self._acknowledge(cluster, batch.instance, batch.seq, persisted))
         else:
             self._push(effects)
-        self._wake.set()
+        if machine.wants_cycle:  # timers keep their own pace: wake the clock loop for a cycle
+            self._wake.set()
 
     def _wire_ok(self, cluster: str, wire: str | None) -> bool:
         """False for a batch whose wire major differs from ours: it is refused, counted, logged

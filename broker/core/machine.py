@@ -45,7 +45,7 @@ from broker.core.lifecycle import AttemptLifecycle
 from broker.core.moves import PlannedMoves
 from broker.core.placement import futile_spot_waits, wants_spot_first
 from broker.core.provision import provision_command
-from broker.core.records import JobRecord, demands_of, gang_request
+from broker.core.records import JobRecord, demands_of
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
 from broker.core.states import LIVE_STATES, TERMINAL, Event, move
@@ -222,8 +222,10 @@ class Machine:
         record = JobRecord(
             job_id=job_id, spec=spec, queue=queue, order=order, submitted_at=now, queued_at=now
         )
-        problems = self.scheduler.check_feasible(gang_request(record, now, demands))
+        # Built through the backlog's cache: the job's first cycle reuses it, not rebuilds it.
+        problems = self.scheduler.check_feasible(self.backlog.request(record, now, demands))
         if problems:
+            self.backlog.forget(job_id)
             text = "; ".join(r.message for r in problems)
             return reject(f"the gang can never be placed: {text}"), []
         self.registry.add(record, demands)
