@@ -181,10 +181,6 @@ class FairPuller:
         for puller in self.pullers:
             await puller.stop()
 
-    def waiting(self) -> bool:
-        """Whether messages already delivered wait to be taken (a burst in progress)."""
-        return any(p.pending for p in self.pullers)
-
     async def next_batch(self, limit: int, timeout: float) -> list[Msg]:
         """Messages delivered so far (at most `limit`, shared among the queues), waiting up
         to `timeout` for one. Every queue keeps a pull request outstanding meanwhile, so a

@@ -140,15 +140,8 @@ class SubmissionIntake(BrokerFields):
             # once: it must not wait behind records the store cannot take. A copy of a known
             # job (a redelivery, a retry under another id) waits for the records ahead of it:
             # acking it before its job's record is durable could lose the job in a crash.
-            if effects and not puller.waiting():
-                # The last batch delivered so far: admit its jobs in this turn when a cycle is
-                # due rather than in the clock loop's next one (its records are then written
-                # once, submitted and admitted). During a burst the loop takes the next batch
-                # at once and the clock loop's cycle admits them together.
-                effects.extend(self._cycle_if_due(machine))
             persisted = self._push(effects, wait=True) if effects or known else None
-            if machine.wants_cycle:  # a cycle is deferred: the clock loop comes back for it
-                self._wake.set()
+            self._wake.set()
             self._spawn(self._ack_submissions(persisted, replies, inflight))
 
     async def _ack_submissions(

@@ -65,7 +65,7 @@ async def test_plain_json_submit_reply_and_lifecycle_events(harness: Harness) ->
 async def test_an_idle_broker_writes_a_new_job_once_admitted_before_its_dispatch(
     harness: Harness,
 ) -> None:
-    """A job that can run at once is admitted in the turn that takes it in: its first record
+    """A job that can run at once is written once, submitted and admitted: its first record
     in the bucket is already the admitted one (one put, not a queued one and then an admitted
     one), written before its Dispatch leaves."""
     await harness.start_broker()
