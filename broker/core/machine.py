@@ -218,17 +218,20 @@ class Machine:
         full = queue_full(queue, len(pending or ()), self.config.limits.max_pending_per_queue)
         if full is not None:
             return full, []
-        demands = demands_of(spec)
         record = JobRecord(
             job_id=job_id, spec=spec, queue=queue, order=order, submitted_at=now, queued_at=now
         )
-        # Built through the backlog's cache: the job's first cycle reuses it, not rebuilds it.
-        problems = self.scheduler.check_feasible(self.backlog.request(record, now, demands))
+        # Registered first, so the request is built from the shared spec parts and interned
+        # demands the scheduler's memos know, and through the backlog's cache: the job's first
+        # cycle reuses it instead of building it again.
+        self.registry.add(record, demands_of(spec))
+        request = self.backlog.request(record, now, self.registry.demands(job_id))
+        problems = self.scheduler.check_feasible(request)
         if problems:
+            self.registry.remove(job_id)
             self.backlog.forget(job_id)
             text = "; ".join(r.message for r in problems)
             return reject(f"the gang can never be placed: {text}"), []
-        self.registry.add(record, demands)
         self.backlog.enqueue(record)
         self.moves.watch(record)
         return SubmitReply(accepted=True, job_id=job_id), [
