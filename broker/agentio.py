@@ -156,8 +156,7 @@ class AgentLink(BrokerFields):
             self._spawn(self._acknowledge(cluster, batch.instance, batch.seq, persisted))
         else:
             self._push(effects)
-        if machine.wants_cycle:  # timers keep their own pace: wake the clock loop for a cycle
-            self._wake.set()
+        self._wake.set()
 
     def _wire_ok(self, cluster: str, wire: str | None) -> bool:
         """False for a batch whose wire major differs from ours: it is refused, counted, logged
