@@ -46,7 +46,7 @@ from broker.core.lifecycle import AttemptLifecycle
 from broker.core.moves import PlannedMoves
 from broker.core.placement import futile_spot_waits, wants_spot_first
 from broker.core.provision import provision_command
-from broker.core.records import JobRecord, demands_of, gang_request
+from broker.core.records import JobRecord, demands_of
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
 from broker.core.states import LIVE_STATES, TERMINAL, Event, move
@@ -223,15 +223,20 @@ class Machine:
         full = queue_full(queue, len(pending or ()), self.config.limits.max_pending_per_queue)
         if full is not None:
             return full, []
-        demands = demands_of(spec)
         record = JobRecord(
             job_id=job_id, spec=spec, queue=queue, order=order, submitted_at=now, queued_at=now
         )
-        problems = self.scheduler.check_feasible(gang_request(record, now, demands))
+        # Registered first, so the request is built from the shared spec parts and interned
+        # demands the scheduler's memos know, and through the backlog's cache: the job's first
+        # cycle reuses it instead of building it again.
+        self.registry.add(record, demands_of(spec))
+        request = self.backlog.request(record, now, self.registry.demands(job_id))
+        problems = self.scheduler.check_feasible(request)
         if problems:
+            self.registry.remove(job_id)
+            self.backlog.forget(job_id)
             text = "; ".join(r.message for r in problems)
             return reject(f"the gang can never be placed: {text}"), []
-        self.registry.add(record, demands)
         self.backlog.enqueue(record)
         self.moves.watch(record)
         return SubmitReply(accepted=True, job_id=job_id), [

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
+from broker.core.records import record_decoder
 from broker.store import JobStore
 from schemas.agent import Dispatch, WorkloadStatus
 from schemas.codec import decode_submit_reply, encode_json
@@ -59,6 +60,29 @@ async def test_plain_json_submit_reply_and_lifecycle_events(harness: Harness) ->
     got = await harness.api("get", {"job_id": job_id})
     assert got["ok"] and got["result"]["state"] == "succeeded"
     assert got["result"]["accounting"]["attempts"] == 1
+
+
+async def test_an_idle_broker_writes_a_new_job_once_admitted_before_its_dispatch(
+    harness: Harness,
+) -> None:
+    """A job that can run at once is written once, submitted and admitted: its first record
+    in the bucket is already the admitted one (one put, not a queued one and then an admitted
+    one), written before its Dispatch leaves."""
+    await harness.start_broker()
+    agent = await harness.agent("c1")
+    written: list[str] = []
+
+    async def on_put(msg: Msg) -> None:
+        written.append(record_decoder.decode(msg.data).state)
+
+    await harness.nc.subscribe(f"$KV.{harness.subjects.jobs_bucket}.solo", cb=on_put)
+    await flush(harness.nc)
+    reply = await harness.submit(job("solo", job_id="solo", gpu=8))
+    assert reply.accepted and reply.job_id == "solo"
+    dispatch: Dispatch = await next_item(agent.dispatches)
+    assert dispatch.job_id == "solo"
+    await wait_for(lambda: bool(written), 10, what="the job's record on the wire")
+    assert written[0] == "admitted", written
 
 
 async def test_bad_input_is_answered_and_changes_nothing(harness: Harness) -> None:
