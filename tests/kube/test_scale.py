@@ -22,7 +22,10 @@ import pytest
 NODES = 5000
 PODS = 150_000
 GANG = 1000
-MAX_STALL_CPU_MS = 50.0  # the loop is never held longer than this by one step of the agent
+# The loop is never held longer than this by one step of the agent: a freeze is seconds long,
+# one 500-item page is ~30 ms of CPU here (docs/benchmarks.md), 53 ms on a host running ~1.7x
+# slower; the bound is about freezes, not about the speed of the CPU it runs on.
+MAX_STALL_CPU_MS = 100.0
 MAX_RSS_MIB = 400.0  # 150,000 pods as a few integers each; the decoded objects are transient
 
 
