@@ -310,8 +310,11 @@ async def test_bad_input_gets_a_condition_and_an_event_and_nothing_else(
         return str((obj.get("metadata", {}).get("annotations") or {}).get(ANN_STATE, ""))
 
     def settled(collection: str, name: str, reason: str) -> bool:
-        """The annotation and, on a Kubeflow job, the condition (a separate status write)."""
+        """The annotation, the Event and, on a Kubeflow job, the condition (each its own
+        write to the API server, in no promised order)."""
         if state(collection, name) != reason:
+            return False
+        if not any(r == reason for r, _ in events_for(east.server, name)):
             return False
         obj = east.server.get(f"{collection}/{name}") or {}
         return collection != PYTORCHJOBS or "status" in condition(obj)
