@@ -19,11 +19,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
-from load.command import Count, JsonOut, Options, program, summary
+from load.command import Baseline, Count, JsonOut, Options, program, summary, trees
 from load.common import emit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,35 +67,32 @@ app = program()
 @app.command(help=summary(__doc__))
 def bench_cli(
     runs: Count = 5,
-    baseline: Annotated[
-        Path | None,
-        typer.Option("--baseline", help="another checkout to measure alike, interleaved"),
-    ] = None,
+    baseline: Baseline = None,
     json_out: JsonOut = None,
 ) -> None:
     run_bench(Options(runs=runs, baseline=baseline, json=json_out))
 
 
 def run_bench(args: Options) -> dict[str, Any]:
-    trees = {"this": REPO} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
-    times: dict[str, dict[str, list[float]]] = {t: {c: [] for c in COMMANDS} for t in trees}
-    for tree in trees.values():  # warm the file cache and the .pyc files once, untimed
+    checkouts = trees(REPO, args.baseline)
+    times: dict[str, dict[str, list[float]]] = {t: {c: [] for c in COMMANDS} for t in checkouts}
+    for tree in checkouts.values():  # warm the file cache and the .pyc files once, untimed
         for argv in COMMANDS.values():
             one_start(tree, argv)
     for r in range(args.runs):
         for name, argv in COMMANDS.items():
-            for label, tree in trees.items():
+            for label, tree in checkouts.items():
                 times[label][name].append(one_start(tree, argv))
         print(
             f"run {r + 1}: "
             + ", ".join(
                 f"{label} {name} {times[label][name][-1] * 1000:.0f} ms"
                 for name in COMMANDS
-                for label in trees
+                for label in checkouts
             )
         )
     result: dict[str, Any] = {"bench": "cli", "runs": args.runs}
-    for label, tree in trees.items():
+    for label, tree in checkouts.items():
         modules = imported(tree, HELP)
         result[label] = {
             **{f"{name}_median_s": statistics.median(ts) for name, ts in times[label].items()},

@@ -26,7 +26,7 @@ from typing import Annotated, Any
 
 import typer
 
-from load.command import Count, JsonOut, Options, program, summary
+from load.command import Baseline, Count, JsonOut, Options, program, summary, trees
 from load.common import emit, median
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,20 +86,17 @@ app = program()
 def bench_restore(
     jobs: Annotated[int, typer.Option(min=1, help="records to restore")] = 100_000,
     runs: Count = 3,
-    baseline: Annotated[
-        Path | None,
-        typer.Option("--baseline", help="another checkout to measure alike, interleaved"),
-    ] = None,
+    baseline: Baseline = None,
     json_out: JsonOut = None,
 ) -> None:
     run_bench(Options(jobs=jobs, runs=runs, baseline=baseline, json=json_out))
 
 
 def run_bench(args: Options) -> dict[str, Any]:
-    trees = {"this": REPO} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
-    seen: dict[str, dict[str, list[float]]] = {t: {p: [] for p in PARTS} for t in trees}
+    checkouts = trees(REPO, args.baseline)
+    seen: dict[str, dict[str, list[float]]] = {t: {p: [] for p in PARTS} for t in checkouts}
     for r in range(args.runs):
-        for label, tree in trees.items():
+        for label, tree in checkouts.items():
             one = run_in(tree, args.jobs)
             for part in PARTS:
                 seen[label][part].append(round(one[part], 3))

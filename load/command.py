@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated
 
@@ -42,3 +43,14 @@ Nodes = Annotated[int, typer.Option(min=1, help="per cluster")]
 
 # `--json PATH`, as every benchmark spells it.
 JsonOut = Annotated[str | None, typer.Option("--json", help="also write the result here")]
+
+# `--baseline DIR`: another checkout the benchmark runs alike, interleaved run by run.
+Baseline = Annotated[
+    Path | None,
+    typer.Option("--baseline", help="another checkout to measure alike, interleaved"),
+]
+
+
+def trees(this: Path, baseline: Path | None) -> dict[str, Path]:
+    """The checkouts a benchmark with `--baseline` runs in, by label, this one first."""
+    return {"this": this} | ({"baseline": baseline.resolve()} if baseline else {})
