@@ -134,7 +134,7 @@ def _median(values: Sequence[float]) -> float:
 
 # Attempts the broker ended on purpose to move the job (broker/core/spotreturn.py): the work
 # is checkpointed first, so they are not preemptions.
-PLANNED_CAUSES = frozenset({"cancel: spot-return", "cancel: deadline"})
+PLANNED_CAUSES = frozenset(f"cancel: {cause}" for cause in PLANNED_MOVES)
 
 
 def attempt_losses(logs: Sequence[AttemptLog], end: float) -> list[float]:

@@ -115,8 +115,6 @@ class Machine:
         )
         self._order = 0  # the newest submission order handed out or restored
         self._next_expiry = 0.0  # when ended jobs past their retention are looked for next
-        # queued spot-only jobs a cycle left waiting for capacity (Scheduler.schedule)
-        self._spot_waiters: dict[str, None] = {}
 
     @property
     def jobs(self) -> dict[str, JobRecord]:
@@ -284,7 +282,6 @@ class Machine:
             record = self._jobs[job_id]
             self.backlog.dequeue(record)
             self.registry.clear_reasons(job_id)
-            self._spot_waiters.pop(job_id, None)
             self._note_spot_held(record, result.spot_held.get(job_id))
             self.lifecycle.admit(record, placement, now, effects)
         for ask in result.provisions:
@@ -302,12 +299,7 @@ class Machine:
         for job_id, reasons in result.pending.items():
             self.registry.set_reasons(job_id, reasons)
             pending = self._jobs.get(job_id)
-            if pending is not None and pending.spec.capacity == "spot":
-                if any(r.code == "insufficient-capacity" for r in reasons):
-                    self._spot_waiters[job_id] = None
-                else:
-                    self._spot_waiters.pop(job_id, None)
-            elif (
+            if (
                 pending is not None
                 and job_id in result.spot_held
                 and pending.spec.capacity == "spot-then-on-demand"
@@ -340,12 +332,14 @@ class Machine:
 
     def _waiting_for_spot(self, now: float) -> list[GangRequest]:
         """The queued spot-only jobs an earlier cycle left waiting for capacity (not backing
-        off); the ones that left the queue since are dropped here."""
+        off; the scheduler keeps the list, spotwait.py); the ones that left the queue since
+        are dropped here."""
         out: list[GangRequest] = []
-        for job_id in list(self._spot_waiters):
+        waiters = self.scheduler.spot_waiters
+        for job_id in waiters.ids:
             record = self._jobs.get(job_id)
             if record is None or record.state != "queued":
-                del self._spot_waiters[job_id]
+                waiters.forget(job_id)
             elif record.not_before <= now:
                 out.append(self.backlog.request(record, now, self.registry.demands(job_id)))
         return out

@@ -1,8 +1,10 @@
-"""Moves by choice: a deadline switch to on-demand, and a return to spot; make-before-break.
+"""Moves by choice: a deadline switch to on-demand, spot yielded to a waiting spot-only job,
+and a return to spot; make-before-break.
 
-The pure decisions are deadline.py's (when the slack ran out) and spotreturn.py's (when a
-return pays). `PlannedMoves` owns the jobs with a deadline still open and where the last
-spot-return scan stopped. A move reserves the new placement first; the lifecycle's
+The pure decisions are deadline.py's (when the slack ran out), spotyield.py's (who leaves
+spot for a waiter, and when that pays) and spotreturn.py's (when a return pays).
+`PlannedMoves` owns the jobs with a deadline still open and where the last spot-return scan
+stopped. A move reserves the new placement first; the lifecycle's
 preemption path then checkpoints, cancels the old attempt and dispatches the new one.
 """
 
@@ -12,9 +14,10 @@ import bisect
 import itertools
 
 from broker.core import deadline as deadlines
-from broker.core import spotreturn
+from broker.core import spotreturn, spotyield
 from broker.core.backlog import Backlog
 from broker.core.effects import Effect, Persist
+from broker.core.ledger import Alloc
 from broker.core.lifecycle import AttemptLifecycle
 from broker.core.records import JobRecord, gang_request
 from broker.core.registry import JobRegistry
@@ -43,6 +46,7 @@ class PlannedMoves:
         self._next_return_scan = 0.0
         self._return_cursor = ""  # the last job a spot-return scan tried
         self.spot_return = True  # off only to measure what it earns (load/sim/)
+        self.spot_yield = True  # off only to measure what it earns (load/sim/)
 
     def watch(self, record: JobRecord) -> None:
         """A job submitted or restored: follow its deadline, if it has one."""
@@ -55,9 +59,12 @@ class PlannedMoves:
 
     def tick(self, now: float, effects: list[Effect]) -> None:
         self._deadline_switches(now, effects)
-        if self.spot_return and now >= self._next_return_scan:
+        if now >= self._next_return_scan:
             self._next_return_scan = now + spotreturn.SCAN_EVERY_S
-            self._spot_returns(now, effects)
+            if self.spot_yield:
+                self._spot_yields(now, effects)
+            if self.spot_return:
+                self._spot_returns(now, effects)
 
     def _deadline_switches(self, now: float, effects: list[Effect]) -> None:
         """Jobs whose deadline slack ran out go to on-demand for good (deadline.py)."""
@@ -96,6 +103,77 @@ class PlannedMoves:
                 tries += 1
                 self._return_cursor = job_id
                 self._move(record, spotreturn.SPOT_RETURN, now, effects)
+
+    def _spot_yields(self, now: float, effects: list[Effect]) -> None:
+        """Running jobs that may use on-demand leave a spot pool to a queued spot-only job
+        that waits for it, when that pays (spotyield.py); waiters earliest first, each mover
+        for one waiter."""
+        taken: set[str] = set()
+        for waiter, gang in self._scheduler.spot_waiters.active:
+            record = self._jobs.get(waiter.job_id)
+            if record is None or record.state != "queued" or record.not_before > now:
+                continue
+            for pool in self._scheduler.spot_pools_for(waiter, gang):
+                moving: list[Alloc] = []
+                movable: list[Alloc] = []
+                for a in self._scheduler.allocations_on(pool.key):
+                    mover = self._jobs.get(a.job_id)
+                    if mover is None or a.job_id in taken:
+                        continue
+                    current = mover.current
+                    if current is None or current.attempt != a.key[1]:
+                        continue
+                    pre = mover.preempting
+                    if pre is not None and pre.cause == spotyield.SPOT_YIELD:
+                        moving.append(a)
+                    elif spotyield.may_yield(mover, waiter, now):
+                        movable.append(a)
+                movable.sort(key=spotyield.mover_order)
+                chosen = spotyield.freeing(pool, gang, moving, movable)
+                if not chosen:
+                    continue
+                movers = [self._jobs[a.job_id] for a in chosen]
+                if not spotyield.worth_yielding(waiter, movers, now):
+                    continue
+                why = (
+                    f"moved to on-demand: {waiter.job_id}, a spot-only job, waits for its spot "
+                    f"on {pool.cluster}/{pool.name}"
+                )
+                if self._yield(movers, why, now, effects):
+                    taken.update(r.job_id for r in movers)
+                    break
+
+    def _yield(self, movers: list[JobRecord], why: str, now: float, effects: list[Effect]) -> bool:
+        """Reserve on-demand for every mover, or for none; then each moves make-before-break."""
+        reserved: list[tuple[JobRecord, Placement]] = []
+        for record in movers:
+            request = gang_request(record, now, self._registry.demands(record.job_id))
+            request.capacity = "on-demand"
+            current = record.current
+            assert current is not None  # may_yield
+            got = self._scheduler.reserve(request, now, replacing_attempt=current.attempt)
+            if not isinstance(got, Placement):
+                for done, _ in reserved:
+                    self._scheduler.release(done.job_id, done.attempt + 1)
+                return False
+            reserved.append((record, got))
+        for record, got in reserved:
+            replacement = self._lifecycle.attempt_for(record, got, now)
+            deadline = now + spotreturn.move_grace_s(record)
+            self._lifecycle.begin_preempt(
+                record,
+                spotyield.SPOT_YIELD,
+                deadline,
+                now,
+                effects,
+                reserve=False,
+                replacement=replacement,
+                detail=why,
+            )
+            if record.spec.capacity == "spot-then-on-demand":
+                record.spot_exhausted = True
+            record.spot_fallback = why
+        return True
 
     def _queued_spot_priority(self, now: float) -> int | None:
         """The highest priority of a queued job that would take spot now, or None. Queues are

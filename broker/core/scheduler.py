@@ -66,7 +66,9 @@ from broker.core.placement import (
     Gang,
     build_candidates,
     capacity_rank,
+    empty_fit,
     ext_per_node,
+    gpu_type_ok,
     make_gang,
     pool_cost,
     spot_kept_for,
@@ -79,6 +81,7 @@ from broker.core.reasons import feasibility
 from broker.core.reservation import Reservation
 from broker.core.risk import checkpoint_survival, gang_reclaim_rate
 from broker.core.speed import WorkPrice, speed_of
+from broker.core.spotwait import SpotWaiters, order_key
 from broker.core.topology import growth_domains, zone_spread
 from broker.core.types import (
     CycleResult,
@@ -129,10 +132,6 @@ def _same_tree(a: QueueState, b: QueueState) -> bool:
     """Both queues under one root cohort: they lend to and reclaim from each other."""
     root = _root(a)
     return root is not None and root is _root(b)
-
-
-def _order_key(r: GangRequest) -> tuple[int, int]:
-    return (-r.priority, r.order)
 
 
 class Scheduler:
@@ -192,9 +191,9 @@ class Scheduler:
             sc.provision_wait_horizon_s, sc.stockout_half_life_s, sc.stockout_avoid_s
         )
         self._provisionable = False
-        # The running cycle's queued spot-only jobs that wait for spot capacity, earliest
-        # first, with their gangs: flexible jobs leave them the spot (placement.spot_kept_for)
-        self._spot_waiters: list[tuple[GangRequest, Gang]] = []
+        # The queued spot-only jobs that wait for spot capacity: flexible jobs leave them the
+        # spot (spotwait.py)
+        self.spot_waiters = SpotWaiters(lambda r: self._gang(r.podsets))
 
     # -- inventory --------------------------------------------------------------------
 
@@ -384,9 +383,10 @@ class Scheduler:
         now: float,
         spot_waiters: Sequence[GangRequest] = (),
     ) -> CycleResult:
-        """One admission cycle. `spot_waiters`: queued spot-only jobs that an earlier cycle
-        left waiting for capacity; until one is admitted, a job that could run on on-demand
-        does not take the spot it waits for."""
+        """One admission cycle. `spot_waiters`: the current requests of the jobs in
+        `self.spot_waiters` that are still queued and not backing off (the machine owns the
+        records); until one is admitted, a job that could run on on-demand does not take the
+        spot it waits for."""
         res = CycleResult()
         self._plan_fail.clear()
         self._worth.clear()
@@ -399,17 +399,16 @@ class Scheduler:
         # Whether some known pool declares nodes it can add (once per cycle: pools are few).
         self._provisionable = any(p.info.provision is not None for p in self._inv.pools())
         self._snap = self.snapshot(now)
-        self._spot_waiters = sorted(
-            ((w, self._gang(w.podsets)) for w in spot_waiters), key=lambda wg: _order_key(wg[0])
-        )
+        self.spot_waiters.begin(spot_waiters)
+        tried = pending
         try:
             pending = self._holders_first(pending, now, res)
             self._cycle(pending, now, res)
         finally:
             self._snap = None
-            self._spot_waiters = []
             self._ledger.settle(self._fresh)
             self._fresh.clear()
+        self.spot_waiters.settle(tried, res.pending, (job_id for job_id, _ in res.admitted))
         return res
 
     def _expire_plans(self, now: float) -> None:
@@ -524,7 +523,7 @@ class Scheduler:
         ready = [r for r in pending if r.job_id in self._holds and r.job_id not in self._waiting]
         if not ready:
             return pending
-        ready.sort(key=_order_key)
+        ready.sort(key=order_key)
         done: set[str] = set()
         for req in ready:
             qs = self._book.queues.get(req.queue)
@@ -632,7 +631,7 @@ class Scheduler:
         heap: list[tuple[float, int, str]] = []
         pos: dict[str, int] = {}
         for name, lst in by_queue.items():
-            lst.sort(key=_order_key)
+            lst.sort(key=order_key)
             qs = book.queues[name]
             heap.append((book.share(qs, fleet), qs.index, name))
             pos[name] = 0
@@ -671,14 +670,13 @@ class Scheduler:
                     self._same_fail[self._alike(req, name)] = out
             if isinstance(out, Placement):
                 admitted.append((req.job_id, out))
-                if req.capacity == "spot" and self._spot_waiters:
-                    waiters = self._spot_waiters
-                    self._spot_waiters = [w for w in waiters if w[0].job_id != req.job_id]
+                if req.capacity == "spot":
+                    self.spot_waiters.forget(req.job_id)
                 heapq.heapreplace(heap, (book.share(qs, fleet), idx, name))
                 continue
             out_pending[req.job_id] = out
             if req.capacity == "spot" and any(r.code == "insufficient-capacity" for r in out):
-                self._wait_for_spot(req)
+                self.spot_waiters.waits(req)
             if qs.strict:
                 blocked = (
                     Reason(
@@ -736,8 +734,8 @@ class Scheduler:
         # A claimant's own hold is not subtracted: its searches are memoised apart.
         shape = self._shape_of(req) if claim is None else (*self._shape_of(req), req.job_id)
         got = assign(req, qs, snap, shape)
-        if self._spot_waiters and isinstance(got, Assignment):
-            holder = spot_kept_for(req, got.pool, self._spot_waiters)
+        if self.spot_waiters.active and isinstance(got, Assignment):
+            holder = spot_kept_for(req, got.pool, self.spot_waiters.active)
             if holder is not None:
                 got = self._leave_spot(req, qs, snap, got, holder, res)
         if self._provisionable and req.job_id not in self._waiting:
@@ -806,15 +804,6 @@ class Scheduler:
         self._waiting[req.job_id] = (keys, reason, now + self._wait_s)
         res.preemptions.append(Preemption(req.job_id, victims, plan.pool.key, plan.kind))
         return (reason, *out)
-
-    def _wait_for_spot(self, req: GangRequest) -> None:
-        """A spot-only job this cycle could not place for capacity waits for spot."""
-        waiters = self._spot_waiters
-        if any(w.job_id == req.job_id for w, _ in waiters):
-            return
-        key = _order_key(req)
-        at = next((i for i, (w, _) in enumerate(waiters) if _order_key(w) > key), len(waiters))
-        waiters.insert(at, (req, self._gang(req.podsets)))
 
     def _leave_spot(
         self,
@@ -1006,10 +995,10 @@ class Scheduler:
         if replacing_attempt is not None:
             old = self._ledger.allocs.get((request.job_id, replacing_attempt))
         if old is None or not old.charged:
-            got = self.assign(request, now)
+            got = self._assign_kept(request, now)
             return self.commit(got, now) if isinstance(got, Assignment) else got
         self._set_charged(old, False)
-        got = self.assign(request, now)
+        got = self._assign_kept(request, now)
         if not isinstance(got, Assignment):
             self._set_charged(old, True)
             return got
@@ -1018,6 +1007,20 @@ class Scheduler:
             request.job_id, old.key[1], request.attempt
         )
         return placement
+
+    def _assign_kept(self, request: GangRequest, now: float) -> Assignment | Reasons:
+        """`assign`, keeping the spot that queued spot-only jobs wait for (spotwait.py): a
+        job that may run on on-demand is reserved on-demand instead, or nothing while
+        on-demand is full (it is requeued at the break and a cycle decides)."""
+        got = self.assign(request, now)
+        if not self.spot_waiters.active or not isinstance(got, Assignment):
+            return got
+        holder = spot_kept_for(request, got.pool, self.spot_waiters.active)
+        qs = self._book.queues.get(request.queue)
+        if holder is None or qs is None:
+            return got
+        snap = self._snap if self._snap is not None else self.snapshot(now)
+        return self._leave_spot(request, qs, snap, got, holder, CycleResult())
 
     def _set_charged(self, a: Alloc, charged: bool) -> None:
         if a.charged == charged:
@@ -1029,6 +1032,26 @@ class Scheduler:
             if ext:
                 self._book.charge_ext(qs, a.flavor_class, ext, 1 if charged else -1)
         self._ledger.set_state(a, charged, a.doomed_by)
+
+    def spot_pools_for(self, waiter: GangRequest, gang: Gang) -> list[Pool]:
+        """The spot pools of schedulable clusters a queued spot-only job waits for: of a GPU
+        type it accepts, not avoided, able to host its gang empty."""
+        return [
+            p
+            for c in self._inv.clusters.values()
+            if c.schedulable
+            for p in c.pools.values()
+            if p.capacity_type == "spot"
+            and p.key not in waiter.avoid_pools
+            and gpu_type_ok(p, waiter.gpu_types, gang.total[0])
+            and empty_fit(p, gang)
+        ]
+
+    def allocations_on(self, pool: PoolKey) -> list[Alloc]:
+        """The allocations whose GPU podsets sit in `pool`."""
+        return [
+            a for by_key in self._ledger.by_pool.get(pool, {}).values() for a in by_key.values()
+        ]
 
     def reservations(self) -> dict[str, Reservation]:
         """job_id -> its make-before-break reservation (a view for checks)."""

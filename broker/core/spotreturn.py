@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from broker.core.deadline import SAFETY_S, slack_s, work_left_s
 from broker.core.records import AttemptRecord, JobRecord, restart_overhead_s
-from broker.core.states import Cause
+from broker.core.states import PLANNED_MOVES, Cause
 
 MIN_RUN_S = 600.0
 RECLAIMED_BACKOFF_S = 3600.0
@@ -46,6 +46,7 @@ SCAN_EVERY_S = 60.0  # how often live jobs are looked at
 MAX_TRIES_PER_SCAN = 8  # spot placements tried per scan: bounds the scan's cost
 SPOT_RETURN = Cause.SPOT_RETURN
 DEADLINE_MOVE = Cause.DEADLINE_MOVE
+SPOT_YIELD = Cause.SPOT_YIELD
 
 
 def may_return(record: JobRecord, now: float) -> bool:
@@ -78,7 +79,7 @@ def backed_off_until(record: JobRecord) -> float:
         if before.end_cause == SPOT_RETURN
         and after.capacity_type == "spot"
         and after.ended_at is not None
-        and after.end_cause not in (None, "succeeded", SPOT_RETURN, DEADLINE_MOVE)
+        and after.end_cause not in (None, "succeeded", *PLANNED_MOVES)
     ]
     if not reclaimed:
         return 0.0

@@ -28,10 +28,11 @@ class Cause(StrEnum):
     SPOT_NOTICE = "spot-notice"  # the pool is avoided for a while after the move
     SPOT_RETURN = "spot-return"  # a planned move back to spot: not a loss
     DEADLINE_MOVE = "deadline"  # a planned move to on-demand for a deadline: not a loss
+    SPOT_YIELD = "spot-yield"  # a planned move to on-demand for a spot-only waiter: not a loss
 
 
 # Planned moves are the broker's choice, not a loss: no preemption budget is charged.
-PLANNED_MOVES: Final = frozenset({Cause.SPOT_RETURN, Cause.DEADLINE_MOVE})
+PLANNED_MOVES: Final = frozenset({Cause.SPOT_RETURN, Cause.DEADLINE_MOVE, Cause.SPOT_YIELD})
 
 
 class Event(StrEnum):

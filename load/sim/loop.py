@@ -94,6 +94,7 @@ class Sim(SpotWorld, Checks):
         config = broker_config(cfg, self.policy)
         self.machine = Machine(config)
         self.machine.spot_return = self.policy.spot_return
+        self.machine.moves.spot_yield = self.policy.spot_yield
         self.heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self.logs: dict[str, list[AttemptLog]] = {}

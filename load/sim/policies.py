@@ -31,6 +31,8 @@ class Policy:
     # MUSTER_CHECKPOINT_INTERVAL_S) instead of their own.
     follows_advice: bool = False
     spot_return: bool = True  # the broker moves on-demand jobs back to spot when it pays
+    # the broker moves flexible jobs off spot to on-demand for a waiting spot-only job
+    spot_yield: bool = True
     # Multi-replica jobs are elastic (`PodSet.max_replicas`: down to half their replicas):
     # admitted at what fits, shrunk in place on a reclaim when that beats a move, grown back.
     elastic: bool = False
@@ -68,6 +70,7 @@ POLICIES: dict[str, Policy] = {
         False,
         about="restart preempted jobs from step 0 (SkyPilot default, Armada resubmit)",
         spot_return=False,
+        spot_yield=False,
     ),
     "spot-only": Policy(
         "spot-only",
@@ -100,6 +103,7 @@ POLICIES: dict[str, Policy] = {
         about="periodic checkpoints; the broker never sees the notice, only the node's loss",
         notices=False,
         spot_return=False,
+        spot_yield=False,
     ),
     "skypilot-like": Policy(
         "skypilot-like",
@@ -111,6 +115,7 @@ POLICIES: dict[str, Policy] = {
         notices=False,
         detect_s=skypilot.JOB_STATUS_CHECK_GAP_S,
         spot_return=False,
+        spot_yield=False,
         skypilot="EAGER_NEXT_REGION",
     ),
     "skypilot-failover": Policy(
@@ -121,6 +126,7 @@ POLICIES: dict[str, Policy] = {
         notices=False,
         detect_s=skypilot.JOB_STATUS_CHECK_GAP_S,
         spot_return=False,
+        spot_yield=False,
         skypilot="FAILOVER",
     ),
     "elastic": Policy(

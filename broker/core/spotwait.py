@@ -1,0 +1,84 @@
+"""The queued spot-only jobs that wait for spot capacity: one list, kept by the scheduler.
+
+A spot-only job has no other capacity to go to, so spot it waits for is kept for it. A job is a
+waiter from the admission cycle that failed to place it for capacity (`insufficient-capacity`)
+until a cycle admits it or fails it for another reason; the machine drops it when it leaves the
+queue, and passes only those not backing off into each cycle (`Machine._waiting_for_spot`).
+Three rules read the list, earliest first (higher priority, then submitted first):
+
+- a job that may run on on-demand does not take that spot in a cycle
+  (placement.spot_kept_for);
+- nor in the make-before-break reservation at a spot notice (Scheduler.reserve);
+- a running one moves off it, make-before-break, when that pays (spotyield.py, moves.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from broker.core.placement import Gang
+from broker.core.types import GangRequest, Reason
+
+
+def order_key(r: GangRequest) -> tuple[int, int]:
+    """Queue order: higher priority first, then submitted first."""
+    return (-r.priority, r.order)
+
+
+class SpotWaiters:
+    __slots__ = ("_gang_of", "_ids", "active")
+
+    def __init__(self, gang_of: Callable[[GangRequest], Gang]) -> None:
+        self._gang_of = gang_of
+        self._ids: dict[str, None] = {}  # every waiter, those backing off included
+        # The waiters the last cycle looked at, with their gangs, earliest first; kept between
+        # cycles for reservations and moves.
+        self.active: list[tuple[GangRequest, Gang]] = []
+
+    @property
+    def ids(self) -> Sequence[str]:
+        return list(self._ids)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._ids
+
+    def begin(self, requests: Iterable[GangRequest]) -> None:
+        """A cycle starts with these waiters (the machine's current requests for them)."""
+        self.active = sorted(
+            ((r, self._gang_of(r)) for r in requests), key=lambda w: order_key(w[0])
+        )
+
+    def waits(self, req: GangRequest) -> None:
+        """A cycle could not place spot-only `req` for capacity: it waits from now on."""
+        self._ids[req.job_id] = None
+        if any(w.job_id == req.job_id for w, _ in self.active):
+            return
+        key = order_key(req)
+        at = next(
+            (i for i, (w, _) in enumerate(self.active) if order_key(w) > key), len(self.active)
+        )
+        self.active.insert(at, (req, self._gang_of(req)))
+
+    def forget(self, job_id: str) -> None:
+        """The job was placed, left the queue or waits for something other than capacity."""
+        self._ids.pop(job_id, None)
+        if any(w.job_id == job_id for w, _ in self.active):
+            self.active = [w for w in self.active if w[0].job_id != job_id]
+
+    def settle(
+        self,
+        tried: Sequence[GangRequest],
+        pending: Mapping[str, tuple[Reason, ...]],
+        admitted: Iterable[str],
+    ) -> None:
+        """After a cycle: its spot-only jobs left for capacity wait, the others do not."""
+        for job_id in admitted:
+            self.forget(job_id)
+        for r in tried:
+            reasons = pending.get(r.job_id)
+            if r.capacity != "spot" or reasons is None:
+                continue
+            if any(x.code == "insufficient-capacity" for x in reasons):
+                self._ids[r.job_id] = None
+            else:
+                self.forget(r.job_id)
