@@ -265,6 +265,7 @@ class Machine:
             verb = "has already" if record.state == "succeeded" else "is already"
             return f"job {job_id} {verb} {record.state}; nothing to cancel", []
         effects: list[Effect] = []
+        self.scheduler.spot_waiters.forget(job_id)
         self.lifecycle.finish(record, "cancelled", now, reason, effects)
         return None, effects
 

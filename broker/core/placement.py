@@ -163,7 +163,10 @@ def futile_spot_waits(waiting: Sequence[GangRequest]) -> dict[str, str]:
 
 
 def spot_kept_for(
-    req: GangRequest, pool: Pool, waiters: Sequence[tuple[GangRequest, Gang]]
+    req: GangRequest,
+    pool: Pool,
+    waiters: Sequence[tuple[GangRequest, Gang]],
+    running: bool = False,
 ) -> GangRequest | None:
     """The queued spot-only job that `pool`'s spot is kept for against `req`, or None.
 
@@ -171,12 +174,14 @@ def spot_kept_for(
     (higher priority, then submitted first). Only a job that could run on on-demand yields
     (`any`, or `spot-then-on-demand` still on spot), only on a spot pool, and only to an
     earlier waiter that accepts the pool and could fit it empty: spot that frees there is
-    what that job waits for, and it has no other capacity to go to."""
+    what that job waits for, and it has no other capacity to go to. A `running` job (a
+    replacement booked at a spot notice) had its turn: it yields to every waiter of equal or
+    higher priority, as a running job moves off spot for one (spotyield.py)."""
     if pool.capacity_type != "spot" or req.capacity not in ("any", "spot-then-on-demand"):
         return None
     if req.spot_exhausted:
         return None
-    mine = (-req.priority, req.order)
+    mine = (-req.priority, req.order if not running else float("inf"))
     for waiter, gang in waiters:
         if (-waiter.priority, waiter.order) >= mine:
             return None

@@ -1009,13 +1009,14 @@ class Scheduler:
         return placement
 
     def _assign_kept(self, request: GangRequest, now: float) -> Assignment | Reasons:
-        """`assign`, keeping the spot that queued spot-only jobs wait for (spotwait.py): a
-        job that may run on on-demand is reserved on-demand instead, or nothing while
-        on-demand is full (it is requeued at the break and a cycle decides)."""
+        """`assign` for a running job's replacement, keeping the spot that queued spot-only
+        jobs of equal or higher priority wait for (spotwait.py): a job that may run on
+        on-demand is reserved on-demand instead, or nothing while on-demand is full (it is
+        requeued at the break and a cycle decides)."""
         got = self.assign(request, now)
         if not self.spot_waiters.active or not isinstance(got, Assignment):
             return got
-        holder = spot_kept_for(request, got.pool, self.spot_waiters.active)
+        holder = spot_kept_for(request, got.pool, self.spot_waiters.active, running=True)
         qs = self._book.queues.get(request.queue)
         if holder is None or qs is None:
             return got
