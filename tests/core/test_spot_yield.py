@@ -137,7 +137,11 @@ def test_no_move_for_a_job_that_writes_no_checkpoint() -> None:
     running(agent, d, NOW + 60)
     _submit(m, spot_job("spotty"), NOW + 100)
     assert dispatches(m.handle(Cycle(), NOW + 101)) == []
-    assert sends(_tick(m, agent, NOW + 60 + 3 * MIN_RUN_S), CheckpointNow) == []  # type: ignore[arg-type]
+    effects = _tick(m, agent, NOW + 60 + 3 * MIN_RUN_S)
+    assert sends(effects, Cancel) == [] and sends(effects, Dispatch) == []  # type: ignore[arg-type]
+    record = m.jobs["flex"]
+    assert record.state == "running" and record.current is not None
+    assert record.current.attempt == d.attempt and record.current.flavor == "v100-spot"
 
 
 def test_a_notice_reservation_leaves_a_waiters_spot_and_books_on_demand() -> None:
