@@ -23,7 +23,7 @@ from broker.core.records import JobRecord, gang_request
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
 from broker.core.states import TERMINAL
-from broker.core.types import Placement
+from broker.core.types import GangRequest, Placement
 
 # Queued jobs read per queue when looking for one that would take spot (spot-return scan).
 QUEUE_SCAN_LIMIT = 4096
@@ -133,19 +133,27 @@ class PlannedMoves:
                 if not chosen:
                     continue
                 movers = [self._jobs[a.job_id] for a in chosen]
-                if not spotyield.worth_yielding(waiter, movers, now):
-                    continue
                 why = (
                     f"moved to on-demand: {waiter.job_id}, a spot-only job, waits for its spot "
                     f"on {pool.cluster}/{pool.name}"
                 )
-                if self._yield(movers, why, now, effects):
+                if self._yield(waiter, pool.price, movers, why, now, effects):
                     taken.update(r.job_id for r in movers)
                     break
 
-    def _yield(self, movers: list[JobRecord], why: str, now: float, effects: list[Effect]) -> bool:
-        """Reserve on-demand for every mover, or for none; then each moves make-before-break."""
-        reserved: list[tuple[JobRecord, Placement]] = []
+    def _yield(
+        self,
+        waiter: GangRequest,
+        spot_price: float,
+        movers: list[JobRecord],
+        why: str,
+        now: float,
+        effects: list[Effect],
+    ) -> bool:
+        """Reserve on-demand for every mover; when that pays (spotyield.worth_yielding) each
+        moves make-before-break, else every reservation is released."""
+        booked: list[tuple[spotyield.Mover, Placement]] = []
+        worth = True
         for record in movers:
             request = gang_request(record, now, self._registry.demands(record.job_id))
             request.capacity = "on-demand"
@@ -153,11 +161,26 @@ class PlannedMoves:
             assert current is not None  # may_yield
             got = self._scheduler.reserve(request, now, replacing_attempt=current.attempt)
             if not isinstance(got, Placement):
-                for done, _ in reserved:
-                    self._scheduler.release(done.job_id, done.attempt + 1)
-                return False
-            reserved.append((record, got))
-        for record, got in reserved:
+                worth = False
+                break
+            speed = self._scheduler.job_speed(request)
+            flavor = self._scheduler.flavor_info(got.cluster, got.flavor)
+            od_type = flavor.gpu_type if flavor is not None else current.gpu_type
+            mover = spotyield.Mover(
+                record,
+                current.price_per_gpu_hour * record.total_gpus,
+                (flavor.price_per_gpu_hour if flavor is not None else 0.0) * record.total_gpus,
+                speed(od_type.lower()) / speed(current.gpu_type.lower()),
+            )
+            booked.append((mover, got))
+        if worth:
+            worth = spotyield.worth_yielding(waiter, spot_price, [m for m, _ in booked], now)
+        if not worth:
+            for mover, _ in booked:
+                self._scheduler.release(mover.record.job_id, mover.record.attempt + 1)
+            return False
+        for mover, got in booked:
+            record = mover.record
             replacement = self._lifecycle.attempt_for(record, got, now)
             deadline = now + spotreturn.move_grace_s(record)
             self._lifecycle.begin_preempt(

@@ -1048,6 +1048,10 @@ class Scheduler:
             and empty_fit(p, gang)
         ]
 
+    def job_speed(self, request: GangRequest) -> Callable[[str], float]:
+        """The job's relative speed per GPU type (speed.py): its own figures, else the priors."""
+        return speed_of(request.speeds, self._gpu_speeds)
+
     def allocations_on(self, pool: PoolKey) -> list[Alloc]:
         """The allocations whose GPU podsets sit in `pool`."""
         return [

@@ -16,10 +16,19 @@ latest submitted (the queue would have placed it last).
 
 When it pays (`worth_yielding`): the waiter starts now rather than when the movers end, taken
 as the shortest time any of them has run (a job that has run t tends to run about t more, as
-for spot-return); its GPUs gain that time. The movers pay a restart each, and another when
-spot-return brings them back, so the move is made when
+for spot-return). Its GPU-hours gained are valued at what the waiter pays for them on that
+spot pool. Each mover pays the on-demand placement booked for it instead of its spot price
+over its own time left (at its speed there: on-demand on a faster GPU takes less time), and
+a restart each way (off spot now, back with spot-return later):
 
-    waiter GPUs x shortest run so far > 2 x sum(mover GPUs x restart overhead)
+    waiter GPUs x spot $/GPU-h x shortest run so far
+        > sum over movers of (on-demand $/h x left / speed-up - spot $/h x left
+                              + 2 x on-demand $/h x restart overhead)
+
+So a move to an on-demand pool that costs about as much per unit of work as the spot (a
+reserved A100 pool beside V100 spot) pays, and one to on-demand at three times the spot
+price pays only for a waiter several times the movers' size. A job yields at most
+`MAX_YIELDS` times.
 
 Spot-return (spotreturn.py) brings a mover back once no queued job of equal or higher priority
 could use spot.
@@ -28,6 +37,7 @@ could use spot.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from broker.core.inventory import Pool
 from broker.core.ledger import Alloc
@@ -39,6 +49,17 @@ from broker.core.types import GangRequest
 SPOT_YIELD = Cause.SPOT_YIELD
 MIN_RUN_S = 600.0  # a mover's attempt has run at least this long
 RESTARTS_PER_MOVE = 2.0  # off spot now, back with spot-return later
+MAX_YIELDS = 1  # moves off spot for a waiter per job: it does not bounce between the two
+
+
+@dataclass(frozen=True, slots=True)
+class Mover:
+    """A job that would leave spot, with the on-demand placement booked for it."""
+
+    record: JobRecord
+    spot_per_hour: float  # its gang's $/h on spot now
+    od_per_hour: float  # its gang's $/h on the on-demand placement
+    speedup: float  # its speed on the on-demand GPU type over its speed on the spot one
 
 
 def may_yield(record: JobRecord, waiter: GangRequest, now: float) -> bool:
@@ -57,6 +78,7 @@ def may_yield(record: JobRecord, waiter: GangRequest, now: float) -> bool:
         and not record.deadline_on_demand
         and spec.priority <= waiter.priority
         and record.job_id != waiter.job_id
+        and sum(1 for a in record.attempts if a.end_cause == SPOT_YIELD) < MAX_YIELDS
     )
 
 
@@ -105,11 +127,23 @@ def _fits(free: dict[str, int], gang: Gang) -> bool:
     return estimate_counts(counts, gang) is not None
 
 
-def worth_yielding(waiter: GangRequest, movers: Sequence[JobRecord], now: float) -> bool:
-    """Whether the waiter's GPU-time gained beats the movers' restarts (module docstring)."""
-    ran = min(
-        (now - r.current.running_at for r in movers if r.current and r.current.running_at),
-        default=0.0,
-    )
-    cost = sum(r.total_gpus * restart_overhead_s(r.spec) for r in movers)
-    return waiter.total_gpu * ran > RESTARTS_PER_MOVE * cost
+def worth_yielding(
+    waiter: GangRequest, spot_price: float, movers: Sequence[Mover], now: float
+) -> bool:
+    """Whether the waiter's GPU-hours gained, at `spot_price` per GPU-hour, beat what the
+    movers pay more on on-demand plus their restarts (module docstring)."""
+    ran = [_ran_h(m.record, now) for m in movers]
+    value = waiter.total_gpu * spot_price * min(ran, default=0.0)
+    cost = 0.0
+    for m, left in zip(movers, ran, strict=True):
+        overhead_h = restart_overhead_s(m.record.spec) / 3600.0
+        cost += m.od_per_hour * left / max(m.speedup, 1e-9) - m.spot_per_hour * left
+        cost += RESTARTS_PER_MOVE * m.od_per_hour * overhead_h
+    return value > cost
+
+
+def _ran_h(record: JobRecord, now: float) -> float:
+    current = record.current
+    if current is None or current.running_at is None:
+        return 0.0
+    return max(0.0, now - current.running_at) / 3600.0

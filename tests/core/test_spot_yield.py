@@ -33,17 +33,21 @@ from tests.core.test_spot_moves import live_attempts, running, sends
 CKPT = CheckpointSpec(uri="s3://b/ck", interval_s=600, cost_s=30)
 
 
-def _world(spot_nodes: int = 1, od_nodes: int = 1) -> tuple[Machine, Agent]:
-    """One cluster: `spot_nodes` v100 spot nodes and `od_nodes` v100 on-demand nodes."""
+def _world(
+    spot_nodes: int = 1, od_nodes: int = 1, od_gpu: str = "a100", od_price: float = 2.2
+) -> tuple[Machine, Agent]:
+    """One cluster: `spot_nodes` V100 spot nodes ($0.9) and `od_nodes` on-demand nodes, by
+    default A100s at $2.2: $1.0 per V100-hour of work (an A100 runs 2.2x a V100), a little
+    above the spot's $0.9."""
     m = Machine(BrokerConfig(queues=[QueueConfig(name="default")]))
     agent = Agent(m, "east")
     agent.send(
         ClusterSnapshot(
             flavors=[
                 flavor("v100-spot", "spot", "v100", 0.9),
-                flavor("v100-od", "on-demand", "v100"),
+                flavor("od", "on-demand", od_gpu, od_price),
             ],
-            nodes=nodes("spot", "v100-spot", spot_nodes) + nodes("od", "v100-od", od_nodes),
+            nodes=nodes("spot", "v100-spot", spot_nodes) + nodes("od", "od", od_nodes),
         )
     )
     return m, agent
@@ -85,7 +89,7 @@ def test_a_flexible_job_moves_to_on_demand_make_before_break_for_a_waiting_spot_
     assert [c.attempt for c in sends(effects, CheckpointNow)] == [d.attempt]  # type: ignore[arg-type, attr-defined]
     assert sends(effects, Cancel) == [] and sends(effects, Dispatch) == []  # type: ignore[arg-type]
     assert record.preempting is not None and record.preempting.replacement is not None
-    assert record.preempting.replacement.flavor == "v100-od"
+    assert record.preempting.replacement.flavor == "od"
     assert live_attempts(m, "flex") == 1
     assert violations(m) == []
 
@@ -95,7 +99,7 @@ def test_a_flexible_job_moves_to_on_demand_make_before_break_for_a_waiting_spot_
     kinds = [type(e.command).__name__ for e in effects if hasattr(e, "command")]
     assert kinds.index("Cancel") < kinds.index("Dispatch")
     (new,) = sends(effects, Dispatch)  # type: ignore[arg-type]
-    assert isinstance(new, Dispatch) and new.flavor == "v100-od"
+    assert isinstance(new, Dispatch) and new.flavor == "od"
     assert new.resume_from is not None and new.resume_from.step == 900
     assert record.preemptions == 0  # a move by choice, not a loss
     assert record.spot_fallback is not None and "spotty, a spot-only job" in record.spot_fallback
@@ -128,9 +132,24 @@ def test_no_move_for_a_lower_priority_waiter_without_checkpoints_or_on_demand() 
     assert m.scheduler.reservations() == {}
 
 
+def test_a_move_to_dear_on_demand_pays_only_for_a_waiter_bigger_than_the_mover() -> None:
+    # V100 on-demand at $3.0 against $0.9 spot: 8 GPUs of waiter gain less than 8 GPUs of
+    # mover pay more.
+    m, agent = _world(od_gpu="v100", od_price=3.0)
+    _flex_on_spot_and_a_spot_only_job_waiting(m, agent)
+    assert sends(_tick(m, agent, NOW + 60 + 3 * MIN_RUN_S), CheckpointNow) == []  # type: ignore[arg-type]
+    assert m.scheduler.reservations() == {}
+    # A 2-GPU mover for an 8-GPU waiter: 8 x 0.9 gained against 2 x (3.0 - 0.9) paid.
+    m, agent = _world(od_gpu="v100", od_price=3.0)
+    d = _flex_on_spot_and_a_spot_only_job_waiting(m, agent, gpu=2)
+    effects = _tick(m, agent, NOW + 60 + 3 * MIN_RUN_S)
+    assert [c.attempt for c in sends(effects, CheckpointNow)] == [d.attempt]  # type: ignore[arg-type, attr-defined]
+
+
 def test_no_move_for_a_job_that_writes_no_checkpoint() -> None:
-    m, agent = _world()
-    spec = spot_job("flex", capacity="any", labels={"muster.dev/spot-ok": "true"})
+    # The move that pays for a job that checkpoints (above), but this one writes none.
+    m, agent = _world(od_gpu="v100", od_price=3.0)
+    spec = spot_job("flex", gpu=2, capacity="any", labels={"muster.dev/spot-ok": "true"})
     _submit(m, spec, NOW + 1)
     (d,) = dispatches(m.handle(Cycle(), NOW + 2))
     assert d.flavor == "v100-spot"
