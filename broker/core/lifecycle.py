@@ -64,6 +64,7 @@ from broker.core.registry import JobRegistry
 from broker.core.risk import NoticeWindows
 from broker.core.scheduler import Scheduler
 from broker.core.speed import observe
+from broker.core.spotwait import note_spot_held
 from broker.core.starts import restore_estimate_s, start_failures_exhausted, start_limit_s
 from broker.core.states import (
     LIVE_STATES,
@@ -895,9 +896,11 @@ class AttemptLifecycle:
         request.avoid_pools = request.avoid_pools | {(current.cluster, current.flavor)}
         if self._spot_fallback_due(record, extra=1):
             request.spot_exhausted = True
-        got = self._scheduler.reserve(request, now, replacing_attempt=current.attempt)
+        held: list[str] = []
+        got = self._scheduler.reserve(request, now, replacing_attempt=current.attempt, held=held)
         if isinstance(got, Placement):
             pre.replacement = self.attempt_for(record, got, now)
+            note_spot_held(record, held[0] if held else None)
 
     def begin_preempt(
         self,

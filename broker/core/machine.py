@@ -49,6 +49,7 @@ from broker.core.provision import provision_command
 from broker.core.records import JobRecord, demands_of
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
+from broker.core.spotwait import note_spot_held
 from broker.core.states import LIVE_STATES, TERMINAL, Event, move
 from broker.core.submission import (
     check_service_accounts,
@@ -283,7 +284,7 @@ class Machine:
             record = self._jobs[job_id]
             self.backlog.dequeue(record)
             self.registry.clear_reasons(job_id)
-            self._note_spot_held(record, result.spot_held.get(job_id))
+            note_spot_held(record, result.spot_held.get(job_id))
             self.lifecycle.admit(record, placement, now, effects)
         for ask in result.provisions:
             effects.append(Send(ask.cluster, provision_command(ask, self.epoch)))
@@ -306,7 +307,7 @@ class Machine:
                 and pending.spec.capacity == "spot-then-on-demand"
             ):
                 # it waits for on-demand now: the spot it fits is kept for a spot-only job
-                self._note_spot_held(pending, result.spot_held[job_id])
+                note_spot_held(pending, result.spot_held[job_id])
                 effects.append(Persist(pending))
                 self.backlog.fresh.add(job_id)
             if (
@@ -344,16 +345,6 @@ class Machine:
             elif record.not_before <= now:
                 out.append(self.backlog.request(record, now, self.registry.demands(job_id)))
         return out
-
-    @staticmethod
-    def _note_spot_held(record: JobRecord, why: str | None) -> None:
-        """Record why a job left spot to an earlier spot-only job (`muster why` shows it): a
-        spot-then-on-demand job falls back to on-demand as after a futile wait."""
-        if record.spec.capacity == "spot-then-on-demand" and why is not None:
-            record.spot_exhausted = True
-            record.spot_fallback = why
-        elif record.spec.capacity == "any":
-            record.spot_fallback = why
 
     def _futile_spot_waits(
         self, tried: list[GangRequest], unplaced: Mapping[str, object], now: float

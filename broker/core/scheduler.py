@@ -983,11 +983,16 @@ class Scheduler:
                     group.remove(pool)
 
     def reserve(
-        self, request: GangRequest, now: float, replacing_attempt: int | None = None
+        self,
+        request: GangRequest,
+        now: float,
+        replacing_attempt: int | None = None,
+        held: list[str] | None = None,
     ) -> Placement | tuple[Reason, ...]:
         """Place one request now, outside a cycle. With `replacing_attempt` (make-before-break)
         the job's quota charge is handed from that attempt to the new one, and a `Reservation`
-        records the handover until one of the two ends."""
+        records the handover until one of the two ends. `held` gets why the placement left
+        spot to a waiting spot-only job, when it did."""
         existing = self._ledger.allocs.get((request.job_id, request.attempt))
         if existing is not None:
             return existing.placement
@@ -995,10 +1000,10 @@ class Scheduler:
         if replacing_attempt is not None:
             old = self._ledger.allocs.get((request.job_id, replacing_attempt))
         if old is None or not old.charged:
-            got = self._assign_kept(request, now)
+            got = self._assign_kept(request, now, held)
             return self.commit(got, now) if isinstance(got, Assignment) else got
         self._set_charged(old, False)
-        got = self._assign_kept(request, now)
+        got = self._assign_kept(request, now, held)
         if not isinstance(got, Assignment):
             self._set_charged(old, True)
             return got
@@ -1008,7 +1013,9 @@ class Scheduler:
         )
         return placement
 
-    def _assign_kept(self, request: GangRequest, now: float) -> Assignment | Reasons:
+    def _assign_kept(
+        self, request: GangRequest, now: float, held: list[str] | None
+    ) -> Assignment | Reasons:
         """`assign` for a running job's replacement, keeping the spot that queued spot-only
         jobs of equal or higher priority wait for (spotwait.py): a job that may run on
         on-demand is reserved on-demand instead, or nothing while on-demand is full (it is
@@ -1021,7 +1028,11 @@ class Scheduler:
         if holder is None or qs is None:
             return got
         snap = self._snap if self._snap is not None else self.snapshot(now)
-        return self._leave_spot(request, qs, snap, got, holder, CycleResult())
+        res = CycleResult()
+        out = self._leave_spot(request, qs, snap, got, holder, res)
+        if held is not None and request.job_id in res.spot_held:
+            held.append(res.spot_held[request.job_id])
+        return out
 
     def _set_charged(self, a: Alloc, charged: bool) -> None:
         if a.charged == charged:

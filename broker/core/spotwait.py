@@ -17,7 +17,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from broker.core.placement import Gang
+from broker.core.records import JobRecord
 from broker.core.types import GangRequest, Reason
+
+
+def note_spot_held(record: JobRecord, why: str | None) -> None:
+    """Record why a job's new attempt left spot to a spot-only job (`muster why` shows it),
+    or that it did not (None: an older reason is stale). A spot-then-on-demand job falls back
+    to on-demand as after a futile wait (spot-return may bring it back later)."""
+    if record.spec.capacity == "spot-then-on-demand" and why is not None:
+        record.spot_exhausted = True
+        record.spot_fallback = why
+    elif record.spec.capacity == "any":
+        record.spot_fallback = why
 
 
 def order_key(r: GangRequest) -> tuple[int, int]:

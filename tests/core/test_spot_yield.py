@@ -193,6 +193,10 @@ def test_a_notice_reservation_leaves_a_waiters_spot_and_books_on_demand() -> Non
     record = m.jobs["flex"]
     assert record.preempting is not None and record.preempting.replacement is not None
     assert record.preempting.replacement.flavor == "v100-od"
+    assert record.spot_fallback is not None
+    assert record.spot_fallback.startswith("skipped spot on east/v100-spot: big"), (
+        record.spot_fallback
+    )
     assert violations(m) == []
 
 
