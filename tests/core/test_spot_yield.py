@@ -21,7 +21,9 @@ from schemas.agent import (
     CheckpointReport,
     ClusterSnapshot,
     Dispatch,
+    FlavorInfo,
     Heartbeat,
+    NodeInfo,
     SpotNotice,
 )
 from schemas.config import BrokerConfig, QueueConfig
@@ -39,17 +41,17 @@ def _world(
     """One cluster: `spot_nodes` V100 spot nodes ($0.9) and `od_nodes` on-demand nodes, by
     default A100s at $2.2: $1.0 per V100-hour of work (an A100 runs 2.2x a V100), a little
     above the spot's $0.9."""
+    return _cluster(
+        [flavor("v100-spot", "spot", "v100", 0.9), flavor("od", "on-demand", od_gpu, od_price)],
+        nodes("spot", "v100-spot", spot_nodes) + nodes("od", "od", od_nodes),
+    )
+
+
+def _cluster(flavors: list[FlavorInfo], node_list: list[NodeInfo]) -> tuple[Machine, Agent]:
+    """A machine whose one cluster, "east", reported these pools and nodes."""
     m = Machine(BrokerConfig(queues=[QueueConfig(name="default")]))
     agent = Agent(m, "east")
-    agent.send(
-        ClusterSnapshot(
-            flavors=[
-                flavor("v100-spot", "spot", "v100", 0.9),
-                flavor("od", "on-demand", od_gpu, od_price),
-            ],
-            nodes=nodes("spot", "v100-spot", spot_nodes) + nodes("od", "od", od_nodes),
-        )
-    )
+    agent.send(ClusterSnapshot(flavors=flavors, nodes=node_list))
     return m, agent
 
 
@@ -64,7 +66,8 @@ def _tick(m: Machine, agent: Agent, at: float) -> list[object]:
 
 
 def _flex_on_spot_and_a_spot_only_job_waiting(m: Machine, agent: Agent, **flex: object) -> Dispatch:
-    spec = spot_job("flex", capacity="any", checkpoint=CKPT, **flex)
+    """`flex` (any, checkpoints unless told otherwise) runs on spot; `spotty` waits for it."""
+    spec = spot_job("flex", capacity="any", **({"checkpoint": CKPT} | flex))
     _submit(m, spec, NOW + 1)
     (d,) = dispatches(m.handle(Cycle(), NOW + 2))
     assert d.flavor == "v100-spot"
@@ -149,13 +152,8 @@ def test_a_move_to_dear_on_demand_pays_only_for_a_waiter_bigger_than_the_mover()
 def test_no_move_for_a_job_that_writes_no_checkpoint() -> None:
     # The move that pays for a job that checkpoints (above), but this one writes none.
     m, agent = _world(od_gpu="v100", od_price=3.0)
-    spec = spot_job("flex", gpu=2, capacity="any", labels={"muster.dev/spot-ok": "true"})
-    _submit(m, spec, NOW + 1)
-    (d,) = dispatches(m.handle(Cycle(), NOW + 2))
-    assert d.flavor == "v100-spot"
-    running(agent, d, NOW + 60)
-    _submit(m, spot_job("spotty"), NOW + 100)
-    assert dispatches(m.handle(Cycle(), NOW + 101)) == []
+    spot_ok = {"muster.dev/spot-ok": "true"}
+    d = _flex_on_spot_and_a_spot_only_job_waiting(m, agent, gpu=2, checkpoint=None, labels=spot_ok)
     effects = _tick(m, agent, NOW + 60 + 3 * MIN_RUN_S)
     assert sends(effects, Cancel) == [] and sends(effects, Dispatch) == []  # type: ignore[arg-type]
     record = m.jobs["flex"]
@@ -167,19 +165,13 @@ def test_a_notice_reservation_leaves_a_waiters_spot_and_books_on_demand() -> Non
     """`flex` (4 GPUs, any) runs on A100 spot. `big` (spot-only, 8 V100s) waits for V100 spot,
     where `half` holds 4 of the 8 GPUs. A notice on flex's node would reserve those 4 free
     V100 spot GPUs (the lost pool is avoided), which big waits for: it books on-demand."""
-    m = Machine(BrokerConfig(queues=[QueueConfig(name="default")]))
-    agent = Agent(m, "east")
-    agent.send(
-        ClusterSnapshot(
-            flavors=[
-                flavor("v100-spot", "spot", "v100", 0.9),
-                flavor("a100-spot", "spot", "a100", 1.5),
-                flavor("v100-od", "on-demand", "v100"),
-            ],
-            nodes=nodes("v", "v100-spot", 1)
-            + nodes("a", "a100-spot", 1)
-            + nodes("od", "v100-od", 1),
-        )
+    m, agent = _cluster(
+        [
+            flavor("v100-spot", "spot", "v100", 0.9),
+            flavor("a100-spot", "spot", "a100", 1.5),
+            flavor("v100-od", "on-demand", "v100"),
+        ],
+        nodes("v", "v100-spot", 1) + nodes("a", "a100-spot", 1) + nodes("od", "v100-od", 1),
     )
     _submit(m, spot_job("half", gpu=4, gpu_types=["v100"]), NOW + 1)
     _submit(m, spot_job("flex", gpu=4, capacity="any", checkpoint=CKPT), NOW + 2)
