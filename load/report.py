@@ -346,7 +346,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("cost_usd", "cost ($, price x GPU-hours)", "{:.0f}"),
     ("cost_per_useful_gpu_h", "cost per useful GPU-hour ($)", "{:.3f}"),
     ("preemptions", "preemptions (attempts lost)", "{:.0f}"),
-    ("planned_moves", "moves by choice (spot-return, deadline)", "{:.0f}"),
+    ("planned_moves", "moves by choice (spot-return, yield, deadline)", "{:.0f}"),
     ("noticed_attempts", "attempts hit by a spot notice", "{:.0f}"),
     ("recover_median_s", "notice -> next attempt, median (s)", "{:.1f}"),
     ("recover_p90_s", "notice -> next attempt, p90 (s)", "{:.1f}"),

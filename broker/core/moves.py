@@ -152,7 +152,7 @@ class PlannedMoves:
     ) -> bool:
         """Reserve on-demand for every mover; when that pays (spotyield.worth_yielding) each
         moves make-before-break, else every reservation is released."""
-        booked: list[tuple[spotyield.Mover, Placement]] = []
+        reserved: list[tuple[spotyield.Mover, Placement]] = []
         worth = True
         for record in movers:
             request = gang_request(record, now, self._registry.demands(record.job_id))
@@ -163,23 +163,27 @@ class PlannedMoves:
             if not isinstance(got, Placement):
                 worth = False
                 break
-            speed = self._scheduler.job_speed(request)
             flavor = self._scheduler.flavor_info(got.cluster, got.flavor)
-            od_type = flavor.gpu_type if flavor is not None else current.gpu_type
+            booked = (flavor.price_per_gpu_hour if flavor is not None else 0.0) * record.total_gpus
+            # (`muster why`'s prices: every on-demand pool that could host it, per unit of work)
+            dearest = max(
+                (w.per_work for w in self._scheduler.work_prices(request, now)), default=0.0
+            )
+            spot_speed = self._scheduler.job_speed(request)(current.gpu_type.lower())
             mover = spotyield.Mover(
                 record,
                 current.price_per_gpu_hour * record.total_gpus,
-                (flavor.price_per_gpu_hour if flavor is not None else 0.0) * record.total_gpus,
-                speed(od_type.lower()) / speed(current.gpu_type.lower()),
+                booked,
+                dearest * spot_speed,
             )
-            booked.append((mover, got))
+            reserved.append((mover, got))
         if worth:
-            worth = spotyield.worth_yielding(waiter, spot_price, [m for m, _ in booked], now)
+            worth = spotyield.worth_yielding(waiter, spot_price, [m for m, _ in reserved], now)
         if not worth:
-            for mover, _ in booked:
+            for mover, _ in reserved:
                 self._scheduler.release(mover.record.job_id, mover.record.attempt + 1)
             return False
-        for mover, got in booked:
+        for mover, got in reserved:
             record = mover.record
             replacement = self._lifecycle.attempt_for(record, got, now)
             deadline = now + spotreturn.move_grace_s(record)

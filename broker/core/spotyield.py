@@ -17,18 +17,18 @@ latest submitted (the queue would have placed it last).
 When it pays (`worth_yielding`): the waiter starts now rather than when the movers end, taken
 as the shortest time any of them has run (a job that has run t tends to run about t more, as
 for spot-return). Its GPU-hours gained are valued at what the waiter pays for them on that
-spot pool. Each mover pays the on-demand placement booked for it instead of its spot price
-over its own time left (at its speed there: on-demand on a faster GPU takes less time), and
-a restart each way (off spot now, back with spot-return later):
+spot pool. Each mover pays on-demand instead of its spot price over its own time left, and a
+restart each way (off spot now, back with spot-return later). Its on-demand time is priced
+at the dearest on-demand pool that could host it, per unit of work: on-demand at a good price
+is scarce too, and what a mover takes of the cheap on-demand pools, a later on-demand job
+pays for at the dearest one (measured: docs/simulation.md). So
 
     waiter GPUs x spot $/GPU-h x shortest run so far
-        > sum over movers of (on-demand $/h x left / speed-up - spot $/h x left
-                              + 2 x on-demand $/h x restart overhead)
+        > sum over movers of (dearest on-demand $ per unit of work x work per spot hour
+                              - spot $/h) x left + 2 x booked on-demand $/h x restart overhead
 
-So a move to an on-demand pool that costs about as much per unit of work as the spot (a
-reserved A100 pool beside V100 spot) pays, and one to on-demand at three times the spot
-price pays only for a waiter several times the movers' size. A job yields at most
-`MAX_YIELDS` times.
+A move pays for a waiter that needs several times the movers' GPUs, or where on-demand costs
+about what spot does per unit of work. A job yields at most `MAX_YIELDS` times.
 
 Spot-return (spotreturn.py) brings a mover back once no queued job of equal or higher priority
 could use spot.
@@ -58,8 +58,10 @@ class Mover:
 
     record: JobRecord
     spot_per_hour: float  # its gang's $/h on spot now
-    od_per_hour: float  # its gang's $/h on the on-demand placement
-    speedup: float  # its speed on the on-demand GPU type over its speed on the spot one
+    od_per_hour: float  # its gang's $/h on the on-demand placement booked for it
+    # its gang's $ on the dearest on-demand pool that could host it, for the work an hour on
+    # its spot pool does
+    dearest_per_spot_hour: float
 
 
 def may_yield(record: JobRecord, waiter: GangRequest, now: float) -> bool:
@@ -137,7 +139,7 @@ def worth_yielding(
     cost = 0.0
     for m, left in zip(movers, ran, strict=True):
         overhead_h = restart_overhead_s(m.record.spec) / 3600.0
-        cost += m.od_per_hour * left / max(m.speedup, 1e-9) - m.spot_per_hour * left
+        cost += (m.dearest_per_spot_hour - m.spot_per_hour) * left
         cost += RESTARTS_PER_MOVE * m.od_per_hour * overhead_h
     return value > cost
 

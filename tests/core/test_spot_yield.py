@@ -142,6 +142,19 @@ def test_a_move_to_dear_on_demand_pays_only_for_a_waiter_bigger_than_the_mover()
     _flex_on_spot_and_a_spot_only_job_waiting(m, agent)
     assert sends(_tick(m, agent, NOW + 60 + 3 * MIN_RUN_S), CheckpointNow) == []  # type: ignore[arg-type]
     assert m.scheduler.reservations() == {}
+    # The A100 on-demand booked for it costs about what spot does per unit of work, but what it
+    # takes there a later job pays for on the V100 on-demand beside it: priced at that.
+    m, agent = _cluster(
+        [
+            flavor("v100-spot", "spot", "v100", 0.9),
+            flavor("od", "on-demand", "a100", 2.2),
+            flavor("v100-od", "on-demand", "v100", 3.0),
+        ],
+        nodes("spot", "v100-spot", 1) + nodes("od", "od", 1) + nodes("v", "v100-od", 1),
+    )
+    _flex_on_spot_and_a_spot_only_job_waiting(m, agent)
+    assert sends(_tick(m, agent, NOW + 60 + 3 * MIN_RUN_S), CheckpointNow) == []  # type: ignore[arg-type]
+    assert m.scheduler.reservations() == {}
     # A 2-GPU mover for an 8-GPU waiter: 8 x 0.9 gained against 2 x (3.0 - 0.9) paid.
     m, agent = _world(od_gpu="v100", od_price=3.0)
     d = _flex_on_spot_and_a_spot_only_job_waiting(m, agent, gpu=2)
