@@ -10,6 +10,7 @@ import itertools
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from math import inf
 
 from load.report import percentile
 from load.sim.jobs import SimJob
@@ -35,6 +36,9 @@ class Breakdown:
     # the job with the most attempts: id, GPUs, preference, attempts per flavor, and how
     # many of its ended attempts the next one resumed from no later step
     worst: tuple[str, int, str, dict[str, int], int] | None = None
+    # every job: (preference, JCT in h (inf: unfinished), first-dispatch wait in s (inf: never
+    # started), GPU type of its first attempt); paired with another policy's run by `jct_gap`
+    jobs: dict[str, tuple[str, float, float, str]] = field(default_factory=dict)
 
 
 TIME_PARTS = ("useful", "first start-up", "later start-up + restore", "checkpoint stalls")
@@ -49,6 +53,15 @@ def breakdown(result: SimResult, jobs: Mapping[str, SimJob]) -> Breakdown:
     work: defaultdict[tuple[str, str], float] = defaultdict(float)
     waits: defaultdict[str, list[float]] = defaultdict(list)
     most = 0
+    for job_id, job in jobs.items():
+        rec = result.records.get(job_id)
+        jct = wait = inf
+        if rec is not None and rec.attempts:
+            wait = rec.attempts[0].dispatched_at - rec.submitted_at
+        if rec is not None and rec.state == "succeeded" and rec.finished_at is not None:
+            jct = (rec.finished_at - rec.submitted_at) / 3600.0
+        first = result.logs.get(job_id)
+        out.jobs[job_id] = (job.capacity, jct, wait, first[0].gpu_type.upper() if first else "")
     for job_id, logs in result.logs.items():
         job, rec = jobs[job_id], result.records.get(job_id)
         if rec is not None and rec.attempts:
@@ -126,4 +139,32 @@ def format_breakdown(b: Breakdown, head: str, bound_share: Mapping[str, float]) 
             f"  most attempts: {job_id} ({gpus} GPUs, {pref}) {sum(per_flavor.values())} "
             f"attempts: {pools}; {stuck} resumed no further than they started"
         )
+    return "\n".join(lines)
+
+
+def jct_gap(run: Breakdown, base: Breakdown) -> str:
+    """Where a run's JCT p50 above `base`'s (on-demand-only's, same jobs) comes from: the
+    ratio if one preference's jobs had their JCT in `base`, and, among the jobs whose JCT in
+    `base` is within 3x of its median, how many took over 1.2x as long after a first wait
+    under 60 s (a slower run: another GPU type, restarts) or of 60 s or more (a wait)."""
+    p50 = percentile([j[1] for j in base.jobs.values()], 50)
+    mine = percentile([j[1] for j in run.jobs.values()], 50)
+    lines = [f"  JCT p50 {mine:.3f} h against {base.policy}'s {p50:.3f} h: {mine / p50:.2f}x"]
+    swaps = []
+    for pref in sorted({j[0] for j in run.jobs.values()}):
+        swapped = [
+            base.jobs[k][1] if j[0] == pref else j[1] for k, j in run.jobs.items() if k in base.jobs
+        ]
+        swaps.append(f"{pref} {percentile(swapped, 50) / p50:.2f}x")
+    lines.append("  ... with one preference's JCT as there: " + ", ".join(swaps))
+    near = [k for k, j in base.jobs.items() if p50 / 3 < j[1] < 3 * p50 and k in run.jobs]
+    slow = [k for k in near if run.jobs[k][1] > 1.2 * base.jobs[k][1]]
+    by_run = sum(1 for k in slow if run.jobs[k][2] < 60.0)
+    types = Counter(run.jobs[k][3] for k in near)
+    there = Counter(base.jobs[k][3] for k in near)
+    lines.append(
+        f"  jobs near the median: {len(near)}; over 1.2x as long by a slower run {by_run}, "
+        f"by a wait {len(slow) - by_run}; first GPU type {dict(sorted(types.items()))} "
+        f"({base.policy}: {dict(sorted(there.items()))})"
+    )
     return "\n".join(lines)

@@ -255,12 +255,16 @@ def _run(args: Options) -> int:
         print()
         print(report.format_comparison(runs))
     if args.breakdown:
-        from load.sim.breakdown import format_breakdown
+        from load.sim.breakdown import format_breakdown, jct_gap
 
+        base = {(r["seed"], r["offset"]): r for r in runs if r["policy"] == "on-demand-only"}
         for r in runs:
             parts, share = r["breakdown"]
             head = f"\n{r['policy']} seed {r['seed']} row {r['offset']:,}"
             print(format_breakdown(parts, head, share))
+            od = base.get((r["seed"], r["offset"]))
+            if od is not None and od is not r:
+                print(jct_gap(parts, od["breakdown"][0]))
     print(f"\n{len(tasks)} run(s) in {time.perf_counter() - started:.1f}s wall")
     if args.out:
         for path in report.plot_all(runs, Path(args.out)):

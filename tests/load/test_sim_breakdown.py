@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from load.sim import Sim, SimResult, main
-from load.sim.breakdown import Breakdown, breakdown, format_breakdown
+from load.sim.breakdown import Breakdown, breakdown, format_breakdown, jct_gap
 from tests.load.small_sim import SMALL
 
 CFG = replace(SMALL, jobs=120)
@@ -68,3 +68,16 @@ def test_the_command_prints_it_and_keeps_it_out_of_the_json(
     text = capsys.readouterr().out
     assert "paid for the completed jobs" in text and "first dispatch, " in text
     assert all("breakdown" not in r for r in json.loads(out.read_text())["runs"])
+
+
+def test_the_jct_gap_names_each_preference_and_is_nil_against_itself(
+    runs: dict[str, tuple[Sim, SimResult, Breakdown]],
+) -> None:
+    od, muster = runs["on-demand-only"][2], runs["muster"][2]
+    assert len(od.jobs) == len(muster.jobs) == CFG.jobs
+    same = jct_gap(od, od)
+    assert ": 1.00x" in same and "by a slower run 0, by a wait 0" in same
+    assert same.count(" 1.00x") == 1 + len({j[0] for j in od.jobs.values()})
+    text = jct_gap(muster, od)
+    for pref in {j[0] for j in muster.jobs.values()}:
+        assert f"{pref} " in text.splitlines()[1]
