@@ -81,3 +81,17 @@ def test_the_jct_gap_names_each_preference_and_is_nil_against_itself(
     text = jct_gap(muster, od)
     for pref in {j[0] for j in muster.jobs.values()}:
         assert f"{pref} " in text.splitlines()[1]
+
+
+def test_the_jct_gap_puts_the_gap_on_the_preference_that_makes_it() -> None:
+    """Five jobs of 1 h on on-demand-only; here the three spot ones waited and took 3 h."""
+    base, run = Breakdown("on-demand-only"), Breakdown("muster")
+    for i, pref in enumerate(["spot", "spot", "spot", "any", "on-demand"]):
+        base.jobs[f"j{i}"] = (pref, 1.0, 0.0, "A100")
+        slow = pref == "spot"
+        run.jobs[f"j{i}"] = (pref, 3.0 if slow else 1.0, 100.0 if slow else 0.0, "V100")
+    lines = jct_gap(run, base).splitlines()
+    assert lines[0].endswith(": 3.00x")
+    assert lines[1].endswith("any 3.00x, on-demand 3.00x, spot 1.00x")
+    assert "near the median: 5; over 1.2x as long by a slower run 0, by a wait 3" in lines[2]
+    assert "{'V100': 5} (on-demand-only: {'A100': 5})" in lines[2]
