@@ -87,7 +87,7 @@ def test_a_record_moves_only_as_the_table_says(events: list[Event]) -> None:
 
 
 def test_causes_persist_as_their_old_strings() -> None:
-    assert {c.value for c in Cause} == {"spot-notice", "spot-return", "deadline"}
+    assert {c.value for c in Cause} == {"spot-notice", "spot-return", "deadline", "spot-yield"}
     for cause in Cause:
         old = _record(
             state="preempting",
