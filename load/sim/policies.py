@@ -47,7 +47,7 @@ POLICIES: dict[str, Policy] = {
         True,
         True,
         about="checkpoint-aware re-dispatch, make-before-break, Young/Daly advice followed, "
-        "spot-return",
+        "spot-return, spot yielded to waiting spot-only jobs",
         follows_advice=True,
     ),
     "muster-fixed": Policy(
