@@ -105,7 +105,10 @@ def test_a_flexible_job_moves_to_on_demand_make_before_break_for_a_waiting_spot_
     assert isinstance(new, Dispatch) and new.flavor == "od"
     assert new.resume_from is not None and new.resume_from.step == 900
     assert record.preemptions == 0  # a move by choice, not a loss
-    assert record.spot_fallback is not None and "spotty, a spot-only job" in record.spot_fallback
+    why = m.views.why("flex", now + 30)
+    assert why is not None
+    text = " ".join(r.message for r in why.reasons)
+    assert "moved to on-demand: spotty, a spot-only job, waits for its spot" in text, text
     assert violations(m) == []
 
     # The spot-only job takes the spot it waited for.
