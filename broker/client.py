@@ -52,8 +52,8 @@ from schemas.codec import (
 )
 from schemas.job import JobSpec
 from schemas.natsopts import NatsOptions
-from schemas.subjects import DEFAULT_SUBJECTS, Subjects
-from shell.natsio import DEFAULT_NATS_URL, default_state_dir, flush, resolve_nats_url
+from schemas.subjects import DEFAULT_SUBJECTS, REPLY_HEADER, Subjects
+from shell.natsio import DEFAULT_NATS_URL, Requester, default_state_dir, flush, resolve_nats_url
 
 __all__ = [
     "DEFAULT_NATS_URL",
@@ -117,6 +117,7 @@ class MusterClient:
         self._opts = opts
         self.subjects = subjects
         self._nc: Client | None = None
+        self._requests: Requester | None = None
         self._last_error: BaseException | None = None
 
     # connection ------------------------------------------------------------------------
@@ -164,6 +165,7 @@ class MusterClient:
 
     async def close(self) -> None:
         nc, self._nc = self._nc, None
+        self._requests = None
         if nc is not None and not nc.is_closed:
             with contextlib.suppress(Exception):
                 await nc.drain()
@@ -227,6 +229,7 @@ class MusterClient:
                 f"here before, the submission may be kept{stored} and run when it restarts"
             ),
             unreadable="the broker sent an unreadable submit reply",
+            reply_header=REPLY_HEADER,
         )
         if not reply.accepted:
             raise MusterError(reply.error or "the broker rejected the job (no reason given)")
@@ -242,6 +245,7 @@ class MusterClient:
         silent: str,
         late: str,
         unreadable: str,
+        reply_header: str | None = None,
     ) -> R:
         """One request and its decoded reply, for every request/reply this client and the
         operator's commands make. Each failure is a MusterError with the caller's text:
@@ -250,13 +254,20 @@ class MusterClient:
 
         A "no responders" answer is retried once after a moment, since it can also mean a
         responder that is just reconnecting (nobody got the first copy, so nothing is done
-        twice)."""
+        twice).
+
+        `reply_header` names a header that carries the reply subject too: a submission's, so
+        the copy the submit stream stores can still be answered (docs/protocol.md)."""
+        nc = self.nc
+        if self._requests is None or self._requests.nc is not nc:
+            self._requests = Requester(nc)
+        requests = self._requests
         try:
             try:
-                msg = await self.nc.request(subject, payload, timeout=timeout)
+                msg = await requests.request(subject, payload, timeout, reply_header=reply_header)
             except NoRespondersError:
                 await asyncio.sleep(0.2)
-                msg = await self.nc.request(subject, payload, timeout=timeout)
+                msg = await requests.request(subject, payload, timeout, reply_header=reply_header)
         except NoRespondersError:
             raise MusterError(silent) from None
         except NatsTimeoutError:

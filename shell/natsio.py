@@ -87,16 +87,19 @@ class Requester:
         self._sub: Any = None
         self._next = 0
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        self._starting = asyncio.Lock()
 
     async def start(self) -> None:
-        if self._sub is None:
-            self.prefix = self.nc.new_inbox() + "."
-            self._sub = await self.nc.subscribe(
-                self.prefix + "*",
-                cb=self._on_reply,
-                pending_msgs_limit=-1,
-                pending_bytes_limit=-1,
-            )
+        async with self._starting:  # callers at once share one subscription
+            if self._sub is None:
+                prefix = self.nc.new_inbox() + "."
+                self._sub = await self.nc.subscribe(
+                    prefix + "*",
+                    cb=self._on_reply,
+                    pending_msgs_limit=-1,
+                    pending_bytes_limit=-1,
+                )
+                self.prefix = prefix
 
     async def _on_reply(self, msg: Msg) -> None:
         fut = self._waiting.pop(msg.subject[len(self.prefix) :], None)
@@ -106,9 +109,17 @@ class Requester:
             else:
                 fut.set_result(msg)
 
-    async def ask(self, subject: str, data: bytes) -> Asked:
+    async def ask(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        reply_header: str | None = None,
+    ) -> Asked:
         """Publish a request; `Asked.reply` gets the answer (NoRespondersError when nobody
-        listens) for as long as the caller waits: `forget` it when done."""
+        listens) for as long as the caller waits: `forget` it when done. `reply_header` names
+        a header that carries the reply subject too (a stream keeps headers, not replies)."""
         if self._sub is None:
             await self.start()
         self._next += 1
@@ -116,8 +127,11 @@ class Requester:
         loop = asyncio.get_running_loop()
         asked = Asked(token, loop.create_future(), loop.time())
         self._waiting[token] = asked.reply
+        reply = self.prefix + token
+        if reply_header is not None:
+            headers = {**(headers or {}), reply_header: reply}
         try:
-            await self.nc.publish(subject, data, reply=self.prefix + token)
+            await self.nc.publish(subject, data, reply=reply, headers=headers)
         except BaseException:
             self._waiting.pop(token, None)
             raise
@@ -129,8 +143,16 @@ class Requester:
         if not asked.reply.done():
             asked.reply.cancel()
 
-    async def request(self, subject: str, data: bytes, timeout: float) -> Msg:
-        asked = await self.ask(subject, data)
+    async def request(
+        self,
+        subject: str,
+        data: bytes,
+        timeout: float,
+        headers: dict[str, str] | None = None,
+        *,
+        reply_header: str | None = None,
+    ) -> Msg:
+        asked = await self.ask(subject, data, headers, reply_header=reply_header)
         timer = asyncio.get_running_loop().call_later(timeout, _expire, asked.reply)
         try:
             return await asked.reply
