@@ -53,7 +53,13 @@ from schemas.codec import (
 from schemas.job import JobSpec
 from schemas.natsopts import NatsOptions
 from schemas.subjects import DEFAULT_SUBJECTS, REPLY_HEADER, Subjects
-from shell.natsio import DEFAULT_NATS_URL, Requester, default_state_dir, flush, resolve_nats_url
+from shell.natsio import (
+    DEFAULT_NATS_URL,
+    default_state_dir,
+    flush,
+    requester_of,
+    resolve_nats_url,
+)
 
 __all__ = [
     "DEFAULT_NATS_URL",
@@ -117,7 +123,6 @@ class MusterClient:
         self._opts = opts
         self.subjects = subjects
         self._nc: Client | None = None
-        self._requests: Requester | None = None
         self._last_error: BaseException | None = None
 
     # connection ------------------------------------------------------------------------
@@ -165,7 +170,6 @@ class MusterClient:
 
     async def close(self) -> None:
         nc, self._nc = self._nc, None
-        self._requests = None
         if nc is not None and not nc.is_closed:
             with contextlib.suppress(Exception):
                 await nc.drain()
@@ -258,10 +262,7 @@ class MusterClient:
 
         `reply_header` names a header that carries the reply subject too: a submission's, so
         the copy the submit stream stores can still be answered (docs/protocol.md)."""
-        nc = self.nc
-        if self._requests is None or self._requests.nc is not nc:
-            self._requests = Requester(nc)
-        requests = self._requests
+        requests = requester_of(self.nc)
         try:
             try:
                 msg = await requests.request(subject, payload, timeout, reply_header=reply_header)

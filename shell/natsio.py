@@ -3,6 +3,7 @@ upgrade is checked here (tests/shell/test_natsio.py pins the versions).
 
 - `flush`: nats-py's flush, ordered after what was sent before it;
 - `Requester`: request/reply over one shared wildcard inbox, without nats-py's per-request setup;
+- `submit_request`: a submission as every client sends it, its reply subject also in a header;
 - `js_api_prefix`, `js_connection`: what a JetStream context holds only in private attributes.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
+
+from schemas.subjects import REPLY_HEADER
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -159,6 +163,29 @@ class Requester:
         finally:
             timer.cancel()
             self.forget(asked)
+
+
+_REQUESTERS: weakref.WeakKeyDictionary[Client, Requester] = weakref.WeakKeyDictionary()
+
+
+def requester_of(nc: Client) -> Requester:
+    """The connection's one Requester (one wildcard subscription however many callers)."""
+    requests = _REQUESTERS.get(nc)
+    if requests is None:
+        requests = _REQUESTERS[nc] = Requester(nc)
+    return requests
+
+
+async def submit_request(
+    nc: Client, subject: str, data: bytes, timeout: float, headers: dict[str, str] | None = None
+) -> Msg:
+    """A submission as clients send it: a request whose reply subject also travels in the
+    `Muster-Reply-To` header, since the submit stream keeps headers but not reply subjects;
+    the broker answers the stored copy there even when it never heard this one (it was not
+    leading yet). Errors as `Requester.request`."""
+    return await requester_of(nc).request(
+        subject, data, timeout, headers, reply_header=REPLY_HEADER
+    )
 
 
 @dataclass(slots=True, eq=False)
