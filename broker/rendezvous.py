@@ -191,7 +191,11 @@ class ReplyRendezvous:
             if len(self.answered) <= REPLY_MAX and now - first[1] < REPLY_TTL_S:
                 break
             self.answered.popitem(last=False)
-        await self.nc.publish(reply, payload)
+        try:
+            await self.nc.publish(reply, payload)
+        except Exception as exc:  # one submitter's header must not stop a batch's answers
+            self.refused["reply_header"] += 1
+            log.warning("rendezvous.reply_header_failed", subject=key[1], error=str(exc)[:200])
 
     async def on_result(
         self, subject: str, data: bytes, headers: dict[str, str] | None, payload: bytes

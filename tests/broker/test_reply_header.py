@@ -101,21 +101,27 @@ async def test_a_submission_with_header_and_plain_copy_is_answered_once(
     subject = harness.subjects.submit("default")
     await harness.nc.publish(subject, spec("once-1"), reply=inbox.subject, headers=headers)
     await wait_for(lambda: inbox.got, 10, what="the answer")
+    retries = []
     if msg_id is not None:
-        # A retry the stream drops as a duplicate: only its plain copy can be answered.
-        retry = await Inbox(harness.nc).start()
-        await harness.nc.publish(
-            subject,
-            spec("once-1"),
-            reply=retry.subject,
-            headers={**headers, REPLY_HEADER: retry.subject},
+        # A retry under the same id, which the stream drops as a duplicate (only its plain
+        # copy can be answered), and one under another id, which the stream stores too (its
+        # plain copy answers at once, as the job is known; its stored copy then stays silent).
+        for retry_id in (msg_id, f"{msg_id}-again"):
+            retry = await Inbox(harness.nc).start()
+            again = {**headers, REPLY_HEADER: retry.subject, "Nats-Msg-Id": retry_id}
+            await harness.nc.publish(subject, spec("once-1"), reply=retry.subject, headers=again)
+            retries.append(retry)
+        await wait_for(
+            lambda: broker.stats["submitted"] >= 2, 10, what="the stored retry processed"
         )
-        await wait_for(lambda: retry.got, 10, what="the retry's answer")
-        assert [(r.accepted, r.duplicate) for r in retry.replies()] == [(True, True)]
     await settled(harness)
     assert [(r.accepted, r.job_id, r.duplicate) for r in inbox.replies()] == [
         (True, "once-1", False)
     ]
+    for retry in retries:
+        assert [(r.accepted, r.job_id, r.duplicate) for r in retry.replies()] == [
+            (True, "once-1", True)
+        ]
     # The plain copy was dropped at once: nothing waits to pair with an outcome.
     assert not broker.rendezvous.waiting and not broker.rendezvous.done
 
