@@ -13,12 +13,14 @@ Who answers, once:
 - a plain copy with the header is answered here only when the stream will never store it (too
   large, the store full, a retry of a known job the stream drops as a duplicate); otherwise it
   is dropped at once, with no pairing work: its stored copy answers;
-- a stored copy with the header is answered on the header, unless this process already
-  answered that reply subject for that submission (`answered`, kept `REPLY_TTL_S`): a plain
-  copy's early answer, or a redelivery of a copy already answered;
-- across broker processes a stored copy redelivered after its ack was lost may be answered
-  again, with the same outcome (the job, now `duplicate`): a requester takes the first answer
-  and has stopped listening by then;
+- a stored copy with the header is answered on the header once its record persists, unless
+  its plain copy was answered early (the stream stored it after all: `answered`, kept
+  `REPLY_TTL_S`);
+- a stored copy is answered after its ack (`broker/intakeloop.py`), so a broker that dies
+  before acking never answered it, and the redelivery to the next leader is the one answer.
+  Only a redelivery after a lost ack is answered again, with the same outcome (the job, now
+  `duplicate`): its requester took the first answer and stopped listening. Remembering every
+  answer to prevent that would cost memory per submission for a case the client ignores;
 - a header naming a subject the plain path would not answer either (no inbox, the broker's
   own inbox, not a literal subject) is refused: logged, counted in `refused["reply_header"]`
   (`muster_refused_messages{handler="reply_header"}`), and nothing is sent anywhere. The
@@ -117,7 +119,8 @@ class ReplyRendezvous:
         self.known = known
         self.waiting: OrderedDict[RendezvousKey, deque[tuple[float, str]]] = OrderedDict()
         self.done: OrderedDict[RendezvousKey, deque[tuple[float, bytes]]] = OrderedDict()
-        # (header reply subject, submission) -> when answered: one answer per request here
+        # (header reply subject, submission) -> when its plain copy was answered, because the
+        # stream was not expected to store it: its stored copy, if any, is not answered again
         self.answered: OrderedDict[tuple[str, RendezvousKey], float] = OrderedDict()
         self.refused: Counter[str] = Counter() if refused is None else refused
 
@@ -136,9 +139,12 @@ class ReplyRendezvous:
         if header is not None:
             early = self._unstored_reply(msg)
             if early is not None:
-                await self._answer_header(
-                    header, self.key(msg.subject, msg.data, msg.headers), early
-                )
+                key = self.key(msg.subject, msg.data, msg.headers)
+                # Should the stream store it after all (outside its duplicate window), the
+                # stored copy stays silent: this request has its answer.
+                self.answered[(header, key)] = time.monotonic()
+                self._trim(self.answered)
+                await self._answer_header(header, key, early)
             return  # the stored copy answers on the header
         if not msg.reply or not tenancy.reply_allowed(msg.reply, self.own_inbox):
             return
@@ -172,8 +178,8 @@ class ReplyRendezvous:
         return self.known(msg)
 
     async def _answer_header(self, reply: str, key: RendezvousKey, payload: bytes) -> None:
-        """Answer on a header's reply subject: once per request, and only on a subject the
-        plain path would answer too, so the header never makes the broker a relay."""
+        """Answer on a header's reply subject, only one the plain path would answer too, so
+        the header never makes the broker a relay."""
         if not (literal_subject(reply) and tenancy.reply_allowed(reply, self.own_inbox)):
             self.refused["reply_header"] += 1
             log.warning(
@@ -182,15 +188,6 @@ class ReplyRendezvous:
                 reply=reply[:MAX_SUBJECT].encode("unicode_escape").decode(),
             )
             return
-        now = time.monotonic()
-        if (reply, key) in self.answered:
-            return
-        self.answered[(reply, key)] = now
-        while self.answered:
-            first = next(iter(self.answered.items()))
-            if len(self.answered) <= REPLY_MAX and now - first[1] < REPLY_TTL_S:
-                break
-            self.answered.popitem(last=False)
         try:
             await self.nc.publish(reply, payload)
         except Exception as exc:  # one submitter's header must not stop a batch's answers
@@ -205,7 +202,8 @@ class ReplyRendezvous:
         key = self.key(subject, data, headers)
         header = headers.get(REPLY_HEADER) if headers else None
         if header is not None:
-            await self._answer_header(header, key, payload)
+            if self.answered.pop((header, key), None) is None:  # else answered by its plain copy
+                await self._answer_header(header, key, payload)
             return
         # Equal bytes naming a job_id are copies of one job: an identity, as a Nats-Msg-Id is.
         identified = key[0] == "id" or _names_its_job(data)
@@ -233,10 +231,13 @@ class ReplyRendezvous:
         self._trim(self.done)
 
     @staticmethod
-    def _trim(table: OrderedDict[Any, deque[Any]]) -> None:
+    def _trim(table: OrderedDict[Any, Any]) -> None:
+        """Drop the oldest entries past REPLY_TTL_S or REPLY_MAX; an entry is a time or a
+        deque of (time, ...) items."""
         now = time.monotonic()
         while table:
             _, items = next(iter(table.items()))
-            if len(table) <= REPLY_MAX and items and now - items[0][0] < REPLY_TTL_S:
+            at = items if isinstance(items, float) else items[0][0] if items else None
+            if len(table) <= REPLY_MAX and at is not None and now - at < REPLY_TTL_S:
                 break
             table.popitem(last=False)
