@@ -23,7 +23,7 @@ Who answers, once:
   answer to prevent that would cost memory per submission for a case the client ignores;
 - a header naming a subject the plain path would not answer either (no inbox, the broker's
   own inbox, not a literal subject) is refused: logged, counted in `refused["reply_header"]`
-  (`muster_refused_messages{handler="reply_header"}`), and nothing is sent anywhere. The
+  (`muster_refused_messages_total{handler="reply_header"}`), and nothing is sent anywhere. The
   submission itself is processed as any other.
 """
 

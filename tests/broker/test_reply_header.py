@@ -12,6 +12,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
+from prometheus_client import generate_latest
 
 from broker import intake
 from schemas.api import SubmitReply
@@ -202,3 +203,5 @@ async def test_a_header_naming_a_forbidden_subject_gets_no_reply_and_changes_not
     kv = await broker.js.key_value(bucket)
     with pytest.raises(KeyNotFoundError):
         await kv.get("forged")
+    metrics = generate_latest(broker.metrics.registry).decode()
+    assert f'muster_refused_messages_total{{handler="reply_header"}} {len(forbidden)}.0' in metrics
