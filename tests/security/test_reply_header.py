@@ -12,8 +12,8 @@ from broker.service import Broker
 from schemas.codec import decode_submit_reply
 from schemas.subjects import REPLY_HEADER
 from shell.natsio import flush, submit_request
+from tests.broker.jobs import processed_with_headers_refused
 from tests.security.conftest import AuthNats, overhear
-from tests.support import wait_for
 
 
 def job(job_id: str) -> bytes:
@@ -48,16 +48,7 @@ async def test_a_team_cannot_point_the_reply_header_anywhere_but_an_inbox(
             headers={REPLY_HEADER: header},
         )
     await flush(alpha)
-    machine = broker.machine
-    assert machine is not None
-    await wait_for(
-        lambda: all(f"hdr-{i}" in machine.jobs for i in range(len(headers))),
-        10,
-        what="every submission processed",
-    )
-    await wait_for(
-        lambda: broker.refused["reply_header"] == len(headers), 10, what="every header refused"
-    )
+    await processed_with_headers_refused(broker, [f"hdr-{i}" for i in range(len(headers))])
     # A proper submission is answered on its header, and by then every earlier answer is out.
     reply = await submit_request(alpha, "muster.submit.vision", job("proper"), 10)
     assert decode_submit_reply(reply.data).accepted
