@@ -11,8 +11,9 @@ persists.
 
 Who answers, once:
 - a plain copy with the header is answered here only when the stream will never store it (too
-  large, the store full, a retry of a known job the stream drops as a duplicate); otherwise it
-  is dropped at once, with no pairing work: its stored copy answers;
+  large, the store full, a subject no queue consumes, a retry of a known job the stream drops
+  as a duplicate); otherwise it is dropped at once, with no pairing work: its stored copy
+  answers;
 - a stored copy with the header is answered on the header once its record persists, unless
   its plain copy was answered early (the stream stored it after all: `answered`, kept
   `REPLY_TTL_S`);
@@ -164,8 +165,9 @@ class ReplyRendezvous:
         self._trim(self.waiting)
 
     def _unstored_reply(self, msg: Msg) -> bytes | None:
-        """The answer to a submission the stream will not store (too large, the store full)
-        or will drop (a retry of a known job), else None: its stored copy gets the answer."""
+        """The answer to a submission the stream will not store (too large, the store full, a
+        subject no queue consumes) or will drop (a retry of a known job), else None: its
+        stored copy gets the answer."""
         if len(msg.data) > self.limit:
             error = (
                 f"JobSpec is {len(msg.data)} bytes, over the limit of {self.limit} bytes; "
