@@ -52,8 +52,14 @@ from schemas.codec import (
 )
 from schemas.job import JobSpec
 from schemas.natsopts import NatsOptions
-from schemas.subjects import DEFAULT_SUBJECTS, Subjects
-from shell.natsio import DEFAULT_NATS_URL, default_state_dir, flush, resolve_nats_url
+from schemas.subjects import DEFAULT_SUBJECTS, REPLY_HEADER, Subjects
+from shell.natsio import (
+    DEFAULT_NATS_URL,
+    default_state_dir,
+    flush,
+    requester_of,
+    resolve_nats_url,
+)
 
 __all__ = [
     "DEFAULT_NATS_URL",
@@ -227,6 +233,7 @@ class MusterClient:
                 f"here before, the submission may be kept{stored} and run when it restarts"
             ),
             unreadable="the broker sent an unreadable submit reply",
+            reply_header=REPLY_HEADER,
         )
         if not reply.accepted:
             raise MusterError(reply.error or "the broker rejected the job (no reason given)")
@@ -242,6 +249,7 @@ class MusterClient:
         silent: str,
         late: str,
         unreadable: str,
+        reply_header: str | None = None,
     ) -> R:
         """One request and its decoded reply, for every request/reply this client and the
         operator's commands make. Each failure is a MusterError with the caller's text:
@@ -250,13 +258,17 @@ class MusterClient:
 
         A "no responders" answer is retried once after a moment, since it can also mean a
         responder that is just reconnecting (nobody got the first copy, so nothing is done
-        twice)."""
+        twice).
+
+        `reply_header` names a header that carries the reply subject too: a submission's, so
+        the copy the submit stream stores can still be answered (docs/protocol.md)."""
+        requests = requester_of(self.nc)
         try:
             try:
-                msg = await self.nc.request(subject, payload, timeout=timeout)
+                msg = await requests.request(subject, payload, timeout, reply_header=reply_header)
             except NoRespondersError:
                 await asyncio.sleep(0.2)
-                msg = await self.nc.request(subject, payload, timeout=timeout)
+                msg = await requests.request(subject, payload, timeout, reply_header=reply_header)
         except NoRespondersError:
             raise MusterError(silent) from None
         except NatsTimeoutError:

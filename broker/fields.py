@@ -130,7 +130,7 @@ class BrokerFields:
         self._budget_logged: dict[str, float] = {}
         self._wire_refused_at: dict[str, float] = {}  # cluster -> when last logged and told
         self._rendezvous = ReplyRendezvous(
-            nc, config.max_payload_bytes, self._storage_error, self._early_reply
+            nc, config.max_payload_bytes, self._storage_error, self._early_reply, self.refused
         )
         self._requests = Requester(nc)
         # The effect rules (barrier, retries, learnt ack waits), driven by broker/executor.py

@@ -1,25 +1,52 @@
 """The reply rendezvous: a submitter's reply subject meets the outcome of its submission.
 
-JetStream does not keep a message's reply subject, so the broker also hears the submit
+JetStream keeps a message's headers but not its reply subject. A client therefore also puts
+its reply subject in the `Muster-Reply-To` header (`schemas.subjects.REPLY_HEADER`), and the
+broker answers the stored copy there once its record persists, whether or not it heard the
+plain copy: a submission stored before a broker led (its start, a failover's gap) is answered
+too. For clients without the header (a bare `nats req`) the broker also hears the submit
 subjects in plain NATS and keeps each reply subject here until the outcome of processing the
-stored copy arrives (or the other way round); a broker never answers before the record persists.
+stored copy arrives (or the other way round). A broker never answers before the record
+persists.
+
+Who answers, once:
+- a plain copy with the header is answered here only when the stream will never store it (too
+  large, the store full, a subject no queue consumes, a retry of a known job the stream drops
+  as a duplicate); otherwise it is dropped at once, with no pairing work: its stored copy
+  answers;
+- a stored copy with the header is answered on the header once its record persists, unless
+  its plain copy was answered early (the stream stored it after all: `answered`, kept
+  `REPLY_TTL_S`);
+- a stored copy is answered after its ack (`broker/intakeloop.py`), so a broker that dies
+  before acking never answered it, and the redelivery to the next leader is the one answer.
+  Only a redelivery after a lost ack is answered again, with the same outcome (the job, now
+  `duplicate`): its requester took the first answer and stopped listening. Remembering every
+  answer to prevent that would cost memory per submission for a case the client ignores;
+- a header naming a subject the plain path would not answer either (no inbox, the broker's
+  own inbox, not a literal subject) is refused: logged, counted in `refused["reply_header"]`
+  (`muster_refused_messages_total{handler="reply_header"}`), and nothing is sent anywhere. The
+  submission itself is processed as any other.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker import tenancy
 from schemas.api import SubmitReply
 from schemas.codec import encode_json
+from schemas.subjects import REPLY_HEADER
+
+log = structlog.get_logger("muster.rendezvous")
 
 REPLY_TTL_S = 60.0
 
@@ -35,6 +62,20 @@ _named_job = msgspec.json.Decoder(_NamedJob)
 
 
 RendezvousKey = tuple[str, str, bytes]
+
+MAX_SUBJECT = 256  # longer than any inbox a NATS client makes
+
+
+def literal_subject(subject: str) -> bool:
+    """Whether a header's text is one subject a reply may be published on: printable, no
+    wildcard and no empty token (NATS checked the plain reply subject; nobody checks a
+    header)."""
+    return (
+        0 < len(subject) <= MAX_SUBJECT
+        and subject.isprintable()
+        and " " not in subject
+        and all(t and t not in ("*", ">") for t in subject.split("."))
+    )
 
 
 def _names_its_job(data: bytes) -> bool:
@@ -68,6 +109,7 @@ class ReplyRendezvous:
         limit: int,
         full: Callable[[], str | None],
         known: Callable[[Msg], bytes | None],
+        refused: Counter[str] | None = None,
     ) -> None:
         self.nc = nc
         self.own_inbox = tenancy.inbox_prefix_of(nc)
@@ -78,6 +120,10 @@ class ReplyRendezvous:
         self.known = known
         self.waiting: OrderedDict[RendezvousKey, deque[tuple[float, str]]] = OrderedDict()
         self.done: OrderedDict[RendezvousKey, deque[tuple[float, bytes]]] = OrderedDict()
+        # (header reply subject, submission) -> when its plain copy was answered, because the
+        # stream was not expected to store it: its stored copy, if any, is not answered again
+        self.answered: OrderedDict[tuple[str, RendezvousKey], float] = OrderedDict()
+        self.refused: Counter[str] = Counter() if refused is None else refused
 
     @staticmethod
     def key(subject: str, data: bytes, headers: dict[str, str] | None) -> RendezvousKey:
@@ -88,24 +134,24 @@ class ReplyRendezvous:
         return ("bytes", subject, hashlib.blake2b(data, digest_size=16).digest())
 
     async def on_request(self, msg: Msg) -> None:
+        """A plain copy: answered here only when its stored copy never will be; otherwise
+        its reply subject waits for the outcome, unless the header carries it."""
+        header = msg.headers.get(REPLY_HEADER) if msg.headers else None
+        if header is not None:
+            early = self._unstored_reply(msg)
+            if early is not None:
+                key = self.key(msg.subject, msg.data, msg.headers)
+                # Should the stream store it after all (outside its duplicate window), the
+                # stored copy stays silent: this request has its answer.
+                self.answered[(header, key)] = time.monotonic()
+                self._trim(self.answered)
+                await self._answer_header(header, key, early)
+            return  # the stored copy answers on the header
         if not msg.reply or not tenancy.reply_allowed(msg.reply, self.own_inbox):
             return
-        if len(msg.data) > self.limit:
-            # The stream refuses to store it, so the consumer will never see it: answer here.
-            error = (
-                f"JobSpec is {len(msg.data)} bytes, over the limit of {self.limit} bytes; "
-                "send a smaller message"
-            )
-            await self.nc.publish(msg.reply, encode_json(SubmitReply(accepted=False, error=error)))
-            return
-        full = self.full()
-        if full:
-            # The stream cannot store it either (same store), so it would never be answered.
-            await self.nc.publish(msg.reply, encode_json(SubmitReply(accepted=False, error=full)))
-            return
-        again = self.known(msg)
-        if again is not None:
-            await self.nc.publish(msg.reply, again)
+        early = self._unstored_reply(msg)
+        if early is not None:
+            await self.nc.publish(msg.reply, early)
             return
         key = self.key(msg.subject, msg.data, msg.headers)
         results = self.done.get(key)
@@ -118,10 +164,49 @@ class ReplyRendezvous:
         self.waiting.setdefault(key, deque()).append((time.monotonic(), msg.reply))
         self._trim(self.waiting)
 
+    def _unstored_reply(self, msg: Msg) -> bytes | None:
+        """The answer to a submission the stream will not store (too large, the store full, a
+        subject no queue consumes) or will drop (a retry of a known job), else None: its
+        stored copy gets the answer."""
+        if len(msg.data) > self.limit:
+            error = (
+                f"JobSpec is {len(msg.data)} bytes, over the limit of {self.limit} bytes; "
+                "send a smaller message"
+            )
+            return encode_json(SubmitReply(accepted=False, error=error))
+        full = self.full()
+        if full:  # the stream cannot store it either (same store)
+            return encode_json(SubmitReply(accepted=False, error=full))
+        return self.known(msg)
+
+    async def _answer_header(self, reply: str, key: RendezvousKey, payload: bytes) -> None:
+        """Answer on a header's reply subject, only one the plain path would answer too, so
+        the header never makes the broker a relay."""
+        if not (literal_subject(reply) and tenancy.reply_allowed(reply, self.own_inbox)):
+            self.refused["reply_header"] += 1
+            log.warning(
+                "rendezvous.reply_header_refused",
+                subject=key[1],
+                reply=reply[:MAX_SUBJECT].encode("unicode_escape").decode(),
+            )
+            return
+        try:
+            await self.nc.publish(reply, payload)
+        except Exception as exc:  # one submitter's header must not stop a batch's answers
+            self.refused["reply_header"] += 1
+            log.warning("rendezvous.reply_header_failed", subject=key[1], error=str(exc)[:200])
+
     async def on_result(
         self, subject: str, data: bytes, headers: dict[str, str] | None, payload: bytes
     ) -> None:
+        """A stored copy's outcome, its record persisted: answered on its header, else
+        paired with a plain copy's reply subject."""
         key = self.key(subject, data, headers)
+        header = headers.get(REPLY_HEADER) if headers else None
+        if header is not None:
+            if self.answered.pop((header, key), None) is None:  # else answered by its plain copy
+                await self._answer_header(header, key, payload)
+            return
         # Equal bytes naming a job_id are copies of one job: an identity, as a Nats-Msg-Id is.
         identified = key[0] == "id" or _names_its_job(data)
         replies = self.waiting.get(key)
@@ -148,10 +233,13 @@ class ReplyRendezvous:
         self._trim(self.done)
 
     @staticmethod
-    def _trim(table: OrderedDict[Any, deque[Any]]) -> None:
+    def _trim(table: OrderedDict[Any, Any]) -> None:
+        """Drop the oldest entries past REPLY_TTL_S or REPLY_MAX; an entry is a time or a
+        deque of (time, ...) items."""
         now = time.monotonic()
         while table:
             _, items = next(iter(table.items()))
-            if len(table) <= REPLY_MAX and items and now - items[0][0] < REPLY_TTL_S:
+            at = items if isinstance(items, float) else items[0][0] if items else None
+            if len(table) <= REPLY_MAX and at is not None and now - at < REPLY_TTL_S:
                 break
             table.popitem(last=False)

@@ -30,6 +30,7 @@ from load.common import emit, median
 from schemas.codec import encode_json
 from schemas.config import BrokerConfig, Limits, QueueConfig, Timeouts
 from shell.logs import configure_logging
+from shell.natsio import submit_request
 
 RUN_LIMIT_S = 600.0
 
@@ -65,7 +66,7 @@ async def one_run(args: Options, seed: int) -> dict[str, float]:
                     "gang": [{"name": "w", "gpu": 1}],
                 }
                 t0 = time.perf_counter()
-                reply = await nc.request("muster.submit.other", encode_json(spec), timeout=120)
+                reply = await submit_request(nc, "muster.submit.other", encode_json(spec), 120)
                 latencies.append(time.perf_counter() - t0)
                 assert b'"accepted":true' in reply.data, reply.data
                 if broker.stats["submitted"] < args.jobs + p + 1:

@@ -47,6 +47,7 @@ from load.waiting import wait_for
 from schemas.codec import decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, Limits, QueueConfig, Replication, Timeouts
 from schemas.subjects import Subjects
+from shell.natsio import submit_request
 
 PACE_S = 0.05  # between two submissions (or publishes): about 15 a second at most
 SERVE_AGAIN_S = 60.0  # give up on a run after this long without an acknowledgement
@@ -208,7 +209,7 @@ async def muster(cluster: NatsCluster, replicas: int) -> dict[str, float]:
 
     async def submit(n: int) -> bool:
         try:
-            msg = await client.request(subjects.submit("default"), job(n), 2.0)
+            msg = await submit_request(client, subjects.submit("default"), job(n), 2.0)
         except Exception:  # a timeout or no responders while NATS elects
             return False
         return bool(decode_submit_reply(msg.data).accepted)

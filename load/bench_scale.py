@@ -49,6 +49,7 @@ from load.command import Count, JsonOut, Options, program, summary
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
 from schemas.codec import decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from schemas.subjects import REPLY_HEADER
 from shell.natsio import Asked, Requester
 
 REPLY_TIMEOUT_S = 60.0  # a submission unanswered this long fails the run
@@ -172,7 +173,8 @@ async def submit_durably(
     for i in range(jobs):
         if len(inflight) >= window:
             await accepted(requests, inflight.popleft())
-        inflight.append(await requests.ask(broker.subjects.submit(f"q{i % queues}"), job(i, rng)))
+        subject = broker.subjects.submit(f"q{i % queues}")
+        inflight.append(await requests.ask(subject, job(i, rng), reply_header=REPLY_HEADER))
     while inflight:
         await accepted(requests, inflight.popleft())
     return time.perf_counter() - started

@@ -77,6 +77,7 @@ from schemas.config import (
     Timeouts,
 )
 from schemas.subjects import Subjects
+from shell.natsio import submit_request
 
 FAULTS = ("broker", "nats", "freeze", "partition", "spot", "store-full", "poison")
 # Outages of minutes (`--long-outages`), run with fence windows of minutes (`soak_config`).
@@ -458,7 +459,7 @@ class Soak:
         data = json.dumps(spec).encode()
         for _ in range(50):  # as clients do: a request; the stream keeps it either way
             try:
-                reply = json.loads((await self.nc.request(subject(queue), data, 2)).data)
+                reply = json.loads((await submit_request(self.nc, subject(queue), data, 2)).data)
                 self.stats["submit:accepted" if reply.get("accepted") else "submit:rejected"] += 1
                 break
             except (TimeoutError, nats.errors.TimeoutError):
@@ -627,8 +628,8 @@ class Soak:
                     "workload": {"env": env, "simulate": {"total_steps": 10}},
                 }
                 try:
-                    msg = await self.nc.request(
-                        self.subjects.submit("team-a"), json.dumps(spec).encode(), 3
+                    msg = await submit_request(
+                        self.nc, self.subjects.submit("team-a"), json.dumps(spec).encode(), 3
                     )
                 except Exception:
                     self.stats["tenant-flood:no-reply"] += 1

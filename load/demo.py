@@ -55,6 +55,7 @@ from load.demo_view import (
 from schemas.api import TERMINAL_STATES, JobEvent
 from schemas.codec import DecodeError, decode_job_event
 from schemas.subjects import Subjects
+from shell.natsio import submit_request
 
 TIMES = "\N{MULTIPLICATION SIGN}"
 HARD_CAP_S = 90.0  # the whole run, start to exit
@@ -320,7 +321,7 @@ class Demo:
         assert self.nc is not None
         for _ in range(50):
             try:
-                msg = await self.nc.request(subject, data, timeout=5)
+                msg = await submit_request(self.nc, subject, data, 5)
                 out: dict[str, Any] = json.loads(msg.data)
                 return out
             except NoRespondersError:

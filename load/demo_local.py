@@ -40,6 +40,7 @@ from schemas.codec import decode_job_event, decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, QueueConfig, Timeouts
 from schemas.subjects import Subjects
 from shell.logs import configure_logging
+from shell.natsio import submit_request
 
 PREFIX = "muster"
 TRAINER = Path(__file__).resolve().parents[1] / "examples" / "sgd_train.py"
@@ -154,7 +155,7 @@ class LogTail:
 
 
 async def _submit(nc: Client, spec: dict[str, Any]) -> str:
-    msg = await nc.request(Subjects(prefix=PREFIX).submit("default"), encode_json(spec), timeout=10)
+    msg = await submit_request(nc, Subjects(prefix=PREFIX).submit("default"), encode_json(spec), 10)
     reply = decode_submit_reply(msg.data)
     if not reply.accepted or reply.job_id is None:
         raise RuntimeError(f"submit refused: {reply.error}")

@@ -12,6 +12,11 @@ import msgspec
 
 Token = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
 
+# The header of a submission that names where its answer goes. JetStream keeps a message's
+# headers but not its reply subject, so only this survives into the submit stream: the broker
+# answers the stored copy on it, even when it never heard the plain copy (docs/protocol.md).
+REPLY_HEADER = "Muster-Reply-To"
+
 
 class Subjects(msgspec.Struct, frozen=True):
     """Subject names under a configurable prefix (default `muster`)."""

@@ -3,6 +3,7 @@ upgrade is checked here (tests/shell/test_natsio.py pins the versions).
 
 - `flush`: nats-py's flush, ordered after what was sent before it;
 - `Requester`: request/reply over one shared wildcard inbox, without nats-py's per-request setup;
+- `submit_request`: a submission as every client sends it, its reply subject also in a header;
 - `js_api_prefix`, `js_connection`: what a JetStream context holds only in private attributes.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
+
+from schemas.subjects import REPLY_HEADER
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -87,16 +91,19 @@ class Requester:
         self._sub: Any = None
         self._next = 0
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        self._starting = asyncio.Lock()
 
     async def start(self) -> None:
-        if self._sub is None:
-            self.prefix = self.nc.new_inbox() + "."
-            self._sub = await self.nc.subscribe(
-                self.prefix + "*",
-                cb=self._on_reply,
-                pending_msgs_limit=-1,
-                pending_bytes_limit=-1,
-            )
+        async with self._starting:  # callers at once share one subscription
+            if self._sub is None:
+                prefix = self.nc.new_inbox() + "."
+                self._sub = await self.nc.subscribe(
+                    prefix + "*",
+                    cb=self._on_reply,
+                    pending_msgs_limit=-1,
+                    pending_bytes_limit=-1,
+                )
+                self.prefix = prefix
 
     async def _on_reply(self, msg: Msg) -> None:
         fut = self._waiting.pop(msg.subject[len(self.prefix) :], None)
@@ -106,9 +113,17 @@ class Requester:
             else:
                 fut.set_result(msg)
 
-    async def ask(self, subject: str, data: bytes) -> Asked:
+    async def ask(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        reply_header: str | None = None,
+    ) -> Asked:
         """Publish a request; `Asked.reply` gets the answer (NoRespondersError when nobody
-        listens) for as long as the caller waits: `forget` it when done."""
+        listens) for as long as the caller waits: `forget` it when done. `reply_header` names
+        a header that carries the reply subject too (a stream keeps headers, not replies)."""
         if self._sub is None:
             await self.start()
         self._next += 1
@@ -116,8 +131,11 @@ class Requester:
         loop = asyncio.get_running_loop()
         asked = Asked(token, loop.create_future(), loop.time())
         self._waiting[token] = asked.reply
+        reply = self.prefix + token
+        if reply_header is not None:
+            headers = {**(headers or {}), reply_header: reply}
         try:
-            await self.nc.publish(subject, data, reply=self.prefix + token)
+            await self.nc.publish(subject, data, reply=reply, headers=headers)
         except BaseException:
             self._waiting.pop(token, None)
             raise
@@ -129,14 +147,45 @@ class Requester:
         if not asked.reply.done():
             asked.reply.cancel()
 
-    async def request(self, subject: str, data: bytes, timeout: float) -> Msg:
-        asked = await self.ask(subject, data)
+    async def request(
+        self,
+        subject: str,
+        data: bytes,
+        timeout: float,
+        headers: dict[str, str] | None = None,
+        *,
+        reply_header: str | None = None,
+    ) -> Msg:
+        asked = await self.ask(subject, data, headers, reply_header=reply_header)
         timer = asyncio.get_running_loop().call_later(timeout, _expire, asked.reply)
         try:
             return await asked.reply
         finally:
             timer.cancel()
             self.forget(asked)
+
+
+_REQUESTERS: weakref.WeakKeyDictionary[Client, Requester] = weakref.WeakKeyDictionary()
+
+
+def requester_of(nc: Client) -> Requester:
+    """The connection's one Requester (one wildcard subscription however many callers)."""
+    requests = _REQUESTERS.get(nc)
+    if requests is None:
+        requests = _REQUESTERS[nc] = Requester(nc)
+    return requests
+
+
+async def submit_request(
+    nc: Client, subject: str, data: bytes, timeout: float, headers: dict[str, str] | None = None
+) -> Msg:
+    """A submission as clients send it: a request whose reply subject also travels in the
+    `Muster-Reply-To` header, since the submit stream keeps headers but not reply subjects;
+    the broker answers the stored copy there even when it never heard this one (it was not
+    leading yet). Errors as `Requester.request`."""
+    return await requester_of(nc).request(
+        subject, data, timeout, headers, reply_header=REPLY_HEADER
+    )
 
 
 @dataclass(slots=True, eq=False)

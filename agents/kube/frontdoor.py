@@ -48,6 +48,7 @@ from schemas.codec import (
     json_decoder,
 )
 from schemas.subjects import Subjects
+from shell.natsio import submit_request
 
 log = structlog.get_logger("muster.agent.frontdoor")
 
@@ -440,10 +441,11 @@ class FrontDoor:
         assert self.nc is not None
         self.submits += 1
         try:
-            msg = await self.nc.request(
+            msg = await submit_request(
+                self.nc,
                 self.subjects.submit(queue),
                 encode_json(manifest),
-                timeout=self.config.request_timeout_s,
+                self.config.request_timeout_s,
             )
             return decode_submit_reply(msg.data)
         except (NatsTimeoutError, NoRespondersError, DecodeError) as exc:

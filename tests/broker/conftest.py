@@ -25,6 +25,7 @@ from schemas.api import JobEvent
 from schemas.codec import decode_job_event, decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, Limits, QueueConfig, Timeouts
 from schemas.subjects import Subjects
+from shell.natsio import submit_request
 from tests.broker.wire import WireAgent, nodes
 from tests.support import wait_for
 
@@ -130,7 +131,7 @@ class Harness:
 
     async def submit(self, job: dict[str, Any] | bytes, queue: str = "default") -> Any:
         data = job if isinstance(job, bytes) else encode_json(job)
-        msg = await self.nc.request(self.subjects.submit(queue), data, timeout=10)
+        msg = await submit_request(self.nc, self.subjects.submit(queue), data, 10)
         return decode_submit_reply(msg.data)
 
     async def api(self, verb: str, body: dict[str, Any] | None = None) -> Any:

@@ -23,6 +23,7 @@ from load.natscluster import NatsCluster
 from schemas.codec import decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, Replication
 from schemas.subjects import Subjects
+from shell.natsio import submit_request
 from tests.broker.conftest import broker_config
 from tests.support import wait_for
 from tests.world import TIME_SCALE, flavor, sim_job
@@ -117,7 +118,9 @@ class ClusterWorld:
         """One try; True when the broker acknowledged the job."""
         spec = {**sim_job(job_id, gpu=8, steps=steps, rate=20.0, every=10), "job_id": job_id}
         try:
-            msg = await self.nc.request(self.subjects.submit("default"), encode_json(spec), timeout)
+            msg = await submit_request(
+                self.nc, self.subjects.submit("default"), encode_json(spec), timeout
+            )
         except Exception:  # a timeout or no responders while NATS fails over: retry
             return False
         reply = decode_submit_reply(msg.data)
