@@ -48,8 +48,8 @@ from broker.core.inputs import (
 )
 from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import TERMINAL, Machine
-from broker.core.records import record_decoder, record_encoder
-from broker.sequencer import Sequencer, acknowledges, persist_first
+from broker.core.records import JobRecord, record_decoder, record_encoder
+from broker.sequencer import RecordWrites, Sequencer, acknowledges
 from load.command import program, summary
 from schemas.agent import (
     AgentEvent,
@@ -702,6 +702,8 @@ class World:
         self.requests: dict[int, _Request] = {}
         self._req_ids = 0
         self.sequencer = Sequencer(self.config.timeouts)  # the shell's barrier and retries
+        self.writes = RecordWrites(self.config.timeouts.deferred_write_s)  # deferred records
+        self.writes_wake: float | None = None  # when the first deferred record is written
         self.applied_at: dict[str, float] = {}  # cluster -> when its last batch was acknowledged
         self.stream: dict[str, JobSpec] = {}  # submissions not yet persisted (JetStream)
         self.agents: dict[str, SimAgent] = {}
@@ -816,12 +818,10 @@ class World:
         if unordered:
             self.fail("; ".join(unordered[:3]))
         inc = self.broker_inc
-        # The shell's order (broker/sequencer.py): the records first, then the rest in order.
-        # A crash may strike after any record written or any effect carried out.
-        for record in persist_first((effects,)):
-            self.store[record.job_id] = record_encoder.encode(record)
-            if self._crashes():
-                return False
+        # The shell's order (broker/sequencer.py): the records first (deferred ones wait), then
+        # the rest in order. A crash may strike after any record written or effect carried out.
+        if not self._write(self.writes.take((effects,), self.clock.now)):
+            return False
         for eff in effects:
             if not self.broker_up or self.broker_inc != inc:
                 return False
@@ -848,6 +848,26 @@ class World:
             if self._crashes():
                 return False
         return True
+
+    def _write(self, records: list[JobRecord]) -> bool:
+        """Write the records, then wake for the first deferred one; False when it crashed."""
+        for record in records:
+            self.store[record.job_id] = record_encoder.encode(record)
+            if self._crashes():
+                return False
+        due = self.writes.due_at()
+        if due is not None and (self.writes_wake is None or due < self.writes_wake):
+            self.writes_wake = due
+            inc = self.broker_inc
+            self.clock.at(due - self.clock.now, lambda: self._deferred_due(inc, due))
+        return True
+
+    def _deferred_due(self, inc: int, due: float) -> None:
+        """The first deferred record fell due: the shell's pipeline writes it (and any due)."""
+        if self.writes_wake == due:
+            self.writes_wake = None
+        if self.broker_up and self.broker_inc == inc:
+            self._write(self.writes.take((), self.clock.now))
 
     def _crashes(self) -> bool:
         """The broker dies right after the step it just took (a seeded draw per step)."""
@@ -1019,6 +1039,9 @@ class World:
         self.broker_inc += 1
         self.requests.clear()
         self.sequencer.reset()
+        self.stats["deferred_writes_lost"] += self.writes.waiting()
+        self.writes.reset()  # deferred records die with the process
+        self.writes_wake = None
         if down_s is None:
             down_s = self.clock.rng.uniform(0.5, self.faults.broker_down_s)
         self.clock.at(down_s, self.recover)
