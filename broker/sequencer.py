@@ -10,8 +10,8 @@ their virtual clocks. The rules:
 - **persist first**: the records of a batch are written before any of its commands or events
   leave; those then go out in the order the machine produced them;
 - **deferred writes** (`RecordWrites`): a `Persist(deferred=True)` is a change nothing waits
-  on and a restore without it handles (a dispatch's ack, an attempt found running; the
-  lifecycle argues each). It is written at most `timeouts.deferred_write_s` after the job's
+  on and a restore without it handles (an attempt found running; the lifecycle argues it,
+  and why a dispatch's ack is not one). It is written at most `timeouts.deferred_write_s` after the job's
   first deferred change, or with the job's next urgent write if that comes first, always as
   the record is then (the newest state); a job forgotten meanwhile is not written back, and
   a leadership that ends drops what waits, as a crash would;

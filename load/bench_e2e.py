@@ -227,7 +227,7 @@ class KvWrites:
     put or delete), so any broker tree is measured alike."""
 
     def __init__(self, setup: Setup) -> None:
-        self._js = setup.nc.jetstream()
+        self._js = setup.nc.jetstream(timeout=30)  # a saturated machine answers late
         self._stream = f"KV_{setup.subjects.jobs_bucket}"
 
     async def count(self) -> int:

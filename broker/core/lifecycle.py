@@ -10,21 +10,20 @@ machine's inputs. It keeps:
   acknowledged, it reports an end, or its cluster is declared lost; a new leader asks again;
 - anything an agent reports about an attempt that is not the job's live one is cancelled.
 
-Two record writes are deferred (`Persist(deferred=True)`: the shell writes them within
-`timeouts.deferred_write_s`, or with the job's next urgent write). Nothing waits on either,
-and a restore from a record without them is one the lifecycle already handles:
-- the dispatch's ack (`acked_at`): a record without it is the one a leader that died between
-  persisting a dispatch and hearing its ack leaves. The new leader sends the Dispatch again
-  (same job and attempt, ordered after every unacknowledged Cancel); the agent acknowledges a
-  duplicate without a second copy, and the start timeout counts from that send;
-- the attempt found running (`running_at`, the state `running`, `start_failures` reset): a
-  record without it is one whose attempt was acknowledged (or not) and had not reported yet.
-  The restored attempt keeps its placement and counts as starting; its agent's snapshot,
-  sent to every new leader, lists it running and sets all three again, and the start timeout
-  of a restored attempt is not judged before that snapshot (`restore`).
-A write anything depends on stays urgent: a dispatch (persist, then send), a cancel and its
-`cancel_unacked` fence and `CancelSettled`, an end, a checkpoint (the agent drops it once
-told its batch is applied), a preemption, a resize, a requeue, quota and admission.
+One record write is deferred (`Persist(deferred=True)`: the shell writes it within
+`timeouts.deferred_write_s`, or with the job's next urgent write): the attempt found running
+(`running_at`, the state `running`, `start_failures` reset). Nothing waits on it, and a
+record without it is one whose attempt was acknowledged and had not reported yet: the
+restored attempt keeps its placement and counts as starting; its agent's snapshot, sent to
+every new leader, lists it running and sets all three again, and the start timeout of a
+restored attempt is not judged before that snapshot (`restore`), so it kills nothing healthy.
+The dispatch's ack (`acked_at`) stays urgent: a record without it makes the next leader send
+the Dispatch again, and a cluster silent to that resend has the attempt given up and the job
+run elsewhere while the first copy may still run and finish (the deterministic simulation
+found a job completed twice that way with the ack deferred). Every other write stays urgent
+too: a dispatch (persist, then send), a cancel and its `cancel_unacked` fence and
+`CancelSettled`, an end, a checkpoint (the agent drops it once told its batch is applied), a
+preemption, a resize, a requeue.
 
 It owns which jobs are live and where (live, starting, preempting; `live_jobs`, `live_on`,
 `on_cluster`, `is_live`) and the spot notice windows seen per pool (advice.py); the ledger's
@@ -374,13 +373,13 @@ class AttemptLifecycle:
                 current.settled = None  # the agent took the newest revision
                 current.unsettled = False
                 return [Persist(record)]
-            # Persisted, deferred (module docstring): after a restart, a dispatch without it
-            # is sent again.
+            # Persisted at once, not deferred (module docstring): after a restart, a dispatch
+            # without it is sent again.
             current.acked_at = now
             window = self._config.timeouts.dispatch_report_s
             if window > 0 and job_id in self._unreported:
                 self._unreported[job_id] = now + window
-            return [Persist(record, deferred=True)]
+            return [Persist(record)]
         if current.acked_at is not None and current.revision > 0:
             if resize_refused:
                 # The workload cannot run at the revision's size (its kind cannot resize in
