@@ -49,7 +49,7 @@ from broker.core.inputs import (
 from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import JobRecord, record_decoder, record_encoder
-from broker.sequencer import RecordWrites, Sequencer, acknowledges
+from broker.sequencer import RecordWrites, Sequencer, acknowledges, persist_first
 from load.command import program, summary
 from schemas.agent import (
     AgentEvent,
@@ -819,9 +819,20 @@ class World:
             self.fail("; ".join(unordered[:3]))
         inc = self.broker_inc
         # The shell's order (broker/sequencer.py): the records first (deferred ones wait), then
-        # the rest in order. A crash may strike after any record written or effect carried out.
-        if not self._write(self.writes.take((effects,), self.clock.now)):
-            return False
+        # the rest in order. A crash may strike after any record written or deferred, or any
+        # effect carried out: one draw per record the batch persists, deferred or not, so a
+        # seed's faults fall where they fell before writes were deferred.
+        now = self.writes.take((effects,), self.clock.now)
+        batch = persist_first((effects,))
+        ours = {r.job_id for r in batch}
+        self._write([r for r in now if r.job_id not in ours])  # other jobs' writes fallen due
+        urgent = {r.job_id for r in now}
+        for record in batch:
+            if record.job_id in urgent:
+                self.store[record.job_id] = record_encoder.encode(record)
+            if self._crashes():
+                return False
+        self._wake_for_deferred()
         for eff in effects:
             if not self.broker_up or self.broker_inc != inc:
                 return False
@@ -849,18 +860,18 @@ class World:
                 return False
         return True
 
-    def _write(self, records: list[JobRecord]) -> bool:
-        """Write the records, then wake for the first deferred one; False when it crashed."""
+    def _write(self, records: list[JobRecord]) -> None:
+        """Write deferred records fallen due, then wake for the next one."""
         for record in records:
             self.store[record.job_id] = record_encoder.encode(record)
-            if self._crashes():
-                return False
+        self._wake_for_deferred()
+
+    def _wake_for_deferred(self) -> None:
         due = self.writes.due_at()
         if due is not None and (self.writes_wake is None or due < self.writes_wake):
             self.writes_wake = due
             inc = self.broker_inc
             self.clock.at(due - self.clock.now, lambda: self._deferred_due(inc, due))
-        return True
 
     def _deferred_due(self, inc: int, due: float) -> None:
         """The first deferred record fell due: the shell's pipeline writes it (and any due)."""
