@@ -47,6 +47,7 @@ import os
 import time
 from typing import Annotated, Any
 
+import nats
 import typer
 
 from broker.embedded import EmbeddedNats
@@ -197,7 +198,7 @@ async def one_run(url: str, nats_pid: int, args: Options, run: int) -> dict[str,
         sizes = sample_sizes(args.jobs + args.latency_jobs, seed=args.seed + run)
         burst_jobs = payloads(setup, f"a{run}", sizes[: args.jobs], args.queues)
         paced_jobs = payloads(setup, f"b{run}", sizes[args.jobs :], args.queues)
-        writes = KvWrites(setup)
+        writes = KvWrites(url, setup)
         before = await writes.count()
         gcw = GcWatch()
         gcw.quiet()
@@ -215,7 +216,7 @@ async def one_run(url: str, nats_pid: int, args: Options, run: int) -> dict[str,
         # The `running` reports (1 s after a dispatch) and writes deferred behind them land.
         await asyncio.sleep(args.settle_s + Timeouts().deferred_write_s)
         jobs = a["admitted"] + b["dispatched"]
-        b["kv_puts_per_job"] = round((await writes.count() - before) / max(jobs, 1), 3)
+        b["kv_puts_per_job"] = per_job(before, await writes.count(), jobs)
         stats = await setup.broker.stats(setup.nc, timeout=10)
         return {"burst": a, "paced": b, "broker": stats}
     finally:
@@ -224,15 +225,32 @@ async def one_run(url: str, nats_pid: int, args: Options, run: int) -> dict[str,
 
 class KvWrites:
     """Writes to the job bucket, counted by the server (its stream's last sequence: one per
-    put or delete), so any broker tree is measured alike."""
+    put or delete), so any broker tree is measured alike. Asked on a connection of its own:
+    the fleet's, busy with every agent's traffic, answered too late on a loaded machine."""
 
-    def __init__(self, setup: Setup) -> None:
-        self._js = setup.nc.jetstream(timeout=30)  # a saturated machine answers late
+    def __init__(self, url: str, setup: Setup) -> None:
+        self._url = url
         self._stream = f"KV_{setup.subjects.jobs_bucket}"
 
-    async def count(self) -> int:
-        info = await self._js.stream_info(self._stream)
-        return int(info.state.last_seq)
+    async def count(self) -> int | None:
+        """The bucket's writes so far; None when the server did not answer in time."""
+        try:
+            nc = await nats.connect(self._url, connect_timeout=10, max_reconnect_attempts=1)
+        except Exception:
+            return None
+        try:
+            info = await nc.jetstream(timeout=30).stream_info(self._stream)
+            return int(info.state.last_seq)
+        except Exception:
+            return None
+        finally:
+            await nc.close()
+
+
+def per_job(before: int | None, after: int | None, jobs: int) -> float | None:
+    if before is None or after is None:
+        return None
+    return round((after - before) / max(jobs, 1), 3)
 
 
 def _fmt_run(r: dict[str, Any]) -> str:
