@@ -11,10 +11,10 @@ their virtual clocks. The rules:
   leave; those then go out in the order the machine produced them;
 - **deferred writes** (`RecordWrites`): a `Persist(deferred=True)` is a change nothing waits
   on and a restore without it handles (an attempt found running; the lifecycle argues it,
-  and why a dispatch's ack is not one). It is written at most `timeouts.deferred_write_s` after the job's
-  first deferred change, or with the job's next urgent write if that comes first, always as
-  the record is then (the newest state); a job forgotten meanwhile is not written back, and
-  a leadership that ends drops what waits, as a crash would;
+  and why a dispatch's ack is not one). It is written at most `timeouts.deferred_write_s`
+  after the job's first deferred change, or with the job's next urgent write if that comes
+  first, always as the record is then (the newest state); a job forgotten meanwhile is not
+  written back, and a leadership that ends drops what waits, as a crash would;
 - **Cancel before Dispatch**: a Dispatch whose `Send.after_cancel_of` names attempts with a
   Cancel in flight is held until every one of those Cancels is acknowledged or given up on
   (its cluster declared lost: the fence, minutes long, has lapsed by then). When one
