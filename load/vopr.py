@@ -1012,15 +1012,19 @@ class World:
         if not error:
             for st in successes(batch):
                 self.success_heard.setdefault((st.job_id, st.attempt), self.clock.now)
-        if applied(out) is not None and sent is not None:  # not one answered with a resync
-            self.heard_at.setdefault(cluster, deque(maxlen=64)).append((self.clock.now, sent))
+        # Not one answered with a resync, nor one whose handling the broker died in (no
+        # Applied left for it, so no fence could count on it).
+        heard = applied(out) is not None and sent is not None
         if error:
             self.stats["batches_refused"] += 1  # a duplicate is a replay: refused, harmless
         # Acknowledged as the shell does (broker/agentio.py): only a batch the core applied in
         # full, and one without outcomes at most every APPLIED_EVERY_S, once it is persisted.
         now = self.clock.now
         ack = acknowledges(out, batch, now, self.applied_at.get(cluster))
-        if self.run_effects(out) and ack:
+        done = self.run_effects(out)
+        if done and heard and sent is not None:
+            self.heard_at.setdefault(cluster, deque(maxlen=64)).append((now, sent))
+        if done and ack:
             self.applied_at[cluster] = now
             self._send(cluster, Applied(epoch=self.epoch, instance=batch.instance, seq=batch.seq))
         # A batch of heartbeats that asked for nothing changed no job: skip the checks.
