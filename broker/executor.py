@@ -19,7 +19,7 @@ from nats.errors import NoRespondersError
 from broker.core.effects import Effect, Forget, Publish, Send
 from broker.core.inputs import CancelSettled, DispatchAcked
 from broker.fields import BrokerFields
-from broker.sequencer import attempt_token, persist_first
+from broker.sequencer import attempt_token
 from schemas.agent import Cancel, CommandAck, Dispatch
 from schemas.codec import DecodeError, decode_command_ack, encode_json, encode_msgpack
 from shell.natsio import Asked
@@ -84,7 +84,9 @@ class EffectExecutor(BrokerFields):
             # A lease suspended by a full server store is not proven ours: change nothing
             # (write, dispatch, cancel) until a renewal proves it again (broker/lease.py).
             await self.lease.proven.wait()
-            await self._persist(persist_first(effects for effects, _ in batch))
+            loop = asyncio.get_running_loop()
+            await self._persist(self._writes.take((effects for effects, _ in batch), loop.time()))
+            self._wake_for_deferred(loop)
             for effects, fut in batch:
                 for eff in effects:
                     if isinstance(eff, Send):
@@ -113,6 +115,20 @@ class EffectExecutor(BrokerFields):
                 if fut is not None and not fut.done():
                     fut.set_result(None)
 
+    def _wake_for_deferred(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wake the pipeline when the first deferred record falls due (an empty batch takes
+        it), unless a wake-up at or before then is already armed."""
+        due = self._writes.due_at()
+        if due is None or (self._writes_wake is not None and self._writes_wake <= due):
+            return
+        self._writes_wake = due
+        loop.call_at(due, self._deferred_due, due)
+
+    def _deferred_due(self, due: float) -> None:
+        if self._writes_wake == due:
+            self._writes_wake = None
+        self._queue.put_nowait(([], None))
+
     async def _forget(self, job_id: str) -> None:
         """Delete an expired job's record; a failure leaves it to the next leader's pass."""
         assert self.store is not None
@@ -127,6 +143,7 @@ class EffectExecutor(BrokerFields):
         while records:
             try:
                 await self.store.put_many(records)
+                self.stats["records_put"] += len(records)
                 if self._persist_full:
                     log.warning("broker.storage_available", records=len(records))
                 self._persist_full = False

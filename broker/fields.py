@@ -28,7 +28,7 @@ from broker.lease import LeaderLease
 from broker.metrics import Metrics
 from broker.pacing import GcPacer
 from broker.rendezvous import ReplyRendezvous
-from broker.sequencer import Held, Sequencer
+from broker.sequencer import Held, RecordWrites, Sequencer
 from broker.store import JobStore, RecordMirror
 from schemas.config import BrokerConfig
 from schemas.subjects import Subjects
@@ -107,6 +107,7 @@ class BrokerFields:
             "newer_records": 0,
             "store_records_lost": 0,
             "store_records_repersisted": 0,
+            "records_put": 0,  # record writes acknowledged by the store (deferred ones merged)
         }
         # Messages refused by a handler's boundary (bad input or a failure processing it),
         # by handler: the broker answers or drops them with a reason and carries on.
@@ -135,6 +136,10 @@ class BrokerFields:
         self._requests = Requester(nc)
         # The effect rules (barrier, retries, learnt ack waits), driven by broker/executor.py
         self._sequencer = Sequencer(config.timeouts)
+        # Which records go to the store now and which wait (deferred writes), and when the
+        # pipeline is woken for the first that falls due (event-loop time; None: not armed).
+        self._writes = RecordWrites(config.timeouts.deferred_write_s)
+        self._writes_wake: float | None = None
         self.metrics = Metrics(self)
         self._gc = GcPacer() if pace_gc else None
         self._next_cycle = 0.0  # event-loop time before which no admission cycle starts

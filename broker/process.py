@@ -373,6 +373,8 @@ class BrokerProcess(BrokerFields):
         self._background = set()
         self._queue = asyncio.Queue()
         self._sequencer.reset()
+        self._writes.reset()  # deferred records die with the leadership, as in a crash
+        self._writes_wake = None
         self.machine = None
 
     async def _lose_leadership(self, why: str) -> None:

@@ -9,6 +9,12 @@ their virtual clocks. The rules:
 
 - **persist first**: the records of a batch are written before any of its commands or events
   leave; those then go out in the order the machine produced them;
+- **deferred writes** (`RecordWrites`): a `Persist(deferred=True)` is a change nothing waits
+  on and a restore without it handles (an attempt found running; the lifecycle argues it,
+  and why a dispatch's ack is not one). It is written at most `timeouts.deferred_write_s`
+  after the job's first deferred change, or with the job's next urgent write if that comes
+  first, always as the record is then (the newest state); a job forgotten meanwhile is not
+  written back, and a leadership that ends drops what waits, as a crash would;
 - **Cancel before Dispatch**: a Dispatch whose `Send.after_cancel_of` names attempts with a
   Cancel in flight is held until every one of those Cancels is acknowledged or given up on
   (its cluster declared lost: the fence, minutes long, has lapsed by then). When one
@@ -35,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from broker.ackwait import AckWaits
-from broker.core.effects import Effect, Persist, applied
+from broker.core.effects import Effect, Forget, Persist, applied
 from broker.core.records import JobRecord
 from schemas.agent import (
     TERMINAL_PHASES,
@@ -72,6 +78,58 @@ def persist_first(batches: Iterable[Sequence[Effect]]) -> list[JobRecord]:
             if isinstance(eff, Persist):
                 records[eff.record.job_id] = eff.record
     return list(records.values())
+
+
+class RecordWrites:
+    """The records to write before a batch's other effects, and the deferred ones waiting.
+
+    A deferred record waits at most `delay_s` from the job's first deferred change; an urgent
+    write of the job carries it (the record object is the job's live one, so what is written
+    is its newest state). Entries are kept in the order they fall due: every one waits the
+    same `delay_s` from when it was filed, so the first is always the earliest."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self._waiting: dict[str, tuple[float, JobRecord]] = {}  # job -> (due, record)
+
+    def take(self, batches: Iterable[Sequence[Effect]], now: float) -> list[JobRecord]:
+        """The newest record of each job to write now: every urgent one of `batches`, and every
+        deferred one due by `now`; the other deferred ones are filed to wait."""
+        urgent: dict[str, JobRecord] = {}
+        waiting = self._waiting
+        for effects in batches:
+            for eff in effects:
+                if isinstance(eff, Persist):
+                    job = eff.record.job_id
+                    if not eff.deferred or self.delay_s <= 0:
+                        urgent[job] = eff.record
+                    elif job in waiting:
+                        waiting[job] = (waiting[job][0], eff.record)
+                    else:
+                        waiting[job] = (now + self.delay_s, eff.record)
+                elif isinstance(eff, Forget):
+                    waiting.pop(eff.job_id, None)  # deleted: never written back
+        for job in urgent:
+            waiting.pop(job, None)  # carried by the urgent write
+        for job, (due, record) in list(waiting.items()):
+            if due > now:
+                break
+            del waiting[job]
+            urgent[job] = record
+        return list(urgent.values())
+
+    def due_at(self) -> float | None:
+        """When the first waiting record falls due; None when none waits."""
+        for due, _ in self._waiting.values():
+            return due
+        return None
+
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def reset(self) -> None:
+        """The leadership ended: what waits is not this one's to write (as after a crash)."""
+        self._waiting.clear()
 
 
 def outcomes(batch: EventBatch) -> bool:

@@ -32,6 +32,10 @@ Both figures also give the broker's CPU per job (`broker_cpu_ms_per_job`: its CP
 the window divided by the jobs dispatched in it): on a shared machine the wall-clock figures
 mostly measure how long the broker waited for a core, its CPU per job what it cost.
 
+`--baseline DIR` runs another checkout's broker alike, run by run, the order alternating; each
+run also counts the writes to the job bucket per job (its stream's sequence, read from the
+server, so both trees are counted alike).
+
 Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s
 (`load.common.raw_nats_baseline`) and one-at-a-time NATS request/reply round trip.
 """
@@ -43,11 +47,19 @@ import os
 import time
 from typing import Annotated, Any
 
+import nats
 import typer
 
 from broker.embedded import EmbeddedNats
-from load.command import Count, JsonOut, Nodes, Options, program, summary
-from load.common import emit_with_detail, median, percentile, raw_nats_baseline
+from load.command import Baseline, Count, JsonOut, Nodes, Options, program, summary, trees
+from load.common import (
+    REPO,
+    BrokerProcess,
+    emit_with_detail,
+    median,
+    percentile,
+    raw_nats_baseline,
+)
 from load.fleetbench import (
     CpuMeter,
     EventTrace,
@@ -61,6 +73,7 @@ from load.fleetbench import (
     start_setup,
 )
 from schemas.codec import encode_json
+from schemas.config import Timeouts
 from shell.cli import EventLoopFlag, EventLoopOpt, loop_factory
 from shell.natsio import flush
 
@@ -185,6 +198,8 @@ async def one_run(url: str, nats_pid: int, args: Options, run: int) -> dict[str,
         sizes = sample_sizes(args.jobs + args.latency_jobs, seed=args.seed + run)
         burst_jobs = payloads(setup, f"a{run}", sizes[: args.jobs], args.queues)
         paced_jobs = payloads(setup, f"b{run}", sizes[args.jobs :], args.queues)
+        writes = KvWrites(url, setup)
+        before = await writes.count()
         gcw = GcWatch()
         gcw.quiet()
         a = await burst(setup, burst_jobs, timeout=60 + args.jobs / 100)
@@ -198,10 +213,44 @@ async def one_run(url: str, nats_pid: int, args: Options, run: int) -> dict[str,
         gcw.close()
         if trace is not None:
             await trace.stop()
+        # The `running` reports (1 s after a dispatch) and writes deferred behind them land.
+        await asyncio.sleep(args.settle_s + Timeouts().deferred_write_s)
+        jobs = a["admitted"] + b["dispatched"]
+        b["kv_puts_per_job"] = per_job(before, await writes.count(), jobs)
         stats = await setup.broker.stats(setup.nc, timeout=10)
         return {"burst": a, "paced": b, "broker": stats}
     finally:
         await setup.close()
+
+
+class KvWrites:
+    """Writes to the job bucket, counted by the server (its stream's last sequence: one per
+    put or delete), so any broker tree is measured alike. Asked on a connection of its own:
+    the fleet's, busy with every agent's traffic, answered too late on a loaded machine."""
+
+    def __init__(self, url: str, setup: Setup) -> None:
+        self._url = url
+        self._stream = f"KV_{setup.subjects.jobs_bucket}"
+
+    async def count(self) -> int | None:
+        """The bucket's writes so far; None when the server did not answer in time."""
+        try:
+            nc = await nats.connect(self._url, connect_timeout=10, max_reconnect_attempts=1)
+        except Exception:
+            return None
+        try:
+            info = await nc.jetstream(timeout=30).stream_info(self._stream)
+            return int(info.state.last_seq)
+        except Exception:
+            return None
+        finally:
+            await nc.close()
+
+
+def per_job(before: int | None, after: int | None, jobs: int) -> float | None:
+    if before is None or after is None:
+        return None
+    return round((after - before) / max(jobs, 1), 3)
 
 
 def _fmt_run(r: dict[str, Any]) -> str:
@@ -214,7 +263,8 @@ def _fmt_run(r: dict[str, Any]) -> str:
         f"{b['p50_ms']:.1f} p90 {b['p90_ms']:.1f} p99 {b['p99_ms']:.1f} max {b['max_ms']:.1f} ms "
         f"({b['dispatched']}/{b['jobs']} dispatched, CPU {_cpu(b['cpu'])}, broker "
         f"{b['broker_cpu_ms_per_job']:.3f} ms CPU/job, bench GC "
-        f"{b['bench_gc']})" + (f"; stages p50/p99 ms {b['stages_ms']}" if b["stages_ms"] else "")
+        f"{b['bench_gc']}); KV puts per job {b['kv_puts_per_job']}"
+        + (f"; stages p50/p99 ms {b['stages_ms']}" if b["stages_ms"] else "")
     )
 
 
@@ -229,18 +279,23 @@ async def main_async(args: Options) -> dict[str, Any]:
         f"burst, then {args.latency_jobs} at {args.rate:g}/s; gang sizes from {source}"
     )
     runs: list[dict[str, Any]] = []
+    other: list[dict[str, Any]] = []  # the --baseline checkout's runs, interleaved
     baselines: list[float] = []
     rr: list[dict[str, float]] = []
+    checkouts = list(trees(REPO, args.baseline).items())
     async with EmbeddedNats() as server:
         for run in range(args.runs):
-            baselines.append(await raw_nats_baseline(server.url, count=args.baseline_msgs))
-            rr.append(await raw_request_latency(server.url))
-            assert server.proc is not None
-            runs.append(await one_run(server.url, server.proc.pid, args, run))
-            print(
-                f"  run {run + 1}: {_fmt_run(runs[-1])}; raw NATS {baselines[-1]:,.0f} msgs/s, "
-                f"request/reply p99 {rr[-1]['p99_ms']:.2f} ms"
-            )
+            for label, tree in checkouts if run % 2 == 0 else checkouts[::-1]:
+                baselines.append(await raw_nats_baseline(server.url, count=args.baseline_msgs))
+                rr.append(await raw_request_latency(server.url))
+                assert server.proc is not None
+                BrokerProcess.tree = None if label == "this" else tree
+                one = await one_run(server.url, server.proc.pid, args, run)
+                (runs if label == "this" else other).append(one)
+                print(
+                    f"  run {run + 1} {label}: {_fmt_run(one)}; raw NATS "
+                    f"{baselines[-1]:,.0f} msgs/s, request/reply p99 {rr[-1]['p99_ms']:.2f} ms"
+                )
     rates = [r["burst"]["admissions_per_s"] for r in runs]
     p99s = [r["paced"]["p99_ms"] for r in runs]
     base = median(baselines)
@@ -279,8 +334,20 @@ async def main_async(args: Options) -> dict[str, Any]:
         "event_loop": sorted({r["broker"]["event_loop"] for r in runs}),
         "target_admissions_per_s": TARGET_RATE,
         "target_p99_ms": TARGET_P99_MS,
+        "kv_puts_per_job": [r["paced"]["kv_puts_per_job"] for r in runs],
         "detail": runs,
     }
+    if other:
+        result["baseline"] = {
+            "tree": str(args.baseline),
+            "admissions_per_s": [round(r["burst"]["admissions_per_s"]) for r in other],
+            "broker_cpu_ms_per_job_burst": [
+                round(r["burst"]["broker_cpu_ms_per_job"], 4) for r in other
+            ],
+            "latency_p99_ms": [round(r["paced"]["p99_ms"], 2) for r in other],
+            "kv_puts_per_job": [r["paced"]["kv_puts_per_job"] for r in other],
+            "detail": other,
+        }
     print(
         f"e2e ({args.event_loop.value}): median {result['admissions_per_s_median']:,} "
         f"admissions/s (target 2,000; raw NATS "
@@ -312,6 +379,7 @@ def bench_e2e(
     runs: Count = 3,
     seed: int = 20171009,
     baseline_msgs: Count = 200_000,
+    baseline: Baseline = None,
     event_loop: EventLoopFlag = EventLoopOpt.asyncio,
     json_out: JsonOut = None,
 ) -> None:

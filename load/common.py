@@ -44,6 +44,8 @@ class BrokerProcess:
 
     # What runs the `muster` command line in the child (bench_memory puts a probe in front).
     program: tuple[str, ...] = ("-m", "broker")
+    # The checkout whose broker runs (`--baseline` of bench_e2e); None: this one.
+    tree: Path | None = None
 
     def __init__(self, url: str, config: BrokerConfig, state_dir: Path | None = None) -> None:
         self.url = url
@@ -57,6 +59,8 @@ class BrokerProcess:
 
     def start(self) -> None:
         env = {**os.environ, "MUSTER_LOG_LEVEL": "warning"}
+        if self.tree is not None:
+            env["PYTHONPATH"] = str(self.tree)
         self.proc = subprocess.Popen(
             [
                 sys.executable, *self.program, "broker",
@@ -66,6 +70,7 @@ class BrokerProcess:
                 "--log-level", "warning",
             ],
             env=env,
+            cwd=self.tree,
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
 

@@ -48,8 +48,8 @@ from broker.core.inputs import (
 )
 from broker.core.invariants import unordered_dispatches, violations
 from broker.core.machine import TERMINAL, Machine
-from broker.core.records import record_decoder, record_encoder
-from broker.sequencer import Sequencer, acknowledges, persist_first
+from broker.core.records import JobRecord, record_decoder, record_encoder
+from broker.sequencer import RecordWrites, Sequencer, acknowledges, persist_first
 from load.command import program, summary
 from schemas.agent import (
     AgentEvent,
@@ -702,6 +702,8 @@ class World:
         self.requests: dict[int, _Request] = {}
         self._req_ids = 0
         self.sequencer = Sequencer(self.config.timeouts)  # the shell's barrier and retries
+        self.writes = RecordWrites(self.config.timeouts.deferred_write_s)  # deferred records
+        self.writes_wake: float | None = None  # when the first deferred record is written
         self.applied_at: dict[str, float] = {}  # cluster -> when its last batch was acknowledged
         self.stream: dict[str, JobSpec] = {}  # submissions not yet persisted (JetStream)
         self.agents: dict[str, SimAgent] = {}
@@ -816,12 +818,21 @@ class World:
         if unordered:
             self.fail("; ".join(unordered[:3]))
         inc = self.broker_inc
-        # The shell's order (broker/sequencer.py): the records first, then the rest in order.
-        # A crash may strike after any record written or any effect carried out.
-        for record in persist_first((effects,)):
-            self.store[record.job_id] = record_encoder.encode(record)
+        # The shell's order (broker/sequencer.py): the records first (deferred ones wait), then
+        # the rest in order. A crash may strike after any record written or deferred, or any
+        # effect carried out: one draw per record the batch persists, deferred or not, so a
+        # seed's faults fall where they fell before writes were deferred.
+        now = self.writes.take((effects,), self.clock.now)
+        batch = persist_first((effects,))
+        ours = {r.job_id for r in batch}
+        self._write([r for r in now if r.job_id not in ours])  # other jobs' writes fallen due
+        urgent = {r.job_id for r in now}
+        for record in batch:
+            if record.job_id in urgent:
+                self.store[record.job_id] = record_encoder.encode(record)
             if self._crashes():
                 return False
+        self._wake_for_deferred()
         for eff in effects:
             if not self.broker_up or self.broker_inc != inc:
                 return False
@@ -848,6 +859,26 @@ class World:
             if self._crashes():
                 return False
         return True
+
+    def _write(self, records: list[JobRecord]) -> None:
+        """Write deferred records fallen due, then wake for the next one."""
+        for record in records:
+            self.store[record.job_id] = record_encoder.encode(record)
+        self._wake_for_deferred()
+
+    def _wake_for_deferred(self) -> None:
+        due = self.writes.due_at()
+        if due is not None and (self.writes_wake is None or due < self.writes_wake):
+            self.writes_wake = due
+            inc = self.broker_inc
+            self.clock.at(due - self.clock.now, lambda: self._deferred_due(inc, due))
+
+    def _deferred_due(self, inc: int, due: float) -> None:
+        """The first deferred record fell due: the shell's pipeline writes it (and any due)."""
+        if self.writes_wake == due:
+            self.writes_wake = None
+        if self.broker_up and self.broker_inc == inc:
+            self._write(self.writes.take((), self.clock.now))
 
     def _crashes(self) -> bool:
         """The broker dies right after the step it just took (a seeded draw per step)."""
@@ -981,15 +1012,19 @@ class World:
         if not error:
             for st in successes(batch):
                 self.success_heard.setdefault((st.job_id, st.attempt), self.clock.now)
-        if applied(out) is not None and sent is not None:  # not one answered with a resync
-            self.heard_at.setdefault(cluster, deque(maxlen=64)).append((self.clock.now, sent))
+        # Not one answered with a resync, nor one whose handling the broker died in (no
+        # Applied left for it, so no fence could count on it).
+        heard = applied(out) is not None and sent is not None
         if error:
             self.stats["batches_refused"] += 1  # a duplicate is a replay: refused, harmless
         # Acknowledged as the shell does (broker/agentio.py): only a batch the core applied in
         # full, and one without outcomes at most every APPLIED_EVERY_S, once it is persisted.
         now = self.clock.now
         ack = acknowledges(out, batch, now, self.applied_at.get(cluster))
-        if self.run_effects(out) and ack:
+        done = self.run_effects(out)
+        if done and heard and sent is not None:
+            self.heard_at.setdefault(cluster, deque(maxlen=64)).append((now, sent))
+        if done and ack:
             self.applied_at[cluster] = now
             self._send(cluster, Applied(epoch=self.epoch, instance=batch.instance, seq=batch.seq))
         # A batch of heartbeats that asked for nothing changed no job: skip the checks.
@@ -1019,6 +1054,9 @@ class World:
         self.broker_inc += 1
         self.requests.clear()
         self.sequencer.reset()
+        self.stats["deferred_writes_lost"] += self.writes.waiting()
+        self.writes.reset()  # deferred records die with the process
+        self.writes_wake = None
         if down_s is None:
             down_s = self.clock.rng.uniform(0.5, self.faults.broker_down_s)
         self.clock.at(down_s, self.recover)

@@ -123,6 +123,10 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # after its ack was swallowed: the attempt is given up, the job goes elsewhere at once and
     # the pool's dispatch breaker counts a failure (docs/operations.md). 0 = off.
     dispatch_report_s: Annotated[float, Meta(ge=0)] = 30.0
+    # A record change nothing waits on (an attempt found running) is written at most this
+    # long after it, or earlier with the job's next urgent write; a crash in between costs
+    # the agent's snapshot reporting it again (broker/core/lifecycle.py). 0 = at once.
+    deferred_write_s: Annotated[float, Meta(ge=0, le=10)] = 2.0
 
     @property
     def fence_window_s(self) -> float:

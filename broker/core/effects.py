@@ -12,9 +12,14 @@ from schemas.api import JobEvent, SubmitReply
 
 @dataclass(frozen=True, slots=True)
 class Persist:
-    """Write the record durably before any later effect of the same batch is carried out."""
+    """Write the record durably before any later effect of the same batch is carried out.
+
+    `deferred`: nothing waits on this write, and a restore without it is safe (the lifecycle
+    says why for each): the shell may write it up to `timeouts.deferred_write_s` later, or
+    with the job's next write that is not deferred, whichever comes first."""
 
     record: JobRecord
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)

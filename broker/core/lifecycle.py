@@ -10,6 +10,21 @@ machine's inputs. It keeps:
   acknowledged, it reports an end, or its cluster is declared lost; a new leader asks again;
 - anything an agent reports about an attempt that is not the job's live one is cancelled.
 
+One record write is deferred (`Persist(deferred=True)`: the shell writes it within
+`timeouts.deferred_write_s`, or with the job's next urgent write): the attempt found running
+(`running_at`, the state `running`, `start_failures` reset). Nothing waits on it, and a
+record without it is one whose attempt was acknowledged and had not reported yet: the
+restored attempt keeps its placement and counts as starting; its agent's snapshot, sent to
+every new leader, lists it running and sets all three again, and the start timeout of a
+restored attempt is not judged before that snapshot (`restore`), so it kills nothing healthy.
+The dispatch's ack (`acked_at`) stays urgent: a record without it makes the next leader send
+the Dispatch again, and a cluster silent to that resend has the attempt given up and the job
+run elsewhere while the first copy may still run and finish (the deterministic simulation
+found a job completed twice that way with the ack deferred). Every other write stays urgent
+too: a dispatch (persist, then send), a cancel and its `cancel_unacked` fence and
+`CancelSettled`, an end, a checkpoint (the agent drops it once told its batch is applied), a
+preemption, a resize, a requeue.
+
 It owns which jobs are live and where (live, starting, preempting; `live_jobs`, `live_on`,
 `on_cluster`, `is_live`) and the spot notice windows seen per pool (advice.py); the ledger's
 allocations follow from it (`Scheduler.assume`/`release`), and no one reads the ledger for it.
@@ -90,6 +105,7 @@ from schemas.api import EventKind, JobEvent, JobState
 from schemas.config import BrokerConfig
 
 MISSING_GRACE_S = 5.0  # an acknowledged dispatch a snapshot does not list yet is not missing
+UNSYNCED_RECHECK_S = 1.0  # start timeouts waiting for a restored cluster's snapshot: rechecked
 
 
 class AttemptLifecycle:
@@ -136,6 +152,9 @@ class AttemptLifecycle:
         self.elastic_short: set[str] = set()
         self.elastic_grown: set[str] = set()  # ... whose live attempt holds nodes growth added
         self._grow_retry: dict[str, float] = {}  # job -> when growth that found no room retries
+        # Clusters with a restored attempt not known to run, whose agent has not sent a
+        # snapshot since the restore: the start timeouts there wait for it (`restore`).
+        self._unsynced: set[str] = set()
 
     # ------------------------------------------------------------------ which jobs are live
     def live_jobs(self) -> Set[str]:
@@ -255,7 +274,7 @@ class AttemptLifecycle:
             self._scheduler.note_progress(
                 record.job_id, current.attempt, work_since(record, current)
             )
-            effects.append(Persist(record))
+            effects.append(Persist(record, deferred=True))  # see the module docstring
             effects.append(self.event(record, "running", now))
         elif current.running_at is not None and status.reason and not snapshot:
             # Running again with a note: replicas restarted in place (a crash loop shows
@@ -355,7 +374,8 @@ class AttemptLifecycle:
                 current.settled = None  # the agent took the newest revision
                 current.unsettled = False
                 return [Persist(record)]
-            # Persisted: after a restart, a dispatch without it is sent again.
+            # Persisted at once, not deferred (module docstring): after a restart, a dispatch
+            # without it is sent again.
             current.acked_at = now
             window = self._config.timeouts.dispatch_report_s
             if window > 0 and job_id in self._unreported:
@@ -442,6 +462,7 @@ class AttemptLifecycle:
     ) -> None:
         """A cluster's snapshot listed `reported` (job_id, attempt): the live attempts on it
         that it left out are lost, once they ran or were acknowledged a while ago."""
+        self._unsynced.discard(cluster)  # its restored attempts' start timeouts count again
         for job_id in list(self._live_on.get(cluster, ())):
             record = self._jobs[job_id]
             current = record.current
@@ -472,6 +493,9 @@ class AttemptLifecycle:
             current = record.current
             if current is None or current.running_at is not None or record.preempting:
                 self._starting.discard(job_id)
+                continue
+            if current.cluster in self._unsynced:  # it may run: its snapshot will say
+                self._starting_due = min(self._starting_due, now + UNSYNCED_RECHECK_S)
                 continue
             limit = start_limit_s(record, current, self._config.timeouts)
             if now - current.dispatched_at > limit:
@@ -532,7 +556,10 @@ class AttemptLifecycle:
         self._scheduler.assume(request, placement_of(current))
         self._track_live(record, current.cluster)
         if current.running_at is None:
+            # It may run: the record may lack a deferred `running` write, or it started while
+            # no leader listened. Its start timeout waits for its cluster's first snapshot.
             self._add_starting(record, current)
+            self._unsynced.add(current.cluster)
         if short(record.spec, current.assignment):
             self.elastic_short.add(record.job_id)
         if current.grown:

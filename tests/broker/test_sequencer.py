@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core.effects import Effect, Persist, Publish, Send, refusal
+from broker.core.effects import Effect, Forget, Persist, Publish, Send, refusal
 from broker.core.records import JobRecord
 from broker.sequencer import (
     APPLIED_EVERY_S,
+    RecordWrites,
     Sequencer,
     acknowledges,
     attempt_token,
@@ -213,6 +214,48 @@ def test_records_persist_first_the_newest_of_each_job(batches: list[list[tuple[s
     records = persist_first(effects)
     assert {r.job_id: r.order for r in records} == {j: r.order for j, r in newest.items()}
     assert len(records) == len(newest)
+
+
+def test_a_deferred_write_waits_at_most_its_bound_and_writes_the_newest_state() -> None:
+    writes = RecordWrites(2.0)
+    rec = record("x", 1)
+    assert writes.take([[Persist(rec, deferred=True)]], 10.0) == []
+    assert writes.due_at() == 12.0
+    rec.order = 2  # changed again, deferred again: still due when first filed
+    assert writes.take([[Persist(rec, deferred=True)]], 11.0) == []
+    assert writes.due_at() == 12.0 and writes.take([], 11.9) == []
+    assert [r.order for r in writes.take([], 12.0)] == [2]
+    assert writes.waiting() == 0 and writes.due_at() is None
+
+
+def test_an_urgent_write_of_the_job_carries_its_deferred_one() -> None:
+    writes = RecordWrites(2.0)
+    x, y = record("x", 1), record("y", 2)
+    assert writes.take([[Persist(x, deferred=True), Persist(y, deferred=True)]], 0.0) == []
+    assert writes.take([[Persist(x)]], 1.0) == [x]
+    assert writes.waiting() == 1 and writes.take([], 2.0) == [y]
+    # In one batch, either order: one write, the urgent one.
+    assert writes.take([[Persist(x), Persist(x, deferred=True)]], 3.0) == [x]
+    assert writes.take([[Persist(x, deferred=True)], [Persist(x)]], 3.0) == [x]
+    assert writes.waiting() == 0
+
+
+def test_deferred_writes_of_a_job_forgotten_or_a_leadership_ended_are_dropped() -> None:
+    writes = RecordWrites(2.0)
+    x, y = record("x", 1), record("y", 2)
+    writes.take([[Persist(x, deferred=True), Persist(y, deferred=True)]], 0.0)
+    writes.take([[Forget("x")]], 0.5)  # deleted: a write now would bring it back
+    assert writes.take([], 5.0) == [y]
+    writes.take([[Persist(x, deferred=True)]], 6.0)
+    writes.reset()
+    assert writes.take([], 60.0) == [] and writes.due_at() is None
+
+
+def test_no_delay_writes_every_record_at_once() -> None:
+    writes = RecordWrites(0.0)
+    x = record("x", 1)
+    assert writes.take([[Persist(x, deferred=True)]], 0.0) == [x]
+    assert writes.waiting() == 0
 
 
 def test_a_cancel_is_asked_again_until_heard_or_its_cluster_is_lost() -> None:

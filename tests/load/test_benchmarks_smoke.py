@@ -46,6 +46,8 @@ def test_bench_e2e_tiny() -> None:
     assert r["latency_p99_ms_median"] <= r["latency_max_ms_median"] < 30_000
     for figure in ("broker_cpu_ms_per_job_burst_median", "broker_cpu_ms_per_job_paced_median"):
         assert 0 <= r[figure] < 1_000, figure  # the broker's CPU seconds per job, in ms
+    # job-bucket writes per job, read from the server: at least the dispatch's
+    assert all(x >= 1 and finite_positive(x) for x in r["kv_puts_per_job"]), r["kv_puts_per_job"]
 
 
 def test_bench_spot_tiny() -> None:
