@@ -358,7 +358,7 @@ def unsettled_forgets(records: Mapping[str, JobRecord], effects: Iterable[Effect
         if not isinstance(eff, Forget):
             continue
         record = records.get(eff.job_id)
-        if record is not None and record.cancels_unsettled:
-            unheard = [a.attempt for a in record.attempts if a.cancel_unacked]
+        unheard = [a.attempt for a in record.attempts if a.cancel_unacked] if record else []
+        if unheard:
             out.append(f"job {eff.job_id} forgotten with the Cancels of attempts {unheard} unheard")
     return out
