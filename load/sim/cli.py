@@ -124,6 +124,13 @@ def sim(
             "GPU-time did, lost work, first-dispatch waits, the job with most attempts"
         ),
     ] = False,
+    reasons: Annotated[
+        bool,
+        typer.Option(
+            help="also print how often each wait reason fired per policy (spot-held, "
+            "insufficient-capacity, ...) and how often the spot-kept rule turned a job away"
+        ),
+    ] = False,
     progress: Annotated[
         float,
         typer.Option(
@@ -261,6 +268,11 @@ def _run(args: Options) -> int:
             parts, share = r["breakdown"]
             head = f"\n{r['policy']} seed {r['seed']} row {r['offset']:,}"
             print(format_breakdown(parts, head, share))
+    if args.reasons:
+        from load.sim.reasons import format_reasons
+
+        print()
+        print(format_reasons(runs))
     print(f"\n{len(tasks)} run(s) in {time.perf_counter() - started:.1f}s wall")
     if args.out:
         for path in report.plot_all(runs, Path(args.out)):
