@@ -18,15 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+
+import nats
+from nats.aio.client import Client
 
 from broker.embedded import free_port
 from broker.liveness import DeathWatch
 from broker.service import Broker
 from load.natscluster import ClusterServer, NatsCluster
 from schemas.config import Replication
+from schemas.subjects import Subjects
 from tests.handover import in_process, probed
 from tests.nats.world import cluster_config
 from tests.support import wait_for
@@ -168,17 +173,39 @@ def cut(links: dict[tuple[str, str], Link], a: str, b: str, *, restore: bool = F
             link.sever()
 
 
+async def lead_stream_on(nc: Client, stream: str, server: str) -> None:
+    """Move the stream's Raft leader to `server` (JetStream's step-down, preferring it): where
+    it sits decides which side of a cut route can still write the lease."""
+    js = nc.jetstream()
+    request = json.dumps({"placement": {"preferred": server}}).encode()
+
+    async def there() -> bool:
+        with contextlib.suppress(Exception):
+            info = await js.stream_info(stream)
+            if info.cluster is not None and info.cluster.leader == server:
+                return True
+            await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", request, timeout=2)
+        return False
+
+    await wait_for(there, 60, what=f"{stream} led from {server}", interval=0.5)
+
+
 @contextlib.asynccontextmanager
 async def leader_and_standby() -> AsyncIterator[
     tuple[NatsCluster, dict[tuple[str, str], Link], Broker, Broker]
 ]:
     """The cluster, its links, a leader on n0 and a standby on n1 whose probes it answers."""
     async with proxied_cluster() as (cluster, links):
-        n0, n1, _ = cluster.servers
+        n0, n1, n2 = cluster.servers
         prefix = f"r{uuid.uuid4().hex[:10]}"
         config = cluster_config(prefix, Replication(replicas=3), lease_ttl_s=TTL_S)
         async with in_process(config, n0.url, "leader") as leader:
             await asyncio.wait_for(leader.leading.wait(), 60)
+            nc = await nats.connect(n2.url)
+            try:  # the lease bucket led from n2, which no cut here touches
+                await lead_stream_on(nc, f"KV_{Subjects(prefix=prefix).leader_bucket}", n2.name)
+            finally:
+                await nc.close()
             async with in_process(config, n1.url, "standby") as standby:
                 await wait_for(lambda: standby.lease.renewals_seen >= 1, 30, what="the watch")
                 await probed(standby, 10, 30)  # answered across the route
