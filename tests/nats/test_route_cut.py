@@ -7,11 +7,12 @@ proven, which is what lets a broker write records and send commands).
 - n0<->n1 cut: the standby's server no longer sees the leader's subscription, so its probes get
   "no responders", but the leader's renewals still reach the bucket (led from n2 here) and the
   standby's watch through n2. The standby does not take the key; the leader keeps it at the
-  same epoch. Renewals do not all reach the watch while routes change, and with the bucket led
-  wherever JetStream put it, one run's standby saw none for a whole cut: a standby that sees none for half a TTL takes the key by
-  compare-and-set, and the leader learns it at its next renewal and steps down (the case
-  broker/lease.py allows for a leader wrongly taken for dead); the test accepts that outcome
-  only with the old leader not acting once the new one leads.
+  same epoch. Renewals do not all reach the watch while routes change (with the bucket led
+  wherever JetStream put it, one run's standby saw none for a whole cut). A standby that sees
+  none for half a TTL takes the key by compare-and-set, and the leader learns it at its next
+  renewal and steps down (the case broker/lease.py allows for a leader wrongly taken for
+  dead); the test accepts that outcome only with the old leader not acting once the new one
+  leads.
 - n0 cut from both peers: the leader's first renewal after the cut finds no stream and it
   suspends (stops writing and sending) at once, a quarter of a TTL at most after its last
   renewal; the standby, having seen no renewal for half a TTL, takes the key at a higher epoch.
