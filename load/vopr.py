@@ -18,6 +18,11 @@ twice, usage back to zero.
 
     python -m load.vopr --seeds 2000          # many seeds; failures print a replay command
     python -m load.vopr --seed 1234 --verbose # replay one seed exactly
+    python -m load.vopr --retention-s 10      # ended jobs forgotten 10 s after they end
+
+With a retention, the model deletes a record when the core forgets its job, as the shell does,
+and checks it marked no Cancel unacknowledged (`invariants.unsettled_forgets`): a restored
+leader would no longer send that Cancel again.
 """
 
 from __future__ import annotations
@@ -36,7 +41,16 @@ import typer
 
 from agents.gate import CommandGate, Duplicate, Refuse, Resize
 from agents.runtime import AgentRuntime
-from broker.core.effects import Effect, Persist, Publish, Send, applied, refusal, split_reply
+from broker.core.effects import (
+    Effect,
+    Forget,
+    Persist,
+    Publish,
+    Send,
+    applied,
+    refusal,
+    split_reply,
+)
 from broker.core.inputs import (
     CYCLE,
     TICK,
@@ -46,7 +60,7 @@ from broker.core.inputs import (
     Restore,
     SubmitJob,
 )
-from broker.core.invariants import unordered_dispatches, violations
+from broker.core.invariants import unordered_dispatches, unsettled_forgets, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import JobRecord, record_decoder, record_encoder
 from broker.sequencer import RecordWrites, Sequencer, acknowledges, persist_first
@@ -161,6 +175,12 @@ def sim_config(min_runtime_s: float | None = None) -> BrokerConfig:
         ),
         scheduling=sched,
     )
+
+
+def retaining(config: BrokerConfig, retention_s: float) -> BrokerConfig:
+    """`config` whose ended jobs are forgotten `retention_s` after they end (0: never)."""
+    limits = msgspec.structs.replace(config.limits, ended_retention_s=retention_s)
+    return msgspec.structs.replace(config, limits=limits)
 
 
 def long_config() -> BrokerConfig:
@@ -689,6 +709,7 @@ class World:
         self.lost_cancel: dict[tuple[str, int], float] = {}
         self.work_of: dict[str, float] = {}
         self.accepted: set[str] = set()
+        self.forgotten: set[str] = set()  # ended jobs whose records the core forgot (retention)
         self.reclaims: Counter[str] = Counter()
         # cluster -> (when a broker applied a batch of its agent, when that batch left)
         self.heard_at: dict[str, deque[tuple[float, float]]] = {}
@@ -775,9 +796,11 @@ class World:
         return now < self.fault_until
 
     def fail(self, what: str) -> None:
+        keep = self.config.limits.ended_retention_s
+        extra = f" --retention-s {keep:g}" if keep > 0 else ""
         raise SimFailure(
             f"seed {self.seed}: {what} (step {self.steps}, t={self.clock.now - START_AT:.3f}s)\n"
-            f"  replay: python -m load.vopr --seed {self.seed} --verbose"
+            f"  replay: python -m load.vopr --seed {self.seed}{extra} --verbose"
         )
 
     def breach(self, kind: str, what: str, n: int = 1) -> None:
@@ -852,6 +875,8 @@ class World:
                     self._log_send(eff.cluster, cmd)  # held behind the Cancel it follows
                 else:
                     self._send(eff.cluster, cmd)
+            elif isinstance(eff, Forget):
+                self._forget(eff)
             elif isinstance(eff, Publish):
                 ev = eff.event
                 if ev.kind == "preempting" and ev.reason == "reclaimed":
@@ -879,6 +904,16 @@ class World:
             self.writes_wake = None
         if self.broker_up and self.broker_inc == inc:
             self._write(self.writes.take((), self.clock.now))
+
+    def _forget(self, eff: Forget) -> None:
+        """Delete the record, as the shell does: never one that marks a Cancel unheard."""
+        data = self.store.pop(eff.job_id, None)
+        stored = {eff.job_id: record_decoder.decode(data)} if data is not None else {}
+        bad = unsettled_forgets(stored, [eff])
+        if bad:
+            self.fail("; ".join(bad))
+        self.forgotten.add(eff.job_id)
+        self.stats["forgotten"] += 1
 
     def _crashes(self) -> bool:
         """The broker dies right after the step it just took (a seeded draw per step)."""
@@ -996,11 +1031,20 @@ class World:
             )
         elif isinstance(cmd, Cancel):
             if cmd.attempt is not None:  # as the shell: the core hears of it, then the held go
+                self._count_kept(cmd.job_id)
                 settled = CancelSettled(cmd.job_id, cmd.attempt)
                 if not self.run_effects(self.machine.handle(settled, self.clock.now)):
                     return
             for held in self.sequencer.settled(cmd, req.ticket):
                 self._send(held.cluster, held.command)
+
+    def _count_kept(self, job_id: str) -> None:
+        """Counts a Cancel settling for an ended job past its retention: kept for it."""
+        keep = self.config.limits.ended_retention_s
+        record = self.machine.jobs.get(job_id)
+        ended = record.finished_at if record is not None else None
+        if keep > 0 and ended is not None and ended + keep < self.clock.now:
+            self.stats["kept-past-retention"] += 1
 
     def broker_batch(self, cluster: str, batch: EventBatch) -> None:
         if not self.broker_up:
@@ -1105,7 +1149,9 @@ class World:
         ):
             return False  # a job's command (a Cancel, say) is still on its way to an agent
         jobs = self.machine.jobs
-        return all(j in jobs and jobs[j].state in TERMINAL for j in self.accepted)
+        return all(
+            j in self.forgotten or (j in jobs and jobs[j].state in TERMINAL) for j in self.accepted
+        )
 
     def unheard_when_lost(self, job_id: str, attempt: int) -> bool:
         """Whether the attempt succeeded and the broker then gave it up for its cluster's
@@ -1136,7 +1182,11 @@ class World:
         if not self.broker_up:
             self.fail("the broker is down at the end")
         jobs = self.machine.jobs
-        stuck = sorted(j for j in self.accepted if j not in jobs or jobs[j].state not in TERMINAL)
+        stuck = sorted(
+            j
+            for j in self.accepted - self.forgotten
+            if j not in jobs or jobs[j].state not in TERMINAL
+        )
         if stuck:
             states = {j: jobs[j].state if j in jobs else "lost" for j in stuck[:5]}
             self.fail(f"{len(stuck)} accepted job(s) not terminal at the horizon: {states}")
@@ -1215,11 +1265,17 @@ def vopr(
     long_outages: Annotated[
         bool, typer.Option("--long-outages", help="outages of minutes, the shipped windows")
     ] = False,
+    retention_s: Annotated[
+        float, typer.Option(min=0.0, help="forget ended jobs this long after they end (0: never)")
+    ] = 0.0,
 ) -> None:
     run = long_outage_world if long_outages else run_seed
+    kw: dict[str, Any] = {"jobs": jobs}
+    if retention_s > 0:
+        kw["config"] = retaining(long_config() if long_outages else sim_config(), retention_s)
     if seed is not None:
         try:
-            w = run(seed, jobs=jobs, verbose=verbose)
+            w = run(seed, verbose=verbose, **kw)
         except SimFailure as exc:
             print(exc)
             raise typer.Exit(1) from None
@@ -1227,7 +1283,7 @@ def vopr(
         return
     t0 = time.monotonic()
     n, failures, totals = run_many(
-        range(first, first + seeds), budget_s=budget_s, long_outages=long_outages, jobs=jobs
+        range(first, first + seeds), budget_s=budget_s, long_outages=long_outages, **kw
     )
     for _, msg in failures[:20]:
         print(msg)

@@ -27,15 +27,16 @@ which only these checks read.
 
 `unordered_dispatches` checks a step's effects rather than the state: every Dispatch names in
 `after_cancel_of` the attempt before it and every older one whose Cancel is unacknowledged, so
-a shell that honours it never runs two copies.
+a shell that honours it never runs two copies. `unsettled_forgets` checks that no record is
+deleted while it marks a Cancel unacknowledged: a restored leader would not send it again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from weakref import WeakKeyDictionary
 
-from broker.core.effects import Effect, Send
+from broker.core.effects import Effect, Forget, Send
 from broker.core.inventory import Node
 from broker.core.lifecycle import previous_attempt
 from broker.core.machine import Machine
@@ -345,4 +346,19 @@ def unordered_dispatches(m: Machine, effects: Iterable[Effect]) -> list[str]:
                 f"dispatch {cmd.job_id}#{cmd.attempt} ordered after {list(eff.after_cancel_of)}, "
                 f"not after the Cancels of attempts {missing}"
             )
+    return out
+
+
+def unsettled_forgets(records: Mapping[str, JobRecord], effects: Iterable[Effect]) -> list[str]:
+    """Forgets of a record that marks a Cancel unacknowledged. `records` are the records as
+    the store holds them when the Forget is carried out: the one it deletes is the only
+    memory a restored leader would have of a copy that may still run."""
+    out: list[str] = []
+    for eff in effects:
+        if not isinstance(eff, Forget):
+            continue
+        record = records.get(eff.job_id)
+        unheard = [a.attempt for a in record.attempts if a.cancel_unacked] if record else []
+        if unheard:
+            out.append(f"job {eff.job_id} forgotten with the Cancels of attempts {unheard} unheard")
     return out

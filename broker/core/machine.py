@@ -479,7 +479,13 @@ class Machine:
     def _expire_ended(self, now: float, effects: list[Effect]) -> None:
         """Ended jobs past `limits.ended_retention_s` are forgotten and their records deleted:
         the retention is the idempotency window of an ended job's id. Looked for once a
-        minute at most (a pass over every record)."""
+        minute at most (a pass over every record).
+
+        A job whose record marks a Cancel unacknowledged is kept past its retention until the
+        Cancel settles (acknowledged, or its cluster lost): the record is what a restored
+        leader sends that Cancel again from, and while it is kept a resubmission of its id is
+        a duplicate, so no second copy of the id can start beside one a cut-off cluster still
+        runs."""
         keep = self.config.limits.ended_retention_s
         if keep <= 0 or now < self._next_expiry:
             return
@@ -488,7 +494,10 @@ class Machine:
         old = [
             job_id
             for job_id, r in self._jobs.items()
-            if r.state in TERMINAL and r.finished_at is not None and r.finished_at < cut
+            if r.state in TERMINAL
+            and r.finished_at is not None
+            and r.finished_at < cut
+            and not r.cancels_unsettled
         ]
         for job_id in old:
             self.registry.remove(job_id)

@@ -145,6 +145,12 @@ class JobRecord(msgspec.Struct, omit_defaults=True):
     def total_gpus(self) -> int:
         return self.spec.total_gpus
 
+    @property
+    def cancels_unsettled(self) -> bool:
+        """Whether an attempt's Cancel is unacknowledged: a copy may still run, and this record
+        is what a restored leader sends that Cancel again from."""
+        return any(a.cancel_unacked for a in self.attempts)
+
     def resume_point(self) -> CheckpointRef | None:
         ckpt = self.latest_checkpoint
         if ckpt is None:

@@ -124,6 +124,13 @@ def sim(
             "GPU-time did, lost work, first-dispatch waits, the job with most attempts"
         ),
     ] = False,
+    reasons: Annotated[
+        bool,
+        typer.Option(
+            help="also print how often each wait reason fired per policy (spot-held, "
+            "insufficient-capacity, ...) and how often the spot-kept rule turned a job away"
+        ),
+    ] = False,
     progress: Annotated[
         float,
         typer.Option(
@@ -265,6 +272,11 @@ def _run(args: Options) -> int:
             od = base.get((r["seed"], r["offset"]))
             if od is not None and od is not r:
                 print(jct_gap(parts, od["breakdown"][0]))
+    if args.reasons:
+        from load.sim.reasons import format_reasons
+
+        print()
+        print(format_reasons(runs))
     print(f"\n{len(tasks)} run(s) in {time.perf_counter() - started:.1f}s wall")
     if args.out:
         for path in report.plot_all(runs, Path(args.out)):

@@ -37,6 +37,7 @@ from load.sim.policies import (
     POLICIES,
     Policy,
 )
+from load.sim.reasons import count_reasons
 from load.sim.spots import SpotWorld
 from load.sim.world import (
     ACK,
@@ -95,6 +96,7 @@ class Sim(SpotWorld, Checks):
         self.machine = Machine(config)
         self.machine.spot_return = self.policy.spot_return
         self.machine.moves.spot_yield = self.policy.spot_yield
+        self.reasons = count_reasons(self.machine)  # read only (`--reasons` prints them)
         self.heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self.logs: dict[str, list[AttemptLog]] = {}

@@ -66,7 +66,12 @@ def _run_summary(args: tuple[SimConfig, str]) -> dict[str, Any]:
     work = sum(bound.work_by_pool.values())
     share = {k[1]: float(v) / work for k, v in bound.work_by_pool.items() if v > 0} if work else {}
     parts = breakdown(result, sim.jobs_by_id)
-    return {"summary": summary, "series": _series(result), "breakdown": (parts, share)}
+    return {
+        "summary": summary,
+        "series": _series(result),
+        "breakdown": (parts, share),
+        "reasons": dict(sim.reasons),
+    }
 
 
 def _series(result: SimResult) -> dict[str, Any]:

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from schemas.config import BrokerConfig, Limits, QueueConfig, Timeouts
 from schemas.subjects import Subjects
 from shell.natsio import submit_request
 from tests.broker.wire import WireAgent, nodes
+from tests.handover import in_process
 from tests.support import wait_for
 
 SPOT_A100 = FlavorInfo(
@@ -177,6 +179,26 @@ async def harness(nats_url: str) -> AsyncIterator[Harness]:
         await agent.stop()
     await h.stop_broker()
     await nc.close()
+
+
+# Starts a broker beside the harness's: `start(holder="standby", config=None)`.
+StartBroker = Callable[..., Awaitable[Broker]]
+
+
+@pytest_asyncio.fixture
+async def brokers(harness: Harness) -> AsyncIterator[StartBroker]:
+    """Starts more in-process brokers on the harness's server (each stands by, mirroring the
+    job bucket, while another leads; the harness's config unless given one); stops them after
+    the test."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(holder: str = "standby", config: BrokerConfig | None = None) -> Broker:
+            running = in_process(config or harness.config, harness.url, holder)
+            broker = await stack.enter_async_context(running)
+            await harness.wait_for(lambda: broker.mirror is not None)
+            return broker
+
+        yield start
 
 
 BURNER_S = 120  # a burner ends itself after this even if the test never stops it

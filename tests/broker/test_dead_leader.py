@@ -6,47 +6,30 @@ subscription, is never taken for dead."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Iterator
 
-import nats
 import pytest
-import pytest_asyncio
 from nats.aio.client import Client
 
 from broker.lease import LeaderLease
-from broker.liveness import Alive, DeathWatch, LivenessAnswer
+from broker.liveness import Alive, LivenessAnswer
 from broker.service import Broker
 from load.common import BrokerProcess
-from schemas.config import BrokerConfig
-from tests.broker.conftest import Harness, broker_config
+from tests.broker.conftest import Harness, StartBroker, broker_config
 from tests.broker.jobs import job
+from tests.handover import kill9_hands_over, probed
 from tests.support import wait_for
 
 TTL_S = 8.0  # a probe decides after half of it; the lease expires only after all of it
 
-Standby = Callable[[BrokerConfig], Awaitable[Broker]]
 
-
-@pytest_asyncio.fixture
-async def standby(harness: Harness) -> AsyncIterator[Standby]:
-    """An in-process standby broker (its probes can be read), stopped after the test."""
-    started: list[tuple[Broker, asyncio.Task[None]]] = []
-
-    async def start(config: BrokerConfig) -> Broker:
-        broker = Broker(config, await nats.connect(harness.url), holder="standby")
-        started.append((broker, asyncio.create_task(broker.run())))
-        await wait_for(lambda: broker.lease.renewals_seen >= 1, 30, what="the standby's watch")
-        return broker
-
-    yield start
-    for broker, task in started:
-        await broker.stop()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(task, 15)
-        await broker.nc.close()
+async def watching(harness: Harness, brokers: StartBroker) -> Broker:
+    """An in-process standby (its probes can be read) that has seen the leader renew."""
+    broker = await brokers(config=broker_config(harness.prefix, lease_ttl_s=TTL_S))
+    await wait_for(lambda: broker.lease.renewals_seen >= 1, 30, what="the standby's watch")
+    return broker
 
 
 @pytest.fixture
@@ -62,35 +45,24 @@ def leader_process(harness: Harness) -> Iterator[BrokerProcess]:
         process.cleanup()
 
 
-def death_of(broker: Broker) -> DeathWatch:
-    assert broker.lease.death is not None, "the broker's lease has no liveness probe"
-    return broker.lease.death
-
-
 async def test_kill9_of_the_leader_hands_over_before_the_lease_expires(
-    harness: Harness, leader_process: BrokerProcess, standby: Standby
+    harness: Harness, leader_process: BrokerProcess, brokers: StartBroker
 ) -> None:
     epoch = (await leader_process.wait_leading(harness.nc))["epoch"]
-    broker = await standby(broker_config(harness.prefix, lease_ttl_s=TTL_S))
-    death = death_of(broker)
-    await wait_for(lambda: death.probes >= 3, 10, what="probes answered by the leader")
-    assert death.no_responders == 0, "a live leader was answered for by nobody"
-    leader_process.kill9()
-    await asyncio.wait_for(broker.leading.wait(), 2 * TTL_S)
-    assert broker.lease.taken_from_dead == 1, "the standby waited out the lease instead"
-    assert broker.lease.epoch > epoch
+    broker = await watching(harness, brokers)
+    await probed(broker, 3, 10)
+    await kill9_hands_over(leader_process, broker, epoch, TTL_S)
     assert broker.snapshot_stats()["lease_taken_from_dead"] == 1
 
 
 async def test_a_leader_stopped_for_less_than_the_ttl_keeps_the_lease(
-    harness: Harness, leader_process: BrokerProcess, standby: Standby
+    harness: Harness, leader_process: BrokerProcess, brokers: StartBroker
 ) -> None:
     """SIGSTOP for longer than the probe's half-TTL but less than the TTL: the stopped leader
     still holds its subscription, so probes time out and are never "no responders"."""
     epoch = (await leader_process.wait_leading(harness.nc))["epoch"]
-    broker = await standby(broker_config(harness.prefix, lease_ttl_s=TTL_S))
-    death = death_of(broker)
-    await wait_for(lambda: death.probes >= 3, 10, what="probes answered by the leader")
+    broker = await watching(harness, brokers)
+    death = await probed(broker, 3, 10)
     assert leader_process.proc is not None
     leader_process.proc.send_signal(signal.SIGSTOP)
     try:
@@ -110,12 +82,13 @@ async def test_a_leader_stopped_for_less_than_the_ttl_keeps_the_lease(
 
 @pytest.mark.usefixtures("two_burners")
 async def test_a_leader_starved_of_cpu_is_not_taken_for_dead(
-    harness: Harness, leader_process: BrokerProcess, standby: Standby
+    harness: Harness, leader_process: BrokerProcess, brokers: StartBroker
 ) -> None:
     """Two CPU burners beside a leader taking submissions, for eight renewals seen."""
     epoch = (await leader_process.wait_leading(harness.nc))["epoch"]
-    broker = await standby(broker_config(harness.prefix, lease_ttl_s=TTL_S))
-    death = death_of(broker)
+    broker = await watching(harness, brokers)
+    death = broker.lease.death
+    assert death is not None, "the broker's lease has no liveness probe"
     seen = broker.lease.renewals_seen
     for i in range(200):
         reply = await harness.submit(job(f"load-{i}"))

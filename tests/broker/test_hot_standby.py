@@ -8,13 +8,12 @@ import contextlib
 import gc
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 import nats
 import pytest
-import pytest_asyncio
 
 from broker.core.effects import Effect
 from broker.core.inputs import Input, Restore
@@ -23,28 +22,9 @@ from broker.core.records import record_encoder
 from broker.lease import KEY, LeaseHolder
 from broker.service import Broker
 from broker.store import JobStore, RecordMirror
-from tests.broker.conftest import Harness
+from tests.broker.conftest import Harness, StartBroker
 from tests.broker.jobs import job, stored_record
 from tests.support import wait_for
-
-
-@pytest_asyncio.fixture
-async def brokers(harness: Harness) -> AsyncIterator[Callable[[str], Awaitable[Broker]]]:
-    """Starts more brokers beside the harness's leader (they stand by); stops them after."""
-    started: list[tuple[Broker, asyncio.Task[None]]] = []
-
-    async def start(holder: str) -> Broker:
-        broker = Broker(harness.config, await nats.connect(harness.url), holder=holder)
-        started.append((broker, asyncio.create_task(broker.run())))
-        await harness.wait_for(lambda: broker.mirror is not None)
-        return broker
-
-    yield start
-    for broker, task in started:
-        await broker.stop()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(task, 15)
-        await broker.nc.close()
 
 
 @pytest.fixture
@@ -283,7 +263,7 @@ async def test_a_failed_lease_acquire_is_retried_never_led_on(
 
 
 async def test_a_leader_stopped_cleanly_hands_over_at_once(
-    harness: Harness, brokers: Callable[[str], Awaitable[Broker]]
+    harness: Harness, brokers: StartBroker
 ) -> None:
     """A clean exit (SIGTERM: `stop`) releases the lease after the leader has stopped
     writing; the standby sees the delete on its watch and leads with every job, without
