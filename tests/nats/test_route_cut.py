@@ -40,7 +40,7 @@ from broker.service import Broker
 from load.natscluster import ClusterServer, NatsCluster
 from schemas.config import Replication
 from schemas.subjects import Subjects
-from tests.handover import in_process, probed
+from tests.handover import in_process
 from tests.nats.world import cluster_config
 from tests.support import wait_for
 
@@ -216,7 +216,11 @@ async def leader_and_standby() -> AsyncIterator[
                 await nc.close()
             async with in_process(config, n1.url, "standby") as standby:
                 await wait_for(lambda: standby.lease.renewals_seen >= 1, 30, what="the watch")
-                await probed(standby, 10, 30)  # answered across the route
+                # Answered across the route. The first probes may find nobody: the leader's
+                # subscription reaches n1's interest graph a moment after the standby starts.
+                death = standby.lease.death
+                assert death is not None
+                await wait_for(lambda: answered(death) >= 10, 30, what="probes answered")
                 yield cluster, links, leader, standby
 
 
