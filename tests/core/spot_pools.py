@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.core.effects import Send, refusal
+from broker.core.effects import Effect, Send, refusal
 from broker.core.inputs import AgentBatch
 from broker.core.machine import Machine
-from schemas.agent import ClusterSnapshot, Dispatch, EventBatch, NodeGone
+from schemas.agent import ClusterSnapshot, Dispatch, EventBatch, NodeGone, WorkloadStatus
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import CapacityPreference, JobSpec, PodSet
 from tests.core.helpers import NOW, flavor, nodes
@@ -69,3 +69,27 @@ def setup() -> tuple[Machine, Agent]:
 
 def dispatches(effects: list[object]) -> list[Dispatch]:
     return [e.command for e in effects if isinstance(e, Send) and isinstance(e.command, Dispatch)]
+
+
+def running(agent: Agent, d: Dispatch, now: float, step: int | None = None) -> None:
+    """The agent reports the dispatch's one replica running on its first node."""
+    node = d.assignment[0].nodes[0]
+    events: list[object] = [
+        WorkloadStatus(
+            job_id=d.job_id,
+            attempt=d.attempt,
+            phase="running",
+            running_replicas=1,
+            total_replicas=1,
+            nodes=[node],
+        )
+    ]
+    agent.send(*events, now=now)
+
+
+def live_attempts(m: Machine, job_id: str) -> int:
+    return sum(1 for a in m.jobs[job_id].attempts if a.live)
+
+
+def sends(effects: list[Effect], kind: type) -> list[object]:
+    return [e.command for e in effects if isinstance(e, Send) and isinstance(e.command, kind)]

@@ -30,24 +30,9 @@ from schemas.agent import (
 )
 from schemas.job import CheckpointSpec, Deadline, JobSpec, SpotPolicy
 from tests.core.helpers import NOW, flavor, nodes
-from tests.core.spot_pools import Agent, dispatches, setup, spot_job
+from tests.core.spot_pools import Agent, dispatches, live_attempts, running, sends, setup, spot_job
 
 SPOT = ("east", "v100-spot")
-
-
-def running(agent: Agent, d: Dispatch, now: float, step: int | None = None) -> None:
-    node = d.assignment[0].nodes[0]
-    events: list[object] = [
-        WorkloadStatus(
-            job_id=d.job_id,
-            attempt=d.attempt,
-            phase="running",
-            running_replicas=1,
-            total_replicas=1,
-            nodes=[node],
-        )
-    ]
-    agent.send(*events, now=now)
 
 
 def checkpoint(agent: Agent, d: Dispatch, step: int, now: float) -> None:
@@ -65,14 +50,6 @@ def tick(m: Machine, agent: Agent, now: float) -> list[Effect]:
 
 def accepted(m: Machine, spec: JobSpec, now: float) -> bool:
     return split_reply(m.handle(SubmitJob(spec), now))[0].accepted
-
-
-def live_attempts(m: Machine, job_id: str) -> int:
-    return sum(1 for a in m.jobs[job_id].attempts if a.live)
-
-
-def sends(effects: list[Effect], kind: type) -> list[object]:
-    return [e.command for e in effects if isinstance(e, Send) and isinstance(e.command, kind)]
 
 
 def test_dispatch_advises_young_daly_for_its_pool_and_the_advice_follows_the_pool() -> None:

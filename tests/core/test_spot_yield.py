@@ -29,8 +29,7 @@ from schemas.agent import (
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import CheckpointSpec, JobSpec
 from tests.core.helpers import NOW, config, flavor, gang, nodes
-from tests.core.spot_pools import Agent, dispatches, spot_job
-from tests.core.test_spot_moves import live_attempts, running, sends
+from tests.core.spot_pools import Agent, dispatches, live_attempts, running, sends, spot_job
 
 CKPT = CheckpointSpec(uri="s3://b/ck", interval_s=600, cost_s=30)
 
