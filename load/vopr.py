@@ -1009,6 +1009,8 @@ class World:
                 req.round += 1
                 self._later(rid, pause)
                 return
+            if req.cmd.attempt is not None:  # given up: its cluster is lost
+                self.lost_cancel.setdefault((req.cmd.job_id, req.cmd.attempt), self.clock.now)
         self._resolve(rid, ack)
 
     def _resolve(self, rid: int, ack: CommandAck) -> None:

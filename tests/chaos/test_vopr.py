@@ -99,11 +99,14 @@ def test_a_success_cut_off_past_lost_after_is_the_one_allowed_rerun() -> None:
     assert w.machine.jobs["j0"].state == "succeeded"
 
 
-@pytest.mark.parametrize("seed", [439, 1116])
+@pytest.mark.parametrize("seed", [439, 1116, 3269])
 def test_a_job_completes_twice_only_when_its_success_was_unheard_at_the_loss(seed: int) -> None:
-    """Seeds 439 and 1116 run a job twice that way. The same runs fail the check once the broker
-    had heard the first success before it gave the cluster up, or once that success came after
-    (its fence did not hold)."""
+    """Seeds 439 and 1116 run a job twice that way. In seed 3269 a restored leader's resent
+    Dispatch meets a cut-off cluster, the attempt is given up ("dispatch failed") and its
+    Cancel, unheard, holds the next Dispatch until the cluster is lost: the broker gives the
+    attempt up at that loss, as when it cancels for the loss itself. The same runs fail the
+    check once the broker had heard the first success before it gave the cluster up, or once
+    that success came after (its fence did not hold)."""
     w = run_seed(seed)
     assert w.stats["rerun-after-unheard-success"] == 1
     (job_id, done) = next((j, d) for j, d in w.completed_by.items() if len(d) > 1)
