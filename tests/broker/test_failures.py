@@ -179,7 +179,11 @@ async def test_standby_takes_over_while_jobs_dispatch(harness: Harness) -> None:
     await harness.wait_for(lambda: any(isinstance(c, Resync) for c in agent.commands), 10)
     for i in range(20, 30):
         ids.append((await harness.submit(job(f"s{i}", replicas=1, gpu=2))).job_id)
-    await harness.wait_for(lambda: all("running" in harness.kinds(j) for j in ids), 30)
+    try:
+        await harness.wait_for(lambda: all("running" in harness.kinds(j) for j in ids), 30)
+    except AssertionError as exc:
+        late = {j: harness.kinds(j) for j in ids if "running" not in harness.kinds(j)}
+        raise AssertionError(f"jobs not running, with their events: {late}") from exc
     dispatches = [c for c in agent.commands if isinstance(c, Dispatch)]
     assert len({c.job_id for c in dispatches}) == 30
     assert len({(c.job_id, c.attempt) for c in dispatches}) == 30
