@@ -71,7 +71,7 @@ def dispatches(effects: list[object]) -> list[Dispatch]:
     return [e.command for e in effects if isinstance(e, Send) and isinstance(e.command, Dispatch)]
 
 
-def running(agent: Agent, d: Dispatch, now: float, step: int | None = None) -> None:
+def running(agent: Agent, d: Dispatch, now: float) -> None:
     """The agent reports the dispatch's one replica running on its first node."""
     node = d.assignment[0].nodes[0]
     events: list[object] = [
