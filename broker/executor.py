@@ -10,6 +10,7 @@ reaction to an agent that claims a newer epoch.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -85,7 +86,8 @@ class EffectExecutor(BrokerFields):
             # (write, dispatch, cancel) until a renewal proves it again (broker/lease.py).
             await self.lease.proven.wait()
             loop = asyncio.get_running_loop()
-            await self._persist(self._writes.take((effects for effects, _ in batch), loop.time()))
+            now = math.inf if self._handing_over else loop.time()
+            await self._persist(self._writes.take((effects for effects, _ in batch), now))
             self._wake_for_deferred(loop)
             for effects, fut in batch:
                 for eff in effects:

@@ -140,6 +140,8 @@ class BrokerFields:
         # pipeline is woken for the first that falls due (event-loop time; None: not armed).
         self._writes = RecordWrites(config.timeouts.deferred_write_s)
         self._writes_wake: float | None = None
+        # A clean stop while leading: every deferred record is due at once (`_hand_over`).
+        self._handing_over = False
         self.metrics = Metrics(self)
         self._gc = GcPacer() if pace_gc else None
         self._next_cycle = 0.0  # event-loop time before which no admission cycle starts

@@ -43,6 +43,7 @@ RESTORE_LIMIT_S = 60.0  # the longest a new leader waits for its records
 STANDBY_RETRY_S = 0.5  # pause after a failed attempt to acquire the lease
 NEWER_RECORDS_RETRY_S = 10.0  # lease left to a newer broker this long before trying again
 BUCKET_CHECK_S = 1.0  # how often the leader checks the job bucket still holds its records
+HANDOVER_DRAIN_S = 2.0  # the longest a clean stop waits for its last writes
 ID_KEY = "muster-id-key"  # submit-stream metadata: the secret behind server-derived job ids
 
 
@@ -344,6 +345,20 @@ class BrokerProcess(BrokerFields):
         for task in done:
             if task is not stop and not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
+        if stop in done and not hold.done():
+            await self._hand_over()
+
+    async def _hand_over(self) -> None:
+        """A clean stop while leading: what was pushed so far runs and every deferred record
+        is written before the lease is released, so the next leader restores this one's last
+        word (an attempt found running, say) instead of what a crash would leave it. Bounded:
+        a store that does not answer must not hold the stop up."""
+        self._handing_over = True
+        try:
+            async with asyncio.timeout(HANDOVER_DRAIN_S):
+                await self.drained()
+        except TimeoutError:
+            log.warning("broker.handover_drain_timed_out", waiting=self._writes.waiting())
 
     async def _watch_bucket(self, machine: Machine) -> None:
         """Check the job bucket still holds what it acknowledged (BucketWatch); a failed
@@ -375,6 +390,7 @@ class BrokerProcess(BrokerFields):
         self._sequencer.reset()
         self._writes.reset()  # deferred records die with the leadership, as in a crash
         self._writes_wake = None
+        self._handing_over = False
         self.machine = None
 
     async def _lose_leadership(self, why: str) -> None:

@@ -116,3 +116,15 @@ async def test_a_crash_before_the_deferred_write_keeps_the_one_attempt(
     assert [a.attempt for a in record.attempts] == [1] and record.attempts[0].live
     assert agent.cancels.empty() and agent.dispatches.empty()
     assert [w.attempt for w in agent.workloads if w.job_id == job_id] == [1]
+
+
+async def test_a_clean_stop_writes_what_it_deferred(harness: Harness) -> None:
+    """A broker stopped while leading writes the attempt found running before it lets the
+    lease go, long before the deferred write would have fallen due."""
+    await harness.start_broker(deferring(harness, 30.0))
+    agent = await harness.agent("c1")
+    job_id, store = await running_after_ack(harness, agent, "handed-over")
+    assert (await stored(store, job_id)).attempts[-1].running_at is None
+    await harness.stop_broker()
+    after = await stored(JobStore(harness.nc.jetstream(), store.bucket), job_id)
+    assert after.state == "running" and after.attempts[-1].running_at is not None
