@@ -60,7 +60,7 @@ from broker.core.submission import (
     reject,
     resolve_priority,
 )
-from broker.core.types import GangRequest, Preemption, Reason
+from broker.core.types import CycleResult, GangRequest, Preemption, Reason
 from broker.core.views import JobViews
 from schemas.agent import (
     AgentEvent,
@@ -116,6 +116,9 @@ class Machine:
         )
         self._order = 0  # the newest submission order handed out or restored
         self._next_expiry = 0.0  # when ended jobs past their retention are looked for next
+        # Read-only observers of each admission cycle's result (the simulator's wait-reason
+        # counts, `load/sim/reasons.py`); they must not change what they are given.
+        self.cycle_observers: list[Callable[[CycleResult], None]] = []
 
     @property
     def jobs(self) -> dict[str, JobRecord]:
@@ -277,6 +280,8 @@ class Machine:
         if not candidates:
             return []
         result = self.scheduler.schedule(candidates, now, self._waiting_for_spot(now))
+        for observe in self.cycle_observers:
+            observe(result)
         if result.admitted:
             self.backlog.admitted({self._jobs[job_id].queue for job_id, _ in result.admitted})
         effects: list[Effect] = []

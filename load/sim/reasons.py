@@ -3,13 +3,12 @@ scheduler could not place in a cycle counts once per reason code it gave, and `s
 every job the spot-kept rule turned away from spot (`placement.spot_kept_for`), whether it took
 on-demand instead or waits for on-demand (then also counted as `spot-held`).
 
-Read by wrapping the run's `Scheduler.schedule` on its one instance: the result is only read,
+Read from the machine's cycle observers (`Machine.cycle_observers`): the result is only read,
 so a run counts the same figures it would without the counter."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 from broker.core.machine import Machine
@@ -21,16 +20,13 @@ SPOT_KEPT = "spot-kept"
 def count_reasons(machine: Machine) -> Counter[str]:
     """The counts of `machine`'s cycles from now on, filled in as it runs."""
     counts: Counter[str] = Counter()
-    schedule = machine.scheduler.schedule
 
-    def counted(pending: Sequence[Any], now: float, *rest: Any) -> CycleResult:
-        result = schedule(pending, now, *rest)
+    def observe(result: CycleResult) -> None:
         for reasons in result.pending.values():
             counts.update({r.code for r in reasons})
         counts[SPOT_KEPT] += len(result.spot_held)
-        return result
 
-    setattr(machine.scheduler, "schedule", counted)  # noqa: B010 - an instance's, not the class's
+    machine.cycle_observers.append(observe)
     return counts
 
 
