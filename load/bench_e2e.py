@@ -50,8 +50,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import os
+import tempfile
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import nats
@@ -213,14 +216,19 @@ async def paced(
 async def one_run(
     url: str, nats_pid: int, args: Options, run: int, fleet: FleetLayout
 ) -> dict[str, Any]:
-    setup = await start_setup(
-        url,
-        clusters=args.clusters,
-        flavors=half_spot_flavors(args.nodes),
-        queues=args.queues,
-        fleet_process=fleet is FleetLayout.process,
-    )
+    probe = StallRecord(args.stalls_ms) if args.stalls_ms and BrokerProcess.tree is None else None
+    try:
+        setup = await start_setup(
+            url,
+            clusters=args.clusters,
+            flavors=half_spot_flavors(args.nodes),
+            queues=args.queues,
+            fleet_process=fleet is FleetLayout.process,
+        )
+    finally:
+        BrokerProcess.program = DEFAULT_PROGRAM
     setup.pids["nats"] = nats_pid
+    window: tuple[float, float] | None = None
     try:
         sizes = sample_sizes(args.jobs + args.latency_jobs, seed=args.seed + run)
         burst_jobs = payloads(setup, f"a{run}", sizes[: args.jobs], args.queues)
@@ -235,7 +243,9 @@ async def one_run(
         await asyncio.sleep(args.settle_s)
         trace = await EventTrace.start(setup) if args.trace else None
         gcw.quiet()
+        paced_from = time.time()
         b = await paced(setup, paced_jobs, args.rate, timeout=30, trace=trace)
+        window = (paced_from, time.time())
         b["bench_gc"] = gcw.take()
         gcw.close()
         if trace is not None:
@@ -248,6 +258,46 @@ async def one_run(
         return {"burst": a, "paced": b, "broker": stats}
     finally:
         await setup.close()
+        if probe is not None and window is not None:
+            b["broker_stalls"] = probe.summary(*window)
+
+
+DEFAULT_PROGRAM = BrokerProcess.program
+
+
+class StallRecord:
+    """The broker under `load.stallprobe` for one run: its loop turns longer than `ms` and its
+    cycle-collector passes, read back after the broker exits and cut to figure B's window."""
+
+    def __init__(self, ms: float) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="muster-stalls-")
+        self.path = Path(self._tmp.name) / "stalls.json"
+        BrokerProcess.program = ("-m", "load.stallprobe", str(self.path), str(ms))
+
+    def summary(self, start: float, end: float) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {"error": "the broker wrote no stall record (killed?)"}
+        finally:
+            self._tmp.cleanup()
+        turns = [t for t in data["turns"] if start <= t["at"] <= end]
+        gcs = [c for c in data["collections"] if start <= c["at"] <= end]
+        return {
+            "threshold_ms": data["threshold_ms"],
+            "turns": len(turns),
+            "turns_wall_ms": round(sum(t["wall_ms"] for t in turns), 1),
+            "turns_cpu_ms": round(sum(t["cpu_ms"] for t in turns), 1),
+            "longest": sorted(turns, key=lambda t: -t["wall_ms"])[:8],
+            "gc_by_generation": {
+                g: {
+                    "count": len(ps := [c["pause_ms"] for c in gcs if c["generation"] == g]),
+                    "max_ms": max(ps, default=0.0),
+                    "total_ms": round(sum(ps), 1),
+                }
+                for g in (0, 1, 2)
+            },
+        }
 
 
 class KvWrites:
@@ -446,6 +496,14 @@ def bench_e2e(
     seed: int = 20171009,
     baseline_msgs: Count = 200_000,
     baseline: Baseline = None,
+    stalls_ms: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="record the broker's event-loop turns longer than this (load/stallprobe.py) "
+            "and its GC passes in figure B's window; 0: off",
+        ),
+    ] = 0.0,
     fleet: Annotated[
         FleetLayout,
         typer.Option(
