@@ -265,6 +265,18 @@ async def one_run(
 DEFAULT_PROGRAM = BrokerProcess.program
 
 
+def _totals(rows: list[dict[str, Any]], key: str, measures: tuple[str, ...]) -> dict[str, Any]:
+    """Per value of `key`: how many rows, and the total and largest of each measure."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        agg = out.setdefault(str(row[key]), {"count": 0})
+        agg["count"] += 1
+        for m in measures:
+            agg[f"{m}_total"] = round(agg.get(f"{m}_total", 0.0) + row[m], 1)
+            agg[f"{m}_max"] = max(agg.get(f"{m}_max", 0.0), row[m])
+    return out
+
+
 class StallRecord:
     """The broker under `load.stallprobe` for one run: its loop turns longer than `ms` and its
     cycle-collector passes, read back after the broker exits and cut to figure B's window."""
@@ -289,14 +301,8 @@ class StallRecord:
             "turns_wall_ms": round(sum(t["wall_ms"] for t in turns), 1),
             "turns_cpu_ms": round(sum(t["cpu_ms"] for t in turns), 1),
             "longest": sorted(turns, key=lambda t: -t["wall_ms"])[:8],
-            "gc_by_generation": {
-                g: {
-                    "count": len(ps := [c["pause_ms"] for c in gcs if c["generation"] == g]),
-                    "max_ms": max(ps, default=0.0),
-                    "total_ms": round(sum(ps), 1),
-                }
-                for g in (0, 1, 2)
-            },
+            "by_task": _totals(turns, "what", ("wall_ms", "cpu_ms")),
+            "gc_by_generation": _totals(gcs, "generation", ("pause_ms", "cpu_ms")),
         }
 
 

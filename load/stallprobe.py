@@ -42,7 +42,7 @@ class Probe:
         self.turns: list[dict[str, Any]] = []
         self.collections: list[dict[str, Any]] = []
         self.callbacks = 0
-        self._gc_t0 = 0.0
+        self._gc_t0 = self._gc_c0 = 0.0
 
     def install(self) -> None:
         run = asyncio.events.Handle._run
@@ -68,7 +68,7 @@ class Probe:
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._gc_t0 = time.perf_counter()
+            self._gc_t0, self._gc_c0 = time.perf_counter(), time.thread_time()
         elif len(self.collections) < MAX_RECORDS:
             self.collections.append(
                 {
@@ -76,6 +76,7 @@ class Probe:
                     "generation": info.get("generation"),
                     "collected": info.get("collected"),
                     "pause_ms": round((time.perf_counter() - self._gc_t0) * 1000, 3),
+                    "cpu_ms": round((time.thread_time() - self._gc_c0) * 1000, 3),
                 }
             )
 
