@@ -216,7 +216,7 @@ async def paced(
 async def one_run(
     url: str, nats_pid: int, args: Options, run: int, fleet: FleetLayout
 ) -> dict[str, Any]:
-    probe = StallRecord(args.stalls_ms) if args.stalls_ms and BrokerProcess.tree is None else None
+    probe = StallRecord(args.stalls_ms) if args.stalls_ms else None
     try:
         setup = await start_setup(
             url,
@@ -284,7 +284,8 @@ class StallRecord:
     def __init__(self, ms: float) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="muster-stalls-")
         self.path = Path(self._tmp.name) / "stalls.json"
-        BrokerProcess.program = ("-m", "load.stallprobe", str(self.path), str(ms))
+        script = REPO / "load" / "stallprobe.py"  # any checkout's broker runs under it
+        BrokerProcess.program = (str(script), str(self.path), str(ms))
 
     def summary(self, start: float, end: float) -> dict[str, Any]:
         try:

@@ -1,6 +1,9 @@
 """`muster broker` with its event loop's long turns recorded, for `load.bench_e2e --stalls`.
 
-    python -m load.stallprobe OUT_JSON THRESHOLD_MS broker --nats URL ...
+    python load/stallprobe.py OUT_JSON THRESHOLD_MS broker --nats URL ...
+
+Run as a script, it needs nothing of the tree it sits in, so `--baseline` runs another
+checkout's broker under it (that checkout's `muster` on PYTHONPATH).
 
 Every callback the loop runs (`asyncio.Handle._run`: a task step, a timer, a reader) that
 takes longer than THRESHOLD_MS of wall time is recorded with the CPU time its thread spent in
@@ -91,6 +94,8 @@ class Probe:
 
 
 def main() -> None:
+    if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+        del sys.path[0]  # run as a script: this directory's modules must not shadow others
     path, threshold_ms = Path(sys.argv[1]), float(sys.argv[2])
     probe = Probe(threshold_ms)
     probe.install()
