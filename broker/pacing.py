@@ -35,17 +35,9 @@ class GcPacer:
     times a minute under load, and every pause lands on submit -> dispatch latency. So what
     has survived FREEZE_EVERY_S is frozen (`gc.freeze`: reference counting still frees it, only
     the cycle detector skips it), and once per FULL_EVERY_S everything is unfrozen, fully
-    collected and frozen again, so cyclic garbage that outlived a freeze is still reclaimed.
+    collected and frozen again, so cyclic garbage that outlived a freeze is still reclaimed."""
 
-    A freeze only splices lists (constant time) and restarts the count towards the next
-    generation-0 pass, so it runs every 0.1 s: freezing once a second left up to a second of
-    new records (~25,000 objects at 1,000 submissions/s) to the young generations, and the
-    broker ran about 7 generation-1 passes a second of up to 6 ms of CPU each, plus a
-    generation-2 pass of ~10 ms now and then, each a stall for every submission behind it
-    (`python -m load.bench_e2e --stalls-ms 3`; docs/benchmarks.md, "What the tail at 1,000/s
-    is made of")."""
-
-    FREEZE_EVERY_S = 0.1
+    FREEZE_EVERY_S = 1.0
     FULL_EVERY_S = 600.0
 
     def __init__(self) -> None:
