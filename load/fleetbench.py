@@ -5,7 +5,9 @@ out, on the same clock as the load generator (so latency needs no clock sync).
 The fleet runs in the benchmark process over one NATS connection, as `start_fake_fleet` does
 for demos; the hook wraps each FakeCluster's `dispatch` on the instance only (no change to the
 agents' code). A dispatch that the fake cluster refuses raises and is not recorded, so a
-recorded dispatch is one the agent acknowledged as ok.
+recorded dispatch is one the agent acknowledged as ok. With `fleet_process` the same fleet and
+hook run in a child (`FleetProcess`, load/fleetproc.py) that stamps each dispatch with
+`time.time()` and reports it over NATS; the benchmark stamps its publishes with that clock.
 """
 
 from __future__ import annotations
