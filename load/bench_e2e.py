@@ -2,7 +2,8 @@
 
     python -m load.bench_e2e [--clusters 50] [--nodes 200] [--jobs 20000] [--rate 1000]
                              [--latency-jobs 10000] [--runs 3] [--json out.json]
-                             [--fleet in-process|process|both] [--trace] [--baseline DIR]
+                             [--fleet in-process|process|both] [--trace] [--stalls-ms MS]
+                             [--baseline DIR]
 
 Setup per run (fresh subject prefix, so fresh streams and buckets): the broker in its own
 process (`muster broker`), an embedded nats-server, and in this process 50 fake clusters x 200
