@@ -2,6 +2,8 @@
 
     python -m load.bench_e2e [--clusters 50] [--nodes 200] [--jobs 20000] [--rate 1000]
                              [--latency-jobs 10000] [--runs 3] [--json out.json]
+                             [--fleet in-process|process|both] [--trace] [--stalls-ms MS]
+                             [--baseline DIR]
 
 Setup per run (fresh subject prefix, so fresh streams and buckets): the broker in its own
 process (`muster broker`), an embedded nats-server, and in this process 50 fake clusters x 200
@@ -21,12 +23,17 @@ jobs / (last dispatch - first publish). The rate between the 10th and 90th perce
 
 Figure B (latency): then `--latency-jobs` more are published at `--rate` per second (paced on a
 1 ms timer, bounded by count and by time); latency = agent dispatch time - publish time, same
-process and clock. p50/p90/p99/max.
+clock. p50/p90/p99/max.
 
-The 50 fake agents share this process, so its cycle collector is frozen and off during each
-measured window (`fleetbench.GcWatch`): a 150 ms full collection here would stall every agent
-at once and be charged to the broker. `--trace` also splits figure B into stages (publish ->
-`queued` event -> `admitted` event -> agent dispatch) from the broker's job events.
+By default the 50 fake agents share this process, so its cycle collector is frozen and off
+during each measured window (`fleetbench.GcWatch`): a 150 ms full collection here would stall
+every agent at once and be charged to the broker. Even so the fleet's own work (commands,
+heartbeats, fences) runs on the loop that paces the publishes and stamps them. `--fleet
+process` runs the fleet in a process of its own (load/fleetproc.py), which stamps each Dispatch
+with `time.time()` and reports it on a NATS subject; this process then only publishes and
+measures, on the same clock. `--fleet both` measures each layout in every run. `--trace`
+also splits figure B into stages (publish -> `queued` event -> `admitted` event -> agent
+dispatch) from the broker's job events.
 
 Both figures also give the broker's CPU per job (`broker_cpu_ms_per_job`: its CPU seconds over
 the window divided by the jobs dispatched in it): on a shared machine the wall-clock figures
@@ -43,8 +50,13 @@ Baselines, measured in the same run on the same server: raw NATS pub->sub msgs/s
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
+import json
 import os
+import tempfile
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import nats
@@ -77,6 +89,19 @@ from schemas.config import Timeouts
 from shell.cli import EventLoopFlag, EventLoopOpt, loop_factory
 from shell.natsio import flush
 
+
+class FleetLayout(enum.Enum):
+    """Where the fake fleet runs: beside the load generator (one event loop and clock for
+    both), in a process of its own (load/fleetproc.py), or each in turn."""
+
+    in_process = "in-process"
+    process = "process"
+    both = "both"
+
+    def layouts(self) -> list[FleetLayout]:
+        return [FleetLayout.in_process, FleetLayout.process] if self is FleetLayout.both else [self]
+
+
 SIMULATE = {"total_steps": 10**9, "steps_per_second": 1.0, "checkpoint_every": 10**9}
 TARGET_RATE = 2000.0
 TARGET_P99_MS = 50.0
@@ -104,13 +129,13 @@ async def burst(setup: Setup, jobs: list[tuple[str, str, bytes]], timeout: float
     nc, log = setup.nc, setup.log
     base = len(log.acked)
     cpu = CpuMeter(setup.pids)
-    started = time.perf_counter()
+    started = log.clock()  # the clock the fleet stamps dispatches with
     for k, (_, subject, data) in enumerate(jobs):
         await nc.publish(subject, data)
         if k % 500 == 499:
             await asyncio.sleep(0)  # let the client's flusher and the fleet run
     await flush(nc)
-    published = time.perf_counter()
+    published = log.clock()
     complete = await log.wait_count(base + len(jobs), timeout)
     shares, used = cpu.shares(), cpu.used()
     ids = {job_id for job_id, _, _ in jobs}
@@ -143,21 +168,22 @@ async def paced(
 ) -> dict[str, Any]:
     """Figure B: publish at `rate`/s; latency = dispatch acked - published, in ms."""
     nc, log = setup.nc, setup.log
+    clock = log.clock  # the clock the fleet stamps dispatches with
     sent_at: dict[str, float] = {}
     total = len(jobs)
     cpu = CpuMeter(setup.pids)
-    started = time.perf_counter()
+    started = clock()
     stop_at = started + total / rate * 2 + 10  # bounded in time even if the loop lags
     sent = 0
-    while sent < total and time.perf_counter() < stop_at:
-        due = min(total, int((time.perf_counter() - started) * rate) + 1)
+    while sent < total and clock() < stop_at:
+        due = min(total, int((clock() - started) * rate) + 1)
         while sent < due:
             job_id, subject, data = jobs[sent]
-            sent_at[job_id] = time.perf_counter()
+            sent_at[job_id] = clock()
             await nc.publish(subject, data)
             sent += 1
         await asyncio.sleep(0.001)
-    send_s = time.perf_counter() - started
+    send_s = clock() - started
     await flush(nc)
     deadline = time.monotonic() + timeout
     waiting = [j for j in sent_at if j not in log.first]
@@ -189,11 +215,22 @@ async def paced(
     }
 
 
-async def one_run(url: str, nats_pid: int, args: Options, run: int) -> dict[str, Any]:
-    setup = await start_setup(
-        url, clusters=args.clusters, flavors=half_spot_flavors(args.nodes), queues=args.queues
-    )
+async def one_run(
+    url: str, nats_pid: int, args: Options, run: int, fleet: FleetLayout
+) -> dict[str, Any]:
+    probe = StallRecord(args.stalls_ms) if args.stalls_ms else None
+    try:
+        setup = await start_setup(
+            url,
+            clusters=args.clusters,
+            flavors=half_spot_flavors(args.nodes),
+            queues=args.queues,
+            fleet_process=fleet is FleetLayout.process,
+        )
+    finally:
+        BrokerProcess.program = DEFAULT_PROGRAM
     setup.pids["nats"] = nats_pid
+    window: tuple[float, float] | None = None
     try:
         sizes = sample_sizes(args.jobs + args.latency_jobs, seed=args.seed + run)
         burst_jobs = payloads(setup, f"a{run}", sizes[: args.jobs], args.queues)
@@ -208,7 +245,9 @@ async def one_run(url: str, nats_pid: int, args: Options, run: int) -> dict[str,
         await asyncio.sleep(args.settle_s)
         trace = await EventTrace.start(setup) if args.trace else None
         gcw.quiet()
+        paced_from = time.time()
         b = await paced(setup, paced_jobs, args.rate, timeout=30, trace=trace)
+        window = (paced_from, time.time())
         b["bench_gc"] = gcw.take()
         gcw.close()
         if trace is not None:
@@ -217,10 +256,65 @@ async def one_run(url: str, nats_pid: int, args: Options, run: int) -> dict[str,
         await asyncio.sleep(args.settle_s + Timeouts().deferred_write_s)
         jobs = a["admitted"] + b["dispatched"]
         b["kv_puts_per_job"] = per_job(before, await writes.count(), jobs)
-        stats = await setup.broker.stats(setup.nc, timeout=10)
-        return {"burst": a, "paced": b, "broker": stats}
+        return {"burst": a, "paced": b, "broker": await broker_stats(setup)}
     finally:
         await setup.close()
+        if probe is not None and window is not None:
+            b["broker_stalls"] = probe.summary(*window)
+
+
+DEFAULT_PROGRAM = BrokerProcess.program
+
+
+def _totals(rows: list[dict[str, Any]], key: str, measures: tuple[str, ...]) -> dict[str, Any]:
+    """Per value of `key`: how many rows, and the total and largest of each measure."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        agg = out.setdefault(str(row[key]), {"count": 0})
+        agg["count"] += 1
+        for m in measures:
+            agg[f"{m}_total"] = round(agg.get(f"{m}_total", 0.0) + row[m], 1)
+            agg[f"{m}_max"] = max(agg.get(f"{m}_max", 0.0), row[m])
+    return out
+
+
+class StallRecord:
+    """The broker under `load.stallprobe` for one run: its loop turns longer than `ms` and its
+    cycle-collector passes, read back after the broker exits and cut to figure B's window."""
+
+    def __init__(self, ms: float) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="muster-stalls-")
+        self.path = Path(self._tmp.name) / "stalls.json"
+        script = REPO / "load" / "stallprobe.py"  # any checkout's broker runs under it
+        BrokerProcess.program = (str(script), str(self.path), str(ms))
+
+    def summary(self, start: float, end: float) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {"error": "the broker wrote no stall record (killed?)"}
+        finally:
+            self._tmp.cleanup()
+        turns = [t for t in data["turns"] if start <= t["at"] <= end]
+        gcs = [c for c in data["collections"] if start <= c["at"] <= end]
+        return {
+            "threshold_ms": data["threshold_ms"],
+            "turns": len(turns),
+            "turns_wall_ms": round(sum(t["wall_ms"] for t in turns), 1),
+            "turns_cpu_ms": round(sum(t["cpu_ms"] for t in turns), 1),
+            "longest": sorted(turns, key=lambda t: -t["wall_ms"])[:8],
+            "by_task": _totals(turns, "what", ("wall_ms", "cpu_ms")),
+            "gc_by_generation": _totals(gcs, "generation", ("pause_ms", "cpu_ms")),
+        }
+
+
+async def broker_stats(setup: Setup) -> dict[str, Any]:
+    """The broker's stats after a run; on a saturated machine its answer can take longer than
+    a request's 10 s, which must not throw away the run's figures."""
+    for timeout in (10, 30):
+        with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
+            return await setup.broker.stats(setup.nc, timeout=timeout)
+    return {"event_loop": "unknown (the broker's stats did not come in 40 s)"}
 
 
 class KvWrites:
@@ -268,6 +362,44 @@ def _fmt_run(r: dict[str, Any]) -> str:
     )
 
 
+def latency_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Figure B of some runs: medians and every run, with each run's load and raw p99."""
+    paced = [r["paced"] for r in runs]
+    stalled = all("broker_stalls" in p for p in paced)
+    return (
+        {
+            f"{q}_ms_median": round(median([p[f"{q}_ms"] for p in paced]), 2)
+            for q in ("p50", "p90", "p99")
+        }
+        | {
+            "p99_ms": [round(p["p99_ms"], 2) for p in paced],
+            "raw_request_p99_ms": [r["raw_request_p99_ms"] for r in runs],
+            "load_average_1m": [r["load_average_1m"] for r in runs],
+            "broker_cpu_ms_per_job": [round(p["broker_cpu_ms_per_job"], 4) for p in paced],
+            "all_dispatched": all_dispatched(runs),
+        }
+        | ({"broker_stalls": [stall_digest(p["broker_stalls"]) for p in paced]} if stalled else {})
+    )
+
+
+def stall_digest(stalls: dict[str, Any]) -> dict[str, Any]:
+    """One run's `--stalls-ms` record in brief: long turns, and GC passes per generation."""
+    gc_passes = stalls.get("gc_by_generation", {})
+    return {
+        "long_turns": stalls.get("turns"),
+        "long_turns_cpu_ms": stalls.get("turns_cpu_ms"),
+        "gc_passes": {g: v["count"] for g, v in gc_passes.items()},
+        "gc_cpu_ms": round(sum(v["cpu_ms_total"] for v in gc_passes.values()), 1),
+        "gc_max_cpu_ms": max((v["cpu_ms_max"] for v in gc_passes.values()), default=0.0),
+    }
+
+
+def all_dispatched(runs: list[dict[str, Any]]) -> bool:
+    return all(
+        r["burst"]["complete"] and r["paced"]["dispatched"] == r["paced"]["jobs"] for r in runs
+    )
+
+
 def _cpu(shares: dict[str, float]) -> str:
     return " ".join(f"{k} {v:.0%}" for k, v in shares.items())
 
@@ -278,24 +410,37 @@ async def main_async(args: Options) -> dict[str, Any]:
         f"e2e bench: {args.clusters} clusters x {args.nodes} nodes x 8 GPUs; {args.jobs} jobs "
         f"burst, then {args.latency_jobs} at {args.rate:g}/s; gang sizes from {source}"
     )
-    runs: list[dict[str, Any]] = []
-    other: list[dict[str, Any]] = []  # the --baseline checkout's runs, interleaved
+    every: list[dict[str, Any]] = []  # each run, in order: checkout, fleet layout, figures
     baselines: list[float] = []
     rr: list[dict[str, float]] = []
-    checkouts = list(trees(REPO, args.baseline).items())
+    layouts = args.fleet.layouts()
+    # (checkout, layout) in the order of run 1; later runs alternate it, so neither always
+    # follows the other on a machine whose load drifts.
+    order = [(c, f) for c in trees(REPO, args.baseline).items() for f in layouts]
     async with EmbeddedNats() as server:
         for run in range(args.runs):
-            for label, tree in checkouts if run % 2 == 0 else checkouts[::-1]:
+            for (label, tree), fleet in order if run % 2 == 0 else order[::-1]:
                 baselines.append(await raw_nats_baseline(server.url, count=args.baseline_msgs))
                 rr.append(await raw_request_latency(server.url))
                 assert server.proc is not None
                 BrokerProcess.tree = None if label == "this" else tree
-                one = await one_run(server.url, server.proc.pid, args, run)
-                (runs if label == "this" else other).append(one)
+                one = await one_run(server.url, server.proc.pid, args, run, fleet)
+                one |= {
+                    "tree": label,
+                    "fleet": fleet.value,
+                    "load_average_1m": round(os.getloadavg()[0], 2),
+                    "raw_nats_msgs_per_s": round(baselines[-1]),
+                    "raw_request_p99_ms": round(rr[-1]["p99_ms"], 3),
+                }
+                every.append(one)
                 print(
-                    f"  run {run + 1} {label}: {_fmt_run(one)}; raw NATS "
-                    f"{baselines[-1]:,.0f} msgs/s, request/reply p99 {rr[-1]['p99_ms']:.2f} ms"
+                    f"  run {run + 1} {label}, fleet {fleet.value}: {_fmt_run(one)}; raw NATS "
+                    f"{baselines[-1]:,.0f} msgs/s, request/reply p99 {rr[-1]['p99_ms']:.2f} ms; "
+                    f"load average {one['load_average_1m']}"
                 )
+    # The headline figures are this checkout's in the first layout asked for.
+    runs = [r for r in every if r["tree"] == "this" and r["fleet"] == layouts[0].value]
+    other = [r for r in every if r["tree"] == "baseline" and r["fleet"] == layouts[0].value]
     rates = [r["burst"]["admissions_per_s"] for r in runs]
     p99s = [r["paced"]["p99_ms"] for r in runs]
     base = median(baselines)
@@ -328,14 +473,20 @@ async def main_async(args: Options) -> dict[str, Any]:
         "raw_request_p50_ms": round(median([x["p50_ms"] for x in rr]), 3),
         "raw_request_p99_ms": round(rr_p99, 3),
         "ratio_p99_vs_raw_request_p99": round(median(p99s) / rr_p99, 1),
-        "all_dispatched": all(
-            r["burst"]["complete"] and r["paced"]["dispatched"] == r["paced"]["jobs"] for r in runs
-        ),
+        "all_dispatched": all_dispatched(runs),
         "event_loop": sorted({r["broker"]["event_loop"] for r in runs}),
         "target_admissions_per_s": TARGET_RATE,
         "target_p99_ms": TARGET_P99_MS,
         "kv_puts_per_job": [r["paced"]["kv_puts_per_job"] for r in runs],
-        "detail": runs,
+        "fleet": args.fleet.value,
+        "by_tree_and_fleet": {
+            f"{label} {fleet.value}": latency_summary(
+                [r for r in every if r["tree"] == label and r["fleet"] == fleet.value]
+            )
+            for label in trees(REPO, args.baseline)
+            for fleet in layouts
+        },
+        "detail": every,
     }
     if other:
         result["baseline"] = {
@@ -346,7 +497,6 @@ async def main_async(args: Options) -> dict[str, Any]:
             ],
             "latency_p99_ms": [round(r["paced"]["p99_ms"], 2) for r in other],
             "kv_puts_per_job": [r["paced"]["kv_puts_per_job"] for r in other],
-            "detail": other,
         }
     print(
         f"e2e ({args.event_loop.value}): median {result['admissions_per_s_median']:,} "
@@ -380,6 +530,21 @@ def bench_e2e(
     seed: int = 20171009,
     baseline_msgs: Count = 200_000,
     baseline: Baseline = None,
+    stalls_ms: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="record the broker's event-loop turns longer than this (load/stallprobe.py) "
+            "and its GC passes in figure B's window; 0: off",
+        ),
+    ] = 0.0,
+    fleet: Annotated[
+        FleetLayout,
+        typer.Option(
+            help="where the 50 fake agents run: in this process, in one of their own, or both "
+            "(each run measures each layout)"
+        ),
+    ] = FleetLayout.in_process,
     event_loop: EventLoopFlag = EventLoopOpt.asyncio,
     json_out: JsonOut = None,
 ) -> None:

@@ -5,7 +5,9 @@ out, on the same clock as the load generator (so latency needs no clock sync).
 The fleet runs in the benchmark process over one NATS connection, as `start_fake_fleet` does
 for demos; the hook wraps each FakeCluster's `dispatch` on the instance only (no change to the
 agents' code). A dispatch that the fake cluster refuses raises and is not recorded, so a
-recorded dispatch is one the agent acknowledged as ok.
+recorded dispatch is one the agent acknowledged as ok. With `fleet_process` the same fleet and
+hook run in a child (`FleetProcess`, load/fleetproc.py) that stamps each dispatch with
+`time.time()` and reports it over NATS; the benchmark stamps its publishes with that clock.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import functools
 import gc
 import os
 import random
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -23,12 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 from nats.aio.client import Client
 
-from agents.config import FakeClusterConfig, FakeFlavor, make_fleet_configs
+from agents.config import (
+    AgentConfig,
+    FakeClusterConfig,
+    FakeFlavor,
+    FleetConfig,
+    make_fleet_configs,
+)
 from agents.fleet import Fleet, start_fake_fleet
-from load.common import BrokerProcess, percentile
+from load.common import REPO, BrokerProcess, percentile
 from load.traces import default_traces_dir, gang_shape, philly_gang_sizes
 from schemas.agent import Dispatch
 from schemas.codec import decode_job_event
@@ -99,7 +111,7 @@ class Acked:
     job_id: str
     attempt: int
     cluster: str
-    at: float  # time.perf_counter() in this process
+    at: float  # DispatchLog.clock() where the agent ran
     resume_step: int | None
 
 
@@ -111,7 +123,10 @@ class DispatchLog:
     first: dict[str, Acked] = field(default_factory=dict)  # job_id -> attempt 1's ack
     by_key: dict[tuple[str, int], Acked] = field(default_factory=dict)
     listeners: list[Callable[[Acked], None]] = field(default_factory=list)
-    cancelled: dict[tuple[str, int], float] = field(default_factory=dict)  # perf_counter
+    cancelled: dict[tuple[str, int], float] = field(default_factory=dict)  # clock()
+    # perf_counter for a fleet in this process; wall time (time.time) when the fleet runs in
+    # a process of its own (load/fleetproc.py), as one machine's processes all read it alike.
+    clock: Callable[[], float] = time.perf_counter
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def hook(self, fleet: Fleet) -> None:
@@ -125,7 +140,7 @@ class DispatchLog:
         async def cancel(job_id: str, attempt: int | None, reason: str) -> None:
             await inner(job_id, attempt, reason)
             if attempt is not None:
-                self.cancelled.setdefault((job_id, attempt), time.perf_counter())
+                self.cancelled.setdefault((job_id, attempt), self.clock())
 
         return cancel
 
@@ -134,19 +149,22 @@ class DispatchLog:
     ) -> Callable[[Dispatch], Awaitable[None]]:
         async def dispatch(cmd: Dispatch) -> None:
             await inner(cmd)  # raises when the fake cluster refuses: not an ok ack
-            key = (cmd.job_id, cmd.attempt)
-            if key in self.by_key:
-                return
             step = cmd.resume_from.step if cmd.resume_from is not None else None
-            rec = Acked(cmd.job_id, cmd.attempt, name, time.perf_counter(), step)
-            self.by_key[key] = rec
-            self.acked.append(rec)
-            self.first.setdefault(cmd.job_id, rec)
-            for listener in self.listeners:
-                listener(rec)
-            self._changed.set()
+            self.add(Acked(cmd.job_id, cmd.attempt, name, self.clock(), step))
 
         return dispatch
+
+    def add(self, rec: Acked) -> None:
+        """Record one carried-out Dispatch (the first report of each attempt counts)."""
+        key = (rec.job_id, rec.attempt)
+        if key in self.by_key:
+            return
+        self.by_key[key] = rec
+        self.acked.append(rec)
+        self.first.setdefault(rec.job_id, rec)
+        for listener in self.listeners:
+            listener(rec)
+        self._changed.set()
 
     async def wait_count(self, count: int, timeout: float) -> bool:
         """Until `count` dispatches are recorded (True) or `timeout` passes (False)."""
@@ -161,20 +179,100 @@ class DispatchLog:
         return True
 
 
+# One carried-out Dispatch on the wire from load/fleetproc.py: job_id, attempt, cluster,
+# time.time() when carried out, resume step.
+Report = tuple[str, int, str, float, int | None]
+
+
+def encode_reports(recs: list[Acked]) -> bytes:
+    return msgspec.json.encode(
+        [(r.job_id, r.attempt, r.cluster, r.at, r.resume_step) for r in recs]
+    )
+
+
+def decode_reports(data: bytes) -> list[Acked]:
+    return [Acked(*r) for r in msgspec.json.decode(data, type=list[Report])]
+
+
+class FleetProcess:
+    """The fake fleet in a child process (`python -m load.fleetproc`), started like the broker
+    (`load.common.BrokerProcess`): its carried-out Dispatches arrive on a subject of the run's
+    prefix and fill `log`, stamped with the child's `time.time()`."""
+
+    def __init__(self, url: str, configs: Sequence[AgentConfig], prefix: str) -> None:
+        self.url = url
+        self.acks = f"{prefix}.bench.acked"
+        self.log = DispatchLog(clock=time.time)
+        self._tmp = tempfile.TemporaryDirectory(prefix="muster-fleet-")
+        self.config_path = Path(self._tmp.name) / "fleet.json"
+        self.config_path.write_bytes(msgspec.json.encode(FleetConfig(clusters=list(configs))))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._sub: Any = None
+
+    async def start(self, nc: Client) -> None:
+        """Listen for reports first (none is missed), then start the child."""
+
+        async def on_reports(msg: Any) -> None:
+            for rec in decode_reports(msg.data):
+                self.log.add(rec)
+
+        self._sub = await nc.subscribe(
+            self.acks, cb=on_reports, pending_msgs_limit=-1, pending_bytes_limit=-1
+        )
+        await flush(nc)
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "load.fleetproc", "--nats", self.url,
+             "--config", str(self.config_path), "--acks", self.acks],
+            env={**os.environ, "MUSTER_LOG_LEVEL": "warning"},
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    async def stop(self) -> None:
+        """SIGTERM (the fleet stops its agents), SIGKILL if it does not exit in time."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            deadline = time.monotonic() + 15
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+        self._tmp.cleanup()
+
+
 @dataclass
 class Setup:
-    """A broker process, its fake fleet and a client connection, all on one prefix."""
+    """A broker process, its fake fleet and a client connection, all on one prefix. The fleet
+    runs in this process (`local_fleet`) or in a child of its own (`remote_fleet`)."""
 
     broker: BrokerProcess
     nc: Client
-    fleet: Fleet
+    local_fleet: Fleet | None
     log: DispatchLog
     subjects: Subjects
     pids: dict[str, int] = field(default_factory=dict)  # processes to meter (CpuMeter)
+    remote_fleet: FleetProcess | None = None
+
+    @property
+    def fleet(self) -> Fleet:
+        """The in-process fleet (its clusters' injection API and history)."""
+        if self.local_fleet is None:
+            raise RuntimeError("the fleet runs in a process of its own; start it in this one")
+        return self.local_fleet
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.fleet.stop(), 15)
+            if self.local_fleet is not None:
+                await asyncio.wait_for(self.local_fleet.stop(), 15)
+            if self.remote_fleet is not None:
+                await self.remote_fleet.stop()
         with contextlib.suppress(Exception):
             await self.nc.close()
         self.broker.cleanup()
@@ -189,9 +287,11 @@ async def start_setup(
     fake: dict[str, Any] | None = None,
     timeouts: Timeouts | None = None,
     fleet_timeout_s: float = 120.0,
+    fleet_process: bool = False,
 ) -> Setup:
     """A fresh prefix, a broker process leading on it, and a fake fleet whose snapshots the
-    broker has applied (its `clusters` counter reaches `clusters`)."""
+    broker has applied (its `clusters` counter reaches `clusters`). `fleet_process`: the fleet
+    runs in a child process (`FleetProcess`), so this one only publishes and measures."""
     configure_logging("warning")  # the fleet's per-command logs are debug; keep them cheap
     prefix = f"e{uuid.uuid4().hex[:8]}"
     config = BrokerConfig(
@@ -208,22 +308,31 @@ async def start_setup(
         await broker.wait_leading(nc)
         fake_cfg = FakeClusterConfig(flavors=list(flavors), seed=SEED, **(fake or {}))
         configs = make_fleet_configs(clusters, fake_cfg, prefix="c", subject_prefix=prefix)
-        fleet = await start_fake_fleet(nc, configs, Subjects(prefix=prefix))
+        fleet, remote = None, None
+        if fleet_process:
+            remote = FleetProcess(url, configs, prefix)
+            await remote.start(nc)
+            log = remote.log
+        else:
+            fleet = await start_fake_fleet(nc, configs, Subjects(prefix=prefix))
+            log = DispatchLog()
+            log.hook(fleet)
     except BaseException:
         await nc.close()
         broker.cleanup()
         raise
-    log = DispatchLog()
-    log.hook(fleet)
     assert broker.proc is not None
     setup = Setup(
         broker=broker,
         nc=nc,
-        fleet=fleet,
+        local_fleet=fleet,
         log=log,
         subjects=Subjects(prefix=prefix),
         pids={"broker": broker.proc.pid},
+        remote_fleet=remote,
     )
+    if remote is not None and remote.proc is not None:
+        setup.pids["fleet"] = remote.proc.pid
     deadline = time.monotonic() + fleet_timeout_s
     while time.monotonic() < deadline:
         stats = await broker.stats(nc, timeout=10)
@@ -329,7 +438,7 @@ class EventTrace:
         trace = cls(None)
 
         async def on_event(msg: Any) -> None:
-            at = time.perf_counter()
+            at = setup.log.clock()
             event = decode_job_event(msg.data)
             trace.seen.setdefault(event.job_id, {}).setdefault(event.kind, at)
 

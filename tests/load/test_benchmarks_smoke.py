@@ -50,6 +50,29 @@ def test_bench_e2e_tiny() -> None:
     assert all(x >= 1 and finite_positive(x) for x in r["kv_puts_per_job"]), r["kv_puts_per_job"]
 
 
+def test_bench_e2e_fleet_in_its_own_process() -> None:
+    """`--fleet both`: each run also measures with the fake agents in a child process, whose
+    carried-out Dispatches reach the load generator over NATS; every job is counted once.
+    `--stalls-ms`: the broker's long loop turns and GC passes come back from its process."""
+    r = run_bench(
+        "load.bench_e2e",
+        *("--clusters", "3", "--nodes", "40", "--jobs", "100", "--latency-jobs", "100"),
+        *("--rate", "500", "--runs", "1", "--settle-s", "0.2", "--baseline-msgs", "5000"),
+        *("--fleet", "both", "--stalls-ms", "1"),
+        timeout=60.0,
+    )
+    assert r["all_dispatched"] is True
+    both = r["by_tree_and_fleet"]
+    assert set(both) == {"this in-process", "this process"}
+    for figures in both.values():
+        assert 0 < figures["p50_ms_median"] <= figures["p99_ms_median"] < 30_000
+        assert len(figures["load_average_1m"]) == len(figures["raw_request_p99_ms"]) == 1
+        assert figures["all_dispatched"] is True
+        # the broker ran under load/stallprobe.py: its GC passes in the paced window
+        (stalls,) = figures["broker_stalls"]
+        assert stalls["gc_passes"] and stalls["gc_cpu_ms"] >= 0, stalls
+
+
 def test_bench_spot_tiny() -> None:
     r = run_bench(
         "load.bench_spot",
