@@ -83,6 +83,9 @@ EXPIRY_SCAN_S = 60.0  # how often ended jobs past their retention are looked for
 __all__ = ["LIVE_STATES", "TERMINAL", "AgentTrack", "Machine", "derive_job_id"]
 
 
+SPOT_WANTING = frozenset({"spot", "spot-then-on-demand"})  # capacities that may wait for spot
+
+
 class Machine:
     def __init__(
         self,
@@ -365,6 +368,8 @@ class Machine:
         for pending in self.backlog.pending.values():
             for job_id in pending.heads(self.backlog.lookahead, lambda _: True):
                 record = self._jobs[job_id]
+                if record.spec.capacity not in SPOT_WANTING:
+                    continue  # never waits for spot (a request only narrows it to on-demand)
                 if job_id in waiting or job_id not in reasons or record.not_before > now:
                     continue  # not yet tried, or backing off: not waiting for capacity
                 demands = self.registry.demands(job_id)
