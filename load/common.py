@@ -102,16 +102,23 @@ class BrokerProcess:
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill9()
+        end_process(self.proc, 10.0)
 
     def cleanup(self) -> None:
         self.stop()
         self._tmp.cleanup()
+
+
+def end_process(proc: subprocess.Popen[bytes] | None, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within `grace_s`."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 async def raw_nats_baseline(url: str, count: int = 200_000, size: int = 64) -> float:

@@ -40,7 +40,7 @@ from agents.config import (
     make_fleet_configs,
 )
 from agents.fleet import Fleet, start_fake_fleet
-from load.common import REPO, BrokerProcess, percentile
+from load.common import REPO, BrokerProcess, end_process, percentile
 from load.traces import default_traces_dir, gang_shape, philly_gang_sizes
 from schemas.agent import Dispatch
 from schemas.codec import decode_job_event
@@ -233,14 +233,7 @@ class FleetProcess:
 
     async def stop(self) -> None:
         """SIGTERM (the fleet stops its agents), SIGKILL if it does not exit in time."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            deadline = time.monotonic() + 15
-            while self.proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait(10)
+        end_process(self.proc, 15.0)
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
