@@ -144,7 +144,9 @@ class EffectExecutor(BrokerFields):
         delay = 0.05
         while records:
             try:
+                self._unwritten = len(records)
                 await self.store.put_many(records)
+                self._unwritten = 0
                 self.stats["records_put"] += len(records)
                 if self._persist_full:
                     log.warning("broker.storage_available", records=len(records))

@@ -142,6 +142,7 @@ class BrokerFields:
         self._writes_wake: float | None = None
         # A clean stop while leading: every deferred record is due at once (`_hand_over`).
         self._handing_over = False
+        self._unwritten = 0  # records of the put the pipeline is retrying (NATS refusing it)
         self.metrics = Metrics(self)
         self._gc = GcPacer() if pace_gc else None
         self._next_cycle = 0.0  # event-loop time before which no admission cycle starts

@@ -358,7 +358,10 @@ class BrokerProcess(BrokerFields):
             async with asyncio.timeout(HANDOVER_DRAIN_S):
                 await self.drained()
         except TimeoutError:
-            log.warning("broker.handover_drain_timed_out", waiting=self._writes.waiting())
+            log.warning(
+                "broker.handover_drain_timed_out",
+                unwritten=self._unwritten + self._writes.waiting(),
+            )
 
     async def _watch_bucket(self, machine: Machine) -> None:
         """Check the job bucket still holds what it acknowledged (BucketWatch); a failed

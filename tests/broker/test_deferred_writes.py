@@ -8,7 +8,12 @@ from __future__ import annotations
 import copy
 import time
 
+import pytest
+import structlog
+from nats.js.errors import KeyNotFoundError
+
 from broker.core.records import JobRecord
+from broker.lease import KEY
 from broker.store import JobStore
 from schemas.agent import Dispatch, WorkloadStatus
 from schemas.config import BrokerConfig
@@ -128,3 +133,26 @@ async def test_a_clean_stop_writes_what_it_deferred(harness: Harness) -> None:
     await harness.stop_broker()
     after = await stored(JobStore(harness.nc.jetstream(), store.bucket), job_id)
     assert after.state == "running" and after.attempts[-1].running_at is not None
+
+
+async def test_a_clean_stop_whose_writes_cannot_land_still_lets_the_lease_go(
+    harness: Harness,
+) -> None:
+    """The job bucket refuses every write (a sealed stream; the write is retried): the stop gives up
+    on the deferred write after its bound, says so, and still releases the lease, so a
+    standby does not wait out the TTL."""
+    await harness.start_broker(deferring(harness, 30.0))
+    agent = await harness.agent("c1")
+    await running_after_ack(harness, agent, "unwritable")
+    js = harness.nc.jetstream()
+    stream = f"KV_{harness.subjects.jobs_bucket}"
+    sealed = (await js.stream_info(stream)).config
+    sealed.sealed = True  # the server refuses every write from now on ("stream sealed")
+    await js.update_stream(sealed)
+    with structlog.testing.capture_logs() as logs:
+        await harness.stop_broker()
+    gave_up = [e for e in logs if e["event"] == "broker.handover_drain_timed_out"]
+    assert gave_up and gave_up[0]["unwritten"] >= 1, "\n".join(str(e) for e in logs)
+    lease = await js.key_value(harness.subjects.leader_bucket)
+    with pytest.raises(KeyNotFoundError):  # deleted: nobody holds it
+        await lease.get(KEY)
