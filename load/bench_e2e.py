@@ -65,8 +65,8 @@ import typer
 from broker.embedded import EmbeddedNats
 from load.command import Baseline, Count, JsonOut, Nodes, Options, program, summary, trees
 from load.common import (
+    BROKER_PROGRAM,
     REPO,
-    BrokerProcess,
     emit_with_detail,
     median,
     percentile,
@@ -216,19 +216,18 @@ async def paced(
 
 
 async def one_run(
-    url: str, nats_pid: int, args: Options, run: int, fleet: FleetLayout
+    url: str, nats_pid: int, args: Options, run: int, fleet: FleetLayout, tree: Path | None
 ) -> dict[str, Any]:
     probe = StallRecord(args.stalls_ms) if args.stalls_ms else None
-    try:
-        setup = await start_setup(
-            url,
-            clusters=args.clusters,
-            flavors=half_spot_flavors(args.nodes),
-            queues=args.queues,
-            fleet_process=fleet is FleetLayout.process,
-        )
-    finally:
-        BrokerProcess.program = DEFAULT_PROGRAM
+    setup = await start_setup(
+        url,
+        clusters=args.clusters,
+        flavors=half_spot_flavors(args.nodes),
+        queues=args.queues,
+        fleet_process=fleet is FleetLayout.process,
+        broker_program=probe.program if probe is not None else BROKER_PROGRAM,
+        broker_tree=tree,
+    )
     setup.pids["nats"] = nats_pid
     window: tuple[float, float] | None = None
     try:
@@ -263,9 +262,6 @@ async def one_run(
             b["broker_stalls"] = probe.summary(*window)
 
 
-DEFAULT_PROGRAM = BrokerProcess.program
-
-
 def _totals(rows: list[dict[str, Any]], key: str, measures: tuple[str, ...]) -> dict[str, Any]:
     """Per value of `key`: how many rows, and the total and largest of each measure."""
     out: dict[str, Any] = {}
@@ -286,7 +282,7 @@ class StallRecord:
         self._tmp = tempfile.TemporaryDirectory(prefix="muster-stalls-")
         self.path = Path(self._tmp.name) / "stalls.json"
         script = REPO / "load" / "stallprobe.py"  # any checkout's broker runs under it
-        BrokerProcess.program = (str(script), str(self.path), str(ms))
+        self.program = (str(script), str(self.path), str(ms))  # what runs the broker
 
     def summary(self, start: float, end: float) -> dict[str, Any]:
         try:
@@ -423,8 +419,9 @@ async def main_async(args: Options) -> dict[str, Any]:
                 baselines.append(await raw_nats_baseline(server.url, count=args.baseline_msgs))
                 rr.append(await raw_request_latency(server.url))
                 assert server.proc is not None
-                BrokerProcess.tree = None if label == "this" else tree
-                one = await one_run(server.url, server.proc.pid, args, run, fleet)
+                one = await one_run(
+                    server.url, server.proc.pid, args, run, fleet, None if label == "this" else tree
+                )
                 one |= {
                     "tree": label,
                     "fleet": fleet.value,

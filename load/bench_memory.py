@@ -44,9 +44,8 @@ class ProbedBroker(BrokerProcess):
     """The broker under tracemalloc; `snapshot()` asks it for one."""
 
     def __init__(self, url: str, config: BrokerConfig, snapshot_path: Path) -> None:
-        super().__init__(url, config)
+        super().__init__(url, config, program=("-m", "load.memprobe", str(snapshot_path)))
         self.snapshot_path = snapshot_path
-        self.program = ("-m", "load.memprobe", str(snapshot_path))
 
     async def snapshot(self) -> tracemalloc.Snapshot:
         assert self.proc is not None

@@ -39,15 +39,25 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+BROKER_PROGRAM = ("-m", "broker")
+
+
 class BrokerProcess:
     """`muster broker` as a child process (so it can be SIGKILLed and measured alone)."""
 
-    # What runs the `muster` command line in the child (bench_memory puts a probe in front).
-    program: tuple[str, ...] = ("-m", "broker")
-    # The checkout whose broker runs (`--baseline` of bench_e2e); None: this one.
-    tree: Path | None = None
-
-    def __init__(self, url: str, config: BrokerConfig, state_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        config: BrokerConfig,
+        state_dir: Path | None = None,
+        *,
+        program: tuple[str, ...] = BROKER_PROGRAM,
+        tree: Path | None = None,
+    ) -> None:
+        # What runs the `muster` command line in the child (a probe may go in front), and the
+        # checkout whose broker runs (`--baseline` of bench_e2e; None: this one).
+        self.program = program
+        self.tree = tree
         self.url = url
         self.config = config
         self._tmp = tempfile.TemporaryDirectory(prefix="muster-bench-")

@@ -40,7 +40,7 @@ from agents.config import (
     make_fleet_configs,
 )
 from agents.fleet import Fleet, start_fake_fleet
-from load.common import REPO, BrokerProcess, end_process, percentile
+from load.common import BROKER_PROGRAM, REPO, BrokerProcess, end_process, percentile
 from load.traces import default_traces_dir, gang_shape, philly_gang_sizes
 from schemas.agent import Dispatch
 from schemas.codec import decode_job_event
@@ -281,10 +281,13 @@ async def start_setup(
     timeouts: Timeouts | None = None,
     fleet_timeout_s: float = 120.0,
     fleet_process: bool = False,
+    broker_program: tuple[str, ...] = BROKER_PROGRAM,
+    broker_tree: Path | None = None,
 ) -> Setup:
     """A fresh prefix, a broker process leading on it, and a fake fleet whose snapshots the
     broker has applied (its `clusters` counter reaches `clusters`). `fleet_process`: the fleet
-    runs in a child process (`FleetProcess`), so this one only publishes and measures."""
+    runs in a child process (`FleetProcess`), so this one only publishes and measures.
+    `broker_program`, `broker_tree`: what runs the broker, from which checkout (BrokerProcess)."""
     configure_logging("warning")  # the fleet's per-command logs are debug; keep them cheap
     prefix = f"e{uuid.uuid4().hex[:8]}"
     config = BrokerConfig(
@@ -292,7 +295,7 @@ async def start_setup(
         queues=[QueueConfig(name=f"q{i}") for i in range(queues)],
         timeouts=timeouts or Timeouts(),
     )
-    broker = BrokerProcess(url, config)
+    broker = BrokerProcess(url, config, program=broker_program, tree=broker_tree)
     broker.start()
     nc = await nats.connect(
         url, pending_size=512 * 1024 * 1024, max_reconnect_attempts=3, connect_timeout=5
