@@ -29,11 +29,13 @@ def shape_of(request: GangRequest) -> Shape:
 
 
 class EarlierWaiters:
-    __slots__ = ("_filed", "_where")
+    __slots__ = ("_filed", "_places", "_where")
 
     def __init__(self) -> None:
         self._where: dict[str, tuple[str, Shape]] = {}  # job id -> (queue, shape)
         self._filed: dict[str, dict[Shape, PendingQueue]] = {}  # queue -> shape -> jobs
+        # One copy of each (queue, shape): 100,000 filed jobs share a few hundred.
+        self._places: dict[tuple[str, Shape], tuple[str, Shape]] = {}
 
     def __len__(self) -> int:
         return len(self._where)
@@ -48,6 +50,7 @@ class EarlierWaiters:
             self.drop(job_id)
             return
         at = (request.queue, shape_of(request))
+        at = self._places.setdefault(at, at)
         old = self._where.get(job_id)
         if old == at:
             return
