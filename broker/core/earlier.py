@@ -29,13 +29,12 @@ def shape_of(request: GangRequest) -> Shape:
 
 
 class EarlierWaiters:
-    __slots__ = ("_filed", "_places", "_where")
+    __slots__ = ("_filed", "_where")
 
     def __init__(self) -> None:
-        self._where: dict[str, tuple[str, Shape]] = {}  # job id -> (queue, shape)
+        # job id -> the request it was filed by (the backlog's cached one: no copy kept)
+        self._where: dict[str, GangRequest] = {}
         self._filed: dict[str, dict[Shape, PendingQueue]] = {}  # queue -> shape -> jobs
-        # One copy of each (queue, shape): 100,000 filed jobs share a few hundred.
-        self._places: dict[tuple[str, Shape], tuple[str, Shape]] = {}
 
     def __len__(self) -> int:
         return len(self._where)
@@ -44,34 +43,35 @@ class EarlierWaiters:
         return job_id in self._where
 
     def file(self, request: GangRequest) -> None:
-        """A cycle left the job of `request` unplaced: it waits, for spot when it wants it."""
+        """A cycle left the job of `request` unplaced: it waits, for spot when it wants it.
+        A parked job is filed again in every cycle that tries it: by the same request, most
+        often, which costs one look-up."""
         job_id = request.job_id
-        if not wants_spot(request):
-            self.drop(job_id)
-            return
-        at = (request.queue, shape_of(request))
-        at = self._places.setdefault(at, at)
         old = self._where.get(job_id)
-        if old == at:
+        if old is request:
             return
         if old is not None:
             self.drop(job_id)
-        self._where[job_id] = at
-        shapes = self._filed.setdefault(at[0], {})
-        shapes.setdefault(at[1], PendingQueue()).add(job_id, request.priority, request.order)
+        if not wants_spot(request):
+            return
+        self._where[job_id] = request
+        shapes = self._filed.setdefault(request.queue, {})
+        filed = shapes.setdefault(shape_of(request), PendingQueue())
+        filed.add(job_id, request.priority, request.order)
 
     def drop(self, job_id: str) -> None:
         """The job left the queue or no longer waits for spot."""
-        at = self._where.pop(job_id, None)
-        if at is None:
+        request = self._where.pop(job_id, None)
+        if request is None:
             return
-        shapes = self._filed[at[0]]
-        filed = shapes[at[1]]
+        shapes = self._filed[request.queue]
+        shape = shape_of(request)
+        filed = shapes[shape]
         filed.discard(job_id)
         if not filed:
-            del shapes[at[1]]
+            del shapes[shape]
             if not shapes:
-                del self._filed[at[0]]
+                del self._filed[request.queue]
 
     def queues(self) -> Iterator[tuple[str, dict[Shape, PendingQueue]]]:
         """Each queue with waiters, and its waiters by shape in queue order (read-only)."""
