@@ -41,7 +41,7 @@ class Backlog:
         self._truncated = False  # the last cycle left parked jobs beyond the lookahead
         self._truncated_queues: set[str] = set()
         self._recycle: set[str] = set()  # queues to look at again (see `admitted`)
-        self.spot_waiters = EarlierWaiters()  # tried, unplaced, wanting spot (earlier.py)
+        self.earlier_waiters = EarlierWaiters()  # tried, unplaced, wanting spot (earlier.py)
 
     @property
     def capacity_changed(self) -> bool:
@@ -97,7 +97,7 @@ class Backlog:
             pending.discard(record.job_id)
         self.fresh.discard(record.job_id)
         self._spot_waiting.discard(record.job_id)
-        self.spot_waiters.drop(record.job_id)
+        self.earlier_waiters.drop(record.job_id)
 
     def forget(self, job_id: str) -> None:
         self._requests.pop(job_id, None)
@@ -184,7 +184,7 @@ class Backlog:
         """Consider these queues' heads in the next cycle: something they wait for is due."""
         self._recycle |= queues
 
-    def spot_waiters_ahead(
+    def earlier_spot_waiters(
         self,
         jobs: Mapping[str, JobRecord],
         demands: Mapping[str, tuple[PodSetDemand, ...]],
@@ -200,7 +200,7 @@ class Backlog:
         out: list[GangRequest] = []
         gone: list[str] = []
         moved: list[GangRequest] = []
-        for queue, shapes in self.spot_waiters.queues():
+        for queue, shapes in self.earlier_waiters.queues():
             pending = self.pending.get(queue)
             bound = pending.nth_key(self.lookahead) if pending is not None else None
             for shape, filed in shapes.items():
@@ -228,9 +228,9 @@ class Backlog:
                         break
                     moved.append(request)  # its gang changed: filed anew, looked at here
         for job_id in gone:
-            self.spot_waiters.drop(job_id)
+            self.earlier_waiters.drop(job_id)
         for request in moved:
-            self.spot_waiters.file(request)
+            self.earlier_waiters.file(request)
         return out
 
     def request(

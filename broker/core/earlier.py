@@ -9,7 +9,7 @@ cycle). They are filed here instead: a job when a cycle leaves it unplaced with 
 that wants spot, dropped when it leaves the queue. Of one shape (GPU types, total GPUs) in one
 queue only the earliest still waiting matters: a later one asks for the same spot and comes
 after it, so `futile_spot_waits` names the same earlier job without it. A cycle therefore
-reads one job per queue and shape (`Backlog.spot_waiters_ahead`), and a job whose request
+reads one job per queue and shape (`Backlog.earlier_spot_waiters`), and a job whose request
 stopped wanting spot since it was filed (a fallback, a deadline switch) is dropped there.
 """
 

@@ -326,7 +326,7 @@ class Machine:
         unplaced = {r.job_id: r for r in candidates if r.job_id in result.pending}
         futile = self._futile_spot_waits(unplaced, now)
         for request in unplaced.values():
-            self.backlog.spot_waiters.file(request)
+            self.backlog.earlier_waiters.file(request)
         for job_id, ahead in futile.items():
             if job_id in result.spot_held:
                 continue  # it stopped waiting for spot already
@@ -336,7 +336,7 @@ class Machine:
                 f"stopped waiting for spot: {ahead}, queued earlier with no bigger gang, was "
                 "already waiting for it, so spot that frees goes there first"
             )
-            self.backlog.spot_waiters.drop(job_id)
+            self.backlog.earlier_waiters.drop(job_id)
             effects.append(Persist(record))
             self.backlog.fresh.add(job_id)
         self.backlog.cycle_done()
@@ -360,10 +360,10 @@ class Machine:
         """The spot-then-on-demand jobs among `stuck` (this cycle's unplaced, as tried) that
         wait for spot behind an earlier queued job (placement.futile_spot_waits): job id ->
         that job. The earlier ones are this cycle's unplaced jobs and the queues' heads an
-        earlier cycle left waiting for spot (Backlog.spot_waiters_ahead)."""
+        earlier cycle left waiting for spot (Backlog.earlier_spot_waiters)."""
         if not any(wants_spot_first(r) for r in stuck.values()):
             return {}
-        ahead = self.backlog.spot_waiters_ahead(
+        ahead = self.backlog.earlier_spot_waiters(
             self._jobs, self.registry.all_demands, self.registry.reasons, now, stuck
         )
         futile = futile_spot_waits([*stuck.values(), *ahead])

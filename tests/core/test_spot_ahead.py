@@ -141,8 +141,10 @@ class World:
         """The kept set, read as a cycle reads it, is the walk's, earliest per shape."""
         m = self.m
         scratch = waiting_from_scratch(m, self.now, {})
-        assert all(job_id in m.backlog.spot_waiters for job_id in scratch)
-        kept = m.backlog.spot_waiters_ahead(m.jobs, m.registry.all_demands, m.reasons, self.now, {})
+        assert all(job_id in m.backlog.earlier_waiters for job_id in scratch)
+        kept = m.backlog.earlier_spot_waiters(
+            m.jobs, m.registry.all_demands, m.reasons, self.now, {}
+        )
         assert {r.job_id for r in kept} == earliest_per_shape(scratch)
 
 
@@ -177,5 +179,5 @@ def test_long_random_runs_decide_futile_waits_as_the_walk_does() -> None:
         world = World(lookahead=3 + seed)
         for _ in range(600):
             world.step(rng.choice(OPS), rng)
-        assert len(world.m.backlog.spot_waiters) > 0
+        assert len(world.m.backlog.earlier_waiters) > 0
     assert Checked.decided > 0  # some spot waits were found futile and checked
