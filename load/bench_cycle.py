@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
@@ -56,10 +57,8 @@ def _spec(i: int, gpus: int, queue: str) -> JobSpec:
     )
 
 
-def build(depth: int, seed: int) -> tuple[Machine, float]:
-    """A full fleet and `depth` queued jobs; returns the machine and the virtual time."""
-    m = Machine(BrokerConfig(queues=[QueueConfig(name=q) for q in QUEUES]))
-    now = 1_700_000_000.0
+def fill(m: Machine, now: float, queues: Sequence[str]) -> int:
+    """The fleet reports, and 8-GPU jobs of `queues` fill it; returns the next job number."""
     flavors = [
         FlavorInfo(name="od", capacity_type="on-demand", gpu_type="a100", price_per_gpu_hour=4.1),
         FlavorInfo(name="spot", capacity_type="spot", gpu_type="a100", price_per_gpu_hour=1.5),
@@ -72,9 +71,17 @@ def build(depth: int, seed: int) -> tuple[Machine, float]:
         )
     i = 0
     for _ in range(CLUSTERS * NODES):
-        split_reply(m.handle(SubmitJob(_spec(i, GPUS, QUEUES[i % 3])), now))
+        split_reply(m.handle(SubmitJob(_spec(i, GPUS, queues[i % len(queues)])), now))
         i += 1
     m.handle(CYCLE, now)
+    return i
+
+
+def build(depth: int, seed: int) -> tuple[Machine, float]:
+    """A full fleet and `depth` queued jobs; returns the machine and the virtual time."""
+    m = Machine(BrokerConfig(queues=[QueueConfig(name=q) for q in QUEUES]))
+    now = 1_700_000_000.0
+    i = fill(m, now, QUEUES)
     rng = random.Random(seed)
     for _ in range(depth):
         split_reply(m.handle(SubmitJob(_spec(i, rng.choice(SIZES), QUEUES[i % 3])), now))

@@ -22,6 +22,7 @@ class Benchmarks(LazyGroup):
             ("cycle", "bench_cycle", "Admission cycle after a capacity change, by queue depth."),
             ("e2e", "bench_e2e", "Submit -> dispatch acked over NATS: admissions/s, latency."),
             ("flood", "bench_flood", "Another queue's submission latency while one queue floods."),
+            ("flood-cycle", "bench_flood_cycle", "Admission cycle CPU while submissions flood in."),
             ("ingest", "bench_ingest", "Agent events/s applied by the broker."),
             ("kube-agent", "bench_kube_agent", "The kube agent at 5,000 nodes x 150,000 pods."),
             ("memory", "bench_memory", "Broker bytes per pending job and its top allocators."),

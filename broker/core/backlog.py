@@ -1,7 +1,8 @@
 """Queue indexing: which queued jobs an admission cycle looks at, and when.
 
 Holds the pending queues, the jobs new since the last cycle, the backoff and spot-fallback
-timers, and each job's cached `GangRequest`. It reads job records and never changes them,
+timers, each job's cached `GangRequest`, and the queued jobs a cycle left waiting for spot
+(earlier.py). It reads job records and never changes them,
 except for the spot fallback flag when a job has waited on spot long enough.
 """
 
@@ -11,9 +12,11 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping
 
+from broker.core.earlier import EarlierWaiters, shape_of
 from broker.core.pending import PendingQueue
+from broker.core.placement import wants_spot
 from broker.core.records import JobRecord, gang_request
-from broker.core.types import GangRequest, PodSetDemand
+from broker.core.types import GangRequest, PodSetDemand, Reason
 from schemas.config import QueueConfig
 
 
@@ -38,6 +41,7 @@ class Backlog:
         self._truncated = False  # the last cycle left parked jobs beyond the lookahead
         self._truncated_queues: set[str] = set()
         self._recycle: set[str] = set()  # queues to look at again (see `admitted`)
+        self.earlier_waiters = EarlierWaiters()  # tried, unplaced, wanting spot (earlier.py)
 
     @property
     def capacity_changed(self) -> bool:
@@ -93,6 +97,7 @@ class Backlog:
             pending.discard(record.job_id)
         self.fresh.discard(record.job_id)
         self._spot_waiting.discard(record.job_id)
+        self.earlier_waiters.drop(record.job_id)
 
     def forget(self, job_id: str) -> None:
         self._requests.pop(job_id, None)
@@ -178,6 +183,55 @@ class Backlog:
     def wake(self, queues: set[str]) -> None:
         """Consider these queues' heads in the next cycle: something they wait for is due."""
         self._recycle |= queues
+
+    def earlier_spot_waiters(
+        self,
+        jobs: Mapping[str, JobRecord],
+        demands: Mapping[str, tuple[PodSetDemand, ...]],
+        reasons: Mapping[str, tuple[Reason, ...]],
+        now: float,
+        tried: Mapping[str, GangRequest],
+    ) -> list[GangRequest]:
+        """Requests of the queues' heads (the first `lookahead` jobs of each queue) that an
+        earlier cycle left waiting for spot and that are not backing off, besides `tried`
+        (this cycle's own, whose requests count as they were tried). Of each queue and gang
+        shape only the earliest: any later one comes after it for the same spot (earlier.py).
+        Waiters found no longer queued or no longer wanting spot are dropped."""
+        out: list[GangRequest] = []
+        gone: list[str] = []
+        moved: list[GangRequest] = []
+        for queue, shapes in self.earlier_waiters.queues():
+            pending = self.pending.get(queue)
+            bound = pending.nth_key(self.lookahead) if pending is not None else None
+            for shape, filed in shapes.items():
+                for key in filed.entries():
+                    if bound is not None and key >= bound:
+                        break  # beyond the heads, as is every later one of this queue
+                    job_id = key[2]
+                    mine = tried.get(job_id)
+                    if mine is not None:
+                        if wants_spot(mine) and shape_of(mine) == shape:
+                            break  # its own request is the earliest of this shape
+                        continue
+                    record = jobs.get(job_id)
+                    if record is None or record.state != "queued" or job_id not in reasons:
+                        gone.append(job_id)
+                        continue
+                    if record.not_before > now:
+                        continue  # backing off: not waiting for capacity now
+                    request = self.request(record, now, demands[job_id])
+                    if not wants_spot(request):
+                        gone.append(job_id)
+                        continue
+                    out.append(request)
+                    if shape_of(request) == shape:
+                        break
+                    moved.append(request)  # its gang changed: filed anew, looked at here
+        for job_id in gone:
+            self.earlier_waiters.drop(job_id)
+        for request in moved:
+            self.earlier_waiters.file(request)
+        return out
 
     def request(
         self, record: JobRecord, now: float, demands: tuple[PodSetDemand, ...]

@@ -83,9 +83,6 @@ EXPIRY_SCAN_S = 60.0  # how often ended jobs past their retention are looked for
 __all__ = ["LIVE_STATES", "TERMINAL", "AgentTrack", "Machine", "derive_job_id"]
 
 
-SPOT_WANTING = frozenset({"spot", "spot-then-on-demand"})  # capacities that may wait for spot
-
-
 class Machine:
     def __init__(
         self,
@@ -326,7 +323,11 @@ class Machine:
                 # Nothing but the avoided pool fits: widen (SkyPilot's EAGER_NEXT_REGION).
                 pending.avoid = []
                 self.backlog.fresh.add(job_id)
-        for job_id, ahead in self._futile_spot_waits(candidates, result.pending, now).items():
+        unplaced = {r.job_id: r for r in candidates if r.job_id in result.pending}
+        futile = self._futile_spot_waits(unplaced, now)
+        for request in unplaced.values():
+            self.backlog.earlier_waiters.file(request)
+        for job_id, ahead in futile.items():
             if job_id in result.spot_held:
                 continue  # it stopped waiting for spot already
             record = self._jobs[job_id]
@@ -335,6 +336,7 @@ class Machine:
                 f"stopped waiting for spot: {ahead}, queued earlier with no bigger gang, was "
                 "already waiting for it, so spot that frees goes there first"
             )
+            self.backlog.earlier_waiters.drop(job_id)
             effects.append(Persist(record))
             self.backlog.fresh.add(job_id)
         self.backlog.cycle_done()
@@ -354,28 +356,18 @@ class Machine:
                 out.append(self.backlog.request(record, now, self.registry.demands(job_id)))
         return out
 
-    def _futile_spot_waits(
-        self, tried: list[GangRequest], unplaced: Mapping[str, object], now: float
-    ) -> dict[str, str]:
-        """The spot-then-on-demand jobs this cycle could not place that wait for spot behind
-        an earlier queued job (placement.futile_spot_waits): job id -> that job. The earlier
-        ones are this cycle's unplaced jobs and the queues' heads an earlier cycle left."""
-        stuck = {r.job_id: r for r in tried if r.job_id in unplaced}
+    def _futile_spot_waits(self, stuck: Mapping[str, GangRequest], now: float) -> dict[str, str]:
+        """The spot-then-on-demand jobs among `stuck` (this cycle's unplaced, as tried) that
+        wait for spot behind an earlier queued job (placement.futile_spot_waits): job id ->
+        that job. The earlier ones are this cycle's unplaced jobs and the queues' heads an
+        earlier cycle left waiting for spot (Backlog.earlier_spot_waiters)."""
         if not any(wants_spot_first(r) for r in stuck.values()):
             return {}
-        waiting = dict(stuck)
-        reasons = self.registry.reasons
-        for pending in self.backlog.pending.values():
-            for job_id in pending.heads(self.backlog.lookahead, lambda _: True):
-                record = self._jobs[job_id]
-                if record.spec.capacity not in SPOT_WANTING:
-                    continue  # never waits for spot (a request only narrows it to on-demand)
-                if job_id in waiting or job_id not in reasons or record.not_before > now:
-                    continue  # not yet tried, or backing off: not waiting for capacity
-                demands = self.registry.demands(job_id)
-                waiting[job_id] = self.backlog.request(record, now, demands)
-        futile = futile_spot_waits(list(waiting.values()))
-        return {job_id: ahead for job_id, ahead in futile.items() if job_id in stuck}
+        ahead = self.backlog.earlier_spot_waiters(
+            self._jobs, self.registry.all_demands, self.registry.reasons, now, stuck
+        )
+        futile = futile_spot_waits([*stuck.values(), *ahead])
+        return {job_id: earlier for job_id, earlier in futile.items() if job_id in stuck}
 
     # ------------------------------------------------------------------ agents
     def _on_batch(self, cluster: str, batch: EventBatch, now: float) -> list[Effect]:

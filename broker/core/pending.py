@@ -38,6 +38,11 @@ class PendingQueue:
             for key in lst:
                 yield key[2]
 
+    def entries(self) -> Iterator[QueueKey]:
+        """The jobs' keys in admission order."""
+        for lst in self._lists:
+            yield from lst
+
     def add(self, job_id: str, priority: int, order: int) -> None:
         key = (-priority, order, job_id)
         old = self._keys.get(job_id)
@@ -99,6 +104,15 @@ class PendingQueue:
                     if len(out) >= n:
                         return out
         return out
+
+    def nth_key(self, n: int) -> QueueKey | None:
+        """The key of the job `n` jobs behind the head (0 = the head), None when there are
+        not that many: every job whose key is below it is among the first `n`."""
+        for lst in self._lists:
+            if n < len(lst):
+                return lst[n]
+            n -= len(lst)
+        return None
 
     def rank(self, job_id: str) -> int:
         """How many jobs are ahead of `job_id` (its position, 0 = head)."""

@@ -138,7 +138,7 @@ def futile_spot_waits(waiting: Sequence[GangRequest]) -> dict[str, str]:
     submitted first) that also wants spot, needs no more GPUs and accepts every GPU type this
     one does. Spot that frees goes to that job first (queue order), so waiting is futile."""
     spot = sorted(
-        (r for r in waiting if r.capacity == "spot" or wants_spot_first(r)),
+        (r for r in waiting if wants_spot(r)),
         key=lambda r: (-r.priority, r.order),
     )
     out: dict[str, str] = {}
@@ -197,6 +197,11 @@ def spot_kept_for(
 
 def wants_spot_first(req: GangRequest) -> bool:
     return req.capacity == "spot-then-on-demand" and not req.spot_exhausted
+
+
+def wants_spot(req: GangRequest) -> bool:
+    """The job would wait for spot: spot-only, or spot-then-on-demand still on spot."""
+    return req.capacity == "spot" or wants_spot_first(req)
 
 
 @dataclass(slots=True)

@@ -30,6 +30,10 @@ def test_matches_a_sorted_reference_under_random_operations() -> None:
             assert len(q) == len(ref)
             for j in want[:50:7]:
                 assert q.rank(j) == want.index(j)
+            keys = [(*ref[j], j) for j in want]
+            assert list(q.entries()) == keys
+            for n in (0, 1, 511, 512, 1024, len(keys) - 1, len(keys), len(keys) + 5):
+                assert q.nth_key(n) == (keys[n] if 0 <= n < len(keys) else None)
     want = sorted(ref, key=lambda j: (*ref[j], j))
     assert list(q) == want
     assert all(j in q for j in want) and "absent" not in q

@@ -27,6 +27,7 @@ BENCHES = [
     "cycle",
     "e2e",
     "flood",
+    "flood-cycle",
     "ingest",
     "kube-agent",
     "memory",
