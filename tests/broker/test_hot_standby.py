@@ -344,12 +344,12 @@ async def test_a_standby_reads_the_bucket_with_the_cycle_collector_paused(
     taken: dict[int, list[bool]] = {}  # per mirror: was the collector on at each record
     real = RecordMirror._taker
 
-    def taker(self: RecordMirror) -> Callable[[Any], Awaitable[None]]:
+    def taker(self: RecordMirror) -> Callable[[Any, int], None]:
         take = real(self)
 
-        async def spy(msg: Any) -> None:
+        def spy(msg: Any, seq: int) -> None:
             taken.setdefault(id(self), []).append(gc.isenabled())
-            await take(msg)
+            take(msg, seq)
 
         return spy
 
