@@ -4,7 +4,8 @@ leads at once (a restart) and a backup read the job records.
 The standby's mirror (`broker.store.RecordMirror`) follows the bucket with nats-py's ordered
 push consumer: every message goes through its sequence check, metadata parse and flow
 control. A read that stops once caught up needs none of that: an ephemeral pull consumer (last
-per subject, no acks) delivers into a plain subscription, with pull requests of `BATCH`
+per subject, no acks) delivers into a plain subscription whose messages are taken as nats-py
+parses them (`shell.natsio.deliver_inline`), with pull requests of `BATCH`
 messages kept outstanding so the server holds at most about two batches for this client (a
 flood of 100,000 could exceed its pending limit and cut the connection as a slow consumer).
 Each message goes to the mirror's own taker, its stream sequence read from the reply subject.
@@ -21,7 +22,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 
 from schemas.codec import encode_json
-from shell.natsio import js_api_prefix, js_connection
+from shell.natsio import deliver_inline, js_api_prefix, js_connection
 
 BATCH = 10_000  # messages a pull request asks for
 INACTIVE_S = 10.0  # the server drops the consumer by then if this broker dies mid-read
@@ -68,31 +69,43 @@ async def read_newest(
     )
     inbox = nc.new_inbox()
     loop = asyncio.get_running_loop()
-    asked = delivered = 0
-    heard = loop.time()
+    asked = delivered = heard = 0
+    asking: list[asyncio.Task[None]] = []
 
-    async def on_msg(msg: Msg) -> None:
-        nonlocal asked, delivered, heard
-        heard = loop.time()
+    def ask() -> None:
+        nonlocal asked
+        asked += BATCH
+        asking.append(loop.create_task(nc.publish(next_subject, request, reply=inbox)))
+
+    def on_msg(msg: Msg) -> None:  # runs inside nats-py's reader: never raises
+        nonlocal delivered, heard
+        heard += 1
         if not msg.reply:  # a status: a heartbeat, or the pull request ended (408, 409, 503)
             status = (msg.headers or {}).get("Status")
             if status != "100" and not done.done():
                 done.set_exception(ReadStopped(f"reading {stream} stopped: status {status}"))
             return
-        take(msg, stream_seq(msg))
+        try:
+            take(msg, stream_seq(msg))
+        except Exception as exc:
+            if not done.done():
+                done.set_exception(exc)
+            return
         delivered += 1
         if asked - delivered < BATCH and not done.done():
-            asked += BATCH
-            await nc.publish(next_subject, request, reply=inbox)
+            ask()
 
-    sub = await nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
+    sub = await nc.subscribe(inbox, pending_msgs_limit=-1, pending_bytes_limit=-1)
+    deliver_inline(sub, on_msg)
     try:
-        for _ in range(2):
-            asked += BATCH
-            await nc.publish(next_subject, request, reply=inbox)
+        ask()
+        ask()
+        quiet_since, seen = loop.time(), heard
         while not done.done():
             await asyncio.wait({done}, timeout=HEARTBEAT_S)
-            if not done.done() and loop.time() - heard > SILENT_S:
+            if heard != seen:
+                quiet_since, seen = loop.time(), heard
+            elif not done.done() and loop.time() - quiet_since > SILENT_S:
                 raise ReadStopped(f"reading {stream} stopped: nothing heard for {SILENT_S} s")
         done.result()
     finally:
@@ -101,6 +114,8 @@ async def read_newest(
         with contextlib.suppress(Exception):
             async with asyncio.timeout(1.0):
                 await js.delete_consumer(stream, consumer)
+        for task in asking:
+            task.cancel()
 
 
 def stream_seq(msg: Msg) -> int:
