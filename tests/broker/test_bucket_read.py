@@ -20,7 +20,7 @@ from broker.core.records import RECORD_FORMAT, JobRecord, record_encoder
 from broker.store import KV_OP, JobStore, RecordMirror
 from schemas.job import JobSpec, PodSet
 
-KEYS = 12_000  # more than one pull request's batch
+KEYS = 12_000  # more than 10,000: a key per job of a large bucket
 
 
 def record(job_id: str, state: str = "queued", order: int = 0) -> JobRecord:
@@ -54,7 +54,7 @@ async def filled(nc: Client) -> tuple[JobStore, dict[str, str]]:
         elif kind == "deleted":
             await store.delete(job_id)
         elif kind == "purged":
-            await js.publish(subject, b"", headers={KV_OP: "PURGE"})
+            await js.publish(subject, b"", headers={KV_OP: "PURGE", "Nats-Rollup": "sub"})
         elif kind == "corrupt":
             await js.publish(subject, b"\x93\x01\x02")
         else:
@@ -75,7 +75,10 @@ def taken(mirror: RecordMirror, records: list[JobRecord]) -> dict[str, Any]:
     }
 
 
-async def test_the_batched_read_takes_what_the_live_mirror_takes(nc: Client) -> None:
+async def test_the_batched_read_takes_what_the_live_mirror_takes(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bucketread, "BATCH", 1000)  # twelve pull requests, two at a time
     store, fate = await filled(nc)
     live = RecordMirror(store)
     await live.start()  # following the bucket: the ordered consumer
