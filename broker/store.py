@@ -465,7 +465,9 @@ class RecordMirror:
     carries its stream sequence, so `applied` is always the newest sequence reflected here.
 
     Records are taken in the subscription's callback: `next_msg(timeout=...)` per record built
-    a Task and a timer each time, ~145 us a record, most of a restart's time."""
+    a Task and a timer each time, ~145 us a record, most of a restart's time. A mirror asked
+    for its records before it was started (a broker that leads at once, a backup) reads the
+    bucket once instead, in batches (`broker.bucketread`), through the same taker."""
 
     # nats-py resets an ordered consumer after two missed heartbeats; its default (5 s) would
     # leave a mirror stale for 10 s after its consumer vanished (a NATS restart).
