@@ -8,6 +8,7 @@ import contextlib
 import gc
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -297,11 +298,11 @@ async def test_a_broker_that_can_lead_at_once_reads_its_records_after_winning(
     # following the bucket, or, never started, when asked for its records (one batched read).
     real_start, real_caught_up = RecordMirror.start, RecordMirror.caught_up
     running: list[Broker] = []
-    reading: set[int] = set()
+    reading: weakref.WeakSet[RecordMirror] = weakref.WeakSet()  # an id may be reused
 
     def first_read(mirror: RecordMirror) -> None:
-        if id(mirror) not in reading:
-            reading.add(id(mirror))
+        if mirror not in reading:
+            reading.add(mirror)
             owner = [b for b in running if b.store is mirror.store]
             seen.append(bool(owner) and owner[0].lease.proven.is_set())
 
