@@ -557,17 +557,18 @@ class RecordMirror:
         if self.applied < self._target:
             self._reached = asyncio.get_running_loop().create_future()
             try:
-                async with asyncio.timeout(timeout):
-                    if once:
-                        await read_newest(
-                            self.store.js,
-                            self.store.stream,
-                            self.store.prefix + ">",
-                            self._taker(),
-                            self._reached,
-                            timeout,
-                        )
-                    else:
+                if once:  # bounded by its own deadline, so that it says why it stopped
+                    await read_newest(
+                        self.store.js,
+                        self.store.stream,
+                        self.store.prefix + ">",
+                        self._taker(),
+                        self._reached,
+                        timeout,
+                        applied=lambda: self.applied,
+                    )
+                else:
+                    async with asyncio.timeout(timeout):
                         await self._reached
             finally:
                 self._reached = None

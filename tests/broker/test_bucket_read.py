@@ -19,6 +19,7 @@ from broker.bucketread import ReadStopped
 from broker.core.records import RECORD_FORMAT, JobRecord, record_encoder
 from broker.store import KV_OP, JobStore, RecordMirror
 from schemas.job import JobSpec, PodSet
+from tests.broker.jobs import mirror_took as taken
 
 KEYS = 12_000  # more than 10,000: a key per job of a large bucket
 
@@ -65,16 +66,6 @@ async def filled(nc: Client) -> tuple[JobStore, dict[str, str]]:
     return store, fate
 
 
-def taken(mirror: RecordMirror, records: list[JobRecord]) -> dict[str, Any]:
-    return {
-        "records": {r.job_id: record_encoder.encode(r) for r in records},
-        "applied": mirror.applied,
-        "too_new": dict(mirror.too_new),
-        "bytes": dict(mirror.usage.bytes),
-        "active": dict(mirror.usage.active),
-    }
-
-
 async def test_the_batched_read_takes_what_the_live_mirror_takes(
     nc: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -102,30 +93,74 @@ async def test_the_batched_read_takes_what_the_live_mirror_takes(
     assert not await store.js.consumers_info(store.stream)
 
 
-async def test_a_read_the_server_ends_early_says_so(
+async def test_a_read_whose_consumer_is_deleted_reads_on(
     nc: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its consumer deleted mid-read (a stream leader lost it), the read raises instead of
-    waiting out its time or returning some records as all of them; the caller reads again.
-    The consumer is deleted at the first record, with at most two batches asked for."""
+    """Its consumer deleted mid-read (a stream leader lost it), the read neither waits out its
+    time nor returns some records as all of them: a new consumer reads on from the sequence
+    after the last one taken, and the read ends with what the live mirror holds. The consumer
+    is deleted at the first record, with at most two batches asked for."""
     monkeypatch.setattr(bucketread, "BATCH", 50)
     js = nc.jetstream()
     store = await JobStore.open(js, f"read{uuid.uuid4().hex[:8]}")
     for at in range(0, 2000, 500):
         await store.put_many([record(f"j{i}", order=i) for i in range(at, at + 500)])
+    live = RecordMirror(store)
+    await live.start()
+    by_mirror = taken(live, await live.caught_up(60))
+    await live.stop()
+
+    once = RecordMirror(store)
+    consumers: list[str] = []  # in the order they delivered
+    seen: list[int] = []
+    deleting: list[asyncio.Task[bool]] = []
+    taker = once._taker
+
+    def deleting_taker() -> Any:
+        inner = taker()
+
+        def take(msg: Msg, seq: int) -> None:
+            name = msg.reply.split(".")[3]  # $JS.ACK.<stream>.<consumer>...
+            if name not in consumers:
+                consumers.append(name)
+            seen.append(seq)
+            if not deleting:
+                deleting.append(asyncio.ensure_future(js.delete_consumer(store.stream, name)))
+            inner(msg, seq)
+
+        return take
+
+    monkeypatch.setattr(once, "_taker", deleting_taker)
+    by_read = taken(once, await once.caught_up(30))
+    await once.stop()
+
+    assert await deleting[0]
+    assert len(consumers) >= 2, "the read went on with a new consumer"
+    assert by_read == by_mirror and len(by_read["records"]) == 2000
+    assert seen == sorted(seen) and len(seen) == len(set(seen))  # each record once, in order
+    assert not await js.consumers_info(store.stream)
+
+
+async def test_a_read_of_a_stream_deleted_under_it_says_so(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream deleted mid-read (its pull requests end, its leader answers no more): the
+    read raises at once instead of waiting out its time or returning some records."""
+    monkeypatch.setattr(bucketread, "BATCH", 50)
+    js = nc.jetstream()
+    store = await JobStore.open(js, f"read{uuid.uuid4().hex[:8]}")
+    await store.put_many([record(f"j{i}", order=i) for i in range(500)])
     seen: list[int] = []
     deleting: list[asyncio.Task[bool]] = []
 
     def take(msg: Msg, seq: int) -> None:
         seen.append(seq)
-        if not deleting:  # the reply subject names the consumer: $JS.ACK.<stream>.<name>...
-            name = msg.reply.split(".")[3]
-            deleting.append(asyncio.ensure_future(js.delete_consumer(store.stream, name)))
+        if not deleting:
+            deleting.append(asyncio.ensure_future(js.delete_stream(store.stream)))
 
     never = asyncio.get_running_loop().create_future()  # the read must end on its own
-    with pytest.raises(ReadStopped, match="stopped"):
-        async with asyncio.timeout(30):
-            await bucketread.read_newest(js, store.stream, store.prefix + ">", take, never, 30)
+    with pytest.raises(ReadStopped, match="cannot be read"):
+        async with asyncio.timeout(20):
+            await bucketread.read_newest(js, store.stream, store.prefix + ">", take, never, 60)
     assert await deleting[0]
-    assert 0 < len(seen) < 2000 and seen == sorted(seen)
-    assert not await js.consumers_info(store.stream)
+    assert seen and seen == sorted(seen)
