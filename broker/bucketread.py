@@ -34,8 +34,9 @@ log = structlog.get_logger("muster.bucketread")
 BATCH = 10_000  # messages a pull request asks for
 INACTIVE_S = 10.0  # the server drops the consumer by then if this broker dies mid-read
 HEARTBEAT_S = 1.0  # the server's sign of a live pull request while it has nothing to send
-SILENT_S = 2.0  # nothing at all for this long: the consumer is gone (two missed heartbeats,
-# as the mirror's ordered consumer; after a stream leader step-down the server often says nothing)
+# Nothing at all for this long: the consumer is gone (a dropped consumer's pull requests may
+# just stop). Two missed heartbeats, as the mirror's ordered consumer is reset after.
+SILENT_S = 2.0
 FIRST_PAUSE_S = 0.05  # before the first try again; doubled each time up to MAX_PAUSE_S
 MAX_PAUSE_S = 1.0
 ASK_S = 2.0  # one JetStream API call (consumer create, stream info) waits this long

@@ -14,7 +14,7 @@ import pytest
 from nats.aio.client import Client
 
 from broker import bucketread
-from broker.store import JobStore, RecordMirror
+from broker.store import JobStore, RecordMirror, StreamUnanswered
 from load.natscluster import NatsCluster
 from tests.broker.jobs import mirror_took, stored_record
 from tests.nats.world import connect
@@ -24,8 +24,18 @@ R3 = 3
 
 
 async def filled_store(nc: Client, jobs: int) -> JobStore:
-    """A new R3 bucket holding `jobs` records, some of them written twice."""
+    """A new R3 bucket holding `jobs` records, some of them written twice. The first write
+    is asked again while the new stream's subjects have no responders yet."""
     store = await JobStore.open(nc.jetstream(), f"read{uuid.uuid4().hex[:8]}", R3)
+
+    async def first_written() -> bool:
+        try:
+            await store.put(stored_record(0))
+        except StreamUnanswered:
+            return False
+        return True
+
+    await wait_for(first_written, 30, what=f"stream of {store.bucket} answering")
     for at in range(0, jobs, 500):
         await store.put_many([stored_record(i) for i in range(at, min(at + 500, jobs))])
     await store.put_many([stored_record(i, state="running") for i in range(0, jobs, 7)])
