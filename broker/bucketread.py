@@ -227,7 +227,7 @@ async def _read_once(
         either: set[asyncio.Future[Any]] = {done, ended}
         quiet_since, seen = loop.time(), heard
         while not done.done():
-            await asyncio.wait(either, timeout=HEARTBEAT_S)
+            await asyncio.wait(either, timeout=HEARTBEAT_S, return_when=asyncio.FIRST_COMPLETED)
             if done.done():
                 break
             if ended.done():
