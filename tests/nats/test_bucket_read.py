@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from nats.js.errors import BadRequestError
 
 from broker import bucketread
 from broker.store import JobStore, RecordMirror, StreamUnanswered
@@ -21,12 +22,26 @@ from tests.nats.world import connect
 from tests.support import wait_for
 
 R3 = 3
+NO_PEERS = 10005  # nats-server JSClusterNoPeersErrF: no suitable peers for placement
 
 
 async def filled_store(nc: Client, jobs: int) -> JobStore:
     """A new R3 bucket holding `jobs` records, some of them written twice. The first write
     is asked again while the new stream's subjects have no responders yet."""
-    store = await JobStore.open(nc.jetstream(), f"read{uuid.uuid4().hex[:8]}", R3)
+    bucket = f"read{uuid.uuid4().hex[:8]}"
+    opened: list[JobStore] = []
+
+    async def created() -> bool:  # a fresh cluster may count a peer offline for a moment
+        try:
+            opened.append(await JobStore.open(nc.jetstream(), bucket, R3))
+        except BadRequestError as exc:
+            if exc.err_code != NO_PEERS:
+                raise
+            return False
+        return True
+
+    await wait_for(created, 30, what=f"bucket {bucket} created on three servers")
+    store = opened[0]
 
     async def first_written() -> bool:
         try:
