@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from broker.attempts import MARKER_KEY
+from broker.bucketread import read_newest, stream_seq
 from broker.core.records import (
     RECORD_FORMAT,
     JobRecord,
@@ -464,7 +465,9 @@ class RecordMirror:
     carries its stream sequence, so `applied` is always the newest sequence reflected here.
 
     Records are taken in the subscription's callback: `next_msg(timeout=...)` per record built
-    a Task and a timer each time, ~145 us a record, most of a restart's time."""
+    a Task and a timer each time, ~145 us a record, most of a restart's time. A mirror asked
+    for its records before it was started (a broker that leads at once, a backup) reads the
+    bucket once instead, in batches (`broker.bucketread`), through the same taker."""
 
     # nats-py resets an ordered consumer after two missed heartbeats; its default (5 s) would
     # leave a mirror stale for 10 s after its consumer vanished (a NATS restart).
@@ -485,9 +488,14 @@ class RecordMirror:
     async def start(self) -> None:
         if self._sub is not None:
             return
+        take = self._taker()
+
+        async def on_msg(msg: Msg) -> None:
+            take(msg, stream_seq(msg))
+
         self._sub = await self.store.js.subscribe(
             self.store.prefix + ">",
-            cb=self._taker(),
+            cb=on_msg,
             ordered_consumer=True,
             deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
             idle_heartbeat=self.IDLE_HEARTBEAT_S,
@@ -495,15 +503,15 @@ class RecordMirror:
             pending_bytes_limit=1024 * 1024 * 1024,
         )
 
-    def _taker(self) -> Callable[[Msg], Awaitable[None]]:
-        """The per-message callback, with what it needs in locals (a cold start runs it
-        100,000 times). Records are keyed by their KV subject, which names the job."""
+    def _taker(self) -> Callable[[Msg, int], None]:
+        """What takes each record, live or in one read (`read_newest`), with what it needs in
+        locals (a cold start runs it 100,000 times). Records are keyed by their KV subject,
+        which names the job; `seq` is the message's stream sequence."""
         records, decode = self._records, record_decoder.decode
         prefix = len(self.store.prefix)
         too_new = self.too_new
 
-        async def take(msg: Msg) -> None:
-            seq = _stream_seq(msg)
+        def take(msg: Msg, seq: int) -> None:
             # JetStream delivers in stream order, the last-per-subject pass included, so an
             # older sequence is one already applied: it must never replace a newer record.
             if seq <= self.applied:
@@ -537,15 +545,31 @@ class RecordMirror:
 
     async def caught_up(self, timeout: float) -> list[JobRecord]:
         """The newest record of every job as of now: waits until the mirror has applied the
-        stream's last sequence, read after this call began (so after the lease was won)."""
-        await self.start()
+        stream's last sequence, read after this call began (so after the lease was won).
+
+        A mirror not yet following the bucket (a restarted broker that led at once, a backup)
+        reads it once in large batches instead (`read_newest`), and does not follow it after."""
+        once = self._sub is None and self.applied == 0
+        if not once:
+            await self.start()
         info = await self.store.js.stream_info(self.store.stream)
         self._target = info.state.last_seq if info.state.messages else 0
         if self.applied < self._target:
             self._reached = asyncio.get_running_loop().create_future()
             try:
-                async with asyncio.timeout(timeout):
-                    await self._reached
+                if once:  # bounded by its own deadline, so that it says why it stopped
+                    await read_newest(
+                        self.store.js,
+                        self.store.stream,
+                        self.store.prefix + ">",
+                        self._taker(),
+                        self._reached,
+                        timeout,
+                        applied=lambda: self.applied,
+                    )
+                else:
+                    async with asyncio.timeout(timeout):
+                        await self._reached
             finally:
                 self._reached = None
         self.store.usage = self.usage  # kept as records were taken: nothing to add up now
@@ -576,20 +600,6 @@ class RecordMirror:
                     async with asyncio.timeout(1.0):
                         await self.store.js.delete_consumer(self.store.stream, name)
         self._records, self.applied, self.usage = {}, 0, StoreUsage()
-
-
-def _stream_seq(msg: Msg) -> int:
-    """`msg.metadata.sequence.stream` without building the whole Metadata (two dataclasses
-    and a datetime per record, a tenth of a restart): the sequence is a token of the ack
-    subject, `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`, or the
-    longer form with domain and account hash, where it is the 8th token."""
-    tokens = (msg.reply or "").split(".")
-    if tokens[:2] == ["$JS", "ACK"]:
-        if len(tokens) == 9:
-            return int(tokens[5])
-        if len(tokens) >= 11:
-            return int(tokens[7])
-    return int(msg.metadata.sequence.stream)
 
 
 @dataclass

@@ -1,12 +1,15 @@
-"""A leader's restore, in process: decoding the persisted records and rebuilding the core from
-them (`Machine.handle(Restore)`), the two parts of a restart `load.bench_scale` times only as a
-whole with NATS and a process start around them.
+"""A leader's restore, in process: reading the persisted records from the job bucket, decoding
+them and rebuilding the core from them (`Machine.handle(Restore)`), the parts of a restart
+`load.bench_scale` times only as a whole with a process start around them.
 
     python -m load.bench_restore [--jobs 100000] [--runs 3] [--baseline DIR] [--json out.json]
 
 The records are the jobs `load.bench_scale` submits (pending, spread over 100 queues), built as
 the broker builds them and encoded as the store writes them. Each run is a fresh process with
-the cycle collector off, as the broker runs its restore, and reports CPU seconds. With
+the cycle collector off, as the broker runs its restore, and reports CPU seconds of its own
+(the read's nats-server, on 127.0.0.1, is another process). The read is a never-started
+`RecordMirror`'s `caught_up`, what a restarted broker that leads at once runs, over a bucket the
+run fills first, from a fresh connection; it includes the records' decode. With
 `--baseline DIR` (another checkout, e.g. `git worktree add` of an older commit) every run is
 repeated there, interleaved, its own code doing the work. Prints every run, the medians and
 one `RESULT {...}` line.
@@ -14,6 +17,7 @@ one `RESULT {...}` line.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import os
@@ -31,7 +35,7 @@ from load.common import emit, median
 
 REPO = Path(__file__).resolve().parents[1]
 QUEUES = 100
-PARTS = ("decode_cpu_s", "restore_cpu_s")
+PARTS = ("read_cpu_s", "decode_cpu_s", "restore_cpu_s")
 
 
 def one_run(jobs: int) -> dict[str, float]:
@@ -60,7 +64,40 @@ def one_run(jobs: int) -> dict[str, float]:
     t1 = time.process_time()
     Machine(config, epoch=1).handle(Restore(records), 1.0)
     t2 = time.process_time()
-    return {"decode_cpu_s": t1 - t0, "restore_cpu_s": t2 - t1}
+    gc.enable()
+    read = asyncio.run(read_cpu_s(records))
+    return {"read_cpu_s": read, "decode_cpu_s": t1 - t0, "restore_cpu_s": t2 - t1}
+
+
+async def read_cpu_s(records: list[Any]) -> float:
+    """CPU seconds to read these records back from a job bucket, cycle collector off."""
+    import nats
+
+    from broker.embedded import EmbeddedNats
+    from broker.store import JobStore, RecordMirror
+
+    server = EmbeddedNats()
+    server.start_sync()
+    try:
+        writer = await nats.connect(server.url)
+        store = await JobStore.open(writer.jetstream(), "jobs", 1, writer)
+        for at in range(0, len(records), 1000):
+            await store.put_many(records[at : at + 1000])
+        await writer.close()
+        reader = await nats.connect(server.url)
+        store = JobStore(reader.jetstream(), "jobs", reader)
+        gc.collect()
+        gc.disable()
+        t0 = time.process_time()
+        mirror = RecordMirror(store)
+        read = await mirror.caught_up(60.0)
+        t1 = time.process_time()
+        assert len(read) == len(records), f"read {len(read)} of {len(records)} records"
+        await mirror.stop()
+        await reader.close()
+        return t1 - t0
+    finally:
+        server.cleanup()
 
 
 def run_in(tree: Path, jobs: int) -> dict[str, float]:
@@ -101,8 +138,8 @@ def run_bench(args: Options) -> dict[str, Any]:
             for part in PARTS:
                 seen[label][part].append(round(one[part], 3))
             print(
-                f"run {r + 1} {label}: decode {one['decode_cpu_s']:.3f} CPU-s, "
-                f"restore {one['restore_cpu_s']:.3f} CPU-s"
+                f"run {r + 1} {label}: read {one['read_cpu_s']:.3f} CPU-s, "
+                f"decode {one['decode_cpu_s']:.3f} CPU-s, restore {one['restore_cpu_s']:.3f} CPU-s"
             )
     result: dict[str, Any] = {"bench": "restore", "jobs": args.jobs, "runs": args.runs}
     for label, parts in seen.items():
@@ -111,7 +148,8 @@ def run_bench(args: Options) -> dict[str, Any]:
             **{f"{p}_runs": v for p, v in parts.items()},
         }
         print(
-            f"{label}: decode {median(parts['decode_cpu_s']):.3f} CPU-s, "
+            f"{label}: read {median(parts['read_cpu_s']):.3f} CPU-s, "
+            f"decode {median(parts['decode_cpu_s']):.3f} CPU-s, "
             f"restore {median(parts['restore_cpu_s']):.3f} CPU-s (medians of {args.runs})"
         )
     emit(result, args.json)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.core.records import JobRecord
+from broker.core.records import JobRecord, record_encoder
 from schemas.api import JobState
 from schemas.codec import decode_jobspec, encode_json
 from tests.support import wait_for
 
 if TYPE_CHECKING:
     from broker.service import Broker
+    from broker.store import RecordMirror
 
 
 def job(name: str, replicas: int = 2, gpu: int = 4, **extra: Any) -> dict[str, Any]:
@@ -23,6 +24,18 @@ def stored_record(i: int, state: JobState = "queued") -> JobRecord:
     return JobRecord(
         job_id=f"j{i}", spec=spec, queue="default", order=i, submitted_at=1.0, state=state
     )
+
+
+def mirror_took(mirror: RecordMirror, records: list[JobRecord]) -> dict[str, Any]:
+    """What a mirror's `caught_up` gave and kept: the records (encoded, to compare), the
+    newest sequence applied, the records of a newer format and the usage figures."""
+    return {
+        "records": {r.job_id: record_encoder.encode(r) for r in records},
+        "applied": mirror.applied,
+        "too_new": dict(mirror.too_new),
+        "bytes": dict(mirror.usage.bytes),
+        "active": dict(mirror.usage.active),
+    }
 
 
 async def processed_with_headers_refused(broker: Broker, job_ids: list[str]) -> None:

@@ -8,7 +8,8 @@ import contextlib
 import gc
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -292,18 +293,29 @@ async def test_a_broker_that_can_lead_at_once_reads_its_records_after_winning(
     mirror reading 100,000 records first starved the lease's own requests, and the broker then
     waited a whole TTL for its own lease. A broker that cannot lead mirrors while it stands
     by."""
-    seen: list[bool] = []  # per mirror started: whether its broker held the lease then
-    # (a standby from `brokers` is not among `running`: False)
-    real = RecordMirror.start
+    seen: list[bool] = []  # per mirror, as it first reads: whether its broker held the lease
+    # (a standby from `brokers` is not among `running`: False). A mirror reads when it starts
+    # following the bucket, or, never started, when asked for its records (one batched read).
+    real_start, real_caught_up = RecordMirror.start, RecordMirror.caught_up
     running: list[Broker] = []
+    reading: weakref.WeakSet[RecordMirror] = weakref.WeakSet()  # an id may be reused
+
+    def first_read(mirror: RecordMirror) -> None:
+        if mirror not in reading:
+            reading.add(mirror)
+            owner = [b for b in running if b.store is mirror.store]
+            seen.append(bool(owner) and owner[0].lease.proven.is_set())
 
     async def start(self: RecordMirror) -> None:
-        if self._sub is None:
-            owner = [b for b in running if b.store is self.store]
-            seen.append(bool(owner) and owner[0].lease.proven.is_set())
-        await real(self)
+        first_read(self)
+        await real_start(self)
+
+    async def caught_up(self: RecordMirror, timeout: float) -> list[Any]:
+        first_read(self)
+        return await real_caught_up(self, timeout)
 
     monkeypatch.setattr(RecordMirror, "start", start)
+    monkeypatch.setattr(RecordMirror, "caught_up", caught_up)
 
     async def run(holder: str) -> tuple[Broker, asyncio.Task[None]]:
         broker = Broker(harness.config, await nats.connect(harness.url), holder=holder)
@@ -344,12 +356,12 @@ async def test_a_standby_reads_the_bucket_with_the_cycle_collector_paused(
     taken: dict[int, list[bool]] = {}  # per mirror: was the collector on at each record
     real = RecordMirror._taker
 
-    def taker(self: RecordMirror) -> Callable[[Any], Awaitable[None]]:
+    def taker(self: RecordMirror) -> Callable[[Any, int], None]:
         take = real(self)
 
-        async def spy(msg: Any) -> None:
+        def spy(msg: Any, seq: int) -> None:
             taken.setdefault(id(self), []).append(gc.isenabled())
-            await take(msg)
+            take(msg, seq)
 
         return spy
 

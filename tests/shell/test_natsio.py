@@ -14,7 +14,14 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from shell.natsio import NATS_PY_TESTED, Requester, flush, js_api_prefix, js_connection
+from shell.natsio import (
+    NATS_PY_TESTED,
+    Requester,
+    deliver_inline,
+    flush,
+    js_api_prefix,
+    js_connection,
+)
 from tests.support import wait_for
 
 
@@ -97,3 +104,22 @@ async def test_requester_errors_are_nats_errors(nc: Client) -> None:
     await flush(nc)
     with pytest.raises(NatsTimeoutError):
         await requester.request("requester.silent", b"", timeout=0.2)
+
+
+async def test_deliver_inline_hands_over_every_message_in_order(nc: Client) -> None:
+    """A subscription made without a callback, its messages taken as they are parsed: all of
+    them, in the order published, none left pending, and unsubscribing still works."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    taken: list[bytes] = []
+    deliver_inline(sub, lambda msg: taken.append(msg.data))
+    for i in range(1000):
+        await nc.publish(inbox, str(i).encode())
+    await flush(nc)
+    await wait_for(lambda: len(taken) == 1000)
+    assert taken == [str(i).encode() for i in range(1000)]
+    assert sub.pending_msgs == 0
+    await sub.unsubscribe()
+    await nc.publish(inbox, b"after")
+    await flush(nc)
+    assert len(taken) == 1000

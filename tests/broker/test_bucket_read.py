@@ -1,0 +1,166 @@
+"""The one-time read of the job bucket (`broker.bucketread`, a restart's and a backup's) takes
+exactly what the live mirror takes: the same newest record per job, deletes and purges
+honoured, a corrupt record skipped, a record of a newer format kept out."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from typing import Any
+
+import msgspec
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from broker import bucketread
+from broker.bucketread import ReadStopped
+from broker.core.records import RECORD_FORMAT, JobRecord, record_encoder
+from broker.store import KV_OP, JobStore, RecordMirror
+from schemas.job import JobSpec, PodSet
+from tests.broker.jobs import mirror_took as taken
+
+KEYS = 12_000  # more than 10,000: a key per job of a large bucket
+
+
+def record(job_id: str, state: str = "queued", order: int = 0) -> JobRecord:
+    spec = JobSpec(name="r", gang=[PodSet(name="w", gpu=8)])
+    return JobRecord(
+        job_id=job_id,
+        spec=spec,
+        queue=f"q{order % 7}",
+        order=order,
+        submitted_at=1.0,
+        state=state,  # type: ignore[arg-type]
+    )
+
+
+async def filled(nc: Client) -> tuple[JobStore, dict[str, str]]:
+    """A bucket of KEYS jobs, some updated, deleted, purged, corrupt or of a newer format;
+    returns the store and what each changed job became."""
+    rng = random.Random(34)
+    store = await JobStore.open(nc.jetstream(), f"read{uuid.uuid4().hex[:8]}")
+    records = [record(f"j{i}", order=i) for i in range(KEYS)]
+    for at in range(0, KEYS, 1000):
+        await store.put_many(records[at : at + 1000])
+    fate: dict[str, str] = {}
+    js = store.js
+    for i in rng.sample(range(KEYS), 400):
+        job_id, kind = f"j{i}", rng.choice(["updated", "deleted", "purged", "corrupt", "newer"])
+        fate[job_id] = kind
+        subject = store.prefix + job_id
+        if kind == "updated":
+            await store.put(record(job_id, state="running", order=i))
+        elif kind == "deleted":
+            await store.delete(job_id)
+        elif kind == "purged":
+            await js.publish(subject, b"", headers={KV_OP: "PURGE", "Nats-Rollup": "sub"})
+        elif kind == "corrupt":
+            await js.publish(subject, b"\x93\x01\x02")
+        else:
+            fields = msgspec.msgpack.decode(record_encoder.encode(record(job_id, order=i)))
+            fields.update(format=RECORD_FORMAT + 1, placement_v2={"zones": ["a"]})
+            await js.publish(subject, msgspec.msgpack.encode(fields))
+    await store.probe()  # a key that is not a job's, written last
+    return store, fate
+
+
+async def test_the_batched_read_takes_what_the_live_mirror_takes(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bucketread, "BATCH", 1000)  # twelve pull requests, two at a time
+    store, fate = await filled(nc)
+    live = RecordMirror(store)
+    await live.start()  # following the bucket: the ordered consumer
+    by_mirror = taken(live, await live.caught_up(60))
+    await live.stop()
+    once = RecordMirror(store)  # never started: one batched read
+    by_read = taken(once, await once.caught_up(60))
+    await once.stop()
+
+    assert by_read == by_mirror
+    records = by_read["records"]
+    gone = {j for j, kind in fate.items() if kind != "updated"}
+    assert set(records) == {f"j{i}" for i in range(KEYS)} - gone
+    for job_id, kind in fate.items():
+        if kind == "updated":
+            assert msgspec.msgpack.decode(records[job_id])["state"] == "running"
+    newer = {store.prefix + j for j, kind in fate.items() if kind == "newer"}
+    assert by_read["too_new"] == dict.fromkeys(newer, RECORD_FORMAT + 1)
+    assert sum(by_read["active"].values()) == len(records)
+    # The read's consumer is gone with it: nothing is left on the server.
+    assert not await store.js.consumers_info(store.stream)
+
+
+async def test_a_read_whose_consumer_is_deleted_reads_on(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its consumer deleted mid-read (a stream leader lost it), the read neither waits out its
+    time nor returns some records as all of them: a new consumer reads on from the sequence
+    after the last one taken, and the read ends with what the live mirror holds. The consumer
+    is deleted at the first record, with at most two batches asked for."""
+    monkeypatch.setattr(bucketread, "BATCH", 50)
+    js = nc.jetstream()
+    store = await JobStore.open(js, f"read{uuid.uuid4().hex[:8]}")
+    for at in range(0, 2000, 500):
+        await store.put_many([record(f"j{i}", order=i) for i in range(at, at + 500)])
+    live = RecordMirror(store)
+    await live.start()
+    by_mirror = taken(live, await live.caught_up(60))
+    await live.stop()
+
+    once = RecordMirror(store)
+    consumers: list[str] = []  # in the order they delivered
+    seen: list[int] = []
+    deleting: list[asyncio.Task[bool]] = []
+    taker = once._taker
+
+    def deleting_taker() -> Any:
+        inner = taker()
+
+        def take(msg: Msg, seq: int) -> None:
+            name = msg.reply.split(".")[3]  # $JS.ACK.<stream>.<consumer>...
+            if name not in consumers:
+                consumers.append(name)
+            seen.append(seq)
+            if not deleting:
+                deleting.append(asyncio.ensure_future(js.delete_consumer(store.stream, name)))
+            inner(msg, seq)
+
+        return take
+
+    monkeypatch.setattr(once, "_taker", deleting_taker)
+    by_read = taken(once, await once.caught_up(30))
+    await once.stop()
+
+    assert await deleting[0]
+    assert len(consumers) >= 2, "the read went on with a new consumer"
+    assert by_read == by_mirror and len(by_read["records"]) == 2000
+    assert seen == sorted(seen) and len(seen) == len(set(seen))  # each record once, in order
+    assert not await js.consumers_info(store.stream)
+
+
+async def test_a_read_of_a_stream_deleted_under_it_says_so(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream deleted mid-read (its pull requests end, its leader answers no more): the
+    read raises at once instead of waiting out its time or returning some records."""
+    monkeypatch.setattr(bucketread, "BATCH", 50)
+    js = nc.jetstream()
+    store = await JobStore.open(js, f"read{uuid.uuid4().hex[:8]}")
+    await store.put_many([record(f"j{i}", order=i) for i in range(500)])
+    seen: list[int] = []
+    deleting: list[asyncio.Task[bool]] = []
+
+    def take(msg: Msg, seq: int) -> None:
+        seen.append(seq)
+        if not deleting:
+            deleting.append(asyncio.ensure_future(js.delete_stream(store.stream)))
+
+    never = asyncio.get_running_loop().create_future()  # the read must end on its own
+    with pytest.raises(ReadStopped, match="cannot be read"):
+        async with asyncio.timeout(20):
+            await bucketread.read_newest(js, store.stream, store.prefix + ">", take, never, 60)
+    assert await deleting[0]
+    assert seen and seen == sorted(seen)

@@ -1,0 +1,144 @@
+"""The one-time batched read of the job bucket (`broker.bucketread`) on a real three-server
+cluster with an R3 bucket: it rides over what the ordered consumer of a standby's mirror rides
+over (no stream or consumer leader yet, a leader election during the read) and ends with
+exactly what that mirror holds, never with part of it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+from nats.js.errors import BadRequestError
+
+from broker import bucketread
+from broker.store import JobStore, RecordMirror, StreamUnanswered
+from load.natscluster import NatsCluster
+from tests.broker.jobs import mirror_took, stored_record
+from tests.nats.world import connect
+from tests.support import wait_for
+
+R3 = 3
+NO_PEERS = 10005  # nats-server JSClusterNoPeersErrF: no suitable peers for placement
+
+
+async def filled_store(nc: Client, jobs: int) -> JobStore:
+    """A new R3 bucket holding `jobs` records, some of them written twice. The first write
+    is asked again while the new stream's subjects have no responders yet."""
+    bucket = f"read{uuid.uuid4().hex[:8]}"
+    opened: list[JobStore] = []
+
+    async def created() -> bool:  # a fresh cluster may count a peer offline for a moment
+        try:
+            opened.append(await JobStore.open(nc.jetstream(), bucket, R3))
+        except BadRequestError as exc:
+            if exc.err_code != NO_PEERS:
+                raise
+            return False
+        return True
+
+    await wait_for(created, 30, what=f"bucket {bucket} created on three servers")
+    store = opened[0]
+
+    async def first_written() -> bool:
+        try:
+            await store.put(stored_record(0))
+        except StreamUnanswered:
+            return False
+        return True
+
+    await wait_for(first_written, 30, what=f"stream of {store.bucket} answering")
+    for at in range(0, jobs, 500):
+        await store.put_many([stored_record(i) for i in range(at, min(at + 500, jobs))])
+    await store.put_many([stored_record(i, state="running") for i in range(0, jobs, 7)])
+    return store
+
+
+async def by_ordered_mirror(store: JobStore) -> dict[str, Any]:
+    live = RecordMirror(store)
+    await live.start()
+    try:
+        return mirror_took(live, await live.caught_up(60))
+    finally:
+        await live.stop()
+
+
+async def test_a_bucket_just_created_is_read_whole(nats_cluster: NatsCluster) -> None:
+    """Read the moment it is written, as a broker that leads at once reads the bucket it has
+    just created: the stream's and the consumer's leaders, and the consumer's interest across
+    the routes, may not be there yet (the pull answered 503)."""
+    nc = await connect(nats_cluster)
+    try:
+        for jobs in [1, 3, 1, 50] * 4:
+            store = await filled_store(nc, jobs)
+            once = RecordMirror(store)  # never started: one batched read
+            by_read = mirror_took(once, await once.caught_up(30))
+            assert len(by_read["records"]) == jobs
+            assert by_read == await by_ordered_mirror(store)
+            assert not await store.js.consumers_info(store.stream)
+    finally:
+        await nc.close()
+
+
+async def test_a_read_across_a_stream_leader_change_is_whole(
+    nats_cluster: NatsCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream's leader steps down three times during the read, each time before one of
+    its pull requests goes out, and the second time the read's consumer is dropped with it
+    (its pull requests end, "409 Consumer Deleted" or a 503): a new one reads on from the
+    sequence after the last one taken, and the read is whole."""
+    monkeypatch.setattr(bucketread, "BATCH", 100)
+    nc = await connect(nats_cluster)
+    try:
+        store = await filled_store(nc, 3000)
+        js = store.js
+        await nats_cluster.replicas_current(js, store.stream, R3)
+        publish = nc.publish
+        pulls: list[str] = []
+
+        async def step_down(drop: str | None) -> bool:
+            """Ask the stream's leader to step down until another one leads (it refuses
+            while no follower is current); then drop the read's consumer `drop`, as a server
+            that lost it would."""
+            old = await nats_cluster.stream_leader(js, store.stream)
+
+            async def moved() -> bool:
+                with contextlib.suppress(Exception):
+                    info = await js.stream_info(store.stream)
+                    if info.cluster is not None and info.cluster.leader not in (None, old):
+                        return True
+                    stepdown = f"$JS.API.STREAM.LEADER.STEPDOWN.{store.stream}"
+                    await nc.request(stepdown, b"", timeout=2)
+                return False
+
+            await wait_for(moved, 30, what=f"{store.stream} led by another", interval=0.2)
+            return drop is None or await js.delete_consumer(store.stream, drop)
+
+        # Kept apart from the read's pull requests, which a read that starts again cancels.
+        stepping: list[asyncio.Task[bool]] = []
+
+        async def stepping_down_publish(subject: str, *args: Any, **kwargs: Any) -> None:
+            if ".CONSUMER.MSG.NEXT." in subject:
+                pulls.append(subject)
+                if len(pulls) in (3, 7, 11):
+                    drop = subject.split(".")[-1] if len(pulls) == 7 else None
+                    stepping.append(asyncio.create_task(step_down(drop)))
+                if stepping:
+                    await asyncio.shield(stepping[-1])
+            await publish(subject, *args, **kwargs)
+
+        monkeypatch.setattr(nc, "publish", stepping_down_publish)
+        once = RecordMirror(store)
+        by_read = mirror_took(once, await once.caught_up(60))
+        monkeypatch.setattr(nc, "publish", publish)
+
+        assert [await task for task in stepping] == [True] * 3
+        assert len({p.split(".")[-1] for p in pulls}) >= 2, "the dropped consumer replaced"
+        assert len(by_read["records"]) == 3000
+        await nats_cluster.replicas_current(js, store.stream, R3)
+        assert by_read == await by_ordered_mirror(store)
+    finally:
+        await nc.close()
