@@ -488,7 +488,7 @@ class RecordMirror:
     async def start(self) -> None:
         if self._sub is not None:
             return
-        take = self._taker()
+        take = self.taker()
 
         async def on_msg(msg: Msg) -> None:
             take(msg, stream_seq(msg))
@@ -503,7 +503,7 @@ class RecordMirror:
             pending_bytes_limit=1024 * 1024 * 1024,
         )
 
-    def _taker(self) -> Callable[[Msg, int], None]:
+    def taker(self) -> Callable[[Msg, int], None]:
         """What takes each record, live or in one read (`read_newest`), with what it needs in
         locals (a cold start runs it 100,000 times). Records are keyed by their KV subject,
         which names the job; `seq` is the message's stream sequence."""
@@ -562,7 +562,7 @@ class RecordMirror:
                         self.store.js,
                         self.store.stream,
                         self.store.prefix + ">",
-                        self._taker(),
+                        self.taker(),
                         self._reached,
                         timeout,
                         applied=lambda: self.applied,

@@ -23,9 +23,6 @@ DELIBERATE: dict[tuple[str, str], str] = {
     # killed) can only be injected at the submission boundary itself; a public hook in the
     # broker for it would exist for this test alone.
     ("tests/broker/test_dead_letters.py", "Broker._submit_guarded"): "fault injection",
-    # The collector's state is only observable inside the per-record callback of the mirror's
-    # first read; a public hook there would exist for this test alone.
-    ("tests/broker/test_hot_standby.py", "RecordMirror._taker"): "spy on the read's callback",
 }
 
 

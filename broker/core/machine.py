@@ -324,7 +324,7 @@ class Machine:
                 pending.avoid = []
                 self.backlog.fresh.add(job_id)
         unplaced = {r.job_id: r for r in candidates if r.job_id in result.pending}
-        futile = self._futile_spot_waits(unplaced, now)
+        futile = self.given_up_spot_waits(unplaced, now)
         for request in unplaced.values():
             self.backlog.earlier_waiters.file(request)
         for job_id, ahead in futile.items():
@@ -356,7 +356,7 @@ class Machine:
                 out.append(self.backlog.request(record, now, self.registry.demands(job_id)))
         return out
 
-    def _futile_spot_waits(self, stuck: Mapping[str, GangRequest], now: float) -> dict[str, str]:
+    def given_up_spot_waits(self, stuck: Mapping[str, GangRequest], now: float) -> dict[str, str]:
         """The spot-then-on-demand jobs among `stuck` (this cycle's unplaced, as tried) that
         wait for spot behind an earlier queued job (placement.futile_spot_waits): job id ->
         that job. The earlier ones are this cycle's unplaced jobs and the queues' heads an

@@ -114,7 +114,7 @@ async def test_a_read_whose_consumer_is_deleted_reads_on(
     consumers: list[str] = []  # in the order they delivered
     seen: list[int] = []
     deleting: list[asyncio.Task[bool]] = []
-    taker = once._taker
+    taker = once.taker
 
     def deleting_taker() -> Any:
         inner = taker()
@@ -130,7 +130,7 @@ async def test_a_read_whose_consumer_is_deleted_reads_on(
 
         return take
 
-    monkeypatch.setattr(once, "_taker", deleting_taker)
+    monkeypatch.setattr(once, "taker", deleting_taker)
     by_read = taken(once, await once.caught_up(30))
     await once.stop()
 

@@ -354,7 +354,7 @@ async def test_a_standby_reads_the_bucket_with_the_cycle_collector_paused(
     for i in range(6):
         await harness.submit(job(f"g{i}", replicas=1, gpu=8))
     taken: dict[int, list[bool]] = {}  # per mirror: was the collector on at each record
-    real = RecordMirror._taker
+    real = RecordMirror.taker
 
     def taker(self: RecordMirror) -> Callable[[Any, int], None]:
         take = real(self)
@@ -365,7 +365,7 @@ async def test_a_standby_reads_the_bucket_with_the_cycle_collector_paused(
 
         return spy
 
-    monkeypatch.setattr(RecordMirror, "_taker", taker)
+    monkeypatch.setattr(RecordMirror, "taker", taker)
     assert gc.isenabled()
     standby = await brokers("standby")
     await harness.wait_for(lambda: len(mirror_of(standby)) == 6)

@@ -59,13 +59,13 @@ class Checked(Machine):
 
     decided = 0
 
-    def _futile_spot_waits(self, stuck: Mapping[str, GangRequest], now: float) -> dict[str, str]:
+    def given_up_spot_waits(self, stuck: Mapping[str, GangRequest], now: float) -> dict[str, str]:
         expected: dict[str, str] = {}
         if any(wants_spot_first(r) for r in stuck.values()):
             waiting = {**stuck, **waiting_from_scratch(self, now, stuck)}
             futile = futile_spot_waits(list(waiting.values()))
             expected = {job_id: ahead for job_id, ahead in futile.items() if job_id in stuck}
-        got = super()._futile_spot_waits(stuck, now)
+        got = super().given_up_spot_waits(stuck, now)
         assert got == expected
         Checked.decided += len(got)
         return got
