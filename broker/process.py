@@ -392,6 +392,7 @@ class BrokerProcess(BrokerFields):
         self._queue = asyncio.Queue()
         self._sequencer.reset()
         self._writes.reset()  # deferred records die with the leadership, as in a crash
+        self._unwritten = 0  # and so does the put the pipeline was retrying
         self._writes_wake = None
         self._handing_over = False
         self.machine = None

@@ -10,6 +10,7 @@ import contextlib
 import uuid
 from typing import Any
 
+import nats
 import pytest
 from nats.aio.client import Client
 from nats.js.errors import BadRequestError
@@ -140,5 +141,37 @@ async def test_a_read_across_a_stream_leader_change_is_whole(
         assert len(by_read["records"]) == 3000
         await nats_cluster.replicas_current(js, store.stream, R3)
         assert by_read == await by_ordered_mirror(store)
+    finally:
+        await nc.close()
+
+
+async def test_a_read_of_a_stream_that_keeps_no_leader_stops_at_its_deadline(
+    nats_cluster: NatsCluster,
+) -> None:
+    """Two of the three servers die: the R3 stream has no quorum, so no leader, for as long as
+    they stay down. The read asks again until its deadline, then says it did not catch up and
+    names the stream to check; it never returns a partial read as whole."""
+    nc = await connect(nats_cluster)
+    try:
+        store = await filled_store(nc, 50)
+    finally:
+        await nc.close()
+    survivor, *doomed = nats_cluster.servers
+    for server in doomed:
+        server.kill9()
+    nc = await nats.connect(survivor.url, max_reconnect_attempts=0)
+    try:
+        taken: list[int] = []
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with pytest.raises(bucketread.ReadStopped, match=f"did not catch up .*{store.stream}"):
+            await bucketread.read_newest(
+                nc.jetstream(),
+                store.stream,
+                store.prefix + ">",
+                lambda _msg, seq: taken.append(seq),
+                done,
+                expires_s=3.0,
+            )
+        assert not done.done()  # nothing claimed the read complete
     finally:
         await nc.close()
