@@ -64,6 +64,7 @@ from schemas.job import CapacityPreference
 
 COST_TIE = 0.01  # relative
 WAIT_RATIO = 1.5  # a multi-node spot-only gang waits rather than pay more per unit of work
+WAIT_RECLAIMS = 2.0  # ... or than meet this many times more reclaims per unit of work
 TIE_EVAL = 4
 
 Take = tuple[Node, int, int]  # (node, podset index, replicas)
@@ -342,7 +343,7 @@ def _wait_for_cheaper_work(
     if not hosts:
         return scored
     bar = WAIT_RATIO * min(t[1] for t in hosts)
-    least = WAIT_RATIO * min(reclaims[t[4].key] for t in hosts)
+    least = WAIT_RECLAIMS * min(reclaims[t[4].key] for t in hosts)
     return [
         t
         for t in scored
