@@ -33,9 +33,10 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
   theirs first (spot-return keeps the same order for running jobs, spotreturn.py).
 - A `spot` (spot-only) gang that spans more than one node skips a pool whose expected cost per
   unit of work is over `WAIT_RATIO` times that of the cheapest pool that could host it empty,
-  and waits for that pool: on a slow or reclaim-heavy pool the run is longer and every reclaim
-  ends the whole gang's attempt. Jobs with an on-demand fallback keep their fallback rules;
-  autoscaled pools keep the provisioning rules (provision.py).
+  or where it expects over `WAIT_RECLAIMS` times the fewest reclaims per unit of work of such a
+  pool (gang rate / speed), and waits: on a slow or reclaim-heavy pool the run is longer and
+  every reclaim ends the whole gang's attempt. Jobs with an on-demand fallback keep their
+  fallback rules; autoscaled pools keep the provisioning rules (provision.py).
 - Order among feasible pools: capacity rank, then expected cost per unit of work: the
   expected cost per hour (risk.py) divided by the job's relative speed on the pool's GPU type
   (speed.py); costs within `COST_TIE` of each other count as equal, then the faster GPU type
@@ -286,9 +287,8 @@ def build_candidates(
             )
             s = 1.0
             if speed is not None and gpus:
-                s = speeds.get(p.gpu_type)
-                if s is None:
-                    s = speeds[p.gpu_type] = speed(p.gpu_type)
+                known = speeds.get(p.gpu_type)
+                s = speeds[p.gpu_type] = speed(p.gpu_type) if known is None else known
                 cost /= s
             if req.capacity == "spot":
                 reclaims[p.key] = rate * nodes / s
@@ -334,10 +334,11 @@ def _wait_for_cheaper_work(
     (`reclaims`: gang rate / speed) of such a pool: it waits for those. A slow or
     reclaim-heavy pool multiplies the run's length and so its reclaims, each of which ends
     the whole gang's attempt (a start-up, a restore and the work since the last checkpoint,
-    and one more attempt), even where its price per unit of work is close. Only gangs with no on-demand fallback wait
-    this way; the others keep their fallback rules. Autoscaled pools neither set the bar nor
-    are skipped: whether they can grow is the provisioning rules' to judge (a pool that stocked
-    out is avoided for a while, and waiting for it would wait on nothing)."""
+    and one more attempt), even where its price per unit of work is close. Only gangs with
+    no on-demand fallback wait this way; the others keep their fallback rules. Autoscaled
+    pools neither set the bars nor are skipped: whether they can grow is the provisioning
+    rules' to judge (a pool that stocked out is avoided for a while, and waiting for it would
+    wait on nothing)."""
     gang = make_gang(req.podsets)
     hosts = [t for t in scored if t[4].info.provision is None and empty_fit(t[4], gang)]
     if not hosts:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 
 import msgspec
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -70,7 +69,13 @@ def test_the_cheaper_capacity_full_the_job_takes_the_other_at_once() -> None:
     s = _fleet(1.0, 1.5, od_nodes=1)
     ((_, p),) = s.schedule([gang("fill", (1, 8), capacity="on-demand")], NOW).admitted
     assert p.flavor == "od"
-    assert _where(s, spot_ok=False) == "spot"  # no wait for on-demand, no spot wait either
+    assert _where(s, spot_ok=False) == "spot"  # no wait for on-demand
+    for ok, where in ((False, "od"), (True, None)):
+        s = _fleet(1.0, 3.0, spot_nodes=1)  # spot is the cheaper even with the loss priced in
+        ((_, p),) = s.schedule([gang("fill", (1, 8), capacity="spot")], NOW).admitted
+        assert p.flavor == "spot"
+        # no wait for spot either; one that may go to spot at its price waits for it
+        assert _where(s, spot_ok=ok) == where
 
 
 def test_fallen_back_it_takes_on_demand_only() -> None:
@@ -206,7 +211,9 @@ def test_why_names_the_priced_loss_on_either_capacity() -> None:
 
 def test_a_checkpoint_the_label_or_the_queue_keep_spot_first() -> None:
     w = _machine(1.5)
-    ckpt = w.submit("ckpt", capacity="spot-then-on-demand", checkpoint=CheckpointSpec(uri="s3://b/c"))
+    ckpt = w.submit(
+        "ckpt", capacity="spot-then-on-demand", checkpoint=CheckpointSpec(uri="s3://b/c")
+    )
     assert _placed_why(w, ckpt).endswith("spot first (capacity spot-then-on-demand)")
     w = _machine(1.5)
     said = w.submit("said", capacity="spot-then-on-demand", labels={"muster.dev/spot-ok": "true"})
