@@ -20,21 +20,16 @@ from schemas.job import CheckpointSpec
 from tests.core.harness import OD, SPOT, Sim, run
 from tests.core.strategies import CLASSES, fleets, queue_sets, requests
 
-from .helpers import NOW, config, flavor, gang, nodes
+from .helpers import NOW, config, flavor, gang, one_cluster
 from .scheduler_model import Model, check_admission, check_state
 
 PRIOR = 0.5  # reclaims per node-hour: a job without checkpoints expects to lose 1 / rate = 2 h
 
 
 def _fleet(spot_price: float, od_price: float, spot_nodes: int = 2, od_nodes: int = 2) -> Scheduler:
-    s = Scheduler(config(spot_prior_rate=PRIOR))
-    s.apply_snapshot(
-        "c",
-        [flavor("spot", "spot", "a100", spot_price), flavor("od", "on-demand", "a100", od_price)],
-        nodes("s", "spot", spot_nodes) + nodes("o", "od", od_nodes),
-        NOW,
-    )
-    return s
+    spot = flavor("spot", "spot", "a100", spot_price)
+    od = flavor("od", "on-demand", "a100", od_price)
+    return one_cluster([(spot, spot_nodes), (od, od_nodes)], spot_prior_rate=PRIOR)
 
 
 def _where(
@@ -102,12 +97,12 @@ def test_the_choice_is_the_rank_then_the_priced_cost_of_the_pools_with_room(
     checkpoint: float | None,
     spot_ok: bool,
 ) -> None:
-    s = Scheduler(config(spot_prior_rate=rate))
-    s.apply_snapshot(
-        "c",
-        [flavor("spot", "spot", "a100", spot_price), flavor("od", "on-demand", "a100", od_price)],
-        nodes("s", "spot", 1) + nodes("o", "od", 1),
-        NOW,
+    s = one_cluster(
+        [
+            (flavor("spot", "spot", "a100", spot_price), 1),
+            (flavor("od", "on-demand", "a100", od_price), 1),
+        ],
+        spot_prior_rate=rate,
     )
     fill = [
         gang(f"fill-{k}", (1, 8), capacity=k)
@@ -230,14 +225,11 @@ def test_a_checkpoint_the_label_or_the_queue_keep_spot_first() -> None:
 def _fast_and_slow(fast_nodes: int, rate: float) -> Scheduler:
     """Two spot pools of equal cost per unit of work (the A100 runs 2.2x, at 2.2x the price),
     reclaimed alike per node-hour: the slow one meets 2.2x the reclaims per unit of work."""
-    s = Scheduler(config(spot_prior_rate=rate, gpu_speeds={"a100": 2.2, "v100": 1.0}))
-    s.apply_snapshot(
-        "c",
-        [flavor("fast", "spot", "a100", 2.2), flavor("slow", "spot", "v100", 1.0)],
-        nodes("f", "fast", fast_nodes) + nodes("v", "slow", 8),
-        NOW,
-    )
-    return s
+    pools = [
+        (flavor("fast", "spot", "a100", 2.2), fast_nodes),
+        (flavor("slow", "spot", "v100", 1.0), 8),
+    ]
+    return one_cluster(pools, spot_prior_rate=rate, gpu_speeds={"a100": 2.2, "v100": 1.0})
 
 
 def test_a_spot_only_gang_waits_for_the_pool_with_fewer_reclaims_per_unit_of_work() -> None:
