@@ -62,9 +62,10 @@ class QueueConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     preemption: PreemptionPolicy = msgspec.field(default_factory=PreemptionPolicy)
     # Volcano's `reclaimable`: may other queues take back what this queue borrowed?
     reclaimable: bool = True
-    # May its `capacity: any` jobs that write no checkpoint go to spot at its price? By default
-    # they take on-demand first (a reclaim loses all their work) and spot only when no
-    # on-demand pool could ever host them.
+    # May its `capacity: any` and `spot-then-on-demand` jobs that write no checkpoint go to
+    # spot at its price? By default `any` ones take on-demand first (a reclaim loses all their
+    # work) and spot only when no on-demand pool could ever host them; `spot-then-on-demand`
+    # ones take spot only where it is cheaper with that loss priced in.
     spot_without_checkpoint: bool = False
     # Flavor classes in the order the queue prefers them (a Kueue ClusterQueue's flavor list):
     # the first with room wins, cost decides only among pools of one class. Empty: by cost.

@@ -30,6 +30,7 @@ from broker.core.placement import (
     build_candidates,
     empty_fit,
     estimate,
+    has_fallback_rank,
     make_gang,
     pack,
     pack_single,
@@ -157,8 +158,7 @@ def allow_fallback(req: GangRequest, gang: Gang, cands: Candidates) -> bool:
     """spot-then-on-demand may use on-demand when no spot pool could ever host the gang, and
     an `any` job that may not go to spot at its price may use spot when no on-demand pool
     could."""
-    mirrored = req.capacity == "any" and not req.spot_ok
-    if not mirrored and (req.capacity != "spot-then-on-demand" or req.spot_exhausted):
+    if not has_fallback_rank(req):
         return True
     return not any(empty_fit(p, gang) for p in cands.spot_pools)
 

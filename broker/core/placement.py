@@ -12,7 +12,12 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
 - Capacity preference: `spot` and `on-demand` take only that capacity type. `any` takes both
   and lets cost decide, unless the job may not go to spot at its price (`spot_ok`: it writes no
   checkpoint): then on-demand first, and spot only when no on-demand pool could ever host it.
-  `spot-then-on-demand` takes spot; on-demand only when the job is `spot_exhausted` (the
+  A `spot-then-on-demand` job that writes no checkpoint (and is not `spot_ok`) loses its
+  whole run at every reclaim, so spot is not cheap for it by its list price: it takes spot
+  and on-demand at one rank, ordered by expected cost per unit of work with that loss priced
+  in (risk.py: a reclaim costs the run so far, about 1 / rate hours, at most
+  `NO_CHECKPOINT_LOSS_H`), and so goes to on-demand while the priced spot costs more. Every
+  other `spot-then-on-demand` job takes spot; on-demand only when the job is `spot_exhausted` (the
   lifecycle machine's fallback after preemptions or waiting) or when no spot pool could host
   the gang even empty (no spot pool fits, ever). While spot is merely full the job waits for
   spot; the machine's `fallback_after_wait_s` bounds that wait. It stops waiting at once when
@@ -28,9 +33,10 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
   theirs first (spot-return keeps the same order for running jobs, spotreturn.py).
 - A `spot` (spot-only) gang that spans more than one node skips a pool whose expected cost per
   unit of work is over `WAIT_RATIO` times that of the cheapest pool that could host it empty,
-  and waits for that pool: on a slow or reclaim-heavy pool the run is longer and every reclaim
-  ends the whole gang's attempt. Jobs with an on-demand fallback keep their fallback rules;
-  autoscaled pools keep the provisioning rules (provision.py).
+  or where it expects over `WAIT_RECLAIMS` times the fewest reclaims per unit of work of such a
+  pool (gang rate / speed), and waits: on a slow or reclaim-heavy pool the run is longer and
+  every reclaim ends the whole gang's attempt. Jobs with an on-demand fallback keep their
+  fallback rules; autoscaled pools keep the provisioning rules (provision.py).
 - Order among feasible pools: capacity rank, then expected cost per unit of work: the
   expected cost per hour (risk.py) divided by the job's relative speed on the pool's GPU type
   (speed.py); costs within `COST_TIE` of each other count as equal, then the faster GPU type
@@ -59,6 +65,7 @@ from schemas.job import CapacityPreference
 
 COST_TIE = 0.01  # relative
 WAIT_RATIO = 1.5  # a multi-node spot-only gang waits rather than pay more per unit of work
+WAIT_RECLAIMS = 2.0  # ... or than meet this many times more reclaims per unit of work
 TIE_EVAL = 4
 
 Take = tuple[Node, int, int]  # (node, podset index, replicas)
@@ -113,7 +120,8 @@ def capacity_rank(
     capacity: CapacityPreference, exhausted: bool, capacity_type: str, spot_ok: bool = True
 ) -> int:
     """0 = preferred, 1 = the fallback (on-demand of spot-then-on-demand, spot of an `any` job
-    that may not go to spot at its price), -1 = not allowed."""
+    that may not go to spot at its price), -1 = not allowed. A spot-then-on-demand job that
+    may not go to spot at its price has no fallback rank: expected cost decides."""
     spot = capacity_type == "spot"
     if capacity == "spot":
         return 0 if spot else -1
@@ -122,8 +130,18 @@ def capacity_rank(
     if capacity == "spot-then-on-demand":
         if exhausted:
             return -1 if spot else 0
+        if not spot_ok:
+            return 0
         return 0 if spot else 1
     return 1 if spot and not spot_ok else 0
+
+
+def has_fallback_rank(req: GangRequest) -> bool:
+    """Whether the job has a rank-1 capacity type that it takes only when no pool of its
+    preferred one could ever host it (`capacity_rank`)."""
+    if req.capacity == "any":
+        return not req.spot_ok
+    return req.capacity == "spot-then-on-demand" and not req.spot_exhausted and req.spot_ok
 
 
 def wants_on_demand(req: GangRequest) -> bool:
@@ -239,10 +257,12 @@ def build_candidates(
     prefer = {cls: i for i, cls in enumerate(flavor_order)}
     scored: list[tuple[int, float, str, str, Pool]] = []
     speeds: dict[str, float] = {}
+    reclaims: dict[PoolKey, float] = {}  # the gang's expected reclaims per unit of work
     matching = unhealthy = 0
     spot_pools: list[Pool] = []
     blocked: list[Pool] = []
     blocked_keys = inv.blocked
+    fallback = has_fallback_rank(req)
     for c in inv.clusters.values():
         for p in c.pools.values():
             if not gpu_type_ok(p, req.gpu_types, gpus):
@@ -257,7 +277,7 @@ def build_candidates(
             if p.key in blocked_keys:
                 blocked.append(p)
                 continue
-            if rank == 0 and (req.capacity == "spot-then-on-demand" or not req.spot_ok):
+            if rank == 0 and fallback:
                 spot_pools.append(p)
             node_gpu = p.node_gpu or 1
             nodes = max(1, -(-gpus // node_gpu))
@@ -265,14 +285,16 @@ def build_candidates(
             cost = expected_cost_per_hour(
                 p.price, gpus, rate, nodes, req.checkpoint_interval_s, risk_weight
             )
+            s = 1.0
             if speed is not None and gpus:
-                s = speeds.get(p.gpu_type)
-                if s is None:
-                    s = speeds[p.gpu_type] = speed(p.gpu_type)
+                known = speeds.get(p.gpu_type)
+                s = speeds[p.gpu_type] = speed(p.gpu_type) if known is None else known
                 cost /= s
+            if req.capacity == "spot":
+                reclaims[p.key] = rate * nodes / s
             scored.append((rank, cost, p.cluster, p.name, p))
     if req.capacity == "spot" and len(scored) > 1:
-        scored = _wait_for_cheaper_work(scored, req, gpus)
+        scored = _wait_for_cheaper_work(scored, req, gpus, reclaims)
     last = len(prefer)
     scored.sort(key=lambda t: (t[0], prefer.get(t[4].flavor_class, last), t[1], t[2], t[3]))
     groups: list[list[Pool]] = []
@@ -301,24 +323,34 @@ def build_candidates(
 
 
 def _wait_for_cheaper_work(
-    scored: list[tuple[int, float, str, str, Pool]], req: GangRequest, gpus: int
+    scored: list[tuple[int, float, str, str, Pool]],
+    req: GangRequest,
+    gpus: int,
+    reclaims: Mapping[PoolKey, float],
 ) -> list[tuple[int, float, str, str, Pool]]:
     """A spot-only gang that spans nodes skips pools whose expected cost per unit of work is
-    over `WAIT_RATIO` times that of the cheapest pool that could host it empty: it waits for
-    that one. A slow or reclaim-heavy pool multiplies the run's length and so its reclaims,
-    each of which ends the whole gang's attempt. Only gangs with no on-demand fallback wait
-    this way; the others keep their fallback rules. Autoscaled pools neither set the bar nor
-    are skipped: whether they can grow is the provisioning rules' to judge (a pool that stocked
-    out is avoided for a while, and waiting for it would wait on nothing)."""
+    over `WAIT_RATIO` times that of the cheapest pool that could host it empty, and pools
+    where it expects over `WAIT_RATIO` times the fewest reclaims per unit of work
+    (`reclaims`: gang rate / speed) of such a pool: it waits for those. A slow or
+    reclaim-heavy pool multiplies the run's length and so its reclaims, each of which ends
+    the whole gang's attempt (a start-up, a restore and the work since the last checkpoint,
+    and one more attempt), even where its price per unit of work is close. Only gangs with
+    no on-demand fallback wait this way; the others keep their fallback rules. Autoscaled
+    pools neither set the bars nor are skipped: whether they can grow is the provisioning
+    rules' to judge (a pool that stocked out is avoided for a while, and waiting for it would
+    wait on nothing)."""
     gang = make_gang(req.podsets)
-    hosts = [t[1] for t in scored if t[4].info.provision is None and empty_fit(t[4], gang)]
+    hosts = [t for t in scored if t[4].info.provision is None and empty_fit(t[4], gang)]
     if not hosts:
         return scored
-    bar = WAIT_RATIO * min(hosts)
+    bar = WAIT_RATIO * min(t[1] for t in hosts)
+    least = WAIT_RECLAIMS * min(reclaims[t[4].key] for t in hosts)
     return [
         t
         for t in scored
-        if t[1] <= bar or gpus <= (t[4].node_gpu or 1) or t[4].info.provision is not None
+        if (t[1] <= bar and reclaims[t[4].key] <= least + 1e-12)
+        or gpus <= (t[4].node_gpu or 1)
+        or t[4].info.provision is not None
     ]
 
 

@@ -219,9 +219,10 @@ SPOT_OK_LABEL = "muster.dev/spot-ok"
 
 
 def spot_ok(spec: JobSpec) -> bool:
-    """Whether an `any` job may go to spot at its price: it writes checkpoints, or it (or its
-    queue, at submission) set `muster.dev/spot-ok`. A reclaim loses all of a job that does not
-    checkpoint, so cheap spot is not cheap for it."""
+    """Whether a job that may run on either capacity (`any`, `spot-then-on-demand`) may go to
+    spot at its price: it writes checkpoints, or it (or its queue, at submission) set
+    `muster.dev/spot-ok`. A reclaim loses all of a job that does not checkpoint, so cheap spot
+    is not cheap for it (placement.capacity_rank says what each preference does then)."""
     return spec.checkpoint is not None or spec.labels.get(SPOT_OK_LABEL) in ("true", "queue")
 
 

@@ -83,7 +83,11 @@ def derive_job_id(name: str, token: str) -> str:
 
 def mark_spot_ok(queue: QueueConfig, spec: JobSpec) -> JobSpec:
     """A queue that lets jobs without checkpoints use spot says so on each such job."""
-    if not queue.spot_without_checkpoint or spec.checkpoint is not None or spec.capacity != "any":
+    if (
+        not queue.spot_without_checkpoint
+        or spec.checkpoint is not None
+        or spec.capacity not in ("any", "spot-then-on-demand")
+    ):
         return spec
     if SPOT_OK_LABEL in spec.labels:
         return spec

@@ -63,9 +63,10 @@ class GangRequest:
     spot_exhausted: bool = False
     # Seconds between checkpoints we expect (for the risk term); None = no checkpoints.
     checkpoint_interval_s: float | None = None
-    # Whether an `any` job may go to spot at its price. False for a job that writes no
-    # checkpoint (a reclaim loses all its work): on-demand first, spot only when no on-demand
-    # pool could ever host the gang.
+    # Whether an `any` or `spot-then-on-demand` job may go to spot at its price. False for a
+    # job that writes no checkpoint (a reclaim loses all its work): `any` takes on-demand
+    # first, spot only when no on-demand pool could ever host the gang; `spot-then-on-demand`
+    # takes whichever is cheaper with that loss priced into spot (placement.capacity_rank).
     spot_ok: bool = True
     # Partial admission: podset -> fewest replicas it may start with (absent = all of them)
     min_replicas: dict[str, int] = field(default_factory=dict)

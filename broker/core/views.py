@@ -280,6 +280,8 @@ def _placement_reasons(record: JobRecord, order: list[str]) -> list[PendingReaso
         why = "its deadline put it on on-demand"
     elif spec.capacity in ("spot", "on-demand"):
         why = f"the job asks for {spec.capacity} capacity"
+    elif spec.capacity == "spot-then-on-demand" and not spot_ok(spec) and not record.spot_exhausted:
+        why = _NO_CHECKPOINT + (_SPOT_STILL if spot else _SPOT_DEARER)
     elif spec.capacity == "spot-then-on-demand":
         why = "spot first (capacity spot-then-on-demand)" if spot else _fallback_text(record)
     elif not spot and record.spot_fallback:
@@ -311,6 +313,15 @@ def _placement_reasons(record: JobRecord, order: list[str]) -> list[PendingReaso
         )
         placed.append(refused)
     return placed
+
+
+_NO_CHECKPOINT = "the job writes no checkpoint, so a reclaim loses its whole run: "
+_SPOT_STILL = "with that loss priced in, spot was still the cheapest work with room"
+_SPOT_DEARER = (
+    "with that loss priced in, spot cost more per unit of work than this pool, or had no room "
+    "(give it a checkpoint, or label muster.dev/spot-ok, or set its queue's "
+    "spot_without_checkpoint)"
+)
 
 
 def _fallback_text(record: JobRecord) -> str:

@@ -47,6 +47,14 @@ def nodes(
     ]
 
 
+def one_cluster(pools: Iterable[tuple[FlavorInfo, int]], **scheduling: object) -> Scheduler:
+    """A scheduler whose cluster "c" holds `count` 8-GPU nodes of each flavor (named after it)."""
+    s = Scheduler(config(**scheduling))
+    flavors = [f for f, _ in pools]
+    s.apply_snapshot("c", flavors, [n for f, k in pools for n in nodes(f.name, f.name, k)], NOW)
+    return s
+
+
 def config(
     queues: Iterable[QueueConfig] | None = None,
     classes: Iterable[FlavorClass] = (),

@@ -8,6 +8,7 @@ from typing import Any
 from broker.core.effects import Effect, Send, refusal
 from broker.core.inputs import AgentBatch
 from broker.core.machine import Machine
+from broker.core.records import SPOT_OK_LABEL
 from schemas.agent import ClusterSnapshot, Dispatch, EventBatch, NodeGone, WorkloadStatus
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import CapacityPreference, JobSpec, PodSet
@@ -32,6 +33,11 @@ class Agent:
         )
         out = self.m.handle(AgentBatch(self.cluster, batch), now)
         assert refusal(out) is None, refusal(out)
+
+
+# A job that writes no checkpoint but says spot is fine for it (records.spot_ok): placed as
+# one that checkpoints is, spot first.
+SPOT_OK = {SPOT_OK_LABEL: "true"}
 
 
 def spot_job(

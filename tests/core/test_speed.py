@@ -27,7 +27,7 @@ from schemas.job import CheckpointSpec
 from tests.core.harness import Sim, run
 from tests.core.strategies import CLASSES, fleets, queue_sets, requests
 
-from .helpers import NOW, config, flavor, gang, nodes
+from .helpers import NOW, config, flavor, gang, nodes, one_cluster
 from .scheduler_model import Model, check_admission, check_state
 
 PRIORS = {"v100": 1.0, "a100": 2.2, "t4": 0.3}
@@ -335,14 +335,11 @@ def test_why_says_how_often_a_gang_reaches_its_next_checkpoint_on_spot() -> None
 
 
 def _two_spot_pools(cheap_nodes: int) -> Scheduler:
-    s = Scheduler(config(spot_prior_rate=0.0))
-    s.apply_snapshot(
-        "c",
-        [flavor("cheap", "spot", "a", 1.0), flavor("dear", "spot", "a", 1.6)],
-        nodes("ch", "cheap", cheap_nodes) + nodes("de", "dear", 8),
-        NOW,
-    )
-    return s
+    pools = [
+        (flavor("cheap", "spot", "a", 1.0), cheap_nodes),
+        (flavor("dear", "spot", "a", 1.6), 8),
+    ]
+    return one_cluster(pools, spot_prior_rate=0.0)
 
 
 def test_a_spot_only_gang_waits_for_the_pool_where_work_costs_less() -> None:

@@ -15,7 +15,7 @@ from schemas.agent import (
 )
 from schemas.job import CheckpointSpec, SpotPolicy
 from tests.core.helpers import NOW, nodes
-from tests.core.spot_pools import Agent, dispatches, setup, spot_job
+from tests.core.spot_pools import SPOT_OK, Agent, dispatches, setup, spot_job
 
 
 def test_spot_only_job_waits_for_an_empty_spot_pool_and_runs_when_nodes_return() -> None:
@@ -93,6 +93,7 @@ def test_a_spot_then_on_demand_job_without_progress_falls_back() -> None:
         "fallback",
         capacity="spot-then-on-demand",
         spot=SpotPolicy(fallback_after_preemptions=100, max_preemptions_without_progress=2),
+        labels=SPOT_OK,  # no checkpoint, spot is fine: without it the job is priced off spot
     )
     assert split_reply(m.handle(SubmitJob(spec), NOW + 3))[0].accepted
     now = NOW + 10

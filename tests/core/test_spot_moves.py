@@ -30,7 +30,16 @@ from schemas.agent import (
 )
 from schemas.job import CheckpointSpec, Deadline, JobSpec, SpotPolicy
 from tests.core.helpers import NOW, flavor, nodes
-from tests.core.spot_pools import Agent, dispatches, live_attempts, running, sends, setup, spot_job
+from tests.core.spot_pools import (
+    SPOT_OK,
+    Agent,
+    dispatches,
+    live_attempts,
+    running,
+    sends,
+    setup,
+    spot_job,
+)
 
 SPOT = ("east", "v100-spot")
 
@@ -275,7 +284,9 @@ def test_a_deadline_move_of_a_job_without_checkpoints_dispatches_its_reserved_pl
     dispatched at once; the reservation is neither leaked nor charged twice."""
     m, agent = setup()
     agent.send(NodeUpsert(node=nodes("spot-up", "v100-spot", 1)[0]), now=NOW + 2)
-    spec = msgspec.structs.replace(deadline_job("bare", 80 * 60.0, 3600.0), checkpoint=None)
+    spec = msgspec.structs.replace(
+        deadline_job("bare", 80 * 60.0, 3600.0), checkpoint=None, labels=SPOT_OK
+    )
     assert accepted(m, spec, NOW + 3)
     (d,) = dispatches(m.handle(Cycle(), NOW + 4))
     assert d.flavor == "v100-spot"

@@ -11,7 +11,7 @@ from broker.core.placement import futile_spot_waits
 from broker.core.types import GangRequest, PodSetDemand
 from schemas.job import CapacityPreference
 from tests.core.helpers import NOW
-from tests.core.spot_pools import dispatches, setup, spot_job
+from tests.core.spot_pools import SPOT_OK, dispatches, setup, spot_job
 
 
 def _submit(m: Machine, name: str, at: float, **kw: object) -> None:
@@ -30,7 +30,7 @@ def test_behind_a_waiting_spot_job_it_takes_on_demand_at_once_and_why_says_so() 
     m, _ = setup()  # spot emptied, one on-demand node
     _submit(m, "spot-first", NOW + 2)
     assert _cycles(m, NOW + 3) == []  # a spot-only job waits for spot
-    _submit(m, "flexible", NOW + 10, capacity="spot-then-on-demand")
+    _submit(m, "flexible", NOW + 10, capacity="spot-then-on-demand", labels=SPOT_OK)
     assert _cycles(m, NOW + 11) == [("flexible", "v100-od")]  # seconds, not 600 s
     why = m.views.why("flexible", NOW + 20)
     assert why is not None
@@ -41,15 +41,15 @@ def test_behind_a_waiting_spot_job_it_takes_on_demand_at_once_and_why_says_so() 
 
 def test_alone_or_behind_a_bigger_or_lower_priority_job_it_still_waits_for_spot() -> None:
     m, _ = setup()
-    _submit(m, "alone", NOW + 2, capacity="spot-then-on-demand")
+    _submit(m, "alone", NOW + 2, capacity="spot-then-on-demand", labels=SPOT_OK)
     assert _cycles(m, NOW + 3) == []  # nothing ahead: spot may free within its wait
     m, _ = setup()
     _submit(m, "big", NOW + 2, replicas=2)  # needs both spot nodes; one freed fits the next
-    _submit(m, "after-big", NOW + 3, capacity="spot-then-on-demand")
+    _submit(m, "after-big", NOW + 3, capacity="spot-then-on-demand", labels=SPOT_OK)
     assert _cycles(m, NOW + 4) == []
     m, _ = setup()
     _submit(m, "low", NOW + 2, priority=-5)
-    _submit(m, "after-low", NOW + 3, capacity="spot-then-on-demand")
+    _submit(m, "after-low", NOW + 3, capacity="spot-then-on-demand", labels=SPOT_OK)
     assert _cycles(m, NOW + 4) == []  # it is ahead of the lower-priority job
 
 
