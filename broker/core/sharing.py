@@ -61,15 +61,15 @@ class PartPool:
     """Spec parts by name and encoding: equal encodings are equal values. It knows its own
     values by identity, so a part that already is the pooled copy costs no encode."""
 
-    __slots__ = ("_names", "_values")
+    __slots__ = ("_values", "held")
 
     def __init__(self) -> None:
         self._values: dict[tuple[str, bytes], Any] = {}
         # id of each pooled value (kept alive here, so its id is not reused) -> its part
-        self._names: dict[int, str] = {id(_no_labels): "labels", id(_no_types): "gpu_types"}
+        self.held: dict[int, str] = {id(_no_labels): "labels", id(_no_types): "gpu_types"}
 
     def share(self, name: str, value: V) -> V:
-        if self._names.get(id(value)) == name:
+        if self.held.get(id(value)) == name:
             return value
         key = (name, _encode(value))
         have = self._values.get(key)
@@ -77,12 +77,12 @@ class PartPool:
             return have  # type: ignore[no-any-return]
         if len(self._values) < POOL_LIMIT:
             self._values[key] = value
-            self._names[id(value)] = name
+            self.held[id(value)] = name
         return value
 
     def holds(self, name: str, value: object) -> bool:
         """Whether `value` is what every job's equal part `name` is (pooled, or none)."""
-        return value is None or self._names.get(id(value)) == name
+        return value is None or self.held.get(id(value)) == name
 
     def __len__(self) -> int:
         return len(self._values)
@@ -170,10 +170,20 @@ def share_spec(spec: JobSpec) -> None:
     spec.capacity = sys.intern(spec.capacity)  # type: ignore[assignment]
     if spec.queue is not None:
         spec.queue = sys.intern(spec.queue)
-    spec.gang = shared("gang", spec.gang)
-    spec.spot = shared("spot", spec.spot)
-    spec.restart = shared("restart", spec.restart)
-    spec.workload = _workload(spec.workload)
-    spec.labels = _labels(spec.labels)
-    spec.gpu_types = _gpu_types(spec.gpu_types)
-    spec.topology = _topology(spec.topology)
+    # A restored spec's parts already are the pooled copies (storedrecord.py): known by
+    # identity, without a call each.
+    held = _parts.held
+    if held.get(id(spec.gang)) != "gang":
+        spec.gang = shared("gang", spec.gang)
+    if held.get(id(spec.spot)) != "spot":
+        spec.spot = shared("spot", spec.spot)
+    if held.get(id(spec.restart)) != "restart":
+        spec.restart = shared("restart", spec.restart)
+    if held.get(id(spec.workload)) != "workload":
+        spec.workload = _workload(spec.workload)
+    if held.get(id(spec.labels)) != "labels":
+        spec.labels = _labels(spec.labels)
+    if held.get(id(spec.gpu_types)) != "gpu_types":
+        spec.gpu_types = _gpu_types(spec.gpu_types)
+    if spec.topology is not None:
+        spec.topology = shared("topology", spec.topology)
