@@ -28,19 +28,22 @@ from broker.core.sharing import POOL_LIMIT, SHARE_PART, is_shared
 from schemas.job import JobSpec
 
 _astuple = msgspec.structs.astuple
+# What an absent part's bytes are: 0xc1 begins no msgpack value, so the parts' bytes joined
+# end to end (each a whole value or this byte) name one set of parts only.
+ABSENT = b"\xc1"
 
 
 def _fields(
     fields: Iterable[msgspec.structs.FieldInfo], stored: frozenset[str]
 ) -> list[tuple[Any, ...]]:
-    """Fields as `defstruct` takes them; those in `stored` kept as their bytes (empty when
-    absent)."""
+    """Fields as `defstruct` takes them; those in `stored` kept as their bytes (`ABSENT`
+    when absent)."""
     out: list[tuple[Any, ...]] = []
     for f in fields:
         if f.encode_name != f.name:  # no renamed field in these structs
             raise TypeError(f"field {f.name} is renamed: decode it another way")
         if f.name in stored:
-            out.append((f.name, msgspec.Raw, msgspec.Raw(b"")))
+            out.append((f.name, msgspec.Raw, msgspec.Raw(ABSENT)))
         elif f.default is not msgspec.NODEFAULT:
             out.append((f.name, f.type, f.default))
         elif f.default_factory is not msgspec.NODEFAULT:
@@ -62,7 +65,7 @@ def _part_decoder(field: msgspec.structs.FieldInfo) -> Any:
     factory, default = field.default_factory, field.default
 
     def part(stored: bytes) -> Any:
-        if stored:
+        if stored != ABSENT:
             return decode(stored)
         return factory() if factory is not msgspec.NODEFAULT else default
 
@@ -97,16 +100,16 @@ class StoredRecordDecoder:
         self._spec_order = operator.itemgetter(*(stored_order.index(f.name) for f in spec_fields))
         if [f.name for f in msgspec.structs.fields(JobRecord)].index("spec") != 1:
             raise TypeError("JobRecord.spec moved: StoredRecordDecoder.decode assumes it second")
-        self._seen: dict[tuple[bytes, ...], tuple[Any, ...]] = {}
+        self._seen: dict[bytes, tuple[Any, ...]] = {}
 
     def decode(self, data: bytes) -> JobRecord:
         try:
             fields = _astuple(self._decode(data))
             spec = _astuple(fields[1])
-            key = tuple(map(bytes, spec[self._own :]))
+            key = b"".join(spec[self._own :])
             parts = self._seen.get(key)
             if parts is None:
-                parts = self._first(key)
+                parts = self._first(key, spec[self._own :])
             return JobRecord(
                 fields[0], JobSpec(*self._spec_order(spec[: self._own] + parts)), *fields[2:]
             )
@@ -115,11 +118,12 @@ class StoredRecordDecoder:
             # path alone have refused it, decoded).
             return record_decoder.decode(data)
 
-    def _first(self, key: tuple[bytes, ...]) -> tuple[Any, ...]:
-        """The shared parts stored as `key`, decoded and validated (the first time seen)."""
+    def _first(self, key: bytes, stored: tuple[msgspec.Raw, ...]) -> tuple[Any, ...]:
+        """The shared parts stored as `stored` (`key` joined), decoded and validated (the
+        first time seen)."""
         parts = tuple(
-            SHARE_PART[name](decode(stored))
-            for (name, decode), stored in zip(self._parts, key, strict=True)
+            SHARE_PART[name](decode(bytes(raw)))
+            for (name, decode), raw in zip(self._parts, stored, strict=True)
         )
         pooled = all(is_shared(name, v) for (name, _), v in zip(self._parts, parts, strict=True))
         if pooled and len(self._seen) < POOL_LIMIT:

@@ -23,7 +23,7 @@ from broker.core.records import (
 from broker.core.storedrecord import StoredRecordDecoder
 from schemas.agent import PodSetAssignment
 from schemas.config import BrokerConfig, QueueConfig
-from schemas.job import JobSpec, PodSet, Workload
+from schemas.job import GangTopology, JobSpec, PodSet, Workload
 from tests.schemas.strategies import jobspecs, msgpack_values
 
 T0 = 1_800_000_000.0
@@ -53,6 +53,29 @@ def test_a_stored_record_decodes_to_what_the_plain_decoder_gives(spec: JobSpec) 
     # Equal stored parts become one copy (a manifest's workload stays each job's own).
     assert first.spec.gang is again.spec.gang and first.spec.spot is again.spec.spot
     assert (first.spec.workload is again.spec.workload) == (spec.workload.manifest is None)
+
+
+def test_parts_alike_in_bytes_but_in_other_fields_are_told_apart() -> None:
+    """A label map and a gang topology can be the same bytes: which field holds them is part
+    of what a set of parts is remembered by."""
+    gang = [PodSet(name="w", gpu=1)]
+    labelled = JobSpec(name="j", gang=gang, labels={"required": "rack"})
+    placed = JobSpec(name="j", gang=gang, topology=GangTopology(required="rack"))
+    decoder = StoredRecordDecoder()
+    for spec in (labelled, placed, labelled):
+        data = record_encoder.encode(record_of(spec, "a"))
+        assert decoder.decode(data) == record_decoder.decode(data)
+
+
+@settings(max_examples=100, deadline=None)
+@given(specs=st.lists(jobspecs, min_size=2, max_size=8))
+def test_one_decoder_takes_many_records_each_as_the_plain_decoder_does(
+    specs: list[JobSpec],
+) -> None:
+    decoder = StoredRecordDecoder()
+    for i, spec in enumerate(specs * 2):
+        data = record_encoder.encode(record_of(spec, f"j{i}"))
+        assert decoder.decode(data) == record_decoder.decode(data)
 
 
 @settings(max_examples=500, deadline=None)
