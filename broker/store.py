@@ -29,10 +29,10 @@ from broker.core.records import (
     RECORD_FORMAT,
     JobRecord,
     compact,
-    record_decoder,
     record_encoder,
 )
 from broker.core.states import TERMINAL
+from broker.core.storedrecord import stored_record_decoder
 from schemas.config import Replication
 from shell.natsio import js_connection
 
@@ -506,8 +506,9 @@ class RecordMirror:
     def taker(self) -> Callable[[Msg, int], None]:
         """What takes each record, live or in one read (`read_newest`), with what it needs in
         locals (a cold start runs it 100,000 times). Records are keyed by their KV subject,
-        which names the job; `seq` is the message's stream sequence."""
-        records, decode = self._records, record_decoder.decode
+        which names the job; `seq` is the message's stream sequence. Their alike spec parts
+        are decoded once and shared (broker/core/storedrecord.py)."""
+        records, decode = self._records, stored_record_decoder.decode
         prefix = len(self.store.prefix)
         too_new = self.too_new
 

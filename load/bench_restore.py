@@ -9,7 +9,9 @@ the broker builds them and encoded as the store writes them. Each run is a fresh
 the cycle collector off, as the broker runs its restore, and reports CPU seconds of its own
 (the read's nats-server, on 127.0.0.1, is another process). The read is a never-started
 `RecordMirror`'s `caught_up`, what a restarted broker that leads at once runs, over a bucket the
-run fills first, from a fresh connection; it includes the records' decode. With
+run fills first, from a fresh connection; it includes the records' decode (the restart's own,
+`broker.store`'s taker). The core is rebuilt from the records that read returned, as a restart
+rebuilds it; `decode` alone is the plain decoder's (`record_decoder`) on the same bytes. With
 `--baseline DIR` (another checkout, e.g. `git worktree add` of an older commit) every run is
 repeated there, interleaved, its own code doing the work. Prints every run, the medians and
 one `RESULT {...}` line.
@@ -39,8 +41,9 @@ PARTS = ("read_cpu_s", "decode_cpu_s", "restore_cpu_s")
 
 
 def one_run(jobs: int) -> dict[str, float]:
-    """CPU seconds to decode `jobs` encoded records and to restore a Machine from them, in the
-    tree this process imports from."""
+    """CPU seconds to decode `jobs` encoded records (the plain decoder), to read them from a
+    bucket (the restart's read, its decode included) and to restore a Machine from the
+    records read, in the tree this process imports from."""
     from broker.core.inputs import Restore
     from broker.core.machine import Machine
     from broker.core.records import JobRecord, record_decoder, record_encoder
@@ -62,15 +65,20 @@ def one_run(jobs: int) -> dict[str, float]:
     t0 = time.process_time()
     records = [record_decoder.decode(b) for b in blobs]
     t1 = time.process_time()
-    Machine(config, epoch=1).handle(Restore(records), 1.0)
-    t2 = time.process_time()
     gc.enable()
-    read = asyncio.run(read_cpu_s(records))
-    return {"read_cpu_s": read, "decode_cpu_s": t1 - t0, "restore_cpu_s": t2 - t1}
+    read, restored = asyncio.run(read_cpu_s(records))
+    gc.collect()
+    gc.disable()
+    t2 = time.process_time()
+    Machine(config, epoch=1).handle(Restore(restored), 1.0)
+    t3 = time.process_time()
+    gc.enable()
+    return {"read_cpu_s": read, "decode_cpu_s": t1 - t0, "restore_cpu_s": t3 - t2}
 
 
-async def read_cpu_s(records: list[Any]) -> float:
-    """CPU seconds to read these records back from a job bucket, cycle collector off."""
+async def read_cpu_s(records: list[Any]) -> tuple[float, list[Any]]:
+    """CPU seconds to read these records back from a job bucket, cycle collector off, and the
+    records read (what a restart restores the core from)."""
     import nats
 
     from broker.embedded import EmbeddedNats
@@ -95,7 +103,7 @@ async def read_cpu_s(records: list[Any]) -> float:
         assert len(read) == len(records), f"read {len(read)} of {len(records)} records"
         await mirror.stop()
         await reader.close()
-        return t1 - t0
+        return t1 - t0, read
     finally:
         server.cleanup()
 

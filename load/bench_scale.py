@@ -11,7 +11,8 @@ broker answers once the job's record is stored in JetStream and the submission a
 Durable submissions/s = jobs / (last answer - first request); every answer must accept its job.
 Then the broker is killed with SIGKILL and restarted; we time from the restart to the broker
 answering as leader with every job restored, and check that the set of job ids is exactly the
-one submitted (none lost, none duplicated).
+one submitted (none lost, none duplicated); `rss_restarted_mib` is the restarted broker's RSS
+once it leads with them.
 
 Then failover: a second broker process (its own state directory, so another identity) stands
 by for `--standby-warmup-s` while it mirrors the job bucket; the leader is SIGKILLed and we time
@@ -115,6 +116,7 @@ async def one_run(url: str, args: Options) -> dict[str, float]:
         recovered_cpu_s = cpu_seconds(broker)
         assert stats["restored_jobs"] == jobs and stats["jobs"] == jobs, stats
         await check_sample(nc, broker, jobs)
+        rss_restarted = broker.rss_bytes()  # what the restore left resident
         # Failover to a hot standby.
         standby = BrokerProcess(url, config)
         standby.start()
@@ -133,6 +135,7 @@ async def one_run(url: str, args: Options) -> dict[str, float]:
         standby.cleanup()
         return {
             "rss_mib": rss / 2**20,
+            "rss_restarted_mib": rss_restarted / 2**20,
             "recovered_s": recovered_s,
             "recovered_cpu_s": recovered_cpu_s,
             "restore_s": float(stats["restore_s"]),
@@ -251,6 +254,7 @@ async def main_async(args: Options) -> dict[str, object]:
         "lease_ttl_s": args.lease_ttl_s,
         "standby_during_submit": args.standby_during_submit,
         "rss_mib_median": round(median([r["rss_mib"] for r in runs]), 1),
+        "rss_restarted_mib_median": round(median([r["rss_restarted_mib"] for r in runs]), 1),
         "restart_to_leading_s_median": round(median([r["recovered_s"] for r in runs]), 3),
         "restore_s_median": round(median([r["restore_s"] for r in runs]), 3),
         "restart_cpu_s_median": round(median([r["recovered_cpu_s"] for r in runs]), 3),
@@ -263,7 +267,8 @@ async def main_async(args: Options) -> dict[str, object]:
         "targets": {"rss_mib": 1024, "restart_s": 5},
     }
     print(
-        f"scale: {args.jobs:,} pending jobs, RSS {result['rss_mib_median']} MiB; restart to "
+        f"scale: {args.jobs:,} pending jobs, RSS {result['rss_mib_median']} MiB "
+        f"({result['rss_restarted_mib_median']} MiB after the restart); restart to "
         f"leading {result['restart_to_leading_s_median']} s (restore "
         f"{result['restore_s_median']} s, {result['restart_cpu_s_median']} CPU-s); standby "
         f"takeover {result['takeover_s_median']} s "

@@ -38,7 +38,9 @@ class JobRegistry:
             demands = self._by_gang.get(gang)
             if demands is None:
                 demands = self._by_gang.put(gang, interned_tuple(demands_of(record.spec)))
-        self._demands[record.job_id] = interned_tuple(demands)
+        else:
+            demands = interned_tuple(demands)
+        self._demands[record.job_id] = demands
 
     def remove(self, job_id: str) -> None:
         """Forget an ended job (its retention ran out): its id may be submitted again."""

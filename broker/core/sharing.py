@@ -14,11 +14,12 @@ own, so memory stays bounded whatever is submitted.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from schemas.job import JobSpec
+from schemas.job import GangTopology, JobSpec, Workload
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -50,17 +51,55 @@ class Pool(Generic[K, V]):
 
 EMPTY: frozenset[Any] = frozenset()
 
-_structs: Pool[tuple[str, bytes], Any] = Pool()
 _sets: Pool[frozenset[Any], frozenset[Any]] = Pool()
 _tuples: Pool[tuple[Any, ...], tuple[Any, ...]] = Pool()
 _no_labels: dict[str, str] = {}
 _no_types: list[str] = []
 
 
+class PartPool:
+    """Spec parts by name and encoding: equal encodings are equal values. It knows its own
+    values by identity, so a part that already is the pooled copy costs no encode."""
+
+    __slots__ = ("_values", "held")
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, bytes], Any] = {}
+        # id of each pooled value (kept alive here, so its id is not reused) -> its part
+        self.held: dict[int, str] = {id(_no_labels): "labels", id(_no_types): "gpu_types"}
+
+    def share(self, name: str, value: V) -> V:
+        if self.held.get(id(value)) == name:
+            return value
+        key = (name, _encode(value))
+        have = self._values.get(key)
+        if have is not None:
+            return have  # type: ignore[no-any-return]
+        if len(self._values) < POOL_LIMIT:
+            self._values[key] = value
+            self.held[id(value)] = name
+        return value
+
+    def holds(self, name: str, value: object) -> bool:
+        """Whether `value` is what every job's equal part `name` is (pooled, or none)."""
+        return value is None or self.held.get(id(value)) == name
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+_parts = PartPool()
+
+
 def shared(name: str, value: V) -> V:
     """The pooled copy of a spec part (a Struct, or a list or dict of them), keyed by its
     encoding: equal encodings are equal values."""
-    return _structs.share((name, _encode(value)), value)  # type: ignore[no-any-return]
+    return _parts.share(name, value)
+
+
+def is_shared(name: str, value: object) -> bool:
+    """Whether `value`, what `SHARE_PART[name]` returned, is the one copy all jobs hold."""
+    return _parts.holds(name, value)
 
 
 def frozen(items: frozenset[V]) -> frozenset[V]:
@@ -95,6 +134,35 @@ class ByIdentity(Generic[K, V]):
         return derived
 
 
+def _workload(value: Workload) -> Workload:
+    return shared("workload", value) if value.manifest is None else value
+
+
+def _labels(value: dict[str, str]) -> dict[str, str]:
+    return shared("labels", value) if value else _no_labels
+
+
+def _gpu_types(value: list[str]) -> list[str]:
+    return shared("gpu_types", value) if value else _no_types
+
+
+def _topology(value: GangTopology | None) -> GangTopology | None:
+    return shared("topology", value) if value is not None else None
+
+
+# What becomes of each shareable spec part, by field name: the one rule `share_spec` and a
+# decode of stored records (storedrecord.py) follow. A submitted manifest stays each job's own.
+SHARE_PART: dict[str, Callable[[Any], Any]] = {
+    "gang": lambda value: shared("gang", value),
+    "spot": lambda value: shared("spot", value),
+    "restart": lambda value: shared("restart", value),
+    "workload": _workload,
+    "labels": _labels,
+    "gpu_types": _gpu_types,
+    "topology": _topology,
+}
+
+
 def share_spec(spec: JobSpec) -> None:
     """Replace the parts of `spec` that other jobs hold alike with the shared copies. What is
     each job's own (its id, its checkpoint URI, a submitted manifest) stays as it is."""
@@ -102,12 +170,20 @@ def share_spec(spec: JobSpec) -> None:
     spec.capacity = sys.intern(spec.capacity)  # type: ignore[assignment]
     if spec.queue is not None:
         spec.queue = sys.intern(spec.queue)
-    spec.gang = shared("gang", spec.gang)
-    spec.spot = shared("spot", spec.spot)
-    spec.restart = shared("restart", spec.restart)
-    if spec.workload.manifest is None:
-        spec.workload = shared("workload", spec.workload)
-    spec.labels = shared("labels", spec.labels) if spec.labels else _no_labels
-    spec.gpu_types = shared("gpu_types", spec.gpu_types) if spec.gpu_types else _no_types
+    # A restored spec's parts already are the pooled copies (storedrecord.py): known by
+    # identity, without a call each.
+    held = _parts.held
+    if held.get(id(spec.gang)) != "gang":
+        spec.gang = shared("gang", spec.gang)
+    if held.get(id(spec.spot)) != "spot":
+        spec.spot = shared("spot", spec.spot)
+    if held.get(id(spec.restart)) != "restart":
+        spec.restart = shared("restart", spec.restart)
+    if held.get(id(spec.workload)) != "workload":
+        spec.workload = _workload(spec.workload)
+    if held.get(id(spec.labels)) != "labels":
+        spec.labels = _labels(spec.labels)
+    if held.get(id(spec.gpu_types)) != "gpu_types":
+        spec.gpu_types = _gpu_types(spec.gpu_types)
     if spec.topology is not None:
         spec.topology = shared("topology", spec.topology)
