@@ -330,7 +330,7 @@ def _wait_for_cheaper_work(
 ) -> list[tuple[int, float, str, str, Pool]]:
     """A spot-only gang that spans nodes skips pools whose expected cost per unit of work is
     over `WAIT_RATIO` times that of the cheapest pool that could host it empty, and pools
-    where it expects over `WAIT_RATIO` times the fewest reclaims per unit of work
+    where it expects over `WAIT_RECLAIMS` times the fewest reclaims per unit of work
     (`reclaims`: gang rate / speed) of such a pool: it waits for those. A slow or
     reclaim-heavy pool multiplies the run's length and so its reclaims, each of which ends
     the whole gang's attempt (a start-up, a restore and the work since the last checkpoint,
