@@ -117,23 +117,43 @@ async def read_newest(
         pause = min(2 * pause, MAX_PAUSE_S)
 
 
+async def last_sequence(js: JetStreamContext, stream: str, expires_s: float) -> int:
+    """The stream's last sequence (0 while it holds no message), asked again while it has no
+    leader (an R3 stream electing one, after a server's death) until `expires_s` has passed:
+    then ReadStopped, as for a read."""
+    deadline = asyncio.get_running_loop().time() + expires_s
+    info = await _leader_info(js, stream, deadline, 0.0)
+    if info is None:
+        raise ReadStopped(
+            f"the leader of stream {stream} did not answer in {expires_s:.0f} s; check that "
+            f"the stream has a leader: `nats stream info {stream}`"
+        )
+    return info.state.last_seq if info.state.messages else 0
+
+
 async def _leader_back(js: JetStreamContext, stream: str, deadline: float, pause: float) -> bool:
-    """After `pause`, and pauses doubling from it, whether the stream's leader answers (in a
-    cluster only the leader answers STREAM.INFO) before `deadline`."""
+    """Whether the stream's leader answers before `deadline` (`_leader_info`)."""
+    return await _leader_info(js, stream, deadline, pause) is not None
+
+
+async def _leader_info(
+    js: JetStreamContext, stream: str, deadline: float, pause: float
+) -> api.StreamInfo | None:
+    """After `pause`, and pauses doubling from it, the stream's info once its leader answers
+    (in a cluster only the leader answers STREAM.INFO); None at `deadline`."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(max(0.0, min(pause, deadline - loop.time())))
         left = deadline - loop.time()
         if left <= 0:
-            return False
+            return None
         try:
             async with asyncio.timeout(min(ASK_S, left)):
-                await js.stream_info(stream)
-            return True
+                return await js.stream_info(stream)
         except Exception as exc:
             if not _passes(exc):
                 raise ReadStopped(f"reading {stream}: the stream cannot be read: {exc}") from exc
-        pause = min(2 * pause, MAX_PAUSE_S)
+        pause = min(max(2 * pause, FIRST_PAUSE_S), MAX_PAUSE_S)
 
 
 async def _read_once(

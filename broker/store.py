@@ -24,7 +24,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from broker.attempts import MARKER_KEY
-from broker.bucketread import read_newest, stream_seq
+from broker.bucketread import last_sequence, read_newest, stream_seq
 from broker.core.records import (
     RECORD_FORMAT,
     JobRecord,
@@ -553,8 +553,12 @@ class RecordMirror:
         once = self._sub is None and self.applied == 0
         if not once:
             await self.start()
-        info = await self.store.js.stream_info(self.store.stream)
-        self._target = info.state.last_seq if info.state.messages else 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        # Asked again while the stream has no leader (an R3 stream electing one), within the
+        # same deadline as the read.
+        self._target = await last_sequence(self.store.js, self.store.stream, timeout)
+        timeout = max(0.0, deadline - loop.time())
         if self.applied < self._target:
             self._reached = asyncio.get_running_loop().create_future()
             try:

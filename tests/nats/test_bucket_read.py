@@ -24,6 +24,8 @@ from tests.support import wait_for
 
 R3 = 3
 NO_PEERS = 10005  # nats-server JSClusterNoPeersErrF: no suitable peers for placement
+# How long the stream stays without a leader: past nats-py's 5 s default for one API call.
+LEADERLESS_S = 6.0
 
 
 async def filled_store(nc: Client, jobs: int) -> JobStore:
@@ -173,5 +175,38 @@ async def test_a_read_of_a_stream_that_keeps_no_leader_stops_at_its_deadline(
                 expires_s=3.0,
             )
         assert not done.done()  # nothing claimed the read complete
+    finally:
+        await nc.close()
+
+
+async def test_a_restart_read_that_begins_with_no_stream_leader_waits_for_one(
+    nats_cluster: NatsCluster,
+) -> None:
+    """A broker restarting while its bucket's stream has no leader (two of three servers
+    down, so no quorum) keeps asking within its deadline instead of failing the leadership at
+    once, and once the servers are back it holds every record."""
+    nc = await connect(nats_cluster)
+    try:
+        store = await filled_store(nc, 50)
+        expected = await by_ordered_mirror(store)
+        doomed = nats_cluster.servers[1:]
+        for server in doomed:
+            server.kill9()
+
+        async def leaderless() -> bool:
+            try:
+                await store.js.stream_info(store.stream, timeout=1.0)
+            except Exception:
+                return True
+            return False
+
+        await wait_for(leaderless, 30, what=f"stream {store.stream} without a leader")
+        once = RecordMirror(store)  # never started: a restarted broker's one batched read
+        read = asyncio.create_task(once.caught_up(60))
+        finished, _ = await asyncio.wait({read}, timeout=LEADERLESS_S)
+        assert not finished, read.exception() if read.done() else None  # still asking
+        for server in doomed:
+            server.start(nats_cluster.servers)
+        assert mirror_took(once, await read) == expected
     finally:
         await nc.close()
