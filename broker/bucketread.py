@@ -108,7 +108,7 @@ async def read_newest(
         except _TryAgain as exc:
             reason = str(exc)
         bound.info("bucketread.try_again", reason=reason, tries=tries, applied=applied())
-        if not await _leader_back(js, stream, deadline, pause):
+        if await _leader_info(js, stream, deadline, pause) is None:
             raise ReadStopped(
                 f"reading {stream} did not catch up in {expires_s:.0f} s ({tries} tries, the "
                 f"last ended by {reason}); check that the stream has a leader: "
@@ -129,11 +129,6 @@ async def last_sequence(js: JetStreamContext, stream: str, expires_s: float) -> 
             f"the stream has a leader: `nats stream info {stream}`"
         )
     return info.state.last_seq if info.state.messages else 0
-
-
-async def _leader_back(js: JetStreamContext, stream: str, deadline: float, pause: float) -> bool:
-    """Whether the stream's leader answers before `deadline` (`_leader_info`)."""
-    return await _leader_info(js, stream, deadline, pause) is not None
 
 
 async def _leader_info(

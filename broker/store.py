@@ -560,7 +560,7 @@ class RecordMirror:
         self._target = await last_sequence(self.store.js, self.store.stream, timeout)
         timeout = max(0.0, deadline - loop.time())
         if self.applied < self._target:
-            self._reached = asyncio.get_running_loop().create_future()
+            self._reached = loop.create_future()
             try:
                 if once:  # bounded by its own deadline, so that it says why it stopped
                     await read_newest(

@@ -288,7 +288,9 @@ def build_candidates(
             s = 1.0
             if speed is not None and gpus:
                 known = speeds.get(p.gpu_type)
-                s = speeds[p.gpu_type] = speed(p.gpu_type) if known is None else known
+                if known is None:
+                    known = speeds[p.gpu_type] = speed(p.gpu_type)
+                s = known
                 cost /= s
             if req.capacity == "spot":
                 reclaims[p.key] = rate * nodes / s

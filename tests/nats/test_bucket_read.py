@@ -175,6 +175,9 @@ async def test_a_read_of_a_stream_that_keeps_no_leader_stops_at_its_deadline(
                 expires_s=3.0,
             )
         assert not done.done()  # nothing claimed the read complete
+        # A restart's first question, the stream's last sequence, gives up alike.
+        with pytest.raises(bucketread.ReadStopped, match=f"{store.stream} did not answer"):
+            await bucketread.last_sequence(nc.jetstream(), store.stream, 3.0)
     finally:
         await nc.close()
 
