@@ -134,8 +134,12 @@ async def last_sequence(js: JetStreamContext, stream: str, expires_s: float) -> 
 async def _leader_info(
     js: JetStreamContext, stream: str, deadline: float, pause: float
 ) -> api.StreamInfo | None:
-    """After `pause`, and pauses doubling from it, the stream's info once its leader answers
-    (in a cluster only the leader answers STREAM.INFO); None at `deadline`."""
+    """After `pause`, and pauses doubling from it, the stream's info once its leader answers;
+    None at `deadline`. In a cluster the leader answers STREAM.INFO, and so does a member that
+    has known for `lostQuorumInterval` (10 s) that the group has no leader
+    (nats-server server/jetstream_cluster.go, `isGroupLeaderless`): that answer names no
+    leader, and its state is that member's own, which may lag the stream's, so it is asked
+    again."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(max(0.0, min(pause, deadline - loop.time())))
@@ -144,7 +148,9 @@ async def _leader_info(
             return None
         try:
             async with asyncio.timeout(min(ASK_S, left)):
-                return await js.stream_info(stream)
+                info = await js.stream_info(stream)
+            if info.cluster is None or info.cluster.leader:
+                return info
         except Exception as exc:
             if not _passes(exc):
                 raise ReadStopped(f"reading {stream}: the stream cannot be read: {exc}") from exc
