@@ -95,6 +95,12 @@ class WireAgent:
         return ClusterSnapshot(flavors=self.flavors, nodes=self.nodes, workloads=self.workloads)
 
     async def send(self, *events: AgentEvent, seq: int | None = None) -> None:
+        await self.nc.publish(
+            self.subjects.agent_events(self.cluster), self.batch(*events, seq=seq)
+        )
+
+    def batch(self, *events: AgentEvent, seq: int | None = None) -> bytes:
+        """The next event batch as it goes on the wire (it takes the next sequence number)."""
         self.seq = self.seq + 1 if seq is None else seq
         batch = EventBatch(
             cluster=self.cluster,
@@ -104,7 +110,7 @@ class WireAgent:
             sent_at=time.time(),
             wire=self.wire,
         )
-        await self.nc.publish(self.subjects.agent_events(self.cluster), encode_msgpack(batch))
+        return encode_msgpack(batch)
 
     async def _on_cmd(self, msg: Msg) -> None:
         cmd = decode_command(msg.data)
