@@ -551,6 +551,7 @@ class RecordMirror:
         A mirror not yet following the bucket (a restarted broker that led at once, a backup)
         reads it once in large batches instead (`read_newest`), and does not follow it after."""
         once = self._sub is None and self.applied == 0
+        plain = stored_record_decoder.plain_decodes
         if not once:
             await self.start()
         loop = asyncio.get_running_loop()
@@ -578,6 +579,14 @@ class RecordMirror:
             finally:
                 self._reached = None
         self.store.usage = self.usage  # kept as records were taken: nothing to add up now
+        if stored_record_decoder.plain_decodes > plain:
+            # Records are whole, but the shared-parts decode refused what it should take.
+            log.warning(
+                "store.records_decoded_plainly",
+                records=stored_record_decoder.plain_decodes - plain,
+                why="the shared-parts decode (broker/core/storedrecord.py) refused records the "
+                "plain decoder took; they are restored, more slowly: report it with one record",
+            )
         return list(self._records.values())
 
     def __len__(self) -> int:

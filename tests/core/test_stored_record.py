@@ -49,6 +49,7 @@ def test_a_stored_record_decodes_to_what_the_plain_decoder_gives(spec: JobSpec) 
     data = record_encoder.encode(record_of(spec, "a"))
     first, again = decoder.decode(data), decoder.decode(data)
     assert first == again == record_decoder.decode(data)
+    assert decoder.plain_decodes == 0  # taken by the shared-parts path, not its fallback
     assert record_encoder.encode(first) == record_encoder.encode(record_decoder.decode(data))
     # Equal stored parts become one copy (a manifest's workload stays each job's own).
     assert first.spec.gang is again.spec.gang and first.spec.spot is again.spec.spot
@@ -65,6 +66,7 @@ def test_parts_alike_in_bytes_but_in_other_fields_are_told_apart() -> None:
     for spec in (labelled, placed, labelled):
         data = record_encoder.encode(record_of(spec, "a"))
         assert decoder.decode(data) == record_decoder.decode(data)
+    assert decoder.plain_decodes == 0
 
 
 @settings(max_examples=100, deadline=None)
@@ -76,6 +78,7 @@ def test_one_decoder_takes_many_records_each_as_the_plain_decoder_does(
     for i, spec in enumerate(specs * 2):
         data = record_encoder.encode(record_of(spec, f"j{i}"))
         assert decoder.decode(data) == record_decoder.decode(data)
+    assert decoder.plain_decodes == 0
 
 
 @settings(max_examples=500, deadline=None)
@@ -93,6 +96,7 @@ def test_a_stored_spec_field_is_refused_exactly_as_the_plain_decoder_refuses_it(
     decoder = StoredRecordDecoder()
     decoder.decode(record_encoder.encode(record_of(spec, "b")))  # its parts seen before
     assert outcome(decoder.decode, data) == outcome(record_decoder.decode, data)
+    assert decoder.plain_decodes == 0  # what the plain decoder takes, this path takes too
 
 
 def hostile(base: dict[str, Any]) -> list[bytes]:
@@ -126,6 +130,7 @@ def test_corrupt_and_newer_records_are_refused_or_kept_as_the_plain_decoder_does
     decoder.decode(record_encoder.encode(record_of(spec, "b")))
     outcomes = [outcome(decoder.decode, data) for data in hostile(base)]
     assert outcomes == [outcome(record_decoder.decode, data) for data in hostile(base)]
+    assert decoder.plain_decodes == 0  # the newer record too
     assert sum(kind == "refused" for kind, _ in outcomes) == len(outcomes) - 1
     assert outcomes[-3][1].format == RECORD_FORMAT + 1  # a newer one decodes, to be kept out
 
