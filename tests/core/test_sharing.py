@@ -23,7 +23,7 @@ from broker.core.records import (
     record_encoder,
 )
 from broker.core.registry import JobRegistry
-from broker.core.sharing import EMPTY, POOL_LIMIT, ByIdentity, Pool
+from broker.core.sharing import EMPTY, POOL_LIMIT, SHARE_PART, ByIdentity, Pool, share_spec
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import JobSpec, PodSet, Workload
 from tests.schemas.strategies import jobspecs
@@ -56,6 +56,22 @@ def test_registering_changes_no_value_and_shares_equal_parts(spec: JobSpec) -> N
     assert (a.workload is b.workload) == (spec.workload.manifest is None)
     assert registry.demands("a") is registry.demands("b")
     assert first.queue is sys.intern("q")
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=jobspecs)
+def test_share_spec_and_the_part_table_give_each_part_the_same_copy(spec: JobSpec) -> None:
+    """`share_spec` writes out the rules of `SHARE_PART` (what a restart's decode follows): a
+    spec shared either way holds the very same object in every part."""
+    by_spec, by_table = copy(spec), copy(spec)
+    share_spec(by_spec)
+    for name, share in SHARE_PART.items():
+        setattr(by_table, name, share(getattr(by_table, name)))
+    for name in SHARE_PART:
+        assert getattr(by_spec, name) is getattr(by_table, name) or (
+            name == "workload" and spec.workload.manifest is not None
+        ), name
+    assert by_spec == by_table == spec
 
 
 def test_compacting_one_job_leaves_an_alike_job_its_workload() -> None:

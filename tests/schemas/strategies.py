@@ -49,6 +49,7 @@ from schemas.config import (
 )
 from schemas.job import (
     CheckpointSpec,
+    GangTopology,
     JobSpec,
     PodSet,
     RestartPolicy,
@@ -109,6 +110,10 @@ msgpack_values = st.recursive(
 
 # -- client-facing -----------------------------------------------------------------------
 
+topology_levels = st.sampled_from(
+    ["rack", "zone", "topology.kubernetes.io/zone", "cloud.google.com/gce-topology-block"]
+)
+
 podsets = st.builds(
     PodSet,
     name=dns_labels,
@@ -163,6 +168,14 @@ jobspecs = st.builds(
     start_timeout_s=opt(floats(1e-3, 86_400)),
     workload=workloads,
     labels=st.dictionaries(st.text(max_size=10), short_text, max_size=4),
+    topology=opt(
+        st.builds(
+            GangTopology,
+            required=opt(topology_levels),
+            preferred=opt(topology_levels),
+            spread=st.booleans(),
+        )
+    ),
 )
 job_states = st.sampled_from(
     ["queued", "admitted", "running", "preempting", "succeeded", "failed", "cancelled"]
