@@ -10,8 +10,10 @@ A linear program over time slots of the run (`SLOT_S`), solved offline after the
   at the GPU's speed): its work may be split over pools and slots at will (divisible, no gang,
   no checkpoint, no start-up, no restore, no lost work), but it is never run twice, never before
   it arrives, never on a pool its capacity preference refuses (`spot` only spot,
-  `on-demand` only on-demand, `spot-then-on-demand` and `any` both), and never on more GPUs at
-  once than its gang holds;
+  `on-demand` only on-demand, `spot-then-on-demand` and `any` both), never on more GPUs at
+  once than its gang holds, and on a pool only while that pool has at least as many GPUs
+  present as the fewest the gang runs on (a gang runs whole, on one pool: its work on a pool
+  in a slot is at most its GPUs x the seconds of the slot when the pool held that many);
 - the cost is each pool's price x GPU-seconds used.
 
 Every schedule the simulator can produce for those jobs satisfies these constraints (one live
@@ -25,6 +27,7 @@ GPU caps add up), which only relaxes the program further. Solved with SciPy's Hi
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -60,6 +63,9 @@ class BoundJob:
     work: float  # V100-GPU-seconds
     capacity: str  # the capacity preference the run's broker saw
     finish: float | None = None  # done by then (s from the start); None: by the run's end
+    # The fewest GPUs it runs on at once, all on one pool (an elastic gang's minimum): it uses
+    # a pool only while that many are present there. 0: no floor.
+    whole_gpus: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,14 +113,62 @@ def slot_capacity(
     return dict(out)
 
 
+class Presence:
+    """How many GPUs a pool had present over the run, as steps: the seconds within any span
+    during which it held at least some number of them (what a whole gang needs)."""
+
+    def __init__(self, spans: Iterable[tuple[int, float, float]]) -> None:
+        change: dict[float, int] = defaultdict(int)
+        for gpus, start, stop in spans:
+            if stop > start:
+                change[start] += gpus
+                change[stop] -= gpus
+        self.times = sorted(change)
+        self.counts: list[int] = []  # GPUs present from times[i] to times[i + 1]
+        present = 0
+        for t in self.times:
+            present += change[t]
+            self.counts.append(present)
+        self._at_least: dict[int, list[float]] = {}
+
+    def seconds(self, gpus: int, lo: float, hi: float) -> float:
+        """Seconds within [lo, hi] when at least `gpus` GPUs were present."""
+        if hi <= lo or not self.times:
+            return 0.0
+        return self._upto(gpus, hi) - self._upto(gpus, lo)
+
+    def _upto(self, gpus: int, x: float) -> float:
+        cum = self._at_least.get(gpus)
+        if cum is None:  # seconds with at least `gpus` present up to each step
+            cum = [0.0]
+            for i in range(1, len(self.times)):
+                held = self.counts[i - 1] >= gpus
+                cum.append(cum[-1] + (self.times[i] - self.times[i - 1] if held else 0.0))
+            self._at_least[gpus] = cum
+        i = bisect.bisect_right(self.times, x) - 1
+        if i < 0:
+            return 0.0
+        return cum[i] + (x - self.times[i] if self.counts[i] >= gpus else 0.0)
+
+
+def presence(spans: Iterable[tuple[PoolKey, int, float, float]]) -> dict[PoolKey, Presence]:
+    """Each pool's `Presence`, from (pool, GPUs, start, end) node spans."""
+    by_pool: dict[PoolKey, list[tuple[int, float, float]]] = defaultdict(list)
+    for key, gpus, start, stop in spans:
+        by_pool[key].append((gpus, start, stop))
+    return {key: Presence(rows) for key, rows in by_pool.items()}
+
+
 def hindsight_bound(
     jobs: Sequence[BoundJob],
     pools: Sequence[BoundPool],
     capacity: Mapping[PoolKey, Sequence[float]],
     end: float,
     slot_s: float = SLOT_S,
+    present: Mapping[PoolKey, Presence] | None = None,
 ) -> Bound:
-    """The least cost of doing every job's work on the capacity that was there (see above)."""
+    """The least cost of doing every job's work on the capacity that was there (see above).
+    Without `present`, a job's floor of GPUs (`whole_gpus`) is not applied."""
     slots = max(1, math.ceil(end / slot_s))
     useful = sum(j.work for j in jobs) / 3600.0
     if not jobs:
@@ -123,16 +177,42 @@ def hindsight_bound(
     # sum of their gangs' GPUs over the part of the slot after each one's arrival.
     work: dict[tuple[str, int, int], float] = defaultdict(float)
     rate: dict[tuple[str, int, int], list[float]] = {}
+    members: dict[tuple[str, int, int], list[tuple[BoundJob, float]]] = defaultdict(list)
     for j in jobs:
         first = min(slots - 1, int(j.arrival // slot_s))
         stop = end if j.finish is None else min(end, j.finish)
         last = max(first, min(slots, math.ceil(stop / slot_s)) - 1)
         g = (j.capacity, first, last)
         work[g] += j.work
+        members[g].append((j, stop))
         caps = rate.setdefault(g, [0.0] * slots)
         for t in range(first, last + 1):
             lo, hi = max(j.arrival, t * slot_s), min(stop, (t + 1) * slot_s)
             caps[t] += j.gpus * max(0.0, hi - lo)
+    whole: dict[tuple[PoolKey, int, int], float] = {}  # (pool, GPUs, slot) -> whole-slot seconds
+
+    def pool_cap(key: PoolKey, g: tuple[str, int, int], t: int) -> float:
+        """The most GPU-seconds the group's jobs can use on pool `key` in slot `t`, each only
+        while the pool held its floor of GPUs (inf: no floor applies)."""
+        have = present.get(key) if present is not None else None
+        if have is None:
+            return math.inf
+        total = 0.0
+        for j, stop in members[g]:
+            lo, hi = max(j.arrival, t * slot_s), min(stop, (t + 1) * slot_s)
+            if hi <= lo:
+                continue
+            if j.whole_gpus <= 0:
+                total += j.gpus * (hi - lo)
+            elif lo == t * slot_s and hi == (t + 1) * slot_s:
+                k = (key, j.whole_gpus, t)
+                if k not in whole:
+                    whole[k] = have.seconds(j.whole_gpus, lo, hi)
+                total += j.gpus * whole[k]
+            else:
+                total += j.gpus * have.seconds(j.whole_gpus, lo, hi)
+        return total
+
     pool_index = {p.key: i for i, p in enumerate(pools)}
     cost: list[float] = []
     rows: list[int] = []
@@ -146,6 +226,7 @@ def hindsight_bound(
     group_base = n_groups + len(pools) * slots
     var = 0
     var_pool: list[tuple[PoolKey, float]] = []
+    var_cap: list[float] = []
     for gi, (pref, first, last) in enumerate(sorted(work)):
         caps = rate[(pref, first, last)]
         usable = [p for p in pools if allows(pref, p.capacity_type)]
@@ -157,6 +238,10 @@ def hindsight_bound(
             for p in usable:
                 if capacity.get(p.key) is None or capacity[p.key][t] <= 0:
                     continue
+                most = pool_cap(p.key, (pref, first, last), t)
+                if most <= 0:
+                    continue
+                var_cap.append(most)
                 cost.append(p.price / 3600.0)
                 var_pool.append((p.key, p.speed))
                 rows += [gi, cap_row[(p.key, t)], group_base + gi * slots + t]
@@ -183,7 +268,7 @@ def hindsight_bound(
         b_ub=upper,
         A_eq=a[:n_groups],
         b_eq=demand,
-        bounds=(0, None),
+        bounds=[(0.0, None if math.isinf(c) else c) for c in var_cap],
         method="highs",
     )
     if res.status != 0:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from load.sim.jobs import SimJob, job_spec
 from load.sim.loop import (
     Sim,
 )
+from load.sim.policies import Policy
 from load.sim.world import (
     SimResult,
 )
@@ -44,12 +46,20 @@ def bound_for(sim: Sim, result: SimResult, *, timed: bool = False) -> Bound:
             float(j.gpus * j.duration),
             mapped.get(j.capacity, j.capacity),
             r.finished_at - result.base if timed and r.finished_at is not None else None,
+            whole_gpus(j, sim.policy),
         )
         for j in result.jobs
         if (r := result.records.get(j.job_id)) is not None and r.state == "succeeded"
     ]
-    capacity = oracle.slot_capacity(sim.capacity_spans(), result.end)
-    return oracle.hindsight_bound(jobs, pools, capacity, result.end)
+    spans = sim.capacity_spans()
+    capacity = oracle.slot_capacity(spans, result.end)
+    return oracle.hindsight_bound(jobs, pools, capacity, result.end, present=oracle.presence(spans))
+
+
+def whole_gpus(job: SimJob, policy: Policy) -> int:
+    """The fewest GPUs the job's gang runs on at once, from the spec the broker was given (an
+    elastic podset's minimum)."""
+    return sum((p.min_replicas or p.replicas) * p.gpu for p in job_spec(job, policy).gang)
 
 
 def _run_summary(args: tuple[SimConfig, str]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from load.oracle import (
     BoundPool,
     bound_summary,
     hindsight_bound,
+    presence,
     slot_capacity,
 )
 from load.report import summarize
@@ -93,6 +94,33 @@ def test_capacity_comes_from_node_spans_split_over_slots() -> None:
         8 * 450.0,
         8 * 700.0,
     ]
+
+
+def test_a_whole_gang_uses_a_pool_only_while_it_holds_the_gang() -> None:
+    # Spot: a 4-GPU node through slot 1 and another for its first half; on-demand 8 GPUs.
+    # An 8-GPU gang fits on spot only while both are there (450 s); a 4-GPU one all slot.
+    spans = [(("c", "spot"), 4, 900.0, 1800.0), (("c", "spot"), 4, 900.0, 1350.0)]
+    spans += [(("c", "od"), 8, 0.0, math.inf)]
+    present = presence(spans)
+    assert present[("c", "spot")].seconds(8, 0.0, 2700.0) == 450.0
+    assert present[("c", "spot")].seconds(4, 0.0, 2700.0) == 900.0
+    assert present[("c", "spot")].seconds(4, 1000.0, 1200.0) == 200.0
+    assert present[("c", "spot")].seconds(9, 0.0, 2700.0) == 0.0
+    capacity = slot_capacity(spans, end=2700.0, slot_s=900.0)
+    whole = BoundJob(arrival=900.0, gpus=8, work=8 * 900.0, capacity="any", whole_gpus=8)
+    loose = replace(whole, whole_gpus=0)
+    # Loose: 5,400 GPU-s of spot at $1/h, 1,800 on-demand at $3/h. Whole: 3,600 and 3,600.
+    assert hindsight_bound([loose], [SPOT, OD], capacity, 2700.0, present=present).cost_usd == (
+        pytest.approx(1.5 + 1.5)
+    )
+    assert hindsight_bound([whole], [SPOT, OD], capacity, 2700.0, present=present).cost_usd == (
+        pytest.approx(1.0 + 3.0)
+    )
+    # A gang of 4 at least (an elastic minimum) may run on the one node all slot long.
+    half = replace(whole, gpus=4, work=4 * 900.0, whole_gpus=4)
+    assert hindsight_bound([half], [SPOT, OD], capacity, 2700.0, present=present).cost_usd == (
+        pytest.approx(1.0)
+    )
 
 
 SMALL = SimConfig(
