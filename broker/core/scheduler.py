@@ -160,8 +160,9 @@ class Scheduler:
         grace = config.timeouts.checkpoint_grace_s
         self._wait_s = max(PREEMPTION_WAIT_MIN_S, 2 * grace + config.timeouts.dispatch_ack_s * 4)
         self._gangs: dict[tuple[PodSetDemand, ...], Gang] = {}
-        # Candidate pools per shape kept between cycles (CANDIDATES_KEPT_S), as of inventory
-        # version `_kept_version`, built from `_kept_since` on.
+        # Candidate pools per shape kept between cycles for `candidates_kept_s` (0: built
+        # afresh every cycle), as of inventory version `_kept_version`, from `_kept_since` on.
+        self.candidates_kept_s = CANDIDATES_KEPT_S
         self._kept: dict[Shape, Candidates] = {}
         self._kept_version = -1
         self._kept_since = 0.0
@@ -372,7 +373,7 @@ class Scheduler:
         version = self._inv.version
         if (
             version != self._kept_version
-            or not 0.0 <= now - self._kept_since < CANDIDATES_KEPT_S
+            or not 0.0 <= now - self._kept_since < self.candidates_kept_s
             or len(self._kept) >= _GANG_CACHE_MAX
         ):
             self._kept.clear()
