@@ -205,6 +205,7 @@ class Scheduler:
             sc.provision_wait_horizon_s, sc.stockout_half_life_s, sc.stockout_avoid_s
         )
         self._provisionable = False
+        self._provisionable_at = -1  # the inventory version `_provisionable` was read at
         # The queued spot-only jobs that wait for spot capacity: flexible jobs leave them the
         # spot (spotwait.py)
         self.spot_waiters = SpotWaiters(lambda r: self._gang(r.podsets))
@@ -420,8 +421,11 @@ class Scheduler:
         self._note_arrivals(pending)
         if self._prov.claims:
             self.expire_provisions(now)
-        # Whether some known pool declares nodes it can add (once per cycle: pools are few).
-        self._provisionable = any(p.info.provision is not None for p in self._inv.pools())
+        # Whether some known pool declares nodes it can add: asked again only when the
+        # inventory changed (a pool's declaration comes with its cluster's snapshot).
+        if self._provisionable_at != self._inv.version:
+            self._provisionable = any(p.info.provision is not None for p in self._inv.pools())
+            self._provisionable_at = self._inv.version
         self._snap = self.snapshot(now)
         self.spot_waiters.begin(spot_waiters)
         tried = pending
