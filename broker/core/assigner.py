@@ -6,7 +6,7 @@ or typed reasons with their numbers. It changes nothing; `Scheduler.commit` appl
 assignment. A snapshot carries memo tables for one admission cycle (candidate pools per gang
 shape, failures per shape, pools found empty). They stay valid because a commit only ever
 takes capacity and quota; whatever gives some back (a release, a hold returned) starts a new
-snapshot. The candidate pools, which read no capacity, are also kept from one cycle to the
+snapshot. The candidate pools, which read no free capacity, are also kept from one cycle to the
 next while the inventory holds (`Snapshot.kept`, `scheduler.CANDIDATES_KEPT_S`).
 
 Partial admission (Kueue's `job-min-parallelism`): a request whose podsets carry
