@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from broker.core.scheduler import Scheduler
 from broker.core.types import CycleResult, GangRequest
+from tests.core.fleet_changes import apply, changes, clusters
 from tests.core.helpers import NOW, config, flavor, gang, nodes, queue
-from tests.core.test_feasibility_memo import apply, changes, clusters
 
 ORDERED = queue("ordered")
 ORDERED.flavor_order = ["spot", "od"]
