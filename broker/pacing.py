@@ -1,10 +1,11 @@
 """Admission-cycle pacing: when the next cycle may start, from how long the last one took.
 
-A cycle has a fixed cost (the core rebuilds its candidate pools per gang shape) that dwarfs
-one job's, so after a cycle the next waits CYCLE_GAP_FACTOR times as long as it took, at most
-CYCLE_MAX_GAP_S: under a stream of submissions the inputs of a few ms are admitted together,
-while a small or idle broker still admits at once. Cycles then take at most ~1/(1 + factor)
-of the loop. Pure, so it is tested without a loop or a broker.
+A cycle has a fixed cost (a snapshot, the queues' turns, the candidate pools of each gang
+shape ranked again whenever the inventory changed) that dwarfs one job's, so after a cycle
+the next waits CYCLE_GAP_FACTOR times as long as it took, at most CYCLE_MAX_GAP_S: under a
+stream of submissions the inputs of a few ms are admitted together, while a small or idle
+broker still admits at once. Cycles then take at most ~1/(1 + factor) of the loop. Pure, so
+it is tested without a loop or a broker.
 
 `GcPacer` paces the other pause a broker's loop can take: Python's cycle collector.
 """

@@ -60,6 +60,7 @@ EMPTY_PAUSE_S = 0.1  # first pause when a copy could not be sent at all; doubles
 EMPTY_PAUSE_MAX_S = 2.0
 APPLIED_EVERY_S = 0.5  # batches without outcomes are acknowledged this often (fence renewal)
 
+GATHER_S = 0.1  # deferred records due this soon after one that is due are written with it
 CancelKey = tuple[str, int | None]  # (job, attempt) of a Cancel (None: every attempt)
 
 
@@ -86,10 +87,12 @@ class RecordWrites:
     A deferred record waits at most `delay_s` from the job's first deferred change; an urgent
     write of the job carries it (the record object is the job's live one, so what is written
     is its newest state). Entries are kept in the order they fall due: every one waits the
-    same `delay_s` from when it was filed, so the first is always the earliest."""
+    same `delay_s` from when it was filed, so the first is always the earliest, and a take
+    walks only the entries it writes."""
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
+        self.gather_s = min(GATHER_S, delay_s / 4)
         self._waiting: dict[str, tuple[float, JobRecord]] = {}  # job -> (due, record)
 
     def take(self, batches: Iterable[Sequence[Effect]], now: float) -> list[JobRecord]:
@@ -111,12 +114,22 @@ class RecordWrites:
                     waiting.pop(eff.job_id, None)  # deleted: never written back
         for job in urgent:
             waiting.pop(job, None)  # carried by the urgent write
-        for job, (due, record) in list(waiting.items()):
-            if due > now:
-                break
-            del waiting[job]
-            urgent[job] = record
+        for job in self._due(now):
+            urgent[job] = waiting.pop(job)[1]
         return list(urgent.values())
+
+    def _due(self, now: float) -> list[str]:
+        """The waiting jobs to write now: none while the first is not due; once it is, every
+        one due within `gather_s` more, so at a steady pace the deferred records go out in a
+        few large writes rather than one write per pipeline turn (a record written early is
+        still within its bound). Walks only those: the rest wait in order behind them."""
+        last = now + self.gather_s
+        taken: list[str] = []
+        for job, (due, _) in self._waiting.items():
+            if due > (last if taken else now):
+                break
+            taken.append(job)
+        return taken
 
     def due_at(self) -> float | None:
         """When the first waiting record falls due; None when none waits."""

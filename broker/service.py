@@ -162,11 +162,12 @@ class Broker(BrokerProcess, EffectExecutor, SubmissionIntake, AgentLink):
     async def _clock_loop(self) -> None:
         """Timers and admission cycles: wakes on input, at least every 100 ms.
 
-        A cycle has a fixed cost (the core rebuilds its candidate pools per gang shape) that
-        dwarfs one job's. So after a cycle the next one waits CYCLE_GAP_FACTOR times as long as
-        it took (at most CYCLE_MAX_GAP_S): under a stream of submissions the inputs of a few ms
-        are admitted together, while a small or idle broker still admits at once. Timers are
-        checked at most every TICK_MIN_INTERVAL_S."""
+        A cycle has a fixed cost (a snapshot, the queues' turns, candidate pools ranked again
+        whenever the inventory changed) that dwarfs one job's. So after a cycle the next one
+        waits CYCLE_GAP_FACTOR times as long as it took (at most CYCLE_MAX_GAP_S): under a
+        stream of submissions the inputs of a few ms are admitted together, while a small or
+        idle broker still admits at once. Timers are checked at most every
+        TICK_MIN_INTERVAL_S."""
         loop = asyncio.get_running_loop()
         next_tick = 0.0
         while True:

@@ -6,7 +6,8 @@ or typed reasons with their numbers. It changes nothing; `Scheduler.commit` appl
 assignment. A snapshot carries memo tables for one admission cycle (candidate pools per gang
 shape, failures per shape, pools found empty). They stay valid because a commit only ever
 takes capacity and quota; whatever gives some back (a release, a hold returned) starts a new
-snapshot.
+snapshot. The candidate pools, which read no free capacity, are also kept from one cycle to the
+next while the inventory holds (`Snapshot.kept`, `scheduler.CANDIDATES_KEPT_S`).
 
 Partial admission (Kueue's `job-min-parallelism`): a request whose podsets carry
 `min_replicas` below `replicas` is tried whole first; when that fails, the largest count at or
@@ -104,6 +105,10 @@ class Snapshot:
     held_quota: Mapping[tuple[str, str], Mapping[str, Vec]] = field(default_factory=dict)
     # GPU type -> relative speed (`scheduling.gpu_speeds`): the priors of speed.py
     gpu_speeds: Mapping[str, float] = field(default_factory=dict)
+    # The candidate pools built by earlier cycles, by the key of `cands`, while the inventory
+    # holds (`Scheduler.snapshot` owns and clears it): each cycle copies their `live` lists
+    # instead of ranking every pool of the fleet again. None: build every shape's afresh.
+    kept: dict[Shape, Candidates] | None = None
 
     def gang(self, podsets: tuple[PodSetDemand, ...]) -> Gang:
         g = self.gangs.get(podsets)
@@ -114,10 +119,13 @@ class Snapshot:
     def candidates(self, req: GangRequest, gang: Gang) -> Candidates:
         qs = self.book.queues.get(req.queue)
         order = qs.config.flavor_order if qs is not None else []
-        key: Shape = (pool_terms(req), gang.total[0], req.queue if order else "")
+        key: Shape = (pool_terms(req), gang.total[0], (req.queue, *order) if order else "")
         c = self.cands.get(key)
-        if c is None:
-            c = self.cands[key] = build_candidates(
+        if c is not None:
+            return c
+        kept = self.kept.get(key) if self.kept is not None else None
+        if kept is None:
+            c = build_candidates(
                 self.inv,
                 req,
                 gang.total[0],
@@ -126,6 +134,11 @@ class Snapshot:
                 order,
                 speed_of(req.speeds, self.gpu_speeds),
             )
+            if self.kept is not None:
+                self.kept[key] = c
+        else:  # the same pools in the same order; this cycle prunes its own copies
+            c = replace(kept, live=[list(g) for g in kept.groups])
+        self.cands[key] = c
         return c
 
 

@@ -63,6 +63,7 @@ from broker.core.elastic import with_placement, without_node_placement
 from broker.core.inventory import AllocKey, Cluster, Inventory, Node, Pool
 from broker.core.ledger import Alloc, Ledger
 from broker.core.placement import (
+    Candidates,
     Gang,
     build_candidates,
     capacity_rank,
@@ -105,6 +106,13 @@ PREEMPTION_WAIT_MIN_S = 60.0
 HOLD_ATTEMPT = 0  # allocation key (preemptor, 0): capacity held for it; real attempts start at 1
 _PREEMPTIBLE = frozenset({"insufficient-capacity", "quota-exceeded", "cohort-exhausted"})
 _GANG_CACHE_MAX = 65_536
+# A gang shape's candidate pools (matching pools ranked by capacity, flavor order and expected
+# cost) are kept from one cycle to the next while the inventory's version holds (nodes, pools,
+# schedulability, breakers and notices bump it), for at most this long: the only other input,
+# the pools' interruption rates, drifts with `rate_half_life_s` (hours), not within a second.
+# At a steady pace of submissions each cycle admits a few jobs, and ranking every pool of the
+# fleet for each of their shapes was half the cycle's cost.
+CANDIDATES_KEPT_S = 1.0
 
 
 def _job_ids(keys: Iterable[AllocKey]) -> list[str]:
@@ -152,6 +160,12 @@ class Scheduler:
         grace = config.timeouts.checkpoint_grace_s
         self._wait_s = max(PREEMPTION_WAIT_MIN_S, 2 * grace + config.timeouts.dispatch_ack_s * 4)
         self._gangs: dict[tuple[PodSetDemand, ...], Gang] = {}
+        # Candidate pools per shape kept between cycles for `candidates_kept_s` (0: built
+        # afresh every cycle), as of inventory version `_kept_version`, from `_kept_since` on.
+        self.candidates_kept_s = CANDIDATES_KEPT_S
+        self._kept: dict[Shape, Candidates] = {}
+        self._kept_version = -1
+        self._kept_since = 0.0
         # The running cycle's snapshot (its memo tables); None between cycles.
         self._snap: Snapshot | None = None
         self._plan_fail: set[tuple[str, int, Shape]] = set()
@@ -191,6 +205,7 @@ class Scheduler:
             sc.provision_wait_horizon_s, sc.stockout_half_life_s, sc.stockout_avoid_s
         )
         self._provisionable = False
+        self._provisionable_at = -1  # the inventory version `_provisionable` was read at
         # The queued spot-only jobs that wait for spot capacity: flexible jobs leave them the
         # spot (spotwait.py)
         self.spot_waiters = SpotWaiters(lambda r: self._gang(r.podsets))
@@ -356,6 +371,15 @@ class Scheduler:
         """What `assign` reads: capacity, quota and claims as they are now."""
         if len(self._gangs) >= _GANG_CACHE_MAX:
             self._gangs.clear()
+        version = self._inv.version
+        if (
+            version != self._kept_version
+            or not 0.0 <= now - self._kept_since < self.candidates_kept_s
+            or len(self._kept) >= _GANG_CACHE_MAX
+        ):
+            self._kept.clear()
+            self._kept_version = version
+            self._kept_since = now
         return Snapshot(
             self._inv,
             self._book,
@@ -367,6 +391,7 @@ class Scheduler:
             held=self._prov.held,
             held_quota=self._prov.held_quota,
             gpu_speeds=self._gpu_speeds,
+            kept=self._kept,
         )
 
     def assign(self, req: GangRequest, now: float) -> Assignment | Reasons:
@@ -396,8 +421,11 @@ class Scheduler:
         self._note_arrivals(pending)
         if self._prov.claims:
             self.expire_provisions(now)
-        # Whether some known pool declares nodes it can add (once per cycle: pools are few).
-        self._provisionable = any(p.info.provision is not None for p in self._inv.pools())
+        # Whether some known pool declares nodes it can add: asked again only when the
+        # inventory changed (a pool's declaration comes with its cluster's snapshot).
+        if self._provisionable_at != self._inv.version:
+            self._provisionable = any(p.info.provision is not None for p in self._inv.pools())
+            self._provisionable_at = self._inv.version
         self._snap = self.snapshot(now)
         self.spot_waiters.begin(spot_waiters)
         tried = pending

@@ -228,6 +228,20 @@ def test_a_deferred_write_waits_at_most_its_bound_and_writes_the_newest_state() 
     assert writes.waiting() == 0 and writes.due_at() is None
 
 
+def test_deferred_writes_due_together_go_out_in_one_take_never_late() -> None:
+    """Once one deferred record is due, those due within `gather_s` after it are written with
+    it (early, never late); the ones due later wait, and none is taken before one is due."""
+    writes = RecordWrites(2.0)
+    recs = [record(f"j{i}", i) for i in range(5)]
+    for i, at in enumerate([0.0, 0.03, 0.06, 0.5, 0.9]):
+        assert writes.take([[Persist(recs[i], deferred=True)]], at) == []
+    assert writes.take([], 1.99) == []  # the first is due at 2.0: nothing yet
+    assert [r.job_id for r in writes.take([], 2.0)] == ["j0", "j1", "j2"]  # due by 2.1
+    assert writes.due_at() == 2.5 and writes.take([], 2.49) == []
+    assert [r.job_id for r in writes.take([], 2.95)] == ["j3", "j4"]  # both due by then
+    assert writes.waiting() == 0
+
+
 def test_an_urgent_write_of_the_job_carries_its_deferred_one() -> None:
     writes = RecordWrites(2.0)
     x, y = record("x", 1), record("y", 2)
