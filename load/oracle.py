@@ -7,13 +7,13 @@ A linear program over time slots of the run (`SLOT_S`), solved offline after the
   from the run's own node log (spot nodes between their add and their reclaim; autoscaled
   nodes while they were up);
 - every job the run completed must get its work done (GPUs x V100-seconds, Philly's duration
-  at the GPU's speed): its work may be split over pools and slots at will (divisible, no gang,
-  no checkpoint, no start-up, no restore, no lost work), but it is never run twice, never before
-  it arrives, never on a pool its capacity preference refuses (`spot` only spot,
-  `on-demand` only on-demand, `spot-then-on-demand` and `any` both), never on more GPUs at
-  once than its gang holds, and on a pool only while that pool has at least as many GPUs
-  present as the fewest the gang runs on (a gang runs whole, on one pool: its work on a pool
-  in a slot is at most its GPUs x the seconds of the slot when the pool held that many);
+  at the GPU's speed): its work may be split over pools and slots at will (divisible, packed
+  into GPUs freely, no checkpoint, no start-up, no restore, no lost work), but it is never
+  run twice, never before it arrives, never on a pool its capacity preference refuses (`spot`
+  only spot, `on-demand` only on-demand, `spot-then-on-demand` and `any` both), never on more
+  GPUs at once than its gang holds, and on a pool only while that pool has at least as many
+  GPUs present as the fewest the gang runs on (a gang runs whole, on one pool: its work on a
+  pool in a slot is at most its GPUs x the seconds of the slot when the pool held that many);
 - the cost is each pool's price x GPU-seconds used.
 
 Every schedule the simulator can produce for those jobs satisfies these constraints (one live

@@ -139,3 +139,20 @@ def check_state(s: Scheduler, m: Model) -> None:
                     if lim is not None:
                         borrowed += max(0, used.get((qs.name, cls), [0, 0, 0])[r] - lim.guaranteed)
                 assert borrowed <= lend[r]
+
+
+def load_fleet(
+    s: Scheduler,
+    m: Model,
+    fleet: dict[str, tuple[list[FlavorInfo], list[NodeInfo]]],
+    now: float,
+) -> list[str]:
+    """Report every cluster of `fleet` to the scheduler and file its flavors and nodes in the
+    model; what the scheduler returned for the reports, in order."""
+    out: list[str] = []
+    for cname, (flavors, ns) in fleet.items():
+        out.extend(s.apply_snapshot(cname, flavors, ns, now))
+        m.flavors[cname] = {f.name: f for f in flavors}
+        for n in ns:
+            m.nodes[(cname, n.name)] = n
+    return out

@@ -24,7 +24,7 @@ from broker.core.types import Placement
 from schemas.agent import FlavorInfo, NodeInfo
 
 from .helpers import NOW, config
-from .scheduler_model import Model, check_admission, check_state
+from .scheduler_model import Model, check_admission, check_state, load_fleet
 from .strategies import CLASSES, fleets, ops, queue_sets, requests
 
 
@@ -38,11 +38,7 @@ def test_random_event_sequences_keep_every_invariant(
     s = Scheduler(config(queues=queues, classes=CLASSES))
     m = Model()
     now = NOW
-    for cname, (flavors, ns) in fleet.items():
-        assert s.apply_snapshot(cname, flavors, ns, now) == []
-        m.flavors[cname] = {f.name: f for f in flavors}
-        for n in ns:
-            m.nodes[(cname, n.name)] = n
+    assert load_fleet(s, m, fleet, now) == []
     qnames = [q.name for q in queues]
     seq = 0
     for _ in range(data.draw(st.integers(1, 16))):

@@ -28,7 +28,7 @@ from tests.core.harness import Sim, run
 from tests.core.strategies import CLASSES, fleets, queue_sets, requests
 
 from .helpers import NOW, config, flavor, gang, nodes, one_cluster
-from .scheduler_model import Model, check_admission, check_state
+from .scheduler_model import Model, check_admission, check_state, load_fleet
 
 PRIORS = {"v100": 1.0, "a100": 2.2, "t4": 0.3}
 
@@ -261,11 +261,7 @@ def test_invariants_hold_when_placement_prices_work(
     """Quotas, whole gangs on one pool, per-node capacity: as with price alone."""
     s = Scheduler(config(queues=queues, classes=CLASSES, gpu_speeds=speeds))
     m = Model()
-    for cname, (flavors, ns) in fleet.items():
-        s.apply_snapshot(cname, flavors, ns, NOW)
-        m.flavors[cname] = {f.name: f for f in flavors}
-        for n in ns:
-            m.nodes[(cname, n.name)] = n
+    load_fleet(s, m, fleet, NOW)
     qnames = [q.name for q in queues]
     own = st.sampled_from([(), (("a", 1.0), ("b", 0.25)), (("a", 0.2), ("b", 1.0))])
     reqs = [

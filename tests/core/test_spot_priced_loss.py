@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 from broker.core.placement import capacity_rank
 from broker.core.risk import expected_cost_per_hour
 from broker.core.scheduler import Scheduler
+from schemas.agent import FlavorInfo, NodeInfo
 from schemas.config import QueueConfig
 from schemas.job import CheckpointSpec
 from tests.core.harness import OD, SPOT, Sim, run
 from tests.core.strategies import CLASSES, fleets, queue_sets, requests
 
 from .helpers import NOW, config, flavor, gang, one_cluster
-from .scheduler_model import Model, check_admission, check_state
+from .scheduler_model import Model, check_admission, check_state, load_fleet
 
 PRIOR = 0.5  # reclaims per node-hour: a job without checkpoints expects to lose 1 / rate = 2 h
 
@@ -134,18 +135,14 @@ def test_the_choice_is_the_rank_then_the_priced_cost_of_the_pools_with_room(
 @settings(max_examples=100, deadline=None)
 @given(fleet=fleets(), queues=queue_sets(), data=st.data())
 def test_invariants_hold_with_jobs_that_may_not_go_to_spot_at_its_price(
-    fleet: dict[str, tuple[list[object], list[object]]],
+    fleet: dict[str, tuple[list[FlavorInfo], list[NodeInfo]]],
     queues: list,  # type: ignore[type-arg]
     data: st.DataObject,
 ) -> None:
     """Quotas, whole gangs on one pool of an allowed capacity, per-node capacity."""
     s = Scheduler(config(queues=queues, classes=CLASSES, spot_prior_rate=0.5))
     m = Model()
-    for cname, (flavors, ns) in fleet.items():
-        s.apply_snapshot(cname, flavors, ns, NOW)  # type: ignore[arg-type]
-        m.flavors[cname] = {f.name: f for f in flavors}  # type: ignore[attr-defined]
-        for n in ns:
-            m.nodes[(cname, n.name)] = n  # type: ignore[attr-defined]
+    load_fleet(s, m, fleet, NOW)
     qnames = [q.name for q in queues]
     reqs = [
         dataclasses.replace(
