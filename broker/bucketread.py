@@ -117,10 +117,10 @@ async def read_newest(
         pause = min(2 * pause, MAX_PAUSE_S)
 
 
-async def last_sequence(js: JetStreamContext, stream: str, expires_s: float) -> int:
-    """The stream's last sequence (0 while it holds no message), asked again while it has no
-    leader (an R3 stream electing one, after a server's death) until `expires_s` has passed:
-    then ReadStopped, as for a read."""
+async def leader_state(js: JetStreamContext, stream: str, expires_s: float) -> api.StreamInfo:
+    """The stream's info as its leader gives it, asked again while it has no leader (an R3
+    stream electing one, after a server's death) until `expires_s` has passed: then
+    ReadStopped, as for a read."""
     deadline = asyncio.get_running_loop().time() + expires_s
     info = await _leader_info(js, stream, deadline, 0.0)
     if info is None:
@@ -128,7 +128,18 @@ async def last_sequence(js: JetStreamContext, stream: str, expires_s: float) -> 
             f"the leader of stream {stream} did not answer in {expires_s:.0f} s; check that "
             f"the stream has a leader: `nats stream info {stream}`"
         )
+    return info
+
+
+def last_seq_of(info: api.StreamInfo) -> int:
+    """The stream's last sequence, 0 while it holds no message."""
     return info.state.last_seq if info.state.messages else 0
+
+
+async def last_sequence(js: JetStreamContext, stream: str, expires_s: float) -> int:
+    """The stream's last sequence (0 while it holds no message), from its leader
+    (`leader_state`)."""
+    return last_seq_of(await leader_state(js, stream, expires_s))
 
 
 async def _leader_info(

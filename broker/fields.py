@@ -29,8 +29,10 @@ from broker.metrics import Metrics
 from broker.pacing import GcPacer
 from broker.rendezvous import ReplyRendezvous
 from broker.sequencer import Held, RecordWrites, Sequencer
+from broker.snapshotwriter import Snapshots
 from broker.store import JobStore, RecordMirror
 from schemas.config import BrokerConfig
+from schemas.natsopts import NatsOptions
 from schemas.subjects import Subjects
 from shell.natsio import Requester
 
@@ -47,12 +49,15 @@ class BrokerFields:
         clock: Callable[[], float] = time.time,
         pace_gc: bool = False,
         agent_nc: Client | None = None,
+        nats_options: NatsOptions | None = None,
     ) -> None:
         """`pace_gc`: manage the process's cycle collector (GcPacer); the `muster broker`
         process turns it on, an in-process broker (tests) leaves the host's GC alone.
         `agent_nc`: a connection of its own for the agents' event subjects, so that however
         much agents send, nats-server can only cut that one as a slow consumer, never the
-        connection that holds the lease, the store, the API and the submissions."""
+        connection that holds the lease, the store, the API and the submissions.
+        `nats_options`: how to reach NATS from another process, for the job bucket's snapshot
+        writer (broker/snapshotwriter.py); without them no snapshot is written."""
         self.config = config
         self.nc = nc
         self.agent_nc = agent_nc or nc
@@ -108,6 +113,10 @@ class BrokerFields:
             "store_records_lost": 0,
             "store_records_repersisted": 0,
             "records_put": 0,  # record writes acknowledged by the store (deferred ones merged)
+            "snapshots_written": 0,  # of the job bucket, by this leader's writer processes
+            "snapshots_failed": 0,
+            "snapshot_seq": 0,  # the last sequence of the newest snapshot this leader knows
+            "restored_from_snapshot": 0,  # the last sequence of the snapshot restored from
         }
         # Messages refused by a handler's boundary (bad input or a failure processing it),
         # by handler: the broker answers or drops them with a reason and carries on.
@@ -148,6 +157,8 @@ class BrokerFields:
         self._next_cycle = 0.0  # event-loop time before which no admission cycle starts
         self.restore_s = 0.0
         self.restored_jobs = 0
+        self.nats_options = nats_options
+        self.snapshots: Snapshots | None = None  # while leading with nats_options
 
     # -- views and nudges for callers beside the duties (tests, the dashboard) -------------
     @property

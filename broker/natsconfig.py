@@ -128,6 +128,7 @@ def render(
                 "$JS.FC.>",  # flow control of the standby's mirror (an ordered push consumer)
                 f"$KV.{s.jobs_bucket}.>",
                 f"$KV.{s.leader_bucket}.>",
+                f"$O.{s.jobs_snapshot_bucket}.>",  # the job bucket's snapshot (its writer)
                 s.lease_alive,  # a standby's probes of the leader (broker/liveness.py)
                 inbox_prefix(BROKER) + ".>",  # the leader's answers to those probes
                 *answers,  # replies to the admin's and each team's requests

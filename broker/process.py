@@ -25,6 +25,7 @@ from broker.core.records import RECORD_FORMAT
 from broker.fields import BrokerFields
 from broker.intake import ensure_intake, intake_names
 from broker.lease import LeadershipLost, highest_epoch, record_epoch
+from broker.snapshotwriter import SnapshotJob, Snapshots
 from broker.store import (
     BucketWatch,
     JobStore,
@@ -43,6 +44,7 @@ RESTORE_LIMIT_S = 60.0  # the longest a new leader waits for its records
 STANDBY_RETRY_S = 0.5  # pause after a failed attempt to acquire the lease
 NEWER_RECORDS_RETRY_S = 10.0  # lease left to a newer broker this long before trying again
 BUCKET_CHECK_S = 1.0  # how often the leader checks the job bucket still holds its records
+SNAPSHOT_CHECK_S = 1.0  # how often the leader asks whether a snapshot of its records is due
 HANDOVER_DRAIN_S = 2.0  # the longest a clean stop waits for its last writes
 ID_KEY = "muster-id-key"  # submit-stream metadata: the secret behind server-derived job ids
 
@@ -271,11 +273,15 @@ class BrokerProcess(BrokerFields):
             if mirror.too_new:
                 raise NewerRecords(mirror.too_new, mirror.store.prefix)
             stream_seq = mirror.applied
+            self.stats["restored_from_snapshot"] = (
+                mirror.snapshot_seq if mirror.from_snapshot else 0
+            )
             await mirror.stop()  # the leader does not mirror its own writes
             log.info(
                 "broker.mirror_caught_up",
                 records=len(records),
                 stream_seq=stream_seq,
+                snapshot_seq=self.stats["restored_from_snapshot"],
                 catch_up_s=round(time.monotonic() - started, 3),
             )
             if hold.done():
@@ -335,6 +341,8 @@ class BrokerProcess(BrokerFields):
             asyncio.create_task(self._watch_bucket(machine)),
             asyncio.create_task(self._agent_worker()),
         ]
+        if self.nats_options is not None:
+            self._tasks.append(asyncio.create_task(self._snapshot_records(mirror.snapshot_seq)))
         self.leading.set()
         stop = asyncio.create_task(self.stopped.wait())
         waiters = {hold, stop, *self._tasks}
@@ -379,6 +387,32 @@ class BrokerProcess(BrokerFields):
             except Exception as exc:
                 log.warning("store.check_failed", error=str(exc))
             await self._record_epoch()
+
+    async def _snapshot_records(self, restored_from: int) -> None:
+        """Have the job bucket's snapshot written when enough was written since the last one
+        (broker/snapshotwriter.py), so that a restart reads it and little else. A writer that
+        fails is tried again after the gap; its writes change nothing the broker holds."""
+        assert self.store is not None and self.nats_options is not None
+        limits = self.config.limits
+        snapshots = self.snapshots = Snapshots(
+            SnapshotJob(
+                nats=self.nats_options,
+                bucket=self.store.bucket,
+                replication=self.config.replication,
+                max_bytes=limits.snapshot_bucket_max_bytes,
+            ),
+            after_writes=limits.records_snapshot_after_writes,
+            gap_s=limits.records_snapshot_gap_s,
+            now=time.monotonic(),
+        )
+        snapshots.last_seq = self.stats["snapshot_seq"] = restored_from
+        while True:
+            await asyncio.sleep(SNAPSHOT_CHECK_S)
+            if snapshots.due(self.store.acked_seq, time.monotonic()):
+                await snapshots.write(time.monotonic())
+                self.stats["snapshots_written"] = snapshots.written
+                self.stats["snapshots_failed"] = snapshots.failed
+                self.stats["snapshot_seq"] = snapshots.last_seq
 
     async def _step_down(self) -> None:
         self.leading.clear()

@@ -300,7 +300,7 @@ async def run_broker(
         config = msgspec.structs.replace(config, replication=Replication())
     nc = await connect(nats, "muster-broker")
     agent_nc = await connect(nats, "muster-broker-agents")
-    broker = Broker(config, nc, holder=holder, pace_gc=True, agent_nc=agent_nc)
+    broker = Broker(config, nc, holder=holder, pace_gc=True, agent_nc=agent_nc, nats_options=nats)
     if metrics_port is not None:
         broker.metrics.serve(metrics_port)
     health_port = healthz.port_from_env()

@@ -24,7 +24,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from broker.attempts import MARKER_KEY
-from broker.bucketread import last_sequence, read_newest, stream_seq
+from broker.bucketread import last_seq_of, leader_state, read_newest, stream_seq
 from broker.core.records import (
     RECORD_FORMAT,
     JobRecord,
@@ -33,7 +33,9 @@ from broker.core.records import (
 )
 from broker.core.states import TERMINAL
 from broker.core.storedrecord import stored_record_decoder
+from broker.snapshot import NONE_WRITTEN, read_snapshot
 from schemas.config import Replication
+from schemas.subjects import snapshot_bucket_of
 from shell.natsio import js_connection
 
 log = structlog.get_logger("muster.store")
@@ -47,6 +49,18 @@ _NO_RESPONDERS = "503"
 _SEQ = b'"seq":'
 REPERSIST_CHUNK = 1000
 REBUILD_AFTER = 5  # write-backs in a row a listed stream leaves unanswered before it is rebuilt
+
+
+def _contradicted(keys: dict[str, int], target: int, messages: int) -> str:
+    """Why a read begun from a snapshot does not match the stream it read, or "". History 1
+    keeps one message per key, so the stream holds as many messages as it has keys; a read
+    that holds more kept a key purged without a marker after the snapshot (`muster
+    store-compact`). The count is of keys whose newest sequence is the target's or older, as
+    the stream's info was when the target was read."""
+    held = sum(1 for seq in keys.values() if seq <= target)
+    if held != messages:
+        return f"it and the messages after it hold {held} keys, the stream {messages}"
+    return ""
 
 
 def placement_of(replication: Replication) -> api.Placement | None:
@@ -484,6 +498,8 @@ class RecordMirror:
         self._sub: Any = None
         self._target = 0
         self._reached: asyncio.Future[None] | None = None
+        self.from_snapshot = False  # the last read began from the bucket's snapshot
+        self.snapshot_seq = 0  # that snapshot's last sequence
 
     async def start(self) -> None:
         if self._sub is not None:
@@ -504,52 +520,65 @@ class RecordMirror:
         )
 
     def taker(self) -> Callable[[Msg, int], None]:
-        """What takes each record, live or in one read (`read_newest`), with what it needs in
-        locals (a cold start runs it 100,000 times). Records are keyed by their KV subject,
-        which names the job; `seq` is the message's stream sequence. Their alike spec parts
-        are decoded once and shared (broker/core/storedrecord.py)."""
+        """What takes each record message, live or in one read (`read_newest`)."""
+        put = self.putter()
+
+        def take(msg: Msg, seq: int) -> None:
+            put(msg.subject, bool(msg.headers and msg.headers.get(KV_OP)), msg.data, seq)
+
+        return take
+
+    def putter(self) -> Callable[[str, bool, Any, int], None]:
+        """What takes each record, from a message or from a snapshot, with what it needs in
+        locals (a cold start runs it 100,000 times): `put(subject, marker, data, seq)`, where
+        `marker` is a delete or purge marker (KV-Operation header). Records are keyed by their
+        KV subject, which names the job; `seq` is the message's stream sequence. Their alike
+        spec parts are decoded once and shared (broker/core/storedrecord.py)."""
         records, decode = self._records, stored_record_decoder.decode
         prefix = len(self.store.prefix)
         too_new = self.too_new
 
-        def take(msg: Msg, seq: int) -> None:
+        def put(subject: str, marker: bool, data: Any, seq: int) -> None:
             # JetStream delivers in stream order, the last-per-subject pass included, so an
             # older sequence is one already applied: it must never replace a newer record.
             if seq <= self.applied:
                 return
             self.applied = seq
-            too_new.pop(msg.subject, None)
-            if msg.subject[prefix] == "_":  # not a job: the probe, an epoch or attempt marker
+            too_new.pop(subject, None)
+            if subject[prefix] == "_":  # not a job: the probe, an epoch or attempt marker
                 pass
-            elif msg.headers and msg.headers.get(KV_OP):
-                records.pop(msg.subject, None)  # deleted or purged
-                self.usage.forget(msg.subject[prefix:])
+            elif marker:
+                records.pop(subject, None)  # deleted or purged
+                self.usage.forget(subject[prefix:])
             else:
                 try:
-                    record = decode(msg.data)
+                    record = decode(data)
                     if record.format > RECORD_FORMAT:
-                        records.pop(msg.subject, None)
-                        self.usage.forget(msg.subject[prefix:])
-                        too_new[msg.subject] = record.format
+                        records.pop(subject, None)
+                        self.usage.forget(subject[prefix:])
+                        too_new[subject] = record.format
                     else:
-                        records[msg.subject] = record
-                        self.usage.note(record, len(msg.data))
+                        records[subject] = record
+                        self.usage.note(record, len(data))
                 except Exception as exc:  # a corrupt record must not stop recovery
                     # Its job is not restored, just as a cold load would not restore it.
-                    records.pop(msg.subject, None)
-                    log.error("store.corrupt_record", subject=msg.subject, error=str(exc))
+                    records.pop(subject, None)
+                    self.usage.forget(subject[prefix:])
+                    log.error("store.corrupt_record", subject=subject, error=str(exc))
             reached = self._reached
             if reached is not None and seq >= self._target and not reached.done():
                 reached.set_result(None)
 
-        return take
+        return put
 
     async def caught_up(self, timeout: float) -> list[JobRecord]:
         """The newest record of every job as of now: waits until the mirror has applied the
         stream's last sequence, read after this call began (so after the lease was won).
 
         A mirror not yet following the bucket (a restarted broker that led at once, a backup)
-        reads it once in large batches instead (`read_newest`), and does not follow it after."""
+        reads it once instead, and does not follow it after: the bucket's snapshot
+        (broker/snapshot.py) and what was written after it when the snapshot holds, else
+        every record, in large batches (`read_newest`)."""
         once = self._sub is None and self.applied == 0
         plain = stored_record_decoder.plain_decodes
         if not once:
@@ -558,26 +587,21 @@ class RecordMirror:
         deadline = loop.time() + timeout
         # Asked again while the stream has no leader (an R3 stream electing one), within the
         # same deadline as the read.
-        self._target = await last_sequence(self.store.js, self.store.stream, timeout)
-        timeout = max(0.0, deadline - loop.time())
-        if self.applied < self._target:
-            self._reached = loop.create_future()
-            try:
-                if once:  # bounded by its own deadline, so that it says why it stopped
-                    await read_newest(
-                        self.store.js,
-                        self.store.stream,
-                        self.store.prefix + ">",
-                        self.taker(),
-                        self._reached,
-                        timeout,
-                        applied=lambda: self.applied,
-                    )
+        info = await leader_state(self.store.js, self.store.stream, timeout)
+        self._target = last_seq_of(info)
+        self.from_snapshot = False
+        if once and self._target:
+            keys = await self._from_snapshot(info, deadline)
+            if keys is not None:
+                await self._read_to_target(deadline, keys)
+                why = _contradicted(keys, self._target, info.state.messages)
+                if not why:
+                    self.from_snapshot = True
                 else:
-                    async with asyncio.timeout(timeout):
-                        await self._reached
-            finally:
-                self._reached = None
+                    log.warning("store.snapshot_unused", why=why)
+                    self._forget()
+        if not self.from_snapshot:
+            await self._read_to_target(deadline, None, follow=not once)
         self.store.usage = self.usage  # kept as records were taken: nothing to add up now
         if stored_record_decoder.plain_decodes > plain:
             # Records are whole, but the shared-parts decode refused what it should take.
@@ -588,6 +612,69 @@ class RecordMirror:
                 "plain decoder took; they are restored, more slowly: report it with one record",
             )
         return list(self._records.values())
+
+    async def _from_snapshot(self, info: api.StreamInfo, deadline: float) -> dict[str, int] | None:
+        """Take the bucket's snapshot, if there is one that can stand for this stream: every
+        key it holds, with its sequence (None, having taken nothing, when there is none)."""
+        loop = asyncio.get_running_loop()
+        bucket = snapshot_bucket_of(self.store.bucket)
+        got = await read_snapshot(self.store.js, bucket, info, deadline - loop.time())
+        if isinstance(got, str):
+            if got != NONE_WRITTEN:
+                log.warning("store.snapshot_unused", why=got)
+            return None
+        put, data, at = self.putter(), memoryview(got.data), 0
+        for subject, marker, size, seq in zip(
+            got.subjects, got.markers, got.sizes, got.seqs, strict=True
+        ):
+            put(subject, marker, data[at : at + size], seq)
+            at += size
+        self.applied = got.last_seq
+        self.snapshot_seq = got.last_seq
+        return dict(zip(got.subjects, got.seqs, strict=True))
+
+    async def _read_to_target(
+        self, deadline: float, keys: dict[str, int] | None, *, follow: bool = False
+    ) -> None:
+        """Wait until the mirror has applied `_target`: as it follows the bucket (`follow`),
+        or by one read from the sequence after `applied`, noting each key's sequence in
+        `keys` when given."""
+        loop = asyncio.get_running_loop()
+        if self.applied >= self._target:
+            return
+        self._reached = loop.create_future()
+        try:
+            if follow:
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    await self._reached
+                return
+            take = self.taker()
+            if keys is not None:
+                plain_take = take
+
+                def take(msg: Msg, seq: int) -> None:
+                    keys[msg.subject] = seq
+                    plain_take(msg, seq)
+
+            # Bounded by its own deadline, so that it says why it stopped.
+            await read_newest(
+                self.store.js,
+                self.store.stream,
+                self.store.prefix + ">",
+                take,
+                self._reached,
+                max(0.0, deadline - loop.time()),
+                applied=lambda: self.applied,
+            )
+        finally:
+            self._reached = None
+
+    def _forget(self) -> None:
+        """Drop every record taken: the next read starts from nothing."""
+        self._records.clear()
+        self.too_new.clear()
+        self.applied = self.snapshot_seq = 0
+        self.usage = StoreUsage()
 
     def __len__(self) -> int:
         return len(self._records)
@@ -614,6 +701,7 @@ class RecordMirror:
                     async with asyncio.timeout(1.0):
                         await self.store.js.delete_consumer(self.store.stream, name)
         self._records, self.applied, self.usage = {}, 0, StoreUsage()
+        self.too_new = {}
 
 
 @dataclass

@@ -11,7 +11,9 @@ the cycle collector off, as the broker runs its restore, and reports CPU seconds
 `RecordMirror`'s `caught_up`, what a restarted broker that leads at once runs, over a bucket the
 run fills first, from a fresh connection; it includes the records' decode (the restart's own,
 `broker.store`'s taker). The core is rebuilt from the records that read returned, as a restart
-rebuilds it; `decode` alone is the plain decoder's (`record_decoder`) on the same bytes. With
+rebuilds it; `decode` alone is the plain decoder's (`record_decoder`) on the same bytes;
+`snapshot read` is the same read once a snapshot of the bucket is written (broker/snapshot.py),
+so it takes the snapshot and nothing after it. With
 `--baseline DIR` (another checkout, e.g. `git worktree add` of an older commit) every run is
 repeated there, interleaved, its own code doing the work. Prints every run, the medians and
 one `RESULT {...}` line.
@@ -37,7 +39,7 @@ from load.common import emit, median
 
 REPO = Path(__file__).resolve().parents[1]
 QUEUES = 100
-PARTS = ("read_cpu_s", "decode_cpu_s", "restore_cpu_s")
+PARTS = ("read_cpu_s", "snapshot_read_cpu_s", "decode_cpu_s", "restore_cpu_s")
 
 
 def one_run(jobs: int) -> dict[str, float]:
@@ -66,23 +68,26 @@ def one_run(jobs: int) -> dict[str, float]:
     records = [record_decoder.decode(b) for b in blobs]
     t1 = time.process_time()
     gc.enable()
-    read, restored = asyncio.run(read_cpu_s(records))
+    read, snapshot_read, restored = asyncio.run(read_cpu_s(records))
     gc.collect()
     gc.disable()
     t2 = time.process_time()
     Machine(config, epoch=1).handle(Restore(restored), 1.0)
     t3 = time.process_time()
     gc.enable()
-    return {"read_cpu_s": read, "decode_cpu_s": t1 - t0, "restore_cpu_s": t3 - t2}
+    times = {"read_cpu_s": read, "decode_cpu_s": t1 - t0, "restore_cpu_s": t3 - t2}
+    if snapshot_read is not None:
+        times["snapshot_read_cpu_s"] = snapshot_read
+    return times
 
 
-async def read_cpu_s(records: list[Any]) -> tuple[float, list[Any]]:
-    """CPU seconds to read these records back from a job bucket, cycle collector off, and the
-    records read (what a restart restores the core from)."""
+async def read_cpu_s(records: list[Any]) -> tuple[float, float | None, list[Any]]:
+    """CPU seconds to read these records back from a job bucket, cycle collector off, the
+    same from its snapshot, and the records read (what a restart restores the core from)."""
     import nats
 
     from broker.embedded import EmbeddedNats
-    from broker.store import JobStore, RecordMirror
+    from broker.store import JobStore
 
     server = EmbeddedNats()
     server.start_sync()
@@ -92,20 +97,50 @@ async def read_cpu_s(records: list[Any]) -> tuple[float, list[Any]]:
         for at in range(0, len(records), 1000):
             await store.put_many(records[at : at + 1000])
         await writer.close()
-        reader = await nats.connect(server.url)
-        store = JobStore(reader.jetstream(), "jobs", reader)
-        gc.collect()
-        gc.disable()
-        t0 = time.process_time()
-        mirror = RecordMirror(store)
-        read = await mirror.caught_up(60.0)
-        t1 = time.process_time()
-        assert len(read) == len(records), f"read {len(read)} of {len(records)} records"
-        await mirror.stop()
-        await reader.close()
-        return t1 - t0, read
+        read_s, read = await timed_read(server.url, len(records))
+        snapshot_s = await snapshot_read_s(server.url, len(records))
+        return read_s, snapshot_s, read
     finally:
         server.cleanup()
+
+
+async def timed_read(url: str, expect: int) -> tuple[float, list[Any]]:
+    """A never-started mirror's read of the bucket from a fresh connection, cycle collector
+    off: its CPU seconds and the records."""
+    import nats
+
+    from broker.store import JobStore, RecordMirror
+
+    reader = await nats.connect(url)
+    store = JobStore(reader.jetstream(), "jobs", reader)
+    gc.collect()
+    gc.disable()
+    t0 = time.process_time()
+    mirror = RecordMirror(store)
+    read = await mirror.caught_up(60.0)
+    t1 = time.process_time()
+    gc.enable()
+    assert len(read) == expect, f"read {len(read)} of {expect} records"
+    await mirror.stop()
+    await reader.close()
+    return t1 - t0, read
+
+
+async def snapshot_read_s(url: str, expect: int) -> float | None:
+    """The same read once a snapshot of the bucket is written (broker/snapshot.py; its
+    writing not timed), or None in a tree that writes none."""
+    import nats
+
+    try:
+        from broker.snapshotwriter import write_snapshot
+    except ImportError:
+        return None
+    from broker.store import JobStore
+
+    writer = await nats.connect(url)
+    await write_snapshot(JobStore(writer.jetstream(), "jobs", writer))
+    await writer.close()
+    return (await timed_read(url, expect))[0]
 
 
 def run_in(tree: Path, jobs: int) -> dict[str, float]:
@@ -144,24 +179,28 @@ def run_bench(args: Options) -> dict[str, Any]:
         for label, tree in checkouts.items():
             one = run_in(tree, args.jobs)
             for part in PARTS:
-                seen[label][part].append(round(one[part], 3))
-            print(
-                f"run {r + 1} {label}: read {one['read_cpu_s']:.3f} CPU-s, "
-                f"decode {one['decode_cpu_s']:.3f} CPU-s, restore {one['restore_cpu_s']:.3f} CPU-s"
-            )
+                if part in one:  # a tree that writes no snapshot reads none
+                    seen[label][part].append(round(one[part], 3))
+            print(f"run {r + 1} {label}: {_parts(one)}")
     result: dict[str, Any] = {"bench": "restore", "jobs": args.jobs, "runs": args.runs}
     for label, parts in seen.items():
+        kept = {p: v for p, v in parts.items() if v}
         result[label] = {
-            **{f"{p}_median": median(v) for p, v in parts.items()},
-            **{f"{p}_runs": v for p, v in parts.items()},
+            **{f"{p}_median": median(v) for p, v in kept.items()},
+            **{f"{p}_runs": v for p, v in kept.items()},
         }
-        print(
-            f"{label}: read {median(parts['read_cpu_s']):.3f} CPU-s, "
-            f"decode {median(parts['decode_cpu_s']):.3f} CPU-s, "
-            f"restore {median(parts['restore_cpu_s']):.3f} CPU-s (medians of {args.runs})"
-        )
+        medians = {p: median(v) for p, v in kept.items()}
+        print(f"{label}: {_parts(medians)} (medians of {args.runs})")
     emit(result, args.json)
     return result
+
+
+def _parts(cpu_s: dict[str, float]) -> str:
+    return ", ".join(
+        f"{p.removesuffix('_cpu_s').replace('_', ' ')} {cpu_s[p]:.3f} CPU-s"
+        for p in PARTS
+        if p in cpu_s
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ Jobs are submitted as clients submit them (with client job ids) while no cluster
 them, so they all stay pending: a request each, at most `--window` unanswered at once, and the
 broker answers once the job's record is stored in JetStream and the submission acknowledged.
 Durable submissions/s = jobs / (last answer - first request); every answer must accept its job.
-Then the broker is killed with SIGKILL and restarted; we time from the restart to the broker
+The leader has a snapshot of the job bucket written once enough was written (broker/
+snapshotwriter.py); the benchmark waits until one holds every record (`snapshot_wait_s`; with
+`--no-records-snapshot` none is written). Then the broker is killed with SIGKILL and
+restarted; we time from the restart to the broker
 answering as leader with every job restored, and check that the set of job ids is exactly the
 one submitted (none lost, none duplicated); `rss_restarted_mib` is the restarted broker's RSS
 once it leads with them.
@@ -49,7 +52,7 @@ from broker.embedded import EmbeddedNats
 from load.command import Count, JsonOut, Options, program, summary
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
 from schemas.codec import decode_submit_reply, encode_json
-from schemas.config import BrokerConfig, QueueConfig, Timeouts
+from schemas.config import BrokerConfig, Limits, QueueConfig, Timeouts
 from schemas.subjects import REPLY_HEADER
 from shell.natsio import Asked, Requester
 
@@ -83,6 +86,7 @@ async def one_run(url: str, args: Options) -> dict[str, float]:
         subject_prefix=prefix,
         queues=[QueueConfig(name=f"q{i}") for i in range(queues)],
         timeouts=Timeouts(lease_ttl_s=args.lease_ttl_s),
+        limits=Limits() if args.records_snapshot else Limits(records_snapshot_after_writes=0),
     )
     broker = BrokerProcess(url, config)
     broker.start()
@@ -108,6 +112,7 @@ async def one_run(url: str, args: Options) -> dict[str, float]:
             )
         near_misses = float(stats["lease_recreated"])
         assert stats["jobs"] == jobs and stats["pending"] == jobs, stats
+        snapshot_wait_s = await snapshot_written(nc, broker) if args.records_snapshot else 0.0
         broker.kill9()
         restart_at = time.perf_counter()
         broker.start()
@@ -115,6 +120,7 @@ async def one_run(url: str, args: Options) -> dict[str, float]:
         recovered_s = time.perf_counter() - restart_at
         recovered_cpu_s = cpu_seconds(broker)
         assert stats["restored_jobs"] == jobs and stats["jobs"] == jobs, stats
+        assert bool(stats["restored_from_snapshot"]) == args.records_snapshot, stats
         await check_sample(nc, broker, jobs)
         rss_restarted = broker.rss_bytes()  # what the restore left resident
         # Failover to a hot standby.
@@ -149,6 +155,7 @@ async def one_run(url: str, args: Options) -> dict[str, float]:
             "handover_restore_s": handover_restore_s,
             "lease_recreated": near_misses,
             "submit_rate": jobs / ingest_s,
+            "snapshot_wait_s": snapshot_wait_s,
         }
     finally:
         await nc.close()
@@ -231,6 +238,18 @@ async def answer_with_newer_epoch(
     raise TimeoutError(f"no leader newer than epoch {epoch} within {timeout:g}s")
 
 
+async def snapshot_written(nc: Client, broker: BrokerProcess, limit_s: float = 300.0) -> float:
+    """Wait until the leader has had a snapshot of every record written (its writer runs at
+    most once every `records_snapshot_gap_s`, broker/snapshotwriter.py); the seconds waited."""
+    started = time.perf_counter()
+    last = (await nc.jetstream().stream_info(f"KV_{broker.subjects.jobs_bucket}")).state.last_seq
+    while time.perf_counter() - started < limit_s:
+        if (await broker.stats(nc, timeout=10))["snapshot_seq"] >= last:
+            return time.perf_counter() - started
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"no snapshot of the job records up to sequence {last} in {limit_s:g}s")
+
+
 async def check_sample(nc: Client, broker: BrokerProcess, jobs: int) -> None:
     """200 sampled jobs answer from the leader, present and still queued."""
     for i in random.Random(1).sample(range(jobs), 200):
@@ -253,6 +272,7 @@ async def main_async(args: Options) -> dict[str, object]:
         "jobs": args.jobs,
         "lease_ttl_s": args.lease_ttl_s,
         "standby_during_submit": args.standby_during_submit,
+        "records_snapshot": args.records_snapshot,
         "rss_mib_median": round(median([r["rss_mib"] for r in runs]), 1),
         "rss_restarted_mib_median": round(median([r["rss_restarted_mib"] for r in runs]), 1),
         "restart_to_leading_s_median": round(median([r["recovered_s"] for r in runs]), 3),
@@ -298,6 +318,15 @@ def bench_scale(
             "loses the lease meanwhile (a false failover) fails the run",
         ),
     ] = False,
+    records_snapshot: Annotated[
+        bool,
+        typer.Option(
+            "--records-snapshot/--no-records-snapshot",
+            help="before the kill, wait until the leader has had a snapshot of every record "
+            "written, so that the restart reads it (the default); without, no snapshot is "
+            "written and the restart reads every record",
+        ),
+    ] = True,
     compile_each_start: Annotated[
         bool,
         typer.Option(
@@ -316,6 +345,7 @@ def bench_scale(
         window=window,
         lease_ttl_s=lease_ttl_s,
         standby_during_submit=standby_during_submit,
+        records_snapshot=records_snapshot,
     )
     with bytecode_cached(not compile_each_start):
         emit(asyncio.run(main_async(options)), json_out)

@@ -209,6 +209,14 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # up refuses every write, the lease renewal included. 0 = unlimited (not recommended).
     submit_stream_max_bytes: Annotated[int, Meta(ge=0)] = 256 * 2**20
     jobs_bucket_max_bytes: Annotated[int, Meta(ge=0)] = 1024 * 2**20
+    # A snapshot of the job bucket (every newest record in one object, broker/snapshot.py) is
+    # written once this many records were written since the last one, at most once every
+    # records_snapshot_gap_s, by a process of its own: a restart reads it and only the records
+    # written after it. 0 = never (a restart reads every record). Its object store holds two
+    # snapshots while one replaces the other: give it twice what the job bucket holds.
+    records_snapshot_after_writes: Annotated[int, Meta(ge=0)] = 20_000
+    records_snapshot_gap_s: Annotated[float, Meta(ge=1)] = 60.0
+    snapshot_bucket_max_bytes: Annotated[int, Meta(ge=0)] = 2048 * 2**20
     lease_bucket_max_bytes: Annotated[int, Meta(ge=4096)] = 64 * 1024
 
 

@@ -119,6 +119,10 @@ class Subjects(msgspec.Struct, frozen=True):
         return f"{self._stem}_JOBS"
 
     @property
+    def jobs_snapshot_bucket(self) -> str:
+        return snapshot_bucket_of(self.jobs_bucket)
+
+    @property
     def leader_bucket(self) -> str:
         return f"{self._stem}_LEADER"
 
@@ -128,6 +132,11 @@ class Subjects(msgspec.Struct, frozen=True):
         Outside the prefix on purpose: only the broker's NATS user may use it, since anyone
         subscribed to it would keep a dead leader looking alive."""
         return f"_{self._stem}_LEASE.alive"
+
+
+def snapshot_bucket_of(jobs_bucket: str) -> str:
+    """The object store holding a snapshot of the job bucket (broker/snapshot.py)."""
+    return f"{jobs_bucket}_SNAPSHOT"
 
 
 DEFAULT_SUBJECTS = Subjects()

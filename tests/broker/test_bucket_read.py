@@ -5,7 +5,6 @@ honoured, a corrupt record skipped, a record of a newer format kept out."""
 from __future__ import annotations
 
 import asyncio
-import random
 import uuid
 from typing import Any
 
@@ -16,54 +15,10 @@ from nats.aio.msg import Msg
 
 from broker import bucketread
 from broker.bucketread import ReadStopped
-from broker.core.records import RECORD_FORMAT, JobRecord, record_encoder
-from broker.store import KV_OP, JobStore, RecordMirror
-from schemas.job import JobSpec, PodSet
+from broker.core.records import RECORD_FORMAT
+from broker.store import JobStore, RecordMirror
+from tests.broker.jobs import KEYS, filled, record
 from tests.broker.jobs import mirror_took as taken
-
-KEYS = 12_000  # more than 10,000: a key per job of a large bucket
-
-
-def record(job_id: str, state: str = "queued", order: int = 0) -> JobRecord:
-    spec = JobSpec(name="r", gang=[PodSet(name="w", gpu=8)])
-    return JobRecord(
-        job_id=job_id,
-        spec=spec,
-        queue=f"q{order % 7}",
-        order=order,
-        submitted_at=1.0,
-        state=state,  # type: ignore[arg-type]
-    )
-
-
-async def filled(nc: Client) -> tuple[JobStore, dict[str, str]]:
-    """A bucket of KEYS jobs, some updated, deleted, purged, corrupt or of a newer format;
-    returns the store and what each changed job became."""
-    rng = random.Random(34)
-    store = await JobStore.open(nc.jetstream(), f"read{uuid.uuid4().hex[:8]}")
-    records = [record(f"j{i}", order=i) for i in range(KEYS)]
-    for at in range(0, KEYS, 1000):
-        await store.put_many(records[at : at + 1000])
-    fate: dict[str, str] = {}
-    js = store.js
-    for i in rng.sample(range(KEYS), 400):
-        job_id, kind = f"j{i}", rng.choice(["updated", "deleted", "purged", "corrupt", "newer"])
-        fate[job_id] = kind
-        subject = store.prefix + job_id
-        if kind == "updated":
-            await store.put(record(job_id, state="running", order=i))
-        elif kind == "deleted":
-            await store.delete(job_id)
-        elif kind == "purged":
-            await js.publish(subject, b"", headers={KV_OP: "PURGE", "Nats-Rollup": "sub"})
-        elif kind == "corrupt":
-            await js.publish(subject, b"\x93\x01\x02")
-        else:
-            fields = msgspec.msgpack.decode(record_encoder.encode(record(job_id, order=i)))
-            fields.update(format=RECORD_FORMAT + 1, placement_v2={"zones": ["a"]})
-            await js.publish(subject, msgspec.msgpack.encode(fields))
-    await store.probe()  # a key that is not a job's, written last
-    return store, fate
 
 
 async def test_the_batched_read_takes_what_the_live_mirror_takes(

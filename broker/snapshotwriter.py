@@ -1,0 +1,221 @@
+"""Writing the job bucket's snapshot (broker/snapshot.py), and when the leader has one written.
+
+The writer reads the bucket through the same batched read a restart uses (`read_newest`),
+keeping each message as the stream holds it (no decode), and puts the result in the object
+store. The leader runs it as a process of its own (`python -m broker.snapshotwriter`, given
+a `SnapshotJob` on its standard input): reading 100,000 records costs about a CPU-second,
+which would otherwise stall the event loop that serves submissions and agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from typing import Annotated
+
+import msgspec
+import structlog
+from msgspec import Meta
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError
+from nats.js.object_store import ObjectStore
+
+from broker.bucketread import last_seq_of, leader_state, read_newest
+from broker.snapshot import FORMAT, OBJECT, RecordSnapshot, created_of, encoder
+from broker.store import KV_OP, JobStore, placement_of, reconcile_replication
+from schemas.config import Replication
+from schemas.natsopts import NatsOptions
+from schemas.subjects import snapshot_bucket_of
+
+log = structlog.get_logger("muster.snapshot")
+
+WRITE_LIMIT_S = 120.0  # the longest a writer may take, its read included
+
+
+class SnapshotJob(msgspec.Struct, forbid_unknown_fields=True):
+    """What the writer process is given on its standard input."""
+
+    nats: NatsOptions
+    bucket: str  # the job bucket
+    replication: Replication = msgspec.field(default_factory=Replication)
+    max_bytes: Annotated[int, Meta(ge=0)] = 0  # of the snapshot's object store; 0: unbounded
+
+
+class SnapshotWritten(msgspec.Struct):
+    last_seq: int
+    keys: int
+    bytes: int
+
+
+async def write_snapshot(
+    store: JobStore, *, replication: Replication | None = None, max_bytes: int = 0
+) -> SnapshotWritten | None:
+    """Read every key's newest message from the bucket and put them in the snapshot object;
+    None when the bucket holds nothing."""
+    js = store.js
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WRITE_LIMIT_S
+    info = await leader_state(js, store.stream, WRITE_LIMIT_S)
+    target = last_seq_of(info)
+    if not target:
+        return None
+    entries: dict[str, tuple[int, bool, bytes]] = {}
+    done: asyncio.Future[None] = loop.create_future()
+    applied = 0
+
+    def take(msg: Msg, seq: int) -> None:
+        # Stream order: what was taken up to the sequence that resolves `done` is the image
+        # as of it; what follows in the same delivery is left to the next snapshot.
+        nonlocal applied
+        if done.done() or seq <= applied:
+            return
+        applied = seq
+        entries[msg.subject] = (seq, bool(msg.headers and msg.headers.get(KV_OP)), msg.data)
+        if seq >= target:
+            done.set_result(None)
+
+    await read_newest(
+        js,
+        store.stream,
+        store.prefix + ">",
+        take,
+        done,
+        max(1.0, deadline - loop.time()),
+        applied=lambda: applied,
+    )
+    ordered = sorted(entries.items(), key=lambda item: item[1][0])
+    values = [b"" if marker else data for _, (_, marker, data) in ordered]
+    snapshot = RecordSnapshot(
+        format=FORMAT,
+        stream_created=created_of(info),
+        last_seq=applied,
+        subjects=[subject for subject, _ in ordered],
+        seqs=[seq for _, (seq, _, _) in ordered],
+        markers=[marker for _, (_, marker, _) in ordered],
+        sizes=[len(v) for v in values],
+        data=b"".join(values),
+    )
+    blob = encoder.encode(snapshot)
+    objects = await _open_objects(js, snapshot_bucket_of(store.bucket), replication, max_bytes)
+    await objects.put(OBJECT, blob)
+    return SnapshotWritten(last_seq=applied, keys=len(ordered), bytes=len(blob))
+
+
+async def _open_objects(
+    js: JetStreamContext, bucket: str, replication: Replication | None, max_bytes: int
+) -> ObjectStore:
+    """The snapshot's object store, made (or brought to the replication asked) first."""
+    replication = replication or Replication()
+    try:
+        objects = await js.object_store(bucket)
+    except BucketNotFoundError:
+        return await js.create_object_store(
+            bucket,
+            config=api.ObjectStoreConfig(
+                description="Muster: a snapshot of the job records",
+                storage=api.StorageType.FILE,
+                replicas=replication.replicas,
+                placement=placement_of(replication),
+                max_bytes=max_bytes or -1,
+            ),
+        )
+    await reconcile_replication(js, f"OBJ_{bucket}", replication)
+    return objects
+
+
+async def _write_from_stdin() -> int:
+    job = msgspec.json.decode(sys.stdin.buffer.read(), type=SnapshotJob)
+    import nats
+
+    nc = await nats.connect(**{**job.nats.connect_kwargs(), "max_reconnect_attempts": 2})
+    try:
+        store = JobStore(nc.jetstream(timeout=10), job.bucket, nc)
+        written = await write_snapshot(store, replication=job.replication, max_bytes=job.max_bytes)
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.close()
+    sys.stdout.buffer.write(msgspec.json.encode(written) + b"\n")
+    return 0
+
+
+class Snapshots:
+    """When the leader has a snapshot written, and the writer process that writes it.
+
+    One is due once `after_writes` records were acknowledged since the last snapshot (the
+    stream's sequences count writes) and `gap_s` has passed since the last try. One writer
+    runs at a time; it is killed when it outlives WRITE_LIMIT_S or the leadership."""
+
+    def __init__(self, job: SnapshotJob, *, after_writes: int, gap_s: float, now: float) -> None:
+        self.job = job
+        self.after_writes = after_writes
+        self.gap_s = gap_s
+        self.last_seq = 0  # of the newest snapshot this leader had written
+        self._tried_at = now
+        self.written = 0
+        self.failed = 0
+
+    def due(self, acked_seq: int, now: float) -> bool:
+        return (
+            self.after_writes > 0
+            and acked_seq - self.last_seq >= self.after_writes
+            and now - self._tried_at >= self.gap_s
+        )
+
+    async def write(self, now: float) -> SnapshotWritten | None:
+        """Run one writer process: what it wrote, or None when it failed (logged)."""
+        self._tried_at = now
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "broker.snapshotwriter",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            async with asyncio.timeout(WRITE_LIMIT_S):
+                out, err = await proc.communicate(msgspec.json.encode(self.job))
+        except TimeoutError:
+            await _kill(proc)
+            self.failed += 1
+            log.warning("store.snapshot_failed", why=f"no result in {WRITE_LIMIT_S:.0f} s")
+            return None
+        except BaseException:  # the leadership ended: its writer with it
+            await _kill(proc)
+            raise
+        if proc.returncode != 0:
+            self.failed += 1
+            log.warning(
+                "store.snapshot_failed",
+                returncode=proc.returncode,
+                error=err.decode(errors="replace")[-2000:],
+            )
+            return None
+        written = msgspec.json.decode(out.splitlines()[-1], type=SnapshotWritten | None)
+        if written is not None:
+            self.last_seq = max(self.last_seq, written.last_seq)
+            self.written += 1
+            log.info(
+                "store.snapshot_written",
+                last_seq=written.last_seq,
+                keys=written.keys,
+                bytes=written.bytes,
+                took_s=round(time.monotonic() - started, 3),
+            )
+        return written
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    with contextlib.suppress(Exception):
+        await proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(_write_from_stdin()))

@@ -1,0 +1,285 @@
+"""A restart's read begun from the job bucket's snapshot (broker/snapshot.py) restores exactly
+what a read of every record restores, and one the stream contradicts is never used: a key
+purged without a marker, a stream made again, a snapshot that cannot be read."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from nats.aio.client import Client
+from nats.js import api
+from nats.js.errors import BucketNotFoundError
+from structlog.testing import capture_logs
+
+from broker.service import Broker
+from broker.snapshot import OBJECT, RecordSnapshot
+from broker.snapshotwriter import SnapshotJob, Snapshots, write_snapshot
+from broker.store import KV_OP, JobStore, RecordMirror
+from schemas.natsopts import NatsOptions
+from schemas.subjects import snapshot_bucket_of
+from tests.broker.conftest import Harness
+from tests.broker.jobs import CHANGES, change, filled, job, record
+from tests.broker.jobs import mirror_took as taken
+from tests.support import wait_for
+
+
+async def read_all(store: JobStore) -> tuple[dict[str, Any], RecordMirror]:
+    """What a restart's read takes (and the mirror that took it)."""
+    mirror = RecordMirror(store)
+    got = taken(mirror, await mirror.caught_up(60))
+    await mirror.stop()
+    return got, mirror
+
+
+async def followed(store: JobStore) -> dict[str, Any]:
+    """What a standby's mirror, following the bucket from its start, holds: no snapshot."""
+    live = RecordMirror(store)
+    await live.start()
+    got = taken(live, await live.caught_up(60))
+    await live.stop()
+    return got
+
+
+async def change_some(store: JobStore, rng: random.Random, keys: int, n: int) -> None:
+    """Write after the snapshot: updates, deletes, purges with a marker, corrupt records,
+    records of a newer format and new jobs."""
+    for i in rng.sample(range(keys), n):
+        kind = rng.choice([*CHANGES, "new"])
+        if kind == "new":
+            await store.put(record(f"new{i}", order=keys + i))
+        else:
+            await change(store, f"j{i}", i, kind)
+
+
+async def test_a_read_from_the_snapshot_restores_what_a_whole_read_restores(nc: Client) -> None:
+    store, _ = await filled(nc)
+    written = await write_snapshot(store)
+    assert written is not None
+    info = await store.js.stream_info(store.stream)
+    assert written.last_seq == info.state.last_seq and written.keys == info.state.messages
+    await change_some(store, random.Random(5), 12_000, 300)
+
+    got, mirror = await read_all(store)
+
+    assert mirror.from_snapshot and mirror.snapshot_seq == written.last_seq
+    assert got == await followed(store)
+    assert got["applied"] == (await store.js.stream_info(store.stream)).state.last_seq
+
+
+async def test_a_snapshot_of_the_newest_sequence_is_read_alone(nc: Client) -> None:
+    store, _ = await filled(nc)
+    await write_snapshot(store)
+    _, mirror = await read_all(store)
+    assert mirror.from_snapshot
+    assert await followed(store) == (await read_all(store))[0]
+
+
+async def test_a_key_purged_without_a_marker_after_the_snapshot_is_not_restored(
+    nc: Client,
+) -> None:
+    """`muster store-compact` purges ended jobs' keys outright: the snapshot still holds
+    them, and no later message says they are gone. The keys no longer add up, so the
+    snapshot is not used and every record is read."""
+    store, _ = await filled(nc)
+    await write_snapshot(store)
+    await store.put(record("late", order=99_999))
+    await store.js.purge_stream(store.stream, subject=store.prefix + "j17")
+
+    with capture_logs() as logs:
+        got, mirror = await read_all(store)
+
+    assert not mirror.from_snapshot
+    assert "j17" not in got["records"] and "late" in got["records"]
+    assert got == await followed(store)
+    unused = [e for e in logs if e["event"] == "store.snapshot_unused"]
+    assert unused and "keys" in unused[0]["why"]
+
+
+async def test_a_snapshot_of_a_stream_made_again_is_not_used(nc: Client) -> None:
+    store, _ = await filled(nc)
+    await write_snapshot(store)
+    await store.js.delete_stream(store.stream)
+    store = await JobStore.open(store.js, store.bucket)
+    for i in range(20):  # fewer writes than the snapshot held: its sequences are ahead
+        await store.put(record(f"k{i}", order=i))
+
+    with capture_logs() as logs:
+        got, mirror = await read_all(store)
+
+    assert not mirror.from_snapshot
+    assert set(got["records"]) == {f"k{i}" for i in range(20)}
+    assert any(e["event"] == "store.snapshot_unused" and "made again" in e["why"] for e in logs)
+
+
+@pytest.mark.parametrize("damage", ["not a snapshot", "columns", "format"])
+async def test_a_snapshot_that_cannot_be_read_is_not_used(nc: Client, damage: str) -> None:
+    store, _ = await filled(nc)
+    written = await write_snapshot(store)
+    assert written is not None
+    objects = await store.js.object_store(snapshot_bucket_of(store.bucket))
+    good = msgspec.msgpack.decode((await objects.get(OBJECT)).data, type=RecordSnapshot)
+    if damage == "not a snapshot":
+        blob = b"\x93\x01\x02"
+    else:
+        fields = msgspec.structs.asdict(good)
+        if damage == "columns":
+            fields["seqs"] = fields["seqs"][:-1]
+        else:
+            fields["format"] = 2
+        blob = msgspec.msgpack.encode(fields)
+    await objects.put(OBJECT, blob)
+
+    with capture_logs() as logs:
+        got, mirror = await read_all(store)
+
+    assert not mirror.from_snapshot
+    assert got == await followed(store)
+    assert [e["event"] for e in logs].count("store.snapshot_unused") == 1
+
+
+async def test_the_writer_process_writes_the_snapshot_a_restart_reads(
+    nc: Client, nats_url: str
+) -> None:
+    """The leader's writer is a process of its own, given the connection on its input."""
+    store = await JobStore.open(nc.jetstream(), f"snap{uuid.uuid4().hex[:8]}")
+    await store.put_many([record(f"j{i}", order=i) for i in range(300)])
+    snapshots = Snapshots(
+        SnapshotJob(nats=NatsOptions(url=nats_url), bucket=store.bucket),
+        after_writes=100,
+        gap_s=1.0,
+        now=0.0,
+    )
+    assert not snapshots.due(store.acked_seq, now=0.5)  # too soon
+    assert snapshots.due(store.acked_seq, now=1.0)
+
+    written = await snapshots.write(now=1.0)
+
+    assert written is not None and written.keys == 300
+    assert snapshots.last_seq == written.last_seq == store.acked_seq
+    assert not snapshots.due(store.acked_seq, now=10.0)  # nothing written since
+    await store.delete("j3")
+    got, mirror = await read_all(store)
+    assert mirror.from_snapshot and set(got["records"]) == {f"j{i}" for i in range(300)} - {"j3"}
+
+
+async def test_a_writer_that_cannot_reach_nats_fails_and_writes_nothing(nc: Client) -> None:
+    store = await JobStore.open(nc.jetstream(), f"snap{uuid.uuid4().hex[:8]}")
+    await store.put(record("j1"))
+    snapshots = Snapshots(
+        SnapshotJob(nats=NatsOptions(url="nats://127.0.0.1:1"), bucket=store.bucket),
+        after_writes=1,
+        gap_s=1.0,
+        now=0.0,
+    )
+    with capture_logs() as logs:
+        assert await snapshots.write(now=1.0) is None
+    assert snapshots.failed == 1 and snapshots.last_seq == 0
+    assert any(e["event"] == "store.snapshot_failed" for e in logs)
+    with pytest.raises(BucketNotFoundError):
+        await store.js.object_store(snapshot_bucket_of(store.bucket))
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "put", "put", "delete", "purge", "purge_no_marker", "snapshot"]),
+        st.integers(0, 8),  # few keys: each is written, deleted and purged again and again
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(ops=OPS)
+@example(ops=[("put", 0), ("put", 1), ("snapshot", 0), ("purge_no_marker", 0)])
+@example(ops=[("put", 0), ("snapshot", 0), ("delete", 0), ("put", 2), ("purge", 2)])
+def test_any_history_reads_the_same_from_its_snapshot(nats_url: str, ops: list[Any]) -> None:
+    """Whatever was written, deleted or purged before and after any number of snapshots, a
+    read from the newest snapshot takes what a standby following the bucket holds, or
+    refuses the snapshot; it refuses one only when a key was purged without a marker."""
+
+    async def check() -> None:
+        conn = await nats.connect(nats_url)
+        try:
+            store = await JobStore.open(conn.jetstream(), f"prop{uuid.uuid4().hex[:8]}")
+            purged_outright = False
+            for op, key in ops:
+                job_id = f"j{key}"
+                if op == "put":
+                    await store.put(record(job_id, order=key))
+                elif op == "delete":
+                    await store.delete(job_id)
+                elif op == "purge":
+                    await store.js.publish(
+                        store.prefix + job_id, b"", headers={KV_OP: "PURGE", "Nats-Rollup": "sub"}
+                    )
+                elif op == "purge_no_marker":
+                    # As `muster store-compact` does it: the purge, then a write, so that the
+                    # stream's last sequence is a message a read is handed.
+                    await store.js.purge_stream(store.stream, subject=store.prefix + job_id)
+                    await store.probe()
+                    purged_outright = True
+                elif await write_snapshot(store) is not None:
+                    purged_outright = False
+            got, mirror = await read_all(store)
+            assert got == await followed(store)
+            if mirror.from_snapshot:
+                info: api.StreamInfo = await store.js.stream_info(store.stream)
+                assert mirror.snapshot_seq <= info.state.last_seq
+            elif not purged_outright:
+                objects: Any = None
+                try:
+                    objects = await store.js.object_store(snapshot_bucket_of(store.bucket))
+                except Exception:
+                    pass
+                assert (
+                    objects is None
+                    or (await store.js.stream_info(store.stream)).state.messages == 0
+                )
+        finally:
+            await conn.close()
+
+    asyncio.run(check())
+
+
+async def test_a_leader_has_snapshots_written_and_its_successor_restores_from_one(
+    harness: Harness,
+) -> None:
+    """A leader given how to reach NATS has its writer write a snapshot once enough was
+    written; a broker restarted after a crash restores every job from it and what came
+    after it."""
+    h = harness
+    limits = msgspec.structs.replace(
+        h.config.limits, records_snapshot_after_writes=60, records_snapshot_gap_s=1.0
+    )
+    config = msgspec.structs.replace(h.config, limits=limits)
+    options = NatsOptions(url=h.url)
+    first = Broker(config, await nats.connect(h.url), holder="one", nats_options=options)
+    h.broker, h.task = first, asyncio.create_task(first.run())
+    await asyncio.wait_for(first.leading.wait(), 15)
+    ids = [(await h.submit(job(f"s{i}"))).job_id for i in range(80)]
+    await wait_for(lambda: first.stats["snapshots_written"] >= 1, 30, what="a snapshot")
+    # After the snapshot: read from the stream.
+    ids += [(await h.submit(job(f"s{i}"))).job_id for i in range(80, 90)]
+    await h.crash_broker()
+
+    second = Broker(config, await nats.connect(h.url), holder="one", nats_options=options)
+    h.broker, h.task = second, asyncio.create_task(second.run())
+    await asyncio.wait_for(second.leading.wait(), 15)
+
+    assert second.stats["restored_from_snapshot"] > 0
+    assert second.machine is not None
+    assert set(ids) <= set(second.machine.jobs)
