@@ -97,7 +97,7 @@ async def write_snapshot(
         seqs=[seq for _, (seq, _, _) in ordered],
         markers=[marker for _, (_, marker, _) in ordered],
         sizes=[len(v) for v in values],
-        data=b"".join(values),
+        data=memoryview(b"".join(values)),
     )
     blob = encoder.encode(snapshot)
     objects = await _open_objects(js, snapshot_bucket_of(store.bucket), replication, max_bytes)
@@ -145,9 +145,11 @@ async def _write_from_stdin() -> int:
 class Snapshots:
     """When the leader has a snapshot written, and the writer process that writes it.
 
-    One is due once `after_writes` records were acknowledged since the last snapshot (the
-    stream's sequences count writes) and `gap_s` has passed since the last try. One writer
-    runs at a time; it is killed when it outlives WRITE_LIMIT_S or the leadership."""
+    One is due, `gap_s` after the last try, once `after_writes` records were acknowledged
+    since the last snapshot (the stream's sequences count writes), or once any were and
+    none for `gap_s`: a burst's last writes are in a snapshot soon after it ends, so a
+    restart in the quiet that follows reads nothing after the snapshot. One writer runs at a
+    time; it is killed when it outlives WRITE_LIMIT_S or the leadership."""
 
     def __init__(self, job: SnapshotJob, *, after_writes: int, gap_s: float, now: float) -> None:
         self.job = job
@@ -155,15 +157,18 @@ class Snapshots:
         self.gap_s = gap_s
         self.last_seq = 0  # of the newest snapshot this leader had written
         self._tried_at = now
+        self._acked_seq, self._acked_at = 0, now  # the newest write seen, and when
         self.written = 0
         self.failed = 0
 
     def due(self, acked_seq: int, now: float) -> bool:
-        return (
-            self.after_writes > 0
-            and acked_seq - self.last_seq >= self.after_writes
-            and now - self._tried_at >= self.gap_s
-        )
+        """`acked_seq`: the stream sequence of the newest record write acknowledged."""
+        if acked_seq != self._acked_seq:
+            self._acked_seq, self._acked_at = acked_seq, now
+        behind = acked_seq - self.last_seq
+        if self.after_writes <= 0 or behind <= 0 or now - self._tried_at < self.gap_s:
+            return False
+        return behind >= self.after_writes or now - self._acked_at >= self.gap_s
 
     async def write(self, now: float) -> SnapshotWritten | None:
         """Run one writer process: what it wrote, or None when it failed (logged)."""

@@ -283,3 +283,20 @@ async def test_a_leader_has_snapshots_written_and_its_successor_restores_from_on
     assert second.stats["restored_from_snapshot"] > 0
     assert second.machine is not None
     assert set(ids) <= set(second.machine.jobs)
+
+
+def test_a_snapshot_is_due_after_enough_writes_or_once_writes_went_quiet() -> None:
+    job = SnapshotJob(nats=NatsOptions(), bucket="B")
+    burst = Snapshots(job, after_writes=100, gap_s=10.0, now=0.0)
+    assert not burst.due(150, now=9.9)  # the gap since the last try is not over
+    assert burst.due(150, now=10.0)
+
+    tail = Snapshots(job, after_writes=100, gap_s=10.0, now=0.0)
+    assert not tail.due(60, now=12.0)  # 60 behind, written just now
+    assert not tail.due(60, now=21.9)
+    assert tail.due(60, now=22.0)  # and nothing written for a gap since
+    tail.last_seq = 60
+    assert not tail.due(60, now=100.0)  # nothing behind the snapshot
+
+    off = Snapshots(job, after_writes=0, gap_s=10.0, now=0.0)
+    assert not off.due(10**6, now=1e6)
