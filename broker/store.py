@@ -48,6 +48,7 @@ ACK_TIMEOUT_S = 10.0  # a put not acknowledged by then is an error: the caller r
 _NO_RESPONDERS = "503"
 _SEQ = b'"seq":'
 REPERSIST_CHUNK = 1000
+SNAPSHOT_TURN = 5000  # records taken from a snapshot between two turns of the event loop
 REBUILD_AFTER = 5  # write-backs in a row a listed stream leaves unanswered before it is rebuilt
 
 
@@ -624,11 +625,13 @@ class RecordMirror:
                 log.warning("store.snapshot_unused", why=got)
             return None
         put, data, at = self.putter(), memoryview(got.data), 0
-        for subject, marker, size, seq in zip(
-            got.subjects, got.markers, got.sizes, got.seqs, strict=True
+        for n, (subject, marker, size, seq) in enumerate(
+            zip(got.subjects, got.markers, got.sizes, got.seqs, strict=True)
         ):
             put(subject, marker, data[at : at + size], seq)
             at += size
+            if n % SNAPSHOT_TURN == SNAPSHOT_TURN - 1:
+                await asyncio.sleep(0)  # the lease's renewals run meanwhile
         self.applied = got.last_seq
         self.snapshot_seq = got.last_seq
         return dict(zip(got.subjects, got.seqs, strict=True))
