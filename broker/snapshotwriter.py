@@ -25,7 +25,7 @@ from nats.js.errors import BucketNotFoundError
 from nats.js.object_store import ObjectStore
 
 from broker.bucketread import last_seq_of, leader_state, read_newest
-from broker.snapshot import FORMAT, OBJECT, RecordSnapshot, created_of, encoder
+from broker.snapshot import FORMAT, OBJECT, RecordSnapshot, created_of, encoder, packed
 from broker.store import KV_OP, JobStore, placement_of, reconcile_replication
 from schemas.config import Replication
 from schemas.natsopts import NatsOptions
@@ -94,9 +94,9 @@ async def write_snapshot(
         stream_created=created_of(info),
         last_seq=applied,
         subjects=[subject for subject, _ in ordered],
-        seqs=[seq for _, (seq, _, _) in ordered],
         markers=[marker for _, (_, marker, _) in ordered],
-        sizes=[len(v) for v in values],
+        packed_seqs=packed([seq for _, (seq, _, _) in ordered], "Q"),
+        packed_sizes=packed([len(v) for v in values], "I"),
         data=memoryview(b"".join(values)),
     )
     blob = encoder.encode(snapshot)

@@ -52,13 +52,17 @@ SNAPSHOT_TURN = 5000  # records taken from a snapshot between two turns of the e
 REBUILD_AFTER = 5  # write-backs in a row a listed stream leaves unanswered before it is rebuilt
 
 
-def _contradicted(keys: dict[str, int], target: int, messages: int) -> str:
+def _contradicted(
+    snapshot: frozenset[str], after: dict[str, int], target: int, messages: int
+) -> str:
     """Why a read begun from a snapshot does not match the stream it read, or "". History 1
     keeps one message per key, so the stream holds as many messages as it has keys; a read
     that holds more kept a key purged without a marker after the snapshot (`muster
-    store-compact`). The count is of keys whose newest sequence is the target's or older, as
-    the stream's info was when the target was read."""
-    held = sum(1 for seq in keys.values() if seq <= target)
+    store-compact`). Counted are the keys whose newest sequence is the target's or older, as
+    the stream's info was when the target was read: every key of the snapshot that nothing
+    after it replaced, and those written after it (`after`, each key's newest sequence)."""
+    replaced = sum(1 for key in after if key in snapshot)
+    held = len(snapshot) - replaced + sum(1 for seq in after.values() if seq <= target)
     if held != messages:
         return f"it and the messages after it hold {held} keys, the stream {messages}"
     return ""
@@ -592,10 +596,11 @@ class RecordMirror:
         self._target = last_seq_of(info)
         self.from_snapshot = False
         if once and self._target:
-            keys = await self._from_snapshot(info, deadline)
-            if keys is not None:
-                await self._read_to_target(deadline, keys)
-                why = _contradicted(keys, self._target, info.state.messages)
+            snapshot = await self._from_snapshot(info, deadline)
+            if snapshot is not None:
+                after: dict[str, int] = {}
+                await self._read_to_target(deadline, after)
+                why = _contradicted(snapshot, after, self._target, info.state.messages)
                 if not why:
                     self.from_snapshot = True
                 else:
@@ -614,9 +619,9 @@ class RecordMirror:
             )
         return list(self._records.values())
 
-    async def _from_snapshot(self, info: api.StreamInfo, deadline: float) -> dict[str, int] | None:
-        """Take the bucket's snapshot, if there is one that can stand for this stream: every
-        key it holds, with its sequence (None, having taken nothing, when there is none)."""
+    async def _from_snapshot(self, info: api.StreamInfo, deadline: float) -> frozenset[str] | None:
+        """Take the bucket's snapshot, if there is one that can stand for this stream: the
+        keys it holds (None, having taken nothing, when there is none)."""
         loop = asyncio.get_running_loop()
         bucket = snapshot_bucket_of(self.store.bucket)
         got = await read_snapshot(self.store.js, bucket, info, deadline - loop.time())
@@ -624,9 +629,9 @@ class RecordMirror:
             if got != NONE_WRITTEN:
                 log.warning("store.snapshot_unused", why=got)
             return None
-        put, data, at = self.putter(), memoryview(got.data), 0
+        put, data, at = self.putter(), got.data, 0
         for n, (subject, marker, size, seq) in enumerate(
-            zip(got.subjects, got.markers, got.sizes, got.seqs, strict=True)
+            zip(got.subjects, got.markers, got.sizes(), got.seqs(), strict=True)
         ):
             put(subject, marker, data[at : at + size], seq)
             at += size
@@ -634,7 +639,7 @@ class RecordMirror:
                 await asyncio.sleep(0)  # the lease's renewals run meanwhile
         self.applied = got.last_seq
         self.snapshot_seq = got.last_seq
-        return dict(zip(got.subjects, got.seqs, strict=True))
+        return frozenset(got.subjects)
 
     async def _read_to_target(
         self, deadline: float, keys: dict[str, int] | None, *, follow: bool = False
