@@ -136,12 +136,6 @@ def last_seq_of(info: api.StreamInfo) -> int:
     return info.state.last_seq if info.state.messages else 0
 
 
-async def last_sequence(js: JetStreamContext, stream: str, expires_s: float) -> int:
-    """The stream's last sequence (0 while it holds no message), from its leader
-    (`leader_state`)."""
-    return last_seq_of(await leader_state(js, stream, expires_s))
-
-
 async def _leader_info(
     js: JetStreamContext, stream: str, deadline: float, pause: float
 ) -> api.StreamInfo | None:

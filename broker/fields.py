@@ -113,9 +113,6 @@ class BrokerFields:
             "store_records_lost": 0,
             "store_records_repersisted": 0,
             "records_put": 0,  # record writes acknowledged by the store (deferred ones merged)
-            "snapshots_written": 0,  # of the job bucket, by this leader's writer processes
-            "snapshots_failed": 0,
-            "snapshot_seq": 0,  # the last sequence of the newest snapshot this leader knows
             "restored_from_snapshot": 0,  # the last sequence of the snapshot restored from
         }
         # Messages refused by a handler's boundary (bad input or a failure processing it),
@@ -158,7 +155,8 @@ class BrokerFields:
         self.restore_s = 0.0
         self.restored_jobs = 0
         self.nats_options = nats_options
-        self.snapshots: Snapshots | None = None  # while leading with nats_options
+        # When the job bucket's snapshot is written; while leading with nats_options.
+        self.snapshots: Snapshots | None = None
 
     # -- views and nudges for callers beside the duties (tests, the dashboard) -------------
     @property

@@ -342,7 +342,8 @@ class BrokerProcess(BrokerFields):
             asyncio.create_task(self._agent_worker()),
         ]
         if self.nats_options is not None:
-            self._tasks.append(asyncio.create_task(self._snapshot_records(mirror.snapshot_seq)))
+            restored_from = self.stats["restored_from_snapshot"]
+            self._tasks.append(asyncio.create_task(self._snapshot_records(restored_from)))
         self.leading.set()
         stop = asyncio.create_task(self.stopped.wait())
         waiters = {hold, stop, *self._tasks}
@@ -404,18 +405,16 @@ class BrokerProcess(BrokerFields):
             after_writes=limits.records_snapshot_after_writes,
             gap_s=limits.records_snapshot_gap_s,
             now=time.monotonic(),
+            last_seq=restored_from,
         )
-        snapshots.last_seq = self.stats["snapshot_seq"] = restored_from
         while True:
             await asyncio.sleep(SNAPSHOT_CHECK_S)
             if snapshots.due(self.store.acked_seq, time.monotonic()):
                 await snapshots.write(time.monotonic())
-                self.stats["snapshots_written"] = snapshots.written
-                self.stats["snapshots_failed"] = snapshots.failed
-                self.stats["snapshot_seq"] = snapshots.last_seq
 
     async def _step_down(self) -> None:
         self.leading.clear()
+        self.snapshots = None
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

@@ -149,6 +149,10 @@ class Broker(BrokerProcess, EffectExecutor, SubmissionIntake, AgentLink):
             "lease_taken_from_dead": self.lease.taken_from_dead,
             "lease_suspended": not self.lease.proven.is_set(),
             "epoch": self.lease.epoch,
+            # of the job bucket, by this leadership's writer processes (broker/snapshotwriter.py)
+            "snapshots_written": self.snapshots.written if self.snapshots else 0,
+            "snapshots_failed": self.snapshots.failed if self.snapshots else 0,
+            "snapshot_seq": self.snapshots.last_seq if self.snapshots else 0,
             "restore_s": round(self.restore_s, 4),
             "restored_jobs": self.restored_jobs,
             "jobs": len(machine.jobs) if machine else 0,

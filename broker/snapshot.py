@@ -98,7 +98,6 @@ def _column(raw: memoryview, code: Literal["Q", "I"]) -> Sequence[int]:
     return column
 
 
-encoder = msgspec.msgpack.Encoder()  # the writer's (broker/snapshotwriter.py)
 _decoder = msgspec.msgpack.Decoder(RecordSnapshot)
 
 
@@ -136,9 +135,9 @@ async def read_snapshot(
 
 async def _object_bytes(js: JetStreamContext, objects: ObjectStore, bucket: str) -> mmap.mmap:
     """The snapshot object's bytes, its digest checked. nats-py's `ObjectStore.get` reads
-    the chunks through an ordered push consumer whose flow control waits on each window:
-    0.85 s for 24 MB on 127.0.0.1. One pull request for every chunk takes them as fast as
-    the server sends."""
+    the chunks through an ordered push consumer whose flow control waits on each window, and
+    joins them by `bytes +=` (quadratic); pull requests of a few chunks each take them as
+    fast as the server sends."""
     info = await objects.get_info(OBJECT)
     if not info.nuid or not info.digest:
         raise ValueError("the snapshot object's description names no chunks")
@@ -155,11 +154,11 @@ async def _object_bytes(js: JetStreamContext, objects: ObjectStore, bucket: str)
     )
     total, size = info.chunks or 0, info.size or 0
     # A mapping of its own, not malloc's: a 22 MB block freed raises glibc's mmap threshold
-    # to its size, and the restore's later large blocks then stayed in the heap, 10 MiB more.
+    # to its size, and the restore's later large blocks then stayed in the heap.
     blob, at, digest = mmap.mmap(-1, max(size, 1)), 0, hashlib.sha256()
     try:
         # Taken a few chunks at a time into one buffer: every chunk of 22 MB held at once,
-        # then joined, then copied by the decode, left a restarted broker 29 MiB larger.
+        # then joined, then copied by the decode, left a restarted broker larger.
         taken = 0
         while taken < total:
             for msg in await sub.fetch(min(CHUNKS_A_FETCH, total - taken), timeout=GET_LIMIT_S):

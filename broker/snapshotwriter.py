@@ -25,7 +25,7 @@ from nats.js.errors import BucketNotFoundError
 from nats.js.object_store import ObjectStore
 
 from broker.bucketread import last_seq_of, leader_state, read_newest
-from broker.snapshot import FORMAT, OBJECT, RecordSnapshot, created_of, encoder, packed
+from broker.snapshot import FORMAT, OBJECT, RecordSnapshot, created_of, packed
 from broker.store import KV_OP, JobStore, placement_of, reconcile_replication
 from schemas.config import Replication
 from schemas.natsopts import NatsOptions
@@ -34,6 +34,7 @@ from schemas.subjects import snapshot_bucket_of
 log = structlog.get_logger("muster.snapshot")
 
 WRITE_LIMIT_S = 120.0  # the longest a writer may take, its read included
+_encoder = msgspec.msgpack.Encoder()
 
 
 class SnapshotJob(msgspec.Struct, forbid_unknown_fields=True):
@@ -99,7 +100,7 @@ async def write_snapshot(
         packed_sizes=packed([len(v) for v in values], "I"),
         data=memoryview(b"".join(values)),
     )
-    blob = encoder.encode(snapshot)
+    blob = _encoder.encode(snapshot)
     objects = await _open_objects(js, snapshot_bucket_of(store.bucket), replication, max_bytes)
     await objects.put(OBJECT, blob)
     return SnapshotWritten(last_seq=applied, keys=len(ordered), bytes=len(blob))
@@ -151,11 +152,13 @@ class Snapshots:
     restart in the quiet that follows reads nothing after the snapshot. One writer runs at a
     time; it is killed when it outlives WRITE_LIMIT_S or the leadership."""
 
-    def __init__(self, job: SnapshotJob, *, after_writes: int, gap_s: float, now: float) -> None:
+    def __init__(
+        self, job: SnapshotJob, *, after_writes: int, gap_s: float, now: float, last_seq: int = 0
+    ) -> None:
         self.job = job
         self.after_writes = after_writes
         self.gap_s = gap_s
-        self.last_seq = 0  # of the newest snapshot this leader had written
+        self.last_seq = last_seq  # of the newest snapshot known (written, or restored from)
         self._tried_at = now
         self._acked_seq, self._acked_at = 0, now  # the newest write seen, and when
         self.written = 0
@@ -171,37 +174,39 @@ class Snapshots:
         return behind >= self.after_writes or now - self._acked_at >= self.gap_s
 
     async def write(self, now: float) -> SnapshotWritten | None:
-        """Run one writer process: what it wrote, or None when it failed (logged)."""
+        """Run one writer process: what it wrote, or None when it failed (logged). Never
+        raises but for the leadership's end: a snapshot not written costs a slower restart,
+        never the leadership."""
         self._tried_at = now
         started = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "broker.snapshotwriter",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "broker.snapshotwriter",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:  # no process to be had (limits, memory)
+            return self._failed(f"the writer process did not start: {exc}")
         try:
             async with asyncio.timeout(WRITE_LIMIT_S):
                 out, err = await proc.communicate(msgspec.json.encode(self.job))
         except TimeoutError:
             await _kill(proc)
-            self.failed += 1
-            log.warning("store.snapshot_failed", why=f"no result in {WRITE_LIMIT_S:.0f} s")
-            return None
+            return self._failed(f"no result in {WRITE_LIMIT_S:.0f} s")
         except BaseException:  # the leadership ended: its writer with it
             await _kill(proc)
             raise
-        if proc.returncode != 0:
-            self.failed += 1
-            log.warning(
-                "store.snapshot_failed",
-                returncode=proc.returncode,
-                error=err.decode(errors="replace")[-2000:],
+        try:
+            if proc.returncode != 0:
+                raise ValueError(f"exit {proc.returncode}")
+            written = msgspec.json.decode(out.splitlines()[-1], type=SnapshotWritten | None)
+        except (ValueError, IndexError):  # msgspec's errors are ValueErrors
+            return self._failed(
+                f"the writer said: {err.decode(errors='replace')[-2000:] or out[-200:]!r}"
             )
-            return None
-        written = msgspec.json.decode(out.splitlines()[-1], type=SnapshotWritten | None)
         if written is not None:
             self.last_seq = max(self.last_seq, written.last_seq)
             self.written += 1
@@ -213,6 +218,12 @@ class Snapshots:
                 took_s=round(time.monotonic() - started, 3),
             )
         return written
+
+    def _failed(self, why: str) -> SnapshotWritten | None:
+        """None, counted and logged: what a write that failed gives."""
+        self.failed += 1
+        log.warning("store.snapshot_failed", why=why)
+        return None
 
 
 async def _kill(proc: asyncio.subprocess.Process) -> None:

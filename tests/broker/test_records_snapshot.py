@@ -5,8 +5,11 @@ purged without a marker, a stream made again, a snapshot that cannot be read."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -15,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client
-from nats.js import api
 from nats.js.errors import BucketNotFoundError
 from structlog.testing import capture_logs
 
+from broker import snapshot, snapshotwriter
 from broker.service import Broker
 from broker.snapshot import OBJECT, RecordSnapshot
 from broker.snapshotwriter import SnapshotJob, Snapshots, write_snapshot
@@ -187,6 +190,91 @@ async def test_a_writer_that_cannot_reach_nats_fails_and_writes_nothing(nc: Clie
         await store.js.object_store(snapshot_bucket_of(store.bucket))
 
 
+def writers() -> list[int]:
+    """The snapshot writer processes this test process runs."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"snapshotwriter" in cmdline:
+            found.append(int(pid))
+    return found
+
+
+async def silent_nats() -> asyncio.Server:
+    """A server on 127.0.0.1 that takes connections and never says a word."""
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the writer's side goes away
+        writer.close()
+
+    return await asyncio.start_server(hold, "127.0.0.1", 0)
+
+
+def silent_job(server: asyncio.Server) -> SnapshotJob:
+    port = server.sockets[0].getsockname()[1]
+    return SnapshotJob(nats=NatsOptions(url=f"nats://127.0.0.1:{port}"), bucket="B")
+
+
+async def test_a_writer_that_hangs_is_killed_at_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshotwriter, "WRITE_LIMIT_S", 1.0)
+    server = await silent_nats()
+    snapshots = Snapshots(silent_job(server), after_writes=1, gap_s=1.0, now=0.0)
+    with capture_logs() as logs:
+        assert await snapshots.write(now=1.0) is None
+    server.close()
+    assert snapshots.failed == 1 and not writers()
+    assert any("no result" in e.get("why", "") for e in logs)
+
+
+async def test_a_writer_ends_with_the_leadership_that_started_it() -> None:
+    server = await silent_nats()
+    snapshots = Snapshots(silent_job(server), after_writes=1, gap_s=1.0, now=0.0)
+    writing = asyncio.create_task(snapshots.write(now=1.0))
+    await wait_for(lambda: bool(writers()), 10, what="the writer process")
+    writing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writing
+    server.close()
+    assert not writers()
+
+
+async def test_a_writer_that_cannot_start_costs_nothing_but_the_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No process to be had: the leader's snapshot loop goes on, only the snapshot is not
+    written."""
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    snapshots = Snapshots(
+        SnapshotJob(nats=NatsOptions(), bucket="B"), after_writes=1, gap_s=1.0, now=0.0
+    )
+    with capture_logs() as logs:
+        assert await snapshots.write(now=1.0) is None
+    assert snapshots.failed == 1
+    assert any("did not start" in e.get("why", "") for e in logs)
+
+
+async def test_a_snapshot_missing_chunks_is_not_used(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(snapshot, "GET_LIMIT_S", 1.0)
+    store, _ = await filled(nc)
+    await write_snapshot(store)
+    bucket = snapshot_bucket_of(store.bucket)
+    info = await (await store.js.object_store(bucket)).get_info(OBJECT)
+    await store.js.purge_stream(f"OBJ_{bucket}", subject=f"$O.{bucket}.C.{info.nuid}")
+
+    with capture_logs() as logs:
+        got, mirror = await read_all(store)
+
+    assert not mirror.from_snapshot
+    assert got == await followed(store)
+    assert any("did not all arrive" in e.get("why", "") for e in logs)
+
+
 OPS = st.lists(
     st.tuples(
         st.sampled_from(["put", "put", "put", "delete", "purge", "purge_no_marker", "snapshot"]),
@@ -215,7 +303,7 @@ def test_any_history_reads_the_same_from_its_snapshot(nats_url: str, ops: list[A
         conn = await nats.connect(nats_url)
         try:
             store = await JobStore.open(conn.jetstream(), f"prop{uuid.uuid4().hex[:8]}")
-            purged_outright = False
+            purged_outright = written = False
             for op, key in ops:
                 job_id = f"j{key}"
                 if op == "put":
@@ -233,22 +321,14 @@ def test_any_history_reads_the_same_from_its_snapshot(nats_url: str, ops: list[A
                     await store.probe()
                     purged_outright = True
                 elif await write_snapshot(store) is not None:
-                    purged_outright = False
+                    purged_outright, written = False, True
             got, mirror = await read_all(store)
             assert got == await followed(store)
+            info = await store.js.stream_info(store.stream)
             if mirror.from_snapshot:
-                info: api.StreamInfo = await store.js.stream_info(store.stream)
                 assert mirror.snapshot_seq <= info.state.last_seq
-            elif not purged_outright:
-                objects: Any = None
-                try:
-                    objects = await store.js.object_store(snapshot_bucket_of(store.bucket))
-                except Exception:
-                    pass
-                assert (
-                    objects is None
-                    or (await store.js.stream_info(store.stream)).state.messages == 0
-                )
+            else:  # refused only for a key purged outright since, or nothing to read
+                assert purged_outright or not written or info.state.messages == 0
         finally:
             await conn.close()
 
@@ -271,7 +351,7 @@ async def test_a_leader_has_snapshots_written_and_its_successor_restores_from_on
     h.broker, h.task = first, asyncio.create_task(first.run())
     await asyncio.wait_for(first.leading.wait(), 15)
     ids = [(await h.submit(job(f"s{i}"))).job_id for i in range(80)]
-    await wait_for(lambda: first.stats["snapshots_written"] >= 1, 30, what="a snapshot")
+    await wait_for(lambda: first.snapshot_stats()["snapshots_written"] >= 1, 30, what="a snapshot")
     # After the snapshot: read from the stream.
     ids += [(await h.submit(job(f"s{i}"))).job_id for i in range(80, 90)]
     await h.crash_broker()

@@ -189,7 +189,7 @@ async def test_a_read_of_a_stream_that_keeps_no_leader_stops_at_its_deadline(
         assert not done.done()  # nothing claimed the read complete
         # A restart's first question, the stream's last sequence, gives up alike.
         with pytest.raises(bucketread.ReadStopped, match=f"{store.stream} did not answer"):
-            await bucketread.last_sequence(nc.jetstream(), store.stream, 3.0)
+            await bucketread.leader_state(nc.jetstream(), store.stream, 3.0)
 
         # Once the group has been leaderless for nats-server's lostQuorumInterval (10 s), the
         # follower answers STREAM.INFO itself, naming no leader: its own state, not the
@@ -203,7 +203,7 @@ async def test_a_read_of_a_stream_that_keeps_no_leader_stops_at_its_deadline(
 
         await wait_for(answers_leaderless, 30, what="the follower answering with no leader")
         with pytest.raises(bucketread.ReadStopped, match=f"{store.stream} did not answer"):
-            await bucketread.last_sequence(nc.jetstream(), store.stream, 3.0)
+            await bucketread.leader_state(nc.jetstream(), store.stream, 3.0)
     finally:
         await nc.close()
 
