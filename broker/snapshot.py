@@ -33,10 +33,10 @@ import msgspec
 from msgspec import Meta
 from nats.js import api
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
-from broker.bucketread import last_seq_of
+from broker.bucketread import ReadStopped, last_seq_of, leader_state
 
 FORMAT = 1
 OBJECT = "records"
@@ -109,19 +109,27 @@ async def read_snapshot(
     js: JetStreamContext, bucket: str, info: api.StreamInfo, limit_s: float
 ) -> RecordSnapshot | str:
     """The snapshot in object store `bucket`, if it can stand for the stream `info`
-    describes; else why not."""
+    describes; else why not. A store that does not answer yet (a cluster still electing its
+    meta leader, which alone answers for a stream that does not exist) is asked again until
+    `limit_s` (at most GET_LIMIT_S) has passed."""
+    limit = min(limit_s, GET_LIMIT_S)
+    deadline = asyncio.get_running_loop().time() + limit
+    stream = f"OBJ_{bucket}"
     try:
-        objects = await js.object_store(bucket)
-    except BucketNotFoundError:
+        await leader_state(js, stream, limit)
+    except NotFoundError:
         return NONE_WRITTEN
+    except ReadStopped:
+        return f"its store {stream} did not answer in {limit:.0f} s"
+    objects = ObjectStore(name=bucket, stream=stream, js=js)
     try:
-        async with asyncio.timeout(min(limit_s, GET_LIMIT_S)):
+        async with asyncio.timeout(max(0.0, deadline - asyncio.get_running_loop().time())):
             blob = await _object_bytes(js, objects, bucket)
         snapshot = _decoder.decode(blob)
     except NotFoundError:
         return NONE_WRITTEN
     except TimeoutError:
-        return f"its chunks did not all arrive in {min(limit_s, GET_LIMIT_S):.0f} s"
+        return f"its chunks did not all arrive in {limit:.0f} s"
     except Exception as exc:  # a digest that does not match, a chunk lost, a wrong shape
         return f"it cannot be read: {exc!r}"
     if snapshot.format != FORMAT:

@@ -42,15 +42,15 @@ async def leave_one_follower(nats_cluster: NatsCluster, js: JetStreamContext, st
     return survivor.url
 
 
-async def filled_store(nc: Client, jobs: int) -> JobStore:
-    """A new R3 bucket holding `jobs` records, some of them written twice. The first write
-    is asked again while the new stream's subjects have no responders yet."""
+async def filled_store(nc: Client, jobs: int, replicas: int = R3) -> JobStore:
+    """A new bucket of `replicas` holding `jobs` records, some of them written twice. The
+    first write is asked again while the new stream's subjects have no responders yet."""
     bucket = f"read{uuid.uuid4().hex[:8]}"
     opened: list[JobStore] = []
 
     async def created() -> bool:  # a fresh cluster may count a peer offline for a moment
         try:
-            opened.append(await JobStore.open(nc.jetstream(), bucket, R3))
+            opened.append(await JobStore.open(nc.jetstream(), bucket, replicas))
         except BadRequestError as exc:
             if exc.err_code != NO_PEERS:
                 raise
@@ -81,6 +81,18 @@ async def by_ordered_mirror(store: JobStore) -> dict[str, Any]:
         return mirror_took(live, await live.caught_up(60))
     finally:
         await live.stop()
+
+
+async def read_across_the_outage(nats_cluster: NatsCluster, once: RecordMirror) -> dict[str, Any]:
+    """What `once` holds after a restart read begun while servers are down: it must still be
+    asking after LEADERLESS_S, when the servers are started again."""
+    read = asyncio.create_task(once.caught_up(60))
+    finished, _ = await asyncio.wait({read}, timeout=LEADERLESS_S)
+    assert not finished, read.exception() if read.done() else None  # still asking
+    for server in nats_cluster.servers:
+        if not server.running:
+            server.start(nats_cluster.servers)
+    return mirror_took(once, await read)
 
 
 async def test_a_bucket_just_created_is_read_whole(nats_cluster: NatsCluster) -> None:
@@ -220,12 +232,28 @@ async def test_a_restart_read_that_begins_with_no_stream_leader_waits_for_one(
         expected = await by_ordered_mirror(store)
         await leave_one_follower(nats_cluster, store.js, store.stream)
         once = RecordMirror(store)  # never started: a restarted broker's one batched read
-        read = asyncio.create_task(once.caught_up(60))
-        finished, _ = await asyncio.wait({read}, timeout=LEADERLESS_S)
-        assert not finished, read.exception() if read.done() else None  # still asking
+        assert await read_across_the_outage(nats_cluster, once) == expected
+    finally:
+        await nc.close()
+
+
+async def test_a_restart_read_while_the_cluster_has_no_meta_leader_waits_for_one(
+    nats_cluster: NatsCluster,
+) -> None:
+    """An R1 bucket's server answers for its stream alone, but whether the bucket's snapshot
+    store exists only the meta leader answers, and with two of three servers down there is
+    none: the read asks again within its deadline, not failing at the first unanswered
+    question, and once the servers are back it holds every record."""
+    nc = await connect(nats_cluster)
+    try:
+        store = await filled_store(nc, 50, replicas=1)
+        expected = await by_ordered_mirror(store)
+        holder = await nats_cluster.stream_leader(store.js, store.stream)
         for server in nats_cluster.servers:
-            if not server.running:
-                server.start(nats_cluster.servers)
-        assert mirror_took(once, await read) == expected
+            if server.name != holder:
+                server.kill9()
+        once = RecordMirror(store)
+        assert await read_across_the_outage(nats_cluster, once) == expected
+        assert not once.from_snapshot
     finally:
         await nc.close()
