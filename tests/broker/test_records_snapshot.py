@@ -173,6 +173,37 @@ async def test_the_writer_process_writes_the_snapshot_a_restart_reads(
     assert mirror.from_snapshot and set(got["records"]) == {f"j{i}" for i in range(300)} - {"j3"}
 
 
+async def test_a_snapshot_its_full_store_refuses_leaves_the_last_one_to_restart_from(
+    nc: Client, nats_url: str
+) -> None:
+    """The object store holds the old snapshot and the new one while one replaces the other:
+    bounded below that, the new one is refused part-way (its chunks taken back), the failure
+    is counted, and a restart reads the old snapshot and everything written after it."""
+    store = await JobStore.open(nc.jetstream(), f"snap{uuid.uuid4().hex[:8]}")
+    await store.put_many([record(f"j{i}", order=i) for i in range(300)])
+    job = SnapshotJob(nats=NatsOptions(url=nats_url), bucket=store.bucket)
+    first = await Snapshots(job, after_writes=1, gap_s=1.0, now=0.0).write(now=1.0)
+    assert first is not None
+    await store.js.delete_object_store(snapshot_bucket_of(store.bucket))
+    bounded = msgspec.structs.replace(job, max_bytes=first.bytes + first.bytes // 2)
+    snapshots = Snapshots(bounded, after_writes=1, gap_s=1.0, now=0.0)
+    kept = await snapshots.write(now=1.0)  # fits alone
+    assert kept is not None and snapshots.failed == 0
+    await store.put_many([record(f"k{i}", order=300 + i) for i in range(100)])
+
+    with capture_logs() as logs:
+        assert await snapshots.write(now=3.0) is None
+    assert snapshots.failed == 1 and snapshots.last_seq == kept.last_seq
+    failed = [e for e in logs if e["event"] == "store.snapshot_failed"]
+    assert failed and "maximum bytes exceeded" in str(failed[0]), failed
+    info = await store.js.stream_info(f"OBJ_{snapshot_bucket_of(store.bucket)}")
+    assert info.state.bytes < kept.bytes + 4096  # the kept object alone: none of the new
+    got, mirror = await read_all(store)
+    assert mirror.from_snapshot and mirror.snapshot_seq == kept.last_seq
+    assert got == await followed(store)
+    assert len(got["records"]) == 400
+
+
 async def test_a_writer_that_cannot_reach_nats_fails_and_writes_nothing(nc: Client) -> None:
     store = await JobStore.open(nc.jetstream(), f"snap{uuid.uuid4().hex[:8]}")
     await store.put(record("j1"))
