@@ -16,9 +16,12 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 from nats.js.errors import BadRequestError
 
-from broker import bucketread
+from broker import bucketread, snapshot
+from broker.snapshotwriter import write_snapshot
 from broker.store import JobStore, RecordMirror, StreamUnanswered
 from load.natscluster import NatsCluster
+from schemas.config import Replication
+from schemas.subjects import snapshot_bucket_of
 from tests.broker.jobs import mirror_took, stored_record
 from tests.nats.world import connect
 from tests.support import wait_for
@@ -27,6 +30,7 @@ R3 = 3
 NO_PEERS = 10005  # nats-server JSClusterNoPeersErrF: no suitable peers for placement
 # How long the stream stays without a leader: past nats-py's 5 s default for one API call.
 LEADERLESS_S = 6.0
+CHUNK = 128 * 1024  # nats-py's object store chunk size (nats/js/object_store.py)
 
 
 async def leave_one_follower(nats_cluster: NatsCluster, js: JetStreamContext, stream: str) -> str:
@@ -72,6 +76,23 @@ async def filled_store(nc: Client, jobs: int, replicas: int = R3) -> JobStore:
         await store.put_many([stored_record(i) for i in range(at, min(at + 500, jobs))])
     await store.put_many([stored_record(i, state="running") for i in range(0, jobs, 7)])
     return store
+
+
+async def step_down(nats_cluster: NatsCluster, nc: Client, stream: str) -> str:
+    """Ask the stream's leader to step down until another one leads (it refuses while no
+    follower is current): the new leader's name."""
+    js = nc.jetstream()
+    old = await nats_cluster.stream_leader(js, stream)
+
+    async def moved() -> str | None:
+        with contextlib.suppress(Exception):
+            info = await js.stream_info(stream)
+            if info.cluster is not None and info.cluster.leader not in (None, old):
+                return info.cluster.leader
+            await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=2)
+        return None
+
+    return await wait_for(moved, 30, what=f"{stream} led by another", interval=0.2)
 
 
 async def by_ordered_mirror(store: JobStore) -> dict[str, Any]:
@@ -128,22 +149,10 @@ async def test_a_read_across_a_stream_leader_change_is_whole(
         publish = nc.publish
         pulls: list[str] = []
 
-        async def step_down(drop: str | None) -> bool:
-            """Ask the stream's leader to step down until another one leads (it refuses
-            while no follower is current); then drop the read's consumer `drop`, as a server
-            that lost it would."""
-            old = await nats_cluster.stream_leader(js, store.stream)
-
-            async def moved() -> bool:
-                with contextlib.suppress(Exception):
-                    info = await js.stream_info(store.stream)
-                    if info.cluster is not None and info.cluster.leader not in (None, old):
-                        return True
-                    stepdown = f"$JS.API.STREAM.LEADER.STEPDOWN.{store.stream}"
-                    await nc.request(stepdown, b"", timeout=2)
-                return False
-
-            await wait_for(moved, 30, what=f"{store.stream} led by another", interval=0.2)
+        async def stepped_down(drop: str | None) -> bool:
+            """The stream led by another; then the read's consumer `drop` dropped, as a
+            server that lost it would."""
+            await step_down(nats_cluster, nc, store.stream)
             return drop is None or await js.delete_consumer(store.stream, drop)
 
         # Kept apart from the read's pull requests, which a read that starts again cancels.
@@ -154,7 +163,7 @@ async def test_a_read_across_a_stream_leader_change_is_whole(
                 pulls.append(subject)
                 if len(pulls) in (3, 7, 11):
                     drop = subject.split(".")[-1] if len(pulls) == 7 else None
-                    stepping.append(asyncio.create_task(step_down(drop)))
+                    stepping.append(asyncio.create_task(stepped_down(drop)))
                 if stepping:
                     await asyncio.shield(stepping[-1])
             await publish(subject, *args, **kwargs)
@@ -255,5 +264,45 @@ async def test_a_restart_read_while_the_cluster_has_no_meta_leader_waits_for_one
         once = RecordMirror(store)
         assert await read_across_the_outage(nats_cluster, once) == expected
         assert not once.from_snapshot
+    finally:
+        await nc.close()
+
+
+async def test_a_restart_read_across_the_snapshot_stores_leader_change_is_whole(
+    nats_cluster: NatsCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot's object store (R3) changes leader between two of the restart's pulls of
+    its chunks: the read's consumer goes on, so the restart still reads from the
+    snapshot, and it ends with exactly what a standby's mirror holds."""
+    monkeypatch.setattr(snapshot, "CHUNKS_A_FETCH", 1)
+    nc = await connect(nats_cluster)
+    try:
+        store = await filled_store(nc, 3000)
+        js = store.js
+        written = await write_snapshot(store, replication=Replication(replicas=R3))
+        assert written is not None and written.bytes > 3 * CHUNK
+        objects = f"OBJ_{snapshot_bucket_of(store.bucket)}"
+        await nats_cluster.replicas_current(js, objects, R3)
+        await store.put_many([stored_record(i, state="succeeded") for i in range(0, 3000, 11)])
+        expected = await by_ordered_mirror(store)
+        publish = nc.publish
+        pulls: list[str] = []
+        moved: list[str] = []
+
+        async def stepping_down_publish(subject: str, *args: Any, **kwargs: Any) -> None:
+            if f".CONSUMER.MSG.NEXT.{objects}." in subject:
+                pulls.append(subject)
+                if len(pulls) == 2:
+                    moved.append(await step_down(nats_cluster, nc, objects))
+            await publish(subject, *args, **kwargs)
+
+        monkeypatch.setattr(nc, "publish", stepping_down_publish)
+        once = RecordMirror(store)
+        got = mirror_took(once, await once.caught_up(60))
+        monkeypatch.setattr(nc, "publish", publish)
+
+        assert moved and len({p.split(".")[-1] for p in pulls}) == 1  # one consumer, on
+        assert len(pulls) == -(-written.bytes // CHUNK)  # one pull a chunk
+        assert once.from_snapshot and got == expected
     finally:
         await nc.close()
