@@ -117,10 +117,8 @@ async def read_snapshot(
     stream = f"OBJ_{bucket}"
     try:
         await leader_state(js, stream, limit)
-    except NotFoundError:
-        return NONE_WRITTEN
-    except ReadStopped:
-        return f"its store {stream} did not answer in {limit:.0f} s"
+    except ReadStopped as exc:
+        return NONE_WRITTEN if isinstance(exc.__cause__, NotFoundError) else str(exc)
     objects = ObjectStore(name=bucket, stream=stream, js=js)
     try:
         async with asyncio.timeout(max(0.0, deadline - asyncio.get_running_loop().time())):

@@ -77,6 +77,17 @@ async def test_a_read_from_the_snapshot_restores_what_a_whole_read_restores(nc: 
     assert got["applied"] == (await store.js.stream_info(store.stream)).state.last_seq
 
 
+async def test_a_restart_before_any_snapshot_reads_every_record_and_warns_of_nothing(
+    nc: Client,
+) -> None:
+    """No snapshot written yet (a new bucket, snapshots off) is the usual case, not a fault."""
+    store, _ = await filled(nc)
+    with capture_logs() as logs:
+        got, mirror = await read_all(store)
+    assert not mirror.from_snapshot and got == await followed(store)
+    assert [e for e in logs if e["log_level"] == "warning"] == []
+
+
 async def test_a_snapshot_of_the_newest_sequence_is_read_alone(nc: Client) -> None:
     store, _ = await filled(nc)
     await write_snapshot(store)
