@@ -24,7 +24,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NotFoundError
 
 from schemas.codec import encode_json
 from shell.natsio import deliver_inline, js_api_prefix, js_connection
@@ -65,6 +65,10 @@ TRY_AGAIN_409 = {"Leadership Change", "Consumer Deleted"}
 class ReadStopped(RuntimeError):
     """The read did not catch up within its time (the stream had no leader, or the server kept
     ending it), or the server refused it for good: the caller reads again."""
+
+
+class StreamMissing(ReadStopped):
+    """The stream does not exist (the server said so: not a leaderless moment)."""
 
 
 class _TryAgain(Exception):
@@ -157,6 +161,8 @@ async def _leader_info(
             if info.cluster is None or info.cluster.leader:
                 return info
         except Exception as exc:
+            if isinstance(exc, NotFoundError):
+                raise StreamMissing(f"reading {stream}: the stream does not exist") from exc
             if not _passes(exc):
                 raise ReadStopped(f"reading {stream}: the stream cannot be read: {exc}") from exc
         pause = min(max(2 * pause, FIRST_PAUSE_S), MAX_PAUSE_S)

@@ -36,7 +36,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
-from broker.bucketread import ReadStopped, last_seq_of, leader_state
+from broker.bucketread import ReadStopped, StreamMissing, last_seq_of, leader_state
 
 FORMAT = 1
 OBJECT = "records"
@@ -117,8 +117,10 @@ async def read_snapshot(
     stream = f"OBJ_{bucket}"
     try:
         await leader_state(js, stream, limit)
+    except StreamMissing:
+        return NONE_WRITTEN
     except ReadStopped as exc:
-        return NONE_WRITTEN if isinstance(exc.__cause__, NotFoundError) else str(exc)
+        return str(exc)
     objects = ObjectStore(name=bucket, stream=stream, js=js)
     try:
         async with asyncio.timeout(max(0.0, deadline - asyncio.get_running_loop().time())):

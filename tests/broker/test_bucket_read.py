@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker import bucketread
-from broker.bucketread import ReadStopped
+from broker.bucketread import StreamMissing
 from broker.core.records import RECORD_FORMAT
 from broker.store import JobStore, RecordMirror
 from tests.broker.jobs import KEYS, filled, record
@@ -114,7 +114,7 @@ async def test_a_read_of_a_stream_deleted_under_it_says_so(
             deleting.append(asyncio.ensure_future(js.delete_stream(store.stream)))
 
     never = asyncio.get_running_loop().create_future()  # the read must end on its own
-    with pytest.raises(ReadStopped, match="cannot be read"):
+    with pytest.raises(StreamMissing, match="does not exist"):
         async with asyncio.timeout(20):
             await bucketread.read_newest(js, store.stream, store.prefix + ">", take, never, 60)
     assert await deleting[0]
