@@ -273,9 +273,7 @@ class BrokerProcess(BrokerFields):
             if mirror.too_new:
                 raise NewerRecords(mirror.too_new, mirror.store.prefix)
             stream_seq = mirror.applied
-            self.stats["restored_from_snapshot"] = (
-                mirror.snapshot_seq if mirror.from_snapshot else 0
-            )
+            self.stats["restored_from_snapshot"] = mirror.snapshot_seq
             await mirror.stop()  # the leader does not mirror its own writes
             log.info(
                 "broker.mirror_caught_up",

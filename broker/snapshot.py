@@ -34,7 +34,7 @@ from msgspec import Meta
 from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
-from nats.js.object_store import ObjectStore
+from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE, ObjectStore
 
 from broker.bucketread import ReadStopped, StreamMissing, last_seq_of, leader_state
 
@@ -101,6 +101,11 @@ def _column(raw: memoryview, code: Literal["Q", "I"]) -> Sequence[int]:
 _decoder = msgspec.msgpack.Decoder(RecordSnapshot)
 
 
+def objects_stream(bucket: str) -> str:
+    """The stream behind object store `bucket` (nats-py's name for it)."""
+    return OBJ_STREAM_TEMPLATE.format(bucket=bucket)
+
+
 def created_of(info: api.StreamInfo) -> str:
     return info.created.isoformat() if info.created is not None else ""
 
@@ -112,19 +117,19 @@ async def read_snapshot(
     describes; else why not. A store that does not answer yet (a cluster still electing its
     meta leader, which alone answers for a stream that does not exist) is asked again until
     `limit_s` (at most GET_LIMIT_S) has passed."""
+    loop = asyncio.get_running_loop()
     limit = min(limit_s, GET_LIMIT_S)
-    deadline = asyncio.get_running_loop().time() + limit
-    stream = f"OBJ_{bucket}"
+    deadline = loop.time() + limit
+    stream = objects_stream(bucket)
     try:
         await leader_state(js, stream, limit)
     except StreamMissing:
         return NONE_WRITTEN
     except ReadStopped as exc:
         return str(exc)
-    objects = ObjectStore(name=bucket, stream=stream, js=js)
     try:
-        async with asyncio.timeout(max(0.0, deadline - asyncio.get_running_loop().time())):
-            blob = await _object_bytes(js, objects, bucket)
+        async with asyncio.timeout(max(0.0, deadline - loop.time())):
+            blob = await _object_bytes(js, bucket)
         snapshot = _decoder.decode(blob)
     except NotFoundError:
         return NONE_WRITTEN
@@ -141,17 +146,17 @@ async def read_snapshot(
     return snapshot
 
 
-async def _object_bytes(js: JetStreamContext, objects: ObjectStore, bucket: str) -> mmap.mmap:
+async def _object_bytes(js: JetStreamContext, bucket: str) -> mmap.mmap:
     """The snapshot object's bytes, its digest checked. nats-py's `ObjectStore.get` reads
     the chunks through an ordered push consumer whose flow control waits on each window, and
     joins them by `bytes +=` (quadratic); pull requests of a few chunks each take them as
     fast as the server sends."""
-    info = await objects.get_info(OBJECT)
+    stream = objects_stream(bucket)
+    info = await ObjectStore(name=bucket, stream=stream, js=js).get_info(OBJECT)
     if not info.nuid or not info.digest:
         raise ValueError("the snapshot object's description names no chunks")
-    stream = f"OBJ_{bucket}"
     sub = await js.pull_subscribe(
-        f"$O.{bucket}.C.{info.nuid}",
+        OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket, obj=info.nuid),
         stream=stream,
         config=api.ConsumerConfig(
             ack_policy=api.AckPolicy.NONE,

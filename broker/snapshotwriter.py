@@ -25,7 +25,7 @@ from nats.js.errors import BucketNotFoundError
 from nats.js.object_store import ObjectStore
 
 from broker.bucketread import last_seq_of, leader_state, read_newest
-from broker.snapshot import FORMAT, OBJECT, RecordSnapshot, created_of, packed
+from broker.snapshot import FORMAT, OBJECT, RecordSnapshot, created_of, objects_stream, packed
 from broker.store import KV_OP, JobStore, placement_of, reconcile_replication
 from schemas.config import Replication
 from schemas.natsopts import NatsOptions
@@ -124,7 +124,7 @@ async def _open_objects(
                 max_bytes=max_bytes or -1,
             ),
         )
-    await reconcile_replication(js, f"OBJ_{bucket}", replication)
+    await reconcile_replication(js, objects_stream(bucket), replication)
     return objects
 
 

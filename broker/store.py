@@ -503,8 +503,13 @@ class RecordMirror:
         self._sub: Any = None
         self._target = 0
         self._reached: asyncio.Future[None] | None = None
-        self.from_snapshot = False  # the last read began from the bucket's snapshot
-        self.snapshot_seq = 0  # that snapshot's last sequence
+        # The last sequence of the snapshot the last read began from (one the stream did not
+        # contradict); 0: it read every record, or followed the bucket.
+        self.snapshot_seq = 0
+
+    @property
+    def from_snapshot(self) -> bool:
+        return self.snapshot_seq > 0
 
     async def start(self) -> None:
         if self._sub is not None:
@@ -594,16 +599,14 @@ class RecordMirror:
         # same deadline as the read.
         info = await leader_state(self.store.js, self.store.stream, timeout)
         self._target = last_seq_of(info)
-        self.from_snapshot = False
+        self.snapshot_seq = 0
         if once and self._target:
             snapshot = await self._from_snapshot(info, deadline)
             if snapshot is not None:
                 after: dict[str, int] = {}
                 await self._read_to_target(deadline, after)
                 why = _contradicted(snapshot, after, self._target, info.state.messages)
-                if not why:
-                    self.from_snapshot = True
-                else:
+                if why:
                     log.warning("store.snapshot_unused", why=why)
                     self._forget()
         if not self.from_snapshot:

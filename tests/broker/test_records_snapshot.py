@@ -23,7 +23,7 @@ from structlog.testing import capture_logs
 
 from broker import snapshot, snapshotwriter
 from broker.service import Broker
-from broker.snapshot import OBJECT, RecordSnapshot
+from broker.snapshot import OBJECT, RecordSnapshot, objects_stream
 from broker.snapshotwriter import SnapshotJob, Snapshots, write_snapshot
 from broker.store import KV_OP, JobStore, RecordMirror
 from schemas.natsopts import NatsOptions
@@ -207,7 +207,7 @@ async def test_a_snapshot_its_full_store_refuses_leaves_the_last_one_to_restart_
     assert snapshots.failed == 1 and snapshots.last_seq == kept.last_seq
     failed = [e for e in logs if e["event"] == "store.snapshot_failed"]
     assert failed and "maximum bytes exceeded" in str(failed[0]), failed
-    info = await store.js.stream_info(f"OBJ_{snapshot_bucket_of(store.bucket)}")
+    info = await store.js.stream_info(objects_stream(snapshot_bucket_of(store.bucket)))
     assert info.state.bytes < kept.bytes + 4096  # the kept object alone: none of the new
     got, mirror = await read_all(store)
     assert mirror.from_snapshot and mirror.snapshot_seq == kept.last_seq
@@ -307,7 +307,7 @@ async def test_a_snapshot_missing_chunks_is_not_used(
     await write_snapshot(store)
     bucket = snapshot_bucket_of(store.bucket)
     info = await (await store.js.object_store(bucket)).get_info(OBJECT)
-    await store.js.purge_stream(f"OBJ_{bucket}", subject=f"$O.{bucket}.C.{info.nuid}")
+    await store.js.purge_stream(objects_stream(bucket), subject=f"$O.{bucket}.C.{info.nuid}")
 
     with capture_logs() as logs:
         got, mirror = await read_all(store)
