@@ -77,7 +77,6 @@ import msgspec
 import structlog
 from msgspec import Meta
 from nats.aio.client import Client
-from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
     APIError,
@@ -88,7 +87,7 @@ from nats.js.errors import (
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from broker.liveness import Alive, DeathWatch, LivenessAnswer
-from broker.store import placement_of, reconcile_replication
+from broker.store import kv_stream_config, open_bucket
 from schemas.config import Replication
 
 log = structlog.get_logger("muster.lease")
@@ -193,24 +192,16 @@ class LeaderLease:
 
     async def _open(self) -> KeyValue:
         if self._kv is None:
-            try:
-                kv = await self.js.key_value(self.bucket)
-            except Exception:
-                # max_bytes reserves the bucket's space in the JetStream store up front, so
-                # other streams filling the store can never stop a renewal.
-                self._kv = await self.js.create_key_value(
-                    bucket=self.bucket,
-                    history=1,
-                    ttl=self.ttl,
-                    storage=api.StorageType.FILE,
-                    max_bytes=self.max_bytes,
-                    max_value_size=4096,
-                    replicas=self.replication.replicas,
-                    placement=placement_of(self.replication),
-                )
-            else:
-                await reconcile_replication(self.js, f"KV_{self.bucket}", self.replication)
-                self._kv = kv
+            # max_bytes reserves the bucket's space in the JetStream store up front, so other
+            # streams filling the store can never stop a renewal.
+            layout = kv_stream_config(
+                self.bucket,
+                self.replication,
+                ttl=self.ttl,
+                max_bytes=self.max_bytes,
+                max_value_size=4096,
+            )
+            self._kv = await open_bucket(self.js, layout, self.replication)
         return self._kv
 
     async def try_acquire(self) -> bool:

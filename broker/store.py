@@ -21,7 +21,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
+from nats.js.kv import KeyValue
 
 from broker.attempts import MARKER_KEY
 from broker.bucketread import last_seq_of, leader_state, read_newest, stream_seq
@@ -104,11 +105,8 @@ async def reconcile_replication(
     try:
         info = await js.update_stream(config)
     except Exception as exc:
-        raise StoreError(
-            f"cannot change stream {stream} from {have_replicas} to {replication.replicas} "
-            f"replicas: {exc}. A single nats-server keeps R1 only: set replication.replicas: 1 "
-            "in the broker config, or run a NATS cluster with at least that many JetStream "
-            "servers (matching placement_cluster/placement_tags)"
+        raise _unplaceable(
+            f"cannot change stream {stream} from {have_replicas} replicas", replication, exc
         ) from exc
     log.warning(
         "store.replication_changed",
@@ -118,6 +116,78 @@ async def reconcile_replication(
         placement=None if want is None else want.as_dict(),
     )
     return info
+
+
+def _unplaceable(what: str, replication: Replication, exc: Exception) -> StoreError:
+    want = placement_of(replication)
+    return StoreError(
+        f"{what} to {replication.replicas} replicas"
+        + ("" if want is None else f" at placement {want.as_dict()}")
+        + f": {exc}. JetStream keeps each replica on its own server, among the servers that "
+        "match replication.placement_cluster and placement_tags (their server_tags), and a "
+        "single nats-server keeps R1 only: set replication in the broker config to what the "
+        "NATS servers offer, or add servers that match"
+    )
+
+
+KV_DUPLICATE_WINDOW_S = 120.0  # nats-py's for a KV bucket, shortened to a shorter TTL
+
+
+def kv_stream_config(
+    bucket: str,
+    replication: Replication,
+    *,
+    ttl: float | None = None,
+    max_bytes: int = -1,
+    max_value_size: int = -1,
+    description: str | None = None,
+) -> api.StreamConfig:
+    """The stream of a KV bucket that keeps one value per key, laid out as nats-py 2.16's
+    `create_key_value` lays it out (nats ADR-8), with the configured placement. nats-py drops
+    `placement` (nats-io/nats.py#538; its fix, PR #988, is not released): a bucket it made
+    started wherever the server put it and moved only at the next start.
+    tests/nats/test_replication.py checks this layout against nats-py's own."""
+    window = min(KV_DUPLICATE_WINDOW_S, ttl) if ttl else KV_DUPLICATE_WINDOW_S
+    return api.StreamConfig(
+        name=f"KV_{bucket}",
+        description=description,
+        subjects=[f"$KV.{bucket}.>"],
+        allow_rollup_hdrs=True,
+        allow_msg_ttl=True,
+        deny_delete=True,
+        discard=api.DiscardPolicy.NEW,
+        duplicate_window=window,
+        max_age=ttl,
+        max_bytes=max_bytes,
+        max_consumers=-1,
+        max_msg_size=max_value_size,
+        max_msgs=-1,
+        max_msgs_per_subject=1,
+        num_replicas=replication.replicas,
+        storage=api.StorageType.FILE,
+        placement=placement_of(replication),
+    )
+
+
+async def open_bucket(
+    js: JetStreamContext, config: api.StreamConfig, replication: Replication
+) -> KeyValue:
+    """Open the KV bucket whose stream is `config` (kv_stream_config), creating it when
+    missing; an existing one is brought to the configured replicas and placement
+    (reconcile_replication). Two brokers of one configuration creating it at once both open
+    it: JetStream takes a stream created again with the same config as a no-op."""
+    assert config.name is not None
+    bucket = config.name.removeprefix("KV_")
+    try:
+        kv = await js.key_value(bucket)
+    except Exception:
+        try:
+            await js.add_stream(config)
+        except APIError as exc:
+            raise _unplaceable(f"cannot create bucket {bucket}", replication, exc) from exc
+        return await js.key_value(bucket)
+    await reconcile_replication(js, config.name, replication)
+    return kv
 
 
 class StoreError(Exception):
@@ -243,21 +313,14 @@ class JobStore:
         replication = (
             replicas if isinstance(replicas, Replication) else Replication(replicas=replicas)
         )
-        try:
-            await js.key_value(bucket)
-        except Exception:
-            await js.create_key_value(
-                bucket=bucket,
-                history=1,
-                storage=api.StorageType.FILE,
-                replicas=replication.replicas,
-                placement=placement_of(replication),
-                description="Muster job records",
-                max_bytes=max_bytes or -1,
-                max_value_size=max_value_size,
-            )
-        else:
-            await reconcile_replication(js, f"KV_{bucket}", replication)
+        layout = kv_stream_config(
+            bucket,
+            replication,
+            max_bytes=max_bytes or -1,
+            max_value_size=max_value_size,
+            description="Muster job records",
+        )
+        await open_bucket(js, layout, replication)
         return cls(
             js,
             bucket,
