@@ -21,8 +21,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two workers (pytest-xdist): most of the suite waits on real servers (NATS elections, lease
+# and ack timeouts), so two halve its wall time on a 2-core machine (docs/testing.md).
+TEST_WORKERS ?= 2
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
 
 demo: $(STAMP)
 	$(BIN)/python -m load.demo
