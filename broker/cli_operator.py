@@ -263,7 +263,7 @@ async def _bucket_job(opts: NatsOptions, fn: Callable[[Any], Awaitable[T]]) -> T
     from broker.backup import BackupError
 
     try:
-        nc = await nats_py.connect(**{**opts.connect_kwargs(), "max_reconnect_attempts": 2})
+        nc = await nats_py.connect(**opts.connect_kwargs(reconnects=2))
     except Exception as exc:
         raise MusterError(f"cannot reach NATS at {opts.url}: {exc}") from None
     try:

@@ -25,6 +25,7 @@ from broker.core.records import RECORD_FORMAT
 from broker.fields import BrokerFields
 from broker.intake import ensure_intake, intake_names
 from broker.lease import LeadershipLost, highest_epoch, record_epoch
+from broker.snapshot import written_seq
 from broker.snapshotwriter import SnapshotJob, Snapshots
 from broker.store import (
     BucketWatch,
@@ -35,6 +36,7 @@ from broker.store import (
     reconcile_replication,
 )
 from schemas.agent import Dispatch
+from schemas.subjects import snapshot_bucket_of
 from shell.natsio import flush
 from shell.tasks import cancel_and_wait
 
@@ -44,6 +46,7 @@ RESTORE_LIMIT_S = 60.0  # the longest a new leader waits for its records
 STANDBY_RETRY_S = 0.5  # pause after a failed attempt to acquire the lease
 NEWER_RECORDS_RETRY_S = 10.0  # lease left to a newer broker this long before trying again
 BUCKET_CHECK_S = 1.0  # how often the leader checks the job bucket still holds its records
+SNAPSHOT_ASK_S = 5.0  # how long a new leader asks for the newest snapshot's description
 SNAPSHOT_CHECK_S = 1.0  # how often the leader asks whether a snapshot of its records is due
 HANDOVER_DRAIN_S = 2.0  # the longest a clean stop waits for its last writes
 ID_KEY = "muster-id-key"  # submit-stream metadata: the secret behind server-derived job ids
@@ -405,6 +408,12 @@ class BrokerProcess(BrokerFields):
             now=time.monotonic(),
             last_seq=restored_from,
         )
+        # A standby that took over restored before the newest snapshot was written: the
+        # snapshot's description says how recent it is, so the first one is not a repeat.
+        bucket = snapshot_bucket_of(self.store.bucket)
+        with contextlib.suppress(Exception):  # not answered: the next one may repeat the last
+            info = await self.store.js.stream_info(self.store.stream)
+            snapshots.learned(await written_seq(self.store.js, bucket, info, SNAPSHOT_ASK_S))
         while True:
             await asyncio.sleep(SNAPSHOT_CHECK_S)
             if snapshots.due(self.store.acked_seq, time.monotonic()):

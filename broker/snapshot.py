@@ -41,6 +41,10 @@ from broker.bucketread import ReadStopped, StreamMissing, last_seq_of, leader_st
 FORMAT = 1
 OBJECT = "records"
 GET_LIMIT_S = 20.0  # the longest a reader waits for the object's chunks
+# Stored with the object (its headers, nats.Header's shape) so that a leader learns how recent
+# the newest snapshot is from one small read, without reading the snapshot.
+LAST_SEQ_HEADER = "Muster-Last-Seq"
+STREAM_CREATED_HEADER = "Muster-Stream-Created"
 NONE_WRITTEN = "none written yet"
 CHUNKS_A_FETCH = 16  # 2 MiB of 128 KiB chunks a pull request
 CHUNKS_INACTIVE_S = 10.0  # the server drops the reader's consumer by then if it dies mid-read
@@ -108,6 +112,39 @@ def objects_stream(bucket: str) -> str:
 
 def created_of(info: api.StreamInfo) -> str:
     return info.created.isoformat() if info.created is not None else ""
+
+
+def described(snapshot: RecordSnapshot) -> api.ObjectMeta:
+    """The object's description as written: what `written_seq` reads back."""
+    return api.ObjectMeta(
+        name=OBJECT,
+        headers={
+            LAST_SEQ_HEADER: [str(snapshot.last_seq)],
+            STREAM_CREATED_HEADER: [snapshot.stream_created],
+        },
+    )
+
+
+async def written_seq(
+    js: JetStreamContext, bucket: str, info: api.StreamInfo, limit_s: float
+) -> int:
+    """The last sequence of the newest snapshot in object store `bucket`, read from its
+    description, if it stands for the stream `info` describes: 0 when there is none, its
+    description does not say (an earlier release wrote it), the stream was made again since,
+    or the store did not answer within `limit_s`. A leader that took over sets its next
+    snapshot by it, instead of writing one at once that repeats the last."""
+    store = ObjectStore(name=bucket, stream=objects_stream(bucket), js=js)
+    try:
+        async with asyncio.timeout(limit_s):
+            headers = (await store.get_info(OBJECT)).headers or {}
+        (seq,) = headers[LAST_SEQ_HEADER]
+        (created,) = headers[STREAM_CREATED_HEADER]
+        last = int(seq)
+    except Exception:  # none, not said, not answered: as good as no snapshot
+        return 0
+    if created != created_of(info) or not 0 < last <= last_seq_of(info):
+        return 0
+    return last
 
 
 async def read_snapshot(

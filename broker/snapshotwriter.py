@@ -25,7 +25,15 @@ from nats.js.errors import BucketNotFoundError
 from nats.js.object_store import ObjectStore
 
 from broker.bucketread import last_seq_of, leader_state, read_newest
-from broker.snapshot import FORMAT, OBJECT, RecordSnapshot, created_of, objects_stream, packed
+from broker.snapshot import (
+    FORMAT,
+    OBJECT,
+    RecordSnapshot,
+    created_of,
+    described,
+    objects_stream,
+    packed,
+)
 from broker.store import KV_OP, JobStore, placement_of, reconcile_replication
 from schemas.config import Replication
 from schemas.natsopts import NatsOptions
@@ -102,7 +110,7 @@ async def write_snapshot(
     )
     blob = _encoder.encode(snapshot)
     objects = await _open_objects(js, snapshot_bucket_of(store.bucket), replication, max_bytes)
-    await objects.put(OBJECT, blob)
+    await objects.put(OBJECT, blob, meta=described(snapshot))
     return SnapshotWritten(last_seq=applied, keys=len(ordered), bytes=len(blob))
 
 
@@ -132,7 +140,7 @@ async def _write_from_stdin() -> int:
     job = msgspec.json.decode(sys.stdin.buffer.read(), type=SnapshotJob)
     import nats
 
-    nc = await nats.connect(**{**job.nats.connect_kwargs(), "max_reconnect_attempts": 2})
+    nc = await nats.connect(**job.nats.connect_kwargs(reconnects=2))
     try:
         store = JobStore(nc.jetstream(timeout=10), job.bucket, nc)
         written = await write_snapshot(store, replication=job.replication, max_bytes=job.max_bytes)
@@ -163,6 +171,10 @@ class Snapshots:
         self._acked_seq, self._acked_at = 0, now  # the newest write seen, and when
         self.written = 0
         self.failed = 0
+
+    def learned(self, last_seq: int) -> None:
+        """A snapshot up to `last_seq` is in the store (written by an earlier leader)."""
+        self.last_seq = max(self.last_seq, last_seq)
 
     def due(self, acked_seq: int, now: float) -> bool:
         """`acked_seq`: the stream sequence of the newest record write acknowledged."""

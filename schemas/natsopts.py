@@ -27,11 +27,12 @@ class NatsOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     # events on `muster.events.team.<team>.<job_id>`. Not a connection setting.
     team: str | None = None
 
-    def connect_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for `nats.connect` (reconnect forever, quickly)."""
+    def connect_kwargs(self, reconnects: int = -1) -> dict[str, Any]:
+        """Keyword arguments for `nats.connect`: reconnect quickly, forever (a service) or
+        `reconnects` times (a short-lived tool, which should fail rather than hang)."""
         kwargs: dict[str, Any] = {
             "servers": [u.strip() for u in self.url.split(",") if u.strip()],
-            "max_reconnect_attempts": -1,
+            "max_reconnect_attempts": reconnects,
             "reconnect_time_wait": 0.5,
             "connect_timeout": 5,
             "allow_reconnect": True,

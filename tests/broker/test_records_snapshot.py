@@ -26,6 +26,7 @@ from broker.service import Broker
 from broker.snapshot import OBJECT, RecordSnapshot, objects_stream
 from broker.snapshotwriter import SnapshotJob, Snapshots, write_snapshot
 from broker.store import KV_OP, JobStore, RecordMirror
+from schemas.config import BrokerConfig
 from schemas.natsopts import NatsOptions
 from schemas.subjects import snapshot_bucket_of
 from tests.broker.conftest import Harness
@@ -131,6 +132,28 @@ async def test_a_snapshot_of_a_stream_made_again_is_not_used(nc: Client) -> None
     assert not mirror.from_snapshot
     assert set(got["records"]) == {f"k{i}" for i in range(20)}
     assert any(e["event"] == "store.snapshot_unused" and "made again" in e["why"] for e in logs)
+
+
+async def test_the_newest_snapshots_sequence_is_read_from_its_description(nc: Client) -> None:
+    """What a new leader counts its next snapshot from: the snapshot's own sequence, or 0
+    when there is none or the stream was made again after it (its sequences restarted)."""
+    store, _ = await filled(nc)
+    bucket = snapshot_bucket_of(store.bucket)
+
+    async def known() -> int:
+        info = await store.js.stream_info(store.stream)
+        return await snapshot.written_seq(store.js, bucket, info, 5.0)
+
+    assert await known() == 0
+    written = await write_snapshot(store)
+    assert written is not None
+    await store.put(record("late", order=99_999))
+    assert await known() == written.last_seq
+    await store.js.delete_stream(store.stream)
+    store = await JobStore.open(store.js, store.bucket)
+    # Past the snapshot's sequence: only when each stream was made tells them apart.
+    await store.put_many([record(f"k{i}", order=i) for i in range(written.last_seq + 5)])
+    assert await known() == 0
 
 
 @pytest.mark.parametrize("damage", ["not a snapshot", "columns", "format"])
@@ -377,13 +400,9 @@ def test_any_history_reads_the_same_from_its_snapshot(nats_url: str, ops: list[A
     asyncio.run(check())
 
 
-async def test_a_leader_has_snapshots_written_and_its_successor_restores_from_one(
-    harness: Harness,
-) -> None:
-    """A leader given how to reach NATS has its writer write a snapshot once enough was
-    written; a broker restarted after a crash restores every job from it and what came
-    after it."""
-    h = harness
+async def snapshotting_leader(h: Harness) -> tuple[BrokerConfig, NatsOptions, Broker]:
+    """A leader of `h` that has a snapshot written after 60 records (or 1 s of quiet after
+    any): its config, how it reaches NATS, and the broker."""
     limits = msgspec.structs.replace(
         h.config.limits, records_snapshot_after_writes=60, records_snapshot_gap_s=1.0
     )
@@ -392,6 +411,17 @@ async def test_a_leader_has_snapshots_written_and_its_successor_restores_from_on
     first = Broker(config, await nats.connect(h.url), holder="one", nats_options=options)
     h.broker, h.task = first, asyncio.create_task(first.run())
     await asyncio.wait_for(first.leading.wait(), 15)
+    return config, options, first
+
+
+async def test_a_leader_has_snapshots_written_and_its_successor_restores_from_one(
+    harness: Harness,
+) -> None:
+    """A leader given how to reach NATS has its writer write a snapshot once enough was
+    written; a broker restarted after a crash restores every job from it and what came
+    after it."""
+    h = harness
+    config, options, first = await snapshotting_leader(h)
     ids = [(await h.submit(job(f"s{i}"))).job_id for i in range(80)]
     await wait_for(lambda: first.snapshot_stats()["snapshots_written"] >= 1, 30, what="a snapshot")
     # After the snapshot: read from the stream.
@@ -405,6 +435,40 @@ async def test_a_leader_has_snapshots_written_and_its_successor_restores_from_on
     assert second.stats["restored_from_snapshot"] > 0
     assert second.machine is not None
     assert set(ids) <= set(second.machine.jobs)
+
+
+async def test_a_standby_that_takes_over_knows_the_newest_snapshot_and_does_not_repeat_it(
+    harness: Harness,
+) -> None:
+    """The standby mirrored the bucket from before any snapshot, so it restored from none;
+    the leader's snapshot's description tells it, once it leads, how recent the newest one
+    is. Its own snapshots wait for what is written after it (none here, in a long gap)."""
+    h = harness
+    config, options, first = await snapshotting_leader(h)
+    slow = msgspec.structs.replace(config.limits, records_snapshot_gap_s=600.0)
+    standby = Broker(
+        msgspec.structs.replace(config, limits=slow),
+        await nats.connect(h.url),
+        holder="two",
+        nats_options=options,
+    )
+    standby_task = asyncio.create_task(standby.run())
+    await wait_for(lambda: standby.mirror is not None, 15, what="the standby mirroring")
+    for i in range(80):
+        await h.submit(job(f"s{i}"))
+    await wait_for(lambda: first.snapshot_stats()["snapshots_written"] >= 1, 30, what="a snapshot")
+    written = first.snapshot_stats()["snapshot_seq"]
+    await h.crash_broker()
+
+    h.broker, h.task = standby, standby_task
+    await asyncio.wait_for(standby.leading.wait(), 30)
+    assert standby.stats["restored_from_snapshot"] == 0
+    await wait_for(
+        lambda: standby.snapshot_stats()["snapshot_seq"] >= written,
+        15,
+        what="the new leader knowing the newest snapshot",
+    )
+    assert standby.snapshot_stats()["snapshots_written"] == 0
 
 
 def test_a_snapshot_is_due_after_enough_writes_or_once_writes_went_quiet() -> None:
