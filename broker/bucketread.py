@@ -160,9 +160,9 @@ async def _leader_info(
                 info = await js.stream_info(stream)
             if info.cluster is None or info.cluster.leader:
                 return info
+        except NotFoundError as exc:
+            raise StreamMissing(f"reading {stream}: the stream does not exist") from exc
         except Exception as exc:
-            if isinstance(exc, NotFoundError):
-                raise StreamMissing(f"reading {stream}: the stream does not exist") from exc
             if not _passes(exc):
                 raise ReadStopped(f"reading {stream}: the stream cannot be read: {exc}") from exc
         pause = min(max(2 * pause, FIRST_PAUSE_S), MAX_PAUSE_S)

@@ -110,6 +110,10 @@ def objects_stream(bucket: str) -> str:
     return OBJ_STREAM_TEMPLATE.format(bucket=bucket)
 
 
+def _objects(js: JetStreamContext, bucket: str) -> ObjectStore:
+    return ObjectStore(name=bucket, stream=objects_stream(bucket), js=js)
+
+
 def created_of(info: api.StreamInfo) -> str:
     return info.created.isoformat() if info.created is not None else ""
 
@@ -133,10 +137,9 @@ async def written_seq(
     description does not say (an earlier release wrote it), the stream was made again since,
     or the store did not answer within `limit_s`. A leader that took over sets its next
     snapshot by it, instead of writing one at once that repeats the last."""
-    store = ObjectStore(name=bucket, stream=objects_stream(bucket), js=js)
     try:
         async with asyncio.timeout(limit_s):
-            headers = (await store.get_info(OBJECT)).headers or {}
+            headers = (await _objects(js, bucket).get_info(OBJECT)).headers or {}
         (seq,) = headers[LAST_SEQ_HEADER]
         (created,) = headers[STREAM_CREATED_HEADER]
         last = int(seq)
@@ -189,7 +192,7 @@ async def _object_bytes(js: JetStreamContext, bucket: str) -> mmap.mmap:
     joins them by `bytes +=` (quadratic); pull requests of a few chunks each take them as
     fast as the server sends."""
     stream = objects_stream(bucket)
-    info = await ObjectStore(name=bucket, stream=stream, js=js).get_info(OBJECT)
+    info = await _objects(js, bucket).get_info(OBJECT)
     if not info.nuid or not info.digest:
         raise ValueError("the snapshot object's description names no chunks")
     sub = await js.pull_subscribe(

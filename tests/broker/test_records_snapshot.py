@@ -136,7 +136,8 @@ async def test_a_snapshot_of_a_stream_made_again_is_not_used(nc: Client) -> None
 
 async def test_the_newest_snapshots_sequence_is_read_from_its_description(nc: Client) -> None:
     """What a new leader counts its next snapshot from: the snapshot's own sequence, or 0
-    when there is none or the stream was made again after it (its sequences restarted)."""
+    when there is none, the stream was made again after it (its sequences restarted), or it
+    does not say (written without the headers)."""
     store, _ = await filled(nc)
     bucket = snapshot_bucket_of(store.bucket)
 
@@ -153,6 +154,14 @@ async def test_the_newest_snapshots_sequence_is_read_from_its_description(nc: Cl
     store = await JobStore.open(store.js, store.bucket)
     # Past the snapshot's sequence: only when each stream was made tells them apart.
     await store.put_many([record(f"k{i}", order=i) for i in range(written.last_seq + 5)])
+    assert await known() == 0
+
+    # A snapshot of the new stream counts; one that says nothing of itself (an earlier
+    # release's) counts as none.
+    again = await write_snapshot(store)
+    assert again is not None and await known() == again.last_seq
+    objects = await store.js.object_store(bucket)
+    await objects.put(OBJECT, (await objects.get(OBJECT)).data or b"")
     assert await known() == 0
 
 
