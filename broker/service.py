@@ -35,7 +35,7 @@ from broker.core.machine import Machine
 from broker.embedded import EmbeddedNats, free_port
 from broker.executor import EffectExecutor, _storage_full
 from broker.intakeloop import SubmissionIntake
-from broker.pacing import cycle_due, next_cycle_at
+from broker.pacing import admitted_any, cycle_due, next_cycle_at
 from broker.process import BrokerProcess
 from schemas import healthz
 from schemas.codec import encode_json
@@ -166,12 +166,12 @@ class Broker(BrokerProcess, EffectExecutor, SubmissionIntake, AgentLink):
     async def _clock_loop(self) -> None:
         """Timers and admission cycles: wakes on input, at least every 100 ms.
 
-        A cycle has a fixed cost (a snapshot, the queues' turns, candidate pools ranked again
-        whenever the inventory changed) that dwarfs one job's. So after a cycle the next one
-        waits CYCLE_GAP_FACTOR times as long as it took (at most CYCLE_MAX_GAP_S): under a
-        stream of submissions the inputs of a few ms are admitted together, while a small or
-        idle broker still admits at once. Timers are checked at most every
-        TICK_MIN_INTERVAL_S."""
+        A cycle has a fixed cost (a snapshot, the queues' turns, the heads of a deep backlog)
+        that can dwarf one job's. So after a cycle the next one waits CYCLE_GAP_FACTOR times
+        as long as it took (at most CYCLE_MAX_GAP_S; after a cycle that admitted a job,
+        ADMITTING_GAP_FACTOR times; broker/pacing.py): under a stream of submissions the
+        inputs of a few ms are admitted together, while a small or idle broker still admits at
+        once. Timers are checked at most every TICK_MIN_INTERVAL_S."""
         loop = asyncio.get_running_loop()
         next_tick = 0.0
         while True:
@@ -219,7 +219,7 @@ class Broker(BrokerProcess, EffectExecutor, SubmissionIntake, AgentLink):
         if not cycle_due(started, self._next_cycle, machine.wants_cycle):
             return []
         effects = machine.handle(CYCLE, self.clock())
-        self._next_cycle = next_cycle_at(started, loop.time())
+        self._next_cycle = next_cycle_at(started, loop.time(), admitted_any(effects))
         return effects
 
 
