@@ -18,10 +18,6 @@ asked again. Pure, so it is tested without a loop or a broker.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable
-
-from broker.core.effects import Effect, Send
-from schemas.agent import Dispatch
 
 CYCLE_GAP_FACTOR = 4.0  # after a cycle that admitted nothing
 ADMITTING_GAP_FACTOR = 1.0  # after one that admitted a job
@@ -31,11 +27,6 @@ CYCLE_MAX_GAP_S = 0.01
 def cycle_due(now: float, next_cycle: float, wants_cycle: bool) -> bool:
     """Whether a cycle runs now: one is wanted and the pause after the last is over."""
     return wants_cycle and now >= next_cycle
-
-
-def admitted_any(effects: Iterable[Effect]) -> bool:
-    """Whether a cycle's effects start an attempt (a Dispatch to send)."""
-    return any(isinstance(e, Send) and isinstance(e.command, Dispatch) for e in effects)
 
 
 def next_cycle_at(started: float, ended: float, admitted: bool) -> float:

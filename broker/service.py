@@ -29,13 +29,13 @@ from nats.aio.msg import Msg
 from broker import api as broker_api
 from broker import tenancy
 from broker.agentio import AgentLink
-from broker.core.effects import Effect
+from broker.core.effects import Effect, dispatches
 from broker.core.inputs import CYCLE, TICK
 from broker.core.machine import Machine
 from broker.embedded import EmbeddedNats, free_port
 from broker.executor import EffectExecutor, _storage_full
 from broker.intakeloop import SubmissionIntake
-from broker.pacing import admitted_any, cycle_due, next_cycle_at
+from broker.pacing import cycle_due, next_cycle_at
 from broker.process import BrokerProcess
 from schemas import healthz
 from schemas.codec import encode_json
@@ -219,7 +219,7 @@ class Broker(BrokerProcess, EffectExecutor, SubmissionIntake, AgentLink):
         if not cycle_due(started, self._next_cycle, machine.wants_cycle):
             return []
         effects = machine.handle(CYCLE, self.clock())
-        self._next_cycle = next_cycle_at(started, loop.time(), admitted_any(effects))
+        self._next_cycle = next_cycle_at(started, loop.time(), bool(dispatches(effects)))
         return effects
 
 

@@ -28,20 +28,13 @@ from typing import Annotated, Any
 
 import typer
 
-from broker.core.effects import Send, split_reply
+from broker.core.effects import Effect, dispatches, split_reply
 from broker.core.inputs import CYCLE, AgentBatch, DispatchAcked, SubmitJob
 from broker.core.machine import Machine
 from load.command import JsonOut, Options, program, summary
 from load.common import emit
 from load.traces import gang_shape
-from schemas.agent import (
-    ClusterSnapshot,
-    Dispatch,
-    EventBatch,
-    FlavorInfo,
-    NodeInfo,
-    NodeUpsert,
-)
+from schemas.agent import ClusterSnapshot, EventBatch, FlavorInfo, NodeInfo, NodeUpsert
 from schemas.config import BrokerConfig, QueueConfig
 from schemas.job import CheckpointSpec, JobSpec, PodSet
 
@@ -155,10 +148,6 @@ class Paced:
         self.arrive(burst)
         while self.admit():  # the burst, admitted cycle by cycle until one admits none
             pass
-        # As the broker does (broker/pacing.py, GcPacer): what the burst left is frozen, so
-        # a timed cycle is not charged for a full collection walking 20,000 jobs.
-        gc.collect()
-        gc.freeze()
 
     def arrive(self, n: int) -> None:
         for _ in range(n):
@@ -171,12 +160,11 @@ class Paced:
         """One cycle, its Dispatches acknowledged by their agents: how many it admitted."""
         return self.acknowledge(self.m.handle(CYCLE, self.now))
 
-    def acknowledge(self, effects: Sequence[object]) -> int:
-        sent = [e.command for e in effects if isinstance(e, Send)]
-        dispatches = [c for c in sent if isinstance(c, Dispatch)]
-        for d in dispatches:
+    def acknowledge(self, effects: Sequence[Effect]) -> int:
+        sent = dispatches(effects)
+        for d in sent:
             self.m.handle(DispatchAcked(d.job_id, d.attempt, True, ""), self.now)
-        return len(dispatches)
+        return len(sent)
 
     def timed_cycles(self, arrivals: int, cycles: int) -> tuple[list[float], int]:
         """CPU seconds of each of `cycles` cycles, each after `arrivals` submissions, and the
@@ -240,6 +228,10 @@ def run_paced(args: Options) -> dict[str, Any]:
     )
     t0 = time.perf_counter()
     paced = Paced(args.seed)
+    # As the broker does (broker/pacing.py, GcPacer): what the burst left is frozen, so a
+    # timed cycle is not charged for a full collection walking 20,000 jobs.
+    gc.collect()
+    gc.freeze()
     print(f"set-up {time.perf_counter() - t0:.1f} s, {paced.m.views.live_count():,} jobs live")
     result: dict[str, Any] = {"bench": "cycle-paced", "runs": args.runs, "arrivals": {}}
     for n in args.arrivals:

@@ -293,6 +293,9 @@ class StallRecord:
             self._tmp.cleanup()
         turns = [t for t in data["turns"] if start <= t["at"] <= end]
         gcs = [c for c in data["collections"] if start <= c["at"] <= end]
+        bucket = data["call_bucket_s"]
+        calls = [kinds for at, kinds in data["calls"] if start <= at and at + bucket <= end]
+        covered_s = len(calls) * bucket
         return {
             "threshold_ms": data["threshold_ms"],
             "turns": len(turns),
@@ -301,7 +304,26 @@ class StallRecord:
             "longest": sorted(turns, key=lambda t: -t["wall_ms"])[:8],
             "by_task": _totals(turns, "what", ("wall_ms", "cpu_ms")),
             "gc_by_generation": _totals(gcs, "generation", ("pause_ms", "cpu_ms")),
+            "calls_covered_s": round(covered_s, 1),
+            "calls_by_task": _call_rates(calls, covered_s),
         }
+
+
+def _call_rates(buckets: list[dict[str, list[float]]], covered_s: float) -> dict[str, Any]:
+    """Each kind's callbacks and their CPU ms per second over the buckets, most first."""
+    totals: dict[str, list[float]] = {}
+    for kinds in buckets:
+        for name, (n, cpu_ms) in kinds.items():
+            entry = totals.setdefault(name, [0, 0.0])
+            entry[0] += n
+            entry[1] += cpu_ms
+    if covered_s <= 0:
+        return {}
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    return {
+        name: {"per_s": round(n / covered_s, 1), "cpu_ms_per_s": round(c / covered_s, 2)}
+        for name, (n, c) in ranked
+    }
 
 
 async def broker_stats(setup: Setup) -> dict[str, Any]:
@@ -374,14 +396,25 @@ def latency_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "broker_cpu_ms_per_job": [round(p["broker_cpu_ms_per_job"], 4) for p in paced],
             "all_dispatched": all_dispatched(runs),
         }
-        | ({"broker_stalls": [stall_digest(p["broker_stalls"]) for p in paced]} if stalled else {})
+        | (
+            {"broker_stalls": [stall_digest(p["broker_stalls"], p["offered_per_s"]) for p in paced]}
+            if stalled
+            else {}
+        )
     )
 
 
-def stall_digest(stalls: dict[str, Any]) -> dict[str, Any]:
-    """One run's `--stalls-ms` record in brief: long turns, and GC passes per generation."""
+def stall_digest(stalls: dict[str, Any], offered_per_s: float) -> dict[str, Any]:
+    """One run's `--stalls-ms` record in brief: long turns, GC passes per generation, and the
+    broker's event-loop callbacks per job (all of them, per second over the paced rate)."""
     gc_passes = stalls.get("gc_by_generation", {})
+    calls = stalls.get("calls_by_task", {})
+    per_job = sum(c["per_s"] for c in calls.values()) / offered_per_s if calls else None
     return {
+        "callbacks_per_job": None if per_job is None else round(per_job, 2),
+        "callbacks_per_job_by_task": {
+            name: round(c["per_s"] / offered_per_s, 2) for name, c in list(calls.items())[:12]
+        },
         "long_turns": stalls.get("turns"),
         "long_turns_cpu_ms": stalls.get("turns_cpu_ms"),
         "gc_passes": {g: v["count"] for g, v in gc_passes.items()},

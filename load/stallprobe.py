@@ -10,8 +10,10 @@ takes longer than THRESHOLD_MS of wall time is recorded with the CPU time its th
 it (`time.thread_time`): a long turn with little CPU is the broker waiting for a core, one with
 as much CPU as wall time is work that stalls every submission behind it. The cycle collector's
 passes are recorded too (generation, objects collected, pause). What asyncio's debug mode
-reports with `loop.slow_callback_duration`, without debug mode's cost on every call. Written to
-OUT_JSON when the broker exits.
+reports with `loop.slow_callback_duration`, without debug mode's cost on every call. Every
+callback, long or not, is also counted with its CPU by kind (the task's coroutine or the
+callback's name) per tenth of a second, so the benchmark can say how many turns of the loop a
+job costs in its window. Written to OUT_JSON when the broker exits.
 """
 
 from __future__ import annotations
@@ -29,14 +31,30 @@ from typing import Any
 MAX_RECORDS = 20_000
 
 
-def describe(handle: asyncio.events.Handle) -> str:
-    """The coroutine a task step ran (its qualified name), else the callback's repr."""
-    callback = handle._callback  # type: ignore[attr-defined]
-    owner = getattr(callback, "__self__", None)
+# Every callback is also counted, with its CPU, by kind in buckets of this many seconds, so a
+# benchmark can count the loop's callbacks per job in its window.
+CALL_BUCKET_S = 0.1
+
+
+def _task_name(handle: asyncio.events.Handle) -> str | None:
+    """`task <coroutine>` when the callback is a task's step, else None."""
+    owner = getattr(handle._callback, "__self__", None)  # type: ignore[attr-defined]
     if isinstance(owner, asyncio.Task):
         coro = owner.get_coro()
         return f"task {getattr(coro, '__qualname__', repr(coro))}"
-    return repr(handle)[:300]
+    return None
+
+
+def describe(handle: asyncio.events.Handle) -> str:
+    """The coroutine a task step ran (its qualified name), else the callback's repr."""
+    return _task_name(handle) or repr(handle)[:300]
+
+
+def kind(handle: asyncio.events.Handle) -> str:
+    """`describe` without a repr: cheap enough for every callback."""
+    callback = handle._callback  # type: ignore[attr-defined]
+    name = _task_name(handle) or getattr(callback, "__qualname__", None)
+    return str(name or type(callback).__name__)
 
 
 class Probe:
@@ -45,6 +63,8 @@ class Probe:
         self.turns: list[dict[str, Any]] = []
         self.collections: list[dict[str, Any]] = []
         self.callbacks = 0
+        # bucket number (time // CALL_BUCKET_S) -> kind -> [callbacks, CPU seconds]
+        self.calls: dict[int, dict[str, list[float]]] = {}
         self._gc_t0 = self._gc_c0 = 0.0
 
     def install(self) -> None:
@@ -56,6 +76,7 @@ class Probe:
             run(handle)
             wall = time.perf_counter() - t0
             probe.callbacks += 1
+            probe.count(handle, time.thread_time() - c0)
             if wall > probe.threshold_s and len(probe.turns) < MAX_RECORDS:
                 probe.turns.append(
                     {
@@ -68,6 +89,17 @@ class Probe:
 
         asyncio.events.Handle._run = timed  # type: ignore[method-assign,assignment]
         gc.callbacks.append(self._on_gc)
+
+    def count(self, handle: asyncio.events.Handle, cpu_s: float) -> None:
+        bucket = int(time.time() // CALL_BUCKET_S)
+        kinds = self.calls.get(bucket)
+        if kinds is None:
+            if len(self.calls) >= MAX_RECORDS:
+                return
+            kinds = self.calls[bucket] = {}
+        entry = kinds.setdefault(kind(handle), [0, 0.0])
+        entry[0] += 1
+        entry[1] += cpu_s
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -89,6 +121,14 @@ class Probe:
             "callbacks": self.callbacks,
             "turns": self.turns,
             "collections": self.collections,
+            "call_bucket_s": CALL_BUCKET_S,
+            "calls": [
+                [
+                    round(b * CALL_BUCKET_S, 3),
+                    {k: [n, round(c * 1000, 3)] for k, (n, c) in kinds.items()},
+                ]
+                for b, kinds in sorted(self.calls.items())
+            ],
         }
         path.write_text(json.dumps(out) + "\n")
 

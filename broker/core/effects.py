@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from broker.core.records import JobRecord
-from schemas.agent import Command
+from schemas.agent import Command, Dispatch
 from schemas.api import JobEvent, SubmitReply
 
 
@@ -105,3 +105,8 @@ def applied(effects: Iterable[Effect]) -> BatchApplied | None:
         if isinstance(eff, BatchApplied):
             return eff
     return None
+
+
+def dispatches(effects: Iterable[Effect]) -> list[Dispatch]:
+    """The Dispatches among some effects (what a cycle admitted), in order."""
+    return [e.command for e in effects if isinstance(e, Send) and isinstance(e.command, Dispatch)]

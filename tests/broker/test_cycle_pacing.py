@@ -8,13 +8,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker.core.effects import dispatches
 from broker.core.inputs import CYCLE, AgentBatch, SubmitJob
 from broker.core.machine import Machine
 from broker.pacing import (
     ADMITTING_GAP_FACTOR,
     CYCLE_GAP_FACTOR,
     CYCLE_MAX_GAP_S,
-    admitted_any,
     cycle_due,
     next_cycle_at,
 )
@@ -52,24 +52,25 @@ def test_a_cycle_that_admitted_is_followed_sooner_than_one_that_admitted_nothing
 
 
 def test_a_cycle_that_starts_an_attempt_is_told_from_one_that_admits_nothing() -> None:
-    """What the broker passes as `admitted`, from a real cycle's effects: a job that fits its
-    one free node is admitted; the next, with the node taken, is not."""
+    """What the broker passes as `admitted` (whether the cycle's effects hold a Dispatch),
+    from a real cycle: a job that fits its one free node is admitted; the next, with the node
+    taken, is not."""
     m = Machine(BrokerConfig(queues=[QueueConfig(name="q")]))
     flavor = FlavorInfo(name="od", capacity_type="on-demand", gpu_type="a100")
     node = NodeInfo(name="n0", flavor="od", gpu=8, cpu_milli=96_000, memory=2**40)
     snapshot = ClusterSnapshot(flavors=[flavor], nodes=[node])
     m.handle(AgentBatch("c0", EventBatch(cluster="c0", instance="i", seq=1, events=[snapshot])), T0)
-    assert not admitted_any(m.handle(CYCLE, T0))  # nothing queued
+    assert not dispatches(m.handle(CYCLE, T0))  # nothing queued
 
     def job(name: str) -> SubmitJob:
         gang = [PodSet(name="worker", replicas=1, gpu=8, cpu="4", memory="16Gi")]
         return SubmitJob(JobSpec(name=name, job_id=name, queue="q", gang=gang))
 
     m.handle(job("fits"), T0)
-    assert admitted_any(m.handle(CYCLE, T0 + 1))
+    assert dispatches(m.handle(CYCLE, T0 + 1))
     m.handle(job("waits"), T0 + 2)
     effects = m.handle(CYCLE, T0 + 2)
-    assert not admitted_any(effects)
+    assert not dispatches(effects)
     assert m.jobs["waits"].state == "queued"
 
 

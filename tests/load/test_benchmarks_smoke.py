@@ -53,7 +53,8 @@ def test_bench_e2e_tiny() -> None:
 def test_bench_e2e_fleet_in_its_own_process() -> None:
     """`--fleet both`: each run also measures with the fake agents in a child process, whose
     carried-out Dispatches reach the load generator over NATS; every job is counted once.
-    `--stalls-ms`: the broker's long loop turns and GC passes come back from its process."""
+    `--stalls-ms`: the broker's long loop turns, GC passes and callbacks per job come back
+    from its process."""
     r = run_bench(
         "load.bench_e2e",
         *("--clusters", "3", "--nodes", "40", "--jobs", "100", "--latency-jobs", "100"),
@@ -71,6 +72,9 @@ def test_bench_e2e_fleet_in_its_own_process() -> None:
         # the broker ran under load/stallprobe.py: its GC passes in the paced window
         (stalls,) = figures["broker_stalls"]
         assert stalls["gc_passes"] and stalls["gc_cpu_ms"] >= 0, stalls
+        # and every callback of its loop, counted by kind: a job takes several
+        assert stalls["callbacks_per_job"] > 1, stalls
+        assert any(name.startswith("task ") for name in stalls["callbacks_per_job_by_task"])
 
 
 def test_bench_spot_tiny() -> None:
