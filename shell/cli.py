@@ -143,23 +143,26 @@ Timeout = Annotated[float, typer.Option("--timeout", help="seconds to wait for t
 
 
 class HelpCommand(typer.core.TyperCommand):
-    """Help that reads like other CLIs: `--queue QUEUE` and `FILE`, not `<str>` and `{file}`."""
+    """Help that reads like other CLIs: `--queue QUEUE` and `FILE`, not `TEXT` and `{FILE}`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for param in self.params:
             if param.metavar is not None or getattr(param, "is_flag", False):
                 continue
-            desc = getattr(param, "type_descriptor", None)
-            choices = getattr(desc, "choices", None) if getattr(desc, "is_choice", False) else None
+            choices = getattr(param.type, "choices", None)
             if choices:
                 param.metavar = "[" + "|".join(str(getattr(c, "value", c)) for c in choices) + "]"
             elif param.name:
                 param.metavar = param.name.upper()
-            if param.param_type_name == "argument":  # `FILE`, `[JOB]`: the name says enough
-                shown = param.metavar if param.required else f"[{param.metavar}]"
-                param.display_type_rich = lambda ctx: None  # type: ignore[attr-defined]
-                param._usage_display_name = lambda shown=shown: shown  # type: ignore[attr-defined]
+            if isinstance(param, typer.core.TyperArgument) and param.metavar:
+                plain = param.metavar  # `FILE`, `[JOB]` in the usage line: no braces
+                shown = plain if param.required else f"[{plain}]"
+                param.make_metavar = functools.partial(_argument_metavar, plain, shown)  # type: ignore[method-assign]
+
+
+def _argument_metavar(plain: str, shown: str, ctx: Any, *, usage: bool = False) -> str:
+    return shown if usage else plain
 
 
 @dataclass(frozen=True)
