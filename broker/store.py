@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, BadBucketError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from broker.attempts import MARKER_KEY
@@ -175,12 +175,20 @@ async def open_bucket(
     """Open the KV bucket whose stream is `config` (kv_stream_config), creating it when
     missing; an existing one is brought to the configured replicas and placement
     (reconcile_replication). Two brokers of one configuration creating it at once both open
-    it: JetStream takes a stream created again with the same config as a no-op."""
+    it: JetStream takes a stream created again with the same config as a no-op. Only a
+    bucket found missing is created: a stream of its name that is not a bucket is refused,
+    and a timeout is raised as it is (the bucket may exist)."""
     assert config.name is not None
     bucket = config.name.removeprefix("KV_")
     try:
         kv = await js.key_value(bucket)
-    except Exception:
+    except BadBucketError:
+        raise StoreError(
+            f"stream {config.name} on this NATS account is not a key-value bucket (it keeps "
+            f"more than one message per subject), so it cannot hold Muster's {bucket}: "
+            "remove or rename that stream, or give this deployment another subject_prefix"
+        ) from None
+    except BucketNotFoundError:
         try:
             await js.add_stream(config)
         except APIError as exc:

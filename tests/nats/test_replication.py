@@ -208,3 +208,15 @@ async def test_a_bucket_has_the_layout_nats_py_gives_a_kv_bucket(
     finally:
         for bucket in (theirs, ours):
             await js.delete_key_value(bucket)
+
+
+async def test_a_stream_of_the_buckets_name_that_is_no_bucket_is_refused_as_it_is(
+    nc: Client,
+) -> None:
+    js = nc.jetstream()
+    await js.add_stream(name="KV_taken", subjects=["elsewhere.>"])  # all messages per subject
+    with pytest.raises(StoreError, match=r"KV_taken .* not a key-value bucket.*subject_prefix"):
+        await JobStore.open(js, "taken")
+    info = await js.stream_info("KV_taken")
+    assert info.config.subjects == ["elsewhere.>"]
+    assert info.config.max_msgs_per_subject == -1
