@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError
-from nats.js.object_store import ObjectStore
+from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, OBJ_META_PRE_TEMPLATE, ObjectStore
 
 from broker.bucketread import last_seq_of, leader_state, read_newest
 from broker.snapshot import (
@@ -42,6 +42,8 @@ from schemas.subjects import snapshot_bucket_of
 log = structlog.get_logger("muster.snapshot")
 
 WRITE_LIMIT_S = 120.0  # the longest a writer may take, its read included
+# Chunks no description names are dropped once idle this long: no writer still puts them.
+UNNAMED_CHUNKS_IDLE_S = WRITE_LIMIT_S
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -58,6 +60,16 @@ class SnapshotWritten(msgspec.Struct):
     last_seq: int
     keys: int
     bytes: int
+    chunks_dropped: int = 0  # subjects of chunks no object names (drop_unnamed_chunks)
+
+
+class _Described(msgspec.Struct):
+    """The one field read of an object's description: the subject suffix of its chunks."""
+
+    nuid: str = ""
+
+
+_described_decoder = msgspec.json.Decoder(_Described)
 
 
 async def write_snapshot(
@@ -109,9 +121,46 @@ async def write_snapshot(
         data=memoryview(b"".join(values)),
     )
     blob = _encoder.encode(snapshot)
-    objects = await _open_objects(js, snapshot_bucket_of(store.bucket), replication, max_bytes)
+    bucket = snapshot_bucket_of(store.bucket)
+    objects = await _open_objects(js, bucket, replication, max_bytes)
     await objects.put(OBJECT, blob, meta=described(snapshot))
-    return SnapshotWritten(last_seq=applied, keys=len(ordered), bytes=len(blob))
+    dropped = await drop_unnamed_chunks(js, bucket, UNNAMED_CHUNKS_IDLE_S)
+    return SnapshotWritten(
+        last_seq=applied, keys=len(ordered), bytes=len(blob), chunks_dropped=dropped
+    )
+
+
+async def drop_unnamed_chunks(js: JetStreamContext, bucket: str, idle_s: float) -> int:
+    """Purge the chunks in object store `bucket` that no object's description names and that
+    were last written `idle_s` or more before the newest description (the server's clock on
+    both sides): a writer killed or cut off mid-put leaves them, and so does the loser of two
+    writers racing (each put purges only the chunks of the description it replaced), and
+    nothing else would ever drop them. A writer still putting wrote within WRITE_LIMIT_S.
+    Returns how many chunk subjects were purged."""
+    stream = objects_stream(bucket)
+    meta_pre = OBJ_META_PRE_TEMPLATE.format(bucket=bucket, obj="")
+    chunk_pre = OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket, obj="")
+    info = await js.stream_info(stream, subjects_filter=f"$O.{bucket}.>")
+    subjects = list((info.state.subjects or {}).keys())
+    named: set[str] = set()
+    newest = None
+    for subject in subjects:
+        if subject.startswith(meta_pre):
+            msg = await js.get_last_msg(stream, subject)
+            named.add(_described_decoder.decode(msg.data or b"{}").nuid)
+            if msg.time is not None and (newest is None or msg.time > newest):
+                newest = msg.time
+    dropped = 0
+    for subject in subjects:
+        if newest is None or not subject.startswith(chunk_pre):
+            continue
+        if subject.removeprefix(chunk_pre) in named:
+            continue
+        last = await js.get_last_msg(stream, subject)
+        if last.time is not None and (newest - last.time).total_seconds() >= idle_s:
+            await js.purge_stream(stream, subject=subject)
+            dropped += 1
+    return dropped
 
 
 async def _open_objects(
@@ -227,6 +276,7 @@ class Snapshots:
                 last_seq=written.last_seq,
                 keys=written.keys,
                 bytes=written.bytes,
+                chunks_dropped=written.chunks_dropped,
                 took_s=round(time.monotonic() - started, 3),
             )
         return written

@@ -349,6 +349,53 @@ async def test_a_snapshot_missing_chunks_is_not_used(
     assert any("did not all arrive" in e.get("why", "") for e in logs)
 
 
+async def _chunk_subjects(nc: Client, bucket: str) -> set[str]:
+    info = await nc.jetstream().stream_info(
+        objects_stream(bucket), subjects_filter=f"$O.{bucket}.C.>"
+    )
+    return set(info.state.subjects or {})
+
+
+async def test_chunks_a_writer_left_unnamed_are_dropped_by_a_later_write_once_idle(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer cut off mid-put leaves chunks no description names; the next write drops
+    them once they sat idle for a writer's time limit. Chunks written since (a writer still
+    putting) and the snapshot's own are kept, and the snapshot is read as before."""
+    monkeypatch.setattr(snapshotwriter, "UNNAMED_CHUNKS_IDLE_S", 1.0)
+    store = await JobStore.open(nc.jetstream(), f"orph{uuid.uuid4().hex[:8]}")
+    await store.put_many([record(f"j{i}", order=i) for i in range(300)])
+    first = await write_snapshot(store)
+    assert first is not None and first.chunks_dropped == 0
+    bucket = snapshot_bucket_of(store.bucket)
+    cut_off = f"$O.{bucket}.C.cutoffwriter"
+    for _ in range(3):
+        await store.js.publish(cut_off, os.urandom(1024))
+    await asyncio.sleep(1.1)  # the idle time itself, patched to 1 s
+    await store.put_many([record(f"k{i}", order=300 + i) for i in range(10)])
+
+    second = await write_snapshot(store)
+    still_putting = f"$O.{bucket}.C.stillputting"
+    await store.js.publish(still_putting, os.urandom(1024))
+    third = await write_snapshot(store)
+
+    assert second is not None and second.chunks_dropped == 1
+    assert third is not None and third.chunks_dropped == 0
+    objects = await store.js.object_store(bucket)
+    own = f"$O.{bucket}.C.{(await objects.get_info(OBJECT)).nuid}"
+    assert await _chunk_subjects(nc, bucket) == {own, still_putting}
+    # Later, with a newer description in the store, the snapshot's own chunks are as idle as
+    # the other writer's: only the unnamed ones go.
+    await asyncio.sleep(1.1)
+    await objects.put("newer", b"a newer description")
+    assert await snapshotwriter.drop_unnamed_chunks(store.js, bucket, 1.0) == 1
+    newer = f"$O.{bucket}.C.{(await objects.get_info('newer')).nuid}"
+    assert await _chunk_subjects(nc, bucket) == {own, newer}
+    got, mirror = await read_all(store)
+    assert mirror.from_snapshot and mirror.snapshot_seq == third.last_seq
+    assert len(got["records"]) == 310
+
+
 OPS = st.lists(
     st.tuples(
         st.sampled_from(["put", "put", "put", "delete", "purge", "purge_no_marker", "snapshot"]),
