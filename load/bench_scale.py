@@ -36,11 +36,9 @@ import json
 import os
 import random
 import signal
-import tempfile
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -50,7 +48,7 @@ from nats.aio.client import Client
 
 from broker.embedded import EmbeddedNats
 from load.command import Count, JsonOut, Options, program, summary
-from load.common import BrokerProcess, emit, median, raw_nats_baseline
+from load.common import BrokerProcess, bytecode_cached, emit, median, raw_nats_baseline
 from schemas.codec import decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, Limits, QueueConfig, Timeouts
 from schemas.subjects import REPLY_HEADER
@@ -349,28 +347,6 @@ def bench_scale(
     )
     with bytecode_cached(not compile_each_start):
         emit(asyncio.run(main_async(options)), json_out)
-
-
-@contextlib.contextmanager
-def bytecode_cached(cached: bool) -> Iterator[None]:
-    """Let the broker processes cache their bytecode (in a directory of their own, removed
-    after) as an installed broker has it: with PYTHONDONTWRITEBYTECODE set, as on some dev
-    machines, every restart compiled the broker's modules from source again (~0.45 s of it)."""
-    if not cached:
-        yield
-        return
-    saved = {k: os.environ.get(k) for k in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
-    with tempfile.TemporaryDirectory(prefix="muster-bytecode-") as cache:
-        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-        os.environ["PYTHONPYCACHEPREFIX"] = cache
-        try:
-            yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
 
 if __name__ == "__main__":
