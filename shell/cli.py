@@ -162,6 +162,7 @@ class HelpCommand(typer.core.TyperCommand):
 
 
 def _argument_metavar(plain: str, shown: str, ctx: Any, *, usage: bool = False) -> str:
+    """An argument's name as Typer 0.28 asks for it: in the usage line without its braces."""
     return shown if usage else plain
 
 

@@ -396,6 +396,24 @@ async def test_chunks_a_writer_left_unnamed_are_dropped_by_a_later_write_once_id
     assert len(got["records"]) == 310
 
 
+async def test_a_snapshot_is_written_when_dropping_unnamed_chunks_fails(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def refused(*_: object) -> int:
+        raise OSError("the object store did not answer")
+
+    monkeypatch.setattr(snapshotwriter, "drop_unnamed_chunks", refused)
+    store = await JobStore.open(nc.jetstream(), f"orph{uuid.uuid4().hex[:8]}")
+    await store.put_many([record(f"j{i}", order=i) for i in range(50)])
+    with capture_logs() as logs:
+        written = await write_snapshot(store)
+    assert written is not None and written.chunks_dropped == 0
+    assert any(e["event"] == "store.snapshot_chunks_not_dropped" for e in logs)
+    got, mirror = await read_all(store)
+    assert mirror.from_snapshot and mirror.snapshot_seq == written.last_seq
+    assert len(got["records"]) == 50
+
+
 OPS = st.lists(
     st.tuples(
         st.sampled_from(["put", "put", "put", "delete", "purge", "purge_no_marker", "snapshot"]),
