@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Annotated
 
 import msgspec
@@ -123,12 +124,12 @@ async def write_snapshot(
     blob = _encoder.encode(snapshot)
     bucket = snapshot_bucket_of(store.bucket)
     objects = await _open_objects(js, bucket, replication, max_bytes)
-    await objects.put(OBJECT, blob, meta=described(snapshot))
-    try:
+    try:  # first: in a bounded store they may be what leaves no room for this object
         dropped = await drop_unnamed_chunks(js, bucket, UNNAMED_CHUNKS_IDLE_S)
-    except Exception as exc:  # the snapshot is written: a later write drops them instead
+    except Exception as exc:  # a later write drops them instead
         log.warning("store.snapshot_chunks_not_dropped", error=repr(exc)[:300])
         dropped = 0
+    await objects.put(OBJECT, blob, meta=described(snapshot))
     return SnapshotWritten(
         last_seq=applied, keys=len(ordered), bytes=len(blob), chunks_dropped=dropped
     )
@@ -136,32 +137,27 @@ async def write_snapshot(
 
 async def drop_unnamed_chunks(js: JetStreamContext, bucket: str, idle_s: float) -> int:
     """Purge the chunks in object store `bucket` that no object's description names and that
-    were last written `idle_s` or more before the newest description (the server's clock on
-    both sides): a writer killed or cut off mid-put leaves them, and so does the loser of two
-    writers racing (each put purges only the chunks of the description it replaced), and
-    nothing else would ever drop them. A writer still putting wrote within WRITE_LIMIT_S.
-    Returns how many chunk subjects were purged."""
+    nobody wrote to for `idle_s`: a writer killed or cut off mid-put leaves them, and so does
+    the loser of two writers racing (each put purges only the chunks of the description it
+    replaced), and nothing else would ever drop them. A writer still putting wrote within
+    WRITE_LIMIT_S. Idle is judged by this host's clock against the server's timestamps: a
+    clock far ahead of the server's could cut a write in progress, whose snapshot a reader
+    then refuses (its digest) and reads every record instead. Returns the subjects purged."""
     stream = objects_stream(bucket)
     meta_pre = OBJ_META_PRE_TEMPLATE.format(bucket=bucket, obj="")
     chunk_pre = OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket, obj="")
     info = await js.stream_info(stream, subjects_filter=f"$O.{bucket}.>")
     subjects = list((info.state.subjects or {}).keys())
-    named: set[str] = set()
-    newest = None
-    for subject in subjects:
-        if subject.startswith(meta_pre):
-            msg = await js.get_last_msg(stream, subject)
-            named.add(_described_decoder.decode(msg.data or b"{}").nuid)
-            if msg.time is not None and (newest is None or msg.time > newest):
-                newest = msg.time
+    named = {
+        _described_decoder.decode((await js.get_last_msg(stream, s)).data or b"{}").nuid
+        for s in subjects
+        if s.startswith(meta_pre)
+    }
+    unnamed = [s for s in subjects if s.startswith(chunk_pre) and s[len(chunk_pre) :] not in named]
     dropped = 0
-    for subject in subjects:
-        if newest is None or not subject.startswith(chunk_pre):
-            continue
-        if subject.removeprefix(chunk_pre) in named:
-            continue
-        last = await js.get_last_msg(stream, subject)
-        if last.time is not None and (newest - last.time).total_seconds() >= idle_s:
+    for subject in unnamed:
+        last = (await js.get_last_msg(stream, subject)).time
+        if last is not None and (datetime.now(UTC) - last).total_seconds() >= idle_s:
             await js.purge_stream(stream, subject=subject)
             dropped += 1
     return dropped

@@ -1,4 +1,5 @@
-"""Start-up time of the `muster` command (`muster --help`, a command's own `--help`) and of a
+"""Start-up time of the `muster` command (`muster --help`, a command's own `--help`, `muster
+config FILE`, which parses its options and runs) and of a
 broker process's imports (`import broker.service, broker.cli_operator` with aiohttp deferred,
 what `muster broker` loads before it connects). Bytecode is cached, in a directory of the
 benchmark's own, as an installed `muster` has it.
@@ -30,6 +31,8 @@ HELP = ["-m", "muster", "--help"]
 COMMANDS = {
     "help": HELP,
     "status-help": ["-m", "muster", "status", "--help"],
+    # A command that converts its options' values (a path, a choice) and runs.
+    "config": ["-m", "muster", "config", "examples/broker.yaml", "--output", "json"],
     # As `muster broker` imports them: aiohttp deferred first (shell/lazyimport.py).
     "broker-import": [
         "-c",

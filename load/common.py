@@ -185,9 +185,10 @@ def emit(result: dict[str, Any], path: str | None) -> None:
 
 @contextlib.contextmanager
 def bytecode_cached(cached: bool) -> Iterator[None]:
-    """Let the broker processes cache their bytecode (in a directory of their own, removed
-    after) as an installed broker has it: with PYTHONDONTWRITEBYTECODE set, as on some dev
-    machines, every restart compiled the broker's modules from source again (~0.45 s of it)."""
+    """Let the processes a benchmark starts (brokers, `muster` commands) cache their bytecode
+    (in a directory of their own, removed after) as an installed Muster has it: with
+    PYTHONDONTWRITEBYTECODE set, as on some dev machines, every start compiled the modules it
+    imports from source again (~0.45 s of a broker's restart)."""
     if not cached:
         yield
         return

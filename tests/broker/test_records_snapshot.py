@@ -384,8 +384,8 @@ async def test_chunks_a_writer_left_unnamed_are_dropped_by_a_later_write_once_id
     objects = await store.js.object_store(bucket)
     own = f"$O.{bucket}.C.{(await objects.get_info(OBJECT)).nuid}"
     assert await _chunk_subjects(nc, bucket) == {own, still_putting}
-    # Later, with a newer description in the store, the snapshot's own chunks are as idle as
-    # the other writer's: only the unnamed ones go.
+    # Later the snapshot's own chunks are as idle as the other writer's, and a second object
+    # is described too: only the unnamed ones go.
     await asyncio.sleep(1.1)
     await objects.put("newer", b"a newer description")
     assert await snapshotwriter.drop_unnamed_chunks(store.js, bucket, 1.0) == 1
@@ -393,6 +393,35 @@ async def test_chunks_a_writer_left_unnamed_are_dropped_by_a_later_write_once_id
     assert await _chunk_subjects(nc, bucket) == {own, newer}
     got, mirror = await read_all(store)
     assert mirror.from_snapshot and mirror.snapshot_seq == third.last_seq
+    assert len(got["records"]) == 310
+
+
+async def test_a_bounded_store_full_of_unnamed_chunks_takes_the_next_snapshot(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unnamed chunks are dropped before the put: in a store bounded by max_bytes they are
+    what would refuse every snapshot after them."""
+    monkeypatch.setattr(snapshotwriter, "UNNAMED_CHUNKS_IDLE_S", 1.0)
+    store = await JobStore.open(nc.jetstream(), f"orph{uuid.uuid4().hex[:8]}")
+    await store.put_many([record(f"j{i}", order=i) for i in range(300)])
+    size = await write_snapshot(store)
+    assert size is not None
+    bucket = snapshot_bucket_of(store.bucket)
+    await store.js.delete_object_store(bucket)
+    bound = size.bytes * 3
+    first = await write_snapshot(store, max_bytes=bound)
+    assert first is not None
+    cut_off = f"$O.{bucket}.C.cutoffwriter"
+    for _ in range(size.bytes // 8192 + 1):  # a whole object's worth, never described
+        await store.js.publish(cut_off, os.urandom(8192))
+    await asyncio.sleep(1.1)  # the idle time itself, patched to 1 s
+    await store.put_many([record(f"k{i}", order=300 + i) for i in range(10)])
+
+    second = await write_snapshot(store, max_bytes=bound)
+
+    assert second is not None and second.chunks_dropped == 1
+    got, mirror = await read_all(store)
+    assert mirror.from_snapshot and mirror.snapshot_seq == second.last_seq
     assert len(got["records"]) == 310
 
 

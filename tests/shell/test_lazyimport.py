@@ -41,10 +41,11 @@ def test_the_broker_imports_without_running_aiohttp() -> None:
 
 
 def test_a_command_parses_its_options_without_pydantic() -> None:
+    """`muster config FILE -o json` converts a path and a choice, as every command does."""
     done = _run(
         """
         import sys
-        sys.argv = ["muster", "config", "--help"]
+        sys.argv = ["muster", "config", "examples/broker.yaml", "--output", "json"]
         from muster.cli import main
         try:
             main()
