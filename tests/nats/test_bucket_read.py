@@ -53,9 +53,13 @@ async def filled_store(nc: Client, jobs: int, replicas: int | Replication = R3) 
     bucket = f"read{uuid.uuid4().hex[:8]}"
     opened: list[JobStore] = []
 
-    async def created() -> bool:  # a fresh cluster may count a peer offline for a moment
+    async def created() -> bool:
+        """A fresh cluster may count a peer offline for a moment, and its meta leader may
+        not answer a create in time (the stream may exist then: opening again finds it)."""
         try:
             opened.append(await JobStore.open(nc.jetstream(), bucket, replicas))
+        except TimeoutError:
+            return False
         except StoreError as exc:  # JetStream's refusal is its cause
             cause = exc.__cause__
             if not isinstance(cause, BadRequestError) or cause.err_code != NO_PEERS:
