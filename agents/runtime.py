@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 import uuid
 from collections.abc import Mapping
@@ -100,6 +101,13 @@ def _essential(ev: AgentEvent) -> bool:
     return isinstance(ev, WorkloadStatus) and ev.phase in TERMINAL_PHASES
 
 
+def heartbeat_phase(cluster: str) -> float:
+    """Where in the heartbeat period a cluster's agent beats, in (0, 1]: fixed per cluster
+    (a hash of its name, so seeded and the same after a restart) and spread across clusters."""
+    digest = hashlib.blake2b(cluster.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") % 1000 + 1) / 1000
+
+
 class Companion(Protocol):
     """Something beside the backend that speaks on the runtime's connection (the kube front
     door): started once the backend is up, stopped before it."""
@@ -127,6 +135,13 @@ class AgentRuntime:
         if heartbeat_s <= 0 or batch_max < 1 or batch_interval_s < 0:
             raise ValueError("heartbeat_s > 0, batch_max >= 1 and batch_interval_s >= 0 required")
         self.backend = backend
+        # The fences the backend keeps, found once: an isinstance of a runtime-checkable
+        # Protocol walks its members on every call, and fences are extended on every Dispatch
+        # and every Applied.
+        self._fencing: Fencing | None = backend if isinstance(backend, Fencing) else None
+        self._cluster_fencing: ClusterFencing | None = (
+            backend if isinstance(backend, ClusterFencing) else None
+        )
         self.companion = companion
         # flavor -> the autoscaled pool behind it, reported in every snapshot's flavors
         self.pools: dict[str, ProvisionPool] = dict(pools or {})
@@ -208,6 +223,10 @@ class AgentRuntime:
         self._last_contact = time.monotonic()
         self._queue_heartbeat()
         await self._flush()
+        # The next heartbeat at this cluster's own phase of the period: agents started
+        # together (a fleet's rollout, a fake fleet in one process) would otherwise beat, and
+        # be acknowledged, and extend every fence, all in the same few milliseconds.
+        self._next_heartbeat = time.monotonic() + self.heartbeat_s * heartbeat_phase(self.cluster)
         self._loop_task = asyncio.create_task(self._loop(), name=f"agent-{self.cluster}")
         if self.companion is not None:
             await self.companion.start(self.nc)
@@ -326,10 +345,10 @@ class AgentRuntime:
     async def _extend_fences(self, since: float, job_id: str | None = None) -> None:
         """Move the fences forward from `since`. A backend with one fence per cluster
         (`renew_fence`, kube: a Lease) gets one call, whatever the number of attempts."""
-        backend = self.backend
-        if isinstance(backend, ClusterFencing):
+        cluster_fencing = self._cluster_fencing
+        if cluster_fencing is not None:
             try:
-                await backend.renew_fence(since)
+                await cluster_fencing.renew_fence(since)
             except Exception as exc:
                 self.stats["fence_failures"] = self.stats.get("fence_failures", 0) + 1
                 if not self._fence_failing:  # one line per outage, not one per ack
@@ -340,7 +359,8 @@ class AgentRuntime:
                 self.log.warning("fence renewed again")
             self._fence_failing = False
             return
-        if not isinstance(backend, Fencing):
+        backend = self._fencing
+        if backend is None:
             return
         one = self.gate.get(job_id) if job_id is not None else None
         tracks = self.gate.tracks() if job_id is None else [(job_id, one)] if one else []
@@ -391,7 +411,13 @@ class AgentRuntime:
         self._queue.append(Heartbeat(at=time.time(), stale_s=stale() if stale else 0.0))
         if len(self._queue) == 1:
             self._first_at = time.monotonic()
-        self._next_heartbeat = time.monotonic() + self.heartbeat_s
+        # On the cluster's own grid (see `start`): a beat made late by a busy moment does not
+        # move the next ones, so agents held up together do not go on beating together.
+        now, period = time.monotonic(), self.heartbeat_s
+        due = self._next_heartbeat + period
+        if due <= now:
+            due += ((now - due) // period + 1) * period
+        self._next_heartbeat = due
 
     def _next_due(self, now: float) -> float:
         if self.partitioned:
@@ -478,9 +504,9 @@ class AgentRuntime:
     def _cluster_fences(self, job_id: str, attempt: int) -> bool:
         """A backend that keeps fences stops the workload itself, agent or not; one that
         does so only for some kinds (kube: batch Jobs) says which (`fences`)."""
-        if isinstance(self.backend, ClusterFencing):
-            return self.backend.fences(job_id, attempt)
-        return isinstance(self.backend, Fencing)
+        if self._cluster_fencing is not None:
+            return self._cluster_fencing.fences(job_id, attempt)
+        return self._fencing is not None
 
     async def _probe(self) -> None:
         """A PING/PONG round trip proves the link to the server is alive right now."""
@@ -612,7 +638,7 @@ class AgentRuntime:
         """After a restart the snapshot tells which attempts already exist here; and which
         flavors the backend reads an autoscaled pool for."""
         self.read_pools = {f.name for f in snap.flavors if f.provision is not None}
-        fence_after = self.backend.fence_after if isinstance(self.backend, Fencing) else None
+        fence_after = self._fencing.fence_after if self._fencing is not None else None
         for w in snap.workloads:
             live = w.phase not in TERMINAL_PHASES
             # adopted from an earlier agent: keep extending the fence it was given

@@ -3,7 +3,7 @@
     python -m load.bench_e2e [--clusters 50] [--nodes 200] [--jobs 20000] [--rate 1000]
                              [--latency-jobs 10000] [--runs 3] [--json out.json]
                              [--fleet in-process|process|both] [--trace] [--stalls-ms MS]
-                             [--baseline DIR]
+                             [--cpus shared|broker-own-core] [--baseline DIR]
 
 Setup per run (fresh subject prefix, so fresh streams and buckets): the broker in its own
 process (`muster broker`), an embedded nats-server, and in this process 50 fake clusters x 200
@@ -37,7 +37,14 @@ dispatch) from the broker's job events.
 
 Both figures also give the broker's CPU per job (`broker_cpu_ms_per_job`: its CPU seconds over
 the window divided by the jobs dispatched in it): on a shared machine the wall-clock figures
-mostly measure how long the broker waited for a core, its CPU per job what it cost.
+mostly measure how long the broker waited for a core, its CPU per job what it cost. How long
+each process waited for a core is measured too (`wait_ms_per_job`, from Linux schedstat, with
+the VM's steal time), and figure B sets the broker's waits in the 250 ms windows that held the
+slowest submissions against those of the others (`broker_wait_ms_per_250ms`).
+
+`--cpus broker-own-core` gives the broker the first core and every other process (nats-server,
+this one, a fleet process) the rest, by CPU affinity: the broker of a deployment, whose pod has
+a CPU of its own (load/cpus.py), rather than one sharing two cores with its load generator.
 
 `--baseline DIR` runs another checkout's broker alike, run by run, the order alternating; each
 run also counts the writes to the job bucket per job (its stream's sequence, read from the
@@ -56,6 +63,7 @@ import json
 import os
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -72,6 +80,7 @@ from load.common import (
     percentile,
     raw_nats_baseline,
 )
+from load.cpus import Placement, pin, split
 from load.fleetbench import (
     CpuMeter,
     EventTrace,
@@ -80,6 +89,7 @@ from load.fleetbench import (
     gang_of,
     gang_sizes,
     half_spot_flavors,
+    proc_wait_s,
     raw_request_latency,
     sample_sizes,
     start_setup,
@@ -137,7 +147,7 @@ async def burst(setup: Setup, jobs: list[tuple[str, str, bytes]], timeout: float
     await flush(nc)
     published = log.clock()
     complete = await log.wait_count(base + len(jobs), timeout)
-    shares, used = cpu.shares(), cpu.used()
+    shares, used, waits = cpu.shares(), cpu.used(), cpu.waits()
     ids = {job_id for job_id, _, _ in jobs}
     times = sorted(a.at for a in log.acked[base:] if a.job_id in ids and a.attempt == 1)
     n = len(times)
@@ -156,6 +166,7 @@ async def burst(setup: Setup, jobs: list[tuple[str, str, bytes]], timeout: float
         "steady_per_s": steady,
         "cpu": shares,
         "broker_cpu_ms_per_job": used["broker"] * 1000 / n,
+        "wait_ms_per_job": per_job_ms(waits, n),
     }
 
 
@@ -175,7 +186,11 @@ async def paced(
     started = clock()
     stop_at = started + total / rate * 2 + 10  # bounded in time even if the loop lags
     sent = 0
+    broker = setup.pids["broker"]
+    waited = [proc_wait_s(broker)]  # the broker's wait for a core at each 250 ms window's start
     while sent < total and clock() < stop_at:
+        if int((clock() - started) * 4) >= len(waited):
+            waited.append(proc_wait_s(broker))
         due = min(total, int((clock() - started) * rate) + 1)
         while sent < due:
             job_id, subject, data = jobs[sent]
@@ -190,7 +205,7 @@ async def paced(
     while waiting and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
         waiting = [j for j in waiting if j not in log.first]
-    shares, used = cpu.shares(), cpu.used()
+    shares, used, waits = cpu.shares(), cpu.used(), cpu.waits()
     stages = trace.breakdown(sent_at, log) if trace is not None else {}
     lat = [(log.first[j].at - t) * 1000 for j, t in sent_at.items() if j in log.first]
     # Worst latency per 250 ms of publishing: tells a stall (a few bad windows) from overload.
@@ -210,14 +225,46 @@ async def paced(
         "max_ms": max(lat) if lat else float("nan"),
         "cpu": shares,
         "broker_cpu_ms_per_job": used["broker"] * 1000 / max(len(lat), 1),
+        "wait_ms_per_job": per_job_ms(waits, len(lat)),
         "stages_ms": stages,
         "worst_ms_per_250ms": [round(windows[w], 1) for w in sorted(windows)],
+        "broker_wait_ms_per_250ms": [round((b - a) * 1000, 2) for a, b in pairwise(waited)],
+        "broker_wait_in_slow_windows": slow_window_waits(windows, waited),
+    }
+
+
+def per_job_ms(waits: dict[str, float], jobs: int) -> dict[str, float]:
+    """Each process's wait for a core, and the VM's steal, in ms per job of the window."""
+    return {name: round(s * 1000 / max(jobs, 1), 4) for name, s in waits.items()}
+
+
+def slow_window_waits(worst: dict[int, float], waited: list[float]) -> dict[str, float]:
+    """The broker's median wait for a core (ms) in the 250 ms windows whose slowest
+    submission is among the slowest 5 % of windows, and in the other windows: equal when the
+    tail is not the broker waiting for a core."""
+    spent = {w: (waited[w + 1] - waited[w]) * 1000 for w in worst if w + 1 < len(waited)}
+    if len(spent) < 2:
+        return {}
+    ranked = sorted(spent, key=lambda w: -worst[w])
+    cut = max(1, len(ranked) // 20)
+    return {
+        "slow": round(median([spent[w] for w in ranked[:cut]]), 2),
+        "other": round(median([spent[w] for w in ranked[cut:]]), 2),
+        "windows": len(ranked),
     }
 
 
 async def one_run(
-    url: str, nats_pid: int, args: Options, run: int, fleet: FleetLayout, tree: Path | None
+    url: str,
+    nats_pid: int,
+    args: Options,
+    run: int,
+    fleet: FleetLayout,
+    tree: Path | None,
+    broker_cores: set[int],
 ) -> dict[str, Any]:
+    """One run of both figures; `broker_cores`: the cores the broker runs on alone (none:
+    it shares them all)."""
     probe = StallRecord(args.stalls_ms) if args.stalls_ms else None
     setup = await start_setup(
         url,
@@ -231,6 +278,8 @@ async def one_run(
     setup.pids["nats"] = nats_pid
     window: tuple[float, float] | None = None
     try:
+        if broker_cores:
+            pin(setup.pids["broker"], broker_cores)  # started on the others, as a child
         sizes = sample_sizes(args.jobs + args.latency_jobs, seed=args.seed + run)
         burst_jobs = payloads(setup, f"a{run}", sizes[: args.jobs], args.queues)
         paced_jobs = payloads(setup, f"b{run}", sizes[args.jobs :], args.queues)
@@ -255,7 +304,9 @@ async def one_run(
         await asyncio.sleep(args.settle_s + Timeouts().deferred_write_s)
         jobs = a["admitted"] + b["dispatched"]
         b["kv_puts_per_job"] = per_job(before, await writes.count(), jobs)
-        return {"burst": a, "paced": b, "broker": await broker_stats(setup)}
+        cores = {name: sorted(os.sched_getaffinity(pid)) for name, pid in setup.pids.items()}
+        cores["bench"] = sorted(os.sched_getaffinity(0))
+        return {"burst": a, "paced": b, "broker": await broker_stats(setup), "cores": cores}
     finally:
         await setup.close()
         if probe is not None and window is not None:
@@ -375,7 +426,10 @@ def _fmt_run(r: dict[str, Any]) -> str:
         f"{b['p50_ms']:.1f} p90 {b['p90_ms']:.1f} p99 {b['p99_ms']:.1f} max {b['max_ms']:.1f} ms "
         f"({b['dispatched']}/{b['jobs']} dispatched, CPU {_cpu(b['cpu'])}, broker "
         f"{b['broker_cpu_ms_per_job']:.3f} ms CPU/job, bench GC "
-        f"{b['bench_gc']}); KV puts per job {b['kv_puts_per_job']}"
+        f"{b['bench_gc']}, broker waited {b['wait_ms_per_job']['broker']:.3f} ms/job for a core, "
+        f"{b['broker_wait_in_slow_windows'].get('slow', 0):.1f} ms in the slowest windows "
+        f"against {b['broker_wait_in_slow_windows'].get('other', 0):.1f}); KV puts per job "
+        f"{b['kv_puts_per_job']}"
         + (f"; stages p50/p99 ms {b['stages_ms']}" if b["stages_ms"] else "")
     )
 
@@ -394,6 +448,8 @@ def latency_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "raw_request_p99_ms": [r["raw_request_p99_ms"] for r in runs],
             "load_average_1m": [r["load_average_1m"] for r in runs],
             "broker_cpu_ms_per_job": [round(p["broker_cpu_ms_per_job"], 4) for p in paced],
+            "wait_ms_per_job": [p["wait_ms_per_job"] for p in paced],
+            "broker_wait_in_slow_windows": [p["broker_wait_in_slow_windows"] for p in paced],
             "all_dispatched": all_dispatched(runs),
         }
         | (
@@ -446,6 +502,10 @@ async def main_async(args: Options) -> dict[str, Any]:
     # (checkout, layout) in the order of run 1; later runs alternate it, so neither always
     # follows the other on a machine whose load drifts.
     order = [(c, f) for c in trees(REPO, args.baseline).items() for f in layouts]
+    broker_cores: set[int] = set()
+    if args.cpus is Placement.broker_own_core:
+        broker_cores, others = split()
+        pin(os.getpid(), others)  # this process and its children: nats-server, a fleet
     async with EmbeddedNats() as server:
         for run in range(args.runs):
             for (label, tree), fleet in order if run % 2 == 0 else order[::-1]:
@@ -453,7 +513,13 @@ async def main_async(args: Options) -> dict[str, Any]:
                 rr.append(await raw_request_latency(server.url))
                 assert server.proc is not None
                 one = await one_run(
-                    server.url, server.proc.pid, args, run, fleet, None if label == "this" else tree
+                    server.url,
+                    server.proc.pid,
+                    args,
+                    run,
+                    fleet,
+                    None if label == "this" else tree,
+                    broker_cores,
                 )
                 one |= {
                     "tree": label,
@@ -509,6 +575,10 @@ async def main_async(args: Options) -> dict[str, Any]:
         "target_p99_ms": TARGET_P99_MS,
         "kv_puts_per_job": [r["paced"]["kv_puts_per_job"] for r in runs],
         "fleet": args.fleet.value,
+        "cpus": args.cpus.value,
+        "broker_wait_ms_per_job_paced_median": round(
+            median([r["paced"]["wait_ms_per_job"]["broker"] for r in runs]), 4
+        ),
         "by_tree_and_fleet": {
             f"{label} {fleet.value}": latency_summary(
                 [r for r in every if r["tree"] == label and r["fleet"] == fleet.value]
@@ -575,6 +645,13 @@ def bench_e2e(
             "(each run measures each layout)"
         ),
     ] = FleetLayout.in_process,
+    cpus: Annotated[
+        Placement,
+        typer.Option(
+            help="shared: every process on every core; broker-own-core: the broker on the "
+            "first core, nats-server, this process and a fleet process on the others"
+        ),
+    ] = Placement.shared,
     event_loop: EventLoopFlag = EventLoopOpt.asyncio,
     json_out: JsonOut = None,
 ) -> None:

@@ -361,9 +361,36 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_wait_s(pid: int) -> float:
+    """Seconds the process's threads have spent runnable but waiting for a core (Linux
+    schedstat, its second field): the part of a latency that no code of the process spent.
+    Threads that have exited no longer count."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return float("nan")
+    waited = 0
+    for tid in tids:
+        try:
+            waited += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile
+    return waited / 1e9
+
+
+def machine_steal_s() -> float:
+    """CPU seconds the hypervisor gave this VM's cores to others since boot (/proc/stat)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 class CpuMeter:
     """CPU shares of the broker, nats-server and this process over a window: on a shared
-    2-core machine this tells whether the broker was starved or simply busy."""
+    2-core machine this tells whether the broker was starved or simply busy; and how long
+    each waited for a core, which says how much of a latency was the wait for one."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
@@ -375,9 +402,22 @@ class CpuMeter:
         out["machine"] = machine_busy_s()
         return out
 
+    def _read_waits(self) -> dict[str, float]:
+        out = {name: proc_wait_s(pid) for name, pid in self.pids.items()}
+        out["bench"] = proc_wait_s(os.getpid())
+        out["steal"] = machine_steal_s()
+        return out
+
     def start(self) -> None:
         self._t0 = time.perf_counter()
         self._c0 = self._read()
+        self._w0 = self._read_waits()
+
+    def waits(self) -> dict[str, float]:
+        """Seconds each process waited for a core since start(), and `steal`: the seconds
+        of both cores the hypervisor gave to other machines meanwhile."""
+        now = self._read_waits()
+        return {k: now[k] - self._w0[k] for k in now}
 
     def shares(self) -> dict[str, float]:
         """CPU seconds per wall second of each process since start(); 1.0 = one full core.

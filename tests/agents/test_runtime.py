@@ -11,7 +11,8 @@ import structlog
 from nats.aio.client import Client
 
 from agents.backend import BackendError, CannotResize
-from agents.runtime import AgentRuntime
+from agents.fake.cluster import FakeCluster
+from agents.runtime import AgentRuntime, heartbeat_phase
 from schemas.agent import (
     Applied,
     Cancel,
@@ -26,8 +27,8 @@ from schemas.codec import encode_msgpack
 from schemas.job import Simulation
 from schemas.wire import WIRE_VERSION
 from shell.natsio import flush
-from tests.agents.conftest import MakeAgent
-from tests.agents.helpers import dispatch, unique
+from tests.agents.conftest import MakeAgent, fast_config
+from tests.agents.helpers import BrokerWire, dispatch, unique
 from tests.support import wait_for
 
 FAST = Simulation(total_steps=40, steps_per_second=100.0, checkpoint_every=10)
@@ -52,6 +53,62 @@ async def test_first_batch_is_snapshot_then_contiguous_seq_and_heartbeats(
     assert {b.instance for b in wire.batches} == {a.runtime.instance}
     assert len(wire.events(ClusterSnapshot)) == 1
     assert wire.errors == []
+
+
+def test_clusters_beat_at_phases_spread_over_the_period() -> None:
+    """Fifty clusters' agents started at once do not beat (and so are not acknowledged, and
+    do not extend their fences) in the same instant: no tenth of the period holds more than
+    a quarter of them, and a cluster keeps its phase from one start to the next."""
+    phases = [heartbeat_phase(f"c{i}") for i in range(50)]
+    assert all(0 < p <= 1 for p in phases)
+    per_tenth = [sum(1 for p in phases if k / 10 < p <= (k + 1) / 10) for k in range(10)]
+    assert max(per_tenth) <= 50 // 4, per_tenth
+    assert heartbeat_phase("c7") == phases[7]
+
+
+async def test_an_agent_beats_again_at_its_clusters_phase_after_starting(nc: Client) -> None:
+    """The first heartbeat goes with the start's snapshot; the second after the cluster's
+    phase of the period, and every later one a whole period after the one before."""
+    name = next(n for i in range(100) if 0.2 <= heartbeat_phase(n := f"phase-{i}") <= 0.5)
+    phase, period = heartbeat_phase(name), 1.5
+    wire = await BrokerWire(nc, name).start()
+    runtime = AgentRuntime(FakeCluster(name, fast_config()), nc, heartbeat_s=period)
+    await runtime.start()
+    try:
+        beats = await wire.wait_for(
+            lambda: b if len(b := wire.events(Heartbeat)) >= 3 else None, timeout=10
+        )
+        second, third = beats[1].at - beats[0].at, beats[2].at - beats[1].at
+        # `at` is the wall clock when a beat is queued; the beats are timed on the monotonic
+        # one, and each is queued a moment after it falls due
+        assert period * phase - 0.05 <= second < period * phase + 0.5, (phase, second)
+        assert period - 0.05 <= third < period + 0.5, third
+    finally:
+        await runtime.stop()
+        await wire.stop()
+
+
+async def test_a_beat_held_up_does_not_move_the_later_ones(make_agent: MakeAgent) -> None:
+    """The agent's loop is held up for two and a half periods: the beat it missed goes as
+    soon as it can, and the ones after it fall back on the cluster's grid, so clusters held
+    up together (a busy process, a stalled node) do not go on beating together."""
+    period = 0.5
+    a = await make_agent(heartbeat_s=period)
+    wire = a.wire
+
+    def beats(n: int) -> list[Heartbeat] | None:
+        got = wire.events(Heartbeat)
+        return got if len(got) >= n else None
+
+    before = await wire.wait_for(lambda: beats(3), timeout=10)
+    grid = before[2].at
+    time.sleep(2.5 * period)  # noqa: ASYNC251 - holds the loop the agent runs on, on purpose
+    after = (await wire.wait_for(lambda: beats(len(before) + 3), timeout=10))[len(before) :]
+    late, *later = after
+    assert late.at - grid > 2.5 * period  # sent once the loop ran again
+    for beat in later:
+        off = (beat.at - grid) % period
+        assert min(off, period - off) < 0.2 * period, (beat.at - grid, period)
 
 
 async def test_restart_gets_new_instance_and_seq_from_one(make_agent: MakeAgent) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,6 +51,29 @@ def test_bench_e2e_tiny() -> None:
         assert 0 <= r[figure] < 1_000, figure  # the broker's CPU seconds per job, in ms
     # job-bucket writes per job, read from the server: at least the dispatch's
     assert all(x >= 1 and finite_positive(x) for x in r["kv_puts_per_job"]), r["kv_puts_per_job"]
+
+
+def test_bench_e2e_with_a_core_of_the_brokers_own(tmp_path: Path) -> None:
+    """`--cpus broker-own-core`: the broker runs on a core no other process of the run uses,
+    and each process's wait for a core is measured (Linux schedstat)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: nothing to give the broker alone")
+    r = run_bench(
+        "load.bench_e2e",
+        *("--clusters", "3", "--nodes", "40", "--jobs", "100", "--latency-jobs", "100"),
+        *("--rate", "500", "--runs", "1", "--settle-s", "0.2", "--baseline-msgs", "5000"),
+        *("--cpus", "broker-own-core", "--json", str(tmp_path / "e2e.json")),
+    )
+    assert r["all_dispatched"] is True and r["cpus"] == "broker-own-core"
+    (run,) = json.loads((tmp_path / "e2e.json").read_text())["detail"]
+    cores = run["cores"]
+    assert len(cores["broker"]) == 1, cores
+    for other in ("nats", "bench"):
+        assert cores[other] and not set(cores[other]) & set(cores["broker"]), cores
+    for figure in (run["burst"], run["paced"]):
+        waits = figure["wait_ms_per_job"]
+        assert set(waits) == {"broker", "nats", "bench", "steal"}, waits
+        assert all(math.isfinite(ms) and ms >= 0 for ms in waits.values()), waits
 
 
 def test_bench_e2e_fleet_in_its_own_process() -> None:
