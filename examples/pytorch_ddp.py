@@ -21,6 +21,7 @@ Local paths are written with torch.save; object-store URIs are left to your stor
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from pathlib import Path
 
@@ -116,9 +117,13 @@ def main() -> None:
         if rank == 0:
             print(f"final loss {loss.item()!r} at step {args.steps}", flush=True)
     ck.close()
-    # Every rank reaches the same point before gloo's pairs are torn down: a rank destroying its
-    # group while its peer still has work in flight on the pair can abort at exit ("terminate
-    # called without an active exception"; mosaicml/streaming#186 synchronizes the same way).
+    # The DDP wrapper holds the process group and its reducer's last work: left alive, the group
+    # outlives destroy_process_group, and gloo's worker threads are torn down during interpreter
+    # finalization, which aborts the rank ("terminate called without an active exception";
+    # pytorch/pytorch#179291). So it goes first; then every rank reaches the same point before
+    # gloo's pairs are torn down (mosaicml/streaming#186 synchronizes the same way).
+    del ddp
+    gc.collect()  # the wrapper's hooks keep it in reference cycles
     dist.barrier()
     dist.destroy_process_group()
 
