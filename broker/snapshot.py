@@ -33,7 +33,7 @@ import msgspec
 from msgspec import Meta
 from nats.js import api
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE, ObjectStore
 
 from broker.bucketread import ReadStopped, StreamMissing, last_seq_of, leader_state
@@ -48,6 +48,7 @@ STREAM_CREATED_HEADER = "Muster-Stream-Created"
 NONE_WRITTEN = "none written yet"
 CHUNKS_A_FETCH = 16  # 2 MiB of 128 KiB chunks a pull request
 CHUNKS_INACTIVE_S = 10.0  # the server drops the reader's consumer by then if it dies mid-read
+UNAVAILABLE_PAUSE_S = 0.2  # between two reads JetStream answered 503 (a leader changing)
 
 
 class RecordSnapshot(msgspec.Struct, forbid_unknown_fields=True):
@@ -167,13 +168,16 @@ async def read_snapshot(
         return NONE_WRITTEN
     except ReadStopped as exc:
         return str(exc)
+    unavailable: list[ServiceUnavailableError] = []
     try:
         async with asyncio.timeout(max(0.0, deadline - loop.time())):
-            blob = await _object_bytes(js, bucket)
+            blob = await _object_bytes_once_available(js, bucket, unavailable)
         snapshot = _decoder.decode(blob)
     except NotFoundError:
         return NONE_WRITTEN
     except TimeoutError:
+        if unavailable:
+            return f"JetStream answered {unavailable[-1]!r} for {limit:.0f} s"
         return f"its chunks did not all arrive in {limit:.0f} s"
     except Exception as exc:  # a digest that does not match, a chunk lost, a wrong shape
         return f"it cannot be read: {exc!r}"
@@ -184,6 +188,21 @@ async def read_snapshot(
     if snapshot.last_seq > last_seq_of(info):
         return f"it ends at sequence {snapshot.last_seq}, after the stream's last"
     return snapshot
+
+
+async def _object_bytes_once_available(
+    js: JetStreamContext, bucket: str, unavailable: list[ServiceUnavailableError]
+) -> mmap.mmap:
+    """`_object_bytes`, asked again while JetStream answers 503 (each answer is kept in
+    `unavailable`). It does so for a moment while a meta or stream leader changes: the read's
+    consumer cannot be made then, and the whole read of every record would be the price. The
+    caller's deadline bounds it."""
+    while True:
+        try:
+            return await _object_bytes(js, bucket)
+        except ServiceUnavailableError as exc:
+            unavailable.append(exc)
+            await asyncio.sleep(UNAVAILABLE_PAUSE_S)
 
 
 async def _object_bytes(js: JetStreamContext, bucket: str) -> mmap.mmap:

@@ -170,6 +170,45 @@ async def burst(setup: Setup, jobs: list[tuple[str, str, bytes]], timeout: float
     }
 
 
+MAX_LAG_SAMPLES = 200_000  # bounded like any load loop: 200 s of 1 ms timers
+
+
+class LoopLag:
+    """How late this process's event loop runs a 1 ms timer over figure B's window. Every
+    submission is published and every Dispatch stamped on this loop, so its lag is charged
+    to the broker's latency. Many short callbacks in a row show here and not in
+    `--stalls-ms`, which sees single long ones: the fake agents' fence extensions, back to
+    back once a second, were found this way."""
+
+    def __init__(self) -> None:
+        self.lags_ms: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while len(self.lags_ms) < MAX_LAG_SAMPLES:
+            t = loop.time()
+            await asyncio.sleep(0.001)
+            self.lags_ms.append((loop.time() - t - 0.001) * 1000)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> dict[str, float]:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        lags = self.lags_ms or [0.0]
+        return {
+            "p50_ms": round(percentile(lags, 50), 2),
+            "p99_ms": round(percentile(lags, 99), 2),
+            "max_ms": round(max(lags), 2),
+            "over_5ms": sum(1 for lag in lags if lag > 5),
+            "samples": len(self.lags_ms),
+        }
+
+
 async def paced(
     setup: Setup,
     jobs: list[tuple[str, str, bytes]],
@@ -294,7 +333,12 @@ async def one_run(
         trace = await EventTrace.start(setup) if args.trace else None
         gcw.quiet()
         paced_from = time.time()
+        lag = LoopLag() if probe is not None else None
+        if lag is not None:
+            lag.start()
         b = await paced(setup, paced_jobs, args.rate, timeout=30, trace=trace)
+        if lag is not None:
+            b["bench_loop_lag"] = await lag.stop()
         window = (paced_from, time.time())
         b["bench_gc"] = gcw.take()
         gcw.close()
@@ -453,7 +497,12 @@ def latency_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "all_dispatched": all_dispatched(runs),
         }
         | (
-            {"broker_stalls": [stall_digest(p["broker_stalls"], p["offered_per_s"]) for p in paced]}
+            {
+                "broker_stalls": [
+                    stall_digest(p["broker_stalls"], p["offered_per_s"]) for p in paced
+                ],
+                "bench_loop_lag": [p.get("bench_loop_lag") for p in paced],
+            }
             if stalled
             else {}
         )
@@ -635,7 +684,8 @@ def bench_e2e(
         typer.Option(
             min=0.0,
             help="record the broker's event-loop turns longer than this (load/stallprobe.py) "
-            "and its GC passes in figure B's window; 0: off",
+            "and its GC passes in figure B's window, and how late this process's loop runs a "
+            "1 ms timer meanwhile; 0: off",
         ),
     ] = 0.0,
     fleet: Annotated[

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client
-from nats.js.errors import BucketNotFoundError
+from nats.js.errors import BucketNotFoundError, ServiceUnavailableError
 from structlog.testing import capture_logs
 
 from broker import snapshot, snapshotwriter
@@ -189,6 +189,37 @@ async def test_a_snapshot_that_cannot_be_read_is_not_used(nc: Client, damage: st
     assert not mirror.from_snapshot
     assert got == await followed(store)
     assert [e["event"] for e in logs].count("store.snapshot_unused") == 1
+
+
+async def test_a_snapshot_read_asks_again_while_jetstream_answers_unavailable(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a meta or stream leader changes, JetStream answers 503 to the read's consumer
+    create: the restart asks again within its deadline and still reads the snapshot, instead
+    of every record. Answered so for longer than the deadline, it says why and reads them."""
+    store, _ = await filled(nc)
+    assert await write_snapshot(store) is not None
+    pull_subscribe = store.js.pull_subscribe
+    refusals = [3]
+
+    async def unavailable_at_first(*args: Any, **kwargs: Any) -> Any:
+        if refusals[0] > 0:
+            refusals[0] -= 1
+            raise ServiceUnavailableError(
+                code=503, description="JetStream system temporarily unavailable"
+            )
+        return await pull_subscribe(*args, **kwargs)
+
+    monkeypatch.setattr(store.js, "pull_subscribe", unavailable_at_first)
+    got, mirror = await read_all(store)
+    assert refusals == [0] and mirror.from_snapshot
+    assert got == await followed(store)
+
+    refusals[0] = 10**6
+    monkeypatch.setattr(snapshot, "GET_LIMIT_S", 1.0)
+    info = await store.js.stream_info(store.stream)
+    why = await snapshot.read_snapshot(store.js, snapshot_bucket_of(store.bucket), info, 60)
+    assert isinstance(why, str) and "ServiceUnavailableError" in why, why
 
 
 async def test_the_writer_process_writes_the_snapshot_a_restart_reads(

@@ -80,7 +80,7 @@ def test_bench_e2e_fleet_in_its_own_process() -> None:
     """`--fleet both`: each run also measures with the fake agents in a child process, whose
     carried-out Dispatches reach the load generator over NATS; every job is counted once.
     `--stalls-ms`: the broker's long loop turns, GC passes and callbacks per job come back
-    from its process."""
+    from its process, with the benchmark's own loop lag."""
     r = run_bench(
         "load.bench_e2e",
         *("--clusters", "3", "--nodes", "40", "--jobs", "100", "--latency-jobs", "100"),
@@ -101,6 +101,9 @@ def test_bench_e2e_fleet_in_its_own_process() -> None:
         # and every callback of its loop, counted by kind: a job takes several
         assert stalls["callbacks_per_job"] > 1, stalls
         assert any(name.startswith("task ") for name in stalls["callbacks_per_job_by_task"])
+        # and how late the benchmark's own loop ran a 1 ms timer meanwhile
+        (lag,) = figures["bench_loop_lag"]
+        assert lag["samples"] > 10 and 0 <= lag["p50_ms"] <= lag["p99_ms"] <= lag["max_ms"], lag
 
 
 def test_bench_spot_tiny() -> None:
