@@ -22,11 +22,14 @@ from nats.js.errors import BucketNotFoundError, ServiceUnavailableError
 from structlog.testing import capture_logs
 
 from broker import snapshot, snapshotwriter
+from broker.core import storedrecord
+from broker.core.records import JobRecord
 from broker.service import Broker
 from broker.snapshot import OBJECT, RecordSnapshot, objects_stream
 from broker.snapshotwriter import SnapshotJob, Snapshots, write_snapshot
 from broker.store import KV_OP, JobStore, RecordMirror
 from schemas.config import BrokerConfig
+from schemas.job import JobSpec, PodSet
 from schemas.natsopts import NatsOptions
 from schemas.subjects import snapshot_bucket_of
 from tests.broker.conftest import Harness
@@ -76,6 +79,43 @@ async def test_a_read_from_the_snapshot_restores_what_a_whole_read_restores(nc: 
     assert mirror.from_snapshot and mirror.snapshot_seq == written.last_seq
     assert got == await followed(store)
     assert got["applied"] == (await store.js.stream_info(store.stream)).state.last_seq
+
+
+async def test_records_the_shared_parts_decode_refuses_are_restored_and_reported(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should the restart's shared-parts decode (broker/core/storedrecord.py) refuse records
+    that are whole, they are restored all the same, by the plain decoder, and the restart
+    says how many in one warning: a fault that would otherwise show only as a slow restart."""
+    store = await JobStore.open(nc.jetstream(), f"plain{uuid.uuid4().hex[:8]}")
+    odd = PodSet(name=f"w{uuid.uuid4().hex[:8]}", gpu=8)  # a gang no earlier read has seen
+    odd_ones = [
+        JobRecord(
+            job_id=f"odd{i}",
+            spec=JobSpec(name="r", gang=[odd]),
+            queue="q0",
+            order=i,
+            submitted_at=1.0,
+            state="queued",
+        )
+        for i in range(5)
+    ]
+    await store.put_many([record(f"j{i}", order=i) for i in range(20)] + odd_ones)
+    share = dict(storedrecord.SHARE_PART)
+
+    def refuse_the_odd_gang(value: Any) -> Any:
+        if value and value[0].name == odd.name:
+            raise ValueError("refused")
+        return share["gang"](value)
+
+    monkeypatch.setattr(storedrecord, "SHARE_PART", share | {"gang": refuse_the_odd_gang})
+    with capture_logs() as logs:
+        got, _ = await read_all(store)
+    monkeypatch.undo()
+
+    assert got == await followed(store)
+    plainly = [e for e in logs if e["event"] == "store.records_decoded_plainly"]
+    assert [e["records"] for e in plainly] == [len(odd_ones)], logs
 
 
 async def test_a_restart_before_any_snapshot_reads_every_record_and_warns_of_nothing(
