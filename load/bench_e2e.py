@@ -75,6 +75,7 @@ from load.command import Baseline, Count, JsonOut, Nodes, Options, program, summ
 from load.common import (
     BROKER_PROGRAM,
     REPO,
+    bytecode_cached,
     emit_with_detail,
     median,
     percentile,
@@ -708,7 +709,8 @@ def bench_e2e(
     options = Options(**{k: v for k, v in locals().items() if k != "json_out"})
     loop_factory(event_loop)  # uvloop asked for but not installed: say so before any run
     os.environ["MUSTER_EVENT_LOOP"] = event_loop.value  # the broker process runs on it
-    emit_with_detail(asyncio.run(main_async(options)), json_out)
+    with bytecode_cached(True):  # its brokers start as an installed one does
+        emit_with_detail(asyncio.run(main_async(options)), json_out)
 
 
 if __name__ == "__main__":
