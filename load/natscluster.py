@@ -109,6 +109,9 @@ class ClusterServer:
             return None
 
 
+LOG_TAIL_LINES = 8  # of each member's log, in a readiness failure's message
+
+
 class NatsCluster:
     def __init__(self, size: int = 3, extra: str = "") -> None:
         """`extra`: config every member adds; `$LEAF_PORT` in it is the member's own free
@@ -164,7 +167,29 @@ class NatsCluster:
         async def check() -> bool:
             return await asyncio.to_thread(agreed)
 
-        _ = await wait_for(check, timeout, what="the NATS cluster to be healthy", interval=0.1)
+        try:
+            _ = await wait_for(check, timeout, what="the NATS cluster to be healthy", interval=0.1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {await asyncio.to_thread(self.describe)}") from None
+
+    def describe(self) -> str:
+        """Each member's state as the cluster's readiness saw it, with its log's last lines:
+        what a failed start has to say."""
+        lines = []
+        for s in self.servers:
+            health = s.monitor("/healthz") if s.running else None
+            log = s.dir / "server.log"
+            tail = (
+                log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+                if log.exists()
+                else []
+            )
+            lines.append(
+                f"{s.name} running={s.running} healthz={health} "
+                f"meta_leader={self._meta_leader_of(s) if s.running else None} "
+                f"log: {' | '.join(tail)}"
+            )
+        return "; ".join(lines)
 
     def _meta_leader_of(self, server: ClusterServer) -> str | None:
         jsz = server.monitor("/jsz")
