@@ -134,8 +134,19 @@ async def test_new_buckets_start_on_the_servers_their_placement_names(
     for server in ("n0", "n1", "n2"):
         placed = Replication(replicas=1, placement_tags=[f"node:{server}"])
         for k in range(2):
-            await JobStore.open(js, f"jobs_{server}_{k}", placed)
-            streams[f"KV_jobs_{server}_{k}"] = server
+            bucket = f"jobs_{server}_{k}"
+
+            async def created(bucket: str = bucket, placed: Replication = placed) -> bool:
+                """The fresh cluster's meta leader may not answer a create in time; the
+                stream may exist then, and opening again finds it."""
+                try:
+                    await JobStore.open(js, bucket, placed)
+                except TimeoutError:
+                    return False
+                return True
+
+            await wait_for(created, 60, what=f"bucket {bucket} created")
+            streams[f"KV_{bucket}"] = server
         lease = LeaderLease(js, f"lease_{server}", "b1", 5.0, replication=placed)
         async with asyncio.timeout(30):
             await lease.acquire()  # a fresh stream may refuse the first write for a moment
