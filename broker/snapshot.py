@@ -168,7 +168,7 @@ async def read_snapshot(
         return NONE_WRITTEN
     except ReadStopped as exc:
         return str(exc)
-    unavailable: list[ServiceUnavailableError] = []
+    unavailable: list[ServiceUnavailableError] = []  # the last 503, if any
     try:
         async with asyncio.timeout(max(0.0, deadline - loop.time())):
             blob = await _object_bytes_once_available(js, bucket, unavailable)
@@ -193,7 +193,7 @@ async def read_snapshot(
 async def _object_bytes_once_available(
     js: JetStreamContext, bucket: str, unavailable: list[ServiceUnavailableError]
 ) -> mmap.mmap:
-    """`_object_bytes`, asked again while JetStream answers 503 (each answer is kept in
+    """`_object_bytes`, asked again while JetStream answers 503 (the last answer is kept in
     `unavailable`). It does so for a moment while a meta or stream leader changes: the read's
     consumer cannot be made then, and the whole read of every record would be the price. The
     caller's deadline bounds it."""
@@ -201,7 +201,7 @@ async def _object_bytes_once_available(
         try:
             return await _object_bytes(js, bucket)
         except ServiceUnavailableError as exc:
-            unavailable.append(exc)
+            unavailable[:] = [exc]
             await asyncio.sleep(UNAVAILABLE_PAUSE_S)
 
 

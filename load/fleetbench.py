@@ -351,11 +351,19 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def _machine_ticks() -> list[int] | None:
+    """The all-cores line of /proc/stat in clock ticks since boot (user, nice, system, idle,
+    iowait, irq, softirq, steal, ...); None where it cannot be read."""
+    try:
+        return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
 def machine_busy_s() -> float:
     """Busy CPU seconds of the whole machine since boot (Linux /proc/stat, all cores)."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
+    fields = _machine_ticks()
+    if fields is None:
         return float("nan")
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
@@ -380,11 +388,10 @@ def proc_wait_s(pid: int) -> float:
 
 def machine_steal_s() -> float:
     """CPU seconds the hypervisor gave this VM's cores to others since boot (/proc/stat)."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
+    fields = _machine_ticks()
+    if fields is None or len(fields) < 8:
         return float("nan")
+    return fields[7] / os.sysconf("SC_CLK_TCK")
 
 
 class CpuMeter:
