@@ -208,6 +208,8 @@ class Sequencer:
 
     def dispatch(self, cluster: str, cmd: Dispatch, after: tuple[int, ...]) -> bool:
         """True: send now. False: held behind a Cancel in flight of an attempt in `after`."""
+        if not after or not self._cancels:  # nothing to wait for: the common case
+            return True
         return self._hold(Held(cluster, cmd, after))
 
     def _hold(self, held: Held) -> bool:

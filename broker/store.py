@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,7 @@ PROBE_KEY = "_probe"  # no job id starts with "_"
 
 ACK_TIMEOUT_S = 10.0  # a put not acknowledged by then is an error: the caller retries
 _NO_RESPONDERS = "503"
-_SEQ = b'"seq":'
+_SEQ = re.compile(rb'"seq":\s*(\d+)')  # a PubAck's stream sequence
 REPERSIST_CHUNK = 1000
 SNAPSHOT_TURN = 5000  # records taken from a snapshot between two turns of the event loop
 REBUILD_AFTER = 5  # write-backs in a row a listed stream leaves unanswered before it is rebuilt
@@ -245,27 +246,36 @@ class StoreUsage:
 
     def note(self, record: JobRecord, size: int) -> None:
         """The record as just written (or read back at restore), `size` bytes."""
-        self._drop(record.job_id)
+        job, queue = record.job_id, record.queue
         active = record.state not in TERMINAL
-        self._jobs[record.job_id] = (record.queue, size, active)
-        self.bytes[record.queue] = self.bytes.get(record.queue, 0) + size
+        old = self._jobs.get(job)
+        self._jobs[job] = (queue, size, active)
+        if old is not None and old[0] == queue:  # a job's later write: only the change
+            self.bytes[queue] += size - old[1]
+            if active != old[2]:
+                self.active[queue] = self.active.get(queue, 0) + (1 if active else -1)
+            return
+        if old is not None:
+            self._take_away(old)
+        self.bytes[queue] = self.bytes.get(queue, 0) + size
         if active:
-            self.active[record.queue] = self.active.get(record.queue, 0) + 1
+            self.active[queue] = self.active.get(queue, 0) + 1
 
     def forget(self, job_id: str) -> None:
-        self._drop(job_id)
+        old = self._jobs.pop(job_id, None)
+        if old is not None:
+            self._take_away(old)
 
     def of(self, queues: frozenset[str] | set[str]) -> tuple[int, int]:
         """(bytes, active records) of these queues' jobs."""
-        return (
-            sum(self.bytes.get(q, 0) for q in queues),
-            sum(self.active.get(q, 0) for q in queues),
-        )
+        used = active = 0
+        by_bytes, by_active = self.bytes, self.active
+        for q in queues:
+            used += by_bytes.get(q, 0)
+            active += by_active.get(q, 0)
+        return used, active
 
-    def _drop(self, job_id: str) -> None:
-        old = self._jobs.pop(job_id, None)
-        if old is None:
-            return
+    def _take_away(self, old: tuple[str, int, bool]) -> None:
         queue, size, active = old
         self.bytes[queue] -= size
         if active:
@@ -403,13 +413,9 @@ class JobStore:
             if error:
                 acks.future.set_exception(StoreError(f"JetStream refused a record: {error}"))
                 return
-        data = msg.data
-        at = data.rfind(_SEQ)
-        if at >= 0:
-            end = at + len(_SEQ)
-            while end < len(data) and data[end] in b"0123456789":
-                end += 1
-            seq = int(data[at + len(_SEQ) : end] or 0)
+        found = _SEQ.search(msg.data)
+        if found is not None:
+            seq = int(found[1])
             if seq < self.acked_seq:
                 self.regressed = True
             else:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 from broker.core.records import JobRecord
 from schemas.agent import Command, Dispatch
 from schemas.api import JobEvent, SubmitReply
 
 
-@dataclass(frozen=True, slots=True)
-class Persist:
+class Persist(msgspec.Struct, frozen=True):
     """Write the record durably before any later effect of the same batch is carried out.
 
     `deferred`: nothing waits on this write, and a restore without it is safe (the lifecycle
@@ -22,8 +22,7 @@ class Persist:
     deferred: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
+class Send(msgspec.Struct, frozen=True):
     """Send a command to a cluster's agent (request/reply with ack).
 
     `after_cancel_of`: for a Dispatch, the earlier attempts of the same job whose Cancels must
@@ -36,29 +35,25 @@ class Send:
     after_cancel_of: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Publish:
+class Publish(msgspec.Struct, frozen=True):
     """Publish a lifecycle event on `muster.events.job.<job_id>`."""
 
     event: JobEvent
 
 
-@dataclass(frozen=True, slots=True)
-class Submitted:
+class Submitted(msgspec.Struct, frozen=True):
     """The answer to a submission (accepted, duplicate, or rejected with the reason)."""
 
     reply: SubmitReply
 
 
-@dataclass(frozen=True, slots=True)
-class Refused:
+class Refused(msgspec.Struct, frozen=True):
     """The input was refused and changed nothing; `error` says why, for the sender or log."""
 
     error: str
 
 
-@dataclass(frozen=True, slots=True)
-class BatchApplied:
+class BatchApplied(msgspec.Struct, frozen=True):
     """Every event of the agent's batch was applied: once the records persisted before this
     are durable, the agent may be told its outcomes up to `seq` are safe."""
 
@@ -67,8 +62,7 @@ class BatchApplied:
     seq: int
 
 
-@dataclass(frozen=True, slots=True)
-class Forget:
+class Forget(msgspec.Struct, frozen=True):
     """Delete the job's record: it ended longer ago than `limits.ended_retention_s`."""
 
     job_id: str

@@ -8,15 +8,15 @@ effects too (see `effects.py`), so every input has the same shape: value in, eff
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from broker.core.records import JobRecord
 from schemas.agent import CheckpointReport, EventBatch
 from schemas.job import JobSpec
 
 
-@dataclass(frozen=True, slots=True)
-class SubmitJob:
+class SubmitJob(msgspec.Struct, frozen=True):
     """A submission. `order` is the stream sequence (FIFO key); `subject_queue` the queue of
     the subject it arrived on; `id_token` names a job that gives no `job_id`."""
 
@@ -26,24 +26,21 @@ class SubmitJob:
     id_token: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CancelJob:
+class CancelJob(msgspec.Struct, frozen=True):
     """A user's cancel request."""
 
     job_id: str
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class AgentBatch:
+class AgentBatch(msgspec.Struct, frozen=True):
     """One event batch of a cluster's agent, as it arrived on that cluster's subject."""
 
     cluster: str
     batch: EventBatch
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchAcked:
+class DispatchAcked(msgspec.Struct, frozen=True):
     """The agent's answer to a Dispatch (or the shell giving up on it: `ok=False`)."""
 
     job_id: str
@@ -54,8 +51,7 @@ class DispatchAcked:
     resize_refused: bool = False  # a revision the workload cannot take (CommandAck)
 
 
-@dataclass(frozen=True, slots=True)
-class CancelSettled:
+class CancelSettled(msgspec.Struct, frozen=True):
     """The Cancel of an attempt was acknowledged by its agent, or given up on because its
     cluster was declared lost (its fence has ended the attempt): it no longer runs."""
 
@@ -63,25 +59,21 @@ class CancelSettled:
     attempt: int
 
 
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
+class Checkpoint(msgspec.Struct, frozen=True):
     """A checkpoint reported by the workload's SDK (the shell has checked its token)."""
 
     report: CheckpointReport
 
 
-@dataclass(frozen=True, slots=True)
-class Tick:
+class Tick(msgspec.Struct, frozen=True):
     """Time passed: agent silence, start and checkpoint deadlines, backoff, spot fallback."""
 
 
-@dataclass(frozen=True, slots=True)
-class Cycle:
+class Cycle(msgspec.Struct, frozen=True):
     """Run one admission cycle (the shell paces them; see `Machine.wants_cycle`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Restore:
+class Restore(msgspec.Struct, frozen=True):
     """A new leader's state: the persisted records. The effects resend every Cancel not yet
     acknowledged and every dispatch that was persisted without an acknowledgement."""
 

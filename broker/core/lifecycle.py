@@ -32,13 +32,12 @@ allocations follow from it (`Scheduler.assume`/`release`), and no one reads the 
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import replace
 from typing import assert_never
 from urllib.parse import unquote, urlsplit
-
-import msgspec
 
 from broker.core.accounting import (
     accounting_of,
@@ -670,7 +669,9 @@ class AttemptLifecycle:
         not say it): an agent places a team's workloads by it."""
         spec = record.spec
         if spec.queue != record.queue:
-            spec = msgspec.structs.replace(spec, queue=record.queue)
+            # A copy, not `structs.replace`: the spec was validated when it was submitted.
+            spec = copy.copy(spec)
+            spec.queue = record.queue
         cmd = Dispatch(
             job_id=record.job_id,
             attempt=attempt.attempt,

@@ -46,7 +46,7 @@ from broker.core.lifecycle import AttemptLifecycle
 from broker.core.moves import PlannedMoves
 from broker.core.placement import futile_spot_waits, wants_spot_first
 from broker.core.provision import provision_command
-from broker.core.records import JobRecord, demands_of
+from broker.core.records import JobRecord
 from broker.core.registry import JobRegistry
 from broker.core.scheduler import Scheduler
 from broker.core.spotwait import note_spot_held
@@ -229,9 +229,10 @@ class Machine:
             job_id=job_id, spec=spec, queue=queue, order=order, submitted_at=now, queued_at=now
         )
         # Registered first, so the request is built from the shared spec parts and interned
-        # demands the scheduler's memos know, and through the backlog's cache: the job's first
-        # cycle reuses it instead of building it again.
-        self.registry.add(record, demands_of(spec))
+        # demands the scheduler's memos know (a gang shared with earlier jobs has its demands
+        # derived already), and through the backlog's cache: the job's first cycle reuses it
+        # instead of building it again.
+        self.registry.add(record)
         request = self.backlog.request(record, now, self.registry.demands(job_id))
         problems = self.scheduler.check_feasible(request)
         if problems:

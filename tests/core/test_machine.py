@@ -3,8 +3,6 @@ and widening, plus a hypothesis property over random event sequences."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -191,7 +189,7 @@ def test_spot_notice_reserves_then_dispatches_on_checkpoint() -> None:
     # The replacement waits for the Cancel of attempt 1, and the checker knows the rule.
     (send,) = [e for e in fx if isinstance(e, Send) and isinstance(e.command, Dispatch)]
     assert send.after_cancel_of == (1,) and unordered_dispatches(w.m, fx) == []
-    unordered = [replace(send, after_cancel_of=())]
+    unordered = [msgspec.structs.replace(send, after_cancel_of=())]
     assert unordered_dispatches(w.m, unordered) == [
         f"dispatch {job}#2 ordered after [], not after the Cancels of attempts [1]"
     ]
