@@ -13,7 +13,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 from nats.errors import NoRespondersError
@@ -81,6 +81,19 @@ async def first_done(futures: list[asyncio.Future[Any]], timeout: float) -> None
             fut.remove_done_callback(wake)
 
 
+class FirstCopy(NamedTuple):
+    """Where a Dispatch's first copy left off when a task takes it on: the copy still
+    unanswered after its wait (None: nothing of it is outstanding), and why it counts as
+    refused so far."""
+
+    unanswered: Asked | None
+    error: str
+
+
+def _failed(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
 class EffectExecutor(BrokerFields):
     """Carries out the machine's effects in order: persist, then send and publish."""
 
@@ -122,7 +135,7 @@ class EffectExecutor(BrokerFields):
                         cmd = eff.command
                         if isinstance(cmd, Dispatch):
                             if self._sequencer.dispatch(eff.cluster, cmd, eff.after_cancel_of):
-                                self._spawn(self._send_dispatch(eff.cluster, cmd))
+                                await self._dispatch(eff.cluster, cmd)
                         elif isinstance(cmd, Cancel):
                             ticket = self._sequencer.cancel(cmd)
                             self._spawn(self._cancel_until_heard(eff.cluster, cmd, ticket))
@@ -188,14 +201,17 @@ class EffectExecutor(BrokerFields):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    async def _request(self, cluster: str, data: bytes, attempts: int) -> CommandAck:
+    async def _request(
+        self, cluster: str, data: bytes, attempts: int, resumed: FirstCopy | None = None
+    ) -> CommandAck:
         """The agent's answer (with a stale epoch: the newer epoch it claims), or the refusal
         this side makes of its silence.
 
         Up to `attempts` copies, each waited for as long as the cluster's acks take
         (broker/ackwait.py); the ack of any copy sent so far counts. A refusal is final once
         no later copy is outstanding: the agent runs a job's commands one after the other,
-        so a later copy may still be carried out, and then its ack is the truth."""
+        so a later copy may still be carried out, and then its ack is the truth.
+        `resumed`: the first copy was sent and waited for already (`_dispatch`)."""
         subject = self.subjects.agent_cmd(cluster)
         seq = self._sequencer
         loop = asyncio.get_running_loop()
@@ -203,8 +219,15 @@ class EffectExecutor(BrokerFields):
         latest: Asked | None = None
         refused: CommandAck | None = None
         error = ""
+        first = 0
         try:
-            for i in range(attempts):
+            if resumed is not None:
+                first, error, latest = 1, resumed.error, resumed.unanswered
+                if latest is not None:
+                    asked.append(latest)
+                elif attempts > 1:
+                    await asyncio.sleep(seq.empty_pause(0))  # nothing on the wire
+            for i in range(first, attempts):
                 if refused is not None:
                     return refused
                 if i:
@@ -213,7 +236,7 @@ class EffectExecutor(BrokerFields):
                     latest = await self._requests.ask(subject, data)
                     asked.append(latest)
                 except Exception as exc:
-                    error = f"{type(exc).__name__}: {exc}"
+                    error = _failed(exc)
                 wait = seq.ack_wait(cluster, i)
                 deadline = loop.time() + wait
                 while asked and (left := deadline - loop.time()) > 0:
@@ -247,23 +270,93 @@ class EffectExecutor(BrokerFields):
         """The secret that lets one attempt's workload report its own checkpoints."""
         return attempt_token(self._id_key, job_id, attempt)
 
-    async def _send_dispatch(self, cluster: str, cmd: Dispatch) -> None:
-        ack = await self._request(cluster, encode_msgpack(cmd), self._sequencer.attempts(cmd))
-        ok, error, stale = ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
-        # Bound only when there is something to say: binding costs as much as the request.
-        bound = (
-            log.bind(job_id=cmd.job_id, cluster=cluster, attempt=cmd.attempt)
-            if stale is not None or not ok
-            else log
+    async def _dispatch(self, cluster: str, cmd: Dispatch) -> None:
+        """Send a Dispatch and hear the ack of its first copy without a task of its own: a
+        callback on the reply and a timer. Anything but an answer in time (silence, no
+        responders, a bad ack, a stale epoch) goes on in a task (`_send_dispatch`), from
+        where this left it; most Dispatches never need one."""
+        data = encode_msgpack(cmd)
+        try:
+            asked = await self._requests.ask(self.subjects.agent_cmd(cluster), data)
+        except Exception as exc:
+            self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, _failed(exc))))
+            return
+        wait = self._sequencer.ack_wait(cluster, 0)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(wait, self._first_copy_unanswered, cluster, cmd, asked, wait)
+        self._first_copies[asked.token] = (asked, timer)
+        asked.reply.add_done_callback(
+            lambda reply: self._first_copy_answered(cluster, cmd, asked, timer, reply)
         )
-        if stale is not None:
-            bound.warning("broker.stale_epoch", error=error, claimed=stale)
+
+    def _first_copy_answered(
+        self,
+        cluster: str,
+        cmd: Dispatch,
+        asked: Asked,
+        timer: asyncio.TimerHandle,
+        reply: asyncio.Future[Any],
+    ) -> None:
+        if self._first_copies.pop(asked.token, None) is None or reply.cancelled():
+            return  # its wait ended first (a task took it on), or the leadership did
+        timer.cancel()
+        try:
+            ack = decode_command_ack(reply.result().data)
+        except NoRespondersError:
+            resumed = FirstCopy(None, f"no agent is listening for cluster {cluster!r}")
+            self._spawn(self._send_dispatch(cluster, cmd, resumed))
+            return
+        except DecodeError as exc:
+            resumed = FirstCopy(None, f"bad ack from cluster {cluster!r}: {exc}")
+            self._spawn(self._send_dispatch(cluster, cmd, resumed))
+            return
+        self._sequencer.acked(cluster, asyncio.get_running_loop().time() - asked.sent)
+        if ack.stale_epoch:
+            self._spawn(self._dispatch_answered(cluster, cmd, ack))
+        else:  # the only copy answered: its ack decides (Sequencer.decides)
+            self._dispatch_settled(cluster, cmd, ack)
+
+    def _first_copy_unanswered(
+        self, cluster: str, cmd: Dispatch, asked: Asked, wait: float
+    ) -> None:
+        if self._first_copies.pop(asked.token, None) is None:
+            return
+        silence = self._sequencer.silence(cluster, wait).error
+        self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(asked, silence)))
+
+    def _drop_first_copies(self) -> None:
+        """The leadership ended: no first copy's answer is this leader's to act on."""
+        copies, self._first_copies = self._first_copies, {}
+        for asked, timer in copies.values():
+            timer.cancel()
+            self._requests.forget(asked)
+
+    async def _send_dispatch(
+        self, cluster: str, cmd: Dispatch, resumed: FirstCopy | None = None
+    ) -> None:
+        attempts = self._sequencer.attempts(cmd)
+        ack = await self._request(cluster, encode_msgpack(cmd), attempts, resumed)
+        await self._dispatch_answered(cluster, cmd, ack)
+
+    async def _dispatch_answered(self, cluster: str, cmd: Dispatch, ack: CommandAck) -> None:
+        if ack.stale_epoch:
+            error, stale = ack.error, ack.epoch
+            log.bind(job_id=cmd.job_id, cluster=cluster, attempt=cmd.attempt).warning(
+                "broker.stale_epoch", error=error, claimed=stale
+            )
             await self._on_stale_epoch(cluster, stale, error)
             if not self.leading.is_set():
                 return
+        self._dispatch_settled(cluster, cmd, ack)
+
+    def _dispatch_settled(self, cluster: str, cmd: Dispatch, ack: CommandAck) -> None:
+        """Tell the core what became of a Dispatch."""
+        ok, error = ack.ok, ack.error
         if not ok:
             self.stats["dispatch_failed"] += 1
-            bound.warning("broker.dispatch_failed", error=error)
+            log.bind(job_id=cmd.job_id, cluster=cluster, attempt=cmd.attempt).warning(
+                "broker.dispatch_failed", error=error
+            )
         else:
             self.stats["dispatch_acked"] += 1
             log.info(

@@ -34,7 +34,7 @@ from broker.store import JobStore, RecordMirror
 from schemas.config import BrokerConfig
 from schemas.natsopts import NatsOptions
 from schemas.subjects import Subjects
-from shell.natsio import Requester
+from shell.natsio import Asked, Requester
 
 
 class BrokerFields:
@@ -140,6 +140,9 @@ class BrokerFields:
             nc, config.max_payload_bytes, self._storage_error, self._early_reply, self.refused
         )
         self._requests = Requester(nc)
+        # Dispatches whose first copy awaits its ack without a task (broker/executor.py):
+        # reply token -> (the copy, the timer that hands it to a task when its wait ends)
+        self._first_copies: dict[str, tuple[Asked, asyncio.TimerHandle]] = {}
         # The effect rules (barrier, retries, learnt ack waits), driven by broker/executor.py
         self._sequencer = Sequencer(config.timeouts)
         # Which records go to the store now and which wait (deferred writes), and when the
@@ -200,6 +203,8 @@ class BrokerFields:
         def _attempt_token(self, job_id: str, attempt: int) -> str: ...
 
         async def _send_command(self, cluster: str, cmd: Any) -> bool: ...
+
+        def _drop_first_copies(self) -> None: ...
 
         async def _lose_leadership(self, why: str) -> None: ...
 

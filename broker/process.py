@@ -427,6 +427,7 @@ class BrokerProcess(BrokerFields):
                 await sub.unsubscribe()
         self._subs = []
         await cancel_and_wait(*self._tasks, *self._background)
+        self._drop_first_copies()
         self._tasks = []
         self._background = set()
         self._queue = asyncio.Queue()
