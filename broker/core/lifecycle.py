@@ -146,6 +146,8 @@ class AttemptLifecycle:
         # must (None until the dispatch is acknowledged). Not persisted: after a restart the
         # agents' snapshots report every attempt, or `missing` loses it.
         self._unreported: dict[str, float | None] = {}
+        # No entry of `_unreported` falls due before this (a tick looks at none until then).
+        self._unreported_due = math.inf
         # Jobs whose live attempt has an elastic podset below its maximum (elastic.py): the
         # ones `grow_elastic` looks at. May hold jobs that ended since (they are skipped).
         self.elastic_short: set[str] = set()
@@ -379,6 +381,7 @@ class AttemptLifecycle:
             window = self._config.timeouts.dispatch_report_s
             if window > 0 and job_id in self._unreported:
                 self._unreported[job_id] = now + window
+                self._unreported_due = min(self._unreported_due, now + window)
             return [Persist(record)]
         if current.acked_at is not None and current.revision > 0:
             if resize_refused:
@@ -519,8 +522,15 @@ class AttemptLifecycle:
         """Acknowledged dispatches their agent never reported (created or running) within
         `timeouts.dispatch_report_s`: the cluster swallowed them. Not while the cluster takes
         no placements (silent or stale): cluster health deals with that."""
+        if now <= self._unreported_due:
+            return
         window = self._config.timeouts.dispatch_report_s
         due = [j for j, t in self._unreported.items() if t is not None and now > t]
+        # What is not due now, and what stays due (its cluster takes no placements), sets when
+        # to look again.
+        self._unreported_due = min(
+            (t for t in self._unreported.values() if t is not None and now <= t), default=math.inf
+        )
         clusters = self._scheduler.cluster_states()
         for job_id in due:
             record = self._jobs[job_id]
@@ -530,6 +540,7 @@ class AttemptLifecycle:
                 continue
             c = clusters.get(current.cluster)
             if c is None or not c.schedulable:
+                self._unreported_due = min(self._unreported_due, now)  # due at the next tick
                 continue
             del self._unreported[job_id]
             reason = (

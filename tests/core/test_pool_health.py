@@ -45,6 +45,7 @@ class Fleet:
     seq: dict[str, int] = field(default_factory=dict)
     running: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
     dispatches: dict[str, int] = field(default_factory=dict)
+    silent: set[str] = field(default_factory=set)  # clusters whose agents send nothing
     m: Machine = field(init=False)
 
     def __post_init__(self) -> None:
@@ -98,6 +99,8 @@ class Fleet:
         self.now += dt
         effects: list[Effect] = []
         for cluster in self.behaviours:
+            if cluster in self.silent:
+                continue
             ended = [
                 WorkloadStatus(job_id=j, attempt=a, phase="succeeded")
                 for (j, a), (c, end) in self.running.items()
@@ -271,3 +274,27 @@ def test_a_refusal_for_one_job_alone_never_opens_the_pools_breaker() -> None:
     assert fleet.done(ids)
     assert all(fleet.m.jobs[j].attempts[-1].cluster == "h1" for j in ids)
     assert fleet.dispatches["quota"] >= 4  # more refusals than would open a breaker
+
+
+def test_a_dispatch_swallowed_while_its_cluster_was_silent_is_found_once_it_is_back() -> None:
+    """The report deadline passes while the cluster is unreachable (its health deals with
+    that, not the breaker); once it beats again, the unreported dispatch counts at once."""
+    fleet = Fleet(
+        behaviours={"swallow": "swallow"},
+        prices={"swallow": 1.0},
+        rng=random.Random(7),
+        timeouts={"start_s": 600.0, "dispatch_report_s": 10.0, "unreachable_after_s": 3.0},
+    )
+    (job_id,) = fleet.submit(1)
+    fleet.step()
+    record = fleet.m.jobs[job_id]
+    assert record.current is not None and record.current.acked_at is not None
+    fleet.silent.add("swallow")
+    for _ in range(20):  # past the report deadline, unreachable all along
+        fleet.step()
+    assert record.start_failures == 0  # not judged while its cluster takes no placements
+    fleet.silent.clear()
+    for _ in range(3):
+        fleet.step()
+    assert record.start_failures == 1, record
+    assert record.attempts[0].ended_at is not None
