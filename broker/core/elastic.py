@@ -192,9 +192,12 @@ def grown(running: Iterable[PodSetAssignment], more: Placement) -> list[PodSetAs
 def short(spec: JobSpec, running: Iterable[PodSetAssignment]) -> bool:
     """Whether some elastic podset runs below its maximum. Asked at every admission, and
     most gangs have no elastic podset: those are answered without counting nodes."""
-    elastic = [p for p in spec.gang if p.elastic]
-    if not elastic:
+    for p in spec.gang:
+        if p.elastic:
+            break
+    else:
         return False
+    elastic = [p for p in spec.gang if p.elastic]
     have = {a.podset: len(a.nodes) for a in running}
     return any(have.get(p.name, 0) < p.most for p in elastic)
 

@@ -1279,6 +1279,9 @@ def cancels_before(record: JobRecord, attempt: AttemptRecord) -> tuple[int, ...]
     every older one whose Cancel is unacknowledged. Any of them may still run; only the one
     just before would leave an older copy running beside the new one when a dispatch in
     between was given up (its own Cancel heard at once) while the oldest is still unheard."""
+    attempts = record.attempts
+    if not attempts or (len(attempts) == 1 and attempts[0] is attempt):
+        return ()  # a first attempt, the common case
     before = previous_attempt(record, attempt)
     return tuple(
         a.attempt
