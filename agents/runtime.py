@@ -219,7 +219,6 @@ class AgentRuntime:
         await self._nodeops.start()
         with contextlib.suppress(Exception):  # the server knows the subscription before we speak
             await flush(self.nc, timeout=2)
-        self._next_heartbeat = time.monotonic()
         self._last_contact = time.monotonic()
         self._queue_heartbeat()
         await self._flush()

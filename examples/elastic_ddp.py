@@ -28,6 +28,7 @@ close a run must come to the reference to match).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -192,6 +193,14 @@ def main() -> None:
         print(f"final loss {loss.item()!r} at step {args.steps}", flush=True)
     ck.close()
     if distributed:
+        # As in examples/pytorch_ddp.py: the DDP wrapper left alive keeps the process group
+        # past destroy_process_group, and gloo's threads torn down at interpreter exit abort
+        # the rank ("terminate called without an active exception", pytorch/pytorch#179291),
+        # which torchrun takes for a failed worker and restarts the group without it. So the
+        # wrapper goes first, and every rank reaches the same point before the teardown.
+        del net
+        gc.collect()  # the wrapper's hooks keep it in reference cycles
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -14,22 +14,20 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
-from nats.js.errors import BadRequestError
 from nats.js.object_store import OBJ_DEFAULT_CHUNK_SIZE
 
 from broker import bucketread, snapshot
 from broker.snapshot import objects_stream, read_snapshot
 from broker.snapshotwriter import write_snapshot
-from broker.store import JobStore, RecordMirror, StoreError, StreamUnanswered
+from broker.store import JobStore, RecordMirror, StreamUnanswered
 from load.natscluster import NatsCluster
 from schemas.config import Replication
 from schemas.subjects import snapshot_bucket_of
 from tests.broker.jobs import mirror_took, stored_record
-from tests.nats.world import connect
+from tests.nats.world import connect, open_store
 from tests.support import wait_for
 
 R3 = 3
-NO_PEERS = 10005  # nats-server JSClusterNoPeersErrF: no suitable peers for placement
 # How long the stream stays without a leader: past nats-py's 5 s default for one API call.
 LEADERLESS_S = 6.0
 
@@ -51,24 +49,7 @@ async def filled_store(nc: Client, jobs: int, replicas: int | Replication = R3) 
     """A new bucket of `replicas` holding `jobs` records, some of them written twice. The
     first write is asked again while the new stream's subjects have no responders yet."""
     bucket = f"read{uuid.uuid4().hex[:8]}"
-    opened: list[JobStore] = []
-
-    async def created() -> bool:
-        """A fresh cluster may count a peer offline for a moment, and its meta leader may
-        not answer a create in time (the stream may exist then: opening again finds it)."""
-        try:
-            opened.append(await JobStore.open(nc.jetstream(), bucket, replicas))
-        except TimeoutError:
-            return False
-        except StoreError as exc:  # JetStream's refusal is its cause
-            cause = exc.__cause__
-            if not isinstance(cause, BadRequestError) or cause.err_code != NO_PEERS:
-                raise
-            return False
-        return True
-
-    await wait_for(created, 30, what=f"bucket {bucket} created on three servers")
-    store = opened[0]
+    store = await open_store(nc.jetstream(), bucket, replicas, 30)
 
     async def first_written() -> bool:
         try:

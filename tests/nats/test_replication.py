@@ -20,7 +20,7 @@ from broker.store import JobStore, StoreError, kv_stream_config, open_bucket
 from load.natscluster import NatsCluster
 from schemas.config import Replication
 from schemas.subjects import Subjects
-from tests.nats.world import cluster_world, connect
+from tests.nats.world import cluster_world, connect, open_store
 from tests.support import wait_for
 
 
@@ -136,16 +136,7 @@ async def test_new_buckets_start_on_the_servers_their_placement_names(
         for k in range(2):
             bucket = f"jobs_{server}_{k}"
 
-            async def created(bucket: str = bucket, placed: Replication = placed) -> bool:
-                """The fresh cluster's meta leader may not answer a create in time; the
-                stream may exist then, and opening again finds it."""
-                try:
-                    await JobStore.open(js, bucket, placed)
-                except TimeoutError:
-                    return False
-                return True
-
-            await wait_for(created, 60, what=f"bucket {bucket} created")
+            await open_store(js, bucket, placed, 60)
             streams[f"KV_{bucket}"] = server
         lease = LeaderLease(js, f"lease_{server}", "b1", 5.0, replication=placed)
         async with asyncio.timeout(30):

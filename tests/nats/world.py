@@ -15,10 +15,13 @@ from typing import Any
 import msgspec
 import nats
 from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+from nats.js.errors import BadRequestError
 
 from agents.config import AgentConfig, FakeClusterConfig
 from agents.fleet import Fleet, start_fake_fleet
 from broker.service import Broker
+from broker.store import JobStore, StoreError
 from load.natscluster import NatsCluster
 from schemas.codec import decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, Replication
@@ -64,6 +67,33 @@ def fake_agent(cluster: str, subjects: Subjects, *, nodes: int, seed: int) -> Ag
 
 async def connect(cluster: NatsCluster, role: str = "admin") -> Client:
     return await nats.connect(**cluster.options(role).connect_kwargs())
+
+
+NO_PEERS = 10005  # nats-server JSClusterNoPeersErrF: no suitable peers for placement
+
+
+async def open_store(
+    js: JetStreamContext, bucket: str, replication: int | Replication, timeout: float
+) -> JobStore:
+    """The job bucket `bucket`, created on a fresh cluster: its meta leader may not answer
+    a create in time (the stream may exist then: opening again finds it), and it may count a
+    peer offline for a moment (no peers for the placement yet)."""
+    opened: list[JobStore] = []
+
+    async def created() -> bool:
+        try:
+            opened.append(await JobStore.open(js, bucket, replication))
+        except TimeoutError:
+            return False
+        except StoreError as exc:  # JetStream's refusal is its cause
+            cause = exc.__cause__
+            if not isinstance(cause, BadRequestError) or cause.err_code != NO_PEERS:
+                raise
+            return False
+        return True
+
+    await wait_for(created, timeout, what=f"bucket {bucket} created")
+    return opened[-1]
 
 
 @dataclass
