@@ -94,6 +94,16 @@ def _failed(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _read_ack(cluster: str, reply: asyncio.Future[Any]) -> CommandAck | str:
+    """A copy's answer: the agent's ack, or why it is none (nobody listens, not an ack)."""
+    try:
+        return decode_command_ack(reply.result().data)
+    except NoRespondersError:
+        return f"no agent is listening for cluster {cluster!r}"
+    except DecodeError as exc:
+        return f"bad ack from cluster {cluster!r}: {exc}"
+
+
 class EffectExecutor(BrokerFields):
     """Carries out the machine's effects in order: persist, then send and publish."""
 
@@ -243,13 +253,9 @@ class EffectExecutor(BrokerFields):
                     await first_done([a.reply for a in asked], left)
                     for a in [a for a in asked if a.reply.done()]:
                         asked.remove(a)
-                        try:
-                            ack = decode_command_ack(a.reply.result().data)
-                        except NoRespondersError:
-                            error = f"no agent is listening for cluster {cluster!r}"
-                            continue
-                        except DecodeError as exc:
-                            error = f"bad ack from cluster {cluster!r}: {exc}"
+                        ack = _read_ack(cluster, a.reply)
+                        if isinstance(ack, str):
+                            error = ack
                             continue
                         seq.acked(cluster, loop.time() - a.sent)
                         if a is not latest:  # the old fixed wait would have dropped it
@@ -300,15 +306,9 @@ class EffectExecutor(BrokerFields):
         if self._first_copies.pop(asked.token, None) is None or reply.cancelled():
             return  # its wait ended first (a task took it on), or the leadership did
         timer.cancel()
-        try:
-            ack = decode_command_ack(reply.result().data)
-        except NoRespondersError:
-            resumed = FirstCopy(None, f"no agent is listening for cluster {cluster!r}")
-            self._spawn(self._send_dispatch(cluster, cmd, resumed))
-            return
-        except DecodeError as exc:
-            resumed = FirstCopy(None, f"bad ack from cluster {cluster!r}: {exc}")
-            self._spawn(self._send_dispatch(cluster, cmd, resumed))
+        ack = _read_ack(cluster, reply)
+        if isinstance(ack, str):  # no answer yet: the next copies go out from a task
+            self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, ack)))
             return
         self._sequencer.acked(cluster, asyncio.get_running_loop().time() - asked.sent)
         if ack.stale_epoch:

@@ -39,17 +39,16 @@ def order_key(r: GangRequest) -> tuple[int, int]:
 
 
 class SpotWaiters:
-    __slots__ = ("_active_ids", "_gang_of", "_ids", "_keys", "active")
+    __slots__ = ("_active_ids", "_gang_of", "_ids", "active")
 
     def __init__(self, gang_of: Callable[[GangRequest], Gang]) -> None:
         self._gang_of = gang_of
         self._ids: dict[str, None] = {}  # every waiter, those backing off included
         # The waiters the last cycle looked at, with their gangs, earliest first; kept between
-        # cycles for reservations and moves. Changed only here: `_keys` (each one's
-        # `order_key`) and `_active_ids` follow it, so a lookup or an insertion does not walk
-        # it (a walk per admitted job was 68 % of a 100,000-job cycle, `load.bench_core`).
+        # cycles for reservations and moves. Changed only here: `_active_ids` follows it, and
+        # a place is found by bisection, so neither a lookup nor an insertion walks it (a walk
+        # per admitted job was 68 % of a 100,000-job cycle, `load.bench_core`).
         self.active: list[tuple[GangRequest, Gang]] = []
-        self._keys: list[tuple[int, int]] = []
         self._active_ids: set[str] = set()
 
     @property
@@ -64,7 +63,6 @@ class SpotWaiters:
         self.active = sorted(
             ((r, self._gang_of(r)) for r in requests), key=lambda w: order_key(w[0])
         )
-        self._keys = [order_key(r) for r, _ in self.active]
         self._active_ids = {r.job_id for r, _ in self.active}
 
     def waits(self, req: GangRequest) -> None:
@@ -72,10 +70,9 @@ class SpotWaiters:
         self._ids[req.job_id] = None
         if req.job_id in self._active_ids:
             return
-        key = order_key(req)
-        at = bisect_right(self._keys, key)  # after the waiters of the same key
+        # after the waiters of the same key
+        at = bisect_right(self.active, order_key(req), key=lambda w: order_key(w[0]))
         self.active.insert(at, (req, self._gang_of(req)))
-        self._keys.insert(at, key)
         self._active_ids.add(req.job_id)
 
     def forget(self, job_id: str) -> None:
@@ -87,11 +84,7 @@ class SpotWaiters:
     def _drop(self, gone: set[str]) -> None:
         """Take these waiters out of `active`, in one pass."""
         self._active_ids -= gone
-        kept = [
-            (w, k) for w, k in zip(self.active, self._keys, strict=True) if w[0].job_id not in gone
-        ]
-        self.active = [w for w, _ in kept]
-        self._keys = [k for _, k in kept]
+        self.active = [w for w in self.active if w[0].job_id not in gone]
 
     def settle(
         self,
