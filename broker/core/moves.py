@@ -109,7 +109,7 @@ class PlannedMoves:
         that waits for it, when that pays (spotyield.py); waiters earliest first, each mover
         for one waiter."""
         taken: set[str] = set()
-        for waiter, gang in self._scheduler.spot_waiters.active:
+        for _, waiter, gang in self._scheduler.spot_waiters.active:
             record = self._jobs.get(waiter.job_id)
             if record is None or record.state != "queued" or record.not_before > now:
                 continue

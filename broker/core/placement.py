@@ -53,9 +53,9 @@ Rules (Kueue's flavor assigner, Armada's gang scheduling, per node not per total
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from broker.core.inventory import Cluster, Inventory, Node, Pool
 from broker.core.risk import expected_cost_per_hour
@@ -180,37 +180,53 @@ def futile_spot_waits(waiting: Sequence[GangRequest]) -> dict[str, str]:
     return out
 
 
+OrderKey = tuple[int, int]  # queue order: (-priority, submission order)
+
+
+class Waiter(NamedTuple):
+    """A queued spot-only job that waits for spot capacity (spotwait.py)."""
+
+    key: OrderKey
+    request: GangRequest
+    gang: Gang
+
+
 def spot_kept_for(
     req: GangRequest,
     pool: Pool,
-    waiters: Sequence[tuple[GangRequest, Gang]],
+    groups: Iterable[Sequence[Waiter]],
     running: bool = False,
 ) -> GangRequest | None:
     """The queued spot-only job that `pool`'s spot is kept for against `req`, or None.
 
-    `waiters`: spot-only jobs that last failed for capacity, with their gangs, earliest first
-    (higher priority, then submitted first). Only a job that could run on on-demand yields
-    (`any`, or `spot-then-on-demand` still on spot), only on a spot pool, and only to an
-    earlier waiter that accepts the pool and could fit it empty: spot that frees there is
+    `groups`: spot-only jobs that last failed for capacity, in groups that accept the same
+    pools (same GPU types, avoided pools and gang), each earliest first (higher priority,
+    then submitted first). Only a job that could run on on-demand yields (`any`, or
+    `spot-then-on-demand` still on spot), only on a spot pool, and only to the earliest
+    waiter before it that accepts the pool and could fit it empty: spot that frees there is
     what that job waits for, and it has no other capacity to go to. A `running` job (a
     replacement booked at a spot notice) had its turn: it yields to every waiter of equal or
-    higher priority, as a running job moves off spot for one (spotyield.py)."""
+    higher priority, as a running job moves off spot for one (spotyield.py). A group is
+    judged by its head alone, so the question costs the number of groups, not of waiters."""
     if pool.capacity_type != "spot" or req.capacity not in ("any", "spot-then-on-demand"):
         return None
     if req.spot_exhausted:
         return None
-    mine = (-req.priority, req.order if not running else float("inf"))
-    for waiter, gang in waiters:
-        if (-waiter.priority, waiter.order) >= mine:
-            return None
-        if (
-            waiter.job_id != req.job_id
-            and pool.key not in waiter.avoid_pools
-            and gpu_type_ok(pool, waiter.gpu_types, gang.total[0])
-            and empty_fit(pool, gang)
-        ):
-            return waiter
-    return None
+    found: GangRequest | None = None
+    before = (-req.priority, req.order if not running else float("inf"))
+    for group in groups:
+        for key, waiter, gang in group:
+            if waiter.job_id == req.job_id:
+                continue
+            if (
+                key < before
+                and pool.key not in waiter.avoid_pools
+                and gpu_type_ok(pool, waiter.gpu_types, gang.total[0])
+                and empty_fit(pool, gang)
+            ):
+                found, before = waiter, key
+            break
+    return found
 
 
 def wants_spot_first(req: GangRequest) -> bool:

@@ -72,7 +72,6 @@ from broker.core.placement import (
     gpu_type_ok,
     make_gang,
     pool_cost,
-    spot_kept_for,
     summed,
 )
 from broker.core.preemption import plan_preemption, worth_planning
@@ -763,7 +762,7 @@ class Scheduler:
         shape = self._shape_of(req) if claim is None else (*self._shape_of(req), req.job_id)
         got = assign(req, qs, snap, shape)
         if self.spot_waiters.active and isinstance(got, Assignment):
-            holder = spot_kept_for(req, got.pool, self.spot_waiters.active)
+            holder = self.spot_waiters.kept_for(req, got.pool)
             if holder is not None:
                 got = self._leave_spot(req, qs, snap, got, holder, res)
         if self._provisionable and req.job_id not in self._waiting:
@@ -1051,7 +1050,7 @@ class Scheduler:
         got = self.assign(request, now)
         if not self.spot_waiters.active or not isinstance(got, Assignment):
             return got
-        holder = spot_kept_for(request, got.pool, self.spot_waiters.active, running=True)
+        holder = self.spot_waiters.kept_for(request, got.pool, running=True)
         qs = self._book.queues.get(request.queue)
         if holder is None or qs is None:
             return got

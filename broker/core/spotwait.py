@@ -14,12 +14,14 @@ Three rules read the list, earliest first (higher priority, then submitted first
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import itemgetter
 
-from broker.core.placement import Gang
+from broker.core.inventory import Pool
+from broker.core.placement import Gang, OrderKey, Waiter, spot_kept_for
 from broker.core.records import JobRecord
-from broker.core.types import GangRequest, Reason
+from broker.core.types import GangRequest, PodSetDemand, PoolKey, Reason
 
 
 def note_spot_held(record: JobRecord, why: str | None) -> None:
@@ -33,23 +35,34 @@ def note_spot_held(record: JobRecord, why: str | None) -> None:
         record.spot_fallback = why
 
 
-def order_key(r: GangRequest) -> tuple[int, int]:
+Group = tuple[frozenset[str], frozenset[PoolKey], tuple[PodSetDemand, ...]]
+
+
+def order_key(r: GangRequest) -> OrderKey:
     """Queue order: higher priority first, then submitted first."""
     return (-r.priority, r.order)
 
 
+_by_key = itemgetter(0)  # a Waiter's order key, read in C by bisect
+
+
 class SpotWaiters:
-    __slots__ = ("_active_ids", "_gang_of", "_ids", "active")
+    __slots__ = ("_gang_of", "_groups", "_ids", "_where", "active")
 
     def __init__(self, gang_of: Callable[[GangRequest], Gang]) -> None:
         self._gang_of = gang_of
         self._ids: dict[str, None] = {}  # every waiter, those backing off included
         # The waiters the last cycle looked at, with their gangs, earliest first; kept between
-        # cycles for reservations and moves. Changed only here: `_active_ids` follows it, and
-        # a place is found by bisection, so neither a lookup nor an insertion walks it (a walk
-        # per admitted job was 68 % of a 100,000-job cycle, `load.bench_core`).
-        self.active: list[tuple[GangRequest, Gang]] = []
-        self._active_ids: set[str] = set()
+        # cycles for reservations and moves. Changed only here. `_where` gives each one's
+        # order key and group, so a place is found by bisection and neither a lookup, an
+        # insertion nor a removal walks the list (a walk per admitted job was 68 % of a
+        # 100,000-job cycle, `load.bench_core`).
+        self.active: list[Waiter] = []
+        self._where: dict[str, tuple[OrderKey, Group]] = {}
+        # The same waiters by the pools they accept (GPU types, avoided pools, gang), each
+        # group earliest first: whether a pool's spot is kept asks each group's head only
+        # (placement.spot_kept_for); walking every earlier waiter was a fifth of that cycle.
+        self._groups: dict[Group, list[Waiter]] = {}
 
     @property
     def ids(self) -> Sequence[str]:
@@ -58,33 +71,53 @@ class SpotWaiters:
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._ids
 
+    def kept_for(self, req: GangRequest, pool: Pool, running: bool = False) -> GangRequest | None:
+        """The waiter `pool`'s spot is kept for against `req` (placement.spot_kept_for)."""
+        return spot_kept_for(req, pool, self._groups.values(), running)
+
     def begin(self, requests: Iterable[GangRequest]) -> None:
         """A cycle starts with these waiters (the machine's current requests for them)."""
-        self.active = sorted(
-            ((r, self._gang_of(r)) for r in requests), key=lambda w: order_key(w[0])
+        self._index(
+            sorted((Waiter(order_key(r), r, self._gang_of(r)) for r in requests), key=_by_key)
         )
-        self._active_ids = {r.job_id for r, _ in self.active}
+
+    def _index(self, active: list[Waiter]) -> None:
+        self.active = active
+        self._where = {}
+        self._groups = {}
+        for w in active:
+            group = _group(w)
+            self._where[w.request.job_id] = (w.key, group)
+            self._groups.setdefault(group, []).append(w)
 
     def waits(self, req: GangRequest) -> None:
         """A cycle could not place spot-only `req` for capacity: it waits from now on."""
         self._ids[req.job_id] = None
-        if req.job_id in self._active_ids:
+        if req.job_id in self._where:
             return
-        # after the waiters of the same key
-        at = bisect_right(self.active, order_key(req), key=lambda w: order_key(w[0]))
-        self.active.insert(at, (req, self._gang_of(req)))
-        self._active_ids.add(req.job_id)
+        w = Waiter(order_key(req), req, self._gang_of(req))
+        group = _group(w)
+        self._where[req.job_id] = (w.key, group)
+        _file(self.active, w)
+        _file(self._groups.setdefault(group, []), w)
 
     def forget(self, job_id: str) -> None:
         """The job was placed, left the queue or waits for something other than capacity."""
         self._ids.pop(job_id, None)
-        if job_id in self._active_ids:
-            self._drop({job_id})
+        if job_id in self._where:
+            self._unlist(job_id)
+
+    def _unlist(self, job_id: str) -> None:
+        key, group = self._where.pop(job_id)
+        _remove(self.active, job_id, key)
+        members = self._groups[group]
+        _remove(members, job_id, key)
+        if not members:
+            del self._groups[group]
 
     def _drop(self, gone: set[str]) -> None:
-        """Take these waiters out of `active`, in one pass."""
-        self._active_ids -= gone
-        self.active = [w for w in self.active if w[0].job_id not in gone]
+        """Take these waiters out, in one pass."""
+        self._index([w for w in self.active if w.request.job_id not in gone])
 
     def settle(
         self,
@@ -98,14 +131,39 @@ class SpotWaiters:
             self._ids.pop(job_id, None)
             gone.add(job_id)
         for r in tried:
+            if r.capacity != "spot":
+                continue
             reasons = pending.get(r.job_id)
-            if r.capacity != "spot" or reasons is None:
+            if reasons is None:
                 continue
             if any(x.code == "insufficient-capacity" for x in reasons):
                 self._ids[r.job_id] = None
             else:
                 self._ids.pop(r.job_id, None)
                 gone.add(r.job_id)
-        gone &= self._active_ids
-        if gone:
+        gone = {job_id for job_id in gone if job_id in self._where}
+        if len(gone) > 1:
             self._drop(gone)
+        elif gone:
+            self._unlist(gone.pop())
+
+
+def _group(w: Waiter) -> Group:
+    """Waiters of one group accept the same pools (placement.spot_kept_for)."""
+    return (w.request.gpu_types, w.request.avoid_pools, w.gang.demands)
+
+
+def _file(waiters: list[Waiter], w: Waiter) -> None:
+    """Put `w` after the waiters of its key or earlier ones. A cycle takes jobs in queue
+    order, so its new waiters mostly come last: that place is tried first."""
+    if not waiters or waiters[-1].key <= w.key:
+        waiters.append(w)
+    else:
+        waiters.insert(bisect_right(waiters, w.key, key=_by_key), w)
+
+
+def _remove(waiters: list[Waiter], job_id: str, key: OrderKey) -> None:
+    at = bisect_left(waiters, key, key=_by_key)
+    while waiters[at].request.job_id != job_id:  # past the other waiters of the same key
+        at += 1
+    del waiters[at]

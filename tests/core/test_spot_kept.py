@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from broker.core.effects import split_reply
 from broker.core.inputs import CYCLE, AgentBatch, CancelJob, SubmitJob
 from broker.core.machine import Machine
-from broker.core.placement import make_gang, spot_kept_for
+from broker.core.placement import Waiter, make_gang, spot_kept_for
 from broker.core.scheduler import Scheduler
+from broker.core.spotwait import order_key
 from broker.core.types import GangRequest
 from schemas.agent import ClusterSnapshot, EventBatch
 from schemas.config import BrokerConfig, QueueConfig
@@ -136,7 +137,7 @@ def test_only_a_flexible_job_behind_the_waiter_yields_and_only_on_spot() -> None
     spot = s.cluster_states()["c"].pools["spot"]
     od = s.cluster_states()["c"].pools["od"]
     waiter = _req("w", 1, 8, "spot")
-    waiters = [(waiter, make_gang(waiter.podsets))]
+    waiters = [[Waiter(order_key(waiter), waiter, make_gang(waiter.podsets))]]  # one group
     assert spot_kept_for(_req("a", 2, 1, "any"), spot, waiters) is waiter
     assert spot_kept_for(_req("b", 2, 1, "spot-then-on-demand"), spot, waiters) is waiter
     assert spot_kept_for(_req("c", 2, 1, "spot"), spot, waiters) is None  # spot-only: its turn
@@ -144,7 +145,10 @@ def test_only_a_flexible_job_behind_the_waiter_yields_and_only_on_spot() -> None
     assert spot_kept_for(_req("e", 0, 1, "any"), spot, waiters) is None  # earlier than it
     assert spot_kept_for(_req("f", 2, 1, "any", priority=1), spot, waiters) is None
     big = _req("g", 1, 16, "spot")  # never fits the 8-GPU pool: nothing to wait for there
-    assert spot_kept_for(_req("h", 2, 1, "any"), spot, [(big, make_gang(big.podsets))]) is None
+    kept = spot_kept_for(
+        _req("h", 2, 1, "any"), spot, [[Waiter(order_key(big), big, make_gang(big.podsets))]]
+    )
+    assert kept is None
 
 
 _CAPACITIES: list[CapacityPreference] = ["spot", "any", "spot-then-on-demand", "on-demand"]

@@ -1,5 +1,7 @@
 """`SpotWaiters` kept by index against the same operations done the plain way: after any
-sequence of cycles begun, waits, forgets and settles, the waiters and their order agree."""
+sequence of cycles begun, waits, forgets and settles, the waiters and their order agree, and
+so does the waiter each spot pool is kept for (asked of the groups' heads, against a walk of
+every earlier waiter)."""
 
 from __future__ import annotations
 
@@ -8,24 +10,44 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.core.inventory import Pool
+from broker.core.placement import make_gang
 from broker.core.spotwait import SpotWaiters
-from broker.core.types import GangRequest, PodSetDemand, Reason
+from broker.core.types import GangRequest, PoolKey, Reason
+from schemas.job import CapacityPreference
+from tests.core.helpers import flavor, gang, one_cluster
 
 JOBS = [f"j{i}" for i in range(8)]
-DEMAND = (PodSetDemand(podset="w", replicas=1, gpu=8, cpu_milli=0, memory=0, extended=()),)
 CAPACITY = (Reason("insufficient-capacity", "no room"),)
 OTHER = (Reason("quota-exceeded", "over quota"),)
+# Spot pools of one and two 8-GPU nodes, of two GPU types, and an on-demand one.
+POOLS = list(
+    one_cluster(
+        [
+            (flavor("v100-spot", "spot", "v100", 0.9), 1),
+            (flavor("a100-spot", "spot", "a100", 1.5), 2),
+            (flavor("a100-od", "on-demand", "a100"), 1),
+        ]
+    )
+    .cluster_states()["c"]
+    .pools.values()
+)
+SHAPES = [(1, 1), (1, 8), (2, 8), (1, 16)]  # (replicas, GPUs): the last fits no node
+TYPES: list[frozenset[str]] = [frozenset(), frozenset({"v100"}), frozenset({"a100"})]
+AVOID: list[frozenset[PoolKey]] = [frozenset(), frozenset({POOLS[0].key})]
 
 
-def request(job: str, priority: int, order: int) -> GangRequest:
-    return GangRequest(
-        job_id=job,
-        attempt=1,
-        queue="q",
-        priority=priority,
-        order=order,
-        podsets=DEMAND,
-        capacity="spot",
+def request(
+    job: str,
+    priority: int,
+    order: int,
+    shape: tuple[int, int] = (1, 8),
+    types: frozenset[str] = frozenset(),
+    avoid: frozenset[PoolKey] = frozenset(),
+    capacity: CapacityPreference = "spot",
+) -> GangRequest:
+    return gang(
+        job, shape, priority=priority, order=order, gpu_types=types, avoid=avoid, capacity=capacity
     )
 
 
@@ -54,6 +76,27 @@ class Plain:
         self.ids.pop(job, None)
         self.active = [w for w in self.active if w.job_id != job]
 
+    def kept_for(self, req: GangRequest, pool: Pool, running: bool) -> GangRequest | None:
+        """The earliest waiter before `req` (after every waiter of its priority when it is
+        `running`) that is not `req`, on a spot pool, accepting it and fitting it empty."""
+        if pool.capacity_type != "spot" or req.capacity == "spot" or req.spot_exhausted:
+            return None
+        for w in self.active:
+            if running and w.priority < req.priority:
+                return None
+            if not running and key(w) >= key(req):
+                return None
+            if w.job_id == req.job_id or pool.key in w.avoid_pools:
+                continue
+            if w.gpu_types and pool.gpu_type not in w.gpu_types:
+                continue
+            largest = max(p.gpu for p in w.podsets)
+            replicas = sum(p.replicas for p in w.podsets)
+            nodes = sum(1 for n in pool.nodes.values())
+            if largest <= 8 and replicas * largest <= 8 * nodes:
+                return w
+        return None
+
     def settle(
         self, tried: list[GangRequest], pending: dict[str, Any], admitted: list[str]
     ) -> None:
@@ -69,8 +112,28 @@ class Plain:
                 self.forget(r.job_id)
 
 
-requests = st.builds(request, st.sampled_from(JOBS), st.integers(0, 2), st.integers(0, 5))
+requests = st.builds(
+    request,
+    st.sampled_from(JOBS),
+    st.integers(0, 2),
+    st.integers(0, 5),
+    st.sampled_from(SHAPES),
+    st.sampled_from(TYPES),
+    st.sampled_from(AVOID),
+)
+asks = st.tuples(
+    st.builds(
+        request,
+        st.sampled_from([*JOBS, "x"]),
+        st.integers(0, 2),
+        st.integers(0, 5),
+        capacity=st.sampled_from(["any", "spot-then-on-demand", "spot"]),
+    ),
+    st.sampled_from(POOLS),
+    st.booleans(),
+)
 ops = st.one_of(
+    st.tuples(st.just("ask"), asks),
     st.tuples(st.just("begin"), st.lists(requests, max_size=5, unique_by=lambda r: r.job_id)),
     st.tuples(st.just("waits"), requests),
     st.tuples(st.just("forget"), st.sampled_from(JOBS)),
@@ -86,9 +149,14 @@ ops = st.one_of(
 @settings(max_examples=400, deadline=None)
 @given(st.lists(ops, max_size=30))
 def test_the_indexed_waiters_agree_with_the_plain_list(steps: list[tuple[str, Any]]) -> None:
-    kept, plain = SpotWaiters(lambda r: None), Plain()  # type: ignore[arg-type, return-value]
+    kept, plain = SpotWaiters(lambda r: make_gang(r.podsets)), Plain()
     for op, arg in steps:
-        if op == "begin":
+        if op == "ask":
+            req, pool, running = arg
+            got, want = kept.kept_for(req, pool, running), plain.kept_for(req, pool, running)
+            # Of waiters with equal keys either may be named: the rule keeps spot for one of them.
+            assert (got and key(got)) == (want and key(want))
+        elif op == "begin":
             kept.begin(arg)
             plain.begin(arg)
         elif op == "waits":
@@ -107,7 +175,30 @@ def test_the_indexed_waiters_agree_with_the_plain_list(steps: list[tuple[str, An
             admitted = [r.job_id for r, what in arg if what == "admitted"]
             kept.settle(tried, pending, admitted)
             plain.settle(tried, pending, admitted)
-        assert [w.job_id for w, _ in kept.active] == [w.job_id for w in plain.active]
+        assert [w.request.job_id for w in kept.active] == [w.job_id for w in plain.active]
         assert list(kept.ids) == list(plain.ids)
         for job in JOBS:
             assert (job in kept) == (job in plain.ids)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(requests, max_size=12, unique_by=lambda r: r.job_id),
+    st.sets(st.sampled_from(JOBS)),
+    st.lists(asks.map(lambda a: a[0]), min_size=1, max_size=6),
+)
+def test_a_pool_is_kept_for_the_waiter_a_walk_of_every_waiter_finds(
+    waiting: list[GangRequest], gone: set[str], askers: list[GangRequest]
+) -> None:
+    kept, plain = SpotWaiters(lambda r: make_gang(r.podsets)), Plain()
+    for r in waiting:
+        kept.waits(r)
+        plain.waits(r)
+    for job in gone:
+        kept.forget(job)
+        plain.forget(job)
+    for req in askers:
+        for pool in POOLS:
+            for running in (False, True):
+                got, want = kept.kept_for(req, pool, running), plain.kept_for(req, pool, running)
+                assert (got and key(got)) == (want and key(want))
