@@ -194,15 +194,15 @@ class Waiter(NamedTuple):
 def spot_kept_for(
     req: GangRequest,
     pool: Pool,
-    groups: Iterable[Sequence[Waiter]],
+    heads: Iterable[Waiter],
     running: bool = False,
 ) -> GangRequest | None:
     """The queued spot-only job that `pool`'s spot is kept for against `req`, or None.
 
-    `groups`: spot-only jobs that last failed for capacity, in groups that accept the same
-    pools (same GPU types, avoided pools and gang), each earliest first (higher priority,
-    then submitted first). Only a job that could run on on-demand yields (`any`, or
-    `spot-then-on-demand` still on spot), only on a spot pool, and only to the earliest
+    `heads`: of the spot-only jobs that last failed for capacity, grouped by the pools they
+    accept (same GPU types, avoided pools and gang), the earliest of each group (higher
+    priority, then submitted first). Only a job that could run on on-demand yields (`any`,
+    or `spot-then-on-demand` still on spot), only on a spot pool, and only to the earliest
     waiter before it that accepts the pool and could fit it empty: spot that frees there is
     what that job waits for, and it has no other capacity to go to. A `running` job (a
     replacement booked at a spot notice) had its turn: it yields to every waiter of equal or
@@ -214,18 +214,15 @@ def spot_kept_for(
         return None
     found: GangRequest | None = None
     before = (-req.priority, req.order if not running else float("inf"))
-    for group in groups:
-        for key, waiter, gang in group:
-            if waiter.job_id == req.job_id:
-                continue
-            if (
-                key < before
-                and pool.key not in waiter.avoid_pools
-                and gpu_type_ok(pool, waiter.gpu_types, gang.total[0])
-                and empty_fit(pool, gang)
-            ):
-                found, before = waiter, key
-            break
+    for key, waiter, gang in heads:
+        if (
+            key < before
+            and waiter.job_id != req.job_id
+            and pool.key not in waiter.avoid_pools
+            and gpu_type_ok(pool, waiter.gpu_types, gang.total[0])
+            and empty_fit(pool, gang)
+        ):
+            found, before = waiter, key
     return found
 
 

@@ -761,7 +761,7 @@ class Scheduler:
         # A claimant's own hold is not subtracted: its searches are memoised apart.
         shape = self._shape_of(req) if claim is None else (*self._shape_of(req), req.job_id)
         got = assign(req, qs, snap, shape)
-        if self.spot_waiters.active and isinstance(got, Assignment):
+        if self.spot_waiters.any_active and isinstance(got, Assignment):
             holder = self.spot_waiters.kept_for(req, got.pool)
             if holder is not None:
                 got = self._leave_spot(req, qs, snap, got, holder, res)
@@ -1048,7 +1048,7 @@ class Scheduler:
         on-demand is reserved on-demand instead, or nothing while on-demand is full (it is
         requeued at the break and a cycle decides)."""
         got = self.assign(request, now)
-        if not self.spot_waiters.active or not isinstance(got, Assignment):
+        if not self.spot_waiters.any_active or not isinstance(got, Assignment):
             return got
         holder = self.spot_waiters.kept_for(request, got.pool, running=True)
         qs = self._book.queues.get(request.queue)

@@ -14,8 +14,9 @@ Three rules read the list, earliest first (higher priority, then submitted first
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from heapq import heapify, heappop, heappush
+from itertools import count
 from operator import itemgetter
 
 from broker.core.inventory import Pool
@@ -43,26 +44,27 @@ def order_key(r: GangRequest) -> OrderKey:
     return (-r.priority, r.order)
 
 
-_by_key = itemgetter(0)  # a Waiter's order key, read in C by bisect
+_by_key = itemgetter(0)  # a Waiter's order key
 
 
 class SpotWaiters:
-    __slots__ = ("_gang_of", "_groups", "_ids", "_where", "active")
+    __slots__ = ("_gang_of", "_groups", "_heads", "_ids", "_seq", "_sorted", "_where")
 
     def __init__(self, gang_of: Callable[[GangRequest], Gang]) -> None:
         self._gang_of = gang_of
         self._ids: dict[str, None] = {}  # every waiter, those backing off included
-        # The waiters the last cycle looked at, with their gangs, earliest first; kept between
-        # cycles for reservations and moves. Changed only here. `_where` gives each one's
-        # order key and group, so a place is found by bisection and neither a lookup, an
-        # insertion nor a removal walks the list (a walk per admitted job was 68 % of a
-        # 100,000-job cycle, `load.bench_core`).
-        self.active: list[Waiter] = []
-        self._where: dict[str, tuple[OrderKey, Group]] = {}
-        # The same waiters by the pools they accept (GPU types, avoided pools, gang), each
-        # group earliest first: whether a pool's spot is kept asks each group's head only
-        # (placement.spot_kept_for); walking every earlier waiter was a fifth of that cycle.
-        self._groups: dict[Group, list[Waiter]] = {}
+        # The waiters the last cycle looked at, kept between cycles for reservations and
+        # moves; changed only here. Each has an entry in its group's heap, numbered by `_seq`.
+        self._where: dict[str, tuple[Waiter, Group, int]] = {}
+        # The same waiters by the pools they accept (GPU types, avoided pools, gang), in a heap
+        # each, earliest first: whether a pool's spot is kept asks each group's head only
+        # (placement.spot_kept_for). A heap files a waiter without moving the others (a sorted
+        # list's insertion moved half of it: quadratic in a 100,000-job cycle). An entry whose
+        # waiter left stays until it comes to the top, where it is dropped: every head is live.
+        self._groups: dict[Group, list[tuple[OrderKey, int, Waiter]]] = {}
+        self._seq = count()
+        self._heads: list[Waiter] | None = None  # the groups' heads, until one changes
+        self._sorted: list[Waiter] | None = None  # `active`, until a waiter comes or goes
 
     @property
     def ids(self) -> Sequence[str]:
@@ -71,35 +73,63 @@ class SpotWaiters:
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._ids
 
+    @property
+    def any_active(self) -> bool:
+        return bool(self._where)
+
+    @property
+    def active(self) -> Sequence[Waiter]:
+        """The waiters the last cycle looked at, earliest first (ties: the first filed)."""
+        if self._sorted is None:
+            self._sorted = sorted((w for w, _, _ in self._where.values()), key=_by_key)
+        return self._sorted
+
     def kept_for(self, req: GangRequest, pool: Pool, running: bool = False) -> GangRequest | None:
         """The waiter `pool`'s spot is kept for against `req` (placement.spot_kept_for)."""
-        return spot_kept_for(req, pool, self._groups.values(), running)
+        heads = self._heads
+        if heads is None:
+            heads = self._heads = [heap[0][2] for heap in self._groups.values()]
+        if req.job_id in self._where:  # it heads its group, or might: judge the next instead
+            heads = [self._head_besides(group, req.job_id) for group in self._groups]
+        return spot_kept_for(req, pool, heads, running)
+
+    def _head_besides(self, group: Group, job_id: str) -> Waiter:
+        live = [e for e in self._groups[group] if self._live(e) and e[2].request.job_id != job_id]
+        return min(live)[2] if live else self._groups[group][0][2]
+
+    def _live(self, entry: tuple[OrderKey, int, Waiter]) -> bool:
+        where = self._where.get(entry[2].request.job_id)
+        return where is not None and where[2] == entry[1]
 
     def begin(self, requests: Iterable[GangRequest]) -> None:
         """A cycle starts with these waiters (the machine's current requests for them)."""
-        self._index(
-            sorted((Waiter(order_key(r), r, self._gang_of(r)) for r in requests), key=_by_key)
-        )
+        self._where, self._groups = {}, {}
+        self._heads = self._sorted = None
+        for r in sorted(requests, key=order_key):
+            self._add(Waiter(order_key(r), r, self._gang_of(r)), heap=False)
+        for heap in self._groups.values():
+            heapify(heap)
 
-    def _index(self, active: list[Waiter]) -> None:
-        self.active = active
-        self._where = {}
-        self._groups = {}
-        for w in active:
-            group = _group(w)
-            self._where[w.request.job_id] = (w.key, group)
-            self._groups.setdefault(group, []).append(w)
+    def _add(self, w: Waiter, heap: bool = True) -> None:
+        group, seq = _group(w), next(self._seq)
+        self._where[w.request.job_id] = (w, group, seq)
+        entries = self._groups.get(group)
+        if entries is None:
+            entries = self._groups[group] = []
+            self._heads = None
+        if heap:
+            heappush(entries, (w.key, seq, w))
+            if entries[0][1] == seq:
+                self._heads = None
+        else:
+            entries.append((w.key, seq, w))
+        self._sorted = None
 
     def waits(self, req: GangRequest) -> None:
         """A cycle could not place spot-only `req` for capacity: it waits from now on."""
         self._ids[req.job_id] = None
-        if req.job_id in self._where:
-            return
-        w = Waiter(order_key(req), req, self._gang_of(req))
-        group = _group(w)
-        self._where[req.job_id] = (w.key, group)
-        _file(self.active, w)
-        _file(self._groups.setdefault(group, []), w)
+        if req.job_id not in self._where:
+            self._add(Waiter(order_key(req), req, self._gang_of(req)))
 
     def forget(self, job_id: str) -> None:
         """The job was placed, left the queue or waits for something other than capacity."""
@@ -108,16 +138,16 @@ class SpotWaiters:
             self._unlist(job_id)
 
     def _unlist(self, job_id: str) -> None:
-        key, group = self._where.pop(job_id)
-        _remove(self.active, job_id, key)
-        members = self._groups[group]
-        _remove(members, job_id, key)
-        if not members:
+        _, group, seq = self._where.pop(job_id)
+        self._sorted = None
+        heap = self._groups[group]
+        if heap[0][1] != seq:
+            return  # not the head: dropped when it comes to the top
+        self._heads = None
+        while heap and not self._live(heap[0]):
+            heappop(heap)
+        if not heap:
             del self._groups[group]
-
-    def _drop(self, gone: set[str]) -> None:
-        """Take these waiters out, in one pass."""
-        self._index([w for w in self.active if w.request.job_id not in gone])
 
     def settle(
         self,
@@ -141,29 +171,11 @@ class SpotWaiters:
             else:
                 self._ids.pop(r.job_id, None)
                 gone.add(r.job_id)
-        gone = {job_id for job_id in gone if job_id in self._where}
-        if len(gone) > 1:
-            self._drop(gone)
-        elif gone:
-            self._unlist(gone.pop())
+        for job_id in gone:
+            if job_id in self._where:
+                self._unlist(job_id)
 
 
 def _group(w: Waiter) -> Group:
     """Waiters of one group accept the same pools (placement.spot_kept_for)."""
     return (w.request.gpu_types, w.request.avoid_pools, w.gang.demands)
-
-
-def _file(waiters: list[Waiter], w: Waiter) -> None:
-    """Put `w` after the waiters of its key or earlier ones. A cycle takes jobs in queue
-    order, so its new waiters mostly come last: that place is tried first."""
-    if not waiters or waiters[-1].key <= w.key:
-        waiters.append(w)
-    else:
-        waiters.insert(bisect_right(waiters, w.key, key=_by_key), w)
-
-
-def _remove(waiters: list[Waiter], job_id: str, key: OrderKey) -> None:
-    at = bisect_left(waiters, key, key=_by_key)
-    while waiters[at].request.job_id != job_id:  # past the other waiters of the same key
-        at += 1
-    del waiters[at]

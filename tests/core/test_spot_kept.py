@@ -137,7 +137,7 @@ def test_only_a_flexible_job_behind_the_waiter_yields_and_only_on_spot() -> None
     spot = s.cluster_states()["c"].pools["spot"]
     od = s.cluster_states()["c"].pools["od"]
     waiter = _req("w", 1, 8, "spot")
-    waiters = [[Waiter(order_key(waiter), waiter, make_gang(waiter.podsets))]]  # one group
+    waiters = [Waiter(order_key(waiter), waiter, make_gang(waiter.podsets))]
     assert spot_kept_for(_req("a", 2, 1, "any"), spot, waiters) is waiter
     assert spot_kept_for(_req("b", 2, 1, "spot-then-on-demand"), spot, waiters) is waiter
     assert spot_kept_for(_req("c", 2, 1, "spot"), spot, waiters) is None  # spot-only: its turn
@@ -146,7 +146,7 @@ def test_only_a_flexible_job_behind_the_waiter_yields_and_only_on_spot() -> None
     assert spot_kept_for(_req("f", 2, 1, "any", priority=1), spot, waiters) is None
     big = _req("g", 1, 16, "spot")  # never fits the 8-GPU pool: nothing to wait for there
     kept = spot_kept_for(
-        _req("h", 2, 1, "any"), spot, [[Waiter(order_key(big), big, make_gang(big.podsets))]]
+        _req("h", 2, 1, "any"), spot, [Waiter(order_key(big), big, make_gang(big.podsets))]
     )
     assert kept is None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker.core.inventory import Pool
@@ -183,22 +183,39 @@ def test_the_indexed_waiters_agree_with_the_plain_list(steps: list[tuple[str, An
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(requests, max_size=12, unique_by=lambda r: r.job_id),
-    st.sets(st.sampled_from(JOBS)),
-    st.lists(asks.map(lambda a: a[0]), min_size=1, max_size=6),
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("waits"), requests),
+            st.tuples(st.just("forget"), st.sampled_from(JOBS)),
+            st.tuples(st.just("ask"), asks.map(lambda a: a[0])),
+        ),
+        max_size=40,
+    )
+)
+@example(  # a waiter left from behind its group's head and came back in another group
+    [
+        ("waits", request("j1", 0, 0, (1, 1))),
+        ("waits", request("j0", 0, 1, (1, 1))),
+        ("forget", "j0"),
+        ("waits", request("j0", 0, 5, (1, 8))),
+        ("forget", "j1"),
+        ("ask", request("x", 0, 3, capacity="any")),
+    ]
 )
 def test_a_pool_is_kept_for_the_waiter_a_walk_of_every_waiter_finds(
-    waiting: list[GangRequest], gone: set[str], askers: list[GangRequest]
+    steps: list[tuple[str, Any]],
 ) -> None:
     kept, plain = SpotWaiters(lambda r: make_gang(r.podsets)), Plain()
-    for r in waiting:
-        kept.waits(r)
-        plain.waits(r)
-    for job in gone:
-        kept.forget(job)
-        plain.forget(job)
-    for req in askers:
-        for pool in POOLS:
-            for running in (False, True):
-                got, want = kept.kept_for(req, pool, running), plain.kept_for(req, pool, running)
-                assert (got and key(got)) == (want and key(want))
+    for op, arg in steps:
+        if op == "waits":
+            kept.waits(arg)
+            plain.waits(arg)
+        elif op == "forget":
+            kept.forget(arg)
+            plain.forget(arg)
+        else:
+            for pool in POOLS:
+                for running in (False, True):
+                    got = kept.kept_for(arg, pool, running)
+                    want = plain.kept_for(arg, pool, running)
+                    assert (got and key(got)) == (want and key(want))
