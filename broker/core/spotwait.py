@@ -1,10 +1,10 @@
-"""The queued spot-only jobs that wait for spot capacity: one list, kept by the scheduler.
+"""The queued spot-only jobs that wait for spot capacity: one owner, the scheduler.
 
 A spot-only job has no other capacity to go to, so spot it waits for is kept for it. A job is a
 waiter from the admission cycle that failed to place it for capacity (`insufficient-capacity`)
 until a cycle admits it or fails it for another reason; the machine drops it when it leaves the
 queue, and passes only those not backing off into each cycle (`Machine._waiting_for_spot`).
-Three rules read the list, earliest first (higher priority, then submitted first):
+Three rules read them, earliest first (higher priority, then submitted first):
 
 - a job that may run on on-demand does not take that spot in a cycle
   (placement.spot_kept_for);
