@@ -197,6 +197,20 @@ def test_the_indexed_waiters_agree_with_the_plain_list(steps: list[tuple[str, An
         ("ask", request("x", 0, 3, capacity="any")),
     ]
 )
+@example(  # the earlier of two waiters alike but for the pools they avoid avoids this one
+    [
+        ("waits", request("j0", 0, 0, (1, 1), avoid=AVOID[1])),
+        ("waits", request("j1", 0, 1, (1, 1))),
+        ("ask", request("x", 0, 3, capacity="any")),
+    ]
+)
+@example(  # the earlier of two waiters alike but for their gangs fits no pool
+    [
+        ("waits", request("j0", 0, 0, (1, 16))),
+        ("waits", request("j1", 0, 1, (1, 8))),
+        ("ask", request("x", 0, 3, capacity="any")),
+    ]
+)
 @example(  # an earlier waiter heads a group an ask has read
     [
         ("waits", request("j1", 0, 3, (1, 1))),
