@@ -211,7 +211,14 @@ class LeaderLease:
         revision: int | None
         try:
             revision = await kv.create(KEY, value)
-        except Exception:
+        except Exception as exc:
+            if not isinstance(exc, KeyWrongLastSequenceError):  # not "held": say what it was
+                log.warning(
+                    "lease.create_failed",
+                    holder=self.holder,
+                    error=repr(exc),
+                    why="the lease key could not be written; tried again later",
+                )
             revision = await self._reclaim_own(kv, value)
             if revision is None:
                 return False
