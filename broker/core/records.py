@@ -12,13 +12,13 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from broker.core.sharing import EMPTY, frozen
+from broker.core.sharing import EMPTY, ByIdentity, frozen
 from broker.core.speed import GpuRate, job_figures
-from broker.core.topology import need_of
-from broker.core.types import GangRequest, PodSetDemand
+from broker.core.topology import need_of, need_of_parts
+from broker.core.types import GangRequest, PodSetDemand, TopologyNeed
 from schemas.agent import CheckpointRef, PodSetAssignment
 from schemas.api import JobState
-from schemas.job import JobSpec, Workload
+from schemas.job import JobSpec, PodSet, Workload
 from schemas.quantity import cpu_milli, memory_bytes
 
 
@@ -179,6 +179,7 @@ def demands_of(spec: JobSpec) -> tuple[PodSetDemand, ...]:
 def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...]) -> GangRequest:
     """The scheduler's view of a job for its next attempt."""
     spec = record.spec
+    least, elastic, topology = _gang_parts(spec.gang)
     capacity = spec.capacity
     if record.deadline_on_demand:
         capacity = "on-demand"
@@ -189,7 +190,7 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
         priority=spec.priority,
         order=record.order,
         podsets=demands,
-        gpu_types=frozen(frozenset(t.lower() for t in spec.gpu_types)),
+        gpu_types=_gpu_types(spec.gpu_types),
         capacity=capacity,
         avoid_pools=(
             frozenset((a.cluster, a.flavor) for a in record.avoid if a.until > now)
@@ -199,19 +200,42 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
         spot_exhausted=record.spot_exhausted,
         checkpoint_interval_s=pricing_interval_s(spec),
         spot_ok=spot_ok(spec),
-        min_replicas=_min_replicas(spec),
-        elastic=frozen(frozenset(p.name for p in spec.gang if p.elastic)),
-        topology=need_of(spec),
+        min_replicas=least,
+        elastic=elastic,
+        topology=topology if spec.topology is None else need_of(spec),
         speeds=job_figures(spec.gpu_speeds, record.speeds),
     )
 
 
+# What a request reads from its spec's gang and GPU types, once for each shared copy of them
+# (sharing.share_spec): most jobs hold one of a few, and deriving them for every job was a
+# sixth of `Machine._submit` in a 60,000-job burst (py-spy).
+_from_gang: ByIdentity[list[PodSet], tuple[dict[str, int], frozenset[str], TopologyNeed | None]]
+_from_gang = ByIdentity()
+_from_types: ByIdentity[list[str], frozenset[str]] = ByIdentity()
+
+
+def _gang_parts(
+    gang: list[PodSet],
+) -> tuple[dict[str, int], frozenset[str], TopologyNeed | None]:
+    """The gang's replica minimums, elastic podsets and topology need (without the spec's own
+    topology, which the caller adds)."""
+    hit = _from_gang.get(gang)
+    if hit is None:
+        least = {p.name: p.least for p in gang if p.least < p.most} or _NO_MINIMUM
+        elastic = frozen(frozenset(p.name for p in gang if p.elastic))
+        hit = _from_gang.put(gang, (least, elastic, need_of_parts(None, gang)))
+    return hit
+
+
+def _gpu_types(types: list[str]) -> frozenset[str]:
+    hit = _from_types.get(types)
+    if hit is None:
+        hit = _from_types.put(types, frozen(frozenset(t.lower() for t in types)))
+    return hit
+
+
 _NO_MINIMUM: dict[str, int] = {}  # shared: a request's dict is read, never changed
-
-
-def _min_replicas(spec: JobSpec) -> dict[str, int]:
-    least = {p.name: p.least for p in spec.gang if p.least < p.most}
-    return least or _NO_MINIMUM
 
 
 # On a job's labels: spot is fine without checkpoints (its queue says so, or the job does).

@@ -27,13 +27,14 @@ assignment" and pkg/cache/tas_flavor_snapshot.go, Apache-2.0; the rule is ported
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from broker.core.inventory import ZONE, Cluster, Node, Pool
 from broker.core.placement import Gang, Take, estimate_counts, pack
 from broker.core.placement import fits_now as plain_fits_now
 from broker.core.types import GangRequest, Reason, TopologyNeed
-from schemas.job import JobSpec
+from schemas.job import GangTopology, JobSpec, PodSet
 
 SHORT_NAMES = {
     ZONE: "zone",
@@ -207,13 +208,18 @@ def _degraded(
 
 def need_of(spec: JobSpec) -> TopologyNeed | None:
     """The gang's topology need from its spec (None: the default, one zone)."""
-    parts = [t for t in (spec.topology, *(p.topology for p in spec.gang)) if t is not None]
+    return need_of_parts(spec.topology, spec.gang)
+
+
+def need_of_parts(whole: GangTopology | None, gang: Sequence[PodSet]) -> TopologyNeed | None:
+    """`need_of` from the spec's own topology and its gang (what it is read from)."""
+    parts = [t for t in (whole, *(p.topology for p in gang)) if t is not None]
     if not parts:
         return None
     return TopologyNeed(
         required=tuple(sorted({t.required for t in parts if t.required})),
         preferred=tuple(sorted({t.preferred for t in parts if t.preferred})),
-        spread=spec.topology is not None and spec.topology.spread,
+        spread=whole is not None and whole.spread,
     )
 
 

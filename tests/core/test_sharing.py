@@ -24,8 +24,9 @@ from broker.core.records import (
 )
 from broker.core.registry import JobRegistry
 from broker.core.sharing import EMPTY, POOL_LIMIT, SHARE_PART, ByIdentity, Pool, share_spec
+from broker.core.topology import need_of
 from schemas.config import BrokerConfig, QueueConfig
-from schemas.job import JobSpec, PodSet, Workload
+from schemas.job import GangTopology, JobSpec, PodSet, Workload
 from tests.schemas.strategies import jobspecs
 
 T0 = 1_800_000_000.0
@@ -167,3 +168,37 @@ def test_derived_by_identity_never_answers_for_an_equal_but_other_value() -> Non
     kept = [n, "x"]
     assert derived.put(kept, "past the limit") == "past the limit"
     assert derived.get(kept) is None  # not kept: bounded
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    spec=jobspecs,
+    topology=st.one_of(
+        st.none(),
+        st.builds(
+            GangTopology,
+            required=st.sampled_from([None, "rack", "zone"]),
+            preferred=st.sampled_from([None, "block"]),
+            spread=st.booleans(),
+        ),
+    ),
+    gpu_types=st.lists(st.sampled_from(["A100", "h100", "L4"]), max_size=2),
+)
+def test_a_request_reads_its_own_spec_whatever_alike_jobs_share(
+    spec: JobSpec, topology: GangTopology | None, gpu_types: list[str]
+) -> None:
+    """What a request derives from a shared gang or GPU type list is derived once for all the
+    jobs holding it; a job with the same gang but its own topology or types still gets its
+    own: each request holds what its own spec says."""
+    registry = JobRegistry()
+    first = record_of(copy(spec), "a")
+    second = record_of(
+        msgspec.structs.replace(copy(spec), topology=topology, gpu_types=gpu_types), "b"
+    )
+    for record in (first, second, record_of(copy(spec), "c")):
+        registry.add(record)
+        req, own = gang_request(record, T0, ()), record.spec
+        assert req.topology == need_of(own)
+        assert req.gpu_types == {t.lower() for t in own.gpu_types}
+        assert req.min_replicas == {p.name: p.least for p in own.gang if p.least < p.most}
+        assert req.elastic == {p.name for p in own.gang if p.elastic}
