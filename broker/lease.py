@@ -211,17 +211,18 @@ class LeaderLease:
         revision: int | None
         try:
             revision = await kv.create(KEY, value)
-        except Exception as exc:
-            if not isinstance(exc, KeyWrongLastSequenceError):  # not "held": say what it was
-                log.warning(
-                    "lease.create_failed",
-                    holder=self.holder,
-                    error=repr(exc),
-                    why="the lease key could not be written; tried again later",
-                )
+        except KeyWrongLastSequenceError:  # held: by this identity's earlier process, or not
             revision = await self._reclaim_own(kv, value)
-            if revision is None:
-                return False
+        except Exception as exc:  # unanswered or refused; it may have been written all the same
+            log.warning(
+                "lease.create_failed",
+                holder=self.holder,
+                error=repr(exc),
+                why="the lease key could not be written; tried again later",
+            )
+            revision = await self._reclaim_own(kv, value)
+        if revision is None:
+            return False
         await self._won(revision)
         return True
 

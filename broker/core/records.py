@@ -190,7 +190,7 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
         priority=spec.priority,
         order=record.order,
         podsets=demands,
-        gpu_types=_gpu_types(spec.gpu_types),
+        gpu_types=_gpu_type_set(spec.gpu_types),
         capacity=capacity,
         avoid_pools=(
             frozenset((a.cluster, a.flavor) for a in record.avoid if a.until > now)
@@ -210,14 +210,12 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
 # What a request reads from its spec's gang and GPU types, once for each shared copy of them
 # (sharing.share_spec): most jobs hold one of a few, and deriving them for every job was a
 # sixth of `Machine._submit` in a 60,000-job burst (py-spy).
-_from_gang: ByIdentity[list[PodSet], tuple[dict[str, int], frozenset[str], TopologyNeed | None]]
-_from_gang = ByIdentity()
+GangParts = tuple[dict[str, int], frozenset[str], TopologyNeed | None]
+_from_gang: ByIdentity[list[PodSet], GangParts] = ByIdentity()
 _from_types: ByIdentity[list[str], frozenset[str]] = ByIdentity()
 
 
-def _gang_parts(
-    gang: list[PodSet],
-) -> tuple[dict[str, int], frozenset[str], TopologyNeed | None]:
+def _gang_parts(gang: list[PodSet]) -> GangParts:
     """The gang's replica minimums, elastic podsets and topology need (without the spec's own
     topology, which the caller adds)."""
     hit = _from_gang.get(gang)
@@ -228,7 +226,8 @@ def _gang_parts(
     return hit
 
 
-def _gpu_types(types: list[str]) -> frozenset[str]:
+def _gpu_type_set(types: list[str]) -> frozenset[str]:
+    """The job's GPU types, lower-cased, as the scheduler matches them."""
     hit = _from_types.get(types)
     if hit is None:
         hit = _from_types.put(types, frozen(frozenset(t.lower() for t in types)))

@@ -15,7 +15,7 @@ Three rules read them, earliest first (higher priority, then submitted first):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 from itertools import count
 from operator import itemgetter
 
@@ -105,24 +105,17 @@ class SpotWaiters:
         """A cycle starts with these waiters (the machine's current requests for them)."""
         self._where, self._groups = {}, {}
         self._heads = self._sorted = None
+        # In queue order, so that `active` keeps ties in it, and each push lands at the end.
         for r in sorted(requests, key=order_key):
-            self._add(Waiter(order_key(r), r, self._gang_of(r)), heap=False)
-        for heap in self._groups.values():
-            heapify(heap)
+            self._add(Waiter(order_key(r), r, self._gang_of(r)))
 
-    def _add(self, w: Waiter, heap: bool = True) -> None:
+    def _add(self, w: Waiter) -> None:
         group, seq = _group(w), next(self._seq)
         self._where[w.request.job_id] = (w, group, seq)
-        entries = self._groups.get(group)
-        if entries is None:
-            entries = self._groups[group] = []
+        entries = self._groups.setdefault(group, [])
+        heappush(entries, (w.key, seq, w))
+        if entries[0][1] == seq:  # a new head (of a new group, or before the old one)
             self._heads = None
-        if heap:
-            heappush(entries, (w.key, seq, w))
-            if entries[0][1] == seq:
-                self._heads = None
-        else:
-            entries.append((w.key, seq, w))
         self._sorted = None
 
     def waits(self, req: GangRequest) -> None:

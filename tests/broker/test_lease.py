@@ -8,6 +8,7 @@ import uuid
 
 import msgspec
 import pytest
+import structlog
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError
@@ -227,3 +228,24 @@ async def test_a_standby_watches_renewals_and_takes_over_only_after_expiry(nc: C
         taking.cancel()
     assert epoch > leader.epoch and await standby.current() == "standby"
     assert standby.deletes_seen == 0
+
+
+async def test_a_create_refused_for_anything_but_a_holder_is_logged_and_not_taken(
+    nc: Client,
+) -> None:
+    """A standby's create that found the key held says nothing (that is what standing by
+    means); one that nobody answered (the bucket's stream is gone) leads to nothing either,
+    but says what it met, so a standby that never takes a free lease can be told apart."""
+    js = nc.jetstream()
+    bucket = _bucket()
+    leader = LeaderLease(js, bucket, "leader", ttl=30.0)
+    standby = LeaderLease(js, bucket, "standby", ttl=30.0)
+    assert await leader.try_acquire()
+    with structlog.testing.capture_logs() as logs:
+        assert not await standby.try_acquire()  # held
+        assert [e for e in logs if e["event"] == "lease.create_failed"] == []
+        await js.delete_key_value(bucket)  # both opened it: their handles outlive the stream
+        assert not await standby.try_acquire()
+    failed = [e for e in logs if e["event"] == "lease.create_failed"]
+    assert len(failed) == 1 and failed[0]["holder"] == "standby", logs
+    assert "NoStreamResponse" in failed[0]["error"], failed[0]  # no stream took the write
