@@ -31,6 +31,7 @@ from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
+from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError, ServiceUnavailableError
@@ -49,6 +50,7 @@ NONE_WRITTEN = "none written yet"
 CHUNKS_A_FETCH = 16  # 2 MiB of 128 KiB chunks a pull request
 CHUNKS_INACTIVE_S = 10.0  # the server drops the reader's consumer by then if it dies mid-read
 UNAVAILABLE_PAUSE_S = 0.2  # between two reads JetStream answered 503 (a leader changing)
+PULLS_UNANSWERED = 5  # pulls in a row answered 503 before the read starts again on a new consumer
 
 
 class RecordSnapshot(msgspec.Struct, forbid_unknown_fields=True):
@@ -199,13 +201,37 @@ async def _object_bytes_once_available(
     caller's deadline bounds it."""
     while True:
         try:
-            return await _object_bytes(js, bucket)
+            return await _object_bytes(js, bucket, unavailable)
         except ServiceUnavailableError as exc:
             unavailable[:] = [exc]
             await asyncio.sleep(UNAVAILABLE_PAUSE_S)
 
 
-async def _object_bytes(js: JetStreamContext, bucket: str) -> mmap.mmap:
+async def _pulled(
+    sub: JetStreamContext.PullSubscription,
+    wanted: int,
+    unavailable: list[ServiceUnavailableError],
+) -> list[Msg]:
+    """The next chunks, pulled again on the same consumer while JetStream answers 503 (the
+    last answer is kept in `unavailable`). A pull answered 503 reached no consumer, so it
+    took nothing: asked again, the read goes on where it was. The stream's leader changing
+    under the read answers so for a moment; the read starts again on a new consumer only
+    after PULLS_UNANSWERED such answers in a row (the consumer may be gone with its server)."""
+    refused = 0
+    while True:
+        try:
+            return await sub.fetch(wanted, timeout=GET_LIMIT_S)
+        except ServiceUnavailableError as exc:
+            unavailable[:] = [exc]
+            refused += 1
+            if refused >= PULLS_UNANSWERED:
+                raise
+            await asyncio.sleep(UNAVAILABLE_PAUSE_S)
+
+
+async def _object_bytes(
+    js: JetStreamContext, bucket: str, unavailable: list[ServiceUnavailableError]
+) -> mmap.mmap:
     """The snapshot object's bytes, its digest checked. nats-py's `ObjectStore.get` reads
     the chunks through an ordered push consumer whose flow control waits on each window, and
     joins them by `bytes +=` (quadratic); pull requests of a few chunks each take them as
@@ -233,7 +259,8 @@ async def _object_bytes(js: JetStreamContext, bucket: str) -> mmap.mmap:
         # then joined, then copied by the decode, left a restarted broker larger.
         taken = 0
         while taken < total:
-            for msg in await sub.fetch(min(CHUNKS_A_FETCH, total - taken), timeout=GET_LIMIT_S):
+            wanted = min(CHUNKS_A_FETCH, total - taken)
+            for msg in await _pulled(sub, wanted, unavailable):
                 blob[at : at + len(msg.data)] = msg.data
                 at += len(msg.data)
                 digest.update(msg.data)

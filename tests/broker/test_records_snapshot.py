@@ -10,7 +10,7 @@ import random
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import nats
@@ -260,6 +260,67 @@ async def test_a_snapshot_read_asks_again_while_jetstream_answers_unavailable(
     info = await store.js.stream_info(store.stream)
     why = await snapshot.read_snapshot(store.js, snapshot_bucket_of(store.bucket), info, 60)
     assert isinstance(why, str) and "ServiceUnavailableError" in why, why
+
+
+class Pull(NamedTuple):
+    consumer: str
+    answered: bool
+
+
+def pulls_redirected(
+    monkeypatch: pytest.MonkeyPatch, nc: Client, store: JobStore, unanswered: range
+) -> list[Pull]:
+    """Make the pulls of the snapshot's chunks numbered in `unanswered` (from 1) go to a
+    consumer that does not exist, which NATS answers 503 (no responders), as it does while
+    the stream's leader changes; the list returned gets each pull as it was meant."""
+    publish = nc.publish
+    pulls: list[Pull] = []
+    marker = f".CONSUMER.MSG.NEXT.{objects_stream(snapshot_bucket_of(store.bucket))}."
+
+    async def redirecting(subject: str, *args: Any, **kwargs: Any) -> None:
+        if marker in subject:
+            head, consumer = subject.rsplit(".", 1)
+            pulls.append(Pull(consumer, len(pulls) + 1 not in unanswered))
+            if not pulls[-1].answered:
+                subject = f"{head}.gone"
+        await publish(subject, *args, **kwargs)
+
+    monkeypatch.setattr(nc, "publish", redirecting)
+    return pulls
+
+
+async def test_a_chunk_pull_answered_unavailable_is_asked_again_on_the_same_consumer(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pull of the snapshot's chunks JetStream answers 503 took nothing: the read asks
+    again on its consumer and goes on where it was, rather than reading from the start."""
+    monkeypatch.setattr(snapshot, "CHUNKS_A_FETCH", 1)
+    store, _ = await filled(nc)
+    assert await write_snapshot(store) is not None
+    expected = await followed(store)
+    pulls = pulls_redirected(monkeypatch, nc, store, range(2, 4))
+    got, mirror = await read_all(store)
+    assert [p.answered for p in pulls[:4]] == [True, False, False, True]
+    assert len({p.consumer for p in pulls}) == 1
+    assert mirror.from_snapshot and got == expected
+
+
+async def test_a_read_whose_pulls_stay_unanswered_starts_again_on_a_new_consumer(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pulls answered 503 for longer than a leader change takes (the consumer may be gone
+    with its server): the read starts again on a new consumer and still uses the snapshot."""
+    monkeypatch.setattr(snapshot, "CHUNKS_A_FETCH", 1)
+    store, _ = await filled(nc)
+    assert await write_snapshot(store) is not None
+    expected = await followed(store)
+    astray = range(2, 2 + snapshot.PULLS_UNANSWERED)
+    pulls = pulls_redirected(monkeypatch, nc, store, astray)
+    got, mirror = await read_all(store)
+    first, then = pulls[0].consumer, {p.consumer for p in pulls[astray.stop - 1 :]}
+    assert {p.consumer for p in pulls[: astray.stop - 1]} == {first}
+    assert len(then) == 1 and first not in then
+    assert mirror.from_snapshot and got == expected
 
 
 async def test_the_writer_process_writes_the_snapshot_a_restart_reads(

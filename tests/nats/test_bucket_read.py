@@ -14,11 +14,12 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
+from nats.js.errors import NoStreamResponseError
 from nats.js.object_store import OBJ_DEFAULT_CHUNK_SIZE
 
 from broker import bucketread, snapshot
 from broker.snapshot import objects_stream, read_snapshot
-from broker.snapshotwriter import write_snapshot
+from broker.snapshotwriter import SnapshotWritten, write_snapshot
 from broker.store import JobStore, RecordMirror, StreamUnanswered
 from load.natscluster import NatsCluster
 from schemas.config import Replication
@@ -63,6 +64,20 @@ async def filled_store(nc: Client, jobs: int, replicas: int | Replication = R3) 
         await store.put_many([stored_record(i) for i in range(at, min(at + 500, jobs))])
     await store.put_many([stored_record(i, state="running") for i in range(0, jobs, 7)])
     return store
+
+
+async def r3_snapshot_written(store: JobStore) -> SnapshotWritten:
+    """The bucket's snapshot in a new R3 object store, written again when that store's stream
+    answered no write (its servers electing a leader anew just after it was made, which a
+    loaded machine makes more likely); a broker's next snapshot is that retry."""
+
+    async def written() -> SnapshotWritten | None:
+        try:
+            return await write_snapshot(store, replication=Replication(replicas=R3))
+        except NoStreamResponseError:
+            return None
+
+    return await wait_for(written, 30, what="the snapshot written")
 
 
 async def step_down(nats_cluster: NatsCluster, nc: Client, stream: str) -> str:
@@ -277,8 +292,8 @@ async def test_a_restart_read_across_the_snapshot_stores_leader_change_is_whole(
     try:
         store = await filled_store(nc, 3000)
         js = store.js
-        written = await write_snapshot(store, replication=Replication(replicas=R3))
-        assert written is not None and written.bytes > 3 * OBJ_DEFAULT_CHUNK_SIZE
+        written = await r3_snapshot_written(store)
+        assert written.bytes > 3 * OBJ_DEFAULT_CHUNK_SIZE
         objects = objects_stream(snapshot_bucket_of(store.bucket))
         await nats_cluster.replicas_current(js, objects, R3)
         await store.put_many([stored_record(i, state="succeeded") for i in range(0, 3000, 11)])
@@ -300,7 +315,9 @@ async def test_a_restart_read_across_the_snapshot_stores_leader_change_is_whole(
         monkeypatch.setattr(nc, "publish", publish)
 
         assert moved and len({p.split(".")[-1] for p in pulls}) == 1  # one consumer, on
-        assert len(pulls) == -(-written.bytes // OBJ_DEFAULT_CHUNK_SIZE)  # one pull a chunk
+        # A pull a chunk, and one again for each the leader change answered 503.
+        chunks = -(-written.bytes // OBJ_DEFAULT_CHUNK_SIZE)
+        assert chunks <= len(pulls) < chunks + snapshot.PULLS_UNANSWERED
         assert once.from_snapshot and got == expected
     finally:
         await nc.close()
