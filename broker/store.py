@@ -3,9 +3,8 @@
 Many records persist concurrently: `put_many` publishes every record to its KV subject with a
 reply subject under one wildcard inbox of this store, and the caller awaits the acks of exactly
 the records it depends on (a submission's ack, a dispatch's send). One future per call, not per
-record; and from FAST_BATCH_MIN records one fast-ingest batch, which the server answers once
-every FAST_FLOW records instead of once a record (docs/decisions.md, "Many record writes go
-as one fast-ingest batch").
+record: nats-py's `publish_async` costs a Task, a random token, a future and a JSON-decoded
+PubAck per record, which was a tenth of the broker's time at 1,000 admissions/s.
 """
 
 from __future__ import annotations
@@ -51,14 +50,6 @@ ACK_TIMEOUT_S = 10.0  # a put not acknowledged by then is an error: the caller r
 _NO_RESPONDERS = "503"
 _SEQ = re.compile(rb'"seq":\s*(\d+)')  # a PubAck's stream sequence
 REPERSIST_CHUNK = 1000
-# From this many records a `put_many` goes as one fast-ingest batch (nats ADR-50, nats-server
-# 2.14+): the server answers every FAST_FLOW records and once at the end, not each record.
-# Below it, a batch's first round trip costs more than the acks it saves.
-FAST_BATCH_MIN = 32
-FAST_FLOW = 100  # the most records the server may take between two of its acks
-FAST_OUTSTANDING = 2  # acks a batch may run ahead of before it waits (ADR-50's advice)
-_FAST_DISABLED = 10205  # the stream does not take fast batches (ADR-50's error codes)
-_COUNT = re.compile(rb'"count":\s*(\d+)')  # a batch's PubAck: how many records it stored
 SNAPSHOT_TURN = 5000  # records taken from a snapshot between two turns of the event loop
 REBUILD_AFTER = 5  # write-backs in a row a listed stream leaves unanswered before it is rebuilt
 
@@ -126,24 +117,6 @@ async def reconcile_replication(
         placement=None if want is None else want.as_dict(),
     )
     return info
-
-
-async def allow_fast_ingest(js: JetStreamContext, stream: str) -> bool:
-    """Let the stream take fast-ingest batches (`allow_batched`, nats-server 2.14+; nats
-    ADR-50), and say whether it does. A server that predates them keeps its config as it was
-    (it does not know the field), and so does one that refuses the change: writes then go
-    record by record, as before."""
-    info = await js.stream_info(stream)
-    if info.config.allow_batched:
-        return True
-    config = info.config
-    config.allow_batched = True
-    try:
-        info = await js.update_stream(config)
-    except Exception as exc:
-        log.warning("store.fast_ingest_unavailable", stream=stream, error=str(exc))
-        return False
-    return bool(info.config.allow_batched)
 
 
 def _unplaceable(what: str, replication: Replication, exc: Exception) -> StoreError:
@@ -260,34 +233,6 @@ class _Acks:
         self.remaining = remaining
 
 
-class _FastBatch:
-    """One `put_many` sent as a fast-ingest batch (ADR-50, gap mode "fail"): the server
-    stores its records in order and ends the batch at the first it cannot store. `acked`:
-    the place in the batch up to which the server says it stored them; `flow`: how many
-    records it takes between two of its acks (0 until its first answer); `moved` resolves
-    at its next answer."""
-
-    __slots__ = ("acked", "acks", "flow", "moved", "size")
-
-    def __init__(self, acks: _Acks, size: int) -> None:
-        self.acks = acks
-        self.size = size
-        self.acked = 0
-        self.flow = 0
-        self.moved: asyncio.Future[None] = acks.future.get_loop().create_future()
-
-    def may_send(self, seq: int) -> bool:
-        """Whether record `seq` (from 1) may go now: the first always; later ones once the
-        server answered the first, and while at most FAST_OUTSTANDING of its acks are due."""
-        return seq == 1 or (self.flow > 0 and seq <= self.acked + self.flow * FAST_OUTSTANDING)
-
-    def flowed(self, seq: int, flow: int) -> None:
-        self.acked = max(self.acked, seq)
-        self.flow = max(1, flow)
-        if not self.moved.done():
-            self.moved.set_result(None)
-
-
 class StoreUsage:
     """What each queue's jobs hold in the job bucket: bytes of their newest records, and how
     many of them have not ended. The broker sums queues per team and refuses a submission
@@ -361,9 +306,6 @@ class JobStore:
         self._sub: Any = None
         self._next = 0
         self._waiting: dict[str, _Acks] = {}
-        self._batches: dict[str, _FastBatch] = {}
-        # Whether the bucket's stream takes fast-ingest batches (`open` asks it to).
-        self.fast_ingest = False
         # The highest stream sequence JetStream acknowledged for a record. Sequences only
         # grow, so a later ack or a stream's last sequence below it means the bucket lost
         # acknowledged records (a volume lost under an R1 bucket, or every replica lost).
@@ -397,7 +339,7 @@ class JobStore:
             description="Muster job records",
         )
         await open_bucket(js, layout, replication)
-        store = cls(
+        return cls(
             js,
             bucket,
             nc,
@@ -405,152 +347,73 @@ class JobStore:
             max_bytes=max_bytes,
             max_value_size=max_value_size,
         )
-        store.fast_ingest = await allow_fast_ingest(js, store.stream)
-        return store
 
     async def put(self, record: JobRecord) -> None:
         await self.put_many([record])
 
     async def put_many(self, records: list[JobRecord], timeout: float = ACK_TIMEOUT_S) -> None:
-        """Persist records; returns when every one is acknowledged, raises when one is
-        refused or not acknowledged within `timeout` (then some may have persisted: a put is
-        idempotent, so the caller simply retries). Many records go as one fast-ingest batch
-        when the stream takes them (`fast_ingest`), fewer each with an ack of its own."""
+        """Persist records concurrently; returns when every one is acknowledged, raises when
+        one is refused or not acknowledged within `timeout` (then some may have persisted: a
+        put is idempotent, so the caller simply retries)."""
         if not records:
             return
         if self._sub is None:
             self._inbox = self.nc.new_inbox() + "."
             self._sub = await self.nc.subscribe(
-                self._inbox + ">",
+                self._inbox + "*",
                 cb=self._on_ack,
                 pending_msgs_limit=-1,
                 pending_bytes_limit=-1,
             )
-        fast = self.fast_ingest and len(records) >= FAST_BATCH_MIN
-        try:
-            await self._put(records, fast, timeout)
-        except StoreError:
-            if not fast or self.fast_ingest:
-                raise
-            await self._put(records, False, timeout)  # the stream stopped taking batches
-
-    async def _put(self, records: list[JobRecord], fast: bool, timeout: float) -> None:
-        acks = _Acks(asyncio.get_running_loop().create_future(), 1 if fast else len(records))
-        tokens: list[str] = []
-        try:
-            async with asyncio.timeout(timeout):
-                if fast:
-                    sizes = await self._publish_batch(records, acks, tokens)
-                else:
-                    sizes = await self._publish_each(records, acks, tokens)
-                await acks.future
-            note = self.usage.note
-            for record, size in zip(records, sizes, strict=True):
-                note(record, size)
-        except TimeoutError:
-            unacked = "the batch of them" if fast else f"{acks.remaining} of them"
-            raise StoreError(
-                f"{len(records)} records put, {unacked} not acknowledged in {timeout}s"
-            ) from None
-        finally:
-            for token in tokens:
-                self._waiting.pop(token, None)
-                self._batches.pop(token, None)
-            if acks.future.done() and not acks.future.cancelled():
-                acks.future.exception()  # retrieved, whichever way the call ended
-
-    async def _publish_each(
-        self, records: list[JobRecord], acks: _Acks, tokens: list[str]
-    ) -> list[int]:
-        """Every record with a reply subject of its own under the store's inbox, and one
-        future for the whole call: nats-py's `publish_async` costs a Task, a random token, a
-        future and a JSON-decoded PubAck per record, which was a tenth of the broker's time
-        at 1,000 admissions/s."""
+        acks = _Acks(asyncio.get_running_loop().create_future(), len(records))
+        tokens = []
         encode, publish, prefix, inbox = (
             record_encoder.encode,
             self.nc.publish,
             self.prefix,
             self._inbox,
         )
-        sizes = []
-        for record in records:
-            self._next += 1
-            token = str(self._next)
-            tokens.append(token)
-            self._waiting[token] = acks
-            data = encode(record)
-            sizes.append(len(data))
-            await publish(prefix + record.job_id, data, reply=inbox + token)
-        return sizes
-
-    async def _publish_batch(
-        self, records: list[JobRecord], acks: _Acks, tokens: list[str]
-    ) -> list[int]:
-        """The records as one fast-ingest batch (ADR-50): each one's reply subject names the
-        batch, the flow asked for, the gap mode, its place in the batch and what it does
-        (0 starts the batch, 1 adds to it, 2 stores it and ends the batch). A record waits
-        while the server's acks lag more than FAST_OUTSTANDING behind."""
-        self._next += 1
-        token = str(self._next)
-        tokens.append(token)
-        batch = self._batches[token] = _FastBatch(acks, len(records))
-        encode, publish, prefix = record_encoder.encode, self.nc.publish, self.prefix
-        base = f"{self._inbox}{token}.{FAST_FLOW}.fail."
-        last = len(records)
-        loop = asyncio.get_running_loop()
-        sizes = []
-        for seq, record in enumerate(records, 1):
-            while not batch.may_send(seq) and not acks.future.done():
-                if batch.moved.done():
-                    batch.moved = loop.create_future()
-                    continue
-                await asyncio.wait((batch.moved, acks.future), return_when=asyncio.FIRST_COMPLETED)
-            if acks.future.done():
-                break  # refused: put_many raises it
-            data = encode(record)
-            sizes.append(len(data))
-            op = 0 if seq == 1 else 2 if seq == last else 1
-            await publish(prefix + record.job_id, data, reply=f"{base}{seq}.{op}.$FI")
-        return sizes
+        try:
+            sizes = []
+            for record in records:
+                self._next += 1
+                token = str(self._next)
+                tokens.append(token)
+                self._waiting[token] = acks
+                data = encode(record)
+                sizes.append(len(data))
+                await publish(prefix + record.job_id, data, reply=inbox + token)
+            async with asyncio.timeout(timeout):
+                await acks.future
+            note = self.usage.note
+            for record, size in zip(records, sizes, strict=True):
+                note(record, size)
+        except TimeoutError:
+            raise StoreError(
+                f"{acks.remaining} of {len(records)} records not acknowledged in {timeout}s"
+            ) from None
+        finally:
+            for token in tokens:
+                self._waiting.pop(token, None)
 
     async def _on_ack(self, msg: Msg) -> None:
-        key = msg.subject[len(self._inbox) :]
-        batch: _FastBatch | None = None
-        if key.endswith(".$FI"):
-            batch = self._batches.get(key.split(".", 1)[0])
-            acks = None if batch is None else batch.acks
-        else:
-            acks = self._waiting.pop(key, None)
+        acks = self._waiting.pop(msg.subject[len(self._inbox) :], None)
         if acks is None or acks.future.done():
             return
-        data = msg.data
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
             acks.future.set_exception(
                 StreamUnanswered(f"no stream answers for bucket {self.bucket}")
             )
             return
-        if batch is not None and data.startswith(b'{"type":'):
-            self._on_flow(batch, data)
-            return
-        if b'"error"' in data:
+        if b'"error"' in msg.data:
             try:
-                error = json.loads(data).get("error")
+                error = json.loads(msg.data).get("error")
             except ValueError:
-                error = data[:200]
+                error = msg.data[:200]
             if error:
-                if batch is not None and isinstance(error, dict):
-                    self._off_when_disabled(error)
                 acks.future.set_exception(StoreError(f"JetStream refused a record: {error}"))
                 return
-        if batch is not None:
-            counted = _COUNT.search(data)
-            stored = int(counted[1]) if counted is not None else 0
-            if stored != batch.size:  # ended early: its stream's leader changed, say
-                acks.future.set_exception(
-                    StoreError(f"JetStream stored {stored} records of a batch of {batch.size}")
-                )
-                return
-        found = _SEQ.search(data)
+        found = _SEQ.search(msg.data)
         if found is not None:
             seq = int(found[1])
             if seq < self.acked_seq:
@@ -560,33 +423,6 @@ class JobStore:
         acks.remaining -= 1
         if acks.remaining <= 0:
             acks.future.set_result(None)
-
-    def _on_flow(self, batch: _FastBatch, data: bytes) -> None:
-        """A fast batch's flow message: an ack of the records up to `seq`, which also sets
-        how many the server takes between two acks; or, in gap mode "fail", a gap or a
-        record refused, either of which ends the batch."""
-        try:
-            reply = json.loads(data)
-            kind = reply.get("type")
-        except (ValueError, AttributeError):
-            reply, kind = {}, None
-        if kind == "ack":
-            batch.flowed(int(reply.get("seq", 0)), int(reply.get("msgs", 1)))
-            return
-        error = reply.get("error") or data[:200].decode(errors="replace")
-        if isinstance(error, dict):
-            self._off_when_disabled(error)
-        batch.acks.future.set_exception(
-            StoreError(f"JetStream refused a record of a batch ({kind}): {error}")
-        )
-
-    def _off_when_disabled(self, error: dict[str, Any]) -> None:
-        """The stream stopped taking fast batches (an operator turned `allow_batched`
-        off): `put_many` puts the refused records again, and every later put, record by
-        record."""
-        if error.get("err_code") == _FAST_DISABLED and self.fast_ingest:
-            self.fast_ingest = False
-            log.warning("store.fast_ingest_refused", stream=self.stream, error=error)
 
     async def probe(self) -> None:
         """A write that changes no record: raises when the store refuses writes (full)."""
