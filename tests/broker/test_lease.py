@@ -11,7 +11,7 @@ import pytest
 import structlog
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import KeyNotFoundError, NoStreamResponseError
 
 from broker.lease import LeaderLease, LeadershipLost, LeaseHolder
 from tests.support import wait_for
@@ -171,17 +171,28 @@ async def test_a_lease_bucket_lost_with_its_server_is_taken_back_by_its_leader(n
         await js.delete_key_value(bucket)
         await js.create_key_value(bucket=bucket, history=1, ttl=30.0)
 
+    async def renewed() -> bool:
+        """A renewal, tried again while the new bucket's stream does not answer yet, as the
+        broker's renewal loop tries again for a TTL."""
+        try:
+            await lease.renew()
+        except NoStreamResponseError:
+            return False
+        return True
+
     await lose_bucket()
-    await lease.renew()
+    await wait_for(renewed, 10, what="a renewal on the new bucket")
     assert (lease.epoch, lease.recreated) == (epoch, 1)
     assert await lease.current() == "broker-1"
     for _ in range(3):
         await lease.renew()  # and the next renewals are ordinary ones
 
-    # Lost again, and this time another broker wrote the key first (then released it).
+    # Lost again, and this time another broker wrote the key first (then released it). Its
+    # first try may find the new bucket's stream not answering yet (`lease.create_failed`);
+    # a standby tries again, and so does this one.
     await lose_bucket()
     other = LeaderLease(js, bucket, "broker-2", ttl=30.0)
-    assert await other.try_acquire()
+    await wait_for(other.try_acquire, 10, what="broker-2 leading on the new bucket")
     await other.release()
     with pytest.raises(LeadershipLost):
         await lease.renew()
