@@ -122,6 +122,8 @@ class SubmissionIntake(BrokerFields):
             effects: list[Effect] = []
             known = False  # a copy of a job already submitted, maybe not persisted yet
             batch = [Delivery.of(msg) for msg in msgs]
+            for d in batch:
+                self._rendezvous.taking(d.msg.subject, d.msg.data, d.msg.headers)
             prior = await self._begin_attempts(batch)
             for i, d in enumerate(batch):
                 attempts = prior.get(i, 0)

@@ -13,7 +13,9 @@ Who answers, once:
 - a plain copy with the header is answered here only when the stream will never store it (too
   large, the store full, a subject no queue consumes, a retry of a known job the stream drops
   as a duplicate); otherwise it is dropped at once, with no pairing work: its stored copy
-  answers;
+  answers. So is one whose stored copy was already taken from the stream and is not yet
+  answered (a loaded broker may hear the plain copy only then, and would take it for a retry
+  of the job its stored copy just made);
 - a stored copy with the header is answered on the header once its record persists, unless
   its plain copy was answered early (the stream stored it after all: `answered`, kept
   `REPLY_TTL_S`);
@@ -123,6 +125,10 @@ class ReplyRendezvous:
         # (header reply subject, submission) -> when its plain copy was answered, because the
         # stream was not expected to store it: its stored copy, if any, is not answered again
         self.answered: OrderedDict[tuple[str, RendezvousKey], float] = OrderedDict()
+        # (header reply subject, submission) -> when its stored copy was taken from the stream;
+        # until it is answered there, its plain copy is dropped (a plain copy that arrives
+        # late would find the job known and answer it as a duplicate of itself)
+        self.taken: OrderedDict[tuple[str, RendezvousKey], float] = OrderedDict()
         self.refused: Counter[str] = Counter() if refused is None else refused
 
     @staticmethod
@@ -138,9 +144,11 @@ class ReplyRendezvous:
         its reply subject waits for the outcome, unless the header carries it."""
         header = msg.headers.get(REPLY_HEADER) if msg.headers else None
         if header is not None:
+            key = self.key(msg.subject, msg.data, msg.headers)
+            if (header, key) in self.taken:
+                return  # its stored copy is being processed, and answers on the header
             early = self._unstored_reply(msg)
             if early is not None:
-                key = self.key(msg.subject, msg.data, msg.headers)
                 # Should the stream store it after all (outside its duplicate window), the
                 # stored copy stays silent: this request has its answer.
                 self.answered[(header, key)] = time.monotonic()
@@ -196,6 +204,15 @@ class ReplyRendezvous:
             self.refused["reply_header"] += 1
             log.warning("rendezvous.reply_header_failed", subject=key[1], error=str(exc)[:200])
 
+    def taking(self, subject: str, data: bytes, headers: dict[str, str] | None) -> None:
+        """A stored copy taken from the stream, to be answered by `on_result`: its plain copy,
+        should it come only now, is dropped. A retry under the same identity has a reply
+        subject of its own, so it is still answered as a duplicate."""
+        header = headers.get(REPLY_HEADER) if headers else None
+        if header is not None:
+            self.taken[(header, self.key(subject, data, headers))] = time.monotonic()
+            self._trim(self.taken)
+
     async def on_result(
         self, subject: str, data: bytes, headers: dict[str, str] | None, payload: bytes
     ) -> None:
@@ -204,6 +221,7 @@ class ReplyRendezvous:
         key = self.key(subject, data, headers)
         header = headers.get(REPLY_HEADER) if headers else None
         if header is not None:
+            self.taken.pop((header, key), None)
             if self.answered.pop((header, key), None) is None:  # else answered by its plain copy
                 await self._answer_header(header, key, payload)
             return

@@ -91,6 +91,41 @@ async def test_a_submission_stored_while_no_broker_leads_is_answered_once_one_le
     assert bare.got == []
 
 
+async def test_a_plain_copy_heard_after_its_stored_copy_was_taken_is_no_duplicate(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loaded broker may hear a submission's plain copy only after it took the stored copy
+    from the stream, when the job is known: that copy is not a retry, and the submitter gets
+    one answer, not a duplicate of its own job."""
+    broker = await harness.start_broker()
+    inbox = await Inbox(harness.nc).start()
+    headers = {REPLY_HEADER: inbox.subject, "Nats-Msg-Id": "late-plain-1"}
+    subject = harness.subjects.submit("default")
+    rendezvous = broker.rendezvous
+    on_result = rendezvous.on_result
+    heard: list[Msg] = []
+
+    async def plain_copy_heard_late(
+        subj: str, data: bytes, hdrs: dict[str, str] | None, payload: bytes
+    ) -> None:
+        if hdrs and hdrs.get("Nats-Msg-Id") == "late-plain-1" and not heard:
+            # The stored copy is taken and its record persisted, not yet answered.
+            heard.append(
+                Msg(harness.nc, subject=subj, reply=inbox.subject, data=data, headers=hdrs)
+            )
+            await rendezvous.on_request(heard[0])
+        await on_result(subj, data, hdrs, payload)
+
+    monkeypatch.setattr(rendezvous, "on_result", plain_copy_heard_late)
+    await harness.nc.publish(subject, spec("late-1"), headers=headers)
+    await wait_for(lambda: inbox.got, 10, what="the answer")
+    await settled(harness)
+    assert heard
+    assert [(r.accepted, r.job_id, r.duplicate) for r in inbox.replies()] == [
+        (True, "late-1", False)
+    ]
+
+
 @pytest.mark.parametrize("msg_id", [None, "retry-5be1"])
 async def test_a_submission_with_header_and_plain_copy_is_answered_once(
     harness: Harness, msg_id: str | None
