@@ -207,6 +207,8 @@ def gang_request(record: JobRecord, now: float, demands: tuple[PodSetDemand, ...
     )
 
 
+_NO_MINIMUM: dict[str, int] = {}  # shared: a request's dict is read, never changed
+
 # What a request reads from its spec's gang and GPU types, once for each shared copy of them
 # (sharing.share_spec): most jobs hold one of a few, and deriving them for every job was a
 # sixth of `Machine._submit` in a 60,000-job burst (py-spy).
@@ -232,9 +234,6 @@ def _gpu_type_set(types: list[str]) -> frozenset[str]:
     if hit is None:
         hit = _from_types.put(types, frozen(frozenset(t.lower() for t in types)))
     return hit
-
-
-_NO_MINIMUM: dict[str, int] = {}  # shared: a request's dict is read, never changed
 
 
 # On a job's labels: spot is fine without checkpoints (its queue says so, or the job does).
