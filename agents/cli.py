@@ -71,7 +71,7 @@ def agent(
     assert opts is not None
     from agents.fleet import run_fleet, until_signal  # the agent's imports, only when it runs
 
-    serve(until_signal(run_fleet(configs, opts, metrics_port, metrics_addr)))
+    serve(until_signal(run_fleet(configs, opts, metrics_port, metrics_addr, pace_gc=True)))
 
 
 @app.command("fence-watchdog", short_help="Delete workloads whose fence lapsed (a hung agent's).")

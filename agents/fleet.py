@@ -27,7 +27,9 @@ from agents.runtime import AgentRuntime
 from schemas import healthz
 from schemas.natsopts import NatsOptions
 from schemas.subjects import Subjects
+from shell.gcpacing import paced_gc
 from shell.natsstate import NatsStateLog
+from shell.tasks import cancel_and_wait
 
 
 def build_backend(config: AgentConfig) -> Backend:
@@ -208,9 +210,14 @@ async def run_fleet(
     nats: NatsOptions,
     metrics_port: int | None = None,
     metrics_addr: str = "127.0.0.1",
+    *,
+    pace_gc: bool = False,
 ) -> None:
     """Run many agents over one NATS connection until cancelled. Metrics are served on
-    `metrics_port`, else on the first `metrics_port` of the configs, else not at all."""
+    `metrics_port`, else on the first `metrics_port` of the configs, else not at all.
+    `pace_gc`: manage the process's cycle collector (`shell.gcpacing`); the `muster agent`
+    process turns it on, so a kube agent's cache of a big cluster is not walked by every full
+    collection; in-process agents (tests) leave the host's collector alone."""
     holder: dict[str, Fleet] = {}
     port = metrics_port or next((c.metrics_port for c in configs if c.metrics_port), None)
     metrics = AgentMetrics(lambda: holder["fleet"].runtimes if "fleet" in holder else {})
@@ -222,6 +229,7 @@ async def run_fleet(
     nc = await _connect(nats, reconnected)
     health_port = healthz.port_from_env()
     health = await healthz.serve(health_port, lambda: nc.is_connected) if health_port else None
+    pacing = asyncio.create_task(paced_gc()) if pace_gc else None
     try:
         if port:
             metrics.serve(port, metrics_addr)
@@ -236,6 +244,7 @@ async def run_fleet(
                 await holder["fleet"].stop()
         with contextlib.suppress(Exception):
             await nc.drain()
+        await cancel_and_wait(pacing)
 
 
 async def run_agent(config: AgentConfig, nats: NatsOptions) -> None:

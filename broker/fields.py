@@ -26,7 +26,6 @@ from broker.core.machine import Machine
 from broker.intake import TokenBuckets
 from broker.lease import LeaderLease
 from broker.metrics import Metrics
-from broker.pacing import GcPacer
 from broker.rendezvous import ReplyRendezvous
 from broker.sequencer import Held, RecordWrites, Sequencer
 from broker.snapshotwriter import Snapshots
@@ -34,6 +33,7 @@ from broker.store import JobStore, RecordMirror
 from schemas.config import BrokerConfig
 from schemas.natsopts import NatsOptions
 from schemas.subjects import Subjects
+from shell.gcpacing import GcPacer
 from shell.natsio import Asked, Requester
 
 

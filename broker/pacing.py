@@ -12,12 +12,11 @@ persisted in one write instead of two. The long pause is for the cycle that admi
 a backlog that does not fit: the expensive kind to repeat, whose heads fit no sooner for being
 asked again. Pure, so it is tested without a loop or a broker.
 
-`GcPacer` paces the other pause a broker's loop can take: Python's cycle collector.
+The other pause a broker's loop can take, Python's cycle collector, is paced by
+`shell.gcpacing.GcPacer`, which the agent process shares.
 """
 
 from __future__ import annotations
-
-import gc
 
 CYCLE_GAP_FACTOR = 4.0  # after a cycle that admitted nothing
 ADMITTING_GAP_FACTOR = 1.0  # after one that admitted a job
@@ -34,37 +33,3 @@ def next_cycle_at(started: float, ended: float, admitted: bool) -> float:
     admitted a job or not."""
     factor = ADMITTING_GAP_FACTOR if admitted else CYCLE_GAP_FACTOR
     return ended + min(CYCLE_MAX_GAP_S, factor * (ended - started))
-
-
-class GcPacer:
-    """Keeps Python's cycle collector from pausing the broker to re-walk every job record.
-
-    Job records (and the core's per-job allocations, ~25 tracked objects a job) live long and
-    form no cycles, yet each full collection walks all of them: ~0.2 s per 20,000 jobs, several
-    times a minute under load, and every pause lands on submit -> dispatch latency. So what
-    has survived FREEZE_EVERY_S is frozen (`gc.freeze`: reference counting still frees it, only
-    the cycle detector skips it), and once per FULL_EVERY_S everything is unfrozen, fully
-    collected and frozen again, so cyclic garbage that outlived a freeze is still reclaimed."""
-
-    FREEZE_EVERY_S = 1.0
-    FULL_EVERY_S = 600.0
-
-    def __init__(self) -> None:
-        self._next_freeze = 0.0
-        self._next_full = 0.0
-
-    def start(self, now: float) -> None:
-        gc.freeze()  # what was just restored; no collection here: restart time counts
-        self._next_freeze = now + self.FREEZE_EVERY_S
-        self._next_full = now + self.FULL_EVERY_S
-
-    def tick(self, now: float) -> None:
-        if now >= self._next_full:
-            gc.unfreeze()
-            gc.collect()
-            gc.freeze()
-            self._next_full = now + self.FULL_EVERY_S
-            self._next_freeze = now + self.FREEZE_EVERY_S
-        elif now >= self._next_freeze:
-            gc.freeze()
-            self._next_freeze = now + self.FREEZE_EVERY_S

@@ -228,7 +228,7 @@ def run_paced(args: Options) -> dict[str, Any]:
     )
     t0 = time.perf_counter()
     paced = Paced(args.seed)
-    # As the broker does (broker/pacing.py, GcPacer): what the burst left is frozen, so a
+    # As the broker does (shell/gcpacing.py, GcPacer): what the burst left is frozen, so a
     # timed cycle is not charged for a full collection walking 20,000 jobs.
     gc.collect()
     gc.freeze()

@@ -6,17 +6,21 @@ requests per minute and the checkpoint-request fan-out to a 1,000-pod gang.
 The cluster is the stand-in API server (tests/kube/fake_apiserver.py) filled with compact,
 seeded nodes and pods, in a process of its own (tests/kube/bigcluster.py); each run starts a
 fresh one, and the agent's `KubeBackend` runs in a fresh child process too, so its peak RSS
-(VmHWM) is its own. A ticker on the agent's loop records the longest stall (how late a 5 ms
-sleep wakes) through the initial list, a resync and a 410 re-list. The fan-out is timed with
-`--latency` seconds added to every API request (a real API server is milliseconds away) and
-the stand-in's API priority and fairness bound (`--inflight`) on. Steady state: requests the
-stand-in serves over `--steady-s` seconds with one running attempt, per minute. Baseline in
-the same run: the stand-in's own time to serve one full paginated pod list to a bare client.
+(VmHWM) is its own. The child paces the cycle collector as the `muster agent` process does
+(`shell.gcpacing`). A ticker on the agent's loop records the longest stall (how late a 5 ms
+sleep wakes) through the initial list, a resync and a 410 re-list, and the longest single pass
+of the cycle collector (`gc_max_*_ms`, CPU) says how much of a stall was the collector's.
+The fan-out is timed with `--latency` seconds added to every API request (a real API server is
+milliseconds away) and the stand-in's API priority and fairness bound (`--inflight`) on.
+Steady state: requests the stand-in serves over `--steady-s` seconds with one running attempt,
+per minute. Baseline in the same run: the stand-in's own time to serve one full paginated pod
+list to a bare client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -29,6 +33,8 @@ import typer
 
 from load.command import Count, JsonOut, Options, program, summary
 from load.common import emit, median
+from shell.gcpacing import paced_gc
+from shell.tasks import cancel_and_wait
 
 app = program()
 FLAVORS = [
@@ -108,6 +114,29 @@ class Stalls:
         return out
 
 
+class GcPasses:
+    """The longest pass of the cycle collector (CPU time of this thread), from gc.callbacks."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.worst = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.thread_time()
+        else:
+            self.worst = max(self.worst, time.thread_time() - self.started)
+
+    def reset(self) -> float:
+        """The worst pass in ms since the last reset."""
+        out, self.worst = self.worst * 1000, 0.0
+        return out
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._note)
+
+
 def peak_rss_mib() -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -153,13 +182,19 @@ async def agent_run(
         {"namespace": "muster-workloads", "flavors": FLAVORS, "report": {"enabled": False}}
     )
     backend = KubeBackend("bench", cfg, api_client=api)
-    stalls = Stalls()
+    pacing = asyncio.create_task(paced_gc())  # as `muster agent` runs (agents/cli.py)
+    stalls, passes = Stalls(), GcPasses()
     out: dict[str, Any] = {}
+
+    def phase_ended(phase: str) -> None:
+        out[f"stall_{phase}_ms"], out[f"stall_cpu_{phase}_ms"] = stalls.reset()
+        out[f"gc_max_{phase}_ms"] = passes.reset()
+
     try:
         t0 = time.perf_counter()
         await backend.start(lambda ev: None)
         out["list_s"] = time.perf_counter() - t0
-        out["stall_list_ms"], out["stall_cpu_list_ms"] = stalls.reset()
+        phase_ended("list")
         pr, nr = backend.pod_reflector, backend.node_reflector
         assert pr is not None and nr is not None
         out["pods_seen"] = backend.foreign_pod_count
@@ -168,13 +203,13 @@ async def agent_run(
         await pr.resync()
         await nr.resync()
         out["resync_s"] = time.perf_counter() - t0
-        out["stall_resync_ms"], out["stall_cpu_resync_ms"] = stalls.reset()
+        phase_ended("resync")
         lists = pr.lists + nr.lists
         t0 = time.perf_counter()
         await stand.command("expire")
         await until(lambda: pr.lists + nr.lists >= lists + 2, 300, "re-list")
         out["relist_s"] = time.perf_counter() - t0
-        out["stall_relist_ms"], out["stall_cpu_relist_ms"] = stalls.reset()
+        phase_ended("relist")
         out["peak_rss_mib"] = peak_rss_mib()
         # A running gang, then the checkpoint request to every one of its pods.
         await stand.command(f"gang ck {gang}")
@@ -193,14 +228,17 @@ async def agent_run(
             await asyncio.sleep(steady_s)
             after = await stand.command("requests")
             out["requests_per_min"] = (after[0] - before[0]) * 60 / steady_s
-        out["stall_rest_ms"], out["stall_cpu_rest_ms"] = stalls.reset()
+        phase_ended("rest")
         phases = ("list", "resync", "relist", "rest")
         out["max_stall_ms"] = max(out[f"stall_{p}_ms"] for p in phases)
         out["max_stall_cpu_ms"] = max(out[f"stall_cpu_{p}_ms"] for p in phases)
+        out["max_gc_ms"] = max(out[f"gc_max_{p}_ms"] for p in phases)
         out["peak_rss_mib"] = peak_rss_mib()
     finally:
         stalls.task.cancel()
+        passes.close()
         await backend.stop()
+        await cancel_and_wait(pacing)
         await api.close()
     return out
 

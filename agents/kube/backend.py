@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
@@ -262,7 +261,6 @@ class KubeBackend(KubeViews):
 
     async def _start(self, emit: Emit) -> None:
         self._emit = emit
-        gc.freeze()  # see below: the modules loaded so far, before the lists
         if self._api is None:
             self._api = await self._make_api()
         cfg = self.config
@@ -274,10 +272,6 @@ class KubeBackend(KubeViews):
             self._rest, cfg, self.declared_pools, common, self._flavors_changed
         )
         await self.lease.adopt()
-        # What exists now (modules, the node cache) lives as long as the agent: out of the
-        # cyclic collector's full passes, which would otherwise walk it every time and hold
-        # the loop for tens of milliseconds on a big cluster. Refcounting still frees it.
-        gc.freeze()
         self._live = True  # before the report endpoint: a report it takes is emitted
         await self._start_report_server()
         self.node_watch.send_outstanding()

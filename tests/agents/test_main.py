@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 
 import aiohttp
@@ -34,18 +35,23 @@ async def test_run_agent_until_cancelled(nc: Client, nats_url: str) -> None:
 
 
 async def test_run_fleet_shares_one_connection(nc: Client, nats_url: str) -> None:
+    """As `muster agent` runs it: the process's cycle collector paced (shell/gcpacing.py)
+    while the fleet runs, and nothing left frozen after."""
+    gc.unfreeze()
     cfgs = make_fleet_configs(3, fast_config(), prefix=unique("mf"), heartbeat_s=0.05)
     wires = [await BrokerWire(nc, c.cluster).start() for c in cfgs]
-    task = asyncio.create_task(run_fleet(cfgs, NatsOptions(url=nats_url)))
+    task = asyncio.create_task(run_fleet(cfgs, NatsOptions(url=nats_url), pace_gc=True))
     try:
         for w in wires:
             await w.wait_snapshot(timeout=5)
+        assert gc.get_freeze_count() > 0
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         for w in wires:
             await w.stop()
+    assert gc.get_freeze_count() == 0
 
 
 async def test_start_fake_fleet_rejects_kube(nc: Client) -> None:
