@@ -18,7 +18,7 @@ Per run, on a fresh scheduler:
 A decision is one pending job considered (admitted or given reasons). Each cycle is timed by
 the wall clock and by this process's CPU time (the one-core figure when the machine is shared).
 Before each timed cycle the heap is frozen (`gc.freeze`), as the broker's `GcPacer` freezes
-what has lived a second (broker/pacing.py); without it the cycle collector walks every job
+what has lived a second (shell/gcpacing.py); without it the cycle collector walks every job
 record several times per cycle, which the broker process never does.
 Prints every run, the medians, and one machine-readable `RESULT {...}` line.
 """
