@@ -41,6 +41,7 @@ from schemas import healthz
 from schemas.codec import encode_json
 from schemas.config import BrokerConfig, Replication
 from schemas.natsopts import NatsOptions
+from shell.gcpacing import paused
 from shell.natsstate import NatsStateLog
 
 log = structlog.get_logger("muster.broker")
@@ -218,7 +219,11 @@ class Broker(BrokerProcess, EffectExecutor, SubmissionIntake, AgentLink):
         started = loop.time()
         if not cycle_due(started, self._next_cycle, machine.wants_cycle):
             return []
-        effects = machine.handle(CYCLE, self.clock())
+        if self._gc is not None:
+            with paused():  # the process's collector is ours (shell/gcpacing.py)
+                effects = machine.handle(CYCLE, self.clock())
+        else:
+            effects = machine.handle(CYCLE, self.clock())
         self._next_cycle = next_cycle_at(started, loop.time(), bool(dispatches(effects)))
         return effects
 

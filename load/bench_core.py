@@ -19,7 +19,9 @@ A decision is one pending job considered (admitted or given reasons). Each cycle
 the wall clock and by this process's CPU time (the one-core figure when the machine is shared).
 Before each timed cycle the heap is frozen (`gc.freeze`), as the broker's `GcPacer` freezes
 what has lived a second (shell/gcpacing.py); without it the cycle collector walks every job
-record several times per cycle, which the broker process never does.
+record several times per cycle, which the broker process never does. Each cycle runs with the
+collector paused, as the broker runs its cycles (`gcpacing.paused`); `--collector-in-cycle`
+lets it run, as every figure before 2026-12-04 23:00 UTC was taken.
 Prints every run, the medians, and one machine-readable `RESULT {...}` line.
 """
 
@@ -30,6 +32,7 @@ import json
 import random
 import statistics
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -49,6 +52,7 @@ from schemas.config import (
     SchedulingConfig,
 )
 from schemas.job import CapacityPreference
+from shell.gcpacing import paused
 
 GPU_TYPES = ("a100", "h100", "l4")
 PRICES = {  # $/GPU-hour: (on-demand, spot)
@@ -164,8 +168,10 @@ def one_run(args: Options, sizes: list[int], run: int) -> dict[str, float]:
     pending = jobs(args.jobs, args.queues, sizes, SEED + run, 0)
 
     gc.freeze()  # as the broker's GcPacer does (see the module docstring)
+    cycle = nullcontext if args.collector_in_cycle else paused
     t0, c0 = time.perf_counter(), time.process_time()
-    res = sched.schedule(pending, now + 1)
+    with cycle():
+        res = sched.schedule(pending, now + 1)
     fill_s = time.perf_counter() - t0
     fill_cpu = time.process_time() - c0
     fill_decisions = len(res.admitted) + len(res.pending)
@@ -181,7 +187,8 @@ def one_run(args: Options, sizes: list[int], run: int) -> dict[str, float]:
     more = jobs(args.jobs, args.queues, sizes, SEED + 1000 + run, args.jobs)
     gc.freeze()
     t0, c0 = time.perf_counter(), time.process_time()
-    res2 = sched.schedule(more, now + 2)
+    with cycle():
+        res2 = sched.schedule(more, now + 2)
     full_s = time.perf_counter() - t0
     full_cpu = time.process_time() - c0
     full_decisions = len(res2.admitted) + len(res2.pending)
@@ -212,10 +219,24 @@ def bench_core(
     clusters: Count = 50,
     nodes: Nodes = 200,
     queues: Count = 100,
+    collector_in_cycle: Annotated[
+        bool,
+        typer.Option(
+            help="let the cycle collector run inside each cycle (figures before 2026-12-04)"
+        ),
+    ] = False,
     json_out: JsonOut = None,
 ) -> None:
     run_bench(
-        Options(runs=runs, jobs=jobs, clusters=clusters, nodes=nodes, queues=queues, json=json_out)
+        Options(
+            runs=runs,
+            jobs=jobs,
+            clusters=clusters,
+            nodes=nodes,
+            queues=queues,
+            collector_in_cycle=collector_in_cycle,
+            json=json_out,
+        )
     )
 
 
@@ -256,6 +277,7 @@ def run_bench(args: Options) -> dict[str, Any]:
         "gpus_per_node": GPUS_PER_NODE,
         "queues": args.queues,
         "pending_jobs": args.jobs,
+        "collector_in_cycle": args.collector_in_cycle,
         "runs": args.runs,
         "fill_decisions_per_s_median": round(med["fill_decisions_per_s"]),
         "full_decisions_per_s_median": round(med["full_decisions_per_s"]),

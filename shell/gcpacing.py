@@ -8,6 +8,12 @@ So what has survived FREEZE_EVERY_S is frozen (`gc.freeze`: reference counting s
 it, only the cycle detector skips it), and once per FULL_EVERY_S everything is unfrozen,
 fully collected and frozen again, so cyclic garbage that outlived a freeze is still reclaimed.
 
+An admission cycle runs with the collector paused (`paused`): a cycle of 100,000 pending jobs
+allocates millions of objects, frees the transient ones by reference counting and makes no
+cyclic garbage (its collections found none to collect), yet each pass inside it walked what the
+cycle had built so far: about a tenth of the cycle's CPU (`load/bench_core.py`,
+docs/benchmarks.md, "An admission cycle with the collector paused").
+
 The process owns the policy (the collector is process-wide): `muster broker` ticks it from
 its loop, `muster agent` from `paced_gc`. In-process brokers and agents (tests) leave the
 host's collector alone.
@@ -18,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class GcPacer:
@@ -45,6 +53,19 @@ class GcPacer:
         elif now >= self._next_freeze:
             gc.freeze()
             self._next_freeze = now + self.FREEZE_EVERY_S
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """Run a synchronous block (an admission cycle) with no collector pass inside it; a
+    collector that was off stays off."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 async def paced_gc(pacer: GcPacer | None = None) -> None:

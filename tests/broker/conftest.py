@@ -73,9 +73,11 @@ class Harness:
     agents: list[WireAgent] = field(default_factory=list)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def start_broker(self, config: BrokerConfig | None = None) -> Broker:
+    async def start_broker(
+        self, config: BrokerConfig | None = None, *, pace_gc: bool = False
+    ) -> Broker:
         bnc = await nats.connect(self.url)
-        broker = Broker(config or self.config, bnc)
+        broker = Broker(config or self.config, bnc, pace_gc=pace_gc)
         self.broker = broker
         self.task = asyncio.create_task(broker.run())
         await asyncio.wait_for(broker.leading.wait(), 15)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shell.gcpacing import GcPacer, paced_gc
+from shell.gcpacing import GcPacer, paced_gc, paused
 
 
 class Held:
@@ -31,6 +31,7 @@ def thawed() -> Iterator[None]:
     gc.unfreeze()
     yield
     gc.unfreeze()
+    gc.enable()
 
 
 def test_what_lived_a_freeze_period_leaves_the_collectors_passes() -> None:
@@ -82,3 +83,25 @@ async def test_the_ticker_freezes_while_it_runs_and_thaws_when_cancelled() -> No
         await task
     assert gc.get_freeze_count() == 0
     assert walked(late)
+
+
+def test_paused_runs_a_block_without_collector_passes_and_restores_it() -> None:
+    gc.enable()
+    with paused():
+        assert not gc.isenabled()
+        a = Held()
+        a.other = a
+        gone = weakref.ref(a)
+        del a
+        kept = [Held() for _ in range(20_000)]  # far past the young generation's threshold
+        assert gone() is not None  # no pass ran to reclaim the cycle
+    assert gc.isenabled()
+    gc.collect()
+    assert gone() is None and len(kept) == 20_000
+    with pytest.raises(RuntimeError), paused():
+        raise RuntimeError("the block failed")
+    assert gc.isenabled()  # restored however the block ended
+    gc.disable()
+    with paused():
+        pass
+    assert not gc.isenabled()  # a collector that was off stays off
