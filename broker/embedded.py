@@ -34,9 +34,20 @@ def nats_server_binary() -> str:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports on 127.0.0.1. Each is held until all are found: two binds
+    to port 0 one after the other may return the same port (a NATS cluster member was once
+    given one port to listen on for clients and for routes, and could not start)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 class EmbeddedNats:

@@ -219,10 +219,8 @@ class Broker(BrokerProcess, EffectExecutor, SubmissionIntake, AgentLink):
         started = loop.time()
         if not cycle_due(started, self._next_cycle, machine.wants_cycle):
             return []
-        if self._gc is not None:
-            with paused():  # the process's collector is ours (shell/gcpacing.py)
-                effects = machine.handle(CYCLE, self.clock())
-        else:
+        # No collector pass inside a cycle when the process's collector is ours (gcpacing.py)
+        with paused() if self._gc is not None else contextlib.nullcontext():
             effects = machine.handle(CYCLE, self.clock())
         self._next_cycle = next_cycle_at(started, loop.time(), bool(dispatches(effects)))
         return effects

@@ -20,8 +20,10 @@ the wall clock and by this process's CPU time (the one-core figure when the mach
 Before each timed cycle the heap is frozen (`gc.freeze`), as the broker's `GcPacer` freezes
 what has lived a second (shell/gcpacing.py); without it the cycle collector walks every job
 record several times per cycle, which the broker process never does. Each cycle runs with the
-collector paused, as the broker runs its cycles (`gcpacing.paused`); `--collector-in-cycle`
-lets it run, as every figure before 2026-12-04 23:00 UTC was taken.
+collector paused and what it left frozen at its end, as the broker runs its cycles
+(`gcpacing.paused`); `--collector-in-cycle` lets it run, as every figure before 2026-12-04
+22:40 UTC was taken. After each cycle, outside its time, a young-and-middle collector pass is
+timed: what the cycle left for the next pass to walk.
 Prints every run, the medians, and one machine-readable `RESULT {...}` line.
 """
 
@@ -174,6 +176,7 @@ def one_run(args: Options, sizes: list[int], run: int) -> dict[str, float]:
         res = sched.schedule(pending, now + 1)
     fill_s = time.perf_counter() - t0
     fill_cpu = time.process_time() - c0
+    fill_after = collector_after_cycle()
     fill_decisions = len(res.admitted) + len(res.pending)
     by_id = {r.job_id: r for r in pending}
     fill_gpus = sum(by_id[j].total_gpu for j, _ in res.admitted)
@@ -191,6 +194,7 @@ def one_run(args: Options, sizes: list[int], run: int) -> dict[str, float]:
         res2 = sched.schedule(more, now + 2)
     full_s = time.perf_counter() - t0
     full_cpu = time.process_time() - c0
+    full_after = collector_after_cycle()
     full_decisions = len(res2.admitted) + len(res2.pending)
     assert full_decisions == len(more)
     gc.unfreeze()  # the next run starts from a fresh scheduler
@@ -201,12 +205,22 @@ def one_run(args: Options, sizes: list[int], run: int) -> dict[str, float]:
         "fill_decisions_per_cpu_s": fill_decisions / fill_cpu,
         "fill_admitted": float(len(res.admitted)),
         "fill_gpu_utilization": fill_gpus / fleet_gpus,
+        "fill_gc_after_ms": fill_after * 1000,
         "full_s": full_s,
         "full_decisions_per_s": full_decisions / full_s,
         "full_decisions_per_cpu_s": full_decisions / full_cpu,
         "full_admitted": float(len(res2.admitted)),
         "full_preemptions": float(len(res2.preemptions)),
+        "full_gc_after_ms": full_after * 1000,
     }
+
+
+def collector_after_cycle() -> float:
+    """CPU seconds of a young-and-middle collector pass right after a cycle (not in its
+    time): what the cycle left for the next pass to walk, had it not been frozen."""
+    c0 = time.process_time()
+    gc.collect(1)
+    return time.process_time() - c0
 
 
 app = program()
@@ -222,7 +236,8 @@ def bench_core(
     collector_in_cycle: Annotated[
         bool,
         typer.Option(
-            help="let the cycle collector run inside each cycle (figures before 2026-12-04)"
+            "--collector-in-cycle",
+            help="let the cycle collector run inside each cycle (as before 2026-12-04)",
         ),
     ] = False,
     json_out: JsonOut = None,
@@ -261,7 +276,8 @@ def run_bench(args: Options) -> dict[str, Any]:
             f"nearly full {out['full_decisions_per_s']:,.0f} decisions/s "
             f"({out['full_decisions_per_cpu_s']:,.0f}/cpu-s; {out['full_s']:.2f} s, "
             f"{out['full_admitted']:.0f} admitted, {out['full_preemptions']:.0f} preemptions); "
-            f"inventory build {out['build_s']:.2f} s"
+            f"inventory build {out['build_s']:.2f} s; a collector pass right after each "
+            f"cycle {out['fill_gc_after_ms']:.1f} / {out['full_gc_after_ms']:.1f} ms"
         )
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     print(
@@ -286,6 +302,8 @@ def run_bench(args: Options) -> dict[str, Any]:
         "fill_admitted_median": round(med["fill_admitted"]),
         "fill_gpu_utilization_median": round(med["fill_gpu_utilization"], 4),
         "full_preemptions_median": round(med["full_preemptions"]),
+        "fill_gc_after_ms_median": round(med["fill_gc_after_ms"], 1),
+        "full_gc_after_ms_median": round(med["full_gc_after_ms"], 1),
         "fill_decisions_per_s": [round(r["fill_decisions_per_s"]) for r in runs],
         "full_decisions_per_s": [round(r["full_decisions_per_s"]) for r in runs],
         "target_decisions_per_s": 50_000,  # per CPU-second, fill phase

@@ -399,7 +399,7 @@ class StallRecord:
             "turns_cpu_ms": round(sum(t["cpu_ms"] for t in turns), 1),
             "longest": sorted(turns, key=lambda t: -t["wall_ms"])[:8],
             "by_task": _totals(turns, "what", ("wall_ms", "cpu_ms")),
-            "gc_by_generation": _totals(gcs, "generation", ("pause_ms", "cpu_ms")),
+            "gc_by_generation": _totals(gcs, "generation", ("pause_ms", "cpu_ms", "collected")),
             "calls_covered_s": round(covered_s, 1),
             "calls_by_task": _call_rates(calls, covered_s),
         }
@@ -526,6 +526,9 @@ def stall_digest(stalls: dict[str, Any], offered_per_s: float) -> dict[str, Any]
         "gc_passes": {g: v["count"] for g, v in gc_passes.items()},
         "gc_cpu_ms": round(sum(v["cpu_ms_total"] for v in gc_passes.values()), 1),
         "gc_max_cpu_ms": max((v["cpu_ms_max"] for v in gc_passes.values()), default=0.0),
+        # objects the passes reclaimed: the cyclic garbage the broker makes (the rest is freed
+        # by reference counting)
+        "gc_collected": {g: int(v["collected_total"]) for g, v in gc_passes.items()},
     }
 
 

@@ -8,8 +8,10 @@ seeded nodes and pods, in a process of its own (tests/kube/bigcluster.py); each 
 fresh one, and the agent's `KubeBackend` runs in a fresh child process too, so its peak RSS
 (VmHWM) is its own. The child paces the cycle collector as the `muster agent` process does
 (`shell.gcpacing`). A ticker on the agent's loop records the longest stall (how late a 5 ms
-sleep wakes) through the initial list, a resync and a 410 re-list, and the longest single pass
-of the cycle collector (`gc_max_*_ms`, CPU) says how much of a stall was the collector's.
+sleep wakes) through the initial list, a resync and a 410 re-list; the most CPU one callback
+of the loop took (`step_cpu_*_ms`: one piece of the agent's code before it yielded; a stall is
+every callback ready in one iteration); and the longest single pass of the cycle collector
+(`gc_max_*_ms`, CPU), which says how much of a stall was the collector's.
 The fan-out is timed with `--latency` seconds added to every API request (a real API server is
 milliseconds away) and the stand-in's API priority and fairness bound (`--inflight`) on.
 Steady state: requests the stand-in serves over `--steady-s` seconds with one running attempt,
@@ -114,6 +116,33 @@ class Stalls:
         return out
 
 
+class Steps:
+    """The most CPU one callback of the loop took (a task's step, a timer, a reader): how
+    long one piece of the agent's code held the loop before yielding, however many callbacks
+    were ready in the same iteration (`Stalls` sees their sum). The child process is the
+    agent's alone, so every callback of its loop is wrapped."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._run = run = asyncio.events.Handle._run
+        steps = self
+
+        def timed(handle: asyncio.events.Handle) -> None:
+            c0 = time.thread_time()
+            run(handle)
+            steps.worst = max(steps.worst, time.thread_time() - c0)
+
+        asyncio.events.Handle._run = timed  # type: ignore[method-assign,assignment]
+
+    def reset(self) -> float:
+        """The worst step in ms since the last reset."""
+        out, self.worst = self.worst * 1000, 0.0
+        return out
+
+    def close(self) -> None:
+        asyncio.events.Handle._run = self._run  # type: ignore[method-assign]
+
+
 class GcPasses:
     """The longest pass of the cycle collector (CPU time of this thread), from gc.callbacks."""
 
@@ -183,11 +212,12 @@ async def agent_run(
     )
     backend = KubeBackend("bench", cfg, api_client=api)
     pacing = asyncio.create_task(paced_gc())  # as `muster agent` runs (agents/cli.py)
-    stalls, passes = Stalls(), GcPasses()
+    stalls, steps, passes = Stalls(), Steps(), GcPasses()
     out: dict[str, Any] = {}
 
     def phase_ended(phase: str) -> None:
         out[f"stall_{phase}_ms"], out[f"stall_cpu_{phase}_ms"] = stalls.reset()
+        out[f"step_cpu_{phase}_ms"] = steps.reset()
         out[f"gc_max_{phase}_ms"] = passes.reset()
 
     try:
@@ -232,10 +262,12 @@ async def agent_run(
         phases = ("list", "resync", "relist", "rest")
         out["max_stall_ms"] = max(out[f"stall_{p}_ms"] for p in phases)
         out["max_stall_cpu_ms"] = max(out[f"stall_cpu_{p}_ms"] for p in phases)
+        out["max_step_cpu_ms"] = max(out[f"step_cpu_{p}_ms"] for p in phases)
         out["max_gc_ms"] = max(out[f"gc_max_{p}_ms"] for p in phases)
         out["peak_rss_mib"] = peak_rss_mib()
     finally:
         stalls.task.cancel()
+        steps.close()
         passes.close()
         await backend.stop()
         await cancel_and_wait(pacing)

@@ -19,7 +19,7 @@ from typing import Any
 
 from nats.js.client import JetStreamContext
 
-from broker.embedded import free_port, nats_server_binary
+from broker.embedded import free_ports, nats_server_binary
 from load.waiting import wait_for
 from schemas.natsopts import NatsOptions
 
@@ -29,14 +29,20 @@ CLUSTER_NAME = "muster-local"
 class ClusterServer:
     """One member: its name, ports and store survive a kill, so it restarts as itself."""
 
-    def __init__(self, name: str, root: Path, tags: list[str], extra: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        root: Path,
+        tags: list[str],
+        ports: list[int] | None = None,
+        extra: str = "",
+    ) -> None:
+        """`ports`: four distinct free ports (client, route, monitoring, leaf node), else
+        four found here."""
         self.name = name
         self.extra = extra  # more nats-server config (leafnodes, accounts)
-        self.leaf_port = free_port()
         self.env: dict[str, str] = {}
-        self.port = free_port()
-        self.route_port = free_port()
-        self.http_port = free_port()
+        self.port, self.route_port, self.http_port, self.leaf_port = ports or free_ports(4)
         self.dir = root / name
         self.store_dir = self.dir / "jetstream"
         self.tags = tags
@@ -118,8 +124,10 @@ class NatsCluster:
         port for leaf node connections."""
         self._tmp = tempfile.TemporaryDirectory(prefix="muster-nats-cluster-")
         self.root = Path(self._tmp.name)
+        ports = free_ports(4 * size)  # distinct across the members too
         self.servers = [
-            ClusterServer(f"n{i}", self.root, [f"node:n{i}"], extra) for i in range(size)
+            ClusterServer(f"n{i}", self.root, [f"node:n{i}"], ports[4 * i : 4 * i + 4], extra)
+            for i in range(size)
         ]
         # role -> (user, password) once the members run with generated accounts
         self.users: dict[str, tuple[str, str]] = {}

@@ -8,11 +8,12 @@ So what has survived FREEZE_EVERY_S is frozen (`gc.freeze`: reference counting s
 it, only the cycle detector skips it), and once per FULL_EVERY_S everything is unfrozen,
 fully collected and frozen again, so cyclic garbage that outlived a freeze is still reclaimed.
 
-An admission cycle runs with the collector paused (`paused`): a cycle of 100,000 pending jobs
-allocates millions of objects, frees the transient ones by reference counting and makes no
-cyclic garbage (its collections found none to collect), yet each pass inside it walked what the
-cycle had built so far: about a tenth of the cycle's CPU (`load/bench_core.py`,
-docs/benchmarks.md, "An admission cycle with the collector paused").
+An admission cycle runs with the collector paused (`paused`), and what it leaves is frozen
+at its end: a cycle of 100,000 pending jobs allocates millions of objects, frees the transient
+ones by reference counting and makes no cyclic garbage (its collections found none to
+collect), yet each pass inside it walked what the cycle had built so far: about a tenth of the
+cycle's CPU (`load/bench_core.py`, docs/benchmarks.md, "An admission cycle with the collector
+paused").
 
 The process owns the policy (the collector is process-wide): `muster broker` ticks it from
 its loop, `muster agent` from `paced_gc`. In-process brokers and agents (tests) leave the
@@ -57,14 +58,17 @@ class GcPacer:
 
 @contextmanager
 def paused() -> Iterator[None]:
-    """Run a synchronous block (an admission cycle) with no collector pass inside it; a
-    collector that was off stays off."""
+    """Run a synchronous block (an admission cycle) with no collector pass inside it, then
+    freeze what it leaves, as the pacer would within FREEZE_EVERY_S: the first young pass
+    after the block would otherwise walk all of it at once. A collector that was off is left
+    as it was."""
     was_on = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_on:
+            gc.freeze()
             gc.enable()
 
 

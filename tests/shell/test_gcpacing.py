@@ -85,7 +85,7 @@ async def test_the_ticker_freezes_while_it_runs_and_thaws_when_cancelled() -> No
     assert walked(late)
 
 
-def test_paused_runs_a_block_without_collector_passes_and_restores_it() -> None:
+def test_paused_runs_a_block_without_collector_passes_and_freezes_what_it_leaves() -> None:
     gc.enable()
     with paused():
         assert not gc.isenabled()
@@ -96,6 +96,8 @@ def test_paused_runs_a_block_without_collector_passes_and_restores_it() -> None:
         kept = [Held() for _ in range(20_000)]  # far past the young generation's threshold
         assert gone() is not None  # no pass ran to reclaim the cycle
     assert gc.isenabled()
+    assert not walked(kept[0])  # what the block left is frozen: no young pass walks it all
+    gc.unfreeze()  # as the pacer's full pass does
     gc.collect()
     assert gone() is None and len(kept) == 20_000
     with pytest.raises(RuntimeError), paused():
@@ -103,5 +105,6 @@ def test_paused_runs_a_block_without_collector_passes_and_restores_it() -> None:
     assert gc.isenabled()  # restored however the block ended
     gc.disable()
     with paused():
-        pass
-    assert not gc.isenabled()  # a collector that was off stays off
+        left = Held()
+    assert not gc.isenabled()  # a collector that was off is left as it was
+    assert walked(left)
