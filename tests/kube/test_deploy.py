@@ -32,7 +32,7 @@ from agents.kube.rbac import (
 )
 from agents.kube.watchdog import FenceWatchdog, WatchdogConfig
 from broker.config import parse_config
-from broker.embedded import free_port
+from broker.embedded import free_port, free_ports
 from kinds.registry import watchdog_rules
 from schemas import healthz
 from schemas.agent import Dispatch, LogRequest, PodSetAssignment
@@ -508,10 +508,11 @@ async def test_nats_routes_need_the_route_credentials(tmp_path: Path) -> None:
     """Two real nats-servers on 127.0.0.1 with route authorization as in routes.conf: the
     right password forms the route; a peer with another is refused (and no route forms)."""
 
-    def conf(d: Path, http: int, cluster: int, peer: int, password: str) -> Path:
+    def conf(d: Path, ports: list[int], peer: int, password: str) -> Path:
+        client, http, cluster = ports
         d.mkdir()
         (d / "s.conf").write_text(
-            f"server_name: {d.name}\nlisten: 127.0.0.1:{free_port()}\nhttp: 127.0.0.1:{http}\n"
+            f"server_name: {d.name}\nlisten: 127.0.0.1:{client}\nhttp: 127.0.0.1:{http}\n"
             f"cluster {{\n name: muster\n listen: 127.0.0.1:{cluster}\n"
             f'  authorization {{ user: route, password: "{password}", timeout: 2 }}\n'
             f"  routes: [nats://route:{password}@127.0.0.1:{peer}]\n}}\n"
@@ -526,9 +527,10 @@ async def test_nats_routes_need_the_route_credentials(tmp_path: Path) -> None:
             return int(json.load(r)["num_routes"])
 
     async def run(tag: str, password_b: str) -> tuple[int, str]:
-        http_a, cl_a, cl_b = free_port(), free_port(), free_port()
-        a = conf(tmp_path / f"a-{tag}", http_a, cl_a, cl_b, "right")
-        b = conf(tmp_path / f"b-{tag}", free_port(), cl_b, cl_a, password_b)
+        ports = free_ports(6)  # distinct: found together
+        http_a, cl_a, cl_b = ports[1], ports[2], ports[5]
+        a = conf(tmp_path / f"a-{tag}", ports[:3], cl_b, "right")
+        b = conf(tmp_path / f"b-{tag}", ports[3:], cl_a, password_b)
         pa = await asyncio.create_subprocess_exec(
             str(NATS_BIN), "-c", str(a), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )

@@ -19,7 +19,7 @@ import trustme
 from nats.aio.client import Client
 
 from agents.fleet import Fleet, start_fake_fleet
-from broker.embedded import free_port, nats_server_binary
+from broker.embedded import free_ports, nats_server_binary
 from broker.natsconfig import leaf_user, render, render_leafnode, render_leafnode_listener
 from load.natscluster import NatsCluster
 from schemas.config import Replication
@@ -36,7 +36,7 @@ class Leaf:
 
     def __init__(self, cluster: str, root: Path, ca: trustme.CA, links: list[Link]) -> None:
         self.cluster = cluster
-        self.port = free_port()
+        self.port, http = free_ports(2)
         self.links = links
         tls = root / f"leaf-{cluster}"
         tls.mkdir()
@@ -51,7 +51,7 @@ class Leaf:
                 [link.url for link in links],
                 tls_dir=str(tls),
                 listen=f"127.0.0.1:{self.port}",
-                http=f"127.0.0.1:{free_port()}",
+                http=f"127.0.0.1:{http}",
             )
         )
         self.log = tls / "server.log"
