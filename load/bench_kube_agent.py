@@ -22,7 +22,6 @@ list to a bare client.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import os
 import subprocess
@@ -35,6 +34,7 @@ import typer
 
 from load.command import Count, JsonOut, Options, program, summary
 from load.common import emit, median
+from load.stallprobe import Probe
 from shell.gcpacing import paced_gc
 from shell.tasks import cancel_and_wait
 
@@ -116,56 +116,6 @@ class Stalls:
         return out
 
 
-class Steps:
-    """The most CPU one callback of the loop took (a task's step, a timer, a reader): how
-    long one piece of the agent's code held the loop before yielding, however many callbacks
-    were ready in the same iteration (`Stalls` sees their sum). The child process is the
-    agent's alone, so every callback of its loop is wrapped."""
-
-    def __init__(self) -> None:
-        self.worst = 0.0
-        self._run = run = asyncio.events.Handle._run
-        steps = self
-
-        def timed(handle: asyncio.events.Handle) -> None:
-            c0 = time.thread_time()
-            run(handle)
-            steps.worst = max(steps.worst, time.thread_time() - c0)
-
-        asyncio.events.Handle._run = timed  # type: ignore[method-assign,assignment]
-
-    def reset(self) -> float:
-        """The worst step in ms since the last reset."""
-        out, self.worst = self.worst * 1000, 0.0
-        return out
-
-    def close(self) -> None:
-        asyncio.events.Handle._run = self._run  # type: ignore[method-assign]
-
-
-class GcPasses:
-    """The longest pass of the cycle collector (CPU time of this thread), from gc.callbacks."""
-
-    def __init__(self) -> None:
-        self.started = 0.0
-        self.worst = 0.0
-        gc.callbacks.append(self._note)
-
-    def _note(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self.started = time.thread_time()
-        else:
-            self.worst = max(self.worst, time.thread_time() - self.started)
-
-    def reset(self) -> float:
-        """The worst pass in ms since the last reset."""
-        out, self.worst = self.worst * 1000, 0.0
-        return out
-
-    def close(self) -> None:
-        gc.callbacks.remove(self._note)
-
-
 def peak_rss_mib() -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -212,13 +162,19 @@ async def agent_run(
     )
     backend = KubeBackend("bench", cfg, api_client=api)
     pacing = asyncio.create_task(paced_gc())  # as `muster agent` runs (agents/cli.py)
-    stalls, steps, passes = Stalls(), Steps(), GcPasses()
+    stalls = Stalls()
+    # Every callback of the child's loop and every collector pass, timed (the child is the
+    # agent's alone); the longest of each per phase.
+    probe = Probe(threshold_ms=1.0)
+    probe.install()
     out: dict[str, Any] = {}
 
     def phase_ended(phase: str) -> None:
         out[f"stall_{phase}_ms"], out[f"stall_cpu_{phase}_ms"] = stalls.reset()
-        out[f"step_cpu_{phase}_ms"] = steps.reset()
-        out[f"gc_max_{phase}_ms"] = passes.reset()
+        out[f"step_cpu_{phase}_ms"] = max((t["cpu_ms"] for t in probe.turns), default=0.0)
+        out[f"gc_max_{phase}_ms"] = max((c["cpu_ms"] for c in probe.collections), default=0.0)
+        probe.turns.clear()
+        probe.collections.clear()
 
     try:
         t0 = time.perf_counter()
@@ -267,8 +223,6 @@ async def agent_run(
         out["peak_rss_mib"] = peak_rss_mib()
     finally:
         stalls.task.cancel()
-        steps.close()
-        passes.close()
         await backend.stop()
         await cancel_and_wait(pacing)
         await api.close()
