@@ -1,0 +1,71 @@
+"""A gang's shape keys every memo a search is answered from: requests that differ in anything
+that picks or orders pools, or that shapes the gang, have different shapes, and the scheduler
+interns equal shapes to one tuple."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from broker.core import scheduler as scheduler_module
+from broker.core.assigner import pool_terms, shape_of
+from broker.core.scheduler import Scheduler
+from broker.core.types import GangRequest, TopologyNeed
+from tests.core.helpers import config, gang, queue
+
+BASE = gang("j", (2, 4), capacity="spot-then-on-demand", order=1)
+
+# Each field a search reads besides the snapshot, and a value it does not have in BASE.
+VARIANTS: dict[str, object] = {
+    "podsets": gang("j", (3, 4), order=1).podsets,
+    "gpu_types": frozenset({"a100"}),
+    "capacity": "spot",
+    "spot_exhausted": True,
+    "checkpoint_interval_s": 600.0,
+    "spot_ok": False,
+    "speeds": (("a100", 2.0),),
+    "avoid_pools": frozenset({("c1", "od")}),
+    "min_replicas": {"p0": 1},
+    "topology": TopologyNeed(required=("rack",)),
+}
+
+
+@pytest.mark.parametrize("field", sorted(VARIANTS))
+def test_requests_that_differ_in_a_search_term_differ_in_shape(field: str) -> None:
+    other = dataclasses.replace(BASE, **{field: VARIANTS[field]})
+    assert shape_of(other) != shape_of(BASE)
+
+
+# Fields a search does not read from the shape: who and which attempt, the queue and
+# priority (keys of their own beside the shape), the submission order, and which podsets are
+# elastic (only the admission note of a search that succeeded reads it; failures are memoised).
+NOT_SEARCH_TERMS = {"job_id", "attempt", "queue", "priority", "order", "elastic", "shape_memo"}
+
+
+def test_every_request_field_is_a_search_term_or_named_as_not_one() -> None:
+    fields = {f.name for f in dataclasses.fields(GangRequest)}
+    assert fields - NOT_SEARCH_TERMS == set(VARIANTS)
+
+
+def test_every_pool_term_is_in_the_shape() -> None:
+    for field, value in VARIANTS.items():
+        other = dataclasses.replace(BASE, **{field: value})
+        if pool_terms(other) != pool_terms(BASE):
+            assert shape_of(other) != shape_of(BASE), field
+
+
+def test_alike_requests_share_one_interned_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Scheduler(config([queue("default")]))
+    a = dataclasses.replace(BASE, job_id="a")
+    b = dataclasses.replace(BASE, job_id="b", order=2)
+    c = dataclasses.replace(BASE, job_id="c", capacity="spot")
+    shape_a = s._shape_of(a)
+    assert s._shape_of(b) is shape_a
+    assert s._shape_of(a) is shape_a  # kept on the request
+    assert s._shape_of(c) != shape_a
+    monkeypatch.setattr(scheduler_module, "_GANG_CACHE_MAX", 1)
+    s._shape_of(dataclasses.replace(BASE, job_id="e", capacity="on-demand"))  # clears the table
+    shape_d = s._shape_of(dataclasses.replace(BASE, job_id="d", order=3))
+    assert shape_d is not shape_a  # interned afresh, and equal: its memo entries still match
+    assert shape_d == shape_a
