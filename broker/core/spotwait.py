@@ -15,7 +15,7 @@ Three rules read them, earliest first (higher priority, then submitted first):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from itertools import count
 from operator import itemgetter
 
@@ -48,7 +48,9 @@ _by_key = itemgetter(0)  # a Waiter's order key
 
 
 class SpotWaiters:
-    __slots__ = ("_gang_of", "_groups", "_heads", "_ids", "_seq", "_sorted", "_where")
+    COMPACT_SLACK = 1024  # dead heap entries beyond the live ones that trigger a rebuild
+
+    __slots__ = ("_entries", "_gang_of", "_groups", "_heads", "_ids", "_seq", "_sorted", "_where")
 
     def __init__(self, gang_of: Callable[[GangRequest], Gang]) -> None:
         self._gang_of = gang_of
@@ -61,7 +63,9 @@ class SpotWaiters:
         # (placement.spot_kept_for). A heap files a waiter without moving the others (a sorted
         # list's insertion moved half of it: quadratic in a 100,000-job cycle). An entry whose
         # waiter left stays until it comes to the top, where it is dropped: every head is live.
+        # `_entries` counts them all, live or not: past twice the live, the heaps are rebuilt.
         self._groups: dict[Group, list[tuple[OrderKey, int, Waiter]]] = {}
+        self._entries = 0
         self._seq = count()
         self._heads: list[Waiter] | None = None  # the groups' heads, until one changes
         self._sorted: list[Waiter] | None = None  # `active`, until a waiter comes or goes
@@ -102,11 +106,29 @@ class SpotWaiters:
         return where is not None and where[2] == entry[1]
 
     def begin(self, requests: Iterable[GangRequest]) -> None:
-        """A cycle starts with these waiters (the machine's current requests for them)."""
-        self._where, self._groups = {}, {}
-        self._heads = self._sorted = None
-        # In queue order, so that `active` keeps ties in it, and each push lands at the end.
-        for r in sorted(requests, key=order_key):
+        """A cycle starts with these waiters (the machine's current requests for them). One
+        filed for the very request it is given stays filed: a parked job's request is rebuilt
+        only when it changed (`Backlog.request`), so a cycle files the new and the changed
+        waiters, not all of them again (40,000 waiters sorted and filed anew took 155 ms of
+        every cycle; docs/benchmarks.md, "Spot waiters kept filed between cycles")."""
+        where = self._where
+        given: set[str] = set()
+        fresh: list[GangRequest] = []
+        for r in requests:
+            job_id = r.job_id
+            given.add(job_id)
+            filed = where.get(job_id)
+            if filed is not None:
+                if filed[0].request is r:
+                    continue
+                self._unlist(job_id)
+            fresh.append(r)
+        if len(where) > len(given) - len(fresh):
+            for job_id in [j for j in where if j not in given]:
+                self._unlist(job_id)
+        # In queue order, so that `active` keeps ties in it.
+        fresh.sort(key=order_key)
+        for r in fresh:
             self._add(Waiter(order_key(r), r, self._gang_of(r)))
 
     def _add(self, w: Waiter) -> None:
@@ -114,6 +136,7 @@ class SpotWaiters:
         self._where[w.request.job_id] = (w, group, seq)
         entries = self._groups.setdefault(group, [])
         heappush(entries, (w.key, seq, w))
+        self._entries += 1
         if entries[0][1] == seq:  # a new head (of a new group, or before the old one)
             self._heads = None
         self._sorted = None
@@ -135,12 +158,29 @@ class SpotWaiters:
         self._sorted = None
         heap = self._groups[group]
         if heap[0][1] != seq:
-            return  # not the head: dropped when it comes to the top
+            # Not the head: dropped when it comes to the top, or when the heaps hold twice
+            # the live waiters (kept between cycles, a heap whose head stays would keep every
+            # later waiter that left).
+            if self._entries > 2 * len(self._where) + self.COMPACT_SLACK:
+                self._compact()
+            return
         self._heads = None
         while heap and not self._live(heap[0]):
             heappop(heap)
+            self._entries -= 1
         if not heap:
             del self._groups[group]
+
+    def _compact(self) -> None:
+        """Each group's heap rebuilt of its live entries."""
+        groups: dict[Group, list[tuple[OrderKey, int, Waiter]]] = {}
+        for w, group, seq in self._where.values():
+            groups.setdefault(group, []).append((w.key, seq, w))
+        for entries in groups.values():
+            heapify(entries)
+        self._groups = groups
+        self._entries = len(self._where)
+        self._heads = None
 
     def settle(
         self,

@@ -133,6 +133,15 @@ forgets = st.tuples(st.just("forget"), st.sampled_from(JOBS))
 ops = st.one_of(
     st.tuples(st.just("ask"), asks),
     st.tuples(st.just("begin"), st.lists(requests, max_size=5, unique_by=lambda r: r.job_id)),
+    # The next cycle's waiters: some requests of the last begun kept (the same objects, as
+    # the machine keeps a parked job's request), and new ones.
+    st.tuples(
+        st.just("again"),
+        st.tuples(
+            st.lists(st.booleans(), min_size=5, max_size=5),
+            st.lists(requests, max_size=3, unique_by=lambda r: r.job_id),
+        ),
+    ),
     waits,
     forgets,
     st.tuples(
@@ -146,7 +155,13 @@ ops = st.one_of(
 
 def _agree(steps: list[tuple[str, Any]]) -> None:
     kept, plain = SpotWaiters(lambda r: make_gang(r.podsets)), Plain()
+    begun: list[GangRequest] = []
     for op, arg in steps:
+        if op == "again":
+            keep, new = arg
+            arg = [r for r, k in zip(begun, keep, strict=False) if k]
+            arg += [r for r in new if r.job_id not in {a.job_id for a in arg}]
+            op = "begin"
         if op == "ask":
             for pool in POOLS:
                 for running in (False, True):
@@ -157,6 +172,7 @@ def _agree(steps: list[tuple[str, Any]]) -> None:
         elif op == "begin":
             kept.begin(arg)
             plain.begin(arg)
+            begun = arg
         elif op == "waits":
             kept.waits(arg)
             plain.waits(arg)
@@ -173,7 +189,11 @@ def _agree(steps: list[tuple[str, Any]]) -> None:
             admitted = [r.job_id for r, what in arg if what == "admitted"]
             kept.settle(tried, pending, admitted)
             plain.settle(tried, pending, admitted)
-        assert [w.request.job_id for w in kept.active] == [w.job_id for w in plain.active]
+        # In queue order; of waiters with equal keys, in any order.
+        assert sorted((w.key, w.request.job_id) for w in kept.active) == sorted(
+            (key(w), w.job_id) for w in plain.active
+        )
+        assert [w.key for w in kept.active] == [key(w) for w in plain.active]
         assert list(kept.ids) == list(plain.ids)
         for job in JOBS:
             assert (job in kept) == (job in plain.ids)
@@ -224,3 +244,49 @@ def test_a_pool_is_kept_for_the_waiter_a_walk_of_every_waiter_finds(
 ) -> None:
     """Many asks between waits and forgets: the heads each ask reads follow every change."""
     _agree(steps)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ops, max_size=30))
+def test_heaps_rebuilt_at_every_dead_entry_agree_with_the_plain_list(
+    steps: list[tuple[str, Any]],
+) -> None:
+    """Waiters kept filed between cycles leave dead heap entries behind their groups' heads;
+    rebuilt as soon as there is one, the heads and the order are still the plain list's."""
+    slack = SpotWaiters.COMPACT_SLACK
+    SpotWaiters.COMPACT_SLACK = -(10**9)  # any entry left behind rebuilds the heaps
+    try:
+        _agree(steps)
+    finally:
+        SpotWaiters.COMPACT_SLACK = slack
+
+
+def test_waiters_that_leave_behind_a_head_kept_for_cycles_leave_bounded_heaps() -> None:
+    """One group's head stays for many cycles while later waiters come and go: its heap is
+    rebuilt of the live entries (filed latest first, so a rebuild that does not re-heap names
+    the wrong head), and the pool is kept for the earliest waiter throughout."""
+    waiters = SpotWaiters(lambda r: make_gang(r.podsets))
+    head = request("head", 0, 0, (1, 1))
+    others = [request(f"w{i}", 0, 5000 - i, (1, 1)) for i in range(3000)]
+    for r in others:
+        waiters.waits(r)
+    waiters.waits(head)
+    ask = request("x", 0, 9999, capacity="any")
+    compacted = 0
+    for _ in range(10):
+        others = others[250:]  # 250 later waiters left the queue since the last cycle
+        staying = [head, *others]
+        entries = waiters._entries
+        waiters.begin(staying)
+        compacted += waiters._entries < entries - 250
+        for heap in waiters._groups.values():  # each group's entries still form a heap
+            assert all(heap[(i - 1) // 2][:2] <= heap[i][:2] for i in range(1, len(heap)))
+        assert len(waiters.active) == len(staying)
+        assert waiters._entries <= 2 * len(staying) + SpotWaiters.COMPACT_SLACK
+        got = waiters.kept_for(ask, POOLS[0], running=False)
+        assert got is not None and got.job_id == "head"
+    assert compacted
+    waiters.forget("head")
+    got = waiters.kept_for(ask, POOLS[0], running=False)
+    earliest = min(others, key=key)
+    assert got is not None and got.job_id == earliest.job_id
