@@ -105,28 +105,28 @@ class SpotWaiters:
         where = self._where.get(entry[2].request.job_id)
         return where is not None and where[2] == entry[1]
 
-    def begin(self, requests: Iterable[GangRequest]) -> None:
-        """A cycle starts with these waiters (the machine's current requests for them). One
-        filed for the very request it is given stays filed: a parked job's request is rebuilt
-        only when it changed (`Backlog.request`), so a cycle files the new and the changed
-        waiters, not all of them again (40,000 waiters sorted and filed anew took 155 ms of
-        every cycle; docs/benchmarks.md, "Spot waiters kept filed between cycles")."""
+    def begin(self, requests: Sequence[GangRequest]) -> None:
+        """A cycle starts with these waiters (the machine's current requests for them, one per
+        job). One filed for the very request it is given stays filed: a parked job's request
+        is rebuilt only when it changed (`Backlog.request`), so a cycle files the new and the
+        changed waiters, not all of them again (40,000 waiters sorted and filed anew took
+        155 ms of every cycle; docs/benchmarks.md, "Spot waiters kept filed between cycles")."""
         where = self._where
-        given: set[str] = set()
         fresh: list[GangRequest] = []
+        kept = 0
         for r in requests:
-            job_id = r.job_id
-            given.add(job_id)
-            filed = where.get(job_id)
+            filed = where.get(r.job_id)
             if filed is not None:
                 if filed[0].request is r:
+                    kept += 1
                     continue
-                self._unlist(job_id)
+                self._unlist(r.job_id)
             fresh.append(r)
-        if len(where) > len(given) - len(fresh):
+        if len(where) > kept:  # some filed waiter is not among them: it left, or backs off
+            given = {r.job_id for r in requests}
             for job_id in [j for j in where if j not in given]:
                 self._unlist(job_id)
-        # In queue order, so that `active` keeps ties in it.
+        # In queue order, so that new waiters of equal keys are filed in it.
         fresh.sort(key=order_key)
         for r in fresh:
             self._add(Waiter(order_key(r), r, self._gang_of(r)))
