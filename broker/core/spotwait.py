@@ -74,6 +74,12 @@ class SpotWaiters:
     def ids(self) -> Sequence[str]:
         return list(self._ids)
 
+    @property
+    def heaps(self) -> Sequence[Sequence[tuple[OrderKey, int, Waiter]]]:
+        """Each group's heap as filed, entries of waiters that left included (a view for
+        checks)."""
+        return [tuple(heap) for heap in self._groups.values()]
+
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._ids
 

@@ -1,6 +1,5 @@
 """A gang's shape keys every memo a search is answered from: requests that differ in anything
-that picks or orders pools, or that shapes the gang, have different shapes, and the scheduler
-interns equal shapes to one tuple."""
+that picks or orders pools, or that shapes the gang, have different shapes."""
 
 from __future__ import annotations
 
@@ -8,11 +7,9 @@ import dataclasses
 
 import pytest
 
-from broker.core import scheduler as scheduler_module
 from broker.core.assigner import pool_terms, shape_of
-from broker.core.scheduler import Scheduler
 from broker.core.types import GangRequest, TopologyNeed
-from tests.core.helpers import config, gang, queue
+from tests.core.helpers import gang
 
 BASE = gang("j", (2, 4), capacity="spot-then-on-demand", order=1)
 
@@ -53,19 +50,3 @@ def test_every_pool_term_is_in_the_shape() -> None:
         other = dataclasses.replace(BASE, **{field: value})
         if pool_terms(other) != pool_terms(BASE):
             assert shape_of(other) != shape_of(BASE), field
-
-
-def test_alike_requests_share_one_interned_shape(monkeypatch: pytest.MonkeyPatch) -> None:
-    s = Scheduler(config([queue("default")]))
-    a = dataclasses.replace(BASE, job_id="a")
-    b = dataclasses.replace(BASE, job_id="b", order=2)
-    c = dataclasses.replace(BASE, job_id="c", capacity="spot")
-    shape_a = s._shape_of(a)
-    assert s._shape_of(b) is shape_a
-    assert s._shape_of(a) is shape_a  # kept on the request
-    assert s._shape_of(c) != shape_a
-    monkeypatch.setattr(scheduler_module, "_GANG_CACHE_MAX", 1)
-    s._shape_of(dataclasses.replace(BASE, job_id="e", capacity="on-demand"))  # clears the table
-    shape_d = s._shape_of(dataclasses.replace(BASE, job_id="d", order=3))
-    assert shape_d is not shape_a  # interned afresh, and equal: its memo entries still match
-    assert shape_d == shape_a

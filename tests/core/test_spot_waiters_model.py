@@ -276,13 +276,14 @@ def test_waiters_that_leave_behind_a_head_kept_for_cycles_leave_bounded_heaps() 
     for _ in range(10):
         others = others[250:]  # 250 later waiters left the queue since the last cycle
         staying = [head, *others]
-        entries = waiters._entries
+        entries = sum(len(heap) for heap in waiters.heaps)
         waiters.begin(staying)
-        compacted += waiters._entries < entries - 250
-        for heap in waiters._groups.values():  # each group's entries still form a heap
+        filed = sum(len(heap) for heap in waiters.heaps)
+        compacted += filed < entries - 250
+        for heap in waiters.heaps:  # each group's entries still form a heap
             assert all(heap[(i - 1) // 2][:2] <= heap[i][:2] for i in range(1, len(heap)))
         assert len(waiters.active) == len(staying)
-        assert waiters._entries <= 2 * len(staying) + SpotWaiters.COMPACT_SLACK
+        assert filed <= 2 * len(staying) + SpotWaiters.COMPACT_SLACK
         got = waiters.kept_for(ask, POOLS[0], running=False)
         assert got is not None and got.job_id == "head"
     assert compacted
