@@ -165,13 +165,19 @@ async def agent_run(
     stalls = Stalls()
     # Every callback of the child's loop and every collector pass, timed (the child is the
     # agent's alone); the longest of each per phase.
-    probe = Probe(threshold_ms=1.0)
+    probe = Probe(threshold_ms=1.0, split_cpu=True)
     probe.install()
     out: dict[str, Any] = {}
 
     def phase_ended(phase: str) -> None:
         out[f"stall_{phase}_ms"], out[f"stall_cpu_{phase}_ms"] = stalls.reset()
-        out[f"step_cpu_{phase}_ms"] = max((t["cpu_ms"] for t in probe.turns), default=0.0)
+        longest = max(probe.turns, key=lambda t: t["cpu_ms"], default=None)
+        out[f"step_cpu_{phase}_ms"] = longest["cpu_ms"] if longest else 0.0
+        out[f"step_sys_{phase}_ms"] = longest["sys_ms"] if longest else 0.0
+        out[f"step_what_{phase}"] = longest["what"] if longest else ""
+        # The agent's own code: the kernel's share (page faults, reclaim under another
+        # process's memory pressure) left out.
+        out[f"step_user_cpu_{phase}_ms"] = max((t["user_ms"] for t in probe.turns), default=0.0)
         out[f"gc_max_{phase}_ms"] = max((c["cpu_ms"] for c in probe.collections), default=0.0)
         probe.turns.clear()
         probe.collections.clear()
