@@ -14,7 +14,9 @@ Per run, on a fresh scheduler:
 - `fill`: one `schedule()` over all pending jobs on an empty fleet (admits until full;
   `max_admissions_per_cycle` is raised to `jobs` so the budget does not cut the cycle short);
 - `full`: 2% of the admitted jobs end, then one cycle over `jobs` new pending jobs while the
-  fleet is nearly full (most are rejected): the steady state.
+  fleet is nearly full (most are rejected): the steady state;
+- `back`: a fifth of the jobs on spot end, and one cycle over the spot-only jobs left waiting
+  for spot, passed as waiters (`back_cpu_s`: CPU seconds of that cycle).
 A decision is one pending job considered (admitted or given reasons). Each cycle is timed by
 the wall clock and by this process's CPU time (the one-core figure when the machine is shared).
 Before each timed cycle the heap is frozen (`gc.freeze`), as the broker's `GcPacer` freezes
@@ -197,6 +199,19 @@ def one_run(args: Options, sizes: list[int], run: int) -> dict[str, float]:
     full_after = collector_after_cycle()
     full_decisions = len(res2.admitted) + len(res2.pending)
     assert full_decisions == len(more)
+
+    # Spot comes back: a fifth of the jobs running on spot end, and a cycle offers that spot
+    # to the spot-only jobs left waiting for it (passed in as the machine passes them).
+    on_spot = [j for j, p in (*res.admitted, *res2.admitted) if p.flavor.endswith("-spot")]
+    for job_id in rng.sample(on_spot, len(on_spot) // 5):
+        sched.release(job_id, 1)
+    by_id.update((r.job_id, r) for r in more)
+    waiting = [by_id[j] for j in sched.spot_waiters.ids]
+    gc.freeze()
+    c0 = time.process_time()
+    with cycle():
+        res3 = sched.schedule(waiting, now + 3, waiting)
+    back_cpu = time.process_time() - c0
     gc.unfreeze()  # the next run starts from a fresh scheduler
     return {
         "build_s": build_s,
@@ -212,6 +227,9 @@ def one_run(args: Options, sizes: list[int], run: int) -> dict[str, float]:
         "full_admitted": float(len(res2.admitted)),
         "full_preemptions": float(len(res2.preemptions)),
         "full_gc_after_ms": full_after * 1000,
+        "back_waiters": float(len(waiting)),
+        "back_admitted": float(len(res3.admitted)),
+        "back_cpu_s": back_cpu,
     }
 
 
@@ -277,7 +295,9 @@ def run_bench(args: Options) -> dict[str, Any]:
             f"({out['full_decisions_per_cpu_s']:,.0f}/cpu-s; {out['full_s']:.2f} s, "
             f"{out['full_admitted']:.0f} admitted, {out['full_preemptions']:.0f} preemptions); "
             f"inventory build {out['build_s']:.2f} s; a collector pass right after each "
-            f"cycle {out['fill_gc_after_ms']:.1f} / {out['full_gc_after_ms']:.1f} ms"
+            f"cycle {out['fill_gc_after_ms']:.1f} / {out['full_gc_after_ms']:.1f} ms; "
+            f"spot back: {out['back_waiters']:.0f} spot-only waiters, "
+            f"{out['back_admitted']:.0f} admitted in {out['back_cpu_s']:.2f} CPU-s"
         )
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     print(
@@ -304,6 +324,9 @@ def run_bench(args: Options) -> dict[str, Any]:
         "full_preemptions_median": round(med["full_preemptions"]),
         "fill_gc_after_ms_median": round(med["fill_gc_after_ms"], 1),
         "full_gc_after_ms_median": round(med["full_gc_after_ms"], 1),
+        "back_waiters_median": round(med["back_waiters"]),
+        "back_admitted_median": round(med["back_admitted"]),
+        "back_cpu_s_median": round(med["back_cpu_s"], 3),
         "fill_decisions_per_s": [round(r["fill_decisions_per_s"]) for r in runs],
         "full_decisions_per_s": [round(r["full_decisions_per_s"]) for r in runs],
         "target_decisions_per_s": 50_000,  # per CPU-second, fill phase

@@ -10,7 +10,10 @@ fresh one, and the agent's `KubeBackend` runs in a fresh child process too, so i
 (`shell.gcpacing`). A ticker on the agent's loop records the longest stall (how late a 5 ms
 sleep wakes) through the initial list, a resync and a 410 re-list; the most CPU one callback
 of the loop took (`step_cpu_*_ms`: one piece of the agent's code before it yielded; a stall is
-every callback ready in one iteration); and the longest single pass of the cycle collector
+every callback ready in one iteration), what that step ran and the kernel's part of it
+(`step_what_*`, `step_sys_*_ms`), and the most user CPU of any step (`step_user_cpu_*_ms`:
+the agent's own code, without page faults and memory reclaim, which a neighbour's memory
+pressure inflates); and the longest single pass of the cycle collector
 (`gc_max_*_ms`, CPU), which says how much of a stall was the collector's.
 The fan-out is timed with `--latency` seconds added to every API request (a real API server is
 milliseconds away) and the stand-in's API priority and fairness bound (`--inflight`) on.

@@ -63,7 +63,8 @@ class Probe:
         """`split_cpu`: each long turn also says how much of its CPU ran the process's own
         code (`user_ms`) and how much the kernel spent on its behalf (`sys_ms`: page faults,
         and the reclaim a loaded machine's memory pressure adds to them), at the cost of two
-        `getrusage` calls per callback."""
+        `getrusage` calls per callback. The kernel splits a thread's CPU in clock ticks: the
+        two parts are good to a few ms (their sum may pass `cpu_ms` by as much)."""
         self.threshold_s = threshold_ms / 1000
         self.split_cpu = split_cpu
         self.turns: list[dict[str, Any]] = []

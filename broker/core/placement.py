@@ -191,6 +191,17 @@ class Waiter(NamedTuple):
     gang: Gang
 
 
+def may_yield_spot(req: GangRequest, pool: Pool) -> bool:
+    """Whether `req` is a job that leaves `pool` to a spot waiter: `pool` is spot and the job
+    could run on on-demand (`any`, or `spot-then-on-demand` still on spot). Spot-only jobs,
+    the waiters themselves among them, never yield."""
+    return (
+        pool.capacity_type == "spot"
+        and req.capacity in ("any", "spot-then-on-demand")
+        and not req.spot_exhausted
+    )
+
+
 def spot_kept_for(
     req: GangRequest,
     pool: Pool,
@@ -208,9 +219,7 @@ def spot_kept_for(
     replacement booked at a spot notice) had its turn: it yields to every waiter of equal or
     higher priority, as a running job moves off spot for one (spotyield.py). A group is
     judged by its head alone, so the question costs the number of groups, not of waiters."""
-    if pool.capacity_type != "spot" or req.capacity not in ("any", "spot-then-on-demand"):
-        return None
-    if req.spot_exhausted:
+    if not may_yield_spot(req, pool):
         return None
     found: GangRequest | None = None
     before = (-req.priority, req.order if not running else float("inf"))

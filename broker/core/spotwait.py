@@ -20,7 +20,7 @@ from itertools import count
 from operator import itemgetter
 
 from broker.core.inventory import Pool
-from broker.core.placement import Gang, OrderKey, Waiter, spot_kept_for
+from broker.core.placement import Gang, OrderKey, Waiter, may_yield_spot, spot_kept_for
 from broker.core.records import JobRecord
 from broker.core.types import GangRequest, PodSetDemand, PoolKey, Reason
 
@@ -96,6 +96,8 @@ class SpotWaiters:
 
     def kept_for(self, req: GangRequest, pool: Pool, running: bool = False) -> GangRequest | None:
         """The waiter `pool`'s spot is kept for against `req` (placement.spot_kept_for)."""
+        if not may_yield_spot(req, pool):
+            return None  # before the heads besides a waiter's own, which walk every entry
         heads = self._heads
         if heads is None:
             heads = self._heads = [heap[0][2] for heap in self._groups.values()]
@@ -115,8 +117,9 @@ class SpotWaiters:
         """A cycle starts with these waiters (the machine's current requests for them, one per
         job). One filed for the very request it is given stays filed: a parked job's request
         is rebuilt only when it changed (`Backlog.request`), so a cycle files the new and the
-        changed waiters, not all of them again (40,000 waiters sorted and filed anew took
-        155 ms of every cycle; docs/benchmarks.md, "Spot waiters kept filed between cycles")."""
+        changed waiters, not all of them again: a flood's cycle over 60,000 queued jobs took
+        104-116 ms filing them all anew, 29 ms now (`python -m load.bench_flood_cycle --depth
+        60000`; docs/benchmarks.md, "Spot waiters kept filed between cycles")."""
         where = self._where
         fresh: list[GangRequest] = []
         kept = 0
