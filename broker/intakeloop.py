@@ -26,6 +26,7 @@ from broker.core.machine import Machine
 from broker.core.submission import derive_job_id
 from broker.fields import BrokerFields
 from broker.intake import FairPuller, intake_names, parse_submission, unknown_queue_error
+from broker.rendezvous import RendezvousKey
 from schemas.api import SubmitReply
 from schemas.codec import DecodeError, encode_json
 from schemas.job import JobSpec
@@ -79,6 +80,11 @@ class Delivery(NamedTuple):
             return cls(msg, 0, 0, 0)
 
 
+# A stored copy's answer: its delivery, the reply, whether to terminate it rather than ack
+# it, and its rendezvous key when taking it made one.
+Answer = tuple[Delivery, bytes, bool, RendezvousKey | None]
+
+
 class SubmissionIntake(BrokerFields):
     """Takes submissions from the stream into the machine and answers them."""
 
@@ -116,14 +122,14 @@ class SubmissionIntake(BrokerFields):
             if not msgs:
                 inflight.release()
                 continue
-            replies: list[tuple[Delivery, bytes, bool]] = []
+            replies: list[Answer] = []
             machine = self.machine
             assert machine is not None
             effects: list[Effect] = []
             known = False  # a copy of a job already submitted, maybe not persisted yet
             batch = [Delivery.of(msg) for msg in msgs]
-            for d in batch:
-                self._rendezvous.taking(d.msg.subject, d.msg.data, d.msg.headers)
+            taking = self._rendezvous.taking
+            keys = [taking(d.msg.subject, d.msg.data, d.msg.headers) for d in batch]
             prior = await self._begin_attempts(batch)
             for i, d in enumerate(batch):
                 attempts = prior.get(i, 0)
@@ -136,7 +142,7 @@ class SubmissionIntake(BrokerFields):
                     reply, more, term = await self._submit_guarded(machine, d, limit)
                 effects.extend(more)
                 known = known or (reply.accepted and reply.duplicate)
-                replies.append((d, encode_json(reply), term))
+                replies.append((d, encode_json(reply), term, keys[i]))
             # One entry for the whole batch: the pipeline keeps effects in order either way.
             # A batch that changed nothing (all refused, e.g. storage full) is answered at
             # once: it must not wait behind records the store cannot take. A copy of a known
@@ -149,20 +155,20 @@ class SubmissionIntake(BrokerFields):
     async def _ack_submissions(
         self,
         persisted: asyncio.Future[None] | None,
-        replies: list[tuple[Delivery, bytes, bool]],
+        replies: list[Answer],
         inflight: asyncio.Semaphore,
     ) -> None:
         try:
             if persisted is not None:
                 await self._hold_while_persisting(persisted, [r[0] for r in replies])
-            for d, payload, term in replies:
+            for d, payload, term, key in replies:
                 msg = d.msg
                 with contextlib.suppress(Exception):  # unacked: redelivered, then dead-lettered
                     await (msg.term() if term else msg.ack())
                     if d.delivered > 1 and self.store is not None:  # it may have a marker
                         await AttemptMarkers(self.store.js, self.store.bucket).clear(d.seq)
                 # The original subject is the stream message's subject.
-                await self._rendezvous.on_result(msg.subject, msg.data, msg.headers, payload)
+                await self._rendezvous.on_result(msg.subject, msg.data, msg.headers, payload, key)
         finally:
             inflight.release()
 
@@ -269,7 +275,7 @@ class SubmissionIntake(BrokerFields):
         """A submission answered without the stream: one to a subject no queue consumes
         (the stream does not store it), or a retry of a known job."""
         queue = self.subjects.queue_of_submit_subject(msg.subject)
-        error = unknown_queue_error(self.config, queue)
+        error = unknown_queue_error(self.config, self._intake_names, queue)
         if error is not None:
             self.stats["rejected"] += 1
             return encode_json(SubmitReply(accepted=False, error=error))

@@ -204,21 +204,32 @@ class ReplyRendezvous:
             self.refused["reply_header"] += 1
             log.warning("rendezvous.reply_header_failed", subject=key[1], error=str(exc)[:200])
 
-    def taking(self, subject: str, data: bytes, headers: dict[str, str] | None) -> None:
+    def taking(
+        self, subject: str, data: bytes, headers: dict[str, str] | None
+    ) -> RendezvousKey | None:
         """A stored copy taken from the stream, to be answered by `on_result`: its plain copy,
         should it come only now, is dropped. A retry under the same identity has a reply
-        subject of its own, so it is still answered as a duplicate."""
+        subject of its own, so it is still answered as a duplicate. Returns the copy's key
+        when it made one, for `on_result` (a digest of the payload is not made twice)."""
         header = headers.get(REPLY_HEADER) if headers else None
-        if header is not None:
-            self.taken[(header, self.key(subject, data, headers))] = time.monotonic()
-            self._trim(self.taken)
+        if header is None:
+            return None
+        key = self.key(subject, data, headers)
+        self.taken[(header, key)] = time.monotonic()
+        self._trim(self.taken)
+        return key
 
     async def on_result(
-        self, subject: str, data: bytes, headers: dict[str, str] | None, payload: bytes
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None,
+        payload: bytes,
+        key: RendezvousKey | None = None,
     ) -> None:
         """A stored copy's outcome, its record persisted: answered on its header, else
-        paired with a plain copy's reply subject."""
-        key = self.key(subject, data, headers)
+        paired with a plain copy's reply subject. `key`: what `taking` returned for it."""
+        key = key or self.key(subject, data, headers)
         header = headers.get(REPLY_HEADER) if headers else None
         if header is not None:
             self.taken.pop((header, key), None)

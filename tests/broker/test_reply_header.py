@@ -15,6 +15,7 @@ from nats.js.errors import KeyNotFoundError
 from prometheus_client import generate_latest
 
 from broker import intake
+from broker.rendezvous import RendezvousKey
 from schemas.api import SubmitReply
 from schemas.codec import decode_submit_reply, encode_json
 from schemas.subjects import REPLY_HEADER
@@ -106,7 +107,11 @@ async def test_a_plain_copy_heard_after_its_stored_copy_was_taken_is_no_duplicat
     heard: list[Msg] = []
 
     async def plain_copy_heard_late(
-        subj: str, data: bytes, hdrs: dict[str, str] | None, payload: bytes
+        subj: str,
+        data: bytes,
+        hdrs: dict[str, str] | None,
+        payload: bytes,
+        key: RendezvousKey | None = None,
     ) -> None:
         if hdrs and hdrs.get("Nats-Msg-Id") == "late-plain-1" and not heard:
             # The stored copy is taken and its record persisted, not yet answered.
@@ -114,7 +119,7 @@ async def test_a_plain_copy_heard_after_its_stored_copy_was_taken_is_no_duplicat
                 Msg(harness.nc, subject=subj, reply=inbox.subject, data=data, headers=hdrs)
             )
             await rendezvous.on_request(heard[0])
-        await on_result(subj, data, hdrs, payload)
+        await on_result(subj, data, hdrs, payload, key)
 
     monkeypatch.setattr(rendezvous, "on_result", plain_copy_heard_late)
     await harness.nc.publish(subject, spec("late-1"), headers=headers)

@@ -108,6 +108,27 @@ def test_bench_e2e_fleet_in_its_own_process() -> None:
         assert lag["samples"] > 10 and 0 <= lag["p50_ms"] <= lag["p99_ms"] <= lag["max_ms"], lag
 
 
+def test_bench_scale_tiny() -> None:
+    """Durable submissions, a `kill -9` and restart, a failover and a clean handover, at a
+    toy size: every job restored each time, and the figures are the process's own. (Without
+    the job bucket's snapshot: 300 writes do not prompt one, and the wait for it would be the
+    test's whole minute.)"""
+    r = run_bench(
+        "load.bench_scale",
+        *("--jobs", "300", "--queues", "3", "--runs", "1", "--standby-warmup-s", "1"),
+        "--no-records-snapshot",
+        timeout=60.0,
+    )
+    (run,) = r["runs"]
+    assert finite_positive(r["durable_submits_per_s_median"])
+    # the broker's CPU over the submissions, per job, in ms: more than nothing (300 jobs
+    # take it at least a clock tick), less than a second each
+    assert 0 < r["submit_cpu_ms_per_job_median"] < 1_000
+    assert r["submit_cpu_ms_per_job_median"] == round(run["submit_cpu_ms_per_job"], 4)
+    for figure in ("recovered_s", "takeover_s", "handover_s", "rss_mib", "rss_restarted_mib"):
+        assert finite_positive(run[figure]), figure
+
+
 def test_bench_spot_tiny() -> None:
     r = run_bench(
         "load.bench_spot",
