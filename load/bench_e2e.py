@@ -4,6 +4,7 @@
                              [--latency-jobs 10000] [--runs 3] [--json out.json]
                              [--fleet in-process|process|both] [--trace] [--stalls-ms MS]
                              [--cpus shared|broker-own-core] [--baseline DIR]
+                             [--broker-log-level warning|info]
 
 Setup per run (fresh subject prefix, so fresh streams and buckets): the broker in its own
 process (`muster broker`), an embedded nats-server, and in this process 50 fake clusters x 200
@@ -99,6 +100,13 @@ from schemas.codec import encode_json
 from schemas.config import Timeouts
 from shell.cli import EventLoopFlag, EventLoopOpt, loop_factory
 from shell.natsio import flush
+
+
+class BrokerLogLevel(enum.Enum):
+    """The broker process's log level (`muster broker --log-level`)."""
+
+    warning = "warning"
+    info = "info"
 
 
 class FleetLayout(enum.Enum):
@@ -314,6 +322,7 @@ async def one_run(
         fleet_process=fleet is FleetLayout.process,
         broker_program=probe.program if probe is not None else BROKER_PROGRAM,
         broker_tree=tree,
+        broker_log_level=args.broker_log_level.value,
     )
     setup.pids["nats"] = nats_pid
     window: tuple[float, float] | None = None
@@ -707,6 +716,13 @@ def bench_e2e(
         ),
     ] = Placement.shared,
     event_loop: EventLoopFlag = EventLoopOpt.asyncio,
+    broker_log_level: Annotated[
+        BrokerLogLevel,
+        typer.Option(
+            help="the broker's log level: warning, as every figure before 2026-12-05 was "
+            "measured, or info, a deployment's default (a line per step of each job)"
+        ),
+    ] = BrokerLogLevel.warning,
     json_out: JsonOut = None,
 ) -> None:
     options = Options(**{k: v for k, v in locals().items() if k != "json_out"})

@@ -55,11 +55,14 @@ class BrokerProcess:
         *,
         program: tuple[str, ...] = BROKER_PROGRAM,
         tree: Path | None = None,
+        log_level: str = "warning",
     ) -> None:
         # What runs the `muster` command line in the child (a probe may go in front), and the
-        # checkout whose broker runs (`--baseline` of bench_e2e; None: this one).
+        # checkout whose broker runs (`--baseline` of bench_e2e; None: this one). Its logs
+        # go to this process's stderr at `log_level` (a deployment's default is info).
         self.program = program
         self.tree = tree
+        self.log_level = log_level
         self.url = url
         self.config = config
         self._tmp = tempfile.TemporaryDirectory(prefix="muster-bench-")
@@ -70,7 +73,7 @@ class BrokerProcess:
         self.subjects = Subjects(prefix=config.subject_prefix)
 
     def start(self) -> None:
-        env = {**os.environ, "MUSTER_LOG_LEVEL": "warning"}
+        env = {**os.environ, "MUSTER_LOG_LEVEL": self.log_level}
         if self.tree is not None:
             env["PYTHONPATH"] = str(self.tree)
         self.proc = subprocess.Popen(
@@ -79,7 +82,7 @@ class BrokerProcess:
                 "--nats", self.url,
                 "--config", str(self.config_path),
                 "--state-dir", str(self.state_dir),
-                "--log-level", "warning",
+                "--log-level", self.log_level,
             ],
             env=env,
             cwd=self.tree,

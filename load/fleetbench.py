@@ -283,11 +283,13 @@ async def start_setup(
     fleet_process: bool = False,
     broker_program: tuple[str, ...] = BROKER_PROGRAM,
     broker_tree: Path | None = None,
+    broker_log_level: str = "warning",
 ) -> Setup:
     """A fresh prefix, a broker process leading on it, and a fake fleet whose snapshots the
     broker has applied (its `clusters` counter reaches `clusters`). `fleet_process`: the fleet
     runs in a child process (`FleetProcess`), so this one only publishes and measures.
-    `broker_program`, `broker_tree`: what runs the broker, from which checkout (BrokerProcess)."""
+    `broker_program`, `broker_tree`, `broker_log_level`: what runs the broker, from which
+    checkout, logging at which level (BrokerProcess)."""
     configure_logging("warning")  # the fleet's per-command logs are debug; keep them cheap
     prefix = f"e{uuid.uuid4().hex[:8]}"
     config = BrokerConfig(
@@ -295,7 +297,9 @@ async def start_setup(
         queues=[QueueConfig(name=f"q{i}") for i in range(queues)],
         timeouts=timeouts or Timeouts(),
     )
-    broker = BrokerProcess(url, config, program=broker_program, tree=broker_tree)
+    broker = BrokerProcess(
+        url, config, program=broker_program, tree=broker_tree, log_level=broker_log_level
+    )
     broker.start()
     nc = await nats.connect(
         url, pending_size=512 * 1024 * 1024, max_reconnect_attempts=3, connect_timeout=5

@@ -16,9 +16,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_bench(module: str, *args: str, timeout: float = 30.0) -> dict[str, Any]:
+def run_bench(
+    module: str, *args: str, timeout: float = 30.0, stderr: list[str] | None = None
+) -> dict[str, Any]:
     """`python -m <module> ...` in a child process (the benchmarks tune their process's GC),
-    and its machine-readable RESULT line."""
+    and its machine-readable RESULT line; its stderr (where its brokers log) is appended to
+    `stderr` when given."""
     proc = subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=REPO,
@@ -27,6 +30,8 @@ def run_bench(module: str, *args: str, timeout: float = 30.0) -> dict[str, Any]:
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if stderr is not None:
+        stderr.append(proc.stderr)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stdout[-3000:]
     return json.loads(lines[-1][len("RESULT ") :])  # type: ignore[no-any-return]
@@ -37,11 +42,22 @@ def finite_positive(x: float) -> bool:
 
 
 def test_bench_e2e_tiny() -> None:
+    """At a toy size, with the broker logging at a deployment's level (info): a line for
+    each job's dispatch on the benchmark's stderr."""
+    logs: list[str] = []
     r = run_bench(
         "load.bench_e2e",
         *("--clusters", "3", "--nodes", "40", "--jobs", "200", "--latency-jobs", "100"),
         *("--rate", "500", "--runs", "1", "--settle-s", "0.2", "--baseline-msgs", "5000"),
+        *("--broker-log-level", "info"),
+        stderr=logs,
     )
+    dispatched = {
+        line["job_id"]
+        for line in map(json.loads, (t for t in logs[0].splitlines() if t.startswith("{")))
+        if line.get("event") == "job dispatched" and line.get("level") == "info"
+    }
+    assert len(dispatched) == 300, len(dispatched)
     assert r["all_dispatched"] is True
     assert finite_positive(r["admissions_per_s_median"])
     assert finite_positive(r["raw_nats_msgs_per_s"])
