@@ -36,13 +36,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import signal
 import time
 import uuid
 from collections import deque
-from pathlib import Path
 from typing import Annotated, Any
 
 import nats
@@ -51,7 +49,14 @@ from nats.aio.client import Client
 
 from broker.embedded import EmbeddedNats
 from load.command import Count, JsonOut, Options, program, summary
-from load.common import BrokerProcess, bytecode_cached, emit, median, raw_nats_baseline
+from load.common import (
+    BrokerProcess,
+    bytecode_cached,
+    emit,
+    median,
+    proc_cpu_s,
+    raw_nats_baseline,
+)
 from schemas.codec import decode_submit_reply, encode_json
 from schemas.config import BrokerConfig, Limits, QueueConfig, Timeouts
 from schemas.subjects import REPLY_HEADER
@@ -170,8 +175,7 @@ def cpu_seconds(broker: BrokerProcess) -> float:
     """CPU seconds the broker process has used (user + system): its restart's cost in CPU,
     which other work on the machine does not inflate as it does the wall time."""
     assert broker.proc is not None
-    fields = Path(f"/proc/{broker.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return proc_cpu_s(broker.proc.pid)
 
 
 async def submit_durably(

@@ -25,6 +25,7 @@ class Benchmarks(LazyGroup):
             ("flood-cycle", "bench_flood_cycle", "Admission cycle CPU while submissions flood in."),
             ("ingest", "bench_ingest", "Agent events/s applied by the broker."),
             ("kube-agent", "bench_kube_agent", "The kube agent at 5,000 nodes x 150,000 pods."),
+            ("logs", "bench_logs", "CPU a broker log line costs at info, and structlog's stock."),
             ("memory", "bench_memory", "Broker bytes per pending job and its top allocators."),
             (
                 "nats-failover",

@@ -124,6 +124,16 @@ class BrokerProcess:
         self._tmp.cleanup()
 
 
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc), to tell who was busy."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
 def end_process(proc: subprocess.Popen[bytes] | None, grace_s: float) -> None:
     """SIGTERM, then SIGKILL if the process has not exited within `grace_s`."""
     if proc is None or proc.poll() is not None:

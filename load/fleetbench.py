@@ -40,7 +40,14 @@ from agents.config import (
     make_fleet_configs,
 )
 from agents.fleet import Fleet, start_fake_fleet
-from load.common import BROKER_PROGRAM, REPO, BrokerProcess, end_process, percentile
+from load.common import (
+    BROKER_PROGRAM,
+    REPO,
+    BrokerProcess,
+    end_process,
+    percentile,
+    proc_cpu_s,
+)
 from load.traces import default_traces_dir, gang_shape, philly_gang_sizes
 from schemas.agent import Dispatch
 from schemas.codec import decode_job_event
@@ -343,16 +350,6 @@ async def start_setup(
         await setup.close()
         raise TimeoutError(f"the broker did not hear from {clusters} clusters in time")
     return setup
-
-
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc), to tell who was busy."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 def _machine_ticks() -> list[int] | None:

@@ -63,8 +63,9 @@ EventDict = MutableMapping[str, Any]
 class UtcStamp:
     """structlog's `TimeStamper(fmt="%Y-%m-%dT%H:%M:%S.%fZ", utc=True)`, with the text of
     the current second made once a second rather than by `strftime` on every line: at `info`
-    the broker writes a few lines per job, and the stamp was a quarter of a line's cost
-    (docs/benchmarks.md, "The broker's lines at `info`")."""
+    the broker writes a few lines per job, and a line now costs half what it did with the
+    stock stamper and renderer (`python -m load.bench_logs`; docs/benchmarks.md, "The
+    broker's lines at `info`")."""
 
     __slots__ = ("_second", "_text")
 
@@ -92,7 +93,7 @@ _encoder = msgspec.json.Encoder(enc_hook=_fallback)
 
 
 def render_json(_logger: object, _name: str, event_dict: EventDict) -> str:
-    """One JSON object per line, encoded by msgspec (less than half the cost of `json.dumps`).
+    """One JSON object per line, encoded by msgspec rather than `json.dumps` (load.bench_logs).
     A value JSON has no type for is written as its `repr`, as structlog's JSONRenderer does
     (msgspec Structs, dataclasses, sets and datetimes are written as JSON values, a key that
     is not a string as its `repr`). An event msgspec refuses whole (a cycle) keeps its

@@ -145,6 +145,13 @@ def test_bench_scale_tiny() -> None:
         assert finite_positive(run[figure]), figure
 
 
+def test_bench_logs_tiny() -> None:
+    """Both configurations write their lines and are timed in every run."""
+    r = run_bench("load.bench_logs", "--lines", "300", "--runs", "2")
+    assert len(r["cpu_us_per_line"]) == len(r["stock_cpu_us_per_line"]) == 2
+    assert all(finite_positive(x) for x in (*r["cpu_us_per_line"], *r["stock_cpu_us_per_line"]))
+
+
 def test_bench_spot_tiny() -> None:
     r = run_bench(
         "load.bench_spot",

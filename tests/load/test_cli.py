@@ -30,6 +30,7 @@ BENCHES = [
     "flood-cycle",
     "ingest",
     "kube-agent",
+    "logs",
     "memory",
     "nats-failover",
     "restore",
