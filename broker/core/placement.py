@@ -163,19 +163,20 @@ def futile_spot_waits(waiting: Sequence[GangRequest]) -> dict[str, str]:
     smallest: GangRequest | None = None  # the smallest earlier waiter of any GPU type
     typed: list[GangRequest] = []  # earlier waiters limited to some GPU types
     for r in spot:
+        total = r.total_gpu
         if wants_spot_first(r):
-            if smallest is not None and smallest.total_gpu <= r.total_gpu:
+            if smallest is not None and smallest.total_gpu <= total:
                 out[r.job_id] = smallest.job_id
             elif r.gpu_types:
                 ahead = next(
-                    (a for a in typed if a.total_gpu <= r.total_gpu and r.gpu_types <= a.gpu_types),
+                    (a for a in typed if a.total_gpu <= total and r.gpu_types <= a.gpu_types),
                     None,
                 )
                 if ahead is not None:
                     out[r.job_id] = ahead.job_id
         if r.gpu_types:
             typed.append(r)
-        elif smallest is None or r.total_gpu < smallest.total_gpu:
+        elif smallest is None or total < smallest.total_gpu:
             smallest = r
     return out
 

@@ -83,10 +83,12 @@ class GangRequest:
     shape_memo: tuple[object, ...] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    # GPUs of the whole gang, summed once: every cycle reads it of each request it keeps
+    # waiting (the spot waits), and `replace` sums it afresh. Podsets are not changed in place.
+    total_gpu: int = field(default=0, init=False, repr=False, compare=False)
 
-    @property
-    def total_gpu(self) -> int:
-        return sum(p.replicas * p.gpu for p in self.podsets)
+    def __post_init__(self) -> None:
+        self.total_gpu = sum(p.replicas * p.gpu for p in self.podsets)
 
     @property
     def total_cpu_milli(self) -> int:

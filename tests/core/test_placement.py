@@ -3,6 +3,8 @@ preference order (capacity type, expected cost, packing)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from broker.core.scheduler import Scheduler
 from broker.core.types import Placement
 from schemas.agent import NodeInfo
@@ -98,10 +100,8 @@ def test_gpu_podsets_share_one_flavor_and_cpu_podsets_may_use_other_nodes() -> N
     )
     # launcher needs more cpu than the GPU nodes have left after the workers
     req = gang("mpi", (2, 8), cpu=8000, mem=GI)
-    req.podsets = (
-        *req.podsets,
-        type(req.podsets[0])(podset="launcher", replicas=1, gpu=0, cpu_milli=4000, memory=GI),
-    )
+    launcher = type(req.podsets[0])(podset="launcher", replicas=1, gpu=0, cpu_milli=4000, memory=GI)
+    req = replace(req, podsets=(*req.podsets, launcher))
     res = s.schedule([req], NOW)
     assert res.admitted
     placement = res.admitted[0][1]

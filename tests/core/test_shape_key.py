@@ -36,8 +36,18 @@ def test_requests_that_differ_in_a_search_term_differ_in_shape(field: str) -> No
 
 # Fields a search does not read from the shape: who and which attempt, the queue and
 # priority (keys of their own beside the shape), the submission order, and which podsets are
-# elastic (only the admission note of a search that succeeded reads it; failures are memoised).
-NOT_SEARCH_TERMS = {"job_id", "attempt", "queue", "priority", "order", "elastic", "shape_memo"}
+# elastic (only the admission note of a search that succeeded reads it; failures are memoised);
+# and what is derived from the podsets (`total_gpu`), which are a search term themselves.
+NOT_SEARCH_TERMS = {
+    "job_id",
+    "attempt",
+    "queue",
+    "priority",
+    "order",
+    "elastic",
+    "shape_memo",
+    "total_gpu",
+}
 
 
 def test_every_request_field_is_a_search_term_or_named_as_not_one() -> None:
@@ -50,3 +60,12 @@ def test_every_pool_term_is_in_the_shape() -> None:
         other = dataclasses.replace(BASE, **{field: value})
         if pool_terms(other) != pool_terms(BASE):
             assert shape_of(other) != shape_of(BASE), field
+
+
+def test_a_requests_gpus_follow_its_podsets() -> None:
+    """`total_gpu` is summed when a request is made; a request with other podsets is a new one
+    (`dataclasses.replace`), and its total is summed again."""
+    assert BASE.total_gpu == 2 * 4
+    other = dataclasses.replace(BASE, podsets=VARIANTS["podsets"])
+    assert other.total_gpu == 3 * 4
+    assert dataclasses.replace(other, queue="q2").total_gpu == 3 * 4
