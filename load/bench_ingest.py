@@ -22,6 +22,7 @@ from broker.embedded import EmbeddedNats
 from load.command import Count, JsonOut, Nodes, Options, program, summary
 from load.common import BrokerProcess, emit, median, raw_nats_baseline
 from schemas.agent import (
+    AgentEvent,
     ClusterSnapshot,
     EventBatch,
     FlavorInfo,
@@ -48,6 +49,24 @@ def node(cluster: int, i: int, ready: bool = True) -> NodeInfo:
     )
 
 
+def snapshot(cluster: int, nodes: int) -> ClusterSnapshot:
+    """What cluster `cluster`'s agent reports first: its flavor and `nodes` nodes."""
+    return ClusterSnapshot(flavors=[FLAVOR], nodes=[node(cluster, i) for i in range(nodes)])
+
+
+def delta_events(cluster: int, b: int, batch: int, nodes: int) -> list[AgentEvent]:
+    """The `b`-th batch of cluster `cluster`: `batch` events over its nodes in turn, every
+    tenth a GpuHealth, the others NodeUpserts."""
+    evs: list[AgentEvent] = []
+    for k in range(batch):
+        i = (b * batch + k) % nodes
+        if k % 10 == 9:
+            evs.append(GpuHealth(node=f"c{cluster}-n{i}", healthy=8))
+        else:
+            evs.append(NodeUpsert(node=node(cluster, i)))
+    return evs
+
+
 async def one_run(url: str, clusters: int, nodes: int, events: int, batch: int) -> float:
     prefix = f"b{uuid.uuid4().hex[:8]}"
     config = BrokerConfig(subject_prefix=prefix, queues=[QueueConfig(name="default")])
@@ -68,8 +87,7 @@ async def one_run(url: str, clusters: int, nodes: int, events: int, batch: int) 
             await nc.publish(subjects.agent_events(f"c{c}"), encode_msgpack(data))
 
         for c in range(clusters):
-            snapshot = ClusterSnapshot(flavors=[FLAVOR], nodes=[node(c, i) for i in range(nodes)])
-            await send(c, [snapshot])
+            await send(c, [snapshot(c, nodes)])
         await flush(nc)
         base = (await broker.stats(nc))["events"]
         # Pre-encode the delta batches so the generator is not what we measure.
@@ -77,13 +95,7 @@ async def one_run(url: str, clusters: int, nodes: int, events: int, batch: int) 
         per_cluster = max(1, events // clusters // batch)
         for c in range(clusters):
             for b in range(per_cluster):
-                evs: list = []  # type: ignore[type-arg]
-                for k in range(batch):
-                    i = (b * batch + k) % nodes
-                    if k % 10 == 9:
-                        evs.append(GpuHealth(node=f"c{c}-n{i}", healthy=8))
-                    else:
-                        evs.append(NodeUpsert(node=node(c, i)))
+                evs = delta_events(c, b, batch, nodes)
                 seqs[c] += 1
                 data = EventBatch(
                     cluster=f"c{c}", instance=instances[c], seq=seqs[c], events=evs, sent_at=0.0

@@ -24,6 +24,7 @@ class Benchmarks(LazyGroup):
             ("flood", "bench_flood", "Another queue's submission latency while one queue floods."),
             ("flood-cycle", "bench_flood_cycle", "Admission cycle CPU while submissions flood in."),
             ("ingest", "bench_ingest", "Agent events/s applied by the broker."),
+            ("ingest-core", "bench_ingest_core", "CPU an agent event costs the core alone."),
             ("kube-agent", "bench_kube_agent", "The kube agent at 5,000 nodes x 150,000 pods."),
             ("logs", "bench_logs", "CPU a broker log line costs at info, and structlog's stock."),
             ("memory", "bench_memory", "Broker bytes per pending job and its top allocators."),

@@ -366,8 +366,17 @@ class Inventory:
         )
 
     def _add_node(
-        self, c: Cluster, info: NodeInfo, now: float, notice: float | None = None
+        self,
+        c: Cluster,
+        info: NodeInfo,
+        now: float,
+        notice: float | None = None,
+        *,
+        sync: bool = True,
     ) -> Node:
+        """Build the node of `info` and file it in its pool. `sync=False`: the node replaces
+        one of the same pool (an upsert), whose count of nodes is the same as before, so its
+        spot risk is not told (twice) of a count that did not change."""
         pool = self._pool(c, info.flavor, now)
         if info.spot_deadline is None and not info.no_new_pods:
             notice = None  # withdrawn: nothing about the node says it is going away any more
@@ -399,7 +408,8 @@ class Inventory:
         node.notice_counted = notice is not None
         c.nodes[info.name] = node
         pool.attach(node)
-        self._sync_pool_nodes(pool, now)
+        if sync:
+            self._sync_pool_nodes(pool, now)
         self.totals[0] += node.gpu
         self.totals[1] += node.cpu
         self.totals[2] += node.mem
@@ -407,10 +417,11 @@ class Inventory:
             self._count_notice(node, now)
         return node
 
-    def _drop_node(self, c: Cluster, node: Node, now: float) -> None:
+    def _drop_node(self, c: Cluster, node: Node, now: float, *, sync: bool = True) -> None:
         node.pool.detach(node)
         self.touched.pop(node, None)  # gone: nothing to check (and `touched` stays bounded)
-        self._sync_pool_nodes(node.pool, now)
+        if sync:
+            self._sync_pool_nodes(node.pool, now)
         del c.nodes[node.name]
         self.totals[0] -= node.gpu
         self.totals[1] -= node.cpu
@@ -463,12 +474,14 @@ class Inventory:
         old = c.nodes.get(info.name)
         was_broken = False
         notice = None
+        same_pool = False
         if old is not None:
             was_broken = old.broken
             notice = old.spot_deadline if old.notice_counted else None
-            self._drop_node(c, old, now)
+            same_pool = old.pool is c.pools.get(info.flavor)
+            self._drop_node(c, old, now, sync=not same_pool)
         self.version += 1
-        return self._add_node(c, info, now, notice), was_broken
+        return self._add_node(c, info, now, notice, sync=not same_pool), was_broken
 
     def remove_node(self, cluster: str, name: str, now: float) -> bool:
         c = self.clusters.get(cluster)

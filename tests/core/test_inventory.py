@@ -4,6 +4,7 @@ statistics and views."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from broker.core.scheduler import Scheduler
 from broker.core.types import Placement
@@ -148,6 +149,36 @@ def test_interruption_rate_prior_history_and_decay() -> None:
     assert busy > quiet
     # notices fade with the half-life
     assert s.pool_interruption_rate(("c1", "sp"), NOW + 30 * 3600) < busy
+
+
+def test_upserts_move_node_hours_only_with_the_node() -> None:
+    """A spot pool's rate counts its node-hours: upserts that keep nodes in their pool change
+    none of them, and one that moves a node to another pool moves them as a NodeGone and a
+    new node would."""
+
+    def fleet() -> Scheduler:
+        s = Scheduler(config(spot_prior_rate=0.5, rate_half_life_s=3600.0))
+        spot = [flavor("a", "spot"), flavor("b", "spot")]
+        s.apply_snapshot("c1", spot, [*nodes("a", "a", 10), *nodes("b", "b", 2)], NOW)
+        return s
+
+    upserted, reference = fleet(), fleet()
+    t = NOW + 2 * 3600
+    for i in range(10):  # the same pool, the node changed or not
+        info = nodes("a", "a", 10, cpu=96_000 - 1000 * (i % 2))[i]
+        upserted.upsert_node("c1", info, t + i)
+    for i in range(5, 10):
+        moved = nodes("a", "b", 10)[i]
+        upserted.upsert_node("c1", moved, t + 60)
+        reference.remove_node("c1", moved.name, t + 60)
+        reference.upsert_node("c1", moved, t + 60)
+    later = t + 5 * 3600
+    for pool in ("a", "b"):
+        got = upserted.pool_interruption_rate(("c1", pool), later)
+        assert got == pytest.approx(reference.pool_interruption_rate(("c1", pool), later))
+    assert upserted.pool_interruption_rate(("c1", "a"), later) != pytest.approx(
+        upserted.pool_interruption_rate(("c1", "b"), later)
+    )
 
 
 def test_unknown_flavor_nodes_get_an_implicit_pool() -> None:

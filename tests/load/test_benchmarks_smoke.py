@@ -152,6 +152,17 @@ def test_bench_logs_tiny() -> None:
     assert all(finite_positive(x) for x in (*r["cpu_us_per_line"], *r["stock_cpu_us_per_line"]))
 
 
+def test_bench_ingest_core_tiny() -> None:
+    """Every batch is applied (a refused batch fails the run) and every run is timed."""
+    r = run_bench(
+        "load.bench_ingest_core",
+        *("--clusters", "2", "--nodes", "10", "--events", "2000", "--batch", "50", "--runs", "2"),
+    )
+    assert len(r["cpu_us_per_event"]) == 2
+    assert all(finite_positive(x) for x in r["cpu_us_per_event"])
+    assert finite_positive(r["events_per_cpu_s_median"])
+
+
 def test_bench_spot_tiny() -> None:
     r = run_bench(
         "load.bench_spot",

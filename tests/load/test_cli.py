@@ -29,6 +29,7 @@ BENCHES = [
     "flood",
     "flood-cycle",
     "ingest",
+    "ingest-core",
     "kube-agent",
     "logs",
     "memory",
