@@ -4,9 +4,12 @@
                                      [--batch 500] [--runs 5] [--json out.json]
 
 The batches of `load.bench_ingest` (each cluster's snapshot, then batches of NodeUpsert and
-GpuHealth events over its nodes), handed to `Machine.handle` as the broker's agent link hands
-them, without NATS or the broker's process around it. Each run builds a new machine, applies
-the snapshots, then times the delta batches by this process's CPU time. `load.bench_ingest`
+GpuHealth events over its nodes), decoded from their wire bytes and handed to `Machine.handle`
+as the broker's agent link does, without NATS or the broker's process around it. Each run
+builds a new machine, applies the snapshots, freezes what lives (as the broker's collector
+pacing does), then times decoding and applying the delta batches by this process's CPU time:
+the decoded events are new objects, as in the broker, and the cycle collector's passes over
+them count. `load.bench_ingest`
 measures events applied a second by the broker process over NATS, which a two-core machine
 shares with nats-server and the publisher; this figure is the core's own share of it, and
 reads within a few per cent from run to run. Prints every run, the median and one
@@ -29,6 +32,7 @@ from load.bench_ingest import delta_events, snapshot
 from load.command import Count, JsonOut, Nodes, Options, program, summary
 from load.common import emit
 from schemas.agent import EventBatch
+from schemas.codec import decode_event_batch, encode_msgpack
 from schemas.config import BrokerConfig, QueueConfig
 
 NOW = 1_700_000_000.0
@@ -41,20 +45,21 @@ def one_run(clusters: int, nodes: int, events: int, batch: int) -> float:
     for c in range(clusters):
         first = EventBatch(cluster=f"c{c}", instance="i", seq=1, events=[snapshot(c, nodes)])
         m.handle(AgentBatch(f"c{c}", first), NOW)
-    batches: list[AgentBatch] = []
+    batches: list[tuple[str, bytes]] = []
     for c in range(clusters):
         for b in range(max(1, events // clusters // batch)):
             seqs[c] += 1
             evs = delta_events(c, b, batch, nodes)
             data = EventBatch(cluster=f"c{c}", instance="i", seq=seqs[c], events=evs)
-            batches.append(AgentBatch(f"c{c}", data))
+            batches.append((f"c{c}", encode_msgpack(data)))
+    gc.collect()
     gc.freeze()  # as the broker's GcPacer freezes what has lived a second (bench_core)
     now = NOW
     answers = []
     started = time.process_time()
-    for ab in batches:
+    for cluster, wire in batches:
         now += 0.001
-        answers.append(m.handle(ab, now))
+        answers.append(m.handle(AgentBatch(cluster, decode_event_batch(wire)), now))
     spent = time.process_time() - started
     gc.unfreeze()
     applied = sum(any(isinstance(e, BatchApplied) for e in effects) for effects in answers)
