@@ -253,7 +253,10 @@ async def test_broker_rides_out_a_nats_restart(fresh_nats: Any) -> None:
 
         async def submit(name: str) -> Any:
             async def answered() -> Any:
-                spec = job(name, 1, 8, restart={"backoff_s": 0.2})
+                # One job id for every copy: a copy whose reply was lost to the restart and the
+                # copy sent again are one job (the second answered as a duplicate), as for a
+                # client that retries with its job id.
+                spec = job(name, 1, 8, restart={"backoff_s": 0.2}, job_id=f"{name}-{prefix}")
                 try:
                     msg = await cnc.request(subjects.submit("default"), _enc(spec), 2)
                 except Exception:
