@@ -229,7 +229,8 @@ class ReplyRendezvous:
     ) -> None:
         """A stored copy's outcome, its record persisted: answered on its header, else
         paired with a plain copy's reply subject. `key`: what `taking` returned for it."""
-        key = key or self.key(subject, data, headers)
+        if key is None:
+            key = self.key(subject, data, headers)
         header = headers.get(REPLY_HEADER) if headers else None
         if header is not None:
             self.taken.pop((header, key), None)

@@ -35,6 +35,7 @@ from schemas.config import BrokerConfig, QueueConfig
 from schemas.subjects import Subjects
 from shell.natsio import flush
 
+Batch = Annotated[int, typer.Option(min=1, help="events per batch (one message each)")]
 FLAVOR = FlavorInfo(name="a100", capacity_type="on-demand", gpu_type="A100", price_per_gpu_hour=3)
 
 
@@ -155,7 +156,7 @@ def bench_ingest(
     clusters: Count = 50,
     nodes: Nodes = 200,
     events: Count = 500_000,
-    batch: Annotated[int, typer.Option(min=1, help="events per message")] = 500,
+    batch: Batch = 500,
     runs: Count = 3,
     json_out: JsonOut = None,
 ) -> None:

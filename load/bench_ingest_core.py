@@ -28,7 +28,7 @@ import typer
 from broker.core.effects import BatchApplied
 from broker.core.inputs import AgentBatch
 from broker.core.machine import Machine
-from load.bench_ingest import delta_events, snapshot
+from load.bench_ingest import Batch, delta_events, snapshot
 from load.command import Count, JsonOut, Nodes, Options, program, summary
 from load.common import emit
 from schemas.agent import EventBatch
@@ -76,7 +76,7 @@ def bench_ingest_core(
     clusters: Count = 50,
     nodes: Nodes = 200,
     events: Count = 500_000,
-    batch: Annotated[int, typer.Option(min=1, help="events per batch")] = 500,
+    batch: Batch = 500,
     runs: Annotated[int, typer.Option(min=1, max=50, help="runs, each on a new machine")] = 5,
     json_out: JsonOut = None,
 ) -> None:
