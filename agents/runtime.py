@@ -47,6 +47,8 @@ from schemas.agent import (
     ClusterSnapshot,
     CommandAck,
     Dispatch,
+    DispatchAcks,
+    DispatchBatch,
     EventBatch,
     FlavorInfo,
     Heartbeat,
@@ -700,7 +702,10 @@ class AgentRuntime:
             self.request_snapshot()
             await self._reply(msg, CommandAck(ok=True))
             return
-        task = asyncio.create_task(self._run_job_command(msg, cmd))
+        if isinstance(cmd, DispatchBatch):
+            task = asyncio.create_task(self._run_dispatch_batch(msg, cmd))
+        else:
+            task = asyncio.create_task(self._run_job_command(msg, cmd))
         self._cmd_tasks.add(task)
         task.add_done_callback(self._cmd_tasks.discard)
 
@@ -727,6 +732,22 @@ class AgentRuntime:
         return CommandAck(ok=False, error=err[:MAX_ERROR_CHARS])
 
     async def _run_job_command(self, msg: Msg, cmd: Dispatch | Cancel | CheckpointNow) -> None:
+        await self._reply(msg, await self._job_ack(cmd))
+
+    async def _run_dispatch_batch(self, msg: Msg, batch: DispatchBatch) -> None:
+        """Each Dispatch of the batch carried out as if it had come alone, in the batch's
+        order (each job's commands still one after the other); one answer with every ack."""
+        jobs = []
+        for cmd in batch.dispatches:
+            stale = self.gate.epoch_refusal(cmd.epoch)
+            jobs.append(self._refused(stale) if stale is not None else self._job_ack(cmd))
+        await self._reply(msg, DispatchAcks(acks=list(await asyncio.gather(*jobs))))
+
+    async def _refused(self, ack: CommandAck) -> CommandAck:
+        self.stats["refused"] += 1
+        return ack
+
+    async def _job_ack(self, cmd: Dispatch | Cancel | CheckpointNow) -> CommandAck:
         job_id = cmd.job_id
         hold_until = asyncio.get_running_loop().time() + HOLD_MAX_S  # from arrival, not the lock
         lock, users = self._locks.get(job_id, (None, 0))
@@ -744,7 +765,7 @@ class AgentRuntime:
                 self._locks[job_id] = (lk, n - 1)
         if not ack.ok:
             self.stats["refused"] += 1
-        await self._reply(msg, ack)
+        return ack
 
     async def _when_learnt(
         self, cmd: Dispatch | Cancel | CheckpointNow, hold_until: float
@@ -834,7 +855,7 @@ class AgentRuntime:
         log.info("attempt resized", revision=cmd.revision, nodes=_node_count(cmd))
         return CommandAck(ok=True)
 
-    async def _reply(self, msg: Msg, ack: CommandAck) -> None:
+    async def _reply(self, msg: Msg, ack: CommandAck | DispatchAcks) -> None:
         if not msg.reply:
             return
         try:

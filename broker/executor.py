@@ -20,6 +20,12 @@ from nats.errors import NoRespondersError
 
 from broker.core.effects import Effect, Forget, Publish, Send
 from broker.core.inputs import CancelSettled, DispatchAcked
+from broker.dispatchbatches import (
+    MAX_BATCH_BYTES,
+    SharedReply,
+    dispatch_batches,
+    read_batch_answer,
+)
 from broker.fields import BrokerFields
 from broker.sequencer import attempt_token
 from schemas.agent import Cancel, CommandAck, Dispatch
@@ -95,9 +101,13 @@ def _failed(exc: BaseException) -> str:
 
 
 def _read_ack(cluster: str, reply: asyncio.Future[Any]) -> CommandAck | str:
-    """A copy's answer: the agent's ack, or why it is none (nobody listens, not an ack)."""
+    """A copy's answer: the agent's ack, or why it is none (nobody listens, not an ack). A
+    batch's share of its answer (`SharedReply`) is read already."""
     try:
-        return decode_command_ack(reply.result().data)
+        got = reply.result()
+        if isinstance(got, CommandAck | str):
+            return got
+        return decode_command_ack(got.data)
     except NoRespondersError:
         return f"no agent is listening for cluster {cluster!r}"
     except DecodeError as exc:
@@ -139,14 +149,20 @@ class EffectExecutor(BrokerFields):
             await self._persist(self._writes.take((effects for effects, _ in batch), now))
             self._wake_for_deferred(loop)
             logged = log.is_enabled_for(logging.INFO)  # once a batch: a call costs as much
+            # Dispatches go out per cluster once the pass is done, several in one request
+            # where the agent takes batches; before any other command to the same cluster.
+            outgoing: dict[str, list[Dispatch]] = {}
             for effects, fut in batch:
                 for eff in effects:
                     if isinstance(eff, Send):
                         cmd = eff.command
                         if isinstance(cmd, Dispatch):
                             if self._sequencer.dispatch(eff.cluster, cmd, eff.after_cancel_of):
-                                await self._dispatch(eff.cluster, cmd)
-                        elif isinstance(cmd, Cancel):
+                                outgoing.setdefault(eff.cluster, []).append(cmd)
+                            continue
+                        if eff.cluster in outgoing:
+                            await self._dispatch_all(eff.cluster, outgoing.pop(eff.cluster))
+                        if isinstance(cmd, Cancel):
                             ticket = self._sequencer.cancel(cmd)
                             self._spawn(self._cancel_until_heard(eff.cluster, cmd, ticket))
                         else:
@@ -166,6 +182,8 @@ class EffectExecutor(BrokerFields):
                             )
                 if fut is not None and not fut.done():
                     fut.set_result(None)
+            for cluster, cmds in outgoing.items():
+                await self._dispatch_all(cluster, cmds)
 
     def _wake_for_deferred(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wake the pipeline when the first deferred record falls due (an empty batch takes
@@ -276,29 +294,44 @@ class EffectExecutor(BrokerFields):
         """The secret that lets one attempt's workload report its own checkpoints."""
         return attempt_token(self._id_key, job_id, attempt)
 
-    async def _dispatch(self, cluster: str, cmd: Dispatch) -> None:
-        """Send a Dispatch and hear the ack of its first copy without a task of its own: a
-        callback on the reply and a timer. Anything but an answer in time (silence, no
-        responders, a bad ack, a stale epoch) goes on in a task (`_send_dispatch`), from
-        where this left it; most Dispatches never need one."""
-        data = encode_msgpack(cmd)
+    async def _dispatch_all(self, cluster: str, cmds: list[Dispatch]) -> None:
+        """Send one pass's Dispatches to `cluster`: in batches to an agent that takes them
+        (broker/dispatchbatches.py), one by one to any other."""
+        if len(cmds) == 1 or cluster not in self._batching:
+            for cmd in cmds:
+                await self._first_copy(cluster, [cmd], encode_msgpack(cmd))
+            return
+        limit = min(MAX_BATCH_BYTES, self.config.max_payload_bytes // 2)
+        for group, data in dispatch_batches(cmds, limit):
+            if len(group) == 1:
+                data = encode_msgpack(group[0])
+            await self._first_copy(cluster, group, data)
+
+    async def _first_copy(self, cluster: str, cmds: list[Dispatch], data: bytes) -> None:
+        """Send a Dispatch (or a batch of them, `data`) and hear the ack of this first copy
+        without a task of its own: a callback on the reply and a timer. Anything but an
+        answer in time (silence, no responders, a bad ack, a stale epoch) goes on in a task
+        per Dispatch (`_send_dispatch`), from where this left it; most never need one."""
         try:
             asked = await self._requests.ask(self.subjects.agent_cmd(cluster), data)
         except Exception as exc:
-            self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, _failed(exc))))
+            for cmd in cmds:
+                self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, _failed(exc))))
             return
+        if len(cmds) > 1:
+            self.stats["dispatch_batches"] += 1
         wait = self._sequencer.ack_wait(cluster, 0)
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(wait, self._first_copy_unanswered, cluster, cmd, asked, wait)
+        timer = loop.call_later(wait, self._first_copy_unanswered, cluster, cmds, asked, wait)
         self._first_copies[asked.token] = (asked, timer)
         asked.reply.add_done_callback(
-            lambda reply: self._first_copy_answered(cluster, cmd, asked, timer, reply)
+            lambda reply: self._first_copy_answered(cluster, cmds, asked, timer, reply)
         )
 
     def _first_copy_answered(
         self,
         cluster: str,
-        cmd: Dispatch,
+        cmds: list[Dispatch],
         asked: Asked,
         timer: asyncio.TimerHandle,
         reply: asyncio.Future[Any],
@@ -306,23 +339,35 @@ class EffectExecutor(BrokerFields):
         if self._first_copies.pop(asked.token, None) is None or reply.cancelled():
             return  # its wait ended first (a task took it on), or the leadership did
         timer.cancel()
-        ack = _read_ack(cluster, reply)
-        if isinstance(ack, str):  # no answer yet: the next copies go out from a task
-            self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, ack)))
+        alone = len(cmds) == 1
+        got = _read_ack(cluster, reply) if alone else read_batch_answer(cluster, reply, len(cmds))
+        if isinstance(got, str):  # no answer yet: the next copies go out from tasks
+            for cmd in cmds:
+                self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, got)))
             return
         self._sequencer.acked(cluster, asyncio.get_running_loop().time() - asked.sent)
-        if ack.stale_epoch:
-            self._spawn(self._dispatch_answered(cluster, cmd, ack))
-        else:  # the only copy answered: its ack decides (Sequencer.decides)
-            self._dispatch_settled(cluster, cmd, ack)
+        for i, cmd in enumerate(cmds):
+            ack = got[i] if isinstance(got, list) else got
+            if ack.stale_epoch:
+                self._spawn(self._dispatch_answered(cluster, cmd, ack))
+            elif alone or isinstance(got, list):  # its own ack decides (Sequencer.decides)
+                self._dispatch_settled(cluster, cmd, ack)
+            else:  # a batch refused as such: each Dispatch is asked alone
+                self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, ack.error)))
 
     def _first_copy_unanswered(
-        self, cluster: str, cmd: Dispatch, asked: Asked, wait: float
+        self, cluster: str, cmds: list[Dispatch], asked: Asked, wait: float
     ) -> None:
         if self._first_copies.pop(asked.token, None) is None:
             return
         silence = self._sequencer.silence(cluster, wait).error
-        self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(asked, silence)))
+        copies = (
+            [asked]
+            if len(cmds) == 1
+            else SharedReply(asked, cluster, len(cmds), self._requests.forget).parts
+        )
+        for cmd, copy in zip(cmds, copies, strict=True):
+            self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(copy, silence)))
 
     def _drop_first_copies(self) -> None:
         """The leadership ended: no first copy's answer is this leader's to act on."""

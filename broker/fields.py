@@ -98,6 +98,7 @@ class BrokerFields:
             "bad_batches": 0,
             "dispatch_acked": 0,
             "dispatch_failed": 0,
+            "dispatch_batches": 0,  # requests that carried several Dispatches
             "dead_lettered": 0,
             "held_for_storage": 0,
             "put_back_for_storage": 0,
@@ -137,6 +138,10 @@ class BrokerFields:
         self._mail_wake = asyncio.Event()
         self._budget_logged: dict[str, float] = {}
         self._wire_refused_at: dict[str, float] = {}  # cluster -> when last logged and told
+        # cluster -> the wire version of its agent's last batch; the clusters whose agents
+        # take several Dispatches in one request (broker/dispatchbatches.py)
+        self._agent_wires: dict[str, str] = {}
+        self._batching: set[str] = set()
         self._rendezvous = ReplyRendezvous(
             nc, config.max_payload_bytes, self._storage_error, self._early_reply, self.refused
         )

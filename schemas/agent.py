@@ -1,7 +1,8 @@
 """The agent protocol (msgpack): cluster events in, commands out.
 
 Agents publish `EventBatch` on `muster.agent.<cluster>.events`. The broker sends `Command`s as
-requests on `muster.agent.<cluster>.cmd` and the agent answers with a `CommandAck`. Events and
+requests on `muster.agent.<cluster>.cmd` and the agent answers with a `CommandAck` (a
+`DispatchBatch` with `DispatchAcks`). Events and
 commands are tagged unions so one decoder handles the whole batch in one pass.
 """
 
@@ -343,6 +344,22 @@ class Provision(msgspec.Struct, tag="provision", omit_defaults=True):
 
 Command = Dispatch | Cancel | CheckpointNow | Resync | Applied | WireRefused | Provision
 
+MAX_BATCH_DISPATCHES = 256  # Dispatches in one DispatchBatch
+
+
+class DispatchBatch(msgspec.Struct, tag="dispatch_batch", omit_defaults=True):
+    """Several Dispatches to one cluster in one request (wire 1.3): an admission cycle that
+    places many jobs on a cluster asks its agent once, not once per job. The agent carries
+    each out as if it had come alone, in order, and answers with `DispatchAcks`. Sent only to
+    an agent whose batches say wire 1.3 or newer, so no older agent ever receives one."""
+
+    epoch: Epoch
+    dispatches: Annotated[list[Dispatch], Meta(min_length=1, max_length=MAX_BATCH_DISPATCHES)]
+
+
+# What the broker sends on an agent's command subject: a core's Command, or the shell's batch.
+WireCommand = Command | DispatchBatch
+
 
 class CommandAck(msgspec.Struct, omit_defaults=True):
     ok: bool
@@ -355,6 +372,13 @@ class CommandAck(msgspec.Struct, omit_defaults=True):
     # A Dispatch revision the workload cannot take in place (its kind cannot change size, or
     # its pods cannot follow the new nodes): the broker moves the whole gang instead.
     resize_refused: bool = False
+
+
+class DispatchAcks(msgspec.Struct, omit_defaults=True):
+    """The answer to a DispatchBatch: one ack per Dispatch, in the batch's order. A refusal of
+    the whole batch (its epoch is stale, it did not decode) is one CommandAck instead."""
+
+    acks: Annotated[list[CommandAck], Meta(min_length=1, max_length=MAX_BATCH_DISPATCHES)]
 
 
 # -- logs (JSON on `muster.agent.<cluster>.logs`) ----------------------------------------------

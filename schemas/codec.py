@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from schemas.agent import Command, CommandAck, EventBatch
+from schemas.agent import CommandAck, DispatchAcks, EventBatch, WireCommand
 from schemas.api import JobEvent, SubmitReply
 from schemas.config import BrokerConfig
 from schemas.fieldhints import explain
@@ -112,8 +112,9 @@ decode_job_event: _Decoder[JobEvent] = json_decoder(JobEvent, "JobEvent")
 
 # Agent protocol (msgpack). Snapshots of big clusters are larger than client messages.
 decode_event_batch: _Decoder[EventBatch] = msgpack_decoder(EventBatch, "EventBatch", 64 * 2**20)
-decode_command: _Decoder[Command] = msgpack_decoder(Command, "Command", 16 * 2**20)  # type: ignore[arg-type]
+decode_command: _Decoder[WireCommand] = msgpack_decoder(WireCommand, "Command", 16 * 2**20)  # type: ignore[arg-type]
 decode_command_ack: _Decoder[CommandAck] = msgpack_decoder(CommandAck, "CommandAck")
+decode_dispatch_acks: _Decoder[DispatchAcks] = msgpack_decoder(DispatchAcks, "DispatchAcks")
 
 
 def convert_config(raw: Any) -> BrokerConfig:

@@ -12,14 +12,17 @@ another major ever receives it). 1.2 added `Dispatch.revision`: an elastic attem
 sent as the same attempt again, which a 1.1 agent acknowledges as a duplicate; and
 `FlavorInfo.provision` (optional) with the `provision` command, which the broker sends only for
 a flavor whose agent declared `provision`: an agent of 1.1 or older declares none, so it never
-receives one.
+receives one. 1.3 added the `dispatch_batch` command (several Dispatches to one cluster in one
+request, answered by `DispatchAcks`), which the broker sends only to an agent whose batches say
+1.3 or newer (`takes_dispatch_batches`); an older agent gets one Dispatch a request, as before.
 """
 
 from __future__ import annotations
 
 import re
 
-WIRE_VERSION = "1.2"
+WIRE_VERSION = "1.3"
+DISPATCH_BATCHES = (1, 3)  # the first version an agent takes `dispatch_batch` in
 UNVERSIONED = "1.0"  # what a message without `wire` comes from (release 0.1.0)
 _FORM = re.compile(r"^(\d{1,4})\.(\d{1,4})$")
 
@@ -38,3 +41,12 @@ def compatible(peer: str, ours: str = WIRE_VERSION) -> bool:
         return parse(peer)[0] == parse(ours)[0]
     except ValueError:
         return False
+
+
+def takes_dispatch_batches(version: str) -> bool:
+    """Whether an agent whose batches carry `version` may be sent a `dispatch_batch`."""
+    try:
+        major, minor = parse(version)
+    except ValueError:
+        return False
+    return major == DISPATCH_BATCHES[0] and minor >= DISPATCH_BATCHES[1]

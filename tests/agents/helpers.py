@@ -18,11 +18,19 @@ from schemas.agent import (
     Command,
     CommandAck,
     Dispatch,
+    DispatchAcks,
+    DispatchBatch,
     EventBatch,
     PodSetAssignment,
     WorkloadStatus,
 )
-from schemas.codec import decode_command_ack, decode_event_batch, encode_msgpack
+from schemas.codec import (
+    DecodeError,
+    decode_command_ack,
+    decode_dispatch_acks,
+    decode_event_batch,
+    encode_msgpack,
+)
 from schemas.job import JobSpec, PodSet, Simulation, Workload
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
 from shell.natsio import flush
@@ -107,16 +115,30 @@ class BrokerWire:
         return await self.send_raw(encode_msgpack(cmd), timeout)
 
     async def send_raw(self, data: bytes, timeout: float = 2.0) -> CommandAck:
+        return decode_command_ack(await self.ask(data, timeout))
+
+    async def send_batch(
+        self, batch: DispatchBatch, timeout: float = 2.0
+    ) -> DispatchAcks | CommandAck:
+        """A DispatchBatch as the broker sends it; its answer: one ack per Dispatch, or one
+        for the whole batch."""
+        data = await self.ask(encode_msgpack(batch), timeout)
+        try:
+            return decode_dispatch_acks(data)
+        except DecodeError:
+            return decode_command_ack(data)
+
+    async def ask(self, data: bytes, timeout: float = 2.0) -> bytes:
         """Request/reply like the broker. A just-started nats-server answers "no responders"
         for a few hundred ms even after the agent's SUB was flushed, so retry that (bounded)."""
         subject = self.subjects.agent_cmd(self.cluster)
 
-        async def answered() -> CommandAck | None:
+        async def answered() -> bytes | None:
             try:
                 msg = await self.nc.request(subject, data, timeout=timeout)
             except NoRespondersError:
                 return None
-            return decode_command_ack(msg.data)
+            return msg.data
 
         return await wait_for(answered, 5.0, what=f"a responder on {subject}", interval=0.05)
 

@@ -112,11 +112,23 @@ class Harness:
         self.task = None
 
     async def agent(
-        self, cluster: str, flavors: list[FlavorInfo] | None = None, count: int = 4, gpu: int = 8
+        self,
+        cluster: str,
+        flavors: list[FlavorInfo] | None = None,
+        count: int = 4,
+        gpu: int = 8,
+        **settings: Any,
     ) -> WireAgent:
+        """A scripted agent, started (and synced, with a broker running); `settings` are
+        WireAgent attributes set before it starts (`wire`, `ack`, ...)."""
         flavors = flavors or [OD_A100]
         node_list = [n for f in flavors for n in nodes(cluster, f.name, count, gpu)]
-        agent = await WireAgent(self.nc, self.subjects, cluster, flavors, node_list).start()
+        agent = WireAgent(self.nc, self.subjects, cluster, flavors, node_list)
+        for name, value in settings.items():
+            if not hasattr(agent, name):
+                raise AttributeError(f"WireAgent has no setting {name!r}")
+            setattr(agent, name, value)
+        await agent.start()
         self.agents.append(agent)
         if self.broker is not None:
             try:

@@ -17,6 +17,8 @@ from schemas.agent import (
     ClusterSnapshot,
     CommandAck,
     Dispatch,
+    DispatchAcks,
+    DispatchBatch,
     EventBatch,
     FlavorInfo,
     Heartbeat,
@@ -65,6 +67,11 @@ class WireAgent:
         self.workloads: list[WorkloadStatus] = []
         self.auto_run = True  # answer a dispatch with created + running
         self.refuse = ""  # not empty: refuse every dispatch with this error (ok=False)
+        self.refuse_jobs: set[str] = set()  # ... or the dispatches of these jobs only
+        # not empty: answer a DispatchBatch with this one refusal, as an agent older than
+        # wire 1.3 answers a command kind it does not know
+        self.refuse_batches = ""
+        self.batches: list[DispatchBatch] = []  # the DispatchBatches it received
         self.job_only = False  # ... as a refusal of each job alone (a team's quota there)
         self.silent = False  # True: no heartbeats (a cluster that went away)
         self.wire = ""  # the wire version its batches carry ("": the 0.1.0 release's none)
@@ -112,9 +119,34 @@ class WireAgent:
         )
         return encode_msgpack(batch)
 
+    def _dispatch_ack(self, cmd: Dispatch) -> CommandAck:
+        if self.refuse or cmd.job_id in self.refuse_jobs:
+            error = self.refuse or f"job {cmd.job_id} refused here"
+            return CommandAck(ok=False, error=error, job_only=self.job_only)
+        return CommandAck(ok=True)
+
+    async def _on_batch(self, msg: Msg, batch: DispatchBatch) -> None:
+        self.batches.append(batch)
+        for cmd in batch.dispatches:
+            self.dispatches.put_nowait(cmd)
+        if not self.ack:
+            self.unanswered.append(msg)
+            return
+        if self.refuse_batches:
+            await msg.respond(encode_msgpack(CommandAck(ok=False, error=self.refuse_batches)))
+            return
+        acks = [self._dispatch_ack(cmd) for cmd in batch.dispatches]
+        await msg.respond(encode_msgpack(DispatchAcks(acks=acks)))
+        for cmd, ack in zip(batch.dispatches, acks, strict=True):
+            if ack.ok and self.auto_run:
+                await self._run(cmd)
+
     async def _on_cmd(self, msg: Msg) -> None:
         cmd = decode_command(msg.data)
         self.commands.append(cmd)
+        if isinstance(cmd, DispatchBatch):
+            await self._on_batch(msg, cmd)
+            return
         if isinstance(cmd, Dispatch):
             self.dispatches.put_nowait(cmd)
         elif isinstance(cmd, Cancel):
@@ -122,8 +154,7 @@ class WireAgent:
         if not self.ack:
             self.unanswered.append(msg)
             return
-        if self.refuse and isinstance(cmd, Dispatch):
-            ack = CommandAck(ok=False, error=self.refuse, job_only=self.job_only)
+        if isinstance(cmd, Dispatch) and not (ack := self._dispatch_ack(cmd)).ok:
             await msg.respond(encode_msgpack(ack))
             return
         await msg.respond(encode_msgpack(CommandAck(ok=True)))
@@ -136,16 +167,20 @@ class WireAgent:
                 if not (w.job_id == cmd.job_id and cmd.attempt in (None, w.attempt))
             ]
         if isinstance(cmd, Dispatch) and self.auto_run:
-            total = sum(len(a.nodes) for a in cmd.assignment)
-            status = WorkloadStatus(
-                job_id=cmd.job_id,
-                attempt=cmd.attempt,
-                phase="running",
-                running_replicas=total,
-                total_replicas=total,
-            )
-            self.workloads = [w for w in self.workloads if w.job_id != cmd.job_id] + [status]
-            await self.send(status)
+            await self._run(cmd)
+
+    async def _run(self, cmd: Dispatch) -> None:
+        """The dispatched workload runs: report it and list it in snapshots."""
+        total = sum(len(a.nodes) for a in cmd.assignment)
+        status = WorkloadStatus(
+            job_id=cmd.job_id,
+            attempt=cmd.attempt,
+            phase="running",
+            running_replicas=total,
+            total_replicas=total,
+        )
+        self.workloads = [w for w in self.workloads if w.job_id != cmd.job_id] + [status]
+        await self.send(status)
 
     async def finish(self, job_id: str, attempt: int, phase: str = "succeeded") -> None:
         """The workload ends: report it and stop listing it in snapshots."""

@@ -19,6 +19,8 @@ from schemas.agent import (
     ClusterSnapshot,
     CommandAck,
     Dispatch,
+    DispatchAcks,
+    DispatchBatch,
     EventBatch,
     FlavorInfo,
     GpuHealth,
@@ -302,19 +304,25 @@ event_batches = st.builds(
     sent_at=floats(0, 4e9),
     wire=st.text(max_size=16),
 )
+dispatches = st.builds(
+    Dispatch,
+    job_id=names,
+    attempt=st.integers(1, 10_000),
+    epoch=st.integers(0, 2**40),
+    flavor=names,
+    assignment=st.lists(
+        st.builds(PodSetAssignment, podset=names, nodes=st.lists(names, max_size=4)), max_size=3
+    ),
+    spec=jobspecs,
+    resume_from=opt(st.builds(CheckpointRef, step=non_neg, uri=st.text(max_size=30))),
+    checkpoint_uri=st.text(max_size=30),
+)
 commands = st.one_of(
+    dispatches,
     st.builds(
-        Dispatch,
-        job_id=names,
-        attempt=st.integers(1, 10_000),
+        DispatchBatch,
         epoch=st.integers(0, 2**40),
-        flavor=names,
-        assignment=st.lists(
-            st.builds(PodSetAssignment, podset=names, nodes=st.lists(names, max_size=4)), max_size=3
-        ),
-        spec=jobspecs,
-        resume_from=opt(st.builds(CheckpointRef, step=non_neg, uri=st.text(max_size=30))),
-        checkpoint_uri=st.text(max_size=30),
+        dispatches=st.lists(dispatches, min_size=1, max_size=3),
     ),
     st.builds(
         Cancel,
@@ -348,6 +356,7 @@ commands = st.one_of(
     ),
 )
 command_acks = st.builds(CommandAck, ok=st.booleans(), error=short_text, stale_epoch=st.booleans())
+dispatch_acks = st.builds(DispatchAcks, acks=st.lists(command_acks, min_size=1, max_size=5))
 
 # -- config ------------------------------------------------------------------------------
 

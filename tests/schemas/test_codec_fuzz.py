@@ -16,6 +16,8 @@ from schemas.agent import (
     CheckpointNow,
     CommandAck,
     Dispatch,
+    DispatchAcks,
+    DispatchBatch,
     EventBatch,
     Provision,
     Resync,
@@ -28,6 +30,7 @@ from schemas.codec import (
     convert_config,
     decode_command,
     decode_command_ack,
+    decode_dispatch_acks,
     decode_event_batch,
     decode_job_event,
     decode_jobspec,
@@ -43,6 +46,7 @@ from .strategies import (
     broker_configs,
     command_acks,
     commands,
+    dispatch_acks,
     event_batches,
     job_events,
     jobspecs,
@@ -68,11 +72,12 @@ MSGPACK_DECODERS: list[tuple[Any, Any, Any, Any]] = [
     (decode_event_batch, EventBatch, encode_msgpack, event_batches),
     (
         decode_command,
-        (Dispatch, Cancel, CheckpointNow, Resync, WireRefused, Provision),
+        (Dispatch, DispatchBatch, Cancel, CheckpointNow, Resync, WireRefused, Provision),
         encode_msgpack,
         commands,
     ),
     (decode_command_ack, CommandAck, encode_msgpack, command_acks),
+    (decode_dispatch_acks, DispatchAcks, encode_msgpack, dispatch_acks),
 ]
 DECODERS = JSON_DECODERS + MSGPACK_DECODERS
 IDS = [d[0].label for d in DECODERS]
