@@ -318,6 +318,7 @@ class EffectExecutor(BrokerFields):
             for cmd in cmds:
                 self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, _failed(exc))))
             return
+        self.stats["dispatch_requests"] += 1
         if len(cmds) > 1:
             self.stats["dispatch_batches"] += 1
         wait = self._sequencer.ack_wait(cluster, 0)

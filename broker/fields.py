@@ -98,7 +98,8 @@ class BrokerFields:
             "bad_batches": 0,
             "dispatch_acked": 0,
             "dispatch_failed": 0,
-            "dispatch_batches": 0,  # requests that carried several Dispatches
+            "dispatch_requests": 0,  # first copies of Dispatches sent: one job or a batch
+            "dispatch_batches": 0,  # of them, requests that carried several Dispatches
             "dead_lettered": 0,
             "held_for_storage": 0,
             "put_back_for_storage": 0,

@@ -336,8 +336,10 @@ async def one_run(
         before = await writes.count()
         gcw = GcWatch()
         gcw.quiet()
+        counted = await broker_stats(setup)
         a = await burst(setup, burst_jobs, timeout=60 + args.jobs / 100)
         a["bench_gc"] = gcw.take()
+        counted, a["dispatches_per_request"] = per_request(counted, await broker_stats(setup))
         # Let the `running` transitions of the burst settle before measuring latency.
         await asyncio.sleep(args.settle_s)
         trace = await EventTrace.start(setup) if args.trace else None
@@ -350,6 +352,7 @@ async def one_run(
         if lag is not None:
             b["bench_loop_lag"] = await lag.stop()
         window = (paced_from, time.time())
+        _, b["dispatches_per_request"] = per_request(counted, await broker_stats(setup))
         b["bench_gc"] = gcw.take()
         gcw.close()
         if trace is not None:
@@ -431,6 +434,18 @@ def _call_rates(buckets: list[dict[str, list[float]]], covered_s: float) -> dict
     }
 
 
+def per_request(
+    before: dict[str, Any], after: dict[str, Any]
+) -> tuple[dict[str, Any], float | None]:
+    """`after`, and the Dispatches acknowledged per Dispatch request between the two stats
+    (None from a broker that does not count its requests)."""
+    if "dispatch_requests" not in before or "dispatch_requests" not in after:
+        return after, None
+    requests = after["dispatch_requests"] - before["dispatch_requests"]
+    acked = after["dispatch_acked"] - before["dispatch_acked"]
+    return after, round(acked / requests, 2) if requests > 0 else None
+
+
 async def broker_stats(setup: Setup) -> dict[str, Any]:
     """The broker's stats after a run; on a saturated machine its answer can take longer than
     a request's 10 s, which must not throw away the run's figures."""
@@ -483,7 +498,8 @@ def _fmt_run(r: dict[str, Any]) -> str:
         f"{b['bench_gc']}, broker waited {b['wait_ms_per_job']['broker']:.3f} ms/job for a core, "
         f"{b['broker_wait_in_slow_windows'].get('slow', 0):.1f} ms in the slowest windows "
         f"against {b['broker_wait_in_slow_windows'].get('other', 0):.1f}); KV puts per job "
-        f"{b['kv_puts_per_job']}"
+        f"{b['kv_puts_per_job']}; Dispatches a request {a['dispatches_per_request']} (burst), "
+        f"{b['dispatches_per_request']} (paced)"
         + (f"; stages p50/p99 ms {b['stages_ms']}" if b["stages_ms"] else "")
     )
 

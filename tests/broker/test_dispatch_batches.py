@@ -41,7 +41,7 @@ async def test_a_cycle_sends_a_cluster_its_dispatches_in_one_request(harness: Ha
     assert {d.attempt for d in sent} == {1}
     placed = [node for d in sent for a in d.assignment for node in a.nodes]
     assert len(placed) == len(set(placed)) == 5  # one job a node: none over-committed
-    assert broker.stats["dispatch_batches"] == 1
+    assert broker.stats["dispatch_batches"] == broker.stats["dispatch_requests"] == 1
     assert broker.stats["dispatch_acked"] == 5 and broker.stats["ack_retries"] == 0
 
 
@@ -52,7 +52,8 @@ async def test_an_agent_before_wire_1_3_gets_one_dispatch_a_request(harness: Har
     for job_id in ids:
         await harness.wait_event(job_id, "running")
     assert dispatching(agent) == [Dispatch] * 5
-    assert broker.stats["dispatch_batches"] == 0 and broker.stats["dispatch_acked"] == 5
+    assert broker.stats["dispatch_batches"] == 0 and broker.stats["dispatch_requests"] == 5
+    assert broker.stats["dispatch_acked"] == 5
 
 
 async def test_a_late_answer_to_a_batch_is_each_jobs_ack(harness: Harness) -> None:
