@@ -752,6 +752,15 @@ class Soak:
             "examples": {
                 "not_terminal": not_terminal[:5],
                 "completed_twice": [j for j, n in succeeded.items() if n > 1][:5],
+                # every attempt of the first such job, in the order they were created
+                "completed_twice_attempts": sorted(
+                    (
+                        (r["created_at"], r["cluster"], r["attempt"], r["end_phase"], r["reason"])
+                        for r in rows
+                        if r["job_id"] == next((j for j, n in succeeded.items() if n > 1), None)
+                    ),
+                    key=lambda row: row[0] or 0.0,
+                ),
                 "two_live_copies": overlaps[:5],
                 "fenced": fenced[:5],
             },
