@@ -63,6 +63,16 @@ class BrokerCollector:
         disp.add_metric(["acked"], stats.get("dispatch_acked", 0))
         disp.add_metric(["failed"], stats.get("dispatch_failed", 0))
         yield disp
+        requests = CounterMetricFamily(
+            "muster_dispatch_requests",
+            "Dispatch requests sent to agents: one Dispatch each (single), or several in one "
+            "dispatch_batch to an agent of wire 1.3 or newer (batch)",
+            labels=["kind"],
+        )
+        batches = stats.get("dispatch_batches", 0)
+        requests.add_metric(["single"], stats.get("dispatch_requests", 0) - batches)
+        requests.add_metric(["batch"], batches)
+        yield requests
         resent = CounterMetricFamily(
             "muster_command_resends",
             "Commands sent again to an agent whose ack took longer than the wait (resent), and "

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import generate_latest
+
+from broker.service import Broker
 from schemas.agent import CommandAck, Dispatch, DispatchAcks, DispatchBatch
 from schemas.codec import encode_msgpack
 from schemas.wire import WIRE_VERSION
@@ -23,6 +26,17 @@ async def queued(harness: Harness, count: int) -> list[str]:
 def dispatching(agent: WireAgent) -> list[type]:
     """The kinds of the dispatching commands the agent received, in order."""
     return [type(cmd) for cmd in agent.commands if isinstance(cmd, Dispatch | DispatchBatch)]
+
+
+def requests_metric(broker: Broker) -> dict[str, int]:
+    """`muster_dispatch_requests_total` by kind, as Prometheus scrapes it."""
+    text = generate_latest(broker.metrics.registry).decode()
+    return {
+        kind: int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        for kind in ("single", "batch")
+        if line.startswith(f'muster_dispatch_requests_total{{kind="{kind}"}}')
+    }
 
 
 async def view(harness: Harness, job_id: str) -> Any:
@@ -43,6 +57,7 @@ async def test_a_cycle_sends_a_cluster_its_dispatches_in_one_request(harness: Ha
     assert len(placed) == len(set(placed)) == 5  # one job a node: none over-committed
     assert broker.stats["dispatch_batches"] == broker.stats["dispatch_requests"] == 1
     assert broker.stats["dispatch_acked"] == 5 and broker.stats["ack_retries"] == 0
+    assert requests_metric(broker) == {"single": 0, "batch": 1}
 
 
 async def test_an_agent_before_wire_1_3_gets_one_dispatch_a_request(harness: Harness) -> None:
@@ -54,6 +69,7 @@ async def test_an_agent_before_wire_1_3_gets_one_dispatch_a_request(harness: Har
     assert dispatching(agent) == [Dispatch] * 5
     assert broker.stats["dispatch_batches"] == 0 and broker.stats["dispatch_requests"] == 5
     assert broker.stats["dispatch_acked"] == 5
+    assert requests_metric(broker) == {"single": 5, "batch": 0}
 
 
 async def test_a_late_answer_to_a_batch_is_each_jobs_ack(harness: Harness) -> None:
