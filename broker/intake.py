@@ -37,6 +37,7 @@ from schemas.codec import DecodeError, decode_jobspec, decode_json_object, encod
 from schemas.config import BrokerConfig
 from schemas.job import JobSpec
 from schemas.subjects import Subjects
+from shell.natsio import subscribe_inline
 
 log = structlog.get_logger("muster.intake")
 
@@ -133,15 +134,13 @@ class SubmitPuller:
         self._expires_at = 0.0
 
     async def start(self) -> None:
-        self.sub = await self.nc.subscribe(
-            self.inbox, cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
-        )
+        self.sub = await subscribe_inline(self.nc, self.inbox, self._on_msg)
 
     async def stop(self) -> None:
         with contextlib.suppress(Exception):
             await self.sub.unsubscribe()
 
-    async def _on_msg(self, msg: Msg) -> None:
+    def _on_msg(self, msg: Msg) -> None:
         headers = msg.headers
         if headers and not msg.data and headers.get("Status"):
             if headers["Status"] != "100":  # 404/408/409: the pull request is over

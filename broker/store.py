@@ -38,7 +38,7 @@ from broker.core.storedrecord import stored_record_decoder
 from broker.snapshot import NONE_WRITTEN, read_snapshot
 from schemas.config import Replication
 from schemas.subjects import snapshot_bucket_of
-from shell.natsio import js_connection
+from shell.natsio import js_connection, subscribe_inline
 
 log = structlog.get_logger("muster.store")
 
@@ -359,12 +359,7 @@ class JobStore:
             return
         if self._sub is None:
             self._inbox = self.nc.new_inbox() + "."
-            self._sub = await self.nc.subscribe(
-                self._inbox + "*",
-                cb=self._on_ack,
-                pending_msgs_limit=-1,
-                pending_bytes_limit=-1,
-            )
+            self._sub = await subscribe_inline(self.nc, self._inbox + "*", self._on_ack)
         acks = _Acks(asyncio.get_running_loop().create_future(), len(records))
         tokens = []
         encode, publish, prefix, inbox = (
@@ -396,7 +391,7 @@ class JobStore:
             for token in tokens:
                 self._waiting.pop(token, None)
 
-    async def _on_ack(self, msg: Msg) -> None:
+    def _on_ack(self, msg: Msg) -> None:
         acks = self._waiting.pop(msg.subject[len(self._inbox) :], None)
         if acks is None or acks.future.done():
             return
