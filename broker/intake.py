@@ -37,7 +37,6 @@ from schemas.codec import DecodeError, decode_jobspec, decode_json_object, encod
 from schemas.config import BrokerConfig
 from schemas.job import JobSpec
 from schemas.subjects import Subjects
-from shell.natsio import subscribe_inline
 
 log = structlog.get_logger("muster.intake")
 
@@ -134,13 +133,15 @@ class SubmitPuller:
         self._expires_at = 0.0
 
     async def start(self) -> None:
-        self.sub = await subscribe_inline(self.nc, self.inbox, self._on_msg)
+        self.sub = await self.nc.subscribe(
+            self.inbox, cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
+        )
 
     async def stop(self) -> None:
         with contextlib.suppress(Exception):
             await self.sub.unsubscribe()
 
-    def _on_msg(self, msg: Msg) -> None:
+    async def _on_msg(self, msg: Msg) -> None:
         headers = msg.headers
         if headers and not msg.data and headers.get("Status"):
             if headers["Status"] != "100":  # 404/408/409: the pull request is over

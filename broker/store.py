@@ -38,7 +38,7 @@ from broker.core.storedrecord import stored_record_decoder
 from broker.snapshot import NONE_WRITTEN, read_snapshot
 from schemas.config import Replication
 from schemas.subjects import snapshot_bucket_of
-from shell.natsio import js_connection, subscribe_inline
+from shell.natsio import js_connection
 
 log = structlog.get_logger("muster.store")
 
@@ -359,7 +359,12 @@ class JobStore:
             return
         if self._sub is None:
             self._inbox = self.nc.new_inbox() + "."
-            self._sub = await subscribe_inline(self.nc, self._inbox + "*", self._on_ack)
+            self._sub = await self.nc.subscribe(
+                self._inbox + "*",
+                cb=self._on_ack,
+                pending_msgs_limit=-1,
+                pending_bytes_limit=-1,
+            )
         acks = _Acks(asyncio.get_running_loop().create_future(), len(records))
         tokens = []
         encode, publish, prefix, inbox = (
@@ -391,7 +396,7 @@ class JobStore:
             for token in tokens:
                 self._waiting.pop(token, None)
 
-    def _on_ack(self, msg: Msg) -> None:
+    async def _on_ack(self, msg: Msg) -> None:
         acks = self._waiting.pop(msg.subject[len(self._inbox) :], None)
         if acks is None or acks.future.done():
             return

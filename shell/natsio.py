@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -30,8 +29,6 @@ from nats.js.client import JetStreamContext
 from schemas.subjects import REPLY_HEADER
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-
-log = structlog.get_logger("muster.natsio")
 
 # The nats-py releases whose private attributes below were read and tested (`_flush_pending`,
 # `JetStreamContext._prefix`, `JetStreamContext._nc`, `Subscription._pending_queue`).
@@ -108,24 +105,6 @@ def deliver_inline(sub: Subscription, take: Callable[[Msg], None]) -> None:
     sub._pending_queue = _Inline(take)  # type: ignore[assignment]
 
 
-async def subscribe_inline(nc: Client, subject: str, take: Callable[[Msg], None]) -> Any:
-    """A subscription whose messages go to `take` as nats-py's reader parses them
-    (`deliver_inline`): for the acks, replies and pulled messages a broker takes by the
-    thousand a second, each a lookup and a future set or a message filed, which the pending
-    queue, task switch and callback coroutine of a `cb` subscription cost more than. `take`
-    must not block; what it raises is logged and dropped, never raised into the reader."""
-    sub = await nc.subscribe(subject, pending_msgs_limit=-1, pending_bytes_limit=-1)
-
-    def guarded(msg: Msg) -> None:
-        try:
-            take(msg)
-        except Exception:
-            log.exception("natsio.inline_message_failed", subject=msg.subject)
-
-    deliver_inline(sub, guarded)
-    return sub
-
-
 def js_connection(js: JetStreamContext) -> Client:
     """The connection a JetStream context publishes on."""
     nc: Client = js._nc
@@ -151,10 +130,15 @@ class Requester:
         async with self._starting:  # callers at once share one subscription
             if self._sub is None:
                 prefix = self.nc.new_inbox() + "."
-                self._sub = await subscribe_inline(self.nc, prefix + "*", self._on_reply)
+                self._sub = await self.nc.subscribe(
+                    prefix + "*",
+                    cb=self._on_reply,
+                    pending_msgs_limit=-1,
+                    pending_bytes_limit=-1,
+                )
                 self.prefix = prefix
 
-    def _on_reply(self, msg: Msg) -> None:
+    async def _on_reply(self, msg: Msg) -> None:
         fut = self._waiting.pop(msg.subject[len(self.prefix) :], None)
         if fut is not None and not fut.done():
             if msg.headers and msg.headers.get("Status") == "503":

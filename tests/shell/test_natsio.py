@@ -21,8 +21,6 @@ from shell.natsio import (
     flush,
     js_api_prefix,
     js_connection,
-    requester_of,
-    subscribe_inline,
 )
 from tests.support import wait_for
 
@@ -125,32 +123,3 @@ async def test_deliver_inline_hands_over_every_message_in_order(nc: Client) -> N
     await nc.publish(inbox, b"after")
     await flush(nc)
     assert len(taken) == 1000
-
-
-async def test_an_inline_take_that_raises_loses_that_message_only(nc: Client) -> None:
-    """A message its taker cannot handle is logged and dropped inside the reader: the
-    connection goes on reading, later messages of the subscription still arrive in order,
-    and requests on the same connection are still answered."""
-    inbox = nc.new_inbox()
-    taken: list[bytes] = []
-
-    def take(msg: Msg) -> None:
-        if msg.data == b"bad":
-            raise ValueError("cannot take this one")
-        taken.append(msg.data)
-
-    sub = await subscribe_inline(nc, inbox, take)
-    for data in (b"1", b"bad", b"2", b"3"):
-        await nc.publish(inbox, data)
-    await flush(nc)
-    await wait_for(lambda: len(taken) == 3)
-    assert taken == [b"1", b"2", b"3"]
-    assert nc.is_connected
-
-    async def echo(msg: Msg) -> None:
-        await msg.respond(msg.data)
-
-    await nc.subscribe("inline.echo", cb=echo)
-    await flush(nc)
-    assert (await requester_of(nc).request("inline.echo", b"hi", timeout=5)).data == b"hi"
-    await sub.unsubscribe()
