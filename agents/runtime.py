@@ -737,15 +737,16 @@ class AgentRuntime:
     async def _run_dispatch_batch(self, msg: Msg, batch: DispatchBatch) -> None:
         """Each Dispatch of the batch carried out as if it had come alone, in the batch's
         order (each job's commands still one after the other); one answer with every ack."""
-        jobs = []
-        for cmd in batch.dispatches:
-            stale = self.gate.epoch_refusal(cmd.epoch)
-            jobs.append(self._refused(stale) if stale is not None else self._job_ack(cmd))
-        await self._reply(msg, DispatchAcks(acks=list(await asyncio.gather(*jobs))))
+        acks = await asyncio.gather(*(self._batched_ack(cmd) for cmd in batch.dispatches))
+        await self._reply(msg, DispatchAcks(acks=list(acks)))
 
-    async def _refused(self, ack: CommandAck) -> CommandAck:
-        self.stats["refused"] += 1
-        return ack
+    async def _batched_ack(self, cmd: Dispatch) -> CommandAck:
+        """One Dispatch of a batch: its own epoch checked as a lone one's is on arrival."""
+        stale = self.gate.epoch_refusal(cmd.epoch)
+        if stale is not None:
+            self.stats["refused"] += 1
+            return stale
+        return await self._job_ack(cmd)
 
     async def _job_ack(self, cmd: Dispatch | Cancel | CheckpointNow) -> CommandAck:
         job_id = cmd.job_id

@@ -26,7 +26,7 @@ from schemas.agent import (
     WireRefused,
 )
 from schemas.codec import DecodeError, decode_event_batch, json_decoder
-from schemas.wire import WIRE_VERSION, compatible, takes_dispatch_batches
+from schemas.wire import WIRE_VERSION, compatible
 
 log = structlog.get_logger("muster.broker")
 
@@ -119,12 +119,7 @@ class AgentLink(BrokerFields):
             return
         if not self._wire_ok(cluster, batch.wire):
             return
-        if self._agent_wires.get(cluster) != batch.wire:
-            self._agent_wires[cluster] = batch.wire
-            if takes_dispatch_batches(batch.wire):
-                self._batching.add(cluster)
-            else:
-                self._batching.discard(cluster)
+        self._agent_wires[cluster] = batch.wire  # what its Dispatches may be sent as
         self.stats["batches"] += 1
         self.stats["events"] += len(batch.events)
         try:

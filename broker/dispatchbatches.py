@@ -38,30 +38,55 @@ class _RawBatch(msgspec.Struct, tag="dispatch_batch", omit_defaults=True):
 
 
 def dispatch_batches(
-    cmds: list[Dispatch], limit: int = MAX_BATCH_BYTES
+    cmds: list[Dispatch], most: int = MAX_BATCH_DISPATCHES, limit: int = MAX_BATCH_BYTES
 ) -> Iterator[tuple[list[Dispatch], bytes]]:
-    """The batches `cmds` go out in, in order, each with its bytes: a new batch when one
-    would pass MAX_BATCH_DISPATCHES or `limit` bytes, or when the epoch changes."""
+    """The requests `cmds` go out in, in order, each with its bytes: a new batch when one
+    would pass `most` Dispatches or `limit` bytes, or when the epoch changes. A group of one
+    is the Dispatch alone, as an agent of any version reads it (`most` 1: every one alone)."""
     group: list[Dispatch] = []
     raws: list[msgspec.Raw] = []
     size = 0
+
+    def request() -> bytes:
+        if len(raws) == 1:
+            return bytes(raws[0])
+        return encode_msgpack(_RawBatch(group[0].epoch, raws))
+
     for cmd in cmds:
-        raw = encode_msgpack(cmd)
-        if group and (
-            len(group) >= MAX_BATCH_DISPATCHES
-            or size + len(raw) > limit
-            or cmd.epoch != group[0].epoch
-        ):
-            yield group, encode_msgpack(_RawBatch(group[0].epoch, raws))
+        raw = msgspec.Raw(encode_msgpack(cmd))
+        if group and (len(group) >= most or size + len(raw) > limit or cmd.epoch != group[0].epoch):
+            yield group, request()
             group, raws, size = [], [], 0
         group.append(cmd)
-        raws.append(msgspec.Raw(raw))
+        raws.append(raw)
         size += len(raw)
     if group:
-        yield group, encode_msgpack(_RawBatch(group[0].epoch, raws))
+        yield group, request()
 
 
 BatchAnswer = list[CommandAck] | CommandAck | str
+
+
+def _unanswered(cluster: str, exc: Exception) -> str:
+    """Why a reply future holds no answer."""
+    if isinstance(exc, NoRespondersError):
+        return f"no agent is listening for cluster {cluster!r}"
+    return f"no answer from cluster {cluster!r}: {type(exc).__name__}: {exc}"
+
+
+def read_ack(cluster: str, reply: asyncio.Future[Any]) -> CommandAck | str:
+    """A copy's answer: the agent's ack, or why it is none (nobody listens, not an ack). A
+    batch's share of its answer (`SharedReply`) is read already."""
+    try:
+        got = reply.result()
+    except Exception as exc:
+        return _unanswered(cluster, exc)
+    if isinstance(got, CommandAck | str):
+        return got
+    try:
+        return decode_command_ack(got.data)
+    except DecodeError as exc:
+        return f"bad ack from cluster {cluster!r}: {exc}"
 
 
 def read_batch_answer(cluster: str, reply: asyncio.Future[Any], count: int) -> BatchAnswer:
@@ -69,17 +94,12 @@ def read_batch_answer(cluster: str, reply: asyncio.Future[Any], count: int) -> B
     a batch the agent refused as such); or why there is none (nobody listens, not an ack)."""
     try:
         data = reply.result().data
-    except NoRespondersError:
-        return f"no agent is listening for cluster {cluster!r}"
     except Exception as exc:
-        return f"no answer from cluster {cluster!r}: {type(exc).__name__}: {exc}"
+        return _unanswered(cluster, exc)
     try:
         acks = decode_dispatch_acks(data).acks
     except DecodeError:
-        try:
-            return decode_command_ack(data)
-        except DecodeError as exc:
-            return f"bad ack from cluster {cluster!r}: {exc}"
+        return read_ack(cluster, reply)
     if len(acks) != count:
         return f"bad ack from cluster {cluster!r}: {len(acks)} acks for {count} dispatches"
     return acks
@@ -87,7 +107,7 @@ def read_batch_answer(cluster: str, reply: asyncio.Future[Any], count: int) -> B
 
 class SharedReply:
     """A batch's reply as one future per Dispatch (`parts`), each resolving with its own
-    ack, the whole batch's, or why there is none: what `_read_ack` reads from a copy. The
+    ack, the whole batch's, or why there is none: what `read_ack` reads from a copy. The
     batch's request is forgotten once every part is done or forgotten."""
 
     def __init__(self, asked: Asked, cluster: str, count: int, forget: Callable[[Asked], None]):

@@ -16,7 +16,6 @@ import time
 from typing import Any, NamedTuple
 
 import structlog
-from nats.errors import NoRespondersError
 
 from broker.core.effects import Effect, Forget, Publish, Send
 from broker.core.inputs import CancelSettled, DispatchAcked
@@ -24,12 +23,14 @@ from broker.dispatchbatches import (
     MAX_BATCH_BYTES,
     SharedReply,
     dispatch_batches,
+    read_ack,
     read_batch_answer,
 )
 from broker.fields import BrokerFields
 from broker.sequencer import attempt_token
-from schemas.agent import Cancel, CommandAck, Dispatch
-from schemas.codec import DecodeError, decode_command_ack, encode_json, encode_msgpack
+from schemas.agent import MAX_BATCH_DISPATCHES, Cancel, CommandAck, Dispatch
+from schemas.codec import encode_json, encode_msgpack
+from schemas.wire import takes_dispatch_batches
 from shell.natsio import Asked
 
 log = structlog.get_logger("muster.broker")
@@ -98,20 +99,6 @@ class FirstCopy(NamedTuple):
 
 def _failed(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def _read_ack(cluster: str, reply: asyncio.Future[Any]) -> CommandAck | str:
-    """A copy's answer: the agent's ack, or why it is none (nobody listens, not an ack). A
-    batch's share of its answer (`SharedReply`) is read already."""
-    try:
-        got = reply.result()
-        if isinstance(got, CommandAck | str):
-            return got
-        return decode_command_ack(got.data)
-    except NoRespondersError:
-        return f"no agent is listening for cluster {cluster!r}"
-    except DecodeError as exc:
-        return f"bad ack from cluster {cluster!r}: {exc}"
 
 
 class EffectExecutor(BrokerFields):
@@ -271,7 +258,7 @@ class EffectExecutor(BrokerFields):
                     await first_done([a.reply for a in asked], left)
                     for a in [a for a in asked if a.reply.done()]:
                         asked.remove(a)
-                        ack = _read_ack(cluster, a.reply)
+                        ack = read_ack(cluster, a.reply)
                         if isinstance(ack, str):
                             error = ack
                             continue
@@ -297,14 +284,10 @@ class EffectExecutor(BrokerFields):
     async def _dispatch_all(self, cluster: str, cmds: list[Dispatch]) -> None:
         """Send one pass's Dispatches to `cluster`: in batches to an agent that takes them
         (broker/dispatchbatches.py), one by one to any other."""
-        if len(cmds) == 1 or cluster not in self._batching:
-            for cmd in cmds:
-                await self._first_copy(cluster, [cmd], encode_msgpack(cmd))
-            return
+        takes = takes_dispatch_batches(self._agent_wires.get(cluster, ""))
+        most = MAX_BATCH_DISPATCHES if takes else 1
         limit = min(MAX_BATCH_BYTES, self.config.max_payload_bytes // 2)
-        for group, data in dispatch_batches(cmds, limit):
-            if len(group) == 1:
-                data = encode_msgpack(group[0])
+        for group, data in dispatch_batches(cmds, most, limit):
             await self._first_copy(cluster, group, data)
 
     async def _first_copy(self, cluster: str, cmds: list[Dispatch], data: bytes) -> None:
@@ -341,7 +324,7 @@ class EffectExecutor(BrokerFields):
             return  # its wait ended first (a task took it on), or the leadership did
         timer.cancel()
         alone = len(cmds) == 1
-        got = _read_ack(cluster, reply) if alone else read_batch_answer(cluster, reply, len(cmds))
+        got = read_ack(cluster, reply) if alone else read_batch_answer(cluster, reply, len(cmds))
         if isinstance(got, str):  # no answer yet: the next copies go out from tasks
             for cmd in cmds:
                 self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, got)))

@@ -139,10 +139,9 @@ class BrokerFields:
         self._mail_wake = asyncio.Event()
         self._budget_logged: dict[str, float] = {}
         self._wire_refused_at: dict[str, float] = {}  # cluster -> when last logged and told
-        # cluster -> the wire version of its agent's last batch; the clusters whose agents
-        # take several Dispatches in one request (broker/dispatchbatches.py)
+        # cluster -> the wire version of its agent's last batch: whether it takes several
+        # Dispatches in one request (broker/dispatchbatches.py)
         self._agent_wires: dict[str, str] = {}
-        self._batching: set[str] = set()
         self._rendezvous = ReplyRendezvous(
             nc, config.max_payload_bytes, self._storage_error, self._early_reply, self.refused
         )

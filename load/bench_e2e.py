@@ -339,7 +339,8 @@ async def one_run(
         counted = await broker_stats(setup)
         a = await burst(setup, burst_jobs, timeout=60 + args.jobs / 100)
         a["bench_gc"] = gcw.take()
-        counted, a["dispatches_per_request"] = per_request(counted, await broker_stats(setup))
+        burst_counted = await broker_stats(setup)
+        a["dispatches_per_request"] = per_request(counted, burst_counted)
         # Let the `running` transitions of the burst settle before measuring latency.
         await asyncio.sleep(args.settle_s)
         trace = await EventTrace.start(setup) if args.trace else None
@@ -352,7 +353,7 @@ async def one_run(
         if lag is not None:
             b["bench_loop_lag"] = await lag.stop()
         window = (paced_from, time.time())
-        _, b["dispatches_per_request"] = per_request(counted, await broker_stats(setup))
+        b["dispatches_per_request"] = per_request(burst_counted, await broker_stats(setup))
         b["bench_gc"] = gcw.take()
         gcw.close()
         if trace is not None:
@@ -434,16 +435,14 @@ def _call_rates(buckets: list[dict[str, list[float]]], covered_s: float) -> dict
     }
 
 
-def per_request(
-    before: dict[str, Any], after: dict[str, Any]
-) -> tuple[dict[str, Any], float | None]:
-    """`after`, and the Dispatches acknowledged per Dispatch request between the two stats
+def per_request(before: dict[str, Any], after: dict[str, Any]) -> float | None:
+    """The Dispatches acknowledged per Dispatch request between two of the broker's stats
     (None from a broker that does not count its requests)."""
     if "dispatch_requests" not in before or "dispatch_requests" not in after:
-        return after, None
+        return None
     requests = after["dispatch_requests"] - before["dispatch_requests"]
     acked = after["dispatch_acked"] - before["dispatch_acked"]
-    return after, round(acked / requests, 2) if requests > 0 else None
+    return round(acked / requests, 2) if requests > 0 else None
 
 
 async def broker_stats(setup: Setup) -> dict[str, Any]:

@@ -735,13 +735,14 @@ class Soak:
             if q.get("admitted")
             or any(r.get("used") for f in q.get("flavors", []) for r in f.get("resources", []))
         ]
+        twice = [j for j, n in succeeded.items() if n > 1]
         res = {
             "jobs": len(ids),
             "faults": dict(sorted((k, v) for k, v in self.stats.items())),
             "succeeded": sum(1 for j in ids if states.get(j) == "succeeded"),
             "failed": sum(1 for j in ids if states.get(j) == "failed"),
             "not_terminal": len(not_terminal),
-            "completed_twice": sum(1 for n in succeeded.values() if n > 1),
+            "completed_twice": len(twice),
             "two_live_copies": len(overlaps),
             "fenced": len(fenced),
             "healthy_fenced": len(fenced) if self.long_outages else 0,
@@ -751,13 +752,13 @@ class Soak:
             "attempts_max": max((r["attempt"] for r in rows), default=0),
             "examples": {
                 "not_terminal": not_terminal[:5],
-                "completed_twice": [j for j, n in succeeded.items() if n > 1][:5],
+                "completed_twice": twice[:5],
                 # every attempt of the first such job, in the order they were created
                 "completed_twice_attempts": sorted(
                     (
                         (r["created_at"], r["cluster"], r["attempt"], r["end_phase"], r["reason"])
                         for r in rows
-                        if r["job_id"] == next((j for j, n in succeeded.items() if n > 1), None)
+                        if twice and r["job_id"] == twice[0]
                     ),
                     key=lambda row: row[0] or 0.0,
                 ),

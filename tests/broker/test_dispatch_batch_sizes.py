@@ -31,13 +31,16 @@ def test_batches_keep_every_dispatch_in_order_within_their_bounds(
     epochs: list[int], nodes: list[int], limit: int
 ) -> None:
     cmds = dispatches(epochs, nodes)
-    out = list(dispatch_batches(cmds, limit))
+    out = list(dispatch_batches(cmds, limit=limit))
     assert [cmd for group, _ in out for cmd in group] == cmds
     for group, data in out:
-        batch = decode_command(data)
-        assert isinstance(batch, DispatchBatch)
-        assert batch.dispatches == group
-        assert {cmd.epoch for cmd in group} == {batch.epoch}
+        sent = decode_command(data)
+        if len(group) == 1:  # alone, as an agent of any version reads it
+            assert sent == group[0]
+            continue
+        assert isinstance(sent, DispatchBatch)
+        assert sent.dispatches == group
+        assert {cmd.epoch for cmd in group} == {sent.epoch}
         assert len(group) <= MAX_BATCH_DISPATCHES
         # A Dispatch larger than the bound alone still goes, in a batch of its own.
         assert len(group) == 1 or sum(len(encode_msgpack(c)) for c in group) <= limit
@@ -47,6 +50,13 @@ def test_many_small_dispatches_fill_batches_to_the_count() -> None:
     cmds = dispatches([1] * 600, [1] * 600)
     sizes = [len(group) for group, _ in dispatch_batches(cmds)]
     assert sizes == [MAX_BATCH_DISPATCHES, MAX_BATCH_DISPATCHES, 600 - 2 * MAX_BATCH_DISPATCHES]
+
+
+def test_to_an_agent_without_batches_every_dispatch_goes_alone() -> None:
+    cmds = dispatches([1] * 5, [2] * 5)
+    out = list(dispatch_batches(cmds, most=1))
+    assert [group for group, _ in out] == [[cmd] for cmd in cmds]
+    assert [decode_command(data) for _, data in out] == cmds
 
 
 def test_only_agents_of_wire_1_3_and_later_in_major_1_take_batches() -> None:

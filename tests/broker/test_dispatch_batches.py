@@ -12,9 +12,9 @@ from broker.service import Broker
 from schemas.agent import CommandAck, Dispatch, DispatchAcks, DispatchBatch
 from schemas.codec import encode_msgpack
 from schemas.wire import WIRE_VERSION
-from tests.broker.conftest import Harness, broker_config
+from tests.broker.conftest import OD_A100, Harness, broker_config
 from tests.broker.jobs import job
-from tests.broker.wire import WireAgent
+from tests.broker.wire import WireAgent, nodes
 from tests.support import wait_for
 
 
@@ -118,3 +118,20 @@ async def test_each_job_of_a_batch_follows_its_own_ack(harness: Harness) -> None
     for job_id in taken:
         assert (await view(harness, job_id))["attempt"] == 1
         assert "requeued" not in harness.kinds(job_id)
+
+
+async def test_a_batch_nobody_hears_is_sent_again_one_by_one_then_requeued(
+    harness: Harness,
+) -> None:
+    broker = await harness.start_broker()
+    agent = await harness.agent("deaf", count=0, wire=WIRE_VERSION)
+    await agent.stop_answering()  # its heartbeats go on: the cluster stays healthy
+    ids = await queued(harness, 3)
+    agent.nodes = nodes("deaf", OD_A100.name, 3)
+    await agent.send(agent.snapshot())  # room for all three: one cycle admits them together
+    for job_id in ids:
+        requeued = await harness.wait_event(job_id, "requeued")
+        assert "no agent is listening for cluster 'deaf'" in (requeued.reason or "")
+    assert broker.stats["dispatch_batches"] >= 1
+    # Each Dispatch was asked again alone after the batch went unheard.
+    assert broker.stats["ack_retries"] >= len(ids)
