@@ -17,6 +17,15 @@ attempt. Three rules now keep a slow moment slow, not worse:
   (`agents/runtime.py`, `_dispatch`), so a retry is a question, "did my Dispatch arrive?",
   not a second attempt. The agent runs one job's commands one after the other, so when an
   early copy is refused while a later one is outstanding, the later one's answer decides.
+- **A busy agent is waited for, not asked again**: when a copy's wait ends, the next copy
+  goes out only if the cluster was heard from on its command path during that wait (an ack
+  of any command, or a workload it reports created, which only a carried-out Dispatch makes).
+  An agent that answers other commands is working through a backlog (a kube agent's API
+  budget spent on a burst, a long batch), and another copy would only queue behind the first
+  while the next timeout cancelled work that was about to be done. The wait then starts again
+  as it was, without a copy and without doubling (RFC 6298, section 5.3, restarts the timer
+  on every ACK of new data), for at most `patience` in all: the ceiling times the copies
+  allowed; after that, or after a wait in which nothing was heard, silence counts as before.
 
 `broker/sequencer.py` hands these waits to the executor and to the deterministic simulation
 (`load/vopr.py`), so both wait the same way.
@@ -42,11 +51,13 @@ class AckWait:
     srtt: float | None = None
     rttvar: float = 0.0
     samples: int = 0
+    heard: int = 0  # acks and Dispatches reported carried out: its command path's progress
 
     def observe(self, rtt: float) -> None:
         """Fold in the round trip of one acknowledged request."""
         rtt = max(rtt, 0.0)
         self.samples += 1
+        self.heard += 1
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
             return
@@ -59,6 +70,10 @@ class AckWait:
         if self.srtt is not None:
             base = max(base, self.srtt + VAR_FACTOR * self.rttvar)
         return min(self.ceiling, base * (1 << min(retry, 30)))
+
+    def patience(self, copies: int) -> float:
+        """The longest a command is waited for while its cluster keeps being heard from."""
+        return self.ceiling * max(copies, 1)
 
 
 class AckWaits:

@@ -235,6 +235,9 @@ class EffectExecutor(BrokerFields):
         refused: CommandAck | None = None
         error = ""
         first = 0
+        # Its patience counts from its first copy (broker/ackwait.py).
+        first_copy = resumed.unanswered if resumed is not None else None
+        started = first_copy.sent if first_copy is not None else loop.time()
         try:
             if resumed is not None:
                 first, error, latest = 1, resumed.error, resumed.unanswered
@@ -253,8 +256,16 @@ class EffectExecutor(BrokerFields):
                 except Exception as exc:
                     error = _failed(exc)
                 wait = seq.ack_wait(cluster, i)
+                heard = seq.heard(cluster)
                 deadline = loop.time() + wait
-                while asked and (left := deadline - loop.time()) > 0:
+                while asked:
+                    if (left := deadline - loop.time()) <= 0:
+                        now = loop.time()
+                        if not seq.still_busy(cluster, heard, now - started, attempts):
+                            break
+                        self.stats["ack_waits_again"] += 1  # busy, not silent: no copy
+                        heard, deadline = seq.heard(cluster), now + wait
+                        continue
                     await first_done([a.reply for a in asked], left)
                     for a in [a for a in asked if a.reply.done()]:
                         asked.remove(a)
@@ -304,25 +315,28 @@ class EffectExecutor(BrokerFields):
         self.stats["dispatch_requests"] += 1
         if len(cmds) > 1:
             self.stats["dispatch_batches"] += 1
-        wait = self._sequencer.ack_wait(cluster, 0)
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(wait, self._first_copy_unanswered, cluster, cmds, asked, wait)
-        self._first_copies[asked.token] = (asked, timer)
+        self._first_copy_wait(cluster, cmds, asked)
         asked.reply.add_done_callback(
-            lambda reply: self._first_copy_answered(cluster, cmds, asked, timer, reply)
+            lambda reply: self._first_copy_answered(cluster, cmds, asked, reply)
         )
 
+    def _first_copy_wait(self, cluster: str, cmds: list[Dispatch], asked: Asked) -> None:
+        """Arm (or arm again) the wait for a first copy's answer."""
+        seq = self._sequencer
+        wait = seq.ack_wait(cluster, 0)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(
+            wait, self._first_copy_unanswered, cluster, cmds, asked, wait, seq.heard(cluster)
+        )
+        self._first_copies[asked.token] = (asked, timer)
+
     def _first_copy_answered(
-        self,
-        cluster: str,
-        cmds: list[Dispatch],
-        asked: Asked,
-        timer: asyncio.TimerHandle,
-        reply: asyncio.Future[Any],
+        self, cluster: str, cmds: list[Dispatch], asked: Asked, reply: asyncio.Future[Any]
     ) -> None:
-        if self._first_copies.pop(asked.token, None) is None or reply.cancelled():
+        waiting = self._first_copies.pop(asked.token, None)
+        if waiting is None or reply.cancelled():
             return  # its wait ended first (a task took it on), or the leadership did
-        timer.cancel()
+        waiting[1].cancel()
         alone = len(cmds) == 1
         got = read_ack(cluster, reply) if alone else read_batch_answer(cluster, reply, len(cmds))
         if isinstance(got, str):  # no answer yet: the next copies go out from tasks
@@ -340,11 +354,17 @@ class EffectExecutor(BrokerFields):
                 self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, ack.error)))
 
     def _first_copy_unanswered(
-        self, cluster: str, cmds: list[Dispatch], asked: Asked, wait: float
+        self, cluster: str, cmds: list[Dispatch], asked: Asked, wait: float, heard: int
     ) -> None:
         if self._first_copies.pop(asked.token, None) is None:
             return
-        silence = self._sequencer.silence(cluster, wait).error
+        seq = self._sequencer
+        waited = asyncio.get_running_loop().time() - asked.sent
+        if seq.still_busy(cluster, heard, waited, seq.attempts(cmds[0])):
+            self.stats["ack_waits_again"] += 1  # busy, not silent: no copy yet
+            self._first_copy_wait(cluster, cmds, asked)
+            return
+        silence = seq.silence(cluster, wait).error
         copies = (
             [asked]
             if len(cmds) == 1

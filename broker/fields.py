@@ -111,6 +111,7 @@ class BrokerFields:
             "redispatched": 0,
             "ack_retries": 0,
             "late_acks": 0,
+            "ack_waits_again": 0,  # waits started again for a busy agent, with no copy sent
             "lead_failures": 0,
             "newer_records": 0,
             "store_records_lost": 0,

@@ -75,12 +75,14 @@ class BrokerCollector:
         yield requests
         resent = CounterMetricFamily(
             "muster_command_resends",
-            "Commands sent again to an agent whose ack took longer than the wait (resent), and "
-            "acks that answered an earlier copy (late_ack)",
+            "Commands sent again to an agent whose ack took longer than the wait (resent), "
+            "acks that answered an earlier copy (late_ack), and waits started again without "
+            "a copy because the agent was heard from meanwhile (busy)",
             labels=["kind"],
         )
         resent.add_metric(["resent"], stats.get("ack_retries", 0))
         resent.add_metric(["late_ack"], stats.get("late_acks", 0))
+        resent.add_metric(["busy"], stats.get("ack_waits_again", 0))
         yield resent
         yield CounterMetricFamily(
             "muster_agent_events", "Agent events received", value=stats.get("events", 0)

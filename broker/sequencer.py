@@ -30,6 +30,8 @@ their virtual clocks. The rules:
 - **retries**: a command is asked `attempts` times, each copy waited for as long as the
   cluster's acks take (`broker/ackwait.py`), with a short pause when nothing reached the wire;
   the ack of any copy counts, and a refusal does not outvote a later copy still unanswered;
+  a wait that ends while the cluster is still being heard from starts again instead
+  (`still_busy`: a busy agent is not asked again);
 - **the token**: a keyed hash of (job, attempt), pure, so the core stamps it on the Dispatch it
   builds (`Machine(dispatch_token=...)`) and nobody edits the command afterwards.
 """
@@ -170,6 +172,12 @@ def acknowledges(
     return last is None or now - last >= APPLIED_EVERY_S or outcomes(batch)
 
 
+def reports_created(batch: EventBatch) -> bool:
+    """Whether the batch reports a workload created: a Dispatch carried out on that cluster,
+    which tells a busy agent's command path from a silent one (broker/ackwait.py)."""
+    return any(type(e) is WorkloadStatus and e.phase == "created" for e in batch.events)
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """A Dispatch waiting for the Cancels of the earlier attempts it is ordered after."""
@@ -261,6 +269,22 @@ class Sequencer:
     def acked(self, cluster: str, rtt: float) -> None:
         """An ack came `rtt` seconds after the copy it answers left."""
         self.waits.of(cluster).observe(rtt)
+
+    def carried_out(self, cluster: str) -> None:
+        """The cluster reported a workload created: a Dispatch of ours was carried out there."""
+        self.waits.of(cluster).heard += 1
+
+    def heard(self, cluster: str) -> int:
+        """How often the cluster's command path was heard from so far (only changes count)."""
+        return self.waits.of(cluster).heard
+
+    def still_busy(self, cluster: str, heard: int, waited: float, copies: int) -> bool:
+        """Whether a copy whose wait just ended is waited for again instead of asked again:
+        the cluster was heard from since (`heard`: `self.heard` when that wait began) and the
+        command has been waited for `waited` seconds, under its patience
+        (broker/ackwait.py)."""
+        wait = self.waits.of(cluster)
+        return wait.heard > heard and waited < wait.patience(copies)
 
     @staticmethod
     def decides(ack: CommandAck, outstanding: bool) -> bool:

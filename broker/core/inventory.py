@@ -447,8 +447,10 @@ class Inventory:
             for n in c.nodes.values()
             if n.notice_counted and n.spot_deadline is not None
         }
+        # Each pool's spot risk is told its count of nodes once, at the end: every count in
+        # between is at the same `now`, where it accrues nothing (risk.py, `advance`).
         for node in list(c.nodes.values()):
-            self._drop_node(c, node, now)
+            self._drop_node(c, node, now, sync=False)
         wanted = {f.name: f for f in flavors}
         for name, p in list(c.pools.items()):
             if name not in wanted:
@@ -460,11 +462,12 @@ class Inventory:
                 known = c.pools[f.name] = Pool(cluster, f, self.flavor_class(f), self.touched)
             else:
                 known.set_info(f, self.flavor_class(f))
-            self._sync_pool_nodes(known, now)
         for info in nodes:
             if info.name in c.nodes:  # a duplicate in one snapshot: the last one wins
-                self._drop_node(c, c.nodes[info.name], now)
-            self._add_node(c, info, now, notices.get(info.name))
+                self._drop_node(c, c.nodes[info.name], now, sync=False)
+            self._add_node(c, info, now, notices.get(info.name), sync=False)
+        for p in c.pools.values():
+            self._sync_pool_nodes(p, now)
         self.version += 1
 
     def upsert_node(self, cluster: str, info: NodeInfo, now: float) -> tuple[Node, bool]:

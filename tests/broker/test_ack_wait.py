@@ -7,6 +7,7 @@ import asyncio
 import random
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,9 +18,10 @@ from broker.ackwait import AckWait, AckWaits
 from schemas.agent import CommandAck, Dispatch, WorkloadStatus
 from schemas.codec import decode_command, encode_msgpack
 from schemas.config import Timeouts
+from shell.tasks import cancel_and_wait
 from tests.broker.conftest import Harness
 from tests.broker.jobs import job
-from tests.broker.wire import next_item
+from tests.broker.wire import WireAgent, next_item
 from tests.support import wait_for
 from tests.world import flavor, open_world
 
@@ -96,9 +98,12 @@ async def test_a_batch_acked_slowly_needs_no_second_attempt(nats_url: str) -> No
         await wait_for(settled, 60, what=f"{JOBS} dispatches acked or failed")
         stats = broker.stats
         assert stats["dispatch_failed"] == 0, stats
-        assert stats["ack_retries"] > 0, "no ack was slower than the floor: nothing was tested"
+        slow = stats["ack_retries"] + stats["ack_waits_again"]
+        assert slow > 0, "no ack was slower than the floor: nothing was tested"
         metrics = generate_latest(broker.metrics.registry).decode()
         assert f'muster_command_resends_total{{kind="resent"}} {stats["ack_retries"]}.0' in metrics
+        busy = stats["ack_waits_again"]
+        assert f'muster_command_resends_total{{kind="busy"}} {busy}.0' in metrics
         for job_id in ids:
             history = fleet.history(job_id)
             assert [r.attempt for r in history] == [1], (job_id, history)
@@ -126,3 +131,67 @@ async def test_a_refused_copy_does_not_outvote_a_later_copy_carried_out(harness:
     await harness.wait_event(job_id, "running")
     assert "requeued" not in harness.kinds(job_id), harness.kinds(job_id)
     assert harness.broker is not None and harness.broker.stats["dispatch_failed"] == 0
+
+
+async def _created_while_held(agent: WireAgent, cmd: Dispatch, held_s: float) -> None:
+    """What a busy agent sends while it works through a Dispatch it has not acked: the
+    workload it created, reported again and again (the broker takes it as progress)."""
+    created = WorkloadStatus(job_id=cmd.job_id, attempt=cmd.attempt, phase="created")
+    loop = asyncio.get_running_loop()
+    until = loop.time() + held_s
+    while loop.time() < until:
+        await agent.send(created)
+        await asyncio.sleep(0.05)
+
+
+async def test_a_busy_agent_is_waited_for_and_a_silent_one_asked_again(harness: Harness) -> None:
+    """A Dispatch held unacked for three times the ack wait is not sent again while its
+    cluster reports the workload it is creating (a busy agent, broker/ackwait.py); one whose
+    cluster only heartbeats is asked again once the wait ends."""
+    timeouts = msgspec.structs.replace(
+        harness.config.timeouts, dispatch_ack_s=0.5, dispatch_ack_max_s=5.0, dispatch_retries=1
+    )
+    harness.config = msgspec.structs.replace(harness.config, timeouts=timeouts)
+    await harness.start_broker()
+    agent = await harness.agent("c1", count=2, ack=False, auto_run=False)
+    broker = harness.broker
+    assert broker is not None
+
+    busy = (await harness.submit(job("busy", replicas=1, gpu=8))).job_id
+    first: Dispatch = await next_item(agent.dispatches)
+    assert first.job_id == busy
+    await _created_while_held(agent, first, held_s=1.5)
+    assert agent.dispatches.empty(), "a busy agent was asked again"
+    assert broker.stats["ack_retries"] == 0 and broker.stats["ack_waits_again"] >= 2
+    (copy,) = [m for m in agent.unanswered if isinstance(decode_command(m.data), Dispatch)]
+    await copy.respond(encode_msgpack(CommandAck(ok=True)))
+    await harness.wait_for(lambda: broker.stats["dispatch_acked"] == 1)
+    assert "requeued" not in harness.kinds(busy), harness.kinds(busy)
+
+    # Heartbeats say the agent lives, not that its commands get done: asked again.
+    silent = (await harness.submit(job("silent", replicas=1, gpu=8))).job_id
+    sent: Dispatch = await next_item(agent.dispatches)
+    again: Dispatch = await next_item(agent.dispatches)  # after the 0.5 s wait
+    assert (sent.job_id, sent.attempt) == (again.job_id, again.attempt) == (silent, 1)
+    assert broker.stats["ack_retries"] >= 1
+
+
+async def test_a_busy_agent_is_waited_for_no_longer_than_its_patience(harness: Harness) -> None:
+    """An agent that reports progress but never acks is asked again once the command was
+    waited for the ceiling times the copies allowed (0.6 s x 2 here), not forever."""
+    timeouts = msgspec.structs.replace(
+        harness.config.timeouts, dispatch_ack_s=0.3, dispatch_ack_max_s=0.6, dispatch_retries=1
+    )
+    harness.config = msgspec.structs.replace(harness.config, timeouts=timeouts)
+    await harness.start_broker()
+    agent = await harness.agent("c1", count=2, ack=False, auto_run=False)
+    job_id = (await harness.submit(job("stuck", replicas=1, gpu=8))).job_id
+    first: Dispatch = await next_item(agent.dispatches)
+    progress = asyncio.create_task(_created_while_held(agent, first, held_s=10.0))
+    try:
+        again: Dispatch = await next_item(agent.dispatches, timeout=5.0)
+    finally:
+        await cancel_and_wait(progress)
+    assert (again.job_id, again.attempt) == (job_id, 1)
+    broker = harness.broker
+    assert broker is not None and broker.stats["ack_waits_again"] >= 1

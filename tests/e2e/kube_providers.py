@@ -206,6 +206,23 @@ def provider_config() -> dict[str, Any]:
     return {"flavors": flavors}
 
 
+def provider_cluster(
+    h: Harness, name: str, server: FakeApiServer, api: ApiClient, **config: Any
+) -> KubeCluster:
+    """One cluster's agent (`KubeBackend` with the provider flavors and `config`) on the
+    harness's NATS, on real time (tests that need grace to pass move its clock on)."""
+    clock = Clock(time.time())
+    backend = KubeBackend(
+        name,
+        make_config(**provider_config(), **config),
+        api_client=api,
+        clock=clock,
+        tick_s=0.05,
+    )
+    runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2)
+    return KubeCluster(name, server, api, runtime, clock)
+
+
 @pytest_asyncio.fixture
 async def kube_world(
     world: World, request: pytest.FixtureRequest
@@ -227,16 +244,9 @@ async def kube_world(
         return out
 
     def build(name: str, server: FakeApiServer, api: ApiClient) -> KubeCluster:
-        clock = Clock(time.time())  # real time, moved on by tests that need grace to pass
-        backend = KubeBackend(
-            name,
-            make_config(**provider_config(), not_ready_grace_s=120, allocatable_debounce_s=60),
-            api_client=api,
-            clock=clock,
-            tick_s=0.05,
+        return provider_cluster(
+            h, name, server, api, not_ready_grace_s=120, allocatable_debounce_s=60
         )
-        runtime = AgentRuntime(backend, h.nc, subjects=h.subjects, heartbeat_s=0.2)
-        return KubeCluster(name, server, api, runtime, clock)
 
     # Pods terminate when the test says (termination_s=None).
     async with kube_clusters(world, provider_nodes, build, termination_s=None) as clusters:
