@@ -28,6 +28,7 @@ RUNTIME_COUNTERS = (
     "errors",
     "fenced",
     "outbox_dropped",
+    "cancels_joined",
 )
 
 
@@ -46,7 +47,8 @@ class AgentCollector:
         counters = CounterMetricFamily(
             "muster_agent_runtime",
             "Agent runtime counters: event batches and events sent, snapshots, commands "
-            "received, refused and failed, attempts fenced, events dropped from a full outbox",
+            "received, refused and failed, attempts fenced, events dropped from a full outbox, "
+            "resent Cancels answered by the copy under way",
             labels=["cluster", "counter"],
         )
         queued = GaugeMetricFamily(

@@ -169,6 +169,7 @@ class AgentRuntime:
             "commands": 0,
             "refused": 0,
             "errors": 0,
+            "cancels_joined": 0,  # copies of a Cancel answered by the copy already under way
         }
         self.log = structlog.get_logger("muster.agent").bind(cluster=self.cluster)
         self.gate = CommandGate()
@@ -177,6 +178,8 @@ class AgentRuntime:
         # key -> (event, seq of the batch that last carried it, 0 = not sent yet, sent at)
         self._outbox: dict[tuple[str, int, bool], tuple[AgentEvent, int, float]] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        # (job, attempt, epoch) -> the Cancel under way: a resent copy waits for its answer
+        self._cancelling: dict[tuple[str, int | None, int], asyncio.Future[CommandAck]] = {}
         self._queue: list[AgentEvent] = []
         self._first_at = 0.0
         self._snapshot_pending = False
@@ -749,6 +752,22 @@ class AgentRuntime:
         return await self._job_ack(cmd)
 
     async def _job_ack(self, cmd: Dispatch | Cancel | CheckpointNow) -> CommandAck:
+        if not isinstance(cmd, Cancel):
+            return await self._in_turn(cmd)
+        # A copy of a Cancel already waiting or under way (the broker asks again when the
+        # answer is slow) is answered with that one's ack: on kube a Cancel lists every
+        # workload kind, and doing it once per copy spent the API budget the work needed.
+        key = (cmd.job_id, cmd.attempt, cmd.epoch)
+        first = self._cancelling.get(key)
+        if first is None:
+            first = self._cancelling[key] = asyncio.ensure_future(self._in_turn(cmd))
+            first.add_done_callback(lambda _: self._cancelling.pop(key, None))
+        else:
+            self.stats["cancels_joined"] += 1
+        return await asyncio.shield(first)
+
+    async def _in_turn(self, cmd: Dispatch | Cancel | CheckpointNow) -> CommandAck:
+        """Carry out `cmd` after every command of its job that arrived before it."""
         job_id = cmd.job_id
         hold_until = asyncio.get_running_loop().time() + HOLD_MAX_S  # from arrival, not the lock
         lock, users = self._locks.get(job_id, (None, 0))

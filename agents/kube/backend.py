@@ -52,7 +52,7 @@ from agents.kube.nodes import Rules
 from agents.kube.nodewatch import NodeWatch
 from agents.kube.objects import WorkloadObjects
 from agents.kube.pools import Autoscaling
-from agents.kube.quota import attempt_usage, namespace_refusal
+from agents.kube.quota import QuotaReads, attempt_usage
 from agents.kube.report import REPORT_PATH, ReportBody, ReportServer, Verdict
 from agents.kube.status import STATUS_RESOURCES, Workload
 from agents.kube.usage import ForeignPods, ForeignUsage
@@ -173,6 +173,7 @@ class KubeBackend(KubeViews):
             self._stop,
             self.log,
         )
+        self.quotas = QuotaReads(lambda: self.rest)  # read before an attempt is created
         # The cluster's fence Lease (agents/kube/fencing.py, fence.py).
         self.lease = LeaseKeeper(cluster, config.namespace, lambda: self.rest, clock, self.log)
         self.fence_state = self.lease.state
@@ -415,7 +416,7 @@ class KubeBackend(KubeViews):
         w = self.attempts.workloads.get(key)
         if w is None or not w.objects:  # a retried dispatch's own pods are in the quota's usage
             usage = attempt_usage(cmd, self.rules.resource(flavor))
-            over = await namespace_refusal(self.rest, ns, usage)
+            over = await self.quotas.refusal(ns, usage)
             if over is not None:
                 raise JobRefused(over)  # nothing exists yet: the broker places it elsewhere
         w = self.attempts.dispatched(cmd, plan.total_replicas, ns)

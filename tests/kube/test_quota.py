@@ -5,6 +5,7 @@ whose pods the Job controller can never create."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -15,7 +16,13 @@ from nats.aio.client import Client
 from agents.backend import BackendError, JobRefused
 from agents.kube.backend import KubeBackend
 from agents.kube.client import KubeApiError, KubeRest
-from agents.kube.quota import KResourceQuota, attempt_usage, quota_refusal
+from agents.kube.quota import (
+    KResourceQuota,
+    QuotaReads,
+    attempt_usage,
+    quota_message,
+    quota_refusal,
+)
 from agents.runtime import AgentRuntime
 from tests.agents.helpers import BrokerWire, unique
 from tests.kube.conftest import (
@@ -200,3 +207,25 @@ async def test_a_retried_dispatch_is_not_refused_for_its_own_usage(
             await second.dispatch(gang_dispatch(job_id="other", replicas=1))
     finally:
         await second.stop()
+
+
+async def test_dispatches_at_once_share_one_quota_read_each_judged_by_its_own_pods(
+    apiserver: FakeApiServer, api_client: ApiClient
+) -> None:
+    """A burst's quota checks share the read that is on its way: one request of the agent's
+    API budget for all of them, and each is still judged by its own pods."""
+    apiserver.put(QUOTAS, gpu_quota())
+    apiserver.latency_s = 0.05  # the read is still on its way when the others ask
+    reads = QuotaReads(lambda: KubeRest(api_client, 30.0))
+    small = attempt_usage(gang_dispatch(replicas=1), "nvidia.com/gpu")  # 4 GPUs: fits
+    big = attempt_usage(gang_dispatch(replicas=2), "nvidia.com/gpu")  # 8: over
+    answers = await asyncio.gather(*(reads.refusal(NS, u) for u in [small, big] * 10))
+    assert answers[0::2] == [None] * 10
+    assert answers[1::2] == [quota_message(NS, GPU_OVER)] * 10 and answers[1] is not None
+    assert f"namespace {NS}: {GPU_OVER}" in answers[1] and "Raise the ResourceQuota" in answers[1]
+    asked = [r for r in apiserver.requests if r[:2] == ("GET", QUOTAS)]
+    assert len(asked) == reads.reads == 1
+    # A check after the read is done reads again: nothing is cached past the burst.
+    apiserver.put(QUOTAS, gpu_quota("0"))
+    assert await reads.refusal(NS, big) is None
+    assert reads.reads == 2
