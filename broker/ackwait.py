@@ -17,15 +17,17 @@ attempt. Three rules now keep a slow moment slow, not worse:
   (`agents/runtime.py`, `_dispatch`), so a retry is a question, "did my Dispatch arrive?",
   not a second attempt. The agent runs one job's commands one after the other, so when an
   early copy is refused while a later one is outstanding, the later one's answer decides.
-- **A busy agent is waited for, not asked again**: when a copy's wait ends, the next copy
-  goes out only if the cluster was heard from on its command path during that wait (an ack
-  of any command, or a workload it reports created, which only a carried-out Dispatch makes).
-  An agent that answers other commands is working through a backlog (a kube agent's API
-  budget spent on a burst, a long batch), and another copy would only queue behind the first
-  while the next timeout cancelled work that was about to be done. The wait then starts again
-  as it was, without a copy and without doubling (RFC 6298, section 5.3, restarts the timer
-  on every ACK of new data), for at most `patience` in all: the ceiling times the copies
-  allowed; after that, or after a wait in which nothing was heard, silence counts as before.
+- **A busy agent is waited for, not asked again**: when a Dispatch copy's wait ends, the next
+  copy goes out only if the cluster did not move on other Dispatches during that wait (answer
+  one, or report one of ours created). An agent that does is working through a backlog (a
+  kube agent's API budget spent on a burst, a long batch), and another copy would only queue
+  behind the first while the next timeout cancelled work that was about to be done. The wait
+  then starts again as it was, without a copy and without doubling (RFC 6298, section 5.3,
+  restarts the timer on every ACK of new data), for at most `patience` in all: the ceiling
+  times the copies allowed. A Dispatch already reported created is asked again as before (it
+  was carried out; its answer was lost or is slow, and the agent acknowledges a copy at once),
+  and so is one whose cluster answered nothing else: heartbeats and the answers to other
+  commands do not count, since a stuck Dispatch path answers those too.
 
 `broker/sequencer.py` hands these waits to the executor and to the deterministic simulation
 (`load/vopr.py`), so both wait the same way.
@@ -51,13 +53,12 @@ class AckWait:
     srtt: float | None = None
     rttvar: float = 0.0
     samples: int = 0
-    heard: int = 0  # acks and Dispatches reported carried out: its command path's progress
+    heard: int = 0  # Dispatches answered or reported carried out: its Dispatch path's progress
 
     def observe(self, rtt: float) -> None:
         """Fold in the round trip of one acknowledged request."""
         rtt = max(rtt, 0.0)
         self.samples += 1
-        self.heard += 1
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
             return

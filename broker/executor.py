@@ -217,7 +217,12 @@ class EffectExecutor(BrokerFields):
                 delay = min(delay * 2, 2.0)
 
     async def _request(
-        self, cluster: str, data: bytes, attempts: int, resumed: FirstCopy | None = None
+        self,
+        cluster: str,
+        data: bytes,
+        attempts: int,
+        resumed: FirstCopy | None = None,
+        dispatch: Dispatch | None = None,
     ) -> CommandAck:
         """The agent's answer (with a stale epoch: the newer epoch it claims), or the refusal
         this side makes of its silence.
@@ -226,7 +231,8 @@ class EffectExecutor(BrokerFields):
         (broker/ackwait.py); the ack of any copy sent so far counts. A refusal is final once
         no later copy is outstanding: the agent runs a job's commands one after the other,
         so a later copy may still be carried out, and then its ack is the truth.
-        `resumed`: the first copy was sent and waited for already (`_dispatch`)."""
+        `resumed`: the first copy was sent and waited for already (`_dispatch`). `dispatch`:
+        the Dispatch `data` carries, waited for again while its agent is busy (ackwait.py)."""
         subject = self.subjects.agent_cmd(cluster)
         seq = self._sequencer
         loop = asyncio.get_running_loop()
@@ -235,7 +241,8 @@ class EffectExecutor(BrokerFields):
         refused: CommandAck | None = None
         error = ""
         first = 0
-        # Its patience counts from its first copy (broker/ackwait.py).
+        # A Dispatch's patience counts from its first copy (broker/ackwait.py).
+        keys = [(dispatch.job_id, dispatch.attempt)] if dispatch is not None else []
         first_copy = resumed.unanswered if resumed is not None else None
         started = first_copy.sent if first_copy is not None else loop.time()
         try:
@@ -261,7 +268,7 @@ class EffectExecutor(BrokerFields):
                 while asked:
                     if (left := deadline - loop.time()) <= 0:
                         now = loop.time()
-                        if not seq.still_busy(cluster, heard, now - started, attempts):
+                        if not seq.still_busy(cluster, heard, now - started, attempts, keys):
                             break
                         self.stats["ack_waits_again"] += 1  # busy, not silent: no copy
                         heard, deadline = seq.heard(cluster), now + wait
@@ -274,6 +281,8 @@ class EffectExecutor(BrokerFields):
                             error = ack
                             continue
                         seq.acked(cluster, loop.time() - a.sent)
+                        if keys:
+                            seq.dispatch_acked(cluster)
                         if a is not latest:  # the old fixed wait would have dropped it
                             self.stats["late_acks"] += 1
                         if seq.decides(ack, outstanding=bool(asked)):
@@ -315,6 +324,8 @@ class EffectExecutor(BrokerFields):
         self.stats["dispatch_requests"] += 1
         if len(cmds) > 1:
             self.stats["dispatch_batches"] += 1
+        for cmd in cmds:
+            self._sequencer.dispatch_sent(cmd)
         self._first_copy_wait(cluster, cmds, asked)
         asked.reply.add_done_callback(
             lambda reply: self._first_copy_answered(cluster, cmds, asked, reply)
@@ -344,6 +355,7 @@ class EffectExecutor(BrokerFields):
                 self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, got)))
             return
         self._sequencer.acked(cluster, asyncio.get_running_loop().time() - asked.sent)
+        self._sequencer.dispatch_acked(cluster)
         for i, cmd in enumerate(cmds):
             ack = got[i] if isinstance(got, list) else got
             if ack.stale_epoch:
@@ -360,7 +372,8 @@ class EffectExecutor(BrokerFields):
             return
         seq = self._sequencer
         waited = asyncio.get_running_loop().time() - asked.sent
-        if seq.still_busy(cluster, heard, waited, seq.attempts(cmds[0])):
+        keys = [(cmd.job_id, cmd.attempt) for cmd in cmds]
+        if seq.still_busy(cluster, heard, waited, seq.attempts(cmds[0]), keys):
             self.stats["ack_waits_again"] += 1  # busy, not silent: no copy yet
             self._first_copy_wait(cluster, cmds, asked)
             return
@@ -384,7 +397,8 @@ class EffectExecutor(BrokerFields):
         self, cluster: str, cmd: Dispatch, resumed: FirstCopy | None = None
     ) -> None:
         attempts = self._sequencer.attempts(cmd)
-        ack = await self._request(cluster, encode_msgpack(cmd), attempts, resumed)
+        self._sequencer.dispatch_sent(cmd)
+        ack = await self._request(cluster, encode_msgpack(cmd), attempts, resumed, cmd)
         await self._dispatch_answered(cluster, cmd, ack)
 
     async def _dispatch_answered(self, cluster: str, cmd: Dispatch, ack: CommandAck) -> None:
@@ -400,6 +414,7 @@ class EffectExecutor(BrokerFields):
 
     def _dispatch_settled(self, cluster: str, cmd: Dispatch, ack: CommandAck) -> None:
         """Tell the core what became of a Dispatch."""
+        self._sequencer.dispatch_answered(cmd)
         ok, error = ack.ok, ack.error
         if not ok:
             self.stats["dispatch_failed"] += 1

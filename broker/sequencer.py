@@ -63,6 +63,7 @@ EMPTY_PAUSE_MAX_S = 2.0
 APPLIED_EVERY_S = 0.5  # batches without outcomes are acknowledged this often (fence renewal)
 
 GATHER_S = 0.1  # deferred records due this soon after one that is due are written with it
+AttemptKey = tuple[str, int]  # (job, attempt)
 CancelKey = tuple[str, int | None]  # (job, attempt) of a Cancel (None: every attempt)
 
 
@@ -172,10 +173,14 @@ def acknowledges(
     return last is None or now - last >= APPLIED_EVERY_S or outcomes(batch)
 
 
-def reports_created(batch: EventBatch) -> bool:
-    """Whether the batch reports a workload created: a Dispatch carried out on that cluster,
-    which tells a busy agent's command path from a silent one (broker/ackwait.py)."""
-    return any(type(e) is WorkloadStatus and e.phase == "created" for e in batch.events)
+def created_attempts(batch: EventBatch) -> list[AttemptKey]:
+    """The attempts a batch reports created: Dispatches carried out on that cluster, which
+    tell a busy agent's command path from a silent one (broker/ackwait.py)."""
+    return [
+        (e.job_id, e.attempt)
+        for e in batch.events
+        if type(e) is WorkloadStatus and e.phase == "created"
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +207,8 @@ class Sequencer:
         self._ticket = 0
         self._cancels: dict[CancelKey, int] = {}  # (job, attempt) -> newest Cancel's ticket
         self._held: dict[CancelKey, list[Held]] = {}
+        # Dispatches sent and not answered yet -> whether their cluster reported them created
+        self._awaiting: dict[AttemptKey, bool] = {}
 
     # -- the barrier ---------------------------------------------------------------------
     def cancel(self, cmd: Cancel) -> int:
@@ -254,6 +261,7 @@ class Sequencer:
         """The leadership ended (or the broker crashed): nothing held is sent by this one."""
         self._cancels.clear()
         self._held.clear()
+        self._awaiting.clear()
 
     # -- retries -------------------------------------------------------------------------
     def attempts(self, cmd: object) -> int:
@@ -270,21 +278,43 @@ class Sequencer:
         """An ack came `rtt` seconds after the copy it answers left."""
         self.waits.of(cluster).observe(rtt)
 
-    def carried_out(self, cluster: str) -> None:
-        """The cluster reported a workload created: a Dispatch of ours was carried out there."""
+    # -- a busy agent (broker/ackwait.py) --------------------------------------------------
+    def dispatch_sent(self, cmd: Dispatch) -> None:
+        """A Dispatch went out: its cluster's reports of it are watched until it is answered."""
+        self._awaiting.setdefault((cmd.job_id, cmd.attempt), False)
+
+    def dispatch_answered(self, cmd: Dispatch) -> None:
+        self._awaiting.pop((cmd.job_id, cmd.attempt), None)
+
+    def dispatch_acked(self, cluster: str) -> None:
+        """The cluster answered a Dispatch (or a batch of them): its command path moves."""
         self.waits.of(cluster).heard += 1
 
+    def carried_out(self, cluster: str, created: Iterable[AttemptKey]) -> None:
+        """The cluster reported attempts created: each one of ours awaiting its ack was carried
+        out there, which is progress for the others it has not answered yet."""
+        for key in created:
+            if self._awaiting.get(key) is False:
+                self._awaiting[key] = True
+                self.waits.of(cluster).heard += 1
+
     def heard(self, cluster: str) -> int:
-        """How often the cluster's command path was heard from so far (only changes count)."""
+        """How often the cluster's Dispatch path was heard from so far (only changes count)."""
         return self.waits.of(cluster).heard
 
-    def still_busy(self, cluster: str, heard: int, waited: float, copies: int) -> bool:
-        """Whether a copy whose wait just ended is waited for again instead of asked again:
-        the cluster was heard from since (`heard`: `self.heard` when that wait began) and the
-        command has been waited for `waited` seconds, under its patience
-        (broker/ackwait.py)."""
+    def still_busy(
+        self, cluster: str, heard: int, waited: float, copies: int, keys: Iterable[AttemptKey]
+    ) -> bool:
+        """Whether the Dispatches `keys`, whose copy's wait just ended unanswered, are waited
+        for again instead of asked again: their cluster answered or carried out other
+        Dispatches since that wait began (`heard`: `self.heard` then), one of them is still
+        not reported created (one that was is carried out: its answer was lost or is slow,
+        and a copy is acknowledged at once), and they have been waited for `waited` seconds,
+        under their patience."""
         wait = self.waits.of(cluster)
-        return wait.heard > heard and waited < wait.patience(copies)
+        if wait.heard <= heard or waited >= wait.patience(copies):
+            return False
+        return any(self._awaiting.get(key) is False for key in keys)
 
     @staticmethod
     def decides(ack: CommandAck, outstanding: bool) -> bool:

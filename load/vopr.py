@@ -63,7 +63,13 @@ from broker.core.inputs import (
 from broker.core.invariants import unordered_dispatches, unsettled_forgets, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import JobRecord, record_decoder, record_encoder
-from broker.sequencer import RecordWrites, Sequencer, acknowledges, persist_first
+from broker.sequencer import (
+    RecordWrites,
+    Sequencer,
+    acknowledges,
+    created_attempts,
+    persist_first,
+)
 from load.command import program, summary
 from schemas.agent import (
     AgentEvent,
@@ -657,6 +663,8 @@ class _Request:
     sent: int = 0  # copies sent in all: the id of the next one
     round: int = 0  # a Cancel asked again starts a new round; older timers are ignored
     out: set[int] = field(default_factory=set)
+    first_at: float = 0.0  # when its first copy (of this round) left: its patience counts
+    heard: int = 0  # the cluster's `Sequencer.heard` when the running wait began
     refused: CommandAck | None = None
     done: bool = False
 
@@ -938,6 +946,8 @@ class World:
         rid = self._req_ids
         ticket = seq.cancel(cmd) if isinstance(cmd, Cancel) else 0
         self.requests[rid] = _Request(cluster, cmd, seq.attempts(cmd), self.broker_inc, ticket)
+        if isinstance(cmd, Dispatch):
+            seq.dispatch_sent(cmd)
         self._try(rid)
 
     def _try(self, rid: int) -> None:
@@ -948,9 +958,18 @@ class World:
         if req.refused is not None:  # refused, and no later copy answered within its wait
             self._answered(rid, req.refused)
             return
+        seq = self.sequencer
+        cmd = req.cmd
+        if req.out and req.copy and isinstance(cmd, Dispatch):  # a busy agent is waited for
+            waited, keys = self.clock.now - req.first_at, [(cmd.job_id, cmd.attempt)]
+            if seq.still_busy(req.cluster, req.heard, waited, seq.attempts(cmd), keys):
+                req.heard = seq.heard(req.cluster)
+                self.stats["busy-waits"] += 1
+                self._later(rid, seq.ack_wait(req.cluster, req.copy - 1))
+                return
         if req.tries <= 0:
-            wait = self.sequencer.ack_wait(req.cluster, max(req.copy - 1, 0))
-            self._answered(rid, self.sequencer.silence(req.cluster, wait))
+            wait = seq.ack_wait(req.cluster, max(req.copy - 1, 0))
+            self._answered(rid, seq.silence(req.cluster, wait))
             return
         req.tries -= 1
         copy, cid = req.copy, req.sent
@@ -970,7 +989,10 @@ class World:
                 )
 
             self.net.send(f"cmd.{req.cluster}", deliver)
-        self._later(rid, self.sequencer.ack_wait(req.cluster, copy))
+        if copy == 0:
+            req.first_at = self.clock.now
+        req.heard = seq.heard(req.cluster)
+        self._later(rid, seq.ack_wait(req.cluster, copy))
 
     def _later(self, rid: int, delay: float) -> None:
         rnd = self.requests[rid].round
@@ -989,6 +1011,8 @@ class World:
             return  # a second reply to one copy (NATS delivered the copy twice): taken once
         req.out.discard(cid)
         self.sequencer.acked(req.cluster, self.clock.now - sent)
+        if isinstance(req.cmd, Dispatch):
+            self.sequencer.dispatch_acked(req.cluster)
         if ack.stale_epoch:
             self.fail(f"an agent refused the leader's epoch {self.epoch}: {ack.error}")
         if self.sequencer.decides(ack, outstanding=bool(req.out)):
@@ -1018,6 +1042,7 @@ class World:
         req.done = True
         cmd = req.cmd
         if isinstance(cmd, Dispatch):
+            self.sequencer.dispatch_answered(cmd)
             self.run_effects(
                 self.machine.handle(
                     DispatchAcked(
@@ -1051,12 +1076,13 @@ class World:
     def broker_batch(self, cluster: str, batch: EventBatch) -> None:
         if not self.broker_up:
             return  # plain NATS: nobody listens
+        self.sequencer.carried_out(cluster, created_attempts(batch))
         out = self.machine.handle(AgentBatch(cluster, batch), self.clock.now)
         error = refusal(out)
         agent = self.agents.get(cluster)
         sent = agent.sent_at.get(batch.seq) if agent and agent.instance == batch.instance else None
-        if not error:
-            for st in successes(batch):
+        if not error and applied(out) is not None:  # not a batch answered with a resync:
+            for st in successes(batch):  # the core dropped what it carried, by design
                 self.success_heard.setdefault((st.job_id, st.attempt), self.clock.now)
         # Not one answered with a resync, nor one whose handling the broker died in (no
         # Applied left for it, so no fence could count on it).

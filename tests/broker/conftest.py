@@ -74,10 +74,17 @@ class Harness:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def start_broker(
-        self, config: BrokerConfig | None = None, *, pace_gc: bool = False
+        self,
+        config: BrokerConfig | None = None,
+        *,
+        pace_gc: bool = False,
+        agent_connection: bool = False,
     ) -> Broker:
+        """`agent_connection`: the agents' subjects on a connection of their own, as `muster
+        broker` has them (otherwise one connection carries everything)."""
         bnc = await nats.connect(self.url)
-        broker = Broker(config or self.config, bnc, pace_gc=pace_gc)
+        anc = await nats.connect(self.url) if agent_connection else None
+        broker = Broker(config or self.config, bnc, pace_gc=pace_gc, agent_nc=anc)
         self.broker = broker
         self.task = asyncio.create_task(broker.run())
         await asyncio.wait_for(broker.leading.wait(), 15)
@@ -97,14 +104,20 @@ class Harness:
         if self.broker is not None and self.task is not None:
             await self.broker.stop()
             await asyncio.wait_for(self.task, 15)
-            await self.broker.nc.close()
+            await self._close(self.broker)
         self.broker = None
         self.task = None
+
+    @staticmethod
+    async def _close(broker: Broker) -> None:
+        await broker.nc.close()
+        if broker.agent_nc is not broker.nc:
+            await broker.agent_nc.close()
 
     async def crash_broker(self) -> None:
         """Like kill -9 for an in-process broker: no lease release, no drain."""
         assert self.broker is not None and self.task is not None
-        await self.broker.nc.close()
+        await self._close(self.broker)
         self.task.cancel()
         done, _ = await asyncio.wait({self.task}, timeout=15)
         assert done, "the broker's task went on after it was cancelled"

@@ -133,65 +133,111 @@ async def test_a_refused_copy_does_not_outvote_a_later_copy_carried_out(harness:
     assert harness.broker is not None and harness.broker.stats["dispatch_failed"] == 0
 
 
-async def _created_while_held(agent: WireAgent, cmd: Dispatch, held_s: float) -> None:
-    """What a busy agent sends while it works through a Dispatch it has not acked: the
-    workload it created, reported again and again (the broker takes it as progress)."""
-    created = WorkloadStatus(job_id=cmd.job_id, attempt=cmd.attempt, phase="created")
-    loop = asyncio.get_running_loop()
-    until = loop.time() + held_s
-    while loop.time() < until:
-        await agent.send(created)
-        await asyncio.sleep(0.05)
-
-
-async def test_a_busy_agent_is_waited_for_and_a_silent_one_asked_again(harness: Harness) -> None:
-    """A Dispatch held unacked for three times the ack wait is not sent again while its
-    cluster reports the workload it is creating (a busy agent, broker/ackwait.py); one whose
-    cluster only heartbeats is asked again once the wait ends."""
+async def _backlog(harness: Harness, jobs: int, ack_s: float, ack_max_s: float) -> WireAgent:
+    """A broker whose agent holds every Dispatch unanswered, and `jobs` jobs dispatched to it
+    (one 8-GPU node each), their first copies received."""
     timeouts = msgspec.structs.replace(
-        harness.config.timeouts, dispatch_ack_s=0.5, dispatch_ack_max_s=5.0, dispatch_retries=1
+        harness.config.timeouts, dispatch_ack_s=ack_s, dispatch_ack_max_s=ack_max_s
     )
     harness.config = msgspec.structs.replace(harness.config, timeouts=timeouts)
     await harness.start_broker()
-    agent = await harness.agent("c1", count=2, ack=False, auto_run=False)
+    agent = await harness.agent("c1", count=jobs, ack=False, auto_run=False)
+    await asyncio.gather(*(harness.submit(job(f"b{i}", replicas=1, gpu=8)) for i in range(jobs)))
+    for _ in range(jobs):
+        await next_item(agent.dispatches)
+    return agent
+
+
+async def _carry_out(agent: WireAgent, cmds: list[Dispatch], every_s: float) -> None:
+    """What a busy agent reports while it works through its backlog: one more of the
+    Dispatches it holds created every `every_s`, none of them answered yet."""
+    for cmd in cmds:
+        await agent.send(WorkloadStatus(job_id=cmd.job_id, attempt=cmd.attempt, phase="created"))
+        await asyncio.sleep(every_s)
+
+
+async def _answer(agent: WireAgent, job_ids: set[str]) -> None:
+    """Acknowledge every copy the agent holds of these jobs' Dispatches."""
+    for msg in list(agent.unanswered):
+        cmd = decode_command(msg.data)
+        if isinstance(cmd, Dispatch) and cmd.job_id in job_ids:
+            agent.unanswered.remove(msg)
+            await msg.respond(encode_msgpack(CommandAck(ok=True)))
+
+
+def _held(agent: WireAgent) -> list[Dispatch]:
+    return [c for c in agent.commands if isinstance(c, Dispatch)]
+
+
+async def test_a_busy_agent_is_waited_for_and_then_asked_again_once_it_stops(
+    harness: Harness,
+) -> None:
+    """Eight Dispatches held unanswered: while the agent reports one more of them created
+    every 0.2 s, the last one is not sent again, though its 1 s wait ended; once the reports
+    stop (the agent went quiet), it is asked again after one more wait. The ones reported
+    created are asked again at their wait's end: they were carried out, and a copy of them
+    is answered at once (broker/ackwait.py)."""
+    agent = await _backlog(harness, jobs=8, ack_s=1.0, ack_max_s=10.0)
+    held = _held(agent)
+    *working, last = held
+    await _carry_out(agent, working, every_s=0.2)  # 1.4 s: past the last one's first wait
+    copies = [c for c in _held(agent)[len(held) :] if c.job_id == last.job_id]
+    assert copies == [], "a busy agent was asked again"
     broker = harness.broker
-    assert broker is not None
+    assert broker is not None and broker.stats["ack_waits_again"] >= 1
+    await _answer(agent, {c.job_id for c in working})  # what it carried out is answered
+    again: Dispatch = await next_item(agent.dispatches)
+    while again.job_id != last.job_id:  # copies of the ones reported created came first
+        assert again.job_id in {c.job_id for c in working}
+        again = await next_item(agent.dispatches)
+    assert again.attempt == last.attempt == 1
+    await _answer(agent, {last.job_id})
+    await harness.wait_for(lambda: broker.stats["dispatch_acked"] == len(held))
+    for cmd in held:
+        assert "requeued" not in harness.kinds(cmd.job_id), harness.kinds(cmd.job_id)
 
-    busy = (await harness.submit(job("busy", replicas=1, gpu=8))).job_id
-    first: Dispatch = await next_item(agent.dispatches)
-    assert first.job_id == busy
-    await _created_while_held(agent, first, held_s=1.5)
-    assert agent.dispatches.empty(), "a busy agent was asked again"
-    assert broker.stats["ack_retries"] == 0 and broker.stats["ack_waits_again"] >= 2
-    (copy,) = [m for m in agent.unanswered if isinstance(decode_command(m.data), Dispatch)]
-    await copy.respond(encode_msgpack(CommandAck(ok=True)))
-    await harness.wait_for(lambda: broker.stats["dispatch_acked"] == 1)
-    assert "requeued" not in harness.kinds(busy), harness.kinds(busy)
 
-    # Heartbeats say the agent lives, not that its commands get done: asked again.
-    silent = (await harness.submit(job("silent", replicas=1, gpu=8))).job_id
-    sent: Dispatch = await next_item(agent.dispatches)
+async def test_a_silent_agent_is_asked_again_though_it_heartbeats(harness: Harness) -> None:
+    """Heartbeats say the agent lives, not that its Dispatches get done: asked again once the
+    wait ends."""
+    agent = await _backlog(harness, jobs=1, ack_s=0.5, ack_max_s=5.0)
+    (sent,) = _held(agent)
     again: Dispatch = await next_item(agent.dispatches)  # after the 0.5 s wait
-    assert (sent.job_id, sent.attempt) == (again.job_id, again.attempt) == (silent, 1)
-    assert broker.stats["ack_retries"] >= 1
+    assert (sent.job_id, sent.attempt) == (again.job_id, again.attempt)
+    broker = harness.broker
+    assert broker is not None and broker.stats["ack_retries"] >= 1
 
 
 async def test_a_busy_agent_is_waited_for_no_longer_than_its_patience(harness: Harness) -> None:
-    """An agent that reports progress but never acks is asked again once the command was
-    waited for the ceiling times the copies allowed (0.6 s x 2 here), not forever."""
-    timeouts = msgspec.structs.replace(
-        harness.config.timeouts, dispatch_ack_s=0.3, dispatch_ack_max_s=0.6, dispatch_retries=1
-    )
-    harness.config = msgspec.structs.replace(harness.config, timeouts=timeouts)
-    await harness.start_broker()
-    agent = await harness.agent("c1", count=2, ack=False, auto_run=False)
-    job_id = (await harness.submit(job("stuck", replicas=1, gpu=8))).job_id
-    first: Dispatch = await next_item(agent.dispatches)
-    progress = asyncio.create_task(_created_while_held(agent, first, held_s=10.0))
+    """A Dispatch of an agent that keeps carrying out others is asked again once it was
+    waited for the ceiling times the copies allowed (0.6 s x 2 here), not for as long as the
+    others keep coming."""
+    agent = await _backlog(harness, jobs=13, ack_s=0.3, ack_max_s=0.6)
+    *working, last = _held(agent)
+    progress = asyncio.create_task(_carry_out(agent, working, every_s=0.2))  # 2.4 s
     try:
         again: Dispatch = await next_item(agent.dispatches, timeout=5.0)
+        while again.job_id != last.job_id:
+            again = await next_item(agent.dispatches, timeout=5.0)
+        assert not progress.done(), "asked again only once the others stopped coming"
     finally:
         await cancel_and_wait(progress)
-    assert (again.job_id, again.attempt) == (job_id, 1)
     broker = harness.broker
     assert broker is not None and broker.stats["ack_waits_again"] >= 1
+
+
+async def test_a_dispatch_reported_created_is_asked_again_while_others_keep_its_agent_busy(
+    harness: Harness,
+) -> None:
+    """A Dispatch its cluster reported created was carried out: a missing answer is lost or
+    slow, not queued behind a backlog, so it is asked again when its wait ends (a copy is
+    answered at once), even while the agent reports others created."""
+    agent = await _backlog(harness, jobs=2, ack_s=2.0, ack_max_s=20.0)
+    loop = asyncio.get_running_loop()
+    sent_at = loop.time()
+    done, busy = _held(agent)
+    await _carry_out(agent, [done], every_s=0.5)
+    await _carry_out(agent, [busy], every_s=0.0)  # progress within `done`'s wait
+    again: Dispatch = await next_item(agent.dispatches, timeout=5.0)
+    assert (again.job_id, again.attempt) == (done.job_id, done.attempt)
+    assert loop.time() - sent_at < 3.0, "waited for as if its agent's backlog held it"
