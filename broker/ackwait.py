@@ -73,7 +73,7 @@ class AckWait:
         return min(self.ceiling, base * (1 << min(retry, 30)))
 
     def patience(self, copies: int) -> float:
-        """The longest a command is waited for while its cluster keeps being heard from."""
+        """The longest a Dispatch is waited for while its cluster is busy with others."""
         return self.ceiling * max(copies, 1)
 
 

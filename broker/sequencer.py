@@ -30,8 +30,8 @@ their virtual clocks. The rules:
 - **retries**: a command is asked `attempts` times, each copy waited for as long as the
   cluster's acks take (`broker/ackwait.py`), with a short pause when nothing reached the wire;
   the ack of any copy counts, and a refusal does not outvote a later copy still unanswered;
-  a wait that ends while the cluster is still being heard from starts again instead
-  (`still_busy`: a busy agent is not asked again);
+  a Dispatch's wait that ends while its cluster moved on other Dispatches of ours starts
+  again instead (`still_busy`: a busy agent is not asked again);
 - **the token**: a keyed hash of (job, attempt), pure, so the core stamps it on the Dispatch it
   builds (`Machine(dispatch_token=...)`) and nobody edits the command afterwards.
 """
