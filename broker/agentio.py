@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from broker.core.effects import refusal
 from broker.core.inputs import AgentBatch, Checkpoint
 from broker.fields import BrokerFields
-from broker.sequencer import acknowledges, created_attempts
+from broker.sequencer import acknowledges
 from schemas.agent import (
     Applied,
     CheckpointReport,
@@ -122,7 +122,7 @@ class AgentLink(BrokerFields):
         self._agent_wires[cluster] = batch.wire  # what its Dispatches may be sent as
         self.stats["batches"] += 1
         self.stats["events"] += len(batch.events)
-        self._sequencer.carried_out(cluster, created_attempts(batch))
+        self._sequencer.carried_out(cluster, batch)
         try:
             effects = machine.handle(AgentBatch(cluster, batch), self.clock())
         except Exception:  # a bug must not take the broker down; it is logged loudly

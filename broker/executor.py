@@ -280,9 +280,7 @@ class EffectExecutor(BrokerFields):
                         if isinstance(ack, str):
                             error = ack
                             continue
-                        seq.acked(cluster, loop.time() - a.sent)
-                        if keys:
-                            seq.dispatch_acked(cluster)
+                        seq.acked(cluster, loop.time() - a.sent, dispatch=bool(keys))
                         if a is not latest:  # the old fixed wait would have dropped it
                             self.stats["late_acks"] += 1
                         if seq.decides(ack, outstanding=bool(asked)):
@@ -325,7 +323,7 @@ class EffectExecutor(BrokerFields):
         if len(cmds) > 1:
             self.stats["dispatch_batches"] += 1
         for cmd in cmds:
-            self._sequencer.dispatch_sent(cmd)
+            self._sequencer.dispatch_sent(cluster, cmd)
         self._first_copy_wait(cluster, cmds, asked)
         asked.reply.add_done_callback(
             lambda reply: self._first_copy_answered(cluster, cmds, asked, reply)
@@ -354,8 +352,8 @@ class EffectExecutor(BrokerFields):
             for cmd in cmds:
                 self._spawn(self._send_dispatch(cluster, cmd, FirstCopy(None, got)))
             return
-        self._sequencer.acked(cluster, asyncio.get_running_loop().time() - asked.sent)
-        self._sequencer.dispatch_acked(cluster)
+        rtt = asyncio.get_running_loop().time() - asked.sent
+        self._sequencer.acked(cluster, rtt, dispatch=True)
         for i, cmd in enumerate(cmds):
             ack = got[i] if isinstance(got, list) else got
             if ack.stale_epoch:
@@ -397,7 +395,7 @@ class EffectExecutor(BrokerFields):
         self, cluster: str, cmd: Dispatch, resumed: FirstCopy | None = None
     ) -> None:
         attempts = self._sequencer.attempts(cmd)
-        self._sequencer.dispatch_sent(cmd)
+        self._sequencer.dispatch_sent(cluster, cmd)
         ack = await self._request(cluster, encode_msgpack(cmd), attempts, resumed, cmd)
         await self._dispatch_answered(cluster, cmd, ack)
 

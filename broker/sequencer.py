@@ -207,8 +207,9 @@ class Sequencer:
         self._ticket = 0
         self._cancels: dict[CancelKey, int] = {}  # (job, attempt) -> newest Cancel's ticket
         self._held: dict[CancelKey, list[Held]] = {}
-        # Dispatches sent and not answered yet -> whether their cluster reported them created
-        self._awaiting: dict[AttemptKey, bool] = {}
+        # Dispatches sent and not answered yet -> (their cluster, whether it reported them
+        # created)
+        self._awaiting: dict[AttemptKey, tuple[str, bool]] = {}
 
     # -- the barrier ---------------------------------------------------------------------
     def cancel(self, cmd: Cancel) -> int:
@@ -274,28 +275,30 @@ class Sequencer:
         """How long the ack of copy number `copy` (0 = the first send) is waited for."""
         return self.waits.of(cluster).wait(copy)
 
-    def acked(self, cluster: str, rtt: float) -> None:
-        """An ack came `rtt` seconds after the copy it answers left."""
-        self.waits.of(cluster).observe(rtt)
+    def acked(self, cluster: str, rtt: float, *, dispatch: bool = False) -> None:
+        """An ack came `rtt` seconds after the copy it answers left; `dispatch`: it answered
+        a Dispatch (or a batch of them), so the cluster's Dispatch path moves."""
+        wait = self.waits.of(cluster)
+        wait.observe(rtt)
+        if dispatch:
+            wait.heard += 1
 
     # -- a busy agent (broker/ackwait.py) --------------------------------------------------
-    def dispatch_sent(self, cmd: Dispatch) -> None:
+    def dispatch_sent(self, cluster: str, cmd: Dispatch) -> None:
         """A Dispatch went out: its cluster's reports of it are watched until it is answered."""
-        self._awaiting.setdefault((cmd.job_id, cmd.attempt), False)
+        self._awaiting.setdefault((cmd.job_id, cmd.attempt), (cluster, False))
 
     def dispatch_answered(self, cmd: Dispatch) -> None:
         self._awaiting.pop((cmd.job_id, cmd.attempt), None)
 
-    def dispatch_acked(self, cluster: str) -> None:
-        """The cluster answered a Dispatch (or a batch of them): its command path moves."""
-        self.waits.of(cluster).heard += 1
-
-    def carried_out(self, cluster: str, created: Iterable[AttemptKey]) -> None:
-        """The cluster reported attempts created: each one of ours awaiting its ack was carried
-        out there, which is progress for the others it has not answered yet."""
-        for key in created:
-            if self._awaiting.get(key) is False:
-                self._awaiting[key] = True
+    def carried_out(self, cluster: str, batch: EventBatch) -> None:
+        """The cluster's batch reported attempts created: each one of ours awaiting its ack
+        was carried out there, which is progress for the others it has not answered yet."""
+        if not self._awaiting:
+            return  # nothing is waited for: the batch is not read
+        for key in created_attempts(batch):
+            if self._awaiting.get(key) == (cluster, False):
+                self._awaiting[key] = (cluster, True)
                 self.waits.of(cluster).heard += 1
 
     def heard(self, cluster: str) -> int:
@@ -314,7 +317,7 @@ class Sequencer:
         wait = self.waits.of(cluster)
         if wait.heard <= heard or waited >= wait.patience(copies):
             return False
-        return any(self._awaiting.get(key) is False for key in keys)
+        return any(self._awaiting.get(key) == (cluster, False) for key in keys)
 
     @staticmethod
     def decides(ack: CommandAck, outstanding: bool) -> bool:

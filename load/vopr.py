@@ -67,7 +67,6 @@ from broker.sequencer import (
     RecordWrites,
     Sequencer,
     acknowledges,
-    created_attempts,
     persist_first,
 )
 from load.command import program, summary
@@ -947,7 +946,7 @@ class World:
         ticket = seq.cancel(cmd) if isinstance(cmd, Cancel) else 0
         self.requests[rid] = _Request(cluster, cmd, seq.attempts(cmd), self.broker_inc, ticket)
         if isinstance(cmd, Dispatch):
-            seq.dispatch_sent(cmd)
+            seq.dispatch_sent(cluster, cmd)
         self._try(rid)
 
     def _try(self, rid: int) -> None:
@@ -1010,9 +1009,9 @@ class World:
         if cid not in req.out:
             return  # a second reply to one copy (NATS delivered the copy twice): taken once
         req.out.discard(cid)
-        self.sequencer.acked(req.cluster, self.clock.now - sent)
-        if isinstance(req.cmd, Dispatch):
-            self.sequencer.dispatch_acked(req.cluster)
+        self.sequencer.acked(
+            req.cluster, self.clock.now - sent, dispatch=isinstance(req.cmd, Dispatch)
+        )
         if ack.stale_epoch:
             self.fail(f"an agent refused the leader's epoch {self.epoch}: {ack.error}")
         if self.sequencer.decides(ack, outstanding=bool(req.out)):
@@ -1076,7 +1075,7 @@ class World:
     def broker_batch(self, cluster: str, batch: EventBatch) -> None:
         if not self.broker_up:
             return  # plain NATS: nobody listens
-        self.sequencer.carried_out(cluster, created_attempts(batch))
+        self.sequencer.carried_out(cluster, batch)
         out = self.machine.handle(AgentBatch(cluster, batch), self.clock.now)
         error = refusal(out)
         agent = self.agents.get(cluster)

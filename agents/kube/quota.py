@@ -155,7 +155,7 @@ class QuotaReads:
     def __init__(self, rest: Callable[[], KubeRest]) -> None:
         self._rest = rest
         self._reading: dict[str, asyncio.Future[bytes | None]] = {}
-        self.reads = 0  # requests made, for the agent's counters and tests
+        self.reads = 0  # lists made (one per burst, not one per Dispatch)
 
     async def refusal(self, namespace: str, usage: Mapping[str, int]) -> str | None:
         """Why the namespace's quotas refuse `usage`, as the broker should read it; None: they

@@ -229,3 +229,22 @@ async def test_dispatches_at_once_share_one_quota_read_each_judged_by_its_own_po
     apiserver.put(QUOTAS, gpu_quota("0"))
     assert await reads.refusal(NS, big) is None
     assert reads.reads == 2
+
+
+async def test_a_shared_quota_read_that_fails_fails_every_check_that_shared_it(
+    apiserver: FakeApiServer, api_client: ApiClient
+) -> None:
+    """The API server's error on the shared list reaches each Dispatch that waited for it
+    (each refused as it would have been alone), and the next check lists again."""
+    apiserver.put(QUOTAS, gpu_quota())
+    apiserver.latency_s = 0.05
+    apiserver.fail_next("GET", QUOTAS, 500)
+    reads = QuotaReads(lambda: KubeRest(api_client, 30.0))
+    usage = attempt_usage(gang_dispatch(replicas=1), "nvidia.com/gpu")
+    answers = await asyncio.gather(
+        *(reads.refusal(NS, usage) for _ in range(5)), return_exceptions=True
+    )
+    assert all(isinstance(a, KubeApiError) and a.status == 500 for a in answers), answers
+    assert reads.reads == 1
+    assert await reads.refusal(NS, usage) is None  # listed again: 4 of 8 GPUs used, 4 asked
+    assert reads.reads == 2
