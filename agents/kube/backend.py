@@ -325,6 +325,8 @@ class KubeBackend(KubeViews):
             out["api_requests"] = self._rest.sent
         for (kind, reason), n in self.bad_input.counts.items():
             out[f"bad_input{{kind={kind},reason={reason}}}"] = n
+        for how, n in self.objects.deletions.items():
+            out[f"attempt_deletions{{by={how}}}"] = n
         return out
 
     async def stop(self) -> None:
@@ -453,7 +455,7 @@ class KubeBackend(KubeViews):
             return attempt is not None and a != attempt
 
         try:
-            await self.objects.delete_attempts(job_id, keep, reason or "cancel")
+            await self.objects.delete_attempts(job_id, keep, reason or "cancel", attempt)
         except KubeApiError as exc:
             raise BackendError(f"cancel {job_id}: {exc}") from None
         except (TimeoutError, OSError, aiohttp.ClientError) as exc:
@@ -563,7 +565,8 @@ class KubeBackend(KubeViews):
 
     async def _housekeeping(self) -> None:
         """Every resync period: delete objects of attempts older than the newest one known
-        for the same job, and forget finished, object-less workloads."""
+        for the same job, and forget finished, object-less workloads. A pass is also what
+        lets a cancel delete what it knows without listing (`known_in_full`)."""
         while not await sleep_or_stop(self._stop, self.config.resync_period_s):
             try:
                 await self.collect_garbage()

@@ -9,7 +9,8 @@ as created when the object is the attempt's own, so a retried dispatch is safe);
 then deletes every object of an older attempt of the same job in the background, and the
 periodic resync (`collect_garbage`) does the same for anything left over. A cancel deletes with
 the configured propagation policy (Background by default; Jobs would otherwise orphan their
-pods).
+pods). Both list the cluster for the job's objects only when what is known here may not be
+all of them (`known_in_full`).
 
 Checkpoint requests (for the SDK): `checkpoint_now` merge-patches every pod of the attempt
 with the annotation `muster.dev/checkpoint-request: "<deadline as unix seconds>"`. Workloads
@@ -22,6 +23,7 @@ could hear them.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -69,6 +71,11 @@ class WorkloadObjects:
         self._rest = rest
         self._pods = pods  # Muster's pods as last seen, by uid
         self.log = log
+        # A full scan has run: every object older than it was found then, and every one
+        # since was made here, so what `attempts` knows is all there is (one agent per
+        # cluster: deploy/agent/deployment.yaml's Recreate strategy).
+        self.scanned = False
+        self.deletions: Counter[str] = Counter()  # attempts' deletions: "listed" or "known"
 
     @property
     def rest(self) -> KubeRest:
@@ -83,6 +90,7 @@ class WorkloadObjects:
         key = (cmd.job_id, cmd.attempt)
         bound = self.log.bind(job_id=cmd.job_id, attempt=cmd.attempt, flavor=cmd.flavor)
         uids: dict[str, str] = {}
+        w.complete = False  # until every object is made: one that fails may exist all the same
         for obj in plan.objects:
             collection = obj.resource.collection(ns)
             marked = fence_marked(cmd, obj)
@@ -106,6 +114,7 @@ class WorkloadObjects:
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 raise BackendError(f"creating {obj.resource.kind} {obj.name}: {exc!r}") from None
             bound.info("created", kind=obj.resource.kind, name=obj.name, existed=created is None)
+        w.complete = True
 
     async def resize(self, cmd: Dispatch, ns: str, plan: WorkloadPlan) -> None:
         """Patch the attempt's main object, or the object that runs its pods (a RayJob's
@@ -202,19 +211,29 @@ class WorkloadObjects:
             if isinstance(r, BaseException):
                 raise r
 
-    async def delete_attempts(self, job_id: str, keep: Callable[[int], bool], why: str) -> int:
+    async def delete_attempts(
+        self, job_id: str, keep: Callable[[int], bool], why: str, only: int | None = None
+    ) -> int:
         """Delete every object of `job_id` whose attempt is not kept; the count deleted.
-        Uses what is known locally plus a fresh list by label (an object created by a
-        previous agent instance may not be known). The lists go to the job's namespace
-        when one of its attempts is known here, else to every workload namespace."""
+        Uses what is known locally plus, until `known_in_full` says otherwise, a fresh list
+        by label (an object created by a previous agent instance may not be known yet), one
+        per workload kind. `only`: the one attempt not kept, when there is one. The lists go
+        to the job's namespace when one of its attempts is known here, else to every
+        workload namespace."""
         targets: dict[tuple[str, str], None] = {}  # ordered, O(1) membership
         known: dict[str, None] = {}
+        targeted: list[Workload] = []
         for (jid, attempt), w in self.attempts.workloads.items():
             if jid == job_id and w.namespace:
                 known[w.namespace] = None
             if jid == job_id and not keep(attempt):
                 w.cancelled = True
                 targets.update(dict.fromkeys(w.objects))
+                targeted.append(w)
+        if self.known_in_full(targeted, only):
+            await self.delete(list(targets))
+            self._deleted(job_id, len(targets), why, listed=False)
+            return len(targets)
         spaces = list(known) or self._namespaces
         for collection in (r.collection(ns) for ns in spaces for r in OWNED_RESOURCES):
             try:
@@ -233,9 +252,30 @@ class WorkloadObjects:
                     continue
                 targets[(collection, obj.metadata.name)] = None
         await self.delete(list(targets))
-        if targets:
-            self.log.info("deleted workload objects", job_id=job_id, count=len(targets), why=why)
+        self._deleted(job_id, len(targets), why, listed=True)
         return len(targets)
+
+    def known_in_full(self, targeted: list[Workload], only: int | None) -> bool:
+        """Whether the objects known here of the attempts being deleted (`targeted`; `only`:
+        the one attempt asked for, if one) are all their objects, so no list is needed. Each
+        targeted attempt must have been made here in full (a create that failed may have
+        made its object all the same, and one found by a scan or a watch may have more), and
+        no attempt unknown here may exist: after a full scan by this instance, none does
+        (every object older than it was found then, and every one since was made here), and
+        before it, only the one attempt asked for, when it is known, is certain (its objects'
+        names come from the attempt, so an earlier instance could only have made the same
+        ones). A list is one request per workload kind (fifteen) within the agent's API
+        budget, which a burst of Cancels or re-dispatches would spend finding nothing."""
+        if not all(w.complete for w in targeted):
+            return False
+        return self.scanned or (only is not None and any(w.attempt == only for w in targeted))
+
+    def _deleted(self, job_id: str, count: int, why: str, *, listed: bool) -> None:
+        self.deletions["listed" if listed else "known"] += 1
+        if count:
+            self.log.info(
+                "deleted workload objects", job_id=job_id, count=count, why=why, listed=listed
+            )
 
     async def _adoptable(
         self, collection: str, obj: PlannedObject, body: dict[str, Any], key: Key
@@ -364,6 +404,7 @@ class WorkloadObjects:
 
     async def collect_garbage(self) -> int:
         found = await self.scan()
+        self.scanned = True
         newest: dict[str, int] = {}
         for (job_id, attempt), _, _ in found:
             newest[job_id] = max(newest.get(job_id, 0), attempt)

@@ -214,6 +214,7 @@ class Workload:
         "_views",
         "attempt",
         "cancelled",
+        "complete",
         "counts",
         "job_id",
         "jobs_failed",
@@ -238,6 +239,9 @@ class Workload:
         self.kind = kind
         self.namespace = ""  # where its objects and pods are ("" = not yet known)
         self.objects = Refs()  # (collection path, name)
+        # Every object of its plan was created or adopted by this agent instance, so
+        # `objects` is all of it there is (`ObjectStore.known_in_full`).
+        self.complete = False
         self._views: dict[str, PodView] = {}
         self.counts: dict[Kind, int] = {
             "pending": 0,

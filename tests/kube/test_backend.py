@@ -244,6 +244,62 @@ async def test_dispatch_creates_and_cancel_deletes(
         await backend.dispatch(msgspec.structs.replace(cmd, attempt=2, flavor="nope"))
 
 
+def job_lists(apiserver: FakeApiServer, job_id: str) -> list[str]:
+    """The list requests that looked for one job's objects by its label."""
+    wanted = f"{LABEL_JOB}={job_id}"
+    return [
+        path
+        for method, path, query in apiserver.requests
+        if method == "GET" and wanted in query.get("labelSelector", "").split(",")
+    ]
+
+
+async def test_deleting_attempts_lists_only_what_the_agent_cannot_know(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    first, _ = await make_backend()
+    for job in ("job-1", "job-2"):
+        await first.dispatch(gang_dispatch(job))
+    # An attempt this agent made in full: its objects are all there is, so no list.
+    await first.cancel("job-1", 1, "user asked")
+    assert apiserver.get(f"{JOBS}/job-1-a1-worker") is None
+    assert apiserver.get(f"/api/v1/namespaces/{NS}/services/job-1-a1") is None
+    assert job_lists(apiserver, "job-1") == []
+    assert first.counters["attempt_deletions{by=known}"] == 1
+    # A create whose answer was an error may have made its object all the same (here the
+    # API server made the Job and the answer was lost): the cancel lists, and finds it.
+    made = copy.deepcopy(apiserver.get(f"{JOBS}/job-2-a1-worker"))
+    assert made is not None
+    for meta in (made["metadata"], made["metadata"]["annotations"]):
+        for key, value in list(meta.items()):
+            if isinstance(value, str) and "job-2" in value:
+                meta[key] = value.replace("job-2", "job-3")
+    made["metadata"]["labels"] = {
+        k: v.replace("job-2", "job-3") for k, v in made["metadata"]["labels"].items()
+    }
+    apiserver.fail_next("POST", JOBS, 500)
+    with pytest.raises(BackendError):
+        await first.dispatch(gang_dispatch("job-3"))
+    apiserver.put(JOBS, made)
+    await first.cancel("job-3", 1, "user asked")
+    assert apiserver.get(f"{JOBS}/job-3-a1-worker") is None
+    assert len(job_lists(apiserver, "job-3")) > 1
+    # A new agent instance (a restart) did not make job-2: it lists every kind.
+    second, _ = await make_backend()
+    await second.cancel("job-2", 1, "user asked")
+    assert apiserver.get(f"{JOBS}/job-2-a1-worker") is None
+    assert apiserver.get(f"/api/v1/namespaces/{NS}/services/job-2-a1") is None
+    assert len(job_lists(apiserver, "job-2")) > 1
+    assert second.counters["attempt_deletions{by=listed}"] == 1
+    # Once it has scanned, no attempt unknown to it exists: a job moved here from another
+    # cluster at attempt 2 has no older attempt here to list for.
+    assert await second.collect_garbage() == 0
+    await second.dispatch(gang_dispatch("job-4", attempt=2))
+    await wait_for(lambda: second.counters.get("attempt_deletions{by=known}") == 1)
+    assert job_lists(apiserver, "job-4") == []
+    assert apiserver.get(f"{JOBS}/job-4-a2-worker") is not None
+
+
 async def test_foreground_propagation_and_gc_of_older_attempts(
     apiserver: FakeApiServer, make_backend: Any
 ) -> None:
