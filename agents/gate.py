@@ -11,7 +11,14 @@ drives the same object from its virtual clock. The rules:
   placement revision (an elastic gang resized in place);
 - **cancelled up to**: once the broker cancels an attempt (or the agent fences it), a late
   Dispatch of it or of any older attempt is refused;
-- **supersede**: a newer attempt first ends the older live ones of the same job.
+- **supersede**: a newer attempt first ends the older live ones of the same job;
+- **fence lapsed**: a Dispatch that would create an attempt is refused once the broker has not
+  acknowledged this cluster for the attempt's fence window (`fence_after_s`), counted from
+  when the newest batch it acknowledged left (`heard`): by then the broker may have declared
+  the cluster lost and started the job elsewhere. A Dispatch read late (it waited in the
+  socket of an agent that was frozen, or starved of CPU) must not start a second copy, and
+  a new attempt's fence counts from that same moment (`fence_base`), never from when its
+  Dispatch arrived, which proves nothing of what the broker heard.
 
 The gate only decides and records; the caller acts on the backend between `judge` and `ran`.
 """
@@ -68,6 +75,9 @@ class CommandGate:
         self.max_epoch = 0
         self.max_tracked = max_tracked
         self._jobs: dict[str, JobTrack] = {}
+        # When the newest batch the broker acknowledged left this agent (None: none yet, in
+        # this process): the broker heard the cluster then, and no earlier is proven.
+        self.heard_at: float | None = None
 
     # -- deciding ------------------------------------------------------------------------
     def epoch_refusal(self, epoch: int) -> CommandAck | None:
@@ -78,7 +88,8 @@ class CommandGate:
         self.max_epoch = epoch
         return None
 
-    def judge(self, cmd: Dispatch) -> Verdict:
+    def judge(self, cmd: Dispatch, now: float) -> Verdict:
+        """What to do with `cmd`, read at `now` (the clock `heard` is given)."""
         track = self.track(cmd.job_id)
         if cmd.attempt <= track.cancelled_upto:
             err = f"attempt {cmd.attempt} of job {cmd.job_id} was cancelled here"
@@ -93,7 +104,24 @@ class CommandGate:
                 f"{track.highest} already dispatched here"
             )
             return Refuse(CommandAck(ok=False, error=err))
+        silent = self.silent_for(now)
+        if cmd.fence_after_s > 0 and silent is not None and silent >= cmd.fence_after_s:
+            err = (
+                f"attempt {cmd.attempt} of job {cmd.job_id} not started: the broker has not "
+                f"acknowledged this cluster for {silent:.1f}s, past the attempt's fence of "
+                f"{cmd.fence_after_s:g}s, so it may have started the job elsewhere"
+            )
+            return Refuse(CommandAck(ok=False, error=err))
         return Run(tuple(sorted(a for a in track.live if a < cmd.attempt)))
+
+    def silent_for(self, now: float) -> float | None:
+        """How long the broker has not been proven to hear this cluster; None: no batch of
+        this process was acknowledged yet (its Dispatches are as fresh as its subscription)."""
+        return None if self.heard_at is None else max(0.0, now - self.heard_at)
+
+    def fence_base(self, now: float) -> float:
+        """Where a new attempt's fence window counts from."""
+        return now if self.heard_at is None else min(now, self.heard_at)
 
     def cancel_targets(self, job_id: str, attempt: int | None) -> list[int]:
         """The live attempts a Cancel of `attempt` (None: every attempt) ends."""
@@ -103,6 +131,11 @@ class CommandGate:
         return sorted(a for a in track.live if attempt is None or a == attempt)
 
     # -- recording -----------------------------------------------------------------------
+    def heard(self, sent_at: float) -> None:
+        """The broker acknowledged a batch that left at `sent_at`."""
+        if self.heard_at is None or sent_at > self.heard_at:
+            self.heard_at = sent_at
+
     def ran(self, cmd: Dispatch) -> None:
         """The backend created the attempt."""
         track = self.track(cmd.job_id)
@@ -145,6 +178,7 @@ class CommandGate:
     def forget(self) -> None:
         """A new process knows nothing until its cluster's snapshot is adopted."""
         self._jobs.clear()
+        self.heard_at = None
 
     # -- reading -------------------------------------------------------------------------
     def track(self, job_id: str) -> JobTrack:

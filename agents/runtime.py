@@ -207,6 +207,7 @@ class AgentRuntime:
             return
         self.instance = uuid.uuid4().hex[:16]
         self.seq = 0
+        self.gate.heard_at = None  # no batch of this instance acknowledged yet
         self._queue = []
         self._snapshot_pending = True
         self._learnt.clear()
@@ -344,6 +345,7 @@ class AgentRuntime:
             del self._outbox[key]
         sent = self._sent_at.get(cmd.seq)
         if sent is not None:
+            self.gate.heard(sent)
             await self._extend_fences(sent)
 
     async def _extend_fences(self, since: float, job_id: str | None = None) -> None:
@@ -834,7 +836,8 @@ class AgentRuntime:
             return CommandAck(ok=False, error=f"agent error: {type(exc).__name__}: {exc}"[:1000])
 
     async def _dispatch(self, cmd: Dispatch, log: Any) -> CommandAck:
-        verdict = self.gate.judge(cmd)
+        received = time.time()
+        verdict = self.gate.judge(cmd, received)
         if isinstance(verdict, Refuse):
             return verdict.ack
         if isinstance(verdict, Resize):
@@ -846,10 +849,9 @@ class AgentRuntime:
             await self.backend.cancel(cmd.job_id, old, f"superseded by attempt {cmd.attempt}")
             self.gate.ended(cmd.job_id, old)
             log.info("cancelled older attempt", old_attempt=old)
-        received = time.time()
         await self.backend.dispatch(cmd)
         self.gate.ran(cmd)
-        await self._extend_fences(received, cmd.job_id)
+        await self._extend_fences(self.gate.fence_base(received), cmd.job_id)
         log.debug("dispatched", flavor=cmd.flavor)
         return CommandAck(ok=True)
 

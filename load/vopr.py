@@ -366,7 +366,7 @@ class SimAgent:
             reply(CommandAck(ok=True))
             return
         # Dispatch, through the agent's own gate.
-        verdict = self.gate.judge(cmd)
+        verdict = self.gate.judge(cmd, self.w.clock.now)
         if isinstance(verdict, Refuse):
             reply(verdict.ack)
             return
@@ -395,7 +395,8 @@ class SimAgent:
         )
         self.fence_after[(cmd.job_id, cmd.attempt)] = cmd.fence_after_s
         if cmd.fence_after_s > 0:
-            self.work[(cmd.job_id, cmd.attempt)].fence_until = self.w.clock.now + cmd.fence_after_s
+            base = self.gate.fence_base(self.w.clock.now)
+            self.work[(cmd.job_id, cmd.attempt)].fence_until = base + cmd.fence_after_s
         self.gate.ran(cmd)
         self.emit(
             WorkloadStatus(
@@ -485,6 +486,8 @@ class SimAgent:
         sent = self.sent_at.get(cmd.seq)
         for s in [s for s in self.sent_at if s < cmd.seq]:
             del self.sent_at[s]
+        if sent is not None:
+            self.gate.heard(sent)
         if sent is None or self.w.clock.now < self.api_down_until:
             return  # the fence lives in the cluster: no API server, no renewal
         for key, wk in self.work.items():
@@ -504,7 +507,14 @@ class SimAgent:
 
     def _healthy_fenced(self, job_id: str, attempt: int, now: float) -> None:
         """A fence must end only what the broker may have given up on: an attempt it still
-        runs, on a cluster it heard within the fence window, was healthy."""
+        runs, on a cluster it heard within the fence window, was healthy. Not an attempt of
+        an agent frozen when its fence lapses: it could not renew the fence, and the cluster
+        cannot tell it from a dead agent (seed 450: the broker down 5 s and a resync kept
+        the Applied away for 12 s, then the agent froze for 27 s just after sending the
+        batch the broker applied; the fence lapsed 8 s into the freeze, as every attempt's
+        there would have)."""
+        if now < self.frozen_until:
+            return
         w = self.w
         window = w.config.timeouts.fence_window_s
         # The newest batch a broker applied long enough ago for its Applied to have arrived.

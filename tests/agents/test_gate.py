@@ -12,9 +12,12 @@ from schemas.agent import Dispatch
 from schemas.job import JobSpec, PodSet
 
 SPEC = JobSpec(name="j", gang=[PodSet(name="worker", replicas=1, gpu=1)])
+NOW = 1_000_000.0
 
 
-def dispatch(attempt: int, revision: int = 0, job_id: str = "j") -> Dispatch:
+def dispatch(
+    attempt: int, revision: int = 0, job_id: str = "j", fence_after_s: float = 0.0
+) -> Dispatch:
     return Dispatch(
         job_id=job_id,
         attempt=attempt,
@@ -23,6 +26,7 @@ def dispatch(attempt: int, revision: int = 0, job_id: str = "j") -> Dispatch:
         flavor="f",
         assignment=[],
         revision=revision,
+        fence_after_s=fence_after_s,
     )
 
 
@@ -35,27 +39,49 @@ def test_a_deposed_leader_is_refused_with_the_newest_epoch() -> None:
     assert gate.max_epoch == 6
 
 
+def test_a_dispatch_read_after_the_fence_lapsed_starts_nothing() -> None:
+    gate = CommandGate()
+    # Before any batch of this process is acknowledged, a Dispatch is as fresh as the
+    # subscription it came on, and its fence counts from its arrival.
+    assert gate.judge(dispatch(1, fence_after_s=7.0), NOW) == Run(())
+    assert gate.fence_base(NOW) == NOW
+    gate.heard(NOW - 3.0)
+    gate.heard(NOW - 5.0)  # an older batch's answer, late: proves nothing newer
+    assert gate.fence_base(NOW) == NOW - 3.0
+    assert gate.judge(dispatch(1, fence_after_s=7.0), NOW + 3.9) == Run(())
+    # The agent was frozen: the broker last acknowledged it 7 s ago, the attempt's fence.
+    late = gate.judge(dispatch(1, fence_after_s=7.0), NOW + 4.0)
+    assert isinstance(late, Refuse) and not late.ack.ok
+    assert "7.0s" in late.ack.error and "elsewhere" in late.ack.error
+    # An attempt without a fence, and one already here, are not started by it either way.
+    assert gate.judge(dispatch(1), NOW + 60.0) == Run(())
+    gate.ran(dispatch(1, fence_after_s=7.0))
+    assert isinstance(gate.judge(dispatch(1, fence_after_s=7.0), NOW + 60.0), Duplicate)
+    gate.forget()  # a new process: nothing acknowledged yet
+    assert gate.judge(dispatch(2, fence_after_s=7.0), NOW + 60.0) == Run(())
+
+
 def test_a_late_dispatch_of_a_cancelled_attempt_is_refused() -> None:
     gate = CommandGate()
     gate.cancelled("j", 2)
-    verdict = gate.judge(dispatch(2))
+    verdict = gate.judge(dispatch(2), NOW)
     assert isinstance(verdict, Refuse) and "was cancelled here" in verdict.ack.error
-    assert isinstance(gate.judge(dispatch(1)), Refuse)
-    assert isinstance(gate.judge(dispatch(3)), Run)
+    assert isinstance(gate.judge(dispatch(1), NOW), Refuse)
+    assert isinstance(gate.judge(dispatch(3), NOW), Run)
 
 
 def test_duplicates_resizes_older_attempts_and_supersession() -> None:
     gate = CommandGate()
-    assert gate.judge(dispatch(1)) == Run(())
+    assert gate.judge(dispatch(1), NOW) == Run(())
     gate.ran(dispatch(1))
-    assert isinstance(gate.judge(dispatch(1)), Duplicate)
-    assert isinstance(gate.judge(dispatch(1, revision=1)), Resize)
+    assert isinstance(gate.judge(dispatch(1), NOW), Duplicate)
+    assert isinstance(gate.judge(dispatch(1, revision=1), NOW), Resize)
     gate.resized(dispatch(1, revision=1))
-    assert isinstance(gate.judge(dispatch(1, revision=1)), Duplicate)
-    assert gate.judge(dispatch(3)) == Run((1,))  # the older live attempt ends first
+    assert isinstance(gate.judge(dispatch(1, revision=1), NOW), Duplicate)
+    assert gate.judge(dispatch(3), NOW) == Run((1,))  # the older live attempt ends first
     gate.ended("j", 1)
     gate.ran(dispatch(3))
-    older = gate.judge(dispatch(2))
+    older = gate.judge(dispatch(2), NOW)
     assert isinstance(older, Refuse) and "older than attempt 3" in older.ack.error
     assert gate.live("j") == {3}
 
@@ -63,11 +89,11 @@ def test_duplicates_resizes_older_attempts_and_supersession() -> None:
 def test_an_adopted_attempt_blocks_its_own_redispatch_and_older_ones() -> None:
     gate = CommandGate()
     gate.adopt("j", 4, live=True, fence_after=20.0)
-    assert isinstance(gate.judge(dispatch(4)), Duplicate)
-    assert isinstance(gate.judge(dispatch(3)), Refuse)
+    assert isinstance(gate.judge(dispatch(4), NOW), Duplicate)
+    assert isinstance(gate.judge(dispatch(3), NOW), Refuse)
     assert gate.track("j").fence_after == {4: 20.0}
     gate.cancelled("j", None)
-    assert gate.live("j") == set() and isinstance(gate.judge(dispatch(4)), Refuse)
+    assert gate.live("j") == set() and isinstance(gate.judge(dispatch(4), NOW), Refuse)
 
 
 def test_finished_jobs_are_forgotten_first_when_the_bound_is_reached() -> None:
@@ -99,7 +125,7 @@ def test_no_sequence_of_commands_runs_two_copies_or_a_cancelled_attempt(
     for verb, attempt, revision in commands:
         if verb == "dispatch":
             assert attempt is not None
-            verdict = gate.judge(dispatch(attempt, revision))
+            verdict = gate.judge(dispatch(attempt, revision), NOW)
             if isinstance(verdict, Run):
                 for old in verdict.supersede:
                     running.discard(old)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import msgspec
+import nats
 import pytest
 import structlog
 from nats.aio.client import Client
@@ -23,7 +25,7 @@ from schemas.agent import (
     Resync,
     WireRefused,
 )
-from schemas.codec import encode_msgpack
+from schemas.codec import decode_command_ack, encode_msgpack
 from schemas.job import Simulation
 from schemas.wire import WIRE_VERSION
 from shell.natsio import flush
@@ -265,6 +267,54 @@ async def test_a_failed_fence_extension_is_logged_once_and_its_end(
         seq = a.wire.batches[-1].seq
         await a.wire.send(Applied(epoch=1, instance=a.runtime.instance, seq=seq))
         await wait_for(lambda: any(e["event"] == "fence extended again" for e in logs))
+
+
+def freeze(seconds: float) -> None:
+    """Stop this thread, and the event loop of the agent with it, as SIGSTOP would."""
+    time.sleep(seconds)
+
+
+async def test_a_dispatch_read_after_a_freeze_past_its_fence_starts_nothing(
+    make_agent: MakeAgent, nc: Client, nats_url: str
+) -> None:
+    """An agent frozen (SIGSTOP, a node starved of CPU) for longer than an attempt's fence
+    reads a Dispatch the broker sent before the freeze: by then the broker may have declared
+    the cluster lost and started the job elsewhere, so it is refused and nothing is made."""
+    a = await make_agent()
+    nodes = a.cluster.nodes_of("spot-a100")
+
+    async def acknowledge_last_batch() -> None:
+        await wait_for(lambda: bool(a.wire.batches))
+        seq = a.wire.batches[-1].seq
+        assert (await a.wire.send(Applied(epoch=1, instance=a.runtime.instance, seq=seq))).ok
+
+    # Heard a moment ago: a Dispatch with a fence of 2 s starts.
+    await acknowledge_last_batch()
+    fresh = msgspec.structs.replace(dispatch("job-y", nodes[:1], sim=SLOW), fence_after_s=2.0)
+    assert (await a.wire.send(fresh)).ok
+    # The request reaches the server, then this process, the agent with it, stops for
+    # longer than the fence; the agent reads the request only when it runs again.
+    await acknowledge_last_batch()
+    late = msgspec.structs.replace(dispatch("job-z", nodes[1:2], sim=SLOW), fence_after_s=2.0)
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, max_msgs=1)
+    await flush(nc)
+
+    async def broker_sends() -> None:  # from another thread, while this one is frozen
+        other = await nats.connect(nats_url, connect_timeout=5)
+        await other.publish(a.wire.subjects.agent_cmd(a.name), encode_msgpack(late), reply=inbox)
+        await other.drain()
+
+    sender = threading.Thread(target=asyncio.run, args=(broker_sends(),))
+    sender.start()
+    freeze(2.5)
+    sender.join(timeout=10.0)
+    assert not sender.is_alive()
+    ack = decode_command_ack((await sub.next_msg(timeout=5.0)).data)
+    assert not ack.ok and "job-z not started" in ack.error, ack
+    assert [w.job_id for w in a.cluster.live_workloads()] in ([], ["job-y"])
+    assert a.wire.statuses("job-z") == []
+    assert a.cluster.history.get("job-z") is None
 
 
 async def test_on_reconnected_resends_snapshot(make_agent: MakeAgent) -> None:
