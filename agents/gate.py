@@ -48,6 +48,7 @@ class JobTrack:
 @dataclass(frozen=True, slots=True)
 class Refuse:
     ack: CommandAck
+    fence_lapsed: bool = False  # read after the broker's silence passed the attempt's fence
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +112,7 @@ class CommandGate:
                 f"acknowledged this cluster for {silent:.1f}s, past the attempt's fence of "
                 f"{cmd.fence_after_s:g}s, so it may have started the job elsewhere"
             )
-            return Refuse(CommandAck(ok=False, error=err))
+            return Refuse(CommandAck(ok=False, error=err), fence_lapsed=True)
         return Run(tuple(sorted(a for a in track.live if a < cmd.attempt)))
 
     def silent_for(self, now: float) -> float | None:

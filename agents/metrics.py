@@ -29,6 +29,7 @@ RUNTIME_COUNTERS = (
     "fenced",
     "outbox_dropped",
     "cancels_joined",
+    "late_dispatches",
 )
 
 
@@ -48,7 +49,8 @@ class AgentCollector:
             "muster_agent_runtime",
             "Agent runtime counters: event batches and events sent, snapshots, commands "
             "received, refused and failed, attempts fenced, events dropped from a full outbox, "
-            "resent Cancels answered by the copy under way",
+            "resent Cancels answered by the copy under way, Dispatches read after the fence "
+            "lapsed",
             labels=["cluster", "counter"],
         )
         queued = GaugeMetricFamily(

@@ -170,6 +170,7 @@ class AgentRuntime:
             "refused": 0,
             "errors": 0,
             "cancels_joined": 0,  # copies of a Cancel answered by the copy already under way
+            "late_dispatches": 0,  # Dispatches refused: read after the fence lapsed (gate.py)
         }
         self.log = structlog.get_logger("muster.agent").bind(cluster=self.cluster)
         self.gate = CommandGate()
@@ -839,6 +840,9 @@ class AgentRuntime:
         received = time.time()
         verdict = self.gate.judge(cmd, received)
         if isinstance(verdict, Refuse):
+            if verdict.fence_lapsed:
+                self.stats["late_dispatches"] += 1
+                log.warning("dispatch read after its fence lapsed", error=verdict.ack.error)
             return verdict.ack
         if isinstance(verdict, Resize):
             return await self._resize(cmd, log)

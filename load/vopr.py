@@ -12,9 +12,9 @@ cut off, and report terminal outcomes.
 The network between them loses, duplicates, delays and reorders messages;
 faults (broker crashes between any two effects, agent restarts and freezes, partitions, spot
 notices) strike at seeded random points. The invariants of `broker.core.invariants` are
-checked after every step, the cross-process ones (never two live copies) from the agents'
-own records, and the eventual ones at the end: every accepted job terminal, none completed
-twice, usage back to zero.
+checked after every step, the cross-process ones (never two copies of a job made, never two
+live copies) from the agents' own records, and the eventual ones at the end: every accepted
+job terminal, none completed twice, usage back to zero.
 
     python -m load.vopr --seeds 2000          # many seeds; failures print a replay command
     python -m load.vopr --seed 1234 --verbose # replay one seed exactly
@@ -368,6 +368,8 @@ class SimAgent:
         # Dispatch, through the agent's own gate.
         verdict = self.gate.judge(cmd, self.w.clock.now)
         if isinstance(verdict, Refuse):
+            if verdict.fence_lapsed:
+                self.w.stats["late-dispatches"] += 1
             reply(verdict.ack)
             return
         if isinstance(verdict, Resize | Duplicate):
@@ -383,6 +385,14 @@ class SimAgent:
         done = self.w.work_of[cmd.job_id]
         if cmd.resume_from is not None:
             done = max(0.0, done - cmd.resume_from.step * AGENT_TICK_S)
+        # A copy counts from when it is made, not only once it runs: a second one made while
+        # the first still exists is one the fences and Cancels failed to keep apart.
+        self.w.made_copies[cmd.job_id] += 1
+        if self.w.made_copies[cmd.job_id] > 1:
+            self.w.breach(
+                "two-copies-made",
+                f"two copies of {cmd.job_id} made (attempt {cmd.attempt} on {self.cluster})",
+            )
         self.work[(cmd.job_id, cmd.attempt)] = Work(
             job_id=cmd.job_id,
             attempt=cmd.attempt,
@@ -423,6 +433,7 @@ class SimAgent:
         if wk is None:
             return
         self.w.live_copies[job_id] -= 1 if wk.running else 0
+        self.w.made_copies[job_id] -= 1
         if phase is None:
             return
         st = self._status(wk, phase)
@@ -716,7 +727,8 @@ class World:
         self.finished = False
         self.incarnations = 0
         self.stats: Counter[str] = Counter()
-        self.live_copies: Counter[str] = Counter()
+        self.live_copies: Counter[str] = Counter()  # running, per job
+        self.made_copies: Counter[str] = Counter()  # made and not ended, per job
         self.completions: Counter[str] = Counter()
         self.completed_by: dict[str, list[tuple[str, int]]] = {}
         # (job, attempt) -> when it succeeded on its cluster, when a broker first applied a batch

@@ -312,6 +312,7 @@ async def test_a_dispatch_read_after_a_freeze_past_its_fence_starts_nothing(
     assert not sender.is_alive()
     ack = decode_command_ack((await sub.next_msg(timeout=5.0)).data)
     assert not ack.ok and "job-z not started" in ack.error, ack
+    assert a.runtime.stats["late_dispatches"] == 1
     assert [w.job_id for w in a.cluster.live_workloads()] in ([], ["job-y"])
     assert a.wire.statuses("job-z") == []
     assert a.cluster.history.get("job-z") is None

@@ -162,6 +162,16 @@ def test_a_frozen_agent_never_leaves_two_live_copies_seed_24() -> None:
         assert w.completed_by[job_id] == [(new.cluster, new.attempt)], w.completed_by[job_id]
 
 
+@pytest.mark.parametrize("seed", [40, 2493])
+def test_a_dispatch_read_after_its_fence_lapsed_makes_no_second_copy(seed: int) -> None:
+    """Seeds 40 and 2493: an agent frozen with a Dispatch waiting for it reads it after the
+    broker gave that attempt up and started the job elsewhere. The copy it made counted its
+    fence from the Dispatch's arrival and existed beside the new one (`two copies made`);
+    the agent's gate now refuses a Dispatch read once its fence has lapsed."""
+    w = run_seed(seed)
+    assert w.stats["agent_freezes"] >= 1 and w.stats["late-dispatches"] >= 1, w.stats
+
+
 # Lost commands (a Cancel retried after its ack timeout) and frequent spot notices, nothing else.
 LOSSY = Faults(
     drop=0.3,
@@ -177,8 +187,8 @@ LOSSY = Faults(
 
 def test_a_dispatch_waits_for_the_cancel_it_is_ordered_after_seed_16() -> None:
     """Seed 16: a shell that sent a Dispatch without waiting for the Cancel it is ordered
-    after would run two copies, and the agents' records say so."""
-    with pytest.raises(SimFailure, match="two live copies"):
+    after would make two copies, and the agents' records say so."""
+    with pytest.raises(SimFailure, match="two copies of j0 made"):
         World(16, faults=LOSSY, ignore_order=True).run()
     World(16, faults=LOSSY).run()
 
