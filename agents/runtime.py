@@ -853,9 +853,12 @@ class AgentRuntime:
             await self.backend.cancel(cmd.job_id, old, f"superseded by attempt {cmd.attempt}")
             self.gate.ended(cmd.job_id, old)
             log.info("cancelled older attempt", old_attempt=old)
+        base = self.gate.fence_base(received)
+        if self._cluster_fencing is not None and cmd.fence_after_s > 0:
+            await self._extend_fences(base)  # the cluster's fence covers it before it exists
         await self.backend.dispatch(cmd)
         self.gate.ran(cmd)
-        await self._extend_fences(self.gate.fence_base(received), cmd.job_id)
+        await self._extend_fences(base, cmd.job_id)
         log.debug("dispatched", flavor=cmd.flavor)
         return CommandAck(ok=True)
 

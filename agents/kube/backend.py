@@ -423,9 +423,12 @@ class KubeBackend(KubeViews):
                 raise JobRefused(over)  # nothing exists yet: the broker places it elsewhere
         w = self.attempts.dispatched(cmd, plan.total_replicas, ns)
         if cmd.fence_after_s > 0:
-            # The Lease covers the attempt before anything of it exists.
+            # The Lease covers the attempt before anything of it exists. A Lease already kept
+            # is renewed by the runtime, from when the broker last acknowledged this agent, not
+            # from this Dispatch's arrival (agents/gate.py); the first one starts now.
             self.fence_state.granted(cmd.fence_after_s)
-            await self.renew_fence(self._clock())
+            if self.fence_state.until is None:
+                await self.renew_fence(self._clock())
         await self.objects.create(cmd, ns, plan, w)
         self.attempt_watch.report(w)
         if cmd.attempt > 1:

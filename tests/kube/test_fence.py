@@ -63,6 +63,22 @@ async def test_a_dispatch_creates_the_lease_before_its_objects(
     assert apiserver.rejected == []
 
 
+async def test_a_later_dispatch_does_not_move_the_lease_from_its_own_arrival(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    """The Lease moves when the broker is proven to hear the agent (its Applied), not when a
+    Dispatch arrives: one read late (the agent was frozen with it) says nothing of that."""
+    clock = Clock()
+    backend, _ = await make_backend(clock=clock)
+    await backend.dispatch(fenced_dispatch("job-1"))
+    first = lease_of(apiserver)["metadata"]["annotations"][ANN_FENCE_UNTIL]
+    assert first == f"{NOW + WINDOW_S:.3f}"
+    clock.advance(300)
+    await backend.dispatch(fenced_dispatch("job-2"))
+    assert apiserver.get(f"{JOBS}/job-2-a1-worker") is not None
+    assert lease_of(apiserver)["metadata"]["annotations"][ANN_FENCE_UNTIL] == first
+
+
 async def test_renewals_write_the_one_lease_once_per_step(
     apiserver: FakeApiServer, make_backend: Any
 ) -> None:
