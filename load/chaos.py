@@ -775,7 +775,7 @@ class Soak:
             "completed_twice": len(twice),
             # allowed: a success its agent, frozen or cut off past lost_after_s, could not
             # report before the broker ran the job again (`unheard_success`)
-            "rerun_afterunheard_success": len(unheard),
+            "rerun_after_unheard_success": len(unheard),
             "two_live_copies": len(overlaps),
             "fenced": len(fenced),
             "healthy_fenced": len(fenced) if self.long_outages else 0,
@@ -786,7 +786,7 @@ class Soak:
             "examples": {
                 "not_terminal": not_terminal[:5],
                 "completed_twice": twice[:5],
-                "rerun_afterunheard_success": unheard[:5],
+                "rerun_after_unheard_success": unheard[:5],
                 # every attempt of the first such job, in the order they were created
                 "completed_twice_attempts": sorted(
                     (
@@ -898,7 +898,7 @@ def print_table(res: dict[str, Any]) -> None:
             "no job completed twice",
             res["completed_twice"] == 0,
             f"{res['completed_twice']}; allowed (success unheard past lost_after_s): "
-            f"{res['rerun_afterunheard_success']}",
+            f"{res['rerun_after_unheard_success']}",
         ),
         ("never two live copies", res["two_live_copies"] == 0, str(res["two_live_copies"])),
         ("nothing healthy fenced", res["healthy_fenced"] == 0, f"{res['fenced']} fenced"),
