@@ -787,15 +787,24 @@ class Soak:
                 "not_terminal": not_terminal[:5],
                 "completed_twice": twice[:5],
                 "rerun_after_unheard_success": unheard[:5],
-                # every attempt of the first such job, in the order they were created
+                # every attempt of the first such job, in the order they were created, and
+                # the freezes and partitions of the run (unix seconds)
                 "completed_twice_attempts": sorted(
                     (
-                        (r["created_at"], r["cluster"], r["attempt"], r["end_phase"], r["reason"])
+                        (
+                            r["created_at"],
+                            r["ended_at"],
+                            r["cluster"],
+                            r["attempt"],
+                            r["end_phase"],
+                            r["reason"],
+                        )
                         for r in rows
                         if twice and r["job_id"] == twice[0]
                     ),
                     key=lambda row: row[0] or 0.0,
                 ),
+                "silenced": self.silenced if twice else [],
                 "two_live_copies": overlaps[:5],
                 "fenced": fenced[:5],
             },
