@@ -62,7 +62,7 @@ from schemas.codec import DecodeError, decode_command, encode_msgpack
 from schemas.subjects import DEFAULT_SUBJECTS, Subjects
 from schemas.wire import WIRE_VERSION
 from shell.natsio import flush
-from shell.tasks import cancel_and_wait
+from shell.tasks import Shared, cancel_and_wait
 
 MAX_ERROR_CHARS = 1000  # CommandAck.error is capped at 1024 by the schema
 STOP_TIMEOUT_S = 5.0
@@ -179,8 +179,8 @@ class AgentRuntime:
         # key -> (event, seq of the batch that last carried it, 0 = not sent yet, sent at)
         self._outbox: dict[tuple[str, int, bool], tuple[AgentEvent, int, float]] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-        # (job, attempt, epoch) -> the Cancel under way: a resent copy waits for its answer
-        self._cancelling: dict[tuple[str, int | None, int], asyncio.Future[CommandAck]] = {}
+        # Cancels under way by (job, attempt, epoch): a resent copy waits for that one's answer
+        self._cancelling: Shared[tuple[str, int | None, int], CommandAck] = Shared()
         self._queue: list[AgentEvent] = []
         self._first_at = 0.0
         self._snapshot_pending = False
@@ -758,16 +758,12 @@ class AgentRuntime:
         if not isinstance(cmd, Cancel):
             return await self._in_turn(cmd)
         # A copy of a Cancel already waiting or under way (the broker asks again when the
-        # answer is slow) is answered with that one's ack: on kube a Cancel lists every
+        # answer is slow) is answered with that one's ack: on kube a Cancel may list every
         # workload kind, and doing it once per copy spent the API budget the work needed.
         key = (cmd.job_id, cmd.attempt, cmd.epoch)
-        first = self._cancelling.get(key)
-        if first is None:
-            first = self._cancelling[key] = asyncio.ensure_future(self._in_turn(cmd))
-            first.add_done_callback(lambda _: self._cancelling.pop(key, None))
-        else:
+        if self._cancelling.under_way(key):
             self.stats["cancels_joined"] += 1
-        return await asyncio.shield(first)
+        return await self._cancelling.run(key, lambda: self._in_turn(cmd))
 
     async def _in_turn(self, cmd: Dispatch | Cancel | CheckpointNow) -> CommandAck:
         """Carry out `cmd` after every command of its job that arrived before it."""

@@ -1,4 +1,5 @@
-"""Ending background tasks without swallowing the caller's own cancellation.
+"""Ending background tasks without swallowing the caller's own cancellation, and sharing one
+run of a task among the callers that ask for it while it is under way (`Shared`).
 
 `task.cancel(); with suppress(CancelledError): await task` also swallows a cancel aimed at the
 task that waits: if the caller is cancelled while the child winds down, the CancelledError it
@@ -9,7 +10,11 @@ cancelled while stepping down then went back to standing by, for ever.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
 
 RECANCEL_S = 2.0  # how long a task may take to end before it is cancelled again
 
@@ -32,3 +37,23 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any] | None, again_s: float = REC
     for task in live:
         if not task.cancelled():
             task.exception()  # retrieved: an error of a stopped task is not worth a warning
+
+
+class Shared(Generic[K, T]):
+    """One run per key at a time: a caller that asks for a key whose run is under way awaits
+    that run's result instead of starting another; nothing is kept once a run ends. A caller
+    cancelled while it waits leaves the run going for the others (`asyncio.shield`)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[K, asyncio.Future[T]] = {}
+
+    def under_way(self, key: K) -> bool:
+        return key in self._runs
+
+    async def run(self, key: K, start: Callable[[], Awaitable[T]]) -> T:
+        """The result of the run of `key` under way, or of a new one `start()` begins."""
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = asyncio.ensure_future(start())
+            run.add_done_callback(lambda _: self._runs.pop(key, None))
+        return await asyncio.shield(run)

@@ -19,7 +19,6 @@ Quotas with scopes are not evaluated here (the API server still applies them).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +27,7 @@ import msgspec
 from agents.kube.client import KubeApiError, KubeRest
 from schemas.agent import Dispatch
 from schemas.quantity import QuantityError, cpu_milli, memory_bytes
+from shell.tasks import Shared
 
 Usage = dict[str, int]  # resource name -> millicores (cpu), bytes (memory) or a count
 
@@ -154,18 +154,14 @@ class QuotaReads:
 
     def __init__(self, rest: Callable[[], KubeRest]) -> None:
         self._rest = rest
-        self._reading: dict[str, asyncio.Future[bytes | None]] = {}
+        self._reading: Shared[str, bytes | None] = Shared()
         self.reads = 0  # lists made (one per burst, not one per Dispatch)
 
     async def refusal(self, namespace: str, usage: Mapping[str, int]) -> str | None:
         """Why the namespace's quotas refuse `usage`, as the broker should read it; None: they
         do not (or cannot be read: the API server's own refusal then still reaches the
         broker)."""
-        read = self._reading.get(namespace)
-        if read is None:
-            read = self._reading[namespace] = asyncio.ensure_future(self._read(namespace))
-            read.add_done_callback(lambda _: self._reading.pop(namespace, None))
-        data = await asyncio.shield(read)
+        data = await self._reading.run(namespace, lambda: self._read(namespace))
         if data is None:
             return None
         try:

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from shell.tasks import cancel_and_wait
+from shell.tasks import Shared, cancel_and_wait
+from tests.support import wait_for
 
 
 async def test_children_end_and_their_errors_stay_theirs() -> None:
@@ -70,3 +71,27 @@ async def test_a_task_that_lost_its_first_cancel_is_cancelled_again() -> None:
     await asyncio.sleep(0)
     await asyncio.wait_for(cancel_and_wait(child, again_s=0.05), 5)
     assert lost.is_set() and child.cancelled()
+
+
+async def test_a_shared_run_answers_every_caller_and_outlives_one_cancelled() -> None:
+    runs: list[str] = []
+    release = asyncio.Event()
+
+    async def read(key: str) -> str:
+        runs.append(key)
+        await release.wait()
+        return f"{key}#{len(runs)}"
+
+    shared: Shared[str, str] = Shared()
+    first = asyncio.ensure_future(shared.run("a", lambda: read("a")))
+    second = asyncio.ensure_future(shared.run("a", lambda: read("a")))
+    other = asyncio.ensure_future(shared.run("b", lambda: read("b")))
+    await wait_for(lambda: len(runs) == 2, 5.0, what="the two runs started")
+    assert sorted(runs) == ["a", "b"] and shared.under_way("a")
+    first.cancel()  # one caller gives up: the run goes on for the other
+    await wait_for(first.done, 5.0, what="the first caller cancelled")
+    release.set()
+    assert await second == "a#2" and await other == "b#2"
+    assert first.cancelled() and not shared.under_way("a")
+    # Once ended nothing is kept: the next caller starts a new run.
+    assert await shared.run("a", lambda: read("a")) == "a#3"
