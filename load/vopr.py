@@ -63,12 +63,7 @@ from broker.core.inputs import (
 from broker.core.invariants import unordered_dispatches, unsettled_forgets, violations
 from broker.core.machine import TERMINAL, Machine
 from broker.core.records import JobRecord, record_decoder, record_encoder
-from broker.sequencer import (
-    RecordWrites,
-    Sequencer,
-    acknowledges,
-    persist_first,
-)
+from broker.sequencer import RecordWrites, Sequencer, acknowledges, persist_first
 from load.command import program, summary
 from schemas.agent import (
     AgentEvent,

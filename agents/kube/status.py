@@ -240,7 +240,7 @@ class Workload:
         self.namespace = ""  # where its objects and pods are ("" = not yet known)
         self.objects = Refs()  # (collection path, name)
         # Every object of its plan was created or adopted by this agent instance, so
-        # `objects` is all of it there is (`ObjectStore.known_in_full`).
+        # `objects` is all of it there is (`WorkloadObjects.known_in_full`).
         self.complete = False
         self._views: dict[str, PodView] = {}
         self.counts: dict[Kind, int] = {

@@ -4,6 +4,7 @@ of an attempt is ever patched for the fence."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec
@@ -24,7 +25,7 @@ from agents.kube.fence import (
     micro_time,
 )
 from agents.runtime import AgentRuntime
-from schemas.agent import Dispatch
+from schemas.agent import Applied, Dispatch
 from tests.kube.conftest import NOW, NS, PODS, Clock, gang_dispatch, manifest_dispatch, run_job_pod
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.manifests import PYTORCHJOB_YAML
@@ -77,6 +78,26 @@ async def test_a_later_dispatch_does_not_move_the_lease_from_its_own_arrival(
     await backend.dispatch(fenced_dispatch("job-2"))
     assert apiserver.get(f"{JOBS}/job-2-a1-worker") is not None
     assert lease_of(apiserver)["metadata"]["annotations"][ANN_FENCE_UNTIL] == first
+
+
+async def test_the_runtime_renews_the_lease_for_a_dispatch_from_what_the_broker_heard(
+    apiserver: FakeApiServer, make_backend: Any, nc: Client
+) -> None:
+    """Through the agent's runtime: a Dispatch read 600 s after the broker last acknowledged
+    this agent (within the 900 s window) starts, and the Lease then runs to that moment plus
+    the window, not to the Dispatch's arrival plus the window."""
+    now = time.time()
+    clock = Clock(now - 800)
+    backend, _ = await make_backend(clock=clock)
+    runtime = AgentRuntime(backend, nc)
+    runtime.instance = "agent-1"
+    heard = now - 600
+    await runtime.acknowledged(Applied(epoch=1, instance="agent-1", seq=1), heard)
+    for job in ("job-1", "job-2"):
+        assert (await runtime.carry_out(fenced_dispatch(job))).ok
+        assert apiserver.get(f"{JOBS}/{job}-a1-worker") is not None
+        until = float(lease_of(apiserver)["metadata"]["annotations"][ANN_FENCE_UNTIL])
+        assert until == pytest.approx(heard + WINDOW_S, abs=0.01), job
 
 
 async def test_renewals_write_the_one_lease_once_per_step(
