@@ -4,13 +4,9 @@ stopped by the cluster's fence, never running beside the new one."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -18,29 +14,11 @@ import pytest
 
 from schemas.agent import ClusterSnapshot, EventBatch, WorkloadStatus
 from schemas.codec import decode_event_batch
+from tests.broker.agentproc import fake_agent
 from tests.broker.conftest import Harness, broker_config
 from tests.broker.wire import next_item
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
-
-
-def _agent_yaml(cluster: str, prefix: str) -> str:
-    return f"""
-cluster: {cluster}
-backend: fake
-heartbeat_s: 0.2
-subject_prefix: {prefix}
-fake:
-  time_scale: 1.0
-  start_delay_s: 0.2
-  seed: 1
-  flavors:
-    - name: od
-      capacity_type: on-demand
-      gpu_type: A100
-      nodes: 1
-      gpu_per_node: 8
-"""
 
 
 def _statuses(batch: EventBatch) -> list[WorkloadStatus]:
@@ -65,67 +43,48 @@ async def test_frozen_agent_never_leaves_two_live_copies(harness: Harness) -> No
             seen.append((time.monotonic(), status))
 
     await h.nc.subscribe(h.subjects.agent_events("c1"), cb=on_c1)
-    with tempfile.TemporaryDirectory(prefix="muster-frozen-") as tmp:
-        conf = Path(tmp) / "agent.yaml"
-        conf.write_text(_agent_yaml("c1", h.prefix))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agents.main",
-            "--config",
-            str(conf),
-            "--nats",
-            h.url,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
+    async with fake_agent("c1", h.prefix, h.url) as proc:
+        await h.wait_for(lambda: h.synced("c1"), 30)
+        job = {
+            "name": "frozen",
+            "gang": [{"name": "w", "replicas": 1, "gpu": 8}],
+            "workload": {"simulate": {"total_steps": 10**6, "steps_per_second": 10}},
+        }
+        job_id = (await h.submit(job)).job_id
+        running = await h.wait_event(job_id, "running", timeout=20)
+        assert running.cluster == "c1"
+        spare = await h.agent("c2", count=1)
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        # What a frozen process meets in practice: traffic piles up for it until the server
+        # drops it as a slow consumer, so it reconnects on thaw (and its link looks fresh).
+        junk = b"\x00" * 2**20
+        for _ in range(80):  # bounded: 80 MiB, over the server's 64 MiB pending limit
+            await h.nc.publish(h.subjects.agent_cmd("c1"), junk)
+        await h.nc.flush()
         try:
-            await h.wait_for(lambda: h.synced("c1"), 30)
-            job = {
-                "name": "frozen",
-                "gang": [{"name": "w", "replicas": 1, "gpu": 8}],
-                "workload": {"simulate": {"total_steps": 10**6, "steps_per_second": 10}},
-            }
-            job_id = (await h.submit(job)).job_id
-            running = await h.wait_event(job_id, "running", timeout=20)
-            assert running.cluster == "c1"
-            spare = await h.agent("c2", count=1)
-            os.kill(proc.pid, signal.SIGSTOP)
-            stopped_at = time.monotonic()
-            # What a frozen process meets in practice: traffic piles up for it until the server
-            # drops it as a slow consumer, so it reconnects on thaw (and its link looks fresh).
-            junk = b"\x00" * 2**20
-            for _ in range(80):  # bounded: 80 MiB, over the server's 64 MiB pending limit
-                await h.nc.publish(h.subjects.agent_cmd("c1"), junk)
-            await h.nc.flush()
-            try:
-                moved = await next_item(spare.dispatches, 20)
-                assert (moved.job_id, moved.attempt) == (job_id, 2)
-                moved_at = time.monotonic()
-                assert moved_at - stopped_at >= 2.0  # not before the fence could lapse
-            finally:
-                os.kill(proc.pid, signal.SIGCONT)
-            thawed_at = time.monotonic()
-            # The thawed agent speaks again (it is heard and resynced) ...
-            await h.wait_for(lambda: h.synced("c1"), 20)
-
-            def old_copy_ended() -> bool:
-                return any(
-                    t >= thawed_at and (s.job_id, s.attempt) == (job_id, 1) and s.phase == "evicted"
-                    for t, s in seen
-                )
-
-            await h.wait_for(old_copy_ended, 20)  # what it says of the old copy is in
-            # ... and never reports its old copy as alive: the fence stopped it.
-            after = [s for t, s in seen if t >= thawed_at and s.job_id == job_id]
-            alive = [s for s in after if s.attempt == 1 and s.phase in ("created", "running")]
-            assert not alive, [msgspec.structs.asdict(s) for s in alive]
-            assert h.kinds(job_id).count("running") >= 1
-            # Stopped by the cluster at the fence, which is what it reports.
-            ended = [s for s in after if s.attempt == 1]
-            assert ended and all(s.phase == "evicted" and "fence" in s.reason for s in ended)
+            moved = await next_item(spare.dispatches, 20)
+            assert (moved.job_id, moved.attempt) == (job_id, 2)
+            moved_at = time.monotonic()
+            assert moved_at - stopped_at >= 2.0  # not before the fence could lapse
         finally:
-            if proc.returncode is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.terminate()
-                await asyncio.wait_for(proc.wait(), 10)
+            os.kill(proc.pid, signal.SIGCONT)
+        thawed_at = time.monotonic()
+        # The thawed agent speaks again (it is heard and resynced) ...
+        await h.wait_for(lambda: h.synced("c1"), 20)
+
+        def old_copy_ended() -> bool:
+            return any(
+                t >= thawed_at and (s.job_id, s.attempt) == (job_id, 1) and s.phase == "evicted"
+                for t, s in seen
+            )
+
+        await h.wait_for(old_copy_ended, 20)  # what it says of the old copy is in
+        # ... and never reports its old copy as alive: the fence stopped it.
+        after = [s for t, s in seen if t >= thawed_at and s.job_id == job_id]
+        alive = [s for s in after if s.attempt == 1 and s.phase in ("created", "running")]
+        assert not alive, [msgspec.structs.asdict(s) for s in alive]
+        assert h.kinds(job_id).count("running") >= 1
+        # Stopped by the cluster at the fence, which is what it reports.
+        ended = [s for s in after if s.attempt == 1]
+        assert ended and all(s.phase == "evicted" and "fence" in s.reason for s in ended)

@@ -7,13 +7,10 @@ they are refused as read late, the jobs go elsewhere and the pool's breaker open
 from __future__ import annotations
 
 import asyncio
-import sys
-import tempfile
-from pathlib import Path
 
 from schemas.codec import encode_json
+from tests.broker.agentproc import fake_agent
 from tests.broker.conftest import Harness, broker_config
-from tests.broker.test_frozen_agent import _agent_yaml
 
 JOB = {
     "name": "after-outage",
@@ -29,38 +26,18 @@ async def test_the_first_dispatches_after_an_outage_past_the_fence_start_work(
     config = broker_config(h.prefix, lost_after_s=3.0, fence_lead_s=1.0)  # a fence of 2 s
     await h.start_broker(config)
     await h.follow_events()
-    with tempfile.TemporaryDirectory(prefix="muster-outage-") as tmp:
-        conf = Path(tmp) / "agent.yaml"
-        conf.write_text(_agent_yaml("c1", h.prefix))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agents.main",
-            "--config",
-            str(conf),
-            "--nats",
-            h.url,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        try:
-            await h.wait_for(lambda: h.synced("c1"), 30)
-            await h.crash_broker()
-            await asyncio.sleep(4.0)  # twice the fence: the agent's gate holds it lapsed
-            ids = [f"o-{i}" for i in range(6)]
-            for job_id in ids:  # stored while no broker leads: the next one admits them
-                await h.nc.publish(
-                    h.subjects.submit("default"), encode_json({**JOB, "job_id": job_id})
-                )
-            await h.nc.flush()
-            broker = await h.start_broker(config)
-            for job_id in ids:
-                await h.wait_event(job_id, "running", timeout=30)
-            for job_id in ids:
-                attempts = {e.attempt for e in h.events[job_id] if e.attempt}
-                assert attempts == {1}, [(e.kind, e.attempt, e.reason) for e in h.events[job_id]]
-            assert broker.stats["dispatch_failed"] == 0
-        finally:
-            if proc.returncode is None:
-                proc.terminate()
-                await asyncio.wait_for(proc.wait(), 10)
+    async with fake_agent("c1", h.prefix, h.url):
+        await h.wait_for(lambda: h.synced("c1"), 30)
+        await h.crash_broker()
+        await asyncio.sleep(4.0)  # twice the fence: the agent's gate holds it lapsed
+        ids = [f"o-{i}" for i in range(6)]
+        for job_id in ids:  # stored while no broker leads: the next one admits them
+            await h.nc.publish(h.subjects.submit("default"), encode_json({**JOB, "job_id": job_id}))
+        await h.nc.flush()
+        broker = await h.start_broker(config)
+        for job_id in ids:
+            await h.wait_event(job_id, "running", timeout=30)
+        for job_id in ids:
+            attempts = {e.attempt for e in h.events[job_id] if e.attempt}
+            assert attempts == {1}, [(e.kind, e.attempt, e.reason) for e in h.events[job_id]]
+        assert broker.stats["dispatch_failed"] == 0
