@@ -301,7 +301,14 @@ class EffectExecutor(BrokerFields):
 
     async def _dispatch_all(self, cluster: str, cmds: list[Dispatch]) -> None:
         """Send one pass's Dispatches to `cluster`: in batches to an agent that takes them
-        (broker/dispatchbatches.py), one by one to any other."""
+        (broker/dispatchbatches.py), one by one to any other.
+
+        The Applied of a batch of the cluster whose records are written leaves first (its
+        task runs before this one resumes): the Dispatches may stand on what that batch told
+        (a node it freed), and an agent the broker has not acknowledged for the fence, as
+        after an outage that long, refuses them as read late (`agents/gate.py`)."""
+        if any(persisted.done() for persisted in self._applied_due.get(cluster, ())):
+            await asyncio.sleep(0)
         takes = takes_dispatch_batches(self._agent_wires.get(cluster, ""))
         most = MAX_BATCH_DISPATCHES if takes else 1
         limit = min(MAX_BATCH_BYTES, self.config.max_payload_bytes // 2)

@@ -133,6 +133,9 @@ class BrokerFields:
         self._id_key = b""
         self._applied_sent: dict[str, tuple[str, int]] = {}
         self._applied_busy: set[str] = set()
+        # cluster -> the writes its batches' Applied waits for: a Dispatch to the cluster lets
+        # out first the Applied of a batch whose records are written (`_dispatch_all`)
+        self._applied_due: dict[str, set[asyncio.Future[None]]] = {}
         self._applied_at: dict[str, float] = {}
         self._lease_check_at = -1e18
         self._epoch_recorded = 0  # the epoch last written to the job bucket (see _take_epoch)
