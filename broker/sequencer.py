@@ -26,9 +26,10 @@ their virtual clocks. The rules:
 - **Cancels are resent** until heard or their cluster is lost;
 - **Applied**: an agent's batch is acknowledged only when the core applied it in full (not a
   replay it refused, nor a batch out of sequence it answered with a resync), once its records
-  are written, and before any Dispatch to its cluster that leaves after that (the driver's
-  `_dispatch_all`: the agent refuses a Dispatch while the broker has not acknowledged it for
-  the fence); one without outcomes at most every `APPLIED_EVERY_S` per cluster;
+  are written, and before any Dispatch to its cluster that leaves after that, unless an
+  earlier Applied of the cluster is still in flight (the driver's `_dispatch_all`: the agent
+  refuses a Dispatch while the broker has not acknowledged it for the fence); one without
+  outcomes at most every `APPLIED_EVERY_S` per cluster;
 - **retries**: a command is asked `attempts` times, each copy waited for as long as the
   cluster's acks take (`broker/ackwait.py`), with a short pause when nothing reached the wire;
   the ack of any copy counts, and a refusal does not outvote a later copy still unanswered;
