@@ -39,7 +39,7 @@ async def test_the_applied_of_a_batch_leaves_before_the_dispatches_placed_on_it(
         # The ending frees the node; the broker places the waiting job on it.
         await agent.finish(first, 1)
         ended_in = agent.seq
-        await h.wait_event(waiting, "running")
+        await h.wait_for(lambda j=waiting: any(_dispatched(c, j) for c in agent.commands))
         agent.silent = False
         commands = list(agent.commands)
         at = next(i for i, c in enumerate(commands) if _dispatched(c, waiting))
