@@ -313,6 +313,9 @@ class BrokerProcess(BrokerFields):
             ),
             await nc.subscribe(s.api_all, cb=self._on_api),
             await nc.subscribe(s.api_teams_all, cb=self._on_api),
+            await nc.subscribe(
+                s.submit_all, queue="muster-replies", cb=self._rendezvous.on_request
+            ),
             await nc.subscribe(s.checkpoint_all, cb=self._on_sdk_checkpoint),
         ]
         await flush(nc)  # the server knows our subscriptions before we say we lead
