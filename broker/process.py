@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 import structlog
-from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.errors import NotFoundError
 
@@ -38,7 +37,7 @@ from broker.store import (
 )
 from schemas.agent import Dispatch
 from schemas.subjects import snapshot_bucket_of
-from shell.natsio import deliver_inline, flush
+from shell.natsio import flush
 from shell.tasks import cancel_and_wait
 
 log = structlog.get_logger("muster.broker")
@@ -314,7 +313,9 @@ class BrokerProcess(BrokerFields):
             ),
             await nc.subscribe(s.api_all, cb=self._on_api),
             await nc.subscribe(s.api_teams_all, cb=self._on_api),
-            await self._hear_plain_copies(),
+            await nc.subscribe(
+                s.submit_all, queue="muster-replies", cb=self._rendezvous.on_request
+            ),
             await nc.subscribe(s.checkpoint_all, cb=self._on_sdk_checkpoint),
         ]
         await flush(nc)  # the server knows our subscriptions before we say we lead
@@ -340,7 +341,6 @@ class BrokerProcess(BrokerFields):
             asyncio.create_task(self._probe_storage()),
             asyncio.create_task(self._watch_bucket(machine)),
             asyncio.create_task(self._agent_worker()),
-            asyncio.create_task(self._rendezvous.answer_heard()),
         ]
         if self.nats_options is not None:
             restored_from = self.stats["restored_from_snapshot"]
@@ -357,22 +357,6 @@ class BrokerProcess(BrokerFields):
                 raise task.exception()  # type: ignore[misc]
         if stop in done and not hold.done():
             await self._hand_over()
-
-    async def _hear_plain_copies(self) -> Subscription:
-        """The submit subjects in plain NATS, for the reply rendezvous: each copy is taken as
-        nats-py parses it (`ReplyRendezvous.hear`), so the copies nobody awaits an answer to
-        cost no task switch; the rest are answered by the leadership's `answer_heard`."""
-        rendezvous = self._rendezvous
-        while not rendezvous.heard.empty():  # a previous leadership's, unanswered
-            rendezvous.heard.get_nowait()
-        sub = await self.nc.subscribe(
-            self.subjects.submit_all,
-            queue="muster-replies",
-            pending_msgs_limit=-1,
-            pending_bytes_limit=-1,
-        )
-        deliver_inline(sub, rendezvous.hear)
-        return sub
 
     async def _hand_over(self) -> None:
         """A clean stop while leading: what was pushed so far runs and every deferred record

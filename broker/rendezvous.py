@@ -32,7 +32,6 @@ Who answers, once:
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections import Counter, OrderedDict, deque
@@ -55,9 +54,6 @@ REPLY_TTL_S = 60.0
 
 
 REPLY_MAX = 200_000
-# Plain copies heard and not yet answered: past this, a copy is dropped as nats-py drops one
-# for a slow consumer (its own limit, 512 Ki messages), and its requester's retry is answered.
-HEARD_MAX = 524_288
 
 
 class _NamedJob(msgspec.Struct):
@@ -134,30 +130,6 @@ class ReplyRendezvous:
         # late would find the job known and answer it as a duplicate of itself)
         self.taken: OrderedDict[tuple[str, RendezvousKey], float] = OrderedDict()
         self.refused: Counter[str] = Counter() if refused is None else refused
-        self.heard: asyncio.Queue[Msg] = asyncio.Queue()
-
-    def hear(self, msg: Msg) -> None:
-        """A plain copy, taken inside nats-py's reader (`shell.natsio.deliver_inline`). One
-        with neither a reply subject nor the header has nobody to answer: a submission
-        published without a request, most of a flood. It is dropped here, without a queue, a
-        task switch or a coroutine; the others wait for `answer_heard`, in the order heard."""
-        if not msg.reply and not (msg.headers and REPLY_HEADER in msg.headers):
-            return
-        if self.heard.qsize() >= HEARD_MAX:
-            self.refused["plain_copy"] += 1
-            return
-        self.heard.put_nowait(msg)
-
-    async def answer_heard(self) -> None:
-        """Answers the plain copies `hear` kept, one at a time, as a subscription's callback
-        would be run; one that fails is logged and the next one answered."""
-        heard = self.heard
-        while True:
-            msg = await heard.get()
-            try:
-                await self.on_request(msg)
-            except Exception as exc:
-                log.warning("rendezvous.plain_copy_failed", subject=msg.subject, error=str(exc))
 
     @staticmethod
     def key(subject: str, data: bytes, headers: dict[str, str] | None) -> RendezvousKey:
