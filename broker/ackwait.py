@@ -19,12 +19,13 @@ attempt. Three rules now keep a slow moment slow, not worse:
   early copy is refused while a later one is outstanding, the later one's answer decides.
 - **A busy agent is waited for, not asked again**: when a Dispatch copy's wait ends, the next
   copy goes out only if the cluster did not move on other Dispatches during that wait (answer
-  one, or report one of ours created). An agent that does is working through a backlog (a
+  one, or report a phase of one of ours: an agent reports nothing of an attempt before its
+  Dispatch is carried out in full). An agent that does is working through a backlog (a
   kube agent's API budget spent on a burst, a long batch), and another copy would only queue
   behind the first while the next timeout cancelled work that was about to be done. The wait
   then starts again as it was, without a copy and without doubling (RFC 6298, section 5.3,
   restarts the timer on every ACK of new data), for at most `patience` in all: the ceiling
-  times the copies allowed. A Dispatch already reported created is asked again as before (it
+  times the copies allowed. A Dispatch its cluster already reported is asked again as before (it
   was carried out; its answer was lost or is slow, and the agent acknowledges a copy at once),
   and so is one whose cluster answered nothing else: heartbeats and the answers to other
   commands do not count, since a stuck Dispatch path answers those too.

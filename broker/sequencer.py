@@ -176,14 +176,12 @@ def acknowledges(
     return last is None or now - last >= APPLIED_EVERY_S or outcomes(batch)
 
 
-def created_attempts(batch: EventBatch) -> list[AttemptKey]:
-    """The attempts a batch reports created: Dispatches carried out on that cluster, which
-    tell a busy agent's command path from a silent one (broker/ackwait.py)."""
-    return [
-        (e.job_id, e.attempt)
-        for e in batch.events
-        if type(e) is WorkloadStatus and e.phase == "created"
-    ]
+def reported_attempts(batch: EventBatch) -> list[AttemptKey]:
+    """The attempts a batch reports a phase of: Dispatches carried out on that cluster (an
+    agent reports nothing of an attempt before its Dispatch is done, and the first phase may
+    already be `running`), which tell a busy agent's command path from a silent one
+    (broker/ackwait.py)."""
+    return [(e.job_id, e.attempt) for e in batch.events if type(e) is WorkloadStatus]
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,8 +208,7 @@ class Sequencer:
         self._ticket = 0
         self._cancels: dict[CancelKey, int] = {}  # (job, attempt) -> newest Cancel's ticket
         self._held: dict[CancelKey, list[Held]] = {}
-        # Dispatches sent and not answered yet -> (their cluster, whether it reported them
-        # created)
+        # Dispatches sent and not answered yet -> (their cluster, whether it reported them)
         self._awaiting: dict[AttemptKey, tuple[str, bool]] = {}
 
     # -- the barrier ---------------------------------------------------------------------
@@ -295,11 +292,11 @@ class Sequencer:
         self._awaiting.pop((cmd.job_id, cmd.attempt), None)
 
     def carried_out(self, cluster: str, batch: EventBatch) -> None:
-        """The cluster's batch reported attempts created: each one of ours awaiting its ack
-        was carried out there, which is progress for the others it has not answered yet."""
+        """The cluster's batch reported attempts: each one of ours awaiting its ack was
+        carried out there, which is progress for the others it has not answered yet."""
         if not self._awaiting:
             return  # nothing is waited for: the batch is not read
-        for key in created_attempts(batch):
+        for key in reported_attempts(batch):
             if self._awaiting.get(key) == (cluster, False):
                 self._awaiting[key] = (cluster, True)
                 self.waits.of(cluster).heard += 1
@@ -314,8 +311,8 @@ class Sequencer:
         """Whether the Dispatches `keys`, whose copy's wait just ended unanswered, are waited
         for again instead of asked again: their cluster answered or carried out other
         Dispatches since that wait began (`heard`: `self.heard` then), one of them is still
-        not reported created (one that was is carried out: its answer was lost or is slow,
-        and a copy is acknowledged at once), and they have been waited for `waited` seconds,
+        not reported by its cluster (one that was is carried out: its answer was lost or is
+        slow, and a copy is acknowledged at once), and they have been waited for `waited` seconds,
         under their patience."""
         wait = self.waits.of(cluster)
         if wait.heard <= heard or waited >= wait.patience(copies):

@@ -325,7 +325,10 @@ class AttemptWatch:
         self._hold(uid, pod, deleted)
 
     def report(self, w: Workload) -> None:
-        """Send the attempt's transition, if its phase changed since the last one sent."""
+        """Send the attempt's transition, if its phase changed since the last one sent; not
+        while its Dispatch is still creating its objects (the report after that sends it)."""
+        if w.creating:
+            return
         if not self._live():
             # Before the first snapshot the phase is not "news"; remember it as reported.
             if not w.cancelled and not w.terminal:

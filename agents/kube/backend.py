@@ -108,6 +108,8 @@ class KubeBackend(KubeViews):
         self.bad_input = BadInput()
         self.tick_s = tick_s
         self._tasks: list[asyncio.Task[None]] = []
+        # Attempts being created at once: no more than requests may be in flight (`_create`).
+        self._dispatching = asyncio.Semaphore(config.api_inflight)
         self._background: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self._started = False
@@ -421,6 +423,19 @@ class KubeBackend(KubeViews):
             over = await self.quotas.refusal(ns, usage)
             if over is not None:
                 raise JobRefused(over)  # nothing exists yet: the broker places it elsewhere
+        async with self._dispatching:
+            await self._create(cmd, ns, plan)
+        if cmd.attempt > 1:
+            # Older attempts go in the background: the ack (and so the new attempt's start)
+            # must not wait for a list of every workload kind.
+            self._spawn(self.objects.gc_older(cmd.job_id, cmd.attempt))
+
+    async def _create(self, cmd: Dispatch, ns: str, plan: WorkloadPlan) -> None:
+        """Make the attempt's objects, with no more attempts being made at once than requests
+        may be in flight (the quota checks before share their reads, `QuotaReads`): begun all
+        at once, a burst's requests queued behind each other's at the API budget and none was
+        done (reported, answered) until nearly all were, so the broker heard no progress and
+        asked every Dispatch again (broker/ackwait.py)."""
         w = self.attempts.dispatched(cmd, plan.total_replicas, ns)
         if cmd.fence_after_s > 0:
             # The Lease covers the attempt before anything of it exists. A Lease already kept
@@ -431,10 +446,6 @@ class KubeBackend(KubeViews):
                 await self.renew_fence(self._clock())
         await self.objects.create(cmd, ns, plan, w)
         self.attempt_watch.report(w)
-        if cmd.attempt > 1:
-            # Older attempts go in the background: the ack (and so the new attempt's start)
-            # must not wait for a list of every workload kind.
-            self._spawn(self.objects.gc_older(cmd.job_id, cmd.attempt))
 
     async def resize(self, cmd: Dispatch) -> None:
         """A Dispatch revision of a running attempt (an elastic podset shrank or grew): its

@@ -86,11 +86,19 @@ class WorkloadObjects:
 
     async def create(self, cmd: Dispatch, ns: str, plan: WorkloadPlan, w: Workload) -> None:
         """Create the plan's objects in order (an owner before what it owns); a 409 counts as
-        created when the object is this attempt's own. A quota refusal is JobRefused."""
+        created when the object is this attempt's own. A quota refusal is JobRefused. No phase
+        of the attempt is reported meanwhile (`Workload.creating`)."""
+        w.complete = False  # until every object is made: one that fails may exist all the same
+        w.creating = True
+        try:
+            await self._create_each(cmd, ns, plan, w)
+        finally:
+            w.creating = False
+
+    async def _create_each(self, cmd: Dispatch, ns: str, plan: WorkloadPlan, w: Workload) -> None:
         key = (cmd.job_id, cmd.attempt)
         bound = self.log.bind(job_id=cmd.job_id, attempt=cmd.attempt, flavor=cmd.flavor)
         uids: dict[str, str] = {}
-        w.complete = False  # until every object is made: one that fails may exist all the same
         for obj in plan.objects:
             collection = obj.resource.collection(ns)
             marked = fence_marked(cmd, obj)

@@ -216,6 +216,7 @@ class Workload:
         "cancelled",
         "complete",
         "counts",
+        "creating",
         "job_id",
         "jobs_failed",
         "jobs_succeeded",
@@ -242,6 +243,10 @@ class Workload:
         # Every object of its plan was created or adopted by this agent instance, so
         # `objects` is all of it there is (`WorkloadObjects.known_in_full`).
         self.complete = False
+        # Its Dispatch is being carried out here: no phase goes out before that ends, since
+        # the broker reads "created" as the Dispatch done (broker/ackwait.py), and a watch
+        # sees the first object while the rest wait for the API budget.
+        self.creating = False
         self._views: dict[str, PodView] = {}
         self.counts: dict[Kind, int] = {
             "pending": 0,

@@ -30,6 +30,7 @@ from schemas.agent import (
     EventBatch,
     Heartbeat,
     Resync,
+    WorkloadPhase,
     WorkloadStatus,
 )
 from schemas.api import JobEvent
@@ -338,17 +339,16 @@ def test_only_a_batch_applied_in_full_is_acknowledged_and_heartbeats_are_paced()
     assert acknowledges(fx, ended.batch, now, now)  # an outcome: at once
 
 
-def created(*keys: tuple[str, int]) -> EventBatch:
-    events: list[AgentEvent] = [
-        WorkloadStatus(job_id=j, attempt=a, phase="created") for j, a in keys
-    ]
+def reported(*keys: tuple[str, int], phase: WorkloadPhase = "created") -> EventBatch:
+    events: list[AgentEvent] = [WorkloadStatus(job_id=j, attempt=a, phase=phase) for j, a in keys]
     return EventBatch(cluster="c1", instance="i", seq=1, events=events)
 
 
 def test_a_dispatch_is_waited_for_again_only_while_its_cluster_moves_on_others() -> None:
     """The busy-agent rule (broker/ackwait.py), on the sequencer alone: progress is another
-    Dispatch of ours answered or reported created; heartbeats, answers to other commands and
-    reports of Dispatches not awaited are not; one reported created itself is asked again;
+    Dispatch of ours answered or reported in any phase (a kube attempt's pods may run before
+    its Dispatch is answered, so its first report is `running`); heartbeats, answers to other
+    commands and reports of Dispatches not awaited are not; one reported itself is asked again;
     patience is the ceiling times the copies; a step-down forgets what was awaited."""
     seq = Sequencer(TIMEOUTS)  # ceiling 20 s, 3 copies of a Dispatch: 60 s of patience
     mine, other = dispatch("a", 1), dispatch("b", 1)
@@ -357,18 +357,18 @@ def test_a_dispatch_is_waited_for_again_only_while_its_cluster_moves_on_others()
     seq.dispatch_sent("c1", other)
     heard = seq.heard("c1")
     seq.acked("c1", 0.1)  # an Applied or a Cancel answered: not the Dispatch path
-    seq.carried_out("c1", created(("z", 9)))  # a workload not awaited here
-    seq.carried_out("c2", created(("b", 1)))  # another cluster's report
+    seq.carried_out("c1", reported(("z", 9)))  # a workload not awaited here
+    seq.carried_out("c2", reported(("b", 1)))  # another cluster's report
     assert not seq.still_busy("c1", heard, 2.0, copies, key)
-    seq.carried_out("c1", created(("b", 1)))
+    seq.carried_out("c1", reported(("b", 1), phase="running"))
     assert seq.still_busy("c1", heard, 2.0, copies, key)
     assert not seq.still_busy("c1", heard, 60.0, copies, key), "past its patience"
     heard = seq.heard("c1")
-    seq.carried_out("c1", created(("b", 1)))  # reported again: no news
+    seq.carried_out("c1", reported(("b", 1)))  # reported again: no news
     assert not seq.still_busy("c1", heard, 4.0, copies, key)
     seq.acked("c1", 0.1, dispatch=True)  # a batch answered
     assert seq.still_busy("c1", heard, 4.0, copies, key)
-    seq.carried_out("c1", created(("a", 1)))  # carried out itself: its answer is lost
+    seq.carried_out("c1", reported(("a", 1), phase="succeeded"))  # carried out: answer lost
     assert not seq.still_busy("c1", heard, 4.0, copies, key)
     seq.dispatch_answered(mine)
     seq.reset()  # a step-down: nothing is awaited, nothing is busy

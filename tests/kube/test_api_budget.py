@@ -3,16 +3,22 @@ agent's API budget (concurrent, bounded checkpoint requests; 429s honoured by ev
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
 from typing import Any
 
+from kubernetes_asyncio.client import ApiClient
+
+from agents.kube.backend import KubeBackend
 from agents.kube.client import GoneError, KubeApiError, KubeRest, Reflector
 from agents.kube.decode import KPod
 from kinds.base import ANN_CHECKPOINT_REQUEST, ANN_JOB, LABEL_ATTEMPT, LABEL_JOB
-from tests.kube.conftest import NOW, NS, PODS, node, pod
+from schemas.agent import AgentEvent, WorkloadStatus
+from tests.kube.conftest import NOW, NS, PODS, gang_dispatch, make_config, node, pod
 from tests.kube.fake_apiserver import EXPIRED, FakeApiServer
+from tests.kube.helpers import JOBS
 
 
 def fill(apiserver: FakeApiServer, count: int) -> None:
@@ -167,3 +173,32 @@ async def test_deletes_of_many_objects_go_out_concurrently(
     deleted = [path for path, _ in apiserver.deletes]
     assert sorted(deleted) == sorted(f"{PODS}/many-w{i}" for i in range(60))
     assert 1 < apiserver.peak_inflight <= 8
+
+
+async def test_a_burst_of_dispatches_is_carried_out_a_few_at_a_time(
+    apiserver: FakeApiServer, api_client: ApiClient
+) -> None:
+    """Begun all at once, every Dispatch's requests queued behind every other's at the token
+    bucket and none was done until nearly all were (the broker then heard no progress and
+    asked them all again). At most `api_inflight` attempts are created at once: the first is
+    done, and reported, before the later ones have made anything."""
+    config = make_config(api_qps=20.0, api_burst=2, api_inflight=2)
+    backend = KubeBackend("c1", config, api_client=api_client, clock=lambda: NOW)
+    jobs_made_when_reported: dict[str, int] = {}
+
+    def emit(ev: AgentEvent) -> None:
+        if isinstance(ev, WorkloadStatus):
+            made = sum(1 for m, path, _ in apiserver.requests if (m, path) == ("POST", JOBS))
+            jobs_made_when_reported.setdefault(ev.job_id, made)
+
+    await backend.start(emit)
+    try:
+        apiserver.latency_s = 0.01
+        await asyncio.gather(*(backend.dispatch(gang_dispatch(f"j{i}", 1, 1)) for i in range(10)))
+    finally:
+        await backend.stop()
+    assert sorted(jobs_made_when_reported) == sorted(f"j{i}" for i in range(10))
+    # When the k-th attempt is reported, the k - 1 before it are done and at most
+    # `api_inflight` are being made: no Job beyond those was asked for yet.
+    made = list(jobs_made_when_reported.values())  # in the order they were reported
+    assert all(n <= k - 1 + config.api_inflight for k, n in enumerate(made, 1)), made

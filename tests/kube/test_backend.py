@@ -3,6 +3,7 @@ list/watch, 410 recovery, bookmarks, spot notices, GPU health, foreign pods, wor
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from typing import Any
@@ -242,6 +243,25 @@ async def test_dispatch_creates_and_cancel_deletes(
     await backend.cancel("job-1", None, "again")
     with pytest.raises(BackendError, match="flavor"):
         await backend.dispatch(msgspec.structs.replace(cmd, attempt=2, flavor="nope"))
+
+
+async def test_no_phase_is_reported_before_the_dispatch_has_made_every_object(
+    apiserver: FakeApiServer, make_backend: Any
+) -> None:
+    """The broker reads "created" as the Dispatch carried out and asks a slow one again; the
+    Job's watch must not report it while its Service still waits for the API server."""
+    backend, rec = await make_backend()
+    services = f"/api/v1/namespaces/{NS}/services"
+    apiserver.fail_next("POST", services, 429, retry_after=1)  # APF: come back in a second
+    carried_out = asyncio.create_task(backend.dispatch(gang_dispatch()))
+    await wait_for(lambda: apiserver.get(f"{JOBS}/job-1-a1-worker") is not None)
+    await caught_up(apiserver, backend)  # the Job's watch has seen it
+    assert not carried_out.done() and apiserver.get(f"{services}/job-1-a1") is None
+    assert rec.of(WorkloadStatus) == []
+    await carried_out
+    assert [(s.job_id, s.attempt, s.phase) for s in rec.of(WorkloadStatus)] == [
+        ("job-1", 1, "created")
+    ]
 
 
 def job_lists(apiserver: FakeApiServer, job_id: str) -> list[str]:
