@@ -817,7 +817,7 @@ class AgentRuntime:
                 await self.backend.cancel(cmd.job_id, cmd.attempt, cmd.reason or "cancelled")
                 self.gate.cancelled(cmd.job_id, cmd.attempt)
                 log.info("cancelled", reason=cmd.reason)
-                return CommandAck(ok=True)
+                return CommandAck(ok=True, ended=self._unapplied_ending(cmd))
             # CheckpointNow goes only to this attempt's own pods, through the backend's
             # per-pod channel: never on NATS, where every workload could hear it.
             await self.backend.checkpoint_now(cmd.job_id, cmd.attempt, cmd.deadline)
@@ -831,6 +831,15 @@ class AgentRuntime:
             self.stats["errors"] += 1
             log.exception("command failed")
             return CommandAck(ok=False, error=f"agent error: {type(exc).__name__}: {exc}"[:1000])
+
+    def _unapplied_ending(self, cmd: Cancel) -> WorkloadStatus | None:
+        """The attempt's ending, if it ended before the Cancel and no Applied has covered the
+        batch that told it: the broker may be about to start the job again (a spot notice
+        moved it while the success was on its way), and learns it from the answer first."""
+        if cmd.attempt is None:
+            return None
+        kept = self._outbox.get((cmd.job_id, cmd.attempt, False))
+        return kept[0] if kept is not None and isinstance(kept[0], WorkloadStatus) else None
 
     async def _dispatch(self, cmd: Dispatch, log: Any) -> CommandAck:
         received = time.time()

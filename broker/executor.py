@@ -28,7 +28,7 @@ from broker.dispatchbatches import (
 )
 from broker.fields import BrokerFields
 from broker.sequencer import attempt_token
-from schemas.agent import MAX_BATCH_DISPATCHES, Cancel, CommandAck, Dispatch
+from schemas.agent import MAX_BATCH_DISPATCHES, Cancel, CommandAck, Dispatch, WorkloadStatus
 from schemas.codec import encode_json, encode_msgpack
 from schemas.wire import takes_dispatch_batches
 from shell.natsio import Asked
@@ -458,7 +458,12 @@ class EffectExecutor(BrokerFields):
         Dispatches it held. A deposed leader sends nothing: its step-down cancels this task
         and resets the sequencer."""
         seq = self._sequencer
-        while not await self._send_command(cluster, cmd) and self.leading.is_set():
+        ended: WorkloadStatus | None = None
+        while True:
+            ack = await self._ask_command(cluster, cmd)
+            if ack.ok or ack.stale_epoch or not self.leading.is_set():
+                ended = ack.ended if ack.ok else None
+                break
             track = self.machine.agents.get(cluster) if self.machine is not None else None
             pause = seq.cancel_again(track.health if track is not None else None)
             if pause is None:
@@ -468,11 +473,23 @@ class EffectExecutor(BrokerFields):
             return  # deposed meanwhile: what it held is not its to send
         machine = self.machine
         if machine is not None and cmd.attempt is not None:
-            self._push(machine.handle(CancelSettled(cmd.job_id, cmd.attempt), self.clock()))
+            settled = CancelSettled(cmd.job_id, cmd.attempt, cluster, ended)
+            written = self._push(machine.handle(settled, self.clock()), wait=ended is not None)
+            if written is not None:
+                # The ending may cancel an attempt this Cancel holds the Dispatch of: the
+                # pipeline takes that Cancel (and drops the Dispatch) before the rest goes.
+                await written
+                if not self.leading.is_set():
+                    return
         for held in seq.settled(cmd, ticket):
             self._spawn(self._send_dispatch(held.cluster, held.command))
 
     async def _send_command(self, cluster: str, cmd: Any) -> bool:
+        ack = await self._ask_command(cluster, cmd)
+        return ack.ok or ack.stale_epoch
+
+    async def _ask_command(self, cluster: str, cmd: Any) -> CommandAck:
+        """The agent's answer to `cmd` (logged when refused; a stale epoch acted on)."""
         ack = await self._request(cluster, encode_msgpack(cmd), self._sequencer.attempts(cmd))
         ok, error, stale = ack.ok, ack.error, (ack.epoch if ack.stale_epoch else None)
         if not ok:
@@ -485,7 +502,7 @@ class EffectExecutor(BrokerFields):
             )
         if stale is not None:
             await self._on_stale_epoch(cluster, stale, error)
-        return ok or stale is not None
+        return ack
 
     async def _on_stale_epoch(self, cluster: str, claimed: int, error: str) -> None:
         """An agent refused our epoch. Believed only when it claims a higher epoch than ours

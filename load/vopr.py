@@ -352,7 +352,10 @@ class SimAgent:
             for a in self.gate.cancel_targets(cmd.job_id, cmd.attempt):
                 self._end(cmd.job_id, a, None)
             self.gate.cancelled(cmd.job_id, cmd.attempt)
-            reply(CommandAck(ok=True))
+            # As the agent's runtime, which keeps an ending until the broker acknowledges it
+            # (the model keeps them all: the broker takes a known one as a repeat).
+            kept = self.outcomes.get((cmd.job_id, cmd.attempt)) if cmd.attempt else None
+            reply(CommandAck(ok=True, ended=kept[1] if kept is not None else None))
             return
         if isinstance(cmd, CheckpointNow):
             wk = self.work.get((cmd.job_id, cmd.attempt))
@@ -494,6 +497,11 @@ class SimAgent:
             del self.sent_at[s]
         if sent is not None:
             self.gate.heard(sent)
+            # Heard, whether or not the fence can be renewed: an API-server outage longer
+            # than the window ends healthy work (long-outage seed 9 with 20 s windows).
+            self.w.heard_at.setdefault(self.cluster, deque(maxlen=64)).append(
+                (self.w.clock.now, sent)
+            )
         if sent is None or self.w.clock.now < self.api_down_until:
             return  # the fence lives in the cluster: no API server, no renewal
         for key, wk in self.work.items():
@@ -513,7 +521,10 @@ class SimAgent:
 
     def _healthy_fenced(self, job_id: str, attempt: int, now: float) -> None:
         """A fence must end only what the broker may have given up on: an attempt it still
-        runs, on a cluster it heard within the fence window, was healthy. Not an attempt of
+        runs, on a cluster whose agent heard the broker acknowledge a batch sent within the
+        fence window, was healthy. An Applied lost on the way proves nothing to the agent
+        (seed 17102: both Applieds of the batches after a restore were lost, then the broker
+        crashed before the next; the fence lapsed 20 s after the last one heard). Not one of
         an agent frozen when its fence lapses: it could not renew the fence, and the cluster
         cannot tell it from a dead agent (seed 450: the broker down 5 s and a resync kept
         the Applied away for 12 s, then the agent froze for 27 s just after sending the
@@ -523,9 +534,8 @@ class SimAgent:
             return
         w = self.w
         window = w.config.timeouts.fence_window_s
-        # The newest batch a broker applied long enough ago for its Applied to have arrived.
-        settled = now - 2 * w.faults.max_delay_s
-        sent = max((s for a, s in w.heard_at.get(self.cluster, ()) if a <= settled), default=None)
+        # The newest batch whose Applied the agent heard.
+        sent = max((s for _, s in w.heard_at.get(self.cluster, ())), default=None)
         record = w.machine.jobs.get(job_id)
         current = record.current if record is not None else None
         if (
@@ -538,7 +548,8 @@ class SimAgent:
         w.breach(
             "healthy-fenced",
             f"attempt {attempt} of {job_id} on {self.cluster} ended by its fence though a "
-            f"broker applied the agent's batch sent {now - sent:.1f}s ago (window {window:g}s)",
+            f"broker acknowledged the agent's batch sent {now - sent:.1f}s ago (window "
+            f"{window:g}s)",
         )
 
     def snapshot(self) -> ClusterSnapshot:
@@ -735,7 +746,7 @@ class World:
         self.accepted: set[str] = set()
         self.forgotten: set[str] = set()  # ended jobs whose records the core forgot (retention)
         self.reclaims: Counter[str] = Counter()
-        # cluster -> (when a broker applied a batch of its agent, when that batch left)
+        # cluster -> (when its agent heard an Applied, when the batch it names left)
         self.heard_at: dict[str, deque[tuple[float, float]]] = {}
         self.calm_after = 0.0  # no outage of minutes starts before this
         # broker shell state
@@ -1075,7 +1086,10 @@ class World:
         elif isinstance(cmd, Cancel):
             if cmd.attempt is not None:  # as the shell: the core hears of it, then the held go
                 self._count_kept(cmd.job_id)
-                settled = CancelSettled(cmd.job_id, cmd.attempt)
+                ended = ack.ended if ack.ok else None
+                if ended is not None and ended.phase == "succeeded":
+                    self.success_heard.setdefault((ended.job_id, ended.attempt), self.clock.now)
+                settled = CancelSettled(cmd.job_id, cmd.attempt, req.cluster, ended)
                 if not self.run_effects(self.machine.handle(settled, self.clock.now)):
                     return
             for held in self.sequencer.settled(cmd, req.ticket):
@@ -1095,14 +1109,9 @@ class World:
         self.sequencer.carried_out(cluster, batch)
         out = self.machine.handle(AgentBatch(cluster, batch), self.clock.now)
         error = refusal(out)
-        agent = self.agents.get(cluster)
-        sent = agent.sent_at.get(batch.seq) if agent and agent.instance == batch.instance else None
         if not error and applied(out) is not None:  # not a batch answered with a resync:
             for st in successes(batch):  # the core dropped what it carried, by design
                 self.success_heard.setdefault((st.job_id, st.attempt), self.clock.now)
-        # Not one answered with a resync, nor one whose handling the broker died in (no
-        # Applied left for it, so no fence could count on it).
-        heard = applied(out) is not None and sent is not None
         if error:
             self.stats["batches_refused"] += 1  # a duplicate is a replay: refused, harmless
         # Acknowledged as the shell does (broker/agentio.py): only a batch the core applied in
@@ -1110,8 +1119,6 @@ class World:
         now = self.clock.now
         ack = acknowledges(out, batch, now, self.applied_at.get(cluster))
         done = self.run_effects(out)
-        if done and heard and sent is not None:
-            self.heard_at.setdefault(cluster, deque(maxlen=64)).append((now, sent))
         if done and ack:
             self.applied_at[cluster] = now
             self._send(cluster, Applied(epoch=self.epoch, instance=batch.instance, seq=batch.seq))

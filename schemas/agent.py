@@ -372,6 +372,10 @@ class CommandAck(msgspec.Struct, omit_defaults=True):
     # A Dispatch revision the workload cannot take in place (its kind cannot change size, or
     # its pods cannot follow the new nodes): the broker moves the whole gang instead.
     resize_refused: bool = False
+    # A Cancel's answer, when the attempt had already ended here and the broker has not yet
+    # acknowledged the batch that says so: that ending. The broker learns it before it starts
+    # the job again (a success reported just before a spot notice must not run it twice).
+    ended: WorkloadStatus | None = None
 
 
 class DispatchAcks(msgspec.Struct, omit_defaults=True):

@@ -15,13 +15,17 @@ a flavor whose agent declared `provision`: an agent of 1.1 or older declares non
 receives one. 1.3 added the `dispatch_batch` command (several Dispatches to one cluster in one
 request, answered by `DispatchAcks`), which the broker sends only to an agent whose batches say
 1.3 or newer (`takes_dispatch_batches`); an older agent gets one Dispatch a request, as before.
+1.4 added `CommandAck.ended` (optional): the answer to a Cancel of an attempt that had already
+ended carries that ending, which the broker takes before it starts the job again; an older
+broker ignores it, and an older agent's Cancels carry none (the job then runs again from its
+latest checkpoint when a spot notice moved it just after it succeeded, as before).
 """
 
 from __future__ import annotations
 
 import re
 
-WIRE_VERSION = "1.3"
+WIRE_VERSION = "1.4"
 DISPATCH_BATCHES = (1, 3)  # the first version an agent takes `dispatch_batch` in
 UNVERSIONED = "1.0"  # what a message without `wire` comes from (release 0.1.0)
 _FORM = re.compile(r"^(\d{1,4})\.(\d{1,4})$")

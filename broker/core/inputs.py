@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import msgspec
 
 from broker.core.records import JobRecord
-from schemas.agent import CheckpointReport, EventBatch
+from schemas.agent import CheckpointReport, EventBatch, WorkloadStatus
 from schemas.job import JobSpec
 
 
@@ -53,10 +53,13 @@ class DispatchAcked(msgspec.Struct, frozen=True):
 
 class CancelSettled(msgspec.Struct, frozen=True):
     """The Cancel of an attempt was acknowledged by its agent, or given up on because its
-    cluster was declared lost (its fence has ended the attempt): it no longer runs."""
+    cluster was declared lost (its fence has ended the attempt): it no longer runs. `ended`:
+    the ending the agent's answer carried (`CommandAck.ended`), from `cluster`."""
 
     job_id: str
     attempt: int
+    cluster: str = ""
+    ended: WorkloadStatus | None = None
 
 
 class Checkpoint(msgspec.Struct, frozen=True):

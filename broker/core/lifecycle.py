@@ -91,6 +91,7 @@ from broker.core.states import (
 )
 from broker.core.types import Placement
 from schemas.agent import (
+    TERMINAL_PHASES,
     Cancel,
     CheckpointNow,
     CheckpointReport,
@@ -1228,14 +1229,33 @@ class AttemptLifecycle:
         cmd = Cancel(job_id=record.job_id, epoch=self.epoch, attempt=attempt.attempt, reason=reason)
         return Send(attempt.cluster, cmd)
 
-    def cancel_settled(self, job_id: str, attempt: int) -> list[Effect]:
-        """The Cancel of `attempt` was acknowledged, or given up on with its cluster lost."""
+    def cancel_settled(
+        self,
+        job_id: str,
+        attempt: int,
+        now: float,
+        cluster: str = "",
+        ended: WorkloadStatus | None = None,
+    ) -> list[Effect]:
+        """The Cancel of `attempt` was acknowledged, or given up on with its cluster lost.
+        An acknowledgement may carry the attempt's ending, which `cluster`'s agent had not
+        yet seen applied: taken as if its batch had come (a success ends the job, and the
+        Cancel of any newer attempt goes out before the Dispatches this Cancel held)."""
+        effects: list[Effect] = []
         record = self._jobs.get(job_id)
         old = next((a for a in record.attempts if a.attempt == attempt), None) if record else None
-        if record is None or old is None or not old.cancel_unacked:
-            return []
-        old.cancel_unacked = False
-        return [Persist(record)]
+        if record is not None and old is not None and old.cancel_unacked:
+            old.cancel_unacked = False
+            effects.append(Persist(record))
+        if (
+            ended is not None
+            and ended.phase in TERMINAL_PHASES
+            and (ended.job_id, ended.attempt) == (job_id, attempt)
+            and old is not None
+            and old.cluster == cluster
+        ):
+            self.workload(cluster, ended, now, effects)
+        return effects
 
     def event(
         self,

@@ -172,7 +172,9 @@ class Machine:
                 resize_refused=event.resize_refused,
             )
         if isinstance(event, CancelSettled):
-            return self.lifecycle.cancel_settled(event.job_id, event.attempt)
+            return self.lifecycle.cancel_settled(
+                event.job_id, event.attempt, now, event.cluster, event.ended
+            )
         if isinstance(event, SubmitJob):
             reply, effects = self._submit(
                 event.spec,

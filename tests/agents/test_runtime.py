@@ -211,6 +211,27 @@ async def test_cancel_is_idempotent_and_blocks_late_dispatch(make_agent: MakeAge
     assert a.cluster.live_workloads() == []
 
 
+async def test_the_answer_to_a_cancel_carries_an_ending_the_broker_has_not_acknowledged(
+    make_agent: MakeAgent,
+) -> None:
+    """A spot notice may move a job whose success is still on its way: the Cancel's answer
+    tells the broker, until an Applied says the batch with the ending was persisted."""
+    a = await make_agent()
+    node = a.cluster.nodes_of("spot-a100")[0]
+    assert (await a.wire.send(dispatch("job-e", [node], attempt=1, sim=FAST))).ok
+    done = await a.wire.wait_status("job-e", 1, "succeeded")
+    ack = await a.wire.send(Cancel(job_id="job-e", epoch=1, attempt=1, reason="spot-notice"))
+    assert ack.ok and ack.ended == done
+    # Another attempt's Cancel, or a whole job's, carries nothing.
+    assert (await a.wire.send(Cancel(job_id="job-e", epoch=1, attempt=2))).ended is None
+    assert (await a.wire.send(Cancel(job_id="job-e", epoch=1))).ended is None
+    (carried,) = [b for b in a.wire.batches if done in b.events]
+    applied = Applied(epoch=1, instance=carried.instance, seq=carried.seq)
+    assert (await a.wire.send(applied)).ok
+    ack = await a.wire.send(Cancel(job_id="job-e", epoch=1, attempt=1, reason="spot-notice"))
+    assert ack.ok and ack.ended is None
+
+
 async def test_resync_sends_snapshot_with_workloads(make_agent: MakeAgent) -> None:
     a = await make_agent()
     nodes = a.cluster.nodes_of("spot-a100")[:2]

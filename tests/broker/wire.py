@@ -74,6 +74,9 @@ class WireAgent:
         self.batches: list[DispatchBatch] = []  # the DispatchBatches it received
         self.job_only = False  # ... as a refusal of each job alone (a team's quota there)
         self.silent = False  # True: no heartbeats (a cluster that went away)
+        # (job, attempt) -> the ending a Cancel of that attempt is answered with (one it has
+        # not reported in a batch the broker acknowledged)
+        self.ended: dict[tuple[str, int], WorkloadStatus] = {}
         self.wire = ""  # the wire version its batches carry ("": the 0.1.0 release's none)
         self._sub: Any = None
         self._beat: asyncio.Task[None] | None = None
@@ -157,7 +160,8 @@ class WireAgent:
         if isinstance(cmd, Dispatch) and not (ack := self._dispatch_ack(cmd)).ok:
             await msg.respond(encode_msgpack(ack))
             return
-        await msg.respond(encode_msgpack(CommandAck(ok=True)))
+        ended = self.ended.get((cmd.job_id, cmd.attempt)) if isinstance(cmd, Cancel) else None
+        await msg.respond(encode_msgpack(CommandAck(ok=True, ended=ended)))
         if isinstance(cmd, Resync):
             await self.send(self.snapshot())
         if isinstance(cmd, Cancel):

@@ -9,7 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.core.effects import Effect, Persist, Publish, Send, refusal
-from broker.core.inputs import CYCLE, AgentBatch, CancelJob, DispatchAcked, Restore
+from broker.core.inputs import (
+    CYCLE,
+    AgentBatch,
+    CancelJob,
+    CancelSettled,
+    DispatchAcked,
+    Restore,
+)
 from broker.core.invariants import unordered_dispatches, violations
 from schemas.agent import (
     Cancel,
@@ -164,15 +171,21 @@ def test_lost_pool_is_avoided_then_widened_when_nothing_else_fits() -> None:
     assert d2.assignment[0].nodes != d.assignment[0].nodes
 
 
-def test_spot_notice_reserves_then_dispatches_on_checkpoint() -> None:
+def running_on_spot() -> tuple[Sim, str, Dispatch, str, str]:
+    """A checkpointing spot job running on one of two clusters: (sim, job, its Dispatch,
+    its cluster, the other)."""
     w = Sim.empty()
     w.cluster("a")
     w.cluster("b")
     job = w.submit(checkpoint=CheckpointSpec(uri="s3://x"), capacity="spot")  # type: ignore[arg-type]
     (d,) = sends(w.cycle(), Dispatch)
     first = "a" if d.assignment[0].nodes[0].startswith("a") else "b"
-    other = "b" if first == "a" else "a"
     run(w, job, first, 1)
+    return w, job, d, first, "b" if first == "a" else "a"
+
+
+def test_spot_notice_reserves_then_dispatches_on_checkpoint() -> None:
+    w, job, d, first, other = running_on_spot()
     fx = w.send(first, SpotNotice(node=d.assignment[0].nodes[0], deadline=w.now + 120))
     assert "preempting" in events(fx) and not sends(fx, Dispatch)
     record = w.m.jobs[job]
@@ -193,6 +206,34 @@ def test_spot_notice_reserves_then_dispatches_on_checkpoint() -> None:
     assert unordered_dispatches(w.m, unordered) == [
         f"dispatch {job}#2 ordered after [], not after the Cancels of attempts [1]"
     ]
+
+
+def test_an_ending_in_the_answer_to_a_cancel_stops_the_move_it_held() -> None:
+    """The job succeeded just before its node's spot notice; the batch that says so has not
+    come. The agent's answer to the Cancel of that attempt carries the ending: the job ends
+    succeeded and the Cancel of the replacement goes out (the shell's sequencer then drops
+    the replacement's Dispatch it held), so the job does not run to completion twice."""
+    w, job, d, first, other = running_on_spot()
+    w.send(first, SpotNotice(node=d.assignment[0].nodes[0], deadline=w.now + 120))
+    fx = w.send(first, CheckpointReport(job_id=job, attempt=1, step=77, uri="s3://x/77"))
+    (d2,) = sends(fx, Dispatch)
+    assert d2.attempt == 2
+    done = WorkloadStatus(job_id=job, attempt=1, phase="succeeded")
+    # An ending that is not this Cancel's (another attempt, another cluster) is not taken.
+    for cluster, ended in [
+        (other, done),
+        (first, WorkloadStatus(job_id=job, attempt=2, phase="succeeded")),
+    ]:
+        fx = w.m.handle(CancelSettled(job, 1, cluster, ended), w.now)
+        assert not sends(fx, Cancel) and w.m.jobs[job].state == "admitted"
+    fx = w.m.handle(CancelSettled(job, 1, first, done), w.now)
+    (cancel,) = sends(fx, Cancel)
+    assert (cancel.attempt, cancel.reason) == (2, "an earlier attempt succeeded")
+    assert [s.cluster for s in fx if isinstance(s, Send)] == [other]
+    assert not sends(fx, Dispatch) and "succeeded" in events(fx)
+    assert w.m.jobs[job].state == "succeeded" and violations(w.m) == []
+    # The batch that carried the success, when it comes, changes nothing more.
+    assert not [e for e in w.send(first, done) if isinstance(e, Send | Publish)]
 
 
 OPS = st.lists(

@@ -25,6 +25,7 @@ from schemas.agent import (
     Heartbeat,
     PodSetAssignment,
     ProvisionPool,
+    WorkloadStatus,
 )
 from schemas.codec import decode_command, decode_command_ack, decode_event_batch
 from schemas.job import JobSpec
@@ -92,13 +93,18 @@ def _current_messages() -> dict[str, Any]:
             revision=1,  # wire 1.2: an elastic attempt's nodes changed in place
         ),
         "CommandAck": CommandAck(ok=False, error="stale", stale_epoch=True, epoch=10),
+        # wire 1.4: a Cancel's answer with the attempt's ending, which a 0.1.0 broker ignores
+        "CancelAck": CommandAck(
+            ok=True, ended=WorkloadStatus(job_id="fx-2", attempt=1, phase="succeeded")
+        ),
     }
 
 
-@pytest.mark.parametrize("name", ["EventBatch", "Command", "CommandAck"])
+@pytest.mark.parametrize("name", ["EventBatch", "Command", "CommandAck", "CancelAck"])
 def test_this_releases_messages_fit_the_previous_releases_schema(name: str) -> None:
     message = msgspec.to_builtins(_current_messages()[name])
-    jsonschema.validate(message, previous_schema(name))
+    schema = "CommandAck" if name == "CancelAck" else name
+    jsonschema.validate(message, previous_schema(schema))
 
 
 @given(st.integers(0, 50), st.integers(0, 50), st.integers(0, 50), st.integers(0, 50))
