@@ -20,6 +20,8 @@ from collections import Counter
 
 import pytest
 
+from broker.core.inputs import CancelSettled
+from load import vopr
 from load.vopr import (
     QUIET,
     Faults,
@@ -170,6 +172,34 @@ def test_a_dispatch_read_after_its_fence_lapsed_makes_no_second_copy(seed: int) 
     the agent's gate now refuses a Dispatch read once its fence has lapsed."""
     w = run_seed(seed)
     assert w.stats["agent_freezes"] >= 1 and w.stats["late-dispatches"] >= 1, w.stats
+
+
+def test_a_success_just_before_a_spot_notice_stops_the_move_seed_4888(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seed 4888: j2 succeeds on c1 just before its node's spot notice, and the batch with the
+    success is lost. The agent's answer to the Cancel of the ended attempt carries the success,
+    so the replacement on c2 is cancelled before it is dispatched; a broker that ignored it
+    ran the job again and it completed twice."""
+    w = run_seed(4888)
+    assert w.completed_by["j2"] == [("c1", 1)], w.completed_by["j2"]
+    assert w.machine.jobs["j2"].state == "succeeded"
+
+    def without_the_ending(job_id: str, attempt: int, *_: object) -> CancelSettled:
+        return CancelSettled(job_id, attempt)
+
+    monkeypatch.setattr(vopr, "CancelSettled", without_the_ending)
+    with pytest.raises(SimFailure, match="jobs completed more than once"):
+        run_seed(4888)
+
+
+def test_a_fence_after_the_applieds_were_lost_is_not_called_healthy_seed_17102() -> None:
+    """Seed 17102: both Applieds after a restore are lost and the broker crashes before the
+    next, so the agent's fence lapses 20 s after the last Applied it heard. The check counts
+    the Applieds the agent heard: this is the fence doing its work, not a healthy attempt
+    ended."""
+    w = run_seed(17102)
+    assert w.stats["fenced"] >= 1 and w.stats["broker_crashes"] >= 2, w.stats
 
 
 # Lost commands (a Cancel retried after its ack timeout) and frequent spot notices, nothing else.
