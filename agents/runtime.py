@@ -18,6 +18,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any, Protocol, cast
 
 import msgspec
@@ -75,6 +76,16 @@ HOLD_MAX_S = 1.5
 MAX_OUTBOX = 100_000
 OUTBOX_RESEND_S = 5.0  # unacknowledged this long: resend them all in a snapshot
 SENT_TIMES_KEPT = 4096  # send times of recent batches, for fencing
+# The Cancels of other jobs still under way when a Dispatch arrived, with their jobs (set in the
+# Dispatch's own task): it waits for them, at most CANCEL_WAIT_S, before it takes nodes, so the
+# nodes a Cancel frees (a preemption's victim's) are free by then. Commands of different jobs
+# run concurrently, and a Dispatch reached the backend before the Cancel that arrived first
+# (the fake backend refused it as over-committed, and the preemption went round again). The
+# bound keeps a slow Cancel from holding Dispatches for long, and any wait from closing a cycle.
+CANCELS_BEFORE: ContextVar[tuple[tuple[asyncio.Task[None], str], ...]] = ContextVar(
+    "cancels_before", default=()
+)
+CANCEL_WAIT_S = 5.0
 
 
 def _outbox_key(ev: AgentEvent) -> tuple[str, int, bool] | None:
@@ -194,6 +205,8 @@ class AgentRuntime:
         self._sub: Any = None
         self._loop_task: asyncio.Task[None] | None = None
         self._cmd_tasks: set[asyncio.Task[None]] = set()
+        # Cancels under way -> their job (CANCELS_BEFORE)
+        self._cancel_tasks: dict[asyncio.Task[None], str] = {}
         self._running = False
         self._last_contact = time.monotonic()  # last proven round trip to the NATS server
         self._probing = False
@@ -708,10 +721,20 @@ class AgentRuntime:
             self.request_snapshot()
             await self._reply(msg, CommandAck(ok=True))
             return
-        if isinstance(cmd, DispatchBatch):
-            task = asyncio.create_task(self._run_dispatch_batch(msg, cmd))
-        else:
+        if isinstance(cmd, Cancel):
             task = asyncio.create_task(self._run_job_command(msg, cmd))
+            self._cancel_tasks[task] = cmd.job_id
+            task.add_done_callback(lambda t: self._cancel_tasks.pop(t, None))
+        else:
+            # The task takes a copy of the context, with the Cancels under way now.
+            token = CANCELS_BEFORE.set(tuple(self._cancel_tasks.items()))
+            try:
+                if isinstance(cmd, DispatchBatch):
+                    task = asyncio.create_task(self._run_dispatch_batch(msg, cmd))
+                else:
+                    task = asyncio.create_task(self._run_job_command(msg, cmd))
+            finally:
+                CANCELS_BEFORE.reset(token)
         self._cmd_tasks.add(task)
         task.add_done_callback(self._cmd_tasks.discard)
 
@@ -859,6 +882,9 @@ class AgentRuntime:
             self.gate.ended(cmd.job_id, old)
             log.info("cancelled older attempt", old_attempt=old)
         base = self.gate.fence_base(received)
+        before = [t for t, job in CANCELS_BEFORE.get() if job != cmd.job_id and not t.done()]
+        if before:  # what they free is free before this takes nodes
+            await asyncio.wait(before, timeout=CANCEL_WAIT_S)
         if self._cluster_fencing is not None and cmd.fence_after_s > 0:
             await self._extend_fences(base)  # the cluster's fence covers it before it exists
         await self.backend.dispatch(cmd)

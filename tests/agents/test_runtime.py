@@ -232,6 +232,29 @@ async def test_the_answer_to_a_cancel_carries_an_ending_the_broker_has_not_ackno
     assert ack.ok and ack.ended is None
 
 
+async def test_a_dispatch_onto_the_nodes_a_cancel_just_before_it_frees_finds_them_free(
+    make_agent: MakeAgent,
+) -> None:
+    """A preemption sends the victim's Cancel, then the preemptor's Dispatch onto its node.
+    Commands of different jobs run concurrently; the Dispatch waits for the Cancel that came
+    first, so the node is free when it is taken (the fake backend refuses an occupied one)."""
+    a = await make_agent()
+    node = a.cluster.nodes_of("spot-a100")[0]
+    assert (await a.wire.send(dispatch("victim", [node], sim=SLOW))).ok
+    await a.wire.wait_status("victim", 1, "running")
+    for round_ in range(5):
+        cancel = a.wire.send(Cancel(job_id="victim", epoch=1, attempt=round_ + 1))
+        take = a.wire.send(dispatch("taker", [node], attempt=round_ + 1, sim=SLOW))
+        cancelled, taken = await asyncio.gather(cancel, take)  # published in this order
+        assert cancelled.ok and taken.ok, (round_, taken.error)
+        assert a.cluster.live_workloads() == [("taker", round_ + 1)]
+        # The other way round for the next round: the victim takes the node back.
+        cancel = a.wire.send(Cancel(job_id="taker", epoch=1, attempt=round_ + 1))
+        back = a.wire.send(dispatch("victim", [node], attempt=round_ + 2, sim=SLOW))
+        cancelled, taken = await asyncio.gather(cancel, back)
+        assert cancelled.ok and taken.ok, (round_, taken.error)
+
+
 async def test_resync_sends_snapshot_with_workloads(make_agent: MakeAgent) -> None:
     a = await make_agent()
     nodes = a.cluster.nodes_of("spot-a100")[:2]
