@@ -183,14 +183,12 @@ class AgentLink(BrokerFields):
         """Tell the agent its outcomes up to `seq` are persisted. One Applied in flight per
         cluster; a newer seq that arrives meanwhile is sent when it returns."""
         if persisted is not None:
-            due = self._applied_due.setdefault(cluster, set())
+            due = self._applied_due.setdefault(cluster, set())  # one set a cluster, kept
             due.add(persisted)
             try:
                 await persisted
             finally:
                 due.discard(persisted)
-                if not due and self._applied_due.get(cluster) is due:
-                    del self._applied_due[cluster]
         sent = self._applied_sent.get(cluster)
         if sent is not None and sent[0] == instance and sent[1] >= seq:
             return

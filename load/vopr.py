@@ -354,7 +354,7 @@ class SimAgent:
             self.gate.cancelled(cmd.job_id, cmd.attempt)
             # As the agent's runtime, which keeps an ending until the broker acknowledges it
             # (the model keeps them all: the broker takes a known one as a repeat).
-            kept = self.outcomes.get((cmd.job_id, cmd.attempt)) if cmd.attempt else None
+            kept = self.outcomes.get((cmd.job_id, cmd.attempt)) if cmd.attempt is not None else None
             reply(CommandAck(ok=True, ended=kept[1] if kept is not None else None))
             return
         if isinstance(cmd, CheckpointNow):

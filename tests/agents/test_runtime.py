@@ -12,6 +12,7 @@ import pytest
 import structlog
 from nats.aio.client import Client
 
+from agents import runtime as runtime_module
 from agents.backend import BackendError, CannotResize
 from agents.fake.cluster import FakeCluster
 from agents.runtime import AgentRuntime, heartbeat_phase
@@ -21,6 +22,7 @@ from schemas.agent import (
     CheckpointNow,
     CheckpointReport,
     ClusterSnapshot,
+    Dispatch,
     Heartbeat,
     Resync,
     WireRefused,
@@ -253,6 +255,42 @@ async def test_a_dispatch_onto_the_nodes_a_cancel_just_before_it_frees_finds_the
         back = a.wire.send(dispatch("victim", [node], attempt=round_ + 2, sim=SLOW))
         cancelled, taken = await asyncio.gather(cancel, back)
         assert cancelled.ok and taken.ok, (round_, taken.error)
+
+
+async def test_a_cancel_that_hangs_holds_a_later_dispatch_only_for_the_bound(
+    make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Cancel whose backend does not answer (an API server that hangs) holds the Dispatches
+    that arrived after it for `CANCEL_WAIT_S` at most: then they go on, the Cancel still
+    under way."""
+    monkeypatch.setattr(runtime_module, "CANCEL_WAIT_S", 0.3)
+    a = await make_agent()
+    first, second = a.cluster.nodes_of("spot-a100")[:2]
+    assert (await a.wire.send(dispatch("stuck", [first], sim=SLOW))).ok
+    release = asyncio.Event()
+    calls: list[tuple[str, float]] = []
+    cancel, carry_out = a.cluster.cancel, a.cluster.dispatch
+
+    async def hanging_cancel(job_id: str, attempt: int | None, reason: str) -> None:
+        calls.append(("cancel", time.monotonic()))
+        await release.wait()
+        await cancel(job_id, attempt, reason)
+
+    async def timed_dispatch(cmd: Dispatch) -> None:
+        calls.append(("dispatch", time.monotonic()))
+        await carry_out(cmd)
+
+    monkeypatch.setattr(a.cluster, "cancel", hanging_cancel)
+    monkeypatch.setattr(a.cluster, "dispatch", timed_dispatch)
+    cancelled = asyncio.ensure_future(a.wire.send(Cancel(job_id="stuck", epoch=1, attempt=1)))
+    await wait_for(lambda: calls)  # the Cancel is under way, and stays so
+    assert (await a.wire.send(dispatch("later", [second], sim=SLOW))).ok
+    assert not cancelled.done()
+    (_, began), (_, taken) = calls
+    assert taken - began >= 0.3  # it waited for the Cancel first, for the bound
+    release.set()
+    assert (await cancelled).ok
+    assert a.cluster.live_workloads() == [("later", 1)]
 
 
 async def test_resync_sends_snapshot_with_workloads(make_agent: MakeAgent) -> None:

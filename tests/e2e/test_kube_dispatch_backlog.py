@@ -6,9 +6,10 @@ The agent's client-side budget (client-go's `--kube-api-qps` and `--kube-api-bur
 and 10) makes a burst of 60 single-GPU jobs, three requests each (the namespace's quota, a
 Service, a Job), take seconds to carry out, far beyond the broker's first ack wait (1 s) and
 its one retry (2 s). A broker that took that for silence cancelled half the burst, sent it to
-the other cluster as second attempts and spent the agent's budget on the Cancels' lists. Every
-Dispatch carried out is reported (`created`) while the batch is still being worked through, so
-the broker waits instead (broker/ackwait.py): each job starts once, where it was placed.
+the other cluster as second attempts and spent the agent's budget on the Cancels' lists. The
+agent creates a few attempts at a time and reports each once its Dispatch is done, while the
+batch is still being worked through, so the broker waits instead (broker/ackwait.py): each job
+starts once, where it was placed, and no copy is sent.
 """
 
 from __future__ import annotations
