@@ -3,7 +3,7 @@
     python -m load.bench_e2e [--clusters 50] [--nodes 200] [--jobs 20000] [--rate 1000]
                              [--latency-jobs 10000] [--runs 3] [--json out.json]
                              [--fleet in-process|process|both] [--trace] [--stalls-ms MS]
-                             [--cpus shared|broker-own-core] [--baseline DIR]
+                             [--cpus shared|broker-own-core] [--burners N] [--baseline DIR]
                              [--broker-log-level warning|info]
 
 Setup per run (fresh subject prefix, so fresh streams and buckets): the broker in its own
@@ -47,6 +47,10 @@ slowest submissions against those of the others (`broker_wait_ms_per_250ms`).
 this one, a fleet process) the rest, by CPU affinity: the broker of a deployment, whose pod has
 a CPU of its own (load/cpus.py), rather than one sharing two cores with its load generator.
 
+`--burners N` runs N busy processes (`load.cpus.burners`) beside all of these, at the same
+priority, from before the first baseline to after the last run: the figures "beside two CPU
+burners" (`--burners 2`), where every process waits its turn for a core.
+
 `--baseline DIR` runs another checkout's broker alike, run by run, the order alternating; each
 run also counts the writes to the job bucket per job (its stream's sequence, read from the
 server, so both trees are counted alike).
@@ -82,7 +86,7 @@ from load.common import (
     percentile,
     raw_nats_baseline,
 )
-from load.cpus import Placement, pin, split
+from load.cpus import Placement, burners, pin, split
 from load.fleetbench import (
     CpuMeter,
     EventTrace,
@@ -575,9 +579,6 @@ async def main_async(args: Options) -> dict[str, Any]:
         f"e2e bench: {args.clusters} clusters x {args.nodes} nodes x 8 GPUs; {args.jobs} jobs "
         f"burst, then {args.latency_jobs} at {args.rate:g}/s; gang sizes from {source}"
     )
-    every: list[dict[str, Any]] = []  # each run, in order: checkout, fleet layout, figures
-    baselines: list[float] = []
-    rr: list[dict[str, float]] = []
     layouts = args.fleet.layouts()
     # (checkout, layout) in the order of run 1; later runs alternate it, so neither always
     # follows the other on a machine whose load drifts.
@@ -586,6 +587,22 @@ async def main_async(args: Options) -> dict[str, Any]:
     if args.cpus is Placement.broker_own_core:
         broker_cores, others = split()
         pin(os.getpid(), others)  # this process and its children: nats-server, a fleet
+    with burners(args.burners) as burning:
+        if burning:
+            print(f"  beside {len(burning)} CPU burners (pids {', '.join(map(str, burning))})")
+        result = await _measure(args, order, broker_cores, layouts)
+    return result | {"burners": len(burning), "burner_pids": burning}
+
+
+async def _measure(
+    args: Options,
+    order: list[tuple[tuple[str, Path], FleetLayout]],
+    broker_cores: set[int],
+    layouts: list[FleetLayout],
+) -> dict[str, Any]:
+    every: list[dict[str, Any]] = []  # each run, in order: checkout, fleet layout, figures
+    baselines: list[float] = []
+    rr: list[dict[str, float]] = []
     async with EmbeddedNats() as server:
         for run in range(args.runs):
             for (label, tree), fleet in order if run % 2 == 0 else order[::-1]:
@@ -733,6 +750,15 @@ def bench_e2e(
             "first core, nats-server, this process and a fleet process on the others"
         ),
     ] = Placement.shared,
+    burners: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=8,
+            help="busy processes at the same priority beside every process of the benchmark "
+            "through all its runs and baselines (load/cpus.py): a loaded node",
+        ),
+    ] = 0,
     event_loop: EventLoopFlag = EventLoopOpt.asyncio,
     broker_log_level: Annotated[
         BrokerLogLevel,

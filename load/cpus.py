@@ -9,12 +9,17 @@ Guaranteed pod with a whole number of CPUs is given cores no other container run
 (https://kubernetes.io/docs/tasks/administer-cluster/cpu-management-policies/).
 `Placement.broker_own_core` stands for that: the broker on the first core, everything else on
 the others, by CPU affinity (Linux `sched_setaffinity`, every thread of each process).
+`burners` loads the machine instead: busy processes beside all of them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 
 
 class Placement(enum.Enum):
@@ -53,3 +58,32 @@ def split() -> tuple[set[int], set[int]]:
             f"may use {len(have)}"
         )
     return {have[0]}, set(have[1:])
+
+
+# A busy loop that also ends on its own: a benchmark killed before it could stop its burners
+# leaves nothing spinning for longer than this.
+_BURN = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@contextlib.contextmanager
+def burners(n: int, max_s: float = 3600.0) -> Iterator[list[int]]:
+    """`n` processes that each keep a core busy at the same priority as everything else,
+    while the block runs: a loaded node, where every process of the benchmark waits its turn
+    for a core (the figures "beside two CPU burners"). Yields their pids; each is killed when
+    the block ends, and ends by itself after `max_s` seconds however the block ends."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BURN.format(s=max_s)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # holding no pipe of the benchmark's open
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(n)
+    ]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()

@@ -311,6 +311,11 @@ class SimAgent:
         self.gate.forget()
         for job_id, attempt in self.work:
             self.gate.adopt(job_id, attempt, live=True, fence_after=None)
+        # The cluster still shows the workloads that finished (a kube Job until its
+        # ttlSecondsAfterFinished, the fake backend's for good): the snapshot's terminal
+        # entries, which the runtime adopts as attempts already made here.
+        for job_id, attempt in self.outcomes:
+            self.gate.adopt(job_id, attempt, live=False, fence_after=None)
 
     def linked(self) -> bool:
         return self.w.clock.now >= self.cut_until
@@ -330,10 +335,15 @@ class SimAgent:
         if not self.linked():
             return
         if not self.alive():
-            # A stopped process reads nothing; the message waits in its socket.
-            self.w.clock.at(
-                self.frozen_until - self.w.clock.now + 0.01, lambda: self.on_command(cmd, reply)
-            )
+            # A stopped process reads nothing; the message waits in its socket, and is lost
+            # with it if the process is restarted meanwhile.
+            instance = self.instance
+
+            def later() -> None:
+                if self.instance == instance:
+                    self.on_command(cmd, reply)
+
+            self.w.clock.at(self.frozen_until - self.w.clock.now + 0.01, later)
             return
         self.last_contact = self.w.clock.now
         stale = self.gate.epoch_refusal(cmd.epoch)

@@ -20,6 +20,7 @@ from collections import Counter
 
 import pytest
 
+from agents.gate import CommandGate
 from broker.core.inputs import CancelSettled
 from load import vopr
 from load.vopr import (
@@ -200,6 +201,41 @@ def test_a_fence_after_the_applieds_were_lost_is_not_called_healthy_seed_17102()
     ended."""
     w = run_seed(17102)
     assert w.stats["fenced"] >= 1 and w.stats["broker_crashes"] >= 2, w.stats
+
+
+def test_a_dispatch_waiting_in_a_frozen_process_is_lost_when_it_restarts_seed_24376() -> None:
+    """Seed 24376: c1's agent is stopped for 44 s with j5's Dispatch in its socket, the broker
+    fences c1 and starts j5 on c0, and c1's agent is restarted before it wakes. The new
+    process never reads what was sent to the old one; a model that handed the waiting Dispatch
+    to the new process (whose gate had heard nothing yet) made a second copy of j5."""
+    w = run_seed(24376)
+    assert w.stats["agent_freezes"] >= 1 and w.stats["agent_restarts"] >= 1, w.stats
+    assert [a.cluster for a in w.machine.jobs["j5"].attempts][:2] == ["c1", "c0"]
+
+
+def test_a_restarted_agent_takes_no_dispatch_of_an_attempt_that_finished_there_seed_29779(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seed 29779: j1 succeeds on c2, the broker asks for its Dispatch again, and c2's agent
+    restarts while that copy is on its way. The cluster still shows the finished workload; the
+    new process adopts it from its snapshot (`CommandGate.adopt`, as the runtime's `_learn`
+    does), so the late Dispatch is a duplicate. A gate that adopted live attempts only ran j1
+    a second time."""
+    w = run_seed(29779)
+    assert w.stats["agent_restarts"] >= 1, w.stats
+    assert w.completed_by["j1"] == [("c2", 1)], w.completed_by["j1"]
+
+    adopt = CommandGate.adopt
+
+    def live_only(
+        self: CommandGate, job_id: str, attempt: int, *, live: bool, fence_after: float | None
+    ) -> None:
+        if live:
+            adopt(self, job_id, attempt, live=live, fence_after=fence_after)
+
+    monkeypatch.setattr(CommandGate, "adopt", live_only)
+    with pytest.raises(SimFailure, match="jobs completed more than once"):
+        run_seed(29779)
 
 
 # Lost commands (a Cancel retried after its ack timeout) and frequent spot notices, nothing else.

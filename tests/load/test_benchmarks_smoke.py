@@ -43,15 +43,17 @@ def finite_positive(x: float) -> bool:
 
 def test_bench_e2e_tiny() -> None:
     """At a toy size, with the broker logging at a deployment's level (info): a line for
-    each job's dispatch on the benchmark's stderr."""
+    each job's dispatch on the benchmark's stderr. Beside a CPU burner, gone after the run."""
     logs: list[str] = []
     r = run_bench(
         "load.bench_e2e",
         *("--clusters", "3", "--nodes", "40", "--jobs", "200", "--latency-jobs", "100"),
         *("--rate", "500", "--runs", "1", "--settle-s", "0.2", "--baseline-msgs", "5000"),
-        *("--broker-log-level", "info"),
+        *("--broker-log-level", "info", "--burners", "1"),
         stderr=logs,
     )
+    (burner,) = r["burner_pids"]
+    assert not Path(f"/proc/{burner}").exists(), "the burner outlived the benchmark"
     dispatched = {
         line["job_id"]
         for line in map(json.loads, (t for t in logs[0].splitlines() if t.startswith("{")))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -27,3 +28,39 @@ def test_pinning_a_gone_process_says_so() -> None:
     gone = os.getpid() + 10_000_000  # above any pid the kernel hands out (pid_max <= 4M)
     with pytest.raises(RuntimeError, match="is gone"):
         cpus.pin(gone, {0})
+
+
+def _state(pid: int) -> str | None:
+    """The kernel's state letter of `pid` (R running, Z exited and not yet reaped), or None
+    once it is reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_burners_keep_cores_busy_while_the_block_runs_and_are_gone_after_it() -> None:
+    with cpus.burners(2) as pids:
+        assert len(pids) == 2
+        deadline = time.monotonic() + 10
+        while not all(_cpu_ticks(p) >= 5 for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_cpu_ticks(p) >= 5 for p in pids), "each burner spends CPU"
+        assert all(_state(p) in ("R", "S") for p in pids)
+    assert [_state(p) for p in pids] == [None, None]
+
+
+def test_a_burner_stops_by_itself_after_its_time() -> None:
+    """A benchmark killed before its block ends leaves nothing spinning past `max_s`."""
+    with cpus.burners(1, max_s=0.3) as pids:
+        deadline = time.monotonic() + 10
+        while _state(pids[0]) not in ("Z", None) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _state(pids[0]) in ("Z", None)
