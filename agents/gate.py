@@ -18,7 +18,10 @@ drives the same object from its virtual clock. The rules:
   the cluster lost and started the job elsewhere. A Dispatch read late (it waited in the
   socket of an agent that was frozen, or starved of CPU) must not start a second copy, and
   a new attempt's fence counts from that same moment (`fence_base`), never from when its
-  Dispatch arrived, which proves nothing of what the broker heard.
+  Dispatch arrived, which proves nothing of what the broker heard. Before the broker has
+  acknowledged any batch of this process, both count from when the process subscribed
+  (`started`): no Dispatch it reads was sent earlier, but one can wait in its socket for as
+  long as the process is stopped.
 
 The gate only decides and records; the caller acts on the backend between `judge` and `ran`.
 """
@@ -79,6 +82,9 @@ class CommandGate:
         # When the newest batch the broker acknowledged left this agent (None: none yet, in
         # this process): the broker heard the cluster then, and no earlier is proven.
         self.heard_at: float | None = None
+        # When this process subscribed to its commands (None: not known, as in a test that
+        # drives the gate alone): what it reads was sent no earlier.
+        self.subscribed_at: float | None = None
 
     # -- deciding ------------------------------------------------------------------------
     def epoch_refusal(self, epoch: int) -> CommandAck | None:
@@ -116,13 +122,19 @@ class CommandGate:
         return Run(tuple(sorted(a for a in track.live if a < cmd.attempt)))
 
     def silent_for(self, now: float) -> float | None:
-        """How long the broker has not been proven to hear this cluster; None: no batch of
-        this process was acknowledged yet (its Dispatches are as fresh as its subscription)."""
-        return None if self.heard_at is None else max(0.0, now - self.heard_at)
+        """How long the broker has not been proven to hear this cluster: since the newest
+        batch it acknowledged left or, before any, since this process subscribed (a Dispatch
+        is no older than the subscription it came on); None when neither is known."""
+        since = self._since()
+        return None if since is None else max(0.0, now - since)
 
     def fence_base(self, now: float) -> float:
         """Where a new attempt's fence window counts from."""
-        return now if self.heard_at is None else min(now, self.heard_at)
+        since = self._since()
+        return now if since is None else min(now, since)
+
+    def _since(self) -> float | None:
+        return self.heard_at if self.heard_at is not None else self.subscribed_at
 
     def cancel_targets(self, job_id: str, attempt: int | None) -> list[int]:
         """The live attempts a Cancel of `attempt` (None: every attempt) ends."""
@@ -176,10 +188,16 @@ class CommandGate:
             if fence_after is not None and attempt not in track.fence_after:
                 track.fence_after[attempt] = fence_after
 
-    def forget(self) -> None:
-        """A new process knows nothing until its cluster's snapshot is adopted."""
-        self._jobs.clear()
+    def started(self, now: float) -> None:
+        """This process subscribes to its commands at `now`: nothing of it acknowledged yet."""
         self.heard_at = None
+        self.subscribed_at = now
+
+    def forget(self, now: float) -> None:
+        """A new process, subscribing at `now`, knows nothing until its cluster's snapshot is
+        adopted."""
+        self._jobs.clear()
+        self.started(now)
 
     # -- reading -------------------------------------------------------------------------
     def track(self, job_id: str) -> JobTrack:

@@ -221,7 +221,7 @@ class AgentRuntime:
             return
         self.instance = uuid.uuid4().hex[:16]
         self.seq = 0
-        self.gate.heard_at = None  # no batch of this instance acknowledged yet
+        self.gate.started(time.time())  # no batch of this instance acknowledged yet
         self._queue = []
         self._snapshot_pending = True
         self._learnt.clear()

@@ -308,7 +308,7 @@ class SimAgent:
         self.seq = 0
         self.queue = []
         self.snapshot_pending = True
-        self.gate.forget()
+        self.gate.forget(self.w.clock.now)
         for job_id, attempt in self.work:
             self.gate.adopt(job_id, attempt, live=True, fence_after=None)
         # The cluster still shows the workloads that finished (a kube Job until its

@@ -57,8 +57,23 @@ def test_a_dispatch_read_after_the_fence_lapsed_starts_nothing() -> None:
     assert gate.judge(dispatch(1), NOW + 60.0) == Run(())
     gate.ran(dispatch(1, fence_after_s=7.0))
     assert isinstance(gate.judge(dispatch(1, fence_after_s=7.0), NOW + 60.0), Duplicate)
-    gate.forget()  # a new process: nothing acknowledged yet
+    gate.forget(NOW + 60.0)  # a new process, subscribed now: nothing acknowledged yet
     assert gate.judge(dispatch(2, fence_after_s=7.0), NOW + 60.0) == Run(())
+
+
+def test_before_any_ack_the_fence_counts_from_the_subscription() -> None:
+    """A process that subscribed and was then stopped reads a Dispatch no older than its
+    subscription, but maybe older than the fence: from the subscription, as from a batch the
+    broker acknowledged."""
+    gate = CommandGate()
+    gate.started(NOW)
+    assert gate.fence_base(NOW + 2.0) == NOW
+    assert gate.judge(dispatch(1, fence_after_s=7.0), NOW + 6.9) == Run(())
+    late = gate.judge(dispatch(1, fence_after_s=7.0), NOW + 7.0)
+    assert isinstance(late, Refuse) and late.fence_lapsed, late
+    gate.heard(NOW + 5.0)  # the broker's first acknowledgement: from that batch on
+    assert gate.fence_base(NOW + 7.0) == NOW + 5.0
+    assert gate.judge(dispatch(1, fence_after_s=7.0), NOW + 7.0) == Run(())
 
 
 def test_a_late_dispatch_of_a_cancelled_attempt_is_refused() -> None:

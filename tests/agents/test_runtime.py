@@ -22,6 +22,7 @@ from schemas.agent import (
     CheckpointNow,
     CheckpointReport,
     ClusterSnapshot,
+    CommandAck,
     Dispatch,
     Heartbeat,
     Resync,
@@ -378,26 +379,50 @@ async def test_a_dispatch_read_after_a_freeze_past_its_fence_starts_nothing(
     # longer than the fence; the agent reads the request only when it runs again.
     await acknowledge_last_batch()
     late = msgspec.structs.replace(dispatch("job-z", nodes[1:2], sim=SLOW), fence_after_s=2.0)
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox, max_msgs=1)
-    await flush(nc)
-
-    async def broker_sends() -> None:  # from another thread, while this one is frozen
-        other = await nats.connect(nats_url, connect_timeout=5)
-        await other.publish(a.wire.subjects.agent_cmd(a.name), encode_msgpack(late), reply=inbox)
-        await other.drain()
-
-    sender = threading.Thread(target=asyncio.run, args=(broker_sends(),))
-    sender.start()
-    freeze(2.5)
-    sender.join(timeout=10.0)
-    assert not sender.is_alive()
-    ack = decode_command_ack((await sub.next_msg(timeout=5.0)).data)
+    ack = await sent_during_freeze(nc, nats_url, a.wire.subjects.agent_cmd(a.name), late, 2.5)
     assert not ack.ok and "job-z not started" in ack.error, ack
     assert a.runtime.stats["late_dispatches"] == 1
     assert [w.job_id for w in a.cluster.live_workloads()] in ([], ["job-y"])
     assert a.wire.statuses("job-z") == []
     assert a.cluster.history.get("job-z") is None
+
+
+async def sent_during_freeze(
+    nc: Client, nats_url: str, subject: str, cmd: Dispatch, seconds: float
+) -> CommandAck:
+    """The answer to `cmd`, published from another thread while this one (and the agent's
+    event loop with it) is frozen for `seconds`."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, max_msgs=1)
+    await flush(nc)
+
+    async def broker_sends() -> None:
+        other = await nats.connect(nats_url, connect_timeout=5)
+        await other.publish(subject, encode_msgpack(cmd), reply=inbox)
+        await other.drain()
+
+    sender = threading.Thread(target=asyncio.run, args=(broker_sends(),))
+    sender.start()
+    freeze(seconds)
+    sender.join(timeout=10.0)
+    assert not sender.is_alive()
+    return decode_command_ack((await sub.next_msg(timeout=5.0)).data)
+
+
+async def test_a_dispatch_read_after_a_freeze_before_any_ack_starts_nothing(
+    make_agent: MakeAgent, nc: Client, nats_url: str
+) -> None:
+    """An agent that has just started, whose batches no broker has acknowledged yet, is
+    frozen past an attempt's fence with a Dispatch waiting for it: that Dispatch is no older
+    than the agent's subscription, but the agent reads it more than the fence after it, so
+    it is refused as if the broker had last heard the cluster when the agent subscribed."""
+    a = await make_agent()  # its batches go to this test's wire, which acknowledges none
+    nodes = a.cluster.nodes_of("spot-a100")
+    late = msgspec.structs.replace(dispatch("job-n", nodes[:1], sim=SLOW), fence_after_s=2.0)
+    ack = await sent_during_freeze(nc, nats_url, a.wire.subjects.agent_cmd(a.name), late, 2.5)
+    assert not ack.ok and "job-n not started" in ack.error, ack
+    assert a.runtime.stats["late_dispatches"] == 1
+    assert a.cluster.history.get("job-n") is None
 
 
 async def test_on_reconnected_resends_snapshot(make_agent: MakeAgent) -> None:

@@ -238,6 +238,25 @@ def test_a_restarted_agent_takes_no_dispatch_of_an_attempt_that_finished_there_s
         run_seed(29779)
 
 
+def test_a_dispatch_read_after_a_freeze_before_any_ack_makes_no_copy_seed_69460(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seed 69460: c0's agent restarts, and is stopped before the broker acknowledges any
+    batch of it, with j1's Dispatch waiting; the broker starts j1 on c1. The agent's gate now
+    counts the broker's silence from the process's subscription when nothing is acknowledged
+    yet, and refuses the Dispatch it reads 40 s later; a gate that took such a Dispatch as fresh
+    made a second copy."""
+    w = run_seed(69460)
+    assert w.stats["agent_freezes"] >= 1 and w.stats["late-dispatches"] >= 1, w.stats
+
+    def unknown_start(self: CommandGate, now: float) -> None:
+        self.heard_at = None
+
+    monkeypatch.setattr(CommandGate, "started", unknown_start)
+    with pytest.raises(SimFailure, match="two copies of j1 made"):
+        run_seed(69460)
+
+
 # Lost commands (a Cancel retried after its ack timeout) and frequent spot notices, nothing else.
 LOSSY = Faults(
     drop=0.3,
