@@ -28,6 +28,7 @@ class Benchmarks(LazyGroup):
             ("kube-agent", "bench_kube_agent", "The kube agent at 5,000 nodes x 150,000 pods."),
             ("logs", "bench_logs", "CPU a broker log line costs at info, and structlog's stock."),
             ("memory", "bench_memory", "Broker bytes per pending job and its top allocators."),
+            ("nats-client", "bench_nats_client", "CPU a NATS message costs a Python client."),
             (
                 "nats-failover",
                 "bench_nats_failover",

@@ -193,3 +193,28 @@ def test_bench_memory_tiny() -> None:
     # One registered record: its own bytes only, the parts alike jobs share counted once.
     assert 300 < r["record"]["bytes_per_record"] < 1000  # 1,779 with no part shared
     assert r["record"]["fields"]["job_id"] > 0
+
+
+def test_bench_nats_client_tiny() -> None:
+    """nats-py is measured in every run, a message received and published, on the process and
+    on the event loop's thread."""
+    r = run_bench(
+        "load.bench_nats_client", "--client", "nats-py", "--messages", "2000", "--runs", "2"
+    )
+    assert r["skipped_not_installed"] == []
+    for what in ("received", "published", "received_loop", "published_loop"):
+        runs = r[f"nats_py_{what}_us_runs"]
+        assert len(runs) == 2 and all(finite_positive(x) for x in runs), (what, runs)
+    assert finite_positive(r["raw_nats_msgs_per_s"])
+
+
+def test_bench_nats_client_names_an_unknown_client() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "load.bench_nats_client", "--client", "nats.go"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2
+    assert "'nats.go' is not one of nats-py, natsrpy" in proc.stderr

@@ -33,6 +33,7 @@ BENCHES = [
     "kube-agent",
     "logs",
     "memory",
+    "nats-client",
     "nats-failover",
     "restore",
     "scale",
