@@ -8,8 +8,8 @@ publishes `--messages` messages of `--size` bytes (paced, so no subscriber is cu
 consumer) and this process's subscription takes them; the figure is this process's CPU from
 the first message to the last, a message. Published: this process publishes as many and
 flushes; its CPU a message. Both for nats-py, the client the broker and the agents use, and
-for natsrpy (a Rust client, through pyo3) when it is installed (`pip install natsrpy`), the
-one compiled client on PyPI; it is not a dependency. Raw NATS pub->sub throughput on the same
+for natsrpy (a Rust client, through pyo3) when it is installed (`pip install natsrpy`), a
+compiled client on PyPI; it is not a dependency. Raw NATS pub->sub throughput on the same
 server is the baseline, measured in the same run.
 """
 
@@ -48,7 +48,7 @@ async def main(url, subject, count, size, per_s):
     await nc.close()
 asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])))
 """
-# Messages a second the child offers: well within what nats-py takes (it reads ~200,000/s),
+# Messages a second the child offers: well within what nats-py takes (it reads about 150,000 a second),
 # so the figure is the client's cost a message rather than its backlog's.
 OFFERED_PER_S = 50_000.0
 
