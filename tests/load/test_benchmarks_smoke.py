@@ -199,7 +199,9 @@ def test_bench_nats_client_tiny() -> None:
     """nats-py is measured in every run, a message received and published, on the process and
     on the event loop's thread."""
     r = run_bench(
-        "load.bench_nats_client", "--client", "nats-py", "--messages", "2000", "--runs", "2"
+        "load.bench_nats_client",
+        *("--client", "nats-py", "--messages", "2000", "--runs", "2"),
+        timeout=120.0,
     )
     assert r["skipped_not_installed"] == []
     for what in ("received", "published", "received_loop", "published_loop"):
