@@ -48,8 +48,8 @@ async def main(url, subject, count, size, per_s):
     await nc.close()
 asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])))
 """
-# Messages a second the child offers: well within what nats-py takes (it reads about 150,000 a second),
-# so the figure is the client's cost a message rather than its backlog's.
+# Messages a second the child offers: well within what nats-py takes (it reads about 150,000
+# a second), so the figure is the client's cost a message rather than its backlog's.
 OFFERED_PER_S = 50_000.0
 
 
