@@ -59,13 +59,13 @@ def cpu_s() -> tuple[float, float]:
     return time.process_time(), time.thread_time()
 
 
-def per_message(start: tuple[float, float], end: tuple[float, float], count: int) -> Cost:
-    return Cost(*((b - a) / count for a, b in zip(start, end, strict=True)))
-
-
 class Cost(NamedTuple):
     process_s: float
     loop_thread_s: float
+
+
+def per_message(start: tuple[float, float], end: tuple[float, float], count: int) -> Cost:
+    return Cost(*((b - a) / count for a, b in zip(start, end, strict=True)))
 
 
 async def _publisher(url: str, count: int, size: int, per_s: float) -> asyncio.subprocess.Process:
@@ -149,15 +149,25 @@ async def natsrpy_received(url: str, count: int, size: int, per_s: float) -> Cos
     return await _receive(subscribe, url, count, size, per_s)
 
 
+async def _published(
+    publish: Callable[[str, bytes], Awaitable[Any]],
+    flushed: Callable[[], Awaitable[Any]],
+    count: int,
+    size: int,
+) -> Cost:
+    """This process's CPU a message published with `publish`, the last one flushed."""
+    payload = b"x" * size
+    started = cpu_s()
+    for _ in range(count):
+        await publish(SUBJECT + ".out", payload)
+    await flushed()
+    return per_message(started, cpu_s(), count)
+
+
 async def natspy_published(url: str, count: int, size: int) -> Cost:
     nc = await nats.connect(url)
-    payload = b"x" * size
     try:
-        started = cpu_s()
-        for _ in range(count):
-            await nc.publish(SUBJECT + ".out", payload)
-        await flush(nc)
-        return per_message(started, cpu_s(), count)
+        return await _published(nc.publish, lambda: flush(nc), count, size)
     finally:
         await nc.close()
 
@@ -167,13 +177,8 @@ async def natsrpy_published(url: str, count: int, size: int) -> Cost:
 
     nc = Nats([url])
     await nc.startup()
-    payload = b"x" * size
     try:
-        started = cpu_s()
-        for _ in range(count):
-            await nc.publish(SUBJECT + ".out", payload)
-        await nc.flush()
-        return per_message(started, cpu_s(), count)
+        return await _published(nc.publish, nc.flush, count, size)
     finally:
         await nc.shutdown()
 
